@@ -1,0 +1,163 @@
+// The `prefab` command line: run, stage, status. Exit codes: 0 ok, 1 a stage or the run failed, 2 usage.
+import { readFileSync } from 'node:fs';
+import { resolve } from 'node:path';
+import { Command, CommanderError, Option } from 'commander';
+import { loadConfig } from './config.ts';
+import { Engine, configSchema, type Assessment, type StageOutcome } from './engine.ts';
+import { PipelineError, UsageError, errorMessage } from './errors.ts';
+import { Logger, type LogFormat } from './log.ts';
+import type { Stage } from './stage.ts';
+import { Workspace, acquireLock } from './workspace.ts';
+
+const DEFAULT_CONFIG = 'configs/default.yaml';
+
+export const APP_VERSION: string = (JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }).version;
+
+interface GlobalOptions {
+  workdir: string;
+  config: string;
+  logFormat?: LogFormat;
+  quiet?: boolean;
+}
+
+function makeEngine(stages: Stage[], opts: GlobalOptions, log: Logger): Engine {
+  const loaded = loadConfig(opts.config, configSchema(stages));
+  return new Engine(stages, resolve(opts.workdir), loaded.value as Record<string, unknown>, loaded.dir, log, APP_VERSION);
+}
+
+function pad(s: string, n: number): string {
+  return s.length >= n ? s : s + ' '.repeat(n - s.length);
+}
+
+function printOutcomes(outcomes: StageOutcome[], format: LogFormat): void {
+  const ok = outcomes.every((o) => o.action !== 'failed');
+  if (format === 'json') {
+    process.stdout.write(JSON.stringify({ ok, stages: outcomes }) + '\n');
+    return;
+  }
+  if (outcomes.every((o) => o.action === 'fresh')) {
+    process.stdout.write('Everything is up to date: nothing to do.\n');
+    return;
+  }
+  for (const o of outcomes) {
+    const time = o.action === 'ran' ? `${o.seconds.toFixed(1)}s` : '';
+    const what = o.action === 'failed' ? o.error! : o.action === 'fresh' ? `up to date (${o.summary})` : o.summary;
+    process.stdout.write(`${pad(o.stage, 8)} ${pad(o.action, 11)} ${pad(time, 7)} ${what}\n`);
+  }
+}
+
+function printStatus(rows: Assessment[], json: boolean): void {
+  if (json) {
+    const out = rows.map((a) => ({
+      stage: a.stage,
+      state: a.state,
+      reasons: a.reasons,
+      counts: a.manifest?.counts ?? null,
+      finished_at: a.manifest?.finished_at ?? null,
+      last_failure: a.lastFailure,
+    }));
+    process.stdout.write(JSON.stringify(out, null, 2) + '\n');
+    return;
+  }
+  for (const a of rows) {
+    const detail = a.state === 'stale' ? `(${a.reasons.join('; ')})` : a.state === 'fresh' ? a.manifest!.summary : '';
+    process.stdout.write(`${pad(a.stage, 8)} ${pad(a.state, 10)} ${detail}\n`);
+    if (a.lastFailure) process.stdout.write(`${pad('', 8)} last attempt failed at ${a.lastFailure.at}: ${a.lastFailure.error}\n`);
+  }
+}
+
+async function withLock<T>(engine: Engine, command: string, log: Logger, body: () => Promise<T>): Promise<T> {
+  const release = await acquireLock(new Workspace(engine.ws.root), command, log);
+  const onSignal = (signal: NodeJS.Signals) => {
+    log.warn('interrupted: the stage in progress is discarded and will run again next time', { signal });
+    release();
+    process.exit(signal === 'SIGINT' ? 130 : 143);
+  };
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
+  try {
+    return await body();
+  } finally {
+    process.off('SIGINT', onSignal);
+    process.off('SIGTERM', onSignal);
+    release();
+  }
+}
+
+export function buildProgram(stages: Stage[], setExit: (code: number) => void): Command {
+  const program = new Command('prefab')
+    .description('Turn logged LLM-agent sessions into preference datasets (Parquet) and train on them.')
+    .version(APP_VERSION)
+    .addOption(new Option('-w, --workdir <dir>', 'workspace folder: one folder per stage, with manifests').default('workspace'))
+    .addOption(new Option('-c, --config <file>', 'YAML config').default(DEFAULT_CONFIG))
+    .addOption(new Option('--log-format <format>', 'log lines on stderr (default: text on a terminal, json otherwise)').choices(['text', 'json']))
+    .option('-q, --quiet', 'only warnings and errors on stderr')
+    .showHelpAfterError()
+    .exitOverride();
+  const logger = () => {
+    const o = program.opts<GlobalOptions>();
+    return new Logger(o.logFormat ?? Logger.defaultFormat(), process.stderr, {}, o.quiet ?? false);
+  };
+
+  program
+    .command('run')
+    .description('run every stale stage in order; with nothing changed, does nothing and says so')
+    .option('--from <stage>', 'start at this stage (earlier stages are taken as they are)')
+    .option('--until <stage>', 'stop after this stage')
+    .action(async (opts: { from?: string; until?: string }) => {
+      const log = logger();
+      const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
+      const outcomes = await withLock(engine, `prefab ${process.argv.slice(2).join(' ')}`, log, () => engine.run(opts));
+      printOutcomes(outcomes, log.format);
+      setExit(outcomes.some((o) => o.action === 'failed') ? 1 : 0);
+    });
+
+  program
+    .command('stage')
+    .description('force one stage to run now, even if fresh; the stages downstream of it become stale')
+    .argument('<name>', `one of: ${stages.map((s) => s.name).join(', ')}`)
+    .action(async (name: string) => {
+      const log = logger();
+      const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
+      engine.stage(name);
+      const outcomes = await withLock(engine, `prefab stage ${name}`, log, () => engine.run({ force: name }));
+      printOutcomes(outcomes, log.format);
+      setExit(outcomes.some((o) => o.action === 'failed') ? 1 : 0);
+    });
+
+  program
+    .command('status')
+    .description('show every stage: fresh, stale (and why) or never run, with what it made')
+    .option('--json', 'machine-readable output')
+    .action(async (opts: { json?: boolean }) => {
+      const log = logger();
+      const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
+      printStatus(await engine.status(), opts.json ?? false);
+      setExit(0);
+    });
+
+  program
+    .command('stages')
+    .description('list the stages in run order with what each reads and writes')
+    .action(() => {
+      for (const s of stages) process.stdout.write(`${pad(s.name, 8)} ${s.description}\n${pad('', 8)} reads: ${s.inputs.join(', ') || '(input files)'}; writes: ${s.outputs.join(', ')}\n`);
+      setExit(0);
+    });
+  return program;
+}
+
+/** Runs the command line and returns the exit code. */
+export async function main(argv: string[], stages: Stage[]): Promise<number> {
+  let code = 0;
+  const program = buildProgram(stages, (c) => (code = c));
+  try {
+    await program.parseAsync(argv);
+    return code;
+  } catch (error) {
+    if (error instanceof CommanderError) return error.exitCode === 0 ? 0 : 2;
+    const usage = error instanceof UsageError;
+    const known = usage || error instanceof PipelineError;
+    process.stderr.write(`prefab: ${known ? errorMessage(error) : (error as Error).stack ?? String(error)}\n`);
+    return usage ? 2 : 1;
+  }
+}

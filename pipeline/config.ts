@@ -1,0 +1,46 @@
+// YAML config, validated at load: an unknown or mistyped key is an error naming the key, the file and the line.
+import { readFileSync } from 'node:fs';
+import { dirname, resolve } from 'node:path';
+import { LineCounter, parseDocument } from 'yaml';
+import { z } from 'zod';
+import { UsageError } from './errors.ts';
+
+export interface LoadedConfig<T> {
+  file: string;
+  /** Relative paths inside the config are resolved against this folder. */
+  dir: string;
+  value: T;
+}
+
+export function loadConfig<S extends z.ZodType>(file: string, schema: S): LoadedConfig<z.infer<S>> {
+  const path = resolve(file);
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch {
+    throw new UsageError(`config ${file}: cannot read it. Pass an existing file with --config (the ready ones are in configs/).`);
+  }
+  const lines = new LineCounter();
+  const doc = parseDocument(text, { lineCounter: lines, uniqueKeys: true });
+  if (doc.errors.length > 0) {
+    const e = doc.errors[0]!;
+    throw new UsageError(`config ${file}:${e.linePos?.[0].line ?? '?'}: not valid YAML: ${e.message.split('\n')[0]}`);
+  }
+  const raw = doc.toJS() ?? {};
+  const parsed = schema.safeParse(raw);
+  if (parsed.success) return { file: path, dir: dirname(path), value: parsed.data };
+
+  const problems = parsed.error.issues.map((issue) => {
+    const keys = issue.code === 'unrecognized_keys' ? issue.keys : [];
+    const at = [...issue.path, ...(keys.length === 1 ? keys : [])].map(String);
+    const node = doc.getIn(at, true) as { range?: [number, number, number] } | undefined;
+    const line = node?.range ? `:${lines.linePos(node.range[0]).line}` : '';
+    const where = at.length > 0 ? at.join('.') : '(top level)';
+    if (issue.code === 'unrecognized_keys') {
+      const names = keys.map((k) => [...issue.path, k].join('.')).join(', ');
+      return `${file}${line}: unknown key ${names}; check its spelling against the config keys in README.md`;
+    }
+    return `${file}${line}: ${where}: ${issue.message}`;
+  });
+  throw new UsageError(`config is not valid:\n  ${problems.join('\n  ')}`);
+}

@@ -1,0 +1,330 @@
+// Orders stages, decides which are stale, runs them into temporary folders and commits them with a manifest.
+import { existsSync, statSync } from 'node:fs';
+import { mkdir, readdir, stat } from 'node:fs/promises';
+import { join, relative } from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { z } from 'zod';
+import { hashFile, hashJson } from './hash.ts';
+import { UsageError, errorMessage } from './errors.ts';
+import type { Logger } from './log.ts';
+import type { ExternalFile, Lineage, Stage, StageReport } from './stage.ts';
+import { Workspace, hashFilesCached, writeFileAtomic } from './workspace.ts';
+
+export interface OutputFile {
+  path: string;
+  bytes: number;
+  sha256: string;
+}
+
+export interface Manifest {
+  stage: string;
+  status: 'ok';
+  code_version: string;
+  config_hash: string;
+  /** Upstream stage → the fingerprint of its outputs this run read. */
+  inputs: Record<string, string>;
+  external: { name: string; sha256: string; bytes: number }[];
+  outputs: OutputFile[];
+  /** Hash of all output files' hashes: what downstream stages record as their input. */
+  fingerprint: string;
+  counts: Record<string, number>;
+  summary: string;
+  run_id: string;
+  started_at: string;
+  finished_at: string;
+  seconds: number;
+  /** Set when an upstream stage was forced with `prefab stage`: this stage is stale until it reruns. */
+  invalidated_by?: { stage: string; at: string };
+}
+
+export type StageState = 'fresh' | 'stale' | 'never run';
+
+export interface Assessment {
+  stage: string;
+  state: StageState;
+  reasons: string[];
+  manifest: Manifest | null;
+  lastFailure: { at: string; error: string } | null;
+}
+
+export interface StageOutcome {
+  stage: string;
+  action: 'ran' | 'fresh' | 'failed' | 'not reached';
+  reasons: string[];
+  summary: string;
+  counts: Record<string, number>;
+  seconds: number;
+  error?: string;
+}
+
+interface Attempt {
+  status: 'ok' | 'failed';
+  at: string;
+  error?: string;
+}
+
+/** The whole config's schema: one section per stage, under its name; unknown sections are errors. */
+export function configSchema(stages: Stage[]) {
+  return z.strictObject(Object.fromEntries(stages.map((s) => [s.name, s.config.prefault({})])));
+}
+
+export class Engine {
+  readonly ws: Workspace;
+  private readonly byName: Map<string, Stage>;
+
+  constructor(
+    readonly stages: Stage[],
+    workdir: string,
+    readonly config: Record<string, unknown>,
+    readonly configDir: string,
+    readonly log: Logger,
+    readonly appVersion: string,
+  ) {
+    this.ws = new Workspace(workdir);
+    this.byName = new Map(stages.map((s) => [s.name, s]));
+    stages.forEach((stage, i) => {
+      for (const input of stage.inputs) {
+        const at = stages.findIndex((s) => s.name === input);
+        if (at < 0 || at >= i) throw new Error(`stage ${stage.name} reads ${input}, which is not an earlier stage`);
+      }
+    });
+  }
+
+  stage(name: string): Stage {
+    const stage = this.byName.get(name);
+    if (!stage) throw new UsageError(`unknown stage '${name}'; the stages are: ${this.stages.map((s) => s.name).join(', ')}`);
+    return stage;
+  }
+
+  /** Stages downstream of `name`, transitively, in run order. */
+  downstream(name: string): Stage[] {
+    const reached = new Set([name]);
+    return this.stages.filter((s) => {
+      if (!s.inputs.some((i) => reached.has(i))) return false;
+      reached.add(s.name);
+      return true;
+    });
+  }
+
+  private codeVersion(stage: Stage): string {
+    return `${this.appVersion}/${stage.name}@${stage.version}`;
+  }
+
+  private configHash(stage: Stage): string {
+    return hashJson(this.config[stage.name] ?? {});
+  }
+
+  private async externalFiles(stage: Stage): Promise<ExternalFile[]> {
+    if (!stage.external) return [];
+    const paths = await stage.external(this.config[stage.name], this.configDir);
+    const hashes = await hashFilesCached(this.ws, paths);
+    return paths.map((path) => ({ path, name: relative(process.cwd(), path) || path, ...hashes.get(path)! }));
+  }
+
+  async manifest(stage: string): Promise<Manifest | null> {
+    return this.ws.readJson<Manifest>(this.ws.manifestPath(stage));
+  }
+
+  async assess(stage: Stage, external?: ExternalFile[]): Promise<Assessment> {
+    const manifest = await this.manifest(stage.name);
+    const attempt = await this.ws.readJson<Attempt>(this.ws.attemptPath(stage.name));
+    const lastFailure =
+      attempt?.status === 'failed' && (!manifest || attempt.at > manifest.finished_at) ? { at: attempt.at, error: attempt.error ?? '' } : null;
+    if (!manifest) return { stage: stage.name, state: 'never run', reasons: [], manifest, lastFailure };
+
+    const reasons: string[] = [];
+    if (manifest.invalidated_by) reasons.push(`upstream ${manifest.invalidated_by.stage} was rerun by \`prefab stage\` at ${manifest.invalidated_by.at}`);
+    if (manifest.code_version !== this.codeVersion(stage)) reasons.push(`code changed (${manifest.code_version} → ${this.codeVersion(stage)})`);
+    if (manifest.config_hash !== this.configHash(stage)) reasons.push(`config section '${stage.name}' changed`);
+    for (const input of stage.inputs) {
+      const upstream = await this.manifest(input);
+      if (!upstream) reasons.push(`upstream ${input} has no output`);
+      else if (upstream.fingerprint !== manifest.inputs[input]) reasons.push(`upstream ${input} changed`);
+    }
+    const files = external ?? (await this.externalFiles(stage));
+    reasons.push(...describeExternalChange(manifest.external, files));
+    for (const out of manifest.outputs) {
+      const path = join(this.ws.stageDir(stage.name), out.path);
+      if (!existsSync(path) || statSync(path).size !== out.bytes) {
+        reasons.push(`output ${out.path} is missing or altered`);
+        break;
+      }
+    }
+    return { stage: stage.name, state: reasons.length ? 'stale' : 'fresh', reasons, manifest, lastFailure };
+  }
+
+  async status(): Promise<Assessment[]> {
+    const out: Assessment[] = [];
+    const notFresh = new Set<string>();
+    for (const stage of this.stages) {
+      const a = await this.assess(stage);
+      for (const input of stage.inputs) {
+        if (notFresh.has(input) && !a.reasons.some((r) => r.startsWith(`upstream ${input}`))) a.reasons.push(`upstream ${input} is not fresh`);
+      }
+      if (a.state === 'fresh' && a.reasons.length) a.state = 'stale';
+      if (a.state !== 'fresh') notFresh.add(stage.name);
+      out.push(a);
+    }
+    return out;
+  }
+
+  /** Runs the stale stages between `from` and `until` (inclusive), or exactly `force` and marks its downstream stale. */
+  async run(options: { from?: string; until?: string; force?: string } = {}): Promise<StageOutcome[]> {
+    await this.ws.recover(this.log);
+    let selected = this.stages;
+    if (options.force) selected = [this.stage(options.force)];
+    else {
+      const from = options.from ? this.stages.indexOf(this.stage(options.from)) : 0;
+      const until = options.until ? this.stages.indexOf(this.stage(options.until)) : this.stages.length - 1;
+      if (from > until) throw new UsageError(`--from ${options.from} comes after --until ${options.until}`);
+      selected = this.stages.slice(from, until + 1);
+    }
+
+    const outcomes: StageOutcome[] = [];
+    let failed = false;
+    for (const stage of selected) {
+      if (failed) {
+        outcomes.push({ stage: stage.name, action: 'not reached', reasons: [], summary: '', counts: {}, seconds: 0 });
+        continue;
+      }
+      const log = this.log.child({ stage: stage.name });
+      const external = await this.externalFiles(stage);
+      const a = await this.assess(stage, external);
+      if (a.state === 'fresh' && !options.force) {
+        log.info('fresh, skipped', { made: a.manifest!.finished_at });
+        outcomes.push({ stage: stage.name, action: 'fresh', reasons: [], summary: a.manifest!.summary, counts: a.manifest!.counts, seconds: 0 });
+        continue;
+      }
+      for (const input of stage.inputs) {
+        if (!(await this.manifest(input))) {
+          throw new UsageError(`stage ${stage.name} reads ${input}, which has never run; run \`prefab run\` (or include ${input} in --from)`);
+        }
+      }
+      const why = options.force ? ['forced by `prefab stage`'] : a.state === 'never run' ? ['never run'] : a.reasons;
+      log.info('running', { why: why.join('; ') });
+      try {
+        const outcome = await this.execute(stage, external, a.manifest, log);
+        outcomes.push({ ...outcome, reasons: why });
+      } catch (error) {
+        failed = true;
+        const message = errorMessage(error);
+        log.error('failed', { error: message });
+        await this.recordAttempt(stage.name, { status: 'failed', at: new Date().toISOString(), error: message });
+        outcomes.push({ stage: stage.name, action: 'failed', reasons: why, summary: '', counts: {}, seconds: 0, error: message });
+      }
+    }
+    if (options.force && !failed) await this.invalidateDownstream(options.force);
+    return outcomes;
+  }
+
+  private async execute(stage: Stage, external: ExternalFile[], previous: Manifest | null, log: Logger): Promise<StageOutcome> {
+    const started = new Date();
+    const out = await this.ws.newTmpDir(stage.name);
+    const cache = this.ws.cacheDir(stage.name);
+    await mkdir(cache, { recursive: true });
+    const inputs: Record<string, string> = {};
+    for (const input of stage.inputs) inputs[input] = (await this.manifest(input))!.fingerprint;
+
+    const report: StageReport = await stage.run({
+      config: this.config[stage.name],
+      configDir: this.configDir,
+      out,
+      previous: previous ? this.ws.stageDir(stage.name) : null,
+      input: (name) => {
+        if (!stage.inputs.includes(name)) throw new Error(`stage ${stage.name} did not declare ${name} as an input`);
+        return this.ws.stageDir(name);
+      },
+      lineage: await this.lineage(stage),
+      external,
+      cache,
+      log,
+    });
+
+    for (const name of stage.outputs) {
+      if (!existsSync(join(out, name))) throw new Error(`stage ${stage.name} did not write its declared output ${name}`);
+    }
+    const outputs = await hashOutputs(out, stage.outputs);
+    const finished = new Date();
+    const manifest: Manifest = {
+      stage: stage.name,
+      status: 'ok',
+      code_version: this.codeVersion(stage),
+      config_hash: this.configHash(stage),
+      inputs,
+      external: external.map(({ name, sha256, bytes }) => ({ name, sha256, bytes })),
+      outputs,
+      fingerprint: hashJson(outputs),
+      counts: report.counts,
+      summary: report.summary,
+      run_id: randomBytes(6).toString('hex'),
+      started_at: started.toISOString(),
+      finished_at: finished.toISOString(),
+      seconds: (finished.getTime() - started.getTime()) / 1000,
+    };
+    await writeFileAtomic(join(out, 'manifest.json'), JSON.stringify(manifest, null, 2) + '\n');
+    await this.ws.commitStageDir(stage.name, out);
+    await this.recordAttempt(stage.name, { status: 'ok', at: manifest.finished_at });
+    log.info('done', { summary: report.summary, seconds: manifest.seconds });
+    return { stage: stage.name, action: 'ran', reasons: [], summary: report.summary, counts: report.counts, seconds: manifest.seconds };
+  }
+
+  /** The manifests of every stage upstream of `stage`, in run order. */
+  private async lineage(stage: Stage): Promise<Lineage[]> {
+    const needed = new Set(stage.inputs);
+    for (const s of [...this.stages].reverse()) if (needed.has(s.name)) s.inputs.forEach((i) => needed.add(i));
+    const out: Lineage[] = [];
+    for (const s of this.stages) {
+      const m = needed.has(s.name) ? await this.manifest(s.name) : null;
+      if (m) out.push({ stage: m.stage, code_version: m.code_version, config_hash: m.config_hash, fingerprint: m.fingerprint, finished_at: m.finished_at, counts: m.counts });
+    }
+    return out;
+  }
+
+  private async recordAttempt(stage: string, attempt: Attempt): Promise<void> {
+    await mkdir(join(this.ws.root, '.runs'), { recursive: true });
+    await writeFileAtomic(this.ws.attemptPath(stage), JSON.stringify(attempt) + '\n');
+  }
+
+  private async invalidateDownstream(name: string): Promise<void> {
+    const at = new Date().toISOString();
+    for (const stage of this.downstream(name)) {
+      const manifest = await this.manifest(stage.name);
+      if (!manifest) continue;
+      manifest.invalidated_by = { stage: name, at };
+      await writeFileAtomic(this.ws.manifestPath(stage.name), JSON.stringify(manifest, null, 2) + '\n');
+      this.log.info('marked stale', { stage: stage.name, because: `${name} was forced` });
+    }
+  }
+}
+
+function describeExternalChange(before: Manifest['external'], now: ExternalFile[]): string[] {
+  const old = new Map(before.map((f) => [f.name, f.sha256]));
+  let added = 0;
+  let changed = 0;
+  for (const f of now) {
+    const h = old.get(f.name);
+    if (h === undefined) added++;
+    else if (h !== f.sha256) changed++;
+    old.delete(f.name);
+  }
+  const removed = old.size;
+  if (!added && !changed && !removed) return [];
+  const parts = [added && `${added} new`, changed && `${changed} changed`, removed && `${removed} gone`].filter(Boolean);
+  return [`input files: ${parts.join(', ')}`];
+}
+
+async function hashOutputs(dir: string, names: string[]): Promise<OutputFile[]> {
+  const files: OutputFile[] = [];
+  const walk = async (rel: string): Promise<void> => {
+    const path = join(dir, rel);
+    const s = await stat(path);
+    if (s.isDirectory()) {
+      for (const entry of (await readdir(path)).sort()) await walk(join(rel, entry));
+    } else {
+      files.push({ path: rel, bytes: s.size, sha256: await hashFile(path) });
+    }
+  };
+  for (const name of names) await walk(name);
+  return files;
+}
+

@@ -1,0 +1,41 @@
+// The one hash function of prefab: SHA-256, over bytes, files, or canonical JSON.
+import { createHash } from 'node:crypto';
+import { createReadStream } from 'node:fs';
+
+export function sha256(data: string | Uint8Array): string {
+  return createHash('sha256').update(data).digest('hex');
+}
+
+/** JSON with object keys sorted at every depth, so equal values always hash equally. */
+export function canonicalJson(value: unknown): string {
+  return JSON.stringify(sortKeys(value));
+}
+
+function sortKeys(value: unknown): unknown {
+  if (Array.isArray(value)) return value.map(sortKeys);
+  if (value !== null && typeof value === 'object') {
+    const out: Record<string, unknown> = {};
+    for (const key of Object.keys(value).sort()) {
+      const v = (value as Record<string, unknown>)[key];
+      if (v !== undefined) out[key] = sortKeys(v);
+    }
+    return out;
+  }
+  return value;
+}
+
+export function hashJson(value: unknown): string {
+  return sha256(canonicalJson(value));
+}
+
+export async function hashFile(path: string): Promise<string> {
+  const hash = createHash('sha256');
+  for await (const chunk of createReadStream(path)) hash.update(chunk as Buffer);
+  return hash.digest('hex');
+}
+
+/** A stable number in [0, 1) for a key: the same key and salt always land in the same place. */
+export function unitHash(key: string, salt: string): number {
+  const hex = createHash('sha256').update(salt).update('\0').update(key).digest('hex');
+  return parseInt(hex.slice(0, 13), 16) / 2 ** 52;
+}

@@ -1,0 +1,48 @@
+// Line-oriented files: the workspace's own record format, and the reader of JSONL inputs.
+import { createReadStream, createWriteStream, type WriteStream } from 'node:fs';
+import { once } from 'node:events';
+import { createInterface } from 'node:readline';
+import { createGunzip } from 'node:zlib';
+import type { Readable } from 'node:stream';
+
+export function openText(path: string): Readable {
+  const raw = createReadStream(path);
+  return path.endsWith('.gz') ? raw.pipe(createGunzip()) : raw;
+}
+
+/** Lines of a text file (gzip when the name ends in .gz), numbered from 1, without their newline. */
+export async function* readLines(path: string): AsyncGenerator<{ line: number; text: string }> {
+  const lines = createInterface({ input: openText(path), crlfDelay: Infinity });
+  let line = 0;
+  for await (const text of lines) {
+    line++;
+    yield { line, text };
+  }
+}
+
+/** Records of a JSONL file this program wrote itself: trusted, so no validation. */
+export async function* readJsonl<T>(path: string): AsyncGenerator<T> {
+  for await (const { text } of readLines(path)) {
+    if (text.length > 0) yield JSON.parse(text) as T;
+  }
+}
+
+/** Appends JSON records, one a line, honouring back-pressure so memory stays bounded. */
+export class JsonlWriter {
+  private readonly stream: WriteStream;
+  count = 0;
+
+  constructor(readonly path: string, flags: 'w' | 'a' = 'w') {
+    this.stream = createWriteStream(path, { flags });
+  }
+
+  async write(record: unknown): Promise<void> {
+    this.count++;
+    if (!this.stream.write(JSON.stringify(record) + '\n')) await once(this.stream, 'drain');
+  }
+
+  async close(): Promise<void> {
+    this.stream.end();
+    await once(this.stream, 'finish');
+  }
+}

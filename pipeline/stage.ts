@@ -1,0 +1,67 @@
+// What a stage declares and what the engine hands it. The engine knows nothing of what stages compute.
+import type { z } from 'zod';
+import type { Logger } from './log.ts';
+
+export interface ExternalFile {
+  /** Absolute path. */
+  path: string;
+  /** Path as the user will recognise it (relative to the working directory). */
+  name: string;
+  sha256: string;
+  bytes: number;
+}
+
+export interface StageContext<C> {
+  config: C;
+  /** Folder of the config file: relative paths in the config are resolved against it. */
+  configDir: string;
+  /** Empty temporary folder: the stage writes its outputs here; the engine moves them into place on success. */
+  out: string;
+  /** The stage's last committed folder, or null: for stages that add to what they made before. */
+  previous: string | null;
+  /** The committed folder of an upstream stage named in `inputs`. */
+  input(stage: string): string;
+  /** Every stage this one reads from, directly or not, as its manifest recorded it: for provenance. */
+  lineage: Lineage[];
+  /** The external files named by `external`, with their content hashes. */
+  external: ExternalFile[];
+  /** A folder that outlives runs, for per-item caches: an interrupted stage resumes from it. */
+  cache: string;
+  log: Logger;
+}
+
+export interface Lineage {
+  stage: string;
+  code_version: string;
+  config_hash: string;
+  fingerprint: string;
+  finished_at: string;
+  counts: Record<string, number>;
+}
+
+export interface StageReport {
+  /** Rows per output, and whatever else the stage counted (dropped, quarantined, ...). */
+  counts: Record<string, number>;
+  /** One line saying what the stage did, for the run summary. */
+  summary: string;
+}
+
+export interface Stage<S extends z.ZodType = z.ZodType> {
+  name: string;
+  description: string;
+  /** Bumped when the stage's output for the same inputs changes: part of its fingerprint. */
+  version: number;
+  /** Upstream stages whose outputs this stage reads. */
+  inputs: string[];
+  /** Files and folders the stage writes into its folder. */
+  outputs: string[];
+  /** Its section of the config, under the key `name`. */
+  config: S;
+  /** External input files (resolved, existing), if the stage reads any. */
+  external?(config: z.infer<S>, configDir: string): Promise<string[]>;
+  run(ctx: StageContext<z.infer<S>>): Promise<StageReport>;
+}
+
+export function defineStage<S extends z.ZodType>(stage: Stage<S>): Stage<S> {
+  return stage;
+}

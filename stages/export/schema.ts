@@ -1,0 +1,71 @@
+// The Parquet schemas of the exported datasets (SPEC §1): messages as list<struct> in TRL's layout.
+import type { Column } from '../../pipeline/parquet.ts';
+
+const str: Column = { kind: 'string' };
+const optStr: Column = { kind: 'string', optional: true };
+const double: Column = { kind: 'double' };
+
+export const MESSAGE: Column = {
+  kind: 'struct',
+  fields: {
+    role: str,
+    content: optStr,
+    name: optStr,
+    tool_calls: {
+      kind: 'list',
+      optional: true,
+      of: { kind: 'struct', fields: { id: str, type: str, function: { kind: 'struct', fields: { name: str, arguments: str } } } },
+    },
+    tool_call_id: optStr,
+  },
+};
+
+const MESSAGES: Column = { kind: 'list', of: MESSAGE };
+
+export const SESSION_COLUMNS: Record<string, Column> = {
+  session_id: str,
+  task_id: optStr,
+  messages: MESSAGES,
+  reward: double,
+  feedback: optStr,
+  model: optStr,
+  source: str,
+  created_at: optStr,
+  metadata: str,
+  split: str,
+  task_match: { kind: 'struct', optional: true, fields: { score: double, kind: str } },
+};
+
+export const PAIR_COLUMNS: Record<string, Column> = {
+  prompt: MESSAGES,
+  chosen: MESSAGES,
+  rejected: MESSAGES,
+  chosen_reward: double,
+  rejected_reward: double,
+  margin: double,
+  confidence: double,
+  source: str,
+  negative_type: optStr,
+  judge: str,
+  task_id: optStr,
+  chosen_session_id: str,
+  rejected_session_id: str,
+  pair_id: str,
+  split: str,
+};
+
+export const SFT_COLUMNS: Record<string, Column> = {
+  messages: MESSAGES,
+  session_id: str,
+  task_id: optStr,
+  reward: double,
+};
+
+export const KTO_COLUMNS: Record<string, Column> = {
+  prompt: MESSAGES,
+  completion: MESSAGES,
+  label: { kind: 'bool' },
+  session_id: str,
+  task_id: optStr,
+  reward: double,
+};

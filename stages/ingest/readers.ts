@@ -1,0 +1,130 @@
+// Readers of logged sessions: JSONL, a JSON array, or Parquet, each streamed record by record.
+import { asyncBufferFromFile, parquetMetadataAsync, parquetReadObjects, toJson } from 'hyparquet';
+import { compressors } from 'hyparquet-compressors';
+import { readLines, openText } from '../../pipeline/jsonl.ts';
+
+export type InputFormat = 'jsonl' | 'json' | 'parquet';
+
+/** One input record, or the reason it could not be read; `where` names its line, element or row. */
+export interface RawRecord {
+  where: string;
+  value?: unknown;
+  raw: string;
+  error?: string;
+}
+
+export function detectFormat(path: string): InputFormat | null {
+  const name = path.toLowerCase().replace(/\.gz$/, '');
+  if (name.endsWith('.jsonl') || name.endsWith('.ndjson')) return 'jsonl';
+  if (name.endsWith('.json')) return 'json';
+  if (name.endsWith('.parquet')) return 'parquet';
+  return null;
+}
+
+export function readRecords(path: string, format: InputFormat): AsyncGenerator<RawRecord> {
+  if (format === 'jsonl') return readJsonlRecords(path);
+  if (format === 'json') return readJsonArray(path);
+  return readParquetRows(path);
+}
+
+async function* readJsonlRecords(path: string): AsyncGenerator<RawRecord> {
+  for await (const { line, text } of readLines(path)) {
+    if (text.trim() === '') continue;
+    try {
+      yield { where: `line ${line}`, value: JSON.parse(text), raw: text };
+    } catch (error) {
+      yield { where: `line ${line}`, raw: text, error: `not valid JSON (${(error as Error).message})` };
+    }
+  }
+}
+
+/**
+ * The elements of a top-level JSON array, cut out one at a time by a small scanner that tracks
+ * strings and nesting, so a file larger than memory still streams.
+ */
+export async function* readJsonArray(path: string): AsyncGenerator<RawRecord> {
+  let line = 1;
+  let started = false;
+  let ended = false;
+  let depth = 0; // nesting inside the current element
+  let inString = false;
+  let escaped = false;
+  let parts: string[] = [];
+  let from = -1; // start of the current element in this chunk, or -1
+  let element = 0;
+  let elementLine = 1;
+  let awaitingElement = true; // after '[' or ',', until the element's first character
+
+  const emit = (text: string): RawRecord | null => {
+    const trimmed = text.trim();
+    if (trimmed === '') return null;
+    element++;
+    const where = `element ${element} (line ${elementLine})`;
+    try {
+      return { where, value: JSON.parse(trimmed), raw: trimmed };
+    } catch (error) {
+      return { where, raw: trimmed, error: `not valid JSON (${(error as Error).message})` };
+    }
+  };
+
+  for await (const chunk of openText(path).setEncoding('utf8') as AsyncIterable<string>) {
+    for (let i = 0; i < chunk.length; i++) {
+      const c = chunk[i]!;
+      if (c === '\n') line++;
+      if (!started) {
+        if (c === '[') {
+          started = true;
+          from = i + 1;
+        } else if (!/\s/.test(c) && c !== '\uFEFF') {
+          throw new Error(`${path}: line ${line}: expected a JSON array of sessions ('[' first), found '${c}'; use .jsonl for one session a line`);
+        }
+        continue;
+      }
+      if (ended) {
+        if (!/\s/.test(c)) throw new Error(`${path}: line ${line}: unexpected '${c}' after the closing ']' of the array`);
+        continue;
+      }
+      if (inString) {
+        if (escaped) escaped = false;
+        else if (c === '\\') escaped = true;
+        else if (c === '"') inString = false;
+        continue;
+      }
+      if (awaitingElement && !/\s/.test(c)) {
+        awaitingElement = false;
+        elementLine = line;
+      }
+      if (c === '"') inString = true;
+      else if (c === '{' || c === '[') depth++;
+      else if ((c === '}' || c === ']') && depth > 0) depth--;
+      else if (depth === 0 && (c === ',' || c === ']')) {
+        parts.push(chunk.slice(from, i));
+        const record = emit(parts.join(''));
+        if (record) yield record;
+        parts = [];
+        from = i + 1;
+        awaitingElement = true;
+        if (c === ']') ended = true;
+      }
+    }
+    if (started && !ended) parts.push(chunk.slice(Math.max(from, 0)));
+    from = 0;
+  }
+  if (!started) throw new Error(`${path}: empty file; expected a JSON array of sessions`);
+  if (!ended) throw new Error(`${path}: line ${line}: the JSON array is not closed (the file ends inside element ${element + 1})`);
+}
+
+async function* readParquetRows(path: string): AsyncGenerator<RawRecord> {
+  const file = await asyncBufferFromFile(path);
+  const metadata = await parquetMetadataAsync(file);
+  let rowStart = 0;
+  for (const group of metadata.row_groups) {
+    const rowEnd = rowStart + Number(group.num_rows);
+    const rows = await parquetReadObjects({ file, metadata, rowStart, rowEnd, compressors });
+    for (let i = 0; i < rows.length; i++) {
+      const value = toJson(rows[i]);
+      yield { where: `row ${rowStart + i + 1}`, value, raw: JSON.stringify(value) };
+    }
+    rowStart = rowEnd;
+  }
+}

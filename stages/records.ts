@@ -1,0 +1,103 @@
+// The record types of prefab (SPEC §1). Validated at the edges (ingest, config, HTTP); trusted inside.
+
+export type Role = 'system' | 'user' | 'assistant' | 'tool';
+export const ROLES: readonly Role[] = ['system', 'user', 'assistant', 'tool'];
+
+export interface ToolCall {
+  id: string;
+  type: 'function';
+  function: { name: string; arguments: string };
+}
+
+/** An OpenAI chat message, kept losslessly. */
+export interface Message {
+  role: Role;
+  content: string | null;
+  name?: string;
+  tool_calls?: ToolCall[];
+  tool_call_id?: string;
+}
+
+/** One logged agent episode. */
+export interface Session {
+  session_id: string;
+  /** Attempts at the same task share it: the key for grouping and pairing. */
+  task_id: string | null;
+  messages: Message[];
+  /** Outcome reward in [0, 1]. */
+  reward: number;
+  feedback: string | null;
+  model: string | null;
+  /** File and line or row it came from. */
+  source: string;
+  created_at: string | null;
+  /** Every other field of the input record, as a JSON string. */
+  metadata: string;
+}
+
+export type Split = 'train' | 'test';
+
+/** A session placed on one side of the train/test split. */
+export interface SplitSession extends Session {
+  split: Split;
+  /** The session had no task_id; it was grouped with `task_id` by prompt similarity (score in [0, 1]). */
+  task_match: { score: number; kind: 'matched_task' | 'new_group' } | null;
+}
+
+export type PairSource = 'outcome' | 'best_of_n' | 'hard_negative' | 'critique_rewrite' | 'imported';
+export type NegativeType = 'refusal' | 'hallucination' | 'off_topic' | 'format' | 'verbose' | 'under_explained';
+
+/** A preference pair in TRL's conversational explicit-prompt format, with provenance. */
+export interface Pair {
+  pair_id: string;
+  prompt: Message[];
+  chosen: Message[];
+  rejected: Message[];
+  chosen_reward: number;
+  rejected_reward: number;
+  margin: number;
+  confidence: number;
+  source: PairSource;
+  negative_type: NegativeType | null;
+  /** Which judges decided, e.g. 'verifier:outcome'. */
+  judge: string;
+  task_id: string | null;
+  chosen_session_id: string;
+  rejected_session_id: string;
+  split: Split;
+}
+
+export interface SftRow {
+  messages: Message[];
+  session_id: string;
+  task_id: string | null;
+  reward: number;
+}
+
+export interface KtoRow {
+  prompt: Message[];
+  completion: Message[];
+  label: boolean;
+  session_id: string;
+  task_id: string | null;
+  reward: number;
+}
+
+/** Deep equality of two messages, field by field, as the prompt prefix needs it. */
+export function sameMessage(a: Message, b: Message): boolean {
+  if (a.role !== b.role || a.content !== b.content || a.name !== b.name || a.tool_call_id !== b.tool_call_id) return false;
+  const ta = a.tool_calls ?? [];
+  const tb = b.tool_calls ?? [];
+  if (ta.length !== tb.length) return false;
+  return ta.every((t, i) => {
+    const u = tb[i]!;
+    return t.id === u.id && t.function.name === u.function.name && t.function.arguments === u.function.arguments;
+  });
+}
+
+/** The longest common prefix of two message lists (TRL's extract_prompt): the pair's prompt. */
+export function commonPrefixLength(a: Message[], b: Message[]): number {
+  let n = 0;
+  while (n < a.length && n < b.length && sameMessage(a[n]!, b[n]!)) n++;
+  return n;
+}
