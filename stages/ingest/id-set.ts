@@ -13,7 +13,7 @@ export class SessionIdSet {
 
   private static key(id: string): [number, number] {
     const digest = createHash('sha256').update(id).digest();
-    return [digest.readUInt32LE(0), digest.readUInt32LE(4) | 1];
+    return [digest.readUInt32LE(0), (digest.readUInt32LE(4) | 1) >>> 0]; // lo is never 0: (0, 0) marks an empty slot
   }
 
   /** Adds the id; false when it was already there. */

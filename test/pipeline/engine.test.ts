@@ -1,0 +1,157 @@
+import { spawn } from 'node:child_process';
+import { existsSync, mkdtempSync, readdirSync, renameSync, statSync, writeFileSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { Workspace, acquireLock } from '../../pipeline/workspace.ts';
+import { quietLogger, runs, toyEngine } from '../fixtures/toy-stages.ts';
+
+let dir: string;
+let workdir: string;
+const config = (extra: Record<string, unknown> = {}) => ({ source: { files: ['a.txt', 'b.txt'] }, ...extra });
+
+beforeEach(() => {
+  dir = mkdtempSync(join(tmpdir(), 'prefab-engine-'));
+  workdir = join(dir, 'workspace');
+  writeFileSync(join(dir, 'a.txt'), 'banana ');
+  writeFileSync(join(dir, 'b.txt'), 'apple\n');
+  runs.length = 0;
+});
+afterEach(() => rmSync(dir, { recursive: true, force: true }));
+
+const actions = (outcomes: { stage: string; action: string }[]) => Object.fromEntries(outcomes.map((o) => [o.stage, o.action]));
+
+describe('engine', () => {
+  it('runs every stage once, then does no work when nothing changed', async () => {
+    const first = await toyEngine(workdir, dir, config()).run();
+    expect(actions(first)).toEqual({ source: 'ran', upper: 'ran', count: 'ran' });
+    expect(JSON.parse(readFileSync(join(workdir, 'count', 'count.json'), 'utf8'))).toEqual({ n: 4 });
+    const mtime = statSync(join(workdir, 'count', 'count.json')).mtimeMs;
+
+    runs.length = 0;
+    const second = await toyEngine(workdir, dir, config()).run();
+    expect(actions(second)).toEqual({ source: 'fresh', upper: 'fresh', count: 'fresh' });
+    expect(runs).toEqual([]);
+    expect(statSync(join(workdir, 'count', 'count.json')).mtimeMs).toBe(mtime);
+  });
+
+  it('records input hashes, config hash, code version, counts and timings in the manifest', async () => {
+    await toyEngine(workdir, dir, config()).run();
+    const source = JSON.parse(readFileSync(join(workdir, 'source', 'manifest.json'), 'utf8'));
+    const upper = JSON.parse(readFileSync(join(workdir, 'upper', 'manifest.json'), 'utf8'));
+    expect(source.external.map((f: { name: string }) => f.name.endsWith('a.txt') || f.name.endsWith('b.txt'))).toEqual([true, true]);
+    expect(source.external[0].sha256).toMatch(/^[0-9a-f]{64}$/);
+    expect(upper.inputs.source).toBe(source.fingerprint);
+    expect(upper.code_version).toBe('test/upper@1');
+    expect(upper.config_hash).toMatch(/^[0-9a-f]{64}$/);
+    expect(upper.counts).toEqual({ chars: 13 });
+    expect(upper.seconds).toBeGreaterThanOrEqual(0);
+    expect(upper.outputs[0]).toMatchObject({ path: 'upper.txt', bytes: 13 });
+  });
+
+  it('reruns a stage whose input file content changed, and downstream only if its output changed', async () => {
+    await toyEngine(workdir, dir, config()).run();
+    writeFileSync(join(dir, 'b.txt'), 'avocado\n');
+    const status = await toyEngine(workdir, dir, config()).status();
+    expect(status[0]).toMatchObject({ state: 'stale', reasons: ['input files: 1 changed'] });
+    expect(status[1]!.state).toBe('stale');
+    runs.length = 0;
+    await toyEngine(workdir, dir, config()).run();
+    expect(runs).toEqual(['source', 'upper', 'count']);
+
+    // Same bytes under a changed file time: the content hash decides, nothing reruns.
+    writeFileSync(join(dir, 'b.txt'), 'avocado\n');
+    runs.length = 0;
+    await toyEngine(workdir, dir, config()).run();
+    expect(runs).toEqual([]);
+  });
+
+  it('reruns only the stage whose config section changed when its output feeds nothing new', async () => {
+    await toyEngine(workdir, dir, config()).run();
+    runs.length = 0;
+    const outcomes = await toyEngine(workdir, dir, config({ count: { letter: 'N' } })).run();
+    expect(actions(outcomes)).toEqual({ source: 'fresh', upper: 'fresh', count: 'ran' });
+    expect(JSON.parse(readFileSync(join(workdir, 'count', 'count.json'), 'utf8'))).toEqual({ n: 2 });
+  });
+
+  it('forcing a stage reruns it alone and marks everything downstream stale', async () => {
+    await toyEngine(workdir, dir, config()).run();
+    runs.length = 0;
+    const forced = await toyEngine(workdir, dir, config()).run({ force: 'source' });
+    expect(actions(forced)).toEqual({ source: 'ran' });
+    const status = await toyEngine(workdir, dir, config()).status();
+    expect(status.map((s) => s.state)).toEqual(['fresh', 'stale', 'stale']);
+    expect(status[1]!.reasons[0]).toMatch(/upstream source was rerun by `prefab stage`/);
+    runs.length = 0;
+    await toyEngine(workdir, dir, config()).run();
+    expect(runs).toEqual(['upper', 'count']);
+  });
+
+  it('sees a deleted or altered output as stale', async () => {
+    await toyEngine(workdir, dir, config()).run();
+    writeFileSync(join(workdir, 'upper', 'upper.txt'), 'X');
+    const status = await toyEngine(workdir, dir, config()).status();
+    expect(status[1]).toMatchObject({ state: 'stale', reasons: ['output upper.txt is missing or altered'] });
+    expect(status[2]!.reasons).toContain('upstream upper is not fresh');
+  });
+
+  it('keeps the last good output when a stage fails, reports the failure and stops', async () => {
+    await toyEngine(workdir, dir, config()).run();
+    const before = readFileSync(join(workdir, 'source', 'all.txt'), 'utf8');
+    writeFileSync(join(dir, 'a.txt'), 'cherry ');
+    const outcomes = await toyEngine(workdir, dir, config({ source: { files: ['a.txt', 'b.txt'], fail: true } })).run();
+    expect(actions(outcomes)).toEqual({ source: 'failed', upper: 'not reached', count: 'not reached' });
+    expect(readFileSync(join(workdir, 'source', 'all.txt'), 'utf8')).toBe(before);
+    const status = await toyEngine(workdir, dir, config()).status();
+    expect(status[0]!.lastFailure?.error).toBe('source failed on purpose');
+    expect(readdirSync(join(workdir, '.tmp'))).toHaveLength(1); // the failed attempt, cleared at the next start
+    await toyEngine(workdir, dir, config()).run();
+    expect(readdirSync(join(workdir, '.tmp'))).toHaveLength(0);
+  });
+
+  it('puts back a stage folder parked by a run that died between its two renames', async () => {
+    await toyEngine(workdir, dir, config()).run();
+    renameSync(join(workdir, 'upper'), join(workdir, '.tmp', 'upper.old-deadbeef'));
+    runs.length = 0;
+    await toyEngine(workdir, dir, config()).run();
+    expect(runs).toEqual([]);
+    expect(existsSync(join(workdir, 'upper', 'upper.txt'))).toBe(true);
+  });
+
+  it('never trusts the output of a stage killed with SIGKILL, and takes over its lock', async () => {
+    await toyEngine(workdir, dir, config()).run();
+    writeFileSync(join(dir, 'a.txt'), 'cherry ');
+    const marker = join(dir, 'in-stage');
+    const child = spawn(
+      process.execPath,
+      ['--import', 'tsx', join(__dirname, '..', 'fixtures', 'toy-run.ts'), workdir, dir, JSON.stringify(config({ source: { files: ['a.txt', 'b.txt'], hangAfterWrite: marker } }))],
+      { stdio: 'ignore' },
+    );
+    for (let i = 0; i < 300 && !existsSync(marker); i++) await new Promise((r) => setTimeout(r, 50));
+    expect(existsSync(marker)).toBe(true);
+    const exited = new Promise((r) => child.once('exit', (_code, signal) => r(signal)));
+    child.kill('SIGKILL');
+    expect(await exited).toBe('SIGKILL');
+
+    // The half-made output sits in .tmp; the committed folder is the old one and is stale against the new input.
+    expect(readFileSync(join(workdir, 'source', 'all.txt'), 'utf8')).toBe('banana apple\n');
+    const status = await toyEngine(workdir, dir, config()).status();
+    expect(status[0]!.state).toBe('stale');
+
+    const lines: string[] = [];
+    const release = await acquireLock(new Workspace(workdir), 'test', quietLogger(lines));
+    expect(lines.join('')).toMatch(/stale lock removed.*no longer running/);
+    release();
+    await toyEngine(workdir, dir, config()).run();
+    expect(readFileSync(join(workdir, 'upper', 'upper.txt'), 'utf8')).toBe('CHERRY APPLE\n');
+  });
+
+  it('refuses a second run while the lock holder is alive, naming it', async () => {
+    const ws = new Workspace(workdir);
+    const release = await acquireLock(ws, 'prefab run', quietLogger());
+    await expect(acquireLock(ws, 'prefab run', quietLogger())).rejects.toThrow(/in use by another run: pid \d+ .*prefab run/);
+    release();
+    const again = await acquireLock(ws, 'prefab run', quietLogger());
+    again();
+  });
+});

@@ -1,0 +1,187 @@
+import { mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { DuckDBInstance } from '@duckdb/node-api';
+import { describe, expect, it } from 'vitest';
+import type { QuarantineRecord } from '../../stages/ingest/index.ts';
+import { sessionSegments } from '../../stages/ingest/index.ts';
+import type { Pair, Session } from '../../stages/records.ts';
+import { collect, engineFor, jsonl, manifest, session, tempDir } from '../fixtures/pipeline.ts';
+
+const ingestOnly = { until: 'ingest' };
+
+async function ingested(dir: string): Promise<Session[]> {
+  const out: Session[] = [];
+  for (const seg of await sessionSegments(join(dir, 'workspace', 'ingest'))) out.push(...(await collect<Session>(seg)));
+  return out;
+}
+
+describe('ingest', () => {
+  it('quarantines every bad line with its line number and reason, and keeps every good record', async () => {
+    const dir = tempDir();
+    const lines = [
+      session('ok-1', 'A', 1), // line 1
+      '{"session_id": "broken", "messages": [', // 2: not JSON
+      session('ok-2', 'A', 0), // 3
+      { ...session('bad-type', 'A', 1), messages: 'hello' }, // 4: messages not an array
+      session('bad-range', 'A', 1.5), // 5: reward out of range
+      { ...session('bad-reward', 'A', 1), reward: 'high' }, // 6: reward wrong type
+      { ...session('bad-role', 'A', 1), messages: [{ role: 'bot', content: 'hi' }] }, // 7
+      { ...session('bad-tool', 'A', 1), messages: [{ role: 'tool', content: 'x' }] }, // 8: tool without tool_call_id
+      session('ok-1', 'A', 0.5), // 9: duplicate id
+      '', // 10: blank, ignored
+      session('ok-3', 'B', 0.2), // 11
+      { ...session('no-reward', 'B', 1), reward: undefined }, // 12
+    ];
+    writeFileSync(join(dir, 'logs.jsonl'), jsonl(lines));
+    const outcomes = await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\n').run(ingestOnly);
+    expect(outcomes[0]!.action).toBe('ran');
+
+    expect((await ingested(dir)).map((s) => s.session_id)).toEqual(['ok-1', 'ok-2', 'ok-3']);
+    const q = await collect<QuarantineRecord>(join(dir, 'workspace', 'ingest', 'quarantine.jsonl'));
+    const byLine = Object.fromEntries(q.map((r) => [r.where, r.reason]));
+    expect(Object.keys(byLine)).toEqual(['line 2', 'line 4', 'line 5', 'line 6', 'line 7', 'line 8', 'line 9', 'line 12']);
+    expect(byLine['line 2']).toMatch(/not valid JSON/);
+    expect(byLine['line 4']).toMatch(/messages must be an array .*got the string "hello"/);
+    expect(byLine['line 5']).toMatch(/reward 1\.5 is outside \[0, 1\].*clamp/);
+    expect(byLine['line 6']).toMatch(/reward must be a number/);
+    expect(byLine['line 7']).toMatch(/messages\[0\]\.role: the string "bot" is not one of system, user, assistant, tool/);
+    expect(byLine['line 8']).toMatch(/messages\[0\]: a tool message needs tool_call_id/);
+    expect(byLine['line 9']).toMatch(/duplicate session_id 'ok-1'/);
+    expect(byLine['line 12']).toMatch(/reward is missing/);
+    expect(q.every((r) => r.file.endsWith('logs.jsonl'))).toBe(true);
+    expect(q.find((r) => r.where === 'line 2')!.raw).toBe(lines[1]);
+    expect(manifest(dir, 'ingest').counts).toMatchObject({ sessions: 3, quarantined: 7, duplicates: 1 });
+  });
+
+  it('clamps out-of-range rewards when configured to', async () => {
+    const dir = tempDir();
+    writeFileSync(join(dir, 'logs.jsonl'), jsonl([session('a', 'A', 1.5), session('b', 'A', -0.2)]));
+    await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\n  out_of_range_reward: clamp\n').run(ingestOnly);
+    expect((await ingested(dir)).map((s) => s.reward)).toEqual([1, 0]);
+  });
+
+  it('keeps messages losslessly and every unmapped field in metadata', async () => {
+    const dir = tempDir();
+    const record = session('s1', 'T', 1, 'ok', { trial: 3, extra: { nested: [1, 2] } });
+    (record.messages[2] as Record<string, unknown>).reasoning_content = 'thinking…';
+    (record.messages[0] as Record<string, unknown>).name = 'sys';
+    writeFileSync(join(dir, 'logs.jsonl'), jsonl([record]));
+    await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\n').run(ingestOnly);
+    const [s] = await ingested(dir);
+    expect(s!.messages).toEqual(record.messages.map((m) => {
+      const { reasoning_content: _r, ...rest } = m as Record<string, unknown>;
+      return rest;
+    }));
+    expect(s!.messages[2]!.content).toBeNull();
+    expect(JSON.parse(s!.metadata)).toEqual({ trial: 3, extra: { nested: [1, 2] }, _message_extras: { 2: { reasoning_content: 'thinking…' } } });
+    expect(s!.source).toMatch(/logs\.jsonl line 1$/);
+  });
+
+  it('names a session without an id by a hash of its content, so a repeat is a duplicate', async () => {
+    const dir = tempDir();
+    writeFileSync(join(dir, 'logs.jsonl'), jsonl([session(undefined, 'A', 1), session(undefined, 'A', 1), session(undefined, 'A', 0)]));
+    await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\n').run(ingestOnly);
+    const ids = (await ingested(dir)).map((s) => s.session_id);
+    expect(ids).toHaveLength(2);
+    expect(ids[0]).toMatch(/^h-[0-9a-f]{32}$/);
+    expect(ids[0]).not.toBe(ids[1]);
+    expect(manifest(dir, 'ingest').counts.duplicates).toBe(1);
+  });
+
+  it('reads a JSON array and a Parquet file written by another tool, from a folder and a glob', async () => {
+    const dir = tempDir();
+    mkdirSync(join(dir, 'logs', 'deep'), { recursive: true });
+    writeFileSync(join(dir, 'logs', 'a.json'), JSON.stringify([session('j1', 'A', 1), session('j2', 'A', 0)], null, 2));
+    writeFileSync(join(dir, 'src.jsonl'), jsonl([session('p1', 'B', 1), session('p2', 'B', 0)]));
+    const db = await DuckDBInstance.create(':memory:');
+    const c = await db.connect();
+    // DuckDB writes messages as a list of structs with ZSTD pages: an independent writer.
+    await c.run(`COPY (SELECT * FROM read_json('${join(dir, 'src.jsonl')}')) TO '${join(dir, 'logs', 'deep', 'b.parquet')}' (FORMAT parquet, COMPRESSION zstd)`);
+    writeFileSync(join(dir, 'other.jsonl'), jsonl([session('g1', 'C', 1)]));
+    await engineFor(dir, 'ingest:\n  inputs: [logs, "oth*.jsonl"]\n').run(ingestOnly);
+    const sessions = await ingested(dir);
+    expect(sessions.map((s) => s.session_id).sort()).toEqual(['g1', 'j1', 'j2', 'p1', 'p2']);
+    const p1 = sessions.find((s) => s.session_id === 'p1')!;
+    expect(p1.messages).toEqual(session('p1', 'B', 1).messages);
+    expect(p1.source).toMatch(/b\.parquet row 1$/);
+    expect(sessions.find((s) => s.session_id === 'j2')!.source).toMatch(/a\.json element 2 \(line \d+\)$/);
+  });
+
+  it('ingests only new files on later runs and appends them, leaving earlier segments untouched', async () => {
+    const dir = tempDir();
+    mkdirSync(join(dir, 'inbox'));
+    writeFileSync(join(dir, 'inbox', 'day1.jsonl'), jsonl([session('d1-a', 'A', 1), session('d1-b', 'A', 0)]));
+    const cfg = 'ingest:\n  inputs: [inbox]\n';
+    await engineFor(dir, cfg).run(ingestOnly);
+    const [firstSegment] = await sessionSegments(join(dir, 'workspace', 'ingest'));
+    const inode = statSync(firstSegment!).ino;
+
+    writeFileSync(join(dir, 'inbox', 'day2.jsonl'), jsonl([session('d2-a', 'B', 1), session('d1-a', 'A', 1)]));
+    const outcomes = await engineFor(dir, cfg).run(ingestOnly);
+    expect(outcomes[0]!.reasons).toEqual(['input files: 1 new']);
+    expect(manifest(dir, 'ingest').counts).toMatchObject({ sessions: 3, new_sessions: 1, duplicates: 1, files: 2, files_skipped: 1 });
+    const segments = await sessionSegments(join(dir, 'workspace', 'ingest'));
+    expect(segments).toHaveLength(2);
+    expect(statSync(segments[0]!).ino).toBe(inode);
+    expect((await ingested(dir)).map((s) => s.session_id)).toEqual(['d1-a', 'd1-b', 'd2-a']);
+  });
+
+  it('turns a foreign log shape into sessions with a field mapping alone, and pairs its trials', async () => {
+    const dir = tempDir();
+    const trial = (task: string, n: number, ok: boolean) => ({
+      traj: [
+        { from: 'system', value: 'You are a support agent.' },
+        { from: 'human', value: `Task ${task}: refund order 12.` },
+        { from: 'gpt', value: null, tool_calls: [{ id: `t${n}`, type: 'function', function: { name: 'refund', arguments: { order: 12, try: n } } }] },
+        { from: 'tool', value: ok ? 'refunded' : 'error: missing email', tool_call_id: `t${n}` },
+        { from: 'gpt', value: ok ? 'Refunded.' : 'Failed.' },
+      ],
+      meta: { task, env: 'prod' },
+      trial: n,
+      outcome: { success: ok },
+      agent: 'v3',
+    });
+    writeFileSync(join(dir, 'agent.jsonl'), jsonl([trial('T1', 0, true), trial('T1', 1, false), trial('T1', 2, false), trial('T2', 0, true)]));
+    const cfg = [
+      'ingest:',
+      '  inputs: [agent.jsonl]',
+      '  mapping:',
+      '    messages: traj',
+      '    task_id: meta.task',
+      '    session_id: "{meta.task}-{trial}"',
+      '    reward: outcome.success',
+      '    model: agent',
+      '  message:',
+      '    role: from',
+      '    content: value',
+      '    roles: { human: user, gpt: assistant }',
+      'split:',
+      '  test_ratio: 0',
+    ].join('\n');
+    const outcomes = await engineFor(dir, cfg).run({ until: 'pairs' });
+    expect(outcomes.map((o) => o.action)).toEqual(['ran', 'ran', 'ran']);
+    const sessions = await ingested(dir);
+    expect(sessions.map((s) => [s.session_id, s.task_id, s.reward, s.model])).toEqual([
+      ['T1-0', 'T1', 1, 'v3'],
+      ['T1-1', 'T1', 0, 'v3'],
+      ['T1-2', 'T1', 0, 'v3'],
+      ['T2-0', 'T2', 1, 'v3'],
+    ]);
+    expect(JSON.parse(sessions[0]!.metadata)).toEqual({ meta: { env: 'prod' }, trial: 0 });
+    expect(sessions[0]!.messages[2]!.tool_calls![0]!.function.arguments).toBe('{"order":12,"try":0}');
+
+    const pairs = await collect<Pair>(join(dir, 'workspace', 'pairs', 'train.jsonl'));
+    expect(pairs.map((p) => [p.chosen_session_id, p.rejected_session_id])).toEqual([
+      ['T1-0', 'T1-1'],
+      ['T1-0', 'T1-2'],
+    ]);
+    expect(pairs[0]!.prompt.map((m) => m.role)).toEqual(['system', 'user']);
+    expect(pairs[0]!.chosen[0]!.role).toBe('assistant');
+    expect(pairs[0]!.margin).toBe(1);
+  });
+
+  it('stops with a clear error when an input matches nothing', async () => {
+    const dir = tempDir();
+    await expect(engineFor(dir, 'ingest:\n  inputs: ["missing/*.jsonl"]\n').run(ingestOnly)).rejects.toThrow(/'missing\/\*\.jsonl' matches no file/);
+  });
+});
