@@ -1,0 +1,85 @@
+import { readFileSync, statSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { writeSyntheticSessions } from '../../bench/synthetic-sessions.ts';
+import { prefab, prefabAsync, REPO } from '../fixtures/cli.ts';
+import { tempDir } from '../fixtures/pipeline.ts';
+
+const DEFAULT = join(REPO, 'configs', 'default.yaml');
+
+describe('prefab command line', () => {
+  it('runs the sample, then does nothing the second time and says so, leaving the exports untouched', () => {
+    const workdir = join(tempDir(), 'workspace');
+    const first = prefab(['--workdir', workdir, '--config', DEFAULT, '--log-format', 'text', 'run']);
+    expect(first.code, first.stderr).toBe(0);
+    expect(first.stdout).toMatch(/^ingest\s+ran\s.*600 new sessions/m);
+    expect(first.stdout).toMatch(/^export\s+ran\s/m);
+    const parquet = join(workdir, 'export', 'pairs', 'train.parquet');
+    const before = statSync(parquet).mtimeMs;
+
+    const second = prefab(['--workdir', workdir, '--config', DEFAULT, '--log-format', 'text', 'run']);
+    expect(second.code).toBe(0);
+    expect(second.stdout).toBe('Everything is up to date: nothing to do.\n');
+    expect(statSync(parquet).mtimeMs).toBe(before);
+
+    const forced = prefab(['--workdir', workdir, '--config', DEFAULT, 'stage', 'pairs']);
+    expect(forced.code).toBe(0);
+    const status = JSON.parse(prefab(['--workdir', workdir, '--config', DEFAULT, 'status', '--json']).stdout) as { stage: string; state: string; reasons: string[] }[];
+    expect(status.map((s) => [s.stage, s.state])).toEqual([
+      ['ingest', 'fresh'],
+      ['split', 'fresh'],
+      ['pairs', 'fresh'],
+      ['export', 'stale'],
+    ]);
+    expect(status[3]!.reasons[0]).toMatch(/upstream pairs was rerun/);
+    const text = prefab(['--workdir', workdir, '--config', DEFAULT, 'status']).stdout;
+    expect(text).toMatch(/^export\s+stale\s+\(upstream pairs was rerun/m);
+
+    const third = prefab(['--workdir', workdir, '--config', DEFAULT, '--log-format', 'json', 'run']);
+    expect(JSON.parse(third.stdout).stages.map((s: { action: string }) => s.action)).toEqual(['fresh', 'fresh', 'fresh', 'ran']);
+  });
+
+  it('exits 2 with a clear message on bad usage', () => {
+    const workdir = join(tempDir(), 'workspace');
+    const unknownStage = prefab(['--workdir', workdir, '--config', DEFAULT, 'stage', 'nope']);
+    expect(unknownStage.code).toBe(2);
+    expect(unknownStage.stderr).toMatch(/unknown stage 'nope'; the stages are: ingest, split, pairs, export/);
+    const dir = tempDir();
+    writeFileSync(join(dir, 'bad.yaml'), 'pairs:\n  outcome:\n    max_pairs: 3\n');
+    const badConfig = prefab(['--workdir', workdir, '--config', join(dir, 'bad.yaml'), 'run']);
+    expect(badConfig.code).toBe(2);
+    expect(badConfig.stderr).toMatch(/bad\.yaml:3: unknown key pairs\.outcome\.max_pairs/);
+    expect(prefab(['run', '--frobnicate']).code).toBe(2);
+    expect(prefab(['--help']).code).toBe(0);
+  });
+
+  it('recovers from kill -9 in the middle of a run: nothing half-written is taken as fresh', async () => {
+    const dir = tempDir();
+    await writeSyntheticSessions(join(dir, 'big.jsonl'), 20_000, 7);
+    writeFileSync(join(dir, 'config.yaml'), 'ingest:\n  inputs: [big.jsonl]\n');
+    const args = ['--workdir', join(dir, 'workspace'), '--config', join(dir, 'config.yaml'), '--log-format', 'json'];
+    const child = prefabAsync([...args, 'run']);
+    let log = '';
+    await new Promise<void>((resolve, reject) => {
+      child.stderr.on('data', (chunk: Buffer) => {
+        log += chunk.toString();
+        if (/"event":"running","stage":"pairs"/.test(log)) {
+          child.kill('SIGKILL');
+          resolve();
+        }
+      });
+      child.once('exit', () => reject(new Error(`finished before it could be killed:\n${log}`)));
+    });
+    await new Promise((r) => child.once('exit', r));
+
+    const status = JSON.parse(prefab([...args, 'status', '--json']).stdout) as { stage: string; state: string }[];
+    expect(status.map((s) => s.state)).toEqual(['fresh', 'fresh', 'never run', 'never run']);
+
+    const rerun = prefab([...args, 'run']);
+    expect(rerun.code, rerun.stderr).toBe(0);
+    expect(rerun.stderr).toMatch(/stale lock removed/);
+    expect(JSON.parse(rerun.stdout).stages.map((s: { action: string }) => s.action)).toEqual(['fresh', 'fresh', 'ran', 'ran']);
+    const manifest = JSON.parse(readFileSync(join(dir, 'workspace', 'export', 'manifest.json'), 'utf8'));
+    expect(manifest.counts.sessions_train + manifest.counts.sessions_test).toBe(20_000);
+  });
+});
