@@ -31,11 +31,13 @@ function pad(s: string, n: number): string {
 
 function printOutcomes(outcomes: StageOutcome[], format: LogFormat): void {
   const ok = outcomes.every((o) => o.action !== 'failed');
+  const upToDate = outcomes.every((o) => o.action === 'fresh');
   if (format === 'json') {
-    process.stdout.write(JSON.stringify({ ok, stages: outcomes }) + '\n');
+    const message = upToDate ? 'Everything is up to date: nothing to do.' : undefined;
+    process.stdout.write(JSON.stringify({ ok, up_to_date: upToDate, message, stages: outcomes }) + '\n');
     return;
   }
-  if (outcomes.every((o) => o.action === 'fresh')) {
+  if (upToDate) {
     process.stdout.write('Everything is up to date: nothing to do.\n');
     return;
   }
