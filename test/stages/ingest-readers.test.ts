@@ -1,0 +1,39 @@
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { readJsonArray, type RawRecord } from '../../stages/ingest/readers.ts';
+import { tempDir } from '../fixtures/pipeline.ts';
+
+async function all(path: string): Promise<RawRecord[]> {
+  const out: RawRecord[] = [];
+  for await (const r of readJsonArray(path)) out.push(r);
+  return out;
+}
+
+describe('JSON array reader', () => {
+  it('cuts out every element across read chunks, whatever brackets, quotes and escapes the strings hold', async () => {
+    const path = join(tempDir(), 'big.json');
+    const elements = Array.from({ length: 3000 }, (_, i) => ({ i, text: `a "quoted" ] }, [ { \\ string ${'x'.repeat(i % 50)}`, nested: [[i], { k: ']' }] }));
+    writeFileSync(path, '\uFEFF  [\n' + elements.map((e) => JSON.stringify(e)).join(' ,\n') + '\n]\n');
+    const records = await all(path);
+    expect(records.map((r) => r.value)).toEqual(elements);
+    expect(records[2]!.where).toBe('element 3 (line 4)');
+  });
+
+  it('reports an element that is not JSON and goes on with the next', async () => {
+    const path = join(tempDir(), 'bad.json');
+    writeFileSync(path, '[\n{"a": 1},\n{"a": tru},\n{"a": 3}\n]');
+    const records = await all(path);
+    expect(records.map((r) => r.value ?? null)).toEqual([{ a: 1 }, null, { a: 3 }]);
+    expect(records[1]).toMatchObject({ where: 'element 2 (line 3)', raw: '{"a": tru}' });
+    expect(records[1]!.error).toMatch(/not valid JSON/);
+  });
+
+  it('refuses a file that is not an array, or an array that never closes, naming the line', async () => {
+    const dir = tempDir();
+    writeFileSync(join(dir, 'obj.json'), '\n{"sessions": []}');
+    await expect(all(join(dir, 'obj.json'))).rejects.toThrow(/obj\.json: line 2: expected a JSON array/);
+    writeFileSync(join(dir, 'cut.json'), '[{"a": 1},\n{"a": ');
+    await expect(all(join(dir, 'cut.json'))).rejects.toThrow(/cut\.json: line 2: the JSON array is not closed \(the file ends inside element 2\)/);
+  });
+});
