@@ -1,6 +1,9 @@
-// Parquet output: a small column-type language that becomes a parquetjs schema with the standard
-// 3-level LIST layout (read as list<...> by DuckDB, pyarrow, pandas, `datasets`), and a streaming writer.
-import parquet from '@dsnp/parquetjs';
+// Parquet output: a small column-type language that becomes a Parquet schema with the standard
+// 3-level LIST layout (read as list<...> by DuckDB, pyarrow, pandas, `datasets`), and a streaming
+// writer that holds one row group in memory at a time.
+import { gzipSync } from 'node:zlib';
+import { ParquetWriter, fileWriter } from 'hyparquet-writer';
+import type { SchemaElement } from 'hyparquet';
 
 export type Column =
   | { kind: 'string' | 'double' | 'bool' | 'int64'; optional?: boolean }
@@ -9,35 +12,28 @@ export type Column =
 
 export type Compression = 'snappy' | 'gzip' | 'uncompressed';
 
-const PRIMITIVE = { string: 'UTF8', double: 'DOUBLE', bool: 'BOOLEAN', int64: 'INT64' } as const;
+const PRIMITIVE: Record<'string' | 'double' | 'bool' | 'int64', Partial<SchemaElement>> = {
+  string: { type: 'BYTE_ARRAY', converted_type: 'UTF8' },
+  double: { type: 'DOUBLE' },
+  bool: { type: 'BOOLEAN' },
+  int64: { type: 'INT64' },
+};
 
-type FieldDefinition = Record<string, unknown>;
-
-function toField(column: Column, compression: string): FieldDefinition {
-  const optional = column.optional ?? false;
+/** The schema elements of one column, depth first, as Parquet's footer lists them. */
+function schemaElements(name: string, column: Column): SchemaElement[] {
+  const repetition_type = column.optional ? 'OPTIONAL' : 'REQUIRED';
   if (column.kind === 'list') {
-    return { type: 'LIST', optional, fields: { list: { repeated: true, fields: { element: toField(column.of, compression) } } } };
+    return [
+      { name, repetition_type, converted_type: 'LIST', num_children: 1 },
+      { name: 'list', repetition_type: 'REPEATED', num_children: 1 },
+      ...schemaElements('element', column.of),
+    ];
   }
   if (column.kind === 'struct') {
-    return { optional, fields: Object.fromEntries(Object.entries(column.fields).map(([k, c]) => [k, toField(c, compression)])) };
+    const fields = Object.entries(column.fields);
+    return [{ name, repetition_type, num_children: fields.length }, ...fields.flatMap(([k, c]) => schemaElements(k, c))];
   }
-  return { type: PRIMITIVE[column.kind], optional, compression };
-}
-
-/** A value in the shape parquetjs expects: lists wrapped as {list: [{element}]}, absent optionals dropped. */
-function toParquetValue(column: Column, value: unknown): unknown {
-  if (value === null || value === undefined) return undefined;
-  if (column.kind === 'list') return { list: (value as unknown[]).map((v) => ({ element: toParquetValue(column.of, v) })) };
-  if (column.kind === 'struct') {
-    const out: Record<string, unknown> = {};
-    for (const [k, c] of Object.entries(column.fields)) {
-      const v = toParquetValue(c, (value as Record<string, unknown>)[k]);
-      if (v !== undefined) out[k] = v;
-    }
-    return out;
-  }
-  if (column.kind === 'int64') return BigInt(value as number);
-  return value;
+  return [{ name, repetition_type, ...PRIMITIVE[column.kind] } as SchemaElement];
 }
 
 /** The column's type as Arrow writes it, for dataset cards: list<struct<role: string, ...>>. */
@@ -51,31 +47,54 @@ export function describeColumn(column: Column): string {
   return column.optional ? `${base}?` : base;
 }
 
+const CODEC = { snappy: 'SNAPPY', gzip: 'GZIP', uncompressed: 'UNCOMPRESSED' } as const;
+
+/** Rows in, Parquet out: rows are buffered up to one row group, then encoded and flushed to the file. */
 export class ParquetTableWriter<Row extends object> {
   rows = 0;
+  private buffer: Row[] = [];
+  private readonly names: string[];
+
   private constructor(
-    private readonly writer: parquet.ParquetWriter,
+    private readonly writer: ParquetWriter,
     private readonly columns: Record<string, Column>,
-  ) {}
+    private readonly rowGroupSize: number,
+  ) {
+    this.names = Object.keys(columns);
+  }
 
   static async open<Row extends object>(path: string, columns: Record<string, Column>, options: { rowGroupSize: number; compression: Compression }) {
-    const compression = options.compression.toUpperCase();
-    const schema = new parquet.ParquetSchema(Object.fromEntries(Object.entries(columns).map(([k, c]) => [k, toField(c, compression)])) as never);
-    const writer = await parquet.ParquetWriter.openFile(schema, path, { rowGroupSize: options.rowGroupSize, useDataPageV2: false });
-    return new ParquetTableWriter<Row>(writer, columns);
+    const entries = Object.entries(columns);
+    const schema: SchemaElement[] = [{ name: 'root', num_children: entries.length }, ...entries.flatMap(([k, c]) => schemaElements(k, c))];
+    const writer = new ParquetWriter({
+      writer: fileWriter(path),
+      schema,
+      codec: CODEC[options.compression],
+      compressors: { GZIP: (input: Uint8Array) => new Uint8Array(gzipSync(input)) },
+      createdBy: 'prefab',
+    });
+    return new ParquetTableWriter<Row>(writer, columns, options.rowGroupSize);
   }
 
   async append(row: Row): Promise<void> {
-    const record: Record<string, unknown> = {};
-    for (const [k, c] of Object.entries(this.columns)) {
-      const v = toParquetValue(c, (row as Record<string, unknown>)[k]);
-      if (v !== undefined) record[k] = v;
-    }
-    await this.writer.appendRow(record);
+    this.buffer.push(row);
     this.rows++;
+    if (this.buffer.length >= this.rowGroupSize) this.flush();
+  }
+
+  private flush(): void {
+    if (this.buffer.length === 0) return;
+    const rows = this.buffer as Record<string, unknown>[];
+    const columnData = this.names.map((name) => {
+      const int64 = this.columns[name]!.kind === 'int64';
+      return { name, data: rows.map((r) => (int64 && r[name] != null ? BigInt(r[name] as number) : (r[name] ?? null))) };
+    });
+    this.writer.write({ columnData, rowGroupSize: rows.length });
+    this.buffer = [];
   }
 
   async close(): Promise<void> {
-    await this.writer.close();
+    this.flush();
+    this.writer.finish();
   }
 }
