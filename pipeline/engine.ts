@@ -141,8 +141,11 @@ export class Engine {
       if (!upstream) reasons.push(`upstream ${input} has no output`);
       else if (upstream.fingerprint !== manifest.inputs[input]) reasons.push(`upstream ${input} changed`);
     }
-    const files = external ?? (await this.externalFiles(stage));
-    reasons.push(...describeExternalChange(manifest.external, files));
+    try {
+      reasons.push(...describeExternalChange(manifest.external, external ?? (await this.externalFiles(stage))));
+    } catch (error) {
+      reasons.push(`input files: ${errorMessage(error)}`);
+    }
     for (const out of manifest.outputs) {
       const path = join(this.ws.stageDir(stage.name), out.path);
       if (!existsSync(path) || statSync(path).size !== out.bytes) {

@@ -155,3 +155,15 @@ describe('engine', () => {
     again();
   });
 });
+
+describe('engine status', () => {
+  it('shows a stage whose input files cannot be read as stale, saying why, instead of failing', async () => {
+    const dir2 = mkdtempSync(join(tmpdir(), 'prefab-engine-'));
+    writeFileSync(join(dir2, 'a.txt'), 'x');
+    await toyEngine(join(dir2, 'ws'), dir2, { source: { files: ['a.txt'] } }).run();
+    rmSync(join(dir2, 'a.txt'));
+    const status = await toyEngine(join(dir2, 'ws'), dir2, { source: { files: ['a.txt'] } }).status();
+    expect(status[0]!.state).toBe('stale');
+    expect(status[0]!.reasons[0]).toMatch(/^input files: .*a\.txt/);
+  });
+});
