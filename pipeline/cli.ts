@@ -86,7 +86,15 @@ async function withLock<T>(engine: Engine, command: string, log: Logger, body: (
   }
 }
 
-export function buildProgram(stages: Stage[], setExit: (code: number) => void): Command {
+/** What a command added by the domain (e.g. `simulate`) gets from the CLI. */
+export interface CommandContext {
+  logger(): Logger;
+  setExit(code: number): void;
+}
+
+export type CommandFactory = (program: Command, ctx: CommandContext) => void;
+
+export function buildProgram(stages: Stage[], setExit: (code: number) => void, commands: CommandFactory[] = []): Command {
   const program = new Command('prefab')
     .description('Turn logged LLM-agent sessions into preference datasets (Parquet) and train on them.')
     .version(APP_VERSION)
@@ -145,13 +153,14 @@ export function buildProgram(stages: Stage[], setExit: (code: number) => void): 
       for (const s of stages) process.stdout.write(`${pad(s.name, 8)} ${s.description}\n${pad('', 8)} reads: ${s.inputs.join(', ') || '(input files)'}; writes: ${s.outputs.join(', ')}\n`);
       setExit(0);
     });
+  for (const add of commands) add(program, { logger, setExit });
   return program;
 }
 
 /** Runs the command line and returns the exit code. */
-export async function main(argv: string[], stages: Stage[]): Promise<number> {
+export async function main(argv: string[], stages: Stage[], commands: CommandFactory[] = []): Promise<number> {
   let code = 0;
-  const program = buildProgram(stages, (c) => (code = c));
+  const program = buildProgram(stages, (c) => (code = c), commands);
   try {
     await program.parseAsync(argv);
     return code;

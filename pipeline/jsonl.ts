@@ -7,7 +7,10 @@ import type { Readable } from 'node:stream';
 
 export function openText(path: string): Readable {
   const raw = createReadStream(path);
-  return path.endsWith('.gz') ? raw.pipe(createGunzip()) : raw;
+  if (!path.endsWith('.gz')) return raw;
+  const gunzip = createGunzip();
+  raw.on('error', (error) => gunzip.destroy(error)); // pipe() does not pass errors on
+  return raw.pipe(gunzip);
 }
 
 /** Lines of a text file (gzip when the name ends in .gz), numbered from 1, without their newline. */

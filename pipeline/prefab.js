@@ -4,5 +4,5 @@ import { register } from 'tsx/esm/api';
 
 register();
 const { main } = await import('./cli.ts');
-const { STAGES } = await import('../stages/index.ts');
-process.exitCode = await main(process.argv, STAGES);
+const { STAGES, COMMANDS } = await import('../stages/index.ts');
+process.exitCode = await main(process.argv, STAGES, COMMANDS);

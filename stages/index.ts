@@ -1,8 +1,13 @@
 // prefab's stages in run order. A stage reads only the stages before it.
+import type { CommandFactory } from '../pipeline/cli.ts';
 import type { Stage } from '../pipeline/stage.ts';
 import { exportStage } from './export/index.ts';
 import { ingest } from './ingest/index.ts';
 import { pairs } from './pairs/index.ts';
+import { addSimulateCommands } from './simulate/command.ts';
 import { split } from './split/index.ts';
 
 export const STAGES: Stage[] = [ingest, split, pairs, exportStage] as Stage[];
+
+/** Commands beyond the pipeline's own. */
+export const COMMANDS: CommandFactory[] = [addSimulateCommands];

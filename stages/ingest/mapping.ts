@@ -54,6 +54,17 @@ function withoutPath(record: Json, path: string): Json {
   return copy;
 }
 
+function asObject(value: unknown): Json | null {
+  if (isObject(value)) return value;
+  if (typeof value !== 'string') return null;
+  try {
+    const parsed = JSON.parse(value) as unknown;
+    return isObject(parsed) ? parsed : null;
+  } catch {
+    return null;
+  }
+}
+
 const TEMPLATE_FIELD = /\{([^{}]+)\}/g;
 
 function fillTemplate(template: string, record: Json, mapped: Record<string, unknown>): string {
@@ -188,7 +199,10 @@ export function toSession(record: unknown, source: string, options: MappingOptio
     consumed.push(idSpec);
   }
   for (const path of consumed) rest = withoutPath(rest, path);
-  const extra: Json = { ...rest };
+  // A record already in the Session format carries `metadata` (an object or its JSON string): merge it.
+  const carried = asObject(rest.metadata);
+  const { metadata: _carried, ...others } = rest;
+  const extra: Json = carried ? { ...carried, ...others } : { ...rest };
   if (Object.keys(messageExtras).length > 0) extra._message_extras = messageExtras;
   const metadata = JSON.stringify(extra);
 

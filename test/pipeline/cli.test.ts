@@ -12,7 +12,7 @@ describe('prefab command line', () => {
     const workdir = join(tempDir(), 'workspace');
     const first = prefab(['--workdir', workdir, '--config', DEFAULT, '--log-format', 'text', 'run']);
     expect(first.code, first.stderr).toBe(0);
-    expect(first.stdout).toMatch(/^ingest\s+ran\s.*600 new sessions/m);
+    expect(first.stdout).toMatch(/^ingest\s+ran\s.*2000 new sessions/m);
     expect(first.stdout).toMatch(/^export\s+ran\s/m);
     const parquet = join(workdir, 'export', 'pairs', 'train.parquet');
     const before = statSync(parquet).mtimeMs;
