@@ -59,7 +59,8 @@ function skillOf(name: AgentName, noise: number, world: World, task: Task, rand:
 
 /**
  * A scripted agent: looks the company up, asks for the fields it believes are needed in one form, calls each
- * department in the order the user gave, retries once when told what is missing (if it has it), and finishes.
+ * department in the order the user gave, retries (at most twice a call) when told which fields or which reference
+ * number is missing and it has them, and finishes.
  */
 export class ScriptedAgent implements Policy {
   readonly name: string;
@@ -85,12 +86,12 @@ export class ScriptedAgent implements Policy {
     this.skill = skillOf(kind, noise, world, task, seeded(seed, 'agent', kind, task.task_id));
   }
 
-  private tool(name: string, args: unknown, content: string | null = null): Message {
-    return { role: 'assistant', content, tool_calls: [{ id: `call_${++this.callCounter}`, type: 'function', function: { name, arguments: JSON.stringify(args) } }] };
+  private tool(name: string, args: unknown): Message {
+    return { role: 'assistant', content: null, tool_calls: [{ id: `call_${++this.callCounter}`, type: 'function', function: { name, arguments: JSON.stringify(args) } }] };
   }
 
-  private authFor(department: string, type: string, add: Field[] = []): Record<string, string> {
-    const fields = [...new Set([...this.skill.believes(department, type), ...add])];
+  private authFor(department: string, type: string): Record<string, string> {
+    const fields = [...new Set(this.skill.believes(department, type))];
     return Object.fromEntries(fields.filter((f) => this.form[f] !== undefined).map((f) => [f, this.form[f]!]));
   }
 
