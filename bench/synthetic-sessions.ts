@@ -5,18 +5,8 @@
 import { createWriteStream } from 'node:fs';
 import { once } from 'node:events';
 import { parseArgs } from 'node:util';
+import { seeded } from '../stages/environment/random.ts';
 import type { Message, Session } from '../stages/records.ts';
-
-function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const COMPANIES = ['Acme Telecom', 'Northwind Bank', 'Globex Insurance', 'Initech Energy', 'Umbrella Health', 'Soylent Foods', 'Hooli Cloud', 'Vandelay Imports'];
 const DEPARTMENTS: Record<string, string[]> = {
@@ -50,7 +40,7 @@ const VALUES: Record<string, string> = {
 const SYSTEM = 'You are an assistant that phones companies on the user\'s behalf. Tools: search_directory(company), auth_info_form(fields) (once), call(phone_number, auth, request), finish().';
 
 export function* syntheticSessions(count: number, seed: number, trialsPerTask = 4): Generator<Session> {
-  const rand = mulberry32(seed);
+  const rand = seeded(seed, 'synthetic-sessions');
   const pick = <T>(xs: T[]): T => xs[Math.floor(rand() * xs.length)]!;
   let callId = 0;
   const tool = (name: string, args: unknown): Message => ({

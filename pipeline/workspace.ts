@@ -30,12 +30,8 @@ export class Workspace {
     return join(this.root, '.lock');
   }
 
-  async readJson<T>(path: string): Promise<T | null> {
-    try {
-      return JSON.parse(await readFile(path, 'utf8')) as T;
-    } catch {
-      return null;
-    }
+  readJson<T>(path: string): Promise<T | null> {
+    return readJsonFile<T>(path);
   }
 
   /**
@@ -69,6 +65,15 @@ export class Workspace {
     const dir = join(this.tmpDir, `${stage}-${Date.now()}-${randomBytes(4).toString('hex')}`);
     await mkdir(dir, { recursive: true });
     return dir;
+  }
+}
+
+/** A JSON file this program wrote, or null when it is missing or unreadable (e.g. from a run that died). */
+export async function readJsonFile<T>(path: string): Promise<T | null> {
+  try {
+    return JSON.parse(await readFile(path, 'utf8')) as T;
+  } catch {
+    return null;
   }
 }
 

@@ -1,5 +1,5 @@
 // export: the sessions table and the SFT, preference-pair and KTO datasets as Parquet, each with a card.
-import { mkdir, readFile, writeFile } from 'node:fs/promises';
+import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { hashJson } from '../../pipeline/hash.ts';
@@ -7,7 +7,7 @@ import { readJsonl } from '../../pipeline/jsonl.ts';
 import { ParquetTableWriter, type Column, type Compression } from '../../pipeline/parquet.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import type { KtoRow, Pair, SftRow, Split, SplitSession } from '../records.ts';
-import { SPLITS, bucketFile, type SplitInfo } from '../split/index.ts';
+import { SPLITS, bucketFile, readSplitInfo } from '../split/index.ts';
 import { datasetCard } from './card.ts';
 import { KTO_COLUMNS, PAIR_COLUMNS, SESSION_COLUMNS, SFT_COLUMNS } from './schema.ts';
 
@@ -48,12 +48,12 @@ export const exportStage = defineStage({
   description: 'write sessions, SFT, pairs and KTO datasets as Parquet with dataset cards',
   version: 1,
   inputs: ['split', 'pairs'],
-  outputs: DATASETS.map((d) => d),
+  outputs: [...DATASETS],
   config,
 
   async run({ config: cfg, out, input, lineage, log }) {
     const splitDir = input('split');
-    const info = JSON.parse(await readFile(join(splitDir, 'info.json'), 'utf8')) as SplitInfo;
+    const info = await readSplitInfo(splitDir);
     const w = {
       sessions: await openPair(join(out, 'sessions'), SESSION_COLUMNS, cfg),
       sft: await openPair(join(out, 'sft'), SFT_COLUMNS, cfg),

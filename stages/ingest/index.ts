@@ -1,7 +1,7 @@
 // ingest: logged sessions (JSONL, JSON array, Parquet; files, folders, globs) → validated Session segments.
 // Incremental: a file whose content was ingested before is skipped, a new one becomes a new segment.
 import { existsSync, statSync } from 'node:fs';
-import { copyFile, link, mkdir, readdir, readFile, writeFile } from 'node:fs/promises';
+import { copyFile, link, mkdir, readdir, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { glob } from 'tinyglobby';
 import { z } from 'zod';
@@ -10,6 +10,7 @@ import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import type { Logger } from '../../pipeline/log.ts';
 import { defineStage, type ExternalFile } from '../../pipeline/stage.ts';
 import { UsageError } from '../../pipeline/errors.ts';
+import { readJsonFile } from '../../pipeline/workspace.ts';
 import { SessionIdSet } from './id-set.ts';
 import { RecordError, toSession, type MappingOptions } from './mapping.ts';
 import { detectFormat, readRecords, type InputFormat } from './readers.ts';
@@ -48,12 +49,14 @@ export interface IngestedFile {
   sha256: string;
   segment: string;
   sessions: number;
+  /** Sessions without a task_id: split groups them by similarity. */
+  untasked: number;
   quarantined: number;
   duplicates: number;
   ingested_at: string;
 }
 
-interface IngestIndex {
+export interface IngestIndex {
   /** Hash of everything in the config that changes how a record is read (not the input list). */
   reading_hash: string;
   files: IngestedFile[];
@@ -65,6 +68,8 @@ export interface QuarantineRecord {
   reason: string;
   raw: string;
 }
+
+const INDEX_FORMAT = 2;
 
 const INPUT_EXTENSIONS = /\.(jsonl|ndjson|json|parquet)(\.gz)?$/i;
 
@@ -93,15 +98,16 @@ function mappingOptions(cfg: IngestConfig): MappingOptions {
 export const ingest = defineStage({
   name: 'ingest',
   description: 'read logged sessions, validate them, quarantine bad records, drop duplicates',
-  version: 1,
+  version: 2,
   inputs: [],
   outputs: ['sessions', 'quarantine.jsonl', 'index.json', 'ids.bin'],
   config,
   external: resolveInputs,
 
   async run({ config: cfg, out, previous, external, log }) {
-    const readingHash = hashJson({ format: cfg.format, mapping: cfg.mapping, message: cfg.message, reward: cfg.out_of_range_reward });
-    const prior = previous ? await readIndex(previous) : null;
+    // The index format is part of it: an index written by an older ingest is not reused.
+    const readingHash = hashJson({ index: INDEX_FORMAT, format: cfg.format, mapping: cfg.mapping, message: cfg.message, reward: cfg.out_of_range_reward });
+    const prior = previous ? await readIngestIndex(previous) : null;
     const reuse = prior?.reading_hash === readingHash;
     if (prior && !reuse) log.warn('the way records are read changed (mapping, format or reward policy): every present file is ingested again');
 
@@ -182,6 +188,7 @@ async function ingestFile(
   const progress = log.progress(`ingest ${file.name}`);
   let quarantined = 0;
   let duplicates = 0;
+  let untasked = 0;
   for await (const record of readRecords(file.path, format)) {
     progress.tick();
     const source = `${file.name} ${record.where}`;
@@ -204,20 +211,17 @@ async function ingestFile(
       await quarantine.write({ file: file.name, where: record.where, reason: `duplicate session_id '${session.session_id}' (dropped; the first one is kept)`, raw: record.raw } satisfies QuarantineRecord);
       continue;
     }
+    if (session.task_id === null) untasked++;
     await writer.write(session);
   }
   progress.done();
   await writer.close();
   log.info('ingested', { file: file.name, sessions: writer.count, quarantined, duplicates });
-  return { name: file.name, sha256: file.sha256, segment, sessions: writer.count, quarantined, duplicates, ingested_at: new Date().toISOString() };
+  return { name: file.name, sha256: file.sha256, segment, sessions: writer.count, untasked, quarantined, duplicates, ingested_at: new Date().toISOString() };
 }
 
-async function readIndex(dir: string): Promise<IngestIndex | null> {
-  try {
-    return JSON.parse(await readFile(join(dir, 'index.json'), 'utf8')) as IngestIndex;
-  } catch {
-    return null;
-  }
+export function readIngestIndex(dir: string): Promise<IngestIndex | null> {
+  return readJsonFile<IngestIndex>(join(dir, 'index.json'));
 }
 
 async function* readSegmentIds(path: string): AsyncGenerator<string> {

@@ -1,11 +1,11 @@
 // pairs: preference pairs from the split sessions, one bucket of tasks in memory at a time.
-import { mkdir, readFile } from 'node:fs/promises';
+import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import type { SplitSession } from '../records.ts';
-import { SPLITS, bucketFile, type SplitInfo } from '../split/index.ts';
+import { SPLITS, bucketFile, readSplitInfo } from '../split/index.ts';
 import { buildOutcomePairs } from './outcome.ts';
 
 const config = z.strictObject({
@@ -43,7 +43,7 @@ export const pairs = defineStage({
 
   async run({ config: cfg, out, input, log }) {
     const splitDir = input('split');
-    const info = JSON.parse(await readFile(join(splitDir, 'info.json'), 'utf8')) as SplitInfo;
+    const info = await readSplitInfo(splitDir);
     await mkdir(out, { recursive: true });
     const dropped = new JsonlWriter(join(out, 'dropped.jsonl'));
     const counts: Record<string, number> = { train: 0, test: 0, tasks: 0, tasks_with_pairs: 0, tasks_without_success: 0, tasks_without_failure: 0, dropped: 0 };

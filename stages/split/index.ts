@@ -5,9 +5,10 @@ import { join } from 'node:path';
 import { z } from 'zod';
 import { unitHash } from '../../pipeline/hash.ts';
 import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
+import { readJsonFile } from '../../pipeline/workspace.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import type { Session, Split, SplitSession } from '../records.ts';
-import { sessionSegments } from '../ingest/index.ts';
+import { readIngestIndex, sessionSegments } from '../ingest/index.ts';
 import { TaskMatcher, requestText } from './similarity.ts';
 
 const MAX_BUCKETS = 128;
@@ -33,10 +34,14 @@ export interface SplitInfo {
   buckets: number;
 }
 
+export async function readSplitInfo(splitDir: string): Promise<SplitInfo> {
+  return (await readJsonFile<SplitInfo>(join(splitDir, 'info.json')))!;
+}
+
 export const split = defineStage({
   name: 'split',
   description: 'assign untasked sessions to tasks by similarity; hold out tasks by stable hash',
-  version: 1,
+  version: 2,
   inputs: ['ingest'],
   outputs: ['sessions', 'info.json'],
   config,
@@ -44,14 +49,9 @@ export const split = defineStage({
   async run({ config: cfg, out, input, log }) {
     const segments = await sessionSegments(input('ingest'));
 
-    let total = 0;
-    let untasked = 0;
-    for (const segment of segments) {
-      for await (const s of readJsonl<Session>(segment)) {
-        total++;
-        if (s.task_id === null) untasked++;
-      }
-    }
+    const index = (await readIngestIndex(input('ingest')))!;
+    const total = index.files.reduce((n, f) => n + f.sessions, 0);
+    const untasked = index.files.reduce((n, f) => n + f.untasked, 0);
     // Only when some sessions lack a task: one request text per known task, to match them against.
     const matcher = new TaskMatcher(cfg.untasked_similarity);
     if (untasked > 0) {
