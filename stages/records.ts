@@ -45,7 +45,9 @@ export interface SplitSession extends Session {
 }
 
 export type PairSource = 'outcome' | 'best_of_n' | 'hard_negative' | 'critique_rewrite' | 'imported';
+export const PAIR_SOURCES: readonly PairSource[] = ['outcome', 'best_of_n', 'hard_negative', 'critique_rewrite', 'imported'];
 export type NegativeType = 'refusal' | 'hallucination' | 'off_topic' | 'format' | 'verbose' | 'under_explained';
+export const NEGATIVE_TYPES: readonly NegativeType[] = ['refusal', 'hallucination', 'off_topic', 'format', 'verbose', 'under_explained'];
 
 /** A preference pair in TRL's conversational explicit-prompt format, with provenance. */
 export interface Pair {
@@ -53,9 +55,12 @@ export interface Pair {
   prompt: Message[];
   chosen: Message[];
   rejected: Message[];
-  chosen_reward: number;
-  rejected_reward: number;
-  margin: number;
+  /** Outcome rewards of the two sides; null where a side has none (a transformed turn, an unscored sample). */
+  chosen_reward: number | null;
+  rejected_reward: number | null;
+  /** How far apart the sides are: the reward gap, or a judge's margin; null when nothing measured it. */
+  margin: number | null;
+  /** How sure the judges are that `chosen` is better, in [0, 1]. */
   confidence: number;
   source: PairSource;
   negative_type: NegativeType | null;

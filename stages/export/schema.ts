@@ -4,6 +4,7 @@ import type { Column } from '../../pipeline/parquet.ts';
 const str: Column = { kind: 'string' };
 const optStr: Column = { kind: 'string', optional: true };
 const double: Column = { kind: 'double' };
+const optDouble: Column = { kind: 'double', optional: true };
 
 export const MESSAGE: Column = {
   kind: 'struct',
@@ -40,9 +41,9 @@ export const PAIR_COLUMNS: Record<string, Column> = {
   prompt: MESSAGES,
   chosen: MESSAGES,
   rejected: MESSAGES,
-  chosen_reward: double,
-  rejected_reward: double,
-  margin: double,
+  chosen_reward: optDouble,
+  rejected_reward: optDouble,
+  margin: optDouble,
   confidence: double,
   source: str,
   negative_type: optStr,
