@@ -1,8 +1,8 @@
 // The replay verifier: re-runs a logged session's tool calls in the environment and recomputes its reward,
 // reporting every tool result or reward that does not match what was logged.
-import type { Session } from '../records.ts';
+import type { Message, Session } from '../records.ts';
 import { episodeReward, reset, step, type EnvState } from './env.ts';
-import { DEFAULT_WORLD, findTask, generateWorld, type World, type WorldOptions } from './world.ts';
+import { DEFAULT_WORLD, findTask, generateWorld, type Task, type World, type WorldOptions } from './world.ts';
 
 export interface ReplayProblem {
   message_index: number;
@@ -36,9 +36,9 @@ export class WorldCache {
   }
 }
 
-function worldOptions(session: Session): Partial<WorldOptions> | null {
+function worldOptions(metadata: string): Partial<WorldOptions> | null {
   try {
-    const w = (JSON.parse(session.metadata) as { world?: Record<string, number> }).world;
+    const w = (JSON.parse(metadata) as { world?: Record<string, number> }).world;
     if (!w || typeof w.seed !== 'number') return null;
     return { seed: w.seed, companies: w.companies, valShare: w.val_share, deviation: w.deviation, dependency: w.dependency };
   } catch {
@@ -46,29 +46,57 @@ function worldOptions(session: Session): Partial<WorldOptions> | null {
   }
 }
 
-export function replaySession(session: Session, worlds = new WorldCache()): ReplayReport {
-  const base = { session_id: session.session_id, logged_reward: session.reward };
-  const options = worldOptions(session);
-  if (!options || !session.task_id) return { ...base, replayable: false, ok: false, problems: [], replayed_reward: null, reason: 'no simulator world in its metadata' };
-  const world = worlds.get(options);
-  let state: EnvState;
-  try {
-    state = reset(world, findTask(world, session.task_id));
-  } catch (error) {
-    return { ...base, replayable: false, ok: false, problems: [], replayed_reward: null, reason: (error as Error).message };
-  }
-  const problems: ReplayProblem[] = [];
-  const messages = session.messages;
+/** One tool call of a message list, as the environment answers it on replay. */
+export interface ReplayedCall {
+  /** Index of the assistant message that made the call. */
+  message_index: number;
+  call_id: string;
+  observation: string;
+  /** The environment's feedback when the call failed (wrong number, missing field, broken arguments), else null. */
+  feedback: string | null;
+  /** Index of the logged tool result for this call, or -1 when the messages hold none. */
+  result_index: number;
+}
+
+/** Runs every tool call of `messages` in the environment from the task's start; calls after the end are not run. */
+export function replayCalls(world: World, task: Task, messages: Message[]): { calls: ReplayedCall[]; state: EnvState } {
+  let state = reset(world, task);
+  const calls: ReplayedCall[] = [];
   messages.forEach((message, i) => {
     for (const call of message.role === 'assistant' ? (message.tool_calls ?? []) : []) {
-      if (state.done) return; // calls after the end are never run, as in a rollout
+      if (state.done) return;
       const result = step(world, state, { name: call.function.name, arguments: call.function.arguments });
       state = result.state;
       const at = messages.findIndex((m, j) => j > i && m.role === 'tool' && m.tool_call_id === call.id);
-      if (at < 0) problems.push({ message_index: i, kind: 'missing_tool_result', logged: '', replayed: result.observation });
-      else if (messages[at]!.content !== result.observation) problems.push({ message_index: at, kind: 'tool_result', logged: messages[at]!.content ?? '', replayed: result.observation });
+      calls.push({ message_index: i, call_id: call.id, observation: result.observation, feedback: result.feedback, result_index: at });
     }
   });
+  return { calls, state };
+}
+
+/** The simulator world and task a session was logged in, or the reason there is none. */
+export function sessionTask(session: Pick<Session, 'task_id' | 'metadata'>, worlds: WorldCache): { world: World; task: Task } | { reason: string } {
+  const options = worldOptions(session.metadata);
+  if (!options || !session.task_id) return { reason: 'no simulator world in its metadata' };
+  const world = worlds.get(options);
+  try {
+    return { world, task: findTask(world, session.task_id) };
+  } catch (error) {
+    return { reason: (error as Error).message };
+  }
+}
+
+export function replaySession(session: Session, worlds = new WorldCache()): ReplayReport {
+  const base = { session_id: session.session_id, logged_reward: session.reward };
+  const found = sessionTask(session, worlds);
+  if ('reason' in found) return { ...base, replayable: false, ok: false, problems: [], replayed_reward: null, reason: found.reason };
+  const { calls, state } = replayCalls(found.world, found.task, session.messages);
+  const problems: ReplayProblem[] = [];
+  for (const call of calls) {
+    const logged = call.result_index < 0 ? null : session.messages[call.result_index]!;
+    if (!logged) problems.push({ message_index: call.message_index, kind: 'missing_tool_result', logged: '', replayed: call.observation });
+    else if (logged.content !== call.observation) problems.push({ message_index: call.result_index, kind: 'tool_result', logged: logged.content ?? '', replayed: call.observation });
+  }
   const replayed = Math.round(episodeReward(state) * 1e6) / 1e6;
   if (Math.abs(replayed - session.reward) > REWARD_TOLERANCE) {
     problems.push({ message_index: -1, kind: 'reward', logged: String(session.reward), replayed: String(replayed) });

@@ -1,0 +1,77 @@
+// Whether an assistant's tool calls are well formed: shared by the verifier (decisive) and the rules judge.
+import { TOOLS } from '../stages/environment/env.ts';
+import type { Message, ToolCall } from '../stages/records.ts';
+import { metadataOf, type Comparison } from './verdict.ts';
+
+export interface ToolSchema {
+  name: string;
+  required: string[];
+}
+
+interface OpenAiTool {
+  function?: { name?: unknown; parameters?: { required?: unknown } };
+}
+
+function schemasOf(tools: readonly OpenAiTool[]): ToolSchema[] {
+  return tools
+    .filter((t) => typeof t.function?.name === 'string')
+    .map((t) => ({
+      name: t.function!.name as string,
+      required: Array.isArray(t.function!.parameters?.required) ? (t.function!.parameters!.required as unknown[]).map(String) : [],
+    }));
+}
+
+const SIMULATOR_TOOLS = schemasOf(TOOLS as unknown as OpenAiTool[]);
+
+/** The tools the agent had: a `tools` list in the metadata (OpenAI format), the simulator's, or null when unknown. */
+export function knownTools(c: Comparison): ToolSchema[] | null {
+  const m = metadataOf(c);
+  if (Array.isArray(m.tools)) return schemasOf(m.tools as OpenAiTool[]);
+  if (m.world !== undefined) return SIMULATOR_TOOLS;
+  return null;
+}
+
+/** What is wrong with one call: arguments that are not a JSON object, an unknown tool, a missing required argument. */
+export function toolCallProblems(call: ToolCall, tools: ToolSchema[] | null): string[] {
+  const problems: string[] = [];
+  const schema = tools?.find((t) => t.name === call.function.name);
+  if (tools && !schema) problems.push(`unknown tool "${call.function.name}"`);
+  let args: unknown;
+  try {
+    args = JSON.parse(call.function.arguments);
+  } catch {
+    return [...problems, `arguments of ${call.function.name} are not valid JSON`];
+  }
+  if (args === null || typeof args !== 'object' || Array.isArray(args)) return [...problems, `arguments of ${call.function.name} are not a JSON object`];
+  for (const key of schema?.required ?? []) if (!(key in args)) problems.push(`${call.function.name} lacks required argument "${key}"`);
+  return problems;
+}
+
+const CALL_AS_TEXT = /(\{\s*"(?:name|function|tool)"\s*:\s*"|<tool_call>|<function=)/;
+
+/** Every format problem in the assistant turns of `messages`. */
+export function formatProblems(messages: Message[], tools: ToolSchema[] | null): string[] {
+  const problems: string[] = [];
+  for (const m of messages) {
+    if (m.role !== 'assistant') continue;
+    const calls = m.tool_calls ?? [];
+    for (const call of calls) problems.push(...toolCallProblems(call, tools));
+    if (calls.length === 0 && m.content && CALL_AS_TEXT.test(m.content)) problems.push('a tool call written into the message text instead of tool_calls');
+    if (calls.length === 0 && !m.content?.trim()) problems.push('an empty assistant message');
+  }
+  return problems;
+}
+
+/** Tool calls in `messages`, with whether each is well formed. */
+export function callValidity(messages: Message[], tools: ToolSchema[] | null): { calls: number; invalid: string[] } {
+  let calls = 0;
+  const invalid: string[] = [];
+  for (const m of messages) {
+    if (m.role !== 'assistant') continue;
+    for (const call of m.tool_calls ?? []) {
+      calls++;
+      invalid.push(...toolCallProblems(call, tools));
+    }
+  }
+  return { calls, invalid };
+}
