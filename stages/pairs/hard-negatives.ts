@@ -1,0 +1,375 @@
+// Hard negatives (SPEC §4, seed 003: "hard negatives move the model most"). From one successful session,
+// deterministic transforms make a worse version of one assistant turn. Pairs are turn-level: the prompt is
+// everything before the turn, each side is that one turn, so the sides differ only in what the type changes
+// (no length or trajectory confound). The rules judge detects each type, so the transforms keep to the
+// properties it checks: refusals match REFUSAL_PATTERN, format breakages fail a parse or schema check,
+// padding adds no digits, and so on.
+import { unitHash } from '../../pipeline/hash.ts';
+import { TOOLS, TOOL_NAMES, type ToolName } from '../environment/env.ts';
+import { int, pick, sample, seeded, type Random } from '../environment/random.ts';
+import { NEGATIVE_TYPES, type Message, type NegativeType, type Pair, type SplitSession, type ToolCall } from '../records.ts';
+import { pairId } from './outcome.ts';
+
+export interface HardNegativeOptions {
+  /** Per type, the share of eligible chosen sessions that get a negative of that type (0..1). */
+  ratios: Partial<Record<NegativeType, number>>;
+  /** Salt for the deterministic choices (which sessions, which turn, which template). */
+  salt: string;
+  /** True when the session's request is one the agent must decline: then the refusal is the CHOSEN side. */
+  mustDecline(session: SplitSession): boolean;
+}
+
+export interface SkippedNegative {
+  session_id: string;
+  type: NegativeType;
+  reason: string;
+}
+
+/** Phrases that mark a refusal; the rules judge uses the same list to detect one. */
+export const REFUSAL_PATTERN =
+  /\bI(?:'m|’m| am) sorry\b[^.!?]*\b(?:can(?:'|’)?t|cannot|can not|unable|won(?:'|’)t|will not)\b|\bI (?:really )?(?:can(?:'|’)?t|cannot|can not|am unable to|(?:'|’)m unable to|am not able to|(?:'|’)m not able to|won(?:'|’)t|will not) (?:help|assist|do)\b|\bas an AI\b|\bnot something I(?:'m| am)? (?:can |able to )?(?:help|assist|do)\b/i;
+
+export function isRefusal(text: string | null): boolean {
+  return text !== null && REFUSAL_PATTERN.test(text);
+}
+
+const REFUSALS = [
+  "I'm sorry, but I can't make phone calls on your behalf.",
+  'I cannot help with contacting companies for you.',
+  "I'm sorry, but I'm unable to call that company for you. Please contact them directly.",
+  "As an AI, I can't place calls or pass your personal details to anyone.",
+  "I can't assist with account requests like this one; please reach out to the company yourself.",
+  'Contacting customer service on your behalf is not something I can help with.',
+  "I am unable to do that: I don't have access to phone lines or to your accounts.",
+  "Sorry, I can't help with this request. You'll need to call them yourself.",
+];
+
+// No word of four or more letters in common with the customer-service domain, nor with the sample sessions.
+const OFF_TOPIC = [
+  'A proper risotto wants patience: toast the rice in butter, add warm stock a ladle at a time, and stir until creamy.',
+  'Tomorrow looks sunny early on, though clouds should roll in after lunch, bringing a light breeze off the coast.',
+  'Marathon times keep falling because runners now train alongside pacers and wear lighter carbon-plated shoes.',
+  'Octopuses possess three hearts and copper-based blood, and all eight tentacles can taste whatever they touch.',
+  'To keep basil fresh, trim the stems and stand them in a glass jar on the kitchen counter.',
+  'Chess openings such as the Sicilian Defence favour players who memorise long sequences of moves.',
+  'Honey never spoils: archaeologists found edible jars of it in ancient Egyptian tombs.',
+  'Sourdough bread rises slowly because wild yeast ferments the dough gently over many hours.',
+  'In football, a hat trick means one player scoring three goals in a single match.',
+  'Autumn leaves turn red and gold as trees cease making chlorophyll as winter approaches.',
+];
+
+// Padding says nothing new: pleasantries, restatements, hedges. No digits, so no new facts slip in.
+const VERBOSE_OPENERS = [
+  'Thank you so much for your patience while I worked through all of this.',
+  'Great question, and I am glad to walk you through where things stand.',
+  'Certainly! I would be delighted to give you a complete overview.',
+  'Of course, let me take a moment to summarise everything for you.',
+];
+const VERBOSE_FILLERS = [
+  'As I mentioned above, that is the full picture of where things stand.',
+  'I hope this helps!',
+  'Please do not hesitate to let me know if there is anything else at all that I can do for you.',
+  'To restate the key point once more, the summary above is complete and accurate as written.',
+  'Of course, it is always possible that I have overlooked something, so do double-check if anything seems off.',
+  'I want to make sure everything is perfectly clear, which is why I am going over it again.',
+  'Generally speaking, situations like this can vary, and it is worth keeping that in mind.',
+  'It has been a real pleasure working on this with you today.',
+  'In other words, what I wrote above still stands exactly as stated.',
+  'Just to be thorough, I am repeating the essentials so that nothing gets lost.',
+  'I truly appreciate the opportunity to assist you with this.',
+  'Have a wonderful rest of your day!',
+];
+
+const TERSE = ['Done.', 'All set.', 'Finished.', "That's taken care of.", 'Handled.', 'Sorted.'];
+
+const VERBOSE_MIN_TEXT = 20;
+const UNDER_EXPLAINED_MIN_TEXT = 40;
+/** Re-draws of a hallucinated value before giving up on a session (each draw collides only by chance). */
+const HALLUCINATION_DRAWS = 32;
+
+/** Which turn to replace, and with what; or why the transform does not apply to this session. */
+type Rewrite = { at: number; message: Message } | { skip: string };
+
+/**
+ * The hard negatives of one session: for each type, the session is selected when its stable hash falls
+ * under that type's ratio; a selected session the transform cannot apply to is reported, not dropped.
+ */
+export function buildHardNegatives(session: SplitSession, options: HardNegativeOptions): { pairs: Pair[]; skipped: SkippedNegative[] } {
+  const pairs: Pair[] = [];
+  const skipped: SkippedNegative[] = [];
+  for (const type of NEGATIVE_TYPES) {
+    const ratio = options.ratios[type] ?? 0;
+    if (unitHash(`${type}:${session.session_id}`, `hard_negative:${options.salt}`) >= ratio) continue;
+    const rand = seeded('hard_negative', options.salt, session.session_id, type);
+    const rewrite = TRANSFORMS[type](session.messages, rand);
+    if ('skip' in rewrite) {
+      skipped.push({ session_id: session.session_id, type, reason: rewrite.skip });
+      continue;
+    }
+    const flipped = type === 'refusal' && options.mustDecline(session);
+    pairs.push(hardNegativePair(session, type, rewrite, flipped));
+  }
+  return { pairs, skipped };
+}
+
+const TRANSFORMS: Record<NegativeType, (messages: Message[], rand: Random) => Rewrite> = {
+  refusal: unwarrantedRefusal,
+  hallucination: hallucinatedValue,
+  off_topic: offTopic,
+  format: formatViolation,
+  verbose: padded,
+  under_explained: underExplained,
+};
+
+function unwarrantedRefusal(messages: Message[], rand: Random): Rewrite {
+  const at = messages.findIndex((m) => m.role === 'assistant');
+  if (at < 0) return { skip: 'no assistant turn' };
+  return { at, message: textReply(messages[at]!, pick(rand, REFUSALS)) };
+}
+
+function offTopic(messages: Message[], rand: Random): Rewrite {
+  const turns = indicesWhere(messages, (m) => m.role === 'assistant');
+  if (turns.length === 0) return { skip: 'no assistant turn' };
+  const at = pick(rand, turns);
+  return { at, message: textReply(messages[at]!, pick(rand, OFF_TOPIC)) };
+}
+
+function padded(messages: Message[], rand: Random): Rewrite {
+  const at = lastTextTurn(messages, VERBOSE_MIN_TEXT);
+  if (at < 0) return { skip: `no assistant turn with ${VERBOSE_MIN_TEXT} or more characters of text` };
+  const original = messages[at]!.content!;
+  const target = Math.max(Math.ceil(2.5 * original.length), original.length + 200);
+  const fillers = sample(rand, VERBOSE_FILLERS, VERBOSE_FILLERS.length);
+  const parts = [pick(rand, VERBOSE_OPENERS), original];
+  // A very long original cycles through the fillers again: repeating itself is what verbosity looks like.
+  for (let i = 0; parts.join(' ').length < target; i++) parts.push(fillers[i % fillers.length]!);
+  return { at, message: { ...messages[at]!, content: parts.join(' ') } };
+}
+
+function underExplained(messages: Message[], rand: Random): Rewrite {
+  const at = lastTextTurn(messages, UNDER_EXPLAINED_MIN_TEXT);
+  if (at < 0) return { skip: `no assistant turn with ${UNDER_EXPLAINED_MIN_TEXT} or more characters of text` };
+  return { at, message: { ...messages[at]!, content: pick(rand, TERSE) } };
+}
+
+// ---- hallucination: one identifier in one tool call's arguments, redrawn with the same shape -------------
+
+/** A run of letters and digits joined by single separators: a phone number, a date, REF-123456. */
+const IDENTIFIER = /[A-Za-z0-9]+(?:[-./][A-Za-z0-9]+)*/g;
+const MIN_IDENTIFIER_DIGITS = 3;
+
+interface Identifier {
+  at: number;
+  call: number;
+  /** Where the string holding it sits in the parsed arguments. */
+  path: (string | number)[];
+  /** The nearest object key above it. */
+  key: string | null;
+  /** Offset of the identifier inside that string. */
+  start: number;
+  token: string;
+}
+
+function hallucinatedValue(messages: Message[], rand: Random): Rewrite {
+  const found = identifiers(messages);
+  if (found.length === 0) return { skip: `no tool call argument holds an identifier (${MIN_IDENTIFIER_DIGITS} or more digits)` };
+  const phones = found.filter((f) => f.key === 'phone_number');
+  const target = pick(rand, phones.length > 0 ? phones : found);
+  const context = JSON.stringify(messages.slice(0, target.at + 1));
+  for (let draw = 0; draw < HALLUCINATION_DRAWS; draw++) {
+    const token = perturbDigits(target.token, rand);
+    if (!context.includes(token)) return { at: target.at, message: withIdentifier(messages[target.at]!, target, token) };
+  }
+  return { skip: `every value redrawn for ${target.token} already appears in the context` };
+}
+
+function identifiers(messages: Message[]): Identifier[] {
+  const found: Identifier[] = [];
+  messages.forEach((message, at) => {
+    if (message.role !== 'assistant') return;
+    message.tool_calls?.forEach((toolCall, call) => {
+      const visit = (value: unknown, path: (string | number)[], key: string | null): void => {
+        if (typeof value === 'string') {
+          for (const match of value.matchAll(IDENTIFIER)) {
+            if (digitCount(match[0]) >= MIN_IDENTIFIER_DIGITS) found.push({ at, call, path, key, start: match.index, token: match[0] });
+          }
+        } else if (Array.isArray(value)) {
+          value.forEach((v, i) => visit(v, [...path, i], key));
+        } else if (value !== null && typeof value === 'object') {
+          for (const [k, v] of Object.entries(value)) visit(v, [...path, k], k);
+        }
+      };
+      visit(parseArguments(toolCall.function.arguments), [], null);
+    });
+  });
+  return found;
+}
+
+/**
+ * Changes one or a few of the trailing half of the digits, each to a different digit; letters, separators,
+ * length and the leading digits (an area code, a year) stay, so the value still looks right.
+ */
+function perturbDigits(token: string, rand: Random): string {
+  const chars = [...token];
+  const digits = indicesWhere(chars, isDigit);
+  const trailing = digits.slice(Math.floor(digits.length / 2));
+  for (const i of sample(rand, trailing, int(rand, 1, Math.ceil(trailing.length / 2)))) {
+    chars[i] = String((Number(chars[i]) + int(rand, 1, 9)) % 10);
+  }
+  return chars.join('');
+}
+
+function withIdentifier(message: Message, target: Identifier, token: string): Message {
+  const change = (value: string) => value.slice(0, target.start) + token + value.slice(target.start + target.token.length);
+  const args = replaceString(parseArguments(message.tool_calls![target.call]!.function.arguments), target.path, change);
+  return withToolCall(message, target.call, (call) => ({ ...call, function: { ...call.function, arguments: JSON.stringify(args) } }));
+}
+
+/** A copy of a parsed JSON value with the string at `path` changed; key order stays as it was. */
+function replaceString(value: unknown, path: (string | number)[], change: (value: string) => string): unknown {
+  if (path.length === 0) return change(value as string);
+  const [head, ...rest] = path;
+  if (Array.isArray(value)) return value.map((v, i) => (i === head ? replaceString(v, rest, change) : v));
+  const object = value as Record<string, unknown>;
+  return { ...object, [head!]: replaceString(object[head!], rest, change) };
+}
+
+// ---- format: one tool call broken in one of four ways ----------------------------------------------------
+
+const MISSPELLED: Record<ToolName, string> = {
+  search_directory: 'search-directory',
+  auth_info_form: 'authInfoForm',
+  call: 'cal',
+  finish: 'finsh',
+};
+
+interface Breakage {
+  applies(call: ToolCall): boolean;
+  apply(message: Message, index: number, rand: Random): Message;
+}
+
+const BREAKAGES: Breakage[] = [
+  {
+    // Truncated arguments: any proper prefix of a JSON object (trailing space trimmed) fails to parse.
+    applies: (call) => isObject(parseArguments(call.function.arguments)),
+    apply: (message, index, rand) =>
+      withToolCall(message, index, (call) => {
+        const raw = call.function.arguments.trimEnd();
+        return { ...call, function: { ...call.function, arguments: raw.slice(0, int(rand, 1, raw.length - 1)) } };
+      }),
+  },
+  {
+    // A function name the environment does not know.
+    applies: (call) => isToolName(call.function.name),
+    apply: (message, index) =>
+      withToolCall(message, index, (call) => ({ ...call, function: { ...call.function, name: MISSPELLED[call.function.name as ToolName] } })),
+  },
+  {
+    // A required argument left out.
+    applies: (call) => presentRequired(call).length > 0,
+    apply: (message, index, rand) =>
+      withToolCall(message, index, (call) => {
+        const args = parseArguments(call.function.arguments) as Record<string, unknown>;
+        delete args[pick(rand, presentRequired(call))];
+        return { ...call, function: { ...call.function, arguments: JSON.stringify(args) } };
+      }),
+  },
+  {
+    // The call written out as text instead of made.
+    applies: () => true,
+    apply: (message, index) => {
+      const call = message.tool_calls![index]!;
+      const parsed = parseArguments(call.function.arguments);
+      const written = JSON.stringify({ name: call.function.name, arguments: parsed === undefined ? call.function.arguments : parsed });
+      const rest = message.tool_calls!.filter((_, i) => i !== index);
+      const broken: Message = { ...message, content: message.content ? `${message.content}\n\n${written}` : written, tool_calls: rest };
+      if (rest.length === 0) delete broken.tool_calls;
+      return broken;
+    },
+  },
+];
+
+function formatViolation(messages: Message[], rand: Random): Rewrite {
+  const turns = indicesWhere(messages, (m) => m.role === 'assistant' && (m.tool_calls?.length ?? 0) > 0);
+  if (turns.length === 0) return { skip: 'no assistant turn with tool calls' };
+  const at = pick(rand, turns);
+  const message = messages[at]!;
+  const index = int(rand, 0, message.tool_calls!.length - 1);
+  const breakage = pick(rand, BREAKAGES.filter((b) => b.applies(message.tool_calls![index]!)));
+  return { at, message: breakage.apply(message, index, rand) };
+}
+
+/** The required arguments of the call's tool (per TOOLS) that the call actually gives. */
+function presentRequired(call: ToolCall): string[] {
+  const args = parseArguments(call.function.arguments);
+  const tool = TOOLS.find((t) => t.function.name === call.function.name);
+  if (!isObject(args) || !tool) return [];
+  const parameters = tool.function.parameters;
+  const required: readonly string[] = 'required' in parameters ? parameters.required : [];
+  return required.filter((key) => key in args);
+}
+
+// ---- shared pieces ---------------------------------------------------------------------------------------
+
+function hardNegativePair(session: SplitSession, type: NegativeType, rewrite: { at: number; message: Message }, flipped: boolean): Pair {
+  const original = { message: session.messages[rewrite.at]!, id: session.session_id, reward: session.reward };
+  const transformed = { message: rewrite.message, id: `${session.session_id}~${type}`, reward: null };
+  const [chosen, rejected] = flipped ? [transformed, original] : [original, transformed];
+  return {
+    pair_id: pairId('hard_negative', chosen.id, rejected.id, type),
+    prompt: session.messages.slice(0, rewrite.at),
+    chosen: [chosen.message],
+    rejected: [rejected.message],
+    chosen_reward: chosen.reward,
+    rejected_reward: rejected.reward,
+    margin: null,
+    confidence: 0,
+    source: 'hard_negative',
+    negative_type: type,
+    judge: '',
+    task_id: session.task_id,
+    chosen_session_id: chosen.id,
+    rejected_session_id: rejected.id,
+    split: session.split,
+  };
+}
+
+/** The turn as plain text: same role (and name, if any), the given content, no tool calls. */
+function textReply(message: Message, content: string): Message {
+  const reply: Message = { ...message, content };
+  delete reply.tool_calls;
+  return reply;
+}
+
+function withToolCall(message: Message, index: number, change: (call: ToolCall) => ToolCall): Message {
+  return { ...message, tool_calls: message.tool_calls!.map((call, i) => (i === index ? change(call) : call)) };
+}
+
+/** Index of the last assistant turn whose text has at least `minLength` characters, or -1. */
+function lastTextTurn(messages: Message[], minLength: number): number {
+  return messages.findLastIndex((m) => m.role === 'assistant' && (m.content?.length ?? 0) >= minLength);
+}
+
+function indicesWhere<T>(items: readonly T[], test: (item: T) => boolean): number[] {
+  return items.flatMap((item, i) => (test(item) ? [i] : []));
+}
+
+/** The parsed arguments, or undefined when they are not JSON (which JSON itself can never produce). */
+function parseArguments(raw: string): unknown {
+  try {
+    return JSON.parse(raw) as unknown;
+  } catch {
+    return undefined;
+  }
+}
+
+function isObject(value: unknown): value is Record<string, unknown> {
+  return value !== null && typeof value === 'object' && !Array.isArray(value);
+}
+
+function isToolName(name: string): name is ToolName {
+  return (TOOL_NAMES as readonly string[]).includes(name);
+}
+
+const isDigit = (c: string) => c >= '0' && c <= '9';
+const digitCount = (text: string) => [...text].filter(isDigit).length;

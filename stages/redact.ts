@@ -1,0 +1,338 @@
+// Masks personal data before text leaves the machine (a judge's or sampler's request) or goes into an
+// exported dataset. One Redactor gives each distinct value one placeholder, so a judge can still see that
+// the number an agent dialled is the one the directory gave ([PHONE_3] in both places).
+import { z } from 'zod';
+import type { Message } from './records.ts';
+
+export type PiiKind = 'ssn' | 'account' | 'phone' | 'email' | 'dob';
+export const PII_KINDS: readonly PiiKind[] = ['ssn', 'account', 'phone', 'email', 'dob'];
+
+export interface RedactionOptions {
+  /** Which kinds to mask. */
+  kinds: readonly PiiKind[];
+  /** JSON keys whose string/number values are masked whatever they look like (e.g. 'pin', 'last_4_ssn'). */
+  keys: readonly string[];
+}
+
+export const DEFAULT_REDACTION: RedactionOptions = {
+  kinds: PII_KINDS,
+  keys: ['last_4_ssn', 'ssn', 'social_security_number', 'account_number', 'date_of_birth', 'dob', 'pin', 'phone_number', 'email'],
+};
+
+/** The kind of a key's value: it names the placeholder, and says which values are the same value. */
+const KEY_KINDS: Readonly<Record<string, PiiKind>> = {
+  ssn: 'ssn',
+  last_4_ssn: 'ssn',
+  social_security_number: 'ssn',
+  account: 'account',
+  account_number: 'account',
+  card_number: 'account',
+  iban: 'account',
+  phone: 'phone',
+  phone_number: 'phone',
+  email: 'email',
+  email_address: 'email',
+  dob: 'dob',
+  date_of_birth: 'dob',
+  birth_date: 'dob',
+  birthdate: 'dob',
+};
+
+/** Keys whose date values are dates of birth, even when they are not among the masked keys. */
+const DOB_KEYS: ReadonlySet<string> = new Set(['date_of_birth', 'dob', 'birth_date', 'birthdate']);
+
+const PLACEHOLDERS = /\[[A-Z][A-Z0-9_]*_\d+\]/g;
+const PLACEHOLDER = new RegExp(`^${PLACEHOLDERS.source}$`);
+
+// ---- what a date looks like (only ever masked in a date-of-birth context) ----
+
+const MONTH = String.raw`(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?`;
+const DAY = String.raw`\d{1,2}(?:st|nd|rd|th)?`;
+const DATE = [
+  String.raw`\d{4}[-/.]\d{1,2}[-/.]\d{1,2}`, // 1965-01-14
+  String.raw`\d{1,2}[-/.]\d{1,2}[-/.](?:\d{4}|\d{2})`, // 01/14/1965, 14.01.1965
+  String.raw`${MONTH}\s+${DAY},?\s+\d{4}`, // January 14, 1965
+  String.raw`${DAY}\s+(?:of\s+)?${MONTH},?\s+\d{4}`, // 14 January 1965
+  String.raw`${MONTH}\s+\d{4}`, // January 1965
+  String.raw`(?:19|20)\d{2}`, // born in 1965
+].join('|');
+const WHOLE_DATE = new RegExp(`^(?:${DATE})$`, 'i');
+
+// ---- detectors over free text, in priority order: where two overlap, the earlier one keeps the span ----
+
+interface Detector {
+  kind: PiiKind;
+  /** Global; the whole match is the value (context sits in lookbehinds). */
+  pattern: RegExp;
+  accept?: (match: string) => boolean;
+}
+
+const digitCount = (s: string) => s.replace(/\D/g, '').length;
+
+// Numbers after these words are the environment's own identifiers, not personal data.
+const NOT_AN_ID = String.raw`(?<!\b(?:order|ref(?:erence)?|confirmation|ticket|case|tracking|invoice|policy|member)\.?(?:\s*(?:number|no\.?|id|#))?[\s:#]*(?:is\s+)?)`;
+const DATE_SHAPED = /^(?:\d{4}-\d{1,2}-\d{1,2}|\d{1,2}-\d{1,2}-\d{4})$/;
+const ZIP_PLUS_4 = /^\d{5}-\d{4}$/;
+
+const DETECTORS: readonly Detector[] = [
+  { kind: 'email', pattern: /(?<![\w.%+-])[\w.%+-]+@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}(?![\w-])/gi },
+  {
+    kind: 'dob',
+    pattern: new RegExp(String.raw`(?<=\b(?:born(?:\s+(?:on|in))?|date\s+of\s+birth|birth\s*date|birthday|d\.?o\.?b)\b[\s:=,.-]*(?:(?:is|was)\s+)?)(?:${DATE})(?!\d)`, 'gi'),
+  },
+  // "SSN ending in 6789", "last 4 of my SSN: 6789": the first number after the cue, nothing in between.
+  {
+    kind: 'ssn',
+    pattern: /(?<=\b(?:ssn|social\s+security(?:\s+number)?)\b[^\d\n.;!?]{0,30})(?<!\w)(?:\d{3}[- ]?\d{2}[- ]?\d{4}|\d{4})(?![\w-])/gi,
+  },
+  {
+    kind: 'account',
+    pattern: /(?<=\b(?:account|acct)\.?\s*(?:(?:number|num|no|id)\b\.?|[:#])[\s:#=]*(?:(?:is|was)\s+)?)(?<!\w)\d+(?:[ -]\d+)*(?![\w-])/gi,
+    accept: (s) => digitCount(s) >= 4,
+  },
+  { kind: 'ssn', pattern: /(?<![\w-])\d{3}([- ])\d{2}\1\d{4}(?![\w-])/g },
+  { kind: 'account', pattern: /\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b/g, accept: isIban },
+  { kind: 'phone', pattern: /(?<![\w+-])(?:\+?1[-. ]?)?(?:\(\d{3}\) ?|\d{3}[-. ])\d{3}[-. ]\d{4}(?![\w-])/g },
+  {
+    kind: 'phone',
+    pattern: /(?<![\w+])\+\d{1,3}(?:[ .-]?(?:\(\d{1,4}\)|\d{1,4})){2,6}(?![\w-])/g,
+    accept: (s) => digitCount(s) >= 8 && digitCount(s) <= 15,
+  },
+  { kind: 'account', pattern: /(?<![\w-])\d{4} (?:\d{4} \d{4} \d{4}(?: \d{1,3})?|\d{6} \d{4,5})(?![\w-])/g }, // cards
+  {
+    kind: 'account',
+    pattern: new RegExp(String.raw`${NOT_AN_ID}(?<![\w-]|\d[.,])\d+(?:-\d+){0,4}(?![\w-]|[.,]\d)`, 'gi'),
+    accept: (s) => digitCount(s) >= 8 && digitCount(s) <= 19 && !DATE_SHAPED.test(s) && !ZIP_PLUS_4.test(s),
+  },
+];
+
+/** The ISO 13616 mod-97 check, so that words followed by numbers are not taken for IBANs. */
+function isIban(s: string): boolean {
+  const compact = s.replace(/ /g, '');
+  if (compact.length < 15 || compact.length > 34) return false;
+  let remainder = 0;
+  for (const ch of compact.slice(4) + compact.slice(0, 4)) {
+    const n = parseInt(ch, 36);
+    remainder = (remainder * (n < 10 ? 10 : 100) + n) % 97;
+  }
+  return remainder === 1;
+}
+
+// ---- when two spellings are the same value ----
+
+const digitsOf = (s: string) => s.replace(/\D/g, '');
+const pad2 = (s: string) => s.padStart(2, '0');
+const MONTHS = ['jan', 'feb', 'mar', 'apr', 'may', 'jun', 'jul', 'aug', 'sep', 'oct', 'nov', 'dec'];
+
+/** A date as YYYY-MM-DD where it can be read, so '01/14/1965' and 'January 14, 1965' are one value. */
+function normaliseDate(s: string): string {
+  const t = s.trim().toLowerCase().replace(/\s+/g, ' ');
+  const iso = (y: string, m: string | number, d: string) => `${y}-${pad2(String(m))}-${pad2(d)}`;
+  const month = (name: string) => MONTHS.indexOf(name.slice(0, 3)) + 1;
+  let m: RegExpExecArray | null;
+  if ((m = /^(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})$/.exec(t))) return iso(m[1]!, m[2]!, m[3]!);
+  if ((m = /^(\d{1,2})([-/.])(\d{1,2})[-/.](\d{2,4})$/.exec(t))) {
+    // Dotted dates are day-first (European); others month-first (American) unless that cannot be.
+    const dayFirst = m[2] === '.' || Number(m[1]) > 12;
+    return dayFirst ? iso(m[4]!, m[3]!, m[1]!) : iso(m[4]!, m[1]!, m[3]!);
+  }
+  if ((m = /^([a-z]+)\.? (\d{1,2})(?:st|nd|rd|th)?,? (\d{4})$/.exec(t)) && month(m[1]!) > 0) return iso(m[3]!, month(m[1]!), m[2]!);
+  if ((m = /^(\d{1,2})(?:st|nd|rd|th)? (?:of )?([a-z]+)\.?,? (\d{4})$/.exec(t)) && month(m[2]!) > 0) return iso(m[3]!, month(m[2]!), m[1]!);
+  if ((m = /^([a-z]+)\.? (\d{4})$/.exec(t)) && month(m[1]!) > 0) return `${m[2]}-${pad2(String(month(m[1]!)))}`;
+  return t;
+}
+
+const NORMALISE: Readonly<Record<PiiKind, (value: string) => string>> = {
+  ssn: digitsOf,
+  account: (v) => v.replace(/[^0-9a-z]/gi, '').toUpperCase(),
+  // +1 (412) 555-0193 and 412-555-0193 are one number.
+  phone: (v) => {
+    const d = digitsOf(v);
+    return d.length === 11 && d.startsWith('1') ? d.slice(1) : d;
+  },
+  email: (v) => v.trim().toLowerCase(),
+  dob: normaliseDate,
+};
+
+// ---- masking ----
+
+/** What a masked value becomes: its placeholder family, and its identity within the family. */
+interface Target {
+  label: string;
+  normalised: string;
+  /** As written, for `restore`. */
+  value: string;
+}
+
+/** A span of plain text one detector has taken; `target` null keeps it as it is (its kind is not masked). */
+interface Claim {
+  start: number;
+  end: number;
+  target: Target | null;
+  /** Put around the placeholder: a quote where it replaces a bare JSON number. */
+  quote: string;
+}
+
+const targetOf = (kind: PiiKind, value: string): Target => ({ label: kind.toUpperCase(), normalised: NORMALISE[kind](value), value });
+const escapeRegExp = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+
+/** `"key": "value"` and `"key": 123`, also with escaped quotes (JSON inside a JSON string). */
+function keyedValuePattern(keys: Iterable<string>): RegExp | null {
+  const names = [...keys].map(escapeRegExp).join('|');
+  if (names === '') return null;
+  return new RegExp(
+    String.raw`(?<esc>\\?)"(?<key>${names})\k<esc>"\s*:\s*(?:\k<esc>"(?<text>(?:[^"\\]|\\.)*?)\k<esc>"|(?<number>-?\d+(?:\.\d+)?)(?![\w.]))`,
+    'gid',
+  );
+}
+
+/** JSON objects and arrays (bare JSON scalars are left to the text rules). */
+function parseJsonContainer(s: string): unknown {
+  if (!/^\s*[[{]/.test(s)) return undefined;
+  try {
+    return JSON.parse(s) as unknown;
+  } catch {
+    return undefined;
+  }
+}
+
+/** Masks personal data consistently: one Redactor maps each distinct value to the same placeholder, e.g. [PHONE_1], [SSN_1], [EMAIL_2], [ACCOUNT_1], [DOB_1], [PIN_1] (key-masked values use the key's kind, or the upper-cased key name when it has no kind). */
+export class Redactor {
+  /** How many values of each kind were masked so far: every occurrence counts, under the placeholder's name in lower case ('phone', 'pin'). */
+  readonly counts: Record<string, number> = {};
+  private readonly kinds: ReadonlySet<PiiKind>;
+  private readonly keys: ReadonlySet<string>;
+  private readonly keyedValue: RegExp | null;
+  /** label + normalised value → placeholder */
+  private readonly placeholders = new Map<string, string>();
+  /** placeholder → the value as first written */
+  private readonly originals = new Map<string, string>();
+  private readonly issued = new Map<string, number>();
+
+  constructor(options: RedactionOptions = DEFAULT_REDACTION) {
+    this.kinds = new Set(options.kinds);
+    this.keys = new Set(options.keys.map((k) => k.toLowerCase()));
+    this.keyedValue = keyedValuePattern(new Set([...this.keys, ...(this.kinds.has('dob') ? DOB_KEYS : [])]));
+  }
+
+  text(s: string): string {
+    const json = parseJsonContainer(s);
+    if (json === undefined) return this.plainText(s);
+    const redacted = JSON.stringify(this.jsonValue(json, null));
+    return redacted === JSON.stringify(json) ? s : redacted; // untouched JSON keeps its formatting
+  }
+
+  message(m: Message): Message {
+    const out: Message = { ...m, content: m.content === null ? null : this.text(m.content) };
+    if (m.tool_calls) {
+      out.tool_calls = m.tool_calls.map((c) => ({ ...c, function: { ...c.function, arguments: this.text(c.function.arguments) } }));
+    }
+    return out;
+  }
+
+  messages(ms: Message[]): Message[] {
+    return ms.map((m) => this.message(m));
+  }
+
+  /**
+   * Puts back the values behind this Redactor's placeholders (a sampler's reply must dial the real number),
+   * each as it was first written. Placeholders it did not issue stay.
+   */
+  restore(text: string): string {
+    return text.replace(PLACEHOLDERS, (p) => this.originals.get(p) ?? p);
+  }
+
+  private placeholder(target: Target): string {
+    const id = `${target.label}\u0000${target.normalised}`;
+    let p = this.placeholders.get(id);
+    if (p === undefined) {
+      const n = (this.issued.get(target.label) ?? 0) + 1;
+      this.issued.set(target.label, n);
+      p = `[${target.label}_${n}]`;
+      this.placeholders.set(id, p);
+      this.originals.set(p, target.value);
+    }
+    const name = target.label.toLowerCase();
+    this.counts[name] = (this.counts[name] ?? 0) + 1;
+    return p;
+  }
+
+  /** The target of a value under a JSON key, or null when the key does not mask it. */
+  private keyedTarget(key: string, value: string): Target | null {
+    const k = key.toLowerCase();
+    const v = value.trim();
+    if (v === '' || PLACEHOLDER.test(v)) return null;
+    if (this.keys.has(k)) {
+      const kind = KEY_KINDS[k];
+      return kind ? targetOf(kind, v) : { label: k.toUpperCase().replace(/[^A-Z0-9]+/g, '_'), normalised: v, value: v };
+    }
+    if (this.kinds.has('dob') && DOB_KEYS.has(k) && WHOLE_DATE.test(v)) return targetOf('dob', v);
+    return null;
+  }
+
+  /** Array elements inherit their array's key, so `"emails": [...]` is masked like `"email": "..."`. */
+  private jsonValue(value: unknown, key: string | null): unknown {
+    if (typeof value === 'string') {
+      const target = key === null ? null : this.keyedTarget(key, value);
+      return target ? this.placeholder(target) : this.text(value);
+    }
+    if (typeof value === 'number') {
+      const target = key === null ? null : this.keyedTarget(key, String(value));
+      if (target) return this.placeholder(target);
+      // Past 2^53 the parse already lost digits; such a run is card-number-sized, as in free text.
+      if (Number.isInteger(value) && !Number.isSafeInteger(value) && this.kinds.has('account')) return this.placeholder(targetOf('account', String(value)));
+      return value;
+    }
+    if (Array.isArray(value)) return value.map((v) => this.jsonValue(v, key));
+    if (value !== null && typeof value === 'object') {
+      return Object.fromEntries(Object.entries(value).map(([k, v]) => [k, this.jsonValue(v, k)]));
+    }
+    return value;
+  }
+
+  /** Keyed values first, then the detectors in priority order; placeholders are issued in reading order. */
+  private plainText(s: string): string {
+    const claims: Claim[] = [];
+    const claim = (c: Claim) => {
+      if (!claims.some((o) => c.start < o.end && o.start < c.end)) claims.push(c);
+    };
+    if (this.keyedValue) {
+      for (const m of s.matchAll(this.keyedValue)) {
+        const g = m.groups!;
+        const value = g.text ?? g.number!;
+        const target = this.keyedTarget(g.key!, value);
+        const [start, end] = m.indices!.groups![g.text !== undefined ? 'text' : 'number']!;
+        if (target) claim({ start, end, target, quote: g.text !== undefined ? '' : `${g.esc}"` });
+      }
+    }
+    for (const d of DETECTORS) {
+      for (const m of s.matchAll(d.pattern)) {
+        if (d.accept && !d.accept(m[0])) continue;
+        claim({ start: m.index, end: m.index + m[0].length, target: this.kinds.has(d.kind) ? targetOf(d.kind, m[0]) : null, quote: '' });
+      }
+    }
+    if (claims.length === 0) return s;
+    claims.sort((a, b) => a.start - b.start);
+    let out = '';
+    let at = 0;
+    for (const c of claims) {
+      out += s.slice(at, c.start) + (c.target ? c.quote + this.placeholder(c.target) + c.quote : s.slice(c.start, c.end));
+      at = c.end;
+    }
+    return out + s.slice(at);
+  }
+}
+
+/** The `redaction` section of a stage's config: what is masked before text leaves the machine. */
+export const redactionConfig = z.strictObject({
+  enabled: z.boolean().default(true),
+  kinds: z.array(z.enum(PII_KINDS as [PiiKind, ...PiiKind[]])).default([...DEFAULT_REDACTION.kinds]),
+  /** JSON keys whose values are masked whatever they look like. */
+  keys: z.array(z.string().min(1)).default([...DEFAULT_REDACTION.keys]),
+});
+export type RedactionConfig = z.infer<typeof redactionConfig>;
+
+/** A fresh Redactor per request, as the endpoint wants it; null when redaction is off. */
+export function redactorFactory(cfg: RedactionConfig): (() => Redactor) | null {
+  return cfg.enabled ? () => new Redactor({ kinds: cfg.kinds, keys: cfg.keys }) : null;
+}
