@@ -15,9 +15,8 @@ import type { Message, ToolCall } from '../stages/records.ts';
 export const endpointConfig = z.strictObject({
   /** Default: the OPENAI_BASE_URL environment variable, else OpenAI's own. */
   base_url: z.string().url().nullable().default(null),
-  /** The model name; the environment variable named by `model_env`, when set, overrides it. */
+  /** The model name; an environment variable (PREFAB_JUDGE_MODEL for judges, PREFAB_SAMPLE_MODEL for the sampler) overrides it. */
   model: z.string().min(1).nullable().default(null),
-  model_env: z.string().min(1).default('PREFAB_JUDGE_MODEL'),
   /** Name of the environment variable holding the API key. */
   api_key_env: z.string().min(1).default('OPENAI_API_KEY'),
   /** Requests in flight at once. */
@@ -112,11 +111,11 @@ export class ChatEndpoint {
   }
 
   /** Resolves model, URL and key as the openai client's users expect; names what is missing. */
-  static async open(options: EndpointOptions, what: string): Promise<ChatEndpoint> {
+  static async open(options: EndpointOptions, what: string, modelEnv: string): Promise<ChatEndpoint> {
     const { config } = options;
     const env = options.env ?? process.env;
-    const model = env[config.model_env] || config.model;
-    if (!model) throw new PipelineError(`${what}: no model name; set \`model\` in the config or the ${config.model_env} environment variable`);
+    const model = env[modelEnv] || config.model;
+    if (!model) throw new PipelineError(`${what}: no model name; set \`model\` in the config or the ${modelEnv} environment variable`);
     const apiKey = env[config.api_key_env];
     const baseURL = config.base_url ?? env.OPENAI_BASE_URL ?? 'https://api.openai.com/v1';
     if (!apiKey && /api\.openai\.com/.test(baseURL)) {

@@ -1,17 +1,7 @@
 // The one contract every judge answers in (SPEC §4), and what a judge is shown.
-import type { Message } from '../stages/records.ts';
+import type { JudgeStats, Message, Verdict } from '../stages/records.ts';
 
-/** `a` or `b`: that side is better; `tie`: judged equally good; `abstain`: the judge cannot tell. */
-export type Winner = 'a' | 'b' | 'tie' | 'abstain';
-
-export interface Verdict {
-  winner: Winner;
-  /** How sure, in [0, 1]; 0 for tie and abstain. */
-  confidence: number;
-  /** How far apart the sides are, where the judge measures it (the verifier: the reward gap). */
-  margin?: number;
-  rationale?: string;
-}
+export type { JudgeStats, Verdict, Winner } from '../stages/records.ts';
 
 /** One side of a comparison: a completion of the shared prompt. */
 export interface Completion {
@@ -30,23 +20,6 @@ export interface Comparison {
   task_id: string | null;
   /** The sessions' metadata (a JSON string): the simulator's world for replay, a `tools` list, `must_decline`. */
   metadata: string;
-}
-
-/** What judging one comparison cost and how it went: summed into the gate's report. */
-export interface JudgeStats {
-  /** Requests sent to an endpoint. */
-  requests: number;
-  /** Answers served from the on-disk cache instead. */
-  cached: number;
-  retries: number;
-  /** Requests that failed even after their retries: the comparison abstains, and a rerun asks again. */
-  errors: number;
-  /** Replies that could not be read as a verdict: errors, never preferences. */
-  parse_failures: number;
-  /** The two orders disagreed (a judge preferring a position, not a side). */
-  flipped: boolean;
-  /** The request budget ran out before this comparison could be judged. */
-  over_budget: boolean;
 }
 
 export const NO_COST: JudgeStats = { requests: 0, cached: 0, retries: 0, errors: 0, parse_failures: 0, flipped: false, over_budget: false };

@@ -72,6 +72,49 @@ export interface Pair {
   split: Split;
 }
 
+// The judges' contract (SPEC §4), kept with the records because judged pairs carry it on disk.
+
+/** `a` or `b`: that side is better; `tie`: judged equally good; `abstain`: the judge cannot tell. */
+export type Winner = 'a' | 'b' | 'tie' | 'abstain';
+
+export interface Verdict {
+  winner: Winner;
+  /** How sure, in [0, 1]; 0 for tie and abstain. */
+  confidence: number;
+  /** How far apart the sides are, where the judge measures it (the verifier: the reward gap). */
+  margin?: number;
+  rationale?: string;
+}
+
+/** What judging one comparison cost and how it went: summed into the gate's report. */
+export interface JudgeStats {
+  /** Requests sent to an endpoint. */
+  requests: number;
+  /** Answers served from the on-disk cache instead. */
+  cached: number;
+  retries: number;
+  /** Requests that failed even after their retries: the comparison abstains, and a rerun asks again. */
+  errors: number;
+  /** Replies that could not be read as a verdict: errors, never preferences. */
+  parse_failures: number;
+  /** The two orders disagreed (a judge preferring a position, not a side). */
+  flipped: boolean;
+  /** The request budget ran out before this comparison could be judged. */
+  over_budget: boolean;
+}
+
+/** A pair on its way to the judges: the sessions' metadata goes along for the verifier's replay. */
+export interface CandidatePair extends Pair {
+  metadata: string;
+}
+
+/** A comparison after the judges, kept or not: the ensemble's verdict (a = chosen), each judge's, and the cost. */
+export interface JudgedPair extends CandidatePair {
+  verdict: Verdict;
+  verdicts: Record<string, Verdict>;
+  judge_stats: JudgeStats;
+}
+
 export interface SftRow {
   messages: Message[];
   session_id: string;

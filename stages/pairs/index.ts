@@ -1,12 +1,19 @@
-// pairs: preference pairs from the split sessions, one bucket of tasks in memory at a time.
-import { mkdir } from 'node:fs/promises';
+// pairs: preference pairs from the split sessions, one bucket of tasks in memory at a time: outcome pairs
+// (successes against failures) and hard negatives (a successful session's turn against a worse version of it).
+// Best-of-N pairs need the judges to pick the best, so the judge stage builds them.
+import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { defineStage } from '../../pipeline/stage.ts';
-import type { SplitSession } from '../records.ts';
+import { mustDeclineTest } from '../../judges/rules.ts';
+import { readJsonFile } from '../../pipeline/workspace.ts';
+import { NEGATIVE_TYPES, type CandidatePair, type NegativeType, type Pair, type SplitSession } from '../records.ts';
 import { SPLITS, bucketFile, readSplitInfo } from '../split/index.ts';
+import { buildHardNegatives } from './hard-negatives.ts';
 import { buildOutcomePairs } from './outcome.ts';
+
+const ratio = z.number().min(0).max(1);
 
 const config = z.strictObject({
   outcome: z
@@ -20,7 +27,45 @@ const config = z.strictObject({
     })
     .refine((c) => c.failure_max < c.success_min, { message: 'failure_max must be below success_min' })
     .prefault({}),
+  hard_negatives: z
+    .strictObject({
+      enabled: z.boolean().default(true),
+      /** Sessions with at least this reward are the chosen side that negatives are made from. */
+      from_min_reward: z.number().min(0).max(1).default(0.7),
+      /** Per type, the share of those sessions that get a negative of that type. */
+      ratios: z
+        .strictObject(Object.fromEntries(NEGATIVE_TYPES.map((t) => [t, ratio.optional()])) as Record<NegativeType, z.ZodOptional<typeof ratio>>)
+        .default({ refusal: 0.25, hallucination: 0.25, off_topic: 0.15, format: 0.25, verbose: 0.15, under_explained: 0.15 }),
+      salt: z.string().default('prefab'),
+    })
+    .prefault({}),
+  /**
+   * Requests the agent must decline, as regular expressions over the user's turns (case-insensitive); a
+   * session whose metadata says `must_decline: true` counts too. For those, a refusal is the chosen side.
+   */
+  must_decline: z
+    .array(z.string())
+    .default([])
+    .refine((ps) => ps.every((p) => validRegex(p)), { message: 'each must_decline entry must be a valid regular expression' }),
 });
+
+function validRegex(pattern: string): boolean {
+  try {
+    new RegExp(pattern, 'i');
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** What the judge stage needs to know of how pairs were made. */
+export interface PairsInfo {
+  must_decline: string[];
+}
+
+export const readPairsInfo = (dir: string) => readJsonFile<PairsInfo>(join(dir, 'info.json'));
+
+const withMetadata = (pair: Pair, session: SplitSession): CandidatePair => ({ ...pair, metadata: session.metadata });
 
 /** Sessions of one bucket file grouped by task, tasks in a stable order. */
 export async function readTaskGroups(path: string): Promise<[string, SplitSession[]][]> {
@@ -35,10 +80,10 @@ export async function readTaskGroups(path: string): Promise<[string, SplitSessio
 
 export const pairs = defineStage({
   name: 'pairs',
-  description: 'build preference pairs: successes against failures of the same task (outcome)',
-  version: 1,
+  description: 'build preference pairs: successes against failures of a task (outcome), and hard negatives of six types',
+  version: 2,
   inputs: ['split'],
-  outputs: ['train.jsonl', 'test.jsonl', 'dropped.jsonl'],
+  outputs: ['train.jsonl', 'test.jsonl', 'dropped.jsonl', 'info.json'],
   config,
 
   async run({ config: cfg, out, input, log }) {
@@ -46,23 +91,45 @@ export const pairs = defineStage({
     const info = await readSplitInfo(splitDir);
     await mkdir(out, { recursive: true });
     const dropped = new JsonlWriter(join(out, 'dropped.jsonl'));
-    const counts: Record<string, number> = { train: 0, test: 0, tasks: 0, tasks_with_pairs: 0, tasks_without_success: 0, tasks_without_failure: 0, dropped: 0 };
+    const counts: Record<string, number> = { train: 0, test: 0, outcome: 0, hard_negative: 0, tasks: 0, tasks_with_pairs: 0, tasks_without_success: 0, tasks_without_failure: 0, dropped: 0 };
+    for (const t of NEGATIVE_TYPES) counts[`hard_negative_${t}`] = 0;
     const o = cfg.outcome;
+    const h = cfg.hard_negatives;
+    const declines = mustDeclineTest(cfg.must_decline);
+    const negativeOptions = { ratios: h.ratios, salt: h.salt, mustDecline: (s: SplitSession) => declines({ metadata: s.metadata, prompt: s.messages }) };
     for (const side of SPLITS) {
       const writer = new JsonlWriter(join(out, `${side}.jsonl`));
       const progress = log.progress(`pairs ${side}`, info.buckets);
       for (let b = 0; b < info.buckets; b++) {
         for (const [, sessions] of await readTaskGroups(bucketFile(splitDir, side, b))) {
           counts.tasks!++;
-          if (!o.enabled) continue;
-          if (!sessions.some((s) => s.reward >= o.success_min)) counts.tasks_without_success!++;
-          if (!sessions.some((s) => s.reward <= o.failure_max)) counts.tasks_without_failure!++;
-          const built = buildOutcomePairs(sessions, { successMin: o.success_min, failureMax: o.failure_max, maxPairsPerTask: o.max_pairs_per_task });
-          if (built.pairs.length > 0) counts.tasks_with_pairs!++;
-          for (const pair of built.pairs) await writer.write(pair);
-          for (const d of built.dropped) await dropped.write(d);
-          counts[side]! += built.pairs.length;
-          counts.dropped! += built.dropped.length;
+          let made = 0;
+          if (o.enabled) {
+            if (!sessions.some((s) => s.reward >= o.success_min)) counts.tasks_without_success!++;
+            if (!sessions.some((s) => s.reward <= o.failure_max)) counts.tasks_without_failure!++;
+            const built = buildOutcomePairs(sessions, { successMin: o.success_min, failureMax: o.failure_max, maxPairsPerTask: o.max_pairs_per_task });
+            const byId = new Map(sessions.map((s) => [s.session_id, s]));
+            for (const pair of built.pairs) await writer.write(withMetadata(pair, byId.get(pair.chosen_session_id)!));
+            for (const d of built.dropped) await dropped.write(d);
+            made += built.pairs.length;
+            counts.outcome! += built.pairs.length;
+            counts.dropped! += built.dropped.length;
+          }
+          if (h.enabled) {
+            for (const s of sessions.filter((x) => x.reward >= h.from_min_reward)) {
+              const built = buildHardNegatives(s, negativeOptions);
+              for (const pair of built.pairs) {
+                await writer.write(withMetadata(pair, s));
+                counts[`hard_negative_${pair.negative_type}`]!++;
+              }
+              for (const skip of built.skipped) await dropped.write({ task_id: s.task_id, chosen_session_id: s.session_id, rejected_session_id: `${s.session_id}~${skip.type}`, reason: `hard negative ${skip.type}: ${skip.reason}` });
+              made += built.pairs.length;
+              counts.hard_negative! += built.pairs.length;
+              counts.dropped! += built.skipped.length;
+            }
+          }
+          if (made > 0) counts.tasks_with_pairs!++;
+          counts[side]! += made;
         }
         progress.tick();
       }
@@ -70,10 +137,11 @@ export const pairs = defineStage({
       await writer.close();
     }
     await dropped.close();
+    await writeFile(join(out, 'info.json'), JSON.stringify({ must_decline: cfg.must_decline } satisfies PairsInfo, null, 2) + '\n');
     return {
       counts,
       summary:
-        `${counts.train} train / ${counts.test} test outcome pairs from ${counts.tasks_with_pairs} of ${counts.tasks} tasks ` +
+        `${counts.train} train / ${counts.test} test pairs (${counts.outcome} outcome, ${counts.hard_negative} hard negatives) from ${counts.tasks_with_pairs} of ${counts.tasks} tasks ` +
         `(${counts.tasks_without_success} without a success, ${counts.tasks_without_failure} without a failure, ${counts.dropped} pairs dropped)`,
     };
   },

@@ -49,6 +49,7 @@ async function judgeWith(script: Script, options: { config?: Partial<EndpointCon
   const endpoint = await ChatEndpoint.open(
     { config, cachePath: join(options.cacheDir ?? tempDir(), 'llm.jsonl'), redaction: () => new Redactor(), log: quietLogger(), env: {} },
     'judge.llm',
+    'PREFAB_JUDGE_MODEL',
   );
   const judge = new LlmJudge({ endpoint, prompt: PROMPT, logprobs: options.logprobs ?? true, topLogprobs: 5, samples: options.samples ?? 1, voteTemperature: 0.7, maxTokens: 4 });
   return { judge, endpoint, server };
