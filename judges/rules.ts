@@ -31,11 +31,11 @@ export interface Violation {
 }
 
 /** A test for requests the agent must decline: `must_decline: true` in the metadata, or a user turn matching a pattern. */
-export function mustDeclineTest(patterns: readonly string[]): (c: Pick<Comparison, 'metadata' | 'prompt'> & { a?: Completion }) => boolean {
+export function mustDeclineTest(patterns: readonly string[]): (c: Pick<Comparison, 'metadata' | 'prompt'> & { a?: Completion; b?: Completion }) => boolean {
   const regexes = patterns.map((p) => new RegExp(p, 'i'));
   return (c) => {
     if (metadataOf(c as Comparison).must_decline === true) return true;
-    const users = [...c.prompt, ...(c.a?.messages ?? [])].filter((m) => m.role === 'user').map((m) => m.content ?? '');
+    const users = [...c.prompt, ...(c.a?.messages ?? []), ...(c.b?.messages ?? [])].filter((m) => m.role === 'user').map((m) => m.content ?? '');
     return regexes.some((r) => users.some((u) => r.test(u)));
   };
 }

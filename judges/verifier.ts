@@ -3,10 +3,11 @@
 //   1. replay: a side whose logged tool results or reward disagree with a replay in the environment loses;
 //   2. outcome reward: a gap of at least `minRewardGap` decides;
 //   3. environment steps (sides without a reward, such as one transformed turn): a side whose own tool calls
-//      fail in the environment loses to one whose calls all succeed;
+//      fail in the environment loses to one whose calls all succeed, if that one made at least as many;
 //   4. tool-call validity: a side with a malformed call loses to one whose calls are all well formed.
 import { WorldCache, replayCalls, sessionTask } from '../stages/environment/replay.ts';
 import { episodeReward } from '../stages/environment/env.ts';
+import type { Message } from '../stages/records.ts';
 import { callValidity, knownTools } from './tool-calls.ts';
 import { NO_COST, abstain, type Comparison, type Completion, type Judge, type Judged, type Verdict } from './verdict.ts';
 
@@ -18,6 +19,8 @@ export interface VerifierOptions {
 }
 
 const REWARD_TOLERANCE = 1e-6;
+/** Rounding slack on the gap, so that 0.3 against 0.2 is the 0.1 it is written as (0.0999... in floating point). */
+const GAP_EPSILON = 1e-9;
 
 interface Replayed {
   /** Logged tool results or reward that do not match the replay. */
@@ -50,15 +53,16 @@ export class VerifierJudge implements Judge {
 
     const ra = c.a.reward;
     const rb = c.b.reward;
-    if (ra !== null && rb !== null && Math.abs(ra - rb) >= this.options.minRewardGap) {
+    if (ra !== null && rb !== null && Math.abs(ra - rb) >= this.options.minRewardGap - GAP_EPSILON) {
       return decide(ra > rb ? 'a' : 'b', `outcome reward ${ra} vs ${rb}`, Math.abs(ra - rb));
     }
 
     if (replay && (ra === null || rb === null)) {
+      // A side does not win by making fewer calls: leaving a call out (or making none) avoids its failure.
       const fa = replay.a.failed.length > 0;
       const fb = replay.b.failed.length > 0;
-      if (fa && !fb && replay.b.calls > 0) return decide('b', `a's tool call failed in the environment: ${replay.a.failed[0]}`);
-      if (fb && !fa && replay.a.calls > 0) return decide('a', `b's tool call failed in the environment: ${replay.b.failed[0]}`);
+      if (fa && !fb && replay.b.calls > 0 && replay.b.calls >= replay.a.calls) return decide('b', `a's tool call failed in the environment: ${replay.a.failed[0]}`);
+      if (fb && !fa && replay.a.calls > 0 && replay.a.calls >= replay.b.calls) return decide('a', `b's tool call failed in the environment: ${replay.b.failed[0]}`);
     }
 
     const tools = knownTools(c);
@@ -72,25 +76,40 @@ export class VerifierJudge implements Judge {
 
   private replay(found: Exclude<ReturnType<typeof sessionTask>, { reason: string }>, c: Comparison, side: Completion): Replayed {
     const messages = [...c.prompt, ...side.messages];
-    // A side with a reward is a whole logged episode, so its reward can be recomputed.
     const { calls, state } = replayCalls(found.world, found.task, messages);
     const tampered: string[] = [];
     const failed: string[] = [];
     let own = 0;
     for (const call of calls) {
-      const logged = call.result_index >= 0 ? messages[call.result_index]!.content : null;
-      if (logged !== null && logged !== call.observation) tampered.push(`tool result at message ${call.result_index} was "${clip(logged)}", replay gives "${clip(call.observation)}"`);
+      if (call.result_index >= 0) {
+        const logged = messages[call.result_index]!.content ?? '';
+        if (logged !== call.observation) tampered.push(`tool result at message ${call.result_index} was "${clip(logged)}", replay gives "${clip(call.observation)}"`);
+      } else if (call.message_index < messages.length - 1) {
+        // The log goes on past the call without its result; only a side's last turn may end before its results.
+        tampered.push(`tool call ${call.call_id} at message ${call.message_index} has no logged result; replay gives "${clip(call.observation)}"`);
+      }
       if (call.message_index >= c.prompt.length) {
         own++;
         if (call.feedback) failed.push(call.feedback);
       }
     }
-    if (side.reward !== null) {
+    // A turn-level side (one turn of a logged episode) carries its episode's reward, but its replay stops
+    // where the turn does: the reward can be recomputed only from a side that reaches the episode's end.
+    if (side.reward !== null && reachesEnd(side.messages, state.done)) {
       const replayed = Math.round(episodeReward(state) * 1e6) / 1e6;
       if (Math.abs(replayed - side.reward) > REWARD_TOLERANCE) tampered.push(`logged reward ${side.reward}, replay gives ${replayed}`);
     }
     return { tampered, calls: own, failed };
   }
+}
+
+/**
+ * Whether a side runs to the end of its episode: the environment ended it (finish, step limit) or the agent
+ * stopped, which a reply without tool calls does in the simulator.
+ */
+function reachesEnd(messages: Message[], done: boolean): boolean {
+  const last = messages.at(-1);
+  return done || (last?.role === 'assistant' && !last.tool_calls?.length);
 }
 
 const clip = (s: string) => (s.length > 80 ? `${s.slice(0, 77)}...` : s);

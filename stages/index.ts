@@ -2,12 +2,15 @@
 import type { CommandFactory } from '../pipeline/cli.ts';
 import type { Stage } from '../pipeline/stage.ts';
 import { exportStage } from './export/index.ts';
+import { gate } from './gate/index.ts';
 import { ingest } from './ingest/index.ts';
+import { judge } from './judge/index.ts';
 import { pairs } from './pairs/index.ts';
+import { sample } from './sample/index.ts';
 import { addSimulateCommands } from './simulate/command.ts';
 import { split } from './split/index.ts';
 
-export const STAGES: Stage[] = [ingest, split, pairs, exportStage] as Stage[];
+export const STAGES: Stage[] = [ingest, split, sample, pairs, judge, gate, exportStage] as Stage[];
 
 /** Commands beyond the pipeline's own. */
 export const COMMANDS: CommandFactory[] = [addSimulateCommands];

@@ -46,8 +46,8 @@ async function openPair(dir: string, columns: Record<string, Column>, cfg: Expor
 export const exportStage = defineStage({
   name: 'export',
   description: 'write sessions, SFT, pairs and KTO datasets as Parquet with dataset cards',
-  version: 1,
-  inputs: ['split', 'pairs'],
+  version: 2,
+  inputs: ['split', 'gate'],
   outputs: [...DATASETS],
   config,
 
@@ -79,7 +79,7 @@ export const exportStage = defineStage({
         progress.tick();
       }
       progress.done();
-      for await (const pair of readJsonl<Pair>(join(input('pairs'), `${side}.jsonl`))) await w.pairs[side].append(pair);
+      for await (const pair of readJsonl<Pair>(join(input('gate'), `${side}.jsonl`))) await w.pairs[side].append(pair);
     }
     const counts: Record<string, number> = {};
     for (const name of DATASETS) {

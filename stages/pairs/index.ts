@@ -10,7 +10,7 @@ import { mustDeclineTest } from '../../judges/rules.ts';
 import { readJsonFile } from '../../pipeline/workspace.ts';
 import { NEGATIVE_TYPES, type CandidatePair, type NegativeType, type Pair, type SplitSession } from '../records.ts';
 import { SPLITS, bucketFile, readSplitInfo } from '../split/index.ts';
-import { buildHardNegatives } from './hard-negatives.ts';
+import { buildHardNegatives, isRefusal } from './hard-negatives.ts';
 import { buildOutcomePairs } from './outcome.ts';
 
 const ratio = z.number().min(0).max(1);
@@ -117,7 +117,11 @@ export const pairs = defineStage({
           }
           if (h.enabled) {
             for (const s of sessions.filter((x) => x.reward >= h.from_min_reward)) {
-              const built = buildHardNegatives(s, negativeOptions);
+              // A request that must be declined: the only contrast worth teaching is refusal over compliance,
+              // and only a session that complied has a compliance to put on the rejected side.
+              const declining = negativeOptions.mustDecline(s);
+              if (declining && isRefusal(s.messages.find((m) => m.role === 'assistant')?.content ?? null)) continue;
+              const built = buildHardNegatives(s, declining ? { ...negativeOptions, ratios: { refusal: h.ratios.refusal } } : negativeOptions);
               for (const pair of built.pairs) {
                 await writer.write(withMetadata(pair, s));
                 counts[`hard_negative_${pair.negative_type}`]!++;

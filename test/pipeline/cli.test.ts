@@ -28,22 +28,26 @@ describe('prefab command line', () => {
     expect(status.map((s) => [s.stage, s.state])).toEqual([
       ['ingest', 'fresh'],
       ['split', 'fresh'],
+      ['sample', 'fresh'],
       ['pairs', 'fresh'],
+      ['judge', 'stale'],
+      ['gate', 'stale'],
       ['export', 'stale'],
     ]);
-    expect(status[3]!.reasons[0]).toMatch(/upstream pairs was rerun/);
+    expect(status[4]!.reasons[0]).toMatch(/upstream pairs was rerun/);
     const text = prefab(['--workdir', workdir, '--config', DEFAULT, 'status']).stdout;
+    expect(text).toMatch(/^judge\s+stale\s+\(upstream pairs was rerun/m);
     expect(text).toMatch(/^export\s+stale\s+\(upstream pairs was rerun/m);
 
     const third = prefab(['--workdir', workdir, '--config', DEFAULT, '--log-format', 'json', 'run']);
-    expect(JSON.parse(third.stdout).stages.map((s: { action: string }) => s.action)).toEqual(['fresh', 'fresh', 'fresh', 'ran']);
+    expect(JSON.parse(third.stdout).stages.map((s: { action: string }) => s.action)).toEqual(['fresh', 'fresh', 'fresh', 'fresh', 'ran', 'ran', 'ran']);
   });
 
   it('exits 2 with a clear message on bad usage', () => {
     const workdir = join(tempDir(), 'workspace');
     const unknownStage = prefab(['--workdir', workdir, '--config', DEFAULT, 'stage', 'nope']);
     expect(unknownStage.code).toBe(2);
-    expect(unknownStage.stderr).toMatch(/unknown stage 'nope'; the stages are: ingest, split, pairs, export/);
+    expect(unknownStage.stderr).toMatch(/unknown stage 'nope'; the stages are: ingest, split, sample, pairs, judge, gate, export/);
     const dir = tempDir();
     writeFileSync(join(dir, 'bad.yaml'), 'pairs:\n  outcome:\n    max_pairs: 3\n');
     const badConfig = prefab(['--workdir', workdir, '--config', join(dir, 'bad.yaml'), 'run']);
@@ -73,12 +77,12 @@ describe('prefab command line', () => {
     await new Promise((r) => child.once('exit', r));
 
     const status = JSON.parse(prefab([...args, 'status', '--json']).stdout) as { stage: string; state: string }[];
-    expect(status.map((s) => s.state)).toEqual(['fresh', 'fresh', 'never run', 'never run']);
+    expect(status.map((s) => s.state)).toEqual(['fresh', 'fresh', 'fresh', 'never run', 'never run', 'never run', 'never run']);
 
     const rerun = prefab([...args, 'run']);
     expect(rerun.code, rerun.stderr).toBe(0);
     expect(rerun.stderr).toMatch(/stale lock removed/);
-    expect(JSON.parse(rerun.stdout).stages.map((s: { action: string }) => s.action)).toEqual(['fresh', 'fresh', 'ran', 'ran']);
+    expect(JSON.parse(rerun.stdout).stages.map((s: { action: string }) => s.action)).toEqual(['fresh', 'fresh', 'fresh', 'ran', 'ran', 'ran', 'ran']);
     const manifest = JSON.parse(readFileSync(join(dir, 'workspace', 'export', 'manifest.json'), 'utf8'));
     expect(manifest.counts.sessions_train + manifest.counts.sessions_test).toBe(20_000);
   });

@@ -43,8 +43,8 @@ describe('export', () => {
     expect(kto).toMatchObject({ prompt: message, completion: message, label: 'BOOLEAN' });
   });
 
-  it('round-trips pairs exactly: what DuckDB reads back equals what the pairs stage made', async () => {
-    const made = await collect<Pair>(join(workdir, 'pairs', 'train.jsonl'));
+  it('round-trips pairs exactly: what DuckDB reads back equals what the gate kept', async () => {
+    const made = await collect<Pair>(join(workdir, 'gate', 'train.jsonl'));
     const read = await query(`SELECT to_json(prompt)::VARCHAR AS prompt, to_json(chosen)::VARCHAR AS chosen, to_json(rejected)::VARCHAR AS rejected, pair_id, margin FROM '${join(workdir, 'export', 'pairs', 'train.parquet')}'`);
     expect(read).toHaveLength(made.length);
     // DuckDB spells absent optional fields as null; the pairs stage leaves them out.

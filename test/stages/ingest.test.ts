@@ -159,7 +159,7 @@ describe('ingest', () => {
       '  test_ratio: 0',
     ].join('\n');
     const outcomes = await engineFor(dir, cfg).run({ until: 'pairs' });
-    expect(outcomes.map((o) => o.action)).toEqual(['ran', 'ran', 'ran']);
+    expect(outcomes.map((o) => o.action)).toEqual(['ran', 'ran', 'ran', 'ran']);
     const sessions = await ingested(dir);
     expect(sessions.map((s) => [s.session_id, s.task_id, s.reward, s.model])).toEqual([
       ['T1-0', 'T1', 1, 'v3'],
@@ -170,7 +170,7 @@ describe('ingest', () => {
     expect(JSON.parse(sessions[0]!.metadata)).toEqual({ meta: { env: 'prod' }, trial: 0 });
     expect(sessions[0]!.messages[2]!.tool_calls![0]!.function.arguments).toBe('{"order":12,"try":0}');
 
-    const pairs = await collect<Pair>(join(dir, 'workspace', 'pairs', 'train.jsonl'));
+    const pairs = (await collect<Pair>(join(dir, 'workspace', 'pairs', 'train.jsonl'))).filter((p) => p.source === 'outcome');
     expect(pairs.map((p) => [p.chosen_session_id, p.rejected_session_id])).toEqual([
       ['T1-0', 'T1-1'],
       ['T1-0', 'T1-2'],

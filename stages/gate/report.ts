@@ -1,0 +1,141 @@
+// The gate's decision for one judged pair, and its report per source and negative type: what came in, what
+// was kept, how sure the judges were, how often they flipped with the order or abstained, and what it cost.
+import type { JudgedPair, PairSource } from '../records.ts';
+
+export interface GateOptions {
+  minConfidence: number;
+  /** Pairs whose margin is known and below this are dropped. */
+  minMargin: number | null;
+  sources: readonly PairSource[];
+}
+
+/** Why the pair is dropped, or null to keep it. */
+export function gateReason(p: JudgedPair, o: GateOptions): string | null {
+  if (!o.sources.includes(p.source)) return `source ${p.source} is not in gate.sources`;
+  if (p.verdict.winner === 'abstain') return `the judges abstained${p.verdict.rationale ? `: ${p.verdict.rationale}` : ''}`;
+  if (p.verdict.winner === 'tie') return 'the judges call it a tie';
+  if (p.verdict.winner === 'b') return 'the judges prefer the rejected side';
+  if (p.confidence < o.minConfidence) return `confidence ${p.confidence.toFixed(3)} is below ${o.minConfidence}`;
+  if (o.minMargin !== null && p.margin !== null && p.margin < o.minMargin) return `margin ${p.margin.toFixed(3)} is below ${o.minMargin}`;
+  return null;
+}
+
+export interface ReportRow {
+  source: PairSource;
+  negative_type: string | null;
+  judged: number;
+  kept: number;
+  /** kept / judged */
+  coverage: number;
+  /** Over the kept pairs. */
+  mean_confidence: number | null;
+  mean_margin: number | null;
+  /** Share of comparisons whose LLM orders disagreed. */
+  flip_rate: number;
+  abstain_rate: number;
+  ties: number;
+  /** The judges preferred the side built as rejected. */
+  reversed: number;
+  parse_failures: number;
+  request_errors: number;
+  requests: number;
+  cached: number;
+}
+
+interface Acc {
+  judged: number;
+  kept: number;
+  confidence: number;
+  margin: number;
+  margins: number;
+  flipped: number;
+  abstained: number;
+  ties: number;
+  reversed: number;
+  parse_failures: number;
+  request_errors: number;
+  requests: number;
+  cached: number;
+}
+
+const empty = (): Acc => ({ judged: 0, kept: 0, confidence: 0, margin: 0, margins: 0, flipped: 0, abstained: 0, ties: 0, reversed: 0, parse_failures: 0, request_errors: 0, requests: 0, cached: 0 });
+
+/** Adds judged pairs one at a time; `rows()` gives the report so far, one row per (source, negative type) and a total. */
+export class GateReport {
+  private readonly groups = new Map<string, { source: PairSource; negative_type: string | null; acc: Acc }>();
+
+  add(p: JudgedPair, kept: boolean): void {
+    const key = `${p.source}/${p.negative_type ?? ''}`;
+    let g = this.groups.get(key);
+    if (!g) this.groups.set(key, (g = { source: p.source, negative_type: p.negative_type, acc: empty() }));
+    const a = g.acc;
+    a.judged++;
+    if (kept) {
+      a.kept++;
+      a.confidence += p.confidence;
+      if (p.margin !== null) {
+        a.margin += p.margin;
+        a.margins++;
+      }
+    }
+    if (p.judge_stats.flipped) a.flipped++;
+    if (p.verdict.winner === 'abstain') a.abstained++;
+    if (p.verdict.winner === 'tie') a.ties++;
+    if (p.verdict.winner === 'b') a.reversed++;
+    a.parse_failures += p.judge_stats.parse_failures;
+    a.request_errors += p.judge_stats.errors;
+    a.requests += p.judge_stats.requests;
+    a.cached += p.judge_stats.cached;
+  }
+
+  rows(): ReportRow[] {
+    const sorted = [...this.groups.values()].sort((x, y) => `${x.source}/${x.negative_type ?? ''}`.localeCompare(`${y.source}/${y.negative_type ?? ''}`));
+    const total = empty();
+    for (const { acc } of sorted) for (const k of Object.keys(total) as (keyof Acc)[]) total[k] += acc[k];
+    return [...sorted.map((g) => row(g.source, g.negative_type, g.acc)), row('total' as PairSource, null, total)];
+  }
+}
+
+function row(source: PairSource, negative_type: string | null, a: Acc): ReportRow {
+  const rate = (n: number) => (a.judged ? n / a.judged : 0);
+  return {
+    source,
+    negative_type,
+    judged: a.judged,
+    kept: a.kept,
+    coverage: rate(a.kept),
+    mean_confidence: a.kept ? a.confidence / a.kept : null,
+    mean_margin: a.margins ? a.margin / a.margins : null,
+    flip_rate: rate(a.flipped),
+    abstain_rate: rate(a.abstained),
+    ties: a.ties,
+    reversed: a.reversed,
+    parse_failures: a.parse_failures,
+    request_errors: a.request_errors,
+    requests: a.requests,
+    cached: a.cached,
+  };
+}
+
+const pct = (x: number) => `${(100 * x).toFixed(1)}%`;
+const num = (x: number | null) => (x === null ? '–' : x.toFixed(3));
+
+/** The report as a Markdown table, for people. */
+export function reportMarkdown(rows: ReportRow[], options: GateOptions, endpoint: unknown): string {
+  const lines = [
+    '# Gate report',
+    '',
+    `Kept: pairs the judges confirm with confidence ≥ ${options.minConfidence}${options.minMargin === null ? '' : ` and, where known, margin ≥ ${options.minMargin}`}; sources ${options.sources.join(', ')}.`,
+    '',
+    '| source | negative type | judged | kept | coverage | mean confidence | mean margin | flip rate | abstain rate | ties | reversed | parse failures | request errors | requests | from cache |',
+    '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|',
+    ...rows.map(
+      (r) =>
+        `| ${r.source} | ${r.negative_type ?? ''} | ${r.judged} | ${r.kept} | ${pct(r.coverage)} | ${num(r.mean_confidence)} | ${num(r.mean_margin)} | ${pct(r.flip_rate)} | ${pct(r.abstain_rate)} | ${r.ties} | ${r.reversed} | ${r.parse_failures} | ${r.request_errors} | ${r.requests} | ${r.cached} |`,
+    ),
+    '',
+    'flip rate: comparisons whose two orders disagreed (a judge preferring a position); they abstain. reversed: the judges preferred the side built as rejected.',
+  ];
+  if (endpoint) lines.push('', `Endpoint: \`${JSON.stringify(endpoint)}\``);
+  return lines.join('\n') + '\n';
+}

@@ -1,0 +1,104 @@
+// Best-of-N (SPEC §4, seed 003): the judges pick the best of a task's N candidates, and the best against
+// each other candidate gives up to N−1 pairs. Ties and abstentions give none (the gate drops them).
+import { pairId } from '../pairs/outcome.ts';
+import { commonPrefixLength, type JudgedPair, type Message, type Split } from '../records.ts';
+import { NO_COST, abstain, addStats, swapped, type Comparison, type Completion, type JudgeStats } from '../../judges/verdict.ts';
+import type { EnsembleVerdict } from '../../judges/ensemble.ts';
+
+export interface Candidate {
+  id: string;
+  messages: Message[];
+  reward: number | null;
+  metadata: string;
+}
+
+export interface Group {
+  task_id: string | null;
+  split: Split;
+  candidates: Candidate[];
+}
+
+export type Decide = (c: Comparison) => Promise<EnsembleVerdict>;
+
+const hasAssistant = (ms: Message[]) => ms.some((m) => m.role === 'assistant');
+
+/**
+ * Judges a group: a knockout pass finds a champion (a challenger replaces it only by winning), then the
+ * champion is compared with every other candidate; each comparison becomes a judged record, the
+ * champion as `chosen`. As for outcome pairs, a couple's prompt is the longest prefix the two share.
+ * Candidates with the same messages as another are left out (`duplicates`).
+ */
+export async function judgeGroup(group: Group, decide: Decide): Promise<{ judged: JudgedPair[]; duplicates: string[]; offRecord: JudgeStats }> {
+  // Rewards first, so that the verifier settles most of the knockout at once.
+  const all = [...group.candidates].sort((x, y) => (y.reward ?? -1) - (x.reward ?? -1) || (x.id < y.id ? -1 : x.id > y.id ? 1 : 0));
+  const candidates: Candidate[] = [];
+  const duplicates: string[] = [];
+  for (const c of all) {
+    if (candidates.some((k) => k.messages.length === c.messages.length && commonPrefixLength(k.messages, c.messages) === c.messages.length)) duplicates.push(c.id);
+    else candidates.push(c);
+  }
+  if (candidates.length < 2) return { judged: [], duplicates, offRecord: NO_COST };
+
+  const couple = (x: Candidate, y: Candidate) => commonPrefixLength(x.messages, y.messages);
+  const decideCouple = (x: Candidate, y: Candidate): Promise<EnsembleVerdict> => {
+    const n = couple(x, y);
+    const a: Completion = { id: x.id, messages: x.messages.slice(n), reward: x.reward };
+    const b: Completion = { id: y.id, messages: y.messages.slice(n), reward: y.reward };
+    if (!hasAssistant(a.messages) || !hasAssistant(b.messages)) {
+      return Promise.resolve({ verdict: abstain('a side has no assistant turn after the shared prompt'), judge: '', verdicts: {}, stats: NO_COST });
+    }
+    return decide({ prompt: x.messages.slice(0, n), a, b, task_id: group.task_id, metadata: x.metadata });
+  };
+  // Each unordered couple is judged once; seen the other way round, its verdict is swapped.
+  const seen = new Map<string, Promise<EnsembleVerdict>>();
+  const compare = async (x: Candidate, y: Candidate): Promise<EnsembleVerdict> => {
+    const back = seen.get(`${y.id}\u0000${x.id}`);
+    if (back) {
+      const v = await back;
+      return { ...v, verdict: swapped(v.verdict), verdicts: Object.fromEntries(Object.entries(v.verdicts).map(([k, w]) => [k, swapped(w)])) };
+    }
+    const key = `${x.id}\u0000${y.id}`;
+    let v = seen.get(key);
+    if (!v) seen.set(key, (v = decideCouple(x, y)));
+    return v;
+  };
+
+  let champion = candidates[0]!;
+  for (const challenger of candidates.slice(1)) {
+    if ((await compare(champion, challenger)).verdict.winner === 'b') champion = challenger;
+  }
+  const others = candidates.filter((c) => c !== champion);
+  const verdicts = await Promise.all(others.map((other) => compare(champion, other)));
+  // What the knockout spent on couples that are not in the output still belongs in the report.
+  const recorded = new Set(others.flatMap((o) => [`${champion.id}\u0000${o.id}`, `${o.id}\u0000${champion.id}`]));
+  let offRecord = NO_COST;
+  for (const [key, v] of seen) if (!recorded.has(key)) offRecord = addStats(offRecord, (await v).stats);
+  const judged = others.map((other, i): JudgedPair => {
+    const v = verdicts[i]!;
+    const won = v.verdict.winner === 'a';
+    const gap = champion.reward !== null && other.reward !== null ? champion.reward - other.reward : null;
+    const n = couple(champion, other);
+    return {
+      pair_id: pairId('best_of_n', champion.id, other.id),
+      prompt: champion.messages.slice(0, n),
+      chosen: champion.messages.slice(n),
+      rejected: other.messages.slice(n),
+      chosen_reward: champion.reward,
+      rejected_reward: other.reward,
+      margin: gap ?? v.verdict.margin ?? null,
+      confidence: won ? v.verdict.confidence : 0,
+      source: 'best_of_n',
+      negative_type: null,
+      judge: v.judge,
+      task_id: group.task_id,
+      chosen_session_id: champion.id,
+      rejected_session_id: other.id,
+      split: group.split,
+      metadata: champion.metadata,
+      verdict: v.verdict,
+      verdicts: v.verdicts,
+      judge_stats: v.stats,
+    };
+  });
+  return { judged, duplicates, offRecord };
+}
