@@ -147,7 +147,13 @@ export class ChatEndpoint {
       return { reply: hit, from: 'cache', retries: 0, restore };
     }
     const pending = this.inFlight.get(cacheKey);
-    if (pending) return pending;
+    if (pending) {
+      // The same request is already on its way: share its answer, which costs this caller nothing.
+      const shared = await pending;
+      if (shared.reply === null) return shared;
+      this.counts.cached++;
+      return { ...shared, from: 'cache', retries: 0, restore };
+    }
     const answer = this.limit(() => this.send(body, cacheKey, restore));
     this.inFlight.set(cacheKey, answer);
     try {
