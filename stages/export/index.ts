@@ -8,6 +8,7 @@ import { ParquetTableWriter, type Column, type Compression } from '../../pipelin
 import { defineStage } from '../../pipeline/stage.ts';
 import type { KtoRow, Pair, SftRow, Split, SplitSession } from '../records.ts';
 import { SPLITS, bucketFile, readSplitInfo } from '../split/index.ts';
+import { Redactor, redactionConfig } from '../redact.ts';
 import { datasetCard } from './card.ts';
 import { KTO_COLUMNS, PAIR_COLUMNS, SESSION_COLUMNS, SFT_COLUMNS } from './schema.ts';
 
@@ -19,6 +20,8 @@ const config = z.strictObject({
   /** ...and undesirable at or below this one; those between are left out. */
   kto_undesirable_max: z.number().min(0).max(1).default(0.3),
   row_group_size: z.number().int().min(1).default(1000),
+  /** Mask personal data in every exported text (messages, feedback, metadata), as before a judge's request; off by default. */
+  redaction: redactionConfig.extend({ enabled: z.boolean().default(false) }).prefault({}),
   compression: z.enum(['snappy', 'gzip', 'uncompressed']).default('snappy'),
 });
 type ExportConfig = z.infer<typeof config>;
@@ -33,6 +36,14 @@ export function ktoRow(s: SplitSession, label: boolean): KtoRow | null {
 }
 
 type Writers = Record<Split, ParquetTableWriter<object>>;
+
+function maskSession(s: SplitSession, r: Redactor): SplitSession {
+  return { ...s, messages: r.messages(s.messages), feedback: s.feedback === null ? null : r.text(s.feedback), metadata: r.text(s.metadata) };
+}
+
+function maskPair(p: Pair, r: Redactor): Pair {
+  return { ...p, prompt: r.messages(p.prompt), chosen: r.messages(p.chosen), rejected: r.messages(p.rejected) };
+}
 
 async function openPair(dir: string, columns: Record<string, Column>, cfg: ExportConfig): Promise<Writers> {
   await mkdir(dir, { recursive: true });
@@ -54,6 +65,9 @@ export const exportStage = defineStage({
   async run({ config: cfg, out, input, lineage, log }) {
     const splitDir = input('split');
     const info = await readSplitInfo(splitDir);
+    const r = cfg.redaction;
+    // One Redactor per row: placeholders are consistent within a row and say nothing across rows.
+    const mask = r.enabled ? () => new Redactor({ kinds: r.kinds, keys: r.keys }) : null;
     const w = {
       sessions: await openPair(join(out, 'sessions'), SESSION_COLUMNS, cfg),
       sft: await openPair(join(out, 'sft'), SFT_COLUMNS, cfg),
@@ -64,7 +78,8 @@ export const exportStage = defineStage({
     for (const side of SPLITS) {
       const progress = log.progress(`export ${side} sessions`, info.buckets);
       for (let b = 0; b < info.buckets; b++) {
-        for await (const s of readJsonl<SplitSession>(bucketFile(splitDir, side, b))) {
+        for await (const logged of readJsonl<SplitSession>(bucketFile(splitDir, side, b))) {
+          const s = mask ? maskSession(logged, mask()) : logged;
           await w.sessions[side].append(s);
           if (s.reward >= cfg.sft_min_reward) {
             await w.sft[side].append({ messages: s.messages, session_id: s.session_id, task_id: s.task_id, reward: s.reward } satisfies SftRow);
@@ -79,7 +94,7 @@ export const exportStage = defineStage({
         progress.tick();
       }
       progress.done();
-      for await (const pair of readJsonl<Pair>(join(input('gate'), `${side}.jsonl`))) await w.pairs[side].append(pair);
+      for await (const pair of readJsonl<Pair>(join(input('gate'), `${side}.jsonl`))) await w.pairs[side].append(mask ? maskPair(pair, mask()) : pair);
     }
     const counts: Record<string, number> = {};
     for (const name of DATASETS) {
@@ -108,7 +123,10 @@ export const exportStage = defineStage({
         title: 'preference pairs',
         purpose: "Preference pairs in TRL's conversational explicit-prompt format (`prompt`, `chosen`, `rejected`) for DPOTrainer and friends, with provenance columns.",
         howMade: [
-          'outcome: within a task, successes against failures; `prompt` is the longest common prefix of the two sessions\' messages, `chosen`/`rejected` the rest of each; margin = reward gap; judge `verifier:outcome`.',
+          'outcome: within a task, successes against failures; `prompt` is the longest common prefix of the two sessions\' messages, `chosen`/`rejected` the rest of each; margin = reward gap.',
+          'best_of_n: among a task\'s candidates (logged trials, and sampled ones when the sample stage is on) the judges pick the best; best against each other candidate.',
+          'hard_negative: one assistant turn of a successful session (`chosen`) against a worse version of it (`rejected`, of type `negative_type`: refusal, hallucination, off_topic, format, verbose, under_explained); `prompt` is everything before that turn.',
+          `Every pair was judged (verifier, rules, and an LLM judge when configured; column \`judge\` says which decided) and kept by the gate only when the judges confirm the chosen side; \`confidence\` is theirs.`,
         ],
         columns: PAIR_COLUMNS,
       },
@@ -119,6 +137,7 @@ export const exportStage = defineStage({
         columns: KTO_COLUMNS,
       },
     };
+    if (r.enabled) for (const c of Object.values(cards)) c.howMade.push(`Personal data (${r.kinds.join(', ')}; keys ${r.keys.join(', ')}) masked with per-row placeholders such as [PHONE_1].`);
     for (const name of DATASETS) {
       const c = cards[name];
       const card = datasetCard({ name, ...c, counts: { train: counts[`${name}_train`]!, test: counts[`${name}_test`]! }, configHash, lineage, madeAt });

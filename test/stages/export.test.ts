@@ -1,10 +1,11 @@
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { gunzipSync } from 'node:zlib';
 import { join } from 'node:path';
 import { DuckDBInstance } from '@duckdb/node-api';
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { Pair } from '../../stages/records.ts';
 import { prefab, REPO } from '../fixtures/cli.ts';
-import { collect, tempDir } from '../fixtures/pipeline.ts';
+import { collect, engineFor, tempDir } from '../fixtures/pipeline.ts';
 
 let workdir: string;
 const query = async (sql: string) => {
@@ -73,7 +74,30 @@ describe('export', () => {
     expect(card).toContain(`| train | ${counts.pairs_train} |`);
     expect(card).toContain('| `chosen` | `list<struct<role: string, content: string?');
     expect(card).toMatch(/Config hash \(every stage that led here\): `[0-9a-f]{64}`/);
-    expect(card).toMatch(/\| ingest \|.*\| split \|.*\| pairs \|/s);
+    expect(card).toMatch(/\| ingest \|.*\| split \|.*\| pairs \|.*\| judge \|.*\| gate \|/s);
     for (const d of ['sessions', 'sft', 'kto']) expect(existsSync(join(workdir, 'export', d, 'README.md'))).toBe(true);
+  });
+
+  it('masks personal data in every exported dataset when export.redaction is on, and only then', async () => {
+    const dir = tempDir();
+    const lines = readFileSync(join(REPO, 'data', 'sample', 'sessions.jsonl.gz'));
+    writeFileSync(join(dir, 'sessions.jsonl'), gunzipSync(lines).toString('utf8').split('\n').slice(0, 40).join('\n') + '\n');
+    const base = 'ingest:\n  inputs: [sessions.jsonl]\nsplit:\n  test_ratio: 0\n';
+    const leaks = async (workspace: string) => {
+      let n = 0;
+      const texts = { sessions: 'struct_pack(messages, feedback, metadata)', sft: 'messages', pairs: 'struct_pack(prompt, chosen, rejected)', kto: 'struct_pack(prompt, completion)' };
+      for (const [d, columns] of Object.entries(texts)) {
+        const [row] = await query(`SELECT count(*)::INTEGER AS n FROM '${join(workspace, 'export', d, 'train.parquet')}' t WHERE regexp_matches(to_json(${columns})::VARCHAR, '@example\\.com|\\d{4}-\\d{2}-\\d{2}|\\d{4}-\\d{4}-\\d{3}')`);
+        n += row!.n as number;
+      }
+      return n;
+    };
+    await engineFor(dir, base).run({});
+    expect(await leaks(join(dir, 'workspace'))).toBeGreaterThan(0);
+    await engineFor(dir, base + 'export:\n  redaction: { enabled: true }\n').run({});
+    expect(await leaks(join(dir, 'workspace'))).toBe(0);
+    const [masked] = await query(`SELECT count(*)::INTEGER AS n FROM '${join(dir, 'workspace', 'export', 'sessions', 'train.parquet')}' t WHERE to_json(t)::VARCHAR LIKE '%[EMAIL_1]%'`);
+    expect(masked!.n).toBeGreaterThan(0);
+    expect(readFileSync(join(dir, 'workspace', 'export', 'pairs', 'README.md'), 'utf8')).toMatch(/Personal data .* masked/);
   });
 });
