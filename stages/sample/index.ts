@@ -128,12 +128,14 @@ async function drawCandidate(endpoint: ChatEndpoint, worlds: WorldCache, taskId:
     task_match: first.task_match,
   };
   const sampled = { model: endpoint.model, index, temperature: cfg.temperature };
+  // The task's metadata, without what describes the logged session itself rather than the task.
+  const { trial: _t, _message_extras: _x, success: _s, turns: _n, ...taskMetadata } = JSON.parse(first.metadata) as Record<string, unknown>;
   if (!('reason' in found)) {
     const episode = await runEpisode(found.world, found.task, new EndpointPolicy(endpoint, { ...options, tools: TOOLS }));
-    const metadata = { ...(JSON.parse(first.metadata) as object), success: episode.success, turns: episode.turns, sampled };
+    const metadata = { ...taskMetadata, success: episode.success, turns: episode.turns, sampled };
     return { ...base, messages: episode.messages, reward: Math.round(episode.reward * 1e6) / 1e6, feedback: episode.state.feedback.join('\n') || null, metadata: JSON.stringify(metadata) };
   }
   const prompt = groupPrompt(sessions);
   const reply = await sampleMessage(endpoint, prompt, options);
-  return { ...base, messages: [...prompt, reply], reward: null, metadata: JSON.stringify({ ...(JSON.parse(first.metadata) as object), sampled }) };
+  return { ...base, messages: [...prompt, reply], reward: null, metadata: JSON.stringify({ ...taskMetadata, sampled }) };
 }
