@@ -1,17 +1,23 @@
 // pairs: preference pairs from the split sessions, one bucket of tasks in memory at a time: outcome pairs
 // (successes against failures) and hard negatives (a successful session's turn against a worse version of it).
+// Hard negatives come from deterministic transforms and, when configured, from an LLM rewriter.
 // Best-of-N pairs need the judges to pick the best, so the judge stage builds them.
+import { existsSync } from 'node:fs';
 import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
+import { ChatEndpoint } from '../../judges/endpoint.ts';
+import { PipelineError } from '../../pipeline/errors.ts';
 import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import { mustDeclineTest } from '../../judges/rules.ts';
 import { readJsonFile } from '../../pipeline/workspace.ts';
 import { NEGATIVE_TYPES, type CandidatePair, type NegativeType, type Pair, type SplitSession } from '../records.ts';
+import { redactorFactory } from '../redact.ts';
 import { SPLITS, bucketFile, readSplitInfo } from '../split/index.ts';
 import { buildHardNegatives, isRefusal } from './hard-negatives.ts';
 import { buildOutcomePairs } from './outcome.ts';
+import { REWRITE_TYPES, Rewriter, activeTypes, loadRewritePrompt, planRewrites, rewritePromptPath, rewriterConfig, type RewriteJob, type RewriteOutcome } from './rewriter.ts';
 
 const ratio = z.number().min(0).max(1);
 
@@ -37,6 +43,8 @@ const config = z.strictObject({
         .strictObject(Object.fromEntries(NEGATIVE_TYPES.map((t) => [t, ratio.optional()])) as Record<NegativeType, z.ZodOptional<typeof ratio>>)
         .default({ refusal: 0.25, hallucination: 0.25, off_topic: 0.15, format: 0.25, verbose: 0.15, under_explained: 0.15 }),
       salt: z.string().default('prefab'),
+      /** More negatives of the text types, written by a model behind an OpenAI-compatible endpoint (off by default). */
+      rewriter: rewriterConfig.prefault({}),
     })
     .prefault({}),
   /**
@@ -63,9 +71,21 @@ export interface PairsInfo {
   must_decline: string[];
 }
 
+type PairsConfig = z.infer<typeof config>;
+
+const rewriting = (cfg: PairsConfig) => cfg.hard_negatives.enabled && cfg.hard_negatives.rewriter.enabled;
+
 export const readPairsInfo = (dir: string) => readJsonFile<PairsInfo>(join(dir, 'info.json'));
 
 const withMetadata = (pair: Pair, session: SplitSession): CandidatePair => ({ ...pair, metadata: session.metadata });
+
+/** A rewrite not made, for dropped.jsonl: where the transforms write `<session>~<type>`, the rewriter writes `<session>~<type>~llm`. */
+const rewriteDrop = (s: SplitSession, type: NegativeType, reason: string) => ({
+  task_id: s.task_id,
+  chosen_session_id: s.session_id,
+  rejected_session_id: `${s.session_id}~${type}~llm`,
+  reason: `hard negative ${type} (llm rewrite): ${reason}`,
+});
 
 /** Sessions of one bucket file grouped by task, tasks in a stable order. */
 export async function readTaskGroups(path: string): Promise<[string, SplitSession[]][]> {
@@ -80,73 +100,137 @@ export async function readTaskGroups(path: string): Promise<[string, SplitSessio
 
 export const pairs = defineStage({
   name: 'pairs',
-  description: 'build preference pairs: successes against failures of a task (outcome), and hard negatives of six types',
+  description: 'build preference pairs: successes against failures of a task (outcome), and hard negatives of six types (by transforms; optionally by an LLM rewriter)',
   version: 2,
   inputs: ['split'],
   outputs: ['train.jsonl', 'test.jsonl', 'dropped.jsonl', 'info.json'],
   config,
 
-  async run({ config: cfg, out, input, log }) {
+  async external(cfg, configDir) {
+    if (!rewriting(cfg)) return [];
+    const path = rewritePromptPath(cfg.hard_negatives.rewriter, configDir);
+    if (!existsSync(path)) throw new PipelineError(`pairs.hard_negatives.rewriter.prompt: no file ${path}`);
+    return [path];
+  },
+
+  async run({ config: cfg, configDir, out, input, cache, log }) {
     const splitDir = input('split');
     const info = await readSplitInfo(splitDir);
     await mkdir(out, { recursive: true });
     const dropped = new JsonlWriter(join(out, 'dropped.jsonl'));
     const counts: Record<string, number> = { train: 0, test: 0, outcome: 0, hard_negative: 0, tasks: 0, tasks_with_pairs: 0, tasks_without_success: 0, tasks_without_failure: 0, dropped: 0 };
     for (const t of NEGATIVE_TYPES) counts[`hard_negative_${t}`] = 0;
+    // hard_negative counts both kinds; hard_negative_<type> the transforms', hard_negative_llm_<type> the rewriter's.
+    Object.assign(counts, { hard_negative_llm: 0, rewrite_skipped: 0, rewrite_failed: 0, rewrite_over_budget: 0, rewrite_must_decline: 0, requests: 0, cached: 0, retries: 0 });
+    for (const t of REWRITE_TYPES) counts[`hard_negative_llm_${t}`] = 0;
     const o = cfg.outcome;
     const h = cfg.hard_negatives;
+    const r = h.rewriter;
     const declines = mustDeclineTest(cfg.must_decline);
     const negativeOptions = { ratios: h.ratios, salt: h.salt, mustDecline: (s: SplitSession) => declines({ metadata: s.metadata, prompt: s.messages }) };
-    for (const side of SPLITS) {
-      const writer = new JsonlWriter(join(out, `${side}.jsonl`));
-      const progress = log.progress(`pairs ${side}`, info.buckets);
-      for (let b = 0; b < info.buckets; b++) {
-        for (const [, sessions] of await readTaskGroups(bucketFile(splitDir, side, b))) {
-          counts.tasks!++;
-          let made = 0;
-          if (o.enabled) {
-            if (!sessions.some((s) => s.reward >= o.success_min)) counts.tasks_without_success!++;
-            if (!sessions.some((s) => s.reward <= o.failure_max)) counts.tasks_without_failure!++;
-            const built = buildOutcomePairs(sessions, { successMin: o.success_min, failureMax: o.failure_max, maxPairsPerTask: o.max_pairs_per_task });
-            const byId = new Map(sessions.map((s) => [s.session_id, s]));
-            for (const pair of built.pairs) await writer.write(withMetadata(pair, byId.get(pair.chosen_session_id)!));
-            for (const d of built.dropped) await dropped.write(d);
-            made += built.pairs.length;
-            counts.outcome! += built.pairs.length;
-            counts.dropped! += built.dropped.length;
-          }
-          if (h.enabled) {
-            for (const s of sessions.filter((x) => x.reward >= h.from_min_reward)) {
-              // A request that must be declined: the only contrast worth teaching is refusal over compliance,
-              // and only a session that complied has a compliance to put on the rejected side.
-              const declining = negativeOptions.mustDecline(s);
-              if (declining && isRefusal(s.messages.find((m) => m.role === 'assistant')?.content ?? null)) continue;
-              const built = buildHardNegatives(s, declining ? { ...negativeOptions, ratios: { refusal: h.ratios.refusal } } : negativeOptions);
-              for (const pair of built.pairs) {
-                await writer.write(withMetadata(pair, s));
-                counts[`hard_negative_${pair.negative_type}`]!++;
-              }
-              for (const skip of built.skipped) await dropped.write({ task_id: s.task_id, chosen_session_id: s.session_id, rejected_session_id: `${s.session_id}~${skip.type}`, reason: `hard negative ${skip.type}: ${skip.reason}` });
-              made += built.pairs.length;
-              counts.hard_negative! += built.pairs.length;
-              counts.dropped! += built.skipped.length;
-            }
-          }
-          if (made > 0) counts.tasks_with_pairs!++;
-          counts[side]! += made;
-        }
-        progress.tick();
-      }
-      progress.done();
-      await writer.close();
+    let endpoint: ChatEndpoint | null = null;
+    let rewriter: Rewriter | null = null;
+    if (rewriting(cfg)) {
+      const prompt = loadRewritePrompt(rewritePromptPath(r, configDir), activeTypes(r.ratios));
+      endpoint = await ChatEndpoint.open(
+        { config: r.endpoint, cachePath: join(cache, 'rewrites.jsonl'), redaction: redactorFactory(r.redaction), log },
+        'pairs.hard_negatives.rewriter.endpoint',
+        'PREFAB_REWRITE_MODEL',
+      );
+      rewriter = new Rewriter(endpoint, prompt, { temperature: r.temperature, maxTokens: r.max_tokens });
     }
+    try {
+      for (const side of SPLITS) {
+        const writer = new JsonlWriter(join(out, `${side}.jsonl`));
+        const progress = log.progress(`pairs ${side}`, info.buckets);
+        for (let b = 0; b < info.buckets; b++) {
+          // Rewrites of the whole bucket are asked for at once (the endpoint bounds what is in flight) and
+          // written after the bucket's other pairs, in a fixed order.
+          const rewrites: Promise<{ job: RewriteJob; outcome: RewriteOutcome }>[] = [];
+          const madeByTask = new Map<string, number>();
+          for (const [taskId, sessions] of await readTaskGroups(bucketFile(splitDir, side, b))) {
+            counts.tasks!++;
+            let made = 0;
+            if (o.enabled) {
+              if (!sessions.some((s) => s.reward >= o.success_min)) counts.tasks_without_success!++;
+              if (!sessions.some((s) => s.reward <= o.failure_max)) counts.tasks_without_failure!++;
+              const built = buildOutcomePairs(sessions, { successMin: o.success_min, failureMax: o.failure_max, maxPairsPerTask: o.max_pairs_per_task });
+              const byId = new Map(sessions.map((s) => [s.session_id, s]));
+              for (const pair of built.pairs) await writer.write(withMetadata(pair, byId.get(pair.chosen_session_id)!));
+              for (const d of built.dropped) await dropped.write(d);
+              made += built.pairs.length;
+              counts.outcome! += built.pairs.length;
+              counts.dropped! += built.dropped.length;
+            }
+            if (h.enabled) {
+              for (const s of sessions.filter((x) => x.reward >= h.from_min_reward)) {
+                const declining = negativeOptions.mustDecline(s);
+                // The rewriter writes worse replies, so a must-decline session is left to the transforms: its
+                // chosen side would have to be a written refusal, which no logged session vouches for.
+                if (rewriter && declining) counts.rewrite_must_decline!++;
+                else if (rewriter) {
+                  const plan = planRewrites(s, { ratios: r.ratios, salt: h.salt });
+                  for (const job of plan.jobs) rewrites.push(rewriter.rewrite(job).then((outcome) => ({ job, outcome })));
+                  for (const skip of plan.skipped) await dropped.write(rewriteDrop(s, skip.type, skip.reason));
+                  counts.rewrite_skipped! += plan.skipped.length;
+                  counts.dropped! += plan.skipped.length;
+                }
+                // A request that must be declined: the only contrast worth teaching is refusal over compliance,
+                // and only a session that complied has a compliance to put on the rejected side.
+                if (declining && isRefusal(s.messages.find((m) => m.role === 'assistant')?.content ?? null)) continue;
+                const built = buildHardNegatives(s, declining ? { ...negativeOptions, ratios: { refusal: h.ratios.refusal } } : negativeOptions);
+                for (const pair of built.pairs) {
+                  await writer.write(withMetadata(pair, s));
+                  counts[`hard_negative_${pair.negative_type}`]!++;
+                }
+                for (const skip of built.skipped) await dropped.write({ task_id: s.task_id, chosen_session_id: s.session_id, rejected_session_id: `${s.session_id}~${skip.type}`, reason: `hard negative ${skip.type}: ${skip.reason}` });
+                made += built.pairs.length;
+                counts.hard_negative! += built.pairs.length;
+                counts.dropped! += built.skipped.length;
+              }
+            }
+            madeByTask.set(taskId, made);
+          }
+          for (const { job, outcome } of await Promise.all(rewrites)) {
+            const s = job.session;
+            if ('pair' in outcome) {
+              await writer.write(withMetadata(outcome.pair, s));
+              madeByTask.set(s.task_id!, madeByTask.get(s.task_id!)! + 1);
+              counts.hard_negative!++;
+              counts.hard_negative_llm!++;
+              counts[`hard_negative_llm_${job.type}`]!++;
+              continue;
+            }
+            if (outcome.cause === 'failed') log.warn('rewrite failed', { session_id: s.session_id, type: job.type, error: outcome.skip });
+            counts[outcome.cause === 'unusable' ? 'rewrite_skipped' : `rewrite_${outcome.cause}`]!++;
+            await dropped.write(rewriteDrop(s, job.type, outcome.skip));
+            counts.dropped!++;
+          }
+          for (const made of madeByTask.values()) {
+            if (made > 0) counts.tasks_with_pairs!++;
+            counts[side]! += made;
+          }
+          progress.tick();
+        }
+        progress.done();
+        await writer.close();
+      }
+    } finally {
+      await endpoint?.close();
+    }
+    if (endpoint) Object.assign(counts, { requests: endpoint.counts.requests, cached: endpoint.counts.cached, retries: endpoint.counts.retries });
+    if (counts.rewrite_failed! > 0) log.warn('some rewrites failed', { failed: counts.rewrite_failed, hint: 'rerun `prefab stage pairs`: rewrites already received are cached' });
     await dropped.close();
     await writeFile(join(out, 'info.json'), JSON.stringify({ must_decline: cfg.must_decline } satisfies PairsInfo, null, 2) + '\n');
     return {
       counts,
       summary:
         `${counts.train} train / ${counts.test} test pairs (${counts.outcome} outcome, ${counts.hard_negative} hard negatives) from ${counts.tasks_with_pairs} of ${counts.tasks} tasks ` +
-        `(${counts.tasks_without_success} without a success, ${counts.tasks_without_failure} without a failure, ${counts.dropped} pairs dropped)`,
+        `(${counts.tasks_without_success} without a success, ${counts.tasks_without_failure} without a failure, ${counts.dropped} pairs dropped)` +
+        (endpoint
+          ? `; ${counts.hard_negative_llm} hard negatives rewritten by ${endpoint.model} (${counts.requests} requests, ${counts.cached} from cache, ` +
+            `${counts.rewrite_skipped} skipped, ${counts.rewrite_failed} failed, ${counts.rewrite_over_budget} over budget)`
+          : ''),
     };
   },
 });
