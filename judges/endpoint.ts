@@ -99,6 +99,8 @@ export class ChatEndpoint {
   private readonly limit: ReturnType<typeof pLimit>;
   private readonly inFlight = new Map<string, Promise<Answer>>();
   private consecutiveFailures = 0;
+  /** Set when the endpoint failed for good: every request still waiting fails with it at once. */
+  private fatal: PipelineError | null = null;
 
   private constructor(
     private readonly client: OpenAI,
@@ -117,7 +119,7 @@ export class ChatEndpoint {
     const model = env[modelEnv] || config.model;
     if (!model) throw new PipelineError(`${what}: no model name; set \`model\` in the config or the ${modelEnv} environment variable`);
     const apiKey = env[config.api_key_env];
-    const baseURL = config.base_url ?? env.OPENAI_BASE_URL ?? 'https://api.openai.com/v1';
+    const baseURL = config.base_url || env.OPENAI_BASE_URL || 'https://api.openai.com/v1';
     if (!apiKey && /api\.openai\.com/.test(baseURL)) {
       throw new PipelineError(`${what}: no API key; set the ${config.api_key_env} environment variable (or point base_url / OPENAI_BASE_URL at a server that needs none)`);
     }
@@ -141,6 +143,7 @@ export class ChatEndpoint {
     const cacheKey = hashJson({ purpose: key.purpose, version: key.version, index: key.index, body });
     const restore = redaction ? (text: string) => redaction.restore(text) : (text: string) => text;
 
+    if (this.fatal) throw this.fatal;
     const hit = this.cache.get(cacheKey);
     if (hit) {
       this.counts.cached++;
@@ -174,6 +177,7 @@ export class ChatEndpoint {
     try {
       const reply = await withRetry(
         async () => {
+          if (this.fatal) throw this.fatal;
           if (overBudget()) throw new BudgetSpent();
           this.counts.requests++;
           const response = await this.client.chat.completions.create({ ...(body as object), stream: false } as OpenAI.ChatCompletionCreateParamsNonStreaming);
@@ -195,12 +199,13 @@ export class ChatEndpoint {
         this.counts.over_budget++;
         return { reply: null, over_budget: true };
       }
+      if (error === this.fatal) throw error;
       if (error instanceof OpenAI.APIError && error.status !== undefined && NOT_RETRIED.has(error.status)) {
-        throw new PipelineError(`${this.baseURL} answered ${error.status} for model ${this.model}: ${error.message}${hint(error.status, config)}`);
+        throw (this.fatal = new PipelineError(`${this.baseURL} answered ${error.status} for model ${this.model}: ${error.message}${hint(error.status, config)}`));
       }
       this.counts.failures++;
       if (++this.consecutiveFailures >= config.max_consecutive_failures) {
-        throw new PipelineError(`${this.baseURL} failed ${this.consecutiveFailures} requests in a row, each after ${config.attempts} tries; last: ${errorMessage(error)}`);
+        throw (this.fatal = new PipelineError(`${this.baseURL} failed ${this.consecutiveFailures} requests in a row, each after ${config.attempts} tries; last: ${errorMessage(error)}`));
       }
       throw new RequestFailed(`request to ${this.baseURL} failed after ${config.attempts} tries: ${errorMessage(error)}`);
     }

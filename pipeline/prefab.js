@@ -5,4 +5,7 @@ import { register } from 'tsx/esm/api';
 register();
 const { main } = await import('./cli.ts');
 const { STAGES, COMMANDS } = await import('../stages/index.ts');
-process.exitCode = await main(process.argv, STAGES, COMMANDS);
+const code = await main(process.argv, STAGES, COMMANDS);
+// Exit now rather than when the event loop drains: a stage that failed may leave retries of other requests
+// waiting on timers. Standard output is flushed first.
+process.stdout.write('', () => process.exit(code));
