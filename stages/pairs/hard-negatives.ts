@@ -311,12 +311,16 @@ function presentRequired(call: ToolCall): string[] {
 
 // ---- shared pieces ---------------------------------------------------------------------------------------
 
-function hardNegativePair(session: SplitSession, type: NegativeType, rewrite: { at: number; message: Message }, flipped: boolean): Pair {
+/**
+ * The turn-level pair of one session's turn at `rewrite.at` and its rewrite. `variant` tells rewrites of one
+ * type apart by how they were made (`llm` for the rewriter): it goes into the rewritten side's id and the pair id.
+ */
+export function hardNegativePair(session: SplitSession, type: NegativeType, rewrite: { at: number; message: Message }, flipped: boolean, variant = ''): Pair {
   const original = { message: session.messages[rewrite.at]!, id: session.session_id, reward: session.reward };
-  const transformed = { message: rewrite.message, id: `${session.session_id}~${type}`, reward: null };
+  const transformed = { message: rewrite.message, id: `${session.session_id}~${type}${variant ? `~${variant}` : ''}`, reward: null };
   const [chosen, rejected] = flipped ? [transformed, original] : [original, transformed];
   return {
-    pair_id: pairId('hard_negative', chosen.id, rejected.id, type),
+    pair_id: pairId('hard_negative', chosen.id, rejected.id, variant ? `${type}:${variant}` : type),
     prompt: session.messages.slice(0, rewrite.at),
     chosen: [chosen.message],
     rejected: [rejected.message],

@@ -21,8 +21,7 @@ import { sha256, unitHash } from '../../pipeline/hash.ts';
 import { pick, seeded } from '../environment/random.ts';
 import type { Message, NegativeType, Pair, SplitSession } from '../records.ts';
 import { redactionConfig } from '../redact.ts';
-import type { SkippedNegative } from './hard-negatives.ts';
-import { pairId } from './outcome.ts';
+import { hardNegativePair, type SkippedNegative } from './hard-negatives.ts';
 
 export const REWRITE_TYPES = ['refusal', 'off_topic', 'verbose', 'under_explained'] as const satisfies readonly NegativeType[];
 export type RewriteType = (typeof REWRITE_TYPES)[number];
@@ -169,25 +168,7 @@ export function rewrittenTurn(original: Message, type: RewriteType, text: string
 }
 
 export function rewritePair(job: RewriteJob, turn: Message): Pair {
-  const { session, type, at } = job;
-  const rejectedId = `${session.session_id}~${type}~llm`;
-  return {
-    pair_id: pairId('hard_negative', session.session_id, rejectedId, `${type}:llm`),
-    prompt: session.messages.slice(0, at),
-    chosen: [session.messages[at]!],
-    rejected: [turn],
-    chosen_reward: session.reward,
-    rejected_reward: null,
-    margin: null,
-    confidence: 0,
-    source: 'hard_negative',
-    negative_type: type,
-    judge: '',
-    task_id: session.task_id,
-    chosen_session_id: session.session_id,
-    rejected_session_id: rejectedId,
-    split: session.split,
-  };
+  return hardNegativePair(job.session, job.type, { at: job.at, message: turn }, false, 'llm');
 }
 
 // ---- the requests -----------------------------------------------------------------------------------------
