@@ -110,8 +110,12 @@ export class Engine {
     return `${this.appVersion}/${stage.name}@${stage.version}`;
   }
 
+  /** The stage's config section, and the environment variables it takes settings from (hashed, never stored). */
   private configHash(stage: Stage): string {
-    return hashJson(this.config[stage.name] ?? {});
+    const section = this.config[stage.name] ?? {};
+    const names = stage.environment?.(section) ?? [];
+    if (names.length === 0) return hashJson(section);
+    return hashJson({ section, environment: Object.fromEntries(names.map((n) => [n, process.env[n] ?? null])) });
   }
 
   private async externalFiles(stage: Stage): Promise<ExternalFile[]> {
@@ -135,7 +139,7 @@ export class Engine {
     const reasons: string[] = [];
     if (manifest.invalidated_by) reasons.push(`upstream ${manifest.invalidated_by.stage} was rerun by \`prefab stage\` at ${manifest.invalidated_by.at}`);
     if (manifest.code_version !== this.codeVersion(stage)) reasons.push(`code changed (${manifest.code_version} → ${this.codeVersion(stage)})`);
-    if (manifest.config_hash !== this.configHash(stage)) reasons.push(`config section '${stage.name}' changed`);
+    if (manifest.config_hash !== this.configHash(stage)) reasons.push(`config section '${stage.name}'${stage.environment ? ' (or an environment variable it reads)' : ''} changed`);
     for (const input of stage.inputs) {
       const upstream = await this.manifest(input);
       if (!upstream) reasons.push(`upstream ${input} has no output`);

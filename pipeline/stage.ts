@@ -59,6 +59,11 @@ export interface Stage<S extends z.ZodType = z.ZodType> {
   config: S;
   /** External input files (resolved, existing), if the stage reads any. */
   external?(config: z.infer<S>, configDir: string): Promise<string[]>;
+  /**
+   * Environment variables that are settings of the stage with this config (a model name, a base URL; never
+   * a secret): their values are part of its fingerprint, so changing one makes the stage stale.
+   */
+  environment?(config: z.infer<S>): string[];
   run(ctx: StageContext<z.infer<S>>): Promise<StageReport>;
 }
 

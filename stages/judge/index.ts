@@ -100,6 +100,8 @@ export const judge = defineStage({
   outputs: ['train.jsonl', 'test.jsonl', 'report.json'],
   config,
 
+  environment: (cfg) => (cfg.llm.enabled ? ['PREFAB_JUDGE_MODEL', 'OPENAI_BASE_URL'] : []),
+
   async external(cfg, configDir) {
     if (!cfg.llm.enabled) return [];
     const path = promptPath(cfg, configDir);

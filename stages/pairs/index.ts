@@ -105,6 +105,7 @@ export const pairs = defineStage({
   inputs: ['split'],
   outputs: ['train.jsonl', 'test.jsonl', 'dropped.jsonl', 'info.json'],
   config,
+  environment: (cfg) => (rewriting(cfg) ? ['PREFAB_REWRITE_MODEL', 'OPENAI_BASE_URL'] : []),
 
   async external(cfg, configDir) {
     if (!rewriting(cfg)) return [];

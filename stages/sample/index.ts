@@ -50,6 +50,7 @@ export const sample = defineStage({
   inputs: ['split'],
   outputs: ['sessions', 'info.json'],
   config,
+  environment: (cfg) => (cfg.enabled ? ['PREFAB_SAMPLE_MODEL', 'OPENAI_BASE_URL'] : []),
 
   async run({ config: cfg, out, input, cache, log }) {
     const splitDir = input('split');

@@ -113,6 +113,26 @@ describe('judge and gate stages', () => {
     expect(manifest(dir, 'judge').counts).toMatchObject({ requests: 0, cached: asked.requests! + asked.cached! });
   });
 
+  it('makes the judge stage stale when the judge model named in the environment changes', async () => {
+    server = await startChatServer(() => ({ json: completion('A', { top: [['A', 0.9], ['B', 0.1]] }) }));
+    const judge = ['verifier: { enabled: false }', 'rules: { enabled: false }', 'llm:', '  enabled: true', `  endpoint: { base_url: "${server.url}" }`].join('\n');
+    const { engine } = pipeline(judge);
+    try {
+      process.env.PREFAB_JUDGE_MODEL = 'judge-one';
+      await engine().run({});
+      expect((await engine().status()).find((a) => a.stage === 'judge')!.reasons).toEqual([]);
+      process.env.PREFAB_JUDGE_MODEL = 'judge-two';
+      const stale = (await engine().status()).find((a) => a.stage === 'judge')!;
+      expect(stale.reasons.join(' ')).toMatch(/config section 'judge' \(or an environment variable it reads\) changed/);
+      const before = server.requests.length;
+      await engine().run({});
+      expect(server.requests.length).toBeGreaterThan(before);
+      expect(server.requests.at(-1)!.body.model).toBe('judge-two');
+    } finally {
+      delete process.env.PREFAB_JUDGE_MODEL;
+    }
+  });
+
   it('asks the LLM only where the verifier is not decisive, and never sends personal data', async () => {
     // A judge that knows a refusal or an off-topic reply is worse, and otherwise prefers the longer reply.
     const script: Script = (req) => {
