@@ -128,10 +128,6 @@ export class ChatEndpoint {
     return new ChatEndpoint(client, model, baseURL, options, cache);
   }
 
-  get cachedAnswers(): number {
-    return this.cache.size;
-  }
-
   /**
    * The answer to `request`. The cache key is (purpose, version, model, index, the request as sent), so a
    * changed prompt, input, order or sample index asks again, and nothing else does.

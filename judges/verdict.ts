@@ -42,10 +42,6 @@ export function swapped(v: Verdict): Verdict {
   return { ...v, winner: v.winner === 'a' ? 'b' : v.winner === 'b' ? 'a' : v.winner };
 }
 
-export function swapComparison(c: Comparison): Comparison {
-  return { ...c, a: c.b, b: c.a };
-}
-
 export function addStats(x: JudgeStats, y: JudgeStats): JudgeStats {
   return {
     requests: x.requests + y.requests,

@@ -41,7 +41,8 @@ const KEY_KINDS: Readonly<Record<string, PiiKind>> = {
 /** Keys whose date values are dates of birth, even when they are not among the masked keys. */
 const DOB_KEYS: ReadonlySet<string> = new Set(['date_of_birth', 'dob', 'birth_date', 'birthdate']);
 
-const PLACEHOLDERS = /\[[A-Z][A-Z0-9_]*_\d+\]/g;
+/** A placeholder as a Redactor writes it ([PHONE_1]). */
+export const PLACEHOLDERS = /\[[A-Z][A-Z0-9_]*_\d+\]/g;
 const PLACEHOLDER = new RegExp(`^${PLACEHOLDERS.source}$`);
 
 // ---- what a date looks like (only ever masked in a date-of-birth context) ----

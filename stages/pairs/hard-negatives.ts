@@ -82,8 +82,9 @@ const VERBOSE_FILLERS = [
 
 const TERSE = ['Done.', 'All set.', 'Finished.', "That's taken care of.", 'Handled.', 'Sorted.'];
 
-const VERBOSE_MIN_TEXT = 20;
-const UNDER_EXPLAINED_MIN_TEXT = 40;
+/** The least text a closing turn has to be padded (verbose) or cut short (under_explained); the rewriter uses them too. */
+export const VERBOSE_MIN_TEXT = 20;
+export const UNDER_EXPLAINED_MIN_TEXT = 40;
 /** Re-draws of a hallucinated value before giving up on a session (each draw collides only by chance). */
 const HALLUCINATION_DRAWS = 32;
 

@@ -20,8 +20,8 @@ import { PipelineError } from '../../pipeline/errors.ts';
 import { sha256, unitHash } from '../../pipeline/hash.ts';
 import { pick, seeded } from '../environment/random.ts';
 import type { Message, NegativeType, Pair, SplitSession } from '../records.ts';
-import { redactionConfig } from '../redact.ts';
-import { hardNegativePair, type SkippedNegative } from './hard-negatives.ts';
+import { PLACEHOLDERS, redactionConfig } from '../redact.ts';
+import { UNDER_EXPLAINED_MIN_TEXT, VERBOSE_MIN_TEXT, hardNegativePair, type SkippedNegative } from './hard-negatives.ts';
 
 export const REWRITE_TYPES = ['refusal', 'off_topic', 'verbose', 'under_explained'] as const satisfies readonly NegativeType[];
 export type RewriteType = (typeof REWRITE_TYPES)[number];
@@ -97,8 +97,8 @@ export interface RewriteJob {
   at: number;
 }
 
-// The transforms' thresholds (hard-negatives.ts), so both kinds of negative start from the same turns.
-const MIN_TEXT: Record<RewriteType, number> = { refusal: 0, off_topic: 0, verbose: 20, under_explained: 40 };
+// The transforms' thresholds, so both kinds of negative start from the same turns.
+const MIN_TEXT: Record<RewriteType, number> = { refusal: 0, off_topic: 0, verbose: VERBOSE_MIN_TEXT, under_explained: UNDER_EXPLAINED_MIN_TEXT };
 
 /**
  * The rewrites of one session: per type, the session is selected when its stable hash falls under that
@@ -130,8 +130,6 @@ function targetTurn(session: SplitSession, type: RewriteType, salt: string): num
 
 // ---- the reply, and the pair ------------------------------------------------------------------------------
 
-/** A placeholder as the redactor writes them ([PHONE_1]); one left after restoring was never issued. */
-const PLACEHOLDER = /\[[A-Z][A-Z0-9_]*_\d+\]/g;
 
 const squash = (text: string) => text.replace(/\s+/g, ' ').trim();
 const clip = (text: string) => (text.length > 80 ? `${text.slice(0, 80)}…` : text);
@@ -150,7 +148,8 @@ export function readRewrite(content: string | null, job: RewriteJob, restore: (t
   const original = job.session.messages[job.at]!;
   if (squash(text) === squash(original.content ?? '')) return { skip: 'the rewrite is identical to the original' };
   const conversation = JSON.stringify(job.session.messages.slice(0, job.at + 1));
-  const invented = (text.match(PLACEHOLDER) ?? []).find((p) => !conversation.includes(p));
+  // A placeholder left after restoring was never issued: the model made it up.
+  const invented = (text.match(PLACEHOLDERS) ?? []).find((p) => !conversation.includes(p));
   if (invented) return { skip: `the rewrite holds ${invented}, a placeholder that stands for nothing in the conversation` };
   return { text };
 }
