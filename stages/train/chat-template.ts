@@ -1,0 +1,85 @@
+// The chat template: messages (tool calls included) → token ids, with the mask of tokens the model is trained
+// on (the assistant's), and back from generated ids to an assistant message.
+//
+//   <|system|>…<|end|><|user|>…<|end|><|assistant|>text<|call|>name {"arg":…}<|end|><|tool|>result<|end|>
+//
+// The assistant's content, its calls and its closing <|end|> are trained on; its header is not, since it is
+// the cue the prompt ends with at generation time. Tool-call ids are not rendered: they are bookkeeping, and
+// a generated message gets fresh ones.
+import type { Message } from '../records.ts';
+import type { SpecialToken, TextTokenizer } from './tokenizer.ts';
+
+const HEADER: Record<Message['role'], SpecialToken> = { system: '<|system|>', user: '<|user|>', assistant: '<|assistant|>', tool: '<|tool|>' };
+
+/** A piece of a rendered conversation: a special token or text, and whether it is trained on. */
+type Piece = { special: SpecialToken; train: boolean } | { text: string; train: boolean };
+
+function pieces(messages: Message[], openAssistant: boolean): Piece[] {
+  const out: Piece[] = [];
+  for (const m of messages) {
+    const train = m.role === 'assistant';
+    out.push({ special: HEADER[m.role], train: false });
+    if (m.content) out.push({ text: m.content, train });
+    for (const call of m.tool_calls ?? []) out.push({ special: '<|call|>', train }, { text: `${call.function.name} ${call.function.arguments}`, train });
+    out.push({ special: '<|end|>', train });
+  }
+  if (openAssistant) out.push({ special: '<|assistant|>', train: false });
+  return out;
+}
+
+/** The rendered text, special tokens spelt out: what the ids decode to. */
+export function renderText(messages: Message[], openAssistant = false): string {
+  return pieces(messages, openAssistant)
+    .map((p) => ('special' in p ? p.special : p.text))
+    .join('');
+}
+
+export interface Encoded {
+  ids: number[];
+  /** 1 where the token is the assistant's (trained on), else 0. */
+  mask: number[];
+}
+
+/** Encodes conversations; `openAssistant` ends each with an assistant header, as a generation prompt. */
+export async function encodeConversations(tokenizer: TextTokenizer, conversations: Message[][], openAssistant = false): Promise<Encoded[]> {
+  const all = conversations.map((c) => pieces(c, openAssistant));
+  const texts = all.flatMap((ps) => ps.flatMap((p) => ('text' in p ? [p.text] : [])));
+  const encoded = await tokenizer.encodeBatch(texts);
+  let k = 0;
+  return all.map((ps) => {
+    const ids: number[] = [];
+    const mask: number[] = [];
+    for (const p of ps) {
+      const piece = 'special' in p ? [tokenizer.special[p.special]] : encoded[k++]!;
+      for (const id of piece) {
+        ids.push(id);
+        mask.push(p.train ? 1 : 0);
+      }
+    }
+    return { ids, mask };
+  });
+}
+
+/**
+ * The assistant message in generated ids (up to and without <|end|>): text before the first <|call|> is its
+ * content, each <|call|> starts a call "name arguments". Calls get ids call_{start}, call_{start+1}, ….
+ */
+export async function parseAssistant(tokenizer: TextTokenizer, ids: number[], firstCallId = 1): Promise<Message> {
+  const end = ids.indexOf(tokenizer.special['<|end|>']);
+  const body = end >= 0 ? ids.slice(0, end) : ids;
+  const segments: number[][] = [[]];
+  for (const id of body) {
+    if (id === tokenizer.special['<|call|>']) segments.push([]);
+    else segments.at(-1)!.push(id);
+  }
+  const [content, ...calls] = await Promise.all(segments.map((s) => tokenizer.decode(s)));
+  const message: Message = { role: 'assistant', content: content!.trim() ? content! : null };
+  if (calls.length > 0) {
+    message.tool_calls = calls.map((text, i) => {
+      const space = text.indexOf(' ');
+      const name = (space < 0 ? text : text.slice(0, space)).trim();
+      return { id: `call_${firstCallId + i}`, type: 'function' as const, function: { name, arguments: space < 0 ? '{}' : text.slice(space + 1).trim() } };
+    });
+  }
+  return message;
+}

@@ -1,0 +1,100 @@
+import { beforeAll, describe, expect, it } from 'vitest';
+import type { Message } from '../../../stages/records.ts';
+import { ScriptedAgent } from '../../../stages/environment/agents.ts';
+import { runEpisode } from '../../../stages/environment/rollout.ts';
+import { generateTask, generateWorld } from '../../../stages/environment/world.ts';
+import { encodeConversations, parseAssistant, renderText } from '../../../stages/train/chat-template.ts';
+import { SPECIAL_TOKENS, TextTokenizer, trainTokenizer } from '../../../stages/train/tokenizer.ts';
+
+const world = generateWorld({ seed: 5 });
+let sessions: Message[][];
+let tokenizer: TextTokenizer;
+
+beforeAll(async () => {
+  sessions = [];
+  for (let i = 0; i < 40; i++) sessions.push((await runEpisode(world, generateTask(world, 'train', i), new ScriptedAgent(i % 2 ? 'oracle' : 'prior', world, generateTask(world, 'train', i), 'tok'))).messages);
+  tokenizer = new TextTokenizer(trainTokenizer(sessions.map((s) => renderText(s)), 400));
+});
+
+describe('byte-level BPE tokenizer', () => {
+  it('has exactly the vocabulary size asked for: 256 bytes, merges, and the special tokens at the end', () => {
+    expect(tokenizer.vocabSize).toBe(400);
+    expect(SPECIAL_TOKENS.map((t) => tokenizer.special[t])).toEqual([393, 394, 395, 396, 397, 398, 399]);
+    const json = JSON.parse(tokenizer.json);
+    expect(json.model.type).toBe('BPE');
+    expect(json.model.merges).toHaveLength(400 - 256 - SPECIAL_TOKENS.length);
+  });
+
+  it('round-trips text it never saw: other scripts, emoji, control characters', async () => {
+    for (const text of ['Grüße aus Köln — 東京 📞 1-800-555-0199', 'tabs\tand\nnewlines\r\n', ' leading and trailing spaces ', '{"a":[1,2,{"b":null}]}']) {
+      expect(await tokenizer.decode(await tokenizer.encode(text))).toBe(text);
+    }
+  });
+
+  it('learns the corpus: a frequent phrase takes far fewer tokens than bytes, an unseen one does not', async () => {
+    const frequent = 'search_directory {"company":';
+    expect((await tokenizer.encode(frequent)).length).toBeLessThanOrEqual(frequent.length * 0.5);
+    const unseen = 'qzxv wjkp yfgh';
+    expect((await tokenizer.encode(unseen)).length).toBeGreaterThan(unseen.length * 0.8);
+  });
+
+  it('encodes text that spells a special token as ordinary bytes, never as the control token', async () => {
+    const ids = await tokenizer.encode('please type <|end|> and <|assistant|> here');
+    expect(ids).not.toContain(tokenizer.special['<|end|>']);
+    expect(ids).not.toContain(tokenizer.special['<|assistant|>']);
+    expect(await tokenizer.decode(ids)).toBe('please type <|end|> and <|assistant|> here');
+  });
+
+  it('training twice on the same corpus gives the same tokenizer.json', () => {
+    expect(trainTokenizer(sessions.map((s) => renderText(s)), 400)).toBe(tokenizer.json);
+  });
+
+  it('refuses a vocabulary too small for the bytes and special tokens', () => {
+    expect(() => trainTokenizer(['abc'], 200)).toThrow(/at least 263/);
+  });
+});
+
+describe('chat template', () => {
+  it('renders a multi-turn session with tool calls, and its ids decode back to the rendering', async () => {
+    const session = sessions[1]!;
+    const [enc] = await encodeConversations(tokenizer, [session]);
+    expect(await tokenizer.decode(enc!.ids)).toBe(renderText(session));
+    expect(renderText(session)).toMatch(/^<\|system\|>You are an assistant.*<\|end\|><\|user\|>.*<\|end\|><\|assistant\|><\|call\|>search_directory \{"company":".*"\}<\|end\|><\|tool\|>/s);
+  });
+
+  it('masks exactly the assistant turns: their content, calls and closing <|end|>, not their header', async () => {
+    const session = sessions[1]!;
+    const [enc] = await encodeConversations(tokenizer, [session]);
+    // Decode each maximal run of masked tokens: they must be the assistant messages, in order.
+    const runs: number[][] = [];
+    enc!.mask.forEach((m, i) => {
+      if (m && (i === 0 || !enc!.mask[i - 1])) runs.push([]);
+      if (m) runs.at(-1)!.push(enc!.ids[i]!);
+    });
+    const assistant = session.filter((m) => m.role === 'assistant');
+    expect(runs).toHaveLength(assistant.length);
+    for (const [i, run] of runs.entries()) {
+      expect(await tokenizer.decode(run)).toBe(renderText([assistant[i]!]).slice('<|assistant|>'.length));
+      expect(run.at(-1)).toBe(tokenizer.special['<|end|>']);
+    }
+    // No system, user or tool token is ever trained on.
+    const header = enc!.ids.map((id, i) => (enc!.mask[i] ? id : -1)).filter((id) => [tokenizer.special['<|user|>'], tokenizer.special['<|tool|>'], tokenizer.special['<|assistant|>']].includes(id));
+    expect(header).toEqual([]);
+  });
+
+  it('parses generated ids back into the assistant message, tool calls included', async () => {
+    for (const message of sessions[3]!.filter((m) => m.role === 'assistant')) {
+      const [enc] = await encodeConversations(tokenizer, [[message]]);
+      const parsed = await parseAssistant(tokenizer, enc!.ids.slice(1), 7); // without the header, as generated
+      expect(parsed.content).toBe(message.content ?? null);
+      expect(parsed.tool_calls?.map((c) => [c.function.name, c.function.arguments])).toEqual(message.tool_calls?.map((c) => [c.function.name, c.function.arguments]));
+      if (parsed.tool_calls) expect(parsed.tool_calls[0]!.id).toBe('call_7');
+    }
+  });
+
+  it('ends a generation prompt with an open assistant header', async () => {
+    const [enc] = await encodeConversations(tokenizer, [sessions[0]!.slice(0, 2)], true);
+    expect(enc!.ids.at(-1)).toBe(tokenizer.special['<|assistant|>']);
+    expect(enc!.mask.every((m) => m === 0)).toBe(true);
+  });
+});
