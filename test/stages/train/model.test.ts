@@ -1,0 +1,147 @@
+import { mkdtempSync, readFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import * as tf from '@tensorflow/tfjs-core';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { seeded } from '../../../stages/environment/random.ts';
+import { useBackend } from '../../../stages/train/backend.ts';
+import { loadCheckpoint, saveCheckpoint } from '../../../stages/train/checkpoint.ts';
+import { sftLoss } from '../../../stages/train/losses/index.ts';
+import { GPT, sampleToken, type GPTConfig } from '../../../stages/train/model.ts';
+import { ADAMW_DEFAULTS, AdamW, learningRate } from '../../../stages/train/optimizer.ts';
+import { optimizerStep } from '../../../stages/train/step.ts';
+
+const config: GPTConfig = { vocabSize: 24, contextLength: 16, layers: 2, width: 16, heads: 2 };
+const B = 4;
+const T = 16;
+let ones: tf.Tensor2D;
+
+/** Sequences that count up from a random start, mod 24: learnable, and different every batch. */
+function batch(step: number): { ids: Int32Array; targets: Int32Array } {
+  const rand = seeded('model test', step);
+  const ids = new Int32Array(B * T);
+  const targets = new Int32Array(B * T);
+  for (let b = 0; b < B; b++) {
+    const start = Math.floor(rand() * 24);
+    for (let t = 0; t < T; t++) {
+      ids[b * T + t] = (start + t) % 24;
+      targets[b * T + t] = (start + t + 1) % 24;
+    }
+  }
+  return { ids, targets };
+}
+
+function train(model: GPT, optimizer: AdamW, from: number, to: number): number[] {
+  const losses: number[] = [];
+  for (let s = from; s < to; s++) {
+    const { ids, targets } = batch(s);
+    const lr = learningRate(s, { peak: 1e-2, warmup: 5, total: 100, minRatio: 0.1 });
+    losses.push(optimizerStep(model, optimizer, () => ({ loss: sftLoss(model.tokenLogprobs(ids, targets, B, T), ones) }), lr, 1).loss);
+  }
+  return losses;
+}
+
+const weightsOf = (m: GPT) => [...m.params.values()].map((v) => Array.from(v.dataSync()));
+
+beforeAll(async () => {
+  await useBackend('wasm');
+  ones = tf.ones([B, T]);
+});
+
+describe('GPT on the WASM backend', () => {
+  it('learns a counting pattern: the loss falls from ln(24) to a small fraction of it', () => {
+    const model = GPT.create(config, 'learn');
+    const losses = train(model, new AdamW(model.params, { ...ADAMW_DEFAULTS, weightDecay: 0 }), 0, 100);
+    expect(losses[0]).toBeGreaterThan(Math.log(24) - 0.3);
+    expect(losses.at(-1)).toBeLessThan(0.3);
+  });
+
+  it('generates with a KV cache exactly what recomputing the whole sequence each step would pick', () => {
+    const model = GPT.create(config, 'generate');
+    const prompt = [3, 9, 1, 4];
+    const cached = model.generate(prompt, { maxTokens: 8, temperature: 0 });
+    const recomputed: number[] = [];
+    const seq = [...prompt];
+    for (let i = 0; i < 8; i++) {
+      const logits = model.forward(Int32Array.from(seq), 1, seq.length).arraySync().at(-1)!;
+      const next = logits.indexOf(Math.max(...logits));
+      recomputed.push(next);
+      seq.push(next);
+    }
+    expect(cached).toEqual(recomputed);
+  });
+
+  it('stops at a stop token and at the end of its context', () => {
+    const model = GPT.create(config, 'stop');
+    const free = model.generate([1, 2], { maxTokens: 100, temperature: 0 });
+    expect(free.length).toBe(config.contextLength - 2);
+    const stopAt = free[3]!;
+    const stopped = model.generate([1, 2], { maxTokens: 100, temperature: 0, stop: [stopAt] });
+    expect(stopped.at(-1)).toBe(stopAt);
+    expect(stopped.length).toBe(free.indexOf(stopAt) + 1);
+  });
+});
+
+describe('sampling', () => {
+  const logits = Float32Array.from([1, 3, 2, 0]);
+  it('takes the argmax at temperature 0', () => {
+    expect(sampleToken(logits, 0, 1, Math.random)).toBe(1);
+  });
+  it('draws only from the top-p nucleus', () => {
+    const rand = seeded('nucleus');
+    // softmax(1,3,2,0) ≈ (0.087, 0.644, 0.237, 0.032): top-p 0.8 keeps tokens 1 and 2 only.
+    const seen = new Set(Array.from({ length: 400 }, () => sampleToken(logits, 1, 0.8, rand)));
+    expect([...seen].sort()).toEqual([1, 2]);
+  });
+  it('draws every token at top-p 1, more often the likelier ones', () => {
+    const rand = seeded('full');
+    const counts = [0, 0, 0, 0];
+    for (let i = 0; i < 4000; i++) counts[sampleToken(logits, 1, 1, rand)]!++;
+    expect(counts.every((c) => c > 0)).toBe(true);
+    expect(counts[1]! / 4000).toBeCloseTo(0.644, 1);
+  });
+});
+
+describe('checkpoints', () => {
+  it('writes safetensors as the format specifies: u64 header length, JSON header with F32 offsets, aligned data', () => {
+    const dir = join(mkdtempSync(join(tmpdir(), 'prefab-ckpt-')), 'model');
+    const model = GPT.create(config, 'format');
+    saveCheckpoint(dir, { model, tokenizerJson: '{}' });
+    const buf = readFileSync(join(dir, 'model.safetensors'));
+    const n = Number(buf.readBigUInt64LE(0));
+    expect((8 + n) % 8).toBe(0);
+    const header = JSON.parse(buf.subarray(8, 8 + n).toString('utf8'));
+    const wte = header['wte.weight'];
+    expect(wte.dtype).toBe('F32');
+    expect(wte.shape).toEqual([24, 16]);
+    const [begin] = wte.data_offsets as number[];
+    const first = buf.readFloatLE(8 + n + begin!);
+    expect(first).toBe(model.p('wte.weight').dataSync()[0]);
+    expect(JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8'))).toMatchObject({ model_type: 'prefab-gpt', vocab_size: 24, n_layer: 2, n_embd: 16, n_head: 2, n_positions: 16 });
+  });
+
+  it('resumes from a checkpoint (weights, AdamW moments, step) to exactly the weights of an uninterrupted run', () => {
+    const straight = GPT.create(config, 'resume');
+    const straightOpt = new AdamW(straight.params, ADAMW_DEFAULTS);
+    train(straight, straightOpt, 0, 12);
+
+    const first = GPT.create(config, 'resume');
+    const firstOpt = new AdamW(first.params, ADAMW_DEFAULTS);
+    train(first, firstOpt, 0, 5);
+    const dir = join(mkdtempSync(join(tmpdir(), 'prefab-ckpt-')), 'step-5');
+    saveCheckpoint(dir, { model: first, tokenizerJson: '{"t":1}', optimizer: firstOpt, state: { step: 5, totalSteps: 12, seed: 'resume' } });
+
+    const loaded = loadCheckpoint(dir);
+    const resumedOpt = new AdamW(loaded.model.params, ADAMW_DEFAULTS);
+    expect(loaded.restoreOptimizer(resumedOpt)).toBe(true);
+    expect(resumedOpt.step).toBe(5);
+    expect(loaded.state).toEqual({ step: 5, totalSteps: 12, seed: 'resume' });
+    expect(loaded.tokenizerJson).toBe('{"t":1}');
+    train(loaded.model, resumedOpt, 5, 12);
+    expect(weightsOf(loaded.model)).toEqual(weightsOf(straight));
+  });
+
+  it('says what is wrong with a folder that is not a model', () => {
+    expect(() => loadCheckpoint(mkdtempSync(join(tmpdir(), 'prefab-empty-')))).toThrow(/no config.json/);
+  });
+});
