@@ -13,8 +13,9 @@ const opts = new Command()
   .option('--backend <name>', `one of ${BACKENDS.join(', ')}`, 'wasm')
   .option('--steps <n>', 'timed steps', '6')
   .option('--batch <n>', 'sequences per step', '8')
+  .option('--no-naive', 'skip the naive baseline (tf.matMul gradients, batched attention): slow')
   .parse()
-  .opts<{ backend: BackendChoice; steps: string; batch: string }>();
+  .opts<{ backend: BackendChoice; steps: string; batch: string; naive: boolean }>();
 
 const backend = await useBackend(opts.backend);
 const config = { vocabSize: 512, contextLength: 256, layers: 4, width: 256, heads: 4 };
@@ -51,6 +52,46 @@ const step = () => {
   return optimizerStep(model, optimizer, () => ({ loss: tf.neg(tf.mean(model.tokenLogprobs(ids, targets, B, T))) as tf.Scalar }), 3e-4, 1);
 };
 
+/**
+ * The same model written the obvious way: tf.matMul with its built-in gradient (transpose flags), attention as
+ * a batched matMul, the embedding as a one-hot matMul (tf.gather's gradient does not run on WASM).
+ */
+function naiveLoss(ids: Int32Array, targets: Int32Array, b: number): tf.Scalar {
+  const C = config.width;
+  const H = config.heads;
+  const hs = C / H;
+  const w = (name: string) => model.p(name);
+  const ln = (x: tf.Tensor, name: string) => {
+    const mean = tf.mean(x, -1, true);
+    const centred = tf.sub(x, mean);
+    return tf.add(tf.mul(tf.mul(centred, tf.rsqrt(tf.add(tf.mean(tf.square(centred), -1, true), 1e-5))), w(`${name}.weight`)), w(`${name}.bias`));
+  };
+  const mask = tf.mul(tf.sub(1, tf.linalg.bandPart(tf.ones([T, T]), -1, 0)), -1e9);
+  let x: tf.Tensor = tf.add(tf.reshape(tf.matMul(tf.cast(tf.oneHot(tf.tensor1d(ids, 'int32'), config.vocabSize), 'float32'), w('wte.weight')), [b, T, C]), tf.slice(w('wpe.weight'), [0, 0], [T, C]));
+  x = tf.reshape(x, [b * T, C]);
+  for (let i = 0; i < config.layers; i++) {
+    const qkv = tf.matMul(ln(x, `h.${i}.ln_1`), w(`h.${i}.attn.c_attn.weight`));
+    const heads = (k: number) => tf.transpose(tf.reshape(tf.slice(qkv, [0, k * C], [b * T, C]), [b, T, H, hs]), [0, 2, 1, 3]);
+    const att = tf.softmax(tf.add(tf.mul(tf.matMul(heads(0), heads(1), false, true), 1 / Math.sqrt(hs)), mask));
+    const y = tf.reshape(tf.transpose(tf.matMul(att, heads(2)), [0, 2, 1, 3]), [b * T, C]);
+    x = tf.add(x, tf.matMul(y, w(`h.${i}.attn.c_proj.weight`)));
+    const h = tf.matMul(ln(x, `h.${i}.ln_2`), w(`h.${i}.mlp.c_fc.weight`));
+    x = tf.add(x, tf.matMul(tf.mul(h, tf.sigmoid(tf.mul(h, 1.702))), w(`h.${i}.mlp.c_proj.weight`)));
+  }
+  const logits = tf.matMul(ln(x, 'ln_f'), w('wte.weight'), false, true);
+  const picked = tf.sum(tf.mul(tf.logSoftmax(logits), tf.cast(tf.oneHot(tf.tensor1d(targets, 'int32'), config.vocabSize), 'float32')), -1);
+  return tf.neg(tf.mean(picked));
+}
+
+function naiveTokensPerSecond(): number {
+  const b = 1; // one sequence: the naive step is slow
+  const ids = new Int32Array(b * T).map(() => Math.floor(rand() * config.vocabSize));
+  const targets = new Int32Array(b * T).map(() => Math.floor(rand() * config.vocabSize));
+  const t0 = performance.now();
+  optimizerStep(model, optimizer, () => ({ loss: naiveLoss(ids, targets, b) }), 3e-4, 1);
+  return (b * T) / ((performance.now() - t0) / 1000);
+}
+
 const peakBefore = matmulPeak();
 step(); // warm-up: kernels compiled, heap grown
 const tensorsBefore = tf.memory().numTensors;
@@ -70,4 +111,8 @@ console.log(`tokens/s         ${tokensPerSecond.toFixed(0)}`);
 console.log(`achieved         ${gflops.toFixed(1)} GFLOP/s (${(model.flopsPerToken() / 1e6).toFixed(1)} MFLOP per token, forward + backward)`);
 console.log(`plain matMul     ${peak.toFixed(1)} GFLOP/s (2048×256 · 256×1024, mean of before and after)`);
 console.log(`ratio            ${(gflops / peak).toFixed(2)} of the plain matMul`);
+if (opts.naive) {
+  const naive = naiveTokensPerSecond();
+  console.log(`naive tfjs       ${naive.toFixed(0)} tokens/s (one sequence, one step): prefab's kernels are ${(tokensPerSecond / naive).toFixed(1)}× faster`);
+}
 console.log(`tensors leaked   ${tf.memory().numTensors - tensorsBefore} over ${steps} steps`);
