@@ -108,16 +108,24 @@ export class GPT {
 
   /** Logits for every position. ids: B rows of T tokens, row-major. Returns (B·T, V). */
   forward(ids: Int32Array, batch: number, length: number): tf.Tensor2D {
-    const c = this.config;
-    if (length > c.contextLength) throw new Error(`a sequence of ${length} tokens is longer than the model's context of ${c.contextLength}`);
+    if (length > this.config.contextLength) throw new Error(`a sequence of ${length} tokens is longer than the model's context of ${this.config.contextLength}`);
     const tokens = embed(this.p('wte.weight'), tf.tensor1d(ids, 'int32')); // (B·T, C)
-    const positions = tf.slice(this.p('wpe.weight'), [0, 0], [length, c.width]); // (T, C)
-    let x = tf.reshape(tf.add(tf.reshape(tokens, [batch, length, c.width]), positions), [batch * length, c.width]) as tf.Tensor2D;
-    const shape = { batch, length, heads: c.heads };
-    for (let i = 0; i < c.layers; i++) {
+    return this.run(tokens, batch, length, 0, () => (qkv) => causalAttention(qkv, { batch, length, heads: this.config.heads }, this.mask(length)));
+  }
+
+  /**
+   * The transformer from token embeddings (B·T, C) at positions start… to logits (B·T, V). `attend(layer)`
+   * gives each layer's attention over its packed q, k, v: causal over the batch when training, or against a
+   * KV cache when generating.
+   */
+  private run(tokens: tf.Tensor2D, batch: number, length: number, start: number, attend: (layer: number) => (qkv: tf.Tensor2D) => tf.Tensor2D): tf.Tensor2D {
+    const C = this.config.width;
+    const positions = tf.slice(this.p('wpe.weight'), [start, 0], [length, C]); // (T, C)
+    let x = tf.reshape(tf.add(tf.reshape(tokens, [batch, length, C]), positions), [batch * length, C]) as tf.Tensor2D;
+    for (let i = 0; i < this.config.layers; i++) {
       const h = (n: string) => this.p(`h.${i}.${n}`);
       const qkv = linear(layerNorm(x, h('ln_1.weight'), h('ln_1.bias')), h('attn.c_attn.weight')); // (B·T, 3C)
-      x = tf.add(x, linear(causalAttention(qkv, shape, this.mask(length)), h('attn.c_proj.weight')));
+      x = tf.add(x, linear(attend(i)(qkv), h('attn.c_proj.weight')));
       const hidden = gelu(linear(layerNorm(x, h('ln_2.weight'), h('ln_2.bias')), h('mlp.c_fc.weight'))); // (B·T, 4C)
       x = tf.add(x, linear(hidden, h('mlp.c_proj.weight')));
     }
@@ -155,42 +163,50 @@ export class GPT {
     const hs = C / c.heads;
     const rand = options.random ?? Math.random;
     const room = c.contextLength - prompt.length;
-    if (room <= 0) return [];
+    if (room <= 0 || prompt.length === 0) return [];
     const keys: tf.Tensor2D[] = []; // per layer: (t, C)
     const values: tf.Tensor2D[] = [];
-    const out: number[] = [];
-    // Feeds one token at `position`; returns its next-token logits as numbers.
-    const step = (token: number, position: number): Float32Array =>
+    const remember = (i: number, qkv: tf.Tensor2D) => {
+      const n = qkv.shape[0];
+      const k = tf.slice(qkv, [0, C], [n, C]) as tf.Tensor2D;
+      const v = tf.slice(qkv, [0, 2 * C], [n, C]) as tf.Tensor2D;
+      const K = keys[i] ? (tf.concat([keys[i]!, k], 0) as tf.Tensor2D) : k;
+      const V = values[i] ? (tf.concat([values[i]!, v], 0) as tf.Tensor2D) : v;
+      keys[i]?.dispose();
+      values[i]?.dispose();
+      keys[i] = tf.keep(K);
+      values[i] = tf.keep(V);
+    };
+    // The prompt in one causal pass that fills the cache; returns the last position's logits.
+    const prefill = (): Float32Array =>
       tf.tidy(() => {
-        let x = tf.add(tf.gather(this.p('wte.weight'), tf.tensor1d([token], 'int32')), tf.slice(this.p('wpe.weight'), [position, 0], [1, C])) as tf.Tensor2D; // (1, C)
-        for (let i = 0; i < c.layers; i++) {
-          const h = (n: string) => this.p(`h.${i}.${n}`);
-          const qkv = tf.matMul(layerNorm(x, h('ln_1.weight'), h('ln_1.bias')), h('attn.c_attn.weight')); // (1, 3C)
-          const k = tf.slice(qkv, [0, C], [1, C]) as tf.Tensor2D;
-          const v = tf.slice(qkv, [0, 2 * C], [1, C]) as tf.Tensor2D;
-          const K: tf.Tensor2D = keys[i] ? tf.concat([keys[i]!, k], 0) as tf.Tensor2D : k; // (t, C)
-          const V: tf.Tensor2D = values[i] ? tf.concat([values[i]!, v], 0) as tf.Tensor2D : v;
-          if (keys[i]) keys[i]!.dispose(), values[i]!.dispose();
-          keys[i] = tf.keep(K);
-          values[i] = tf.keep(V);
-          const t = K.shape[0];
-          const KT = tf.transpose(K); // (C, t)
-          const VT = tf.transpose(V);
+        const n = prompt.length;
+        const logits = this.run(tf.gather(this.p('wte.weight'), tf.tensor1d(prompt, 'int32')), 1, n, 0, (i) => (qkv) => {
+          remember(i, qkv);
+          return causalAttention(qkv, { batch: 1, length: n, heads: c.heads }, this.mask(n));
+        });
+        return tf.slice(logits, [n - 1, 0], [1, c.vocabSize]);
+      }).dataSync() as Float32Array;
+    // One token at `position`, attending to the cache; returns its next-token logits.
+    const step = (token: number, position: number): Float32Array =>
+      tf.tidy(() =>
+        this.run(tf.gather(this.p('wte.weight'), tf.tensor1d([token], 'int32')), 1, 1, position, (i) => (qkv) => {
+          remember(i, qkv);
+          const t = keys[i]!.shape[0];
+          const KT = tf.transpose(keys[i]!); // (C, t)
+          const VT = tf.transpose(values[i]!);
           const heads: tf.Tensor2D[] = [];
           for (let j = 0; j < c.heads; j++) {
             const q = tf.slice(qkv, [0, j * hs], [1, hs]); // (1, hs)
             const att = tf.softmax(tf.mul(tf.matMul(q, tf.slice(KT, [j * hs, 0], [hs, t])), 1 / Math.sqrt(hs))); // (1, t)
             heads.push(tf.matMul(att, tf.transpose(tf.slice(VT, [j * hs, 0], [hs, t])))); // (1, hs)
           }
-          x = tf.add(x, tf.matMul(tf.concat(heads, 1), h('attn.c_proj.weight')));
-          x = tf.add(x, tf.matMul(gelu(tf.matMul(layerNorm(x, h('ln_2.weight'), h('ln_2.bias')), h('mlp.c_fc.weight'))), h('mlp.c_proj.weight')));
-        }
-        x = layerNorm(x, this.p('ln_f.weight'), this.p('ln_f.bias'));
-        return tf.matMul(x, tf.transpose(this.p('wte.weight')));
-      }).dataSync() as Float32Array;
+          return tf.concat(heads, 1) as tf.Tensor2D; // (1, C)
+        }),
+      ).dataSync() as Float32Array;
+    const out: number[] = [];
     try {
-      let logits: Float32Array = new Float32Array(0);
-      for (let t = 0; t < prompt.length; t++) logits = step(prompt[t]!, t);
+      let logits = prefill();
       for (let n = 0; n < Math.min(options.maxTokens, room); n++) {
         const next = sampleToken(logits, options.temperature, options.topP ?? 1, rand);
         out.push(next);
