@@ -4,7 +4,8 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { Command } from 'commander';
 import { BACKENDS, useBackend, type BackendChoice } from '../stages/train/backend.ts';
-import { GPT } from '../stages/train/model.ts';
+import { causalMask } from '../stages/train/kernels.ts';
+import { GPT, gelu, layerNorm } from '../stages/train/model.ts';
 import { ADAMW_DEFAULTS, AdamW } from '../stages/train/optimizer.ts';
 import { optimizerStep } from '../stages/train/step.ts';
 import { seeded } from '../stages/environment/random.ts';
@@ -61,12 +62,8 @@ function naiveLoss(ids: Int32Array, targets: Int32Array, b: number): tf.Scalar {
   const H = config.heads;
   const hs = C / H;
   const w = (name: string) => model.p(name);
-  const ln = (x: tf.Tensor, name: string) => {
-    const mean = tf.mean(x, -1, true);
-    const centred = tf.sub(x, mean);
-    return tf.add(tf.mul(tf.mul(centred, tf.rsqrt(tf.add(tf.mean(tf.square(centred), -1, true), 1e-5))), w(`${name}.weight`)), w(`${name}.bias`));
-  };
-  const mask = tf.mul(tf.sub(1, tf.linalg.bandPart(tf.ones([T, T]), -1, 0)), -1e9);
+  const ln = (x: tf.Tensor, name: string) => layerNorm(x as tf.Tensor2D, w(`${name}.weight`), w(`${name}.bias`));
+  const mask = causalMask(T);
   let x: tf.Tensor = tf.add(tf.reshape(tf.matMul(tf.cast(tf.oneHot(tf.tensor1d(ids, 'int32'), config.vocabSize), 'float32'), w('wte.weight')), [b, T, C]), tf.slice(w('wpe.weight'), [0, 0], [T, C]));
   x = tf.reshape(x, [b * T, C]);
   for (let i = 0; i < config.layers; i++) {
@@ -76,7 +73,7 @@ function naiveLoss(ids: Int32Array, targets: Int32Array, b: number): tf.Scalar {
     const y = tf.reshape(tf.transpose(tf.matMul(att, heads(2)), [0, 2, 1, 3]), [b * T, C]);
     x = tf.add(x, tf.matMul(y, w(`h.${i}.attn.c_proj.weight`)));
     const h = tf.matMul(ln(x, `h.${i}.ln_2`), w(`h.${i}.mlp.c_fc.weight`));
-    x = tf.add(x, tf.matMul(tf.mul(h, tf.sigmoid(tf.mul(h, 1.702))), w(`h.${i}.mlp.c_proj.weight`)));
+    x = tf.add(x, tf.matMul(gelu(h as tf.Tensor2D), w(`h.${i}.mlp.c_proj.weight`)));
   }
   const logits = tf.matMul(ln(x, 'ln_f'), w('wte.weight'), false, true);
   const picked = tf.sum(tf.mul(tf.logSoftmax(logits), tf.cast(tf.oneHot(tf.tensor1d(targets, 'int32'), config.vocabSize), 'float32')), -1);

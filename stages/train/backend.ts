@@ -2,9 +2,8 @@
 // GPU build, then the native CPU build (both optional dependencies, whose install downloads libtensorflow and
 // fails without internet), then WebAssembly, then plain JavaScript.
 import * as tf from '@tensorflow/tfjs-core';
-import '@tensorflow/tfjs-backend-cpu';
 import '@tensorflow/tfjs-backend-wasm';
-// The umbrella package's Node bundle is where tfjs registers the gradients of its ops.
+// The umbrella package registers the CPU backend and, in its Node bundle, the gradients of tfjs's ops.
 import '@tensorflow/tfjs';
 import { patchWasmSlice } from './kernels.ts';
 

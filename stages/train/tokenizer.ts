@@ -29,16 +29,17 @@ export function trainTokenizer(texts: string[], vocabSize: number): string {
     trainer.save(join(dir, 'trained.json'));
     const trained = JSON.parse(readFileSync(join(dir, 'trained.json'), 'utf8')) as { model: { merges: ([string, string] | string)[] } };
     const vocab: Record<string, number> = {};
-    for (const ch of alphabet) vocab[ch] = Object.keys(vocab).length;
+    let size = 0;
+    for (const ch of alphabet) vocab[ch] = size++;
     const merges: [string, string][] = [];
     for (const m of trained.model.merges) {
       if (merges.length >= room) break;
       const [a, b] = typeof m === 'string' ? (m.split(' ') as [string, string]) : m;
       if (vocab[a + b] !== undefined) continue;
       merges.push([a, b]);
-      vocab[a + b] = Object.keys(vocab).length;
+      vocab[a + b] = size++;
     }
-    const added = SPECIAL_TOKENS.map((content, i) => ({ id: Object.keys(vocab).length + i, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true }));
+    const added = SPECIAL_TOKENS.map((content, i) => ({ id: size + i, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true }));
     return JSON.stringify({
       version: '1.0',
       truncation: null,
