@@ -50,7 +50,7 @@ const batch = () => {
 };
 const step = () => {
   const { ids, targets } = batch();
-  return optimizerStep(model, optimizer, () => ({ loss: tf.neg(tf.mean(model.tokenLogprobs(ids, targets, B, T))) as tf.Scalar }), 3e-4, 1);
+  return optimizerStep(model, optimizer, [() => ({ loss: tf.neg(tf.mean(model.tokenLogprobs(ids, targets, B, T))) as tf.Scalar })], 3e-4, 1);
 };
 
 /**
@@ -85,7 +85,7 @@ function naiveTokensPerSecond(): number {
   const ids = new Int32Array(b * T).map(() => Math.floor(rand() * config.vocabSize));
   const targets = new Int32Array(b * T).map(() => Math.floor(rand() * config.vocabSize));
   const t0 = performance.now();
-  optimizerStep(model, optimizer, () => ({ loss: naiveLoss(ids, targets, b) }), 3e-4, 1);
+  optimizerStep(model, optimizer, [() => ({ loss: naiveLoss(ids, targets, b) })], 3e-4, 1);
   return (b * T) / ((performance.now() - t0) / 1000);
 }
 

@@ -5,7 +5,8 @@ export type LogFormat = 'text' | 'json';
 type Level = 'info' | 'warn' | 'error';
 type Fields = Record<string, unknown>;
 
-const SECRET_KEY = /(api[_-]?key|token|secret|password|authorization)/i;
+// A name ending in `token` is a credential (token, access_token, apiToken); `tokens` and `tokens/s` are counts.
+const SECRET_KEY = /(api[_-]?key|token$|secret|password|authorization)/i;
 const PROGRESS_EVERY_MS = 10_000;
 
 export interface Progress {

@@ -1,6 +1,8 @@
 // prefab's stages in run order. A stage reads only the stages before it.
 import type { CommandFactory } from '../pipeline/cli.ts';
 import type { Stage } from '../pipeline/stage.ts';
+import { dpo } from './dpo/index.ts';
+import { evalStage } from './eval/index.ts';
 import { exportStage } from './export/index.ts';
 import { gate } from './gate/index.ts';
 import { ingest } from './ingest/index.ts';
@@ -8,9 +10,12 @@ import { judge } from './judge/index.ts';
 import { pairs } from './pairs/index.ts';
 import { sample } from './sample/index.ts';
 import { addSimulateCommands } from './simulate/command.ts';
+import { sft } from './sft/index.ts';
 import { split } from './split/index.ts';
+import { addBackendOption } from './train/backend.ts';
+import { tokenizer } from './tokenizer/index.ts';
 
-export const STAGES: Stage[] = [ingest, split, sample, pairs, judge, gate, exportStage] as Stage[];
+export const STAGES: Stage[] = [ingest, split, sample, pairs, judge, gate, exportStage, tokenizer, sft, dpo, evalStage] as Stage[];
 
 /** Commands beyond the pipeline's own. */
-export const COMMANDS: CommandFactory[] = [addSimulateCommands];
+export const COMMANDS: CommandFactory[] = [addSimulateCommands, addBackendOption];

@@ -2,6 +2,8 @@
 // GPU build, then the native CPU build (both optional dependencies, whose install downloads libtensorflow and
 // fails without internet), then WebAssembly, then plain JavaScript.
 import * as tf from '@tensorflow/tfjs-core';
+import { Option } from 'commander';
+import type { CommandFactory } from '../../pipeline/cli.ts';
 import '@tensorflow/tfjs-backend-wasm';
 // The umbrella package registers the CPU backend and, in its Node bundle, the gradients of tfjs's ops.
 import '@tensorflow/tfjs';
@@ -27,6 +29,13 @@ async function loadNative(): Promise<string | null> {
     }
   }
   return null;
+}
+
+/** The backend `--backend` asked for (the CLI passes it in PREFAB_BACKEND), else auto. */
+export function backendChoice(): BackendChoice {
+  const v = process.env.PREFAB_BACKEND ?? 'auto';
+  if (!(BACKENDS as readonly string[]).includes(v)) throw new Error(`PREFAB_BACKEND=${v}: expected one of ${BACKENDS.join(', ')}`);
+  return v as BackendChoice;
 }
 
 let current: Backend | null = null;
@@ -63,3 +72,12 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
   current = { name, description };
   return current;
 }
+
+/** `--backend` on every command: the training stages read the choice from PREFAB_BACKEND. */
+export const addBackendOption: CommandFactory = (program) => {
+  program.addOption(new Option('--backend <name>', 'TensorFlow.js backend for the training stages (auto: the fastest that loads)').choices([...BACKENDS]));
+  program.hook('preAction', () => {
+    const choice = program.opts<{ backend?: BackendChoice }>().backend;
+    if (choice) process.env.PREFAB_BACKEND = choice;
+  });
+};

@@ -11,20 +11,25 @@ import type { SpecialToken, TextTokenizer } from './tokenizer.ts';
 
 const HEADER: Record<Message['role'], SpecialToken> = { system: '<|system|>', user: '<|user|>', assistant: '<|assistant|>', tool: '<|tool|>' };
 
-/** A piece of a rendered conversation: a special token or text, and whether it is trained on. */
-type Piece = { special: SpecialToken; train: boolean } | { text: string; train: boolean };
+/** A piece of a rendered conversation: a special token or text, whether it is trained on, and its message. */
+type Piece = ({ special: SpecialToken } | { text: string }) & { train: boolean; message: number };
 
 function pieces(messages: Message[], openAssistant: boolean): Piece[] {
   const out: Piece[] = [];
-  for (const m of messages) {
+  messages.forEach((m, message) => {
     const train = m.role === 'assistant';
-    out.push({ special: HEADER[m.role], train: false });
-    if (m.content) out.push({ text: m.content, train });
-    for (const call of m.tool_calls ?? []) out.push({ special: '<|call|>', train }, { text: `${call.function.name} ${call.function.arguments}`, train });
-    out.push({ special: '<|end|>', train });
-  }
-  if (openAssistant) out.push({ special: '<|assistant|>', train: false });
+    out.push({ special: HEADER[m.role], train: false, message });
+    if (m.content) out.push({ text: m.content, train, message });
+    for (const call of m.tool_calls ?? []) out.push({ special: '<|call|>', train, message }, { text: `${call.function.name} ${call.function.arguments}`, train, message });
+    out.push({ special: '<|end|>', train, message });
+  });
+  if (openAssistant) out.push({ special: '<|assistant|>', train: false, message: messages.length });
   return out;
+}
+
+/** The plain text of a conversation, piece by piece (contents and calls, no special tokens): what the tokenizer learns from. */
+export function conversationTexts(messages: Message[]): string[] {
+  return pieces(messages, false).flatMap((p) => ('text' in p ? [p.text] : []));
 }
 
 /** The rendered text, special tokens spelt out: what the ids decode to. */
@@ -38,25 +43,30 @@ export interface Encoded {
   ids: number[];
   /** 1 where the token is the assistant's (trained on), else 0. */
   mask: number[];
+  /** Where each message's tokens begin, and at the end the length without the open assistant header. */
+  starts: number[];
 }
 
 /** Encodes conversations; `openAssistant` ends each with an assistant header, as a generation prompt. */
 export async function encodeConversations(tokenizer: TextTokenizer, conversations: Message[][], openAssistant = false): Promise<Encoded[]> {
   const all = conversations.map((c) => pieces(c, openAssistant));
-  const texts = all.flatMap((ps) => ps.flatMap((p) => ('text' in p ? [p.text] : [])));
+  const texts = conversations.flatMap(conversationTexts);
   const encoded = await tokenizer.encodeBatch(texts);
   let k = 0;
-  return all.map((ps) => {
+  return all.map((ps, c) => {
     const ids: number[] = [];
     const mask: number[] = [];
+    const starts: number[] = [];
     for (const p of ps) {
+      while (starts.length <= p.message) starts.push(ids.length);
       const piece = 'special' in p ? [tokenizer.special[p.special]] : encoded[k++]!;
       for (const id of piece) {
         ids.push(id);
         mask.push(p.train ? 1 : 0);
       }
     }
-    return { ids, mask };
+    while (starts.length <= conversations[c]!.length) starts.push(ids.length);
+    return { ids, mask, starts };
   });
 }
 

@@ -158,70 +158,122 @@ export class GPT {
    * keys and values of the ones before it. Stops at any of `stop`. Temperature 0 is greedy.
    */
   generate(prompt: number[], options: GenerateOptions): number[] {
+    const cache = new KVCache(this);
+    try {
+      return cache.generate(prompt, options);
+    } finally {
+      cache.dispose();
+    }
+  }
+
+  /**
+   * Feeds `tokens` at positions start… through the transformer, each attending causally to itself, the
+   * tokens before it and the cached ones; appends their keys and values to the cache. Returns the last
+   * position's next-token logits.
+   */
+  extend(cache: { keys: tf.Tensor2D[]; values: tf.Tensor2D[] }, tokens: number[], start: number): Float32Array {
     const c = this.config;
     const C = c.width;
     const hs = C / c.heads;
-    const rand = options.random ?? Math.random;
-    const room = c.contextLength - prompt.length;
-    if (room <= 0 || prompt.length === 0) return [];
-    const keys: tf.Tensor2D[] = []; // per layer: (t, C)
-    const values: tf.Tensor2D[] = [];
-    const remember = (i: number, qkv: tf.Tensor2D) => {
-      const n = qkv.shape[0];
-      const k = tf.slice(qkv, [0, C], [n, C]) as tf.Tensor2D;
-      const v = tf.slice(qkv, [0, 2 * C], [n, C]) as tf.Tensor2D;
-      const K = keys[i] ? (tf.concat([keys[i]!, k], 0) as tf.Tensor2D) : k;
-      const V = values[i] ? (tf.concat([values[i]!, v], 0) as tf.Tensor2D) : v;
-      keys[i]?.dispose();
-      values[i]?.dispose();
-      keys[i] = tf.keep(K);
-      values[i] = tf.keep(V);
-    };
-    // The prompt in one causal pass that fills the cache; returns the last position's logits.
-    const prefill = (): Float32Array =>
-      tf.tidy(() => {
-        const n = prompt.length;
-        const logits = this.run(tf.gather(this.p('wte.weight'), tf.tensor1d(prompt, 'int32')), 1, n, 0, (i) => (qkv) => {
-          remember(i, qkv);
-          return causalAttention(qkv, { batch: 1, length: n, heads: c.heads }, this.mask(n));
-        });
-        return tf.slice(logits, [n - 1, 0], [1, c.vocabSize]);
-      }).dataSync() as Float32Array;
-    // One token at `position`, attending to the cache; returns its next-token logits.
-    const step = (token: number, position: number): Float32Array =>
-      tf.tidy(() =>
-        this.run(tf.gather(this.p('wte.weight'), tf.tensor1d([token], 'int32')), 1, 1, position, (i) => (qkv) => {
-          remember(i, qkv);
-          const t = keys[i]!.shape[0];
-          const KT = tf.transpose(keys[i]!); // (C, t)
-          const VT = tf.transpose(values[i]!);
-          const heads: tf.Tensor2D[] = [];
-          for (let j = 0; j < c.heads; j++) {
-            const q = tf.slice(qkv, [0, j * hs], [1, hs]); // (1, hs)
-            const att = tf.softmax(tf.mul(tf.matMul(q, tf.slice(KT, [j * hs, 0], [hs, t])), 1 / Math.sqrt(hs))); // (1, t)
-            heads.push(tf.matMul(att, tf.transpose(tf.slice(VT, [j * hs, 0], [hs, t])))); // (1, hs)
-          }
-          return tf.concat(heads, 1) as tf.Tensor2D; // (1, C)
-        }),
-      ).dataSync() as Float32Array;
-    const out: number[] = [];
-    try {
-      let logits = prefill();
-      for (let n = 0; n < Math.min(options.maxTokens, room); n++) {
-        const next = sampleToken(logits, options.temperature, options.topP ?? 1, rand);
-        out.push(next);
-        if (options.stop?.includes(next) || prompt.length + out.length >= c.contextLength) break;
-        logits = step(next, prompt.length + out.length - 1);
-      }
-    } finally {
-      for (const t of [...keys, ...values]) t.dispose();
-    }
-    return out;
+    const n = tokens.length;
+    const t = start + n;
+    if (t > c.contextLength) throw new Error(`${t} tokens do not fit in the model's context of ${c.contextLength}`);
+    // Query i (position start + i) sees keys 0 … start + i.
+    const hidden = new Float32Array(n * t);
+    for (let i = 0; i < n; i++) hidden.fill(-1e9, i * t + start + i + 1, (i + 1) * t);
+    return tf.tidy(() => {
+      const mask = tf.tensor2d(hidden, [n, t]);
+      const logits = this.run(tf.gather(this.p('wte.weight'), tf.tensor1d(tokens, 'int32')), 1, n, start, (i) => (qkv) => {
+        const k = tf.slice(qkv, [0, C], [n, C]);
+        const v = tf.slice(qkv, [0, 2 * C], [n, C]);
+        const K = cache.keys[i] ? tf.concat([cache.keys[i]!, k], 0) : k; // (t, C)
+        const V = cache.values[i] ? tf.concat([cache.values[i]!, v], 0) : v;
+        cache.keys[i]?.dispose();
+        cache.values[i]?.dispose();
+        cache.keys[i] = tf.keep(K) as tf.Tensor2D;
+        cache.values[i] = tf.keep(V) as tf.Tensor2D;
+        const KT = tf.transpose(K); // (C, t)
+        const VT = tf.transpose(V);
+        const heads: tf.Tensor2D[] = [];
+        for (let j = 0; j < c.heads; j++) {
+          const q = tf.slice(qkv, [0, j * hs], [n, hs]); // (n, hs)
+          const att = tf.softmax(tf.add(tf.mul(tf.matMul(q, tf.slice(KT, [j * hs, 0], [hs, t])), 1 / Math.sqrt(hs)), mask)); // (n, t)
+          heads.push(tf.matMul(att, tf.transpose(tf.slice(VT, [j * hs, 0], [hs, t])))); // (n, hs)
+        }
+        return tf.concat(heads, 1) as tf.Tensor2D; // (n, C)
+      });
+      return tf.slice(logits, [n - 1, 0], [1, c.vocabSize]);
+    }).dataSync() as Float32Array;
   }
 
   dispose(): void {
     for (const v of this.params.values()) v.dispose();
     for (const m of this.masks.values()) m.dispose();
+  }
+}
+
+/**
+ * The keys and values of the tokens a model has read, per layer, so that the next ones attend to them
+ * without recomputing: within one reply, and across the turns of an episode, where each new prompt extends
+ * the last one.
+ */
+export class KVCache {
+  keys: tf.Tensor2D[] = []; // per layer: (t, C)
+  values: tf.Tensor2D[] = [];
+  /** The tokens read so far. */
+  readonly tokens: number[] = [];
+
+  constructor(readonly model: GPT) {}
+
+  /** Forgets all but the first n tokens. */
+  truncate(n: number): void {
+    if (n >= this.tokens.length) return;
+    if (n === 0) return this.dispose();
+    const C = this.model.config.width;
+    const cut = (ts: tf.Tensor2D[]) => ts.map((x) => {
+      const kept = tf.keep(tf.slice(x, [0, 0], [n, C]));
+      x.dispose();
+      return kept;
+    });
+    this.keys = cut(this.keys);
+    this.values = cut(this.values);
+    this.tokens.length = n;
+  }
+
+  /** Reads tokens; returns the next-token logits after the last. */
+  read(tokens: number[]): Float32Array {
+    const logits = this.model.extend(this, tokens, this.tokens.length);
+    this.tokens.push(...tokens);
+    return logits;
+  }
+
+  /**
+   * Samples a continuation of `prompt`, reusing the cache for the longest prefix it shares with what was read
+   * before. The sampled tokens are read too, except the last.
+   */
+  generate(prompt: number[], options: GenerateOptions): number[] {
+    const room = this.model.config.contextLength - prompt.length;
+    if (room <= 0 || prompt.length === 0) return [];
+    let shared = 0;
+    while (shared < Math.min(prompt.length - 1, this.tokens.length) && this.tokens[shared] === prompt[shared]) shared++;
+    this.truncate(shared);
+    let logits = this.read(prompt.slice(shared));
+    const rand = options.random ?? Math.random;
+    const out: number[] = [];
+    for (let n = 0; n < Math.min(options.maxTokens, room); n++) {
+      const next = sampleToken(logits, options.temperature, options.topP ?? 1, rand);
+      out.push(next);
+      if (options.stop?.includes(next) || prompt.length + out.length >= this.model.config.contextLength) break;
+      logits = this.read([next]);
+    }
+    return out;
+  }
+
+  dispose(): void {
+    for (const x of [...this.keys, ...this.values]) x.dispose();
+    this.keys = [];
+    this.values = [];
+    this.tokens.length = 0;
   }
 }
 

@@ -1,5 +1,6 @@
 // One optimiser step: gradients of a loss, clipped by global norm, applied by AdamW. Shared by SFT and the
-// preference stages; the loss is whatever the caller builds from the model.
+// preference stages; the loss is whatever the caller builds from the model. A batch too large for memory
+// comes as micro-batches whose losses add up to the batch's: their gradients are summed before the step.
 import * as tf from '@tensorflow/tfjs-core';
 import type { GPT } from './model.ts';
 import { clipByGlobalNorm, type AdamW } from './optimizer.ts';
@@ -7,30 +8,43 @@ import { clipByGlobalNorm, type AdamW } from './optimizer.ts';
 export interface StepResult {
   loss: number;
   gradNorm: number;
-  /** Extra scalars the loss reported (rewards/chosen, ...), read after the step. */
+  /** Extra scalars the loss reported (rewards/chosen, ...), summed over micro-batches, read after the step. */
   metrics: Record<string, number>;
 }
 
-/** `loss` returns the scalar to minimise and, optionally, named scalars to report. */
-export function optimizerStep(
-  model: GPT,
-  optimizer: AdamW,
-  loss: () => { loss: tf.Scalar; metrics?: Record<string, tf.Scalar> },
-  lr: number,
-  maxGradNorm: number,
-): StepResult {
-  const reported: Record<string, tf.Scalar> = {};
-  const { value, grads } = tf.variableGrads(() => {
-    const out = loss();
-    for (const [k, v] of Object.entries(out.metrics ?? {})) reported[k] = tf.keep(v);
-    return out.loss;
-  }, [...model.params.values()]);
-  const byName = Object.fromEntries([...model.params].map(([name, v]) => [name, grads[v.name]!]));
-  const { grads: clipped, norm } = clipByGlobalNorm(byName, maxGradNorm);
+export type MicroBatchLoss = () => { loss: tf.Scalar; metrics?: Record<string, tf.Scalar> };
+
+/** Each of `parts` returns its share of the loss (and of each metric): the batch's are their sums. */
+export function optimizerStep(model: GPT, optimizer: AdamW, parts: MicroBatchLoss[], lr: number, maxGradNorm: number): StepResult {
+  const names = [...model.params.keys()];
+  const sums: Record<string, tf.Tensor> = {};
+  const metrics: Record<string, number> = {};
+  let loss = 0;
+  for (const part of parts) {
+    const reported: Record<string, tf.Scalar> = {};
+    const { value, grads } = tf.variableGrads(() => {
+      const out = part();
+      for (const [k, v] of Object.entries(out.metrics ?? {})) reported[k] = tf.keep(v);
+      return out.loss;
+    }, [...model.params.values()]);
+    for (const name of names) {
+      const g = grads[model.params.get(name)!.name]!;
+      if (sums[name]) {
+        const total = tf.add(sums[name]!, g);
+        sums[name]!.dispose();
+        g.dispose();
+        sums[name] = total;
+      } else sums[name] = g;
+    }
+    loss += value.dataSync()[0]!;
+    value.dispose();
+    for (const [k, v] of Object.entries(reported)) {
+      metrics[k] = (metrics[k] ?? 0) + v.dataSync()[0]!;
+      v.dispose();
+    }
+  }
+  const { grads: clipped, norm } = clipByGlobalNorm(sums, maxGradNorm);
   optimizer.apply(clipped, lr);
-  for (const g of Object.values(clipped)) g.dispose();
-  const result = { loss: value.dataSync()[0]!, gradNorm: norm, metrics: Object.fromEntries(Object.entries(reported).map(([k, v]) => [k, v.dataSync()[0]!])) };
-  value.dispose();
-  for (const v of Object.values(reported)) v.dispose();
-  return result;
+  for (const g of new Set([...Object.values(clipped), ...Object.values(sums)])) g.dispose();
+  return { loss, gradNorm: norm, metrics };
 }

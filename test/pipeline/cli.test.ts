@@ -10,14 +10,14 @@ const DEFAULT = join(REPO, 'configs', 'default.yaml');
 describe('prefab command line', () => {
   it('runs the sample, then does nothing the second time and says so, leaving the exports untouched', () => {
     const workdir = join(tempDir(), 'workspace');
-    const first = prefab(['--workdir', workdir, '--config', DEFAULT, '--log-format', 'text', 'run']);
+    const first = prefab(['--workdir', workdir, '--config', DEFAULT, '--log-format', 'text', 'run', '--until', 'export']);
     expect(first.code, first.stderr).toBe(0);
     expect(first.stdout).toMatch(/^ingest\s+ran\s.*2000 new sessions/m);
     expect(first.stdout).toMatch(/^export\s+ran\s/m);
     const parquet = join(workdir, 'export', 'pairs', 'train.parquet');
     const before = statSync(parquet).mtimeMs;
 
-    const second = prefab(['--workdir', workdir, '--config', DEFAULT, '--log-format', 'text', 'run']);
+    const second = prefab(['--workdir', workdir, '--config', DEFAULT, '--log-format', 'text', 'run', '--until', 'export']);
     expect(second.code).toBe(0);
     expect(second.stdout).toBe('Everything is up to date: nothing to do.\n');
     expect(statSync(parquet).mtimeMs).toBe(before);
@@ -33,13 +33,17 @@ describe('prefab command line', () => {
       ['judge', 'stale'],
       ['gate', 'stale'],
       ['export', 'stale'],
+      ['tokenizer', 'never run'],
+      ['sft', 'never run'],
+      ['dpo', 'never run'],
+      ['eval', 'never run'],
     ]);
     expect(status[4]!.reasons[0]).toMatch(/upstream pairs was rerun/);
     const text = prefab(['--workdir', workdir, '--config', DEFAULT, 'status']).stdout;
     expect(text).toMatch(/^judge\s+stale\s+\(upstream pairs was rerun/m);
     expect(text).toMatch(/^export\s+stale\s+\(upstream pairs was rerun/m);
 
-    const third = prefab(['--workdir', workdir, '--config', DEFAULT, '--log-format', 'json', 'run']);
+    const third = prefab(['--workdir', workdir, '--config', DEFAULT, '--log-format', 'json', 'run', '--until', 'export']);
     expect(JSON.parse(third.stdout).stages.map((s: { action: string }) => s.action)).toEqual(['fresh', 'fresh', 'fresh', 'fresh', 'ran', 'ran', 'ran']);
   });
 
@@ -47,7 +51,7 @@ describe('prefab command line', () => {
     const workdir = join(tempDir(), 'workspace');
     const unknownStage = prefab(['--workdir', workdir, '--config', DEFAULT, 'stage', 'nope']);
     expect(unknownStage.code).toBe(2);
-    expect(unknownStage.stderr).toMatch(/unknown stage 'nope'; the stages are: ingest, split, sample, pairs, judge, gate, export/);
+    expect(unknownStage.stderr).toMatch(/unknown stage 'nope'; the stages are: ingest, split, sample, pairs, judge, gate, export, tokenizer, sft, dpo, eval/);
     const dir = tempDir();
     writeFileSync(join(dir, 'bad.yaml'), 'pairs:\n  outcome:\n    max_pairs: 3\n');
     const badConfig = prefab(['--workdir', workdir, '--config', join(dir, 'bad.yaml'), 'run']);
@@ -62,7 +66,7 @@ describe('prefab command line', () => {
     await writeSyntheticSessions(join(dir, 'big.jsonl'), 20_000, 7);
     writeFileSync(join(dir, 'config.yaml'), 'ingest:\n  inputs: [big.jsonl]\n');
     const args = ['--workdir', join(dir, 'workspace'), '--config', join(dir, 'config.yaml'), '--log-format', 'json'];
-    const child = prefabAsync([...args, 'run']);
+    const child = prefabAsync([...args, 'run', '--until', 'export']);
     let log = '';
     await new Promise<void>((resolve, reject) => {
       child.stderr.on('data', (chunk: Buffer) => {
@@ -77,9 +81,9 @@ describe('prefab command line', () => {
     await new Promise((r) => child.once('exit', r));
 
     const status = JSON.parse(prefab([...args, 'status', '--json']).stdout) as { stage: string; state: string }[];
-    expect(status.map((s) => s.state)).toEqual(['fresh', 'fresh', 'fresh', 'never run', 'never run', 'never run', 'never run']);
+    expect(status.map((s) => s.state)).toEqual(['fresh', 'fresh', 'fresh', ...Array(8).fill('never run')]);
 
-    const rerun = prefab([...args, 'run']);
+    const rerun = prefab([...args, 'run', '--until', 'export']);
     expect(rerun.code, rerun.stderr).toBe(0);
     expect(rerun.stderr).toMatch(/stale lock removed/);
     expect(JSON.parse(rerun.stdout).stages.map((s: { action: string }) => s.action)).toEqual(['fresh', 'fresh', 'fresh', 'ran', 'ran', 'ran', 'ran']);

@@ -16,7 +16,7 @@ const query = async (sql: string) => {
 
 beforeAll(() => {
   workdir = join(tempDir(), 'workspace');
-  const r = prefab(['--workdir', workdir, '--config', join(REPO, 'configs', 'default.yaml'), '--log-format', 'json', 'run']);
+  const r = prefab(['--workdir', workdir, '--config', join(REPO, 'configs', 'default.yaml'), '--log-format', 'json', 'run', '--until', 'export']);
   expect(r.code, r.stderr).toBe(0);
 });
 

@@ -36,7 +36,7 @@ function train(model: GPT, optimizer: AdamW, from: number, to: number): number[]
   for (let s = from; s < to; s++) {
     const { ids, targets } = batch(s);
     const lr = learningRate(s, { peak: 1e-2, warmup: 5, total: 100, minRatio: 0.1 });
-    losses.push(optimizerStep(model, optimizer, () => ({ loss: sftLoss(model.tokenLogprobs(ids, targets, B, T), ones) }), lr, 1).loss);
+    losses.push(optimizerStep(model, optimizer, [() => ({ loss: sftLoss(model.tokenLogprobs(ids, targets, B, T), ones) })], lr, 1).loss);
   }
   return losses;
 }

@@ -1,0 +1,199 @@
+// eval: the untrained model, the SFT model and the preference-tuned model side by side, on held-out pairs
+// (accuracy, DPO's implicit rewards against the SFT reference), held-out NLL, and acting in the simulator on
+// validation tasks (success mean@k, pass@k, reward, turns). Prints the table and writes it as JSON.
+import { readFileSync } from 'node:fs';
+import { writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { z } from 'zod';
+import { defineStage } from '../../pipeline/stage.ts';
+import type { Logger } from '../../pipeline/log.ts';
+import { lossOf, pairExamples, type DpoLoss } from '../dpo/index.ts';
+import { seeded } from '../environment/random.ts';
+import { runEpisode } from '../environment/rollout.ts';
+import { DEFAULT_WORLD, generateTask, generateWorld } from '../environment/world.ts';
+import type { Message, Pair } from '../records.ts';
+import { backendChoice, useBackend } from '../train/backend.ts';
+import { loadCheckpoint, type TrainerState } from '../train/checkpoint.ts';
+import { readParquet, scoreSequences, sftSequences, subset, type Scores } from '../train/data.ts';
+import { GPT } from '../train/model.ts';
+import { ModelPolicy } from '../train/policy.ts';
+import { TextTokenizer } from '../train/tokenizer.ts';
+
+const config = z.strictObject({
+  seed: z.string().default('prefab'),
+  /** Held-out pairs and SFT sessions to score (null: all). */
+  max_pairs: z.number().int().min(1).nullable().default(100),
+  max_sessions: z.number().int().min(1).nullable().default(50),
+  micro_batch_tokens: z.number().int().min(16).default(2048),
+  simulator: z
+    .strictObject({
+      /** The world the sessions came from (the sample's: `prefab simulate`'s defaults). */
+      world_seed: z.number().int().default(DEFAULT_WORLD.seed),
+      companies: z.number().int().min(1).default(DEFAULT_WORLD.companies),
+      /** Validation tasks (their companies never appear in training), each tried k times. */
+      tasks: z.number().int().min(0).default(20),
+      k: z.number().int().min(1).default(2),
+      temperature: z.number().min(0).default(0.5),
+      top_p: z.number().min(0).max(1).default(0.95),
+      /** Most tokens in one assistant message. */
+      max_tokens: z.number().int().min(1).default(160),
+    })
+    .prefault({}),
+});
+type EvalConfig = z.infer<typeof config>;
+
+export type ModelRow = Record<string, number | null>;
+
+interface Model {
+  name: string;
+  model: GPT;
+}
+
+/** Mean of the values; null for none. */
+const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null);
+
+/**
+ * Held-out pair figures of one model against the reference's scores: accuracy of its own log-probabilities,
+ * and DPO's implicit rewards β·(log π − log π_ref) (reference-free losses: β·log π, on means).
+ */
+function pairFigures(policy: Scores[], reference: Scores[], training: { average: boolean; reference: boolean; beta: number }, isReference: boolean): ModelRow {
+  const value = (s: Scores, i: number) => (training.average ? s.sum[i]! / Math.max(1, s.count[i]!) : s.sum[i]!);
+  const n = policy[0]!.sum.length;
+  const own: number[] = [];
+  const margins: number[] = [];
+  for (let i = 0; i < n; i++) {
+    own.push(value(policy[0]!, i) - value(policy[1]!, i));
+    const chosen = training.reference ? value(policy[0]!, i) - value(reference[0]!, i) : value(policy[0]!, i);
+    const rejected = training.reference ? value(policy[1]!, i) - value(reference[1]!, i) : value(policy[1]!, i);
+    margins.push(training.beta * (chosen - rejected));
+  }
+  const rewards = !training.reference || !isReference;
+  return {
+    'pairs/accuracy': mean(own.map((m) => (m > 0 ? 1 : 0))),
+    'rewards/accuracies': rewards ? mean(margins.map((m) => (m > 0 ? 1 : 0))) : null,
+    'rewards/margins': rewards ? mean(margins) : null,
+  };
+}
+
+async function simulate(m: Model, tokenizer: TextTokenizer, s: EvalConfig['simulator'], seed: string, log: Logger): Promise<ModelRow> {
+  if (s.tasks === 0) return {};
+  const world = generateWorld({ ...DEFAULT_WORLD, seed: s.world_seed, companies: s.companies });
+  const policy = new ModelPolicy(m.name, m.model, tokenizer, { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p }, Math.random);
+  const successes: number[] = [];
+  const passed: number[] = [];
+  const rewards: number[] = [];
+  const turns: number[] = [];
+  // What a model that does not succeed yet has learnt: calls the environment accepts, the right company found.
+  const wellFormed: number[] = [];
+  const found: number[] = [];
+  const progress = log.progress(`simulator: ${m.name}`, s.tasks * s.k);
+  const started = performance.now();
+  try {
+    for (let t = 0; t < s.tasks; t++) {
+      const task = generateTask(world, 'val', t);
+      let any = 0;
+      for (let trial = 0; trial < s.k; trial++) {
+        policy.random = seeded(seed, 'eval', m.name, task.task_id, trial);
+        const episode = await runEpisode(world, task, policy);
+        successes.push(episode.success ? 1 : 0);
+        rewards.push(episode.reward);
+        turns.push(episode.turns);
+        const results = episode.messages.filter((x) => x.role === 'tool').map((x) => x.content ?? '');
+        wellFormed.push(...results.map((r) => (r.startsWith('Error:') ? 0 : 1)));
+        found.push(results.some((r) => r.startsWith(JSON.stringify({ company: task.company }).slice(0, -1))) ? 1 : 0);
+        any = Math.max(any, episode.success ? 1 : 0);
+        progress.tick();
+      }
+      passed.push(any);
+    }
+  } finally {
+    policy.dispose();
+    progress.done();
+  }
+  log.info('simulated', { model: m.name, episodes: successes.length, generated: policy.generated, 'tokens/s': Math.round(policy.generated / ((performance.now() - started) / 1000)) });
+  return {
+    [`success/mean@${s.k}`]: mean(successes),
+    [`success/pass@${s.k}`]: mean(passed),
+    'reward/mean': mean(rewards),
+    'turns/mean': mean(turns),
+    'calls/well_formed': mean(wellFormed),
+    'company_found': mean(found),
+  };
+}
+
+/** The table as text: one column per model. */
+export function formatTable(rows: Record<string, ModelRow>): string {
+  const models = Object.keys(rows);
+  const metrics = [...new Set(models.flatMap((m) => Object.keys(rows[m]!)))];
+  const cell = (v: number | null | undefined) => (v === null || v === undefined ? '—' : Number.isInteger(v) ? String(v) : v.toFixed(3));
+  const width = Math.max(...metrics.map((k) => k.length));
+  const lines = [[''.padEnd(width), ...models.map((m) => m.padStart(10))].join('  ')];
+  for (const k of metrics) lines.push([k.padEnd(width), ...models.map((m) => cell(rows[m]![k]).padStart(10))].join('  '));
+  return lines.join('\n');
+}
+
+export const evalStage = defineStage({
+  name: 'eval',
+  description: 'compare the untrained, SFT and preference-tuned models: held-out pairs, NLL, simulator success',
+  version: 1,
+  inputs: ['sft', 'dpo', 'export'],
+  outputs: ['eval.json', 'table.txt'],
+  config,
+
+  async run({ config: cfg, out, input, log }) {
+    const backend = await useBackend(backendChoice());
+    log.info('backend', { backend: backend.description });
+    const sft = loadCheckpoint(join(input('sft'), 'model'));
+    const tuned = loadCheckpoint(join(input('dpo'), 'model'));
+    const tuning = JSON.parse(readFileSync(join(input('dpo'), 'model', 'trainer_state.json'), 'utf8')) as TrainerState;
+    const sftState = JSON.parse(readFileSync(join(input('sft'), 'model', 'trainer_state.json'), 'utf8')) as TrainerState;
+    const lossName = String(tuning.info?.loss ?? 'sigmoid');
+    const training = lossOf({ loss: (lossName === 'sigmoid' ? 'dpo' : lossName) as DpoLoss, beta: Number(tuning.info?.beta ?? 0.1) });
+    const tokenizer = new TextTokenizer(sft.tokenizerJson);
+    const pad = tokenizer.special['<|pad|>'];
+    const length = sft.model.config.contextLength + 1;
+    // The untrained model is the SFT run's starting point: same config, same seed.
+    const models: Model[] = [
+      { name: 'untrained', model: GPT.create(sft.model.config, sftState.seed) },
+      { name: 'sft', model: sft.model },
+      { name: lossName === 'sigmoid' ? 'dpo' : lossName, model: tuned.model },
+    ];
+
+    const pairs = await readParquet<Pair>(join(input('export'), 'pairs', 'test.parquet'));
+    // Pairs cut as the preference stage cut them for training.
+    const pairLength = Math.min(length, Number(tuning.info?.max_length ?? Infinity) + 1);
+    const examples = await pairExamples(tokenizer, subset(pairs, cfg.max_pairs, cfg.seed), pairLength);
+    const sessions = await readParquet<{ messages: Message[] }>(join(input('export'), 'sft', 'test.parquet'));
+    const nllSequences = await sftSequences(tokenizer, subset(sessions, cfg.max_sessions, cfg.seed).map((s) => s.messages), length, join(input('export'), 'sft', 'test.parquet'));
+
+    const scores = (m: Model): Scores[] =>
+      examples.length ? [0, 1].map((k) => scoreSequences(m.model, examples.map((e) => e.sequences[k]!), cfg.micro_batch_tokens, pad, log, `held-out pairs: ${m.name}`)) : [];
+    const reference = scores(models[1]!);
+    const rows: Record<string, ModelRow> = {};
+    for (const m of models) {
+      const row: ModelRow = {};
+      if (examples.length) Object.assign(row, pairFigures(m === models[1] ? reference : scores(m), reference, training, m === models[1]));
+      if (nllSequences.length) {
+        const s = scoreSequences(m.model, nllSequences, cfg.micro_batch_tokens, pad, log, `held-out NLL: ${m.name}`);
+        row.nll = -s.sum.reduce((a, b) => a + b, 0) / Math.max(1, s.count.reduce((a, b) => a + b, 0));
+      }
+      Object.assign(row, await simulate(m, tokenizer, cfg.simulator, cfg.seed, log));
+      rows[m.name] = row;
+      log.info('evaluated', { model: m.name, ...row });
+    }
+    for (const m of models) m.model.dispose();
+
+    const table = formatTable(rows);
+    const report = {
+      models: rows,
+      held_out: { pairs: examples.length, sft_windows: nllSequences.length, val_tasks: cfg.simulator.tasks, k: cfg.simulator.k },
+      preference_loss: { loss: lossName, beta: training.beta, reference: training.reference ? 'sft' : null },
+      sampling: { temperature: cfg.simulator.temperature, top_p: cfg.simulator.top_p, max_tokens: cfg.simulator.max_tokens },
+      backend: backend.name,
+    };
+    await writeFile(join(out, 'eval.json'), JSON.stringify(report, null, 2) + '\n');
+    await writeFile(join(out, 'table.txt'), table + '\n');
+    const counts: Record<string, number> = { pairs: examples.length, sft_windows: nllSequences.length, val_tasks: cfg.simulator.tasks };
+    return { counts, summary: `${models.map((m) => m.name).join(' / ')} on ${examples.length} held-out pairs, ${cfg.simulator.tasks}×${cfg.simulator.k} validation episodes (eval.json):\n${table}` };
+  },
+});

@@ -1,0 +1,101 @@
+// sft: supervised fine-tuning of a small transformer on the successful training sessions, assistant
+// tokens only. Writes the model in Hugging Face's layout, and a metrics line per step.
+import { copyFile, readFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import * as tf from '@tensorflow/tfjs-core';
+import { z } from 'zod';
+import { hashJson } from '../../pipeline/hash.ts';
+import { defineStage } from '../../pipeline/stage.ts';
+import type { Message } from '../records.ts';
+import { backendChoice, useBackend } from '../train/backend.ts';
+import { saveCheckpoint } from '../train/checkpoint.ts';
+import { readParquet, sftSequences, subset } from '../train/data.ts';
+import { finalMetrics, runFolder, scheduleConfig, train } from '../train/loop.ts';
+import { sftLoss } from '../train/losses/index.ts';
+import { GPT } from '../train/model.ts';
+import { TextTokenizer } from '../train/tokenizer.ts';
+import { batchAt, maskedIn, microBatches, padBatch } from '../train/windows.ts';
+
+export const modelConfig = z.strictObject({
+  layers: z.number().int().min(1).default(4),
+  width: z.number().int().min(8).default(256),
+  heads: z.number().int().min(1).default(4),
+  /** Tokens the model sees at once; longer sessions are cut into windows that keep the user's request. */
+  context: z.number().int().min(16).default(1024),
+});
+
+const config = z
+  .strictObject({
+    model: modelConfig.prefault({}),
+    /** Initial weights and data order. */
+    seed: z.string().default('prefab'),
+    batch_size: z.number().int().min(1).default(8),
+    epochs: z.number().positive().default(1),
+    /** At most this many steps (null: as many as the epochs take). */
+    max_steps: z.number().int().min(1).nullable().default(null),
+    /** Train on at most this many sessions (null: all), drawn by a seeded shuffle. */
+    max_sessions: z.number().int().min(1).nullable().default(null),
+    ...scheduleConfig(1e-3),
+    checkpoint_every: z.number().int().min(1).default(25),
+    /** Largest micro-batch, in padded tokens: a batch is split into micro-batches whose gradients add up (WASM runs out of memory past ~4k). */
+    micro_batch_tokens: z.number().int().min(16).default(2048),
+  })
+  .refine((c) => c.model.width % c.model.heads === 0, { message: 'model.width must be a multiple of model.heads' });
+
+export const sft = defineStage({
+  name: 'sft',
+  description: 'supervised fine-tuning on successful training sessions (assistant tokens only)',
+  version: 1,
+  inputs: ['tokenizer', 'export'],
+  outputs: ['model', 'metrics.jsonl'],
+  config,
+
+  async run({ config: cfg, out, input, cache, lineage, log }) {
+    const backend = await useBackend(backendChoice());
+    log.info('backend', { backend: backend.description });
+    const tokenizerJson = await readFile(join(input('tokenizer'), 'tokenizer.json'), 'utf8');
+    const tokenizer = new TextTokenizer(tokenizerJson);
+    const path = join(input('export'), 'sft', 'train.parquet');
+    const rows = await readParquet<{ messages: Message[] }>(path);
+    const sessions = subset(rows, cfg.max_sessions, cfg.seed);
+    if (sessions.length === 0) throw new Error(`${path} has no sessions: nothing to fine-tune on (export.sft_min_reward may be too high)`);
+    const sequences = await sftSequences(tokenizer, sessions.map((s) => s.messages), cfg.model.context + 1, path);
+    const lengths = sequences.map((s) => s.ids.length);
+    const steps = Math.min(cfg.max_steps ?? Infinity, Math.ceil((cfg.epochs * sequences.length) / cfg.batch_size));
+    const modelConfig = { vocabSize: tokenizer.vocabSize, contextLength: cfg.model.context, ...cfg.model };
+    const pad = tokenizer.special['<|pad|>'];
+    log.info('training', { sessions: sessions.length, windows: sequences.length, tokens: lengths.reduce((a, b) => a + b, 0), steps, backend: backend.name });
+
+    const key = hashJson({ cfg, version: 1, data: lineage.filter((l) => l.stage === 'tokenizer' || l.stage === 'export').map((l) => l.fingerprint) });
+    const result = train({
+      dir: runFolder(cache, key),
+      seed: cfg.seed,
+      steps,
+      schedule: cfg,
+      checkpointEvery: cfg.checkpoint_every,
+      tokenizerJson,
+      start: () => GPT.create(modelConfig, cfg.seed),
+      batch: (step, model) => {
+        const batch = batchAt(lengths, cfg.batch_size, cfg.seed, step).map((i) => sequences[i]!);
+        const counted = batch.reduce((n, s) => n + s.mask.slice(1).reduce((a, b) => a + b, 0), 0);
+        const parts = microBatches(batch.map((s) => [s]), (s) => s.ids.length, cfg.micro_batch_tokens).map((m) => padBatch(m, pad));
+        return {
+          tokens: parts.reduce((n, b) => n + b.tokens, 0),
+          // Mean NLL over the batch's assistant tokens: each micro-batch adds its tokens' share.
+          parts: parts.map((b) => () => ({ loss: tf.mul(sftLoss(model.tokenLogprobs(b.ids, b.targets, b.batch, b.length), tf.tensor2d(b.mask, [b.batch, b.length])), maskedIn(b) / Math.max(1, counted)) })),
+        };
+      },
+      log,
+      label: 'sft steps',
+    });
+    saveCheckpoint(join(out, 'model'), { model: result.model, tokenizerJson, state: { step: steps, totalSteps: steps, seed: cfg.seed, info: { stage: 'sft', sessions: sessions.length, windows: sequences.length } } });
+    await copyFile(join(runFolder(cache, key), 'metrics.jsonl'), join(out, 'metrics.jsonl'));
+    const last = finalMetrics(result.metrics);
+    const parameters = result.model.size();
+    result.model.dispose();
+    return {
+      counts: { sessions: sessions.length, windows: sequences.length, steps, resumed_from: result.resumedFrom, parameters },
+      summary: `${steps} steps on ${sessions.length} sessions (${sequences.length} windows); loss ${last.loss?.toFixed(3)}, ${Math.round(last['tokens/s'] ?? 0)} tokens/s on ${backend.name}`,
+    };
+  },
+});

@@ -1,0 +1,52 @@
+// The trained model as a policy in the environment: it reads the conversation through the chat template,
+// cut to its context as in training, and writes the next assistant message. One KV cache is kept across
+// turns and episodes: each prompt extends the last one (and all start with the same system prompt), so
+// only the new messages are read.
+import type { Policy } from '../environment/agents.ts';
+import type { Random } from '../environment/random.ts';
+import type { Message } from '../records.ts';
+import { encodeConversations, parseAssistant } from './chat-template.ts';
+import { KVCache, type GPT } from './model.ts';
+import type { TextTokenizer } from './tokenizer.ts';
+import { headLength, recentWindow } from './windows.ts';
+
+export interface SamplingOptions {
+  /** Most tokens in one assistant message. */
+  maxTokens: number;
+  temperature: number;
+  topP: number;
+}
+
+export class ModelPolicy implements Policy {
+  private readonly cache: KVCache;
+  private calls = 0;
+  /** Tokens read and written, for throughput figures. */
+  generated = 0;
+
+  constructor(
+    readonly name: string,
+    model: GPT,
+    private readonly tokenizer: TextTokenizer,
+    private readonly sampling: SamplingOptions,
+    /** The sampler's randomness: set a fresh seeded stream per episode for reproducible episodes. */
+    public random: Random,
+  ) {
+    this.cache = new KVCache(model);
+  }
+
+  async respond(messages: Message[]): Promise<Message> {
+    const [encoded] = await encodeConversations(this.tokenizer, [messages], true);
+    const room = this.cache.model.config.contextLength - this.sampling.maxTokens;
+    const prompt = recentWindow(encoded!, headLength(messages), messages.length, room).ids;
+    const end = this.tokenizer.special['<|end|>'];
+    const ids = this.cache.generate(prompt, { ...this.sampling, stop: [end], random: this.random });
+    this.generated += ids.length;
+    const reply = await parseAssistant(this.tokenizer, ids, this.calls + 1);
+    this.calls += reply.tool_calls?.length ?? 0;
+    return reply;
+  }
+
+  dispose(): void {
+    this.cache.dispose();
+  }
+}
