@@ -260,10 +260,11 @@ export class KVCache {
     let logits = this.read(prompt.slice(shared));
     const rand = options.random ?? Math.random;
     const out: number[] = [];
-    for (let n = 0; n < Math.min(options.maxTokens, room); n++) {
+    const limit = Math.min(options.maxTokens, room);
+    while (out.length < limit) {
       const next = sampleToken(logits, options.temperature, options.topP ?? 1, rand);
       out.push(next);
-      if (options.stop?.includes(next) || prompt.length + out.length >= this.model.config.contextLength) break;
+      if (options.stop?.includes(next) || out.length === limit) break;
       logits = this.read([next]);
     }
     return out;

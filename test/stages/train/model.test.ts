@@ -7,7 +7,7 @@ import { seeded } from '../../../stages/environment/random.ts';
 import { useBackend } from '../../../stages/train/backend.ts';
 import { loadCheckpoint, saveCheckpoint } from '../../../stages/train/checkpoint.ts';
 import { sftLoss } from '../../../stages/train/losses/index.ts';
-import { GPT, sampleToken, type GPTConfig } from '../../../stages/train/model.ts';
+import { GPT, KVCache, sampleToken, type GPTConfig } from '../../../stages/train/model.ts';
 import { ADAMW_DEFAULTS, AdamW, learningRate } from '../../../stages/train/optimizer.ts';
 import { optimizerStep } from '../../../stages/train/step.ts';
 
@@ -69,6 +69,41 @@ describe('GPT on the WASM backend', () => {
       seq.push(next);
     }
     expect(cached).toEqual(recomputed);
+  });
+
+  it('keeps its KV cache across turns: extending a prompt reads only the new tokens and gives the logits a fresh cache gives', () => {
+    const model = GPT.create(config, 'turns');
+    const cache = new KVCache(model);
+    const first = cache.generate([3, 9, 1, 4], { maxTokens: 3, temperature: 0 });
+    expect(cache.tokens).toEqual([3, 9, 1, 4, ...first.slice(0, -1)]);
+    // The next turn's prompt shares a prefix, then differs: the cache is cut back to the shared part.
+    const next = [3, 9, 1, 4, 7, 7, 2];
+    const reused = cache.generate(next, { maxTokens: 4, temperature: 0 });
+    const fresh = model.generate(next, { maxTokens: 4, temperature: 0 });
+    expect(reused).toEqual(fresh);
+    const logits = (c: KVCache, ids: number[]) => Array.from(c.read(ids));
+    const a = new KVCache(model);
+    const whole = logits(a, [5, 6, 7, 8, 9]);
+    const b = new KVCache(model);
+    logits(b, [5, 6]);
+    const pieces = logits(b, [7, 8, 9]);
+    pieces.forEach((v, i) => expect(v).toBeCloseTo(whole[i]!, 4));
+    for (const c of [cache, a, b]) c.dispose();
+  });
+
+  it('sums the gradients of micro-batches into the step the whole batch would take', () => {
+    const whole = GPT.create(config, 'micro');
+    const split = GPT.create(config, 'micro');
+    const { ids, targets } = batch(0);
+    const half = (B / 2) * T;
+    const mask = (rows: number) => tf.ones([rows, T]) as tf.Tensor2D;
+    const step = (m: GPT, parts: (() => { loss: tf.Scalar })[]) => optimizerStep(m, new AdamW(m.params, ADAMW_DEFAULTS), parts, 1e-2, 1);
+    const a = step(whole, [() => ({ loss: sftLoss(whole.tokenLogprobs(ids, targets, B, T), mask(B)) })]);
+    const b = step(split, [0, 1].map((k) => () => ({ loss: tf.mul(sftLoss(split.tokenLogprobs(ids.slice(k * half, (k + 1) * half), targets.slice(k * half, (k + 1) * half), B / 2, T), mask(B / 2)), 0.5) as tf.Scalar })));
+    expect(b.loss).toBeCloseTo(a.loss, 5);
+    expect(b.gradNorm).toBeCloseTo(a.gradNorm, 4);
+    const w = (m: GPT) => Array.from(m.p('h.0.mlp.c_fc.weight').dataSync());
+    w(split).forEach((v, i) => expect(v).toBeCloseTo(w(whole)[i]!, 5));
   });
 
   it('stops at a stop token and at the end of its context', () => {
