@@ -10,9 +10,9 @@ import { hashJson } from '../../pipeline/hash.ts';
 import type { Logger } from '../../pipeline/log.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import type { KtoRow, Pair } from '../records.ts';
-import { backendChoice, useBackend } from '../train/backend.ts';
+import { stageBackend } from '../train/backend.ts';
 import { loadCheckpoint, saveCheckpoint } from '../train/checkpoint.ts';
-import { completionSequences, readParquet, subset, scoreSequences, type Scores } from '../train/data.ts';
+import { completionSequences, readParquet, scoreSequences, sequenceValues, subset, type Scores } from '../train/data.ts';
 import { finalMetrics, runFolder, scheduleConfig, train } from '../train/loop.ts';
 import { LOSS_NAMES, PREFERENCE_LOSSES, ktoLoss, preferenceMetrics, sequenceLogps, type PreferenceLossName } from '../train/losses/index.ts';
 import type { GPT } from '../train/model.ts';
@@ -104,8 +104,7 @@ export const dpo = defineStage({
   config,
 
   async run({ config: cfg, out, input, cache, lineage, log }) {
-    const backend = await useBackend(backendChoice());
-    log.info('backend', { backend: backend.description });
+    const backend = await stageBackend(log);
     const sft = loadCheckpoint(join(input('sft'), 'model'));
     const tokenizer = new TextTokenizer(sft.tokenizerJson);
     const length = Math.min(sft.model.config.contextLength, cfg.max_length ?? Infinity) + 1;
@@ -125,7 +124,9 @@ export const dpo = defineStage({
     log.info('training', { loss: loss.name, beta: loss.beta, examples: examples.length, steps, backend: backend.name });
 
     const lengths = examples.map((e) => Math.max(...e.sequences.map((s) => s.ids.length)));
-    const refOf = (k: number, idx: number[]) => tf.tensor1d(idx.map((i) => (loss.average ? reference![k]!.sum[i]! / Math.max(1, reference![k]!.count[i]!) : reference![k]!.sum[i]!)));
+    const refValues = reference?.map((r) => sequenceValues(r, loss.average));
+    const refValue = (k: number, i: number) => refValues![k]![i]!;
+    const refOf = (k: number, idx: number[]) => tf.tensor1d(idx.map((i) => refValue(k, i)));
     const hyper = { beta: loss.beta, label_smoothing: cfg.label_smoothing, gamma_beta_ratio: cfg.gamma_beta_ratio };
     const dir = runFolder(cache, hashJson({ cfg, fingerprints, version: 1 }));
     const result = train({
@@ -148,7 +149,8 @@ export const dpo = defineStage({
         };
         if (kto) {
           // KTO's reference point: the batch's mean log-ratio on mismatched completions, not differentiated, at least 0.
-          const kl = tf.tidy(() => tf.mean(tf.sub(logps(idx, 1, model), refOf(1, idx))).dataSync()[0]!);
+          const mismatched = sequenceValues(scoreSequences(model, idx.map((i) => examples[i]!.sequences[1]!), cfg.micro_batch_tokens, pad), loss.average);
+          const kl = idx.reduce((sum, i, k) => sum + mismatched[k]! - refValue(1, i), 0) / B;
           const desirable = idx.filter((i) => examples[i]!.label).length;
           return {
             tokens,

@@ -12,9 +12,9 @@ import { seeded } from '../environment/random.ts';
 import { runEpisode } from '../environment/rollout.ts';
 import { DEFAULT_WORLD, generateTask, generateWorld } from '../environment/world.ts';
 import type { Message, Pair } from '../records.ts';
-import { backendChoice, useBackend } from '../train/backend.ts';
+import { stageBackend } from '../train/backend.ts';
 import { loadCheckpoint, type TrainerState } from '../train/checkpoint.ts';
-import { readParquet, scoreSequences, sftSequences, subset, type Scores } from '../train/data.ts';
+import { readParquet, scoreSequences, sequenceValues, sftSequences, subset, type Scores } from '../train/data.ts';
 import { GPT } from '../train/model.ts';
 import { ModelPolicy } from '../train/policy.ts';
 import { TextTokenizer } from '../train/tokenizer.ts';
@@ -57,16 +57,15 @@ const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.l
  * and DPO's implicit rewards β·(log π − log π_ref) (reference-free losses: β·log π, on means).
  */
 function pairFigures(policy: Scores[], reference: Scores[], training: { average: boolean; reference: boolean; beta: number }, isReference: boolean): ModelRow {
-  const value = (s: Scores, i: number) => (training.average ? s.sum[i]! / Math.max(1, s.count[i]!) : s.sum[i]!);
-  const n = policy[0]!.sum.length;
+  const [chosen, rejected] = policy.map((s) => sequenceValues(s, training.average)) as [Float64Array, Float64Array];
+  const [refChosen, refRejected] = reference.map((s) => sequenceValues(s, training.average)) as [Float64Array, Float64Array];
   const own: number[] = [];
   const margins: number[] = [];
-  for (let i = 0; i < n; i++) {
-    own.push(value(policy[0]!, i) - value(policy[1]!, i));
-    const chosen = training.reference ? value(policy[0]!, i) - value(reference[0]!, i) : value(policy[0]!, i);
-    const rejected = training.reference ? value(policy[1]!, i) - value(reference[1]!, i) : value(policy[1]!, i);
-    margins.push(training.beta * (chosen - rejected));
-  }
+  chosen.forEach((c, i) => {
+    own.push(c - rejected[i]!);
+    const ratio = training.reference ? c - refChosen[i]! - (rejected[i]! - refRejected[i]!) : c - rejected[i]!;
+    margins.push(training.beta * ratio);
+  });
   const rewards = !training.reference || !isReference;
   return {
     'pairs/accuracy': mean(own.map((m) => (m > 0 ? 1 : 0))),
@@ -141,8 +140,7 @@ export const evalStage = defineStage({
   config,
 
   async run({ config: cfg, out, input, log }) {
-    const backend = await useBackend(backendChoice());
-    log.info('backend', { backend: backend.description });
+    const backend = await stageBackend(log);
     const sft = loadCheckpoint(join(input('sft'), 'model'));
     const tuned = loadCheckpoint(join(input('dpo'), 'model'));
     const tuning = JSON.parse(readFileSync(join(input('dpo'), 'model', 'trainer_state.json'), 'utf8')) as TrainerState;

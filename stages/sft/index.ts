@@ -7,7 +7,7 @@ import { z } from 'zod';
 import { hashJson } from '../../pipeline/hash.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import type { Message } from '../records.ts';
-import { backendChoice, useBackend } from '../train/backend.ts';
+import { stageBackend } from '../train/backend.ts';
 import { saveCheckpoint } from '../train/checkpoint.ts';
 import { readParquet, sftSequences, subset } from '../train/data.ts';
 import { finalMetrics, runFolder, scheduleConfig, train } from '../train/loop.ts';
@@ -51,8 +51,7 @@ export const sft = defineStage({
   config,
 
   async run({ config: cfg, out, input, cache, lineage, log }) {
-    const backend = await useBackend(backendChoice());
-    log.info('backend', { backend: backend.description });
+    const backend = await stageBackend(log);
     const tokenizerJson = await readFile(join(input('tokenizer'), 'tokenizer.json'), 'utf8');
     const tokenizer = new TextTokenizer(tokenizerJson);
     const path = join(input('export'), 'sft', 'train.parquet');
@@ -62,13 +61,15 @@ export const sft = defineStage({
     const sequences = await sftSequences(tokenizer, sessions.map((s) => s.messages), cfg.model.context + 1, path);
     const lengths = sequences.map((s) => s.ids.length);
     const steps = Math.min(cfg.max_steps ?? Infinity, Math.ceil((cfg.epochs * sequences.length) / cfg.batch_size));
-    const modelConfig = { vocabSize: tokenizer.vocabSize, contextLength: cfg.model.context, ...cfg.model };
+    const m = cfg.model;
+    const modelConfig = { vocabSize: tokenizer.vocabSize, contextLength: m.context, layers: m.layers, width: m.width, heads: m.heads };
     const pad = tokenizer.special['<|pad|>'];
     log.info('training', { sessions: sessions.length, windows: sequences.length, tokens: lengths.reduce((a, b) => a + b, 0), steps, backend: backend.name });
 
     const key = hashJson({ cfg, version: 1, data: lineage.filter((l) => l.stage === 'tokenizer' || l.stage === 'export').map((l) => l.fingerprint) });
+    const dir = runFolder(cache, key);
     const result = train({
-      dir: runFolder(cache, key),
+      dir,
       seed: cfg.seed,
       steps,
       schedule: cfg,
@@ -89,7 +90,7 @@ export const sft = defineStage({
       label: 'sft steps',
     });
     saveCheckpoint(join(out, 'model'), { model: result.model, tokenizerJson, state: { step: steps, totalSteps: steps, seed: cfg.seed, info: { stage: 'sft', sessions: sessions.length, windows: sequences.length } } });
-    await copyFile(join(runFolder(cache, key), 'metrics.jsonl'), join(out, 'metrics.jsonl'));
+    await copyFile(join(dir, 'metrics.jsonl'), join(out, 'metrics.jsonl'));
     const last = finalMetrics(result.metrics);
     const parameters = result.model.size();
     result.model.dispose();

@@ -4,6 +4,7 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { Option } from 'commander';
 import type { CommandFactory } from '../../pipeline/cli.ts';
+import type { Logger } from '../../pipeline/log.ts';
 import '@tensorflow/tfjs-backend-wasm';
 // The umbrella package registers the CPU backend and, in its Node bundle, the gradients of tfjs's ops.
 import '@tensorflow/tfjs';
@@ -36,6 +37,13 @@ export function backendChoice(): BackendChoice {
   const v = process.env.PREFAB_BACKEND ?? 'auto';
   if (!(BACKENDS as readonly string[]).includes(v)) throw new Error(`PREFAB_BACKEND=${v}: expected one of ${BACKENDS.join(', ')}`);
   return v as BackendChoice;
+}
+
+/** The backend a training stage runs on: the one `--backend` asked for, started, and said in the log. */
+export async function stageBackend(log: Logger): Promise<Backend> {
+  const backend = await useBackend(backendChoice());
+  log.info('backend', { backend: backend.description });
+  return backend;
 }
 
 let current: Backend | null = null;

@@ -77,13 +77,19 @@ function latestCheckpoint(dir: string): string | null {
 
 const checkpointName = (step: number) => `step-${String(step).padStart(6, '0')}`;
 
+/** The metrics of steps up to `upTo`; a line torn by a kill mid-write is past the checkpoint and is dropped. */
 function readMetrics(path: string, upTo: number): MetricsRow[] {
   if (!existsSync(path)) return [];
-  return readFileSync(path, 'utf8')
-    .split('\n')
-    .filter((l) => l.trim())
-    .map((l) => JSON.parse(l) as MetricsRow)
-    .filter((r) => r.step! <= upTo);
+  const rows: MetricsRow[] = [];
+  for (const line of readFileSync(path, 'utf8').split('\n')) {
+    try {
+      const row = JSON.parse(line) as MetricsRow;
+      if (row.step! <= upTo) rows.push(row);
+    } catch {
+      // empty or torn
+    }
+  }
+  return rows;
 }
 
 /** Trains to `run.steps`, resuming from the latest checkpoint in `run.dir`. Returns the model and every step's metrics. */

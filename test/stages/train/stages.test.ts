@@ -107,6 +107,21 @@ describe('training stages (tiny model)', () => {
     expect(metricsOf(join(workdir, 'dpo', 'metrics.jsonl'))).toHaveLength(2);
   });
 
+  it('trains with SimPO, ORPO and KTO too, each logging its metrics', () => {
+    for (const loss of ['simpo', 'orpo', 'kto']) {
+      const r = prefab(['--workdir', workdir, '--config', tinyConfig(join(workdir, '..'), `loss: ${loss}\n  max_steps: 2`), '--log-format', 'json', 'run']);
+      expect(r.code, r.stderr).toBe(0);
+      const rows = metricsOf(join(workdir, 'dpo', 'metrics.jsonl'));
+      expect(rows, loss).toHaveLength(2);
+      for (const key of ['loss', 'rewards/chosen', 'rewards/rejected', 'rewards/margins', 'logps/chosen', 'logps/rejected', ...(loss === 'kto' ? ['kl'] : ['rewards/accuracies'])]) {
+        expect(Number.isFinite(rows[1]![key]), `${loss}: ${key}`).toBe(true);
+      }
+      const report = JSON.parse(readFileSync(join(workdir, 'eval', 'eval.json'), 'utf8'));
+      expect(Object.keys(report.models)).toEqual(['untrained', 'sft', loss]);
+      expect(report.preference_loss.loss).toBe(loss);
+    }
+  });
+
   it('reads the exported pairs the trainer used with DuckDB too', async () => {
     const db = await DuckDBInstance.create(':memory:');
     const c = await db.connect();
