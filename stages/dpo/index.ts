@@ -13,7 +13,7 @@ import type { KtoRow, Pair } from '../records.ts';
 import { stageBackend } from '../train/backend.ts';
 import { loadCheckpoint, saveCheckpoint } from '../train/checkpoint.ts';
 import { completionSequences, readParquet, scoreSequences, sequenceValues, subset, type Scores } from '../train/data.ts';
-import { finalMetrics, runFolder, scheduleConfig, train } from '../train/loop.ts';
+import { finalMetrics, runFolder, train, trainingConfig } from '../train/loop.ts';
 import { LOSS_NAMES, PREFERENCE_LOSSES, ktoLoss, preferenceMetrics, sequenceLogps, type PreferenceLossName } from '../train/losses/index.ts';
 import type { GPT } from '../train/model.ts';
 import { TextTokenizer } from '../train/tokenizer.ts';
@@ -31,16 +31,10 @@ const config = z.strictObject({
   /** KTO's weights on desirable and undesirable examples. */
   desirable_weight: z.number().positive().default(1),
   undesirable_weight: z.number().positive().default(1),
-  seed: z.string().default('prefab'),
-  /** Pairs (KTO: rows) per step. */
-  batch_size: z.number().int().min(1).default(8),
-  epochs: z.number().positive().default(1),
-  max_steps: z.number().int().min(1).nullable().default(null),
+  /** batch_size counts pairs (KTO: rows). */
+  ...trainingConfig(1e-4),
   /** Train on at most this many pairs or rows (null: all), drawn by a seeded shuffle. */
   max_examples: z.number().int().min(1).nullable().default(null),
-  ...scheduleConfig(1e-4),
-  checkpoint_every: z.number().int().min(1).default(25),
-  micro_batch_tokens: z.number().int().min(16).default(2048),
   /** Tokens of prompt and completion together (null: the model's context): the prompt keeps its head and latest messages, a long completion is cut at its end (TRL's max_length). */
   max_length: z.number().int().min(16).nullable().default(null),
 });

@@ -10,7 +10,7 @@ import type { Message } from '../records.ts';
 import { stageBackend } from '../train/backend.ts';
 import { saveCheckpoint } from '../train/checkpoint.ts';
 import { readParquet, sftSequences, subset } from '../train/data.ts';
-import { finalMetrics, runFolder, scheduleConfig, train } from '../train/loop.ts';
+import { finalMetrics, runFolder, train, trainingConfig } from '../train/loop.ts';
 import { sftLoss } from '../train/losses/index.ts';
 import { GPT } from '../train/model.ts';
 import { TextTokenizer } from '../train/tokenizer.ts';
@@ -27,18 +27,9 @@ export const modelConfig = z.strictObject({
 const config = z
   .strictObject({
     model: modelConfig.prefault({}),
-    /** Initial weights and data order. */
-    seed: z.string().default('prefab'),
-    batch_size: z.number().int().min(1).default(8),
-    epochs: z.number().positive().default(1),
-    /** At most this many steps (null: as many as the epochs take). */
-    max_steps: z.number().int().min(1).nullable().default(null),
     /** Train on at most this many sessions (null: all), drawn by a seeded shuffle. */
     max_sessions: z.number().int().min(1).nullable().default(null),
-    ...scheduleConfig(1e-3),
-    checkpoint_every: z.number().int().min(1).default(25),
-    /** Largest micro-batch, in padded tokens: a batch is split into micro-batches whose gradients add up (WASM runs out of memory past ~4k). */
-    micro_batch_tokens: z.number().int().min(16).default(2048),
+    ...trainingConfig(1e-3),
   })
   .refine((c) => c.model.width % c.model.heads === 0, { message: 'model.width must be a multiple of model.heads' });
 

@@ -10,14 +10,27 @@ import type { GPT } from './model.ts';
 import { ADAMW_DEFAULTS, AdamW, learningRate } from './optimizer.ts';
 import { optimizerStep, type MicroBatchLoss } from './step.ts';
 
-/** The optimiser's settings in a stage's config; `lr` is the peak, reached after `warmup` steps, then decayed along a cosine to lr · min_lr_ratio. */
-export function scheduleConfig(lr: number) {
+/**
+ * The settings every training stage's config has: seed, batch and run length, checkpoints, micro-batches,
+ * and the optimiser's (`lr` is the peak, reached after `warmup` steps, then decayed along a cosine to
+ * lr · min_lr_ratio).
+ */
+export function trainingConfig(lr: number) {
   return {
+    /** Initial weights, data order, which examples a max_* draws. */
+    seed: z.string().default('prefab'),
+    batch_size: z.number().int().min(1).default(8),
+    epochs: z.number().positive().default(1),
+    /** At most this many steps (null: as many as the epochs take). */
+    max_steps: z.number().int().min(1).nullable().default(null),
     lr: z.number().positive().default(lr),
     warmup: z.number().int().min(0).default(10),
     min_lr_ratio: z.number().min(0).max(1).default(0.1),
     weight_decay: z.number().min(0).default(0.1),
     max_grad_norm: z.number().positive().default(1),
+    checkpoint_every: z.number().int().min(1).default(25),
+    /** Largest micro-batch, in padded tokens: a batch is split into micro-batches whose gradients add up (WASM runs out of memory past ~4k). */
+    micro_batch_tokens: z.number().int().min(16).default(2048),
   };
 }
 
