@@ -2,7 +2,6 @@
 // and IPO losses; SimPO; ORPO) or on the KTO rows. The SFT model is the starting point and, for the losses
 // that need one, the frozen reference, whose log-probabilities are computed once and cached in the workspace.
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
-import { copyFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
 import { z } from 'zod';
@@ -11,9 +10,9 @@ import type { Logger } from '../../pipeline/log.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import type { KtoRow, Pair } from '../records.ts';
 import { stageBackend } from '../train/backend.ts';
-import { loadCheckpoint, saveCheckpoint } from '../train/checkpoint.ts';
+import { loadCheckpoint } from '../train/checkpoint.ts';
 import { completionSequences, readParquet, scoreSequences, sequenceValues, subset, type Scores } from '../train/data.ts';
-import { finalMetrics, runFolder, train, trainingConfig } from '../train/loop.ts';
+import { runFolder, stepsFor, train, trainingConfig, writeRun, type TrainingRun } from '../train/loop.ts';
 import { LOSS_NAMES, PREFERENCE_LOSSES, ktoLoss, preferenceMetrics, sequenceLogps, type PreferenceLossName } from '../train/losses/index.ts';
 import type { GPT } from '../train/model.ts';
 import { TextTokenizer } from '../train/tokenizer.ts';
@@ -111,7 +110,7 @@ export const dpo = defineStage({
     if (used.length === 0) throw new Error(`${path} has no rows: nothing to train ${cfg.loss} on`);
     if (kto && !used.some((r) => r.label)) throw new Error(`${path}: no desirable rows (label true); KTO needs both kinds`);
     const examples = kto ? await ktoExamples(tokenizer, used, length) : await pairExamples(tokenizer, used, length);
-    const steps = Math.min(cfg.max_steps ?? Infinity, Math.ceil((cfg.epochs * examples.length) / cfg.batch_size));
+    const steps = stepsFor(cfg, examples.length);
     const fingerprints = lineage.filter((l) => l.stage === 'sft' || l.stage === 'export').map((l) => l.fingerprint);
     const referenceKey = hashJson({ fingerprints, kto, examples: used.length, length, version: 1 });
     const reference = loss.reference ? referenceScores(sft.model, examples, pad, cfg.micro_batch_tokens, join(cache, `reference-${referenceKey.slice(0, 16)}.json`), log) : null;
@@ -123,7 +122,7 @@ export const dpo = defineStage({
     const refOf = (k: number, idx: number[]) => tf.tensor1d(idx.map((i) => refValue(k, i)));
     const hyper = { beta: loss.beta, label_smoothing: cfg.label_smoothing, gamma_beta_ratio: cfg.gamma_beta_ratio };
     const dir = runFolder(cache, hashJson({ cfg, fingerprints, version: 1 }));
-    const result = train({
+    const run: TrainingRun = {
       dir,
       seed: cfg.seed,
       steps,
@@ -186,12 +185,10 @@ export const dpo = defineStage({
       },
       log,
       label: `${cfg.loss} steps`,
-    });
+    };
+    const result = train(run);
     sft.model.dispose();
-    saveCheckpoint(join(out, 'model'), { model: result.model, tokenizerJson: sft.tokenizerJson, state: { step: steps, totalSteps: steps, seed: cfg.seed, info: { stage: 'dpo', loss: loss.name, beta: loss.beta, max_length: length - 1 } } });
-    await copyFile(join(dir, 'metrics.jsonl'), join(out, 'metrics.jsonl'));
-    result.model.dispose();
-    const last = finalMetrics(result.metrics);
+    const last = await writeRun(out, run, result, { stage: 'dpo', loss: loss.name, beta: loss.beta, max_length: length - 1 });
     const accuracy = last['rewards/accuracies'];
     return {
       counts: { examples: examples.length, steps, resumed_from: result.resumedFrom },

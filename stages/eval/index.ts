@@ -1,7 +1,6 @@
 // eval: the untrained model, the SFT model and the preference-tuned model side by side, on held-out pairs
 // (accuracy, DPO's implicit rewards against the SFT reference), held-out NLL, and acting in the simulator on
 // validation tasks (success mean@k, pass@k, reward, turns). Prints the table and writes it as JSON.
-import { readFileSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
@@ -13,7 +12,7 @@ import { runEpisode } from '../environment/rollout.ts';
 import { DEFAULT_WORLD, generateTask, generateWorld } from '../environment/world.ts';
 import type { Message, Pair } from '../records.ts';
 import { stageBackend } from '../train/backend.ts';
-import { loadCheckpoint, type TrainerState } from '../train/checkpoint.ts';
+import { loadCheckpoint } from '../train/checkpoint.ts';
 import { readParquet, scoreSequences, sequenceValues, sftSequences, subset, type Scores } from '../train/data.ts';
 import { GPT } from '../train/model.ts';
 import { ModelPolicy } from '../train/policy.ts';
@@ -143,23 +142,22 @@ export const evalStage = defineStage({
     const backend = await stageBackend(log);
     const sft = loadCheckpoint(join(input('sft'), 'model'));
     const tuned = loadCheckpoint(join(input('dpo'), 'model'));
-    const tuning = JSON.parse(readFileSync(join(input('dpo'), 'model', 'trainer_state.json'), 'utf8')) as TrainerState;
-    const sftState = JSON.parse(readFileSync(join(input('sft'), 'model', 'trainer_state.json'), 'utf8')) as TrainerState;
-    const lossName = String(tuning.info?.loss ?? 'sigmoid');
-    const training = lossOf({ loss: (lossName === 'sigmoid' ? 'dpo' : lossName) as DpoLoss, beta: Number(tuning.info?.beta ?? 0.1) });
+    const tuning = tuned.state?.info ?? {};
+    const lossName = String(tuning.loss ?? 'sigmoid');
+    const training = lossOf({ loss: (lossName === 'sigmoid' ? 'dpo' : lossName) as DpoLoss, beta: Number(tuning.beta ?? 0.1) });
     const tokenizer = new TextTokenizer(sft.tokenizerJson);
     const pad = tokenizer.special['<|pad|>'];
     const length = sft.model.config.contextLength + 1;
     // The untrained model is the SFT run's starting point: same config, same seed.
     const models: Model[] = [
-      { name: 'untrained', model: GPT.create(sft.model.config, sftState.seed) },
+      { name: 'untrained', model: GPT.create(sft.model.config, sft.state?.seed ?? 'prefab') },
       { name: 'sft', model: sft.model },
       { name: lossName === 'sigmoid' ? 'dpo' : lossName, model: tuned.model },
     ];
 
     const pairs = await readParquet<Pair>(join(input('export'), 'pairs', 'test.parquet'));
     // Pairs cut as the preference stage cut them for training.
-    const pairLength = Math.min(length, Number(tuning.info?.max_length ?? Infinity) + 1);
+    const pairLength = Math.min(length, Number(tuning.max_length ?? Infinity) + 1);
     const examples = await pairExamples(tokenizer, subset(pairs, cfg.max_pairs, cfg.seed), pairLength);
     const sessions = await readParquet<{ messages: Message[] }>(join(input('export'), 'sft', 'test.parquet'));
     const nllSequences = await sftSequences(tokenizer, subset(sessions, cfg.max_sessions, cfg.seed).map((s) => s.messages), length, join(input('export'), 'sft', 'test.parquet'));

@@ -1,6 +1,6 @@
 // sft: supervised fine-tuning of a small transformer on the successful training sessions, assistant
 // tokens only. Writes the model in Hugging Face's layout, and a metrics line per step.
-import { copyFile, readFile } from 'node:fs/promises';
+import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
 import { z } from 'zod';
@@ -8,9 +8,8 @@ import { hashJson } from '../../pipeline/hash.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import type { Message } from '../records.ts';
 import { stageBackend } from '../train/backend.ts';
-import { saveCheckpoint } from '../train/checkpoint.ts';
 import { readParquet, sftSequences, subset } from '../train/data.ts';
-import { finalMetrics, runFolder, train, trainingConfig } from '../train/loop.ts';
+import { runFolder, stepsFor, train, trainingConfig, writeRun, type TrainingRun } from '../train/loop.ts';
 import { sftLoss } from '../train/losses/index.ts';
 import { GPT } from '../train/model.ts';
 import { TextTokenizer } from '../train/tokenizer.ts';
@@ -51,7 +50,7 @@ export const sft = defineStage({
     if (sessions.length === 0) throw new Error(`${path} has no sessions: nothing to fine-tune on (export.sft_min_reward may be too high)`);
     const sequences = await sftSequences(tokenizer, sessions.map((s) => s.messages), cfg.model.context + 1, path);
     const lengths = sequences.map((s) => s.ids.length);
-    const steps = Math.min(cfg.max_steps ?? Infinity, Math.ceil((cfg.epochs * sequences.length) / cfg.batch_size));
+    const steps = stepsFor(cfg, sequences.length);
     const m = cfg.model;
     const modelConfig = { vocabSize: tokenizer.vocabSize, contextLength: m.context, layers: m.layers, width: m.width, heads: m.heads };
     const pad = tokenizer.special['<|pad|>'];
@@ -59,7 +58,7 @@ export const sft = defineStage({
 
     const key = hashJson({ cfg, version: 1, data: lineage.filter((l) => l.stage === 'tokenizer' || l.stage === 'export').map((l) => l.fingerprint) });
     const dir = runFolder(cache, key);
-    const result = train({
+    const run: TrainingRun = {
       dir,
       seed: cfg.seed,
       steps,
@@ -69,8 +68,8 @@ export const sft = defineStage({
       start: () => GPT.create(modelConfig, cfg.seed),
       batch: (step, model) => {
         const batch = batchAt(lengths, cfg.batch_size, cfg.seed, step).map((i) => sequences[i]!);
-        const counted = batch.reduce((n, s) => n + s.mask.slice(1).reduce((a, b) => a + b, 0), 0);
         const parts = microBatches(batch.map((s) => [s]), (s) => s.ids.length, cfg.micro_batch_tokens).map((m) => padBatch(m, pad));
+        const counted = parts.reduce((n, b) => n + maskedIn(b), 0);
         return {
           tokens: parts.reduce((n, b) => n + b.tokens, 0),
           // Mean NLL over the batch's assistant tokens: each micro-batch adds its tokens' share.
@@ -79,12 +78,10 @@ export const sft = defineStage({
       },
       log,
       label: 'sft steps',
-    });
-    saveCheckpoint(join(out, 'model'), { model: result.model, tokenizerJson, state: { step: steps, totalSteps: steps, seed: cfg.seed, info: { stage: 'sft', sessions: sessions.length, windows: sequences.length } } });
-    await copyFile(join(dir, 'metrics.jsonl'), join(out, 'metrics.jsonl'));
-    const last = finalMetrics(result.metrics);
+    };
+    const result = train(run);
     const parameters = result.model.size();
-    result.model.dispose();
+    const last = await writeRun(out, run, result, { stage: 'sft', sessions: sessions.length, windows: sequences.length });
     return {
       counts: { sessions: sessions.length, windows: sequences.length, steps, resumed_from: result.resumedFrom, parameters },
       summary: `${steps} steps on ${sessions.length} sessions (${sequences.length} windows); loss ${last.loss?.toFixed(3)}, ${Math.round(last['tokens/s'] ?? 0)} tokens/s on ${backend.name}`,

@@ -2,6 +2,7 @@
 // clipping, a metrics line per step, and checkpoints every N steps in a folder that outlives the run, so a
 // run killed at any point resumes from its last checkpoint and ends where an uninterrupted run ends.
 import { appendFileSync, existsSync, mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import type { Logger } from '../../pipeline/log.ts';
@@ -151,6 +152,22 @@ export function train(run: TrainingRun): { model: GPT; metrics: MetricsRow[]; re
   progress.done();
   if (run.steps === 0 && !last) save(0);
   return { model, metrics, resumedFrom: done };
+}
+
+/** Optimiser steps for `epochs` passes over `examples` in batches, at most `maxSteps`. */
+export function stepsFor(cfg: { epochs: number; batch_size: number; max_steps: number | null }, examples: number): number {
+  return Math.min(cfg.max_steps ?? Infinity, Math.ceil((cfg.epochs * examples) / cfg.batch_size));
+}
+
+/**
+ * A finished run's outputs in the stage's folder: the model in Hugging Face's layout (`model/`, without the
+ * optimiser) and every step's metrics. Frees the model; returns the means of the last steps' metrics.
+ */
+export async function writeRun(out: string, run: TrainingRun, result: { model: GPT; metrics: MetricsRow[] }, info: Record<string, unknown>): Promise<MetricsRow> {
+  saveCheckpoint(join(out, 'model'), { model: result.model, tokenizerJson: run.tokenizerJson, state: { step: run.steps, totalSteps: run.steps, seed: run.seed, info } });
+  await copyFile(join(run.dir, 'metrics.jsonl'), join(out, 'metrics.jsonl'));
+  result.model.dispose();
+  return finalMetrics(result.metrics);
 }
 
 /** Means of each metric over the last `n` rows: what a stage reports as its final figures. */
