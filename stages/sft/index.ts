@@ -6,9 +6,11 @@ import * as tf from '@tensorflow/tfjs-core';
 import { z } from 'zod';
 import { hashJson } from '../../pipeline/hash.ts';
 import { defineStage } from '../../pipeline/stage.ts';
+import { seeded } from '../environment/random.ts';
 import type { Message } from '../records.ts';
 import { stageBackend } from '../train/backend.ts';
-import { readParquet, sftSequences, subset } from '../train/data.ts';
+import { resampleCopies } from '../train/augment.ts';
+import { fromParquet, readParquet, sftSequences, subset } from '../train/data.ts';
 import { runFolder, stepsFor, train, trainingConfig, writeRun, type TrainingRun } from '../train/loop.ts';
 import { sftLoss } from '../train/losses/index.ts';
 import { GPT } from '../train/model.ts';
@@ -21,6 +23,8 @@ export const modelConfig = z.strictObject({
   heads: z.number().int().min(1).default(4),
   /** Tokens the model sees at once; longer sessions are cut into windows that keep the user's request. */
   context: z.number().int().min(16).default(1024),
+  /** rope: rotary embeddings (attention sees how far apart tokens are); learned: GPT-2's table of positions. */
+  positions: z.enum(['rope', 'learned']).default('rope'),
 });
 
 const config = z
@@ -28,6 +32,12 @@ const config = z
     model: modelConfig.prefault({}),
     /** Train on at most this many sessions (null: all), drawn by a seeded shuffle. */
     max_sessions: z.number().int().min(1).nullable().default(null),
+    /**
+     * Share of sessions whose copied values (what the assistant copies from the conversation into its calls:
+     * names, phone and account numbers) are replaced by random ones of the same shape, so the model learns to
+     * copy them rather than learn them by heart (stages/train/augment.ts).
+     */
+    resample_copies: z.number().min(0).max(1).default(0),
     ...trainingConfig(1e-3),
   })
   .refine((c) => c.model.width % c.model.heads === 0, { message: 'model.width must be a multiple of model.heads' });
@@ -35,7 +45,7 @@ const config = z
 export const sft = defineStage({
   name: 'sft',
   description: 'supervised fine-tuning on successful training sessions (assistant tokens only)',
-  version: 1,
+  version: 2,
   inputs: ['tokenizer', 'export'],
   outputs: ['model', 'metrics.jsonl'],
   config,
@@ -48,15 +58,23 @@ export const sft = defineStage({
     const rows = await readParquet<{ messages: Message[] }>(path);
     const sessions = subset(rows, cfg.max_sessions, cfg.seed);
     if (sessions.length === 0) throw new Error(`${path} has no sessions: nothing to fine-tune on (export.sft_min_reward may be too high)`);
-    const sequences = await sftSequences(tokenizer, sessions.map((s) => s.messages), cfg.model.context + 1, path);
+    let resampled = 0;
+    const conversations = sessions.map((s, i) => {
+      const rand = seeded(cfg.seed, 'resample-copies', i);
+      const messages = fromParquet(s.messages);
+      if (rand() >= cfg.resample_copies) return messages;
+      resampled++;
+      return resampleCopies(messages, rand);
+    });
+    const sequences = await sftSequences(tokenizer, conversations, cfg.model.context + 1, path);
     const lengths = sequences.map((s) => s.ids.length);
     const steps = stepsFor(cfg, sequences.length);
     const m = cfg.model;
-    const modelConfig = { vocabSize: tokenizer.vocabSize, contextLength: m.context, layers: m.layers, width: m.width, heads: m.heads };
+    const modelConfig = { vocabSize: tokenizer.vocabSize, contextLength: m.context, layers: m.layers, width: m.width, heads: m.heads, positions: m.positions };
     const pad = tokenizer.special['<|pad|>'];
-    log.info('training', { sessions: sessions.length, windows: sequences.length, tokens: lengths.reduce((a, b) => a + b, 0), steps, backend: backend.name });
+    log.info('training', { sessions: sessions.length, resampled, windows: sequences.length, tokens: lengths.reduce((a, b) => a + b, 0), steps, backend: backend.name });
 
-    const key = hashJson({ cfg, version: 1, data: lineage.filter((l) => l.stage === 'tokenizer' || l.stage === 'export').map((l) => l.fingerprint) });
+    const key = hashJson({ cfg, version: 2, data: lineage.filter((l) => l.stage === 'tokenizer' || l.stage === 'export').map((l) => l.fingerprint) });
     const dir = runFolder(cache, key);
     const run: TrainingRun = {
       dir,
@@ -83,7 +101,7 @@ export const sft = defineStage({
     const parameters = result.model.size();
     const last = await writeRun(out, run, result, { stage: 'sft', sessions: sessions.length, windows: sequences.length });
     return {
-      counts: { sessions: sessions.length, windows: sequences.length, steps, resumed_from: result.resumedFrom, parameters },
+      counts: { sessions: sessions.length, resampled, windows: sequences.length, steps, resumed_from: result.resumedFrom, parameters },
       summary: `${steps} steps on ${sessions.length} sessions (${sequences.length} windows); loss ${last.loss?.toFixed(3)}, ${Math.round(last['tokens/s'] ?? 0)} tokens/s on ${backend.name}`,
     };
   },

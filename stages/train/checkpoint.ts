@@ -5,7 +5,7 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
-import { GPT, parameterShapes, type GPTConfig } from './model.ts';
+import { GPT, ROPE_BASE, parameterShapes, type GPTConfig } from './model.ts';
 import type { AdamW } from './optimizer.ts';
 import { readSafetensors, writeSafetensors, type NamedTensor } from './safetensors.ts';
 
@@ -33,6 +33,8 @@ function configJson(c: GPTConfig): Record<string, unknown> {
     tie_word_embeddings: true,
     // Linear weights are stored (in, out), as GPT-2's Conv1D stores them.
     weight_layout: 'in_out',
+    position_embedding_type: c.positions === 'rope' ? 'rope' : 'learned',
+    ...(c.positions === 'rope' ? { rope_theta: ROPE_BASE } : {}),
   };
 }
 
@@ -41,7 +43,9 @@ export function readModelConfig(dir: string): GPTConfig {
   if (!existsSync(path)) throw new Error(`${dir} is not a model folder: it has no config.json`);
   const j = JSON.parse(readFileSync(path, 'utf8')) as Record<string, unknown>;
   if (j.model_type !== 'prefab-gpt') throw new Error(`${path}: model_type is ${JSON.stringify(j.model_type)}, not "prefab-gpt"`);
-  return { vocabSize: Number(j.vocab_size), contextLength: Number(j.n_positions), layers: Number(j.n_layer), width: Number(j.n_embd), heads: Number(j.n_head) };
+  const positions = j.position_embedding_type ?? 'learned';
+  if (positions !== 'learned' && positions !== 'rope') throw new Error(`${path}: position_embedding_type is ${JSON.stringify(positions)}: prefab knows "learned" and "rope"`);
+  return { vocabSize: Number(j.vocab_size), contextLength: Number(j.n_positions), layers: Number(j.n_layer), width: Number(j.n_embd), heads: Number(j.n_head), positions };
 }
 
 const read = (t: tf.Tensor): NamedTensor => ({ shape: t.shape, data: t.dataSync() as Float32Array });

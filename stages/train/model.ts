@@ -12,14 +12,22 @@ export interface GPTConfig {
   layers: number;
   width: number;
   heads: number;
+  /**
+   * How the model knows where a token is: a learned embedding per position added to the input (GPT-2), or
+   * rotary embeddings that turn each head's queries and keys by their position (RoPE, Su et al. 2021), so
+   * attention scores depend on how far apart two tokens are. Absent: learned.
+   */
+  positions?: 'learned' | 'rope';
 }
+
+export const ROPE_BASE = 10000;
 
 /** Parameter name → shape, in a fixed order (the order of safetensors files and optimiser state). */
 export function parameterShapes(c: GPTConfig): [string, number[]][] {
   const C = c.width;
   const shapes: [string, number[]][] = [
     ['wte.weight', [c.vocabSize, C]],
-    ['wpe.weight', [c.contextLength, C]],
+    ...(c.positions === 'rope' ? [] : ([['wpe.weight', [c.contextLength, C]]] as [string, number[]][])),
   ];
   for (let i = 0; i < c.layers; i++) {
     const h = `h.${i}.`;
@@ -74,9 +82,46 @@ export function gelu(x: tf.Tensor2D): tf.Tensor2D {
   return tf.mul(x, tf.sigmoid(tf.mul(x, 1.702))) as tf.Tensor2D;
 }
 
+/** RoPE's tables for every position: cos and signed sin, (1, context, 1, 2, hs/2), kept until disposed. */
+export function ropeTables(contextLength: number, headSize: number): { cos: tf.Tensor; sin: tf.Tensor } {
+  const half = headSize / 2;
+  const cos = new Float32Array(contextLength * 2 * half);
+  const sin = new Float32Array(contextLength * 2 * half);
+  for (let p = 0; p < contextLength; p++) {
+    for (let f = 0; f < half; f++) {
+      const angle = p * Math.pow(ROPE_BASE, -f / half);
+      for (const [side, sign] of [[0, -1], [1, 1]] as const) {
+        cos[(p * 2 + side) * half + f] = Math.cos(angle);
+        sin[(p * 2 + side) * half + f] = sign * Math.sin(angle);
+      }
+    }
+  }
+  return { cos: tf.keep(tf.tensor(cos, [1, contextLength, 1, 2, half])), sin: tf.keep(tf.tensor(sin, [1, contextLength, 1, 2, half])) };
+}
+
+/**
+ * RoPE on the packed q, k, v (B·T, 3C) of tokens at positions start…: each head's query and key, seen as
+ * hs/2 pairs (x_f, x_{f+hs/2}), is turned by the angle position · base^(−f/(hs/2)); v is left as it is.
+ * rotate_half(x) = (−x₂, x₁) is the halves swapped (a reverse over an axis of 2) times (−1, +1), which the
+ * sine table carries.
+ */
+export function rope(qkv: tf.Tensor2D, tables: { cos: tf.Tensor; sin: tf.Tensor }, shape: { batch: number; length: number; heads: number; start: number }): tf.Tensor2D {
+  const { batch, length, heads: H, start } = shape;
+  const C = qkv.shape[1] / 3;
+  const half = C / H / 2;
+  const cos = tf.slice(tables.cos, [0, start, 0, 0, 0], [1, length, 1, 2, half]);
+  const sin = tf.slice(tables.sin, [0, start, 0, 0, 0], [1, length, 1, 2, half]);
+  const n = batch * length;
+  const qk = tf.reshape(tf.slice(qkv, [0, 0], [n, 2 * C]), [batch, length, 2 * H, 2, half]);
+  const turned = tf.add(tf.mul(qk, cos), tf.mul(tf.reverse(qk, 3), sin));
+  return tf.concat([tf.reshape(turned, [n, 2 * C]), tf.slice(qkv, [0, 2 * C], [n, C])], 1) as tf.Tensor2D;
+}
+
 export class GPT {
   readonly params: Map<string, tf.Variable>;
   private readonly masks = new Map<number, tf.Tensor2D>();
+  /** RoPE's cos and signed sin for every position, (1, context, 1, 2, hs/2), made once. */
+  private rotation: { cos: tf.Tensor; sin: tf.Tensor } | null = null;
 
   constructor(
     readonly config: GPTConfig,
@@ -120,17 +165,28 @@ export class GPT {
    */
   private run(tokens: tf.Tensor2D, batch: number, length: number, start: number, attend: (layer: number) => (qkv: tf.Tensor2D) => tf.Tensor2D): tf.Tensor2D {
     const C = this.config.width;
-    const positions = tf.slice(this.p('wpe.weight'), [start, 0], [length, C]); // (T, C)
-    let x = tf.reshape(tf.add(tf.reshape(tokens, [batch, length, C]), positions), [batch * length, C]) as tf.Tensor2D;
+    const rope = this.config.positions === 'rope';
+    let x = tokens;
+    if (!rope) {
+      const positions = tf.slice(this.p('wpe.weight'), [start, 0], [length, C]); // (T, C)
+      x = tf.reshape(tf.add(tf.reshape(tokens, [batch, length, C]), positions), [batch * length, C]) as tf.Tensor2D;
+    }
     for (let i = 0; i < this.config.layers; i++) {
       const h = (n: string) => this.p(`h.${i}.${n}`);
-      const qkv = linear(layerNorm(x, h('ln_1.weight'), h('ln_1.bias')), h('attn.c_attn.weight')); // (B·T, 3C)
+      let qkv = linear(layerNorm(x, h('ln_1.weight'), h('ln_1.bias')), h('attn.c_attn.weight')); // (B·T, 3C)
+      if (rope) qkv = this.rotate(qkv, batch, length, start);
       x = tf.add(x, linear(attend(i)(qkv), h('attn.c_proj.weight')));
       const hidden = gelu(linear(layerNorm(x, h('ln_2.weight'), h('ln_2.bias')), h('mlp.c_fc.weight'))); // (B·T, 4C)
       x = tf.add(x, linear(hidden, h('mlp.c_proj.weight')));
     }
     x = layerNorm(x, this.p('ln_f.weight'), this.p('ln_f.bias'));
     return linear(x, tf.transpose(this.p('wte.weight'))); // (B·T, V): the head shares the embedding's weights
+  }
+
+  private rotate(qkv: tf.Tensor2D, batch: number, length: number, start: number): tf.Tensor2D {
+    const { width, heads, contextLength } = this.config;
+    this.rotation ??= ropeTables(contextLength, width / heads);
+    return rope(qkv, this.rotation, { batch, length, heads, start });
   }
 
   /** log p(target_t | tokens ≤ t) for every position: (B, T). */
@@ -150,7 +206,8 @@ export class GPT {
   /** Floating-point operations to train on one token (forward and backward), as nanoGPT's estimate_mfu counts them. */
   flopsPerToken(length = this.config.contextLength): number {
     const c = this.config;
-    return 6 * (this.size() - c.contextLength * c.width) + 12 * c.layers * c.width * length;
+    const positions = c.positions === 'rope' ? 0 : c.contextLength * c.width;
+    return 6 * (this.size() - positions) + 12 * c.layers * c.width * length;
   }
 
   /**
@@ -209,6 +266,7 @@ export class GPT {
   dispose(): void {
     for (const v of this.params.values()) v.dispose();
     for (const m of this.masks.values()) m.dispose();
+    if (this.rotation) tf.dispose([this.rotation.cos, this.rotation.sin]);
   }
 }
 

@@ -7,7 +7,7 @@
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { BPE, Tokenizer, byteLevelAlphabet, byteLevelPreTokenizer } from 'tokenizers';
+import { BPE, Tokenizer, byteLevelAlphabet, byteLevelPreTokenizer, digitsPreTokenizer, sequencePreTokenizer } from 'tokenizers';
 
 /** Role headers, the tool-call marker, the end of a message, and padding. */
 export const SPECIAL_TOKENS = ['<|system|>', '<|user|>', '<|assistant|>', '<|tool|>', '<|call|>', '<|end|>', '<|pad|>'] as const;
@@ -15,8 +15,11 @@ export type SpecialToken = (typeof SPECIAL_TOKENS)[number];
 
 const BYTE_LEVEL = { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true };
 
-/** Trains a byte-level BPE of `vocabSize` tokens (bytes, merges and special tokens) on the texts; returns tokenizer.json's content. */
-export function trainTokenizer(texts: string[], vocabSize: number): string {
+/**
+ * Trains a byte-level BPE of `vocabSize` tokens (bytes, merges and special tokens) on the texts; returns
+ * tokenizer.json's content. With `splitDigits`, every digit is a token of its own (no merges across digits).
+ */
+export function trainTokenizer(texts: string[], vocabSize: number, splitDigits = false): string {
   const alphabet = [...byteLevelAlphabet()].sort();
   const room = vocabSize - alphabet.length - SPECIAL_TOKENS.length;
   if (room < 0) throw new Error(`a vocabulary of ${vocabSize} cannot hold the 256 bytes and ${SPECIAL_TOKENS.length} special tokens: use at least ${alphabet.length + SPECIAL_TOKENS.length}`);
@@ -24,7 +27,7 @@ export function trainTokenizer(texts: string[], vocabSize: number): string {
   try {
     writeFileSync(join(dir, 'corpus.txt'), texts.join('\n'));
     const trainer = new Tokenizer(BPE.empty());
-    trainer.setPreTokenizer(byteLevelPreTokenizer(false, true));
+    trainer.setPreTokenizer(splitDigits ? sequencePreTokenizer([digitsPreTokenizer(true), byteLevelPreTokenizer(false, true)]) : byteLevelPreTokenizer(false, true));
     trainer.train([join(dir, 'corpus.txt')]);
     trainer.save(join(dir, 'trained.json'));
     const trained = JSON.parse(readFileSync(join(dir, 'trained.json'), 'utf8')) as { model: { merges: ([string, string] | string)[] } };
@@ -46,7 +49,7 @@ export function trainTokenizer(texts: string[], vocabSize: number): string {
       padding: null,
       added_tokens: added,
       normalizer: null,
-      pre_tokenizer: BYTE_LEVEL,
+      pre_tokenizer: splitDigits ? { type: 'Sequence', pretokenizers: [{ type: 'Digits', individual_digits: true }, BYTE_LEVEL] } : BYTE_LEVEL,
       post_processor: null,
       decoder: BYTE_LEVEL,
       model: { type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null, fuse_unk: false, byte_fallback: false, ignore_merges: false, vocab, merges },

@@ -7,11 +7,12 @@ import { seeded } from '../../../stages/environment/random.ts';
 import { useBackend } from '../../../stages/train/backend.ts';
 import { loadCheckpoint, saveCheckpoint } from '../../../stages/train/checkpoint.ts';
 import { sftLoss } from '../../../stages/train/losses/index.ts';
-import { GPT, KVCache, sampleToken, type GPTConfig } from '../../../stages/train/model.ts';
+import { GPT, KVCache, rope, ropeTables, sampleToken, type GPTConfig } from '../../../stages/train/model.ts';
 import { ADAMW_DEFAULTS, AdamW, learningRate } from '../../../stages/train/optimizer.ts';
 import { optimizerStep } from '../../../stages/train/step.ts';
 
-const config: GPTConfig = { vocabSize: 24, contextLength: 16, layers: 2, width: 16, heads: 2 };
+const baseConfig: GPTConfig = { vocabSize: 24, contextLength: 16, layers: 2, width: 16, heads: 2 };
+const config = baseConfig;
 const B = 4;
 const T = 16;
 let ones: tf.Tensor2D;
@@ -48,7 +49,9 @@ beforeAll(async () => {
   ones = tf.ones([B, T]);
 });
 
-describe('GPT on the WASM backend', () => {
+describe.each(['learned', 'rope'] as const)('GPT with %s positions on the WASM backend', (positions) => {
+  const config: GPTConfig = { ...baseConfig, positions };
+
   it('learns a counting pattern: the loss falls from ln(24) to a small fraction of it', () => {
     const model = GPT.create(config, 'learn');
     const losses = train(model, new AdamW(model.params, { ...ADAMW_DEFAULTS, weightDecay: 0 }), 0, 100);
@@ -117,6 +120,36 @@ describe('GPT on the WASM backend', () => {
   });
 });
 
+describe('rotary position embeddings', () => {
+  it('turn queries and keys so that their dot products depend only on how far apart they are, and leave values alone', () => {
+    const [H, hs, T] = [2, 8, 6];
+    const C = H * hs;
+    const tables = ropeTables(32, hs);
+    const rand = seeded('rope');
+    const qkv = tf.tensor2d(Array.from({ length: T * 3 * C }, () => rand() - 0.5), [T, 3 * C]);
+    const at = (start: number) => rope(qkv, tables, { batch: 1, length: T, heads: H, start }).arraySync();
+    const [a, b] = [at(0), at(9)];
+    const dot = (x: number[], y: number[], from: number, to: number) => x.slice(from, to).reduce((s, v, i) => s + v * y[from + i]!, 0);
+    const base = qkv.arraySync();
+    for (let h = 0; h < H; h++) {
+      const q = [h * hs, (h + 1) * hs] as const;
+      const k = [C + h * hs, C + (h + 1) * hs] as const;
+      for (let i = 0; i < T; i++) {
+        // Each head's query keeps its length: a rotation.
+        expect(dot(a[i]!, a[i]!, ...q)).toBeCloseTo(dot(base[i]!, base[i]!, ...q), 5);
+        for (let j = 0; j < T; j++) {
+          const qk = (r: number[][]) => r[i]!.slice(...q).reduce((s, v, f) => s + v * r[j]![k[0] + f]!, 0);
+          expect(qk(b)).toBeCloseTo(qk(a), 5);
+        }
+      }
+      // Position 0 is not turned; later ones are.
+      expect(a[0]!.slice(...q)).toEqual(base[0]!.slice(...q));
+      expect(Math.abs(a[3]![q[0]]! - base[3]![q[0]]!)).toBeGreaterThan(1e-4);
+    }
+    for (let i = 0; i < T; i++) expect(a[i]!.slice(2 * C)).toEqual(base[i]!.slice(2 * C));
+  });
+});
+
 describe('sampling', () => {
   const logits = Float32Array.from([1, 3, 2, 0]);
   it('takes the argmax at temperature 0', () => {
@@ -174,6 +207,18 @@ describe('checkpoints', () => {
     expect(loaded.tokenizerJson).toBe('{"t":1}');
     train(loaded.model, resumedOpt, 5, 12);
     expect(weightsOf(loaded.model)).toEqual(weightsOf(straight));
+  });
+
+  it('loads a RoPE model back as RoPE: config.json names it, there is no position table, the logits are the same', () => {
+    const dir = join(mkdtempSync(join(tmpdir(), 'prefab-ckpt-')), 'model');
+    const model = GPT.create({ ...config, positions: 'rope' }, 'rope');
+    saveCheckpoint(dir, { model, tokenizerJson: '{}' });
+    expect(JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8'))).toMatchObject({ position_embedding_type: 'rope', rope_theta: 10000 });
+    const loaded = loadCheckpoint(dir).model;
+    expect(loaded.config.positions).toBe('rope');
+    expect(loaded.params.has('wpe.weight')).toBe(false);
+    const ids = Int32Array.from([1, 5, 9, 2]);
+    expect(Array.from(loaded.forward(ids, 1, 4).dataSync())).toEqual(Array.from(model.forward(ids, 1, 4).dataSync()));
   });
 
   it('says what is wrong with a folder that is not a model', () => {

@@ -20,6 +20,7 @@ tokenizer:
 sft:
   model: { layers: 1, width: 32, heads: 2, context: 640 }
   max_sessions: 80
+  resample_copies: 0.5
   max_steps: 4
   checkpoint_every: 2
 dpo:
@@ -59,7 +60,14 @@ describe('training stages (tiny model)', () => {
     const tokenizer = JSON.parse(readFileSync(join(workdir, 'tokenizer', 'tokenizer.json'), 'utf8'));
     expect(Object.keys(tokenizer.model.vocab).length + tokenizer.added_tokens.length).toBe(512);
     const sft = loadCheckpoint(join(workdir, 'sft', 'model'));
-    expect(sft.model.config).toEqual({ vocabSize: 512, contextLength: 640, layers: 1, width: 32, heads: 2 });
+    expect(sft.model.config).toEqual({ vocabSize: 512, contextLength: 640, layers: 1, width: 32, heads: 2, positions: 'rope' });
+    // About half the sessions trained on had their copied values replaced.
+    const counts = JSON.parse(readFileSync(join(workdir, 'sft', 'manifest.json'), 'utf8')).counts;
+    expect(counts.sessions).toBe(80);
+    expect(counts.resampled).toBeGreaterThan(25);
+    expect(counts.resampled).toBeLessThan(55);
+    // Digits are tokens of their own.
+    expect(Object.keys(tokenizer.model.vocab).filter((t) => /\d\d/.test(t))).toEqual([]);
     // DPO starts from the SFT weights and moves them.
     const before = readSafetensors(join(workdir, 'sft', 'model', 'model.safetensors')).tensors.get('h.0.mlp.c_fc.weight')!.data;
     const after = readSafetensors(join(workdir, 'dpo', 'model', 'model.safetensors')).tensors.get('h.0.mlp.c_fc.weight')!.data;

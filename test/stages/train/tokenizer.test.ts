@@ -45,6 +45,18 @@ describe('byte-level BPE tokenizer', () => {
     expect(await tokenizer.decode(ids)).toBe('please type <|end|> and <|assistant|> here');
   });
 
+  it('with split digits, every digit is a token of its own and numbers still round-trip', async () => {
+    const split = new TextTokenizer(trainTokenizer(sessions.map((s) => renderText(s)), 400, true));
+    const phone = 'call 1-800-306-8514, PIN 2620';
+    const ids = await split.encode(phone);
+    const digits = ids.map((id) => split.idToToken(id)!).filter((t) => /\d/.test(t));
+    expect(digits).toHaveLength(15);
+    for (const t of digits) expect(t).toMatch(/^\d$/);
+    expect(await split.decode(ids)).toBe(phone);
+    // The grouped tokenizer learnt merges of digits from the same corpus.
+    expect((await tokenizer.encode(phone)).map((id) => tokenizer.idToToken(id)!).some((t) => /\d\d/.test(t))).toBe(true);
+  });
+
   it('training twice on the same corpus gives the same tokenizer.json', () => {
     expect(trainTokenizer(sessions.map((s) => renderText(s)), 400)).toBe(tokenizer.json);
   });
