@@ -14,12 +14,14 @@ const opts = new Command()
   .option('--backend <name>', `one of ${BACKENDS.join(', ')}`, 'wasm')
   .option('--steps <n>', 'timed steps', '6')
   .option('--batch <n>', 'sequences per step', '8')
+  .option('--positions <kind>', 'learned (GPT-2, the bench shape) or rope (what sft trains by default)', 'learned')
   .option('--no-naive', 'skip the naive baseline (tf.matMul gradients, batched attention): slow')
   .parse()
-  .opts<{ backend: BackendChoice; steps: string; batch: string; naive: boolean }>();
+  .opts<{ backend: BackendChoice; steps: string; batch: string; positions: string; naive: boolean }>();
 
 const backend = await useBackend(opts.backend);
-const config = { vocabSize: 512, contextLength: 256, layers: 4, width: 256, heads: 4 };
+if (opts.positions !== 'learned' && opts.positions !== 'rope') throw new Error(`--positions is learned or rope, not ${opts.positions}`);
+const config = { vocabSize: 512, contextLength: 256, layers: 4, width: 256, heads: 4, positions: opts.positions as 'learned' | 'rope' };
 const B = Number(opts.batch);
 const T = config.contextLength;
 
@@ -102,13 +104,14 @@ const peak = (peakBefore + peakAfter) / 2;
 const tokensPerSecond = (steps * B * T) / seconds;
 const gflops = (tokensPerSecond * model.flopsPerToken()) / 1e9;
 console.log(`backend          ${backend.description}`);
-console.log(`model            ${(model.size() / 1e6).toFixed(2)}M parameters, ${config.layers} layers, width ${config.width}, ${config.heads} heads, context ${T}, vocab ${config.vocabSize}`);
+console.log(`model            ${(model.size() / 1e6).toFixed(2)}M parameters, ${config.layers} layers, width ${config.width}, ${config.heads} heads, context ${T}, vocab ${config.vocabSize}, ${config.positions} positions`);
 console.log(`batch            ${B} × ${T} tokens, AdamW, ${steps} timed steps (${(seconds / steps).toFixed(2)} s/step), last loss ${last.toFixed(3)}`);
 console.log(`tokens/s         ${tokensPerSecond.toFixed(0)}`);
 console.log(`achieved         ${gflops.toFixed(1)} GFLOP/s (${(model.flopsPerToken() / 1e6).toFixed(1)} MFLOP per token, forward + backward)`);
 console.log(`plain matMul     ${peak.toFixed(1)} GFLOP/s (2048×256 · 256×1024, mean of before and after)`);
 console.log(`ratio            ${(gflops / peak).toFixed(2)} of the plain matMul`);
-if (opts.naive) {
+if (opts.naive && config.positions === 'rope') console.log('naive tfjs       (measured with --positions learned only)');
+else if (opts.naive) {
   const naive = naiveTokensPerSecond();
   console.log(`naive tfjs       ${naive.toFixed(0)} tokens/s (one sequence, one step): prefab's kernels are ${(tokensPerSecond / naive).toFixed(1)}× faster`);
 }
