@@ -10,7 +10,7 @@ import { seeded } from '../environment/random.ts';
 import type { Message } from '../records.ts';
 import { stageBackend } from '../train/backend.ts';
 import { resampleCopies } from '../train/augment.ts';
-import { fromParquet, readParquet, sftSequences, subset } from '../train/data.ts';
+import { readParquet, sftSequences, subset } from '../train/data.ts';
 import { runFolder, stepsFor, train, trainingConfig, writeRun, type TrainingRun } from '../train/loop.ts';
 import { sftLoss } from '../train/losses/index.ts';
 import { GPT } from '../train/model.ts';
@@ -40,7 +40,8 @@ const config = z
     resample_copies: z.number().min(0).max(1).default(0),
     ...trainingConfig(1e-3),
   })
-  .refine((c) => c.model.width % c.model.heads === 0, { message: 'model.width must be a multiple of model.heads' });
+  .refine((c) => c.model.width % c.model.heads === 0, { message: 'model.width must be a multiple of model.heads' })
+  .refine((c) => c.model.positions !== 'rope' || (c.model.width / c.model.heads) % 2 === 0, { message: 'model.positions rope turns pairs of dimensions: model.width / model.heads must be even' });
 
 export const sft = defineStage({
   name: 'sft',
@@ -61,10 +62,9 @@ export const sft = defineStage({
     let resampled = 0;
     const conversations = sessions.map((s, i) => {
       const rand = seeded(cfg.seed, 'resample-copies', i);
-      const messages = fromParquet(s.messages);
-      if (rand() >= cfg.resample_copies) return messages;
+      if (rand() >= cfg.resample_copies) return s.messages;
       resampled++;
-      return resampleCopies(messages, rand);
+      return resampleCopies(s.messages, rand);
     });
     const sequences = await sftSequences(tokenizer, conversations, cfg.model.context + 1, path);
     const lengths = sequences.map((s) => s.ids.length);
