@@ -88,10 +88,13 @@ function referenceScores(model: GPT, examples: Example[], pad: number, maxTokens
   return scores;
 }
 
+/** The stage's version, also in its run folder's key: a new version trains afresh instead of resuming an old run. */
+const VERSION = 1;
+
 export const dpo = defineStage({
   name: 'dpo',
   description: 'preference optimisation (DPO, IPO, SimPO, ORPO, KTO) of the SFT model on the exported pairs',
-  version: 1,
+  version: VERSION,
   inputs: ['sft', 'export'],
   outputs: ['model', 'metrics.jsonl'],
   config,
@@ -121,7 +124,7 @@ export const dpo = defineStage({
     const refValue = (k: number, i: number) => refValues![k]![i]!;
     const refOf = (k: number, idx: number[]) => tf.tensor1d(idx.map((i) => refValue(k, i)));
     const hyper = { beta: loss.beta, label_smoothing: cfg.label_smoothing, gamma_beta_ratio: cfg.gamma_beta_ratio };
-    const dir = runFolder(cache, hashJson({ cfg, fingerprints, version: 1 }));
+    const dir = runFolder(cache, hashJson({ cfg, fingerprints, version: VERSION }));
     const run: TrainingRun = {
       dir,
       seed: cfg.seed,

@@ -43,10 +43,13 @@ const config = z
   .refine((c) => c.model.width % c.model.heads === 0, { message: 'model.width must be a multiple of model.heads' })
   .refine((c) => c.model.positions !== 'rope' || (c.model.width / c.model.heads) % 2 === 0, { message: 'model.positions rope turns pairs of dimensions: model.width / model.heads must be even' });
 
+/** The stage's version, also in its run folder's key: a new version trains afresh instead of resuming an old run. */
+const VERSION = 2;
+
 export const sft = defineStage({
   name: 'sft',
   description: 'supervised fine-tuning on successful training sessions (assistant tokens only)',
-  version: 2,
+  version: VERSION,
   inputs: ['tokenizer', 'export'],
   outputs: ['model', 'metrics.jsonl'],
   config,
@@ -74,7 +77,7 @@ export const sft = defineStage({
     const pad = tokenizer.special['<|pad|>'];
     log.info('training', { sessions: sessions.length, resampled, windows: sequences.length, tokens: lengths.reduce((a, b) => a + b, 0), steps, backend: backend.name });
 
-    const key = hashJson({ cfg, version: 2, data: lineage.filter((l) => l.stage === 'tokenizer' || l.stage === 'export').map((l) => l.fingerprint) });
+    const key = hashJson({ cfg, version: VERSION, data: lineage.filter((l) => l.stage === 'tokenizer' || l.stage === 'export').map((l) => l.fingerprint) });
     const dir = runFolder(cache, key);
     const run: TrainingRun = {
       dir,

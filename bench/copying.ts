@@ -1,0 +1,49 @@
+// Has a model learnt to copy? On validation tasks (companies never seen in training), the oracle acts; at each
+// of its turns the model answers greedily from the oracle's prefix, and the answer is tried in the environment:
+// a search is right if it finds the task's company, a form if it asks for every field the task needs, a call if
+// it completes a department. Prints the counts per tool. Usage, on an sft or dpo model folder or a training
+// checkpoint (workspace/.cache/sft/run-*/step-N):
+//   npx tsx bench/copying.ts workspace/sft/model [--tasks 12]
+import { Command } from 'commander';
+import { ScriptedAgent } from '../stages/environment/agents.ts';
+import { reset, step } from '../stages/environment/env.ts';
+import { seeded } from '../stages/environment/random.ts';
+import { runEpisode } from '../stages/environment/rollout.ts';
+import { generateTask, generateWorld } from '../stages/environment/world.ts';
+import { useBackend } from '../stages/train/backend.ts';
+import { loadCheckpoint } from '../stages/train/checkpoint.ts';
+import { ModelPolicy } from '../stages/train/policy.ts';
+import { TextTokenizer } from '../stages/train/tokenizer.ts';
+
+const cli = new Command().argument('<model>', 'a model folder (config.json, model.safetensors, tokenizer.json)').option('--tasks <n>', 'validation tasks', '12').option('--world-seed <n>', 'the world of the sample', '1').parse();
+const opts = cli.opts<{ tasks: string; worldSeed: string }>();
+
+await useBackend('wasm');
+const checkpoint = loadCheckpoint(cli.args[0]!);
+const policy = new ModelPolicy('model', checkpoint.model, new TextTokenizer(checkpoint.tokenizerJson), { maxTokens: 160, temperature: 0, topP: 1 }, seeded('copying'));
+const world = generateWorld({ seed: Number(opts.worldSeed) });
+const right: Record<string, { right: number; turns: number }> = {};
+for (let i = 0; i < Number(opts.tasks); i++) {
+  const task = generateTask(world, 'val', 1000 + i);
+  const episode = await runEpisode(world, task, new ScriptedAgent('oracle', world, task, 'copying'));
+  let state = reset(world, task);
+  for (const [t, message] of episode.messages.entries()) {
+    const want = message.role === 'assistant' ? message.tool_calls?.[0]?.function : undefined;
+    if (!want) continue;
+    const got = (await policy.respond(episode.messages.slice(0, t))).tool_calls?.[0]?.function;
+    let ok = false;
+    if (got?.name === want.name) {
+      const r = step(world, state, { name: got.name, arguments: got.arguments });
+      if (want.name === 'search_directory') ok = r.observation.startsWith(`{"company":${JSON.stringify(task.company)}`);
+      else if (want.name === 'auth_info_form') ok = state.needed.every((f) => r.state.form?.[f] !== undefined);
+      else if (want.name === 'call') ok = Object.keys(r.state.completed).length > Object.keys(state.completed).length;
+      else ok = true;
+    }
+    const tally = (right[want.name] ??= { right: 0, turns: 0 });
+    tally.right += ok ? 1 : 0;
+    tally.turns++;
+    state = step(world, state, { name: want.name, arguments: want.arguments }).state;
+  }
+}
+console.log(`model            ${cli.args[0]} (${checkpoint.state ? `step ${checkpoint.state.step}` : 'no trainer state'})`);
+for (const [tool, t] of Object.entries(right)) console.log(`${tool.padEnd(17)}${t.right} of ${t.turns} right`);
