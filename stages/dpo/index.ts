@@ -15,6 +15,7 @@ import { completionSequences, readParquet, scoreSequences, sequenceValues, subse
 import { runFolder, stepsFor, train, trainingConfig, writeRun, type TrainingRun } from '../train/loop.ts';
 import { LOSS_NAMES, PREFERENCE_LOSSES, ktoLoss, preferenceMetrics, sequenceLogps, type PreferenceLossName } from '../train/losses/index.ts';
 import type { GPT } from '../train/model.ts';
+import type { Placeholders } from '../train/placeholders.ts';
 import { TextTokenizer } from '../train/tokenizer.ts';
 import { batchAt, microBatches, padBatch, type Sequence } from '../train/windows.ts';
 
@@ -55,19 +56,19 @@ export interface Example {
 }
 
 /** Pairs as [chosen, rejected] sequences sharing one cut of the prompt. */
-export async function pairExamples(tokenizer: TextTokenizer, pairs: Pair[], length: number): Promise<Example[]> {
-  return Promise.all(pairs.map(async (p) => ({ sequences: await completionSequences(tokenizer, p.prompt, [p.chosen, p.rejected], length) })));
+export async function pairExamples(tokenizer: TextTokenizer, pairs: Pair[], length: number, placeholders: Placeholders): Promise<Example[]> {
+  return Promise.all(pairs.map(async (p) => ({ sequences: await completionSequences(tokenizer, p.prompt, [p.chosen, p.rejected], length, placeholders) })));
 }
 
 /**
  * KTO rows; beside each, the next row's completion after this row's prompt: a mismatched pair whose
  * log-ratio estimates KL(π‖π_ref), KTO's reference point, as TRL does.
  */
-async function ktoExamples(tokenizer: TextTokenizer, rows: KtoRow[], length: number): Promise<Example[]> {
+async function ktoExamples(tokenizer: TextTokenizer, rows: KtoRow[], length: number, placeholders: Placeholders): Promise<Example[]> {
   return Promise.all(
     rows.map(async (r, i) => {
-      const [own] = await completionSequences(tokenizer, r.prompt, [r.completion], length);
-      const [other] = await completionSequences(tokenizer, r.prompt, [rows[(i + 1) % rows.length]!.completion], length);
+      const [own] = await completionSequences(tokenizer, r.prompt, [r.completion], length, placeholders);
+      const [other] = await completionSequences(tokenizer, r.prompt, [rows[(i + 1) % rows.length]!.completion], length, placeholders);
       return { sequences: [own!, other!], label: r.label };
     }),
   );
@@ -89,7 +90,7 @@ function referenceScores(model: GPT, examples: Example[], pad: number, maxTokens
 }
 
 /** The stage's version, also in its run folder's key: a new version trains afresh instead of resuming an old run. */
-const VERSION = 1;
+const VERSION = 2;
 
 export const dpo = defineStage({
   name: 'dpo',
@@ -112,7 +113,7 @@ export const dpo = defineStage({
     const used = subset(rows, cfg.max_examples, cfg.seed);
     if (used.length === 0) throw new Error(`${path} has no rows: nothing to train ${cfg.loss} on`);
     if (kto && !used.some((r) => r.label)) throw new Error(`${path}: no desirable rows (label true); KTO needs both kinds`);
-    const examples = kto ? await ktoExamples(tokenizer, used, length) : await pairExamples(tokenizer, used, length);
+    const examples = kto ? await ktoExamples(tokenizer, used, length, sft.placeholders) : await pairExamples(tokenizer, used, length, sft.placeholders);
     const steps = stepsFor(cfg, examples.length);
     const fingerprints = lineage.filter((l) => l.stage === 'sft' || l.stage === 'export').map((l) => l.fingerprint);
     const referenceKey = hashJson({ fingerprints, kto, examples: used.length, length, version: 1 });
@@ -132,6 +133,7 @@ export const dpo = defineStage({
       schedule: cfg,
       checkpointEvery: cfg.checkpoint_every,
       tokenizerJson: sft.tokenizerJson,
+      placeholders: sft.placeholders,
       start: () => loadCheckpoint(join(input('sft'), 'model')).model,
       batch: (step, model) => {
         const idx = batchAt(lengths, cfg.batch_size, cfg.seed, step);

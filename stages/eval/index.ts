@@ -15,6 +15,7 @@ import { stageBackend } from '../train/backend.ts';
 import { loadCheckpoint } from '../train/checkpoint.ts';
 import { readParquet, scoreSequences, sequenceValues, sftSequences, subset, type Scores } from '../train/data.ts';
 import { GPT } from '../train/model.ts';
+import type { Placeholders } from '../train/placeholders.ts';
 import { ModelPolicy } from '../train/policy.ts';
 import { TextTokenizer } from '../train/tokenizer.ts';
 
@@ -73,10 +74,10 @@ function pairFigures(policy: Scores[], reference: Scores[], training: { average:
   };
 }
 
-async function simulate(m: Model, tokenizer: TextTokenizer, s: EvalConfig['simulator'], seed: string, log: Logger): Promise<ModelRow> {
+async function simulate(m: Model, tokenizer: TextTokenizer, placeholders: Placeholders, s: EvalConfig['simulator'], seed: string, log: Logger): Promise<ModelRow> {
   if (s.tasks === 0) return {};
   const world = generateWorld({ ...DEFAULT_WORLD, seed: s.world_seed, companies: s.companies });
-  const policy = new ModelPolicy(m.name, m.model, tokenizer, { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p }, Math.random);
+  const policy = new ModelPolicy(m.name, m.model, tokenizer, placeholders, { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p }, Math.random);
   const successes: number[] = [];
   const passed: number[] = [];
   const rewards: number[] = [];
@@ -158,9 +159,9 @@ export const evalStage = defineStage({
     const pairs = await readParquet<Pair>(join(input('export'), 'pairs', 'test.parquet'));
     // Pairs cut as the preference stage cut them for training.
     const pairLength = Math.min(length, Number(tuning.max_length ?? Infinity) + 1);
-    const examples = await pairExamples(tokenizer, subset(pairs, cfg.max_pairs, cfg.seed), pairLength);
+    const examples = await pairExamples(tokenizer, subset(pairs, cfg.max_pairs, cfg.seed), pairLength, sft.placeholders);
     const sessions = await readParquet<{ messages: Message[] }>(join(input('export'), 'sft', 'test.parquet'));
-    const nllSequences = await sftSequences(tokenizer, subset(sessions, cfg.max_sessions, cfg.seed).map((s) => s.messages), length, join(input('export'), 'sft', 'test.parquet'));
+    const nllSequences = await sftSequences(tokenizer, subset(sessions, cfg.max_sessions, cfg.seed).map((s) => s.messages), length, join(input('export'), 'sft', 'test.parquet'), sft.placeholders);
 
     const scores = (m: Model): Scores[] =>
       examples.length ? [0, 1].map((k) => scoreSequences(m.model, examples.map((e) => e.sequences[k]!), cfg.micro_batch_tokens, pad, log, `held-out pairs: ${m.name}`)) : [];
@@ -173,7 +174,7 @@ export const evalStage = defineStage({
         const s = scoreSequences(m.model, nllSequences, cfg.micro_batch_tokens, pad, log, `held-out NLL: ${m.name}`);
         row.nll = -s.sum.reduce((a, b) => a + b, 0) / Math.max(1, s.count.reduce((a, b) => a + b, 0));
       }
-      Object.assign(row, await simulate(m, tokenizer, cfg.simulator, cfg.seed, log));
+      Object.assign(row, await simulate(m, tokenizer, sft.placeholders, cfg.simulator, cfg.seed, log));
       rows[m.name] = row;
       log.info('evaluated', { model: m.name, ...row });
     }

@@ -11,6 +11,8 @@ import type { Message } from '../records.ts';
 import { stageBackend } from '../train/backend.ts';
 import { resampleCopies } from '../train/augment.ts';
 import { readParquet, sftSequences, subset } from '../train/data.ts';
+import { PLACEHOLDERS_FILE } from '../tokenizer/index.ts';
+import { parsePlaceholders } from '../train/placeholders.ts';
 import { runFolder, stepsFor, train, trainingConfig, writeRun, type TrainingRun } from '../train/loop.ts';
 import { sftLoss } from '../train/losses/index.ts';
 import { GPT } from '../train/model.ts';
@@ -44,7 +46,7 @@ const config = z
   .refine((c) => c.model.positions !== 'rope' || (c.model.width / c.model.heads) % 2 === 0, { message: 'model.positions rope turns pairs of dimensions: model.width / model.heads must be even' });
 
 /** The stage's version, also in its run folder's key: a new version trains afresh instead of resuming an old run. */
-const VERSION = 2;
+const VERSION = 3;
 
 export const sft = defineStage({
   name: 'sft',
@@ -58,6 +60,8 @@ export const sft = defineStage({
     const backend = await stageBackend(log);
     const tokenizerJson = await readFile(join(input('tokenizer'), 'tokenizer.json'), 'utf8');
     const tokenizer = new TextTokenizer(tokenizerJson);
+    const placeholdersPath = join(input('tokenizer'), PLACEHOLDERS_FILE);
+    const placeholders = parsePlaceholders(JSON.parse(await readFile(placeholdersPath, 'utf8')), placeholdersPath);
     const path = join(input('export'), 'sft', 'train.parquet');
     const rows = await readParquet<{ messages: Message[] }>(path);
     const sessions = subset(rows, cfg.max_sessions, cfg.seed);
@@ -69,7 +73,7 @@ export const sft = defineStage({
       resampled++;
       return resampleCopies(s.messages, rand);
     });
-    const sequences = await sftSequences(tokenizer, conversations, cfg.model.context + 1, path);
+    const sequences = await sftSequences(tokenizer, conversations, cfg.model.context + 1, path, placeholders);
     const lengths = sequences.map((s) => s.ids.length);
     const steps = stepsFor(cfg, sequences.length);
     const m = cfg.model;
@@ -86,6 +90,7 @@ export const sft = defineStage({
       schedule: cfg,
       checkpointEvery: cfg.checkpoint_every,
       tokenizerJson,
+      placeholders,
       start: () => GPT.create(modelConfig, cfg.seed),
       batch: (step, model) => {
         const batch = batchAt(lengths, cfg.batch_size, cfg.seed, step).map((i) => sequences[i]!);

@@ -1,4 +1,5 @@
-// tokenizer: a byte-level BPE trained on the training split's sessions, saved as tokenizer.json.
+// tokenizer: a byte-level BPE trained on the training split's sessions as the model will read them (values it
+// copies as placeholders: stages/train/placeholders.ts), saved as tokenizer.json beside placeholders.json.
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
@@ -6,6 +7,7 @@ import { defineStage } from '../../pipeline/stage.ts';
 import type { Message } from '../records.ts';
 import { conversationTexts } from '../train/chat-template.ts';
 import { fromParquet, readParquet } from '../train/data.ts';
+import { placeholdersConfig, placeholdersOf, viewAll } from '../train/placeholders.ts';
 import { TextTokenizer, trainTokenizer } from '../train/tokenizer.ts';
 
 const config = z.strictObject({
@@ -13,23 +15,30 @@ const config = z.strictObject({
   vocab_size: z.number().int().min(263).default(1024),
   /** Every digit a token of its own: a model then copies a phone or account number digit by digit, instead of learning each number's merges. */
   split_digits: z.boolean().default(true),
+  /** Values the agent copies (phone numbers, form values) shown to the model as placeholders: [PHONE_3]. */
+  placeholders: placeholdersConfig.prefault({}),
 });
+
+/** The file in the stage's folder that says how the model reads values: the Placeholders options, or null. */
+export const PLACEHOLDERS_FILE = 'placeholders.json';
 
 export const tokenizer = defineStage({
   name: 'tokenizer',
   description: 'train a byte-level BPE tokenizer on the training sessions',
-  version: 2,
+  version: 3,
   inputs: ['export'],
-  outputs: ['tokenizer.json'],
+  outputs: ['tokenizer.json', PLACEHOLDERS_FILE],
   config,
 
   async run({ config: cfg, out, input, log }) {
     const sessions = await readParquet<{ messages: Message[] }>(join(input('export'), 'sessions', 'train.parquet'));
     if (sessions.length === 0) throw new Error(`${join(input('export'), 'sessions', 'train.parquet')} has no sessions to train a tokenizer on`);
-    const texts = sessions.flatMap((s) => conversationTexts(fromParquet(s.messages)));
-    log.info('training BPE', { sessions: sessions.length, texts: texts.length, vocab_size: cfg.vocab_size, split_digits: cfg.split_digits });
+    const placeholders = placeholdersOf(cfg.placeholders);
+    const texts = viewAll(sessions.map((s) => fromParquet(s.messages)), placeholders).flatMap(conversationTexts);
+    log.info('training BPE', { sessions: sessions.length, texts: texts.length, vocab_size: cfg.vocab_size, split_digits: cfg.split_digits, placeholders: placeholders !== null });
     const json = trainTokenizer(texts, cfg.vocab_size, cfg.split_digits);
     await writeFile(join(out, 'tokenizer.json'), json);
+    await writeFile(join(out, PLACEHOLDERS_FILE), `${JSON.stringify(placeholders, null, 2)}\n`);
     // Tokens per session on what it was trained on: how much a vocabulary of this size compresses.
     const t = new TextTokenizer(json);
     const sample = texts.slice(0, 2000);

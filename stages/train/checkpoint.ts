@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
 import { GPT, ROPE_BASE, parameterShapes, type GPTConfig } from './model.ts';
 import type { AdamW } from './optimizer.ts';
+import { parsePlaceholders, type Placeholders } from './placeholders.ts';
 import { readSafetensors, writeSafetensors, type NamedTensor } from './safetensors.ts';
 
 export interface TrainerState {
@@ -20,7 +21,7 @@ export interface TrainerState {
   info?: Record<string, unknown>;
 }
 
-function configJson(c: GPTConfig): Record<string, unknown> {
+function configJson(c: GPTConfig, placeholders: Placeholders): Record<string, unknown> {
   return {
     model_type: 'prefab-gpt',
     vocab_size: c.vocabSize,
@@ -35,6 +36,8 @@ function configJson(c: GPTConfig): Record<string, unknown> {
     weight_layout: 'in_out',
     position_embedding_type: c.positions === 'rope' ? 'rope' : 'learned',
     ...(c.positions === 'rope' ? { rope_theta: ROPE_BASE } : {}),
+    // How the model reads the values it copies (stages/train/placeholders.ts); absent: as they are.
+    ...(placeholders ? { prefab_placeholders: placeholders } : {}),
   };
 }
 
@@ -48,11 +51,19 @@ export function readModelConfig(dir: string): GPTConfig {
   return { vocabSize: Number(j.vocab_size), contextLength: Number(j.n_positions), layers: Number(j.n_layer), width: Number(j.n_embd), heads: Number(j.n_head), positions };
 }
 
+/** The masking a model folder's config.json records (null: none). */
+export function readPlaceholders(dir: string): Placeholders {
+  const path = join(dir, 'config.json');
+  return parsePlaceholders((JSON.parse(readFileSync(path, 'utf8')) as Record<string, unknown>).prefab_placeholders, path);
+}
+
 const read = (t: tf.Tensor): NamedTensor => ({ shape: t.shape, data: t.dataSync() as Float32Array });
 
 export interface CheckpointParts {
   model: GPT;
   tokenizerJson: string;
+  /** The masking the model was trained with; absent or null: none. */
+  placeholders?: Placeholders;
   optimizer?: AdamW;
   state?: TrainerState;
 }
@@ -62,7 +73,7 @@ export function saveCheckpoint(dir: string, parts: CheckpointParts): void {
   rmSync(tmp, { recursive: true, force: true });
   mkdirSync(tmp, { recursive: true });
   writeSafetensors(join(tmp, 'model.safetensors'), new Map([...parts.model.params].map(([k, v]) => [k, read(v)])), { format: 'pt' });
-  writeFileSync(join(tmp, 'config.json'), `${JSON.stringify(configJson(parts.model.config), null, 2)}\n`);
+  writeFileSync(join(tmp, 'config.json'), `${JSON.stringify(configJson(parts.model.config, parts.placeholders ?? null), null, 2)}\n`);
   writeFileSync(join(tmp, 'tokenizer.json'), parts.tokenizerJson);
   if (parts.optimizer) {
     const o = parts.optimizer;
@@ -81,6 +92,7 @@ export function saveCheckpoint(dir: string, parts: CheckpointParts): void {
 export interface LoadedCheckpoint {
   model: GPT;
   tokenizerJson: string;
+  placeholders: Placeholders;
   state: TrainerState | null;
   /** Puts the saved AdamW moments and step into `optimizer` (made for this model); false when none were saved. */
   restoreOptimizer(optimizer: AdamW): boolean;
@@ -99,6 +111,7 @@ export function loadCheckpoint(dir: string): LoadedCheckpoint {
   return {
     model,
     tokenizerJson: readFileSync(join(dir, 'tokenizer.json'), 'utf8'),
+    placeholders: readPlaceholders(dir),
     state: existsSync(statePath) ? (JSON.parse(readFileSync(statePath, 'utf8')) as TrainerState) : null,
     restoreOptimizer(optimizer) {
       if (!existsSync(optimizerPath)) return false;

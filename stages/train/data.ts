@@ -5,6 +5,7 @@ import { readRecords } from '../ingest/readers.ts';
 import type { Message } from '../records.ts';
 import { encodeConversations } from './chat-template.ts';
 import type { GPT } from './model.ts';
+import { viewAll, type Placeholders } from './placeholders.ts';
 import type { TextTokenizer } from './tokenizer.ts';
 import type { Logger } from '../../pipeline/log.ts';
 import { seeded } from '../environment/random.ts';
@@ -29,11 +30,12 @@ export function subset<T>(rows: T[], n: number | null, seed: string): T[] {
 export const fromParquet = (messages: Message[]): Message[] => messages.map((m) => ({ ...m, tool_calls: m.tool_calls ?? undefined }));
 
 /**
- * SFT sequences: each conversation's training windows (one when it fits). Windows with nothing to learn
- * (a head longer than the context leaves no room for an assistant token) are left out.
+ * SFT sequences: each conversation's training windows (one when it fits), as the model reads it
+ * (`placeholders`). Windows with nothing to learn (a head longer than the context leaves no room for an
+ * assistant token) are left out.
  */
-export async function sftSequences(tokenizer: TextTokenizer, conversations: Message[][], length: number, source: string): Promise<Sequence[]> {
-  const cs = conversations.map(fromParquet);
+export async function sftSequences(tokenizer: TextTokenizer, conversations: Message[][], length: number, source: string, placeholders: Placeholders): Promise<Sequence[]> {
+  const cs = viewAll(conversations.map(fromParquet), placeholders);
   const encoded = await encodeConversations(tokenizer, cs);
   const windows = encoded.flatMap((e, i) => trainingWindows(e, cs[i]!, length));
   const useful = windows.filter((w) => w.mask.some((m) => m === 1));
@@ -53,11 +55,13 @@ export interface Completion {
  * Prompt + completion sequences with the completion's assistant tokens masked in, for completions that share
  * a prompt (a pair's chosen and rejected): the prompt is cut the same way for all of them, keeping the head
  * and as many of its latest messages as leave room for the longest completion; a completion that still does
- * not fit is cut at its end.
+ * not fit is cut at its end. Each prompt + completion is masked as one conversation (`placeholders`), so a
+ * value a completion makes up gets a placeholder of its own, as when the model writes it; the prompt reads
+ * the same in all of them.
  */
-export async function completionSequences(tokenizer: TextTokenizer, prompt: Message[], completions: Message[][], length: number): Promise<Sequence[]> {
+export async function completionSequences(tokenizer: TextTokenizer, prompt: Message[], completions: Message[][], length: number, placeholders: Placeholders): Promise<Sequence[]> {
   const p = fromParquet(prompt);
-  const cs = completions.map((c) => [...p, ...fromParquet(c)]);
+  const cs = viewAll(completions.map((c) => [...p, ...fromParquet(c)]), placeholders);
   const encoded = await encodeConversations(tokenizer, cs);
   const head = Math.min(headLength(p), p.length);
   const from = Math.max(head, Math.min(p.length, ...encoded.map((e, i) => startOf(e, head, cs[i]!.length, length))));

@@ -8,6 +8,7 @@ import { z } from 'zod';
 import type { Logger } from '../../pipeline/log.ts';
 import { loadCheckpoint, saveCheckpoint } from './checkpoint.ts';
 import type { GPT } from './model.ts';
+import type { Placeholders } from './placeholders.ts';
 import { ADAMW_DEFAULTS, AdamW, learningRate } from './optimizer.ts';
 import { optimizerStep, type MicroBatchLoss } from './step.ts';
 
@@ -70,6 +71,8 @@ export interface TrainingRun {
   /** Save a checkpoint every this many steps (and at the end). */
   checkpointEvery: number;
   tokenizerJson: string;
+  /** The masking its data was read with, saved with every checkpoint. */
+  placeholders: Placeholders;
   /** The model to start from when there is no checkpoint. */
   start(): GPT;
   /** The batch of step `step` (0-based), a function of the step alone so a resumed run sees the same data, and its loss on `model`. */
@@ -129,7 +132,7 @@ export function train(run: TrainingRun): { model: GPT; metrics: MetricsRow[]; re
   const metrics = readMetrics(metricsPath, done);
   writeFileSync(metricsPath, metrics.map((m) => JSON.stringify(m) + '\n').join(''));
   const save = (step: number) => {
-    saveCheckpoint(join(run.dir, checkpointName(step)), { model, tokenizerJson: run.tokenizerJson, optimizer, state: { step, totalSteps: run.steps, seed: run.seed } });
+    saveCheckpoint(join(run.dir, checkpointName(step)), { model, tokenizerJson: run.tokenizerJson, placeholders: run.placeholders, optimizer, state: { step, totalSteps: run.steps, seed: run.seed } });
     // Keep the newest two: the one just written, and the one before in case this one is found damaged.
     for (const f of readdirSync(run.dir).filter((f) => STEP_DIR.test(f)).sort().slice(0, -2)) rmSync(join(run.dir, f), { recursive: true, force: true });
   };
@@ -164,7 +167,7 @@ export function stepsFor(cfg: { epochs: number; batch_size: number; max_steps: n
  * optimiser) and every step's metrics. Frees the model; returns the means of the last steps' metrics.
  */
 export async function writeRun(out: string, run: TrainingRun, result: { model: GPT; metrics: MetricsRow[] }, info: Record<string, unknown>): Promise<MetricsRow> {
-  saveCheckpoint(join(out, 'model'), { model: result.model, tokenizerJson: run.tokenizerJson, state: { step: run.steps, totalSteps: run.steps, seed: run.seed, info } });
+  saveCheckpoint(join(out, 'model'), { model: result.model, tokenizerJson: run.tokenizerJson, placeholders: run.placeholders, state: { step: run.steps, totalSteps: run.steps, seed: run.seed, info } });
   await copyFile(join(run.dir, 'metrics.jsonl'), join(out, 'metrics.jsonl'));
   result.model.dispose();
   return finalMetrics(result.metrics);

@@ -1,5 +1,6 @@
 // The trained model as a policy in the environment: it reads the conversation through the chat template,
-// cut to its context as in training, and writes the next assistant message. One KV cache is kept across
+// with values as placeholders and cut to its context as in training, and writes the next assistant message,
+// whose placeholders are put back before the environment reads it. One KV cache is kept across
 // turns and episodes: each prompt extends the last one (and all start with the same system prompt), so
 // only the new messages are read.
 import type { Policy } from '../environment/agents.ts';
@@ -7,6 +8,7 @@ import type { Random } from '../environment/random.ts';
 import type { Message } from '../records.ts';
 import { encodeConversations, parseAssistant } from './chat-template.ts';
 import { KVCache, type GPT } from './model.ts';
+import { modelView, type Placeholders } from './placeholders.ts';
 import type { TextTokenizer } from './tokenizer.ts';
 import { headLength, recentWindow } from './windows.ts';
 
@@ -27,6 +29,8 @@ export class ModelPolicy implements Policy {
     readonly name: string,
     model: GPT,
     private readonly tokenizer: TextTokenizer,
+    /** How the model was trained to read values (the checkpoint's `placeholders`). */
+    private readonly placeholders: Placeholders,
     private readonly sampling: SamplingOptions,
     /** The sampler's randomness: set a fresh seeded stream per episode for reproducible episodes. */
     public random: Random,
@@ -34,14 +38,15 @@ export class ModelPolicy implements Policy {
     this.cache = new KVCache(model);
   }
 
-  async respond(messages: Message[]): Promise<Message> {
+  async respond(conversation: Message[]): Promise<Message> {
+    const { messages, restore } = modelView(conversation, this.placeholders);
     const [encoded] = await encodeConversations(this.tokenizer, [messages], true);
     const room = this.cache.model.config.contextLength - this.sampling.maxTokens;
     const prompt = recentWindow(encoded!, headLength(messages), messages.length, room).ids;
     const end = this.tokenizer.special['<|end|>'];
     const ids = this.cache.generate(prompt, { ...this.sampling, stop: [end], random: this.random });
     this.generated += ids.length;
-    const reply = await parseAssistant(this.tokenizer, ids, this.calls + 1);
+    const reply = restore(await parseAssistant(this.tokenizer, ids, this.calls + 1));
     this.calls += reply.tool_calls?.length ?? 0;
     return reply;
   }

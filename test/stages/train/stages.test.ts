@@ -68,6 +68,12 @@ describe('training stages (tiny model)', () => {
     expect(counts.resampled).toBeLessThan(55);
     // Digits are tokens of their own.
     expect(Object.keys(tokenizer.model.vocab).filter((t) => /\d\d/.test(t))).toEqual([]);
+    // The tokenizer read the copied values as placeholders ([PHONE_3]), and both models say so in config.json.
+    const placeholders = JSON.parse(readFileSync(join(workdir, 'tokenizer', 'placeholders.json'), 'utf8'));
+    expect(placeholders.keys).toEqual(expect.arrayContaining(['account_number', 'pin', 'zip_code']));
+    expect(Object.keys(tokenizer.model.vocab).some((t) => t.includes('PHONE'))).toBe(true);
+    expect(sft.placeholders).toEqual(placeholders);
+    expect(JSON.parse(readFileSync(join(workdir, 'dpo', 'model', 'config.json'), 'utf8')).prefab_placeholders).toEqual(placeholders);
     // DPO starts from the SFT weights and moves them.
     const before = readSafetensors(join(workdir, 'sft', 'model', 'model.safetensors')).tensors.get('h.0.mlp.c_fc.weight')!.data;
     const after = readSafetensors(join(workdir, 'dpo', 'model', 'model.safetensors')).tensors.get('h.0.mlp.c_fc.weight')!.data;

@@ -1,0 +1,56 @@
+// What the model reads in place of the values it would otherwise have to copy. An agent's calls repeat
+// values from the conversation: the phone number the directory gave, the account number and PIN the user
+// filled in. A small model learns that structure long before it learns to copy a 13-character number token
+// by token, so the model sees each such value as a placeholder ([PHONE_3], [ACCOUNT_1]), one per distinct
+// value in order of appearance, and what it writes is put back before the environment reads it. This is the
+// Redactor that masks exports and judge requests, applied to every conversation the model trains on, is
+// scored on or acts in; the options are saved with the model (config.json) so it is always read the same way.
+import { z } from 'zod';
+import { DEFAULT_REDACTION, PII_KINDS, Redactor, type PiiKind, type RedactionOptions } from '../redact.ts';
+import type { Message } from '../records.ts';
+
+/** The masking a model was trained with; null: it reads values as they are. */
+export type Placeholders = RedactionOptions | null;
+
+/** Beyond personal data, the form's other fields: values the agent copies from the form into its calls. */
+const FORM_KEYS = ['zip_code', 'order_id', 'policy_number', 'member_id'];
+
+/** The tokenizer stage's `placeholders` section. */
+export const placeholdersConfig = z.strictObject({
+  enabled: z.boolean().default(true),
+  /** Kinds found in free text (the directory's phone numbers, e-mails, ...). */
+  kinds: z.array(z.enum(PII_KINDS as [PiiKind, ...PiiKind[]])).default([...DEFAULT_REDACTION.kinds]),
+  /** JSON keys whose values are replaced whatever they look like. */
+  keys: z.array(z.string().min(1)).default([...DEFAULT_REDACTION.keys, ...FORM_KEYS]),
+});
+
+export function placeholdersOf(cfg: z.infer<typeof placeholdersConfig>): Placeholders {
+  return cfg.enabled ? { kinds: cfg.kinds, keys: cfg.keys } : null;
+}
+
+/** Parses a saved `Placeholders` (config.json's prefab_placeholders), naming `source` when it is malformed. */
+export function parsePlaceholders(value: unknown, source: string): Placeholders {
+  if (value === undefined || value === null) return null;
+  const parsed = placeholdersConfig.omit({ enabled: true }).safeParse(value);
+  if (!parsed.success) throw new Error(`${source}: prefab_placeholders is not {kinds, keys}: ${parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ')}`);
+  return parsed.data;
+}
+
+/** A conversation as the model sees it, and `restore`, which puts the values back into what it writes after it. */
+export function modelView(messages: Message[], placeholders: Placeholders): { messages: Message[]; restore: (m: Message) => Message } {
+  if (placeholders === null) return { messages, restore: (m) => m };
+  const r = new Redactor(placeholders);
+  const masked = r.messages(messages);
+  return {
+    messages: masked,
+    restore: (m) => ({
+      ...m,
+      content: m.content === null ? null : r.restore(m.content),
+      ...(m.tool_calls ? { tool_calls: m.tool_calls.map((c) => ({ ...c, function: { ...c.function, arguments: r.restore(c.function.arguments) } })) } : {}),
+    }),
+  };
+}
+
+/** Conversations as the model sees them (one masking per conversation: placeholders say nothing across them). */
+export const viewAll = (conversations: Message[][], placeholders: Placeholders): Message[][] => conversations.map((c) => modelView(c, placeholders).messages);
+

@@ -1,0 +1,116 @@
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { reset, step } from '../../../stages/environment/env.ts';
+import { ScriptedAgent } from '../../../stages/environment/agents.ts';
+import { runEpisode } from '../../../stages/environment/rollout.ts';
+import { generateTask, generateWorld } from '../../../stages/environment/world.ts';
+import type { Message } from '../../../stages/records.ts';
+import { useBackend } from '../../../stages/train/backend.ts';
+import { renderText } from '../../../stages/train/chat-template.ts';
+import { loadCheckpoint, saveCheckpoint } from '../../../stages/train/checkpoint.ts';
+import { completionSequences } from '../../../stages/train/data.ts';
+import { GPT } from '../../../stages/train/model.ts';
+import { modelView, placeholdersConfig, placeholdersOf } from '../../../stages/train/placeholders.ts';
+import { TextTokenizer, trainTokenizer } from '../../../stages/train/tokenizer.ts';
+
+const world = generateWorld({ seed: 5, companies: 30 });
+const PLACEHOLDERS = placeholdersOf(placeholdersConfig.parse({}));
+
+async function oracleSession(index: number) {
+  const task = generateTask(world, 'train', index);
+  return { task, messages: (await runEpisode(world, task, new ScriptedAgent('oracle', world, task, 's'))).messages };
+}
+
+const callsIn = (messages: Message[]) => messages.flatMap((m) => m.tool_calls ?? []).filter((c) => c.function.name === 'call');
+
+beforeAll(async () => {
+  await useBackend('wasm');
+});
+
+describe('placeholders: the values a model copies, as it reads them', () => {
+  it('shows every number and form value as a placeholder, the same one wherever the value appears', async () => {
+    const { task, messages } = await oracleSession(2);
+    const { messages: view } = modelView(messages, PLACEHOLDERS);
+    const text = renderText(view);
+    const company = world.companies.find((c) => c.name === task.company)!;
+    for (const d of company.departments) expect(text).not.toContain(d.phone);
+    for (const v of Object.values(task.profile.values)) expect(text).not.toContain(`"${v}"`);
+    // The directory's phone of each department called is the placeholder the call dials.
+    const directory = JSON.parse(view.find((m) => m.role === 'tool')!.content!) as { departments: { name: string; phone: string }[] };
+    for (const [i, call] of callsIn(view).entries()) {
+      const dialled = JSON.parse(call.function.arguments).phone_number as string;
+      const original = JSON.parse(callsIn(messages)[i]!.function.arguments).phone_number as string;
+      const department = company.departments.find((d) => d.phone === original)!;
+      expect(dialled).toMatch(/^\[PHONE_\d+\]$/);
+      expect(directory.departments.find((d) => d.name === department.name)!.phone).toBe(dialled);
+      for (const v of Object.values(JSON.parse(call.function.arguments).auth as Record<string, string>)) expect(v).toMatch(/^\[[A-Z_]+_1\]$/);
+    }
+    // The company the user named, and what the agent asks for, are not values: the model still reads them.
+    expect(text).toContain(task.company);
+  });
+
+  it('reads a conversation so far exactly as the start of the whole one, so training and acting agree', async () => {
+    const { messages } = await oracleSession(3);
+    const whole = modelView(messages, PLACEHOLDERS).messages;
+    for (let t = 1; t <= messages.length; t++) expect(modelView(messages.slice(0, t), PLACEHOLDERS).messages).toEqual(whole.slice(0, t));
+  });
+
+  it("puts the values back into what the model writes, so the environment completes the model's call", async () => {
+    const { task, messages } = await oracleSession(4);
+    const at = messages.findIndex((m) => m.tool_calls?.[0]?.function.name === 'call');
+    const { messages: view, restore } = modelView(messages.slice(0, at), PLACEHOLDERS);
+    // What the model writes is in the placeholders it read: the oracle's call as the model sees it.
+    const written = modelView(messages.slice(0, at + 1), PLACEHOLDERS).messages[at]!;
+    expect(written.tool_calls![0]!.function.arguments).toMatch(/\[PHONE_\d+\]/);
+    const restored = restore(written);
+    expect(restored.tool_calls).toEqual(messages[at]!.tool_calls);
+    let state = reset(world, task);
+    for (const m of messages.slice(0, at)) for (const c of m.tool_calls ?? []) state = step(world, state, { name: c.function.name, arguments: c.function.arguments }).state;
+    const c = restored.tool_calls![0]!.function;
+    const after = step(world, state, { name: c.name, arguments: c.arguments }).state;
+    expect(Object.keys(after.completed).length).toBe(Object.keys(state.completed).length + 1);
+    // A placeholder the conversation never issued stays as written: the environment says the number is not in service.
+    expect(restore({ role: 'assistant', content: 'dial [PHONE_99]' }).content).toBe('dial [PHONE_99]');
+    expect(view).toHaveLength(at);
+  });
+
+  it('leaves conversations as they are when off', async () => {
+    const { messages } = await oracleSession(5);
+    const { messages: view, restore } = modelView(messages, null);
+    expect(view).toBe(messages);
+    expect(restore(messages[2]!)).toBe(messages[2]);
+  });
+
+  it("gives a pair's sides one reading of the prompt, and a number the rejected side made up a placeholder of its own", async () => {
+    const { messages } = await oracleSession(6);
+    const at = messages.findIndex((m) => m.tool_calls?.[0]?.function.name === 'call');
+    const prompt = messages.slice(0, at);
+    const chosen = [messages[at]!];
+    const args = JSON.parse(chosen[0]!.tool_calls![0]!.function.arguments);
+    const rejected: Message[] = [{ ...chosen[0]!, tool_calls: [{ ...chosen[0]!.tool_calls![0]!, function: { name: 'call', arguments: JSON.stringify({ ...args, phone_number: '1-800-555-0100' }) } }] }];
+    const tokenizer = new TextTokenizer(trainTokenizer([renderText(modelView(messages, PLACEHOLDERS).messages)], 300));
+    const [c, r] = await completionSequences(tokenizer, prompt, [chosen, rejected], 4096, PLACEHOLDERS);
+    const promptTokens = c!.mask.indexOf(1);
+    expect(r!.mask.indexOf(1)).toBe(promptTokens);
+    expect(r!.ids.slice(0, promptTokens)).toEqual(c!.ids.slice(0, promptTokens));
+    const directoryPhones = world.companies.find((x) => renderText(prompt).includes(x.name))!.departments.length;
+    expect(await tokenizer.decode(r!.ids.slice(promptTokens))).toContain(`[PHONE_${directoryPhones + 1}]`);
+    expect(await tokenizer.decode(c!.ids.slice(promptTokens))).not.toContain(`[PHONE_${directoryPhones + 1}]`);
+  });
+
+  it('is saved with the model, and a malformed record names the file', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'prefab-placeholders-'));
+    const model = GPT.create({ vocabSize: 300, contextLength: 16, layers: 1, width: 8, heads: 2, positions: 'rope' }, 'p');
+    saveCheckpoint(join(dir, 'masked'), { model, tokenizerJson: '{}', placeholders: PLACEHOLDERS });
+    expect(JSON.parse(readFileSync(join(dir, 'masked', 'config.json'), 'utf8')).prefab_placeholders.keys).toContain('zip_code');
+    expect(loadCheckpoint(join(dir, 'masked')).placeholders).toEqual(PLACEHOLDERS);
+    saveCheckpoint(join(dir, 'plain'), { model, tokenizerJson: '{}' });
+    expect(loadCheckpoint(join(dir, 'plain')).placeholders).toBeNull();
+    const config = join(dir, 'masked', 'config.json');
+    writeFileSync(config, JSON.stringify({ ...JSON.parse(readFileSync(config, 'utf8')), prefab_placeholders: { kinds: ['phone'], keys: 'pin' } }));
+    expect(() => loadCheckpoint(join(dir, 'masked'))).toThrow(/config\.json: prefab_placeholders is not \{kinds, keys\}: keys/);
+    model.dispose();
+  });
+});
