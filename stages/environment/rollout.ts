@@ -22,13 +22,13 @@ export function initialMessages(task: Task): Message[] {
 
 /**
  * Runs the policy until the task ends: by the finish tool (the policy then says a closing line), by a
- * message without tool calls, or by the step limit.
+ * message without tool calls, by the environment's step limit, or after `maxTurns` assistant messages.
  */
-export async function runEpisode(world: World, task: Task, policy: Policy): Promise<Episode> {
+export async function runEpisode(world: World, task: Task, policy: Policy, maxTurns = Infinity): Promise<Episode> {
   const messages = initialMessages(task);
   let state = reset(world, task);
   let turns = 0;
-  while (!state.done) {
+  while (!state.done && turns < maxTurns) {
     const reply = await policy.respond(messages);
     messages.push(reply);
     turns++;

@@ -37,6 +37,12 @@ const config = z.strictObject({
       top_p: z.number().min(0).max(1).default(0.95),
       /** Most tokens in one assistant message. */
       max_tokens: z.number().int().min(1).default(160),
+      /**
+       * Most assistant messages in one episode. The oracle needs 9 at most (search, form, five calls, finish,
+       * a closing line); a model that loops on failed calls would otherwise go on to the environment's 24
+       * steps, each a full generation.
+       */
+      max_turns: z.number().int().min(1).default(12),
     })
     .prefault({}),
 });
@@ -93,7 +99,7 @@ async function simulate(m: Model, tokenizer: TextTokenizer, placeholders: Placeh
       let any = 0;
       for (let trial = 0; trial < s.k; trial++) {
         policy.random = seeded(seed, 'eval', m.name, task.task_id, trial);
-        const episode = await runEpisode(world, task, policy);
+        const episode = await runEpisode(world, task, policy, s.max_turns);
         successes.push(episode.success ? 1 : 0);
         rewards.push(episode.reward);
         turns.push(episode.turns);
@@ -134,7 +140,7 @@ export function formatTable(rows: Record<string, ModelRow>): string {
 export const evalStage = defineStage({
   name: 'eval',
   description: 'compare the untrained, SFT and preference-tuned models: held-out pairs, NLL, simulator success',
-  version: 1,
+  version: 2,
   inputs: ['sft', 'dpo', 'export'],
   outputs: ['eval.json', 'table.txt'],
   config,
@@ -185,7 +191,7 @@ export const evalStage = defineStage({
       models: rows,
       held_out: { pairs: examples.length, sft_windows: nllSequences.length, val_tasks: cfg.simulator.tasks, k: cfg.simulator.k },
       preference_loss: { loss: lossName, beta: training.beta, reference: training.reference ? 'sft' : null },
-      sampling: { temperature: cfg.simulator.temperature, top_p: cfg.simulator.top_p, max_tokens: cfg.simulator.max_tokens },
+      sampling: { temperature: cfg.simulator.temperature, top_p: cfg.simulator.top_p, max_tokens: cfg.simulator.max_tokens, max_turns: cfg.simulator.max_turns },
       backend: backend.name,
     };
     await writeFile(join(out, 'eval.json'), JSON.stringify(report, null, 2) + '\n');

@@ -152,6 +152,27 @@ describe('scripted agents', () => {
     }
   });
 
+  it('end at the step limit, or sooner at a cap on turns, when a policy keeps dialling a dead number', async () => {
+    const task = generateTask(world, 'val', 0);
+    let n = 0;
+    const looping = {
+      name: 'looping',
+      respond: async () => ({ role: 'assistant' as const, content: null, tool_calls: [{ id: `call_${++n}`, type: 'function' as const, function: { name: 'call', arguments: '{"phone_number":"0"}' } }] }),
+    };
+    const uncapped = await runEpisode(world, task, looping);
+    expect(uncapped.state.done).toBe(true);
+    expect(uncapped.state.steps).toBe(24);
+    const capped = await runEpisode(world, task, looping, 5);
+    expect(capped.turns).toBe(5);
+    expect(capped.state.steps).toBe(5);
+    expect(capped.success).toBe(false);
+    // The oracle never needs the cap: at most search, form, five calls, finish and a closing line.
+    for (let i = 0; i < 40; i++) {
+      const t = generateTask(world, 'val', i);
+      expect((await runEpisode(world, t, new ScriptedAgent('oracle', world, t, 'cap'), 9)).success).toBe(true);
+    }
+  });
+
   it('log feedback naming the missing fields on every failed call', async () => {
     for (let i = 0; i < 60; i++) {
       const task = generateTask(world, 'train', i);
