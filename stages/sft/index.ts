@@ -11,11 +11,10 @@ import type { Message } from '../records.ts';
 import { stageBackend } from '../train/backend.ts';
 import { resampleCopies } from '../train/augment.ts';
 import { readParquet, sftSequences, subset } from '../train/data.ts';
-import { PLACEHOLDERS_FILE } from '../tokenizer/index.ts';
-import { parsePlaceholders } from '../train/placeholders.ts';
 import { runFolder, stepsFor, train, trainingConfig, writeRun, type TrainingRun } from '../train/loop.ts';
 import { sftLoss } from '../train/losses/index.ts';
 import { GPT } from '../train/model.ts';
+import { readPlaceholdersFile } from '../train/placeholders.ts';
 import { TextTokenizer } from '../train/tokenizer.ts';
 import { batchAt, maskedIn, microBatches, padBatch } from '../train/windows.ts';
 
@@ -60,8 +59,7 @@ export const sft = defineStage({
     const backend = await stageBackend(log);
     const tokenizerJson = await readFile(join(input('tokenizer'), 'tokenizer.json'), 'utf8');
     const tokenizer = new TextTokenizer(tokenizerJson);
-    const placeholdersPath = join(input('tokenizer'), PLACEHOLDERS_FILE);
-    const placeholders = parsePlaceholders(JSON.parse(await readFile(placeholdersPath, 'utf8')), placeholdersPath);
+    const placeholders = await readPlaceholdersFile(input('tokenizer'));
     const path = join(input('export'), 'sft', 'train.parquet');
     const rows = await readParquet<{ messages: Message[] }>(path);
     const sessions = subset(rows, cfg.max_sessions, cfg.seed);

@@ -7,7 +7,7 @@ import { defineStage } from '../../pipeline/stage.ts';
 import type { Message } from '../records.ts';
 import { conversationTexts } from '../train/chat-template.ts';
 import { fromParquet, readParquet } from '../train/data.ts';
-import { placeholdersConfig, placeholdersOf, viewAll } from '../train/placeholders.ts';
+import { PLACEHOLDERS_FILE, placeholdersConfig, placeholdersOf, viewAll } from '../train/placeholders.ts';
 import { TextTokenizer, trainTokenizer } from '../train/tokenizer.ts';
 
 const config = z.strictObject({
@@ -18,9 +18,6 @@ const config = z.strictObject({
   /** Values the agent copies (phone numbers, form values) shown to the model as placeholders: [PHONE_3]. */
   placeholders: placeholdersConfig.prefault({}),
 });
-
-/** The file in the stage's folder that says how the model reads values: the Placeholders options, or null. */
-export const PLACEHOLDERS_FILE = 'placeholders.json';
 
 export const tokenizer = defineStage({
   name: 'tokenizer',

@@ -41,10 +41,15 @@ function configJson(c: GPTConfig, placeholders: Placeholders): Record<string, un
   };
 }
 
-export function readModelConfig(dir: string): GPTConfig {
+/** A model folder's config.json as it is written; names the folder when there is none. */
+function readConfigJson(dir: string): { path: string; json: Record<string, unknown> } {
   const path = join(dir, 'config.json');
   if (!existsSync(path)) throw new Error(`${dir} is not a model folder: it has no config.json`);
-  const j = JSON.parse(readFileSync(path, 'utf8')) as Record<string, unknown>;
+  return { path, json: JSON.parse(readFileSync(path, 'utf8')) as Record<string, unknown> };
+}
+
+export function readModelConfig(dir: string): GPTConfig {
+  const { path, json: j } = readConfigJson(dir);
   if (j.model_type !== 'prefab-gpt') throw new Error(`${path}: model_type is ${JSON.stringify(j.model_type)}, not "prefab-gpt"`);
   const positions = j.position_embedding_type ?? 'learned';
   if (positions !== 'learned' && positions !== 'rope') throw new Error(`${path}: position_embedding_type is ${JSON.stringify(positions)}: prefab knows "learned" and "rope"`);
@@ -52,9 +57,9 @@ export function readModelConfig(dir: string): GPTConfig {
 }
 
 /** The masking a model folder's config.json records (null: none). */
-export function readPlaceholders(dir: string): Placeholders {
-  const path = join(dir, 'config.json');
-  return parsePlaceholders((JSON.parse(readFileSync(path, 'utf8')) as Record<string, unknown>).prefab_placeholders, path);
+function readPlaceholders(dir: string): Placeholders {
+  const { path, json } = readConfigJson(dir);
+  return parsePlaceholders(json.prefab_placeholders, path);
 }
 
 const read = (t: tf.Tensor): NamedTensor => ({ shape: t.shape, data: t.dataSync() as Float32Array });

@@ -5,6 +5,8 @@
 // value in order of appearance, and what it writes is put back before the environment reads it. This is the
 // Redactor that masks exports and judge requests, applied to every conversation the model trains on, is
 // scored on or acts in; the options are saved with the model (config.json) so it is always read the same way.
+import { readFile } from 'node:fs/promises';
+import { join } from 'node:path';
 import { z } from 'zod';
 import { DEFAULT_REDACTION, PII_KINDS, Redactor, type PiiKind, type RedactionOptions } from '../redact.ts';
 import type { Message } from '../records.ts';
@@ -26,6 +28,15 @@ export const placeholdersConfig = z.strictObject({
 
 export function placeholdersOf(cfg: z.infer<typeof placeholdersConfig>): Placeholders {
   return cfg.enabled ? { kinds: cfg.kinds, keys: cfg.keys } : null;
+}
+
+/** The file in the tokenizer stage's folder that says how the model reads values: the options, or null. */
+export const PLACEHOLDERS_FILE = 'placeholders.json';
+
+/** The tokenizer stage's placeholders.json in `dir`. */
+export async function readPlaceholdersFile(dir: string): Promise<Placeholders> {
+  const path = join(dir, PLACEHOLDERS_FILE);
+  return parsePlaceholders(JSON.parse(await readFile(path, 'utf8')), path);
 }
 
 /** Parses a saved `Placeholders` (config.json's prefab_placeholders), naming `source` when it is malformed. */
