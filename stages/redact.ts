@@ -197,6 +197,13 @@ function parseJsonContainer(s: string): unknown {
   }
 }
 
+/** A message with `f` applied to its text: its content and its tool calls' arguments. */
+export function mapMessageText(m: Message, f: (text: string) => string): Message {
+  const out: Message = { ...m, content: m.content === null ? null : f(m.content) };
+  if (m.tool_calls) out.tool_calls = m.tool_calls.map((c) => ({ ...c, function: { ...c.function, arguments: f(c.function.arguments) } }));
+  return out;
+}
+
 /** Masks personal data consistently: one Redactor maps each distinct value to the same placeholder, e.g. [PHONE_1], [SSN_1], [EMAIL_2], [ACCOUNT_1], [DOB_1], [PIN_1] (key-masked values use the key's kind, or the upper-cased key name when it has no kind). */
 export class Redactor {
   /** How many values of each kind were masked so far: every occurrence counts, under the placeholder's name in lower case ('phone', 'pin'). */
@@ -224,11 +231,7 @@ export class Redactor {
   }
 
   message(m: Message): Message {
-    const out: Message = { ...m, content: m.content === null ? null : this.text(m.content) };
-    if (m.tool_calls) {
-      out.tool_calls = m.tool_calls.map((c) => ({ ...c, function: { ...c.function, arguments: this.text(c.function.arguments) } }));
-    }
-    return out;
+    return mapMessageText(m, (s) => this.text(s));
   }
 
   messages(ms: Message[]): Message[] {
@@ -241,6 +244,11 @@ export class Redactor {
    */
   restore(text: string): string {
     return text.replace(PLACEHOLDERS, (p) => this.originals.get(p) ?? p);
+  }
+
+  /** `restore` over a message's content and its tool calls' arguments. */
+  restoreMessage(m: Message): Message {
+    return mapMessageText(m, (s) => this.restore(s));
   }
 
   private placeholder(target: Target): string {

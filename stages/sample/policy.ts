@@ -3,6 +3,7 @@
 import { RequestFailed, type ChatEndpoint, type ChatRequest } from '../../judges/endpoint.ts';
 import type { Policy } from '../environment/agents.ts';
 import type { Message } from '../records.ts';
+import { mapMessageText } from '../redact.ts';
 
 /** Bumped when what the sampler sends changes meaning: part of every sample's cache key. */
 export const SAMPLER_VERSION = '1';
@@ -27,11 +28,7 @@ export async function sampleMessage(endpoint: ChatEndpoint, messages: Message[],
   if (answer.reply === null) throw new BudgetSpent('the request budget is spent');
   const { reply, restore } = answer;
   if (reply.content === null && !reply.tool_calls) throw new RequestFailed('the reply has neither content nor tool calls');
-  return {
-    role: 'assistant',
-    content: reply.content === null ? null : restore(reply.content),
-    ...(reply.tool_calls ? { tool_calls: reply.tool_calls.map((c) => ({ ...c, function: { name: c.function.name, arguments: restore(c.function.arguments) } })) } : {}),
-  };
+  return mapMessageText({ role: 'assistant', content: reply.content, ...(reply.tool_calls ? { tool_calls: reply.tool_calls } : {}) }, restore);
 }
 
 export class EndpointPolicy implements Policy {

@@ -51,15 +51,7 @@ export function parsePlaceholders(value: unknown, source: string): Placeholders 
 export function modelView(messages: Message[], placeholders: Placeholders): { messages: Message[]; restore: (m: Message) => Message } {
   if (placeholders === null) return { messages, restore: (m) => m };
   const r = new Redactor(placeholders);
-  const masked = r.messages(messages);
-  return {
-    messages: masked,
-    restore: (m) => ({
-      ...m,
-      content: m.content === null ? null : r.restore(m.content),
-      ...(m.tool_calls ? { tool_calls: m.tool_calls.map((c) => ({ ...c, function: { ...c.function, arguments: r.restore(c.function.arguments) } })) } : {}),
-    }),
-  };
+  return { messages: r.messages(messages), restore: (m) => r.restoreMessage(m) };
 }
 
 /** Conversations as the model sees them (one masking per conversation: placeholders say nothing across them). */
