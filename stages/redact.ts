@@ -12,6 +12,13 @@ export interface RedactionOptions {
   kinds: readonly PiiKind[];
   /** JSON keys whose string/number values are masked whatever they look like (e.g. 'pin', 'last_4_ssn'). */
   keys: readonly string[];
+  /**
+   * Named phrases masked wherever they appear, as whole words and in any case: label → phrases
+   * ({COMPANY: ['Globex Insurance', ...]} makes "call globex insurance" read "call [COMPANY_1]"). Restored as listed.
+   */
+  terms?: Readonly<Record<string, readonly string[]>>;
+  /** Values of a shape of one's own: label → regular expression ({REF: 'REF-\\d+'}). */
+  patterns?: Readonly<Record<string, string>>;
 }
 
 export const DEFAULT_REDACTION: RedactionOptions = {
@@ -165,6 +172,43 @@ interface Target {
   value: string;
 }
 
+/** What a phrase of a `terms` list, or a match of a `patterns` expression, becomes. */
+interface NamedValues {
+  label: string;
+  pattern: RegExp;
+  /** The value as it should be restored: a term's listed spelling, a pattern's match as written. */
+  canonical: (match: string) => string;
+}
+
+const LABEL = /^[A-Z][A-Z0-9_]*$/;
+
+function namedValues(options: RedactionOptions): NamedValues[] {
+  const checkLabel = (label: string, what: string) => {
+    if (!LABEL.test(label)) throw new Error(`${what} label "${label}" must be upper case letters, digits and _ (it names the placeholder: [${label}_1])`);
+  };
+  const out: NamedValues[] = [];
+  for (const [label, phrases] of Object.entries(options.terms ?? {})) {
+    checkLabel(label, 'terms');
+    const listed = new Map(phrases.filter((p) => p.trim() !== '').map((p) => [p.trim().toLowerCase().replace(/\s+/g, ' '), p.trim()]));
+    if (listed.size === 0) continue;
+    // Longest first, so "Acme Bank 12" is not read as "Acme Bank" followed by 12.
+    const alternatives = [...listed.keys()].sort((a, b) => b.length - a.length).map((p) => escapeRegExp(p).replace(/\s+/g, '\\s+'));
+    out.push({ label, pattern: new RegExp(`(?<![\\w])(?:${alternatives.join('|')})(?![\\w])`, 'gi'), canonical: (m) => listed.get(m.toLowerCase().replace(/\s+/g, ' ')) ?? m });
+  }
+  for (const [label, source] of Object.entries(options.patterns ?? {})) {
+    checkLabel(label, 'patterns');
+    let pattern: RegExp;
+    try {
+      pattern = new RegExp(source, 'g');
+    } catch (e) {
+      throw new Error(`patterns.${label}: ${(e as Error).message}`);
+    }
+    if (pattern.test('')) throw new Error(`patterns.${label} (${source}) matches empty text: it must match a value`);
+    out.push({ label, pattern, canonical: (m) => m });
+  }
+  return out;
+}
+
 /** A span of plain text one detector has taken; `target` null keeps it as it is (its kind is not masked). */
 interface Claim {
   start: number;
@@ -211,6 +255,7 @@ export class Redactor {
   private readonly kinds: ReadonlySet<PiiKind>;
   private readonly keys: ReadonlySet<string>;
   private readonly keyedValue: RegExp | null;
+  private readonly named: NamedValues[];
   /** label + normalised value → placeholder */
   private readonly placeholders = new Map<string, string>();
   /** placeholder → the value as first written */
@@ -221,6 +266,7 @@ export class Redactor {
     this.kinds = new Set(options.kinds);
     this.keys = new Set(options.keys.map((k) => k.toLowerCase()));
     this.keyedValue = keyedValuePattern(new Set([...this.keys, ...(this.kinds.has('dob') ? DOB_KEYS : [])]));
+    this.named = namedValues(options);
   }
 
   text(s: string): string {
@@ -299,7 +345,7 @@ export class Redactor {
     return value;
   }
 
-  /** Keyed values first, then the detectors in priority order; placeholders are issued in reading order. */
+  /** Keyed values first, then named terms and patterns, then the detectors in priority order; placeholders are issued in reading order. */
   private plainText(s: string): string {
     const claims: Claim[] = [];
     const claim = (c: Claim) => {
@@ -312,6 +358,13 @@ export class Redactor {
         const target = this.keyedTarget(g.key!, value);
         const [start, end] = m.indices!.groups![g.text !== undefined ? 'text' : 'number']!;
         if (target) claim({ start, end, target, quote: g.text !== undefined ? '' : `${g.esc}"` });
+      }
+    }
+    for (const n of this.named) {
+      for (const m of s.matchAll(n.pattern)) {
+        if (m[0] === '' || PLACEHOLDER.test(m[0])) continue;
+        const value = n.canonical(m[0]);
+        claim({ start: m.index, end: m.index + m[0].length, target: { label: n.label, normalised: value.toLowerCase(), value }, quote: '' });
       }
     }
     for (const d of DETECTORS) {

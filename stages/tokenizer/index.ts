@@ -9,6 +9,7 @@ import { conversationTexts } from '../train/chat-template.ts';
 import { fromParquet, readParquet } from '../train/data.ts';
 import { PLACEHOLDERS_FILE, placeholdersConfig, placeholdersOf, viewAll } from '../train/placeholders.ts';
 import { TextTokenizer, trainTokenizer } from '../train/tokenizer.ts';
+import { PLACEHOLDERS } from '../redact.ts';
 
 const config = z.strictObject({
   /** Bytes (256), merges and the chat template's 7 special tokens. */
@@ -17,12 +18,24 @@ const config = z.strictObject({
   split_digits: z.boolean().default(true),
   /** Values the agent copies (phone numbers, form values) shown to the model as placeholders: [PHONE_3]. */
   placeholders: placeholdersConfig.prefault({}),
+  /**
+   * The most frequent placeholders in the training sessions, each a token of its own (taken from the
+   * vocabulary): copying [PHONE_3] is then picking one token, not spelling "[", "PHONE", "_", "3", "]".
+   */
+  placeholder_tokens: z.number().int().min(0).default(48),
 });
+
+/** The `n` placeholders that appear most often in the texts (at least twice), most frequent first. */
+export function frequentPlaceholders(texts: string[], n: number): string[] {
+  const counts = new Map<string, number>();
+  for (const t of texts) for (const [p] of t.matchAll(PLACEHOLDERS)) counts.set(p, (counts.get(p) ?? 0) + 1);
+  return [...counts].filter(([, c]) => c >= 2).sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1)).slice(0, n).map(([p]) => p);
+}
 
 export const tokenizer = defineStage({
   name: 'tokenizer',
   description: 'train a byte-level BPE tokenizer on the training sessions',
-  version: 3,
+  version: 4,
   inputs: ['export'],
   outputs: ['tokenizer.json', PLACEHOLDERS_FILE],
   config,
@@ -32,8 +45,9 @@ export const tokenizer = defineStage({
     if (sessions.length === 0) throw new Error(`${join(input('export'), 'sessions', 'train.parquet')} has no sessions to train a tokenizer on`);
     const placeholders = placeholdersOf(cfg.placeholders);
     const texts = viewAll(sessions.map((s) => fromParquet(s.messages)), placeholders).flatMap(conversationTexts);
-    log.info('training BPE', { sessions: sessions.length, texts: texts.length, vocab_size: cfg.vocab_size, split_digits: cfg.split_digits, placeholders: placeholders !== null });
-    const json = trainTokenizer(texts, cfg.vocab_size, cfg.split_digits);
+    const words = placeholders ? frequentPlaceholders(texts, cfg.placeholder_tokens) : [];
+    log.info('training BPE', { sessions: sessions.length, texts: texts.length, vocab_size: cfg.vocab_size, split_digits: cfg.split_digits, placeholders: placeholders !== null, placeholder_tokens: words.length });
+    const json = trainTokenizer(texts, cfg.vocab_size, cfg.split_digits, words);
     await writeFile(join(out, 'tokenizer.json'), json);
     await writeFile(join(out, PLACEHOLDERS_FILE), `${JSON.stringify(placeholders, null, 2)}\n`);
     // Tokens per session on what it was trained on: how much a vocabulary of this size compresses.
@@ -43,8 +57,8 @@ export const tokenizer = defineStage({
     const chars = sample.reduce((s, x) => s + x.length, 0);
     const tokens = ids.reduce((s, x) => s + x.length, 0);
     return {
-      counts: { vocab_size: t.vocabSize, sessions: sessions.length },
-      summary: `${t.vocabSize} tokens from ${sessions.length} sessions; ${(chars / Math.max(1, tokens)).toFixed(2)} characters a token`,
+      counts: { vocab_size: t.vocabSize, sessions: sessions.length, placeholder_tokens: words.length },
+      summary: `${t.vocabSize} tokens (${words.length} of them placeholders) from ${sessions.length} sessions; ${(chars / Math.max(1, tokens)).toFixed(2)} characters a token`,
     };
   },
 });

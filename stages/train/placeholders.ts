@@ -9,6 +9,7 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { DEFAULT_REDACTION, PII_KINDS, Redactor, type PiiKind, type RedactionOptions } from '../redact.ts';
+import { DEFAULT_WORLD, generateWorld } from '../environment/world.ts';
 import type { Message } from '../records.ts';
 
 /** The masking a model was trained with; null: it reads values as they are. */
@@ -17,17 +18,39 @@ export type Placeholders = RedactionOptions | null;
 /** Beyond personal data, the form's other fields: values the agent copies from the form into its calls. */
 const FORM_KEYS = ['zip_code', 'order_id', 'policy_number', 'member_id'];
 
-/** The tokenizer stage's `placeholders` section. */
-export const placeholdersConfig = z.strictObject({
-  enabled: z.boolean().default(true),
+/** What the saved options hold (placeholders.json, config.json's prefab_placeholders). */
+const savedPlaceholders = z.strictObject({
   /** Kinds found in free text (the directory's phone numbers, e-mails, ...). */
   kinds: z.array(z.enum(PII_KINDS as [PiiKind, ...PiiKind[]])).default([...DEFAULT_REDACTION.kinds]),
   /** JSON keys whose values are replaced whatever they look like. */
   keys: z.array(z.string().min(1)).default([...DEFAULT_REDACTION.keys, ...FORM_KEYS]),
+  /** Named phrases: label → phrases ({COMPANY: [...]} reads a company's name as [COMPANY_1]). */
+  terms: z.record(z.string(), z.array(z.string())).default({}),
+  /** Values of a shape of one's own: label → regular expression ({REF: 'REF-\\d+'}, the environment's reference numbers). */
+  patterns: z.record(z.string(), z.string()).default({}),
+});
+
+/** The tokenizer stage's `placeholders` section. */
+export const placeholdersConfig = savedPlaceholders.extend({
+  enabled: z.boolean().default(true),
+  /**
+   * The simulator's company directory (the world the sessions came from) as `terms.COMPANY`: the model reads
+   * "call Globex Insurance" as "call [COMPANY_1]", so looking a company up is one copied token, as in
+   * task-oriented dialogue's delexicalisation. null: company names are read as text.
+   */
+  directory: z.strictObject({ world_seed: z.number().int().default(DEFAULT_WORLD.seed), companies: z.number().int().min(1).default(DEFAULT_WORLD.companies) }).nullable().default(null),
 });
 
 export function placeholdersOf(cfg: z.infer<typeof placeholdersConfig>): Placeholders {
-  return cfg.enabled ? { kinds: cfg.kinds, keys: cfg.keys } : null;
+  if (!cfg.enabled) return null;
+  const terms = { ...cfg.terms };
+  if (cfg.directory) {
+    const world = generateWorld({ ...DEFAULT_WORLD, seed: cfg.directory.world_seed, companies: cfg.directory.companies });
+    terms.COMPANY = [...(terms.COMPANY ?? []), ...world.companies.map((c) => c.name)];
+  }
+  const options: RedactionOptions = { kinds: cfg.kinds, keys: cfg.keys, terms, patterns: cfg.patterns };
+  new Redactor(options); // bad labels and expressions fail here, naming the setting, not at the first conversation
+  return options;
 }
 
 /** The file in the tokenizer stage's folder that says how the model reads values: the options, or null. */
@@ -42,8 +65,8 @@ export async function readPlaceholdersFile(dir: string): Promise<Placeholders> {
 /** Parses a saved `Placeholders` (config.json's prefab_placeholders), naming `source` when it is malformed. */
 export function parsePlaceholders(value: unknown, source: string): Placeholders {
   if (value === undefined || value === null) return null;
-  const parsed = placeholdersConfig.omit({ enabled: true }).safeParse(value);
-  if (!parsed.success) throw new Error(`${source}: prefab_placeholders is not {kinds, keys}: ${parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ')}`);
+  const parsed = savedPlaceholders.safeParse(value);
+  if (!parsed.success) throw new Error(`${source}: prefab_placeholders is not {kinds, keys, terms, patterns}: ${parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ')}`);
   return parsed.data;
 }
 

@@ -16,16 +16,20 @@ export type SpecialToken = (typeof SPECIAL_TOKENS)[number];
 const BYTE_LEVEL = { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true };
 
 /**
- * Trains a byte-level BPE of `vocabSize` tokens (bytes, merges and special tokens) on the texts; returns
- * tokenizer.json's content. With `splitDigits`, every digit is a token of its own (no merges across digits).
+ * Trains a byte-level BPE of `vocabSize` tokens (bytes, merges, whole words and special tokens) on the texts;
+ * returns tokenizer.json's content. With `splitDigits`, every digit is a token of its own (no merges across
+ * digits). `words` become tokens of their own wherever they appear ("[PHONE_3]" one token, not five pieces),
+ * and BPE learns its merges from the rest of the text.
  */
-export function trainTokenizer(texts: string[], vocabSize: number, splitDigits = false): string {
+export function trainTokenizer(texts: string[], vocabSize: number, splitDigits = false, words: readonly string[] = []): string {
   const alphabet = [...byteLevelAlphabet()].sort();
-  const room = vocabSize - alphabet.length - SPECIAL_TOKENS.length;
-  if (room < 0) throw new Error(`a vocabulary of ${vocabSize} cannot hold the 256 bytes and ${SPECIAL_TOKENS.length} special tokens: use at least ${alphabet.length + SPECIAL_TOKENS.length}`);
+  const whole = [...new Set(words)];
+  const room = vocabSize - alphabet.length - whole.length - SPECIAL_TOKENS.length;
+  if (room < 0) throw new Error(`a vocabulary of ${vocabSize} cannot hold the 256 bytes, ${whole.length} whole words and ${SPECIAL_TOKENS.length} special tokens: use at least ${alphabet.length + whole.length + SPECIAL_TOKENS.length}`);
   const dir = mkdtempSync(join(tmpdir(), 'prefab-bpe-'));
   try {
-    writeFileSync(join(dir, 'corpus.txt'), texts.join('\n'));
+    const cut = whole.length ? new RegExp(whole.map((w) => w.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')).join('|'), 'g') : null;
+    writeFileSync(join(dir, 'corpus.txt'), (cut ? texts.map((t) => t.replace(cut, '\n')) : texts).join('\n'));
     const trainer = new Tokenizer(BPE.empty());
     trainer.setPreTokenizer(splitDigits ? sequencePreTokenizer([digitsPreTokenizer(true), byteLevelPreTokenizer(false, true)]) : byteLevelPreTokenizer(false, true));
     trainer.train([join(dir, 'corpus.txt')]);
@@ -42,7 +46,15 @@ export function trainTokenizer(texts: string[], vocabSize: number, splitDigits =
       merges.push([a, b]);
       vocab[a + b] = size++;
     }
-    const added = SPECIAL_TOKENS.map((content, i) => ({ id: size + i, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true }));
+    const added = [...whole.map((content) => ({ content, special: false })), ...SPECIAL_TOKENS.map((content) => ({ content, special: true }))].map((t, i) => ({
+      id: size + i,
+      content: t.content,
+      single_word: false,
+      lstrip: false,
+      rstrip: false,
+      normalized: false,
+      special: t.special,
+    }));
     return JSON.stringify({
       version: '1.0',
       truncation: null,

@@ -191,6 +191,26 @@ describe('Redactor across messages', () => {
     );
   });
 
+  it('masks named terms as whole words in any case, the longest first, and restores them as listed', () => {
+    const r = new Redactor({ kinds: [], keys: [], terms: { COMPANY: ['Acme Air', 'Acme Airways', 'Acme Air 12'] } });
+    const text = r.text('Call acme  AIR, then Acme Airways, then Acme Air 12; not Acme Airlines or FooAcme Air.');
+    expect(text).toBe('Call [COMPANY_1], then [COMPANY_2], then [COMPANY_3]; not Acme Airlines or FooAcme Air.');
+    expect(r.text('{"company":"ACME AIR","departments":[{"name":"Acme Air Billing"}]}')).toBe('{"company":"[COMPANY_1]","departments":[{"name":"[COMPANY_1] Billing"}]}');
+    expect(r.restore('{"company":"[COMPANY_1]"}')).toBe('{"company":"Acme Air"}');
+  });
+
+  it("masks a pattern's matches, one placeholder per distinct value, before the detectors see them", () => {
+    const r = new Redactor({ ...DEFAULT_REDACTION, patterns: { REF: String.raw`REF-\d+` } });
+    expect(r.text('Your reference number is REF-004211. Call 1-800-306-8514 with REF-004211 and REF-1.')).toBe('Your reference number is [REF_1]. Call [PHONE_1] with [REF_1] and [REF_2].');
+    expect(r.restore('[REF_2]')).toBe('REF-1');
+  });
+
+  it('refuses a label that cannot name a placeholder, an expression that does not compile, and one that matches nothing', () => {
+    expect(() => new Redactor({ kinds: [], keys: [], terms: { company: ['Acme'] } })).toThrow(/terms label "company" must be upper case/);
+    expect(() => new Redactor({ kinds: [], keys: [], patterns: { REF: 'REF-(' } })).toThrow(/patterns\.REF: .*Unterminated group/);
+    expect(() => new Redactor({ kinds: [], keys: [], patterns: { REF: '\\d*' } })).toThrow(/patterns\.REF .* matches empty text/);
+  });
+
   it('lists all five kinds and the profile keys by default', () => {
     expect(DEFAULT_REDACTION.kinds).toEqual(['ssn', 'account', 'phone', 'email', 'dob']);
     expect(new Redactor().text('{"Social_Security_Number":"123456789","DOB":"1965-01-14"}')).toBe('{"Social_Security_Number":"[SSN_1]","DOB":"[DOB_1]"}');

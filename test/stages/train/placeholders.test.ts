@@ -76,6 +76,34 @@ describe('placeholders: the values a model copies, as it reads them', () => {
     expect(view).toHaveLength(at);
   });
 
+  it("reads the directory's company names and the reference numbers as placeholders, and acts on them when put back", async () => {
+    const named = placeholdersOf(placeholdersConfig.parse({ directory: { world_seed: 5, companies: 30 }, patterns: { REF: String.raw`REF-\d+` } }))!;
+    expect(named.terms!.COMPANY).toEqual(world.companies.map((c) => c.name));
+    // A task whose calls need a reference number from an earlier one.
+    let found: Awaited<ReturnType<typeof oracleSession>> | undefined;
+    for (let i = 0; !found && i < 200; i++) {
+      const s = await oracleSession(i);
+      if (callsIn(s.messages).some((c) => /reference number from/.test(c.function.arguments))) found = s;
+    }
+    const { task, messages } = found!;
+    const { messages: view } = modelView(messages, named);
+    const text = renderText(view);
+    expect(text).not.toContain(task.company);
+    expect(text).not.toMatch(/REF-\d/);
+    expect(view[1]!.content).toContain('[COMPANY_1]');
+    expect(view[2]!.tool_calls![0]!.function.arguments).toBe('{"company":"[COMPANY_1]"}');
+    expect(text).toMatch(/"name":"\[COMPANY_1\] [A-Z]/);
+    // Acting from the masked view alone: every call the oracle made, put back, completes its department.
+    let state = reset(world, task);
+    for (let t = 0; t < messages.length; t++) {
+      if (messages[t]!.role !== 'assistant' || !messages[t]!.tool_calls) continue;
+      const { restore } = modelView(messages.slice(0, t), named);
+      const c = restore(modelView(messages.slice(0, t + 1), named).messages[t]!).tool_calls![0]!.function;
+      state = step(world, state, { name: c.name, arguments: c.arguments }).state;
+    }
+    expect(Object.keys(state.completed)).toHaveLength(task.calls.length);
+  });
+
   it('leaves conversations as they are when off', async () => {
     const { messages } = await oracleSession(5);
     const { messages: view, restore } = modelView(messages, null);
@@ -110,7 +138,7 @@ describe('placeholders: the values a model copies, as it reads them', () => {
     expect(loadCheckpoint(join(dir, 'plain')).placeholders).toBeNull();
     const config = join(dir, 'masked', 'config.json');
     writeFileSync(config, JSON.stringify({ ...JSON.parse(readFileSync(config, 'utf8')), prefab_placeholders: { kinds: ['phone'], keys: 'pin' } }));
-    expect(() => loadCheckpoint(join(dir, 'masked'))).toThrow(/config\.json: prefab_placeholders is not \{kinds, keys\}: keys/);
+    expect(() => loadCheckpoint(join(dir, 'masked'))).toThrow(/config\.json: prefab_placeholders is not \{kinds, keys, terms, patterns\}: keys/);
     model.dispose();
   });
 });

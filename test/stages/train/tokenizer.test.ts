@@ -57,6 +57,22 @@ describe('byte-level BPE tokenizer', () => {
     expect((await tokenizer.encode(phone)).map((id) => tokenizer.idToToken(id)!).some((t) => /\d\d/.test(t))).toBe(true);
   });
 
+  it('makes whole words single tokens wherever they appear, within the vocabulary size, and decodes them back', async () => {
+    const words = ['[PHONE_1]', '[COMPANY_1]'];
+    const texts = sessions.map((s) => renderText(s).replace(/1-800-\d{3}-\d{4}/g, '[PHONE_1]'));
+    const whole = new TextTokenizer(trainTokenizer(texts, 400, false, words));
+    expect(whole.vocabSize).toBe(400);
+    const text = 'dial "[PHONE_1]" for[COMPANY_1] Billing, not [PHONE_12]';
+    const ids = await whole.encode(text);
+    const tokens = ids.map((id) => whole.idToToken(id));
+    expect(tokens.filter((t) => t === '[PHONE_1]')).toHaveLength(1);
+    expect(tokens).toContain('[COMPANY_1]');
+    expect(await whole.decode(ids)).toBe(text);
+    // BPE learns no merges inside them: no piece of "[PHONE_1]" is a token of its own beyond the bytes.
+    expect(Object.keys(JSON.parse(whole.json).model.vocab)).not.toContain('PHONE');
+    expect(() => trainTokenizer(['abc'], 264, false, ['[A_1]', '[B_1]'])).toThrow(/2 whole words .* at least 265/);
+  });
+
   it('training twice on the same corpus gives the same tokenizer.json', () => {
     expect(trainTokenizer(sessions.map((s) => renderText(s)), 400)).toBe(tokenizer.json);
   });
