@@ -223,46 +223,6 @@ export class GPT {
     }
   }
 
-  /**
-   * Feeds `tokens` at positions start… through the transformer, each attending causally to itself, the
-   * tokens before it and the cached ones; appends their keys and values to the cache. Returns the last
-   * position's next-token logits.
-   */
-  extend(cache: { keys: tf.Tensor2D[]; values: tf.Tensor2D[] }, tokens: number[], start: number): Float32Array {
-    const c = this.config;
-    const C = c.width;
-    const hs = C / c.heads;
-    const n = tokens.length;
-    const t = start + n;
-    if (t > c.contextLength) throw new Error(`${t} tokens do not fit in the model's context of ${c.contextLength}`);
-    // Query i (position start + i) sees keys 0 … start + i.
-    const hidden = new Float32Array(n * t);
-    for (let i = 0; i < n; i++) hidden.fill(-1e9, i * t + start + i + 1, (i + 1) * t);
-    return tf.tidy(() => {
-      const mask = tf.tensor2d(hidden, [n, t]);
-      const logits = this.run(tf.gather(this.p('wte.weight'), tf.tensor1d(tokens, 'int32')), 1, n, start, (i) => (qkv) => {
-        const k = tf.slice(qkv, [0, C], [n, C]);
-        const v = tf.slice(qkv, [0, 2 * C], [n, C]);
-        const K = cache.keys[i] ? tf.concat([cache.keys[i]!, k], 0) : k; // (t, C)
-        const V = cache.values[i] ? tf.concat([cache.values[i]!, v], 0) : v;
-        cache.keys[i]?.dispose();
-        cache.values[i]?.dispose();
-        cache.keys[i] = tf.keep(K) as tf.Tensor2D;
-        cache.values[i] = tf.keep(V) as tf.Tensor2D;
-        const KT = tf.transpose(K); // (C, t)
-        const VT = tf.transpose(V);
-        const heads: tf.Tensor2D[] = [];
-        for (let j = 0; j < c.heads; j++) {
-          const q = tf.slice(qkv, [0, j * hs], [n, hs]); // (n, hs)
-          const att = tf.softmax(tf.add(tf.mul(tf.matMul(q, tf.slice(KT, [j * hs, 0], [hs, t])), 1 / Math.sqrt(hs)), mask)); // (n, t)
-          heads.push(tf.matMul(att, tf.transpose(tf.slice(VT, [j * hs, 0], [hs, t])))); // (n, hs)
-        }
-        return tf.concat(heads, 1) as tf.Tensor2D; // (n, C)
-      });
-      return tf.slice(logits, [n - 1, 0], [1, c.vocabSize]);
-    }).dataSync() as Float32Array;
-  }
-
   dispose(): void {
     for (const v of this.params.values()) v.dispose();
     for (const m of this.masks.values()) m.dispose();
@@ -271,38 +231,122 @@ export class GPT {
 }
 
 /**
- * The keys and values of the tokens a model has read, per layer, so that the next ones attend to them
- * without recomputing: within one reply, and across the turns of an episode, where each new prompt extends
- * the last one.
+ * Generation, one token at a time, in plain TypeScript on the CPU: a step of a model this small is a few
+ * hundred tiny operations, which cost more to dispatch to a TensorFlow.js backend than to compute (WASM: ~7 ms
+ * a token that way, ~1 ms here). Computes what `forward` does, for one sequence, from a copy of the weights
+ * taken when the cache is made; keeps the keys and values of the tokens read so far, per layer, so that the
+ * next ones attend to them without recomputing: within one reply, and across the turns of an episode, where
+ * each new prompt extends the last one.
  */
 export class KVCache {
-  keys: tf.Tensor2D[] = []; // per layer: (t, C)
-  values: tf.Tensor2D[] = [];
   /** The tokens read so far. */
   readonly tokens: number[] = [];
+  private readonly w: Map<string, Float32Array>;
+  private readonly keys: Float32Array[]; // per layer: (context, C), the first tokens.length rows in use
+  private readonly values: Float32Array[];
+  private readonly rotation: { cos: Float32Array; sin: Float32Array } | null = null;
 
-  constructor(readonly model: GPT) {}
+  constructor(readonly model: GPT) {
+    const { layers, width: C, contextLength, heads } = model.config;
+    this.w = new Map([...model.params].map(([name, v]) => [name, v.dataSync() as Float32Array]));
+    this.keys = Array.from({ length: layers }, () => new Float32Array(contextLength * C));
+    this.values = Array.from({ length: layers }, () => new Float32Array(contextLength * C));
+    if (model.config.positions === 'rope') {
+      const half = C / heads / 2;
+      const cos = new Float32Array(contextLength * half);
+      const sin = new Float32Array(contextLength * half);
+      for (let p = 0; p < contextLength; p++) {
+        for (let f = 0; f < half; f++) {
+          const angle = p * Math.pow(ROPE_BASE, -f / half);
+          cos[p * half + f] = Math.cos(angle);
+          sin[p * half + f] = Math.sin(angle);
+        }
+      }
+      this.rotation = { cos, sin };
+    }
+  }
 
   /** Forgets all but the first n tokens. */
   truncate(n: number): void {
-    if (n >= this.tokens.length) return;
-    if (n === 0) return this.dispose();
-    const C = this.model.config.width;
-    const cut = (ts: tf.Tensor2D[]) => ts.map((x) => {
-      const kept = tf.keep(tf.slice(x, [0, 0], [n, C]));
-      x.dispose();
-      return kept;
-    });
-    this.keys = cut(this.keys);
-    this.values = cut(this.values);
-    this.tokens.length = n;
+    if (n < this.tokens.length) this.tokens.length = n;
   }
 
   /** Reads tokens; returns the next-token logits after the last. */
   read(tokens: number[]): Float32Array {
-    const logits = this.model.extend(this, tokens, this.tokens.length);
-    this.tokens.push(...tokens);
+    const { contextLength, vocabSize, width: C } = this.model.config;
+    if (this.tokens.length + tokens.length > contextLength) throw new Error(`${this.tokens.length + tokens.length} tokens do not fit in the model's context of ${contextLength}`);
+    let x: Float32Array = new Float32Array(C);
+    for (const token of tokens) {
+      x = this.step(token, this.tokens.length);
+      this.tokens.push(token);
+    }
+    // The head shares the embedding's weights: logits = x · wteᵀ.
+    const wte = this.w.get('wte.weight')!;
+    const logits = new Float32Array(vocabSize);
+    for (let v = 0; v < vocabSize; v++) {
+      let s = 0;
+      for (let i = 0, o = v * C; i < C; i++) s += x[i]! * wte[o + i]!;
+      logits[v] = s;
+    }
     return logits;
+  }
+
+  /** The final LayerNorm's output at position `at`, after reading `token` there. */
+  private step(token: number, at: number): Float32Array {
+    const { layers, width: C, heads } = this.model.config;
+    const w = (name: string) => this.w.get(name)!;
+    const hs = C / heads;
+    const x = w('wte.weight').slice(token * C, (token + 1) * C);
+    if (!this.rotation) {
+      const wpe = w('wpe.weight');
+      for (let i = 0; i < C; i++) x[i]! += wpe[at * C + i]!;
+    }
+    const scores = new Float32Array(at + 1);
+    const attended = new Float32Array(C);
+    for (let l = 0; l < layers; l++) {
+      const h = (n: string) => w(`h.${l}.${n}`);
+      const qkv = matVec(norm(x, h('ln_1.weight'), h('ln_1.bias')), h('attn.c_attn.weight'), 3 * C);
+      if (this.rotation) for (let j = 0; j < 2 * heads; j++) this.rotate(qkv, j * hs, hs / 2, at);
+      const K = this.keys[l]!;
+      const V = this.values[l]!;
+      K.set(qkv.subarray(C, 2 * C), at * C);
+      V.set(qkv.subarray(2 * C), at * C);
+      for (let j = 0; j < heads; j++) {
+        const o = j * hs;
+        let max = -Infinity;
+        for (let t = 0; t <= at; t++) {
+          let s = 0;
+          for (let d = 0; d < hs; d++) s += qkv[o + d]! * K[t * C + o + d]!;
+          scores[t] = s / Math.sqrt(hs);
+          if (scores[t]! > max) max = scores[t]!;
+        }
+        let total = 0;
+        for (let t = 0; t <= at; t++) total += scores[t] = Math.exp(scores[t]! - max);
+        attended.fill(0, o, o + hs);
+        for (let t = 0; t <= at; t++) {
+          const p = scores[t]! / total;
+          for (let d = 0; d < hs; d++) attended[o + d]! += p * V[t * C + o + d]!;
+        }
+      }
+      addInto(x, matVec(attended, h('attn.c_proj.weight'), C));
+      const hidden = matVec(norm(x, h('ln_2.weight'), h('ln_2.bias')), h('mlp.c_fc.weight'), 4 * C);
+      for (let i = 0; i < hidden.length; i++) hidden[i] = hidden[i]! / (1 + Math.exp(-1.702 * hidden[i]!)); // gelu
+      addInto(x, matVec(hidden, h('mlp.c_proj.weight'), C));
+    }
+    return norm(x, w('ln_f.weight'), w('ln_f.bias'));
+  }
+
+  /** RoPE on one head's query or key at `offset` in qkv, as `rope` does: the pairs (x_f, x_{f+half}) turned. */
+  private rotate(qkv: Float32Array, offset: number, half: number, at: number): void {
+    const { cos, sin } = this.rotation!;
+    for (let f = 0; f < half; f++) {
+      const a = qkv[offset + f]!;
+      const b = qkv[offset + half + f]!;
+      const c = cos[at * half + f]!;
+      const s = sin[at * half + f]!;
+      qkv[offset + f] = a * c - b * s;
+      qkv[offset + half + f] = b * c + a * s;
+    }
   }
 
   /**
@@ -319,8 +363,20 @@ export class KVCache {
     const rand = options.random ?? Math.random;
     const out: number[] = [];
     const limit = Math.min(options.maxTokens, room);
+    const constraint = options.constraint;
     while (out.length < limit) {
-      const next = sampleToken(logits, options.temperature, options.topP ?? 1, rand);
+      let next = sampleToken(logits, options.temperature, options.topP ?? 1, rand);
+      if (constraint && !constraint.allows(out, next)) {
+        // Drawn outside what may come next: draw again from the tokens that may (checking them all costs
+        // more than one draw, so it is only done when the first draw is refused).
+        let any = false;
+        for (let id = 0; id < logits.length; id++) {
+          if (constraint.allows(out, id)) any = true;
+          else logits[id] = -Infinity;
+        }
+        if (!any) break;
+        next = sampleToken(logits, options.temperature, options.topP ?? 1, rand);
+      }
       out.push(next);
       if (options.stop?.includes(next) || out.length === limit) break;
       logits = this.read([next]);
@@ -328,12 +384,35 @@ export class KVCache {
     return out;
   }
 
+  /** Nothing to free: the cache is plain memory. Kept so that callers need not know. */
   dispose(): void {
-    for (const x of [...this.keys, ...this.values]) x.dispose();
-    this.keys = [];
-    this.values = [];
     this.tokens.length = 0;
   }
+}
+
+/** x · W for a vector x and W laid out (in, out). */
+function matVec(x: Float32Array, W: Float32Array, out: number): Float32Array {
+  const y = new Float32Array(out);
+  for (let i = 0; i < x.length; i++) {
+    const xi = x[i]!;
+    if (xi === 0) continue;
+    for (let j = 0, o = i * out; j < out; j++) y[j]! += xi * W[o + j]!;
+  }
+  return y;
+}
+
+function norm(x: Float32Array, weight: Float32Array, bias: Float32Array): Float32Array {
+  let mean = 0;
+  for (const v of x) mean += v;
+  mean /= x.length;
+  let variance = 0;
+  for (const v of x) variance += (v - mean) ** 2;
+  const scale = 1 / Math.sqrt(variance / x.length + 1e-5);
+  return x.map((v, i) => (v - mean) * scale * weight[i]! + bias[i]!);
+}
+
+function addInto(x: Float32Array, y: Float32Array): void {
+  for (let i = 0; i < x.length; i++) x[i]! += y[i]!;
 }
 
 export interface GenerateOptions {
@@ -343,6 +422,8 @@ export interface GenerateOptions {
   topP?: number;
   stop?: number[];
   random?: Random;
+  /** Which token may follow the ones generated so far (stages/train/constrain.ts); absent: any. */
+  constraint?: { allows(generated: readonly number[], candidate: number): boolean };
 }
 
 /** One token from logits: argmax at temperature 0, else a draw from the top-p nucleus of softmax(logits / temperature). */

@@ -74,6 +74,24 @@ describe.each(['learned', 'rope'] as const)('GPT with %s positions on the WASM b
     expect(cached).toEqual(recomputed);
   });
 
+  it("decodes token by token, on the CPU, the logits the training forward pass gives at every position", () => {
+    const model = GPT.create(config, 'decode');
+    train(model, new AdamW(model.params, ADAMW_DEFAULTS), 0, 30); // weights far from their initial values
+    const ids = [5, 6, 7, 8, 9, 10, 3, 3, 20, 21, 22, 23, 0, 1];
+    const forward = model.forward(Int32Array.from(ids), 1, ids.length).arraySync();
+    const cache = new KVCache(model);
+    let spread = 0;
+    for (const [t, id] of ids.entries()) {
+      const got = cache.read([id]);
+      forward[t]!.forEach((v, i) => expect(got[i]).toBeCloseTo(v, 3));
+      spread = Math.max(spread, Math.max(...forward[t]!) - Math.min(...forward[t]!));
+    }
+    expect(spread).toBeGreaterThan(5); // logits that say something, not a flat start
+    // Past the context: an error, not a silent wrap.
+    expect(() => cache.read([1, 2, 3])).toThrow(/17 tokens do not fit in the model's context of 16/);
+    model.dispose();
+  });
+
   it('keeps its KV cache across turns: extending a prompt reads only the new tokens and gives the logits a fresh cache gives', () => {
     const model = GPT.create(config, 'turns');
     const cache = new KVCache(model);
