@@ -6,7 +6,7 @@
 //   npx tsx bench/copying.ts workspace/sft/model [--tasks 12]
 import { Command } from 'commander';
 import { ScriptedAgent } from '../stages/environment/agents.ts';
-import { reset, step } from '../stages/environment/env.ts';
+import { TOOLS, reset, step } from '../stages/environment/env.ts';
 import { seeded } from '../stages/environment/random.ts';
 import { runEpisode } from '../stages/environment/rollout.ts';
 import { generateTask, generateWorld } from '../stages/environment/world.ts';
@@ -15,12 +15,12 @@ import { loadCheckpoint } from '../stages/train/checkpoint.ts';
 import { ModelPolicy } from '../stages/train/policy.ts';
 import { TextTokenizer } from '../stages/train/tokenizer.ts';
 
-const cli = new Command().argument('<model>', 'a model folder (config.json, model.safetensors, tokenizer.json)').option('--tasks <n>', 'validation tasks', '12').option('--world-seed <n>', 'the world of the sample', '1').parse();
-const opts = cli.opts<{ tasks: string; worldSeed: string }>();
+const cli = new Command().argument('<model>', 'a model folder (config.json, model.safetensors, tokenizer.json)').option('--tasks <n>', 'validation tasks', '12').option('--world-seed <n>', 'the world of the sample', '1').option('--free', 'calls as free text (default: decoded under the tools\' schemas, as eval does)').parse();
+const opts = cli.opts<{ tasks: string; worldSeed: string; free?: boolean }>();
 
 await useBackend('wasm');
 const checkpoint = loadCheckpoint(cli.args[0]!);
-const policy = new ModelPolicy('model', checkpoint.model, new TextTokenizer(checkpoint.tokenizerJson), checkpoint.placeholders, { maxTokens: 160, temperature: 0, topP: 1 }, seeded('copying'));
+const policy = new ModelPolicy('model', checkpoint.model, new TextTokenizer(checkpoint.tokenizerJson), checkpoint.placeholders, { maxTokens: 160, temperature: 0, topP: 1, tools: opts.free ? undefined : TOOLS }, seeded('copying'));
 const world = generateWorld({ seed: Number(opts.worldSeed) });
 const right: Record<string, { right: number; turns: number }> = {};
 for (let i = 0; i < Number(opts.tasks); i++) {

@@ -14,7 +14,7 @@ export const TOOLS = [
     function: {
       name: 'search_directory',
       description: "List a company's departments and their phone numbers. The directory does not say what each department asks for.",
-      parameters: { type: 'object', properties: { company: { type: 'string' } }, required: ['company'] },
+      parameters: { type: 'object', properties: { company: { type: 'string' } }, required: ['company'], additionalProperties: false },
     },
   },
   {
@@ -22,7 +22,7 @@ export const TOOLS = [
     function: {
       name: 'auth_info_form',
       description: 'Ask the user to fill in a form with the listed fields. The user fills it ONCE per task: ask for everything you will need in one go, and nothing sensitive you will not need.',
-      parameters: { type: 'object', properties: { fields: { type: 'array', items: { type: 'string', enum: [...FIELDS] } } }, required: ['fields'] },
+      parameters: { type: 'object', properties: { fields: { type: 'array', items: { type: 'string', enum: [...FIELDS] } } }, required: ['fields'], additionalProperties: false },
     },
   },
   {
@@ -32,12 +32,17 @@ export const TOOLS = [
       description: 'Phone a department. Give the authentication values it needs and say what you want. Include reference numbers from earlier calls when a department asks for them.',
       parameters: {
         type: 'object',
-        properties: { phone_number: { type: 'string' }, auth: { type: 'object', additionalProperties: { type: 'string' } }, request: { type: 'string' } },
+        properties: {
+          phone_number: { type: 'string' },
+          auth: { type: 'object', propertyNames: { enum: [...FIELDS] }, additionalProperties: { type: 'string' } },
+          request: { type: 'string' },
+        },
         required: ['phone_number', 'auth', 'request'],
+        additionalProperties: false,
       },
     },
   },
-  { type: 'function', function: { name: 'finish', description: 'End the task when everything is done, or nothing more can be done.', parameters: { type: 'object', properties: {} } } },
+  { type: 'function', function: { name: 'finish', description: 'End the task when everything is done, or nothing more can be done.', parameters: { type: 'object', properties: {}, additionalProperties: false } } },
 ] as const;
 
 export const SYSTEM_PROMPT =

@@ -8,6 +8,7 @@ import { defineStage } from '../../pipeline/stage.ts';
 import type { Logger } from '../../pipeline/log.ts';
 import { lossOf, pairExamples, type DpoLoss } from '../dpo/index.ts';
 import { seeded } from '../environment/random.ts';
+import { TOOLS } from '../environment/env.ts';
 import { runEpisode } from '../environment/rollout.ts';
 import { DEFAULT_WORLD, generateTask, generateWorld } from '../environment/world.ts';
 import type { Message, Pair } from '../records.ts';
@@ -37,6 +38,8 @@ const config = z.strictObject({
       top_p: z.number().min(0).max(1).default(0.95),
       /** Most tokens in one assistant message. */
       max_tokens: z.number().int().min(1).default(160),
+      /** Tool calls decoded under the tools' JSON schemas, as a serving stack's structured outputs (stages/train/constrain.ts). */
+      constrained: z.boolean().default(true),
       /**
        * Most assistant messages in one episode. The oracle needs 9 at most (search, form, five calls, finish,
        * a closing line); a model that loops on failed calls would otherwise go on to the environment's 24
@@ -83,7 +86,7 @@ function pairFigures(policy: Scores[], reference: Scores[], training: { average:
 async function simulate(m: Model, tokenizer: TextTokenizer, placeholders: Placeholders, s: EvalConfig['simulator'], seed: string, log: Logger): Promise<ModelRow> {
   if (s.tasks === 0) return {};
   const world = generateWorld({ ...DEFAULT_WORLD, seed: s.world_seed, companies: s.companies });
-  const policy = new ModelPolicy(m.name, m.model, tokenizer, placeholders, { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p }, Math.random);
+  const policy = new ModelPolicy(m.name, m.model, tokenizer, placeholders, { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p, tools: s.constrained ? TOOLS : undefined }, Math.random);
   const successes: number[] = [];
   const passed: number[] = [];
   const rewards: number[] = [];
@@ -140,7 +143,7 @@ export function formatTable(rows: Record<string, ModelRow>): string {
 export const evalStage = defineStage({
   name: 'eval',
   description: 'compare the untrained, SFT and preference-tuned models: held-out pairs, NLL, simulator success',
-  version: 2,
+  version: 3,
   inputs: ['sft', 'dpo', 'export'],
   outputs: ['eval.json', 'table.txt'],
   config,
@@ -191,7 +194,7 @@ export const evalStage = defineStage({
       models: rows,
       held_out: { pairs: examples.length, sft_windows: nllSequences.length, val_tasks: cfg.simulator.tasks, k: cfg.simulator.k },
       preference_loss: { loss: lossName, beta: training.beta, reference: training.reference ? 'sft' : null },
-      sampling: { temperature: cfg.simulator.temperature, top_p: cfg.simulator.top_p, max_tokens: cfg.simulator.max_tokens, max_turns: cfg.simulator.max_turns },
+      sampling: { temperature: cfg.simulator.temperature, top_p: cfg.simulator.top_p, max_tokens: cfg.simulator.max_tokens, max_turns: cfg.simulator.max_turns, constrained: cfg.simulator.constrained },
       backend: backend.name,
     };
     await writeFile(join(out, 'eval.json'), JSON.stringify(report, null, 2) + '\n');

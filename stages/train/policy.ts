@@ -7,6 +7,7 @@ import type { Policy } from '../environment/agents.ts';
 import type { Random } from '../environment/random.ts';
 import type { Message } from '../records.ts';
 import { encodeConversations, parseAssistant } from './chat-template.ts';
+import { ToolCallConstraint, type ToolSchema } from './constrain.ts';
 import { KVCache, type GPT } from './model.ts';
 import { modelView, type Placeholders } from './placeholders.ts';
 import type { TextTokenizer } from './tokenizer.ts';
@@ -17,11 +18,14 @@ export interface SamplingOptions {
   maxTokens: number;
   temperature: number;
   topP: number;
+  /** Tools whose JSON schemas the model's calls are decoded under (stages/train/constrain.ts); absent: calls are free text. */
+  tools?: readonly ToolSchema[];
 }
 
 export class ModelPolicy implements Policy {
   private readonly cache: KVCache;
   private calls = 0;
+  private constraint: ToolCallConstraint | undefined;
   /** Tokens read and written, for throughput figures. */
   generated = 0;
 
@@ -44,7 +48,11 @@ export class ModelPolicy implements Policy {
     const room = this.cache.model.config.contextLength - this.sampling.maxTokens;
     const prompt = recentWindow(encoded!, headLength(messages), messages.length, room).ids;
     const end = this.tokenizer.special['<|end|>'];
-    const ids = this.cache.generate(prompt, { ...this.sampling, stop: [end], random: this.random });
+    if (this.sampling.tools && !this.constraint) {
+      const texts = await Promise.all(Array.from({ length: this.tokenizer.vocabSize }, (_, id) => this.tokenizer.decode([id])));
+      this.constraint = new ToolCallConstraint(this.sampling.tools, texts, this.tokenizer.special);
+    }
+    const ids = this.cache.generate(prompt, { ...this.sampling, stop: [end], random: this.random, constraint: this.constraint });
     this.generated += ids.length;
     const reply = restore(await parseAssistant(this.tokenizer, ids, this.calls + 1));
     this.calls += reply.tool_calls?.length ?? 0;

@@ -1,0 +1,198 @@
+// Tool calls decoded under their JSON schemas, as a serving stack's structured outputs do (OpenAI's strict
+// function calling, vLLM's guided decoding): while the model writes a call, a token that could not continue
+// `name {arguments}` into a call of a listed tool, with arguments its schema accepts, is never sampled. The
+// model still chooses everything the schema leaves open (which tool, which fields, which values); what it can
+// no longer do is write a field name no tool has, or arguments that are not JSON. Content before the first
+// call is free text.
+//
+// Arguments are compact JSON (no whitespace between tokens), as the chat template renders every call the
+// model trains on. The schemas are the subset tools use: objects (properties, required, additionalProperties,
+// propertyNames), arrays (items), strings (enum), numbers, integers, booleans and null.
+import type { SpecialToken } from './tokenizer.ts';
+
+export interface JsonSchema {
+  type?: 'object' | 'array' | 'string' | 'number' | 'integer' | 'boolean' | 'null';
+  properties?: Readonly<Record<string, JsonSchema>>;
+  required?: readonly string[];
+  /** false: no other keys; a schema: other keys' values; absent or true: any value. */
+  additionalProperties?: boolean | JsonSchema;
+  propertyNames?: { enum?: readonly string[] };
+  items?: JsonSchema;
+  enum?: readonly string[];
+}
+
+export interface ToolSchema {
+  function: { name: string; parameters: JsonSchema };
+}
+
+/** How far a text gets as JSON of a schema. */
+export type Reading = 'invalid' | 'partial' | 'complete';
+
+class Partial extends Error {}
+class Invalid extends Error {}
+
+/** Reads `text` as compact JSON of `schema`: complete, a prefix of some valid value, or neither. */
+export function readJson(schema: JsonSchema, text: string): Reading {
+  try {
+    const end = new Reader(text).value(schema, 0);
+    return end === text.length ? 'complete' : 'invalid';
+  } catch (e) {
+    if (e instanceof Partial) return 'partial';
+    if (e instanceof Invalid) return 'invalid';
+    throw e;
+  }
+}
+
+class Reader {
+  constructor(private readonly s: string) {}
+
+  private at(i: number): string {
+    if (i >= this.s.length) throw new Partial();
+    return this.s[i]!;
+  }
+
+  private expect(i: number, ch: string): number {
+    if (this.at(i) !== ch) throw new Invalid();
+    return i + 1;
+  }
+
+  /** A literal (true, false, null), which may be cut short. */
+  private literal(i: number, word: string): number {
+    for (let k = 0; k < word.length; k++) if (this.at(i + k) !== word[k]) throw new Invalid();
+    return i + word.length;
+  }
+
+  value(schema: JsonSchema, i: number): number {
+    const ch = this.at(i);
+    switch (schema.type) {
+      case 'object':
+        return this.object(schema, i);
+      case 'array':
+        return this.array(schema, i);
+      case 'string':
+        return this.string(i, schema.enum).end;
+      case 'number':
+      case 'integer':
+        return this.number(i, schema.type === 'integer');
+      case 'boolean':
+        return this.literal(i, ch === 't' ? 'true' : 'false');
+      case 'null':
+        return this.literal(i, 'null');
+      default: // any JSON value
+        if (ch === '{') return this.object({}, i);
+        if (ch === '[') return this.array({}, i);
+        if (ch === '"') return this.string(i).end;
+        if (ch === 't' || ch === 'f' || ch === 'n') return this.literal(i, ch === 't' ? 'true' : ch === 'f' ? 'false' : 'null');
+        return this.number(i, false);
+    }
+  }
+
+  /** A string, whose content must lead to one of `allowed` when given. */
+  private string(i: number, allowed?: readonly string[]): { end: number; text: string } {
+    i = this.expect(i, '"');
+    let text = '';
+    for (;;) {
+      const ch = this.at(i);
+      if (ch === '"') {
+        if (allowed && !allowed.includes(text)) throw new Invalid();
+        return { end: i + 1, text };
+      }
+      if (ch < ' ') throw new Invalid();
+      if (ch === '\\') {
+        const e = this.at(i + 1);
+        if (e === 'u') {
+          for (let k = 2; k < 6; k++) if (!/[0-9a-fA-F]/.test(this.at(i + k))) throw new Invalid();
+          text += String.fromCharCode(parseInt(this.s.slice(i + 2, i + 6), 16));
+          i += 6;
+        } else {
+          const escaped = { '"': '"', '\\': '\\', '/': '/', b: '\b', f: '\f', n: '\n', r: '\r', t: '\t' }[e];
+          if (escaped === undefined) throw new Invalid();
+          text += escaped;
+          i += 2;
+        }
+      } else {
+        text += ch;
+        i++;
+      }
+      if (allowed && !allowed.some((a) => a.startsWith(text))) throw new Invalid();
+    }
+  }
+
+  private number(i: number, integer: boolean): number {
+    let end = i;
+    while (end < this.s.length && /[-+0-9.eE]/.test(this.s[end]!)) end++;
+    const text = this.s.slice(i, end);
+    const whole = integer ? /^-?(?:0|[1-9]\d*)$/ : /^-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?$/;
+    // Cut off here, a number may go on: "-", "1.", "1e+" are on their way to one.
+    if (end === this.s.length) throw whole.test(text) || whole.test(`${text}0`) || whole.test(`${text}1`) ? new Partial() : new Invalid();
+    if (!whole.test(text)) throw new Invalid();
+    return end;
+  }
+
+  private object(schema: JsonSchema, i: number): number {
+    i = this.expect(i, '{');
+    const props = schema.properties ?? {};
+    const named = schema.additionalProperties === false ? Object.keys(props) : schema.propertyNames?.enum;
+    const seen = new Set<string>();
+    if (this.at(i) === '}') return this.close(schema, seen, i);
+    for (;;) {
+      // A key no schema allows, or one already given, is refused as soon as it cannot become an allowed one.
+      const { end, text: key } = this.string(i, named?.filter((k) => !seen.has(k)));
+      if (seen.has(key)) throw new Invalid();
+      seen.add(key);
+      i = this.expect(end, ':');
+      i = this.value(props[key] ?? (typeof schema.additionalProperties === 'object' ? schema.additionalProperties : {}), i);
+      if (this.at(i) === '}') return this.close(schema, seen, i);
+      if (named?.every((k) => seen.has(k))) throw new Invalid(); // no key is left to follow a comma
+      i = this.expect(i, ',');
+    }
+  }
+
+  private close(schema: JsonSchema, seen: Set<string>, i: number): number {
+    if ((schema.required ?? []).some((k) => !seen.has(k))) throw new Invalid();
+    return i + 1;
+  }
+
+  private array(schema: JsonSchema, i: number): number {
+    i = this.expect(i, '[');
+    if (this.at(i) === ']') return i + 1;
+    for (;;) {
+      i = this.value(schema.items ?? {}, i);
+      const next = this.at(i);
+      if (next === ']') return i + 1;
+      i = this.expect(i, ',');
+    }
+  }
+}
+
+/** Reads a call's text, "name {arguments}", against the tools. */
+export function readCall(tools: readonly ToolSchema[], text: string): Reading {
+  const space = text.indexOf(' ');
+  if (space < 0) return tools.some((t) => t.function.name.startsWith(text)) ? 'partial' : 'invalid';
+  const tool = tools.find((t) => t.function.name === text.slice(0, space));
+  return tool ? readJson({ type: 'object', ...tool.function.parameters }, text.slice(space + 1)) : 'invalid';
+}
+
+/**
+ * Which token may come next in an assistant message whose tool calls must be calls of `tools`: any token in
+ * the content before the first call; within a call, a token that keeps it readable, and <|call|> or <|end|>
+ * only once it is complete.
+ */
+export class ToolCallConstraint {
+  constructor(
+    private readonly tools: readonly ToolSchema[],
+    /** Each token's text, by id. */
+    private readonly texts: readonly string[],
+    private readonly special: Readonly<Record<SpecialToken, number>>,
+  ) {}
+
+  allows(generated: readonly number[], candidate: number): boolean {
+    const call = generated.lastIndexOf(this.special['<|call|>']);
+    if (call < 0) return true; // content: free text
+    const text = generated.slice(call + 1).map((id) => this.texts[id] ?? '').join('');
+    if (candidate === this.special['<|call|>'] || candidate === this.special['<|end|>']) return readCall(this.tools, text) === 'complete';
+    if (Object.values(this.special).includes(candidate)) return false;
+    const next = text + (this.texts[candidate] ?? '');
+    return next !== text && readCall(this.tools, next) !== 'invalid';
+  }
+}
