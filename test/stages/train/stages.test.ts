@@ -71,7 +71,9 @@ describe('training stages (tiny model)', () => {
     // The tokenizer read the copied values as placeholders ([PHONE_3]), and both models say so in config.json.
     const placeholders = JSON.parse(readFileSync(join(workdir, 'tokenizer', 'placeholders.json'), 'utf8'));
     expect(placeholders.keys).toEqual(expect.arrayContaining(['account_number', 'pin', 'zip_code']));
-    expect(Object.keys(tokenizer.model.vocab).some((t) => t.includes('PHONE'))).toBe(true);
+    // The most frequent placeholders are tokens of their own, and BPE learnt no merges inside them.
+    expect(tokenizer.added_tokens.filter((t: { special: boolean }) => !t.special).map((t: { content: string }) => t.content)).toEqual(expect.arrayContaining(['[PHONE_1]', '[ACCOUNT_1]']));
+    expect(Object.keys(tokenizer.model.vocab).some((t) => t.includes('PHONE'))).toBe(false);
     expect(sft.placeholders).toEqual(placeholders);
     expect(JSON.parse(readFileSync(join(workdir, 'dpo', 'model', 'config.json'), 'utf8')).prefab_placeholders).toEqual(placeholders);
     // DPO starts from the SFT weights and moves them.
