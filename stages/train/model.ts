@@ -232,8 +232,9 @@ export class GPT {
 
 /**
  * Generation, one token at a time, in plain TypeScript on the CPU: a step of a model this small is a few
- * hundred tiny operations, which cost more to dispatch to a TensorFlow.js backend than to compute (WASM: ~7 ms
- * a token that way, ~1 ms here). Computes what `forward` does, for one sequence, from a copy of the weights
+ * hundred tiny operations, which cost more to dispatch to a TensorFlow.js backend than to compute. Measured for
+ * 4 layers, width 128: 2.3 ms a token here against 4.8 ms through WASM ops, at 400–700 tokens of context.
+ * Reading a long prompt token by token is slower than WASM's one batched pass (1.6 ms a token against 0.34). Computes what `forward` does, for one sequence, from a copy of the weights
  * taken when the cache is made; keeps the keys and values of the tokens read so far, per layer, so that the
  * next ones attend to them without recomputing: within one reply, and across the turns of an episode, where
  * each new prompt extends the last one.
