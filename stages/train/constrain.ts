@@ -186,13 +186,24 @@ export class ToolCallConstraint {
     private readonly special: Readonly<Record<SpecialToken, number>>,
   ) {}
 
+  /** The open call's text after `generated`, kept while the same ids are asked about (every candidate of a step). */
+  private last: { ids: readonly number[]; length: number; text: string | null } | null = null;
+
   allows(generated: readonly number[], candidate: number): boolean {
-    const call = generated.lastIndexOf(this.special['<|call|>']);
-    if (call < 0) return true; // content: free text
-    const text = generated.slice(call + 1).map((id) => this.texts[id] ?? '').join('');
+    const text = this.callText(generated);
+    if (text === null) return true; // content: free text
     if (candidate === this.special['<|call|>'] || candidate === this.special['<|end|>']) return readCall(this.tools, text) === 'complete';
     if (Object.values(this.special).includes(candidate)) return false;
     const next = text + (this.texts[candidate] ?? '');
     return next !== text && readCall(this.tools, next) !== 'invalid';
+  }
+
+  /** The text of the call being written, or null before the first <|call|>. */
+  private callText(generated: readonly number[]): string | null {
+    if (this.last?.ids === generated && this.last.length === generated.length) return this.last.text;
+    const call = generated.lastIndexOf(this.special['<|call|>']);
+    const text = call < 0 ? null : generated.slice(call + 1).map((id) => this.texts[id] ?? '').join('');
+    this.last = { ids: generated, length: generated.length, text };
+    return text;
   }
 }

@@ -82,17 +82,31 @@ export function gelu(x: tf.Tensor2D): tf.Tensor2D {
   return tf.mul(x, tf.sigmoid(tf.mul(x, 1.702))) as tf.Tensor2D;
 }
 
+/** RoPE's angles position · base^(−f/half) for every position, as cos and sin, (context, half). */
+export function ropeAngles(contextLength: number, half: number): { cos: Float32Array; sin: Float32Array } {
+  const cos = new Float32Array(contextLength * half);
+  const sin = new Float32Array(contextLength * half);
+  for (let p = 0; p < contextLength; p++) {
+    for (let f = 0; f < half; f++) {
+      const angle = p * Math.pow(ROPE_BASE, -f / half);
+      cos[p * half + f] = Math.cos(angle);
+      sin[p * half + f] = Math.sin(angle);
+    }
+  }
+  return { cos, sin };
+}
+
 /** RoPE's tables for every position: cos and signed sin, (1, context, 1, 2, hs/2), kept until disposed. */
 export function ropeTables(contextLength: number, headSize: number): { cos: tf.Tensor; sin: tf.Tensor } {
   const half = headSize / 2;
+  const angles = ropeAngles(contextLength, half);
   const cos = new Float32Array(contextLength * 2 * half);
   const sin = new Float32Array(contextLength * 2 * half);
   for (let p = 0; p < contextLength; p++) {
     for (let f = 0; f < half; f++) {
-      const angle = p * Math.pow(ROPE_BASE, -f / half);
       for (const [side, sign] of [[0, -1], [1, 1]] as const) {
-        cos[(p * 2 + side) * half + f] = Math.cos(angle);
-        sin[(p * 2 + side) * half + f] = sign * Math.sin(angle);
+        cos[(p * 2 + side) * half + f] = angles.cos[p * half + f]!;
+        sin[(p * 2 + side) * half + f] = sign * angles.sin[p * half + f]!;
       }
     }
   }
@@ -252,19 +266,7 @@ export class KVCache {
     this.w = new Map([...model.params].map(([name, v]) => [name, v.dataSync() as Float32Array]));
     this.keys = Array.from({ length: layers }, () => new Float32Array(contextLength * C));
     this.values = Array.from({ length: layers }, () => new Float32Array(contextLength * C));
-    if (model.config.positions === 'rope') {
-      const half = C / heads / 2;
-      const cos = new Float32Array(contextLength * half);
-      const sin = new Float32Array(contextLength * half);
-      for (let p = 0; p < contextLength; p++) {
-        for (let f = 0; f < half; f++) {
-          const angle = p * Math.pow(ROPE_BASE, -f / half);
-          cos[p * half + f] = Math.cos(angle);
-          sin[p * half + f] = Math.sin(angle);
-        }
-      }
-      this.rotation = { cos, sin };
-    }
+    if (model.config.positions === 'rope') this.rotation = ropeAngles(contextLength, C / heads / 2);
   }
 
   /** Forgets all but the first n tokens. */
