@@ -5,15 +5,15 @@
 // checkpoint (workspace/.cache/sft/run-*/step-N):
 //   npx tsx bench/copying.ts workspace/sft/model [--tasks 12]
 import { Command } from 'commander';
-import { ScriptedAgent } from '../stages/environment/agents.ts';
-import { TOOLS, reset, step } from '../stages/environment/env.ts';
-import { seeded } from '../stages/environment/random.ts';
-import { runEpisode } from '../stages/environment/rollout.ts';
-import { generateTask, generateWorld } from '../stages/environment/world.ts';
-import { useBackend } from '../stages/train/backend.ts';
-import { loadCheckpoint } from '../stages/train/checkpoint.ts';
-import { ModelPolicy } from '../stages/train/policy.ts';
-import { TextTokenizer } from '../stages/train/tokenizer.ts';
+import { ScriptedAgent } from '../env/agents.ts';
+import { TOOLS, reset, step } from '../env/env.ts';
+import { seeded } from '../core/random.ts';
+import { runEpisode } from '../env/rollout.ts';
+import { generateTask, generateWorld } from '../env/world.ts';
+import { useBackend } from '../train/backend.ts';
+import { loadCheckpoint } from '../train/checkpoint.ts';
+import { ModelPolicy } from '../train/policy.ts';
+import { TextTokenizer } from '../train/tokenizer.ts';
 
 const cli = new Command().argument('<model>', 'a model folder (config.json, model.safetensors, tokenizer.json)').option('--tasks <n>', 'validation tasks', '12').option('--world-seed <n>', 'the world of the sample', '1').option('--free', 'calls as free text (default: decoded under the tools\' schemas, as eval does)').parse();
 const opts = cli.opts<{ tasks: string; worldSeed: string; free?: boolean }>();

@@ -106,7 +106,7 @@ async function benchOne(n: number): Promise<Row> {
     const workspace = join(dir, 'workspace');
     const pipeline = await measure(
       process.execPath,
-      ['pipeline/prefab.js', '--workdir', workspace, '--config', configPath, '--log-format', 'json', '-q', 'run'],
+      ['bin/prefab.js', '--workdir', workspace, '--config', configPath, '--log-format', 'json', '-q', 'run'],
       join(dir, 'pipeline.rss'),
     );
 

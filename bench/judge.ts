@@ -17,11 +17,11 @@ import { loadConfig } from '../pipeline/config.ts';
 import { Engine, configSchema } from '../pipeline/engine.ts';
 import { readJsonl } from '../pipeline/jsonl.ts';
 import { Logger } from '../pipeline/log.ts';
-import { seeded } from '../stages/environment/random.ts';
+import { seeded } from '../core/random.ts';
 import { DEFAULT_PROMPT } from '../stages/judge/index.ts';
 import { STAGES } from '../stages/index.ts';
-import { commonPrefixLength, type JudgedPair, type Session } from '../stages/records.ts';
-import { Redactor } from '../stages/redact.ts';
+import { commonPrefixLength, type JudgedPair, type Session } from '../core/records.ts';
+import { Redactor } from '../core/redact.ts';
 import { completion, startChatServer } from '../test/fixtures/chat-server.ts';
 
 const { values } = parseArgs({ options: { bias: { type: 'string' }, noise: { type: 'string' }, tasks: { type: 'string', default: '200' } } });

@@ -5,8 +5,8 @@
 import { createWriteStream } from 'node:fs';
 import { once } from 'node:events';
 import { parseArgs } from 'node:util';
-import { seeded } from '../stages/environment/random.ts';
-import type { Message, Session } from '../stages/records.ts';
+import { seeded } from '../core/random.ts';
+import type { Message, Session } from '../core/records.ts';
 
 const COMPANIES = ['Acme Telecom', 'Northwind Bank', 'Globex Insurance', 'Initech Energy', 'Umbrella Health', 'Soylent Foods', 'Hooli Cloud', 'Vandelay Imports'];
 const DEPARTMENTS: Record<string, string[]> = {

@@ -3,12 +3,12 @@
 // same run, which is the ceiling this backend can reach. Usage: npm run bench:train [-- --backend wasm --steps 6]
 import * as tf from '@tensorflow/tfjs-core';
 import { Command } from 'commander';
-import { BACKENDS, useBackend, type BackendChoice } from '../stages/train/backend.ts';
-import { causalMask } from '../stages/train/kernels.ts';
-import { GPT, gelu, layerNorm } from '../stages/train/model.ts';
-import { ADAMW_DEFAULTS, AdamW } from '../stages/train/optimizer.ts';
-import { optimizerStep } from '../stages/train/step.ts';
-import { seeded } from '../stages/environment/random.ts';
+import { BACKENDS, useBackend, type BackendChoice } from '../train/backend.ts';
+import { causalMask } from '../train/kernels.ts';
+import { GPT, gelu, layerNorm } from '../train/model.ts';
+import { ADAMW_DEFAULTS, AdamW } from '../train/optimizer.ts';
+import { optimizerStep } from '../train/step.ts';
+import { seeded } from '../core/random.ts';
 
 const opts = new Command()
   .option('--backend <name>', `one of ${BACKENDS.join(', ')}`, 'wasm')

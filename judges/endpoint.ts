@@ -9,7 +9,7 @@ import { PipelineError, errorMessage } from '../pipeline/errors.ts';
 import { hashJson } from '../pipeline/hash.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { retryAfterMs, withRetry, type RetryDecision } from '../pipeline/retry.ts';
-import type { Message, ToolCall } from '../stages/records.ts';
+import type { Message, ToolCall } from '../core/records.ts';
 
 /** An endpoint's section of the config. The key itself is only ever read from the environment. */
 export const endpointConfig = z.strictObject({

@@ -1,5 +1,5 @@
 // The ensemble: a decisive verifier first; otherwise the weighted votes of the other judges.
-import { addStats, NO_COST, type Comparison, type Judge, type JudgeStats, type Verdict } from './verdict.ts';
+import { addStats, NO_COST, type Comparison, type Judge, type JudgeStats, type Verdict } from '../core/verdict.ts';
 
 export interface Vote {
   judge: string;

@@ -5,9 +5,9 @@
 // Orders that disagree abstain. A reply that cannot be read is counted and never taken as a preference.
 import { readFileSync } from 'node:fs';
 import { sha256 } from '../pipeline/hash.ts';
-import type { Message } from '../stages/records.ts';
+import type { Message } from '../core/records.ts';
 import { RequestFailed, type ChatEndpoint, type ChatReply } from './endpoint.ts';
-import { NO_COST, abstain, type Comparison, type Completion, type Judge, type JudgeStats, type Judged } from './verdict.ts';
+import { NO_COST, abstain, type Comparison, type Completion, type Judge, type JudgeStats, type Judged } from '../core/verdict.ts';
 
 export interface PromptTemplate {
   path: string;

@@ -2,9 +2,9 @@
 // topic, and length against the other side. The side with the lighter violations wins, as sure as the
 // weight of the difference; when no rule separates them it abstains.
 import { isRefusal } from '../stages/pairs/hard-negatives.ts';
-import type { Message } from '../stages/records.ts';
+import type { Message } from '../core/records.ts';
 import { formatProblems, knownTools } from './tool-calls.ts';
-import { NO_COST, abstain, metadataOf, type Comparison, type Completion, type Judge, type Judged, type Verdict } from './verdict.ts';
+import { NO_COST, abstain, metadataOf, type Comparison, type Completion, type Judge, type Judged, type Verdict } from '../core/verdict.ts';
 
 export const CHECKS = ['refusal', 'complied', 'format', 'hallucination', 'off_topic', 'verbose', 'under_explained'] as const;
 export type Check = (typeof CHECKS)[number];

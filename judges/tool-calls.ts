@@ -1,7 +1,7 @@
 // Whether an assistant's tool calls are well formed: shared by the verifier (decisive) and the rules judge.
-import { TOOLS } from '../stages/environment/env.ts';
-import type { Message, ToolCall } from '../stages/records.ts';
-import { metadataOf, type Comparison } from './verdict.ts';
+import { TOOLS } from '../env/env.ts';
+import type { Message, ToolCall } from '../core/records.ts';
+import { metadataOf, type Comparison } from '../core/verdict.ts';
 
 export interface ToolSchema {
   name: string;

@@ -5,11 +5,11 @@
 //   3. environment steps (sides without a reward, such as one transformed turn): a side whose own tool calls
 //      fail in the environment loses to one whose calls all succeed, if that one made at least as many;
 //   4. tool-call validity: a side with a malformed call loses to one whose calls are all well formed.
-import { WorldCache, replayCalls, sessionTask } from '../stages/environment/replay.ts';
-import { episodeReward } from '../stages/environment/env.ts';
-import type { Message } from '../stages/records.ts';
+import { WorldCache, replayCalls, sessionTask } from '../env/replay.ts';
+import { episodeReward } from '../env/env.ts';
+import type { Message } from '../core/records.ts';
 import { callValidity, knownTools } from './tool-calls.ts';
-import { NO_COST, abstain, type Comparison, type Completion, type Judge, type Judged, type Verdict } from './verdict.ts';
+import { NO_COST, abstain, type Comparison, type Completion, type Judge, type Judged, type Verdict } from '../core/verdict.ts';
 
 export interface VerifierOptions {
   /** The smallest reward gap that decides a comparison on its own. */

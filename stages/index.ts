@@ -9,10 +9,10 @@ import { ingest } from './ingest/index.ts';
 import { judge } from './judge/index.ts';
 import { pairs } from './pairs/index.ts';
 import { sample } from './sample/index.ts';
-import { addSimulateCommands } from './simulate/command.ts';
+import { addSimulateCommands } from '../env/simulate.ts';
 import { sft } from './sft/index.ts';
 import { split } from './split/index.ts';
-import { addBackendOption } from './train/backend.ts';
+import { addBackendOption } from '../train/backend.ts';
 import { tokenizer } from './tokenizer/index.ts';
 
 export const STAGES: Stage[] = [ingest, split, sample, pairs, judge, gate, exportStage, tokenizer, sft, dpo, evalStage] as Stage[];

@@ -8,16 +8,16 @@ import { z } from 'zod';
 import { hashJson } from '../../pipeline/hash.ts';
 import type { Logger } from '../../pipeline/log.ts';
 import { defineStage } from '../../pipeline/stage.ts';
-import type { KtoRow, Pair } from '../records.ts';
-import { stageBackend } from '../train/backend.ts';
-import { loadCheckpoint } from '../train/checkpoint.ts';
-import { completionSequences, readParquet, scoreSequences, sequenceValues, subset, type Scores } from '../train/data.ts';
-import { runFolder, stepsFor, train, trainingConfig, writeRun, type TrainingRun } from '../train/loop.ts';
-import { LOSS_NAMES, PREFERENCE_LOSSES, ktoLoss, preferenceMetrics, sequenceLogps, type PreferenceLossName } from '../train/losses/index.ts';
-import type { GPT } from '../train/model.ts';
-import type { Placeholders } from '../train/placeholders.ts';
-import { TextTokenizer } from '../train/tokenizer.ts';
-import { batchAt, microBatches, padBatch, type Sequence } from '../train/windows.ts';
+import type { KtoRow, Pair } from '../../core/records.ts';
+import { stageBackend } from '../../train/backend.ts';
+import { loadCheckpoint } from '../../train/checkpoint.ts';
+import { completionSequences, readParquet, scoreSequences, sequenceValues, subset, type Scores } from '../../train/data.ts';
+import { runFolder, stepsFor, train, trainingConfig, writeRun, type TrainingRun } from '../../train/run.ts';
+import { LOSS_NAMES, PREFERENCE_LOSSES, ktoLoss, preferenceMetrics, sequenceLogps, type PreferenceLossName } from '../../train/losses/index.ts';
+import type { GPT } from '../../train/model.ts';
+import type { Placeholders } from '../../train/placeholders.ts';
+import { TextTokenizer } from '../../train/tokenizer.ts';
+import { batchAt, microBatches, padBatch, type Sequence } from '../../train/windows.ts';
 
 const config = z.strictObject({
   /** dpo is DPO's sigmoid loss; robust and hinge are its variants; simpo and orpo need no reference. */

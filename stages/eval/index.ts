@@ -7,18 +7,18 @@ import { z } from 'zod';
 import { defineStage } from '../../pipeline/stage.ts';
 import type { Logger } from '../../pipeline/log.ts';
 import { lossOf, pairExamples, type DpoLoss } from '../dpo/index.ts';
-import { seeded } from '../environment/random.ts';
-import { TOOLS } from '../environment/env.ts';
-import { runEpisode } from '../environment/rollout.ts';
-import { DEFAULT_WORLD, generateTask, generateWorld } from '../environment/world.ts';
-import type { Message, Pair } from '../records.ts';
-import { stageBackend } from '../train/backend.ts';
-import { loadCheckpoint } from '../train/checkpoint.ts';
-import { readParquet, scoreSequences, sequenceValues, sftSequences, subset, type Scores } from '../train/data.ts';
-import { GPT } from '../train/model.ts';
-import type { Placeholders } from '../train/placeholders.ts';
-import { ModelPolicy } from '../train/policy.ts';
-import { TextTokenizer } from '../train/tokenizer.ts';
+import { seeded } from '../../core/random.ts';
+import { TOOLS } from '../../env/env.ts';
+import { runEpisode } from '../../env/rollout.ts';
+import { DEFAULT_WORLD, generateTask, generateWorld } from '../../env/world.ts';
+import type { Message, Pair } from '../../core/records.ts';
+import { stageBackend } from '../../train/backend.ts';
+import { loadCheckpoint } from '../../train/checkpoint.ts';
+import { readParquet, scoreSequences, sequenceValues, sftSequences, subset, type Scores } from '../../train/data.ts';
+import { GPT } from '../../train/model.ts';
+import type { Placeholders } from '../../train/placeholders.ts';
+import { ModelPolicy } from '../../train/policy.ts';
+import { TextTokenizer } from '../../train/tokenizer.ts';
 
 const config = z.strictObject({
   seed: z.string().default('prefab'),
@@ -38,7 +38,7 @@ const config = z.strictObject({
       top_p: z.number().min(0).max(1).default(0.95),
       /** Most tokens in one assistant message. */
       max_tokens: z.number().int().min(1).default(160),
-      /** Tool calls decoded under the tools' JSON schemas, as a serving stack's structured outputs (stages/train/constrain.ts). */
+      /** Tool calls decoded under the tools' JSON schemas, as a serving stack's structured outputs (train/constrain.ts). */
       constrained: z.boolean().default(true),
       /**
        * Most assistant messages in one episode. The oracle needs 9 at most (search, form, five calls, finish,

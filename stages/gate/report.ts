@@ -1,6 +1,6 @@
 // The gate's decision for one judged pair, and its report per source and negative type: what came in, what
 // was kept, how sure the judges were, how often they flipped with the order or abstained, and what it cost.
-import type { JudgedPair, PairSource } from '../records.ts';
+import type { JudgedPair, PairSource } from '../../core/records.ts';
 
 export interface GateOptions {
   minConfidence: number;

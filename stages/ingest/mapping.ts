@@ -1,6 +1,6 @@
 // Turns one input record into a Session: field mapping, validation, and metadata for everything unmapped.
 import { hashJson } from '../../pipeline/hash.ts';
-import { ROLES, type Message, type Role, type Session, type ToolCall } from '../records.ts';
+import { ROLES, type Message, type Role, type Session, type ToolCall } from '../../core/records.ts';
 
 export interface FieldMapping {
   session_id?: string;

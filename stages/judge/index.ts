@@ -10,14 +10,14 @@ import { ChatEndpoint, endpointConfig } from '../../judges/endpoint.ts';
 import { EnsembleJudge, type Member } from '../../judges/ensemble.ts';
 import { LlmJudge, loadPrompt } from '../../judges/llm.ts';
 import { CHECKS, DEFAULT_WEIGHTS, RulesJudge, mustDeclineTest, type Check } from '../../judges/rules.ts';
-import { addStats, NO_COST, type JudgeStats } from '../../judges/verdict.ts';
+import { addStats, NO_COST, type JudgeStats } from '../../core/verdict.ts';
 import { VerifierJudge } from '../../judges/verifier.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import { readPairsInfo, readTaskGroups } from '../pairs/index.ts';
-import type { CandidatePair, JudgedPair, SplitSession } from '../records.ts';
-import { redactionConfig, redactorFactory } from '../redact.ts';
+import type { CandidatePair, JudgedPair, SplitSession } from '../../core/records.ts';
+import { redactionConfig, redactorFactory } from '../../core/redact.ts';
 import { SPLITS, bucketFile, readSplitInfo } from '../split/index.ts';
 import { judgeGroup, type Candidate } from './best-of-n.ts';
 

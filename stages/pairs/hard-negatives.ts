@@ -5,9 +5,9 @@
 // properties it checks: refusals match REFUSAL_PATTERN, format breakages fail a parse or schema check,
 // padding adds no digits, and so on.
 import { unitHash } from '../../pipeline/hash.ts';
-import { TOOLS, TOOL_NAMES, type ToolName } from '../environment/env.ts';
-import { int, pick, sample, seeded, type Random } from '../environment/random.ts';
-import { NEGATIVE_TYPES, type Message, type NegativeType, type Pair, type SplitSession, type ToolCall } from '../records.ts';
+import { TOOLS, TOOL_NAMES, type ToolName } from '../../env/env.ts';
+import { int, pick, sample, seeded, type Random } from '../../core/random.ts';
+import { NEGATIVE_TYPES, type Message, type NegativeType, type Pair, type SplitSession, type ToolCall } from '../../core/records.ts';
 import { pairId } from './outcome.ts';
 
 export interface HardNegativeOptions {

@@ -1,6 +1,6 @@
 // Outcome pairs (SPEC §4): within a task, successful sessions against failed ones, margin = reward gap.
 import { hashJson } from '../../pipeline/hash.ts';
-import { commonPrefixLength, sameMessage, type Message, type Pair, type SplitSession } from '../records.ts';
+import { commonPrefixLength, sameMessage, type Message, type Pair, type SplitSession } from '../../core/records.ts';
 
 export interface OutcomeOptions {
   successMin: number;

@@ -18,9 +18,9 @@ import { RequestFailed, endpointConfig, type ChatEndpoint } from '../../judges/e
 import { transcript, type PromptTemplate } from '../../judges/llm.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import { sha256, unitHash } from '../../pipeline/hash.ts';
-import { pick, seeded } from '../environment/random.ts';
-import type { Message, NegativeType, Pair, SplitSession } from '../records.ts';
-import { PLACEHOLDERS, redactionConfig } from '../redact.ts';
+import { pick, seeded } from '../../core/random.ts';
+import type { Message, NegativeType, Pair, SplitSession } from '../../core/records.ts';
+import { PLACEHOLDERS, redactionConfig } from '../../core/redact.ts';
 import { UNDER_EXPLAINED_MIN_TEXT, VERBOSE_MIN_TEXT, hardNegativePair, type SkippedNegative } from './hard-negatives.ts';
 
 export const REWRITE_TYPES = ['refusal', 'off_topic', 'verbose', 'under_explained'] as const satisfies readonly NegativeType[];

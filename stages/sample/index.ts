@@ -8,12 +8,12 @@ import { z } from 'zod';
 import { ChatEndpoint, RequestFailed, endpointConfig } from '../../judges/endpoint.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { defineStage } from '../../pipeline/stage.ts';
-import { TOOLS } from '../environment/env.ts';
-import { WorldCache, sessionTask } from '../environment/replay.ts';
-import { runEpisode } from '../environment/rollout.ts';
+import { TOOLS } from '../../env/env.ts';
+import { WorldCache, sessionTask } from '../../env/replay.ts';
+import { runEpisode } from '../../env/rollout.ts';
 import { readTaskGroups } from '../pairs/index.ts';
-import { commonPrefixLength, type Message, type SplitSession } from '../records.ts';
-import { redactionConfig, redactorFactory } from '../redact.ts';
+import { commonPrefixLength, type Message, type SplitSession } from '../../core/records.ts';
+import { redactionConfig, redactorFactory } from '../../core/redact.ts';
 import { SPLITS, bucketFile, readSplitInfo } from '../split/index.ts';
 import { BudgetSpent, EndpointPolicy, sampleMessage } from './policy.ts';
 

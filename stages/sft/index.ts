@@ -6,17 +6,17 @@ import * as tf from '@tensorflow/tfjs-core';
 import { z } from 'zod';
 import { hashJson } from '../../pipeline/hash.ts';
 import { defineStage } from '../../pipeline/stage.ts';
-import { seeded } from '../environment/random.ts';
-import type { Message } from '../records.ts';
-import { stageBackend } from '../train/backend.ts';
-import { resampleCopies } from '../train/augment.ts';
-import { readParquet, sftSequences, subset } from '../train/data.ts';
-import { runFolder, stepsFor, train, trainingConfig, writeRun, type TrainingRun } from '../train/loop.ts';
-import { sftLoss } from '../train/losses/index.ts';
-import { GPT } from '../train/model.ts';
-import { readPlaceholdersFile } from '../train/placeholders.ts';
-import { TextTokenizer } from '../train/tokenizer.ts';
-import { batchAt, maskedIn, microBatches, padBatch } from '../train/windows.ts';
+import { seeded } from '../../core/random.ts';
+import type { Message } from '../../core/records.ts';
+import { stageBackend } from '../../train/backend.ts';
+import { resampleCopies } from '../../train/augment.ts';
+import { readParquet, sftSequences, subset } from '../../train/data.ts';
+import { runFolder, stepsFor, train, trainingConfig, writeRun, type TrainingRun } from '../../train/run.ts';
+import { sftLoss } from '../../train/losses/index.ts';
+import { GPT } from '../../train/model.ts';
+import { readPlaceholdersFile } from '../../train/placeholders.ts';
+import { TextTokenizer } from '../../train/tokenizer.ts';
+import { batchAt, maskedIn, microBatches, padBatch } from '../../train/windows.ts';
 
 export const modelConfig = z.strictObject({
   layers: z.number().int().min(1).default(4),
@@ -36,7 +36,7 @@ const config = z
     /**
      * Share of sessions whose copied values (what the assistant copies from the conversation into its calls:
      * names, phone and account numbers) are replaced by random ones of the same shape, so the model learns to
-     * copy them rather than learn them by heart (stages/train/augment.ts).
+     * copy them rather than learn them by heart (train/augment.ts).
      */
     resample_copies: z.number().min(0).max(1).default(0),
     ...trainingConfig(1e-3),

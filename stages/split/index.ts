@@ -7,7 +7,7 @@ import { unitHash } from '../../pipeline/hash.ts';
 import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { readJsonFile } from '../../pipeline/workspace.ts';
 import { defineStage } from '../../pipeline/stage.ts';
-import type { Session, Split, SplitSession } from '../records.ts';
+import type { Session, Split, SplitSession } from '../../core/records.ts';
 import { readIngestIndex, sessionSegments } from '../ingest/index.ts';
 import { TaskMatcher, requestText } from './similarity.ts';
 

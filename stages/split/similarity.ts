@@ -7,7 +7,7 @@
 // threshold, else it starts a group of its own. Candidates come from an inverted index over the
 // shingles, skipping shingles shared by too many groups to tell them apart.
 import { sha256 } from '../../pipeline/hash.ts';
-import type { Message } from '../records.ts';
+import type { Message } from '../../core/records.ts';
 
 const COMMON_SHINGLE_LIMIT = 2_000;
 

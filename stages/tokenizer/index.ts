@@ -1,15 +1,15 @@
 // tokenizer: a byte-level BPE trained on the training split's sessions as the model will read them (values it
-// copies as placeholders: stages/train/placeholders.ts), saved as tokenizer.json beside placeholders.json.
+// copies as placeholders: train/placeholders.ts), saved as tokenizer.json beside placeholders.json.
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { defineStage } from '../../pipeline/stage.ts';
-import type { Message } from '../records.ts';
-import { conversationTexts } from '../train/chat-template.ts';
-import { fromParquet, readParquet } from '../train/data.ts';
-import { PLACEHOLDERS_FILE, placeholdersConfig, placeholdersOf, viewAll } from '../train/placeholders.ts';
-import { TextTokenizer, trainTokenizer } from '../train/tokenizer.ts';
-import { PLACEHOLDERS } from '../redact.ts';
+import type { Message } from '../../core/records.ts';
+import { conversationTexts } from '../../train/chat-template.ts';
+import { fromParquet, readParquet } from '../../train/data.ts';
+import { PLACEHOLDERS_FILE, placeholdersConfig, placeholdersOf, viewAll } from '../../train/placeholders.ts';
+import { TextTokenizer, trainTokenizer } from '../../train/tokenizer.ts';
+import { PLACEHOLDERS } from '../../core/redact.ts';
 
 const config = z.strictObject({
   /** Bytes (256), merges and the chat template's 7 special tokens. */

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { EnsembleJudge, combineVotes, type Vote } from '../../judges/ensemble.ts';
-import { NO_COST, type Comparison, type Judge, type JudgeStats, type Verdict } from '../../judges/verdict.ts';
+import { NO_COST, type Comparison, type Judge, type JudgeStats, type Verdict } from '../../core/verdict.ts';
 
 const vote = (judge: string, weight: number, winner: Verdict['winner'], confidence = 1, margin?: number): Vote => ({
   judge,

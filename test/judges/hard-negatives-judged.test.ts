@@ -4,11 +4,11 @@ import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { EnsembleJudge, type EnsembleVerdict } from '../../judges/ensemble.ts';
 import { DEFAULT_WEIGHTS, RulesJudge, mustDeclineTest } from '../../judges/rules.ts';
-import type { Comparison } from '../../judges/verdict.ts';
+import type { Comparison } from '../../core/verdict.ts';
 import { VerifierJudge } from '../../judges/verifier.ts';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { buildHardNegatives, isRefusal } from '../../stages/pairs/hard-negatives.ts';
-import { NEGATIVE_TYPES, type Pair, type Session, type SplitSession } from '../../stages/records.ts';
+import { NEGATIVE_TYPES, type Pair, type Session, type SplitSession } from '../../core/records.ts';
 
 const SAMPLE = join(import.meta.dirname, '..', '..', 'data', 'sample', 'sessions.jsonl.gz');
 const SESSIONS = 300;

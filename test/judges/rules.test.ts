@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { DEFAULT_WEIGHTS, RulesJudge, mustDeclineTest, violations, type Check } from '../../judges/rules.ts';
-import type { Comparison, Completion } from '../../judges/verdict.ts';
-import type { Message } from '../../stages/records.ts';
+import type { Comparison, Completion } from '../../core/verdict.ts';
+import type { Message } from '../../core/records.ts';
 
 /** Metadata of a simulator session: the judge then knows the simulator's tools. */
 const SIMULATOR = JSON.stringify({ world: { seed: 1 } });

@@ -1,11 +1,11 @@
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { VerifierJudge } from '../../judges/verifier.ts';
-import type { Comparison, Completion } from '../../judges/verdict.ts';
+import type { Comparison, Completion } from '../../core/verdict.ts';
 import { readJsonl } from '../../pipeline/jsonl.ts';
-import { WorldCache, sessionTask } from '../../stages/environment/replay.ts';
-import type { World } from '../../stages/environment/world.ts';
-import type { Message, Session, ToolCall } from '../../stages/records.ts';
+import { WorldCache, sessionTask } from '../../env/replay.ts';
+import type { World } from '../../env/world.ts';
+import type { Message, Session, ToolCall } from '../../core/records.ts';
 
 const SAMPLE = join(import.meta.dirname, '..', '..', 'data', 'sample', 'sessions.jsonl.gz');
 

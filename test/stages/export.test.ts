@@ -3,7 +3,7 @@ import { gunzipSync } from 'node:zlib';
 import { join } from 'node:path';
 import { DuckDBInstance } from '@duckdb/node-api';
 import { beforeAll, describe, expect, it } from 'vitest';
-import type { Pair } from '../../stages/records.ts';
+import type { Pair } from '../../core/records.ts';
 import { prefab, REPO } from '../fixtures/cli.ts';
 import { collect, engineFor, tempDir } from '../fixtures/pipeline.ts';
 

@@ -1,10 +1,10 @@
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { readJsonl } from '../../pipeline/jsonl.ts';
-import { TOOLS, TOOL_NAMES } from '../../stages/environment/env.ts';
+import { TOOLS, TOOL_NAMES } from '../../env/env.ts';
 import { REFUSAL_PATTERN, buildHardNegatives, isRefusal, type HardNegativeOptions } from '../../stages/pairs/hard-negatives.ts';
 import { pairId } from '../../stages/pairs/outcome.ts';
-import { NEGATIVE_TYPES, type Message, type NegativeType, type Pair, type Session, type SplitSession } from '../../stages/records.ts';
+import { NEGATIVE_TYPES, type Message, type NegativeType, type Pair, type Session, type SplitSession } from '../../core/records.ts';
 
 const SAMPLE = join(__dirname, '..', '..', 'data', 'sample', 'sessions.jsonl.gz');
 

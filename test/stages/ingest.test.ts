@@ -4,7 +4,7 @@ import { DuckDBInstance } from '@duckdb/node-api';
 import { describe, expect, it } from 'vitest';
 import type { QuarantineRecord } from '../../stages/ingest/index.ts';
 import { sessionSegments } from '../../stages/ingest/index.ts';
-import type { Pair, Session } from '../../stages/records.ts';
+import type { Pair, Session } from '../../core/records.ts';
 import { collect, engineFor, jsonl, manifest, session, tempDir } from '../fixtures/pipeline.ts';
 
 const ingestOnly = { until: 'ingest' };

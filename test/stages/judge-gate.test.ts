@@ -2,10 +2,10 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { EnsembleVerdict } from '../../judges/ensemble.ts';
-import type { Comparison } from '../../judges/verdict.ts';
+import type { Comparison } from '../../core/verdict.ts';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { judgeGroup, type Candidate } from '../../stages/judge/best-of-n.ts';
-import type { JudgedPair, Pair, Session } from '../../stages/records.ts';
+import type { JudgedPair, Pair, Session } from '../../core/records.ts';
 import { completion, judgePrompt, startChatServer, type ChatServer, type Script } from '../fixtures/chat-server.ts';
 import { collect, engineFor, jsonl, manifest, tempDir } from '../fixtures/pipeline.ts';
 

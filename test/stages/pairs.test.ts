@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { buildOutcomePairs } from '../../stages/pairs/outcome.ts';
-import type { Message, SplitSession } from '../../stages/records.ts';
+import type { Message, SplitSession } from '../../core/records.ts';
 
 const SYSTEM: Message = { role: 'system', content: 'You phone companies.' };
 

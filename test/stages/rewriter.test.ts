@@ -3,7 +3,7 @@ import { join } from 'node:path';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { DEFAULT_REWRITE_PROMPT, REWRITE_TYPES, loadRewritePrompt, type RewritePrompt, type RewriteType } from '../../stages/pairs/rewriter.ts';
-import type { CandidatePair, Message, Session } from '../../stages/records.ts';
+import type { CandidatePair, Message, Session } from '../../core/records.ts';
 import { completion, startChatServer, type ChatServer, type Script, type SeenRequest } from '../fixtures/chat-server.ts';
 import { collect, engineFor, jsonl, manifest, tempDir } from '../fixtures/pipeline.ts';
 

@@ -1,7 +1,7 @@
 import { readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import type { SplitSession } from '../../stages/records.ts';
+import type { SplitSession } from '../../core/records.ts';
 import { TaskMatcher, jaccard, shingles } from '../../stages/split/similarity.ts';
 import { collect, engineFor, jsonl, manifest, session, tempDir } from '../fixtures/pipeline.ts';
 

@@ -1,0 +1,172 @@
+// `prefab simulate`: logged sessions from scripted agents in the customer-service world; `prefab replay`:
+// the replay verifier over a file of sessions.
+import { createWriteStream, existsSync, mkdirSync } from 'node:fs';
+import { dirname } from 'node:path';
+import { once } from 'node:events';
+import { createGzip } from 'node:zlib';
+import { InvalidArgumentError, Option, type Command } from 'commander';
+import type { CommandContext } from '../pipeline/cli.ts';
+import { UsageError } from '../pipeline/errors.ts';
+import { readJsonl } from '../pipeline/jsonl.ts';
+import type { Session } from '../core/records.ts';
+import { AGENTS, ScriptedAgent, type AgentName } from './agents.ts';
+import { seeded } from '../core/random.ts';
+import { WorldCache, replaySession } from './replay.ts';
+import { episodeSession, runEpisode } from './rollout.ts';
+import { DEFAULT_WORLD, generateTask, generateWorld } from './world.ts';
+
+/** The mix of skills behind the bundled sample: about 70% of sessions succeed. */
+export const MIX: readonly [AgentName, number][] = [
+  ['oracle', 0.55],
+  ['prior', 0.3],
+  ['noisy', 0.1],
+  ['random', 0.05],
+];
+
+const EPOCH = Date.UTC(2026, 0, 1);
+
+export interface SimulateOptions {
+  tasks: number;
+  trials: number;
+  agent: AgentName | 'mix';
+  noise: number;
+  split: 'train' | 'val';
+  seed: number;
+  companies: number;
+  offset: number;
+}
+
+export interface SimulationStats {
+  byAgent: Record<string, { sessions: number; successes: number; reward: number; turns: number }>;
+  byDifficulty: Record<string, Record<number, { sessions: number; successes: number }>>;
+}
+
+function chooseAgent(o: SimulateOptions, taskIndex: number, trial: number): AgentName {
+  if (o.agent !== 'mix') return o.agent;
+  const r = seeded(o.seed, 'mix', o.split, taskIndex, trial)();
+  let acc = 0;
+  for (const [name, weight] of MIX) if (r < (acc += weight)) return name;
+  return MIX.at(-1)![0];
+}
+
+/** Sessions of `trials` attempts at each of `tasks` tasks, in a deterministic order. */
+export async function* simulate(o: SimulateOptions): AsyncGenerator<Session> {
+  const world = generateWorld({ ...DEFAULT_WORLD, seed: o.seed, companies: o.companies });
+  for (let i = o.offset; i < o.offset + o.tasks; i++) {
+    const task = generateTask(world, o.split, i);
+    for (let trial = 0; trial < o.trials; trial++) {
+      const agent = new ScriptedAgent(chooseAgent(o, i, trial), world, task, `${o.seed}:${trial}`, o.noise);
+      const episode = await runEpisode(world, task, agent);
+      const createdAt = new Date(EPOCH + ((i - o.offset) * o.trials + trial) * 60_000).toISOString();
+      yield episodeSession(world, task, agent, episode, { trial, createdAt });
+    }
+  }
+}
+
+export function emptyStats(): SimulationStats {
+  return { byAgent: {}, byDifficulty: {} };
+}
+
+export function addToStats(stats: SimulationStats, s: Session): void {
+  const meta = JSON.parse(s.metadata) as { success: boolean; turns: number; difficulty: number };
+  const agent = (stats.byAgent[s.model ?? '?'] ??= { sessions: 0, successes: 0, reward: 0, turns: 0 });
+  agent.sessions++;
+  agent.successes += meta.success ? 1 : 0;
+  agent.reward += s.reward;
+  agent.turns += meta.turns;
+  const d = ((stats.byDifficulty[s.model ?? '?'] ??= {})[meta.difficulty] ??= { sessions: 0, successes: 0 });
+  d.sessions++;
+  d.successes += meta.success ? 1 : 0;
+}
+
+export function formatStats(stats: SimulationStats): string {
+  const pct = (a: number, b: number) => (b ? `${((100 * a) / b).toFixed(1)}%` : '-');
+  const lines = ['agent        sessions  success  reward  turns/mean  success by difficulty 1..5'];
+  let n = 0;
+  let ok = 0;
+  for (const [name, a] of Object.entries(stats.byAgent).sort()) {
+    n += a.sessions;
+    ok += a.successes;
+    const byD = [1, 2, 3, 4, 5].map((d) => {
+      const c = stats.byDifficulty[name]?.[d];
+      return c ? pct(c.successes, c.sessions).padStart(6) : '     -';
+    });
+    lines.push(`${name.padEnd(12)} ${String(a.sessions).padStart(8)}  ${pct(a.successes, a.sessions).padStart(7)}  ${(a.reward / a.sessions).toFixed(3)}  ${(a.turns / a.sessions).toFixed(1).padStart(10)}  ${byD.join(' ')}`);
+  }
+  lines.push(`${'all'.padEnd(12)} ${String(n).padStart(8)}  ${pct(ok, n).padStart(7)}`);
+  return lines.join('\n') + '\n';
+}
+
+const positiveInt = (v: string) => {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError('expected a whole number');
+  return n;
+};
+const probability = (v: string) => {
+  const n = Number(v);
+  if (!(n >= 0 && n <= 1)) throw new InvalidArgumentError('expected a number in [0, 1]');
+  return n;
+};
+
+export function addSimulateCommands(program: Command, ctx: CommandContext): void {
+  program
+    .command('simulate')
+    .description('generate logged sessions of scripted agents in the customer-service world (deterministic per seed)')
+    .option('--tasks <n>', 'number of tasks', positiveInt, 100)
+    .option('--trials <k>', 'attempts per task (several, so groups exist for pairing)', positiveInt, 4)
+    .addOption(new Option('--agent <name>', 'which scripted agent, or a mix of all (about 70% success)').choices([...AGENTS, 'mix']).default('mix'))
+    .option('--noise <p>', 'the noisy agent: chance of dropping each needed field', probability, 0.3)
+    .addOption(new Option('--split <split>', 'train tasks, or validation tasks on companies never seen in training').choices(['train', 'val']).default('train'))
+    .option('--seed <s>', 'world and episode seed', positiveInt, 1)
+    .option('--companies <n>', 'companies in the world', positiveInt, DEFAULT_WORLD.companies)
+    .option('--offset <i>', 'index of the first task', positiveInt, 0)
+    .option('--out <file>', 'write sessions as JSONL (.gz to compress)')
+    .option('--stats', 'print success by agent and by difficulty, and mean turns')
+    .action(async (opts: SimulateOptions & { out?: string; stats?: boolean }) => {
+      if (!opts.out && !opts.stats) throw new UsageError('simulate: give --out FILE, --stats, or both');
+      const stats = emptyStats();
+      if (opts.out) mkdirSync(dirname(opts.out), { recursive: true });
+      const raw = opts.out ? createWriteStream(opts.out) : null;
+      const gz = opts.out?.endsWith('.gz') ? createGzip() : null;
+      if (gz && raw) gz.pipe(raw);
+      const out = gz ?? raw;
+      const progress = ctx.logger().progress('simulate', opts.tasks * opts.trials);
+      for await (const session of simulate(opts)) {
+        addToStats(stats, session);
+        if (out && !out.write(JSON.stringify(session) + '\n')) await once(out, 'drain');
+        progress.tick();
+      }
+      progress.done();
+      if (out) {
+        out.end();
+        await once(raw!, 'finish');
+      }
+      if (opts.stats) process.stdout.write(formatStats(stats));
+      ctx.setExit(0);
+    });
+
+  program
+    .command('replay')
+    .description('re-run the tool calls of logged simulator sessions and report results or rewards that do not match')
+    .argument('<file>', 'JSONL of sessions (as `prefab simulate` writes them)')
+    .action(async (file: string) => {
+      if (!existsSync(file)) throw new UsageError(`replay: ${file} does not exist`);
+      const worlds = new WorldCache();
+      let checked = 0;
+      let bad = 0;
+      let skipped = 0;
+      for await (const session of readJsonl<Session>(file)) {
+        const report = replaySession(session, worlds);
+        if (!report.replayable) {
+          skipped++;
+          continue;
+        }
+        checked++;
+        if (report.ok) continue;
+        bad++;
+        process.stdout.write(JSON.stringify(report) + '\n');
+      }
+      ctx.logger().info('replayed', { file, checked, mismatched: bad, not_replayable: skipped });
+      ctx.setExit(bad > 0 ? 1 : 0);
+    });
+}

@@ -1,0 +1,186 @@
+import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { DuckDBInstance } from '@duckdb/node-api';
+import { prefab, prefabAsync, REPO } from '../fixtures/cli.ts';
+import { tempDir } from '../fixtures/pipeline.ts';
+import { useBackend } from '../../train/backend.ts';
+import { loadCheckpoint } from '../../train/checkpoint.ts';
+import { readSafetensors } from '../../train/safetensors.ts';
+
+/** The default run's stages with a model small enough for the test suite. */
+function tinyConfig(dir: string, dpo = 'loss: dpo\n  max_steps: 4'): string {
+  const path = join(dir, 'tiny.yaml');
+  writeFileSync(
+    path,
+    `ingest:
+  inputs: [${join(REPO, 'data', 'sample')}]
+tokenizer:
+  vocab_size: 512
+sft:
+  model: { layers: 1, width: 32, heads: 2, context: 640 }
+  max_sessions: 80
+  resample_copies: 0.5
+  max_steps: 4
+  checkpoint_every: 2
+dpo:
+  ${dpo}
+  max_examples: 48
+  batch_size: 4
+  checkpoint_every: 2
+eval:
+  max_pairs: 12
+  max_sessions: 6
+  simulator: { tasks: 2, k: 1, max_tokens: 16 }
+`,
+  );
+  return path;
+}
+
+const metricsOf = (path: string) =>
+  readFileSync(path, 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as Record<string, number>);
+
+let workdir: string;
+let config: string;
+beforeAll(async () => {
+  await useBackend('wasm');
+  const dir = tempDir();
+  workdir = join(dir, 'workspace');
+  config = tinyConfig(dir);
+  const r = prefab(['--workdir', workdir, '--config', config, '--log-format', 'json', 'run']);
+  expect(r.code, r.stderr).toBe(0);
+});
+
+describe('training stages (tiny model)', () => {
+  it('trains a tokenizer, then SFT, then DPO from the SFT model, and evaluates all three', () => {
+    for (const stage of ['tokenizer', 'sft', 'dpo', 'eval']) expect(existsSync(join(workdir, stage, 'manifest.json')), stage).toBe(true);
+    const tokenizer = JSON.parse(readFileSync(join(workdir, 'tokenizer', 'tokenizer.json'), 'utf8'));
+    expect(Object.keys(tokenizer.model.vocab).length + tokenizer.added_tokens.length).toBe(512);
+    const sft = loadCheckpoint(join(workdir, 'sft', 'model'));
+    expect(sft.model.config).toEqual({ vocabSize: 512, contextLength: 640, layers: 1, width: 32, heads: 2, positions: 'rope' });
+    // About half the sessions trained on had their copied values replaced.
+    const counts = JSON.parse(readFileSync(join(workdir, 'sft', 'manifest.json'), 'utf8')).counts;
+    expect(counts.sessions).toBe(80);
+    expect(counts.resampled).toBeGreaterThan(25);
+    expect(counts.resampled).toBeLessThan(55);
+    // Digits are tokens of their own.
+    expect(Object.keys(tokenizer.model.vocab).filter((t) => /\d\d/.test(t))).toEqual([]);
+    // The tokenizer read the copied values as placeholders ([PHONE_3]), and both models say so in config.json.
+    const placeholders = JSON.parse(readFileSync(join(workdir, 'tokenizer', 'placeholders.json'), 'utf8'));
+    expect(placeholders.keys).toEqual(expect.arrayContaining(['account_number', 'pin', 'zip_code']));
+    // The most frequent placeholders are tokens of their own, and BPE learnt no merges inside them.
+    expect(tokenizer.added_tokens.filter((t: { special: boolean }) => !t.special).map((t: { content: string }) => t.content)).toEqual(expect.arrayContaining(['[PHONE_1]', '[ACCOUNT_1]']));
+    expect(Object.keys(tokenizer.model.vocab).some((t) => t.includes('PHONE'))).toBe(false);
+    expect(sft.placeholders).toEqual(placeholders);
+    expect(JSON.parse(readFileSync(join(workdir, 'dpo', 'model', 'config.json'), 'utf8')).prefab_placeholders).toEqual(placeholders);
+    // DPO starts from the SFT weights and moves them.
+    const before = readSafetensors(join(workdir, 'sft', 'model', 'model.safetensors')).tensors.get('h.0.mlp.c_fc.weight')!.data;
+    const after = readSafetensors(join(workdir, 'dpo', 'model', 'model.safetensors')).tensors.get('h.0.mlp.c_fc.weight')!.data;
+    expect(after).not.toEqual(before);
+    const meanShift = before.reduce((s, v, i) => s + Math.abs(v - after[i]!), 0) / before.length;
+    expect(meanShift).toBeLessThan(0.01);
+    sft.model.dispose();
+  });
+
+  it("logs a metrics line per step with TRL's names", () => {
+    const sft = metricsOf(join(workdir, 'sft', 'metrics.jsonl'));
+    expect(sft.map((r) => r.step)).toEqual([1, 2, 3, 4]);
+    expect(sft[3]!.loss).toBeLessThan(sft[0]!.loss!);
+    const dpo = metricsOf(join(workdir, 'dpo', 'metrics.jsonl'));
+    expect(dpo).toHaveLength(4);
+    for (const key of ['loss', 'rewards/chosen', 'rewards/rejected', 'rewards/accuracies', 'rewards/margins', 'logps/chosen', 'logps/rejected', 'learning_rate', 'tokens/s', 'grad_norm']) {
+      for (const row of dpo) expect(Number.isFinite(row[key]), `${key} at step ${row.step}`).toBe(true);
+    }
+    // Step 1 starts at the reference: its rewards are 0 and its loss ln 2.
+    expect(dpo[0]!['rewards/margins']).toBeCloseTo(0, 4);
+    expect(dpo[0]!.loss).toBeCloseTo(Math.log(2), 4);
+    expect(dpo[0]!.learning_rate).toBeLessThan(dpo[1]!.learning_rate!);
+  });
+
+  it('writes the evaluation table as JSON for the untrained, SFT and DPO models', () => {
+    const report = JSON.parse(readFileSync(join(workdir, 'eval', 'eval.json'), 'utf8'));
+    expect(Object.keys(report.models)).toEqual(['untrained', 'sft', 'dpo']);
+    for (const row of Object.values(report.models) as Record<string, number | null>[]) {
+      expect(row.nll).toBeGreaterThan(0);
+      expect(row['success/mean@1']).toBeGreaterThanOrEqual(0);
+      expect(row['turns/mean']).toBeGreaterThanOrEqual(1);
+    }
+    // SFT is the reference: its own implicit rewards are not defined.
+    expect(report.models.sft['rewards/accuracies']).toBeNull();
+    expect(report.models.dpo['rewards/accuracies']).toBeGreaterThanOrEqual(0);
+    expect(report.models.untrained.nll).toBeGreaterThan(report.models.sft.nll);
+    expect(readFileSync(join(workdir, 'eval', 'table.txt'), 'utf8')).toMatch(/^nll\s+\d/m);
+  });
+
+  it('reuses the cached reference log-probabilities when only the loss settings change', () => {
+    const r = prefab(['--workdir', workdir, '--config', tinyConfig(join(workdir, '..'), 'loss: ipo\n  max_steps: 2'), '--log-format', 'json', 'run']);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stderr).toMatch(/"event":"reference log-probabilities from the cache"/);
+    expect(JSON.parse(r.stdout).stages.map((s: { action: string }) => s.action).slice(-4)).toEqual(['fresh', 'fresh', 'ran', 'ran']);
+    expect(metricsOf(join(workdir, 'dpo', 'metrics.jsonl'))).toHaveLength(2);
+  });
+
+  it('trains with SimPO, ORPO and KTO too, each logging its metrics', () => {
+    for (const loss of ['simpo', 'orpo', 'kto']) {
+      const r = prefab(['--workdir', workdir, '--config', tinyConfig(join(workdir, '..'), `loss: ${loss}\n  max_steps: 2`), '--log-format', 'json', 'run']);
+      expect(r.code, r.stderr).toBe(0);
+      const rows = metricsOf(join(workdir, 'dpo', 'metrics.jsonl'));
+      expect(rows, loss).toHaveLength(2);
+      for (const key of ['loss', 'rewards/chosen', 'rewards/rejected', 'rewards/margins', 'logps/chosen', 'logps/rejected', ...(loss === 'kto' ? ['kl'] : ['rewards/accuracies'])]) {
+        expect(Number.isFinite(rows[1]![key]), `${loss}: ${key}`).toBe(true);
+      }
+      const report = JSON.parse(readFileSync(join(workdir, 'eval', 'eval.json'), 'utf8'));
+      expect(Object.keys(report.models)).toEqual(['untrained', 'sft', loss]);
+      expect(report.preference_loss.loss).toBe(loss);
+    }
+  });
+
+  it('reads the exported pairs the trainer used with DuckDB too', async () => {
+    const db = await DuckDBInstance.create(':memory:');
+    const c = await db.connect();
+    const [row] = (await c.runAndReadAll(`SELECT count(*)::INTEGER AS n FROM '${join(workdir, 'export', 'pairs', 'train.parquet')}'`)).getRowObjectsJson();
+    expect(Number(row!.n)).toBeGreaterThanOrEqual(48);
+  });
+});
+
+describe('kill -9 during dpo', () => {
+  it('resumes from the last checkpoint and ends with the same metrics as an uninterrupted run', async () => {
+    const dir = tempDir();
+    const cfg = tinyConfig(dir, 'loss: dpo\n  max_steps: 12');
+    const killed = join(dir, 'killed');
+    const args = ['--config', cfg, '--log-format', 'json'];
+    const child = prefabAsync(['--workdir', killed, ...args, 'run']);
+    const cache = join(killed, '.cache', 'dpo');
+    const checkpointed = () => existsSync(cache) && readdirSync(cache).some((f) => f.startsWith('run-') && readdirSync(join(cache, f)).includes('step-000004'));
+    await new Promise<void>((resolve, reject) => {
+      const timer = setInterval(() => {
+        if (checkpointed()) {
+          clearInterval(timer);
+          child.kill('SIGKILL');
+          resolve();
+        }
+      }, 20);
+      child.once('exit', () => {
+        clearInterval(timer);
+        reject(new Error('the run finished before it could be killed'));
+      });
+    });
+    await new Promise((r) => child.once('exit', r));
+    expect(existsSync(join(killed, 'dpo', 'manifest.json'))).toBe(false);
+
+    const resumed = prefab(['--workdir', killed, ...args, 'run']);
+    expect(resumed.code, resumed.stderr).toBe(0);
+    expect(resumed.stderr).toMatch(/"event":"resuming from checkpoint".*"step":(4|6|8|10)/);
+    const whole = prefab(['--workdir', join(dir, 'whole'), ...args, 'run']);
+    expect(whole.code, whole.stderr).toBe(0);
+
+    // Everything but the timing is bit-identical: same batches, same RNG, same optimiser state.
+    const strip = (rows: Record<string, number>[]) => rows.map(({ 'tokens/s': _, ...rest }) => rest);
+    expect(strip(metricsOf(join(killed, 'dpo', 'metrics.jsonl')))).toEqual(strip(metricsOf(join(dir, 'whole', 'dpo', 'metrics.jsonl'))));
+    expect(readFileSync(join(killed, 'dpo', 'model', 'model.safetensors'))).toEqual(readFileSync(join(dir, 'whole', 'dpo', 'model', 'model.safetensors')));
+    expect(JSON.parse(readFileSync(join(killed, 'eval', 'eval.json'), 'utf8')).models).toEqual(JSON.parse(readFileSync(join(dir, 'whole', 'eval', 'eval.json'), 'utf8')).models);
+  });
+});

@@ -1,0 +1,91 @@
+// Which TensorFlow.js backend the trainer runs on. `auto` takes the fastest that loads here: the native
+// GPU build, then the native CPU build (both optional dependencies, whose install downloads libtensorflow and
+// fails without internet), then WebAssembly, then plain JavaScript.
+import * as tf from '@tensorflow/tfjs-core';
+import { Option } from 'commander';
+import type { CommandFactory } from '../pipeline/cli.ts';
+import type { Logger } from '../pipeline/log.ts';
+import '@tensorflow/tfjs-backend-wasm';
+// The umbrella package registers the CPU backend and, in its Node bundle, the gradients of tfjs's ops.
+import '@tensorflow/tfjs';
+import { patchWasmSlice } from './kernels.ts';
+
+export const BACKENDS = ['auto', 'tensorflow', 'wasm', 'cpu'] as const;
+export type BackendChoice = (typeof BACKENDS)[number];
+
+export interface Backend {
+  /** The tfjs backend's name: tensorflow, wasm or cpu. */
+  name: string;
+  /** What was chosen and why, for the log. */
+  description: string;
+}
+
+async function loadNative(): Promise<string | null> {
+  for (const pkg of ['@tensorflow/tfjs-node-gpu', '@tensorflow/tfjs-node']) {
+    try {
+      await import(pkg);
+      if (tf.findBackend('tensorflow')) return pkg;
+    } catch {
+      // not installed, or libtensorflow missing: try the next one
+    }
+  }
+  return null;
+}
+
+/** The backend `--backend` asked for (the CLI passes it in PREFAB_BACKEND), else auto. */
+export function backendChoice(): BackendChoice {
+  const v = process.env.PREFAB_BACKEND ?? 'auto';
+  if (!(BACKENDS as readonly string[]).includes(v)) throw new Error(`PREFAB_BACKEND=${v}: expected one of ${BACKENDS.join(', ')}`);
+  return v as BackendChoice;
+}
+
+/** The backend a training stage runs on: the one `--backend` asked for, started, and said in the log. */
+export async function stageBackend(log: Logger): Promise<Backend> {
+  const backend = await useBackend(backendChoice());
+  log.info('backend', { backend: backend.description });
+  return backend;
+}
+
+let current: Backend | null = null;
+
+/** Loads and selects a backend; later calls with the same choice return the one already chosen. */
+export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backend> {
+  if (current && (choice === 'auto' || choice === current.name)) return current;
+  let description: string;
+  let name: string;
+  if (choice === 'auto' || choice === 'tensorflow') {
+    const pkg = await loadNative();
+    if (pkg) {
+      name = 'tensorflow';
+      description = `tensorflow (${pkg})`;
+    } else if (choice === 'tensorflow') {
+      throw new Error('--backend tensorflow: neither @tensorflow/tfjs-node-gpu nor @tensorflow/tfjs-node loads here (their install needs internet to fetch libtensorflow). Use --backend wasm.');
+    } else {
+      name = 'wasm';
+      description = 'wasm (no @tensorflow/tfjs-node here)';
+    }
+  } else {
+    name = choice;
+    description = choice;
+  }
+  if (name === 'wasm' && !(await tf.setBackend('wasm').catch(() => false))) {
+    if (choice === 'wasm') throw new Error('--backend wasm: the WebAssembly backend failed to start');
+    name = 'cpu';
+    description = 'cpu (the WebAssembly backend failed to start)';
+  }
+  if (!(await tf.setBackend(name))) throw new Error(`backend ${name} failed to start`);
+  await tf.ready();
+  tf.env().set('PROD', true); // no per-op NaN checks or debug warnings
+  if (name === 'wasm') patchWasmSlice();
+  current = { name, description };
+  return current;
+}
+
+/** `--backend` on every command: the training stages read the choice from PREFAB_BACKEND. */
+export const addBackendOption: CommandFactory = (program) => {
+  program.addOption(new Option('--backend <name>', 'TensorFlow.js backend for the training stages (auto: the fastest that loads)').choices([...BACKENDS]));
+  program.hook('preAction', () => {
+    const choice = program.opts<{ backend?: BackendChoice }>().backend;
+    if (choice) process.env.PREFAB_BACKEND = choice;
+  });
+};

@@ -1,0 +1,100 @@
+// What the training stages read: the exported Parquet datasets, as token sequences cut to the context, and
+// the log-probabilities a model gives them (the frozen reference's, a held-out set's).
+import * as tf from '@tensorflow/tfjs-core';
+import { readRecords } from '../stages/ingest/readers.ts';
+import type { Message } from '../core/records.ts';
+import { encodeConversations } from './chat-template.ts';
+import type { GPT } from './model.ts';
+import { viewAll, type Placeholders } from './placeholders.ts';
+import type { TextTokenizer } from './tokenizer.ts';
+import type { Logger } from '../pipeline/log.ts';
+import { seeded } from '../core/random.ts';
+import { headLength, microBatches, padBatch, startOf, trainingWindows, windowOf, type Sequence } from './windows.ts';
+
+/** Every row of an exported Parquet file, as plain objects. */
+export async function readParquet<T>(path: string): Promise<T[]> {
+  const rows: T[] = [];
+  for await (const r of readRecords(path, 'parquet')) rows.push(r.value as T);
+  return rows;
+}
+
+/** At most `n` of the rows (null: all), drawn by a seeded shuffle and kept in their order, so a subset mixes every kind of row. */
+export function subset<T>(rows: T[], n: number | null, seed: string): T[] {
+  if (n === null || n >= rows.length) return rows;
+  const rand = seeded(seed, 'subset');
+  const keys = rows.map((_, i) => ({ i, k: rand() }));
+  return keys.sort((a, b) => a.k - b.k).slice(0, n).sort((a, b) => a.i - b.i).map((x) => rows[x.i]!);
+}
+
+/** Messages as Parquet gives them back (absent optional fields as null) in the Message contract. */
+export const fromParquet = (messages: Message[]): Message[] => messages.map((m) => ({ ...m, tool_calls: m.tool_calls ?? undefined }));
+
+/**
+ * SFT sequences: each conversation's training windows (one when it fits), as the model reads it
+ * (`placeholders`). Windows with nothing to learn (a head longer than the context leaves no room for an
+ * assistant token) are left out.
+ */
+export async function sftSequences(tokenizer: TextTokenizer, conversations: Message[][], length: number, source: string, placeholders: Placeholders): Promise<Sequence[]> {
+  const cs = viewAll(conversations.map(fromParquet), placeholders);
+  const encoded = await encodeConversations(tokenizer, cs);
+  const windows = encoded.flatMap((e, i) => trainingWindows(e, cs[i]!, length));
+  const useful = windows.filter((w) => w.mask.some((m) => m === 1));
+  if (useful.length === 0 && windows.length > 0) {
+    const head = Math.min(...encoded.map((e, i) => e.starts[headLength(cs[i]!)]!));
+    throw new Error(`${source}: no assistant token fits in a context of ${length - 1} tokens after the system prompt and user request (at least ${head} tokens): raise sft.model.context`);
+  }
+  return useful;
+}
+
+export interface Completion {
+  prompt: Message[];
+  completion: Message[];
+}
+
+/**
+ * Prompt + completion sequences with the completion's assistant tokens masked in, for completions that share
+ * a prompt (a pair's chosen and rejected): the prompt is cut the same way for all of them, keeping the head
+ * and as many of its latest messages as leave room for the longest completion; a completion that still does
+ * not fit is cut at its end. Each prompt + completion is masked as one conversation (`placeholders`), so a
+ * value a completion makes up gets a placeholder of its own, as when the model writes it; the prompt reads
+ * the same in all of them.
+ */
+export async function completionSequences(tokenizer: TextTokenizer, prompt: Message[], completions: Message[][], length: number, placeholders: Placeholders): Promise<Sequence[]> {
+  const p = fromParquet(prompt);
+  const cs = viewAll(completions.map((c) => [...p, ...fromParquet(c)]), placeholders);
+  const encoded = await encodeConversations(tokenizer, cs);
+  const head = Math.min(headLength(p), p.length);
+  const from = Math.max(head, Math.min(p.length, ...encoded.map((e, i) => startOf(e, head, cs[i]!.length, length))));
+  return encoded.map((e, i) => windowOf(e, head, from, cs[i]!.length, length, p.length));
+}
+
+export interface Scores {
+  /** Summed log-probability of each sequence's masked tokens. */
+  sum: Float64Array;
+  /** How many tokens were masked in. */
+  count: Int32Array;
+}
+
+/** Sequence log-probabilities under `model`, without gradients, in micro-batches of similar length and at most `maxTokens` padded tokens. */
+export function scoreSequences(model: GPT, sequences: Sequence[], maxTokens: number, pad: number, log?: Logger, label = 'scoring'): Scores {
+  const sum = new Float64Array(sequences.length);
+  const count = new Int32Array(sequences.length);
+  const batches = microBatches(sequences.map((_, i) => [i]), (i) => sequences[i]!.ids.length, maxTokens);
+  const progress = log?.progress(label, batches.length);
+  for (const idx of batches) {
+    const b = padBatch(idx.map((j) => sequences[j]!), pad);
+    const values = tf.tidy(() => tf.sum(tf.mul(model.tokenLogprobs(b.ids, b.targets, b.batch, b.length), tf.tensor2d(b.mask, [b.batch, b.length])), 1).dataSync());
+    idx.forEach((j, k) => {
+      sum[j] = values[k]!;
+      count[j] = sequences[j]!.mask.slice(1).reduce((s, m) => s + m, 0);
+    });
+    progress?.tick();
+  }
+  progress?.done();
+  return { sum, count };
+}
+
+/** Sequence log-probabilities as the loss wants them: sums, or means over the masked tokens. */
+export function sequenceValues(s: Scores, average: boolean): Float64Array {
+  return average ? s.sum.map((v, i) => v / Math.max(1, s.count[i]!)) : s.sum;
+}

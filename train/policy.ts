@@ -1,0 +1,65 @@
+// The trained model as a policy in the environment: it reads the conversation through the chat template,
+// with values as placeholders and cut to its context as in training, and writes the next assistant message,
+// whose placeholders are put back before the environment reads it. One KV cache is kept across
+// turns and episodes: each prompt extends the last one (and all start with the same system prompt), so
+// only the new messages are read.
+import type { Policy } from '../env/agents.ts';
+import type { Random } from '../core/random.ts';
+import type { Message } from '../core/records.ts';
+import { encodeConversations, parseAssistant } from './chat-template.ts';
+import { ToolCallConstraint, type ToolSchema } from './constrain.ts';
+import { KVCache, type GPT } from './model.ts';
+import { modelView, type Placeholders } from './placeholders.ts';
+import type { TextTokenizer } from './tokenizer.ts';
+import { headLength, recentWindow } from './windows.ts';
+
+export interface SamplingOptions {
+  /** Most tokens in one assistant message. */
+  maxTokens: number;
+  temperature: number;
+  topP: number;
+  /** Tools whose JSON schemas the model's calls are decoded under (train/constrain.ts); absent: calls are free text. */
+  tools?: readonly ToolSchema[];
+}
+
+export class ModelPolicy implements Policy {
+  private readonly cache: KVCache;
+  private calls = 0;
+  private constraint: ToolCallConstraint | undefined;
+  /** Tokens read and written, for throughput figures. */
+  generated = 0;
+
+  constructor(
+    readonly name: string,
+    model: GPT,
+    private readonly tokenizer: TextTokenizer,
+    /** How the model was trained to read values (the checkpoint's `placeholders`). */
+    private readonly placeholders: Placeholders,
+    private readonly sampling: SamplingOptions,
+    /** The sampler's randomness: set a fresh seeded stream per episode for reproducible episodes. */
+    public random: Random,
+  ) {
+    this.cache = new KVCache(model);
+  }
+
+  async respond(conversation: Message[]): Promise<Message> {
+    const { messages, restore } = modelView(conversation, this.placeholders);
+    const [encoded] = await encodeConversations(this.tokenizer, [messages], true);
+    const room = this.cache.model.config.contextLength - this.sampling.maxTokens;
+    const prompt = recentWindow(encoded!, headLength(messages), messages.length, room).ids;
+    const end = this.tokenizer.special['<|end|>'];
+    if (this.sampling.tools && !this.constraint) {
+      const texts = await Promise.all(Array.from({ length: this.tokenizer.vocabSize }, (_, id) => this.tokenizer.decode([id])));
+      this.constraint = new ToolCallConstraint(this.sampling.tools, texts, this.tokenizer.special);
+    }
+    const ids = this.cache.generate(prompt, { ...this.sampling, stop: [end], random: this.random, constraint: this.constraint });
+    this.generated += ids.length;
+    const reply = restore(await parseAssistant(this.tokenizer, ids, this.calls + 1));
+    this.calls += reply.tool_calls?.length ?? 0;
+    return reply;
+  }
+
+  dispose(): void {
+    this.cache.dispose();
+  }
+}

@@ -1,0 +1,182 @@
+// The training loop SFT and the preference stages share: AdamW with warmup and cosine decay, gradient
+// clipping, a metrics line per step, and checkpoints every N steps in a folder that outlives the run, so a
+// run killed at any point resumes from its last checkpoint and ends where an uninterrupted run ends.
+import { appendFileSync, existsSync, mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { z } from 'zod';
+import type { Logger } from '../pipeline/log.ts';
+import { loadCheckpoint, saveCheckpoint } from './checkpoint.ts';
+import type { GPT } from './model.ts';
+import type { Placeholders } from './placeholders.ts';
+import { ADAMW_DEFAULTS, AdamW, learningRate } from './optimizer.ts';
+import { optimizerStep, type MicroBatchLoss } from './step.ts';
+
+/**
+ * The settings every training stage's config has: seed, batch and run length, checkpoints, micro-batches,
+ * and the optimiser's (`lr` is the peak, reached after `warmup` steps, then decayed along a cosine to
+ * lr · min_lr_ratio).
+ */
+export function trainingConfig(lr: number) {
+  return {
+    /** Initial weights, data order, which examples a max_* draws. */
+    seed: z.string().default('prefab'),
+    batch_size: z.number().int().min(1).default(8),
+    epochs: z.number().positive().default(1),
+    /** At most this many steps (null: as many as the epochs take). */
+    max_steps: z.number().int().min(1).nullable().default(null),
+    lr: z.number().positive().default(lr),
+    warmup: z.number().int().min(0).default(10),
+    min_lr_ratio: z.number().min(0).max(1).default(0.1),
+    weight_decay: z.number().min(0).default(0.1),
+    max_grad_norm: z.number().positive().default(1),
+    checkpoint_every: z.number().int().min(1).default(25),
+    /** Largest micro-batch, in padded tokens: a batch is split into micro-batches whose gradients add up (WASM runs out of memory past ~4k). */
+    micro_batch_tokens: z.number().int().min(16).default(2048),
+  };
+}
+
+export interface Schedule {
+  lr: number;
+  warmup: number;
+  min_lr_ratio: number;
+  weight_decay: number;
+  max_grad_norm: number;
+}
+
+/**
+ * This run's folder in the stage's cache, named by `key` (its config and data): a rerun after a kill resumes
+ * there; folders of runs with other settings or data are removed.
+ */
+export function runFolder(cache: string, key: string): string {
+  const name = `run-${key.slice(0, 16)}`;
+  for (const f of existsSync(cache) ? readdirSync(cache) : []) if (f.startsWith('run-') && f !== name) rmSync(join(cache, f), { recursive: true, force: true });
+  mkdirSync(join(cache, name), { recursive: true });
+  return join(cache, name);
+}
+
+export interface StepBatch {
+  /** The loss to minimise on this step's batch, and scalars to report beside it, in micro-batches that add up to the batch's. */
+  parts: MicroBatchLoss[];
+  /** Tokens in the batch that are not padding. */
+  tokens: number;
+}
+
+export interface TrainingRun {
+  /** A folder that outlives runs, for this run alone: its checkpoints and metrics so far. */
+  dir: string;
+  seed: string;
+  steps: number;
+  schedule: Schedule;
+  /** Save a checkpoint every this many steps (and at the end). */
+  checkpointEvery: number;
+  tokenizerJson: string;
+  /** The masking its data was read with, saved with every checkpoint. */
+  placeholders: Placeholders;
+  /** The model to start from when there is no checkpoint. */
+  start(): GPT;
+  /** The batch of step `step` (0-based), a function of the step alone so a resumed run sees the same data, and its loss on `model`. */
+  batch(step: number, model: GPT): StepBatch;
+  log: Logger;
+  label: string;
+}
+
+export type MetricsRow = Record<string, number>;
+
+const STEP_DIR = /^step-(\d+)$/;
+
+/** The latest complete checkpoint in `dir`: folders appear whole (written aside, then renamed). */
+function latestCheckpoint(dir: string): string | null {
+  if (!existsSync(dir)) return null;
+  const steps = readdirSync(dir).flatMap((f) => (STEP_DIR.test(f) ? [Number(STEP_DIR.exec(f)![1])] : [])).sort((a, b) => b - a);
+  return steps.length ? join(dir, checkpointName(steps[0]!)) : null;
+}
+
+const checkpointName = (step: number) => `step-${String(step).padStart(6, '0')}`;
+
+/** The metrics of steps up to `upTo`; a line torn by a kill mid-write is past the checkpoint and is dropped. */
+function readMetrics(path: string, upTo: number): MetricsRow[] {
+  if (!existsSync(path)) return [];
+  const rows: MetricsRow[] = [];
+  for (const line of readFileSync(path, 'utf8').split('\n')) {
+    try {
+      const row = JSON.parse(line) as MetricsRow;
+      if (row.step! <= upTo) rows.push(row);
+    } catch {
+      // empty or torn
+    }
+  }
+  return rows;
+}
+
+/** Trains to `run.steps`, resuming from the latest checkpoint in `run.dir`. Returns the model and every step's metrics. */
+export function train(run: TrainingRun): { model: GPT; metrics: MetricsRow[]; resumedFrom: number } {
+  const metricsPath = join(run.dir, 'metrics.jsonl');
+  const last = latestCheckpoint(run.dir);
+  let model: GPT;
+  let optimizer: AdamW;
+  let done = 0;
+  const s = run.schedule;
+  const adamw = { ...ADAMW_DEFAULTS, lr: s.lr, weightDecay: s.weight_decay };
+  if (last) {
+    const loaded = loadCheckpoint(last);
+    model = loaded.model;
+    optimizer = new AdamW(model.params, adamw);
+    loaded.restoreOptimizer(optimizer);
+    done = loaded.state?.step ?? 0;
+    run.log.info('resuming from checkpoint', { checkpoint: last, step: done, of: run.steps });
+  } else {
+    model = run.start();
+    optimizer = new AdamW(model.params, adamw);
+  }
+  const metrics = readMetrics(metricsPath, done);
+  writeFileSync(metricsPath, metrics.map((m) => JSON.stringify(m) + '\n').join(''));
+  const save = (step: number) => {
+    saveCheckpoint(join(run.dir, checkpointName(step)), { model, tokenizerJson: run.tokenizerJson, placeholders: run.placeholders, optimizer, state: { step, totalSteps: run.steps, seed: run.seed } });
+    // Keep the newest two: the one just written, and the one before in case this one is found damaged.
+    for (const f of readdirSync(run.dir).filter((f) => STEP_DIR.test(f)).sort().slice(0, -2)) rmSync(join(run.dir, f), { recursive: true, force: true });
+  };
+  const progress = run.log.progress(run.label, run.steps);
+  for (let i = 0; i < done; i++) progress.tick();
+  const schedule = { peak: s.lr, warmup: s.warmup, total: run.steps, minRatio: s.min_lr_ratio };
+  for (let step = done; step < run.steps; step++) {
+    const started = performance.now();
+    const batch = run.batch(step, model);
+    const lr = learningRate(step, schedule);
+    const result = optimizerStep(model, optimizer, batch.parts, lr, s.max_grad_norm);
+    const seconds = (performance.now() - started) / 1000;
+    const row: MetricsRow = { step: step + 1, loss: result.loss, ...result.metrics, grad_norm: result.gradNorm, learning_rate: lr, 'tokens/s': Math.round(batch.tokens / seconds) };
+    if (!Number.isFinite(result.loss)) throw new Error(`${run.label}: the loss is ${result.loss} at step ${step + 1}; lower lr (now ${s.lr}) or max_grad_norm`);
+    metrics.push(row);
+    appendFileSync(metricsPath, JSON.stringify(row) + '\n');
+    if ((step + 1) % run.checkpointEvery === 0 || step + 1 === run.steps) save(step + 1);
+    progress.tick();
+  }
+  progress.done();
+  if (run.steps === 0 && !last) save(0);
+  return { model, metrics, resumedFrom: done };
+}
+
+/** Optimiser steps for `epochs` passes over `examples` in batches, at most `maxSteps`. */
+export function stepsFor(cfg: { epochs: number; batch_size: number; max_steps: number | null }, examples: number): number {
+  return Math.min(cfg.max_steps ?? Infinity, Math.ceil((cfg.epochs * examples) / cfg.batch_size));
+}
+
+/**
+ * A finished run's outputs in the stage's folder: the model in Hugging Face's layout (`model/`, without the
+ * optimiser) and every step's metrics. Frees the model; returns the means of the last steps' metrics.
+ */
+export async function writeRun(out: string, run: TrainingRun, result: { model: GPT; metrics: MetricsRow[] }, info: Record<string, unknown>): Promise<MetricsRow> {
+  saveCheckpoint(join(out, 'model'), { model: result.model, tokenizerJson: run.tokenizerJson, placeholders: run.placeholders, state: { step: run.steps, totalSteps: run.steps, seed: run.seed, info } });
+  await copyFile(join(run.dir, 'metrics.jsonl'), join(out, 'metrics.jsonl'));
+  result.model.dispose();
+  return finalMetrics(result.metrics);
+}
+
+/** Means of each metric over the last `n` rows: what a stage reports as its final figures. */
+export function finalMetrics(rows: MetricsRow[], n = 10): MetricsRow {
+  const tail = rows.slice(-n);
+  const out: MetricsRow = {};
+  for (const key of Object.keys(tail[0] ?? {})) if (key !== 'step') out[key] = tail.reduce((s, r) => s + (r[key] ?? 0), 0) / tail.length;
+  return out;
+}
