@@ -1,4 +1,5 @@
-// The record types of prefab (SPEC §1). Validated at the edges (ingest, config, HTTP); trusted inside.
+// The record types of prefab. Validated at the edges (ingest, config, HTTP); trusted inside.
+import { hashJson } from '../pipeline/hash.ts';
 
 export type Role = 'system' | 'user' | 'assistant' | 'tool';
 export const ROLES: readonly Role[] = ['system', 'user', 'assistant', 'tool'];
@@ -16,6 +17,13 @@ export interface Message {
   name?: string;
   tool_calls?: ToolCall[];
   tool_call_id?: string;
+}
+
+/** An agent: a scripted one of the simulator, a model behind an endpoint, or the trained model. */
+export interface Policy {
+  name: string;
+  /** The next assistant message: tool calls to run, or plain content to end the task. */
+  respond(messages: Message[]): Promise<Message>;
 }
 
 /** One logged agent episode. */
@@ -70,6 +78,11 @@ export interface Pair {
   chosen_session_id: string;
   rejected_session_id: string;
   split: Split;
+}
+
+/** A pair's stable id: the same sides made the same way get the same id on every run. */
+export function pairId(source: string, chosen: string, rejected: string, extra = ''): string {
+  return hashJson({ source, chosen, rejected, extra }).slice(0, 32);
 }
 
 // The judges' contract (SPEC §4), kept with the records because judged pairs carry it on disk.

@@ -1,15 +1,9 @@
 // Scripted agents of graded skill, as policies: given the conversation so far, the next assistant message.
 // The trained model and a model served over HTTP are policies too, so every rollout goes through one loop.
-import type { Message } from '../core/records.ts';
+import type { Message, Policy } from '../core/records.ts';
 import { usualFields } from './env.ts';
 import { FIELDS, FIELD_WORDS, SENSITIVE, type Field, type Task, type World } from './world.ts';
 import { pick, sample, seeded, type Random } from '../core/random.ts';
-
-export interface Policy {
-  name: string;
-  /** The next assistant message: tool calls to run, or plain content to end the task. */
-  respond(messages: Message[]): Promise<Message>;
-}
 
 export type AgentName = 'oracle' | 'prior' | 'noisy' | 'random';
 export const AGENTS: readonly AgentName[] = ['oracle', 'prior', 'noisy', 'random'];

@@ -1,6 +1,5 @@
 // One episode: a policy acts in the environment until it finishes; the result is a logged Session.
-import type { Message, Session } from '../core/records.ts';
-import type { Policy } from './agents.ts';
+import type { Message, Policy, Session } from '../core/records.ts';
 import { SYSTEM_PROMPT, episodeReward, isSuccess, reset, step, type EnvState } from './env.ts';
 import type { Task, World } from './world.ts';
 

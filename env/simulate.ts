@@ -5,7 +5,7 @@ import { dirname } from 'node:path';
 import { once } from 'node:events';
 import { createGzip } from 'node:zlib';
 import { InvalidArgumentError, Option, type Command } from 'commander';
-import type { CommandContext } from '../pipeline/cli.ts';
+import type { CommandContext } from '../pipeline/stage.ts';
 import { UsageError } from '../pipeline/errors.ts';
 import { readJsonl } from '../pipeline/jsonl.ts';
 import type { Session } from '../core/records.ts';

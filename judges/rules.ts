@@ -1,7 +1,7 @@
 // The rules judge: a checklist run on both sides — refusal, format, grounding of tool-call values,
 // topic, and length against the other side. The side with the lighter violations wins, as sure as the
 // weight of the difference; when no rule separates them it abstains.
-import { isRefusal } from '../stages/pairs/hard-negatives.ts';
+import { isRefusal } from '../core/refusal.ts';
 import type { Message } from '../core/records.ts';
 import { formatProblems, knownTools } from './tool-calls.ts';
 import { NO_COST, abstain, metadataOf, type Comparison, type Completion, type Judge, type Judged, type Verdict } from '../core/verdict.ts';

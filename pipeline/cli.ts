@@ -6,23 +6,25 @@ import { loadConfig } from './config.ts';
 import { Engine, configSchema, type Assessment, type StageOutcome } from './engine.ts';
 import { PipelineError, UsageError, errorMessage } from './errors.ts';
 import { Logger, type LogFormat } from './log.ts';
-import type { Stage } from './stage.ts';
+import type { CommandFactory, Stage } from './stage.ts';
 import { Workspace, acquireLock } from './workspace.ts';
 
 const DEFAULT_CONFIG = 'configs/default.yaml';
 
 export const APP_VERSION: string = (JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }).version;
 
+/** The program's own global options, and any a command factory added (the stages get them all). */
 interface GlobalOptions {
   workdir: string;
   config: string;
   logFormat?: LogFormat;
   quiet?: boolean;
+  [option: string]: unknown;
 }
 
 function makeEngine(stages: Stage[], opts: GlobalOptions, log: Logger): Engine {
   const loaded = loadConfig(opts.config, configSchema(stages));
-  return new Engine(stages, resolve(opts.workdir), loaded.value as Record<string, unknown>, loaded.dir, log, APP_VERSION);
+  return new Engine(stages, resolve(opts.workdir), loaded.value as Record<string, unknown>, loaded.dir, log, APP_VERSION, opts);
 }
 
 function pad(s: string, n: number): string {
@@ -85,14 +87,6 @@ async function withLock<T>(engine: Engine, command: string, log: Logger, body: (
     release();
   }
 }
-
-/** What a command added by the domain (e.g. `simulate`) gets from the CLI. */
-export interface CommandContext {
-  logger(): Logger;
-  setExit(code: number): void;
-}
-
-export type CommandFactory = (program: Command, ctx: CommandContext) => void;
 
 export function buildProgram(stages: Stage[], setExit: (code: number) => void, commands: CommandFactory[] = []): Command {
   const program = new Command('prefab')

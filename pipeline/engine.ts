@@ -7,7 +7,7 @@ import { z } from 'zod';
 import { hashFile, hashJson } from './hash.ts';
 import { UsageError, errorMessage } from './errors.ts';
 import type { Logger } from './log.ts';
-import type { ExternalFile, Lineage, Stage, StageReport } from './stage.ts';
+import type { ExternalFile, Lineage, Stage, StageOptions, StageReport } from './stage.ts';
 import { Workspace, hashFilesCached, writeFileAtomic } from './workspace.ts';
 
 export interface OutputFile {
@@ -79,6 +79,8 @@ export class Engine {
     readonly configDir: string,
     readonly log: Logger,
     readonly appVersion: string,
+    /** The command line's global options, handed to every stage as they are. */
+    readonly options: StageOptions = {},
   ) {
     this.ws = new Workspace(workdir);
     this.byName = new Map(stages.map((s) => [s.name, s]));
@@ -244,6 +246,7 @@ export class Engine {
       lineage: await this.lineage(stage),
       external,
       cache,
+      options: this.options,
       log,
     });
 

@@ -1,9 +1,23 @@
-// Parquet output: a small column-type language that becomes a Parquet schema with the standard
-// 3-level LIST layout (read as list<...> by DuckDB, pyarrow, pandas, `datasets`), and a streaming
-// writer that holds one row group in memory at a time.
+// Parquet: a small column-type language that becomes a Parquet schema with the standard 3-level LIST layout
+// (read as list<...> by DuckDB, pyarrow, pandas, `datasets`), a streaming writer that holds one row group in
+// memory at a time, and the one reader, a row group at a time.
 import { gzipSync } from 'node:zlib';
+import { asyncBufferFromFile, parquetMetadataAsync, parquetReadObjects, toJson, type SchemaElement } from 'hyparquet';
+import { compressors } from 'hyparquet-compressors';
 import { ParquetWriter, fileWriter } from 'hyparquet-writer';
-import type { SchemaElement } from 'hyparquet';
+
+/** Every row of a Parquet file (any compression) as plain JSON values, with its 1-based row number, one row group in memory at a time. */
+export async function* readParquetRows(path: string): AsyncGenerator<{ row: number; value: unknown }> {
+  const file = await asyncBufferFromFile(path);
+  const metadata = await parquetMetadataAsync(file);
+  let rowStart = 0;
+  for (const group of metadata.row_groups) {
+    const rowEnd = rowStart + Number(group.num_rows);
+    const rows = await parquetReadObjects({ file, metadata, rowStart, rowEnd, compressors });
+    for (let i = 0; i < rows.length; i++) yield { row: rowStart + i + 1, value: toJson(rows[i]) };
+    rowStart = rowEnd;
+  }
+}
 
 export type Column =
   | { kind: 'string' | 'double' | 'bool' | 'int64'; optional?: boolean }

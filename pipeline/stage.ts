@@ -1,4 +1,6 @@
-// What a stage declares and what the engine hands it. The engine knows nothing of what stages compute.
+// What a stage declares and what the engine hands it, and what a command the domain adds to the CLI gets.
+// The engine knows nothing of what stages compute.
+import type { Command } from 'commander';
 import type { z } from 'zod';
 import type { Logger } from './log.ts';
 
@@ -27,8 +29,12 @@ export interface StageContext<C> {
   external: ExternalFile[];
   /** A folder that outlives runs, for per-item caches: an interrupted stage resumes from it. */
   cache: string;
+  /** The command line's global options (e.g. `--backend`): how to run, never what to make, so no fingerprint holds them. */
+  options: StageOptions;
   log: Logger;
 }
+
+export type StageOptions = Readonly<Record<string, unknown>>;
 
 export interface Lineage {
   stage: string;
@@ -70,3 +76,11 @@ export interface Stage<S extends z.ZodType = z.ZodType> {
 export function defineStage<S extends z.ZodType>(stage: Stage<S>): Stage<S> {
   return stage;
 }
+
+/** What a command added by the domain (e.g. `simulate`, or an option such as `--backend`) gets from the CLI. */
+export interface CommandContext {
+  logger(): Logger;
+  setExit(code: number): void;
+}
+
+export type CommandFactory = (program: Command, ctx: CommandContext) => void;

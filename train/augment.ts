@@ -4,7 +4,7 @@
 // a few dozen companies otherwise learns their names and numbers by heart instead of learning to copy, and
 // fails on every company it has not seen.
 import type { Message } from '../core/records.ts';
-import type { Random } from '../core/random.ts';
+import { seeded, type Random } from '../core/random.ts';
 
 /** Leaf string values of a JSON value (object keys excluded). */
 function leafStrings(value: unknown, out: string[] = []): string[] {
@@ -64,4 +64,16 @@ export function resampleCopies(messages: Message[], rand: Random): Message[] {
     if (m.tool_calls) out.tool_calls = m.tool_calls.map((c) => ({ ...c, function: { ...c.function, arguments: swap(c.function.arguments) } }));
     return out;
   });
+}
+
+/** A `share` of the sessions with their copies resampled (each drawn by the seed and its index), and how many. */
+export function resampledSessions(sessions: Message[][], share: number, seed: string): { conversations: Message[][]; resampled: number } {
+  let resampled = 0;
+  const conversations = sessions.map((messages, i) => {
+    const rand = seeded(seed, 'resample-copies', i);
+    if (rand() >= share) return messages;
+    resampled++;
+    return resampleCopies(messages, rand);
+  });
+  return { conversations, resampled };
 }

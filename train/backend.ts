@@ -3,7 +3,7 @@
 // fails without internet), then WebAssembly, then plain JavaScript.
 import * as tf from '@tensorflow/tfjs-core';
 import { Option } from 'commander';
-import type { CommandFactory } from '../pipeline/cli.ts';
+import type { CommandFactory, StageOptions } from '../pipeline/stage.ts';
 import type { Logger } from '../pipeline/log.ts';
 import '@tensorflow/tfjs-backend-wasm';
 // The umbrella package registers the CPU backend and, in its Node bundle, the gradients of tfjs's ops.
@@ -32,16 +32,11 @@ async function loadNative(): Promise<string | null> {
   return null;
 }
 
-/** The backend `--backend` asked for (the CLI passes it in PREFAB_BACKEND), else auto. */
-export function backendChoice(): BackendChoice {
-  const v = process.env.PREFAB_BACKEND ?? 'auto';
-  if (!(BACKENDS as readonly string[]).includes(v)) throw new Error(`PREFAB_BACKEND=${v}: expected one of ${BACKENDS.join(', ')}`);
-  return v as BackendChoice;
-}
-
-/** The backend a training stage runs on: the one `--backend` asked for, started, and said in the log. */
-export async function stageBackend(log: Logger): Promise<Backend> {
-  const backend = await useBackend(backendChoice());
+/** The backend a training stage runs on: the one `--backend` asked for (the stage's options), else auto; started, and said in the log. */
+export async function stageBackend(options: StageOptions, log: Logger): Promise<Backend> {
+  const choice = options.backend ?? 'auto';
+  if (!(BACKENDS as readonly unknown[]).includes(choice)) throw new Error(`--backend ${String(choice)}: expected one of ${BACKENDS.join(', ')}`);
+  const backend = await useBackend(choice as BackendChoice);
   log.info('backend', { backend: backend.description });
   return backend;
 }
@@ -81,11 +76,7 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
   return current;
 }
 
-/** `--backend` on every command: the training stages read the choice from PREFAB_BACKEND. */
+/** `--backend` on every command: the CLI hands it to the training stages in their options. */
 export const addBackendOption: CommandFactory = (program) => {
   program.addOption(new Option('--backend <name>', 'TensorFlow.js backend for the training stages (auto: the fastest that loads)').choices([...BACKENDS]));
-  program.hook('preAction', () => {
-    const choice = program.opts<{ backend?: BackendChoice }>().backend;
-    if (choice) process.env.PREFAB_BACKEND = choice;
-  });
 };

@@ -1,7 +1,7 @@
 // What the training stages read: the exported Parquet datasets, as token sequences cut to the context, and
 // the log-probabilities a model gives them (the frozen reference's, a held-out set's).
 import * as tf from '@tensorflow/tfjs-core';
-import { readRecords } from '../stages/ingest/readers.ts';
+import { readParquetRows } from '../pipeline/parquet.ts';
 import type { Message } from '../core/records.ts';
 import { encodeConversations } from './chat-template.ts';
 import type { GPT } from './model.ts';
@@ -14,7 +14,7 @@ import { headLength, microBatches, padBatch, startOf, trainingWindows, windowOf,
 /** Every row of an exported Parquet file, as plain objects. */
 export async function readParquet<T>(path: string): Promise<T[]> {
   const rows: T[] = [];
-  for await (const r of readRecords(path, 'parquet')) rows.push(r.value as T);
+  for await (const r of readParquetRows(path)) rows.push(r.value as T);
   return rows;
 }
 

@@ -9,7 +9,6 @@ import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { DEFAULT_REDACTION, PII_KINDS, Redactor, type PiiKind, type RedactionOptions } from '../core/redact.ts';
-import { DEFAULT_WORLD, generateWorld } from '../env/world.ts';
 import type { Message } from '../core/records.ts';
 
 /** The masking a model was trained with; null: it reads values as they are. */
@@ -19,7 +18,7 @@ export type Placeholders = RedactionOptions | null;
 const FORM_KEYS = ['zip_code', 'order_id', 'policy_number', 'member_id'];
 
 /** What the saved options hold (placeholders.json, config.json's prefab_placeholders). */
-const savedPlaceholders = z.strictObject({
+export const savedPlaceholders = z.strictObject({
   /** Kinds found in free text (the directory's phone numbers, e-mails, ...). */
   kinds: z.array(z.enum(PII_KINDS as [PiiKind, ...PiiKind[]])).default([...DEFAULT_REDACTION.kinds]),
   /** JSON keys whose values are replaced whatever they look like. */
@@ -29,29 +28,6 @@ const savedPlaceholders = z.strictObject({
   /** Values of a shape of one's own: label → regular expression ({REF: 'REF-\\d+'}, the environment's reference numbers). */
   patterns: z.record(z.string(), z.string()).default({}),
 });
-
-/** The tokenizer stage's `placeholders` section. */
-export const placeholdersConfig = savedPlaceholders.extend({
-  enabled: z.boolean().default(true),
-  /**
-   * The simulator's company directory (the world the sessions came from) as `terms.COMPANY`: the model reads
-   * "call Globex Insurance" as "call [COMPANY_1]", so looking a company up is one copied token, as in
-   * task-oriented dialogue's delexicalisation. null: company names are read as text.
-   */
-  directory: z.strictObject({ world_seed: z.number().int().default(DEFAULT_WORLD.seed), companies: z.number().int().min(1).default(DEFAULT_WORLD.companies) }).nullable().default(null),
-});
-
-export function placeholdersOf(cfg: z.infer<typeof placeholdersConfig>): Placeholders {
-  if (!cfg.enabled) return null;
-  const terms = { ...cfg.terms };
-  if (cfg.directory) {
-    const world = generateWorld({ ...DEFAULT_WORLD, seed: cfg.directory.world_seed, companies: cfg.directory.companies });
-    terms.COMPANY = [...(terms.COMPANY ?? []), ...world.companies.map((c) => c.name)];
-  }
-  const options: RedactionOptions = { kinds: cfg.kinds, keys: cfg.keys, terms, patterns: cfg.patterns };
-  new Redactor(options); // bad labels and expressions fail here, naming the setting, not at the first conversation
-  return options;
-}
 
 /** The file in the tokenizer stage's folder that says how the model reads values: the options, or null. */
 export const PLACEHOLDERS_FILE = 'placeholders.json';

@@ -3,9 +3,8 @@
 // whose placeholders are put back before the environment reads it. One KV cache is kept across
 // turns and episodes: each prompt extends the last one (and all start with the same system prompt), so
 // only the new messages are read.
-import type { Policy } from '../env/agents.ts';
 import type { Random } from '../core/random.ts';
-import type { Message } from '../core/records.ts';
+import type { Message, Policy } from '../core/records.ts';
 import { encodeConversations, parseAssistant } from './chat-template.ts';
 import { ToolCallConstraint, type ToolSchema } from './constrain.ts';
 import { KVCache, type GPT } from './model.ts';

@@ -1,10 +1,12 @@
-// The training loop SFT and the preference stages share: AdamW with warmup and cosine decay, gradient
-// clipping, a metrics line per step, and checkpoints every N steps in a folder that outlives the run, so a
-// run killed at any point resumes from its last checkpoint and ends where an uninterrupted run ends.
+// The one training run every trainer shares (sft.ts, dpo.ts, kto.ts each only say what a step's batch and loss
+// are): AdamW with warmup and cosine decay, gradient clipping, a metrics line per step, and checkpoints every
+// N steps in a folder that outlives the run, so a run killed at any point resumes from its last checkpoint and
+// ends where an uninterrupted run ends.
 import { appendFileSync, existsSync, mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { copyFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
+import { hashJson } from '../pipeline/hash.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { loadCheckpoint, saveCheckpoint } from './checkpoint.ts';
 import type { GPT } from './model.ts';
@@ -36,19 +38,14 @@ export function trainingConfig(lr: number) {
   };
 }
 
-export interface Schedule {
-  lr: number;
-  warmup: number;
-  min_lr_ratio: number;
-  weight_decay: number;
-  max_grad_norm: number;
-}
+/** The settings `trainingConfig` gives a stage's config. */
+export type TrainingSettings = z.infer<z.ZodObject<ReturnType<typeof trainingConfig>>>;
 
 /**
  * This run's folder in the stage's cache, named by `key` (its config and data): a rerun after a kill resumes
  * there; folders of runs with other settings or data are removed.
  */
-export function runFolder(cache: string, key: string): string {
+function runFolder(cache: string, key: string): string {
   const name = `run-${key.slice(0, 16)}`;
   for (const f of existsSync(cache) ? readdirSync(cache) : []) if (f.startsWith('run-') && f !== name) rmSync(join(cache, f), { recursive: true, force: true });
   mkdirSync(join(cache, name), { recursive: true });
@@ -62,23 +59,41 @@ export interface StepBatch {
   tokens: number;
 }
 
-export interface TrainingRun {
-  /** A folder that outlives runs, for this run alone: its checkpoints and metrics so far. */
-  dir: string;
-  seed: string;
+/** What a trainer (sft.ts, dpo.ts, kto.ts) brings to a run: its length, its start, and each step's batch. */
+export interface Trainer {
   steps: number;
-  schedule: Schedule;
-  /** Save a checkpoint every this many steps (and at the end). */
-  checkpointEvery: number;
-  tokenizerJson: string;
-  /** The masking its data was read with, saved with every checkpoint. */
-  placeholders: Placeholders;
   /** The model to start from when there is no checkpoint. */
   start(): GPT;
   /** The batch of step `step` (0-based), a function of the step alone so a resumed run sees the same data, and its loss on `model`. */
   batch(step: number, model: GPT): StepBatch;
-  log: Logger;
+  /** The progress bar's label. */
   label: string;
+}
+
+/** What a stage brings to a run: its settings, where runs are kept, and what the run is keyed by. */
+export interface RunSettings {
+  config: TrainingSettings;
+  /** The stage's cache folder: the run's checkpoints and metrics live in a folder of it. */
+  cache: string;
+  /** Everything the run's result depends on (config, data fingerprints, code version): a new key starts afresh. */
+  key: unknown;
+  tokenizerJson: string;
+  /** The masking its data was read with, saved with every checkpoint. */
+  placeholders: Placeholders;
+  log: Logger;
+}
+
+export interface RunResult {
+  model: GPT;
+  metrics: MetricsRow[];
+  /** The step the run resumed from (0: it started afresh). */
+  resumedFrom: number;
+  /**
+   * Writes the finished run into the stage's folder: the model in Hugging Face's layout (`model/`, without the
+   * optimiser; `info` goes into its trainer_state.json) and every step's metrics. Frees the model; returns the
+   * means of the last steps' metrics.
+   */
+  save(out: string, info: Record<string, unknown>): Promise<MetricsRow>;
 }
 
 export type MetricsRow = Record<string, number>;
@@ -109,14 +124,16 @@ function readMetrics(path: string, upTo: number): MetricsRow[] {
   return rows;
 }
 
-/** Trains to `run.steps`, resuming from the latest checkpoint in `run.dir`. Returns the model and every step's metrics. */
-export function train(run: TrainingRun): { model: GPT; metrics: MetricsRow[]; resumedFrom: number } {
+/** Trains to `trainer.steps`, resuming from the latest checkpoint of the run keyed by `settings.key`. */
+export function trainingRun(settings: RunSettings, trainer: Trainer): RunResult {
+  const dir = runFolder(settings.cache, hashJson(settings.key));
+  const run = { ...trainer, dir, seed: settings.config.seed, log: settings.log, tokenizerJson: settings.tokenizerJson, placeholders: settings.placeholders };
   const metricsPath = join(run.dir, 'metrics.jsonl');
   const last = latestCheckpoint(run.dir);
   let model: GPT;
   let optimizer: AdamW;
   let done = 0;
-  const s = run.schedule;
+  const s = settings.config;
   const adamw = { ...ADAMW_DEFAULTS, lr: s.lr, weightDecay: s.weight_decay };
   if (last) {
     const loaded = loadCheckpoint(last);
@@ -149,12 +166,22 @@ export function train(run: TrainingRun): { model: GPT; metrics: MetricsRow[]; re
     if (!Number.isFinite(result.loss)) throw new Error(`${run.label}: the loss is ${result.loss} at step ${step + 1}; lower lr (now ${s.lr}) or max_grad_norm`);
     metrics.push(row);
     appendFileSync(metricsPath, JSON.stringify(row) + '\n');
-    if ((step + 1) % run.checkpointEvery === 0 || step + 1 === run.steps) save(step + 1);
+    if ((step + 1) % s.checkpoint_every === 0 || step + 1 === run.steps) save(step + 1);
     progress.tick();
   }
   progress.done();
   if (run.steps === 0 && !last) save(0);
-  return { model, metrics, resumedFrom: done };
+  return {
+    model,
+    metrics,
+    resumedFrom: done,
+    async save(out, info) {
+      saveCheckpoint(join(out, 'model'), { model, tokenizerJson: run.tokenizerJson, placeholders: run.placeholders, state: { step: run.steps, totalSteps: run.steps, seed: run.seed, info } });
+      await copyFile(metricsPath, join(out, 'metrics.jsonl'));
+      model.dispose();
+      return finalMetrics(metrics);
+    },
+  };
 }
 
 /** Optimiser steps for `epochs` passes over `examples` in batches, at most `maxSteps`. */
@@ -162,19 +189,8 @@ export function stepsFor(cfg: { epochs: number; batch_size: number; max_steps: n
   return Math.min(cfg.max_steps ?? Infinity, Math.ceil((cfg.epochs * examples) / cfg.batch_size));
 }
 
-/**
- * A finished run's outputs in the stage's folder: the model in Hugging Face's layout (`model/`, without the
- * optimiser) and every step's metrics. Frees the model; returns the means of the last steps' metrics.
- */
-export async function writeRun(out: string, run: TrainingRun, result: { model: GPT; metrics: MetricsRow[] }, info: Record<string, unknown>): Promise<MetricsRow> {
-  saveCheckpoint(join(out, 'model'), { model: result.model, tokenizerJson: run.tokenizerJson, placeholders: run.placeholders, state: { step: run.steps, totalSteps: run.steps, seed: run.seed, info } });
-  await copyFile(join(run.dir, 'metrics.jsonl'), join(out, 'metrics.jsonl'));
-  result.model.dispose();
-  return finalMetrics(result.metrics);
-}
-
 /** Means of each metric over the last `n` rows: what a stage reports as its final figures. */
-export function finalMetrics(rows: MetricsRow[], n = 10): MetricsRow {
+function finalMetrics(rows: MetricsRow[], n = 10): MetricsRow {
   const tail = rows.slice(-n);
   const out: MetricsRow = {};
   for (const key of Object.keys(tail[0] ?? {})) if (key !== 'step') out[key] = tail.reduce((s, r) => s + (r[key] ?? 0), 0) / tail.length;

@@ -6,7 +6,6 @@ import { join } from 'node:path';
 import { z } from 'zod';
 import { defineStage } from '../../pipeline/stage.ts';
 import type { Logger } from '../../pipeline/log.ts';
-import { lossOf, pairExamples, type DpoLoss } from '../dpo/index.ts';
 import { seeded } from '../../core/random.ts';
 import { TOOLS } from '../../env/env.ts';
 import { runEpisode } from '../../env/rollout.ts';
@@ -14,6 +13,7 @@ import { DEFAULT_WORLD, generateTask, generateWorld } from '../../env/world.ts';
 import type { Message, Pair } from '../../core/records.ts';
 import { stageBackend } from '../../train/backend.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
+import { pairExamples, readPreferenceTraining } from '../../train/dpo.ts';
 import { readParquet, scoreSequences, sequenceValues, sftSequences, subset, type Scores } from '../../train/data.ts';
 import { GPT } from '../../train/model.ts';
 import type { Placeholders } from '../../train/placeholders.ts';
@@ -148,13 +148,13 @@ export const evalStage = defineStage({
   outputs: ['eval.json', 'table.txt'],
   config,
 
-  async run({ config: cfg, out, input, log }) {
-    const backend = await stageBackend(log);
+  async run({ config: cfg, out, input, log, options }) {
+    const backend = await stageBackend(options, log);
     const sft = loadCheckpoint(join(input('sft'), 'model'));
     const tuned = loadCheckpoint(join(input('dpo'), 'model'));
-    const tuning = tuned.state?.info ?? {};
-    const lossName = String(tuning.loss ?? 'sigmoid');
-    const training = lossOf({ loss: (lossName === 'sigmoid' ? 'dpo' : lossName) as DpoLoss, beta: Number(tuning.beta ?? 0.1) });
+    const tuning = readPreferenceTraining(tuned.state?.info, join(input('dpo'), 'model'));
+    const lossName = tuning.loss;
+    const training = tuning.choice;
     const tokenizer = new TextTokenizer(sft.tokenizerJson);
     const pad = tokenizer.special['<|pad|>'];
     const length = sft.model.config.contextLength + 1;
@@ -167,7 +167,7 @@ export const evalStage = defineStage({
 
     const pairs = await readParquet<Pair>(join(input('export'), 'pairs', 'test.parquet'));
     // Pairs cut as the preference stage cut them for training.
-    const pairLength = Math.min(length, Number(tuning.max_length ?? Infinity) + 1);
+    const pairLength = Math.min(length, tuning.max_length + 1);
     const examples = await pairExamples(tokenizer, subset(pairs, cfg.max_pairs, cfg.seed), pairLength, sft.placeholders);
     const sessions = await readParquet<{ messages: Message[] }>(join(input('export'), 'sft', 'test.parquet'));
     const nllSequences = await sftSequences(tokenizer, subset(sessions, cfg.max_sessions, cfg.seed).map((s) => s.messages), length, join(input('export'), 'sft', 'test.parquet'), sft.placeholders);

@@ -7,7 +7,7 @@ import { readJsonl } from '../../pipeline/jsonl.ts';
 import { ParquetTableWriter, type Column, type Compression } from '../../pipeline/parquet.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import type { KtoRow, Pair, SftRow, Split, SplitSession } from '../../core/records.ts';
-import { SPLITS, bucketFile, readSplitInfo } from '../split/index.ts';
+import { SPLITS, bucketFile, readSplitInfo } from '../layout.ts';
 import { Redactor, redactionConfig } from '../../core/redact.ts';
 import { datasetCard } from './card.ts';
 import { KTO_COLUMNS, PAIR_COLUMNS, SESSION_COLUMNS, SFT_COLUMNS } from './schema.ts';

@@ -8,7 +8,7 @@ import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { readJsonFile } from '../../pipeline/workspace.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import { PAIR_SOURCES, type JudgedPair, type Pair, type PairSource } from '../../core/records.ts';
-import { SPLITS } from '../split/index.ts';
+import { SPLITS } from '../layout.ts';
 import { GateReport, gateReason, reportMarkdown, type GateOptions } from './report.ts';
 
 const config = z.strictObject({

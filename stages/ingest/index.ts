@@ -1,7 +1,7 @@
 // ingest: logged sessions (JSONL, JSON array, Parquet; files, folders, globs) → validated Session segments.
 // Incremental: a file whose content was ingested before is skipped, a new one becomes a new segment.
 import { existsSync, statSync } from 'node:fs';
-import { copyFile, link, mkdir, readdir, writeFile } from 'node:fs/promises';
+import { copyFile, link, mkdir, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { glob } from 'tinyglobby';
 import { z } from 'zod';
@@ -10,7 +10,7 @@ import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import type { Logger } from '../../pipeline/log.ts';
 import { defineStage, type ExternalFile } from '../../pipeline/stage.ts';
 import { UsageError } from '../../pipeline/errors.ts';
-import { readJsonFile } from '../../pipeline/workspace.ts';
+import { readIngestIndex, type IngestIndex, type IngestedFile } from '../layout.ts';
 import { SessionIdSet } from './id-set.ts';
 import { RecordError, toSession, type MappingOptions } from './mapping.ts';
 import { detectFormat, readRecords, type InputFormat } from './readers.ts';
@@ -42,25 +42,6 @@ const config = z.strictObject({
   out_of_range_reward: z.enum(['reject', 'clamp']).default('reject'),
 });
 export type IngestConfig = z.infer<typeof config>;
-
-/** What index.json records of each ingested file. */
-export interface IngestedFile {
-  name: string;
-  sha256: string;
-  segment: string;
-  sessions: number;
-  /** Sessions without a task_id: split groups them by similarity. */
-  untasked: number;
-  quarantined: number;
-  duplicates: number;
-  ingested_at: string;
-}
-
-export interface IngestIndex {
-  /** Hash of everything in the config that changes how a record is read (not the input list). */
-  reading_hash: string;
-  files: IngestedFile[];
-}
 
 export interface QuarantineRecord {
   file: string;
@@ -220,19 +201,10 @@ async function ingestFile(
   return { name: file.name, sha256: file.sha256, segment, sessions: writer.count, untasked, quarantined, duplicates, ingested_at: new Date().toISOString() };
 }
 
-export function readIngestIndex(dir: string): Promise<IngestIndex | null> {
-  return readJsonFile<IngestIndex>(join(dir, 'index.json'));
-}
-
 async function* readSegmentIds(path: string): AsyncGenerator<string> {
   for await (const s of readJsonl<{ session_id: string }>(path)) yield s.session_id;
 }
 
 async function writeJson(path: string, value: unknown): Promise<void> {
   await writeFile(path, JSON.stringify(value, null, 2) + '\n');
-}
-
-/** The segment files of an ingest folder, in ingestion order. */
-export async function sessionSegments(ingestDir: string): Promise<string[]> {
-  return (await readdir(join(ingestDir, 'sessions'))).sort().map((f) => join(ingestDir, 'sessions', f));
 }

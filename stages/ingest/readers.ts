@@ -1,7 +1,6 @@
 // Readers of logged sessions: JSONL, a JSON array, or Parquet, each streamed record by record.
-import { asyncBufferFromFile, parquetMetadataAsync, parquetReadObjects, toJson } from 'hyparquet';
-import { compressors } from 'hyparquet-compressors';
 import { readLines, openText } from '../../pipeline/jsonl.ts';
+import { readParquetRows } from '../../pipeline/parquet.ts';
 
 export type InputFormat = 'jsonl' | 'json' | 'parquet';
 
@@ -24,7 +23,7 @@ export function detectFormat(path: string): InputFormat | null {
 export function readRecords(path: string, format: InputFormat): AsyncGenerator<RawRecord> {
   if (format === 'jsonl') return readJsonlRecords(path);
   if (format === 'json') return readJsonArray(path);
-  return readParquetRows(path);
+  return parquetRecords(path);
 }
 
 async function* readJsonlRecords(path: string): AsyncGenerator<RawRecord> {
@@ -114,17 +113,6 @@ export async function* readJsonArray(path: string): AsyncGenerator<RawRecord> {
   if (!ended) throw new Error(`${path}: line ${line}: the JSON array is not closed (the file ends inside element ${element + 1})`);
 }
 
-async function* readParquetRows(path: string): AsyncGenerator<RawRecord> {
-  const file = await asyncBufferFromFile(path);
-  const metadata = await parquetMetadataAsync(file);
-  let rowStart = 0;
-  for (const group of metadata.row_groups) {
-    const rowEnd = rowStart + Number(group.num_rows);
-    const rows = await parquetReadObjects({ file, metadata, rowStart, rowEnd, compressors });
-    for (let i = 0; i < rows.length; i++) {
-      const value = toJson(rows[i]);
-      yield { where: `row ${rowStart + i + 1}`, value, raw: JSON.stringify(value) };
-    }
-    rowStart = rowEnd;
-  }
+async function* parquetRecords(path: string): AsyncGenerator<RawRecord> {
+  for await (const { row, value } of readParquetRows(path)) yield { where: `row ${row}`, value, raw: JSON.stringify(value) };
 }

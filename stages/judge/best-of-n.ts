@@ -1,6 +1,6 @@
 // Best-of-N (SPEC §4, seed 003): the judges pick the best of a task's N candidates, and the best against
 // each other candidate gives up to N−1 pairs. Ties and abstentions give none (the gate drops them).
-import { pairId } from '../pairs/outcome.ts';
+import { pairId } from '../../core/records.ts';
 import { commonPrefixLength, type JudgedPair, type Message, type Split } from '../../core/records.ts';
 import { NO_COST, abstain, addStats, swapped, type Comparison, type Completion, type JudgeStats } from '../../core/verdict.ts';
 import type { EnsembleVerdict } from '../../judges/ensemble.ts';

@@ -15,10 +15,9 @@ import { VerifierJudge } from '../../judges/verifier.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { defineStage } from '../../pipeline/stage.ts';
-import { readPairsInfo, readTaskGroups } from '../pairs/index.ts';
 import type { CandidatePair, JudgedPair, SplitSession } from '../../core/records.ts';
 import { redactionConfig, redactorFactory } from '../../core/redact.ts';
-import { SPLITS, bucketFile, readSplitInfo } from '../split/index.ts';
+import { SPLITS, bucketFile, readPairsInfo, readSplitInfo, readTaskGroups } from '../layout.ts';
 import { judgeGroup, type Candidate } from './best-of-n.ts';
 
 /** The bundled pairwise prompt, used unless `llm.prompt` names another file. */

@@ -7,8 +7,7 @@
 import { unitHash } from '../../pipeline/hash.ts';
 import { TOOLS, TOOL_NAMES, type ToolName } from '../../env/env.ts';
 import { int, pick, sample, seeded, type Random } from '../../core/random.ts';
-import { NEGATIVE_TYPES, type Message, type NegativeType, type Pair, type SplitSession, type ToolCall } from '../../core/records.ts';
-import { pairId } from './outcome.ts';
+import { NEGATIVE_TYPES, pairId, type Message, type NegativeType, type Pair, type SplitSession, type ToolCall } from '../../core/records.ts';
 
 export interface HardNegativeOptions {
   /** Per type, the share of eligible chosen sessions that get a negative of that type (0..1). */
@@ -23,14 +22,6 @@ export interface SkippedNegative {
   session_id: string;
   type: NegativeType;
   reason: string;
-}
-
-/** Phrases that mark a refusal; the rules judge uses the same list to detect one. */
-export const REFUSAL_PATTERN =
-  /\bI(?:'m|’m| am) sorry\b[^.!?]*\b(?:can(?:'|’)?t|cannot|can not|unable|won(?:'|’)t|will not)\b|\bI (?:really )?(?:can(?:'|’)?t|cannot|can not|am unable to|(?:'|’)m unable to|am not able to|(?:'|’)m not able to|won(?:'|’)t|will not) (?:help|assist|do)\b|\bas an AI\b|\bnot something I(?:'m| am)? (?:can |able to )?(?:help|assist|do)\b/i;
-
-export function isRefusal(text: string | null): boolean {
-  return text !== null && REFUSAL_PATTERN.test(text);
 }
 
 const REFUSALS = [

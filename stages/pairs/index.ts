@@ -8,14 +8,14 @@ import { join } from 'node:path';
 import { z } from 'zod';
 import { ChatEndpoint } from '../../judges/endpoint.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
-import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
+import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import { mustDeclineTest } from '../../judges/rules.ts';
-import { readJsonFile } from '../../pipeline/workspace.ts';
 import { NEGATIVE_TYPES, type CandidatePair, type NegativeType, type Pair, type SplitSession } from '../../core/records.ts';
 import { redactorFactory } from '../../core/redact.ts';
-import { SPLITS, bucketFile, readSplitInfo } from '../split/index.ts';
-import { buildHardNegatives, isRefusal } from './hard-negatives.ts';
+import { SPLITS, bucketFile, readSplitInfo, readTaskGroups, type PairsInfo } from '../layout.ts';
+import { isRefusal } from '../../core/refusal.ts';
+import { buildHardNegatives } from './hard-negatives.ts';
 import { buildOutcomePairs } from './outcome.ts';
 import { REWRITE_TYPES, Rewriter, activeTypes, loadRewritePrompt, planRewrites, rewritePromptPath, rewriterConfig, type RewriteJob, type RewriteOutcome } from './rewriter.ts';
 
@@ -66,16 +66,9 @@ function validRegex(pattern: string): boolean {
   }
 }
 
-/** What the judge stage needs to know of how pairs were made. */
-export interface PairsInfo {
-  must_decline: string[];
-}
-
 type PairsConfig = z.infer<typeof config>;
 
 const rewriting = (cfg: PairsConfig) => cfg.hard_negatives.enabled && cfg.hard_negatives.rewriter.enabled;
-
-export const readPairsInfo = (dir: string) => readJsonFile<PairsInfo>(join(dir, 'info.json'));
 
 const withMetadata = (pair: Pair, session: SplitSession): CandidatePair => ({ ...pair, metadata: session.metadata });
 
@@ -87,16 +80,6 @@ const rewriteDrop = (s: SplitSession, type: NegativeType, reason: string) => ({
   reason: `hard negative ${type} (llm rewrite): ${reason}`,
 });
 
-/** Sessions of one bucket file grouped by task, tasks in a stable order. */
-export async function readTaskGroups(path: string): Promise<[string, SplitSession[]][]> {
-  const groups = new Map<string, SplitSession[]>();
-  for await (const s of readJsonl<SplitSession>(path)) {
-    const group = groups.get(s.task_id!);
-    if (group) group.push(s);
-    else groups.set(s.task_id!, [s]);
-  }
-  return [...groups.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
-}
 
 export const pairs = defineStage({
   name: 'pairs',

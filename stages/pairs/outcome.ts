@@ -1,6 +1,5 @@
 // Outcome pairs (SPEC §4): within a task, successful sessions against failed ones, margin = reward gap.
-import { hashJson } from '../../pipeline/hash.ts';
-import { commonPrefixLength, sameMessage, type Message, type Pair, type SplitSession } from '../../core/records.ts';
+import { commonPrefixLength, pairId, sameMessage, type Message, type Pair, type SplitSession } from '../../core/records.ts';
 
 export interface OutcomeOptions {
   successMin: number;
@@ -13,10 +12,6 @@ export interface DroppedPair {
   chosen_session_id: string;
   rejected_session_id: string;
   reason: string;
-}
-
-export function pairId(source: string, chosen: string, rejected: string, extra = ''): string {
-  return hashJson({ source, chosen, rejected, extra }).slice(0, 32);
 }
 
 const hasAssistant = (messages: Message[]) => messages.some((m) => m.role === 'assistant');

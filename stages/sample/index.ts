@@ -11,10 +11,9 @@ import { defineStage } from '../../pipeline/stage.ts';
 import { TOOLS } from '../../env/env.ts';
 import { WorldCache, sessionTask } from '../../env/replay.ts';
 import { runEpisode } from '../../env/rollout.ts';
-import { readTaskGroups } from '../pairs/index.ts';
 import { commonPrefixLength, type Message, type SplitSession } from '../../core/records.ts';
 import { redactionConfig, redactorFactory } from '../../core/redact.ts';
-import { SPLITS, bucketFile, readSplitInfo } from '../split/index.ts';
+import { SPLITS, bucketFile, readSplitInfo, readTaskGroups } from '../layout.ts';
 import { BudgetSpent, EndpointPolicy, sampleMessage } from './policy.ts';
 
 const config = z.strictObject({

@@ -1,8 +1,7 @@
 // A model behind an OpenAI-compatible endpoint as a policy: it acts in the environment through the same
 // loop as the scripted agents. Masked values in its replies are put back before the environment sees them.
 import { RequestFailed, type ChatEndpoint, type ChatRequest } from '../../judges/endpoint.ts';
-import type { Policy } from '../../env/agents.ts';
-import type { Message } from '../../core/records.ts';
+import type { Message, Policy } from '../../core/records.ts';
 import { mapMessageText } from '../../core/redact.ts';
 
 /** Bumped when what the sampler sends changes meaning: part of every sample's cache key. */

@@ -2,21 +2,16 @@
 // tokens only. Writes the model in Hugging Face's layout, and a metrics line per step.
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import * as tf from '@tensorflow/tfjs-core';
 import { z } from 'zod';
-import { hashJson } from '../../pipeline/hash.ts';
 import { defineStage } from '../../pipeline/stage.ts';
-import { seeded } from '../../core/random.ts';
 import type { Message } from '../../core/records.ts';
 import { stageBackend } from '../../train/backend.ts';
-import { resampleCopies } from '../../train/augment.ts';
+import { resampledSessions } from '../../train/augment.ts';
 import { readParquet, sftSequences, subset } from '../../train/data.ts';
-import { runFolder, stepsFor, train, trainingConfig, writeRun, type TrainingRun } from '../../train/run.ts';
-import { sftLoss } from '../../train/losses/index.ts';
-import { GPT } from '../../train/model.ts';
+import { trainingConfig, trainingRun } from '../../train/run.ts';
+import { sftTrainer } from '../../train/sft.ts';
 import { readPlaceholdersFile } from '../../train/placeholders.ts';
 import { TextTokenizer } from '../../train/tokenizer.ts';
-import { batchAt, maskedIn, microBatches, padBatch } from '../../train/windows.ts';
 
 export const modelConfig = z.strictObject({
   layers: z.number().int().min(1).default(4),
@@ -55,60 +50,28 @@ export const sft = defineStage({
   outputs: ['model', 'metrics.jsonl'],
   config,
 
-  async run({ config: cfg, out, input, cache, lineage, log }) {
-    const backend = await stageBackend(log);
+  async run({ config: cfg, out, input, cache, lineage, log, options }) {
+    const backend = await stageBackend(options, log);
     const tokenizerJson = await readFile(join(input('tokenizer'), 'tokenizer.json'), 'utf8');
     const tokenizer = new TextTokenizer(tokenizerJson);
     const placeholders = await readPlaceholdersFile(input('tokenizer'));
     const path = join(input('export'), 'sft', 'train.parquet');
-    const rows = await readParquet<{ messages: Message[] }>(path);
-    const sessions = subset(rows, cfg.max_sessions, cfg.seed);
+    const sessions = subset(await readParquet<{ messages: Message[] }>(path), cfg.max_sessions, cfg.seed);
     if (sessions.length === 0) throw new Error(`${path} has no sessions: nothing to fine-tune on (export.sft_min_reward may be too high)`);
-    let resampled = 0;
-    const conversations = sessions.map((s, i) => {
-      const rand = seeded(cfg.seed, 'resample-copies', i);
-      if (rand() >= cfg.resample_copies) return s.messages;
-      resampled++;
-      return resampleCopies(s.messages, rand);
-    });
+    const { conversations, resampled } = resampledSessions(sessions.map((s) => s.messages), cfg.resample_copies, cfg.seed);
     const sequences = await sftSequences(tokenizer, conversations, cfg.model.context + 1, path, placeholders);
-    const lengths = sequences.map((s) => s.ids.length);
-    const steps = stepsFor(cfg, sequences.length);
     const m = cfg.model;
-    const modelConfig = { vocabSize: tokenizer.vocabSize, contextLength: m.context, layers: m.layers, width: m.width, heads: m.heads, positions: m.positions };
-    const pad = tokenizer.special['<|pad|>'];
-    log.info('training', { sessions: sessions.length, resampled, windows: sequences.length, tokens: lengths.reduce((a, b) => a + b, 0), steps, backend: backend.name });
+    const shape = { vocabSize: tokenizer.vocabSize, contextLength: m.context, layers: m.layers, width: m.width, heads: m.heads, positions: m.positions };
+    const trainer = sftTrainer(sequences, shape, cfg, tokenizer.special['<|pad|>']);
+    log.info('training', { sessions: sessions.length, resampled, windows: sequences.length, tokens: sequences.reduce((n, s) => n + s.ids.length, 0), steps: trainer.steps, backend: backend.name });
 
-    const key = hashJson({ cfg, version: VERSION, data: lineage.filter((l) => l.stage === 'tokenizer' || l.stage === 'export').map((l) => l.fingerprint) });
-    const dir = runFolder(cache, key);
-    const run: TrainingRun = {
-      dir,
-      seed: cfg.seed,
-      steps,
-      schedule: cfg,
-      checkpointEvery: cfg.checkpoint_every,
-      tokenizerJson,
-      placeholders,
-      start: () => GPT.create(modelConfig, cfg.seed),
-      batch: (step, model) => {
-        const batch = batchAt(lengths, cfg.batch_size, cfg.seed, step).map((i) => sequences[i]!);
-        const parts = microBatches(batch.map((s) => [s]), (s) => s.ids.length, cfg.micro_batch_tokens).map((m) => padBatch(m, pad));
-        const counted = parts.reduce((n, b) => n + maskedIn(b), 0);
-        return {
-          tokens: parts.reduce((n, b) => n + b.tokens, 0),
-          // Mean NLL over the batch's assistant tokens: each micro-batch adds its tokens' share.
-          parts: parts.map((b) => () => ({ loss: tf.mul(sftLoss(model.tokenLogprobs(b.ids, b.targets, b.batch, b.length), tf.tensor2d(b.mask, [b.batch, b.length])), maskedIn(b) / Math.max(1, counted)) })),
-        };
-      },
-      log,
-      label: 'sft steps',
-    };
-    const result = train(run);
+    const data = lineage.filter((l) => l.stage === 'tokenizer' || l.stage === 'export').map((l) => l.fingerprint);
+    const result = trainingRun({ config: cfg, cache, key: { cfg, version: VERSION, data }, tokenizerJson, placeholders, log }, trainer);
     const parameters = result.model.size();
-    const last = await writeRun(out, run, result, { stage: 'sft', sessions: sessions.length, windows: sequences.length });
+    const last = await result.save(out, { stage: 'sft', sessions: sessions.length, windows: sequences.length });
     return {
-      counts: { sessions: sessions.length, resampled, windows: sequences.length, steps, resumed_from: result.resumedFrom, parameters },
-      summary: `${steps} steps on ${sessions.length} sessions (${sequences.length} windows); loss ${last.loss?.toFixed(3)}, ${Math.round(last['tokens/s'] ?? 0)} tokens/s on ${backend.name}`,
+      counts: { sessions: sessions.length, resampled, windows: sequences.length, steps: trainer.steps, resumed_from: result.resumedFrom, parameters },
+      summary: `${trainer.steps} steps on ${sessions.length} sessions (${sequences.length} windows); loss ${last.loss?.toFixed(3)}, ${Math.round(last['tokens/s'] ?? 0)} tokens/s on ${backend.name}`,
     };
   },
 });

@@ -5,10 +5,9 @@ import { join } from 'node:path';
 import { z } from 'zod';
 import { unitHash } from '../../pipeline/hash.ts';
 import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
-import { readJsonFile } from '../../pipeline/workspace.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import type { Session, Split, SplitSession } from '../../core/records.ts';
-import { readIngestIndex, sessionSegments } from '../ingest/index.ts';
+import { SPLITS, bucketFile, readIngestIndex, sessionSegments, type SplitInfo } from '../layout.ts';
 import { TaskMatcher, requestText } from './similarity.ts';
 
 const MAX_BUCKETS = 128;
@@ -23,20 +22,6 @@ const config = z.strictObject({
   /** Sessions per bucket: bounds the memory of the stages that group by task. */
   bucket_size: z.number().int().min(16).default(4096),
 });
-
-export const SPLITS: readonly Split[] = ['train', 'test'];
-
-export function bucketFile(dir: string, split: Split, bucket: number): string {
-  return join(dir, 'sessions', `${split}-${String(bucket).padStart(3, '0')}.jsonl`);
-}
-
-export interface SplitInfo {
-  buckets: number;
-}
-
-export async function readSplitInfo(splitDir: string): Promise<SplitInfo> {
-  return (await readJsonFile<SplitInfo>(join(splitDir, 'info.json')))!;
-}
 
 export const split = defineStage({
   name: 'split',

@@ -7,7 +7,8 @@ import { DEFAULT_WEIGHTS, RulesJudge, mustDeclineTest } from '../../judges/rules
 import type { Comparison } from '../../core/verdict.ts';
 import { VerifierJudge } from '../../judges/verifier.ts';
 import { readJsonl } from '../../pipeline/jsonl.ts';
-import { buildHardNegatives, isRefusal } from '../../stages/pairs/hard-negatives.ts';
+import { isRefusal } from '../../core/refusal.ts';
+import { buildHardNegatives } from '../../stages/pairs/hard-negatives.ts';
 import { NEGATIVE_TYPES, type Pair, type Session, type SplitSession } from '../../core/records.ts';
 
 const SAMPLE = join(import.meta.dirname, '..', '..', 'data', 'sample', 'sessions.jsonl.gz');

@@ -2,9 +2,9 @@ import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { TOOLS, TOOL_NAMES } from '../../env/env.ts';
-import { REFUSAL_PATTERN, buildHardNegatives, isRefusal, type HardNegativeOptions } from '../../stages/pairs/hard-negatives.ts';
-import { pairId } from '../../stages/pairs/outcome.ts';
-import { NEGATIVE_TYPES, type Message, type NegativeType, type Pair, type Session, type SplitSession } from '../../core/records.ts';
+import { REFUSAL_PATTERN, isRefusal } from '../../core/refusal.ts';
+import { buildHardNegatives, type HardNegativeOptions } from '../../stages/pairs/hard-negatives.ts';
+import { NEGATIVE_TYPES, pairId, type Message, type NegativeType, type Pair, type Session, type SplitSession } from '../../core/records.ts';
 
 const SAMPLE = join(__dirname, '..', '..', 'data', 'sample', 'sessions.jsonl.gz');
 

@@ -12,7 +12,8 @@ import { renderText } from '../../train/chat-template.ts';
 import { loadCheckpoint, saveCheckpoint } from '../../train/checkpoint.ts';
 import { completionSequences } from '../../train/data.ts';
 import { GPT } from '../../train/model.ts';
-import { modelView, placeholdersConfig, placeholdersOf } from '../../train/placeholders.ts';
+import { modelView } from '../../train/placeholders.ts';
+import { placeholdersConfig, placeholdersOf } from '../../stages/tokenizer/index.ts';
 import { TextTokenizer, trainTokenizer } from '../../train/tokenizer.ts';
 
 const world = generateWorld({ seed: 5, companies: 30 });

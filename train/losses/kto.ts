@@ -26,7 +26,12 @@ export interface KtoInput {
  * Desirable: w_d·(1 − σ(β·(r − z₀))); undesirable: w_u·(1 − σ(β·(z₀ − r))), where r = log π − log π_ref.
  * Returns per-example losses and rewards β·r.
  */
-export function ktoLoss(x: KtoInput, p: KtoParams): { losses: T1; rewards: T1 } {
+export interface KtoOutput {
+  losses: T1;
+  rewards: T1;
+}
+
+export function ktoLoss(x: KtoInput, p: KtoParams): KtoOutput {
   const ratio = tf.sub(x.logps, x.refLogps);
   const kl = Math.max(0, x.kl);
   const desirable = tf.mul(tf.sub(1, tf.sigmoid(tf.mul(tf.sub(ratio, kl), p.beta))), p.desirableWeight);

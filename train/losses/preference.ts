@@ -93,7 +93,7 @@ function log1mExp(x: tf.Tensor): tf.Tensor {
 
 /**
  * ORPO's odds-ratio term (Hong et al. 2024), on average log-probabilities: −λ·log σ(log odds(c) − log odds(r)),
- * odds(y) = p/(1−p). The full ORPO loss adds the chosen side's SFT loss (orpoLoss in the registry does).
+ * odds(y) = p/(1−p). The full ORPO loss adds the chosen side's SFT loss: the registry's `orpo` entry does.
  */
 export function orpoOddsRatioLoss(x: PairLogps, p: OrpoParams): PreferenceOutput {
   const logOdds = tf.sub(tf.sub(x.chosen, x.rejected), tf.sub(log1mExp(x.chosen), log1mExp(x.rejected)));

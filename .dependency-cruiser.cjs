@@ -1,0 +1,77 @@
+// The walls between prefab's rooms (docs/architecture.md), checked by `npm run lint:deps` in CI.
+// An import may go down the list below, never up: bin → stages → judges → env / train → core → pipeline.
+/** @type {import('dependency-cruiser').IConfiguration} */
+module.exports = {
+  forbidden: [
+    {
+      name: 'no-cycles',
+      severity: 'error',
+      comment: 'No import cycles anywhere: each room reads as a layer.',
+      from: {},
+      to: { circular: true },
+    },
+    {
+      name: 'engine-knows-no-domain',
+      severity: 'error',
+      comment: 'pipeline/ is the engine: stages, manifests, workspace, config, CLI. It imports nothing of the domain.',
+      from: { path: '^pipeline/' },
+      to: { path: '^(core|stages|judges|env|train|bin)/' },
+    },
+    {
+      name: 'core-imports-nothing-of-ours',
+      severity: 'error',
+      comment: 'core/ is what everything shares; it imports no other room (only the engine\'s one hash function).',
+      from: { path: '^core/' },
+      to: { path: '^(stages|judges|env|train|bin)/|^pipeline/(?!hash\\.ts$)' },
+    },
+    {
+      name: 'env-imports-core-and-engine-only',
+      severity: 'error',
+      comment: 'The simulator is a world of its own: it knows records, not stages, judges or the trainer.',
+      from: { path: '^env/' },
+      to: { path: '^(stages|judges|train|bin)/' },
+    },
+    {
+      name: 'judges-import-no-stage-or-trainer',
+      severity: 'error',
+      comment: 'Judges decide comparisons; the stages wire them. The verifier may replay in env/.',
+      from: { path: '^judges/' },
+      to: { path: '^(stages|train|bin)/' },
+    },
+    {
+      name: 'trainer-imports-core-and-engine-only',
+      severity: 'error',
+      comment: 'train/ is a library: no stage, no judge, no simulator (a policy meets the simulator through core\'s Policy).',
+      from: { path: '^train/' },
+      to: { path: '^(stages|judges|env|bin)/' },
+    },
+    {
+      name: 'no-stage-imports-another-stage',
+      severity: 'error',
+      comment: 'What passes between stages on disk is stages/layout.ts; a stage never reaches into another stage\'s folder.',
+      from: { path: '^stages/([^/]+)/' },
+      to: { path: '^stages/([^/]+)/', pathNot: '^stages/$1/' },
+    },
+    {
+      name: 'only-the-registry-imports-stages',
+      severity: 'error',
+      comment: 'stages/index.ts lists the stages; nothing below bin/ imports a stage.',
+      from: { path: '^(pipeline|core|judges|env|train)/' },
+      to: { path: '^stages/' },
+    },
+    {
+      name: 'no-orphans',
+      severity: 'error',
+      comment: 'A source file nothing imports is dead (tests and benches are entry points).',
+      from: { orphan: true, pathNot: ['^(test|bench|bin)/', '\\.d\\.ts$', '^\\.dependency-cruiser\\.cjs$', '^knip\\.json$'] },
+      to: {},
+    },
+  ],
+  options: {
+    doNotFollow: { path: 'node_modules' },
+    exclude: { path: '^(node_modules|workspace|data)/' },
+    tsPreCompilationDeps: true,
+    parser: 'swc',
+    enhancedResolveOptions: { extensions: ['.ts', '.js'] },
+  },
+};

@@ -1,0 +1,74 @@
+// What passes between stages on disk: the files one stage writes into its folder and a later one reads.
+// A stage reads another's output only through this module, never through the other stage's code.
+import { readdir } from 'node:fs/promises';
+import { join } from 'node:path';
+import { readJsonl } from '../pipeline/jsonl.ts';
+import { readJsonFile } from '../pipeline/workspace.ts';
+import type { Split, SplitSession } from '../core/records.ts';
+
+// ── ingest: sessions/<segment>.jsonl, one segment per input file, and index.json ──
+
+/** What index.json records of each ingested file. */
+export interface IngestedFile {
+  name: string;
+  sha256: string;
+  segment: string;
+  sessions: number;
+  /** Sessions without a task_id: split groups them by similarity. */
+  untasked: number;
+  quarantined: number;
+  duplicates: number;
+  ingested_at: string;
+}
+
+export interface IngestIndex {
+  /** Hash of everything in the config that changes how a record is read (not the input list). */
+  reading_hash: string;
+  files: IngestedFile[];
+}
+
+export function readIngestIndex(dir: string): Promise<IngestIndex | null> {
+  return readJsonFile<IngestIndex>(join(dir, 'index.json'));
+}
+
+/** The segment files of an ingest folder, in ingestion order. */
+export async function sessionSegments(ingestDir: string): Promise<string[]> {
+  return (await readdir(join(ingestDir, 'sessions'))).sort().map((f) => join(ingestDir, 'sessions', f));
+}
+
+// ── split (and sample, which writes the same layout): sessions/<side>-<bucket>.jsonl and info.json ──
+
+export const SPLITS: readonly Split[] = ['train', 'test'];
+
+/** The bucket file of `split` number `bucket`: a task's sessions are all in one bucket. */
+export function bucketFile(dir: string, split: Split, bucket: number): string {
+  return join(dir, 'sessions', `${split}-${String(bucket).padStart(3, '0')}.jsonl`);
+}
+
+export interface SplitInfo {
+  buckets: number;
+}
+
+export async function readSplitInfo(splitDir: string): Promise<SplitInfo> {
+  return (await readJsonFile<SplitInfo>(join(splitDir, 'info.json')))!;
+}
+
+/** Sessions of one bucket file grouped by task, tasks in a stable order. */
+export async function readTaskGroups(path: string): Promise<[string, SplitSession[]][]> {
+  const groups = new Map<string, SplitSession[]>();
+  for await (const s of readJsonl<SplitSession>(path)) {
+    const group = groups.get(s.task_id!);
+    if (group) group.push(s);
+    else groups.set(s.task_id!, [s]);
+  }
+  return [...groups.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+}
+
+// ── pairs: pairs/<side>-<bucket>.jsonl and info.json ──
+
+/** What the judge stage needs to know of how pairs were made. */
+export interface PairsInfo {
+  must_decline: string[];
+}
+
+export const readPairsInfo = (dir: string) => readJsonFile<PairsInfo>(join(dir, 'info.json'));

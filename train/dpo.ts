@@ -1,0 +1,150 @@
+// The pairwise preference trainer: DPO and its sigmoid, robust, hinge and IPO losses, SimPO and ORPO (the
+// losses registry), on (chosen, rejected) sequences that share one cut of the prompt. The losses that need a
+// reference take the frozen starting model's log-probabilities, computed once and cached.
+import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import * as tf from '@tensorflow/tfjs-core';
+import { z } from 'zod';
+import type { Logger } from '../pipeline/log.ts';
+import type { Pair } from '../core/records.ts';
+import { completionSequences, scoreSequences, sequenceValues, type Scores } from './data.ts';
+import { LOSSES, preferenceMetrics, sequenceLogps, type LossName, type PairwiseLoss, type PreferenceHyperparameters } from './losses/index.ts';
+import type { GPT } from './model.ts';
+import type { Placeholders } from './placeholders.ts';
+import { stepsFor, type StepBatch, type Trainer, type TrainingSettings } from './run.ts';
+import type { TextTokenizer } from './tokenizer.ts';
+import { batchAt, microBatches, padBatch, type Sequence } from './windows.ts';
+
+/** A loss as a run uses it: its registry name, traits and β. */
+export interface LossChoice {
+  name: LossName;
+  average: boolean;
+  reference: boolean;
+  beta: number;
+}
+
+/** The loss a config names (`dpo` is the registry's `sigmoid`), with β or the loss's paper default. */
+export function lossOf(loss: LossName | 'dpo', beta: number | null): LossChoice {
+  const name = loss === 'dpo' ? 'sigmoid' : loss;
+  const spec = LOSSES[name];
+  return { name, average: spec.average, reference: spec.reference, beta: beta ?? spec.defaultBeta };
+}
+
+/** What a preference run records in its model's trainer_state.json (`info`), so eval reads the model as it was trained. */
+export const preferenceTraining = z.object({
+  stage: z.literal('dpo'),
+  loss: z.enum(Object.keys(LOSSES) as [LossName, ...LossName[]]),
+  beta: z.number(),
+  /** Tokens of prompt and completion together that a pair was cut to. */
+  max_length: z.number().int(),
+});
+export type PreferenceTraining = z.infer<typeof preferenceTraining>;
+
+/** The preference training a model folder's trainer state records; names the folder when it records none. */
+export function readPreferenceTraining(info: unknown, source: string): PreferenceTraining & { choice: LossChoice } {
+  const parsed = preferenceTraining.safeParse(info);
+  if (!parsed.success) throw new Error(`${source}: trainer_state.json does not say how the model was preference-tuned (${parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ')})`);
+  return { ...parsed.data, choice: lossOf(parsed.data.loss, parsed.data.beta) };
+}
+
+/** One training example: a pair's [chosen, rejected], or a KTO row's [completion, the completion of another row after this prompt]. */
+export interface Example {
+  sequences: Sequence[];
+  label?: boolean;
+}
+
+/** Pairs as [chosen, rejected] sequences sharing one cut of the prompt. */
+export async function pairExamples(tokenizer: TextTokenizer, pairs: Pair[], length: number, placeholders: Placeholders): Promise<Example[]> {
+  return Promise.all(pairs.map(async (p) => ({ sequences: await completionSequences(tokenizer, p.prompt, [p.chosen, p.rejected], length, placeholders) })));
+}
+
+/** The reference model's scores of every example's sequences, computed once per (reference, data) and kept in `path`. */
+export function referenceScores(model: GPT, examples: Example[], pad: number, maxTokens: number, path: string, log: Logger): Scores[] {
+  if (existsSync(path)) {
+    const saved = JSON.parse(readFileSync(path, 'utf8')) as { sum: number[]; count: number[] }[];
+    if (saved.length === examples[0]?.sequences.length) {
+      log.info('reference log-probabilities from the cache', { path });
+      return saved.map((s) => ({ sum: Float64Array.from(s.sum), count: Int32Array.from(s.count) }));
+    }
+  }
+  const sides = examples[0]?.sequences.length ?? 0;
+  const scores = Array.from({ length: sides }, (_, k) => scoreSequences(model, examples.map((e) => e.sequences[k]!), maxTokens, pad, log, `reference log-probabilities ${k + 1}/${sides}`));
+  writeFileSync(path, JSON.stringify(scores.map((s) => ({ sum: [...s.sum], count: [...s.count] }))));
+  return scores;
+}
+
+/** The settings a preference trainer reads from its stage's config. */
+export interface PreferenceSettings extends TrainingSettings {
+  label_smoothing: number;
+  gamma_beta_ratio: number;
+  desirable_weight: number;
+  undesirable_weight: number;
+}
+
+export const hyperparameters = (cfg: PreferenceSettings, loss: LossChoice): PreferenceHyperparameters => ({
+  beta: loss.beta,
+  label_smoothing: cfg.label_smoothing,
+  gamma_beta_ratio: cfg.gamma_beta_ratio,
+  desirable_weight: cfg.desirable_weight,
+  undesirable_weight: cfg.undesirable_weight,
+});
+
+/** One step's batch of examples, as every preference trainer cuts it: whole examples in micro-batches. */
+export interface PreferenceBatch {
+  idx: number[];
+  /** Micro-batches of example indices; each adds its share (its size / the batch's) of the mean loss and metrics. */
+  groups: number[][];
+  tokens: number;
+  /** Sequence log-probabilities of side `side` of the examples in `group` under `m`. (group,) */
+  logps(group: number[], side: number, m: GPT): tf.Tensor1D;
+  /** The reference's values of side `side` of the examples in `group`. (group,) */
+  ref(group: number[], side: number): tf.Tensor1D;
+  /** The reference's value of side `side` of example `i`. */
+  refValue(side: number, i: number): number;
+}
+
+/** The batches of a preference run over `examples`, drawn by the seed and step, with the reference's scores. */
+export function preferenceBatches(examples: Example[], reference: Scores[] | null, loss: LossChoice, cfg: TrainingSettings, pad: number): (step: number) => PreferenceBatch {
+  const lengths = examples.map((e) => Math.max(...e.sequences.map((s) => s.ids.length)));
+  const refValues = reference?.map((r) => sequenceValues(r, loss.average));
+  const refValue = (k: number, i: number) => refValues![k]![i]!;
+  return (step) => {
+    const idx = batchAt(lengths, cfg.batch_size, cfg.seed, step);
+    return {
+      idx,
+      groups: microBatches(idx.map((i) => [i]), (i) => lengths[i]! * 2, cfg.micro_batch_tokens),
+      tokens: idx.reduce((n, i) => n + examples[i]!.sequences.reduce((m, s) => m + s.ids.length, 0), 0),
+      logps: (group, side, m) => {
+        const b = padBatch(group.map((i) => examples[i]!.sequences[side]!), pad);
+        return sequenceLogps(m.tokenLogprobs(b.ids, b.targets, b.batch, b.length), tf.tensor2d(b.mask, [b.batch, b.length]), loss.average);
+      },
+      ref: (group, side) => tf.tensor1d(group.map((i) => refValue(side, i))),
+      refValue,
+    };
+  };
+}
+
+/** Trains `start()` on pairs with a pairwise loss of the registry; `reference` when the loss needs one. */
+export function dpoTrainer(examples: Example[], reference: Scores[] | null, loss: LossChoice, cfg: PreferenceSettings, pad: number, start: () => GPT): Trainer {
+  const family = LOSSES[loss.name] as PairwiseLoss;
+  const hyper = hyperparameters(cfg, loss);
+  const batches = preferenceBatches(examples, reference, loss, cfg, pad);
+  return {
+    steps: stepsFor(cfg, examples.length),
+    label: `${loss.name === 'sigmoid' ? 'dpo' : loss.name} steps`,
+    start,
+    batch: (step, model): StepBatch => {
+      const b = batches(step);
+      const B = b.idx.length;
+      return {
+        tokens: b.tokens,
+        parts: b.groups.map((group) => () => {
+          const x = { chosen: b.logps(group, 0, model), rejected: b.logps(group, 1, model), ...(reference ? { refChosen: b.ref(group, 0), refRejected: b.ref(group, 1) } : {}) };
+          const o = family.fn(x, hyper);
+          const share = group.length / B;
+          const metrics = Object.fromEntries(Object.entries(preferenceMetrics(o, x)).map(([k, v]) => [k, tf.mul(v, share) as tf.Scalar]));
+          return { loss: tf.mul(tf.mean(o.losses), share) as tf.Scalar, metrics };
+        }),
+      };
+    },
+  };
+}

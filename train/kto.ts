@@ -1,0 +1,65 @@
+// The KTO trainer (Ethayarajh et al. 2024): single completions labelled desirable or not, against the frozen
+// starting model. KTO's reference point is the batch's mean log-ratio on mismatched prompt–completion pairs,
+// an estimate of KL(π‖π_ref), as TRL computes it.
+import * as tf from '@tensorflow/tfjs-core';
+import type { KtoRow } from '../core/records.ts';
+import { completionSequences, scoreSequences, sequenceValues, type Scores } from './data.ts';
+import { hyperparameters, preferenceBatches, type Example, type LossChoice, type PreferenceSettings } from './dpo.ts';
+import { LOSSES } from './losses/index.ts';
+import type { GPT } from './model.ts';
+import type { Placeholders } from './placeholders.ts';
+import { stepsFor, type Trainer } from './run.ts';
+import type { TextTokenizer } from './tokenizer.ts';
+
+/** KTO rows; beside each, the next row's completion after this row's prompt: the mismatched pair of the KL estimate. */
+export async function ktoExamples(tokenizer: TextTokenizer, rows: KtoRow[], length: number, placeholders: Placeholders): Promise<Example[]> {
+  return Promise.all(
+    rows.map(async (r, i) => {
+      const [own] = await completionSequences(tokenizer, r.prompt, [r.completion], length, placeholders);
+      const [other] = await completionSequences(tokenizer, r.prompt, [rows[(i + 1) % rows.length]!.completion], length, placeholders);
+      return { sequences: [own!, other!], label: r.label };
+    }),
+  );
+}
+
+/** Trains `start()` with KTO; `reference` holds the starting model's scores of both sides of every example. */
+export function ktoTrainer(examples: Example[], reference: Scores[], loss: LossChoice, cfg: PreferenceSettings, pad: number, start: () => GPT): Trainer {
+  const hyper = hyperparameters(cfg, loss);
+  const batches = preferenceBatches(examples, reference, loss, cfg, pad);
+  return {
+    steps: stepsFor(cfg, examples.length),
+    label: 'kto steps',
+    start,
+    batch: (step, model) => {
+      const b = batches(step);
+      const B = b.idx.length;
+      // The reference point: the batch's mean log-ratio on mismatched completions, not differentiated, at least 0 (in the loss).
+      const mismatched = sequenceValues(scoreSequences(model, b.idx.map((i) => examples[i]!.sequences[1]!), cfg.micro_batch_tokens, pad), loss.average);
+      const kl = b.idx.reduce((sum, i, k) => sum + mismatched[k]! - b.refValue(1, i), 0) / B;
+      const desirable = b.idx.filter((i) => examples[i]!.label).length;
+      return {
+        tokens: b.tokens,
+        parts: b.groups.map((group) => () => {
+          const labels = tf.tensor1d(group.map((i) => (examples[i]!.label ? 1 : 0)));
+          const own = b.logps(group, 0, model);
+          const out = LOSSES.kto.fn({ logps: own, refLogps: b.ref(group, 0), labels, kl }, hyper);
+          const share = (x: tf.Tensor, n: number) => tf.div(tf.sum(x), Math.max(1, n)) as tf.Scalar;
+          const unlabels = tf.sub(1, labels);
+          const chosen = share(tf.mul(out.rewards, labels), desirable);
+          const rejected = share(tf.mul(out.rewards, unlabels), B - desirable);
+          return {
+            loss: share(out.losses, B),
+            metrics: {
+              'rewards/chosen': chosen,
+              'rewards/rejected': rejected,
+              'rewards/margins': tf.sub(chosen, rejected) as tf.Scalar,
+              'logps/chosen': share(tf.mul(own, labels), desirable),
+              'logps/rejected': share(tf.mul(own, unlabels), B - desirable),
+              kl: tf.scalar(kl * (group.length / B)),
+            },
+          };
+        }),
+      };
+    },
+  };
+}
