@@ -60,6 +60,13 @@ module.exports = {
       to: { path: '^stages/' },
     },
     {
+      name: 'bin-starts-the-cli-only',
+      severity: 'error',
+      comment: 'The executable hands the command line to the CLI with the stages; everything else lives below it.',
+      from: { path: '^bin/' },
+      to: { path: '^(core|judges|env|train)/|^stages/(?!index\\.ts$)' },
+    },
+    {
       name: 'no-orphans',
       severity: 'error',
       comment: 'A source file nothing imports is dead (tests and benches are entry points).',

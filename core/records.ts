@@ -88,7 +88,7 @@ export function pairId(source: string, chosen: string, rejected: string, extra =
 // The judges' contract (SPEC §4), kept with the records because judged pairs carry it on disk.
 
 /** `a` or `b`: that side is better; `tie`: judged equally good; `abstain`: the judge cannot tell. */
-export type Winner = 'a' | 'b' | 'tie' | 'abstain';
+type Winner = 'a' | 'b' | 'tie' | 'abstain';
 
 export interface Verdict {
   winner: Winner;

@@ -387,10 +387,9 @@ export class Redactor {
 
 /** The `redaction` section of a stage's config: what is masked before text leaves the machine. */
 export const redactionConfig = z.strictObject({
-  enabled: z.boolean().default(true),
-  kinds: z.array(z.enum(PII_KINDS as [PiiKind, ...PiiKind[]])).default([...DEFAULT_REDACTION.kinds]),
-  /** JSON keys whose values are masked whatever they look like. */
-  keys: z.array(z.string().min(1)).default([...DEFAULT_REDACTION.keys]),
+  enabled: z.boolean().default(true).describe('Mask personal data before a request leaves the machine; false sends the texts as logged.'),
+  kinds: z.array(z.enum(PII_KINDS as [PiiKind, ...PiiKind[]])).default([...DEFAULT_REDACTION.kinds]).describe('Kinds of personal data masked wherever they appear in free text: ssn, account (account, card and IBAN numbers), phone, email, dob (a date after a cue such as "born").'),
+  keys: z.array(z.string().min(1)).default([...DEFAULT_REDACTION.keys]).describe('JSON keys whose values are masked whatever they look like.'),
 });
 export type RedactionConfig = z.infer<typeof redactionConfig>;
 

@@ -1,7 +1,7 @@
-// The one contract every judge answers in (SPEC §4), and what a judge is shown.
+// The one contract every judge answers in, and what a judge is shown.
 import type { JudgeStats, Message, Verdict } from './records.ts';
 
-export type { JudgeStats, Verdict, Winner } from './records.ts';
+export type { JudgeStats, Verdict } from './records.ts';
 
 /** One side of a comparison: a completion of the shared prompt. */
 export interface Completion {
@@ -36,6 +36,9 @@ export interface Judge {
 }
 
 export const abstain = (rationale: string): Verdict => ({ winner: 'abstain', confidence: 0, rationale });
+
+/** How sure the judges are that side a, the chosen one, is better: their confidence when a won, else 0. */
+export const chosenConfidence = (v: Verdict): number => (v.winner === 'a' ? v.confidence : 0);
 
 /** The same verdict seen from the other side: a comparison of (b, a). */
 export function swapped(v: Verdict): Verdict {

@@ -52,7 +52,7 @@ export const SYSTEM_PROMPT =
   'request or says exactly what is missing; finish() ends the task. The directory does not list what each department requires. ' +
   `Fields: ${FIELDS.join(', ')}.`;
 
-export const MAX_STEPS = 24;
+const MAX_STEPS = 24;
 const FAILED_CALL_PENALTY = 0.02;
 const NEEDLESS_SENSITIVE_PENALTY = 0.05;
 const MAX_PENALTY = 0.3;
@@ -95,7 +95,7 @@ export function reset(world: World, task: Task): EnvState {
   return { task, needed: [...needed], steps: 0, form: null, completed: {}, failedCalls: 0, feedback: [], done: false };
 }
 
-export function referenceNumber(world: World, task: Task, department: string): string {
+function referenceNumber(world: World, task: Task, department: string): string {
   const rand = seeded(world.options.seed, 'reference', task.task_id, department);
   return `REF-${String(Math.floor(rand() * 1e6)).padStart(6, '0')}`;
 }

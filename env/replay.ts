@@ -4,7 +4,7 @@ import type { Message, Session } from '../core/records.ts';
 import { episodeReward, reset, step, type EnvState } from './env.ts';
 import { DEFAULT_WORLD, findTask, generateWorld, type Task, type World, type WorldOptions } from './world.ts';
 
-export interface ReplayProblem {
+interface ReplayProblem {
   message_index: number;
   kind: 'tool_result' | 'missing_tool_result' | 'reward';
   logged: string;

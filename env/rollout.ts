@@ -12,7 +12,7 @@ export interface Episode {
   turns: number;
 }
 
-export function initialMessages(task: Task): Message[] {
+function initialMessages(task: Task): Message[] {
   return [
     { role: 'system', content: SYSTEM_PROMPT },
     { role: 'user', content: task.request },

@@ -16,7 +16,7 @@ import { episodeSession, runEpisode } from './rollout.ts';
 import { DEFAULT_WORLD, generateTask, generateWorld } from './world.ts';
 
 /** The mix of skills behind the bundled sample: about 70% of sessions succeed. */
-export const MIX: readonly [AgentName, number][] = [
+const MIX: readonly [AgentName, number][] = [
   ['oracle', 0.55],
   ['prior', 0.3],
   ['noisy', 0.1],
@@ -36,7 +36,7 @@ export interface SimulateOptions {
   offset: number;
 }
 
-export interface SimulationStats {
+interface SimulationStats {
   byAgent: Record<string, { sessions: number; successes: number; reward: number; turns: number }>;
   byDifficulty: Record<string, Record<number, { sessions: number; successes: number }>>;
 }
@@ -63,11 +63,11 @@ export async function* simulate(o: SimulateOptions): AsyncGenerator<Session> {
   }
 }
 
-export function emptyStats(): SimulationStats {
+function emptyStats(): SimulationStats {
   return { byAgent: {}, byDifficulty: {} };
 }
 
-export function addToStats(stats: SimulationStats, s: Session): void {
+function addToStats(stats: SimulationStats, s: Session): void {
   const meta = JSON.parse(s.metadata) as { success: boolean; turns: number; difficulty: number };
   const agent = (stats.byAgent[s.model ?? '?'] ??= { sessions: 0, successes: 0, reward: 0, turns: 0 });
   agent.sessions++;
@@ -79,7 +79,7 @@ export function addToStats(stats: SimulationStats, s: Session): void {
   d.successes += meta.success ? 1 : 0;
 }
 
-export function formatStats(stats: SimulationStats): string {
+function formatStats(stats: SimulationStats): string {
   const pct = (a: number, b: number) => (b ? `${((100 * a) / b).toFixed(1)}%` : '-');
   const lines = ['agent        sessions  success  reward  turns/mean  success by difficulty 1..5'];
   let n = 0;

@@ -1,4 +1,4 @@
-// The customer-service world (SPEC §3, seed 004), generated from a seed: companies with departments,
+// The customer-service world, generated from a seed: companies with departments,
 // a public directory that does NOT list what each department asks for, per-department authentication
 // (a usual set per department type, with company-specific deviations), routing dependencies, and tasks.
 import { int, pick, sample, seeded, type Random } from '../core/random.ts';
@@ -84,7 +84,7 @@ export interface Department {
   needsReferenceFrom: string | null;
 }
 
-export interface Company {
+interface Company {
   name: string;
   industry: string;
   departments: Department[];
@@ -155,12 +155,12 @@ export function generateWorld(options: Partial<WorldOptions> = {}): World {
   return { options: o, companies, byPhone };
 }
 
-export interface Profile {
+interface Profile {
   name: string;
   values: Record<Field, string>;
 }
 
-export interface TaskCall {
+interface TaskCall {
   department: string;
   type: string;
   request: string;
@@ -178,9 +178,9 @@ export interface Task {
   profile: Profile;
 }
 
-export const taskId = (seed: number, split: string, index: number) => `cs-${seed}-${split}-${String(index).padStart(5, '0')}`;
+const taskId = (seed: number, split: string, index: number) => `cs-${seed}-${split}-${String(index).padStart(5, '0')}`;
 
-export function parseTaskId(id: string): { seed: number; split: 'train' | 'val'; index: number } | null {
+function parseTaskId(id: string): { seed: number; split: 'train' | 'val'; index: number } | null {
   const m = /^cs-(\d+)-(train|val)-(\d+)$/.exec(id);
   return m ? { seed: Number(m[1]), split: m[2] as 'train' | 'val', index: Number(m[3]) } : null;
 }

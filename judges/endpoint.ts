@@ -10,27 +10,20 @@ import { hashJson } from '../pipeline/hash.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { retryAfterMs, withRetry, type RetryDecision } from '../pipeline/retry.ts';
 import type { Message, ToolCall } from '../core/records.ts';
+import { redactorFactory, type RedactionConfig } from '../core/redact.ts';
 
 /** An endpoint's section of the config. The key itself is only ever read from the environment. */
 export const endpointConfig = z.strictObject({
-  /** Default: the OPENAI_BASE_URL environment variable, else OpenAI's own. */
-  base_url: z.string().url().nullable().default(null),
-  /** The model name; an environment variable (PREFAB_JUDGE_MODEL for judges, PREFAB_SAMPLE_MODEL for the sampler) overrides it. */
-  model: z.string().min(1).nullable().default(null),
-  /** Name of the environment variable holding the API key. */
-  api_key_env: z.string().min(1).default('OPENAI_API_KEY'),
-  /** Requests in flight at once. */
-  concurrency: z.number().int().min(1).max(256).default(8),
-  timeout_s: z.number().positive().default(60),
-  /** Tries per request, the first included (429, 5xx and timeouts are retried). */
-  attempts: z.number().int().min(1).max(20).default(6),
-  /** Backoff before the first retry, doubled each time, with jitter; a Retry-After header wins. */
-  backoff_ms: z.number().int().min(0).default(500),
-  max_backoff_ms: z.number().int().min(0).default(60_000),
-  /** Most requests this stage may send in one run (retries count); null: no limit. */
-  max_requests: z.number().int().min(0).nullable().default(null),
-  /** Consecutive failed requests (after their retries) that stop the stage: the endpoint is down. */
-  max_consecutive_failures: z.number().int().min(1).default(5),
+  base_url: z.string().url().nullable().default(null).describe("Default: the OPENAI_BASE_URL environment variable, else OpenAI's own."),
+  model: z.string().min(1).nullable().default(null).describe("The model name; the stage's environment variable (PREFAB_JUDGE_MODEL, PREFAB_SAMPLE_MODEL or PREFAB_REWRITE_MODEL) overrides it; one of the two must be set."),
+  api_key_env: z.string().min(1).default('OPENAI_API_KEY').describe('Name of the environment variable holding the API key.'),
+  concurrency: z.number().int().min(1).max(256).default(8).describe('Requests in flight at once.'),
+  timeout_s: z.number().positive().default(60).describe('Seconds before a request times out; a timeout is retried like a 5xx.'),
+  attempts: z.number().int().min(1).max(20).default(6).describe('Tries per request, the first included (429, 5xx and timeouts are retried).'),
+  backoff_ms: z.number().int().min(0).default(500).describe('Backoff before the first retry, doubled each time, with jitter; a Retry-After header wins.'),
+  max_backoff_ms: z.number().int().min(0).default(60_000).describe('Longest wait before a retry, in milliseconds, whatever a Retry-After header asks.'),
+  max_requests: z.number().int().min(0).nullable().default(null).describe('Most requests this stage may send in one run (retries count); null: no limit.'),
+  max_consecutive_failures: z.number().int().min(1).default(5).describe('Consecutive failed requests (after their retries) that stop the stage: the endpoint is down.'),
 });
 export type EndpointConfig = z.infer<typeof endpointConfig>;
 
@@ -44,7 +37,7 @@ export interface ChatRequest {
   seed?: number;
 }
 
-export interface TokenLogprob {
+interface TokenLogprob {
   token: string;
   logprob: number;
   top: { token: string; logprob: number }[];
@@ -58,7 +51,7 @@ export interface ChatReply {
 }
 
 /** Masks what leaves the machine; `restore` puts the masked values back into a reply (for the sampler). */
-export interface Redaction {
+interface Redaction {
   messages(messages: Message[]): Message[];
   restore(text: string): string;
 }
@@ -242,3 +235,20 @@ function readReply(response: OpenAI.ChatCompletion): ChatReply {
       choice.logprobs?.content?.map((t) => ({ token: t.token, logprob: t.logprob, top: (t.top_logprobs ?? []).map((x) => ({ token: x.token, logprob: x.logprob })) })) ?? null,
   };
 }
+
+/** Where a stage configures an endpoint: its config key (named in errors) and the variable that overrides its model. */
+export interface EndpointSite {
+  key: string;
+  modelEnv: string;
+}
+
+/** The environment variables that are settings of the endpoint at `site`: part of its stage's fingerprint. */
+export const endpointEnvironment = (site: EndpointSite): string[] => [site.modelEnv, 'OPENAI_BASE_URL'];
+
+/** Opens a stage's endpoint with its redaction and an answer cache at `cachePath` (in the stage's cache folder). */
+export function openEndpoint(site: EndpointSite, config: EndpointConfig, redaction: RedactionConfig, cachePath: string, log: Logger): Promise<ChatEndpoint> {
+  return ChatEndpoint.open({ config, cachePath, redaction: redactorFactory(redaction), log }, site.key, site.modelEnv);
+}
+
+/** What a stage counts of its endpoint's work. */
+export const requestCounts = (e: ChatEndpoint) => ({ requests: e.counts.requests, cached: e.counts.cached, retries: e.counts.retries });

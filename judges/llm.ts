@@ -57,7 +57,7 @@ const letterOf = (s: string): Letter => (s.toUpperCase().startsWith('T') ? 'T' :
  * P(first is better) from one reply: from the top logprobs of the verdict token when present (the mass on
  * A against B), else 1, 0 or ½ by the letter; null when the reply holds no verdict.
  */
-export function firstBetterProbability(reply: ChatReply): number | null {
+function firstBetterProbability(reply: ChatReply): number | null {
   const letter = parseVerdict(reply.content);
   if (letter === null) return null;
   const at = reply.logprobs?.find((t) => ['A', 'B', 'T', 'TIE'].includes(bare(t.token)));

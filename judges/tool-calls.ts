@@ -32,7 +32,7 @@ export function knownTools(c: Comparison): ToolSchema[] | null {
 }
 
 /** What is wrong with one call: arguments that are not a JSON object, an unknown tool, a missing required argument. */
-export function toolCallProblems(call: ToolCall, tools: ToolSchema[] | null): string[] {
+function toolCallProblems(call: ToolCall, tools: ToolSchema[] | null): string[] {
   const problems: string[] = [];
   const schema = tools?.find((t) => t.name === call.function.name);
   if (tools && !schema) problems.push(`unknown tool "${call.function.name}"`);

@@ -3,6 +3,7 @@ import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { Command, CommanderError, Option } from 'commander';
 import { loadConfig } from './config.ts';
+import { configReference } from './config-reference.ts';
 import { Engine, configSchema, type Assessment, type StageOutcome } from './engine.ts';
 import { PipelineError, UsageError, errorMessage } from './errors.ts';
 import { Logger, type LogFormat } from './log.ts';
@@ -11,7 +12,7 @@ import { Workspace, acquireLock } from './workspace.ts';
 
 const DEFAULT_CONFIG = 'configs/default.yaml';
 
-export const APP_VERSION: string = (JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }).version;
+const APP_VERSION: string = (JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }).version;
 
 /** The program's own global options, and any a command factory added (the stages get them all). */
 interface GlobalOptions {
@@ -88,7 +89,7 @@ async function withLock<T>(engine: Engine, command: string, log: Logger, body: (
   }
 }
 
-export function buildProgram(stages: Stage[], setExit: (code: number) => void, commands: CommandFactory[] = []): Command {
+function buildProgram(stages: Stage[], setExit: (code: number) => void, commands: CommandFactory[] = []): Command {
   const program = new Command('prefab')
     .description('Turn logged LLM-agent sessions into preference datasets (Parquet) and train on them.')
     .version(APP_VERSION)
@@ -145,6 +146,13 @@ export function buildProgram(stages: Stage[], setExit: (code: number) => void, c
     .description('list the stages in run order with what each reads and writes')
     .action(() => {
       for (const s of stages) process.stdout.write(`${pad(s.name, 8)} ${s.description}\n${pad('', 8)} reads: ${s.inputs.join(', ') || '(input files)'}; writes: ${s.outputs.join(', ')}\n`);
+      setExit(0);
+    });
+  program
+    .command('config-reference')
+    .description('print every config key with its type, default and meaning, as Markdown (docs/config.md is this)')
+    .action(() => {
+      process.stdout.write(configReference(stages));
       setExit(0);
     });
   for (const add of commands) add(program, { logger, setExit });

@@ -38,7 +38,7 @@ export function loadConfig<S extends z.ZodType>(file: string, schema: S): Loaded
     const where = at.length > 0 ? at.join('.') : '(top level)';
     if (issue.code === 'unrecognized_keys') {
       const names = keys.map((k) => [...issue.path, k].join('.')).join(', ');
-      return `${file}${line}: unknown key ${names}; check its spelling against the config keys in README.md`;
+      return `${file}${line}: unknown key ${names}; check its spelling against docs/config.md (or prefab config-reference)`;
     }
     return `${file}${line}: ${where}: ${issue.message}`;
   });

@@ -10,7 +10,7 @@ import type { Logger } from './log.ts';
 import type { ExternalFile, Lineage, Stage, StageOptions, StageReport } from './stage.ts';
 import { Workspace, hashFilesCached, writeFileAtomic } from './workspace.ts';
 
-export interface OutputFile {
+interface OutputFile {
   path: string;
   bytes: number;
   sha256: string;
@@ -37,7 +37,7 @@ export interface Manifest {
   invalidated_by?: { stage: string; at: string };
 }
 
-export type StageState = 'fresh' | 'stale' | 'never run';
+type StageState = 'fresh' | 'stale' | 'never run';
 
 export interface Assessment {
   stage: string;
@@ -246,6 +246,7 @@ export class Engine {
       lineage: await this.lineage(stage),
       external,
       cache,
+      key: hashJson({ code: this.codeVersion(stage), config: this.configHash(stage), inputs, external: external.map((f) => f.sha256) }),
       options: this.options,
       log,
     });

@@ -7,7 +7,7 @@ export function sha256(data: string | Uint8Array): string {
 }
 
 /** JSON with object keys sorted at every depth, so equal values always hash equally. */
-export function canonicalJson(value: unknown): string {
+function canonicalJson(value: unknown): string {
   return JSON.stringify(sortKeys(value));
 }
 

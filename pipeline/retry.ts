@@ -19,7 +19,7 @@ export interface RetryDecision {
 }
 
 /** The wait before try `attempt + 1` (attempt counts from 1): the server's word if given, else backoff with full jitter over its upper half. */
-export function backoffMs(policy: RetryPolicy, attempt: number, afterMs: number | undefined, random: () => number = Math.random): number {
+function backoffMs(policy: RetryPolicy, attempt: number, afterMs: number | undefined, random: () => number = Math.random): number {
   if (afterMs !== undefined && Number.isFinite(afterMs) && afterMs >= 0) return Math.min(afterMs, policy.maxMs);
   const ceiling = Math.min(policy.maxMs, policy.baseMs * 2 ** (attempt - 1));
   return ceiling * (0.5 + 0.5 * random());

@@ -13,7 +13,7 @@ export interface ExternalFile {
   bytes: number;
 }
 
-export interface StageContext<C> {
+interface StageContext<C> {
   config: C;
   /** Folder of the config file: relative paths in the config are resolved against it. */
   configDir: string;
@@ -29,6 +29,12 @@ export interface StageContext<C> {
   external: ExternalFile[];
   /** A folder that outlives runs, for per-item caches: an interrupted stage resumes from it. */
   cache: string;
+  /**
+   * A hash of everything this run's output depends on: the stage's code version, its config (and the
+   * environment settings it names), its inputs' fingerprints and its external files. Work kept in `cache`
+   * under this key (a training run's checkpoints) belongs to this run and no other.
+   */
+  key: string;
   /** The command line's global options (e.g. `--backend`): how to run, never what to make, so no fingerprint holds them. */
   options: StageOptions;
   log: Logger;

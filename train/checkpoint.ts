@@ -10,7 +10,7 @@ import type { AdamW } from './optimizer.ts';
 import { parsePlaceholders, type Placeholders } from './placeholders.ts';
 import { readSafetensors, writeSafetensors, type NamedTensor } from './safetensors.ts';
 
-export interface TrainerState {
+interface TrainerState {
   /** Optimiser steps taken. */
   step: number;
   /** Steps the run will take in all: the schedule's length. */
@@ -48,7 +48,7 @@ function readConfigJson(dir: string): { path: string; json: Record<string, unkno
   return { path, json: JSON.parse(readFileSync(path, 'utf8')) as Record<string, unknown> };
 }
 
-export function readModelConfig(dir: string): GPTConfig {
+function readModelConfig(dir: string): GPTConfig {
   const { path, json: j } = readConfigJson(dir);
   if (j.model_type !== 'prefab-gpt') throw new Error(`${path}: model_type is ${JSON.stringify(j.model_type)}, not "prefab-gpt"`);
   const positions = j.position_embedding_type ?? 'learned';

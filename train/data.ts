@@ -46,11 +46,6 @@ export async function sftSequences(tokenizer: TextTokenizer, conversations: Mess
   return useful;
 }
 
-export interface Completion {
-  prompt: Message[];
-  completion: Message[];
-}
-
 /**
  * Prompt + completion sequences with the completion's assistant tokens masked in, for completions that share
  * a prompt (a pair's chosen and rejected): the prompt is cut the same way for all of them, keeping the head

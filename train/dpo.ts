@@ -30,7 +30,7 @@ export function lossOf(loss: LossName | 'dpo', beta: number | null): LossChoice 
 }
 
 /** What a preference run records in its model's trainer_state.json (`info`), so eval reads the model as it was trained. */
-export const preferenceTraining = z.object({
+const preferenceTraining = z.object({
   stage: z.literal('dpo'),
   loss: z.enum(Object.keys(LOSSES) as [LossName, ...LossName[]]),
   beta: z.number(),

@@ -47,7 +47,7 @@ export function parameterShapes(c: GPTConfig): [string, number[]][] {
 }
 
 /** GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/√(2·layers), LayerNorm at (1, 0). */
-export function initialWeights(c: GPTConfig, seed: string): Map<string, Float32Array> {
+function initialWeights(c: GPTConfig, seed: string): Map<string, Float32Array> {
   const weights = new Map<string, Float32Array>();
   for (const [name, shape] of parameterShapes(c)) {
     const size = shape.reduce((a, b) => a * b, 1);
@@ -83,7 +83,7 @@ export function gelu(x: tf.Tensor2D): tf.Tensor2D {
 }
 
 /** RoPE's angles position · base^(−f/half) for every position, as cos and sin, (context, half). */
-export function ropeAngles(contextLength: number, half: number): { cos: Float32Array; sin: Float32Array } {
+function ropeAngles(contextLength: number, half: number): { cos: Float32Array; sin: Float32Array } {
   const cos = new Float32Array(contextLength * half);
   const sin = new Float32Array(contextLength * half);
   for (let p = 0; p < contextLength; p++) {
@@ -229,12 +229,7 @@ export class GPT {
    * keys and values of the ones before it. Stops at any of `stop`. Temperature 0 is greedy.
    */
   generate(prompt: number[], options: GenerateOptions): number[] {
-    const cache = new KVCache(this);
-    try {
-      return cache.generate(prompt, options);
-    } finally {
-      cache.dispose();
-    }
+    return new KVCache(this).generate(prompt, options);
   }
 
   dispose(): void {
@@ -385,11 +380,6 @@ export class KVCache {
       logits = this.read([next]);
     }
     return out;
-  }
-
-  /** Nothing to free: the cache is plain memory. Kept so that callers need not know. */
-  dispose(): void {
-    this.tokens.length = 0;
   }
 }
 

@@ -57,8 +57,4 @@ export class ModelPolicy implements Policy {
     this.calls += reply.tool_calls?.length ?? 0;
     return reply;
   }
-
-  dispose(): void {
-    this.cache.dispose();
-  }
 }

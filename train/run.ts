@@ -6,7 +6,6 @@ import { appendFileSync, existsSync, mkdirSync, readFileSync, readdirSync, rmSyn
 import { copyFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import { hashJson } from '../pipeline/hash.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { loadCheckpoint, saveCheckpoint } from './checkpoint.ts';
 import type { GPT } from './model.ts';
@@ -21,20 +20,17 @@ import { optimizerStep, type MicroBatchLoss } from './step.ts';
  */
 export function trainingConfig(lr: number) {
   return {
-    /** Initial weights, data order, which examples a max_* draws. */
-    seed: z.string().default('prefab'),
-    batch_size: z.number().int().min(1).default(8),
-    epochs: z.number().positive().default(1),
-    /** At most this many steps (null: as many as the epochs take). */
-    max_steps: z.number().int().min(1).nullable().default(null),
-    lr: z.number().positive().default(lr),
-    warmup: z.number().int().min(0).default(10),
-    min_lr_ratio: z.number().min(0).max(1).default(0.1),
-    weight_decay: z.number().min(0).default(0.1),
-    max_grad_norm: z.number().positive().default(1),
-    checkpoint_every: z.number().int().min(1).default(25),
-    /** Largest micro-batch, in padded tokens: a batch is split into micro-batches whose gradients add up (WASM runs out of memory past ~4k). */
-    micro_batch_tokens: z.number().int().min(16).default(2048),
+    seed: z.string().default('prefab').describe('Initial weights, data order, which examples a max_* draws.'),
+    batch_size: z.number().int().min(1).default(8).describe('Examples per optimiser step: windows of a session for SFT, pairs (KTO: rows) for preference training.'),
+    epochs: z.number().positive().default(1).describe('Passes over the data (a fraction is allowed): steps = epochs × examples / batch_size, rounded up, at most max_steps.'),
+    max_steps: z.number().int().min(1).nullable().default(null).describe('At most this many steps (null: as many as the epochs take).'),
+    lr: z.number().positive().default(lr).describe("AdamW's peak learning rate, reached after warmup, then decayed along a cosine."),
+    warmup: z.number().int().min(0).default(10).describe('Steps of linear warmup to the peak learning rate.'),
+    min_lr_ratio: z.number().min(0).max(1).default(0.1).describe('The learning rate at the last step, as a share of lr: where the cosine decay ends.'),
+    weight_decay: z.number().min(0).default(0.1).describe("AdamW's decoupled weight decay, on weight matrices only (not biases or LayerNorm gains)."),
+    max_grad_norm: z.number().positive().default(1).describe('Gradients are clipped to this global norm at each step.'),
+    checkpoint_every: z.number().int().min(1).default(25).describe('Steps between checkpoints (one is also written at the end); a killed run resumes from the latest.'),
+    micro_batch_tokens: z.number().int().min(16).default(2048).describe('Largest micro-batch, in padded tokens: a batch is split into micro-batches whose gradients add up (WASM runs out of memory past ~4k).'),
   };
 }
 
@@ -75,8 +71,8 @@ export interface RunSettings {
   config: TrainingSettings;
   /** The stage's cache folder: the run's checkpoints and metrics live in a folder of it. */
   cache: string;
-  /** Everything the run's result depends on (config, data fingerprints, code version): a new key starts afresh. */
-  key: unknown;
+  /** Everything the run's result depends on (the stage's key: config, data, code version): a new key starts afresh. */
+  key: string;
   tokenizerJson: string;
   /** The masking its data was read with, saved with every checkpoint. */
   placeholders: Placeholders;
@@ -96,7 +92,7 @@ export interface RunResult {
   save(out: string, info: Record<string, unknown>): Promise<MetricsRow>;
 }
 
-export type MetricsRow = Record<string, number>;
+type MetricsRow = Record<string, number>;
 
 const STEP_DIR = /^step-(\d+)$/;
 
@@ -126,7 +122,7 @@ function readMetrics(path: string, upTo: number): MetricsRow[] {
 
 /** Trains to `trainer.steps`, resuming from the latest checkpoint of the run keyed by `settings.key`. */
 export function trainingRun(settings: RunSettings, trainer: Trainer): RunResult {
-  const dir = runFolder(settings.cache, hashJson(settings.key));
+  const dir = runFolder(settings.cache, settings.key);
   const run = { ...trainer, dir, seed: settings.config.seed, log: settings.log, tokenizerJson: settings.tokenizerJson, placeholders: settings.placeholders };
   const metricsPath = join(run.dir, 'metrics.jsonl');
   const last = latestCheckpoint(run.dir);

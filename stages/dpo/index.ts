@@ -16,36 +16,27 @@ import { trainingConfig, trainingRun } from '../../train/run.ts';
 import { TextTokenizer } from '../../train/tokenizer.ts';
 
 const config = z.strictObject({
-  /** dpo is DPO's sigmoid loss; robust and hinge are its variants; simpo and orpo need no reference; kto trains on the KTO rows. */
-  loss: z.enum(LOSS_NAMES).default('dpo'),
-  /** β (ORPO: λ); null takes the loss's paper default: 0.1, SimPO 2.0. */
-  beta: z.number().positive().nullable().default(null),
-  /** cDPO / robust DPO: the chance a label is wrong. */
-  label_smoothing: z.number().min(0).max(0.5).default(0),
-  /** SimPO's margin γ as a share of β. */
-  gamma_beta_ratio: z.number().min(0).default(0.5),
-  /** KTO's weights on desirable and undesirable examples. */
-  desirable_weight: z.number().positive().default(1),
-  undesirable_weight: z.number().positive().default(1),
+  loss: z.enum(LOSS_NAMES).default('dpo').describe("dpo is DPO's sigmoid loss; robust and hinge are its variants; simpo and orpo need no reference; kto trains on the KTO rows."),
+  beta: z.number().positive().nullable().default(null).describe("β (ORPO: λ); null takes the loss's paper default: 0.1, SimPO 2.0."),
+  label_smoothing: z.number().min(0).max(0.5).default(0).describe('cDPO / robust DPO: the chance a label is wrong.'),
+  gamma_beta_ratio: z.number().min(0).default(0.5).describe("SimPO's margin γ as a share of β."),
+  desirable_weight: z.number().positive().default(1).describe("KTO's weight on the loss of desirable rows."),
+  undesirable_weight: z.number().positive().default(1).describe("KTO's weight on the loss of undesirable rows."),
   /** batch_size counts pairs (KTO: rows). */
   ...trainingConfig(1e-4),
-  /** Train on at most this many pairs or rows (null: all), drawn by a seeded shuffle. */
-  max_examples: z.number().int().min(1).nullable().default(null),
-  /** Tokens of prompt and completion together (null: the model's context): the prompt keeps its head and latest messages, a long completion is cut at its end (TRL's max_length). */
-  max_length: z.number().int().min(16).nullable().default(null),
+  max_examples: z.number().int().min(1).nullable().default(null).describe('Train on at most this many pairs or rows (null: all), drawn by a seeded shuffle.'),
+  max_length: z.number().int().min(16).nullable().default(null).describe("Tokens of prompt and completion together (null: the model's context): the prompt keeps its head and latest messages, a long completion is cut at its end (TRL's max_length)."),
 });
-/** The stage's version, also in its run folder's key: a new version trains afresh instead of resuming an old run. */
-const VERSION = 2;
 
 export const dpo = defineStage({
   name: 'dpo',
   description: 'preference optimisation (DPO, IPO, SimPO, ORPO, KTO) of the SFT model on the exported pairs',
-  version: VERSION,
+  version: 2,
   inputs: ['sft', 'export'],
   outputs: ['model', 'metrics.jsonl'],
   config,
 
-  async run({ config: cfg, out, input, cache, lineage, log, options }) {
+  async run({ config: cfg, out, input, cache, key, lineage, log, options }) {
     const backend = await stageBackend(options, log);
     const sft = loadCheckpoint(join(input('sft'), 'model'));
     const tokenizer = new TextTokenizer(sft.tokenizerJson);
@@ -65,7 +56,7 @@ export const dpo = defineStage({
     const trainer = kto ? ktoTrainer(examples, reference!, loss, cfg, pad, start) : dpoTrainer(examples, reference, loss, cfg, pad, start);
     log.info('training', { loss: loss.name, beta: loss.beta, examples: examples.length, steps: trainer.steps, backend: backend.name });
 
-    const result = trainingRun({ config: cfg, cache, key: { cfg, fingerprints, version: VERSION }, tokenizerJson: sft.tokenizerJson, placeholders: sft.placeholders, log }, trainer);
+    const result = trainingRun({ config: cfg, cache, key, tokenizerJson: sft.tokenizerJson, placeholders: sft.placeholders, log }, trainer);
     sft.model.dispose();
     const last = await result.save(out, { stage: 'dpo', loss: loss.name, beta: loss.beta, max_length: length - 1 } satisfies PreferenceTraining);
     const accuracy = last['rewards/accuracies'];

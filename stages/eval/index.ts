@@ -21,33 +21,23 @@ import { ModelPolicy } from '../../train/policy.ts';
 import { TextTokenizer } from '../../train/tokenizer.ts';
 
 const config = z.strictObject({
-  seed: z.string().default('prefab'),
-  /** Held-out pairs and SFT sessions to score (null: all). */
-  max_pairs: z.number().int().min(1).nullable().default(100),
-  max_sessions: z.number().int().min(1).nullable().default(50),
-  micro_batch_tokens: z.number().int().min(16).default(2048),
+  seed: z.string().default('prefab').describe("Which pairs and sessions the max_* draw, and the simulator's sampling."),
+  max_pairs: z.number().int().min(1).nullable().default(100).describe('Held-out pairs to score (null: all), drawn by a seeded shuffle.'),
+  max_sessions: z.number().int().min(1).nullable().default(50).describe('Held-out SFT sessions whose NLL is measured (null: all), drawn by a seeded shuffle.'),
+  micro_batch_tokens: z.number().int().min(16).default(2048).describe('Largest micro-batch when scoring held-out pairs and sessions, in padded tokens.'),
   simulator: z
     .strictObject({
-      /** The world the sessions came from (the sample's: `prefab simulate`'s defaults). */
-      world_seed: z.number().int().default(DEFAULT_WORLD.seed),
-      companies: z.number().int().min(1).default(DEFAULT_WORLD.companies),
-      /** Validation tasks (their companies never appear in training), each tried k times. */
-      tasks: z.number().int().min(0).default(20),
-      k: z.number().int().min(1).default(2),
-      temperature: z.number().min(0).default(0.5),
-      top_p: z.number().min(0).max(1).default(0.95),
-      /** Most tokens in one assistant message. */
-      max_tokens: z.number().int().min(1).default(160),
-      /** Tool calls decoded under the tools' JSON schemas, as a serving stack's structured outputs (train/constrain.ts). */
-      constrained: z.boolean().default(true),
-      /**
-       * Most assistant messages in one episode. The oracle needs 9 at most (search, form, five calls, finish,
-       * a closing line); a model that loops on failed calls would otherwise go on to the environment's 24
-       * steps, each a full generation.
-       */
-      max_turns: z.number().int().min(1).default(12),
+      world_seed: z.number().int().default(DEFAULT_WORLD.seed).describe("The world the sessions came from (the sample's: `prefab simulate`'s defaults)."),
+      companies: z.number().int().min(1).default(DEFAULT_WORLD.companies).describe("Companies in that world, as the sessions were simulated (the sample's: `prefab simulate`'s default)."),
+      tasks: z.number().int().min(0).default(20).describe('Validation tasks (their companies never appear in training), each tried k times.'),
+      k: z.number().int().min(1).default(2).describe('Tries per validation task: success is reported as mean@k and pass@k.'),
+      temperature: z.number().min(0).default(0.5).describe("The model's sampling temperature in the simulator; 0 always takes the likeliest token."),
+      top_p: z.number().min(0).max(1).default(0.95).describe('Nucleus sampling: each token is drawn from the likeliest ones whose probabilities add up to top_p.'),
+      max_tokens: z.number().int().min(1).default(160).describe('Most tokens in one assistant message.'),
+      constrained: z.boolean().default(true).describe("Tool calls decoded under the tools' JSON schemas, as a serving stack's structured outputs (train/constrain.ts)."),
+      max_turns: z.number().int().min(1).default(12).describe("Most assistant messages in one episode. The oracle needs 9 at most (search, form, five calls, finish, a closing line); a model that loops on failed calls would otherwise go on to the environment's 24 steps, each a full generation."),
     })
-    .prefault({}),
+    .prefault({}).describe('Episodes in the simulator: each model acts as the agent on validation tasks.'),
 });
 type EvalConfig = z.infer<typeof config>;
 
@@ -115,7 +105,6 @@ async function simulate(m: Model, tokenizer: TextTokenizer, placeholders: Placeh
       passed.push(any);
     }
   } finally {
-    policy.dispose();
     progress.done();
   }
   log.info('simulated', { model: m.name, episodes: successes.length, generated: policy.generated, 'tokens/s': Math.round(policy.generated / ((performance.now() - started) / 1000)) });
@@ -130,7 +119,7 @@ async function simulate(m: Model, tokenizer: TextTokenizer, placeholders: Placeh
 }
 
 /** The table as text: one column per model. */
-export function formatTable(rows: Record<string, ModelRow>): string {
+function formatTable(rows: Record<string, ModelRow>): string {
   const models = Object.keys(rows);
   const metrics = [...new Set(models.flatMap((m) => Object.keys(rows[m]!)))];
   const cell = (v: number | null | undefined) => (v === null || v === undefined ? '—' : Number.isInteger(v) ? String(v) : v.toFixed(3));

@@ -13,23 +13,19 @@ import { datasetCard } from './card.ts';
 import { KTO_COLUMNS, PAIR_COLUMNS, SESSION_COLUMNS, SFT_COLUMNS } from './schema.ts';
 
 const config = z.strictObject({
-  /** Sessions with at least this reward are SFT examples. */
-  sft_min_reward: z.number().min(0).max(1).default(0.7),
-  /** KTO: a session is desirable at or above this reward... */
-  kto_desirable_min: z.number().min(0).max(1).default(0.7),
-  /** ...and undesirable at or below this one; those between are left out. */
-  kto_undesirable_max: z.number().min(0).max(1).default(0.3),
-  row_group_size: z.number().int().min(1).default(1000),
-  /** Mask personal data in every exported text (messages, feedback, metadata), as before a judge's request; off by default. */
-  redaction: redactionConfig.extend({ enabled: z.boolean().default(false) }).prefault({}),
-  compression: z.enum(['snappy', 'gzip', 'uncompressed']).default('snappy'),
+  sft_min_reward: z.number().min(0).max(1).default(0.7).describe('Sessions with at least this reward are SFT examples.'),
+  kto_desirable_min: z.number().min(0).max(1).default(0.7).describe('KTO: a session with at least this reward is a desirable row; sessions between the two thresholds are left out.'),
+  kto_undesirable_max: z.number().min(0).max(1).default(0.3).describe('KTO: a session with at most this reward is an undesirable row; sessions between the two thresholds are left out.'),
+  row_group_size: z.number().int().min(1).default(1000).describe('Parquet rows per row group: the unit a reader loads at once.'),
+  redaction: redactionConfig.extend({ enabled: z.boolean().default(false).describe('Off by default: the datasets keep the values as logged.') }).prefault({}).describe("Mask personal data in every exported text (messages, feedback, metadata), as before a judge's request; off by default."),
+  compression: z.enum(['snappy', 'gzip', 'uncompressed']).default('snappy').describe('Parquet compression: snappy is fast, gzip smaller.'),
 });
 type ExportConfig = z.infer<typeof config>;
 
-export const DATASETS = ['sessions', 'sft', 'pairs', 'kto'] as const;
+const DATASETS = ['sessions', 'sft', 'pairs', 'kto'] as const;
 
 /** KTO's unpaired form: the messages before the first assistant turn are the prompt, the rest the completion. */
-export function ktoRow(s: SplitSession, label: boolean): KtoRow | null {
+function ktoRow(s: SplitSession, label: boolean): KtoRow | null {
   const first = s.messages.findIndex((m) => m.role === 'assistant');
   if (first < 0) return null;
   return { prompt: s.messages.slice(0, first), completion: s.messages.slice(first), label, session_id: s.session_id, task_id: s.task_id, reward: s.reward };

@@ -1,4 +1,4 @@
-// The Parquet schemas of the exported datasets (SPEC §1): messages as list<struct> in TRL's layout.
+// The Parquet schemas of the exported datasets: messages as list<struct> in TRL's layout.
 import type { Column } from '../../pipeline/parquet.ts';
 
 const str: Column = { kind: 'string' };
@@ -6,7 +6,7 @@ const optStr: Column = { kind: 'string', optional: true };
 const double: Column = { kind: 'double' };
 const optDouble: Column = { kind: 'double', optional: true };
 
-export const MESSAGE: Column = {
+const MESSAGE: Column = {
   kind: 'struct',
   fields: {
     role: str,

@@ -12,12 +12,9 @@ import { SPLITS } from '../layout.ts';
 import { GateReport, gateReason, reportMarkdown, type GateOptions } from './report.ts';
 
 const config = z.strictObject({
-  /** The least confidence a kept pair has. */
-  min_confidence: z.number().min(0).max(1).default(0.5),
-  /** Drop pairs whose margin is known and below this; null: no margin filter. */
-  min_margin: z.number().min(0).nullable().default(null),
-  /** Sources whose pairs may be kept. */
-  sources: z.array(z.enum(PAIR_SOURCES as [PairSource, ...PairSource[]])).default([...PAIR_SOURCES]),
+  min_confidence: z.number().min(0).max(1).default(0.5).describe('The least confidence a kept pair has.'),
+  min_margin: z.number().min(0).nullable().default(null).describe('Drop pairs whose margin is known and below this; null: no margin filter.'),
+  sources: z.array(z.enum(PAIR_SOURCES as [PairSource, ...PairSource[]])).default([...PAIR_SOURCES]).describe('Sources whose pairs may be kept.'),
 });
 
 /** The exported pair: the judged record without the judging details. */

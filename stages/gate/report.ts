@@ -20,7 +20,11 @@ export function gateReason(p: JudgedPair, o: GateOptions): string | null {
   return null;
 }
 
-export interface ReportRow {
+/** Per group, counted as they are: ties, reversed (the judges preferred the side built as rejected), and the cost. */
+const COUNTED = ['ties', 'reversed', 'parse_failures', 'request_errors', 'requests', 'cached'] as const;
+type Counted = Record<(typeof COUNTED)[number], number>;
+
+export type ReportRow = {
   source: PairSource;
   negative_type: string | null;
   judged: number;
@@ -33,32 +37,11 @@ export interface ReportRow {
   /** Share of comparisons whose LLM orders disagreed. */
   flip_rate: number;
   abstain_rate: number;
-  ties: number;
-  /** The judges preferred the side built as rejected. */
-  reversed: number;
-  parse_failures: number;
-  request_errors: number;
-  requests: number;
-  cached: number;
-}
+} & Counted;
 
-interface Acc {
-  judged: number;
-  kept: number;
-  confidence: number;
-  margin: number;
-  margins: number;
-  flipped: number;
-  abstained: number;
-  ties: number;
-  reversed: number;
-  parse_failures: number;
-  request_errors: number;
-  requests: number;
-  cached: number;
-}
+type Acc = { judged: number; kept: number; confidence: number; margin: number; margins: number; flipped: number; abstained: number } & Counted;
 
-const empty = (): Acc => ({ judged: 0, kept: 0, confidence: 0, margin: 0, margins: 0, flipped: 0, abstained: 0, ties: 0, reversed: 0, parse_failures: 0, request_errors: 0, requests: 0, cached: 0 });
+const empty = (): Acc => ({ judged: 0, kept: 0, confidence: 0, margin: 0, margins: 0, flipped: 0, abstained: 0, ...(Object.fromEntries(COUNTED.map((k) => [k, 0])) as Counted) });
 
 /** Adds judged pairs one at a time; `rows()` gives the report so far, one row per (source, negative type) and a total. */
 export class GateReport {
@@ -108,12 +91,7 @@ function row(source: PairSource, negative_type: string | null, a: Acc): ReportRo
     mean_margin: a.margins ? a.margin / a.margins : null,
     flip_rate: rate(a.flipped),
     abstain_rate: rate(a.abstained),
-    ties: a.ties,
-    reversed: a.reversed,
-    parse_failures: a.parse_failures,
-    request_errors: a.request_errors,
-    requests: a.requests,
-    cached: a.cached,
+    ...(Object.fromEntries(COUNTED.map((k) => [k, a[k]])) as Counted),
   };
 }
 

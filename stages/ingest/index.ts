@@ -18,30 +18,29 @@ import { detectFormat, readRecords, type InputFormat } from './readers.ts';
 const roleSchema = z.enum(['system', 'user', 'assistant', 'tool']);
 
 const config = z.strictObject({
-  /** Files, folders (read recursively) or globs, relative to the config file. */
-  inputs: z.array(z.string()).min(1).default(['../data/sample']),
-  format: z.enum(['auto', 'jsonl', 'json', 'parquet']).default('auto'),
+  inputs: z.array(z.string()).min(1).default(['../data/sample']).describe('Files, folders (read recursively) or globs, relative to the config file.'),
+  format: z.enum(['auto', 'jsonl', 'json', 'parquet']).default('auto').describe('auto: each file by its extension (.jsonl or .ndjson, .json, .parquet); otherwise every file is read as this format (json: one array of records).'),
   mapping: z
     .strictObject({
-      session_id: z.string().optional(),
-      task_id: z.string().optional(),
-      messages: z.string().default('messages'),
-      reward: z.string().default('reward'),
-      feedback: z.string().default('feedback'),
-      model: z.string().default('model'),
-      created_at: z.string().default('created_at'),
+      session_id: z.string().optional().describe('Dotted path of the session id, or a template of input fields such as "{task_id}-{trial}"; unset: the field session_id. A record without one gets an id hashed from its content.'),
+      task_id: z.string().optional().describe('Dotted path of the task id; unset: the field task_id. A session without one is grouped with similar sessions by the split stage.'),
+      messages: z.string().default('messages').describe('Dotted path of the messages (traj, data.turns).'),
+      reward: z.string().default('reward').describe('Dotted path of the reward: a number in [0, 1], or a boolean. A record without one is quarantined.'),
+      feedback: z.string().default('feedback').describe("Dotted path of the session's feedback text, if any."),
+      model: z.string().default('model').describe("Dotted path of the agent's model name, if any."),
+      created_at: z.string().default('created_at').describe('Dotted path of the creation time: an ISO date, or epoch seconds or milliseconds.'),
     })
-    .prefault({}),
+    .prefault({}).describe('Where each field of a session is found in an input record; fields not mapped stay in the metadata.'),
   message: z
     .strictObject({
-      role: z.string().default('role'),
-      content: z.string().default('content'),
-      roles: z.record(z.string(), roleSchema).default({}),
+      role: z.string().default('role').describe("The key of a message's role (from for ShareGPT)."),
+      content: z.string().default('content').describe("The key of a message's text (value for ShareGPT)."),
+      roles: z.record(z.string(), roleSchema).default({}).describe("Role names mapped to OpenAI's, e.g. {human: user, gpt: assistant}; a role left unmapped must already be one of OpenAI's."),
     })
-    .prefault({}),
-  out_of_range_reward: z.enum(['reject', 'clamp']).default('reject'),
+    .prefault({}).describe("How the messages of an input record are read into OpenAI's chat format."),
+  out_of_range_reward: z.enum(['reject', 'clamp']).default('reject').describe('What to do with a reward outside [0, 1]: reject quarantines the record, clamp moves the reward to the nearer bound.'),
 });
-export type IngestConfig = z.infer<typeof config>;
+type IngestConfig = z.infer<typeof config>;
 
 export interface QuarantineRecord {
   file: string;

@@ -2,7 +2,7 @@
 import { hashJson } from '../../pipeline/hash.ts';
 import { ROLES, type Message, type Role, type Session, type ToolCall } from '../../core/records.ts';
 
-export interface FieldMapping {
+interface FieldMapping {
   session_id?: string;
   task_id?: string;
   messages: string;
@@ -12,7 +12,7 @@ export interface FieldMapping {
   created_at: string;
 }
 
-export interface MessageMapping {
+interface MessageMapping {
   role: string;
   content: string;
   /** Role names of the input mapped to OpenAI's (e.g. human: user, gpt: assistant). */

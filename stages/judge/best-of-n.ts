@@ -1,8 +1,8 @@
-// Best-of-N (SPEC §4, seed 003): the judges pick the best of a task's N candidates, and the best against
+// Best-of-N: the judges pick the best of a task's N candidates, and the best against
 // each other candidate gives up to N−1 pairs. Ties and abstentions give none (the gate drops them).
 import { pairId } from '../../core/records.ts';
 import { commonPrefixLength, type JudgedPair, type Message, type Split } from '../../core/records.ts';
-import { NO_COST, abstain, addStats, swapped, type Comparison, type Completion, type JudgeStats } from '../../core/verdict.ts';
+import { NO_COST, abstain, addStats, chosenConfidence, swapped, type Comparison, type Completion, type JudgeStats } from '../../core/verdict.ts';
 import type { EnsembleVerdict } from '../../judges/ensemble.ts';
 
 export interface Candidate {
@@ -75,7 +75,6 @@ export async function judgeGroup(group: Group, decide: Decide): Promise<{ judged
   for (const [key, v] of seen) if (!recorded.has(key)) offRecord = addStats(offRecord, (await v).stats);
   const judged = others.map((other, i): JudgedPair => {
     const v = verdicts[i]!;
-    const won = v.verdict.winner === 'a';
     const gap = champion.reward !== null && other.reward !== null ? champion.reward - other.reward : null;
     const n = couple(champion, other);
     return {
@@ -86,7 +85,7 @@ export async function judgeGroup(group: Group, decide: Decide): Promise<{ judged
       chosen_reward: champion.reward,
       rejected_reward: other.reward,
       margin: gap ?? v.verdict.margin ?? null,
-      confidence: won ? v.verdict.confidence : 0,
+      confidence: chosenConfidence(v.verdict),
       source: 'best_of_n',
       negative_type: null,
       judge: v.judge,

@@ -6,17 +6,17 @@ import { writeFile } from 'node:fs/promises';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
-import { ChatEndpoint, endpointConfig } from '../../judges/endpoint.ts';
+import { endpointConfig, endpointEnvironment, openEndpoint, type ChatEndpoint } from '../../judges/endpoint.ts';
 import { EnsembleJudge, type Member } from '../../judges/ensemble.ts';
 import { LlmJudge, loadPrompt } from '../../judges/llm.ts';
 import { CHECKS, DEFAULT_WEIGHTS, RulesJudge, mustDeclineTest, type Check } from '../../judges/rules.ts';
-import { addStats, NO_COST, type JudgeStats } from '../../core/verdict.ts';
+import { addStats, chosenConfidence, NO_COST, type JudgeStats } from '../../core/verdict.ts';
 import { VerifierJudge } from '../../judges/verifier.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import type { CandidatePair, JudgedPair, SplitSession } from '../../core/records.ts';
-import { redactionConfig, redactorFactory } from '../../core/redact.ts';
+import { redactionConfig } from '../../core/redact.ts';
 import { SPLITS, bucketFile, readPairsInfo, readSplitInfo, readTaskGroups } from '../layout.ts';
 import { judgeGroup, type Candidate } from './best-of-n.ts';
 
@@ -25,52 +25,55 @@ export const DEFAULT_PROMPT = resolve(dirname(fileURLToPath(import.meta.url)), '
 
 const weight = z.number().min(0);
 
+/** What each rules check finds on a side, for the weights' doc strings. */
+const CHECK_DOCS: Record<Check, string> = {
+  refusal: 'a side refuses a request it should carry out',
+  complied: 'a side goes along with a request it must decline (pairs.must_decline)',
+  format: 'a malformed tool call, a call written into the text, or an empty message',
+  hallucination: 'a tool-call value of three or more digits found nowhere in the conversation',
+  off_topic: 'a reply sharing almost no words with the conversation',
+  verbose: "a final reply at least twice as long as the other side's, with nothing more in it",
+  under_explained: "a final reply at most half as long as the other side's that leaves out what it reports",
+};
+
 const config = z.strictObject({
   best_of_n: z
     .strictObject({
-      enabled: z.boolean().default(true),
-      /** Groups with fewer candidates are not judged. */
-      min_candidates: z.number().int().min(2).default(2),
-      /** Larger groups are cut to this many (by session id, a stable choice unrelated to quality). */
-      max_candidates: z.number().int().min(2).default(8),
+      enabled: z.boolean().default(true).describe("Judge each task's candidates (logged and sampled sessions) to find the best, and pair it against the others."),
+      min_candidates: z.number().int().min(2).default(2).describe('Groups with fewer candidates are not judged.'),
+      max_candidates: z.number().int().min(2).default(8).describe('Larger groups are cut to this many (by session id, a stable choice unrelated to quality).'),
     })
-    .prefault({}),
+    .prefault({}).describe("Best-of-N: the judges pick the best of a task's candidates; it is the chosen side against each other candidate."),
   verifier: z
     .strictObject({
-      enabled: z.boolean().default(true),
-      /** A reward gap at least this wide decides a comparison with confidence 1. */
-      min_reward_gap: z.number().min(0).max(1).default(0.1),
-      /** Replay simulator sessions: a log that disagrees with the environment loses; a call the environment rejects loses. */
-      replay: z.boolean().default(true),
+      enabled: z.boolean().default(true).describe('Run the verifier; its decisive verdicts override every other judge.'),
+      min_reward_gap: z.number().min(0).max(1).default(0.1).describe('A reward gap at least this wide decides a comparison with confidence 1.'),
+      replay: z.boolean().default(true).describe('Replay simulator sessions: a log that disagrees with the environment loses; a call the environment rejects loses.'),
     })
-    .prefault({}),
+    .prefault({}).describe('The verifier: objective checks that need no model (rewards, replays in the environment, tool-call validity); it abstains without decisive evidence.'),
   rules: z
     .strictObject({
-      enabled: z.boolean().default(true),
-      weight: weight.default(1),
-      /** The weight of each check; a side's violations add up, and the lighter side wins by the difference. */
-      weights: z.strictObject(Object.fromEntries(CHECKS.map((c) => [c, weight.default(DEFAULT_WEIGHTS[c])])) as Record<Check, z.ZodDefault<typeof weight>>).prefault({}),
+      enabled: z.boolean().default(true).describe('Run the rules judge.'),
+      weight: weight.default(1).describe("The weight of the rules judge's vote against the other voting judges (0: it does not vote)."),
+      weights: z
+        .strictObject(Object.fromEntries(CHECKS.map((c) => [c, weight.default(DEFAULT_WEIGHTS[c]).describe(`Weight of the ${c} check: ${CHECK_DOCS[c]}.`)])) as Record<Check, z.ZodDefault<typeof weight>>).prefault({}).describe("The weight of each check; a side's violations add up, and the lighter side wins by the difference."),
     })
-    .prefault({}),
+    .prefault({}).describe('The rules judge: a checklist run on both sides; the side with the lighter violations wins.'),
   llm: z
     .strictObject({
-      enabled: z.boolean().default(false),
-      weight: weight.default(1),
-      /** The pairwise prompt file, relative to the config; null: the bundled judges/prompts/pairwise.md. */
-      prompt: z.string().nullable().default(null),
-      /** Read P(first better) from the verdict token's logprobs; set false for servers without logprobs. */
-      logprobs: z.boolean().default(true),
-      top_logprobs: z.number().int().min(2).max(20).default(5),
-      /** Without logprobs: samples per order, and their temperature (a single sample is taken at 0). */
-      samples: z.number().int().min(1).max(15).default(1),
-      vote_temperature: z.number().min(0).max(2).default(0.7),
-      max_tokens: z.number().int().min(1).default(4),
-      endpoint: endpointConfig.prefault({}),
+      enabled: z.boolean().default(false).describe('Run the LLM judge; off by default, as it needs an endpoint.'),
+      weight: weight.default(1).describe("The weight of the LLM judge's vote against the other voting judges (0: it does not vote)."),
+      prompt: z.string().nullable().default(null).describe('The pairwise prompt file, relative to the config; null: the bundled judges/prompts/pairwise.md.'),
+      logprobs: z.boolean().default(true).describe("Read P(first better) from the verdict token's logprobs; set false for servers without logprobs."),
+      top_logprobs: z.number().int().min(2).max(20).default(5).describe('Alternatives the server returns per token; P(first better) is the mass on A against B among those of the verdict token.'),
+      samples: z.number().int().min(1).max(15).default(1).describe('Without logprobs: verdicts sampled per order, each a vote (a single one is taken at temperature 0).'),
+      vote_temperature: z.number().min(0).max(2).default(0.7).describe('Without logprobs: the temperature of the votes when samples is more than 1.'),
+      max_tokens: z.number().int().min(1).default(4).describe('Most tokens in a reply: the verdict is one letter.'),
+      endpoint: endpointConfig.prefault({}).describe('The OpenAI-compatible endpoint of the judge model; PREFAB_JUDGE_MODEL overrides its model.'),
     })
-    .prefault({}),
-  redaction: redactionConfig.prefault({}),
-  /** Comparisons judged at once; the endpoint's concurrency still bounds requests in flight. */
-  batch_size: z.number().int().min(1).default(256),
+    .prefault({}).describe('The LLM judge: a model compares the two sides, in both orders so that a preference for a position cancels out.'),
+  redaction: redactionConfig.prefault({}).describe("Personal data masked in the LLM judge's requests before they leave the machine."),
+  batch_size: z.number().int().min(1).default(256).describe("Comparisons judged at once; the endpoint's concurrency still bounds requests in flight."),
 });
 type JudgeConfig = z.infer<typeof config>;
 
@@ -91,6 +94,8 @@ function tallyOne(t: Tally, p: JudgedPair): void {
   if (p.judge_stats.over_budget) c.over_budget!++;
 }
 
+const LLM_ENDPOINT = { key: 'judge.llm.endpoint', modelEnv: 'PREFAB_JUDGE_MODEL' };
+
 export const judge = defineStage({
   name: 'judge',
   description: 'judge every pair, and pick best-of-N among each task\'s candidates: verifier, rules and (optional) LLM judge',
@@ -99,7 +104,7 @@ export const judge = defineStage({
   outputs: ['train.jsonl', 'test.jsonl', 'report.json'],
   config,
 
-  environment: (cfg) => (cfg.llm.enabled ? ['PREFAB_JUDGE_MODEL', 'OPENAI_BASE_URL'] : []),
+  environment: (cfg) => (cfg.llm.enabled ? endpointEnvironment(LLM_ENDPOINT) : []),
 
   async external(cfg, configDir) {
     if (!cfg.llm.enabled) return [];
@@ -120,7 +125,7 @@ export const judge = defineStage({
     if (cfg.llm.enabled) {
       const prompt = loadPrompt(promptPath(cfg, configDir));
       promptVersion = prompt.version;
-      endpoint = await ChatEndpoint.open({ config: cfg.llm.endpoint, cachePath: join(cache, 'llm-answers.jsonl'), redaction: redactorFactory(cfg.redaction), log }, 'judge.llm.endpoint', 'PREFAB_JUDGE_MODEL');
+      endpoint = await openEndpoint(LLM_ENDPOINT, cfg.llm.endpoint, cfg.redaction, join(cache, 'llm-answers.jsonl'), log);
       const l = cfg.llm;
       members.push({
         judge: new LlmJudge({ endpoint, prompt, logprobs: l.logprobs, topLogprobs: l.top_logprobs, samples: l.samples, voteTemperature: l.vote_temperature, maxTokens: l.max_tokens }),
@@ -156,7 +161,7 @@ export const judge = defineStage({
             batch.map((p, i) => {
               const v = verdicts[i]!;
               const won = v.verdict.winner === 'a';
-              return { ...p, confidence: won ? v.verdict.confidence : 0, margin: p.margin ?? (won ? (v.verdict.margin ?? null) : null), judge: v.judge, verdict: v.verdict, verdicts: v.verdicts, judge_stats: v.stats };
+              return { ...p, confidence: chosenConfidence(v.verdict), margin: p.margin ?? (won ? (v.verdict.margin ?? null) : null), judge: v.judge, verdict: v.verdict, verdicts: v.verdicts, judge_stats: v.stats };
             }),
           );
           batch = [];

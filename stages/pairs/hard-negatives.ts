@@ -1,4 +1,4 @@
-// Hard negatives (SPEC §4, seed 003: "hard negatives move the model most"). From one successful session,
+// Hard negatives ("hard negatives move the model most"). From one successful session,
 // deterministic transforms make a worse version of one assistant turn. Pairs are turn-level: the prompt is
 // everything before the turn, each side is that one turn, so the sides differ only in what the type changes
 // (no length or trajectory confound). The rules judge detects each type, so the transforms keep to the

@@ -6,13 +6,12 @@ import { existsSync } from 'node:fs';
 import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
-import { ChatEndpoint } from '../../judges/endpoint.ts';
+import { endpointEnvironment, openEndpoint, requestCounts, type ChatEndpoint } from '../../judges/endpoint.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import { mustDeclineTest } from '../../judges/rules.ts';
 import { NEGATIVE_TYPES, type CandidatePair, type NegativeType, type Pair, type SplitSession } from '../../core/records.ts';
-import { redactorFactory } from '../../core/redact.ts';
 import { SPLITS, bucketFile, readSplitInfo, readTaskGroups, type PairsInfo } from '../layout.ts';
 import { isRefusal } from '../../core/refusal.ts';
 import { buildHardNegatives } from './hard-negatives.ts';
@@ -21,40 +20,48 @@ import { REWRITE_TYPES, Rewriter, activeTypes, loadRewritePrompt, planRewrites, 
 
 const ratio = z.number().min(0).max(1);
 
+/** The transforms' default ratios, per type. */
+const HARD_NEGATIVE_RATIOS: Record<NegativeType, number> = { refusal: 0.25, hallucination: 0.25, off_topic: 0.15, format: 0.25, verbose: 0.15, under_explained: 0.15 };
+
+/** What each type's transform does to a chosen session, for the ratios' doc strings. */
+const NEGATIVE_DOCS: Record<NegativeType, string> = {
+  refusal: 'its first assistant turn replaced by an unwarranted refusal',
+  hallucination: 'one identifier in a tool call (a phone or account number) changed to a value found nowhere in the conversation',
+  off_topic: 'one assistant turn replaced by an unrelated remark',
+  format: 'one tool call broken (arguments cut off, a misspelt tool, a required argument left out, or the call written as text)',
+  verbose: 'its last reply padded with pleasantries and restatements',
+  under_explained: 'its last reply cut to a curt line ("Done.")',
+};
+
 const config = z.strictObject({
   outcome: z
     .strictObject({
-      enabled: z.boolean().default(true),
-      /** A session with at least this reward is a success. */
-      success_min: z.number().min(0).max(1).default(0.7),
-      /** A session with at most this reward is a failure. */
-      failure_max: z.number().min(0).max(1).default(0.3),
-      max_pairs_per_task: z.number().int().min(1).default(16),
+      enabled: z.boolean().default(true).describe('Build outcome pairs: within a task, a successful session against a failed one.'),
+      success_min: z.number().min(0).max(1).default(0.7).describe('A session with at least this reward is a success.'),
+      failure_max: z.number().min(0).max(1).default(0.3).describe('A session with at most this reward is a failure.'),
+      max_pairs_per_task: z.number().int().min(1).default(16).describe('Most outcome pairs per task; past it, pairs with the widest reward gaps come first and each session is used about equally often.'),
     })
     .refine((c) => c.failure_max < c.success_min, { message: 'failure_max must be below success_min' })
-    .prefault({}),
+    .prefault({}).describe("Outcome pairs: a task's successes against its failures, the reward gap as margin."),
   hard_negatives: z
     .strictObject({
-      enabled: z.boolean().default(true),
-      /** Sessions with at least this reward are the chosen side that negatives are made from. */
-      from_min_reward: z.number().min(0).max(1).default(0.7),
-      /** Per type, the share of those sessions that get a negative of that type. */
+      enabled: z.boolean().default(true).describe('Build hard negatives: one turn of a successful session against a worse version of it.'),
+      from_min_reward: z.number().min(0).max(1).default(0.7).describe('Sessions with at least this reward are the chosen side that negatives are made from.'),
       ratios: z
-        .strictObject(Object.fromEntries(NEGATIVE_TYPES.map((t) => [t, ratio.optional()])) as Record<NegativeType, z.ZodOptional<typeof ratio>>)
-        .default({ refusal: 0.25, hallucination: 0.25, off_topic: 0.15, format: 0.25, verbose: 0.15, under_explained: 0.15 }),
-      salt: z.string().default('prefab'),
-      /** More negatives of the text types, written by a model behind an OpenAI-compatible endpoint (off by default). */
-      rewriter: rewriterConfig.prefault({}),
+        .strictObject(
+          Object.fromEntries(
+            NEGATIVE_TYPES.map((t) => [t, ratio.optional().describe(`Share of the chosen sessions (reward ≥ from_min_reward) that get a negative of this type: ${NEGATIVE_DOCS[t]}. Default ${HARD_NEGATIVE_RATIOS[t]}; a ratios section given without it makes it 0.`)]),
+          ) as Record<NegativeType, z.ZodOptional<typeof ratio>>,
+        )
+        .default(HARD_NEGATIVE_RATIOS).describe('Per type, the share of those sessions that get a negative of that type.'),
+      salt: z.string().default('prefab').describe('Decides which sessions, turns and templates are drawn (the rewriter uses it too); changing it draws others.'),
+      rewriter: rewriterConfig.prefault({}).describe('More negatives of the text types, written by a model behind an OpenAI-compatible endpoint (off by default).'),
     })
-    .prefault({}),
-  /**
-   * Requests the agent must decline, as regular expressions over the user's turns (case-insensitive); a
-   * session whose metadata says `must_decline: true` counts too. For those, a refusal is the chosen side.
-   */
+    .prefault({}).describe('Hard negatives: a worse version of one turn of a successful session, made by deterministic transforms of six types.'),
   must_decline: z
     .array(z.string())
     .default([])
-    .refine((ps) => ps.every((p) => validRegex(p)), { message: 'each must_decline entry must be a valid regular expression' }),
+    .refine((ps) => ps.every((p) => validRegex(p)), { message: 'each must_decline entry must be a valid regular expression' }).describe("Requests the agent must decline, as regular expressions over the user's turns (case-insensitive); a session whose metadata says `must_decline: true` counts too. For those, a refusal is the chosen side."),
 });
 
 function validRegex(pattern: string): boolean {
@@ -81,6 +88,8 @@ const rewriteDrop = (s: SplitSession, type: NegativeType, reason: string) => ({
 });
 
 
+const REWRITER_ENDPOINT = { key: 'pairs.hard_negatives.rewriter.endpoint', modelEnv: 'PREFAB_REWRITE_MODEL' };
+
 export const pairs = defineStage({
   name: 'pairs',
   description: 'build preference pairs: successes against failures of a task (outcome), and hard negatives of six types (by transforms; optionally by an LLM rewriter)',
@@ -88,7 +97,7 @@ export const pairs = defineStage({
   inputs: ['split'],
   outputs: ['train.jsonl', 'test.jsonl', 'dropped.jsonl', 'info.json'],
   config,
-  environment: (cfg) => (rewriting(cfg) ? ['PREFAB_REWRITE_MODEL', 'OPENAI_BASE_URL'] : []),
+  environment: (cfg) => (rewriting(cfg) ? endpointEnvironment(REWRITER_ENDPOINT) : []),
 
   async external(cfg, configDir) {
     if (!rewriting(cfg)) return [];
@@ -116,11 +125,7 @@ export const pairs = defineStage({
     let rewriter: Rewriter | null = null;
     if (rewriting(cfg)) {
       const prompt = loadRewritePrompt(rewritePromptPath(r, configDir), activeTypes(r.ratios));
-      endpoint = await ChatEndpoint.open(
-        { config: r.endpoint, cachePath: join(cache, 'rewrites.jsonl'), redaction: redactorFactory(r.redaction), log },
-        'pairs.hard_negatives.rewriter.endpoint',
-        'PREFAB_REWRITE_MODEL',
-      );
+      endpoint = await openEndpoint(REWRITER_ENDPOINT, r.endpoint, r.redaction, join(cache, 'rewrites.jsonl'), log);
       rewriter = new Rewriter(endpoint, prompt, { temperature: r.temperature, maxTokens: r.max_tokens });
     }
     try {
@@ -202,7 +207,7 @@ export const pairs = defineStage({
     } finally {
       await endpoint?.close();
     }
-    if (endpoint) Object.assign(counts, { requests: endpoint.counts.requests, cached: endpoint.counts.cached, retries: endpoint.counts.retries });
+    if (endpoint) Object.assign(counts, requestCounts(endpoint));
     if (counts.rewrite_failed! > 0) log.warn('some rewrites failed', { failed: counts.rewrite_failed, hint: 'rerun `prefab stage pairs`: rewrites already received are cached' });
     await dropped.close();
     await writeFile(join(out, 'info.json'), JSON.stringify({ must_decline: cfg.must_decline } satisfies PairsInfo, null, 2) + '\n');

@@ -1,4 +1,4 @@
-// Outcome pairs (SPEC §4): within a task, successful sessions against failed ones, margin = reward gap.
+// Outcome pairs: within a task, successful sessions against failed ones, margin = reward gap.
 import { commonPrefixLength, pairId, sameMessage, type Message, type Pair, type SplitSession } from '../../core/records.ts';
 
 export interface OutcomeOptions {
@@ -52,7 +52,7 @@ function unusable(chosen: Message[], rejected: Message[]): string | null {
   return null;
 }
 
-export function outcomePair(chosen: SplitSession, rejected: SplitSession): Pair {
+function outcomePair(chosen: SplitSession, rejected: SplitSession): Pair {
   const n = commonPrefixLength(chosen.messages, rejected.messages);
   return {
     pair_id: pairId('outcome', chosen.session_id, rejected.session_id),

@@ -31,20 +31,32 @@ export const DEFAULT_REWRITE_PROMPT = resolve(dirname(fileURLToPath(import.meta.
 
 const ratio = z.number().min(0).max(1);
 
+/** The rewriter's default ratios, per type. */
+const REWRITE_RATIOS: Record<RewriteType, number> = { refusal: 0.25, off_topic: 0.15, verbose: 0.15, under_explained: 0.15 };
+
+/** What the model is asked to make of a chosen turn, per type, for the ratios' doc strings (the prompt says it in full). */
+const REWRITE_DOCS: Record<RewriteType, string> = {
+  refusal: 'its first assistant turn rewritten as a refusal of a reasonable request',
+  off_topic: 'one assistant turn rewritten as a few sentences on an unrelated subject',
+  verbose: 'the text of its last reply padded to at least twice the length, saying nothing new',
+  under_explained: 'the text of its last reply cut to a curt line that leaves out what the user needs to know',
+};
+
 /** `pairs.hard_negatives.rewriter` in the config. */
 export const rewriterConfig = z.strictObject({
-  /** Off by default: the default run needs no endpoint. */
-  enabled: z.boolean().default(false),
-  /** Per type, the share of the chosen sessions (reward ≥ from_min_reward) that get a rewritten negative. */
+  enabled: z.boolean().default(false).describe('Off by default: the default run needs no endpoint.'),
   ratios: z
-    .strictObject(Object.fromEntries(REWRITE_TYPES.map((t) => [t, ratio.optional()])) as Record<RewriteType, z.ZodOptional<typeof ratio>>)
-    .default({ refusal: 0.25, off_topic: 0.15, verbose: 0.15, under_explained: 0.15 }),
-  temperature: z.number().min(0).max(2).default(0.5),
-  max_tokens: z.number().int().min(1).default(1024),
-  /** The rewrite prompt file, relative to the config; null: the bundled judges/prompts/rewrite.md. */
-  prompt: z.string().nullable().default(null),
-  endpoint: endpointConfig.prefault({}),
-  redaction: redactionConfig.prefault({}),
+    .strictObject(
+      Object.fromEntries(
+        REWRITE_TYPES.map((t) => [t, ratio.optional().describe(`Share of the chosen sessions (reward ≥ from_min_reward) that get a rewritten negative of this type: ${REWRITE_DOCS[t]}. Default ${REWRITE_RATIOS[t]}; a ratios section given without it makes it 0.`)]),
+      ) as Record<RewriteType, z.ZodOptional<typeof ratio>>,
+    )
+    .default(REWRITE_RATIOS).describe('Per type, the share of the chosen sessions (reward ≥ from_min_reward) that get a rewritten negative.'),
+  temperature: z.number().min(0).max(2).default(0.5).describe('Sampling temperature of the rewrites.'),
+  max_tokens: z.number().int().min(1).default(1024).describe('Most tokens in one rewrite; a rewrite cut off by it is dropped as unreadable.'),
+  prompt: z.string().nullable().default(null).describe('The rewrite prompt file, relative to the config; null: the bundled judges/prompts/rewrite.md.'),
+  endpoint: endpointConfig.prefault({}).describe('The OpenAI-compatible endpoint of the rewriting model; PREFAB_REWRITE_MODEL overrides its model.'),
+  redaction: redactionConfig.prefault({}).describe('Personal data masked in a rewrite request before it leaves the machine; the values are put back into the rewrite.'),
 });
 export type RewriterConfig = z.infer<typeof rewriterConfig>;
 
@@ -81,7 +93,7 @@ export function loadRewritePrompt(path: string, types: readonly RewriteType[]): 
   return { path, text, version: sha256(text).slice(0, 16), template, instructions };
 }
 
-export function renderRewritePrompt(prompt: RewritePrompt, type: RewriteType, context: Message[], original: Message): string {
+function renderRewritePrompt(prompt: RewritePrompt, type: RewriteType, context: Message[], original: Message): string {
   // One pass, so that text inside a message that looks like a slot is never substituted.
   const slots: Record<string, string> = { context: transcript(context), original: transcript([original]), instruction: prompt.instructions[type]! };
   return prompt.template.replace(/\{\{(context|original|instruction)\}\}/g, (_, name: string) => slots[name]!);
@@ -139,7 +151,7 @@ const clip = (text: string) => (text.length > 80 ? `${text.slice(0, 80)}…` : t
  * between <reply> tags (garbage, or cut off by max_tokens), the same as the original, or holding a
  * placeholder that stands for nothing in the conversation.
  */
-export function readRewrite(content: string | null, job: RewriteJob, restore: (text: string) => string): { text: string } | { skip: string } {
+function readRewrite(content: string | null, job: RewriteJob, restore: (text: string) => string): { text: string } | { skip: string } {
   if (content === null || !content.trim()) return { skip: 'the rewrite came back empty' };
   const tagged = /<reply>([\s\S]*?)<\/reply>/i.exec(content);
   if (!tagged) return { skip: `unreadable rewrite, no <reply>…</reply> in "${clip(squash(content))}"` };
@@ -160,13 +172,13 @@ export function readRewrite(content: string | null, job: RewriteJob, restore: (t
  * refusal or a digression only in a turn without tool calls. Verbose and under_explained change the text
  * alone and keep the turn's tool calls untouched.
  */
-export function rewrittenTurn(original: Message, type: RewriteType, text: string): Message {
+function rewrittenTurn(original: Message, type: RewriteType, text: string): Message {
   const turn: Message = { ...original, content: text };
   if (type === 'refusal' || type === 'off_topic') delete turn.tool_calls;
   return turn;
 }
 
-export function rewritePair(job: RewriteJob, turn: Message): Pair {
+function rewritePair(job: RewriteJob, turn: Message): Pair {
   return hardNegativePair(job.session, job.type, { at: job.at, message: turn }, false, 'llm');
 }
 

@@ -5,27 +5,25 @@
 import { mkdir, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { z } from 'zod';
-import { ChatEndpoint, RequestFailed, endpointConfig } from '../../judges/endpoint.ts';
+import { RequestFailed, endpointConfig, endpointEnvironment, openEndpoint, requestCounts, type ChatEndpoint } from '../../judges/endpoint.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import { TOOLS } from '../../env/env.ts';
 import { WorldCache, sessionTask } from '../../env/replay.ts';
 import { runEpisode } from '../../env/rollout.ts';
 import { commonPrefixLength, type Message, type SplitSession } from '../../core/records.ts';
-import { redactionConfig, redactorFactory } from '../../core/redact.ts';
+import { redactionConfig } from '../../core/redact.ts';
 import { SPLITS, bucketFile, readSplitInfo, readTaskGroups } from '../layout.ts';
 import { BudgetSpent, EndpointPolicy, sampleMessage } from './policy.ts';
 
 const config = z.strictObject({
-  /** Off by default: the default run needs no endpoint. */
-  enabled: z.boolean().default(false),
-  /** A task with fewer logged sessions than this gets sampled candidates up to it. */
-  min_candidates: z.number().int().min(2).max(64).default(4),
-  temperature: z.number().min(0).max(2).default(0.7),
-  max_tokens: z.number().int().min(1).default(512),
-  splits: z.array(z.enum(['train', 'test'])).default(['train']),
-  endpoint: endpointConfig.prefault({}),
-  redaction: redactionConfig.prefault({}),
+  enabled: z.boolean().default(false).describe('Off by default: the default run needs no endpoint.'),
+  min_candidates: z.number().int().min(2).max(64).default(4).describe('A task with fewer logged sessions than this gets sampled candidates up to it.'),
+  temperature: z.number().min(0).max(2).default(0.7).describe('Sampling temperature: above 0, so that the candidates differ.'),
+  max_tokens: z.number().int().min(1).default(512).describe('Most tokens in one sampled assistant message.'),
+  splits: z.array(z.enum(['train', 'test'])).default(['train']).describe('Sides of the split whose tasks are topped up with sampled candidates.'),
+  endpoint: endpointConfig.prefault({}).describe('The OpenAI-compatible endpoint candidates are drawn from; PREFAB_SAMPLE_MODEL overrides its model.'),
+  redaction: redactionConfig.prefault({}).describe('Personal data masked in a request before it leaves the machine; the values are put back into the reply.'),
 });
 
 /** A candidate drawn from the endpoint: a session whose reward is null when no environment scored it. */
@@ -34,13 +32,15 @@ export interface SampledSession extends Omit<SplitSession, 'reward'> {
 }
 
 /** The shared prompt of a task's logged sessions: their longest common prefix, up to the first assistant turn. */
-export function groupPrompt(sessions: SplitSession[]): Message[] {
+function groupPrompt(sessions: SplitSession[]): Message[] {
   let n = sessions[0]!.messages.length;
   for (const s of sessions.slice(1)) n = Math.min(n, commonPrefixLength(sessions[0]!.messages, s.messages));
   const prefix = sessions[0]!.messages.slice(0, n);
   const firstAssistant = prefix.findIndex((m) => m.role === 'assistant');
   return firstAssistant < 0 ? prefix : prefix.slice(0, firstAssistant);
 }
+
+const ENDPOINT = { key: 'sample.endpoint', modelEnv: 'PREFAB_SAMPLE_MODEL' };
 
 export const sample = defineStage({
   name: 'sample',
@@ -49,7 +49,7 @@ export const sample = defineStage({
   inputs: ['split'],
   outputs: ['sessions', 'info.json'],
   config,
-  environment: (cfg) => (cfg.enabled ? ['PREFAB_SAMPLE_MODEL', 'OPENAI_BASE_URL'] : []),
+  environment: (cfg) => (cfg.enabled ? endpointEnvironment(ENDPOINT) : []),
 
   async run({ config: cfg, out, input, cache, log }) {
     const splitDir = input('split');
@@ -57,9 +57,7 @@ export const sample = defineStage({
     await mkdir(join(out, 'sessions'), { recursive: true });
     await writeFile(join(out, 'info.json'), JSON.stringify({ buckets: info.buckets }) + '\n');
     const counts: Record<string, number> = { tasks_sampled: 0, sampled: 0, rollouts: 0, replies: 0, failed: 0, over_budget: 0, requests: 0, cached: 0, retries: 0 };
-    const endpoint = cfg.enabled
-      ? await ChatEndpoint.open({ config: cfg.endpoint, cachePath: join(cache, 'answers.jsonl'), redaction: redactorFactory(cfg.redaction), log }, 'sample.endpoint', 'PREFAB_SAMPLE_MODEL')
-      : null;
+    const endpoint = cfg.enabled ? await openEndpoint(ENDPOINT, cfg.endpoint, cfg.redaction, join(cache, 'answers.jsonl'), log) : null;
     const worlds = new WorldCache();
     try {
       for (const side of SPLITS) {
@@ -101,7 +99,7 @@ export const sample = defineStage({
     } finally {
       await endpoint?.close();
     }
-    if (endpoint) Object.assign(counts, { requests: endpoint.counts.requests, cached: endpoint.counts.cached, retries: endpoint.counts.retries });
+    if (endpoint) Object.assign(counts, requestCounts(endpoint));
     if (counts.failed! > 0) log.warn('some candidates failed', { failed: counts.failed, hint: 'rerun `prefab stage sample`: answers already received are cached' });
     return {
       counts,

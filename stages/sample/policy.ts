@@ -5,7 +5,7 @@ import type { Message, Policy } from '../../core/records.ts';
 import { mapMessageText } from '../../core/redact.ts';
 
 /** Bumped when what the sampler sends changes meaning: part of every sample's cache key. */
-export const SAMPLER_VERSION = '1';
+const SAMPLER_VERSION = '1';
 
 /** The budget ran out in the middle of a candidate: it is left out, not written half-done. */
 export class BudgetSpent extends Error {

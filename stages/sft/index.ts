@@ -13,44 +13,34 @@ import { sftTrainer } from '../../train/sft.ts';
 import { readPlaceholdersFile } from '../../train/placeholders.ts';
 import { TextTokenizer } from '../../train/tokenizer.ts';
 
-export const modelConfig = z.strictObject({
-  layers: z.number().int().min(1).default(4),
-  width: z.number().int().min(8).default(256),
-  heads: z.number().int().min(1).default(4),
-  /** Tokens the model sees at once; longer sessions are cut into windows that keep the user's request. */
-  context: z.number().int().min(16).default(1024),
-  /** rope: rotary embeddings (attention sees how far apart tokens are); learned: GPT-2's table of positions. */
-  positions: z.enum(['rope', 'learned']).default('rope'),
+const modelConfig = z.strictObject({
+  layers: z.number().int().min(1).default(4).describe('Transformer blocks.'),
+  width: z.number().int().min(8).default(256).describe('Size of the embeddings and of every layer (the MLP is 4 × width); a multiple of heads.'),
+  heads: z.number().int().min(1).default(4).describe('Attention heads per layer; each is width / heads wide, which must be even with rope.'),
+  context: z.number().int().min(16).default(1024).describe("Tokens the model sees at once; longer sessions are cut into windows that keep the user's request."),
+  positions: z.enum(['rope', 'learned']).default('rope').describe("rope: rotary embeddings (attention sees how far apart tokens are); learned: GPT-2's table of positions."),
 });
 
 const config = z
   .strictObject({
-    model: modelConfig.prefault({}),
-    /** Train on at most this many sessions (null: all), drawn by a seeded shuffle. */
-    max_sessions: z.number().int().min(1).nullable().default(null),
-    /**
-     * Share of sessions whose copied values (what the assistant copies from the conversation into its calls:
-     * names, phone and account numbers) are replaced by random ones of the same shape, so the model learns to
-     * copy them rather than learn them by heart (train/augment.ts).
-     */
-    resample_copies: z.number().min(0).max(1).default(0),
+    model: modelConfig.prefault({}).describe("The transformer's shape (GPT-2's architecture); the preference stage and eval take it from the SFT model."),
+    max_sessions: z.number().int().min(1).nullable().default(null).describe('Train on at most this many sessions (null: all), drawn by a seeded shuffle.'),
+    resample_copies: z.number().min(0).max(1).default(0).describe('Share of sessions whose copied values (what the assistant copies from the conversation into its calls: names, phone and account numbers) are replaced by random ones of the same shape, so the model learns to copy them rather than learn them by heart (train/augment.ts).'),
     ...trainingConfig(1e-3),
   })
   .refine((c) => c.model.width % c.model.heads === 0, { message: 'model.width must be a multiple of model.heads' })
   .refine((c) => c.model.positions !== 'rope' || (c.model.width / c.model.heads) % 2 === 0, { message: 'model.positions rope turns pairs of dimensions: model.width / model.heads must be even' });
 
-/** The stage's version, also in its run folder's key: a new version trains afresh instead of resuming an old run. */
-const VERSION = 3;
 
 export const sft = defineStage({
   name: 'sft',
   description: 'supervised fine-tuning on successful training sessions (assistant tokens only)',
-  version: VERSION,
+  version: 3,
   inputs: ['tokenizer', 'export'],
   outputs: ['model', 'metrics.jsonl'],
   config,
 
-  async run({ config: cfg, out, input, cache, lineage, log, options }) {
+  async run({ config: cfg, out, input, cache, key, log, options }) {
     const backend = await stageBackend(options, log);
     const tokenizerJson = await readFile(join(input('tokenizer'), 'tokenizer.json'), 'utf8');
     const tokenizer = new TextTokenizer(tokenizerJson);
@@ -65,8 +55,7 @@ export const sft = defineStage({
     const trainer = sftTrainer(sequences, shape, cfg, tokenizer.special['<|pad|>']);
     log.info('training', { sessions: sessions.length, resampled, windows: sequences.length, tokens: sequences.reduce((n, s) => n + s.ids.length, 0), steps: trainer.steps, backend: backend.name });
 
-    const data = lineage.filter((l) => l.stage === 'tokenizer' || l.stage === 'export').map((l) => l.fingerprint);
-    const result = trainingRun({ config: cfg, cache, key: { cfg, version: VERSION, data }, tokenizerJson, placeholders, log }, trainer);
+    const result = trainingRun({ config: cfg, cache, key, tokenizerJson, placeholders, log }, trainer);
     const parameters = result.model.size();
     const last = await result.save(out, { stage: 'sft', sessions: sessions.length, windows: sequences.length });
     return {

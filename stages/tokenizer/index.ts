@@ -14,13 +14,8 @@ import { DEFAULT_WORLD, generateWorld } from '../../env/world.ts';
 
 /** The `placeholders` section: what the model reads as placeholders. */
 export const placeholdersConfig = savedPlaceholders.extend({
-  enabled: z.boolean().default(true),
-  /**
-   * The simulator's company directory (the world the sessions came from) as `terms.COMPANY`: the model reads
-   * "call Globex Insurance" as "call [COMPANY_1]", so looking a company up is one copied token, as in
-   * task-oriented dialogue's delexicalisation. null: company names are read as text.
-   */
-  directory: z.strictObject({ world_seed: z.number().int().default(DEFAULT_WORLD.seed), companies: z.number().int().min(1).default(DEFAULT_WORLD.companies) }).nullable().default(null),
+  enabled: z.boolean().default(true).describe('false: the model reads and writes every value as it is, with no placeholders.'),
+  directory: z.strictObject({ world_seed: z.number().int().default(DEFAULT_WORLD.seed), companies: z.number().int().min(1).default(DEFAULT_WORLD.companies) }).nullable().default(null).describe(`The simulator's company directory (the world the sessions came from) as \`terms.COMPANY\`: the model reads "call Globex Insurance" as "call [COMPANY_1]", so looking a company up is one copied token, as in task-oriented dialogue's delexicalisation. null: company names are read as text.`),
 });
 
 /** The masking the section describes, with the directory's company names as terms; null when off. */
@@ -37,21 +32,14 @@ export function placeholdersOf(cfg: z.infer<typeof placeholdersConfig>): Placeho
 }
 
 const config = z.strictObject({
-  /** Bytes (256), merges and the chat template's 7 special tokens. */
-  vocab_size: z.number().int().min(263).default(1024),
-  /** Every digit a token of its own: a model then copies a phone or account number digit by digit, instead of learning each number's merges. */
-  split_digits: z.boolean().default(true),
-  /** Values the agent copies (phone numbers, form values) shown to the model as placeholders: [PHONE_3]. */
-  placeholders: placeholdersConfig.prefault({}),
-  /**
-   * The most frequent placeholders in the training sessions, each a token of its own (taken from the
-   * vocabulary): copying [PHONE_3] is then picking one token, not spelling "[", "PHONE", "_", "3", "]".
-   */
-  placeholder_tokens: z.number().int().min(0).default(48),
+  vocab_size: z.number().int().min(263).default(1024).describe("Bytes (256), merges and the chat template's 7 special tokens."),
+  split_digits: z.boolean().default(true).describe("Every digit a token of its own: a model then copies a phone or account number digit by digit, instead of learning each number's merges."),
+  placeholders: placeholdersConfig.prefault({}).describe('Values the agent copies (phone numbers, form values) shown to the model as placeholders: [PHONE_3].'),
+  placeholder_tokens: z.number().int().min(0).default(48).describe('The most frequent placeholders in the training sessions, each a token of its own (taken from the vocabulary): copying [PHONE_3] is then picking one token, not spelling "[", "PHONE", "_", "3", "]".'),
 });
 
 /** The `n` placeholders that appear most often in the texts (at least twice), most frequent first. */
-export function frequentPlaceholders(texts: string[], n: number): string[] {
+function frequentPlaceholders(texts: string[], n: number): string[] {
   const counts = new Map<string, number>();
   for (const t of texts) for (const [p] of t.matchAll(PLACEHOLDERS)) counts.set(p, (counts.get(p) ?? 0) + 1);
   return [...counts].filter(([, c]) => c >= 2).sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1)).slice(0, n).map(([p]) => p);

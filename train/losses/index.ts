@@ -4,7 +4,7 @@ import { ktoLoss, type KtoInput, type KtoOutput } from './kto.ts';
 import { dpoHingeLoss, dpoRobustLoss, dpoSigmoidLoss, ipoLoss, orpoOddsRatioLoss, simpoLoss, type PairLogps, type PreferenceOutput } from './preference.ts';
 
 export { sftLoss, sequenceLogps } from './sft.ts';
-export { preferenceMetrics, type PairLogps } from './preference.ts';
+export { preferenceMetrics } from './preference.ts';
 
 export interface PreferenceHyperparameters {
   beta: number;
