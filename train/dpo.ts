@@ -148,3 +148,28 @@ export function dpoTrainer(examples: Example[], reference: Scores[] | null, loss
     },
   };
 }
+
+/** Mean of the values; null for none. */
+const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null);
+
+/**
+ * Held-out pair figures of one model against the reference's scores: accuracy of its own log-probabilities,
+ * and DPO's implicit rewards β·(log π − log π_ref) (reference-free losses: β·log π, on means).
+ */
+export function heldOutPairFigures(policy: Scores[], reference: Scores[], training: Omit<LossChoice, 'name'>, isReference: boolean): Record<string, number | null> {
+  const [chosen, rejected] = policy.map((s) => sequenceValues(s, training.average)) as [Float64Array, Float64Array];
+  const [refChosen, refRejected] = reference.map((s) => sequenceValues(s, training.average)) as [Float64Array, Float64Array];
+  const own: number[] = [];
+  const margins: number[] = [];
+  chosen.forEach((c, i) => {
+    own.push(c - rejected[i]!);
+    const ratio = training.reference ? c - refChosen[i]! - (rejected[i]! - refRejected[i]!) : c - rejected[i]!;
+    margins.push(training.beta * ratio);
+  });
+  const rewards = !training.reference || !isReference;
+  return {
+    'pairs/accuracy': mean(own.map((m) => (m > 0 ? 1 : 0))),
+    'rewards/accuracies': rewards ? mean(margins.map((m) => (m > 0 ? 1 : 0))) : null,
+    'rewards/margins': rewards ? mean(margins) : null,
+  };
+}

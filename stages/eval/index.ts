@@ -8,13 +8,13 @@ import { defineStage } from '../../pipeline/stage.ts';
 import type { Logger } from '../../pipeline/log.ts';
 import { seeded } from '../../core/random.ts';
 import { TOOLS } from '../../env/env.ts';
-import { runEpisode } from '../../env/rollout.ts';
-import { DEFAULT_WORLD, generateTask, generateWorld } from '../../env/world.ts';
+import { validationFigures } from '../../env/evaluate.ts';
+import { DEFAULT_WORLD } from '../../env/world.ts';
 import type { Message, Pair } from '../../core/records.ts';
 import { stageBackend } from '../../train/backend.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
-import { pairExamples, readPreferenceTraining } from '../../train/dpo.ts';
-import { readParquet, scoreSequences, sequenceValues, sftSequences, subset, type Scores } from '../../train/data.ts';
+import { heldOutPairFigures, pairExamples, readPreferenceTraining } from '../../train/dpo.ts';
+import { readParquet, scoreSequences, sftSequences, subset, type Scores } from '../../train/data.ts';
 import { GPT } from '../../train/model.ts';
 import type { Placeholders } from '../../train/placeholders.ts';
 import { ModelPolicy } from '../../train/policy.ts';
@@ -48,74 +48,16 @@ interface Model {
   model: GPT;
 }
 
-/** Mean of the values; null for none. */
-const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null);
-
-/**
- * Held-out pair figures of one model against the reference's scores: accuracy of its own log-probabilities,
- * and DPO's implicit rewards β·(log π − log π_ref) (reference-free losses: β·log π, on means).
- */
-function pairFigures(policy: Scores[], reference: Scores[], training: { average: boolean; reference: boolean; beta: number }, isReference: boolean): ModelRow {
-  const [chosen, rejected] = policy.map((s) => sequenceValues(s, training.average)) as [Float64Array, Float64Array];
-  const [refChosen, refRejected] = reference.map((s) => sequenceValues(s, training.average)) as [Float64Array, Float64Array];
-  const own: number[] = [];
-  const margins: number[] = [];
-  chosen.forEach((c, i) => {
-    own.push(c - rejected[i]!);
-    const ratio = training.reference ? c - refChosen[i]! - (rejected[i]! - refRejected[i]!) : c - rejected[i]!;
-    margins.push(training.beta * ratio);
-  });
-  const rewards = !training.reference || !isReference;
-  return {
-    'pairs/accuracy': mean(own.map((m) => (m > 0 ? 1 : 0))),
-    'rewards/accuracies': rewards ? mean(margins.map((m) => (m > 0 ? 1 : 0))) : null,
-    'rewards/margins': rewards ? mean(margins) : null,
-  };
-}
-
+/** The model acting in the simulator on the validation tasks, each episode seeded by the model, task and try. */
 async function simulate(m: Model, tokenizer: TextTokenizer, placeholders: Placeholders, s: EvalConfig['simulator'], seed: string, log: Logger): Promise<ModelRow> {
   if (s.tasks === 0) return {};
-  const world = generateWorld({ ...DEFAULT_WORLD, seed: s.world_seed, companies: s.companies });
   const policy = new ModelPolicy(m.name, m.model, tokenizer, placeholders, { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p, tools: s.constrained ? TOOLS : undefined }, Math.random);
-  const successes: number[] = [];
-  const passed: number[] = [];
-  const rewards: number[] = [];
-  const turns: number[] = [];
-  // What a model that does not succeed yet has learnt: calls the environment accepts, the right company found.
-  const wellFormed: number[] = [];
-  const found: number[] = [];
   const progress = log.progress(`simulator: ${m.name}`, s.tasks * s.k);
   const started = performance.now();
-  try {
-    for (let t = 0; t < s.tasks; t++) {
-      const task = generateTask(world, 'val', t);
-      let any = 0;
-      for (let trial = 0; trial < s.k; trial++) {
-        policy.random = seeded(seed, 'eval', m.name, task.task_id, trial);
-        const episode = await runEpisode(world, task, policy, s.max_turns);
-        successes.push(episode.success ? 1 : 0);
-        rewards.push(episode.reward);
-        turns.push(episode.turns);
-        const results = episode.messages.filter((x) => x.role === 'tool').map((x) => x.content ?? '');
-        wellFormed.push(...results.map((r) => (r.startsWith('Error:') ? 0 : 1)));
-        found.push(results.some((r) => r.startsWith(JSON.stringify({ company: task.company }).slice(0, -1))) ? 1 : 0);
-        any = Math.max(any, episode.success ? 1 : 0);
-        progress.tick();
-      }
-      passed.push(any);
-    }
-  } finally {
-    progress.done();
-  }
-  log.info('simulated', { model: m.name, episodes: successes.length, generated: policy.generated, 'tokens/s': Math.round(policy.generated / ((performance.now() - started) / 1000)) });
-  return {
-    [`success/mean@${s.k}`]: mean(successes),
-    [`success/pass@${s.k}`]: mean(passed),
-    'reward/mean': mean(rewards),
-    'turns/mean': mean(turns),
-    'calls/well_formed': mean(wellFormed),
-    'company_found': mean(found),
-  };
+  const options = { worldSeed: s.world_seed, companies: s.companies, tasks: s.tasks, k: s.k, maxTurns: s.max_turns };
+  const figures = await validationFigures(policy, options, (taskId, trial) => (policy.random = seeded(seed, 'eval', m.name, taskId, trial)), () => progress.tick()).finally(() => progress.done());
+  log.info('simulated', { model: m.name, episodes: s.tasks * s.k, generated: policy.generated, 'tokens/s': Math.round(policy.generated / ((performance.now() - started) / 1000)) });
+  return figures;
 }
 
 /** The table as text: one column per model. */
@@ -167,7 +109,7 @@ export const evalStage = defineStage({
     const rows: Record<string, ModelRow> = {};
     for (const m of models) {
       const row: ModelRow = {};
-      if (examples.length) Object.assign(row, pairFigures(m === models[1] ? reference : scores(m), reference, training, m === models[1]));
+      if (examples.length) Object.assign(row, heldOutPairFigures(m === models[1] ? reference : scores(m), reference, training, m === models[1]));
       if (nllSequences.length) {
         const s = scoreSequences(m.model, nllSequences, cfg.micro_batch_tokens, pad, log, `held-out NLL: ${m.name}`);
         row.nll = -s.sum.reduce((a, b) => a + b, 0) / Math.max(1, s.count.reduce((a, b) => a + b, 0));
