@@ -18,7 +18,7 @@ import { Engine, configSchema } from '../pipeline/engine.ts';
 import { readJsonl } from '../pipeline/jsonl.ts';
 import { Logger } from '../pipeline/log.ts';
 import { seeded } from '../core/random.ts';
-import { DEFAULT_PROMPT } from '../stages/judge/index.ts';
+import { DEFAULT_PROMPT } from '../judges/panel.ts';
 import { STAGES } from '../stages/index.ts';
 import { commonPrefixLength, type JudgedPair, type Session } from '../core/records.ts';
 import { Redactor } from '../core/redact.ts';

@@ -1,9 +1,10 @@
 // Best-of-N: the judges pick the best of a task's N candidates, and the best against
 // each other candidate gives up to N−1 pairs. Ties and abstentions give none (the gate drops them).
-import { pairId } from '../../core/records.ts';
-import { commonPrefixLength, type JudgedPair, type Message, type Split } from '../../core/records.ts';
+import { existsSync } from 'node:fs';
+import { commonPrefixLength, pairId, type JudgedPair, type Message, type Split, type SplitSession } from '../../core/records.ts';
 import { NO_COST, abstain, addStats, chosenConfidence, swapped, type Comparison, type Completion, type JudgeStats } from '../../core/verdict.ts';
 import type { EnsembleVerdict } from '../../judges/ensemble.ts';
+import { readTaskGroups } from '../layout.ts';
 
 export interface Candidate {
   id: string;
@@ -100,4 +101,14 @@ export async function judgeGroup(group: Group, decide: Decide): Promise<{ judged
     };
   });
   return { judged, duplicates, offRecord };
+}
+
+/** A bucket's tasks with their candidates: logged sessions and sampled ones, at most `max` each, by id. */
+export async function candidateGroups(splitFile: string, sampleFile: string, max: number) {
+  const sampled = new Map<string, SplitSession[]>(existsSync(sampleFile) ? await readTaskGroups(sampleFile) : []);
+  return (await readTaskGroups(splitFile)).map(([taskId, sessions]) => {
+    const all = [...sessions, ...(sampled.get(taskId) ?? [])].sort((x, y) => (x.session_id < y.session_id ? -1 : x.session_id > y.session_id ? 1 : 0));
+    const candidates: Candidate[] = all.slice(0, max).map((s) => ({ id: s.session_id, messages: s.messages, reward: s.reward, metadata: s.metadata }));
+    return { task_id: taskId, split: sessions[0]!.split, candidates };
+  });
 }
