@@ -11,12 +11,10 @@ import { PipelineError } from '../../pipeline/errors.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import { mustDeclineTest } from '../../judges/rules.ts';
-import { NEGATIVE_TYPES, type CandidatePair, type NegativeType, type Pair, type SplitSession } from '../../core/records.ts';
+import { NEGATIVE_TYPES, type NegativeType, type SplitSession } from '../../core/records.ts';
 import { SPLITS, bucketFile, readSplitInfo, readTaskGroups, type PairsInfo } from '../layout.ts';
-import { isRefusal } from '../../core/refusal.ts';
-import { buildHardNegatives } from './hard-negatives.ts';
-import { buildOutcomePairs } from './outcome.ts';
-import { REWRITE_TYPES, Rewriter, activeTypes, loadRewritePrompt, planRewrites, rewritePromptPath, rewriterConfig, type RewriteJob, type RewriteOutcome } from './rewriter.ts';
+import { pairBucket } from './bucket.ts';
+import { REWRITE_TYPES, Rewriter, activeTypes, loadRewritePrompt, rewritePromptPath, rewriterConfig } from './rewriter.ts';
 
 const ratio = z.number().min(0).max(1);
 
@@ -77,16 +75,6 @@ type PairsConfig = z.infer<typeof config>;
 
 const rewriting = (cfg: PairsConfig) => cfg.hard_negatives.enabled && cfg.hard_negatives.rewriter.enabled;
 
-const withMetadata = (pair: Pair, session: SplitSession): CandidatePair => ({ ...pair, metadata: session.metadata });
-
-/** A rewrite not made, for dropped.jsonl: where the transforms write `<session>~<type>`, the rewriter writes `<session>~<type>~llm`. */
-const rewriteDrop = (s: SplitSession, type: NegativeType, reason: string) => ({
-  task_id: s.task_id,
-  chosen_session_id: s.session_id,
-  rejected_session_id: `${s.session_id}~${type}~llm`,
-  reason: `hard negative ${type} (llm rewrite): ${reason}`,
-});
-
 
 const REWRITER_ENDPOINT = { key: 'pairs.hard_negatives.rewriter.endpoint', modelEnv: 'PREFAB_REWRITE_MODEL' };
 
@@ -116,11 +104,7 @@ export const pairs = defineStage({
     // hard_negative counts both kinds; hard_negative_<type> the transforms', hard_negative_llm_<type> the rewriter's.
     Object.assign(counts, { hard_negative_llm: 0, rewrite_skipped: 0, rewrite_failed: 0, rewrite_over_budget: 0, rewrite_must_decline: 0, requests: 0, cached: 0, retries: 0 });
     for (const t of REWRITE_TYPES) counts[`hard_negative_llm_${t}`] = 0;
-    const o = cfg.outcome;
-    const h = cfg.hard_negatives;
-    const r = h.rewriter;
-    const declines = mustDeclineTest(cfg.must_decline);
-    const negativeOptions = { ratios: h.ratios, salt: h.salt, mustDecline: (s: SplitSession) => declines({ metadata: s.metadata, prompt: s.messages }) };
+    const r = cfg.hard_negatives.rewriter;
     let endpoint: ChatEndpoint | null = null;
     let rewriter: Rewriter | null = null;
     if (rewriting(cfg)) {
@@ -128,77 +112,14 @@ export const pairs = defineStage({
       endpoint = await openEndpoint(REWRITER_ENDPOINT, r.endpoint, r.redaction, join(cache, 'rewrites.jsonl'), log);
       rewriter = new Rewriter(endpoint, prompt, { temperature: r.temperature, maxTokens: r.max_tokens });
     }
+    const mustDecline = mustDeclineTest(cfg.must_decline);
+    const bucketOptions = { outcome: cfg.outcome, hardNegatives: cfg.hard_negatives, rewriter, mustDecline: (s: SplitSession) => mustDecline({ metadata: s.metadata, prompt: s.messages }) };
     try {
       for (const side of SPLITS) {
         const writer = new JsonlWriter(join(out, `${side}.jsonl`));
         const progress = log.progress(`pairs ${side}`, info.buckets);
         for (let b = 0; b < info.buckets; b++) {
-          // Rewrites of the whole bucket are asked for at once (the endpoint bounds what is in flight) and
-          // written after the bucket's other pairs, in a fixed order.
-          const rewrites: Promise<{ job: RewriteJob; outcome: RewriteOutcome }>[] = [];
-          const madeByTask = new Map<string, number>();
-          for (const [taskId, sessions] of await readTaskGroups(bucketFile(splitDir, side, b))) {
-            counts.tasks!++;
-            let made = 0;
-            if (o.enabled) {
-              if (!sessions.some((s) => s.reward >= o.success_min)) counts.tasks_without_success!++;
-              if (!sessions.some((s) => s.reward <= o.failure_max)) counts.tasks_without_failure!++;
-              const built = buildOutcomePairs(sessions, { successMin: o.success_min, failureMax: o.failure_max, maxPairsPerTask: o.max_pairs_per_task });
-              const byId = new Map(sessions.map((s) => [s.session_id, s]));
-              for (const pair of built.pairs) await writer.write(withMetadata(pair, byId.get(pair.chosen_session_id)!));
-              for (const d of built.dropped) await dropped.write(d);
-              made += built.pairs.length;
-              counts.outcome! += built.pairs.length;
-              counts.dropped! += built.dropped.length;
-            }
-            if (h.enabled) {
-              for (const s of sessions.filter((x) => x.reward >= h.from_min_reward)) {
-                const declining = negativeOptions.mustDecline(s);
-                // The rewriter writes worse replies, so a must-decline session is left to the transforms: its
-                // chosen side would have to be a written refusal, which no logged session vouches for.
-                if (rewriter && declining) counts.rewrite_must_decline!++;
-                else if (rewriter) {
-                  const plan = planRewrites(s, { ratios: r.ratios, salt: h.salt });
-                  for (const job of plan.jobs) rewrites.push(rewriter.rewrite(job).then((outcome) => ({ job, outcome })));
-                  for (const skip of plan.skipped) await dropped.write(rewriteDrop(s, skip.type, skip.reason));
-                  counts.rewrite_skipped! += plan.skipped.length;
-                  counts.dropped! += plan.skipped.length;
-                }
-                // A request that must be declined: the only contrast worth teaching is refusal over compliance,
-                // and only a session that complied has a compliance to put on the rejected side.
-                if (declining && isRefusal(s.messages.find((m) => m.role === 'assistant')?.content ?? null)) continue;
-                const built = buildHardNegatives(s, declining ? { ...negativeOptions, ratios: { refusal: h.ratios.refusal } } : negativeOptions);
-                for (const pair of built.pairs) {
-                  await writer.write(withMetadata(pair, s));
-                  counts[`hard_negative_${pair.negative_type}`]!++;
-                }
-                for (const skip of built.skipped) await dropped.write({ task_id: s.task_id, chosen_session_id: s.session_id, rejected_session_id: `${s.session_id}~${skip.type}`, reason: `hard negative ${skip.type}: ${skip.reason}` });
-                made += built.pairs.length;
-                counts.hard_negative! += built.pairs.length;
-                counts.dropped! += built.skipped.length;
-              }
-            }
-            madeByTask.set(taskId, made);
-          }
-          for (const { job, outcome } of await Promise.all(rewrites)) {
-            const s = job.session;
-            if ('pair' in outcome) {
-              await writer.write(withMetadata(outcome.pair, s));
-              madeByTask.set(s.task_id!, madeByTask.get(s.task_id!)! + 1);
-              counts.hard_negative!++;
-              counts.hard_negative_llm!++;
-              counts[`hard_negative_llm_${job.type}`]!++;
-              continue;
-            }
-            if (outcome.cause === 'failed') log.warn('rewrite failed', { session_id: s.session_id, type: job.type, error: outcome.skip });
-            counts[outcome.cause === 'unusable' ? 'rewrite_skipped' : `rewrite_${outcome.cause}`]!++;
-            await dropped.write(rewriteDrop(s, job.type, outcome.skip));
-            counts.dropped!++;
-          }
-          for (const made of madeByTask.values()) {
-            if (made > 0) counts.tasks_with_pairs!++;
-            counts[side]! += made;
-          }
+          await pairBucket(await readTaskGroups(bucketFile(splitDir, side, b)), side, bucketOptions, { pairs: writer, dropped }, counts, log);
           progress.tick();
         }
         progress.done();
