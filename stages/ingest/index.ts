@@ -1,19 +1,15 @@
 // ingest: logged sessions (JSONL, JSON array, Parquet; files, folders, globs) → validated Session segments.
 // Incremental: a file whose content was ingested before is skipped, a new one becomes a new segment.
-import { existsSync, statSync } from 'node:fs';
 import { copyFile, link, mkdir, writeFile } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
-import { glob } from 'tinyglobby';
+import { join } from 'node:path';
 import { z } from 'zod';
 import { hashJson } from '../../pipeline/hash.ts';
-import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
-import type { Logger } from '../../pipeline/log.ts';
-import { defineStage, type ExternalFile } from '../../pipeline/stage.ts';
-import { UsageError } from '../../pipeline/errors.ts';
+import { JsonlWriter } from '../../pipeline/jsonl.ts';
+import { defineStage } from '../../pipeline/stage.ts';
 import { readIngestIndex, type IngestIndex, type IngestedFile } from '../layout.ts';
 import { SessionIdSet } from './id-set.ts';
-import { RecordError, toSession, type MappingOptions } from './mapping.ts';
-import { detectFormat, readRecords, type InputFormat } from './readers.ts';
+import { resolveInputs } from './inputs.ts';
+import { ingestFile, readSegmentIds } from './segment.ts';
 
 const roleSchema = z.enum(['system', 'user', 'assistant', 'tool']);
 
@@ -40,40 +36,8 @@ const config = z.strictObject({
     .prefault({}).describe("How the messages of an input record are read into OpenAI's chat format."),
   out_of_range_reward: z.enum(['reject', 'clamp']).default('reject').describe('What to do with a reward outside [0, 1]: reject quarantines the record, clamp moves the reward to the nearer bound.'),
 });
-type IngestConfig = z.infer<typeof config>;
-
-export interface QuarantineRecord {
-  file: string;
-  where: string;
-  reason: string;
-  raw: string;
-}
 
 const INDEX_FORMAT = 2;
-
-const INPUT_EXTENSIONS = /\.(jsonl|ndjson|json|parquet)(\.gz)?$/i;
-
-async function resolveInputs(cfg: IngestConfig, configDir: string): Promise<string[]> {
-  const files = new Set<string>();
-  for (const input of cfg.inputs) {
-    const path = resolve(configDir, input);
-    let matched: string[];
-    if (existsSync(path) && statSync(path).isDirectory()) {
-      matched = (await glob('**/*', { cwd: path, absolute: true, onlyFiles: true })).filter((f) => INPUT_EXTENSIONS.test(f));
-    } else if (existsSync(path)) {
-      matched = [path];
-    } else {
-      matched = await glob(input, { cwd: configDir, absolute: true, onlyFiles: true });
-      if (matched.length === 0) throw new UsageError(`ingest.inputs: '${input}' matches no file (paths are relative to the config file's folder, ${configDir})`);
-    }
-    for (const f of matched) files.add(f);
-  }
-  return [...files].sort();
-}
-
-function mappingOptions(cfg: IngestConfig): MappingOptions {
-  return { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward };
-}
 
 export const ingest = defineStage({
   name: 'ingest',
@@ -82,7 +46,7 @@ export const ingest = defineStage({
   inputs: [],
   outputs: ['sessions', 'quarantine.jsonl', 'index.json', 'ids.bin'],
   config,
-  external: resolveInputs,
+  external: (cfg, configDir) => resolveInputs(cfg.inputs, configDir),
 
   async run({ config: cfg, out, previous, external, log }) {
     // The index format is part of it: an index written by an older ingest is not reused.
@@ -128,7 +92,7 @@ export const ingest = defineStage({
         if (seen.name !== file.name) log.info('skipped a file with the same content as one already ingested', { file: file.name, same_as: seen.name });
         continue;
       }
-      const result = await ingestFile(file, cfg, out, files.length, ids, quarantine, log);
+      const result = await ingestFile(file, { format: cfg.format, mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward } }, join(out, 'sessions'), files.length, ids, quarantine, log);
       files.push(result);
       known.set(file.sha256, result);
       added += result.sessions;
@@ -150,59 +114,6 @@ export const ingest = defineStage({
     };
   },
 });
-
-async function ingestFile(
-  file: ExternalFile,
-  cfg: IngestConfig,
-  out: string,
-  seq: number,
-  ids: SessionIdSet,
-  quarantine: JsonlWriter,
-  log: Logger,
-): Promise<IngestedFile> {
-  const format: InputFormat | null = cfg.format === 'auto' ? detectFormat(file.path) : cfg.format;
-  if (!format) throw new UsageError(`${file.name}: cannot tell its format from the name; use .jsonl, .json or .parquet, or set ingest.format`);
-  const segment = `${String(seq).padStart(5, '0')}-${file.sha256.slice(0, 12)}.jsonl`;
-  const writer = new JsonlWriter(join(out, 'sessions', segment));
-  const options = mappingOptions(cfg);
-  const progress = log.progress(`ingest ${file.name}`);
-  let quarantined = 0;
-  let duplicates = 0;
-  let untasked = 0;
-  for await (const record of readRecords(file.path, format)) {
-    progress.tick();
-    const source = `${file.name} ${record.where}`;
-    if (record.error !== undefined) {
-      quarantined++;
-      await quarantine.write({ file: file.name, where: record.where, reason: record.error, raw: record.raw } satisfies QuarantineRecord);
-      continue;
-    }
-    let session;
-    try {
-      session = toSession(record.value, source, options);
-    } catch (error) {
-      if (!(error instanceof RecordError)) throw error;
-      quarantined++;
-      await quarantine.write({ file: file.name, where: record.where, reason: error.message, raw: record.raw } satisfies QuarantineRecord);
-      continue;
-    }
-    if (!ids.add(session.session_id)) {
-      duplicates++;
-      await quarantine.write({ file: file.name, where: record.where, reason: `duplicate session_id '${session.session_id}' (dropped; the first one is kept)`, raw: record.raw } satisfies QuarantineRecord);
-      continue;
-    }
-    if (session.task_id === null) untasked++;
-    await writer.write(session);
-  }
-  progress.done();
-  await writer.close();
-  log.info('ingested', { file: file.name, sessions: writer.count, quarantined, duplicates });
-  return { name: file.name, sha256: file.sha256, segment, sessions: writer.count, untasked, quarantined, duplicates, ingested_at: new Date().toISOString() };
-}
-
-async function* readSegmentIds(path: string): AsyncGenerator<string> {
-  for await (const s of readJsonl<{ session_id: string }>(path)) yield s.session_id;
-}
 
 async function writeJson(path: string, value: unknown): Promise<void> {
   await writeFile(path, JSON.stringify(value, null, 2) + '\n');

@@ -2,7 +2,7 @@ import { mkdirSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { DuckDBInstance } from '@duckdb/node-api';
 import { describe, expect, it } from 'vitest';
-import type { QuarantineRecord } from '../../stages/ingest/index.ts';
+import type { QuarantineRecord } from '../../stages/ingest/segment.ts';
 import { sessionSegments } from '../../stages/layout.ts';
 import type { Pair, Session } from '../../core/records.ts';
 import { collect, engineFor, jsonl, manifest, session, tempDir } from '../fixtures/pipeline.ts';

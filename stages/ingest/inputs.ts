@@ -1,0 +1,27 @@
+// The input files the config names: files, folders (read recursively for the readable extensions) and
+// globs, relative to the config file; each is an external input of the stage, hashed into its fingerprint.
+import { existsSync, statSync } from 'node:fs';
+import { resolve } from 'node:path';
+import { glob } from 'tinyglobby';
+import { UsageError } from '../../pipeline/errors.ts';
+
+const INPUT_EXTENSIONS = /\.(jsonl|ndjson|json|parquet)(\.gz)?$/i;
+
+/** The files `inputs` names, absolute and sorted; a name that matches nothing is a usage error. */
+export async function resolveInputs(inputs: string[], configDir: string): Promise<string[]> {
+  const files = new Set<string>();
+  for (const input of inputs) {
+    const path = resolve(configDir, input);
+    let matched: string[];
+    if (existsSync(path) && statSync(path).isDirectory()) {
+      matched = (await glob('**/*', { cwd: path, absolute: true, onlyFiles: true })).filter((f) => INPUT_EXTENSIONS.test(f));
+    } else if (existsSync(path)) {
+      matched = [path];
+    } else {
+      matched = await glob(input, { cwd: configDir, absolute: true, onlyFiles: true });
+      if (matched.length === 0) throw new UsageError(`ingest.inputs: '${input}' matches no file (paths are relative to the config file's folder, ${configDir})`);
+    }
+    for (const f of matched) files.add(f);
+  }
+  return [...files].sort();
+}
