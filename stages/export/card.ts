@@ -1,6 +1,55 @@
-// The dataset card (README.md) written beside each exported dataset.
+// The dataset card (README.md) written beside each exported dataset: what it is for, how it was made, its
+// counts, schema and lineage.
 import { describeColumn, type Column } from '../../pipeline/parquet.ts';
 import type { Lineage } from '../../pipeline/stage.ts';
+import { KTO_COLUMNS, PAIR_COLUMNS, SESSION_COLUMNS, SFT_COLUMNS } from './schema.ts';
+
+export const DATASETS = ['sessions', 'sft', 'pairs', 'kto'] as const;
+type Dataset = (typeof DATASETS)[number];
+
+/** What a dataset's card says of it beyond its counts and lineage. */
+interface CardText {
+  title: string;
+  purpose: string;
+  howMade: string[];
+  columns: Record<string, Column>;
+}
+
+/** What each dataset is for and how it was made, with the thresholds it was made with. */
+export function cardTexts(cfg: { sft_min_reward: number; kto_desirable_min: number; kto_undesirable_max: number }): Record<Dataset, CardText> {
+  return {
+    sessions: {
+      title: 'sessions',
+      purpose: 'Every ingested session, validated, with the side of the split its task is on.',
+      howMade: ['ingest: records mapped to the Session contract; bad records quarantined; duplicates by session_id dropped.', 'split: tasks held out by a stable hash of task_id; sessions without task_id grouped by request similarity (`task_match`).'],
+      columns: SESSION_COLUMNS,
+    },
+    sft: {
+      title: 'SFT',
+      purpose: 'Successful sessions for supervised fine-tuning (TRL SFTTrainer, conversational `messages`). Train on assistant turns only.',
+      howMade: [`Sessions with reward ≥ ${cfg.sft_min_reward}.`],
+      columns: SFT_COLUMNS,
+    },
+    pairs: {
+      title: 'preference pairs',
+      purpose: "Preference pairs in TRL's conversational explicit-prompt format (`prompt`, `chosen`, `rejected`) for DPOTrainer and friends, with provenance columns.",
+      howMade: [
+        'outcome: within a task, successes against failures; `prompt` is the longest common prefix of the two sessions\' messages, `chosen`/`rejected` the rest of each; margin = reward gap.',
+        'best_of_n: among a task\'s candidates (logged trials, and sampled ones when the sample stage is on) the judges pick the best; best against each other candidate.',
+        'hard_negative: one assistant turn of a successful session (`chosen`) against a worse version of it (`rejected`, of type `negative_type`: refusal, hallucination, off_topic, format, verbose, under_explained); `prompt` is everything before that turn.',
+        `Every pair was judged (verifier, rules, and an LLM judge when configured; column \`judge\` says which decided) and kept by the gate only when the judges confirm the chosen side; \`confidence\` is theirs.`,
+      ],
+      columns: PAIR_COLUMNS,
+    },
+    kto: {
+      title: 'KTO',
+      purpose: "Unpaired labelled completions for TRL's KTOTrainer (`prompt`, `completion`, `label`).",
+      howMade: [`prompt: the messages before the first assistant turn; completion: the rest. label true at reward ≥ ${cfg.kto_desirable_min}, false at reward ≤ ${cfg.kto_undesirable_max}; sessions between are left out.`],
+      columns: KTO_COLUMNS,
+    },
+  };
+}
+
 
 export interface CardInput {
   name: string;
