@@ -5,16 +5,14 @@
 import { mkdir, writeFile } from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { z } from 'zod';
-import { RequestFailed, endpointConfig, endpointEnvironment, openEndpoint, requestCounts, type ChatEndpoint } from '../../judges/endpoint.ts';
+import { RequestFailed, endpointConfig, endpointEnvironment, openEndpoint, requestCounts } from '../../judges/endpoint.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { defineStage } from '../../pipeline/stage.ts';
-import { TOOLS } from '../../env/env.ts';
-import { WorldCache, sessionTask } from '../../env/replay.ts';
-import { runEpisode } from '../../env/rollout.ts';
-import { commonPrefixLength, type Message, type SplitSession } from '../../core/records.ts';
+import { WorldCache } from '../../env/replay.ts';
 import { redactionConfig } from '../../core/redact.ts';
 import { SPLITS, bucketFile, readSplitInfo, readTaskGroups } from '../layout.ts';
-import { BudgetSpent, EndpointPolicy, sampleMessage } from './policy.ts';
+import { drawCandidate, type SampledSession } from './candidate.ts';
+import { BudgetSpent } from './policy.ts';
 
 const config = z.strictObject({
   enabled: z.boolean().default(false).describe('Off by default: the default run needs no endpoint.'),
@@ -25,20 +23,6 @@ const config = z.strictObject({
   endpoint: endpointConfig.prefault({}).describe('The OpenAI-compatible endpoint candidates are drawn from; PREFAB_SAMPLE_MODEL overrides its model.'),
   redaction: redactionConfig.prefault({}).describe('Personal data masked in a request before it leaves the machine; the values are put back into the reply.'),
 });
-
-/** A candidate drawn from the endpoint: a session whose reward is null when no environment scored it. */
-export interface SampledSession extends Omit<SplitSession, 'reward'> {
-  reward: number | null;
-}
-
-/** The shared prompt of a task's logged sessions: their longest common prefix, up to the first assistant turn. */
-function groupPrompt(sessions: SplitSession[]): Message[] {
-  let n = sessions[0]!.messages.length;
-  for (const s of sessions.slice(1)) n = Math.min(n, commonPrefixLength(sessions[0]!.messages, s.messages));
-  const prefix = sessions[0]!.messages.slice(0, n);
-  const firstAssistant = prefix.findIndex((m) => m.role === 'assistant');
-  return firstAssistant < 0 ? prefix : prefix.slice(0, firstAssistant);
-}
 
 const ENDPOINT = { key: 'sample.endpoint', modelEnv: 'PREFAB_SAMPLE_MODEL' };
 
@@ -110,30 +94,3 @@ export const sample = defineStage({
     };
   },
 });
-
-async function drawCandidate(endpoint: ChatEndpoint, worlds: WorldCache, taskId: string, sessions: SplitSession[], index: number, cfg: z.infer<typeof config>): Promise<SampledSession> {
-  const first = sessions[0]!;
-  const options = { temperature: cfg.temperature, maxTokens: cfg.max_tokens, index };
-  const found = sessionTask(first, worlds);
-  const base = {
-    session_id: `sample:${endpoint.model}:${taskId}:${index}`,
-    task_id: taskId,
-    feedback: null,
-    model: endpoint.model,
-    source: `prefab sample (${endpoint.baseURL})`,
-    created_at: null,
-    split: first.split,
-    task_match: first.task_match,
-  };
-  const sampled = { model: endpoint.model, index, temperature: cfg.temperature };
-  // The task's metadata, without what describes the logged session itself rather than the task.
-  const { trial: _t, _message_extras: _x, success: _s, turns: _n, ...taskMetadata } = JSON.parse(first.metadata) as Record<string, unknown>;
-  if (!('reason' in found)) {
-    const episode = await runEpisode(found.world, found.task, new EndpointPolicy(endpoint, { ...options, tools: TOOLS }));
-    const metadata = { ...taskMetadata, success: episode.success, turns: episode.turns, sampled };
-    return { ...base, messages: episode.messages, reward: Math.round(episode.reward * 1e6) / 1e6, feedback: episode.state.feedback.join('\n') || null, metadata: JSON.stringify(metadata) };
-  }
-  const prompt = groupPrompt(sessions);
-  const reply = await sampleMessage(endpoint, prompt, options);
-  return { ...base, messages: [...prompt, reply], reward: null, metadata: JSON.stringify({ ...taskMetadata, sampled }) };
-}

@@ -6,7 +6,7 @@ import { TOOLS } from '../../env/env.ts';
 import { WorldCache, replaySession, sessionTask } from '../../env/replay.ts';
 import type { Department, Task, World } from '../../env/world.ts';
 import type { Message, Session } from '../../core/records.ts';
-import type { SampledSession } from '../../stages/sample/index.ts';
+import type { SampledSession } from '../../stages/sample/candidate.ts';
 import { completion, startChatServer, type ChatServer, type Script, type SeenRequest } from '../fixtures/chat-server.ts';
 import { collect, engineFor, jsonl, manifest, session, tempDir } from '../fixtures/pipeline.ts';
 
