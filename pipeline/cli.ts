@@ -1,4 +1,5 @@
-// The `prefab` command line: run, stage, status. Exit codes: 0 ok, 1 a stage or the run failed, 2 usage.
+// The `prefab` command line: run, stage, status. Exit codes: 0 ok, 1 a stage or the run failed, 2 usage,
+// 130 and 143 interrupted by SIGINT and SIGTERM.
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { Command, CommanderError, Option } from 'commander';
@@ -33,7 +34,7 @@ function pad(s: string, n: number): string {
 }
 
 function printOutcomes(outcomes: StageOutcome[], format: LogFormat): void {
-  const ok = outcomes.every((o) => o.action !== 'failed');
+  const ok = outcomes.every((o) => o.action !== 'failed' && o.action !== 'interrupted');
   const upToDate = outcomes.every((o) => o.action === 'fresh');
   if (format === 'json') {
     const message = upToDate ? 'Everything is up to date: nothing to do.' : undefined;
@@ -46,7 +47,7 @@ function printOutcomes(outcomes: StageOutcome[], format: LogFormat): void {
   }
   for (const o of outcomes) {
     const time = o.action === 'ran' ? `${o.seconds.toFixed(1)}s` : '';
-    const what = o.action === 'failed' ? o.error! : o.action === 'fresh' ? `up to date (${o.summary})` : o.summary;
+    const what = o.action === 'failed' || o.action === 'interrupted' ? o.error! : o.action === 'fresh' ? `up to date (${o.summary})` : o.summary;
     process.stdout.write(`${pad(o.stage, 8)} ${pad(o.action, 11)} ${pad(time, 7)} ${what}\n`);
   }
 }
@@ -67,22 +68,45 @@ function printStatus(rows: Assessment[], json: boolean): void {
   for (const a of rows) {
     const detail = a.state === 'stale' ? `(${a.reasons.join('; ')})` : a.state === 'fresh' ? a.manifest!.summary : '';
     process.stdout.write(`${pad(a.stage, 8)} ${pad(a.state, 10)} ${detail}\n`);
-    if (a.lastFailure) process.stdout.write(`${pad('', 8)} last attempt failed at ${a.lastFailure.at}: ${a.lastFailure.error}\n`);
+    if (a.lastFailure) process.stdout.write(`${pad('', 8)} last attempt ${a.lastFailure.status} at ${a.lastFailure.at}: ${a.lastFailure.error}\n`);
   }
 }
 
-async function withLock<T>(engine: Engine, command: string, log: Logger, body: () => Promise<T>): Promise<T> {
+/** How long an interrupted stage has to reach its next safe point before the process exits anyway. */
+const GRACE_MS = 1500;
+
+const exitCode = (signal: NodeJS.Signals) => (signal === 'SIGINT' ? 130 : 143);
+
+/**
+ * Runs `body` holding the workspace's lock. The first SIGINT or SIGTERM aborts the run's signal: the running
+ * stage stops at its next safe point (a training stage writes a checkpoint there) and no other stage starts;
+ * one that has not stopped after GRACE_MS, or a second signal, exits at once. Either way the attempt is
+ * recorded for `prefab status`, the lock is released, and the exit code is 130 (SIGINT) or 143 (SIGTERM).
+ */
+async function withLock<T>(engine: Engine, command: string, log: Logger, body: (signal: AbortSignal) => Promise<T>): Promise<{ result: T; signal: NodeJS.Signals | null }> {
   const release = await acquireLock(new Workspace(engine.ws.root), command, log);
-  const onSignal = (signal: NodeJS.Signals) => {
-    log.warn('interrupted: the stage in progress is discarded and will run again next time', { signal });
+  const controller = new AbortController();
+  let received: NodeJS.Signals | null = null;
+  let grace: NodeJS.Timeout | undefined;
+  const exitNow = (signal: NodeJS.Signals) => {
+    const message = engine.recordInterruptionNow(signal);
+    log.warn('stopped at once', { signal, ...(message ? { what: message } : {}) });
     release();
-    process.exit(signal === 'SIGINT' ? 130 : 143);
+    process.exit(exitCode(signal));
   };
-  process.once('SIGINT', onSignal);
-  process.once('SIGTERM', onSignal);
+  const onSignal = (signal: NodeJS.Signals) => {
+    if (received) return exitNow(signal);
+    received = signal;
+    log.warn('interrupted: stopping at the next safe point; a second Ctrl+C stops at once', { signal, stage: engine.running });
+    controller.abort(signal);
+    grace = setTimeout(() => exitNow(signal), GRACE_MS);
+  };
+  process.on('SIGINT', onSignal);
+  process.on('SIGTERM', onSignal);
   try {
-    return await body();
+    return { result: await body(controller.signal), signal: received };
   } finally {
+    clearTimeout(grace);
     process.off('SIGINT', onSignal);
     process.off('SIGTERM', onSignal);
     release();
@@ -112,9 +136,9 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     .action(async (opts: { from?: string; until?: string }) => {
       const log = logger();
       const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
-      const outcomes = await withLock(engine, `prefab ${process.argv.slice(2).join(' ')}`, log, () => engine.run(opts));
+      const { result: outcomes, signal } = await withLock(engine, `prefab ${process.argv.slice(2).join(' ')}`, log, (abort) => engine.run({ ...opts, signal: abort }));
       printOutcomes(outcomes, log.format);
-      setExit(outcomes.some((o) => o.action === 'failed') ? 1 : 0);
+      setExit(signal ? exitCode(signal) : outcomes.some((o) => o.action === 'failed') ? 1 : 0);
     });
 
   program
@@ -125,9 +149,9 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
       const log = logger();
       const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
       engine.stage(name);
-      const outcomes = await withLock(engine, `prefab stage ${name}`, log, () => engine.run({ force: name }));
+      const { result: outcomes, signal } = await withLock(engine, `prefab stage ${name}`, log, (abort) => engine.run({ force: name, signal: abort }));
       printOutcomes(outcomes, log.format);
-      setExit(outcomes.some((o) => o.action === 'failed') ? 1 : 0);
+      setExit(signal ? exitCode(signal) : outcomes.some((o) => o.action === 'failed') ? 1 : 0);
     });
 
   program

@@ -1,11 +1,12 @@
 // Orders stages, decides which are stale, runs them into temporary folders and commits them with a manifest.
-import { existsSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, renameSync, statSync, writeFileSync } from 'node:fs';
 import { mkdir, readdir, stat } from 'node:fs/promises';
 import { join, relative } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
 import { hashFile, hashJson } from './hash.ts';
 import { UsageError, errorMessage } from './errors.ts';
+import { Interrupted, NEVER } from './interrupt.ts';
 import type { Logger } from './log.ts';
 import type { ExternalFile, Lineage, Stage, StageOptions, StageReport } from './stage.ts';
 import { Workspace, hashFilesCached, writeFileAtomic } from './workspace.ts';
@@ -44,12 +45,13 @@ export interface Assessment {
   state: StageState;
   reasons: string[];
   manifest: Manifest | null;
-  lastFailure: { at: string; error: string } | null;
+  /** The last attempt, when it failed or was interrupted after the stage last finished. */
+  lastFailure: { status: 'failed' | 'interrupted'; at: string; error: string } | null;
 }
 
 export interface StageOutcome {
   stage: string;
-  action: 'ran' | 'fresh' | 'failed' | 'not reached';
+  action: 'ran' | 'fresh' | 'failed' | 'interrupted' | 'not reached';
   reasons: string[];
   summary: string;
   counts: Record<string, number>;
@@ -58,7 +60,7 @@ export interface StageOutcome {
 }
 
 interface Attempt {
-  status: 'ok' | 'failed';
+  status: 'ok' | 'failed' | 'interrupted';
   at: string;
   error?: string;
 }
@@ -135,7 +137,7 @@ export class Engine {
     const manifest = await this.manifest(stage.name);
     const attempt = await this.ws.readJson<Attempt>(this.ws.attemptPath(stage.name));
     const lastFailure =
-      attempt?.status === 'failed' && (!manifest || attempt.at > manifest.finished_at) ? { at: attempt.at, error: attempt.error ?? '' } : null;
+      attempt && attempt.status !== 'ok' && (!manifest || attempt.at > manifest.finished_at) ? { status: attempt.status, at: attempt.at, error: attempt.error ?? '' } : null;
     if (!manifest) return { stage: stage.name, state: 'never run', reasons: [], manifest, lastFailure };
 
     const reasons: string[] = [];
@@ -177,8 +179,15 @@ export class Engine {
     return out;
   }
 
-  /** Runs the stale stages between `from` and `until` (inclusive), or exactly `force` and marks its downstream stale. */
-  async run(options: { from?: string; until?: string; force?: string } = {}): Promise<StageOutcome[]> {
+  /** The stage running now, if any: what an interruption interrupts. */
+  running: string | null = null;
+
+  /**
+   * Runs the stale stages between `from` and `until` (inclusive), or exactly `force` and marks its downstream
+   * stale. When `signal` is aborted, the running stage stops at its next safe point and no other starts.
+   */
+  async run(options: { from?: string; until?: string; force?: string; signal?: AbortSignal } = {}): Promise<StageOutcome[]> {
+    const signal = options.signal ?? NEVER;
     await this.ws.recover(this.log);
     let selected = this.stages;
     if (options.force) selected = [this.stage(options.force)];
@@ -192,7 +201,7 @@ export class Engine {
     const outcomes: StageOutcome[] = [];
     let failed = false;
     for (const stage of selected) {
-      if (failed) {
+      if (failed || signal.aborted) {
         outcomes.push({ stage: stage.name, action: 'not reached', reasons: [], summary: '', counts: {}, seconds: 0 });
         continue;
       }
@@ -211,22 +220,31 @@ export class Engine {
       }
       const why = options.force ? ['forced by `prefab stage`'] : a.state === 'never run' ? ['never run'] : a.reasons;
       log.info('running', { why: why.join('; ') });
+      this.running = stage.name;
       try {
-        const outcome = await this.execute(stage, external, a.manifest, log);
+        const outcome = await this.execute(stage, external, a.manifest, log, signal);
         outcomes.push({ ...outcome, reasons: why });
       } catch (error) {
         failed = true;
+        if (error instanceof Interrupted) {
+          log.warn('interrupted', { what: error.message });
+          await this.recordAttempt(stage.name, { status: 'interrupted', at: new Date().toISOString(), error: error.message });
+          outcomes.push({ stage: stage.name, action: 'interrupted', reasons: why, summary: '', counts: {}, seconds: 0, error: error.message });
+          continue;
+        }
         const message = errorMessage(error);
         log.error('failed', { error: message });
         await this.recordAttempt(stage.name, { status: 'failed', at: new Date().toISOString(), error: message });
         outcomes.push({ stage: stage.name, action: 'failed', reasons: why, summary: '', counts: {}, seconds: 0, error: message });
+      } finally {
+        this.running = null;
       }
     }
     if (options.force && !failed) await this.invalidateDownstream(options.force);
     return outcomes;
   }
 
-  private async execute(stage: Stage, external: ExternalFile[], previous: Manifest | null, log: Logger): Promise<StageOutcome> {
+  private async execute(stage: Stage, external: ExternalFile[], previous: Manifest | null, log: Logger, signal: AbortSignal): Promise<StageOutcome> {
     const started = new Date();
     const out = await this.ws.newTmpDir(stage.name);
     const cache = this.ws.cacheDir(stage.name);
@@ -247,6 +265,7 @@ export class Engine {
       external,
       cache,
       key: hashJson({ code: this.codeVersion(stage), config: this.configHash(stage), inputs, external: external.map((f) => f.sha256) }),
+      signal,
       options: this.options,
       log,
     });
@@ -289,6 +308,20 @@ export class Engine {
       if (m) out.push({ stage: m.stage, code_version: m.code_version, config_hash: m.config_hash, fingerprint: m.fingerprint, finished_at: m.finished_at, counts: m.counts });
     }
     return out;
+  }
+
+  /**
+   * Records that the running stage was interrupted before it reached a safe point, for a process about to exit
+   * (synchronous: no promise would finish). Its temporary output is discarded by the next run.
+   */
+  recordInterruptionNow(signal: string): string | null {
+    if (!this.running) return null;
+    const message = `${this.running} interrupted by ${signal} before its next safe point: what it made is discarded, and the next run starts it again (a training stage resumes from its last checkpoint)`;
+    mkdirSync(join(this.ws.root, '.runs'), { recursive: true });
+    const path = this.ws.attemptPath(this.running);
+    writeFileSync(`${path}.tmp`, JSON.stringify({ status: 'interrupted', at: new Date().toISOString(), error: message } satisfies Attempt) + '\n');
+    renameSync(`${path}.tmp`, path);
+    return message;
   }
 
   private async recordAttempt(stage: string, attempt: Attempt): Promise<void> {

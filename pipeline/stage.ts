@@ -35,6 +35,11 @@ interface StageContext<C> {
    * under this key (a training run's checkpoints) belongs to this run and no other.
    */
   key: string;
+  /**
+   * Aborted when the user interrupts the run (SIGINT, SIGTERM): long loops stop at their next safe point
+   * (pipeline/interrupt.ts), keeping what a rerun can resume from, and throw Interrupted.
+   */
+  signal: AbortSignal;
   /** The command line's global options (e.g. `--backend`): how to run, never what to make, so no fingerprint holds them. */
   options: StageOptions;
   log: Logger;

@@ -7,6 +7,7 @@ import { encodeConversations } from './chat-template.ts';
 import type { GPT } from './model.ts';
 import { viewAll, type Placeholders } from './placeholders.ts';
 import type { TextTokenizer } from './tokenizer.ts';
+import { safePoint } from '../pipeline/interrupt.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { seeded } from '../core/random.ts';
 import { headLength, microBatches, padBatch, startOf, trainingWindows, windowOf, type Sequence } from './windows.ts';
@@ -70,13 +71,17 @@ export interface Scores {
   count: Int32Array;
 }
 
-/** Sequence log-probabilities under `model`, without gradients, in micro-batches of similar length and at most `maxTokens` padded tokens. */
-export function scoreSequences(model: GPT, sequences: Sequence[], maxTokens: number, pad: number, log?: Logger, label = 'scoring'): Scores {
+/**
+ * Sequence log-probabilities under `model`, without gradients, in micro-batches of similar length and at most
+ * `maxTokens` padded tokens. Each micro-batch is a safe point: an aborted `signal` stops there (Interrupted).
+ */
+export async function scoreSequences(model: GPT, sequences: Sequence[], maxTokens: number, pad: number, signal: AbortSignal, log?: Logger, label = 'scoring'): Promise<Scores> {
   const sum = new Float64Array(sequences.length);
   const count = new Int32Array(sequences.length);
   const batches = microBatches(sequences.map((_, i) => [i]), (i) => sequences[i]!.ids.length, maxTokens);
   const progress = log?.progress(label, batches.length);
-  for (const idx of batches) {
+  for (const [done, idx] of batches.entries()) {
+    await safePoint(signal, () => `${label}: stopped after ${done} of ${batches.length} batches; the next run scores them again`);
     const b = padBatch(idx.map((j) => sequences[j]!), pad);
     const values = tf.tidy(() => tf.sum(tf.mul(model.tokenLogprobs(b.ids, b.targets, b.batch, b.length), tf.tensor2d(b.mask, [b.batch, b.length])), 1).dataSync());
     idx.forEach((j, k) => {

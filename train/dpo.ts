@@ -58,7 +58,7 @@ export async function pairExamples(tokenizer: TextTokenizer, pairs: Pair[], leng
 }
 
 /** The reference model's scores of every example's sequences, computed once per (reference, data) and kept in `path`. */
-export function referenceScores(model: GPT, examples: Example[], pad: number, maxTokens: number, path: string, log: Logger): Scores[] {
+export async function referenceScores(model: GPT, examples: Example[], pad: number, maxTokens: number, path: string, signal: AbortSignal, log: Logger): Promise<Scores[]> {
   if (existsSync(path)) {
     const saved = JSON.parse(readFileSync(path, 'utf8')) as { sum: number[]; count: number[] }[];
     if (saved.length === examples[0]?.sequences.length) {
@@ -67,7 +67,8 @@ export function referenceScores(model: GPT, examples: Example[], pad: number, ma
     }
   }
   const sides = examples[0]?.sequences.length ?? 0;
-  const scores = Array.from({ length: sides }, (_, k) => scoreSequences(model, examples.map((e) => e.sequences[k]!), maxTokens, pad, log, `reference log-probabilities ${k + 1}/${sides}`));
+  const scores: Scores[] = [];
+  for (let k = 0; k < sides; k++) scores.push(await scoreSequences(model, examples.map((e) => e.sequences[k]!), maxTokens, pad, signal, log, `reference log-probabilities ${k + 1}/${sides}`));
   writeFileSync(path, JSON.stringify(scores.map((s) => ({ sum: [...s.sum], count: [...s.count] }))));
   return scores;
 }

@@ -23,18 +23,18 @@ export async function ktoExamples(tokenizer: TextTokenizer, rows: KtoRow[], leng
 }
 
 /** Trains `start()` with KTO; `reference` holds the starting model's scores of both sides of every example. */
-export function ktoTrainer(examples: Example[], reference: Scores[], loss: LossChoice, cfg: PreferenceSettings, pad: number, start: () => GPT): Trainer {
+export function ktoTrainer(examples: Example[], reference: Scores[], loss: LossChoice, cfg: PreferenceSettings, pad: number, start: () => GPT, signal: AbortSignal): Trainer {
   const hyper = hyperparameters(cfg, loss);
   const batches = preferenceBatches(examples, reference, loss, cfg, pad);
   return {
     steps: stepsFor(cfg, examples.length),
     label: 'kto steps',
     start,
-    batch: (step, model) => {
+    batch: async (step, model) => {
       const b = batches(step);
       const B = b.idx.length;
       // The reference point: the batch's mean log-ratio on mismatched completions, not differentiated, at least 0 (in the loss).
-      const mismatched = sequenceValues(scoreSequences(model, b.idx.map((i) => examples[i]!.sequences[1]!), cfg.micro_batch_tokens, pad), loss.average);
+      const mismatched = sequenceValues(await scoreSequences(model, b.idx.map((i) => examples[i]!.sequences[1]!), cfg.micro_batch_tokens, pad, signal), loss.average);
       const kl = b.idx.reduce((sum, i, k) => sum + mismatched[k]! - b.refValue(1, i), 0) / B;
       const desirable = b.idx.filter((i) => examples[i]!.label).length;
       return {

@@ -3,6 +3,7 @@
 // whose placeholders are put back before the environment reads it. One KV cache is kept across
 // turns and episodes: each prompt extends the last one (and all start with the same system prompt), so
 // only the new messages are read.
+import { safePoint } from '../pipeline/interrupt.ts';
 import type { Random } from '../core/random.ts';
 import type { Message, Policy } from '../core/records.ts';
 import { encodeConversations, parseAssistant } from './chat-template.ts';
@@ -19,6 +20,8 @@ export interface SamplingOptions {
   topP: number;
   /** Tools whose JSON schemas the model's calls are decoded under (train/constrain.ts); absent: calls are free text. */
   tools?: readonly ToolSchema[];
+  /** Aborted, the next assistant message is not written (Interrupted): each one is a safe point. */
+  signal?: AbortSignal;
 }
 
 export class ModelPolicy implements Policy {
@@ -42,6 +45,7 @@ export class ModelPolicy implements Policy {
   }
 
   async respond(conversation: Message[]): Promise<Message> {
+    if (this.sampling.signal) await safePoint(this.sampling.signal, () => `${this.name} in the simulator: stopped after ${this.generated} generated tokens; the next run evaluates again`);
     const { messages, restore } = modelView(conversation, this.placeholders);
     const [encoded] = await encodeConversations(this.tokenizer, [messages], true);
     const room = this.cache.model.config.contextLength - this.sampling.maxTokens;

@@ -6,6 +6,7 @@ import { appendFileSync, existsSync, mkdirSync, readFileSync, readdirSync, rmSyn
 import { copyFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
+import { Interrupted, interrupted } from '../pipeline/interrupt.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { loadCheckpoint, saveCheckpoint } from './checkpoint.ts';
 import type { GPT } from './model.ts';
@@ -61,7 +62,7 @@ export interface Trainer {
   /** The model to start from when there is no checkpoint. */
   start(): GPT;
   /** The batch of step `step` (0-based), a function of the step alone so a resumed run sees the same data, and its loss on `model`. */
-  batch(step: number, model: GPT): StepBatch;
+  batch(step: number, model: GPT): StepBatch | Promise<StepBatch>;
   /** The progress bar's label. */
   label: string;
 }
@@ -76,6 +77,8 @@ export interface RunSettings {
   tokenizerJson: string;
   /** The masking its data was read with, saved with every checkpoint. */
   placeholders: Placeholders;
+  /** The stage's signal: aborted, the run stops at the next step boundary. */
+  signal: AbortSignal;
   log: Logger;
 }
 
@@ -120,8 +123,12 @@ function readMetrics(path: string, upTo: number): MetricsRow[] {
   return rows;
 }
 
-/** Trains to `trainer.steps`, resuming from the latest checkpoint of the run keyed by `settings.key`. */
-export function trainingRun(settings: RunSettings, trainer: Trainer): RunResult {
+/**
+ * Trains to `trainer.steps`, resuming from the latest checkpoint of the run keyed by `settings.key`. Every step
+ * boundary is a safe point: when `settings.signal` is aborted, the run saves a checkpoint there and throws
+ * Interrupted, so the next run resumes from that step.
+ */
+export async function trainingRun(settings: RunSettings, trainer: Trainer): Promise<RunResult> {
   const dir = runFolder(settings.cache, settings.key);
   const run = { ...trainer, dir, seed: settings.config.seed, log: settings.log, tokenizerJson: settings.tokenizerJson, placeholders: settings.placeholders };
   const metricsPath = join(run.dir, 'metrics.jsonl');
@@ -144,7 +151,9 @@ export function trainingRun(settings: RunSettings, trainer: Trainer): RunResult 
   }
   const metrics = readMetrics(metricsPath, done);
   writeFileSync(metricsPath, metrics.map((m) => JSON.stringify(m) + '\n').join(''));
+  let saved = done;
   const save = (step: number) => {
+    saved = step;
     saveCheckpoint(join(run.dir, checkpointName(step)), { model, tokenizerJson: run.tokenizerJson, placeholders: run.placeholders, optimizer, state: { step, totalSteps: run.steps, seed: run.seed } });
     // Keep the newest two: the one just written, and the one before in case this one is found damaged.
     for (const f of readdirSync(run.dir).filter((f) => STEP_DIR.test(f)).sort().slice(0, -2)) rmSync(join(run.dir, f), { recursive: true, force: true });
@@ -153,8 +162,13 @@ export function trainingRun(settings: RunSettings, trainer: Trainer): RunResult 
   for (let i = 0; i < done; i++) progress.tick();
   const schedule = { peak: s.lr, warmup: s.warmup, total: run.steps, minRatio: s.min_lr_ratio };
   for (let step = done; step < run.steps; step++) {
+    if (await interrupted(settings.signal)) {
+      if (step > saved) save(step);
+      progress.done();
+      throw new Interrupted(`${run.label}: stopped at step ${step} of ${run.steps}; checkpoint kept, the next run resumes from step ${step}`);
+    }
     const started = performance.now();
-    const batch = run.batch(step, model);
+    const batch = await run.batch(step, model);
     const lr = learningRate(step, schedule);
     const result = optimizerStep(model, optimizer, batch.parts, lr, s.max_grad_norm);
     const seconds = (performance.now() - started) / 1000;

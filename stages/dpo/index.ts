@@ -36,7 +36,7 @@ export const dpo = defineStage({
   outputs: ['model', 'metrics.jsonl'],
   config,
 
-  async run({ config: cfg, out, input, cache, key, lineage, log, options }) {
+  async run({ config: cfg, out, input, cache, key, lineage, log, options, signal }) {
     const backend = await stageBackend(options, log);
     const sft = loadCheckpoint(join(input('sft'), 'model'));
     const tokenizer = new TextTokenizer(sft.tokenizerJson);
@@ -51,12 +51,12 @@ export const dpo = defineStage({
     const examples = kto ? await ktoExamples(tokenizer, used, length, sft.placeholders) : await pairExamples(tokenizer, used, length, sft.placeholders);
     const fingerprints = lineage.filter((l) => l.stage === 'sft' || l.stage === 'export').map((l) => l.fingerprint);
     const referenceKey = hashJson({ fingerprints, kto, examples: used.length, length, version: 1 });
-    const reference = loss.reference ? referenceScores(sft.model, examples, pad, cfg.micro_batch_tokens, join(cache, `reference-${referenceKey.slice(0, 16)}.json`), log) : null;
+    const reference = loss.reference ? await referenceScores(sft.model, examples, pad, cfg.micro_batch_tokens, join(cache, `reference-${referenceKey.slice(0, 16)}.json`), signal, log) : null;
     const start = () => loadCheckpoint(join(input('sft'), 'model')).model;
-    const trainer = kto ? ktoTrainer(examples, reference!, loss, cfg, pad, start) : dpoTrainer(examples, reference, loss, cfg, pad, start);
+    const trainer = kto ? ktoTrainer(examples, reference!, loss, cfg, pad, start, signal) : dpoTrainer(examples, reference, loss, cfg, pad, start);
     log.info('training', { loss: loss.name, beta: loss.beta, examples: examples.length, steps: trainer.steps, backend: backend.name });
 
-    const result = trainingRun({ config: cfg, cache, key, tokenizerJson: sft.tokenizerJson, placeholders: sft.placeholders, log }, trainer);
+    const result = await trainingRun({ config: cfg, cache, key, tokenizerJson: sft.tokenizerJson, placeholders: sft.placeholders, signal, log }, trainer);
     sft.model.dispose();
     const last = await result.save(out, { stage: 'dpo', loss: loss.name, beta: loss.beta, max_length: length - 1 } satisfies PreferenceTraining);
     const accuracy = last['rewards/accuracies'];

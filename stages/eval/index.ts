@@ -49,9 +49,9 @@ interface Model {
 }
 
 /** The model acting in the simulator on the validation tasks, each episode seeded by the model, task and try. */
-async function simulate(m: Model, tokenizer: TextTokenizer, placeholders: Placeholders, s: EvalConfig['simulator'], seed: string, log: Logger): Promise<ModelRow> {
+async function simulate(m: Model, tokenizer: TextTokenizer, placeholders: Placeholders, s: EvalConfig['simulator'], seed: string, signal: AbortSignal, log: Logger): Promise<ModelRow> {
   if (s.tasks === 0) return {};
-  const policy = new ModelPolicy(m.name, m.model, tokenizer, placeholders, { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p, tools: s.constrained ? TOOLS : undefined }, Math.random);
+  const policy = new ModelPolicy(m.name, m.model, tokenizer, placeholders, { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p, tools: s.constrained ? TOOLS : undefined, signal }, Math.random);
   const progress = log.progress(`simulator: ${m.name}`, s.tasks * s.k);
   const started = performance.now();
   const options = { worldSeed: s.world_seed, companies: s.companies, tasks: s.tasks, k: s.k, maxTurns: s.max_turns };
@@ -79,7 +79,7 @@ export const evalStage = defineStage({
   outputs: ['eval.json', 'table.txt'],
   config,
 
-  async run({ config: cfg, out, input, log, options }) {
+  async run({ config: cfg, out, input, log, options, signal }) {
     const backend = await stageBackend(options, log);
     const sft = loadCheckpoint(join(input('sft'), 'model'));
     const tuned = loadCheckpoint(join(input('dpo'), 'model'));
@@ -103,18 +103,21 @@ export const evalStage = defineStage({
     const sessions = await readParquet<{ messages: Message[] }>(join(input('export'), 'sft', 'test.parquet'));
     const nllSequences = await sftSequences(tokenizer, subset(sessions, cfg.max_sessions, cfg.seed).map((s) => s.messages), length, join(input('export'), 'sft', 'test.parquet'), sft.placeholders);
 
-    const scores = (m: Model): Scores[] =>
-      examples.length ? [0, 1].map((k) => scoreSequences(m.model, examples.map((e) => e.sequences[k]!), cfg.micro_batch_tokens, pad, log, `held-out pairs: ${m.name}`)) : [];
-    const reference = scores(models[1]!);
+    const scores = async (m: Model): Promise<Scores[]> => {
+      const sides: Scores[] = [];
+      for (const k of examples.length ? [0, 1] : []) sides.push(await scoreSequences(m.model, examples.map((e) => e.sequences[k]!), cfg.micro_batch_tokens, pad, signal, log, `held-out pairs: ${m.name}`));
+      return sides;
+    };
+    const reference = await scores(models[1]!);
     const rows: Record<string, ModelRow> = {};
     for (const m of models) {
       const row: ModelRow = {};
-      if (examples.length) Object.assign(row, heldOutPairFigures(m === models[1] ? reference : scores(m), reference, training, m === models[1]));
+      if (examples.length) Object.assign(row, heldOutPairFigures(m === models[1] ? reference : await scores(m), reference, training, m === models[1]));
       if (nllSequences.length) {
-        const s = scoreSequences(m.model, nllSequences, cfg.micro_batch_tokens, pad, log, `held-out NLL: ${m.name}`);
+        const s = await scoreSequences(m.model, nllSequences, cfg.micro_batch_tokens, pad, signal, log, `held-out NLL: ${m.name}`);
         row.nll = -s.sum.reduce((a, b) => a + b, 0) / Math.max(1, s.count.reduce((a, b) => a + b, 0));
       }
-      Object.assign(row, await simulate(m, tokenizer, sft.placeholders, cfg.simulator, cfg.seed, log));
+      Object.assign(row, await simulate(m, tokenizer, sft.placeholders, cfg.simulator, cfg.seed, signal, log));
       rows[m.name] = row;
       log.info('evaluated', { model: m.name, ...row });
     }

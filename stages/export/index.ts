@@ -5,6 +5,7 @@ import { z } from 'zod';
 import { hashJson } from '../../pipeline/hash.ts';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { ParquetTableWriter, type Column, type Compression } from '../../pipeline/parquet.ts';
+import { safePoint } from '../../pipeline/interrupt.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import type { Pair, SftRow, Split, SplitSession } from '../../core/records.ts';
 import { SPLITS, bucketFile, readSplitInfo } from '../layout.ts';
@@ -43,7 +44,7 @@ export const exportStage = defineStage({
   outputs: [...DATASETS],
   config,
 
-  async run({ config: cfg, out, input, lineage, log }) {
+  async run({ config: cfg, out, input, lineage, log, signal }) {
     const splitDir = input('split');
     const info = await readSplitInfo(splitDir);
     const r = cfg.redaction;
@@ -59,6 +60,7 @@ export const exportStage = defineStage({
     for (const side of SPLITS) {
       const progress = log.progress(`export ${side} sessions`, info.buckets);
       for (let b = 0; b < info.buckets; b++) {
+        await safePoint(signal, () => `export: stopped at ${side} bucket ${b + 1} of ${info.buckets}; the next run exports again`);
         for await (const logged of readJsonl<SplitSession>(bucketFile(splitDir, side, b))) {
           const s = mask ? maskSession(logged, mask()) : logged;
           await w.sessions[side].append(s);

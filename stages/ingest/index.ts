@@ -48,7 +48,7 @@ export const ingest = defineStage({
   config,
   external: (cfg, configDir) => resolveInputs(cfg.inputs, configDir),
 
-  async run({ config: cfg, out, previous, external, log }) {
+  async run({ config: cfg, out, previous, external, log, signal }) {
     // The index format is part of it: an index written by an older ingest is not reused.
     const readingHash = hashJson({ index: INDEX_FORMAT, format: cfg.format, mapping: cfg.mapping, message: cfg.message, reward: cfg.out_of_range_reward });
     const prior = previous ? await readIngestIndex(previous) : null;
@@ -92,7 +92,7 @@ export const ingest = defineStage({
         if (seen.name !== file.name) log.info('skipped a file with the same content as one already ingested', { file: file.name, same_as: seen.name });
         continue;
       }
-      const result = await ingestFile(file, { format: cfg.format, mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward } }, join(out, 'sessions'), files.length, ids, quarantine, log);
+      const result = await ingestFile(file, { format: cfg.format, mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward } }, join(out, 'sessions'), files.length, ids, quarantine, log, signal);
       files.push(result);
       known.set(file.sha256, result);
       added += result.sessions;

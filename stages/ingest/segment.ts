@@ -2,6 +2,7 @@
 // session, and a session id seen before, goes to the quarantine with its file, place and reason.
 import { join } from 'node:path';
 import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
+import { safePointEvery } from '../../pipeline/interrupt.ts';
 import type { Logger } from '../../pipeline/log.ts';
 import type { ExternalFile } from '../../pipeline/stage.ts';
 import { UsageError } from '../../pipeline/errors.ts';
@@ -23,7 +24,7 @@ export interface ReadingOptions {
 }
 
 /** Reads `file` into segment number `seq` in `dir`; `ids` holds every session id ingested so far. */
-export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: string, seq: number, ids: SessionIdSet, quarantine: JsonlWriter, log: Logger): Promise<IngestedFile> {
+export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: string, seq: number, ids: SessionIdSet, quarantine: JsonlWriter, log: Logger, signal: AbortSignal): Promise<IngestedFile> {
   const format: InputFormat | null = o.format === 'auto' ? detectFormat(file.path) : o.format;
   if (!format) throw new UsageError(`${file.name}: cannot tell its format from the name; use .jsonl, .json or .parquet, or set ingest.format`);
   const segment = `${String(seq).padStart(5, '0')}-${file.sha256.slice(0, 12)}.jsonl`;
@@ -33,7 +34,9 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
   let quarantined = 0;
   let duplicates = 0;
   let untasked = 0;
+  const safe = safePointEvery(signal, 1000, () => `ingest: stopped while reading ${file.name}; the next run reads again the files this run had not finished`);
   for await (const record of readRecords(file.path, format)) {
+    await safe();
     progress.tick();
     const source = `${file.name} ${record.where}`;
     if (record.error !== undefined) {

@@ -8,11 +8,12 @@ import type { EnsembleJudge } from '../../judges/ensemble.ts';
 /** A (chosen, rejected) couple of sessions, as outcome pairs and best-of-N pairs are compared. */
 export const coupleKey = (p: Pick<JudgedPair, 'chosen_session_id' | 'rejected_session_id'>) => `${p.chosen_session_id}\u0000${p.rejected_session_id}`;
 
-/** Judges every pair of `file`, `batchSize` at a time, and hands each batch to `write`; returns the outcome pairs' couples. */
-export async function judgeConstructed(file: string, ensemble: EnsembleJudge, batchSize: number, write: (pairs: JudgedPair[]) => Promise<void>, tick: () => void): Promise<Set<string>> {
+/** Judges every pair of `file`, `batchSize` at a time (each batch after a safe point), and hands each batch to `write`; returns the outcome pairs' couples. */
+export async function judgeConstructed(file: string, ensemble: EnsembleJudge, batchSize: number, write: (pairs: JudgedPair[]) => Promise<void>, tick: () => void, safePoint: () => Promise<void>): Promise<Set<string>> {
   const outcomeKeys = new Set<string>();
   let batch: CandidatePair[] = [];
   const flush = async () => {
+    await safePoint();
     const verdicts = await Promise.all(
       batch.map((p) => ensemble.judge({ prompt: p.prompt, a: { id: p.chosen_session_id, messages: p.chosen, reward: p.chosen_reward }, b: { id: p.rejected_session_id, messages: p.rejected, reward: p.rejected_reward }, task_id: p.task_id, metadata: p.metadata })),
     );

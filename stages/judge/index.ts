@@ -8,6 +8,7 @@ import { mustDeclineTest } from '../../judges/rules.ts';
 import { openPanel, panelConfig, panelEnvironment, panelPromptFile } from '../../judges/panel.ts';
 import { addStats, NO_COST, type JudgeStats } from '../../core/verdict.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
+import { safePoint } from '../../pipeline/interrupt.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import type { JudgedPair } from '../../core/records.ts';
 import { redactionConfig } from '../../core/redact.ts';
@@ -58,7 +59,7 @@ export const judge = defineStage({
     return prompt ? [prompt] : [];
   },
 
-  async run({ config: cfg, configDir, out, input, cache, lineage, log }) {
+  async run({ config: cfg, configDir, out, input, cache, lineage, log, signal }) {
     const info = await readSplitInfo(input('split'));
     const pairsInfo = (await readPairsInfo(input('pairs'))) ?? { must_decline: [] };
     const mustDecline = mustDeclineTest(pairsInfo.must_decline);
@@ -79,11 +80,13 @@ export const judge = defineStage({
         };
 
         const progress = log.progress(`judge ${side} pairs`, lineage.find((l) => l.stage === 'pairs')?.counts[side]);
-        const outcomeKeys = await judgeConstructed(join(input('pairs'), `${side}.jsonl`), ensemble, cfg.batch_size, write, () => progress.tick());
+        const stopped = () => `judge: stopped while judging the ${side} pairs; the next run judges again (LLM answers received are cached)`;
+        const outcomeKeys = await judgeConstructed(join(input('pairs'), `${side}.jsonl`), ensemble, cfg.batch_size, write, () => progress.tick(), () => safePoint(signal, stopped));
         progress.done();
         if (cfg.best_of_n.enabled) {
           const groups = log.progress(`judge ${side} best-of-N`, info.buckets);
           for (let b = 0; b < info.buckets; b++) {
+            await safePoint(signal, stopped);
             const bucket = await candidateGroups(bucketFile(input('split'), side, b), bucketFile(input('sample'), side, b), cfg.best_of_n.max_candidates);
             const results = await Promise.all(bucket.filter((g) => g.candidates.length >= cfg.best_of_n.min_candidates).map((g) => judgeGroup(g, (c) => ensemble.judge(c))));
             for (const r of results) {

@@ -9,6 +9,7 @@ import { z } from 'zod';
 import { endpointEnvironment, openEndpoint, requestCounts, type ChatEndpoint } from '../../judges/endpoint.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
+import { safePoint } from '../../pipeline/interrupt.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import { mustDeclineTest } from '../../judges/rules.ts';
 import { NEGATIVE_TYPES, type NegativeType, type SplitSession } from '../../core/records.ts';
@@ -94,7 +95,7 @@ export const pairs = defineStage({
     return [path];
   },
 
-  async run({ config: cfg, configDir, out, input, cache, log }) {
+  async run({ config: cfg, configDir, out, input, cache, log, signal }) {
     const splitDir = input('split');
     const info = await readSplitInfo(splitDir);
     await mkdir(out, { recursive: true });
@@ -119,6 +120,7 @@ export const pairs = defineStage({
         const writer = new JsonlWriter(join(out, `${side}.jsonl`));
         const progress = log.progress(`pairs ${side}`, info.buckets);
         for (let b = 0; b < info.buckets; b++) {
+          await safePoint(signal, () => `pairs: stopped at ${side} bucket ${b + 1} of ${info.buckets}; the next run makes pairs again${rewriter ? ' (rewrites received are cached)' : ''}`);
           await pairBucket(await readTaskGroups(bucketFile(splitDir, side, b)), side, bucketOptions, { pairs: writer, dropped }, counts, log);
           progress.tick();
         }

@@ -40,7 +40,7 @@ export const sft = defineStage({
   outputs: ['model', 'metrics.jsonl'],
   config,
 
-  async run({ config: cfg, out, input, cache, key, log, options }) {
+  async run({ config: cfg, out, input, cache, key, log, options, signal }) {
     const backend = await stageBackend(options, log);
     const tokenizerJson = await readFile(join(input('tokenizer'), 'tokenizer.json'), 'utf8');
     const tokenizer = new TextTokenizer(tokenizerJson);
@@ -55,7 +55,7 @@ export const sft = defineStage({
     const trainer = sftTrainer(sequences, shape, cfg, tokenizer.special['<|pad|>']);
     log.info('training', { sessions: sessions.length, resampled, windows: sequences.length, tokens: sequences.reduce((n, s) => n + s.ids.length, 0), steps: trainer.steps, backend: backend.name });
 
-    const result = trainingRun({ config: cfg, cache, key, tokenizerJson, placeholders, log }, trainer);
+    const result = await trainingRun({ config: cfg, cache, key, tokenizerJson, placeholders, signal, log }, trainer);
     const parameters = result.model.size();
     const last = await result.save(out, { stage: 'sft', sessions: sessions.length, windows: sequences.length });
     return {

@@ -1,0 +1,30 @@
+// Stopping a run when asked: Ctrl+C (SIGINT) or a scheduler's SIGTERM aborts the run's signal, and every long
+// loop stops at its next safe point (a training step, a scored batch, an assistant turn). A loop that never
+// gives the event loop a turn never sees a signal at all, so a safe point first yields, then looks.
+
+/** The run was interrupted at a safe point; the message says where, and what the next run will do. */
+export class Interrupted extends Error {
+  override name = 'Interrupted';
+}
+
+/** A signal that is never aborted: for code run outside a stage (tests, benches). */
+export const NEVER: AbortSignal = new AbortController().signal;
+
+/** Lets the event loop run (timers, signal handlers), then says whether `signal` was aborted. */
+export async function interrupted(signal: AbortSignal): Promise<boolean> {
+  await new Promise<void>((resolve) => setImmediate(resolve));
+  return signal.aborted;
+}
+
+/** A safe point: yields, and throws Interrupted with `what` (where it stopped, what happens next) if asked to stop. */
+export async function safePoint(signal: AbortSignal, what: () => string): Promise<void> {
+  if (await interrupted(signal)) throw new Interrupted(what());
+}
+
+/** A safe point every `every` calls, for loops over records: cheap enough to call once a record. */
+export function safePointEvery(signal: AbortSignal, every: number, what: () => string): () => Promise<void> {
+  let calls = 0;
+  return async () => {
+    if (++calls % every === 0) await safePoint(signal, what);
+  };
+}
