@@ -5,8 +5,9 @@ import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { writeSyntheticSessions } from '../../bench/synthetic-sessions.ts';
-import { prefab, prefabAsync, REPO } from '../fixtures/cli.ts';
+import { prefab, prefabAsync } from '../fixtures/cli.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
+import { tinyConfig } from '../fixtures/tiny.ts';
 
 /**
  * The exit must follow the signal within this many milliseconds. The CLI waits 1.5 s for a safe point before
@@ -80,41 +81,14 @@ describe('a data stage on a large input', () => {
   });
 });
 
-/** The training stages with a model small enough for the test suite, and runs long enough to interrupt. */
-function tinyConfig(dir: string): string {
-  const path = join(dir, 'tiny.yaml');
-  writeFileSync(
-    path,
-    `ingest:
-  inputs: [${join(REPO, 'data', 'sample')}]
-tokenizer:
-  vocab_size: 400
-sft:
-  model: { layers: 1, width: 32, heads: 2, context: 512 }
-  max_sessions: 120
-  max_steps: 40
-  checkpoint_every: 10
-dpo:
-  max_examples: 64
-  batch_size: 4
-  max_steps: 40
-  checkpoint_every: 10
-eval:
-  max_pairs: 16
-  max_sessions: 8
-  simulator: { tasks: 6, k: 1, max_tokens: 24 }
-`,
-  );
-  return path;
-}
-
 describe('the training stages and eval', () => {
   let dir: string;
   let config: string;
   const args = (ws: string) => ['--workdir', join(dir, ws), '--config', config, '--log-format', 'json'];
   beforeAll(() => {
     dir = tempDir();
-    config = tinyConfig(dir);
+    // Runs long enough to interrupt each stage.
+    config = tinyConfig(dir, { vocab: 400, context: 512, sessions: 120, sftSteps: 40, dpo: 'max_steps: 40', examples: 64, checkpointEvery: 10, pairs: 16, nllSessions: 8, tasks: 6, maxTokens: 24 });
     const whole = prefab([...args('uninterrupted'), 'run']);
     expect(whole.code, whole.stderr).toBe(0);
   });

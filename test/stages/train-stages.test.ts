@@ -1,41 +1,17 @@
-import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { DuckDBInstance } from '@duckdb/node-api';
-import { prefab, prefabAsync, REPO } from '../fixtures/cli.ts';
+import { prefab, prefabAsync } from '../fixtures/cli.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
+import { tinyConfig as tinyConfigOf } from '../fixtures/tiny.ts';
 import { useBackend } from '../../train/backend.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
 import { readSafetensors } from '../../train/safetensors.ts';
 
-/** The default run's stages with a model small enough for the test suite. */
-function tinyConfig(dir: string, dpo = 'loss: dpo\n  max_steps: 4'): string {
-  const path = join(dir, 'tiny.yaml');
-  writeFileSync(
-    path,
-    `ingest:
-  inputs: [${join(REPO, 'data', 'sample')}]
-tokenizer:
-  vocab_size: 512
-sft:
-  model: { layers: 1, width: 32, heads: 2, context: 640 }
-  max_sessions: 80
-  resample_copies: 0.5
-  max_steps: 4
-  checkpoint_every: 2
-dpo:
-  ${dpo}
-  max_examples: 48
-  batch_size: 4
-  checkpoint_every: 2
-eval:
-  max_pairs: 12
-  max_sessions: 6
-  simulator: { tasks: 2, k: 1, max_tokens: 16 }
-`,
-  );
-  return path;
-}
+/** The default run's stages, tiny; `dpo` is the dpo section's own lines. */
+const tinyConfig = (dir: string, dpo = 'loss: dpo\nmax_steps: 4') =>
+  tinyConfigOf(dir, { vocab: 512, context: 640, sessions: 80, resampleCopies: 0.5, sftSteps: 4, dpo, examples: 48, checkpointEvery: 2, pairs: 12, nllSessions: 6, tasks: 2, maxTokens: 16 });
 
 const metricsOf = (path: string) =>
   readFileSync(path, 'utf8')
@@ -116,7 +92,7 @@ describe('training stages (tiny model)', () => {
   });
 
   it('reuses the cached reference log-probabilities when only the loss settings change', () => {
-    const r = prefab(['--workdir', workdir, '--config', tinyConfig(join(workdir, '..'), 'loss: ipo\n  max_steps: 2'), '--log-format', 'json', 'run']);
+    const r = prefab(['--workdir', workdir, '--config', tinyConfig(join(workdir, '..'), 'loss: ipo\nmax_steps: 2'), '--log-format', 'json', 'run']);
     expect(r.code, r.stderr).toBe(0);
     expect(r.stderr).toMatch(/"event":"reference log-probabilities from the cache"/);
     expect(JSON.parse(r.stdout).stages.map((s: { action: string }) => s.action).slice(-4)).toEqual(['fresh', 'fresh', 'ran', 'ran']);
@@ -125,7 +101,7 @@ describe('training stages (tiny model)', () => {
 
   it('trains with SimPO, ORPO and KTO too, each logging its metrics', () => {
     for (const loss of ['simpo', 'orpo', 'kto']) {
-      const r = prefab(['--workdir', workdir, '--config', tinyConfig(join(workdir, '..'), `loss: ${loss}\n  max_steps: 2`), '--log-format', 'json', 'run']);
+      const r = prefab(['--workdir', workdir, '--config', tinyConfig(join(workdir, '..'), `loss: ${loss}\nmax_steps: 2`), '--log-format', 'json', 'run']);
       expect(r.code, r.stderr).toBe(0);
       const rows = metricsOf(join(workdir, 'dpo', 'metrics.jsonl'));
       expect(rows, loss).toHaveLength(2);
@@ -149,7 +125,7 @@ describe('training stages (tiny model)', () => {
 describe('kill -9 during dpo', () => {
   it('resumes from the last checkpoint and ends with the same metrics as an uninterrupted run', async () => {
     const dir = tempDir();
-    const cfg = tinyConfig(dir, 'loss: dpo\n  max_steps: 12');
+    const cfg = tinyConfig(dir, 'loss: dpo\nmax_steps: 12');
     const killed = join(dir, 'killed');
     const args = ['--config', cfg, '--log-format', 'json'];
     const child = prefabAsync(['--workdir', killed, ...args, 'run']);
