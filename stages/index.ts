@@ -13,9 +13,10 @@ import { addSimulateCommands } from '../env/simulate.ts';
 import { sft } from './sft/index.ts';
 import { split } from './split/index.ts';
 import { addBackendOption } from '../train/backend.ts';
+import { addModelCommands } from '../train/model-commands.ts';
 import { tokenizer } from './tokenizer/index.ts';
 
 export const STAGES: Stage[] = [ingest, split, sample, pairs, judge, gate, exportStage, tokenizer, sft, dpo, evalStage] as Stage[];
 
 /** Commands beyond the pipeline's own. */
-export const COMMANDS: CommandFactory[] = [addSimulateCommands, addBackendOption];
+export const COMMANDS: CommandFactory[] = [addSimulateCommands, addModelCommands, addBackendOption];

@@ -1,0 +1,358 @@
+// LlamaForCausalLM's math, on TensorFlow.js: RMSNorm, a SwiGLU MLP, rotary embeddings (rotate-half, rope_theta),
+// grouped-query attention, head_dim, tied or untied embeddings; and Qwen2's biases on q, k and v. Weights
+// carry transformers' names and orientations (`model.layers.N.self_attn.q_proj.weight`, (out, in)), so a
+// folder prefab writes is what `AutoModelForCausalLM.from_pretrained` reads, and the other way round
+// (train/hf.ts reads and writes the folders).
+// Read top to bottom: config, parameters, the forward pass, log-probabilities, generation with a KV cache.
+// Shapes: B batch, T length, D hidden size, H query heads, K key/value heads, hd head_dim, F intermediate
+// size, V vocabulary; N = B·T rows.
+import * as tf from '@tensorflow/tfjs-core';
+import { seeded, type Random } from '../core/random.ts';
+import { causalAttention, causalMask, embed, linear, oneHot } from './kernels.ts';
+
+export interface LlamaConfig {
+  /** `llama` or `qwen2`: the same math, Qwen2 with biases on q, k and v. */
+  modelType: 'llama' | 'qwen2';
+  vocabSize: number;
+  /** D */
+  hiddenSize: number;
+  /** F, the SwiGLU MLP's width. */
+  intermediateSize: number;
+  layers: number;
+  /** H */
+  heads: number;
+  /** K: query heads share key/value heads in groups of H / K (grouped-query attention). */
+  kvHeads: number;
+  /** hd: often D / H, but not always. */
+  headDim: number;
+  ropeTheta: number;
+  rmsNormEps: number;
+  /** The output head is the embedding table (tie_word_embeddings). */
+  tiedEmbeddings: boolean;
+  /** Biases on the q, k and v projections (Qwen2; Llama's attention_bias). */
+  attentionBias: boolean;
+  /** Longest sequence the model is meant for (max_position_embeddings). */
+  maxPositions: number;
+  bosTokenId: number | null;
+  eosTokenId: number | null;
+}
+
+/** Parameter name → shape, in transformers' names and (out, in) orientation, in a fixed order. */
+export function llamaParameterShapes(c: LlamaConfig): [string, number[]][] {
+  const { hiddenSize: D, intermediateSize: F, heads: H, kvHeads: K, headDim: hd } = c;
+  const shapes: [string, number[]][] = [['model.embed_tokens.weight', [c.vocabSize, D]]];
+  for (let i = 0; i < c.layers; i++) {
+    const l = `model.layers.${i}.`;
+    shapes.push(
+      [`${l}input_layernorm.weight`, [D]],
+      [`${l}self_attn.q_proj.weight`, [H * hd, D]],
+      [`${l}self_attn.k_proj.weight`, [K * hd, D]],
+      [`${l}self_attn.v_proj.weight`, [K * hd, D]],
+      ...(c.attentionBias
+        ? ([
+            [`${l}self_attn.q_proj.bias`, [H * hd]],
+            [`${l}self_attn.k_proj.bias`, [K * hd]],
+            [`${l}self_attn.v_proj.bias`, [K * hd]],
+          ] as [string, number[]][])
+        : []),
+      [`${l}self_attn.o_proj.weight`, [D, H * hd]],
+      [`${l}post_attention_layernorm.weight`, [D]],
+      [`${l}mlp.gate_proj.weight`, [F, D]],
+      [`${l}mlp.up_proj.weight`, [F, D]],
+      [`${l}mlp.down_proj.weight`, [D, F]],
+    );
+  }
+  shapes.push(['model.norm.weight', [D]]);
+  if (!c.tiedEmbeddings) shapes.push(['lm_head.weight', [c.vocabSize, D]]);
+  return shapes;
+}
+
+/** Llama's initialisation: N(0, 0.02) for matrices, norms at 1, biases at 0. */
+function initialWeights(c: LlamaConfig, seed: string): Map<string, Float32Array> {
+  const weights = new Map<string, Float32Array>();
+  for (const [name, shape] of llamaParameterShapes(c)) {
+    const size = shape.reduce((a, b) => a * b, 1);
+    if (name.endsWith('.bias')) weights.set(name, new Float32Array(size));
+    else if (name.endsWith('norm.weight')) weights.set(name, new Float32Array(size).fill(1));
+    else weights.set(name, normal(seeded(seed, 'init', name), size, 0.02));
+  }
+  return weights;
+}
+
+function normal(rand: Random, size: number, std: number): Float32Array {
+  const out = new Float32Array(size);
+  for (let i = 0; i < size; i += 2) {
+    const r = Math.sqrt(-2 * Math.log(1 - rand())) * std; // Box–Muller
+    const a = 2 * Math.PI * rand();
+    out[i] = r * Math.cos(a);
+    if (i + 1 < size) out[i + 1] = r * Math.sin(a);
+  }
+  return out;
+}
+
+/** RMSNorm: x / √(mean(x²) + ε) · weight. x: (N, D). */
+function rmsNorm(x: tf.Tensor2D, weight: tf.Tensor, eps: number): tf.Tensor2D {
+  return tf.mul(tf.mul(x, tf.rsqrt(tf.add(tf.mean(tf.square(x), -1, true), eps))), weight) as tf.Tensor2D;
+}
+
+/** SiLU (x·σ(x)), the gate of the SwiGLU MLP. */
+const silu = (x: tf.Tensor2D) => tf.mul(x, tf.sigmoid(x)) as tf.Tensor2D;
+
+/** x · Wᵀ (+ b) for a weight stored (out, in) as transformers stores it. x: (N, in) → (N, out). */
+function project(x: tf.Tensor2D, w: tf.Tensor2D, b?: tf.Tensor): tf.Tensor2D {
+  const y = linear(x, tf.transpose(w));
+  return b ? (tf.add(y, b) as tf.Tensor2D) : y;
+}
+
+/**
+ * RoPE's cos and sin for positions 0…n−1, (n, hd): angle p · θ^(−2f/hd) for f < hd/2, the same angle on both
+ * halves, as transformers' default rope computes it (inverse frequencies and their products in float32).
+ */
+function ropeTable(positions: number, headDim: number, theta: number): { cos: Float32Array; sin: Float32Array } {
+  const half = headDim / 2;
+  const inv = new Float32Array(half);
+  for (let f = 0; f < half; f++) inv[f] = 1 / Math.pow(theta, (2 * f) / headDim);
+  const cos = new Float32Array(positions * headDim);
+  const sin = new Float32Array(positions * headDim);
+  for (let p = 0; p < positions; p++) {
+    for (let f = 0; f < half; f++) {
+      const angle = Math.fround(p * inv[f]!);
+      for (const at of [p * headDim + f, p * headDim + f + half]) {
+        cos[at] = Math.cos(angle);
+        sin[at] = Math.sin(angle);
+      }
+    }
+  }
+  return { cos, sin };
+}
+
+/** rotate_half applied with the table's rows: x·cos + rotate_half(x)·sin, rotate_half(x) = (−x₂, x₁). x: (N, heads, hd). */
+function rotate(x: tf.Tensor3D, cos: tf.Tensor3D, sin: tf.Tensor3D): tf.Tensor3D {
+  const half = x.shape[2] / 2;
+  const [x1, x2] = tf.split(x, [half, half], 2);
+  return tf.add(tf.mul(x, cos), tf.mul(tf.concat([tf.neg(x2), x1], 2), sin)) as tf.Tensor3D;
+}
+
+/** K key/value heads repeated to H, each serving H / K query heads in a row (transformers' repeat_kv). (N, K, hd) → (N, H·hd). */
+function repeatKv(x: tf.Tensor3D, heads: number): tf.Tensor2D {
+  const [n, k, hd] = x.shape;
+  if (k === heads) return tf.reshape(x, [n, heads * hd]);
+  return tf.reshape(tf.tile(tf.reshape(x, [n, k, 1, hd]), [1, 1, heads / k, 1]), [n, heads * hd]);
+}
+
+export class Llama {
+  readonly params: Map<string, tf.Variable>;
+  private readonly masks = new Map<number, tf.Tensor2D>();
+  private rope: { cos: Float32Array; sin: Float32Array; positions: number } | null = null;
+
+  constructor(
+    readonly config: LlamaConfig,
+    weights: Map<string, Float32Array>,
+  ) {
+    this.params = new Map(
+      llamaParameterShapes(config).map(([name, shape]) => {
+        const w = weights.get(name);
+        if (!w || w.length !== shape.reduce((a, b) => a * b, 1)) throw new Error(`weights: "${name}" is missing or is not of shape [${shape}]`);
+        return [name, tf.variable(tf.tensor(w, shape), true)];
+      }),
+    );
+  }
+
+  static create(config: LlamaConfig, seed: string): Llama {
+    return new Llama(config, initialWeights(config, seed));
+  }
+
+  /** A parameter, typed as the 2-D tensor most of them are. */
+  p(name: string): tf.Tensor2D {
+    return this.params.get(name)! as tf.Tensor as tf.Tensor2D;
+  }
+
+  private mask(length: number): tf.Tensor2D {
+    let m = this.masks.get(length);
+    if (!m) this.masks.set(length, (m = tf.keep(causalMask(length))));
+    return m;
+  }
+
+  /** cos and sin of positions start…start+T−1 for every row (B·T, 1, hd), the batch's rows in order. */
+  private angles(batch: number, length: number, start: number): { cos: tf.Tensor3D; sin: tf.Tensor3D } {
+    const hd = this.config.headDim;
+    const needed = start + length;
+    if (!this.rope || this.rope.positions < needed) this.rope = { ...ropeTable(Math.max(needed, this.config.maxPositions), hd, this.config.ropeTheta), positions: Math.max(needed, this.config.maxPositions) };
+    const rows = (table: Float32Array) => {
+      const one = table.subarray(start * hd, needed * hd);
+      const all = new Float32Array(batch * length * hd);
+      for (let b = 0; b < batch; b++) all.set(one, b * length * hd);
+      return tf.tensor3d(all, [batch * length, 1, hd]);
+    };
+    return { cos: rows(this.rope.cos), sin: rows(this.rope.sin) };
+  }
+
+  /** One layer's q, k, v of rows x (N, D) at positions start…: q (N, H, hd) and k, v (N, K, hd), q and k turned. */
+  qkv(i: number, x: tf.Tensor2D, batch: number, length: number, start: number) {
+    const { heads: H, kvHeads: K, headDim: hd } = this.config;
+    const a = (n: string) => `model.layers.${i}.self_attn.${n}`;
+    const bias = (n: string) => (this.config.attentionBias ? this.p(a(`${n}.bias`)) : undefined);
+    const n = batch * length;
+    const { cos, sin } = this.angles(batch, length, start);
+    const q = rotate(tf.reshape(project(x, this.p(a('q_proj.weight')), bias('q_proj')), [n, H, hd]), cos, sin);
+    const k = rotate(tf.reshape(project(x, this.p(a('k_proj.weight')), bias('k_proj')), [n, K, hd]), cos, sin);
+    const v = tf.reshape(project(x, this.p(a('v_proj.weight')), bias('v_proj')), [n, K, hd]) as tf.Tensor3D;
+    return { q, k, v };
+  }
+
+  /** The MLP of layer i: down(silu(gate(x)) ⊙ up(x)). x: (N, D). */
+  mlp(i: number, x: tf.Tensor2D): tf.Tensor2D {
+    const m = (n: string) => this.p(`model.layers.${i}.mlp.${n}.weight`);
+    return project(tf.mul(silu(project(x, m('gate_proj'))), project(x, m('up_proj'))) as tf.Tensor2D, m('down_proj')); // (N, F) → (N, D)
+  }
+
+  /** Final norm and output head: (N, D) → logits (N, V). */
+  head(x: tf.Tensor2D): tf.Tensor2D {
+    const h = rmsNorm(x, this.p('model.norm.weight'), this.config.rmsNormEps);
+    return project(h, this.p(this.config.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight'));
+  }
+
+  /** Logits for every position. ids: B rows of T tokens, row-major. Returns (B·T, V). */
+  forward(ids: Int32Array, batch: number, length: number): tf.Tensor2D {
+    const { heads: H, rmsNormEps: eps } = this.config;
+    let x = embed(this.p('model.embed_tokens.weight'), tf.tensor1d(ids, 'int32')); // (N, D)
+    for (let i = 0; i < this.config.layers; i++) {
+      const l = (n: string) => this.p(`model.layers.${i}.${n}`);
+      const { q, k, v } = this.qkv(i, rmsNorm(x, l('input_layernorm.weight'), eps), batch, length, 0);
+      const n = batch * length;
+      const packed = tf.concat([tf.reshape(q, [n, H * this.config.headDim]), repeatKv(k, H), repeatKv(v, H)], 1) as tf.Tensor2D; // (N, 3·H·hd)
+      const attended = causalAttention(packed, { batch, length, heads: H }, this.mask(length)); // (N, H·hd)
+      x = tf.add(x, project(attended, l('self_attn.o_proj.weight')));
+      x = tf.add(x, this.mlp(i, rmsNorm(x, l('post_attention_layernorm.weight'), eps)));
+    }
+    return this.head(x);
+  }
+
+  /** log p(target_t | tokens ≤ t) for every position: (B, T). */
+  tokenLogprobs(ids: Int32Array, targets: Int32Array, batch: number, length: number): tf.Tensor2D {
+    const logp = tf.logSoftmax(this.forward(ids, batch, length)); // (B·T, V)
+    const picked = tf.sum(tf.mul(logp, oneHot(tf.tensor1d(targets, 'int32'), this.config.vocabSize)), -1);
+    return tf.reshape(picked, [batch, length]);
+  }
+
+  /** Number of parameters (a tied head counted once). */
+  size(): number {
+    let n = 0;
+    for (const v of this.params.values()) n += v.size;
+    return n;
+  }
+
+  dispose(): void {
+    for (const v of this.params.values()) v.dispose();
+    for (const m of this.masks.values()) m.dispose();
+  }
+
+  /** Weights as plain arrays, by name: what a checkpoint writes. */
+  weights(): Map<string, { shape: number[]; data: Float32Array }> {
+    return new Map([...this.params].map(([name, v]) => [name, { shape: v.shape, data: v.dataSync() as Float32Array }]));
+  }
+}
+
+export interface SampleOptions {
+  maxNewTokens: number;
+  /** 0: greedy. */
+  temperature: number;
+  topP: number;
+  random: Random;
+  stop?: number[];
+}
+
+/**
+ * Generation with a KV cache: each layer keeps the rotated keys and the values of every token read so far
+ * (K heads, not repeated), so each new token is one row through the model. A later call continues the same
+ * sequence: `read` more tokens, `generate` more.
+ */
+export class LlamaKVCache {
+  /** Per layer: keys and values of every position so far, (P, K, hd). */
+  private keys: tf.Tensor3D[] = [];
+  private values: tf.Tensor3D[] = [];
+  /** Tokens read so far. */
+  readonly tokens: number[] = [];
+
+  constructor(readonly model: Llama) {}
+
+  /** Reads `ids` after the tokens already cached; returns the logits after the last of them, (V). */
+  read(ids: number[]): Float32Array {
+    const c = this.model.config;
+    const start = this.tokens.length;
+    const T = ids.length;
+    const logits = tf.tidy(() => {
+      let x = embed(this.model.p('model.embed_tokens.weight'), tf.tensor1d(Int32Array.from(ids), 'int32')); // (T, D)
+      for (let i = 0; i < c.layers; i++) {
+        const l = (n: string) => this.model.p(`model.layers.${i}.${n}`);
+        const { q, k, v } = this.model.qkv(i, rmsNorm(x, l('input_layernorm.weight'), c.rmsNormEps), 1, T, start);
+        const keys = start ? tf.concat([this.keys[i]!, k], 0) : k; // (P, K, hd)
+        const values = start ? tf.concat([this.values[i]!, v], 0) : v;
+        tf.dispose([this.keys[i], this.values[i]]);
+        this.keys[i] = tf.keep(keys) as tf.Tensor3D;
+        this.values[i] = tf.keep(values) as tf.Tensor3D;
+        x = tf.add(x, project(attendCached(q, keys as tf.Tensor3D, values as tf.Tensor3D, start, c.heads), l('self_attn.o_proj.weight')));
+        x = tf.add(x, this.model.mlp(i, rmsNorm(x, l('post_attention_layernorm.weight'), c.rmsNormEps)));
+      }
+      return tf.slice(this.model.head(x), [T - 1, 0], [1, c.vocabSize]);
+    });
+    this.tokens.push(...ids);
+    const out = logits.dataSync() as Float32Array;
+    logits.dispose();
+    return out;
+  }
+
+  /** Samples up to `maxNewTokens` after the cached tokens and `prompt`; stops after any of `stop`. */
+  generate(prompt: number[], o: SampleOptions): number[] {
+    const out: number[] = [];
+    let logits = this.read(prompt);
+    while (out.length < o.maxNewTokens) {
+      const next = sampleToken(logits, o);
+      out.push(next);
+      if (o.stop?.includes(next) || out.length === o.maxNewTokens) break;
+      logits = this.read([next]);
+    }
+    return out;
+  }
+
+  dispose(): void {
+    tf.dispose([...this.keys, ...this.values]);
+    this.keys = [];
+    this.values = [];
+    this.tokens.length = 0;
+  }
+}
+
+/** Attention of new queries q (T, H, hd) at positions start… over cached keys and values (P, K, hd), causal. → (T, H·hd) */
+function attendCached(q: tf.Tensor3D, keys: tf.Tensor3D, values: tf.Tensor3D, start: number, heads: number): tf.Tensor2D {
+  const [T, , hd] = q.shape;
+  const P = keys.shape[0];
+  const k = tf.reshape(repeatKv(keys, heads), [P, heads, hd]);
+  const v = tf.reshape(repeatKv(values, heads), [P, heads, hd]);
+  const scores = tf.mul(tf.matMul(tf.transpose(q, [1, 0, 2]), tf.transpose(k, [1, 2, 0])), 1 / Math.sqrt(hd)); // (H, T, P)
+  const allowed = new Float32Array(T * P);
+  for (let t = 0; t < T; t++) for (let p = 0; p < P; p++) allowed[t * P + p] = p <= start + t ? 0 : -1e9;
+  const weights = tf.softmax(tf.add(scores, tf.tensor2d(allowed, [T, P])));
+  const out = tf.matMul(weights, tf.transpose(v, [1, 0, 2])); // (H, T, hd)
+  return tf.reshape(tf.transpose(out, [1, 0, 2]), [T, heads * hd]);
+}
+
+/** The next token: the most likely at temperature 0, else sampled from the top-p nucleus at the temperature. */
+export function sampleToken(logits: Float32Array, o: Pick<SampleOptions, 'temperature' | 'topP' | 'random'>): number {
+  let best = 0;
+  for (let i = 1; i < logits.length; i++) if (logits[i]! > logits[best]!) best = i;
+  if (o.temperature === 0) return best;
+  const scaled = Array.from(logits, (l, i) => ({ i, p: Math.exp((l - logits[best]!) / o.temperature) }));
+  const total = scaled.reduce((s, x) => s + x.p, 0);
+  scaled.sort((a, b) => b.p - a.p);
+  const nucleus: typeof scaled = [];
+  let mass = 0;
+  for (const x of scaled) {
+    nucleus.push(x);
+    mass += x.p / total;
+    if (mass >= o.topP) break;
+  }
+  let r = o.random() * nucleus.reduce((s, x) => s + x.p, 0);
+  for (const x of nucleus) if ((r -= x.p) <= 0) return x.i;
+  return nucleus.at(-1)!.i;
+}
