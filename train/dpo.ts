@@ -52,9 +52,43 @@ export interface Example {
   label?: boolean;
 }
 
-/** Pairs as [chosen, rejected] sequences sharing one cut of the prompt. */
-export async function pairExamples(tokenizer: TextTokenizer, pairs: Pair[], length: number, placeholders: Placeholders): Promise<Example[]> {
-  return Promise.all(pairs.map(async (p) => ({ sequences: await completionSequences(tokenizer, p.prompt, [p.chosen, p.rejected], length, placeholders) })));
+/** A row that could not become an example, and why. */
+interface DroppedExample {
+  /** Its index among the rows given. */
+  row: number;
+  reason: string;
+}
+
+/** Examples made from rows, and the rows left out. */
+export interface Examples {
+  examples: Example[];
+  /** The row each example came from. */
+  rows: number[];
+  dropped: DroppedExample[];
+}
+
+/** Collects examples, or the reason a row gave none. */
+export function collectExamples(made: (Example | { tooLong: string })[]): Examples {
+  const out: Examples = { examples: [], rows: [], dropped: [] };
+  made.forEach((m, row) => {
+    if ('tooLong' in m) out.dropped.push({ row, reason: m.tooLong });
+    else {
+      out.examples.push(m);
+      out.rows.push(row);
+    }
+  });
+  return out;
+}
+
+/** Pairs as [chosen, rejected] sequences sharing one cut of the prompt; a pair with a side that does not fit is left out. */
+export async function pairExamples(tokenizer: TextTokenizer, pairs: Pair[], length: number, placeholders: Placeholders): Promise<Examples> {
+  const made = await Promise.all(
+    pairs.map(async (p) => {
+      const sequences = await completionSequences(tokenizer, p.prompt, [p.chosen, p.rejected], length, placeholders);
+      return 'tooLong' in sequences ? sequences : { sequences };
+    }),
+  );
+  return collectExamples(made);
 }
 
 /** The reference model's scores of every example's sequences, computed once per (reference, data) and kept in `path`. */
@@ -173,4 +207,22 @@ export function heldOutPairFigures(policy: Scores[], reference: Scores[], traini
     'rewards/accuracies': rewards ? mean(margins.map((m) => (m > 0 ? 1 : 0))) : null,
     'rewards/margins': rewards ? mean(margins) : null,
   };
+}
+
+/** Per pair: 1 when the model gives the chosen side the higher log-probability (sums, or means when `average`), else 0. */
+export function pairWins(scores: Scores[], average: boolean): number[] {
+  const [chosen, rejected] = scores.map((s) => sequenceValues(s, average)) as [Float64Array, Float64Array];
+  return Array.from(chosen, (c, i) => (c > rejected[i]! ? 1 : 0));
+}
+
+/**
+ * Per pair: 1 when the chosen side has fewer trained (assistant) tokens, ½ on a tie, else 0. Its mean is what
+ * "prefer the shorter side" scores, the accuracy a model gets from summed log-probabilities of a length cue alone.
+ */
+export function shorterChosen(examples: Example[]): number[] {
+  const tokens = (s: Sequence) => s.mask.reduce((n, m) => n + m, 0);
+  return examples.map((e) => {
+    const [c, r] = e.sequences.map(tokens) as [number, number];
+    return c < r ? 1 : c === r ? 0.5 : 0;
+  });
 }

@@ -4,22 +4,28 @@
 import * as tf from '@tensorflow/tfjs-core';
 import type { KtoRow } from '../core/records.ts';
 import { completionSequences, scoreSequences, sequenceValues, type Scores } from './data.ts';
-import { hyperparameters, preferenceBatches, type Example, type LossChoice, type PreferenceSettings } from './dpo.ts';
+import { collectExamples, hyperparameters, preferenceBatches, type Example, type Examples, type LossChoice, type PreferenceSettings } from './dpo.ts';
 import { LOSSES } from './losses/index.ts';
 import type { GPT } from './model.ts';
 import type { Placeholders } from './placeholders.ts';
 import { stepsFor, type Trainer } from './run.ts';
 import type { TextTokenizer } from './tokenizer.ts';
 
-/** KTO rows; beside each, the next row's completion after this row's prompt: the mismatched pair of the KL estimate. */
-export async function ktoExamples(tokenizer: TextTokenizer, rows: KtoRow[], length: number, placeholders: Placeholders): Promise<Example[]> {
-  return Promise.all(
+/**
+ * KTO rows; beside each, the next row's completion after this row's prompt: the mismatched pair of the KL
+ * estimate. A row whose completion (or mismatched completion) does not fit is left out.
+ */
+export async function ktoExamples(tokenizer: TextTokenizer, rows: KtoRow[], length: number, placeholders: Placeholders): Promise<Examples> {
+  const made = await Promise.all(
     rows.map(async (r, i) => {
-      const [own] = await completionSequences(tokenizer, r.prompt, [r.completion], length, placeholders);
-      const [other] = await completionSequences(tokenizer, r.prompt, [rows[(i + 1) % rows.length]!.completion], length, placeholders);
-      return { sequences: [own!, other!], label: r.label };
+      const own = await completionSequences(tokenizer, r.prompt, [r.completion], length, placeholders);
+      if ('tooLong' in own) return own;
+      const other = await completionSequences(tokenizer, r.prompt, [rows[(i + 1) % rows.length]!.completion], length, placeholders);
+      if ('tooLong' in other) return { tooLong: `the mismatched completion for its KL estimate: ${other.tooLong}` };
+      return { sequences: [own[0]!, other[0]!], label: r.label };
     }),
   );
+  return collectExamples(made);
 }
 
 /** Trains `start()` with KTO; `reference` holds the starting model's scores of both sides of every example. */

@@ -18,14 +18,14 @@ import { TextTokenizer } from '../../train/tokenizer.ts';
 const config = z.strictObject({
   loss: z.enum(LOSS_NAMES).default('dpo').describe("dpo is DPO's sigmoid loss; robust and hinge are its variants; simpo and orpo need no reference; kto trains on the KTO rows."),
   beta: z.number().positive().nullable().default(null).describe("β (ORPO: λ); null takes the loss's paper default: 0.1, SimPO 2.0."),
-  label_smoothing: z.number().min(0).max(0.5).default(0).describe('cDPO / robust DPO: the chance a label is wrong.'),
+  label_smoothing: z.number().min(0).lt(0.5).default(0).describe('cDPO / robust DPO: the chance a label is wrong, below 0.5 (at 0.5 a label says nothing, and robust DPO divides by 1 − 2ε).'),
   gamma_beta_ratio: z.number().min(0).default(0.5).describe("SimPO's margin γ as a share of β."),
   desirable_weight: z.number().positive().default(1).describe("KTO's weight on the loss of desirable rows."),
   undesirable_weight: z.number().positive().default(1).describe("KTO's weight on the loss of undesirable rows."),
   /** batch_size counts pairs (KTO: rows). */
   ...trainingConfig(1e-4),
   max_examples: z.number().int().min(1).nullable().default(null).describe('Train on at most this many pairs or rows (null: all), drawn by a seeded shuffle.'),
-  max_length: z.number().int().min(16).nullable().default(null).describe("Tokens of prompt and completion together (null: the model's context): the prompt keeps its head and latest messages, a long completion is cut at its end (TRL's max_length)."),
+  max_length: z.number().int().min(16).nullable().default(null).describe("Tokens of prompt and completion together (null: the model's context), as TRL's max_length: the prompt keeps its head and as many latest messages as leave room for the longer side; a pair that still does not fit is left out."),
 });
 
 export const dpo = defineStage({
@@ -48,9 +48,14 @@ export const dpo = defineStage({
     const used = subset(await readParquet<Pair & KtoRow>(path), cfg.max_examples, cfg.seed);
     if (used.length === 0) throw new Error(`${path} has no rows: nothing to train ${cfg.loss} on`);
     if (kto && !used.some((r) => r.label)) throw new Error(`${path}: no desirable rows (label true); KTO needs both kinds`);
-    const examples = kto ? await ktoExamples(tokenizer, used, length, sft.placeholders) : await pairExamples(tokenizer, used, length, sft.placeholders);
+    const made = kto ? await ktoExamples(tokenizer, used, length, sft.placeholders) : await pairExamples(tokenizer, used, length, sft.placeholders);
+    const examples = made.examples;
+    for (const d of made.dropped.slice(0, 5)) log.warn('left out: does not fit', { pair_id: used[d.row]!.pair_id ?? null, session_id: used[d.row]!.session_id ?? null, reason: d.reason });
+    if (made.dropped.length) log.warn(`${made.dropped.length} of ${used.length} ${kto ? 'rows' : 'pairs'} left out: a side does not fit in ${length - 1} tokens (raise dpo.max_length or sft.model.context)`);
+    if (examples.length === 0) throw new Error(`${path}: no ${kto ? 'row' : 'pair'} fits in ${length - 1} tokens; raise dpo.max_length or sft.model.context`);
     const fingerprints = lineage.filter((l) => l.stage === 'sft' || l.stage === 'export').map((l) => l.fingerprint);
-    const referenceKey = hashJson({ fingerprints, kto, examples: used.length, length, version: 1 });
+    // The rows used depend on the seed and max_examples; the cut on the length.
+    const referenceKey = hashJson({ fingerprints, kto, seed: cfg.seed, max_examples: cfg.max_examples, rows: made.rows, length, version: 2 });
     const reference = loss.reference ? await referenceScores(sft.model, examples, pad, cfg.micro_batch_tokens, join(cache, `reference-${referenceKey.slice(0, 16)}.json`), signal, log) : null;
     const start = () => loadCheckpoint(join(input('sft'), 'model')).model;
     const trainer = kto ? ktoTrainer(examples, reference!, loss, cfg, pad, start, signal) : dpoTrainer(examples, reference, loss, cfg, pad, start);
@@ -61,9 +66,9 @@ export const dpo = defineStage({
     const last = await result.save(out, { stage: 'dpo', loss: loss.name, beta: loss.beta, max_length: length - 1 } satisfies PreferenceTraining);
     const accuracy = last['rewards/accuracies'];
     return {
-      counts: { examples: examples.length, steps: trainer.steps, resumed_from: result.resumedFrom },
+      counts: { examples: examples.length, too_long: made.dropped.length, steps: trainer.steps, resumed_from: result.resumedFrom },
       summary:
-        `${cfg.loss} (β ${loss.beta}): ${trainer.steps} steps on ${examples.length} ${kto ? 'rows' : 'pairs'}; last 10 steps: loss ${last.loss?.toFixed(3)}, ` +
+        `${cfg.loss} (β ${loss.beta}): ${trainer.steps} steps on ${examples.length} ${kto ? 'rows' : 'pairs'}${made.dropped.length ? ` (${made.dropped.length} too long, left out)` : ''}; last 10 steps: loss ${last.loss?.toFixed(3)}, ` +
         `margin ${last['rewards/margins']?.toFixed(3)}${accuracy === undefined ? '' : `, accuracy ${accuracy.toFixed(2)}`}`,
     };
   },

@@ -13,7 +13,7 @@ import { DEFAULT_WORLD } from '../../env/world.ts';
 import type { Message, Pair } from '../../core/records.ts';
 import { stageBackend } from '../../train/backend.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
-import { heldOutPairFigures, pairExamples, readPreferenceTraining } from '../../train/dpo.ts';
+import { heldOutPairFigures, pairExamples, pairWins, readPreferenceTraining, shorterChosen } from '../../train/dpo.ts';
 import { readParquet, scoreSequences, sftSequences, subset, type Scores } from '../../train/data.ts';
 import { GPT } from '../../train/model.ts';
 import type { Placeholders } from '../../train/placeholders.ts';
@@ -60,6 +60,36 @@ async function simulate(m: Model, tokenizer: TextTokenizer, placeholders: Placeh
   return figures;
 }
 
+/** A pair's kind for the breakdown: its source, and its negative type when it has one. */
+const pairType = (p: Pair) => (p.negative_type ? `${p.source}/${p.negative_type}` : p.source);
+
+interface TypeRow {
+  pairs: number;
+  /** The mean of shorterChosen: what preferring the shorter side scores. */
+  shorter_chosen: number;
+  /** Each model's pairs/accuracy on this type. */
+  accuracy: Record<string, number>;
+}
+
+/** Held-out pairs per type (and all together): how many, the length baseline, and each model's accuracy. */
+function pairsByType(types: string[], shorter: number[], wins: Record<string, number[]>): Record<string, TypeRow> {
+  const out: Record<string, TypeRow> = {};
+  const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
+  for (const type of ['all', ...[...new Set(types)].sort()]) {
+    const idx = types.flatMap((t, i) => (type === 'all' || t === type ? [i] : []));
+    out[type] = { pairs: idx.length, shorter_chosen: mean(idx.map((i) => shorter[i]!)), accuracy: Object.fromEntries(Object.entries(wins).map(([m, w]) => [m, mean(idx.map((i) => w[i]!))])) };
+  }
+  return out;
+}
+
+/** The breakdown as text: a row per pair type, the length baseline beside each model's accuracy. */
+function formatByType(rows: Record<string, TypeRow>, models: string[]): string {
+  const width = Math.max(...Object.keys(rows).map((k) => k.length), 'pairs/accuracy by type'.length);
+  const lines = [['pairs/accuracy by type'.padEnd(width), 'pairs'.padStart(6), 'shorter'.padStart(10), ...models.map((m) => m.padStart(10))].join('  ')];
+  for (const [type, r] of Object.entries(rows)) lines.push([type.padEnd(width), String(r.pairs).padStart(6), r.shorter_chosen.toFixed(3).padStart(10), ...models.map((m) => r.accuracy[m]!.toFixed(3).padStart(10))].join('  '));
+  return lines.join('\n');
+}
+
 /** The table as text: one column per model. */
 function formatTable(rows: Record<string, ModelRow>): string {
   const models = Object.keys(rows);
@@ -99,7 +129,12 @@ export const evalStage = defineStage({
     const pairs = await readParquet<Pair>(join(input('export'), 'pairs', 'test.parquet'));
     // Pairs cut as the preference stage cut them for training.
     const pairLength = Math.min(length, tuning.max_length + 1);
-    const examples = await pairExamples(tokenizer, subset(pairs, cfg.max_pairs, cfg.seed), pairLength, sft.placeholders);
+    const heldOut = subset(pairs, cfg.max_pairs, cfg.seed);
+    const made = await pairExamples(tokenizer, heldOut, pairLength, sft.placeholders);
+    const examples = made.examples;
+    if (made.dropped.length) log.warn(`${made.dropped.length} of ${heldOut.length} held-out pairs left out: a side does not fit in ${pairLength - 1} tokens`);
+    const types = made.rows.map((r) => pairType(heldOut[r]!));
+    const wins: Record<string, number[]> = {};
     const sessions = await readParquet<{ messages: Message[] }>(join(input('export'), 'sft', 'test.parquet'));
     const nllSequences = await sftSequences(tokenizer, subset(sessions, cfg.max_sessions, cfg.seed).map((s) => s.messages), length, join(input('export'), 'sft', 'test.parquet'), sft.placeholders);
 
@@ -112,7 +147,11 @@ export const evalStage = defineStage({
     const rows: Record<string, ModelRow> = {};
     for (const m of models) {
       const row: ModelRow = {};
-      if (examples.length) Object.assign(row, heldOutPairFigures(m === models[1] ? reference : await scores(m), reference, training, m === models[1]));
+      if (examples.length) {
+        const own = m === models[1] ? reference : await scores(m);
+        Object.assign(row, heldOutPairFigures(own, reference, training, m === models[1]));
+        wins[m.name] = pairWins(own, training.average);
+      }
       if (nllSequences.length) {
         const s = await scoreSequences(m.model, nllSequences, cfg.micro_batch_tokens, pad, signal, log, `held-out NLL: ${m.name}`);
         row.nll = -s.sum.reduce((a, b) => a + b, 0) / Math.max(1, s.count.reduce((a, b) => a + b, 0));
@@ -123,10 +162,12 @@ export const evalStage = defineStage({
     }
     for (const m of models) m.model.dispose();
 
-    const table = formatTable(rows);
+    const byType = pairsByType(types, shorterChosen(examples), wins);
+    const table = formatTable(rows) + (examples.length ? `\n\n${formatByType(byType, Object.keys(wins))}` : '');
     const report = {
       models: rows,
-      held_out: { pairs: examples.length, sft_windows: nllSequences.length, val_tasks: cfg.simulator.tasks, k: cfg.simulator.k },
+      pairs_by_type: byType,
+      held_out: { pairs: examples.length, pairs_too_long: made.dropped.length, sft_windows: nllSequences.length, val_tasks: cfg.simulator.tasks, k: cfg.simulator.k },
       preference_loss: { loss: lossName, beta: training.beta, reference: training.reference ? 'sft' : null },
       sampling: { temperature: cfg.simulator.temperature, top_p: cfg.simulator.top_p, max_tokens: cfg.simulator.max_tokens, max_turns: cfg.simulator.max_turns, constrained: cfg.simulator.constrained },
       backend: backend.name,

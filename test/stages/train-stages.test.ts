@@ -89,6 +89,15 @@ describe('training stages (tiny model)', () => {
     expect(report.models.dpo['rewards/accuracies']).toBeGreaterThanOrEqual(0);
     expect(report.models.untrained.nll).toBeGreaterThan(report.models.sft.nll);
     expect(readFileSync(join(workdir, 'eval', 'table.txt'), 'utf8')).toMatch(/^nll\s+\d/m);
+    // Beside each model's accuracy per pair type, what preferring the shorter side scores there.
+    const all = report.pairs_by_type.all;
+    expect(all.pairs).toBe(report.held_out.pairs);
+    expect(all.shorter_chosen).toBeGreaterThanOrEqual(0);
+    expect(all.accuracy.sft).toBeCloseTo(report.models.sft['pairs/accuracy'], 10);
+    const types = Object.keys(report.pairs_by_type).filter((t) => t !== 'all');
+    expect(types.length).toBeGreaterThan(0);
+    expect(types.reduce((n, t) => n + report.pairs_by_type[t].pairs, 0)).toBe(all.pairs);
+    expect(readFileSync(join(workdir, 'eval', 'table.txt'), 'utf8')).toMatch(/^pairs\/accuracy by type\s+pairs\s+shorter\s+untrained\s+sft\s+dpo$/m);
   });
 
   it('reuses the cached reference log-probabilities when only the loss settings change', () => {
@@ -97,6 +106,16 @@ describe('training stages (tiny model)', () => {
     expect(r.stderr).toMatch(/"event":"reference log-probabilities from the cache"/);
     expect(JSON.parse(r.stdout).stages.map((s: { action: string }) => s.action).slice(-4)).toEqual(['fresh', 'fresh', 'ran', 'ran']);
     expect(metricsOf(join(workdir, 'dpo', 'metrics.jsonl'))).toHaveLength(2);
+    // Another seed draws other pairs from max_examples: their reference values are computed, not loaded.
+    const seeded = prefab(['--workdir', workdir, '--config', tinyConfig(join(workdir, '..'), 'loss: ipo\nmax_steps: 2\nseed: other'), '--log-format', 'json', 'run']);
+    expect(seeded.code, seeded.stderr).toBe(0);
+    expect(seeded.stderr).not.toMatch(/"event":"reference log-probabilities from the cache"/);
+  });
+
+  it('refuses a label smoothing of 0.5 or more, where the robust loss divides by zero', () => {
+    const r = prefab(['--workdir', workdir, '--config', tinyConfig(join(workdir, '..'), 'loss: robust\nlabel_smoothing: 0.5'), 'status']);
+    expect(r.code).toBe(2);
+    expect(r.stderr).toMatch(/dpo\.label_smoothing: .*0\.5/);
   });
 
   it('trains with SimPO, ORPO and KTO too, each logging its metrics', () => {

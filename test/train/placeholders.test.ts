@@ -120,7 +120,9 @@ describe('placeholders: the values a model copies, as it reads them', () => {
     const args = JSON.parse(chosen[0]!.tool_calls![0]!.function.arguments);
     const rejected: Message[] = [{ ...chosen[0]!, tool_calls: [{ ...chosen[0]!.tool_calls![0]!, function: { name: 'call', arguments: JSON.stringify({ ...args, phone_number: '1-800-555-0100' }) } }] }];
     const tokenizer = new TextTokenizer(trainTokenizer([renderText(modelView(messages, PLACEHOLDERS).messages)], 300));
-    const [c, r] = await completionSequences(tokenizer, prompt, [chosen, rejected], 4096, PLACEHOLDERS);
+    const sequences = await completionSequences(tokenizer, prompt, [chosen, rejected], 4096, PLACEHOLDERS);
+    if ('tooLong' in sequences) throw new Error(sequences.tooLong);
+    const [c, r] = sequences;
     const promptTokens = c!.mask.indexOf(1);
     expect(r!.mask.indexOf(1)).toBe(promptTokens);
     expect(r!.ids.slice(0, promptTokens)).toEqual(c!.ids.slice(0, promptTokens));
