@@ -1,11 +1,14 @@
 // Training throughput on the bench shape (4 layers, width 256, 4 heads, context 256, vocabulary 512, batch 8,
 // AdamW): tokens/s and achieved GFLOP/s, beside a plain 2048×256·256×1024 matMul's GFLOP/s measured in the
-// same run, which is the ceiling this backend can reach. Usage: npm run bench:train [-- --backend wasm --steps 6]
+// same run, which is the ceiling this backend can reach. `--model llama` measures the Llama-family model
+// (train/llama.ts) of the same shape: tied embeddings, SwiGLU of width 688, `--kv-heads` key/value heads.
+// Usage: npm run bench:train [-- --backend wasm --steps 6 --model gpt|llama]
 import * as tf from '@tensorflow/tfjs-core';
 import { Command } from 'commander';
 import { BACKENDS, useBackend, type BackendChoice } from '../train/backend.ts';
 import { causalMask } from '../train/kernels.ts';
 import { GPT, gelu, layerNorm } from '../train/model.ts';
+import { Llama } from '../train/llama.ts';
 import { ADAMW_DEFAULTS, AdamW } from '../train/optimizer.ts';
 import { optimizerStep } from '../train/step.ts';
 import { seeded } from '../core/random.ts';
@@ -16,8 +19,10 @@ const opts = new Command()
   .option('--batch <n>', 'sequences per step', '8')
   .option('--positions <kind>', 'learned (GPT-2, the bench shape) or rope (what sft trains by default)', 'learned')
   .option('--no-naive', 'skip the naive baseline (tf.matMul gradients, batched attention): slow')
+  .option('--model <kind>', 'gpt (what sft trains today) or llama', 'gpt')
+  .option('--kv-heads <n>', 'llama: key/value heads (grouped-query attention below 4)', '4')
   .parse()
-  .opts<{ backend: BackendChoice; steps: string; batch: string; positions: string; naive: boolean }>();
+  .opts<{ backend: BackendChoice; steps: string; batch: string; positions: string; naive: boolean; model: string; kvHeads: string }>();
 
 const backend = await useBackend(opts.backend);
 if (opts.positions !== 'learned' && opts.positions !== 'rope') throw new Error(`--positions is learned or rope, not ${opts.positions}`);
@@ -42,8 +47,20 @@ function matmulPeak(): number {
   return (2 * 2048 * 256 * 1024) / seconds / 1e9;
 }
 
-const model = GPT.create(config, 'bench');
-const optimizer = new AdamW(model.params, ADAMW_DEFAULTS);
+const gpt = GPT.create(config, 'bench');
+const llama =
+  opts.model === 'llama'
+    ? Llama.create(
+        { modelType: 'llama', vocabSize: config.vocabSize, hiddenSize: config.width, intermediateSize: 688, layers: config.layers, heads: config.heads, kvHeads: Number(opts.kvHeads), headDim: config.width / config.heads, ropeTheta: 10000, rmsNormEps: 1e-5, tiedEmbeddings: true, attentionBias: false, maxPositions: T, bosTokenId: null, eosTokenId: null },
+        'bench',
+      )
+    : null;
+if (opts.model !== 'gpt' && !llama) throw new Error(`--model is gpt or llama, not ${opts.model}`);
+const model = gpt;
+const trained = llama ?? gpt;
+/** Training FLOPs per token, as nanoGPT's estimate_mfu counts them: 6 per parameter used in a matMul, and attention's. */
+const flopsPerToken = llama ? 6 * llama.size() + 12 * config.layers * config.width * T : gpt.flopsPerToken();
+const optimizer = new AdamW(trained.params, ADAMW_DEFAULTS);
 const rand = seeded('bench', 'data');
 const batch = () => {
   const ids = new Int32Array(B * T).map(() => Math.floor(rand() * config.vocabSize));
@@ -52,7 +69,7 @@ const batch = () => {
 };
 const step = () => {
   const { ids, targets } = batch();
-  return optimizerStep(model, optimizer, [() => ({ loss: tf.neg(tf.mean(model.tokenLogprobs(ids, targets, B, T))) as tf.Scalar })], 3e-4, 1);
+  return optimizerStep(trained, optimizer, [() => ({ loss: tf.neg(tf.mean(trained.tokenLogprobs(ids, targets, B, T))) as tf.Scalar })], 3e-4, 1);
 };
 
 /**
@@ -102,15 +119,19 @@ const seconds = (performance.now() - t0) / 1000;
 const peakAfter = matmulPeak();
 const peak = (peakBefore + peakAfter) / 2;
 const tokensPerSecond = (steps * B * T) / seconds;
-const gflops = (tokensPerSecond * model.flopsPerToken()) / 1e9;
+const gflops = (tokensPerSecond * flopsPerToken) / 1e9;
 console.log(`backend          ${backend.description}`);
-console.log(`model            ${(model.size() / 1e6).toFixed(2)}M parameters, ${config.layers} layers, width ${config.width}, ${config.heads} heads, context ${T}, vocab ${config.vocabSize}, ${config.positions} positions`);
+console.log(
+  llama
+    ? `model            Llama ${(llama.size() / 1e6).toFixed(2)}M parameters, ${config.layers} layers, width ${config.width}, ${config.heads} heads (${llama.config.kvHeads} key/value), SwiGLU ${llama.config.intermediateSize}, context ${T}, vocab ${config.vocabSize}, tied`
+    : `model            GPT ${(model.size() / 1e6).toFixed(2)}M parameters, ${config.layers} layers, width ${config.width}, ${config.heads} heads, context ${T}, vocab ${config.vocabSize}, ${config.positions} positions`,
+);
 console.log(`batch            ${B} × ${T} tokens, AdamW, ${steps} timed steps (${(seconds / steps).toFixed(2)} s/step), last loss ${last.toFixed(3)}`);
 console.log(`tokens/s         ${tokensPerSecond.toFixed(0)}`);
-console.log(`achieved         ${gflops.toFixed(1)} GFLOP/s (${(model.flopsPerToken() / 1e6).toFixed(1)} MFLOP per token, forward + backward)`);
+console.log(`achieved         ${gflops.toFixed(1)} GFLOP/s (${(flopsPerToken / 1e6).toFixed(1)} MFLOP per token, forward + backward)`);
 console.log(`plain matMul     ${peak.toFixed(1)} GFLOP/s (2048×256 · 256×1024, mean of before and after)`);
 console.log(`ratio            ${(gflops / peak).toFixed(2)} of the plain matMul`);
-if (opts.naive && config.positions === 'rope') console.log('naive tfjs       (measured with --positions learned only)');
+if (opts.naive && (config.positions === 'rope' || llama)) console.log('naive tfjs       (measured for the GPT with --positions learned only)');
 else if (opts.naive) {
   const naive = naiveTokensPerSecond();
   console.log(`naive tfjs       ${naive.toFixed(0)} tokens/s (one sequence, one step): prefab's kernels are ${(tokensPerSecond / naive).toFixed(1)}× faster`);

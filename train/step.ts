@@ -2,7 +2,6 @@
 // preference stages; the loss is whatever the caller builds from the model. A batch too large for memory
 // comes as micro-batches whose losses add up to the batch's: their gradients are summed before the step.
 import * as tf from '@tensorflow/tfjs-core';
-import type { GPT } from './model.ts';
 import { clipByGlobalNorm, type AdamW } from './optimizer.ts';
 
 export interface StepResult {
@@ -15,7 +14,7 @@ export interface StepResult {
 export type MicroBatchLoss = () => { loss: tf.Scalar; metrics?: Record<string, tf.Scalar> };
 
 /** Each of `parts` returns its share of the loss (and of each metric): the batch's are their sums. */
-export function optimizerStep(model: GPT, optimizer: AdamW, parts: MicroBatchLoss[], lr: number, maxGradNorm: number): StepResult {
+export function optimizerStep(model: { params: Map<string, tf.Variable> }, optimizer: AdamW, parts: MicroBatchLoss[], lr: number, maxGradNorm: number): StepResult {
   const names = [...model.params.keys()];
   const sums: Record<string, tf.Tensor> = {};
   const metrics: Record<string, number> = {};
