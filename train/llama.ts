@@ -167,6 +167,25 @@ export class Llama {
     return this.params.get(name)! as tf.Tensor as tf.Tensor2D;
   }
 
+  /**
+   * LoRA adapters by module (`model.layers.0.self_attn.q_proj`), when some are attached (train/lora.ts): each
+   * adds (α/r)·(x·Aᵀ)·Bᵀ to its projection while `adaptersOn` is true.
+   */
+  adapters = new Map<string, { a: tf.Variable; b: tf.Variable; scale: number; dropout: number }>();
+  adaptersOn = true;
+  /** Set by a trainer while it trains: adapters' dropout applies then only. */
+  training = false;
+
+  /** The projection `module` (its weight stored (out, in)) of rows x, with its bias and adapter if any. (N, in) → (N, out) */
+  linear(x: tf.Tensor2D, module: string, bias?: tf.Tensor): tf.Tensor2D {
+    const y = project(x, this.p(`${module}.weight`), bias);
+    const adapter = this.adaptersOn ? this.adapters.get(module) : undefined;
+    if (!adapter) return y;
+    const input = this.training && adapter.dropout > 0 ? (tf.dropout(x, adapter.dropout) as tf.Tensor2D) : x;
+    const low = linear(input, tf.transpose(adapter.a as tf.Tensor as tf.Tensor2D)); // (N, r)
+    return tf.add(y, tf.mul(linear(low, tf.transpose(adapter.b as tf.Tensor as tf.Tensor2D)), adapter.scale)) as tf.Tensor2D;
+  }
+
   private mask(length: number): tf.Tensor2D {
     let m = this.masks.get(length);
     if (!m) this.masks.set(length, (m = tf.keep(causalMask(length))));
@@ -194,16 +213,16 @@ export class Llama {
     const bias = (n: string) => (this.config.attentionBias ? this.p(a(`${n}.bias`)) : undefined);
     const n = batch * length;
     const { cos, sin } = this.angles(batch, length, start);
-    const q = rotate(tf.reshape(project(x, this.p(a('q_proj.weight')), bias('q_proj')), [n, H, hd]), cos, sin);
-    const k = rotate(tf.reshape(project(x, this.p(a('k_proj.weight')), bias('k_proj')), [n, K, hd]), cos, sin);
-    const v = tf.reshape(project(x, this.p(a('v_proj.weight')), bias('v_proj')), [n, K, hd]) as tf.Tensor3D;
+    const q = rotate(tf.reshape(this.linear(x, a('q_proj'), bias('q_proj')), [n, H, hd]), cos, sin);
+    const k = rotate(tf.reshape(this.linear(x, a('k_proj'), bias('k_proj')), [n, K, hd]), cos, sin);
+    const v = tf.reshape(this.linear(x, a('v_proj'), bias('v_proj')), [n, K, hd]) as tf.Tensor3D;
     return { q, k, v };
   }
 
   /** The MLP of layer i: down(silu(gate(x)) ⊙ up(x)). x: (N, D). */
   mlp(i: number, x: tf.Tensor2D): tf.Tensor2D {
-    const m = (n: string) => this.p(`model.layers.${i}.mlp.${n}.weight`);
-    return project(tf.mul(silu(project(x, m('gate_proj'))), project(x, m('up_proj'))) as tf.Tensor2D, m('down_proj')); // (N, F) → (N, D)
+    const m = (n: string) => `model.layers.${i}.mlp.${n}`;
+    return this.linear(tf.mul(silu(this.linear(x, m('gate_proj'))), this.linear(x, m('up_proj'))) as tf.Tensor2D, m('down_proj')); // (N, F) → (N, D)
   }
 
   /** Final norm and output head: (N, D) → logits (N, V). */
@@ -222,7 +241,7 @@ export class Llama {
       const n = batch * length;
       const packed = tf.concat([tf.reshape(q, [n, H * this.config.headDim]), repeatKv(k, H), repeatKv(v, H)], 1) as tf.Tensor2D; // (N, 3·H·hd)
       const attended = causalAttention(packed, { batch, length, heads: H }, this.mask(length)); // (N, H·hd)
-      x = tf.add(x, project(attended, l('self_attn.o_proj.weight')));
+      x = tf.add(x, this.linear(attended, `model.layers.${i}.self_attn.o_proj`));
       x = tf.add(x, this.mlp(i, rmsNorm(x, l('post_attention_layernorm.weight'), eps)));
     }
     return this.head(x);
@@ -244,6 +263,7 @@ export class Llama {
 
   dispose(): void {
     for (const v of this.params.values()) v.dispose();
+    for (const ad of this.adapters.values()) tf.dispose([ad.a, ad.b]);
     for (const m of this.masks.values()) m.dispose();
   }
 
@@ -291,7 +311,7 @@ export class LlamaKVCache {
         tf.dispose([this.keys[i], this.values[i]]);
         this.keys[i] = tf.keep(keys) as tf.Tensor3D;
         this.values[i] = tf.keep(values) as tf.Tensor3D;
-        x = tf.add(x, project(attendCached(q, keys as tf.Tensor3D, values as tf.Tensor3D, start, c.heads), l('self_attn.o_proj.weight')));
+        x = tf.add(x, this.model.linear(attendCached(q, keys as tf.Tensor3D, values as tf.Tensor3D, start, c.heads), `model.layers.${i}.self_attn.o_proj`));
         x = tf.add(x, this.model.mlp(i, rmsNorm(x, l('post_attention_layernorm.weight'), c.rmsNormEps)));
       }
       return tf.slice(this.model.head(x), [T - 1, 0], [1, c.vocabSize]);

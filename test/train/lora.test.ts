@@ -1,0 +1,92 @@
+// LoRA on the Llama-family model: a fresh adapter changes nothing, training moves the adapters alone, the
+// adapters off give the base back, PEFT's layout round-trips, and merging gives the adapted model's numbers.
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import * as tf from '@tensorflow/tfjs-core';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { useBackend } from '../../train/backend.ts';
+import { readHfModel, writeHfModel } from '../../train/hf.ts';
+import { Llama } from '../../train/llama.ts';
+import { attachLora, loadAdapter, mergeLora, saveAdapter, trainableParameters, type LoraConfig } from '../../train/lora.ts';
+import { ADAMW_DEFAULTS, AdamW } from '../../train/optimizer.ts';
+import { optimizerStep } from '../../train/step.ts';
+import { tempDir } from '../fixtures/pipeline.ts';
+
+const BASE = join(import.meta.dirname, '..', 'fixtures', 'hf-tiny', 'llama-tiny');
+const IDS = Int32Array.from([165, 299, 204, 8, 63, 73, 11, 261, 79, 192]);
+const TARGETS = Int32Array.from([299, 204, 8, 63, 73, 11, 261, 79, 192, 208]);
+const CONFIG: LoraConfig = { r: 4, alpha: 8, dropout: 0, targetModules: ['q_proj', 'v_proj', 'down_proj'] };
+
+const load = () => {
+  const hf = readHfModel(BASE);
+  return new Llama(hf.config, hf.weights);
+};
+const logits = (m: Llama) => tf.tidy(() => m.forward(IDS, 1, IDS.length).dataSync() as Float32Array);
+const maxDiff = (a: Float32Array, b: Float32Array) => a.reduce((m, v, i) => Math.max(m, Math.abs(v - b[i]!)), 0);
+const weightsOf = (m: Llama) => new Map([...m.params].map(([n, v]) => [n, v.dataSync().slice()]));
+
+/** A few AdamW steps on the adapters alone, toward the targets. */
+function train(m: Llama, steps = 4): void {
+  const params = trainableParameters(m);
+  const optimizer = new AdamW(params, { ...ADAMW_DEFAULTS, lr: 0.01 });
+  for (let i = 0; i < steps; i++) optimizerStep({ params }, optimizer, [() => ({ loss: tf.neg(tf.mean(m.tokenLogprobs(IDS, TARGETS, 1, IDS.length))) as tf.Scalar })], 0.01, 1);
+}
+
+beforeAll(async () => {
+  await useBackend('wasm');
+});
+
+describe('LoRA', () => {
+  it('starts as the base model, trains only its adapters, and with them off is the base again', () => {
+    const m = load();
+    const base = logits(m);
+    const before = weightsOf(m);
+    attachLora(m, CONFIG, 'seed');
+    expect([...trainableParameters(m).keys()].sort()).toEqual(
+      [0, 1].flatMap((l) => ['self_attn.q_proj', 'self_attn.v_proj', 'mlp.down_proj'].flatMap((p) => ['A', 'B'].map((x) => `base_model.model.model.layers.${l}.${p}.lora_${x}.weight`))).sort(),
+    );
+    expect(maxDiff(logits(m), base)).toBe(0);
+    const lossBefore = tf.tidy(() => tf.neg(tf.mean(m.tokenLogprobs(IDS, TARGETS, 1, IDS.length))).dataSync()[0]!);
+    train(m);
+    const lossAfter = tf.tidy(() => tf.neg(tf.mean(m.tokenLogprobs(IDS, TARGETS, 1, IDS.length))).dataSync()[0]!);
+    expect(lossAfter).toBeLessThan(lossBefore);
+    for (const [name, w] of weightsOf(m)) expect(w, name).toEqual(before.get(name));
+    m.adaptersOn = false;
+    expect(maxDiff(logits(m), base)).toBe(0);
+    m.adaptersOn = true;
+    expect(maxDiff(logits(m), base)).toBeGreaterThan(1e-3);
+    m.dispose();
+  });
+
+  it('saves in PEFT’s layout, loads onto a fresh base with the same numbers, and merges into a plain checkpoint', () => {
+    const m = load();
+    attachLora(m, CONFIG, 'seed');
+    train(m);
+    const adapted = logits(m);
+    const dir = join(tempDir(), 'adapter');
+    saveAdapter(dir, m, CONFIG, 'llama-tiny');
+    const config = JSON.parse(readFileSync(join(dir, 'adapter_config.json'), 'utf8'));
+    expect(config).toMatchObject({ peft_type: 'LORA', task_type: 'CAUSAL_LM', r: 4, lora_alpha: 8, target_modules: ['q_proj', 'v_proj', 'down_proj'], base_model_name_or_path: 'llama-tiny' });
+    expect(existsSync(join(dir, 'adapter_model.safetensors'))).toBe(true);
+
+    const again = load();
+    expect(loadAdapter(dir, again)).toEqual(CONFIG);
+    expect(maxDiff(logits(again), adapted)).toBe(0);
+
+    mergeLora(again);
+    expect(again.adapters.size).toBe(0);
+    expect(maxDiff(logits(again), adapted)).toBeLessThan(1e-4);
+    const merged = join(tempDir(), 'merged');
+    writeHfModel(merged, again);
+    const reread = readHfModel(merged);
+    const plain = new Llama(reread.config, reread.weights);
+    expect(maxDiff(logits(plain), adapted)).toBeLessThan(1e-4);
+    for (const x of [m, again, plain]) x.dispose();
+  });
+
+  it('names a target that is not a projection', () => {
+    const m = load();
+    expect(() => attachLora(m, { ...CONFIG, targetModules: ['qkv'] }, 's')).toThrow(/lora target_modules: qkv is not a projection of the Llama family/);
+    m.dispose();
+  });
+});
