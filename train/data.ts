@@ -51,19 +51,20 @@ export async function sftSequences(tokenizer: TextTokenizer, conversations: Mess
  * Prompt + completion sequences with the completion's assistant tokens masked in, for completions that share
  * a prompt (a pair's chosen and rejected): the prompt is cut the same way for all of them, keeping the head
  * and as many of its latest messages as leave room for the longest completion. When a completion does not
- * fit in `length` tokens even after the head alone, the answer is the reason, not a sequence cut short: a
- * pair whose rejected side lost its end would teach the wrong thing. Each prompt + completion is masked as
- * one conversation (`placeholders`), so a value a completion makes up gets a placeholder of its own, as when
- * the model writes it; the prompt reads the same in all of them.
+ * fit in `length` tokens even after the head alone, the answer is the reason, not a sequence cut short (a
+ * pair whose rejected side lost its end would teach the wrong thing); with `cut`, such a completion is cut at
+ * its end instead (KTO's whole-episode completions, as TRL's truncation does). Each prompt + completion is
+ * masked as one conversation (`placeholders`), so a value a completion makes up gets a placeholder of its
+ * own, as when the model writes it; the prompt reads the same in all of them.
  */
-export async function completionSequences(tokenizer: TextTokenizer, prompt: Message[], completions: Message[][], length: number, placeholders: Placeholders): Promise<Sequence[] | { tooLong: string }> {
+export async function completionSequences(tokenizer: TextTokenizer, prompt: Message[], completions: Message[][], length: number, placeholders: Placeholders, cut = false): Promise<Sequence[] | { tooLong: string }> {
   const p = fromParquet(prompt);
   const cs = viewAll(completions.map((c) => [...p, ...fromParquet(c)]), placeholders);
   const encoded = await encodeConversations(tokenizer, cs);
   const head = Math.min(headLength(p), p.length);
   const starts = encoded.map((e, i) => startOf(e, head, cs[i]!.length, length));
   const longest = starts.indexOf(Math.max(...starts));
-  if (starts[longest]! > p.length) {
+  if (!cut && starts[longest]! > p.length) {
     const tokens = encoded[longest]!.ids.length - encoded[longest]!.starts[p.length]! + encoded[longest]!.starts[head]!;
     return { tooLong: `completion ${longest + 1} needs ${tokens} tokens with the prompt's head, more than the ${length - 1} allowed` };
   }

@@ -13,14 +13,15 @@ import type { TextTokenizer } from './tokenizer.ts';
 
 /**
  * KTO rows; beside each, the next row's completion after this row's prompt: the mismatched pair of the KL
- * estimate. A row whose completion (or mismatched completion) does not fit is left out.
+ * estimate. A completion is a whole episode after the request, often longer than the context: one that does
+ * not fit is cut at its end (its label is the episode's), as TRL truncates.
  */
 export async function ktoExamples(tokenizer: TextTokenizer, rows: KtoRow[], length: number, placeholders: Placeholders): Promise<Examples> {
   const made = await Promise.all(
     rows.map(async (r, i) => {
-      const own = await completionSequences(tokenizer, r.prompt, [r.completion], length, placeholders);
+      const own = await completionSequences(tokenizer, r.prompt, [r.completion], length, placeholders, true);
       if ('tooLong' in own) return own;
-      const other = await completionSequences(tokenizer, r.prompt, [rows[(i + 1) % rows.length]!.completion], length, placeholders);
+      const other = await completionSequences(tokenizer, r.prompt, [rows[(i + 1) % rows.length]!.completion], length, placeholders, true);
       if ('tooLong' in other) return { tooLong: `the mismatched completion for its KL estimate: ${other.tooLong}` };
       return { sequences: [own[0]!, other[0]!], label: r.label };
     }),

@@ -88,7 +88,7 @@ describe('the training stages and eval', () => {
   beforeAll(() => {
     dir = tempDir();
     // Runs long enough to interrupt each stage.
-    config = tinyConfig(dir, { vocab: 400, context: 512, sessions: 120, sftSteps: 40, dpo: 'max_steps: 40', examples: 64, checkpointEvery: 10, pairs: 16, nllSessions: 8, tasks: 6, maxTokens: 24 });
+    config = tinyConfig(dir, { vocab: 400, context: 512, sessions: 120, sftSteps: 40, dpo: 'max_steps: 40', examples: 200, checkpointEvery: 10, pairs: 16, nllSessions: 8, tasks: 6, maxTokens: 24 });
     const whole = prefab([...args('uninterrupted'), 'run']);
     expect(whole.code, whole.stderr).toBe(0);
   });
@@ -117,7 +117,7 @@ describe('the training stages and eval', () => {
     expect(dpo.code, dpo.log).toBe(143);
     expect(dpo.ms).toBeLessThan(BOUND_MS);
     expect(dpo.log).toMatch(new RegExp(`"event":"resuming from checkpoint","stage":"sft".*"step":${step}`));
-    expect(dpo.log).toMatch(/dpo steps: stopped at step \d+ of 16; checkpoint kept, the next run resumes from step \d+/);
+    expect(dpo.log).toMatch(/dpo steps: stopped at step \d+ of \d+; checkpoint kept, the next run resumes from step \d+/);
     expect(stageStatus(args('workspace'), 'sft').state).toBe('fresh');
     expect(stageStatus(args('workspace'), 'dpo')).toMatchObject({ state: 'never run', last_failure: { status: 'interrupted' } });
 
