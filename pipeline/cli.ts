@@ -33,8 +33,8 @@ function pad(s: string, n: number): string {
   return s.length >= n ? s : s + ' '.repeat(n - s.length);
 }
 
-function printOutcomes(outcomes: StageOutcome[], format: LogFormat): void {
-  const ok = outcomes.every((o) => o.action !== 'failed' && o.action !== 'interrupted');
+function printOutcomes(outcomes: StageOutcome[], format: LogFormat, interrupted = false): void {
+  const ok = !interrupted && outcomes.every((o) => o.action !== 'failed' && o.action !== 'interrupted');
   const upToDate = outcomes.every((o) => o.action === 'fresh');
   if (format === 'json') {
     const message = upToDate ? 'Everything is up to date: nothing to do.' : undefined;
@@ -97,7 +97,7 @@ async function withLock<T>(engine: Engine, command: string, log: Logger, body: (
   const onSignal = (signal: NodeJS.Signals) => {
     if (received) return exitNow(signal);
     received = signal;
-    log.warn('interrupted: stopping at the next safe point; a second Ctrl+C stops at once', { signal, stage: engine.running });
+    log.warn('interrupted: stopping at the next safe point; a second signal stops at once', { signal, stage: engine.running });
     controller.abort(signal);
     grace = setTimeout(() => exitNow(signal), GRACE_MS);
   };
@@ -137,7 +137,7 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
       const log = logger();
       const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
       const { result: outcomes, signal } = await withLock(engine, `prefab ${process.argv.slice(2).join(' ')}`, log, (abort) => engine.run({ ...opts, signal: abort }));
-      printOutcomes(outcomes, log.format);
+      printOutcomes(outcomes, log.format, signal !== null);
       setExit(signal ? exitCode(signal) : outcomes.some((o) => o.action === 'failed') ? 1 : 0);
     });
 
@@ -150,7 +150,7 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
       const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
       engine.stage(name);
       const { result: outcomes, signal } = await withLock(engine, `prefab stage ${name}`, log, (abort) => engine.run({ force: name, signal: abort }));
-      printOutcomes(outcomes, log.format);
+      printOutcomes(outcomes, log.format, signal !== null);
       setExit(signal ? exitCode(signal) : outcomes.some((o) => o.action === 'failed') ? 1 : 0);
     });
 

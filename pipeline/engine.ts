@@ -1,5 +1,5 @@
 // Orders stages, decides which are stale, runs them into temporary folders and commits them with a manifest.
-import { existsSync, mkdirSync, renameSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, statSync } from 'node:fs';
 import { mkdir, readdir, stat } from 'node:fs/promises';
 import { join, relative } from 'node:path';
 import { randomBytes } from 'node:crypto';
@@ -9,7 +9,7 @@ import { UsageError, errorMessage } from './errors.ts';
 import { Interrupted, NEVER } from './interrupt.ts';
 import type { Logger } from './log.ts';
 import type { ExternalFile, Lineage, Stage, StageOptions, StageReport } from './stage.ts';
-import { Workspace, hashFilesCached, writeFileAtomic } from './workspace.ts';
+import { Workspace, hashFilesCached, writeFileAtomic, writeFileAtomicNow } from './workspace.ts';
 
 interface OutputFile {
   path: string;
@@ -219,6 +219,10 @@ export class Engine {
         }
       }
       const why = options.force ? ['forced by `prefab stage`'] : a.state === 'never run' ? ['never run'] : a.reasons;
+      if (signal.aborted) {
+        outcomes.push({ stage: stage.name, action: 'not reached', reasons: why, summary: '', counts: {}, seconds: 0 });
+        continue;
+      }
       log.info('running', { why: why.join('; ') });
       this.running = stage.name;
       try {
@@ -227,6 +231,8 @@ export class Engine {
       } catch (error) {
         failed = true;
         if (error instanceof Interrupted) {
+          // Recorded here, with what the stage said: an exit forced meanwhile must not overwrite it.
+          this.running = null;
           log.warn('interrupted', { what: error.message });
           await this.recordAttempt(stage.name, { status: 'interrupted', at: new Date().toISOString(), error: error.message });
           outcomes.push({ stage: stage.name, action: 'interrupted', reasons: why, summary: '', counts: {}, seconds: 0, error: error.message });
@@ -240,7 +246,7 @@ export class Engine {
         this.running = null;
       }
     }
-    if (options.force && !failed) await this.invalidateDownstream(options.force);
+    if (options.force && outcomes.some((o) => o.stage === options.force && o.action === 'ran')) await this.invalidateDownstream(options.force);
     return outcomes;
   }
 
@@ -318,9 +324,7 @@ export class Engine {
     if (!this.running) return null;
     const message = `${this.running} interrupted by ${signal} before its next safe point: what it made is discarded, and the next run starts it again (a training stage resumes from its last checkpoint)`;
     mkdirSync(join(this.ws.root, '.runs'), { recursive: true });
-    const path = this.ws.attemptPath(this.running);
-    writeFileSync(`${path}.tmp`, JSON.stringify({ status: 'interrupted', at: new Date().toISOString(), error: message } satisfies Attempt) + '\n');
-    renameSync(`${path}.tmp`, path);
+    writeFileAtomicNow(this.ws.attemptPath(this.running), JSON.stringify({ status: 'interrupted', at: new Date().toISOString(), error: message } satisfies Attempt) + '\n');
     return message;
   }
 

@@ -1,5 +1,5 @@
 // The workspace on disk: a folder per stage, a lock, atomic writes, and the cache of input file hashes.
-import { existsSync, linkSync, readFileSync, unlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, linkSync, readFileSync, renameSync, unlinkSync, writeFileSync } from 'node:fs';
 import { mkdir, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
@@ -82,6 +82,13 @@ export async function writeFileAtomic(path: string, data: string): Promise<void>
   const tmp = `${path}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`;
   await writeFile(tmp, data);
   await rename(tmp, path);
+}
+
+/** The same, for a process about to exit, where no promise would finish. */
+export function writeFileAtomicNow(path: string, data: string): void {
+  const tmp = `${path}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`;
+  writeFileSync(tmp, data);
+  renameSync(tmp, path);
 }
 
 interface LockInfo {

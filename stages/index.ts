@@ -1,6 +1,5 @@
 // prefab's stages in run order. A stage reads only the stages before it.
-import type { CommandFactory } from '../pipeline/stage.ts';
-import type { Stage } from '../pipeline/stage.ts';
+import type { CommandFactory, Stage } from '../pipeline/stage.ts';
 import { dpo } from './dpo/index.ts';
 import { evalStage } from './eval/index.ts';
 import { exportStage } from './export/index.ts';

@@ -65,8 +65,9 @@ export async function completionSequences(tokenizer: TextTokenizer, prompt: Mess
   const starts = encoded.map((e, i) => startOf(e, head, cs[i]!.length, length));
   const longest = starts.indexOf(Math.max(...starts));
   if (!cut && starts[longest]! > p.length) {
+    // In positions, as the limit is given: a sequence of n ids (inputs and the last target) fills n − 1.
     const tokens = encoded[longest]!.ids.length - encoded[longest]!.starts[p.length]! + encoded[longest]!.starts[head]!;
-    return { tooLong: `completion ${longest + 1} needs ${tokens} tokens with the prompt's head, more than the ${length - 1} allowed` };
+    return { tooLong: `completion ${longest + 1} needs ${tokens - 1} tokens with the prompt's head, more than the ${length - 1} allowed` };
   }
   const from = Math.max(head, Math.min(p.length, starts[longest]!));
   return encoded.map((e, i) => windowOf(e, head, from, cs[i]!.length, length, p.length));

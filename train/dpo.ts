@@ -1,10 +1,11 @@
 // The pairwise preference trainer: DPO and its sigmoid, robust, hinge and IPO losses, SimPO and ORPO (the
 // losses registry), on (chosen, rejected) sequences that share one cut of the prompt. The losses that need a
 // reference take the frozen starting model's log-probabilities, computed once and cached.
-import { existsSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import * as tf from '@tensorflow/tfjs-core';
 import { z } from 'zod';
 import type { Logger } from '../pipeline/log.ts';
+import { writeFileAtomic } from '../pipeline/workspace.ts';
 import type { Pair } from '../core/records.ts';
 import { completionSequences, scoreSequences, sequenceValues, type Scores } from './data.ts';
 import { LOSSES, preferenceMetrics, sequenceLogps, type LossName, type PairwiseLoss, type PreferenceHyperparameters } from './losses/index.ts';
@@ -93,18 +94,26 @@ export async function pairExamples(tokenizer: TextTokenizer, pairs: Pair[], leng
 
 /** The reference model's scores of every example's sequences, computed once per (reference, data) and kept in `path`. */
 export async function referenceScores(model: GPT, examples: Example[], pad: number, maxTokens: number, path: string, signal: AbortSignal, log: Logger): Promise<Scores[]> {
-  if (existsSync(path)) {
-    const saved = JSON.parse(readFileSync(path, 'utf8')) as { sum: number[]; count: number[] }[];
-    if (saved.length === examples[0]?.sequences.length) {
-      log.info('reference log-probabilities from the cache', { path });
-      return saved.map((s) => ({ sum: Float64Array.from(s.sum), count: Int32Array.from(s.count) }));
-    }
-  }
   const sides = examples[0]?.sequences.length ?? 0;
+  const saved = readSavedScores(path);
+  if (saved?.length === sides && saved.every((s) => s.sum.length === examples.length && s.count.length === examples.length)) {
+    log.info('reference log-probabilities from the cache', { path });
+    return saved.map((s) => ({ sum: Float64Array.from(s.sum), count: Int32Array.from(s.count) }));
+  }
   const scores: Scores[] = [];
   for (let k = 0; k < sides; k++) scores.push(await scoreSequences(model, examples.map((e) => e.sequences[k]!), maxTokens, pad, signal, log, `reference log-probabilities ${k + 1}/${sides}`));
-  writeFileSync(path, JSON.stringify(scores.map((s) => ({ sum: [...s.sum], count: [...s.count] }))));
+  await writeFileAtomic(path, JSON.stringify(scores.map((s) => ({ sum: [...s.sum], count: [...s.count] }))));
   return scores;
+}
+
+/** The cached scores in `path`, or null when there are none or the file cannot be read (it is then computed again). */
+function readSavedScores(path: string): { sum: number[]; count: number[] }[] | null {
+  if (!existsSync(path)) return null;
+  try {
+    return JSON.parse(readFileSync(path, 'utf8')) as { sum: number[]; count: number[] }[];
+  } catch {
+    return null;
+  }
 }
 
 /** The settings a preference trainer reads from its stage's config. */

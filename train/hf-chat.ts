@@ -154,6 +154,16 @@ export async function maskedTokens(tokenizerJson: string, rendered: { text: stri
   const tokenizer = Tokenizer.fromString(tokenizerJson);
   const encoding = await tokenizer.encode(rendered.text, null, { addSpecialTokens: false });
   const offsets = encoding.getOffsets();
-  const inSpan = (start: number, end: number) => rendered.spans.some(([s, e]) => start >= s && end <= e && end > start);
+  // The tokenizer counts offsets in characters (code points); the spans count JavaScript's UTF-16 units.
+  const points = new Int32Array(rendered.text.length + 1);
+  for (let i = 0, p = 0; i <= rendered.text.length; i++) {
+    points[i] = p;
+    if (i < rendered.text.length) {
+      const c = rendered.text.charCodeAt(i);
+      if (c < 0xd800 || c > 0xdbff) p++; // a high surrogate and its low one make one character
+    }
+  }
+  const spans = rendered.spans.map(([s, e]) => [points[s]!, points[e]!] as const);
+  const inSpan = (start: number, end: number) => spans.some(([s, e]) => start >= s && end <= e && end > start);
   return { ids: encoding.getIds(), mask: offsets.map(([s, e]) => (inSpan(s!, e!) ? 1 : 0)) };
 }

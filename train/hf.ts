@@ -42,7 +42,7 @@ export function llamaConfigFromJson(j: Record<string, unknown>, source: string):
     attentionBias: modelType === 'qwen2' ? true : Boolean(j.attention_bias ?? false),
     maxPositions: int('max_position_embeddings', 2048),
     bosTokenId: typeof j.bos_token_id === 'number' ? j.bos_token_id : null,
-    eosTokenId: typeof j.eos_token_id === 'number' ? j.eos_token_id : null,
+    eosTokenId: typeof j.eos_token_id === 'number' || (Array.isArray(j.eos_token_id) && j.eos_token_id.every((x) => typeof x === 'number')) ? (j.eos_token_id as number | number[]) : null,
   };
   if (config.heads % config.kvHeads !== 0) throw new Error(`${source}: num_attention_heads (${config.heads}) must be a multiple of num_key_value_heads (${config.kvHeads})`);
   if (config.headDim % 2 !== 0) throw new Error(`${source}: head_dim (${config.headDim}) must be even for rotary embeddings`);
@@ -124,6 +124,8 @@ export function writeHfModel(dir: string, model: Llama, extra: Record<string, un
   rmSync(tmp, { recursive: true, force: true });
   mkdirSync(tmp, { recursive: true });
   writeFileSync(join(tmp, 'config.json'), JSON.stringify({ ...llamaConfigJson(model.config), ...extra }, null, 2) + '\n');
+  // What generate() stops at, for transformers and vLLM, which read it from here.
+  writeFileSync(join(tmp, 'generation_config.json'), JSON.stringify({ bos_token_id: model.config.bosTokenId, eos_token_id: model.config.eosTokenId }, null, 2) + '\n');
   writeSafetensors(join(tmp, 'model.safetensors'), model.weights(), { format: 'pt' });
   rmSync(dir, { recursive: true, force: true });
   renameSync(tmp, dir);

@@ -2,6 +2,7 @@
 // starting model. KTO's reference point is the batch's mean log-ratio on mismatched prompt–completion pairs,
 // an estimate of KL(π‖π_ref), as TRL computes it.
 import * as tf from '@tensorflow/tfjs-core';
+import { NEVER } from '../pipeline/interrupt.ts';
 import type { KtoRow } from '../core/records.ts';
 import { completionSequences, scoreSequences, sequenceValues, type Scores } from './data.ts';
 import { collectExamples, hyperparameters, preferenceBatches, type Example, type Examples, type LossChoice, type PreferenceSettings } from './dpo.ts';
@@ -30,7 +31,7 @@ export async function ktoExamples(tokenizer: TextTokenizer, rows: KtoRow[], leng
 }
 
 /** Trains `start()` with KTO; `reference` holds the starting model's scores of both sides of every example. */
-export function ktoTrainer(examples: Example[], reference: Scores[], loss: LossChoice, cfg: PreferenceSettings, pad: number, start: () => GPT, signal: AbortSignal): Trainer {
+export function ktoTrainer(examples: Example[], reference: Scores[], loss: LossChoice, cfg: PreferenceSettings, pad: number, start: () => GPT): Trainer {
   const hyper = hyperparameters(cfg, loss);
   const batches = preferenceBatches(examples, reference, loss, cfg, pad);
   return {
@@ -41,7 +42,8 @@ export function ktoTrainer(examples: Example[], reference: Scores[], loss: LossC
       const b = batches(step);
       const B = b.idx.length;
       // The reference point: the batch's mean log-ratio on mismatched completions, not differentiated, at least 0 (in the loss).
-      const mismatched = sequenceValues(await scoreSequences(model, b.idx.map((i) => examples[i]!.sequences[1]!), cfg.micro_batch_tokens, pad, signal), loss.average);
+      // Inside a step, so no safe point here: the step boundary is one, where the run can keep a checkpoint.
+      const mismatched = sequenceValues(await scoreSequences(model, b.idx.map((i) => examples[i]!.sequences[1]!), cfg.micro_batch_tokens, pad, NEVER), loss.average);
       const kl = b.idx.reduce((sum, i, k) => sum + mismatched[k]! - b.refValue(1, i), 0) / B;
       const desirable = b.idx.filter((i) => examples[i]!.label).length;
       return {

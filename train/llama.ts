@@ -34,7 +34,8 @@ export interface LlamaConfig {
   /** Longest sequence the model is meant for (max_position_embeddings). */
   maxPositions: number;
   bosTokenId: number | null;
-  eosTokenId: number | null;
+  /** One id, or several (Llama 3 stops at any of three). */
+  eosTokenId: number | number[] | null;
 }
 
 /** Parameter name → shape, in transformers' names and (out, in) orientation, in a fixed order. */
@@ -126,6 +127,12 @@ function ropeTable(positions: number, headDim: number, theta: number): { cos: Fl
   return { cos, sin };
 }
 
+/** RoPE's cos and sin for each row of a pass, (N, 1, hd). */
+interface Rotation {
+  cos: tf.Tensor3D;
+  sin: tf.Tensor3D;
+}
+
 /** rotate_half applied with the table's rows: x·cos + rotate_half(x)·sin, rotate_half(x) = (−x₂, x₁). x: (N, heads, hd). */
 function rotate(x: tf.Tensor3D, cos: tf.Tensor3D, sin: tf.Tensor3D): tf.Tensor3D {
   const half = x.shape[2] / 2;
@@ -192,11 +199,18 @@ export class Llama {
     return m;
   }
 
-  /** cos and sin of positions start…start+T−1 for every row (B·T, 1, hd), the batch's rows in order. */
-  private angles(batch: number, length: number, start: number): { cos: tf.Tensor3D; sin: tf.Tensor3D } {
+  /**
+   * cos and sin of positions start…start+T−1 for every row (B·T, 1, hd), the batch's rows in order: made once
+   * a forward pass, for all its layers. The table grows (doubling) to the longest position asked for, never
+   * to max_position_embeddings up front (131,072 positions for Llama 3.1).
+   */
+  angles(batch: number, length: number, start: number): Rotation {
     const hd = this.config.headDim;
     const needed = start + length;
-    if (!this.rope || this.rope.positions < needed) this.rope = { ...ropeTable(Math.max(needed, this.config.maxPositions), hd, this.config.ropeTheta), positions: Math.max(needed, this.config.maxPositions) };
+    if (!this.rope || this.rope.positions < needed) {
+      const positions = Math.max(needed, 2 * (this.rope?.positions ?? 64));
+      this.rope = { ...ropeTable(positions, hd, this.config.ropeTheta), positions };
+    }
     const rows = (table: Float32Array) => {
       const one = table.subarray(start * hd, needed * hd);
       const all = new Float32Array(batch * length * hd);
@@ -207,12 +221,11 @@ export class Llama {
   }
 
   /** One layer's q, k, v of rows x (N, D) at positions start…: q (N, H, hd) and k, v (N, K, hd), q and k turned. */
-  qkv(i: number, x: tf.Tensor2D, batch: number, length: number, start: number) {
+  qkv(i: number, x: tf.Tensor2D, { cos, sin }: Rotation) {
     const { heads: H, kvHeads: K, headDim: hd } = this.config;
     const a = (n: string) => `model.layers.${i}.self_attn.${n}`;
     const bias = (n: string) => (this.config.attentionBias ? this.p(a(`${n}.bias`)) : undefined);
-    const n = batch * length;
-    const { cos, sin } = this.angles(batch, length, start);
+    const n = x.shape[0];
     const q = rotate(tf.reshape(this.linear(x, a('q_proj'), bias('q_proj')), [n, H, hd]), cos, sin);
     const k = rotate(tf.reshape(this.linear(x, a('k_proj'), bias('k_proj')), [n, K, hd]), cos, sin);
     const v = tf.reshape(this.linear(x, a('v_proj'), bias('v_proj')), [n, K, hd]) as tf.Tensor3D;
@@ -235,9 +248,10 @@ export class Llama {
   forward(ids: Int32Array, batch: number, length: number): tf.Tensor2D {
     const { heads: H, rmsNormEps: eps } = this.config;
     let x = embed(this.p('model.embed_tokens.weight'), tf.tensor1d(ids, 'int32')); // (N, D)
+    const rotation = this.angles(batch, length, 0);
     for (let i = 0; i < this.config.layers; i++) {
       const l = (n: string) => this.p(`model.layers.${i}.${n}`);
-      const { q, k, v } = this.qkv(i, rmsNorm(x, l('input_layernorm.weight'), eps), batch, length, 0);
+      const { q, k, v } = this.qkv(i, rmsNorm(x, l('input_layernorm.weight'), eps), rotation);
       const n = batch * length;
       const packed = tf.concat([tf.reshape(q, [n, H * this.config.headDim]), repeatKv(k, H), repeatKv(v, H)], 1) as tf.Tensor2D; // (N, 3·H·hd)
       const attended = causalAttention(packed, { batch, length, heads: H }, this.mask(length)); // (N, H·hd)
@@ -303,9 +317,10 @@ export class LlamaKVCache {
     const T = ids.length;
     const logits = tf.tidy(() => {
       let x = embed(this.model.p('model.embed_tokens.weight'), tf.tensor1d(Int32Array.from(ids), 'int32')); // (T, D)
+      const rotation = this.model.angles(1, T, start);
       for (let i = 0; i < c.layers; i++) {
         const l = (n: string) => this.model.p(`model.layers.${i}.${n}`);
-        const { q, k, v } = this.model.qkv(i, rmsNorm(x, l('input_layernorm.weight'), c.rmsNormEps), 1, T, start);
+        const { q, k, v } = this.model.qkv(i, rmsNorm(x, l('input_layernorm.weight'), c.rmsNormEps), rotation);
         const keys = start ? tf.concat([this.keys[i]!, k], 0) : k; // (P, K, hd)
         const values = start ? tf.concat([this.values[i]!, v], 0) : v;
         tf.dispose([this.keys[i], this.values[i]]);

@@ -90,13 +90,21 @@ export function loadAdapter(dir: string, model: Llama): LoraConfig {
   const j = JSON.parse(readFileSync(configPath, 'utf8')) as Record<string, unknown>;
   if (j.peft_type !== 'LORA') throw new Error(`${configPath}: peft_type ${JSON.stringify(j.peft_type)}; prefab reads LORA adapters`);
   if (j.use_rslora === true || j.use_dora === true) throw new Error(`${configPath}: rsLoRA and DoRA adapters are not supported`);
-  const targets = Array.isArray(j.target_modules) ? (j.target_modules as string[]) : [String(j.target_modules)];
+  // Per-module ranks and alphas, or adapters on some layers only, would change the scale or the modules.
+  for (const key of ['rank_pattern', 'alpha_pattern', 'layers_to_transform']) {
+    const v = j[key];
+    if (v !== undefined && v !== null && !(typeof v === 'object' && Object.keys(v).length === 0)) throw new Error(`${configPath}: ${key} is not supported`);
+  }
+  if (!Array.isArray(j.target_modules)) throw new Error(`${configPath}: target_modules ${JSON.stringify(j.target_modules)}: prefab reads a list of projection names (q_proj, v_proj, ...)`);
+  const targets = j.target_modules as string[];
   const cfg: LoraConfig = { r: Number(j.r), alpha: Number(j.lora_alpha), dropout: Number(j.lora_dropout ?? 0), targetModules: targets };
   const { tensors } = readSafetensors(join(dir, 'adapter_model.safetensors'));
   for (const module of targetModules(model, targets)) {
     const a = tensors.get(`base_model.model.${module}.lora_A.weight`);
     const b = tensors.get(`base_model.model.${module}.lora_B.weight`);
     if (!a || !b) throw new Error(`${dir}: no lora_A/lora_B weights for ${module}`);
+    const [out, inner] = model.params.get(`${module}.weight`)!.shape as [number, number];
+    if (a.shape.join() !== [cfg.r, inner].join() || b.shape.join() !== [out, cfg.r].join()) throw new Error(`${dir}: ${module}'s lora_A is [${a.shape}] and lora_B [${b.shape}]; expected [${cfg.r},${inner}] and [${out},${cfg.r}]`);
     model.adapters.set(module, { a: tf.variable(tf.tensor2d(a.data, a.shape as [number, number]), true), b: tf.variable(tf.tensor2d(b.data, b.shape as [number, number]), true), scale: cfg.alpha / cfg.r, dropout: cfg.dropout });
   }
   return cfg;
@@ -106,8 +114,9 @@ export function loadAdapter(dir: string, model: Llama): LoraConfig {
 export function mergeLora(model: Llama): void {
   for (const [module, ad] of model.adapters) {
     const w = model.params.get(`${module}.weight`)!;
-    w.assign(tf.tidy(() => tf.add(w, tf.mul(tf.matMul(ad.b, ad.a), ad.scale))));
-    tf.dispose([ad.a, ad.b]);
+    const merged = tf.tidy(() => tf.add(w, tf.mul(tf.matMul(ad.b, ad.a), ad.scale)));
+    w.assign(merged);
+    tf.dispose([merged, ad.a, ad.b]);
   }
   model.adapters.clear();
 }

@@ -22,7 +22,7 @@ const config = z.strictObject({
   gamma_beta_ratio: z.number().min(0).default(0.5).describe("SimPO's margin γ as a share of β."),
   desirable_weight: z.number().positive().default(1).describe("KTO's weight on the loss of desirable rows."),
   undesirable_weight: z.number().positive().default(1).describe("KTO's weight on the loss of undesirable rows."),
-  /** batch_size counts pairs (KTO: rows). */
+  // batch_size counts pairs (KTO: rows).
   ...trainingConfig(1e-4),
   max_examples: z.number().int().min(1).nullable().default(null).describe('Train on at most this many pairs or rows (null: all), drawn by a seeded shuffle.'),
   max_length: z.number().int().min(16).nullable().default(null).describe("Tokens of prompt and completion together (null: the model's context), as TRL's max_length: the prompt keeps its head and as many latest messages as leave room for the longer side; a pair that still does not fit is left out."),
@@ -31,7 +31,7 @@ const config = z.strictObject({
 export const dpo = defineStage({
   name: 'dpo',
   description: 'preference optimisation (DPO, IPO, SimPO, ORPO, KTO) of the SFT model on the exported pairs',
-  version: 2,
+  version: 3,
   inputs: ['sft', 'export'],
   outputs: ['model', 'metrics.jsonl'],
   config,
@@ -58,7 +58,7 @@ export const dpo = defineStage({
     const referenceKey = hashJson({ fingerprints, kto, seed: cfg.seed, max_examples: cfg.max_examples, rows: made.rows, length, version: 2 });
     const reference = loss.reference ? await referenceScores(sft.model, examples, pad, cfg.micro_batch_tokens, join(cache, `reference-${referenceKey.slice(0, 16)}.json`), signal, log) : null;
     const start = () => loadCheckpoint(join(input('sft'), 'model')).model;
-    const trainer = kto ? ktoTrainer(examples, reference!, loss, cfg, pad, start, signal) : dpoTrainer(examples, reference, loss, cfg, pad, start);
+    const trainer = kto ? ktoTrainer(examples, reference!, loss, cfg, pad, start) : dpoTrainer(examples, reference, loss, cfg, pad, start);
     log.info('training', { loss: loss.name, beta: loss.beta, examples: examples.length, steps: trainer.steps, backend: backend.name });
 
     const result = await trainingRun({ config: cfg, cache, key, tokenizerJson: sft.tokenizerJson, placeholders: sft.placeholders, signal, log }, trainer);

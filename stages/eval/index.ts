@@ -104,7 +104,7 @@ function formatTable(rows: Record<string, ModelRow>): string {
 export const evalStage = defineStage({
   name: 'eval',
   description: 'compare the untrained, SFT and preference-tuned models: held-out pairs, NLL, simulator success',
-  version: 3,
+  version: 4,
   inputs: ['sft', 'dpo', 'export'],
   outputs: ['eval.json', 'table.txt'],
   config,

@@ -34,7 +34,7 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
   let quarantined = 0;
   let duplicates = 0;
   let untasked = 0;
-  const safe = safePointEvery(signal, 1000, () => `ingest: stopped while reading ${file.name}; the next run reads again the files this run had not finished`);
+  const safe = safePointEvery(signal, 1000, () => `ingest: stopped while reading ${file.name}; the next run reads again every file this run was reading`);
   for await (const record of readRecords(file.path, format)) {
     await safe();
     progress.tick();

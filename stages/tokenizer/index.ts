@@ -3,6 +3,7 @@
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
+import { safePoint } from '../../pipeline/interrupt.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import type { Message } from '../../core/records.ts';
 import { conversationTexts } from '../../train/chat-template.ts';
@@ -32,7 +33,7 @@ export function placeholdersOf(cfg: z.infer<typeof placeholdersConfig>): Placeho
 }
 
 const config = z.strictObject({
-  vocab_size: z.number().int().min(263).default(1024).describe("Bytes (256), merges and the chat template's 7 special tokens."),
+  vocab_size: z.number().int().min(263).default(1024).describe("The whole vocabulary: bytes (256), the placeholder tokens, the chat template's 7 special tokens, and BPE's merges in the rest."),
   split_digits: z.boolean().default(true).describe("Every digit a token of its own: a model then copies a phone or account number digit by digit, instead of learning each number's merges."),
   placeholders: placeholdersConfig.prefault({}).describe('Values the agent copies (phone numbers, form values) shown to the model as placeholders: [PHONE_3].'),
   placeholder_tokens: z.number().int().min(0).default(48).describe('The most frequent placeholders in the training sessions, each a token of its own (taken from the vocabulary): copying [PHONE_3] is then picking one token, not spelling "[", "PHONE", "_", "3", "]".'),
@@ -53,14 +54,19 @@ export const tokenizer = defineStage({
   outputs: ['tokenizer.json', PLACEHOLDERS_FILE],
   config,
 
-  async run({ config: cfg, out, input, log }) {
+  async run({ config: cfg, out, input, log, signal }) {
     const sessions = await readParquet<{ messages: Message[] }>(join(input('export'), 'sessions', 'train.parquet'));
     if (sessions.length === 0) throw new Error(`${join(input('export'), 'sessions', 'train.parquet')} has no sessions to train a tokenizer on`);
     const placeholders = placeholdersOf(cfg.placeholders);
+    // BPE's training is one synchronous call (about a second on the sample): a signal is seen between the steps.
+    const stopped = () => 'tokenizer: stopped before it wrote tokenizer.json; the next run trains it again';
+    await safePoint(signal, stopped);
     const texts = viewAll(sessions.map((s) => fromParquet(s.messages)), placeholders).flatMap(conversationTexts);
+    await safePoint(signal, stopped);
     const words = placeholders ? frequentPlaceholders(texts, cfg.placeholder_tokens) : [];
     log.info('training BPE', { sessions: sessions.length, texts: texts.length, vocab_size: cfg.vocab_size, split_digits: cfg.split_digits, placeholders: placeholders !== null, placeholder_tokens: words.length });
     const json = trainTokenizer(texts, cfg.vocab_size, cfg.split_digits, words);
+    await safePoint(signal, stopped);
     await writeFile(join(out, 'tokenizer.json'), json);
     await writeFile(join(out, PLACEHOLDERS_FILE), `${JSON.stringify(placeholders, null, 2)}\n`);
     // Tokens per session on what it was trained on: how much a vocabulary of this size compresses.

@@ -102,5 +102,13 @@ describe('a Hugging Face folder', () => {
     expect(ends.filter((m) => m === 1)).toHaveLength(3);
     expect(ends.filter((m) => m === 0).length).toBeGreaterThanOrEqual(4);
     expect(readChatTemplate(tempDir())).toBeNull();
+
+    // Characters outside the BMP (an emoji is two UTF-16 units, one character) before a turn move no mark.
+    const emoji: Message[] = [{ role: 'user', content: 'Cancel it 😀😀 please' }, { role: 'assistant', content: 'Done 👍' }];
+    const e = t.assistantSpans(emoji);
+    const em = await maskedTokens(JSON.stringify(json), e);
+    const decoded = (await import('tokenizers')).Tokenizer.fromString(JSON.stringify(json));
+    const trainedText = await decoded.decode(em.ids.filter((_, i) => em.mask[i] === 1), false);
+    expect(trainedText).toBe('Done 👍<|im_end|>\n');
   });
 });

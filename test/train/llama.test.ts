@@ -99,6 +99,24 @@ describe.each(CHECKPOINTS)('%s against transformers', (name) => {
   });
 });
 
+describe('shapes the fixtures do not have', () => {
+  it('one key/value head and a head_dim unlike hidden / heads: the cache agrees with the whole pass, and a saved folder reads back', () => {
+    const config = { ...llamaConfigFromJson(JSON.parse(readFileSync(join(FIXTURES, 'llama-tiny', 'config.json'), 'utf8')), 'config.json'), hiddenSize: 48, heads: 4, kvHeads: 1, headDim: 20, intermediateSize: 96 };
+    const model = Llama.create(config, 'shapes');
+    const prompt = [5, 17, 200, 3, 99, 41];
+    expect(new LlamaKVCache(model).generate(prompt, { maxNewTokens: 8, temperature: 0, topP: 1, random: Math.random })).toEqual(greedyWithoutCache(model, prompt, 8));
+    const dir = join(tempDir(), 'shapes');
+    writeHfModel(dir, model);
+    const saved = JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8'));
+    expect(saved).toMatchObject({ num_key_value_heads: 1, head_dim: 20, hidden_size: 48 });
+    const again = load(dir);
+    const ids = [prompt, prompt.map((t) => (t * 7) % 320)];
+    expect(maxAbsDiff(score(again, ids).logits, score(model, ids).logits)).toBe(0);
+    model.dispose();
+    again.dispose();
+  });
+});
+
 describe('Hugging Face folders', () => {
   it('reads rope_theta at the top level (most published checkpoints) as well as rope_parameters (transformers 5)', () => {
     const base = JSON.parse(readFileSync(join(FIXTURES, 'qwen2-tiny', 'config.json'), 'utf8'));

@@ -1,6 +1,6 @@
 // LoRA on the Llama-family model: a fresh adapter changes nothing, training moves the adapters alone, the
 // adapters off give the base back, PEFT's layout round-trips, and merging gives the adapted model's numbers.
-import { existsSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
@@ -9,6 +9,7 @@ import { readHfModel, writeHfModel } from '../../train/hf.ts';
 import { Llama } from '../../train/llama.ts';
 import { attachLora, loadAdapter, mergeLora, saveAdapter, trainableParameters, type LoraConfig } from '../../train/lora.ts';
 import { ADAMW_DEFAULTS, AdamW } from '../../train/optimizer.ts';
+import { readSafetensors } from '../../train/safetensors.ts';
 import { optimizerStep } from '../../train/step.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 
@@ -67,7 +68,12 @@ describe('LoRA', () => {
     saveAdapter(dir, m, CONFIG, 'llama-tiny');
     const config = JSON.parse(readFileSync(join(dir, 'adapter_config.json'), 'utf8'));
     expect(config).toMatchObject({ peft_type: 'LORA', task_type: 'CAUSAL_LM', r: 4, lora_alpha: 8, target_modules: ['q_proj', 'v_proj', 'down_proj'], base_model_name_or_path: 'llama-tiny' });
-    expect(existsSync(join(dir, 'adapter_model.safetensors'))).toBe(true);
+    // PEFT's shapes: A (r, in), B (out, r); in and out of q_proj are the hidden size 64 and 4 heads × 16.
+    const saved = readSafetensors(join(dir, 'adapter_model.safetensors')).tensors;
+    expect(saved.get('base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight')!.shape).toEqual([4, 64]);
+    expect(saved.get('base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight')!.shape).toEqual([64, 4]);
+    expect(saved.get('base_model.model.model.layers.1.mlp.down_proj.lora_A.weight')!.shape).toEqual([4, 176]);
+    expect(saved.get('base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight')!.shape).toEqual([32, 4]);
 
     const again = load();
     expect(loadAdapter(dir, again)).toEqual(CONFIG);
