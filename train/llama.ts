@@ -8,7 +8,8 @@
 // size, V vocabulary; N = B·T rows.
 import * as tf from '@tensorflow/tfjs-core';
 import { seeded, type Random } from '../core/random.ts';
-import { causalAttention, causalMask, embed, linear, oneHot } from './kernels.ts';
+import { causalAttention, causalMask, embed, linear } from './kernels.ts';
+import { normal, targetLogprobs, variablesOf } from './parameters.ts';
 
 export interface LlamaConfig {
   /** `llama` or `qwen2`: the same math, Qwen2 with biases on q, k and v. */
@@ -80,16 +81,6 @@ function initialWeights(c: LlamaConfig, seed: string): Map<string, Float32Array>
   return weights;
 }
 
-function normal(rand: Random, size: number, std: number): Float32Array {
-  const out = new Float32Array(size);
-  for (let i = 0; i < size; i += 2) {
-    const r = Math.sqrt(-2 * Math.log(1 - rand())) * std; // Box–Muller
-    const a = 2 * Math.PI * rand();
-    out[i] = r * Math.cos(a);
-    if (i + 1 < size) out[i + 1] = r * Math.sin(a);
-  }
-  return out;
-}
 
 /** RMSNorm: x / √(mean(x²) + ε) · weight. x: (N, D). */
 function rmsNorm(x: tf.Tensor2D, weight: tf.Tensor, eps: number): tf.Tensor2D {
@@ -156,13 +147,7 @@ export class Llama {
     readonly config: LlamaConfig,
     weights: Map<string, Float32Array>,
   ) {
-    this.params = new Map(
-      llamaParameterShapes(config).map(([name, shape]) => {
-        const w = weights.get(name);
-        if (!w || w.length !== shape.reduce((a, b) => a * b, 1)) throw new Error(`weights: "${name}" is missing or is not of shape [${shape}]`);
-        return [name, tf.variable(tf.tensor(w, shape), true)];
-      }),
-    );
+    this.params = variablesOf(llamaParameterShapes(config), weights);
   }
 
   static create(config: LlamaConfig, seed: string): Llama {
@@ -263,9 +248,7 @@ export class Llama {
 
   /** log p(target_t | tokens ≤ t) for every position: (B, T). */
   tokenLogprobs(ids: Int32Array, targets: Int32Array, batch: number, length: number): tf.Tensor2D {
-    const logp = tf.logSoftmax(this.forward(ids, batch, length)); // (B·T, V)
-    const picked = tf.sum(tf.mul(logp, oneHot(tf.tensor1d(targets, 'int32'), this.config.vocabSize)), -1);
-    return tf.reshape(picked, [batch, length]);
+    return targetLogprobs(this.forward(ids, batch, length), targets, batch, length);
   }
 
   /** Number of parameters (a tied head counted once). */

@@ -4,7 +4,8 @@
 // Weights are stored as GPT-2 names them, with linear weights laid out (in, out): y = x · W.
 import * as tf from '@tensorflow/tfjs-core';
 import { seeded, type Random } from '../core/random.ts';
-import { causalAttention, causalMask, embed, linear, oneHot } from './kernels.ts';
+import { causalAttention, causalMask, embed, linear } from './kernels.ts';
+import { normal, targetLogprobs, variablesOf } from './parameters.ts';
 
 export interface GPTConfig {
   vocabSize: number;
@@ -59,16 +60,6 @@ function initialWeights(c: GPTConfig, seed: string): Map<string, Float32Array> {
   return weights;
 }
 
-function normal(rand: Random, size: number, std: number): Float32Array {
-  const out = new Float32Array(size);
-  for (let i = 0; i < size; i += 2) {
-    const r = Math.sqrt(-2 * Math.log(1 - rand())) * std; // Box–Muller
-    const a = 2 * Math.PI * rand();
-    out[i] = r * Math.cos(a);
-    if (i + 1 < size) out[i + 1] = r * Math.sin(a);
-  }
-  return out;
-}
 
 export function layerNorm(x: tf.Tensor2D, weight: tf.Tensor, bias: tf.Tensor): tf.Tensor2D {
   const mean = tf.mean(x, -1, true);
@@ -141,13 +132,7 @@ export class GPT {
     readonly config: GPTConfig,
     weights: Map<string, Float32Array>,
   ) {
-    this.params = new Map(
-      parameterShapes(config).map(([name, shape]) => {
-        const w = weights.get(name);
-        if (!w || w.length !== shape.reduce((a, b) => a * b, 1)) throw new Error(`weights: "${name}" is missing or is not of shape [${shape}]`);
-        return [name, tf.variable(tf.tensor(w, shape), true)];
-      }),
-    );
+    this.params = variablesOf(parameterShapes(config), weights);
   }
 
   static create(config: GPTConfig, seed: string): GPT {
@@ -205,9 +190,7 @@ export class GPT {
 
   /** log p(target_t | tokens ≤ t) for every position: (B, T). */
   tokenLogprobs(ids: Int32Array, targets: Int32Array, batch: number, length: number): tf.Tensor2D {
-    const logp = tf.logSoftmax(this.forward(ids, batch, length)); // (B·T, V)
-    const picked = tf.sum(tf.mul(logp, oneHot(tf.tensor1d(targets, 'int32'), this.config.vocabSize)), -1);
-    return tf.reshape(picked, [batch, length]);
+    return targetLogprobs(this.forward(ids, batch, length), targets, batch, length);
   }
 
   /** Number of parameters, the shared embedding counted once. */
