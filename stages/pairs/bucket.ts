@@ -9,7 +9,7 @@ import { buildOutcomePairs } from './outcome.ts';
 import { planRewrites, type RewriteJob, type RewriteOutcome, type Rewriter } from './rewriter.ts';
 
 export interface BucketOptions {
-  outcome: { enabled: boolean; success_min: number; failure_max: number; max_pairs_per_task: number };
+  outcome: { enabled: boolean; success_min: number; failure_max: number; max_pairs_per_task: number | null };
   hardNegatives: { enabled: boolean; from_min_reward: number; ratios: Partial<Record<NegativeType, number>>; salt: string; rewriter: { ratios: Partial<Record<NegativeType, number>> } };
   rewriter: Rewriter | null;
   /** Whether the session's request is one the agent must decline. */
@@ -41,7 +41,7 @@ export async function pairBucket(groups: [string, SplitSession[]][], side: Split
     if (oc.enabled) {
       if (!sessions.some((s) => s.reward >= oc.success_min)) counts.tasks_without_success!++;
       if (!sessions.some((s) => s.reward <= oc.failure_max)) counts.tasks_without_failure!++;
-      const built = buildOutcomePairs(sessions, { successMin: oc.success_min, failureMax: oc.failure_max, maxPairsPerTask: oc.max_pairs_per_task });
+      const built = buildOutcomePairs(sessions, { successMin: oc.success_min, failureMax: oc.failure_max, maxPairsPerTask: oc.max_pairs_per_task ?? Infinity });
       const byId = new Map(sessions.map((s) => [s.session_id, s]));
       for (const pair of built.pairs) await out.pairs.write(withMetadata(pair, byId.get(pair.chosen_session_id)!));
       for (const d of built.dropped) await out.dropped.write(d);

@@ -38,7 +38,7 @@ const config = z.strictObject({
       enabled: z.boolean().default(true).describe('Build outcome pairs: within a task, a successful session against a failed one.'),
       success_min: z.number().min(0).max(1).default(0.7).describe('A session with at least this reward is a success.'),
       failure_max: z.number().min(0).max(1).default(0.3).describe('A session with at most this reward is a failure.'),
-      max_pairs_per_task: z.number().int().min(1).default(16).describe('Most outcome pairs per task; past it, pairs with the widest reward gaps come first and each session is used about equally often.'),
+      max_pairs_per_task: z.number().int().min(1).nullable().default(16).describe('Most outcome pairs per task (null: every success against every failure); under a cap, pairs with the widest reward gaps come first and each session is used about equally often.'),
     })
     .refine((c) => c.failure_max < c.success_min, { message: 'failure_max must be below success_min' })
     .prefault({}).describe("Outcome pairs: a task's successes against its failures, the reward gap as margin."),

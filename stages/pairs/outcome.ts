@@ -4,6 +4,7 @@ import { commonPrefixLength, pairId, sameMessage, type Message, type Pair, type 
 export interface OutcomeOptions {
   successMin: number;
   failureMax: number;
+  /** Infinity: no cap. */
   maxPairsPerTask: number;
 }
 

@@ -1,4 +1,5 @@
 import { describe, expect, it } from 'vitest';
+import { STAGES } from '../../stages/index.ts';
 import { buildOutcomePairs } from '../../stages/pairs/outcome.ts';
 import type { Message, SplitSession } from '../../core/records.ts';
 
@@ -62,6 +63,18 @@ describe('outcome pairs', () => {
     expect(pairs).toHaveLength(4);
     expect(pairs.map((p) => `${p.chosen_session_id}>${p.rejected_session_id}`)).toEqual(['s1>f1', 's2>f2', 's3>f3', 's1>f2']);
     expect(new Set(pairs.map((p) => p.pair_id)).size).toBe(4);
+  });
+
+  it('takes a null cap as no cap: every success against every failure', () => {
+    const sessions = [
+      ...['s1', 's2', 's3'].map((id, i) => trial(id, 1 - i * 0.1, 'q', id)),
+      ...['f1', 'f2', 'f3', 'f4'].map((id, i) => trial(id, [0, 0.1, 0.2, 0.25][i]!, 'q', id)),
+    ];
+    const parsed = STAGES.find((x) => x.name === 'pairs')!.config.safeParse({ outcome: { max_pairs_per_task: null } });
+    expect(parsed.success, JSON.stringify(parsed.error?.issues)).toBe(true);
+    expect((parsed.data as { outcome: { max_pairs_per_task: number | null } }).outcome.max_pairs_per_task).toBeNull();
+    const { pairs } = buildOutcomePairs(sessions, { ...options, maxPairsPerTask: Infinity });
+    expect(new Set(pairs.map((p) => `${p.chosen_session_id}>${p.rejected_session_id}`)).size).toBe(12);
   });
 
   it('drops, with a reason, pairs that have nothing to learn from', () => {
