@@ -8,8 +8,9 @@
 // size, V vocabulary; N = B·T rows.
 import * as tf from '@tensorflow/tfjs-core';
 import { seeded, type Random } from '../core/random.ts';
-import { causalAttention, causalMask, embed, linear } from './kernels.ts';
-import { normal, targetLogprobs, variablesOf } from './parameters.ts';
+import { causalAttention, embed, linear } from './kernels.ts';
+import { ModelWeights, normal } from './parameters.ts';
+import { sampleToken } from './sampling.ts';
 
 export interface LlamaConfig {
   /** `llama` or `qwen2`: the same math, Qwen2 with biases on q, k and v. */
@@ -138,25 +139,18 @@ function repeatKv(x: tf.Tensor3D, heads: number): tf.Tensor2D {
   return tf.reshape(tf.tile(tf.reshape(x, [n, k, 1, hd]), [1, 1, heads / k, 1]), [n, heads * hd]);
 }
 
-export class Llama {
-  readonly params: Map<string, tf.Variable>;
-  private readonly masks = new Map<number, tf.Tensor2D>();
+export class Llama extends ModelWeights {
   private rope: { cos: Float32Array; sin: Float32Array; positions: number } | null = null;
 
   constructor(
     readonly config: LlamaConfig,
     weights: Map<string, Float32Array>,
   ) {
-    this.params = variablesOf(llamaParameterShapes(config), weights);
+    super(llamaParameterShapes(config), weights);
   }
 
   static create(config: LlamaConfig, seed: string): Llama {
     return new Llama(config, initialWeights(config, seed));
-  }
-
-  /** A parameter, typed as the 2-D tensor most of them are. */
-  p(name: string): tf.Tensor2D {
-    return this.params.get(name)! as tf.Tensor as tf.Tensor2D;
   }
 
   /**
@@ -176,12 +170,6 @@ export class Llama {
     const input = this.training && adapter.dropout > 0 ? (tf.dropout(x, adapter.dropout) as tf.Tensor2D) : x;
     const low = linear(input, tf.transpose(adapter.a as tf.Tensor as tf.Tensor2D)); // (N, r)
     return tf.add(y, tf.mul(linear(low, tf.transpose(adapter.b as tf.Tensor as tf.Tensor2D)), adapter.scale)) as tf.Tensor2D;
-  }
-
-  private mask(length: number): tf.Tensor2D {
-    let m = this.masks.get(length);
-    if (!m) this.masks.set(length, (m = tf.keep(causalMask(length))));
-    return m;
   }
 
   /**
@@ -230,7 +218,7 @@ export class Llama {
   }
 
   /** Logits for every position. ids: B rows of T tokens, row-major. Returns (B·T, V). */
-  forward(ids: Int32Array, batch: number, length: number): tf.Tensor2D {
+  override forward(ids: Int32Array, batch: number, length: number): tf.Tensor2D {
     const { heads: H, rmsNormEps: eps } = this.config;
     let x = embed(this.p('model.embed_tokens.weight'), tf.tensor1d(ids, 'int32')); // (N, D)
     const rotation = this.angles(batch, length, 0);
@@ -246,22 +234,9 @@ export class Llama {
     return this.head(x);
   }
 
-  /** log p(target_t | tokens ≤ t) for every position: (B, T). */
-  tokenLogprobs(ids: Int32Array, targets: Int32Array, batch: number, length: number): tf.Tensor2D {
-    return targetLogprobs(this.forward(ids, batch, length), targets, batch, length);
-  }
-
-  /** Number of parameters (a tied head counted once). */
-  size(): number {
-    let n = 0;
-    for (const v of this.params.values()) n += v.size;
-    return n;
-  }
-
-  dispose(): void {
-    for (const v of this.params.values()) v.dispose();
+  override dispose(): void {
+    super.dispose();
     for (const ad of this.adapters.values()) tf.dispose([ad.a, ad.b]);
-    for (const m of this.masks.values()) m.dispose();
   }
 
   /** Weights as plain arrays, by name: what a checkpoint writes. */
@@ -325,7 +300,7 @@ export class LlamaKVCache {
     const out: number[] = [];
     let logits = this.read(prompt);
     while (out.length < o.maxNewTokens) {
-      const next = sampleToken(logits, o);
+      const next = sampleToken(logits, o.temperature, o.topP, o.random);
       out.push(next);
       if (o.stop?.includes(next) || out.length === o.maxNewTokens) break;
       logits = this.read([next]);
@@ -353,24 +328,4 @@ function attendCached(q: tf.Tensor3D, keys: tf.Tensor3D, values: tf.Tensor3D, st
   const weights = tf.softmax(tf.add(scores, tf.tensor2d(allowed, [T, P])));
   const out = tf.matMul(weights, tf.transpose(v, [1, 0, 2])); // (H, T, hd)
   return tf.reshape(tf.transpose(out, [1, 0, 2]), [T, heads * hd]);
-}
-
-/** The next token: the most likely at temperature 0, else sampled from the top-p nucleus at the temperature. */
-export function sampleToken(logits: Float32Array, o: Pick<SampleOptions, 'temperature' | 'topP' | 'random'>): number {
-  let best = 0;
-  for (let i = 1; i < logits.length; i++) if (logits[i]! > logits[best]!) best = i;
-  if (o.temperature === 0) return best;
-  const scaled = Array.from(logits, (l, i) => ({ i, p: Math.exp((l - logits[best]!) / o.temperature) }));
-  const total = scaled.reduce((s, x) => s + x.p, 0);
-  scaled.sort((a, b) => b.p - a.p);
-  const nucleus: typeof scaled = [];
-  let mass = 0;
-  for (const x of scaled) {
-    nucleus.push(x);
-    mass += x.p / total;
-    if (mass >= o.topP) break;
-  }
-  let r = o.random() * nucleus.reduce((s, x) => s + x.p, 0);
-  for (const x of nucleus) if ((r -= x.p) <= 0) return x.i;
-  return nucleus.at(-1)!.i;
 }

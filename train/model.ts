@@ -4,8 +4,9 @@
 // Weights are stored as GPT-2 names them, with linear weights laid out (in, out): y = x · W.
 import * as tf from '@tensorflow/tfjs-core';
 import { seeded, type Random } from '../core/random.ts';
-import { causalAttention, causalMask, embed, linear } from './kernels.ts';
-import { normal, targetLogprobs, variablesOf } from './parameters.ts';
+import { causalAttention, embed, linear } from './kernels.ts';
+import { ModelWeights, normal } from './parameters.ts';
+import { sampleToken } from './sampling.ts';
 
 export interface GPTConfig {
   vocabSize: number;
@@ -122,9 +123,7 @@ export function rope(qkv: tf.Tensor2D, tables: { cos: tf.Tensor; sin: tf.Tensor 
   return tf.concat([tf.reshape(turned, [n, 2 * C]), tf.slice(qkv, [0, 2 * C], [n, C])], 1) as tf.Tensor2D;
 }
 
-export class GPT {
-  readonly params: Map<string, tf.Variable>;
-  private readonly masks = new Map<number, tf.Tensor2D>();
+export class GPT extends ModelWeights {
   /** RoPE's cos and signed sin for every position, (1, context, 1, 2, hs/2), made once. */
   private rotation: { cos: tf.Tensor; sin: tf.Tensor } | null = null;
 
@@ -132,26 +131,15 @@ export class GPT {
     readonly config: GPTConfig,
     weights: Map<string, Float32Array>,
   ) {
-    this.params = variablesOf(parameterShapes(config), weights);
+    super(parameterShapes(config), weights);
   }
 
   static create(config: GPTConfig, seed: string): GPT {
     return new GPT(config, initialWeights(config, seed));
   }
 
-  /** A parameter, typed as the 2-D tensor most of them are. */
-  p(name: string): tf.Tensor2D {
-    return this.params.get(name)! as tf.Tensor as tf.Tensor2D;
-  }
-
-  private mask(length: number): tf.Tensor2D {
-    let m = this.masks.get(length);
-    if (!m) this.masks.set(length, (m = tf.keep(causalMask(length))));
-    return m;
-  }
-
   /** Logits for every position. ids: B rows of T tokens, row-major. Returns (B·T, V). */
-  forward(ids: Int32Array, batch: number, length: number): tf.Tensor2D {
+  override forward(ids: Int32Array, batch: number, length: number): tf.Tensor2D {
     if (length > this.config.contextLength) throw new Error(`a sequence of ${length} tokens is longer than the model's context of ${this.config.contextLength}`);
     const tokens = embed(this.p('wte.weight'), tf.tensor1d(ids, 'int32')); // (B·T, C)
     return this.run(tokens, batch, length, 0, () => (qkv) => causalAttention(qkv, { batch, length, heads: this.config.heads }, this.mask(length)));
@@ -188,18 +176,6 @@ export class GPT {
     return rope(qkv, this.rotation, { batch, length, heads, start });
   }
 
-  /** log p(target_t | tokens ≤ t) for every position: (B, T). */
-  tokenLogprobs(ids: Int32Array, targets: Int32Array, batch: number, length: number): tf.Tensor2D {
-    return targetLogprobs(this.forward(ids, batch, length), targets, batch, length);
-  }
-
-  /** Number of parameters, the shared embedding counted once. */
-  size(): number {
-    let n = 0;
-    for (const v of this.params.values()) n += v.size;
-    return n;
-  }
-
   /** Floating-point operations to train on one token (forward and backward), as nanoGPT's estimate_mfu counts them. */
   flopsPerToken(length = this.config.contextLength): number {
     const c = this.config;
@@ -215,9 +191,8 @@ export class GPT {
     return new KVCache(this).generate(prompt, options);
   }
 
-  dispose(): void {
-    for (const v of this.params.values()) v.dispose();
-    for (const m of this.masks.values()) m.dispose();
+  override dispose(): void {
+    super.dispose();
     if (this.rotation) tf.dispose([this.rotation.cos, this.rotation.sin]);
   }
 }
@@ -402,22 +377,3 @@ export interface GenerateOptions {
   constraint?: { allows(generated: readonly number[], candidate: number): boolean };
 }
 
-/** One token from logits: argmax at temperature 0, else a draw from the top-p nucleus of softmax(logits / temperature). */
-export function sampleToken(logits: Float32Array, temperature: number, topP: number, rand: Random): number {
-  let best = 0;
-  for (let i = 1; i < logits.length; i++) if (logits[i]! > logits[best]!) best = i;
-  if (temperature <= 0) return best;
-  const probs = Array.from(logits, (l, i) => ({ i, p: Math.exp((l - logits[best]!) / temperature) }));
-  const total = probs.reduce((s, x) => s + x.p, 0);
-  probs.sort((a, b) => b.p - a.p);
-  const nucleus: typeof probs = [];
-  let mass = 0;
-  for (const x of probs) {
-    nucleus.push(x);
-    mass += x.p / total;
-    if (mass >= topP) break;
-  }
-  let r = rand() * nucleus.reduce((s, x) => s + x.p, 0);
-  for (const x of nucleus) if ((r -= x.p) <= 0) return x.i;
-  return nucleus.at(-1)!.i;
-}

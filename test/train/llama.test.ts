@@ -7,7 +7,8 @@ import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { useBackend } from '../../train/backend.ts';
 import { llamaConfigFromJson, readHfModel, writeHfModel } from '../../train/hf.ts';
-import { Llama, LlamaKVCache, llamaParameterShapes, sampleToken } from '../../train/llama.ts';
+import { Llama, LlamaKVCache, llamaParameterShapes } from '../../train/llama.ts';
+import { sampleToken } from '../../train/sampling.ts';
 import { prefab } from '../fixtures/cli.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 
@@ -45,7 +46,7 @@ function greedyWithoutCache(model: Llama, prompt: number[], n: number): number[]
   const ids = [...prompt];
   for (let i = 0; i < n; i++) {
     const logits = tf.tidy(() => tf.slice(model.forward(Int32Array.from(ids), 1, ids.length), [ids.length - 1, 0], [1, -1]).dataSync() as Float32Array);
-    ids.push(sampleToken(logits, { temperature: 0, topP: 1, random: Math.random }));
+    ids.push(sampleToken(logits, 0, 1, Math.random));
   }
   return ids.slice(prompt.length);
 }

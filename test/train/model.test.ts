@@ -7,7 +7,8 @@ import { seeded } from '../../core/random.ts';
 import { useBackend } from '../../train/backend.ts';
 import { loadCheckpoint, saveCheckpoint } from '../../train/checkpoint.ts';
 import { sftLoss } from '../../train/losses/index.ts';
-import { GPT, KVCache, rope, ropeTables, sampleToken, type GPTConfig } from '../../train/model.ts';
+import { GPT, KVCache, rope, ropeTables, type GPTConfig } from '../../train/model.ts';
+import { sampleToken } from '../../train/sampling.ts';
 import { ADAMW_DEFAULTS, AdamW, learningRate } from '../../train/optimizer.ts';
 import { optimizerStep } from '../../train/step.ts';
 
