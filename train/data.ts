@@ -52,25 +52,34 @@ export async function sftSequences(tokenizer: TextTokenizer, conversations: Mess
  * a prompt (a pair's chosen and rejected): the prompt is cut the same way for all of them, keeping the head
  * and as many of its latest messages as leave room for the longest completion. When a completion does not
  * fit in `length` tokens even after the head alone, the answer is the reason, not a sequence cut short (a
- * pair whose rejected side lost its end would teach the wrong thing); with `cut`, such a completion is cut at
- * its end instead (KTO's whole-episode completions, as TRL's truncation does). Each prompt + completion is
+ * pair whose rejected side lost its end would teach the wrong thing). Each prompt + completion is
  * masked as one conversation (`placeholders`), so a value a completion makes up gets a placeholder of its
  * own, as when the model writes it; the prompt reads the same in all of them.
  */
-export async function completionSequences(tokenizer: TextTokenizer, prompt: Message[], completions: Message[][], length: number, placeholders: Placeholders, cut = false): Promise<Sequence[] | { tooLong: string }> {
+export async function completionSequences(tokenizer: TextTokenizer, prompt: Message[], completions: Message[][], length: number, placeholders: Placeholders): Promise<Sequence[] | { tooLong: string }> {
+  const cut = await promptCut(tokenizer, prompt, completions, length, placeholders);
+  return cut.tooLong === undefined ? cut.sequences() : { tooLong: cut.tooLong };
+}
+
+/** The same sequences, a completion that does not fit cut at its end instead of left out (KTO's, as TRL truncates). */
+export async function truncatedSequences(tokenizer: TextTokenizer, prompt: Message[], completions: Message[][], length: number, placeholders: Placeholders): Promise<Sequence[]> {
+  return (await promptCut(tokenizer, prompt, completions, length, placeholders)).sequences();
+}
+
+/** Where the prompt is cut for all the completions, and the sequences from there; `tooLong` says why one does not fit. */
+async function promptCut(tokenizer: TextTokenizer, prompt: Message[], completions: Message[][], length: number, placeholders: Placeholders): Promise<{ sequences: () => Sequence[]; tooLong?: string }> {
   const p = fromParquet(prompt);
   const cs = viewAll(completions.map((c) => [...p, ...fromParquet(c)]), placeholders);
   const encoded = await encodeConversations(tokenizer, cs);
   const head = Math.min(headLength(p), p.length);
   const starts = encoded.map((e, i) => startOf(e, head, cs[i]!.length, length));
   const longest = starts.indexOf(Math.max(...starts));
-  if (!cut && starts[longest]! > p.length) {
-    // In positions, as the limit is given: a sequence of n ids (inputs and the last target) fills n − 1.
-    const tokens = encoded[longest]!.ids.length - encoded[longest]!.starts[p.length]! + encoded[longest]!.starts[head]!;
-    return { tooLong: `completion ${longest + 1} needs ${tokens - 1} tokens with the prompt's head, more than the ${length - 1} allowed` };
-  }
   const from = Math.max(head, Math.min(p.length, starts[longest]!));
-  return encoded.map((e, i) => windowOf(e, head, from, cs[i]!.length, length, p.length));
+  const sequences = () => encoded.map((e, i) => windowOf(e, head, from, cs[i]!.length, length, p.length));
+  if (starts[longest]! <= p.length) return { sequences };
+  // In positions, as the limit is given: a sequence of n ids (inputs and the last target) fills n − 1.
+  const tokens = encoded[longest]!.ids.length - encoded[longest]!.starts[p.length]! + encoded[longest]!.starts[head]!;
+  return { tooLong: `completion ${longest + 1} needs ${tokens - 1} tokens with the prompt's head, more than the ${length - 1} allowed`, sequences };
 }
 
 export interface Scores {

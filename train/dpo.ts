@@ -69,7 +69,7 @@ export interface Examples {
 }
 
 /** Collects examples, or the reason a row gave none. */
-export function collectExamples(made: (Example | { tooLong: string })[]): Examples {
+function collectExamples(made: (Example | { tooLong: string })[]): Examples {
   const out: Examples = { examples: [], rows: [], dropped: [] };
   made.forEach((m, row) => {
     if ('tooLong' in m) out.dropped.push({ row, reason: m.tooLong });

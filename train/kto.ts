@@ -4,8 +4,8 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { NEVER } from '../pipeline/interrupt.ts';
 import type { KtoRow } from '../core/records.ts';
-import { completionSequences, scoreSequences, sequenceValues, type Scores } from './data.ts';
-import { collectExamples, hyperparameters, preferenceBatches, type Example, type Examples, type LossChoice, type PreferenceSettings } from './dpo.ts';
+import { scoreSequences, truncatedSequences, sequenceValues, type Scores } from './data.ts';
+import { hyperparameters, preferenceBatches, type Example, type Examples, type LossChoice, type PreferenceSettings } from './dpo.ts';
 import { LOSSES } from './losses/index.ts';
 import type { GPT } from './model.ts';
 import type { Placeholders } from './placeholders.ts';
@@ -18,16 +18,14 @@ import type { TextTokenizer } from './tokenizer.ts';
  * not fit is cut at its end (its label is the episode's), as TRL truncates.
  */
 export async function ktoExamples(tokenizer: TextTokenizer, rows: KtoRow[], length: number, placeholders: Placeholders): Promise<Examples> {
-  const made = await Promise.all(
+  const examples = await Promise.all(
     rows.map(async (r, i) => {
-      const own = await completionSequences(tokenizer, r.prompt, [r.completion], length, placeholders, true);
-      if ('tooLong' in own) return own;
-      const other = await completionSequences(tokenizer, r.prompt, [rows[(i + 1) % rows.length]!.completion], length, placeholders, true);
-      if ('tooLong' in other) return { tooLong: `the mismatched completion for its KL estimate: ${other.tooLong}` };
-      return { sequences: [own[0]!, other[0]!], label: r.label };
+      const [own] = await truncatedSequences(tokenizer, r.prompt, [r.completion], length, placeholders);
+      const [other] = await truncatedSequences(tokenizer, r.prompt, [rows[(i + 1) % rows.length]!.completion], length, placeholders);
+      return { sequences: [own!, other!], label: r.label };
     }),
   );
-  return collectExamples(made);
+  return { examples, rows: rows.map((_, i) => i), dropped: [] };
 }
 
 /** Trains `start()` with KTO; `reference` holds the starting model's scores of both sides of every example. */
