@@ -2,7 +2,7 @@
 // session, and a session id seen before, goes to the quarantine with its file, place and reason.
 import { join } from 'node:path';
 import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
-import { safePointEvery } from '../../pipeline/interrupt.ts';
+import { every, safePoint } from '../../pipeline/interrupt.ts';
 import type { Logger } from '../../pipeline/log.ts';
 import type { ExternalFile } from '../../pipeline/stage.ts';
 import { UsageError } from '../../pipeline/errors.ts';
@@ -34,9 +34,10 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
   let quarantined = 0;
   let duplicates = 0;
   let untasked = 0;
-  const safe = safePointEvery(signal, 1000, () => `ingest: stopped while reading ${file.name}; the next run reads again every file this run was reading`);
+  const due = every(1000);
+  const stopped = () => `ingest: stopped while reading ${file.name}; the next run reads again every file this run was reading`;
   for await (const record of readRecords(file.path, format)) {
-    await safe();
+    if (due()) await safePoint(signal, stopped);
     progress.tick();
     const source = `${file.name} ${record.where}`;
     if (record.error !== undefined) {

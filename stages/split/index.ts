@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { z } from 'zod';
 import { unitHash } from '../../pipeline/hash.ts';
 import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
-import { safePointEvery } from '../../pipeline/interrupt.ts';
+import { every, safePoint } from '../../pipeline/interrupt.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import type { Session, Split, SplitSession } from '../../core/records.ts';
 import { SPLITS, bucketFile, readIngestIndex, sessionSegments, type SplitInfo } from '../layout.ts';
@@ -54,10 +54,11 @@ export const split = defineStage({
     for (const side of SPLITS) for (let b = 0; b < buckets; b++) writers.set(`${side}/${b}`, new JsonlWriter(bucketFile(out, side, b)));
     const counts = { train_sessions: 0, test_sessions: 0, matched_to_task: 0, new_groups: 0 };
     const progress = log.progress('split', total);
-    const safe = safePointEvery(signal, 1000, () => `split: stopped before it had put every session in its bucket; the next run does it again`);
+    const due = every(1000);
+    const stopped = () => 'split: stopped before it had put every session in its bucket; the next run does it again';
     for (const segment of segments) {
       for await (const s of readJsonl<Session>(segment)) {
-        await safe();
+        if (due()) await safePoint(signal, stopped);
         progress.tick();
         let taskMatch: SplitSession['task_match'] = null;
         let taskId = s.task_id;
