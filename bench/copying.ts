@@ -20,7 +20,7 @@ const opts = cli.opts<{ tasks: string; worldSeed: string; free?: boolean }>();
 
 await useBackend('wasm');
 const checkpoint = loadCheckpoint(cli.args[0]!);
-const policy = new ModelPolicy('model', checkpoint.model, new TextTokenizer(checkpoint.tokenizerJson), checkpoint.placeholders, { maxTokens: 160, temperature: 0, topP: 1, tools: opts.free ? undefined : TOOLS }, seeded('copying'));
+const policy = new ModelPolicy('model', checkpoint.model, checkpoint.context, new TextTokenizer(checkpoint.tokenizer['tokenizer.json']!), checkpoint.placeholders, { maxTokens: 160, temperature: 0, topP: 1, tools: opts.free ? undefined : TOOLS }, seeded('copying'));
 const world = generateWorld({ seed: Number(opts.worldSeed) });
 const right: Record<string, { right: number; turns: number }> = {};
 for (let i = 0; i < Number(opts.tasks); i++) {

@@ -1,14 +1,14 @@
-// Training throughput on the bench shape (4 layers, width 256, 4 heads, context 256, vocabulary 512, batch 8,
-// AdamW): tokens/s and achieved GFLOP/s, beside a plain 2048×256·256×1024 matMul's GFLOP/s measured in the
-// same run, which is the ceiling this backend can reach. `--model llama` measures the Llama-family model
-// (train/llama.ts) of the same shape: tied embeddings, SwiGLU of width 688, `--kv-heads` key/value heads.
-// Usage: npm run bench:train [-- --backend wasm --steps 6 --model gpt|llama]
+// Training throughput of the trainer's model (train/model.ts, a Llama) on the bench shape: 4 layers, hidden
+// size 256, 4 heads (`--kv-heads` key/value heads), SwiGLU of width 688, context 256, vocabulary 512, tied
+// embeddings, batch 8, AdamW. Prints tokens/s and achieved GFLOP/s beside a plain 2048×256·256×1024 matMul's
+// GFLOP/s measured in the same run (the ceiling this backend can reach), and the same model written the
+// obvious way in TensorFlow.js (the naive baseline).
+// Usage: npm run bench:train [-- --backend wasm --steps 6 --kv-heads 2]
 import * as tf from '@tensorflow/tfjs-core';
 import { Command } from 'commander';
 import { BACKENDS, useBackend, type BackendChoice } from '../train/backend.ts';
 import { causalMask } from '../train/kernels.ts';
-import { GPT, gelu, layerNorm } from '../train/model.ts';
-import { Llama } from '../train/llama.ts';
+import { Llama } from '../train/model.ts';
 import { ADAMW_DEFAULTS, AdamW } from '../train/optimizer.ts';
 import { optimizerStep } from '../train/step.ts';
 import { seeded } from '../core/random.ts';
@@ -17,18 +17,19 @@ const opts = new Command()
   .option('--backend <name>', `one of ${BACKENDS.join(', ')}`, 'wasm')
   .option('--steps <n>', 'timed steps', '6')
   .option('--batch <n>', 'sequences per step', '8')
-  .option('--positions <kind>', 'learned (GPT-2, the bench shape) or rope (what sft trains by default)', 'learned')
   .option('--no-naive', 'skip the naive baseline (tf.matMul gradients, batched attention): slow')
-  .option('--model <kind>', 'gpt (what sft trains today) or llama', 'gpt')
-  .option('--kv-heads <n>', 'llama: key/value heads (grouped-query attention below 4)', '4')
+  .option('--kv-heads <n>', 'key/value heads (grouped-query attention below 4)', '4')
   .parse()
-  .opts<{ backend: BackendChoice; steps: string; batch: string; positions: string; naive: boolean; model: string; kvHeads: string }>();
+  .opts<{ backend: BackendChoice; steps: string; batch: string; naive: boolean; kvHeads: string }>();
 
 const backend = await useBackend(opts.backend);
-if (opts.positions !== 'learned' && opts.positions !== 'rope') throw new Error(`--positions is learned or rope, not ${opts.positions}`);
-const config = { vocabSize: 512, contextLength: 256, layers: 4, width: 256, heads: 4, positions: opts.positions as 'learned' | 'rope' };
+const T = 256;
 const B = Number(opts.batch);
-const T = config.contextLength;
+const model = Llama.create(
+  { modelType: 'llama', vocabSize: 512, hiddenSize: 256, intermediateSize: 688, layers: 4, heads: 4, kvHeads: Number(opts.kvHeads), headDim: 64, ropeTheta: 10000, rmsNormEps: 1e-5, tiedEmbeddings: true, attentionBias: false, maxPositions: T, bosTokenId: null, eosTokenId: null },
+  'bench',
+);
+const config = model.config;
 
 function matmulPeak(): number {
   const a = tf.randomNormal([2048, 256]) as tf.Tensor2D;
@@ -47,20 +48,8 @@ function matmulPeak(): number {
   return (2 * 2048 * 256 * 1024) / seconds / 1e9;
 }
 
-const gpt = GPT.create(config, 'bench');
-const llama =
-  opts.model === 'llama'
-    ? Llama.create(
-        { modelType: 'llama', vocabSize: config.vocabSize, hiddenSize: config.width, intermediateSize: 688, layers: config.layers, heads: config.heads, kvHeads: Number(opts.kvHeads), headDim: config.width / config.heads, ropeTheta: 10000, rmsNormEps: 1e-5, tiedEmbeddings: true, attentionBias: false, maxPositions: T, bosTokenId: null, eosTokenId: null },
-        'bench',
-      )
-    : null;
-if (opts.model !== 'gpt' && !llama) throw new Error(`--model is gpt or llama, not ${opts.model}`);
-const model = gpt;
-const trained = llama ?? gpt;
-/** Training FLOPs per token, as nanoGPT's estimate_mfu counts them: 6 per parameter used in a matMul, and attention's. */
-const flopsPerToken = llama ? 6 * llama.size() + 12 * config.layers * config.width * T : gpt.flopsPerToken();
-const optimizer = new AdamW(trained.params, ADAMW_DEFAULTS);
+const flopsPerToken = model.flopsPerToken(T);
+const optimizer = new AdamW(model.params, ADAMW_DEFAULTS);
 const rand = seeded('bench', 'data');
 const batch = () => {
   const ids = new Int32Array(B * T).map(() => Math.floor(rand() * config.vocabSize));
@@ -69,7 +58,7 @@ const batch = () => {
 };
 const step = () => {
   const { ids, targets } = batch();
-  return optimizerStep(trained, optimizer, [() => ({ loss: tf.neg(tf.mean(trained.tokenLogprobs(ids, targets, B, T))) as tf.Scalar })], 3e-4, 1);
+  return optimizerStep(model, optimizer, [() => ({ loss: tf.neg(tf.mean(model.tokenLogprobs(ids, targets, B, T))) as tf.Scalar })], 3e-4, 1);
 };
 
 /**
@@ -77,26 +66,40 @@ const step = () => {
  * a batched matMul, the embedding as a one-hot matMul (tf.gather's gradient does not run on WASM).
  */
 function naiveLoss(ids: Int32Array, targets: Int32Array, b: number): tf.Scalar {
-  const C = config.width;
-  const H = config.heads;
-  const hs = C / H;
+  const { heads: H, kvHeads: K, headDim: hd, vocabSize: V, rmsNormEps: eps } = config;
   const w = (name: string) => model.p(name);
-  const ln = (x: tf.Tensor, name: string) => layerNorm(x as tf.Tensor2D, w(`${name}.weight`), w(`${name}.bias`));
+  const norm = (x: tf.Tensor, name: string) => tf.mul(tf.mul(x, tf.rsqrt(tf.add(tf.mean(tf.square(x), -1, true), eps))), w(name));
+  const proj = (x: tf.Tensor, name: string) => tf.matMul(x as tf.Tensor2D, w(`${name}.weight`), false, true);
+  const half = hd / 2;
+  const inv = Array.from({ length: half }, (_, f) => 1 / Math.pow(config.ropeTheta, (2 * f) / hd));
+  const angles = tf.tensor2d(Array.from({ length: T }, (_, p) => [...inv, ...inv].map((v) => p * v)), [T, hd]);
+  const [cos, sin] = [tf.cos(angles), tf.sin(angles)];
+  const turn = (x: tf.Tensor, n: number) => {
+    const r = tf.reshape(x, [b, T, n, hd]);
+    const [x1, x2] = tf.split(r, 2, 3);
+    const c = tf.reshape(cos, [1, T, 1, hd]);
+    const s = tf.reshape(sin, [1, T, 1, hd]);
+    return tf.transpose(tf.add(tf.mul(r, c), tf.mul(tf.concat([tf.neg(x2), x1], 3), s)), [0, 2, 1, 3]); // (b, n, T, hd)
+  };
   const mask = causalMask(T);
-  let x: tf.Tensor = tf.add(tf.reshape(tf.matMul(tf.cast(tf.oneHot(tf.tensor1d(ids, 'int32'), config.vocabSize), 'float32'), w('wte.weight')), [b, T, C]), tf.slice(w('wpe.weight'), [0, 0], [T, C]));
-  x = tf.reshape(x, [b * T, C]);
+  let x: tf.Tensor = tf.matMul(tf.cast(tf.oneHot(tf.tensor1d(ids, 'int32'), V), 'float32'), w('model.embed_tokens.weight'));
   for (let i = 0; i < config.layers; i++) {
-    const qkv = tf.matMul(ln(x, `h.${i}.ln_1`), w(`h.${i}.attn.c_attn.weight`));
-    const heads = (k: number) => tf.transpose(tf.reshape(tf.slice(qkv, [0, k * C], [b * T, C]), [b, T, H, hs]), [0, 2, 1, 3]);
-    const att = tf.softmax(tf.add(tf.mul(tf.matMul(heads(0), heads(1), false, true), 1 / Math.sqrt(hs)), mask));
-    const y = tf.reshape(tf.transpose(tf.matMul(att, heads(2)), [0, 2, 1, 3]), [b * T, C]);
-    x = tf.add(x, tf.matMul(y, w(`h.${i}.attn.c_proj.weight`)));
-    const h = tf.matMul(ln(x, `h.${i}.ln_2`), w(`h.${i}.mlp.c_fc.weight`));
-    x = tf.add(x, tf.matMul(gelu(h as tf.Tensor2D), w(`h.${i}.mlp.c_proj.weight`)));
+    const l = `model.layers.${i}.`;
+    const h = norm(x, `${l}input_layernorm.weight`);
+    const q = turn(proj(h, `${l}self_attn.q_proj`), H);
+    const repeat = (t: tf.Tensor) => (K === H ? t : tf.reshape(tf.tile(tf.reshape(t, [b, K, 1, T, hd]), [1, 1, H / K, 1, 1]), [b, H, T, hd]));
+    const k = repeat(turn(proj(h, `${l}self_attn.k_proj`), K));
+    const v = repeat(tf.transpose(tf.reshape(proj(h, `${l}self_attn.v_proj`), [b, T, K, hd]), [0, 2, 1, 3]));
+    const att = tf.softmax(tf.add(tf.mul(tf.matMul(q, k, false, true), 1 / Math.sqrt(hd)), mask));
+    const y = tf.reshape(tf.transpose(tf.matMul(att, v), [0, 2, 1, 3]), [b * T, H * hd]);
+    x = tf.add(x, proj(y, `${l}self_attn.o_proj`));
+    const m = norm(x, `${l}post_attention_layernorm.weight`);
+    const gate = proj(m, `${l}mlp.gate_proj`);
+    x = tf.add(x, proj(tf.mul(tf.mul(gate, tf.sigmoid(gate)), proj(m, `${l}mlp.up_proj`)), `${l}mlp.down_proj`));
   }
-  const logits = tf.matMul(ln(x, 'ln_f'), w('wte.weight'), false, true);
-  const picked = tf.sum(tf.mul(tf.logSoftmax(logits), tf.cast(tf.oneHot(tf.tensor1d(targets, 'int32'), config.vocabSize), 'float32')), -1);
-  return tf.neg(tf.mean(picked));
+  const logits = tf.matMul(norm(x, 'model.norm.weight') as tf.Tensor2D, w('model.embed_tokens.weight'), false, true);
+  const picked = tf.sum(tf.mul(tf.logSoftmax(logits), tf.cast(tf.oneHot(tf.tensor1d(targets, 'int32'), V), 'float32')), -1);
+  return tf.neg(tf.mean(picked)) as tf.Scalar;
 }
 
 function naiveTokensPerSecond(): number {
@@ -121,18 +124,13 @@ const peak = (peakBefore + peakAfter) / 2;
 const tokensPerSecond = (steps * B * T) / seconds;
 const gflops = (tokensPerSecond * flopsPerToken) / 1e9;
 console.log(`backend          ${backend.description}`);
-console.log(
-  llama
-    ? `model            Llama ${(llama.size() / 1e6).toFixed(2)}M parameters, ${config.layers} layers, width ${config.width}, ${config.heads} heads (${llama.config.kvHeads} key/value), SwiGLU ${llama.config.intermediateSize}, context ${T}, vocab ${config.vocabSize}, tied`
-    : `model            GPT ${(model.size() / 1e6).toFixed(2)}M parameters, ${config.layers} layers, width ${config.width}, ${config.heads} heads, context ${T}, vocab ${config.vocabSize}, ${config.positions} positions`,
-);
+console.log(`model            Llama ${(model.size() / 1e6).toFixed(2)}M parameters, ${config.layers} layers, hidden ${config.hiddenSize}, ${config.heads} heads (${config.kvHeads} key/value), SwiGLU ${config.intermediateSize}, context ${T}, vocab ${config.vocabSize}, tied`);
 console.log(`batch            ${B} × ${T} tokens, AdamW, ${steps} timed steps (${(seconds / steps).toFixed(2)} s/step), last loss ${last.toFixed(3)}`);
 console.log(`tokens/s         ${tokensPerSecond.toFixed(0)}`);
 console.log(`achieved         ${gflops.toFixed(1)} GFLOP/s (${(flopsPerToken / 1e6).toFixed(1)} MFLOP per token, forward + backward)`);
 console.log(`plain matMul     ${peak.toFixed(1)} GFLOP/s (2048×256 · 256×1024, mean of before and after)`);
 console.log(`ratio            ${(gflops / peak).toFixed(2)} of the plain matMul`);
-if (opts.naive && (config.positions === 'rope' || llama)) console.log('naive tfjs       (measured for the GPT with --positions learned only)');
-else if (opts.naive) {
+if (opts.naive) {
   const naive = naiveTokensPerSecond();
   console.log(`naive tfjs       ${naive.toFixed(0)} tokens/s (one sequence, one step): prefab's kernels are ${(tokensPerSecond / naive).toFixed(1)}× faster`);
 }

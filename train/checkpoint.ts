@@ -1,11 +1,16 @@
-// A checkpoint is a folder in Hugging Face's layout: model.safetensors, config.json and tokenizer.json, which
-// is all a model needs to be loaded and to continue training from; a training checkpoint adds
+// A checkpoint is a Hugging Face model folder (train/hf.ts: config.json, generation_config.json,
+// model.safetensors in transformers' names) with the tokenizer's files beside it, which is all a model needs
+// to be loaded by transformers, vLLM or prefab and to continue training from; a training checkpoint adds
 // optimizer.safetensors (AdamW's moments) and trainer_state.json (step, data-order seed, schedule), which is
 // everything a killed run needs to resume where it stopped. Folders are written whole, then renamed.
+// prefab's own keys in config.json (transformers keeps unknown keys as attributes and ignores them):
+//   prefab_context       the sequence length the model was trained at (windows, pairs and prompts are cut to it)
+//   prefab_placeholders  how the model reads the values it copies (train/placeholders.ts); absent: as they are
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
-import { GPT, ROPE_BASE, parameterShapes, type GPTConfig } from './model.ts';
+import { readHfModel, writeModelFiles } from './hf.ts';
+import { Llama } from './model.ts';
 import type { AdamW } from './optimizer.ts';
 import { parsePlaceholders, type Placeholders } from './placeholders.ts';
 import { readSafetensors, writeSafetensors, type NamedTensor } from './safetensors.ts';
@@ -21,52 +26,27 @@ interface TrainerState {
   info?: Record<string, unknown>;
 }
 
-function configJson(c: GPTConfig, placeholders: Placeholders): Record<string, unknown> {
-  return {
-    model_type: 'prefab-gpt',
-    vocab_size: c.vocabSize,
-    n_positions: c.contextLength,
-    n_layer: c.layers,
-    n_embd: c.width,
-    n_head: c.heads,
-    activation_function: 'gelu_sigmoid',
-    layer_norm_epsilon: 1e-5,
-    tie_word_embeddings: true,
-    // Linear weights are stored (in, out), as GPT-2's Conv1D stores them.
-    weight_layout: 'in_out',
-    position_embedding_type: c.positions === 'rope' ? 'rope' : 'learned',
-    ...(c.positions === 'rope' ? { rope_theta: ROPE_BASE } : {}),
-    // How the model reads the values it copies (train/placeholders.ts); absent: as they are.
-    ...(placeholders ? { prefab_placeholders: placeholders } : {}),
-  };
-}
+/** The tokenizer's files a model folder carries, by name, as Hugging Face folders have them. */
+const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja'] as const;
 
-/** A model folder's config.json as it is written; names the folder when there is none. */
-function readConfigJson(dir: string): { path: string; json: Record<string, unknown> } {
-  const path = join(dir, 'config.json');
-  if (!existsSync(path)) throw new Error(`${dir} is not a model folder: it has no config.json`);
-  return { path, json: JSON.parse(readFileSync(path, 'utf8')) as Record<string, unknown> };
-}
+/** A model folder's tokenizer files: file name → content. tokenizer.json is the one every folder has. */
+export type TokenizerFiles = Record<string, string>;
 
-function readModelConfig(dir: string): GPTConfig {
-  const { path, json: j } = readConfigJson(dir);
-  if (j.model_type !== 'prefab-gpt') throw new Error(`${path}: model_type is ${JSON.stringify(j.model_type)}, not "prefab-gpt"`);
-  const positions = j.position_embedding_type ?? 'learned';
-  if (positions !== 'learned' && positions !== 'rope') throw new Error(`${path}: position_embedding_type is ${JSON.stringify(positions)}: prefab knows "learned" and "rope"`);
-  return { vocabSize: Number(j.vocab_size), contextLength: Number(j.n_positions), layers: Number(j.n_layer), width: Number(j.n_embd), heads: Number(j.n_head), positions };
-}
-
-/** The masking a model folder's config.json records (null: none). */
-function readPlaceholders(dir: string): Placeholders {
-  const { path, json } = readConfigJson(dir);
-  return parsePlaceholders(json.prefab_placeholders, path);
+/** The tokenizer files of the folder `dir` (those of TOKENIZER_FILES it has); names the folder when it has no tokenizer.json. */
+function readTokenizerFiles(dir: string): TokenizerFiles {
+  const files: TokenizerFiles = {};
+  for (const name of TOKENIZER_FILES) if (existsSync(join(dir, name))) files[name] = readFileSync(join(dir, name), 'utf8');
+  if (!files['tokenizer.json']) throw new Error(`${dir} has no tokenizer.json: prefab reads tokenizers in Hugging Face's tokenizer.json format`);
+  return files;
 }
 
 const read = (t: tf.Tensor): NamedTensor => ({ shape: t.shape, data: t.dataSync() as Float32Array });
 
 export interface CheckpointParts {
-  model: GPT;
-  tokenizerJson: string;
+  model: Llama;
+  tokenizer: TokenizerFiles;
+  /** The sequence length the model is trained at. */
+  context: number;
   /** The masking the model was trained with; absent or null: none. */
   placeholders?: Placeholders;
   optimizer?: AdamW;
@@ -77,9 +57,8 @@ export function saveCheckpoint(dir: string, parts: CheckpointParts): void {
   const tmp = `${dir}.tmp`;
   rmSync(tmp, { recursive: true, force: true });
   mkdirSync(tmp, { recursive: true });
-  writeSafetensors(join(tmp, 'model.safetensors'), new Map([...parts.model.params].map(([k, v]) => [k, read(v)])), { format: 'pt' });
-  writeFileSync(join(tmp, 'config.json'), `${JSON.stringify(configJson(parts.model.config, parts.placeholders ?? null), null, 2)}\n`);
-  writeFileSync(join(tmp, 'tokenizer.json'), parts.tokenizerJson);
+  writeModelFiles(tmp, parts.model, { prefab_context: parts.context, ...(parts.placeholders ? { prefab_placeholders: parts.placeholders } : {}) });
+  for (const [name, content] of Object.entries(parts.tokenizer)) writeFileSync(join(tmp, name), content);
   if (parts.optimizer) {
     const o = parts.optimizer;
     const moments = new Map<string, NamedTensor>();
@@ -95,28 +74,28 @@ export function saveCheckpoint(dir: string, parts: CheckpointParts): void {
 }
 
 export interface LoadedCheckpoint {
-  model: GPT;
-  tokenizerJson: string;
+  model: Llama;
+  tokenizer: TokenizerFiles;
+  /** The sequence length the model was trained at: prefab_context, else max_position_embeddings. */
+  context: number;
   placeholders: Placeholders;
   state: TrainerState | null;
   /** Puts the saved AdamW moments and step into `optimizer` (made for this model); false when none were saved. */
   restoreOptimizer(optimizer: AdamW): boolean;
 }
 
+/** A model folder prefab wrote, or any Hugging Face folder of the Llama family with a tokenizer.json. */
 export function loadCheckpoint(dir: string): LoadedCheckpoint {
-  const config = readModelConfig(dir);
-  const { tensors } = readSafetensors(join(dir, 'model.safetensors'));
-  for (const [name, shape] of parameterShapes(config)) {
-    const t = tensors.get(name);
-    if (!t || t.shape.join() !== shape.join()) throw new Error(`${join(dir, 'model.safetensors')}: ${name} is ${t ? `[${t.shape}]` : 'missing'}, config.json says [${shape}]`);
-  }
-  const model = new GPT(config, new Map([...tensors].map(([k, v]) => [k, v.data])));
+  const hf = readHfModel(dir);
+  const model = new Llama(hf.config, hf.weights);
   const statePath = join(dir, 'trainer_state.json');
   const optimizerPath = join(dir, 'optimizer.safetensors');
+  const context = hf.json.prefab_context;
   return {
     model,
-    tokenizerJson: readFileSync(join(dir, 'tokenizer.json'), 'utf8'),
-    placeholders: readPlaceholders(dir),
+    tokenizer: readTokenizerFiles(dir),
+    context: typeof context === 'number' && Number.isInteger(context) && context > 0 ? Math.min(context, hf.config.maxPositions) : hf.config.maxPositions,
+    placeholders: parsePlaceholders(hf.json.prefab_placeholders, join(dir, 'config.json')),
     state: existsSync(statePath) ? (JSON.parse(readFileSync(statePath, 'utf8')) as TrainerState) : null,
     restoreOptimizer(optimizer) {
       if (!existsSync(optimizerPath)) return false;

@@ -4,7 +4,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import { readParquetRows } from '../pipeline/parquet.ts';
 import type { Message } from '../core/records.ts';
 import { encodeConversations } from './chat-template.ts';
-import type { GPT } from './model.ts';
+import type { Llama } from './model.ts';
 import { viewAll, type Placeholders } from './placeholders.ts';
 import type { TextTokenizer } from './tokenizer.ts';
 import { safePoint } from '../pipeline/interrupt.ts';
@@ -93,7 +93,7 @@ export interface Scores {
  * Sequence log-probabilities under `model`, without gradients, in micro-batches of similar length and at most
  * `maxTokens` padded tokens. Each micro-batch is a safe point: an aborted `signal` stops there (Interrupted).
  */
-export async function scoreSequences(model: GPT, sequences: Sequence[], maxTokens: number, pad: number, signal: AbortSignal, log?: Logger, label = 'scoring'): Promise<Scores> {
+export async function scoreSequences(model: Llama, sequences: Sequence[], maxTokens: number, pad: number, signal: AbortSignal, log?: Logger, label = 'scoring'): Promise<Scores> {
   const sum = new Float64Array(sequences.length);
   const count = new Int32Array(sequences.length);
   const batches = microBatches(sequences.map((_, i) => [i]), (i) => sequences[i]!.ids.length, maxTokens);

@@ -9,7 +9,7 @@ import { writeFileAtomic } from '../pipeline/workspace.ts';
 import type { Pair } from '../core/records.ts';
 import { completionSequences, scoreSequences, sequenceValues, type Scores } from './data.ts';
 import { LOSSES, preferenceMetrics, sequenceLogps, type LossName, type PairwiseLoss, type PreferenceHyperparameters } from './losses/index.ts';
-import type { GPT } from './model.ts';
+import type { Llama } from './model.ts';
 import type { Placeholders } from './placeholders.ts';
 import { stepsFor, type StepBatch, type Trainer, type TrainingSettings } from './run.ts';
 import type { TextTokenizer } from './tokenizer.ts';
@@ -93,7 +93,7 @@ export async function pairExamples(tokenizer: TextTokenizer, pairs: Pair[], leng
 }
 
 /** The reference model's scores of every example's sequences, computed once per (reference, data) and kept in `path`. */
-export async function referenceScores(model: GPT, examples: Example[], pad: number, maxTokens: number, path: string, signal: AbortSignal, log: Logger): Promise<Scores[]> {
+export async function referenceScores(model: Llama, examples: Example[], pad: number, maxTokens: number, path: string, signal: AbortSignal, log: Logger): Promise<Scores[]> {
   const sides = examples[0]?.sequences.length ?? 0;
   const saved = readSavedScores(path);
   if (saved?.length === sides && saved.every((s) => s.sum.length === examples.length && s.count.length === examples.length)) {
@@ -139,7 +139,7 @@ export interface PreferenceBatch {
   groups: number[][];
   tokens: number;
   /** Sequence log-probabilities of side `side` of the examples in `group` under `m`. (group,) */
-  logps(group: number[], side: number, m: GPT): tf.Tensor1D;
+  logps(group: number[], side: number, m: Llama): tf.Tensor1D;
   /** The reference's values of side `side` of the examples in `group`. (group,) */
   ref(group: number[], side: number): tf.Tensor1D;
   /** The reference's value of side `side` of example `i`. */
@@ -168,7 +168,7 @@ export function preferenceBatches(examples: Example[], reference: Scores[] | nul
 }
 
 /** Trains `start()` on pairs with a pairwise loss of the registry; `reference` when the loss needs one. */
-export function dpoTrainer(examples: Example[], reference: Scores[] | null, loss: LossChoice, cfg: PreferenceSettings, pad: number, start: () => GPT): Trainer {
+export function dpoTrainer(examples: Example[], reference: Scores[] | null, loss: LossChoice, cfg: PreferenceSettings, pad: number, start: () => Llama): Trainer {
   const family = LOSSES[loss.name] as PairwiseLoss;
   const hyper = hyperparameters(cfg, loss);
   const batches = preferenceBatches(examples, reference, loss, cfg, pad);

@@ -4,7 +4,7 @@
 // `AutoModelForCausalLM.from_pretrained(folder)` loads it as it is.
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { llamaParameterShapes, type Llama, type LlamaConfig } from './llama.ts';
+import { llamaParameterShapes, type Llama, type LlamaConfig } from './model.ts';
 import { readSafetensors, writeSafetensors } from './safetensors.ts';
 
 const ARCHITECTURES: Record<string, LlamaConfig['modelType']> = { llama: 'llama', qwen2: 'qwen2' };
@@ -91,6 +91,8 @@ function weightFiles(dir: string): string[] {
 
 export interface HfModel {
   config: LlamaConfig;
+  /** config.json as it is written, for the keys beyond the architecture's (prefab_placeholders, ...). */
+  json: Record<string, unknown>;
   weights: Map<string, Float32Array>;
   /** The weights' dtype as stored (F32, BF16, F16). */
   dtype: string;
@@ -100,7 +102,8 @@ export interface HfModel {
 export function readHfModel(dir: string): HfModel {
   const configPath = join(dir, 'config.json');
   if (!existsSync(configPath)) throw new Error(`${dir} is not a model folder: it has no config.json`);
-  const config = llamaConfigFromJson(JSON.parse(readFileSync(configPath, 'utf8')) as Record<string, unknown>, configPath);
+  const json = JSON.parse(readFileSync(configPath, 'utf8')) as Record<string, unknown>;
+  const config = llamaConfigFromJson(json, configPath);
   const found = new Map<string, { shape: number[]; data: Float32Array; file: string }>();
   const dtypes = new Set<string>();
   for (const file of weightFiles(dir)) {
@@ -115,7 +118,15 @@ export function readHfModel(dir: string): HfModel {
     if (t.shape.join() !== shape.join()) throw new Error(`${t.file}: ${name} has shape [${t.shape}], expected [${shape}] for this config`);
     weights.set(name, t.data);
   }
-  return { config, weights, dtype: [...dtypes].join('+') || 'F32' };
+  return { config, json, weights, dtype: [...dtypes].join('+') || 'F32' };
+}
+
+/** Writes `model`'s config.json (with `extra` keys), generation_config.json and model.safetensors into the folder `dir`. */
+export function writeModelFiles(dir: string, model: Llama, extra: Record<string, unknown> = {}): void {
+  writeFileSync(join(dir, 'config.json'), JSON.stringify({ ...llamaConfigJson(model.config), ...extra }, null, 2) + '\n');
+  // What generate() stops at, for transformers and vLLM, which read it from here.
+  writeFileSync(join(dir, 'generation_config.json'), JSON.stringify({ bos_token_id: model.config.bosTokenId, eos_token_id: model.config.eosTokenId }, null, 2) + '\n');
+  writeSafetensors(join(dir, 'model.safetensors'), model.weights(), { format: 'pt' });
 }
 
 /** Writes `model` as a Hugging Face folder (config.json, model.safetensors in float32), aside and then renamed. */
@@ -123,10 +134,7 @@ export function writeHfModel(dir: string, model: Llama, extra: Record<string, un
   const tmp = `${dir}.tmp`;
   rmSync(tmp, { recursive: true, force: true });
   mkdirSync(tmp, { recursive: true });
-  writeFileSync(join(tmp, 'config.json'), JSON.stringify({ ...llamaConfigJson(model.config), ...extra }, null, 2) + '\n');
-  // What generate() stops at, for transformers and vLLM, which read it from here.
-  writeFileSync(join(tmp, 'generation_config.json'), JSON.stringify({ bos_token_id: model.config.bosTokenId, eos_token_id: model.config.eosTokenId }, null, 2) + '\n');
-  writeSafetensors(join(tmp, 'model.safetensors'), model.weights(), { format: 'pt' });
+  writeModelFiles(tmp, model, extra);
   rmSync(dir, { recursive: true, force: true });
   renameSync(tmp, dir);
 }

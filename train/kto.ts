@@ -7,7 +7,7 @@ import type { KtoRow } from '../core/records.ts';
 import { scoreSequences, truncatedSequences, sequenceValues, type Scores } from './data.ts';
 import { hyperparameters, preferenceBatches, type Example, type Examples, type LossChoice, type PreferenceSettings } from './dpo.ts';
 import { LOSSES } from './losses/index.ts';
-import type { GPT } from './model.ts';
+import type { Llama } from './model.ts';
 import type { Placeholders } from './placeholders.ts';
 import { stepsFor, type Trainer } from './run.ts';
 import type { TextTokenizer } from './tokenizer.ts';
@@ -29,7 +29,7 @@ export async function ktoExamples(tokenizer: TextTokenizer, rows: KtoRow[], leng
 }
 
 /** Trains `start()` with KTO; `reference` holds the starting model's scores of both sides of every example. */
-export function ktoTrainer(examples: Example[], reference: Scores[], loss: LossChoice, cfg: PreferenceSettings, pad: number, start: () => GPT): Trainer {
+export function ktoTrainer(examples: Example[], reference: Scores[], loss: LossChoice, cfg: PreferenceSettings, pad: number, start: () => Llama): Trainer {
   const hyper = hyperparameters(cfg, loss);
   const batches = preferenceBatches(examples, reference, loss, cfg, pad);
   return {

@@ -7,7 +7,7 @@ import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync 
 import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
 import { seeded } from '../core/random.ts';
-import type { Llama } from './llama.ts';
+import type { Llama } from './model.ts';
 import { readSafetensors, writeSafetensors } from './safetensors.ts';
 
 export interface LoraConfig {

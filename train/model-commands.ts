@@ -7,7 +7,7 @@ import type { CommandContext } from '../pipeline/stage.ts';
 import { seeded } from '../core/random.ts';
 import { useBackend, type BackendChoice } from './backend.ts';
 import { llamaConfigJson, readHfModel } from './hf.ts';
-import { Llama, LlamaKVCache } from './llama.ts';
+import { Llama, KVCache } from './model.ts';
 
 /** A JSON list of token ids (`depth` 1) or of lists of them (`depth` 2). */
 function tokenIds(depth: 1 | 2) {
@@ -85,10 +85,9 @@ export function addModelCommands(program: Command, ctx: CommandContext): void {
     .option('--stop <ids>', 'stop after any of these token ids, e.g. [2]', tokenIds(1))
     .action(async (dir: string, opts: { ids: number[]; maxNewTokens: number; temperature: number; topP: number; seed: string; stop?: number[] }) => {
       const m = await open(program, dir, [opts.ids]);
-      const cache = new LlamaKVCache(m);
-      const continuation = cache.generate(opts.ids, { maxNewTokens: opts.maxNewTokens, temperature: opts.temperature, topP: opts.topP, random: seeded(opts.seed, 'generate'), stop: opts.stop });
+      const cache = new KVCache(m);
+      const continuation = cache.generate(opts.ids, { maxTokens: opts.maxNewTokens, temperature: opts.temperature, topP: opts.topP, random: seeded(opts.seed, 'generate'), stop: opts.stop });
       process.stdout.write(JSON.stringify({ continuation }) + '\n');
-      cache.dispose();
       m.dispose();
       ctx.setExit(0);
     });

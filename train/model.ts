@@ -1,225 +1,329 @@
-// A decoder-only transformer (GPT-2 shaped, after nanoGPT's model.py), on TensorFlow.js.
-// Read top to bottom: config, parameters, the training forward pass, log-probabilities, generation.
-// Shapes in comments: B batch, T length, C width, H heads, hs = C/H, V vocabulary.
-// Weights are stored as GPT-2 names them, with linear weights laid out (in, out): y = x · W.
+// LlamaForCausalLM's math, on TensorFlow.js: RMSNorm, a SwiGLU MLP, rotary embeddings (rotate-half, rope_theta),
+// grouped-query attention, head_dim, tied or untied embeddings; and Qwen2's biases on q, k and v. Weights
+// carry transformers' names and orientations (`model.layers.N.self_attn.q_proj.weight`, (out, in)), so a
+// folder prefab writes is what `AutoModelForCausalLM.from_pretrained` reads, and the other way round
+// (train/hf.ts reads and writes the folders).
+// This is the trainer's one model: what sft trains from scratch (a tiny Llama) or from a pretrained folder,
+// what dpo tunes, eval scores and the simulator's policy runs.
+// Read top to bottom: config, parameters, the forward pass, generation with a KV cache.
+// Shapes: B batch, T length, D hidden size, H query heads, K key/value heads, hd head_dim, F intermediate
+// size, V vocabulary; N = B·T rows.
 import * as tf from '@tensorflow/tfjs-core';
 import { seeded, type Random } from '../core/random.ts';
 import { causalAttention, embed, linear } from './kernels.ts';
 import { ModelWeights, normal } from './parameters.ts';
 import { sampleToken } from './sampling.ts';
 
-export interface GPTConfig {
+export interface LlamaConfig {
+  /** `llama` or `qwen2`: the same math, Qwen2 with biases on q, k and v. */
+  modelType: 'llama' | 'qwen2';
   vocabSize: number;
-  contextLength: number;
+  /** D */
+  hiddenSize: number;
+  /** F, the SwiGLU MLP's width. */
+  intermediateSize: number;
   layers: number;
-  width: number;
+  /** H */
   heads: number;
-  /**
-   * How the model knows where a token is: a learned embedding per position added to the input (GPT-2), or
-   * rotary embeddings that turn each head's queries and keys by their position (RoPE, Su et al. 2021), so
-   * attention scores depend on how far apart two tokens are. Absent: learned.
-   */
-  positions?: 'learned' | 'rope';
+  /** K: query heads share key/value heads in groups of H / K (grouped-query attention). */
+  kvHeads: number;
+  /** hd: often D / H, but not always. */
+  headDim: number;
+  ropeTheta: number;
+  rmsNormEps: number;
+  /** The output head is the embedding table (tie_word_embeddings). */
+  tiedEmbeddings: boolean;
+  /** Biases on the q, k and v projections (Qwen2; Llama's attention_bias). */
+  attentionBias: boolean;
+  /** Longest sequence the model is meant for (max_position_embeddings). */
+  maxPositions: number;
+  bosTokenId: number | null;
+  /** One id, or several (Llama 3 stops at any of three). */
+  eosTokenId: number | number[] | null;
 }
 
-export const ROPE_BASE = 10000;
-
-/** Parameter name → shape, in a fixed order (the order of safetensors files and optimiser state). */
-export function parameterShapes(c: GPTConfig): [string, number[]][] {
-  const C = c.width;
-  const shapes: [string, number[]][] = [
-    ['wte.weight', [c.vocabSize, C]],
-    ...(c.positions === 'rope' ? [] : ([['wpe.weight', [c.contextLength, C]]] as [string, number[]][])),
-  ];
+/** Parameter name → shape, in transformers' names and (out, in) orientation, in a fixed order. */
+export function llamaParameterShapes(c: LlamaConfig): [string, number[]][] {
+  const { hiddenSize: D, intermediateSize: F, heads: H, kvHeads: K, headDim: hd } = c;
+  const shapes: [string, number[]][] = [['model.embed_tokens.weight', [c.vocabSize, D]]];
   for (let i = 0; i < c.layers; i++) {
-    const h = `h.${i}.`;
+    const l = `model.layers.${i}.`;
     shapes.push(
-      [`${h}ln_1.weight`, [C]],
-      [`${h}ln_1.bias`, [C]],
-      [`${h}attn.c_attn.weight`, [C, 3 * C]],
-      [`${h}attn.c_proj.weight`, [C, C]],
-      [`${h}ln_2.weight`, [C]],
-      [`${h}ln_2.bias`, [C]],
-      [`${h}mlp.c_fc.weight`, [C, 4 * C]],
-      [`${h}mlp.c_proj.weight`, [4 * C, C]],
+      [`${l}input_layernorm.weight`, [D]],
+      [`${l}self_attn.q_proj.weight`, [H * hd, D]],
+      [`${l}self_attn.k_proj.weight`, [K * hd, D]],
+      [`${l}self_attn.v_proj.weight`, [K * hd, D]],
+      ...(c.attentionBias
+        ? ([
+            [`${l}self_attn.q_proj.bias`, [H * hd]],
+            [`${l}self_attn.k_proj.bias`, [K * hd]],
+            [`${l}self_attn.v_proj.bias`, [K * hd]],
+          ] as [string, number[]][])
+        : []),
+      [`${l}self_attn.o_proj.weight`, [D, H * hd]],
+      [`${l}post_attention_layernorm.weight`, [D]],
+      [`${l}mlp.gate_proj.weight`, [F, D]],
+      [`${l}mlp.up_proj.weight`, [F, D]],
+      [`${l}mlp.down_proj.weight`, [D, F]],
     );
   }
-  shapes.push(['ln_f.weight', [C]], ['ln_f.bias', [C]]);
+  shapes.push(['model.norm.weight', [D]]);
+  if (!c.tiedEmbeddings) shapes.push(['lm_head.weight', [c.vocabSize, D]]);
   return shapes;
 }
 
-/** GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/√(2·layers), LayerNorm at (1, 0). */
-function initialWeights(c: GPTConfig, seed: string): Map<string, Float32Array> {
+/** Llama's initialisation: N(0, 0.02) for matrices, norms at 1, biases at 0. */
+function initialWeights(c: LlamaConfig, seed: string): Map<string, Float32Array> {
   const weights = new Map<string, Float32Array>();
-  for (const [name, shape] of parameterShapes(c)) {
+  for (const [name, shape] of llamaParameterShapes(c)) {
     const size = shape.reduce((a, b) => a * b, 1);
-    const rand = seeded(seed, 'init', name);
     if (name.endsWith('.bias')) weights.set(name, new Float32Array(size));
-    else if (name.includes('ln_')) weights.set(name, new Float32Array(size).fill(1));
-    else weights.set(name, normal(rand, size, name.endsWith('c_proj.weight') ? 0.02 / Math.sqrt(2 * c.layers) : 0.02));
+    else if (name.endsWith('norm.weight')) weights.set(name, new Float32Array(size).fill(1));
+    else weights.set(name, normal(seeded(seed, 'init', name), size, 0.02));
   }
   return weights;
 }
 
 
-export function layerNorm(x: tf.Tensor2D, weight: tf.Tensor, bias: tf.Tensor): tf.Tensor2D {
-  const mean = tf.mean(x, -1, true);
-  const centred = tf.sub(x, mean);
-  const variance = tf.mean(tf.square(centred), -1, true);
-  return tf.add(tf.mul(tf.mul(centred, tf.rsqrt(tf.add(variance, 1e-5))), weight), bias) as tf.Tensor2D;
+/** RMSNorm: x / √(mean(x²) + ε) · weight. x: (N, D). */
+function rmsNorm(x: tf.Tensor2D, weight: tf.Tensor, eps: number): tf.Tensor2D {
+  return tf.mul(tf.mul(x, tf.rsqrt(tf.add(tf.mean(tf.square(x), -1, true), eps))), weight) as tf.Tensor2D;
 }
 
-/** GELU in its sigmoid form, x·σ(1.702x): within 0.02 of the exact GELU, and ~7× cheaper on WASM than tanh. */
-export function gelu(x: tf.Tensor2D): tf.Tensor2D {
-  return tf.mul(x, tf.sigmoid(tf.mul(x, 1.702))) as tf.Tensor2D;
+/** SiLU (x·σ(x)), the gate of the SwiGLU MLP. */
+const silu = (x: tf.Tensor2D) => tf.mul(x, tf.sigmoid(x)) as tf.Tensor2D;
+
+/** x · Wᵀ (+ b) for a weight stored (out, in) as transformers stores it. x: (N, in) → (N, out). */
+function project(x: tf.Tensor2D, w: tf.Tensor2D, b?: tf.Tensor): tf.Tensor2D {
+  const y = linear(x, tf.transpose(w));
+  return b ? (tf.add(y, b) as tf.Tensor2D) : y;
 }
 
-/** RoPE's angles position · base^(−f/half) for every position, as cos and sin, (context, half). */
-function ropeAngles(contextLength: number, half: number): { cos: Float32Array; sin: Float32Array } {
-  const cos = new Float32Array(contextLength * half);
-  const sin = new Float32Array(contextLength * half);
-  for (let p = 0; p < contextLength; p++) {
+/**
+ * RoPE's cos and sin for positions 0…n−1, (n, hd): angle p · θ^(−2f/hd) for f < hd/2, the same angle on both
+ * halves, as transformers' default rope computes it (inverse frequencies and their products in float32).
+ */
+function ropeTable(positions: number, headDim: number, theta: number): { cos: Float32Array; sin: Float32Array } {
+  const half = headDim / 2;
+  const inv = new Float32Array(half);
+  for (let f = 0; f < half; f++) inv[f] = 1 / Math.pow(theta, (2 * f) / headDim);
+  const cos = new Float32Array(positions * headDim);
+  const sin = new Float32Array(positions * headDim);
+  for (let p = 0; p < positions; p++) {
     for (let f = 0; f < half; f++) {
-      const angle = p * Math.pow(ROPE_BASE, -f / half);
-      cos[p * half + f] = Math.cos(angle);
-      sin[p * half + f] = Math.sin(angle);
+      const angle = Math.fround(p * inv[f]!);
+      for (const at of [p * headDim + f, p * headDim + f + half]) {
+        cos[at] = Math.cos(angle);
+        sin[at] = Math.sin(angle);
+      }
     }
   }
   return { cos, sin };
 }
 
-/** RoPE's tables for every position: cos and signed sin, (1, context, 1, 2, hs/2), kept until disposed. */
-export function ropeTables(contextLength: number, headSize: number): { cos: tf.Tensor; sin: tf.Tensor } {
-  const half = headSize / 2;
-  const angles = ropeAngles(contextLength, half);
-  const cos = new Float32Array(contextLength * 2 * half);
-  const sin = new Float32Array(contextLength * 2 * half);
-  for (let p = 0; p < contextLength; p++) {
-    for (let f = 0; f < half; f++) {
-      for (const [side, sign] of [[0, -1], [1, 1]] as const) {
-        cos[(p * 2 + side) * half + f] = angles.cos[p * half + f]!;
-        sin[(p * 2 + side) * half + f] = sign * angles.sin[p * half + f]!;
-      }
-    }
-  }
-  return { cos: tf.keep(tf.tensor(cos, [1, contextLength, 1, 2, half])), sin: tf.keep(tf.tensor(sin, [1, contextLength, 1, 2, half])) };
+/** RoPE's cos and sin for each row of a pass, (N, 1, hd). */
+interface Rotation {
+  cos: tf.Tensor3D;
+  sin: tf.Tensor3D;
 }
 
-/**
- * RoPE on the packed q, k, v (B·T, 3C) of tokens at positions start…: each head's query and key, seen as
- * hs/2 pairs (x_f, x_{f+hs/2}), is turned by the angle position · base^(−f/(hs/2)); v is left as it is.
- * rotate_half(x) = (−x₂, x₁) is the halves swapped (a reverse over an axis of 2) times (−1, +1), which the
- * sine table carries.
- */
-export function rope(qkv: tf.Tensor2D, tables: { cos: tf.Tensor; sin: tf.Tensor }, shape: { batch: number; length: number; heads: number; start: number }): tf.Tensor2D {
-  const { batch, length, heads: H, start } = shape;
-  const C = qkv.shape[1] / 3;
-  const half = C / H / 2;
-  const cos = tf.slice(tables.cos, [0, start, 0, 0, 0], [1, length, 1, 2, half]);
-  const sin = tf.slice(tables.sin, [0, start, 0, 0, 0], [1, length, 1, 2, half]);
-  const n = batch * length;
-  const qk = tf.reshape(tf.slice(qkv, [0, 0], [n, 2 * C]), [batch, length, 2 * H, 2, half]);
-  const turned = tf.add(tf.mul(qk, cos), tf.mul(tf.reverse(qk, 3), sin));
-  return tf.concat([tf.reshape(turned, [n, 2 * C]), tf.slice(qkv, [0, 2 * C], [n, C])], 1) as tf.Tensor2D;
+/** rotate_half applied with the table's rows: x·cos + rotate_half(x)·sin, rotate_half(x) = (−x₂, x₁). x: (N, heads, hd). */
+function rotate(x: tf.Tensor3D, cos: tf.Tensor3D, sin: tf.Tensor3D): tf.Tensor3D {
+  const half = x.shape[2] / 2;
+  const [x1, x2] = tf.split(x, [half, half], 2);
+  return tf.add(tf.mul(x, cos), tf.mul(tf.concat([tf.neg(x2), x1], 2), sin)) as tf.Tensor3D;
 }
 
-export class GPT extends ModelWeights {
-  /** RoPE's cos and signed sin for every position, (1, context, 1, 2, hs/2), made once. */
-  private rotation: { cos: tf.Tensor; sin: tf.Tensor } | null = null;
+/** K key/value heads repeated to H, each serving H / K query heads in a row (transformers' repeat_kv). (N, K, hd) → (N, H·hd). */
+function repeatKv(x: tf.Tensor3D, heads: number): tf.Tensor2D {
+  const [n, k, hd] = x.shape;
+  if (k === heads) return tf.reshape(x, [n, heads * hd]);
+  return tf.reshape(tf.tile(tf.reshape(x, [n, k, 1, hd]), [1, 1, heads / k, 1]), [n, heads * hd]);
+}
+
+export class Llama extends ModelWeights {
+  private rope: { cos: Float32Array; sin: Float32Array; positions: number } | null = null;
 
   constructor(
-    readonly config: GPTConfig,
+    readonly config: LlamaConfig,
     weights: Map<string, Float32Array>,
   ) {
-    super(parameterShapes(config), weights);
+    super(llamaParameterShapes(config), weights);
   }
 
-  static create(config: GPTConfig, seed: string): GPT {
-    return new GPT(config, initialWeights(config, seed));
+  static create(config: LlamaConfig, seed: string): Llama {
+    return new Llama(config, initialWeights(config, seed));
+  }
+
+  /**
+   * LoRA adapters by module (`model.layers.0.self_attn.q_proj`), when some are attached (train/lora.ts): each
+   * adds (α/r)·(x·Aᵀ)·Bᵀ to its projection while `adaptersOn` is true.
+   */
+  adapters = new Map<string, { a: tf.Variable; b: tf.Variable; scale: number; dropout: number }>();
+  adaptersOn = true;
+  /** Set by a trainer while it trains: adapters' dropout applies then only. */
+  training = false;
+
+  /** The projection `module` (its weight stored (out, in)) of rows x, with its bias and adapter if any. (N, in) → (N, out) */
+  linear(x: tf.Tensor2D, module: string, bias?: tf.Tensor): tf.Tensor2D {
+    const y = project(x, this.p(`${module}.weight`), bias);
+    const adapter = this.adaptersOn ? this.adapters.get(module) : undefined;
+    if (!adapter) return y;
+    const input = this.training && adapter.dropout > 0 ? (tf.dropout(x, adapter.dropout) as tf.Tensor2D) : x;
+    const low = linear(input, tf.transpose(adapter.a as tf.Tensor as tf.Tensor2D)); // (N, r)
+    return tf.add(y, tf.mul(linear(low, tf.transpose(adapter.b as tf.Tensor as tf.Tensor2D)), adapter.scale)) as tf.Tensor2D;
+  }
+
+  /**
+   * RoPE's cos and sin, (positions, hd), for at least `needed` positions. The table grows (doubling) to the
+   * longest position asked for, never to max_position_embeddings up front (131,072 positions for Llama 3.1).
+   */
+  ropeTable(needed: number): { cos: Float32Array; sin: Float32Array; positions: number } {
+    if (!this.rope || this.rope.positions < needed) {
+      const positions = Math.max(needed, 2 * (this.rope?.positions ?? 64));
+      this.rope = { ...ropeTable(positions, this.config.headDim, this.config.ropeTheta), positions };
+    }
+    return this.rope;
+  }
+
+  /** cos and sin of positions start…start+T−1 for every row (B·T, 1, hd), the batch's rows in order: made once a forward pass, for all its layers. */
+  angles(batch: number, length: number, start: number): Rotation {
+    const hd = this.config.headDim;
+    const needed = start + length;
+    const table = this.ropeTable(needed);
+    const rows = (table: Float32Array) => {
+      const one = table.subarray(start * hd, needed * hd);
+      const all = new Float32Array(batch * length * hd);
+      for (let b = 0; b < batch; b++) all.set(one, b * length * hd);
+      return tf.tensor3d(all, [batch * length, 1, hd]);
+    };
+    return { cos: rows(table.cos), sin: rows(table.sin) };
+  }
+
+  /** One layer's q, k, v of rows x (N, D) at positions start…: q (N, H, hd) and k, v (N, K, hd), q and k turned. */
+  qkv(i: number, x: tf.Tensor2D, { cos, sin }: Rotation) {
+    const { heads: H, kvHeads: K, headDim: hd } = this.config;
+    const a = (n: string) => `model.layers.${i}.self_attn.${n}`;
+    const bias = (n: string) => (this.config.attentionBias ? this.p(a(`${n}.bias`)) : undefined);
+    const n = x.shape[0];
+    const q = rotate(tf.reshape(this.linear(x, a('q_proj'), bias('q_proj')), [n, H, hd]), cos, sin);
+    const k = rotate(tf.reshape(this.linear(x, a('k_proj'), bias('k_proj')), [n, K, hd]), cos, sin);
+    const v = tf.reshape(this.linear(x, a('v_proj'), bias('v_proj')), [n, K, hd]) as tf.Tensor3D;
+    return { q, k, v };
+  }
+
+  /** The MLP of layer i: down(silu(gate(x)) ⊙ up(x)). x: (N, D). */
+  mlp(i: number, x: tf.Tensor2D): tf.Tensor2D {
+    const m = (n: string) => `model.layers.${i}.mlp.${n}`;
+    return this.linear(tf.mul(silu(this.linear(x, m('gate_proj'))), this.linear(x, m('up_proj'))) as tf.Tensor2D, m('down_proj')); // (N, F) → (N, D)
+  }
+
+  /** Final norm and output head: (N, D) → logits (N, V). */
+  head(x: tf.Tensor2D): tf.Tensor2D {
+    const h = rmsNorm(x, this.p('model.norm.weight'), this.config.rmsNormEps);
+    return project(h, this.p(this.config.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight'));
   }
 
   /** Logits for every position. ids: B rows of T tokens, row-major. Returns (B·T, V). */
   override forward(ids: Int32Array, batch: number, length: number): tf.Tensor2D {
-    if (length > this.config.contextLength) throw new Error(`a sequence of ${length} tokens is longer than the model's context of ${this.config.contextLength}`);
-    const tokens = embed(this.p('wte.weight'), tf.tensor1d(ids, 'int32')); // (B·T, C)
-    return this.run(tokens, batch, length, 0, () => (qkv) => causalAttention(qkv, { batch, length, heads: this.config.heads }, this.mask(length)));
-  }
-
-  /**
-   * The transformer from token embeddings (B·T, C) at positions start… to logits (B·T, V). `attend(layer)`
-   * gives each layer's attention over its packed q, k, v: causal over the batch when training, or against a
-   * KV cache when generating.
-   */
-  private run(tokens: tf.Tensor2D, batch: number, length: number, start: number, attend: (layer: number) => (qkv: tf.Tensor2D) => tf.Tensor2D): tf.Tensor2D {
-    const C = this.config.width;
-    const rope = this.config.positions === 'rope';
-    let x = tokens;
-    if (!rope) {
-      const positions = tf.slice(this.p('wpe.weight'), [start, 0], [length, C]); // (T, C)
-      x = tf.reshape(tf.add(tf.reshape(tokens, [batch, length, C]), positions), [batch * length, C]) as tf.Tensor2D;
-    }
+    const { heads: H, rmsNormEps: eps } = this.config;
+    let x = embed(this.p('model.embed_tokens.weight'), tf.tensor1d(ids, 'int32')); // (N, D)
+    const rotation = this.angles(batch, length, 0);
     for (let i = 0; i < this.config.layers; i++) {
-      const h = (n: string) => this.p(`h.${i}.${n}`);
-      let qkv = linear(layerNorm(x, h('ln_1.weight'), h('ln_1.bias')), h('attn.c_attn.weight')); // (B·T, 3C)
-      if (rope) qkv = this.rotate(qkv, batch, length, start);
-      x = tf.add(x, linear(attend(i)(qkv), h('attn.c_proj.weight')));
-      const hidden = gelu(linear(layerNorm(x, h('ln_2.weight'), h('ln_2.bias')), h('mlp.c_fc.weight'))); // (B·T, 4C)
-      x = tf.add(x, linear(hidden, h('mlp.c_proj.weight')));
+      const l = (n: string) => this.p(`model.layers.${i}.${n}`);
+      const { q, k, v } = this.qkv(i, rmsNorm(x, l('input_layernorm.weight'), eps), rotation);
+      const n = batch * length;
+      const packed = tf.concat([tf.reshape(q, [n, H * this.config.headDim]), repeatKv(k, H), repeatKv(v, H)], 1) as tf.Tensor2D; // (N, 3·H·hd)
+      const attended = causalAttention(packed, { batch, length, heads: H }, this.mask(length)); // (N, H·hd)
+      x = tf.add(x, this.linear(attended, `model.layers.${i}.self_attn.o_proj`));
+      x = tf.add(x, this.mlp(i, rmsNorm(x, l('post_attention_layernorm.weight'), eps)));
     }
-    x = layerNorm(x, this.p('ln_f.weight'), this.p('ln_f.bias'));
-    return linear(x, tf.transpose(this.p('wte.weight'))); // (B·T, V): the head shares the embedding's weights
-  }
-
-  private rotate(qkv: tf.Tensor2D, batch: number, length: number, start: number): tf.Tensor2D {
-    const { width, heads, contextLength } = this.config;
-    this.rotation ??= ropeTables(contextLength, width / heads);
-    return rope(qkv, this.rotation, { batch, length, heads, start });
-  }
-
-  /** Floating-point operations to train on one token (forward and backward), as nanoGPT's estimate_mfu counts them. */
-  flopsPerToken(length = this.config.contextLength): number {
-    const c = this.config;
-    const positions = c.positions === 'rope' ? 0 : c.contextLength * c.width;
-    return 6 * (this.size() - positions) + 12 * c.layers * c.width * length;
+    return this.head(x);
   }
 
   /**
-   * Samples up to `maxTokens` tokens after `prompt`, with a KV cache: each new token attends to the cached
-   * keys and values of the ones before it. Stops at any of `stop`. Temperature 0 is greedy.
+   * Floating-point operations to train on one token in a sequence of `length` (forward and backward), as
+   * nanoGPT's estimate_mfu counts them: 6 per weight used in a matMul (the embedding table is a lookup unless
+   * it is also the head), and attention's 6·2·layers·(H·hd)·T.
    */
+  flopsPerToken(length: number): number {
+    const c = this.config;
+    const lookup = c.tiedEmbeddings ? 0 : c.vocabSize * c.hiddenSize;
+    return 6 * (this.size() - lookup) + 12 * c.layers * c.heads * c.headDim * length;
+  }
+
+  /** Samples up to `maxTokens` tokens after `prompt` with a fresh KV cache (KVCache.generate). */
   generate(prompt: number[], options: GenerateOptions): number[] {
     return new KVCache(this).generate(prompt, options);
   }
 
   override dispose(): void {
     super.dispose();
-    if (this.rotation) tf.dispose([this.rotation.cos, this.rotation.sin]);
+    for (const ad of this.adapters.values()) tf.dispose([ad.a, ad.b]);
+  }
+
+  /** Weights as plain arrays, by name: what a checkpoint writes. */
+  weights(): Map<string, { shape: number[]; data: Float32Array }> {
+    return new Map([...this.params].map(([name, v]) => [name, { shape: v.shape, data: v.dataSync() as Float32Array }]));
   }
 }
 
+export interface GenerateOptions {
+  maxTokens: number;
+  /** 0: greedy. */
+  temperature: number;
+  /** Nucleus sampling: keep the most likely tokens whose probabilities add up to topP. */
+  topP?: number;
+  /** Stop after any of these tokens. */
+  stop?: number[];
+  random?: Random;
+  /** Which token may follow the ones generated so far (train/constrain.ts); absent: any. */
+  constraint?: { allows(generated: readonly number[], candidate: number): boolean };
+}
+
+/** Below this many new tokens a read goes token by token in plain TypeScript; from it on, through one batched pass. */
+const BATCHED_READ = 8;
+
 /**
- * Generation, one token at a time, in plain TypeScript on the CPU: a step of a model this small is a few
- * hundred tiny operations, which cost more to dispatch to a TensorFlow.js backend than to compute. Measured for
- * 4 layers, width 128: 2.3 ms a token here against 4.8 ms through WASM ops, at 400–700 tokens of context.
- * Reading a long prompt token by token is slower than WASM's one batched pass (1.6 ms a token against 0.34). Computes what `forward` does, for one sequence, from a copy of the weights
- * taken when the cache is made; keeps the keys and values of the tokens read so far, per layer, so that the
- * next ones attend to them without recomputing: within one reply, and across the turns of an episode, where
- * each new prompt extends the last one.
+ * Generation with a KV cache: each layer keeps the rotated keys and the values of every token read so far
+ * (K heads, not repeated), so a new token is one row through the model, within one reply and across the
+ * turns of an episode, where each new prompt extends the last one.
+ * A generated token is computed in plain TypeScript on the CPU from a copy of the weights (adapters folded
+ * in) taken when the cache is made: a step of a model this small is a few hundred tiny operations, which cost
+ * more to dispatch to a TensorFlow.js backend than to compute (measured for 4 layers, width 128: 2.3 ms a
+ * token against 4.8 ms through WASM ops). A prompt of many new tokens is read in one batched pass through the
+ * backend instead (0.34 ms a token against 1.6 token by token).
  */
 export class KVCache {
   /** The tokens read so far. */
   readonly tokens: number[] = [];
-  private readonly w: Map<string, Float32Array>;
-  private readonly keys: Float32Array[]; // per layer: (context, C), the first tokens.length rows in use
-  private readonly values: Float32Array[];
-  private readonly rotation: { cos: Float32Array; sin: Float32Array } | null = null;
+  private readonly w = new Map<string, Float32Array>();
+  /** Per layer: (capacity, K·hd), the first tokens.length rows in use; grown by doubling. */
+  private keys: Float32Array[];
+  private values: Float32Array[];
+  private capacity = 0;
 
-  constructor(readonly model: GPT) {
-    const { layers, width: C, contextLength, heads } = model.config;
-    this.w = new Map([...model.params].map(([name, v]) => [name, v.dataSync() as Float32Array]));
-    this.keys = Array.from({ length: layers }, () => new Float32Array(contextLength * C));
-    this.values = Array.from({ length: layers }, () => new Float32Array(contextLength * C));
-    if (model.config.positions === 'rope') this.rotation = ropeAngles(contextLength, C / heads / 2);
+  constructor(readonly model: Llama) {
+    for (const [name, v] of model.params) this.w.set(name, (v.dataSync() as Float32Array).slice());
+    if (model.adaptersOn) {
+      for (const [module, ad] of model.adapters) {
+        // W + (α/r)·B·A, the weight the adapter's projection computes with.
+        const w = this.w.get(`${module}.weight`)!;
+        const a = ad.a.dataSync() as Float32Array;
+        const b = ad.b.dataSync() as Float32Array;
+        const [r, inner] = ad.a.shape as [number, number];
+        const out = w.length / inner;
+        for (let o = 0; o < out; o++) {
+          for (let k = 0; k < r; k++) {
+            const bk = b[o * r + k]! * ad.scale;
+            if (bk === 0) continue;
+            for (let i = 0; i < inner; i++) w[o * inner + i]! += bk * a[k * inner + i]!;
+          }
+        }
+      }
+    }
+    this.keys = Array.from({ length: model.config.layers }, () => new Float32Array(0));
+    this.values = Array.from({ length: model.config.layers }, () => new Float32Array(0));
   }
 
   /** Forgets all but the first n tokens. */
@@ -227,101 +331,138 @@ export class KVCache {
     if (n < this.tokens.length) this.tokens.length = n;
   }
 
-  /** Reads tokens; returns the next-token logits after the last. */
+  /** Room for `n` positions in every layer's keys and values. */
+  private reserve(n: number): void {
+    if (n <= this.capacity) return;
+    const { kvHeads: K, headDim: hd } = this.model.config;
+    const capacity = Math.max(n, 2 * this.capacity, 64);
+    const grow = (old: Float32Array) => {
+      const next = new Float32Array(capacity * K * hd);
+      next.set(old.subarray(0, this.tokens.length * K * hd));
+      return next;
+    };
+    this.keys = this.keys.map(grow);
+    this.values = this.values.map(grow);
+    this.capacity = capacity;
+  }
+
+  /** Reads tokens after those already read; returns the next-token logits after the last, (V). */
   read(tokens: number[]): Float32Array {
-    const { contextLength, vocabSize, width: C } = this.model.config;
-    if (this.tokens.length + tokens.length > contextLength) throw new Error(`${this.tokens.length + tokens.length} tokens do not fit in the model's context of ${contextLength}`);
-    let x: Float32Array = new Float32Array(C);
+    const max = this.model.config.maxPositions;
+    if (this.tokens.length + tokens.length > max) throw new Error(`${this.tokens.length + tokens.length} tokens do not fit in the model's ${max} positions (max_position_embeddings)`);
+    if (tokens.length === 0) throw new Error('KVCache.read: no tokens to read');
+    this.reserve(this.tokens.length + tokens.length);
+    if (tokens.length >= BATCHED_READ) return this.readBatched(tokens);
+    let x: Float32Array = new Float32Array(0);
     for (const token of tokens) {
       x = this.step(token, this.tokens.length);
       this.tokens.push(token);
     }
-    // The head shares the embedding's weights: logits = x · wteᵀ.
-    const wte = this.w.get('wte.weight')!;
-    const logits = new Float32Array(vocabSize);
-    for (let v = 0; v < vocabSize; v++) {
-      let s = 0;
-      for (let i = 0, o = v * C; i < C; i++) s += x[i]! * wte[o + i]!;
-      logits[v] = s;
-    }
-    return logits;
+    const { vocabSize: V, hiddenSize: D, tiedEmbeddings } = this.model.config;
+    return matVec(x, this.w.get(tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight')!, V, D);
   }
 
-  /** The final LayerNorm's output at position `at`, after reading `token` there. */
+  /** The final norm's output at position `at`, after reading `token` there: one row through the model. */
   private step(token: number, at: number): Float32Array {
-    const { layers, width: C, heads } = this.model.config;
+    const { layers, hiddenSize: D, intermediateSize: F, heads: H, kvHeads: K, headDim: hd, rmsNormEps: eps, attentionBias } = this.model.config;
     const w = (name: string) => this.w.get(name)!;
-    const hs = C / heads;
-    const x = w('wte.weight').slice(token * C, (token + 1) * C);
-    if (!this.rotation) {
-      const wpe = w('wpe.weight');
-      for (let i = 0; i < C; i++) x[i]! += wpe[at * C + i]!;
-    }
+    const { cos, sin } = this.model.ropeTable(at + 1);
+    const x = w('model.embed_tokens.weight').slice(token * D, (token + 1) * D); // (D)
     const scores = new Float32Array(at + 1);
-    const attended = new Float32Array(C);
+    const attended = new Float32Array(H * hd);
+    const group = H / K;
+    const scale = 1 / Math.sqrt(hd);
     for (let l = 0; l < layers; l++) {
-      const h = (n: string) => w(`h.${l}.${n}`);
-      const qkv = matVec(norm(x, h('ln_1.weight'), h('ln_1.bias')), h('attn.c_attn.weight'), 3 * C);
-      if (this.rotation) for (let j = 0; j < 2 * heads; j++) this.rotate(qkv, j * hs, hs / 2, at);
-      const K = this.keys[l]!;
-      const V = this.values[l]!;
-      K.set(qkv.subarray(C, 2 * C), at * C);
-      V.set(qkv.subarray(2 * C), at * C);
-      for (let j = 0; j < heads; j++) {
-        const o = j * hs;
-        let max = -Infinity;
+      const p = `model.layers.${l}.`;
+      const h = rms(x, w(`${p}input_layernorm.weight`), eps);
+      const proj = (n: string, out: number) => {
+        const y = matVec(h, w(`${p}self_attn.${n}.weight`), out, D);
+        if (attentionBias) addInto(y, w(`${p}self_attn.${n}.bias`));
+        return y;
+      };
+      const q = proj('q_proj', H * hd); // (H·hd)
+      const k = proj('k_proj', K * hd); // (K·hd)
+      const v = proj('v_proj', K * hd);
+      for (let j = 0; j < H; j++) rotateHalf(q, j * hd, hd, cos, sin, at);
+      for (let j = 0; j < K; j++) rotateHalf(k, j * hd, hd, cos, sin, at);
+      const keys = this.keys[l]!;
+      const values = this.values[l]!;
+      keys.set(k, at * K * hd);
+      values.set(v, at * K * hd);
+      for (let j = 0; j < H; j++) {
+        const qo = j * hd;
+        const ko = Math.floor(j / group) * hd; // the key/value head this query head shares
+        let top = -Infinity;
         for (let t = 0; t <= at; t++) {
           let s = 0;
-          for (let d = 0; d < hs; d++) s += qkv[o + d]! * K[t * C + o + d]!;
-          scores[t] = s / Math.sqrt(hs);
-          if (scores[t]! > max) max = scores[t]!;
+          for (let d = 0, o = t * K * hd + ko; d < hd; d++) s += q[qo + d]! * keys[o + d]!;
+          scores[t] = s * scale;
+          if (scores[t]! > top) top = scores[t]!;
         }
         let total = 0;
-        for (let t = 0; t <= at; t++) total += scores[t] = Math.exp(scores[t]! - max);
-        attended.fill(0, o, o + hs);
+        for (let t = 0; t <= at; t++) total += scores[t] = Math.exp(scores[t]! - top);
+        attended.fill(0, qo, qo + hd);
         for (let t = 0; t <= at; t++) {
-          const p = scores[t]! / total;
-          for (let d = 0; d < hs; d++) attended[o + d]! += p * V[t * C + o + d]!;
+          const pt = scores[t]! / total;
+          for (let d = 0, o = t * K * hd + ko; d < hd; d++) attended[qo + d]! += pt * values[o + d]!;
         }
       }
-      addInto(x, matVec(attended, h('attn.c_proj.weight'), C));
-      const hidden = matVec(norm(x, h('ln_2.weight'), h('ln_2.bias')), h('mlp.c_fc.weight'), 4 * C);
-      for (let i = 0; i < hidden.length; i++) hidden[i] = hidden[i]! / (1 + Math.exp(-1.702 * hidden[i]!)); // gelu
-      addInto(x, matVec(hidden, h('mlp.c_proj.weight'), C));
+      addInto(x, matVec(attended, w(`${p}self_attn.o_proj.weight`), D, H * hd));
+      const m = rms(x, w(`${p}post_attention_layernorm.weight`), eps);
+      const gate = matVec(m, w(`${p}mlp.gate_proj.weight`), F, D);
+      const up = matVec(m, w(`${p}mlp.up_proj.weight`), F, D);
+      for (let i = 0; i < F; i++) gate[i] = (gate[i]! / (1 + Math.exp(-gate[i]!))) * up[i]!; // silu(gate) ⊙ up
+      addInto(x, matVec(gate, w(`${p}mlp.down_proj.weight`), D, F));
     }
-    return norm(x, w('ln_f.weight'), w('ln_f.bias'));
+    return rms(x, w('model.norm.weight'), eps);
   }
 
-  /** RoPE on one head's query or key at `offset` in qkv, as `rope` does: the pairs (x_f, x_{f+half}) turned. */
-  private rotate(qkv: Float32Array, offset: number, half: number, at: number): void {
-    const { cos, sin } = this.rotation!;
-    for (let f = 0; f < half; f++) {
-      const a = qkv[offset + f]!;
-      const b = qkv[offset + half + f]!;
-      const c = cos[at * half + f]!;
-      const s = sin[at * half + f]!;
-      qkv[offset + f] = a * c - b * s;
-      qkv[offset + half + f] = b * c + a * s;
-    }
+  /** Reads many tokens in one pass through the backend, attending to the cached ones; their keys and values join the cache. */
+  private readBatched(ids: number[]): Float32Array {
+    const m = this.model;
+    const c = m.config;
+    const start = this.tokens.length;
+    const T = ids.length;
+    const width = c.kvHeads * c.headDim;
+    const logits = tf.tidy(() => {
+      let x = embed(m.p('model.embed_tokens.weight'), tf.tensor1d(Int32Array.from(ids), 'int32')); // (T, D)
+      const rotation = m.angles(1, T, start);
+      for (let i = 0; i < c.layers; i++) {
+        const l = (n: string) => m.p(`model.layers.${i}.${n}`);
+        const { q, k, v } = m.qkv(i, rmsNorm(x, l('input_layernorm.weight'), c.rmsNormEps), rotation);
+        this.keys[i]!.set(k.dataSync(), start * width);
+        this.values[i]!.set(v.dataSync(), start * width);
+        const cached = (a: Float32Array) => tf.tensor3d(a.subarray(0, (start + T) * width), [start + T, c.kvHeads, c.headDim]); // (P, K, hd)
+        x = tf.add(x, m.linear(attendCached(q, cached(this.keys[i]!), cached(this.values[i]!), start, c.heads), `model.layers.${i}.self_attn.o_proj`));
+        x = tf.add(x, m.mlp(i, rmsNorm(x, l('post_attention_layernorm.weight'), c.rmsNormEps)));
+      }
+      return tf.slice(m.head(x), [T - 1, 0], [1, c.vocabSize]);
+    });
+    this.tokens.push(...ids);
+    const out = logits.dataSync() as Float32Array;
+    logits.dispose();
+    return out;
   }
 
   /**
    * Samples a continuation of `prompt`, reusing the cache for the longest prefix it shares with what was read
-   * before. The sampled tokens are read too, except the last.
+   * before (a conversation's next turn reads only its new messages). The sampled tokens are read too, except
+   * the last. Stops after any of `stop`, at `maxTokens`, or where the model's positions end.
    */
   generate(prompt: number[], options: GenerateOptions): number[] {
-    const room = this.model.config.contextLength - prompt.length;
+    const room = this.model.config.maxPositions - prompt.length;
     if (room <= 0 || prompt.length === 0) return [];
     let shared = 0;
     while (shared < Math.min(prompt.length - 1, this.tokens.length) && this.tokens[shared] === prompt[shared]) shared++;
     this.truncate(shared);
     let logits = this.read(prompt.slice(shared));
     const rand = options.random ?? Math.random;
+    const topP = options.topP ?? 1;
     const out: number[] = [];
     const limit = Math.min(options.maxTokens, room);
     const constraint = options.constraint;
     while (out.length < limit) {
-      let next = sampleToken(logits, options.temperature, options.topP ?? 1, rand);
+      let next = sampleToken(logits, options.temperature, topP, rand);
       if (constraint && !constraint.allows(out, next)) {
         // Drawn outside what may come next: draw again from the tokens that may (checking them all costs
         // more than one draw, so it is only done when the first draw is refused).
@@ -331,7 +472,7 @@ export class KVCache {
           else logits[id] = -Infinity;
         }
         if (!any) break;
-        next = sampleToken(logits, options.temperature, options.topP ?? 1, rand);
+        next = sampleToken(logits, options.temperature, topP, rand);
       }
       out.push(next);
       if (options.stop?.includes(next) || out.length === limit) break;
@@ -341,39 +482,52 @@ export class KVCache {
   }
 }
 
-/** x · W for a vector x and W laid out (in, out). */
-function matVec(x: Float32Array, W: Float32Array, out: number): Float32Array {
+/** Attention of new queries q (T, H, hd) at positions start… over cached keys and values (P, K, hd), causal. → (T, H·hd) */
+function attendCached(q: tf.Tensor3D, keys: tf.Tensor3D, values: tf.Tensor3D, start: number, heads: number): tf.Tensor2D {
+  const [T, , hd] = q.shape;
+  const P = keys.shape[0];
+  const k = tf.reshape(repeatKv(keys, heads), [P, heads, hd]);
+  const v = tf.reshape(repeatKv(values, heads), [P, heads, hd]);
+  const scores = tf.mul(tf.matMul(tf.transpose(q, [1, 0, 2]), tf.transpose(k, [1, 2, 0])), 1 / Math.sqrt(hd)); // (H, T, P)
+  const allowed = new Float32Array(T * P);
+  for (let t = 0; t < T; t++) for (let p = 0; p < P; p++) allowed[t * P + p] = p <= start + t ? 0 : -1e9;
+  const weights = tf.softmax(tf.add(scores, tf.tensor2d(allowed, [T, P])));
+  const out = tf.matMul(weights, tf.transpose(v, [1, 0, 2])); // (H, T, hd)
+  return tf.reshape(tf.transpose(out, [1, 0, 2]), [T, heads * hd]);
+}
+
+/** W·x for W stored (out, in): each output is a row's dot product with x. */
+function matVec(x: Float32Array, W: Float32Array, out: number, inner: number): Float32Array {
   const y = new Float32Array(out);
-  for (let i = 0; i < x.length; i++) {
-    const xi = x[i]!;
-    if (xi === 0) continue;
-    for (let j = 0, o = i * out; j < out; j++) y[j]! += xi * W[o + j]!;
+  for (let o = 0; o < out; o++) {
+    let s = 0;
+    for (let i = 0, r = o * inner; i < inner; i++) s += W[r + i]! * x[i]!;
+    y[o] = s;
   }
   return y;
 }
 
-function norm(x: Float32Array, weight: Float32Array, bias: Float32Array): Float32Array {
-  let mean = 0;
-  for (const v of x) mean += v;
-  mean /= x.length;
-  let variance = 0;
-  for (const v of x) variance += (v - mean) ** 2;
-  const scale = 1 / Math.sqrt(variance / x.length + 1e-5);
-  return x.map((v, i) => (v - mean) * scale * weight[i]! + bias[i]!);
+/** RMSNorm of one row, as rmsNorm computes it. */
+function rms(x: Float32Array, weight: Float32Array, eps: number): Float32Array {
+  let sq = 0;
+  for (const v of x) sq += v * v;
+  const scale = 1 / Math.sqrt(sq / x.length + eps);
+  return x.map((v, i) => v * scale * weight[i]!);
+}
+
+/** rotate_half on one head at `offset` of a row, as `rotate` does: x·cos + (−x₂, x₁)·sin with the table's row `at`. */
+function rotateHalf(x: Float32Array, offset: number, hd: number, cos: Float32Array, sin: Float32Array, at: number): void {
+  const half = hd / 2;
+  for (let f = 0; f < half; f++) {
+    const a = x[offset + f]!;
+    const b = x[offset + half + f]!;
+    const c = cos[at * hd + f]!;
+    const s = sin[at * hd + f]!;
+    x[offset + f] = a * c - b * s;
+    x[offset + half + f] = b * c + a * s;
+  }
 }
 
 function addInto(x: Float32Array, y: Float32Array): void {
   for (let i = 0; i < x.length; i++) x[i]! += y[i]!;
 }
-
-export interface GenerateOptions {
-  maxTokens: number;
-  temperature: number;
-  /** Nucleus sampling: keep the most likely tokens whose probabilities add up to topP. */
-  topP?: number;
-  stop?: number[];
-  random?: Random;
-  /** Which token may follow the ones generated so far (train/constrain.ts); absent: any. */
-  constraint?: { allows(generated: readonly number[], candidate: number): boolean };
-}
-

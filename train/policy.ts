@@ -8,7 +8,7 @@ import type { Random } from '../core/random.ts';
 import type { Message, Policy } from '../core/records.ts';
 import { encodeConversations, parseAssistant } from './chat-template.ts';
 import { ToolCallConstraint, type ToolSchema } from './constrain.ts';
-import { KVCache, type GPT } from './model.ts';
+import { KVCache, type Llama } from './model.ts';
 import { modelView, type Placeholders } from './placeholders.ts';
 import type { TextTokenizer } from './tokenizer.ts';
 import { headLength, recentWindow } from './windows.ts';
@@ -33,7 +33,9 @@ export class ModelPolicy implements Policy {
 
   constructor(
     readonly name: string,
-    model: GPT,
+    model: Llama,
+    /** The sequence length it was trained at: prompts are cut to leave room for a reply within it. */
+    private readonly context: number,
     private readonly tokenizer: TextTokenizer,
     /** How the model was trained to read values (the checkpoint's `placeholders`). */
     private readonly placeholders: Placeholders,
@@ -48,7 +50,7 @@ export class ModelPolicy implements Policy {
     if (this.sampling.signal) await safePoint(this.sampling.signal, () => `${this.name} in the simulator: stopped after ${this.generated} generated tokens; the next run evaluates again`);
     const { messages, restore } = modelView(conversation, this.placeholders);
     const [encoded] = await encodeConversations(this.tokenizer, [messages], true);
-    const room = this.cache.model.config.contextLength - this.sampling.maxTokens;
+    const room = this.context - this.sampling.maxTokens;
     const prompt = recentWindow(encoded!, headLength(messages), messages.length, room).ids;
     const end = this.tokenizer.special['<|end|>'];
     if (this.sampling.tools && !this.constraint) {

@@ -8,8 +8,9 @@ import { join } from 'node:path';
 import { z } from 'zod';
 import { Interrupted, interrupted } from '../pipeline/interrupt.ts';
 import type { Logger } from '../pipeline/log.ts';
-import { loadCheckpoint, saveCheckpoint } from './checkpoint.ts';
-import type { GPT } from './model.ts';
+import { loadCheckpoint, saveCheckpoint, type TokenizerFiles } from './checkpoint.ts';
+import { trainableParameters } from './lora.ts';
+import type { Llama } from './model.ts';
 import type { Placeholders } from './placeholders.ts';
 import { ADAMW_DEFAULTS, AdamW, learningRate } from './optimizer.ts';
 import { optimizerStep, type MicroBatchLoss } from './step.ts';
@@ -60,9 +61,9 @@ export interface StepBatch {
 export interface Trainer {
   steps: number;
   /** The model to start from when there is no checkpoint. */
-  start(): GPT;
+  start(): Llama;
   /** The batch of step `step` (0-based), a function of the step alone so a resumed run sees the same data, and its loss on `model`. */
-  batch(step: number, model: GPT): StepBatch | Promise<StepBatch>;
+  batch(step: number, model: Llama): StepBatch | Promise<StepBatch>;
   /** The progress bar's label. */
   label: string;
 }
@@ -74,7 +75,10 @@ export interface RunSettings {
   cache: string;
   /** Everything the run's result depends on (the stage's key: config, data, code version): a new key starts afresh. */
   key: string;
-  tokenizerJson: string;
+  /** The tokenizer's files, saved with every checkpoint. */
+  tokenizer: TokenizerFiles;
+  /** The sequence length the run trains at, saved with every checkpoint (prefab_context). */
+  context: number;
   /** The masking its data was read with, saved with every checkpoint. */
   placeholders: Placeholders;
   /** The stage's signal: aborted, the run stops at the next step boundary. */
@@ -83,7 +87,7 @@ export interface RunSettings {
 }
 
 export interface RunResult {
-  model: GPT;
+  model: Llama;
   metrics: MetricsRow[];
   /** The step the run resumed from (0: it started afresh). */
   resumedFrom: number;
@@ -130,10 +134,10 @@ function readMetrics(path: string, upTo: number): MetricsRow[] {
  */
 export async function trainingRun(settings: RunSettings, trainer: Trainer): Promise<RunResult> {
   const dir = runFolder(settings.cache, settings.key);
-  const run = { ...trainer, dir, seed: settings.config.seed, log: settings.log, tokenizerJson: settings.tokenizerJson, placeholders: settings.placeholders };
+  const run = { ...trainer, dir, seed: settings.config.seed, log: settings.log, files: { tokenizer: settings.tokenizer, context: settings.context, placeholders: settings.placeholders } };
   const metricsPath = join(run.dir, 'metrics.jsonl');
   const last = latestCheckpoint(run.dir);
-  let model: GPT;
+  let model: Llama;
   let optimizer: AdamW;
   let done = 0;
   const s = settings.config;
@@ -141,20 +145,20 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
   if (last) {
     const loaded = loadCheckpoint(last);
     model = loaded.model;
-    optimizer = new AdamW(model.params, adamw);
+    optimizer = new AdamW(trainableParameters(model), adamw);
     loaded.restoreOptimizer(optimizer);
     done = loaded.state?.step ?? 0;
     run.log.info('resuming from checkpoint', { checkpoint: last, step: done, of: run.steps });
   } else {
     model = run.start();
-    optimizer = new AdamW(model.params, adamw);
+    optimizer = new AdamW(trainableParameters(model), adamw);
   }
   const metrics = readMetrics(metricsPath, done);
   writeFileSync(metricsPath, metrics.map((m) => JSON.stringify(m) + '\n').join(''));
   let saved = done;
   const save = (step: number) => {
     saved = step;
-    saveCheckpoint(join(run.dir, checkpointName(step)), { model, tokenizerJson: run.tokenizerJson, placeholders: run.placeholders, optimizer, state: { step, totalSteps: run.steps, seed: run.seed } });
+    saveCheckpoint(join(run.dir, checkpointName(step)), { model, ...run.files, optimizer, state: { step, totalSteps: run.steps, seed: run.seed } });
     // Keep the newest two: the one just written, and the one before in case this one is found damaged.
     for (const f of readdirSync(run.dir).filter((f) => STEP_DIR.test(f)).sort().slice(0, -2)) rmSync(join(run.dir, f), { recursive: true, force: true });
   };
@@ -170,7 +174,7 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
     const started = performance.now();
     const batch = await run.batch(step, model);
     const lr = learningRate(step, schedule);
-    const result = optimizerStep(model, optimizer, batch.parts, lr, s.max_grad_norm);
+    const result = optimizerStep({ params: trainableParameters(model) }, optimizer, batch.parts, lr, s.max_grad_norm);
     const seconds = (performance.now() - started) / 1000;
     const row: MetricsRow = { step: step + 1, loss: result.loss, ...result.metrics, grad_norm: result.gradNorm, learning_rate: lr, 'tokens/s': Math.round(batch.tokens / seconds) };
     if (!Number.isFinite(result.loss)) throw new Error(`${run.label}: the loss is ${result.loss} at step ${step + 1}; lower lr (now ${s.lr}) or max_grad_norm`);
@@ -186,7 +190,7 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
     metrics,
     resumedFrom: done,
     async save(out, info) {
-      saveCheckpoint(join(out, 'model'), { model, tokenizerJson: run.tokenizerJson, placeholders: run.placeholders, state: { step: run.steps, totalSteps: run.steps, seed: run.seed, info } });
+      saveCheckpoint(join(out, 'model'), { model, ...run.files, state: { step: run.steps, totalSteps: run.steps, seed: run.seed, info } });
       await copyFile(metricsPath, join(out, 'metrics.jsonl'));
       model.dispose();
       return finalMetrics(metrics);

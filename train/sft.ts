@@ -1,18 +1,18 @@
 // The SFT trainer: next-token cross-entropy on assistant tokens, over a corpus of windows cut to the context.
 import * as tf from '@tensorflow/tfjs-core';
 import { sftLoss } from './losses/index.ts';
-import { GPT, type GPTConfig } from './model.ts';
+import type { Llama } from './model.ts';
 import type { Trainer, TrainingSettings } from './run.ts';
 import { stepsFor } from './run.ts';
 import { batchAt, maskedIn, microBatches, padBatch, type Sequence } from './windows.ts';
 
-/** Trains a new model of `model`'s shape on `sequences` (sftSequences in data.ts), batches drawn by the seed. */
-export function sftTrainer(sequences: Sequence[], model: GPTConfig, cfg: TrainingSettings, pad: number): Trainer {
+/** Trains the model `start` makes (a new one, or a pretrained one) on `sequences` (sftSequences in data.ts), batches drawn by the seed. */
+export function sftTrainer(sequences: Sequence[], start: () => Llama, cfg: TrainingSettings, pad: number): Trainer {
   const lengths = sequences.map((s) => s.ids.length);
   return {
     steps: stepsFor(cfg, sequences.length),
     label: 'sft steps',
-    start: () => GPT.create(model, cfg.seed),
+    start,
     batch: (step, m) => {
       const batch = batchAt(lengths, cfg.batch_size, cfg.seed, step).map((i) => sequences[i]!);
       const parts = microBatches(batch.map((s) => [s]), (s) => s.ids.length, cfg.micro_batch_tokens).map((b) => padBatch(b, pad));

@@ -39,8 +39,8 @@ export const dpo = defineStage({
   async run({ config: cfg, out, input, cache, key, lineage, log, options, signal }) {
     const backend = await stageBackend(options, log);
     const sft = loadCheckpoint(join(input('sft'), 'model'));
-    const tokenizer = new TextTokenizer(sft.tokenizerJson);
-    const length = Math.min(sft.model.config.contextLength, cfg.max_length ?? Infinity) + 1;
+    const tokenizer = new TextTokenizer(sft.tokenizer['tokenizer.json']!);
+    const length = Math.min(sft.context, cfg.max_length ?? Infinity) + 1;
     const pad = tokenizer.special['<|pad|>'];
     const loss = lossOf(cfg.loss, cfg.beta);
     const kto = loss.name === 'kto';
@@ -61,7 +61,7 @@ export const dpo = defineStage({
     const trainer = kto ? ktoTrainer(examples, reference!, loss, cfg, pad, start) : dpoTrainer(examples, reference, loss, cfg, pad, start);
     log.info('training', { loss: loss.name, beta: loss.beta, examples: examples.length, steps: trainer.steps, backend: backend.name });
 
-    const result = await trainingRun({ config: cfg, cache, key, tokenizerJson: sft.tokenizerJson, placeholders: sft.placeholders, signal, log }, trainer);
+    const result = await trainingRun({ config: cfg, cache, key, tokenizer: sft.tokenizer, context: sft.context, placeholders: sft.placeholders, signal, log }, trainer);
     sft.model.dispose();
     const last = await result.save(out, { stage: 'dpo', loss: loss.name, beta: loss.beta, max_length: length - 1 } satisfies PreferenceTraining);
     const accuracy = last['rewards/accuracies'];

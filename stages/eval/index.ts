@@ -15,7 +15,7 @@ import { stageBackend } from '../../train/backend.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
 import { heldOutPairFigures, pairExamples, pairWins, readPreferenceTraining, shorterChosen } from '../../train/dpo.ts';
 import { readParquet, scoreSequences, sftSequences, subset, type Scores } from '../../train/data.ts';
-import { GPT } from '../../train/model.ts';
+import { Llama } from '../../train/model.ts';
 import type { Placeholders } from '../../train/placeholders.ts';
 import { ModelPolicy } from '../../train/policy.ts';
 import { TextTokenizer } from '../../train/tokenizer.ts';
@@ -45,13 +45,13 @@ export type ModelRow = Record<string, number | null>;
 
 interface Model {
   name: string;
-  model: GPT;
+  model: Llama;
 }
 
 /** The model acting in the simulator on the validation tasks, each episode seeded by the model, task and try. */
-async function simulate(m: Model, tokenizer: TextTokenizer, placeholders: Placeholders, s: EvalConfig['simulator'], seed: string, signal: AbortSignal, log: Logger): Promise<ModelRow> {
+async function simulate(m: Model, tokenizer: TextTokenizer, context: number, placeholders: Placeholders, s: EvalConfig['simulator'], seed: string, signal: AbortSignal, log: Logger): Promise<ModelRow> {
   if (s.tasks === 0) return {};
-  const policy = new ModelPolicy(m.name, m.model, tokenizer, placeholders, { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p, tools: s.constrained ? TOOLS : undefined, signal }, Math.random);
+  const policy = new ModelPolicy(m.name, m.model, context, tokenizer, placeholders, { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p, tools: s.constrained ? TOOLS : undefined, signal }, Math.random);
   const progress = log.progress(`simulator: ${m.name}`, s.tasks * s.k);
   const started = performance.now();
   const options = { worldSeed: s.world_seed, companies: s.companies, tasks: s.tasks, k: s.k, maxTurns: s.max_turns };
@@ -116,12 +116,12 @@ export const evalStage = defineStage({
     const tuning = readPreferenceTraining(tuned.state?.info, join(input('dpo'), 'model'));
     const lossName = tuning.loss;
     const training = tuning.choice;
-    const tokenizer = new TextTokenizer(sft.tokenizerJson);
+    const tokenizer = new TextTokenizer(sft.tokenizer['tokenizer.json']!);
     const pad = tokenizer.special['<|pad|>'];
-    const length = sft.model.config.contextLength + 1;
+    const length = sft.context + 1;
     // The untrained model is the SFT run's starting point: same config, same seed.
     const models: Model[] = [
-      { name: 'untrained', model: GPT.create(sft.model.config, sft.state?.seed ?? 'prefab') },
+      { name: 'untrained', model: Llama.create(sft.model.config, sft.state?.seed ?? 'prefab') },
       { name: 'sft', model: sft.model },
       { name: lossName === 'sigmoid' ? 'dpo' : lossName, model: tuned.model },
     ];
@@ -156,7 +156,7 @@ export const evalStage = defineStage({
         const s = await scoreSequences(m.model, nllSequences, cfg.micro_batch_tokens, pad, signal, log, `held-out NLL: ${m.name}`);
         row.nll = -s.sum.reduce((a, b) => a + b, 0) / Math.max(1, s.count.reduce((a, b) => a + b, 0));
       }
-      Object.assign(row, await simulate(m, tokenizer, sft.placeholders, cfg.simulator, cfg.seed, signal, log));
+      Object.assign(row, await simulate(m, tokenizer, sft.context, sft.placeholders, cfg.simulator, cfg.seed, signal, log));
       rows[m.name] = row;
       log.info('evaluated', { model: m.name, ...row });
     }

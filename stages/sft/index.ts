@@ -1,4 +1,4 @@
-// sft: supervised fine-tuning of a small transformer on the successful training sessions, assistant
+// sft: supervised fine-tuning of a tiny Llama on the successful training sessions, assistant
 // tokens only. Writes the model in Hugging Face's layout, and a metrics line per step.
 import { readFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -9,28 +9,53 @@ import { stageBackend } from '../../train/backend.ts';
 import { resampledSessions } from '../../train/augment.ts';
 import { readParquet, sftSequences, subset } from '../../train/data.ts';
 import { trainingConfig, trainingRun } from '../../train/run.ts';
+import { Llama, type LlamaConfig } from '../../train/model.ts';
 import { sftTrainer } from '../../train/sft.ts';
 import { readPlaceholdersFile } from '../../train/placeholders.ts';
 import { TextTokenizer } from '../../train/tokenizer.ts';
 
 const modelConfig = z.strictObject({
-  layers: z.number().int().min(1).default(4).describe('Transformer blocks.'),
-  width: z.number().int().min(8).default(256).describe('Size of the embeddings and of every layer (the MLP is 4 × width); a multiple of heads.'),
-  heads: z.number().int().min(1).default(4).describe('Attention heads per layer; each is width / heads wide, which must be even with rope.'),
+  layers: z.number().int().min(1).default(4).describe('Transformer blocks (num_hidden_layers).'),
+  hidden_size: z.number().int().min(8).default(256).describe('Size of the embeddings and of every layer (hidden_size).'),
+  intermediate_size: z.number().int().min(1).nullable().default(null).describe("Width of the SwiGLU MLP (null: 8/3 · hidden_size rounded up to a multiple of 32, Llama's ratio)."),
+  heads: z.number().int().min(1).default(4).describe('Query heads per layer (num_attention_heads); each is head_dim = hidden_size / heads wide, which must be even.'),
+  kv_heads: z.number().int().min(1).nullable().default(null).describe('Key/value heads (num_key_value_heads): query heads share them in groups, grouped-query attention (null: as many as heads).'),
+  rope_theta: z.number().positive().default(10000).describe("Rotary embeddings' base: position p turns dimension pair f by p · rope_theta^(−2f/head_dim)."),
+  tie_word_embeddings: z.boolean().default(true).describe('The output head is the embedding table.'),
   context: z.number().int().min(16).default(1024).describe("Tokens the model sees at once; longer sessions are cut into windows that keep the user's request."),
-  positions: z.enum(['rope', 'learned']).default('rope').describe("rope: rotary embeddings (attention sees how far apart tokens are); learned: GPT-2's table of positions."),
 });
+
+/** A from-scratch Llama of the configured shape for a tokenizer of `vocabSize` whose end of message is `eos`. */
+function newModel(m: z.infer<typeof modelConfig>, vocabSize: number, eos: number, seed: string): Llama {
+  const config: LlamaConfig = {
+    modelType: 'llama',
+    vocabSize,
+    hiddenSize: m.hidden_size,
+    intermediateSize: m.intermediate_size ?? Math.ceil((8 / 3) * m.hidden_size / 32) * 32,
+    layers: m.layers,
+    heads: m.heads,
+    kvHeads: m.kv_heads ?? m.heads,
+    headDim: m.hidden_size / m.heads,
+    ropeTheta: m.rope_theta,
+    rmsNormEps: 1e-6,
+    tiedEmbeddings: m.tie_word_embeddings,
+    attentionBias: false,
+    maxPositions: m.context,
+    bosTokenId: null,
+    eosTokenId: eos,
+  };
+  return Llama.create(config, seed);
+}
 
 const config = z
   .strictObject({
-    model: modelConfig.prefault({}).describe("The transformer's shape (GPT-2's architecture); the preference stage and eval take it from the SFT model."),
+    model: modelConfig.prefault({}).describe("The model trained from scratch: a tiny Llama (LlamaForCausalLM's architecture), written as a Hugging Face folder; the preference stage and eval take it from the SFT model."),
     max_sessions: z.number().int().min(1).nullable().default(null).describe('Train on at most this many sessions (null: all), drawn by a seeded shuffle.'),
     resample_copies: z.number().min(0).max(1).default(0).describe('Share of sessions whose copied values (what the assistant copies from the conversation into its calls: names, phone and account numbers) are replaced by random ones of the same shape, so the model learns to copy them rather than learn them by heart (train/augment.ts).'),
     ...trainingConfig(1e-3),
   })
-  .refine((c) => c.model.width % c.model.heads === 0, { message: 'model.width must be a multiple of model.heads' })
-  .refine((c) => c.model.positions !== 'rope' || (c.model.width / c.model.heads) % 2 === 0, { message: 'model.positions rope turns pairs of dimensions: model.width / model.heads must be even' });
-
+  .refine((c) => c.model.hidden_size % c.model.heads === 0 && (c.model.hidden_size / c.model.heads) % 2 === 0, { message: 'model.hidden_size / model.heads (head_dim) must be a whole, even number: rotary embeddings turn pairs of dimensions' })
+  .refine((c) => c.model.heads % (c.model.kv_heads ?? c.model.heads) === 0, { message: 'model.heads must be a multiple of model.kv_heads' });
 
 export const sft = defineStage({
   name: 'sft',
@@ -50,12 +75,11 @@ export const sft = defineStage({
     if (sessions.length === 0) throw new Error(`${path} has no sessions: nothing to fine-tune on (export.sft_min_reward may be too high)`);
     const { conversations, resampled } = resampledSessions(sessions.map((s) => s.messages), cfg.resample_copies, cfg.seed);
     const sequences = await sftSequences(tokenizer, conversations, cfg.model.context + 1, path, placeholders);
-    const m = cfg.model;
-    const shape = { vocabSize: tokenizer.vocabSize, contextLength: m.context, layers: m.layers, width: m.width, heads: m.heads, positions: m.positions };
-    const trainer = sftTrainer(sequences, shape, cfg, tokenizer.special['<|pad|>']);
+    const start = () => newModel(cfg.model, tokenizer.vocabSize, tokenizer.special['<|end|>'], cfg.seed);
+    const trainer = sftTrainer(sequences, start, cfg, tokenizer.special['<|pad|>']);
     log.info('training', { sessions: sessions.length, resampled, windows: sequences.length, tokens: sequences.reduce((n, s) => n + s.ids.length, 0), steps: trainer.steps, backend: backend.name });
 
-    const result = await trainingRun({ config: cfg, cache, key, tokenizerJson, placeholders, signal, log }, trainer);
+    const result = await trainingRun({ config: cfg, cache, key, tokenizer: { 'tokenizer.json': tokenizerJson }, context: cfg.model.context, placeholders, signal, log }, trainer);
     const parameters = result.model.size();
     const last = await result.save(out, { stage: 'sft', sessions: sessions.length, windows: sequences.length });
     return {

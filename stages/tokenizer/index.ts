@@ -36,20 +36,35 @@ const config = z.strictObject({
   vocab_size: z.number().int().min(263).default(1024).describe("The whole vocabulary: bytes (256), the placeholder tokens, the chat template's 7 special tokens, and BPE's merges in the rest."),
   split_digits: z.boolean().default(true).describe("Every digit a token of its own: a model then copies a phone or account number digit by digit, instead of learning each number's merges."),
   placeholders: placeholdersConfig.prefault({}).describe('Values the agent copies (phone numbers, form values) shown to the model as placeholders: [PHONE_3].'),
-  placeholder_tokens: z.number().int().min(0).default(48).describe('The most frequent placeholders in the training sessions, each a token of its own (taken from the vocabulary): copying [PHONE_3] is then picking one token, not spelling "[", "PHONE", "_", "3", "]".'),
+  placeholder_tokens: z.number().int().min(0).default(64).describe('At most this many placeholders made tokens of their own (taken from the vocabulary): for each label, [PHONE_1] up to one past the highest number a training session reaches, so copying [PHONE_3] is picking one token, not spelling "[", "PHONE", "_", "3", "]", and a made-up value (the next number) is one token too.'),
 });
 
-/** The `n` placeholders that appear most often in the texts (at least twice), most frequent first. */
-function frequentPlaceholders(texts: string[], n: number): string[] {
-  const counts = new Map<string, number>();
-  for (const t of texts) for (const [p] of t.matchAll(PLACEHOLDERS)) counts.set(p, (counts.get(p) ?? 0) + 1);
-  return [...counts].filter(([, c]) => c >= 2).sort((a, b) => b[1] - a[1] || (a[0] < b[0] ? -1 : 1)).slice(0, n).map(([p]) => p);
+/**
+ * Placeholders made tokens of their own: for each label, every number from 1 to one past the highest the
+ * training sessions reach, so a value a completion makes up (it gets the next number) is one token as a
+ * copied value is, and length or spelling does not tell them apart. Labels seen most often come first; at
+ * most `budget` tokens.
+ */
+function placeholderWords(texts: string[], budget: number): string[] {
+  const seen = new Map<string, { count: number; highest: number }>();
+  for (const t of texts) {
+    for (const [p] of t.matchAll(PLACEHOLDERS)) {
+      const cut = p.lastIndexOf('_');
+      const label = p.slice(1, cut);
+      const s = seen.get(label) ?? { count: 0, highest: 0 };
+      s.count++;
+      s.highest = Math.max(s.highest, Number(p.slice(cut + 1, -1)));
+      seen.set(label, s);
+    }
+  }
+  const labels = [...seen].sort((a, b) => b[1].count - a[1].count || (a[0] < b[0] ? -1 : 1));
+  return labels.flatMap(([label, s]) => Array.from({ length: s.highest + 1 }, (_, i) => `[${label}_${i + 1}]`)).slice(0, budget);
 }
 
 export const tokenizer = defineStage({
   name: 'tokenizer',
   description: 'train a byte-level BPE tokenizer on the training sessions',
-  version: 4,
+  version: 5,
   inputs: ['export'],
   outputs: ['tokenizer.json', PLACEHOLDERS_FILE],
   config,
@@ -63,7 +78,7 @@ export const tokenizer = defineStage({
     await safePoint(signal, stopped);
     const texts = viewAll(sessions.map((s) => fromParquet(s.messages)), placeholders).flatMap(conversationTexts);
     await safePoint(signal, stopped);
-    const words = placeholders ? frequentPlaceholders(texts, cfg.placeholder_tokens) : [];
+    const words = placeholders ? placeholderWords(texts, cfg.placeholder_tokens) : [];
     log.info('training BPE', { sessions: sessions.length, texts: texts.length, vocab_size: cfg.vocab_size, split_digits: cfg.split_digits, placeholders: placeholders !== null, placeholder_tokens: words.length });
     const json = trainTokenizer(texts, cfg.vocab_size, cfg.split_digits, words);
     await safePoint(signal, stopped);

@@ -36,7 +36,10 @@ describe('training stages (tiny model)', () => {
     const tokenizer = JSON.parse(readFileSync(join(workdir, 'tokenizer', 'tokenizer.json'), 'utf8'));
     expect(Object.keys(tokenizer.model.vocab).length + tokenizer.added_tokens.length).toBe(512);
     const sft = loadCheckpoint(join(workdir, 'sft', 'model'));
-    expect(sft.model.config).toEqual({ vocabSize: 512, contextLength: 640, layers: 1, width: 32, heads: 2, positions: 'rope' });
+    // A tiny Llama in Hugging Face's layout: the configured shape, SwiGLU at 8/3 of the width, trained at the configured context.
+    expect(sft.model.config).toMatchObject({ modelType: 'llama', vocabSize: 512, hiddenSize: 32, intermediateSize: 96, layers: 1, heads: 2, kvHeads: 2, headDim: 16, maxPositions: 640, tiedEmbeddings: true });
+    expect(sft.context).toBe(640);
+    expect(JSON.parse(readFileSync(join(workdir, 'sft', 'model', 'config.json'), 'utf8'))).toMatchObject({ architectures: ['LlamaForCausalLM'], eos_token_id: tokenizer.added_tokens.find((t: { content: string }) => t.content === '<|end|>').id });
     // About half the sessions trained on had their copied values replaced.
     const counts = JSON.parse(readFileSync(join(workdir, 'sft', 'manifest.json'), 'utf8')).counts;
     expect(counts.sessions).toBe(80);
@@ -53,8 +56,8 @@ describe('training stages (tiny model)', () => {
     expect(sft.placeholders).toEqual(placeholders);
     expect(JSON.parse(readFileSync(join(workdir, 'dpo', 'model', 'config.json'), 'utf8')).prefab_placeholders).toEqual(placeholders);
     // DPO starts from the SFT weights and moves them.
-    const before = readSafetensors(join(workdir, 'sft', 'model', 'model.safetensors')).tensors.get('h.0.mlp.c_fc.weight')!.data;
-    const after = readSafetensors(join(workdir, 'dpo', 'model', 'model.safetensors')).tensors.get('h.0.mlp.c_fc.weight')!.data;
+    const before = readSafetensors(join(workdir, 'sft', 'model', 'model.safetensors')).tensors.get('model.layers.0.mlp.up_proj.weight')!.data;
+    const after = readSafetensors(join(workdir, 'dpo', 'model', 'model.safetensors')).tensors.get('model.layers.0.mlp.up_proj.weight')!.data;
     expect(after).not.toEqual(before);
     const meanShift = before.reduce((s, v, i) => s + Math.abs(v - after[i]!), 0) / before.length;
     expect(meanShift).toBeLessThan(0.01);

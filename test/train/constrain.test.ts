@@ -2,7 +2,8 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { TOOLS } from '../../env/env.ts';
 import { ToolCallConstraint, readCall, readJson, type JsonSchema } from '../../train/constrain.ts';
 import { useBackend } from '../../train/backend.ts';
-import { GPT, KVCache } from '../../train/model.ts';
+import { KVCache, Llama } from '../../train/model.ts';
+import { tinyLlama } from '../fixtures/llama.ts';
 import { SPECIAL_TOKENS } from '../../train/tokenizer.ts';
 
 const FORM: JsonSchema = TOOLS[1].function.parameters as JsonSchema;
@@ -77,7 +78,7 @@ describe('decoding under the constraint', () => {
   });
 
   it("makes an untrained model's sampled calls parse as calls of the tools", () => {
-    const model = GPT.create({ vocabSize: texts.length, contextLength: 400, layers: 1, width: 16, heads: 2, positions: 'rope' }, 'constrained');
+    const model = Llama.create(tinyLlama({ vocabSize: texts.length, maxPositions: 400, layers: 1 }), 'constrained');
     const cache = new KVCache(model);
     let calls = 0;
     for (let episode = 0; episode < 6; episode++) {

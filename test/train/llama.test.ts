@@ -7,7 +7,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { useBackend } from '../../train/backend.ts';
 import { llamaConfigFromJson, readHfModel, writeHfModel } from '../../train/hf.ts';
-import { Llama, LlamaKVCache, llamaParameterShapes } from '../../train/llama.ts';
+import { Llama, KVCache, llamaParameterShapes } from '../../train/model.ts';
 import { sampleToken } from '../../train/sampling.ts';
 import { prefab } from '../fixtures/cli.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
@@ -74,11 +74,11 @@ describe.each(CHECKPOINTS)('%s against transformers', (name) => {
     const model = load(dir);
     const n = ref.greedy_continuation.length;
     expect(greedyWithoutCache(model, ref.greedy_prompt, n)).toEqual(ref.greedy_continuation);
-    const cache = new LlamaKVCache(model);
-    expect(cache.generate(ref.greedy_prompt, { maxNewTokens: n, temperature: 0, topP: 1, random: Math.random })).toEqual(ref.greedy_continuation);
+    const cache = new KVCache(model);
+    expect(cache.generate(ref.greedy_prompt, { maxTokens: n, temperature: 0, topP: 1, random: Math.random })).toEqual(ref.greedy_continuation);
     // The cache read in pieces gives the logits of one read.
-    const whole = new LlamaKVCache(model).read(ref.greedy_prompt);
-    const pieces = new LlamaKVCache(model);
+    const whole = new KVCache(model).read(ref.greedy_prompt);
+    const pieces = new KVCache(model);
     pieces.read(ref.greedy_prompt.slice(0, 3));
     const last = pieces.read(ref.greedy_prompt.slice(3));
     last.forEach((v, i) => expect(v).toBeCloseTo(whole[i]!, 4));
@@ -105,7 +105,7 @@ describe('shapes the fixtures do not have', () => {
     const config = { ...llamaConfigFromJson(JSON.parse(readFileSync(join(FIXTURES, 'llama-tiny', 'config.json'), 'utf8')), 'config.json'), hiddenSize: 48, heads: 4, kvHeads: 1, headDim: 20, intermediateSize: 96 };
     const model = Llama.create(config, 'shapes');
     const prompt = [5, 17, 200, 3, 99, 41];
-    expect(new LlamaKVCache(model).generate(prompt, { maxNewTokens: 8, temperature: 0, topP: 1, random: Math.random })).toEqual(greedyWithoutCache(model, prompt, 8));
+    expect(new KVCache(model).generate(prompt, { maxTokens: 8, temperature: 0, topP: 1, random: Math.random })).toEqual(greedyWithoutCache(model, prompt, 8));
     const dir = join(tempDir(), 'shapes');
     writeHfModel(dir, model);
     const saved = JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8'));

@@ -6,7 +6,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { useBackend } from '../../train/backend.ts';
 import { readHfModel, writeHfModel } from '../../train/hf.ts';
-import { Llama } from '../../train/llama.ts';
+import { Llama } from '../../train/model.ts';
 import { attachLora, loadAdapter, mergeLora, saveAdapter, trainableParameters, type LoraConfig } from '../../train/lora.ts';
 import { ADAMW_DEFAULTS, AdamW } from '../../train/optimizer.ts';
 import { readSafetensors } from '../../train/safetensors.ts';

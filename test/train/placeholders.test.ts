@@ -11,7 +11,8 @@ import { useBackend } from '../../train/backend.ts';
 import { renderText } from '../../train/chat-template.ts';
 import { loadCheckpoint, saveCheckpoint } from '../../train/checkpoint.ts';
 import { completionSequences } from '../../train/data.ts';
-import { GPT } from '../../train/model.ts';
+import { Llama } from '../../train/model.ts';
+import { tinyLlama } from '../fixtures/llama.ts';
 import { modelView } from '../../train/placeholders.ts';
 import { placeholdersConfig, placeholdersOf } from '../../stages/tokenizer/index.ts';
 import { TextTokenizer, trainTokenizer } from '../../train/tokenizer.ts';
@@ -133,11 +134,11 @@ describe('placeholders: the values a model copies, as it reads them', () => {
 
   it('is saved with the model, and a malformed record names the file', () => {
     const dir = mkdtempSync(join(tmpdir(), 'prefab-placeholders-'));
-    const model = GPT.create({ vocabSize: 300, contextLength: 16, layers: 1, width: 8, heads: 2, positions: 'rope' }, 'p');
-    saveCheckpoint(join(dir, 'masked'), { model, tokenizerJson: '{}', placeholders: PLACEHOLDERS });
+    const model = Llama.create(tinyLlama({ vocabSize: 300, layers: 1 }), 'p');
+    saveCheckpoint(join(dir, 'masked'), { model, tokenizer: { 'tokenizer.json': '{}' }, context: 16, placeholders: PLACEHOLDERS });
     expect(JSON.parse(readFileSync(join(dir, 'masked', 'config.json'), 'utf8')).prefab_placeholders.keys).toContain('zip_code');
     expect(loadCheckpoint(join(dir, 'masked')).placeholders).toEqual(PLACEHOLDERS);
-    saveCheckpoint(join(dir, 'plain'), { model, tokenizerJson: '{}' });
+    saveCheckpoint(join(dir, 'plain'), { model, tokenizer: { 'tokenizer.json': '{}' }, context: 16 });
     expect(loadCheckpoint(join(dir, 'plain')).placeholders).toBeNull();
     const config = join(dir, 'masked', 'config.json');
     writeFileSync(config, JSON.stringify({ ...JSON.parse(readFileSync(config, 'utf8')), prefab_placeholders: { kinds: ['phone'], keys: 'pin' } }));
