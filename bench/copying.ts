@@ -13,14 +13,14 @@ import { generateTask, generateWorld } from '../env/world.ts';
 import { useBackend } from '../train/backend.ts';
 import { loadCheckpoint } from '../train/checkpoint.ts';
 import { ModelPolicy } from '../train/policy.ts';
-import { TextTokenizer } from '../train/tokenizer.ts';
+import { openChat } from '../train/chat.ts';
 
 const cli = new Command().argument('<model>', 'a model folder (config.json, model.safetensors, tokenizer.json)').option('--tasks <n>', 'validation tasks', '12').option('--world-seed <n>', 'the world of the sample', '1').option('--free', 'calls as free text (default: decoded under the tools\' schemas, as eval does)').parse();
 const opts = cli.opts<{ tasks: string; worldSeed: string; free?: boolean }>();
 
 await useBackend('wasm');
 const checkpoint = loadCheckpoint(cli.args[0]!);
-const policy = new ModelPolicy('model', checkpoint.model, checkpoint.context, new TextTokenizer(checkpoint.tokenizer['tokenizer.json']!), checkpoint.placeholders, { maxTokens: 160, temperature: 0, topP: 1, tools: opts.free ? undefined : TOOLS }, seeded('copying'));
+const policy = new ModelPolicy('model', checkpoint.model, checkpoint.context, openChat(checkpoint.tokenizer, checkpoint.model.config.eosTokenId, cli.args[0]!), checkpoint.placeholders, { maxTokens: 160, temperature: 0, topP: 1, tools: opts.free ? undefined : TOOLS }, seeded('copying'));
 const world = generateWorld({ seed: Number(opts.worldSeed) });
 const right: Record<string, { right: number; turns: number }> = {};
 for (let i = 0; i < Number(opts.tasks); i++) {

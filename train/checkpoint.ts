@@ -6,10 +6,12 @@
 // prefab's own keys in config.json (transformers keeps unknown keys as attributes and ignores them):
 //   prefab_context       the sequence length the model was trained at (windows, pairs and prompts are cut to it)
 //   prefab_placeholders  how the model reads the values it copies (train/placeholders.ts); absent: as they are
+// A checkpoint of a LoRA run also has adapter/ (PEFT's layout) with the adapters it is training.
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
 import { readHfModel, writeModelFiles } from './hf.ts';
+import { loadAdapter, saveAdapter, type LoraConfig } from './lora.ts';
 import { Llama } from './model.ts';
 import type { AdamW } from './optimizer.ts';
 import { parsePlaceholders, type Placeholders } from './placeholders.ts';
@@ -33,7 +35,7 @@ const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json', 'special_tok
 export type TokenizerFiles = Record<string, string>;
 
 /** The tokenizer files of the folder `dir` (those of TOKENIZER_FILES it has); names the folder when it has no tokenizer.json. */
-function readTokenizerFiles(dir: string): TokenizerFiles {
+export function readTokenizerFiles(dir: string): TokenizerFiles {
   const files: TokenizerFiles = {};
   for (const name of TOKENIZER_FILES) if (existsSync(join(dir, name))) files[name] = readFileSync(join(dir, name), 'utf8');
   if (!files['tokenizer.json']) throw new Error(`${dir} has no tokenizer.json: prefab reads tokenizers in Hugging Face's tokenizer.json format`);
@@ -51,6 +53,8 @@ export interface CheckpointParts {
   placeholders?: Placeholders;
   optimizer?: AdamW;
   state?: TrainerState;
+  /** The model's adapters' settings, when it is training LoRA adapters: saved in adapter/. */
+  lora?: LoraConfig;
 }
 
 export function saveCheckpoint(dir: string, parts: CheckpointParts): void {
@@ -69,6 +73,7 @@ export function saveCheckpoint(dir: string, parts: CheckpointParts): void {
     writeSafetensors(join(tmp, 'optimizer.safetensors'), moments, { step: String(o.step) });
   }
   if (parts.state) writeFileSync(join(tmp, 'trainer_state.json'), `${JSON.stringify(parts.state, null, 2)}\n`);
+  if (parts.lora) saveAdapter(join(tmp, 'adapter'), parts.model, parts.lora, '..');
   rmSync(dir, { recursive: true, force: true });
   renameSync(tmp, dir);
 }
@@ -84,10 +89,11 @@ export interface LoadedCheckpoint {
   restoreOptimizer(optimizer: AdamW): boolean;
 }
 
-/** A model folder prefab wrote, or any Hugging Face folder of the Llama family with a tokenizer.json. */
+/** A model folder prefab wrote (with its adapters, when it has adapter/), or any Hugging Face folder of the Llama family with a tokenizer.json. */
 export function loadCheckpoint(dir: string): LoadedCheckpoint {
   const hf = readHfModel(dir);
   const model = new Llama(hf.config, hf.weights);
+  if (existsSync(join(dir, 'adapter'))) loadAdapter(join(dir, 'adapter'), model);
   const statePath = join(dir, 'trainer_state.json');
   const optimizerPath = join(dir, 'optimizer.safetensors');
   const context = hf.json.prefab_context;

@@ -3,10 +3,9 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { readParquetRows } from '../pipeline/parquet.ts';
 import type { Message } from '../core/records.ts';
-import { encodeConversations } from './chat-template.ts';
+import type { Chat } from './chat.ts';
 import type { Llama } from './model.ts';
 import { viewAll, type Placeholders } from './placeholders.ts';
-import type { TextTokenizer } from './tokenizer.ts';
 import { safePoint } from '../pipeline/interrupt.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { seeded } from '../core/random.ts';
@@ -35,9 +34,9 @@ export const fromParquet = (messages: Message[]): Message[] => messages.map((m) 
  * (`placeholders`). Windows with nothing to learn (a head longer than the context leaves no room for an
  * assistant token) are left out.
  */
-export async function sftSequences(tokenizer: TextTokenizer, conversations: Message[][], length: number, source: string, placeholders: Placeholders): Promise<Sequence[]> {
+export async function sftSequences(chat: Chat, conversations: Message[][], length: number, source: string, placeholders: Placeholders): Promise<Sequence[]> {
   const cs = viewAll(conversations.map(fromParquet), placeholders);
-  const encoded = await encodeConversations(tokenizer, cs);
+  const encoded = await chat.encode(cs);
   const windows = encoded.flatMap((e, i) => trainingWindows(e, cs[i]!, length));
   const useful = windows.filter((w) => w.mask.some((m) => m === 1));
   if (useful.length === 0 && windows.length > 0) {
@@ -56,21 +55,21 @@ export async function sftSequences(tokenizer: TextTokenizer, conversations: Mess
  * masked as one conversation (`placeholders`), so a value a completion makes up gets a placeholder of its
  * own, as when the model writes it; the prompt reads the same in all of them.
  */
-export async function completionSequences(tokenizer: TextTokenizer, prompt: Message[], completions: Message[][], length: number, placeholders: Placeholders): Promise<Sequence[] | { tooLong: string }> {
-  const cut = await promptCut(tokenizer, prompt, completions, length, placeholders);
+export async function completionSequences(chat: Chat, prompt: Message[], completions: Message[][], length: number, placeholders: Placeholders): Promise<Sequence[] | { tooLong: string }> {
+  const cut = await promptCut(chat, prompt, completions, length, placeholders);
   return cut.tooLong === undefined ? cut.sequences() : { tooLong: cut.tooLong };
 }
 
 /** The same sequences, a completion that does not fit cut at its end instead of left out (KTO's, as TRL truncates). */
-export async function truncatedSequences(tokenizer: TextTokenizer, prompt: Message[], completions: Message[][], length: number, placeholders: Placeholders): Promise<Sequence[]> {
-  return (await promptCut(tokenizer, prompt, completions, length, placeholders)).sequences();
+export async function truncatedSequences(chat: Chat, prompt: Message[], completions: Message[][], length: number, placeholders: Placeholders): Promise<Sequence[]> {
+  return (await promptCut(chat, prompt, completions, length, placeholders)).sequences();
 }
 
 /** Where the prompt is cut for all the completions, and the sequences from there; `tooLong` says why one does not fit. */
-async function promptCut(tokenizer: TextTokenizer, prompt: Message[], completions: Message[][], length: number, placeholders: Placeholders): Promise<{ sequences: () => Sequence[]; tooLong?: string }> {
+async function promptCut(chat: Chat, prompt: Message[], completions: Message[][], length: number, placeholders: Placeholders): Promise<{ sequences: () => Sequence[]; tooLong?: string }> {
   const p = fromParquet(prompt);
   const cs = viewAll(completions.map((c) => [...p, ...fromParquet(c)]), placeholders);
-  const encoded = await encodeConversations(tokenizer, cs);
+  const encoded = await chat.encode(cs);
   const head = Math.min(headLength(p), p.length);
   const starts = encoded.map((e, i) => startOf(e, head, cs[i]!.length, length));
   const longest = starts.indexOf(Math.max(...starts));

@@ -12,7 +12,7 @@ import { LOSSES, preferenceMetrics, sequenceLogps, type LossName, type PairwiseL
 import type { Llama } from './model.ts';
 import type { Placeholders } from './placeholders.ts';
 import { stepsFor, type StepBatch, type Trainer, type TrainingSettings } from './run.ts';
-import type { TextTokenizer } from './tokenizer.ts';
+import type { Chat } from './chat.ts';
 import { batchAt, microBatches, padBatch, type Sequence } from './windows.ts';
 
 /** A loss as a run uses it: its registry name, traits and β. */
@@ -82,10 +82,10 @@ function collectExamples(made: (Example | { tooLong: string })[]): Examples {
 }
 
 /** Pairs as [chosen, rejected] sequences sharing one cut of the prompt; a pair with a side that does not fit is left out. */
-export async function pairExamples(tokenizer: TextTokenizer, pairs: Pair[], length: number, placeholders: Placeholders): Promise<Examples> {
+export async function pairExamples(chat: Chat, pairs: Pair[], length: number, placeholders: Placeholders): Promise<Examples> {
   const made = await Promise.all(
     pairs.map(async (p) => {
-      const sequences = await completionSequences(tokenizer, p.prompt, [p.chosen, p.rejected], length, placeholders);
+      const sequences = await completionSequences(chat, p.prompt, [p.chosen, p.rejected], length, placeholders);
       return 'tooLong' in sequences ? sequences : { sequences };
     }),
   );

@@ -3,11 +3,11 @@
 // (messages, tools, tool calls, add_generation_prompt), and which characters and tokens the assistant wrote:
 // the template's {% generation %} blocks where it has them, else found by rendering prefixes of the
 // conversation. The project's own template (chat-template.ts) stays the default for from-scratch runs.
-import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Template } from '@huggingface/jinja';
 import { Tokenizer } from 'tokenizers';
 import type { Message } from '../core/records.ts';
+import type { Encoded } from './chat-template.ts';
 
 /** A tool as the OpenAI API and transformers' templates take it. */
 export interface ToolDefinition {
@@ -54,7 +54,7 @@ export class ChatTemplate {
    */
   constructor(
     readonly source: string,
-    private readonly specials: Record<string, string> = {},
+    readonly specials: Record<string, string> = {},
     readonly name = 'chat template',
   ) {
     this.template = new Template(source);
@@ -124,18 +124,17 @@ export class ChatTemplate {
   }
 }
 
-/** The chat template of a Hugging Face folder, with the special tokens its tokenizer_config.json names; null when it has none. */
-export function readChatTemplate(dir: string): ChatTemplate | null {
+/** The chat template of a Hugging Face folder's tokenizer files (file name → content), with the special tokens its tokenizer_config.json names; null when it has none. */
+export function readChatTemplate(files: Record<string, string>, dir: string): ChatTemplate | null {
   const configPath = join(dir, 'tokenizer_config.json');
-  const config = existsSync(configPath) ? (JSON.parse(readFileSync(configPath, 'utf8')) as Record<string, unknown>) : {};
+  const config = tokenizerConfig(files, dir);
   const specials: Record<string, string> = {};
   for (const key of ['bos_token', 'eos_token', 'pad_token', 'unk_token']) {
-    const v = config[key];
-    const text = typeof v === 'string' ? v : v && typeof v === 'object' && typeof (v as { content?: unknown }).content === 'string' ? (v as { content: string }).content : null;
+    const text = tokenText(config[key]);
     if (text !== null) specials[key] = text;
   }
-  const jinja = join(dir, 'chat_template.jinja');
-  if (existsSync(jinja)) return new ChatTemplate(readFileSync(jinja, 'utf8'), specials, jinja);
+  const jinja = files['chat_template.jinja'];
+  if (jinja !== undefined) return new ChatTemplate(jinja, specials, join(dir, 'chat_template.jinja'));
   const t = config.chat_template;
   if (typeof t === 'string') return new ChatTemplate(t, specials, `${configPath} chat_template`);
   if (Array.isArray(t)) {
@@ -145,25 +144,143 @@ export function readChatTemplate(dir: string): ChatTemplate | null {
   return null;
 }
 
+/** tokenizer_config.json's object ({} when the folder has none); names the file when it is not JSON. */
+function tokenizerConfig(files: Record<string, string>, dir: string): Record<string, unknown> {
+  const text = files['tokenizer_config.json'];
+  if (text === undefined) return {};
+  try {
+    return JSON.parse(text) as Record<string, unknown>;
+  } catch (error) {
+    throw new Error(`${join(dir, 'tokenizer_config.json')}: not JSON (${(error as Error).message})`);
+  }
+}
+
+/** A special token as tokenizer_config.json gives it: a string, or {content: ...}. */
+function tokenText(v: unknown): string | null {
+  if (typeof v === 'string') return v;
+  if (v && typeof v === 'object' && typeof (v as { content?: unknown }).content === 'string') return (v as { content: string }).content;
+  return null;
+}
+
+/** For each UTF-16 index of `text` (and its end), the character (code point) index: tokenizers count offsets in characters. */
+function codePoints(text: string): Int32Array {
+  const points = new Int32Array(text.length + 1);
+  for (let i = 0, p = 0; i <= text.length; i++) {
+    points[i] = p;
+    if (i < text.length) {
+      const c = text.charCodeAt(i);
+      if (c < 0xd800 || c > 0xdbff) p++; // a high surrogate and its low one make one character
+    }
+  }
+  return points;
+}
+
 /**
  * Token ids of a rendered conversation and its assistant mask (1 on every token that lies within a span the
  * assistant wrote), through a Hugging Face tokenizer.json. Added tokens in the text (<|im_start|>, ...) are
  * matched as the tokenizer defines them.
  */
 export async function maskedTokens(tokenizerJson: string, rendered: { text: string; spans: [number, number][] }): Promise<{ ids: number[]; mask: number[] }> {
-  const tokenizer = Tokenizer.fromString(tokenizerJson);
-  const encoding = await tokenizer.encode(rendered.text, null, { addSpecialTokens: false });
+  const { ids, mask } = await tokenize(Tokenizer.fromString(tokenizerJson), rendered.text, rendered.spans, []);
+  return { ids, mask };
+}
+
+/** `text` as ids, with the mask of `spans` and the token index at which each of `marks` (UTF-16 offsets, ascending) falls. */
+async function tokenize(tokenizer: Tokenizer, text: string, spans: [number, number][], marks: number[]): Promise<{ ids: number[]; mask: number[]; at: number[] }> {
+  const encoding = await tokenizer.encode(text, null, { addSpecialTokens: false });
   const offsets = encoding.getOffsets();
-  // The tokenizer counts offsets in characters (code points); the spans count JavaScript's UTF-16 units.
-  const points = new Int32Array(rendered.text.length + 1);
-  for (let i = 0, p = 0; i <= rendered.text.length; i++) {
-    points[i] = p;
-    if (i < rendered.text.length) {
-      const c = rendered.text.charCodeAt(i);
-      if (c < 0xd800 || c > 0xdbff) p++; // a high surrogate and its low one make one character
-    }
+  const points = codePoints(text);
+  const inChars = spans.map(([s, e]) => [points[s]!, points[e]!] as const);
+  const inSpan = (start: number, end: number) => inChars.some(([s, e]) => start >= s && end <= e && end > start);
+  // A mark falls at the first token that starts at or after it: a token across a boundary stays with what it began in.
+  const at = marks.map((m) => {
+    const c = points[m]!;
+    const i = offsets.findIndex(([s]) => s! >= c);
+    return i < 0 ? offsets.length : i;
+  });
+  return { ids: encoding.getIds(), mask: offsets.map(([s, e]) => (inSpan(s!, e!) ? 1 : 0)), at };
+}
+
+/**
+ * A Hugging Face folder's tokenizer and chat template (train/chat.ts's Chat): conversations rendered by the
+ * template and tokenized with the assistant's spans masked in; where each message starts found by rendering
+ * the messages before it; a reply's tool calls read in the forms templates write them: <tool_call>{...}
+ * </tool_call> blocks (Qwen2.5, Hermes, SmolLM2; an object or a list) or a reply that is one JSON call
+ * (Llama 3.1), with "arguments" or "parameters".
+ */
+export class HfChat {
+  readonly name: string;
+  readonly vocabSize: number;
+  readonly pad: number;
+  readonly stop: number[];
+  private readonly tokenizer: Tokenizer;
+
+  constructor(
+    tokenizerJson: string,
+    private readonly template: ChatTemplate,
+    eos: number | number[] | null,
+  ) {
+    this.name = template.name;
+    this.tokenizer = Tokenizer.fromString(tokenizerJson);
+    this.vocabSize = this.tokenizer.getVocabSize(true);
+    const id = (key: string) => {
+      const text = template.specials[key];
+      return text === undefined ? null : this.tokenizer.tokenToId(text);
+    };
+    this.stop = [...new Set([...(eos === null ? [] : [eos].flat()), ...[id('eos_token')].filter((x): x is number => x !== null)])];
+    if (this.stop.length === 0) throw new Error(`${template.name}: no end-of-turn token: neither config.json's eos_token_id nor tokenizer_config.json's eos_token`);
+    this.pad = id('pad_token') ?? this.stop[0]!;
   }
-  const spans = rendered.spans.map(([s, e]) => [points[s]!, points[e]!] as const);
-  const inSpan = (start: number, end: number) => spans.some(([s, e]) => start >= s && end <= e && end > start);
-  return { ids: encoding.getIds(), mask: offsets.map(([s, e]) => (inSpan(s!, e!) ? 1 : 0)) };
+
+  async encode(conversations: Message[][], openAssistant = false): Promise<Encoded[]> {
+    return Promise.all(
+      conversations.map(async (messages) => {
+        const { text, spans } = this.template.assistantSpans(messages);
+        // Where each message begins: the length of the messages before it, rendered (0 for the first).
+        const begins = messages.map((_, i) => (i === 0 ? 0 : this.template.render(messages.slice(0, i)).length));
+        begins.forEach((b, i) => {
+          if (i > 0 && !text.startsWith(this.template.render(messages.slice(0, i)))) throw new Error(`${this.template.name}: the conversation rendered up to message ${i + 1} is not a prefix of it rendered whole, so it cannot be cut between messages`);
+          if (b < begins[i - 1]!) throw new Error(`${this.template.name}: message ${i + 1} renders before message ${i}`);
+        });
+        const full = openAssistant ? this.template.render(messages, { addGenerationPrompt: true }) : text;
+        if (!full.startsWith(text)) throw new Error(`${this.template.name}: the generation prompt does not extend the rendered conversation`);
+        const { ids, mask, at } = await tokenize(this.tokenizer, full, spans, [...begins, text.length]);
+        return { ids, mask, starts: at };
+      }),
+    );
+  }
+
+  async parseAssistant(ids: number[], firstCallId: number): Promise<Message> {
+    const end = ids.findIndex((id) => this.stop.includes(id));
+    const text = await this.tokenizer.decode(end >= 0 ? ids.slice(0, end) : ids, true);
+    const calls: { name: string; arguments: unknown }[] = [];
+    const asCall = (v: unknown) => {
+      if (!v || typeof v !== 'object' || typeof (v as { name?: unknown }).name !== 'string') return false;
+      const o = v as { name: string; arguments?: unknown; parameters?: unknown };
+      calls.push({ name: o.name, arguments: o.arguments ?? o.parameters ?? {} });
+      return true;
+    };
+    const parsed = (s: string): unknown => {
+      try {
+        return JSON.parse(s);
+      } catch {
+        return undefined;
+      }
+    };
+    let content = text.replace(/<tool_call>([\s\S]*?)(?:<\/tool_call>|$)/g, (block, body: string) => {
+      const v = parsed(body.trim());
+      return (Array.isArray(v) ? v.every(asCall) && v.length > 0 : asCall(v)) ? '' : block;
+    });
+    if (calls.length === 0 && asCall(parsed(content.trim()))) content = '';
+    const message: Message = { role: 'assistant', content: content.trim() ? content.trim() : null };
+    if (calls.length) {
+      message.tool_calls = calls.map((c, i) => ({ id: `call_${firstCallId + i}`, type: 'function' as const, function: { name: c.name, arguments: typeof c.arguments === 'string' ? c.arguments : JSON.stringify(c.arguments) } }));
+    }
+    return message;
+  }
+
+  /** Constrained tool calls are written for prefab's template only: a Hugging Face template's calls are free text. */
+  async toolConstraint(): Promise<null> {
+    return null;
+  }
 }

@@ -89,6 +89,14 @@ function weightFiles(dir: string): string[] {
   throw new Error(`${dir}: no model.safetensors or model.safetensors.index.json (prefab reads safetensors weights, not PyTorch .bin files)`);
 }
 
+/** The files a model folder's model and tokenizer are read from (what a stage that starts from it depends on). */
+export function modelFiles(dir: string): string[] {
+  if (!existsSync(join(dir, 'config.json'))) throw new Error(`${dir} is not a model folder: it has no config.json`);
+  const tokenizer = ['tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja'].map((f) => join(dir, f)).filter((f) => existsSync(f));
+  const index = join(dir, 'model.safetensors.index.json');
+  return [join(dir, 'config.json'), ...(existsSync(index) ? [index] : []), ...weightFiles(dir), ...tokenizer];
+}
+
 export interface HfModel {
   config: LlamaConfig;
   /** config.json as it is written, for the keys beyond the architecture's (prefab_placeholders, ...). */

@@ -10,18 +10,18 @@ import { LOSSES } from './losses/index.ts';
 import type { Llama } from './model.ts';
 import type { Placeholders } from './placeholders.ts';
 import { stepsFor, type Trainer } from './run.ts';
-import type { TextTokenizer } from './tokenizer.ts';
+import type { Chat } from './chat.ts';
 
 /**
  * KTO rows; beside each, the next row's completion after this row's prompt: the mismatched pair of the KL
  * estimate. A completion is a whole episode after the request, often longer than the context: one that does
  * not fit is cut at its end (its label is the episode's), as TRL truncates.
  */
-export async function ktoExamples(tokenizer: TextTokenizer, rows: KtoRow[], length: number, placeholders: Placeholders): Promise<Examples> {
+export async function ktoExamples(chat: Chat, rows: KtoRow[], length: number, placeholders: Placeholders): Promise<Examples> {
   const examples = await Promise.all(
     rows.map(async (r, i) => {
-      const [own] = await truncatedSequences(tokenizer, r.prompt, [r.completion], length, placeholders);
-      const [other] = await truncatedSequences(tokenizer, r.prompt, [rows[(i + 1) % rows.length]!.completion], length, placeholders);
+      const [own] = await truncatedSequences(chat, r.prompt, [r.completion], length, placeholders);
+      const [other] = await truncatedSequences(chat, r.prompt, [rows[(i + 1) % rows.length]!.completion], length, placeholders);
       return { sequences: [own!, other!], label: r.label };
     }),
   );

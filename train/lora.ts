@@ -6,6 +6,7 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
+import { z } from 'zod';
 import { seeded } from '../core/random.ts';
 import type { Llama } from './model.ts';
 import { readSafetensors, writeSafetensors } from './safetensors.ts';
@@ -21,11 +22,26 @@ export interface LoraConfig {
   targetModules: string[];
 }
 
-const PROJECTIONS = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'];
+const PROJECTIONS = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as const;
+
+/** A training stage's `lora` section: null trains every weight; a section trains adapters only. */
+export const loraSettings = z
+  .strictObject({
+    r: z.number().int().min(1).default(8).describe("The adapters' rank."),
+    alpha: z.number().positive().default(16).describe('The update is scaled by alpha / r.'),
+    dropout: z.number().min(0).lt(1).default(0.05).describe("Dropout on an adapter's input while training (seeded by the run's seed and step)."),
+    target_modules: z.array(z.enum(PROJECTIONS)).min(1).default(['q_proj', 'k_proj', 'v_proj', 'o_proj']).describe('Projections that get adapters: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.'),
+  })
+  .nullable()
+  .default(null)
+  .describe("LoRA: train low-rank adapters on these projections instead of every weight (PEFT's format: the stage writes adapter/ beside the merged model/). null: full fine-tuning.");
+
+/** The settings a `lora` section gives, as attachLora takes them. */
+export const loraOf = (s: NonNullable<z.infer<typeof loraSettings>>): LoraConfig => ({ r: s.r, alpha: s.alpha, dropout: s.dropout, targetModules: s.target_modules });
 
 /** The modules of `model` that `targets` names, e.g. model.layers.0.self_attn.q_proj. */
 function targetModules(model: Llama, targets: string[]): string[] {
-  const unknown = targets.filter((t) => !PROJECTIONS.includes(t));
+  const unknown = targets.filter((t) => !(PROJECTIONS as readonly string[]).includes(t));
   if (unknown.length) throw new Error(`lora target_modules: ${unknown.join(', ')} is not a projection of the Llama family (${PROJECTIONS.join(', ')})`);
   return [...model.params.keys()].filter((name) => name.endsWith('.weight') && targets.some((t) => name.endsWith(`.${t}.weight`))).map((name) => name.slice(0, -'.weight'.length));
 }
@@ -46,6 +62,7 @@ export function attachLora(model: Llama, cfg: LoraConfig, seed: string): void {
       b: tf.variable(tf.zeros([out, cfg.r]), true),
       scale: cfg.alpha / cfg.r,
       dropout: cfg.dropout,
+      index: model.adapters.size,
     });
   }
   if (!model.adapters.size) throw new Error(`lora target_modules ${cfg.targetModules.join(', ')} matched no projection`);
@@ -105,7 +122,7 @@ export function loadAdapter(dir: string, model: Llama): LoraConfig {
     if (!a || !b) throw new Error(`${dir}: no lora_A/lora_B weights for ${module}`);
     const [out, inner] = model.params.get(`${module}.weight`)!.shape as [number, number];
     if (a.shape.join() !== [cfg.r, inner].join() || b.shape.join() !== [out, cfg.r].join()) throw new Error(`${dir}: ${module}'s lora_A is [${a.shape}] and lora_B [${b.shape}]; expected [${cfg.r},${inner}] and [${out},${cfg.r}]`);
-    model.adapters.set(module, { a: tf.variable(tf.tensor2d(a.data, a.shape as [number, number]), true), b: tf.variable(tf.tensor2d(b.data, b.shape as [number, number]), true), scale: cfg.alpha / cfg.r, dropout: cfg.dropout });
+    model.adapters.set(module, { a: tf.variable(tf.tensor2d(a.data, a.shape as [number, number]), true), b: tf.variable(tf.tensor2d(b.data, b.shape as [number, number]), true), scale: cfg.alpha / cfg.r, dropout: cfg.dropout, index: model.adapters.size });
   }
   return cfg;
 }

@@ -159,17 +159,20 @@ export class Llama extends ModelWeights {
    * LoRA adapters by module (`model.layers.0.self_attn.q_proj`), when some are attached (train/lora.ts): each
    * adds (α/r)·(x·Aᵀ)·Bᵀ to its projection while `adaptersOn` is true.
    */
-  adapters = new Map<string, { a: tf.Variable; b: tf.Variable; scale: number; dropout: number }>();
+  adapters = new Map<string, { a: tf.Variable; b: tf.Variable; scale: number; dropout: number; /** Its place among the adapters. */ index: number }>();
   adaptersOn = true;
-  /** Set by a trainer while it trains: adapters' dropout applies then only. */
-  training = false;
+  /**
+   * Set by a trainer while it trains (from the run's seed and step): adapters' dropout applies then only, its
+   * masks drawn from this seed and the module, so a resumed run drops what the uninterrupted one did.
+   */
+  dropoutSeed: number | null = null;
 
   /** The projection `module` (its weight stored (out, in)) of rows x, with its bias and adapter if any. (N, in) → (N, out) */
   linear(x: tf.Tensor2D, module: string, bias?: tf.Tensor): tf.Tensor2D {
     const y = project(x, this.p(`${module}.weight`), bias);
     const adapter = this.adaptersOn ? this.adapters.get(module) : undefined;
     if (!adapter) return y;
-    const input = this.training && adapter.dropout > 0 ? (tf.dropout(x, adapter.dropout) as tf.Tensor2D) : x;
+    const input = this.dropoutSeed !== null && adapter.dropout > 0 ? (tf.dropout(x, adapter.dropout, undefined, this.dropoutSeed + adapter.index) as tf.Tensor2D) : x;
     const low = linear(input, tf.transpose(adapter.a as tf.Tensor as tf.Tensor2D)); // (N, r)
     return tf.add(y, tf.mul(linear(low, tf.transpose(adapter.b as tf.Tensor as tf.Tensor2D)), adapter.scale)) as tf.Tensor2D;
   }

@@ -6,11 +6,10 @@
 import { safePoint } from '../pipeline/interrupt.ts';
 import type { Random } from '../core/random.ts';
 import type { Message, Policy } from '../core/records.ts';
-import { encodeConversations, parseAssistant } from './chat-template.ts';
-import { ToolCallConstraint, type ToolSchema } from './constrain.ts';
+import type { Chat } from './chat.ts';
+import type { ToolCallConstraint, ToolSchema } from './constrain.ts';
 import { KVCache, type Llama } from './model.ts';
 import { modelView, type Placeholders } from './placeholders.ts';
-import type { TextTokenizer } from './tokenizer.ts';
 import { headLength, recentWindow } from './windows.ts';
 
 export interface SamplingOptions {
@@ -27,7 +26,7 @@ export interface SamplingOptions {
 export class ModelPolicy implements Policy {
   private readonly cache: KVCache;
   private calls = 0;
-  private constraint: ToolCallConstraint | undefined;
+  private constraint: Promise<ToolCallConstraint | null> | undefined;
   /** Tokens read and written, for throughput figures. */
   generated = 0;
 
@@ -36,7 +35,7 @@ export class ModelPolicy implements Policy {
     model: Llama,
     /** The sequence length it was trained at: prompts are cut to leave room for a reply within it. */
     private readonly context: number,
-    private readonly tokenizer: TextTokenizer,
+    private readonly chat: Chat,
     /** How the model was trained to read values (the checkpoint's `placeholders`). */
     private readonly placeholders: Placeholders,
     private readonly sampling: SamplingOptions,
@@ -49,17 +48,14 @@ export class ModelPolicy implements Policy {
   async respond(conversation: Message[]): Promise<Message> {
     if (this.sampling.signal) await safePoint(this.sampling.signal, () => `${this.name} in the simulator: stopped after ${this.generated} generated tokens; the next run evaluates again`);
     const { messages, restore } = modelView(conversation, this.placeholders);
-    const [encoded] = await encodeConversations(this.tokenizer, [messages], true);
+    const [encoded] = await this.chat.encode([messages], true);
     const room = this.context - this.sampling.maxTokens;
     const prompt = recentWindow(encoded!, headLength(messages), messages.length, room).ids;
-    const end = this.tokenizer.special['<|end|>'];
-    if (this.sampling.tools && !this.constraint) {
-      const texts = await Promise.all(Array.from({ length: this.tokenizer.vocabSize }, (_, id) => this.tokenizer.decode([id])));
-      this.constraint = new ToolCallConstraint(this.sampling.tools, texts, this.tokenizer.special);
-    }
-    const ids = this.cache.generate(prompt, { ...this.sampling, stop: [end], random: this.random, constraint: this.constraint });
+    if (this.sampling.tools) this.constraint ??= this.chat.toolConstraint(this.sampling.tools);
+    const constraint = (await this.constraint) ?? undefined;
+    const ids = this.cache.generate(prompt, { ...this.sampling, stop: this.chat.stop, random: this.random, constraint });
     this.generated += ids.length;
-    const reply = restore(await parseAssistant(this.tokenizer, ids, this.calls + 1));
+    const reply = restore(await this.chat.parseAssistant(ids, this.calls + 1));
     this.calls += reply.tool_calls?.length ?? 0;
     return reply;
   }

@@ -9,7 +9,8 @@ import { z } from 'zod';
 import { Interrupted, interrupted } from '../pipeline/interrupt.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { loadCheckpoint, saveCheckpoint, type TokenizerFiles } from './checkpoint.ts';
-import { trainableParameters } from './lora.ts';
+import { mergeLora, saveAdapter, trainableParameters, type LoraConfig } from './lora.ts';
+import { hashJson } from '../pipeline/hash.ts';
 import type { Llama } from './model.ts';
 import type { Placeholders } from './placeholders.ts';
 import { ADAMW_DEFAULTS, AdamW, learningRate } from './optimizer.ts';
@@ -81,6 +82,10 @@ export interface RunSettings {
   context: number;
   /** The masking its data was read with, saved with every checkpoint. */
   placeholders: Placeholders;
+  /** LoRA's settings when the trainer's model has adapters (only they are trained); absent: every weight is. */
+  lora?: LoraConfig;
+  /** The model the adapters sit on, as adapter_config.json's base_model_name_or_path names it. */
+  base?: string;
   /** The stage's signal: aborted, the run stops at the next step boundary. */
   signal: AbortSignal;
   log: Logger;
@@ -93,8 +98,9 @@ export interface RunResult {
   resumedFrom: number;
   /**
    * Writes the finished run into the stage's folder: the model in Hugging Face's layout (`model/`, without the
-   * optimiser; `info` goes into its trainer_state.json) and every step's metrics. Frees the model; returns the
-   * means of the last steps' metrics.
+   * optimiser; `info` goes into its trainer_state.json; a LoRA run's adapters merged into it, and saved as
+   * they are in `adapter/`, PEFT's layout) and every step's metrics. Frees the model; returns the means of
+   * the last steps' metrics.
    */
   save(out: string, info: Record<string, unknown>): Promise<MetricsRow>;
 }
@@ -134,7 +140,7 @@ function readMetrics(path: string, upTo: number): MetricsRow[] {
  */
 export async function trainingRun(settings: RunSettings, trainer: Trainer): Promise<RunResult> {
   const dir = runFolder(settings.cache, settings.key);
-  const run = { ...trainer, dir, seed: settings.config.seed, log: settings.log, files: { tokenizer: settings.tokenizer, context: settings.context, placeholders: settings.placeholders } };
+  const run = { ...trainer, dir, seed: settings.config.seed, log: settings.log, files: { tokenizer: settings.tokenizer, context: settings.context, placeholders: settings.placeholders, lora: settings.lora } };
   const metricsPath = join(run.dir, 'metrics.jsonl');
   const last = latestCheckpoint(run.dir);
   let model: Llama;
@@ -174,7 +180,10 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
     const started = performance.now();
     const batch = await run.batch(step, model);
     const lr = learningRate(step, schedule);
+    // Adapters' dropout, drawn anew each step and the same on a resumed run.
+    model.dropoutSeed = settings.lora ? parseInt(hashJson({ seed: run.seed, step }).slice(0, 8), 16) : null;
     const result = optimizerStep({ params: trainableParameters(model) }, optimizer, batch.parts, lr, s.max_grad_norm);
+    model.dropoutSeed = null;
     const seconds = (performance.now() - started) / 1000;
     const row: MetricsRow = { step: step + 1, loss: result.loss, ...result.metrics, grad_norm: result.gradNorm, learning_rate: lr, 'tokens/s': Math.round(batch.tokens / seconds) };
     if (!Number.isFinite(result.loss)) throw new Error(`${run.label}: the loss is ${result.loss} at step ${step + 1}; lower lr (now ${s.lr}) or max_grad_norm`);
@@ -190,7 +199,11 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
     metrics,
     resumedFrom: done,
     async save(out, info) {
-      saveCheckpoint(join(out, 'model'), { model, ...run.files, state: { step: run.steps, totalSteps: run.steps, seed: run.seed, info } });
+      if (settings.lora) {
+        saveAdapter(join(out, 'adapter'), model, settings.lora, settings.base ?? '../model');
+        mergeLora(model);
+      }
+      saveCheckpoint(join(out, 'model'), { model, ...run.files, lora: undefined, state: { step: run.steps, totalSteps: run.steps, seed: run.seed, info } });
       await copyFile(metricsPath, join(out, 'metrics.jsonl'));
       model.dispose();
       return finalMetrics(metrics);

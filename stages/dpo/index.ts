@@ -7,13 +7,14 @@ import { hashJson } from '../../pipeline/hash.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import type { KtoRow, Pair } from '../../core/records.ts';
 import { stageBackend } from '../../train/backend.ts';
+import { openChat } from '../../train/chat.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
+import { attachLora, loraOf, loraSettings } from '../../train/lora.ts';
 import { readParquet, subset } from '../../train/data.ts';
 import { dpoTrainer, lossOf, pairExamples, referenceScores, type PreferenceTraining } from '../../train/dpo.ts';
 import { ktoExamples, ktoTrainer } from '../../train/kto.ts';
 import { LOSS_NAMES } from '../../train/losses/index.ts';
 import { trainingConfig, trainingRun } from '../../train/run.ts';
-import { TextTokenizer } from '../../train/tokenizer.ts';
 
 const config = z.strictObject({
   loss: z.enum(LOSS_NAMES).default('dpo').describe("dpo is DPO's sigmoid loss; robust and hinge are its variants; simpo and orpo need no reference; kto trains on the KTO rows."),
@@ -25,13 +26,14 @@ const config = z.strictObject({
   // batch_size counts pairs (KTO: rows).
   ...trainingConfig(1e-4),
   max_examples: z.number().int().min(1).nullable().default(null).describe('Train on at most this many pairs or rows (null: all), drawn by a seeded shuffle.'),
+  lora: loraSettings,
   max_length: z.number().int().min(16).nullable().default(null).describe("Tokens of prompt and completion together (null: the model's context), as TRL's max_length: the prompt keeps its head and as many latest messages as leave room for the longer side; a pair that still does not fit is left out."),
 });
 
 export const dpo = defineStage({
   name: 'dpo',
   description: 'preference optimisation (DPO, IPO, SimPO, ORPO, KTO) of the SFT model on the exported pairs',
-  version: 3,
+  version: 4,
   inputs: ['sft', 'export'],
   outputs: ['model', 'metrics.jsonl'],
   config,
@@ -39,16 +41,16 @@ export const dpo = defineStage({
   async run({ config: cfg, out, input, cache, key, lineage, log, options, signal }) {
     const backend = await stageBackend(options, log);
     const sft = loadCheckpoint(join(input('sft'), 'model'));
-    const tokenizer = new TextTokenizer(sft.tokenizer['tokenizer.json']!);
+    const chat = openChat(sft.tokenizer, sft.model.config.eosTokenId, join(input('sft'), 'model'));
     const length = Math.min(sft.context, cfg.max_length ?? Infinity) + 1;
-    const pad = tokenizer.special['<|pad|>'];
+    const pad = chat.pad;
     const loss = lossOf(cfg.loss, cfg.beta);
     const kto = loss.name === 'kto';
     const path = join(input('export'), kto ? 'kto' : 'pairs', 'train.parquet');
     const used = subset(await readParquet<Pair & KtoRow>(path), cfg.max_examples, cfg.seed);
     if (used.length === 0) throw new Error(`${path} has no rows: nothing to train ${cfg.loss} on`);
     if (kto && !used.some((r) => r.label)) throw new Error(`${path}: no desirable rows (label true); KTO needs both kinds`);
-    const made = kto ? await ktoExamples(tokenizer, used, length, sft.placeholders) : await pairExamples(tokenizer, used, length, sft.placeholders);
+    const made = kto ? await ktoExamples(chat, used, length, sft.placeholders) : await pairExamples(chat, used, length, sft.placeholders);
     const examples = made.examples;
     for (const d of made.dropped.slice(0, 5)) log.warn('left out: does not fit', { pair_id: used[d.row]!.pair_id ?? null, session_id: used[d.row]!.session_id ?? null, reason: d.reason });
     if (made.dropped.length) log.warn(`${made.dropped.length} of ${used.length} ${kto ? 'rows' : 'pairs'} left out: a side does not fit in ${length - 1} tokens (raise dpo.max_length or sft.model.context)`);
@@ -57,12 +59,18 @@ export const dpo = defineStage({
     // The rows used depend on the seed and max_examples; the cut on the length.
     const referenceKey = hashJson({ fingerprints, kto, seed: cfg.seed, max_examples: cfg.max_examples, rows: made.rows, length, version: 2 });
     const reference = loss.reference ? await referenceScores(sft.model, examples, pad, cfg.micro_batch_tokens, join(cache, `reference-${referenceKey.slice(0, 16)}.json`), signal, log) : null;
-    const start = () => loadCheckpoint(join(input('sft'), 'model')).model;
+    // With LoRA the model trained is the SFT model itself with adapters on it: the reference is its base, with no second copy of the weights.
+    const lora = cfg.lora ? loraOf(cfg.lora) : undefined;
+    const start = () => {
+      const model = lora ? sft.model : loadCheckpoint(join(input('sft'), 'model')).model;
+      if (lora) attachLora(model, lora, cfg.seed);
+      return model;
+    };
     const trainer = kto ? ktoTrainer(examples, reference!, loss, cfg, pad, start) : dpoTrainer(examples, reference, loss, cfg, pad, start);
     log.info('training', { loss: loss.name, beta: loss.beta, examples: examples.length, steps: trainer.steps, backend: backend.name });
 
-    const result = await trainingRun({ config: cfg, cache, key, tokenizer: sft.tokenizer, context: sft.context, placeholders: sft.placeholders, signal, log }, trainer);
-    sft.model.dispose();
+    const result = await trainingRun({ config: cfg, cache, key, tokenizer: sft.tokenizer, context: sft.context, placeholders: sft.placeholders, lora, base: '../../sft/model', signal, log }, trainer);
+    if (result.model !== sft.model) sft.model.dispose();
     const last = await result.save(out, { stage: 'dpo', loss: loss.name, beta: loss.beta, max_length: length - 1 } satisfies PreferenceTraining);
     const accuracy = last['rewards/accuracies'];
     return {

@@ -12,13 +12,13 @@ import { validationFigures } from '../../env/evaluate.ts';
 import { DEFAULT_WORLD } from '../../env/world.ts';
 import type { Message, Pair } from '../../core/records.ts';
 import { stageBackend } from '../../train/backend.ts';
+import { openChat, type Chat } from '../../train/chat.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
 import { heldOutPairFigures, pairExamples, pairWins, readPreferenceTraining, shorterChosen } from '../../train/dpo.ts';
 import { readParquet, scoreSequences, sftSequences, subset, type Scores } from '../../train/data.ts';
 import { Llama } from '../../train/model.ts';
 import type { Placeholders } from '../../train/placeholders.ts';
 import { ModelPolicy } from '../../train/policy.ts';
-import { TextTokenizer } from '../../train/tokenizer.ts';
 
 const config = z.strictObject({
   seed: z.string().default('prefab').describe("Which pairs and sessions the max_* draw, and the simulator's sampling."),
@@ -49,9 +49,9 @@ interface Model {
 }
 
 /** The model acting in the simulator on the validation tasks, each episode seeded by the model, task and try. */
-async function simulate(m: Model, tokenizer: TextTokenizer, context: number, placeholders: Placeholders, s: EvalConfig['simulator'], seed: string, signal: AbortSignal, log: Logger): Promise<ModelRow> {
+async function simulate(m: Model, chat: Chat, context: number, placeholders: Placeholders, s: EvalConfig['simulator'], seed: string, signal: AbortSignal, log: Logger): Promise<ModelRow> {
   if (s.tasks === 0) return {};
-  const policy = new ModelPolicy(m.name, m.model, context, tokenizer, placeholders, { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p, tools: s.constrained ? TOOLS : undefined, signal }, Math.random);
+  const policy = new ModelPolicy(m.name, m.model, context, chat, placeholders, { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p, tools: s.constrained ? TOOLS : undefined, signal }, Math.random);
   const progress = log.progress(`simulator: ${m.name}`, s.tasks * s.k);
   const started = performance.now();
   const options = { worldSeed: s.world_seed, companies: s.companies, tasks: s.tasks, k: s.k, maxTurns: s.max_turns };
@@ -116,12 +116,13 @@ export const evalStage = defineStage({
     const tuning = readPreferenceTraining(tuned.state?.info, join(input('dpo'), 'model'));
     const lossName = tuning.loss;
     const training = tuning.choice;
-    const tokenizer = new TextTokenizer(sft.tokenizer['tokenizer.json']!);
-    const pad = tokenizer.special['<|pad|>'];
+    const chat = openChat(sft.tokenizer, sft.model.config.eosTokenId, join(input('sft'), 'model'));
+    const pad = chat.pad;
     const length = sft.context + 1;
-    // The untrained model is the SFT run's starting point: same config, same seed.
+    // The untrained model is the SFT run's starting point: the pretrained folder it started from, or a new model of the same config and seed.
+    const from = sft.state?.info?.from;
     const models: Model[] = [
-      { name: 'untrained', model: Llama.create(sft.model.config, sft.state?.seed ?? 'prefab') },
+      { name: typeof from === 'string' ? 'base' : 'untrained', model: typeof from === 'string' ? loadCheckpoint(from).model : Llama.create(sft.model.config, sft.state?.seed ?? 'prefab') },
       { name: 'sft', model: sft.model },
       { name: lossName === 'sigmoid' ? 'dpo' : lossName, model: tuned.model },
     ];
@@ -130,13 +131,13 @@ export const evalStage = defineStage({
     // Pairs cut as the preference stage cut them for training.
     const pairLength = Math.min(length, tuning.max_length + 1);
     const heldOut = subset(pairs, cfg.max_pairs, cfg.seed);
-    const made = await pairExamples(tokenizer, heldOut, pairLength, sft.placeholders);
+    const made = await pairExamples(chat, heldOut, pairLength, sft.placeholders);
     const examples = made.examples;
     if (made.dropped.length) log.warn(`${made.dropped.length} of ${heldOut.length} held-out pairs left out: a side does not fit in ${pairLength - 1} tokens`);
     const types = made.rows.map((r) => pairType(heldOut[r]!));
     const wins: Record<string, number[]> = {};
     const sessions = await readParquet<{ messages: Message[] }>(join(input('export'), 'sft', 'test.parquet'));
-    const nllSequences = await sftSequences(tokenizer, subset(sessions, cfg.max_sessions, cfg.seed).map((s) => s.messages), length, join(input('export'), 'sft', 'test.parquet'), sft.placeholders);
+    const nllSequences = await sftSequences(chat, subset(sessions, cfg.max_sessions, cfg.seed).map((s) => s.messages), length, join(input('export'), 'sft', 'test.parquet'), sft.placeholders);
 
     const scores = async (m: Model): Promise<Scores[]> => {
       const sides: Scores[] = [];
@@ -156,7 +157,7 @@ export const evalStage = defineStage({
         const s = await scoreSequences(m.model, nllSequences, cfg.micro_batch_tokens, pad, signal, log, `held-out NLL: ${m.name}`);
         row.nll = -s.sum.reduce((a, b) => a + b, 0) / Math.max(1, s.count.reduce((a, b) => a + b, 0));
       }
-      Object.assign(row, await simulate(m, tokenizer, sft.context, sft.placeholders, cfg.simulator, cfg.seed, signal, log));
+      Object.assign(row, await simulate(m, chat, sft.context, sft.placeholders, cfg.simulator, cfg.seed, signal, log));
       rows[m.name] = row;
       log.info('evaluated', { model: m.name, ...row });
     }

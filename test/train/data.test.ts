@@ -5,7 +5,8 @@ import type { Message, Pair } from '../../core/records.ts';
 import { renderText } from '../../train/chat-template.ts';
 import { completionSequences } from '../../train/data.ts';
 import { pairExamples } from '../../train/dpo.ts';
-import { TextTokenizer, trainTokenizer } from '../../train/tokenizer.ts';
+import { prefabChat } from '../../train/chat.ts';
+import { trainTokenizer } from '../../train/tokenizer.ts';
 
 const system: Message = { role: 'system', content: 'You call companies for the user.' };
 const request: Message = { role: 'user', content: 'Please cancel my gym membership.' };
@@ -18,7 +19,7 @@ const prompt = [system, request, ...history];
 const short: Message[] = [{ role: 'assistant', content: 'Done.' }];
 const verbose: Message[] = [{ role: 'assistant', content: 'Certainly! I am so glad to help. '.repeat(12) + 'Done, as you asked, and thank you for your patience.' }];
 
-const tokenizer = new TextTokenizer(trainTokenizer([renderText([...prompt, ...short]), renderText([...prompt, ...verbose])], 300));
+const tokenizer = prefabChat(trainTokenizer([renderText([...prompt, ...short]), renderText([...prompt, ...verbose])], 300));
 const trained = (mask: number[]) => mask.reduce((n, m) => n + m, 0);
 
 describe('pair sequences', () => {

@@ -5,6 +5,8 @@ import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import type { Message } from '../../core/records.ts';
+import { Tokenizer } from 'tokenizers';
+import { openChat } from '../../train/chat.ts';
 import { ChatTemplate, maskedTokens, readChatTemplate, type ToolDefinition } from '../../train/hf-chat.ts';
 import { trainTokenizer } from '../../train/tokenizer.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
@@ -88,7 +90,7 @@ describe('a Hugging Face folder', () => {
     mkdirSync(dir);
     const source = readFileSync(join(TEMPLATES, 'qwen2.5-style.jinja'), 'utf8');
     writeFileSync(join(dir, 'tokenizer_config.json'), JSON.stringify({ chat_template: source, eos_token: { content: '<|im_end|>' }, bos_token: null }));
-    const t = readChatTemplate(dir)!;
+    const t = readChatTemplate({ 'tokenizer_config.json': readFileSync(join(dir, 'tokenizer_config.json'), 'utf8') }, dir)!;
     const r = t.assistantSpans(conversation, { tools });
     // A tokenizer whose added tokens are the template's markers, as a real model's tokenizer.json has them.
     const json = JSON.parse(trainTokenizer([r.text], 400));
@@ -101,7 +103,7 @@ describe('a Hugging Face folder', () => {
     const ends = ids.flatMap((id, i) => (id === imEnd ? [mask[i]] : []));
     expect(ends.filter((m) => m === 1)).toHaveLength(3);
     expect(ends.filter((m) => m === 0).length).toBeGreaterThanOrEqual(4);
-    expect(readChatTemplate(tempDir())).toBeNull();
+    expect(readChatTemplate({ 'tokenizer.json': '{}' }, tempDir())).toBeNull();
 
     // Characters outside the BMP (an emoji is two UTF-16 units, one character) before a turn move no mark.
     const emoji: Message[] = [{ role: 'user', content: 'Cancel it 😀😀 please' }, { role: 'assistant', content: 'Done 👍' }];
@@ -110,5 +112,50 @@ describe('a Hugging Face folder', () => {
     const decoded = (await import('tokenizers')).Tokenizer.fromString(JSON.stringify(json));
     const trainedText = await decoded.decode(em.ids.filter((_, i) => em.mask[i] === 1), false);
     expect(trainedText).toBe('Done 👍<|im_end|>\n');
+  });
+});
+
+describe('a Hugging Face chat (train/chat.ts over the folder’s files)', () => {
+  const source = readFileSync(join(TEMPLATES, 'qwen2.5-style.jinja'), 'utf8');
+  const json = JSON.parse(trainTokenizer(['You call companies for the user. Please cancel my gym membership.'], 300));
+  const next = Object.keys(json.model.vocab).length + json.added_tokens.length;
+  json.added_tokens.push(...['<|im_start|>', '<|im_end|>'].map((content, i) => ({ id: next + i, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true })));
+  const files = { 'tokenizer.json': JSON.stringify(json), 'tokenizer_config.json': JSON.stringify({ chat_template: source, eos_token: '<|im_end|>' }) };
+  const chat = openChat(files, null, 'folder');
+
+  it('encodes where each message starts, the assistant mask, and an open assistant turn to generate into', async () => {
+    const [e] = await chat.encode([conversation]);
+    const [open] = await chat.encode([conversation.slice(0, 2)], true);
+    expect(e!.starts).toHaveLength(conversation.length + 1);
+    expect(e!.starts.every((s, i) => i === 0 || s > e!.starts[i - 1]!)).toBe(true);
+    expect(e!.starts.at(-1)).toBe(e!.ids.length);
+    const tokenizer = Tokenizer.fromString(files['tokenizer.json']);
+    // Each message's tokens begin with its <|im_start|>; the assistant's are the ones masked in.
+    for (const [i, m] of conversation.entries()) {
+      expect(e!.ids[e!.starts[i]!]).toBe(next);
+      const trained = e!.mask.slice(e!.starts[i], e!.starts[i + 1]).some((x) => x === 1);
+      expect(trained, `message ${i + 1}`).toBe(m.role === 'assistant');
+    }
+    expect(await tokenizer.decode(open!.ids.slice(open!.starts.at(-1)), false)).toBe('<|im_start|>assistant\n');
+    expect(chat.stop).toEqual([next + 1]);
+  });
+
+  it('reads tool calls in the forms templates write them, and text as content', async () => {
+    const ids = async (text: string) => [...(await Tokenizer.fromString(files['tokenizer.json']).encode(text, null, { addSpecialTokens: false })).getIds(), next + 1, 5, 6];
+    const qwen = await chat.parseAssistant(await ids('Looking it up.\n<tool_call>\n{"name": "search_directory", "arguments": {"company": "Acme"}}\n</tool_call>'), 3);
+    expect(qwen).toEqual({ role: 'assistant', content: 'Looking it up.', tool_calls: [{ id: 'call_3', type: 'function', function: { name: 'search_directory', arguments: '{"company":"Acme"}' } }] });
+    const llama = await chat.parseAssistant(await ids('{"name": "finish", "parameters": {}}'), 1);
+    expect(llama.tool_calls?.[0]?.function).toEqual({ name: 'finish', arguments: '{}' });
+    expect(llama.content).toBeNull();
+    const list = await chat.parseAssistant(await ids('<tool_call>[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]</tool_call>'), 1);
+    expect(list.tool_calls?.map((c) => c.function.name)).toEqual(['a', 'b']);
+    const broken = await chat.parseAssistant(await ids('<tool_call>{"name": "a", "argu'), 1);
+    expect(broken).toEqual({ role: 'assistant', content: '<tool_call>{"name": "a", "argu' });
+    expect(await chat.toolConstraint([])).toBeNull();
+  });
+
+  it('needs a chat template, or prefab’s own special tokens', () => {
+    expect(() => openChat({ 'tokenizer.json': JSON.stringify({ ...json, added_tokens: [] }) }, null, 'bare')).toThrow(/bare has no chat template/);
+    expect(openChat({ 'tokenizer.json': trainTokenizer(['hello'], 300) }, null, 'prefab').name).toBe('prefab');
   });
 });
