@@ -121,6 +121,7 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     .addOption(new Option('-c, --config <file>', 'YAML config').default(DEFAULT_CONFIG))
     .addOption(new Option('--log-format <format>', 'log lines on stderr (default: text on a terminal, json otherwise)').choices(['text', 'json']))
     .option('-q, --quiet', 'only warnings and errors on stderr')
+    .option('--verbose', "a failed stage's stack trace in its error line")
     .showHelpAfterError()
     .exitOverride();
   const logger = () => {

@@ -239,7 +239,7 @@ export class Engine {
           continue;
         }
         const message = errorMessage(error);
-        log.error('failed', { error: message });
+        log.error('failed', { error: message, ...(this.options.verbose && error instanceof Error ? { stack: error.stack } : {}) });
         await this.recordAttempt(stage.name, { status: 'failed', at: new Date().toISOString(), error: message });
         outcomes.push({ stage: stage.name, action: 'failed', reasons: why, summary: '', counts: {}, seconds: 0, error: message });
       } finally {

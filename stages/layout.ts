@@ -18,6 +18,10 @@ export interface IngestedFile {
   untasked: number;
   quarantined: number;
   duplicates: number;
+  /** Records with bytes that are not UTF-8 (kept, the bytes read as U+FFFD). */
+  invalid_utf8?: number;
+  /** Why reading the file stopped before its end (what came before is kept), or null. */
+  damaged?: string | null;
   ingested_at: string;
 }
 

@@ -5,6 +5,7 @@ import { join } from 'node:path';
 import { z } from 'zod';
 import { hashJson } from '../../pipeline/hash.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
+import { PipelineError } from '../../pipeline/errors.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import { readIngestIndex, type IngestIndex, type IngestedFile } from '../layout.ts';
 import { SessionIdSet } from './id-set.ts';
@@ -34,6 +35,8 @@ const config = z.strictObject({
       roles: z.record(z.string(), roleSchema).default({}).describe("Role names mapped to OpenAI's, e.g. {human: user, gpt: assistant}; a role left unmapped must already be one of OpenAI's."),
     })
     .prefault({}).describe("How the messages of an input record are read into OpenAI's chat format."),
+  max_record_bytes: z.number().int().min(1024).default(16_000_000).describe('A record longer than this (its text, in bytes) is quarantined with its size instead of read.'),
+  max_quarantined: z.number().min(0).max(1).default(0.5).describe("The share of a run's new records that may be quarantined: above it the stage fails (exit 1) and says why, so a scheduler sees that the input went wrong instead of getting empty exports."),
   out_of_range_reward: z.enum(['reject', 'clamp']).default('reject').describe('What to do with a reward outside [0, 1]: reject quarantines the record, clamp moves the reward to the nearer bound.'),
 });
 
@@ -81,6 +84,7 @@ export const ingest = defineStage({
     const quarantine = new JsonlWriter(quarantinePath, 'a');
 
     const known = new Map(files.map((f) => [f.sha256, f]));
+    const reasons = new Map<string, number>();
     let added = 0;
     let quarantined = 0;
     let duplicates = 0;
@@ -92,7 +96,7 @@ export const ingest = defineStage({
         if (seen.name !== file.name) log.info('skipped a file with the same content as one already ingested', { file: file.name, same_as: seen.name });
         continue;
       }
-      const result = await ingestFile(file, { format: cfg.format, mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward } }, join(out, 'sessions'), files.length, ids, quarantine, log, signal);
+      const result = await ingestFile(file, { format: cfg.format, mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward }, maxRecordBytes: cfg.max_record_bytes }, join(out, 'sessions'), files.length, ids, quarantine, reasons, log, signal);
       files.push(result);
       known.set(file.sha256, result);
       added += result.sessions;
@@ -100,17 +104,28 @@ export const ingest = defineStage({
       duplicates += result.duplicates;
     }
     await quarantine.close();
+    // Duplicates are not counted: a file delivered twice is a normal night.
+    const read = added + quarantined;
+    if (read > 0 && quarantined / read > cfg.max_quarantined) {
+      const common = [...reasons].sort((a, b) => b[1] - a[1]).slice(0, 3).map(([r, n]) => `${n} × ${r}`).join('; ');
+      throw new PipelineError(`ingest: ${quarantined} of ${read} new records (${Math.round((100 * quarantined) / read)}%) were quarantined, more than ingest.max_quarantined (${cfg.max_quarantined}); the most common reasons: ${common}. Check ingest.mapping against the input, or raise ingest.max_quarantined`);
+    }
     await ids.save(join(out, 'ids.bin'));
     const index: IngestIndex = { reading_hash: readingHash, files };
     await writeJson(join(out, 'index.json'), index);
 
     const total = files.reduce((n, f) => n + f.sessions, 0);
     const newFiles = files.length - (reuse ? prior!.files.length : 0);
+    const fresh = files.slice(files.length - newFiles);
+    const damaged = fresh.filter((f) => f.damaged).length;
+    const invalidUtf8 = fresh.reduce((n, f) => n + (f.invalid_utf8 ?? 0), 0);
     return {
-      counts: { sessions: total, new_sessions: added, quarantined, duplicates, files: files.length, files_skipped: skipped },
+      counts: { sessions: total, new_sessions: added, quarantined, duplicates, files: files.length, files_skipped: skipped, files_damaged: damaged, invalid_utf8: invalidUtf8 },
       summary:
         `${added} new sessions from ${newFiles} file(s) (${skipped} already ingested), ` +
-        `${quarantined} quarantined, ${duplicates} duplicates dropped; ${total} sessions in all`,
+        `${quarantined} quarantined, ${duplicates} duplicates dropped; ${total} sessions in all` +
+        (damaged ? `; ${damaged} damaged file(s) read up to the damage (quarantine.jsonl says where)` : '') +
+        (invalidUtf8 ? `; ${invalidUtf8} record(s) with bytes that are not UTF-8` : ''),
     };
   },
 });

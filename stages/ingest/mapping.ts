@@ -85,6 +85,7 @@ function optionalString(value: unknown, field: string): string | null {
 function describe(value: unknown): string {
   if (value === null) return 'null';
   if (Array.isArray(value)) return 'an array';
+  if (typeof value === 'number' && !Number.isFinite(value)) return String(value); // NaN, Infinity: JSON would say null
   if (typeof value === 'string') return `the string ${JSON.stringify(value.length > 40 ? value.slice(0, 40) + '…' : value)}`;
   return `${typeof value} ${JSON.stringify(value)}`.slice(0, 60);
 }

@@ -33,7 +33,8 @@ describe('ingest', () => {
       { ...session('no-reward', 'B', 1), reward: undefined }, // 12
     ];
     writeFileSync(join(dir, 'logs.jsonl'), jsonl(lines));
-    const outcomes = await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\n').run(ingestOnly);
+    // Most of these lines are bad: allowed here (max_quarantined), so the stage quarantines them and goes on.
+    const outcomes = await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\n  max_quarantined: 1\n').run(ingestOnly);
     expect(outcomes[0]!.action).toBe('ran');
 
     expect((await ingested(dir)).map((s) => s.session_id)).toEqual(['ok-1', 'ok-2', 'ok-3']);
