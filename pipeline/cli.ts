@@ -9,7 +9,7 @@ import { Engine, configSchema, type Assessment, type StageOutcome } from './engi
 import { PipelineError, UsageError, errorMessage } from './errors.ts';
 import { Logger, type LogFormat } from './log.ts';
 import type { CommandFactory, Stage } from './stage.ts';
-import { Workspace, acquireLock } from './workspace.ts';
+import { Workspace, acquireLock, liveRun, type LockInfo } from './workspace.ts';
 
 const DEFAULT_CONFIG = 'configs/default.yaml';
 
@@ -52,9 +52,9 @@ function printOutcomes(outcomes: StageOutcome[], format: LogFormat, interrupted 
   }
 }
 
-function printStatus(rows: Assessment[], json: boolean): void {
+function printStatus(rows: Assessment[], live: LockInfo | null, json: boolean): void {
   if (json) {
-    const out = rows.map((a) => ({
+    const stages = rows.map((a) => ({
       stage: a.stage,
       state: a.state,
       reasons: a.reasons,
@@ -62,9 +62,10 @@ function printStatus(rows: Assessment[], json: boolean): void {
       finished_at: a.manifest?.finished_at ?? null,
       last_failure: a.lastFailure,
     }));
-    process.stdout.write(JSON.stringify(out, null, 2) + '\n');
+    process.stdout.write(JSON.stringify({ live_run: live, stages }, null, 2) + '\n');
     return;
   }
+  if (live) process.stdout.write(`a run is live: pid ${live.pid} on ${live.host} since ${live.started_at} (\`${live.command}\`); what it is running shows as stale or never run until it finishes\n`);
   for (const a of rows) {
     const detail = a.state === 'stale' ? `(${a.reasons.join('; ')})` : a.state === 'fresh' ? a.manifest!.summary : '';
     process.stdout.write(`${pad(a.stage, 8)} ${pad(a.state, 10)} ${detail}\n`);
@@ -159,10 +160,11 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     .command('status')
     .description('show every stage: fresh, stale (and why) or never run, with what it made')
     .option('--json', 'machine-readable output')
-    .action(async (opts: { json?: boolean }) => {
+    .option('--verify', "hash every output and compare it with its manifest (otherwise only outputs whose size or mtime changed are hashed)")
+    .action(async (opts: { json?: boolean; verify?: boolean }) => {
       const log = logger();
       const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
-      printStatus(await engine.status(), opts.json ?? false);
+      printStatus(await engine.status(opts.verify ?? false), liveRun(engine.ws), opts.json ?? false);
       setExit(0);
     });
 

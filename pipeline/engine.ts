@@ -15,6 +15,8 @@ interface OutputFile {
   path: string;
   bytes: number;
   sha256: string;
+  /** Modification time when written: a file whose size or mtime has changed since is hashed again. */
+  mtime_ms?: number;
 }
 
 export interface Manifest {
@@ -133,7 +135,11 @@ export class Engine {
     return this.ws.readJson<Manifest>(this.ws.manifestPath(stage));
   }
 
-  async assess(stage: Stage, external?: ExternalFile[]): Promise<Assessment> {
+  /**
+   * Fresh, stale (and why) or never run. An output whose size or mtime differs from what the manifest
+   * recorded is hashed again and is stale when its content changed; `verify` hashes every output.
+   */
+  async assess(stage: Stage, external?: ExternalFile[], verify = false): Promise<Assessment> {
     const manifest = await this.manifest(stage.name);
     const attempt = await this.ws.readJson<Attempt>(this.ws.attemptPath(stage.name));
     const lastFailure =
@@ -156,19 +162,25 @@ export class Engine {
     }
     for (const out of manifest.outputs) {
       const path = join(this.ws.stageDir(stage.name), out.path);
-      if (!existsSync(path) || statSync(path).size !== out.bytes) {
-        reasons.push(`output ${out.path} is missing or altered`);
+      const s = existsSync(path) ? statSync(path) : null;
+      if (!s || s.size !== out.bytes) {
+        reasons.push(`output ${out.path} is ${s ? 'altered (its size changed)' : 'missing'}`);
+        break;
+      }
+      if ((verify || Math.floor(s.mtimeMs) !== Math.floor(out.mtime_ms ?? -1)) && (await hashFile(path)) !== out.sha256) {
+        reasons.push(`output ${out.path} is altered (its content is not what the stage wrote)`);
         break;
       }
     }
     return { stage: stage.name, state: reasons.length ? 'stale' : 'fresh', reasons, manifest, lastFailure };
   }
 
-  async status(): Promise<Assessment[]> {
+  /** Every stage's assessment, in run order; `verify` hashes every output (`prefab status --verify`). */
+  async status(verify = false): Promise<Assessment[]> {
     const out: Assessment[] = [];
     const notFresh = new Set<string>();
     for (const stage of this.stages) {
-      const a = await this.assess(stage);
+      const a = await this.assess(stage, undefined, verify);
       for (const input of stage.inputs) {
         if (notFresh.has(input) && !a.reasons.some((r) => r.startsWith(`upstream ${input}`))) a.reasons.push(`upstream ${input} is not fresh`);
       }
@@ -289,7 +301,8 @@ export class Engine {
       inputs,
       external: external.map(({ name, sha256, bytes }) => ({ name, sha256, bytes })),
       outputs,
-      fingerprint: hashJson(outputs),
+      // The content alone: where and when the files were written does not change what downstream reads.
+      fingerprint: hashJson(outputs.map(({ path, bytes, sha256 }) => ({ path, bytes, sha256 }))),
       counts: report.counts,
       summary: report.summary,
       run_id: randomBytes(6).toString('hex'),
@@ -369,7 +382,7 @@ async function hashOutputs(dir: string, names: string[]): Promise<OutputFile[]> 
     if (s.isDirectory()) {
       for (const entry of (await readdir(path)).sort()) await walk(join(rel, entry));
     } else {
-      files.push({ path: rel, bytes: s.size, sha256: await hashFile(path) });
+      files.push({ path: rel, bytes: s.size, sha256: await hashFile(path), mtime_ms: s.mtimeMs });
     }
   };
   for (const name of names) await walk(name);

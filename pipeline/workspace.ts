@@ -91,7 +91,7 @@ export function writeFileAtomicNow(path: string, data: string): void {
   renameSync(tmp, path);
 }
 
-interface LockInfo {
+export interface LockInfo {
   pid: number;
   host: string;
   started_at: string;
@@ -117,6 +117,13 @@ function isAlive(info: LockInfo): boolean {
   }
   const start = processStart(info.pid);
   return !(info.pid_start && start && start !== info.pid_start);
+}
+
+/** The run holding the workspace now, when its process is alive (or on another host, where it cannot be checked). */
+export function liveRun(ws: Workspace): LockInfo | null {
+  const holder = readLock(ws.lockPath);
+  if (!holder) return null;
+  return holder.host !== hostname() || isAlive(holder) ? holder : null;
 }
 
 /**

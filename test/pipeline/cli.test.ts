@@ -4,11 +4,13 @@ import { describe, expect, it } from 'vitest';
 import { writeSyntheticSessions } from '../../bench/synthetic-sessions.ts';
 import { prefab, prefabAsync, REPO } from '../fixtures/cli.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
+import { quietLogger } from '../fixtures/toy-stages.ts';
+import { Workspace, acquireLock } from '../../pipeline/workspace.ts';
 
 const DEFAULT = join(REPO, 'configs', 'default.yaml');
 
 describe('prefab command line', () => {
-  it('runs the sample, then does nothing the second time and says so, leaving the exports untouched', () => {
+  it('runs the sample, then does nothing the second time and says so, leaving the exports untouched', async () => {
     const workdir = join(tempDir(), 'workspace');
     const first = prefab(['--workdir', workdir, '--config', DEFAULT, '--log-format', 'text', 'run', '--until', 'export']);
     expect(first.code, first.stderr).toBe(0);
@@ -24,7 +26,7 @@ describe('prefab command line', () => {
 
     const forced = prefab(['--workdir', workdir, '--config', DEFAULT, 'stage', 'pairs']);
     expect(forced.code).toBe(0);
-    const status = JSON.parse(prefab(['--workdir', workdir, '--config', DEFAULT, 'status', '--json']).stdout) as { stage: string; state: string; reasons: string[] }[];
+    const status = JSON.parse(prefab(['--workdir', workdir, '--config', DEFAULT, 'status', '--json']).stdout).stages as { stage: string; state: string; reasons: string[] }[];
     expect(status.map((s) => [s.stage, s.state])).toEqual([
       ['ingest', 'fresh'],
       ['split', 'fresh'],
@@ -38,6 +40,13 @@ describe('prefab command line', () => {
       ['dpo', 'never run'],
       ['eval', 'never run'],
     ]);
+    // While a run holds the workspace, status says so: its pid and since when.
+    const release = await acquireLock(new Workspace(workdir), 'prefab run', quietLogger());
+    const live = prefab(['--workdir', workdir, '--config', DEFAULT, 'status', '--json']);
+    expect(JSON.parse(live.stdout).live_run).toMatchObject({ pid: process.pid, command: 'prefab run', started_at: expect.any(String) });
+    expect(prefab(['--workdir', workdir, '--config', DEFAULT, 'status']).stdout).toMatch(new RegExp(`^a run is live: pid ${process.pid} on .* since `));
+    release();
+    expect(JSON.parse(prefab(['--workdir', workdir, '--config', DEFAULT, 'status', '--json']).stdout).live_run).toBeNull();
     expect(status[4]!.reasons[0]).toMatch(/upstream pairs was rerun/);
     const text = prefab(['--workdir', workdir, '--config', DEFAULT, 'status']).stdout;
     expect(text).toMatch(/^judge\s+stale\s+\(upstream pairs was rerun/m);
@@ -80,7 +89,7 @@ describe('prefab command line', () => {
     });
     await new Promise((r) => child.once('exit', r));
 
-    const status = JSON.parse(prefab([...args, 'status', '--json']).stdout) as { stage: string; state: string }[];
+    const status = JSON.parse(prefab([...args, 'status', '--json']).stdout).stages as { stage: string; state: string }[];
     expect(status.map((s) => s.state)).toEqual(['fresh', 'fresh', 'fresh', ...Array(8).fill('never run')]);
 
     const rerun = prefab([...args, 'run', '--until', 'export']);

@@ -1,5 +1,5 @@
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, renameSync, statSync, writeFileSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, renameSync, statSync, utimesSync, writeFileSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -91,8 +91,27 @@ describe('engine', () => {
     await toyEngine(workdir, dir, config()).run();
     writeFileSync(join(workdir, 'upper', 'upper.txt'), 'X');
     const status = await toyEngine(workdir, dir, config()).status();
-    expect(status[1]).toMatchObject({ state: 'stale', reasons: ['output upper.txt is missing or altered'] });
+    expect(status[1]).toMatchObject({ state: 'stale', reasons: ['output upper.txt is altered (its size changed)'] });
     expect(status[2]!.reasons).toContain('upstream upper is not fresh');
+  });
+
+  it('sees a same-size byte flip in an output by its content, rebuilds it, and verifies every output when asked', async () => {
+    await toyEngine(workdir, dir, config()).run();
+    const path = join(workdir, 'upper', 'upper.txt');
+    const text = readFileSync(path, 'utf8');
+    writeFileSync(path, text.replace(/[A-Z]/, (c) => (c === 'Z' ? 'Y' : String.fromCharCode(c.charCodeAt(0) + 1))));
+    const status = await toyEngine(workdir, dir, config()).status();
+    expect(status[1]).toMatchObject({ state: 'stale', reasons: ['output upper.txt is altered (its content is not what the stage wrote)'] });
+    runs.length = 0;
+    await toyEngine(workdir, dir, config()).run();
+    expect(runs).toContain('upper');
+    expect(readFileSync(path, 'utf8')).toBe(text);
+    // A flip that kept the mtime is found by --verify, which hashes every output.
+    writeFileSync(path, text.toLowerCase());
+    const manifest = JSON.parse(readFileSync(join(workdir, 'upper', 'manifest.json'), 'utf8'));
+    utimesSync(path, new Date(), (Math.floor(manifest.outputs[0].mtime_ms) + 0.5) / 1000);
+    expect((await toyEngine(workdir, dir, config()).status())[1]!.state).toBe('fresh');
+    expect((await toyEngine(workdir, dir, config()).status(true))[1]).toMatchObject({ state: 'stale', reasons: ['output upper.txt is altered (its content is not what the stage wrote)'] });
   });
 
   it('keeps the last good output when a stage fails, reports the failure and stops', async () => {

@@ -47,7 +47,7 @@ async function interrupt(args: string[], when: RegExp | ((log: string) => boolea
   });
 }
 
-const status = (args: string[]) => JSON.parse(prefab([...args, 'status', '--json']).stdout) as { stage: string; state: string; last_failure: { status: string; error: string } | null }[];
+const status = (args: string[]) => JSON.parse(prefab([...args, 'status', '--json']).stdout).stages as { stage: string; state: string; last_failure: { status: string; error: string } | null }[];
 const stageStatus = (args: string[], stage: string) => status(args).find((s) => s.stage === stage)!;
 
 describe('a data stage on a large input', () => {
