@@ -4,8 +4,8 @@
 import { z } from 'zod';
 import type { Message } from './records.ts';
 
-export type PiiKind = 'ssn' | 'account' | 'phone' | 'email' | 'dob';
-export const PII_KINDS: readonly PiiKind[] = ['ssn', 'account', 'phone', 'email', 'dob'];
+export type PiiKind = 'ssn' | 'account' | 'phone' | 'email' | 'dob' | 'date';
+export const PII_KINDS: readonly PiiKind[] = ['ssn', 'account', 'phone', 'email', 'dob', 'date'];
 
 export interface RedactionOptions {
   /** Which kinds to mask. */
@@ -19,12 +19,64 @@ export interface RedactionOptions {
   terms?: Readonly<Record<string, readonly string[]>>;
   /** Values of a shape of one's own: label → regular expression ({REF: 'REF-\\d+'}). */
   patterns?: Readonly<Record<string, string>>;
+  /**
+   * Learn, before masking a conversation (`messages`), every value it reveals under a personal key (a
+   * profile's name or address, a form's date of birth: SESSION_KEYS and `keys`, in JSON or as "Name: ..."),
+   * and mask that value wherever else it appears in the conversation, whatever the text around it.
+   */
+  sessionValues?: boolean;
 }
 
 export const DEFAULT_REDACTION: RedactionOptions = {
   kinds: PII_KINDS,
   keys: ['last_4_ssn', 'ssn', 'social_security_number', 'account_number', 'date_of_birth', 'dob', 'pin', 'phone_number', 'email'],
+  sessionValues: true,
 };
+
+/** Keys whose values a conversation reveals about a person, learnt by `sessionValues`, with the placeholder's label. */
+const SESSION_KEYS: Readonly<Record<string, string>> = {
+  first_name: 'NAME',
+  last_name: 'NAME',
+  middle_name: 'NAME',
+  full_name: 'NAME',
+  customer_name: 'NAME',
+  passenger_name: 'NAME',
+  user_name: 'NAME',
+  username: 'NAME',
+  address: 'ADDRESS',
+  address1: 'ADDRESS',
+  address2: 'ADDRESS',
+  address_line1: 'ADDRESS',
+  address_line2: 'ADDRESS',
+  street: 'ADDRESS',
+  street_address: 'ADDRESS',
+  home_address: 'ADDRESS',
+  billing_address: 'ADDRESS',
+  zip: 'ZIP',
+  zip_code: 'ZIP',
+  zipcode: 'ZIP',
+  postal_code: 'ZIP',
+  postcode: 'ZIP',
+  ssn: 'SSN',
+  last_4_ssn: 'SSN',
+  social_security_number: 'SSN',
+  dob: 'DOB',
+  date_of_birth: 'DOB',
+  birth_date: 'DOB',
+  birthdate: 'DOB',
+  email: 'EMAIL',
+  email_address: 'EMAIL',
+  phone: 'PHONE',
+  phone_number: 'PHONE',
+  account_number: 'ACCOUNT',
+  card_number: 'ACCOUNT',
+  passport: 'PASSPORT',
+  passport_number: 'PASSPORT',
+};
+
+/** "Name: Mia Garcia", "Date of Birth remains: 1989-12-13": a personal label in prose, and the value after it. */
+const PROSE_VALUE = /(?<![\w])(full name|first name|last name|name|date of birth|birth date|dob|address|home address|street address|e-?mail(?: address)?|phone(?: number)?|ssn|passport(?: number)?)\b(?:\s+(?:is|was|remains|now))?\s*[:=]\s*([^\n,;()]{2,60})/gi;
+const PROSE_LABELS: Readonly<Record<string, string>> = { name: 'NAME', 'full name': 'NAME', 'first name': 'NAME', 'last name': 'NAME', 'date of birth': 'DOB', 'birth date': 'DOB', dob: 'DOB', address: 'ADDRESS', 'home address': 'ADDRESS', 'street address': 'ADDRESS', email: 'EMAIL', 'e-mail': 'EMAIL', 'email address': 'EMAIL', 'e-mail address': 'EMAIL', phone: 'PHONE', 'phone number': 'PHONE', ssn: 'SSN', passport: 'PASSPORT', 'passport number': 'PASSPORT' };
 
 /** The kind of a key's value: it names the placeholder, and says which values are the same value. */
 const KEY_KINDS: Readonly<Record<string, PiiKind>> = {
@@ -56,15 +108,18 @@ const PLACEHOLDER = new RegExp(`^${PLACEHOLDERS.source}$`);
 
 const MONTH = String.raw`(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?`;
 const DAY = String.raw`\d{1,2}(?:st|nd|rd|th)?`;
-const DATE = [
+const DATE_FORMS = [
   String.raw`\d{4}[-/.]\d{1,2}[-/.]\d{1,2}`, // 1965-01-14
   String.raw`\d{1,2}[-/.]\d{1,2}[-/.](?:\d{4}|\d{2})`, // 01/14/1965, 14.01.1965
   String.raw`${MONTH}\s+${DAY},?\s+\d{4}`, // January 14, 1965
   String.raw`${DAY}\s+(?:of\s+)?${MONTH},?\s+\d{4}`, // 14 January 1965
   String.raw`${MONTH}\s+\d{4}`, // January 1965
   String.raw`(?:19|20)\d{2}`, // born in 1965
-].join('|');
+];
+const DATE = DATE_FORMS.join('|');
 const WHOLE_DATE = new RegExp(`^(?:${DATE})$`, 'i');
+/** A date with a day, month and year: what the `date` kind masks wherever it appears. */
+const FULL_DATE = DATE_FORMS.slice(0, 4).join('|');
 
 // ---- detectors over free text, in priority order: where two overlap, the earlier one keeps the span ----
 
@@ -88,6 +143,9 @@ const DETECTORS: readonly Detector[] = [
     kind: 'dob',
     pattern: new RegExp(String.raw`(?<=\b(?:born(?:\s+(?:on|in))?|date\s+of\s+birth|birth\s*date|birthday|d\.?o\.?b)\b[\s:=,.-]*(?:(?:is|was)\s+)?)(?:${DATE})(?!\d)`, 'gi'),
   },
+  // Any other date, wherever it is (a date of birth after an unusual cue, a travel date): [DATE_n], or the DOB
+  // placeholder when it is a date of birth the conversation revealed.
+  { kind: 'date', pattern: new RegExp(String.raw`(?<![\w/.-])(?:${FULL_DATE})(?![\w/-]|\.\d)`, 'gi') },
   // "SSN ending in 6789", "last 4 of my SSN: 6789": the first number after the cue, nothing in between.
   {
     kind: 'ssn',
@@ -160,6 +218,7 @@ const NORMALISE: Readonly<Record<PiiKind, (value: string) => string>> = {
   },
   email: (v) => v.trim().toLowerCase(),
   dob: normaliseDate,
+  date: normaliseDate,
 };
 
 // ---- masking ----
@@ -261,8 +320,15 @@ export class Redactor {
   /** placeholder → the value as first written */
   private readonly originals = new Map<string, string>();
   private readonly issued = new Map<string, number>();
+  private readonly sessionValues: boolean;
+  /** Values the conversation revealed under personal keys (`learn`), as targets, and the pattern that finds them in text. */
+  private readonly learnt = new Map<string, Target>();
+  private learntPattern: RegExp | null = null;
+  /** The normalised dates of birth learnt: a date anywhere that is one of them is masked as [DOB_n]. */
+  private readonly dobs = new Set<string>();
 
   constructor(options: RedactionOptions = DEFAULT_REDACTION) {
+    this.sessionValues = options.sessionValues ?? false;
     this.kinds = new Set(options.kinds);
     this.keys = new Set(options.keys.map((k) => k.toLowerCase()));
     this.keyedValue = keyedValuePattern(new Set([...this.keys, ...(this.kinds.has('dob') ? DOB_KEYS : [])]));
@@ -280,8 +346,58 @@ export class Redactor {
     return mapMessageText(m, (s) => this.text(s));
   }
 
+  /** A conversation masked; with `sessionValues`, the personal values it reveals are learnt from all of it first. */
   messages(ms: Message[]): Message[] {
+    if (this.sessionValues) this.learn(ms);
     return ms.map((m) => this.message(m));
+  }
+
+  /**
+   * Learns the values `ms` reveals under personal keys (SESSION_KEYS and the masked `keys`): in JSON
+   * (a tool result's profile, a form's fields, call arguments), as "key": "value" inside text, and as
+   * "Name: ..." in prose. Each is then masked wherever it appears, as a whole word, in any case.
+   */
+  learn(ms: Message[]): void {
+    const add = (label: string, value: string) => {
+      const v = value.trim();
+      if (v.length < 2 || PLACEHOLDER.test(v) || /^(?:null|none|n\/a|unknown|true|false)$/i.test(v) || /^\d{1,2}$/.test(v)) return;
+      const kind = label.toLowerCase() as PiiKind;
+      const target = kind in NORMALISE ? targetOf(kind, v) : { label, normalised: v.toLowerCase().replace(/\s+/g, ' '), value: v };
+      if (label === 'DOB') this.dobs.add(target.normalised);
+      this.learnt.set(v.toLowerCase().replace(/\s+/g, ' '), target);
+    };
+    const labelOf = (key: string): string | null => {
+      const k = key.toLowerCase();
+      if (SESSION_KEYS[k]) return SESSION_KEYS[k]!;
+      if (!this.keys.has(k)) return null;
+      const kind = KEY_KINDS[k];
+      return kind ? kind.toUpperCase() : k.toUpperCase().replace(/[^A-Z0-9]+/g, '_');
+    };
+    const walk = (value: unknown, key: string | null): void => {
+      if (typeof value === 'string' || typeof value === 'number') {
+        const label = key === null ? null : labelOf(key);
+        if (label) add(label, String(value));
+        else if (typeof value === 'string') readText(value);
+      } else if (Array.isArray(value)) value.forEach((v) => walk(v, key));
+      else if (value !== null && typeof value === 'object') for (const [k, v] of Object.entries(value)) walk(v, k);
+    };
+    const keyed = keyedValuePattern(new Set([...Object.keys(SESSION_KEYS), ...this.keys]));
+    const readText = (text: string): void => {
+      const json = parseJsonContainer(text);
+      if (json !== undefined) return walk(json, null);
+      for (const m of keyed ? text.matchAll(keyed) : []) {
+        const label = labelOf(m.groups!.key!);
+        if (label) add(label, m.groups!.text ?? m.groups!.number!);
+      }
+      // The value runs to the end of its line or clause; a sentence's full stop is not part of it.
+      for (const m of text.matchAll(PROSE_VALUE)) add(PROSE_LABELS[m[1]!.toLowerCase()] ?? 'NAME', m[2]!.replace(/[.!?\s]+$/, ''));
+    };
+    for (const m of ms) {
+      if (m.content) readText(m.content);
+      for (const c of m.tool_calls ?? []) readText(c.function.arguments);
+    }
+    const values = [...this.learnt.keys()].sort((a, b) => b.length - a.length).map((v) => escapeRegExp(v).replace(/\s+/g, '\\s+'));
+    this.learntPattern = values.length ? new RegExp(`(?<![\\w@.-])(?:${values.join('|')})(?![\\w@-]|\\.\\w)`, 'gi') : null;
   }
 
   /**
@@ -360,6 +476,12 @@ export class Redactor {
         if (target) claim({ start, end, target, quote: g.text !== undefined ? '' : `${g.esc}"` });
       }
     }
+    if (this.learntPattern) {
+      for (const m of s.matchAll(this.learntPattern)) {
+        const target = this.learnt.get(m[0].toLowerCase().replace(/\s+/g, ' '));
+        if (target) claim({ start: m.index, end: m.index + m[0].length, target, quote: '' });
+      }
+    }
     for (const n of this.named) {
       for (const m of s.matchAll(n.pattern)) {
         if (m[0] === '' || PLACEHOLDER.test(m[0])) continue;
@@ -370,7 +492,9 @@ export class Redactor {
     for (const d of DETECTORS) {
       for (const m of s.matchAll(d.pattern)) {
         if (d.accept && !d.accept(m[0])) continue;
-        claim({ start: m.index, end: m.index + m[0].length, target: this.kinds.has(d.kind) ? targetOf(d.kind, m[0]) : null, quote: '' });
+        // A date that is a date of birth the conversation revealed gets that DOB's placeholder.
+        const kind = d.kind === 'date' && this.kinds.has('dob') && this.dobs.has(normaliseDate(m[0])) ? 'dob' : d.kind;
+        claim({ start: m.index, end: m.index + m[0].length, target: this.kinds.has(kind) ? targetOf(kind, m[0]) : null, quote: '' });
       }
     }
     if (claims.length === 0) return s;
@@ -388,12 +512,13 @@ export class Redactor {
 /** The `redaction` section of a stage's config: what is masked before text leaves the machine. */
 export const redactionConfig = z.strictObject({
   enabled: z.boolean().default(true).describe('Mask personal data before a request leaves the machine; false sends the texts as logged.'),
-  kinds: z.array(z.enum(PII_KINDS as [PiiKind, ...PiiKind[]])).default([...DEFAULT_REDACTION.kinds]).describe('Kinds of personal data masked wherever they appear in free text: ssn, account (account, card and IBAN numbers), phone, email, dob (a date after a cue such as "born").'),
+  kinds: z.array(z.enum(PII_KINDS as [PiiKind, ...PiiKind[]])).default([...DEFAULT_REDACTION.kinds]).describe('Kinds of personal data masked wherever they appear in free text: ssn, account (account, card and IBAN numbers), phone, email, dob (a date after a cue such as "born"), date (any other date with a day, month and year: [DATE_n], or [DOB_n] when it is a date of birth the conversation revealed).'),
   keys: z.array(z.string().min(1)).default([...DEFAULT_REDACTION.keys]).describe('JSON keys whose values are masked whatever they look like.'),
+  session_values: z.boolean().default(true).describe('Also mask, wherever it appears in a conversation, every value the conversation reveals under a personal key (a profile\'s name and address, a form\'s date of birth; in JSON or as "Name: ..."), whatever the text around it.'),
 });
 export type RedactionConfig = z.infer<typeof redactionConfig>;
 
 /** A fresh Redactor per request, as the endpoint wants it; null when redaction is off. */
 export function redactorFactory(cfg: RedactionConfig): (() => Redactor) | null {
-  return cfg.enabled ? () => new Redactor({ kinds: cfg.kinds, keys: cfg.keys }) : null;
+  return cfg.enabled ? () => new Redactor({ kinds: cfg.kinds, keys: cfg.keys, sessionValues: cfg.session_values }) : null;
 }

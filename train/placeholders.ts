@@ -19,7 +19,7 @@ const FORM_KEYS = ['zip_code', 'order_id', 'policy_number', 'member_id'];
 
 /** What the saved options hold (placeholders.json, config.json's prefab_placeholders). */
 export const savedPlaceholders = z.strictObject({
-  kinds: z.array(z.enum(PII_KINDS as [PiiKind, ...PiiKind[]])).default([...DEFAULT_REDACTION.kinds]).describe("Kinds found in free text (the directory's phone numbers, e-mails, ...)."),
+  kinds: z.array(z.enum(PII_KINDS as [PiiKind, ...PiiKind[]])).default(['ssn', 'account', 'phone', 'email', 'dob']).describe("Kinds found in free text (the directory's phone numbers, e-mails, ...); `date` is left out by default: a model reads and writes dates as they are."),
   keys: z.array(z.string().min(1)).default([...DEFAULT_REDACTION.keys, ...FORM_KEYS]).describe('JSON keys whose values are replaced whatever they look like.'),
   terms: z.record(z.string(), z.array(z.string())).default({}).describe("Named phrases: label → phrases ({COMPANY: [...]} reads a company's name as [COMPANY_1])."),
   patterns: z.record(z.string(), z.string()).default({}).describe("Values of a shape of one's own: label → regular expression ({REF: 'REF-\\\\d+'}, the environment's reference numbers)."),

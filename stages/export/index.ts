@@ -49,7 +49,7 @@ export const exportStage = defineStage({
     const info = await readSplitInfo(splitDir);
     const r = cfg.redaction;
     // One Redactor per row: placeholders are consistent within a row and say nothing across rows.
-    const mask = r.enabled ? () => new Redactor({ kinds: r.kinds, keys: r.keys }) : null;
+    const mask = r.enabled ? () => new Redactor({ kinds: r.kinds, keys: r.keys, sessionValues: r.session_values }) : null;
     const w = {
       sessions: await openPair(join(out, 'sessions'), SESSION_COLUMNS, cfg),
       sft: await openPair(join(out, 'sft'), SFT_COLUMNS, cfg),

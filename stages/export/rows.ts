@@ -15,5 +15,6 @@ export function maskSession(s: SplitSession, r: Redactor): SplitSession {
 }
 
 export function maskPair(p: Pair, r: Redactor): Pair {
+  r.learn([...p.prompt, ...p.chosen, ...p.rejected]); // what either side reveals is masked in both
   return { ...p, prompt: r.messages(p.prompt), chosen: r.messages(p.chosen), rejected: r.messages(p.rejected) };
 }

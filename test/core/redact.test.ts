@@ -4,6 +4,7 @@ import { readJsonl } from '../../pipeline/jsonl.ts';
 import { findTask, generateWorld } from '../../env/world.ts';
 import type { Message, Session } from '../../core/records.ts';
 import { DEFAULT_REDACTION, PII_KINDS, Redactor } from '../../core/redact.ts';
+import { airline, count, prose, retail } from '../fixtures/personal.ts';
 
 const redact = (s: string) => new Redactor().text(s);
 
@@ -65,7 +66,7 @@ describe('Redactor in free text', () => {
       'Order ORD-123456, policy POL-1234567, member MBR-654321.',
       'ZIP 07819 (or 07819-1234).',
       'Task ended: 3 of 5 requests completed.',
-      'Logged at 2026-01-01T00:00:00.000Z, due 2026-02-01 and 03/15/2026.',
+      'Logged at 2026-01-01T00:00:00.000Z, version 1.2.3, address 10.0.0.1.',
       'Since 1999 we have served 12,345,678 customers; pi is 3.14159265.',
       'Your order number is 12345678 and the confirmation # 87654321.',
     ].join(' ');
@@ -211,8 +212,13 @@ describe('Redactor across messages', () => {
     expect(() => new Redactor({ kinds: [], keys: [], patterns: { REF: '\\d*' } })).toThrow(/patterns\.REF .* matches empty text/);
   });
 
-  it('lists all five kinds and the profile keys by default', () => {
-    expect(DEFAULT_REDACTION.kinds).toEqual(['ssn', 'account', 'phone', 'email', 'dob']);
+  it('masks every date with a day, month and year, one placeholder per day in any format', () => {
+    const text = 'Fly out 2024-05-20, back on May 27, 2024; the 05/20/2024 fare; 27 May 2024 is a Monday; since 2019.';
+    expect(redact(text)).toBe('Fly out [DATE_1], back on [DATE_2]; the [DATE_1] fare; [DATE_2] is a Monday; since 2019.');
+  });
+
+  it('lists all six kinds and the profile keys by default', () => {
+    expect(DEFAULT_REDACTION.kinds).toEqual(['ssn', 'account', 'phone', 'email', 'dob', 'date']);
     expect(new Redactor().text('{"Social_Security_Number":"123456789","DOB":"1965-01-14"}')).toBe('{"Social_Security_Number":"[SSN_1]","DOB":"[DOB_1]"}');
   });
 });
@@ -259,3 +265,26 @@ describe('Redactor on a sample session', () => {
     }
   });
 });
+
+describe('Redactor on what a conversation reveals about a person (sessionValues)', () => {
+  it('masks every value the conversation reveals, wherever and however it reappears, with one placeholder each', () => {
+    for (const conversation of [airline, prose, retail]) {
+      const before = JSON.stringify(conversation);
+      expect(count(before)).toBeGreaterThan(3);
+      const masked = new Redactor().messages(conversation);
+      expect(count(JSON.stringify(masked)), JSON.stringify(masked)).toBe(0);
+    }
+    const masked = new Redactor().messages(airline);
+    // The date of birth is one value in JSON, after "remains:" and spelt out: one placeholder.
+    expect(masked[4]!.content).toBe('Thanks [NAME_1] [NAME_2]. Date of Birth remains: [DOB_1], and the passenger record reads [NAME_2]/[NAME_1], born [DOB_1], passport [PASSPORT_1].');
+    expect(JSON.parse(masked[3]!.content!)).toMatchObject({ dob: '[DOB_1]', name: { first_name: '[NAME_1]', last_name: '[NAME_2]' }, address: { city: 'Austin' } });
+    // Tool names and arguments stay valid.
+    expect(masked[2]!.tool_calls![0]!.function.name).toBe('get_user_details');
+  });
+
+  it('is off unless asked: a model reads the values it must copy as they are', () => {
+    const plain = new Redactor({ kinds: ['phone'], keys: [] }).messages(retail);
+    expect(plain[1]!.content).toContain('Ana López');
+  });
+});
+

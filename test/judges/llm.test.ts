@@ -6,6 +6,7 @@ import type { Comparison } from '../../core/verdict.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import { Redactor } from '../../core/redact.ts';
 import { completion, judgePrompt, startChatServer, type ChatServer, type Script } from '../fixtures/chat-server.ts';
+import { airline, count, prose, retail } from '../fixtures/personal.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 import { quietLogger } from '../fixtures/toy-stages.ts';
 
@@ -187,6 +188,18 @@ describe('llm judge', () => {
       for (const secret of ['123-45-6789', '6789', '1980-02-29', '6484-3494-092', 'ann.lee@example.com']) expect(raw).not.toContain(secret);
     }
     expect(server.requests[0]!.raw).toContain('REF-204816'); // what the judge needs is still there
+  });
+
+  it('sends none of what realistic transcripts reveal about a person: names, addresses, dates of birth in any spelling', async () => {
+    const { judge, server } = await judgeWith(knowing(0.9));
+    for (const [i, transcript] of [airline, prose, retail].entries()) {
+      const c = comparison(i);
+      await judge.judge({ ...c, prompt: transcript });
+      expect(count(JSON.stringify(transcript))).toBeGreaterThan(3);
+    }
+    expect(server.requests).toHaveLength(6);
+    const leaked = server.requests.reduce((n, { raw }) => n + count(JSON.parse(raw).messages.map((m: { content: string }) => m.content).join('\n')), 0);
+    expect(leaked).toBe(0);
   });
 
   it('stops with a clear message when the endpoint refuses the key', async () => {
