@@ -7,6 +7,8 @@
 //
 //   npx tsx bench/judge.ts                       # bias 0, 0.15, 0.3 × noise 0.5, 1.5
 //   npx tsx bench/judge.ts --bias 0.2 --noise 1
+// It ends with two judges that report 0.96 confidence whatever they know: one flipping a coin, one right 90% of
+// the time, and what the gate keeps of each once it has measured them.
 import { writeFileSync } from 'node:fs';
 import { mkdtemp } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -49,7 +51,8 @@ for (const group of byTask.values()) {
       const n = commonPrefixLength(x.messages, y.messages);
       const a = { id: x.session_id, messages: x.messages.slice(n), reward: x.reward };
       const b = { id: y.session_id, messages: y.messages.slice(n), reward: y.reward };
-      const text = new Redactor().text(renderPrompt(prompt, x.messages.slice(0, n), a, b));
+      // As the endpoint sends it: the request's messages redacted together (core/redact.ts learns what they reveal).
+      const text = new Redactor().messages([{ role: 'user', content: renderPrompt(prompt, x.messages.slice(0, n), a, b) }])[0]!.content!;
       truth.set(text, x.reward === y.reward ? null : x.reward > y.reward ? 'A' : 'B');
     }
   }
@@ -72,16 +75,31 @@ interface Row {
   seconds: number;
 }
 
-async function measure(bias: number, noise: number): Promise<Row> {
+/** The judge of a bias and a noise: P(first better) = truth strength, pulled toward the first position, with logit noise. */
+function scripted(bias: number, noise: number): (t: 'A' | 'B' | null | undefined) => number {
   const rand = seeded('bench-judge', String(bias), String(noise));
   const gauss = () => Math.sqrt(-2 * Math.log(1 - rand())) * Math.cos(2 * Math.PI * rand());
+  return (t) => {
+    const base = t === 'A' ? STRENGTH : t === 'B' ? 1 - STRENGTH : 0.5;
+    return Math.min(0.999, Math.max(0.001, sigmoid(logit(base) + noise * gauss()) + bias));
+  };
+}
+
+/** A judge right with probability `accuracy` whatever it is shown, always reporting P = `reported` for the side it picks. */
+function sure(accuracy: number, reported: number, seed: string): (t: 'A' | 'B' | null | undefined) => number {
+  const rand = seeded('bench-judge', seed);
+  return (t) => {
+    const right = t === 'A' || t === 'B' ? (rand() < accuracy ? t : t === 'A' ? 'B' : 'A') : rand() < 0.5 ? 'A' : 'B';
+    return right === 'A' ? reported : 1 - reported;
+  };
+}
+
+async function measure(bias: number, noise: number, answer = scripted(bias, noise)): Promise<Row> {
   // What a naive judge would have said: each request's answer alone, taken as a verdict.
   const firstOrder = new Map<string, number>();
   const server = await startChatServer((req) => {
     const text = req.body.messages.at(-1)?.content ?? '';
-    const t = truth.get(text);
-    const base = t === 'A' ? STRENGTH : t === 'B' ? 1 - STRENGTH : 0.5;
-    const p = Math.min(0.999, Math.max(0.001, sigmoid(logit(base) + noise * gauss()) + bias));
+    const p = answer(truth.get(text));
     firstOrder.set(text, p);
     return { json: completion(p >= 0.5 ? 'A' : 'B', { top: [['A', p], ['B', 1 - p]] }) };
   });
@@ -153,4 +171,17 @@ for (const bias of biases) {
         `${String(r.requests).padStart(8)}  ${String(r.rerun_requests).padStart(5)}  ${r.seconds.toFixed(1).padStart(7)}`,
     );
   }
+}
+
+// Judges that report what they do not know: the gate measures each on the pairs whose rewards differ and lets
+// one decide only where its measured accuracy is surely above chance (stages/gate/calibration.ts).
+console.log('');
+console.log('judge                               judged  kept  wrong kept  wrong rate | naive kept  naive wrong rate');
+for (const [name, answer] of [
+  ['coin flip, reports 0.96', sure(0.5, 0.98, 'coin')],
+  ['right 90%, reports 0.96', sure(0.9, 0.98, 'accurate')],
+] as const) {
+  const r = await measure(0, 0, answer);
+  const rate = (w: number, k: number) => (k ? (100 * w) / k : 0);
+  console.log(`${name.padEnd(34)}  ${String(r.judged).padStart(6)}  ${String(r.kept).padStart(4)}  ${String(r.wrong_kept).padStart(10)}  ${rate(r.wrong_kept, r.kept).toFixed(1).padStart(9)}% | ${String(r.naive_kept).padStart(10)}  ${rate(r.naive_wrong, r.naive_kept).toFixed(1).padStart(15)}%`);
 }

@@ -57,6 +57,11 @@ export class EnsembleJudge {
   constructor(
     private readonly verifier: Judge | null,
     private readonly members: Member[],
+    /**
+     * Which of the comparisons the verifier decides the other judges are asked too, so that the gate can
+     * measure them where the truth is known (their verdicts are recorded, the verifier's stands).
+     */
+    private readonly calibrate: (c: Comparison) => boolean = () => false,
   ) {}
 
   get names(): string[] {
@@ -69,9 +74,17 @@ export class EnsembleJudge {
       const { verdict } = await this.verifier.judge(c);
       verdicts[this.verifier.name] = verdict;
       if ((verdict.winner === 'a' || verdict.winner === 'b') && verdict.confidence >= 1) {
-        return { verdict, judge: this.verifier.name, verdicts, stats: NO_COST };
+        const stats = this.calibrate(c) ? (await this.ask(c, verdicts)).stats : NO_COST;
+        return { verdict, judge: this.verifier.name, verdicts, stats };
       }
     }
+    const { votes, stats } = await this.ask(c, verdicts);
+    const { verdict, deciders } = combineVotes(votes);
+    return { verdict, judge: deciders.join('+'), verdicts, stats };
+  }
+
+  /** Every member's verdict on `c`, recorded in `verdicts`. */
+  private async ask(c: Comparison, verdicts: Record<string, Verdict>): Promise<{ votes: Vote[]; stats: JudgeStats }> {
     let stats = NO_COST;
     const votes: Vote[] = [];
     for (const m of this.members) {
@@ -80,7 +93,6 @@ export class EnsembleJudge {
       stats = addStats(stats, judged.stats);
       votes.push({ judge: m.judge.name, weight: m.weight, verdict: judged.verdict });
     }
-    const { verdict, deciders } = combineVotes(votes);
-    return { verdict, judge: deciders.join('+'), verdicts, stats };
+    return { votes, stats };
   }
 }

@@ -6,6 +6,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
 import { PipelineError } from '../pipeline/errors.ts';
+import { hashJson } from '../pipeline/hash.ts';
 import type { Logger } from '../pipeline/log.ts';
 import type { RedactionConfig } from '../core/redact.ts';
 import { endpointConfig, endpointEnvironment, openEndpoint, type ChatEndpoint } from './endpoint.ts';
@@ -31,8 +32,9 @@ const CHECK_DOCS: Record<Check, string> = {
   under_explained: "a final reply at most half as long as the other side's that leaves out what it reports",
 };
 
-/** The judges' keys of the judge stage's config: verifier, rules, llm. */
+/** The judges' keys of the judge stage's config: verifier, rules, llm, calibration_share. */
 export const panelConfig = {
+  calibration_share: z.number().min(0).max(1).default(0.25).describe("Share of the comparisons the verifier decides that the other judges are asked too (a seeded choice), so the gate can measure each judge where the truth is known; LLM requests grow with it."),
   verifier: z
     .strictObject({
       enabled: z.boolean().default(true).describe('Run the verifier; its decisive verdicts override every other judge.'),
@@ -104,5 +106,7 @@ export async function openPanel(cfg: PanelConfig, o: { configDir: string; cacheD
   }
   const verifier = cfg.verifier.enabled ? new VerifierJudge({ minRewardGap: cfg.verifier.min_reward_gap, replay: cfg.verifier.replay }) : null;
   if (!verifier && members.length === 0) throw new PipelineError('judge: every judge is disabled; enable at least one of verifier, rules, llm');
-  return { ensemble: new EnsembleJudge(verifier, members), endpoint, promptVersion };
+  // A stable draw per comparison: the same comparisons are asked on every run, so the LLM's answers are cached.
+  const calibrate = (c: Comparison) => cfg.calibration_share > 0 && parseInt(hashJson({ calibrate: [c.a.id, c.b.id] }).slice(0, 8), 16) / 0xffffffff < cfg.calibration_share;
+  return { ensemble: new EnsembleJudge(verifier, members, calibrate), endpoint, promptVersion };
 }

@@ -1,6 +1,7 @@
 // The gate's decision for one judged pair, and its report per source and negative type: what came in, what
 // was kept, how sure the judges were, how often they flipped with the order or abstained, and what it cost.
 import type { JudgedPair, PairSource } from '../../core/records.ts';
+import type { CalibrationRow } from './calibration.ts';
 
 export interface GateOptions {
   minConfidence: number;
@@ -99,7 +100,7 @@ const pct = (x: number) => `${(100 * x).toFixed(1)}%`;
 const num = (x: number | null) => (x === null ? '–' : x.toFixed(3));
 
 /** The report as a Markdown table, for people. */
-export function reportMarkdown(rows: ReportRow[], options: GateOptions, endpoint: unknown): string {
+export function reportMarkdown(rows: ReportRow[], options: GateOptions, endpoint: unknown, calibration: CalibrationRow[] | null): string {
   const lines = [
     '# Gate report',
     '',
@@ -114,6 +115,19 @@ export function reportMarkdown(rows: ReportRow[], options: GateOptions, endpoint
     '',
     'flip rate: comparisons whose two orders disagreed (a judge preferring a position); they abstain. reversed: the judges preferred the side built as rejected.',
   ];
+  if (calibration) {
+    lines.push(
+      '',
+      '## Judges, measured',
+      '',
+      "Each judge other than the verifier on the pairs whose truth is known (the verifier decided them, their rewards differ, or they are hard negatives). A pair the verifier did not decide is decided by the judges trusted on its group (source and negative type, or the source), each weighing by its lower bound; the others decide nothing.",
+      '',
+      '| judge | group | votes | correct | accuracy | 95% interval | trusted |',
+      '|---|---|---|---|---|---|---|',
+      ...calibration.map((c) => `| ${c.judge} | ${c.group} | ${c.votes} | ${c.correct} | ${pct(c.accuracy)} | ${pct(c.low)}–${pct(c.high)} | ${c.trusted ? 'yes' : 'no'} |`),
+    );
+    if (calibration.length === 0) lines.push('| (no judge other than the verifier voted on a pair of known truth) | | | | | | |');
+  }
   if (endpoint) lines.push('', `Endpoint: \`${JSON.stringify(endpoint)}\``);
   return lines.join('\n') + '\n';
 }
