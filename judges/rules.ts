@@ -48,6 +48,9 @@ const STOPWORDS = new Set(
     .split(' '),
 );
 
+/** A closing courtesy ("You're welcome!", "Have a great day") is on topic wherever it is. */
+const COURTESY = /^\W*(?:you(?:'|’)?re (?:very )?welcome|(?:thank you|thanks)\b|have a (?:great|good|nice|wonderful|safe)\b|(?:glad|happy) (?:i could|to) help|my pleasure|(?:good)?bye\b|take care\b|safe travels\b|is there anything else)/i;
+
 function contentWords(text: string): Set<string> {
   return new Set((text.toLowerCase().match(/[a-z]{4,}/g) ?? []).filter((w) => !STOPWORDS.has(w)));
 }
@@ -67,6 +70,51 @@ function stringLeaves(value: unknown, out: string[] = []): string[] {
   else if (Array.isArray(value)) for (const v of value) stringLeaves(v, out);
   else if (value !== null && typeof value === 'object') for (const v of Object.values(value)) stringLeaves(v, out);
   return out;
+}
+
+const MONTHS = ['jan', 'feb', 'mar', 'apr', 'may', 'jun', 'jul', 'aug', 'sep', 'oct', 'nov', 'dec'];
+const MONTH_NAME = String.raw`(jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?`;
+const pad2 = (n: number | string) => String(n).padStart(2, '0');
+
+/**
+ * The days a text names, as `MM-DD` and, where it gives the year, `YYYY-MM-DD`: "2024-05-20", "05/20/2024",
+ * "May 20th", "20 May 2024" all name 05-20. So a call's 2024-05-20 is grounded by a user who said "May 20th".
+ */
+function daysIn(text: string): Set<string> {
+  const out = new Set<string>();
+  const add = (y: string | undefined, m: number, d: number) => {
+    if (m < 1 || m > 12 || d < 1 || d > 31) return;
+    out.add(`${pad2(m)}-${pad2(d)}`);
+    if (y) out.add(`${y.length === 2 ? `20${y}` : y}-${pad2(m)}-${pad2(d)}`);
+  };
+  for (const m of text.matchAll(/(?<!\d)(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})(?!\d)/g)) add(m[1], Number(m[2]), Number(m[3]));
+  for (const m of text.matchAll(/(?<![\d.])(\d{1,2})\/(\d{1,2})(?:\/(\d{4}|\d{2}))?(?![\d/])/g)) add(m[3], Number(m[1]), Number(m[2]));
+  const month = (name: string) => MONTHS.indexOf(name.slice(0, 3).toLowerCase()) + 1;
+  for (const m of text.matchAll(new RegExp(String.raw`\b${MONTH_NAME}\s+(\d{1,2})(?:st|nd|rd|th)?(?:,?\s+(\d{4}))?\b`, 'gi'))) add(m[3], month(m[1]!), Number(m[2]));
+  for (const m of text.matchAll(new RegExp(String.raw`\b(\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?${MONTH_NAME}(?:,?\s+(\d{4}))?\b`, 'gi'))) add(m[3], month(m[2]!), Number(m[1]));
+  return out;
+}
+
+/** The digit strings a text holds, each run of digits and separators read as its digits alone ("(412) 555-0193" is 4125550193). */
+function digitRuns(text: string): Set<string> {
+  const out = new Set<string>();
+  for (const m of text.matchAll(/\+?\d[\d\s().-]*\d|\d/g)) {
+    const digits = m[0].replace(/\D/g, '');
+    out.add(digits);
+    if (digits.length === 11 && digits.startsWith('1')) out.add(digits.slice(1));
+  }
+  return out;
+}
+
+/** Whether `id` is in `context` as it is, or as the same number or the same day written another way. */
+function groundedIn(id: string, context: { text: string; digits: Set<string>; days: Set<string> }): boolean {
+  if (context.text.includes(id)) return true;
+  const days = daysIn(id);
+  if (days.size > 0) return [...days].some((d) => context.days.has(d));
+  // Letters make an identifier (REF-204816): its digits alone do not ground it.
+  if (/[a-z]/i.test(id)) return false;
+  const digits = id.replace(/\D/g, '');
+  return context.digits.has(digits) || (digits.length === 11 && digits.startsWith('1') && context.digits.has(digits.slice(1)));
 }
 
 /** Identifier-like values (three or more digits) in a side's tool calls that appear nowhere in what the agent had been told. */
@@ -89,7 +137,8 @@ function ungroundedValues(prompt: Message[], completion: Message[]): string[] {
         if ((value.match(/\d/g) ?? []).length < 3) continue;
         // A value used inside a longer string (a reference number in a request) counts by its identifiers.
         const ids = value.match(/[A-Za-z]*[\d][\d\w.@()+-]*\d/g) ?? [value];
-        for (const id of ids) if ((id.match(/\d/g) ?? []).length >= 3 && !context.includes(id)) ungrounded.push(id);
+        const known = { text: context, digits: digitRuns(context), days: daysIn(context) };
+        for (const id of ids) if ((id.match(/\d/g) ?? []).length >= 3 && !groundedIn(id, known)) ungrounded.push(id);
       }
     }
   }
@@ -101,7 +150,10 @@ export function violations(c: Comparison, side: Completion, other: Completion, d
   const found: Violation[] = [];
   const assistant = side.messages.filter((m) => m.role === 'assistant');
   const refusals = assistant.filter((m) => !m.tool_calls?.length && isRefusal(m.content));
-  if (!decline && refusals.length > 0) found.push({ check: 'refusal', detail: `refuses a request it should carry out: "${refusals[0]!.content}"` });
+  // A refusal is a defect only where the outcome says the request should have been served: not when the
+  // refusing side did at least as well as the other (a denial the policy requires scores as well).
+  const servedBetter = side.reward === null || other.reward === null || other.reward > side.reward;
+  if (!decline && refusals.length > 0 && servedBetter) found.push({ check: 'refusal', detail: `refuses a request it should carry out: "${refusals[0]!.content}"` });
   if (decline && assistant.length > 0 && refusals.length === 0) found.push({ check: 'complied', detail: 'goes along with a request it should decline' });
 
   const format = formatProblems(side.messages, knownTools(c));
@@ -112,7 +164,7 @@ export function violations(c: Comparison, side: Completion, other: Completion, d
 
   const context = contentWords([...c.prompt, ...side.messages.filter((m) => m.role !== 'assistant')].map((m) => m.content ?? '').join('\n'));
   for (const m of assistant) {
-    if (m.tool_calls?.length || !m.content || isRefusal(m.content)) continue;
+    if (m.tool_calls?.length || !m.content || isRefusal(m.content) || COURTESY.test(m.content)) continue;
     const words = contentWords(m.content);
     const shared = [...words].filter((w) => context.has(w)).length;
     if (words.size >= 5 && shared / words.size < 0.15) {

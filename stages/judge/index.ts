@@ -47,7 +47,7 @@ function tallyOne(t: Tally, p: JudgedPair): void {
 export const judge = defineStage({
   name: 'judge',
   description: 'judge every pair, and pick best-of-N among each task\'s candidates: verifier, rules and (optional) LLM judge',
-  version: 1,
+  version: 2,
   inputs: ['split', 'sample', 'pairs'],
   outputs: ['train.jsonl', 'test.jsonl', 'report.json'],
   config,
