@@ -4,6 +4,7 @@ import { dpo } from './dpo/index.ts';
 import { evalStage } from './eval/index.ts';
 import { exportStage } from './export/index.ts';
 import { gate } from './gate/index.ts';
+import { importStage } from './import/index.ts';
 import { ingest } from './ingest/index.ts';
 import { judge } from './judge/index.ts';
 import { pairs } from './pairs/index.ts';
@@ -15,7 +16,7 @@ import { addBackendOption } from '../train/backend.ts';
 import { addModelCommands } from '../train/model-commands.ts';
 import { tokenizer } from './tokenizer/index.ts';
 
-export const STAGES: Stage[] = [ingest, split, sample, pairs, judge, gate, exportStage, tokenizer, sft, dpo, evalStage] as Stage[];
+export const STAGES: Stage[] = [ingest, importStage, split, sample, pairs, judge, gate, exportStage, tokenizer, sft, dpo, evalStage] as Stage[];
 
 /** Commands beyond the pipeline's own. */
 export const COMMANDS: CommandFactory[] = [addSimulateCommands, addModelCommands, addBackendOption];

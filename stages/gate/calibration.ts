@@ -110,6 +110,7 @@ export class Calibration {
   decide(p: JudgedPair): JudgedPair {
     const v = p.verdicts[VERIFIER];
     if (v && (v.winner === 'a' || v.winner === 'b') && v.confidence >= 1) return p;
+    if (p.judge === 'imported') return p; // kept as the data gives it (judge.imported: as_given)
     let logit = 0;
     const deciders: string[] = [];
     const why: string[] = [];

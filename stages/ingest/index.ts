@@ -9,7 +9,7 @@ import { PipelineError } from '../../pipeline/errors.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import { readIngestIndex, type IngestIndex, type IngestedFile } from '../layout.ts';
 import { SessionIdSet } from './id-set.ts';
-import { resolveInputs } from './inputs.ts';
+import { resolveInputs } from '../../pipeline/inputs.ts';
 import { ingestFile, readSegmentIds } from './segment.ts';
 
 const roleSchema = z.enum(['system', 'user', 'assistant', 'tool']);

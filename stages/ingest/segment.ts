@@ -9,7 +9,7 @@ import { UsageError } from '../../pipeline/errors.ts';
 import type { IngestedFile } from '../layout.ts';
 import type { SessionIdSet } from './id-set.ts';
 import { RecordError, toSession, type MappingOptions } from './mapping.ts';
-import { detectFormat, readRecords, type InputFormat, type RawRecord } from './readers.ts';
+import { detectFormat, readRecords, type InputFormat, type RawRecord } from '../../pipeline/records.ts';
 
 export interface QuarantineRecord {
   file: string;

@@ -7,14 +7,14 @@ import { z } from 'zod';
 import { mustDeclineTest } from '../../judges/rules.ts';
 import { openPanel, panelConfig, panelEnvironment, panelPromptFile } from '../../judges/panel.ts';
 import { addStats, NO_COST, type JudgeStats } from '../../core/verdict.ts';
-import { JsonlWriter } from '../../pipeline/jsonl.ts';
+import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import { defineStage } from '../../pipeline/stage.ts';
-import type { JudgedPair } from '../../core/records.ts';
+import type { CandidatePair, JudgedPair } from '../../core/records.ts';
 import { redactionConfig } from '../../core/redact.ts';
 import { SPLITS, bucketFile, readPairsInfo, readSplitInfo } from '../layout.ts';
 import { candidateGroups, judgeGroup } from './best-of-n.ts';
-import { coupleKey, judgeConstructed } from './constructed.ts';
+import { asGiven, coupleKey, judgeConstructed } from './constructed.ts';
 
 const config = z.strictObject({
   best_of_n: z
@@ -26,6 +26,7 @@ const config = z.strictObject({
     .prefault({}).describe("Best-of-N: the judges pick the best of a task's candidates; it is the chosen side against each other candidate."),
   ...panelConfig,
   redaction: redactionConfig.prefault({}).describe("Personal data masked in the LLM judge's requests before they leave the machine."),
+  imported: z.enum(['as_given', 'recheck']).default('as_given').describe('Imported pairs (the import stage): kept as the data gives them (confidence 1), or judged like the pairs built here.'),
   batch_size: z.number().int().min(1).default(256).describe("Comparisons judged at once; the endpoint's concurrency still bounds requests in flight."),
 });
 
@@ -48,7 +49,7 @@ export const judge = defineStage({
   name: 'judge',
   description: 'judge every pair, and pick best-of-N among each task\'s candidates: verifier, rules and (optional) LLM judge',
   version: 2,
-  inputs: ['split', 'sample', 'pairs'],
+  inputs: ['import', 'split', 'sample', 'pairs'],
   outputs: ['train.jsonl', 'test.jsonl', 'report.json'],
   config,
 
@@ -83,6 +84,9 @@ export const judge = defineStage({
         const stopped = () => `judge: stopped while judging the ${side} pairs; the next run judges again (LLM answers received are cached)`;
         const outcomeKeys = await judgeConstructed(join(input('pairs'), `${side}.jsonl`), ensemble, cfg.batch_size, write, () => progress.tick(), () => safePoint(signal, stopped));
         progress.done();
+        const imported = join(input('import'), `${side}.jsonl`);
+        if (cfg.imported === 'recheck') await judgeConstructed(imported, ensemble, cfg.batch_size, write, () => {}, () => safePoint(signal, stopped));
+        else for await (const p of readJsonl<CandidatePair>(imported)) await write([asGiven(p)]);
         if (cfg.best_of_n.enabled) {
           const groups = log.progress(`judge ${side} best-of-N`, info.buckets);
           for (let b = 0; b < info.buckets; b++) {

@@ -29,6 +29,7 @@ describe('prefab command line', () => {
     const status = JSON.parse(prefab(['--workdir', workdir, '--config', DEFAULT, 'status', '--json']).stdout).stages as { stage: string; state: string; reasons: string[] }[];
     expect(status.map((s) => [s.stage, s.state])).toEqual([
       ['ingest', 'fresh'],
+      ['import', 'fresh'],
       ['split', 'fresh'],
       ['sample', 'fresh'],
       ['pairs', 'fresh'],
@@ -60,7 +61,7 @@ describe('prefab command line', () => {
     const workdir = join(tempDir(), 'workspace');
     const unknownStage = prefab(['--workdir', workdir, '--config', DEFAULT, 'stage', 'nope']);
     expect(unknownStage.code).toBe(2);
-    expect(unknownStage.stderr).toMatch(/unknown stage 'nope'; the stages are: ingest, split, sample, pairs, judge, gate, export, tokenizer, sft, dpo, eval/);
+    expect(unknownStage.stderr).toMatch(/unknown stage 'nope'; the stages are: ingest, import, split, sample, pairs, judge, gate, export, tokenizer, sft, dpo, eval/);
     const dir = tempDir();
     writeFileSync(join(dir, 'bad.yaml'), 'pairs:\n  outcome:\n    max_pairs: 3\n');
     const badConfig = prefab(['--workdir', workdir, '--config', join(dir, 'bad.yaml'), 'run']);

@@ -1,7 +1,7 @@
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { readJsonArray, type RawRecord } from '../../stages/ingest/readers.ts';
+import { readJsonArray, type RawRecord } from '../../pipeline/records.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 
 async function all(path: string): Promise<RawRecord[]> {

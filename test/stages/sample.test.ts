@@ -174,6 +174,7 @@ describe('sample', () => {
     const outcomes = await engineFor(dir, configYaml(server)).run({ until: 'sample' });
     expect(outcomes.map((o) => [o.stage, o.action, o.error])).toEqual([
       ['ingest', 'ran', undefined],
+      ['import', 'ran', undefined],
       ['split', 'ran', undefined],
       ['sample', 'ran', undefined],
     ]);

@@ -1,6 +1,6 @@
-// Readers of logged sessions: JSONL, a JSON array, or Parquet, each streamed record by record.
-import { readLines, openText } from '../../pipeline/jsonl.ts';
-import { readParquetRows } from '../../pipeline/parquet.ts';
+// Readers of input records (logged sessions, imported pairs): JSONL, a JSON array, or Parquet, each streamed record by record.
+import { readLines, openText } from './jsonl.ts';
+import { readParquetRows } from './parquet.ts';
 
 export type InputFormat = 'jsonl' | 'json' | 'parquet';
 
@@ -75,7 +75,7 @@ export async function* readJsonArray(path: string): AsyncGenerator<RawRecord> {
           started = true;
           from = i + 1;
         } else if (!/\s/.test(c) && c !== '\uFEFF') {
-          throw new Error(`${path}: line ${line}: expected a JSON array of sessions ('[' first), found '${c}'; use .jsonl for one session a line`);
+          throw new Error(`${path}: line ${line}: expected a JSON array of records ('[' first), found '${c}'; use .jsonl for one record a line`);
         }
         continue;
       }
@@ -109,7 +109,7 @@ export async function* readJsonArray(path: string): AsyncGenerator<RawRecord> {
     if (started && !ended) parts.push(chunk.slice(Math.max(from, 0)));
     from = 0;
   }
-  if (!started) throw new Error(`${path}: empty file; expected a JSON array of sessions`);
+  if (!started) throw new Error(`${path}: empty file; expected a JSON array of records`);
   if (!ended) throw new Error(`${path}: line ${line}: the JSON array is not closed (the file ends inside element ${element + 1})`);
 }
 

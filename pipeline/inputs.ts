@@ -3,12 +3,12 @@
 import { existsSync, statSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { glob } from 'tinyglobby';
-import { UsageError } from '../../pipeline/errors.ts';
+import { UsageError } from './errors.ts';
 
 const INPUT_EXTENSIONS = /\.(jsonl|ndjson|json|parquet)(\.gz)?$/i;
 
-/** The files `inputs` names, absolute and sorted; a name that matches nothing is a usage error. */
-export async function resolveInputs(inputs: string[], configDir: string): Promise<string[]> {
+/** The files `inputs` names, absolute and sorted; a name that matches nothing is a usage error naming `key`. */
+export async function resolveInputs(inputs: string[], configDir: string, key = 'ingest.inputs'): Promise<string[]> {
   const files = new Set<string>();
   for (const input of inputs) {
     const path = resolve(configDir, input);
@@ -19,7 +19,7 @@ export async function resolveInputs(inputs: string[], configDir: string): Promis
       matched = [path];
     } else {
       matched = await glob(input, { cwd: configDir, absolute: true, onlyFiles: true });
-      if (matched.length === 0) throw new UsageError(`ingest.inputs: '${input}' matches no file (paths are relative to the config file's folder, ${configDir})`);
+      if (matched.length === 0) throw new UsageError(`${key}: '${input}' matches no file (paths are relative to the config file's folder, ${configDir})`);
     }
     for (const f of matched) files.add(f);
   }

@@ -1,0 +1,121 @@
+// import: ready-made preference pairs (HH-RLHF, TRL's formats, UltraFeedback: stages/import/formats.ts) read
+// as pairs with `source: imported`, beside the pairs built from sessions. Each goes to train or test by a
+// seeded draw on its prompt (pairs of one prompt together). The judge stage keeps them as given or has the
+// judges check them (judge.imported); they are exported with the other pairs, not to the SFT or KTO sets.
+// A record that cannot be read goes to quarantine.jsonl with its file, place and reason, as in ingest.
+import { join } from 'node:path';
+import { z } from 'zod';
+import { hashJson } from '../../pipeline/hash.ts';
+import { resolveInputs } from '../../pipeline/inputs.ts';
+import { JsonlWriter } from '../../pipeline/jsonl.ts';
+import { every, safePoint } from '../../pipeline/interrupt.ts';
+import { detectFormat, readRecords, type InputFormat, type RawRecord } from '../../pipeline/records.ts';
+import { defineStage } from '../../pipeline/stage.ts';
+import { UsageError } from '../../pipeline/errors.ts';
+import { pairId, type CandidatePair } from '../../core/records.ts';
+import { SPLITS } from '../layout.ts';
+import { ImportError, detectImport, readPairs, type ImportFormat } from './formats.ts';
+
+const config = z.strictObject({
+  inputs: z.array(z.string()).default([]).describe('Files, folders (read recursively) or globs of preference data, relative to the config file (JSONL, JSON array, Parquet; .gz for JSONL and JSON). Empty: nothing is imported.'),
+  file_format: z.enum(['auto', 'jsonl', 'json', 'parquet']).default('auto').describe('auto: each file by its extension; otherwise every file is read as this format.'),
+  format: z.enum(['auto', 'hh', 'trl', 'ultrafeedback']).default('auto').describe('The shape of a record: hh (chosen/rejected HH-RLHF transcripts, the prompt implicit), trl (prompt + chosen/rejected, as text or conversations; or whole chosen/rejected conversations), ultrafeedback (prompt + rated completions: the best against each rated lower); auto: by the fields each record has.'),
+  mapping: z
+    .strictObject({
+      prompt: z.string().default('prompt').describe('Dotted path of the prompt (text or messages).'),
+      chosen: z.string().default('chosen').describe('Dotted path of the chosen side (text, messages, or an HH transcript).'),
+      rejected: z.string().default('rejected').describe('Dotted path of the rejected side.'),
+      completions: z.string().default('completions').describe('UltraFeedback: dotted path of the rated completions.'),
+      response: z.string().default('response').describe("UltraFeedback: a completion's text, within it."),
+      rating: z.string().default('overall_score').describe("UltraFeedback: a completion's rating, within it."),
+    })
+    .prefault({}).describe('Where each part of a pair is found in a record.'),
+  test_ratio: z.number().min(0).max(1).default(0.05).describe('Share of the prompts whose pairs go to test (a seeded draw on the prompt, so pairs of one prompt stay together).'),
+  seed: z.string().default('prefab').describe('The train/test draw.'),
+});
+
+export const importStage = defineStage({
+  name: 'import',
+  description: 'read ready-made preference pairs (HH-RLHF, TRL, UltraFeedback) as pairs with source imported',
+  version: 1,
+  inputs: [],
+  outputs: ['train.jsonl', 'test.jsonl', 'quarantine.jsonl'],
+  config,
+  external: (cfg, configDir) => (cfg.inputs.length ? resolveInputs(cfg.inputs, configDir, 'import.inputs') : Promise.resolve([])),
+
+  async run({ config: cfg, out, external, log, signal }) {
+    const writers = Object.fromEntries(SPLITS.map((s) => [s, new JsonlWriter(join(out, `${s}.jsonl`))]));
+    const quarantine = new JsonlWriter(join(out, 'quarantine.jsonl'));
+    const counts: Record<string, number> = { train: 0, test: 0, records: 0, quarantined: 0, files: external.length, hh: 0, trl: 0, ultrafeedback: 0 };
+    const due = every(1000);
+    for (const file of external) {
+      const fileFormat: InputFormat | null = cfg.file_format === 'auto' ? detectFormat(file.path) : cfg.file_format;
+      if (!fileFormat) throw new UsageError(`${file.name}: cannot tell its format from the name; use .jsonl, .json or .parquet, or set import.file_format`);
+      const records = readRecords(file.path, fileFormat)[Symbol.asyncIterator]();
+      let reached = 'before the first record';
+      for (;;) {
+        let next: IteratorResult<RawRecord>;
+        try {
+          next = await records.next();
+        } catch (error) {
+          counts.quarantined!++;
+          await quarantine.write({ file: file.name, where: reached, reason: `${(error as Error).message} (the rest of the file is unread)`, raw: '' });
+          break;
+        }
+        if (next.done) break;
+        const record = next.value;
+        if (due()) await safePoint(signal, () => `import: stopped while reading ${file.name}; the next run reads every file again`);
+        reached = `after ${record.where}`;
+        counts.records!++;
+        let read;
+        let format: ImportFormat | null = null;
+        try {
+          if (record.error !== undefined) throw new ImportError(record.error);
+          format = cfg.format === 'auto' ? detectImport(record.value, cfg.mapping) : cfg.format;
+          read = readPairs(record.value, format, cfg.mapping);
+        } catch (error) {
+          if (!(error instanceof ImportError)) throw new Error(`import: ${file.name} ${record.where}: ${(error as Error).message}`, { cause: error });
+          counts.quarantined!++;
+          await quarantine.write({ file: file.name, where: record.where, reason: `${format ? `${format}: ` : ''}${error.message}`, raw: record.raw.slice(0, 65536) });
+          continue;
+        }
+        counts[format]!++;
+        for (const [k, p] of read.entries()) {
+          const promptKey = hashJson({ seed: cfg.seed, prompt: p.prompt });
+          const split = parseInt(promptKey.slice(0, 8), 16) / 0xffffffff < cfg.test_ratio ? 'test' : 'train';
+          // Each side's id names where it came from: file, place, and which pair of the record.
+          const id = (side: string) => `${file.name}#${record.where}#${k}:${side}`;
+          const pair: CandidatePair = {
+            pair_id: pairId('imported', hashJson(p.chosen), hashJson(p.rejected), hashJson(p.prompt)),
+            prompt: p.prompt,
+            chosen: p.chosen,
+            rejected: p.rejected,
+            chosen_reward: p.chosenRating,
+            rejected_reward: p.rejectedRating,
+            margin: p.chosenRating !== null && p.rejectedRating !== null ? p.chosenRating - p.rejectedRating : null,
+            confidence: 1,
+            source: 'imported',
+            negative_type: null,
+            judge: 'imported',
+            task_id: `imported-${promptKey.slice(0, 16)}`,
+            chosen_session_id: id('chosen'),
+            rejected_session_id: id('rejected'),
+            split,
+            metadata: JSON.stringify({ imported_from: file.name, where: record.where, format }),
+          };
+          await writers[split]!.write(pair);
+          counts[split]!++;
+        }
+      }
+      log.info('imported', { file: file.name, train: counts.train, test: counts.test, quarantined: counts.quarantined });
+    }
+    for (const w of Object.values(writers)) await w.close();
+    await quarantine.close();
+    return {
+      counts,
+      summary: external.length
+        ? `${counts.train} train / ${counts.test} test pairs from ${counts.records} records of ${external.length} file(s) (${counts.hh} HH-RLHF, ${counts.trl} TRL, ${counts.ultrafeedback} UltraFeedback), ${counts.quarantined} quarantined`
+        : 'nothing to import (import.inputs is empty)',
+    };
+  },
+});
