@@ -42,11 +42,21 @@ function depthOf(value: unknown, limit: number): number {
   return deepest;
 }
 
+/** How many '[' and '{' the text has: a record with fewer cannot nest deeper than that, so most are never walked. */
+function openings(raw: string): number {
+  let n = 0;
+  for (let i = 0; i < raw.length; i++) {
+    const c = raw.charCodeAt(i);
+    if (c === 91 || c === 123) n++;
+  }
+  return n;
+}
+
 /** Why a record cannot be read, before it is mapped: too large, nested too deep; null when it can. */
 function unreadable(record: { value?: unknown; raw: string }, maxBytes: number): string | null {
   const bytes = Buffer.byteLength(record.raw);
   if (bytes > maxBytes) return `the record is ${bytes.toLocaleString('en-US')} bytes, more than ingest.max_record_bytes (${maxBytes.toLocaleString('en-US')})`;
-  if (depthOf(record.value, MAX_DEPTH) > MAX_DEPTH) return `the record nests more than ${MAX_DEPTH} levels deep`;
+  if (openings(record.raw) > MAX_DEPTH && depthOf(record.value, MAX_DEPTH) > MAX_DEPTH) return `the record nests more than ${MAX_DEPTH} levels deep`;
   return null;
 }
 

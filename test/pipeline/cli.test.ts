@@ -48,13 +48,13 @@ describe('prefab command line', () => {
     expect(prefab(['--workdir', workdir, '--config', DEFAULT, 'status']).stdout).toMatch(new RegExp(`^a run is live: pid ${process.pid} on .* since `));
     release();
     expect(JSON.parse(prefab(['--workdir', workdir, '--config', DEFAULT, 'status', '--json']).stdout).live_run).toBeNull();
-    expect(status[4]!.reasons[0]).toMatch(/upstream pairs was rerun/);
+    expect(status[5]!.reasons[0]).toMatch(/upstream pairs was rerun/);
     const text = prefab(['--workdir', workdir, '--config', DEFAULT, 'status']).stdout;
     expect(text).toMatch(/^judge\s+stale\s+\(upstream pairs was rerun/m);
     expect(text).toMatch(/^export\s+stale\s+\(upstream pairs was rerun/m);
 
     const third = prefab(['--workdir', workdir, '--config', DEFAULT, '--log-format', 'json', 'run', '--until', 'export']);
-    expect(JSON.parse(third.stdout).stages.map((s: { action: string }) => s.action)).toEqual(['fresh', 'fresh', 'fresh', 'fresh', 'ran', 'ran', 'ran']);
+    expect(JSON.parse(third.stdout).stages.map((s: { action: string }) => s.action)).toEqual(['fresh', 'fresh', 'fresh', 'fresh', 'fresh', 'ran', 'ran', 'ran']);
   });
 
   it('exits 2 with a clear message on bad usage', () => {
@@ -91,12 +91,12 @@ describe('prefab command line', () => {
     await new Promise((r) => child.once('exit', r));
 
     const status = JSON.parse(prefab([...args, 'status', '--json']).stdout).stages as { stage: string; state: string }[];
-    expect(status.map((s) => s.state)).toEqual(['fresh', 'fresh', 'fresh', ...Array(8).fill('never run')]);
+    expect(status.map((s) => s.state)).toEqual(['fresh', 'fresh', 'fresh', 'fresh', ...Array(8).fill('never run')]);
 
     const rerun = prefab([...args, 'run', '--until', 'export']);
     expect(rerun.code, rerun.stderr).toBe(0);
     expect(rerun.stderr).toMatch(/stale lock removed/);
-    expect(JSON.parse(rerun.stdout).stages.map((s: { action: string }) => s.action)).toEqual(['fresh', 'fresh', 'fresh', 'ran', 'ran', 'ran', 'ran']);
+    expect(JSON.parse(rerun.stdout).stages.map((s: { action: string }) => s.action)).toEqual(['fresh', 'fresh', 'fresh', 'fresh', 'ran', 'ran', 'ran', 'ran']);
     const manifest = JSON.parse(readFileSync(join(dir, 'workspace', 'export', 'manifest.json'), 'utf8'));
     expect(manifest.counts.sessions_train + manifest.counts.sessions_test).toBe(20_000);
   });

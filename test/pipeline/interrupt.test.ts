@@ -69,7 +69,7 @@ describe('a data stage on a large input', () => {
 
     const rerun = prefab([...args('workspace'), 'run', '--until', 'export']);
     expect(rerun.code, rerun.stderr).toBe(0);
-    expect(JSON.parse(rerun.stdout).stages.map((s: { action: string }) => s.action)).toEqual(['fresh', 'fresh', 'fresh', 'ran', 'ran', 'ran', 'ran']);
+    expect(JSON.parse(rerun.stdout).stages.map((s: { action: string }) => s.action)).toEqual(['fresh', 'fresh', 'fresh', 'fresh', 'ran', 'ran', 'ran', 'ran']);
     const whole = prefab([...args('uninterrupted'), 'run', '--until', 'export']);
     expect(whole.code, whole.stderr).toBe(0);
     for (const dataset of ['sessions', 'sft', 'pairs', 'kto']) {

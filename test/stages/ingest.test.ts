@@ -160,7 +160,7 @@ describe('ingest', () => {
       '  test_ratio: 0',
     ].join('\n');
     const outcomes = await engineFor(dir, cfg).run({ until: 'pairs' });
-    expect(outcomes.map((o) => o.action)).toEqual(['ran', 'ran', 'ran', 'ran']);
+    expect(outcomes.map((o) => o.action)).toEqual(['ran', 'ran', 'ran', 'ran', 'ran']); // ingest, import (nothing to import), split, sample, pairs
     const sessions = await ingested(dir);
     expect(sessions.map((s) => [s.session_id, s.task_id, s.reward, s.model])).toEqual([
       ['T1-0', 'T1', 1, 'v3'],
