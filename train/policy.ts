@@ -7,6 +7,7 @@ import { safePoint } from '../pipeline/interrupt.ts';
 import type { Random } from '../core/random.ts';
 import type { Message, Policy } from '../core/records.ts';
 import type { Chat } from './chat.ts';
+import type { Turn } from './dapo.ts';
 import type { ToolCallConstraint, ToolSchema } from './constrain.ts';
 import { KVCache, type Llama } from './model.ts';
 import { modelView, type Placeholders } from './placeholders.ts';
@@ -21,6 +22,8 @@ export interface SamplingOptions {
   tools?: readonly ToolSchema[];
   /** Aborted, the next assistant message is not written (Interrupted): each one is a safe point. */
   signal?: AbortSignal;
+  /** Keep every turn's tokens in `turns` (for reinforcement learning); off, nothing is kept. */
+  recordTurns?: boolean;
 }
 
 export class ModelPolicy implements Policy {
@@ -29,6 +32,8 @@ export class ModelPolicy implements Policy {
   private constraint: Promise<ToolCallConstraint | null> | undefined;
   /** Tokens read and written, for throughput figures. */
   generated = 0;
+  /** With `recordTurns`, every turn so far as the tokens read and the tokens written (what reinforcement learning trains on); the caller clears it between episodes. */
+  readonly turns: Turn[] = [];
 
   constructor(
     readonly name: string,
@@ -55,6 +60,7 @@ export class ModelPolicy implements Policy {
     const constraint = (await this.constraint) ?? undefined;
     const ids = this.cache.generate(prompt, { ...this.sampling, stop: this.chat.stop, random: this.random, constraint });
     this.generated += ids.length;
+    if (this.sampling.recordTurns) this.turns.push({ prompt, generated: ids });
     const reply = restore(await this.chat.parseAssistant(ids, this.calls + 1));
     this.calls += reply.tool_calls?.length ?? 0;
     return reply;

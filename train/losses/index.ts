@@ -6,7 +6,7 @@ import { dpoHingeLoss, dpoRobustLoss, dpoSigmoidLoss, ipoLoss, orpoOddsRatioLoss
 export { sftLoss, sequenceLogps } from './sft.ts';
 export { preferenceMetrics } from './preference.ts';
 // Reinforcement learning from rollouts (the dapo stage): GRPO advantages, DAPO's clipped token-mean loss.
-export { DAPO_CLIP, dapoLoss, groupAdvantages, informativeGroups, overlongPenalty, tokenEntropy } from './policy-gradient.ts';
+export { DAPO_CLIP, dapoLoss, groupAdvantages, informativeGroups, overlongPenalty, tokenEntropy, type ClipSettings } from './policy-gradient.ts';
 
 export interface PreferenceHyperparameters {
   beta: number;

@@ -1,0 +1,97 @@
+// The DAPO trainer's core: rollouts trained on exactly the tokens the policy wrote, with GRPO advantages, and
+// one step that makes the better rollout of a group likelier and the worse one less likely.
+import * as tf from '@tensorflow/tfjs-core';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { NEVER } from '../../pipeline/interrupt.ts';
+import { useBackend } from '../../train/backend.ts';
+import { dapoParts, rolloutBatch, turnSequence, type Rollout } from '../../train/dapo.ts';
+import { DAPO_CLIP } from '../../train/losses/index.ts';
+import { Llama } from '../../train/model.ts';
+import { ADAMW_DEFAULTS, AdamW } from '../../train/optimizer.ts';
+import { optimizerStep } from '../../train/step.ts';
+import { tinyLlama } from '../fixtures/llama.ts';
+import type { Message } from '../../core/records.ts';
+import { seeded } from '../../core/random.ts';
+import { prefabChat } from '../../train/chat.ts';
+import { renderText } from '../../train/chat-template.ts';
+import { ModelPolicy } from '../../train/policy.ts';
+import { TextTokenizer, trainTokenizer } from '../../train/tokenizer.ts';
+
+beforeAll(async () => {
+  await useBackend('wasm');
+});
+
+/** log p of `generated` after `prompt`, summed. */
+function logp(model: Llama, prompt: number[], generated: number[]): number {
+  const ids = [...prompt, ...generated];
+  const lp = tf.tidy(() => model.tokenLogprobs(Int32Array.from(ids.slice(0, -1)), Int32Array.from(ids.slice(1)), 1, ids.length - 1).dataSync());
+  return Array.from(lp).slice(prompt.length - 1).reduce((a, b) => a + b, 0);
+}
+
+describe('DAPO trainer core', () => {
+  it('trains only the generated tokens of each turn', () => {
+    expect(turnSequence({ prompt: [1, 2, 3], generated: [7, 8] })).toEqual({ ids: [1, 2, 3, 7, 8], mask: [0, 0, 0, 1, 1] });
+  });
+
+  it('records the old log-probabilities and each turn’s rollout advantage, and drops empty turns', async () => {
+    const model = Llama.create(tinyLlama(), 'old');
+    const rollouts: Rollout[] = [
+      { group: 't', reward: 1, turns: [{ prompt: [1, 2], generated: [5, 6] }, { prompt: [1, 2, 5, 6, 3], generated: [9] }] },
+      { group: 't', reward: 0, turns: [{ prompt: [1, 2], generated: [7] }, { prompt: [1, 2, 7, 4], generated: [] }] },
+    ];
+    const batch = await rolloutBatch(model, rollouts, 0, 64, NEVER);
+    expect(batch.sequences).toHaveLength(3);
+    expect(batch.advantages[0]).toBeCloseTo(Math.SQRT1_2, 4); // (1 − 0.5) / √0.5
+    expect(batch.advantages[1]).toBeCloseTo(Math.SQRT1_2, 4);
+    expect(batch.advantages[2]).toBeCloseTo(-Math.SQRT1_2, 4);
+    expect(batch.oldLogps[0]).toHaveLength(3);
+    const generatedLogp = batch.oldLogps[0]!.slice(1).reduce((a, b) => a + b, 0);
+    expect(generatedLogp).toBeCloseTo(logp(model, [1, 2], [5, 6]), 4);
+    model.dispose();
+  });
+
+  it('makes the better rollout likelier and the worse one less likely over several epochs on one batch', async () => {
+    const model = Llama.create(tinyLlama(), 'step');
+    const good = { prompt: [1, 2, 3], generated: [5, 6] };
+    const bad = { prompt: [1, 2, 3], generated: [7, 8] };
+    const rollouts: Rollout[] = [
+      { group: 't', reward: 1, turns: [good] },
+      { group: 't', reward: 0, turns: [bad] },
+      { group: 't', reward: 1, turns: [good] },
+      { group: 't', reward: 0, turns: [bad] },
+    ];
+    const before = [logp(model, good.prompt, good.generated), logp(model, bad.prompt, bad.generated)];
+    const batch = await rolloutBatch(model, rollouts, 0, 64, NEVER);
+    const optimizer = new AdamW(model.params, ADAMW_DEFAULTS);
+    for (let epoch = 0; epoch < 3; epoch++) {
+      // Micro-batches of one sequence each must add up to the whole batch's token mean.
+      const { parts } = dapoParts(model, batch, [0, 1, 2, 3], 0, 6, DAPO_CLIP);
+      expect(parts).toHaveLength(4);
+      const step = optimizerStep(model, optimizer, parts, 5e-3, 1);
+      if (epoch === 0) {
+        // On-policy the ratio is 1 everywhere: nothing is clipped, and the advantages' token mean is 0.
+        expect(step.loss).toBeCloseTo(0, 5);
+        expect(step.metrics).toEqual({ clip_low: 0, clip_high: 0, dual_clip: 0, kl: 0 });
+      }
+    }
+    const after = [logp(model, good.prompt, good.generated), logp(model, bad.prompt, bad.generated)];
+    expect(after[0]).toBeGreaterThan(before[0]! + 0.05);
+    expect(after[1]).toBeLessThan(before[1]! - 0.05);
+    model.dispose();
+  });
+
+  it('records in the policy the exact tokens each turn read and wrote', async () => {
+    const conversation: Message[] = [{ role: 'system', content: 'You phone companies for the user.' }, { role: 'user', content: 'Cancel my gym plan.' }];
+    const json = trainTokenizer([renderText(conversation)], 300);
+    const chat = prefabChat(json);
+    const model = Llama.create(tinyLlama({ vocabSize: new TextTokenizer(json).vocabSize, maxPositions: 256 }), 'policy');
+    const policy = new ModelPolicy('m', model, 256, chat, null, { maxTokens: 6, temperature: 1, topP: 1, recordTurns: true }, seeded('turns'));
+    await policy.respond(conversation);
+    const [open] = await chat.encode([conversation], true);
+    expect(policy.turns).toHaveLength(1);
+    expect(policy.turns[0]!.prompt).toEqual(open!.ids);
+    expect(policy.turns[0]!.generated.length).toBeGreaterThan(0);
+    expect(policy.turns[0]!.generated.length).toBeLessThanOrEqual(6);
+    model.dispose();
+  });
+});
