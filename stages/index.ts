@@ -1,5 +1,6 @@
 // prefab's stages in run order. A stage reads only the stages before it.
 import type { CommandFactory, Stage } from '../pipeline/stage.ts';
+import { dapo } from './dapo/index.ts';
 import { dpo } from './dpo/index.ts';
 import { evalStage } from './eval/index.ts';
 import { exportStage } from './export/index.ts';
@@ -16,7 +17,7 @@ import { addBackendOption } from '../train/backend.ts';
 import { addModelCommands } from '../train/model-commands.ts';
 import { tokenizer } from './tokenizer/index.ts';
 
-export const STAGES: Stage[] = [ingest, importStage, split, sample, pairs, judge, gate, exportStage, tokenizer, sft, dpo, evalStage] as Stage[];
+export const STAGES: Stage[] = [ingest, importStage, split, sample, pairs, judge, gate, exportStage, tokenizer, sft, dpo, dapo, evalStage] as Stage[];
 
 /** Commands beyond the pipeline's own. */
 export const COMMANDS: CommandFactory[] = [addSimulateCommands, addModelCommands, addBackendOption];

@@ -1,4 +1,4 @@
-// The DAPO trainer's core (issue 18; the stage that rolls out in the simulator comes next): rollouts as the
+// The DAPO trainer (the dapo stage gathers the rollouts in the simulator): rollouts as the
 // exact tokens the policy read and wrote, their group advantages, the old policy's log-probabilities, and one
 // optimisation step's loss on them (train/losses/policy-gradient.ts), in micro-batches that add up to the
 // batch's token mean.
@@ -7,8 +7,10 @@
 // ones sampled, never a re-tokenisation of the text, and the user's and tools' tokens are never trained on.
 import * as tf from '@tensorflow/tfjs-core';
 import { safePoint } from '../pipeline/interrupt.ts';
+import { seeded } from '../core/random.ts';
 import { dapoLoss, groupAdvantages, type ClipSettings } from './losses/index.ts';
 import type { Llama } from './model.ts';
+import type { Trainer } from './run.ts';
 import type { MicroBatchLoss } from './step.ts';
 import { microBatches, padBatch, type Sequence } from './windows.ts';
 
@@ -92,4 +94,55 @@ export function dapoParts(model: Llama, batch: RolloutBatch, indices: number[], 
     return { loss: w(out.loss), metrics: { clip_low: w(out.clipLow), clip_high: w(out.clipHigh), dual_clip: w(out.dualClipped), kl: w(out.kl) } };
   });
   return { parts, tokens: indices.reduce((n, i) => n + batch.sequences[i]!.ids.length, 0) };
+}
+
+/** A step's rollouts, as the stage gathered them in the environment (informative groups only), and figures about them. */
+export interface StepRollouts {
+  rollouts: Rollout[];
+  metrics: Record<string, number>;
+}
+
+export interface DapoOptions {
+  steps: number;
+  /** The model to start from when there is no checkpoint. */
+  start: () => Llama;
+  /** The rollouts of step `step` by `model` as it is now: a function of the step and the weights alone, so a resumed run gathers the same. */
+  rollouts: (step: number, model: Llama) => Promise<StepRollouts>;
+  pad: number;
+  microBatchTokens: number;
+  clip: ClipSettings;
+  /** Passes over each batch of rollouts, and the mini-batches (optimiser updates) each pass is cut into. */
+  ppoEpochs: number;
+  miniBatches: number;
+  seed: string;
+  signal: AbortSignal;
+}
+
+/**
+ * DAPO as a Trainer for trainingRun (train/run.ts): each step gathers a batch of rollouts with the current
+ * weights, records their old log-probabilities, and makes ppoEpochs × miniBatches updates on it, each
+ * mini-batch a seeded shuffle's slice of the batch's turns. A step without informative groups makes none.
+ */
+export function dapoTrainer(o: DapoOptions): Trainer {
+  return {
+    steps: o.steps,
+    label: 'dapo steps',
+    start: o.start,
+    async batch(step, model) {
+      const { rollouts, metrics } = await o.rollouts(step, model);
+      if (rollouts.length === 0) return { parts: [], tokens: 0, metrics };
+      const batch = await rolloutBatch(model, rollouts, o.pad, o.microBatchTokens, o.signal);
+      const all = batch.sequences.map((_, i) => i);
+      const updates: number[][] = [];
+      for (let epoch = 0; epoch < o.ppoEpochs; epoch++) {
+        const rand = seeded(o.seed, 'dapo-minibatches', step, epoch);
+        const order = all.map((i) => ({ i, k: rand() })).sort((a, b) => a.k - b.k).map((x) => x.i);
+        const size = Math.ceil(order.length / o.miniBatches);
+        for (let m = 0; m < o.miniBatches && m * size < order.length; m++) updates.push(order.slice(m * size, (m + 1) * size));
+      }
+      const parts = (idx: number[]) => dapoParts(model, batch, idx, o.pad, o.microBatchTokens, o.clip).parts;
+      const generated = batch.sequences.reduce((n, s) => n + s.mask.reduce((a, x) => a + x, 0), 0);
+      return { parts: parts(updates[0]!), more: updates.slice(1).map((idx) => () => parts(idx)), tokens: generated, metrics };
+    },
+  };
 }

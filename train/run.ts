@@ -14,7 +14,7 @@ import { hashJson } from '../pipeline/hash.ts';
 import type { Llama } from './model.ts';
 import type { Placeholders } from './placeholders.ts';
 import { ADAMW_DEFAULTS, AdamW, learningRate } from './optimizer.ts';
-import { optimizerStep, type MicroBatchLoss } from './step.ts';
+import { optimizerStep, type MicroBatchLoss, type StepResult } from './step.ts';
 
 /**
  * The settings every training stage's config has: seed, batch and run length, checkpoints, micro-batches,
@@ -52,10 +52,18 @@ function runFolder(cache: string, key: string): string {
 }
 
 export interface StepBatch {
-  /** The loss to minimise on this step's batch, and scalars to report beside it, in micro-batches that add up to the batch's. */
+  /** The loss to minimise on this step's batch, and scalars to report beside it, in micro-batches that add up to the batch's; none: the step makes no update. */
   parts: MicroBatchLoss[];
   /** Tokens in the batch that are not padding. */
   tokens: number;
+  /**
+   * More optimiser updates on the same batch after the first (reinforcement learning: several epochs and
+   * mini-batches over one batch of rollouts), each built when it is reached; their metrics are averaged
+   * with the first's. A checkpoint falls between steps, never inside one.
+   */
+  more?: (() => MicroBatchLoss[])[];
+  /** Figures of the batch itself (rewards of the rollouts, ...), logged beside the loss's. */
+  metrics?: Record<string, number>;
 }
 
 /** What a trainer (sft.ts, dpo.ts, kto.ts) brings to a run: its length, its start, and each step's batch. */
@@ -182,10 +190,10 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
     const lr = learningRate(step, schedule);
     // Adapters' dropout, drawn anew each step and the same on a resumed run.
     model.dropoutSeed = settings.lora ? parseInt(hashJson({ seed: run.seed, step }).slice(0, 8), 16) : null;
-    const result = optimizerStep({ params: trainableParameters(model) }, optimizer, batch.parts, lr, s.max_grad_norm);
+    const result = updates(batch, (parts) => optimizerStep({ params: trainableParameters(model) }, optimizer, parts, lr, s.max_grad_norm));
     model.dropoutSeed = null;
     const seconds = (performance.now() - started) / 1000;
-    const row: MetricsRow = { step: step + 1, loss: result.loss, ...result.metrics, grad_norm: result.gradNorm, learning_rate: lr, 'tokens/s': Math.round(batch.tokens / seconds) };
+    const row: MetricsRow = { step: step + 1, loss: result.loss, ...result.metrics, ...batch.metrics, grad_norm: result.gradNorm, learning_rate: lr, 'tokens/s': Math.round(batch.tokens / seconds) };
     if (!Number.isFinite(result.loss)) throw new Error(`${run.label}: the loss is ${result.loss} at step ${step + 1}; lower lr (now ${s.lr}) or max_grad_norm`);
     metrics.push(row);
     appendFileSync(metricsPath, JSON.stringify(row) + '\n');
@@ -209,6 +217,20 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
       return finalMetrics(metrics);
     },
   };
+}
+
+/** Every update a step's batch asks for, in order; the mean of their losses, metrics and gradient norms. No parts: no update. */
+function updates(batch: StepBatch, update: (parts: MicroBatchLoss[]) => StepResult): StepResult {
+  const results: StepResult[] = [];
+  if (batch.parts.length) results.push(update(batch.parts));
+  for (const next of batch.parts.length ? (batch.more ?? []) : []) {
+    const parts = next(); // built now, after the update before it
+    if (parts.length) results.push(update(parts));
+  }
+  if (results.length === 0) return { loss: 0, gradNorm: 0, metrics: {} };
+  const mean = (f: (r: StepResult) => number) => results.reduce((a, r) => a + f(r), 0) / results.length;
+  const keys = [...new Set(results.flatMap((r) => Object.keys(r.metrics)))];
+  return { loss: mean((r) => r.loss), gradNorm: mean((r) => r.gradNorm), metrics: Object.fromEntries(keys.map((k) => [k, mean((r) => r.metrics[k] ?? 0)])) };
 }
 
 /** Optimiser steps for `epochs` passes over `examples` in batches, at most `maxSteps`. */

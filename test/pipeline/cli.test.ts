@@ -39,6 +39,7 @@ describe('prefab command line', () => {
       ['tokenizer', 'never run'],
       ['sft', 'never run'],
       ['dpo', 'never run'],
+      ['dapo', 'never run'],
       ['eval', 'never run'],
     ]);
     // While a run holds the workspace, status says so: its pid and since when.
@@ -61,7 +62,7 @@ describe('prefab command line', () => {
     const workdir = join(tempDir(), 'workspace');
     const unknownStage = prefab(['--workdir', workdir, '--config', DEFAULT, 'stage', 'nope']);
     expect(unknownStage.code).toBe(2);
-    expect(unknownStage.stderr).toMatch(/unknown stage 'nope'; the stages are: ingest, import, split, sample, pairs, judge, gate, export, tokenizer, sft, dpo, eval/);
+    expect(unknownStage.stderr).toMatch(/unknown stage 'nope'; the stages are: ingest, import, split, sample, pairs, judge, gate, export, tokenizer, sft, dpo, dapo, eval/);
     const dir = tempDir();
     writeFileSync(join(dir, 'bad.yaml'), 'pairs:\n  outcome:\n    max_pairs: 3\n');
     const badConfig = prefab(['--workdir', workdir, '--config', join(dir, 'bad.yaml'), 'run']);
@@ -91,7 +92,7 @@ describe('prefab command line', () => {
     await new Promise((r) => child.once('exit', r));
 
     const status = JSON.parse(prefab([...args, 'status', '--json']).stdout).stages as { stage: string; state: string }[];
-    expect(status.map((s) => s.state)).toEqual(['fresh', 'fresh', 'fresh', 'fresh', ...Array(8).fill('never run')]);
+    expect(status.map((s) => s.state)).toEqual(['fresh', 'fresh', 'fresh', 'fresh', ...Array(9).fill('never run')]);
 
     const rerun = prefab([...args, 'run', '--until', 'export']);
     expect(rerun.code, rerun.stderr).toBe(0);

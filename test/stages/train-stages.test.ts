@@ -1,4 +1,4 @@
-import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { appendFileSync, existsSync, readFileSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { DuckDBInstance } from '@duckdb/node-api';
@@ -141,6 +141,26 @@ describe('training stages (tiny model)', () => {
     const c = await db.connect();
     const [row] = (await c.runAndReadAll(`SELECT count(*)::INTEGER AS n FROM '${join(workdir, 'export', 'pairs', 'train.parquet')}'`)).getRowObjectsJson();
     expect(Number(row!.n)).toBeGreaterThanOrEqual(48);
+  });
+
+  it('passes the dpo model on when DAPO is off, and with it on plays groups in the simulator and logs every step', () => {
+    const off = JSON.parse(readFileSync(join(workdir, 'dapo', 'manifest.json'), 'utf8'));
+    expect(off.summary).toMatch(/DAPO is off/);
+    expect(readFileSync(join(workdir, 'dapo', 'model', 'model.safetensors'))).toEqual(readFileSync(join(workdir, 'dpo', 'model', 'model.safetensors')));
+    const cfg = tinyConfig(join(workdir, '..'));
+    appendFileSync(cfg, 'dapo:\n  enabled: true\n  steps: 2\n  tasks_per_step: 1\n  group_size: 2\n  reward: partial\n  max_generation_batches: 2\n  simulator: { max_tokens: 12, max_turns: 2 }\n');
+    const r = prefab(['--workdir', workdir, '--config', cfg, '--log-format', 'json', 'run', '--until', 'dapo']);
+    expect(r.code, r.stderr).toBe(0);
+    const rows = metricsOf(join(workdir, 'dapo', 'metrics.jsonl'));
+    expect(rows.map((m) => m.step)).toEqual([1, 2]);
+    for (const m of rows) {
+      expect(m.episodes).toBe(m.groups! * 2);
+      expect(m.groups).toBeGreaterThanOrEqual(1);
+      expect(m.kept_groups).toBeLessThanOrEqual(1);
+      expect(m.reward_mean).toBeGreaterThanOrEqual(-1);
+      expect(Number.isFinite(m.response_length)).toBe(true);
+    }
+    expect(JSON.parse(readFileSync(join(workdir, 'dapo', 'model', 'config.json'), 'utf8'))).toMatchObject({ architectures: ['LlamaForCausalLM'] });
   });
 });
 

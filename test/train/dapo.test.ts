@@ -4,7 +4,10 @@ import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { NEVER } from '../../pipeline/interrupt.ts';
 import { useBackend } from '../../train/backend.ts';
-import { dapoParts, rolloutBatch, turnSequence, type Rollout } from '../../train/dapo.ts';
+import { dapoParts, dapoTrainer, rolloutBatch, turnSequence, type Rollout } from '../../train/dapo.ts';
+import { trainingRun } from '../../train/run.ts';
+import { tempDir } from '../fixtures/pipeline.ts';
+import { quietLogger } from '../fixtures/toy-stages.ts';
 import { DAPO_CLIP } from '../../train/losses/index.ts';
 import { Llama } from '../../train/model.ts';
 import { ADAMW_DEFAULTS, AdamW } from '../../train/optimizer.ts';
@@ -94,4 +97,50 @@ describe('DAPO trainer core', () => {
     expect(policy.turns[0]!.generated.length).toBeLessThanOrEqual(6);
     model.dispose();
   });
+
+  it('trains as a Trainer: several updates a step, a metrics line per step with the rollouts’ figures, and a resumed run ends where a straight one does', async () => {
+    const good = { prompt: [1, 2, 3], generated: [5, 6] };
+    const bad = { prompt: [1, 2, 3], generated: [7, 8] };
+    const settings = (cache: string, steps: number) => ({
+      config: { seed: 's', batch_size: 1, epochs: 1, max_steps: steps, lr: 5e-3, warmup: 0, min_lr_ratio: 1, weight_decay: 0, max_grad_norm: 1, checkpoint_every: 1, micro_batch_tokens: 64 },
+      cache,
+      key: 'k',
+      tokenizer: { 'tokenizer.json': '{}' },
+      context: 16,
+      placeholders: null,
+      signal: NEVER,
+      log: quietLogger(),
+    });
+    const trainer = (steps: number) =>
+      dapoTrainer({
+        steps,
+        start: () => Llama.create(tinyLlama(), 'rl'),
+        // The same rollouts every step, whatever the weights: the test looks at the updates, not the sampling.
+        rollouts: async () => ({ rollouts: [{ group: 't', reward: 1, turns: [good] }, { group: 't', reward: 0, turns: [bad] }], metrics: { reward_mean: 0.5, kept_groups: 1 } }),
+        pad: 0,
+        microBatchTokens: 64,
+        clip: DAPO_CLIP,
+        ppoEpochs: 2,
+        miniBatches: 2,
+        seed: 's',
+        signal: NEVER,
+      });
+    const straight = await trainingRun(settings(tempDir(), 3), trainer(3));
+    expect(straight.metrics.map((m) => [m.step, m.reward_mean, m.kept_groups])).toEqual([[1, 0.5, 1], [2, 0.5, 1], [3, 0.5, 1]]);
+    expect(logp(straight.model, good.prompt, good.generated)).toBeGreaterThan(logp(Llama.create(tinyLlama(), 'rl'), good.prompt, good.generated));
+    const cache = tempDir();
+    (await trainingRun(settings(cache, 3), { ...trainer(3), steps: 2 })).model.dispose();
+    const resumed = await trainingRun(settings(cache, 3), trainer(3));
+    expect(resumed.resumedFrom).toBe(2);
+    const weights = (m: Llama) => [...m.params.values()].map((v) => Array.from(v.dataSync()));
+    expect(weights(resumed.model)).toEqual(weights(straight.model));
+    expect(resumed.metrics.map((m) => m.loss)).toEqual(straight.metrics.map((m) => m.loss));
+  });
+
+  it('makes no update on a step without informative groups', async () => {
+    const model = Llama.create(tinyLlama(), 'none');
+    const t = dapoTrainer({ steps: 1, start: () => model, rollouts: async () => ({ rollouts: [], metrics: { kept_groups: 0 } }), pad: 0, microBatchTokens: 64, clip: DAPO_CLIP, ppoEpochs: 2, miniBatches: 2, seed: 's', signal: NEVER });
+    expect(await t.batch(0, model)).toEqual({ parts: [], tokens: 0, metrics: { kept_groups: 0 } });
+  });
 });
+

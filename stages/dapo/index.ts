@@ -1,0 +1,155 @@
+// dapo: reinforcement learning of the preference-tuned model in the simulator, by DAPO (verl's recipe:
+// train/dapo.ts, train/losses/policy-gradient.ts). Each step draws training tasks (companies of the training
+// split), plays group_size episodes of each with the current policy, keeps the groups whose rewards differ
+// (dynamic sampling, drawing more tasks up to max_generation_batches), and updates on them. Off by default:
+// the stage then passes the dpo model on unchanged.
+import { cp } from 'node:fs/promises';
+import { join } from 'node:path';
+import { z } from 'zod';
+import { defineStage } from '../../pipeline/stage.ts';
+import { hashJson } from '../../pipeline/hash.ts';
+import { seeded } from '../../core/random.ts';
+import { TOOLS } from '../../env/env.ts';
+import { runEpisode } from '../../env/rollout.ts';
+import { DEFAULT_WORLD, generateTask, generateWorld } from '../../env/world.ts';
+import { stageBackend } from '../../train/backend.ts';
+import { openChat } from '../../train/chat.ts';
+import { loadCheckpoint } from '../../train/checkpoint.ts';
+import { dapoTrainer, type Rollout, type StepRollouts } from '../../train/dapo.ts';
+import { informativeGroups, overlongPenalty } from '../../train/losses/index.ts';
+import type { Llama } from '../../train/model.ts';
+import { ModelPolicy } from '../../train/policy.ts';
+import { trainingRun, type TrainingSettings } from '../../train/run.ts';
+
+const config = z.strictObject({
+  enabled: z.boolean().default(false).describe('Run DAPO; off, the stage passes the dpo model on unchanged.'),
+  seed: z.string().default('prefab').describe('Which tasks each step draws, the sampling, and the mini-batches.'),
+  steps: z.number().int().min(1).default(4).describe('DAPO steps: each a batch of rollouts and ppo_epochs × mini_batches updates on it.'),
+  tasks_per_step: z.number().int().min(1).default(4).describe('Groups (tasks) a step trains on, once dynamic sampling has kept them.'),
+  group_size: z.number().int().min(2).default(8).describe('Episodes per task: a group, whose rewards give each other their advantage (GRPO).'),
+  max_generation_batches: z.number().int().min(1).default(3).describe('Dynamic sampling: batches of tasks_per_step tasks drawn at most per step to find groups whose rewards differ; a step that finds none makes no update.'),
+  task_pool: z.number().int().min(1).default(500).describe('Training tasks are drawn from the first task_pool tasks of the training split.'),
+  reward: z.enum(['success', 'partial']).default('success').describe("success: 1 for a completed task, else 0 (sparse); partial: the environment's share of requests completed, less penalties."),
+  ppo_epochs: z.number().int().min(1).default(2).describe('Passes over each batch of rollouts.'),
+  mini_batches: z.number().int().min(1).default(2).describe('Optimiser updates per pass (the batch is cut into this many mini-batches).'),
+  lr: z.number().positive().default(1e-5).describe('Learning rate (constant after warmup).'),
+  warmup: z.number().int().min(0).default(0).describe('Steps of linear warmup.'),
+  weight_decay: z.number().min(0).default(0).describe("AdamW's weight decay."),
+  max_grad_norm: z.number().positive().default(1).describe('Gradients are clipped to this global norm at each update.'),
+  clip_low: z.number().min(0).max(1).default(0.2).describe('ε_low: the ratio is clipped below at 1 − clip_low.'),
+  clip_high: z.number().min(0).default(0.28).describe("ε_high: and above at 1 + clip_high (DAPO's clip-higher)."),
+  dual_clip: z.number().min(1).default(10).describe("c: a negative advantage's loss is at most −A·c."),
+  overlong_buffer: z.number().int().min(0).default(32).describe('Overlong shaping: an assistant turn within this many tokens of max_tokens is penalised linearly, down to −1 at max_tokens (0: off).'),
+  checkpoint_every: z.number().int().min(1).default(1).describe('Steps between checkpoints; a killed run resumes from the latest, gathering the same rollouts again.'),
+  micro_batch_tokens: z.number().int().min(16).default(2048).describe('Largest micro-batch, in padded tokens.'),
+  simulator: z
+    .strictObject({
+      world_seed: z.number().int().default(DEFAULT_WORLD.seed).describe('The world the sessions came from.'),
+      companies: z.number().int().min(1).default(DEFAULT_WORLD.companies).describe('Companies in that world.'),
+      temperature: z.number().positive().default(1).describe('Sampling temperature of the rollouts (the loss reads the policy at temperature 1: keep 1 for on-policy ratios).'),
+      top_p: z.number().min(0).max(1).default(1).describe('Nucleus sampling of the rollouts (1: the policy itself).'),
+      max_tokens: z.number().int().min(1).default(160).describe('Most tokens in one assistant message.'),
+      max_turns: z.number().int().min(1).default(12).describe('Most assistant messages in one episode.'),
+      constrained: z.boolean().default(true).describe("Tool calls decoded under the tools' JSON schemas, as in eval."),
+    })
+    .prefault({}).describe('Episodes in the simulator, as eval plays them.'),
+});
+
+export const dapo = defineStage({
+  name: 'dapo',
+  description: 'reinforcement learning in the simulator by DAPO (off by default: passes the dpo model on)',
+  version: 1,
+  inputs: ['dpo'],
+  outputs: ['model', 'metrics.jsonl'],
+  config,
+
+  async run({ config: cfg, out, input, cache, key, log, options, signal }) {
+    const from = join(input('dpo'), 'model');
+    if (!cfg.enabled) {
+      await cp(from, join(out, 'model'), { recursive: true });
+      await cp(join(input('dpo'), 'metrics.jsonl'), join(out, 'metrics.jsonl'));
+      return { counts: { steps: 0, resumed_from: 0 }, summary: 'DAPO is off (dapo.enabled: false): the dpo model is passed on' };
+    }
+    const backend = await stageBackend(options, log);
+    const start = loadCheckpoint(from);
+    const chat = openChat(start.tokenizer, start.model.config.eosTokenId, from);
+    const s = cfg.simulator;
+    const world = generateWorld({ ...DEFAULT_WORLD, seed: s.world_seed, companies: s.companies });
+    const sampling = { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p, tools: s.constrained ? TOOLS : undefined, signal, recordTurns: true };
+
+    /** One group: group_size episodes of a training task with the policy as it is. */
+    const playGroup = async (policy: ModelPolicy, step: number, index: number): Promise<{ rollouts: Rollout[]; successes: number[]; lengths: number[] }> => {
+      const task = generateTask(world, 'train', index);
+      const rollouts: Rollout[] = [];
+      const successes: number[] = [];
+      const lengths: number[] = [];
+      for (let trial = 0; trial < cfg.group_size; trial++) {
+        policy.turns.length = 0;
+        policy.random = seeded(cfg.seed, 'dapo', step, task.task_id, trial);
+        const episode = await runEpisode(world, task, policy, s.max_turns);
+        const turns = [...policy.turns];
+        const longest = Math.max(0, ...turns.map((t) => t.generated.length));
+        const shaping = cfg.overlong_buffer > 0 ? overlongPenalty(longest, s.max_tokens, cfg.overlong_buffer) : 0;
+        rollouts.push({ group: task.task_id, reward: (cfg.reward === 'success' ? (episode.success ? 1 : 0) : episode.reward) + shaping, turns });
+        successes.push(episode.success ? 1 : 0);
+        lengths.push(...turns.map((t) => t.generated.length));
+      }
+      return { rollouts, successes, lengths };
+    };
+
+    const rollouts = async (step: number, model: Llama): Promise<StepRollouts> => {
+      const policy = new ModelPolicy('dapo', model, start.context, chat, start.placeholders, sampling, Math.random);
+      const kept: Rollout[][] = [];
+      const all: { rollouts: Rollout[]; successes: number[]; lengths: number[] }[] = [];
+      for (let b = 0; b < cfg.max_generation_batches && kept.length < cfg.tasks_per_step; b++) {
+        const groups = [];
+        for (let k = 0; k < cfg.tasks_per_step; k++) {
+          const index = parseInt(hashJson({ seed: cfg.seed, step, b, k }).slice(0, 8), 16) % cfg.task_pool;
+          groups.push(await playGroup(policy, step, index));
+        }
+        all.push(...groups);
+        for (const i of informativeGroups(groups.map((g) => g.rollouts.map((r) => r.reward)))) kept.push(groups[i]!.rollouts);
+      }
+      const rewards = all.flatMap((g) => g.rollouts.map((r) => r.reward));
+      const mean = (xs: number[]) => xs.reduce((a, x) => a + x, 0) / Math.max(1, xs.length);
+      const rewardMean = mean(rewards);
+      const lengths = all.flatMap((g) => g.lengths);
+      const metrics = {
+        reward_mean: rewardMean,
+        reward_std: Math.sqrt(mean(rewards.map((r) => (r - rewardMean) ** 2))),
+        success: mean(all.flatMap((g) => g.successes)),
+        groups: all.length,
+        kept_groups: Math.min(kept.length, cfg.tasks_per_step),
+        episodes: rewards.length,
+        response_length: mean(lengths),
+        overlong: mean(lengths.map((l) => (l >= s.max_tokens ? 1 : 0))),
+      };
+      log.info('rollouts', { step: step + 1, ...metrics });
+      return { rollouts: kept.slice(0, cfg.tasks_per_step).flat(), metrics };
+    };
+
+    const trainer = dapoTrainer({
+      steps: cfg.steps,
+      start: () => loadCheckpoint(from).model,
+      rollouts,
+      pad: chat.pad,
+      microBatchTokens: cfg.micro_batch_tokens,
+      // DAPO uses no KL to a reference (the loss supports one; the stage does not score a reference yet).
+      clip: { clipLow: cfg.clip_low, clipHigh: cfg.clip_high, dualClip: cfg.dual_clip, klCoef: 0 },
+      ppoEpochs: cfg.ppo_epochs,
+      miniBatches: cfg.mini_batches,
+      seed: cfg.seed,
+      signal,
+    });
+    log.info('training', { steps: cfg.steps, tasks_per_step: cfg.tasks_per_step, group_size: cfg.group_size, reward: cfg.reward, backend: backend.name });
+    // The run's settings in trainingRun's terms: a constant learning rate after warmup, a step per batch of rollouts.
+    const settings: TrainingSettings = { seed: cfg.seed, batch_size: cfg.tasks_per_step, epochs: 1, max_steps: cfg.steps, lr: cfg.lr, warmup: cfg.warmup, min_lr_ratio: 1, weight_decay: cfg.weight_decay, max_grad_norm: cfg.max_grad_norm, checkpoint_every: cfg.checkpoint_every, micro_batch_tokens: cfg.micro_batch_tokens };
+    const result = await trainingRun({ config: settings, cache, key, tokenizer: start.tokenizer, context: start.context, placeholders: start.placeholders, signal, log }, trainer);
+    start.model.dispose();
+    const last = await result.save(out, { stage: 'dapo', steps: cfg.steps, reward: cfg.reward });
+    return {
+      counts: { steps: cfg.steps, resumed_from: result.resumedFrom },
+      summary: `${cfg.steps} DAPO steps of ${cfg.tasks_per_step} tasks × ${cfg.group_size} episodes (${cfg.reward} reward); last steps: reward ${last.reward_mean?.toFixed(3)}, success ${last.success?.toFixed(3)}, kept groups ${last.kept_groups?.toFixed(1)}`,
+    };
+  },
+});
