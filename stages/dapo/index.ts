@@ -7,19 +7,14 @@ import { cp } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { defineStage } from '../../pipeline/stage.ts';
-import { hashJson } from '../../pipeline/hash.ts';
-import { seeded } from '../../core/random.ts';
 import { TOOLS } from '../../env/env.ts';
-import { runEpisode } from '../../env/rollout.ts';
-import { DEFAULT_WORLD, generateTask, generateWorld } from '../../env/world.ts';
+import { DEFAULT_WORLD, generateWorld } from '../../env/world.ts';
 import { stageBackend } from '../../train/backend.ts';
 import { openChat } from '../../train/chat.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
-import { dapoTrainer, type Rollout, type StepRollouts } from '../../train/dapo.ts';
-import { informativeGroups, overlongPenalty } from '../../train/losses/index.ts';
-import type { Llama } from '../../train/model.ts';
-import { ModelPolicy } from '../../train/policy.ts';
+import { dapoTrainer } from '../../train/dapo.ts';
 import { trainingRun, type TrainingSettings } from '../../train/run.ts';
+import { simulatorRollouts } from './rollouts.ts';
 
 const config = z.strictObject({
   enabled: z.boolean().default(false).describe('Run DAPO; off, the stage passes the dpo model on unchanged.'),
@@ -77,56 +72,7 @@ export const dapo = defineStage({
     const world = generateWorld({ ...DEFAULT_WORLD, seed: s.world_seed, companies: s.companies });
     const sampling = { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p, tools: s.constrained ? TOOLS : undefined, signal, recordTurns: true };
 
-    /** One group: group_size episodes of a training task with the policy as it is. */
-    const playGroup = async (policy: ModelPolicy, step: number, index: number): Promise<{ rollouts: Rollout[]; successes: number[]; lengths: number[] }> => {
-      const task = generateTask(world, 'train', index);
-      const rollouts: Rollout[] = [];
-      const successes: number[] = [];
-      const lengths: number[] = [];
-      for (let trial = 0; trial < cfg.group_size; trial++) {
-        policy.turns.length = 0;
-        policy.random = seeded(cfg.seed, 'dapo', step, task.task_id, trial);
-        const episode = await runEpisode(world, task, policy, s.max_turns);
-        const turns = [...policy.turns];
-        const longest = Math.max(0, ...turns.map((t) => t.generated.length));
-        const shaping = cfg.overlong_buffer > 0 ? overlongPenalty(longest, s.max_tokens, cfg.overlong_buffer) : 0;
-        rollouts.push({ group: task.task_id, reward: (cfg.reward === 'success' ? (episode.success ? 1 : 0) : episode.reward) + shaping, turns });
-        successes.push(episode.success ? 1 : 0);
-        lengths.push(...turns.map((t) => t.generated.length));
-      }
-      return { rollouts, successes, lengths };
-    };
-
-    const rollouts = async (step: number, model: Llama): Promise<StepRollouts> => {
-      const policy = new ModelPolicy('dapo', model, start.context, chat, start.placeholders, sampling, Math.random);
-      const kept: Rollout[][] = [];
-      const all: { rollouts: Rollout[]; successes: number[]; lengths: number[] }[] = [];
-      for (let b = 0; b < cfg.max_generation_batches && kept.length < cfg.tasks_per_step; b++) {
-        const groups = [];
-        for (let k = 0; k < cfg.tasks_per_step; k++) {
-          const index = parseInt(hashJson({ seed: cfg.seed, step, b, k }).slice(0, 8), 16) % cfg.task_pool;
-          groups.push(await playGroup(policy, step, index));
-        }
-        all.push(...groups);
-        for (const i of informativeGroups(groups.map((g) => g.rollouts.map((r) => r.reward)))) kept.push(groups[i]!.rollouts);
-      }
-      const rewards = all.flatMap((g) => g.rollouts.map((r) => r.reward));
-      const mean = (xs: number[]) => xs.reduce((a, x) => a + x, 0) / Math.max(1, xs.length);
-      const rewardMean = mean(rewards);
-      const lengths = all.flatMap((g) => g.lengths);
-      const metrics = {
-        reward_mean: rewardMean,
-        reward_std: Math.sqrt(mean(rewards.map((r) => (r - rewardMean) ** 2))),
-        success: mean(all.flatMap((g) => g.successes)),
-        groups: all.length,
-        kept_groups: Math.min(kept.length, cfg.tasks_per_step),
-        episodes: rewards.length,
-        response_length: mean(lengths),
-        overlong: mean(lengths.map((l) => (l >= s.max_tokens ? 1 : 0))),
-      };
-      log.info('rollouts', { step: step + 1, ...metrics });
-      return { rollouts: kept.slice(0, cfg.tasks_per_step).flat(), metrics };
-    };
+    const rollouts = simulatorRollouts({ world, chat, context: start.context, placeholders: start.placeholders, sampling, maxTurns: s.max_turns, seed: cfg.seed, groupSize: cfg.group_size, tasksPerStep: cfg.tasks_per_step, maxGenerationBatches: cfg.max_generation_batches, taskPool: cfg.task_pool, reward: cfg.reward, overlongBuffer: cfg.overlong_buffer, log });
 
     const trainer = dapoTrainer({
       steps: cfg.steps,
