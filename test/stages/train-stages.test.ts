@@ -107,7 +107,7 @@ describe('training stages (tiny model)', () => {
     const r = prefab(['--workdir', workdir, '--config', tinyConfig(join(workdir, '..'), 'loss: ipo\nmax_steps: 2'), '--log-format', 'json', 'run']);
     expect(r.code, r.stderr).toBe(0);
     expect(r.stderr).toMatch(/"event":"reference log-probabilities from the cache"/);
-    expect(JSON.parse(r.stdout).stages.map((s: { action: string }) => s.action).slice(-4)).toEqual(['fresh', 'fresh', 'ran', 'ran']);
+    expect(JSON.parse(r.stdout).stages.map((s: { action: string }) => s.action).slice(-5)).toEqual(['fresh', 'fresh', 'ran', 'ran', 'ran']); // tokenizer, sft, then dpo, dapo (off: passes the new dpo model on), eval
     expect(metricsOf(join(workdir, 'dpo', 'metrics.jsonl'))).toHaveLength(2);
     // Another seed draws other pairs from max_examples: their reference values are computed, not loaded.
     const seeded = prefab(['--workdir', workdir, '--config', tinyConfig(join(workdir, '..'), 'loss: ipo\nmax_steps: 2\nseed: other'), '--log-format', 'json', 'run']);
