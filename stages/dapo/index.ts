@@ -3,7 +3,7 @@
 // split), plays group_size episodes of each with the current policy, keeps the groups whose rewards differ
 // (dynamic sampling, drawing more tasks up to max_generation_batches), and updates on them. Off by default:
 // the stage then passes the dpo model on unchanged.
-import { cp } from 'node:fs/promises';
+import { cp, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { defineStage } from '../../pipeline/stage.ts';
@@ -62,7 +62,7 @@ export const dapo = defineStage({
     const from = join(input('dpo'), 'model');
     if (!cfg.enabled) {
       await cp(from, join(out, 'model'), { recursive: true });
-      await cp(join(input('dpo'), 'metrics.jsonl'), join(out, 'metrics.jsonl'));
+      await writeFile(join(out, 'metrics.jsonl'), ''); // no DAPO step was taken
       return { counts: { steps: 0, resumed_from: 0 }, summary: 'DAPO is off (dapo.enabled: false): the dpo model is passed on' };
     }
     const backend = await stageBackend(options, log);
