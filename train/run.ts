@@ -1,4 +1,4 @@
-// The one training run every trainer shares (sft.ts, dpo.ts, kto.ts each only say what a step's batch and loss
+// The one training run every trainer shares (sft.ts, dpo.ts, kto.ts, dapo.ts each only say what a step's batch and loss
 // are): AdamW with warmup and cosine decay, gradient clipping, a metrics line per step, and checkpoints every
 // N steps in a folder that outlives the run, so a run killed at any point resumes from its last checkpoint and
 // ends where an uninterrupted run ends.
@@ -66,7 +66,7 @@ export interface StepBatch {
   metrics?: Record<string, number>;
 }
 
-/** What a trainer (sft.ts, dpo.ts, kto.ts) brings to a run: its length, its start, and each step's batch. */
+/** What a trainer (sft.ts, dpo.ts, kto.ts, dapo.ts) brings to a run: its length, its start, and each step's batch. */
 export interface Trainer {
   steps: number;
   /** The model to start from when there is no checkpoint. */
