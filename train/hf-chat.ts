@@ -237,10 +237,11 @@ export class HfChat {
       conversations.map(async (messages) => {
         const { text, spans } = this.template.assistantSpans(messages);
         // Where each message begins: the length of the messages before it, rendered (0 for the first).
-        const begins = messages.map((_, i) => (i === 0 ? 0 : this.template.render(messages.slice(0, i)).length));
-        begins.forEach((b, i) => {
-          if (i > 0 && !text.startsWith(this.template.render(messages.slice(0, i)))) throw new Error(`${this.template.name}: the conversation rendered up to message ${i + 1} is not a prefix of it rendered whole, so it cannot be cut between messages`);
-          if (b < begins[i - 1]!) throw new Error(`${this.template.name}: message ${i + 1} renders before message ${i}`);
+        const begins = messages.map((_, i) => {
+          if (i === 0) return 0;
+          const before = this.template.render(messages.slice(0, i));
+          if (!text.startsWith(before)) throw new Error(`${this.template.name}: the conversation rendered up to message ${i} is not a prefix of it rendered whole, so it cannot be cut between messages`);
+          return before.length;
         });
         const full = openAssistant ? this.template.render(messages, { addGenerationPrompt: true }) : text;
         if (!full.startsWith(text)) throw new Error(`${this.template.name}: the generation prompt does not extend the rendered conversation`);
