@@ -46,7 +46,9 @@ export const importStage = defineStage({
   async run({ config: cfg, out, external, log, signal }) {
     const writers = Object.fromEntries(SPLITS.map((s) => [s, new JsonlWriter(join(out, `${s}.jsonl`))]));
     const quarantine = new JsonlWriter(join(out, 'quarantine.jsonl'));
-    const counts: Record<string, number> = { train: 0, test: 0, records: 0, quarantined: 0, files: external.length, hh: 0, trl: 0, ultrafeedback: 0 };
+    const counts: Record<string, number> = { train: 0, test: 0, records: 0, quarantined: 0, duplicates: 0, files: external.length, hh: 0, trl: 0, ultrafeedback: 0 };
+    // A pair met before (the same prompt and sides, in this file or another) is counted, not written again.
+    const seen = new Set<string>();
     const due = every(1000);
     for (const file of external) {
       const fileFormat: InputFormat | null = cfg.file_format === 'auto' ? detectFormat(file.path) : cfg.file_format;
@@ -81,12 +83,18 @@ export const importStage = defineStage({
         }
         counts[format]!++;
         for (const [k, p] of read.entries()) {
+          const id = pairId('imported', hashJson(p.chosen), hashJson(p.rejected), hashJson(p.prompt));
+          if (seen.has(id)) {
+            counts.duplicates!++;
+            continue;
+          }
+          seen.add(id);
           const promptKey = hashJson({ seed: cfg.seed, prompt: p.prompt });
           const split = parseInt(promptKey.slice(0, 8), 16) / 0xffffffff < cfg.test_ratio ? 'test' : 'train';
           // Each side's id names where it came from: file, place, and which pair of the record.
-          const id = (side: string) => `${file.name}#${record.where}#${k}:${side}`;
+          const sideId = (side: string) => `${file.name}#${record.where}#${k}:${side}`;
           const pair: CandidatePair = {
-            pair_id: pairId('imported', hashJson(p.chosen), hashJson(p.rejected), hashJson(p.prompt)),
+            pair_id: id,
             prompt: p.prompt,
             chosen: p.chosen,
             rejected: p.rejected,
@@ -98,8 +106,8 @@ export const importStage = defineStage({
             negative_type: null,
             judge: 'imported',
             task_id: `imported-${promptKey.slice(0, 16)}`,
-            chosen_session_id: id('chosen'),
-            rejected_session_id: id('rejected'),
+            chosen_session_id: sideId('chosen'),
+            rejected_session_id: sideId('rejected'),
             split,
             metadata: JSON.stringify({ imported_from: file.name, where: record.where, format }),
           };
@@ -114,7 +122,7 @@ export const importStage = defineStage({
     return {
       counts,
       summary: external.length
-        ? `${counts.train} train / ${counts.test} test pairs from ${counts.records} records of ${external.length} file(s) (${counts.hh} HH-RLHF, ${counts.trl} TRL, ${counts.ultrafeedback} UltraFeedback), ${counts.quarantined} quarantined`
+        ? `${counts.train} train / ${counts.test} test pairs from ${counts.records} records of ${external.length} file(s) (${counts.hh} HH-RLHF, ${counts.trl} TRL, ${counts.ultrafeedback} UltraFeedback), ${counts.quarantined} quarantined, ${counts.duplicates} duplicates dropped`
         : 'nothing to import (import.inputs is empty)',
     };
   },

@@ -2,7 +2,7 @@
 // UltraFeedback's rated completions read as pairs with source imported, the prompt the longest common prefix,
 // kept as given or rechecked by the judges, exported with the other pairs (not to SFT), and bad records
 // quarantined with their reason.
-import { writeFileSync } from 'node:fs';
+import { copyFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { DuckDBInstance } from '@duckdb/node-api';
 import { describe, expect, it } from 'vitest';
@@ -54,25 +54,28 @@ describe('the import stage', () => {
     writeFileSync(join(dir, 'logs.jsonl'), jsonl([session('s1', 'A', 1), session('s2', 'A', 0)]));
     const bad = join(dir, 'bad.jsonl');
     writeFileSync(bad, jsonl([{ prompt: 'Q', chosen: 'same', rejected: [{ role: 'robot', content: 'x' }] }, 'not json', { chosen: '\n\nHuman: Hi\n\nAssistant: A', rejected: '\n\nHuman: Hi\n\nAssistant: A' }]));
-    const outcomes = await engineFor(dir, `ingest:\n  inputs: [logs.jsonl]\nimport:\n  inputs: [${SAMPLE}, bad.jsonl]\n  test_ratio: 0.2\n`).run({ until: 'export' });
+    // The same file under another name: its pairs are duplicates, counted and not written twice.
+    copyFileSync(join(SAMPLE, 'trl.jsonl'), join(dir, 'again.jsonl'));
+    const outcomes = await engineFor(dir, `ingest:\n  inputs: [logs.jsonl]\nimport:\n  inputs: [${SAMPLE}, bad.jsonl, again.jsonl]\n  test_ratio: 0.2\n`).run({ until: 'export' });
     expect(outcomes.every((o) => o.action === 'ran'), JSON.stringify(outcomes.map((o) => [o.stage, o.action, o.error]))).toBe(true);
 
     const m = manifest(dir, 'import');
-    // 6 HH-RLHF, 6 TRL, 6 UltraFeedback records of two lower-rated completions each: 24 pairs.
-    expect(m.counts).toMatchObject({ hh: 6, trl: 6, ultrafeedback: 6, quarantined: 3 });
-    expect(m.counts.train! + m.counts.test!).toBe(24);
+    // 6 HH-RLHF, 6 TRL (and their copy), 6 UltraFeedback records of two lower-rated completions each: 30 pairs read, 21 distinct.
+    // Duplicates: the copy's 6, and 3 UltraFeedback best-against-worst pairs that say what 3 TRL text records say.
+    expect(m.counts).toMatchObject({ hh: 6, trl: 12, ultrafeedback: 6, quarantined: 3, duplicates: 9 });
+    expect(m.counts.train! + m.counts.test!).toBe(21);
     expect(m.counts.test).toBeGreaterThan(0);
     const quarantined = await collect<{ where: string; reason: string }>(join(dir, 'workspace', 'import', 'quarantine.jsonl'));
     expect(quarantined.map((q) => q.reason)).toEqual([expect.stringMatching(/role "robot" is none of/), expect.stringMatching(/not valid JSON/), expect.stringMatching(/hh: chosen and rejected are the same conversation/)]);
 
     const pairs = join(dir, 'workspace', 'export', 'pairs');
     const rows = await query(`SELECT source, judge, confidence, prompt, chosen, rejected, chosen_reward FROM read_parquet(['${pairs}/train.parquet', '${pairs}/test.parquet']) WHERE source = 'imported'`);
-    expect(rows).toHaveLength(24);
+    expect(rows).toHaveLength(21);
     expect(rows.every((r) => r.judge === 'imported' && r.confidence === 1)).toBe(true);
     const hh = rows.find((r) => JSON.stringify(r.prompt).includes('you have it on file'))!;
     expect((hh.prompt as unknown[]).length).toBe(3);
     expect(JSON.stringify(hh.chosen)).toContain('dispute the duplicate charge');
-    expect(rows.filter((r) => r.chosen_reward === 1).length).toBe(12); // UltraFeedback's best, rated 9 of 9
+    expect(rows.filter((r) => r.chosen_reward === 1).length).toBe(9); // UltraFeedback's best, rated 9 of 9
     const sft = await query(`SELECT count(*) AS n FROM read_parquet('${join(dir, 'workspace', 'export', 'sft')}/*.parquet') WHERE session_id LIKE '%#%'`);
     expect(Number(sft[0]!.n)).toBe(0);
   });
