@@ -10,6 +10,8 @@ export interface RawRecord {
   value?: unknown;
   raw: string;
   error?: string;
+  /** The file broke off here (a truncated .gz, a corrupt Parquet, an array cut short): this is its last record, and `error` says why. */
+  damaged?: boolean;
 }
 
 export function detectFormat(path: string): InputFormat | null {
@@ -20,10 +22,25 @@ export function detectFormat(path: string): InputFormat | null {
   return null;
 }
 
-export function readRecords(path: string, format: InputFormat): AsyncGenerator<RawRecord> {
-  if (format === 'jsonl') return readJsonlRecords(path);
-  if (format === 'json') return readJsonArray(path);
-  return parquetRecords(path);
+/** A raw record's text as a quarantine keeps it: at most 64 KB of it, so one huge record cannot swell the file. */
+export const quarantineText = (raw: string) => (raw.length > 65536 ? `${raw.slice(0, 65536)}… (${raw.length} characters in all)` : raw);
+
+/**
+ * The records of a file, one at a time. A file that cannot be read to its end yields what came before the
+ * damage, then one last record (`damaged`) that says where reading stopped and why, instead of throwing:
+ * one bad file never stops the others.
+ */
+export async function* readRecords(path: string, format: InputFormat): AsyncGenerator<RawRecord> {
+  const records = format === 'jsonl' ? readJsonlRecords(path) : format === 'json' ? readJsonArray(path) : parquetRecords(path);
+  let reached = 'before the first record';
+  try {
+    for await (const record of records) {
+      reached = `after ${record.where}`;
+      yield record;
+    }
+  } catch (error) {
+    yield { where: reached, raw: '', error: `${(error as Error).message} (the rest of the file is unread)`, damaged: true };
+  }
 }
 
 async function* readJsonlRecords(path: string): AsyncGenerator<RawRecord> {

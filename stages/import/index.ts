@@ -9,7 +9,7 @@ import { hashJson } from '../../pipeline/hash.ts';
 import { resolveInputs } from '../../pipeline/inputs.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { every, safePoint } from '../../pipeline/interrupt.ts';
-import { detectFormat, readRecords, type InputFormat, type RawRecord } from '../../pipeline/records.ts';
+import { detectFormat, quarantineText, readRecords, type InputFormat } from '../../pipeline/records.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import { UsageError } from '../../pipeline/errors.ts';
 import { pairId, type CandidatePair } from '../../core/records.ts';
@@ -53,22 +53,9 @@ export const importStage = defineStage({
     for (const file of external) {
       const fileFormat: InputFormat | null = cfg.file_format === 'auto' ? detectFormat(file.path) : cfg.file_format;
       if (!fileFormat) throw new UsageError(`${file.name}: cannot tell its format from the name; use .jsonl, .json or .parquet, or set import.file_format`);
-      const records = readRecords(file.path, fileFormat)[Symbol.asyncIterator]();
-      let reached = 'before the first record';
-      for (;;) {
-        let next: IteratorResult<RawRecord>;
-        try {
-          next = await records.next();
-        } catch (error) {
-          counts.quarantined!++;
-          await quarantine.write({ file: file.name, where: reached, reason: `${(error as Error).message} (the rest of the file is unread)`, raw: '' });
-          break;
-        }
-        if (next.done) break;
-        const record = next.value;
+      for await (const record of readRecords(file.path, fileFormat)) {
         if (due()) await safePoint(signal, () => `import: stopped while reading ${file.name}; the next run reads every file again`);
-        reached = `after ${record.where}`;
-        counts.records!++;
+        if (!record.damaged) counts.records!++;
         let read;
         let format: ImportFormat | null = null;
         try {
@@ -78,7 +65,7 @@ export const importStage = defineStage({
         } catch (error) {
           if (!(error instanceof ImportError)) throw new Error(`import: ${file.name} ${record.where}: ${(error as Error).message}`, { cause: error });
           counts.quarantined!++;
-          await quarantine.write({ file: file.name, where: record.where, reason: `${format ? `${format}: ` : ''}${error.message}`, raw: record.raw.slice(0, 65536) });
+          await quarantine.write({ file: file.name, where: record.where, reason: `${format ? `${format}: ` : ''}${error.message}`, raw: quarantineText(record.raw) });
           continue;
         }
         counts[format]!++;

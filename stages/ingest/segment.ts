@@ -9,7 +9,7 @@ import { UsageError } from '../../pipeline/errors.ts';
 import type { IngestedFile } from '../layout.ts';
 import type { SessionIdSet } from './id-set.ts';
 import { RecordError, toSession, type MappingOptions } from './mapping.ts';
-import { detectFormat, readRecords, type InputFormat, type RawRecord } from '../../pipeline/records.ts';
+import { detectFormat, quarantineText, readRecords, type InputFormat } from '../../pipeline/records.ts';
 
 export interface QuarantineRecord {
   file: string;
@@ -60,9 +60,6 @@ function unreadable(record: { value?: unknown; raw: string }, maxBytes: number):
   return null;
 }
 
-/** A raw record's text as the quarantine keeps it: at most 64 KB of it, so one huge record cannot swell the file. */
-const kept = (raw: string) => (raw.length > 65536 ? `${raw.slice(0, 65536)}… (${raw.length} characters in all)` : raw);
-
 /**
  * Reads `file` into segment number `seq` in `dir`; `ids` holds every session id ingested so far. `reasons`
  * counts why records were quarantined (numbers and quoted values blanked, so alike reasons count together).
@@ -79,33 +76,22 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
   let untasked = 0;
   let invalidUtf8 = 0;
   let damaged: string | null = null;
-  let reached = 'before the first record';
   const due = every(1000);
   const stopped = () => `ingest: stopped while reading ${file.name}; the next run reads again every file this run was reading`;
   const quarantineRecord = async (where: string, reason: string, raw: string) => {
     quarantined++;
     const kind = reason.replace(/\d+/g, '#').replace(/'[^']*'/g, "'…'").slice(0, 100);
     reasons.set(kind, (reasons.get(kind) ?? 0) + 1);
-    await quarantine.write({ file: file.name, where, reason, raw: kept(raw) } satisfies QuarantineRecord);
+    await quarantine.write({ file: file.name, where, reason, raw: quarantineText(raw) } satisfies QuarantineRecord);
   };
-  const records = readRecords(file.path, format)[Symbol.asyncIterator]();
-  for (;;) {
-    let next: IteratorResult<RawRecord>;
-    try {
-      next = await records.next();
-    } catch (error) {
-      // The file is damaged (a truncated .gz, a corrupt Parquet, an array cut short): what was read before the
-      // damage is kept; the rest of the file is quarantined as one entry that says where reading stopped.
-      damaged = `${(error as Error).message} (the rest of the file is unread)`;
-      await quarantineRecord(reached, damaged, '');
-      log.warn('a damaged file: its records before the damage are kept, the rest is quarantined', { file: file.name, where: reached, reason: (error as Error).message });
-      break;
-    }
-    if (next.done) break;
-    const record = next.value;
+  for await (const record of readRecords(file.path, format)) {
     if (due()) await safePoint(signal, stopped);
     progress.tick();
-    reached = `after ${record.where}`;
+    if (record.damaged) {
+      // What was read before the damage is kept; the rest of the file is one quarantine entry.
+      damaged = record.error!;
+      log.warn('a damaged file: its records before the damage are kept, the rest is quarantined', { file: file.name, where: record.where, reason: record.error });
+    }
     const source = `${file.name} ${record.where}`;
     // Bytes that are not UTF-8 are read as U+FFFD: counted, and the record kept.
     if (record.raw.includes('\uFFFD')) invalidUtf8++;
@@ -129,7 +115,7 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
     }
     if (!ids.add(session.session_id)) {
       duplicates++;
-      await quarantine.write({ file: file.name, where: record.where, reason: `duplicate session_id '${session.session_id}' (dropped; the first one is kept)`, raw: kept(record.raw) } satisfies QuarantineRecord);
+      await quarantine.write({ file: file.name, where: record.where, reason: `duplicate session_id '${session.session_id}' (dropped; the first one is kept)`, raw: quarantineText(record.raw) } satisfies QuarantineRecord);
       continue;
     }
     if (session.task_id === null) untasked++;
