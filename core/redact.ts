@@ -2,6 +2,7 @@
 // exported dataset. One Redactor gives each distinct value one placeholder, so a judge can still see that
 // the number an agent dialled is the one the directory gave ([PHONE_3] in both places).
 import { z } from 'zod';
+import { MONTH, normaliseDate } from './dates.ts';
 import type { Message } from './records.ts';
 
 export type PiiKind = 'ssn' | 'account' | 'phone' | 'email' | 'dob' | 'date';
@@ -106,7 +107,6 @@ const PLACEHOLDER = new RegExp(`^${PLACEHOLDERS.source}$`);
 
 // ---- what a date looks like (only ever masked in a date-of-birth context) ----
 
-const MONTH = String.raw`(?:jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?`;
 const DAY = String.raw`\d{1,2}(?:st|nd|rd|th)?`;
 const DATE_FORMS = [
   String.raw`\d{4}[-/.]\d{1,2}[-/.]\d{1,2}`, // 1965-01-14
@@ -187,26 +187,6 @@ function isIban(s: string): boolean {
 // ---- when two spellings are the same value ----
 
 const digitsOf = (s: string) => s.replace(/\D/g, '');
-const pad2 = (s: string) => s.padStart(2, '0');
-const MONTHS = ['jan', 'feb', 'mar', 'apr', 'may', 'jun', 'jul', 'aug', 'sep', 'oct', 'nov', 'dec'];
-
-/** A date as YYYY-MM-DD where it can be read, so '01/14/1965' and 'January 14, 1965' are one value. */
-function normaliseDate(s: string): string {
-  const t = s.trim().toLowerCase().replace(/\s+/g, ' ');
-  const iso = (y: string, m: string | number, d: string) => `${y}-${pad2(String(m))}-${pad2(d)}`;
-  const month = (name: string) => MONTHS.indexOf(name.slice(0, 3)) + 1;
-  let m: RegExpExecArray | null;
-  if ((m = /^(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})$/.exec(t))) return iso(m[1]!, m[2]!, m[3]!);
-  if ((m = /^(\d{1,2})([-/.])(\d{1,2})[-/.](\d{2,4})$/.exec(t))) {
-    // Dotted dates are day-first (European); others month-first (American) unless that cannot be.
-    const dayFirst = m[2] === '.' || Number(m[1]) > 12;
-    return dayFirst ? iso(m[4]!, m[3]!, m[1]!) : iso(m[4]!, m[1]!, m[3]!);
-  }
-  if ((m = /^([a-z]+)\.? (\d{1,2})(?:st|nd|rd|th)?,? (\d{4})$/.exec(t)) && month(m[1]!) > 0) return iso(m[3]!, month(m[1]!), m[2]!);
-  if ((m = /^(\d{1,2})(?:st|nd|rd|th)? (?:of )?([a-z]+)\.?,? (\d{4})$/.exec(t)) && month(m[2]!) > 0) return iso(m[3]!, month(m[2]!), m[1]!);
-  if ((m = /^([a-z]+)\.? (\d{4})$/.exec(t)) && month(m[1]!) > 0) return `${m[2]}-${pad2(String(month(m[1]!)))}`;
-  return t;
-}
 
 const NORMALISE: Readonly<Record<PiiKind, (value: string) => string>> = {
   ssn: digitsOf,

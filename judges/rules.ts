@@ -1,6 +1,7 @@
 // The rules judge: a checklist run on both sides — refusal, format, grounding of tool-call values,
 // topic, and length against the other side. The side with the lighter violations wins, as sure as the
 // weight of the difference; when no rule separates them it abstains.
+import { daysIn } from '../core/dates.ts';
 import { isRefusal } from '../core/refusal.ts';
 import type { Message } from '../core/records.ts';
 import { formatProblems, knownTools } from './tool-calls.ts';
@@ -69,29 +70,6 @@ function stringLeaves(value: unknown, out: string[] = []): string[] {
   if (typeof value === 'string') out.push(value);
   else if (Array.isArray(value)) for (const v of value) stringLeaves(v, out);
   else if (value !== null && typeof value === 'object') for (const v of Object.values(value)) stringLeaves(v, out);
-  return out;
-}
-
-const MONTHS = ['jan', 'feb', 'mar', 'apr', 'may', 'jun', 'jul', 'aug', 'sep', 'oct', 'nov', 'dec'];
-const MONTH_NAME = String.raw`(jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?`;
-const pad2 = (n: number | string) => String(n).padStart(2, '0');
-
-/**
- * The days a text names, as `MM-DD` and, where it gives the year, `YYYY-MM-DD`: "2024-05-20", "05/20/2024",
- * "May 20th", "20 May 2024" all name 05-20. So a call's 2024-05-20 is grounded by a user who said "May 20th".
- */
-function daysIn(text: string): Set<string> {
-  const out = new Set<string>();
-  const add = (y: string | undefined, m: number, d: number) => {
-    if (m < 1 || m > 12 || d < 1 || d > 31) return;
-    out.add(`${pad2(m)}-${pad2(d)}`);
-    if (y) out.add(`${y.length === 2 ? `20${y}` : y}-${pad2(m)}-${pad2(d)}`);
-  };
-  for (const m of text.matchAll(/(?<!\d)(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})(?!\d)/g)) add(m[1], Number(m[2]), Number(m[3]));
-  for (const m of text.matchAll(/(?<![\d.])(\d{1,2})\/(\d{1,2})(?:\/(\d{4}|\d{2}))?(?![\d/])/g)) add(m[3], Number(m[1]), Number(m[2]));
-  const month = (name: string) => MONTHS.indexOf(name.slice(0, 3).toLowerCase()) + 1;
-  for (const m of text.matchAll(new RegExp(String.raw`\b${MONTH_NAME}\s+(\d{1,2})(?:st|nd|rd|th)?(?:,?\s+(\d{4}))?\b`, 'gi'))) add(m[3], month(m[1]!), Number(m[2]));
-  for (const m of text.matchAll(new RegExp(String.raw`\b(\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?${MONTH_NAME}(?:,?\s+(\d{4}))?\b`, 'gi'))) add(m[3], month(m[2]!), Number(m[1]));
   return out;
 }
 
