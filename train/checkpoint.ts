@@ -10,7 +10,7 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
-import { readHfModel, writeModelFiles } from './hf.ts';
+import { readHfModel, readTokenizerFiles, writeModelFiles, type TokenizerFiles } from './hf.ts';
 import { loadAdapter, saveAdapter, type LoraConfig } from './lora.ts';
 import { Llama } from './model.ts';
 import type { AdamW } from './optimizer.ts';
@@ -26,20 +26,6 @@ interface TrainerState {
   seed: string;
   /** Free-form: what the run was trained on, last metrics. */
   info?: Record<string, unknown>;
-}
-
-/** The tokenizer's files a model folder carries, by name, as Hugging Face folders have them. */
-const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja'] as const;
-
-/** A model folder's tokenizer files: file name → content. tokenizer.json is the one every folder has. */
-export type TokenizerFiles = Record<string, string>;
-
-/** The tokenizer files of the folder `dir` (those of TOKENIZER_FILES it has); names the folder when it has no tokenizer.json. */
-export function readTokenizerFiles(dir: string): TokenizerFiles {
-  const files: TokenizerFiles = {};
-  for (const name of TOKENIZER_FILES) if (existsSync(join(dir, name))) files[name] = readFileSync(join(dir, name), 'utf8');
-  if (!files['tokenizer.json']) throw new Error(`${dir} has no tokenizer.json: prefab reads tokenizers in Hugging Face's tokenizer.json format`);
-  return files;
 }
 
 const read = (t: tf.Tensor): NamedTensor => ({ shape: t.shape, data: t.dataSync() as Float32Array });

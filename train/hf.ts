@@ -89,12 +89,34 @@ function weightFiles(dir: string): string[] {
   throw new Error(`${dir}: no model.safetensors or model.safetensors.index.json (prefab reads safetensors weights, not PyTorch .bin files)`);
 }
 
+/** The tokenizer's files a model folder carries, by name, as Hugging Face folders have them. */
+const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja'] as const;
+
+/** A model folder's tokenizer files: file name → content. tokenizer.json is the one every folder has. */
+export type TokenizerFiles = Record<string, string>;
+
+/** The tokenizer files of the folder `dir` (those of TOKENIZER_FILES it has); names the folder when it has no tokenizer.json. */
+export function readTokenizerFiles(dir: string): TokenizerFiles {
+  const files: TokenizerFiles = {};
+  for (const name of TOKENIZER_FILES) if (existsSync(join(dir, name))) files[name] = readFileSync(join(dir, name), 'utf8');
+  if (!files['tokenizer.json']) throw new Error(`${dir} has no tokenizer.json: prefab reads tokenizers in Hugging Face's tokenizer.json format`);
+  return files;
+}
+
 /** The files a model folder's model and tokenizer are read from (what a stage that starts from it depends on). */
 export function modelFiles(dir: string): string[] {
   if (!existsSync(join(dir, 'config.json'))) throw new Error(`${dir} is not a model folder: it has no config.json`);
-  const tokenizer = ['tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja'].map((f) => join(dir, f)).filter((f) => existsSync(f));
+  const tokenizer = TOKENIZER_FILES.map((f) => join(dir, f)).filter((f) => existsSync(f));
   const index = join(dir, 'model.safetensors.index.json');
   return [join(dir, 'config.json'), ...(existsSync(index) ? [index] : []), ...weightFiles(dir), ...tokenizer];
+}
+
+/** A folder's config.json, as the model's config and as written; names the folder when it has none. */
+export function readHfConfig(dir: string): { config: LlamaConfig; json: Record<string, unknown> } {
+  const configPath = join(dir, 'config.json');
+  if (!existsSync(configPath)) throw new Error(`${dir} is not a model folder: it has no config.json`);
+  const json = JSON.parse(readFileSync(configPath, 'utf8')) as Record<string, unknown>;
+  return { config: llamaConfigFromJson(json, configPath), json };
 }
 
 export interface HfModel {
@@ -108,10 +130,7 @@ export interface HfModel {
 
 /** Reads a Hugging Face folder: its config and every weight it needs, checked against the architecture's names and shapes. */
 export function readHfModel(dir: string): HfModel {
-  const configPath = join(dir, 'config.json');
-  if (!existsSync(configPath)) throw new Error(`${dir} is not a model folder: it has no config.json`);
-  const json = JSON.parse(readFileSync(configPath, 'utf8')) as Record<string, unknown>;
-  const config = llamaConfigFromJson(json, configPath);
+  const { config, json } = readHfConfig(dir);
   const found = new Map<string, { shape: number[]; data: Float32Array; file: string }>();
   const dtypes = new Set<string>();
   for (const file of weightFiles(dir)) {

@@ -10,8 +10,7 @@ import { resampledSessions } from '../../train/augment.ts';
 import { readParquet, sftSequences, subset } from '../../train/data.ts';
 import { trainingConfig, trainingRun } from '../../train/run.ts';
 import { openChat } from '../../train/chat.ts';
-import { readTokenizerFiles } from '../../train/checkpoint.ts';
-import { modelFiles, readHfModel } from '../../train/hf.ts';
+import { modelFiles, readHfConfig, readHfModel, readTokenizerFiles } from '../../train/hf.ts';
 import { attachLora, loraOf, loraSettings } from '../../train/lora.ts';
 import { Llama, type LlamaConfig } from '../../train/model.ts';
 import { sftTrainer } from '../../train/sft.ts';
@@ -79,7 +78,8 @@ export const sft = defineStage({
     const from = cfg.model.from ? resolve(configDir, cfg.model.from) : null;
     // A pretrained model brings its tokenizer and template; a new one reads the tokenizer stage's.
     const tokenizer = from ? readTokenizerFiles(from) : { 'tokenizer.json': await readFile(join(input('tokenizer'), 'tokenizer.json'), 'utf8') };
-    const pretrained = from ? readHfModel(from) : null;
+    // The pretrained weights are read when the run starts from them, not when it resumes from a checkpoint.
+    const pretrained = from ? readHfConfig(from) : null;
     const chat = openChat(tokenizer, pretrained?.config.eosTokenId ?? null, from ?? input('tokenizer'));
     const context = Math.min(cfg.model.context, pretrained?.config.maxPositions ?? Infinity);
     const path = join(input('export'), 'sft', 'train.parquet');
@@ -89,7 +89,8 @@ export const sft = defineStage({
     const sequences = await sftSequences(chat, conversations, context + 1, path, placeholders);
     const lora = cfg.lora ? loraOf(cfg.lora) : undefined;
     const start = () => {
-      const model = pretrained ? new Llama(pretrained.config, pretrained.weights) : newModel(cfg.model, chat.vocabSize, chat.stop[0]!, cfg.seed);
+      const weights = from ? readHfModel(from) : null;
+      const model = weights ? new Llama(weights.config, weights.weights) : newModel(cfg.model, chat.vocabSize, chat.stop[0]!, cfg.seed);
       if (lora) attachLora(model, lora, cfg.seed);
       return model;
     };
