@@ -14,6 +14,16 @@ export interface RawRecord {
   damaged?: boolean;
 }
 
+/** The value at a dotted path of a record ("data.turns"), or undefined where the path leaves the objects. */
+export function getPath(record: unknown, path: string): unknown {
+  let value: unknown = record;
+  for (const key of path.split('.')) {
+    if (value === null || typeof value !== 'object' || Array.isArray(value)) return undefined;
+    value = (value as Record<string, unknown>)[key];
+  }
+  return value;
+}
+
 export function detectFormat(path: string): InputFormat | null {
   const name = path.toLowerCase().replace(/\.gz$/, '');
   if (name.endsWith('.jsonl') || name.endsWith('.ndjson')) return 'jsonl';

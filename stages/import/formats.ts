@@ -5,6 +5,7 @@
 //   UltraFeedback: a `prompt` and rated `completions` (each `response` with a `rating`): the best-rated
 //        against each one rated lower.
 // The prompt is the longest common prefix of the two conversations; what follows it is each side.
+import { getPath } from '../../pipeline/records.ts';
 import { commonPrefixLength, type Message } from '../../core/records.ts';
 
 export type ImportFormat = 'hh' | 'trl' | 'ultrafeedback';
@@ -30,15 +31,6 @@ export interface ReadPair {
 
 /** Why a record cannot be read as a pair: quarantined with this reason. */
 export class ImportError extends Error {}
-
-function getPath(record: unknown, path: string): unknown {
-  let v: unknown = record;
-  for (const key of path.split('.')) {
-    if (v === null || typeof v !== 'object') return undefined;
-    v = (v as Record<string, unknown>)[key];
-  }
-  return v;
-}
 
 const ROLE_NAMES: Record<string, Message['role']> = { human: 'user', user: 'user', assistant: 'assistant', gpt: 'assistant', bot: 'assistant', system: 'system', tool: 'tool' };
 

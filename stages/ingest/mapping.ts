@@ -1,5 +1,6 @@
 // Turns one input record into a Session: field mapping, validation, and metadata for everything unmapped.
 import { hashJson } from '../../pipeline/hash.ts';
+import { getPath } from '../../pipeline/records.ts';
 import { ROLES, type Message, type Role, type Session, type ToolCall } from '../../core/records.ts';
 
 interface FieldMapping {
@@ -31,15 +32,6 @@ export class RecordError extends Error {}
 type Json = Record<string, unknown>;
 
 const isObject = (v: unknown): v is Json => v !== null && typeof v === 'object' && !Array.isArray(v);
-
-function getPath(record: Json, path: string): unknown {
-  let value: unknown = record;
-  for (const key of path.split('.')) {
-    if (!isObject(value)) return undefined;
-    value = value[key];
-  }
-  return value;
-}
 
 /** Removes a dotted path from a record (a deep copy where it descends), so metadata keeps only what was not mapped. */
 function withoutPath(record: Json, path: string): Json {
