@@ -12,6 +12,10 @@ import { ADAMW_DEFAULTS, AdamW } from '../../train/optimizer.ts';
 import { readSafetensors } from '../../train/safetensors.ts';
 import { optimizerStep } from '../../train/step.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
+import { quietLogger } from '../fixtures/toy-stages.ts';
+import { NEVER } from '../../pipeline/interrupt.ts';
+import { sftLoss } from '../../train/losses/index.ts';
+import { trainingRun } from '../../train/run.ts';
 
 const BASE = join(import.meta.dirname, '..', 'fixtures', 'hf-tiny', 'llama-tiny');
 const IDS = Int32Array.from([165, 299, 204, 8, 63, 73, 11, 261, 79, 192]);
@@ -94,5 +98,50 @@ describe('LoRA', () => {
     const m = load();
     expect(() => attachLora(m, { ...CONFIG, targetModules: ['qkv'] }, 's')).toThrow(/lora target_modules: qkv is not a projection of the Llama family/);
     m.dispose();
+  });
+});
+
+describe('LoRA in a training run', () => {
+  it('checkpoints its adapters with the run, resumes to the weights of a straight run (dropout included), and saves them beside the merged model', async () => {
+    const settings = (cache: string) => ({
+      config: { seed: 'lora-run', batch_size: 1, epochs: 1, max_steps: 4, lr: 1e-2, warmup: 0, min_lr_ratio: 1, weight_decay: 0, max_grad_norm: 1, checkpoint_every: 1, micro_batch_tokens: 64 },
+      cache,
+      key: 'k',
+      tokenizer: { 'tokenizer.json': '{}' },
+      context: 16,
+      placeholders: null,
+      lora: { ...CONFIG, dropout: 0.2 },
+      base: BASE,
+      signal: NEVER,
+      log: quietLogger(),
+    });
+    const trainer = (steps: number) => ({
+      steps,
+      label: 'lora steps',
+      start: () => {
+        const m = load();
+        attachLora(m, { ...CONFIG, dropout: 0.2 }, 'lora-run');
+        return m;
+      },
+      batch: (_: number, m: Llama) => ({ tokens: IDS.length, parts: [() => ({ loss: sftLoss(m.tokenLogprobs(IDS, TARGETS, 1, IDS.length), tf.ones([1, IDS.length]) as tf.Tensor2D) })] }),
+    });
+    const straight = await trainingRun(settings(tempDir()), trainer(4));
+    const cache = tempDir();
+    (await trainingRun(settings(cache), trainer(2))).model.dispose();
+    const resumed = await trainingRun(settings(cache), trainer(4));
+    expect(resumed.resumedFrom).toBe(2);
+    expect(resumed.model.adapters.size).toBe(straight.model.adapters.size);
+    const adapters = (m: Llama) => [...trainableParameters(m).values()].map((v) => Array.from(v.dataSync()));
+    expect(adapters(resumed.model)).toEqual(adapters(straight.model));
+    const out = tempDir();
+    await straight.save(out, {});
+    expect(JSON.parse(readFileSync(join(out, 'adapter', 'adapter_config.json'), 'utf8'))).toMatchObject({ r: 4, base_model_name_or_path: BASE });
+    // The merged model carries what the adapters learnt in their projections, and the base elsewhere.
+    const merged = readSafetensors(join(out, 'model', 'model.safetensors')).tensors;
+    const base = readSafetensors(join(BASE, 'model.safetensors')).tensors;
+    const same = (name: string) => maxDiff(merged.get(name)!.data, base.get(name)!.data) === 0;
+    expect(same('model.layers.0.self_attn.q_proj.weight')).toBe(false);
+    expect(same('model.layers.0.self_attn.k_proj.weight')).toBe(true);
+    resumed.model.dispose();
   });
 });
