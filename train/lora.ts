@@ -131,7 +131,7 @@ export function loadAdapter(dir: string, model: Llama): LoraConfig {
 export function mergeLora(model: Llama): void {
   for (const [module, ad] of model.adapters) {
     const w = model.params.get(`${module}.weight`)!;
-    const merged = tf.tidy(() => tf.add(w, tf.mul(tf.matMul(ad.b, ad.a), ad.scale)));
+    const merged = tf.tidy(() => model.adaptedWeight(module));
     w.assign(merged);
     tf.dispose([merged, ad.a, ad.b]);
   }

@@ -167,6 +167,13 @@ export class Llama extends ModelWeights {
    */
   dropoutSeed: number | null = null;
 
+  /** The weight of projection `module` with its adapter folded in, W + (α/r)·B·A (out, in); W itself without one. */
+  adaptedWeight(module: string): tf.Tensor2D {
+    const w = this.p(`${module}.weight`);
+    const ad = this.adapters.get(module);
+    return ad ? (tf.add(w, tf.mul(tf.matMul(ad.b, ad.a), ad.scale)) as tf.Tensor2D) : w;
+  }
+
   /** The projection `module` (its weight stored (out, in)) of rows x, with its bias and adapter if any. (N, in) → (N, out) */
   linear(x: tf.Tensor2D, module: string, bias?: tf.Tensor): tf.Tensor2D {
     const y = project(x, this.p(`${module}.weight`), bias);
@@ -308,23 +315,8 @@ export class KVCache {
 
   constructor(readonly model: Llama) {
     for (const [name, v] of model.params) this.w.set(name, (v.dataSync() as Float32Array).slice());
-    if (model.adaptersOn) {
-      for (const [module, ad] of model.adapters) {
-        // W + (α/r)·B·A, the weight the adapter's projection computes with.
-        const w = this.w.get(`${module}.weight`)!;
-        const a = ad.a.dataSync() as Float32Array;
-        const b = ad.b.dataSync() as Float32Array;
-        const [r, inner] = ad.a.shape as [number, number];
-        const out = w.length / inner;
-        for (let o = 0; o < out; o++) {
-          for (let k = 0; k < r; k++) {
-            const bk = b[o * r + k]! * ad.scale;
-            if (bk === 0) continue;
-            for (let i = 0; i < inner; i++) w[o * inner + i]! += bk * a[k * inner + i]!;
-          }
-        }
-      }
-    }
+    // The weight each adapted projection computes with: W + (α/r)·B·A.
+    if (model.adaptersOn) for (const module of model.adapters.keys()) this.w.set(`${module}.weight`, tf.tidy(() => model.adaptedWeight(module).dataSync() as Float32Array));
     this.keys = Array.from({ length: model.config.layers }, () => new Float32Array(0));
     this.values = Array.from({ length: model.config.layers }, () => new Float32Array(0));
   }

@@ -6,7 +6,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { useBackend } from '../../train/backend.ts';
 import { readHfModel, writeHfModel } from '../../train/hf.ts';
-import { Llama } from '../../train/model.ts';
+import { KVCache, Llama } from '../../train/model.ts';
 import { attachLora, loadAdapter, mergeLora, saveAdapter, trainableParameters, type LoraConfig } from '../../train/lora.ts';
 import { ADAMW_DEFAULTS, AdamW } from '../../train/optimizer.ts';
 import { readSafetensors } from '../../train/safetensors.ts';
@@ -133,6 +133,15 @@ describe('LoRA in a training run', () => {
     expect(resumed.model.adapters.size).toBe(straight.model.adapters.size);
     const adapters = (m: Llama) => [...trainableParameters(m).values()].map((v) => Array.from(v.dataSync()));
     expect(adapters(resumed.model)).toEqual(adapters(straight.model));
+    // Generation reads the adapted weights: the KV cache's logits are the forward pass's, token by token and batched.
+    const forward = logits(straight.model).slice(-straight.model.config.vocabSize);
+    const prompt = Array.from(IDS);
+    expect(maxDiff(new KVCache(straight.model).read(prompt), forward)).toBeLessThan(1e-4);
+    const stepwise = new KVCache(straight.model);
+    let last: Float32Array = new Float32Array(0);
+    for (const id of prompt) last = stepwise.read([id]);
+    expect(maxDiff(last, forward)).toBeLessThan(1e-4);
+    expect(maxDiff(forward, logits(load()).slice(-straight.model.config.vocabSize))).toBeGreaterThan(1e-3);
     const out = tempDir();
     await straight.save(out, {});
     expect(JSON.parse(readFileSync(join(out, 'adapter', 'adapter_config.json'), 'utf8'))).toMatchObject({ r: 4, base_model_name_or_path: BASE });
