@@ -2,6 +2,7 @@
 // The trained model and a model served over HTTP are policies too, so every rollout goes through one loop.
 import type { Message, Policy } from '../core/records.ts';
 import { usualFields } from './env.ts';
+import { readNotes } from './feedback.ts';
 import { FIELDS, FIELD_WORDS, SENSITIVE, type Field, type Task, type World } from './world.ts';
 import { pick, sample, seeded, type Random } from '../core/random.ts';
 
@@ -68,6 +69,8 @@ export class ScriptedAgent implements Policy {
   private lastAuth: Record<string, string> = {};
   private readonly references: Record<string, string> = {};
   private callCounter = 0;
+  /** Notes from earlier attempts beside the user's request (feedback-guided rollouts): department → the fields it asked for. */
+  private notes = new Map<string, Field[]>();
 
   constructor(
     kind: AgentName,
@@ -84,8 +87,13 @@ export class ScriptedAgent implements Policy {
     return { role: 'assistant', content: null, tool_calls: [{ id: `call_${++this.callCounter}`, type: 'function', function: { name, arguments: JSON.stringify(args) } }] };
   }
 
+  /** What the agent believes a department needs, and what notes from earlier attempts say it asked for. */
+  private needs(department: string, type: string): Field[] {
+    return [...new Set([...this.skill.believes(department, type), ...(this.notes.get(department) ?? [])])];
+  }
+
   private authFor(department: string, type: string): Record<string, string> {
-    const fields = [...new Set(this.skill.believes(department, type))];
+    const fields = this.needs(department, type);
     return Object.fromEntries(fields.filter((f) => this.form[f] !== undefined).map((f) => [f, this.form[f]!]));
   }
 
@@ -110,6 +118,7 @@ export class ScriptedAgent implements Policy {
     const observation = last.role === 'tool' ? (last.content ?? '') : '';
     switch (this.phase) {
       case 'start':
+        this.notes = readNotes(messages.find((m) => m.role === 'user')?.content ?? '');
         this.phase = 'form';
         return this.tool('search_directory', { company: this.task.company });
       case 'form': {
@@ -119,7 +128,7 @@ export class ScriptedAgent implements Policy {
           this.directory = [];
         }
         const fields = new Set<Field>(this.skill.extraFields);
-        for (const call of this.task.calls) for (const f of this.skill.believes(call.department, call.type)) fields.add(f);
+        for (const call of this.task.calls) for (const f of this.needs(call.department, call.type)) fields.add(f);
         this.phase = 'first-call';
         return this.tool('auth_info_form', { fields: FIELDS.filter((f) => fields.has(f)) });
       }

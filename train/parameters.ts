@@ -29,7 +29,8 @@ export function normal(rand: Random, size: number, std: number): Float32Array {
 }
 
 /** log p(target) at every position from logits (B·T, V): (B, T). */
-function targetLogprobs(logits: tf.Tensor2D, targets: Int32Array, batch: number, length: number): tf.Tensor2D {
+/** log p(target) at every position, from logits (B·T, V): (B, T). */
+export function targetLogprobs(logits: tf.Tensor2D, targets: Int32Array, batch: number, length: number): tf.Tensor2D {
   const logp = tf.logSoftmax(logits);
   const picked = tf.sum(tf.mul(logp, oneHot(tf.tensor1d(targets, 'int32'), logits.shape[1])), -1);
   return tf.reshape(picked, [batch, length]);

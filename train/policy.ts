@@ -34,6 +34,12 @@ export class ModelPolicy implements Policy {
   generated = 0;
   /** With `recordTurns`, every turn so far as the tokens read and the tokens written (what reinforcement learning trains on); the caller clears it between episodes. */
   readonly turns: Turn[] = [];
+  /**
+   * Feedback-guided rollouts: what the policy reads in place of the conversation (it with notes from earlier
+   * attempts, env/feedback.ts), set per episode. The recorded turns then keep the plain conversation's prompt
+   * too (`base`), for training on it.
+   */
+  reads: ((conversation: Message[]) => Message[]) | null = null;
 
   constructor(
     readonly name: string,
@@ -52,15 +58,18 @@ export class ModelPolicy implements Policy {
 
   async respond(conversation: Message[]): Promise<Message> {
     if (this.sampling.signal) await safePoint(this.sampling.signal, () => `${this.name} in the simulator: stopped after ${this.generated} generated tokens; the next run evaluates again`);
-    const { messages, restore } = modelView(conversation, this.placeholders);
-    const [encoded] = await this.chat.encode([messages], true);
     const room = this.context - this.sampling.maxTokens;
-    const prompt = recentWindow(encoded!, headLength(messages), messages.length, room).ids;
+    const read = async (shown: Message[]) => {
+      const view = modelView(shown, this.placeholders);
+      const [encoded] = await this.chat.encode([view.messages], true);
+      return { ids: recentWindow(encoded!, headLength(view.messages), view.messages.length, room).ids, restore: view.restore };
+    };
+    const { ids: prompt, restore } = await read(this.reads ? this.reads(conversation) : conversation);
     if (this.sampling.tools) this.constraint ??= this.chat.toolConstraint(this.sampling.tools);
     const constraint = (await this.constraint) ?? undefined;
     const ids = this.cache.generate(prompt, { ...this.sampling, stop: this.chat.stop, random: this.random, constraint });
     this.generated += ids.length;
-    if (this.sampling.recordTurns) this.turns.push({ prompt, generated: ids });
+    if (this.sampling.recordTurns) this.turns.push({ prompt, generated: ids, ...(this.reads ? { base: (await read(conversation)).ids } : {}) });
     const reply = restore(await this.chat.parseAssistant(ids, this.calls + 1));
     this.calls += reply.tool_calls?.length ?? 0;
     return reply;

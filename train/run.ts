@@ -76,6 +76,8 @@ export interface Trainer {
   batch(step: number, model: Llama): StepBatch | Promise<StepBatch>;
   /** The progress bar's label. */
   label: string;
+  /** After step `step`'s update (0-based), figures of the model as it now is, logged with the step (reinforcement learning's validation). */
+  after?(step: number, model: Llama): Promise<Record<string, number>>;
 }
 
 /** What a stage brings to a run: its settings, where runs are kept, and what the run is keyed by. */
@@ -194,7 +196,8 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
     const result = updates(batch, (parts) => optimizerStep({ params: trainableParameters(model) }, optimizer, parts, lr, s.max_grad_norm));
     model.dropoutSeed = null;
     const seconds = (performance.now() - started) / 1000;
-    const row: MetricsRow = { step: step + 1, loss: result.loss, ...result.metrics, ...batch.metrics, grad_norm: result.gradNorm, learning_rate: lr, 'tokens/s': Math.round(batch.tokens / seconds) };
+    const after = run.after ? await run.after(step, model) : {};
+    const row: MetricsRow = { step: step + 1, loss: result.loss, ...result.metrics, ...batch.metrics, grad_norm: result.gradNorm, learning_rate: lr, 'tokens/s': Math.round(batch.tokens / seconds), ...after };
     if (!Number.isFinite(result.loss)) throw new Error(`${run.label}: the loss is ${result.loss} at step ${step + 1}; lower lr (now ${s.lr}) or max_grad_norm`);
     metrics.push(row);
     appendFileSync(metricsPath, JSON.stringify(row) + '\n');

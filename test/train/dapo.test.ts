@@ -98,6 +98,63 @@ describe('DAPO trainer core', () => {
     model.dispose();
   });
 
+  it('feedback-guided turns: recorded with the plain prompt, trained on the notes, on the plain prompt with the notes’ old log-probabilities, or both', async () => {
+    const conversation: Message[] = [{ role: 'system', content: 'You phone companies for the user.' }, { role: 'user', content: 'Cancel my gym plan.' }];
+    const json = trainTokenizer([renderText(conversation), 'Notes from earlier attempts: Gym Billing asked for pin.'], 300);
+    const chat = prefabChat(json);
+    const model = Llama.create(tinyLlama({ vocabSize: new TextTokenizer(json).vocabSize, maxPositions: 256 }), 'policy');
+    const policy = new ModelPolicy('m', model, 256, chat, null, { maxTokens: 4, temperature: 1, topP: 1, recordTurns: true }, seeded('notes'));
+    policy.reads = (c) => c.map((m, i) => (i === 1 ? { ...m, content: `${m.content}\n\nNotes from earlier attempts: Gym Billing asked for pin.` } : m));
+    await policy.respond(conversation);
+    const turn = policy.turns[0]!;
+    const [plain] = await chat.encode([conversation], true);
+    expect(turn.base).toEqual(plain!.ids);
+    expect(turn.prompt.length).toBeGreaterThan(turn.base!.length);
+    const rollouts: Rollout[] = [
+      { group: 't', reward: 1, turns: [turn] },
+      { group: 't', reward: 0, turns: [{ prompt: plain!.ids, generated: [3, 4] }] },
+    ];
+    const G = turn.generated.length;
+    const sampled = logp(model, turn.prompt, turn.generated);
+    const sum = (xs: Float32Array, n: number) => Array.from(xs.slice(xs.length - n)).reduce((a, b) => a + b, 0);
+    const context = await rolloutBatch(model, rollouts, 0, 512, NEVER, 'context');
+    expect(context.sequences[0]!.ids).toEqual([...turn.prompt, ...turn.generated]);
+    const base = await rolloutBatch(model, rollouts, 0, 512, NEVER, 'base');
+    expect(base.sequences[0]!.ids).toEqual([...turn.base!, ...turn.generated]);
+    // The old log-probabilities are the sampling policy's, which read the notes: an importance ratio to the plain prompt.
+    expect(sum(base.oldLogps[0]!, G)).toBeCloseTo(sampled, 4);
+    expect(sum(base.oldLogps[0]!, G)).not.toBeCloseTo(logp(model, turn.base!, turn.generated), 3);
+    const both = await rolloutBatch(model, rollouts, 0, 512, NEVER, 'both');
+    expect(both.sequences.map((x) => x.ids.length)).toEqual([turn.prompt.length + G, turn.base!.length + G, plain!.ids.length + 2]);
+    expect(both.advantages.slice(0, 2)).toEqual([both.advantages[0], both.advantages[0]]);
+    expect(both.entropy).toBeGreaterThan(0);
+    expect(both.entropy).toBeLessThanOrEqual(Math.log(new TextTokenizer(json).vocabSize) + 1e-4);
+    model.dispose();
+  });
+
+  it('with a KL coefficient, keeps the policy near the reference: the k3 KL is 0 at the start and reported once it moves', async () => {
+    const model = Llama.create(tinyLlama(), 'kl');
+    const reference = Llama.create(tinyLlama(), 'kl');
+    const good = { prompt: [1, 2, 3], generated: [5, 6] };
+    const bad = { prompt: [1, 2, 3], generated: [7, 8] };
+    const rollouts: Rollout[] = [
+      { group: 't', reward: 1, turns: [good] },
+      { group: 't', reward: 0, turns: [bad] },
+    ];
+    const optimizer = new AdamW(model.params, ADAMW_DEFAULTS);
+    const clip = { ...DAPO_CLIP, klCoef: 0.1 };
+    const kls: number[] = [];
+    for (let step = 0; step < 3; step++) {
+      const batch = await rolloutBatch(model, rollouts, 0, 64, NEVER, 'context', reference);
+      expect(batch.refLogps).toHaveLength(2);
+      kls.push(optimizerStep(model, optimizer, dapoParts(model, batch, [0, 1], 0, 64, clip).parts, 1e-2, 1).metrics.kl!);
+    }
+    expect(kls[0]).toBeCloseTo(0, 6);
+    expect(kls[2]).toBeGreaterThan(1e-4);
+    model.dispose();
+    reference.dispose();
+  });
+
   it('trains as a Trainer: several updates a step, a metrics line per step with the rollouts’ figures, and a resumed run ends where a straight one does', async () => {
     const good = { prompt: [1, 2, 3], generated: [5, 6] };
     const bad = { prompt: [1, 2, 3], generated: [7, 8] };
