@@ -2,9 +2,10 @@
 // exact tokens the policy read and wrote, their group advantages, the old policy's log-probabilities, and one
 // optimisation step's loss on them (train/losses/policy-gradient.ts), in micro-batches that add up to the
 // batch's token mean.
-// A rollout is trained turn by turn: each assistant turn is the prompt the policy read (as it was cut) and
-// the tokens it generated, and only the generated tokens are trained on. So the tokens trained on are the
-// ones sampled, never a re-tokenisation of the text, and the user's and tools' tokens are never trained on.
+// A rollout is recorded turn by turn: each assistant turn is the prompt the policy read (as it was cut) and
+// the tokens it generated. Turns whose prompts extend each other are chained into one sequence, and only the
+// generated tokens are trained on: the tokens trained on are the ones sampled, never a re-tokenisation of the
+// text, and the user's and tools' tokens are never trained on.
 import * as tf from '@tensorflow/tfjs-core';
 import { safePoint } from '../pipeline/interrupt.ts';
 import { seeded } from '../core/random.ts';
@@ -42,12 +43,34 @@ export function turnSequence(t: Turn): Sequence {
   return { ids: [...t.prompt, ...t.generated], mask: [...t.prompt.map(() => 0), ...t.generated.map(() => 1)] };
 }
 
-/** What one step trains on: every turn of every rollout, with its rollout's advantage and the old policy's log-probabilities. */
+const startsWith = (ids: number[], prefix: number[]) => prefix.length <= ids.length && prefix.every((x, i) => ids[i] === x);
+
+/**
+ * A rollout's turns as few sequences as their prompts allow: a turn whose prompt extends the sequence so far
+ * (the conversation fitted the context, so nothing was cut) continues it, the tool results between masked
+ * out; one that does not starts a new sequence. The same tokens and the same log-probabilities as one
+ * sequence a turn (attention is causal), for a fraction of the tokens.
+ */
+export function chainTurns(turns: Turn[], prompt: (t: Turn) => number[] = (t) => t.prompt): Sequence[] {
+  const out: Sequence[] = [];
+  for (const t of turns) {
+    if (t.generated.length === 0) continue;
+    const p = prompt(t);
+    const last = out.at(-1);
+    if (last && startsWith(p, last.ids)) {
+      last.mask.push(...p.slice(last.ids.length).map(() => 0), ...t.generated.map(() => 1));
+      last.ids.push(...p.slice(last.ids.length), ...t.generated);
+    } else out.push(turnSequence({ prompt: p, generated: t.generated }));
+  }
+  return out;
+}
+
+/** What one step trains on: every rollout as sequences, with its advantage and the old policy's log-probabilities. */
 export interface RolloutBatch {
   sequences: Sequence[];
   /** Each sequence's advantage (its rollout's GRPO advantage). */
   advantages: number[];
-  /** Each sequence's per-target log-probabilities under the policy that sampled it (length ids.length − 1). */
+  /** Each sequence's per-target log-probabilities under the policy that sampled it (length ids.length − 1; only the generated targets matter). */
   oldLogps: Float32Array[];
   /** Each sequence's under the reference (the starting model), when the loss has a KL term. */
   refLogps?: Float32Array[];
@@ -55,53 +78,47 @@ export interface RolloutBatch {
   entropy: number;
 }
 
-/** The sequences a turn is trained as, each with the turn as it was sampled (whose log-probabilities are the old ones). */
-function trainedAs(t: Turn, on: FeedbackTraining): Sequence[] {
-  const read = turnSequence(t);
-  if (!t.base || on === 'context') return [read];
-  const plain = turnSequence({ prompt: t.base, generated: t.generated });
-  return on === 'base' ? [plain] : [read, plain];
-}
+/** The generated targets of a sequence: the positions t whose target (token t + 1) the policy wrote. */
+const generatedTargets = (s: Sequence) => s.mask.slice(1).flatMap((m, t) => (m ? [t] : []));
 
 /**
- * The batch of `rollouts`: GRPO advantages within each group, every turn a sequence (two with `both`), and
- * the old log-probabilities recomputed with `model` before any update (as verl does) on each turn as it was
- * sampled, micro-batch by micro-batch, each a safe point. A sequence trained on the plain prompt takes its
- * generated tokens' old log-probabilities from the prompt with notes.
+ * The batch of `rollouts`: GRPO advantages within each group, every rollout as chained sequences
+ * (chainTurns; with notes, on the prompts `on` says, twice with `both`), and the old log-probabilities
+ * recomputed with `model` before any update (as verl does) on the turns as they were sampled, micro-batch by
+ * micro-batch, each a safe point. A sequence trained on the plain prompt takes its generated tokens' old
+ * log-probabilities from the prompts with notes, token for token.
  */
 export async function rolloutBatch(model: Llama, rollouts: Rollout[], pad: number, maxTokens: number, signal: AbortSignal, on: FeedbackTraining = 'context', reference?: Llama): Promise<RolloutBatch> {
   const advantage = groupAdvantages(
     rollouts.map((r) => r.reward),
     rollouts.map((r) => r.group),
   );
-  const sampled: Sequence[] = [];
+  const sampled = rollouts.map((r) => chainTurns(r.turns));
+  const behaviour = await scored(model, sampled.flat(), pad, maxTokens, signal);
+  const entropy = behaviour.entropy.reduce((a, e) => a + e.sum, 0) / Math.max(1, behaviour.entropy.reduce((n, e) => n + e.tokens, 0));
   const sequences: Sequence[] = [];
   const advantages: number[] = [];
-  /** Each sequence's turn, as an index into `sampled`. */
-  const turnOf: number[] = [];
+  const oldLogps: Float32Array[] = [];
+  let at = 0;
   rollouts.forEach((r, i) => {
-    for (const t of r.turns) {
-      if (t.generated.length === 0) continue;
-      for (const s of trainedAs(t, on)) {
+    // The sampling policy's log-probability of each generated token, in the order they were written.
+    const written: number[] = [];
+    for (const s of sampled[i]!) {
+      const lp = behaviour.logps[at++]!;
+      for (const t of generatedTargets(s)) written.push(lp[t]!);
+    }
+    const guided = r.turns.some((t) => t.base);
+    const trained = !guided || on === 'context' ? [sampled[i]!] : on === 'base' ? [chainTurns(r.turns, (t) => t.base ?? t.prompt)] : [sampled[i]!, chainTurns(r.turns, (t) => t.base ?? t.prompt)];
+    for (const set of trained) {
+      let k = 0;
+      for (const s of set) {
+        const old = new Float32Array(s.ids.length - 1);
+        for (const t of generatedTargets(s)) old[t] = written[k++]!;
         sequences.push(s);
         advantages.push(advantage[i]!);
-        turnOf.push(sampled.length);
+        oldLogps.push(old);
       }
-      sampled.push(turnSequence(t));
     }
-  });
-  const behaviour = await scored(model, sampled, pad, maxTokens, signal);
-  let entropy = 0;
-  for (const e of behaviour.entropy) entropy += e.sum;
-  entropy /= Math.max(1, behaviour.entropy.reduce((n, e) => n + e.tokens, 0));
-  // The generated tokens end every sequence: their old log-probabilities are the sampled turn's last ones.
-  const oldLogps = sequences.map((s, i) => {
-    const from = behaviour.logps[turnOf[i]!]!;
-    if (s.ids.length - 1 === from.length) return from;
-    const generated = s.mask.reduce((a, m) => a + m, 0);
-    const old = new Float32Array(s.ids.length - 1);
-    old.set(from.subarray(from.length - generated), old.length - generated);
-    return old;
   });
   const refLogps = reference ? (await scored(reference, sequences, pad, maxTokens, signal)).logps : undefined;
   return { sequences, advantages, oldLogps, refLogps, entropy };

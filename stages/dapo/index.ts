@@ -67,8 +67,8 @@ const config = z.strictObject({
 
 export const dapo = defineStage({
   name: 'dapo',
-  description: 'reinforcement learning in the simulator by DAPO (off by default: passes the dpo model on)',
-  version: 1,
+  description: 'reinforcement learning in the simulator by DAPO, standard or feedback-guided (dapo.enabled: false passes the dpo model on)',
+  version: 2,
   inputs: ['dpo'],
   outputs: ['model', 'metrics.jsonl'],
   config,
@@ -120,7 +120,9 @@ export const dapo = defineStage({
     const last = await result.save(out, { stage: 'dapo', steps: cfg.steps, reward: cfg.reward });
     return {
       counts: { steps: cfg.steps, resumed_from: result.resumedFrom },
-      summary: `${cfg.steps} DAPO steps of ${cfg.tasks_per_step} tasks × ${cfg.group_size} episodes (${cfg.reward} reward); last steps: reward ${last.reward_mean?.toFixed(3)}, success ${last.success?.toFixed(3)}, kept groups ${last.kept_groups?.toFixed(1)}`,
+      summary:
+        `${cfg.steps} ${cfg.mode === 'feedback' ? 'feedback-guided ' : ''}DAPO steps of ${cfg.tasks_per_step} tasks × ${cfg.group_size} episodes (${cfg.reward} reward); last steps: reward ${last.reward_mean?.toFixed(3)}, success ${last.success?.toFixed(3)}, kept groups ${last.kept_groups?.toFixed(1)}` +
+        (result.metrics.at(-1)?.['val/success_first'] === undefined ? '' : `; validation: first try ${result.metrics.at(-1)!['val/success_first']!.toFixed(3)}, with feedback ${result.metrics.at(-1)!['val/success_feedback']!.toFixed(3)}`),
     };
   },
 });

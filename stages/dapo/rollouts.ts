@@ -17,7 +17,7 @@ import type { Placeholders } from '../../train/placeholders.ts';
 import { ModelPolicy, type SamplingOptions } from '../../train/policy.ts';
 
 /** How the model plays an episode: the world, how it reads and writes, and the seed its draws come from. */
-export interface EpisodeSettings {
+interface EpisodeSettings {
   world: World;
   chat: Chat;
   /** The model's context and placeholders (its checkpoint's). */
@@ -144,33 +144,39 @@ export interface ValidationOptions extends EpisodeSettings {
 }
 
 /**
- * `model` on the validation tasks: first-try success (no notes in context: what the policy has internalised)
- * and success within `tries` attempts that read the notes of the failed ones before them. Episodes are seeded
+ * `model` on the validation tasks: first-try success (no notes in context: what the policy has internalised),
+ * success within `tries` attempts that read the notes of the failed ones before them, and, as its control,
+ * within `tries` attempts that read none (what trying again is worth without feedback). Episodes are seeded
  * by task and try alone, so two models, or one model at two steps, are compared on the same draws.
  */
 export async function validation(o: ValidationOptions, model: Llama): Promise<Record<string, number>> {
   const policy = new ModelPolicy('validation', model, o.context, o.chat, o.placeholders, { ...o.sampling, recordTurns: false }, Math.random);
+  const play = (task: Task, trial: number, block: string) => {
+    policy.random = seeded(o.seed, 'dapo-validation', task.task_id, trial);
+    policy.reads = block ? (c) => withFeedback(c, block) : null;
+    return runEpisode(o.world, task, policy, o.maxTurns);
+  };
   let first = 0;
   let firstReward = 0;
-  let withFeedback_ = 0;
+  let guided = 0;
+  let retried = 0;
   for (const task of o.tasks) {
-    const notes = emptyNotes();
-    for (let trial = 0; trial < o.tries; trial++) {
-      policy.random = seeded(o.seed, 'dapo-validation', task.task_id, trial);
-      const block = feedbackBlock(notes);
-      policy.reads = block ? (c) => withFeedback(c, block) : null;
-      const episode = await runEpisode(o.world, task, policy, o.maxTurns);
-      if (trial === 0) {
-        first += episode.success ? 1 : 0;
-        firstReward += episode.reward;
-      }
-      if (episode.success) {
-        withFeedback_++;
-        break;
-      }
+    const opening = await play(task, 0, '');
+    first += opening.success ? 1 : 0;
+    firstReward += opening.reward;
+    const notes = addNotes(emptyNotes(), opening.messages);
+    let withNotes = opening.success;
+    let without = opening.success;
+    for (let trial = 1; trial < o.tries && !withNotes; trial++) {
+      const episode = await play(task, trial, feedbackBlock(notes));
+      withNotes = episode.success;
       addNotes(notes, episode.messages);
     }
+    for (let trial = 1; trial < o.tries && !without; trial++) without = (await play(task, trial, '')).success;
+    guided += withNotes ? 1 : 0;
+    retried += without ? 1 : 0;
   }
+  policy.reads = null;
   const n = Math.max(1, o.tasks.length);
-  return { 'val/success_first': first / n, 'val/success_feedback': withFeedback_ / n, 'val/reward_first': firstReward / n };
+  return { 'val/success_first': first / n, 'val/success_feedback': guided / n, 'val/success_retry': retried / n, 'val/reward_first': firstReward / n };
 }

@@ -103,9 +103,9 @@ function formatTable(rows: Record<string, ModelRow>): string {
 
 export const evalStage = defineStage({
   name: 'eval',
-  description: 'compare the untrained, SFT and preference-tuned models: held-out pairs, NLL, simulator success',
-  version: 4,
-  inputs: ['sft', 'dpo', 'export'],
+  description: 'compare the untrained, SFT, preference-tuned and (when it ran) DAPO models: held-out pairs, NLL, simulator success',
+  version: 5,
+  inputs: ['sft', 'dpo', 'dapo', 'export'],
   outputs: ['eval.json', 'table.txt'],
   config,
 
@@ -126,6 +126,10 @@ export const evalStage = defineStage({
       { name: 'sft', model: sft.model },
       { name: lossName === 'sigmoid' ? 'dpo' : lossName, model: tuned.model },
     ];
+    // The dapo stage's model when it trained one (off, it passes the dpo model on, which is not evaluated twice).
+    const rl = loadCheckpoint(join(input('dapo'), 'model'));
+    if (rl.state?.info?.stage === 'dapo') models.push({ name: 'dapo', model: rl.model });
+    else rl.model.dispose();
 
     const pairs = await readParquet<Pair>(join(input('export'), 'pairs', 'test.parquet'));
     // Pairs cut as the preference stage cut them for training.

@@ -1,4 +1,5 @@
-import { appendFileSync, existsSync, readFileSync, readdirSync } from 'node:fs';
+import { appendFileSync, existsSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import type { ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { DuckDBInstance } from '@duckdb/node-api';
@@ -18,6 +19,26 @@ const metricsOf = (path: string) =>
     .trim()
     .split('\n')
     .map((l) => JSON.parse(l) as Record<string, number>);
+
+/** Kills `child` with SIGKILL as soon as a checkpoint of step `step` appears in the stage's cache folder. */
+async function killAtCheckpoint(child: ChildProcess, cache: string, step: number): Promise<void> {
+  const name = `step-${String(step).padStart(6, '0')}`;
+  const checkpointed = () => existsSync(cache) && readdirSync(cache).some((f) => f.startsWith('run-') && readdirSync(join(cache, f)).includes(name));
+  await new Promise<void>((resolve, reject) => {
+    const timer = setInterval(() => {
+      if (checkpointed()) {
+        clearInterval(timer);
+        child.kill('SIGKILL');
+        resolve();
+      }
+    }, 20);
+    child.once('exit', () => {
+      clearInterval(timer);
+      reject(new Error('the run finished before it could be killed'));
+    });
+  });
+  await new Promise((r) => child.once('exit', r));
+}
 
 let workdir: string;
 let config: string;
@@ -148,7 +169,7 @@ describe('training stages (tiny model)', () => {
     expect(off.summary).toMatch(/DAPO is off/);
     expect(readFileSync(join(workdir, 'dapo', 'model', 'model.safetensors'))).toEqual(readFileSync(join(workdir, 'dpo', 'model', 'model.safetensors')));
     const cfg = tinyConfig(join(workdir, '..'));
-    appendFileSync(cfg, 'dapo:\n  enabled: true\n  steps: 2\n  tasks_per_step: 1\n  group_size: 2\n  reward: partial\n  max_generation_batches: 2\n  simulator: { max_tokens: 12, max_turns: 2 }\n');
+    appendFileSync(cfg, 'dapo:\n  enabled: true\n  steps: 2\n  tasks_per_step: 1\n  group_size: 2\n  reward: partial\n  max_generation_batches: 2\n  mode: feedback\n  max_calls: 1\n  simulator: { max_tokens: 12, max_turns: 2 }\n  validation: { every: 1, tasks: 1, tries: 2 }\n');
     const r = prefab(['--workdir', workdir, '--config', cfg, '--log-format', 'json', 'run', '--until', 'dapo']);
     expect(r.code, r.stderr).toBe(0);
     const rows = metricsOf(join(workdir, 'dapo', 'metrics.jsonl'));
@@ -159,8 +180,15 @@ describe('training stages (tiny model)', () => {
       expect(m.kept_groups).toBeLessThanOrEqual(1);
       expect(m.reward_mean).toBeGreaterThanOrEqual(-1);
       expect(Number.isFinite(m.response_length)).toBe(true);
+      // Validated after every step: first try without notes, then within two tries reading them.
+      expect(m['val/success_first']).toBeGreaterThanOrEqual(0);
+      expect(m['val/success_feedback']).toBeGreaterThanOrEqual(m['val/success_first']!);
     }
     expect(JSON.parse(readFileSync(join(workdir, 'dapo', 'model', 'config.json'), 'utf8'))).toMatchObject({ architectures: ['LlamaForCausalLM'] });
+    // The eval table gains a dapo column.
+    const evaluated = prefab(['--workdir', workdir, '--config', cfg, '--log-format', 'json', 'run', '--from', 'eval']);
+    expect(evaluated.code, evaluated.stderr).toBe(0);
+    expect(Object.keys(JSON.parse(readFileSync(join(workdir, 'eval', 'eval.json'), 'utf8')).models)).toEqual(['untrained', 'sft', 'dpo', 'dapo']);
   });
 });
 
@@ -171,22 +199,7 @@ describe('kill -9 during dpo', () => {
     const killed = join(dir, 'killed');
     const args = ['--config', cfg, '--log-format', 'json'];
     const child = prefabAsync(['--workdir', killed, ...args, 'run']);
-    const cache = join(killed, '.cache', 'dpo');
-    const checkpointed = () => existsSync(cache) && readdirSync(cache).some((f) => f.startsWith('run-') && readdirSync(join(cache, f)).includes('step-000004'));
-    await new Promise<void>((resolve, reject) => {
-      const timer = setInterval(() => {
-        if (checkpointed()) {
-          clearInterval(timer);
-          child.kill('SIGKILL');
-          resolve();
-        }
-      }, 20);
-      child.once('exit', () => {
-        clearInterval(timer);
-        reject(new Error('the run finished before it could be killed'));
-      });
-    });
-    await new Promise((r) => child.once('exit', r));
+    await killAtCheckpoint(child, join(killed, '.cache', 'dpo'), 4);
     expect(existsSync(join(killed, 'dpo', 'manifest.json'))).toBe(false);
 
     const resumed = prefab(['--workdir', killed, ...args, 'run']);
@@ -200,5 +213,31 @@ describe('kill -9 during dpo', () => {
     expect(strip(metricsOf(join(killed, 'dpo', 'metrics.jsonl')))).toEqual(strip(metricsOf(join(dir, 'whole', 'dpo', 'metrics.jsonl'))));
     expect(readFileSync(join(killed, 'dpo', 'model', 'model.safetensors'))).toEqual(readFileSync(join(dir, 'whole', 'dpo', 'model', 'model.safetensors')));
     expect(JSON.parse(readFileSync(join(killed, 'eval', 'eval.json'), 'utf8')).models).toEqual(JSON.parse(readFileSync(join(dir, 'whole', 'eval', 'eval.json'), 'utf8')).models);
+  });
+});
+
+describe('kill -9 during dapo', () => {
+  it('resumes from the last checkpoint and ends where an uninterrupted run does: same rollouts, metrics and weights', async () => {
+    const cfg = tinyConfig(join(workdir, '..'));
+    appendFileSync(cfg, 'dapo:\n  enabled: true\n  steps: 5\n  tasks_per_step: 1\n  group_size: 2\n  reward: partial\n  mode: feedback\n  simulator: { max_tokens: 12, max_turns: 2 }\n');
+    const common = ['--workdir', workdir, '--config', cfg, '--log-format', 'json'];
+    const args = [...common, 'run', '--until', 'dapo'];
+    const cache = join(workdir, '.cache', 'dapo');
+    const fresh = () => rmSync(cache, { recursive: true, force: true });
+    fresh();
+    const child = prefabAsync(args);
+    await killAtCheckpoint(child, cache, 2);
+    const resumed = prefab(args);
+    expect(resumed.code, resumed.stderr).toBe(0);
+    expect(resumed.stderr).toMatch(/"event":"resuming from checkpoint".*"step":[234]/);
+    const killed = { metrics: metricsOf(join(workdir, 'dapo', 'metrics.jsonl')), weights: readFileSync(join(workdir, 'dapo', 'model', 'model.safetensors')) };
+    fresh();
+    const whole = prefab([...common, 'stage', 'dapo']);
+    expect(whole.code, whole.stderr).toBe(0);
+    expect(whole.stderr).not.toMatch(/resuming from checkpoint/);
+    const strip = (rows: Record<string, number>[]) => rows.map(({ 'tokens/s': _, ...rest }) => rest);
+    expect(strip(killed.metrics)).toEqual(strip(metricsOf(join(workdir, 'dapo', 'metrics.jsonl'))));
+    expect(killed.metrics).toHaveLength(5);
+    expect(killed.weights).toEqual(readFileSync(join(workdir, 'dapo', 'model', 'model.safetensors')));
   });
 });

@@ -4,7 +4,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { NEVER } from '../../pipeline/interrupt.ts';
 import { useBackend } from '../../train/backend.ts';
-import { dapoParts, dapoTrainer, rolloutBatch, turnSequence, type Rollout } from '../../train/dapo.ts';
+import { chainTurns, dapoParts, dapoTrainer, rolloutBatch, turnSequence, type Rollout } from '../../train/dapo.ts';
 import { trainingRun } from '../../train/run.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 import { quietLogger } from '../fixtures/toy-stages.ts';
@@ -36,20 +36,36 @@ describe('DAPO trainer core', () => {
     expect(turnSequence({ prompt: [1, 2, 3], generated: [7, 8] })).toEqual({ ids: [1, 2, 3, 7, 8], mask: [0, 0, 0, 1, 1] });
   });
 
-  it('records the old log-probabilities and each turn’s rollout advantage, and drops empty turns', async () => {
+  it('chains turns whose prompts extend each other into one sequence, starts another where the prompt was cut, and drops empty turns', () => {
+    const turns = [
+      { prompt: [1, 2], generated: [5, 6] },
+      { prompt: [1, 2, 5, 6, 3], generated: [9] }, // extends the first: the tool's token 3 is masked out
+      { prompt: [2, 5, 6, 3, 9, 4], generated: [8] }, // cut at the front: a sequence of its own
+      { prompt: [2, 5, 6, 3, 9, 4, 8], generated: [] },
+    ];
+    expect(chainTurns(turns)).toEqual([
+      { ids: [1, 2, 5, 6, 3, 9], mask: [0, 0, 1, 1, 0, 1] },
+      { ids: [2, 5, 6, 3, 9, 4, 8], mask: [0, 0, 0, 0, 0, 0, 1] },
+    ]);
+  });
+
+  it('records the old log-probabilities of every generated token and each rollout’s advantage', async () => {
     const model = Llama.create(tinyLlama(), 'old');
     const rollouts: Rollout[] = [
       { group: 't', reward: 1, turns: [{ prompt: [1, 2], generated: [5, 6] }, { prompt: [1, 2, 5, 6, 3], generated: [9] }] },
       { group: 't', reward: 0, turns: [{ prompt: [1, 2], generated: [7] }, { prompt: [1, 2, 7, 4], generated: [] }] },
     ];
     const batch = await rolloutBatch(model, rollouts, 0, 64, NEVER);
-    expect(batch.sequences).toHaveLength(3);
+    expect(batch.sequences).toHaveLength(2);
     expect(batch.advantages[0]).toBeCloseTo(Math.SQRT1_2, 4); // (1 − 0.5) / √0.5
-    expect(batch.advantages[1]).toBeCloseTo(Math.SQRT1_2, 4);
-    expect(batch.advantages[2]).toBeCloseTo(-Math.SQRT1_2, 4);
-    expect(batch.oldLogps[0]).toHaveLength(3);
-    const generatedLogp = batch.oldLogps[0]!.slice(1).reduce((a, b) => a + b, 0);
-    expect(generatedLogp).toBeCloseTo(logp(model, [1, 2], [5, 6]), 4);
+    expect(batch.advantages[1]).toBeCloseTo(-Math.SQRT1_2, 4);
+    expect(batch.oldLogps[0]).toHaveLength(5);
+    const old = batch.oldLogps[0]!;
+    // The chained sequence's log-probabilities of 5, 6 and 9 are those of each turn on its own.
+    expect(old[1]! + old[2]!).toBeCloseTo(logp(model, [1, 2], [5, 6]), 4);
+    expect(old[4]!).toBeCloseTo(logp(model, [1, 2, 5, 6, 3], [9]), 4);
+    expect(old[0]).toBe(0);
+    expect(old[3]).toBe(0);
     model.dispose();
   });
 
