@@ -33,7 +33,7 @@ const config = z.strictObject({
   reward: z.enum(['success', 'partial']).default('success').describe("success: 1 for a completed task, else 0 (sparse); partial: the environment's share of requests completed, less penalties."),
   ppo_epochs: z.number().int().min(1).default(2).describe('Passes over each batch of rollouts.'),
   mini_batches: z.number().int().min(1).default(2).describe('Optimiser updates per pass (the batch is cut into this many mini-batches).'),
-  lr: z.number().positive().default(1e-5).describe('Learning rate (constant after warmup).'),
+  lr: z.number().positive().default(5e-5).describe('Learning rate (constant after warmup).'),
   warmup: z.number().int().min(0).default(0).describe('Steps of linear warmup.'),
   weight_decay: z.number().min(0).default(0).describe("AdamW's weight decay."),
   max_grad_norm: z.number().positive().default(1).describe('Gradients are clipped to this global norm at each update.'),
@@ -62,7 +62,7 @@ const config = z.strictObject({
       tries: z.number().int().min(1).default(3).describe('Attempts per task for with-feedback success: each after the first reads the notes of the failed ones before it.'),
       temperature: z.number().min(0).default(0.5).describe('Sampling temperature of validation episodes.'),
     })
-    .prefault({}).describe('val/success_first (one try, no notes: what the policy has internalised) and val/success_feedback (within tries, reading notes), in metrics.jsonl.'),
+    .prefault({}).describe('val/success_first (one try, no notes: what the policy has internalised), val/success_feedback (within tries, each reading the notes of the failed ones) and val/success_retry (as many tries, no notes), in metrics.jsonl.'),
 });
 
 export const dapo = defineStage({
