@@ -1,0 +1,136 @@
+// The model registry: versions with their parents, aliases, an append-only history, promotion and rollback
+// that a kill -9 cannot leave half-made, and `prefab models` over it.
+import { spawn } from 'node:child_process';
+import { appendFileSync, existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { Registry } from '../../loop/registry.ts';
+import { prefab } from '../fixtures/cli.ts';
+import { tempDir } from '../fixtures/pipeline.ts';
+
+/** A stand-in model folder: the registry copies folders, whatever is in them. */
+function modelFolder(tag: string): string {
+  const dir = join(tempDir(), 'model');
+  mkdirSync(dir, { recursive: true });
+  writeFileSync(join(dir, 'config.json'), JSON.stringify({ architectures: ['LlamaForCausalLM'], tag }));
+  writeFileSync(join(dir, 'model.safetensors'), `weights of ${tag}`);
+  return dir;
+}
+
+const evalTable = (success: number) => ({ models: { dpo: { 'success/mean@2': success, 'reward/mean': 0.1 } } });
+
+describe('model registry', () => {
+  it('makes the first model production, the next the candidate with production as its parent, and keeps each one’s folder and info', () => {
+    const registry = new Registry(join(tempDir(), 'registry'));
+    expect(registry.aliases()).toEqual({ production: null, candidate: null });
+    const first = registry.register(modelFolder('a'), { source: { stage: 'dpo', sessions: 2000 }, config: { dpo: { lr: 1e-4 } }, eval: evalTable(0.05) });
+    expect(first).toBe('v0001');
+    expect(registry.aliases()).toEqual({ production: 'v0001', candidate: null });
+    const second = registry.register(modelFolder('b'), { source: { stage: 'dpo', sessions: 2400 }, config: {}, eval: evalTable(0.1) });
+    expect(registry.aliases()).toEqual({ production: 'v0001', candidate: 'v0002' });
+    expect(registry.version(second)).toMatchObject({ id: 'v0002', parent: 'v0001', source: { sessions: 2400 } });
+    expect(readFileSync(join(registry.folder(second), 'model', 'model.safetensors'), 'utf8')).toBe('weights of b');
+    expect(registry.versions().map((v) => v.id)).toEqual(['v0001', 'v0002']);
+    expect(() => registry.version('v0009')).toThrow(/no version v0009/);
+  });
+
+  it('promotes and rolls back by appending one readable line each; a rollback of a rollback puts the newer one back', () => {
+    const registry = new Registry(join(tempDir(), 'registry'));
+    registry.register(modelFolder('a'), { source: {}, config: {}, eval: null });
+    registry.register(modelFolder('b'), { source: {}, config: {}, eval: null });
+    registry.promote('v0002', 'better on the paired eval');
+    expect(registry.aliases()).toEqual({ production: 'v0002', candidate: null });
+    expect(() => registry.promote('v0002', 'again')).toThrow(/already production/);
+    registry.rollback('live success fell below 0.95 × baseline');
+    expect(registry.aliases().production).toBe('v0001');
+    registry.rollback('undo');
+    expect(registry.aliases().production).toBe('v0002');
+    const lines = readFileSync(join(registry.dir, 'history.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    expect(lines.map((l) => [l.event, l.version, l.from ?? null])).toEqual([
+      ['registered', 'v0001', null],
+      ['promoted', 'v0001', null],
+      ['registered', 'v0002', null],
+      ['candidate', 'v0002', null],
+      ['promoted', 'v0002', 'v0001'],
+      ['rolled_back', 'v0001', 'v0002'],
+      ['rolled_back', 'v0002', 'v0001'],
+    ]);
+    expect(lines[5].reason).toBe('live success fell below 0.95 × baseline');
+    const lone = new Registry(join(tempDir(), 'registry'));
+    lone.register(modelFolder('a'), { source: {}, config: {}, eval: null });
+    expect(() => lone.rollback('no')).toThrow(/nothing to roll back to/);
+  });
+
+  it('leaves the previous state after a kill -9 mid-promotion: a torn line is no decision, and the next one cuts it off', async () => {
+    const registry = new Registry(join(tempDir(), 'registry'));
+    registry.register(modelFolder('a'), { source: {}, config: {}, eval: null });
+    registry.register(modelFolder('b'), { source: {}, config: {}, eval: null });
+    // A torn line, as a kill in the middle of a write leaves it.
+    appendFileSync(join(registry.dir, 'history.jsonl'), '{"at":"2026-11-23T00:00:00.000Z","event":"promoted","version":"v0002","fr');
+    expect(registry.aliases().production).toBe('v0001');
+    registry.promote('v0002', 'after the torn line');
+    expect(registry.aliases().production).toBe('v0002');
+    for (const line of readFileSync(join(registry.dir, 'history.jsonl'), 'utf8').trim().split('\n')) expect(() => JSON.parse(line)).not.toThrow();
+
+    // A real kill -9 of a process promoting in a loop: every decision it made is whole, the aliases are the last one's.
+    const child = spawn(process.execPath, ['--import', 'tsx', join(__dirname, '..', 'fixtures', 'promote-loop.ts'), registry.dir]);
+    const path = join(registry.dir, 'history.jsonl');
+    const before = readFileSync(path, 'utf8').length;
+    await new Promise<void>((resolve) => {
+      const timer = setInterval(() => {
+        if (readFileSync(path, 'utf8').length > before + 20_000) {
+          clearInterval(timer);
+          child.kill('SIGKILL');
+          resolve();
+        }
+      }, 5);
+    });
+    await new Promise((r) => child.once('exit', r));
+    const events = registry.history();
+    expect(events.length).toBeGreaterThan(100);
+    const last = events.findLast((e) => e.event === 'promoted')!;
+    expect(registry.aliases().production).toBe(last.version);
+    registry.promote(last.version === 'v0001' ? 'v0002' : 'v0001', 'after the kill');
+    const text = readFileSync(path, 'utf8');
+    expect(text.endsWith('\n')).toBe(true);
+    for (const line of text.trim().split('\n')) expect(() => JSON.parse(line)).not.toThrow();
+  });
+
+  it('does not count a version folder a kill left half-copied or unrecorded', () => {
+    const registry = new Registry(join(tempDir(), 'registry'));
+    registry.register(modelFolder('a'), { source: {}, config: {}, eval: null });
+    mkdirSync(join(registry.dir, 'versions', '.tmp-v0002', 'model'), { recursive: true }); // killed mid-copy
+    mkdirSync(join(registry.dir, 'versions', 'v0002', 'model'), { recursive: true }); // killed after the rename, before the history line
+    expect(registry.versions().map((v) => v.id)).toEqual(['v0001']);
+    expect(registry.register(modelFolder('b'), { source: {}, config: {}, eval: null })).toBe('v0003');
+    expect(existsSync(join(registry.dir, 'versions', '.tmp-v0002'))).toBe(false);
+    expect(readdirSync(join(registry.dir, 'versions')).sort()).toEqual(['v0001', 'v0002', 'v0003']);
+    expect(registry.versions().map((v) => v.id)).toEqual(['v0001', 'v0003']);
+  });
+
+  it('is listed, shown, promoted and rolled back by `prefab models`', () => {
+    const workdir = join(tempDir(), 'workspace');
+    const registry = new Registry(join(workdir, 'registry'));
+    const empty = prefab(['--workdir', workdir, 'models', 'list']);
+    expect(empty.code, empty.stderr).toBe(0);
+    expect(empty.stdout).toMatch(/no versions/);
+    registry.register(modelFolder('a'), { source: { stage: 'dpo' }, config: {}, eval: evalTable(0.05) });
+    registry.register(modelFolder('b'), { source: { stage: 'dpo' }, config: {}, eval: evalTable(0.1) });
+    const list = prefab(['--workdir', workdir, 'models', 'list']);
+    expect(list.code, list.stderr).toBe(0);
+    expect(list.stdout).toMatch(/^v0001 .* production .* dpo +success\/mean@2 0\.050$/m);
+    expect(list.stdout).toMatch(/^v0002 .* v0001 +candidate .* success\/mean@2 0\.100$/m);
+    const promoted = prefab(['--workdir', workdir, 'models', 'promote', 'v0002', '--reason', 'by hand in a test']);
+    expect(promoted.code, promoted.stderr).toBe(0);
+    expect(promoted.stdout).toBe('v0002 is production (was v0001)\n');
+    const shown = JSON.parse(prefab(['--workdir', workdir, 'models', 'show', 'production']).stdout);
+    expect(shown).toMatchObject({ id: 'v0002', parent: 'v0001', folder: join(registry.folder('v0002'), 'model') });
+    expect(prefab(['--workdir', workdir, 'models', 'rollback']).stdout).toBe('v0001 is production again (was v0002)\n');
+    const json = JSON.parse(prefab(['--workdir', workdir, 'models', 'list', '--json']).stdout);
+    expect(json.aliases).toEqual({ production: 'v0001', candidate: null });
+    expect(json.history.at(-1)).toMatchObject({ event: 'rolled_back', reason: 'rolled back by hand' });
+    const unknown = prefab(['--workdir', workdir, 'models', 'promote', 'v0042']);
+    expect(unknown.code).not.toBe(0);
+    expect(unknown.stderr).toMatch(/no version v0042/);
+  });
+});
