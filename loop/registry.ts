@@ -3,7 +3,7 @@
 // is a line of an append-only history a person can read (history.jsonl). The history is the truth: a
 // decision is one appended line, so a kill -9 leaves the line or nothing (a torn last line is ignored when
 // read and cut off before the next append), and the aliases are what replaying it gives.
-import { appendFileSync, closeSync, cpSync, existsSync, fsyncSync, mkdirSync, openSync, readFileSync, readdirSync, renameSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
+import { appendFileSync, closeSync, cpSync, existsSync, fstatSync, fsyncSync, mkdirSync, openSync, readFileSync, readSync, readdirSync, renameSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { PipelineError } from '../pipeline/errors.ts';
 
@@ -70,13 +70,17 @@ export class Registry {
 
   /** The registered versions, oldest first. */
   versions(): VersionInfo[] {
-    return this.history().flatMap((e) => (e.event === 'registered' ? [this.version(e.version)] : []));
+    return this.history().flatMap((e) => (e.event === 'registered' ? [this.info(e.version)] : []));
+  }
+
+  private info(id: string): VersionInfo {
+    return JSON.parse(readFileSync(join(this.folder(id), 'version.json'), 'utf8')) as VersionInfo;
   }
 
   /** A registered version's info. */
   version(id: string): VersionInfo {
     if (!this.history().some((e) => e.event === 'registered' && e.version === id)) throw new PipelineError(`model registry ${this.dir}: no version ${id}; \`prefab models list\` shows the versions`);
-    return JSON.parse(readFileSync(join(this.folder(id), 'version.json'), 'utf8')) as VersionInfo;
+    return this.info(id);
   }
 
   /** A version's folder: version.json beside model/ (the Hugging Face folder). */
@@ -125,14 +129,28 @@ export class Registry {
   /** Appends one decision, durably; a torn last line a kill left is cut off first, so it never swallows this one. */
   private append(e: RegistryEvent): RegistryEvent {
     mkdirSync(this.dir, { recursive: true });
-    if (existsSync(this.historyPath)) {
+    if (existsSync(this.historyPath) && !endsWithNewline(this.historyPath)) {
       const text = readFileSync(this.historyPath, 'utf8');
-      if (text.length > 0 && !text.endsWith('\n')) truncateSync(this.historyPath, Buffer.byteLength(text.slice(0, text.lastIndexOf('\n') + 1)));
+      truncateSync(this.historyPath, Buffer.byteLength(text.slice(0, text.lastIndexOf('\n') + 1)));
     }
     appendFileSync(this.historyPath, JSON.stringify(e) + '\n');
     const fd = openSync(this.historyPath, 'r');
     fsyncSync(fd);
     closeSync(fd);
     return e;
+  }
+}
+
+/** Whether the file is empty or ends with a newline (reads its last byte only). */
+function endsWithNewline(path: string): boolean {
+  const fd = openSync(path, 'r');
+  try {
+    const size = fstatSync(fd).size;
+    if (size === 0) return true;
+    const last = Buffer.alloc(1);
+    readSync(fd, last, 0, 1, size - 1);
+    return last[0] === 0x0a;
+  } finally {
+    closeSync(fd);
   }
 }
