@@ -31,6 +31,14 @@ function logp(model: Llama, prompt: number[], generated: number[]): number {
   return Array.from(lp).slice(prompt.length - 1).reduce((a, b) => a + b, 0);
 }
 
+/** Two turns after the same prompt: the one a rewarded rollout wrote, and the one an unrewarded rollout wrote. */
+const good = { prompt: [1, 2, 3], generated: [5, 6] };
+const bad = { prompt: [1, 2, 3], generated: [7, 8] };
+const pair: [Rollout, Rollout] = [
+  { group: 't', reward: 1, turns: [good] },
+  { group: 't', reward: 0, turns: [bad] },
+];
+
 describe('DAPO trainer core', () => {
   it('trains only the generated tokens of each turn', () => {
     expect(turnSequence({ prompt: [1, 2, 3], generated: [7, 8] })).toEqual({ ids: [1, 2, 3, 7, 8], mask: [0, 0, 0, 1, 1] });
@@ -71,14 +79,7 @@ describe('DAPO trainer core', () => {
 
   it('makes the better rollout likelier and the worse one less likely over several epochs on one batch', async () => {
     const model = Llama.create(tinyLlama(), 'step');
-    const good = { prompt: [1, 2, 3], generated: [5, 6] };
-    const bad = { prompt: [1, 2, 3], generated: [7, 8] };
-    const rollouts: Rollout[] = [
-      { group: 't', reward: 1, turns: [good] },
-      { group: 't', reward: 0, turns: [bad] },
-      { group: 't', reward: 1, turns: [good] },
-      { group: 't', reward: 0, turns: [bad] },
-    ];
+    const rollouts: Rollout[] = [...pair, ...pair];
     const before = [logp(model, good.prompt, good.generated), logp(model, bad.prompt, bad.generated)];
     const batch = await rolloutBatch(model, rollouts, 0, 64, NEVER);
     const optimizer = new AdamW(model.params, ADAMW_DEFAULTS);
@@ -151,12 +152,7 @@ describe('DAPO trainer core', () => {
   it('with a KL coefficient, keeps the policy near the reference: the k3 KL is 0 at the start and reported once it moves', async () => {
     const model = Llama.create(tinyLlama(), 'kl');
     const reference = Llama.create(tinyLlama(), 'kl');
-    const good = { prompt: [1, 2, 3], generated: [5, 6] };
-    const bad = { prompt: [1, 2, 3], generated: [7, 8] };
-    const rollouts: Rollout[] = [
-      { group: 't', reward: 1, turns: [good] },
-      { group: 't', reward: 0, turns: [bad] },
-    ];
+    const rollouts: Rollout[] = [...pair];
     const optimizer = new AdamW(model.params, ADAMW_DEFAULTS);
     const clip = { ...DAPO_CLIP, klCoef: 0.1 };
     const kls: number[] = [];
@@ -172,8 +168,6 @@ describe('DAPO trainer core', () => {
   });
 
   it('trains as a Trainer: several updates a step, a metrics line per step with the rollouts’ figures, and a resumed run ends where a straight one does', async () => {
-    const good = { prompt: [1, 2, 3], generated: [5, 6] };
-    const bad = { prompt: [1, 2, 3], generated: [7, 8] };
     const settings = (cache: string, steps: number) => ({
       config: { seed: 's', batch_size: 1, epochs: 1, max_steps: steps, lr: 5e-3, warmup: 0, min_lr_ratio: 1, weight_decay: 0, max_grad_norm: 1, checkpoint_every: 1, micro_batch_tokens: 64 },
       cache,
@@ -189,7 +183,7 @@ describe('DAPO trainer core', () => {
         steps,
         start: () => Llama.create(tinyLlama(), 'rl'),
         // The same rollouts every step, whatever the weights: the test looks at the updates, not the sampling.
-        rollouts: async () => ({ rollouts: [{ group: 't', reward: 1, turns: [good] }, { group: 't', reward: 0, turns: [bad] }], metrics: { reward_mean: 0.5, kept_groups: 1 } }),
+        rollouts: async () => ({ rollouts: [...pair], metrics: { reward_mean: 0.5, kept_groups: 1 } }),
         pad: 0,
         microBatchTokens: 64,
         clip: DAPO_CLIP,
