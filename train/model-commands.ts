@@ -7,7 +7,8 @@ import type { CommandContext } from '../pipeline/stage.ts';
 import { seeded } from '../core/random.ts';
 import { useBackend, type BackendChoice } from './backend.ts';
 import { llamaConfigJson, readHfModel } from './hf.ts';
-import { Llama, KVCache } from './model.ts';
+import { KVCache } from './decode.ts';
+import { Llama } from './model.ts';
 
 /** A JSON list of token ids (`depth` 1) or of lists of them (`depth` 2). */
 function tokenIds(depth: 1 | 2) {

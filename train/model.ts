@@ -5,14 +5,13 @@
 // (train/hf.ts reads and writes the folders).
 // This is the trainer's one model: what sft trains from scratch (a tiny Llama) or from a pretrained folder,
 // what dpo tunes, eval scores and the simulator's policy runs.
-// Read top to bottom: config, parameters, the forward pass, generation with a KV cache.
+// Read top to bottom: config, parameters, the forward pass. Generation with a KV cache is train/decode.ts.
 // Shapes: B batch, T length, D hidden size, H query heads, K key/value heads, hd head_dim, F intermediate
 // size, V vocabulary; N = B·T rows.
 import * as tf from '@tensorflow/tfjs-core';
-import { seeded, type Random } from '../core/random.ts';
+import { seeded } from '../core/random.ts';
 import { causalAttention, embed, linear } from './kernels.ts';
 import { ModelWeights, normal } from './parameters.ts';
-import { sampleToken } from './sampling.ts';
 
 export interface LlamaConfig {
   /** `llama` or `qwen2`: the same math, Qwen2 with biases on q, k and v. */
@@ -86,7 +85,7 @@ function initialWeights(c: LlamaConfig, seed: string): Map<string, Float32Array>
 
 
 /** RMSNorm: x / √(mean(x²) + ε) · weight. x: (N, D). */
-function rmsNorm(x: tf.Tensor2D, weight: tf.Tensor, eps: number): tf.Tensor2D {
+export function rmsNorm(x: tf.Tensor2D, weight: tf.Tensor, eps: number): tf.Tensor2D {
   return tf.mul(tf.mul(x, tf.rsqrt(tf.add(tf.mean(tf.square(x), -1, true), eps))), weight) as tf.Tensor2D;
 }
 
@@ -135,7 +134,7 @@ function rotate(x: tf.Tensor3D, cos: tf.Tensor3D, sin: tf.Tensor3D): tf.Tensor3D
 }
 
 /** K key/value heads repeated to H, each serving H / K query heads in a row (transformers' repeat_kv). (N, K, hd) → (N, H·hd). */
-function repeatKv(x: tf.Tensor3D, heads: number): tf.Tensor2D {
+export function repeatKv(x: tf.Tensor3D, heads: number): tf.Tensor2D {
   const [n, k, hd] = x.shape;
   if (k === heads) return tf.reshape(x, [n, heads * hd]);
   return tf.reshape(tf.tile(tf.reshape(x, [n, k, 1, hd]), [1, 1, heads / k, 1]), [n, heads * hd]);
@@ -262,11 +261,6 @@ export class Llama extends ModelWeights {
     return 6 * (this.size() - lookup) + 12 * c.layers * c.heads * c.headDim * length;
   }
 
-  /** Samples up to `maxTokens` tokens after `prompt` with a fresh KV cache (KVCache.generate). */
-  generate(prompt: number[], options: GenerateOptions): number[] {
-    return new KVCache(this).generate(prompt, options);
-  }
-
   override dispose(): void {
     super.dispose();
     for (const ad of this.adapters.values()) tf.dispose([ad.a, ad.b]);
@@ -276,253 +270,4 @@ export class Llama extends ModelWeights {
   weights(): Map<string, { shape: number[]; data: Float32Array }> {
     return new Map([...this.params].map(([name, v]) => [name, { shape: v.shape, data: v.dataSync() as Float32Array }]));
   }
-}
-
-export interface GenerateOptions {
-  maxTokens: number;
-  /** 0: greedy. */
-  temperature: number;
-  /** Nucleus sampling: keep the most likely tokens whose probabilities add up to topP. */
-  topP?: number;
-  /** Stop after any of these tokens. */
-  stop?: number[];
-  random?: Random;
-  /** Which token may follow the ones generated so far (train/constrain.ts); absent: any. */
-  constraint?: { allows(generated: readonly number[], candidate: number): boolean };
-}
-
-/** Below this many new tokens a read goes token by token in plain TypeScript; from it on, through one batched pass. */
-const BATCHED_READ = 8;
-
-/**
- * Generation with a KV cache: each layer keeps the rotated keys and the values of every token read so far
- * (K heads, not repeated), so a new token is one row through the model, within one reply and across the
- * turns of an episode, where each new prompt extends the last one.
- * A generated token is computed in plain TypeScript on the CPU from a copy of the weights (adapters folded
- * in) taken when the cache is made: a step of a model this small is a few hundred tiny operations, which cost
- * more to dispatch to a TensorFlow.js backend than to compute (measured for 4 layers, width 128: 2.3 ms a
- * token against 4.8 ms through WASM ops). A prompt of many new tokens is read in one batched pass through the
- * backend instead (0.34 ms a token against 1.6 token by token).
- */
-export class KVCache {
-  /** The tokens read so far. */
-  readonly tokens: number[] = [];
-  private readonly w = new Map<string, Float32Array>();
-  /** Per layer: (capacity, K·hd), the first tokens.length rows in use; grown by doubling. */
-  private keys: Float32Array[];
-  private values: Float32Array[];
-  private capacity = 0;
-
-  constructor(readonly model: Llama) {
-    for (const [name, v] of model.params) this.w.set(name, (v.dataSync() as Float32Array).slice());
-    // The weight each adapted projection computes with: W + (α/r)·B·A.
-    if (model.adaptersOn) for (const module of model.adapters.keys()) this.w.set(`${module}.weight`, tf.tidy(() => model.adaptedWeight(module).dataSync() as Float32Array));
-    this.keys = Array.from({ length: model.config.layers }, () => new Float32Array(0));
-    this.values = Array.from({ length: model.config.layers }, () => new Float32Array(0));
-  }
-
-  /** Forgets all but the first n tokens. */
-  truncate(n: number): void {
-    if (n < this.tokens.length) this.tokens.length = n;
-  }
-
-  /** Room for `n` positions in every layer's keys and values. */
-  private reserve(n: number): void {
-    if (n <= this.capacity) return;
-    const { kvHeads: K, headDim: hd } = this.model.config;
-    const capacity = Math.max(n, 2 * this.capacity, 64);
-    const grow = (old: Float32Array) => {
-      const next = new Float32Array(capacity * K * hd);
-      next.set(old.subarray(0, this.tokens.length * K * hd));
-      return next;
-    };
-    this.keys = this.keys.map(grow);
-    this.values = this.values.map(grow);
-    this.capacity = capacity;
-  }
-
-  /** Reads tokens after those already read; returns the next-token logits after the last, (V). */
-  read(tokens: number[]): Float32Array {
-    const max = this.model.config.maxPositions;
-    if (this.tokens.length + tokens.length > max) throw new Error(`${this.tokens.length + tokens.length} tokens do not fit in the model's ${max} positions (max_position_embeddings)`);
-    if (tokens.length === 0) throw new Error('KVCache.read: no tokens to read');
-    this.reserve(this.tokens.length + tokens.length);
-    if (tokens.length >= BATCHED_READ) return this.readBatched(tokens);
-    let x: Float32Array = new Float32Array(0);
-    for (const token of tokens) {
-      x = this.step(token, this.tokens.length);
-      this.tokens.push(token);
-    }
-    const { vocabSize: V, hiddenSize: D, tiedEmbeddings } = this.model.config;
-    return matVec(x, this.w.get(tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight')!, V, D);
-  }
-
-  /** The final norm's output at position `at`, after reading `token` there: one row through the model. */
-  private step(token: number, at: number): Float32Array {
-    const { layers, hiddenSize: D, intermediateSize: F, heads: H, kvHeads: K, headDim: hd, rmsNormEps: eps, attentionBias } = this.model.config;
-    const w = (name: string) => this.w.get(name)!;
-    const { cos, sin } = this.model.ropeTable(at + 1);
-    const x = w('model.embed_tokens.weight').slice(token * D, (token + 1) * D); // (D)
-    const scores = new Float32Array(at + 1);
-    const attended = new Float32Array(H * hd);
-    const group = H / K;
-    const scale = 1 / Math.sqrt(hd);
-    for (let l = 0; l < layers; l++) {
-      const p = `model.layers.${l}.`;
-      const h = rms(x, w(`${p}input_layernorm.weight`), eps);
-      const proj = (n: string, out: number) => {
-        const y = matVec(h, w(`${p}self_attn.${n}.weight`), out, D);
-        if (attentionBias) addInto(y, w(`${p}self_attn.${n}.bias`));
-        return y;
-      };
-      const q = proj('q_proj', H * hd); // (H·hd)
-      const k = proj('k_proj', K * hd); // (K·hd)
-      const v = proj('v_proj', K * hd);
-      for (let j = 0; j < H; j++) rotateHalf(q, j * hd, hd, cos, sin, at);
-      for (let j = 0; j < K; j++) rotateHalf(k, j * hd, hd, cos, sin, at);
-      const keys = this.keys[l]!;
-      const values = this.values[l]!;
-      keys.set(k, at * K * hd);
-      values.set(v, at * K * hd);
-      for (let j = 0; j < H; j++) {
-        const qo = j * hd;
-        const ko = Math.floor(j / group) * hd; // the key/value head this query head shares
-        let top = -Infinity;
-        for (let t = 0; t <= at; t++) {
-          let s = 0;
-          for (let d = 0, o = t * K * hd + ko; d < hd; d++) s += q[qo + d]! * keys[o + d]!;
-          scores[t] = s * scale;
-          if (scores[t]! > top) top = scores[t]!;
-        }
-        let total = 0;
-        for (let t = 0; t <= at; t++) total += scores[t] = Math.exp(scores[t]! - top);
-        attended.fill(0, qo, qo + hd);
-        for (let t = 0; t <= at; t++) {
-          const pt = scores[t]! / total;
-          for (let d = 0, o = t * K * hd + ko; d < hd; d++) attended[qo + d]! += pt * values[o + d]!;
-        }
-      }
-      addInto(x, matVec(attended, w(`${p}self_attn.o_proj.weight`), D, H * hd));
-      const m = rms(x, w(`${p}post_attention_layernorm.weight`), eps);
-      const gate = matVec(m, w(`${p}mlp.gate_proj.weight`), F, D);
-      const up = matVec(m, w(`${p}mlp.up_proj.weight`), F, D);
-      for (let i = 0; i < F; i++) gate[i] = (gate[i]! / (1 + Math.exp(-gate[i]!))) * up[i]!; // silu(gate) ⊙ up
-      addInto(x, matVec(gate, w(`${p}mlp.down_proj.weight`), D, F));
-    }
-    return rms(x, w('model.norm.weight'), eps);
-  }
-
-  /** Reads many tokens in one pass through the backend, attending to the cached ones; their keys and values join the cache. */
-  private readBatched(ids: number[]): Float32Array {
-    const m = this.model;
-    const c = m.config;
-    const start = this.tokens.length;
-    const T = ids.length;
-    const width = c.kvHeads * c.headDim;
-    const logits = tf.tidy(() => {
-      let x = embed(m.p('model.embed_tokens.weight'), tf.tensor1d(Int32Array.from(ids), 'int32')); // (T, D)
-      const rotation = m.angles(1, T, start);
-      for (let i = 0; i < c.layers; i++) {
-        const l = (n: string) => m.p(`model.layers.${i}.${n}`);
-        const { q, k, v } = m.qkv(i, rmsNorm(x, l('input_layernorm.weight'), c.rmsNormEps), rotation);
-        this.keys[i]!.set(k.dataSync(), start * width);
-        this.values[i]!.set(v.dataSync(), start * width);
-        const cached = (a: Float32Array) => tf.tensor3d(a.subarray(0, (start + T) * width), [start + T, c.kvHeads, c.headDim]); // (P, K, hd)
-        x = tf.add(x, m.linear(attendCached(q, cached(this.keys[i]!), cached(this.values[i]!), start, c.heads), `model.layers.${i}.self_attn.o_proj`));
-        x = tf.add(x, m.mlp(i, rmsNorm(x, l('post_attention_layernorm.weight'), c.rmsNormEps)));
-      }
-      return tf.slice(m.head(x), [T - 1, 0], [1, c.vocabSize]);
-    });
-    this.tokens.push(...ids);
-    const out = logits.dataSync() as Float32Array;
-    logits.dispose();
-    return out;
-  }
-
-  /**
-   * Samples a continuation of `prompt`, reusing the cache for the longest prefix it shares with what was read
-   * before (a conversation's next turn reads only its new messages). The sampled tokens are read too, except
-   * the last. Stops after any of `stop`, at `maxTokens`, or where the model's positions end.
-   */
-  generate(prompt: number[], options: GenerateOptions): number[] {
-    const room = this.model.config.maxPositions - prompt.length;
-    if (room <= 0 || prompt.length === 0) return [];
-    let shared = 0;
-    while (shared < Math.min(prompt.length - 1, this.tokens.length) && this.tokens[shared] === prompt[shared]) shared++;
-    this.truncate(shared);
-    let logits = this.read(prompt.slice(shared));
-    const rand = options.random ?? Math.random;
-    const topP = options.topP ?? 1;
-    const out: number[] = [];
-    const limit = Math.min(options.maxTokens, room);
-    const constraint = options.constraint;
-    while (out.length < limit) {
-      let next = sampleToken(logits, options.temperature, topP, rand);
-      if (constraint && !constraint.allows(out, next)) {
-        // Drawn outside what may come next: draw again from the tokens that may (checking them all costs
-        // more than one draw, so it is only done when the first draw is refused).
-        let any = false;
-        for (let id = 0; id < logits.length; id++) {
-          if (constraint.allows(out, id)) any = true;
-          else logits[id] = -Infinity;
-        }
-        if (!any) break;
-        next = sampleToken(logits, options.temperature, topP, rand);
-      }
-      out.push(next);
-      if (options.stop?.includes(next) || out.length === limit) break;
-      logits = this.read([next]);
-    }
-    return out;
-  }
-}
-
-/** Attention of new queries q (T, H, hd) at positions start… over cached keys and values (P, K, hd), causal. → (T, H·hd) */
-function attendCached(q: tf.Tensor3D, keys: tf.Tensor3D, values: tf.Tensor3D, start: number, heads: number): tf.Tensor2D {
-  const [T, , hd] = q.shape;
-  const P = keys.shape[0];
-  const k = tf.reshape(repeatKv(keys, heads), [P, heads, hd]);
-  const v = tf.reshape(repeatKv(values, heads), [P, heads, hd]);
-  const scores = tf.mul(tf.matMul(tf.transpose(q, [1, 0, 2]), tf.transpose(k, [1, 2, 0])), 1 / Math.sqrt(hd)); // (H, T, P)
-  const allowed = new Float32Array(T * P);
-  for (let t = 0; t < T; t++) for (let p = 0; p < P; p++) allowed[t * P + p] = p <= start + t ? 0 : -1e9;
-  const weights = tf.softmax(tf.add(scores, tf.tensor2d(allowed, [T, P])));
-  const out = tf.matMul(weights, tf.transpose(v, [1, 0, 2])); // (H, T, hd)
-  return tf.reshape(tf.transpose(out, [1, 0, 2]), [T, heads * hd]);
-}
-
-/** W·x for W stored (out, in): each output is a row's dot product with x. */
-function matVec(x: Float32Array, W: Float32Array, out: number, inner: number): Float32Array {
-  const y = new Float32Array(out);
-  for (let o = 0; o < out; o++) {
-    let s = 0;
-    for (let i = 0, r = o * inner; i < inner; i++) s += W[r + i]! * x[i]!;
-    y[o] = s;
-  }
-  return y;
-}
-
-/** RMSNorm of one row, as rmsNorm computes it. */
-function rms(x: Float32Array, weight: Float32Array, eps: number): Float32Array {
-  let sq = 0;
-  for (const v of x) sq += v * v;
-  const scale = 1 / Math.sqrt(sq / x.length + eps);
-  return x.map((v, i) => v * scale * weight[i]!);
-}
-
-/** rotate_half on one head at `offset` of a row, as `rotate` does: x·cos + (−x₂, x₁)·sin with the table's row `at`. */
-function rotateHalf(x: Float32Array, offset: number, hd: number, cos: Float32Array, sin: Float32Array, at: number): void {
-  const half = hd / 2;
-  for (let f = 0; f < half; f++) {
-    const a = x[offset + f]!;
-    const b = x[offset + half + f]!;
-    const c = cos[at * hd + f]!;
-    const s = sin[at * hd + f]!;
-    x[offset + f] = a * c - b * s;
-    x[offset + half + f] = b * c + a * s;
-  }
-}
-
-function addInto(x: Float32Array, y: Float32Array): void {
-  for (let i = 0; i < x.length; i++) x[i]! += y[i]!;
 }

@@ -9,7 +9,8 @@ import type { Message, Policy } from '../core/records.ts';
 import type { Chat } from './chat.ts';
 import type { Turn } from './dapo.ts';
 import type { ToolCallConstraint, ToolSchema } from './constrain.ts';
-import { KVCache, type Llama } from './model.ts';
+import { KVCache } from './decode.ts';
+import type { Llama } from './model.ts';
 import { modelView, type Placeholders } from './placeholders.ts';
 import { headLength, recentWindow } from './windows.ts';
 

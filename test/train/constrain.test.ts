@@ -2,7 +2,8 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { TOOLS } from '../../env/env.ts';
 import { ToolCallConstraint, readCall, readJson, type JsonSchema } from '../../train/constrain.ts';
 import { useBackend } from '../../train/backend.ts';
-import { KVCache, Llama } from '../../train/model.ts';
+import { KVCache } from '../../train/decode.ts';
+import { Llama } from '../../train/model.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
 import { SPECIAL_TOKENS } from '../../train/tokenizer.ts';
 

@@ -7,7 +7,8 @@ import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { useBackend } from '../../train/backend.ts';
 import { llamaConfigFromJson, readHfModel, writeHfModel } from '../../train/hf.ts';
-import { Llama, KVCache, llamaParameterShapes } from '../../train/model.ts';
+import { KVCache } from '../../train/decode.ts';
+import { Llama, llamaParameterShapes } from '../../train/model.ts';
 import { sampleToken } from '../../train/sampling.ts';
 import { prefab } from '../fixtures/cli.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
@@ -195,7 +196,7 @@ describe('prefab model', () => {
     const bad = prefab(['model', 'score', join(FIXTURES, 'nothing-here'), '--ids', '[[1,2]]']);
     expect(bad.code).toBe(1);
     expect(bad.stderr).toMatch(/nothing-here is not a model folder: it has no config\.json/);
-  });
+  }, 60_000); // six processes, each loading TensorFlow.js
 });
 
 /** A safetensors file of `weights` stored as `dtype` (BF16 by truncation, F16 by rounding), for the readers' tests. */

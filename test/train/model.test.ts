@@ -7,7 +7,8 @@ import { seeded } from '../../core/random.ts';
 import { useBackend } from '../../train/backend.ts';
 import { loadCheckpoint, saveCheckpoint } from '../../train/checkpoint.ts';
 import { sftLoss } from '../../train/losses/index.ts';
-import { KVCache, Llama, type LlamaConfig } from '../../train/model.ts';
+import { Decoding, DecodeWeights, KVCache } from '../../train/decode.ts';
+import { Llama, type LlamaConfig } from '../../train/model.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
 import { sampleToken } from '../../train/sampling.ts';
 import { ADAMW_DEFAULTS, AdamW, learningRate } from '../../train/optimizer.ts';
@@ -66,7 +67,7 @@ describe.each([
   it('generates with a KV cache exactly what recomputing the whole sequence each step would pick', () => {
     const model = Llama.create(config, 'generate');
     const prompt = [3, 9, 1, 4];
-    const cached = model.generate(prompt, { maxTokens: 8, temperature: 0 });
+    const cached = new KVCache(model).generate(prompt, { maxTokens: 8, temperature: 0 });
     const recomputed: number[] = [];
     const seq = [...prompt];
     for (let i = 0; i < 8; i++) {
@@ -110,7 +111,7 @@ describe.each([
     // The next turn's prompt shares a prefix, then differs: the cache is cut back to the shared part.
     const next = [3, 9, 1, 4, 7, 7, 2];
     const reused = cache.generate(next, { maxTokens: 4, temperature: 0 });
-    const fresh = model.generate(next, { maxTokens: 4, temperature: 0 });
+    const fresh = new KVCache(model).generate(next, { maxTokens: 4, temperature: 0 });
     expect(reused).toEqual(fresh);
     const logits = (c: KVCache, ids: number[]) => Array.from(c.read(ids));
     const a = new KVCache(model);
@@ -119,6 +120,38 @@ describe.each([
     logits(b, [5, 6]);
     const pieces = logits(b, [7, 8, 9]);
     pieces.forEach((v, i) => expect(v).toBeCloseTo(whole[i]!, 4));
+  });
+
+  it('steps many caches of different lengths together (one matMul per projection) to the logits each gives alone, and decodes them together to what each generates alone', () => {
+    const model = Llama.create(config, 'together');
+    train(model, new AdamW(model.params, ADAMW_DEFAULTS), 0, 20);
+    const weights = new DecodeWeights(model);
+    const prompts = [[3, 9, 1], [5, 6, 7, 8, 9, 10, 11, 12, 2], [4]];
+    const together = prompts.map(() => new KVCache(model, weights));
+    const alone = prompts.map(() => new KVCache(model));
+    together.forEach((c, i) => c.read(prompts[i]!));
+    alone.forEach((c, i) => c.read(prompts[i]!));
+    const next = [7, 1, 20];
+    const stepped = KVCache.readEach(together, next);
+    stepped.forEach((logits, i) => {
+      const own = alone[i]!.read([next[i]!]);
+      own.forEach((v, j) => expect(logits[j]).toBeCloseTo(v, 3));
+    });
+    expect(together.map((c) => c.tokens.length)).toEqual([4, 10, 2]);
+    // Greedy decodings stepped together, the finished ones leaving the batch, end where each alone ends.
+    const decodings = prompts.map((p, i) => new Decoding(new KVCache(model, weights), p, { maxTokens: 2 + i * 2, temperature: 0 }));
+    for (;;) {
+      const live = decodings.flatMap((d) => {
+        const token = d.next();
+        return token === null || d.finished ? [] : [{ d, token }];
+      });
+      if (live.length === 0) break;
+      KVCache.readEach(live.map((l) => l.d.cache), live.map((l) => l.token)).forEach((logits, i) => (live[i]!.d.logits = logits));
+    }
+    decodings.forEach((d, i) => expect(d.out).toEqual(new KVCache(model).generate(prompts[i]!, { maxTokens: 2 + i * 2, temperature: 0 })));
+    expect(() => KVCache.readEach([new KVCache(model), new KVCache(model)], [1, 2])).toThrow(/do not share their weights/);
+    weights.dispose();
+    model.dispose();
   });
 
   it('sums the gradients of micro-batches into the step the whole batch would take', () => {
@@ -138,10 +171,10 @@ describe.each([
 
   it('stops at a stop token and at the end of its context', () => {
     const model = Llama.create(config, 'stop');
-    const free = model.generate([1, 2], { maxTokens: 100, temperature: 0 });
+    const free = new KVCache(model).generate([1, 2], { maxTokens: 100, temperature: 0 });
     expect(free.length).toBe(config.maxPositions - 2);
     const stopAt = free[3]!;
-    const stopped = model.generate([1, 2], { maxTokens: 100, temperature: 0, stop: [stopAt] });
+    const stopped = new KVCache(model).generate([1, 2], { maxTokens: 100, temperature: 0, stop: [stopAt] });
     expect(stopped.at(-1)).toBe(stopAt);
     expect(stopped.length).toBe(free.indexOf(stopAt) + 1);
   });
