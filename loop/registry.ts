@@ -24,7 +24,8 @@ export interface VersionInfo {
 export type RegistryEvent =
   | { at: string; event: 'registered'; version: string; parent: string | null }
   | { at: string; event: 'candidate'; version: string }
-  | { at: string; event: 'promoted' | 'rolled_back'; version: string; from: string | null; reason: string };
+  | { at: string; event: 'promoted' | 'rolled_back'; version: string; from: string | null; reason: string }
+  | { at: string; event: 'rejected'; version: string; reason: string };
 
 export interface Aliases {
   production: string | null;
@@ -57,15 +58,27 @@ export class Registry {
 
   /** The aliases the history gives. */
   aliases(): Aliases {
-    const a: Aliases = { production: null, candidate: null };
-    for (const e of this.history()) {
-      if (e.event === 'candidate') a.candidate = e.version;
-      if (e.event === 'promoted' || e.event === 'rolled_back') {
-        a.production = e.version;
-        if (a.candidate === e.version) a.candidate = null;
-      }
+    const stack = this.productions();
+    return { production: stack.at(-1) ?? null, candidate: this.candidate() };
+  }
+
+  /** The productions in force, oldest first: a promotion stacks one, a rollback takes the top one off. */
+  private productions(events = this.history()): string[] {
+    const stack: string[] = [];
+    for (const e of events) {
+      if (e.event === 'promoted') stack.push(e.version);
+      if (e.event === 'rolled_back') stack.pop();
     }
-    return a;
+    return stack;
+  }
+
+  private candidate(events = this.history()): string | null {
+    let candidate: string | null = null;
+    for (const e of events) {
+      if (e.event === 'candidate') candidate = e.version;
+      if ((e.event === 'promoted' || e.event === 'rejected') && candidate === e.version) candidate = null;
+    }
+    return candidate;
   }
 
   /** The registered versions, oldest first. */
@@ -119,11 +132,17 @@ export class Registry {
     return this.append({ at: now.toISOString(), event: 'promoted', version: id, from: production, reason });
   }
 
-  /** Puts back the production before the current one: the version the last promotion or rollback replaced. */
+  /** Puts back the production before the current one (rolling back twice goes back two promotions). */
   rollback(reason: string, now = new Date()): RegistryEvent {
-    const last = this.history().findLast((e) => e.event === 'promoted' || e.event === 'rolled_back');
-    if (!last || last.event === 'registered' || last.event === 'candidate' || last.from === null) throw new PipelineError(`model registry ${this.dir}: nothing to roll back to (production has no predecessor)`);
-    return this.append({ at: now.toISOString(), event: 'rolled_back', version: last.from, from: last.version, reason });
+    const stack = this.productions();
+    if (stack.length < 2) throw new PipelineError(`model registry ${this.dir}: nothing to roll back to (production ${stack[0] ?? 'none'} has no predecessor)`);
+    return this.append({ at: now.toISOString(), event: 'rolled_back', version: stack.at(-2)!, from: stack.at(-1)!, reason });
+  }
+
+  /** Records that the candidate `id` was not promoted, and why; it stops being the candidate. */
+  reject(id: string, reason: string, now = new Date()): RegistryEvent {
+    this.version(id);
+    return this.append({ at: now.toISOString(), event: 'rejected', version: id, reason });
   }
 
   /** Appends one decision, durably; a torn last line a kill left is cut off first, so it never swallows this one. */

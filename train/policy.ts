@@ -27,6 +27,29 @@ export interface SamplingOptions {
   recordTurns?: boolean;
 }
 
+/** A conversation as the model reads it, with the header of its reply open, and how to put values back into the reply. */
+export interface Prompt {
+  ids: number[];
+  restore: (reply: Message) => Message;
+  /** Tokens of the messages that always stay (up to the user's request), the latest message and the reply's header: the least the prompt can be. */
+  least: number;
+}
+
+/**
+ * How the model reads a conversation: through the chat template, with values as placeholders (as it was
+ * trained), and cut to `room` tokens as in training: the messages up to the user's request, then as many of
+ * the latest as fit.
+ */
+export async function promptOf(chat: Chat, placeholders: Placeholders, room: number, conversation: Message[]): Promise<Prompt> {
+  const view = modelView(conversation, placeholders);
+  const [encoded] = await chat.encode([view.messages], true);
+  const e = encoded!;
+  const head = headLength(view.messages);
+  const n = view.messages.length;
+  const least = e.starts[head]! + (n > head ? e.starts[n]! - e.starts[n - 1]! : 0) + (e.ids.length - e.starts[n]!);
+  return { ids: recentWindow(e, head, n, room).ids, restore: view.restore, least };
+}
+
 export class ModelPolicy implements Policy {
   private readonly cache: KVCache;
   private calls = 0;
@@ -59,12 +82,7 @@ export class ModelPolicy implements Policy {
 
   async respond(conversation: Message[]): Promise<Message> {
     if (this.sampling.signal) await safePoint(this.sampling.signal, () => `${this.name} in the simulator: stopped after ${this.generated} generated tokens; the next run evaluates again`);
-    const room = this.context - this.sampling.maxTokens;
-    const read = async (shown: Message[]) => {
-      const view = modelView(shown, this.placeholders);
-      const [encoded] = await this.chat.encode([view.messages], true);
-      return { ids: recentWindow(encoded!, headLength(view.messages), view.messages.length, room).ids, restore: view.restore };
-    };
+    const read = (shown: Message[]) => promptOf(this.chat, this.placeholders, this.context - this.sampling.maxTokens, shown);
     const { ids: prompt, restore } = await read(this.reads ? this.reads(conversation) : conversation);
     if (this.sampling.tools) this.constraint ??= this.chat.toolConstraint(this.sampling.tools);
     const constraint = (await this.constraint) ?? undefined;

@@ -34,17 +34,23 @@ describe('model registry', () => {
     expect(() => registry.version('v0009')).toThrow(/no version v0009/);
   });
 
-  it('promotes and rolls back by appending one readable line each; a rollback of a rollback puts the newer one back', () => {
+  it('promotes, rejects and rolls back by appending one readable line each; a second rollback goes back one more promotion, never to the version just rolled back', () => {
     const registry = new Registry(join(tempDir(), 'registry'));
     registry.register(modelFolder('a'), { source: {}, config: {}, eval: null });
     registry.register(modelFolder('b'), { source: {}, config: {}, eval: null });
     registry.promote('v0002', 'better on the paired eval');
     expect(registry.aliases()).toEqual({ production: 'v0002', candidate: null });
     expect(() => registry.promote('v0002', 'again')).toThrow(/already production/);
+    registry.register(modelFolder('c'), { source: {}, config: {}, eval: null });
+    expect(registry.aliases()).toEqual({ production: 'v0002', candidate: 'v0003' });
+    registry.reject('v0003', 'not better with confidence');
+    expect(registry.aliases()).toEqual({ production: 'v0002', candidate: null });
+    registry.promote('v0003', 'by hand');
     registry.rollback('live success fell below 0.95 × baseline');
-    expect(registry.aliases().production).toBe('v0001');
-    registry.rollback('undo');
     expect(registry.aliases().production).toBe('v0002');
+    registry.rollback('worse again');
+    expect(registry.aliases().production).toBe('v0001');
+    expect(() => registry.rollback('no more')).toThrow(/production v0001 has no predecessor/);
     const lines = readFileSync(join(registry.dir, 'history.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
     expect(lines.map((l) => [l.event, l.version, l.from ?? null])).toEqual([
       ['registered', 'v0001', null],
@@ -52,10 +58,14 @@ describe('model registry', () => {
       ['registered', 'v0002', null],
       ['candidate', 'v0002', null],
       ['promoted', 'v0002', 'v0001'],
+      ['registered', 'v0003', null],
+      ['candidate', 'v0003', null],
+      ['rejected', 'v0003', null],
+      ['promoted', 'v0003', 'v0002'],
+      ['rolled_back', 'v0002', 'v0003'],
       ['rolled_back', 'v0001', 'v0002'],
-      ['rolled_back', 'v0002', 'v0001'],
     ]);
-    expect(lines[5].reason).toBe('live success fell below 0.95 × baseline');
+    expect(lines[9].reason).toBe('live success fell below 0.95 × baseline');
     const lone = new Registry(join(tempDir(), 'registry'));
     lone.register(modelFolder('a'), { source: {}, config: {}, eval: null });
     expect(() => lone.rollback('no')).toThrow(/nothing to roll back to/);
@@ -132,5 +142,5 @@ describe('model registry', () => {
     const unknown = prefab(['--workdir', workdir, 'models', 'promote', 'v0042']);
     expect(unknown.code).not.toBe(0);
     expect(unknown.stderr).toMatch(/no version v0042/);
-  });
+  }, 60_000); // seven processes, each loading the CLI
 });
