@@ -1,9 +1,11 @@
 // `prefab models list|show|promote|rollback`: the model registry (loop/registry.ts) by hand. Every promotion
 // and rollback is a line of the registry's history, with who asked and why.
-import type { Command } from 'commander';
+import { InvalidArgumentError, type Command } from 'commander';
 import { join } from 'node:path';
 import type { CommandContext } from '../pipeline/stage.ts';
+import { useBackend, type BackendChoice } from '../train/backend.ts';
 import { Registry, type VersionInfo } from './registry.ts';
+import { SERVE_DEFAULTS, loadCatalog, parseSplit, startServer, type Arm } from './serve.ts';
 
 const registryOf = (program: Command) => new Registry(join(program.opts<{ workdir: string }>().workdir, 'registry'));
 
@@ -69,5 +71,51 @@ export function addRegistryCommands(program: Command, ctx: CommandContext): void
     .action((opts: { reason: string }) => {
       const e = registryOf(program).rollback(opts.reason);
       process.stdout.write(`${e.version} is production again (was ${'from' in e ? e.from : '?'})\n`);
+    });
+}
+
+const count = (v: string) => {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError('expected a whole number');
+  return n;
+};
+
+/** `prefab serve`: registry versions behind an OpenAI-compatible API until SIGTERM or SIGINT, which let the requests in flight finish. */
+export function addServeCommand(program: Command, ctx: CommandContext): void {
+  program
+    .command('serve')
+    .description('serve registry versions over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/models); requests in flight are decoded together')
+    .option('--model <name>', 'the version a request for the model `prefab` gets (a version id, production or candidate)', 'production')
+    .option('--split <arms>', 'share conversations asking for production among versions by a stable hash, e.g. production=0.8,candidate=0.2', (v) => {
+      try {
+        return parseSplit(v);
+      } catch (error) {
+        throw new InvalidArgumentError((error as Error).message);
+      }
+    })
+    .option('--host <host>', 'address to listen on', SERVE_DEFAULTS.host)
+    .option('--port <n>', 'port (0: any free one)', count, SERVE_DEFAULTS.port)
+    .option('--max-batch <n>', 'requests decoded together per version', count, SERVE_DEFAULTS.maxBatch)
+    .option('--max-queue <n>', 'requests waiting beyond those, per version (one more is answered 429)', count, SERVE_DEFAULTS.maxQueue)
+    .option('--max-tokens <n>', 'tokens in a reply when the request does not say, and the most it may ask for', count, SERVE_DEFAULTS.maxTokens)
+    .option('--max-body-bytes <n>', 'largest request body (413 past it)', count, SERVE_DEFAULTS.maxBodyBytes)
+    .action(async (opts: { model: string; split?: Arm[]; host: string; port: number; maxBatch: number; maxQueue: number; maxTokens: number; maxBodyBytes: number }) => {
+      const log = ctx.logger();
+      await useBackend((program.opts<{ backend?: BackendChoice }>().backend ?? 'auto') as BackendChoice);
+      const registry = registryOf(program);
+      const names = [...new Set([opts.model, ...(opts.split ?? []).map((a) => a.name)])];
+      const settings = { ...opts, defaultModel: opts.model, maxBatch: Math.max(1, opts.maxBatch), apiKey: process.env.PREFAB_SERVE_API_KEY || null, split: opts.split ?? null };
+      const catalog = loadCatalog(registry, names, settings);
+      const running = await startServer(catalog, settings, log);
+      const served = names.map((n) => `${n} = ${catalog.get(n)!.version}`).join(', ');
+      process.stdout.write(`serving ${served} at ${running.url}${settings.split ? ` (split: ${settings.split.map((a) => `${a.name} ${a.share}`).join(', ')})` : ''}${settings.apiKey ? ' (API key required)' : ''}\n`);
+      const signal = await new Promise<NodeJS.Signals>((resolve) => {
+        process.once('SIGTERM', () => resolve('SIGTERM'));
+        process.once('SIGINT', () => resolve('SIGINT'));
+      });
+      log.info('shutting down: no new requests, those in flight finish', { signal });
+      await running.close();
+      for (const m of new Set(catalog.values())) log.info('served', { version: m.version, generated_tokens: m.generated });
+      ctx.setExit(0);
     });
 }

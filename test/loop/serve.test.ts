@@ -1,0 +1,154 @@
+// `prefab serve` as a real process on 127.0.0.1: OpenAI-shaped answers with tool calls and SSE, the A/B split
+// sticky per conversation, every malformed, oversized and unauthorised request answered by the right error,
+// 50 concurrent clients each answered or cleanly refused with 429, and SIGTERM letting a request in flight finish.
+import type { ChildProcessWithoutNullStreams } from 'node:child_process';
+import { once } from 'node:events';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { Registry } from '../../loop/registry.ts';
+import { armOf, conversationKey, parseSplit } from '../../loop/serve.ts';
+import { TOOLS } from '../../env/env.ts';
+import { useBackend } from '../../train/backend.ts';
+import { prefabAsync } from '../fixtures/cli.ts';
+import { tempDir } from '../fixtures/pipeline.ts';
+import { servedModelFolder } from '../fixtures/served-model.ts';
+
+const KEY = 'test-key';
+let workdir: string;
+let server: ChildProcessWithoutNullStreams;
+let url: string;
+let stderr = '';
+
+/** Starts `prefab serve` and resolves with its URL once it listens. */
+async function serve(args: string[]): Promise<{ child: ChildProcessWithoutNullStreams; url: string }> {
+  const child = prefabAsync(['--workdir', workdir, 'serve', '--port', '0', ...args]) as ChildProcessWithoutNullStreams;
+  const started = new Promise<string>((resolve, reject) => {
+    let out = '';
+    child.stdout.on('data', (d: Buffer) => {
+      out += d.toString();
+      const m = /at (http:\/\/\S+\/v1)/.exec(out);
+      if (m) resolve(m[1]!);
+    });
+    child.on('exit', (code) => reject(new Error(`prefab serve exited ${code}: ${stderr}`)));
+  });
+  child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+  return { child, url: await started };
+}
+
+const auth = { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' };
+const post = (body: unknown, headers: Record<string, string> = auth) => fetch(`${url}/chat/completions`, { method: 'POST', headers, body: typeof body === 'string' ? body : JSON.stringify(body) });
+
+const conversation = (who: string) => [
+  { role: 'system', content: 'You are a customer-service agent. Use the tools.' },
+  { role: 'user', content: `Hi, I am ${who}. Please update my phone number with Acme Billing.` },
+];
+
+beforeAll(async () => {
+  await useBackend('wasm');
+  workdir = join(tempDir(), 'workspace');
+  const registry = new Registry(join(workdir, 'registry'));
+  registry.register(await servedModelFolder(tempDir(), 'first'), { source: { stage: 'dpo' }, config: {}, eval: null });
+  registry.register(await servedModelFolder(tempDir(), 'second'), { source: { stage: 'refresh' }, config: {}, eval: null });
+  process.env.PREFAB_SERVE_API_KEY = KEY;
+  const started = await serve(['--split', 'production=0.5,candidate=0.5', '--max-batch', '8', '--max-queue', '8', '--max-tokens', '48', '--max-body-bytes', '200000']);
+  delete process.env.PREFAB_SERVE_API_KEY;
+  server = started.child;
+  url = started.url;
+}, 120_000);
+
+afterAll(() => {
+  server?.kill('SIGKILL');
+});
+
+describe('prefab serve', () => {
+  it('lists its versions and answers a chat completion in OpenAI’s shape, saying which version answered', async () => {
+    const models = (await (await fetch(`${url}/models`, { headers: auth })).json()) as { data: { id: string; version: string }[] };
+    expect(models.data.map((m) => m.id).sort()).toEqual(['candidate', 'production', 'v0001', 'v0002']);
+    const r = await post({ model: 'v0001', messages: conversation('Ana'), tools: TOOLS, max_tokens: 32, temperature: 1, seed: 7 });
+    expect(r.status).toBe(200);
+    expect(r.headers.get('x-prefab-version')).toBe('v0001');
+    const body = (await r.json()) as { object: string; model: string; choices: { message: { role: string; content: string | null; tool_calls?: unknown[] }; finish_reason: string }[]; usage: { completion_tokens: number; prompt_tokens: number } };
+    expect(body).toMatchObject({ object: 'chat.completion', model: 'v0001' });
+    expect(body.choices[0]!.message.role).toBe('assistant');
+    expect(['stop', 'length', 'tool_calls']).toContain(body.choices[0]!.finish_reason);
+    expect(body.usage.completion_tokens).toBeGreaterThan(0);
+    expect(body.usage.completion_tokens).toBeLessThanOrEqual(32);
+    expect(body.usage.prompt_tokens).toBeGreaterThan(10);
+  });
+
+  it('sends a conversation to one arm of the split on every turn, and shares conversations between the arms', async () => {
+    const arms = parseSplit('production=0.5,candidate=0.5');
+    const versionOf = { production: 'v0001', candidate: 'v0002' } as Record<string, string>;
+    const seen = new Set<string>();
+    for (const who of ['Ana', 'Bo', 'Cy', 'Di', 'Ed', 'Flo']) {
+      const first = await post({ model: 'production', messages: conversation(who), max_tokens: 8 });
+      const expected = versionOf[armOf(conversationKey(conversation(who) as never), arms).name]!;
+      expect(first.headers.get('x-prefab-version')).toBe(expected);
+      const reply = ((await first.json()) as { choices: { message: unknown }[] }).choices[0]!.message;
+      const next = await post({ model: 'production', messages: [...conversation(who), reply, { role: 'user', content: 'Any news?' }], max_tokens: 8 });
+      expect(next.headers.get('x-prefab-version')).toBe(expected);
+      await next.json();
+      seen.add(expected);
+    }
+    expect([...seen].sort()).toEqual(['v0001', 'v0002']);
+    expect(() => parseSplit('production=0.8,candidate=0.1')).toThrow(/add up to 0.9/);
+  });
+
+  it('streams a reply as server-sent events ending in [DONE]', async () => {
+    const r = await post({ model: 'candidate', messages: conversation('Gus'), max_tokens: 24, stream: true });
+    expect(r.status).toBe(200);
+    expect(r.headers.get('content-type')).toMatch(/text\/event-stream/);
+    const events = (await r.text()).split('\n\n').filter(Boolean).map((e) => e.replace(/^data: /, ''));
+    expect(events.at(-1)).toBe('[DONE]');
+    const chunks = events.slice(0, -1).map((e) => JSON.parse(e) as { model: string; choices: { delta: { role?: string; content?: string }; finish_reason: string | null }[] });
+    expect(chunks[0]!.choices[0]!.delta.role).toBe('assistant');
+    expect(chunks.every((c) => c.model === 'v0002')).toBe(true);
+    expect(['stop', 'length', 'tool_calls']).toContain(chunks.at(-1)!.choices[0]!.finish_reason);
+    expect(chunks.slice(0, -1).every((c) => c.choices[0]!.finish_reason === null)).toBe(true);
+  });
+
+  it('answers malformed, oversized, unauthorised and unknown requests with OpenAI-shaped errors, and stays up', async () => {
+    const error = async (r: Response) => ({ status: r.status, ...((await r.json()) as { error: { type: string; code: string; param: string | null; message: string } }).error });
+    expect(await error(await post('{"model": "production", "messages": ['))).toMatchObject({ status: 400, code: 'invalid_json', type: 'invalid_request_error' });
+    expect(await error(await post({ model: 'production' }))).toMatchObject({ status: 400, param: 'messages' });
+    expect(await error(await post({ model: 'production', messages: [{ role: 'robot', content: 'x' }] }))).toMatchObject({ status: 400, param: 'messages.0.role' });
+    expect(await error(await post({ model: 'production', messages: conversation('H'), n: 3 }))).toMatchObject({ status: 400, param: 'n' });
+    expect(await error(await post({ model: 'production', messages: conversation('H'), max_tokens: 4096 }))).toMatchObject({ status: 400, param: 'max_tokens' });
+    expect(await error(await post({ model: 'gpt-9', messages: conversation('H') }))).toMatchObject({ status: 404, code: 'model_not_found', param: 'model' });
+    expect(await error(await post({ model: 'production', messages: conversation('H') }, { 'content-type': 'application/json' }))).toMatchObject({ status: 401, code: 'invalid_api_key' });
+    expect(await error(await post({ model: 'production', messages: conversation('H') }, { ...auth, authorization: 'Bearer wrong' }))).toMatchObject({ status: 401 });
+    expect(await error(await post({ model: 'production', messages: [{ role: 'user', content: 'x'.repeat(300_000) }] }))).toMatchObject({ status: 413, code: 'request_too_large' });
+    const long = 'please '.repeat(2000);
+    expect(await error(await post({ model: 'production', messages: [{ role: 'user', content: long }] }))).toMatchObject({ status: 413, code: 'context_length_exceeded' });
+    expect(await error(await fetch(`${url}/completions`, { method: 'POST', headers: auth, body: '{}' }))).toMatchObject({ status: 404, code: 'not_found' });
+    expect((await fetch(url.replace('/v1', '/health'))).status).toBe(200);
+  });
+
+  it('answers 50 concurrent clients: each gets a completion or a clean 429', async () => {
+    const replies = await Promise.all(Array.from({ length: 50 }, (_, i) => post({ model: 'v0001', messages: conversation(`client ${i}`), max_tokens: 16, temperature: 1 })));
+    const statuses = await Promise.all(
+      replies.map(async (r) => {
+        const body = (await r.json()) as { choices?: unknown[]; error?: { code: string } };
+        if (r.status === 200) expect(body.choices).toHaveLength(1);
+        else expect(body.error?.code).toBe('rate_limit_exceeded');
+        if (r.status === 429) expect(r.headers.get('retry-after')).toBe('1');
+        return r.status;
+      }),
+    );
+    expect(statuses.filter((s) => s === 200).length).toBeGreaterThanOrEqual(16); // 8 decoding + 8 queued at the least
+    expect(statuses.every((s) => s === 200 || s === 429)).toBe(true);
+    expect((await post({ model: 'v0001', messages: conversation('after'), max_tokens: 4 })).status).toBe(200);
+  }, 60_000);
+
+  it('finishes the request in flight on SIGTERM, then exits 0', async () => {
+    const inFlight = post({ model: 'v0001', messages: conversation('last'), max_tokens: 48, temperature: 1, seed: 1 });
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    server.kill('SIGTERM');
+    const r = await inFlight;
+    expect(r.status).toBe(200);
+    expect(((await r.json()) as { choices: unknown[] }).choices).toHaveLength(1);
+    const [code] = await once(server, 'exit');
+    expect(code, stderr).toBe(0);
+    await expect(fetch(`${url}/models`, { headers: auth })).rejects.toThrow();
+  }, 30_000);
+});
