@@ -1,10 +1,12 @@
-// `prefab simulate`: logged sessions from scripted agents in the customer-service world; `prefab replay`:
-// the replay verifier over a file of sessions.
+// `prefab simulate`: logged sessions from scripted agents in the customer-service world, or from a model
+// behind an OpenAI-compatible endpoint (`--agent http://…/v1`: the simulator's users talking to a deployed
+// model, as real traffic would); `prefab replay`: the replay verifier over a file of sessions.
 import { createWriteStream, existsSync, mkdirSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { once } from 'node:events';
 import { createGzip } from 'node:zlib';
 import { InvalidArgumentError, Option, type Command } from 'commander';
+import pLimit from 'p-limit';
 import type { CommandContext } from '../pipeline/stage.ts';
 import { UsageError } from '../pipeline/errors.ts';
 import { readJsonl } from '../pipeline/jsonl.ts';
@@ -12,6 +14,7 @@ import type { Session } from '../core/records.ts';
 import { AGENTS, ScriptedAgent, type AgentName } from './agents.ts';
 import { seeded } from '../core/random.ts';
 import { WorldCache, replaySession } from './replay.ts';
+import { RemotePolicy } from './remote.ts';
 import { episodeSession, runEpisode } from './rollout.ts';
 import { DEFAULT_WORLD, generateTask, generateWorld } from './world.ts';
 
@@ -23,17 +26,33 @@ const MIX: readonly [AgentName, number][] = [
   ['random', 0.05],
 ];
 
-const EPOCH = Date.UTC(2026, 0, 1);
+const EPOCH = '2026-01-01';
+
+/** A model behind an endpoint as the agent. */
+interface RemoteAgent {
+  url: string;
+  /** The model asked for: a version, production, candidate. */
+  model: string;
+  apiKey: string;
+  temperature: number;
+  maxTokens: number;
+  maxTurns: number;
+  /** Episodes played at once (a batching server decodes them together). */
+  concurrency: number;
+}
 
 export interface SimulateOptions {
   tasks: number;
   trials: number;
-  agent: AgentName | 'mix';
+  /** A scripted agent, their mix, or a model behind an endpoint. */
+  agent: AgentName | 'mix' | RemoteAgent;
   noise: number;
   split: 'train' | 'val';
   seed: number;
   companies: number;
   offset: number;
+  /** The day the sessions are dated from (one a minute), YYYY-MM-DD. */
+  date?: string;
 }
 
 interface SimulationStats {
@@ -41,7 +60,7 @@ interface SimulationStats {
   byDifficulty: Record<string, Record<number, { sessions: number; successes: number }>>;
 }
 
-function chooseAgent(o: SimulateOptions, taskIndex: number, trial: number): AgentName {
+function chooseAgent(o: SimulateOptions & { agent: AgentName | 'mix' }, taskIndex: number, trial: number): AgentName {
   if (o.agent !== 'mix') return o.agent;
   const r = seeded(o.seed, 'mix', o.split, taskIndex, trial)();
   let acc = 0;
@@ -49,18 +68,35 @@ function chooseAgent(o: SimulateOptions, taskIndex: number, trial: number): Agen
   return MIX.at(-1)![0];
 }
 
-/** Sessions of `trials` attempts at each of `tasks` tasks, in a deterministic order. */
+/**
+ * Sessions of `trials` attempts at each of `tasks` tasks, in a deterministic order. A remote agent plays
+ * `concurrency` episodes at once; the sessions still come in task and trial order.
+ */
 export async function* simulate(o: SimulateOptions): AsyncGenerator<Session> {
   const world = generateWorld({ ...DEFAULT_WORLD, seed: o.seed, companies: o.companies });
-  for (let i = o.offset; i < o.offset + o.tasks; i++) {
+  const start = Date.parse(`${o.date ?? EPOCH}T00:00:00Z`);
+  const remote = typeof o.agent === 'object' ? o.agent : null;
+  const client = remote ? RemotePolicy.client(remote.url, remote.apiKey) : null;
+  const play = async (i: number, trial: number): Promise<Session> => {
     const task = generateTask(world, o.split, i);
+    const agent = remote
+      ? new RemotePolicy(client!, { baseUrl: remote.url, model: remote.model, apiKey: remote.apiKey, temperature: remote.temperature, maxTokens: remote.maxTokens, conversation: `${o.seed}:${task.task_id}:${trial}:${o.date ?? EPOCH}` })
+      : new ScriptedAgent(chooseAgent(o as SimulateOptions & { agent: AgentName | 'mix' }, i, trial), world, task, `${o.seed}:${trial}`, o.noise);
+    const episode = await runEpisode(world, task, agent, remote?.maxTurns);
+    const createdAt = new Date(start + ((i - o.offset) * o.trials + trial) * 60_000).toISOString();
+    return episodeSession(world, task, agent, episode, { trial, createdAt });
+  };
+  const limit = pLimit(remote?.concurrency ?? 1);
+  const ahead: Promise<Session>[] = [];
+  for (let i = o.offset; i < o.offset + o.tasks; i++) {
     for (let trial = 0; trial < o.trials; trial++) {
-      const agent = new ScriptedAgent(chooseAgent(o, i, trial), world, task, `${o.seed}:${trial}`, o.noise);
-      const episode = await runEpisode(world, task, agent);
-      const createdAt = new Date(EPOCH + ((i - o.offset) * o.trials + trial) * 60_000).toISOString();
-      yield episodeSession(world, task, agent, episode, { trial, createdAt });
+      const next = limit(() => play(i, trial));
+      next.catch(() => undefined); // awaited below, in order
+      ahead.push(next);
+      if (ahead.length > 2 * (remote?.concurrency ?? 0)) yield await ahead.shift()!;
     }
   }
+  while (ahead.length > 0) yield await ahead.shift()!;
 }
 
 function emptyStats(): SimulationStats {
@@ -97,6 +133,14 @@ function formatStats(stats: SimulationStats): string {
   return lines.join('\n') + '\n';
 }
 
+const agentName = (v: string) => {
+  if (/^https?:\/\//.test(v) || (AGENTS as readonly string[]).includes(v) || v === 'mix') return v;
+  throw new InvalidArgumentError(`expected one of ${AGENTS.join(', ')}, mix, or an endpoint's URL (http://…/v1)`);
+};
+const day = (v: string) => {
+  if (!/^\d{4}-\d{2}-\d{2}$/.test(v) || Number.isNaN(Date.parse(`${v}T00:00:00Z`))) throw new InvalidArgumentError('expected a day, YYYY-MM-DD');
+  return v;
+};
 const positiveInt = (v: string) => {
   const n = Number(v);
   if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError('expected a whole number');
@@ -114,7 +158,14 @@ export function addSimulateCommands(program: Command, ctx: CommandContext): void
     .description('generate logged sessions of scripted agents in the customer-service world (deterministic per seed)')
     .option('--tasks <n>', 'number of tasks', positiveInt, 100)
     .option('--trials <k>', 'attempts per task (several, so groups exist for pairing)', positiveInt, 4)
-    .addOption(new Option('--agent <name>', 'which scripted agent, or a mix of all (about 70% success)').choices([...AGENTS, 'mix']).default('mix'))
+    .option('--agent <name|url>', `which scripted agent (${AGENTS.join(', ')}), their mix (about 70% success), or the base URL of an OpenAI-compatible endpoint (e.g. \`prefab serve\`'s http://127.0.0.1:8000/v1)`, agentName, 'mix')
+    .option('--model <name>', 'with --agent URL: the model asked for', 'production')
+    .option('--api-key-env <var>', 'with --agent URL: the environment variable holding its API key', 'PREFAB_SERVE_API_KEY')
+    .option('--temperature <t>', "with --agent URL: the model's sampling temperature", probability, 0.5)
+    .option('--max-tokens <n>', 'with --agent URL: most tokens in one assistant message', positiveInt, 160)
+    .option('--max-turns <n>', 'with --agent URL: most assistant messages in one episode', positiveInt, 12)
+    .option('--concurrency <n>', 'with --agent URL: episodes played at once', positiveInt, 8)
+    .option('--date <day>', 'the day the sessions are dated from, one a minute (YYYY-MM-DD)', day, EPOCH)
     .option('--noise <p>', 'the noisy agent: chance of dropping each needed field', probability, 0.3)
     .addOption(new Option('--split <split>', 'train tasks, or validation tasks on companies never seen in training').choices(['train', 'val']).default('train'))
     .option('--seed <s>', 'world and episode seed', positiveInt, 1)
@@ -122,8 +173,11 @@ export function addSimulateCommands(program: Command, ctx: CommandContext): void
     .option('--offset <i>', 'index of the first task', positiveInt, 0)
     .option('--out <file>', 'write sessions as JSONL (.gz to compress)')
     .option('--stats', 'print success by agent and by difficulty, and mean turns')
-    .action(async (opts: SimulateOptions & { out?: string; stats?: boolean }) => {
-      if (!opts.out && !opts.stats) throw new UsageError('simulate: give --out FILE, --stats, or both');
+    .action(async (given: Omit<SimulateOptions, 'agent'> & { agent: string; model: string; apiKeyEnv: string; temperature: number; maxTokens: number; maxTurns: number; concurrency: number; out?: string; stats?: boolean }) => {
+      if (!given.out && !given.stats) throw new UsageError('simulate: give --out FILE, --stats, or both');
+      const remote = /^https?:\/\//.test(given.agent);
+      const agent = remote ? { url: given.agent, model: given.model, apiKey: process.env[given.apiKeyEnv] ?? '', temperature: given.temperature, maxTokens: given.maxTokens, maxTurns: given.maxTurns, concurrency: Math.max(1, given.concurrency) } : (given.agent as AgentName | 'mix');
+      const opts = { ...given, agent };
       const stats = emptyStats();
       if (opts.out) mkdirSync(dirname(opts.out), { recursive: true });
       const raw = opts.out ? createWriteStream(opts.out) : null;

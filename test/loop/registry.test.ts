@@ -142,5 +142,5 @@ describe('model registry', () => {
     const unknown = prefab(['--workdir', workdir, 'models', 'promote', 'v0042']);
     expect(unknown.code).not.toBe(0);
     expect(unknown.stderr).toMatch(/no version v0042/);
-  }, 60_000); // seven processes, each loading the CLI
+  });
 });

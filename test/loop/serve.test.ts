@@ -3,13 +3,15 @@
 // 50 concurrent clients each answered or cleanly refused with 429, and SIGTERM letting a request in flight finish.
 import type { ChildProcessWithoutNullStreams } from 'node:child_process';
 import { once } from 'node:events';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Registry } from '../../loop/registry.ts';
 import { armOf, conversationKey, parseSplit } from '../../loop/serve.ts';
 import { TOOLS } from '../../env/env.ts';
 import { useBackend } from '../../train/backend.ts';
-import { prefabAsync } from '../fixtures/cli.ts';
+import type { Session } from '../../core/records.ts';
+import { prefab, prefabAsync } from '../fixtures/cli.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 import { servedModelFolder } from '../fixtures/served-model.ts';
 
@@ -47,14 +49,14 @@ beforeAll(async () => {
   await useBackend('wasm');
   workdir = join(tempDir(), 'workspace');
   const registry = new Registry(join(workdir, 'registry'));
-  registry.register(await servedModelFolder(tempDir(), 'first'), { source: { stage: 'dpo' }, config: {}, eval: null });
-  registry.register(await servedModelFolder(tempDir(), 'second'), { source: { stage: 'refresh' }, config: {}, eval: null });
+  registry.register(await servedModelFolder(tempDir(), 'first', 1024), { source: { stage: 'dpo' }, config: {}, eval: null });
+  registry.register(await servedModelFolder(tempDir(), 'second', 1024), { source: { stage: 'refresh' }, config: {}, eval: null });
   process.env.PREFAB_SERVE_API_KEY = KEY;
   const started = await serve(['--split', 'production=0.5,candidate=0.5', '--max-batch', '8', '--max-queue', '8', '--max-tokens', '48', '--max-body-bytes', '200000']);
   delete process.env.PREFAB_SERVE_API_KEY;
   server = started.child;
   url = started.url;
-}, 120_000);
+});
 
 afterAll(() => {
   server?.kill('SIGKILL');
@@ -118,7 +120,7 @@ describe('prefab serve', () => {
     expect(await error(await post({ model: 'production', messages: conversation('H') }, { 'content-type': 'application/json' }))).toMatchObject({ status: 401, code: 'invalid_api_key' });
     expect(await error(await post({ model: 'production', messages: conversation('H') }, { ...auth, authorization: 'Bearer wrong' }))).toMatchObject({ status: 401 });
     expect(await error(await post({ model: 'production', messages: [{ role: 'user', content: 'x'.repeat(300_000) }] }))).toMatchObject({ status: 413, code: 'request_too_large' });
-    const long = 'please '.repeat(2000);
+    const long = 'please '.repeat(4000);
     expect(await error(await post({ model: 'production', messages: [{ role: 'user', content: long }] }))).toMatchObject({ status: 413, code: 'context_length_exceeded' });
     expect(await error(await fetch(`${url}/completions`, { method: 'POST', headers: auth, body: '{}' }))).toMatchObject({ status: 404, code: 'not_found' });
     expect((await fetch(url.replace('/v1', '/health'))).status).toBe(200);
@@ -138,7 +140,27 @@ describe('prefab serve', () => {
     expect(statuses.filter((s) => s === 200).length).toBeGreaterThanOrEqual(16); // 8 decoding + 8 queued at the least
     expect(statuses.every((s) => s === 200 || s === 429)).toBe(true);
     expect((await post({ model: 'v0001', messages: conversation('after'), max_tokens: 4 })).status).toBe(200);
-  }, 60_000);
+  });
+
+  it('collects sessions from the served model: `prefab simulate --agent URL` writes them tagged with the version that acted', () => {
+    const out = join(tempDir(), 'inbox', 'day-1.jsonl');
+    process.env.PREFAB_SERVE_API_KEY = KEY;
+    const r = prefab(['simulate', '--agent', url, '--model', 'production', '--tasks', '3', '--trials', '2', '--max-tokens', '24', '--max-turns', '3', '--concurrency', '4', '--date', '2026-03-02', '--out', out, '--stats']);
+    delete process.env.PREFAB_SERVE_API_KEY;
+    expect(r.code, r.stderr).toBe(0);
+    const sessions = readFileSync(out, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Session);
+    expect(sessions.map((s) => `${s.task_id}/${JSON.parse(s.metadata).trial}`)).toEqual(['cs-1-train-00000/0', 'cs-1-train-00000/1', 'cs-1-train-00001/0', 'cs-1-train-00001/1', 'cs-1-train-00002/0', 'cs-1-train-00002/1']);
+    for (const s of sessions) {
+      expect(['v0001', 'v0002']).toContain(s.model);
+      expect(s.session_id).toBe(`${s.task_id}:${s.model}:${JSON.parse(s.metadata).trial}`);
+      expect(s.created_at!.startsWith('2026-03-02T')).toBe(true);
+      expect(s.messages.filter((m) => m.role === 'assistant').length).toBeGreaterThan(0);
+    }
+    expect(r.stdout).toMatch(/^v000[12] +\d/m); // the stats, by the version that acted
+    const refused = prefab(['simulate', '--agent', url, '--tasks', '1', '--trials', '1', '--out', join(tempDir(), 'x.jsonl')]);
+    expect(refused.code).not.toBe(0);
+    expect(refused.stderr).toMatch(/the agent at http:\/\/127\.0\.0\.1:\d+\/v1 \(model production\) failed: 401/);
+  });
 
   it('finishes the request in flight on SIGTERM, then exits 0', async () => {
     const inFlight = post({ model: 'v0001', messages: conversation('last'), max_tokens: 48, temperature: 1, seed: 1 });
@@ -150,5 +172,5 @@ describe('prefab serve', () => {
     const [code] = await once(server, 'exit');
     expect(code, stderr).toBe(0);
     await expect(fetch(`${url}/models`, { headers: auth })).rejects.toThrow();
-  }, 30_000);
+  });
 });

@@ -196,7 +196,7 @@ describe('prefab model', () => {
     const bad = prefab(['model', 'score', join(FIXTURES, 'nothing-here'), '--ids', '[[1,2]]']);
     expect(bad.code).toBe(1);
     expect(bad.stderr).toMatch(/nothing-here is not a model folder: it has no config\.json/);
-  }, 60_000); // six processes, each loading TensorFlow.js
+  });
 });
 
 /** A safetensors file of `weights` stored as `dtype` (BF16 by truncation, F16 by rounding), for the readers' tests. */
