@@ -3,7 +3,7 @@
 // calls the environment accepts, and episodes that looked up the right company.
 import type { Policy } from '../core/records.ts';
 import { runEpisode } from './rollout.ts';
-import { DEFAULT_WORLD, generateTask, generateWorld } from './world.ts';
+import { DEFAULT_WORLD, SENSITIVE, generateTask, generateWorld, type Field } from './world.ts';
 
 export interface ValidationOptions {
   /** The world the sessions came from (its seed and size). */
@@ -21,42 +21,67 @@ export type Figures = Record<string, number | null>;
 /** Mean of the values; null for none. */
 const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : null);
 
+/** What one episode on a validation task shows: the figures' per-episode values. */
+export interface EpisodeRecord {
+  task: string;
+  trial: number;
+  success: number;
+  reward: number;
+  turns: number;
+  /** Tool results, and those that were not errors (calls the environment accepted). */
+  calls: number;
+  calls_ok: number;
+  /** Whether a result named the task's company (it was looked up). */
+  company_found: number;
+  /** Sensitive fields asked for on the form that no department needed (the environment penalises each). */
+  sensitive_asked: number;
+}
+
 /**
- * The policy's figures over `tasks` × `k` episodes. `beforeEpisode` is called before each (a sampling policy
- * reseeds there, so every episode is reproducible on its own); `afterEpisode` after it (progress).
+ * The policy's episodes over `tasks` × `k` validation tasks. `beforeEpisode` is called before each (a sampling
+ * policy reseeds there, so every episode is reproducible on its own, and two policies reseeded alike meet the
+ * same draws: a paired comparison); `afterEpisode` after it (progress).
  */
-export async function validationFigures(policy: Policy, o: ValidationOptions, beforeEpisode: (taskId: string, trial: number) => void, afterEpisode: () => void = () => {}): Promise<Figures> {
-  if (o.tasks === 0) return {};
+export async function validationEpisodes(policy: Policy, o: ValidationOptions, beforeEpisode: (taskId: string, trial: number) => void, afterEpisode: () => void = () => {}): Promise<EpisodeRecord[]> {
   const world = generateWorld({ ...DEFAULT_WORLD, seed: o.worldSeed, companies: o.companies });
-  const successes: number[] = [];
-  const passed: number[] = [];
-  const rewards: number[] = [];
-  const turns: number[] = [];
-  const wellFormed: number[] = [];
-  const found: number[] = [];
+  const records: EpisodeRecord[] = [];
   for (let t = 0; t < o.tasks; t++) {
     const task = generateTask(world, 'val', t);
-    let any = 0;
     for (let trial = 0; trial < o.k; trial++) {
       beforeEpisode(task.task_id, trial);
       const episode = await runEpisode(world, task, policy, o.maxTurns);
-      successes.push(episode.success ? 1 : 0);
-      rewards.push(episode.reward);
-      turns.push(episode.turns);
       const results = episode.messages.filter((x) => x.role === 'tool').map((x) => x.content ?? '');
-      wellFormed.push(...results.map((r) => (r.startsWith('Error:') ? 0 : 1)));
-      found.push(results.some((r) => r.startsWith(JSON.stringify({ company: task.company }).slice(0, -1))) ? 1 : 0);
-      any = Math.max(any, episode.success ? 1 : 0);
+      const form = episode.state.form ?? {};
+      records.push({
+        task: task.task_id,
+        trial,
+        success: episode.success ? 1 : 0,
+        reward: episode.reward,
+        turns: episode.turns,
+        calls: results.length,
+        calls_ok: results.filter((r) => !r.startsWith('Error:')).length,
+        company_found: results.some((r) => r.startsWith(JSON.stringify({ company: task.company }).slice(0, -1))) ? 1 : 0,
+        sensitive_asked: Object.keys(form).filter((f) => SENSITIVE.has(f as Field) && !episode.state.needed.includes(f as Field)).length,
+      });
       afterEpisode();
     }
-    passed.push(any);
   }
+  return records;
+}
+
+/** The policy's figures over `tasks` × `k` episodes (validationEpisodes, summed up). */
+export async function validationFigures(policy: Policy, o: ValidationOptions, beforeEpisode: (taskId: string, trial: number) => void, afterEpisode: () => void = () => {}): Promise<Figures> {
+  if (o.tasks === 0) return {};
+  const records = await validationEpisodes(policy, o, beforeEpisode, afterEpisode);
+  const byTask = new Map<string, number>();
+  for (const r of records) byTask.set(r.task, Math.max(byTask.get(r.task) ?? 0, r.success));
+  const calls = records.reduce((n, r) => n + r.calls, 0);
   return {
-    [`success/mean@${o.k}`]: mean(successes),
-    [`success/pass@${o.k}`]: mean(passed),
-    'reward/mean': mean(rewards),
-    'turns/mean': mean(turns),
-    'calls/well_formed': mean(wellFormed),
-    'company_found': mean(found),
+    [`success/mean@${o.k}`]: mean(records.map((r) => r.success)),
+    [`success/pass@${o.k}`]: mean([...byTask.values()]),
+    'reward/mean': mean(records.map((r) => r.reward)),
+    'turns/mean': mean(records.map((r) => r.turns)),
+    'calls/well_formed': calls ? records.reduce((n, r) => n + r.calls_ok, 0) / calls : null,
+    'company_found': mean(records.map((r) => r.company_found)),
   };
 }

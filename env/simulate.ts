@@ -7,7 +7,7 @@ import { once } from 'node:events';
 import { createGzip } from 'node:zlib';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import pLimit from 'p-limit';
-import type { CommandContext } from '../pipeline/stage.ts';
+import type { CommandContext } from '../pipeline/commands.ts';
 import { UsageError } from '../pipeline/errors.ts';
 import { readJsonl } from '../pipeline/jsonl.ts';
 import type { Session } from '../core/records.ts';

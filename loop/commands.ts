@@ -2,7 +2,10 @@
 // and rollback is a line of the registry's history, with who asked and why.
 import { InvalidArgumentError, type Command } from 'commander';
 import { join } from 'node:path';
-import type { CommandContext } from '../pipeline/stage.ts';
+import type { CommandContext } from '../pipeline/commands.ts';
+import type { Engine, Manifest } from '../pipeline/engine.ts';
+import type { Logger } from '../pipeline/log.ts';
+import { readJsonFile } from '../pipeline/workspace.ts';
 import { useBackend, type BackendChoice } from '../train/backend.ts';
 import { Registry, type VersionInfo } from './registry.ts';
 import { SERVE_DEFAULTS, loadCatalog, parseSplit, startServer, type Arm } from './serve.ts';
@@ -18,6 +21,7 @@ function success(v: VersionInfo): string {
 }
 
 export function addRegistryCommands(program: Command, ctx: CommandContext): void {
+  ctx.afterRun(registerRunModel);
   const models = program.command('models').description('the model registry: every trained model a version; production and candidate aliases; promote and roll back');
   models
     .command('list')
@@ -118,4 +122,35 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
       for (const m of new Set(catalog.values())) log.info('served', { version: m.version, generated_tokens: m.generated });
       ctx.setExit(0);
     });
+}
+
+/**
+ * After a run: the model of the last stage that makes one (the pipeline's final model) becomes a registry
+ * version unless one already holds those weights (the same stage fingerprint). The first is production.
+ */
+export async function registerRunModel(engine: Engine, log: Logger): Promise<void> {
+  const stage = [...engine.stages].reverse().find((s) => s.outputs.includes('model'));
+  const manifestOf = (name: string) => readJsonFile<Manifest>(engine.ws.manifestPath(name));
+  const made = stage && (await manifestOf(stage.name));
+  if (!stage || !made) return;
+  const registry = new Registry(join(engine.ws.root, 'registry'));
+  if (registry.versions().some((v) => v.source.fingerprint === made.fingerprint)) return;
+  const folder = join(engine.ws.stageDir(stage.name), 'model');
+  const state = await readJsonFile<{ info?: { stage?: string } }>(join(folder, 'trainer_state.json'));
+  const manifests = (await Promise.all(engine.stages.map((s) => manifestOf(s.name)))).filter((m) => m !== null);
+  // Its eval table: a stage that read this very model and wrote eval.json.
+  const evaluator = engine.stages.find((s) => s.inputs.includes(stage.name) && s.outputs.includes('eval.json') && manifests.find((m) => m.stage === s.name)?.inputs[stage.name] === made.fingerprint);
+  const source = {
+    stage: state?.info?.stage ?? stage.name,
+    run: 'prefab run',
+    folder: stage.name,
+    fingerprint: made.fingerprint,
+    fingerprints: Object.fromEntries(manifests.map((m) => [m.stage, m.fingerprint])),
+    sessions: manifests.find((m) => m.stage === 'ingest')?.counts.sessions ?? null,
+    pairs: manifests.find((m) => m.stage === 'export')?.counts.pairs_train ?? null,
+  };
+  const evalTable = evaluator ? await readJsonFile(join(engine.ws.stageDir(evaluator.name), 'eval.json')) : null;
+  const id = registry.register(folder, { source, config: engine.config, eval: evalTable });
+  const { production } = registry.aliases();
+  log.info(production === id ? `registered the model as ${id}: production (there was none)` : `registered the model as ${id}: the candidate (production is ${production}; \`prefab models promote ${id}\` to serve it)`, { registry: registry.dir });
 }

@@ -3,12 +3,14 @@
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { Command, CommanderError, Option } from 'commander';
+import type { z } from 'zod';
 import { loadConfig } from './config.ts';
 import { configReference } from './config-reference.ts';
 import { Engine, configSchema, type Assessment, type StageOutcome } from './engine.ts';
 import { PipelineError, UsageError, errorMessage } from './errors.ts';
 import { Logger, type LogFormat } from './log.ts';
-import type { CommandFactory, Stage } from './stage.ts';
+import type { CommandFactory } from './commands.ts';
+import type { Stage } from './stage.ts';
 import { Workspace, acquireLock, liveRun, type LockInfo } from './workspace.ts';
 
 const DEFAULT_CONFIG = 'configs/default.yaml';
@@ -25,8 +27,16 @@ interface GlobalOptions {
 }
 
 function makeEngine(stages: Stage[], opts: GlobalOptions, log: Logger): Engine {
-  const loaded = loadConfig(opts.config, configSchema(stages));
-  return new Engine(stages, resolve(opts.workdir), loaded.value as Record<string, unknown>, loaded.dir, log, APP_VERSION, opts);
+  return withSections(stages, opts, log, {}).engine;
+}
+
+/** The engine, its config validated with the stages' sections and `sections` of a command's own, returned apart. */
+function withSections<S extends z.ZodRawShape>(stages: Stage[], opts: GlobalOptions, log: Logger, sections: S): { engine: Engine; own: z.infer<z.ZodObject<S>> } {
+  const loaded = loadConfig(opts.config, configSchema(stages).extend(sections));
+  const value = loaded.value as Record<string, unknown>;
+  const own = Object.fromEntries(Object.keys(sections).map((k) => [k, value[k]])) as z.infer<z.ZodObject<S>>;
+  const config = Object.fromEntries(Object.entries(value).filter(([k]) => !(k in sections)));
+  return { engine: new Engine(stages, resolve(opts.workdir), config, loaded.dir, log, APP_VERSION, opts), own };
 }
 
 function pad(s: string, n: number): string {
@@ -129,6 +139,12 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     const o = program.opts<GlobalOptions>();
     return new Logger(o.logFormat ?? Logger.defaultFormat(), process.stderr, {}, o.quiet ?? false);
   };
+  const afterRun: ((engine: Engine, log: Logger) => Promise<void> | void)[] = [];
+  /** After a run without failures or interruptions, the hooks commands added (the registry's). */
+  const finished = async (engine: Engine, log: Logger, outcomes: StageOutcome[], signal: NodeJS.Signals | null) => {
+    if (signal || outcomes.some((o) => o.action === 'failed' || o.action === 'interrupted')) return;
+    for (const hook of afterRun) await hook(engine, log);
+  };
 
   program
     .command('run')
@@ -140,6 +156,7 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
       const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
       const { result: outcomes, signal } = await withLock(engine, `prefab ${process.argv.slice(2).join(' ')}`, log, (abort) => engine.run({ ...opts, signal: abort }));
       printOutcomes(outcomes, log.format, signal !== null);
+      await finished(engine, log, outcomes, signal);
       setExit(signal ? exitCode(signal) : outcomes.some((o) => o.action === 'failed') ? 1 : 0);
     });
 
@@ -153,6 +170,7 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
       engine.stage(name);
       const { result: outcomes, signal } = await withLock(engine, `prefab stage ${name}`, log, (abort) => engine.run({ force: name, signal: abort }));
       printOutcomes(outcomes, log.format, signal !== null);
+      await finished(engine, log, outcomes, signal);
       setExit(signal ? exitCode(signal) : outcomes.some((o) => o.action === 'failed') ? 1 : 0);
     });
 
@@ -182,7 +200,14 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
       process.stdout.write(configReference(stages));
       setExit(0);
     });
-  for (const add of commands) add(program, { logger, setExit });
+  const ctx = {
+    logger,
+    setExit,
+    pipeline: <S extends z.ZodRawShape>(sections: S, log: Logger) => withSections(stages, program.opts<GlobalOptions>(), log, sections),
+    locked: withLock,
+    afterRun: (hook: (engine: Engine, log: Logger) => Promise<void> | void) => void afterRun.push(hook),
+  };
+  for (const add of commands) add(program, ctx);
   return program;
 }
 

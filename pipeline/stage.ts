@@ -1,6 +1,5 @@
-// What a stage declares and what the engine hands it, and what a command the domain adds to the CLI gets.
+// What a stage declares and what the engine hands it.
 // The engine knows nothing of what stages compute.
-import type { Command } from 'commander';
 import type { z } from 'zod';
 import type { Logger } from './log.ts';
 
@@ -87,11 +86,3 @@ export interface Stage<S extends z.ZodType = z.ZodType> {
 export function defineStage<S extends z.ZodType>(stage: Stage<S>): Stage<S> {
   return stage;
 }
-
-/** What a command added by the domain (e.g. `simulate`, or an option such as `--backend`) gets from the CLI. */
-export interface CommandContext {
-  logger(): Logger;
-  setExit(code: number): void;
-}
-
-export type CommandFactory = (program: Command, ctx: CommandContext) => void;

@@ -1,5 +1,6 @@
 // prefab's stages in run order. A stage reads only the stages before it.
-import type { CommandFactory, Stage } from '../pipeline/stage.ts';
+import type { CommandFactory } from '../pipeline/commands.ts';
+import type { Stage } from '../pipeline/stage.ts';
 import { dapo } from './dapo/index.ts';
 import { dpo } from './dpo/index.ts';
 import { evalStage } from './eval/index.ts';

@@ -3,7 +3,8 @@
 // fails without internet), then WebAssembly, then plain JavaScript.
 import * as tf from '@tensorflow/tfjs-core';
 import { Option } from 'commander';
-import type { CommandFactory, StageOptions } from '../pipeline/stage.ts';
+import type { CommandFactory } from '../pipeline/commands.ts';
+import type { StageOptions } from '../pipeline/stage.ts';
 import type { Logger } from '../pipeline/log.ts';
 import '@tensorflow/tfjs-backend-wasm';
 // The umbrella package registers the CPU backend and, in its Node bundle, the gradients of tfjs's ops.

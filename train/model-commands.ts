@@ -3,7 +3,7 @@
 import { InvalidArgumentError, type Command } from 'commander';
 import * as tf from '@tensorflow/tfjs-core';
 import { PipelineError } from '../pipeline/errors.ts';
-import type { CommandContext } from '../pipeline/stage.ts';
+import type { CommandContext } from '../pipeline/commands.ts';
 import { seeded } from '../core/random.ts';
 import { useBackend, type BackendChoice } from './backend.ts';
 import { llamaConfigJson, readHfModel } from './hf.ts';

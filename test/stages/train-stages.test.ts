@@ -8,6 +8,7 @@ import { tempDir } from '../fixtures/pipeline.ts';
 import { tinyConfig as tinyConfigOf } from '../fixtures/tiny.ts';
 import { useBackend } from '../../train/backend.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
+import { Registry } from '../../loop/registry.ts';
 import { readSafetensors } from '../../train/safetensors.ts';
 
 /** The default run's stages, tiny; `dpo` is the dpo section's own lines. */
@@ -52,6 +53,21 @@ beforeAll(async () => {
 });
 
 describe('training stages (tiny model)', () => {
+  it('registers the run’s model as the first version, production, with its data, config and eval table; a run with nothing new registers nothing', () => {
+    const registry = new Registry(join(workdir, 'registry'));
+    expect(registry.aliases()).toEqual({ production: 'v0001', candidate: null });
+    const v = registry.version('v0001');
+    expect(v.source).toMatchObject({ stage: 'dpo', folder: 'dapo', sessions: expect.any(Number), fingerprint: JSON.parse(readFileSync(join(workdir, 'dapo', 'manifest.json'), 'utf8')).fingerprint });
+    expect((v.eval as { models: Record<string, unknown> }).models).toHaveProperty('dpo');
+    expect((v.config as { sft: { max_steps: number } }).sft.max_steps).toBe(4);
+    expect(readFileSync(join(registry.folder('v0001'), 'model', 'model.safetensors'))).toEqual(readFileSync(join(workdir, 'dapo', 'model', 'model.safetensors')));
+    const list = prefab(['--workdir', workdir, 'models', 'list']);
+    expect(list.stdout).toMatch(/^v0001 .* production +dpo +success\/mean@1 /m);
+    const again = prefab(['--workdir', workdir, '--config', config, 'run', '--until', 'export']);
+    expect(again.code, again.stderr).toBe(0);
+    expect(registry.versions()).toHaveLength(1);
+  });
+
   it('trains a tokenizer, then SFT, then DPO from the SFT model, and evaluates all three', () => {
     for (const stage of ['tokenizer', 'sft', 'dpo', 'eval']) expect(existsSync(join(workdir, stage, 'manifest.json')), stage).toBe(true);
     const tokenizer = JSON.parse(readFileSync(join(workdir, 'tokenizer', 'tokenizer.json'), 'utf8'));

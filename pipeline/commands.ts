@@ -1,0 +1,22 @@
+// What a command the domain adds to the CLI (`simulate`, `serve`, an option such as `--backend`) gets from it.
+import type { Command } from 'commander';
+import type { z } from 'zod';
+import type { Engine } from './engine.ts';
+import type { Logger } from './log.ts';
+
+/** What a command added by the domain (e.g. `simulate`, or an option such as `--backend`) gets from the CLI. */
+export interface CommandContext {
+  logger(): Logger;
+  setExit(code: number): void;
+  /**
+   * The pipeline over the global --workdir and --config. The config may hold `sections` of the command's own
+   * beside the stages' (validated with them, every key checked, and returned apart).
+   */
+  pipeline<S extends z.ZodRawShape>(sections: S, log: Logger): { engine: Engine; own: z.infer<z.ZodObject<S>> };
+  /** Runs `body` holding the workspace's lock, as `prefab run` does: SIGINT or SIGTERM aborts its signal, and the next safe point stops it. */
+  locked<T>(engine: Engine, command: string, log: Logger, body: (signal: AbortSignal) => Promise<T>): Promise<{ result: T; signal: NodeJS.Signals | null }>;
+  /** `hook` runs after every `prefab run` or `prefab stage` that ended without a failure or an interruption. */
+  afterRun(hook: (engine: Engine, log: Logger) => Promise<void> | void): void;
+}
+
+export type CommandFactory = (program: Command, ctx: CommandContext) => void;
