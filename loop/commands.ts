@@ -9,11 +9,15 @@ import { readJsonFile } from '../pipeline/workspace.ts';
 import { useBackend, type BackendChoice } from '../train/backend.ts';
 import { Registry, type VersionInfo } from './registry.ts';
 import { SERVE_DEFAULTS, loadCatalog, parseSplit, startServer, type Arm } from './serve.ts';
+import { formatDays, simulatedDays } from './days.ts';
+import { formatNight, refreshConfig, refreshNight, type RefreshConfig } from './refresh.ts';
 
 const registryOf = (program: Command) => new Registry(join(program.opts<{ workdir: string }>().workdir, 'registry'));
 
-/** A version's validation success as its eval table gives it (the column of the stage that trained it). */
+/** A version's validation success as its eval table gives it (the column of the stage that trained it; a refresh's paired evaluation). */
 function success(v: VersionInfo): string {
+  const paired = (v.eval as { paired?: { success: { candidate: number; production: number } } } | null)?.paired;
+  if (paired) return `paired ${paired.success.candidate.toFixed(3)} vs ${paired.success.production.toFixed(3)}`;
   const models = (v.eval as { models?: Record<string, Record<string, number | null>> } | null)?.models ?? {};
   const column = models[String(v.source.stage ?? '')] ?? {};
   const key = Object.keys(column).find((k) => k.startsWith('success/mean@'));
@@ -128,7 +132,7 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
  * After a run: the model of the last stage that makes one (the pipeline's final model) becomes a registry
  * version unless one already holds those weights (the same stage fingerprint). The first is production.
  */
-export async function registerRunModel(engine: Engine, log: Logger): Promise<void> {
+async function registerRunModel(engine: Engine, log: Logger): Promise<void> {
   const stage = [...engine.stages].reverse().find((s) => s.outputs.includes('model'));
   const manifestOf = (name: string) => readJsonFile<Manifest>(engine.ws.manifestPath(name));
   const made = stage && (await manifestOf(stage.name));
@@ -153,4 +157,28 @@ export async function registerRunModel(engine: Engine, log: Logger): Promise<voi
   const id = registry.register(folder, { source, config: engine.config, eval: evalTable });
   const { production } = registry.aliases();
   log.info(production === id ? `registered the model as ${id}: production (there was none)` : `registered the model as ${id}: the candidate (production is ${production}; \`prefab models promote ${id}\` to serve it)`, { registry: registry.dir });
+}
+
+/** `prefab refresh [--days N]`: a night of the online loop, or N simulated days of it, holding the workspace's lock. */
+export function addRefreshCommand(program: Command, ctx: CommandContext): void {
+  ctx.configSections({ refresh: refreshConfig });
+  program
+    .command('refresh')
+    .description("one night of the online loop: take in the inbox's sessions, train a candidate from production, evaluate both on the same tasks and seeds, promote only when better with confidence, roll back a production whose live success fell")
+    .option('--days <n>', "N simulated days end to end: serve production, the simulator's users talk to it, refresh; prints a table", count)
+    .action(async (opts: { days?: number }) => {
+      const log = ctx.logger();
+      await useBackend((program.opts<{ backend?: BackendChoice }>().backend ?? 'auto') as BackendChoice);
+      const { engine, own } = ctx.pipeline(log);
+      const cfg = own.refresh as RefreshConfig;
+      const { signal } = await ctx.locked(engine, `prefab ${process.argv.slice(2).join(' ')}`, log, async (abort) => {
+        if (opts.days === undefined) {
+          process.stdout.write(formatNight(await refreshNight(engine, cfg, abort, log)) + '\n');
+          return;
+        }
+        const days = await simulatedDays(engine, cfg, opts.days, abort, log, (d) => process.stdout.write(formatNight(d.night, d.traffic) + '\n\n'));
+        process.stdout.write(formatDays(days) + '\n');
+      });
+      ctx.setExit(signal === 'SIGINT' ? 130 : signal ? 143 : 0);
+    });
 }

@@ -26,16 +26,19 @@ interface GlobalOptions {
   [option: string]: unknown;
 }
 
+/** Config sections commands added (`refresh`): a config file may hold them beside the stages'. */
+const commandSections: z.ZodRawShape = {};
+
 function makeEngine(stages: Stage[], opts: GlobalOptions, log: Logger): Engine {
-  return withSections(stages, opts, log, {}).engine;
+  return withSections(stages, opts, log).engine;
 }
 
-/** The engine, its config validated with the stages' sections and `sections` of a command's own, returned apart. */
-function withSections<S extends z.ZodRawShape>(stages: Stage[], opts: GlobalOptions, log: Logger, sections: S): { engine: Engine; own: z.infer<z.ZodObject<S>> } {
-  const loaded = loadConfig(opts.config, configSchema(stages).extend(sections));
+/** The engine, its config validated with the stages' sections and the commands' own, those returned apart. */
+function withSections(stages: Stage[], opts: GlobalOptions, log: Logger): { engine: Engine; own: Record<string, unknown> } {
+  const loaded = loadConfig(opts.config, configSchema(stages).extend(commandSections));
   const value = loaded.value as Record<string, unknown>;
-  const own = Object.fromEntries(Object.keys(sections).map((k) => [k, value[k]])) as z.infer<z.ZodObject<S>>;
-  const config = Object.fromEntries(Object.entries(value).filter(([k]) => !(k in sections)));
+  const own = Object.fromEntries(Object.keys(commandSections).map((k) => [k, value[k]]));
+  const config = Object.fromEntries(Object.entries(value).filter(([k]) => !(k in commandSections)));
   return { engine: new Engine(stages, resolve(opts.workdir), config, loaded.dir, log, APP_VERSION, opts), own };
 }
 
@@ -203,7 +206,8 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
   const ctx = {
     logger,
     setExit,
-    pipeline: <S extends z.ZodRawShape>(sections: S, log: Logger) => withSections(stages, program.opts<GlobalOptions>(), log, sections),
+    configSections: (sections: z.ZodRawShape) => void Object.assign(commandSections, sections),
+    pipeline: (log: Logger) => withSections(stages, program.opts<GlobalOptions>(), log),
     locked: withLock,
     afterRun: (hook: (engine: Engine, log: Logger) => Promise<void> | void) => void afterRun.push(hook),
   };

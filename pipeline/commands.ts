@@ -8,11 +8,10 @@ import type { Logger } from './log.ts';
 export interface CommandContext {
   logger(): Logger;
   setExit(code: number): void;
-  /**
-   * The pipeline over the global --workdir and --config. The config may hold `sections` of the command's own
-   * beside the stages' (validated with them, every key checked, and returned apart).
-   */
-  pipeline<S extends z.ZodRawShape>(sections: S, log: Logger): { engine: Engine; own: z.infer<z.ZodObject<S>> };
+  /** Sections of a command's own that a config file may hold beside the stages' (every command then checks them). */
+  configSections(sections: z.ZodRawShape): void;
+  /** The pipeline over the global --workdir and --config, and the values of the commands' own sections (apart from the stages'). */
+  pipeline(log: Logger): { engine: Engine; own: Record<string, unknown> };
   /** Runs `body` holding the workspace's lock, as `prefab run` does: SIGINT or SIGTERM aborts its signal, and the next safe point stops it. */
   locked<T>(engine: Engine, command: string, log: Logger, body: (signal: AbortSignal) => Promise<T>): Promise<{ result: T; signal: NodeJS.Signals | null }>;
   /** `hook` runs after every `prefab run` or `prefab stage` that ended without a failure or an interruption. */

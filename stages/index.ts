@@ -16,10 +16,10 @@ import { sft } from './sft/index.ts';
 import { split } from './split/index.ts';
 import { addBackendOption } from '../train/backend.ts';
 import { addModelCommands } from '../train/model-commands.ts';
-import { addRegistryCommands, addServeCommand } from '../loop/commands.ts';
+import { addRefreshCommand, addRegistryCommands, addServeCommand } from '../loop/commands.ts';
 import { tokenizer } from './tokenizer/index.ts';
 
 export const STAGES: Stage[] = [ingest, importStage, split, sample, pairs, judge, gate, exportStage, tokenizer, sft, dpo, dapo, evalStage] as Stage[];
 
 /** Commands beyond the pipeline's own. */
-export const COMMANDS: CommandFactory[] = [addSimulateCommands, addModelCommands, addRegistryCommands, addServeCommand, addBackendOption];
+export const COMMANDS: CommandFactory[] = [addSimulateCommands, addModelCommands, addRegistryCommands, addServeCommand, addRefreshCommand, addBackendOption];

@@ -1,0 +1,108 @@
+// `prefab refresh --days N`: N simulated days end to end. Each day production is served (loop/serve.ts), the
+// simulator's users bring it the day's new tasks through the OpenAI-compatible API (`prefab simulate --agent`'s
+// path), the sessions land in the inbox tagged with the version that acted, and the night refreshes
+// (loop/refresh.ts). A row a day: production, its success on the day's traffic, the candidate's paired
+// evaluation against it with the interval, and the decision.
+import { createWriteStream, existsSync, mkdirSync, readdirSync, renameSync } from 'node:fs';
+import { once } from 'node:events';
+import { join } from 'node:path';
+import type { Engine } from '../pipeline/engine.ts';
+import type { Logger } from '../pipeline/log.ts';
+import { simulate } from '../env/simulate.ts';
+import { Registry } from './registry.ts';
+import { inboxOf, liveFigures, refreshNight, unfinishedNight, type Live, type NightReport, type RefreshConfig } from './refresh.ts';
+import { SERVE_DEFAULTS, loadCatalog, startServer } from './serve.ts';
+
+export interface Day {
+  day: number;
+  date: string;
+  production: string;
+  traffic: Live;
+  night: NightReport;
+}
+
+const DAY_FILE = /^day-(\d{4})\.jsonl$/;
+
+/** The day `n` days after `start` (YYYY-MM-DD). */
+const dateOf = (start: string, n: number) => new Date(Date.parse(`${start}T00:00:00Z`) + n * 86_400_000).toISOString().slice(0, 10);
+
+/** Serves production and writes the day's sessions into the inbox (aside, then renamed: a killed day leaves no file). */
+async function collectDay(registry: Registry, cfg: RefreshConfig, inbox: string, day: number, log: Logger): Promise<string> {
+  const settings = { ...SERVE_DEFAULTS, port: 0, apiKey: null, split: null, maxQueue: 1024 };
+  const catalog = loadCatalog(registry, ['production'], settings);
+  const server = await startServer(catalog, settings, log);
+  const file = join(inbox, `day-${String(day).padStart(4, '0')}.jsonl`);
+  const tmp = `${file}.tmp`;
+  try {
+    const out = createWriteStream(tmp);
+    const d = cfg.days;
+    const progress = log.progress(`day ${day}: conversations with production`, d.tasks * d.trials);
+    const sessions = simulate({
+      tasks: d.tasks,
+      trials: d.trials,
+      agent: { url: server.url, model: 'production', apiKey: '', temperature: d.temperature, maxTokens: cfg.eval.max_tokens, maxTurns: cfg.eval.max_turns, concurrency: d.concurrency },
+      noise: 0,
+      split: 'train',
+      seed: cfg.eval.world_seed,
+      companies: cfg.eval.companies,
+      offset: d.first_task + (day - 1) * d.tasks,
+      date: dateOf(d.start, day - 1),
+    });
+    for await (const s of sessions) {
+      if (!out.write(JSON.stringify(s) + '\n')) await once(out, 'drain');
+      progress.tick();
+    }
+    progress.done();
+    out.end();
+    await once(out, 'finish');
+    renameSync(tmp, file);
+  } finally {
+    await server.close();
+    for (const m of new Set(catalog.values())) m.dispose();
+  }
+  return file;
+}
+
+/** Runs `n` days after those the inbox already holds; an unfinished night is finished first. */
+export async function simulatedDays(engine: Engine, cfg: RefreshConfig, n: number, signal: AbortSignal, log: Logger, onDay: (d: Day) => void): Promise<Day[]> {
+  const registry = new Registry(join(engine.ws.root, 'registry'));
+  const inbox = inboxOf(engine, cfg);
+  mkdirSync(inbox, { recursive: true });
+  if (unfinishedNight(engine)) await refreshNight(engine, cfg, signal, log);
+  const done = existsSync(inbox) ? Math.max(0, ...readdirSync(inbox).map((f) => Number(DAY_FILE.exec(f)?.[1] ?? 0))) : 0;
+  const days: Day[] = [];
+  for (let day = done + 1; day <= done + n; day++) {
+    const production = registry.aliases().production;
+    if (!production) throw new Error(`no production model in ${registry.dir}: run \`prefab run\` first`);
+    const file = await collectDay(registry, cfg, inbox, day, log);
+    const traffic = (await liveFigures([file], cfg.rollback.success_reward)).get(production) ?? { version: production, sessions: 0, success: null };
+    const night = await refreshNight(engine, cfg, signal, log);
+    const d = { day, date: dateOf(cfg.days.start, day - 1), production, traffic, night };
+    onDay(d);
+    days.push(d);
+  }
+  return days;
+}
+
+/** The daily table, as the README shows it. */
+export function formatDays(days: Day[]): string {
+  const f = (x: number | null | undefined) => (x === null || x === undefined ? '—' : x.toFixed(3));
+  const head = ['day', 'date', 'production', 'live success', 'candidate', 'paired success (cand vs prod)', 'difference [bounds]', 'p', 'decision', 'production after'];
+  const rows = days.map((d) => {
+    const c = d.night.comparison;
+    return [
+      String(d.day),
+      d.date,
+      d.production + (d.night.rollback.rolled_back ? ` → ${d.night.production} (rolled back)` : ''),
+      `${f(d.traffic.success)} (${d.traffic.sessions})`,
+      d.night.candidate ?? '—',
+      c ? `${f(c.success.candidate)} vs ${f(c.success.production)} (${c.episodes})` : '—',
+      c ? `${f(c.success.difference)} [${f(c.success.interval[0])}, ${f(c.success.interval[1])}]` : '—',
+      c ? c.success.p.toPrecision(3) : '—',
+      d.night.decision,
+      d.night.production_after,
+    ];
+  });
+  const line = (cells: string[]) => `| ${cells.join(' | ')} |`;
+  return [line(head), line(head.map(() => '---')), ...rows.map(line)].join('\n');
+}

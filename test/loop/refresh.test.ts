@@ -1,0 +1,218 @@
+// The online refresh loop with real processes on a tiny workspace: a candidate trained on reversed pairs is
+// never promoted, and the history says why with the numbers; a kill -9 mid-night leaves production as it was
+// and the next refresh resumes the night; two refreshes never share a workspace; a production whose live
+// success fell is rolled back to the previous weights byte for byte; `--days` prints the daily table. The
+// decision itself is checked on scripted agents, whose skills are known: the better one is promoted.
+import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { beforeAll, describe, expect, it } from 'vitest';
+import type { Pair, Session } from '../../core/records.ts';
+import { AGENTS, ScriptedAgent } from '../../env/agents.ts';
+import { validationEpisodes, type EpisodeRecord } from '../../env/evaluate.ts';
+import { simulate } from '../../env/simulate.ts';
+import { DEFAULT_WORLD, generateTask, generateWorld } from '../../env/world.ts';
+import { compare, gateConfig, signTestP } from '../../loop/paired.ts';
+import { Registry } from '../../loop/registry.ts';
+import { replayBuffer } from '../../loop/refresh.ts';
+import { REPO, prefab, prefabAsync } from '../fixtures/cli.ts';
+import { tempDir } from '../fixtures/pipeline.ts';
+
+let dir: string;
+let workdir: string;
+let config: string;
+let inbox: string;
+const registry = () => new Registry(join(workdir, 'registry'));
+const refresh = (...args: string[]) => prefab(['--workdir', workdir, '--config', config, '--log-format', 'json', 'refresh', ...args]);
+
+/** Simulated sessions of new tasks, each changed by `edit`, written into the inbox as `name`. */
+async function toInbox(name: string, o: { offset: number; tasks: number; agent?: (typeof AGENTS)[number] | 'mix' }, edit: (s: Session) => Session = (s) => s): Promise<Session[]> {
+  const sessions: Session[] = [];
+  for await (const s of simulate({ tasks: o.tasks, trials: 4, agent: o.agent ?? 'mix', noise: 0.3, split: 'train', seed: DEFAULT_WORLD.seed, companies: DEFAULT_WORLD.companies, offset: o.offset })) sessions.push(edit(s));
+  writeFileSync(join(inbox, name), sessions.map((s) => JSON.stringify(s)).join('\n') + '\n');
+  return sessions;
+}
+
+/** Rewards and outcomes turned over: what succeeded reads as failed and the other way round, so every outcome pair is reversed. */
+const reversed = (s: Session): Session => {
+  const meta = JSON.parse(s.metadata) as { success: boolean };
+  return { ...s, session_id: `reversed:${s.session_id}`, reward: Math.round((1 - s.reward) * 1e6) / 1e6, metadata: JSON.stringify({ ...meta, success: !meta.success }) };
+};
+
+describe('prefab refresh', () => {
+  beforeAll(() => {
+    dir = tempDir();
+    workdir = join(dir, 'workspace');
+    inbox = join(dir, 'inbox');
+    mkdirSync(inbox);
+    config = join(dir, 'loop.yaml');
+    writeFileSync(
+      config,
+      `ingest:
+  inputs: [${join(REPO, 'data', 'sample')}, ${inbox}]
+tokenizer: { vocab_size: 512 }
+sft:
+  model: { layers: 1, hidden_size: 32, heads: 2, context: 640 }
+  max_sessions: 80
+  resample_copies: 0
+  max_steps: 4
+  warmup: 1
+dpo: { max_steps: 4, max_examples: 48, batch_size: 4 }
+eval:
+  max_pairs: 12
+  max_sessions: 6
+  simulator: { tasks: 2, k: 1, max_tokens: 16 }
+refresh:
+  inbox: ${inbox}
+  buffer: { size: 24 }
+  dpo: { max_steps: 6, checkpoint_every: 1 }
+  eval: { tasks: 4, k: 1, max_tokens: 16, max_turns: 3 }
+  rollback: { min_sessions: 4 }
+  days: { tasks: 2, trials: 2, concurrency: 4 }
+`,
+    );
+    const r = prefab(['--workdir', workdir, '--config', config, '--log-format', 'json', 'run']);
+    expect(r.code, r.stderr).toBe(0);
+    expect(registry().aliases()).toEqual({ production: 'v0001', candidate: null });
+  });
+
+  it('never promotes a candidate trained on reversed pairs, and says why with the numbers', async () => {
+    await toInbox('reversed.jsonl', { offset: 20_000, tasks: 6 }, reversed);
+    const r = refresh();
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/candidate v0002: success .* p = /);
+    expect(r.stdout).toMatch(/decision: rejected: not better with confidence/);
+    expect(registry().aliases()).toEqual({ production: 'v0001', candidate: null });
+    const rejected = registry().history().at(-1)!;
+    expect(rejected).toMatchObject({ event: 'rejected', version: 'v0002' });
+    expect((rejected as { reason: string }).reason).toMatch(/^night 1: not better with confidence .*success \d\.\d{3} vs \d\.\d{3} on 4 paired episodes .*sign test p = /);
+    expect(registry().version('v0002')).toMatchObject({ parent: 'v0001', source: { stage: 'refresh', night: 1, new_pairs: expect.any(Number) } });
+    const report = JSON.parse(readFileSync(join(workdir, 'refresh', 'nights', '0001', 'report.json'), 'utf8'));
+    expect(report).toMatchObject({ night: 1, decision: 'rejected', production_before: 'v0001', production_after: 'v0001', candidate: 'v0002' });
+    expect(report.data.new_sessions).toBe(24);
+    expect(report.data.buffer.new).toBeGreaterThan(0);
+    expect(report.comparison.guards.map((g: { metric: string }) => g.metric)).toEqual(['reward', 'well_formed', 'turns', 'sensitive_asked']);
+    // Nothing new since: the next night has nothing to train on, and says so.
+    const idle = refresh();
+    expect(idle.stdout).toMatch(/nothing to train on/);
+  });
+
+  it('leaves production as it was when killed mid-night, and the next refresh resumes the night', async () => {
+    await toInbox('more.jsonl', { offset: 21_000, tasks: 6 });
+    const before = registry().history().length;
+    const child = prefabAsync(['--workdir', workdir, '--config', config, '--log-format', 'json', 'refresh']);
+    // Killed once the candidate has a checkpoint: mid-training, after the night's data and buffer are down.
+    const cache = join(workdir, 'refresh', 'nights', '0003', '.cache');
+    const checkpointed = () => existsSync(cache) && readdirSync(cache).some((f) => f.startsWith('run-') && readdirSync(join(cache, f)).some((c) => c.startsWith('step-')));
+    const exited = new Promise((resolve) => child.on('exit', resolve));
+    while (!checkpointed() && child.exitCode === null) await new Promise((resolve) => setTimeout(resolve, 20));
+    child.kill('SIGKILL');
+    await exited;
+    expect(registry().history()).toHaveLength(before);
+    expect(registry().aliases().production).toBe('v0001');
+    expect(existsSync(join(workdir, 'refresh', 'nights', '0003', 'report.json'))).toBe(false);
+    const again = refresh();
+    expect(again.code, again.stderr).toBe(0);
+    expect(again.stderr).toMatch(/resuming night 3/);
+    expect(again.stderr).toMatch(/resuming from checkpoint/);
+    expect(again.stdout).toMatch(/^night 3: production v0001/m);
+    expect(JSON.parse(readFileSync(join(workdir, 'refresh', 'nights', '0003', 'report.json'), 'utf8')).candidate).toBe('v0003');
+  });
+
+  it('rolls production back to the previous weights, byte for byte, when its live success falls below 0.95 × its baseline', async () => {
+    const weights = readFileSync(join(registry().folder('v0001'), 'model', 'model.safetensors'));
+    registry().promote('v0003', 'by hand, for the test');
+    // Traffic: v0001 served sessions that succeeded, then v0003 served ones that failed.
+    await toInbox('traffic-v0001.jsonl', { offset: 22_000, tasks: 2, agent: 'oracle' }, (s) => ({ ...s, session_id: `live:${s.session_id}`, model: 'v0001' }));
+    await toInbox('traffic-v0003.jsonl', { offset: 22_100, tasks: 2, agent: 'random' }, (s) => ({ ...s, session_id: `live:${s.session_id}`, model: 'v0003' }));
+    const r = refresh();
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/production v0003, rolled back to v0001/);
+    const rollback = registry().history().find((e) => e.event === 'rolled_back')!;
+    expect(rollback).toMatchObject({ version: 'v0001', from: 'v0003' });
+    expect((rollback as { reason: string }).reason).toMatch(/^night \d+: live success \d\.\d{3} over 8 sessions fell below 0\.95 × v0001's \d\.\d{3}/);
+    expect(registry().aliases().production).toBe('v0001');
+    expect(readFileSync(join(registry().folder(registry().aliases().production!), 'model', 'model.safetensors')).equals(weights)).toBe(true);
+  });
+
+  it('runs simulated days end to end and prints the daily table; a second refresh meanwhile is refused', async () => {
+    const first = prefabAsync(['--workdir', workdir, '--config', config, 'refresh', '--days', '1']);
+    let out = '';
+    let err = '';
+    first.stdout!.on('data', (d: Buffer) => (out += d.toString()));
+    const exited = new Promise<number | null>((resolve) => first.on('exit', resolve));
+    await new Promise<void>((resolve) => first.stderr!.on('data', (d: Buffer) => ((err += d.toString()), /day 1|refresh: night/.test(err) && resolve())));
+    const second = refresh();
+    expect(second.code).not.toBe(0);
+    expect(second.stderr).toMatch(/in use by another run: pid \d+/);
+    expect(await exited, err).toBe(0);
+    expect(out).toMatch(/^\| day \| date \| production \| live success \| candidate \|/m);
+    expect(out).toMatch(/^\| 1 \| 2026-06-01 \| v0001 \| \d\.\d{3} \(4\) \|/m);
+    const day = readFileSync(join(inbox, 'day-0001.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Session);
+    expect(day).toHaveLength(4);
+    expect(new Set(day.map((s) => s.model))).toEqual(new Set(['v0001']));
+  });
+});
+
+describe('the paired decision', () => {
+  const options = { worldSeed: DEFAULT_WORLD.seed, companies: DEFAULT_WORLD.companies, tasks: 12, k: 2, maxTurns: 12 };
+  const world = generateWorld({ ...DEFAULT_WORLD });
+  /** A scripted agent's episodes on the validation tasks, a fresh agent per episode. */
+  async function episodes(agent: (typeof AGENTS)[number]): Promise<EpisodeRecord[]> {
+    let current: ScriptedAgent | null = null;
+    const policy = { name: agent, respond: (m: Parameters<ScriptedAgent['respond']>[0]) => current!.respond(m) };
+    return validationEpisodes(policy, options, (taskId, trial) => {
+      const index = Number(taskId.split('-').at(-1));
+      current = new ScriptedAgent(agent, world, generateTask(world, 'val', index), `paired:${trial}`, 0.3);
+    });
+  }
+
+  it('promotes the better agent on twin episodes and keeps the worse one out', async () => {
+    const oracle = await episodes('oracle');
+    const random = await episodes('random');
+    const gate = gateConfig.parse({});
+    const better = compare(random, oracle, gate, 's');
+    expect(better.promote, better.reason).toBe(true);
+    expect(better.success.p).toBeLessThan(0.05);
+    expect(better.reason).toMatch(/^better with confidence: success 1\.000 vs 0\.\d{3} on 24 paired episodes/);
+    const worse = compare(oracle, random, gate, 's');
+    expect(worse.promote).toBe(false);
+    expect(worse.reason).toMatch(/^not better with confidence/);
+    expect(compare(oracle, random, gateConfig.parse({ test: 'bootstrap' }), 's').promote).toBe(false);
+    expect(compare(random, oracle, gateConfig.parse({ test: 'bootstrap' }), 's').promote).toBe(true);
+  });
+
+  it('keeps a candidate with better success out when a guard regresses', async () => {
+    const noisy = await episodes('noisy');
+    const random = await episodes('random');
+    const asksTooMuch = noisy.map((r) => ({ ...r, sensitive_asked: r.sensitive_asked + 1 }));
+    const d = compare(random, asksTooMuch, gateConfig.parse({}), 's');
+    expect(d.success.candidate).toBeGreaterThan(d.success.production);
+    expect(d.promote).toBe(false);
+    expect(d.reason).toMatch(/sensitive_asked/);
+    expect(d.guards.find((g) => g.metric === 'sensitive_asked')!.ok).toBe(false);
+  });
+
+  it('fills the replay buffer with every new pair first, then older pairs favouring the recent ones, never past its size', () => {
+    const pairs = Array.from({ length: 400 }, (_, i) => ({ pair_id: `p${i}` }) as Pair);
+    // p0…p99 appeared on night 1, p100…p199 on night 5, p200…p379 on night 9, p380…p399 are new tonight (night 10).
+    const seen = Object.fromEntries(pairs.slice(0, 380).map((p, i) => [p.pair_id, i < 100 ? 1 : i < 200 ? 5 : 9]));
+    const b = replayBuffer(pairs, seen, 10, { size: 100, half_life_nights: 2 }, 'seed');
+    expect(b.chosen).toHaveLength(100);
+    expect([b.fresh, b.old]).toEqual([20, 80]);
+    const ids = b.chosen.map((p) => Number(p.pair_id.slice(1)));
+    expect(ids.slice(0, 20).every((i) => i >= 380)).toBe(true);
+    const night = (lo: number, hi: number) => ids.filter((i) => i >= lo && i < hi).length;
+    expect(night(200, 380)).toBeGreaterThan(night(100, 200));
+    expect(night(100, 200)).toBeGreaterThanOrEqual(night(0, 100));
+    expect(replayBuffer(pairs, seen, 10, { size: 100, half_life_nights: 2 }, 'seed').chosen).toEqual(b.chosen);
+    expect(replayBuffer(pairs, {}, 1, { size: 50, half_life_nights: 2 }, 'seed')).toMatchObject({ fresh: 50, old: 0 });
+  });
+
+  it('computes the exact one-sided sign test', () => {
+    expect(signTestP(5, 5)).toBeCloseTo(1 / 32, 12);
+    expect(signTestP(0, 0)).toBe(1);
+    expect(signTestP(9, 10)).toBeCloseTo(11 / 1024, 12);
+    expect(signTestP(0, 7)).toBeCloseTo(1, 12);
+  });
+});
+
