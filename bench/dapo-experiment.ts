@@ -20,7 +20,7 @@ import { Logger } from '../pipeline/log.ts';
 import { NEVER } from '../pipeline/interrupt.ts';
 import { TOOLS } from '../env/env.ts';
 import { DEFAULT_WORLD, generateWorld } from '../env/world.ts';
-import { simulatorRollouts, taskPool, validation, type RolloutMode } from '../stages/dapo/rollouts.ts';
+import { simulatorRollouts, taskPool, validation, type RolloutMode } from '../loop/rollouts.ts';
 import { useBackend } from '../train/backend.ts';
 import { openChat } from '../train/chat.ts';
 import { loadCheckpoint } from '../train/checkpoint.ts';

@@ -30,7 +30,8 @@ import { readParquet } from '../train/data.ts';
 import { dpoTrainer, lossOf, pairExamples, referenceScores } from '../train/dpo.ts';
 import { LOSS_NAMES } from '../train/losses/index.ts';
 import { ModelPolicy } from '../train/policy.ts';
-import { trainingConfig, trainingRun } from '../train/run.ts';
+import { finalMetrics, trainingConfig, trainingRun } from '../train/run.ts';
+import { dapoKnobs, runDapo } from './dapo.ts';
 import { compare, gateConfig, type Comparison } from './paired.ts';
 import { Registry } from './registry.ts';
 
@@ -72,6 +73,10 @@ export const refreshConfig = z
       })
       .prefault({})
       .describe('The paired evaluation of candidate against production.'),
+    dapo: z
+      .strictObject({ enabled: z.boolean().default(false).describe('Continue the candidate by DAPO in the simulator after its DPO (the dapo stage’s knobs); off, the candidate is the DPO model.'), ...dapoKnobs })
+      .prefault({})
+      .describe('The feedback-guided (or standard) DAPO stage of the night, after DPO: the loop reintegrates new sessions alongside it.'),
     gate: gateConfig.describe('When a candidate is promoted (loop/paired.ts).'),
     rollback: z
       .strictObject({
@@ -93,7 +98,8 @@ export const refreshConfig = z
       .prefault({})
       .describe('`prefab refresh --days N`: each day serves production, the simulator’s users talk to it, and the night refreshes.'),
   })
-  .prefault({});
+  .prefault({})
+  .describe('read by `prefab refresh` (the online loop, docs/loop.md): a night takes in the inbox, trains a candidate from production, and promotes it only when it is better with confidence');
 export type RefreshConfig = z.infer<typeof refreshConfig>;
 
 /** A version's live figures on the sessions it served. */
@@ -269,14 +275,21 @@ export async function refreshNight(engine: Engine, cfg: RefreshConfig, signal: A
     finish(dir, root, { night, started_at: state.started_at, finished_at: new Date().toISOString(), production_before: state.production_before, production, rollback: state.rollback!, data: state.data!, ...r }, fresh.map((p) => p.pair_id));
   if (buffer.fresh === 0) return report({ production_after: production, candidate: null, training: {}, comparison: null, decision: 'nothing to train on', reason: 'no new pairs tonight: production stays' });
 
-  // 4. The candidate: DPO from production.
+  // 4. The candidate: DPO from production, then DAPO when configured.
   const productionFolder = join(registry.folder(production), 'model');
-  const candidateFolder = join(dir, 'candidate', 'model');
-  if (!existsSync(candidateFolder)) {
+  const dpoFolder = join(dir, 'candidate', 'model');
+  if (!existsSync(dpoFolder)) {
     const byId = new Map(pairs.map((p) => [p.pair_id, p]));
     await trainCandidate(productionFolder, buffer.pair_ids.map((id) => byId.get(id)!), join(dir, 'candidate'), join(dir, '.cache'), cfg, { night, production }, signal, log);
   }
-  const training = ((await readJsonFile<{ info?: { last?: Record<string, number> } }>(join(candidateFolder, 'trainer_state.json')))?.info?.last ?? {}) as Record<string, number>;
+  const training = ((await readJsonFile<{ info?: { last?: Record<string, number> } }>(join(dpoFolder, 'trainer_state.json')))?.info?.last ?? {}) as Record<string, number>;
+  const candidateFolder = cfg.dapo.enabled ? join(dir, 'candidate-dapo', 'model') : dpoFolder;
+  if (cfg.dapo.enabled) {
+    const { enabled: _, ...knobs } = cfg.dapo;
+    if (!existsSync(candidateFolder)) await runDapo(dpoFolder, join(dir, 'candidate-dapo'), join(dir, '.cache-dapo'), hashJson({ night, production, knobs }), knobs, { night, parent: production }, signal, log);
+    const state = await readJsonFile<{ info?: Record<string, number> }>(join(candidateFolder, 'trainer_state.json'));
+    Object.assign(training, Object.fromEntries(Object.entries(state?.info?.last ?? {}).map(([k, v]) => [`dapo/${k}`, v])));
+  }
 
   // 5. The paired evaluation.
   const evalPath = join(dir, 'eval.json');
@@ -318,10 +331,7 @@ async function trainCandidate(productionFolder: string, pairs: Pair[], out: stri
   const key = hashJson({ production: info.production, pairs: pairs.map((p) => p.pair_id), cfg: d, night: info.night });
   const result = await trainingRun({ config: d, cache, key, tokenizer: prod.tokenizer, context: prod.context, placeholders: prod.placeholders, signal, log }, trainer);
   prod.model.dispose();
-  const metrics = result.metrics;
-  const lastRows = metrics.slice(-10);
-  const last = Object.fromEntries(Object.keys(lastRows[0] ?? {}).map((k) => [k, lastRows.reduce((s, r) => s + (r[k] ?? 0), 0) / lastRows.length]));
-  await result.save(out, { stage: 'refresh', loss: loss.name, beta: loss.beta, max_length: length - 1, night: info.night, parent: info.production, last });
+  await result.save(out, { stage: 'refresh', loss: loss.name, beta: loss.beta, max_length: length - 1, night: info.night, parent: info.production, last: finalMetrics(result.metrics) });
 }
 
 /** One side of the paired evaluation: the model in `folder` on the validation tasks, each episode seeded by (seed, task, try) alone. */

@@ -27,7 +27,7 @@ interface GlobalOptions {
 }
 
 /** Config sections commands added (`refresh`): a config file may hold them beside the stages'. */
-const commandSections: z.ZodRawShape = {};
+const commandSections: Record<string, z.ZodType> = {};
 
 function makeEngine(stages: Stage[], opts: GlobalOptions, log: Logger): Engine {
   return withSections(stages, opts, log).engine;
@@ -200,13 +200,14 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     .command('config-reference')
     .description('print every config key with its type, default and meaning, as Markdown (docs/config.md is this)')
     .action(() => {
-      process.stdout.write(configReference(stages));
+      const sections = Object.entries(commandSections).map(([name, config]) => ({ name, description: config.description ?? `the ${name} command's settings`, config }));
+      process.stdout.write(configReference([...stages, ...sections]));
       setExit(0);
     });
   const ctx = {
     logger,
     setExit,
-    configSections: (sections: z.ZodRawShape) => void Object.assign(commandSections, sections),
+    configSections: (sections: Record<string, z.ZodType>) => void Object.assign(commandSections, sections),
     pipeline: (log: Logger) => withSections(stages, program.opts<GlobalOptions>(), log),
     locked: withLock,
     afterRun: (hook: (engine: Engine, log: Logger) => Promise<void> | void) => void afterRun.push(hook),

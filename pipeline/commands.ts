@@ -9,7 +9,7 @@ export interface CommandContext {
   logger(): Logger;
   setExit(code: number): void;
   /** Sections of a command's own that a config file may hold beside the stages' (every command then checks them). */
-  configSections(sections: z.ZodRawShape): void;
+  configSections(sections: Record<string, z.ZodType>): void;
   /** The pipeline over the global --workdir and --config, and the values of the commands' own sections (apart from the stages'). */
   pipeline(log: Logger): { engine: Engine; own: Record<string, unknown> };
   /** Runs `body` holding the workspace's lock, as `prefab run` does: SIGINT or SIGTERM aborts its signal, and the next safe point stops it. */

@@ -78,14 +78,18 @@ function collect(schema: Schema, prefix: string, out: Row[]): void {
 
 const cell = (text: string) => text.replace(/\|/g, '\\|').replace(/\n/g, ' ');
 
-/** Every stage's config keys, with type, default and meaning, as Markdown. */
-export function configReference(stages: Stage[]): string {
+/** A section of the config: a stage's, or a command's own (`refresh`). */
+type Section = Pick<Stage, 'name' | 'description' | 'config'>;
+
+/** Every section's config keys, with type, default and meaning, as Markdown. */
+export function configReference(stages: Section[]): string {
   const lines = [
     '# Config reference',
     '',
-    'Every key of a prefab config, section by section (a section is named after its stage). Made by',
-    '`npm run docs:config` from the stages\' schemas, where each key\'s meaning is written beside it: edit the',
-    'schema, not this file. A key left out takes its default; an unknown key is an error that names its line.',
+    'Every key of a prefab config, section by section (a section is named after its stage, or after the command',
+    'that reads it: `refresh`). Made by `npm run docs:config` from the schemas, where each key\'s meaning is',
+    'written beside it: edit the schema, not this file. A key left out takes its default; an unknown key is an',
+    'error that names its line.',
     '',
   ];
   for (const stage of stages) {
@@ -105,7 +109,7 @@ export function configReference(stages: Stage[]): string {
 }
 
 /** The keys (dotted paths) that have no doc string: each should say what it does. */
-export function undocumentedKeys(stages: Stage[]): string[] {
+export function undocumentedKeys(stages: Section[]): string[] {
   return stages.flatMap((stage) => {
     const rows: Row[] = [];
     collect(z.toJSONSchema(stage.config, { io: 'input', unrepresentable: 'any' }) as Schema, `${stage.name}.`, rows);

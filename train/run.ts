@@ -243,7 +243,7 @@ export function stepsFor(cfg: { epochs: number; batch_size: number; max_steps: n
 }
 
 /** Means of each metric over the last `n` rows: what a stage reports as its final figures. */
-function finalMetrics(rows: MetricsRow[], n = 10): MetricsRow {
+export function finalMetrics(rows: MetricsRow[], n = 10): MetricsRow {
   const tail = rows.slice(-n);
   const out: MetricsRow = {};
   for (const key of Object.keys(tail[0] ?? {})) if (key !== 'step') out[key] = tail.reduce((s, r) => s + (r[key] ?? 0), 0) / tail.length;

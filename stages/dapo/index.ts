@@ -1,68 +1,20 @@
 // dapo: reinforcement learning of the preference-tuned model in the simulator, by DAPO (verl's recipe:
-// train/dapo.ts, train/losses/policy-gradient.ts). Each step draws training tasks (companies of the training
-// split), plays group_size episodes of each with the current policy, keeps the groups whose rewards differ
-// (dynamic sampling, drawing more tasks up to max_generation_batches), and updates on them. mode: feedback
-// plays a group's episodes in order, each reading what the representatives said in the failed ones before it
-// (seed 004). Every validation.every steps the policy is measured on validation tasks. Off, the stage passes
-// the dpo model on unchanged.
+// loop/dapo.ts runs it, train/dapo.ts and train/losses/policy-gradient.ts are its trainer and loss). Each
+// step draws training tasks, plays group_size episodes of each with the current policy, keeps the groups whose
+// rewards differ (dynamic sampling, drawing more tasks up to max_generation_batches), and updates on them.
+// mode: feedback plays a group's episodes in order, each reading what the representatives said in the failed
+// ones before it (seed 004). Every validation.every steps the policy is measured on validation tasks. Off, the
+// stage passes the dpo model on unchanged.
 import { cp, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { defineStage } from '../../pipeline/stage.ts';
-import { TOOLS } from '../../env/env.ts';
-import { DEFAULT_WORLD, generateWorld } from '../../env/world.ts';
+import { dapoKnobs, runDapo } from '../../loop/dapo.ts';
 import { stageBackend } from '../../train/backend.ts';
-import { openChat } from '../../train/chat.ts';
-import { loadCheckpoint } from '../../train/checkpoint.ts';
-import type { Llama } from '../../train/model.ts';
-import { dapoTrainer } from '../../train/dapo.ts';
-import { trainingRun, type TrainingSettings } from '../../train/run.ts';
-import { simulatorRollouts, taskPool, validation } from './rollouts.ts';
 
 const config = z.strictObject({
   enabled: z.boolean().default(false).describe('Run DAPO; off, the stage passes the dpo model on unchanged.'),
-  seed: z.string().default('prefab').describe('Which tasks each step draws, the sampling, and the mini-batches.'),
-  steps: z.number().int().min(1).default(4).describe('DAPO steps: each a batch of rollouts and ppo_epochs × mini_batches updates on it.'),
-  tasks_per_step: z.number().int().min(1).default(4).describe('Groups (tasks) a step trains on, once dynamic sampling has kept them.'),
-  group_size: z.number().int().min(2).default(8).describe('Episodes per task: a group, whose rewards give each other their advantage (GRPO).'),
-  max_generation_batches: z.number().int().min(1).default(3).describe('Dynamic sampling: batches of tasks_per_step tasks drawn at most per step to find groups whose rewards differ; a step that finds none makes no update.'),
-  mode: z.enum(['standard', 'feedback']).default('standard').describe("standard: a group's episodes are independent (DAPO); feedback: played in order, each reading the notes that the representatives' replies in the group's failed episodes before it condense to (seed 004)."),
-  feedback_training: z.enum(['context', 'base', 'both']).default('context').describe('mode feedback: train the guided episodes on the prompt they read, notes and all (context: on-policy), on the plain prompt with an importance ratio to the notes-reading policy (base), or both. docs/experiments.md measures the choice.'),
-  task_pool: z.number().int().min(1).default(500).describe('Training tasks are drawn from the first task_pool tasks of the training split (those with at most max_calls calls).'),
-  max_calls: z.number().int().min(1).max(5).nullable().default(null).describe("Tasks with at most this many calls to make (the curriculum's easy end); null: tasks of every difficulty (1–5 calls)."),
-  reward: z.enum(['success', 'partial']).default('success').describe("success: 1 for a completed task, else 0 (sparse); partial: the environment's share of requests completed, less penalties."),
-  ppo_epochs: z.number().int().min(1).default(2).describe('Passes over each batch of rollouts.'),
-  mini_batches: z.number().int().min(1).default(2).describe('Optimiser updates per pass (the batch is cut into this many mini-batches).'),
-  lr: z.number().positive().default(5e-5).describe('Learning rate (constant after warmup).'),
-  warmup: z.number().int().min(0).default(0).describe('Steps of linear warmup.'),
-  weight_decay: z.number().min(0).default(0).describe("AdamW's weight decay."),
-  max_grad_norm: z.number().positive().default(1).describe('Gradients are clipped to this global norm at each update.'),
-  clip_low: z.number().min(0).max(1).default(0.2).describe('ε_low: the ratio is clipped below at 1 − clip_low.'),
-  clip_high: z.number().min(0).default(0.28).describe("ε_high: and above at 1 + clip_high (DAPO's clip-higher)."),
-  dual_clip: z.number().min(1).default(10).describe("c: a negative advantage's loss is at most −A·c."),
-  kl_coef: z.number().min(0).default(0).describe('β of a k3 KL to the starting model, per token (0: none, as DAPO).'),
-  overlong_buffer: z.number().int().min(0).default(32).describe('Overlong shaping: an assistant turn within this many tokens of max_tokens is penalised linearly, down to −1 at max_tokens (0: off).'),
-  checkpoint_every: z.number().int().min(1).default(1).describe('Steps between checkpoints; a killed run resumes from the latest, gathering the same rollouts again.'),
-  micro_batch_tokens: z.number().int().min(16).default(2048).describe('Largest micro-batch, in padded tokens.'),
-  simulator: z
-    .strictObject({
-      world_seed: z.number().int().default(DEFAULT_WORLD.seed).describe('The world the sessions came from.'),
-      companies: z.number().int().min(1).default(DEFAULT_WORLD.companies).describe('Companies in that world.'),
-      temperature: z.number().positive().default(1).describe('Sampling temperature of the rollouts (the loss reads the policy at temperature 1: keep 1 for on-policy ratios).'),
-      top_p: z.number().min(0).max(1).default(1).describe('Nucleus sampling of the rollouts (1: the policy itself).'),
-      max_tokens: z.number().int().min(1).default(160).describe('Most tokens in one assistant message.'),
-      max_turns: z.number().int().min(1).default(12).describe('Most assistant messages in one episode.'),
-      constrained: z.boolean().default(true).describe("Tool calls decoded under the tools' JSON schemas, as in eval."),
-    })
-    .prefault({}).describe('Episodes in the simulator, as eval plays them.'),
-  validation: z
-    .strictObject({
-      every: z.number().int().min(0).default(0).describe('Steps between validations (and after the last step); 0: none.'),
-      tasks: z.number().int().min(1).default(20).describe('Validation tasks (companies never trained on), with at most max_calls calls.'),
-      tries: z.number().int().min(1).default(3).describe('Attempts per task for with-feedback success: each after the first reads the notes of the failed ones before it.'),
-      temperature: z.number().min(0).default(0.5).describe('Sampling temperature of validation episodes.'),
-    })
-    .prefault({}).describe('val/success_first (one try, no notes: what the policy has internalised), val/success_feedback (within tries, each reading the notes of the failed ones) and val/success_retry (as many tries, no notes), in metrics.jsonl.'),
+  ...dapoKnobs,
 });
 
 export const dapo = defineStage({
@@ -80,49 +32,15 @@ export const dapo = defineStage({
       await writeFile(join(out, 'metrics.jsonl'), ''); // no DAPO step was taken
       return { counts: { steps: 0, resumed_from: 0 }, summary: 'DAPO is off (dapo.enabled: false): the dpo model is passed on' };
     }
-    const backend = await stageBackend(options, log);
-    const start = loadCheckpoint(from);
-    const chat = openChat(start.tokenizer, start.model.config.eosTokenId, from);
-    const s = cfg.simulator;
-    const world = generateWorld({ ...DEFAULT_WORLD, seed: s.world_seed, companies: s.companies });
-    const sampling = { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p, tools: s.constrained ? TOOLS : undefined, signal, recordTurns: true };
-
-    const rollouts = simulatorRollouts({ world, chat, context: start.context, placeholders: start.placeholders, sampling, maxTurns: s.max_turns, seed: cfg.seed, groupSize: cfg.group_size, tasksPerStep: cfg.tasks_per_step, maxGenerationBatches: cfg.max_generation_batches, taskPool: cfg.task_pool, maxCalls: cfg.max_calls, mode: cfg.mode, reward: cfg.reward, overlongBuffer: cfg.overlong_buffer, log });
-    const v = cfg.validation;
-    const validate = { world, chat, context: start.context, placeholders: start.placeholders, sampling: { ...sampling, temperature: v.temperature, topP: 1 }, maxTurns: s.max_turns, seed: cfg.seed, tasks: taskPool(world, 'val', v.tasks, cfg.max_calls), tries: v.tries };
-    const after = async (step: number, model: Llama) => {
-      if (v.every === 0 || ((step + 1) % v.every !== 0 && step + 1 !== cfg.steps)) return {};
-      const figures = await validation(validate, model);
-      log.info('validation', { step: step + 1, ...figures });
-      return figures;
-    };
-
-    const trainer = dapoTrainer({
-      steps: cfg.steps,
-      start: () => loadCheckpoint(from).model,
-      rollouts,
-      pad: chat.pad,
-      microBatchTokens: cfg.micro_batch_tokens,
-      clip: { clipLow: cfg.clip_low, clipHigh: cfg.clip_high, dualClip: cfg.dual_clip, klCoef: cfg.kl_coef },
-      reference: cfg.kl_coef > 0 ? start.model : undefined,
-      feedbackTraining: cfg.feedback_training,
-      after,
-      ppoEpochs: cfg.ppo_epochs,
-      miniBatches: cfg.mini_batches,
-      seed: cfg.seed,
-      signal,
-    });
-    log.info('training', { steps: cfg.steps, tasks_per_step: cfg.tasks_per_step, group_size: cfg.group_size, reward: cfg.reward, backend: backend.name });
-    // The run's settings in trainingRun's terms: a constant learning rate after warmup, a step per batch of rollouts.
-    const settings: TrainingSettings = { seed: cfg.seed, batch_size: cfg.tasks_per_step, epochs: 1, max_steps: cfg.steps, lr: cfg.lr, warmup: cfg.warmup, min_lr_ratio: 1, weight_decay: cfg.weight_decay, max_grad_norm: cfg.max_grad_norm, checkpoint_every: cfg.checkpoint_every, micro_batch_tokens: cfg.micro_batch_tokens };
-    const result = await trainingRun({ config: settings, cache, key, tokenizer: start.tokenizer, context: start.context, placeholders: start.placeholders, signal, log }, trainer);
-    start.model.dispose();
-    const last = await result.save(out, { stage: 'dapo', steps: cfg.steps, reward: cfg.reward });
+    await stageBackend(options, log);
+    const run = await runDapo(from, out, cache, key, cfg, {}, signal, log);
+    const last = run.last;
+    const final = run.final;
     return {
-      counts: { steps: cfg.steps, resumed_from: result.resumedFrom },
+      counts: { steps: cfg.steps, resumed_from: run.resumedFrom },
       summary:
         `${cfg.steps} ${cfg.mode === 'feedback' ? 'feedback-guided ' : ''}DAPO steps of ${cfg.tasks_per_step} tasks × ${cfg.group_size} episodes (${cfg.reward} reward); last steps: reward ${last.reward_mean?.toFixed(3)}, success ${last.success?.toFixed(3)}, kept groups ${last.kept_groups?.toFixed(1)}` +
-        (result.metrics.at(-1)?.['val/success_first'] === undefined ? '' : `; validation: first try ${result.metrics.at(-1)!['val/success_first']!.toFixed(3)}, with feedback ${result.metrics.at(-1)!['val/success_feedback']!.toFixed(3)}`),
+        (final?.['val/success_first'] === undefined ? '' : `; validation: first try ${final['val/success_first']!.toFixed(3)}, with feedback ${final['val/success_feedback']!.toFixed(3)}`),
     };
   },
 });

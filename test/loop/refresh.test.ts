@@ -65,6 +65,7 @@ refresh:
   inbox: ${inbox}
   buffer: { size: 24 }
   dpo: { max_steps: 6, checkpoint_every: 1 }
+  dapo: { enabled: true, mode: feedback, steps: 1, tasks_per_step: 1, group_size: 2, max_generation_batches: 1, simulator: { max_tokens: 16, max_turns: 3 } }
   eval: { tasks: 4, k: 1, max_tokens: 16, max_turns: 3 }
   rollback: { min_sessions: 4 }
   days: { tasks: 2, trials: 2, concurrency: 4 }
@@ -91,6 +92,10 @@ refresh:
     expect(report.data.new_sessions).toBe(24);
     expect(report.data.buffer.new).toBeGreaterThan(0);
     expect(report.comparison.guards.map((g: { metric: string }) => g.metric)).toEqual(['reward', 'well_formed', 'turns', 'sensitive_asked']);
+    // The chain: DPO from production, then a feedback-guided DAPO step (its rollouts played); the version is the DAPO model.
+    expect(report.training).toMatchObject({ loss: expect.any(Number), 'dapo/episodes': 2 });
+    const versionWeights = readFileSync(join(registry().folder('v0002'), 'model', 'model.safetensors'));
+    expect(versionWeights.equals(readFileSync(join(workdir, 'refresh', 'nights', '0001', 'candidate-dapo', 'model', 'model.safetensors')))).toBe(true);
     // Nothing new since: the next night has nothing to train on, and says so.
     const idle = refresh();
     expect(idle.stdout).toMatch(/nothing to train on/);

@@ -1,0 +1,116 @@
+// Serving throughput and latency of `prefab serve` at 1, 4 and 16 concurrent clients, measured as a client
+// sees it: the server is a child process on 127.0.0.1, each client sends chat completions one after another
+// (a simulator conversation up to the user's request, the tools, 64 tokens at temperature 1, a seed per
+// request), and the bench counts the completion tokens the server reports. The baseline is one client, in the
+// same run: the goal is 16 clients at ≥ 4× its tokens/s (requests in flight are decoded together).
+// The model: --model FOLDER (default: the default run's, workspace/dapo/model, when it is there), else a
+// random model of the default run's shape (4 layers, width 128, vocabulary 1024) with a tokenizer trained here.
+// Usage: npm run bench:serve [-- --model workspace/dapo/model --requests 48]
+import { spawn } from 'node:child_process';
+import { existsSync, mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Command } from 'commander';
+import type { Message } from '../core/records.ts';
+import { ScriptedAgent } from '../env/agents.ts';
+import { SYSTEM_PROMPT, TOOLS } from '../env/env.ts';
+import { runEpisode } from '../env/rollout.ts';
+import { DEFAULT_WORLD, generateTask, generateWorld } from '../env/world.ts';
+import { Registry } from '../loop/registry.ts';
+import { useBackend } from '../train/backend.ts';
+import { renderText } from '../train/chat-template.ts';
+import { saveCheckpoint } from '../train/checkpoint.ts';
+import { Llama } from '../train/model.ts';
+import { TextTokenizer, trainTokenizer } from '../train/tokenizer.ts';
+
+const opts = new Command()
+  .option('--model <folder>', 'a model folder to serve (default: workspace/dapo/model if present, else a random model of that shape)')
+  .option('--requests <n>', 'requests per concurrency level', '48')
+  .option('--levels <list>', 'concurrent clients', '1,4,16')
+  .option('--max-tokens <n>', 'tokens per reply', '64')
+  .parse()
+  .opts<{ model?: string; requests: string; levels: string; maxTokens: string }>();
+
+const REPO = join(import.meta.dirname, '..');
+const dir = mkdtempSync(join(tmpdir(), 'prefab-bench-serve-'));
+const world = generateWorld({ ...DEFAULT_WORLD });
+
+/** Conversations up to the user's request, of training tasks (what a client sends first). */
+const prompts: Message[][] = [];
+for (let i = 0; i < 64; i++) {
+  const task = generateTask(world, 'train', 30_000 + i);
+  prompts.push([{ role: 'system', content: SYSTEM_PROMPT }, { role: 'user', content: task.request }]);
+}
+
+async function randomModel(): Promise<string> {
+  await useBackend('wasm');
+  const texts: string[] = [];
+  for (let i = 0; i < 40; i++) {
+    const task = generateTask(world, 'train', i);
+    texts.push(renderText((await runEpisode(world, task, new ScriptedAgent('oracle', world, task, 'bench', 0))).messages));
+  }
+  const json = trainTokenizer(texts, 1024);
+  const vocab = new TextTokenizer(json).vocabSize;
+  const model = Llama.create({ modelType: 'llama', vocabSize: vocab, hiddenSize: 128, intermediateSize: 344, layers: 4, heads: 4, kvHeads: 4, headDim: 32, ropeTheta: 10000, rmsNormEps: 1e-5, tiedEmbeddings: true, attentionBias: false, maxPositions: 1024, bosTokenId: null, eosTokenId: null }, 'bench');
+  const folder = join(dir, 'random-model');
+  saveCheckpoint(folder, { model, tokenizer: { 'tokenizer.json': json }, context: 1024 });
+  return folder;
+}
+
+const folder = opts.model ?? (existsSync(join(REPO, 'workspace', 'dapo', 'model', 'config.json')) ? join(REPO, 'workspace', 'dapo', 'model') : await randomModel());
+const workdir = join(dir, 'workspace');
+new Registry(join(workdir, 'registry')).register(folder, { source: { bench: true }, config: {}, eval: null });
+
+const server = spawn(process.execPath, [join(REPO, 'bin', 'prefab.js'), '--workdir', workdir, '--quiet', 'serve', '--port', '0', '--max-batch', '16', '--max-queue', '256', '--max-tokens', opts.maxTokens], { stdio: ['ignore', 'pipe', 'inherit'] });
+const url = await new Promise<string>((resolve, reject) => {
+  let out = '';
+  server.stdout.on('data', (d: Buffer) => {
+    out += d.toString();
+    const m = /at (http:\/\/\S+\/v1)/.exec(out);
+    if (m) resolve(m[1]!);
+  });
+  server.on('exit', (code) => reject(new Error(`prefab serve exited ${code}`)));
+});
+
+interface Level {
+  clients: number;
+  requests: number;
+  tokens: number;
+  seconds: number;
+  latencies: number[];
+}
+
+async function level(clients: number, requests: number): Promise<Level> {
+  let next = 0;
+  let tokens = 0;
+  const latencies: number[] = [];
+  const started = performance.now();
+  const client = async () => {
+    for (let i = next++; i < requests; i = next++) {
+      const t0 = performance.now();
+      const r = await fetch(`${url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'production', messages: prompts[i % prompts.length], tools: TOOLS, max_tokens: Number(opts.maxTokens), temperature: 1, seed: i }) });
+      const body = (await r.json()) as { usage?: { completion_tokens: number }; error?: { message: string } };
+      if (!r.ok) throw new Error(`request ${i}: ${r.status} ${body.error?.message}`);
+      tokens += body.usage!.completion_tokens;
+      latencies.push(performance.now() - t0);
+    }
+  };
+  await Promise.all(Array.from({ length: clients }, client));
+  return { clients, requests, tokens, seconds: (performance.now() - started) / 1000, latencies: latencies.sort((a, b) => a - b) };
+}
+
+const q = (xs: number[], p: number) => xs[Math.min(xs.length - 1, Math.floor(p * xs.length))]!;
+await level(2, 4); // warm-up: weights, the tool constraint, the first caches
+const results: Level[] = [];
+for (const clients of opts.levels.split(',').map(Number)) results.push(await level(clients, Number(opts.requests)));
+server.kill('SIGTERM');
+
+const base = results[0]!.tokens / results[0]!.seconds;
+process.stdout.write(`model: ${folder}\n${Number(opts.requests)} requests a level, ${opts.maxTokens} tokens a reply at most, prompts of a system prompt and a user request\n\n`);
+process.stdout.write('| clients | tokens/s | × 1 client | requests/s | p50 latency | p95 latency |\n|---|---|---|---|---|---|\n');
+for (const r of results) {
+  const tps = r.tokens / r.seconds;
+  process.stdout.write(`| ${r.clients} | ${tps.toFixed(0)} | ${(tps / base).toFixed(2)} | ${(r.requests / r.seconds).toFixed(2)} | ${q(r.latencies, 0.5).toFixed(0)} ms | ${q(r.latencies, 0.95).toFixed(0)} ms |\n`);
+}
+const top = results.at(-1)!;
+process.stdout.write(`\ngoal: ${top.clients} clients ≥ 4× one client's tokens/s: ${((top.tokens / top.seconds / base) >= 4 ? 'met' : 'not met')} (${(top.tokens / top.seconds / base).toFixed(2)}×)\n`);
