@@ -102,6 +102,8 @@ const chatRequest = z.object({
   n: z.literal(1).optional(),
   seed: z.number().int().optional(),
   user: z.string().optional(),
+  /** vLLM's extension for benchmarks: write max_tokens tokens, past the end of the reply. */
+  ignore_eos: z.boolean().optional(),
 });
 type ChatRequest = z.infer<typeof chatRequest>;
 
@@ -123,12 +125,15 @@ class ApiError extends Error {
 interface Job {
   decoding: Decoding | null;
   prompt: number[];
-  sampling: { maxTokens: number; temperature: number; topP: number; random: () => number; constraint?: ToolCallConstraint };
+  sampling: { maxTokens: number; temperature: number; topP: number; random: () => number; constraint?: ToolCallConstraint; stop: number[] };
   /** Each drawn token, as it comes (streaming). */
   onToken?: (out: readonly number[]) => void;
   done: (result: { out: number[]; error?: Error }) => void;
   cancelled: boolean;
 }
+
+/** Shared tokens below which a new cache reads the prompt itself rather than copy another's. */
+const MIN_FORK = 16;
 
 /** A registry version loaded for serving: requests wait in a queue, and up to maxBatch of them are decoded step by step together. */
 class ServedModel {
@@ -180,16 +185,23 @@ class ServedModel {
     return { result, cancel: () => (entry.cancelled = true) };
   }
 
-  /** The idle cache sharing the longest prefix with the prompt (a conversation's earlier turn), else a new one. */
+  /**
+   * A cache for the prompt: the idle one sharing the longest prefix with it (a conversation's earlier turn),
+   * else a copy of the shared part of one in flight (the system prompt, read once for all of them), else a new
+   * one. Either way only what is not shared is read.
+   */
   private cacheFor(prompt: number[]): KVCache {
-    let best = -1;
-    let shared = -1;
-    this.idle.forEach((c, i) => {
+    const shared = (c: KVCache) => {
       let n = 0;
       while (n < c.tokens.length && n < prompt.length && c.tokens[n] === prompt[n]) n++;
-      if (n > shared) [best, shared] = [i, n];
-    });
-    return best >= 0 && shared > 0 ? this.idle.splice(best, 1)[0]! : new KVCache(this.weights.model, this.weights);
+      return n;
+    };
+    let best: { cache: KVCache; n: number; idle: boolean } | null = null;
+    for (const cache of this.idle) if (shared(cache) > (best?.n ?? 0)) best = { cache, n: shared(cache), idle: true };
+    for (const job of this.active) if (shared(job.decoding!.cache) > (best?.n ?? 0)) best = { cache: job.decoding!.cache, n: shared(job.decoding!.cache), idle: false };
+    if (best?.idle) return this.idle.splice(this.idle.indexOf(best.cache), 1)[0]!;
+    if (best && best.n >= MIN_FORK) return KVCache.forkOf(best.cache, best.n);
+    return new KVCache(this.weights.model, this.weights);
   }
 
   private release(job: Job, error?: Error): void {
@@ -392,7 +404,8 @@ export async function startServer(catalog: Catalog, settings: ServeSettings, log
           });
         }
       : undefined;
-    const job = served.generate({ prompt: prompt.ids, sampling: { maxTokens, temperature: request.temperature ?? 1, topP: request.top_p ?? 1, random, constraint }, onToken });
+    const stop = request.ignore_eos ? [] : served.chat.stop;
+    const job = served.generate({ prompt: prompt.ids, sampling: { maxTokens, temperature: request.temperature ?? 1, topP: request.top_p ?? 1, random, constraint, stop }, onToken });
     res.on('close', () => job.cancel());
     const out = await job.result;
     await chain;

@@ -119,6 +119,23 @@ export class KVCache {
     this.values = Array.from({ length: this.model.config.layers }, () => new Float32Array(0));
   }
 
+  /**
+   * A new cache holding the first `n` tokens of `source`, their keys and values copied (the server's requests
+   * that share a prompt's beginning, a system prompt, with one in flight read only the rest).
+   */
+  static forkOf(source: KVCache, n: number): KVCache {
+    const fork = new KVCache(source.model, source.weights);
+    const width = source.model.config.kvHeads * source.model.config.headDim;
+    const count = Math.min(n, source.tokens.length);
+    fork.reserve(count);
+    for (let l = 0; l < fork.keys.length; l++) {
+      fork.keys[l]!.set(source.keys[l]!.subarray(0, count * width));
+      fork.values[l]!.set(source.values[l]!.subarray(0, count * width));
+    }
+    fork.tokens.push(...source.tokens.slice(0, count));
+    return fork;
+  }
+
   /** Forgets all but the first n tokens. */
   truncate(n: number): void {
     if (n < this.tokens.length) this.tokens.length = n;

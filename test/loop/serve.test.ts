@@ -76,6 +76,10 @@ describe('prefab serve', () => {
     expect(body.usage.completion_tokens).toBeGreaterThan(0);
     expect(body.usage.completion_tokens).toBeLessThanOrEqual(32);
     expect(body.usage.prompt_tokens).toBeGreaterThan(10);
+    // ignore_eos (vLLM's benchmark extension): exactly max_tokens, whatever the model would end with.
+    const long = (await (await post({ model: 'v0001', messages: conversation('Ana'), max_tokens: 20, ignore_eos: true })).json()) as typeof body;
+    expect(long.usage.completion_tokens).toBe(20);
+    expect(long.choices[0]!.finish_reason).toBe('length');
   });
 
   it('sends a conversation to one arm of the split on every turn, and shares conversations between the arms', async () => {

@@ -150,6 +150,12 @@ describe.each([
     }
     decodings.forEach((d, i) => expect(d.out).toEqual(new KVCache(model).generate(prompts[i]!, { maxTokens: 2 + i * 2, temperature: 0 })));
     expect(() => KVCache.readEach([new KVCache(model), new KVCache(model)], [1, 2])).toThrow(/do not share their weights/);
+    // A fork holds the first tokens of another cache: reading on from it gives what reading the whole gives.
+    const fork = KVCache.forkOf(together[1]!, 6);
+    expect(fork.tokens).toEqual(prompts[1]!.slice(0, 6));
+    const onward = fork.read([9, 9]);
+    const whole = new KVCache(model).read([...prompts[1]!.slice(0, 6), 9, 9]);
+    whole.forEach((v, j) => expect(onward[j]).toBeCloseTo(v, 3));
     weights.dispose();
     model.dispose();
   });
