@@ -287,15 +287,23 @@ export async function refreshNight(engine: Engine, cfg: RefreshConfig, signal: A
   if (cfg.dapo.enabled) {
     const { enabled: _, ...knobs } = cfg.dapo;
     if (!existsSync(candidateFolder)) await runDapo(dpoFolder, join(dir, 'candidate-dapo'), join(dir, '.cache-dapo'), hashJson({ night, production, knobs }), knobs, { night, parent: production }, signal, log);
-    const state = await readJsonFile<{ info?: Record<string, number> }>(join(candidateFolder, 'trainer_state.json'));
-    Object.assign(training, Object.fromEntries(Object.entries(state?.info?.last ?? {}).map(([k, v]) => [`dapo/${k}`, v])));
+    const dapoState = await readJsonFile<{ info?: { last?: Record<string, number> } }>(join(candidateFolder, 'trainer_state.json'));
+    Object.assign(training, Object.fromEntries(Object.entries(dapoState?.info?.last ?? {}).map(([k, v]) => [`dapo/${k}`, v])));
   }
 
   // 5. The paired evaluation.
   const evalPath = join(dir, 'eval.json');
   let episodes = await readJsonFile<{ production: EpisodeRecord[]; candidate: EpisodeRecord[] }>(evalPath);
   if (!episodes) {
-    episodes = { production: await play('production', productionFolder, cfg, signal, log), candidate: await play('candidate', candidateFolder, cfg, signal, log) };
+    // Production's side is the same every night it stays production (same weights, tasks and seeds): played once, kept by version.
+    const keptPath = join(root, 'paired', `${production}-${hashJson({ eval: cfg.eval, seed: cfg.seed }).slice(0, 12)}.json`);
+    let productionSide = await readJsonFile<EpisodeRecord[]>(keptPath);
+    if (!productionSide) {
+      productionSide = await play('production', productionFolder, cfg, signal, log);
+      mkdirSync(join(root, 'paired'), { recursive: true });
+      await writeFileAtomic(keptPath, JSON.stringify(productionSide) + '\n');
+    }
+    episodes = { production: productionSide, candidate: await play('candidate', candidateFolder, cfg, signal, log) };
     await writeFileAtomic(evalPath, JSON.stringify(episodes) + '\n');
   }
   const comparison = compare(episodes.production, episodes.candidate, cfg.gate, `${cfg.seed}:${night}`);

@@ -197,6 +197,33 @@ describe('sampling', () => {
     const seen = new Set(Array.from({ length: 400 }, () => sampleToken(logits, 1, 0.8, rand)));
     expect([...seen].sort()).toEqual([1, 2]);
   });
+  it('draws what the plain definition draws (sorted objects, stable ties), token for token, so seeded runs keep their results', () => {
+    // The definition the typed-array version replaced: every draw must be the same.
+    const plain = (l: Float32Array, temperature: number, topP: number, rand: () => number) => {
+      let best = 0;
+      for (let i = 1; i < l.length; i++) if (l[i]! > l[best]!) best = i;
+      const probs = Array.from(l, (v, i) => ({ i, p: Math.exp((v - l[best]!) / temperature) }));
+      const total = probs.reduce((s, x) => s + x.p, 0);
+      probs.sort((a, b) => b.p - a.p);
+      const nucleus: typeof probs = [];
+      let mass = 0;
+      for (const x of probs) {
+        nucleus.push(x);
+        mass += x.p / total;
+        if (mass >= topP) break;
+      }
+      let r = rand() * nucleus.reduce((s, x) => s + x.p, 0);
+      for (const x of nucleus) if ((r -= x.p) <= 0) return x.i;
+      return nucleus.at(-1)!.i;
+    };
+    const gen = seeded('logits');
+    for (let trial = 0; trial < 300; trial++) {
+      // Rounded logits: ties are common, and must break the same way.
+      const l = Float32Array.from({ length: 50 + (trial % 7) * 100 }, () => Math.round(gen() * 8 - 4));
+      const [t, p] = [[1, 1], [0.5, 0.95], [1.3, 0.8]][trial % 3]!;
+      expect(sampleToken(l, t!, p!, seeded('draw', trial))).toBe(plain(l, t!, p!, seeded('draw', trial)));
+    }
+  });
   it('draws every token at top-p 1, more often the likelier ones', () => {
     const rand = seeded('full');
     const counts = [0, 0, 0, 0];
