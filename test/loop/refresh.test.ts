@@ -66,7 +66,7 @@ refresh:
   buffer: { size: 24 }
   dpo: { max_steps: 6, checkpoint_every: 1 }
   dapo: { enabled: true, mode: feedback, steps: 1, tasks_per_step: 1, group_size: 2, max_generation_batches: 1, simulator: { max_tokens: 16, max_turns: 3 } }
-  eval: { tasks: 4, k: 1, max_tokens: 16, max_turns: 3 }
+  eval: { tasks: 6, k: 1, max_tokens: 16, max_turns: 3 }
   rollback: { min_sessions: 4 }
   days: { tasks: 2, trials: 2, concurrency: 4 }
 `,
@@ -85,7 +85,7 @@ refresh:
     expect(registry().aliases()).toEqual({ production: 'v0001', candidate: null });
     const rejected = registry().history().at(-1)!;
     expect(rejected).toMatchObject({ event: 'rejected', version: 'v0002' });
-    expect((rejected as { reason: string }).reason).toMatch(/^night 1: not better with confidence .*success \d\.\d{3} vs \d\.\d{3} on 4 paired episodes .*sign test p = /);
+    expect((rejected as { reason: string }).reason).toMatch(/^night 1: not better with confidence .*success \d\.\d{3} vs \d\.\d{3} on 6 paired episodes .*sign test p = /);
     expect(registry().version('v0002')).toMatchObject({ parent: 'v0001', source: { stage: 'refresh', night: 1, new_pairs: expect.any(Number) } });
     const report = JSON.parse(readFileSync(join(workdir, 'refresh', 'nights', '0001', 'report.json'), 'utf8'));
     expect(report).toMatchObject({ night: 1, decision: 'rejected', production_before: 'v0001', production_after: 'v0001', candidate: 'v0002' });
@@ -123,18 +123,40 @@ refresh:
     expect(JSON.parse(readFileSync(join(workdir, 'refresh', 'nights', '0003', 'report.json'), 'utf8')).candidate).toBe('v0003');
   });
 
-  it('rolls production back to the previous weights, byte for byte, when its live success falls below 0.95 × its baseline', async () => {
-    const weights = readFileSync(join(registry().folder('v0001'), 'model', 'model.safetensors'));
-    registry().promote('v0003', 'by hand, for the test');
-    // Traffic: v0001 served sessions that succeeded, then v0003 served ones that failed.
-    await toInbox('traffic-v0001.jsonl', { offset: 22_000, tasks: 2, agent: 'oracle' }, (s) => ({ ...s, session_id: `live:${s.session_id}`, model: 'v0001' }));
-    await toInbox('traffic-v0003.jsonl', { offset: 22_100, tasks: 2, agent: 'random' }, (s) => ({ ...s, session_id: `live:${s.session_id}`, model: 'v0003' }));
+  it('promotes a candidate whose paired episodes are better, and production then holds its weights (the episodes planted: a tiny model succeeds at nothing)', async () => {
+    await toInbox('better.jsonl', { offset: 23_000, tasks: 6 });
+    const night = join(workdir, 'refresh', 'nights', '0004');
+    const trained = join(night, 'candidate-dapo', 'model', 'model.safetensors');
+    // The night is stopped once its candidate is trained, before it is evaluated...
+    const child = prefabAsync(['--workdir', workdir, '--config', config, 'refresh']);
+    const exited = new Promise((resolve) => child.on('exit', resolve));
+    while (!existsSync(trained) && child.exitCode === null) await new Promise((resolve) => setTimeout(resolve, 10));
+    child.kill('SIGKILL');
+    await exited;
+    expect(existsSync(join(night, 'report.json'))).toBe(false);
+    // ...and its paired episodes are written as the candidate succeeding where production failed, as a much better model would.
+    const world = generateWorld({ ...DEFAULT_WORLD });
+    const episode = (t: number, success: number) => ({ task: generateTask(world, 'val', t).task_id, trial: 0, success, reward: success, turns: 4, calls: 3, calls_ok: 3, company_found: 1, sensitive_asked: 0 });
+    writeFileSync(join(night, 'eval.json'), JSON.stringify({ production: [0, 1, 2, 3, 4, 5].map((t) => episode(t, 0)), candidate: [0, 1, 2, 3, 4, 5].map((t) => episode(t, 1)) }));
     const r = refresh();
     expect(r.code, r.stderr).toBe(0);
-    expect(r.stdout).toMatch(/production v0003, rolled back to v0001/);
+    expect(r.stdout).toMatch(/decision: promoted: better with confidence: success 1\.000 vs 0\.000 on 6 paired episodes \(6 better, 0 worse, sign test p = 0\.0156/);
+    expect(registry().aliases().production).toBe('v0004');
+    expect(registry().history().at(-1)).toMatchObject({ event: 'promoted', version: 'v0004', from: 'v0001' });
+    expect(readFileSync(join(registry().folder('v0004'), 'model', 'model.safetensors')).equals(readFileSync(trained))).toBe(true);
+  });
+
+  it('rolls production back to the previous weights, byte for byte, when its live success falls below 0.95 × its baseline', async () => {
+    const weights = readFileSync(join(registry().folder('v0001'), 'model', 'model.safetensors'));
+    // Traffic: v0001 served sessions that succeeded, then v0004, promoted over it, served ones that failed.
+    await toInbox('traffic-v0001.jsonl', { offset: 22_000, tasks: 2, agent: 'oracle' }, (s) => ({ ...s, session_id: `live:${s.session_id}`, model: 'v0001' }));
+    await toInbox('traffic-v0004.jsonl', { offset: 22_100, tasks: 2, agent: 'random' }, (s) => ({ ...s, session_id: `live:${s.session_id}`, model: 'v0004' }));
+    const r = refresh();
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/production v0004, rolled back to v0001/);
     const rollback = registry().history().find((e) => e.event === 'rolled_back')!;
-    expect(rollback).toMatchObject({ version: 'v0001', from: 'v0003' });
-    expect((rollback as { reason: string }).reason).toMatch(/^night \d+: live success \d\.\d{3} over 8 sessions fell below 0\.95 × v0001's \d\.\d{3}/);
+    expect(rollback).toMatchObject({ version: 'v0001', from: 'v0004' });
+    expect((rollback as { reason: string }).reason).toMatch(/^night 5: live success \d\.\d{3} over 8 sessions fell below 0\.95 × v0001's \d\.\d{3}/);
     expect(registry().aliases().production).toBe('v0001');
     expect(readFileSync(join(registry().folder(registry().aliases().production!), 'model', 'model.safetensors')).equals(weights)).toBe(true);
   });
