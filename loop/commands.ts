@@ -8,7 +8,7 @@ import type { Logger } from '../pipeline/log.ts';
 import { readJsonFile } from '../pipeline/workspace.ts';
 import { useBackend, type BackendChoice } from '../train/backend.ts';
 import { Registry, type VersionInfo } from './registry.ts';
-import { SERVE_DEFAULTS, loadCatalog, parseSplit, startServer, type Arm } from './serve.ts';
+import { SERVE_DEFAULTS, followAliases, loadCatalog, parseSplit, startServer, type Arm } from './serve.ts';
 import { formatDays, simulatedDays } from './days.ts';
 import { formatNight, refreshConfig, refreshNight, type RefreshConfig } from './refresh.ts';
 
@@ -107,7 +107,8 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
     .option('--max-queue <n>', 'requests waiting beyond those, per version (one more is answered 429)', count, SERVE_DEFAULTS.maxQueue)
     .option('--max-tokens <n>', 'tokens in a reply when the request does not say, and the most it may ask for', count, SERVE_DEFAULTS.maxTokens)
     .option('--max-body-bytes <n>', 'largest request body (413 past it)', count, SERVE_DEFAULTS.maxBodyBytes)
-    .action(async (opts: { model: string; split?: Arm[]; host: string; port: number; maxBatch: number; maxQueue: number; maxTokens: number; maxBodyBytes: number }) => {
+    .option('--follow-ms <n>', 'how often the registry is read for promotions and rollbacks, which move production and candidate (0: never)', count, 5000)
+    .action(async (opts: { model: string; split?: Arm[]; host: string; port: number; maxBatch: number; maxQueue: number; maxTokens: number; maxBodyBytes: number; followMs: number }) => {
       const log = ctx.logger();
       await useBackend((program.opts<{ backend?: BackendChoice }>().backend ?? 'auto') as BackendChoice);
       const registry = registryOf(program);
@@ -117,10 +118,21 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
       const running = await startServer(catalog, settings, log);
       const served = names.map((n) => `${n} = ${catalog.get(n)!.version}`).join(', ');
       process.stdout.write(`serving ${served} at ${running.url}${settings.split ? ` (split: ${settings.split.map((a) => `${a.name} ${a.share}`).join(', ')})` : ''}${settings.apiKey ? ' (API key required)' : ''}\n`);
+      // A promotion or rollback made while serving (a nightly refresh) moves the aliases.
+      const follow = opts.followMs
+        ? setInterval(() => {
+            try {
+              for (const move of followAliases(catalog, registry, settings)) log.info(`now serving ${move}`);
+            } catch (error) {
+              log.warn('could not follow the registry', { error: (error as Error).message });
+            }
+          }, opts.followMs)
+        : null;
       const signal = await new Promise<NodeJS.Signals>((resolve) => {
         process.once('SIGTERM', () => resolve('SIGTERM'));
         process.once('SIGINT', () => resolve('SIGINT'));
       });
+      if (follow) clearInterval(follow);
       log.info('shutting down: no new requests, those in flight finish', { signal });
       await running.close();
       for (const m of new Set(catalog.values())) log.info('served', { version: m.version, generated_tokens: m.generated });

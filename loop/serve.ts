@@ -284,6 +284,26 @@ export function loadCatalog(registry: Registry, names: string[], settings: Pick<
   return catalog;
 }
 
+/**
+ * Points the catalog's aliases where the registry now says (a promotion or a rollback made while serving):
+ * the new version is loaded, and later requests for the alias go to it; requests in flight finish on the
+ * version they started on, which stays served under its id. Returns the moves, e.g. `production: v0003 → v0004`.
+ */
+export function followAliases(catalog: Catalog, registry: Registry, settings: Pick<ServeSettings, 'maxBatch' | 'maxQueue'>): string[] {
+  const aliases = registry.aliases();
+  const moves: string[] = [];
+  for (const alias of ['production', 'candidate'] as const) {
+    const served = catalog.get(alias);
+    const id = aliases[alias];
+    if (!served || !id || served.version === id) continue;
+    const next = catalog.get(id) ?? new ServedModel(id, join(registry.folder(id), 'model'), settings);
+    catalog.set(alias, next);
+    catalog.set(id, next);
+    moves.push(`${alias}: ${served.version} → ${id}`);
+  }
+  return moves;
+}
+
 export interface RunningServer {
   url: string;
   server: Server;
@@ -426,6 +446,10 @@ export async function startServer(catalog: Catalog, settings: ServeSettings, log
     res.end();
   }
 
+  // Idle connections are kept longer than clients keep them (undici: the server's timeout less a second), so a
+  // client never reuses one the server is closing.
+  server.keepAliveTimeout = 65_000;
+  server.headersTimeout = 66_000;
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
     server.listen(settings.port, settings.host, () => resolve());

@@ -52,7 +52,7 @@ beforeAll(async () => {
   registry.register(await servedModelFolder(tempDir(), 'first', 1024), { source: { stage: 'dpo' }, config: {}, eval: null });
   registry.register(await servedModelFolder(tempDir(), 'second', 1024), { source: { stage: 'refresh' }, config: {}, eval: null });
   process.env.PREFAB_SERVE_API_KEY = KEY;
-  const started = await serve(['--split', 'production=0.5,candidate=0.5', '--max-batch', '8', '--max-queue', '8', '--max-tokens', '48', '--max-body-bytes', '200000']);
+  const started = await serve(['--split', 'production=0.5,candidate=0.5', '--max-batch', '8', '--max-queue', '8', '--max-tokens', '48', '--max-body-bytes', '200000', '--follow-ms', '100']);
   delete process.env.PREFAB_SERVE_API_KEY;
   server = started.child;
   url = started.url;
@@ -164,6 +164,15 @@ describe('prefab serve', () => {
     const refused = prefab(['simulate', '--agent', url, '--tasks', '1', '--trials', '1', '--out', join(tempDir(), 'x.jsonl')]);
     expect(refused.code).not.toBe(0);
     expect(refused.stderr).toMatch(/the agent at http:\/\/127\.0\.0\.1:\d+\/v1 \(model production\) failed: 401/);
+  });
+
+  it('follows a promotion made while it serves: production moves to the promoted version', async () => {
+    new Registry(join(workdir, 'registry')).promote('v0002', 'promoted while serving');
+    const answeredBy = async () => (await post({ model: 'production', messages: conversation('Ana'), max_tokens: 2 })).headers.get('x-prefab-version');
+    const deadline = Date.now() + 10_000;
+    while ((await answeredBy()) !== 'v0002' && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 100));
+    for (const who of ['Ana', 'Bo', 'Cy', 'Di']) expect((await post({ model: 'production', messages: conversation(who), max_tokens: 2 })).headers.get('x-prefab-version')).toBe('v0002');
+    expect(stderr).toMatch(/now serving production: v0001 → v0002/);
   });
 
   it('finishes the request in flight on SIGTERM, then exits 0', async () => {
