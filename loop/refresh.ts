@@ -118,6 +118,8 @@ export interface NightReport {
   production: string;
   production_after: string;
   rollback: { rolled_back: boolean; live: Live | null; baseline: Live | null; reason: string };
+  /** Every version's live success on the traffic it served (the arms of an A/B split side by side). */
+  live: Live[];
   data: { sessions: number | null; new_sessions: number | null; pairs: number; new_pairs: number; buffer: { new: number; old: number } };
   candidate: string | null;
   training: Record<string, number>;
@@ -190,6 +192,7 @@ interface NightState {
   started_at: string;
   production_before: string;
   rollback?: NightReport['rollback'];
+  live?: Live[];
   /** The production the candidate is trained from and compared with (after any rollback). */
   production?: string;
   data?: NightReport['data'];
@@ -237,7 +240,9 @@ export async function refreshNight(engine: Engine, cfg: RefreshConfig, signal: A
 
   // 1. Live traffic, and the rollback rule. A rollback this night already made (killed before it was written down) is not made twice.
   if (!state.rollback) {
-    const check = rollbackCheck(registry, await liveFigures(inboxFiles(inbox), cfg.rollback.success_reward), cfg.rollback);
+    const live = await liveFigures(inboxFiles(inbox), cfg.rollback.success_reward);
+    state.live = [...live.values()].filter((l) => registry.history().some((e) => e.event === 'registered' && e.version === l.version));
+    const check = rollbackCheck(registry, live, cfg.rollback);
     const done = registry.history().findLast((e) => e.event === 'rolled_back');
     if (check.rollback && !(done && 'reason' in done && done.reason.startsWith(`${tag}:`))) {
       const e = registry.rollback(`${tag}: ${check.reason}`);
@@ -271,8 +276,8 @@ export async function refreshNight(engine: Engine, cfg: RefreshConfig, signal: A
   }
   state.data ??= { sessions: ingest?.counts.sessions ?? null, new_sessions: ingest?.action === 'ran' ? (ingest.counts.new_sessions ?? null) : 0, pairs: pairs.length, new_pairs: fresh.length, buffer: { new: buffer.fresh, old: buffer.old } };
   await save();
-  const report = (r: Omit<NightReport, 'night' | 'started_at' | 'finished_at' | 'production_before' | 'production' | 'rollback' | 'data'>) =>
-    finish(dir, root, { night, started_at: state.started_at, finished_at: new Date().toISOString(), production_before: state.production_before, production, rollback: state.rollback!, data: state.data!, ...r }, fresh.map((p) => p.pair_id));
+  const report = (r: Omit<NightReport, 'night' | 'started_at' | 'finished_at' | 'production_before' | 'production' | 'rollback' | 'live' | 'data'>) =>
+    finish(dir, root, { night, started_at: state.started_at, finished_at: new Date().toISOString(), production_before: state.production_before, production, rollback: state.rollback!, live: state.live ?? [], data: state.data!, ...r }, fresh.map((p) => p.pair_id));
   if (buffer.fresh === 0) return report({ production_after: production, candidate: null, training: {}, comparison: null, decision: 'nothing to train on', reason: 'no new pairs tonight: production stays' });
 
   // 4. The candidate: DPO from production, then DAPO when configured.
@@ -374,6 +379,7 @@ export function formatNight(r: NightReport, traffic?: Live | null): string {
     `night ${r.night}: production ${r.production_before}${r.rollback.rolled_back ? `, rolled back to ${r.production}` : ''}` +
       (traffic ? `, live success ${f(traffic.success)} on ${traffic.sessions} sessions` : ''),
     `  rollback check: ${r.rollback.reason}`,
+    ...(r.live.length ? [`  live traffic: ${r.live.map((l) => `${l.version} ${f(l.success)} on ${l.sessions} sessions`).join(', ')}`] : []),
     `  data: ${r.data.new_sessions ?? '?'} new sessions, ${r.data.new_pairs} new pairs of ${r.data.pairs}; buffer ${r.data.buffer.new} new + ${r.data.buffer.old} older`,
   ];
   if (r.candidate && c) lines.push(`  candidate ${r.candidate}: success ${f(c.success.candidate)} vs ${f(c.success.production)}, difference ${f(c.success.difference)} [${f(c.success.interval[0])}, ${f(c.success.interval[1])}], p = ${c.success.p.toPrecision(3)}`);

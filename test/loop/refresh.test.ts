@@ -154,6 +154,7 @@ refresh:
     const r = refresh();
     expect(r.code, r.stderr).toBe(0);
     expect(r.stdout).toMatch(/production v0004, rolled back to v0001/);
+    expect(r.stdout).toMatch(/live traffic: v0001 1\.000 on 8 sessions, v0004 \d\.\d{3} on 8 sessions/);
     const rollback = registry().history().find((e) => e.event === 'rolled_back')!;
     expect(rollback).toMatchObject({ version: 'v0001', from: 'v0004' });
     expect((rollback as { reason: string }).reason).toMatch(/^night 5: live success \d\.\d{3} over 8 sessions fell below 0\.95 × v0001's \d\.\d{3}/);
