@@ -348,6 +348,12 @@ export async function startServer(catalog: Catalog, settings: ServeSettings, log
   const inFlight = new Set<Promise<void>>();
   const server = createServer((req, res) => {
     const task = handle(req, res).catch((error: unknown) => {
+      if (res.headersSent) {
+        // A stream already begun: end it (the client sees no [DONE]).
+        log.error('request failed while streaming', { error: (error as Error).message });
+        if (!res.writableEnded) res.end();
+        return;
+      }
       if (error instanceof ApiError) return sendError(res, error);
       log.error('request failed', { error: (error as Error).message });
       sendError(res, new ApiError(500, 'server_error', `the server failed on this request: ${(error as Error).message}`));
@@ -404,11 +410,13 @@ export async function startServer(catalog: Catalog, settings: ServeSettings, log
     const stream = request.stream === true;
     let sent = '';
     let chain = Promise.resolve();
+    /** A stream's event, unless the client has gone. */
+    const emit = (text: string) => void (!res.destroyed && !res.writableEnded && res.write(text));
     const chunk = (delta: Record<string, unknown>, finish: string | null = null) =>
       `data: ${JSON.stringify({ id, object: 'chat.completion.chunk', created, model: served.version, system_fingerprint: served.version, choices: [{ index: 0, delta, finish_reason: finish, logprobs: null }] })}\n\n`;
     if (stream) {
       res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', ...headers });
-      res.write(chunk({ role: 'assistant', content: '' }));
+      emit(chunk({ role: 'assistant', content: '' }));
     }
     // Streaming: the reply's text so far (values put back) goes out as it grows; calls come whole at the end.
     const onToken = stream
@@ -418,7 +426,7 @@ export async function startServer(catalog: Catalog, settings: ServeSettings, log
             const partial = prompt.restore(await served.chat.parseAssistant(ids, firstCall));
             const content = partial.content ?? '';
             if (!partial.tool_calls?.length && content.startsWith(sent) && content.length > sent.length) {
-              res.write(chunk({ content: content.slice(sent.length) }));
+              emit(chunk({ content: content.slice(sent.length) }));
               sent = content;
             }
           });
@@ -439,11 +447,11 @@ export async function startServer(catalog: Catalog, settings: ServeSettings, log
       return;
     }
     const rest = (reply.content ?? '').startsWith(sent) ? (reply.content ?? '').slice(sent.length) : '';
-    if (rest) res.write(chunk({ content: rest }));
-    if (reply.tool_calls?.length) res.write(chunk({ tool_calls: reply.tool_calls.map((c, index) => ({ index, ...c })) }));
-    res.write(chunk({}, finish));
-    res.write(`data: [DONE]\n\n`);
-    res.end();
+    if (rest) emit(chunk({ content: rest }));
+    if (reply.tool_calls?.length) emit(chunk({ tool_calls: reply.tool_calls.map((c, index) => ({ index, ...c })) }));
+    emit(chunk({}, finish));
+    emit(`data: [DONE]\n\n`);
+    if (!res.writableEnded) res.end();
   }
 
   // Idle connections are kept longer than clients keep them (undici: the server's timeout less a second), so a

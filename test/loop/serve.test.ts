@@ -111,6 +111,12 @@ describe('prefab serve', () => {
     expect(chunks.every((c) => c.model === 'v0002')).toBe(true);
     expect(['stop', 'length', 'tool_calls']).toContain(chunks.at(-1)!.choices[0]!.finish_reason);
     expect(chunks.slice(0, -1).every((c) => c.choices[0]!.finish_reason === null)).toBe(true);
+    // A client that goes away mid-stream costs the server nothing but its request.
+    const abort = new AbortController();
+    const gone = await fetch(`${url}/chat/completions`, { method: 'POST', headers: auth, body: JSON.stringify({ model: 'candidate', messages: conversation('Hal'), max_tokens: 48, ignore_eos: true, stream: true }), signal: abort.signal });
+    await gone.body!.getReader().read();
+    abort.abort();
+    expect((await post({ model: 'candidate', messages: conversation('Ivy'), max_tokens: 4 })).status).toBe(200);
   });
 
   it('answers malformed, oversized, unauthorised and unknown requests with OpenAI-shaped errors, and stays up', async () => {
