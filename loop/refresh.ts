@@ -13,7 +13,7 @@
 import { existsSync, mkdirSync, readFileSync, readdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { z } from 'zod';
-import type { Engine } from '../pipeline/engine.ts';
+import type { Engine, Manifest } from '../pipeline/engine.ts';
 import { PipelineError } from '../pipeline/errors.ts';
 import { hashJson } from '../pipeline/hash.ts';
 import { readJsonl } from '../pipeline/jsonl.ts';
@@ -316,7 +316,7 @@ export async function refreshNight(engine: Engine, cfg: RefreshConfig, signal: A
   // 6. The decision, in the registry: the candidate a version whatever happens, then promoted or rejected, each once.
   const candidate =
     registry.versions().find((v) => v.source.night === night && v.source.run === 'prefab refresh')?.id ??
-    registry.register(candidateFolder, { source: { stage: 'refresh', run: 'prefab refresh', night, parent: production, sessions: state.data.sessions, new_sessions: state.data.new_sessions, pairs: pairs.length, new_pairs: fresh.length, buffer: state.data.buffer }, config: { refresh: cfg }, eval: { paired: comparison } });
+    registry.register(candidateFolder, { source: { stage: 'refresh', run: 'prefab refresh', night, parent: production, fingerprints: await dataFingerprints(engine), chain: cfg.dapo.enabled ? 'dpo, dapo' : 'dpo', sessions: state.data.sessions, new_sessions: state.data.new_sessions, pairs: pairs.length, new_pairs: fresh.length, buffer: state.data.buffer }, config: { refresh: cfg }, eval: { paired: comparison } });
   const decided = registry.history().find((e) => (e.event === 'promoted' || e.event === 'rejected') && e.version === candidate && 'reason' in e && e.reason.startsWith(`${tag}:`));
   if (!decided && registry.aliases().production !== candidate) {
     if (comparison.promote) registry.promote(candidate, `${tag}: ${comparison.reason}`);
@@ -325,6 +325,17 @@ export async function refreshNight(engine: Engine, cfg: RefreshConfig, signal: A
   const promoted = registry.aliases().production === candidate;
   log.info(promoted ? `${candidate} promoted` : `${candidate} not promoted: ${production} stays`, { reason: comparison.reason });
   return report({ production_after: registry.aliases().production!, candidate, training, comparison, decision: promoted ? 'promoted' : 'rejected', reason: comparison.reason });
+}
+
+/** The data stages' fingerprints (what the candidate's pairs were made from), by stage. */
+async function dataFingerprints(engine: Engine): Promise<Record<string, string>> {
+  const out: Record<string, string> = {};
+  for (const stage of engine.stages) {
+    const m = await readJsonFile<Manifest>(engine.ws.manifestPath(stage.name));
+    if (m) out[stage.name] = m.fingerprint;
+    if (stage.name === 'export') break;
+  }
+  return out;
 }
 
 /** The candidate: `pairs` trained from production's folder (its reference too), into `out/model`. */

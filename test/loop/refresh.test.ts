@@ -86,7 +86,7 @@ refresh:
     const rejected = registry().history().at(-1)!;
     expect(rejected).toMatchObject({ event: 'rejected', version: 'v0002' });
     expect((rejected as { reason: string }).reason).toMatch(/^night 1: not better with confidence .*success \d\.\d{3} vs \d\.\d{3} on 6 paired episodes .*sign test p = /);
-    expect(registry().version('v0002')).toMatchObject({ parent: 'v0001', source: { stage: 'refresh', night: 1, new_pairs: expect.any(Number) } });
+    expect(registry().version('v0002')).toMatchObject({ parent: 'v0001', source: { stage: 'refresh', night: 1, chain: 'dpo, dapo', new_pairs: expect.any(Number), fingerprints: { export: JSON.parse(readFileSync(join(workdir, 'export', 'manifest.json'), 'utf8')).fingerprint } } });
     const report = JSON.parse(readFileSync(join(workdir, 'refresh', 'nights', '0001', 'report.json'), 'utf8'));
     expect(report).toMatchObject({ night: 1, decision: 'rejected', production_before: 'v0001', production_after: 'v0001', candidate: 'v0002' });
     expect(report.data.new_sessions).toBe(24);
