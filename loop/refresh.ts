@@ -205,7 +205,7 @@ const refreshDir = (engine: Engine) => join(engine.ws.root, 'refresh');
 export function inboxOf(engine: Engine, cfg: RefreshConfig): string {
   const inbox = resolve(engine.configDir, cfg.inbox);
   const inputs = ((engine.config.ingest as { inputs?: string[] } | undefined)?.inputs ?? []).map((i) => resolve(engine.configDir, i));
-  if (!inputs.includes(inbox)) throw new PipelineError(`refresh.inbox ${inbox} is not among ingest.inputs (${inputs.join(', ') || 'none'}): the night would not read its sessions. Add it to ingest.inputs in the config.`);
+  if (!inputs.includes(inbox)) throw new PipelineError(`refresh.inbox ${inbox} is not among ingest.inputs (${inputs.join(', ') || 'none'}): the night would not read its sessions. Pass the loop's config (--config configs/refresh.yaml), or add the inbox to ingest.inputs in yours.`);
   return inbox;
 }
 
