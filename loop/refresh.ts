@@ -219,12 +219,12 @@ export function unfinishedNight(engine: Engine): boolean {
 /** Runs one night (resuming the last one if it did not finish). */
 export async function refreshNight(engine: Engine, cfg: RefreshConfig, signal: AbortSignal, log: Logger): Promise<NightReport> {
   const registry = new Registry(join(engine.ws.root, 'registry'));
+  const inbox = inboxOf(engine, cfg);
+  const start = registry.aliases().production;
+  if (!start) throw new PipelineError(`no production model in ${registry.dir}: run \`prefab run\` first (its model becomes production)`);
   const root = refreshDir(engine);
   const nightsDir = join(root, 'nights');
   mkdirSync(nightsDir, { recursive: true });
-  const inbox = inboxOf(engine, cfg);
-  const start = registry.aliases().production;
-  if (!start) throw new PipelineError(`no production model in ${registry.dir}: run \`prefab run\` first (its model becomes production), or \`prefab models promote\` one`);
 
   const numbers = readdirSync(nightsDir).filter((f) => /^\d{4}$/.test(f)).map(Number).sort((a, b) => a - b);
   const last = numbers.at(-1);
