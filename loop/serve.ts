@@ -146,7 +146,7 @@ class ServedModel {
   private active: Job[] = [];
   private running = false;
   private readonly constraints = new Map<string, Promise<ToolCallConstraint | null>>();
-  /** Tokens generated, for the log and the bench. */
+  /** Tokens generated, for the log at shutdown. */
   generated = 0;
 
   constructor(
@@ -159,11 +159,6 @@ class ServedModel {
     this.context = checkpoint.context;
     this.placeholders = checkpoint.placeholders;
     this.weights = new DecodeWeights(checkpoint.model);
-  }
-
-  /** Requests queued or being decoded. */
-  get load(): number {
-    return this.waiting.length + this.active.length;
   }
 
   constraint(tools: readonly ToolSchema[]): Promise<ToolCallConstraint | null> {
