@@ -137,6 +137,11 @@ const agentName = (v: string) => {
   if (/^https?:\/\//.test(v) || (AGENTS as readonly string[]).includes(v) || v === 'mix') return v;
   throw new InvalidArgumentError(`expected one of ${AGENTS.join(', ')}, mix, or an endpoint's URL (http://…/v1)`);
 };
+const temperatureOf = (v: string) => {
+  const n = Number(v);
+  if (!(n >= 0 && n <= 2)) throw new InvalidArgumentError('expected a number in [0, 2]');
+  return n;
+};
 const day = (v: string) => {
   if (!/^\d{4}-\d{2}-\d{2}$/.test(v) || Number.isNaN(Date.parse(`${v}T00:00:00Z`))) throw new InvalidArgumentError('expected a day, YYYY-MM-DD');
   return v;
@@ -161,7 +166,7 @@ export function addSimulateCommands(program: Command, ctx: CommandContext): void
     .option('--agent <name|url>', `which scripted agent (${AGENTS.join(', ')}), their mix (about 70% success), or the base URL of an OpenAI-compatible endpoint (e.g. \`prefab serve\`'s http://127.0.0.1:8000/v1)`, agentName, 'mix')
     .option('--model <name>', 'with --agent URL: the model asked for', 'production')
     .option('--api-key-env <var>', 'with --agent URL: the environment variable holding its API key', 'PREFAB_SERVE_API_KEY')
-    .option('--temperature <t>', "with --agent URL: the model's sampling temperature", probability, 0.5)
+    .option('--temperature <t>', "with --agent URL: the model's sampling temperature (0 to 2)", temperatureOf, 0.5)
     .option('--max-tokens <n>', 'with --agent URL: most tokens in one assistant message', positiveInt, 160)
     .option('--max-turns <n>', 'with --agent URL: most assistant messages in one episode', positiveInt, 12)
     .option('--concurrency <n>', 'with --agent URL: episodes played at once', positiveInt, 8)
