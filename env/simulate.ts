@@ -7,7 +7,7 @@ import { once } from 'node:events';
 import { createGzip } from 'node:zlib';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import pLimit from 'p-limit';
-import type { CommandContext } from '../pipeline/commands.ts';
+import { wholeNumber, type CommandContext } from '../pipeline/commands.ts';
 import { UsageError } from '../pipeline/errors.ts';
 import { readJsonl } from '../pipeline/jsonl.ts';
 import type { Session } from '../core/records.ts';
@@ -146,11 +146,6 @@ const day = (v: string) => {
   if (!/^\d{4}-\d{2}-\d{2}$/.test(v) || Number.isNaN(Date.parse(`${v}T00:00:00Z`))) throw new InvalidArgumentError('expected a day, YYYY-MM-DD');
   return v;
 };
-const positiveInt = (v: string) => {
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError('expected a whole number');
-  return n;
-};
 const probability = (v: string) => {
   const n = Number(v);
   if (!(n >= 0 && n <= 1)) throw new InvalidArgumentError('expected a number in [0, 1]');
@@ -161,21 +156,21 @@ export function addSimulateCommands(program: Command, ctx: CommandContext): void
   program
     .command('simulate')
     .description('generate logged sessions of scripted agents in the customer-service world (deterministic per seed)')
-    .option('--tasks <n>', 'number of tasks', positiveInt, 100)
-    .option('--trials <k>', 'attempts per task (several, so groups exist for pairing)', positiveInt, 4)
+    .option('--tasks <n>', 'number of tasks', wholeNumber, 100)
+    .option('--trials <k>', 'attempts per task (several, so groups exist for pairing)', wholeNumber, 4)
     .option('--agent <name|url>', `which scripted agent (${AGENTS.join(', ')}), their mix (about 70% success), or the base URL of an OpenAI-compatible endpoint (e.g. \`prefab serve\`'s http://127.0.0.1:8000/v1)`, agentName, 'mix')
     .option('--model <name>', 'with --agent URL: the model asked for', 'production')
     .option('--api-key-env <var>', 'with --agent URL: the environment variable holding its API key', 'PREFAB_SERVE_API_KEY')
     .option('--temperature <t>', "with --agent URL: the model's sampling temperature (0 to 2)", temperatureOf, 0.5)
-    .option('--max-tokens <n>', 'with --agent URL: most tokens in one assistant message', positiveInt, 160)
-    .option('--max-turns <n>', 'with --agent URL: most assistant messages in one episode', positiveInt, 12)
-    .option('--concurrency <n>', 'with --agent URL: episodes played at once', positiveInt, 8)
+    .option('--max-tokens <n>', 'with --agent URL: most tokens in one assistant message', wholeNumber, 160)
+    .option('--max-turns <n>', 'with --agent URL: most assistant messages in one episode', wholeNumber, 12)
+    .option('--concurrency <n>', 'with --agent URL: episodes played at once', wholeNumber, 8)
     .option('--date <day>', 'the day the sessions are dated from, one a minute (YYYY-MM-DD)', day, EPOCH)
     .option('--noise <p>', 'the noisy agent: chance of dropping each needed field', probability, 0.3)
     .addOption(new Option('--split <split>', 'train tasks, or validation tasks on companies never seen in training').choices(['train', 'val']).default('train'))
-    .option('--seed <s>', 'world and episode seed', positiveInt, 1)
-    .option('--companies <n>', 'companies in the world', positiveInt, DEFAULT_WORLD.companies)
-    .option('--offset <i>', 'index of the first task', positiveInt, 0)
+    .option('--seed <s>', 'world and episode seed', wholeNumber, 1)
+    .option('--companies <n>', 'companies in the world', wholeNumber, DEFAULT_WORLD.companies)
+    .option('--offset <i>', 'index of the first task', wholeNumber, 0)
     .option('--out <file>', 'write sessions as JSONL (.gz to compress)')
     .option('--stats', 'print success by agent and by difficulty, and mean turns')
     .action(async (given: Omit<SimulateOptions, 'agent'> & { agent: string; model: string; apiKeyEnv: string; temperature: number; maxTokens: number; maxTurns: number; concurrency: number; out?: string; stats?: boolean }) => {

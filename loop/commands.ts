@@ -2,7 +2,7 @@
 // and rollback is a line of the registry's history, with who asked and why.
 import { InvalidArgumentError, type Command } from 'commander';
 import { join } from 'node:path';
-import type { CommandContext } from '../pipeline/commands.ts';
+import { wholeNumber, type CommandContext } from '../pipeline/commands.ts';
 import type { Engine, Manifest } from '../pipeline/engine.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { readJsonFile } from '../pipeline/workspace.ts';
@@ -69,7 +69,7 @@ export function addRegistryCommands(program: Command, ctx: CommandContext): void
     .option('--reason <text>', 'why, for the history', 'promoted by hand')
     .description('make a version production (recorded in the history)')
     .action((id: string, opts: { reason: string }) => {
-      const e = registryOf(program).promote(id, opts.reason);
+      const e = registryOf(program).promote(id, opts.reason, 'prefab models promote');
       process.stdout.write(`${e.version} is production (was ${'from' in e ? (e.from ?? 'none') : 'none'})\n`);
     });
   models
@@ -77,16 +77,11 @@ export function addRegistryCommands(program: Command, ctx: CommandContext): void
     .option('--reason <text>', 'why, for the history', 'rolled back by hand')
     .description('put back the production before the current one (recorded in the history)')
     .action((opts: { reason: string }) => {
-      const e = registryOf(program).rollback(opts.reason);
+      const e = registryOf(program).rollback(opts.reason, 'prefab models rollback');
       process.stdout.write(`${e.version} is production again (was ${'from' in e ? e.from : '?'})\n`);
     });
 }
 
-const count = (v: string) => {
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError('expected a whole number');
-  return n;
-};
 
 /** `prefab serve`: registry versions behind an OpenAI-compatible API until SIGTERM or SIGINT, which let the requests in flight finish. */
 export function addServeCommand(program: Command, ctx: CommandContext): void {
@@ -102,12 +97,12 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
       }
     })
     .option('--host <host>', 'address to listen on', SERVE_DEFAULTS.host)
-    .option('--port <n>', 'port (0: any free one)', count, SERVE_DEFAULTS.port)
-    .option('--max-batch <n>', 'requests decoded together per version', count, SERVE_DEFAULTS.maxBatch)
-    .option('--max-queue <n>', 'requests waiting beyond those, per version (one more is answered 429)', count, SERVE_DEFAULTS.maxQueue)
-    .option('--max-tokens <n>', 'tokens in a reply when the request does not say, and the most it may ask for', count, SERVE_DEFAULTS.maxTokens)
-    .option('--max-body-bytes <n>', 'largest request body (413 past it)', count, SERVE_DEFAULTS.maxBodyBytes)
-    .option('--follow-ms <n>', 'how often the registry is read for promotions and rollbacks, which move production and candidate (0: never)', count, 5000)
+    .option('--port <n>', 'port (0: any free one)', wholeNumber, SERVE_DEFAULTS.port)
+    .option('--max-batch <n>', 'requests decoded together per version', wholeNumber, SERVE_DEFAULTS.maxBatch)
+    .option('--max-queue <n>', 'requests waiting beyond those, per version (one more is answered 429)', wholeNumber, SERVE_DEFAULTS.maxQueue)
+    .option('--max-tokens <n>', 'tokens in a reply when the request does not say, and the most it may ask for', wholeNumber, SERVE_DEFAULTS.maxTokens)
+    .option('--max-body-bytes <n>', 'largest request body (413 past it)', wholeNumber, SERVE_DEFAULTS.maxBodyBytes)
+    .option('--follow-ms <n>', 'how often the registry is read for promotions and rollbacks, which move production and candidate (0: never)', wholeNumber, 5000)
     .action(async (opts: { model: string; split?: Arm[]; host: string; port: number; maxBatch: number; maxQueue: number; maxTokens: number; maxBodyBytes: number; followMs: number }) => {
       const log = ctx.logger();
       await useBackend((program.opts<{ backend?: BackendChoice }>().backend ?? 'auto') as BackendChoice);
@@ -177,7 +172,7 @@ export function addRefreshCommand(program: Command, ctx: CommandContext): void {
   program
     .command('refresh')
     .description("one night of the online loop: take in the inbox's sessions, train a candidate from production, evaluate both on the same tasks and seeds, promote only when better with confidence, roll back a production whose live success fell")
-    .option('--days <n>', "N simulated days end to end: serve production, the simulator's users talk to it, refresh; prints a table", count)
+    .option('--days <n>', "N simulated days end to end: serve production, the simulator's users talk to it, refresh; prints a table", wholeNumber)
     .action(async (opts: { days?: number }) => {
       const log = ctx.logger();
       await useBackend((program.opts<{ backend?: BackendChoice }>().backend ?? 'auto') as BackendChoice);

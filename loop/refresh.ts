@@ -241,11 +241,12 @@ export async function refreshNight(engine: Engine, cfg: RefreshConfig, signal: A
   // 1. Live traffic, and the rollback rule. A rollback this night already made (killed before it was written down) is not made twice.
   if (!state.rollback) {
     const live = await liveFigures(inboxFiles(inbox), cfg.rollback.success_reward);
-    state.live = [...live.values()].filter((l) => registry.history().some((e) => e.event === 'registered' && e.version === l.version));
+    const versions = new Set(registry.history().flatMap((e) => (e.event === 'registered' ? [e.version] : [])));
+    state.live = [...live.values()].filter((l) => versions.has(l.version));
     const check = rollbackCheck(registry, live, cfg.rollback);
-    const done = registry.history().findLast((e) => e.event === 'rolled_back');
-    if (check.rollback && !(done && 'reason' in done && done.reason.startsWith(`${tag}:`))) {
-      const e = registry.rollback(`${tag}: ${check.reason}`);
+    const by = `prefab refresh, ${tag}`;
+    if (check.rollback && registry.decidedBy(by)?.event !== 'rolled_back') {
+      const e = registry.rollback(`${tag}: ${check.reason}`, by);
       log.warn(`rolled back: ${e.version} is production again`, { reason: check.reason });
     }
     state.rollback = { rolled_back: check.rollback, live: check.live, baseline: check.baseline, reason: check.reason };
@@ -317,10 +318,11 @@ export async function refreshNight(engine: Engine, cfg: RefreshConfig, signal: A
   const candidate =
     registry.versions().find((v) => v.source.night === night && v.source.run === 'prefab refresh')?.id ??
     registry.register(candidateFolder, { source: { stage: 'refresh', run: 'prefab refresh', night, parent: production, fingerprints: await dataFingerprints(engine), chain: cfg.dapo.enabled ? 'dpo, dapo' : 'dpo', sessions: state.data.sessions, new_sessions: state.data.new_sessions, pairs: pairs.length, new_pairs: fresh.length, buffer: state.data.buffer }, config: { refresh: cfg }, eval: { paired: comparison } });
-  const decided = registry.history().find((e) => (e.event === 'promoted' || e.event === 'rejected') && e.version === candidate && 'reason' in e && e.reason.startsWith(`${tag}:`));
-  if (!decided && registry.aliases().production !== candidate) {
-    if (comparison.promote) registry.promote(candidate, `${tag}: ${comparison.reason}`);
-    else registry.reject(candidate, `${tag}: ${comparison.reason}`);
+  const by = `prefab refresh, ${tag}`;
+  const decided = registry.decidedBy(by);
+  if (!(decided && decided.event !== 'rolled_back' && decided.version === candidate)) {
+    if (comparison.promote) registry.promote(candidate, `${tag}: ${comparison.reason}`, by);
+    else registry.reject(candidate, `${tag}: ${comparison.reason}`, by);
   }
   const promoted = registry.aliases().production === candidate;
   log.info(promoted ? `${candidate} promoted` : `${candidate} not promoted: ${production} stays`, { reason: comparison.reason });

@@ -24,8 +24,8 @@ export interface VersionInfo {
 export type RegistryEvent =
   | { at: string; event: 'registered'; version: string; parent: string | null }
   | { at: string; event: 'candidate'; version: string }
-  | { at: string; event: 'promoted' | 'rolled_back'; version: string; from: string | null; reason: string }
-  | { at: string; event: 'rejected'; version: string; reason: string };
+  | { at: string; event: 'promoted' | 'rolled_back'; version: string; from: string | null; reason: string; by?: string }
+  | { at: string; event: 'rejected'; version: string; reason: string; by?: string };
 
 export interface Aliases {
   production: string | null;
@@ -58,27 +58,21 @@ export class Registry {
 
   /** The aliases the history gives. */
   aliases(): Aliases {
-    const stack = this.productions();
-    return { production: stack.at(-1) ?? null, candidate: this.candidate() };
+    const { productions, candidate } = this.replay();
+    return { production: productions.at(-1) ?? null, candidate };
   }
 
-  /** The productions in force, oldest first: a promotion stacks one, a rollback takes the top one off. */
-  private productions(events = this.history()): string[] {
-    const stack: string[] = [];
-    for (const e of events) {
-      if (e.event === 'promoted') stack.push(e.version);
-      if (e.event === 'rolled_back') stack.pop();
-    }
-    return stack;
-  }
-
-  private candidate(events = this.history()): string | null {
+  /** The history replayed: the productions in force, oldest first (a promotion stacks one, a rollback takes the top one off), and the candidate. */
+  private replay(): { productions: string[]; candidate: string | null } {
+    const productions: string[] = [];
     let candidate: string | null = null;
-    for (const e of events) {
+    for (const e of this.history()) {
+      if (e.event === 'promoted') productions.push(e.version);
+      if (e.event === 'rolled_back') productions.pop();
       if (e.event === 'candidate') candidate = e.version;
       if ((e.event === 'promoted' || e.event === 'rejected') && candidate === e.version) candidate = null;
     }
-    return candidate;
+    return { productions, candidate };
   }
 
   /** The registered versions, oldest first. */
@@ -124,25 +118,30 @@ export class Registry {
     return id;
   }
 
-  /** Makes `id` production (one history line), saying why. */
-  promote(id: string, reason: string, now = new Date()): RegistryEvent {
+  /** Makes `id` production (one history line), saying why and, when given, who decided (`by`: a command, a refresh night). */
+  promote(id: string, reason: string, by?: string): RegistryEvent {
     this.version(id);
     const { production } = this.aliases();
     if (production === id) throw new PipelineError(`${id} is already production`);
-    return this.append({ at: now.toISOString(), event: 'promoted', version: id, from: production, reason });
+    return this.append({ at: new Date().toISOString(), event: 'promoted', version: id, from: production, reason, ...(by ? { by } : {}) });
+  }
+
+  /** The last decision `by` made (a promotion, rejection or rollback), if any: what a resumed refresh finds instead of deciding twice. */
+  decidedBy(by: string): RegistryEvent | undefined {
+    return this.history().findLast((e) => 'by' in e && e.by === by);
   }
 
   /** Puts back the production before the current one (rolling back twice goes back two promotions). */
-  rollback(reason: string, now = new Date()): RegistryEvent {
-    const stack = this.productions();
+  rollback(reason: string, by?: string): RegistryEvent {
+    const stack = this.replay().productions;
     if (stack.length < 2) throw new PipelineError(`model registry ${this.dir}: nothing to roll back to (production ${stack[0] ?? 'none'} has no predecessor)`);
-    return this.append({ at: now.toISOString(), event: 'rolled_back', version: stack.at(-2)!, from: stack.at(-1)!, reason });
+    return this.append({ at: new Date().toISOString(), event: 'rolled_back', version: stack.at(-2)!, from: stack.at(-1)!, reason, ...(by ? { by } : {}) });
   }
 
   /** Records that the candidate `id` was not promoted, and why; it stops being the candidate. */
-  reject(id: string, reason: string, now = new Date()): RegistryEvent {
+  reject(id: string, reason: string, by?: string): RegistryEvent {
     this.version(id);
-    return this.append({ at: now.toISOString(), event: 'rejected', version: id, reason });
+    return this.append({ at: new Date().toISOString(), event: 'rejected', version: id, reason, ...(by ? { by } : {}) });
   }
 
   /** Appends one decision, durably; a torn last line a kill left is cut off first, so it never swallows this one. */

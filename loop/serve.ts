@@ -192,8 +192,10 @@ class ServedModel {
       return n;
     };
     let best: { cache: KVCache; n: number; idle: boolean } | null = null;
-    for (const cache of this.idle) if (shared(cache) > (best?.n ?? 0)) best = { cache, n: shared(cache), idle: true };
-    for (const job of this.active) if (shared(job.decoding!.cache) > (best?.n ?? 0)) best = { cache: job.decoding!.cache, n: shared(job.decoding!.cache), idle: false };
+    for (const [cache, idle] of [...this.idle.map((c) => [c, true] as const), ...this.active.map((j) => [j.decoding!.cache, false] as const)]) {
+      const n = shared(cache);
+      if (n > (best?.n ?? 0)) best = { cache, n, idle };
+    }
     if (best?.idle) return this.idle.splice(this.idle.indexOf(best.cache), 1)[0]!;
     if (best && best.n >= MIN_FORK) return KVCache.forkOf(best.cache, best.n);
     return new KVCache(this.weights.model, this.weights);

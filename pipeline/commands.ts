@@ -1,5 +1,5 @@
 // What a command the domain adds to the CLI (`simulate`, `serve`, an option such as `--backend`) gets from it.
-import type { Command } from 'commander';
+import { InvalidArgumentError, type Command } from 'commander';
 import type { z } from 'zod';
 import type { Engine } from './engine.ts';
 import type { Logger } from './log.ts';
@@ -19,3 +19,10 @@ export interface CommandContext {
 }
 
 export type CommandFactory = (program: Command, ctx: CommandContext) => void;
+
+/** An option's value as a whole number ≥ 0, or commander's usage error. */
+export function wholeNumber(value: string): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 0) throw new InvalidArgumentError('expected a whole number');
+  return n;
+}

@@ -105,9 +105,10 @@ refresh:
     await toInbox('more.jsonl', { offset: 21_000, tasks: 6 });
     const before = registry().history().length;
     const child = prefabAsync(['--workdir', workdir, '--config', config, '--log-format', 'json', 'refresh']);
-    // Killed once the candidate has a checkpoint: mid-training, after the night's data and buffer are down.
+    // Killed once the candidate has a whole checkpoint (step-N, not the step-N.tmp being written): mid-training,
+    // after the night's data and buffer are down.
     const cache = join(workdir, 'refresh', 'nights', '0003', '.cache');
-    const checkpointed = () => existsSync(cache) && readdirSync(cache).some((f) => f.startsWith('run-') && readdirSync(join(cache, f)).some((c) => c.startsWith('step-')));
+    const checkpointed = () => existsSync(cache) && readdirSync(cache).some((f) => f.startsWith('run-') && readdirSync(join(cache, f)).some((c) => /^step-\d+$/.test(c)));
     const exited = new Promise((resolve) => child.on('exit', resolve));
     while (!checkpointed() && child.exitCode === null) await new Promise((resolve) => setTimeout(resolve, 20));
     child.kill('SIGKILL');
