@@ -435,8 +435,9 @@ export async function startServer(catalog: Catalog, settings: ServeSettings, log
     const out = await job.result;
     await chain;
     const reply = prompt.restore(await served.chat.parseAssistant(out, firstCall));
-    const stopped = out.length > 0 && served.chat.stop.includes(out.at(-1)!);
-    const finish = reply.tool_calls?.length ? 'tool_calls' : stopped ? 'stop' : 'length';
+    const stopped = out.length > 0 && stop.includes(out.at(-1)!);
+    // As OpenAI's API: a reply cut by max_tokens says 'length' even where its text already parses as a call.
+    const finish = !stopped ? 'length' : reply.tool_calls?.length ? 'tool_calls' : 'stop';
     const usage = { prompt_tokens: prompt.ids.length, completion_tokens: out.length, total_tokens: prompt.ids.length + out.length };
     const assistant = { role: 'assistant', content: reply.content ?? null, ...(reply.tool_calls?.length ? { tool_calls: reply.tool_calls } : {}) };
     if (!stream) {
