@@ -4,8 +4,8 @@
 // size, V vocabulary, B sequences stepped together.
 import * as tf from '@tensorflow/tfjs-core';
 import type { Random } from '../core/random.ts';
-import { embed } from './kernels.ts';
-import { repeatKv, rmsNorm, type Llama } from './model.ts';
+import { attentionKernels } from './attention-wasm.ts';
+import type { Llama } from './model.ts';
 import { sampleToken } from './sampling.ts';
 
 export interface GenerateOptions {
@@ -100,13 +100,22 @@ export class KVCache {
   /** The tokens read so far. */
   readonly tokens: number[] = [];
   private readonly w: Map<string, Float32Array>;
-  /** Per layer: (capacity, K·hd), the first tokens.length rows in use; grown by doubling. */
-  private keys: Float32Array[];
-  private values: Float32Array[];
-  private capacity = 0;
-  /** Attention's scores, (H, positions), reused from step to step. */
-  private scores = new Float32Array(0);
   readonly model: Llama;
+  /**
+   * Keys and values live in a WebAssembly memory of the cache's own, where the attention kernels read them
+   * (train/attention-wasm.ts). In floats: [q (H·hp) | out (H·hp) | positions | scores (H, capacity)], a
+   * position being every layer's rotated keys then values, (layers, 2, K, hp), hp the head size rounded up to
+   * a multiple of 4 (the padding stays 0). Positions are in place when the memory grows; the first
+   * tokens.length are in use.
+   */
+  private readonly memory = new WebAssembly.Memory({ initial: 1 });
+  private readonly kernels = attentionKernels(this.memory);
+  /** The memory as floats; made again whenever the memory grows (which detaches the old view). */
+  private f32 = new Float32Array(this.memory.buffer);
+  private capacity = 0;
+  private readonly hp: number;
+  /** Where q, out and the positions start, and the floats of one position. */
+  private readonly at: { q: number; out: number; positions: number; stride: number };
 
   /** A cache over the model's weights as they are now; pass `weights` to share one copy among caches (and step them together). */
   constructor(
@@ -115,8 +124,9 @@ export class KVCache {
   ) {
     this.model = weights.model;
     this.w = weights.w;
-    this.keys = Array.from({ length: this.model.config.layers }, () => new Float32Array(0));
-    this.values = Array.from({ length: this.model.config.layers }, () => new Float32Array(0));
+    const { heads: H, kvHeads: K, headDim: hd, layers } = this.model.config;
+    this.hp = Math.ceil(hd / 4) * 4;
+    this.at = { q: 0, out: H * this.hp, positions: 2 * H * this.hp, stride: layers * 2 * K * this.hp };
   }
 
   /**
@@ -125,13 +135,10 @@ export class KVCache {
    */
   static forkOf(source: KVCache, n: number): KVCache {
     const fork = new KVCache(source.model, source.weights);
-    const width = source.model.config.kvHeads * source.model.config.headDim;
     const count = Math.min(n, source.tokens.length);
     fork.reserve(count);
-    for (let l = 0; l < fork.keys.length; l++) {
-      fork.keys[l]!.set(source.keys[l]!.subarray(0, count * width));
-      fork.values[l]!.set(source.values[l]!.subarray(0, count * width));
-    }
+    const { positions, stride } = source.at;
+    fork.f32.set(source.f32.subarray(positions, positions + count * stride), positions);
     fork.tokens.push(...source.tokens.slice(0, count));
     return fork;
   }
@@ -144,15 +151,15 @@ export class KVCache {
   /** Room for `n` positions in every layer's keys and values. */
   private reserve(n: number): void {
     if (n <= this.capacity) return;
-    const { kvHeads: K, headDim: hd } = this.model.config;
     const capacity = Math.max(n, 2 * this.capacity, 64);
-    const grow = (old: Float32Array) => {
-      const next = new Float32Array(capacity * K * hd);
-      next.set(old.subarray(0, this.tokens.length * K * hd));
-      return next;
-    };
-    this.keys = this.keys.map(grow);
-    this.values = this.values.map(grow);
+    const bytes = 4 * (this.at.positions + capacity * this.at.stride + this.model.config.heads * capacity);
+    const pages = Math.ceil(bytes / 65536) - this.memory.buffer.byteLength / 65536;
+    try {
+      if (pages > 0) this.memory.grow(pages);
+    } catch {
+      throw new Error(`KVCache: ${capacity} positions of this model need ${(bytes / 2 ** 30).toFixed(1)} GiB, more than a WebAssembly memory holds (4 GiB)`);
+    }
+    this.f32 = new Float32Array(this.memory.buffer);
     this.capacity = capacity;
   }
 
@@ -164,10 +171,10 @@ export class KVCache {
 
   /** Reads tokens after those already read; returns the next-token logits after the last, (V). */
   read(tokens: number[]): Float32Array {
-    this.fits(tokens.length);
     if (tokens.length === 0) throw new Error('KVCache.read: no tokens to read');
+    if (tokens.length >= BATCHED_READ) return KVCache.readRows([this], [tokens])[0]!;
+    this.fits(tokens.length);
     this.reserve(this.tokens.length + tokens.length);
-    if (tokens.length >= BATCHED_READ) return this.readBatched(tokens);
     let x: Float32Array = new Float32Array(0);
     for (const token of tokens) {
       x = this.step(token, this.tokens.length);
@@ -178,41 +185,52 @@ export class KVCache {
   }
 
   /**
-   * Reads one token into each cache, all in one step: the caches' rows go through every projection together
-   * (one matMul each through the backend), and each row attends to its own cache. Returns each cache's
-   * next-token logits, the same (to float rounding) as `read([token])` on each. The caches must share one
-   * DecodeWeights; a single cache is read alone.
+   * Reads one token into each cache, all in one step. Returns each cache's next-token logits, the same (to
+   * float rounding) as `read([token])` on each. The caches must share one DecodeWeights; a single cache is
+   * read alone.
    */
   static readEach(caches: KVCache[], tokens: number[]): Float32Array[] {
     if (caches.length === 1) return [caches[0]!.read(tokens)];
+    return KVCache.readRows(caches, tokens.map((token) => [token]));
+  }
+
+  /**
+   * Reads `reads[b]` into caches[b], all of them in one pass: every token is a row, the rows go through each
+   * projection together (one matMul each through the backend), and each row attends, through the kernels,
+   * to its own cache up to its own position (a cache's rows in order, so each sees those before it). Only
+   * each cache's last row goes through the head. Returns each cache's next-token logits.
+   */
+  private static readRows(caches: KVCache[], reads: number[][]): Float32Array[] {
     const weights = caches[0]!.weights;
     if (caches.some((c) => c.weights !== weights)) throw new Error('KVCache.readEach: the caches do not share their weights');
     const c = weights.model.config;
     const { layers, hiddenSize: D, intermediateSize: F, heads: H, kvHeads: K, headDim: hd, rmsNormEps: eps, attentionBias, vocabSize: V } = c;
-    const B = caches.length;
-    for (const cache of caches) {
-      cache.fits(1);
-      cache.reserve(cache.tokens.length + 1);
-    }
+    caches.forEach((cache, b) => {
+      cache.fits(reads[b]!.length);
+      cache.reserve(cache.tokens.length + reads[b]!.length);
+    });
+    // Row r: the token, its cache and its position.
+    const rows = caches.flatMap((cache, b) => reads[b]!.map((token, i) => ({ token, cache, at: cache.tokens.length + i })));
+    const R = rows.length;
     const { layers: fused, head } = weights.tensors();
     const w = (name: string) => weights.get(name);
-    const at = caches.map((cache) => cache.tokens.length);
-    const { cos, sin } = weights.model.ropeTable(Math.max(...at) + 1);
-    const x = new Float32Array(B * D); // (B, D)
-    tokens.forEach((token, b) => x.set(w('model.embed_tokens.weight').subarray(token * D, (token + 1) * D), b * D));
-    const normed = (weight: Float32Array) => {
-      const out = new Float32Array(B * D);
-      for (let b = 0; b < B; b++) out.set(rms(x.subarray(b * D, (b + 1) * D), weight, eps), b * D);
+    const { cos, sin } = weights.model.ropeTable(Math.max(...rows.map((r) => r.at)) + 1);
+    const x = new Float32Array(R * D); // (R, D)
+    rows.forEach(({ token }, r) => x.set(w('model.embed_tokens.weight').subarray(token * D, (token + 1) * D), r * D));
+    const normed = (weight: Float32Array, which: number[]) => {
+      const out = new Float32Array(which.length * D);
+      which.forEach((r, i) => out.set(rms(x.subarray(r * D, (r + 1) * D), weight, eps), i * D));
       return out;
     };
+    const all = rows.map((_, r) => r);
     const Q = H * hd;
     const width = (H + 2 * K) * hd;
-    const attended = new Float32Array(B * Q); // (B, H·hd)
+    const attended = new Float32Array(R * Q); // (R, H·hd)
     for (let l = 0; l < layers; l++) {
       const p = `model.layers.${l}.`;
-      const qkv = rowsTimes(normed(w(`${p}input_layernorm.weight`)), B, fused[l]!.qkv); // (B, (H+2K)·hd)
-      for (let b = 0; b < B; b++) {
-        const row = qkv.subarray(b * width, (b + 1) * width);
+      const qkv = rowsTimes(normed(w(`${p}input_layernorm.weight`), all), R, fused[l]!.qkv); // (R, (H+2K)·hd)
+      rows.forEach(({ cache, at }, r) => {
+        const row = qkv.subarray(r * width, (r + 1) * width);
         const q = row.subarray(0, Q);
         const k = row.subarray(Q, Q + K * hd);
         const v = row.subarray(Q + K * hd);
@@ -221,103 +239,70 @@ export class KVCache {
           addInto(k, w(`${p}self_attn.k_proj.bias`));
           addInto(v, w(`${p}self_attn.v_proj.bias`));
         }
-        for (let j = 0; j < H; j++) rotateHalf(q, j * hd, hd, cos, sin, at[b]!);
-        for (let j = 0; j < K; j++) rotateHalf(k, j * hd, hd, cos, sin, at[b]!);
-        caches[b]!.attend(l, q, k, v, at[b]!, attended.subarray(b * Q, (b + 1) * Q));
+        for (let j = 0; j < H; j++) rotateHalf(q, j * hd, hd, cos, sin, at);
+        for (let j = 0; j < K; j++) rotateHalf(k, j * hd, hd, cos, sin, at);
+        cache.attend(l, q, k, v, at, attended.subarray(r * Q, (r + 1) * Q));
+      });
+      addInto(x, rowsTimes(attended, R, fused[l]!.o));
+      const gateUp = rowsTimes(normed(w(`${p}post_attention_layernorm.weight`), all), R, fused[l]!.gateUp); // (R, 2F)
+      const act = new Float32Array(R * F);
+      for (let r = 0; r < R; r++) for (let i = 0; i < F; i++) {
+        const g = gateUp[r * 2 * F + i]!;
+        act[r * F + i] = (g / (1 + Math.exp(-g))) * gateUp[r * 2 * F + F + i]!; // silu(gate) ⊙ up
       }
-      addInto(x, rowsTimes(attended, B, fused[l]!.o));
-      const gateUp = rowsTimes(normed(w(`${p}post_attention_layernorm.weight`)), B, fused[l]!.gateUp); // (B, 2F)
-      const act = new Float32Array(B * F);
-      for (let b = 0; b < B; b++) for (let i = 0; i < F; i++) {
-        const g = gateUp[b * 2 * F + i]!;
-        act[b * F + i] = (g / (1 + Math.exp(-g))) * gateUp[b * 2 * F + F + i]!; // silu(gate) ⊙ up
-      }
-      addInto(x, rowsTimes(act, B, fused[l]!.down));
+      addInto(x, rowsTimes(act, R, fused[l]!.down));
     }
-    const logits = rowsTimes(normed(w('model.norm.weight')), B, head); // (B, V)
-    caches.forEach((cache, b) => cache.tokens.push(tokens[b]!));
+    let last = -1;
+    const lasts = reads.map((read) => (last += read.length));
+    const logits = rowsTimes(normed(w('model.norm.weight'), lasts), caches.length, head); // (B, V)
+    caches.forEach((cache, b) => cache.tokens.push(...reads[b]!));
     return caches.map((_, b) => logits.slice(b * V, (b + 1) * V));
+  }
+
+  /** Where layer l's key (value: `value`) of head 0 at position t is, in floats. */
+  private key(t: number, l: number): number {
+    return this.at.positions + t * this.at.stride + 2 * l * this.model.config.kvHeads * this.hp;
+  }
+
+  private value(t: number, l: number): number {
+    return this.key(t, l) + this.model.config.kvHeads * this.hp;
+  }
+
+  /** Writes a row of `heads` heads of hd floats at float `to`, each head hp apart. */
+  private put(to: number, row: Float32Array, heads: number): void {
+    const hd = this.model.config.headDim;
+    if (hd === this.hp) this.f32.set(row, to);
+    else for (let j = 0; j < heads; j++) this.f32.set(row.subarray(j * hd, (j + 1) * hd), to + j * this.hp);
   }
 
   /**
    * Layer l's attention for the token at position `at`: its rotated key and value k, v (K·hd) join the cache,
-   * and its rotated query q (H·hd) attends to positions 0…at; the heads' outputs go to `out` (H·hd).
+   * and its rotated query q (H·hd) attends to positions 0…at; the heads' outputs go to `out` (H·hd). The
+   * scores and the weighted sum of values are the WebAssembly kernels'; the softmax between them is here.
    */
   private attend(l: number, q: Float32Array, k: Float32Array, v: Float32Array, at: number, out: Float32Array): void {
     const { heads: H, kvHeads: K, headDim: hd } = this.model.config;
-    const keys = this.keys[l]!;
-    const values = this.values[l]!;
-    const row = K * hd;
-    keys.set(k, at * row);
-    values.set(v, at * row);
+    const { hp, kernels } = this;
+    this.put(this.key(at, l), k, K);
+    this.put(this.value(at, l), v, K);
+    this.put(this.at.q, q, H);
     const n = at + 1;
-    const scores = (this.scores = this.scores.length >= H * n ? this.scores : new Float32Array(2 * H * n)); // (H, n)
+    const scores = this.at.positions + this.capacity * this.at.stride; // (H, n)
+    const stride = 4 * this.at.stride;
     const group = H / K;
     const scale = 1 / Math.sqrt(hd);
-    // The loops keep each sum's additions in the order of the plain definition (the same bits as before),
-    // and run several sums side by side, which a CPU overlaps: four positions' scores at once, eight outputs.
+    const f = this.f32;
     for (let j = 0; j < H; j++) {
-      const qo = j * hd;
-      const kv = Math.floor(j / group) * hd; // the key/value head this query head shares
-      const so = j * n;
-      let t = 0;
-      for (; t + 4 <= n; t += 4) {
-        const k0 = t * row + kv;
-        const [k1, k2, k3] = [k0 + row, k0 + 2 * row, k0 + 3 * row];
-        let [s0, s1, s2, s3] = [0, 0, 0, 0];
-        for (let d = 0; d < hd; d++) {
-          const x = q[qo + d]!;
-          s0 += x * keys[k0 + d]!;
-          s1 += x * keys[k1 + d]!;
-          s2 += x * keys[k2 + d]!;
-          s3 += x * keys[k3 + d]!;
-        }
-        scores[so + t] = s0 * scale;
-        scores[so + t + 1] = s1 * scale;
-        scores[so + t + 2] = s2 * scale;
-        scores[so + t + 3] = s3 * scale;
-      }
-      for (; t < n; t++) {
-        let s = 0;
-        for (let d = 0, k0 = t * row + kv; d < hd; d++) s += q[qo + d]! * keys[k0 + d]!;
-        scores[so + t] = s * scale;
-      }
-    }
-    for (let j = 0; j < H; j++) {
+      const kv = Math.floor(j / group) * hp; // the key/value head this query head shares
+      kernels.scores(4 * (this.at.q + j * hp), 4 * (this.key(0, l) + kv), n, stride, hp, 4 * (scores + j * n), scale);
+      const from = scores + j * n;
       let top = -Infinity;
-      for (let t = j * n; t < (j + 1) * n; t++) if (scores[t]! > top) top = scores[t]!;
+      for (let t = from; t < from + n; t++) if (f[t]! > top) top = f[t]!;
       let total = 0;
-      for (let t = j * n; t < (j + 1) * n; t++) total += scores[t] = Math.exp(scores[t]! - top);
-      for (let t = j * n; t < (j + 1) * n; t++) scores[t]! /= total;
-    }
-    // out[j, d] = Σ_t p[j, t]·v[t, d], summed in float32 over t in order (Math.fround: as when it was added
-    // into a Float32Array); eight outputs d…d+7 at once.
-    const f = Math.fround;
-    for (let j = 0; j < H; j++) {
-      const qo = j * hd;
-      const kv = Math.floor(j / group) * hd;
-      const so = j * n;
-      let d = 0;
-      for (; d + 8 <= hd; d += 8) {
-        let [a0, a1, a2, a3, a4, a5, a6, a7] = [0, 0, 0, 0, 0, 0, 0, 0];
-        for (let t = 0, vo = kv + d; t < n; t++, vo += row) {
-          const p = scores[so + t]!;
-          a0 = f(a0 + p * values[vo]!);
-          a1 = f(a1 + p * values[vo + 1]!);
-          a2 = f(a2 + p * values[vo + 2]!);
-          a3 = f(a3 + p * values[vo + 3]!);
-          a4 = f(a4 + p * values[vo + 4]!);
-          a5 = f(a5 + p * values[vo + 5]!);
-          a6 = f(a6 + p * values[vo + 6]!);
-          a7 = f(a7 + p * values[vo + 7]!);
-        }
-        out.set([a0, a1, a2, a3, a4, a5, a6, a7], qo + d);
-      }
-      for (; d < hd; d++) {
-        let a = 0;
-        for (let t = 0, vo = kv + d; t < n; t++, vo += row) a = f(a + scores[so + t]! * values[vo]!);
-        out[qo + d] = a;
-      }
+      for (let t = from; t < from + n; t++) total += f[t] = Math.exp(f[t]! - top);
+      for (let t = from; t < from + n; t++) f[t]! /= total;
+      kernels.mix(4 * from, 4 * (this.value(0, l) + kv), n, stride, hp, 4 * (this.at.out + j * hp));
+      out.set(f.subarray(this.at.out + j * hp, this.at.out + j * hp + hd), j * hd);
     }
   }
 
@@ -350,33 +335,6 @@ export class KVCache {
       addInto(x, matVec(gate, w(`${p}mlp.down_proj.weight`), D, F));
     }
     return rms(x, w('model.norm.weight'), eps);
-  }
-
-  /** Reads many tokens in one pass through the backend, attending to the cached ones; their keys and values join the cache. */
-  private readBatched(ids: number[]): Float32Array {
-    const m = this.model;
-    const c = m.config;
-    const start = this.tokens.length;
-    const T = ids.length;
-    const width = c.kvHeads * c.headDim;
-    const logits = tf.tidy(() => {
-      let x = embed(m.p('model.embed_tokens.weight'), tf.tensor1d(Int32Array.from(ids), 'int32')); // (T, D)
-      const rotation = m.angles(1, T, start);
-      for (let i = 0; i < c.layers; i++) {
-        const l = (n: string) => m.p(`model.layers.${i}.${n}`);
-        const { q, k, v } = m.qkv(i, rmsNorm(x, l('input_layernorm.weight'), c.rmsNormEps), rotation);
-        this.keys[i]!.set(k.dataSync(), start * width);
-        this.values[i]!.set(v.dataSync(), start * width);
-        const cached = (a: Float32Array) => tf.tensor3d(a.subarray(0, (start + T) * width), [start + T, c.kvHeads, c.headDim]); // (P, K, hd)
-        x = tf.add(x, m.linear(attendCached(q, cached(this.keys[i]!), cached(this.values[i]!), start, c.heads), `model.layers.${i}.self_attn.o_proj`));
-        x = tf.add(x, m.mlp(i, rmsNorm(x, l('post_attention_layernorm.weight'), c.rmsNormEps)));
-      }
-      return tf.slice(m.head(x), [T - 1, 0], [1, c.vocabSize]);
-    });
-    this.tokens.push(...ids);
-    const out = logits.dataSync() as Float32Array;
-    logits.dispose();
-    return out;
   }
 
   /**
@@ -451,20 +409,6 @@ export class Decoding {
     if (this.options.stop?.includes(next) || this.out.length === this.limit) this.finished = true;
     return next;
   }
-}
-
-/** Attention of new queries q (T, H, hd) at positions start… over cached keys and values (P, K, hd), causal. → (T, H·hd) */
-function attendCached(q: tf.Tensor3D, keys: tf.Tensor3D, values: tf.Tensor3D, start: number, heads: number): tf.Tensor2D {
-  const [T, , hd] = q.shape;
-  const P = keys.shape[0];
-  const k = tf.reshape(repeatKv(keys, heads), [P, heads, hd]);
-  const v = tf.reshape(repeatKv(values, heads), [P, heads, hd]);
-  const scores = tf.mul(tf.matMul(tf.transpose(q, [1, 0, 2]), tf.transpose(k, [1, 2, 0])), 1 / Math.sqrt(hd)); // (H, T, P)
-  const allowed = new Float32Array(T * P);
-  for (let t = 0; t < T; t++) for (let p = 0; p < P; p++) allowed[t * P + p] = p <= start + t ? 0 : -1e9;
-  const weights = tf.softmax(tf.add(scores, tf.tensor2d(allowed, [T, P])));
-  const out = tf.matMul(weights, tf.transpose(v, [1, 0, 2])); // (H, T, hd)
-  return tf.reshape(tf.transpose(out, [1, 0, 2]), [T, heads * hd]);
 }
 
 /** W·x for W stored (out, in): each output is a row's dot product with x. */
