@@ -35,6 +35,7 @@ const $ = {
   mul: [0x6c], // i32.mul
   shl: [0x74], // i32.shl
   lt_u: [0x49], // i32.lt_u
+  gt_u: [0x4b], // i32.gt_u
   eqz: [0x45], // i32.eqz
   'f32.load': [0x2a, 2, 0],
   'f32.store': [0x38, 2, 0],
@@ -58,12 +59,40 @@ const $ = {
  * (func $scores (param $q i32) (param $k i32) (param $n i32) (param $stride i32) (param $hd i32)
  *               (param $out i32) (param $scale f32)
  *   ;; out[t] = scale · Σ_d q[d]·k[t·stride + d] for t < n: one query head against n cached keys of its
- *   ;; key/value head, four d at a time, the four partial sums added at the end.
- *   (local $t i32) (local $d i32) (local $row i32) (local $acc v128) …)
+ *   ;; key/value head, four d at a time (lanes), the lanes added at the end. Four positions go side by side,
+ *   ;; sharing each load of q; the last n mod 4 one by one, each summed in the same order.
+ *   (local $t i32) (local $d i32) (local $row i32) (local $qd v128) (local $a0 v128) … (local $a3 v128) …)
  */
+const sumLanes = (acc: number) => [
+  ...$.get(acc), ...$['f32x4.extract_lane'](0), ...$.get(acc), ...$['f32x4.extract_lane'](1), ...$['f32.add'],
+  ...$.get(acc), ...$['f32x4.extract_lane'](2), ...$.get(acc), ...$['f32x4.extract_lane'](3), ...$['f32.add'], ...$['f32.add'],
+];
+/** out[t + i] = scale · (lanes of $a_i added), for the i-th of the positions side by side. */
+const storeScore = (i: number, acc: number) => [...$.get(5), ...$.get(7), ...$.const(i), ...$.add, ...$.const(2), ...$.shl, ...$.add, ...sumLanes(acc), ...$.get(6), ...$['f32.mul'], ...$['f32.store']];
+/** $a_i += $qd · k[row + i·stride + d…] */
+const accumulate = (i: number, acc: number) => [
+  ...$.get(acc), ...$.get(11),
+  ...$.get(9), ...$.get(3), ...$.const(i), ...$.mul, ...$.add, ...$.get(8), ...$.add, ...$['v128.load'],
+  ...$['f32x4.mul'], ...$['f32x4.add'], ...$.set(acc),
+];
 const scores = [
-  ...vec([[3, i32], [1, v128]]), // locals 7 $t, 8 $d, 9 $row, 10 $acc
+  ...vec([[3, i32], [6, v128]]), // locals 7 $t, 8 $d, 9 $row, 10 $a0 (one at a time), 11 $qd, 12…15 $a0…$a3
   ...$.const(0), ...$.set(7),
+  // Four positions at a time while t + 4 ≤ n.
+  ...$.block, ...$.loop,
+  ...$.get(7), ...$.const(4), ...$.add, ...$.get(2), ...$.gt_u, ...$.br_if(1),
+  ...$['v128.zero'], ...$.set(12), ...$['v128.zero'], ...$.set(13), ...$['v128.zero'], ...$.set(14), ...$['v128.zero'], ...$.set(15),
+  ...$.const(0), ...$.set(8),
+  ...$.get(1), ...$.get(7), ...$.get(3), ...$.mul, ...$.add, ...$.set(9), // row = k + t·stride
+  ...$.loop,
+  ...$.get(0), ...$.get(8), ...$.add, ...$['v128.load'], ...$.set(11), // qd = q[d…d+3]
+  ...accumulate(0, 12), ...accumulate(1, 13), ...accumulate(2, 14), ...accumulate(3, 15),
+  ...$.get(8), ...$.const(16), ...$.add, ...$.tee(8), ...$.get(4), ...$.const(2), ...$.shl, ...$.lt_u, ...$.br_if(0),
+  ...$.end,
+  ...storeScore(0, 12), ...storeScore(1, 13), ...storeScore(2, 14), ...storeScore(3, 15),
+  ...$.get(7), ...$.const(4), ...$.add, ...$.set(7), ...$.br(0),
+  ...$.end, ...$.end,
+  // The rest one by one.
   ...$.block, ...$.loop,
   ...$.get(7), ...$.get(2), ...$.lt_u, ...$.eqz, ...$.br_if(1), // t < n, else done
   ...$['v128.zero'], ...$.set(10),
@@ -76,10 +105,7 @@ const scores = [
   ...$['f32x4.mul'], ...$['f32x4.add'], ...$.set(10), // acc += q[d…d+3] · row[d…d+3]
   ...$.get(8), ...$.const(16), ...$.add, ...$.tee(8), ...$.get(4), ...$.const(2), ...$.shl, ...$.lt_u, ...$.br_if(0),
   ...$.end,
-  ...$.get(5), ...$.get(7), ...$.const(2), ...$.shl, ...$.add, // &out[t]
-  ...$.get(10), ...$['f32x4.extract_lane'](0), ...$.get(10), ...$['f32x4.extract_lane'](1), ...$['f32.add'],
-  ...$.get(10), ...$['f32x4.extract_lane'](2), ...$.get(10), ...$['f32x4.extract_lane'](3), ...$['f32.add'], ...$['f32.add'],
-  ...$.get(6), ...$['f32.mul'], ...$['f32.store'],
+  ...storeScore(0, 10),
   ...$.get(7), ...$.const(1), ...$.add, ...$.set(7), ...$.br(0),
   ...$.end, ...$.end,
   ...$.end,
