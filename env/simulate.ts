@@ -14,7 +14,6 @@ import type { Session } from '../core/records.ts';
 import { AGENTS, ScriptedAgent, type AgentName } from './agents.ts';
 import { seeded } from '../core/random.ts';
 import { WorldCache, replaySession } from './replay.ts';
-import { RemotePolicy } from './remote.ts';
 import { episodeSession, runEpisode } from './rollout.ts';
 import { DEFAULT_WORLD, generateTask, generateWorld } from './world.ts';
 
@@ -76,11 +75,13 @@ export async function* simulate(o: SimulateOptions): AsyncGenerator<Session> {
   const world = generateWorld({ ...DEFAULT_WORLD, seed: o.seed, companies: o.companies });
   const start = Date.parse(`${o.date ?? EPOCH}T00:00:00Z`);
   const remote = typeof o.agent === 'object' ? o.agent : null;
-  const client = remote ? RemotePolicy.client(remote.url, remote.apiKey) : null;
+  // The openai package only when a model is the agent: scripted simulations do not load it.
+  const RemotePolicy = remote ? (await import('./remote.ts')).RemotePolicy : null;
+  const client = remote ? RemotePolicy!.client(remote.url, remote.apiKey) : null;
   const play = async (i: number, trial: number): Promise<Session> => {
     const task = generateTask(world, o.split, i);
     const agent = remote
-      ? new RemotePolicy(client!, { baseUrl: remote.url, model: remote.model, apiKey: remote.apiKey, temperature: remote.temperature, maxTokens: remote.maxTokens, conversation: `${o.seed}:${task.task_id}:${trial}:${o.date ?? EPOCH}` })
+      ? new RemotePolicy!(client!, { baseUrl: remote.url, model: remote.model, apiKey: remote.apiKey, temperature: remote.temperature, maxTokens: remote.maxTokens, conversation: `${o.seed}:${task.task_id}:${trial}:${o.date ?? EPOCH}` })
       : new ScriptedAgent(chooseAgent(o as SimulateOptions & { agent: AgentName | 'mix' }, i, trial), world, task, `${o.seed}:${trial}`, o.noise);
     const episode = await runEpisode(world, task, agent, remote?.maxTurns);
     const createdAt = new Date(start + ((i - o.offset) * o.trials + trial) * 60_000).toISOString();

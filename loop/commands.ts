@@ -8,9 +8,7 @@ import type { Logger } from '../pipeline/log.ts';
 import { readJsonFile } from '../pipeline/workspace.ts';
 import { useBackend, type BackendChoice } from '../train/backend.ts';
 import { Registry, type VersionInfo } from './registry.ts';
-import { SERVE_DEFAULTS, followAliases, loadCatalog, parseSplit, startServer, type Arm } from './serve.ts';
-import { formatDays, simulatedDays } from './days.ts';
-import { formatNight, refreshConfig, refreshNight, type RefreshConfig } from './refresh.ts';
+import { SERVE_DEFAULTS, parseSplit, refreshConfig, type Arm, type RefreshConfig } from './settings.ts';
 
 const registryOf = (program: Command) => new Registry(join(program.opts<{ workdir: string }>().workdir, 'registry'));
 
@@ -106,6 +104,7 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
     .action(async (opts: { model: string; split?: Arm[]; host: string; port: number; maxBatch: number; maxQueue: number; maxTokens: number; maxBodyBytes: number; followMs: number }) => {
       const log = ctx.logger();
       await useBackend((program.opts<{ backend?: BackendChoice }>().backend ?? 'auto') as BackendChoice);
+      const { followAliases, loadCatalog, startServer } = await import('./serve.ts');
       const registry = registryOf(program);
       const names = [...new Set([opts.model, ...(opts.split ?? []).map((a) => a.name)])];
       const settings = { ...opts, defaultModel: opts.model, maxBatch: Math.max(1, opts.maxBatch), apiKey: process.env.PREFAB_SERVE_API_KEY || null, split: opts.split ?? null };
@@ -178,6 +177,7 @@ export function addRefreshCommand(program: Command, ctx: CommandContext): void {
       await useBackend((program.opts<{ backend?: BackendChoice }>().backend ?? 'auto') as BackendChoice);
       const { engine, own } = ctx.pipeline(log);
       const cfg = own.refresh as RefreshConfig;
+      const [{ formatNight, refreshNight }, { formatDays, simulatedDays }] = await Promise.all([import('./refresh.ts'), import('./days.ts')]);
       const { signal } = await ctx.locked(engine, `prefab ${process.argv.slice(2).join(' ')}`, log, async (abort) => {
         if (opts.days === undefined) {
           process.stdout.write(formatNight(await refreshNight(engine, cfg, abort, log)) + '\n');

@@ -10,8 +10,9 @@ import type { Engine } from '../pipeline/engine.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { simulate } from '../env/simulate.ts';
 import { Registry } from './registry.ts';
-import { inboxOf, liveFigures, refreshNight, unfinishedNight, type Live, type NightReport, type RefreshConfig } from './refresh.ts';
-import { SERVE_DEFAULTS, loadCatalog, startServer } from './serve.ts';
+import { inboxOf, liveFigures, refreshNight, unfinishedNight, type Live, type NightReport } from './refresh.ts';
+import { SERVE_DEFAULTS, type RefreshConfig } from './settings.ts';
+import { loadCatalog, startServer } from './serve.ts';
 
 export interface Day {
   day: number;

@@ -21,47 +21,7 @@ import { Decoding, DecodeWeights, KVCache } from '../train/decode.ts';
 import type { Placeholders } from '../train/placeholders.ts';
 import { promptOf } from '../train/policy.ts';
 import type { Registry } from './registry.ts';
-
-export interface ServeSettings {
-  host: string;
-  /** 0: any free port. */
-  port: number;
-  /** Required as `Authorization: Bearer …` when set (PREFAB_SERVE_API_KEY). */
-  apiKey: string | null;
-  /** Requests decoded together, per version. */
-  maxBatch: number;
-  /** Requests waiting beyond those, per version; one more is answered 429. */
-  maxQueue: number;
-  /** Largest request body, in bytes (413 beyond). */
-  maxBodyBytes: number;
-  /** Tokens in a reply when the request does not say, and the most it may ask for. */
-  maxTokens: number;
-  /** What a request for `prefab` gets. */
-  defaultModel: string;
-  /** Conversations asking for `production` are shared among these arms by a stable hash; null: no split. */
-  split: Arm[] | null;
-}
-
-export const SERVE_DEFAULTS: Omit<ServeSettings, 'split' | 'apiKey'> = { defaultModel: 'production', host: '127.0.0.1', port: 8000, maxBatch: 16, maxQueue: 64, maxBodyBytes: 1 << 20, maxTokens: 160 };
-
-/** An arm of the split: a version or alias, and its share of conversations. */
-export interface Arm {
-  name: string;
-  share: number;
-}
-
-/** `production=0.8,candidate=0.2` → arms whose shares add up to 1. */
-export function parseSplit(text: string): Arm[] {
-  const arms = text.split(',').map((part) => {
-    const [name, share] = part.split('=');
-    const n = Number(share);
-    if (!name || !(n > 0 && n <= 1)) throw new Error(`--split ${text}: expected name=share pairs with shares in (0, 1], e.g. production=0.8,candidate=0.2`);
-    return { name: name.trim(), share: n };
-  });
-  const total = arms.reduce((s, a) => s + a.share, 0);
-  if (Math.abs(total - 1) > 1e-9) throw new Error(`--split ${text}: the shares add up to ${total}, not 1`);
-  return arms;
-}
+import type { Arm, ServeSettings } from './settings.ts';
 
 /** The arm a conversation goes to: its key hashed to a number in [0, 1), against the arms' cumulative shares. */
 export function armOf(key: string, arms: Arm[]): Arm {

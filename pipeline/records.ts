@@ -1,6 +1,5 @@
 // Readers of input records (logged sessions, imported pairs): JSONL, a JSON array, or Parquet, each streamed record by record.
 import { readLines, openText } from './jsonl.ts';
-import { readParquetRows } from './parquet.ts';
 
 export type InputFormat = 'jsonl' | 'json' | 'parquet';
 
@@ -141,5 +140,6 @@ export async function* readJsonArray(path: string): AsyncGenerator<RawRecord> {
 }
 
 async function* parquetRecords(path: string): AsyncGenerator<RawRecord> {
+  const { readParquetRows } = await import('./parquet.ts'); // the Parquet libraries only when a file is Parquet
   for await (const { row, value } of readParquetRows(path)) yield { where: `row ${row}`, value, raw: JSON.stringify(value) };
 }

@@ -12,7 +12,7 @@ export interface ExternalFile {
   bytes: number;
 }
 
-interface StageContext<C> {
+export interface StageContext<C> {
   config: C;
   /** Folder of the config file: relative paths in the config are resolved against it. */
   configDir: string;

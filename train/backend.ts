@@ -1,15 +1,10 @@
 // Which TensorFlow.js backend the trainer runs on. `auto` takes the fastest that loads here: the native
 // GPU build, then the native CPU build (both optional dependencies, whose install downloads libtensorflow and
 // fails without internet), then WebAssembly, then plain JavaScript.
-import * as tf from '@tensorflow/tfjs-core';
 import { Option } from 'commander';
 import type { CommandFactory } from '../pipeline/commands.ts';
 import type { StageOptions } from '../pipeline/stage.ts';
 import type { Logger } from '../pipeline/log.ts';
-import '@tensorflow/tfjs-backend-wasm';
-// The umbrella package registers the CPU backend and, in its Node bundle, the gradients of tfjs's ops.
-import '@tensorflow/tfjs';
-import { patchWasmSlice } from './kernels.ts';
 
 export const BACKENDS = ['auto', 'tensorflow', 'wasm', 'cpu'] as const;
 export type BackendChoice = (typeof BACKENDS)[number];
@@ -21,7 +16,21 @@ export interface Backend {
   description: string;
 }
 
-async function loadNative(): Promise<string | null> {
+type Tf = typeof import('@tensorflow/tfjs-core');
+
+/**
+ * TensorFlow.js, loaded when a backend is first chosen rather than with this module: commands that train
+ * nothing (status, the data stages) never pay its ~0.4 s. The umbrella package registers the CPU backend
+ * and, in its Node bundle, the gradients of tfjs's ops.
+ */
+async function loadTf(): Promise<Tf> {
+  const tf = await import('@tensorflow/tfjs-core');
+  await import('@tensorflow/tfjs-backend-wasm');
+  await import('@tensorflow/tfjs');
+  return tf;
+}
+
+async function loadNative(tf: Tf): Promise<string | null> {
   for (const pkg of ['@tensorflow/tfjs-node-gpu', '@tensorflow/tfjs-node']) {
     try {
       await import(pkg);
@@ -47,10 +56,11 @@ let current: Backend | null = null;
 /** Loads and selects a backend; later calls with the same choice return the one already chosen. */
 export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backend> {
   if (current && (choice === 'auto' || choice === current.name)) return current;
+  const tf = await loadTf();
   let description: string;
   let name: string;
   if (choice === 'auto' || choice === 'tensorflow') {
-    const pkg = await loadNative();
+    const pkg = await loadNative(tf);
     if (pkg) {
       name = 'tensorflow';
       description = `tensorflow (${pkg})`;
@@ -72,7 +82,7 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
   if (!(await tf.setBackend(name))) throw new Error(`backend ${name} failed to start`);
   await tf.ready();
   tf.env().set('PROD', true); // no per-op NaN checks or debug warnings
-  if (name === 'wasm') patchWasmSlice();
+  if (name === 'wasm') (await import('./kernels.ts')).patchWasmSlice();
   current = { name, description };
   return current;
 }

@@ -11,7 +11,8 @@ import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync 
 import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
 import { readHfModel, readTokenizerFiles, writeModelFiles, type TokenizerFiles } from './hf.ts';
-import { loadAdapter, saveAdapter, type LoraConfig } from './lora.ts';
+import { loadAdapter, saveAdapter } from './lora.ts';
+import type { LoraConfig } from './settings.ts';
 import { Llama } from './model.ts';
 import type { AdamW } from './optimizer.ts';
 import { parsePlaceholders, type Placeholders } from './placeholders.ts';

@@ -11,7 +11,8 @@ import { completionSequences, scoreSequences, sequenceValues, type Scores } from
 import { LOSSES, preferenceMetrics, sequenceLogps, type LossName, type PairwiseLoss, type PreferenceHyperparameters } from './losses/index.ts';
 import type { Llama } from './model.ts';
 import type { Placeholders } from './placeholders.ts';
-import { stepsFor, type StepBatch, type Trainer, type TrainingSettings } from './run.ts';
+import { stepsFor, type StepBatch, type Trainer } from './run.ts';
+import type { TrainingSettings } from './settings.ts';
 import type { Chat } from './chat.ts';
 import { batchAt, microBatches, padBatch, type Sequence } from './windows.ts';
 

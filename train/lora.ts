@@ -6,38 +6,10 @@
 import { existsSync, mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
-import { z } from 'zod';
 import { seeded } from '../core/random.ts';
 import type { Llama } from './model.ts';
 import { readSafetensors, writeSafetensors } from './safetensors.ts';
-
-export interface LoraConfig {
-  /** The adapters' rank r. */
-  r: number;
-  /** α: the update is scaled by α / r. */
-  alpha: number;
-  /** Dropout on an adapter's input while training. */
-  dropout: number;
-  /** Projections that get adapters, by their last name: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj. */
-  targetModules: string[];
-}
-
-const PROJECTIONS = ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj'] as const;
-
-/** A training stage's `lora` section: null trains every weight; a section trains adapters only. */
-export const loraSettings = z
-  .strictObject({
-    r: z.number().int().min(1).default(8).describe("The adapters' rank."),
-    alpha: z.number().positive().default(16).describe('The update is scaled by alpha / r.'),
-    dropout: z.number().min(0).lt(1).default(0.05).describe("Dropout on an adapter's input while training (seeded by the run's seed and step)."),
-    target_modules: z.array(z.enum(PROJECTIONS)).min(1).default(['q_proj', 'k_proj', 'v_proj', 'o_proj']).describe('Projections that get adapters: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.'),
-  })
-  .nullable()
-  .default(null)
-  .describe("LoRA: train low-rank adapters on these projections instead of every weight (PEFT's format: the stage writes adapter/ beside the merged model/). null: full fine-tuning.");
-
-/** The settings a `lora` section gives, as attachLora takes them. */
-export const loraOf = (s: NonNullable<z.infer<typeof loraSettings>>): LoraConfig => ({ r: s.r, alpha: s.alpha, dropout: s.dropout, targetModules: s.target_modules });
+import { PROJECTIONS, type LoraConfig } from './settings.ts';
 
 /** The modules of `model` that `targets` names, e.g. model.layers.0.self_attn.q_proj. */
 function targetModules(model: Llama, targets: string[]): string[] {

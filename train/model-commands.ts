@@ -1,14 +1,11 @@
 // `prefab model score|generate|inspect`: a Hugging Face folder of the Llama family checked by hand. Each
 // prints one JSON object on stdout, so its numbers can be compared with another implementation's.
 import { InvalidArgumentError, type Command } from 'commander';
-import * as tf from '@tensorflow/tfjs-core';
 import { PipelineError } from '../pipeline/errors.ts';
 import type { CommandContext } from '../pipeline/commands.ts';
 import { seeded } from '../core/random.ts';
 import { useBackend, type BackendChoice } from './backend.ts';
-import { llamaConfigJson, readHfModel } from './hf.ts';
-import { KVCache } from './decode.ts';
-import { Llama } from './model.ts';
+import type { Llama } from './model.ts';
 
 /** A JSON list of token ids (`depth` 1) or of lists of them (`depth` 2). */
 function tokenIds(depth: 1 | 2) {
@@ -36,6 +33,7 @@ const number = (value: string) => {
 /** The model in `dir`, on the backend `--backend` asked for; names the folder and the id when an id is out of the vocabulary. */
 async function open(program: Command, dir: string, ids: number[][]): Promise<Llama> {
   await useBackend((program.opts<{ backend?: BackendChoice }>().backend ?? 'auto') as BackendChoice);
+  const [{ readHfModel }, { Llama }] = await Promise.all([import('./hf.ts'), import('./model.ts')]); // the trainer, only when a model is opened
   let hf;
   try {
     hf = readHfModel(dir);
@@ -48,7 +46,8 @@ async function open(program: Command, dir: string, ids: number[][]): Promise<Lla
 }
 
 /** Each sequence's per-token log-probs (the first token has none) and their sums. */
-function score(model: Llama, sequences: number[][]): { token_logprobs: number[][]; sums: number[] } {
+async function score(model: Llama, sequences: number[][]): Promise<{ token_logprobs: number[][]; sums: number[] }> {
+  const tf = await import('@tensorflow/tfjs-core');
   const token_logprobs = sequences.map((ids) => {
     if (ids.length < 2) return [];
     const T = ids.length;
@@ -69,7 +68,7 @@ export function addModelCommands(program: Command, ctx: CommandContext): void {
     .requiredOption('--ids <json>', 'token ids, a list of sequences, e.g. [[1,5,9],[1,7]]', tokenIds(2))
     .action(async (dir: string, opts: { ids: number[][] }) => {
       const m = await open(program, dir, opts.ids);
-      process.stdout.write(JSON.stringify(score(m, opts.ids)) + '\n');
+      process.stdout.write(JSON.stringify(await score(m, opts.ids)) + '\n');
       m.dispose();
       ctx.setExit(0);
     });
@@ -86,7 +85,7 @@ export function addModelCommands(program: Command, ctx: CommandContext): void {
     .option('--stop <ids>', 'stop after any of these token ids, e.g. [2]', tokenIds(1))
     .action(async (dir: string, opts: { ids: number[]; maxNewTokens: number; temperature: number; topP: number; seed: string; stop?: number[] }) => {
       const m = await open(program, dir, [opts.ids]);
-      const cache = new KVCache(m);
+      const cache = new (await import('./decode.ts')).KVCache(m);
       const continuation = cache.generate(opts.ids, { maxTokens: opts.maxNewTokens, temperature: opts.temperature, topP: opts.topP, random: seeded(opts.seed, 'generate'), stop: opts.stop });
       process.stdout.write(JSON.stringify({ continuation }) + '\n');
       m.dispose();
@@ -97,7 +96,8 @@ export function addModelCommands(program: Command, ctx: CommandContext): void {
     .command('inspect')
     .description('print the architecture, parameter count, dtype and shape of a model folder')
     .argument('<folder>', 'a model folder')
-    .action((dir: string) => {
+    .action(async (dir: string) => {
+      const { llamaConfigJson, readHfModel } = await import('./hf.ts');
       let hf;
       try {
         hf = readHfModel(dir);

@@ -85,7 +85,7 @@ function initialWeights(c: LlamaConfig, seed: string): Map<string, Float32Array>
 
 
 /** RMSNorm: x / √(mean(x²) + ε) · weight. x: (N, D). */
-export function rmsNorm(x: tf.Tensor2D, weight: tf.Tensor, eps: number): tf.Tensor2D {
+function rmsNorm(x: tf.Tensor2D, weight: tf.Tensor, eps: number): tf.Tensor2D {
   return tf.mul(tf.mul(x, tf.rsqrt(tf.add(tf.mean(tf.square(x), -1, true), eps))), weight) as tf.Tensor2D;
 }
 
@@ -134,7 +134,7 @@ function rotate(x: tf.Tensor3D, cos: tf.Tensor3D, sin: tf.Tensor3D): tf.Tensor3D
 }
 
 /** K key/value heads repeated to H, each serving H / K query heads in a row (transformers' repeat_kv). (N, K, hd) → (N, H·hd). */
-export function repeatKv(x: tf.Tensor3D, heads: number): tf.Tensor2D {
+function repeatKv(x: tf.Tensor3D, heads: number): tf.Tensor2D {
   const [n, k, hd] = x.shape;
   if (k === heads) return tf.reshape(x, [n, heads * hd]);
   return tf.reshape(tf.tile(tf.reshape(x, [n, k, 1, hd]), [1, 1, heads / k, 1]), [n, heads * hd]);

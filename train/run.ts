@@ -5,41 +5,18 @@
 import { appendFileSync, existsSync, mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { copyFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { z } from 'zod';
 import { Interrupted, interrupted } from '../pipeline/interrupt.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { loadCheckpoint, saveCheckpoint } from './checkpoint.ts';
 import type { TokenizerFiles } from './hf.ts';
-import { mergeLora, saveAdapter, trainableParameters, type LoraConfig } from './lora.ts';
+import { mergeLora, saveAdapter, trainableParameters } from './lora.ts';
+import type { LoraConfig, TrainingSettings } from './settings.ts';
 import { hashJson } from '../pipeline/hash.ts';
 import type { Llama } from './model.ts';
 import type { Placeholders } from './placeholders.ts';
 import { ADAMW_DEFAULTS, AdamW, learningRate } from './optimizer.ts';
 import { optimizerStep, type MicroBatchLoss, type StepResult } from './step.ts';
 
-/**
- * The settings every training stage's config has: seed, batch and run length, checkpoints, micro-batches,
- * and the optimiser's (`lr` is the peak, reached after `warmup` steps, then decayed along a cosine to
- * lr · min_lr_ratio).
- */
-export function trainingConfig(lr: number) {
-  return {
-    seed: z.string().default('prefab').describe('Initial weights, data order, which examples a max_* draws.'),
-    batch_size: z.number().int().min(1).default(8).describe('Examples per optimiser step: windows of a session for SFT, pairs (KTO: rows) for preference training.'),
-    epochs: z.number().positive().default(1).describe('Passes over the data (a fraction is allowed): steps = epochs × examples / batch_size, rounded up, at most max_steps.'),
-    max_steps: z.number().int().min(1).nullable().default(null).describe('At most this many steps (null: as many as the epochs take).'),
-    lr: z.number().positive().default(lr).describe("AdamW's peak learning rate, reached after warmup, then decayed along a cosine."),
-    warmup: z.number().int().min(0).default(10).describe('Steps of linear warmup to the peak learning rate.'),
-    min_lr_ratio: z.number().min(0).max(1).default(0.1).describe('The learning rate at the last step, as a share of lr: where the cosine decay ends.'),
-    weight_decay: z.number().min(0).default(0.1).describe("AdamW's decoupled weight decay, on weight matrices only (not biases or LayerNorm gains)."),
-    max_grad_norm: z.number().positive().default(1).describe('Gradients are clipped to this global norm at each step.'),
-    checkpoint_every: z.number().int().min(1).default(25).describe('Steps between checkpoints (one is also written at the end); a killed run resumes from the latest.'),
-    micro_batch_tokens: z.number().int().min(16).default(2048).describe('Largest micro-batch, in padded tokens: a batch is split into micro-batches whose gradients add up (WASM runs out of memory past ~4k).'),
-  };
-}
-
-/** The settings `trainingConfig` gives a stage's config. */
-export type TrainingSettings = z.infer<z.ZodObject<ReturnType<typeof trainingConfig>>>;
 
 /**
  * This run's folder in the stage's cache, named by `key` (its config and data): a rerun after a kill resumes

@@ -2,7 +2,8 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { sftLoss } from './losses/index.ts';
 import type { Llama } from './model.ts';
-import type { Trainer, TrainingSettings } from './run.ts';
+import type { Trainer } from './run.ts';
+import type { TrainingSettings } from './settings.ts';
 import { stepsFor } from './run.ts';
 import { batchAt, maskedIn, microBatches, padBatch, type Sequence } from './windows.ts';
 

@@ -5,17 +5,17 @@
 // mode: feedback plays a group's episodes in order, each reading what the representatives said in the failed
 // ones before it (seed 004). Every validation.every steps the policy is measured on validation tasks. Off, the
 // stage passes the dpo model on unchanged.
-import { cp, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
 import { z } from 'zod';
 import { defineStage } from '../../pipeline/stage.ts';
-import { dapoKnobs, runDapo } from '../../loop/dapo.ts';
-import { stageBackend } from '../../train/backend.ts';
+import { dapoKnobs } from '../../loop/settings.ts';
 
 const config = z.strictObject({
   enabled: z.boolean().default(false).describe('Run DAPO; off, the stage passes the dpo model on unchanged.'),
   ...dapoKnobs,
 });
+
+/** The stage's config, as its section of the config file gives it. */
+export type Config = z.infer<typeof config>;
 
 export const dapo = defineStage({
   name: 'dapo',
@@ -25,22 +25,5 @@ export const dapo = defineStage({
   outputs: ['model', 'metrics.jsonl'],
   config,
 
-  async run({ config: cfg, out, input, cache, key, log, options, signal }) {
-    const from = join(input('dpo'), 'model');
-    if (!cfg.enabled) {
-      await cp(from, join(out, 'model'), { recursive: true });
-      await writeFile(join(out, 'metrics.jsonl'), ''); // no DAPO step was taken
-      return { counts: { steps: 0, resumed_from: 0 }, summary: 'DAPO is off (dapo.enabled: false): the dpo model is passed on' };
-    }
-    await stageBackend(options, log);
-    const run = await runDapo(from, out, cache, key, cfg, {}, signal, log);
-    const last = run.last;
-    const final = run.final;
-    return {
-      counts: { steps: cfg.steps, resumed_from: run.resumedFrom },
-      summary:
-        `${cfg.steps} ${cfg.mode === 'feedback' ? 'feedback-guided ' : ''}DAPO steps of ${cfg.tasks_per_step} tasks × ${cfg.group_size} episodes (${cfg.reward} reward); last steps: reward ${last.reward_mean?.toFixed(3)}, success ${last.success?.toFixed(3)}, kept groups ${last.kept_groups?.toFixed(1)}` +
-        (final?.['val/success_first'] === undefined ? '' : `; validation: first try ${final['val/success_first']!.toFixed(3)}, with feedback ${final['val/success_feedback']!.toFixed(3)}`),
-    };
-  },
+  run: (ctx) => import('./run.ts').then((m) => m.run(ctx)),
 });

@@ -1,20 +1,9 @@
 // dpo: preference optimisation of the SFT model on the exported pairs (DPO and its sigmoid, robust, hinge
 // and IPO losses; SimPO; ORPO: train/dpo.ts) or on the KTO rows (train/kto.ts). The SFT model is the starting
 // point and, for the losses that need one, the frozen reference, whose log-probabilities are cached here.
-import { join } from 'node:path';
 import { z } from 'zod';
-import { hashJson } from '../../pipeline/hash.ts';
 import { defineStage } from '../../pipeline/stage.ts';
-import type { KtoRow, Pair } from '../../core/records.ts';
-import { stageBackend } from '../../train/backend.ts';
-import { openChat } from '../../train/chat.ts';
-import { loadCheckpoint } from '../../train/checkpoint.ts';
-import { attachLora, loraOf, loraSettings } from '../../train/lora.ts';
-import { readParquet, subset } from '../../train/data.ts';
-import { dpoTrainer, lossOf, pairExamples, referenceScores, type PreferenceTraining } from '../../train/dpo.ts';
-import { ktoExamples, ktoTrainer } from '../../train/kto.ts';
-import { LOSS_NAMES } from '../../train/losses/index.ts';
-import { trainingConfig, trainingRun } from '../../train/run.ts';
+import { LOSS_NAMES, loraSettings, trainingConfig } from '../../train/settings.ts';
 
 const config = z.strictObject({
   loss: z.enum(LOSS_NAMES).default('dpo').describe("dpo is DPO's sigmoid loss; robust and hinge are its variants; simpo and orpo need no reference; kto trains on the KTO rows."),
@@ -30,6 +19,9 @@ const config = z.strictObject({
   max_length: z.number().int().min(16).nullable().default(null).describe("Tokens of prompt and completion together (null: the model's context), as TRL's max_length: the prompt keeps its head and as many latest messages as leave room for the longer side; a pair that still does not fit is left out."),
 });
 
+/** The stage's config, as its section of the config file gives it. */
+export type Config = z.infer<typeof config>;
+
 export const dpo = defineStage({
   name: 'dpo',
   description: 'preference optimisation (DPO, IPO, SimPO, ORPO, KTO) of the SFT model on the exported pairs',
@@ -38,46 +30,5 @@ export const dpo = defineStage({
   outputs: ['model', 'metrics.jsonl'],
   config,
 
-  async run({ config: cfg, out, input, cache, key, lineage, log, options, signal }) {
-    const backend = await stageBackend(options, log);
-    const sft = loadCheckpoint(join(input('sft'), 'model'));
-    const chat = openChat(sft.tokenizer, sft.model.config.eosTokenId, join(input('sft'), 'model'));
-    const length = Math.min(sft.context, cfg.max_length ?? Infinity) + 1;
-    const pad = chat.pad;
-    const loss = lossOf(cfg.loss, cfg.beta);
-    const kto = loss.name === 'kto';
-    const path = join(input('export'), kto ? 'kto' : 'pairs', 'train.parquet');
-    const used = subset(await readParquet<Pair & KtoRow>(path), cfg.max_examples, cfg.seed);
-    if (used.length === 0) throw new Error(`${path} has no rows: nothing to train ${cfg.loss} on`);
-    if (kto && !used.some((r) => r.label)) throw new Error(`${path}: no desirable rows (label true); KTO needs both kinds`);
-    const made = kto ? await ktoExamples(chat, used, length, sft.placeholders) : await pairExamples(chat, used, length, sft.placeholders);
-    const examples = made.examples;
-    for (const d of made.dropped.slice(0, 5)) log.warn('left out: does not fit', { pair_id: used[d.row]!.pair_id ?? null, session_id: used[d.row]!.session_id ?? null, reason: d.reason });
-    if (made.dropped.length) log.warn(`${made.dropped.length} of ${used.length} ${kto ? 'rows' : 'pairs'} left out: a side does not fit in ${length - 1} tokens (raise dpo.max_length or sft.model.context)`);
-    if (examples.length === 0) throw new Error(`${path}: no ${kto ? 'row' : 'pair'} fits in ${length - 1} tokens; raise dpo.max_length or sft.model.context`);
-    const fingerprints = lineage.filter((l) => l.stage === 'sft' || l.stage === 'export').map((l) => l.fingerprint);
-    // The rows used depend on the seed and max_examples; the cut on the length.
-    const referenceKey = hashJson({ fingerprints, kto, seed: cfg.seed, max_examples: cfg.max_examples, rows: made.rows, length, version: 2 });
-    const reference = loss.reference ? await referenceScores(sft.model, examples, pad, cfg.micro_batch_tokens, join(cache, `reference-${referenceKey.slice(0, 16)}.json`), signal, log) : null;
-    // With LoRA the model trained is the SFT model itself with adapters on it: the reference is its base, with no second copy of the weights.
-    const lora = cfg.lora ? loraOf(cfg.lora) : undefined;
-    const start = () => {
-      const model = lora ? sft.model : loadCheckpoint(join(input('sft'), 'model')).model;
-      if (lora) attachLora(model, lora, cfg.seed);
-      return model;
-    };
-    const trainer = kto ? ktoTrainer(examples, reference!, loss, cfg, pad, start) : dpoTrainer(examples, reference, loss, cfg, pad, start);
-    log.info('training', { loss: loss.name, beta: loss.beta, examples: examples.length, steps: trainer.steps, backend: backend.name });
-
-    const result = await trainingRun({ config: cfg, cache, key, tokenizer: sft.tokenizer, context: sft.context, placeholders: sft.placeholders, lora, base: '../../sft/model', signal, log }, trainer);
-    if (result.model !== sft.model) sft.model.dispose();
-    const last = await result.save(out, { stage: 'dpo', loss: loss.name, beta: loss.beta, max_length: length - 1 } satisfies PreferenceTraining);
-    const accuracy = last['rewards/accuracies'];
-    return {
-      counts: { examples: examples.length, too_long: made.dropped.length, steps: trainer.steps, resumed_from: result.resumedFrom },
-      summary:
-        `${cfg.loss} (β ${loss.beta}): ${trainer.steps} steps on ${examples.length} ${kto ? 'rows' : 'pairs'}${made.dropped.length ? ` (${made.dropped.length} too long, left out)` : ''}; last 10 steps: loss ${last.loss?.toFixed(3)}, ` +
-        `margin ${last['rewards/margins']?.toFixed(3)}${accuracy === undefined ? '' : `, accuracy ${accuracy.toFixed(2)}`}`,
-    };
-  },
+  run: (ctx) => import('./run.ts').then((m) => m.run(ctx)),
 });

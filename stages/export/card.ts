@@ -2,9 +2,8 @@
 // counts, schema and lineage.
 import { describeColumn, type Column } from '../../pipeline/parquet.ts';
 import type { Lineage } from '../../pipeline/stage.ts';
-import { KTO_COLUMNS, PAIR_COLUMNS, SESSION_COLUMNS, SFT_COLUMNS } from './schema.ts';
+import { DATASETS, KTO_COLUMNS, PAIR_COLUMNS, SESSION_COLUMNS, SFT_COLUMNS } from './schema.ts';
 
-export const DATASETS = ['sessions', 'sft', 'pairs', 'kto'] as const;
 type Dataset = (typeof DATASETS)[number];
 
 /** What a dataset's card says of it beyond its counts and lineage. */

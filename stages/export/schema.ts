@@ -1,6 +1,9 @@
 // The Parquet schemas of the exported datasets: messages as list<struct> in TRL's layout.
 import type { Column } from '../../pipeline/parquet.ts';
 
+/** The datasets the export writes, each a folder of Parquet files and a card. */
+export const DATASETS = ['sessions', 'sft', 'pairs', 'kto'] as const;
+
 const str: Column = { kind: 'string' };
 const optStr: Column = { kind: 'string', optional: true };
 const double: Column = { kind: 'double' };

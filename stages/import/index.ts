@@ -3,18 +3,9 @@
 // seeded draw on its prompt (pairs of one prompt together). The judge stage keeps them as given or has the
 // judges check them (judge.imported); they are exported with the other pairs, not to the SFT or KTO sets.
 // A record that cannot be read goes to quarantine.jsonl with its file, place and reason, as in ingest.
-import { join } from 'node:path';
 import { z } from 'zod';
-import { hashJson } from '../../pipeline/hash.ts';
 import { resolveInputs } from '../../pipeline/inputs.ts';
-import { JsonlWriter } from '../../pipeline/jsonl.ts';
-import { every, safePoint } from '../../pipeline/interrupt.ts';
-import { detectFormat, quarantineText, readRecords, type InputFormat } from '../../pipeline/records.ts';
 import { defineStage } from '../../pipeline/stage.ts';
-import { UsageError } from '../../pipeline/errors.ts';
-import { pairId, type CandidatePair } from '../../core/records.ts';
-import { SPLITS } from '../layout.ts';
-import { ImportError, detectImport, readPairs, type ImportFormat } from './formats.ts';
 
 const config = z.strictObject({
   inputs: z.array(z.string()).default([]).describe('Files, folders (read recursively) or globs of preference data, relative to the config file (JSONL, JSON array, Parquet; .gz for JSONL and JSON). Empty: nothing is imported.'),
@@ -34,6 +25,9 @@ const config = z.strictObject({
   seed: z.string().default('prefab').describe('The train/test draw.'),
 });
 
+/** The stage's config, as its section of the config file gives it. */
+export type Config = z.infer<typeof config>;
+
 export const importStage = defineStage({
   name: 'import',
   description: 'read ready-made preference pairs (HH-RLHF, TRL, UltraFeedback) as pairs with source imported',
@@ -43,74 +37,5 @@ export const importStage = defineStage({
   config,
   external: (cfg, configDir) => (cfg.inputs.length ? resolveInputs(cfg.inputs, configDir, 'import.inputs') : Promise.resolve([])),
 
-  async run({ config: cfg, out, external, log, signal }) {
-    const writers = Object.fromEntries(SPLITS.map((s) => [s, new JsonlWriter(join(out, `${s}.jsonl`))]));
-    const quarantine = new JsonlWriter(join(out, 'quarantine.jsonl'));
-    const counts: Record<string, number> = { train: 0, test: 0, records: 0, quarantined: 0, duplicates: 0, files: external.length, hh: 0, trl: 0, ultrafeedback: 0 };
-    // A pair met before (the same prompt and sides, in this file or another) is counted, not written again.
-    const seen = new Set<string>();
-    const due = every(1000);
-    for (const file of external) {
-      const fileFormat: InputFormat | null = cfg.file_format === 'auto' ? detectFormat(file.path) : cfg.file_format;
-      if (!fileFormat) throw new UsageError(`${file.name}: cannot tell its format from the name; use .jsonl, .json or .parquet, or set import.file_format`);
-      for await (const record of readRecords(file.path, fileFormat)) {
-        if (due()) await safePoint(signal, () => `import: stopped while reading ${file.name}; the next run reads every file again`);
-        if (!record.damaged) counts.records!++;
-        let read;
-        let format: ImportFormat | null = null;
-        try {
-          if (record.error !== undefined) throw new ImportError(record.error);
-          format = cfg.format === 'auto' ? detectImport(record.value, cfg.mapping) : cfg.format;
-          read = readPairs(record.value, format, cfg.mapping);
-        } catch (error) {
-          if (!(error instanceof ImportError)) throw new Error(`import: ${file.name} ${record.where}: ${(error as Error).message}`, { cause: error });
-          counts.quarantined!++;
-          await quarantine.write({ file: file.name, where: record.where, reason: `${format ? `${format}: ` : ''}${error.message}`, raw: quarantineText(record.raw) });
-          continue;
-        }
-        counts[format]!++;
-        for (const [k, p] of read.entries()) {
-          const id = pairId('imported', hashJson(p.chosen), hashJson(p.rejected), hashJson(p.prompt));
-          if (seen.has(id)) {
-            counts.duplicates!++;
-            continue;
-          }
-          seen.add(id);
-          const promptKey = hashJson({ seed: cfg.seed, prompt: p.prompt });
-          const split = parseInt(promptKey.slice(0, 8), 16) / 0xffffffff < cfg.test_ratio ? 'test' : 'train';
-          // Each side's id names where it came from: file, place, and which pair of the record.
-          const sideId = (side: string) => `${file.name}#${record.where}#${k}:${side}`;
-          const pair: CandidatePair = {
-            pair_id: id,
-            prompt: p.prompt,
-            chosen: p.chosen,
-            rejected: p.rejected,
-            chosen_reward: p.chosenRating,
-            rejected_reward: p.rejectedRating,
-            margin: p.chosenRating !== null && p.rejectedRating !== null ? p.chosenRating - p.rejectedRating : null,
-            confidence: 1,
-            source: 'imported',
-            negative_type: null,
-            judge: 'imported',
-            task_id: `imported-${promptKey.slice(0, 16)}`,
-            chosen_session_id: sideId('chosen'),
-            rejected_session_id: sideId('rejected'),
-            split,
-            metadata: JSON.stringify({ imported_from: file.name, where: record.where, format }),
-          };
-          await writers[split]!.write(pair);
-          counts[split]!++;
-        }
-      }
-      log.info('imported', { file: file.name, train: counts.train, test: counts.test, quarantined: counts.quarantined });
-    }
-    for (const w of Object.values(writers)) await w.close();
-    await quarantine.close();
-    return {
-      counts,
-      summary: external.length
-        ? `${counts.train} train / ${counts.test} test pairs from ${counts.records} records of ${external.length} file(s) (${counts.hh} HH-RLHF, ${counts.trl} TRL, ${counts.ultrafeedback} UltraFeedback), ${counts.quarantined} quarantined, ${counts.duplicates} duplicates dropped`
-        : 'nothing to import (import.inputs is empty)',
-    };
-  },
+  run: (ctx) => import('./run.ts').then((m) => m.run(ctx)),
 });

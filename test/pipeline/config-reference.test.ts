@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { configReference, undocumentedKeys } from '../../pipeline/config-reference.ts';
-import { refreshConfig } from '../../loop/refresh.ts';
+import { refreshConfig } from '../../loop/settings.ts';
 import { STAGES } from '../../stages/index.ts';
 import { prefab } from '../fixtures/cli.ts';
 

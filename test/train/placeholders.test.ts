@@ -15,7 +15,7 @@ import { prefabChat } from '../../train/chat.ts';
 import { Llama } from '../../train/model.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
 import { modelView } from '../../train/placeholders.ts';
-import { placeholdersConfig, placeholdersOf } from '../../stages/tokenizer/index.ts';
+import { placeholdersConfig, placeholdersOf } from '../../stages/tokenizer/placeholders.ts';
 import { TextTokenizer, trainTokenizer } from '../../train/tokenizer.ts';
 
 const world = generateWorld({ seed: 5, companies: 30 });

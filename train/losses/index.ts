@@ -65,6 +65,3 @@ export const LOSSES = {
 } satisfies Record<string, PairwiseLoss | UnpairedLoss>;
 
 export type LossName = keyof typeof LOSSES;
-
-/** The loss names a config may give: the registry's, and `dpo` for DPO's sigmoid loss. */
-export const LOSS_NAMES = ['dpo', ...(Object.keys(LOSSES) as LossName[])] as const;

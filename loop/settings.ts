@@ -1,0 +1,163 @@
+// The online loop's settings, as schemas and option parsers only: the config is checked and the commands'
+// options parsed without loading the trainer, the decoder or TensorFlow.js.
+import { z } from 'zod';
+import { DEFAULT_WORLD } from '../env/world.ts';
+import { LOSS_NAMES, trainingConfig } from '../train/settings.ts';
+import { gateConfig } from './paired.ts';
+
+/** DAPO's knobs: the dapo stage's config, and a refresh night's `refresh.dapo`, beside their `enabled`. */
+export const dapoKnobs = {
+  seed: z.string().default('prefab').describe('Which tasks each step draws, the sampling, and the mini-batches.'),
+  steps: z.number().int().min(1).default(4).describe('DAPO steps: each a batch of rollouts and ppo_epochs × mini_batches updates on it.'),
+  tasks_per_step: z.number().int().min(1).default(4).describe('Groups (tasks) a step trains on, once dynamic sampling has kept them.'),
+  group_size: z.number().int().min(2).default(8).describe('Episodes per task: a group, whose rewards give each other their advantage (GRPO).'),
+  max_generation_batches: z.number().int().min(1).default(3).describe('Dynamic sampling: batches of tasks_per_step tasks drawn at most per step to find groups whose rewards differ; a step that finds none makes no update.'),
+  mode: z.enum(['standard', 'feedback']).default('standard').describe("standard: a group's episodes are independent (DAPO); feedback: played in order, each reading the notes that the representatives' replies in the group's failed episodes before it condense to (seed 004)."),
+  feedback_training: z.enum(['context', 'base', 'both']).default('context').describe('mode feedback: train the guided episodes on the prompt they read, notes and all (context: on-policy), on the plain prompt with an importance ratio to the notes-reading policy (base), or both. docs/experiments.md measures the choice.'),
+  task_pool: z.number().int().min(1).default(500).describe('Training tasks are drawn from the first task_pool tasks of the training split (those with at most max_calls calls).'),
+  max_calls: z.number().int().min(1).max(5).nullable().default(null).describe("Tasks with at most this many calls to make (the curriculum's easy end); null: tasks of every difficulty (1–5 calls)."),
+  reward: z.enum(['success', 'partial']).default('success').describe("success: 1 for a completed task, else 0 (sparse); partial: the environment's share of requests completed, less penalties."),
+  ppo_epochs: z.number().int().min(1).default(2).describe('Passes over each batch of rollouts.'),
+  mini_batches: z.number().int().min(1).default(2).describe('Optimiser updates per pass (the batch is cut into this many mini-batches).'),
+  lr: z.number().positive().default(5e-5).describe('Learning rate (constant after warmup).'),
+  warmup: z.number().int().min(0).default(0).describe('Steps of linear warmup.'),
+  weight_decay: z.number().min(0).default(0).describe("AdamW's weight decay."),
+  max_grad_norm: z.number().positive().default(1).describe('Gradients are clipped to this global norm at each update.'),
+  clip_low: z.number().min(0).max(1).default(0.2).describe('ε_low: the ratio is clipped below at 1 − clip_low.'),
+  clip_high: z.number().min(0).default(0.28).describe("ε_high: and above at 1 + clip_high (DAPO's clip-higher)."),
+  dual_clip: z.number().min(1).default(10).describe("c: a negative advantage's loss is at most −A·c."),
+  kl_coef: z.number().min(0).default(0).describe('β of a k3 KL to the starting model, per token (0: none, as DAPO).'),
+  overlong_buffer: z.number().int().min(0).default(32).describe('Overlong shaping: an assistant turn within this many tokens of max_tokens is penalised linearly, down to −1 at max_tokens (0: off).'),
+  checkpoint_every: z.number().int().min(1).default(1).describe('Steps between checkpoints; a killed run resumes from the latest, gathering the same rollouts again.'),
+  micro_batch_tokens: z.number().int().min(16).default(2048).describe('Largest micro-batch, in padded tokens.'),
+  simulator: z
+    .strictObject({
+      world_seed: z.number().int().default(DEFAULT_WORLD.seed).describe('The world the sessions came from.'),
+      companies: z.number().int().min(1).default(DEFAULT_WORLD.companies).describe('Companies in that world.'),
+      temperature: z.number().positive().default(1).describe('Sampling temperature of the rollouts (the loss reads the policy at temperature 1: keep 1 for on-policy ratios).'),
+      top_p: z.number().min(0).max(1).default(1).describe('Nucleus sampling of the rollouts (1: the policy itself).'),
+      max_tokens: z.number().int().min(1).default(160).describe('Most tokens in one assistant message.'),
+      max_turns: z.number().int().min(1).default(12).describe('Most assistant messages in one episode.'),
+      constrained: z.boolean().default(true).describe("Tool calls decoded under the tools' JSON schemas, as in eval."),
+    })
+    .prefault({}).describe('Episodes in the simulator, as eval plays them.'),
+  validation: z
+    .strictObject({
+      every: z.number().int().min(0).default(0).describe('Steps between validations (and after the last step); 0: none.'),
+      tasks: z.number().int().min(1).default(20).describe('Validation tasks (companies never trained on), with at most max_calls calls.'),
+      tries: z.number().int().min(1).default(3).describe('Attempts per task for with-feedback success: each after the first reads the notes of the failed ones before it.'),
+      temperature: z.number().min(0).default(0.5).describe('Sampling temperature of validation episodes.'),
+    })
+    .prefault({}).describe('val/success_first (one try, no notes: what the policy has internalised), val/success_feedback (within tries, each reading the notes of the failed ones) and val/success_retry (as many tries, no notes), in metrics.jsonl.'),
+};
+const dapoSettings = z.strictObject(dapoKnobs);
+export type DapoSettings = z.infer<typeof dapoSettings>;
+
+export const refreshConfig = z
+  .strictObject({
+    inbox: z.string().default('../inbox').describe('The folder new sessions land in, relative to this file; it must be one of ingest.inputs. `refresh --days` writes its simulated days there.'),
+    seed: z.string().default('prefab').describe('The buffer’s draws, the training order and the paired episodes’ sampling.'),
+    buffer: z
+      .strictObject({
+        size: z.number().int().min(1).default(256).describe('Pairs a night trains on: every pair new tonight first (a seeded sample of them when there are more), then older ones.'),
+        half_life_nights: z.number().positive().default(3).describe('An older pair is drawn with weight ½^(nights since it first appeared / half_life_nights).'),
+      })
+      .prefault({})
+      .describe('The replay buffer: new sessions’ pairs mixed with older ones, bounded, recency weighted.'),
+    dpo: z
+      .strictObject({
+        loss: z.enum(LOSS_NAMES.filter((l) => l !== 'kto') as [string, ...string[]]).default('dpo').describe('The preference loss (as dpo.loss; KTO is not offered here).'),
+        beta: z.number().positive().nullable().default(null).describe("β; null takes the loss's default."),
+        label_smoothing: z.number().min(0).lt(0.5).default(0).describe('As dpo.label_smoothing.'),
+        gamma_beta_ratio: z.number().min(0).default(0.5).describe("SimPO's margin as a share of β."),
+        max_length: z.number().int().min(16).nullable().default(null).describe("Tokens of prompt and completion (null: the model's context)."),
+        ...trainingConfig(2e-5),
+        batch_size: z.number().int().min(1).default(4).describe('Pairs per optimiser step.'),
+        warmup: z.number().int().min(0).default(0).describe('Steps of linear warmup.'),
+        checkpoint_every: z.number().int().min(1).default(10).describe('Steps between checkpoints; a killed night resumes from the latest.'),
+      })
+      .prefault({})
+      .describe('The candidate: DPO continued from production (its frozen reference too), one epoch over the buffer, at a learning rate well below the offline run’s (seed 000).'),
+    eval: z
+      .strictObject({
+        tasks: z.number().int().min(1).default(20).describe('Validation tasks both models play.'),
+        k: z.number().int().min(1).default(2).describe('Tries per task: the twins are (task, try), with the same sampler seed for both models.'),
+        world_seed: z.number().int().default(DEFAULT_WORLD.seed).describe('The simulator world.'),
+        companies: z.number().int().min(1).default(DEFAULT_WORLD.companies).describe('Companies in that world.'),
+        temperature: z.number().min(0).default(0.5).describe('Sampling temperature of the paired episodes.'),
+        top_p: z.number().gt(0).max(1).default(0.95).describe('Nucleus sampling of the paired episodes.'),
+        max_tokens: z.number().int().min(1).default(160).describe('Most tokens in one assistant message.'),
+        max_turns: z.number().int().min(1).default(12).describe('Most assistant messages in one episode.'),
+      })
+      .prefault({})
+      .describe('The paired evaluation of candidate against production.'),
+    dapo: z
+      .strictObject({ enabled: z.boolean().default(false).describe('Continue the candidate by DAPO in the simulator after its DPO (the dapo stage’s knobs); off, the candidate is the DPO model.'), ...dapoKnobs })
+      .prefault({})
+      .describe('The feedback-guided (or standard) DAPO stage of the night, after DPO: the loop reintegrates new sessions alongside it.'),
+    gate: gateConfig.describe('When a candidate is promoted (loop/paired.ts).'),
+    rollback: z
+      .strictObject({
+        ratio: z.number().gt(0).max(1).default(0.95).describe('Production is rolled back when its live success falls below its baseline × ratio (seed 000).'),
+        min_sessions: z.number().int().min(1).default(20).describe('Sessions a version must have served before its live success counts (for it and for its baseline).'),
+        success_reward: z.number().min(0).max(1).default(1).describe('A served session succeeded when its metadata says so, else when its reward is at least this.'),
+      })
+      .prefault({})
+      .describe("Live success: each version's share of successful sessions among those it served (sessions' `model`); the baseline is the production it replaced."),
+    days: z
+      .strictObject({
+        tasks: z.number().int().min(1).default(25).describe('Tasks of a simulated day: each a conversation of the simulator’s users with production.'),
+        trials: z.number().int().min(1).default(2).describe('Conversations per task (several, so the pairs stage finds groups).'),
+        first_task: z.number().int().min(0).default(10_000).describe('Training-split task index of day 1’s first task (each day takes the next ones: tasks never seen before).'),
+        start: z.string().regex(/^\d{4}-\d{2}-\d{2}$/).default('2026-06-01').describe('Day 1’s date.'),
+        temperature: z.number().min(0).default(0.5).describe("Production's sampling temperature on the day's traffic."),
+        concurrency: z.number().int().min(1).default(8).describe('Conversations in flight at once (the server decodes them together).'),
+      })
+      .prefault({})
+      .describe('`prefab refresh --days N`: each day serves production, the simulator’s users talk to it, and the night refreshes.'),
+  })
+  .prefault({})
+  .describe('read by `prefab refresh` (the online loop, docs/loop.md): a night takes in the inbox, trains a candidate from production, and promotes it only when it is better with confidence');
+export type RefreshConfig = z.infer<typeof refreshConfig>;
+
+export interface ServeSettings {
+  host: string;
+  /** 0: any free port. */
+  port: number;
+  /** Required as `Authorization: Bearer …` when set (PREFAB_SERVE_API_KEY). */
+  apiKey: string | null;
+  /** Requests decoded together, per version. */
+  maxBatch: number;
+  /** Requests waiting beyond those, per version; one more is answered 429. */
+  maxQueue: number;
+  /** Largest request body, in bytes (413 beyond). */
+  maxBodyBytes: number;
+  /** Tokens in a reply when the request does not say, and the most it may ask for. */
+  maxTokens: number;
+  /** What a request for `prefab` gets. */
+  defaultModel: string;
+  /** Conversations asking for `production` are shared among these arms by a stable hash; null: no split. */
+  split: Arm[] | null;
+}
+
+export const SERVE_DEFAULTS: Omit<ServeSettings, 'split' | 'apiKey'> = { defaultModel: 'production', host: '127.0.0.1', port: 8000, maxBatch: 16, maxQueue: 64, maxBodyBytes: 1 << 20, maxTokens: 160 };
+
+/** An arm of the split: a version or alias, and its share of conversations. */
+export interface Arm {
+  name: string;
+  share: number;
+}
+
+/** `production=0.8,candidate=0.2` → arms whose shares add up to 1. */
+export function parseSplit(text: string): Arm[] {
+  const arms = text.split(',').map((part) => {
+    const [name, share] = part.split('=');
+    const n = Number(share);
+    if (!name || !(n > 0 && n <= 1)) throw new Error(`--split ${text}: expected name=share pairs with shares in (0, 1], e.g. production=0.8,candidate=0.2`);
+    return { name: name.trim(), share: n };
+  });
+  const total = arms.reduce((s, a) => s + a.share, 0);
+  if (Math.abs(total - 1) > 1e-9) throw new Error(`--split ${text}: the shares add up to ${total}, not 1`);
+  return arms;
+}
+

@@ -1,0 +1,103 @@
+// The judge stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
+// judge: every pair from the pairs stage, and best-of-N among each task's candidates (logged trials and
+// sampled ones), goes before the judges: a decisive verifier first, then the weighted votes of the rules
+// and, when configured, an LLM judge. Every judged comparison is written, kept or not: the gate decides.
+import { writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { mustDeclineTest } from '../../judges/rules.ts';
+import { openPanel } from '../../judges/panel.ts';
+import { addStats, NO_COST, type JudgeStats } from '../../core/verdict.ts';
+import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
+import { safePoint } from '../../pipeline/interrupt.ts';
+import type { CandidatePair, JudgedPair } from '../../core/records.ts';
+import { SPLITS, bucketFile, readPairsInfo, readSplitInfo } from '../layout.ts';
+import { candidateGroups, judgeGroup } from './best-of-n.ts';
+import { asGiven, coupleKey, judgeConstructed } from './constructed.ts';
+
+interface Tally {
+  counts: Record<string, number>;
+  stats: JudgeStats;
+}
+
+import type { StageContext, StageReport } from '../../pipeline/stage.ts';
+import type { Config } from './index.ts';
+
+function tallyOne(t: Tally, p: JudgedPair): void {
+  const c = t.counts;
+  c[`judged_${p.split}`]!++;
+  c[p.source] = (c[p.source] ?? 0) + 1;
+  c[p.verdict.winner === 'a' ? 'chosen_wins' : p.verdict.winner === 'b' ? 'rejected_wins' : p.verdict.winner === 'tie' ? 'ties' : 'abstained']!++;
+  t.stats = addStats(t.stats, p.judge_stats);
+  if (p.judge_stats.flipped) c.flipped!++;
+  if (p.judge_stats.over_budget) c.over_budget!++;
+}
+
+export async function run({ config: cfg, configDir, out, input, cache, lineage, log, signal }: StageContext<Config>): Promise<StageReport> {
+  const info = await readSplitInfo(input('split'));
+  const pairsInfo = (await readPairsInfo(input('pairs'))) ?? { must_decline: [] };
+  const mustDecline = mustDeclineTest(pairsInfo.must_decline);
+  const { ensemble, endpoint, promptVersion } = await openPanel(cfg, { configDir, cacheDir: cache, redaction: cfg.redaction, mustDecline, log });
+
+  const tally: Tally = {
+    counts: { judged_train: 0, judged_test: 0, chosen_wins: 0, rejected_wins: 0, ties: 0, abstained: 0, flipped: 0, over_budget: 0, best_of_n_groups: 0, best_of_n_same_as_outcome: 0, best_of_n_duplicates: 0 },
+    stats: NO_COST,
+  };
+  try {
+    for (const side of SPLITS) {
+      const writer = new JsonlWriter(join(out, `${side}.jsonl`));
+      const write = async (pairs: JudgedPair[]) => {
+        for (const p of pairs) {
+          await writer.write(p);
+          tallyOne(tally, p);
+        }
+      };
+
+      const progress = log.progress(`judge ${side} pairs`, lineage.find((l) => l.stage === 'pairs')?.counts[side]);
+      const stopped = () => `judge: stopped while judging the ${side} pairs; the next run judges again (LLM answers received are cached)`;
+      const outcomeKeys = await judgeConstructed(join(input('pairs'), `${side}.jsonl`), ensemble, cfg.batch_size, write, () => progress.tick(), () => safePoint(signal, stopped));
+      progress.done();
+      const imported = join(input('import'), `${side}.jsonl`);
+      if (cfg.imported === 'recheck') await judgeConstructed(imported, ensemble, cfg.batch_size, write, () => {}, () => safePoint(signal, stopped));
+      else for await (const p of readJsonl<CandidatePair>(imported)) await write([asGiven(p)]);
+      if (cfg.best_of_n.enabled) {
+        const groups = log.progress(`judge ${side} best-of-N`, info.buckets);
+        for (let b = 0; b < info.buckets; b++) {
+          await safePoint(signal, stopped);
+          const bucket = await candidateGroups(bucketFile(input('split'), side, b), bucketFile(input('sample'), side, b), cfg.best_of_n.max_candidates);
+          const results = await Promise.all(bucket.filter((g) => g.candidates.length >= cfg.best_of_n.min_candidates).map((g) => judgeGroup(g, (c) => ensemble.judge(c))));
+          for (const r of results) {
+            tally.counts.best_of_n_groups!++;
+            tally.counts.best_of_n_duplicates! += r.duplicates.length;
+            tally.stats = addStats(tally.stats, r.offRecord);
+            // A couple already paired by outcome would only be a duplicate row.
+            const fresh = r.judged.filter((p) => !outcomeKeys.has(coupleKey(p)));
+            tally.counts.best_of_n_same_as_outcome! += r.judged.length - fresh.length;
+            await write(fresh);
+          }
+          groups.tick();
+        }
+        groups.done();
+      }
+      await writer.close();
+    }
+  } finally {
+    await endpoint?.close();
+  }
+
+  const { counts, stats } = tally;
+  const report = {
+    judges: ensemble.names,
+    prompt_version: promptVersion,
+    endpoint: endpoint ? { url: endpoint.baseURL, model: endpoint.model, ...endpoint.counts } : null,
+    counts,
+    stats: { ...stats },
+  };
+  await writeFile(join(out, 'report.json'), JSON.stringify(report, null, 2) + '\n');
+  const requests = endpoint ? `; ${endpoint.counts.requests} requests, ${endpoint.counts.cached} from cache, ${endpoint.counts.retries} retries, ${stats.parse_failures} unreadable replies` : '';
+  return {
+    counts: { ...counts, requests: endpoint?.counts.requests ?? 0, cached: endpoint?.counts.cached ?? 0, retries: endpoint?.counts.retries ?? 0, parse_failures: stats.parse_failures, request_errors: stats.errors },
+    summary:
+      `${counts.judged_train} train / ${counts.judged_test} test comparisons judged by ${ensemble.names.join(', ')}: ` +
+      `${counts.chosen_wins} confirmed, ${counts.rejected_wins} reversed, ${counts.ties} ties, ${counts.abstained} abstained (${counts.flipped} order flips)${requests}`,
+  };
+}

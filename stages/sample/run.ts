@@ -1,0 +1,76 @@
+// The sample stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
+// sample: for tasks with too few logged candidates, draw more from an OpenAI-compatible endpoint at
+// temperature 0.7, so best-of-N has N to choose from. A simulator task is rolled out in the environment
+// with the model as the policy (so the candidate has a real reward); any other prompt gets one sampled
+// reply (no reward). Every answer is cached per (model, request, index): a rerun pays nothing.
+import { mkdir, writeFile } from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+import { RequestFailed, openEndpoint, requestCounts } from '../../judges/endpoint.ts';
+import { JsonlWriter } from '../../pipeline/jsonl.ts';
+import { WorldCache } from '../../env/replay.ts';
+import { SPLITS, bucketFile, readSplitInfo, readTaskGroups } from '../layout.ts';
+import { drawCandidate, type SampledSession } from './candidate.ts';
+import { BudgetSpent } from './policy.ts';
+
+const ENDPOINT = { key: 'sample.endpoint', modelEnv: 'PREFAB_SAMPLE_MODEL' };
+import type { StageContext, StageReport } from '../../pipeline/stage.ts';
+import type { Config } from './index.ts';
+
+export async function run({ config: cfg, out, input, cache, log }: StageContext<Config>): Promise<StageReport> {
+  const splitDir = input('split');
+  const info = await readSplitInfo(splitDir);
+  await mkdir(join(out, 'sessions'), { recursive: true });
+  await writeFile(join(out, 'info.json'), JSON.stringify({ buckets: info.buckets }) + '\n');
+  const counts: Record<string, number> = { tasks_sampled: 0, sampled: 0, rollouts: 0, replies: 0, failed: 0, over_budget: 0, requests: 0, cached: 0, retries: 0 };
+  const endpoint = cfg.enabled ? await openEndpoint(ENDPOINT, cfg.endpoint, cfg.redaction, join(cache, 'answers.jsonl'), log) : null;
+  const worlds = new WorldCache();
+  try {
+    for (const side of SPLITS) {
+      const progress = log.progress(`sample ${side}`, info.buckets);
+      for (let b = 0; b < info.buckets; b++) {
+        const path = bucketFile(out, side, b);
+        await mkdir(dirname(path), { recursive: true });
+        const writer = new JsonlWriter(path);
+        if (endpoint && cfg.splits.includes(side)) {
+          const jobs: Promise<SampledSession | null>[] = [];
+          for (const [taskId, sessions] of await readTaskGroups(bucketFile(splitDir, side, b))) {
+            if (sessions.length >= cfg.min_candidates) continue;
+            counts.tasks_sampled!++;
+            for (let index = sessions.length; index < cfg.min_candidates; index++) {
+              jobs.push(
+                drawCandidate(endpoint, worlds, taskId, sessions, index, cfg).catch((error: unknown) => {
+                  if (error instanceof BudgetSpent) counts.over_budget!++;
+                  else if (error instanceof RequestFailed) {
+                    counts.failed!++;
+                    log.warn('sample failed', { task_id: taskId, index, error: error.message });
+                  } else throw error;
+                  return null;
+                }),
+              );
+            }
+          }
+          for (const candidate of await Promise.all(jobs)) {
+            if (!candidate) continue;
+            await writer.write(candidate);
+            counts.sampled!++;
+            counts[candidate.reward === null ? 'replies' : 'rollouts']!++;
+          }
+        }
+        await writer.close();
+        progress.tick();
+      }
+      progress.done();
+    }
+  } finally {
+    await endpoint?.close();
+  }
+  if (endpoint) Object.assign(counts, requestCounts(endpoint));
+  if (counts.failed! > 0) log.warn('some candidates failed', { failed: counts.failed, hint: 'rerun `prefab stage sample`: answers already received are cached' });
+  return {
+    counts,
+    summary: endpoint
+      ? `${counts.sampled} candidates sampled for ${counts.tasks_sampled} tasks (${counts.rollouts} rollouts, ${counts.replies} single replies; ` +
+        `${counts.requests} requests, ${counts.cached} from cache, ${counts.failed} failed, ${counts.over_budget} over budget)`
+      : 'sampling is off (sample.enabled: false); best-of-N uses the logged sessions',
+  };
+}
