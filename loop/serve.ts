@@ -1,7 +1,7 @@
 // `prefab serve`: registry versions behind an OpenAI-compatible HTTP API (POST /v1/chat/completions with
 // tools and tool_calls, optional SSE streaming; GET /v1/models), so agents and the simulator talk to the
 // deployed model as to any endpoint. The requests in flight for a version are decoded together: one pass
-// through the model per decoding step for all of them (KVCache.readEach), and a finished request's cache
+// through the model per decoding step for all of them, new requests' prompts read in the same pass (KVCache.readMany), and a finished request's cache
 // waits in a pool for the conversation's next turn, which then reads only its new messages. With a split,
 // each conversation goes to an arm by a stable hash of its opening messages, and every response says which
 // version answered (its `model` field and the x-prefab-version header), so collected sessions come back
@@ -145,14 +145,14 @@ class ServedModel {
    * else a copy of the shared part of one in flight (the system prompt, read once for all of them), else a new
    * one. Either way only what is not shared is read.
    */
-  private cacheFor(prompt: number[]): KVCache {
+  private cacheFor(prompt: number[], inFlight: { job: Job }[]): KVCache {
     const shared = (c: KVCache) => {
       let n = 0;
       while (n < c.tokens.length && n < prompt.length && c.tokens[n] === prompt[n]) n++;
       return n;
     };
     let best: { cache: KVCache; n: number; idle: boolean } | null = null;
-    for (const [cache, idle] of [...this.idle.map((c) => [c, true] as const), ...this.active.map((j) => [j.decoding!.cache, false] as const)]) {
+    for (const [cache, idle] of [...this.idle.map((c) => [c, true] as const), ...inFlight.map((r) => [r.job.decoding!.cache, false] as const)]) {
       const n = shared(cache);
       if (n > (best?.n ?? 0)) best = { cache, n, idle };
     }
@@ -169,26 +169,16 @@ class ServedModel {
     job.done({ out: job.decoding?.out ?? [], error });
   }
 
-  /** Until no request is left: take waiting ones in (reading their prompts), draw a token for each, and read all of them in one step. */
+  /**
+   * Until no request is left: draw a token for each request in flight, take waiting ones in, and read them
+   * all in one pass: the drawn tokens, and the new requests' prompts (what their caches do not hold yet).
+   */
   private async loop(): Promise<void> {
     if (this.running) return;
     this.running = true;
     try {
       while (this.waiting.length > 0 || this.active.length > 0) {
-        while (this.waiting.length > 0 && this.active.length < this.settings.maxBatch) {
-          const job = this.waiting.shift()!;
-          if (job.cancelled) {
-            this.release(job);
-            continue;
-          }
-          try {
-            job.decoding = new Decoding(this.cacheFor(job.prompt), job.prompt, job.sampling);
-            this.active.push(job);
-          } catch (error) {
-            this.release(job, error as Error);
-          }
-        }
-        const reading: { job: Job; token: number }[] = [];
+        const reading: { job: Job; tokens: number[] }[] = [];
         for (const job of this.active) {
           const token = job.cancelled ? null : job.decoding!.next();
           if (token !== null) {
@@ -196,11 +186,25 @@ class ServedModel {
             job.onToken?.(job.decoding!.out);
           }
           if (token === null || job.decoding!.finished) this.release(job);
-          else reading.push({ job, token });
+          else reading.push({ job, tokens: [token] });
+        }
+        while (this.waiting.length > 0 && reading.length < this.settings.maxBatch) {
+          const job = this.waiting.shift()!;
+          if (job.cancelled) {
+            this.release(job);
+            continue;
+          }
+          try {
+            job.decoding = new Decoding(this.cacheFor(job.prompt, reading), job.prompt, job.sampling, false);
+            if (job.decoding.finished) this.release(job);
+            else reading.push({ job, tokens: job.decoding.unread.splice(0) });
+          } catch (error) {
+            this.release(job, error as Error);
+          }
         }
         this.active = reading.map((r) => r.job);
         if (reading.length > 0) {
-          const logits = KVCache.readEach(reading.map((r) => r.job.decoding!.cache), reading.map((r) => r.token));
+          const logits = KVCache.readMany(reading.map((r) => r.job.decoding!.cache), reading.map((r) => r.tokens));
           reading.forEach((r, i) => (r.job.decoding!.logits = logits[i]!));
         }
         await new Promise((resolve) => setImmediate(resolve)); // let the server take requests and send replies

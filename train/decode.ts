@@ -190,8 +190,17 @@ export class KVCache {
    * read alone.
    */
   static readEach(caches: KVCache[], tokens: number[]): Float32Array[] {
-    if (caches.length === 1) return [caches[0]!.read(tokens)];
-    return KVCache.readRows(caches, tokens.map((token) => [token]));
+    return KVCache.readMany(caches, tokens.map((token) => [token]));
+  }
+
+  /**
+   * Reads `reads[b]` into caches[b] (one token each while decoding, a prompt's new tokens for a request just
+   * taken in), all in one pass; returns each cache's next-token logits, as `read` on each would. The caches
+   * must share one DecodeWeights; a single cache is read alone.
+   */
+  static readMany(caches: KVCache[], reads: number[][]): Float32Array[] {
+    if (caches.length === 1) return [caches[0]!.read(reads[0]!)];
+    return KVCache.readRows(caches, reads);
   }
 
   /**
@@ -362,13 +371,17 @@ export class Decoding {
   logits: Float32Array;
   /** No token is to be read or drawn any more: a stop token, maxTokens, the model's positions, or the constraint allows nothing. */
   finished = false;
+  /** The prompt's tokens the cache did not hold, when the caller reads them (`read` false); then it sets `logits`. */
+  readonly unread: number[] = [];
   private readonly limit: number;
   private readonly rand: Random;
 
+  /** `read` false: the prompt's new tokens are left in `unread`, for the caller to read with other caches' (KVCache.readMany). */
   constructor(
     readonly cache: KVCache,
     prompt: number[],
     readonly options: GenerateOptions,
+    read = true,
   ) {
     const room = cache.model.config.maxPositions - prompt.length;
     this.limit = Math.min(options.maxTokens, room);
@@ -381,7 +394,8 @@ export class Decoding {
     let shared = 0;
     while (shared < Math.min(prompt.length - 1, cache.tokens.length) && cache.tokens[shared] === prompt[shared]) shared++;
     cache.truncate(shared);
-    this.logits = cache.read(prompt.slice(shared));
+    this.unread = prompt.slice(shared);
+    this.logits = read ? cache.read(this.unread.splice(0)) : new Float32Array(0);
   }
 
   /** Draws the next token (null when there is none to draw); after a stop token or the last one allowed, `finished` is set and the token is not to be read. */
