@@ -1,10 +1,26 @@
 #!/usr/bin/env node
-// The `prefab` executable: TypeScript runs through tsx, so a clean clone needs no build step.
-import { register } from 'tsx/esm/api';
+// The `prefab` executable. The code is TypeScript: it runs from a bundle of it (bin/bundle.js), made on first
+// use and whenever a source changed, so a clean clone needs no build step. Where no bundle can be made (a
+// read-only install), or with PREFAB_TSX=1 (stack traces then name the sources), it runs through tsx.
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
 
-register();
-const { main } = await import('../pipeline/cli.ts');
-const { STAGES, COMMANDS } = await import('../stages/index.ts');
+async function load() {
+  if (!process.env.PREFAB_TSX) {
+    let dir = null;
+    try {
+      dir = await (await import('./bundle.js')).bundle();
+    } catch (error) {
+      process.emitWarning(`prefab: running through tsx, the bundle could not be made (${error.message})`);
+    }
+    if (dir) return Promise.all([import(pathToFileURL(join(dir, 'cli.js')).href), import(pathToFileURL(join(dir, 'stages.js')).href)]);
+  }
+  const { register } = await import('tsx/esm/api');
+  register();
+  return Promise.all([import('../pipeline/cli.ts'), import('../stages/index.ts')]);
+}
+
+const [{ main }, { STAGES, COMMANDS }] = await load();
 const code = await main(process.argv, STAGES, COMMANDS);
 // Exit now rather than when the event loop drains: a stage that failed may leave retries of other requests
 // waiting on timers. Standard output is flushed first.

@@ -2,10 +2,10 @@
 // its work, and the heavy libraries behind it, load only when it runs. A module-load hook in the child process
 // lists every module it loads.
 import { spawnSync } from 'node:child_process';
-import { mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { REPO } from '../fixtures/cli.ts';
+import { REPO, prefab } from '../fixtures/cli.ts';
 import { jsonl, session, tempDir } from '../fixtures/pipeline.ts';
 
 const HOOK = `data:text/javascript,${encodeURIComponent(`
@@ -13,9 +13,12 @@ import { register } from 'node:module';
 register('data:text/javascript,' + encodeURIComponent("export async function load(url, context, next) { process.stderr.write('loaded ' + url + '\\\\n'); return next(url, context); }"));
 `)}`;
 
-/** Runs prefab with the hook: its exit code and the modules it loaded (their URLs). */
-function loads(args: string[]): { code: number; modules: string[]; stderr: string } {
-  const r = spawnSync(process.execPath, ['--import', HOOK, join(REPO, 'bin', 'prefab.js'), ...args], { encoding: 'utf8', env: { ...process.env, NO_COLOR: '1' } });
+/**
+ * Runs prefab with the hook: its exit code and the modules it loaded (their URLs). From the bundle (as users
+ * run it) only packages are modules of their own; through tsx (`tsx`) every source file is.
+ */
+function loads(args: string[], tsx = false): { code: number; modules: string[]; stderr: string } {
+  const r = spawnSync(process.execPath, ['--import', HOOK, join(REPO, 'bin', 'prefab.js'), ...args], { encoding: 'utf8', env: { ...process.env, NO_COLOR: '1', ...(tsx ? { PREFAB_TSX: '1' } : {}) } });
   const modules = r.stderr.split('\n').flatMap((line) => (line.startsWith('loaded ') ? [line.slice(7)] : []));
   return { code: r.status ?? -1, modules, stderr: r.stderr };
 }
@@ -31,8 +34,8 @@ describe('startup', () => {
     const config = join(dir, 'prefab.yaml');
     writeFileSync(config, `ingest:\n  inputs: [${inbox}]\n`);
     const common = ['--workdir', join(dir, 'workspace'), '--config', config];
-    for (const args of [[...common, 'status'], [...common, 'stages'], ['--help'], [...common, 'run', '--until', 'split']]) {
-      const r = loads(args);
+    for (const args of [[...common, 'status'], [...common, 'stages'], ['--help'], [...common, 'run', '--until', 'split']]) for (const tsx of [false, true]) {
+      const r = loads(args, tsx);
       expect(r.code, `prefab ${args.join(' ')}: ${r.stderr.split('\n').filter((l) => !l.startsWith('loaded ')).join('\n')}`).toBe(0);
       expect(r.modules.length).toBeGreaterThan(20); // the hook saw the modules
       expect(heavy(r.modules), `prefab ${args.join(' ')}`).toEqual([]);
@@ -40,9 +43,33 @@ describe('startup', () => {
   });
 
   it('loads TensorFlow.js and the model when a command needs the model', () => {
-    const r = loads(['model', 'inspect', join(REPO, 'test', 'fixtures', 'hf-tiny', 'llama-tiny')]);
+    for (const tsx of [false, true]) {
+      const r = loads(['model', 'inspect', join(REPO, 'test', 'fixtures', 'hf-tiny', 'llama-tiny')], tsx);
+      expect(r.code).toBe(0);
+      expect(heavy(r.modules).some((m) => m.includes('@tensorflow/tfjs-core'))).toBe(true);
+      if (tsx) expect(heavy(r.modules).some((m) => m.endsWith('/train/model.ts'))).toBe(true);
+    }
+  });
+});
+
+describe('the bundle', () => {
+  const current = () => JSON.parse(readFileSync(join(REPO, 'node_modules', '.cache', 'prefab', 'current.json'), 'utf8')) as { dir: string; inputs: Record<string, unknown> };
+
+  it('is made again when a source it was made from changes, and prefab runs through tsx when asked', () => {
+    expect(prefab(['--help']).code).toBe(0);
+    const before = current();
+    expect(Object.keys(before.inputs)).toContain('stages/gate/index.ts');
+    expect(prefab(['--help']).code).toBe(0);
+    expect(current().dir).toBe(before.dir); // nothing changed: the same bundle
+    const source = join(REPO, 'stages', 'gate', 'index.ts');
+    const now = new Date();
+    utimesSync(source, now, now);
+    const r = prefab(['stages']);
     expect(r.code).toBe(0);
-    expect(heavy(r.modules).some((m) => m.includes('@tensorflow/tfjs-core'))).toBe(true);
-    expect(heavy(r.modules).some((m) => m.endsWith('/train/model.ts'))).toBe(true);
+    expect(r.stdout).toContain('gate');
+    expect(current().dir).not.toBe(before.dir);
+    const viaTsx = spawnSync(process.execPath, [join(REPO, 'bin', 'prefab.js'), 'stages'], { encoding: 'utf8', env: { ...process.env, PREFAB_TSX: '1' } });
+    expect(viaTsx.status).toBe(0);
+    expect(viaTsx.stdout).toBe(r.stdout);
   });
 });
