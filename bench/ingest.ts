@@ -1,17 +1,20 @@
-// Throughput and memory of the whole pipeline (`prefab run`: ingest → split → pairs → export) on synthetic
-// sessions, next to a baseline that only reads the same JSONL file line by line and JSON.parses each line.
-// For each size N it prints wall time, sessions/s, the pipeline/baseline rate ratio and each child's peak RSS,
-// then checks that the pipeline's peak RSS does not grow with N (largest N / smallest N within 1.5×).
+// The data stages' throughput and memory on synthetic sessions (bench/synthetic-sessions.ts, shaped like the
+// simulator's), each a whole process as a user runs it, beside two baselines measured in the same run on the
+// same file: the parse floor (Node reading the JSONL line by line and JSON.parse-ing each line, nothing else)
+// and DuckDB's round trip (read and type every session, write it back as JSONL; 2 threads). For each size N:
+// `prefab run --until ingest` and `prefab run --until pairs` in fresh workspaces (no training: the data
+// stages only). Goals (issue 21): ingest ≥ 0.5× the parse floor; ingest → pairs ≥ 1.0× DuckDB's round trip at
+// no more than its peak RSS; the pairs run's peak RSS at the largest N ≤ 1.2× that at the smallest.
 //
-//   npx tsx bench/ingest.ts                      # sizes 10000,100000
-//   npx tsx bench/ingest.ts --sizes 2000,10000
+//   npm run bench:ingest                         # sizes 10000,100000
+//   npm run bench:ingest -- --sizes 100000,1000000
 //
 // Both are measured as child processes. Peak RSS comes from GNU `/usr/bin/time -f %M` (max RSS of the child,
 // in KiB), which is present on the machine this was written on; where it is missing, the script falls back
 // to polling VmHWM (the kernel's high-water mark of RSS) in /proc/<pid>/status every 50 ms.
 import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdtemp, readFile, readdir, rm, writeFile } from 'node:fs/promises';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -22,7 +25,6 @@ import { writeSyntheticSessions } from './synthetic-sessions.ts';
 const SEED = 1;
 const GNU_TIME = '/usr/bin/time';
 const MiB = 1024 * 1024;
-const STAGE_ORDER = ['ingest', 'split', 'pairs', 'export'];
 
 interface Measurement {
   seconds: number;
@@ -68,8 +70,8 @@ async function measure(command: string, args: string[], rssFile: string): Promis
   return { seconds, peakRssBytes, stdout };
 }
 
-/** The baseline: read the file with readline and JSON.parse every line, nothing else; prints the line count. */
-const BASELINE = `
+/** The parse floor: read the file with readline and JSON.parse every line, nothing else; prints the line count. */
+const PARSE_FLOOR = `
 const { createReadStream } = require('node:fs');
 const { createInterface } = require('node:readline');
 (async () => {
@@ -81,11 +83,24 @@ const { createInterface } = require('node:readline');
 })();
 `;
 
+/** DuckDB's round trip: every session read and typed, then written back as JSONL; prints the row count. */
+const DUCKDB = `
+import { DuckDBInstance } from '@duckdb/node-api';
+const [input, output] = process.argv.slice(2);
+const db = await DuckDBInstance.create(':memory:', { threads: '2' });
+const c = await db.connect();
+await c.run(\`COPY (SELECT * FROM read_json('\${input}', format = 'newline_delimited', maximum_object_size = 67108864)) TO '\${output}' (FORMAT json)\`);
+const rows = await c.runAndReadAll(\`SELECT count(*)::INTEGER AS n FROM read_json('\${output}', format = 'newline_delimited', maximum_object_size = 67108864)\`);
+process.stdout.write(String(rows.getRowObjectsJson()[0].n));
+`;
+
 interface Row {
   n: number;
-  pipeline: Measurement;
-  baseline: Measurement;
-  counts: Record<string, Record<string, unknown>>;
+  floor: Measurement;
+  duckdb: Measurement;
+  ingest: Measurement;
+  pairs: Measurement;
+  counts: Record<string, unknown>;
 }
 
 async function benchOne(n: number): Promise<Row> {
@@ -93,33 +108,27 @@ async function benchOne(n: number): Promise<Row> {
   try {
     const input = join(dir, 'sessions.jsonl');
     await writeSyntheticSessions(input, n, SEED);
-
     // configs/default.yaml with ingest.inputs pointing at the generated file (relative to the config's folder).
     const config = parseDocument(await readFile('configs/default.yaml', 'utf8'));
     config.setIn(['ingest', 'inputs'], ['sessions.jsonl']);
     const configPath = join(dir, 'config.yaml');
     await writeFile(configPath, config.toString());
 
-    const baseline = await measure(process.execPath, ['-e', BASELINE, input], join(dir, 'baseline.rss'));
-    if (Number(baseline.stdout) !== n) throw new Error(`baseline read ${baseline.stdout} lines, expected ${n}`);
+    const floor = await measure(process.execPath, ['-e', PARSE_FLOOR, input], join(dir, 'floor.rss'));
+    if (Number(floor.stdout) !== n) throw new Error(`the parse floor read ${floor.stdout} lines, expected ${n}`);
+    const script = join(process.cwd(), 'node_modules', '.cache', 'prefab-bench-duckdb.mjs');
+    await writeFile(script, DUCKDB);
+    const duckdb = await measure(process.execPath, [script, input, join(dir, 'duckdb.jsonl')], join(dir, 'duckdb.rss'));
+    if (Number(duckdb.stdout) !== n) throw new Error(`DuckDB wrote ${duckdb.stdout} rows, expected ${n}`);
+    await rm(join(dir, 'duckdb.jsonl'), { force: true });
 
-    const workspace = join(dir, 'workspace');
-    const pipeline = await measure(
-      process.execPath,
-      ['bin/prefab.js', '--workdir', workspace, '--config', configPath, '--log-format', 'json', '-q', 'run'],
-      join(dir, 'pipeline.rss'),
-    );
-
-    // Every stage's manifest counts, in run order (stages not in STAGE_ORDER go last).
-    const counts: Row['counts'] = {};
-    const stages = (await readdir(workspace, { withFileTypes: true })).filter((e) => e.isDirectory()).map((e) => e.name);
-    const rank = (s: string) => (STAGE_ORDER.includes(s) ? STAGE_ORDER.indexOf(s) : STAGE_ORDER.length);
-    for (const stage of stages.sort((a, b) => rank(a) - rank(b))) {
-      const manifest = join(workspace, stage, 'manifest.json');
-      if (existsSync(manifest)) counts[stage] = (JSON.parse(await readFile(manifest, 'utf8')) as { counts: Record<string, unknown> }).counts;
-    }
-    if (counts.ingest?.sessions !== n) throw new Error(`ingest counted ${String(counts.ingest?.sessions)} sessions, expected ${n}`);
-    return { n, pipeline, baseline, counts };
+    const run = (until: string) => measure(process.execPath, ['bin/prefab.js', '--workdir', join(dir, `workspace-${until}`), '--config', configPath, '--log-format', 'json', '-q', 'run', '--until', until], join(dir, `${until}.rss`));
+    const ingest = await run('ingest');
+    const pairs = await run('pairs');
+    const manifest = (stage: string) => readFile(join(dir, 'workspace-pairs', stage, 'manifest.json'), 'utf8').then((t) => (JSON.parse(t) as { counts: Record<string, unknown> }).counts);
+    const counts = { ingest: await manifest('ingest'), split: await manifest('split'), pairs: await manifest('pairs') };
+    if (counts.ingest.sessions !== n) throw new Error(`ingest counted ${String(counts.ingest.sessions)} sessions, expected ${n}`);
+    return { n, floor, duckdb, ingest, pairs, counts };
   } finally {
     await rm(dir, { recursive: true, force: true });
   }
@@ -136,32 +145,22 @@ for (const n of sizes) {
   rows.push(await benchOne(n));
 }
 
-const header = ['sessions', 'pipeline s', 'pipeline sess/s', 'baseline s', 'baseline sess/s', 'ratio', 'pipeline RSS MiB', 'baseline RSS MiB'];
-const table = rows.map((r) => {
-  const pRate = r.n / r.pipeline.seconds;
-  const bRate = r.n / r.baseline.seconds;
-  return [
-    String(r.n),
-    r.pipeline.seconds.toFixed(2),
-    pRate.toFixed(0),
-    r.baseline.seconds.toFixed(2),
-    bRate.toFixed(0),
-    (pRate / bRate).toFixed(3),
-    (r.pipeline.peakRssBytes / MiB).toFixed(1),
-    (r.baseline.peakRssBytes / MiB).toFixed(1),
-  ];
-});
-const widths = header.map((h, i) => Math.max(h.length, ...table.map((row) => row[i]!.length)));
-for (const row of [header, ...table]) console.log(row.map((cell, i) => cell.padStart(widths[i]!)).join('  '));
-
+const rate = (r: Row, m: Measurement) => r.n / m.seconds;
+const mib = (m: Measurement) => (m.peakRssBytes / MiB).toFixed(0);
+console.log('| sessions | what | seconds | sessions/s | peak RSS MiB |\n|---|---|---|---|---|');
+for (const r of rows) {
+  for (const [what, m] of [['parse floor (readline + JSON.parse)', r.floor], ['DuckDB round trip (2 threads)', r.duckdb], ['prefab ingest', r.ingest], ['prefab ingest → split → pairs', r.pairs]] as const) {
+    console.log(`| ${r.n} | ${what} | ${m.seconds.toFixed(2)} | ${rate(r, m).toFixed(0)} | ${mib(m)} |`);
+  }
+}
+console.log('');
+for (const r of rows) {
+  const a = rate(r, r.ingest) / rate(r, r.floor);
+  const b = rate(r, r.pairs) / rate(r, r.duckdb);
+  console.log(`N=${r.n}: ingest ${a.toFixed(2)}× the parse floor (goal ≥ 0.5: ${a >= 0.5 ? 'met' : 'not met'}); ingest → pairs ${b.toFixed(2)}× DuckDB's round trip (goal ≥ 1.0: ${b >= 1 ? 'met' : 'not met'}), peak RSS ${mib(r.pairs)} against its ${mib(r.duckdb)} MiB (${r.pairs.peakRssBytes <= r.duckdb.peakRssBytes ? 'met' : 'not met'})`);
+}
 const smallest = rows[0]!;
 const largest = rows[rows.length - 1]!;
-const growth = largest.pipeline.peakRssBytes / smallest.pipeline.peakRssBytes;
-console.log(
-  `\npipeline peak RSS, N=${largest.n} / N=${smallest.n}: ${growth.toFixed(2)}× — ` +
-    (growth <= 1.5 ? 'within 1.5× (memory does not grow with input size)' : 'NOT within 1.5× (memory grows with input size)'),
-);
-console.log(`peak RSS measured with ${existsSync(GNU_TIME) ? `${GNU_TIME} -f %M` : 'VmHWM polled from /proc/<pid>/status'}`);
-
-console.log(`\nstage counts at N=${largest.n}:`);
-for (const [stage, counts] of Object.entries(largest.counts)) console.log(`  ${stage}: ${JSON.stringify(counts)}`);
+const growth = largest.pairs.peakRssBytes / smallest.pairs.peakRssBytes;
+console.log(`ingest → pairs peak RSS, N=${largest.n} / N=${smallest.n}: ${growth.toFixed(2)}× (goal ≤ 1.2: ${growth <= 1.2 ? 'met' : 'not met'}); measured with ${existsSync(GNU_TIME) ? `${GNU_TIME} -f %M` : 'VmHWM polled from /proc/<pid>/status'}`);
+console.log(`\nstage counts at N=${largest.n}: ${JSON.stringify(largest.counts)}`);
