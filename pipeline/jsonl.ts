@@ -30,13 +30,18 @@ export async function* readJsonl<T>(path: string): AsyncGenerator<T> {
   }
 }
 
-/** Appends JSON records, one a line, honouring back-pressure so memory stays bounded. */
+/**
+ * Appends JSON records, one a line, honouring back-pressure so memory stays bounded. Each line goes to the
+ * file at once (a record written is on its way to disk, as an answer cache needs); the writer waits for the
+ * disk only past 1 MiB in flight, so making records and writing them overlap (at the stream's default 16 KiB
+ * it waited every ten sessions).
+ */
 export class JsonlWriter {
   private readonly stream: WriteStream;
   count = 0;
 
   constructor(readonly path: string, flags: 'w' | 'a' = 'w') {
-    this.stream = createWriteStream(path, { flags });
+    this.stream = createWriteStream(path, { flags, highWaterMark: 1 << 20 });
   }
 
   async write(record: unknown): Promise<void> {

@@ -1,5 +1,5 @@
 // The set of session ids already ingested, at 16 bytes an id: the only ingest state that grows with input.
-import { createHash } from 'node:crypto';
+import { hash } from 'node:crypto';
 import { readFile, writeFile } from 'node:fs/promises';
 
 /** An open-addressing hash set of 64-bit id hashes (a collision needs ~4e9 ids to be likely). */
@@ -12,7 +12,7 @@ export class SessionIdSet {
   }
 
   private static key(id: string): [number, number] {
-    const digest = createHash('sha256').update(id).digest();
+    const digest = hash('sha256', id, 'buffer'); // one call, no Hash object per id
     return [digest.readUInt32LE(0), (digest.readUInt32LE(4) | 1) >>> 0]; // lo is never 0: (0, 0) marks an empty slot
   }
 

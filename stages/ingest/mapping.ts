@@ -33,7 +33,22 @@ type Json = Record<string, unknown>;
 
 const isObject = (v: unknown): v is Json => v !== null && typeof v === 'object' && !Array.isArray(v);
 
-/** Removes a dotted path from a record (a deep copy where it descends), so metadata keeps only what was not mapped. */
+/**
+ * The record without the mapped paths, so metadata keeps only what was not mapped: one pass copies the
+ * top-level keys that stay, then a dotted path is removed from a copy of the branch it descends.
+ */
+function withoutPaths(record: Json, paths: string[]): Json {
+  const top = new Set(paths.filter((p) => !p.includes('.')));
+  const rest: Json = {};
+  for (const key in record) {
+    if (top.has(key)) continue;
+    if (key === '__proto__') Object.defineProperty(rest, key, { value: record[key], enumerable: true, writable: true, configurable: true }); // a key like any other, as JSON.parse made it
+    else rest[key] = record[key];
+  }
+  return paths.filter((p) => p.includes('.')).reduce(withoutPath, rest);
+}
+
+/** Removes a dotted path from a record (a deep copy where it descends). */
 function withoutPath(record: Json, path: string): Json {
   const [head, ...rest] = path.split('.');
   if (!(head! in record)) return record;
@@ -148,7 +163,8 @@ function toMessage(raw: unknown, i: number, m: MessageMapping): { message: Messa
   if (raw.tool_call_id !== undefined && raw.tool_call_id !== null) message.tool_call_id = String(raw.tool_call_id);
   if (role === 'tool' && message.tool_call_id === undefined) throw new RecordError(`${at}: a tool message needs tool_call_id`);
   let extras: Json | null = null;
-  for (const [key, value] of Object.entries(raw)) {
+  for (const key in raw) {
+    const value = raw[key];
     if (key === m.role || key === m.content || MESSAGE_KEYS.has(key) || value === undefined) continue;
     (extras ??= {})[key] = value;
   }
@@ -180,7 +196,6 @@ export function toSession(record: unknown, source: string, options: MappingOptio
     created_at: toTimestamp(getPath(record, f.created_at)),
   };
 
-  let rest = record;
   const consumed = [f.messages, taskPath, f.reward, f.feedback, f.model, f.created_at];
   let sessionId: string | null = null;
   const idSpec = f.session_id ?? 'session_id';
@@ -191,11 +206,14 @@ export function toSession(record: unknown, source: string, options: MappingOptio
     sessionId = optionalString(getPath(record, idSpec), 'session_id');
     consumed.push(idSpec);
   }
-  for (const path of consumed) rest = withoutPath(rest, path);
+  const rest = withoutPaths(record, consumed); // a copy of its own
   // A record already in the Session format carries `metadata` (an object or its JSON string): merge it.
   const carried = asObject(rest.metadata);
-  const { metadata: _carried, ...others } = rest;
-  const extra: Json = carried ? { ...carried, ...others } : { ...rest };
+  let extra = rest;
+  if (carried) {
+    const { metadata: _carried, ...others } = rest;
+    extra = { ...carried, ...others };
+  }
   if (Object.keys(messageExtras).length > 0) extra._message_extras = messageExtras;
   const metadata = JSON.stringify(extra);
 
