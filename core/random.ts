@@ -1,11 +1,11 @@
 // Seeded randomness for the simulator: the same seed always gives the same world, tasks and episodes.
-import { createHash } from 'node:crypto';
+import { hash } from 'node:crypto';
 
 export type Random = () => number;
 
 /** A generator seeded by any strings: each (seed, "company", 7) names its own independent stream. */
 export function seeded(...parts: (string | number)[]): Random {
-  const digest = createHash('sha256').update(parts.join('\u0000')).digest();
+  const digest = hash('sha256', parts.join('\u0000'), 'buffer');
   let a = digest.readUInt32LE(0);
   let b = digest.readUInt32LE(4);
   let c = digest.readUInt32LE(8);

@@ -1,9 +1,10 @@
 // The one hash function of prefab: SHA-256, over bytes, files, or canonical JSON.
-import { createHash } from 'node:crypto';
+import { createHash, hash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
 
+/** SHA-256 in hex; one call (no Hash object), as pairs and ids are hashed by the hundred thousand. */
 export function sha256(data: string | Uint8Array): string {
-  return createHash('sha256').update(data).digest('hex');
+  return hash('sha256', data, 'hex');
 }
 
 /** JSON with object keys sorted at every depth, so equal values always hash equally. */
@@ -36,6 +37,6 @@ export async function hashFile(path: string): Promise<string> {
 
 /** A stable number in [0, 1) for a key: the same key and salt always land in the same place. */
 export function unitHash(key: string, salt: string): number {
-  const hex = createHash('sha256').update(salt).update('\0').update(key).digest('hex');
+  const hex = hash('sha256', `${salt}\0${key}`, 'hex');
   return parseInt(hex.slice(0, 13), 16) / 2 ** 52;
 }
