@@ -10,8 +10,9 @@ import { Engine, configSchema, type Assessment, type StageOutcome } from './engi
 import { PipelineError, UsageError, errorMessage } from './errors.ts';
 import { Logger, type LogFormat } from './log.ts';
 import type { CommandFactory } from './commands.ts';
-import type { Stage } from './stage.ts';
+import type { Shard, Stage } from './stage.ts';
 import { Workspace, acquireLock, liveRun, type LockInfo } from './workspace.ts';
+import { parseShard } from './shards.ts';
 
 const DEFAULT_CONFIG = 'configs/default.yaml';
 
@@ -154,7 +155,8 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     .description('run every stale stage in order; with nothing changed, does nothing and says so')
     .option('--from <stage>', 'start at this stage (earlier stages are taken as they are)')
     .option('--until <stage>', 'stop after this stage')
-    .action(async (opts: { from?: string; until?: string }) => {
+    .option('--shard <i/N>', 'make only the i-th (from 0) of N parts of the data, by task, up to the last stage that can (then `prefab merge` the N workspaces)', parseShard)
+    .action(async (opts: { from?: string; until?: string; shard?: Shard }) => {
       const log = logger();
       const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
       const { result: outcomes, signal } = await withLock(engine, `prefab ${process.argv.slice(2).join(' ')}`, log, (abort) => engine.run({ ...opts, signal: abort }));
@@ -167,11 +169,12 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     .command('stage')
     .description('force one stage to run now, even if fresh; the stages downstream of it become stale')
     .argument('<name>', `one of: ${stages.map((s) => s.name).join(', ')}`)
-    .action(async (name: string) => {
+    .option('--shard <i/N>', 'in a shard workspace: make the stage for this shard, as `prefab run --shard` did', parseShard)
+    .action(async (name: string, opts: { shard?: Shard }) => {
       const log = logger();
       const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
       engine.stage(name);
-      const { result: outcomes, signal } = await withLock(engine, `prefab stage ${name}`, log, (abort) => engine.run({ force: name, signal: abort }));
+      const { result: outcomes, signal } = await withLock(engine, `prefab stage ${name}`, log, (abort) => engine.run({ force: name, signal: abort, shard: opts.shard }));
       printOutcomes(outcomes, log.format, signal !== null);
       await finished(engine, log, outcomes, signal);
       setExit(signal ? exitCode(signal) : outcomes.some((o) => o.action === 'failed') ? 1 : 0);
@@ -182,10 +185,24 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     .description('show every stage: fresh, stale (and why) or never run, with what it made')
     .option('--json', 'machine-readable output')
     .option('--verify', "hash every output and compare it with its manifest (otherwise only outputs whose size or mtime changed are hashed)")
-    .action(async (opts: { json?: boolean; verify?: boolean }) => {
+    .option('--shard <i/N>', 'in a shard workspace: fresh or stale for this shard', parseShard)
+    .action(async (opts: { json?: boolean; verify?: boolean; shard?: Shard }) => {
       const log = logger();
       const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
-      printStatus(await engine.status(opts.verify ?? false), liveRun(engine.ws), opts.json ?? false);
+      printStatus(await engine.status(opts.verify ?? false, opts.shard ?? null), liveRun(engine.ws), opts.json ?? false);
+      setExit(0);
+    });
+
+  program
+    .command('merge')
+    .description('join shard workspaces (`prefab run --shard i/N`) into --workdir, byte for byte what one run on all the data makes; then `prefab run` there goes on')
+    .argument('<shards...>', 'the N shard workspaces, in any order')
+    .action(async (dirs: string[]) => {
+      const log = logger();
+      const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
+      const { mergeShards } = await import('./merge.ts');
+      const { result: outcomes } = await withLock(engine, `prefab merge ${dirs.join(' ')}`, log, () => mergeShards(engine, dirs, log));
+      printOutcomes(outcomes, log.format);
       setExit(0);
     });
 

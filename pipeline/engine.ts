@@ -8,7 +8,8 @@ import { hashFile, hashJson } from './hash.ts';
 import { UsageError, errorMessage } from './errors.ts';
 import { Interrupted, NEVER } from './interrupt.ts';
 import type { Logger } from './log.ts';
-import type { ExternalFile, Lineage, Stage, StageOptions, StageReport } from './stage.ts';
+import { shardName } from './shards.ts';
+import type { ExternalFile, Lineage, Shard, Stage, StageOptions, StageReport } from './stage.ts';
 import { Workspace, hashFilesCached, writeFileAtomic, writeFileAtomicNow } from './workspace.ts';
 
 interface OutputFile {
@@ -36,6 +37,8 @@ export interface Manifest {
   started_at: string;
   finished_at: string;
   seconds: number;
+  /** The part of the data a sharded stage made (`prefab run --shard`); absent: all of it. */
+  shard?: Shard;
   /** Set when an upstream stage was forced with `prefab stage`: this stage is stale until it reruns. */
   invalidated_by?: { stage: string; at: string };
 }
@@ -112,12 +115,12 @@ export class Engine {
     });
   }
 
-  private codeVersion(stage: Stage): string {
+  codeVersion(stage: Stage): string {
     return `${this.appVersion}/${stage.name}@${stage.version}`;
   }
 
   /** The stage's config section, and the environment variables it takes settings from (hashed, never stored). */
-  private configHash(stage: Stage): string {
+  configHash(stage: Stage): string {
     const section = this.config[stage.name] ?? {};
     const names = stage.environment?.(section) ?? [];
     if (names.length === 0) return hashJson(section);
@@ -139,7 +142,7 @@ export class Engine {
    * Fresh, stale (and why) or never run. An output whose size or mtime differs from what the manifest
    * recorded is hashed again and is stale when its content changed; `verify` hashes every output.
    */
-  async assess(stage: Stage, external?: ExternalFile[], verify = false): Promise<Assessment> {
+  async assess(stage: Stage, external?: ExternalFile[], verify = false, shard: Shard | null = null): Promise<Assessment> {
     const manifest = await this.manifest(stage.name);
     const attempt = await this.ws.readJson<Attempt>(this.ws.attemptPath(stage.name));
     const lastFailure =
@@ -149,6 +152,9 @@ export class Engine {
     const reasons: string[] = [];
     if (manifest.invalidated_by) reasons.push(`upstream ${manifest.invalidated_by.stage} was rerun by \`prefab stage\` at ${manifest.invalidated_by.at}`);
     if (manifest.code_version !== this.codeVersion(stage)) reasons.push(`code changed (${manifest.code_version} → ${this.codeVersion(stage)})`);
+    const made = manifest.shard ?? null;
+    const wanted = shardOf(stage, shard);
+    if (shardName(made) !== shardName(wanted)) reasons.push(`made for ${shardName(made)}, wanted for ${shardName(wanted)}`);
     if (manifest.config_hash !== this.configHash(stage)) reasons.push(`config section '${stage.name}'${stage.environment ? ' (or an environment variable it reads)' : ''} changed`);
     for (const input of stage.inputs) {
       const upstream = await this.manifest(input);
@@ -176,11 +182,11 @@ export class Engine {
   }
 
   /** Every stage's assessment, in run order; `verify` hashes every output (`prefab status --verify`). */
-  async status(verify = false): Promise<Assessment[]> {
+  async status(verify = false, shard: Shard | null = null): Promise<Assessment[]> {
     const out: Assessment[] = [];
     const notFresh = new Set<string>();
     for (const stage of this.stages) {
-      const a = await this.assess(stage, undefined, verify);
+      const a = await this.assess(stage, undefined, verify, shard);
       for (const input of stage.inputs) {
         if (notFresh.has(input) && !a.reasons.some((r) => r.startsWith(`upstream ${input}`))) a.reasons.push(`upstream ${input} is not fresh`);
       }
@@ -194,21 +200,32 @@ export class Engine {
   /** The stage running now, if any: what an interruption interrupts. */
   running: string | null = null;
 
+  /** The stages that can run on a shard: the leading ones that declare how (pipeline/shards.ts). */
+  get shardable(): Stage[] {
+    const end = this.stages.findIndex((s) => !s.shard);
+    return end < 0 ? this.stages : this.stages.slice(0, end);
+  }
+
   /**
    * Runs the stale stages between `from` and `until` (inclusive), or exactly `force` and marks its downstream
    * stale. When `signal` is aborted, the running stage stops at its next safe point and no other starts.
+   * With `shard`, the stages make that shard's part of the data, and stop before the first that needs all of it.
    */
-  async run(options: { from?: string; until?: string; force?: string; signal?: AbortSignal } = {}): Promise<StageOutcome[]> {
+  async run(options: { from?: string; until?: string; force?: string; signal?: AbortSignal; shard?: Shard | null } = {}): Promise<StageOutcome[]> {
     const signal = options.signal ?? NEVER;
+    const shard = options.shard ?? null;
     await this.ws.recover(this.log);
     let selected = this.stages;
     if (options.force) selected = [this.stage(options.force)];
     else {
+      const last = shard ? this.shardable.length - 1 : this.stages.length - 1;
       const from = options.from ? this.stages.indexOf(this.stage(options.from)) : 0;
-      const until = options.until ? this.stages.indexOf(this.stage(options.until)) : this.stages.length - 1;
+      const until = options.until ? this.stages.indexOf(this.stage(options.until)) : last;
       if (from > until) throw new UsageError(`--from ${options.from} comes after --until ${options.until}`);
       selected = this.stages.slice(from, until + 1);
     }
+    const whole = shard ? selected.find((s) => !s.shard) : undefined;
+    if (whole) throw new UsageError(`${whole.name} needs all the data, so it cannot run on a shard: run the shards up to ${this.shardable.at(-1)?.name ?? 'nothing'} (the default with --shard), join them with \`prefab merge\`, then run the rest there`);
 
     const outcomes: StageOutcome[] = [];
     let failed = false;
@@ -219,16 +236,18 @@ export class Engine {
       }
       const log = this.log.child({ stage: stage.name });
       const external = await this.externalFiles(stage);
-      const a = await this.assess(stage, external);
+      const a = await this.assess(stage, external, false, shard);
       if (a.state === 'fresh' && !options.force) {
         log.info('fresh, skipped', { made: a.manifest!.finished_at });
         outcomes.push({ stage: stage.name, action: 'fresh', reasons: [], summary: a.manifest!.summary, counts: a.manifest!.counts, seconds: 0 });
         continue;
       }
       for (const input of stage.inputs) {
-        if (!(await this.manifest(input))) {
-          throw new UsageError(`stage ${stage.name} reads ${input}, which has never run; run \`prefab run\` (or include ${input} in --from)`);
-        }
+        const upstream = await this.manifest(input);
+        if (!upstream) throw new UsageError(`stage ${stage.name} reads ${input}, which has never run; run \`prefab run\` (or include ${input} in --from)`);
+        const made = upstream.shard ?? null;
+        const wanted = shardOf(this.stage(input), shard);
+        if (shardName(made) !== shardName(wanted)) throw new UsageError(`stage ${stage.name} reads ${input}, which was made for ${shardName(made)}, not ${shardName(wanted)}; run \`prefab run${shard ? ` --shard ${shard.index}/${shard.count}` : ''}\` (or include ${input} in --from)`);
       }
       const why = options.force ? ['forced by `prefab stage`'] : a.state === 'never run' ? ['never run'] : a.reasons;
       if (signal.aborted) {
@@ -238,7 +257,7 @@ export class Engine {
       log.info('running', { why: why.join('; ') });
       this.running = stage.name;
       try {
-        const outcome = await this.execute(stage, external, a.manifest, log, signal);
+        const outcome = await this.execute(stage, external, a.manifest, log, signal, shardOf(stage, shard));
         outcomes.push({ ...outcome, reasons: why });
       } catch (error) {
         failed = true;
@@ -262,7 +281,7 @@ export class Engine {
     return outcomes;
   }
 
-  private async execute(stage: Stage, external: ExternalFile[], previous: Manifest | null, log: Logger, signal: AbortSignal): Promise<StageOutcome> {
+  private async execute(stage: Stage, external: ExternalFile[], previous: Manifest | null, log: Logger, signal: AbortSignal, shard: Shard | null): Promise<StageOutcome> {
     const started = new Date();
     const out = await this.ws.newTmpDir(stage.name);
     const cache = this.ws.cacheDir(stage.name);
@@ -282,12 +301,19 @@ export class Engine {
       lineage: await this.lineage(stage),
       external,
       cache,
-      key: hashJson({ code: this.codeVersion(stage), config: this.configHash(stage), inputs, external: external.map((f) => f.sha256) }),
+      key: hashJson({ code: this.codeVersion(stage), config: this.configHash(stage), inputs, external: external.map((f) => f.sha256), ...(shard ? { shard } : {}) }),
       signal,
       options: this.options,
+      shard,
       log,
     });
+    const manifest = await this.commit(stage, out, { inputs, external, report, started, shard });
+    log.info('done', { summary: report.summary, seconds: manifest.seconds });
+    return { stage: stage.name, action: 'ran', reasons: [], summary: report.summary, counts: report.counts, seconds: manifest.seconds };
+  }
 
+  /** Hashes what a stage wrote into `out`, writes its manifest there and puts the folder in place. */
+  async commit(stage: Stage, out: string, made: { inputs: Record<string, string>; external: Manifest['external']; report: StageReport; started: Date; shard: Shard | null }): Promise<Manifest> {
     for (const name of stage.outputs) {
       if (!existsSync(join(out, name))) throw new Error(`stage ${stage.name} did not write its declared output ${name}`);
     }
@@ -298,23 +324,23 @@ export class Engine {
       status: 'ok',
       code_version: this.codeVersion(stage),
       config_hash: this.configHash(stage),
-      inputs,
-      external: external.map(({ name, sha256, bytes }) => ({ name, sha256, bytes })),
+      inputs: made.inputs,
+      external: made.external.map(({ name, sha256, bytes }) => ({ name, sha256, bytes })),
       outputs,
       // The content alone: where and when the files were written does not change what downstream reads.
       fingerprint: hashJson(outputs.map(({ path, bytes, sha256 }) => ({ path, bytes, sha256 }))),
-      counts: report.counts,
-      summary: report.summary,
+      counts: made.report.counts,
+      summary: made.report.summary,
+      ...(made.shard ? { shard: made.shard } : {}),
       run_id: randomBytes(6).toString('hex'),
-      started_at: started.toISOString(),
+      started_at: made.started.toISOString(),
       finished_at: finished.toISOString(),
-      seconds: (finished.getTime() - started.getTime()) / 1000,
+      seconds: (finished.getTime() - made.started.getTime()) / 1000,
     };
     await writeFileAtomic(join(out, 'manifest.json'), JSON.stringify(manifest, null, 2) + '\n');
     await this.ws.commitStageDir(stage.name, out);
     await this.recordAttempt(stage.name, { status: 'ok', at: manifest.finished_at });
-    log.info('done', { summary: report.summary, seconds: manifest.seconds });
-    return { stage: stage.name, action: 'ran', reasons: [], summary: report.summary, counts: report.counts, seconds: manifest.seconds };
+    return manifest;
   }
 
   /** The manifests of every stage upstream of `stage`, in run order. */
@@ -357,6 +383,9 @@ export class Engine {
     }
   }
 }
+
+/** The shard a stage makes: only a stage that makes parts (a merge function) has one. */
+const shardOf = (stage: Stage, shard: Shard | null): Shard | null => (typeof stage.shard === 'function' ? shard : null);
 
 function describeExternalChange(before: Manifest['external'], now: ExternalFile[]): string[] {
   const old = new Map(before.map((f) => [f.name, f.sha256]));

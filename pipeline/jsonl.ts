@@ -39,6 +39,8 @@ export async function* readJsonl<T>(path: string): AsyncGenerator<T> {
 export class JsonlWriter {
   private readonly stream: WriteStream;
   count = 0;
+  /** Bytes written so far (where the next record starts, for a shard's chunk index). */
+  bytes = 0;
 
   constructor(readonly path: string, flags: 'w' | 'a' = 'w') {
     this.stream = createWriteStream(path, { flags, highWaterMark: 1 << 20 });
@@ -46,7 +48,9 @@ export class JsonlWriter {
 
   async write(record: unknown): Promise<void> {
     this.count++;
-    if (!this.stream.write(JSON.stringify(record) + '\n')) await once(this.stream, 'drain');
+    const line = JSON.stringify(record) + '\n';
+    this.bytes += Buffer.byteLength(line);
+    if (!this.stream.write(line)) await once(this.stream, 'drain');
   }
 
   async close(): Promise<void> {

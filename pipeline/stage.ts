@@ -41,10 +41,29 @@ export interface StageContext<C> {
   signal: AbortSignal;
   /** The command line's global options (e.g. `--backend`): how to run, never what to make, so no fingerprint holds them. */
   options: StageOptions;
+  /**
+   * `prefab run --shard i/N`: the part of the data this run makes (pipeline/shards.ts), or null for all of it.
+   * Only a stage that declares a `shard` merge gets one.
+   */
+  shard: Shard | null;
   log: Logger;
 }
 
 export type StageOptions = Readonly<Record<string, unknown>>;
+
+/** The i-th (from 0) of `count` deterministic parts of the data: `prefab run --shard index/count`. */
+export interface Shard {
+  index: number;
+  count: number;
+}
+
+/** One shard's committed folder of a stage, and what its manifest says it made. */
+export interface ShardPart {
+  shard: Shard;
+  dir: string;
+  counts: Record<string, number>;
+  summary: string;
+}
 
 export interface Lineage {
   stage: string;
@@ -81,6 +100,13 @@ export interface Stage<S extends z.ZodType = z.ZodType> {
    */
   environment?(config: z.infer<S>): string[];
   run(ctx: StageContext<z.infer<S>>): Promise<StageReport>;
+  /**
+   * How the stage runs under `prefab run --shard i/N` (pipeline/shards.ts). 'whole': it reads all the data
+   * on every shard, so every shard's output is the same and `prefab merge` keeps one. A function: it makes
+   * only its shard's part, and this joins the parts (in shard order) into `out`, byte for byte what one run
+   * on all the data writes. Absent: the stage needs all the data, and runs after `prefab merge`.
+   */
+  shard?: 'whole' | ((parts: ShardPart[], out: string) => Promise<StageReport>);
 }
 
 export function defineStage<S extends z.ZodType>(stage: Stage<S>): Stage<S> {

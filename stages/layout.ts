@@ -2,6 +2,7 @@
 // A stage reads another's output only through this module, never through the other stage's code.
 import { readdir } from 'node:fs/promises';
 import { join } from 'node:path';
+import { unitHash } from '../pipeline/hash.ts';
 import { readJsonl } from '../pipeline/jsonl.ts';
 import { readJsonFile } from '../pipeline/workspace.ts';
 import type { Split, SplitSession } from '../core/records.ts';
@@ -49,6 +50,9 @@ export function bucketFile(dir: string, split: Split, bucket: number): string {
   return join(dir, 'sessions', `${split}-${String(bucket).padStart(3, '0')}.jsonl`);
 }
 
+/** The bucket of a task, of `buckets`: by a stable hash, so a task's sessions always share one. */
+export const bucketOf = (taskId: string, buckets: number) => Math.floor(unitHash(taskId, 'bucket') * buckets);
+
 export interface SplitInfo {
   buckets: number;
 }
@@ -73,6 +77,8 @@ export async function readTaskGroups(path: string): Promise<[string, SplitSessio
 /** What the judge stage needs to know of how pairs were made. */
 export interface PairsInfo {
   must_decline: string[];
+  /** The model that wrote hard negatives, or null when the rewriter is off. */
+  rewriter_model: string | null;
 }
 
 export const readPairsInfo = (dir: string) => readJsonFile<PairsInfo>(join(dir, 'info.json'));

@@ -38,4 +38,6 @@ export const importStage = defineStage({
   external: (cfg, configDir) => (cfg.inputs.length ? resolveInputs(cfg.inputs, configDir, 'import.inputs') : Promise.resolve([])),
 
   run: (ctx) => import('./run.ts').then((m) => m.run(ctx)),
+  // Imported pairs have no tasks to shard by: every shard imports them all (the judge stage keeps them on shard 0 only).
+  shard: 'whole',
 });

@@ -45,5 +45,7 @@ export const ingest = defineStage({
   external: (cfg, configDir) => resolveInputs(cfg.inputs, configDir),
 
   run: (ctx) => import('./run.ts').then((m) => m.run(ctx)),
+  // Every shard reads every input: which records are duplicates is decided over all of them.
+  shard: 'whole',
 });
 

@@ -39,4 +39,5 @@ export const judge = defineStage({
   },
 
   run: (ctx) => import('./run.ts').then((m) => m.run(ctx)),
+  shard: (parts, out) => import('./run.ts').then((m) => m.merge(parts, out)),
 });

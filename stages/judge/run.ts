@@ -2,7 +2,7 @@
 // judge: every pair from the pairs stage, and best-of-N among each task's candidates (logged trials and
 // sampled ones), goes before the judges: a decisive verifier first, then the weighted votes of the rules
 // and, when configured, an LLM judge. Every judged comparison is written, kept or not: the gate decides.
-import { writeFile } from 'node:fs/promises';
+import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { mustDeclineTest } from '../../judges/rules.ts';
 import { openPanel } from '../../judges/panel.ts';
@@ -10,7 +10,8 @@ import { addStats, NO_COST, type JudgeStats } from '../../core/verdict.ts';
 import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import type { CandidatePair, JudgedPair } from '../../core/records.ts';
-import { SPLITS, bucketFile, readPairsInfo, readSplitInfo } from '../layout.ts';
+import { ChunkIndex, joinChunks, ownsBucket, sumCounts } from '../../pipeline/shards.ts';
+import { SPLITS, bucketFile, bucketOf, readPairsInfo, readSplitInfo } from '../layout.ts';
 import { candidateGroups, judgeGroup } from './best-of-n.ts';
 import { asGiven, coupleKey, judgeConstructed } from './constructed.ts';
 
@@ -19,7 +20,7 @@ interface Tally {
   stats: JudgeStats;
 }
 
-import type { StageContext, StageReport } from '../../pipeline/stage.ts';
+import type { Shard, ShardPart, StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
 
 function tallyOne(t: Tally, p: JudgedPair): void {
@@ -32,9 +33,15 @@ function tallyOne(t: Tally, p: JudgedPair): void {
   if (p.judge_stats.over_budget) c.over_budget!++;
 }
 
-export async function run({ config: cfg, configDir, out, input, cache, lineage, log, signal }: StageContext<Config>): Promise<StageReport> {
+/**
+ * A side's file holds three sections: the pairs stage's pairs, then the imported ones, then best-of-N. On a
+ * shard, the pairs stage's and best-of-N's are the shard's buckets (each bucket a chunk, pipeline/shards.ts),
+ * and the imported pairs, which have no task, are judged on shard 0 alone.
+ */
+export async function run({ config: cfg, configDir, out, input, cache, lineage, log, signal, shard }: StageContext<Config>): Promise<StageReport> {
   const info = await readSplitInfo(input('split'));
-  const pairsInfo = (await readPairsInfo(input('pairs'))) ?? { must_decline: [] };
+  const pairsInfo = (await readPairsInfo(input('pairs'))) ?? { must_decline: [], rewriter_model: null };
+  const chunks = new ChunkIndex(out, shard);
   const mustDecline = mustDeclineTest(pairsInfo.must_decline);
   const { ensemble, endpoint, promptVersion } = await openPanel(cfg, { configDir, cacheDir: cache, redaction: cfg.redaction, mustDecline, log });
 
@@ -45,23 +52,37 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
   try {
     for (const side of SPLITS) {
       const writer = new JsonlWriter(join(out, `${side}.jsonl`));
+      let bucket = -1;
       const write = async (pairs: JudgedPair[]) => {
         for (const p of pairs) {
           await writer.write(p);
           tallyOne(tally, p);
         }
       };
+      // The pairs stage wrote its pairs bucket by bucket: a new bucket starts a chunk.
+      const writeConstructed = async (pairs: JudgedPair[]) => {
+        for (const p of pairs) {
+          const b = bucketOf(p.task_id!, info.buckets);
+          if (b !== bucket) chunks.mark(writer, [0, (bucket = b)]);
+          await write([p]);
+        }
+      };
 
       const progress = log.progress(`judge ${side} pairs`, lineage.find((l) => l.stage === 'pairs')?.counts[side]);
       const stopped = () => `judge: stopped while judging the ${side} pairs; the next run judges again (LLM answers received are cached)`;
-      const outcomeKeys = await judgeConstructed(join(input('pairs'), `${side}.jsonl`), ensemble, cfg.batch_size, write, () => progress.tick(), () => safePoint(signal, stopped));
+      const outcomeKeys = await judgeConstructed(join(input('pairs'), `${side}.jsonl`), ensemble, cfg.batch_size, writeConstructed, () => progress.tick(), () => safePoint(signal, stopped));
       progress.done();
       const imported = join(input('import'), `${side}.jsonl`);
-      if (cfg.imported === 'recheck') await judgeConstructed(imported, ensemble, cfg.batch_size, write, () => {}, () => safePoint(signal, stopped));
-      else for await (const p of readJsonl<CandidatePair>(imported)) await write([asGiven(p)]);
+      if (ownsImported(shard)) {
+        chunks.mark(writer, [1]);
+        if (cfg.imported === 'recheck') await judgeConstructed(imported, ensemble, cfg.batch_size, write, () => {}, () => safePoint(signal, stopped));
+        else for await (const p of readJsonl<CandidatePair>(imported)) await write([asGiven(p)]);
+      }
       if (cfg.best_of_n.enabled) {
         const groups = log.progress(`judge ${side} best-of-N`, info.buckets);
         for (let b = 0; b < info.buckets; b++) {
+          if (!ownsBucket(shard, b)) continue;
+          chunks.mark(writer, [2, b]);
           await safePoint(signal, stopped);
           const bucket = await candidateGroups(bucketFile(input('split'), side, b), bucketFile(input('sample'), side, b), cfg.best_of_n.max_candidates);
           const results = await Promise.all(bucket.filter((g) => g.candidates.length >= cfg.best_of_n.min_candidates).map((g) => judgeGroup(g, (c) => ensemble.judge(c))));
@@ -84,20 +105,52 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
     await endpoint?.close();
   }
 
-  const { counts, stats } = tally;
-  const report = {
+  await chunks.save();
+  const report: JudgeReport = {
     judges: ensemble.names,
     prompt_version: promptVersion,
     endpoint: endpoint ? { url: endpoint.baseURL, model: endpoint.model, ...endpoint.counts } : null,
-    counts,
-    stats: { ...stats },
+    counts: tally.counts,
+    stats: { ...tally.stats },
   };
   await writeFile(join(out, 'report.json'), JSON.stringify(report, null, 2) + '\n');
-  const requests = endpoint ? `; ${endpoint.counts.requests} requests, ${endpoint.counts.cached} from cache, ${endpoint.counts.retries} retries, ${stats.parse_failures} unreadable replies` : '';
+  return stageReport(report);
+}
+
+const ownsImported = (shard: Shard | null) => shard === null || shard.index === 0;
+
+interface JudgeReport {
+  judges: string[];
+  prompt_version: string | null;
+  endpoint: ({ url: string; model: string } & Record<string, unknown>) | null;
+  counts: Record<string, number>;
+  stats: JudgeStats;
+}
+
+function stageReport({ judges, endpoint, counts, stats }: JudgeReport): StageReport {
+  const e = endpoint as Record<string, number> | null;
+  const requests = e ? `; ${e.requests} requests, ${e.cached} from cache, ${e.retries} retries, ${stats.parse_failures} unreadable replies` : '';
   return {
-    counts: { ...counts, requests: endpoint?.counts.requests ?? 0, cached: endpoint?.counts.cached ?? 0, retries: endpoint?.counts.retries ?? 0, parse_failures: stats.parse_failures, request_errors: stats.errors },
+    counts: { ...counts, requests: e?.requests ?? 0, cached: e?.cached ?? 0, retries: e?.retries ?? 0, parse_failures: stats.parse_failures, request_errors: stats.errors },
     summary:
-      `${counts.judged_train} train / ${counts.judged_test} test comparisons judged by ${ensemble.names.join(', ')}: ` +
+      `${counts.judged_train} train / ${counts.judged_test} test comparisons judged by ${judges.join(', ')}: ` +
       `${counts.chosen_wins} confirmed, ${counts.rejected_wins} reversed, ${counts.ties} ties, ${counts.abstained} abstained (${counts.flipped} order flips)${requests}`,
   };
+}
+
+/** The shards' judged pairs in one run's order, and one report adding up theirs. */
+export async function merge(parts: ShardPart[], out: string): Promise<StageReport> {
+  for (const side of SPLITS) await joinChunks(parts, `${side}.jsonl`, out);
+  const reports = await Promise.all(parts.map(async (p) => JSON.parse(await readFile(join(p.dir, 'report.json'), 'utf8')) as JudgeReport));
+  const first = reports[0]!;
+  const endpoints = reports.map((r) => r.endpoint).filter((e) => e !== null);
+  const report: JudgeReport = {
+    judges: first.judges,
+    prompt_version: first.prompt_version,
+    endpoint: first.endpoint ? { url: first.endpoint.url, model: first.endpoint.model, ...sumCounts(endpoints.map(({ url: _u, model: _m, ...counts }) => counts as Record<string, number>)) } : null,
+    counts: sumCounts(reports.map((r) => r.counts)),
+    stats: reports.slice(1).reduce((s, r) => addStats(s, r.stats), first.stats),
+  };
+  await writeFile(join(out, 'report.json'), JSON.stringify(report, null, 2) + '\n');
+  return stageReport(report);
 }

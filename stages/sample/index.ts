@@ -32,4 +32,5 @@ export const sample = defineStage({
   environment: (cfg) => (cfg.enabled ? endpointEnvironment(ENDPOINT) : []),
 
   run: (ctx) => import('./run.ts').then((m) => m.run(ctx)),
+  shard: (parts, out) => import('./run.ts').then((m) => m.merge(parts, out)),
 });

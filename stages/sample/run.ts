@@ -8,15 +8,19 @@ import { dirname, join } from 'node:path';
 import { RequestFailed, openEndpoint, requestCounts } from '../../judges/endpoint.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { WorldCache } from '../../env/replay.ts';
+import { joinFolders, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
 import { SPLITS, bucketFile, readSplitInfo, readTaskGroups } from '../layout.ts';
 import { drawCandidate, type SampledSession } from './candidate.ts';
 import { BudgetSpent } from './policy.ts';
 
 const ENDPOINT = { key: 'sample.endpoint', modelEnv: 'PREFAB_SAMPLE_MODEL' };
-import type { StageContext, StageReport } from '../../pipeline/stage.ts';
+import type { ShardPart, StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
 
-export async function run({ config: cfg, out, input, cache, log }: StageContext<Config>): Promise<StageReport> {
+const OFF = 'sampling is off (sample.enabled: false); best-of-N uses the logged sessions';
+
+/** On a shard, only the buckets it owns. */
+export async function run({ config: cfg, out, input, cache, log, shard }: StageContext<Config>): Promise<StageReport> {
   const splitDir = input('split');
   const info = await readSplitInfo(splitDir);
   await mkdir(join(out, 'sessions'), { recursive: true });
@@ -28,6 +32,7 @@ export async function run({ config: cfg, out, input, cache, log }: StageContext<
     for (const side of SPLITS) {
       const progress = log.progress(`sample ${side}`, info.buckets);
       for (let b = 0; b < info.buckets; b++) {
+        if (!ownsBucket(shard, b)) continue;
         const path = bucketFile(out, side, b);
         await mkdir(dirname(path), { recursive: true });
         const writer = new JsonlWriter(path);
@@ -66,11 +71,22 @@ export async function run({ config: cfg, out, input, cache, log }: StageContext<
   }
   if (endpoint) Object.assign(counts, requestCounts(endpoint));
   if (counts.failed! > 0) log.warn('some candidates failed', { failed: counts.failed, hint: 'rerun `prefab stage sample`: answers already received are cached' });
+  return endpoint ? report(counts) : { counts, summary: OFF };
+}
+
+function report(counts: Record<string, number>): StageReport {
+  const c = counts as Record<'sampled' | 'tasks_sampled' | 'rollouts' | 'replies' | 'requests' | 'cached' | 'failed' | 'over_budget', number>;
   return {
     counts,
-    summary: endpoint
-      ? `${counts.sampled} candidates sampled for ${counts.tasks_sampled} tasks (${counts.rollouts} rollouts, ${counts.replies} single replies; ` +
-        `${counts.requests} requests, ${counts.cached} from cache, ${counts.failed} failed, ${counts.over_budget} over budget)`
-      : 'sampling is off (sample.enabled: false); best-of-N uses the logged sessions',
+    summary:
+      `${c.sampled} candidates sampled for ${c.tasks_sampled} tasks (${c.rollouts} rollouts, ${c.replies} single replies; ` +
+      `${c.requests} requests, ${c.cached} from cache, ${c.failed} failed, ${c.over_budget} over budget)`,
   };
+}
+
+export async function merge(parts: ShardPart[], out: string): Promise<StageReport> {
+  await joinFolders(parts, 'sessions', out);
+  await sameInEvery(parts, 'info.json', out);
+  const counts = sumCounts(parts.map((p) => p.counts));
+  return parts[0]!.summary === OFF ? { counts, summary: OFF } : report(counts);
 }

@@ -22,4 +22,5 @@ export const split = defineStage({
   config,
 
   run: (ctx) => import('./run.ts').then((m) => m.run(ctx)),
+  shard: (parts, out) => import('./run.ts').then((m) => m.merge(parts, out)),
 });

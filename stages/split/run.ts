@@ -7,15 +7,20 @@ import { unitHash } from '../../pipeline/hash.ts';
 import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { every, safePoint } from '../../pipeline/interrupt.ts';
 import type { Session, Split, SplitSession } from '../../core/records.ts';
-import { SPLITS, bucketFile, readIngestIndex, sessionSegments, type SplitInfo } from '../layout.ts';
+import { joinFolders, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
+import { SPLITS, bucketFile, bucketOf, readIngestIndex, sessionSegments, type SplitInfo } from '../layout.ts';
 import { TaskMatcher, requestText } from './similarity.ts';
 
-import type { StageContext, StageReport } from '../../pipeline/stage.ts';
+import type { ShardPart, StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
 
 const MAX_BUCKETS = 128;
 
-export async function run({ config: cfg, out, input, log, signal }: StageContext<Config>): Promise<StageReport> {
+/**
+ * On a shard, every session is still read and every untasked one matched (a task is decided over all the
+ * data), but only the buckets the shard owns are written and counted.
+ */
+export async function run({ config: cfg, out, input, log, signal, shard }: StageContext<Config>): Promise<StageReport> {
   const segments = await sessionSegments(input('ingest'));
 
   const index = (await readIngestIndex(input('ingest')))!;
@@ -38,7 +43,7 @@ export async function run({ config: cfg, out, input, log, signal }: StageContext
   const buckets = Math.min(MAX_BUCKETS, Math.max(1, Math.ceil(total / cfg.bucket_size)));
   await mkdir(join(out, 'sessions'), { recursive: true });
   const writers = new Map<string, JsonlWriter>();
-  for (const side of SPLITS) for (let b = 0; b < buckets; b++) writers.set(`${side}/${b}`, new JsonlWriter(bucketFile(out, side, b)));
+  for (const side of SPLITS) for (let b = 0; b < buckets; b++) if (ownsBucket(shard, b)) writers.set(`${side}/${b}`, new JsonlWriter(bucketFile(out, side, b)));
   const counts = { train_sessions: 0, test_sessions: 0, matched_to_task: 0, new_groups: 0 };
   const progress = log.progress('split', total);
   const due = every(1000);
@@ -53,11 +58,11 @@ export async function run({ config: cfg, out, input, log, signal }: StageContext
         const m = matcher.assign(requestText(s.messages));
         taskId = m.task_id;
         taskMatch = { score: m.score, kind: m.kind };
-        if (m.kind === 'matched_task') counts.matched_to_task++;
-        else counts.new_groups++;
       }
+      const bucket = bucketOf(taskId, buckets);
+      if (!ownsBucket(shard, bucket)) continue;
+      if (taskMatch) counts[taskMatch.kind === 'matched_task' ? 'matched_to_task' : 'new_groups']++;
       const side: Split = unitHash(taskId, `split:${cfg.salt}`) < cfg.test_ratio ? 'test' : 'train';
-      const bucket = Math.floor(unitHash(taskId, 'bucket') * buckets);
       counts[`${side}_sessions`]++;
       await writers.get(`${side}/${bucket}`)!.write({ ...s, task_id: taskId, split: side, task_match: taskMatch } satisfies SplitSession);
     }
@@ -65,10 +70,22 @@ export async function run({ config: cfg, out, input, log, signal }: StageContext
   progress.done();
   for (const w of writers.values()) await w.close();
   await writeFile(join(out, 'info.json'), JSON.stringify({ buckets } satisfies SplitInfo) + '\n');
+  return report({ ...counts, untasked, buckets });
+}
+
+function report(counts: Record<string, number>): StageReport {
+  const c = counts as Record<'train_sessions' | 'test_sessions' | 'buckets' | 'untasked' | 'matched_to_task' | 'new_groups', number>;
   return {
-    counts: { ...counts, untasked, buckets },
+    counts,
     summary:
-      `${counts.train_sessions} train / ${counts.test_sessions} test sessions in ${buckets} bucket(s); ` +
-      `${untasked} without task_id (${counts.matched_to_task} matched to a task, ${counts.new_groups} started new groups)`,
+      `${c.train_sessions} train / ${c.test_sessions} test sessions in ${c.buckets} bucket(s); ` +
+      `${c.untasked} without task_id (${c.matched_to_task} matched to a task, ${c.new_groups} started new groups)`,
   };
+}
+
+/** The shards' bucket files side by side; the untasked and the bucket count are of all the data on every shard. */
+export async function merge(parts: ShardPart[], out: string): Promise<StageReport> {
+  await joinFolders(parts, 'sessions', out);
+  await sameInEvery(parts, 'info.json', out);
+  return report(sumCounts(parts.map((p) => p.counts), ['untasked', 'buckets']));
 }
