@@ -10,8 +10,8 @@ import { pathToFileURL } from 'node:url';
 
 const REPO = join(import.meta.dirname, '..');
 const CACHE = join(REPO, 'node_modules', '.cache', 'prefab');
-/** The bundle's entry points: the CLI, and the stages and commands it is given. */
-const ENTRIES = { cli: 'pipeline/cli.ts', stages: 'stages/index.ts' };
+/** The bundle's entry points: the CLI, the stages and commands it is given, and what worker threads run. */
+const ENTRIES = { cli: 'pipeline/cli.ts', stages: 'stages/index.ts', 'ingest-worker': 'stages/ingest/worker.ts' };
 
 /** The folder of the bundle made from the sources as they are now, or null. */
 function current() {

@@ -13,6 +13,8 @@ async function load() {
     } catch (error) {
       process.emitWarning(`prefab: running through tsx, the bundle could not be made (${error.message})`);
     }
+    // Worker threads (pipeline/workers.ts) start from the bundle's entries for them.
+    if (dir) process.env.PREFAB_BUNDLE_DIR = dir;
     if (dir) return Promise.all([import(pathToFileURL(join(dir, 'cli.js')).href), import(pathToFileURL(join(dir, 'stages.js')).href)]);
   }
   const { register } = await import('tsx/esm/api');

@@ -2,7 +2,7 @@
 // 130 and 143 interrupted by SIGINT and SIGTERM.
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
-import { Command, CommanderError, Option } from 'commander';
+import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
 import type { z } from 'zod';
 import { loadConfig } from './config.ts';
 import { configReference } from './config-reference.ts';
@@ -15,6 +15,12 @@ import { Workspace, acquireLock, liveRun, type LockInfo } from './workspace.ts';
 import { parseShard } from './shards.ts';
 
 const DEFAULT_CONFIG = 'configs/default.yaml';
+
+function threads(value: string): number {
+  const n = Number(value);
+  if (!Number.isInteger(n) || n < 1) throw new InvalidArgumentError('expected a whole number of threads, at least 1');
+  return n;
+}
 
 const APP_VERSION: string = (JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }).version;
 
@@ -137,6 +143,7 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     .addOption(new Option('--log-format <format>', 'log lines on stderr (default: text on a terminal, json otherwise)').choices(['text', 'json']))
     .option('-q, --quiet', 'only warnings and errors on stderr')
     .option('--verbose', "a failed stage's stack trace in its error line")
+    .addOption(new Option('--workers <n>', 'threads for the data stages (1: the main thread only; default: one per core, up to 4, for large input files)').argParser(threads))
     .showHelpAfterError()
     .exitOverride();
   const logger = () => {

@@ -47,8 +47,20 @@ export class JsonlWriter {
   }
 
   async write(record: unknown): Promise<void> {
+    await this.writeLine(JSON.stringify(record));
+  }
+
+  /** One record already made into its line, as UTF-8 with the newline (on a worker thread). */
+  async writeBytes(line: Uint8Array): Promise<void> {
     this.count++;
-    const line = JSON.stringify(record) + '\n';
+    this.bytes += line.byteLength;
+    if (!this.stream.write(line)) await once(this.stream, 'drain');
+  }
+
+  /** A record already made into its JSON text, without the newline. */
+  async writeLine(json: string): Promise<void> {
+    this.count++;
+    const line = json + '\n';
     this.bytes += Buffer.byteLength(line);
     if (!this.stream.write(line)) await once(this.stream, 'drain');
   }

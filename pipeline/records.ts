@@ -39,8 +39,8 @@ export const quarantineText = (raw: string) => (raw.length > 65536 ? `${raw.slic
  * damage, then one last record (`damaged`) that says where reading stopped and why, instead of throwing:
  * one bad file never stops the others.
  */
-export async function* readRecords(path: string, format: InputFormat): AsyncGenerator<RawRecord> {
-  const records = format === 'jsonl' ? readJsonlRecords(path) : format === 'json' ? readJsonArray(path) : parquetRecords(path);
+export async function* readRecords(path: string, format: InputFormat, parse = true): AsyncGenerator<RawRecord> {
+  const records = format === 'jsonl' ? readJsonlRecords(path, parse) : format === 'json' ? readJsonArray(path, parse) : parquetRecords(path);
   let reached = 'before the first record';
   try {
     for await (const record of records) {
@@ -52,14 +52,20 @@ export async function* readRecords(path: string, format: InputFormat): AsyncGene
   }
 }
 
-async function* readJsonlRecords(path: string): AsyncGenerator<RawRecord> {
+/** A record's value, or why its text is not JSON. */
+export function parseRecord(where: string, raw: string): RawRecord {
+  try {
+    return { where, value: JSON.parse(raw), raw };
+  } catch (error) {
+    return { where, raw, error: `not valid JSON (${(error as Error).message})` };
+  }
+}
+
+/** With `parse` false, records of text formats come unparsed (no value): parseRecord, elsewhere, reads them. */
+async function* readJsonlRecords(path: string, parse: boolean): AsyncGenerator<RawRecord> {
   for await (const { line, text } of readLines(path)) {
     if (text.trim() === '') continue;
-    try {
-      yield { where: `line ${line}`, value: JSON.parse(text), raw: text };
-    } catch (error) {
-      yield { where: `line ${line}`, raw: text, error: `not valid JSON (${(error as Error).message})` };
-    }
+    yield parse ? parseRecord(`line ${line}`, text) : { where: `line ${line}`, raw: text };
   }
 }
 
@@ -67,7 +73,7 @@ async function* readJsonlRecords(path: string): AsyncGenerator<RawRecord> {
  * The elements of a top-level JSON array, cut out one at a time by a small scanner that tracks
  * strings and nesting, so a file larger than memory still streams.
  */
-export async function* readJsonArray(path: string): AsyncGenerator<RawRecord> {
+export async function* readJsonArray(path: string, parse = true): AsyncGenerator<RawRecord> {
   let line = 1;
   let started = false;
   let ended = false;
@@ -85,11 +91,7 @@ export async function* readJsonArray(path: string): AsyncGenerator<RawRecord> {
     if (trimmed === '') return null;
     element++;
     const where = `element ${element} (line ${elementLine})`;
-    try {
-      return { where, value: JSON.parse(trimmed), raw: trimmed };
-    } catch (error) {
-      return { where, raw: trimmed, error: `not valid JSON (${(error as Error).message})` };
-    }
+    return parse ? parseRecord(where, trimmed) : { where, raw: trimmed };
   };
 
   for await (const chunk of openText(path).setEncoding('utf8') as AsyncIterable<string>) {

@@ -19,7 +19,7 @@ async function writeJson(path: string, value: unknown): Promise<void> {
   await writeFile(path, JSON.stringify(value, null, 2) + '\n');
 }
 
-export async function run({ config: cfg, out, previous, external, log, signal }: StageContext<Config>): Promise<StageReport> {
+export async function run({ config: cfg, out, previous, external, log, signal, options }: StageContext<Config>): Promise<StageReport> {
   // The index format is part of it: an index written by an older ingest is not reused.
   const readingHash = hashJson({ index: INDEX_FORMAT, format: cfg.format, mapping: cfg.mapping, message: cfg.message, reward: cfg.out_of_range_reward });
   const prior = previous ? await readIngestIndex(previous) : null;
@@ -64,7 +64,7 @@ export async function run({ config: cfg, out, previous, external, log, signal }:
       if (seen.name !== file.name) log.info('skipped a file with the same content as one already ingested', { file: file.name, same_as: seen.name });
       continue;
     }
-    const result = await ingestFile(file, { format: cfg.format, mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward }, maxRecordBytes: cfg.max_record_bytes }, join(out, 'sessions'), files.length, ids, quarantine, reasons, log, signal);
+    const result = await ingestFile(file, { format: cfg.format, mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward }, maxRecordBytes: cfg.max_record_bytes }, join(out, 'sessions'), files.length, ids, quarantine, reasons, log, signal, options.workers);
     files.push(result);
     known.set(file.sha256, result);
     added += result.sessions;

@@ -9,7 +9,8 @@ import { UsageError } from '../../pipeline/errors.ts';
 import type { IngestedFile } from '../layout.ts';
 import type { SessionIdSet } from './id-set.ts';
 import { RecordError, toSession, type MappingOptions } from './mapping.ts';
-import { detectFormat, quarantineText, readRecords, type InputFormat } from '../../pipeline/records.ts';
+import { detectFormat, parseRecord, quarantineText, readRecords, type InputFormat, type RawRecord } from '../../pipeline/records.ts';
+import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
 
 export interface QuarantineRecord {
   file: string;
@@ -42,34 +43,117 @@ function depthOf(value: unknown, limit: number): number {
   return deepest;
 }
 
-/** How many '[' and '{' the text has: a record with fewer cannot nest deeper than that, so most are never walked. */
-function openings(raw: string): number {
+/**
+ * Whether the text has more than `limit` '[' and '{': a record with fewer cannot nest deeper than that, so
+ * most are never walked. indexOf jumps from one to the next (a session has some fifty).
+ */
+function moreOpenings(raw: string, limit: number): boolean {
   let n = 0;
-  for (let i = 0; i < raw.length; i++) {
-    const c = raw.charCodeAt(i);
-    if (c === 91 || c === 123) n++;
+  for (const c of ['{', '[']) {
+    for (let i = raw.indexOf(c); i >= 0; i = raw.indexOf(c, i + 1)) if (++n > limit) return true;
   }
-  return n;
+  return false;
 }
 
 /** Why a record cannot be read, before it is mapped: too large, nested too deep; null when it can. */
 function unreadable(record: { value?: unknown; raw: string }, maxBytes: number): string | null {
-  const bytes = Buffer.byteLength(record.raw);
+  // A UTF-16 code unit is at most 3 bytes of UTF-8: most records need no count.
+  const bytes = record.raw.length * 3 > maxBytes ? Buffer.byteLength(record.raw) : 0;
   if (bytes > maxBytes) return `the record is ${bytes.toLocaleString('en-US')} bytes, more than ingest.max_record_bytes (${maxBytes.toLocaleString('en-US')})`;
-  if (openings(record.raw) > MAX_DEPTH && depthOf(record.value, MAX_DEPTH) > MAX_DEPTH) return `the record nests more than ${MAX_DEPTH} levels deep`;
+  if (moreOpenings(record.raw, MAX_DEPTH) && depthOf(record.value, MAX_DEPTH) > MAX_DEPTH) return `the record nests more than ${MAX_DEPTH} levels deep`;
   return null;
 }
+
+/** What one record became, worked out apart from every other record (on a worker thread, where there are some). */
+type RecordOutcome = { utf8: boolean } & ({ reason: string } | { id: string; untasked: boolean; json: string } | { fault: string });
+
+/**
+ * A batch's outcomes from a worker thread: the sessions' lines come as one block of UTF-8 (moved, not
+ * copied, to the main thread, which writes slices of it), each session's `json` then empty and `end` where
+ * its line ends in the block.
+ */
+export interface BatchOutcome {
+  outcomes: (RecordOutcome & { end?: number })[];
+  lines: Uint8Array;
+}
+
+const encoder = new TextEncoder();
+
+/** The records of a batch read as readOne reads them, their lines packed into one block. */
+export function readBatch(batch: RawRecord[], fileName: string, o: ReadingOptions): BatchOutcome {
+  const outcomes: BatchOutcome['outcomes'] = batch.map((r) => readOne(r, fileName, o));
+  const texts: string[] = [];
+  let end = 0;
+  for (const out of outcomes) {
+    if (!('json' in out)) continue;
+    texts.push(out.json, '\n');
+    end += Buffer.byteLength(out.json) + 1;
+    out.end = end;
+    out.json = '';
+  }
+  return { outcomes, lines: encoder.encode(texts.join('')) };
+}
+
+/**
+ * Reads one record: parsed (when the reader left it as text), checked, mapped, and the session made into
+ * its line. Which ids are duplicates is decided afterwards, in order, on the main thread.
+ */
+function readOne(given: RawRecord, fileName: string, o: ReadingOptions): RecordOutcome {
+  const record = given.value === undefined && given.error === undefined ? parseRecord(given.where, given.raw) : given;
+  // Bytes that are not UTF-8 are read as U+FFFD: counted, and the record kept.
+  const utf8 = record.raw.includes('\uFFFD');
+  if (record.error !== undefined) return { utf8, reason: record.error };
+  const cannot = unreadable(record, o.maxRecordBytes);
+  if (cannot) return { utf8, reason: cannot };
+  try {
+    const session = toSession(record.value, `${fileName} ${record.where}`, o.mapping);
+    return { utf8, id: session.session_id, untasked: session.task_id === null, json: JSON.stringify(session) };
+  } catch (error) {
+    // Anything but a reason the record is bad is a fault of ingest's own: the caller says where it happened.
+    if (!(error instanceof RecordError)) return { utf8, fault: (error as Error).message };
+    return { utf8, reason: error.message };
+  }
+}
+
+/**
+ * Records in batches of about 1 MiB of text for worker threads, so a thread's share is worth sending; one at
+ * a time on this thread (a parsed record then lives only as long as it takes to write it).
+ */
+async function* batchesOf(records: AsyncIterable<RawRecord>, threaded: boolean): AsyncGenerator<RawRecord[]> {
+  let batch: RawRecord[] = [];
+  let chars = 0;
+  for await (const record of records) {
+    batch.push(record);
+    chars += record.raw.length;
+    if (!threaded || chars >= 1 << 20 || batch.length >= 1024) {
+      yield batch;
+      batch = [];
+      chars = 0;
+    }
+  }
+  if (batch.length) yield batch;
+}
+
+/** What a worker thread of ingest is started with. */
+export interface WorkerInit {
+  options: ReadingOptions;
+  fileName: string;
+}
+
+/** A file this large or larger is read with worker threads by default (`--workers` overrides). */
+const LARGE_FILE = 16 << 20;
 
 /**
  * Reads `file` into segment number `seq` in `dir`; `ids` holds every session id ingested so far. `reasons`
  * counts why records were quarantined (numbers and quoted values blanked, so alike reasons count together).
+ * With `workers` above 1, text records are parsed and mapped on that many threads, and the results used in
+ * file order: the segment and the quarantine are the same byte for byte.
  */
-export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: string, seq: number, ids: SessionIdSet, quarantine: JsonlWriter, reasons: Map<string, number>, log: Logger, signal: AbortSignal): Promise<IngestedFile> {
+export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: string, seq: number, ids: SessionIdSet, quarantine: JsonlWriter, reasons: Map<string, number>, log: Logger, signal: AbortSignal, workers?: unknown): Promise<IngestedFile> {
   const format: InputFormat | null = o.format === 'auto' ? detectFormat(file.path) : o.format;
   if (!format) throw new UsageError(`${file.name}: cannot tell its format from the name; use .jsonl, .json or .parquet, or set ingest.format`);
   const segment = `${String(seq).padStart(5, '0')}-${file.sha256.slice(0, 12)}.jsonl`;
   const writer = new JsonlWriter(join(dir, segment));
-  const options = o.mapping;
   const progress = log.progress(`ingest ${file.name}`);
   let quarantined = 0;
   let duplicates = 0;
@@ -84,42 +168,43 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
     reasons.set(kind, (reasons.get(kind) ?? 0) + 1);
     await quarantine.write({ file: file.name, where, reason, raw: quarantineText(raw) } satisfies QuarantineRecord);
   };
-  for await (const record of readRecords(file.path, format)) {
-    if (due()) await safePoint(signal, stopped);
-    progress.tick();
-    if (record.damaged) {
-      // What was read before the damage is kept; the rest of the file is one quarantine entry.
-      damaged = record.error!;
-      log.warn('a damaged file: its records before the damage are kept, the rest is quarantined', { file: file.name, where: record.where, reason: record.error });
+  const use = async ({ outcomes, lines }: BatchOutcome, batch: RawRecord[]) => {
+    let start = 0;
+    for (const [i, out] of outcomes.entries()) {
+      const record = batch[i]!;
+      if (due()) await safePoint(signal, stopped);
+      progress.tick();
+      if (record.damaged) {
+        // What was read before the damage is kept; the rest of the file is one quarantine entry.
+        damaged = record.error!;
+        log.warn('a damaged file: its records before the damage are kept, the rest is quarantined', { file: file.name, where: record.where, reason: record.error });
+      }
+      if (out.utf8) invalidUtf8++;
+      if ('fault' in out) throw new Error(`ingest: ${file.name} ${record.where}: ${out.fault}`);
+      if ('reason' in out) {
+        await quarantineRecord(record.where, out.reason, record.raw);
+        continue;
+      }
+      const line = lines.subarray(start, out.end);
+      start = out.end ?? start;
+      if (!ids.add(out.id)) {
+        duplicates++;
+        await quarantine.write({ file: file.name, where: record.where, reason: `duplicate session_id '${out.id}' (dropped; the first one is kept)`, raw: quarantineText(record.raw) } satisfies QuarantineRecord);
+        continue;
+      }
+      if (out.untasked) untasked++;
+      await (out.json ? writer.writeLine(out.json) : writer.writeBytes(line));
     }
-    const source = `${file.name} ${record.where}`;
-    // Bytes that are not UTF-8 are read as U+FFFD: counted, and the record kept.
-    if (record.raw.includes('\uFFFD')) invalidUtf8++;
-    if (record.error !== undefined) {
-      await quarantineRecord(record.where, record.error, record.raw);
-      continue;
-    }
-    const cannot = unreadable(record, o.maxRecordBytes);
-    if (cannot) {
-      await quarantineRecord(record.where, cannot, record.raw);
-      continue;
-    }
-    let session;
-    try {
-      session = toSession(record.value, source, options);
-    } catch (error) {
-      // Anything but a reason the record is bad is a fault of ingest's own: it says where it happened.
-      if (!(error instanceof RecordError)) throw new Error(`ingest: ${source}: ${(error as Error).message}`, { cause: error });
-      await quarantineRecord(record.where, error.message, record.raw);
-      continue;
-    }
-    if (!ids.add(session.session_id)) {
-      duplicates++;
-      await quarantine.write({ file: file.name, where: record.where, reason: `duplicate session_id '${session.session_id}' (dropped; the first one is kept)`, raw: quarantineText(record.raw) } satisfies QuarantineRecord);
-      continue;
-    }
-    if (session.task_id === null) untasked++;
-    await writer.write(session);
+  };
+  // Parquet rows come as values, not text: they are read on this thread.
+  const threads = format === 'parquet' ? 1 : workerCount(workers, file.bytes >= LARGE_FILE);
+  const pool = threads > 1 ? new WorkerPool<RawRecord[], BatchOutcome>('ingest-worker', new URL('./worker.ts', import.meta.url), threads, { options: o, fileName: file.name } satisfies WorkerInit) : null;
+  try {
+    const none = new Uint8Array(0);
+    const local = (batch: RawRecord[]): BatchOutcome => ({ outcomes: batch.map((r) => readOne(r, file.name, o)), lines: none });
+    await inOrder(batchesOf(readRecords(file.path, format, pool === null), pool !== null), pool, local, use);
+  } finally {
+    await pool?.close();
   }
   progress.done();
   await writer.close();

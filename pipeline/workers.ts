@@ -1,0 +1,116 @@
+// Worker threads for work that splits into batches: a stage hands batches to a pool and reads the results
+// back in the order it gave them, so what it writes is the same whatever the number of threads.
+import { existsSync } from 'node:fs';
+import { availableParallelism } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { Worker, parentPort, workerData } from 'node:worker_threads';
+
+/**
+ * How many threads to use: `--workers N` as given (1: none besides the main thread), or by default one per
+ * core when the work is large enough to pay for starting them.
+ */
+export function workerCount(option: unknown, large: boolean): number {
+  if (typeof option === 'number') return option;
+  return large ? Math.min(4, availableParallelism()) : 1;
+}
+
+interface Reply<Out> {
+  id: number;
+  result?: Out;
+  error?: string;
+}
+
+/** Threads running one worker module; `run` sends a batch to the next in turn. */
+export class WorkerPool<In, Out> {
+  private readonly workers: Worker[];
+  private readonly pending = new Map<number, { resolve: (out: Out) => void; reject: (e: Error) => void }>();
+  private next = 0;
+  private failed: Error | null = null;
+
+  /**
+   * `entry` names the module in the executable's bundle (bin/bundle.js, which tells its folder in
+   * PREFAB_BUNDLE_DIR); `module` is its source, run through tsx where there is no bundle. `init` is what
+   * the module's `serveBatches` maker gets.
+   */
+  constructor(entry: string, module: URL, size: number, init: unknown) {
+    const bundle = process.env.PREFAB_BUNDLE_DIR ? join(process.env.PREFAB_BUNDLE_DIR, `${entry}.js`) : null;
+    const script = bundle && existsSync(bundle) ? bundle : fileURLToPath(new URL('./worker-entry.mjs', import.meta.url));
+    this.workers = Array.from({ length: size }, () => {
+      const worker = new Worker(script, { workerData: { module: module.href, init } });
+      worker.on('message', (reply: Reply<Out>) => {
+        const waiting = this.pending.get(reply.id)!;
+        this.pending.delete(reply.id);
+        if (reply.error !== undefined) waiting.reject(new Error(reply.error));
+        else waiting.resolve(reply.result!);
+      });
+      worker.on('error', (error) => this.fail(error));
+      worker.on('exit', (code) => code !== 0 && this.fail(new Error(`a worker thread exited with code ${code}`)));
+      return worker;
+    });
+  }
+
+  private fail(error: Error): void {
+    this.failed ??= error;
+    for (const { reject } of this.pending.values()) reject(error);
+    this.pending.clear();
+  }
+
+  run(batch: In): Promise<Out> {
+    if (this.failed) return Promise.reject(this.failed);
+    const id = this.next++;
+    return new Promise<Out>((resolve, reject) => {
+      this.pending.set(id, { resolve, reject });
+      this.workers[id % this.workers.length]!.postMessage({ id, batch });
+    });
+  }
+
+  get size(): number {
+    return this.workers.length;
+  }
+
+  async close(): Promise<void> {
+    await Promise.all(this.workers.map((w) => w.terminate()));
+  }
+}
+
+/**
+ * In a worker module: answers each batch with `make(init)`'s result, moving the buffers `transfer` names
+ * rather than copying them. Does nothing on the main thread.
+ */
+export function serveBatches<In, Out>(make: (init: never) => (batch: In) => Out, transfer: (out: Out) => ArrayBuffer[] = () => []): void {
+  if (!parentPort) return;
+  const port = parentPort;
+  const handle = make((workerData as { init: never }).init);
+  port.on('message', ({ id, batch }: { id: number; batch: In }) => {
+    try {
+      const result = handle(batch);
+      port.postMessage({ id, result } satisfies Reply<Out>, transfer(result));
+    } catch (error) {
+      port.postMessage({ id, error: (error as Error).stack ?? String(error) } satisfies Reply<Out>);
+    }
+  });
+}
+
+/**
+ * Hands `batches` to `pool` (or, without one, to `local` on this thread) and gives `use` every result in
+ * the order of the batches, keeping a few batches per thread in flight.
+ */
+export async function inOrder<In, Out>(batches: AsyncIterable<In>, pool: WorkerPool<In, Out> | null, local: (batch: In) => Out, use: (out: Out, batch: In) => Promise<void>): Promise<void> {
+  const flight: [Promise<Out>, In][] = [];
+  const depth = pool ? 3 * pool.size : 0;
+  for await (const batch of batches) {
+    if (!pool) {
+      await use(local(batch), batch);
+      continue;
+    }
+    const out = pool.run(batch);
+    out.catch(() => {}); // a failure is thrown where its result is awaited, in order
+    flight.push([out, batch]);
+    while (flight.length > depth) {
+      const [out, given] = flight.shift()!;
+      await use(await out, given);
+    }
+  }
+  for (const [out, given] of flight) await use(await out, given);
+}

@@ -1,0 +1,75 @@
+// Ingest on worker threads (`--workers N`) writes what it writes on one thread, byte for byte: every
+// kind of record a night may bring, in files large and small, damaged and whole, through the sources
+// (tsx in each thread) and through the executable's bundle.
+import { createHash } from 'node:crypto';
+import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { gzipSync } from 'node:zlib';
+import { describe, expect, it } from 'vitest';
+import { prefab } from '../fixtures/cli.ts';
+import { engineFor, jsonl, manifest, session, tempDir } from '../fixtures/pipeline.ts';
+
+/** Each output file of ingest with its hash; index.json without the times files were ingested or their paths (relative to the working folder). */
+function ingested(dir: string): Record<string, string> {
+  const root = join(dir, 'workspace', 'ingest');
+  const hash = (path: string) => createHash('sha256').update(readFileSync(path)).digest('hex');
+  const out: Record<string, string> = { 'quarantine.jsonl': hash(join(root, 'quarantine.jsonl')), 'ids.bin': hash(join(root, 'ids.bin')) };
+  for (const f of readdirSync(join(root, 'sessions'))) out[f] = hash(join(root, 'sessions', f));
+  const index = JSON.parse(readFileSync(join(root, 'index.json'), 'utf8')) as { files: { ingested_at?: string; name?: string }[] };
+  out['index.json'] = JSON.stringify(index.files.map(({ ingested_at: _, name: __, ...f }) => f));
+  return out;
+}
+
+/** A night's inputs: good and bad records mixed, duplicates within and across files, a cut .gz, a JSON array. */
+function inputs(dir: string): void {
+  const records: unknown[] = [];
+  for (let i = 0; i < 3000; i++) {
+    const kind = i % 50;
+    if (kind === 7) records.push(`{"session_id": "broken-${i}", "messages": [`); // not JSON
+    else if (kind === 13) records.push({ session_id: `no-reward-${i}`, messages: [{ role: 'user', content: 'hi' }] });
+    else if (kind === 21) records.push(session(`s-${i - 1}`, `T${i % 97}`, 1)); // a duplicate id
+    else if (kind === 29) records.push(session(undefined, null, 0.5, `untasked ${i}`));
+    else if (kind === 33) records.push('');
+    else records.push(session(`s-${i}`, `T${i % 97}`, i % 3 === 0 ? 1 : 0, `answer ${i} ✓ — ünïcode`));
+  }
+  writeFileSync(join(dir, 'a.jsonl'), jsonl(records));
+  const raw = Buffer.from(jsonl([session('bad-bytes', 'F', 1), session('s-5', 'F', 1)]));
+  raw[raw.indexOf('done')] = 0xff;
+  writeFileSync(join(dir, 'b.jsonl'), raw);
+  const gz = gzipSync(jsonl(Array.from({ length: 2000 }, (_, i) => session(`gz-${i}`, `G${i % 50}`, i % 2, `reply ${(i * 7919) % 10007}`))));
+  writeFileSync(join(dir, 'c.jsonl.gz'), gz.subarray(0, Math.floor(gz.length * 0.7)));
+  writeFileSync(join(dir, 'd.json'), JSON.stringify(Array.from({ length: 500 }, (_, i) => (i % 10 === 3 ? { oops: i } : session(`arr-${i}`, `A${i % 20}`, 1)))));
+}
+
+const CONFIG = 'ingest:\n  inputs: [a.jsonl, b.jsonl, c.jsonl.gz, d.json]\n  max_quarantined: 0.9\n';
+
+describe('ingest on worker threads', () => {
+  it('writes the same segments, quarantine and id set on 3 threads as on one', async () => {
+    // One set of inputs: a session's source names its file.
+    const [data, one, three] = [tempDir(), tempDir(), tempDir()];
+    inputs(data);
+    const config = CONFIG.replace(/\b(\w\.json\w*(?:\.gz)?)/g, (f) => join(data, f));
+    await engineFor(one, config, { workers: 1 }).run({ until: 'ingest' });
+    await engineFor(three, config, { workers: 3 }).run({ until: 'ingest' });
+    const counts = manifest(one, 'ingest').counts;
+    expect(counts).toMatchObject({ files: 4, files_damaged: 1, invalid_utf8: 1 });
+    expect(counts.quarantined).toBeGreaterThan(100);
+    expect(counts.duplicates).toBeGreaterThan(50);
+    expect(manifest(three, 'ingest').counts).toEqual(counts);
+    expect(ingested(three)).toEqual(ingested(one));
+  });
+
+  it('does the same from the executable, whose threads start from its bundle', () => {
+    const [one, two] = [tempDir(), tempDir()];
+    for (const dir of [one, two]) {
+      inputs(dir);
+      writeFileSync(join(dir, 'config.yaml'), CONFIG);
+    }
+    for (const [dir, n] of [[one, '1'], [two, '2']] as const) {
+      const r = prefab(['-c', 'config.yaml', '-q', '--workers', n, 'run', '--until', 'ingest'], dir);
+      expect(r.code, r.stderr).toBe(0);
+    }
+    expect(ingested(two)).toEqual(ingested(one));
+    expect(prefab(['--workers', '0', 'status'], one)).toMatchObject({ code: 2, stderr: expect.stringContaining('at least 1') });
+  });
+});
