@@ -36,6 +36,34 @@ export function readIngestIndex(dir: string): Promise<IngestIndex | null> {
   return readJsonFile<IngestIndex>(join(dir, 'index.json'));
 }
 
+/** The end of the JSON string that starts at `at` (its opening quote): the index of its closing quote. */
+function stringEnd(line: string, at: number): number {
+  for (let i = at + 1; i < line.length; i++) {
+    const c = line.charCodeAt(i);
+    if (c === 92) i++; // a backslash: the next character is escaped
+    else if (c === 34) return i;
+  }
+  return -1;
+}
+
+const HEAD = '{"session_id":';
+const TASK = ',"task_id":';
+
+/**
+ * The task_id of a session's line as ingest writes it (JSON.stringify of a Session: session_id first, then
+ * task_id), read without parsing the rest of the line; undefined for a line that does not start so.
+ */
+export function leadingTaskId(line: string): string | null | undefined {
+  if (!line.startsWith(HEAD) || line.charCodeAt(HEAD.length) !== 34) return undefined;
+  const idEnd = stringEnd(line, HEAD.length);
+  if (idEnd < 0 || !line.startsWith(TASK, idEnd + 1)) return undefined;
+  const at = idEnd + 1 + TASK.length;
+  if (line.startsWith('null,', at)) return null;
+  if (line.charCodeAt(at) !== 34) return undefined;
+  const end = stringEnd(line, at);
+  return end < 0 ? undefined : (JSON.parse(line.slice(at, end + 1)) as string);
+}
+
 /** The segment files of an ingest folder, in ingestion order. */
 export async function sessionSegments(ingestDir: string): Promise<string[]> {
   return (await readdir(join(ingestDir, 'sessions'))).sort().map((f) => join(ingestDir, 'sessions', f));

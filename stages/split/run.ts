@@ -4,11 +4,11 @@
 import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { unitHash } from '../../pipeline/hash.ts';
-import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
+import { JsonlWriter, readLines } from '../../pipeline/jsonl.ts';
 import { every, safePoint } from '../../pipeline/interrupt.ts';
 import type { Session, Split, SplitSession } from '../../core/records.ts';
 import { joinFolders, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
-import { SPLITS, bucketFile, bucketOf, readIngestIndex, sessionSegments, type SplitInfo } from '../layout.ts';
+import { SPLITS, bucketFile, bucketOf, leadingTaskId, readIngestIndex, sessionSegments, type SplitInfo } from '../layout.ts';
 import { TaskMatcher, requestText } from './similarity.ts';
 
 import type { ShardPart, StageContext, StageReport } from '../../pipeline/stage.ts';
@@ -31,7 +31,10 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   if (untasked > 0) {
     const known = new Set<string>();
     for (const segment of segments) {
-      for await (const s of readJsonl<Session>(segment)) {
+      for await (const { text } of readLines(segment)) {
+        const task = leadingTaskId(text);
+        if (task === null || (task !== undefined && known.has(task))) continue;
+        const s = JSON.parse(text) as Session;
         if (s.task_id === null || known.has(s.task_id)) continue;
         known.add(s.task_id);
         matcher.add(s.task_id, requestText(s.messages));
@@ -49,12 +52,17 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   const due = every(1000);
   const stopped = () => 'split: stopped before it had put every session in its bucket; the next run does it again';
   for (const segment of segments) {
-    for await (const s of readJsonl<Session>(segment)) {
+    for await (const { text } of readLines(segment)) {
+      if (text.length === 0) continue;
       if (due()) await safePoint(signal, stopped);
       progress.tick();
+      // A session with a task is written as it was read, with its side appended; only one without is parsed.
+      let s: Session | null = null;
       let taskMatch: SplitSession['task_match'] = null;
-      let taskId = s.task_id;
+      let taskId = leadingTaskId(text);
+      if (taskId === undefined) taskId = (s = JSON.parse(text) as Session).task_id;
       if (taskId === null) {
+        s ??= JSON.parse(text) as Session;
         const m = matcher.assign(requestText(s.messages));
         taskId = m.task_id;
         taskMatch = { score: m.score, kind: m.kind };
@@ -64,7 +72,10 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
       if (taskMatch) counts[taskMatch.kind === 'matched_task' ? 'matched_to_task' : 'new_groups']++;
       const side: Split = unitHash(taskId, `split:${cfg.salt}`) < cfg.test_ratio ? 'test' : 'train';
       counts[`${side}_sessions`]++;
-      await writers.get(`${side}/${bucket}`)!.write({ ...s, task_id: taskId, split: side, task_match: taskMatch } satisfies SplitSession);
+      const writer = writers.get(`${side}/${bucket}`)!;
+      // JSON.stringify of { ...s, split, task_match: null } when s is the line's session, as the line ends in '}'.
+      if (s === null) await writer.writeLine(`${text.slice(0, -1)},"split":"${side}","task_match":null}`);
+      else await writer.write({ ...s, task_id: taskId, split: side, task_match: taskMatch } satisfies SplitSession);
     }
   }
   progress.done();

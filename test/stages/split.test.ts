@@ -1,4 +1,4 @@
-import { readdirSync, writeFileSync } from 'node:fs';
+import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import type { SplitSession } from '../../core/records.ts';
@@ -55,6 +55,28 @@ describe('split', () => {
     expect(byId.u3!.task_id).toBe(byId.u2!.task_id);
     expect(byId.u3!.task_match!.score).toBeGreaterThanOrEqual(0.5);
     expect(manifest(dir, 'split').counts).toMatchObject({ untasked: 3, matched_to_task: 2, new_groups: 1 });
+  });
+
+  it('writes every session as ingest made it with its side added, whatever its id and task hold', async () => {
+    const dir = tempDir();
+    const odd = ['plain', 'quote"inside', 'back\\slash', 'ünï—code', '"', '\\"', 'comma","task_id":"fake'];
+    const records = odd.flatMap((id, i) => [session(id, `task ${odd[(i + 1) % odd.length]}`, 1), session(`${id}-untasked`, null, 0)]);
+    writeFileSync(join(dir, 'logs.jsonl'), jsonl(records));
+    await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\nsplit:\n  test_ratio: 0.5\n').run({ until: 'split' });
+    const ingested = new Map<string, Record<string, unknown>>();
+    for (const f of readdirSync(join(dir, 'workspace', 'ingest', 'sessions'))) for (const s of await collect<Record<string, unknown>>(join(dir, 'workspace', 'ingest', 'sessions', f))) ingested.set(s.session_id as string, s);
+    const folder = join(dir, 'workspace', 'split', 'sessions');
+    let lines = 0;
+    for (const f of readdirSync(folder)) {
+      for (const line of readFileSync(join(folder, f), 'utf8').split('\n').filter(Boolean)) {
+        const s = JSON.parse(line) as SplitSession;
+        expect(line).toBe(JSON.stringify(s)); // well-formed, and as JSON.stringify writes it
+        const before = ingested.get(s.session_id)!;
+        expect(s).toEqual({ ...before, task_id: before.task_id ?? s.task_id, split: s.split, task_match: before.task_id === null ? expect.any(Object) : null });
+        lines++;
+      }
+    }
+    expect(lines).toBe(records.length);
   });
 
   it('measures request similarity as the Jaccard index of word and word-pair shingles', () => {
