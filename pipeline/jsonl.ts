@@ -57,6 +57,13 @@ export class JsonlWriter {
     if (!this.stream.write(line)) await once(this.stream, 'drain');
   }
 
+  /** `lines` records already made into lines, as UTF-8 with their newlines (on a worker thread). */
+  async writeBlock(block: Uint8Array, lines: number): Promise<void> {
+    this.count += lines;
+    this.bytes += block.byteLength;
+    if (!this.stream.write(block)) await once(this.stream, 'drain');
+  }
+
   /** A record already made into its JSON text, without the newline. */
   async writeLine(json: string): Promise<void> {
     this.count++;

@@ -8,11 +8,11 @@ import { Worker, parentPort, workerData } from 'node:worker_threads';
 
 /**
  * How many threads to use: `--workers N` as given (1: none besides the main thread), or by default one per
- * core when the work is large enough to pay for starting them.
+ * core (up to 4) when the work is large enough to pay for starting them and there are at least `cores`.
  */
-export function workerCount(option: unknown, large: boolean): number {
+export function workerCount(option: unknown, large: boolean, cores = 2): number {
   if (typeof option === 'number') return option;
-  return large ? Math.min(4, availableParallelism()) : 1;
+  return large && availableParallelism() >= cores ? Math.min(4, availableParallelism()) : 1;
 }
 
 interface Reply<Out> {
@@ -78,13 +78,13 @@ export class WorkerPool<In, Out> {
  * In a worker module: answers each batch with `make(init)`'s result, moving the buffers `transfer` names
  * rather than copying them. Does nothing on the main thread.
  */
-export function serveBatches<In, Out>(make: (init: never) => (batch: In) => Out, transfer: (out: Out) => ArrayBuffer[] = () => []): void {
+export function serveBatches<In, Out>(make: (init: never) => (batch: In) => Out | Promise<Out>, transfer: (out: Out) => ArrayBuffer[] = () => []): void {
   if (!parentPort) return;
   const port = parentPort;
   const handle = make((workerData as { init: never }).init);
-  port.on('message', ({ id, batch }: { id: number; batch: In }) => {
+  port.on('message', async ({ id, batch }: { id: number; batch: In }) => {
     try {
-      const result = handle(batch);
+      const result = await handle(batch);
       port.postMessage({ id, result } satisfies Reply<Out>, transfer(result));
     } catch (error) {
       port.postMessage({ id, error: (error as Error).stack ?? String(error) } satisfies Reply<Out>);
@@ -93,15 +93,16 @@ export function serveBatches<In, Out>(make: (init: never) => (batch: In) => Out,
 }
 
 /**
- * Hands `batches` to `pool` (or, without one, to `local` on this thread) and gives `use` every result in
- * the order of the batches, keeping a few batches per thread in flight.
+ * Hands `batches` to a pool of threads (or to a function on this thread) and gives `use` every result in
+ * the order of the batches, keeping `perThread` batches a thread in flight (memory grows with it).
  */
-export async function inOrder<In, Out>(batches: AsyncIterable<In>, pool: WorkerPool<In, Out> | null, local: (batch: In) => Out, use: (out: Out, batch: In) => Promise<void>): Promise<void> {
+export async function inOrder<In, Out>(batches: AsyncIterable<In>, work: WorkerPool<In, Out> | ((batch: In) => Out), use: (out: Out, batch: In) => Promise<void>, perThread = 3): Promise<void> {
   const flight: [Promise<Out>, In][] = [];
-  const depth = pool ? 3 * pool.size : 0;
+  const pool = work instanceof WorkerPool ? work : null;
+  const depth = pool ? perThread * pool.size : 0;
   for await (const batch of batches) {
     if (!pool) {
-      await use(local(batch), batch);
+      await use((work as (batch: In) => Out)(batch), batch);
       continue;
     }
     const out = pool.run(batch);

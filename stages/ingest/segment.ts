@@ -202,7 +202,7 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
   try {
     const none = new Uint8Array(0);
     const local = (batch: RawRecord[]): BatchOutcome => ({ outcomes: batch.map((r) => readOne(r, file.name, o)), lines: none });
-    await inOrder(batchesOf(readRecords(file.path, format, pool === null), pool !== null), pool, local, use);
+    await inOrder(batchesOf(readRecords(file.path, format, pool === null), pool !== null), pool ?? local, use);
   } finally {
     await pool?.close();
   }

@@ -1,12 +1,17 @@
 // One bucket of tasks made into pairs: outcome pairs per task, hard negatives per successful session (by the
 // transforms, and by the rewriter when there is one), written with every pair not made and why.
-import type { JsonlWriter } from '../../pipeline/jsonl.ts';
+/** Where pairBucket writes records: a JsonlWriter, or lines kept in memory on a worker thread. */
+interface RecordSink {
+  write(record: unknown): Promise<void>;
+}
 import type { Logger } from '../../pipeline/log.ts';
-import type { CandidatePair, NegativeType, Pair, Split, SplitSession } from '../../core/records.ts';
+import { NEGATIVE_TYPES, type CandidatePair, type NegativeType, type Pair, type Split, type SplitSession } from '../../core/records.ts';
+import { mustDeclineTest } from '../../judges/rules.ts';
 import { isRefusal } from '../../core/refusal.ts';
+import { readTaskGroups } from '../layout.ts';
 import { buildHardNegatives } from './hard-negatives.ts';
 import { buildOutcomePairs } from './outcome.ts';
-import { planRewrites, type RewriteJob, type RewriteOutcome, type Rewriter } from './rewriter.ts';
+import { REWRITE_TYPES, planRewrites, type RewriteJob, type RewriteOutcome, type Rewriter } from './rewriter.ts';
 
 export interface BucketOptions {
   outcome: { enabled: boolean; success_min: number; failure_max: number; max_pairs_per_task: number | null };
@@ -14,6 +19,49 @@ export interface BucketOptions {
   rewriter: Rewriter | null;
   /** Whether the session's request is one the agent must decline. */
   mustDecline: (s: SplitSession) => boolean;
+}
+
+/** The pairs config's sections a bucket is paired by. */
+export interface PairingConfig {
+  outcome: BucketOptions['outcome'];
+  hard_negatives: BucketOptions['hardNegatives'];
+  must_decline: string[];
+}
+
+export function bucketOptions(cfg: PairingConfig, rewriter: Rewriter | null): BucketOptions {
+  const mustDecline = mustDeclineTest(cfg.must_decline);
+  return { outcome: cfg.outcome, hardNegatives: cfg.hard_negatives, rewriter, mustDecline: (s: SplitSession) => mustDecline({ metadata: s.metadata, prompt: s.messages }) };
+}
+
+/** Every count the stage reports, at zero. */
+export function pairCounts(): Record<string, number> {
+  const counts: Record<string, number> = { train: 0, test: 0, outcome: 0, hard_negative: 0, tasks: 0, tasks_with_pairs: 0, tasks_without_success: 0, tasks_without_failure: 0, dropped: 0 };
+  for (const t of NEGATIVE_TYPES) counts[`hard_negative_${t}`] = 0;
+  // hard_negative counts both kinds; hard_negative_<type> the transforms', hard_negative_llm_<type> the rewriter's.
+  Object.assign(counts, { hard_negative_llm: 0, rewrite_skipped: 0, rewrite_failed: 0, rewrite_over_budget: 0, rewrite_must_decline: 0, requests: 0, cached: 0, retries: 0 });
+  for (const t of REWRITE_TYPES) counts[`hard_negative_llm_${t}`] = 0;
+  return counts;
+}
+
+/** A bucket paired on a worker thread: its pairs' and drops' lines as blocks of UTF-8, and what it counted. */
+export interface PairedBucket {
+  pairs: Uint8Array;
+  dropped: Uint8Array;
+  lines: { pairs: number; dropped: number };
+  counts: Record<string, number>;
+}
+
+/** Pairs the bucket file `path` into memory, as pairBucket writes it (no rewriter: that one talks to an endpoint). */
+export async function pairBucketFile(path: string, side: Split, o: BucketOptions, log: Logger): Promise<PairedBucket> {
+  const sink = () => {
+    const lines: string[] = [];
+    return { lines, write: async (record: unknown) => void lines.push(JSON.stringify(record), '\n') };
+  };
+  const [pairs, dropped] = [sink(), sink()];
+  const counts = pairCounts();
+  await pairBucket(await readTaskGroups(path), side, o, { pairs, dropped }, counts, log);
+  const encoder = new TextEncoder();
+  return { pairs: encoder.encode(pairs.lines.join('')), dropped: encoder.encode(dropped.lines.join('')), lines: { pairs: pairs.lines.length / 2, dropped: dropped.lines.length / 2 }, counts };
 }
 
 const withMetadata = (pair: Pair, session: SplitSession): CandidatePair => ({ ...pair, metadata: session.metadata });
@@ -27,7 +75,7 @@ const rewriteDrop = (s: SplitSession, type: NegativeType, reason: string) => ({
 });
 
 /** Writes the pairs of one bucket's task groups to `out.pairs`, what was not made to `out.dropped`, and counts both. */
-export async function pairBucket(groups: [string, SplitSession[]][], side: Split, o: BucketOptions, out: { pairs: JsonlWriter; dropped: JsonlWriter }, counts: Record<string, number>, log: Logger): Promise<void> {
+export async function pairBucket(groups: [string, SplitSession[]][], side: Split, o: BucketOptions, out: { pairs: RecordSink; dropped: RecordSink }, counts: Record<string, number>, log: Logger): Promise<void> {
   const oc = o.outcome;
   const h = o.hardNegatives;
   const negativeOptions = { ratios: h.ratios, salt: h.salt, mustDecline: o.mustDecline };

@@ -1,11 +1,12 @@
-// Ingest on worker threads (`--workers N`) writes what it writes on one thread, byte for byte: every
-// kind of record a night may bring, in files large and small, damaged and whole, through the sources
-// (tsx in each thread) and through the executable's bundle.
+// The data stages on worker threads (`--workers N`) write what they write on one thread, byte for byte:
+// ingest on every kind of record a night may bring, in files damaged and whole, through the sources (tsx
+// in each thread) and through the executable's bundle; pairs bucket by bucket.
 import { createHash } from 'node:crypto';
 import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { describe, expect, it } from 'vitest';
+import { readJsonl } from '../../pipeline/jsonl.ts';
 import { prefab } from '../fixtures/cli.ts';
 import { engineFor, jsonl, manifest, session, tempDir } from '../fixtures/pipeline.ts';
 
@@ -41,9 +42,11 @@ function inputs(dir: string): void {
   writeFileSync(join(dir, 'd.json'), JSON.stringify(Array.from({ length: 500 }, (_, i) => (i % 10 === 3 ? { oops: i } : session(`arr-${i}`, `A${i % 20}`, 1)))));
 }
 
+const SAMPLE = join(import.meta.dirname, '../../data/sample/sessions.jsonl.gz');
+
 const CONFIG = 'ingest:\n  inputs: [a.jsonl, b.jsonl, c.jsonl.gz, d.json]\n  max_quarantined: 0.9\n';
 
-describe('ingest on worker threads', () => {
+describe('the data stages on worker threads', () => {
   it('writes the same segments, quarantine and id set on 3 threads as on one', async () => {
     // One set of inputs: a session's source names its file.
     const [data, one, three] = [tempDir(), tempDir(), tempDir()];
@@ -57,6 +60,21 @@ describe('ingest on worker threads', () => {
     expect(counts.duplicates).toBeGreaterThan(50);
     expect(manifest(three, 'ingest').counts).toEqual(counts);
     expect(ingested(three)).toEqual(ingested(one));
+  });
+
+  it('pairs the buckets on 3 threads as on one', async () => {
+    const data = tempDir();
+    const sessions: unknown[] = [];
+    for await (const s of readJsonl(SAMPLE)) if (sessions.push(s) === 400) break;
+    writeFileSync(join(data, 'logs.jsonl'), jsonl(sessions));
+    const config = `ingest:\n  inputs: [${join(data, 'logs.jsonl')}]\nsplit:\n  bucket_size: 16\npairs:\n  must_decline: ['cancel']\n`;
+    const [one, three] = [tempDir(), tempDir()];
+    await engineFor(one, config, { workers: 1 }).run({ until: 'pairs' });
+    await engineFor(three, config, { workers: 3 }).run({ until: 'pairs' });
+    expect(manifest(one, 'split').counts.buckets).toBeGreaterThan(20);
+    expect(manifest(three, 'pairs').counts).toEqual(manifest(one, 'pairs').counts);
+    expect(manifest(one, 'pairs').counts.hard_negative).toBeGreaterThan(100);
+    for (const f of ['train.jsonl', 'test.jsonl', 'dropped.jsonl']) expect(readFileSync(join(three, 'workspace', 'pairs', f)).equals(readFileSync(join(one, 'workspace', 'pairs', f))), f).toBe(true);
   });
 
   it('does the same from the executable, whose threads start from its bundle', () => {

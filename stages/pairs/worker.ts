@@ -1,0 +1,17 @@
+// A worker thread of the pairs stage: whole buckets paired as pairBucket pairs them on the main thread.
+import { Writable } from 'node:stream';
+import { Logger } from '../../pipeline/log.ts';
+import { serveBatches } from '../../pipeline/workers.ts';
+import type { Split } from '../../core/records.ts';
+import { bucketOptions, pairBucketFile, type PairedBucket, type PairingConfig } from './bucket.ts';
+
+// Only the rewriter logs from inside a bucket, and it never runs on a worker thread.
+const silent = new Logger('json', new Writable({ write: (_chunk, _encoding, done) => done() }), {}, true);
+
+serveBatches(
+  (cfg: PairingConfig) => {
+    const o = bucketOptions(cfg, null);
+    return ({ path, side }: { path: string; side: Split }): Promise<PairedBucket> => pairBucketFile(path, side, o, silent);
+  },
+  (made) => [made.pairs.buffer as ArrayBuffer, made.dropped.buffer as ArrayBuffer],
+);
