@@ -42,8 +42,9 @@ export class JsonlWriter {
   /** Bytes written so far (where the next record starts, for a shard's chunk index). */
   bytes = 0;
 
-  constructor(readonly path: string, flags: 'w' | 'a' = 'w') {
-    this.stream = createWriteStream(path, { flags, highWaterMark: 1 << 20 });
+  /** `buffer`: bytes in flight past which a write waits for the disk. */
+  constructor(readonly path: string, flags: 'w' | 'a' = 'w', buffer = 1 << 20) {
+    this.stream = createWriteStream(path, { flags, highWaterMark: buffer });
   }
 
   async write(record: unknown): Promise<void> {

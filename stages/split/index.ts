@@ -16,7 +16,7 @@ export type Config = z.infer<typeof config>;
 export const split = defineStage({
   name: 'split',
   description: 'assign untasked sessions to tasks by similarity; hold out tasks by stable hash',
-  version: 2,
+  version: 3,
   inputs: ['ingest'],
   outputs: ['sessions', 'info.json'],
   config,

@@ -14,7 +14,11 @@ import { TaskMatcher, requestText } from './similarity.ts';
 import type { ShardPart, StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
 
-const MAX_BUCKETS = 128;
+/** Up to 4M sessions a bucket holds split.bucket_size of them; beyond, buckets grow (and two files a bucket stay open while split writes). */
+const MAX_BUCKETS = 1024;
+
+/** What split's bucket writers may hold on their way to disk, together. */
+const WRITE_BUFFERS = 64 << 20;
 
 /**
  * On a shard, every session is still read and every untasked one matched (a task is decided over all the
@@ -46,7 +50,8 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   const buckets = Math.min(MAX_BUCKETS, Math.max(1, Math.ceil(total / cfg.bucket_size)));
   await mkdir(join(out, 'sessions'), { recursive: true });
   const writers = new Map<string, JsonlWriter>();
-  for (const side of SPLITS) for (let b = 0; b < buckets; b++) if (ownsBucket(shard, b)) writers.set(`${side}/${b}`, new JsonlWriter(bucketFile(out, side, b)));
+  const buffer = Math.min(1 << 20, Math.max(64 << 10, Math.floor(WRITE_BUFFERS / (2 * buckets))));
+  for (const side of SPLITS) for (let b = 0; b < buckets; b++) if (ownsBucket(shard, b)) writers.set(`${side}/${b}`, new JsonlWriter(bucketFile(out, side, b), 'w', buffer));
   const counts = { train_sessions: 0, test_sessions: 0, matched_to_task: 0, new_groups: 0 };
   const progress = log.progress('split', total);
   const due = every(1000);
