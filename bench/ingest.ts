@@ -99,6 +99,8 @@ interface Row {
   floor: Measurement;
   duckdb: Measurement;
   ingest: Measurement;
+  /** Ingest with --workers 1: what the threads gain. */
+  ingestOneThread: Measurement;
   pairs: Measurement;
   counts: Record<string, unknown>;
 }
@@ -122,13 +124,14 @@ async function benchOne(n: number): Promise<Row> {
     if (Number(duckdb.stdout) !== n) throw new Error(`DuckDB wrote ${duckdb.stdout} rows, expected ${n}`);
     await rm(join(dir, 'duckdb.jsonl'), { force: true });
 
-    const run = (until: string) => measure(process.execPath, ['bin/prefab.js', '--workdir', join(dir, `workspace-${until}`), '--config', configPath, '--log-format', 'json', '-q', 'run', '--until', until], join(dir, `${until}.rss`));
+    const run = (until: string, ...options: string[]) => measure(process.execPath, ['bin/prefab.js', '--workdir', join(dir, `workspace-${until}${options.join('')}`), '--config', configPath, '--log-format', 'json', '-q', ...options, 'run', '--until', until], join(dir, `${until}.rss`));
     const ingest = await run('ingest');
+    const ingestOneThread = await run('ingest', '--workers', '1');
     const pairs = await run('pairs');
     const manifest = (stage: string) => readFile(join(dir, 'workspace-pairs', stage, 'manifest.json'), 'utf8').then((t) => (JSON.parse(t) as { counts: Record<string, unknown> }).counts);
     const counts = { ingest: await manifest('ingest'), split: await manifest('split'), pairs: await manifest('pairs') };
     if (counts.ingest.sessions !== n) throw new Error(`ingest counted ${String(counts.ingest.sessions)} sessions, expected ${n}`);
-    return { n, floor, duckdb, ingest, pairs, counts };
+    return { n, floor, duckdb, ingest, ingestOneThread, pairs, counts };
   } finally {
     await rm(dir, { recursive: true, force: true });
   }
@@ -149,7 +152,7 @@ const rate = (r: Row, m: Measurement) => r.n / m.seconds;
 const mib = (m: Measurement) => (m.peakRssBytes / MiB).toFixed(0);
 console.log('| sessions | what | seconds | sessions/s | peak RSS MiB |\n|---|---|---|---|---|');
 for (const r of rows) {
-  for (const [what, m] of [['parse floor (readline + JSON.parse)', r.floor], ['DuckDB round trip (2 threads)', r.duckdb], ['prefab ingest', r.ingest], ['prefab ingest → split → pairs', r.pairs]] as const) {
+  for (const [what, m] of [['parse floor (readline + JSON.parse)', r.floor], ['DuckDB round trip (2 threads)', r.duckdb], ['prefab ingest', r.ingest], ['prefab ingest, one thread (--workers 1)', r.ingestOneThread], ['prefab ingest → split → pairs', r.pairs]] as const) {
     console.log(`| ${r.n} | ${what} | ${m.seconds.toFixed(2)} | ${rate(r, m).toFixed(0)} | ${mib(m)} |`);
   }
 }
