@@ -8,7 +8,7 @@ import { PipelineError, UsageError } from './errors.ts';
 import type { Logger } from './log.ts';
 import { linkTree } from './shards.ts';
 import type { Shard, ShardPart, Stage } from './stage.ts';
-import { Workspace } from './workspace.ts';
+import { Workspace, liveRun } from './workspace.ts';
 
 /** The shard workspaces' folders of `stage`, checked to be one complete set made by this code and config. */
 async function partsOf(engine: Engine, stage: Stage, shards: Workspace[]): Promise<{ parts: ShardPart[]; manifests: Manifest[] } | null> {
@@ -71,6 +71,8 @@ export async function mergeShards(engine: Engine, dirs: string[], log: Logger): 
   for (const ws of shards) {
     if (!existsSync(ws.root)) throw new UsageError(`prefab merge: no workspace ${ws.root}`);
     if (ws.root === engine.ws.root) throw new UsageError(`prefab merge: ${ws.root} is both a shard and the workspace merged into; merge into another --workdir`);
+    const live = liveRun(ws);
+    if (live) throw new PipelineError(`prefab merge: ${ws.root} is still being written (pid ${live.pid} on ${live.host}, \`${live.command}\`); merge when every shard has finished`);
   }
   await engine.ws.recover(log);
   const outcomes: StageOutcome[] = [];

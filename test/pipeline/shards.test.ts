@@ -7,6 +7,7 @@ import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { Session } from '../../core/records.ts';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { mergeShards } from '../../pipeline/merge.ts';
+import { Workspace, acquireLock } from '../../pipeline/workspace.ts';
 import { completion, startChatServer, type ChatServer } from '../fixtures/chat-server.ts';
 import { prefab } from '../fixtures/cli.ts';
 import { engineFor, jsonl, manifest, session, tempDir } from '../fixtures/pipeline.ts';
@@ -148,6 +149,11 @@ describe('prefab run --shard and prefab merge', () => {
     // A shard's folders are its part of the data: a run on all of it makes them again.
     const again = await engineFor(shards[0]!, config).run({ until: 'split' });
     expect(again.find((o) => o.stage === 'split')).toMatchObject({ action: 'ran', reasons: [expect.stringMatching(/made for shard 0\/3, wanted for all the data/)] });
+
+    // A shard still running is not merged.
+    const release = await acquireLock(new Workspace(join(shards[1]!, 'workspace')), 'prefab run --shard 1/3', quietLogger());
+    await expect(mergeShards(merged(), shards.map((s) => join(s, 'workspace')), quietLogger())).rejects.toThrow(/shard-1\/workspace is still being written \(pid \d+/);
+    release();
 
     const other = engineFor(join(dir, 'other'), config.replace('bucket_size: 16', 'bucket_size: 32'));
     await expect(mergeShards(other, shards.slice(0, 2).map((s) => join(s, 'workspace')), quietLogger())).rejects.toThrow(/another config section 'split'/);
