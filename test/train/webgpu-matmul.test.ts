@@ -1,0 +1,84 @@
+// The GPU GEMM (train/webgpu/matmul.ts) against a float64 product on the CPU: every combination of
+// transposes, ragged shapes that do not fill a 64×64 block, batches and accumulation. It runs wherever a
+// WebGPU adapter is; CI installs lavapipe (a CPU Vulkan driver) so that it always runs there, and fails
+// rather than skips when none is found. Elsewhere without one, it is skipped with the reason printed.
+import { afterAll, describe, expect, it } from 'vitest';
+import { openGpu, type Gpu } from '../../train/webgpu/device.ts';
+import { download, submit, upload } from '../../train/webgpu/buffers.ts';
+import { Matmul, type MatmulShape } from '../../train/webgpu/matmul.ts';
+import { seeded } from '../../core/random.ts';
+
+const opened = await openGpu().then(
+  (gpu) => ({ gpu, why: null }),
+  (error: Error) => ({ gpu: null, why: error.message }),
+);
+const here = opened.gpu ? `webgpu tests run on: ${opened.gpu.adapter.description} (${opened.gpu.software ? 'software' : 'hardware'})` : `webgpu tests skipped: ${opened.why}`;
+console.log(here);
+// In CI a missing adapter fails the run (.ci/run installs one); elsewhere the tests say why they did not run.
+const absent = !opened.gpu && !process.env.CI;
+
+afterAll(() => opened.gpu?.device.destroy());
+/** One set of pipelines for every product (compiling them is what costs on a CPU driver). */
+const matmul = opened.gpu ? new Matmul(opened.gpu) : null;
+
+/** op(A)·op(B) (+ C) in float64, from the stored (row-major) operands. */
+function reference(a: Float32Array, b: Float32Array, c: Float32Array, s: MatmulShape): Float64Array {
+  const { m, n, k } = s;
+  const batch = s.batch ?? 1;
+  const out = new Float64Array(batch * m * n);
+  for (let z = 0; z < batch; z++) {
+    for (let i = 0; i < m; i++) {
+      for (let j = 0; j < n; j++) {
+        let sum = s.accumulate ? c[z * m * n + i * n + j]! : 0;
+        for (let p = 0; p < k; p++) {
+          const av = s.transposeA ? a[z * m * k + p * m + i]! : a[z * m * k + i * k + p]!;
+          const bv = s.transposeB ? b[z * k * n + j * k + p]! : b[z * k * n + p * n + j]!;
+          sum += av * bv;
+        }
+        out[z * m * n + i * n + j] = sum;
+      }
+    }
+  }
+  return out;
+}
+
+async function check(gpu: Gpu, s: MatmulShape, seed: string): Promise<number> {
+  const random = seeded('webgpu-matmul', seed);
+  const values = (n: number) => Float32Array.from({ length: n }, () => random() * 2 - 1);
+  const batch = s.batch ?? 1;
+  const [a, b, c] = [values(batch * s.m * s.k), values(batch * s.k * s.n), values(batch * s.m * s.n)];
+  const [ga, gb, gc] = [upload(gpu, a), upload(gpu, b), upload(gpu, c)];
+  submit(gpu, (pass) => matmul!.encode(pass, ga, gb, gc, s));
+  const got = await download(gpu, gc, c.length);
+  const want = reference(a, b, c, s);
+  let worst = 0;
+  for (let i = 0; i < want.length; i++) worst = Math.max(worst, Math.abs(got[i]! - want[i]!) / (1 + Math.abs(want[i]!)));
+  for (const buffer of [ga, gb, gc]) buffer.destroy();
+  return worst;
+}
+
+describe('the WebGPU GEMM', () => {
+  it.skipIf(absent)('finds an adapter (in CI always: .ci/run installs lavapipe where there is no GPU)', () => {
+    expect(opened.why).toBeNull();
+    expect(opened.gpu!.adapter.description.length).toBeGreaterThan(0);
+  });
+
+  it.skipIf(absent)('multiplies like float64 within 1e-5 relative, for every transpose and ragged shapes', async () => {
+    const gpu = opened.gpu!;
+    const shapes: [number, number, number][] = [[1, 1, 1], [5, 7, 3], [64, 64, 16], [70, 130, 33], [128, 96, 257], [3, 200, 64]];
+    for (const [m, n, k] of shapes) {
+      for (const transposeA of [false, true]) {
+        for (const transposeB of [false, true]) {
+          const worst = await check(gpu, { m, n, k, transposeA, transposeB }, `${m}x${n}x${k}:${transposeA}:${transposeB}`);
+          expect(worst, `${m}×${n}×${k} transposeA=${transposeA} transposeB=${transposeB}`).toBeLessThan(1e-5);
+        }
+      }
+    }
+  });
+
+  it.skipIf(absent)('runs a batch of independent products, and adds to C when accumulating', async () => {
+    const gpu = opened.gpu!;
+    expect(await check(gpu, { m: 33, n: 17, k: 40, batch: 5 }, 'batch')).toBeLessThan(1e-5);
+    expect(await check(gpu, { m: 33, n: 17, k: 40, batch: 3, transposeB: true, accumulate: true }, 'accumulate')).toBeLessThan(1e-5);
+  });
+});

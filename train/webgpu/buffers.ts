@@ -1,0 +1,36 @@
+// Moving f32 arrays to and from the GPU, and one command buffer of compute work: the few calls every
+// kernel's host side and its tests share.
+/// <reference types="@webgpu/types" />
+import type { Gpu } from './device.ts';
+
+/** A storage buffer holding `data` (kernels read and write it; it can be copied out). */
+export function upload(gpu: Gpu, data: Float32Array): GPUBuffer {
+  const buffer = gpu.device.createBuffer({ size: Math.max(4, data.byteLength), usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST });
+  gpu.device.queue.writeBuffer(buffer, 0, data);
+  return buffer;
+}
+
+/** The first `length` f32s of `buffer`, once the work submitted before has finished. */
+export async function download(gpu: Gpu, buffer: GPUBuffer, length: number): Promise<Float32Array> {
+  const staging = gpu.device.createBuffer({ size: Math.max(4, length * 4), usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  const encoder = gpu.device.createCommandEncoder();
+  encoder.copyBufferToBuffer(buffer, 0, staging, 0, length * 4);
+  gpu.device.queue.submit([encoder.finish()]);
+  // dawn.node: a mapAsync issued behind long work may never settle (the process then ends and crashes on
+  // the way out); waiting for the queue first always does.
+  await gpu.device.queue.onSubmittedWorkDone();
+  await staging.mapAsync(GPUMapMode.READ);
+  const out = new Float32Array(staging.getMappedRange().slice(0));
+  staging.unmap();
+  staging.destroy();
+  return out;
+}
+
+/** Records `work` into one compute pass of one command buffer and submits it: many dispatches, one submission. */
+export function submit(gpu: Gpu, work: (pass: GPUComputePassEncoder) => void): void {
+  const encoder = gpu.device.createCommandEncoder();
+  const pass = encoder.beginComputePass();
+  work(pass);
+  pass.end();
+  gpu.device.queue.submit([encoder.finish()]);
+}

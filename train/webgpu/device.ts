@@ -1,0 +1,63 @@
+// The GPU, through WebGPU: Dawn's `dawn.node` from the optional `webgpu` package, which drives the GPU through
+// Vulkan on Linux (Metal on macOS, D3D12 on Windows). Without a GPU, Mesa's lavapipe is a Vulkan driver on
+// the CPU: the same kernels run there, slowly, which is how CI tests them (.ci/run installs it).
+/// <reference types="@webgpu/types" />
+
+export interface Gpu {
+  /** Dawn's instance: held for as long as the device lives (dawn.node crashes when it is collected first). */
+  instance: GPU;
+  device: GPUDevice;
+  /** What the adapter says it is, for logs and test output. */
+  adapter: { vendor: string; architecture: string; description: string };
+  /** A CPU implementation of Vulkan (lavapipe, SwiftShader): right, but no faster than the CPU paths. */
+  software: boolean;
+}
+
+/** Why there is no GPU here, when there is none: for the log and the error a user sees. */
+class NoGpu extends Error {}
+
+let opened: Promise<Gpu> | null = null;
+
+/**
+ * The GPU device, opened once a process. Asks for the adapter's own limits on storage buffers a stage and
+ * workgroup memory (the defaults are lower). Throws NoGpu, saying what to install, where there is none.
+ */
+export function openGpu(): Promise<Gpu> {
+  opened ??= open();
+  return opened;
+}
+
+async function open(): Promise<Gpu> {
+  let webgpu: { create(flags: string[]): GPU; globals: object };
+  try {
+    webgpu = (await import('webgpu')) as typeof webgpu;
+  } catch (error) {
+    throw new NoGpu(`the optional package webgpu is not installed or does not load here (${(error as Error).message}); run npm ci on linux-x64, macOS or Windows`);
+  }
+  // GPUBufferUsage, GPUMapMode and the rest, as a browser has them.
+  for (const [name, value] of Object.entries(webgpu.globals)) if (!(name in globalThis)) Object.assign(globalThis, { [name]: value });
+  const instance = webgpu.create([]);
+  const adapter = await instance.requestAdapter({ powerPreference: 'high-performance' });
+  if (!adapter) throw new NoGpu('WebGPU found no adapter: install the Vulkan loader and a driver (on Debian: libvulkan1 and your GPU vendor\'s driver; without a GPU, mesa-vulkan-drivers 25 or later from bookworm-backports is a CPU one)');
+  const limits = adapter.limits;
+  const device = await adapter.requestDevice({
+    requiredLimits: {
+      maxStorageBuffersPerShaderStage: limits.maxStorageBuffersPerShaderStage,
+      maxComputeWorkgroupStorageSize: limits.maxComputeWorkgroupStorageSize,
+      maxComputeInvocationsPerWorkgroup: limits.maxComputeInvocationsPerWorkgroup,
+      maxStorageBufferBindingSize: limits.maxStorageBufferBindingSize,
+      maxBufferSize: limits.maxBufferSize,
+    },
+  });
+  device.addEventListener('uncapturederror', (event) => {
+    throw new Error(`WebGPU: ${(event as GPUUncapturedErrorEvent).error.message}`);
+  });
+  const info = adapter.info;
+  const description = info.description || `${info.vendor} ${info.device}`.trim();
+  return {
+    instance,
+    device,
+    adapter: { vendor: info.vendor, architecture: info.architecture, description },
+    software: info.architecture === 'software' || /llvmpipe|lavapipe|swiftshader/i.test(`${description} ${info.device}`),
+  };
+}
