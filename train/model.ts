@@ -85,7 +85,7 @@ function initialWeights(c: LlamaConfig, seed: string): Map<string, Float32Array>
 
 
 /** RMSNorm: x / √(mean(x²) + ε) · weight. x: (N, D). */
-function rmsNorm(x: tf.Tensor2D, weight: tf.Tensor, eps: number): tf.Tensor2D {
+export function rmsNorm(x: tf.Tensor2D, weight: tf.Tensor, eps: number): tf.Tensor2D {
   return tf.mul(tf.mul(x, tf.rsqrt(tf.add(tf.mean(tf.square(x), -1, true), eps))), weight) as tf.Tensor2D;
 }
 

@@ -4,19 +4,14 @@
 // adapter is, CI fails and elsewhere the test is skipped, saying why (test/train/webgpu-matmul.test.ts).
 import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
+import { absent, adapterLine, gpu as here } from '../fixtures/webgpu.ts';
 import { seeded } from '../../core/random.ts';
 import { useBackend } from '../../train/backend.ts';
 import { AdamW, ADAMW_DEFAULTS } from '../../train/optimizer.ts';
 import { GpuAdamW, type GpuParameter } from '../../train/webgpu/adamw.ts';
 import { download, submit, upload } from '../../train/webgpu/buffers.ts';
-import { openGpu } from '../../train/webgpu/device.ts';
 
-const opened = await openGpu().then(
-  (gpu) => ({ gpu, why: null }),
-  (error: Error) => ({ gpu: null, why: error.message }),
-);
-console.log(opened.gpu ? `webgpu tests run on: ${opened.gpu.adapter.description}` : `webgpu tests skipped: ${opened.why}`);
-const absent = !opened.gpu && !process.env.CI;
+console.log(adapterLine());
 
 beforeAll(async () => {
   await useBackend('wasm');
@@ -24,7 +19,7 @@ beforeAll(async () => {
 
 describe('AdamW on the GPU', () => {
   it.skipIf(absent)('takes the same five steps as the trainer’s AdamW, decaying the matrix and not the vector', async () => {
-    const gpu = opened.gpu!;
+    const gpu = here!;
     const random = seeded('webgpu-adamw');
     const values = (n: number) => Float32Array.from({ length: n }, () => random() * 2 - 1);
     const shapes = { weight: [37, 11], gain: [300] } as const;

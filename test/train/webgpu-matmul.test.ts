@@ -2,24 +2,16 @@
 // transposes, ragged shapes that do not fill a 64×64 block, batches and accumulation. It runs wherever a
 // WebGPU adapter is; CI installs lavapipe (a CPU Vulkan driver) so that it always runs there, and fails
 // rather than skips when none is found. Elsewhere without one, it is skipped with the reason printed.
-import { afterAll, describe, expect, it } from 'vitest';
-import { openGpu, type Gpu } from '../../train/webgpu/device.ts';
+import { describe, expect, it } from 'vitest';
+import type { Gpu } from '../../train/webgpu/device.ts';
+import { absent, adapterLine, gpu as here, noGpu } from '../fixtures/webgpu.ts';
 import { download, submit, upload } from '../../train/webgpu/buffers.ts';
 import { Matmul, type MatmulShape } from '../../train/webgpu/matmul.ts';
 import { seeded } from '../../core/random.ts';
 
-const opened = await openGpu().then(
-  (gpu) => ({ gpu, why: null }),
-  (error: Error) => ({ gpu: null, why: error.message }),
-);
-const here = opened.gpu ? `webgpu tests run on: ${opened.gpu.adapter.description} (${opened.gpu.software ? 'software' : 'hardware'})` : `webgpu tests skipped: ${opened.why}`;
-console.log(here);
-// In CI a missing adapter fails the run (.ci/run installs one); elsewhere the tests say why they did not run.
-const absent = !opened.gpu && !process.env.CI;
-
-afterAll(() => opened.gpu?.device.destroy());
+console.log(adapterLine());
 /** One set of pipelines for every product (compiling them is what costs on a CPU driver). */
-const matmul = opened.gpu ? new Matmul(opened.gpu) : null;
+const matmul = here ? new Matmul(here) : null;
 
 /** op(A)·op(B) (+ C) in float64, from the stored (row-major) operands. */
 function reference(a: Float32Array, b: Float32Array, c: Float32Array, s: MatmulShape): Float64Array {
@@ -59,12 +51,12 @@ async function check(gpu: Gpu, s: MatmulShape, seed: string): Promise<number> {
 
 describe('the WebGPU GEMM', () => {
   it.skipIf(absent)('finds an adapter (in CI always: .ci/run installs lavapipe where there is no GPU)', () => {
-    expect(opened.why).toBeNull();
-    expect(opened.gpu!.adapter.description.length).toBeGreaterThan(0);
+    expect(noGpu).toBeNull();
+    expect(here!.adapter.description.length).toBeGreaterThan(0);
   });
 
   it.skipIf(absent)('multiplies like float64 within 1e-5 relative, for every transpose and ragged shapes', async () => {
-    const gpu = opened.gpu!;
+    const gpu = here!;
     const shapes: [number, number, number][] = [[1, 1, 1], [5, 7, 3], [64, 64, 16], [70, 130, 33], [128, 96, 257], [3, 200, 64]];
     for (const [m, n, k] of shapes) {
       for (const transposeA of [false, true]) {
@@ -77,7 +69,7 @@ describe('the WebGPU GEMM', () => {
   });
 
   it.skipIf(absent)('runs a batch of independent products, and adds to C when accumulating', async () => {
-    const gpu = opened.gpu!;
+    const gpu = here!;
     expect(await check(gpu, { m: 33, n: 17, k: 40, batch: 5 }, 'batch')).toBeLessThan(1e-5);
     expect(await check(gpu, { m: 33, n: 17, k: 40, batch: 3, transposeB: true, accumulate: true }, 'accumulate')).toBeLessThan(1e-5);
   });
