@@ -28,7 +28,6 @@ export function normal(rand: Random, size: number, std: number): Float32Array {
   return out;
 }
 
-/** log p(target) at every position from logits (B·T, V): (B, T). */
 /** log p(target) at every position, from logits (B·T, V): (B, T). */
 export function targetLogprobs(logits: tf.Tensor2D, targets: Int32Array, batch: number, length: number): tf.Tensor2D {
   const logp = tf.logSoftmax(logits);

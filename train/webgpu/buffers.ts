@@ -3,8 +3,8 @@
 /// <reference types="@webgpu/types" />
 import type { Gpu } from './device.ts';
 
-/** A storage buffer holding `data` (kernels read and write it; it can be copied out). */
-export function upload(gpu: Gpu, data: Float32Array): GPUBuffer {
+/** A storage buffer holding `data`, f32 or i32 (kernels read and write it; it can be copied out). */
+export function upload(gpu: Gpu, data: Float32Array | Int32Array): GPUBuffer {
   const buffer = gpu.device.createBuffer({ size: Math.max(4, data.byteLength), usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST });
   gpu.device.queue.writeBuffer(buffer, 0, data);
   return buffer;
@@ -19,6 +19,7 @@ export async function download(gpu: Gpu, buffer: GPUBuffer, length: number): Pro
   // dawn.node: a mapAsync issued behind long work may never settle (the process then ends and crashes on
   // the way out); waiting for the queue first always does.
   await gpu.device.queue.onSubmittedWorkDone();
+  if (gpu.failure) throw new Error(`WebGPU: ${gpu.failure}`);
   await staging.mapAsync(GPUMapMode.READ);
   const out = new Float32Array(staging.getMappedRange().slice(0));
   staging.unmap();

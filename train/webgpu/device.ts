@@ -11,6 +11,8 @@ export interface Gpu {
   adapter: { vendor: string; architecture: string; description: string };
   /** A CPU implementation of Vulkan (lavapipe, SwiftShader): right, but no faster than the CPU paths. */
   software: boolean;
+  /** The first error the device reported (a shader that does not compile, a binding that does not fit), or null: reading results back throws it. */
+  failure: string | null;
 }
 
 /** Why there is no GPU here, when there is none: for the log and the error a user sees. */
@@ -49,15 +51,18 @@ async function open(): Promise<Gpu> {
       maxBufferSize: limits.maxBufferSize,
     },
   });
-  device.addEventListener('uncapturederror', (event) => {
-    throw new Error(`WebGPU: ${(event as GPUUncapturedErrorEvent).error.message}`);
-  });
   const info = adapter.info;
   const description = info.description || `${info.vendor} ${info.device}`.trim();
-  return {
+  const gpu: Gpu = {
     instance,
     device,
     adapter: { vendor: info.vendor, architecture: info.architecture, description },
     software: info.architecture === 'software' || /llvmpipe|lavapipe|swiftshader/i.test(`${description} ${info.device}`),
+    failure: null,
   };
+  // Thrown from here, an error would end the process: it is kept, and thrown where results are read.
+  device.addEventListener('uncapturederror', (event) => {
+    gpu.failure ??= (event as GPUUncapturedErrorEvent).error.message;
+  });
+  return gpu;
 }
