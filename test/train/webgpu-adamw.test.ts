@@ -4,7 +4,7 @@
 // adapter is, CI fails and elsewhere the test is skipped, saying why (test/train/webgpu-matmul.test.ts).
 import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { absent, adapterLine, gpu as here } from '../fixtures/webgpu.ts';
+import { absent, adapterLine, gpu as here, kernels } from '../fixtures/webgpu.ts';
 import { seeded } from '../../core/random.ts';
 import { useBackend } from '../../train/backend.ts';
 import { AdamW, ADAMW_DEFAULTS } from '../../train/optimizer.ts';
@@ -33,7 +33,7 @@ describe('AdamW on the GPU', () => {
       const zeros = new Float32Array(data.length);
       onGpu[name] = { value: upload(gpu, data), grad: upload(gpu, zeros), m: upload(gpu, zeros), v: upload(gpu, zeros), length: data.length, decays: name === 'weight' };
     }
-    const adamw = new GpuAdamW(gpu, options);
+    const adamw = new GpuAdamW(kernels!, options);
 
     for (let step = 0; step < 5; step++) {
       const lr = 0.01 * (step + 1);

@@ -4,14 +4,14 @@
 // rather than skips when none is found. Elsewhere without one, it is skipped with the reason printed.
 import { describe, expect, it } from 'vitest';
 import type { Gpu } from '../../train/webgpu/device.ts';
-import { absent, adapterLine, gpu as here, noGpu } from '../fixtures/webgpu.ts';
+import { absent, adapterLine, gpu as here, kernels, noGpu } from '../fixtures/webgpu.ts';
 import { download, submit, upload } from '../../train/webgpu/buffers.ts';
 import { Matmul, type MatmulShape } from '../../train/webgpu/matmul.ts';
 import { seeded } from '../../core/random.ts';
 
 console.log(adapterLine());
 /** One set of pipelines for every product (compiling them is what costs on a CPU driver). */
-const matmul = here ? new Matmul(here) : null;
+const matmul = kernels ? new Matmul(kernels) : null;
 
 /** op(A)·op(B) (+ C) in float64, from the stored (row-major) operands. */
 function reference(a: Float32Array, b: Float32Array, c: Float32Array, s: MatmulShape): Float64Array {

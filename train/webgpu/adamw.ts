@@ -3,7 +3,7 @@
 // all of a step's in one command buffer.
 /// <reference types="@webgpu/types" />
 import type { AdamWOptions } from '../optimizer.ts';
-import type { Gpu } from './device.ts';
+import type { Kernels } from './kernel.ts';
 
 const SHADER = /* wgsl */ `
 struct Step { lr: f32, beta1: f32, beta2: f32, eps: f32, c1: f32, c2: f32, decay: f32, n: u32 }
@@ -43,13 +43,10 @@ export interface GpuParameter {
 export class GpuAdamW {
   /** Steps taken: bias correction uses it. */
   step = 0;
-  private readonly pipeline: GPUComputePipeline;
   /** Each parameter's step constants, written again every step (so one step a submission). */
   private readonly uniforms = new WeakMap<GpuParameter, GPUBuffer>();
 
-  constructor(private readonly gpu: Gpu, readonly options: AdamWOptions) {
-    this.pipeline = gpu.device.createComputePipeline({ layout: 'auto', compute: { module: gpu.device.createShaderModule({ code: SHADER }), entryPoint: 'main' } });
-  }
+  constructor(private readonly k: Kernels, readonly options: AdamWOptions) {}
 
   /** Records one update of every parameter at learning rate `lr` into `pass`; submit it before the next step's. */
   encode(pass: GPUComputePassEncoder, params: GpuParameter[], lr: number): void {
@@ -57,20 +54,18 @@ export class GpuAdamW {
     this.step++;
     const c1 = 1 - beta1 ** this.step;
     const c2 = 1 - beta2 ** this.step;
-    pass.setPipeline(this.pipeline);
+    const pipeline = this.k.pipeline(SHADER);
     for (const p of params) {
       const decay = p.decays && weightDecay > 0 ? 1 - lr * weightDecay : 1;
       const values = new ArrayBuffer(32);
       new Float32Array(values, 0, 7).set([lr, beta1, beta2, eps, c1, c2, decay]);
       new Uint32Array(values, 28, 1)[0] = p.length;
       let step = this.uniforms.get(p);
-      if (!step) this.uniforms.set(p, (step = this.gpu.device.createBuffer({ size: 32, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST })));
-      this.gpu.device.queue.writeBuffer(step, 0, values);
-      const entries = [p.value, p.grad, p.m, p.v, step].map((buffer, binding) => ({ binding, resource: { buffer } }));
-      pass.setBindGroup(0, this.gpu.device.createBindGroup({ layout: this.pipeline.getBindGroupLayout(0), entries }));
+      if (!step) this.uniforms.set(p, (step = this.k.gpu.device.createBuffer({ size: 32, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST })));
+      this.k.gpu.device.queue.writeBuffer(step, 0, values);
       const groups = Math.ceil(p.length / 256);
       const x = Math.min(groups, 65535);
-      pass.dispatchWorkgroups(x, Math.ceil(groups / x));
+      this.k.dispatch(pass, pipeline, [p.value, p.grad, p.m, p.v, step], x, Math.ceil(groups / x));
     }
   }
 }

@@ -4,28 +4,12 @@
 //   logp_t = z_t[y_t] − logsumexp(z_t),   dz_t = dlogp_t · (onehot(y_t) − softmax(z_t)).
 // A workgroup takes a row of V logits; the forward keeps each row's logsumexp for the backward.
 /// <reference types="@webgpu/types" />
-import type { Gpu } from './device.ts';
+import { Kernels, WORKGROUP_REDUCE, fields } from './kernel.ts';
 
-const COMMON = /* wgsl */ `
-struct Dims { rows: u32, vocab: u32 }
-var<workgroup> partial: array<f32, 256>;
+const DIMS = /* wgsl */ `struct Dims { rows: u32, vocab: u32 }`;
 
-fn reduce(t: u32, value: f32, is_max: bool) -> f32 {
-  partial[t] = value;
-  workgroupBarrier();
-  for (var stride = 128u; stride > 0u; stride >>= 1u) {
-    if (t < stride) {
-      if (is_max) { partial[t] = max(partial[t], partial[t + stride]); } else { partial[t] += partial[t + stride]; }
-    }
-    workgroupBarrier();
-  }
-  let total = partial[0];
-  workgroupBarrier();
-  return total;
-}
-`;
-
-const FORWARD = /* wgsl */ `${COMMON}
+const FORWARD = /* wgsl */ `${DIMS}
+${WORKGROUP_REDUCE}
 @group(0) @binding(0) var<storage, read> z: array<f32>;
 @group(0) @binding(1) var<storage, read> targets: array<i32>;
 @group(0) @binding(2) var<storage, read_write> logp: array<f32>;
@@ -49,9 +33,8 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
 }
 `;
 
-const BACKWARD = /* wgsl */ `
+const BACKWARD = /* wgsl */ `${DIMS}
 override ACCUMULATE: bool = false;
-struct Dims { rows: u32, vocab: u32 }
 @group(0) @binding(0) var<storage, read> z: array<f32>;
 @group(0) @binding(1) var<storage, read> targets: array<i32>;
 @group(0) @binding(2) var<storage, read> lse: array<f32>;
@@ -81,43 +64,19 @@ export interface LogprobShape {
 }
 
 export class TargetLogprobs {
-  private readonly pipelines = new Map<string, GPUComputePipeline>();
-  private readonly dims = new Map<string, GPUBuffer>();
+  constructor(private readonly k: Kernels) {}
 
-  constructor(private readonly gpu: Gpu) {}
-
-  private pipeline(kernel: 'forward' | 'backward', accumulate: boolean): GPUComputePipeline {
-    const key = `${kernel}:${accumulate}`;
-    let pipeline = this.pipelines.get(key);
-    if (!pipeline) {
-      const constants: Record<string, number> = kernel === 'forward' ? {} : { ACCUMULATE: accumulate ? 1 : 0 };
-      const code = kernel === 'forward' ? FORWARD : BACKWARD;
-      pipeline = this.gpu.device.createComputePipeline({ layout: 'auto', compute: { module: this.gpu.device.createShaderModule({ code }), entryPoint: 'main', constants } });
-      this.pipelines.set(key, pipeline);
-    }
-    return pipeline;
-  }
-
-  private dispatch(pass: GPUComputePassEncoder, pipeline: GPUComputePipeline, buffers: GPUBuffer[], s: LogprobShape): void {
-    const key = `${s.rows}:${s.vocab}`;
-    let dims = this.dims.get(key);
-    if (!dims) {
-      dims = this.gpu.device.createBuffer({ size: 8, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
-      this.gpu.device.queue.writeBuffer(dims, 0, new Uint32Array([s.rows, s.vocab]));
-      this.dims.set(key, dims);
-    }
-    pass.setPipeline(pipeline);
-    pass.setBindGroup(0, this.gpu.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries: [...buffers, dims].map((buffer, binding) => ({ binding, resource: { buffer } })) }));
-    pass.dispatchWorkgroups(s.rows);
+  private dims(s: LogprobShape): GPUBuffer {
+    return this.k.uniform(fields({ u32: s.rows }, { u32: s.vocab }));
   }
 
   /** logp (rows) and lse (rows) from the logits z (rows × vocab) and the targets (rows, i32). */
   forward(pass: GPUComputePassEncoder, z: GPUBuffer, targets: GPUBuffer, logp: GPUBuffer, lse: GPUBuffer, s: LogprobShape): void {
-    this.dispatch(pass, this.pipeline('forward', false), [z, targets, logp, lse], s);
+    this.k.dispatch(pass, this.k.pipeline(FORWARD), [z, targets, logp, lse, this.dims(s)], s.rows);
   }
 
   /** dz (rows × vocab) from dlogp (rows), with the forward's z, targets and lse. */
   backward(pass: GPUComputePassEncoder, z: GPUBuffer, targets: GPUBuffer, lse: GPUBuffer, dlogp: GPUBuffer, dz: GPUBuffer, s: LogprobShape): void {
-    this.dispatch(pass, this.pipeline('backward', s.accumulate ?? false), [z, targets, lse, dlogp, dz], s);
+    this.k.dispatch(pass, this.k.pipeline(BACKWARD, { ACCUMULATE: s.accumulate ? 1 : 0 }), [z, targets, lse, dlogp, dz, this.dims(s)], s.rows);
   }
 }

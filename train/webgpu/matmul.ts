@@ -6,7 +6,7 @@
 // through workgroup memory. A tile is loaded so that neighbouring threads read neighbouring addresses in
 // whichever orientation the operand is stored.
 /// <reference types="@webgpu/types" />
-import type { Gpu } from './device.ts';
+import { Kernels, fields } from './kernel.ts';
 
 const SHADER = /* wgsl */ `
 override TRANS_A: bool = false;
@@ -99,42 +99,13 @@ export interface MatmulShape {
   accumulate?: boolean;
 }
 
-/** The GEMM's pipelines for one device, one per combination of transposes and accumulation, made when first used. */
 export class Matmul {
-  private readonly pipelines = new Map<string, GPUComputePipeline>();
-  /** A shape's dimensions as a uniform buffer, made once a shape (a training step repeats its shapes). */
-  private readonly dims = new Map<string, GPUBuffer>();
-  private readonly module: GPUShaderModule;
-
-  constructor(private readonly gpu: Gpu) {
-    this.module = gpu.device.createShaderModule({ code: SHADER });
-  }
-
-  private pipeline(s: MatmulShape): GPUComputePipeline {
-    const constants = { TRANS_A: s.transposeA ? 1 : 0, TRANS_B: s.transposeB ? 1 : 0, ACCUMULATE: s.accumulate ? 1 : 0 };
-    const key = JSON.stringify(constants);
-    let pipeline = this.pipelines.get(key);
-    if (!pipeline) {
-      pipeline = this.gpu.device.createComputePipeline({ layout: 'auto', compute: { module: this.module, entryPoint: 'main', constants } });
-      this.pipelines.set(key, pipeline);
-    }
-    return pipeline;
-  }
+  constructor(private readonly k: Kernels) {}
 
   /** Records C = op(A)·op(B) (or C +=) into `pass`; the buffers hold f32s, C batch × M × N of them. */
   encode(pass: GPUComputePassEncoder, a: GPUBuffer, b: GPUBuffer, c: GPUBuffer, s: MatmulShape): void {
-    const batch = s.batch ?? 1;
-    const values = new Uint32Array([s.m, s.n, s.k, s.m * s.k, s.k * s.n, s.m * s.n]);
-    let dims = this.dims.get(values.join());
-    if (!dims) {
-      dims = this.gpu.device.createBuffer({ size: values.byteLength, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
-      this.gpu.device.queue.writeBuffer(dims, 0, values);
-      this.dims.set(values.join(), dims);
-    }
-    const pipeline = this.pipeline(s);
-    const entries = [a, b, c, dims].map((buffer, binding) => ({ binding, resource: { buffer } }));
-    pass.setPipeline(pipeline);
-    pass.setBindGroup(0, this.gpu.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries }));
-    pass.dispatchWorkgroups(Math.ceil(s.n / 64), Math.ceil(s.m / 64), batch);
+    const constants = { TRANS_A: s.transposeA ? 1 : 0, TRANS_B: s.transposeB ? 1 : 0, ACCUMULATE: s.accumulate ? 1 : 0 };
+    const dims = this.k.uniform(fields(...[s.m, s.n, s.k, s.m * s.k, s.k * s.n, s.m * s.n].map((u32) => ({ u32 }))));
+    this.k.dispatch(pass, this.k.pipeline(SHADER, constants), [a, b, c, dims], Math.ceil(s.n / 64), Math.ceil(s.m / 64), s.batch ?? 1);
   }
 }

@@ -1,0 +1,72 @@
+// What every kernel's host side shares: pipelines made once for each shader and its constants, uniform
+// buffers made once for each value, and a dispatch with its bind group; and WGSL's sum or max over a
+// workgroup of 256 threads.
+/// <reference types="@webgpu/types" />
+import type { Gpu } from './device.ts';
+
+export class Kernels {
+  private readonly modules = new Map<string, GPUShaderModule>();
+  private readonly pipelines = new Map<string, GPUComputePipeline>();
+  private readonly uniforms = new Map<string, GPUBuffer>();
+
+  constructor(readonly gpu: Gpu) {}
+
+  /** The pipeline of `code` (entry point main) with its `override` constants set. */
+  pipeline(code: string, constants: Record<string, number> = {}): GPUComputePipeline {
+    const key = `${JSON.stringify(constants)}\n${code}`;
+    let pipeline = this.pipelines.get(key);
+    if (!pipeline) {
+      let module = this.modules.get(code);
+      if (!module) this.modules.set(code, (module = this.gpu.device.createShaderModule({ code })));
+      pipeline = this.gpu.device.createComputePipeline({ layout: 'auto', compute: { module, entryPoint: 'main', constants } });
+      this.pipelines.set(key, pipeline);
+    }
+    return pipeline;
+  }
+
+  /** A uniform buffer holding `bytes`, made once for each content (a training step repeats its shapes). */
+  uniform(bytes: ArrayBuffer): GPUBuffer {
+    const key = Buffer.from(bytes).toString('hex');
+    let buffer = this.uniforms.get(key);
+    if (!buffer) {
+      buffer = this.gpu.device.createBuffer({ size: Math.max(16, bytes.byteLength), usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+      this.gpu.device.queue.writeBuffer(buffer, 0, bytes);
+      this.uniforms.set(key, buffer);
+    }
+    return buffer;
+  }
+
+  /** Records `pipeline` over `buffers` (bindings 0, 1, … in order) on a grid of workgroups. */
+  dispatch(pass: GPUComputePassEncoder, pipeline: GPUComputePipeline, buffers: GPUBuffer[], x: number, y = 1, z = 1): void {
+    pass.setPipeline(pipeline);
+    pass.setBindGroup(0, this.gpu.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries: buffers.map((buffer, binding) => ({ binding, resource: { buffer } })) }));
+    pass.dispatchWorkgroups(x, y, z);
+  }
+}
+
+/** Bytes of u32 and f32 fields in order, for a uniform struct of 4-byte fields. */
+export function fields(...values: ({ u32: number } | { f32: number })[]): ArrayBuffer {
+  const bytes = new ArrayBuffer(values.length * 4);
+  const view = new DataView(bytes);
+  values.forEach((v, i) => ('u32' in v ? view.setUint32(i * 4, v.u32, true) : view.setFloat32(i * 4, v.f32, true)));
+  return bytes;
+}
+
+/** WGSL: reduce(t, value, is_max) sums (or takes the max of) one value from each of 256 threads. */
+export const WORKGROUP_REDUCE = /* wgsl */ `
+var<workgroup> partial: array<f32, 256>;
+
+fn reduce(t: u32, value: f32, is_max: bool) -> f32 {
+  partial[t] = value;
+  workgroupBarrier();
+  for (var stride = 128u; stride > 0u; stride >>= 1u) {
+    if (t < stride) {
+      if (is_max) { partial[t] = max(partial[t], partial[t + stride]); } else { partial[t] += partial[t + stride]; }
+    }
+    workgroupBarrier();
+  }
+  let total = partial[0];
+  workgroupBarrier();
+  return total;
+}
+`;
