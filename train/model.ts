@@ -90,7 +90,7 @@ export function rmsNorm(x: tf.Tensor2D, weight: tf.Tensor, eps: number): tf.Tens
 }
 
 /** SiLU (x·σ(x)), the gate of the SwiGLU MLP. */
-const silu = (x: tf.Tensor2D) => tf.mul(x, tf.sigmoid(x)) as tf.Tensor2D;
+export const silu = (x: tf.Tensor2D) => tf.mul(x, tf.sigmoid(x)) as tf.Tensor2D;
 
 /** x · Wᵀ (+ b) for a weight stored (out, in) as transformers stores it. x: (N, in) → (N, out). */
 function project(x: tf.Tensor2D, w: tf.Tensor2D, b?: tf.Tensor): tf.Tensor2D {
@@ -102,7 +102,7 @@ function project(x: tf.Tensor2D, w: tf.Tensor2D, b?: tf.Tensor): tf.Tensor2D {
  * RoPE's cos and sin for positions 0…n−1, (n, hd): angle p · θ^(−2f/hd) for f < hd/2, the same angle on both
  * halves, as transformers' default rope computes it (inverse frequencies and their products in float32).
  */
-function ropeTable(positions: number, headDim: number, theta: number): { cos: Float32Array; sin: Float32Array } {
+export function ropeTable(positions: number, headDim: number, theta: number): { cos: Float32Array; sin: Float32Array } {
   const half = headDim / 2;
   const inv = new Float32Array(half);
   for (let f = 0; f < half; f++) inv[f] = 1 / Math.pow(theta, (2 * f) / headDim);
@@ -127,7 +127,7 @@ interface Rotation {
 }
 
 /** rotate_half applied with the table's rows: x·cos + rotate_half(x)·sin, rotate_half(x) = (−x₂, x₁). x: (N, heads, hd). */
-function rotate(x: tf.Tensor3D, cos: tf.Tensor3D, sin: tf.Tensor3D): tf.Tensor3D {
+export function rotate(x: tf.Tensor3D, cos: tf.Tensor3D, sin: tf.Tensor3D): tf.Tensor3D {
   const half = x.shape[2] / 2;
   const [x1, x2] = tf.split(x, [half, half], 2);
   return tf.add(tf.mul(x, cos), tf.mul(tf.concat([tf.neg(x2), x1], 2), sin)) as tf.Tensor3D;

@@ -3,7 +3,7 @@
 // all of a step's in one command buffer.
 /// <reference types="@webgpu/types" />
 import type { AdamWOptions } from '../optimizer.ts';
-import type { Kernels } from './kernel.ts';
+import { grid, type Kernels } from './kernel.ts';
 
 const SHADER = /* wgsl */ `
 struct Step { lr: f32, beta1: f32, beta2: f32, eps: f32, c1: f32, c2: f32, decay: f32, n: u32 }
@@ -63,9 +63,7 @@ export class GpuAdamW {
       let step = this.uniforms.get(p);
       if (!step) this.uniforms.set(p, (step = this.k.gpu.device.createBuffer({ size: 32, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST })));
       this.k.gpu.device.queue.writeBuffer(step, 0, values);
-      const groups = Math.ceil(p.length / 256);
-      const x = Math.min(groups, 65535);
-      this.k.dispatch(pass, pipeline, [p.value, p.grad, p.m, p.v, step], x, Math.ceil(groups / x));
+      this.k.dispatch(pass, pipeline, [p.value, p.grad, p.m, p.v, step], ...grid(p.length));
     }
   }
 }

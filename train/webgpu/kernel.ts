@@ -44,6 +44,16 @@ export class Kernels {
   }
 }
 
+/**
+ * Workgroups for `n` elements at 256 threads each, as a 2-D grid past 65,535 of them; a shader finds its
+ * element as id.x + id.y · num_workgroups.x · 256.
+ */
+export function grid(n: number): [number, number] {
+  const groups = Math.ceil(n / 256);
+  const x = Math.min(groups, 65535);
+  return [x, Math.ceil(groups / x)];
+}
+
 /** Bytes of u32 and f32 fields in order, for a uniform struct of 4-byte fields. */
 export function fields(...values: ({ u32: number } | { f32: number })[]): ArrayBuffer {
   const bytes = new ArrayBuffer(values.length * 4);

@@ -1,0 +1,114 @@
+// The model's elementwise steps on the GPU, forward and backward, as train/model.ts defines them:
+// SwiGLU's h = silu(g)·u (silu(g) = g·σ(g)), and RoPE's rotation of each head's vector by its position,
+// y = x·cos + rotate_half(x)·sin with rotate_half(x) = (−x₂, x₁). A thread an element.
+/// <reference types="@webgpu/types" />
+import { Kernels, fields, grid } from './kernel.ts';
+
+const SWIGLU_FORWARD = /* wgsl */ `
+struct Dims { n: u32 }
+@group(0) @binding(0) var<storage, read> g: array<f32>;
+@group(0) @binding(1) var<storage, read> u: array<f32>;
+@group(0) @binding(2) var<storage, read_write> h: array<f32>;
+@group(0) @binding(3) var<uniform> d: Dims;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
+  let i = id.x + id.y * groups.x * 256u;
+  if (i >= d.n) { return; }
+  h[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+}
+`;
+
+const SWIGLU_BACKWARD = /* wgsl */ `
+struct Dims { n: u32 }
+@group(0) @binding(0) var<storage, read> g: array<f32>;
+@group(0) @binding(1) var<storage, read> u: array<f32>;
+@group(0) @binding(2) var<storage, read> dh: array<f32>;
+@group(0) @binding(3) var<storage, read_write> dg: array<f32>;
+@group(0) @binding(4) var<storage, read_write> du: array<f32>;
+@group(0) @binding(5) var<uniform> d: Dims;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
+  let i = id.x + id.y * groups.x * 256u;
+  if (i >= d.n) { return; }
+  let s = 1.0 / (1.0 + exp(-g[i]));
+  // silu'(g) = σ(g)·(1 + g·(1 − σ(g)))
+  dg[i] = dh[i] * u[i] * s * (1.0 + g[i] * (1.0 - s));
+  du[i] = dh[i] * g[i] * s;
+}
+`;
+
+const ROPE = /* wgsl */ `
+override BACKWARD: bool = false;
+struct Dims { n: u32, heads: u32, head_dim: u32, length: u32 }
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> cos_table: array<f32>;
+@group(0) @binding(2) var<storage, read> sin_table: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<uniform> d: Dims;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
+  let i = id.x + id.y * groups.x * 256u;
+  if (i >= d.n) { return; }
+  let f = i % d.head_dim;
+  let half = d.head_dim / 2u;
+  // Rows are positions 0…length−1 of each sequence in turn; the table has a row a position.
+  let position = (i / (d.heads * d.head_dim)) % d.length;
+  let at = position * d.head_dim + f;
+  let first = f < half;
+  let partner = select(i - half, i + half, first);
+  let partner_at = select(at - half, at + half, first);
+  if (!BACKWARD) {
+    // rotate_half(x)_f: −x[f + half] in the first half, x[f − half] in the second.
+    y[i] = x[i] * cos_table[at] + select(x[partner], -x[partner], first) * sin_table[at];
+  } else {
+    // The transpose: dx_f = dy_f·cos_f + (dy·sin)[f + half] in the first half, − (dy·sin)[f − half] in the second.
+    y[i] = x[i] * cos_table[at] + select(-x[partner], x[partner], first) * sin_table[partner_at];
+  }
+}
+`;
+
+export class SwiGlu {
+  constructor(private readonly k: Kernels) {}
+
+  /** h = silu(g)·u, n elements. */
+  forward(pass: GPUComputePassEncoder, g: GPUBuffer, u: GPUBuffer, h: GPUBuffer, n: number): void {
+    this.k.dispatch(pass, this.k.pipeline(SWIGLU_FORWARD), [g, u, h, this.k.uniform(fields({ u32: n }))], ...grid(n));
+  }
+
+  /** dg and du from dh, with the forward's g and u. */
+  backward(pass: GPUComputePassEncoder, g: GPUBuffer, u: GPUBuffer, dh: GPUBuffer, dg: GPUBuffer, du: GPUBuffer, n: number): void {
+    this.k.dispatch(pass, this.k.pipeline(SWIGLU_BACKWARD), [g, u, dh, dg, du, this.k.uniform(fields({ u32: n }))], ...grid(n));
+  }
+}
+
+export interface RopeShape {
+  /** Rows: sequences × length, each row `heads` vectors of `headDim`. */
+  rows: number;
+  heads: number;
+  headDim: number;
+  /** Positions a sequence: row r is position r mod length. */
+  length: number;
+}
+
+export class Rope {
+  constructor(private readonly k: Kernels) {}
+
+  private run(pass: GPUComputePassEncoder, backward: boolean, x: GPUBuffer, cos: GPUBuffer, sin: GPUBuffer, y: GPUBuffer, s: RopeShape): void {
+    const n = s.rows * s.heads * s.headDim;
+    const dims = this.k.uniform(fields({ u32: n }, { u32: s.heads }, { u32: s.headDim }, { u32: s.length }));
+    this.k.dispatch(pass, this.k.pipeline(ROPE, { BACKWARD: backward ? 1 : 0 }), [x, cos, sin, y, dims], ...grid(n));
+  }
+
+  /** y = rotate(x) with the tables' cos and sin (positions × headDim, as train/model.ts ropeTable makes them). */
+  forward(pass: GPUComputePassEncoder, x: GPUBuffer, cos: GPUBuffer, sin: GPUBuffer, y: GPUBuffer, s: RopeShape): void {
+    this.run(pass, false, x, cos, sin, y, s);
+  }
+
+  /** dx from dy: the rotation's transpose. */
+  backward(pass: GPUComputePassEncoder, dy: GPUBuffer, cos: GPUBuffer, sin: GPUBuffer, dx: GPUBuffer, s: RopeShape): void {
+    this.run(pass, true, dy, cos, sin, dx, s);
+  }
+}
