@@ -134,7 +134,7 @@ export function rotate(x: tf.Tensor3D, cos: tf.Tensor3D, sin: tf.Tensor3D): tf.T
 }
 
 /** K key/value heads repeated to H, each serving H / K query heads in a row (transformers' repeat_kv). (N, K, hd) → (N, H·hd). */
-function repeatKv(x: tf.Tensor3D, heads: number): tf.Tensor2D {
+export function repeatKv(x: tf.Tensor3D, heads: number): tf.Tensor2D {
   const [n, k, hd] = x.shape;
   if (k === heads) return tf.reshape(x, [n, heads * hd]);
   return tf.reshape(tf.tile(tf.reshape(x, [n, k, 1, hd]), [1, 1, heads / k, 1]), [n, heads * hd]);

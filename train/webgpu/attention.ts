@@ -1,0 +1,170 @@
+// Causal self-attention on the GPU, forward and backward, as train/kernels.ts causalAttention computes it
+// for the model (with grouped-query attention: key/value head h·K/H serves query head h, transformers'
+// repeat_kv). q, dq: (B·T, H, hd); k, v, dk, dv: (B·T, K, hd); out, dout: (B·T, H·hd). The probabilities P and
+// the score gradients dS are kept, (B, H, T, T): this is not FlashAttention, and costs T² memory a head.
+//   forward:  P = softmax(q·kᵀ·scale, causal),  out = P·v
+//   backward: dS = P ⊙ (dout·vᵀ − rowsum(dout·vᵀ ⊙ P)) · scale,  dq = dS·k,  dk = dSᵀ·q,  dv = Pᵀ·dout
+// A workgroup of 256 threads takes a query row (b, h, t) for the forward and dq; another takes a key row
+// (b, kv head, s) for dk and dv, summing over the query heads it serves and the rows that see it.
+/// <reference types="@webgpu/types" />
+import { Kernels, WORKGROUP_REDUCE, fields } from './kernel.ts';
+
+const DIMS = /* wgsl */ `
+struct Dims { batch: u32, length: u32, heads: u32, kv_heads: u32, head_dim: u32, scale: f32 }
+
+fn q_at(d: Dims, b: u32, t: u32, h: u32) -> u32 { return ((b * d.length + t) * d.heads + h) * d.head_dim; }
+fn kv_at(d: Dims, b: u32, s: u32, g: u32) -> u32 { return ((b * d.length + s) * d.kv_heads + g) * d.head_dim; }
+fn p_at(d: Dims, b: u32, h: u32, t: u32) -> u32 { return ((b * d.heads + h) * d.length + t) * d.length; }
+
+// A query row's workgroup: (t, h, b) from its id, its kv head g, where its q and its row of P start.
+struct QueryRow { t: u32, g: u32, b: u32, qi: u32, row: u32 }
+fn query_row(d: Dims, wg: vec3u) -> QueryRow {
+  let g = wg.y / (d.heads / d.kv_heads);
+  return QueryRow(wg.x, g, wg.z, q_at(d, wg.z, wg.x, wg.y), p_at(d, wg.z, wg.y, wg.x));
+}
+`;
+
+const FORWARD = /* wgsl */ `${DIMS}
+${WORKGROUP_REDUCE}
+@group(0) @binding(0) var<storage, read> q: array<f32>;
+@group(0) @binding(1) var<storage, read> k: array<f32>;
+@group(0) @binding(2) var<storage, read> v: array<f32>;
+@group(0) @binding(3) var<storage, read_write> p: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(5) var<uniform> d: Dims;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
+  let r = query_row(d, wg);
+  let t = r.t;
+  let g = r.g;
+  let b = r.b;
+  let qi = r.qi;
+  let row = r.row;
+  var top = -3.4e38;
+  for (var s = lid.x; s <= t; s += 256u) {
+    let ki = kv_at(d, b, s, g);
+    var dot = 0.0;
+    for (var e = 0u; e < d.head_dim; e++) { dot += q[qi + e] * k[ki + e]; }
+    let score = dot * d.scale;
+    p[row + s] = score;
+    top = max(top, score);
+  }
+  top = reduce(lid.x, top, true);
+  var sum = 0.0;
+  for (var s = lid.x; s <= t; s += 256u) {
+    let e = exp(p[row + s] - top);
+    p[row + s] = e;
+    sum += e;
+  }
+  let total = reduce(lid.x, sum, false);
+  for (var s = lid.x; s < d.length; s += 256u) {
+    if (s <= t) { p[row + s] = p[row + s] / total; } else { p[row + s] = 0.0; }
+  }
+  storageBarrier();
+  for (var e = lid.x; e < d.head_dim; e += 256u) {
+    var acc = 0.0;
+    for (var s = 0u; s <= t; s++) { acc += p[row + s] * v[kv_at(d, b, s, g) + e]; }
+    out[qi + e] = acc;
+  }
+}
+`;
+
+const BACKWARD_Q = /* wgsl */ `${DIMS}
+${WORKGROUP_REDUCE}
+@group(0) @binding(0) var<storage, read> k: array<f32>;
+@group(0) @binding(1) var<storage, read> v: array<f32>;
+@group(0) @binding(2) var<storage, read> p: array<f32>;
+@group(0) @binding(3) var<storage, read> dout: array<f32>;
+@group(0) @binding(4) var<storage, read_write> ds: array<f32>;
+@group(0) @binding(5) var<storage, read_write> dq: array<f32>;
+@group(0) @binding(6) var<uniform> d: Dims;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
+  let r = query_row(d, wg);
+  let t = r.t;
+  let g = r.g;
+  let b = r.b;
+  let qi = r.qi;
+  let row = r.row;
+  var weighted = 0.0;
+  for (var s = lid.x; s < d.length; s += 256u) {
+    var dp = 0.0;
+    if (s <= t) {
+      let vi = kv_at(d, b, s, g);
+      for (var e = 0u; e < d.head_dim; e++) { dp += dout[qi + e] * v[vi + e]; }
+    }
+    ds[row + s] = dp;
+    weighted += dp * p[row + s];
+  }
+  let rowsum = reduce(lid.x, weighted, false);
+  for (var s = lid.x; s < d.length; s += 256u) { ds[row + s] = p[row + s] * (ds[row + s] - rowsum) * d.scale; }
+  storageBarrier();
+  for (var e = lid.x; e < d.head_dim; e += 256u) {
+    var acc = 0.0;
+    for (var s = 0u; s <= t; s++) { acc += ds[row + s] * k[kv_at(d, b, s, g) + e]; }
+    dq[qi + e] = acc;
+  }
+}
+`;
+
+const BACKWARD_KV = /* wgsl */ `${DIMS}
+@group(0) @binding(0) var<storage, read> q: array<f32>;
+@group(0) @binding(1) var<storage, read> p: array<f32>;
+@group(0) @binding(2) var<storage, read> ds: array<f32>;
+@group(0) @binding(3) var<storage, read> dout: array<f32>;
+@group(0) @binding(4) var<storage, read_write> dk: array<f32>;
+@group(0) @binding(5) var<storage, read_write> dv: array<f32>;
+@group(0) @binding(6) var<uniform> d: Dims;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
+  let s = wg.x;
+  let g = wg.y;
+  let b = wg.z;
+  let group = d.heads / d.kv_heads;
+  let ki = kv_at(d, b, s, g);
+  for (var e = lid.x; e < d.head_dim; e += 256u) {
+    var dk_acc = 0.0;
+    var dv_acc = 0.0;
+    for (var h = g * group; h < (g + 1u) * group; h++) {
+      for (var t = s; t < d.length; t++) {
+        let at = p_at(d, b, h, t) + s;
+        let qi = q_at(d, b, t, h);
+        dk_acc += ds[at] * q[qi + e];
+        dv_acc += p[at] * dout[qi + e];
+      }
+    }
+    dk[ki + e] = dk_acc;
+    dv[ki + e] = dv_acc;
+  }
+}
+`;
+
+export interface AttentionShape {
+  batch: number;
+  length: number;
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+}
+
+export class Attention {
+  constructor(private readonly k: Kernels) {}
+
+  private dims(s: AttentionShape): GPUBuffer {
+    return this.k.uniform(fields({ u32: s.batch }, { u32: s.length }, { u32: s.heads }, { u32: s.kvHeads }, { u32: s.headDim }, { f32: 1 / Math.sqrt(s.headDim) }));
+  }
+
+  /** out from q, k, v; the probabilities into p (B·H·T·T f32s), for the backward. */
+  forward(pass: GPUComputePassEncoder, q: GPUBuffer, k: GPUBuffer, v: GPUBuffer, p: GPUBuffer, out: GPUBuffer, s: AttentionShape): void {
+    this.k.dispatch(pass, this.k.pipeline(FORWARD), [q, k, v, p, out, this.dims(s)], s.length, s.heads, s.batch);
+  }
+
+  /** dq, dk, dv from dout, with the forward's q, k, v and p; ds (B·H·T·T f32s) is scratch. */
+  backward(pass: GPUComputePassEncoder, q: GPUBuffer, k: GPUBuffer, v: GPUBuffer, p: GPUBuffer, dout: GPUBuffer, ds: GPUBuffer, dq: GPUBuffer, dk: GPUBuffer, dv: GPUBuffer, s: AttentionShape): void {
+    this.k.dispatch(pass, this.k.pipeline(BACKWARD_Q), [k, v, p, dout, ds, dq, this.dims(s)], s.length, s.heads, s.batch);
+    this.k.dispatch(pass, this.k.pipeline(BACKWARD_KV), [q, p, ds, dout, dk, dv, this.dims(s)], s.length, s.kvHeads, s.batch);
+  }
+}
