@@ -70,6 +70,80 @@ fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) group
 }
 `;
 
+const ADD = /* wgsl */ `
+struct Dims { n: u32 }
+@group(0) @binding(0) var<storage, read> a: array<f32>;
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<uniform> d: Dims;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
+  let i = id.x + id.y * groups.x * 256u;
+  if (i < d.n) { y[i] = a[i] + b[i]; }
+}
+`;
+
+/** y = a + b, n elements (a residual connection). */
+export class Add {
+  constructor(private readonly k: Kernels) {}
+
+  encode(pass: GPUComputePassEncoder, a: GPUBuffer, b: GPUBuffer, y: GPUBuffer, n: number): void {
+    this.k.dispatch(pass, this.k.pipeline(ADD), [a, b, y, this.k.uniform(fields({ u32: n }))], ...grid(n));
+  }
+}
+
+const GATHER = /* wgsl */ `
+struct Dims { n: u32, dim: u32 }
+@group(0) @binding(0) var<storage, read> table: array<f32>;
+@group(0) @binding(1) var<storage, read> ids: array<i32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<uniform> d: Dims;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
+  let i = id.x + id.y * groups.x * 256u;
+  if (i < d.n) { y[i] = table[u32(ids[i / d.dim]) * d.dim + i % d.dim]; }
+}
+`;
+
+// The embedding's gradient without atomics (WGSL has none for f32): a thread a table entry sums the rows of
+// dy whose token is its row, in token order, so the sum is the same every run. Fine for the vocabularies
+// tests use; a sort by token is the way for large ones.
+const SCATTER = /* wgsl */ `
+struct Dims { n: u32, dim: u32, tokens: u32 }
+@group(0) @binding(0) var<storage, read> dy: array<f32>;
+@group(0) @binding(1) var<storage, read> ids: array<i32>;
+@group(0) @binding(2) var<storage, read_write> dtable: array<f32>;
+@group(0) @binding(3) var<uniform> d: Dims;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
+  let i = id.x + id.y * groups.x * 256u;
+  if (i >= d.n) { return; }
+  let row = i / d.dim;
+  let col = i % d.dim;
+  var sum = 0.0;
+  for (var t = 0u; t < d.tokens; t++) { if (u32(ids[t]) == row) { sum += dy[t * d.dim + col]; } }
+  dtable[i] += sum;
+}
+`;
+
+/** Rows of an embedding table by token, and the table's gradient (added to what it holds). */
+export class Embedding {
+  constructor(private readonly k: Kernels) {}
+
+  /** y (tokens × dim) = table[ids]. */
+  forward(pass: GPUComputePassEncoder, table: GPUBuffer, ids: GPUBuffer, y: GPUBuffer, tokens: number, dim: number): void {
+    this.k.dispatch(pass, this.k.pipeline(GATHER), [table, ids, y, this.k.uniform(fields({ u32: tokens * dim }, { u32: dim }))], ...grid(tokens * dim));
+  }
+
+  /** dtable (rows × dim) += the rows of dy (tokens × dim) by token. */
+  backward(pass: GPUComputePassEncoder, dy: GPUBuffer, ids: GPUBuffer, dtable: GPUBuffer, rows: number, tokens: number, dim: number): void {
+    this.k.dispatch(pass, this.k.pipeline(SCATTER), [dy, ids, dtable, this.k.uniform(fields({ u32: rows * dim }, { u32: dim }, { u32: tokens }))], ...grid(rows * dim));
+  }
+}
+
 export class SwiGlu {
   constructor(private readonly k: Kernels) {}
 
