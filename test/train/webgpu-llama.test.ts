@@ -9,6 +9,9 @@ import { useBackend } from '../../train/backend.ts';
 import { sftLoss } from '../../train/losses/sft.ts';
 import { Llama, type LlamaConfig } from '../../train/model.ts';
 import { targetLogprobs } from '../../train/parameters.ts';
+import { AdamW, ADAMW_DEFAULTS } from '../../train/optimizer.ts';
+import { GpuAdamW } from '../../train/webgpu/adamw.ts';
+import { submit } from '../../train/webgpu/buffers.ts';
 import { GpuLlama } from '../../train/webgpu/llama.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
 import { absent, adapterLine, kernels } from '../fixtures/webgpu.ts';
@@ -52,6 +55,40 @@ async function compare(config: LlamaConfig, batch: number, length: number): Prom
 }
 
 describe('the Llama on the GPU', () => {
+  it.skipIf(absent)('trains as the tfjs model trains: three SFT steps with AdamW leave the same weights', async () => {
+    const config = tinyLlama();
+    const [batch, length] = [2, 9];
+    const random = seeded('webgpu-llama-steps');
+    const draw = (n: number, below: number) => Int32Array.from({ length: n }, () => Math.floor(random() * below));
+    const model = Llama.create(config, 'webgpu-llama-steps');
+    const gpu = new GpuLlama(config, new Map([...model.weights()].map(([name, w]) => [name, w.data])), kernels!);
+    const options = { ...ADAMW_DEFAULTS, weightDecay: 0.1 };
+    const [cpuOptimizer, gpuOptimizer] = [new AdamW(model.params, options), new GpuAdamW(kernels!, options)];
+    const losses: [number, number][] = [];
+    for (let step = 0; step < 3; step++) {
+      const [ids, targets] = [draw(batch * length, config.vocabSize), draw(batch * length, config.vocabSize)];
+      const mask = new Float32Array(batch * length).fill(1);
+      const { value, grads } = tf.variableGrads(() => sftLoss(targetLogprobs(model.forward(ids, batch, length), targets, batch, length), tf.tensor2d(mask, [batch, length])));
+      const lr = 0.01;
+      cpuOptimizer.apply(Object.fromEntries([...model.params].map(([name, v]) => [name, grads[v.name]!])), lr);
+      const loss = await gpu.sftStep({ ids, targets, mask, batch, length });
+      submit(kernels!.gpu, (pass) => gpuOptimizer.encode(pass, gpu.parameters(), lr));
+      losses.push([loss, (await value.data())[0]!]);
+      tf.dispose([value, ...Object.values(grads)]);
+    }
+    for (const [got, want] of losses) expect(Math.abs(got - want)).toBeLessThan(1e-4);
+    expect(losses[2]![1]).not.toBe(losses[0]![1]); // the weights moved
+    for (const [name, variable] of model.params) {
+      const want = await variable.data();
+      const got = await gpu.weight(name);
+      let diff = 0;
+      for (let i = 0; i < want.length; i++) diff = Math.max(diff, Math.abs(got[i]! - want[i]!));
+      // AdamW's step is about lr a weight whatever the gradient's size: the weights agree to well under one.
+      expect(diff, name).toBeLessThan(1e-4);
+    }
+    model.dispose();
+  });
+
   it.skipIf(absent)('takes the SFT step the tfjs model takes: its loss and every gradient, tied and grouped-query', async () => {
     await compare(tinyLlama(), 2, 9);
   });

@@ -8,6 +8,7 @@
 // transposed in place), its input gradient dy·W and its weight gradient dyᵀ·x.
 /// <reference types="@webgpu/types" />
 import { llamaParameterShapes, ropeTable, type LlamaConfig } from '../model.ts';
+import type { GpuParameter } from './adamw.ts';
 import { Attention } from './attention.ts';
 import { download, submit, upload } from './buffers.ts';
 import { Add, Embedding, Rope, SwiGlu } from './elementwise.ts';
@@ -174,6 +175,22 @@ export class GpuLlama {
     await gpu.device.queue.onSubmittedWorkDone();
     for (const buffer of [ids, targets, dlogp]) buffer.destroy();
     return loss / count;
+  }
+
+  private optimizerState: GpuParameter[] | null = null;
+
+  /** Every weight with its gradient and AdamW's moments (made at first use, zero), for GpuAdamW. */
+  parameters(): GpuParameter[] {
+    this.optimizerState ??= llamaParameterShapes(this.config).map(([name, shape]) => {
+      const length = this.sizes.get(name)!;
+      return { value: this.w(name), grad: this.g(name), m: upload(this.k.gpu, new Float32Array(length)), v: upload(this.k.gpu, new Float32Array(length)), length, decays: shape.length >= 2 };
+    });
+    return this.optimizerState;
+  }
+
+  /** A weight as it is now, as f32s in its layout. */
+  weight(name: string): Promise<Float32Array> {
+    return download(this.k.gpu, this.w(name), this.sizes.get(name)!);
   }
 
   /** A weight's gradient from the last step, as f32s in the weight's layout. */
