@@ -72,7 +72,7 @@ export function llamaParameterShapes(c: LlamaConfig): [string, number[]][] {
 }
 
 /** Llama's initialisation: N(0, 0.02) for matrices, norms at 1, biases at 0. */
-function initialWeights(c: LlamaConfig, seed: string): Map<string, Float32Array> {
+export function initialWeights(c: LlamaConfig, seed: string): Map<string, Float32Array> {
   const weights = new Map<string, Float32Array>();
   for (const [name, shape] of llamaParameterShapes(c)) {
     const size = shape.reduce((a, b) => a * b, 1);
