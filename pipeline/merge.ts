@@ -44,19 +44,28 @@ async function partsOf(engine: Engine, stage: Stage, shards: Workspace[]): Promi
   return { parts, manifests: manifests as Manifest[] };
 }
 
-/** Appends every shard's answer caches (JSONL) of `stage` to this workspace's, so a rerun here asks nothing again. */
+/**
+ * Appends the lines of every shard's answer caches (JSONL) of `stage` that this workspace's do not hold yet,
+ * so a rerun here asks nothing again, and a merge every night does not copy the shards' caches again.
+ */
 async function joinCaches(engine: Engine, stage: Stage, shards: Workspace[]): Promise<void> {
   const walk = async (dir: string, rel: string): Promise<string[]> => {
     if (!existsSync(join(dir, rel))) return [];
     if (!(await stat(join(dir, rel))).isDirectory()) return rel.endsWith('.jsonl') ? [rel] : [];
     return (await Promise.all((await readdir(join(dir, rel))).map((e) => walk(dir, join(rel, e))))).flat();
   };
+  const held = new Map<string, Set<string>>();
   for (const ws of shards) {
     const from = ws.cacheDir(stage.name);
     for (const rel of await walk(from, '')) {
       const to = join(engine.ws.cacheDir(stage.name), rel);
+      let lines = held.get(to);
+      if (!lines) held.set(to, (lines = new Set(existsSync(to) ? (await readFile(to, 'utf8')).split('\n') : [])));
+      const fresh = (await readFile(join(from, rel), 'utf8')).split('\n').filter((line) => line.length > 0 && !lines.has(line));
+      if (fresh.length === 0) continue;
+      for (const line of fresh) lines.add(line);
       await mkdir(dirname(to), { recursive: true });
-      await appendFile(to, await readFile(join(from, rel)));
+      await appendFile(to, fresh.join('\n') + '\n');
     }
   }
 }

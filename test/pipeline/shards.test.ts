@@ -132,6 +132,12 @@ describe('prefab run --shard and prefab merge', () => {
     expect(server.requests.length).toBe(2 * asked);
     const once = manifest(join(dir, 'single'), 'judge').counts;
     expect(manifest(join(dir, 'merged'), 'judge').counts).toMatchObject({ requests: 0, cached: once.requests! + once.cached! });
+    // Merging again (as a nightly job would) adds no line the caches already hold.
+    const cache = join(dir, 'merged', 'workspace', '.cache', 'judge');
+    const cached = files(cache);
+    expect(cached.size).toBeGreaterThan(0);
+    await mergeShards(merged, shards.map((s) => join(s, 'workspace')), quietLogger());
+    expect(files(cache)).toEqual(cached);
   });
 
   it('refuses what cannot be joined or run on a shard, saying why', async () => {
