@@ -65,7 +65,7 @@ function unreadable(record: { value?: unknown; raw: string }, maxBytes: number):
 }
 
 /** What one record became, worked out apart from every other record (on a worker thread, where there are some). */
-type RecordOutcome = { utf8: boolean } & ({ reason: string } | { id: string; untasked: boolean; json: string } | { fault: string });
+type RecordOutcome = { notUtf8: boolean } & ({ reason: string } | { id: string; untasked: boolean; json: string } | { fault: string });
 
 /**
  * A batch's outcomes from a worker thread: the sessions' lines come as one block of UTF-8 (moved, not
@@ -101,17 +101,17 @@ export function readBatch(batch: RawRecord[], fileName: string, o: ReadingOption
 function readOne(given: RawRecord, fileName: string, o: ReadingOptions): RecordOutcome {
   const record = given.value === undefined && given.error === undefined ? parseRecord(given.where, given.raw) : given;
   // Bytes that are not UTF-8 are read as U+FFFD: counted, and the record kept.
-  const utf8 = record.raw.includes('\uFFFD');
-  if (record.error !== undefined) return { utf8, reason: record.error };
+  const notUtf8 = record.raw.includes('\uFFFD');
+  if (record.error !== undefined) return { notUtf8, reason: record.error };
   const cannot = unreadable(record, o.maxRecordBytes);
-  if (cannot) return { utf8, reason: cannot };
+  if (cannot) return { notUtf8, reason: cannot };
   try {
     const session = toSession(record.value, `${fileName} ${record.where}`, o.mapping);
-    return { utf8, id: session.session_id, untasked: session.task_id === null, json: JSON.stringify(session) };
+    return { notUtf8, id: session.session_id, untasked: session.task_id === null, json: JSON.stringify(session) };
   } catch (error) {
     // Anything but a reason the record is bad is a fault of ingest's own: the caller says where it happened.
-    if (!(error instanceof RecordError)) return { utf8, fault: (error as Error).message };
-    return { utf8, reason: error.message };
+    if (!(error instanceof RecordError)) return { notUtf8, fault: (error as Error).message };
+    return { notUtf8, reason: error.message };
   }
 }
 
@@ -179,7 +179,7 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
         damaged = record.error!;
         log.warn('a damaged file: its records before the damage are kept, the rest is quarantined', { file: file.name, where: record.where, reason: record.error });
       }
-      if (out.utf8) invalidUtf8++;
+      if (out.notUtf8) invalidUtf8++;
       if ('fault' in out) throw new Error(`ingest: ${file.name} ${record.where}: ${out.fault}`);
       if ('reason' in out) {
         await quarantineRecord(record.where, out.reason, record.raw);
