@@ -74,6 +74,8 @@ export class GpuLlama {
 
   private rotation(positions: number): { cos: GPUBuffer; sin: GPUBuffer } {
     if (!this.tables || this.tables.positions < positions) {
+      this.tables?.cos.destroy();
+      this.tables?.sin.destroy();
       const table = ropeTable(positions, this.config.headDim, this.config.ropeTheta);
       this.tables = { cos: upload(this.k.gpu, table.cos), sin: upload(this.k.gpu, table.sin), positions };
     }
