@@ -9,7 +9,7 @@ import { useBackend } from '../../train/backend.ts';
 import { sftLoss } from '../../train/losses/sft.ts';
 import { Llama, type LlamaConfig } from '../../train/model.ts';
 import { targetLogprobs } from '../../train/parameters.ts';
-import { AdamW, ADAMW_DEFAULTS } from '../../train/optimizer.ts';
+import { AdamW, ADAMW_DEFAULTS, clipByGlobalNorm } from '../../train/optimizer.ts';
 import { GpuAdamW } from '../../train/webgpu/adamw.ts';
 import { submit } from '../../train/webgpu/buffers.ts';
 import { GpuLlama } from '../../train/webgpu/llama.ts';
@@ -54,7 +54,60 @@ async function compare(config: LlamaConfig, batch: number, length: number): Prom
   model.dispose();
 }
 
+/** The largest difference between two sets of gradients, over each one's largest entry. */
+async function gradientGap(gpu: GpuLlama, want: Map<string, Float32Array>): Promise<number> {
+  let worst = 0;
+  for (const [name, w] of want) {
+    const got = await gpu.gradient(name);
+    let largest = 0;
+    let diff = 0;
+    for (let i = 0; i < w.length; i++) {
+      largest = Math.max(largest, Math.abs(w[i]!));
+      diff = Math.max(diff, Math.abs(got[i]! - w[i]!));
+    }
+    worst = Math.max(worst, diff / largest);
+  }
+  return worst;
+}
+
 describe('the Llama on the GPU', () => {
+  it.skipIf(absent)('adds micro-batches up to the whole batch’s gradient, and clips by global norm as the trainer does', async () => {
+    const config = tinyLlama();
+    const [batch, length] = [4, 9];
+    const random = seeded('webgpu-llama-micro');
+    const n = batch * length;
+    const ids = Int32Array.from({ length: n }, () => Math.floor(random() * config.vocabSize));
+    const targets = Int32Array.from({ length: n }, () => Math.floor(random() * config.vocabSize));
+    const mask = Float32Array.from({ length: n }, () => (random() < 0.6 ? 1 : 0));
+    const model = Llama.create(config, 'webgpu-llama-micro');
+    const gpu = new GpuLlama(config, new Map([...model.weights()].map(([name, w]) => [name, w.data])), kernels!);
+
+    // The whole batch at once, then its two halves, each weighted by its share of the counted tokens.
+    await gpu.sftStep({ ids, targets, mask, batch, length });
+    const whole = new Map<string, Float32Array>();
+    for (const name of gpu.grads.keys()) whole.set(name, await gpu.gradient(name));
+    const half = (h: number) => ({ ids: ids.slice(h * n / 2, (h + 1) * n / 2), targets: targets.slice(h * n / 2, (h + 1) * n / 2), mask: mask.slice(h * n / 2, (h + 1) * n / 2), batch: 2, length });
+    const counted = (h: number) => half(h).mask.reduce((s, m) => s + m, 0);
+    const total = counted(0) + counted(1);
+    await gpu.sftStep(half(0), { scale: counted(0) / total });
+    await gpu.sftStep(half(1), { accumulate: true, scale: counted(1) / total });
+    expect(await gradientGap(gpu, whole)).toBeLessThan(1e-5);
+
+    // Clipping: the norm, and the clipped gradients, of the tfjs model's.
+    const { value, grads } = tf.variableGrads(() => sftLoss(targetLogprobs(model.forward(ids, batch, length), targets, batch, length), tf.tensor2d(mask, [batch, length])));
+    const byName = Object.fromEntries([...model.params].map(([name, v]) => [name, grads[v.name]!]));
+    const norm = clipByGlobalNorm(byName, Infinity).norm;
+    const clipped = clipByGlobalNorm(byName, norm / 2);
+    const gpuNorm = await gpu.clipGradients(norm / 2);
+    expect(Math.abs(gpuNorm - norm) / norm).toBeLessThan(1e-5);
+    const want = new Map<string, Float32Array>();
+    for (const [name, g] of Object.entries(clipped.grads)) want.set(name, (await g.data()) as Float32Array);
+    expect(await gradientGap(gpu, want)).toBeLessThan(1e-4);
+    expect(await gpu.clipGradients(0)).toBeCloseTo(norm / 2, 4);
+    tf.dispose([value, ...Object.values(grads), ...Object.values(clipped.grads)]);
+    model.dispose();
+  });
+
   it.skipIf(absent)('trains as the tfjs model trains: three SFT steps with AdamW leave the same weights', async () => {
     const config = tinyLlama();
     const [batch, length] = [2, 9];

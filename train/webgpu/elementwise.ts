@@ -2,7 +2,7 @@
 // SwiGLU's h = silu(g)·u (silu(g) = g·σ(g)), and RoPE's rotation of each head's vector by its position,
 // y = x·cos + rotate_half(x)·sin with rotate_half(x) = (−x₂, x₁). A thread an element.
 /// <reference types="@webgpu/types" />
-import { Kernels, fields, grid } from './kernel.ts';
+import { Kernels, WORKGROUP_REDUCE, fields, grid } from './kernel.ts';
 
 const SWIGLU_FORWARD = /* wgsl */ `
 struct Dims { n: u32 }
@@ -141,6 +141,58 @@ export class Embedding {
   /** dtable (rows × dim) += the rows of dy (tokens × dim) by token. */
   backward(pass: GPUComputePassEncoder, dy: GPUBuffer, ids: GPUBuffer, dtable: GPUBuffer, rows: number, tokens: number, dim: number): void {
     this.k.dispatch(pass, this.k.pipeline(SCATTER), [dy, ids, dtable, this.k.uniform(fields({ u32: rows * dim }, { u32: dim }, { u32: tokens }))], ...grid(rows * dim));
+  }
+}
+
+const SQUARES = /* wgsl */ `
+struct Dims { n: u32 }
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> partials: array<f32>;
+@group(0) @binding(2) var<uniform> d: Dims;
+${WORKGROUP_REDUCE}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u, @builtin(num_workgroups) groups: vec3u) {
+  let group = wg.x + wg.y * groups.x;
+  var sum = 0.0;
+  // Each workgroup sums 16 · 256 elements.
+  for (var j = 0u; j < 16u; j++) {
+    let i = group * 4096u + j * 256u + lid.x;
+    if (i < d.n) { sum += x[i] * x[i]; }
+  }
+  let total = reduce(lid.x, sum, false);
+  if (lid.x == 0u && group * 4096u < d.n) { partials[group] = total; }
+}
+`;
+
+const SCALE = /* wgsl */ `
+struct Dims { n: u32, factor: f32 }
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<uniform> d: Dims;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
+  let i = id.x + id.y * groups.x * 256u;
+  if (i < d.n) { x[i] = x[i] * d.factor; }
+}
+`;
+
+/** Sums of squares (a partial a 4,096 elements, summed by the caller) and scaling in place: clipping by global norm. */
+export class Norms {
+  constructor(private readonly k: Kernels) {}
+
+  /** How many partial sums `squares` writes for `n` elements. */
+  static partials(n: number): number {
+    return Math.ceil(n / 4096);
+  }
+
+  squares(pass: GPUComputePassEncoder, x: GPUBuffer, partials: GPUBuffer, n: number): void {
+    const [gx, gy] = grid(Norms.partials(n) * 256);
+    this.k.dispatch(pass, this.k.pipeline(SQUARES), [x, partials, this.k.uniform(fields({ u32: n }))], gx, gy);
+  }
+
+  scale(pass: GPUComputePassEncoder, x: GPUBuffer, n: number, factor: number): void {
+    this.k.dispatch(pass, this.k.pipeline(SCALE), [x, this.k.uniform(fields({ u32: n }, { f32: factor }))], ...grid(n));
   }
 }
 

@@ -11,7 +11,7 @@ import { llamaParameterShapes, ropeTable, type LlamaConfig } from '../model.ts';
 import type { GpuParameter } from './adamw.ts';
 import { Attention } from './attention.ts';
 import { download, submit, upload } from './buffers.ts';
-import { Add, Embedding, Rope, SwiGlu } from './elementwise.ts';
+import { Add, Embedding, Norms, Rope, SwiGlu } from './elementwise.ts';
 import type { Kernels } from './kernel.ts';
 import { TargetLogprobs } from './logprobs.ts';
 import { Matmul, type MatmulShape } from './matmul.ts';
@@ -84,9 +84,10 @@ export class GpuLlama {
 
   /**
    * One SFT step's loss, −Σ mask·log p(target) / max(Σ mask, 1) as train/losses/sft.ts defines it, and every
-   * weight's gradient of it into `grads` (replacing what they held).
+   * weight's gradient of it into `grads`: replacing what they held, or, with `accumulate`, added to it (a
+   * batch in micro-batches, each gradient weighted by `scale`, its share of the batch's tokens).
    */
-  async sftStep(b: SftBatch): Promise<number> {
+  async sftStep(b: SftBatch, o: { accumulate?: boolean; scale?: number } = {}): Promise<number> {
     const c = this.config;
     const { batch: B, length: T } = b;
     const [N, D, H, K, hd, F, V] = [B * T, c.hiddenSize, c.heads, c.kvHeads, c.headDim, c.intermediateSize, c.vocabSize];
@@ -133,13 +134,16 @@ export class GpuLlama {
     const count = Math.max(b.mask.reduce((s, m) => s + m, 0), 1);
     let loss = 0;
     for (let t = 0; t < N; t++) loss -= b.mask[t]! * logp[t]!;
-    const dlogp = upload(gpu, b.mask.map((m) => -m / count));
+    const scale = o.scale ?? 1;
+    const dlogp = upload(gpu, b.mask.map((m) => (-m / count) * scale));
 
     // Backward. Weight gradients are cleared, then every product adds to them (a tied table gets the head's
     // and the embedding's); dx carries the residual stream's gradient down the layers.
-    const encoder = gpu.device.createCommandEncoder();
-    for (const grad of this.grads.values()) encoder.clearBuffer(grad);
-    gpu.device.queue.submit([encoder.finish()]);
+    if (!o.accumulate) {
+      const encoder = gpu.device.createCommandEncoder();
+      for (const grad of this.grads.values()) encoder.clearBuffer(grad);
+      gpu.device.queue.submit([encoder.finish()]);
+    }
     const grad = (pass: GPUComputePassEncoder, dy: GPUBuffer, x: GPUBuffer, w: string, s: Omit<MatmulShape, 'transposeA' | 'accumulate'>) => this.mm.encode(pass, dy, x, this.g(w), { ...s, transposeA: true, accumulate: true });
     const back = (pass: GPUComputePassEncoder, dy: GPUBuffer, w: string, dx: GPUBuffer, m: number, n: number, k: number, accumulate = false) => this.mm.encode(pass, dy, this.w(w), dx, { m, n, k, accumulate });
     submit(gpu, (pass) => {
@@ -188,6 +192,29 @@ export class GpuLlama {
       return { value: this.w(name), grad: this.g(name), m: upload(this.k.gpu, new Float32Array(length)), v: upload(this.k.gpu, new Float32Array(length)), length, decays: shape.length >= 2 };
     });
     return this.optimizerState;
+  }
+
+  /**
+   * Scales every gradient so that their global L2 norm is at most `maxNorm` (train/optimizer.ts
+   * clipByGlobalNorm); returns the norm before. The sums of squares are added up here in doubles.
+   */
+  async clipGradients(maxNorm: number): Promise<number> {
+    const gpu = this.k.gpu;
+    const norms = new Norms(this.k);
+    const partials = [...this.grads.keys()].map((name) => ({ name, n: this.sizes.get(name)!, out: this.act(`norm.${name}`, Norms.partials(this.sizes.get(name)!)) }));
+    submit(gpu, (pass) => {
+      for (const p of partials) norms.squares(pass, this.g(p.name), p.out, p.n);
+    });
+    let sum = 0;
+    for (const p of partials) for (const v of await download(gpu, p.out, Norms.partials(p.n))) sum += v;
+    const norm = Math.sqrt(sum);
+    if (maxNorm > 0 && norm > maxNorm) {
+      const factor = maxNorm / (norm + 1e-6);
+      submit(gpu, (pass) => {
+        for (const p of partials) norms.scale(pass, this.g(p.name), p.n, factor);
+      });
+    }
+    return norm;
   }
 
   /** A weight as it is now, as f32s in its layout. */

@@ -53,7 +53,6 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
 `;
 
 const BACKWARD_W = /* wgsl */ `${DIMS}
-override ACCUMULATE: bool = false;
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> rstd: array<f32>;
 @group(0) @binding(2) var<storage, read> dy: array<f32>;
@@ -66,7 +65,7 @@ fn main(@builtin(global_invocation_id) id: vec3u) {
   if (j >= d.dim) { return; }
   var sum = 0.0;
   for (var row = 0u; row < d.rows; row++) { sum += dy[row * d.dim + j] * x[row * d.dim + j] * rstd[row]; }
-  if (ACCUMULATE) { dw[j] += sum; } else { dw[j] = sum; }
+  dw[j] += sum;
 }
 `;
 
@@ -74,7 +73,7 @@ export interface RmsNormShape {
   rows: number;
   dim: number;
   eps: number;
-  /** Backward: add to dx and dw instead of writing them (gradient accumulation, a residual stream's sum). */
+  /** Backward: add to dx instead of writing it (the residual stream's gradient). dw is always added to. */
   accumulate?: boolean;
 }
 
@@ -90,10 +89,9 @@ export class RmsNorm {
     this.k.dispatch(pass, this.k.pipeline(FORWARD), [x, w, y, rstd, this.dims(s)], s.rows);
   }
 
-  /** dx and dw from dy, with the forward's x, w and rstd. */
+  /** dx (written, or added to) and dw (added to: a weight's gradient sums over micro-batches) from dy, with the forward's x, w and rstd. */
   backward(pass: GPUComputePassEncoder, x: GPUBuffer, w: GPUBuffer, rstd: GPUBuffer, dy: GPUBuffer, dx: GPUBuffer, dw: GPUBuffer, s: RmsNormShape): void {
-    const constants = { ACCUMULATE: s.accumulate ? 1 : 0 };
-    this.k.dispatch(pass, this.k.pipeline(BACKWARD_X, constants), [x, w, rstd, dy, dx, this.dims(s)], s.rows);
-    this.k.dispatch(pass, this.k.pipeline(BACKWARD_W, constants), [x, rstd, dy, dw, this.dims(s)], Math.ceil(s.dim / 64));
+    this.k.dispatch(pass, this.k.pipeline(BACKWARD_X, { ACCUMULATE: s.accumulate ? 1 : 0 }), [x, w, rstd, dy, dx, this.dims(s)], s.rows);
+    this.k.dispatch(pass, this.k.pipeline(BACKWARD_W), [x, rstd, dy, dw, this.dims(s)], Math.ceil(s.dim / 64));
   }
 }
