@@ -1,12 +1,14 @@
 // Which TensorFlow.js backend the trainer runs on. `auto` takes the fastest that loads here: the native
 // GPU build, then the native CPU build (both optional dependencies, whose install downloads libtensorflow and
-// fails without internet), then WebAssembly, then plain JavaScript.
+// fails without internet), then WebAssembly, then plain JavaScript. `webgpu` opens the GPU for prefab's own
+// kernels (train/webgpu/: SFT's steps so far) and runs TensorFlow.js on WebAssembly beside them.
 import { Option } from 'commander';
 import type { CommandFactory } from '../pipeline/commands.ts';
 import type { StageOptions } from '../pipeline/stage.ts';
 import type { Logger } from '../pipeline/log.ts';
+import type { Kernels } from './webgpu/kernel.ts';
 
-export const BACKENDS = ['auto', 'tensorflow', 'wasm', 'cpu'] as const;
+export const BACKENDS = ['auto', 'tensorflow', 'wasm', 'cpu', 'webgpu'] as const;
 export type BackendChoice = (typeof BACKENDS)[number];
 
 export interface Backend {
@@ -14,6 +16,8 @@ export interface Backend {
   name: string;
   /** What was chosen and why, for the log. */
   description: string;
+  /** `webgpu`: the GPU's kernels, for the steps that run there (SFT so far); TensorFlow.js runs on WASM beside it. */
+  gpu?: Kernels;
 }
 
 type Tf = typeof import('@tensorflow/tfjs-core');
@@ -70,6 +74,17 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
       name = 'wasm';
       description = 'wasm (no @tensorflow/tfjs-node here)';
     }
+  } else if (choice === 'webgpu') {
+    const { openGpu } = await import('./webgpu/device.ts');
+    const gpu = await openGpu().catch((error: Error) => {
+      throw new Error(`--backend webgpu: ${error.message}`);
+    });
+    const { Kernels } = await import('./webgpu/kernel.ts');
+    await tf.setBackend('wasm');
+    await tf.ready();
+    (await import('./kernels.ts')).patchWasmSlice();
+    current = { name: 'webgpu', description: `webgpu on ${gpu.adapter.description} for SFT steps, wasm for the rest`, gpu: new Kernels(gpu) };
+    return current;
   } else {
     name = choice;
     description = choice;
@@ -89,5 +104,5 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
 
 /** `--backend` on every command: the CLI hands it to the training stages in their options. */
 export const addBackendOption: CommandFactory = (program) => {
-  program.addOption(new Option('--backend <name>', 'TensorFlow.js backend for the training stages (auto: the fastest that loads)').choices([...BACKENDS]));
+  program.addOption(new Option('--backend <name>', 'backend for the training stages (auto: the fastest TensorFlow.js backend that loads; webgpu: SFT on the GPU, the rest on wasm)').choices([...BACKENDS]));
 };

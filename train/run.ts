@@ -2,6 +2,7 @@
 // are): AdamW with warmup and cosine decay, gradient clipping, a metrics line per step, and checkpoints every
 // N steps in a folder that outlives the run, so a run killed at any point resumes from its last checkpoint and
 // ends where an uninterrupted run ends.
+import * as tf from '@tensorflow/tfjs-core';
 import { appendFileSync, existsSync, mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { copyFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -16,6 +17,8 @@ import type { Llama } from './model.ts';
 import type { Placeholders } from './placeholders.ts';
 import { ADAMW_DEFAULTS, AdamW, learningRate } from './optimizer.ts';
 import { optimizerStep, type MicroBatchLoss, type StepResult } from './step.ts';
+import type { Kernels } from './webgpu/kernel.ts';
+import type { SftBatch } from './webgpu/llama.ts';
 
 
 /**
@@ -55,6 +58,11 @@ export interface Trainer {
   label: string;
   /** After step `step`'s update (0-based), figures of the model as it now is, logged with the step (reinforcement learning's validation). */
   after?(step: number, model: Llama): Promise<Record<string, number>>;
+  /**
+   * Step `step`'s batch as token blocks, for a run on the GPU (train/webgpu/llama.ts): micro-batches, each
+   * with its share of the batch's loss. Only SFT has it so far; without it a run stays on TensorFlow.js.
+   */
+  gpuBatch?(step: number): { parts: { batch: SftBatch; share: number }[]; tokens: number };
 }
 
 /** What a stage brings to a run: its settings, where runs are kept, and what the run is keyed by. */
@@ -77,6 +85,8 @@ export interface RunSettings {
   /** The stage's signal: aborted, the run stops at the next step boundary. */
   signal: AbortSignal;
   log: Logger;
+  /** `--backend webgpu`: the GPU's kernels; a trainer with gpuBatch then takes its steps there. */
+  gpu?: Kernels;
 }
 
 export interface RunResult {
@@ -149,8 +159,10 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
   }
   const metrics = readMetrics(metricsPath, done);
   writeFileSync(metricsPath, metrics.map((m) => JSON.stringify(m) + '\n').join(''));
+  const gpu = await gpuRun(settings, trainer, model, optimizer);
   let saved = done;
-  const save = (step: number) => {
+  const save = async (step: number) => {
+    await gpu?.sync();
     saved = step;
     saveCheckpoint(join(run.dir, checkpointName(step)), { model, ...run.files, optimizer, state: { step, totalSteps: run.steps, seed: run.seed } });
     // Keep the newest two: the one just written, and the one before in case this one is found damaged.
@@ -161,28 +173,38 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
   const schedule = { peak: s.lr, warmup: s.warmup, total: run.steps, minRatio: s.min_lr_ratio };
   for (let step = done; step < run.steps; step++) {
     if (await interrupted(settings.signal)) {
-      if (step > saved) save(step);
+      if (step > saved) await save(step);
       progress.done();
       throw new Interrupted(`${run.label}: stopped at step ${step} of ${run.steps}; checkpoint kept, the next run resumes from step ${step}`);
     }
     const started = performance.now();
-    const batch = await run.batch(step, model);
     const lr = learningRate(step, schedule);
-    // Adapters' dropout, drawn anew each step and the same on a resumed run.
-    model.dropoutSeed = settings.lora ? parseInt(hashJson({ seed: run.seed, step }).slice(0, 8), 16) : null;
-    const result = updates(batch, (parts) => optimizerStep({ params: trainableParameters(model) }, optimizer, parts, lr, s.max_grad_norm));
-    model.dropoutSeed = null;
+    let batch: Pick<StepBatch, 'tokens' | 'metrics'>;
+    let result: StepResult;
+    if (gpu) {
+      const gpuBatch = trainer.gpuBatch!(step);
+      batch = gpuBatch;
+      result = await gpu.step(gpuBatch.parts, lr, s.max_grad_norm);
+    } else {
+      const tfBatch = await run.batch(step, model);
+      batch = tfBatch;
+      // Adapters' dropout, drawn anew each step and the same on a resumed run.
+      model.dropoutSeed = settings.lora ? parseInt(hashJson({ seed: run.seed, step }).slice(0, 8), 16) : null;
+      result = updates(tfBatch, (parts) => optimizerStep({ params: trainableParameters(model) }, optimizer, parts, lr, s.max_grad_norm));
+      model.dropoutSeed = null;
+    }
     const seconds = (performance.now() - started) / 1000;
     const after = run.after ? await run.after(step, model) : {};
     const row: MetricsRow = { step: step + 1, loss: result.loss, ...result.metrics, ...batch.metrics, grad_norm: result.gradNorm, learning_rate: lr, 'tokens/s': Math.round(batch.tokens / seconds), ...after };
     if (!Number.isFinite(result.loss)) throw new Error(`${run.label}: the loss is ${result.loss} at step ${step + 1}; lower lr (now ${s.lr}) or max_grad_norm`);
     metrics.push(row);
     appendFileSync(metricsPath, JSON.stringify(row) + '\n');
-    if ((step + 1) % s.checkpoint_every === 0 || step + 1 === run.steps) save(step + 1);
+    if ((step + 1) % s.checkpoint_every === 0 || step + 1 === run.steps) await save(step + 1);
     progress.tick();
   }
   progress.done();
-  if (run.steps === 0 && !last) save(0);
+  if (run.steps === 0 && !last) await save(0);
+  await gpu?.sync();
   return {
     model,
     metrics,
@@ -196,6 +218,52 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
       await copyFile(metricsPath, join(out, 'metrics.jsonl'));
       model.dispose();
       return finalMetrics(metrics);
+    },
+  };
+}
+
+/**
+ * The run's steps on the GPU, when `--backend webgpu` gave kernels and the trainer can hand its batches there
+ * (SFT, without LoRA or attention biases so far; otherwise the run stays on TensorFlow.js, and says why).
+ * The GPU starts from the model's and the optimiser's state (a resumed run's), and `sync` copies its state
+ * back before every checkpoint and at the end, so checkpoints, resumption and the saved model are as on WASM.
+ */
+async function gpuRun(settings: RunSettings, trainer: Trainer, model: Llama, optimizer: AdamW) {
+  if (!settings.gpu) return null;
+  const why = !trainer.gpuBatch ? 'this trainer has no GPU path yet' : settings.lora ? 'LoRA is not on the GPU yet' : model.config.attentionBias ? 'attention biases are not on the GPU yet' : null;
+  if (why) {
+    settings.log.warn('webgpu: this run trains on wasm', { why });
+    return null;
+  }
+  const kernels = settings.gpu;
+  const { GpuLlama } = await import('./webgpu/llama.ts');
+  const { GpuAdamW } = await import('./webgpu/adamw.ts');
+  const { submit } = await import('./webgpu/buffers.ts');
+  const data = (vars: Map<string, tf.Variable>) => new Map([...vars].map(([name, v]) => [name, v.dataSync() as Float32Array]));
+  const onGpu = new GpuLlama(model.config, data(model.params), kernels);
+  const adamw = new GpuAdamW(kernels, optimizer.options);
+  adamw.step = optimizer.step;
+  const [m, v] = [data(optimizer.m), data(optimizer.v)];
+  for (const p of onGpu.parameters()) {
+    kernels.gpu.device.queue.writeBuffer(p.m, 0, m.get(p.name)!);
+    kernels.gpu.device.queue.writeBuffer(p.v, 0, v.get(p.name)!);
+  }
+  return {
+    async step(parts: { batch: SftBatch; share: number }[], lr: number, maxGradNorm: number): Promise<StepResult> {
+      let loss = 0;
+      for (const [i, part] of parts.entries()) loss += part.share * (await onGpu.sftStep(part.batch, { accumulate: i > 0, scale: part.share }));
+      const gradNorm = await onGpu.clipGradients(maxGradNorm);
+      submit(kernels.gpu, (pass) => adamw.encode(pass, onGpu.parameters(), lr));
+      return { loss, gradNorm, metrics: {} };
+    },
+    async sync(): Promise<void> {
+      const put = (variable: tf.Variable, values: Float32Array) => tf.tidy(() => variable.assign(tf.tensor(values, variable.shape)));
+      for (const p of onGpu.parameters()) {
+        put(model.params.get(p.name)!, await onGpu.weight(p.name));
+        put(optimizer.m.get(p.name)!, await onGpu.moment(p.name, 'm'));
+        put(optimizer.v.get(p.name)!, await onGpu.moment(p.name, 'v'));
+      }
+      optimizer.step = adamw.step;
     },
   };
 }

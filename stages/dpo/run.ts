@@ -48,7 +48,7 @@ export async function run({ config: cfg, out, input, cache, key, lineage, log, o
   const trainer = kto ? ktoTrainer(examples, reference!, loss, cfg, pad, start) : dpoTrainer(examples, reference, loss, cfg, pad, start);
   log.info('training', { loss: loss.name, beta: loss.beta, examples: examples.length, steps: trainer.steps, backend: backend.name });
 
-  const result = await trainingRun({ config: cfg, cache, key, tokenizer: sft.tokenizer, context: sft.context, placeholders: sft.placeholders, lora, base: '../../sft/model', signal, log }, trainer);
+  const result = await trainingRun({ config: cfg, cache, key, tokenizer: sft.tokenizer, context: sft.context, placeholders: sft.placeholders, lora, base: '../../sft/model', signal, log, gpu: backend.gpu }, trainer);
   if (result.model !== sft.model) sft.model.dispose();
   const last = await result.save(out, { stage: 'dpo', loss: loss.name, beta: loss.beta, max_length: length - 1 } satisfies PreferenceTraining);
   const accuracy = last['rewards/accuracies'];

@@ -66,7 +66,7 @@ export async function run({ config: cfg, configDir, out, input, cache, key, log,
   const trainer = sftTrainer(sequences, start, cfg, chat.pad);
   log.info('training', { from, chat: chat.name, sessions: sessions.length, resampled, windows: sequences.length, tokens: sequences.reduce((n, s) => n + s.ids.length, 0), steps: trainer.steps, lora: lora ? `r ${lora.r} on ${lora.targetModules.join(', ')}` : null, backend: backend.name });
 
-  const result = await trainingRun({ config: cfg, cache, key, tokenizer, context, placeholders, lora, base: from ?? undefined, signal, log }, trainer);
+  const result = await trainingRun({ config: cfg, cache, key, tokenizer, context, placeholders, lora, base: from ?? undefined, signal, log, gpu: backend.gpu }, trainer);
   const parameters = result.model.size();
   const last = await result.save(out, { stage: 'sft', from, sessions: sessions.length, windows: sequences.length });
   return {

@@ -31,7 +31,7 @@ describe('AdamW on the GPU', () => {
     const onGpu: Record<string, GpuParameter> = {};
     for (const [name, data] of Object.entries(start)) {
       const zeros = new Float32Array(data.length);
-      onGpu[name] = { value: upload(gpu, data), grad: upload(gpu, zeros), m: upload(gpu, zeros), v: upload(gpu, zeros), length: data.length, decays: name === 'weight' };
+      onGpu[name] = { name, value: upload(gpu, data), grad: upload(gpu, zeros), m: upload(gpu, zeros), v: upload(gpu, zeros), length: data.length, decays: name === 'weight' };
     }
     const adamw = new GpuAdamW(kernels!, options);
 

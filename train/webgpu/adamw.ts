@@ -31,6 +31,7 @@ fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) group
 
 /** A parameter on the GPU with its gradient and AdamW's two moments (same length, f32). */
 export interface GpuParameter {
+  name: string;
   value: GPUBuffer;
   grad: GPUBuffer;
   m: GPUBuffer;

@@ -189,7 +189,7 @@ export class GpuLlama {
   parameters(): GpuParameter[] {
     this.optimizerState ??= llamaParameterShapes(this.config).map(([name, shape]) => {
       const length = this.sizes.get(name)!;
-      return { value: this.w(name), grad: this.g(name), m: upload(this.k.gpu, new Float32Array(length)), v: upload(this.k.gpu, new Float32Array(length)), length, decays: shape.length >= 2 };
+      return { name, value: this.w(name), grad: this.g(name), m: upload(this.k.gpu, new Float32Array(length)), v: upload(this.k.gpu, new Float32Array(length)), length, decays: shape.length >= 2 };
     });
     return this.optimizerState;
   }
@@ -215,6 +215,12 @@ export class GpuLlama {
       });
     }
     return norm;
+  }
+
+  /** AdamW's first or second moment of a weight, as it is now. */
+  moment(name: string, which: 'm' | 'v'): Promise<Float32Array> {
+    const p = this.parameters().find((q) => q.name === name)!;
+    return download(this.k.gpu, p[which], p.length);
   }
 
   /** A weight as it is now, as f32s in its layout. */
