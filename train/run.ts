@@ -230,7 +230,15 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
  */
 async function gpuRun(settings: RunSettings, trainer: Trainer, model: Llama, optimizer: AdamW) {
   if (!settings.gpu) return null;
-  const why = !trainer.gpuBatch ? 'this trainer has no GPU path yet' : settings.lora ? 'LoRA is not on the GPU yet' : model.config.attentionBias ? 'attention biases are not on the GPU yet' : null;
+  const why = !trainer.gpuBatch
+    ? 'this trainer has no GPU path yet'
+    : trainer.after
+      ? 'it reads the model after every step, which the GPU updates'
+      : settings.lora
+        ? 'LoRA is not on the GPU yet'
+        : model.config.attentionBias
+          ? 'attention biases are not on the GPU yet'
+          : null;
   if (why) {
     settings.log.warn('webgpu: this run trains on wasm', { why });
     return null;
