@@ -3,8 +3,8 @@
 /// <reference types="@webgpu/types" />
 import type { Gpu } from './device.ts';
 
-/** A storage buffer holding `data`, f32 or i32 (kernels read and write it; it can be copied out). */
-export function upload(gpu: Gpu, data: Float32Array | Int32Array): GPUBuffer {
+/** A storage buffer holding `data`, f32, i32 or u32 (kernels read and write it; it can be copied out). */
+export function upload(gpu: Gpu, data: Float32Array | Int32Array | Uint32Array): GPUBuffer {
   const buffer = gpu.device.createBuffer({ size: Math.max(4, data.byteLength), usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST });
   gpu.device.queue.writeBuffer(buffer, 0, data);
   return buffer;

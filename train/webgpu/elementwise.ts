@@ -107,15 +107,16 @@ fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) group
 }
 `;
 
-// The embedding's gradient without atomics (WGSL has none for f32): a thread a table entry sums the rows of
-// dy whose token is its row, in token order, so the sum is the same every run. Fine for the vocabularies
-// tests use; a sort by token is the way for large ones.
+// The embedding's gradient without atomics (WGSL has none for f32): the positions of each token, grouped by
+// token (a counting sort on the CPU, which has the ids anyway: `byToken`), so that a thread a table entry
+// sums exactly its token's rows of dy, in position order: the same sum every run, O(tokens·dim + rows·dim).
 const SCATTER = /* wgsl */ `
-struct Dims { n: u32, dim: u32, tokens: u32 }
+struct Dims { n: u32, dim: u32 }
 @group(0) @binding(0) var<storage, read> dy: array<f32>;
-@group(0) @binding(1) var<storage, read> ids: array<i32>;
-@group(0) @binding(2) var<storage, read_write> dtable: array<f32>;
-@group(0) @binding(3) var<uniform> d: Dims;
+@group(0) @binding(1) var<storage, read> starts: array<u32>;
+@group(0) @binding(2) var<storage, read> positions: array<u32>;
+@group(0) @binding(3) var<storage, read_write> dtable: array<f32>;
+@group(0) @binding(4) var<uniform> d: Dims;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
@@ -124,10 +125,21 @@ fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) group
   let row = i / d.dim;
   let col = i % d.dim;
   var sum = 0.0;
-  for (var t = 0u; t < d.tokens; t++) { if (u32(ids[t]) == row) { sum += dy[t * d.dim + col]; } }
+  for (var k = starts[row]; k < starts[row + 1u]; k++) { sum += dy[positions[k] * d.dim + col]; }
   dtable[i] += sum;
 }
 `;
+
+/** Where each token's positions start in `positions` (rows + 1 entries), and the positions grouped by token, in order. */
+export function byToken(ids: Int32Array, rows: number): { starts: Uint32Array; positions: Uint32Array } {
+  const starts = new Uint32Array(rows + 1);
+  for (const id of ids) starts[id + 1]!++;
+  for (let r = 0; r < rows; r++) starts[r + 1]! += starts[r]!;
+  const next = starts.slice(0, rows);
+  const positions = new Uint32Array(ids.length);
+  ids.forEach((id, t) => (positions[next[id]!++] = t));
+  return { starts, positions };
+}
 
 /** Rows of an embedding table by token, and the table's gradient (added to what it holds). */
 export class Embedding {
@@ -138,9 +150,9 @@ export class Embedding {
     this.k.dispatch(pass, this.k.pipeline(GATHER), [table, ids, y, this.k.uniform(fields({ u32: tokens * dim }, { u32: dim }))], ...grid(tokens * dim));
   }
 
-  /** dtable (rows × dim) += the rows of dy (tokens × dim) by token. */
-  backward(pass: GPUComputePassEncoder, dy: GPUBuffer, ids: GPUBuffer, dtable: GPUBuffer, rows: number, tokens: number, dim: number): void {
-    this.k.dispatch(pass, this.k.pipeline(SCATTER), [dy, ids, dtable, this.k.uniform(fields({ u32: rows * dim }, { u32: dim }, { u32: tokens }))], ...grid(rows * dim));
+  /** dtable (rows × dim) += the rows of dy (tokens × dim) by token; `starts` and `positions` from byToken(ids), uploaded. */
+  backward(pass: GPUComputePassEncoder, dy: GPUBuffer, starts: GPUBuffer, positions: GPUBuffer, dtable: GPUBuffer, rows: number, dim: number): void {
+    this.k.dispatch(pass, this.k.pipeline(SCATTER), [dy, starts, positions, dtable, this.k.uniform(fields({ u32: rows * dim }, { u32: dim }))], ...grid(rows * dim));
   }
 }
 

@@ -11,7 +11,7 @@ import { llamaParameterShapes, ropeTable, type LlamaConfig } from '../model.ts';
 import type { GpuParameter } from './adamw.ts';
 import { Attention } from './attention.ts';
 import { download, submit, upload } from './buffers.ts';
-import { Add, Embedding, Norms, Rope, SwiGlu } from './elementwise.ts';
+import { Add, Embedding, Norms, Rope, SwiGlu, byToken } from './elementwise.ts';
 import type { Kernels } from './kernel.ts';
 import { TargetLogprobs } from './logprobs.ts';
 import { Matmul, type MatmulShape } from './matmul.ts';
@@ -144,6 +144,8 @@ export class GpuLlama {
       for (const grad of this.grads.values()) encoder.clearBuffer(grad);
       gpu.device.queue.submit([encoder.finish()]);
     }
+    const sorted = byToken(b.ids, V);
+    const grouped = { starts: upload(gpu, sorted.starts), positions: upload(gpu, sorted.positions) };
     const grad = (pass: GPUComputePassEncoder, dy: GPUBuffer, x: GPUBuffer, w: string, s: Omit<MatmulShape, 'transposeA' | 'accumulate'>) => this.mm.encode(pass, dy, x, this.g(w), { ...s, transposeA: true, accumulate: true });
     const back = (pass: GPUComputePassEncoder, dy: GPUBuffer, w: string, dx: GPUBuffer, m: number, n: number, k: number, accumulate = false) => this.mm.encode(pass, dy, this.w(w), dx, { m, n, k, accumulate });
     submit(gpu, (pass) => {
@@ -176,10 +178,10 @@ export class GpuLlama {
         grad(pass, a('dv', N * K * hd), a(`h1.${i}`, N * D), l(i, 'self_attn.v_proj.weight'), { m: K * hd, n: D, k: N });
         this.norm.backward(pass, a(`x${i}`, N * D), this.w(l(i, 'input_layernorm.weight')), a(`r1.${i}`, N), a('dh', N * D), dx, this.g(l(i, 'input_layernorm.weight')), { ...rows, accumulate: true });
       }
-      this.embedding.backward(pass, dx, ids, this.g('model.embed_tokens.weight'), V, N, D);
+      this.embedding.backward(pass, dx, grouped.starts, grouped.positions, this.g('model.embed_tokens.weight'), V, D);
     });
     await gpu.device.queue.onSubmittedWorkDone();
-    for (const buffer of [ids, targets, dlogp]) buffer.destroy();
+    for (const buffer of [ids, targets, dlogp, grouped.starts, grouped.positions]) buffer.destroy();
     return loss / count;
   }
 
