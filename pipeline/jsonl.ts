@@ -39,8 +39,6 @@ export async function* readJsonl<T>(path: string): AsyncGenerator<T> {
 export class JsonlWriter {
   private readonly stream: WriteStream;
   count = 0;
-  /** Bytes written so far (where the next record starts, for a shard's chunk index). */
-  bytes = 0;
 
   /** `buffer`: bytes in flight past which a write waits for the disk. */
   constructor(readonly path: string, flags: 'w' | 'a' = 'w', buffer = 1 << 20) {
@@ -54,23 +52,27 @@ export class JsonlWriter {
   /** One record already made into its line, as UTF-8 with the newline (on a worker thread). */
   async writeBytes(line: Uint8Array): Promise<void> {
     this.count++;
-    this.bytes += line.byteLength;
     if (!this.stream.write(line)) await once(this.stream, 'drain');
   }
 
   /** `lines` records already made into lines, as UTF-8 with their newlines (on a worker thread). */
   async writeBlock(block: Uint8Array, lines: number): Promise<void> {
     this.count += lines;
-    this.bytes += block.byteLength;
     if (!this.stream.write(block)) await once(this.stream, 'drain');
   }
 
   /** A record already made into its JSON text, without the newline. */
   async writeLine(json: string): Promise<void> {
     this.count++;
-    const line = json + '\n';
-    this.bytes += Buffer.byteLength(line);
-    if (!this.stream.write(line)) await once(this.stream, 'drain');
+    if (!this.stream.write(json + '\n')) await once(this.stream, 'drain');
+  }
+
+  /**
+   * Bytes written so far through this writer: where the next record starts (a shard's chunk index). The
+   * stream turns a string into bytes as it takes it, so what it has written plus what it holds is exact.
+   */
+  get bytes(): number {
+    return this.stream.bytesWritten + this.stream.writableLength;
   }
 
   async close(): Promise<void> {
