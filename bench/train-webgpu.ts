@@ -7,7 +7,7 @@
 //   npm run bench:train:webgpu [-- --shape bench|gpt2|both --batch 8,32 --steps 5 --quick]
 import { spawnSync } from 'node:child_process';
 import { Command } from 'commander';
-import { initialWeights, type LlamaConfig } from '../train/model.ts';
+import { flopsPerToken, initialWeights, type LlamaConfig } from '../train/model.ts';
 import { ADAMW_DEFAULTS } from '../train/optimizer.ts';
 import { GpuAdamW } from '../train/webgpu/adamw.ts';
 import { submit, upload } from '../train/webgpu/buffers.ts';
@@ -30,14 +30,6 @@ const llama = (layers: number, hidden: number, heads: number, mlp: number, vocab
   ropeTheta: 10000, rmsNormEps: 1e-5, tiedEmbeddings: true, attentionBias: false, maxPositions: context, bosTokenId: null, eosTokenId: null,
 });
 const SHAPES: Record<string, LlamaConfig> = { bench: llama(4, 256, 4, 688, 512, 256), gpt2: llama(12, 768, 12, 2048, 8192, 512), quick: llama(2, 64, 2, 128, 128, 32) };
-
-/** Weights a matrix multiplication uses per token, as nanoGPT counts: all but a lookup-only embedding. */
-function flopsPerToken(c: LlamaConfig, length: number): number {
-  const D = c.hiddenSize;
-  const perLayer = 2 * D + (c.heads + 2 * c.kvHeads) * c.headDim * D + c.heads * c.headDim * D + 3 * c.intermediateSize * D;
-  const params = c.layers * perLayer + D + c.vocabSize * D;
-  return 6 * params + 12 * c.layers * c.heads * c.headDim * length;
-}
 
 const gpu = await openGpu();
 const kernels = new Kernels(gpu);

@@ -71,6 +71,16 @@ export function llamaParameterShapes(c: LlamaConfig): [string, number[]][] {
   return shapes;
 }
 
+/**
+ * Floating-point operations to train on one token in a sequence of `length`, as nanoGPT's estimate_mfu
+ * counts them: 6 per weight used in a matMul (the embedding table is a lookup unless it is also the head),
+ * and attention's 6·2·layers·(H·hd)·T. `size`: the parameters (default: the config's weights).
+ */
+export function flopsPerToken(c: LlamaConfig, length: number, size = llamaParameterShapes(c).reduce((n, [, shape]) => n + shape.reduce((a, b) => a * b, 1), 0)): number {
+  const lookup = c.tiedEmbeddings ? 0 : c.vocabSize * c.hiddenSize;
+  return 6 * (size - lookup) + 12 * c.layers * c.heads * c.headDim * length;
+}
+
 /** Llama's initialisation: N(0, 0.02) for matrices, norms at 1, biases at 0. */
 export function initialWeights(c: LlamaConfig, seed: string): Map<string, Float32Array> {
   const weights = new Map<string, Float32Array>();
@@ -250,15 +260,9 @@ export class Llama extends ModelWeights {
     return this.head(x);
   }
 
-  /**
-   * Floating-point operations to train on one token in a sequence of `length` (forward and backward), as
-   * nanoGPT's estimate_mfu counts them: 6 per weight used in a matMul (the embedding table is a lookup unless
-   * it is also the head), and attention's 6·2·layers·(H·hd)·T.
-   */
+  /** flopsPerToken of this model's config, with its own parameter count (adapters included). */
   flopsPerToken(length: number): number {
-    const c = this.config;
-    const lookup = c.tiedEmbeddings ? 0 : c.vocabSize * c.hiddenSize;
-    return 6 * (this.size() - lookup) + 12 * c.layers * c.heads * c.headDim * length;
+    return flopsPerToken(this.config, length, this.size());
   }
 
   override dispose(): void {
