@@ -2,56 +2,24 @@
 // SwiGLU's h = silu(g)·u (silu(g) = g·σ(g)), and RoPE's rotation of each head's vector by its position,
 // y = x·cos + rotate_half(x)·sin with rotate_half(x) = (−x₂, x₁). A thread an element.
 /// <reference types="@webgpu/types" />
-import { Kernels, WORKGROUP_REDUCE, fields, grid } from './kernel.ts';
+import { Kernels, WORKGROUP_REDUCE, elementwise, fields, grid } from './kernel.ts';
 
-const SWIGLU_FORWARD = /* wgsl */ `
-struct Dims { n: u32 }
-@group(0) @binding(0) var<storage, read> g: array<f32>;
-@group(0) @binding(1) var<storage, read> u: array<f32>;
-@group(0) @binding(2) var<storage, read_write> h: array<f32>;
-@group(0) @binding(3) var<uniform> d: Dims;
+const SWIGLU_FORWARD = elementwise({ buffers: ['g: f32', 'u: f32', 'mut h: f32'], body: '  h[i] = g[i] / (1.0 + exp(-g[i])) * u[i];' });
 
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
-  let i = id.x + id.y * groups.x * 256u;
-  if (i >= d.n) { return; }
-  h[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
-}
-`;
-
-const SWIGLU_BACKWARD = /* wgsl */ `
-struct Dims { n: u32 }
-@group(0) @binding(0) var<storage, read> g: array<f32>;
-@group(0) @binding(1) var<storage, read> u: array<f32>;
-@group(0) @binding(2) var<storage, read> dh: array<f32>;
-@group(0) @binding(3) var<storage, read_write> dg: array<f32>;
-@group(0) @binding(4) var<storage, read_write> du: array<f32>;
-@group(0) @binding(5) var<uniform> d: Dims;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
-  let i = id.x + id.y * groups.x * 256u;
-  if (i >= d.n) { return; }
+const SWIGLU_BACKWARD = elementwise({
+  buffers: ['g: f32', 'u: f32', 'dh: f32', 'mut dg: f32', 'mut du: f32'],
+  body: `
   let s = 1.0 / (1.0 + exp(-g[i]));
   // silu'(g) = σ(g)·(1 + g·(1 − σ(g)))
   dg[i] = dh[i] * u[i] * s * (1.0 + g[i] * (1.0 - s));
-  du[i] = dh[i] * g[i] * s;
-}
-`;
+  du[i] = dh[i] * g[i] * s;`,
+});
 
-const ROPE = /* wgsl */ `
-override BACKWARD: bool = false;
-struct Dims { n: u32, heads: u32, head_dim: u32, length: u32 }
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read> cos_table: array<f32>;
-@group(0) @binding(2) var<storage, read> sin_table: array<f32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> d: Dims;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
-  let i = id.x + id.y * groups.x * 256u;
-  if (i >= d.n) { return; }
+const ROPE = elementwise({
+  head: 'override BACKWARD: bool = false;',
+  buffers: ['x: f32', 'cos_table: f32', 'sin_table: f32', 'mut y: f32'],
+  dims: 'heads: u32, head_dim: u32, length: u32',
+  body: `
   let f = i % d.head_dim;
   let half = d.head_dim / 2u;
   // Rows are positions 0…length−1 of each sequence in turn; the table has a row a position.
@@ -66,23 +34,10 @@ fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) group
   } else {
     // The transpose: dx_f = dy_f·cos_f + (dy·sin)[f + half] in the first half, − (dy·sin)[f − half] in the second.
     y[i] = x[i] * cos_table[at] + select(-x[partner], x[partner], first) * sin_table[partner_at];
-  }
-}
-`;
+  }`,
+});
 
-const ADD = /* wgsl */ `
-struct Dims { n: u32 }
-@group(0) @binding(0) var<storage, read> a: array<f32>;
-@group(0) @binding(1) var<storage, read> b: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> d: Dims;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
-  let i = id.x + id.y * groups.x * 256u;
-  if (i < d.n) { y[i] = a[i] + b[i]; }
-}
-`;
+const ADD = elementwise({ buffers: ['a: f32', 'b: f32', 'mut y: f32'], body: '  y[i] = a[i] + b[i];' });
 
 /** y = a + b, n elements (a residual connection). */
 export class Add {
@@ -93,42 +48,21 @@ export class Add {
   }
 }
 
-const GATHER = /* wgsl */ `
-struct Dims { n: u32, dim: u32 }
-@group(0) @binding(0) var<storage, read> table: array<f32>;
-@group(0) @binding(1) var<storage, read> ids: array<i32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> d: Dims;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
-  let i = id.x + id.y * groups.x * 256u;
-  if (i < d.n) { y[i] = table[u32(ids[i / d.dim]) * d.dim + i % d.dim]; }
-}
-`;
+const GATHER = elementwise({ buffers: ['table: f32', 'ids: i32', 'mut y: f32'], dims: 'dim: u32', body: '  y[i] = table[u32(ids[i / d.dim]) * d.dim + i % d.dim];' });
 
 // The embedding's gradient without atomics (WGSL has none for f32): the positions of each token, grouped by
 // token (a counting sort on the CPU, which has the ids anyway: `byToken`), so that a thread a table entry
 // sums exactly its token's rows of dy, in position order: the same sum every run, O(tokens·dim + rows·dim).
-const SCATTER = /* wgsl */ `
-struct Dims { n: u32, dim: u32 }
-@group(0) @binding(0) var<storage, read> dy: array<f32>;
-@group(0) @binding(1) var<storage, read> starts: array<u32>;
-@group(0) @binding(2) var<storage, read> positions: array<u32>;
-@group(0) @binding(3) var<storage, read_write> dtable: array<f32>;
-@group(0) @binding(4) var<uniform> d: Dims;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
-  let i = id.x + id.y * groups.x * 256u;
-  if (i >= d.n) { return; }
+const SCATTER = elementwise({
+  buffers: ['dy: f32', 'starts: u32', 'positions: u32', 'mut dtable: f32'],
+  dims: 'dim: u32',
+  body: `
   let row = i / d.dim;
   let col = i % d.dim;
   var sum = 0.0;
   for (var k = starts[row]; k < starts[row + 1u]; k++) { sum += dy[positions[k] * d.dim + col]; }
-  dtable[i] += sum;
-}
-`;
+  dtable[i] += sum;`,
+});
 
 /** Where each token's positions start in `positions` (rows + 1 entries), and the positions grouped by token, in order. */
 export function byToken(ids: Int32Array, rows: number): { starts: Uint32Array; positions: Uint32Array } {
@@ -177,17 +111,7 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
 }
 `;
 
-const SCALE = /* wgsl */ `
-struct Dims { n: u32, factor: f32 }
-@group(0) @binding(0) var<storage, read_write> x: array<f32>;
-@group(0) @binding(1) var<uniform> d: Dims;
-
-@compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
-  let i = id.x + id.y * groups.x * 256u;
-  if (i < d.n) { x[i] = x[i] * d.factor; }
-}
-`;
+const SCALE = elementwise({ buffers: ['mut x: f32'], dims: 'factor: f32', body: '  x[i] = x[i] * d.factor;' });
 
 /** Sums of squares (a partial a 4,096 elements, summed by the caller) and scaling in place: clipping by global norm. */
 export class Norms {

@@ -54,6 +54,30 @@ export function grid(n: number): [number, number] {
   return [x, Math.ceil(groups / x)];
 }
 
+/**
+ * WGSL of a kernel with a thread an element, dispatched with grid(n): its storage `buffers` in binding order
+ * (`name: type`, `mut name: type` for those it writes; arrays of that type), then a uniform `d` of struct Dims
+ * { n: u32, `dims` }; `body` runs for element `i` < d.n. `head`: declarations before (override constants).
+ */
+export function elementwise(o: { buffers: string[]; dims?: string; body: string; head?: string }): string {
+  const bindings = o.buffers.map((b, k) => {
+    const [, mut, name, type] = /^(mut )?(\w+): (\w+)$/.exec(b)!;
+    return `@group(0) @binding(${k}) var<storage, ${mut ? 'read_write' : 'read'}> ${name}: array<${type}>;`;
+  });
+  return `${o.head ?? ''}
+struct Dims { n: u32${o.dims ? `, ${o.dims}` : ''} }
+${bindings.join('\n')}
+@group(0) @binding(${o.buffers.length}) var<uniform> d: Dims;
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
+  let i = id.x + id.y * groups.x * 256u;
+  if (i >= d.n) { return; }
+${o.body}
+}
+`;
+}
+
 /** Bytes of u32 and f32 fields in order, for a uniform struct of 4-byte fields. */
 export function fields(...values: ({ u32: number } | { f32: number })[]): ArrayBuffer {
   const bytes = new ArrayBuffer(values.length * 4);
