@@ -7,40 +7,32 @@
 // A workgroup of 256 threads takes a query row (b, h, t) for the forward and dq; another takes a key row
 // (b, kv head, s) for dk and dv, summing over the query heads it serves and the rows that see it.
 /// <reference types="@webgpu/types" />
-import { Kernels, WORKGROUP_REDUCE, fields } from './kernel.ts';
+import { Kernels, fields, kernel } from './kernel.ts';
 
-const DIMS = /* wgsl */ `
-struct Dims { batch: u32, length: u32, heads: u32, kv_heads: u32, head_dim: u32, scale: f32 }
+const DIMS = 'batch: u32, length: u32, heads: u32, kv_heads: u32, head_dim: u32, scale: f32';
 
+// Where a query row's q and a key row's k and v start, and a row of P.
+const HELPERS = /* wgsl */ `
 fn q_at(d: Dims, b: u32, t: u32, h: u32) -> u32 { return ((b * d.length + t) * d.heads + h) * d.head_dim; }
 fn kv_at(d: Dims, b: u32, s: u32, g: u32) -> u32 { return ((b * d.length + s) * d.kv_heads + g) * d.head_dim; }
 fn p_at(d: Dims, b: u32, h: u32, t: u32) -> u32 { return ((b * d.heads + h) * d.length + t) * d.length; }
-
-// A query row's workgroup: (t, h, b) from its id, its kv head g, where its q and its row of P start.
-struct QueryRow { t: u32, g: u32, b: u32, qi: u32, row: u32 }
-fn query_row(d: Dims, wg: vec3u) -> QueryRow {
-  let g = wg.y / (d.heads / d.kv_heads);
-  return QueryRow(wg.x, g, wg.z, q_at(d, wg.z, wg.x, wg.y), p_at(d, wg.z, wg.y, wg.x));
-}
 `;
 
-const FORWARD = /* wgsl */ `${DIMS}
-${WORKGROUP_REDUCE}
-@group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read> k: array<f32>;
-@group(0) @binding(2) var<storage, read> v: array<f32>;
-@group(0) @binding(3) var<storage, read_write> p: array<f32>;
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
-@group(0) @binding(5) var<uniform> d: Dims;
+// A query row's workgroup: (t, h, b) from its id, its kv head g, where its q and its row of P start.
+const QUERY_ROW = `
+  let t = wg.x;
+  let h = wg.y;
+  let b = wg.z;
+  let g = h / (d.heads / d.kv_heads);
+  let qi = q_at(d, b, t, h);
+  let row = p_at(d, b, h, t);`;
 
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
-  let r = query_row(d, wg);
-  let t = r.t;
-  let g = r.g;
-  let b = r.b;
-  let qi = r.qi;
-  let row = r.row;
+const FORWARD = kernel({
+  threads: 'block',
+  head: HELPERS,
+  buffers: ['q: f32', 'k: f32', 'v: f32', 'mut p: f32', 'mut out: f32'],
+  dims: DIMS,
+  body: `${QUERY_ROW}
   var top = -3.4e38;
   for (var s = lid.x; s <= t; s += 256u) {
     let ki = kv_at(d, b, s, g);
@@ -66,28 +58,15 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
     var acc = 0.0;
     for (var s = 0u; s <= t; s++) { acc += p[row + s] * v[kv_at(d, b, s, g) + e]; }
     out[qi + e] = acc;
-  }
-}
-`;
+  }`,
+});
 
-const BACKWARD_Q = /* wgsl */ `${DIMS}
-${WORKGROUP_REDUCE}
-@group(0) @binding(0) var<storage, read> k: array<f32>;
-@group(0) @binding(1) var<storage, read> v: array<f32>;
-@group(0) @binding(2) var<storage, read> p: array<f32>;
-@group(0) @binding(3) var<storage, read> dout: array<f32>;
-@group(0) @binding(4) var<storage, read_write> ds: array<f32>;
-@group(0) @binding(5) var<storage, read_write> dq: array<f32>;
-@group(0) @binding(6) var<uniform> d: Dims;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
-  let r = query_row(d, wg);
-  let t = r.t;
-  let g = r.g;
-  let b = r.b;
-  let qi = r.qi;
-  let row = r.row;
+const BACKWARD_Q = kernel({
+  threads: 'block',
+  head: HELPERS,
+  buffers: ['k: f32', 'v: f32', 'p: f32', 'dout: f32', 'mut ds: f32', 'mut dq: f32'],
+  dims: DIMS,
+  body: `${QUERY_ROW}
   var weighted = 0.0;
   for (var s = lid.x; s < d.length; s += 256u) {
     var dp = 0.0;
@@ -105,21 +84,15 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
     var acc = 0.0;
     for (var s = 0u; s <= t; s++) { acc += ds[row + s] * k[kv_at(d, b, s, g) + e]; }
     dq[qi + e] = acc;
-  }
-}
-`;
+  }`,
+});
 
-const BACKWARD_KV = /* wgsl */ `${DIMS}
-@group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read> p: array<f32>;
-@group(0) @binding(2) var<storage, read> ds: array<f32>;
-@group(0) @binding(3) var<storage, read> dout: array<f32>;
-@group(0) @binding(4) var<storage, read_write> dk: array<f32>;
-@group(0) @binding(5) var<storage, read_write> dv: array<f32>;
-@group(0) @binding(6) var<uniform> d: Dims;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
+const BACKWARD_KV = kernel({
+  threads: 'block',
+  head: HELPERS,
+  buffers: ['q: f32', 'p: f32', 'ds: f32', 'dout: f32', 'mut dk: f32', 'mut dv: f32'],
+  dims: DIMS,
+  body: `
   let s = wg.x;
   let g = wg.y;
   let b = wg.z;
@@ -138,9 +111,8 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
     }
     dk[ki + e] = dk_acc;
     dv[ki + e] = dv_acc;
-  }
-}
-`;
+  }`,
+});
 
 export interface AttentionShape {
   batch: number;

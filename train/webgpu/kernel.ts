@@ -55,28 +55,40 @@ export function grid(n: number): [number, number] {
 }
 
 /**
- * WGSL of a kernel with a thread an element, dispatched with grid(n): its storage `buffers` in binding order
- * (`name: type`, `mut name: type` for those it writes; arrays of that type), then a uniform `d` of struct Dims
- * { n: u32, `dims` }; `body` runs for element `i` < d.n. `head`: declarations before (override constants).
+ * WGSL of a kernel from what differs between kernels: its storage `buffers` in binding order (`name: type`,
+ * `mut name: type` for those it writes; arrays of that type), then a uniform `d` of struct Dims { `dims` },
+ * and `body` inside main, laid out by `threads`:
+ * - `element`: a thread an element, dispatched with grid(n); Dims starts with n, and `body` sees `i` < d.n;
+ * - `row`: a workgroup of 256 threads a row (workgroup x), `body` sees `row` and `lid` and can reduce();
+ * - `block`: workgroups on three axes, `body` sees `wg` and `lid` and can reduce().
+ * `head`: declarations before (override constants, helper functions).
  */
-export function elementwise(o: { buffers: string[]; dims?: string; body: string; head?: string }): string {
+export function kernel(o: { threads: 'element' | 'row' | 'block'; buffers: string[]; dims: string; body: string; head?: string }): string {
   const bindings = o.buffers.map((b, k) => {
     const [, mut, name, type] = /^(mut )?(\w+): (\w+)$/.exec(b)!;
     return `@group(0) @binding(${k}) var<storage, ${mut ? 'read_write' : 'read'}> ${name}: array<${type}>;`;
   });
-  return `${o.head ?? ''}
-struct Dims { n: u32${o.dims ? `, ${o.dims}` : ''} }
+  const main =
+    o.threads === 'element'
+      ? `fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
+  let i = id.x + id.y * groups.x * 256u;
+  if (i >= d.n) { return; }`
+      : `fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {${o.threads === 'row' ? '\n  let row = wg.x;' : ''}`;
+  return `struct Dims { ${o.dims} }
+${o.threads === 'element' ? '' : WORKGROUP_REDUCE}
+${o.head ?? ''}
 ${bindings.join('\n')}
 @group(0) @binding(${o.buffers.length}) var<uniform> d: Dims;
 
 @compute @workgroup_size(256)
-fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
-  let i = id.x + id.y * groups.x * 256u;
-  if (i >= d.n) { return; }
+${main}
 ${o.body}
 }
 `;
 }
+
+/** kernel() with a thread an element: Dims is n, then `dims`. */
+export const elementwise = (o: { buffers: string[]; dims?: string; body: string; head?: string }) => kernel({ ...o, threads: 'element', dims: `n: u32${o.dims ? `, ${o.dims}` : ''}` });
 
 /** Bytes of u32 and f32 fields in order, for a uniform struct of 4-byte fields. */
 export function fields(...values: ({ u32: number } | { f32: number })[]): ArrayBuffer {

@@ -4,21 +4,15 @@
 //   logp_t = z_t[y_t] − logsumexp(z_t),   dz_t = dlogp_t · (onehot(y_t) − softmax(z_t)).
 // A workgroup takes a row of V logits; the forward keeps each row's logsumexp for the backward.
 /// <reference types="@webgpu/types" />
-import { Kernels, WORKGROUP_REDUCE, fields } from './kernel.ts';
+import { Kernels, fields, kernel } from './kernel.ts';
 
-const DIMS = /* wgsl */ `struct Dims { rows: u32, vocab: u32 }`;
+const DIMS = 'rows: u32, vocab: u32';
 
-const FORWARD = /* wgsl */ `${DIMS}
-${WORKGROUP_REDUCE}
-@group(0) @binding(0) var<storage, read> z: array<f32>;
-@group(0) @binding(1) var<storage, read> targets: array<i32>;
-@group(0) @binding(2) var<storage, read_write> logp: array<f32>;
-@group(0) @binding(3) var<storage, read_write> lse: array<f32>;
-@group(0) @binding(4) var<uniform> d: Dims;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
-  let row = wg.x;
+const FORWARD = kernel({
+  threads: 'row',
+  buffers: ['z: f32', 'targets: i32', 'mut logp: f32', 'mut lse: f32'],
+  dims: DIMS,
+  body: `
   let base = row * d.vocab;
   var top = -3.4e38;
   for (var j = lid.x; j < d.vocab; j += 256u) { top = max(top, z[base + j]); }
@@ -29,22 +23,15 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
   if (lid.x == 0u) {
     lse[row] = l;
     logp[row] = z[base + u32(targets[row])] - l;
-  }
-}
-`;
+  }`,
+});
 
-const BACKWARD = /* wgsl */ `${DIMS}
-override ACCUMULATE: bool = false;
-@group(0) @binding(0) var<storage, read> z: array<f32>;
-@group(0) @binding(1) var<storage, read> targets: array<i32>;
-@group(0) @binding(2) var<storage, read> lse: array<f32>;
-@group(0) @binding(3) var<storage, read> dlogp: array<f32>;
-@group(0) @binding(4) var<storage, read_write> dz: array<f32>;
-@group(0) @binding(5) var<uniform> d: Dims;
-
-@compute @workgroup_size(256)
-fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
-  let row = wg.x;
+const BACKWARD = kernel({
+  threads: 'row',
+  head: 'override ACCUMULATE: bool = false;',
+  buffers: ['z: f32', 'targets: i32', 'lse: f32', 'dlogp: f32', 'mut dz: f32'],
+  dims: DIMS,
+  body: `
   let base = row * d.vocab;
   let g = dlogp[row];
   let wanted = u32(targets[row]);
@@ -52,9 +39,8 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
     let hit = select(0.0, 1.0, j == wanted);
     let v = g * (hit - exp(z[base + j] - lse[row]));
     if (ACCUMULATE) { dz[base + j] += v; } else { dz[base + j] = v; }
-  }
-}
-`;
+  }`,
+});
 
 export interface LogprobShape {
   rows: number;
