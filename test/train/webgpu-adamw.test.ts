@@ -3,19 +3,12 @@
 // new gradients each step, compared element by element within 1e-6 (both compute in f32). Where no WebGPU
 // adapter is, CI fails and elsewhere the test is skipped, saying why (test/train/webgpu-matmul.test.ts).
 import * as tf from '@tensorflow/tfjs-core';
-import { beforeAll, describe, expect, it } from 'vitest';
-import { absent, adapterLine, gpu as here, kernels } from '../fixtures/webgpu.ts';
+import { describe, expect, it } from 'vitest';
+import { absent, gpu as here, kernels } from '../fixtures/webgpu.ts';
 import { seeded } from '../../core/random.ts';
-import { useBackend } from '../../train/backend.ts';
 import { AdamW, ADAMW_DEFAULTS } from '../../train/optimizer.ts';
 import { GpuAdamW, type GpuParameter } from '../../train/webgpu/adamw.ts';
 import { download, submit, upload } from '../../train/webgpu/buffers.ts';
-
-console.log(adapterLine());
-
-beforeAll(async () => {
-  await useBackend('wasm');
-});
 
 describe('AdamW on the GPU', () => {
   it.skipIf(absent)('takes the same five steps as the trainer’s AdamW, decaying the matrix and not the vector', async () => {

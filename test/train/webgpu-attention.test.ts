@@ -3,20 +3,13 @@
 // output and tfjs's gradients with respect to q, k and v, within 1e-5 relative; plain multi-head and
 // grouped-query attention, sequences shorter and longer than a workgroup's 256 threads.
 import * as tf from '@tensorflow/tfjs-core';
-import { beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { seeded } from '../../core/random.ts';
-import { useBackend } from '../../train/backend.ts';
 import { causalAttention, causalMask } from '../../train/kernels.ts';
 import { repeatKv } from '../../train/model.ts';
 import { Attention } from '../../train/webgpu/attention.ts';
 import { download, submit, upload } from '../../train/webgpu/buffers.ts';
-import { absent, adapterLine, gpu as here, kernels, relativeError } from '../fixtures/webgpu.ts';
-
-console.log(adapterLine());
-
-beforeAll(async () => {
-  await useBackend('wasm');
-});
+import { absent, gpu as here, kernels, relativeError } from '../fixtures/webgpu.ts';
 
 describe('causal attention on the GPU', () => {
   it.skipIf(absent)('gives the model’s attention and its gradients, with one key/value head a query head or shared', async () => {

@@ -2,19 +2,12 @@
 // WASM backend): outputs, and tfjs's gradients through them, within 1e-5 relative; RoPE with the model's
 // table at θ = 10,000 and 500,000, heads of 8 and 64, two sequences a pass.
 import * as tf from '@tensorflow/tfjs-core';
-import { beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { seeded } from '../../core/random.ts';
-import { useBackend } from '../../train/backend.ts';
 import { ropeTable, rotate, silu } from '../../train/model.ts';
 import { download, submit, upload } from '../../train/webgpu/buffers.ts';
 import { Rope, SwiGlu } from '../../train/webgpu/elementwise.ts';
-import { absent, adapterLine, gpu as here, kernels, relativeError } from '../fixtures/webgpu.ts';
-
-console.log(adapterLine());
-
-beforeAll(async () => {
-  await useBackend('wasm');
-});
+import { absent, gpu as here, kernels, relativeError } from '../fixtures/webgpu.ts';
 
 const random = seeded('webgpu-elementwise');
 const values = (n: number, scale = 1) => Float32Array.from({ length: n }, () => (random() * 2 - 1) * scale);

@@ -2,9 +2,7 @@
 // WebGPU's own words, where results are read back. Its own file: the GPU is one a process, and the error stays.
 import { describe, expect, it } from 'vitest';
 import { download, submit, upload } from '../../train/webgpu/buffers.ts';
-import { absent, adapterLine, gpu as here } from '../fixtures/webgpu.ts';
-
-console.log(adapterLine());
+import { absent, gpu as here } from '../fixtures/webgpu.ts';
 
 describe('errors on the GPU', () => {
   it.skipIf(absent)('are thrown where results are read, saying what WebGPU said', async () => {

@@ -3,9 +3,8 @@
 // weights, tokens and mask. Tolerance: each gradient's largest difference within 1e-4 of its largest entry
 // (both sides compute in f32, summing in different orders through two layers), the loss within 1e-5.
 import * as tf from '@tensorflow/tfjs-core';
-import { beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { seeded } from '../../core/random.ts';
-import { useBackend } from '../../train/backend.ts';
 import { sftLoss } from '../../train/losses/sft.ts';
 import { Llama, type LlamaConfig } from '../../train/model.ts';
 import { targetLogprobs } from '../../train/parameters.ts';
@@ -14,13 +13,7 @@ import { GpuAdamW } from '../../train/webgpu/adamw.ts';
 import { submit } from '../../train/webgpu/buffers.ts';
 import { GpuLlama } from '../../train/webgpu/llama.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
-import { absent, adapterLine, kernels } from '../fixtures/webgpu.ts';
-
-console.log(adapterLine());
-
-beforeAll(async () => {
-  await useBackend('wasm');
-});
+import { absent, kernels } from '../fixtures/webgpu.ts';
 
 async function compare(config: LlamaConfig, batch: number, length: number): Promise<void> {
   const random = seeded('webgpu-llama', JSON.stringify(config));

@@ -3,19 +3,12 @@
 // tfjs's gradients, within 1e-5 relative, for vocabularies below, at and above a workgroup's 256 threads
 // and logits large enough that a softmax without its max subtracted would overflow.
 import * as tf from '@tensorflow/tfjs-core';
-import { beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { seeded } from '../../core/random.ts';
-import { useBackend } from '../../train/backend.ts';
 import { targetLogprobs } from '../../train/parameters.ts';
 import { download, submit, upload } from '../../train/webgpu/buffers.ts';
 import { TargetLogprobs } from '../../train/webgpu/logprobs.ts';
-import { absent, adapterLine, gpu as here, kernels, relativeError } from '../fixtures/webgpu.ts';
-
-console.log(adapterLine());
-
-beforeAll(async () => {
-  await useBackend('wasm');
-});
+import { absent, gpu as here, kernels, relativeError } from '../fixtures/webgpu.ts';
 
 describe('token log-probs on the GPU', () => {
   it.skipIf(absent)('give the trainer’s log p(target) and its gradient with respect to the logits', async () => {

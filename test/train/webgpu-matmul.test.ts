@@ -4,12 +4,11 @@
 // rather than skips when none is found. Elsewhere without one, it is skipped with the reason printed.
 import { describe, expect, it } from 'vitest';
 import type { Gpu } from '../../train/webgpu/device.ts';
-import { absent, adapterLine, gpu as here, kernels, noGpu } from '../fixtures/webgpu.ts';
+import { absent, gpu as here, kernels, noGpu } from '../fixtures/webgpu.ts';
 import { download, submit, upload } from '../../train/webgpu/buffers.ts';
 import { Matmul, type MatmulShape } from '../../train/webgpu/matmul.ts';
 import { seeded } from '../../core/random.ts';
 
-console.log(adapterLine());
 /** One set of pipelines for every product (compiling them is what costs on a CPU driver). */
 const matmul = kernels ? new Matmul(kernels) : null;
 

@@ -3,19 +3,12 @@
 // then accumulation adds to what the gradients held. Where no WebGPU adapter is, CI fails and elsewhere
 // the test is skipped, saying why (test/train/webgpu-matmul.test.ts).
 import * as tf from '@tensorflow/tfjs-core';
-import { beforeAll, describe, expect, it } from 'vitest';
-import { absent, adapterLine, gpu as here, kernels, relativeError } from '../fixtures/webgpu.ts';
+import { describe, expect, it } from 'vitest';
+import { absent, gpu as here, kernels, relativeError } from '../fixtures/webgpu.ts';
 import { seeded } from '../../core/random.ts';
-import { useBackend } from '../../train/backend.ts';
 import { rmsNorm } from '../../train/model.ts';
 import { download, submit, upload } from '../../train/webgpu/buffers.ts';
 import { RmsNorm } from '../../train/webgpu/rmsnorm.ts';
-
-console.log(adapterLine());
-
-beforeAll(async () => {
-  await useBackend('wasm');
-});
 
 describe('RMSNorm on the GPU', () => {
   it.skipIf(absent)('gives the model’s output and tfjs’s gradients, and adds to gradients when accumulating', async () => {

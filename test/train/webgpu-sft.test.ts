@@ -2,10 +2,9 @@
 // the metrics and the weights of the same run on WASM (loss and gradient norm within 1e-4 relative, weights
 // within 1e-4), with micro-batches, clipping, warmup and decay; and a GPU run stopped halfway resumes from its
 // checkpoint to the weights of a straight GPU run, exactly.
-import { beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { NEVER } from '../../pipeline/interrupt.ts';
 import { seeded } from '../../core/random.ts';
-import { useBackend } from '../../train/backend.ts';
 import { Llama } from '../../train/model.ts';
 import { trainingRun, type RunSettings } from '../../train/run.ts';
 import type { TrainingSettings } from '../../train/settings.ts';
@@ -14,13 +13,7 @@ import type { Sequence } from '../../train/windows.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 import { quietLogger } from '../fixtures/toy-stages.ts';
-import { absent, adapterLine, kernels } from '../fixtures/webgpu.ts';
-
-console.log(adapterLine());
-
-beforeAll(async () => {
-  await useBackend('wasm');
-});
+import { absent, kernels } from '../fixtures/webgpu.ts';
 
 const config = tinyLlama({ vocabSize: 30 });
 const random = seeded('webgpu-sft');
