@@ -12,7 +12,7 @@ export const BACKENDS = ['auto', 'tensorflow', 'wasm', 'cpu', 'webgpu'] as const
 export type BackendChoice = (typeof BACKENDS)[number];
 
 export interface Backend {
-  /** The tfjs backend's name: tensorflow, wasm or cpu. */
+  /** The tfjs backend's name: tensorflow, wasm or cpu (wasm beside webgpu). */
   name: string;
   /** What was chosen and why, for the log. */
   description: string;
@@ -59,7 +59,7 @@ let current: Backend | null = null;
 
 /** Loads and selects a backend; later calls with the same choice return the one already chosen. */
 export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backend> {
-  if (current && (choice === 'auto' || choice === current.name)) return current;
+  if (current && (choice === 'auto' || choice === current.name || (choice === 'webgpu' && current.gpu))) return current;
   const tf = await loadTf();
   let description: string;
   let name: string;
@@ -83,7 +83,8 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
     await tf.setBackend('wasm');
     await tf.ready();
     (await import('./kernels.ts')).patchWasmSlice();
-    current = { name: 'webgpu', description: `webgpu on ${gpu.adapter.description} for SFT steps, wasm for the rest`, gpu: new Kernels(gpu) };
+    // TensorFlow.js's backend is what `name` says; the run says where its steps went (RunResult.device).
+    current = { name: 'wasm', description: `webgpu on ${gpu.adapter.description} for SFT steps, wasm for the rest`, gpu: new Kernels(gpu) };
     return current;
   } else {
     name = choice;

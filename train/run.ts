@@ -91,6 +91,8 @@ export interface RunSettings {
 
 export interface RunResult {
   model: Llama;
+  /** Where the steps ran: webgpu, or TensorFlow.js's backend. */
+  device: string;
   metrics: MetricsRow[];
   /** The step the run resumed from (0: it started afresh). */
   resumedFrom: number;
@@ -207,6 +209,7 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
   await gpu?.sync();
   return {
     model,
+    device: gpu ? 'webgpu' : tf.getBackend(),
     metrics,
     resumedFrom: done,
     async save(out, info) {

@@ -64,13 +64,13 @@ export async function run({ config: cfg, configDir, out, input, cache, key, log,
     return model;
   };
   const trainer = sftTrainer(sequences, start, cfg, chat.pad);
-  log.info('training', { from, chat: chat.name, sessions: sessions.length, resampled, windows: sequences.length, tokens: sequences.reduce((n, s) => n + s.ids.length, 0), steps: trainer.steps, lora: lora ? `r ${lora.r} on ${lora.targetModules.join(', ')}` : null, backend: backend.name });
+  log.info('training', { from, chat: chat.name, sessions: sessions.length, resampled, windows: sequences.length, tokens: sequences.reduce((n, s) => n + s.ids.length, 0), steps: trainer.steps, lora: lora ? `r ${lora.r} on ${lora.targetModules.join(', ')}` : null, backend: backend.description });
 
   const result = await trainingRun({ config: cfg, cache, key, tokenizer, context, placeholders, lora, base: from ?? undefined, signal, log, gpu: backend.gpu }, trainer);
   const parameters = result.model.size();
   const last = await result.save(out, { stage: 'sft', from, sessions: sessions.length, windows: sequences.length });
   return {
     counts: { sessions: sessions.length, resampled, windows: sequences.length, steps: trainer.steps, resumed_from: result.resumedFrom, parameters },
-    summary: `${trainer.steps} steps on ${sessions.length} sessions (${sequences.length} windows)${from ? ` from ${from}` : ''}${lora ? ` (LoRA r ${lora.r})` : ''}; loss ${last.loss?.toFixed(3)}, ${Math.round(last['tokens/s'] ?? 0)} tokens/s on ${backend.name}`,
+    summary: `${trainer.steps} steps on ${sessions.length} sessions (${sequences.length} windows)${from ? ` from ${from}` : ''}${lora ? ` (LoRA r ${lora.r})` : ''}; loss ${last.loss?.toFixed(3)}, ${Math.round(last['tokens/s'] ?? 0)} tokens/s on ${result.device}`,
   };
 }
