@@ -12,6 +12,7 @@ import type { Llama } from '../train/model.ts';
 import { dapoTrainer } from '../train/dapo.ts';
 import { finalMetrics, trainingRun } from '../train/run.ts';
 import type { TrainingSettings } from '../train/settings.ts';
+import type { Kernels } from '../train/webgpu/kernel.ts';
 import type { DapoSettings } from './settings.ts';
 import { simulatorRollouts, taskPool, validation } from './rollouts.ts';
 
@@ -26,9 +27,10 @@ export interface DapoRun {
 
 /**
  * Trains the model in `from` (a Hugging Face folder) by DAPO into `out/model` and `out/metrics.jsonl`, resuming
- * from the run's checkpoints in `cache` (keyed by `key`). `info` joins the model's trainer_state.json.
+ * from the run's checkpoints in `cache` (keyed by `key`). `info` joins the model's trainer_state.json. With
+ * `gpu` (`--backend webgpu`) the updates are made on the GPU; the rollouts and validation stay on TensorFlow.js.
  */
-export async function runDapo(from: string, out: string, cache: string, key: string, cfg: DapoSettings, info: Record<string, unknown>, signal: AbortSignal, log: Logger): Promise<DapoRun> {
+export async function runDapo(from: string, out: string, cache: string, key: string, cfg: DapoSettings, info: Record<string, unknown>, signal: AbortSignal, log: Logger, gpu?: Kernels): Promise<DapoRun> {
   const start = loadCheckpoint(from);
   const chat = openChat(start.tokenizer, start.model.config.eosTokenId, from);
   const s = cfg.simulator;
@@ -63,7 +65,7 @@ export async function runDapo(from: string, out: string, cache: string, key: str
   log.info('training', { steps: cfg.steps, tasks_per_step: cfg.tasks_per_step, group_size: cfg.group_size, reward: cfg.reward, mode: cfg.mode });
   // The run's settings in trainingRun's terms: a constant learning rate after warmup, a step per batch of rollouts.
   const settings: TrainingSettings = { seed: cfg.seed, batch_size: cfg.tasks_per_step, epochs: 1, max_steps: cfg.steps, lr: cfg.lr, warmup: cfg.warmup, min_lr_ratio: 1, weight_decay: cfg.weight_decay, max_grad_norm: cfg.max_grad_norm, checkpoint_every: cfg.checkpoint_every, micro_batch_tokens: cfg.micro_batch_tokens };
-  const result = await trainingRun({ config: settings, cache, key, tokenizer: start.tokenizer, context: start.context, placeholders: start.placeholders, signal, log }, trainer);
+  const result = await trainingRun({ config: settings, cache, key, tokenizer: start.tokenizer, context: start.context, placeholders: start.placeholders, signal, log, gpu }, trainer);
   start.model.dispose();
   const final = result.metrics.at(-1);
   const last = await result.save(out, { stage: 'dapo', steps: cfg.steps, reward: cfg.reward, ...info, ...(Object.keys(info).length ? { last: finalMetrics(result.metrics) } : {}) });

@@ -22,6 +22,7 @@ import type { Pair, Session } from '../core/records.ts';
 import { seeded } from '../core/random.ts';
 import { TOOLS } from '../env/env.ts';
 import { validationEpisodes, type EpisodeRecord } from '../env/evaluate.ts';
+import { currentBackend } from '../train/backend.ts';
 import { openChat } from '../train/chat.ts';
 import { loadCheckpoint } from '../train/checkpoint.ts';
 import { readParquet } from '../train/data.ts';
@@ -224,7 +225,7 @@ export async function refreshNight(engine: Engine, cfg: RefreshConfig, signal: A
   const candidateFolder = cfg.dapo.enabled ? join(dir, 'candidate-dapo', 'model') : dpoFolder;
   if (cfg.dapo.enabled) {
     const { enabled: _, ...knobs } = cfg.dapo;
-    if (!existsSync(candidateFolder)) await runDapo(dpoFolder, join(dir, 'candidate-dapo'), join(dir, '.cache-dapo'), hashJson({ night, production, knobs }), knobs, { night, parent: production }, signal, log);
+    if (!existsSync(candidateFolder)) await runDapo(dpoFolder, join(dir, 'candidate-dapo'), join(dir, '.cache-dapo'), hashJson({ night, production, knobs }), knobs, { night, parent: production }, signal, log, currentBackend()?.gpu);
     const dapoState = await readJsonFile<{ info?: { last?: Record<string, number> } }>(join(candidateFolder, 'trainer_state.json'));
     Object.assign(training, Object.fromEntries(Object.entries(dapoState?.info?.last ?? {}).map(([k, v]) => [`dapo/${k}`, v])));
   }
@@ -287,7 +288,7 @@ async function trainCandidate(productionFolder: string, pairs: Pair[], out: stri
   const trainer = dpoTrainer(made.examples, reference, loss, settings, chat.pad, () => loadCheckpoint(productionFolder).model);
   log.info('training the candidate', { from: info.production, pairs: made.examples.length, steps: trainer.steps, lr: d.lr, loss: loss.name });
   const key = hashJson({ production: info.production, pairs: pairs.map((p) => p.pair_id), cfg: d, night: info.night });
-  const result = await trainingRun({ config: d, cache, key, tokenizer: prod.tokenizer, context: prod.context, placeholders: prod.placeholders, signal, log }, trainer);
+  const result = await trainingRun({ config: d, cache, key, tokenizer: prod.tokenizer, context: prod.context, placeholders: prod.placeholders, signal, log, gpu: currentBackend()?.gpu }, trainer);
   prod.model.dispose();
   await result.save(out, { stage: 'refresh', loss: loss.name, beta: loss.beta, max_length: length - 1, night: info.night, parent: info.production, last: finalMetrics(result.metrics) });
 }

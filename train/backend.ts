@@ -1,7 +1,8 @@
-// Which TensorFlow.js backend the trainer runs on. `auto` takes the fastest that loads here: the native
-// GPU build, then the native CPU build (both optional dependencies, whose install downloads libtensorflow and
-// fails without internet), then WebAssembly, then plain JavaScript. `webgpu` opens the GPU for prefab's own
-// kernels (train/webgpu/: SFT's steps so far) and runs TensorFlow.js on WebAssembly beside them.
+// Which backend the trainer runs on. `auto` takes the fastest that works here: a GPU through WebGPU (a
+// hardware adapter, not a CPU implementation of Vulkan), then TensorFlow.js's native GPU build, then its
+// native CPU build (both optional dependencies, whose install downloads libtensorflow and fails without
+// internet), then WebAssembly, then plain JavaScript. `webgpu` opens the GPU for prefab's own
+// kernels (train/webgpu/: every trainer's updates) and runs TensorFlow.js on WebAssembly beside them.
 import { Option } from 'commander';
 import type { CommandFactory } from '../pipeline/commands.ts';
 import type { StageOptions } from '../pipeline/stage.ts';
@@ -16,7 +17,7 @@ export interface Backend {
   name: string;
   /** What was chosen and why, for the log. */
   description: string;
-  /** `webgpu`: the GPU's kernels, for the steps that run there (SFT so far); TensorFlow.js runs on WASM beside it. */
+  /** `webgpu`: the GPU's kernels, for the training updates; TensorFlow.js runs on WASM beside it. */
   gpu?: Kernels;
 }
 
@@ -60,6 +61,8 @@ let current: Backend | null = null;
 /** Loads and selects a backend; later calls with the same choice return the one already chosen. */
 export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backend> {
   if (current && (choice === 'auto' || choice === current.name || (choice === 'webgpu' && current.gpu))) return current;
+  // A GPU of hardware goes first; a CPU implementation of Vulkan (lavapipe) is no faster than WASM.
+  if (choice === 'auto' && (await (await import('./webgpu/device.ts')).hardwareGpu())) choice = 'webgpu';
   const tf = await loadTf();
   let description: string;
   let name: string;
@@ -84,7 +87,7 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
     await tf.ready();
     (await import('./kernels.ts')).patchWasmSlice();
     // TensorFlow.js's backend is what `name` says; the run says where its steps went (RunResult.device).
-    current = { name: 'wasm', description: `webgpu on ${gpu.adapter.description} for SFT steps, wasm for the rest`, gpu: new Kernels(gpu) };
+    current = { name: 'wasm', description: `webgpu on ${gpu.adapter.description} for training updates, wasm for the rest`, gpu: new Kernels(gpu) };
     return current;
   } else {
     name = choice;
@@ -103,7 +106,12 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
   return current;
 }
 
+/** The backend chosen in this process (by a stage or a command's --backend), or null before any. */
+export function currentBackend(): Backend | null {
+  return current;
+}
+
 /** `--backend` on every command: the CLI hands it to the training stages in their options. */
 export const addBackendOption: CommandFactory = (program) => {
-  program.addOption(new Option('--backend <name>', 'backend for the training stages (auto: the fastest TensorFlow.js backend that loads; webgpu: SFT on the GPU, the rest on wasm)').choices([...BACKENDS]));
+  program.addOption(new Option('--backend <name>', 'backend for the training stages (auto: webgpu on a hardware GPU, else the fastest TensorFlow.js backend that loads; webgpu: training updates on the GPU, the rest on wasm)').choices([...BACKENDS]));
 };

@@ -13,7 +13,7 @@ import { dapoLoss, groupAdvantages, tokenEntropy, type ClipSettings } from './lo
 import { targetLogprobs } from './parameters.ts';
 import type { Llama } from './model.ts';
 import type { Trainer } from './run.ts';
-import type { MicroBatchLoss } from './step.ts';
+import type { MicroBatch } from './step.ts';
 import { microBatches, padBatch, type Sequence } from './windows.ts';
 
 /** One assistant turn of a rollout: what the policy read and what it wrote, as token ids. */
@@ -148,10 +148,10 @@ async function scored(model: Llama, sequences: Sequence[], pad: number, maxToken
  * every generated token of the batch, in micro-batches of at most `maxTokens` padded tokens whose shares add
  * up to it. Reports clip_low, clip_high, dual_clip and kl as token means too.
  */
-export function dapoParts(model: Llama, batch: RolloutBatch, indices: number[], pad: number, maxTokens: number, clip: ClipSettings): { parts: MicroBatchLoss[]; tokens: number } {
+export function dapoParts(batch: RolloutBatch, indices: number[], pad: number, maxTokens: number, clip: ClipSettings): { parts: MicroBatch[]; tokens: number } {
   const generated = (i: number) => batch.sequences[i]!.mask.reduce((a, m) => a + m, 0);
   const total = Math.max(1, indices.reduce((n, i) => n + generated(i), 0));
-  const parts = microBatches(indices.map((i) => [i]), (i) => batch.sequences[i]!.ids.length, maxTokens).map((idx): MicroBatchLoss => () => {
+  const parts = microBatches(indices.map((i) => [i]), (i) => batch.sequences[i]!.ids.length, maxTokens).map((idx): MicroBatch => {
     const b = padBatch(idx.map((i) => batch.sequences[i]!), pad);
     const old = new Float32Array(b.batch * b.length);
     const ref = batch.refLogps ? new Float32Array(b.batch * b.length) : null;
@@ -162,11 +162,16 @@ export function dapoParts(model: Llama, batch: RolloutBatch, indices: number[], 
       adv.fill(batch.advantages[i]!, k * b.length, (k + 1) * b.length);
     });
     const shape: [number, number] = [b.batch, b.length];
-    const out = dapoLoss({ logps: model.tokenLogprobs(b.ids, b.targets, b.batch, b.length), oldLogps: tf.tensor2d(old, shape), refLogps: ref ? tf.tensor2d(ref, shape) : undefined, advantages: tf.tensor2d(adv, shape), mask: tf.tensor2d(b.mask, shape) }, clip);
     // This micro-batch's token mean, weighed by its share of the batch's tokens.
     const share = idx.reduce((n, i) => n + generated(i), 0) / total;
     const w = (t: tf.Scalar) => tf.mul(t, share) as tf.Scalar;
-    return { loss: w(out.loss), metrics: { clip_low: w(out.clipLow), clip_high: w(out.clipHigh), dual_clip: w(out.dualClipped), kl: w(out.kl) } };
+    return {
+      blocks: [b],
+      loss: ([logps]) => {
+        const out = dapoLoss({ logps: logps!, oldLogps: tf.tensor2d(old, shape), refLogps: ref ? tf.tensor2d(ref, shape) : undefined, advantages: tf.tensor2d(adv, shape), mask: tf.tensor2d(b.mask, shape) }, clip);
+        return { loss: w(out.loss), metrics: { clip_low: w(out.clipLow), clip_high: w(out.clipHigh), dual_clip: w(out.dualClipped), kl: w(out.kl) } };
+      },
+    };
   });
   return { parts, tokens: indices.reduce((n, i) => n + batch.sequences[i]!.ids.length, 0) };
 }
@@ -209,6 +214,7 @@ export function dapoTrainer(o: DapoOptions): Trainer {
     steps: o.steps,
     label: 'dapo steps',
     start: o.start,
+    readsWeights: true, // each step rolls out with the current weights
     after: o.after,
     async batch(step, model) {
       const { rollouts, metrics } = await o.rollouts(step, model);
@@ -222,7 +228,7 @@ export function dapoTrainer(o: DapoOptions): Trainer {
         const size = Math.ceil(order.length / o.miniBatches);
         for (let m = 0; m < o.miniBatches && m * size < order.length; m++) updates.push(order.slice(m * size, (m + 1) * size));
       }
-      const parts = (idx: number[]) => dapoParts(model, batch, idx, o.pad, o.microBatchTokens, o.clip).parts;
+      const parts = (idx: number[]) => dapoParts(batch, idx, o.pad, o.microBatchTokens, o.clip).parts;
       const generated = batch.sequences.reduce((n, s) => n + s.mask.reduce((a, x) => a + x, 0), 0);
       return { parts: parts(updates[0]!), more: updates.slice(1).map((idx) => () => parts(idx)), tokens: generated, metrics: { ...metrics, entropy: batch.entropy } };
     },

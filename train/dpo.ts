@@ -14,7 +14,7 @@ import type { Placeholders } from './placeholders.ts';
 import { stepsFor, type StepBatch, type Trainer } from './run.ts';
 import type { TrainingSettings } from './settings.ts';
 import type { Chat } from './chat.ts';
-import { batchAt, microBatches, padBatch, type Sequence } from './windows.ts';
+import { batchAt, microBatches, padBatch, type Padded, type Sequence } from './windows.ts';
 
 /** A loss as a run uses it: its registry name, traits and β. */
 export interface LossChoice {
@@ -139,8 +139,10 @@ export interface PreferenceBatch {
   /** Micro-batches of example indices; each adds its share (its size / the batch's) of the mean loss and metrics. */
   groups: number[][];
   tokens: number;
-  /** Sequence log-probabilities of side `side` of the examples in `group` under `m`. (group,) */
-  logps(group: number[], side: number, m: Llama): tf.Tensor1D;
+  /** Side `side` of the examples in `group`, as one padded block for the model to score. */
+  block(group: number[], side: number): Padded;
+  /** A block's sequence log-probabilities (sums, or means when the loss averages) from its token log-probs. (group,) */
+  values(logps: tf.Tensor2D, block: Padded): tf.Tensor1D;
   /** The reference's values of side `side` of the examples in `group`. (group,) */
   ref(group: number[], side: number): tf.Tensor1D;
   /** The reference's value of side `side` of example `i`. */
@@ -158,10 +160,8 @@ export function preferenceBatches(examples: Example[], reference: Scores[] | nul
       idx,
       groups: microBatches(idx.map((i) => [i]), (i) => lengths[i]! * 2, cfg.micro_batch_tokens),
       tokens: idx.reduce((n, i) => n + examples[i]!.sequences.reduce((m, s) => m + s.ids.length, 0), 0),
-      logps: (group, side, m) => {
-        const b = padBatch(group.map((i) => examples[i]!.sequences[side]!), pad);
-        return sequenceLogps(m.tokenLogprobs(b.ids, b.targets, b.batch, b.length), tf.tensor2d(b.mask, [b.batch, b.length]), loss.average);
-      },
+      block: (group, side) => padBatch(group.map((i) => examples[i]!.sequences[side]!), pad),
+      values: (logps, b) => sequenceLogps(logps, tf.tensor2d(b.mask, [b.batch, b.length]), loss.average),
       ref: (group, side) => tf.tensor1d(group.map((i) => refValue(side, i))),
       refValue,
     };
@@ -177,17 +177,23 @@ export function dpoTrainer(examples: Example[], reference: Scores[] | null, loss
     steps: stepsFor(cfg, examples.length),
     label: `${loss.name === 'sigmoid' ? 'dpo' : loss.name} steps`,
     start,
-    batch: (step, model): StepBatch => {
+    batch: (step): StepBatch => {
       const b = batches(step);
       const B = b.idx.length;
       return {
         tokens: b.tokens,
-        parts: b.groups.map((group) => () => {
-          const x = { chosen: b.logps(group, 0, model), rejected: b.logps(group, 1, model), ...(reference ? { refChosen: b.ref(group, 0), refRejected: b.ref(group, 1) } : {}) };
-          const o = family.fn(x, hyper);
-          const share = group.length / B;
-          const metrics = Object.fromEntries(Object.entries(preferenceMetrics(o, x)).map(([k, v]) => [k, tf.mul(v, share) as tf.Scalar]));
-          return { loss: tf.mul(tf.mean(o.losses), share) as tf.Scalar, metrics };
+        parts: b.groups.map((group) => {
+          const [chosen, rejected] = [b.block(group, 0), b.block(group, 1)];
+          return {
+            blocks: [chosen, rejected],
+            loss: ([c, r]) => {
+              const x = { chosen: b.values(c!, chosen), rejected: b.values(r!, rejected), ...(reference ? { refChosen: b.ref(group, 0), refRejected: b.ref(group, 1) } : {}) };
+              const o = family.fn(x, hyper);
+              const share = group.length / B;
+              const metrics = Object.fromEntries(Object.entries(preferenceMetrics(o, x)).map(([k, v]) => [k, tf.mul(v, share) as tf.Scalar]));
+              return { loss: tf.mul(tf.mean(o.losses), share) as tf.Scalar, metrics };
+            },
+          };
         }),
       };
     },

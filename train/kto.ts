@@ -36,6 +36,7 @@ export function ktoTrainer(examples: Example[], reference: Scores[], loss: LossC
     steps: stepsFor(cfg, examples.length),
     label: 'kto steps',
     start,
+    readsWeights: true, // the reference point scores mismatched completions with the current weights
     batch: async (step, model) => {
       const b = batches(step);
       const B = b.idx.length;
@@ -46,23 +47,29 @@ export function ktoTrainer(examples: Example[], reference: Scores[], loss: LossC
       const desirable = b.idx.filter((i) => examples[i]!.label).length;
       return {
         tokens: b.tokens,
-        parts: b.groups.map((group) => () => {
-          const labels = tf.tensor1d(group.map((i) => (examples[i]!.label ? 1 : 0)));
-          const own = b.logps(group, 0, model);
-          const out = LOSSES.kto.fn({ logps: own, refLogps: b.ref(group, 0), labels, kl }, hyper);
-          const share = (x: tf.Tensor, n: number) => tf.div(tf.sum(x), Math.max(1, n)) as tf.Scalar;
-          const unlabels = tf.sub(1, labels);
-          const chosen = share(tf.mul(out.rewards, labels), desirable);
-          const rejected = share(tf.mul(out.rewards, unlabels), B - desirable);
+        parts: b.groups.map((group) => {
+          const block = b.block(group, 0);
           return {
-            loss: share(out.losses, B),
-            metrics: {
-              'rewards/chosen': chosen,
-              'rewards/rejected': rejected,
-              'rewards/margins': tf.sub(chosen, rejected) as tf.Scalar,
-              'logps/chosen': share(tf.mul(own, labels), desirable),
-              'logps/rejected': share(tf.mul(own, unlabels), B - desirable),
-              kl: tf.scalar(kl * (group.length / B)),
+            blocks: [block],
+            loss: ([logps]) => {
+              const labels = tf.tensor1d(group.map((i) => (examples[i]!.label ? 1 : 0)));
+              const own = b.values(logps!, block);
+              const out = LOSSES.kto.fn({ logps: own, refLogps: b.ref(group, 0), labels, kl }, hyper);
+              const share = (x: tf.Tensor, n: number) => tf.div(tf.sum(x), Math.max(1, n)) as tf.Scalar;
+              const unlabels = tf.sub(1, labels);
+              const chosen = share(tf.mul(out.rewards, labels), desirable);
+              const rejected = share(tf.mul(out.rewards, unlabels), B - desirable);
+              return {
+                loss: share(out.losses, B),
+                metrics: {
+                  'rewards/chosen': chosen,
+                  'rewards/rejected': rejected,
+                  'rewards/margins': tf.sub(chosen, rejected) as tf.Scalar,
+                  'logps/chosen': share(tf.mul(own, labels), desirable),
+                  'logps/rejected': share(tf.mul(own, unlabels), B - desirable),
+                  kl: tf.scalar(kl * (group.length / B)),
+                },
+              };
             },
           };
         }),

@@ -16,9 +16,8 @@ import { hashJson } from '../pipeline/hash.ts';
 import type { Llama } from './model.ts';
 import type { Placeholders } from './placeholders.ts';
 import { ADAMW_DEFAULTS, AdamW, learningRate } from './optimizer.ts';
-import { optimizerStep, type MicroBatchLoss, type StepResult } from './step.ts';
+import { logpGradients, onModel, optimizerStep, type MicroBatch, type StepResult } from './step.ts';
 import type { Kernels } from './webgpu/kernel.ts';
-import type { SftBatch } from './webgpu/llama.ts';
 
 
 /**
@@ -34,7 +33,7 @@ function runFolder(cache: string, key: string): string {
 
 export interface StepBatch {
   /** The loss to minimise on this step's batch, and scalars to report beside it, in micro-batches that add up to the batch's; none: the step makes no update. */
-  parts: MicroBatchLoss[];
+  parts: MicroBatch[];
   /** Tokens in the batch that are not padding. */
   tokens: number;
   /**
@@ -42,7 +41,7 @@ export interface StepBatch {
    * mini-batches over one batch of rollouts), each built when it is reached; their metrics are averaged
    * with the first's. A checkpoint falls between steps, never inside one.
    */
-  more?: (() => MicroBatchLoss[])[];
+  more?: (() => MicroBatch[])[];
   /** Figures of the batch itself (rewards of the rollouts, ...), logged beside the loss's. */
   metrics?: Record<string, number>;
 }
@@ -59,10 +58,10 @@ export interface Trainer {
   /** After step `step`'s update (0-based), figures of the model as it now is, logged with the step (reinforcement learning's validation). */
   after?(step: number, model: Llama): Promise<Record<string, number>>;
   /**
-   * Step `step`'s batch as token blocks, for a run on the GPU (train/webgpu/llama.ts): micro-batches, each
-   * with its share of the batch's loss. Only SFT has it so far; without it a run stays on TensorFlow.js.
+   * batch() reads the model's weights beyond its loss (KTO's reference point, DAPO's rollouts): a run on the
+   * GPU copies them back to `model` after every update, as after() needs too.
    */
-  gpuBatch?(step: number): { parts: { batch: SftBatch; share: number }[]; tokens: number };
+  readsWeights?: boolean;
 }
 
 /** What a stage brings to a run: its settings, where runs are kept, and what the run is keyed by. */
@@ -85,7 +84,7 @@ export interface RunSettings {
   /** The stage's signal: aborted, the run stops at the next step boundary. */
   signal: AbortSignal;
   log: Logger;
-  /** `--backend webgpu`: the GPU's kernels; a trainer with gpuBatch then takes its steps there. */
+  /** `--backend webgpu`: the GPU's kernels; the run's updates are then made there. */
   gpu?: Kernels;
 }
 
@@ -161,7 +160,7 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
   }
   const metrics = readMetrics(metricsPath, done);
   writeFileSync(metricsPath, metrics.map((m) => JSON.stringify(m) + '\n').join(''));
-  const gpu = await gpuRun(settings, trainer, model, optimizer);
+  const gpu = await gpuRun(settings, model, optimizer);
   let saved = done;
   const save = async (step: number) => {
     await gpu?.sync();
@@ -181,18 +180,15 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
     }
     const started = performance.now();
     const lr = learningRate(step, schedule);
-    let batch: Pick<StepBatch, 'tokens' | 'metrics'>;
+    const batch = await run.batch(step, model);
     let result: StepResult;
     if (gpu) {
-      const gpuBatch = trainer.gpuBatch!(step);
-      batch = gpuBatch;
-      result = await gpu.step(gpuBatch.parts, lr, s.max_grad_norm);
+      result = await updates(batch, (parts) => gpu.step(parts, lr, s.max_grad_norm));
+      if (trainer.readsWeights || trainer.after) await gpu.sync('weights');
     } else {
-      const tfBatch = await run.batch(step, model);
-      batch = tfBatch;
       // Adapters' dropout, drawn anew each step and the same on a resumed run.
       model.dropoutSeed = settings.lora ? parseInt(hashJson({ seed: run.seed, step }).slice(0, 8), 16) : null;
-      result = updates(tfBatch, (parts) => optimizerStep({ params: trainableParameters(model) }, optimizer, parts, lr, s.max_grad_norm));
+      result = await updates(batch, (parts) => optimizerStep({ params: trainableParameters(model) }, optimizer, parts.map((p) => onModel(p, model)), lr, s.max_grad_norm));
       model.dropoutSeed = null;
     }
     const seconds = (performance.now() - started) / 1000;
@@ -226,22 +222,16 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
 }
 
 /**
- * The run's steps on the GPU, when `--backend webgpu` gave kernels and the trainer can hand its batches there
- * (SFT, without LoRA or attention biases so far; otherwise the run stays on TensorFlow.js, and says why).
- * The GPU starts from the model's and the optimiser's state (a resumed run's), and `sync` copies its state
- * back before every checkpoint and at the end, so checkpoints, resumption and the saved model are as on WASM.
+ * The run's updates on the GPU, when `--backend webgpu` gave kernels (not yet for LoRA or attention biases:
+ * those runs stay on TensorFlow.js, and say why). Each micro-batch's blocks are scored by the GPU's forward,
+ * its loss and the loss's gradient by the log-probs are the trainer's tfjs code (train/step.ts
+ * logpGradients), and the GPU's backward takes it from there. The GPU starts from the model's and the
+ * optimiser's state (a resumed run's), and `sync` copies its state back before every checkpoint and at the
+ * end, so checkpoints, resumption and the saved model are as on WASM.
  */
-async function gpuRun(settings: RunSettings, trainer: Trainer, model: Llama, optimizer: AdamW) {
+async function gpuRun(settings: RunSettings, model: Llama, optimizer: AdamW) {
   if (!settings.gpu) return null;
-  const why = !trainer.gpuBatch
-    ? 'this trainer has no GPU path yet'
-    : trainer.after
-      ? 'it reads the model after every step, which the GPU updates'
-      : settings.lora
-        ? 'LoRA is not on the GPU yet'
-        : model.config.attentionBias
-          ? 'attention biases are not on the GPU yet'
-          : null;
+  const why = settings.lora ? 'LoRA is not on the GPU yet' : model.config.attentionBias ? 'attention biases (Qwen2) are not on the GPU yet' : null;
   if (why) {
     settings.log.warn('webgpu: this run trains on wasm', { why });
     return null;
@@ -260,32 +250,42 @@ async function gpuRun(settings: RunSettings, trainer: Trainer, model: Llama, opt
     kernels.gpu.device.queue.writeBuffer(p.v, 0, v.get(p.name)!);
   }
   return {
-    async step(parts: { batch: SftBatch; share: number }[], lr: number, maxGradNorm: number): Promise<StepResult> {
-      let loss = 0;
-      for (const [i, part] of parts.entries()) loss += part.share * (await onGpu.sftStep(part.batch, { accumulate: i > 0, scale: part.share }));
-      const gradNorm = await onGpu.clipGradients(maxGradNorm);
+    async step(parts: MicroBatch[], lr: number, maxGradNorm: number): Promise<StepResult> {
+      onGpu.zeroGradients();
+      const result: StepResult = { loss: 0, gradNorm: 0, metrics: {} };
+      for (const part of parts) {
+        const logps: Float32Array[] = [];
+        for (const [slot, block] of part.blocks.entries()) logps.push(await onGpu.forward(block, slot));
+        const { loss, metrics, grads } = logpGradients(part, logps);
+        result.loss += loss;
+        for (const [k, x] of Object.entries(metrics)) result.metrics[k] = (result.metrics[k] ?? 0) + x;
+        grads.forEach((dlogp, slot) => onGpu.backward(slot, dlogp));
+      }
+      result.gradNorm = await onGpu.clipGradients(maxGradNorm);
       submit(kernels.gpu, (pass) => adamw.encode(pass, onGpu.parameters(), lr));
-      return { loss, gradNorm, metrics: {} };
+      return result;
     },
-    async sync(): Promise<void> {
+    /** The GPU's weights into `model`, and with `all` AdamW's moments and step into `optimizer`. */
+    async sync(what: 'weights' | 'all' = 'all'): Promise<void> {
       const put = (variable: tf.Variable, values: Float32Array) => tf.tidy(() => variable.assign(tf.tensor(values, variable.shape)));
       for (const p of onGpu.parameters()) {
         put(model.params.get(p.name)!, await onGpu.weight(p.name));
+        if (what === 'weights') continue;
         put(optimizer.m.get(p.name)!, await onGpu.moment(p.name, 'm'));
         put(optimizer.v.get(p.name)!, await onGpu.moment(p.name, 'v'));
       }
-      optimizer.step = adamw.step;
+      if (what === 'all') optimizer.step = adamw.step;
     },
   };
 }
 
 /** Every update a step's batch asks for, in order; the mean of their losses, metrics and gradient norms. No parts: no update. */
-function updates(batch: StepBatch, update: (parts: MicroBatchLoss[]) => StepResult): StepResult {
+async function updates(batch: StepBatch, update: (parts: MicroBatch[]) => StepResult | Promise<StepResult>): Promise<StepResult> {
   const results: StepResult[] = [];
-  if (batch.parts.length) results.push(update(batch.parts));
+  if (batch.parts.length) results.push(await update(batch.parts));
   for (const next of batch.parts.length ? (batch.more ?? []) : []) {
     const parts = next(); // built now, after the update before it
-    if (parts.length) results.push(update(parts));
+    if (parts.length) results.push(await update(parts));
   }
   if (results.length === 0) return { loss: 0, gradNorm: 0, metrics: {} };
   const mean = (f: (r: StepResult) => number) => results.reduce((a, r) => a + f(r), 0) / results.length;

@@ -10,27 +10,19 @@ import { batchAt, maskedIn, microBatches, padBatch, type Sequence } from './wind
 /** Trains the model `start` makes (a new one, or a pretrained one) on `sequences` (sftSequences in data.ts), batches drawn by the seed. */
 export function sftTrainer(sequences: Sequence[], start: () => Llama, cfg: TrainingSettings, pad: number): Trainer {
   const lengths = sequences.map((s) => s.ids.length);
-  /** Step `step`'s batch in padded micro-batches, and the assistant tokens it counts. */
-  const partsOf = (step: number) => {
-    const batch = batchAt(lengths, cfg.batch_size, cfg.seed, step).map((i) => sequences[i]!);
-    const parts = microBatches(batch.map((s) => [s]), (s) => s.ids.length, cfg.micro_batch_tokens).map((b) => padBatch(b, pad));
-    return { parts, counted: parts.reduce((n, b) => n + maskedIn(b), 0) };
-  };
   return {
     steps: stepsFor(cfg, sequences.length),
     label: 'sft steps',
     start,
-    batch: (step, m) => {
-      const { parts, counted } = partsOf(step);
+    batch: (step) => {
+      const batch = batchAt(lengths, cfg.batch_size, cfg.seed, step).map((i) => sequences[i]!);
+      const blocks = microBatches(batch.map((s) => [s]), (s) => s.ids.length, cfg.micro_batch_tokens).map((b) => padBatch(b, pad));
+      const counted = blocks.reduce((n, b) => n + maskedIn(b), 0);
       return {
-        tokens: parts.reduce((n, b) => n + b.tokens, 0),
+        tokens: blocks.reduce((n, b) => n + b.tokens, 0),
         // Mean NLL over the batch's assistant tokens: each micro-batch adds its tokens' share.
-        parts: parts.map((b) => () => ({ loss: tf.mul(sftLoss(m.tokenLogprobs(b.ids, b.targets, b.batch, b.length), tf.tensor2d(b.mask, [b.batch, b.length])), maskedIn(b) / Math.max(1, counted)) })),
+        parts: blocks.map((b) => ({ blocks: [b], loss: ([logps]) => ({ loss: tf.mul(sftLoss(logps!, tf.tensor2d(b.mask, [b.batch, b.length])), maskedIn(b) / Math.max(1, counted)) as tf.Scalar }) })),
       };
-    },
-    gpuBatch: (step) => {
-      const { parts, counted } = partsOf(step);
-      return { tokens: parts.reduce((n, b) => n + b.tokens, 0), parts: parts.map((b) => ({ batch: b, share: maskedIn(b) / Math.max(1, counted) })) };
     },
   };
 }

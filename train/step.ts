@@ -2,7 +2,9 @@
 // preference stages; the loss is whatever the caller builds from the model. A batch too large for memory
 // comes as micro-batches whose losses add up to the batch's: their gradients are summed before the step.
 import * as tf from '@tensorflow/tfjs-core';
+import type { Llama } from './model.ts';
 import { clipByGlobalNorm, type AdamW } from './optimizer.ts';
+import type { TokenBlock } from './windows.ts';
 
 export interface StepResult {
   loss: number;
@@ -12,6 +14,40 @@ export interface StepResult {
 }
 
 export type MicroBatchLoss = () => { loss: tf.Scalar; metrics?: Record<string, tf.Scalar> };
+
+/**
+ * A micro-batch as every trainer gives it: the token blocks its loss reads, and the loss (its share of the
+ * batch's, and of each metric) as a pure function of their per-target log-probabilities, (batch, length)
+ * each. The model scores the blocks — tfjs's forward here, the GPU's on `--backend webgpu` (train/run.ts) —
+ * and the loss is the same tfjs code on either.
+ */
+export interface MicroBatch {
+  blocks: TokenBlock[];
+  loss(logps: tf.Tensor2D[]): { loss: tf.Scalar; metrics?: Record<string, tf.Scalar> };
+}
+
+/** The micro-batch's loss on `model`, scoring its blocks there. */
+export const onModel =
+  (part: MicroBatch, model: Pick<Llama, 'tokenLogprobs'>): MicroBatchLoss =>
+  () =>
+    part.loss(part.blocks.map((b) => model.tokenLogprobs(b.ids, b.targets, b.batch, b.length)));
+
+/**
+ * The micro-batch's loss and metrics from its blocks' log-probabilities scored elsewhere (the GPU), and the
+ * loss's gradient with respect to each of them: what that scorer's backward starts from.
+ */
+export function logpGradients(part: MicroBatch, logps: Float32Array[]): { loss: number; metrics: Record<string, number>; grads: Float32Array[] } {
+  const metrics: Record<string, number> = {};
+  const inputs = part.blocks.map((b, j) => tf.tensor2d(logps[j]!, [b.batch, b.length]));
+  const { value, grads } = tf.valueAndGrads((...xs: tf.Tensor[]) => {
+    const out = part.loss(xs as tf.Tensor2D[]);
+    for (const [k, v] of Object.entries(out.metrics ?? {})) metrics[k] = v.dataSync()[0]!;
+    return out.loss;
+  })(inputs);
+  const out = { loss: value.dataSync()[0]!, metrics, grads: grads.map((g) => g.dataSync() as Float32Array) };
+  tf.dispose([value, ...grads, ...inputs]);
+  return out;
+}
 
 /** Each of `parts` returns its share of the loss (and of each metric): the batch's are their sums. */
 export function optimizerStep(model: { params: Map<string, tf.Variable> }, optimizer: AdamW, parts: MicroBatchLoss[], lr: number, maxGradNorm: number): StepResult {

@@ -142,6 +142,9 @@ export interface Padded {
   tokens: number;
 }
 
+/** B rows of T input tokens and each position's next token: what a model scores (its log p(target) at every position). */
+export type TokenBlock = Pick<Padded, 'ids' | 'targets' | 'batch' | 'length'>;
+
 /** Sequences as one (batch, length) block of inputs and next-token targets, padded with `pad`. */
 export function padBatch(sequences: Sequence[], pad: number): Padded {
   const length = Math.max(...sequences.map((s) => s.ids.length - 1), 1);

@@ -21,8 +21,8 @@ export async function run({ config: cfg, out, input, cache, key, log, options, s
     await writeFile(join(out, 'metrics.jsonl'), ''); // no DAPO step was taken
     return { counts: { steps: 0, resumed_from: 0 }, summary: 'DAPO is off (dapo.enabled: false): the dpo model is passed on' };
   }
-  await stageBackend(options, log);
-  const run = await runDapo(from, out, cache, key, cfg, {}, signal, log);
+  const backend = await stageBackend(options, log);
+  const run = await runDapo(from, out, cache, key, cfg, {}, signal, log, backend.gpu);
   const last = run.last;
   const final = run.final;
   return {

@@ -11,7 +11,7 @@ import { quietLogger } from '../fixtures/toy-stages.ts';
 import { DAPO_CLIP } from '../../train/losses/index.ts';
 import { Llama } from '../../train/model.ts';
 import { ADAMW_DEFAULTS, AdamW } from '../../train/optimizer.ts';
-import { optimizerStep } from '../../train/step.ts';
+import { onModel, optimizerStep } from '../../train/step.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
 import type { Message } from '../../core/records.ts';
 import { seeded } from '../../core/random.ts';
@@ -85,9 +85,9 @@ describe('DAPO trainer core', () => {
     const optimizer = new AdamW(model.params, ADAMW_DEFAULTS);
     for (let epoch = 0; epoch < 3; epoch++) {
       // Micro-batches of one sequence each must add up to the whole batch's token mean.
-      const { parts } = dapoParts(model, batch, [0, 1, 2, 3], 0, 6, DAPO_CLIP);
+      const { parts } = dapoParts(batch, [0, 1, 2, 3], 0, 6, DAPO_CLIP);
       expect(parts).toHaveLength(4);
-      const step = optimizerStep(model, optimizer, parts, 5e-3, 1);
+      const step = optimizerStep(model, optimizer, parts.map((p) => onModel(p, model)), 5e-3, 1);
       if (epoch === 0) {
         // On-policy the ratio is 1 everywhere: nothing is clipped, and the advantages' token mean is 0.
         expect(step.loss).toBeCloseTo(0, 5);
@@ -159,7 +159,7 @@ describe('DAPO trainer core', () => {
     for (let step = 0; step < 3; step++) {
       const batch = await rolloutBatch(model, rollouts, 0, 64, NEVER, 'context', reference);
       expect(batch.refLogps).toHaveLength(2);
-      kls.push(optimizerStep(model, optimizer, dapoParts(model, batch, [0, 1], 0, 64, clip).parts, 1e-2, 1).metrics.kl!);
+      kls.push(optimizerStep(model, optimizer, dapoParts(batch, [0, 1], 0, 64, clip).parts.map((p) => onModel(p, model)), 1e-2, 1).metrics.kl!);
     }
     expect(kls[0]).toBeCloseTo(0, 6);
     expect(kls[2]).toBeGreaterThan(1e-4);

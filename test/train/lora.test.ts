@@ -125,7 +125,7 @@ describe('LoRA in a training run', () => {
         attachLora(m, { ...CONFIG, dropout: 0.2 }, 'lora-run');
         return m;
       },
-      batch: (_: number, m: Llama) => ({ tokens: IDS.length, parts: [() => ({ loss: sftLoss(m.tokenLogprobs(IDS, TARGETS, 1, IDS.length), tf.ones([1, IDS.length]) as tf.Tensor2D) })] }),
+      batch: () => ({ tokens: IDS.length, parts: [{ blocks: [{ ids: IDS, targets: TARGETS, batch: 1, length: IDS.length }], loss: ([logps]: tf.Tensor2D[]) => ({ loss: sftLoss(logps!, tf.ones([1, IDS.length]) as tf.Tensor2D) }) }] }),
     });
     const straight = await trainingRun(settings(tempDir()), trainer(4));
     const cache = tempDir();

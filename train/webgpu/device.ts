@@ -18,18 +18,44 @@ export interface Gpu {
 /** Why there is no GPU here, when there is none: for the log and the error a user sees. */
 class NoGpu extends Error {}
 
+/** An adapter found, before a device is asked of it. */
+interface Found {
+  instance: GPU;
+  adapter: GPUAdapter;
+  description: Gpu['adapter'];
+  software: boolean;
+}
+
+let found: Promise<Found> | null = null;
 let opened: Promise<Gpu> | null = null;
+
+/** The adapter WebGPU offers here, looked for once a process; throws NoGpu, saying what to install, where there is none. */
+function findAdapter(): Promise<Found> {
+  found ??= find();
+  return found;
+}
+
+/**
+ * Whether a GPU of hardware is here (not a CPU implementation of Vulkan): what `--backend auto` asks before
+ * choosing webgpu. Asks for no device; never throws.
+ */
+export async function hardwareGpu(): Promise<boolean> {
+  return findAdapter().then(
+    (f) => !f.software,
+    () => false,
+  );
+}
 
 /**
  * The GPU device, opened once a process. Asks for the adapter's own limits on storage buffers a stage and
  * workgroup memory (the defaults are lower). Throws NoGpu, saying what to install, where there is none.
  */
 export function openGpu(): Promise<Gpu> {
-  opened ??= open();
+  opened ??= findAdapter().then(open);
   return opened;
 }
 
-async function open(): Promise<Gpu> {
+async function find(): Promise<Found> {
   let webgpu: { create(flags: string[]): GPU; globals: object };
   try {
     webgpu = (await import('webgpu')) as typeof webgpu;
@@ -41,6 +67,17 @@ async function open(): Promise<Gpu> {
   const instance = webgpu.create([]);
   const adapter = await instance.requestAdapter({ powerPreference: 'high-performance' });
   if (!adapter) throw new NoGpu('WebGPU found no adapter: install the Vulkan loader and a driver (on Debian: libvulkan1 and your GPU vendor\'s driver; without a GPU, mesa-vulkan-drivers 25 or later from bookworm-backports is a CPU one)');
+  const info = adapter.info;
+  const description = info.description || `${info.vendor} ${info.device}`.trim();
+  return {
+    instance,
+    adapter,
+    description: { vendor: info.vendor, architecture: info.architecture, description },
+    software: info.architecture === 'software' || /llvmpipe|lavapipe|swiftshader/i.test(`${description} ${info.device}`),
+  };
+}
+
+async function open({ instance, adapter, description, software }: Found): Promise<Gpu> {
   const limits = adapter.limits;
   const device = await adapter.requestDevice({
     requiredLimits: {
@@ -51,15 +88,7 @@ async function open(): Promise<Gpu> {
       maxBufferSize: limits.maxBufferSize,
     },
   });
-  const info = adapter.info;
-  const description = info.description || `${info.vendor} ${info.device}`.trim();
-  const gpu: Gpu = {
-    instance,
-    device,
-    adapter: { vendor: info.vendor, architecture: info.architecture, description },
-    software: info.architecture === 'software' || /llvmpipe|lavapipe|swiftshader/i.test(`${description} ${info.device}`),
-    failure: null,
-  };
+  const gpu: Gpu = { instance, device, adapter: description, software, failure: null };
   // Thrown from here, an error would end the process: it is kept, and thrown where results are read.
   device.addEventListener('uncapturederror', (event) => {
     gpu.failure ??= (event as GPUUncapturedErrorEvent).error.message;

@@ -1,5 +1,7 @@
-// The Llama of train/model.ts on the GPU: its weights in GPU buffers, an SFT step's forward and backward
-// written out layer by layer from the kernels beside this file, every weight's gradient left in `grads`.
+// The Llama of train/model.ts on the GPU: its weights in GPU buffers, the forward pass to every position's
+// log p(target) and its backward from d loss / d logp, written out layer by layer from the kernels beside this
+// file, every weight's gradient left in `grads`. Every loss of the trainer is a function of those token
+// log-probs (train/step.ts MicroBatch), so one backward serves SFT, DPO and friends, KTO and DAPO alike.
 // The same arithmetic as the tfjs model (RMSNorm, RoPE, grouped-query causal attention, SwiGLU, tied or
 // untied head), tested against it on small shapes: test/train/webgpu-llama.test.ts.
 //
@@ -14,16 +16,22 @@ import { download, submit, upload } from './buffers.ts';
 import { Add, Embedding, Norms, Rope, SwiGlu, byToken } from './elementwise.ts';
 import type { Kernels } from './kernel.ts';
 import { TargetLogprobs } from './logprobs.ts';
-import { Matmul, type MatmulShape } from './matmul.ts';
+import { Matmul } from './matmul.ts';
 import { RmsNorm } from './rmsnorm.ts';
+import type { TokenBlock } from '../windows.ts';
 
-/** A batch of an SFT step: B rows of T tokens, each position's next token and whether it counts. */
-export interface SftBatch {
-  ids: Int32Array;
-  targets: Int32Array;
-  mask: Float32Array;
+/** A block and which of its targets an SFT loss counts. */
+export type SftBatch = TokenBlock & { mask: Float32Array };
+
+/** What a slot's forward leaves for its backward besides its activations: the block's shape and token buffers. */
+interface Slot {
   batch: number;
   length: number;
+  ids: GPUBuffer;
+  targets: GPUBuffer;
+  /** The block's positions grouped by token (byToken), for the embedding's backward. */
+  starts: GPUBuffer;
+  positions: GPUBuffer;
 }
 
 export class GpuLlama {
@@ -40,6 +48,7 @@ export class GpuLlama {
   private readonly embedding: Embedding;
   private readonly logprobs: TargetLogprobs;
   private tables: { cos: GPUBuffer; sin: GPUBuffer; positions: number } | null = null;
+  private readonly slots = new Map<number, Slot>();
 
   constructor(readonly config: LlamaConfig, weights: Map<string, Float32Array>, private readonly k: Kernels) {
     if (config.attentionBias) throw new Error('webgpu: attention biases (Qwen2) are not supported yet; train this model with --backend wasm');
@@ -82,30 +91,42 @@ export class GpuLlama {
     return this.tables;
   }
 
-  /**
-   * One SFT step's loss, −Σ mask·log p(target) / max(Σ mask, 1) as train/losses/sft.ts defines it, and every
-   * weight's gradient of it into `grads`: replacing what they held, or, with `accumulate`, added to it (a
-   * batch in micro-batches, each gradient weighted by `scale`, its share of the batch's tokens).
-   */
-  async sftStep(b: SftBatch, o: { accumulate?: boolean; scale?: number } = {}): Promise<number> {
+  /** A block's sizes (N = B·T rows), the names and shapes every pass of it uses, and its slot's activations. */
+  private sizesOf({ batch: B, length: T }: { batch: number; length: number }, slot: number) {
     const c = this.config;
-    const { batch: B, length: T } = b;
-    const [N, D, H, K, hd, F, V] = [B * T, c.hiddenSize, c.heads, c.kvHeads, c.headDim, c.intermediateSize, c.vocabSize];
-    const gpu = this.k.gpu;
-    const eps = c.rmsNormEps;
-    const head = c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight';
-    const l = (i: number, n: string) => `model.layers.${i}.${n}`;
-    const a = (n: string, length: number) => this.act(n, length);
-    const project = (pass: GPUComputePassEncoder, x: GPUBuffer, w: string, y: GPUBuffer, m: number, n: number, k: number) => this.mm.encode(pass, x, this.w(w), y, { m, n, k, transposeB: true });
-    const rows = { rows: N, dim: D, eps };
-    const heads = { batch: B, length: T, heads: H, kvHeads: K, headDim: hd };
-    const { cos, sin } = this.rotation(T);
-    const ids = upload(gpu, b.ids);
-    const targets = upload(gpu, b.targets);
+    const N = B * T;
+    return {
+      c, B, T, N, D: c.hiddenSize, H: c.heads, K: c.kvHeads, hd: c.headDim, F: c.intermediateSize, V: c.vocabSize,
+      head: c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight',
+      l: (i: number, n: string) => `model.layers.${i}.${n}`,
+      rows: { rows: N, dim: c.hiddenSize, eps: c.rmsNormEps },
+      heads: { batch: B, length: T, heads: c.heads, kvHeads: c.kvHeads, headDim: c.headDim },
+      ...this.rotation(T),
+      a: (n: string, length: number) => this.act(`${slot}/${n}`, length),
+    };
+  }
 
-    // Forward, keeping what the backward reads.
+  /**
+   * The forward pass of a block into slot `slot`: every position's log p(target) (B·T), as f32s. The slot
+   * keeps what its backward reads until its next forward, so a loss over several blocks (DPO's chosen and
+   * rejected sides) has each block in a slot of its own.
+   */
+  async forward(b: TokenBlock, slot = 0): Promise<Float32Array> {
+    const { c, B, T, N, D, H, K, hd, F, V, head, l, rows, heads, cos, sin, a } = this.sizesOf(b, slot);
+    const gpu = this.k.gpu;
+    const project = (pass: GPUComputePassEncoder, x: GPUBuffer, w: string, y: GPUBuffer, m: number, n: number, k: number) => this.mm.encode(pass, x, this.w(w), y, { m, n, k, transposeB: true });
+    // The block's tokens go into the slot's buffers in queue order: a backward submitted before still reads the old ones.
+    const write = (name: string, data: Int32Array | Uint32Array) => {
+      const buffer = a(name, data.length);
+      gpu.device.queue.writeBuffer(buffer, 0, data);
+      return buffer;
+    };
+    const sorted = byToken(b.ids, V);
+    const s: Slot = { batch: B, length: T, ids: write('ids', b.ids), targets: write('targets', b.targets), starts: write('starts', sorted.starts), positions: write('positions', sorted.positions) };
+    this.slots.set(slot, s);
+
     submit(gpu, (pass) => {
-      this.embedding.forward(pass, this.w('model.embed_tokens.weight'), ids, a('x0', N * D), N, D);
+      this.embedding.forward(pass, this.w('model.embed_tokens.weight'), s.ids, a('x0', N * D), N, D);
       for (let i = 0; i < c.layers; i++) {
         const x = a(`x${i}`, N * D);
         this.norm.forward(pass, x, this.w(l(i, 'input_layernorm.weight')), a(`h1.${i}`, N * D), a(`r1.${i}`, N), rows);
@@ -115,74 +136,92 @@ export class GpuLlama {
         this.rope.forward(pass, a(`q.${i}`, N * H * hd), cos, sin, a(`qr.${i}`, N * H * hd), { rows: N, heads: H, headDim: hd, length: T });
         this.rope.forward(pass, a(`k.${i}`, N * K * hd), cos, sin, a(`kr.${i}`, N * K * hd), { rows: N, heads: K, headDim: hd, length: T });
         this.attention.forward(pass, a(`qr.${i}`, N * H * hd), a(`kr.${i}`, N * K * hd), a(`v.${i}`, N * K * hd), a(`p.${i}`, B * H * T * T), a(`att.${i}`, N * H * hd), heads);
-        project(pass, a(`att.${i}`, N * H * hd), l(i, 'self_attn.o_proj.weight'), a('ao', N * D), N, D, H * hd);
-        this.add.encode(pass, x, a('ao', N * D), a(`xm.${i}`, N * D), N * D);
+        project(pass, a(`att.${i}`, N * H * hd), l(i, 'self_attn.o_proj.weight'), this.act('ao', N * D), N, D, H * hd);
+        this.add.encode(pass, x, this.act('ao', N * D), a(`xm.${i}`, N * D), N * D);
         this.norm.forward(pass, a(`xm.${i}`, N * D), this.w(l(i, 'post_attention_layernorm.weight')), a(`h2.${i}`, N * D), a(`r2.${i}`, N), rows);
         project(pass, a(`h2.${i}`, N * D), l(i, 'mlp.gate_proj.weight'), a(`g.${i}`, N * F), N, F, D);
         project(pass, a(`h2.${i}`, N * D), l(i, 'mlp.up_proj.weight'), a(`u.${i}`, N * F), N, F, D);
         this.swiglu.forward(pass, a(`g.${i}`, N * F), a(`u.${i}`, N * F), a(`m.${i}`, N * F), N * F);
-        project(pass, a(`m.${i}`, N * F), l(i, 'mlp.down_proj.weight'), a('mo', N * D), N, D, F);
-        this.add.encode(pass, a(`xm.${i}`, N * D), a('mo', N * D), a(`x${i + 1}`, N * D), N * D);
+        project(pass, a(`m.${i}`, N * F), l(i, 'mlp.down_proj.weight'), this.act('mo', N * D), N, D, F);
+        this.add.encode(pass, a(`xm.${i}`, N * D), this.act('mo', N * D), a(`x${i + 1}`, N * D), N * D);
       }
       this.norm.forward(pass, a(`x${c.layers}`, N * D), this.w('model.norm.weight'), a('hf', N * D), a('rf', N), rows);
       project(pass, a('hf', N * D), head, a('logits', N * V), N, V, D);
-      this.logprobs.forward(pass, a('logits', N * V), targets, a('logp', N), a('lse', N), { rows: N, vocab: V });
+      this.logprobs.forward(pass, a('logits', N * V), s.targets, a('logp', N), a('lse', N), { rows: N, vocab: V });
     });
+    return download(gpu, a('logp', N), N);
+  }
 
-    // The loss and its gradient with respect to each position's log-probability.
-    const logp = await download(gpu, a('logp', N), N);
-    const count = Math.max(b.mask.reduce((s, m) => s + m, 0), 1);
-    let loss = 0;
-    for (let t = 0; t < N; t++) loss -= b.mask[t]! * logp[t]!;
-    const scale = o.scale ?? 1;
-    const dlogp = upload(gpu, b.mask.map((m) => (-m / count) * scale));
+  /** Clears every weight's gradient: a step's backward passes then add to them. */
+  zeroGradients(): void {
+    const encoder = this.k.gpu.device.createCommandEncoder();
+    for (const grad of this.grads.values()) encoder.clearBuffer(grad);
+    this.k.gpu.device.queue.submit([encoder.finish()]);
+  }
 
-    // Backward. Weight gradients are cleared, then every product adds to them (a tied table gets the head's
-    // and the embedding's); dx carries the residual stream's gradient down the layers.
-    if (!o.accumulate) {
-      const encoder = gpu.device.createCommandEncoder();
-      for (const grad of this.grads.values()) encoder.clearBuffer(grad);
-      gpu.device.queue.submit([encoder.finish()]);
-    }
-    const sorted = byToken(b.ids, V);
-    const grouped = { starts: upload(gpu, sorted.starts), positions: upload(gpu, sorted.positions) };
-    const grad = (pass: GPUComputePassEncoder, dy: GPUBuffer, x: GPUBuffer, w: string, s: Omit<MatmulShape, 'transposeA' | 'accumulate'>) => this.mm.encode(pass, dy, x, this.g(w), { ...s, transposeA: true, accumulate: true });
+  /**
+   * The backward pass of slot `slot`'s last forward, from the loss's gradient with respect to each of its
+   * positions' log-probabilities (B·T): every weight's gradient is added to `grads` (a tied table gets the
+   * head's and the embedding's); dx carries the residual stream's gradient down the layers. Submitted, not
+   * awaited: reading anything back waits for it.
+   */
+  backward(slot: number, dlogp: Float32Array): void {
+    const s = this.slots.get(slot);
+    if (!s) throw new Error(`webgpu: no forward pass in slot ${slot} to take the backward of`);
+    const { c, B, T, N, D, H, K, hd, F, V, head, l, rows, heads, cos, sin, a } = this.sizesOf(s, slot);
+    const gpu = this.k.gpu;
+    const t = (n: string, length: number) => this.act(n, length); // scratch shared by every slot's backward
+    const dlogps = t('dlogp', N);
+    gpu.device.queue.writeBuffer(dlogps, 0, dlogp);
+    const grad = (pass: GPUComputePassEncoder, dy: GPUBuffer, x: GPUBuffer, w: string, m: number, n: number, k: number) => this.mm.encode(pass, dy, x, this.g(w), { m, n, k, transposeA: true, accumulate: true });
     const back = (pass: GPUComputePassEncoder, dy: GPUBuffer, w: string, dx: GPUBuffer, m: number, n: number, k: number, accumulate = false) => this.mm.encode(pass, dy, this.w(w), dx, { m, n, k, accumulate });
     submit(gpu, (pass) => {
-      const dx = a('dx', N * D);
-      this.logprobs.backward(pass, a('logits', N * V), targets, a('lse', N), dlogp, a('dlogits', N * V), { rows: N, vocab: V });
-      back(pass, a('dlogits', N * V), head, a('dh', N * D), N, D, V);
-      grad(pass, a('dlogits', N * V), a('hf', N * D), head, { m: V, n: D, k: N });
-      this.norm.backward(pass, a(`x${c.layers}`, N * D), this.w('model.norm.weight'), a('rf', N), a('dh', N * D), dx, this.g('model.norm.weight'), rows);
+      const dx = t('dx', N * D);
+      this.logprobs.backward(pass, a('logits', N * V), s.targets, a('lse', N), dlogps, t('dlogits', N * V), { rows: N, vocab: V });
+      back(pass, t('dlogits', N * V), head, t('dh', N * D), N, D, V);
+      grad(pass, t('dlogits', N * V), a('hf', N * D), head, V, D, N);
+      this.norm.backward(pass, a(`x${c.layers}`, N * D), this.w('model.norm.weight'), a('rf', N), t('dh', N * D), dx, this.g('model.norm.weight'), rows);
       for (let i = c.layers - 1; i >= 0; i--) {
         // The MLP: dx is the gradient of x_{i+1} = xm + down(swiglu(gate(h2), up(h2))).
-        back(pass, dx, l(i, 'mlp.down_proj.weight'), a('dm', N * F), N, F, D);
-        grad(pass, dx, a(`m.${i}`, N * F), l(i, 'mlp.down_proj.weight'), { m: D, n: F, k: N });
-        this.swiglu.backward(pass, a(`g.${i}`, N * F), a(`u.${i}`, N * F), a('dm', N * F), a('dg', N * F), a('du', N * F), N * F);
-        back(pass, a('dg', N * F), l(i, 'mlp.gate_proj.weight'), a('dh', N * D), N, D, F);
-        back(pass, a('du', N * F), l(i, 'mlp.up_proj.weight'), a('dh', N * D), N, D, F, true);
-        grad(pass, a('dg', N * F), a(`h2.${i}`, N * D), l(i, 'mlp.gate_proj.weight'), { m: F, n: D, k: N });
-        grad(pass, a('du', N * F), a(`h2.${i}`, N * D), l(i, 'mlp.up_proj.weight'), { m: F, n: D, k: N });
-        this.norm.backward(pass, a(`xm.${i}`, N * D), this.w(l(i, 'post_attention_layernorm.weight')), a(`r2.${i}`, N), a('dh', N * D), dx, this.g(l(i, 'post_attention_layernorm.weight')), { ...rows, accumulate: true });
+        back(pass, dx, l(i, 'mlp.down_proj.weight'), t('dm', N * F), N, F, D);
+        grad(pass, dx, a(`m.${i}`, N * F), l(i, 'mlp.down_proj.weight'), D, F, N);
+        this.swiglu.backward(pass, a(`g.${i}`, N * F), a(`u.${i}`, N * F), t('dm', N * F), t('dg', N * F), t('du', N * F), N * F);
+        back(pass, t('dg', N * F), l(i, 'mlp.gate_proj.weight'), t('dh', N * D), N, D, F);
+        back(pass, t('du', N * F), l(i, 'mlp.up_proj.weight'), t('dh', N * D), N, D, F, true);
+        grad(pass, t('dg', N * F), a(`h2.${i}`, N * D), l(i, 'mlp.gate_proj.weight'), F, D, N);
+        grad(pass, t('du', N * F), a(`h2.${i}`, N * D), l(i, 'mlp.up_proj.weight'), F, D, N);
+        this.norm.backward(pass, a(`xm.${i}`, N * D), this.w(l(i, 'post_attention_layernorm.weight')), a(`r2.${i}`, N), t('dh', N * D), dx, this.g(l(i, 'post_attention_layernorm.weight')), { ...rows, accumulate: true });
         // Attention: dx is now the gradient of xm = x_i + o_proj(attention(q, k, v)).
-        back(pass, dx, l(i, 'self_attn.o_proj.weight'), a('datt', N * H * hd), N, H * hd, D);
-        grad(pass, dx, a(`att.${i}`, N * H * hd), l(i, 'self_attn.o_proj.weight'), { m: D, n: H * hd, k: N });
-        this.attention.backward(pass, a(`qr.${i}`, N * H * hd), a(`kr.${i}`, N * K * hd), a(`v.${i}`, N * K * hd), a(`p.${i}`, B * H * T * T), a('datt', N * H * hd), a('ds', B * H * T * T), a('dqr', N * H * hd), a('dkr', N * K * hd), a('dv', N * K * hd), heads);
-        this.rope.backward(pass, a('dqr', N * H * hd), cos, sin, a('dq', N * H * hd), { rows: N, heads: H, headDim: hd, length: T });
-        this.rope.backward(pass, a('dkr', N * K * hd), cos, sin, a('dk', N * K * hd), { rows: N, heads: K, headDim: hd, length: T });
-        back(pass, a('dq', N * H * hd), l(i, 'self_attn.q_proj.weight'), a('dh', N * D), N, D, H * hd);
-        back(pass, a('dk', N * K * hd), l(i, 'self_attn.k_proj.weight'), a('dh', N * D), N, D, K * hd, true);
-        back(pass, a('dv', N * K * hd), l(i, 'self_attn.v_proj.weight'), a('dh', N * D), N, D, K * hd, true);
-        grad(pass, a('dq', N * H * hd), a(`h1.${i}`, N * D), l(i, 'self_attn.q_proj.weight'), { m: H * hd, n: D, k: N });
-        grad(pass, a('dk', N * K * hd), a(`h1.${i}`, N * D), l(i, 'self_attn.k_proj.weight'), { m: K * hd, n: D, k: N });
-        grad(pass, a('dv', N * K * hd), a(`h1.${i}`, N * D), l(i, 'self_attn.v_proj.weight'), { m: K * hd, n: D, k: N });
-        this.norm.backward(pass, a(`x${i}`, N * D), this.w(l(i, 'input_layernorm.weight')), a(`r1.${i}`, N), a('dh', N * D), dx, this.g(l(i, 'input_layernorm.weight')), { ...rows, accumulate: true });
+        back(pass, dx, l(i, 'self_attn.o_proj.weight'), t('datt', N * H * hd), N, H * hd, D);
+        grad(pass, dx, a(`att.${i}`, N * H * hd), l(i, 'self_attn.o_proj.weight'), D, H * hd, N);
+        this.attention.backward(pass, a(`qr.${i}`, N * H * hd), a(`kr.${i}`, N * K * hd), a(`v.${i}`, N * K * hd), a(`p.${i}`, B * H * T * T), t('datt', N * H * hd), t('ds', B * H * T * T), t('dqr', N * H * hd), t('dkr', N * K * hd), t('dv', N * K * hd), heads);
+        this.rope.backward(pass, t('dqr', N * H * hd), cos, sin, t('dq', N * H * hd), { rows: N, heads: H, headDim: hd, length: T });
+        this.rope.backward(pass, t('dkr', N * K * hd), cos, sin, t('dk', N * K * hd), { rows: N, heads: K, headDim: hd, length: T });
+        back(pass, t('dq', N * H * hd), l(i, 'self_attn.q_proj.weight'), t('dh', N * D), N, D, H * hd);
+        back(pass, t('dk', N * K * hd), l(i, 'self_attn.k_proj.weight'), t('dh', N * D), N, D, K * hd, true);
+        back(pass, t('dv', N * K * hd), l(i, 'self_attn.v_proj.weight'), t('dh', N * D), N, D, K * hd, true);
+        grad(pass, t('dq', N * H * hd), a(`h1.${i}`, N * D), l(i, 'self_attn.q_proj.weight'), H * hd, D, N);
+        grad(pass, t('dk', N * K * hd), a(`h1.${i}`, N * D), l(i, 'self_attn.k_proj.weight'), K * hd, D, N);
+        grad(pass, t('dv', N * K * hd), a(`h1.${i}`, N * D), l(i, 'self_attn.v_proj.weight'), K * hd, D, N);
+        this.norm.backward(pass, a(`x${i}`, N * D), this.w(l(i, 'input_layernorm.weight')), a(`r1.${i}`, N), t('dh', N * D), dx, this.g(l(i, 'input_layernorm.weight')), { ...rows, accumulate: true });
       }
-      this.embedding.backward(pass, dx, grouped.starts, grouped.positions, this.g('model.embed_tokens.weight'), V, D);
+      this.embedding.backward(pass, dx, s.starts, s.positions, this.g('model.embed_tokens.weight'), V, D);
     });
-    await gpu.device.queue.onSubmittedWorkDone();
-    for (const buffer of [ids, targets, dlogp, grouped.starts, grouped.positions]) buffer.destroy();
-    return loss / count;
+  }
+
+  /**
+   * SFT on one block: the loss −Σ mask·log p(target) / max(Σ mask, 1) of train/losses/sft.ts, weighted by
+   * `scale`, and its gradient, replacing what `grads` held or, with `accumulate`, added to it. The trainer's
+   * runs take any loss through forward and backward (train/run.ts); this is that for SFT, for tests and the bench.
+   */
+  async sftStep(b: SftBatch, o: { accumulate?: boolean; scale?: number } = {}): Promise<number> {
+    const logp = await this.forward(b);
+    const count = Math.max(b.mask.reduce((s, m) => s + m, 0), 1);
+    const loss = -b.mask.reduce((s, m, t) => s + m * logp[t]!, 0) / count;
+    if (!o.accumulate) this.zeroGradients();
+    this.backward(0, b.mask.map((m) => (-m / count) * (o.scale ?? 1)));
+    await this.k.gpu.device.queue.onSubmittedWorkDone();
+    return loss;
   }
 
   private optimizerState: GpuParameter[] | null = null;

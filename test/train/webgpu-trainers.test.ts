@@ -1,0 +1,117 @@
+// Every trainer's run on the GPU against the same run on WASM: DPO (sigmoid, against the reference's scores),
+// SimPO (length-normalised, no reference), KTO (whose batches score mismatched completions with the current
+// weights) and DAPO (several updates a step on rollouts whose old log-probabilities the current weights give,
+// with a KL term). Their losses are the same tfjs code on either backend, fed the GPU's token log-probs
+// (train/step.ts logpGradients); the GPU's backward takes their gradient from there. Tolerance: every logged
+// figure within 1e-4·(1 + |WASM's|), every weight within 1e-4 (f32 on both sides, summed in other orders).
+import { describe, expect, it } from 'vitest';
+import { NEVER } from '../../pipeline/interrupt.ts';
+import { seeded } from '../../core/random.ts';
+import { scoreSequences } from '../../train/data.ts';
+import { dapoTrainer, type Rollout } from '../../train/dapo.ts';
+import { dpoTrainer, lossOf, type Example, type PreferenceSettings } from '../../train/dpo.ts';
+import { ktoTrainer } from '../../train/kto.ts';
+import { DAPO_CLIP } from '../../train/losses/index.ts';
+import { Llama } from '../../train/model.ts';
+import { trainingRun, type RunResult, type RunSettings, type Trainer } from '../../train/run.ts';
+import type { Sequence } from '../../train/windows.ts';
+import { tinyLlama } from '../fixtures/llama.ts';
+import { tempDir } from '../fixtures/pipeline.ts';
+import { quietLogger } from '../fixtures/toy-stages.ts';
+import { absent, kernels } from '../fixtures/webgpu.ts';
+
+const config = tinyLlama({ vocabSize: 30 });
+const start = () => Llama.create(config, 'webgpu-trainers');
+const random = seeded('webgpu-trainers');
+const draw = (n: number) => Array.from({ length: n }, () => 1 + Math.floor(random() * 29));
+/** A prompt of 3 to 6 tokens and a completion of 2 to 6 after it, the completion's tokens counted. */
+const completion = (prompt: number[]): Sequence => {
+  const reply = draw(2 + Math.floor(random() * 5));
+  return { ids: [...prompt, ...reply], mask: [...prompt.map(() => 0), ...reply.map(() => 1)] };
+};
+const prompts = Array.from({ length: 10 }, () => draw(3 + Math.floor(random() * 4)));
+const pairs: Example[] = prompts.map((p) => ({ sequences: [completion(p), completion(p)] }));
+const rows: Example[] = prompts.map((p, i) => ({ sequences: [completion(p), completion(prompts[(i + 1) % prompts.length]!)], label: i % 3 !== 0 }));
+
+const cfg = {
+  seed: 'webgpu-trainers', batch_size: 4, epochs: 2, max_steps: 4, lr: 0.01, warmup: 1, min_lr_ratio: 0.1, weight_decay: 0.1, max_grad_norm: 1, checkpoint_every: 100, micro_batch_tokens: 24,
+  label_smoothing: 0, gamma_beta_ratio: 0.5, desirable_weight: 1, undesirable_weight: 1,
+} as unknown as PreferenceSettings;
+const settings = (gpu: boolean): RunSettings => ({
+  config: cfg, cache: tempDir(), key: 'k', tokenizer: { 'tokenizer.json': '{}' }, context: 16, placeholders: null, signal: NEVER, log: quietLogger(), ...(gpu ? { gpu: kernels! } : {}),
+});
+
+/** The starting model's scores of each side of `examples`: the reference of the losses that have one. */
+async function reference(examples: Example[]) {
+  const model = start();
+  const scores = [await scoreSequences(model, examples.map((e) => e.sequences[0]!), 64, 0, NEVER), await scoreSequences(model, examples.map((e) => e.sequences[1]!), 64, 0, NEVER)];
+  model.dispose();
+  return scores;
+}
+
+/** Runs `trainer()` on WASM and on the GPU and checks that they logged the same figures and ended with the same weights. */
+async function sameRun(trainer: () => Trainer, figures: string[]): Promise<RunResult[]> {
+  const [onCpu, onGpu] = [await trainingRun(settings(false), trainer()), await trainingRun(settings(true), trainer())];
+  expect(onGpu.device).toBe('webgpu');
+  expect(onGpu.metrics).toHaveLength(onCpu.metrics.length);
+  expect(new Set(onCpu.metrics.map((m) => m.loss)).size).toBe(onCpu.metrics.length); // it learns: every step's loss differs
+  for (const key of figures) expect(Object.keys(onCpu.metrics[0]!)).toContain(key);
+  onGpu.metrics.forEach((row, i) => {
+    // At step 1 a policy is its reference: every margin is 0 on WASM and within rounding of 0 on the GPU, so
+    // the share of margins above 0 is a tie that rounding breaks; from step 2 the margins are apart.
+    const tie = (k: string) => k === 'rewards/accuracies' && i === 0 && Math.abs(onCpu.metrics[0]!['rewards/margins']!) < 1e-6;
+    for (const key of Object.keys(onCpu.metrics[i]!).filter((k) => k !== 'tokens/s' && !tie(k))) {
+      const want = onCpu.metrics[i]![key]!;
+      expect(Math.abs(row[key]! - want) / (1 + Math.abs(want)), `${key} at step ${i + 1}`).toBeLessThan(1e-4);
+    }
+  });
+  for (const [name, variable] of onCpu.model.params) {
+    const [want, got] = [variable.dataSync(), onGpu.model.params.get(name)!.dataSync()];
+    let diff = 0;
+    for (let i = 0; i < want.length; i++) diff = Math.max(diff, Math.abs(got[i]! - want[i]!));
+    expect(diff, name).toBeLessThan(1e-4);
+  }
+  return [onCpu, onGpu];
+}
+
+const dispose = (runs: RunResult[]) => runs.forEach((r) => r.model.dispose());
+
+describe('every trainer on the GPU', () => {
+  it.skipIf(absent)('DPO against its reference, and SimPO without one, take the steps they take on WASM', async () => {
+    const scores = await reference(pairs);
+    dispose(await sameRun(() => dpoTrainer(pairs, scores, lossOf('dpo', 0.1), cfg, 0, start), ['rewards/margins', 'rewards/accuracies', 'logps/chosen']));
+    dispose(await sameRun(() => dpoTrainer(pairs, null, lossOf('simpo', null), cfg, 0, start), ['rewards/margins', 'logps/rejected']));
+  });
+
+  it.skipIf(absent)('KTO, whose batches score mismatched completions with the weights the GPU has just updated', async () => {
+    const scores = await reference(rows);
+    dispose(await sameRun(() => ktoTrainer(rows, scores, lossOf('kto', null), cfg, 0, start), ['kl', 'rewards/chosen']));
+  });
+
+  it.skipIf(absent)('DAPO: updates within a step on the GPU, each step’s old log-probabilities from its weights, a KL term to the start', async () => {
+    const rollouts: Rollout[] = [
+      { group: 't', reward: 1, turns: [{ prompt: [1, 2, 3], generated: [5, 6] }, { prompt: [1, 2, 3, 5, 6, 4], generated: [9] }] },
+      { group: 't', reward: 0, turns: [{ prompt: [1, 2, 3], generated: [7, 8] }] },
+      { group: 'u', reward: 0, turns: [{ prompt: [4, 4], generated: [11, 12, 13] }] },
+      { group: 'u', reward: 1, turns: [{ prompt: [4, 4], generated: [14] }] },
+    ];
+    const referenceModel = start();
+    const trainer = () =>
+      dapoTrainer({
+        steps: 3,
+        start,
+        rollouts: async () => ({ rollouts, metrics: { kept_groups: 2 } }),
+        pad: 0,
+        microBatchTokens: 12,
+        clip: { ...DAPO_CLIP, klCoef: 0.1 },
+        ppoEpochs: 2,
+        miniBatches: 2,
+        seed: 'webgpu-dapo',
+        reference: referenceModel,
+        signal: NEVER,
+      });
+    const [onCpu] = await sameRun(trainer, ['clip_low', 'clip_high', 'kl', 'entropy']);
+    expect(onCpu!.metrics.at(-1)!.kl).toBeGreaterThan(0); // the policy moved away from the reference
+    referenceModel.dispose();
+  });
+});
