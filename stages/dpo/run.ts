@@ -46,7 +46,7 @@ export async function run({ config: cfg, out, input, cache, key, lineage, log, o
     return model;
   };
   const trainer = kto ? ktoTrainer(examples, reference!, loss, cfg, pad, start) : dpoTrainer(examples, reference, loss, cfg, pad, start);
-  log.info('training', { loss: loss.name, beta: loss.beta, examples: examples.length, steps: trainer.steps, backend: backend.name });
+  log.info('training', { loss: loss.name, beta: loss.beta, examples: examples.length, steps: trainer.steps, backend: backend.gpu ? 'webgpu' : backend.name });
 
   const result = await trainingRun({ config: cfg, cache, key, tokenizer: sft.tokenizer, context: sft.context, placeholders: sft.placeholders, lora, base: '../../sft/model', signal, log, gpu: backend.gpu }, trainer);
   if (result.model !== sft.model) sft.model.dispose();
