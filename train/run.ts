@@ -222,8 +222,8 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
 }
 
 /**
- * The run's updates on the GPU, when `--backend webgpu` gave kernels (not yet for LoRA or attention biases:
- * those runs stay on TensorFlow.js, and say why). Each micro-batch's blocks are scored by the GPU's forward,
+ * The run's updates on the GPU, when `--backend webgpu` gave kernels (not yet for LoRA: such a run stays on
+ * TensorFlow.js, and says why). Each micro-batch's blocks are scored by the GPU's forward,
  * its loss and the loss's gradient by the log-probs are the trainer's tfjs code (train/step.ts
  * logpGradients), and the GPU's backward takes it from there. The GPU starts from the model's and the
  * optimiser's state (a resumed run's), and `sync` copies its state back before every checkpoint and at the
@@ -231,9 +231,8 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
  */
 async function gpuRun(settings: RunSettings, model: Llama, optimizer: AdamW) {
   if (!settings.gpu) return null;
-  const why = settings.lora ? 'LoRA is not on the GPU yet' : model.config.attentionBias ? 'attention biases (Qwen2) are not on the GPU yet' : null;
-  if (why) {
-    settings.log.warn('webgpu: this run trains on wasm', { why });
+  if (settings.lora) {
+    settings.log.warn('webgpu: this run trains on wasm', { why: 'LoRA is not on the GPU yet' });
     return null;
   }
   const kernels = settings.gpu;

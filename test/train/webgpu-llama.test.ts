@@ -23,6 +23,8 @@ async function compare(config: LlamaConfig, batch: number, length: number): Prom
   const mask = Float32Array.from({ length: n }, () => (random() < 0.7 ? 1 : 0));
 
   const model = Llama.create(config, 'webgpu-llama');
+  // Biases start at 0: drawn here, so that the forward's use of them is checked too.
+  for (const [name, v] of model.params) if (name.endsWith('.bias')) v.assign(tf.tensor(Float32Array.from({ length: v.size }, () => random() - 0.5), v.shape));
   const { value, grads } = tf.variableGrads(() => sftLoss(targetLogprobs(model.forward(ids, batch, length), targets, batch, length), tf.tensor2d(mask, [batch, length])));
   const weights = new Map([...model.weights()].map(([name, w]) => [name, w.data]));
 
@@ -138,5 +140,9 @@ describe('the Llama on the GPU', () => {
 
   it.skipIf(absent)('and with an untied head, as many key/value heads as query heads, and longer sequences', async () => {
     await compare(tinyLlama({ tiedEmbeddings: false, heads: 4, kvHeads: 4, headDim: 4, vocabSize: 40, layers: 3 }), 3, 16);
+  });
+
+  it.skipIf(absent)('and with Qwen2’s biases on q, k and v', async () => {
+    await compare(tinyLlama({ modelType: 'qwen2', attentionBias: true }), 2, 9);
   });
 });

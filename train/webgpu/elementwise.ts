@@ -48,6 +48,33 @@ export class Add {
   }
 }
 
+const BIAS_FORWARD = elementwise({ buffers: ['b: f32', 'mut y: f32'], dims: 'cols: u32', body: '  y[i] += b[i % d.cols];' });
+
+// A thread a column (n = cols), summing dy over the rows.
+const BIAS_BACKWARD = elementwise({
+  buffers: ['dy: f32', 'mut db: f32'],
+  dims: 'rows: u32',
+  body: `
+  var sum = 0.0;
+  for (var row = 0u; row < d.rows; row++) { sum += dy[row * d.n + i]; }
+  db[i] += sum;`,
+});
+
+/** A projection's bias (Qwen2's on q, k and v): added to each of its output rows, and its gradient. */
+export class Bias {
+  constructor(private readonly k: Kernels) {}
+
+  /** y (rows × cols) += b (cols) on every row. */
+  forward(pass: GPUComputePassEncoder, b: GPUBuffer, y: GPUBuffer, rows: number, cols: number): void {
+    this.k.dispatch(pass, this.k.pipeline(BIAS_FORWARD), [b, y, this.k.uniform(fields({ u32: rows * cols }, { u32: cols }))], ...grid(rows * cols));
+  }
+
+  /** db (cols) += the column sums of dy (rows × cols). */
+  backward(pass: GPUComputePassEncoder, dy: GPUBuffer, db: GPUBuffer, rows: number, cols: number): void {
+    this.k.dispatch(pass, this.k.pipeline(BIAS_BACKWARD), [dy, db, this.k.uniform(fields({ u32: cols }, { u32: rows }))], ...grid(cols));
+  }
+}
+
 const GATHER = elementwise({ buffers: ['table: f32', 'ids: i32', 'mut y: f32'], dims: 'dim: u32', body: '  y[i] = table[u32(ids[i / d.dim]) * d.dim + i % d.dim];' });
 
 // The embedding's gradient without atomics (WGSL has none for f32): the positions of each token, grouped by

@@ -3,7 +3,7 @@
 // file, every weight's gradient left in `grads`. Every loss of the trainer is a function of those token
 // log-probs (train/step.ts MicroBatch), so one backward serves SFT, DPO and friends, KTO and DAPO alike.
 // The same arithmetic as the tfjs model (RMSNorm, RoPE, grouped-query causal attention, SwiGLU, tied or
-// untied head), tested against it on small shapes: test/train/webgpu-llama.test.ts.
+// untied head, Qwen2's q/k/v biases), tested against it on small shapes: test/train/webgpu-llama.test.ts.
 //
 // Shapes: N = B·T rows, D hidden, H query and K key/value heads of hd, F the MLP's width, V the vocabulary.
 // A weight is stored (out, in) as transformers stores it, so a projection is x·Wᵀ (the GEMM reads W
@@ -13,7 +13,7 @@ import { llamaParameterShapes, ropeTable, type LlamaConfig } from '../model.ts';
 import type { GpuParameter } from './adamw.ts';
 import { Attention } from './attention.ts';
 import { download, submit, upload } from './buffers.ts';
-import { Add, Embedding, Norms, Rope, SwiGlu, byToken } from './elementwise.ts';
+import { Add, Bias, Embedding, Norms, Rope, SwiGlu, byToken } from './elementwise.ts';
 import type { Kernels } from './kernel.ts';
 import { TargetLogprobs } from './logprobs.ts';
 import { Matmul } from './matmul.ts';
@@ -47,11 +47,11 @@ export class GpuLlama {
   private readonly add: Add;
   private readonly embedding: Embedding;
   private readonly logprobs: TargetLogprobs;
+  private readonly bias: Bias;
   private tables: { cos: GPUBuffer; sin: GPUBuffer; positions: number } | null = null;
   private readonly slots = new Map<number, Slot>();
 
   constructor(readonly config: LlamaConfig, weights: Map<string, Float32Array>, private readonly k: Kernels) {
-    if (config.attentionBias) throw new Error('webgpu: attention biases (Qwen2) are not supported yet; train this model with --backend wasm');
     for (const [name, shape] of llamaParameterShapes(config)) {
       const size = shape.reduce((a, b) => a * b, 1);
       const data = weights.get(name);
@@ -60,7 +60,7 @@ export class GpuLlama {
       this.weights.set(name, upload(k.gpu, data));
       this.grads.set(name, upload(k.gpu, new Float32Array(size)));
     }
-    [this.mm, this.norm, this.rope, this.attention, this.swiglu, this.add, this.embedding, this.logprobs] = [new Matmul(k), new RmsNorm(k), new Rope(k), new Attention(k), new SwiGlu(k), new Add(k), new Embedding(k), new TargetLogprobs(k)];
+    [this.mm, this.norm, this.rope, this.attention, this.swiglu, this.add, this.embedding, this.logprobs, this.bias] = [new Matmul(k), new RmsNorm(k), new Rope(k), new Attention(k), new SwiGlu(k), new Add(k), new Embedding(k), new TargetLogprobs(k), new Bias(k)];
   }
 
   /** An activation's buffer of `length` f32s, kept from step to step while the shape stays. */
@@ -133,6 +133,11 @@ export class GpuLlama {
         project(pass, a(`h1.${i}`, N * D), l(i, 'self_attn.q_proj.weight'), a(`q.${i}`, N * H * hd), N, H * hd, D);
         project(pass, a(`h1.${i}`, N * D), l(i, 'self_attn.k_proj.weight'), a(`k.${i}`, N * K * hd), N, K * hd, D);
         project(pass, a(`h1.${i}`, N * D), l(i, 'self_attn.v_proj.weight'), a(`v.${i}`, N * K * hd), N, K * hd, D);
+        if (c.attentionBias) {
+          this.bias.forward(pass, this.w(l(i, 'self_attn.q_proj.bias')), a(`q.${i}`, N * H * hd), N, H * hd);
+          this.bias.forward(pass, this.w(l(i, 'self_attn.k_proj.bias')), a(`k.${i}`, N * K * hd), N, K * hd);
+          this.bias.forward(pass, this.w(l(i, 'self_attn.v_proj.bias')), a(`v.${i}`, N * K * hd), N, K * hd);
+        }
         this.rope.forward(pass, a(`q.${i}`, N * H * hd), cos, sin, a(`qr.${i}`, N * H * hd), { rows: N, heads: H, headDim: hd, length: T });
         this.rope.forward(pass, a(`k.${i}`, N * K * hd), cos, sin, a(`kr.${i}`, N * K * hd), { rows: N, heads: K, headDim: hd, length: T });
         this.attention.forward(pass, a(`qr.${i}`, N * H * hd), a(`kr.${i}`, N * K * hd), a(`v.${i}`, N * K * hd), a(`p.${i}`, B * H * T * T), a(`att.${i}`, N * H * hd), heads);
@@ -203,6 +208,11 @@ export class GpuLlama {
         grad(pass, t('dq', N * H * hd), a(`h1.${i}`, N * D), l(i, 'self_attn.q_proj.weight'), H * hd, D, N);
         grad(pass, t('dk', N * K * hd), a(`h1.${i}`, N * D), l(i, 'self_attn.k_proj.weight'), K * hd, D, N);
         grad(pass, t('dv', N * K * hd), a(`h1.${i}`, N * D), l(i, 'self_attn.v_proj.weight'), K * hd, D, N);
+        if (c.attentionBias) {
+          this.bias.backward(pass, t('dq', N * H * hd), this.g(l(i, 'self_attn.q_proj.bias')), N, H * hd);
+          this.bias.backward(pass, t('dk', N * K * hd), this.g(l(i, 'self_attn.k_proj.bias')), N, K * hd);
+          this.bias.backward(pass, t('dv', N * K * hd), this.g(l(i, 'self_attn.v_proj.bias')), N, K * hd);
+        }
         this.norm.backward(pass, a(`x${i}`, N * D), this.w(l(i, 'input_layernorm.weight')), a(`r1.${i}`, N), t('dh', N * D), dx, this.g(l(i, 'input_layernorm.weight')), { ...rows, accumulate: true });
       }
       this.embedding.backward(pass, dx, s.starts, s.positions, this.g('model.embed_tokens.weight'), V, D);
