@@ -22,7 +22,7 @@ import type { Pair, Session } from '../core/records.ts';
 import { seeded } from '../core/random.ts';
 import { TOOLS } from '../env/env.ts';
 import { validationEpisodes, type EpisodeRecord } from '../env/evaluate.ts';
-import { currentBackend } from '../train/backend.ts';
+import { currentBackend, withScorer } from '../train/backend.ts';
 import { openChat } from '../train/chat.ts';
 import { loadCheckpoint } from '../train/checkpoint.ts';
 import { readParquet } from '../train/data.ts';
@@ -284,7 +284,7 @@ async function trainCandidate(productionFolder: string, pairs: Pair[], out: stri
   if (made.examples.length === 0) throw new PipelineError(`refresh: none of the ${pairs.length} pairs in the buffer fits in ${length - 1} tokens; raise refresh.dpo.max_length`);
   const settings = { ...d, desirable_weight: 1, undesirable_weight: 1 };
   mkdirSync(cache, { recursive: true });
-  const reference = loss.reference ? await referenceScores(prod.model, made.examples, chat.pad, d.micro_batch_tokens, join(cache, 'reference.json'), signal, log) : null;
+  const reference = loss.reference ? await withScorer(currentBackend(), prod.model, (score) => referenceScores(score, made.examples, chat.pad, d.micro_batch_tokens, join(cache, 'reference.json'), signal, log)) : null;
   const trainer = dpoTrainer(made.examples, reference, loss, settings, chat.pad, () => loadCheckpoint(productionFolder).model);
   log.info('training the candidate', { from: info.production, pairs: made.examples.length, steps: trainer.steps, lr: d.lr, loss: loss.name });
   const key = hashJson({ production: info.production, pairs: pairs.map((p) => p.pair_id), cfg: d, night: info.night });

@@ -7,6 +7,8 @@ import { Option } from 'commander';
 import type { CommandFactory } from '../pipeline/commands.ts';
 import type { StageOptions } from '../pipeline/stage.ts';
 import type { Logger } from '../pipeline/log.ts';
+import type { BlockScorer } from './data.ts';
+import type { Llama } from './model.ts';
 import type { Kernels } from './webgpu/kernel.ts';
 
 export const BACKENDS = ['auto', 'tensorflow', 'wasm', 'cpu', 'webgpu'] as const;
@@ -104,6 +106,25 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
   if (name === 'wasm') (await import('./kernels.ts')).patchWasmSlice();
   current = { name, description };
   return current;
+}
+
+/**
+ * What scores token blocks with `model`'s weights where `backend` trains: the GPU with webgpu (a copy of the
+ * weights there, freed by dispose), else the tfjs model itself (scoreSequences takes either).
+ */
+export async function scorerOn(backend: Backend | null, model: Llama): Promise<{ score: Llama | BlockScorer; dispose(): void }> {
+  if (!backend?.gpu) return { score: model, dispose: () => {} };
+  return (await import('./webgpu/llama.ts')).gpuScorer(model, backend.gpu);
+}
+
+/** `use` with a scorer of `model` (scorerOn), freed after. */
+export async function withScorer<T>(backend: Backend | null, model: Llama, use: (score: Llama | BlockScorer) => Promise<T>): Promise<T> {
+  const scorer = await scorerOn(backend, model);
+  try {
+    return await use(scorer.score);
+  } finally {
+    scorer.dispose();
+  }
 }
 
 /** The backend chosen in this process (by a stage or a command's --backend), or null before any. */

@@ -9,7 +9,7 @@ import { viewAll, type Placeholders } from './placeholders.ts';
 import { safePoint } from '../pipeline/interrupt.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { seeded } from '../core/random.ts';
-import { headLength, microBatches, padBatch, startOf, trainingWindows, windowOf, type Sequence } from './windows.ts';
+import { headLength, microBatches, padBatch, startOf, trainingWindows, windowOf, type Sequence, type TokenBlock } from './windows.ts';
 
 /** Every row of an exported Parquet file, as plain objects. */
 export async function readParquet<T>(path: string): Promise<T[]> {
@@ -88,11 +88,21 @@ export interface Scores {
   count: Int32Array;
 }
 
+/** What scores a token block: every position's log p(target), B·T f32s; the GPU's (train/webgpu/llama.ts gpuScorer), or the tfjs model's. */
+export type BlockScorer = (b: TokenBlock) => Promise<Float32Array>;
+
+const tfjsScorer =
+  (model: Llama): BlockScorer =>
+  async (b) =>
+    tf.tidy(() => model.tokenLogprobs(b.ids, b.targets, b.batch, b.length).dataSync() as Float32Array);
+
 /**
- * Sequence log-probabilities under `model`, without gradients, in micro-batches of similar length and at most
- * `maxTokens` padded tokens. Each micro-batch is a safe point: an aborted `signal` stops there (Interrupted).
+ * Sequence log-probabilities under `model` (the tfjs model, or a scorer of blocks), without gradients, in
+ * micro-batches of similar length and at most `maxTokens` padded tokens. Each micro-batch is a safe point: an
+ * aborted `signal` stops there (Interrupted).
  */
-export async function scoreSequences(model: Llama, sequences: Sequence[], maxTokens: number, pad: number, signal: AbortSignal, log?: Logger, label = 'scoring'): Promise<Scores> {
+export async function scoreSequences(model: Llama | BlockScorer, sequences: Sequence[], maxTokens: number, pad: number, signal: AbortSignal, log?: Logger, label = 'scoring'): Promise<Scores> {
+  const score = typeof model === 'function' ? model : tfjsScorer(model);
   const sum = new Float64Array(sequences.length);
   const count = new Int32Array(sequences.length);
   const batches = microBatches(sequences.map((_, i) => [i]), (i) => sequences[i]!.ids.length, maxTokens);
@@ -100,9 +110,11 @@ export async function scoreSequences(model: Llama, sequences: Sequence[], maxTok
   for (const [done, idx] of batches.entries()) {
     await safePoint(signal, () => `${label}: stopped after ${done} of ${batches.length} batches; the next run scores them again`);
     const b = padBatch(idx.map((j) => sequences[j]!), pad);
-    const values = tf.tidy(() => tf.sum(tf.mul(model.tokenLogprobs(b.ids, b.targets, b.batch, b.length), tf.tensor2d(b.mask, [b.batch, b.length])), 1).dataSync());
+    const logp = await score(b);
     idx.forEach((j, k) => {
-      sum[j] = values[k]!;
+      let s = 0;
+      for (let t = k * b.length; t < (k + 1) * b.length; t++) s += b.mask[t]! * logp[t]!;
+      sum[j] = s;
       count[j] = sequences[j]!.mask.slice(1).reduce((s, m) => s + m, 0);
     });
     progress?.tick();

@@ -7,7 +7,7 @@ import { z } from 'zod';
 import type { Logger } from '../pipeline/log.ts';
 import { writeFileAtomic } from '../pipeline/workspace.ts';
 import type { Pair } from '../core/records.ts';
-import { completionSequences, scoreSequences, sequenceValues, type Scores } from './data.ts';
+import { completionSequences, scoreSequences, sequenceValues, type BlockScorer, type Scores } from './data.ts';
 import { LOSSES, preferenceMetrics, sequenceLogps, type LossName, type PairwiseLoss, type PreferenceHyperparameters } from './losses/index.ts';
 import type { Llama } from './model.ts';
 import type { Placeholders } from './placeholders.ts';
@@ -94,7 +94,7 @@ export async function pairExamples(chat: Chat, pairs: Pair[], length: number, pl
 }
 
 /** The reference model's scores of every example's sequences, computed once per (reference, data) and kept in `path`. */
-export async function referenceScores(model: Llama, examples: Example[], pad: number, maxTokens: number, path: string, signal: AbortSignal, log: Logger): Promise<Scores[]> {
+export async function referenceScores(model: Llama | BlockScorer, examples: Example[], pad: number, maxTokens: number, path: string, signal: AbortSignal, log: Logger): Promise<Scores[]> {
   const sides = examples[0]?.sequences.length ?? 0;
   const saved = readSavedScores(path);
   if (saved?.length === sides && saved.every((s) => s.sum.length === examples.length && s.count.length === examples.length)) {

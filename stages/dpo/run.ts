@@ -5,7 +5,7 @@
 import { join } from 'node:path';
 import { hashJson } from '../../pipeline/hash.ts';
 import type { KtoRow, Pair } from '../../core/records.ts';
-import { stageBackend } from '../../train/backend.ts';
+import { stageBackend, withScorer } from '../../train/backend.ts';
 import { openChat } from '../../train/chat.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
 import { attachLora } from '../../train/lora.ts';
@@ -37,7 +37,7 @@ export async function run({ config: cfg, out, input, cache, key, lineage, log, o
   const fingerprints = lineage.filter((l) => l.stage === 'sft' || l.stage === 'export').map((l) => l.fingerprint);
   // The rows used depend on the seed and max_examples; the cut on the length.
   const referenceKey = hashJson({ fingerprints, kto, seed: cfg.seed, max_examples: cfg.max_examples, rows: made.rows, length, version: 2 });
-  const reference = loss.reference ? await referenceScores(sft.model, examples, pad, cfg.micro_batch_tokens, join(cache, `reference-${referenceKey.slice(0, 16)}.json`), signal, log) : null;
+  const reference = loss.reference ? await withScorer(backend, sft.model, (score) => referenceScores(score, examples, pad, cfg.micro_batch_tokens, join(cache, `reference-${referenceKey.slice(0, 16)}.json`), signal, log)) : null;
   // With LoRA the model trained is the SFT model itself with adapters on it: the reference is its base, with no second copy of the weights.
   const lora = cfg.lora ? loraOf(cfg.lora) : undefined;
   const start = () => {

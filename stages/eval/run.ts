@@ -9,11 +9,11 @@ import { seeded } from '../../core/random.ts';
 import { TOOLS } from '../../env/env.ts';
 import { validationFigures } from '../../env/evaluate.ts';
 import type { Message, Pair } from '../../core/records.ts';
-import { stageBackend } from '../../train/backend.ts';
+import { scorerOn, stageBackend, withScorer } from '../../train/backend.ts';
 import { openChat, type Chat } from '../../train/chat.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
 import { heldOutPairFigures, pairExamples, pairWins, readPreferenceTraining, shorterChosen } from '../../train/dpo.ts';
-import { readParquet, scoreSequences, sftSequences, subset, type Scores } from '../../train/data.ts';
+import { readParquet, scoreSequences, sftSequences, subset, type BlockScorer, type Scores } from '../../train/data.ts';
 import { Llama } from '../../train/model.ts';
 import type { Placeholders } from '../../train/placeholders.ts';
 import { ModelPolicy } from '../../train/policy.ts';
@@ -115,24 +115,27 @@ export async function run({ config: cfg, out, input, log, options, signal }: Sta
   const sessions = await readParquet<{ messages: Message[] }>(join(input('export'), 'sft', 'test.parquet'));
   const nllSequences = await sftSequences(chat, subset(sessions, cfg.max_sessions, cfg.seed).map((s) => s.messages), length, join(input('export'), 'sft', 'test.parquet'), sft.placeholders);
 
-  const scores = async (m: Model): Promise<Scores[]> => {
+  const scores = async (m: Model, score: Llama | BlockScorer): Promise<Scores[]> => {
     const sides: Scores[] = [];
-    for (const k of examples.length ? [0, 1] : []) sides.push(await scoreSequences(m.model, examples.map((e) => e.sequences[k]!), cfg.micro_batch_tokens, pad, signal, log, `held-out pairs: ${m.name}`));
+    for (const k of examples.length ? [0, 1] : []) sides.push(await scoreSequences(score, examples.map((e) => e.sequences[k]!), cfg.micro_batch_tokens, pad, signal, log, `held-out pairs: ${m.name}`));
     return sides;
   };
-  const reference = await scores(models[1]!);
+  // With --backend webgpu the GPU scores (a copy of each model's weights there); generation stays on TensorFlow.js.
+  const reference = await withScorer(backend, models[1]!.model, (score) => scores(models[1]!, score));
   const rows: Record<string, ModelRow> = {};
   for (const m of models) {
     const row: ModelRow = {};
+    const scorer = await scorerOn(backend, m.model);
     if (examples.length) {
-      const own = m === models[1] ? reference : await scores(m);
+      const own = m === models[1] ? reference : await scores(m, scorer.score);
       Object.assign(row, heldOutPairFigures(own, reference, training, m === models[1]));
       wins[m.name] = pairWins(own, training.average);
     }
     if (nllSequences.length) {
-      const s = await scoreSequences(m.model, nllSequences, cfg.micro_batch_tokens, pad, signal, log, `held-out NLL: ${m.name}`);
+      const s = await scoreSequences(scorer.score, nllSequences, cfg.micro_batch_tokens, pad, signal, log, `held-out NLL: ${m.name}`);
       row.nll = -s.sum.reduce((a, b) => a + b, 0) / Math.max(1, s.count.reduce((a, b) => a + b, 0));
     }
+    scorer.dispose();
     Object.assign(row, await simulate(m, chat, sft.context, sft.placeholders, cfg.simulator, cfg.seed, signal, log));
     rows[m.name] = row;
     log.info('evaluated', { model: m.name, ...row });

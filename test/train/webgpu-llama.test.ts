@@ -11,9 +11,11 @@ import { targetLogprobs } from '../../train/parameters.ts';
 import { AdamW, ADAMW_DEFAULTS, clipByGlobalNorm } from '../../train/optimizer.ts';
 import { GpuAdamW } from '../../train/webgpu/adamw.ts';
 import { submit } from '../../train/webgpu/buffers.ts';
-import { GpuLlama } from '../../train/webgpu/llama.ts';
+import { GpuLlama, gpuScorer } from '../../train/webgpu/llama.ts';
+import { scoreSequences } from '../../train/data.ts';
+import { NEVER } from '../../pipeline/interrupt.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
-import { absent, kernels } from '../fixtures/webgpu.ts';
+import { absent, kernels, relativeError } from '../fixtures/webgpu.ts';
 
 async function compare(config: LlamaConfig, batch: number, length: number): Promise<void> {
   const random = seeded('webgpu-llama', JSON.stringify(config));
@@ -140,6 +142,22 @@ describe('the Llama on the GPU', () => {
 
   it.skipIf(absent)('and with an untied head, as many key/value heads as query heads, and longer sequences', async () => {
     await compare(tinyLlama({ tiedEmbeddings: false, heads: 4, kvHeads: 4, headDim: 4, vocabSize: 40, layers: 3 }), 3, 16);
+  });
+
+  it.skipIf(absent)('scores sequences as the tfjs model does (eval’s and the reference’s log-probabilities), in micro-batches of mixed lengths', async () => {
+    const model = Llama.create(tinyLlama({ vocabSize: 30 }), 'webgpu-score');
+    const random = seeded('webgpu-score');
+    const sequences = Array.from({ length: 7 }, () => {
+      const n = 3 + Math.floor(random() * 12);
+      return { ids: Array.from({ length: n }, () => Math.floor(random() * 30)), mask: Array.from({ length: n }, (_, t) => (t > 1 ? 1 : 0)) };
+    });
+    const scorer = gpuScorer(model, kernels!);
+    const [want, got] = [await scoreSequences(model, sequences, 30, 0, NEVER), await scoreSequences(scorer.score, sequences, 30, 0, NEVER)];
+    scorer.dispose();
+    expect(got.count).toEqual(want.count);
+    expect(relativeError(got.sum, want.sum)).toBeLessThan(1e-5);
+    expect(new Set(want.sum).size).toBe(7);
+    model.dispose();
   });
 
   it.skipIf(absent)('and with Qwen2’s biases on q, k and v', async () => {

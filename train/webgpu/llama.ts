@@ -9,7 +9,8 @@
 // A weight is stored (out, in) as transformers stores it, so a projection is x·Wᵀ (the GEMM reads W
 // transposed in place), its input gradient dy·W and its weight gradient dyᵀ·x.
 /// <reference types="@webgpu/types" />
-import { llamaParameterShapes, ropeTable, type LlamaConfig } from '../model.ts';
+import type { BlockScorer } from '../data.ts';
+import { llamaParameterShapes, ropeTable, type Llama, type LlamaConfig } from '../model.ts';
 import type { GpuParameter } from './adamw.ts';
 import { Attention } from './attention.ts';
 import { download, submit, upload } from './buffers.ts';
@@ -51,14 +52,15 @@ export class GpuLlama {
   private tables: { cos: GPUBuffer; sin: GPUBuffer; positions: number } | null = null;
   private readonly slots = new Map<number, Slot>();
 
-  constructor(readonly config: LlamaConfig, weights: Map<string, Float32Array>, private readonly k: Kernels) {
+  /** `trainable` false: forward passes only (scoring), with no buffers for gradients. */
+  constructor(readonly config: LlamaConfig, weights: Map<string, Float32Array>, private readonly k: Kernels, trainable = true) {
     for (const [name, shape] of llamaParameterShapes(config)) {
       const size = shape.reduce((a, b) => a * b, 1);
       const data = weights.get(name);
       if (!data || data.length !== size) throw new Error(`webgpu: weight ${name} is missing or not of shape ${shape.join('×')}`);
       this.sizes.set(name, size);
       this.weights.set(name, upload(k.gpu, data));
-      this.grads.set(name, upload(k.gpu, new Float32Array(size)));
+      if (trainable) this.grads.set(name, upload(k.gpu, new Float32Array(size)));
     }
     [this.mm, this.norm, this.rope, this.attention, this.swiglu, this.add, this.embedding, this.logprobs, this.bias] = [new Matmul(k), new RmsNorm(k), new Rope(k), new Attention(k), new SwiGlu(k), new Add(k), new Embedding(k), new TargetLogprobs(k), new Bias(k)];
   }
@@ -283,4 +285,20 @@ export class GpuLlama {
   gradient(name: string): Promise<Float32Array> {
     return download(this.k.gpu, this.g(name), this.sizes.get(name)!);
   }
+
+  /** Frees every buffer the model holds on the GPU. */
+  dispose(): void {
+    const moments = (this.optimizerState ?? []).flatMap((p) => [p.m, p.v]);
+    const tables = this.tables ? [this.tables.cos, this.tables.sin] : [];
+    for (const buffer of [...this.weights.values(), ...this.grads.values(), ...[...this.activations.values()].map((a) => a.buffer), ...moments, ...tables]) buffer.destroy();
+    this.activations.clear();
+  }
+}
+
+/** A scorer of token blocks (train/data.ts) by `model`'s weights as they are now, on the GPU; dispose() frees them there. */
+export function gpuScorer(model: Llama, k: Kernels): { score: BlockScorer; dispose(): void } {
+  if (model.adapters.size) throw new Error('webgpu: a model with LoRA adapters is scored on the GPU only once they are merged (mergeLora)');
+  const weights = new Map([...model.params].map(([name, v]) => [name, v.dataSync() as Float32Array]));
+  const onGpu = new GpuLlama(model.config, weights, k, false);
+  return { score: (b) => onGpu.forward(b), dispose: () => onGpu.dispose() };
 }
