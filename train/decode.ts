@@ -358,13 +358,23 @@ export class KVCache {
   }
 }
 
+/** What a Decoding draws from: a KVCache, or the GPU's (train/webgpu/decode.ts GpuCache), which reads asynchronously. */
+export interface TokenCache {
+  readonly model: Llama;
+  /** The tokens read so far. */
+  readonly tokens: number[];
+  truncate(n: number): void;
+  /** Reads tokens and returns the next-token logits after the last; absent where reading is asynchronous. */
+  read?(tokens: number[]): Float32Array;
+}
+
 /**
  * One continuation being sampled: made from a prompt (read into the cache, its shared prefix reused), then
  * `next()` draws a token from `logits`, and the caller reads it into the cache (alone, or with other
  * decodings' tokens in one KVCache.readEach) and sets `logits`, until `finished`. KVCache.generate is this
  * loop for one sequence; the server runs it for every request in flight.
  */
-export class Decoding {
+export class Decoding<C extends TokenCache = KVCache> {
   /** The tokens drawn so far. */
   readonly out: number[] = [];
   /** The next-token logits after what the cache has read. */
@@ -378,7 +388,7 @@ export class Decoding {
 
   /** `read` false: the prompt's new tokens are left in `unread`, for the caller to read with other caches' (KVCache.readMany). */
   constructor(
-    readonly cache: KVCache,
+    readonly cache: C,
     prompt: number[],
     readonly options: GenerateOptions,
     read = true,
@@ -395,7 +405,8 @@ export class Decoding {
     while (shared < Math.min(prompt.length - 1, cache.tokens.length) && cache.tokens[shared] === prompt[shared]) shared++;
     cache.truncate(shared);
     this.unread = prompt.slice(shared);
-    this.logits = read ? cache.read(this.unread.splice(0)) : new Float32Array(0);
+    if (read && !cache.read) throw new Error('Decoding: this cache reads asynchronously; pass read false and read the prompt into it');
+    this.logits = read ? cache.read!(this.unread.splice(0)) : new Float32Array(0);
   }
 
   /** Draws the next token (null when there is none to draw); after a stop token or the last one allowed, `finished` is set and the token is not to be read. */

@@ -37,6 +37,30 @@ const ROPE = elementwise({
   }`,
 });
 
+// RoPE of rows at positions of their own (decoding: each row a sequence's next token), forward only.
+const ROPE_AT = elementwise({
+  buffers: ['x: f32', 'cos_table: f32', 'sin_table: f32', 'positions: u32', 'mut y: f32'],
+  dims: 'heads: u32, head_dim: u32',
+  body: `
+  let f = i % d.head_dim;
+  let half = d.head_dim / 2u;
+  let at = positions[i / (d.heads * d.head_dim)] * d.head_dim + f;
+  let first = f < half;
+  let partner = select(i - half, i + half, first);
+  y[i] = x[i] * cos_table[at] + select(x[partner], -x[partner], first) * sin_table[at];`,
+});
+
+const COPY = elementwise({ buffers: ['src: f32', 'mut dst: f32'], dims: 'src_at: u32, dst_at: u32', body: '  dst[d.dst_at + i] = src[d.src_at + i];' });
+
+/** Copies n f32s from src at `from` to dst at `to` inside a pass (a decoding step's keys into their cache). */
+export class Copy {
+  constructor(private readonly k: Kernels) {}
+
+  encode(pass: GPUComputePassEncoder, src: GPUBuffer, from: number, dst: GPUBuffer, to: number, n: number): void {
+    this.k.dispatch(pass, this.k.pipeline(COPY), [src, dst, this.k.transient(fields({ u32: n }, { u32: from }, { u32: to }))], ...grid(n));
+  }
+}
+
 const ADD = elementwise({ buffers: ['a: f32', 'b: f32', 'mut y: f32'], body: '  y[i] = a[i] + b[i];' });
 
 /** y = a + b, n elements (a residual connection). */
@@ -194,6 +218,12 @@ export class Rope {
   /** y = rotate(x) with the tables' cos and sin (positions × headDim, as train/model.ts ropeTable makes them). */
   forward(pass: GPUComputePassEncoder, x: GPUBuffer, cos: GPUBuffer, sin: GPUBuffer, y: GPUBuffer, s: RopeShape): void {
     this.run(pass, false, x, cos, sin, y, s);
+  }
+
+  /** y = rotate(x) for rows at their own positions (u32 a row), as a decoding step has them. */
+  at(pass: GPUComputePassEncoder, x: GPUBuffer, cos: GPUBuffer, sin: GPUBuffer, positions: GPUBuffer, y: GPUBuffer, s: Omit<RopeShape, 'length'>): void {
+    const n = s.rows * s.heads * s.headDim;
+    this.k.dispatch(pass, this.k.pipeline(ROPE_AT), [x, cos, sin, positions, y, this.k.uniform(fields({ u32: n }, { u32: s.heads }, { u32: s.headDim }))], ...grid(n));
   }
 
   /** dx from dy: the rotation's transpose. */

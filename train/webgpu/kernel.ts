@@ -36,6 +36,24 @@ export class Kernels {
     return buffer;
   }
 
+  private readonly spent: GPUBuffer[] = [];
+
+  /**
+   * A uniform buffer holding `bytes` for work submitted next, not kept for reuse (a decoding step's positions
+   * change every step): release() frees it once that work is done.
+   */
+  transient(bytes: ArrayBuffer): GPUBuffer {
+    const buffer = this.gpu.device.createBuffer({ size: Math.max(16, bytes.byteLength), usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+    this.gpu.device.queue.writeBuffer(buffer, 0, bytes);
+    this.spent.push(buffer);
+    return buffer;
+  }
+
+  /** Frees the transient uniforms; call when the work that used them has finished. */
+  release(): void {
+    for (const buffer of this.spent.splice(0)) buffer.destroy();
+  }
+
   /** Records `pipeline` over `buffers` (bindings 0, 1, … in order) on a grid of workgroups. */
   dispatch(pass: GPUComputePassEncoder, pipeline: GPUComputePipeline, buffers: GPUBuffer[], x: number, y = 1, z = 1): void {
     pass.setPipeline(pipeline);

@@ -14,7 +14,7 @@ import { llamaParameterShapes, ropeTable, type Llama, type LlamaConfig } from '.
 import type { GpuParameter } from './adamw.ts';
 import { Attention } from './attention.ts';
 import { download, submit, upload } from './buffers.ts';
-import { Add, Bias, Embedding, Norms, Rope, SwiGlu, byToken } from './elementwise.ts';
+import { Add, Bias, Copy, Embedding, Norms, Rope, SwiGlu, byToken } from './elementwise.ts';
 import type { Kernels } from './kernel.ts';
 import { TargetLogprobs } from './logprobs.ts';
 import { Matmul } from './matmul.ts';
@@ -35,20 +35,17 @@ interface Slot {
   positions: GPUBuffer;
 }
 
+/** The kernels a Llama's passes are written with, made once for a model on the GPU (decode.ts's too). */
+export function llamaKernels(k: Kernels) {
+  return { mm: new Matmul(k), norm: new RmsNorm(k), rope: new Rope(k), attention: new Attention(k), swiglu: new SwiGlu(k), add: new Add(k), embedding: new Embedding(k), logprobs: new TargetLogprobs(k), bias: new Bias(k), copy: new Copy(k) };
+}
+
 export class GpuLlama {
   readonly weights = new Map<string, GPUBuffer>();
   readonly grads = new Map<string, GPUBuffer>();
   private readonly sizes = new Map<string, number>();
   private readonly activations = new Map<string, { buffer: GPUBuffer; length: number }>();
-  private readonly mm: Matmul;
-  private readonly norm: RmsNorm;
-  private readonly rope: Rope;
-  private readonly attention: Attention;
-  private readonly swiglu: SwiGlu;
-  private readonly add: Add;
-  private readonly embedding: Embedding;
-  private readonly logprobs: TargetLogprobs;
-  private readonly bias: Bias;
+  private readonly ops: ReturnType<typeof llamaKernels>;
   private tables: { cos: GPUBuffer; sin: GPUBuffer; positions: number } | null = null;
   private readonly slots = new Map<number, Slot>();
 
@@ -62,7 +59,7 @@ export class GpuLlama {
       this.weights.set(name, upload(k.gpu, data));
       if (trainable) this.grads.set(name, upload(k.gpu, new Float32Array(size)));
     }
-    [this.mm, this.norm, this.rope, this.attention, this.swiglu, this.add, this.embedding, this.logprobs, this.bias] = [new Matmul(k), new RmsNorm(k), new Rope(k), new Attention(k), new SwiGlu(k), new Add(k), new Embedding(k), new TargetLogprobs(k), new Bias(k)];
+    this.ops = llamaKernels(k);
   }
 
   /** An activation's buffer of `length` f32s, kept from step to step while the shape stays. */
@@ -116,7 +113,7 @@ export class GpuLlama {
   async forward(b: TokenBlock, slot = 0): Promise<Float32Array> {
     const { c, B, T, N, D, H, K, hd, F, V, head, l, rows, heads, cos, sin, a } = this.sizesOf(b, slot);
     const gpu = this.k.gpu;
-    const project = (pass: GPUComputePassEncoder, x: GPUBuffer, w: string, y: GPUBuffer, m: number, n: number, k: number) => this.mm.encode(pass, x, this.w(w), y, { m, n, k, transposeB: true });
+    const project = (pass: GPUComputePassEncoder, x: GPUBuffer, w: string, y: GPUBuffer, m: number, n: number, k: number) => this.ops.mm.encode(pass, x, this.w(w), y, { m, n, k, transposeB: true });
     // The block's tokens go into the slot's buffers in queue order: a backward submitted before still reads the old ones.
     const write = (name: string, data: Int32Array | Uint32Array) => {
       const buffer = a(name, data.length);
@@ -128,33 +125,33 @@ export class GpuLlama {
     this.slots.set(slot, s);
 
     submit(gpu, (pass) => {
-      this.embedding.forward(pass, this.w('model.embed_tokens.weight'), s.ids, a('x0', N * D), N, D);
+      this.ops.embedding.forward(pass, this.w('model.embed_tokens.weight'), s.ids, a('x0', N * D), N, D);
       for (let i = 0; i < c.layers; i++) {
         const x = a(`x${i}`, N * D);
-        this.norm.forward(pass, x, this.w(l(i, 'input_layernorm.weight')), a(`h1.${i}`, N * D), a(`r1.${i}`, N), rows);
+        this.ops.norm.forward(pass, x, this.w(l(i, 'input_layernorm.weight')), a(`h1.${i}`, N * D), a(`r1.${i}`, N), rows);
         project(pass, a(`h1.${i}`, N * D), l(i, 'self_attn.q_proj.weight'), a(`q.${i}`, N * H * hd), N, H * hd, D);
         project(pass, a(`h1.${i}`, N * D), l(i, 'self_attn.k_proj.weight'), a(`k.${i}`, N * K * hd), N, K * hd, D);
         project(pass, a(`h1.${i}`, N * D), l(i, 'self_attn.v_proj.weight'), a(`v.${i}`, N * K * hd), N, K * hd, D);
         if (c.attentionBias) {
-          this.bias.forward(pass, this.w(l(i, 'self_attn.q_proj.bias')), a(`q.${i}`, N * H * hd), N, H * hd);
-          this.bias.forward(pass, this.w(l(i, 'self_attn.k_proj.bias')), a(`k.${i}`, N * K * hd), N, K * hd);
-          this.bias.forward(pass, this.w(l(i, 'self_attn.v_proj.bias')), a(`v.${i}`, N * K * hd), N, K * hd);
+          this.ops.bias.forward(pass, this.w(l(i, 'self_attn.q_proj.bias')), a(`q.${i}`, N * H * hd), N, H * hd);
+          this.ops.bias.forward(pass, this.w(l(i, 'self_attn.k_proj.bias')), a(`k.${i}`, N * K * hd), N, K * hd);
+          this.ops.bias.forward(pass, this.w(l(i, 'self_attn.v_proj.bias')), a(`v.${i}`, N * K * hd), N, K * hd);
         }
-        this.rope.forward(pass, a(`q.${i}`, N * H * hd), cos, sin, a(`qr.${i}`, N * H * hd), { rows: N, heads: H, headDim: hd, length: T });
-        this.rope.forward(pass, a(`k.${i}`, N * K * hd), cos, sin, a(`kr.${i}`, N * K * hd), { rows: N, heads: K, headDim: hd, length: T });
-        this.attention.forward(pass, a(`qr.${i}`, N * H * hd), a(`kr.${i}`, N * K * hd), a(`v.${i}`, N * K * hd), a(`p.${i}`, B * H * T * T), a(`att.${i}`, N * H * hd), heads);
+        this.ops.rope.forward(pass, a(`q.${i}`, N * H * hd), cos, sin, a(`qr.${i}`, N * H * hd), { rows: N, heads: H, headDim: hd, length: T });
+        this.ops.rope.forward(pass, a(`k.${i}`, N * K * hd), cos, sin, a(`kr.${i}`, N * K * hd), { rows: N, heads: K, headDim: hd, length: T });
+        this.ops.attention.forward(pass, a(`qr.${i}`, N * H * hd), a(`kr.${i}`, N * K * hd), a(`v.${i}`, N * K * hd), a(`p.${i}`, B * H * T * T), a(`att.${i}`, N * H * hd), heads);
         project(pass, a(`att.${i}`, N * H * hd), l(i, 'self_attn.o_proj.weight'), this.act('ao', N * D), N, D, H * hd);
-        this.add.encode(pass, x, this.act('ao', N * D), a(`xm.${i}`, N * D), N * D);
-        this.norm.forward(pass, a(`xm.${i}`, N * D), this.w(l(i, 'post_attention_layernorm.weight')), a(`h2.${i}`, N * D), a(`r2.${i}`, N), rows);
+        this.ops.add.encode(pass, x, this.act('ao', N * D), a(`xm.${i}`, N * D), N * D);
+        this.ops.norm.forward(pass, a(`xm.${i}`, N * D), this.w(l(i, 'post_attention_layernorm.weight')), a(`h2.${i}`, N * D), a(`r2.${i}`, N), rows);
         project(pass, a(`h2.${i}`, N * D), l(i, 'mlp.gate_proj.weight'), a(`g.${i}`, N * F), N, F, D);
         project(pass, a(`h2.${i}`, N * D), l(i, 'mlp.up_proj.weight'), a(`u.${i}`, N * F), N, F, D);
-        this.swiglu.forward(pass, a(`g.${i}`, N * F), a(`u.${i}`, N * F), a(`m.${i}`, N * F), N * F);
+        this.ops.swiglu.forward(pass, a(`g.${i}`, N * F), a(`u.${i}`, N * F), a(`m.${i}`, N * F), N * F);
         project(pass, a(`m.${i}`, N * F), l(i, 'mlp.down_proj.weight'), this.act('mo', N * D), N, D, F);
-        this.add.encode(pass, a(`xm.${i}`, N * D), this.act('mo', N * D), a(`x${i + 1}`, N * D), N * D);
+        this.ops.add.encode(pass, a(`xm.${i}`, N * D), this.act('mo', N * D), a(`x${i + 1}`, N * D), N * D);
       }
-      this.norm.forward(pass, a(`x${c.layers}`, N * D), this.w('model.norm.weight'), a('hf', N * D), a('rf', N), rows);
+      this.ops.norm.forward(pass, a(`x${c.layers}`, N * D), this.w('model.norm.weight'), a('hf', N * D), a('rf', N), rows);
       project(pass, a('hf', N * D), head, a('logits', N * V), N, V, D);
-      this.logprobs.forward(pass, a('logits', N * V), s.targets, a('logp', N), a('lse', N), { rows: N, vocab: V });
+      this.ops.logprobs.forward(pass, a('logits', N * V), s.targets, a('logp', N), a('lse', N), { rows: N, vocab: V });
     });
     return download(gpu, a('logp', N), N);
   }
@@ -180,30 +177,30 @@ export class GpuLlama {
     const t = (n: string, length: number) => this.act(n, length); // scratch shared by every slot's backward
     const dlogps = t('dlogp', N);
     gpu.device.queue.writeBuffer(dlogps, 0, dlogp);
-    const grad = (pass: GPUComputePassEncoder, dy: GPUBuffer, x: GPUBuffer, w: string, m: number, n: number, k: number) => this.mm.encode(pass, dy, x, this.g(w), { m, n, k, transposeA: true, accumulate: true });
-    const back = (pass: GPUComputePassEncoder, dy: GPUBuffer, w: string, dx: GPUBuffer, m: number, n: number, k: number, accumulate = false) => this.mm.encode(pass, dy, this.w(w), dx, { m, n, k, accumulate });
+    const grad = (pass: GPUComputePassEncoder, dy: GPUBuffer, x: GPUBuffer, w: string, m: number, n: number, k: number) => this.ops.mm.encode(pass, dy, x, this.g(w), { m, n, k, transposeA: true, accumulate: true });
+    const back = (pass: GPUComputePassEncoder, dy: GPUBuffer, w: string, dx: GPUBuffer, m: number, n: number, k: number, accumulate = false) => this.ops.mm.encode(pass, dy, this.w(w), dx, { m, n, k, accumulate });
     submit(gpu, (pass) => {
       const dx = t('dx', N * D);
-      this.logprobs.backward(pass, a('logits', N * V), s.targets, a('lse', N), dlogps, t('dlogits', N * V), { rows: N, vocab: V });
+      this.ops.logprobs.backward(pass, a('logits', N * V), s.targets, a('lse', N), dlogps, t('dlogits', N * V), { rows: N, vocab: V });
       back(pass, t('dlogits', N * V), head, t('dh', N * D), N, D, V);
       grad(pass, t('dlogits', N * V), a('hf', N * D), head, V, D, N);
-      this.norm.backward(pass, a(`x${c.layers}`, N * D), this.w('model.norm.weight'), a('rf', N), t('dh', N * D), dx, this.g('model.norm.weight'), rows);
+      this.ops.norm.backward(pass, a(`x${c.layers}`, N * D), this.w('model.norm.weight'), a('rf', N), t('dh', N * D), dx, this.g('model.norm.weight'), rows);
       for (let i = c.layers - 1; i >= 0; i--) {
         // The MLP: dx is the gradient of x_{i+1} = xm + down(swiglu(gate(h2), up(h2))).
         back(pass, dx, l(i, 'mlp.down_proj.weight'), t('dm', N * F), N, F, D);
         grad(pass, dx, a(`m.${i}`, N * F), l(i, 'mlp.down_proj.weight'), D, F, N);
-        this.swiglu.backward(pass, a(`g.${i}`, N * F), a(`u.${i}`, N * F), t('dm', N * F), t('dg', N * F), t('du', N * F), N * F);
+        this.ops.swiglu.backward(pass, a(`g.${i}`, N * F), a(`u.${i}`, N * F), t('dm', N * F), t('dg', N * F), t('du', N * F), N * F);
         back(pass, t('dg', N * F), l(i, 'mlp.gate_proj.weight'), t('dh', N * D), N, D, F);
         back(pass, t('du', N * F), l(i, 'mlp.up_proj.weight'), t('dh', N * D), N, D, F, true);
         grad(pass, t('dg', N * F), a(`h2.${i}`, N * D), l(i, 'mlp.gate_proj.weight'), F, D, N);
         grad(pass, t('du', N * F), a(`h2.${i}`, N * D), l(i, 'mlp.up_proj.weight'), F, D, N);
-        this.norm.backward(pass, a(`xm.${i}`, N * D), this.w(l(i, 'post_attention_layernorm.weight')), a(`r2.${i}`, N), t('dh', N * D), dx, this.g(l(i, 'post_attention_layernorm.weight')), { ...rows, accumulate: true });
+        this.ops.norm.backward(pass, a(`xm.${i}`, N * D), this.w(l(i, 'post_attention_layernorm.weight')), a(`r2.${i}`, N), t('dh', N * D), dx, this.g(l(i, 'post_attention_layernorm.weight')), { ...rows, accumulate: true });
         // Attention: dx is now the gradient of xm = x_i + o_proj(attention(q, k, v)).
         back(pass, dx, l(i, 'self_attn.o_proj.weight'), t('datt', N * H * hd), N, H * hd, D);
         grad(pass, dx, a(`att.${i}`, N * H * hd), l(i, 'self_attn.o_proj.weight'), D, H * hd, N);
-        this.attention.backward(pass, a(`qr.${i}`, N * H * hd), a(`kr.${i}`, N * K * hd), a(`v.${i}`, N * K * hd), a(`p.${i}`, B * H * T * T), t('datt', N * H * hd), t('ds', B * H * T * T), t('dqr', N * H * hd), t('dkr', N * K * hd), t('dv', N * K * hd), heads);
-        this.rope.backward(pass, t('dqr', N * H * hd), cos, sin, t('dq', N * H * hd), { rows: N, heads: H, headDim: hd, length: T });
-        this.rope.backward(pass, t('dkr', N * K * hd), cos, sin, t('dk', N * K * hd), { rows: N, heads: K, headDim: hd, length: T });
+        this.ops.attention.backward(pass, a(`qr.${i}`, N * H * hd), a(`kr.${i}`, N * K * hd), a(`v.${i}`, N * K * hd), a(`p.${i}`, B * H * T * T), t('datt', N * H * hd), t('ds', B * H * T * T), t('dqr', N * H * hd), t('dkr', N * K * hd), t('dv', N * K * hd), heads);
+        this.ops.rope.backward(pass, t('dqr', N * H * hd), cos, sin, t('dq', N * H * hd), { rows: N, heads: H, headDim: hd, length: T });
+        this.ops.rope.backward(pass, t('dkr', N * K * hd), cos, sin, t('dk', N * K * hd), { rows: N, heads: K, headDim: hd, length: T });
         back(pass, t('dq', N * H * hd), l(i, 'self_attn.q_proj.weight'), t('dh', N * D), N, D, H * hd);
         back(pass, t('dk', N * K * hd), l(i, 'self_attn.k_proj.weight'), t('dh', N * D), N, D, K * hd, true);
         back(pass, t('dv', N * K * hd), l(i, 'self_attn.v_proj.weight'), t('dh', N * D), N, D, K * hd, true);
@@ -211,13 +208,13 @@ export class GpuLlama {
         grad(pass, t('dk', N * K * hd), a(`h1.${i}`, N * D), l(i, 'self_attn.k_proj.weight'), K * hd, D, N);
         grad(pass, t('dv', N * K * hd), a(`h1.${i}`, N * D), l(i, 'self_attn.v_proj.weight'), K * hd, D, N);
         if (c.attentionBias) {
-          this.bias.backward(pass, t('dq', N * H * hd), this.g(l(i, 'self_attn.q_proj.bias')), N, H * hd);
-          this.bias.backward(pass, t('dk', N * K * hd), this.g(l(i, 'self_attn.k_proj.bias')), N, K * hd);
-          this.bias.backward(pass, t('dv', N * K * hd), this.g(l(i, 'self_attn.v_proj.bias')), N, K * hd);
+          this.ops.bias.backward(pass, t('dq', N * H * hd), this.g(l(i, 'self_attn.q_proj.bias')), N, H * hd);
+          this.ops.bias.backward(pass, t('dk', N * K * hd), this.g(l(i, 'self_attn.k_proj.bias')), N, K * hd);
+          this.ops.bias.backward(pass, t('dv', N * K * hd), this.g(l(i, 'self_attn.v_proj.bias')), N, K * hd);
         }
-        this.norm.backward(pass, a(`x${i}`, N * D), this.w(l(i, 'input_layernorm.weight')), a(`r1.${i}`, N), t('dh', N * D), dx, this.g(l(i, 'input_layernorm.weight')), { ...rows, accumulate: true });
+        this.ops.norm.backward(pass, a(`x${i}`, N * D), this.w(l(i, 'input_layernorm.weight')), a(`r1.${i}`, N), t('dh', N * D), dx, this.g(l(i, 'input_layernorm.weight')), { ...rows, accumulate: true });
       }
-      this.embedding.backward(pass, dx, s.starts, s.positions, this.g('model.embed_tokens.weight'), V, D);
+      this.ops.embedding.backward(pass, dx, s.starts, s.positions, this.g('model.embed_tokens.weight'), V, D);
     });
   }
 

@@ -1,0 +1,77 @@
+// Generation with a KV cache on the GPU (train/webgpu/decode.ts) against KVCache on the CPU (train/decode.ts):
+// the same next-token logits for sequences read together (prompts of different lengths, then a token each
+// per step), with grouped-query heads, an untied head and Qwen2's biases, past the cache's first capacity;
+// and the same greedy continuation, reusing a conversation's shared prefix. Tolerance: logits within 1e-4 of
+// the largest (f32, summed in other orders).
+import * as tf from '@tensorflow/tfjs-core';
+import { describe, expect, it } from 'vitest';
+import { seeded } from '../../core/random.ts';
+import { DecodeWeights, KVCache } from '../../train/decode.ts';
+import { Llama, type LlamaConfig } from '../../train/model.ts';
+import { GpuDecoder } from '../../train/webgpu/decode.ts';
+import { tinyLlama } from '../fixtures/llama.ts';
+import { absent, kernels } from '../fixtures/webgpu.ts';
+
+/** The largest |got − want| over the largest |want|. */
+function gap(got: Float32Array, want: Float32Array): number {
+  let [diff, largest] = [0, 0];
+  for (let i = 0; i < want.length; i++) {
+    diff = Math.max(diff, Math.abs(got[i]! - want[i]!));
+    largest = Math.max(largest, Math.abs(want[i]!));
+  }
+  return diff / largest;
+}
+
+async function sameSteps(config: LlamaConfig): Promise<void> {
+  const random = seeded('webgpu-decode', JSON.stringify(config));
+  const model = Llama.create(config, 'webgpu-decode');
+  for (const [name, v] of model.params) if (name.endsWith('.bias')) v.assign(tf.tensor(Float32Array.from({ length: v.size }, () => random() - 0.5), v.shape));
+  const draw = (n: number) => Array.from({ length: n }, () => Math.floor(random() * config.vocabSize));
+  const shared = new DecodeWeights(model);
+  const decoder = new GpuDecoder(model, kernels!);
+  const onCpu = [new KVCache(model, shared), new KVCache(model, shared), new KVCache(model, shared)];
+  const onGpu = onCpu.map(() => decoder.cache());
+  // Prompts of 3, 11 and 1 tokens (the CPU reads the long one through its batched pass), then 70 steps of a
+  // token each: past 64 positions, where a GPU cache grows and copies what it holds.
+  let reads = [draw(3), draw(11), draw(1)];
+  for (let step = 0; step < 71; step++) {
+    const [want, got] = [KVCache.readMany(onCpu, reads), await decoder.readMany(onGpu, reads)];
+    for (let b = 0; b < 3; b++) expect(gap(got[b]!, want[b]!), `sequence ${b}, step ${step}`).toBeLessThan(1e-4);
+    reads = [draw(1), draw(1), draw(1)];
+  }
+  expect(onGpu.map((c) => c.tokens.length)).toEqual([73, 81, 71]);
+  expect(onGpu[0]!.capacity).toBeGreaterThan(64);
+  onGpu.forEach((c) => c.dispose());
+  decoder.dispose();
+  shared.dispose();
+  model.dispose();
+}
+
+describe('generation on the GPU', () => {
+  it.skipIf(absent)('reads sequences together to the logits the CPU’s cache gives, step after step and past its first capacity', async () => {
+    await sameSteps(tinyLlama({ maxPositions: 128 }));
+  });
+
+  it.skipIf(absent)('and with an untied head, more key/value heads and Qwen2’s biases', async () => {
+    await sameSteps(tinyLlama({ maxPositions: 128, tiedEmbeddings: false, heads: 4, kvHeads: 2, headDim: 4, attentionBias: true, modelType: 'qwen2' }));
+  });
+
+  it.skipIf(absent)('generates the CPU’s greedy continuation, and the next turn reads only what is new', async () => {
+    const model = Llama.create(tinyLlama({ maxPositions: 64 }), 'webgpu-generate');
+    const decoder = new GpuDecoder(model, kernels!);
+    const [cpu, gpu] = [new KVCache(model), decoder.cache()];
+    const options = { maxTokens: 12, temperature: 0 };
+    const first = [1, 2, 3, 4, 5];
+    const want = cpu.generate(first, options);
+    expect(await gpu.generate(first, options)).toEqual(want);
+    expect(gpu.tokens).toEqual(cpu.tokens);
+    const next = [...first, ...want, 7, 8];
+    const before = gpu.tokens.length;
+    expect(await gpu.generate(next, options)).toEqual(cpu.generate(next, options));
+    expect(before).toBeGreaterThan(first.length); // the first turn's tokens were kept, not read again
+    expect(gpu.tokens).toEqual(cpu.tokens);
+    gpu.dispose();
+    decoder.dispose();
+    model.dispose();
+  });
+});
