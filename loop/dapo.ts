@@ -28,14 +28,14 @@ export interface DapoRun {
 /**
  * Trains the model in `from` (a Hugging Face folder) by DAPO into `out/model` and `out/metrics.jsonl`, resuming
  * from the run's checkpoints in `cache` (keyed by `key`). `info` joins the model's trainer_state.json. With
- * `gpu` (`--backend webgpu`) the updates are made on the GPU; the rollouts and validation stay on TensorFlow.js.
+ * `gpu` (`--backend webgpu`) the updates, the rollouts and validation run on the GPU.
  */
 export async function runDapo(from: string, out: string, cache: string, key: string, cfg: DapoSettings, info: Record<string, unknown>, signal: AbortSignal, log: Logger, gpu?: Kernels): Promise<DapoRun> {
   const start = loadCheckpoint(from);
   const chat = openChat(start.tokenizer, start.model.config.eosTokenId, from);
   const s = cfg.simulator;
   const world = generateWorld({ ...DEFAULT_WORLD, seed: s.world_seed, companies: s.companies });
-  const sampling = { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p, tools: s.constrained ? TOOLS : undefined, signal, recordTurns: true };
+  const sampling = { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p, tools: s.constrained ? TOOLS : undefined, signal, recordTurns: true, gpu };
 
   const rollouts = simulatorRollouts({ world, chat, context: start.context, placeholders: start.placeholders, sampling, maxTurns: s.max_turns, seed: cfg.seed, groupSize: cfg.group_size, tasksPerStep: cfg.tasks_per_step, maxGenerationBatches: cfg.max_generation_batches, taskPool: cfg.task_pool, maxCalls: cfg.max_calls, mode: cfg.mode, reward: cfg.reward, overlongBuffer: cfg.overlong_buffer, log });
   const v = cfg.validation;

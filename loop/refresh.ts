@@ -298,9 +298,12 @@ async function play(name: string, folder: string, cfg: RefreshConfig, signal: Ab
   const e = cfg.eval;
   const ck = loadCheckpoint(folder);
   const chat = openChat(ck.tokenizer, ck.model.config.eosTokenId, folder);
-  const policy = new ModelPolicy(name, ck.model, ck.context, chat, ck.placeholders, { maxTokens: e.max_tokens, temperature: e.temperature, topP: e.top_p, tools: TOOLS, signal }, Math.random);
+  const policy = new ModelPolicy(name, ck.model, ck.context, chat, ck.placeholders, { maxTokens: e.max_tokens, temperature: e.temperature, topP: e.top_p, tools: TOOLS, signal, gpu: currentBackend()?.gpu }, Math.random);
   const progress = log.progress(`paired evaluation: ${name}`, e.tasks * e.k);
-  const records = await validationEpisodes(policy, { worldSeed: e.world_seed, companies: e.companies, tasks: e.tasks, k: e.k, maxTurns: e.max_turns }, (task, trial) => (policy.random = seeded(cfg.seed, 'paired', task, trial)), () => progress.tick()).finally(() => progress.done());
+  const records = await validationEpisodes(policy, { worldSeed: e.world_seed, companies: e.companies, tasks: e.tasks, k: e.k, maxTurns: e.max_turns }, (task, trial) => (policy.random = seeded(cfg.seed, 'paired', task, trial)), () => progress.tick()).finally(() => {
+    progress.done();
+    policy.dispose();
+  });
   ck.model.dispose();
   return records;
 }

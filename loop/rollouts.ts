@@ -102,14 +102,18 @@ export function simulatorRollouts(o: RolloutOptions): (step: number, model: Llam
     const all: Group[] = [];
     // The step's tasks: a seeded draw without replacement (with it once the pool runs out), batch after batch.
     const draw = sample(seeded(o.seed, 'dapo-tasks', step), pool, pool.length);
-    for (let b = 0; b < o.maxGenerationBatches && kept.length < o.tasksPerStep; b++) {
-      const groups: Group[] = [];
-      for (let k = 0; k < o.tasksPerStep; k++) {
-        const slot = b * o.tasksPerStep + k;
-        groups.push(await playGroup(policy, step, slot, draw[slot % draw.length]!));
+    try {
+      for (let b = 0; b < o.maxGenerationBatches && kept.length < o.tasksPerStep; b++) {
+        const groups: Group[] = [];
+        for (let k = 0; k < o.tasksPerStep; k++) {
+          const slot = b * o.tasksPerStep + k;
+          groups.push(await playGroup(policy, step, slot, draw[slot % draw.length]!));
+        }
+        all.push(...groups);
+        for (const i of informativeGroups(groups.map((g) => g.rollouts.map((r) => r.reward)))) kept.push(groups[i]!.rollouts);
       }
-      all.push(...groups);
-      for (const i of informativeGroups(groups.map((g) => g.rollouts.map((r) => r.reward)))) kept.push(groups[i]!.rollouts);
+    } finally {
+      if (policy instanceof ModelPolicy) policy.dispose();
     }
     const rewards = all.flatMap((g) => g.rollouts.map((r) => r.reward));
     const mean = (xs: number[]) => xs.reduce((a, x) => a + x, 0) / Math.max(1, xs.length);
@@ -160,23 +164,26 @@ export async function validation(o: ValidationOptions, model: Llama): Promise<Re
   let firstReward = 0;
   let guided = 0;
   let retried = 0;
-  for (const task of o.tasks) {
-    const opening = await play(task, 0, '');
-    first += opening.success ? 1 : 0;
-    firstReward += opening.reward;
-    const notes = addNotes(emptyNotes(), opening.messages);
-    let withNotes = opening.success;
-    let without = opening.success;
-    for (let trial = 1; trial < o.tries && !withNotes; trial++) {
-      const episode = await play(task, trial, feedbackBlock(notes));
-      withNotes = episode.success;
-      addNotes(notes, episode.messages);
+  try {
+    for (const task of o.tasks) {
+      const opening = await play(task, 0, '');
+      first += opening.success ? 1 : 0;
+      firstReward += opening.reward;
+      const notes = addNotes(emptyNotes(), opening.messages);
+      let withNotes = opening.success;
+      let without = opening.success;
+      for (let trial = 1; trial < o.tries && !withNotes; trial++) {
+        const episode = await play(task, trial, feedbackBlock(notes));
+        withNotes = episode.success;
+        addNotes(notes, episode.messages);
+      }
+      for (let trial = 1; trial < o.tries && !without; trial++) without = (await play(task, trial, '')).success;
+      guided += withNotes ? 1 : 0;
+      retried += without ? 1 : 0;
     }
-    for (let trial = 1; trial < o.tries && !without; trial++) without = (await play(task, trial, '')).success;
-    guided += withNotes ? 1 : 0;
-    retried += without ? 1 : 0;
+  } finally {
+    policy.dispose();
   }
-  policy.reads = null;
   const n = Math.max(1, o.tasks.length);
   return { 'val/success_first': first / n, 'val/success_feedback': guided / n, 'val/success_retry': retried / n, 'val/reward_first': firstReward / n };
 }

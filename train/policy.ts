@@ -2,7 +2,7 @@
 // with values as placeholders and cut to its context as in training, and writes the next assistant message,
 // whose placeholders are put back before the environment reads it. One KV cache is kept across
 // turns and episodes: each prompt extends the last one (and all start with the same system prompt), so
-// only the new messages are read.
+// only the new messages are read. With `--backend webgpu` the cache and the model's steps are on the GPU.
 import { safePoint } from '../pipeline/interrupt.ts';
 import type { Random } from '../core/random.ts';
 import type { Message, Policy } from '../core/records.ts';
@@ -10,6 +10,8 @@ import type { Chat } from './chat.ts';
 import type { Turn } from './dapo.ts';
 import type { ToolCallConstraint, ToolSchema } from './constrain.ts';
 import { KVCache } from './decode.ts';
+import { GpuCache, GpuDecoder } from './webgpu/decode.ts';
+import type { Kernels } from './webgpu/kernel.ts';
 import type { Llama } from './model.ts';
 import { modelView, type Placeholders } from './placeholders.ts';
 import { headLength, recentWindow } from './windows.ts';
@@ -25,6 +27,8 @@ export interface SamplingOptions {
   signal?: AbortSignal;
   /** Keep every turn's tokens in `turns` (for reinforcement learning); off, nothing is kept. */
   recordTurns?: boolean;
+  /** `--backend webgpu`'s kernels: generate on the GPU (train/webgpu/decode.ts); absent, on the CPU. */
+  gpu?: Kernels;
 }
 
 /** A conversation as the model reads it, with the header of its reply open, and how to put values back into the reply. */
@@ -51,7 +55,7 @@ export async function promptOf(chat: Chat, placeholders: Placeholders, room: num
 }
 
 export class ModelPolicy implements Policy {
-  private readonly cache: KVCache;
+  private readonly cache: KVCache | GpuCache;
   private calls = 0;
   private constraint: Promise<ToolCallConstraint | null> | undefined;
   /** Tokens read and written, for throughput figures. */
@@ -77,7 +81,15 @@ export class ModelPolicy implements Policy {
     /** The sampler's randomness: set a fresh seeded stream per episode for reproducible episodes. */
     public random: Random,
   ) {
-    this.cache = new KVCache(model);
+    this.cache = sampling.gpu ? new GpuDecoder(model, sampling.gpu).cache() : new KVCache(model);
+  }
+
+  /** Frees what the policy holds on the GPU (nothing on the CPU): call when its episodes are over. */
+  dispose(): void {
+    if (this.cache instanceof GpuCache) {
+      this.cache.dispose();
+      this.cache.decoder.dispose();
+    }
   }
 
   async respond(conversation: Message[]): Promise<Message> {
@@ -86,7 +98,7 @@ export class ModelPolicy implements Policy {
     const { ids: prompt, restore } = await read(this.reads ? this.reads(conversation) : conversation);
     if (this.sampling.tools) this.constraint ??= this.chat.toolConstraint(this.sampling.tools);
     const constraint = (await this.constraint) ?? undefined;
-    const ids = this.cache.generate(prompt, { ...this.sampling, stop: this.chat.stop, random: this.random, constraint });
+    const ids = await this.cache.generate(prompt, { ...this.sampling, stop: this.chat.stop, random: this.random, constraint });
     this.generated += ids.length;
     if (this.sampling.recordTurns) this.turns.push({ prompt, generated: ids, ...(this.reads ? { base: (await read(conversation)).ids } : {}) });
     const reply = restore(await this.chat.parseAssistant(ids, this.calls + 1));

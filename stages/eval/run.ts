@@ -16,6 +16,7 @@ import { heldOutPairFigures, pairExamples, pairWins, readPreferenceTraining, sho
 import { readParquet, scoreSequences, sftSequences, subset, type BlockScorer, type Scores } from '../../train/data.ts';
 import { Llama } from '../../train/model.ts';
 import type { Placeholders } from '../../train/placeholders.ts';
+import type { Kernels } from '../../train/webgpu/kernel.ts';
 import { ModelPolicy } from '../../train/policy.ts';
 
 type ModelRow = Record<string, number | null>;
@@ -37,13 +38,16 @@ import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
 
 /** The model acting in the simulator on the validation tasks, each episode seeded by the model, task and try. */
-async function simulate(m: Model, chat: Chat, context: number, placeholders: Placeholders, s: Config['simulator'], seed: string, signal: AbortSignal, log: Logger): Promise<ModelRow> {
+async function simulate(m: Model, chat: Chat, context: number, placeholders: Placeholders, s: Config['simulator'], seed: string, signal: AbortSignal, log: Logger, gpu?: Kernels): Promise<ModelRow> {
   if (s.tasks === 0) return {};
-  const policy = new ModelPolicy(m.name, m.model, context, chat, placeholders, { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p, tools: s.constrained ? TOOLS : undefined, signal }, Math.random);
+  const policy = new ModelPolicy(m.name, m.model, context, chat, placeholders, { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p, tools: s.constrained ? TOOLS : undefined, signal, gpu }, Math.random);
   const progress = log.progress(`simulator: ${m.name}`, s.tasks * s.k);
   const started = performance.now();
   const options = { worldSeed: s.world_seed, companies: s.companies, tasks: s.tasks, k: s.k, maxTurns: s.max_turns };
-  const figures = await validationFigures(policy, options, (taskId, trial) => (policy.random = seeded(seed, 'eval', m.name, taskId, trial)), () => progress.tick()).finally(() => progress.done());
+  const figures = await validationFigures(policy, options, (taskId, trial) => (policy.random = seeded(seed, 'eval', m.name, taskId, trial)), () => progress.tick()).finally(() => {
+    progress.done();
+    policy.dispose();
+  });
   log.info('simulated', { model: m.name, episodes: s.tasks * s.k, generated: policy.generated, 'tokens/s': Math.round(policy.generated / ((performance.now() - started) / 1000)) });
   return figures;
 }
@@ -120,7 +124,7 @@ export async function run({ config: cfg, out, input, log, options, signal }: Sta
     for (const k of examples.length ? [0, 1] : []) sides.push(await scoreSequences(score, examples.map((e) => e.sequences[k]!), cfg.micro_batch_tokens, pad, signal, log, `held-out pairs: ${m.name}`));
     return sides;
   };
-  // With --backend webgpu the GPU scores (a copy of each model's weights there); generation stays on TensorFlow.js.
+  // With --backend webgpu the GPU scores (a copy of each model's weights there) and generates.
   const reference = await withScorer(backend, models[1]!.model, (score) => scores(models[1]!, score));
   const rows: Record<string, ModelRow> = {};
   for (const m of models) {
@@ -136,7 +140,7 @@ export async function run({ config: cfg, out, input, log, options, signal }: Sta
       row.nll = -s.sum.reduce((a, b) => a + b, 0) / Math.max(1, s.count.reduce((a, b) => a + b, 0));
     }
     scorer.dispose();
-    Object.assign(row, await simulate(m, chat, sft.context, sft.placeholders, cfg.simulator, cfg.seed, signal, log));
+    Object.assign(row, await simulate(m, chat, sft.context, sft.placeholders, cfg.simulator, cfg.seed, signal, log, backend.gpu));
     rows[m.name] = row;
     log.info('evaluated', { model: m.name, ...row });
   }
