@@ -110,15 +110,15 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
 
 /**
  * What scores token blocks with `model`'s weights where `backend` trains: the GPU with webgpu (a copy of the
- * weights there, freed by dispose), else the tfjs model itself (scoreSequences takes either).
+ * weights there, freed by dispose), else the tfjs model's.
  */
-export async function scorerOn(backend: Backend | null, model: Llama): Promise<{ score: Llama | BlockScorer; dispose(): void }> {
-  if (!backend?.gpu) return { score: model, dispose: () => {} };
+export async function scorerOn(backend: Backend | null, model: Llama): Promise<{ score: BlockScorer; dispose(): void }> {
+  if (!backend?.gpu) return { score: (await import('./data.ts')).tfjsScorer(model), dispose: () => {} };
   return (await import('./webgpu/llama.ts')).gpuScorer(model, backend.gpu);
 }
 
 /** `use` with a scorer of `model` (scorerOn), freed after. */
-export async function withScorer<T>(backend: Backend | null, model: Llama, use: (score: Llama | BlockScorer) => Promise<T>): Promise<T> {
+export async function withScorer<T>(backend: Backend | null, model: Llama, use: (score: BlockScorer) => Promise<T>): Promise<T> {
   const scorer = await scorerOn(backend, model);
   try {
     return await use(scorer.score);

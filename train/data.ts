@@ -91,7 +91,8 @@ export interface Scores {
 /** What scores a token block: every position's log p(target), B·T f32s; the GPU's (train/webgpu/llama.ts gpuScorer), or the tfjs model's. */
 export type BlockScorer = (b: TokenBlock) => Promise<Float32Array>;
 
-const tfjsScorer =
+/** The tfjs model as a scorer of blocks. */
+export const tfjsScorer =
   (model: Llama): BlockScorer =>
   async (b) =>
     tf.tidy(() => model.tokenLogprobs(b.ids, b.targets, b.batch, b.length).dataSync() as Float32Array);

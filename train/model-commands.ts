@@ -4,7 +4,7 @@ import { InvalidArgumentError, type Command } from 'commander';
 import { PipelineError } from '../pipeline/errors.ts';
 import type { CommandContext } from '../pipeline/commands.ts';
 import { seeded } from '../core/random.ts';
-import { useBackend, type BackendChoice } from './backend.ts';
+import { useBackend, withScorer, type Backend, type BackendChoice } from './backend.ts';
 import type { Llama } from './model.ts';
 
 /** A JSON list of token ids (`depth` 1) or of lists of them (`depth` 2). */
@@ -31,8 +31,8 @@ const number = (value: string) => {
 };
 
 /** The model in `dir`, on the backend `--backend` asked for; names the folder and the id when an id is out of the vocabulary. */
-async function open(program: Command, dir: string, ids: number[][]): Promise<Llama> {
-  await useBackend((program.opts<{ backend?: BackendChoice }>().backend ?? 'auto') as BackendChoice);
+async function open(program: Command, dir: string, ids: number[][]): Promise<{ model: Llama; backend: Backend }> {
+  const backend = await useBackend((program.opts<{ backend?: BackendChoice }>().backend ?? 'auto') as BackendChoice);
   const [{ readHfModel }, { Llama }] = await Promise.all([import('./hf.ts'), import('./model.ts')]); // the trainer, only when a model is opened
   let hf;
   try {
@@ -42,18 +42,19 @@ async function open(program: Command, dir: string, ids: number[][]): Promise<Lla
   }
   const bad = ids.flat().find((id) => id >= hf.config.vocabSize);
   if (bad !== undefined) throw new PipelineError(`token id ${bad} is outside ${dir}'s vocabulary of ${hf.config.vocabSize}`);
-  return new Llama(hf.config, hf.weights);
+  return { model: new Llama(hf.config, hf.weights), backend };
 }
 
 /** Each sequence's per-token log-probs (the first token has none) and their sums. */
-async function score(model: Llama, sequences: number[][]): Promise<{ token_logprobs: number[][]; sums: number[] }> {
-  const tf = await import('@tensorflow/tfjs-core');
-  const token_logprobs = sequences.map((ids) => {
-    if (ids.length < 2) return [];
-    const T = ids.length;
-    const targets = Int32Array.from([...ids.slice(1), 0]);
-    const row = tf.tidy(() => model.tokenLogprobs(Int32Array.from(ids), targets, 1, T).dataSync() as Float32Array);
-    return Array.from(row.subarray(0, T - 1));
+async function score({ model, backend }: { model: Llama; backend: Backend }, sequences: number[][]): Promise<{ token_logprobs: number[][]; sums: number[] }> {
+  const token_logprobs = await withScorer(backend, model, async (logprobs) => {
+    const rows: number[][] = [];
+    for (const ids of sequences) {
+      const T = ids.length;
+      const row = T < 2 ? [] : await logprobs({ ids: Int32Array.from(ids), targets: Int32Array.from([...ids.slice(1), 0]), batch: 1, length: T });
+      rows.push(Array.from(row).slice(0, T - 1));
+    }
+    return rows;
   });
   return { token_logprobs, sums: token_logprobs.map((row) => row.reduce((s, v) => s + v, 0)) };
 }
@@ -69,7 +70,7 @@ export function addModelCommands(program: Command, ctx: CommandContext): void {
     .action(async (dir: string, opts: { ids: number[][] }) => {
       const m = await open(program, dir, opts.ids);
       process.stdout.write(JSON.stringify(await score(m, opts.ids)) + '\n');
-      m.dispose();
+      m.model.dispose();
       ctx.setExit(0);
     });
 
@@ -84,9 +85,10 @@ export function addModelCommands(program: Command, ctx: CommandContext): void {
     .option('--seed <s>', 'the sampler\'s seed', 'prefab')
     .option('--stop <ids>', 'stop after any of these token ids, e.g. [2]', tokenIds(1))
     .action(async (dir: string, opts: { ids: number[]; maxNewTokens: number; temperature: number; topP: number; seed: string; stop?: number[] }) => {
-      const m = await open(program, dir, [opts.ids]);
-      const cache = new (await import('./decode.ts')).KVCache(m);
-      const continuation = cache.generate(opts.ids, { maxTokens: opts.maxNewTokens, temperature: opts.temperature, topP: opts.topP, random: seeded(opts.seed, 'generate'), stop: opts.stop });
+      const { model: m, backend } = await open(program, dir, [opts.ids]);
+      // With --backend webgpu the cache and the steps are on the GPU.
+      const cache = backend.gpu ? new (await import('./webgpu/decode.ts')).GpuDecoder(m, backend.gpu).cache() : new (await import('./decode.ts')).KVCache(m);
+      const continuation = await cache.generate(opts.ids, { maxTokens: opts.maxNewTokens, temperature: opts.temperature, topP: opts.topP, random: seeded(opts.seed, 'generate'), stop: opts.stop });
       process.stdout.write(JSON.stringify({ continuation }) + '\n');
       m.dispose();
       ctx.setExit(0);
