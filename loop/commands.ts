@@ -103,11 +103,11 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
     .option('--follow-ms <n>', 'how often the registry is read for promotions and rollbacks, which move production and candidate (0: never)', wholeNumber, 5000)
     .action(async (opts: { model: string; split?: Arm[]; host: string; port: number; maxBatch: number; maxQueue: number; maxTokens: number; maxBodyBytes: number; followMs: number }) => {
       const log = ctx.logger();
-      await useBackend((program.opts<{ backend?: BackendChoice }>().backend ?? 'auto') as BackendChoice);
+      const backend = await useBackend((program.opts<{ backend?: BackendChoice }>().backend ?? 'auto') as BackendChoice);
       const { followAliases, loadCatalog, startServer } = await import('./serve.ts');
       const registry = registryOf(program);
       const names = [...new Set([opts.model, ...(opts.split ?? []).map((a) => a.name)])];
-      const settings = { ...opts, defaultModel: opts.model, maxBatch: Math.max(1, opts.maxBatch), apiKey: process.env.PREFAB_SERVE_API_KEY || null, split: opts.split ?? null };
+      const settings = { ...opts, defaultModel: opts.model, maxBatch: Math.max(1, opts.maxBatch), apiKey: process.env.PREFAB_SERVE_API_KEY || null, split: opts.split ?? null, gpu: backend.gpu };
       const catalog = loadCatalog(registry, names, settings);
       const running = await startServer(catalog, settings, log);
       const served = names.map((n) => `${n} = ${catalog.get(n)!.version}`).join(', ');

@@ -13,6 +13,7 @@ import { Registry } from './registry.ts';
 import { inboxOf, liveFigures, refreshNight, unfinishedNight, type Live, type NightReport } from './refresh.ts';
 import { SERVE_DEFAULTS, type RefreshConfig } from './settings.ts';
 import { loadCatalog, startServer } from './serve.ts';
+import { currentBackend } from '../train/backend.ts';
 
 export interface Day {
   day: number;
@@ -29,7 +30,7 @@ const dateOf = (start: string, n: number) => new Date(Date.parse(`${start}T00:00
 
 /** Serves production and writes the day's sessions into the inbox (aside, then renamed: a killed day leaves no file). */
 async function collectDay(registry: Registry, cfg: RefreshConfig, inbox: string, day: number, log: Logger): Promise<string> {
-  const settings = { ...SERVE_DEFAULTS, port: 0, apiKey: null, split: null, maxQueue: 1024 };
+  const settings = { ...SERVE_DEFAULTS, port: 0, apiKey: null, split: null, maxQueue: 1024, gpu: currentBackend()?.gpu };
   const catalog = loadCatalog(registry, ['production'], settings);
   const server = await startServer(catalog, settings, log);
   const file = join(inbox, `day-${String(day).padStart(4, '0')}.jsonl`);

@@ -1,7 +1,7 @@
 // `prefab serve`: registry versions behind an OpenAI-compatible HTTP API (POST /v1/chat/completions with
 // tools and tool_calls, optional SSE streaming; GET /v1/models), so agents and the simulator talk to the
 // deployed model as to any endpoint. The requests in flight for a version are decoded together: one pass
-// through the model per decoding step for all of them, new requests' prompts read in the same pass (KVCache.readMany), and a finished request's cache
+// through the model per decoding step for all of them (on the GPU with --backend webgpu), new requests' prompts read in the same pass (KVCache.readMany), and a finished request's cache
 // waits in a pool for the conversation's next turn, which then reads only its new messages. With a split,
 // each conversation goes to an arm by a stable hash of its opening messages, and every response says which
 // version answered (its `model` field and the x-prefab-version header), so collected sessions come back
@@ -17,7 +17,9 @@ import { seeded } from '../core/random.ts';
 import { openChat, type Chat } from '../train/chat.ts';
 import { loadCheckpoint } from '../train/checkpoint.ts';
 import type { ToolCallConstraint, ToolSchema } from '../train/constrain.ts';
-import { Decoding, DecodeWeights, KVCache } from '../train/decode.ts';
+import { Decoding, cpuCaches, type CachePool, type TokenCache } from '../train/decode.ts';
+import { GpuDecoder } from '../train/webgpu/decode.ts';
+import type { Kernels } from '../train/webgpu/kernel.ts';
 import type { Placeholders } from '../train/placeholders.ts';
 import { promptOf } from '../train/policy.ts';
 import type { Registry } from './registry.ts';
@@ -83,7 +85,7 @@ class ApiError extends Error {
 // ---- a version being served: its model, its queue, the decoding loop ------------------------------------------
 
 interface Job {
-  decoding: Decoding | null;
+  decoding: Decoding<TokenCache> | null;
   prompt: number[];
   sampling: { maxTokens: number; temperature: number; topP: number; random: () => number; constraint?: ToolCallConstraint; stop: number[] };
   /** Each drawn token, as it comes (streaming). */
@@ -91,6 +93,9 @@ interface Job {
   done: (result: { out: number[]; error?: Error }) => void;
   cancelled: boolean;
 }
+
+/** What a served version is loaded with: its queue's limits, and `--backend webgpu`'s kernels to decode on the GPU. */
+type ServedSettings = Pick<ServeSettings, 'maxBatch' | 'maxQueue'> & { gpu?: Kernels };
 
 /** Shared tokens below which a new cache reads the prompt itself rather than copy another's. */
 const MIN_FORK = 16;
@@ -100,8 +105,9 @@ class ServedModel {
   readonly chat: Chat;
   readonly context: number;
   readonly placeholders: Placeholders;
-  private readonly weights: DecodeWeights;
-  private readonly idle: KVCache[] = [];
+  /** The caches and the model's steps: on the GPU with --backend webgpu, else on the CPU. */
+  private readonly caches: CachePool;
+  private readonly idle: TokenCache[] = [];
   private readonly waiting: Job[] = [];
   private active: Job[] = [];
   private running = false;
@@ -112,13 +118,13 @@ class ServedModel {
   constructor(
     readonly version: string,
     folder: string,
-    private readonly settings: Pick<ServeSettings, 'maxBatch' | 'maxQueue'>,
+    private readonly settings: ServedSettings,
   ) {
     const checkpoint = loadCheckpoint(folder);
     this.chat = openChat(checkpoint.tokenizer, checkpoint.model.config.eosTokenId, folder);
     this.context = checkpoint.context;
     this.placeholders = checkpoint.placeholders;
-    this.weights = new DecodeWeights(checkpoint.model);
+    this.caches = settings.gpu ? new GpuDecoder(checkpoint.model, settings.gpu) : cpuCaches(checkpoint.model);
   }
 
   constraint(tools: readonly ToolSchema[]): Promise<ToolCallConstraint | null> {
@@ -145,26 +151,26 @@ class ServedModel {
    * else a copy of the shared part of one in flight (the system prompt, read once for all of them), else a new
    * one. Either way only what is not shared is read.
    */
-  private cacheFor(prompt: number[], inFlight: { job: Job }[]): KVCache {
-    const shared = (c: KVCache) => {
+  private cacheFor(prompt: number[], inFlight: { job: Job }[]): TokenCache {
+    const shared = (c: TokenCache) => {
       let n = 0;
       while (n < c.tokens.length && n < prompt.length && c.tokens[n] === prompt[n]) n++;
       return n;
     };
-    let best: { cache: KVCache; n: number; idle: boolean } | null = null;
+    let best: { cache: TokenCache; n: number; idle: boolean } | null = null;
     for (const [cache, idle] of [...this.idle.map((c) => [c, true] as const), ...inFlight.map((r) => [r.job.decoding!.cache, false] as const)]) {
       const n = shared(cache);
       if (n > (best?.n ?? 0)) best = { cache, n, idle };
     }
     if (best?.idle) return this.idle.splice(this.idle.indexOf(best.cache), 1)[0]!;
-    if (best && best.n >= MIN_FORK) return KVCache.forkOf(best.cache, best.n);
-    return new KVCache(this.weights.model, this.weights);
+    if (best && best.n >= MIN_FORK) return this.caches.fork(best.cache, best.n);
+    return this.caches.create();
   }
 
   private release(job: Job, error?: Error): void {
     if (job.decoding) {
       this.idle.push(job.decoding.cache);
-      if (this.idle.length > 2 * this.settings.maxBatch) this.idle.shift(); // the least recently used goes
+      if (this.idle.length > 2 * this.settings.maxBatch) this.caches.free(this.idle.shift()!); // the least recently used goes
     }
     job.done({ out: job.decoding?.out ?? [], error });
   }
@@ -204,7 +210,7 @@ class ServedModel {
         }
         this.active = reading.map((r) => r.job);
         if (reading.length > 0) {
-          const logits = KVCache.readMany(reading.map((r) => r.job.decoding!.cache), reading.map((r) => r.tokens));
+          const logits = await this.caches.readMany(reading.map((r) => r.job.decoding!.cache), reading.map((r) => r.tokens));
           reading.forEach((r, i) => (r.job.decoding!.logits = logits[i]!));
         }
         await new Promise((resolve) => setImmediate(resolve)); // let the server take requests and send replies
@@ -218,8 +224,9 @@ class ServedModel {
   }
 
   dispose(): void {
-    this.weights.dispose();
-    this.weights.model.dispose();
+    for (const cache of this.idle.splice(0)) this.caches.free(cache);
+    this.caches.dispose();
+    this.caches.model.dispose();
   }
 }
 
@@ -229,7 +236,7 @@ class ServedModel {
 export type Catalog = Map<string, ServedModel>;
 
 /** Loads the registry's aliases and the versions named, each once. */
-export function loadCatalog(registry: Registry, names: string[], settings: Pick<ServeSettings, 'maxBatch' | 'maxQueue'>): Catalog {
+export function loadCatalog(registry: Registry, names: string[], settings: ServedSettings): Catalog {
   const aliases = registry.aliases();
   const catalog: Catalog = new Map();
   const byVersion = new Map<string, ServedModel>();
@@ -250,7 +257,7 @@ export function loadCatalog(registry: Registry, names: string[], settings: Pick<
  * the new version is loaded, and later requests for the alias go to it; requests in flight finish on the
  * version they started on, which stays served under its id. Returns the moves, e.g. `production: v0003 → v0004`.
  */
-export function followAliases(catalog: Catalog, registry: Registry, settings: Pick<ServeSettings, 'maxBatch' | 'maxQueue'>): string[] {
+export function followAliases(catalog: Catalog, registry: Registry, settings: ServedSettings): string[] {
   const aliases = registry.aliases();
   const moves: string[] = [];
   for (const alias of ['production', 'candidate'] as const) {

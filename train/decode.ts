@@ -369,6 +369,35 @@ export interface TokenCache {
 }
 
 /**
+ * The caches a server keeps for one model (loop/serve.ts): on the CPU (cpuCaches) or the GPU
+ * (train/webgpu/decode.ts GpuDecoder), made, forked, read together and freed alike.
+ */
+export interface CachePool {
+  readonly model: Llama;
+  create(): TokenCache;
+  /** A new cache holding the first n tokens of `source` (KVCache.forkOf). */
+  fork(source: TokenCache, n: number): TokenCache;
+  /** Reads reads[b] into caches[b] in one pass (KVCache.readMany); each cache's next-token logits. */
+  readMany(caches: TokenCache[], reads: number[][]): Float32Array[] | Promise<Float32Array[]>;
+  /** Frees a cache the server lets go. */
+  free(cache: TokenCache): void;
+  dispose(): void;
+}
+
+/** KVCaches over one copy of the model's weights. */
+export function cpuCaches(model: Llama): CachePool {
+  const weights = new DecodeWeights(model);
+  return {
+    model,
+    create: () => new KVCache(model, weights),
+    fork: (source, n) => KVCache.forkOf(source as KVCache, n),
+    readMany: (caches, reads) => KVCache.readMany(caches as KVCache[], reads),
+    free: () => {},
+    dispose: () => weights.dispose(),
+  };
+}
+
+/**
  * One continuation being sampled: made from a prompt (read into the cache, its shared prefix reused), then
  * `next()` draws a token from `logits`, and the caller reads it into the cache (alone, or with other
  * decodings' tokens in one KVCache.readEach) and sets `logits`, until `finished`. KVCache.generate is this

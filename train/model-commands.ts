@@ -87,7 +87,7 @@ export function addModelCommands(program: Command, ctx: CommandContext): void {
     .action(async (dir: string, opts: { ids: number[]; maxNewTokens: number; temperature: number; topP: number; seed: string; stop?: number[] }) => {
       const { model: m, backend } = await open(program, dir, [opts.ids]);
       // With --backend webgpu the cache and the steps are on the GPU.
-      const cache = backend.gpu ? new (await import('./webgpu/decode.ts')).GpuDecoder(m, backend.gpu).cache() : new (await import('./decode.ts')).KVCache(m);
+      const cache = backend.gpu ? new (await import('./webgpu/decode.ts')).GpuDecoder(m, backend.gpu).create() : new (await import('./decode.ts')).KVCache(m);
       const continuation = await cache.generate(opts.ids, { maxTokens: opts.maxNewTokens, temperature: opts.temperature, topP: opts.topP, random: seeded(opts.seed, 'generate'), stop: opts.stop });
       process.stdout.write(JSON.stringify({ continuation }) + '\n');
       m.dispose();

@@ -81,7 +81,7 @@ export class ModelPolicy implements Policy {
     /** The sampler's randomness: set a fresh seeded stream per episode for reproducible episodes. */
     public random: Random,
   ) {
-    this.cache = sampling.gpu ? new GpuDecoder(model, sampling.gpu).cache() : new KVCache(model);
+    this.cache = sampling.gpu ? new GpuDecoder(model, sampling.gpu).create() : new KVCache(model);
   }
 
   /** Frees what the policy holds on the GPU (nothing on the CPU): call when its episodes are over. */

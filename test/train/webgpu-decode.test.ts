@@ -30,7 +30,7 @@ async function sameSteps(config: LlamaConfig): Promise<void> {
   const shared = new DecodeWeights(model);
   const decoder = new GpuDecoder(model, kernels!);
   const onCpu = [new KVCache(model, shared), new KVCache(model, shared), new KVCache(model, shared)];
-  const onGpu = onCpu.map(() => decoder.cache());
+  const onGpu = onCpu.map(() => decoder.create());
   // Prompts of 3, 11 and 1 tokens (the CPU reads the long one through its batched pass), then 70 steps of a
   // token each: past 64 positions, where a GPU cache grows and copies what it holds.
   let reads = [draw(3), draw(11), draw(1)];
@@ -59,7 +59,7 @@ describe('generation on the GPU', () => {
   it.skipIf(absent)('generates the CPU’s greedy continuation, and the next turn reads only what is new', async () => {
     const model = Llama.create(tinyLlama({ maxPositions: 64 }), 'webgpu-generate');
     const decoder = new GpuDecoder(model, kernels!);
-    const [cpu, gpu] = [new KVCache(model), decoder.cache()];
+    const [cpu, gpu] = [new KVCache(model), decoder.create()];
     const options = { maxTokens: 12, temperature: 0 };
     const first = [1, 2, 3, 4, 5];
     const want = cpu.generate(first, options);

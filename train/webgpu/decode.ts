@@ -7,7 +7,7 @@
 // Shapes as in train/model.ts: R rows in a step, D hidden, H query and K key/value heads of hd, F the MLP's
 // width, V the vocabulary. A cache holds (layers, keys | values, capacity, K·hd) f32s.
 /// <reference types="@webgpu/types" />
-import { DecodeWeights, Decoding, type GenerateOptions } from '../decode.ts';
+import { DecodeWeights, Decoding, type CachePool, type GenerateOptions, type TokenCache } from '../decode.ts';
 import { ropeTable, type Llama } from '../model.ts';
 import { download, submit, upload } from './buffers.ts';
 import type { Kernels } from './kernel.ts';
@@ -48,7 +48,7 @@ export class GpuCache {
 }
 
 /** The model's weights on the GPU as they were when it was made (adapters folded in, as DecodeWeights does), and the caches' steps. */
-export class GpuDecoder {
+export class GpuDecoder implements CachePool {
   private readonly weights = new Map<string, GPUBuffer>();
   private readonly activations = new Map<string, { buffer: GPUBuffer; length: number }>();
   private tables: { cos: GPUBuffer; sin: GPUBuffer; positions: number } | null = null;
@@ -63,8 +63,30 @@ export class GpuDecoder {
   }
 
   /** A new, empty cache over these weights. */
-  cache(): GpuCache {
+  create(): GpuCache {
     return new GpuCache(this);
+  }
+
+  /** A new cache holding the first n tokens of `source`: their keys and values copied, layer by layer. */
+  fork(source: TokenCache, n: number): GpuCache {
+    const from = source as GpuCache;
+    const fork = this.create();
+    const count = Math.min(n, from.tokens.length);
+    this.reserve(fork, count);
+    if (count > 0) {
+      const c = this.model.config;
+      const row = c.kvHeads * c.headDim * 4;
+      const encoder = this.k.gpu.device.createCommandEncoder();
+      for (let block = 0; block < 2 * c.layers; block++) encoder.copyBufferToBuffer(from.buffer!, block * from.capacity * row, fork.buffer!, block * fork.capacity * row, count * row);
+      this.k.gpu.device.queue.submit([encoder.finish()]);
+    }
+    fork.tokens.push(...from.tokens.slice(0, count));
+    return fork;
+  }
+
+  /** Frees a cache's buffer. */
+  free(cache: TokenCache): void {
+    (cache as GpuCache).dispose();
   }
 
   private act(name: string, length: number): GPUBuffer {
@@ -112,8 +134,9 @@ export class GpuDecoder {
    * each projection, each sequence's rows attend to its own cache up to their positions, and only each
    * sequence's last row goes through the head. Returns each cache's next-token logits.
    */
-  async readMany(caches: GpuCache[], reads: number[][]): Promise<Float32Array[]> {
-    if (caches.some((cache) => cache.decoder !== this)) throw new Error('GpuDecoder.readMany: a cache of another decoder');
+  async readMany(all: TokenCache[], reads: number[][]): Promise<Float32Array[]> {
+    const caches = all as GpuCache[];
+    if (caches.some((cache) => !(cache instanceof GpuCache) || cache.decoder !== this)) throw new Error('GpuDecoder.readMany: a cache of another decoder');
     if (reads.some((r) => r.length === 0)) throw new Error('GpuDecoder.readMany: no tokens to read');
     const c = this.model.config;
     const [D, H, K, hd, F, V] = [c.hiddenSize, c.heads, c.kvHeads, c.headDim, c.intermediateSize, c.vocabSize];
