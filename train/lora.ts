@@ -99,6 +99,15 @@ export function loadAdapter(dir: string, model: Llama): LoraConfig {
   return cfg;
 }
 
+/**
+ * The factor by which adapters' dropout multiplies an input of (rows, cols) at `seed`: 0, or 1/(1 − rate) for
+ * what is kept. TensorFlow.js's dropout draws it from the shape and the seed alone, so it is the mask the
+ * model's own forward applies at that seed (train/model.ts linear); the GPU's forward uploads it.
+ */
+export function dropoutMask(rows: number, cols: number, rate: number, seed: number): Float32Array {
+  return tf.tidy(() => tf.dropout(tf.ones([rows, cols]), rate, undefined, seed).dataSync() as Float32Array);
+}
+
 /** Folds every adapter into its weight, W + (α/r)·B·A, and removes the adapters: a plain checkpoint again. */
 export function mergeLora(model: Llama): void {
   for (const [module, ad] of model.adapters) {

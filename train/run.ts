@@ -10,7 +10,7 @@ import { Interrupted, interrupted } from '../pipeline/interrupt.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { loadCheckpoint, saveCheckpoint } from './checkpoint.ts';
 import type { TokenizerFiles } from './hf.ts';
-import { mergeLora, saveAdapter, trainableParameters } from './lora.ts';
+import { dropoutMask, mergeLora, saveAdapter, trainableParameters } from './lora.ts';
 import type { LoraConfig, TrainingSettings } from './settings.ts';
 import { hashJson } from '../pipeline/hash.ts';
 import type { Llama } from './model.ts';
@@ -181,13 +181,14 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
     const started = performance.now();
     const lr = learningRate(step, schedule);
     const batch = await run.batch(step, model);
+    // Adapters' dropout, drawn anew each step and the same on a resumed run.
+    const dropoutSeed = settings.lora ? parseInt(hashJson({ seed: run.seed, step }).slice(0, 8), 16) : null;
     let result: StepResult;
     if (gpu) {
-      result = await updates(batch, (parts) => gpu.step(parts, lr, s.max_grad_norm));
+      result = await updates(batch, (parts) => gpu.step(parts, lr, s.max_grad_norm, dropoutSeed));
       if (trainer.readsWeights || trainer.after) await gpu.sync('weights');
     } else {
-      // Adapters' dropout, drawn anew each step and the same on a resumed run.
-      model.dropoutSeed = settings.lora ? parseInt(hashJson({ seed: run.seed, step }).slice(0, 8), 16) : null;
+      model.dropoutSeed = dropoutSeed;
       result = await updates(batch, (parts) => optimizerStep({ params: trainableParameters(model) }, optimizer, parts.map((p) => onModel(p, model)), lr, s.max_grad_norm));
       model.dropoutSeed = null;
     }
@@ -222,8 +223,8 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
 }
 
 /**
- * The run's updates on the GPU, when `--backend webgpu` gave kernels (not yet for LoRA: such a run stays on
- * TensorFlow.js, and says why). Each micro-batch's blocks are scored by the GPU's forward,
+ * The run's updates on the GPU, when `--backend webgpu` gave kernels (with LoRA, the adapters' on frozen
+ * weights, their dropout masks drawn as WASM draws them). Each micro-batch's blocks are scored by the GPU's forward,
  * its loss and the loss's gradient by the log-probs are the trainer's tfjs code (train/step.ts
  * logpGradients), and the GPU's backward takes it from there. The GPU starts from the model's and the
  * optimiser's state (a resumed run's), and `sync` copies its state back before every checkpoint and at the
@@ -231,16 +232,15 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
  */
 async function gpuRun(settings: RunSettings, model: Llama, optimizer: AdamW) {
   if (!settings.gpu) return null;
-  if (settings.lora) {
-    settings.log.warn('webgpu: this run trains on wasm', { why: 'LoRA is not on the GPU yet' });
-    return null;
-  }
   const kernels = settings.gpu;
   const { GpuLlama } = await import('./webgpu/llama.ts');
   const { GpuAdamW } = await import('./webgpu/adamw.ts');
   const { submit } = await import('./webgpu/buffers.ts');
   const data = (vars: Map<string, tf.Variable>) => new Map([...vars].map(([name, v]) => [name, v.dataSync() as Float32Array]));
-  const onGpu = new GpuLlama(model.config, data(model.params), kernels);
+  // With LoRA the adapters ride on frozen weights, and only they are trained (as trainableParameters says).
+  const adapters = new Map([...model.adapters].map(([module, ad]) => [module, { a: ad.a.dataSync() as Float32Array, b: ad.b.dataSync() as Float32Array, r: ad.a.shape[0]!, scale: ad.scale, dropout: ad.dropout, index: ad.index }]));
+  const onGpu = new GpuLlama(model.config, data(model.params), kernels, { adapters });
+  const trained = trainableParameters(model);
   const adamw = new GpuAdamW(kernels, optimizer.options);
   adamw.step = optimizer.step;
   const [m, v] = [data(optimizer.m), data(optimizer.v)];
@@ -249,7 +249,9 @@ async function gpuRun(settings: RunSettings, model: Llama, optimizer: AdamW) {
     kernels.gpu.device.queue.writeBuffer(p.v, 0, v.get(p.name)!);
   }
   return {
-    async step(parts: MicroBatch[], lr: number, maxGradNorm: number): Promise<StepResult> {
+    /** One update from `parts`; `dropoutSeed`: LoRA's dropout this step (null: none), as on WASM. */
+    async step(parts: MicroBatch[], lr: number, maxGradNorm: number, dropoutSeed: number | null): Promise<StepResult> {
+      onGpu.dropout = dropoutSeed === null ? null : { seed: dropoutSeed, mask: dropoutMask };
       onGpu.zeroGradients();
       const result: StepResult = { loss: 0, gradNorm: 0, metrics: {} };
       for (const part of parts) {
@@ -268,7 +270,7 @@ async function gpuRun(settings: RunSettings, model: Llama, optimizer: AdamW) {
     async sync(what: 'weights' | 'all' = 'all'): Promise<void> {
       const put = (variable: tf.Variable, values: Float32Array) => tf.tidy(() => variable.assign(tf.tensor(values, variable.shape)));
       for (const p of onGpu.parameters()) {
-        put(model.params.get(p.name)!, await onGpu.weight(p.name));
+        put(trained.get(p.name)!, await onGpu.weight(p.name));
         if (what === 'weights') continue;
         put(optimizer.m.get(p.name)!, await onGpu.moment(p.name, 'm'));
         put(optimizer.v.get(p.name)!, await onGpu.moment(p.name, 'v'));

@@ -12,7 +12,10 @@ import { dapoTrainer, type Rollout } from '../../train/dapo.ts';
 import { dpoTrainer, lossOf, type Example, type PreferenceSettings } from '../../train/dpo.ts';
 import { ktoTrainer } from '../../train/kto.ts';
 import { DAPO_CLIP } from '../../train/losses/index.ts';
+import { attachLora, trainableParameters } from '../../train/lora.ts';
 import { Llama } from '../../train/model.ts';
+import type { LoraConfig } from '../../train/settings.ts';
+import { sftTrainer } from '../../train/sft.ts';
 import { trainingRun, type RunResult, type RunSettings, type Trainer } from '../../train/run.ts';
 import type { Sequence } from '../../train/windows.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
@@ -37,8 +40,8 @@ const cfg = {
   seed: 'webgpu-trainers', batch_size: 4, epochs: 2, max_steps: 4, lr: 0.01, warmup: 1, min_lr_ratio: 0.1, weight_decay: 0.1, max_grad_norm: 1, checkpoint_every: 100, micro_batch_tokens: 24,
   label_smoothing: 0, gamma_beta_ratio: 0.5, desirable_weight: 1, undesirable_weight: 1,
 } as unknown as PreferenceSettings;
-const settings = (gpu: boolean): RunSettings => ({
-  config: cfg, cache: tempDir(), key: 'k', tokenizer: { 'tokenizer.json': '{}' }, context: 16, placeholders: null, signal: NEVER, log: quietLogger(), ...(gpu ? { gpu: kernels! } : {}),
+const settings = (gpu: boolean, lora?: LoraConfig): RunSettings => ({
+  config: cfg, cache: tempDir(), key: 'k', tokenizer: { 'tokenizer.json': '{}' }, context: 16, placeholders: null, signal: NEVER, log: quietLogger(), lora, ...(gpu ? { gpu: kernels! } : {}),
 });
 
 /** The starting model's scores of each side of `examples`: the reference of the losses that have one. */
@@ -50,8 +53,8 @@ async function reference(examples: Example[]) {
 }
 
 /** Runs `trainer()` on WASM and on the GPU and checks that they logged the same figures and ended with the same weights. */
-async function sameRun(trainer: () => Trainer, figures: string[]): Promise<RunResult[]> {
-  const [onCpu, onGpu] = [await trainingRun(settings(false), trainer()), await trainingRun(settings(true), trainer())];
+async function sameRun(trainer: () => Trainer, figures: string[], lora?: LoraConfig): Promise<RunResult[]> {
+  const [onCpu, onGpu] = [await trainingRun(settings(false, lora), trainer()), await trainingRun(settings(true, lora), trainer())];
   expect(onGpu.device).toBe('webgpu');
   expect(onGpu.metrics).toHaveLength(onCpu.metrics.length);
   expect(new Set(onCpu.metrics.map((m) => m.loss)).size).toBe(onCpu.metrics.length); // it learns: every step's loss differs
@@ -65,8 +68,9 @@ async function sameRun(trainer: () => Trainer, figures: string[]): Promise<RunRe
       expect(Math.abs(row[key]! - want) / (1 + Math.abs(want)), `${key} at step ${i + 1}`).toBeLessThan(1e-4);
     }
   });
-  for (const [name, variable] of onCpu.model.params) {
-    const [want, got] = [variable.dataSync(), onGpu.model.params.get(name)!.dataSync()];
+  const weights = (m: Llama) => new Map([...m.params, ...trainableParameters(m)]);
+  for (const [name, variable] of weights(onCpu.model)) {
+    const [want, got] = [variable.dataSync(), weights(onGpu.model).get(name)!.dataSync()];
     let diff = 0;
     for (let i = 0; i < want.length; i++) diff = Math.max(diff, Math.abs(got[i]! - want[i]!));
     expect(diff, name).toBeLessThan(1e-4);
@@ -81,6 +85,30 @@ describe('every trainer on the GPU', () => {
     const scores = await reference(pairs);
     dispose(await sameRun(() => dpoTrainer(pairs, scores, lossOf('dpo', 0.1), cfg, 0, start), ['rewards/margins', 'rewards/accuracies', 'logps/chosen']));
     dispose(await sameRun(() => dpoTrainer(pairs, null, lossOf('simpo', null), cfg, 0, start), ['rewards/margins', 'logps/rejected']));
+  });
+
+  it.skipIf(absent)('LoRA: SFT and DPO train only the adapters, their dropout masks the ones WASM draws', async () => {
+    const lora: LoraConfig = { r: 4, alpha: 8, dropout: 0.25, targetModules: ['q_proj', 'v_proj', 'o_proj', 'down_proj'] };
+    const withAdapters = () => {
+      const m = start();
+      attachLora(m, lora, 'webgpu-lora');
+      return m;
+    };
+    const sequences = pairs.map((p) => p.sequences[0]!);
+    const [onCpu, onGpu] = await sameRun(() => sftTrainer(sequences, withAdapters, cfg, 0), ['loss', 'grad_norm'], lora);
+    const base = start();
+    // The base weights did not move; the adapters did.
+    for (const [name, v] of base.params) expect(onGpu!.model.params.get(name)!.dataSync(), name).toEqual(v.dataSync());
+    expect([...trainableParameters(onGpu!.model).values()].some((v) => v.dataSync().some((x) => x !== 0))).toBe(true);
+    dispose([onCpu!, onGpu!]);
+    const noDropout = { ...lora, dropout: 0 };
+    const plain = () => {
+      const m = start();
+      attachLora(m, noDropout, 'webgpu-lora');
+      return m;
+    };
+    dispose(await sameRun(() => dpoTrainer(pairs, null, lossOf('simpo', null), cfg, 0, plain), ['rewards/margins'], noDropout));
+    base.dispose();
   });
 
   it.skipIf(absent)('KTO, whose batches score mismatched completions with the weights the GPU has just updated', async () => {

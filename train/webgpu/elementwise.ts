@@ -61,6 +61,17 @@ export class Copy {
   }
 }
 
+const MUL = elementwise({ head: 'override ACCUMULATE: bool = false;', buffers: ['a: f32', 'b: f32', 'mut y: f32'], body: '  if (ACCUMULATE) { y[i] += a[i] * b[i]; } else { y[i] = a[i] * b[i]; }' });
+
+/** y = a ⊙ b, or y += a ⊙ b: n elements (LoRA's dropout mask, forward and backward). */
+export class Mul {
+  constructor(private readonly k: Kernels) {}
+
+  encode(pass: GPUComputePassEncoder, a: GPUBuffer, b: GPUBuffer, y: GPUBuffer, n: number, accumulate = false): void {
+    this.k.dispatch(pass, this.k.pipeline(MUL, { ACCUMULATE: accumulate ? 1 : 0 }), [a, b, y, this.k.uniform(fields({ u32: n }))], ...grid(n));
+  }
+}
+
 const ADD = elementwise({ buffers: ['a: f32', 'b: f32', 'mut y: f32'], body: '  y[i] = a[i] + b[i];' });
 
 /** y = a + b, n elements (a residual connection). */

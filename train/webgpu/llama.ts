@@ -14,7 +14,7 @@ import { llamaParameterShapes, ropeTable, type Llama, type LlamaConfig } from '.
 import type { GpuParameter } from './adamw.ts';
 import { Attention } from './attention.ts';
 import { download, submit, upload } from './buffers.ts';
-import { Add, Bias, Copy, Embedding, Norms, Rope, SwiGlu, byToken } from './elementwise.ts';
+import { Add, Bias, Copy, Embedding, Mul, Norms, Rope, SwiGlu, byToken } from './elementwise.ts';
 import type { Kernels } from './kernel.ts';
 import { TargetLogprobs } from './logprobs.ts';
 import { Matmul } from './matmul.ts';
@@ -24,10 +24,25 @@ import type { TokenBlock } from '../windows.ts';
 /** A block and which of its targets an SFT loss counts. */
 export type SftBatch = TokenBlock & { mask: Float32Array };
 
+/** A LoRA adapter's A (r × in) and B (out × r), its scale α/r, dropout and index (train/lora.ts). */
+export interface LoraWeights {
+  a: Float32Array;
+  b: Float32Array;
+  r: number;
+  scale: number;
+  dropout: number;
+  index: number;
+}
+
+/** An adapter on the GPU: the names of its A and B among the weights, and the rest of LoraWeights. */
+type GpuAdapter = Omit<LoraWeights, 'a' | 'b'> & { a: string; b: string };
+
 /** What a slot's forward leaves for its backward besides its activations: the block's shape and token buffers. */
 interface Slot {
   batch: number;
   length: number;
+  /** Whether LoRA's dropout masks were drawn for this forward. */
+  dropped: boolean;
   ids: GPUBuffer;
   targets: GPUBuffer;
   /** The block's positions grouped by token (byToken), for the embedding's backward. */
@@ -37,7 +52,7 @@ interface Slot {
 
 /** The kernels a Llama's passes are written with, made once for a model on the GPU (decode.ts's too). */
 export function llamaKernels(k: Kernels) {
-  return { mm: new Matmul(k), norm: new RmsNorm(k), rope: new Rope(k), attention: new Attention(k), swiglu: new SwiGlu(k), add: new Add(k), embedding: new Embedding(k), logprobs: new TargetLogprobs(k), bias: new Bias(k), copy: new Copy(k) };
+  return { mm: new Matmul(k), norm: new RmsNorm(k), rope: new Rope(k), attention: new Attention(k), swiglu: new SwiGlu(k), add: new Add(k), embedding: new Embedding(k), logprobs: new TargetLogprobs(k), bias: new Bias(k), copy: new Copy(k), mul: new Mul(k), norms: new Norms(k) };
 }
 
 export class GpuLlama {
@@ -49,15 +64,42 @@ export class GpuLlama {
   private tables: { cos: GPUBuffer; sin: GPUBuffer; positions: number } | null = null;
   private readonly slots = new Map<number, Slot>();
 
-  /** `trainable` false: forward passes only (scoring), with no buffers for gradients. */
-  constructor(readonly config: LlamaConfig, weights: Map<string, Float32Array>, private readonly k: Kernels, trainable = true) {
+  /** LoRA's adapters by module (model.layers.0.self_attn.q_proj): only they are trained then. */
+  private readonly adapters = new Map<string, GpuAdapter>();
+  /** The weights trained, in order, and whether AdamW decays them. */
+  private readonly trained: [string, boolean][];
+  /**
+   * LoRA's dropout for this step's forward passes: the run's seed (train/model.ts dropoutSeed), and the mask
+   * of (rows, cols) that TensorFlow.js's dropout draws at a seed (train/lora.ts dropoutMask), each adapter's at
+   * the seed plus its index, so the GPU drops what WASM drops; null: no dropout.
+   */
+  dropout: { seed: number; mask: (rows: number, cols: number, rate: number, seed: number) => Float32Array } | null = null;
+
+  /**
+   * `trainable` false: forward passes only (scoring), with no buffers for gradients. With `adapters` (LoRA),
+   * the base weights are frozen and only the adapters' A and B get gradients, named as PEFT names them.
+   */
+  constructor(readonly config: LlamaConfig, weights: Map<string, Float32Array>, private readonly k: Kernels, o: { trainable?: boolean; adapters?: Map<string, LoraWeights> } = {}) {
+    const trainable = o.trainable ?? true;
+    const frozen = !!o.adapters?.size;
     for (const [name, shape] of llamaParameterShapes(config)) {
       const size = shape.reduce((a, b) => a * b, 1);
       const data = weights.get(name);
       if (!data || data.length !== size) throw new Error(`webgpu: weight ${name} is missing or not of shape ${shape.join('×')}`);
       this.sizes.set(name, size);
       this.weights.set(name, upload(k.gpu, data));
-      if (trainable) this.grads.set(name, upload(k.gpu, new Float32Array(size)));
+      if (trainable && !frozen) this.grads.set(name, upload(k.gpu, new Float32Array(size)));
+    }
+    this.trained = frozen ? [] : llamaParameterShapes(config).map(([name, shape]) => [name, shape.length >= 2]);
+    for (const [module, ad] of o.adapters ?? []) {
+      const [a, b] = [`base_model.model.${module}.lora_A.weight`, `base_model.model.${module}.lora_B.weight`];
+      for (const [name, data] of [[a, ad.a], [b, ad.b]] as const) {
+        this.sizes.set(name, data.length);
+        this.weights.set(name, upload(k.gpu, data));
+        if (trainable) this.grads.set(name, upload(k.gpu, new Float32Array(data.length)));
+        this.trained.push([name, true]);
+      }
+      this.adapters.set(module, { a, b, r: ad.r, scale: ad.scale, dropout: ad.dropout, index: ad.index });
     }
     this.ops = llamaKernels(k);
   }
@@ -78,6 +120,11 @@ export class GpuLlama {
 
   private g(name: string): GPUBuffer {
     return this.grads.get(name)!;
+  }
+
+  /** A frozen weight's gradient is not kept: its kernel writes into scratch instead. */
+  private gOrScratch(name: string, length: number): GPUBuffer {
+    return this.grads.get(name) ?? this.act('frozen', length);
   }
 
   private rotation(positions: number): { cos: GPUBuffer; sin: GPUBuffer } {
@@ -113,7 +160,12 @@ export class GpuLlama {
   async forward(b: TokenBlock, slot = 0): Promise<Float32Array> {
     const { c, B, T, N, D, H, K, hd, F, V, head, l, rows, heads, cos, sin, a } = this.sizesOf(b, slot);
     const gpu = this.k.gpu;
-    const project = (pass: GPUComputePassEncoder, x: GPUBuffer, w: string, y: GPUBuffer, m: number, n: number, k: number) => this.ops.mm.encode(pass, x, this.w(w), y, { m, n, k, transposeB: true });
+    const dropped = this.dropout !== null;
+    const project = (pass: GPUComputePassEncoder, x: GPUBuffer, w: string, y: GPUBuffer, m: number, n: number, k: number) => {
+      this.ops.mm.encode(pass, x, this.w(w), y, { m, n, k, transposeB: true });
+      const module = w.slice(0, -'.weight'.length);
+      if (this.adapters.has(module)) this.adapterForward(pass, module, dropped, a, x, y, m, n, k);
+    };
     // The block's tokens go into the slot's buffers in queue order: a backward submitted before still reads the old ones.
     const write = (name: string, data: Int32Array | Uint32Array) => {
       const buffer = a(name, data.length);
@@ -121,7 +173,7 @@ export class GpuLlama {
       return buffer;
     };
     const sorted = byToken(b.ids, V);
-    const s: Slot = { batch: B, length: T, ids: write('ids', b.ids), targets: write('targets', b.targets), starts: write('starts', sorted.starts), positions: write('positions', sorted.positions) };
+    const s: Slot = { batch: B, length: T, dropped, ids: write('ids', b.ids), targets: write('targets', b.targets), starts: write('starts', sorted.starts), positions: write('positions', sorted.positions) };
     this.slots.set(slot, s);
 
     submit(gpu, (pass) => {
@@ -156,6 +208,46 @@ export class GpuLlama {
     return download(gpu, a('logp', N), N);
   }
 
+  /**
+   * LoRA's term of a projection's forward: y += (α/r)·(drop(x)·Aᵀ)·Bᵀ, for x (rows × inner) and y (rows × out).
+   * Keeps drop(x) (the mask's product) and low = (α/r)·drop(x)·Aᵀ in the slot for the backward.
+   */
+  private adapterForward(pass: GPUComputePassEncoder, module: string, dropped: boolean, a: (n: string, length: number) => GPUBuffer, x: GPUBuffer, y: GPUBuffer, rows: number, out: number, inner: number): void {
+    const ad = this.adapters.get(module)!;
+    let input = x;
+    if (dropped && ad.dropout > 0) {
+      const mask = a(`mask.${module}`, rows * inner);
+      this.k.gpu.device.queue.writeBuffer(mask, 0, this.dropout!.mask(rows, inner, ad.dropout, this.dropout!.seed + ad.index));
+      input = a(`xd.${module}`, rows * inner);
+      this.ops.mul.encode(pass, x, mask, input, rows * inner);
+    }
+    const low = a(`low.${module}`, rows * ad.r);
+    this.ops.mm.encode(pass, input, this.w(ad.a), low, { m: rows, n: ad.r, k: inner, transposeB: true });
+    this.ops.norms.scale(pass, low, rows * ad.r, ad.scale);
+    this.ops.mm.encode(pass, low, this.w(ad.b), y, { m: rows, n: out, k: ad.r, transposeB: true, accumulate: true });
+  }
+
+  /**
+   * LoRA's term of a projection's backward, from dy (rows × out): dB += dyᵀ·low, dlow = (α/r)·dy·B,
+   * dA += dlowᵀ·drop(x), and dx += drop'(dlow·A) (the mask again).
+   */
+  private adapterBackward(pass: GPUComputePassEncoder, module: string, s: Slot, a: (n: string, length: number) => GPUBuffer, dy: GPUBuffer, x: GPUBuffer, dx: GPUBuffer, rows: number, out: number, inner: number): void {
+    const ad = this.adapters.get(module)!;
+    const masked = s.dropped && ad.dropout > 0;
+    const input = masked ? a(`xd.${module}`, rows * inner) : x;
+    const dlow = this.act('dlow', rows * ad.r);
+    this.ops.mm.encode(pass, dy, a(`low.${module}`, rows * ad.r), this.g(ad.b), { m: out, n: ad.r, k: rows, transposeA: true, accumulate: true });
+    this.ops.mm.encode(pass, dy, this.w(ad.b), dlow, { m: rows, n: ad.r, k: out });
+    this.ops.norms.scale(pass, dlow, rows * ad.r, ad.scale);
+    this.ops.mm.encode(pass, dlow, input, this.g(ad.a), { m: ad.r, n: inner, k: rows, transposeA: true, accumulate: true });
+    if (!masked) this.ops.mm.encode(pass, dlow, this.w(ad.a), dx, { m: rows, n: inner, k: ad.r, accumulate: true });
+    else {
+      const through = this.act(`dlowA.${inner}`, rows * inner); // one a width: a pass may not see its buffer remade
+      this.ops.mm.encode(pass, dlow, this.w(ad.a), through, { m: rows, n: inner, k: ad.r });
+      this.ops.mul.encode(pass, through, a(`mask.${module}`, rows * inner), dx, rows * inner, true);
+    }
+  }
+
   /** Clears every weight's gradient: a step's backward passes then add to them. */
   zeroGradients(): void {
     const encoder = this.k.gpu.device.createCommandEncoder();
@@ -177,44 +269,42 @@ export class GpuLlama {
     const t = (n: string, length: number) => this.act(n, length); // scratch shared by every slot's backward
     const dlogps = t('dlogp', N);
     gpu.device.queue.writeBuffer(dlogps, 0, dlogp);
-    const grad = (pass: GPUComputePassEncoder, dy: GPUBuffer, x: GPUBuffer, w: string, m: number, n: number, k: number) => this.ops.mm.encode(pass, dy, x, this.g(w), { m, n, k, transposeA: true, accumulate: true });
-    const back = (pass: GPUComputePassEncoder, dy: GPUBuffer, w: string, dx: GPUBuffer, m: number, n: number, k: number, accumulate = false) => this.ops.mm.encode(pass, dy, this.w(w), dx, { m, n, k, accumulate });
+    // A projection y = x·Wᵀ (N rows, W stored (out, in)) taken back from dy: dx = dy·W (written, or added to),
+    // W's gradient dyᵀ·x where W is trained, and its adapter's where it has one.
+    const through = (pass: GPUComputePassEncoder, dy: GPUBuffer, w: string, x: GPUBuffer, dx: GPUBuffer, rows: number, out: number, inner: number, accumulate = false) => {
+      this.ops.mm.encode(pass, dy, this.w(w), dx, { m: rows, n: inner, k: out, accumulate });
+      if (this.grads.has(w)) this.ops.mm.encode(pass, dy, x, this.g(w), { m: out, n: inner, k: rows, transposeA: true, accumulate: true });
+      const module = w.slice(0, -'.weight'.length);
+      if (this.adapters.has(module)) this.adapterBackward(pass, module, s, a, dy, x, dx, rows, out, inner);
+    };
+    const frozenOr = (name: string) => this.gOrScratch(name, D);
     submit(gpu, (pass) => {
       const dx = t('dx', N * D);
       this.ops.logprobs.backward(pass, a('logits', N * V), s.targets, a('lse', N), dlogps, t('dlogits', N * V), { rows: N, vocab: V });
-      back(pass, t('dlogits', N * V), head, t('dh', N * D), N, D, V);
-      grad(pass, t('dlogits', N * V), a('hf', N * D), head, V, D, N);
-      this.ops.norm.backward(pass, a(`x${c.layers}`, N * D), this.w('model.norm.weight'), a('rf', N), t('dh', N * D), dx, this.g('model.norm.weight'), rows);
+      through(pass, t('dlogits', N * V), head, a('hf', N * D), t('dh', N * D), N, V, D);
+      this.ops.norm.backward(pass, a(`x${c.layers}`, N * D), this.w('model.norm.weight'), a('rf', N), t('dh', N * D), dx, frozenOr('model.norm.weight'), rows);
       for (let i = c.layers - 1; i >= 0; i--) {
         // The MLP: dx is the gradient of x_{i+1} = xm + down(swiglu(gate(h2), up(h2))).
-        back(pass, dx, l(i, 'mlp.down_proj.weight'), t('dm', N * F), N, F, D);
-        grad(pass, dx, a(`m.${i}`, N * F), l(i, 'mlp.down_proj.weight'), D, F, N);
+        through(pass, dx, l(i, 'mlp.down_proj.weight'), a(`m.${i}`, N * F), t('dm', N * F), N, D, F);
         this.ops.swiglu.backward(pass, a(`g.${i}`, N * F), a(`u.${i}`, N * F), t('dm', N * F), t('dg', N * F), t('du', N * F), N * F);
-        back(pass, t('dg', N * F), l(i, 'mlp.gate_proj.weight'), t('dh', N * D), N, D, F);
-        back(pass, t('du', N * F), l(i, 'mlp.up_proj.weight'), t('dh', N * D), N, D, F, true);
-        grad(pass, t('dg', N * F), a(`h2.${i}`, N * D), l(i, 'mlp.gate_proj.weight'), F, D, N);
-        grad(pass, t('du', N * F), a(`h2.${i}`, N * D), l(i, 'mlp.up_proj.weight'), F, D, N);
-        this.ops.norm.backward(pass, a(`xm.${i}`, N * D), this.w(l(i, 'post_attention_layernorm.weight')), a(`r2.${i}`, N), t('dh', N * D), dx, this.g(l(i, 'post_attention_layernorm.weight')), { ...rows, accumulate: true });
+        through(pass, t('dg', N * F), l(i, 'mlp.gate_proj.weight'), a(`h2.${i}`, N * D), t('dh', N * D), N, F, D);
+        through(pass, t('du', N * F), l(i, 'mlp.up_proj.weight'), a(`h2.${i}`, N * D), t('dh', N * D), N, F, D, true);
+        this.ops.norm.backward(pass, a(`xm.${i}`, N * D), this.w(l(i, 'post_attention_layernorm.weight')), a(`r2.${i}`, N), t('dh', N * D), dx, frozenOr(l(i, 'post_attention_layernorm.weight')), { ...rows, accumulate: true });
         // Attention: dx is now the gradient of xm = x_i + o_proj(attention(q, k, v)).
-        back(pass, dx, l(i, 'self_attn.o_proj.weight'), t('datt', N * H * hd), N, H * hd, D);
-        grad(pass, dx, a(`att.${i}`, N * H * hd), l(i, 'self_attn.o_proj.weight'), D, H * hd, N);
+        through(pass, dx, l(i, 'self_attn.o_proj.weight'), a(`att.${i}`, N * H * hd), t('datt', N * H * hd), N, D, H * hd);
         this.ops.attention.backward(pass, a(`qr.${i}`, N * H * hd), a(`kr.${i}`, N * K * hd), a(`v.${i}`, N * K * hd), a(`p.${i}`, B * H * T * T), t('datt', N * H * hd), t('ds', B * H * T * T), t('dqr', N * H * hd), t('dkr', N * K * hd), t('dv', N * K * hd), heads);
         this.ops.rope.backward(pass, t('dqr', N * H * hd), cos, sin, t('dq', N * H * hd), { rows: N, heads: H, headDim: hd, length: T });
         this.ops.rope.backward(pass, t('dkr', N * K * hd), cos, sin, t('dk', N * K * hd), { rows: N, heads: K, headDim: hd, length: T });
-        back(pass, t('dq', N * H * hd), l(i, 'self_attn.q_proj.weight'), t('dh', N * D), N, D, H * hd);
-        back(pass, t('dk', N * K * hd), l(i, 'self_attn.k_proj.weight'), t('dh', N * D), N, D, K * hd, true);
-        back(pass, t('dv', N * K * hd), l(i, 'self_attn.v_proj.weight'), t('dh', N * D), N, D, K * hd, true);
-        grad(pass, t('dq', N * H * hd), a(`h1.${i}`, N * D), l(i, 'self_attn.q_proj.weight'), H * hd, D, N);
-        grad(pass, t('dk', N * K * hd), a(`h1.${i}`, N * D), l(i, 'self_attn.k_proj.weight'), K * hd, D, N);
-        grad(pass, t('dv', N * K * hd), a(`h1.${i}`, N * D), l(i, 'self_attn.v_proj.weight'), K * hd, D, N);
-        if (c.attentionBias) {
-          this.ops.bias.backward(pass, t('dq', N * H * hd), this.g(l(i, 'self_attn.q_proj.bias')), N, H * hd);
-          this.ops.bias.backward(pass, t('dk', N * K * hd), this.g(l(i, 'self_attn.k_proj.bias')), N, K * hd);
-          this.ops.bias.backward(pass, t('dv', N * K * hd), this.g(l(i, 'self_attn.v_proj.bias')), N, K * hd);
+        through(pass, t('dq', N * H * hd), l(i, 'self_attn.q_proj.weight'), a(`h1.${i}`, N * D), t('dh', N * D), N, H * hd, D);
+        through(pass, t('dk', N * K * hd), l(i, 'self_attn.k_proj.weight'), a(`h1.${i}`, N * D), t('dh', N * D), N, K * hd, D, true);
+        through(pass, t('dv', N * K * hd), l(i, 'self_attn.v_proj.weight'), a(`h1.${i}`, N * D), t('dh', N * D), N, K * hd, D, true);
+        for (const [which, dy, out] of [['q', 'dq', H * hd], ['k', 'dk', K * hd], ['v', 'dv', K * hd]] as const) {
+          const bias = l(i, `self_attn.${which}_proj.bias`);
+          if (c.attentionBias && this.grads.has(bias)) this.ops.bias.backward(pass, t(dy, N * out), this.g(bias), N, out);
         }
-        this.ops.norm.backward(pass, a(`x${i}`, N * D), this.w(l(i, 'input_layernorm.weight')), a(`r1.${i}`, N), t('dh', N * D), dx, this.g(l(i, 'input_layernorm.weight')), { ...rows, accumulate: true });
+        this.ops.norm.backward(pass, a(`x${i}`, N * D), this.w(l(i, 'input_layernorm.weight')), a(`r1.${i}`, N), t('dh', N * D), dx, frozenOr(l(i, 'input_layernorm.weight')), { ...rows, accumulate: true });
       }
-      this.ops.embedding.backward(pass, dx, s.starts, s.positions, this.g('model.embed_tokens.weight'), V, D);
+      if (this.grads.has('model.embed_tokens.weight')) this.ops.embedding.backward(pass, dx, s.starts, s.positions, this.g('model.embed_tokens.weight'), V, D);
     });
   }
 
@@ -235,11 +325,11 @@ export class GpuLlama {
 
   private optimizerState: GpuParameter[] | null = null;
 
-  /** Every weight with its gradient and AdamW's moments (made at first use, zero), for GpuAdamW. */
+  /** Every weight trained (the adapters' with LoRA) with its gradient and AdamW's moments (made at first use, zero), for GpuAdamW. */
   parameters(): GpuParameter[] {
-    this.optimizerState ??= llamaParameterShapes(this.config).map(([name, shape]) => {
+    this.optimizerState ??= this.trained.map(([name, decays]) => {
       const length = this.sizes.get(name)!;
-      return { name, value: this.w(name), grad: this.g(name), m: upload(this.k.gpu, new Float32Array(length)), v: upload(this.k.gpu, new Float32Array(length)), length, decays: shape.length >= 2 };
+      return { name, value: this.w(name), grad: this.g(name), m: upload(this.k.gpu, new Float32Array(length)), v: upload(this.k.gpu, new Float32Array(length)), length, decays };
     });
     return this.optimizerState;
   }
@@ -296,6 +386,6 @@ export class GpuLlama {
 export function gpuScorer(model: Llama, k: Kernels): { score: BlockScorer; dispose(): void } {
   if (model.adapters.size) throw new Error('webgpu: a model with LoRA adapters is scored on the GPU only once they are merged (mergeLora)');
   const weights = new Map([...model.params].map(([name, v]) => [name, v.dataSync() as Float32Array]));
-  const onGpu = new GpuLlama(model.config, weights, k, false);
+  const onGpu = new GpuLlama(model.config, weights, k, { trainable: false });
   return { score: (b) => onGpu.forward(b), dispose: () => onGpu.dispose() };
 }
