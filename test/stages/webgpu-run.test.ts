@@ -9,7 +9,7 @@ import { describe, expect, it } from 'vitest';
 import { prefab } from '../fixtures/cli.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 import { tinyConfig } from '../fixtures/tiny.ts';
-import { absent } from '../fixtures/webgpu.ts';
+import { absent, relativeError } from '../fixtures/webgpu.ts';
 
 const lines = (path: string) =>
   readFileSync(path, 'utf8')
@@ -21,7 +21,7 @@ const lines = (path: string) =>
 function near(got: unknown, want: unknown, where: string): void {
   if (typeof want === 'number') {
     expect(typeof got, where).toBe('number');
-    expect(Math.abs((got as number) - want) / (1 + Math.abs(want)), where).toBeLessThan(1e-4);
+    expect(relativeError([got as number], [want]), where).toBeLessThan(1e-4);
   } else if (want && typeof want === 'object') {
     for (const [k, v] of Object.entries(want)) near((got as Record<string, unknown>)[k], v, `${where}.${k}`);
   } else expect(got, where).toEqual(want);

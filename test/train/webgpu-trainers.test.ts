@@ -21,7 +21,7 @@ import type { Sequence } from '../../train/windows.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 import { quietLogger } from '../fixtures/toy-stages.ts';
-import { absent, kernels } from '../fixtures/webgpu.ts';
+import { absent, kernels, relativeError } from '../fixtures/webgpu.ts';
 
 const config = tinyLlama({ vocabSize: 30 });
 const start = () => Llama.create(config, 'webgpu-trainers');
@@ -65,7 +65,7 @@ async function sameRun(trainer: () => Trainer, figures: string[], lora?: LoraCon
     const tie = (k: string) => k === 'rewards/accuracies' && i === 0 && Math.abs(onCpu.metrics[0]!['rewards/margins']!) < 1e-6;
     for (const key of Object.keys(onCpu.metrics[i]!).filter((k) => k !== 'tokens/s' && !tie(k))) {
       const want = onCpu.metrics[i]![key]!;
-      expect(Math.abs(row[key]! - want) / (1 + Math.abs(want)), `${key} at step ${i + 1}`).toBeLessThan(1e-4);
+      expect(relativeError([row[key]!], [want]), `${key} at step ${i + 1}`).toBeLessThan(1e-4);
     }
   });
   const weights = (m: Llama) => new Map([...m.params, ...trainableParameters(m)]);

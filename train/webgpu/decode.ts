@@ -8,8 +8,9 @@
 // width, V the vocabulary. A cache holds (layers, keys | values, capacity, K·hd) f32s.
 /// <reference types="@webgpu/types" />
 import { DecodeWeights, Decoding, type CachePool, type GenerateOptions, type TokenCache } from '../decode.ts';
-import { ropeTable, type Llama } from '../model.ts';
+import type { Llama } from '../model.ts';
 import { download, submit, upload } from './buffers.ts';
+import { RopeTables } from './elementwise.ts';
 import type { Kernels } from './kernel.ts';
 import { llamaKernels } from './llama.ts';
 
@@ -51,7 +52,7 @@ export class GpuCache {
 export class GpuDecoder implements CachePool {
   private readonly weights = new Map<string, GPUBuffer>();
   private readonly activations = new Map<string, { buffer: GPUBuffer; length: number }>();
-  private tables: { cos: GPUBuffer; sin: GPUBuffer; positions: number } | null = null;
+  private readonly tables: RopeTables;
   private readonly ops: ReturnType<typeof llamaKernels>;
 
   constructor(
@@ -60,6 +61,7 @@ export class GpuDecoder implements CachePool {
   ) {
     for (const [name, data] of new DecodeWeights(model).w) this.weights.set(name, upload(k.gpu, data));
     this.ops = llamaKernels(k);
+    this.tables = new RopeTables(k.gpu, model.config);
   }
 
   /** A new, empty cache over these weights. */
@@ -73,13 +75,7 @@ export class GpuDecoder implements CachePool {
     const fork = this.create();
     const count = Math.min(n, from.tokens.length);
     this.reserve(fork, count);
-    if (count > 0) {
-      const c = this.model.config;
-      const row = c.kvHeads * c.headDim * 4;
-      const encoder = this.k.gpu.device.createCommandEncoder();
-      for (let block = 0; block < 2 * c.layers; block++) encoder.copyBufferToBuffer(from.buffer!, block * from.capacity * row, fork.buffer!, block * fork.capacity * row, count * row);
-      this.k.gpu.device.queue.submit([encoder.finish()]);
-    }
+    if (count > 0) this.copyPositions(from.buffer!, from.capacity, fork.buffer!, fork.capacity, count);
     fork.tokens.push(...from.tokens.slice(0, count));
     return fork;
   }
@@ -98,16 +94,14 @@ export class GpuDecoder implements CachePool {
     return buffer;
   }
 
-  private rotation(positions: number): { cos: GPUBuffer; sin: GPUBuffer } {
-    if (!this.tables || this.tables.positions < positions) {
-      this.tables?.cos.destroy();
-      this.tables?.sin.destroy();
-      const c = this.model.config;
-      const n = Math.max(positions, 2 * (this.tables?.positions ?? 0), 64);
-      const table = ropeTable(n, c.headDim, c.ropeTheta);
-      this.tables = { cos: upload(this.k.gpu, table.cos), sin: upload(this.k.gpu, table.sin), positions: n };
-    }
-    return this.tables;
+
+  /** The first `count` positions of every layer's keys and values, from a cache buffer of one capacity to one of another. */
+  private copyPositions(from: GPUBuffer, fromCapacity: number, to: GPUBuffer, toCapacity: number, count: number): void {
+    const c = this.model.config;
+    const row = c.kvHeads * c.headDim * 4;
+    const encoder = this.k.gpu.device.createCommandEncoder();
+    for (let block = 0; block < 2 * c.layers; block++) encoder.copyBufferToBuffer(from, block * fromCapacity * row, to, block * toCapacity * row, count * row);
+    this.k.gpu.device.queue.submit([encoder.finish()]);
   }
 
   /** Room in `cache` for n positions: a larger buffer, the positions in use copied over, layer by layer. */
@@ -117,12 +111,9 @@ export class GpuDecoder implements CachePool {
     if (n <= cache.capacity) return;
     const c = this.model.config;
     const capacity = Math.min(max, Math.max(n, 2 * cache.capacity, 64));
-    const row = c.kvHeads * c.headDim * 4;
     const buffer = upload(this.k.gpu, new Float32Array(c.layers * 2 * capacity * c.kvHeads * c.headDim));
     if (cache.buffer) {
-      const encoder = this.k.gpu.device.createCommandEncoder();
-      for (let block = 0; block < 2 * c.layers; block++) encoder.copyBufferToBuffer(cache.buffer, block * cache.capacity * row, buffer, block * capacity * row, cache.tokens.length * row);
-      this.k.gpu.device.queue.submit([encoder.finish()]);
+      this.copyPositions(cache.buffer, cache.capacity, buffer, capacity, cache.tokens.length);
       cache.buffer.destroy();
     }
     cache.buffer = buffer;
@@ -155,7 +146,7 @@ export class GpuDecoder implements CachePool {
     });
     const R = ids.length;
     const B = caches.length;
-    const { cos, sin } = this.rotation(Math.max(...positions) + 1);
+    const { cos, sin } = this.tables.get(Math.max(...positions) + 1);
     const a = (name: string, length: number) => this.act(name, length);
     const w = (name: string) => this.weights.get(name)!;
     const write = (name: string, data: Int32Array | Uint32Array) => {
@@ -167,7 +158,8 @@ export class GpuDecoder implements CachePool {
     const positionsBuffer = write('positions', Uint32Array.from(positions));
     const project = (pass: GPUComputePassEncoder, x: GPUBuffer, name: string, y: GPUBuffer, rows: number, out: number, inner: number) => this.ops.mm.encode(pass, x, w(name), y, { m: rows, n: out, k: inner, transposeB: true });
     const rows = { rows: R, dim: D, eps: c.rmsNormEps };
-    const longest = Math.max(...reads.map((r) => r.length));
+    // The attention's scores: a row for each (new row, head) of one sequence at a time, as long as its cache.
+    const scores = Math.max(...reads.map((r) => r.length)) * H * Math.max(...caches.map((cache) => cache.capacity));
     const block = (cache: GpuCache) => cache.capacity * K * hd;
     submit(gpu, (pass) => {
       // The residual stream goes back and forth between x and y (a kernel may not read and write one buffer).
@@ -192,7 +184,7 @@ export class GpuDecoder implements CachePool {
           const at0 = cache.tokens.length;
           this.ops.copy.encode(pass, a('kr', R * K * hd), r0[b]! * K * hd, cache.buffer!, keys + at0 * K * hd, n * K * hd);
           this.ops.copy.encode(pass, a('v', R * K * hd), r0[b]! * K * hd, cache.buffer!, values + at0 * K * hd, n * K * hd);
-          this.ops.attention.decode(pass, a('qr', R * H * hd), cache.buffer!, a('scores', longest * H * Math.max(...caches.map((q) => q.capacity))), a('att', R * H * hd), { r0: r0[b]!, rows: n, at0, heads: H, kvHeads: K, headDim: hd, capacity: cache.capacity, keys, values });
+          this.ops.attention.decode(pass, a('qr', R * H * hd), cache.buffer!, a('scores', scores), a('att', R * H * hd), { r0: r0[b]!, rows: n, at0, heads: H, kvHeads: K, headDim: hd, capacity: cache.capacity, keys, values });
         });
         project(pass, a('att', R * H * hd), `${p}self_attn.o_proj.weight`, a('o', R * D), R, D, H * hd);
         this.ops.add.encode(pass, x, a('o', R * D), y, R * D);
@@ -210,8 +202,8 @@ export class GpuDecoder implements CachePool {
       this.ops.norm.forward(pass, a('last', B * D), w('model.norm.weight'), a('lastNormed', B * D), a('rstd', R), { ...rows, rows: B });
       project(pass, a('lastNormed', B * D), c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight', a('logits', B * V), B, V, D);
     });
-    const logits = await download(gpu, a('logits', B * V), B * V);
     this.k.release();
+    const logits = await download(gpu, a('logits', B * V), B * V);
     caches.forEach((cache, b) => cache.tokens.push(...reads[b]!));
     return caches.map((_, b) => logits.slice(b * V, (b + 1) * V));
   }
@@ -219,10 +211,8 @@ export class GpuDecoder implements CachePool {
   /** Frees the weights and the step's buffers (caches are freed on their own). */
   dispose(): void {
     for (const buffer of [...this.weights.values(), ...[...this.activations.values()].map((x) => x.buffer)]) buffer.destroy();
-    this.tables?.cos.destroy();
-    this.tables?.sin.destroy();
+    this.tables.dispose();
     this.weights.clear();
     this.activations.clear();
-    this.tables = null;
   }
 }

@@ -2,6 +2,9 @@
 // SwiGLU's h = silu(g)·u (silu(g) = g·σ(g)), and RoPE's rotation of each head's vector by its position,
 // y = x·cos + rotate_half(x)·sin with rotate_half(x) = (−x₂, x₁). A thread an element.
 /// <reference types="@webgpu/types" />
+import { ropeTable, type LlamaConfig } from '../model.ts';
+import { upload } from './buffers.ts';
+import type { Gpu } from './device.ts';
 import { Kernels, WORKGROUP_REDUCE, elementwise, fields, grid } from './kernel.ts';
 
 const SWIGLU_FORWARD = elementwise({ buffers: ['g: f32', 'u: f32', 'mut h: f32'], body: '  h[i] = g[i] / (1.0 + exp(-g[i])) * u[i];' });
@@ -205,6 +208,34 @@ export class SwiGlu {
   /** dg and du from dh, with the forward's g and u. */
   backward(pass: GPUComputePassEncoder, g: GPUBuffer, u: GPUBuffer, dh: GPUBuffer, dg: GPUBuffer, du: GPUBuffer, n: number): void {
     this.k.dispatch(pass, this.k.pipeline(SWIGLU_BACKWARD), [g, u, dh, dg, du, this.k.uniform(fields({ u32: n }))], ...grid(n));
+  }
+}
+
+/**
+ * RoPE's cos and sin tables (positions × headDim, train/model.ts ropeTable) on the GPU, for at least the
+ * positions asked for: made again, doubling, when a longer sequence comes.
+ */
+export class RopeTables {
+  private held: { cos: GPUBuffer; sin: GPUBuffer; positions: number } | null = null;
+
+  constructor(
+    private readonly gpu: Gpu,
+    private readonly config: Pick<LlamaConfig, 'headDim' | 'ropeTheta'>,
+  ) {}
+
+  get(positions: number): { cos: GPUBuffer; sin: GPUBuffer } {
+    if (!this.held || this.held.positions < positions) {
+      const n = Math.max(positions, 2 * (this.held?.positions ?? 0), 64);
+      this.dispose();
+      const table = ropeTable(n, this.config.headDim, this.config.ropeTheta);
+      this.held = { cos: upload(this.gpu, table.cos), sin: upload(this.gpu, table.sin), positions: n };
+    }
+    return this.held;
+  }
+
+  dispose(): void {
+    this.held?.cos.destroy();
+    this.held?.sin.destroy();
   }
 }
 

@@ -40,7 +40,7 @@ export class Kernels {
 
   /**
    * A uniform buffer holding `bytes` for work submitted next, not kept for reuse (a decoding step's positions
-   * change every step): release() frees it once that work is done.
+   * change every step): release() frees it once that work is submitted.
    */
   transient(bytes: ArrayBuffer): GPUBuffer {
     const buffer = this.gpu.device.createBuffer({ size: Math.max(16, bytes.byteLength), usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
@@ -49,7 +49,7 @@ export class Kernels {
     return buffer;
   }
 
-  /** Frees the transient uniforms; call when the work that used them has finished. */
+  /** Frees the transient uniforms, once the work that uses them is submitted: WebGPU keeps a destroyed buffer's memory until submitted work that uses it is done. */
   release(): void {
     for (const buffer of this.spent.splice(0)) buffer.destroy();
   }

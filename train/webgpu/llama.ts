@@ -10,11 +10,11 @@
 // transposed in place), its input gradient dy·W and its weight gradient dyᵀ·x.
 /// <reference types="@webgpu/types" />
 import type { BlockScorer } from '../data.ts';
-import { llamaParameterShapes, ropeTable, type Llama, type LlamaConfig } from '../model.ts';
+import { llamaParameterShapes, type Llama, type LlamaConfig } from '../model.ts';
 import type { GpuParameter } from './adamw.ts';
 import { Attention } from './attention.ts';
 import { download, submit, upload } from './buffers.ts';
-import { Add, Bias, Copy, Embedding, Mul, Norms, Rope, SwiGlu, byToken } from './elementwise.ts';
+import { Add, Bias, Copy, Embedding, Mul, Norms, Rope, RopeTables, SwiGlu, byToken } from './elementwise.ts';
 import type { Kernels } from './kernel.ts';
 import { TargetLogprobs } from './logprobs.ts';
 import { Matmul } from './matmul.ts';
@@ -61,7 +61,7 @@ export class GpuLlama {
   private readonly sizes = new Map<string, number>();
   private readonly activations = new Map<string, { buffer: GPUBuffer; length: number }>();
   private readonly ops: ReturnType<typeof llamaKernels>;
-  private tables: { cos: GPUBuffer; sin: GPUBuffer; positions: number } | null = null;
+  private readonly tables: RopeTables;
   private readonly slots = new Map<number, Slot>();
 
   /** LoRA's adapters by module (model.layers.0.self_attn.q_proj): only they are trained then. */
@@ -102,6 +102,7 @@ export class GpuLlama {
       this.adapters.set(module, { a, b, r: ad.r, scale: ad.scale, dropout: ad.dropout, index: ad.index });
     }
     this.ops = llamaKernels(k);
+    this.tables = new RopeTables(k.gpu, config);
   }
 
   /** An activation's buffer of `length` f32s, kept from step to step while the shape stays. */
@@ -127,15 +128,6 @@ export class GpuLlama {
     return this.grads.get(name) ?? this.act('frozen', length);
   }
 
-  private rotation(positions: number): { cos: GPUBuffer; sin: GPUBuffer } {
-    if (!this.tables || this.tables.positions < positions) {
-      this.tables?.cos.destroy();
-      this.tables?.sin.destroy();
-      const table = ropeTable(positions, this.config.headDim, this.config.ropeTheta);
-      this.tables = { cos: upload(this.k.gpu, table.cos), sin: upload(this.k.gpu, table.sin), positions };
-    }
-    return this.tables;
-  }
 
   /** A block's sizes (N = B·T rows), the names and shapes every pass of it uses, and its slot's activations. */
   private sizesOf({ batch: B, length: T }: { batch: number; length: number }, slot: number) {
@@ -147,7 +139,7 @@ export class GpuLlama {
       l: (i: number, n: string) => `model.layers.${i}.${n}`,
       rows: { rows: N, dim: c.hiddenSize, eps: c.rmsNormEps },
       heads: { batch: B, length: T, heads: c.heads, kvHeads: c.kvHeads, headDim: c.headDim },
-      ...this.rotation(T),
+      ...this.tables.get(T),
       a: (n: string, length: number) => this.act(`${slot}/${n}`, length),
     };
   }
@@ -376,8 +368,8 @@ export class GpuLlama {
   /** Frees every buffer the model holds on the GPU. */
   dispose(): void {
     const moments = (this.optimizerState ?? []).flatMap((p) => [p.m, p.v]);
-    const tables = this.tables ? [this.tables.cos, this.tables.sin] : [];
-    for (const buffer of [...this.weights.values(), ...this.grads.values(), ...[...this.activations.values()].map((a) => a.buffer), ...moments, ...tables]) buffer.destroy();
+    for (const buffer of [...this.weights.values(), ...this.grads.values(), ...[...this.activations.values()].map((a) => a.buffer), ...moments]) buffer.destroy();
+    this.tables.dispose();
     this.activations.clear();
   }
 }
