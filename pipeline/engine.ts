@@ -4,7 +4,7 @@ import { mkdir, readdir, stat } from 'node:fs/promises';
 import { join, relative } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
-import { hashFile, hashJson } from './hash.ts';
+import { hashFile, hashJson, outputHash } from './hash.ts';
 import { UsageError, errorMessage } from './errors.ts';
 import { Interrupted, NEVER } from './interrupt.ts';
 import type { Logger } from './log.ts';
@@ -411,7 +411,7 @@ async function hashOutputs(dir: string, names: string[]): Promise<OutputFile[]> 
     if (s.isDirectory()) {
       for (const entry of (await readdir(path)).sort()) await walk(join(rel, entry));
     } else {
-      files.push({ path: rel, bytes: s.size, sha256: await hashFile(path), mtime_ms: s.mtimeMs });
+      files.push({ path: rel, bytes: s.size, sha256: await outputHash(path, s), mtime_ms: s.mtimeMs });
     }
   };
   for (const name of names) await walk(name);

@@ -1,25 +1,29 @@
 // Line-oriented files: the workspace's own record format, and the reader of JSONL inputs.
+import { createHash, type Hash } from 'node:crypto';
 import { createReadStream, createWriteStream, type WriteStream } from 'node:fs';
+import { stat } from 'node:fs/promises';
 import { once } from 'node:events';
 import { createInterface } from 'node:readline';
 import { createGunzip } from 'node:zlib';
 import type { Readable } from 'node:stream';
+import { rememberHash } from './hash.ts';
 
-export function openText(path: string): Readable {
-  const raw = createReadStream(path);
+/** A file's bytes, gunzipped when the name ends in .gz; `chunk`: bytes a read (the stream's default: 64 KiB). */
+export function openText(path: string, chunk?: number): Readable {
+  const raw = createReadStream(path, { highWaterMark: chunk });
   if (!path.endsWith('.gz')) return raw;
   const gunzip = createGunzip();
   raw.on('error', (error) => gunzip.destroy(error)); // pipe() does not pass errors on
   return raw.pipe(gunzip);
 }
 
-/** Lines of a text file (gzip when the name ends in .gz), numbered from 1, without their newline. */
+/** Lines of a text file (gzip when the name ends in .gz), numbered from 1, without their newline or a byte order mark. */
 export async function* readLines(path: string): AsyncGenerator<{ line: number; text: string }> {
   const lines = createInterface({ input: openText(path), crlfDelay: Infinity });
   let line = 0;
   for await (const text of lines) {
     line++;
-    yield { line, text };
+    yield { line, text: line === 1 && text.startsWith('\uFEFF') ? text.slice(1) : text };
   }
 }
 
@@ -34,15 +38,18 @@ export async function* readJsonl<T>(path: string): AsyncGenerator<T> {
  * Appends JSON records, one a line, honouring back-pressure so memory stays bounded. Each line goes to the
  * file at once (a record written is on its way to disk, as an answer cache needs); the writer waits for the
  * disk only past 1 MiB in flight, so making records and writing them overlap (at the stream's default 16 KiB
- * it waited every ten sessions).
+ * it waited every ten sessions). A file it makes anew is hashed as it is written, so the engine need not read
+ * a stage's output again to hash it (pipeline/hash.ts `outputHash`).
  */
 export class JsonlWriter {
   private readonly stream: WriteStream;
+  private readonly hash: Hash | null;
   count = 0;
 
   /** `buffer`: bytes in flight past which a write waits for the disk. */
   constructor(readonly path: string, flags: 'w' | 'a' = 'w', buffer = 1 << 20) {
     this.stream = createWriteStream(path, { flags, highWaterMark: buffer });
+    this.hash = flags === 'w' ? createHash('sha256') : null;
   }
 
   async write(record: unknown): Promise<void> {
@@ -52,19 +59,24 @@ export class JsonlWriter {
   /** One record already made into its line, as UTF-8 with the newline (on a worker thread). */
   async writeBytes(line: Uint8Array): Promise<void> {
     this.count++;
-    if (!this.stream.write(line)) await once(this.stream, 'drain');
+    await this.put(line);
   }
 
   /** `lines` records already made into lines, as UTF-8 with their newlines (on a worker thread). */
   async writeBlock(block: Uint8Array, lines: number): Promise<void> {
     this.count += lines;
-    if (!this.stream.write(block)) await once(this.stream, 'drain');
+    await this.put(block);
   }
 
   /** A record already made into its JSON text, without the newline. */
   async writeLine(json: string): Promise<void> {
     this.count++;
-    if (!this.stream.write(json + '\n')) await once(this.stream, 'drain');
+    await this.put(this.hash ? Buffer.from(json + '\n') : json + '\n');
+  }
+
+  private async put(data: Uint8Array | string): Promise<void> {
+    this.hash?.update(data);
+    if (!this.stream.write(data)) await once(this.stream, 'drain');
   }
 
   /**
@@ -78,5 +90,8 @@ export class JsonlWriter {
   async close(): Promise<void> {
     this.stream.end();
     await once(this.stream, 'finish');
+    if (!this.hash) return;
+    const s = await stat(this.path);
+    rememberHash(this.path, this.hash.digest('hex'), s.size, s.mtimeMs);
   }
 }

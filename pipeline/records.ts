@@ -13,10 +13,15 @@ export interface RawRecord {
   damaged?: boolean;
 }
 
+/** Each dotted path's keys, split once: a mapping reads the same few paths of every record. */
+const pathKeys = new Map<string, string[]>();
+
 /** The value at a dotted path of a record ("data.turns"), or undefined where the path leaves the objects. */
 export function getPath(record: unknown, path: string): unknown {
   let value: unknown = record;
-  for (const key of path.split('.')) {
+  let keys = pathKeys.get(path);
+  if (!keys) pathKeys.set(path, (keys = path.split('.')));
+  for (const key of keys) {
     if (value === null || typeof value !== 'object' || Array.isArray(value)) return undefined;
     value = (value as Record<string, unknown>)[key];
   }
@@ -67,6 +72,87 @@ async function* readJsonlRecords(path: string, parse: boolean): AsyncGenerator<R
     if (text.trim() === '') continue;
     yield parse ? parseRecord(`line ${line}`, text) : { where: `line ${line}`, raw: text };
   }
+}
+
+/**
+ * Calls `line(start, end)` for each line of a block of UTF-8 bytes, as readline splits lines: at "\n",
+ * "\r\n" and a lone "\r"; a break at the block's end is not followed by an empty line. The offsets are
+ * bytes, so a line's text is `block.toString('utf8', start, end)`. Returns how many lines there were.
+ */
+export function forEachLine(block: Buffer, line: (start: number, end: number) => void): number {
+  let n = 0;
+  const emit = (start: number, end: number) => {
+    n++;
+    line(start, end);
+  };
+  // Lone "\r"s are rare: only a block that has a "\r" is searched for them, a "\n"-line at a time.
+  const crs = block.indexOf(13) >= 0;
+  for (let from = 0; from < block.length; ) {
+    const nl = block.indexOf(10, from);
+    const stop = nl < 0 ? block.length : nl;
+    let start = from;
+    if (crs) {
+      const text = block.subarray(from, stop);
+      for (let cr = text.indexOf(13); cr >= 0; cr = text.indexOf(13, cr + 1)) {
+        if (from + cr + 1 === stop && nl >= 0) break; // "\r\n": one break, the "\n"'s
+        emit(start, from + cr);
+        start = from + cr + 1;
+      }
+    }
+    const end = nl >= 0 && block[stop - 1] === 13 && stop - 1 >= start ? stop - 1 : stop;
+    if (nl >= 0 || start < end) emit(start, end);
+    from = stop + 1;
+  }
+  return n;
+}
+
+/** A block of whole lines of a JSONL file, numbered from `firstLine`; or where the file broke off. */
+export type LineBlock = { bytes: Uint8Array; firstLine: number } | { damaged: string };
+
+/**
+ * A JSONL file (gzip when the name ends in .gz) as blocks of `size` bytes or more of whole lines, each in
+ * a buffer of its own (so it can go to a worker thread as it is). A file that breaks off (a truncated .gz)
+ * yields its whole lines before the damage, then `damaged`; the cut line is not read, as readLines does.
+ * A byte order mark at the start is dropped, as readLines drops it.
+ */
+export async function* readLineBlocks(path: string, size = 1 << 20): AsyncGenerator<LineBlock> {
+  let pieces: Buffer[] = [];
+  let held = 0;
+  let firstLine = 1;
+  // The held pieces and the first `cut` bytes of `last`, copied once into a block of their own.
+  const take = (last: Buffer, cut: number): LineBlock => {
+    const bytes = new Uint8Array(held - last.length + cut);
+    let at = 0;
+    for (const p of pieces.slice(0, -1)) {
+      bytes.set(p, at);
+      at += p.length;
+    }
+    bytes.set(last.subarray(0, cut), at);
+    // A byte order mark is not part of the first record (it is whole in the first block: no newline comes before it).
+    const bom = firstLine === 1 && bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf;
+    const block = { bytes: bom ? bytes.slice(3) : bytes, firstLine };
+    firstLine += forEachLine(Buffer.from(block.bytes.buffer), () => {});
+    pieces = cut < last.length ? [last.subarray(cut)] : [];
+    held = last.length - cut;
+    return block;
+  };
+  try {
+    for await (const chunk of openText(path, size) as AsyncIterable<Buffer>) {
+      pieces.push(chunk);
+      held += chunk.length;
+      // A line longer than a block grows until a newline arrives.
+      const cut = held < size ? -1 : chunk.lastIndexOf(10);
+      if (cut >= 0) yield take(chunk, cut + 1);
+    }
+  } catch (error) {
+    const last = Buffer.concat(pieces, held);
+    const cut = last.lastIndexOf(10) + 1;
+    pieces = [last];
+    if (cut > 0) yield take(last, cut);
+    yield { damaged: `${(error as Error).message} (the rest of the file is unread)` };
+    return;
+  }
+  if (held > 0) yield take(pieces.at(-1)!, pieces.at(-1)!.length);
 }
 
 /**

@@ -11,15 +11,20 @@ export class SessionIdSet {
     this.table = new Uint32Array(capacity * 2);
   }
 
-  private static key(id: string): [number, number] {
+  /** The id's 64 bits as the set keeps them (worked out on a worker thread, where ingest has some). */
+  static key(id: string): [number, number] {
     const digest = hash('sha256', id, 'buffer'); // one call, no Hash object per id
     return [digest.readUInt32LE(0), (digest.readUInt32LE(4) | 1) >>> 0]; // lo is never 0: (0, 0) marks an empty slot
   }
 
   /** Adds the id; false when it was already there. */
   add(id: string): boolean {
+    return this.addKey(...SessionIdSet.key(id));
+  }
+
+  /** Adds an id by its key (`SessionIdSet.key`); false when it was already there. */
+  addKey(hi: number, lo: number): boolean {
     if ((this.size + 1) * 2 > this.table.length / 2) this.grow();
-    const [hi, lo] = SessionIdSet.key(id);
     return this.insert(hi, lo);
   }
 

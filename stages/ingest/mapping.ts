@@ -97,8 +97,12 @@ function describe(value: unknown): string {
   return `${typeof value} ${JSON.stringify(value)}`.slice(0, 60);
 }
 
+/** An ISO timestamp Date would give back unchanged (days past 28 and hour 24 it moves on to the next month or day). */
+const CANONICAL_TIME = /^\d{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|1\d|2[0-8])T(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d\.\d{3}Z$/;
+
 function toTimestamp(value: unknown): string | null {
   if (value === undefined || value === null || value === '') return null;
+  if (typeof value === 'string' && CANONICAL_TIME.test(value)) return value;
   let date: Date;
   if (typeof value === 'number') date = new Date(value < 1e11 ? value * 1000 : value); // seconds or milliseconds
   else if (typeof value === 'string') date = new Date(value);

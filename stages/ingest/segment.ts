@@ -7,9 +7,9 @@ import type { Logger } from '../../pipeline/log.ts';
 import type { ExternalFile } from '../../pipeline/stage.ts';
 import { UsageError } from '../../pipeline/errors.ts';
 import type { IngestedFile } from '../layout.ts';
-import type { SessionIdSet } from './id-set.ts';
+import { SessionIdSet } from './id-set.ts';
 import { RecordError, toSession, type MappingOptions } from './mapping.ts';
-import { detectFormat, parseRecord, quarantineText, readRecords, type InputFormat, type RawRecord } from '../../pipeline/records.ts';
+import { detectFormat, forEachLine, parseRecord, quarantineText, readLineBlocks, readRecords, type InputFormat, type LineBlock, type RawRecord } from '../../pipeline/records.ts';
 import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
 
 export interface QuarantineRecord {
@@ -67,31 +67,86 @@ function unreadable(record: { value?: unknown; raw: string }, maxBytes: number):
 /** What one record became, worked out apart from every other record (on a worker thread, where there are some). */
 type RecordOutcome = { notUtf8: boolean } & ({ reason: string } | { id: string; untasked: boolean; json: string } | { fault: string });
 
+/** A batch of work: whole lines of a JSONL file as bytes, records a reader cut out (a JSON array, Parquet), or where a file broke off. */
+export type Batch = LineBlock | { records: RawRecord[] };
+
+// A batch's outcomes are numbers, FIELDS a record, so that thousands of them cross between threads as one
+// copy: what became of it (KIND), its line and where its text lies in the block (a JSONL block), where its
+// session's line ends in `lines`, its id's key (SessionIdSet.key) and FLAGS.
+const FIELDS = 8;
+const [KIND, LINE, RAW_START, RAW_END, END, KEY_HI, KEY_LO, FLAGS] = [0, 1, 2, 3, 4, 5, 6, 7];
+const [SESSION, REASON, FAULT, DAMAGED] = [0, 1, 2, 3];
+const [NOT_UTF8, UNTASKED] = [1, 2];
+
 /**
- * A batch's outcomes from a worker thread: the sessions' lines come as one block of UTF-8 (moved, not
- * copied, to the main thread, which writes slices of it), each session's `json` then empty and `end` where
- * its line ends in the block.
+ * What became of a batch's records, in order: `records` (FIELDS numbers each), the reasons and faults in
+ * `notes` in the order they occur, and the sessions' lines as one block of UTF-8 (moved, not copied, to the
+ * main thread, which writes slices of it).
  */
 export interface BatchOutcome {
-  outcomes: (RecordOutcome & { end?: number })[];
+  records: Uint32Array;
+  notes: string[];
   lines: Uint8Array;
 }
 
-const encoder = new TextEncoder();
+/** Collects a batch's outcomes as BatchOutcome packs them. */
+class Outcomes {
+  private readonly numbers: number[] = [];
+  private readonly notes: string[] = [];
+  /** The sessions' lines, written as they come: one pass over each line's text, no joining. */
+  private lines = Buffer.allocUnsafe(1 << 20);
+  private end = 0;
 
-/** The records of a batch read as readOne reads them, their lines packed into one block. */
-export function readBatch(batch: RawRecord[], fileName: string, o: ReadingOptions): BatchOutcome {
-  const outcomes: BatchOutcome['outcomes'] = batch.map((r) => readOne(r, fileName, o));
-  const texts: string[] = [];
-  let end = 0;
-  for (const out of outcomes) {
-    if (!('json' in out)) continue;
-    texts.push(out.json, '\n');
-    end += Buffer.byteLength(out.json) + 1;
-    out.end = end;
-    out.json = '';
+  add(out: RecordOutcome, line = 0, rawStart = 0, rawEnd = 0): void {
+    const flags = out.notUtf8 ? NOT_UTF8 : 0;
+    if ('json' in out) {
+      // A UTF-16 code unit is at most 3 bytes of UTF-8.
+      const room = this.end + 3 * out.json.length + 1;
+      if (room > this.lines.length) {
+        const grown = Buffer.allocUnsafe(Math.max(room, 2 * this.lines.length));
+        this.lines.copy(grown, 0, 0, this.end);
+        this.lines = grown;
+      }
+      this.end += this.lines.write(out.json, this.end);
+      this.lines[this.end++] = 10;
+      const [hi, lo] = SessionIdSet.key(out.id);
+      this.numbers.push(SESSION, line, rawStart, rawEnd, this.end, hi, lo, flags | (out.untasked ? UNTASKED : 0));
+      return;
+    }
+    this.notes.push('reason' in out ? out.reason : out.fault);
+    this.numbers.push('reason' in out ? REASON : FAULT, line, rawStart, rawEnd, this.end, 0, 0, flags);
   }
-  return { outcomes, lines: encoder.encode(texts.join('')) };
+
+  damaged(reason: string): void {
+    this.notes.push(reason);
+    this.numbers.push(DAMAGED, 0, 0, 0, this.end, 0, 0, 0);
+  }
+
+  done(): BatchOutcome {
+    // A copy of its own, the exact size, so that moving it to the main thread moves nothing else.
+    return { records: Uint32Array.from(this.numbers), notes: this.notes, lines: new Uint8Array(this.lines.subarray(0, this.end)) };
+  }
+}
+
+/** A batch's records read as readOne reads them. */
+export function readBatch(batch: Batch, fileName: string, o: ReadingOptions): BatchOutcome {
+  const out = new Outcomes();
+  if ('damaged' in batch) out.damaged(batch.damaged);
+  else if ('records' in batch) {
+    for (const record of batch.records) {
+      if (record.damaged) out.damaged(record.error!);
+      else out.add(readOne(record, fileName, o));
+    }
+  } else {
+    const block = Buffer.from(batch.bytes.buffer, batch.bytes.byteOffset, batch.bytes.byteLength);
+    let line = batch.firstLine - 1;
+    forEachLine(block, (start, end) => {
+      line++;
+      const raw = block.toString('utf8', start, end);
+      if (raw.trim() !== '') out.add(readOne({ where: `line ${line}`, raw }, fileName, o), line, start, end);
+    });
+  }
+  return out.done();
 }
 
 /**
@@ -116,22 +171,27 @@ function readOne(given: RawRecord, fileName: string, o: ReadingOptions): RecordO
 }
 
 /**
- * Records in batches of about 1 MiB of text for worker threads, so a thread's share is worth sending; one at
- * a time on this thread (a parsed record then lives only as long as it takes to write it).
+ * A file's work in batches: a JSONL file as blocks of whole lines (about 1 MiB: a thread's share worth
+ * sending, and the main thread never decodes a line it only writes); a JSON array or Parquet as records, in
+ * batches of about 1 MiB of text for threads, one at a time on this thread.
  */
-async function* batchesOf(records: AsyncIterable<RawRecord>, threaded: boolean): AsyncGenerator<RawRecord[]> {
-  let batch: RawRecord[] = [];
+async function* batchesOf(path: string, format: InputFormat, threaded: boolean): AsyncGenerator<Batch> {
+  if (format === 'jsonl') {
+    yield* readLineBlocks(path);
+    return;
+  }
+  let records: RawRecord[] = [];
   let chars = 0;
-  for await (const record of records) {
-    batch.push(record);
+  for await (const record of readRecords(path, format, !threaded)) {
+    records.push(record);
     chars += record.raw.length;
-    if (!threaded || chars >= 1 << 20 || batch.length >= 1024) {
-      yield batch;
-      batch = [];
+    if (!threaded || chars >= 1 << 20 || records.length >= 1024) {
+      yield { records };
+      records = [];
       chars = 0;
     }
   }
-  if (batch.length) yield batch;
+  if (records.length) yield { records };
 }
 
 /** What a worker thread of ingest is started with. */
@@ -146,7 +206,7 @@ const LARGE_FILE = 16 << 20;
 /**
  * Reads `file` into segment number `seq` in `dir`; `ids` holds every session id ingested so far. `reasons`
  * counts why records were quarantined (numbers and quoted values blanked, so alike reasons count together).
- * With `workers` above 1, text records are parsed and mapped on that many threads, and the results used in
+ * With `workers` above 1, batches are parsed and mapped on that many threads, and the results used in
  * file order: the segment and the quarantine are the same byte for byte.
  */
 export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: string, seq: number, ids: SessionIdSet, quarantine: JsonlWriter, reasons: Map<string, number>, log: Logger, signal: AbortSignal, workers?: unknown): Promise<IngestedFile> {
@@ -160,6 +220,7 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
   let untasked = 0;
   let invalidUtf8 = 0;
   let damaged: string | null = null;
+  let reached = 'before the first record';
   const due = every(1000);
   const stopped = () => `ingest: stopped while reading ${file.name}; the next run reads again every file this run was reading`;
   const quarantineRecord = async (where: string, reason: string, raw: string) => {
@@ -168,41 +229,50 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
     reasons.set(kind, (reasons.get(kind) ?? 0) + 1);
     await quarantine.write({ file: file.name, where, reason, raw: quarantineText(raw) } satisfies QuarantineRecord);
   };
-  const use = async ({ outcomes, lines }: BatchOutcome, batch: RawRecord[]) => {
+  const use = async ({ records, notes, lines }: BatchOutcome, batch: Batch) => {
+    const block = 'bytes' in batch ? Buffer.from(batch.bytes.buffer, batch.bytes.byteOffset, batch.bytes.byteLength) : null;
+    let note = 0;
     let start = 0;
-    for (const [i, out] of outcomes.entries()) {
-      const record = batch[i]!;
+    for (let i = 0, r = 0; r < records.length; i++, r += FIELDS) {
+      const given = 'records' in batch ? batch.records[i]! : null;
+      const where = given ? given.where : `line ${records[r + LINE]}`;
+      const raw = () => given?.raw ?? block!.toString('utf8', records[r + RAW_START], records[r + RAW_END]);
       if (due()) await safePoint(signal, stopped);
       progress.tick();
-      if (record.damaged) {
+      const kind = records[r + KIND];
+      if (kind === DAMAGED) {
         // What was read before the damage is kept; the rest of the file is one quarantine entry.
-        damaged = record.error!;
-        log.warn('a damaged file: its records before the damage are kept, the rest is quarantined', { file: file.name, where: record.where, reason: record.error });
-      }
-      if (out.notUtf8) invalidUtf8++;
-      if ('fault' in out) throw new Error(`ingest: ${file.name} ${record.where}: ${out.fault}`);
-      if ('reason' in out) {
-        await quarantineRecord(record.where, out.reason, record.raw);
+        damaged = notes[note++]!;
+        const at = given?.where ?? reached;
+        log.warn('a damaged file: its records before the damage are kept, the rest is quarantined', { file: file.name, where: at, reason: damaged });
+        await quarantineRecord(at, damaged, given?.raw ?? '');
         continue;
       }
-      const line = lines.subarray(start, out.end);
-      start = out.end ?? start;
-      if (!ids.add(out.id)) {
+      reached = `after ${where}`;
+      if (records[r + FLAGS]! & NOT_UTF8) invalidUtf8++;
+      if (kind === FAULT) throw new Error(`ingest: ${file.name} ${where}: ${notes[note]}`);
+      if (kind === REASON) {
+        await quarantineRecord(where, notes[note++]!, raw());
+        continue;
+      }
+      const line = lines.subarray(start, records[r + END]);
+      start = records[r + END]!;
+      if (!ids.addKey(records[r + KEY_HI]!, records[r + KEY_LO]!)) {
         duplicates++;
-        await quarantine.write({ file: file.name, where: record.where, reason: `duplicate session_id '${out.id}' (dropped; the first one is kept)`, raw: quarantineText(record.raw) } satisfies QuarantineRecord);
+        // Which id it was is worked out again here: duplicates are few, and ids do not cross between threads.
+        const id = toSession(JSON.parse(raw()), `${file.name} ${where}`, o.mapping).session_id;
+        await quarantine.write({ file: file.name, where, reason: `duplicate session_id '${id}' (dropped; the first one is kept)`, raw: quarantineText(raw()) } satisfies QuarantineRecord);
         continue;
       }
-      if (out.untasked) untasked++;
-      await (out.json ? writer.writeLine(out.json) : writer.writeBytes(line));
+      if (records[r + FLAGS]! & UNTASKED) untasked++;
+      await writer.writeBytes(line);
     }
   };
   // Parquet rows come as values, not text: they are read on this thread.
   const threads = format === 'parquet' ? 1 : workerCount(workers, file.bytes >= LARGE_FILE);
-  const pool = threads > 1 ? new WorkerPool<RawRecord[], BatchOutcome>('ingest-worker', new URL('./worker.ts', import.meta.url), threads, { options: o, fileName: file.name } satisfies WorkerInit) : null;
+  const pool = threads > 1 ? new WorkerPool<Batch, BatchOutcome>('ingest-worker', new URL('./worker.ts', import.meta.url), threads, { options: o, fileName: file.name } satisfies WorkerInit) : null;
   try {
-    const none = new Uint8Array(0);
-    const local = (batch: RawRecord[]): BatchOutcome => ({ outcomes: batch.map((r) => readOne(r, file.name, o)), lines: none });
-    await inOrder(batchesOf(readRecords(file.path, format, pool === null), pool !== null), pool ?? local, use);
+    await inOrder(batchesOf(file.path, format, pool !== null), pool ?? ((batch: Batch) => readBatch(batch, file.name, o)), use);
   } finally {
     await pool?.close();
   }

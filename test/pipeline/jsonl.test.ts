@@ -1,10 +1,40 @@
 // JsonlWriter.bytes is where the next record starts in the file, in bytes (a shard's chunk index relies on
-// it), whatever the records hold and however much is still on its way to disk.
-import { readFileSync, statSync } from 'node:fs';
+// it), whatever the records hold and however much is still on its way to disk; the hash it remembers is the
+// file's. readLineBlocks (ingest's reader of JSONL as bytes) cuts and numbers lines as readline does.
+import { createHash } from 'node:crypto';
+import { appendFileSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { gzipSync } from 'node:zlib';
 import { describe, expect, it } from 'vitest';
-import { JsonlWriter } from '../../pipeline/jsonl.ts';
+import { outputHash } from '../../pipeline/hash.ts';
+import { JsonlWriter, readLines } from '../../pipeline/jsonl.ts';
+import { forEachLine, readLineBlocks } from '../../pipeline/records.ts';
+import { seeded } from '../../core/random.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
+
+const sha256 = (path: string) => createHash('sha256').update(readFileSync(path)).digest('hex');
+
+/** The lines readLineBlocks yields, decoded and numbered, then where the file broke off, if it did. */
+async function blockLines(path: string, size: number): Promise<{ lines: [number, string][]; damaged: string | null }> {
+  const lines: [number, string][] = [];
+  let damaged: string | null = null;
+  for await (const block of readLineBlocks(path, size)) {
+    if ('damaged' in block) {
+      damaged = block.damaged;
+      continue;
+    }
+    const bytes = Buffer.from(block.bytes.buffer, block.bytes.byteOffset, block.bytes.byteLength);
+    let n = block.firstLine;
+    forEachLine(bytes, (start, end) => lines.push([n++, bytes.toString('utf8', start, end)]));
+  }
+  return { lines, damaged };
+}
+
+async function readlineLines(path: string): Promise<[number, string][]> {
+  const lines: [number, string][] = [];
+  for await (const { line, text } of readLines(path)) lines.push([line, text]);
+  return lines;
+}
 
 describe('JsonlWriter', () => {
   it('counts the bytes of what it has written, multi-byte characters and pre-made lines included', async () => {
@@ -23,5 +53,54 @@ describe('JsonlWriter', () => {
     // Each recorded start is the byte just after the previous line's newline.
     starts.slice(1).forEach((at) => expect(file[at - 1]).toBe(0x0a));
     expect(JSON.parse(file.subarray(starts[250]!, starts[251]! - 1).toString('utf8'))).toEqual({ i: 250, text: `ünïcødé — ${'✓'.repeat(250 % 7)} 😀` });
+  });
+});
+
+describe('JsonlWriter', () => {
+  it('remembers the hash of what it wrote, which the engine takes only while the file is as it left it', async () => {
+    const path = join(tempDir(), 'out.jsonl');
+    const writer = new JsonlWriter(path);
+    for (let i = 0; i < 2000; i++) await (i % 2 ? writer.write({ i, text: 'ünïcødé 😀' }) : writer.writeBytes(new TextEncoder().encode(`{"raw":${i}}\n`)));
+    await writer.close();
+    expect(await outputHash(path, statSync(path))).toBe(sha256(path));
+    // Changed after it was closed: the file is read again.
+    const again = new JsonlWriter(path);
+    await again.write({ first: true });
+    await again.close();
+    appendFileSync(path, '{"appended":true}\n');
+    expect(await outputHash(path, statSync(path))).toBe(sha256(path));
+  });
+});
+
+describe('readLineBlocks', () => {
+  it('cuts a file into blocks of whole lines that number and hold what readline reads, whatever the block size', async () => {
+    const dir = tempDir();
+    const random = seeded('lines');
+    const pieces = ['{"a":1}', '', '   ', 'ünï — ✓ 😀', '{"b":"x\\ny"}', '\r', '\r\n', '\n', '\n', '\n', 'z'.repeat(300)];
+    for (let file = 0; file < 12; file++) {
+      let text = file % 4 === 0 ? '\uFEFF' : '';
+      for (let i = 0; i < 200; i++) text += pieces[Math.floor(random() * pieces.length)];
+      const path = join(dir, `f${file}.jsonl`);
+      writeFileSync(path, text);
+      const expected = await readlineLines(path);
+      expect(expected.length).toBeGreaterThan(50);
+      for (const size of [1, 7, 64, 1 << 20]) {
+        const { lines, damaged } = await blockLines(path, size);
+        expect(damaged).toBeNull();
+        expect(lines, `file ${file}, blocks of ${size}`).toEqual(expected);
+      }
+    }
+  });
+
+  it('yields the whole lines of a cut .gz, then where it broke off', async () => {
+    const path = join(tempDir(), 'cut.jsonl.gz');
+    const text = Array.from({ length: 3000 }, (_, i) => JSON.stringify({ i, text: `reply ${(i * 7919) % 10007} ✓` })).join('\n');
+    const gz = gzipSync(text);
+    writeFileSync(path, gz.subarray(0, Math.floor(gz.length * 0.7)));
+    const { lines, damaged } = await blockLines(path, 4096);
+    expect(damaged).toMatch(/unexpected end of file.*\(the rest of the file is unread\)/);
+    expect(lines.length).toBeGreaterThan(1000);
+    expect(lines.length).toBeLessThan(3000);
+    lines.forEach(([n, line]) => expect(JSON.parse(line)).toMatchObject({ i: n - 1 }));
   });
 });

@@ -40,11 +40,14 @@ function inputs(dir: string): void {
   const gz = gzipSync(jsonl(Array.from({ length: 2000 }, (_, i) => session(`gz-${i}`, `G${i % 50}`, i % 2, `reply ${(i * 7919) % 10007}`))));
   writeFileSync(join(dir, 'c.jsonl.gz'), gz.subarray(0, Math.floor(gz.length * 0.7)));
   writeFileSync(join(dir, 'd.json'), JSON.stringify(Array.from({ length: 500 }, (_, i) => (i % 10 === 3 ? { oops: i } : session(`arr-${i}`, `A${i % 20}`, 1)))));
+  // Written on Windows: a byte order mark, "\r\n" and, once, a lone "\r".
+  const crlf = Array.from({ length: 1500 }, (_, i) => JSON.stringify(session(`w-${i}`, `W${i % 30}`, i % 2, `réponse ${i}`)));
+  writeFileSync(join(dir, 'e.jsonl'), '\uFEFF' + crlf.slice(0, 700).join('\r\n') + '\r' + crlf.slice(700).join('\r\n') + '\r\n');
 }
 
 const SAMPLE = join(import.meta.dirname, '../../data/sample/sessions.jsonl.gz');
 
-const CONFIG = 'ingest:\n  inputs: [a.jsonl, b.jsonl, c.jsonl.gz, d.json]\n  max_quarantined: 0.9\n';
+const CONFIG = 'ingest:\n  inputs: [a.jsonl, b.jsonl, c.jsonl.gz, d.json, e.jsonl]\n  max_quarantined: 0.9\n';
 
 describe('the data stages on worker threads', () => {
   it('writes the same segments, quarantine and id set on 3 threads as on one', async () => {
@@ -55,7 +58,12 @@ describe('the data stages on worker threads', () => {
     await engineFor(one, config, { workers: 1 }).run({ until: 'ingest' });
     await engineFor(three, config, { workers: 3 }).run({ until: 'ingest' });
     const counts = manifest(one, 'ingest').counts;
-    expect(counts).toMatchObject({ files: 4, files_damaged: 1, invalid_utf8: 1 });
+    expect(counts).toMatchObject({ files: 5, files_damaged: 1, invalid_utf8: 1 });
+    // Every record of the Windows file is a session, the first one too, numbered by its line.
+    const windows = readdirSync(join(one, 'workspace', 'ingest', 'sessions')).find((f) => f.startsWith('00004-'))!;
+    const sources = readFileSync(join(one, 'workspace', 'ingest', 'sessions', windows), 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { source: string }).source);
+    expect(sources.length).toBe(1500);
+    expect([sources[0], sources[700], sources[1499]].map((s) => s.replace(/^.*\//, ''))).toEqual(['e.jsonl line 1', 'e.jsonl line 701', 'e.jsonl line 1500']);
     expect(counts.quarantined).toBeGreaterThan(100);
     expect(counts.duplicates).toBeGreaterThan(50);
     expect(manifest(three, 'ingest').counts).toEqual(counts);
