@@ -95,3 +95,32 @@ export class JsonlWriter {
     rememberHash(this.path, this.hash.digest('hex'), s.size, s.mtimeMs);
   }
 }
+
+/**
+ * Lines of JSON gathered as UTF-8 in one growing buffer, each encoded as it comes (its string dies young, and
+ * there is no joining): what a worker thread hands the main thread to write as one block.
+ */
+export class LineBuffer {
+  private buffer = Buffer.allocUnsafe(1 << 20);
+  /** Bytes so far: where the next line starts. */
+  length = 0;
+  count = 0;
+
+  push(json: string): void {
+    // A UTF-16 code unit is at most 3 bytes of UTF-8.
+    const room = this.length + 3 * json.length + 1;
+    if (room > this.buffer.length) {
+      const grown = Buffer.allocUnsafe(Math.max(room, 2 * this.buffer.length));
+      this.buffer.copy(grown, 0, 0, this.length);
+      this.buffer = grown;
+    }
+    this.length += this.buffer.write(json, this.length);
+    this.buffer[this.length++] = 10;
+    this.count++;
+  }
+
+  /** The lines in a copy of their own, the exact size, so that moving it to another thread moves nothing else. */
+  bytes(): Uint8Array {
+    return new Uint8Array(this.buffer.subarray(0, this.length));
+  }
+}

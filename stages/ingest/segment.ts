@@ -1,7 +1,7 @@
 // One input file read into a segment of sessions: each record mapped and validated; what cannot become a
 // session, and a session id seen before, goes to the quarantine with its file, place and reason.
 import { join } from 'node:path';
-import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
+import { JsonlWriter, LineBuffer, readJsonl } from '../../pipeline/jsonl.ts';
 import { every, safePoint } from '../../pipeline/interrupt.ts';
 import type { Logger } from '../../pipeline/log.ts';
 import type { ExternalFile } from '../../pipeline/stage.ts';
@@ -93,38 +93,27 @@ export interface BatchOutcome {
 class Outcomes {
   private readonly numbers: number[] = [];
   private readonly notes: string[] = [];
-  /** The sessions' lines, written as they come: one pass over each line's text, no joining. */
-  private lines = Buffer.allocUnsafe(1 << 20);
-  private end = 0;
+  private readonly lines = new LineBuffer();
 
   add(out: RecordOutcome, line = 0, rawStart = 0, rawEnd = 0): void {
     const flags = out.notUtf8 ? NOT_UTF8 : 0;
     if ('json' in out) {
-      // A UTF-16 code unit is at most 3 bytes of UTF-8.
-      const room = this.end + 3 * out.json.length + 1;
-      if (room > this.lines.length) {
-        const grown = Buffer.allocUnsafe(Math.max(room, 2 * this.lines.length));
-        this.lines.copy(grown, 0, 0, this.end);
-        this.lines = grown;
-      }
-      this.end += this.lines.write(out.json, this.end);
-      this.lines[this.end++] = 10;
+      this.lines.push(out.json);
       const [hi, lo] = SessionIdSet.key(out.id);
-      this.numbers.push(SESSION, line, rawStart, rawEnd, this.end, hi, lo, flags | (out.untasked ? UNTASKED : 0));
+      this.numbers.push(SESSION, line, rawStart, rawEnd, this.lines.length, hi, lo, flags | (out.untasked ? UNTASKED : 0));
       return;
     }
     this.notes.push('reason' in out ? out.reason : out.fault);
-    this.numbers.push('reason' in out ? REASON : FAULT, line, rawStart, rawEnd, this.end, 0, 0, flags);
+    this.numbers.push('reason' in out ? REASON : FAULT, line, rawStart, rawEnd, this.lines.length, 0, 0, flags);
   }
 
   damaged(reason: string): void {
     this.notes.push(reason);
-    this.numbers.push(DAMAGED, 0, 0, 0, this.end, 0, 0, 0);
+    this.numbers.push(DAMAGED, 0, 0, 0, this.lines.length, 0, 0, 0);
   }
 
   done(): BatchOutcome {
-    // A copy of its own, the exact size, so that moving it to the main thread moves nothing else.
-    return { records: Uint32Array.from(this.numbers), notes: this.notes, lines: new Uint8Array(this.lines.subarray(0, this.end)) };
+    return { records: Uint32Array.from(this.numbers), notes: this.notes, lines: this.lines.bytes() };
   }
 }
 

@@ -4,6 +4,7 @@
 interface RecordSink {
   write(record: unknown): Promise<void>;
 }
+import { LineBuffer } from '../../pipeline/jsonl.ts';
 import type { Logger } from '../../pipeline/log.ts';
 import { NEGATIVE_TYPES, type CandidatePair, type NegativeType, type Pair, type Split, type SplitSession } from '../../core/records.ts';
 import { mustDeclineTest } from '../../judges/rules.ts';
@@ -54,14 +55,13 @@ export interface PairedBucket {
 /** Pairs the bucket file `path` into memory, as pairBucket writes it (no rewriter: that one talks to an endpoint). */
 export async function pairBucketFile(path: string, side: Split, o: BucketOptions, log: Logger): Promise<PairedBucket> {
   const sink = () => {
-    const lines: string[] = [];
-    return { lines, write: async (record: unknown) => void lines.push(JSON.stringify(record), '\n') };
+    const lines = new LineBuffer();
+    return { lines, write: async (record: unknown) => lines.push(JSON.stringify(record)) };
   };
   const [pairs, dropped] = [sink(), sink()];
   const counts = pairCounts();
   await pairBucket(await readTaskGroups(path), side, o, { pairs, dropped }, counts, log);
-  const encoder = new TextEncoder();
-  return { pairs: encoder.encode(pairs.lines.join('')), dropped: encoder.encode(dropped.lines.join('')), lines: { pairs: pairs.lines.length / 2, dropped: dropped.lines.length / 2 }, counts };
+  return { pairs: pairs.lines.bytes(), dropped: dropped.lines.bytes(), lines: { pairs: pairs.lines.count, dropped: dropped.lines.count }, counts };
 }
 
 const withMetadata = (pair: Pair, session: SplitSession): CandidatePair => ({ ...pair, metadata: session.metadata });
