@@ -8,16 +8,18 @@
 //
 //   npm run bench:ingest                         # sizes 10000,100000
 //   npm run bench:ingest -- --sizes 100000,1000000
+//   npm run bench:ingest -- --input sessions.jsonl   # your own sessions (e.g. `prefab simulate`'s), one size
 //
 // Both are measured as child processes. Peak RSS comes from GNU `/usr/bin/time -f %M` (max RSS of the child,
 // in KiB), which is present on the machine this was written on; where it is missing, the script falls back
 // to polling VmHWM (the kernel's high-water mark of RSS) in /proc/<pid>/status every 50 ms.
 import { spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
-import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { createReadStream, existsSync } from 'node:fs';
+import { mkdtemp, readFile, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
+import { createInterface } from 'node:readline';
 import { parseArgs } from 'node:util';
 import { parseDocument } from 'yaml';
 import { writeSyntheticSessions } from './synthetic-sessions.ts';
@@ -96,6 +98,8 @@ process.stdout.write(String(rows.getRowObjectsJson()[0].n));
 
 interface Row {
   n: number;
+  /** Size of the input file. */
+  bytes: number;
   floor: Measurement;
   duckdb: Measurement;
   ingest: Measurement;
@@ -103,13 +107,18 @@ interface Row {
   ingestOneThread: Measurement;
   pairs: Measurement;
   counts: Record<string, unknown>;
+  /** The seen-id set (ingest/ids.bin): the one thing that grows with the data, by design. */
+  idSetBytes: number;
 }
 
-async function benchOne(n: number): Promise<Row> {
+/** Measures on `given` (a JSONL file of n sessions), or on n synthetic sessions written for the run. */
+async function benchOne(n: number, given?: string): Promise<Row> {
   const dir = await mkdtemp(join(tmpdir(), `prefab-bench-${n}-`));
   try {
     const input = join(dir, 'sessions.jsonl');
-    await writeSyntheticSessions(input, n, SEED);
+    if (given) await symlink(resolve(given), input);
+    else await writeSyntheticSessions(input, n, SEED);
+    const bytes = (await stat(input)).size;
     // configs/default.yaml with ingest.inputs pointing at the generated file (relative to the config's folder).
     const config = parseDocument(await readFile('configs/default.yaml', 'utf8'));
     config.setIn(['ingest', 'inputs'], ['sessions.jsonl']);
@@ -130,26 +139,35 @@ async function benchOne(n: number): Promise<Row> {
     const pairs = await run('pairs');
     const manifest = (stage: string) => readFile(join(dir, 'workspace-pairs', stage, 'manifest.json'), 'utf8').then((t) => (JSON.parse(t) as { counts: Record<string, unknown> }).counts);
     const counts = { ingest: await manifest('ingest'), split: await manifest('split'), pairs: await manifest('pairs') };
-    if (counts.ingest.sessions !== n) throw new Error(`ingest counted ${String(counts.ingest.sessions)} sessions, expected ${n}`);
-    return { n, floor, duckdb, ingest, ingestOneThread, pairs, counts };
+    const idSetBytes = (await stat(join(dir, 'workspace-pairs', 'ingest', 'ids.bin'))).size;
+    const read = Number(counts.ingest.sessions) + Number(counts.ingest.quarantined) + Number(counts.ingest.duplicates);
+    if (read !== n) throw new Error(`ingest read ${read} records (sessions, quarantined and duplicates), expected ${n}`);
+    return { n, bytes, floor, duckdb, ingest, ingestOneThread, pairs, counts, idSetBytes };
   } finally {
     await rm(dir, { recursive: true, force: true });
   }
 }
 
-const { values } = parseArgs({ options: { sizes: { type: 'string', default: '10000,100000' } } });
-const sizes = values.sizes.split(',').map((s) => Number(s.trim()));
-if (sizes.some((n) => !Number.isInteger(n) || n <= 0)) throw new Error(`--sizes wants positive integers, got ${values.sizes}`);
-sizes.sort((a, b) => a - b);
-
+const { values } = parseArgs({ options: { sizes: { type: 'string', default: '10000,100000' }, input: { type: 'string' } } });
 const rows: Row[] = [];
-for (const n of sizes) {
-  process.stderr.write(`running N=${n}...\n`);
-  rows.push(await benchOne(n));
+if (values.input) {
+  let n = 0;
+  for await (const line of createInterface({ input: createReadStream(values.input), crlfDelay: Infinity })) if (line.trim() !== '') n++;
+  process.stderr.write(`running on ${values.input} (${n} sessions)...\n`);
+  rows.push(await benchOne(n, values.input));
+} else {
+  const sizes = values.sizes.split(',').map((s) => Number(s.trim()));
+  if (sizes.some((n) => !Number.isInteger(n) || n <= 0)) throw new Error(`--sizes wants positive integers, got ${values.sizes}`);
+  sizes.sort((a, b) => a - b);
+  for (const n of sizes) {
+    process.stderr.write(`running N=${n}...\n`);
+    rows.push(await benchOne(n));
+  }
 }
 
 const rate = (r: Row, m: Measurement) => r.n / m.seconds;
 const mib = (m: Measurement) => (m.peakRssBytes / MiB).toFixed(0);
+for (const r of rows) console.log(`N=${r.n}: ${(r.bytes / 1e6).toFixed(0)} MB of JSONL (${(r.bytes / r.n / 1024).toFixed(1)} KiB a session)`);
 console.log('| sessions | what | seconds | sessions/s | peak RSS MiB |\n|---|---|---|---|---|');
 for (const r of rows) {
   for (const [what, m] of [['parse floor (readline + JSON.parse)', r.floor], ['DuckDB round trip (2 threads)', r.duckdb], ['prefab ingest', r.ingest], ['prefab ingest, one thread (--workers 1)', r.ingestOneThread], ['prefab ingest → split → pairs', r.pairs]] as const) {
@@ -164,6 +182,8 @@ for (const r of rows) {
 }
 const smallest = rows[0]!;
 const largest = rows[rows.length - 1]!;
-const growth = largest.pairs.peakRssBytes / smallest.pairs.peakRssBytes;
-console.log(`ingest → pairs peak RSS, N=${largest.n} / N=${smallest.n}: ${growth.toFixed(2)}× (goal ≤ 1.2: ${growth <= 1.2 ? 'met' : 'not met'}); measured with ${existsSync(GNU_TIME) ? `${GNU_TIME} -f %M` : 'VmHWM polled from /proc/<pid>/status'}`);
+// The seen-id set aside (as the goal states it): while it doubles, the old table and the new one are both held.
+const aside = (r: Row) => r.pairs.peakRssBytes - 1.5 * r.idSetBytes;
+const growth = aside(largest) / aside(smallest);
+console.log(`ingest → pairs peak RSS, N=${largest.n} / N=${smallest.n}: ${(largest.pairs.peakRssBytes / smallest.pairs.peakRssBytes).toFixed(2)}×; with the seen-id set aside (${(largest.idSetBytes / MiB).toFixed(0)} and ${(smallest.idSetBytes / MiB).toFixed(0)} MiB, 1.5× while it grows) ${growth.toFixed(2)}× (goal ≤ 1.2: ${growth <= 1.2 ? 'met' : 'not met'}); measured with ${existsSync(GNU_TIME) ? `${GNU_TIME} -f %M` : 'VmHWM polled from /proc/<pid>/status'}`);
 console.log(`\nstage counts at N=${largest.n}: ${JSON.stringify(largest.counts)}`);
