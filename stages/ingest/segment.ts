@@ -249,7 +249,7 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
       if (!ids.addKey(records[r + KEY_HI]!, records[r + KEY_LO]!)) {
         duplicates++;
         // Which id it was is worked out again here: duplicates are few, and ids do not cross between threads.
-        const id = toSession(JSON.parse(raw()), `${file.name} ${where}`, o.mapping).session_id;
+        const id = toSession(given?.value ?? JSON.parse(raw()), `${file.name} ${where}`, o.mapping).session_id;
         await quarantine.write({ file: file.name, where, reason: `duplicate session_id '${id}' (dropped; the first one is kept)`, raw: quarantineText(raw()) } satisfies QuarantineRecord);
         continue;
       }
