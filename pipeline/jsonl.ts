@@ -1,7 +1,7 @@
 // Line-oriented files: the workspace's own record format, and the reader of JSONL inputs.
 import { createHash, type Hash } from 'node:crypto';
 import { createReadStream, createWriteStream, type WriteStream } from 'node:fs';
-import { stat } from 'node:fs/promises';
+import { open, stat } from 'node:fs/promises';
 import { once } from 'node:events';
 import { createInterface } from 'node:readline';
 import { createGunzip } from 'node:zlib';
@@ -31,6 +31,35 @@ export async function* readLines(path: string): AsyncGenerator<{ line: number; t
 export async function* readJsonl<T>(path: string): AsyncGenerator<T> {
   for await (const { text } of readLines(path)) {
     if (text.length > 0) yield JSON.parse(text) as T;
+  }
+}
+
+/**
+ * The lines of a JSONL file this program wrote itself (no gzip, no byte order mark), as bytes: blocks of whole
+ * lines, each read into one buffer that is used again for the next block (so a block is valid only until the
+ * next is asked for). Nothing is decoded or copied; a line longer than the buffer grows it.
+ */
+export async function* readOwnLineBlocks(path: string, size = 1 << 20): AsyncGenerator<Buffer> {
+  const file = await open(path, 'r');
+  let buffer = Buffer.allocUnsafe(size);
+  let held = 0;
+  try {
+    for (;;) {
+      if (held === buffer.length) {
+        const grown = Buffer.allocUnsafe(2 * buffer.length);
+        buffer.copy(grown, 0, 0, held);
+        buffer = grown;
+      }
+      const { bytesRead } = await file.read(buffer, held, buffer.length - held, null);
+      const filled = held + bytesRead;
+      const cut = bytesRead === 0 ? filled : buffer.lastIndexOf(10, filled - 1) + 1;
+      if (cut > 0) yield buffer.subarray(0, cut);
+      if (bytesRead === 0) return;
+      buffer.copyWithin(0, cut, filled);
+      held = filled - cut;
+    }
+  } finally {
+    await file.close();
   }
 }
 
@@ -98,23 +127,42 @@ export class JsonlWriter {
 
 /**
  * Lines of JSON gathered as UTF-8 in one growing buffer, each encoded as it comes (its string dies young, and
- * there is no joining): what a worker thread hands the main thread to write as one block.
+ * there is no joining): what a worker thread hands the main thread to write as one block, or what a stage
+ * gathers per output file to write in large blocks.
  */
 export class LineBuffer {
-  private buffer = Buffer.allocUnsafe(1 << 20);
+  private buffer: Buffer;
   /** Bytes so far: where the next line starts. */
   length = 0;
   count = 0;
 
+  constructor(private readonly initial = 1 << 20) {
+    this.buffer = Buffer.allocUnsafe(initial);
+  }
+
+  private room(bytes: number): void {
+    if (this.length + bytes <= this.buffer.length) return;
+    const grown = Buffer.allocUnsafe(Math.max(this.length + bytes, 2 * this.buffer.length));
+    this.buffer.copy(grown, 0, 0, this.length);
+    this.buffer = grown;
+  }
+
   push(json: string): void {
-    // A UTF-16 code unit is at most 3 bytes of UTF-8.
-    const room = this.length + 3 * json.length + 1;
-    if (room > this.buffer.length) {
-      const grown = Buffer.allocUnsafe(Math.max(room, 2 * this.buffer.length));
-      this.buffer.copy(grown, 0, 0, this.length);
-      this.buffer = grown;
-    }
+    this.room(3 * json.length + 1); // a UTF-16 code unit is at most 3 bytes of UTF-8
     this.length += this.buffer.write(json, this.length);
+    this.buffer[this.length++] = 10;
+    this.count++;
+  }
+
+  /** A line already made into bytes (without its newline), followed by `tail`. */
+  pushBytes(line: Uint8Array, tail?: Uint8Array): void {
+    this.room(line.length + (tail?.length ?? 0) + 1);
+    this.buffer.set(line, this.length);
+    this.length += line.length;
+    if (tail) {
+      this.buffer.set(tail, this.length);
+      this.length += tail.length;
+    }
     this.buffer[this.length++] = 10;
     this.count++;
   }
@@ -122,5 +170,14 @@ export class LineBuffer {
   /** The lines in a copy of their own, the exact size, so that moving it to another thread moves nothing else. */
   bytes(): Uint8Array {
     return new Uint8Array(this.buffer.subarray(0, this.length));
+  }
+
+  /** The lines so far, without a copy (the buffer is handed over), and the buffer empty again. */
+  take(): Uint8Array {
+    const lines = this.buffer.subarray(0, this.length);
+    this.buffer = Buffer.allocUnsafe(this.initial);
+    this.length = 0;
+    this.count = 0;
+    return lines;
   }
 }

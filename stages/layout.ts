@@ -36,32 +36,47 @@ export function readIngestIndex(dir: string): Promise<IngestIndex | null> {
   return readJsonFile<IngestIndex>(join(dir, 'index.json'));
 }
 
-/** The end of the JSON string that starts at `at` (its opening quote): the index of its closing quote. */
-function stringEnd(line: string, at: number): number {
-  for (let i = at + 1; i < line.length; i++) {
-    const c = line.charCodeAt(i);
-    if (c === 92) i++; // a backslash: the next character is escaped
+/** The index of the closing quote of the JSON string whose opening quote is at `at` in `bytes`, or -1. */
+export function stringEnd(bytes: Uint8Array, at: number, end = bytes.length): number {
+  for (let i = at + 1; i < end; i++) {
+    const c = bytes[i];
+    if (c === 92) i++; // a backslash: the next byte is escaped
     else if (c === 34) return i;
   }
   return -1;
 }
 
-const HEAD = '{"session_id":';
-const TASK = ',"task_id":';
+/** A JSON string literal (quotes included) of `bytes`, decoded. */
+function decodeString(bytes: Uint8Array, from: number, to: number): string {
+  if (bytes.subarray(from, to).includes(92)) return JSON.parse(Buffer.from(bytes.buffer, bytes.byteOffset + from, to - from).toString('utf8')) as string;
+  return Buffer.from(bytes.buffer, bytes.byteOffset + from + 1, to - from - 2).toString('utf8');
+}
+
+const HEAD = Buffer.from('{"session_id":"');
+const TASK = Buffer.from(',"task_id":');
+const NULL = Buffer.from('null,');
+
+/** Whether `bytes` holds `expected` at `at`. */
+function holds(bytes: Uint8Array, at: number, expected: Uint8Array): boolean {
+  if (at + expected.length > bytes.length) return false;
+  for (let i = 0; i < expected.length; i++) if (bytes[at + i] !== expected[i]) return false;
+  return true;
+}
 
 /**
  * The task_id of a session's line as ingest writes it (JSON.stringify of a Session: session_id first, then
- * task_id), read without parsing the rest of the line; undefined for a line that does not start so.
+ * task_id), read from the line's first bytes (`start` to `end` of `bytes`) without parsing the rest;
+ * undefined for a line that does not start so.
  */
-export function leadingTaskId(line: string): string | null | undefined {
-  if (!line.startsWith(HEAD) || line.charCodeAt(HEAD.length) !== 34) return undefined;
-  const idEnd = stringEnd(line, HEAD.length);
-  if (idEnd < 0 || !line.startsWith(TASK, idEnd + 1)) return undefined;
+export function leadingTaskId(bytes: Uint8Array, start = 0, end = bytes.length): string | null | undefined {
+  if (!holds(bytes, start, HEAD)) return undefined;
+  const idEnd = stringEnd(bytes, start + HEAD.length - 1, end);
+  if (idEnd < 0 || !holds(bytes, idEnd + 1, TASK)) return undefined;
   const at = idEnd + 1 + TASK.length;
-  if (line.startsWith('null,', at)) return null;
-  if (line.charCodeAt(at) !== 34) return undefined;
-  const end = stringEnd(line, at);
-  return end < 0 ? undefined : (JSON.parse(line.slice(at, end + 1)) as string);
+  if (holds(bytes, at, NULL)) return null;
+  if (bytes[at] !== 34) return undefined;
+  const close = stringEnd(bytes, at, end);
+  return close < 0 ? undefined : decodeString(bytes, at, close + 1);
 }
 
 /** The segment files of an ingest folder, in ingestion order. */

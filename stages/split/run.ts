@@ -4,8 +4,9 @@
 import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { unitHash } from '../../pipeline/hash.ts';
-import { JsonlWriter, readLines } from '../../pipeline/jsonl.ts';
-import { every, safePoint } from '../../pipeline/interrupt.ts';
+import { JsonlWriter, LineBuffer, readOwnLineBlocks } from '../../pipeline/jsonl.ts';
+import { safePoint } from '../../pipeline/interrupt.ts';
+import { forEachLine } from '../../pipeline/records.ts';
 import type { Session, Split, SplitSession } from '../../core/records.ts';
 import { joinFolders, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
 import { SPLITS, bucketFile, bucketOf, leadingTaskId, readIngestIndex, sessionSegments, type SplitInfo } from '../layout.ts';
@@ -17,12 +18,26 @@ import type { Config } from './index.ts';
 /** Up to 4M sessions a bucket holds split.bucket_size of them; beyond, buckets grow (and two files a bucket stay open while split writes). */
 const MAX_BUCKETS = 1024;
 
-/** What split's bucket writers may hold on their way to disk, together. */
+/** What split's bucket files may hold on their way to disk, together (gathered, then in the writers' streams). */
 const WRITE_BUFFERS = 64 << 20;
+
+/** Each line of a segment, as bytes: `start` to `end` of `bytes` (valid until the next block), without its newline. */
+async function* segmentLines(path: string): AsyncGenerator<{ bytes: Buffer; lines: [number, number][] }> {
+  for await (const bytes of readOwnLineBlocks(path)) {
+    const lines: [number, number][] = [];
+    forEachLine(bytes, (start, end) => end > start && lines.push([start, end]));
+    yield { bytes, lines };
+  }
+}
+
+/** What split appends to a session that had a task, in place of the line's closing brace. */
+const TAILS: Record<Split, Buffer> = { train: Buffer.from(',"split":"train","task_match":null}'), test: Buffer.from(',"split":"test","task_match":null}') };
 
 /**
  * On a shard, every session is still read and every untasked one matched (a task is decided over all the
- * data), but only the buckets the shard owns are written and counted.
+ * data), but only the buckets the shard owns are written and counted. Sessions are read as bytes: one with a
+ * task is written as ingest wrote it, with its side appended, its task read from the line's head; only a
+ * session without a task is parsed.
  */
 export async function run({ config: cfg, out, input, log, signal, shard }: StageContext<Config>): Promise<StageReport> {
   const segments = await sessionSegments(input('ingest'));
@@ -35,56 +50,66 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   if (untasked > 0) {
     const known = new Set<string>();
     for (const segment of segments) {
-      for await (const { text } of readLines(segment)) {
-        const task = leadingTaskId(text);
-        if (task === null || (task !== undefined && known.has(task))) continue;
-        const s = JSON.parse(text) as Session;
-        if (s.task_id === null || known.has(s.task_id)) continue;
-        known.add(s.task_id);
-        matcher.add(s.task_id, requestText(s.messages));
+      for await (const { bytes, lines } of segmentLines(segment)) {
+        for (const [start, end] of lines) {
+          const task = leadingTaskId(bytes, start, end);
+          if (task === null || (task !== undefined && known.has(task))) continue;
+          const s = JSON.parse(bytes.toString('utf8', start, end)) as Session;
+          if (s.task_id === null || known.has(s.task_id)) continue;
+          known.add(s.task_id);
+          matcher.add(s.task_id, requestText(s.messages));
+        }
       }
     }
   }
 
-  // Pass 2: assign, split and bucket.
+  // Pass 2: assign, split and bucket. Each bucket file's lines are gathered and written in blocks.
   const buckets = Math.min(MAX_BUCKETS, Math.max(1, Math.ceil(total / cfg.bucket_size)));
   await mkdir(join(out, 'sessions'), { recursive: true });
-  const writers = new Map<string, JsonlWriter>();
-  const buffer = Math.min(1 << 20, Math.max(64 << 10, Math.floor(WRITE_BUFFERS / (2 * buckets))));
-  for (const side of SPLITS) for (let b = 0; b < buckets; b++) if (ownsBucket(shard, b)) writers.set(`${side}/${b}`, new JsonlWriter(bucketFile(out, side, b), 'w', buffer));
+  // A block in its writer's stream leaves room for the next one: gathering goes on while the disk writes.
+  const gather = Math.min(1 << 20, Math.max(64 << 10, Math.floor(WRITE_BUFFERS / (6 * buckets))));
+  const files = new Map<string, { writer: JsonlWriter; lines: LineBuffer }>();
+  for (const side of SPLITS) for (let b = 0; b < buckets; b++) if (ownsBucket(shard, b)) files.set(`${side}/${b}`, { writer: new JsonlWriter(bucketFile(out, side, b), 'w', 2 * gather), lines: new LineBuffer(gather + (64 << 10)) });
+  const flush = async (file: { writer: JsonlWriter; lines: LineBuffer }) => {
+    const count = file.lines.count;
+    await file.writer.writeBlock(file.lines.take(), count);
+  };
   const counts = { train_sessions: 0, test_sessions: 0, matched_to_task: 0, new_groups: 0 };
   const progress = log.progress('split', total);
-  const due = every(1000);
-  const stopped = () => 'split: stopped before it had put every session in its bucket; the next run does it again';
+  // Sessions of one task usually come one after another: its bucket and side are worked out once.
+  let last = { task: null as string | null, bucket: 0, side: 'train' as Split };
   for (const segment of segments) {
-    for await (const { text } of readLines(segment)) {
-      if (text.length === 0) continue;
-      if (due()) await safePoint(signal, stopped);
-      progress.tick();
-      // A session with a task is written as it was read, with its side appended; only one without is parsed.
-      let s: Session | null = null;
-      let taskMatch: SplitSession['task_match'] = null;
-      let taskId = leadingTaskId(text);
-      if (taskId === undefined) taskId = (s = JSON.parse(text) as Session).task_id;
-      if (taskId === null) {
-        s ??= JSON.parse(text) as Session;
-        const m = matcher.assign(requestText(s.messages));
-        taskId = m.task_id;
-        taskMatch = { score: m.score, kind: m.kind };
+    for await (const { bytes, lines } of segmentLines(segment)) {
+      await safePoint(signal, () => 'split: stopped before it had put every session in its bucket; the next run does it again');
+      progress.tick(lines.length);
+      for (const [start, end] of lines) {
+        let s: Session | null = null;
+        let taskMatch: SplitSession['task_match'] = null;
+        let taskId = leadingTaskId(bytes, start, end);
+        if (taskId === undefined) taskId = (s = JSON.parse(bytes.toString('utf8', start, end)) as Session).task_id;
+        if (taskId === null) {
+          s ??= JSON.parse(bytes.toString('utf8', start, end)) as Session;
+          const m = matcher.assign(requestText(s.messages));
+          taskId = m.task_id;
+          taskMatch = { score: m.score, kind: m.kind };
+        }
+        if (last.task !== taskId) last = { task: taskId, bucket: bucketOf(taskId, buckets), side: unitHash(taskId, `split:${cfg.salt}`) < cfg.test_ratio ? 'test' : 'train' };
+        if (!ownsBucket(shard, last.bucket)) continue;
+        if (taskMatch) counts[taskMatch.kind === 'matched_task' ? 'matched_to_task' : 'new_groups']++;
+        counts[`${last.side}_sessions`]++;
+        const file = files.get(`${last.side}/${last.bucket}`)!;
+        // JSON.stringify of { ...s, split, task_match: null } when s is the line's session, as the line ends in '}'.
+        if (s === null) file.lines.pushBytes(bytes.subarray(start, end - 1), TAILS[last.side]);
+        else file.lines.push(JSON.stringify({ ...s, task_id: taskId, split: last.side, task_match: taskMatch } satisfies SplitSession));
+        if (file.lines.length >= gather) await flush(file);
       }
-      const bucket = bucketOf(taskId, buckets);
-      if (!ownsBucket(shard, bucket)) continue;
-      if (taskMatch) counts[taskMatch.kind === 'matched_task' ? 'matched_to_task' : 'new_groups']++;
-      const side: Split = unitHash(taskId, `split:${cfg.salt}`) < cfg.test_ratio ? 'test' : 'train';
-      counts[`${side}_sessions`]++;
-      const writer = writers.get(`${side}/${bucket}`)!;
-      // JSON.stringify of { ...s, split, task_match: null } when s is the line's session, as the line ends in '}'.
-      if (s === null) await writer.writeLine(`${text.slice(0, -1)},"split":"${side}","task_match":null}`);
-      else await writer.write({ ...s, task_id: taskId, split: side, task_match: taskMatch } satisfies SplitSession);
     }
   }
   progress.done();
-  for (const w of writers.values()) await w.close();
+  for (const file of files.values()) {
+    await flush(file);
+    await file.writer.close();
+  }
   await writeFile(join(out, 'info.json'), JSON.stringify({ buckets } satisfies SplitInfo) + '\n');
   return report({ ...counts, untasked, buckets });
 }

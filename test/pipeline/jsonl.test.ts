@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { describe, expect, it } from 'vitest';
 import { outputHash } from '../../pipeline/hash.ts';
-import { JsonlWriter, readLines } from '../../pipeline/jsonl.ts';
+import { JsonlWriter, readLines, readOwnLineBlocks } from '../../pipeline/jsonl.ts';
 import { forEachLine, readLineBlocks } from '../../pipeline/records.ts';
 import { seeded } from '../../core/random.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
@@ -102,5 +102,26 @@ describe('readLineBlocks', () => {
     expect(lines.length).toBeGreaterThan(1000);
     expect(lines.length).toBeLessThan(3000);
     lines.forEach(([n, line]) => expect(JSON.parse(line)).toMatchObject({ i: n - 1 }));
+  });
+});
+
+describe('readOwnLineBlocks', () => {
+  it('gives a file of its own lines back whole, however long the lines are against the buffer', async () => {
+    const dir = tempDir();
+    const random = seeded('own lines');
+    for (const [file, size] of [[0, 8], [1, 64], [2, 1 << 20]] as const) {
+      const lines = Array.from({ length: 300 }, (_, i) => JSON.stringify({ i, text: 'ünï ✓ 😀 '.repeat(Math.floor(random() * 40)) }));
+      const path = join(dir, `f${file}.jsonl`);
+      // The last line of one file has no newline.
+      writeFileSync(path, lines.join('\n') + (file === 1 ? '' : '\n'));
+      const read: string[] = [];
+      for await (const block of readOwnLineBlocks(path, size)) {
+        forEachLine(block, (start, end) => read.push(block.toString('utf8', start, end)));
+      }
+      expect(read, `buffer of ${size} bytes`).toEqual(lines);
+    }
+    const empty = join(dir, 'empty.jsonl');
+    writeFileSync(empty, '');
+    for await (const _ of readOwnLineBlocks(empty)) throw new Error('an empty file has no block');
   });
 });
