@@ -57,12 +57,15 @@ export const PAIR_SOURCES: readonly PairSource[] = ['outcome', 'best_of_n', 'har
 export type NegativeType = 'refusal' | 'hallucination' | 'off_topic' | 'format' | 'verbose' | 'under_explained';
 export const NEGATIVE_TYPES: readonly NegativeType[] = ['refusal', 'hallucination', 'off_topic', 'format', 'verbose', 'under_explained'];
 
-/** A preference pair in TRL's conversational explicit-prompt format, with provenance. */
-export interface Pair {
+/**
+ * A preference pair in TRL's conversational explicit-prompt format, with provenance. `Turns` is how its
+ * message lists are held: messages, or (while the pairs stage makes them) runs of messages as stored.
+ */
+export interface Pair<Turns = Message[]> {
   pair_id: string;
-  prompt: Message[];
-  chosen: Message[];
-  rejected: Message[];
+  prompt: Turns;
+  chosen: Turns;
+  rejected: Turns;
   /** Outcome rewards of the two sides; null where a side has none (a transformed turn, an unscored sample). */
   chosen_reward: number | null;
   rejected_reward: number | null;
@@ -117,7 +120,7 @@ export interface JudgeStats {
 }
 
 /** A pair on its way to the judges: the sessions' metadata goes along for the verifier's replay. */
-export interface CandidatePair extends Pair {
+export interface CandidatePair<Turns = Message[]> extends Pair<Turns> {
   metadata: string;
 }
 

@@ -136,33 +136,46 @@ export class LineBuffer {
   length = 0;
   count = 0;
 
+  // Never from Node's pool of small buffers: a buffer handed to another thread moves its whole ArrayBuffer.
   constructor(private readonly initial = 1 << 20) {
-    this.buffer = Buffer.allocUnsafe(initial);
+    this.buffer = Buffer.allocUnsafeSlow(initial);
   }
 
   private room(bytes: number): void {
     if (this.length + bytes <= this.buffer.length) return;
-    const grown = Buffer.allocUnsafe(Math.max(this.length + bytes, 2 * this.buffer.length));
+    const grown = Buffer.allocUnsafeSlow(Math.max(this.length + bytes, 2 * this.buffer.length, this.initial));
     this.buffer.copy(grown, 0, 0, this.length);
     this.buffer = grown;
   }
 
   push(json: string): void {
-    this.room(3 * json.length + 1); // a UTF-16 code unit is at most 3 bytes of UTF-8
-    this.length += this.buffer.write(json, this.length);
-    this.buffer[this.length++] = 10;
-    this.count++;
+    this.write(json);
+    this.end();
   }
 
   /** A line already made into bytes (without its newline), followed by `tail`. */
   pushBytes(line: Uint8Array, tail?: Uint8Array): void {
-    this.room(line.length + (tail?.length ?? 0) + 1);
-    this.buffer.set(line, this.length);
-    this.length += line.length;
-    if (tail) {
-      this.buffer.set(tail, this.length);
-      this.length += tail.length;
-    }
+    this.writeBytes(line);
+    if (tail) this.writeBytes(tail);
+    this.end();
+  }
+
+  /** Part of a line, as text. */
+  write(text: string): void {
+    this.room(3 * text.length); // a UTF-16 code unit is at most 3 bytes of UTF-8
+    this.length += this.buffer.write(text, this.length);
+  }
+
+  /** Part of a line, as bytes. */
+  writeBytes(bytes: Uint8Array): void {
+    this.room(bytes.length);
+    this.buffer.set(bytes, this.length);
+    this.length += bytes.length;
+  }
+
+  /** Ends the line. */
+  end(): void {
+    this.room(1);
     this.buffer[this.length++] = 10;
     this.count++;
   }
@@ -172,10 +185,10 @@ export class LineBuffer {
     return new Uint8Array(this.buffer.subarray(0, this.length));
   }
 
-  /** The lines so far, without a copy (the buffer is handed over), and the buffer empty again. */
+  /** The lines so far, without a copy (the buffer is handed over), and the buffer empty again (made anew when next written). */
   take(): Uint8Array {
     const lines = this.buffer.subarray(0, this.length);
-    this.buffer = Buffer.allocUnsafe(this.initial);
+    this.buffer = Buffer.allocUnsafeSlow(0);
     this.length = 0;
     this.count = 0;
     return lines;

@@ -96,13 +96,13 @@ export function serveBatches<In, Out>(make: (init: never) => (batch: In) => Out 
  * Hands `batches` to a pool of threads (or to a function on this thread) and gives `use` every result in
  * the order of the batches, keeping `perThread` batches a thread in flight (memory grows with it).
  */
-export async function inOrder<In, Out>(batches: AsyncIterable<In>, work: WorkerPool<In, Out> | ((batch: In) => Out), use: (out: Out, batch: In) => Promise<void>, perThread = 3): Promise<void> {
+export async function inOrder<In, Out>(batches: AsyncIterable<In>, work: WorkerPool<In, Out> | ((batch: In) => Out | Promise<Out>), use: (out: Out, batch: In) => Promise<void>, perThread = 3): Promise<void> {
   const flight: [Promise<Out>, In][] = [];
   const pool = work instanceof WorkerPool ? work : null;
   const depth = pool ? perThread * pool.size : 0;
   for await (const batch of batches) {
     if (!pool) {
-      await use((work as (batch: In) => Out)(batch), batch);
+      await use(await (work as (batch: In) => Out | Promise<Out>)(batch), batch);
       continue;
     }
     const out = pool.run(batch);

@@ -1,11 +1,12 @@
 // What passes between stages on disk: the files one stage writes into its folder and a later one reads.
 // A stage reads another's output only through this module, never through the other stage's code.
-import { readdir } from 'node:fs/promises';
+import { readFile, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { unitHash } from '../pipeline/hash.ts';
-import { readJsonl } from '../pipeline/jsonl.ts';
+import { readJsonl, type LineBuffer } from '../pipeline/jsonl.ts';
+import { forEachLine } from '../pipeline/records.ts';
 import { readJsonFile } from '../pipeline/workspace.ts';
-import type { Split, SplitSession } from '../core/records.ts';
+import { sameMessage, type Message, type Role, type Split, type SplitSession } from '../core/records.ts';
 
 // ── ingest: sessions/<segment>.jsonl, one segment per input file, and index.json ──
 
@@ -106,13 +107,143 @@ export async function readSplitInfo(splitDir: string): Promise<SplitInfo> {
 
 /** Sessions of one bucket file grouped by task, tasks in a stable order. */
 export async function readTaskGroups(path: string): Promise<[string, SplitSession[]][]> {
-  const groups = new Map<string, SplitSession[]>();
-  for await (const s of readJsonl<SplitSession>(path)) {
+  const sessions: SplitSession[] = [];
+  for await (const s of readJsonl<SplitSession>(path)) sessions.push(s);
+  return groupByTask(sessions);
+}
+
+function groupByTask<S extends { task_id: string | null }>(sessions: Iterable<S>): [string, S[]][] {
+  const groups = new Map<string, S[]>();
+  for (const s of sessions) {
     const group = groups.get(s.task_id!);
     if (group) group.push(s);
     else groups.set(s.task_id!, [s]);
   }
   return [...groups.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+}
+
+// ── a bucket's sessions with their messages as stored: the JSON ingest wrote, read only as far as needed ──
+
+/**
+ * A conversation's messages kept as the JSON they were stored as, and read only as far as asked: a message's
+ * role without parsing it, a message parsed once when first asked for, a run of messages written out as the
+ * bytes it was read from. Ingest writes each message as JSON.stringify of its Message (split and merge copy
+ * those bytes), so equal bytes are equal messages. Messages made anew (a rewritten turn) are kept as objects.
+ */
+export class StoredMessages {
+  private constructor(
+    /** The bytes the messages were read from, or null for messages made anew. */
+    private readonly line: Buffer | null,
+    /** Per message of `line`: where its JSON starts and ends. */
+    private readonly starts: readonly number[],
+    private readonly ends: readonly number[],
+    private readonly roles: readonly Role[],
+    /** Per message: the message, once parsed (all of them for messages made anew). */
+    private readonly parsed: (Message | undefined)[],
+    /** This list is messages first … first + length - 1 of the arrays (a slice shares them). */
+    private readonly first: number,
+    readonly length: number,
+  ) {}
+
+  /** Messages made anew, kept as they are. */
+  static of(messages: Message[]): StoredMessages {
+    return new StoredMessages(null, [], [], messages.map((m) => m.role), messages, 0, messages.length);
+  }
+
+  /** The messages whose JSON lies at `starts[i]` to `ends[i]` of `line`. */
+  static read(line: Buffer, starts: number[], ends: number[], roles: Role[]): StoredMessages {
+    return new StoredMessages(line, starts, ends, roles, new Array<Message | undefined>(starts.length), 0, starts.length);
+  }
+
+  role(i: number): Role {
+    return this.roles[this.first + i]!;
+  }
+
+  at(i: number): Message {
+    const k = this.first + i;
+    return (this.parsed[k] ??= JSON.parse(this.line!.toString('utf8', this.starts[k], this.ends[k])) as Message);
+  }
+
+  all(): Message[] {
+    return Array.from({ length: this.length }, (_, i) => this.at(i));
+  }
+
+  /** Messages `from` to `to` - 1, sharing what is read and parsed. */
+  slice(from: number, to = this.length): StoredMessages {
+    return new StoredMessages(this.line, this.starts, this.ends, this.roles, this.parsed, this.first + from, Math.max(0, to - from));
+  }
+
+  /** Indices of the messages of `role`. */
+  indicesOf(role: Role): number[] {
+    const found: number[] = [];
+    for (let i = 0; i < this.length; i++) if (this.role(i) === role) found.push(i);
+    return found;
+  }
+
+  /** Whether message `i` is message `j` of `other`: their bytes compared, or the messages where one was made anew. */
+  same(i: number, other: StoredMessages, j: number): boolean {
+    if (!this.line || !other.line) return sameMessage(this.at(i), other.at(j));
+    const [a, b] = [this.first + i, other.first + j];
+    return this.line.compare(other.line, other.starts[b], other.ends[b], this.starts[a], this.ends[a]) === 0;
+  }
+
+  /** Whether the JSON of these messages holds `ascii` (ASCII text: its bytes are the same in UTF-8 and UTF-16). */
+  jsonIncludes(ascii: string): boolean {
+    if (!this.line) return JSON.stringify(this.all()).includes(ascii);
+    return this.length > 0 && this.line.subarray(this.starts[this.first], this.ends[this.first + this.length - 1]).includes(ascii);
+  }
+
+  /** Appends these messages' JSON array to `out`: JSON.stringify of the messages, copied from the bytes read where there are some. */
+  writeJson(out: LineBuffer): void {
+    if (!this.line) return out.write(JSON.stringify(this.parsed.slice(this.first, this.first + this.length)));
+    out.write('[');
+    if (this.length > 0) out.writeBytes(this.line.subarray(this.starts[this.first], this.ends[this.first + this.length - 1]));
+    out.write(']');
+  }
+}
+
+/** A split session whose messages are kept as stored. */
+export interface StoredSession extends Omit<SplitSession, 'messages'> {
+  messages: StoredMessages;
+}
+
+const MESSAGES = Buffer.from(',"messages":[');
+const MESSAGE = Buffer.from('{"role":"');
+const MESSAGES_END = Buffer.from('],"reward":');
+const ROLE_BY_FIRST_BYTE: Record<number, Role> = { 115: 'system', 117: 'user', 97: 'assistant', 116: 'tool' };
+
+/**
+ * A session line of a bucket file, its messages found without parsing them: in the JSON ingest writes, no
+ * string holds an unescaped quote, so `{"role":"` opens a message and `],"reward":` closes the list, and
+ * nothing else does. The session's other fields are parsed. A line not shaped so is parsed whole.
+ */
+export function readStoredSession(line: Buffer): StoredSession {
+  const open = line.indexOf(MESSAGES);
+  const close = open < 0 ? -1 : line.indexOf(MESSAGES_END, open);
+  const starts: number[] = [];
+  const roles: Role[] = [];
+  for (let at = open + MESSAGES.length; open >= 0 && at >= 0 && at < close; at = line.indexOf(MESSAGE, at + 1)) {
+    const role = ROLE_BY_FIRST_BYTE[line[at + MESSAGE.length]!];
+    if (!holds(line, at, MESSAGE) || !role || line[at + MESSAGE.length + role.length] !== 34 || (starts.length > 0 && line[at - 1] !== 44)) break;
+    starts.push(at);
+    roles.push(role);
+  }
+  if (close < 0 || starts.length === 0 || starts[0] !== open + MESSAGES.length || line[close - 1] !== 125) {
+    const s = JSON.parse(line.toString('utf8')) as SplitSession;
+    return { ...s, messages: StoredMessages.of(s.messages) };
+  }
+  const ends = starts.slice(1).map((at) => at - 1);
+  ends.push(close);
+  const fields = JSON.parse(`${line.toString('utf8', 0, open)},"messages":0${line.toString('utf8', close + 1)}`) as SplitSession;
+  return { ...fields, messages: StoredMessages.read(line, starts, ends, roles) };
+}
+
+/** The sessions of one bucket file, their messages as stored, grouped by task; tasks in a stable order. */
+export async function readStoredTaskGroups(path: string): Promise<[string, StoredSession[]][]> {
+  const bytes = await readFile(path);
+  const sessions: StoredSession[] = [];
+  forEachLine(bytes, (start, end) => end > start && sessions.push(readStoredSession(bytes.subarray(start, end))));
+  return groupByTask(sessions);
 }
 
 // ── pairs: pairs/<side>-<bucket>.jsonl and info.json ──

@@ -1,15 +1,13 @@
 // One bucket of tasks made into pairs: outcome pairs per task, hard negatives per successful session (by the
-// transforms, and by the rewriter when there is one), written with every pair not made and why.
-/** Where pairBucket writes records: a JsonlWriter, or lines kept in memory on a worker thread. */
-interface RecordSink {
-  write(record: unknown): Promise<void>;
-}
+// transforms, and by the rewriter when there is one), written with every pair not made and why. A pair's
+// message lists are runs of its sessions' messages as stored, copied into its line as they were read: only
+// what a transform changes is parsed and written anew.
 import { LineBuffer } from '../../pipeline/jsonl.ts';
 import type { Logger } from '../../pipeline/log.ts';
-import { NEGATIVE_TYPES, type CandidatePair, type NegativeType, type Pair, type Split, type SplitSession } from '../../core/records.ts';
+import { NEGATIVE_TYPES, type NegativeType, type Pair, type Split } from '../../core/records.ts';
 import { mustDeclineTest } from '../../judges/rules.ts';
 import { isRefusal } from '../../core/refusal.ts';
-import { readTaskGroups } from '../layout.ts';
+import { readStoredTaskGroups, type StoredMessages, type StoredSession } from '../layout.ts';
 import { buildHardNegatives } from './hard-negatives.ts';
 import { buildOutcomePairs } from './outcome.ts';
 import { REWRITE_TYPES, planRewrites, type RewriteJob, type RewriteOutcome, type Rewriter } from './rewriter.ts';
@@ -19,7 +17,7 @@ export interface BucketOptions {
   hardNegatives: { enabled: boolean; from_min_reward: number; ratios: Partial<Record<NegativeType, number>>; salt: string; rewriter: { ratios: Partial<Record<NegativeType, number>> } };
   rewriter: Rewriter | null;
   /** Whether the session's request is one the agent must decline. */
-  mustDecline: (s: SplitSession) => boolean;
+  mustDecline: (s: StoredSession) => boolean;
 }
 
 /** The pairs config's sections a bucket is paired by. */
@@ -31,7 +29,9 @@ export interface PairingConfig {
 
 export function bucketOptions(cfg: PairingConfig, rewriter: Rewriter | null): BucketOptions {
   const mustDecline = mustDeclineTest(cfg.must_decline);
-  return { outcome: cfg.outcome, hardNegatives: cfg.hard_negatives, rewriter, mustDecline: (s: SplitSession) => mustDecline({ metadata: s.metadata, prompt: s.messages }) };
+  // The test reads the user's turns only when there are patterns to match them against.
+  const users = (s: StoredSession) => (cfg.must_decline.length ? s.messages.indicesOf('user').map((i) => s.messages.at(i)) : []);
+  return { outcome: cfg.outcome, hardNegatives: cfg.hard_negatives, rewriter, mustDecline: (s: StoredSession) => mustDecline({ metadata: s.metadata, prompt: users(s) }) };
 }
 
 /** Every count the stage reports, at zero. */
@@ -44,7 +44,7 @@ export function pairCounts(): Record<string, number> {
   return counts;
 }
 
-/** A bucket paired on a worker thread: its pairs' and drops' lines as blocks of UTF-8, and what it counted. */
+/** A bucket paired: its pairs' and drops' lines as blocks of UTF-8, and what it counted. */
 export interface PairedBucket {
   pairs: Uint8Array;
   dropped: Uint8Array;
@@ -52,30 +52,44 @@ export interface PairedBucket {
   counts: Record<string, number>;
 }
 
-/** Pairs the bucket file `path` into memory, as pairBucket writes it (no rewriter: that one talks to an endpoint). */
-export async function pairBucketFile(path: string, side: Split, o: BucketOptions, log: Logger): Promise<PairedBucket> {
-  const sink = () => {
-    const lines = new LineBuffer();
-    return { lines, write: async (record: unknown) => lines.push(JSON.stringify(record)) };
-  };
-  const [pairs, dropped] = [sink(), sink()];
-  const counts = pairCounts();
-  await pairBucket(await readTaskGroups(path), side, o, { pairs, dropped }, counts, log);
-  return { pairs: pairs.lines.bytes(), dropped: dropped.lines.bytes(), lines: { pairs: pairs.lines.count, dropped: dropped.lines.count }, counts };
+/**
+ * A pair's line: JSON.stringify of the pair with its chosen session's metadata (the verifier replays it), its
+ * message lists copied from the stored bytes where they were read.
+ */
+function writePair(out: LineBuffer, pair: Pair<StoredMessages>, metadata: string): void {
+  const { pair_id, prompt, chosen, rejected, ...rest } = pair;
+  out.write(`{"pair_id":${JSON.stringify(pair_id)},"prompt":`);
+  prompt.writeJson(out);
+  out.write(',"chosen":');
+  chosen.writeJson(out);
+  out.write(',"rejected":');
+  rejected.writeJson(out);
+  out.write(`,${JSON.stringify({ ...rest, metadata }).slice(1)}`);
+  out.end();
 }
 
-const withMetadata = (pair: Pair, session: SplitSession): CandidatePair => ({ ...pair, metadata: session.metadata });
-
 /** A rewrite not made, for dropped.jsonl: where the transforms write `<session>~<type>`, the rewriter writes `<session>~<type>~llm`. */
-const rewriteDrop = (s: SplitSession, type: NegativeType, reason: string) => ({
+const rewriteDrop = (s: StoredSession, type: NegativeType, reason: string) => ({
   task_id: s.task_id,
   chosen_session_id: s.session_id,
   rejected_session_id: `${s.session_id}~${type}~llm`,
   reason: `hard negative ${type} (llm rewrite): ${reason}`,
 });
 
-/** Writes the pairs of one bucket's task groups to `out.pairs`, what was not made to `out.dropped`, and counts both. */
-export async function pairBucket(groups: [string, SplitSession[]][], side: Split, o: BucketOptions, out: { pairs: RecordSink; dropped: RecordSink }, counts: Record<string, number>, log: Logger): Promise<void> {
+/** The first assistant turn's text, or null. */
+function firstReply(s: StoredSession): string | null {
+  const at = s.messages.indicesOf('assistant')[0];
+  return at === undefined ? null : s.messages.at(at).content;
+}
+
+/**
+ * The pairs of one bucket's task groups and what was not made (and why), as lines; `sizeHint` is about the
+ * bytes the pairs will take (the bucket file's size), so that their buffer rarely grows.
+ */
+export async function pairBucket(groups: [string, StoredSession[]][], side: Split, o: BucketOptions, log: Logger, sizeHint = 1 << 20): Promise<PairedBucket> {
+  const out = { pairs: new LineBuffer(sizeHint), dropped: new LineBuffer(64 << 10) };
+  const drop = (record: unknown) => out.dropped.push(JSON.stringify(record));
+  const counts = pairCounts();
   const oc = o.outcome;
   const h = o.hardNegatives;
   const negativeOptions = { ratios: h.ratios, salt: h.salt, mustDecline: o.mustDecline };
@@ -91,8 +105,8 @@ export async function pairBucket(groups: [string, SplitSession[]][], side: Split
       if (!sessions.some((s) => s.reward <= oc.failure_max)) counts.tasks_without_failure!++;
       const built = buildOutcomePairs(sessions, { successMin: oc.success_min, failureMax: oc.failure_max, maxPairsPerTask: oc.max_pairs_per_task ?? Infinity });
       const byId = new Map(sessions.map((s) => [s.session_id, s]));
-      for (const pair of built.pairs) await out.pairs.write(withMetadata(pair, byId.get(pair.chosen_session_id)!));
-      for (const d of built.dropped) await out.dropped.write(d);
+      for (const pair of built.pairs) writePair(out.pairs, pair, byId.get(pair.chosen_session_id)!.metadata);
+      for (const d of built.dropped) drop(d);
       made += built.pairs.length;
       counts.outcome! += built.pairs.length;
       counts.dropped! += built.dropped.length;
@@ -106,19 +120,19 @@ export async function pairBucket(groups: [string, SplitSession[]][], side: Split
         else if (o.rewriter) {
           const plan = planRewrites(s, { ratios: h.rewriter.ratios, salt: h.salt });
           for (const job of plan.jobs) rewrites.push(o.rewriter.rewrite(job).then((outcome) => ({ job, outcome })));
-          for (const skip of plan.skipped) await out.dropped.write(rewriteDrop(s, skip.type, skip.reason));
+          for (const skip of plan.skipped) drop(rewriteDrop(s, skip.type, skip.reason));
           counts.rewrite_skipped! += plan.skipped.length;
           counts.dropped! += plan.skipped.length;
         }
         // A request that must be declined: the only contrast worth teaching is refusal over compliance,
         // and only a session that complied has a compliance to put on the rejected side.
-        if (declining && isRefusal(s.messages.find((m) => m.role === 'assistant')?.content ?? null)) continue;
+        if (declining && isRefusal(firstReply(s))) continue;
         const built = buildHardNegatives(s, declining ? { ...negativeOptions, ratios: { refusal: h.ratios.refusal } } : negativeOptions);
         for (const pair of built.pairs) {
-          await out.pairs.write(withMetadata(pair, s));
+          writePair(out.pairs, pair, s.metadata);
           counts[`hard_negative_${pair.negative_type}`]!++;
         }
-        for (const skip of built.skipped) await out.dropped.write({ task_id: s.task_id, chosen_session_id: s.session_id, rejected_session_id: `${s.session_id}~${skip.type}`, reason: `hard negative ${skip.type}: ${skip.reason}` });
+        for (const skip of built.skipped) drop({ task_id: s.task_id, chosen_session_id: s.session_id, rejected_session_id: `${s.session_id}~${skip.type}`, reason: `hard negative ${skip.type}: ${skip.reason}` });
         made += built.pairs.length;
         counts.hard_negative! += built.pairs.length;
         counts.dropped! += built.skipped.length;
@@ -129,7 +143,7 @@ export async function pairBucket(groups: [string, SplitSession[]][], side: Split
   for (const { job, outcome } of await Promise.all(rewrites)) {
     const s = job.session;
     if ('pair' in outcome) {
-      await out.pairs.write(withMetadata(outcome.pair, s));
+      writePair(out.pairs, outcome.pair, s.metadata);
       madeByTask.set(s.task_id!, madeByTask.get(s.task_id!)! + 1);
       counts.hard_negative!++;
       counts.hard_negative_llm!++;
@@ -138,11 +152,27 @@ export async function pairBucket(groups: [string, SplitSession[]][], side: Split
     }
     if (outcome.cause === 'failed') log.warn('rewrite failed', { session_id: s.session_id, type: job.type, error: outcome.skip });
     counts[outcome.cause === 'unusable' ? 'rewrite_skipped' : `rewrite_${outcome.cause}`]!++;
-    await out.dropped.write(rewriteDrop(s, job.type, outcome.skip));
+    drop(rewriteDrop(s, job.type, outcome.skip));
     counts.dropped!++;
   }
   for (const made of madeByTask.values()) {
     if (made > 0) counts.tasks_with_pairs!++;
     counts[side]! += made;
   }
+  const lines = { pairs: out.pairs.count, dropped: out.dropped.count };
+  return { pairs: out.pairs.take(), dropped: out.dropped.take(), lines, counts };
+}
+
+/** One bucket file of one side to pair; `s` is the side's place in SPLITS, `bytes` the file's size. */
+export interface BucketJob {
+  path: string;
+  bytes: number;
+  side: Split;
+  s: number;
+  b: number;
+}
+
+/** Pairs the bucket file `path` (`bytes` long), as pairBucket pairs it. */
+export async function pairBucketFile(path: string, bytes: number, side: Split, o: BucketOptions, log: Logger): Promise<PairedBucket> {
+  return pairBucket(await readStoredTaskGroups(path), side, o, log, bytes + (bytes >> 2));
 }

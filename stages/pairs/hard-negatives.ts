@@ -7,7 +7,8 @@
 import { unitHash } from '../../pipeline/hash.ts';
 import { TOOLS, TOOL_NAMES, type ToolName } from '../../env/env.ts';
 import { int, pick, sample, seeded, type Random } from '../../core/random.ts';
-import { NEGATIVE_TYPES, pairId, type Message, type NegativeType, type Pair, type SplitSession, type ToolCall } from '../../core/records.ts';
+import { NEGATIVE_TYPES, pairId, type Message, type NegativeType, type Pair, type ToolCall } from '../../core/records.ts';
+import { StoredMessages, type StoredSession } from '../layout.ts';
 
 export interface HardNegativeOptions {
   /** Per type, the share of eligible chosen sessions that get a negative of that type (0..1). */
@@ -15,7 +16,7 @@ export interface HardNegativeOptions {
   /** Salt for the deterministic choices (which sessions, which turn, which template). */
   salt: string;
   /** True when the session's request is one the agent must decline: then the refusal is the CHOSEN side. */
-  mustDecline(session: SplitSession): boolean;
+  mustDecline(session: StoredSession): boolean;
 }
 
 export interface SkippedNegative {
@@ -84,10 +85,11 @@ type Rewrite = { at: number; message: Message } | { skip: string };
 
 /**
  * The hard negatives of one session: for each type, the session is selected when its stable hash falls
- * under that type's ratio; a selected session the transform cannot apply to is reported, not dropped.
+ * under that type's ratio; a selected session the transform cannot apply to is reported, not dropped. Only
+ * the assistant turns a transform looks at are parsed.
  */
-export function buildHardNegatives(session: SplitSession, options: HardNegativeOptions): { pairs: Pair[]; skipped: SkippedNegative[] } {
-  const pairs: Pair[] = [];
+export function buildHardNegatives(session: StoredSession, options: HardNegativeOptions): { pairs: Pair<StoredMessages>[]; skipped: SkippedNegative[] } {
+  const pairs: Pair<StoredMessages>[] = [];
   const skipped: SkippedNegative[] = [];
   for (const type of NEGATIVE_TYPES) {
     const ratio = options.ratios[type] ?? 0;
@@ -104,7 +106,7 @@ export function buildHardNegatives(session: SplitSession, options: HardNegativeO
   return { pairs, skipped };
 }
 
-const TRANSFORMS: Record<NegativeType, (messages: Message[], rand: Random) => Rewrite> = {
+const TRANSFORMS: Record<NegativeType, (messages: StoredMessages, rand: Random) => Rewrite> = {
   refusal: unwarrantedRefusal,
   hallucination: hallucinatedValue,
   off_topic: offTopic,
@@ -113,35 +115,35 @@ const TRANSFORMS: Record<NegativeType, (messages: Message[], rand: Random) => Re
   under_explained: underExplained,
 };
 
-function unwarrantedRefusal(messages: Message[], rand: Random): Rewrite {
-  const at = messages.findIndex((m) => m.role === 'assistant');
-  if (at < 0) return { skip: 'no assistant turn' };
-  return { at, message: textReply(messages[at]!, pick(rand, REFUSALS)) };
+function unwarrantedRefusal(messages: StoredMessages, rand: Random): Rewrite {
+  const at = messages.indicesOf('assistant')[0];
+  if (at === undefined) return { skip: 'no assistant turn' };
+  return { at, message: textReply(messages.at(at), pick(rand, REFUSALS)) };
 }
 
-function offTopic(messages: Message[], rand: Random): Rewrite {
-  const turns = indicesWhere(messages, (m) => m.role === 'assistant');
+function offTopic(messages: StoredMessages, rand: Random): Rewrite {
+  const turns = messages.indicesOf('assistant');
   if (turns.length === 0) return { skip: 'no assistant turn' };
   const at = pick(rand, turns);
-  return { at, message: textReply(messages[at]!, pick(rand, OFF_TOPIC)) };
+  return { at, message: textReply(messages.at(at), pick(rand, OFF_TOPIC)) };
 }
 
-function padded(messages: Message[], rand: Random): Rewrite {
+function padded(messages: StoredMessages, rand: Random): Rewrite {
   const at = lastTextTurn(messages, VERBOSE_MIN_TEXT);
   if (at < 0) return { skip: `no assistant turn with ${VERBOSE_MIN_TEXT} or more characters of text` };
-  const original = messages[at]!.content!;
+  const original = messages.at(at).content!;
   const target = Math.max(Math.ceil(2.5 * original.length), original.length + 200);
   const fillers = sample(rand, VERBOSE_FILLERS, VERBOSE_FILLERS.length);
   const parts = [pick(rand, VERBOSE_OPENERS), original];
   // A very long original cycles through the fillers again: repeating itself is what verbosity looks like.
   for (let i = 0; parts.join(' ').length < target; i++) parts.push(fillers[i % fillers.length]!);
-  return { at, message: { ...messages[at]!, content: parts.join(' ') } };
+  return { at, message: { ...messages.at(at), content: parts.join(' ') } };
 }
 
-function underExplained(messages: Message[], rand: Random): Rewrite {
+function underExplained(messages: StoredMessages, rand: Random): Rewrite {
   const at = lastTextTurn(messages, UNDER_EXPLAINED_MIN_TEXT);
   if (at < 0) return { skip: `no assistant turn with ${UNDER_EXPLAINED_MIN_TEXT} or more characters of text` };
-  return { at, message: { ...messages[at]!, content: pick(rand, TERSE) } };
+  return { at, message: { ...messages.at(at), content: pick(rand, TERSE) } };
 }
 
 // ---- hallucination: one identifier in one tool call's arguments, redrawn with the same shape -------------
@@ -162,24 +164,24 @@ interface Identifier {
   token: string;
 }
 
-function hallucinatedValue(messages: Message[], rand: Random): Rewrite {
+function hallucinatedValue(messages: StoredMessages, rand: Random): Rewrite {
   const found = identifiers(messages);
   if (found.length === 0) return { skip: `no tool call argument holds an identifier (${MIN_IDENTIFIER_DIGITS} or more digits)` };
   const phones = found.filter((f) => f.key === 'phone_number');
   const target = pick(rand, phones.length > 0 ? phones : found);
-  const context = JSON.stringify(messages.slice(0, target.at + 1));
+  // The conversation up to the turn, as its JSON (an identifier is ASCII, so its bytes are its text).
+  const context = messages.slice(0, target.at + 1);
   for (let draw = 0; draw < HALLUCINATION_DRAWS; draw++) {
     const token = perturbDigits(target.token, rand);
-    if (!context.includes(token)) return { at: target.at, message: withIdentifier(messages[target.at]!, target, token) };
+    if (!context.jsonIncludes(token)) return { at: target.at, message: withIdentifier(messages.at(target.at), target, token) };
   }
   return { skip: `every value redrawn for ${target.token} already appears in the context` };
 }
 
-function identifiers(messages: Message[]): Identifier[] {
+function identifiers(messages: StoredMessages): Identifier[] {
   const found: Identifier[] = [];
-  messages.forEach((message, at) => {
-    if (message.role !== 'assistant') return;
-    message.tool_calls?.forEach((toolCall, call) => {
+  messages.indicesOf('assistant').forEach((at) => {
+    messages.at(at).tool_calls?.forEach((toolCall, call) => {
       const visit = (value: unknown, path: (string | number)[], key: string | null): void => {
         if (typeof value === 'string') {
           for (const match of value.matchAll(IDENTIFIER)) {
@@ -281,11 +283,11 @@ const BREAKAGES: Breakage[] = [
   },
 ];
 
-function formatViolation(messages: Message[], rand: Random): Rewrite {
-  const turns = indicesWhere(messages, (m) => m.role === 'assistant' && (m.tool_calls?.length ?? 0) > 0);
+function formatViolation(messages: StoredMessages, rand: Random): Rewrite {
+  const turns = messages.indicesOf('assistant').filter((i) => (messages.at(i).tool_calls?.length ?? 0) > 0);
   if (turns.length === 0) return { skip: 'no assistant turn with tool calls' };
   const at = pick(rand, turns);
-  const message = messages[at]!;
+  const message = messages.at(at);
   const index = int(rand, 0, message.tool_calls!.length - 1);
   const breakage = pick(rand, BREAKAGES.filter((b) => b.applies(message.tool_calls![index]!)));
   return { at, message: breakage.apply(message, index, rand) };
@@ -307,15 +309,15 @@ function presentRequired(call: ToolCall): string[] {
  * The turn-level pair of one session's turn at `rewrite.at` and its rewrite. `variant` tells rewrites of one
  * type apart by how they were made (`llm` for the rewriter): it goes into the rewritten side's id and the pair id.
  */
-export function hardNegativePair(session: SplitSession, type: NegativeType, rewrite: { at: number; message: Message }, flipped: boolean, variant = ''): Pair {
-  const original = { message: session.messages[rewrite.at]!, id: session.session_id, reward: session.reward };
-  const transformed = { message: rewrite.message, id: `${session.session_id}~${type}${variant ? `~${variant}` : ''}`, reward: null };
+export function hardNegativePair(session: StoredSession, type: NegativeType, rewrite: { at: number; message: Message }, flipped: boolean, variant = ''): Pair<StoredMessages> {
+  const original = { turn: session.messages.slice(rewrite.at, rewrite.at + 1), id: session.session_id, reward: session.reward };
+  const transformed = { turn: StoredMessages.of([rewrite.message]), id: `${session.session_id}~${type}${variant ? `~${variant}` : ''}`, reward: null };
   const [chosen, rejected] = flipped ? [transformed, original] : [original, transformed];
   return {
     pair_id: pairId('hard_negative', chosen.id, rejected.id, variant ? `${type}:${variant}` : type),
     prompt: session.messages.slice(0, rewrite.at),
-    chosen: [chosen.message],
-    rejected: [rejected.message],
+    chosen: chosen.turn,
+    rejected: rejected.turn,
     chosen_reward: chosen.reward,
     rejected_reward: rejected.reward,
     margin: null,
@@ -342,8 +344,8 @@ function withToolCall(message: Message, index: number, change: (call: ToolCall) 
 }
 
 /** Index of the last assistant turn whose text has at least `minLength` characters, or -1. */
-function lastTextTurn(messages: Message[], minLength: number): number {
-  return messages.findLastIndex((m) => m.role === 'assistant' && (m.content?.length ?? 0) >= minLength);
+function lastTextTurn(messages: StoredMessages, minLength: number): number {
+  return messages.indicesOf('assistant').findLast((i) => (messages.at(i).content?.length ?? 0) >= minLength) ?? -1;
 }
 
 function indicesWhere<T>(items: readonly T[], test: (item: T) => boolean): number[] {

@@ -1,5 +1,6 @@
 // Outcome pairs: within a task, successful sessions against failed ones, margin = reward gap.
-import { commonPrefixLength, pairId, sameMessage, type Message, type Pair, type SplitSession } from '../../core/records.ts';
+import { pairId, type Pair } from '../../core/records.ts';
+import type { StoredMessages, StoredSession } from '../layout.ts';
 
 export interface OutcomeOptions {
   successMin: number;
@@ -15,18 +16,26 @@ export interface DroppedPair {
   reason: string;
 }
 
-const hasAssistant = (messages: Message[]) => messages.some((m) => m.role === 'assistant');
+/** The longest common prefix of two message lists (TRL's extract_prompt): the pair's prompt. */
+function commonPrefixLength(a: StoredMessages, b: StoredMessages): number {
+  let n = 0;
+  while (n < a.length && n < b.length && a.same(n, b, n)) n++;
+  return n;
+}
+
+const hasAssistant = (messages: StoredMessages, from: number) => messages.indicesOf('assistant').some((i) => i >= from);
 
 /**
  * Pairs for one task's sessions. When successes × failures exceeds the cap, combinations are taken
  * diagonal by diagonal over (successes by reward desc) × (failures by reward asc), so every session is
- * used about equally often and the widest margins come first.
+ * used about equally often and the widest margins come first. The pairs' message lists are runs of the
+ * sessions' stored messages: nothing is parsed.
  */
-export function buildOutcomePairs(sessions: SplitSession[], options: OutcomeOptions): { pairs: Pair[]; dropped: DroppedPair[] } {
-  const byId = (a: SplitSession, b: SplitSession) => (a.session_id < b.session_id ? -1 : a.session_id > b.session_id ? 1 : 0);
+export function buildOutcomePairs(sessions: StoredSession[], options: OutcomeOptions): { pairs: Pair<StoredMessages>[]; dropped: DroppedPair[] } {
+  const byId = (a: StoredSession, b: StoredSession) => (a.session_id < b.session_id ? -1 : a.session_id > b.session_id ? 1 : 0);
   const successes = sessions.filter((s) => s.reward >= options.successMin).sort((a, b) => b.reward - a.reward || byId(a, b));
   const failures = sessions.filter((s) => s.reward <= options.failureMax).sort((a, b) => a.reward - b.reward || byId(a, b));
-  const pairs: Pair[] = [];
+  const pairs: Pair<StoredMessages>[] = [];
   const dropped: DroppedPair[] = [];
   const S = successes.length;
   const F = failures.length;
@@ -34,27 +43,27 @@ export function buildOutcomePairs(sessions: SplitSession[], options: OutcomeOpti
     for (let i = 0; i < S && pairs.length < options.maxPairsPerTask; i++) {
       const chosen = successes[i]!;
       const rejected = failures[(i + d) % F]!;
-      const reason = unusable(chosen.messages, rejected.messages);
+      const n = commonPrefixLength(chosen.messages, rejected.messages);
+      const reason = unusable(chosen.messages, rejected.messages, n);
       if (reason) {
         dropped.push({ task_id: chosen.task_id, chosen_session_id: chosen.session_id, rejected_session_id: rejected.session_id, reason });
         continue;
       }
-      pairs.push(outcomePair(chosen, rejected));
+      pairs.push(outcomePair(chosen, rejected, n));
     }
   }
   return { pairs, dropped };
 }
 
-function unusable(chosen: Message[], rejected: Message[]): string | null {
-  if (chosen.length === rejected.length && chosen.every((m, i) => sameMessage(m, rejected[i]!))) return 'identical messages with different rewards';
-  const n = commonPrefixLength(chosen, rejected);
-  if (!hasAssistant(chosen.slice(n))) return 'chosen has no assistant turn after the shared prompt';
-  if (!hasAssistant(rejected.slice(n))) return 'rejected has no assistant turn after the shared prompt';
+/** Why a pair whose sides share their first `n` messages has nothing to teach, or null. */
+function unusable(chosen: StoredMessages, rejected: StoredMessages, n: number): string | null {
+  if (n === chosen.length && n === rejected.length) return 'identical messages with different rewards';
+  if (!hasAssistant(chosen, n)) return 'chosen has no assistant turn after the shared prompt';
+  if (!hasAssistant(rejected, n)) return 'rejected has no assistant turn after the shared prompt';
   return null;
 }
 
-function outcomePair(chosen: SplitSession, rejected: SplitSession): Pair {
-  const n = commonPrefixLength(chosen.messages, rejected.messages);
+function outcomePair(chosen: StoredSession, rejected: StoredSession, n: number): Pair<StoredMessages> {
   return {
     pair_id: pairId('outcome', chosen.session_id, rejected.session_id),
     prompt: chosen.messages.slice(0, n),

@@ -19,7 +19,8 @@ import { transcript, type PromptTemplate } from '../../judges/llm.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import { sha256, unitHash } from '../../pipeline/hash.ts';
 import { pick, seeded } from '../../core/random.ts';
-import type { Message, NegativeType, Pair, SplitSession } from '../../core/records.ts';
+import type { Message, NegativeType, Pair } from '../../core/records.ts';
+import type { StoredMessages, StoredSession } from '../layout.ts';
 import { PLACEHOLDERS, redactionConfig } from '../../core/redact.ts';
 import { UNDER_EXPLAINED_MIN_TEXT, VERBOSE_MIN_TEXT, hardNegativePair, type SkippedNegative } from './hard-negatives.ts';
 
@@ -103,7 +104,7 @@ function renderRewritePrompt(prompt: RewritePrompt, type: RewriteType, context: 
 
 /** One turn of one session to rewrite into a negative of one type. */
 export interface RewriteJob {
-  session: SplitSession;
+  session: StoredSession;
   type: RewriteType;
   /** Index of the assistant turn in the session's messages. */
   at: number;
@@ -117,7 +118,7 @@ const MIN_TEXT: Record<RewriteType, number> = { refusal: 0, off_topic: 0, verbos
  * type's ratio (with a salt of its own, so the selection is independent of the transforms'); a selected
  * session with no turn to rewrite is reported, not dropped.
  */
-export function planRewrites(session: SplitSession, options: { ratios: RewriterConfig['ratios']; salt: string }): { jobs: RewriteJob[]; skipped: SkippedNegative[] } {
+export function planRewrites(session: StoredSession, options: { ratios: RewriterConfig['ratios']; salt: string }): { jobs: RewriteJob[]; skipped: SkippedNegative[] } {
   const jobs: RewriteJob[] = [];
   const skipped: SkippedNegative[] = [];
   for (const type of REWRITE_TYPES) {
@@ -130,14 +131,12 @@ export function planRewrites(session: SplitSession, options: { ratios: RewriterC
 }
 
 /** As the transforms choose: the first assistant turn (refusal), one by lot (off_topic), the last with enough text (verbose, under_explained). */
-function targetTurn(session: SplitSession, type: RewriteType, salt: string): number {
+function targetTurn(session: StoredSession, type: RewriteType, salt: string): number {
   const { messages } = session;
-  if (type === 'refusal') return messages.findIndex((m) => m.role === 'assistant');
-  if (type === 'off_topic') {
-    const turns = messages.flatMap((m, i) => (m.role === 'assistant' ? [i] : []));
-    return turns.length ? pick(seeded('rewrite', salt, session.session_id, type), turns) : -1;
-  }
-  return messages.findLastIndex((m) => m.role === 'assistant' && (m.content?.length ?? 0) >= MIN_TEXT[type]);
+  const turns = messages.indicesOf('assistant');
+  if (type === 'refusal') return turns[0] ?? -1;
+  if (type === 'off_topic') return turns.length ? pick(seeded('rewrite', salt, session.session_id, type), turns) : -1;
+  return turns.findLast((i) => (messages.at(i).content?.length ?? 0) >= MIN_TEXT[type]) ?? -1;
 }
 
 // ---- the reply, and the pair ------------------------------------------------------------------------------
@@ -157,11 +156,11 @@ function readRewrite(content: string | null, job: RewriteJob, restore: (text: st
   if (!tagged) return { skip: `unreadable rewrite, no <reply>…</reply> in "${clip(squash(content))}"` };
   const text = restore(tagged[1]!.trim());
   if (!text) return { skip: 'the rewrite came back empty' };
-  const original = job.session.messages[job.at]!;
+  const original = job.session.messages.at(job.at);
   if (squash(text) === squash(original.content ?? '')) return { skip: 'the rewrite is identical to the original' };
-  const conversation = JSON.stringify(job.session.messages.slice(0, job.at + 1));
-  // A placeholder left after restoring was never issued: the model made it up.
-  const invented = (text.match(PLACEHOLDERS) ?? []).find((p) => !conversation.includes(p));
+  const conversation = job.session.messages.slice(0, job.at + 1);
+  // A placeholder left after restoring was never issued: the model made it up (placeholders are ASCII).
+  const invented = (text.match(PLACEHOLDERS) ?? []).find((p) => !conversation.jsonIncludes(p));
   if (invented) return { skip: `the rewrite holds ${invented}, a placeholder that stands for nothing in the conversation` };
   return { text };
 }
@@ -178,14 +177,14 @@ function rewrittenTurn(original: Message, type: RewriteType, text: string): Mess
   return turn;
 }
 
-function rewritePair(job: RewriteJob, turn: Message): Pair {
+function rewritePair(job: RewriteJob, turn: Message): Pair<StoredMessages> {
   return hardNegativePair(job.session, job.type, { at: job.at, message: turn }, false, 'llm');
 }
 
 // ---- the requests -----------------------------------------------------------------------------------------
 
 /** A pair, or why there is none: an unusable rewrite, a request that failed after its retries, or no budget left. */
-export type RewriteOutcome = { pair: Pair } | { skip: string; cause: 'unusable' | 'failed' | 'over_budget' };
+export type RewriteOutcome = { pair: Pair<StoredMessages> } | { skip: string; cause: 'unusable' | 'failed' | 'over_budget' };
 
 export class Rewriter {
   constructor(
@@ -195,8 +194,8 @@ export class Rewriter {
   ) {}
 
   async rewrite(job: RewriteJob): Promise<RewriteOutcome> {
-    const original = job.session.messages[job.at]!;
-    const content = renderRewritePrompt(this.prompt, job.type, job.session.messages.slice(0, job.at), original);
+    const original = job.session.messages.at(job.at);
+    const content = renderRewritePrompt(this.prompt, job.type, job.session.messages.slice(0, job.at).all(), original);
     let answer;
     try {
       answer = await this.endpoint.complete(

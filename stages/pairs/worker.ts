@@ -2,8 +2,7 @@
 import { Writable } from 'node:stream';
 import { Logger } from '../../pipeline/log.ts';
 import { serveBatches } from '../../pipeline/workers.ts';
-import type { Split } from '../../core/records.ts';
-import { bucketOptions, pairBucketFile, type PairedBucket, type PairingConfig } from './bucket.ts';
+import { bucketOptions, pairBucketFile, type BucketJob, type PairedBucket, type PairingConfig } from './bucket.ts';
 
 // Only the rewriter logs from inside a bucket, and it never runs on a worker thread.
 const silent = new Logger('json', new Writable({ write: (_chunk, _encoding, done) => done() }), {}, true);
@@ -11,7 +10,7 @@ const silent = new Logger('json', new Writable({ write: (_chunk, _encoding, done
 serveBatches(
   (cfg: PairingConfig) => {
     const o = bucketOptions(cfg, null);
-    return ({ path, side }: { path: string; side: Split }): Promise<PairedBucket> => pairBucketFile(path, side, o, silent);
+    return ({ path, bytes, side }: BucketJob): Promise<PairedBucket> => pairBucketFile(path, bytes, side, o, silent);
   },
   (made) => [made.pairs.buffer as ArrayBuffer, made.dropped.buffer as ArrayBuffer],
 );

@@ -9,6 +9,7 @@ import { VerifierJudge } from '../../judges/verifier.ts';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { isRefusal } from '../../core/refusal.ts';
 import { buildHardNegatives } from '../../stages/pairs/hard-negatives.ts';
+import { plainPair, stored } from '../fixtures/pipeline.ts';
 import { NEGATIVE_TYPES, type Pair, type Session, type SplitSession } from '../../core/records.ts';
 
 const SAMPLE = join(import.meta.dirname, '..', '..', 'data', 'sample', 'sessions.jsonl.gz');
@@ -41,7 +42,7 @@ function comparison(pair: Pair, session: SplitSession): Comparison {
 async function judgeAll(sessions: SplitSession[], mustDecline: (s: SplitSession) => boolean, judge: EnsembleJudge): Promise<Judged[]> {
   const judged: Judged[] = [];
   for (const session of sessions) {
-    for (const pair of buildHardNegatives(session, { ratios: ALL_TYPES, salt: 'test', mustDecline }).pairs) {
+    for (const pair of buildHardNegatives(stored(session), { ratios: ALL_TYPES, salt: 'test', mustDecline: () => mustDecline(session) }).pairs.map(plainPair)) {
       judged.push({ pair, result: await judge.judge(comparison(pair, session)) });
     }
   }

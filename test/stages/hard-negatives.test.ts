@@ -3,7 +3,8 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { TOOLS, TOOL_NAMES } from '../../env/env.ts';
 import { REFUSAL_PATTERN, isRefusal } from '../../core/refusal.ts';
-import { buildHardNegatives, type HardNegativeOptions } from '../../stages/pairs/hard-negatives.ts';
+import { buildHardNegatives as buildStored, type HardNegativeOptions } from '../../stages/pairs/hard-negatives.ts';
+import { plainPair, stored } from '../fixtures/pipeline.ts';
 import { NEGATIVE_TYPES, pairId, type Message, type NegativeType, type Pair, type Session, type SplitSession } from '../../core/records.ts';
 
 const SAMPLE = join(__dirname, '..', '..', 'data', 'sample', 'sessions.jsonl.gz');
@@ -16,6 +17,12 @@ beforeAll(async () => {
   for await (const s of readJsonl<Session>(SAMPLE)) sample.push(s);
   successes = sample.filter((s) => s.reward >= 0.7).map((s) => ({ ...s, split: 'train', task_match: null }));
 });
+
+/** buildHardNegatives on the session as its bucket line stores it, the pairs' messages read back. */
+function buildHardNegatives(session: SplitSession, o: HardNegativeOptions): { pairs: Pair[]; skipped: ReturnType<typeof buildStored>['skipped'] } {
+  const built = buildStored(stored(session), o);
+  return { pairs: built.pairs.map(plainPair), skipped: built.skipped };
+}
 
 const ALL: Partial<Record<NegativeType, number>> = Object.fromEntries(NEGATIVE_TYPES.map((t) => [t, 1]));
 

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { STAGES } from '../../stages/index.ts';
-import { buildOutcomePairs } from '../../stages/pairs/outcome.ts';
+import { buildOutcomePairs as buildStored, type OutcomeOptions } from '../../stages/pairs/outcome.ts';
+import { plainPair, stored } from '../fixtures/pipeline.ts';
 import type { Message, SplitSession } from '../../core/records.ts';
 
 const SYSTEM: Message = { role: 'system', content: 'You phone companies.' };
@@ -19,6 +20,12 @@ function trial(id: string, reward: number, request: string, answer: string): Spl
     split: 'train',
     task_match: null,
   };
+}
+
+/** buildOutcomePairs on sessions as their bucket lines store them, the pairs' messages read back. */
+function buildOutcomePairs(sessions: SplitSession[], o: OutcomeOptions) {
+  const built = buildStored(sessions.map(stored), o);
+  return { pairs: built.pairs.map(plainPair), dropped: built.dropped };
 }
 
 const options = { successMin: 0.7, failureMax: 0.3, maxPairsPerTask: 100 };
