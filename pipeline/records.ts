@@ -1,4 +1,5 @@
 // Readers of input records (logged sessions, imported pairs): JSONL, a JSON array, or Parquet, each streamed record by record.
+import { open } from 'node:fs/promises';
 import { readLines, openText } from './jsonl.ts';
 
 export type InputFormat = 'jsonl' | 'json' | 'parquet';
@@ -106,6 +107,9 @@ export function forEachLine(block: Buffer, line: (start: number, end: number) =>
   return n;
 }
 
+/** Whether a block starts with a UTF-8 byte order mark. */
+const hasBom = (bytes: Uint8Array) => bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf;
+
 /** A block of whole lines of a JSONL file, numbered from `firstLine`; or where the file broke off. */
 export type LineBlock = { bytes: Uint8Array; firstLine: number } | { damaged: string };
 
@@ -116,6 +120,7 @@ export type LineBlock = { bytes: Uint8Array; firstLine: number } | { damaged: st
  * A byte order mark at the start is dropped, as readLines drops it.
  */
 export async function* readLineBlocks(path: string, size = 1 << 20): AsyncGenerator<LineBlock> {
+  if (!path.endsWith('.gz')) return yield* readPlainLineBlocks(path, size);
   let pieces: Buffer[] = [];
   let held = 0;
   let firstLine = 1;
@@ -129,7 +134,7 @@ export async function* readLineBlocks(path: string, size = 1 << 20): AsyncGenera
     }
     bytes.set(last.subarray(0, cut), at);
     // A byte order mark is not part of the first record (it is whole in the first block: no newline comes before it).
-    const bom = firstLine === 1 && bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf;
+    const bom = firstLine === 1 && hasBom(bytes);
     const block = { bytes: bom ? bytes.slice(3) : bytes, firstLine };
     firstLine += forEachLine(Buffer.from(block.bytes.buffer), () => {});
     pieces = cut < last.length ? [last.subarray(cut)] : [];
@@ -153,6 +158,38 @@ export async function* readLineBlocks(path: string, size = 1 << 20): AsyncGenera
     return;
   }
   if (held > 0) yield take(pieces.at(-1)!, pieces.at(-1)!.length);
+}
+
+/**
+ * readLineBlocks of a file that is not compressed: each block read straight into a buffer of its own (no
+ * stream chunks to gather and copy), the start of a line it cuts carried over to the next.
+ */
+async function* readPlainLineBlocks(path: string, size: number): AsyncGenerator<LineBlock> {
+  const file = await open(path, 'r');
+  let carried: Uint8Array = new Uint8Array(0);
+  let firstLine = 1;
+  try {
+    for (;;) {
+      const block = Buffer.allocUnsafeSlow(carried.length + size);
+      block.set(carried);
+      const { bytesRead } = await file.read(block, carried.length, size, null);
+      const filled = carried.length + bytesRead;
+      // A line longer than a block is carried on until its newline comes.
+      const cut = bytesRead === 0 ? filled : block.lastIndexOf(10, filled - 1) + 1;
+      // Copied out before the block is handed on (to a thread, which takes its memory with it).
+      carried = block.slice(cut, filled);
+      if (cut > 0) {
+        const bom = firstLine === 1 && hasBom(block);
+        const bytes = block.subarray(bom ? 3 : 0, cut);
+        const lines = forEachLine(bytes, () => {});
+        yield { bytes, firstLine };
+        firstLine += lines;
+      }
+      if (bytesRead === 0) return;
+    }
+  } finally {
+    await file.close();
+  }
 }
 
 /**

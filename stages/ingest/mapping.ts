@@ -190,7 +190,20 @@ export function toSession(record: unknown, source: string, options: MappingOptio
     if (extras) messageExtras[i] = extras;
     return message;
   });
+  return sessionAround(record, messages, messageExtras, source, options);
+}
 
+/** What the ingest of a record whose messages are kept as stored needs that it cannot work out: an error, never a reason the record is bad. */
+export class MessagesNeeded extends Error {}
+
+/**
+ * The session of a record whose messages were mapped apart: every other field mapped and validated as
+ * toSession maps it. `messages` null: the caller keeps them as stored (they are not read here, and the
+ * session's `messages` is left empty); a record whose id would be a hash of its messages then throws
+ * MessagesNeeded.
+ */
+export function sessionAround(record: Json, messages: Message[] | null, messageExtras: Record<string, Json>, source: string, options: MappingOptions): Session {
+  const f = options.fields;
   const taskPath = f.task_id ?? 'task_id';
   const mapped = {
     task_id: optionalString(getPath(record, taskPath), 'task_id'),
@@ -221,11 +234,11 @@ export function toSession(record: unknown, source: string, options: MappingOptio
   if (Object.keys(messageExtras).length > 0) extra._message_extras = messageExtras;
   const metadata = JSON.stringify(extra);
 
-  const content = { messages, ...mapped, metadata };
+  if ((sessionId === null || sessionId === '') && messages === null) throw new MessagesNeeded('a session without an id is named by a hash of its messages');
   return {
-    session_id: sessionId === null || sessionId === '' ? `h-${hashJson(content).slice(0, 32)}` : sessionId,
+    session_id: sessionId === null || sessionId === '' ? `h-${hashJson({ messages, ...mapped, metadata }).slice(0, 32)}` : sessionId,
     task_id: mapped.task_id === '' ? null : mapped.task_id,
-    messages,
+    messages: messages ?? [],
     reward: mapped.reward,
     feedback: mapped.feedback,
     model: mapped.model,

@@ -9,6 +9,8 @@ import { UsageError } from '../../pipeline/errors.ts';
 import type { IngestedFile } from '../layout.ts';
 import { SessionIdSet } from './id-set.ts';
 import { RecordError, toSession, type MappingOptions } from './mapping.ts';
+import { storedReader, type StoredReader } from './canonical.ts';
+import type { Session } from '../../core/records.ts';
 import { detectFormat, forEachLine, parseRecord, quarantineText, readLineBlocks, readRecords, type InputFormat, type LineBlock, type RawRecord } from '../../pipeline/records.ts';
 import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
 
@@ -55,17 +57,23 @@ function moreOpenings(raw: string, limit: number): boolean {
   return false;
 }
 
+/** Whether a record (its text and its value) nests deeper than MAX_DEPTH. */
+const tooDeep = (record: { value?: unknown; raw: string }) => moreOpenings(record.raw, MAX_DEPTH) && depthOf(record.value, MAX_DEPTH) > MAX_DEPTH;
+
 /** Why a record cannot be read, before it is mapped: too large, nested too deep; null when it can. */
 function unreadable(record: { value?: unknown; raw: string }, maxBytes: number): string | null {
   // A UTF-16 code unit is at most 3 bytes of UTF-8: most records need no count.
   const bytes = record.raw.length * 3 > maxBytes ? Buffer.byteLength(record.raw) : 0;
   if (bytes > maxBytes) return `the record is ${bytes.toLocaleString('en-US')} bytes, more than ingest.max_record_bytes (${maxBytes.toLocaleString('en-US')})`;
-  if (moreOpenings(record.raw, MAX_DEPTH) && depthOf(record.value, MAX_DEPTH) > MAX_DEPTH) return `the record nests more than ${MAX_DEPTH} levels deep`;
+  if (tooDeep(record)) return `the record nests more than ${MAX_DEPTH} levels deep`;
   return null;
 }
 
-/** What one record became, worked out apart from every other record (on a worker thread, where there are some). */
-type RecordOutcome = { notUtf8: boolean } & ({ reason: string } | { id: string; untasked: boolean; json: string } | { fault: string });
+/**
+ * What one record became, worked out apart from every other record (on a worker thread, where there are
+ * some): a session (with its messages' JSON as stored, when they were kept so), or why not.
+ */
+type RecordOutcome = { notUtf8: boolean } & ({ reason: string } | { session: Session; stored?: Uint8Array } | { fault: string });
 
 /** A batch of work: whole lines of a JSONL file as bytes, records a reader cut out (a JSON array, Parquet), or where a file broke off. */
 export type Batch = LineBlock | { records: RawRecord[] };
@@ -93,14 +101,27 @@ export interface BatchOutcome {
 class Outcomes {
   private readonly numbers: number[] = [];
   private readonly notes: string[] = [];
-  private readonly lines = new LineBuffer();
+  private readonly lines: LineBuffer;
+
+  /** `bytes`: about what the batch's records take as text; their sessions' lines take a little more. */
+  constructor(bytes: number) {
+    this.lines = new LineBuffer(bytes + (bytes >> 2) + (64 << 10));
+  }
 
   add(out: RecordOutcome, line = 0, rawStart = 0, rawEnd = 0): void {
     const flags = out.notUtf8 ? NOT_UTF8 : 0;
-    if ('json' in out) {
-      this.lines.push(out.json);
-      const [hi, lo] = SessionIdSet.key(out.id);
-      this.numbers.push(SESSION, line, rawStart, rawEnd, this.lines.length, hi, lo, flags | (out.untasked ? UNTASKED : 0));
+    if ('session' in out) {
+      const json = JSON.stringify(out.session);
+      if (out.stored) {
+        // The session's messages are empty: its line has the stored messages in their place.
+        const at = json.indexOf(',"messages":[]') + ',"messages":'.length;
+        this.lines.write(json.slice(0, at));
+        this.lines.writeBytes(out.stored);
+        this.lines.write(json.slice(at + '[]'.length));
+        this.lines.end();
+      } else this.lines.push(json);
+      const [hi, lo] = SessionIdSet.key(out.session.session_id);
+      this.numbers.push(SESSION, line, rawStart, rawEnd, this.lines.length, hi, lo, flags | (out.session.task_id === null ? UNTASKED : 0));
       return;
     }
     this.notes.push('reason' in out ? out.reason : out.fault);
@@ -113,13 +134,21 @@ class Outcomes {
   }
 
   done(): BatchOutcome {
-    return { records: Uint32Array.from(this.numbers), notes: this.notes, lines: this.lines.bytes() };
+    return { records: Uint32Array.from(this.numbers), notes: this.notes, lines: this.lines.take() };
   }
 }
 
-/** A batch's records read as readOne reads them. */
+/** Per reading options, the reader that keeps records' messages as stored, if they allow one. */
+const storedReaders = new WeakMap<ReadingOptions, StoredReader | null>();
+
+/**
+ * A batch's records read as readOne reads them; a JSONL line whose messages are written as ingest writes
+ * them keeps them as they are (canonical.ts): the same session, the same line.
+ */
 export function readBatch(batch: Batch, fileName: string, o: ReadingOptions): BatchOutcome {
-  const out = new Outcomes();
+  if (!storedReaders.has(o)) storedReaders.set(o, storedReader(o.mapping, o.maxRecordBytes, (text, value) => tooDeep({ raw: text, value })));
+  const reader = storedReaders.get(o)!;
+  const out = new Outcomes('bytes' in batch ? batch.bytes.byteLength : 'records' in batch ? batch.records.reduce((n, r) => n + r.raw.length, 0) : 0);
   if ('damaged' in batch) out.damaged(batch.damaged);
   else if ('records' in batch) {
     for (const record of batch.records) {
@@ -131,6 +160,8 @@ export function readBatch(batch: Batch, fileName: string, o: ReadingOptions): Ba
     let line = batch.firstLine - 1;
     forEachLine(block, (start, end) => {
       line++;
+      const stored = reader?.(block, start, end, `${fileName} line ${line}`);
+      if (stored) return out.add({ notUtf8: false, session: stored.session, stored: stored.messages }, line, start, end);
       const raw = block.toString('utf8', start, end);
       if (raw.trim() !== '') out.add(readOne({ where: `line ${line}`, raw }, fileName, o), line, start, end);
     });
@@ -150,8 +181,7 @@ function readOne(given: RawRecord, fileName: string, o: ReadingOptions): RecordO
   const cannot = unreadable(record, o.maxRecordBytes);
   if (cannot) return { notUtf8, reason: cannot };
   try {
-    const session = toSession(record.value, `${fileName} ${record.where}`, o.mapping);
-    return { notUtf8, id: session.session_id, untasked: session.task_id === null, json: JSON.stringify(session) };
+    return { notUtf8, session: toSession(record.value, `${fileName} ${record.where}`, o.mapping) };
   } catch (error) {
     // Anything but a reason the record is bad is a fault of ingest's own: the caller says where it happened.
     if (!(error instanceof RecordError)) return { notUtf8, fault: (error as Error).message };
@@ -222,6 +252,12 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
     const block = 'bytes' in batch ? Buffer.from(batch.bytes.buffer, batch.bytes.byteOffset, batch.bytes.byteLength) : null;
     let note = 0;
     let start = 0;
+    // Sessions' lines follow one another in `lines`: each run of them between duplicates is written at once.
+    let run = { from: 0, lines: 0 };
+    const writeRun = async (to: number) => {
+      if (run.lines > 0) await writer.writeBlock(lines.subarray(run.from, to), run.lines);
+      run = { from: to, lines: 0 };
+    };
     for (let i = 0, r = 0; r < records.length; i++, r += FIELDS) {
       const given = 'records' in batch ? batch.records[i]! : null;
       const where = given ? given.where : `line ${records[r + LINE]}`;
@@ -244,9 +280,11 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
         await quarantineRecord(where, notes[note++]!, raw());
         continue;
       }
-      const line = lines.subarray(start, records[r + END]);
+      const lineStart = start;
       start = records[r + END]!;
       if (!ids.addKey(records[r + KEY_HI]!, records[r + KEY_LO]!)) {
+        await writeRun(lineStart);
+        run.from = start;
         duplicates++;
         // Which id it was is worked out again here: duplicates are few, and ids do not cross between threads.
         const id = toSession(given?.value ?? JSON.parse(raw()), `${file.name} ${where}`, o.mapping).session_id;
@@ -254,8 +292,9 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
         continue;
       }
       if (records[r + FLAGS]! & UNTASKED) untasked++;
-      await writer.writeBytes(line);
+      run.lines++;
     }
+    await writeRun(start);
   };
   // Parquet rows come as values, not text: they are read on this thread.
   const threads = format === 'parquet' ? 1 : workerCount(workers, file.bytes >= LARGE_FILE);

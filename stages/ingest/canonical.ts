@@ -1,0 +1,147 @@
+// Records whose messages are already written as ingest writes them (JSON.stringify of each mapped Message:
+// the simulator's logs, prefab's own outputs, most logs a Node program wrote) are read without parsing their
+// messages. Their bytes are checked to be exactly what parsing, mapping and JSON.stringify would give back,
+// and copied into the session's line; the rest of the record is parsed and mapped as toSession maps it. A
+// record that is not so (other key orders, spaces, \u escapes, content parts, extra keys, bytes that are not
+// UTF-8) is read the ordinary way; either way the session's line is the same, byte for byte.
+import { isUtf8 } from 'node:buffer';
+import { ROLES, type Session } from '../../core/records.ts';
+import { getPath } from '../../pipeline/records.ts';
+import { sessionAround, type MappingOptions } from './mapping.ts';
+
+const [QUOTE, BACKSLASH, COMMA, COLON, OPEN_BRACE, CLOSE_BRACE, OPEN_BRACKET, CLOSE_BRACKET] = [0x22, 0x5c, 0x2c, 0x3a, 0x7b, 0x7d, 0x5b, 0x5d];
+const REPLACEMENT_CHARACTER = Buffer.from('\uFFFD');
+
+// A JSON string as JSON.stringify writes it: no escape but \" \\ \b \f \n \r \t, and \u00xx (lower case) for
+// the other control characters. Matched against the bytes read as Latin-1 (a character a byte), so anything
+// from 0x80 up passes here and the bytes are checked to be UTF-8 apart. One character a step, never a run:
+// a nested quantifier would backtrack without end on a string that does not match.
+const CHAR = String.raw`(?:[^"\\\x00-\x1f]|\\["\\bfnrt]|\\u00(?:0[0-7bef]|1[0-9a-f]))`;
+const STRING = `"${CHAR}*"`;
+// A message as the mapping makes it and JSON.stringify writes it: its fields in that order, a tool call
+// {id, type, function: {name, arguments}} with a name, a tool message with its tool_call_id.
+const CALL = String.raw`\{"id":${STRING},"type":"function","function":\{"name":"${CHAR}+","arguments":${STRING}\}\}`;
+const OPTIONAL = String.raw`(?:,"name":${STRING})?(?:,"tool_calls":\[${CALL}(?:,${CALL})*\])?`;
+const MESSAGE = String.raw`\{"role":"(?:(?:system|user|assistant)","content":(?:null|${STRING})${OPTIONAL}(?:,"tool_call_id":${STRING})?|tool","content":(?:null|${STRING})${OPTIONAL},"tool_call_id":${STRING})\}`;
+const MESSAGES = new RegExp(String.raw`\[${MESSAGE}(?:,${MESSAGE})*\]`, 'y');
+
+/** The end of the non-empty array of messages written as ingest writes them at `at` ('[') of `bytes`, or -1. */
+export function canonicalMessagesEnd(bytes: Buffer, at: number, end: number): number {
+  MESSAGES.lastIndex = 0;
+  try {
+    if (!MESSAGES.test(bytes.toString('latin1', at, end))) return -1;
+  } catch {
+    return -1; // a string of many megabytes overflows the matcher's stack: read the ordinary way
+  }
+  return isUtf8(bytes.subarray(at, at + MESSAGES.lastIndex)) ? at + MESSAGES.lastIndex : -1;
+}
+
+/** `at` past `literal` when `bytes` holds it there, else -1. */
+function past(bytes: Uint8Array, at: number, literal: Uint8Array): number {
+  if (at < 0 || at + literal.length > bytes.length) return -1;
+  for (let i = 0; i < literal.length; i++) if (bytes[at + i] !== literal[i]) return -1;
+  return at + literal.length;
+}
+
+const isSpace = (c: number | undefined) => c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09;
+
+function skipSpace(b: Uint8Array, at: number, end: number): number {
+  while (at < end && isSpace(b[at])) at++;
+  return at;
+}
+
+/** The end of the JSON string at `at` (past its closing quote), escapes skipped, or -1; nothing checked. */
+function stringEnd(b: Uint8Array, at: number, end: number): number {
+  for (let i = at + 1; i < end; i++) {
+    if (b[i] === BACKSLASH) i++;
+    else if (b[i] === QUOTE) return i + 1;
+  }
+  return -1;
+}
+
+/** The end of the JSON value at `at`, found by its brackets and quotes, or -1; JSON.parse checks it later. */
+function valueEnd(b: Uint8Array, at: number, end: number): number {
+  if (b[at] === QUOTE) return stringEnd(b, at, end);
+  if (b[at] !== OPEN_BRACE && b[at] !== OPEN_BRACKET) {
+    let i = at;
+    while (i < end && b[i] !== COMMA && b[i] !== CLOSE_BRACE && b[i] !== CLOSE_BRACKET && !isSpace(b[i])) i++;
+    return i > at ? i : -1;
+  }
+  let depth = 0;
+  for (let i = at; i < end; i++) {
+    const c = b[i];
+    if (c === QUOTE) {
+      i = stringEnd(b, i, end) - 1;
+      if (i < 0) return -1;
+    } else if (c === OPEN_BRACE || c === OPEN_BRACKET) depth++;
+    else if ((c === CLOSE_BRACE || c === CLOSE_BRACKET) && --depth === 0) return i + 1;
+  }
+  return -1;
+}
+
+/**
+ * Where the value of the top-level key `key` (its JSON, quotes included) lies in the record at `start` to
+ * `end`, when it is the only such key and its value is messages written as ingest writes them; else null.
+ */
+function messagesSpan(b: Buffer, start: number, end: number, key: Uint8Array): [number, number] | null {
+  let i = skipSpace(b, start, end);
+  if (b[i] !== OPEN_BRACE) return null;
+  i = skipSpace(b, i + 1, end);
+  let span: [number, number] | null = null;
+  for (;;) {
+    const keyEnd = stringEnd(b, i, end);
+    // A key with an escape might spell `key` another way: the ordinary reading decides.
+    if (b[i] !== QUOTE || keyEnd < 0 || b.subarray(i, keyEnd).includes(BACKSLASH)) return null;
+    const isKey = past(b, i, key) === keyEnd;
+    i = skipSpace(b, keyEnd, end);
+    if (b[i] !== COLON) return null;
+    i = skipSpace(b, i + 1, end);
+    const after = isKey ? canonicalMessagesEnd(b, i, end) : valueEnd(b, i, end);
+    if (after < 0 || (isKey && span)) return null;
+    if (isKey) span = [i, after];
+    i = skipSpace(b, after, end);
+    if (b[i] === CLOSE_BRACE) return skipSpace(b, i + 1, end) === end ? span : null;
+    if (b[i] !== COMMA) return null;
+    i = skipSpace(b, i + 1, end);
+  }
+}
+
+/** A record read with its messages as stored: the session (its messages left empty), and the messages' JSON. */
+export interface StoredRead {
+  session: Session;
+  messages: Uint8Array;
+}
+
+/** Reads the record at `start` to `end` of `bytes` keeping its messages as stored, or says null: read it the ordinary way. */
+export type StoredReader = (bytes: Buffer, start: number, end: number, source: string) => StoredRead | null;
+
+/**
+ * A reader of records that keeps their messages as stored, for records mapped with `o`; null where the
+ * mapping reads messages otherwise (a dotted path, other keys or role names) or names sessions by a
+ * template. It says null for a record it cannot read so: messages not written as ingest writes them, or
+ * anything wrong with the record (the ordinary reading then says what), longer than `maxBytes`, nesting
+ * deeper than `tooDeep` allows, or with bytes that are not UTF-8.
+ */
+export function storedReader(o: MappingOptions, maxBytes: number, tooDeep: (text: string, value: unknown) => boolean): StoredReader | null {
+  const { fields, message } = o;
+  if (fields.messages.includes('.') || message.role !== 'role' || message.content !== 'content') return null;
+  if (!ROLES.every((r) => (message.roles[r] ?? r) === r) || (fields.session_id ?? 'session_id').includes('{')) return null;
+  const key = Buffer.from(JSON.stringify(fields.messages));
+  return (bytes, start, end, source) => {
+    if (end - start > maxBytes) return null;
+    const span = messagesSpan(bytes, start, end, key);
+    if (!span) return null;
+    const [from, to] = span;
+    // Decoding is split at ASCII bytes, so the parts read as the whole line would.
+    const rest = `${bytes.toString('utf8', start, from)}0${bytes.toString('utf8', to, end)}`;
+    // U+FFFD, read from bytes that are not UTF-8 or written as such, is counted by the ordinary reading.
+    if (rest.includes('\uFFFD') || bytes.subarray(from, to).includes(REPLACEMENT_CHARACTER)) return null;
+    try {
+      const record = JSON.parse(rest) as Record<string, unknown>;
+      if (getPath(record, fields.messages) !== 0 || tooDeep(rest, record)) return null;
+      return { session: sessionAround(record, null, {}, source, o), messages: bytes.subarray(from, to) };
+    } catch {
+      return null;
+    }
+  };
+}
