@@ -1,5 +1,5 @@
 // The record types of prefab. Validated at the edges (ingest, config, HTTP); trusted inside.
-import { hashJson } from '../pipeline/hash.ts';
+import { sha256 } from '../pipeline/hash.ts';
 
 export type Role = 'system' | 'user' | 'assistant' | 'tool';
 export const ROLES: readonly Role[] = ['system', 'user', 'assistant', 'tool'];
@@ -83,9 +83,14 @@ export interface Pair<Turns = Message[]> {
   split: Split;
 }
 
-/** A pair's stable id: the same sides made the same way get the same id on every run. */
+/**
+ * A pair's stable id: the same sides made the same way get the same id on every run. It is hashJson of
+ * { source, chosen, rejected, extra }, its canonical JSON (keys in order) written out: pairs are made by the
+ * hundred thousand.
+ */
 export function pairId(source: string, chosen: string, rejected: string, extra = ''): string {
-  return hashJson({ source, chosen, rejected, extra }).slice(0, 32);
+  const q = JSON.stringify;
+  return sha256(`{"chosen":${q(chosen)},"extra":${q(extra)},"rejected":${q(rejected)},"source":${q(source)}}`).slice(0, 32);
 }
 
 // The judges' contract (SPEC §4), kept with the records because judged pairs carry it on disk.

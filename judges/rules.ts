@@ -35,7 +35,8 @@ export interface Violation {
 export function mustDeclineTest(patterns: readonly string[]): (c: Pick<Comparison, 'metadata' | 'prompt'> & { a?: Completion; b?: Completion }) => boolean {
   const regexes = patterns.map((p) => new RegExp(p, 'i'));
   return (c) => {
-    if (metadataOf(c as Comparison).must_decline === true) return true;
+    // Only metadata that can hold the key is parsed (spelt out, or with \u escapes).
+    if ((c.metadata.includes('must_decline') || c.metadata.includes('\\u')) && metadataOf(c as Comparison).must_decline === true) return true;
     const users = [...c.prompt, ...(c.a?.messages ?? []), ...(c.b?.messages ?? [])].filter((m) => m.role === 'user').map((m) => m.content ?? '');
     return regexes.some((r) => users.some((u) => r.test(u)));
   };

@@ -91,10 +91,13 @@ export class JsonlWriter {
     await this.put(line);
   }
 
-  /** `lines` records already made into lines, as UTF-8 with their newlines (on a worker thread). */
-  async writeBlock(block: Uint8Array, lines: number): Promise<void> {
+  /**
+   * `lines` records already made into lines, as UTF-8 with their newlines (on a worker thread). `written` is
+   * called once the block is on its way to disk and its buffer may be filled again.
+   */
+  async writeBlock(block: Uint8Array, lines: number, written?: () => void): Promise<void> {
     this.count += lines;
-    await this.put(block);
+    await this.put(block, written);
   }
 
   /** A record already made into its JSON text, without the newline. */
@@ -103,9 +106,9 @@ export class JsonlWriter {
     await this.put(this.hash ? Buffer.from(json + '\n') : json + '\n');
   }
 
-  private async put(data: Uint8Array | string): Promise<void> {
+  private async put(data: Uint8Array | string, written?: () => void): Promise<void> {
     this.hash?.update(data);
-    if (!this.stream.write(data)) await once(this.stream, 'drain');
+    if (!this.stream.write(data, written && (() => written()))) await once(this.stream, 'drain');
   }
 
   /**
@@ -126,9 +129,37 @@ export class JsonlWriter {
 }
 
 /**
+ * Buffers done with, kept to be filled again: writing to memory a process has written before costs a
+ * fraction of writing to memory it has just been given (each new page is mapped on first touch, 0.5 s a GB
+ * here). A stage reading and writing gigabytes through blocks of a MiB or a bucket's lines keeps a few.
+ */
+export class BufferShelf {
+  private readonly spare: ArrayBuffer[] = [];
+
+  constructor(private readonly most = 8) {}
+
+  /**
+   * A buffer of at least `bytes`: the smallest spare one large enough, else a new one (never from Node's
+   * pool of small buffers, so that it can move to another thread whole).
+   */
+  take(bytes: number): Buffer {
+    let best = -1;
+    this.spare.forEach((b, i) => {
+      if (b.byteLength >= bytes && (best < 0 || b.byteLength < this.spare[best]!.byteLength)) best = i;
+    });
+    return best < 0 ? Buffer.allocUnsafeSlow(bytes) : Buffer.from(this.spare.splice(best, 1)[0]!);
+  }
+
+  /** Keeps `buffer` to be taken again (when there is room on the shelf). */
+  put(buffer: ArrayBuffer): void {
+    if (buffer.byteLength > 0 && this.spare.length < this.most) this.spare.push(buffer);
+  }
+}
+
+/**
  * Lines of JSON gathered as UTF-8 in one growing buffer, each encoded as it comes (its string dies young, and
  * there is no joining): what a worker thread hands the main thread to write as one block, or what a stage
- * gathers per output file to write in large blocks.
+ * gathers per output file to write in large blocks. Its buffers come from `shelf`, and go back to it as it grows.
  */
 export class LineBuffer {
   private buffer: Buffer;
@@ -136,15 +167,15 @@ export class LineBuffer {
   length = 0;
   count = 0;
 
-  // Never from Node's pool of small buffers: a buffer handed to another thread moves its whole ArrayBuffer.
-  constructor(private readonly initial = 1 << 20) {
-    this.buffer = Buffer.allocUnsafeSlow(initial);
+  constructor(private readonly initial = 1 << 20, private readonly shelf = new BufferShelf(0)) {
+    this.buffer = shelf.take(initial);
   }
 
   private room(bytes: number): void {
     if (this.length + bytes <= this.buffer.length) return;
-    const grown = Buffer.allocUnsafeSlow(Math.max(this.length + bytes, 2 * this.buffer.length, this.initial));
+    const grown = this.shelf.take(Math.max(this.length + bytes, 2 * this.buffer.length, this.initial));
     this.buffer.copy(grown, 0, 0, this.length);
+    this.shelf.put(this.buffer.buffer as ArrayBuffer);
     this.buffer = grown;
   }
 
@@ -180,12 +211,7 @@ export class LineBuffer {
     this.count++;
   }
 
-  /** The lines in a copy of their own, the exact size, so that moving it to another thread moves nothing else. */
-  bytes(): Uint8Array {
-    return new Uint8Array(this.buffer.subarray(0, this.length));
-  }
-
-  /** The lines so far, without a copy (the buffer is handed over), and the buffer empty again (made anew when next written). */
+  /** The lines so far, without a copy (the buffer is handed over), and the buffer empty again (taken anew when next written). */
   take(): Uint8Array {
     const lines = this.buffer.subarray(0, this.length);
     this.buffer = Buffer.allocUnsafeSlow(0);

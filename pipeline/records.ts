@@ -1,6 +1,6 @@
 // Readers of input records (logged sessions, imported pairs): JSONL, a JSON array, or Parquet, each streamed record by record.
 import { open } from 'node:fs/promises';
-import { readLines, openText } from './jsonl.ts';
+import { BufferShelf, readLines, openText } from './jsonl.ts';
 
 export type InputFormat = 'jsonl' | 'json' | 'parquet';
 
@@ -119,8 +119,8 @@ export type LineBlock = { bytes: Uint8Array; firstLine: number } | { damaged: st
  * yields its whole lines before the damage, then `damaged`; the cut line is not read, as readLines does.
  * A byte order mark at the start is dropped, as readLines drops it.
  */
-export async function* readLineBlocks(path: string, size = 1 << 20): AsyncGenerator<LineBlock> {
-  if (!path.endsWith('.gz')) return yield* readPlainLineBlocks(path, size);
+export async function* readLineBlocks(path: string, size = 1 << 20, shelf?: BufferShelf): AsyncGenerator<LineBlock> {
+  if (!path.endsWith('.gz')) return yield* readPlainLineBlocks(path, size, shelf);
   let pieces: Buffer[] = [];
   let held = 0;
   let firstLine = 1;
@@ -162,22 +162,23 @@ export async function* readLineBlocks(path: string, size = 1 << 20): AsyncGenera
 
 /**
  * readLineBlocks of a file that is not compressed: each block read straight into a buffer of its own (no
- * stream chunks to gather and copy), the start of a line it cuts carried over to the next.
+ * stream chunks to gather and copy), taken from `shelf` where the caller puts blocks it is done with; the
+ * start of a line a block cuts is carried over to the next.
  */
-async function* readPlainLineBlocks(path: string, size: number): AsyncGenerator<LineBlock> {
+async function* readPlainLineBlocks(path: string, size: number, shelf = new BufferShelf(0)): AsyncGenerator<LineBlock> {
   const file = await open(path, 'r');
   let carried: Uint8Array = new Uint8Array(0);
   let firstLine = 1;
   try {
     for (;;) {
-      const block = Buffer.allocUnsafeSlow(carried.length + size);
+      const block = shelf.take(carried.length + size);
       block.set(carried);
-      const { bytesRead } = await file.read(block, carried.length, size, null);
+      const { bytesRead } = await file.read(block, carried.length, block.length - carried.length, null);
       const filled = carried.length + bytesRead;
       // A line longer than a block is carried on until its newline comes.
       const cut = bytesRead === 0 ? filled : block.lastIndexOf(10, filled - 1) + 1;
       // Copied out before the block is handed on (to a thread, which takes its memory with it).
-      carried = block.slice(cut, filled);
+      carried = Buffer.from(block.subarray(cut, filled));
       if (cut > 0) {
         const bom = firstLine === 1 && hasBom(block);
         const bytes = block.subarray(bom ? 3 : 0, cut);

@@ -5,6 +5,7 @@ import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker, parentPort, workerData } from 'node:worker_threads';
+import { BufferShelf } from './jsonl.ts';
 
 /**
  * How many threads to use: `--workers N` as given (1: none besides the main thread), or by default one per
@@ -21,19 +22,30 @@ interface Reply<Out> {
   error?: string;
 }
 
+/** What the main thread sends a worker: a batch to work, or buffers it may fill again. */
+type Message<In> = { id: number; batch: In } | { spare: ArrayBuffer[] };
+
+/**
+ * A worker thread's spare buffers, which the main thread gives back once it has written what they held
+ * (WorkerPool.giveBack): a thread that makes lines takes its buffers from here. Empty on the main thread.
+ */
+export const threadShelf = new BufferShelf();
+
 /** Threads running one worker module; `run` sends a batch to the next in turn. */
 export class WorkerPool<In, Out> {
   private readonly workers: Worker[];
   private readonly pending = new Map<number, { resolve: (out: Out) => void; reject: (e: Error) => void }>();
   private next = 0;
+  private nextSpare = 0;
   private failed: Error | null = null;
 
   /**
    * `entry` names the module in the executable's bundle (bin/bundle.js, which tells its folder in
    * PREFAB_BUNDLE_DIR); `module` is its source, run through tsx where there is no bundle. `init` is what
-   * the module's `serveBatches` maker gets.
+   * the module's `serveBatches` maker gets. `moves` names the buffers of a batch that move to its thread
+   * rather than being copied (the thread may send them back with its result).
    */
-  constructor(entry: string, module: URL, size: number, init: unknown) {
+  constructor(entry: string, module: URL, size: number, init: unknown, private readonly moves: (batch: In) => ArrayBuffer[] = () => []) {
     const bundle = process.env.PREFAB_BUNDLE_DIR ? join(process.env.PREFAB_BUNDLE_DIR, `${entry}.js`) : null;
     const script = bundle && existsSync(bundle) ? bundle : fileURLToPath(new URL('./worker-entry.mjs', import.meta.url));
     this.workers = Array.from({ length: size }, () => {
@@ -61,8 +73,14 @@ export class WorkerPool<In, Out> {
     const id = this.next++;
     return new Promise<Out>((resolve, reject) => {
       this.pending.set(id, { resolve, reject });
-      this.workers[id % this.workers.length]!.postMessage({ id, batch });
+      this.workers[id % this.workers.length]!.postMessage({ id, batch } satisfies Message<In>, this.moves(batch));
     });
+  }
+
+  /** Buffers a thread sent with its results, given back to the threads (in turn) to fill again. */
+  giveBack(buffers: ArrayBuffer[]): void {
+    if (this.failed || buffers.length === 0) return;
+    this.workers[this.nextSpare++ % this.workers.length]!.postMessage({ spare: buffers } satisfies Message<In>, buffers);
   }
 
   get size(): number {
@@ -76,19 +94,26 @@ export class WorkerPool<In, Out> {
 
 /**
  * In a worker module: answers each batch with `make(init)`'s result, moving the buffers `transfer` names
- * rather than copying them. Does nothing on the main thread.
+ * rather than copying them. Batches are worked one at a time, in the order they came, even where the work
+ * waits (for a file): a batch may use what the one before it left. Spare buffers the main thread gives back
+ * go to `threadShelf`. Does nothing on the main thread.
  */
 export function serveBatches<In, Out>(make: (init: never) => (batch: In) => Out | Promise<Out>, transfer: (out: Out) => ArrayBuffer[] = () => []): void {
   if (!parentPort) return;
   const port = parentPort;
   const handle = make((workerData as { init: never }).init);
-  port.on('message', async ({ id, batch }: { id: number; batch: In }) => {
+  let last = Promise.resolve();
+  const answer = async ({ id, batch }: { id: number; batch: In }) => {
     try {
       const result = await handle(batch);
       port.postMessage({ id, result } satisfies Reply<Out>, transfer(result));
     } catch (error) {
       port.postMessage({ id, error: (error as Error).stack ?? String(error) } satisfies Reply<Out>);
     }
+  };
+  port.on('message', (message: Message<In>) => {
+    if ('spare' in message) for (const buffer of message.spare) threadShelf.put(buffer);
+    else last = last.then(() => answer(message));
   });
 }
 

@@ -1,6 +1,6 @@
 // What passes between stages on disk: the files one stage writes into its folder and a later one reads.
 // A stage reads another's output only through this module, never through the other stage's code.
-import { readFile, readdir } from 'node:fs/promises';
+import { open, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { unitHash } from '../pipeline/hash.ts';
 import { readJsonl, type LineBuffer } from '../pipeline/jsonl.ts';
@@ -202,20 +202,57 @@ export class StoredMessages {
   }
 }
 
-/** A split session whose messages are kept as stored. */
-export interface StoredSession extends Omit<SplitSession, 'messages'> {
-  messages: StoredMessages;
+/**
+ * A split session as the pairs stage reads it from its bucket line: what it pairs by (id, task, reward,
+ * side), its messages as stored, and its metadata as the JSON string literal the line holds, parsed only
+ * when asked for.
+ */
+export class StoredSession {
+  constructor(
+    readonly session_id: string,
+    readonly task_id: string,
+    readonly reward: number,
+    readonly split: Split,
+    /** The metadata as a JSON string literal (quotes included), as JSON.stringify of the session wrote it. */
+    private readonly metadataJson: Buffer,
+    readonly messages: StoredMessages,
+  ) {}
+
+  /** The split session of a line read whole, or made in code. */
+  static of(s: SplitSession): StoredSession {
+    return new StoredSession(s.session_id, s.task_id!, s.reward, s.split, Buffer.from(JSON.stringify(s.metadata)), StoredMessages.of(s.messages));
+  }
+
+  /** Every other field of the input record, as a JSON string. */
+  get metadata(): string {
+    return JSON.parse(this.metadataJson.toString('utf8')) as string;
+  }
+
+  /** Whether the metadata's JSON holds `ascii`: a key it cannot hold needs no parsing to be looked for. */
+  metadataHolds(ascii: string): boolean {
+    return this.metadataJson.includes(ascii);
+  }
+
+  /** Appends the metadata, as JSON, to `out`. */
+  writeMetadata(out: LineBuffer): void {
+    out.writeBytes(this.metadataJson);
+  }
 }
 
 const MESSAGES = Buffer.from(',"messages":[');
 const MESSAGE = Buffer.from('{"role":"');
 const MESSAGES_END = Buffer.from('],"reward":');
+const FEEDBACK = Buffer.from(',"feedback":');
+const METADATA = Buffer.from(',"metadata":');
+const SPLIT = Buffer.from(',"split":"');
 const ROLE_BY_FIRST_BYTE: Record<number, Role> = { 115: 'system', 117: 'user', 97: 'assistant', 116: 'tool' };
 
 /**
- * A session line of a bucket file, its messages found without parsing them: in the JSON ingest writes, no
- * string holds an unescaped quote, so `{"role":"` opens a message and `],"reward":` closes the list, and
- * nothing else does. The session's other fields are parsed. A line not shaped so is parsed whole.
+ * A session line of a bucket file read without parsing its messages or most of its fields. The line is
+ * JSON.stringify of a SplitSession, its fields in a fixed order (session_id, task_id, messages, reward,
+ * feedback, model, source, created_at, metadata, split, task_match), and no string in it holds an unescaped
+ * quote: so `{"role":"` opens a message, `],"reward":` closes the list, and each `,"field":` is found where it
+ * is, nothing else looking like it. A line not shaped so is parsed whole.
  */
 export function readStoredSession(line: Buffer): StoredSession {
   const open = line.indexOf(MESSAGES);
@@ -228,22 +265,54 @@ export function readStoredSession(line: Buffer): StoredSession {
     starts.push(at);
     roles.push(role);
   }
-  if (close < 0 || starts.length === 0 || starts[0] !== open + MESSAGES.length || line[close - 1] !== 125) {
-    const s = JSON.parse(line.toString('utf8')) as SplitSession;
-    return { ...s, messages: StoredMessages.of(s.messages) };
+  const feedback = close < 0 ? -1 : line.indexOf(FEEDBACK, close);
+  const metadata = line.lastIndexOf(METADATA);
+  const split = line.lastIndexOf(SPLIT);
+  const side = split < 0 ? '' : line.toString('latin1', split + SPLIT.length, line.indexOf(34, split + SPLIT.length));
+  if (close < 0 || starts.length === 0 || starts[0] !== open + MESSAGES.length || line[close - 1] !== 125 || feedback < 0 || metadata < feedback || split < metadata || (side !== 'train' && side !== 'test')) {
+    return StoredSession.of(JSON.parse(line.toString('utf8')) as SplitSession);
   }
   const ends = starts.slice(1).map((at) => at - 1);
   ends.push(close);
-  const fields = JSON.parse(`${line.toString('utf8', 0, open)},"messages":0${line.toString('utf8', close + 1)}`) as SplitSession;
-  return { ...fields, messages: StoredMessages.read(line, starts, ends, roles) };
+  const head = JSON.parse(`${line.toString('utf8', 0, open)}}`) as { session_id: string; task_id: string };
+  const reward = JSON.parse(line.toString('latin1', close + MESSAGES_END.length, feedback)) as number;
+  const messages = StoredMessages.read(line, starts, ends, roles);
+  return new StoredSession(head.session_id, head.task_id, reward, side, line.subarray(metadata + METADATA.length, split), messages);
 }
 
-/** The sessions of one bucket file, their messages as stored, grouped by task; tasks in a stable order. */
-export async function readStoredTaskGroups(path: string): Promise<[string, StoredSession[]][]> {
-  const bytes = await readFile(path);
-  const sessions: StoredSession[] = [];
-  forEachLine(bytes, (start, end) => end > start && sessions.push(readStoredSession(bytes.subarray(start, end))));
-  return groupByTask(sessions);
+/** A bucket's lines grouped by task, tasks in a stable order: each line made a StoredSession when its task is paired. */
+export type StoredTaskGroups = [string, Buffer[]][];
+
+/**
+ * Reads bucket files one after another into one buffer, so that its memory is not mapped afresh for each
+ * (writing to new pages costs more than the copy itself): what a read gives is valid until the next read.
+ */
+export class StoredBucketReader {
+  private buffer = Buffer.allocUnsafeSlow(0);
+
+  /** The lines of one bucket file grouped by task (read from each line's head), tasks in a stable order. */
+  async read(path: string): Promise<StoredTaskGroups> {
+    const file = await open(path, 'r');
+    try {
+      const { size } = await file.stat();
+      if (size > this.buffer.length) this.buffer = Buffer.allocUnsafeSlow(size + (size >> 3));
+      for (let at = 0; at < size; ) {
+        const { bytesRead } = await file.read(this.buffer, at, size - at, at);
+        if (bytesRead === 0) throw new Error(`${path}: ended at byte ${at} of ${size} while it was read`);
+        at += bytesRead;
+      }
+      const bytes = this.buffer.subarray(0, size);
+      const lines: { task_id: string; line: Buffer }[] = [];
+      forEachLine(bytes, (start, end) => {
+        if (end === start) return;
+        const line = bytes.subarray(start, end);
+        lines.push({ task_id: leadingTaskId(line) ?? (JSON.parse(line.toString('utf8')) as SplitSession).task_id!, line });
+      });
+      return groupByTask(lines).map(([task, group]) => [task, group.map((l) => l.line)]);
+    } finally {
+      await file.close();
+    }
+  }
 }
 
 // ── pairs: pairs/<side>-<bucket>.jsonl and info.json ──

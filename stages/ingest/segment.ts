@@ -1,7 +1,7 @@
 // One input file read into a segment of sessions: each record mapped and validated; what cannot become a
 // session, and a session id seen before, goes to the quarantine with its file, place and reason.
 import { join } from 'node:path';
-import { JsonlWriter, LineBuffer, readJsonl } from '../../pipeline/jsonl.ts';
+import { BufferShelf, JsonlWriter, LineBuffer, readJsonl } from '../../pipeline/jsonl.ts';
 import { every, safePoint } from '../../pipeline/interrupt.ts';
 import type { Logger } from '../../pipeline/log.ts';
 import type { ExternalFile } from '../../pipeline/stage.ts';
@@ -95,6 +95,8 @@ export interface BatchOutcome {
   records: Uint32Array;
   notes: string[];
   lines: Uint8Array;
+  /** A block of lines, given back: it moved to the thread, and comes back for the main thread to read from and fill again. */
+  block?: Uint8Array;
 }
 
 /** Collects a batch's outcomes as BatchOutcome packs them. */
@@ -103,9 +105,9 @@ class Outcomes {
   private readonly notes: string[] = [];
   private readonly lines: LineBuffer;
 
-  /** `bytes`: about what the batch's records take as text; their sessions' lines take a little more. */
-  constructor(bytes: number) {
-    this.lines = new LineBuffer(bytes + (bytes >> 2) + (64 << 10));
+  /** `bytes`: about what the batch's records take as text (their sessions' lines take a little more); the lines' buffer comes from `shelf`. */
+  constructor(bytes: number, shelf: BufferShelf) {
+    this.lines = new LineBuffer(bytes + (bytes >> 2) + (64 << 10), shelf);
   }
 
   add(out: RecordOutcome, line = 0, rawStart = 0, rawEnd = 0): void {
@@ -143,12 +145,13 @@ const storedReaders = new WeakMap<ReadingOptions, StoredReader | null>();
 
 /**
  * A batch's records read as readOne reads them; a JSONL line whose messages are written as ingest writes
- * them keeps them as they are (canonical.ts): the same session, the same line.
+ * them keeps them as they are (canonical.ts): the same session, the same line. The lines' buffer comes from
+ * `shelf`; a block of lines is given back with the outcome.
  */
-export function readBatch(batch: Batch, fileName: string, o: ReadingOptions): BatchOutcome {
+export function readBatch(batch: Batch, fileName: string, o: ReadingOptions, shelf: BufferShelf): BatchOutcome {
   if (!storedReaders.has(o)) storedReaders.set(o, storedReader(o.mapping, o.maxRecordBytes, (text, value) => tooDeep({ raw: text, value })));
   const reader = storedReaders.get(o)!;
-  const out = new Outcomes('bytes' in batch ? batch.bytes.byteLength : 'records' in batch ? batch.records.reduce((n, r) => n + r.raw.length, 0) : 0);
+  const out = new Outcomes('bytes' in batch ? batch.bytes.byteLength : 'records' in batch ? batch.records.reduce((n, r) => n + r.raw.length, 0) : 0, shelf);
   if ('damaged' in batch) out.damaged(batch.damaged);
   else if ('records' in batch) {
     for (const record of batch.records) {
@@ -166,7 +169,7 @@ export function readBatch(batch: Batch, fileName: string, o: ReadingOptions): Ba
       if (raw.trim() !== '') out.add(readOne({ where: `line ${line}`, raw }, fileName, o), line, start, end);
     });
   }
-  return out.done();
+  return { ...out.done(), ...('bytes' in batch ? { block: batch.bytes } : {}) };
 }
 
 /**
@@ -194,9 +197,9 @@ function readOne(given: RawRecord, fileName: string, o: ReadingOptions): RecordO
  * sending, and the main thread never decodes a line it only writes); a JSON array or Parquet as records, in
  * batches of about 1 MiB of text for threads, one at a time on this thread.
  */
-async function* batchesOf(path: string, format: InputFormat, threaded: boolean): AsyncGenerator<Batch> {
+async function* batchesOf(path: string, format: InputFormat, threaded: boolean, shelf: BufferShelf): AsyncGenerator<Batch> {
   if (format === 'jsonl') {
-    yield* readLineBlocks(path);
+    yield* readLineBlocks(path, 1 << 20, shelf);
     return;
   }
   let records: RawRecord[] = [];
@@ -248,16 +251,17 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
     reasons.set(kind, (reasons.get(kind) ?? 0) + 1);
     await quarantine.write({ file: file.name, where, reason, raw: quarantineText(raw) } satisfies QuarantineRecord);
   };
-  const use = async ({ records, notes, lines }: BatchOutcome, batch: Batch) => {
-    const block = 'bytes' in batch ? Buffer.from(batch.bytes.buffer, batch.bytes.byteOffset, batch.bytes.byteLength) : null;
+  // Blocks read, and buffers of lines written, are filled again: by this thread, or by the threads they came from.
+  const shelf = new BufferShelf();
+  let pool: WorkerPool<Batch, BatchOutcome> | null = null;
+  const use = async ({ records, notes, lines, block: returned }: BatchOutcome, batch: Batch) => {
+    const bytes = returned ?? ('bytes' in batch ? batch.bytes : null);
+    const block = bytes && Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
     let note = 0;
     let start = 0;
     // Sessions' lines follow one another in `lines`: each run of them between duplicates is written at once.
-    let run = { from: 0, lines: 0 };
-    const writeRun = async (to: number) => {
-      if (run.lines > 0) await writer.writeBlock(lines.subarray(run.from, to), run.lines);
-      run = { from: to, lines: 0 };
-    };
+    const runs: { from: number; to: number; lines: number }[] = [];
+    let run = { from: 0, to: 0, lines: 0 };
     for (let i = 0, r = 0; r < records.length; i++, r += FIELDS) {
       const given = 'records' in batch ? batch.records[i]! : null;
       const where = given ? given.where : `line ${records[r + LINE]}`;
@@ -283,8 +287,8 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
       const lineStart = start;
       start = records[r + END]!;
       if (!ids.addKey(records[r + KEY_HI]!, records[r + KEY_LO]!)) {
-        await writeRun(lineStart);
-        run.from = start;
+        if (run.lines > 0) runs.push(run);
+        run = { from: start, to: start, lines: 0 };
         duplicates++;
         // Which id it was is worked out again here: duplicates are few, and ids do not cross between threads.
         const id = toSession(given?.value ?? JSON.parse(raw()), `${file.name} ${where}`, o.mapping).session_id;
@@ -292,15 +296,22 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
         continue;
       }
       if (records[r + FLAGS]! & UNTASKED) untasked++;
+      run.to = start;
       run.lines++;
+      if (run.lines === 1) run.from = lineStart;
     }
-    await writeRun(start);
+    if (run.lines > 0) runs.push(run);
+    if (block) shelf.put(block.buffer as ArrayBuffer);
+    // The lines' buffer is filled again once the last write from it is on its way to disk.
+    const recycle = () => (pool ? pool.giveBack([lines.buffer as ArrayBuffer]) : shelf.put(lines.buffer as ArrayBuffer));
+    if (runs.length === 0) recycle();
+    for (const [k, { from, to, lines: count }] of runs.entries()) await writer.writeBlock(lines.subarray(from, to), count, k === runs.length - 1 ? recycle : undefined);
   };
   // Parquet rows come as values, not text: they are read on this thread.
   const threads = format === 'parquet' ? 1 : workerCount(workers, file.bytes >= LARGE_FILE);
-  const pool = threads > 1 ? new WorkerPool<Batch, BatchOutcome>('ingest-worker', new URL('./worker.ts', import.meta.url), threads, { options: o, fileName: file.name } satisfies WorkerInit) : null;
+  if (threads > 1) pool = new WorkerPool<Batch, BatchOutcome>('ingest-worker', new URL('./worker.ts', import.meta.url), threads, { options: o, fileName: file.name } satisfies WorkerInit, (batch) => ('bytes' in batch ? [batch.bytes.buffer as ArrayBuffer] : []));
   try {
-    await inOrder(batchesOf(file.path, format, pool !== null), pool ?? ((batch: Batch) => readBatch(batch, file.name, o)), use);
+    await inOrder(batchesOf(file.path, format, pool !== null, shelf), pool ?? ((batch: Batch) => readBatch(batch, file.name, o, shelf)), use);
   } finally {
     await pool?.close();
   }

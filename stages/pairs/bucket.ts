@@ -2,12 +2,12 @@
 // transforms, and by the rewriter when there is one), written with every pair not made and why. A pair's
 // message lists are runs of its sessions' messages as stored, copied into its line as they were read: only
 // what a transform changes is parsed and written anew.
-import { LineBuffer } from '../../pipeline/jsonl.ts';
+import { LineBuffer, type BufferShelf } from '../../pipeline/jsonl.ts';
 import type { Logger } from '../../pipeline/log.ts';
 import { NEGATIVE_TYPES, type NegativeType, type Pair, type Split } from '../../core/records.ts';
 import { mustDeclineTest } from '../../judges/rules.ts';
 import { isRefusal } from '../../core/refusal.ts';
-import { readStoredTaskGroups, type StoredMessages, type StoredSession } from '../layout.ts';
+import { readStoredSession, type StoredBucketReader, type StoredMessages, type StoredSession, type StoredTaskGroups } from '../layout.ts';
 import { buildHardNegatives } from './hard-negatives.ts';
 import { buildOutcomePairs } from './outcome.ts';
 import { REWRITE_TYPES, planRewrites, type RewriteJob, type RewriteOutcome, type Rewriter } from './rewriter.ts';
@@ -29,9 +29,11 @@ export interface PairingConfig {
 
 export function bucketOptions(cfg: PairingConfig, rewriter: Rewriter | null): BucketOptions {
   const mustDecline = mustDeclineTest(cfg.must_decline);
-  // The test reads the user's turns only when there are patterns to match them against.
+  // The test reads the user's turns only when there are patterns to match them against, and the metadata
+  // only when it can name must_decline (spelt out, or with \u escapes).
   const users = (s: StoredSession) => (cfg.must_decline.length ? s.messages.indicesOf('user').map((i) => s.messages.at(i)) : []);
-  return { outcome: cfg.outcome, hardNegatives: cfg.hard_negatives, rewriter, mustDecline: (s: StoredSession) => mustDecline({ metadata: s.metadata, prompt: users(s) }) };
+  const metadata = (s: StoredSession) => (s.metadataHolds('must_decline') || s.metadataHolds('\\u') ? s.metadata : '{}');
+  return { outcome: cfg.outcome, hardNegatives: cfg.hard_negatives, rewriter, mustDecline: (s: StoredSession) => mustDecline({ metadata: metadata(s), prompt: users(s) }) };
 }
 
 /** Every count the stage reports, at zero. */
@@ -53,10 +55,10 @@ export interface PairedBucket {
 }
 
 /**
- * A pair's line: JSON.stringify of the pair with its chosen session's metadata (the verifier replays it), its
- * message lists copied from the stored bytes where they were read.
+ * A pair's line: JSON.stringify of the pair with the metadata of `session` (its chosen side's: the verifier
+ * replays it), its message lists and the metadata copied from the stored bytes where they were read.
  */
-function writePair(out: LineBuffer, pair: Pair<StoredMessages>, metadata: string): void {
+function writePair(out: LineBuffer, pair: Pair<StoredMessages>, session: StoredSession): void {
   const { pair_id, prompt, chosen, rejected, ...rest } = pair;
   out.write(`{"pair_id":${JSON.stringify(pair_id)},"prompt":`);
   prompt.writeJson(out);
@@ -64,7 +66,9 @@ function writePair(out: LineBuffer, pair: Pair<StoredMessages>, metadata: string
   chosen.writeJson(out);
   out.write(',"rejected":');
   rejected.writeJson(out);
-  out.write(`,${JSON.stringify({ ...rest, metadata }).slice(1)}`);
+  out.write(`,${JSON.stringify(rest).slice(1, -1)},"metadata":`);
+  session.writeMetadata(out);
+  out.write('}');
   out.end();
 }
 
@@ -83,11 +87,11 @@ function firstReply(s: StoredSession): string | null {
 }
 
 /**
- * The pairs of one bucket's task groups and what was not made (and why), as lines; `sizeHint` is about the
- * bytes the pairs will take (the bucket file's size), so that their buffer rarely grows.
+ * The pairs of one bucket's task groups and what was not made (and why), as lines in buffers taken from
+ * `shelf`; `sizeHint` is about the bytes the pairs will take, so that their buffer rarely grows.
  */
-export async function pairBucket(groups: [string, StoredSession[]][], side: Split, o: BucketOptions, log: Logger, sizeHint = 1 << 20): Promise<PairedBucket> {
-  const out = { pairs: new LineBuffer(sizeHint), dropped: new LineBuffer(64 << 10) };
+export async function pairBucket(groups: StoredTaskGroups, side: Split, o: BucketOptions, log: Logger, shelf: BufferShelf, sizeHint = 1 << 20): Promise<PairedBucket> {
+  const out = { pairs: new LineBuffer(sizeHint, shelf), dropped: new LineBuffer(64 << 10, shelf) };
   const drop = (record: unknown) => out.dropped.push(JSON.stringify(record));
   const counts = pairCounts();
   const oc = o.outcome;
@@ -97,7 +101,9 @@ export async function pairBucket(groups: [string, StoredSession[]][], side: Spli
   // written after the bucket's other pairs, in a fixed order.
   const rewrites: Promise<{ job: RewriteJob; outcome: RewriteOutcome }>[] = [];
   const madeByTask = new Map<string, number>();
-  for (const [taskId, sessions] of groups) {
+  for (const [taskId, lines] of groups) {
+    // A task's sessions are read as it is paired, and are done with after it.
+    const sessions = lines.map(readStoredSession);
     counts.tasks!++;
     let made = 0;
     if (oc.enabled) {
@@ -105,7 +111,7 @@ export async function pairBucket(groups: [string, StoredSession[]][], side: Spli
       if (!sessions.some((s) => s.reward <= oc.failure_max)) counts.tasks_without_failure!++;
       const built = buildOutcomePairs(sessions, { successMin: oc.success_min, failureMax: oc.failure_max, maxPairsPerTask: oc.max_pairs_per_task ?? Infinity });
       const byId = new Map(sessions.map((s) => [s.session_id, s]));
-      for (const pair of built.pairs) writePair(out.pairs, pair, byId.get(pair.chosen_session_id)!.metadata);
+      for (const pair of built.pairs) writePair(out.pairs, pair, byId.get(pair.chosen_session_id)!);
       for (const d of built.dropped) drop(d);
       made += built.pairs.length;
       counts.outcome! += built.pairs.length;
@@ -129,7 +135,7 @@ export async function pairBucket(groups: [string, StoredSession[]][], side: Spli
         if (declining && isRefusal(firstReply(s))) continue;
         const built = buildHardNegatives(s, declining ? { ...negativeOptions, ratios: { refusal: h.ratios.refusal } } : negativeOptions);
         for (const pair of built.pairs) {
-          writePair(out.pairs, pair, s.metadata);
+          writePair(out.pairs, pair, s);
           counts[`hard_negative_${pair.negative_type}`]!++;
         }
         for (const skip of built.skipped) drop({ task_id: s.task_id, chosen_session_id: s.session_id, rejected_session_id: `${s.session_id}~${skip.type}`, reason: `hard negative ${skip.type}: ${skip.reason}` });
@@ -143,7 +149,7 @@ export async function pairBucket(groups: [string, StoredSession[]][], side: Spli
   for (const { job, outcome } of await Promise.all(rewrites)) {
     const s = job.session;
     if ('pair' in outcome) {
-      writePair(out.pairs, outcome.pair, s.metadata);
+      writePair(out.pairs, outcome.pair, s);
       madeByTask.set(s.task_id!, madeByTask.get(s.task_id!)! + 1);
       counts.hard_negative!++;
       counts.hard_negative_llm!++;
@@ -172,7 +178,7 @@ export interface BucketJob {
   b: number;
 }
 
-/** Pairs the bucket file `path` (`bytes` long), as pairBucket pairs it. */
-export async function pairBucketFile(path: string, bytes: number, side: Split, o: BucketOptions, log: Logger): Promise<PairedBucket> {
-  return pairBucket(await readStoredTaskGroups(path), side, o, log, bytes + (bytes >> 2));
+/** Pairs the bucket file `path` (`bytes` long) read by `reader`, as pairBucket pairs it. */
+export async function pairBucketFile(reader: StoredBucketReader, path: string, bytes: number, side: Split, o: BucketOptions, log: Logger, shelf: BufferShelf): Promise<PairedBucket> {
+  return pairBucket(await reader.read(path), side, o, log, shelf, bytes + (bytes >> 2));
 }

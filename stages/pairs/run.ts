@@ -6,12 +6,12 @@
 import { mkdir, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { openEndpoint, requestCounts, type ChatEndpoint } from '../../judges/endpoint.ts';
-import { JsonlWriter } from '../../pipeline/jsonl.ts';
+import { BufferShelf, JsonlWriter } from '../../pipeline/jsonl.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import type { Split } from '../../core/records.ts';
 import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
 import { ChunkIndex, joinChunks, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
-import { SPLITS, bucketFile, readPairsInfo, readSplitInfo, type PairsInfo } from '../layout.ts';
+import { SPLITS, StoredBucketReader, bucketFile, readPairsInfo, readSplitInfo, type PairsInfo } from '../layout.ts';
 import { bucketOptions, pairBucketFile, pairCounts, type BucketJob, type PairedBucket, type PairingConfig } from './bucket.ts';
 import { Rewriter, activeTypes, loadRewritePrompt, rewritePromptPath } from './rewriter.ts';
 
@@ -62,15 +62,19 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
     }
   }
   try {
-    await inOrder(each(), pool ?? ((job: BucketJob) => pairBucketFile(job.path, job.bytes, job.side, o, log)), async (made, { side, s, b }) => {
+    const reader = new StoredBucketReader();
+    // A bucket's buffers are filled again, by the thread they came from or by this one, once written.
+    const shelf = new BufferShelf();
+    const recycle = (lines: Uint8Array) => () => (pool ? pool.giveBack([lines.buffer as ArrayBuffer]) : shelf.put(lines.buffer as ArrayBuffer));
+    await inOrder(each(), pool ?? ((job: BucketJob) => pairBucketFile(reader, job.path, job.bytes, job.side, o, log, shelf)), async (made, { side, s, b }) => {
       if (progress.side !== side) {
         progress.bar?.done();
         Object.assign(progress, { side, bar: log.progress(`pairs ${side}`, info.buckets) });
       }
       chunks.mark(writers[side], [b]);
       chunks.mark(dropped, [s, b]);
-      await writers[side].writeBlock(made.pairs, made.lines.pairs);
-      await dropped.writeBlock(made.dropped, made.lines.dropped);
+      await writers[side].writeBlock(made.pairs, made.lines.pairs, recycle(made.pairs));
+      await dropped.writeBlock(made.dropped, made.lines.dropped, recycle(made.dropped));
       for (const [k, v] of Object.entries(made.counts)) counts[k] = (counts[k] ?? 0) + v;
       progress.bar!.tick();
     }, 1);
