@@ -173,6 +173,13 @@ export class StoredMessages {
     return new StoredMessages(this.line, this.starts, this.ends, this.roles, this.parsed, this.first + from, Math.max(0, to - from));
   }
 
+  /** Whether message `i` calls tools: told by its bytes (ingest writes no empty tool_calls), or by the message. */
+  hasToolCalls(i: number): boolean {
+    const k = this.first + i;
+    if (!this.line) return (this.at(i).tool_calls?.length ?? 0) > 0;
+    return this.line.subarray(this.starts[k], this.ends[k]).includes(TOOL_CALLS);
+  }
+
   /** Indices of the messages of `role`. */
   indicesOf(role: Role): number[] {
     const found: number[] = [];
@@ -239,6 +246,7 @@ export class StoredSession {
   }
 }
 
+const TOOL_CALLS = Buffer.from(',"tool_calls":[{');
 const MESSAGES = Buffer.from(',"messages":[');
 const MESSAGE = Buffer.from('{"role":"');
 const MESSAGES_END = Buffer.from('],"reward":');

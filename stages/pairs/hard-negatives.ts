@@ -178,12 +178,20 @@ function hallucinatedValue(messages: StoredMessages, rand: Random): Rewrite {
   return { skip: `every value redrawn for ${target.token} already appears in the context` };
 }
 
+/**
+ * Every identifier in the arguments of the session's tool calls. Text with fewer digits than an identifier
+ * holds is not searched (most arguments: a company, a request); nor are arguments whose JSON shows fewer
+ * (unless a \u escape hides some).
+ */
 function identifiers(messages: StoredMessages): Identifier[] {
   const found: Identifier[] = [];
+  const tooFewDigits = (text: string) => digitCount(text) < MIN_IDENTIFIER_DIGITS;
   messages.indicesOf('assistant').forEach((at) => {
-    messages.at(at).tool_calls?.forEach((toolCall, call) => {
+    if (!messages.hasToolCalls(at)) return;
+    messages.at(at).tool_calls!.forEach((toolCall, call) => {
       const visit = (value: unknown, path: (string | number)[], key: string | null): void => {
         if (typeof value === 'string') {
+          if (tooFewDigits(value)) return;
           for (const match of value.matchAll(IDENTIFIER)) {
             if (digitCount(match[0]) >= MIN_IDENTIFIER_DIGITS) found.push({ at, call, path, key, start: match.index, token: match[0] });
           }
@@ -193,7 +201,8 @@ function identifiers(messages: StoredMessages): Identifier[] {
           for (const [k, v] of Object.entries(value)) visit(v, [...path, k], k);
         }
       };
-      visit(parseArguments(toolCall.function.arguments), [], null);
+      const raw = toolCall.function.arguments;
+      if (!tooFewDigits(raw) || raw.includes('\\u')) visit(parseArguments(raw), [], null);
     });
   });
   return found;
@@ -284,7 +293,7 @@ const BREAKAGES: Breakage[] = [
 ];
 
 function formatViolation(messages: StoredMessages, rand: Random): Rewrite {
-  const turns = messages.indicesOf('assistant').filter((i) => (messages.at(i).tool_calls?.length ?? 0) > 0);
+  const turns = messages.indicesOf('assistant').filter((i) => messages.hasToolCalls(i));
   if (turns.length === 0) return { skip: 'no assistant turn with tool calls' };
   const at = pick(rand, turns);
   const message = messages.at(at);
@@ -370,4 +379,8 @@ function isToolName(name: string): name is ToolName {
 }
 
 const isDigit = (c: string) => c >= '0' && c <= '9';
-const digitCount = (text: string) => [...text].filter(isDigit).length;
+function digitCount(text: string): number {
+  let n = 0;
+  for (let i = 0; i < text.length; i++) if (isDigit(text[i]!)) n++;
+  return n;
+}
