@@ -204,10 +204,15 @@ export class LineBuffer {
     this.length += bytes.length;
   }
 
+  /** Part of a line, one byte (a bracket). */
+  writeByte(byte: number): void {
+    this.room(1);
+    this.buffer[this.length++] = byte;
+  }
+
   /** Ends the line. */
   end(): void {
-    this.room(1);
-    this.buffer[this.length++] = 10;
+    this.writeByte(10);
     this.count++;
   }
 

@@ -203,9 +203,9 @@ export class StoredMessages {
   /** Appends these messages' JSON array to `out`: JSON.stringify of the messages, copied from the bytes read where there are some. */
   writeJson(out: LineBuffer): void {
     if (!this.line) return out.write(JSON.stringify(this.parsed.slice(this.first, this.first + this.length)));
-    out.write('[');
+    out.writeByte(0x5b); // [
     if (this.length > 0) out.writeBytes(this.line.subarray(this.starts[this.first], this.ends[this.first + this.length - 1]));
-    out.write(']');
+    out.writeByte(0x5d); // ]
   }
 }
 

@@ -62,15 +62,17 @@ function writePair(out: LineBuffer, pair: Pair<StoredMessages>, session: StoredS
   const { pair_id, prompt, chosen, rejected, ...rest } = pair;
   out.write(`{"pair_id":${JSON.stringify(pair_id)},"prompt":`);
   prompt.writeJson(out);
-  out.write(',"chosen":');
+  out.writeBytes(CHOSEN);
   chosen.writeJson(out);
-  out.write(',"rejected":');
+  out.writeBytes(REJECTED);
   rejected.writeJson(out);
   out.write(`,${JSON.stringify(rest).slice(1, -1)},"metadata":`);
   session.writeMetadata(out);
-  out.write('}');
+  out.writeByte(0x7d); // }
   out.end();
 }
+
+const [CHOSEN, REJECTED] = [Buffer.from(',"chosen":'), Buffer.from(',"rejected":')];
 
 /** A rewrite not made, for dropped.jsonl: where the transforms write `<session>~<type>`, the rewriter writes `<session>~<type>~llm`. */
 const rewriteDrop = (s: StoredSession, type: NegativeType, reason: string) => ({
@@ -86,71 +88,81 @@ function firstReply(s: StoredSession): string | null {
   return at === undefined ? null : s.messages.at(at).content;
 }
 
+/** Where a bucket's pairing writes, what it counts, and the rewrites it has asked for. */
+interface BucketWork {
+  o: BucketOptions;
+  out: { pairs: LineBuffer; dropped: LineBuffer };
+  counts: Record<string, number>;
+  /** Rewrites of the whole bucket are asked for at once (the endpoint bounds what is in flight), written after its other pairs. */
+  rewrites: Promise<{ job: RewriteJob; outcome: RewriteOutcome }>[];
+}
+
+const drop = (w: BucketWork, record: unknown) => w.out.dropped.push(JSON.stringify(record));
+
+/** Writes one task's outcome pairs and what was not made; returns how many pairs. */
+function writeOutcomePairs(w: BucketWork, sessions: StoredSession[]): number {
+  const oc = w.o.outcome;
+  if (!sessions.some((s) => s.reward >= oc.success_min)) w.counts.tasks_without_success!++;
+  if (!sessions.some((s) => s.reward <= oc.failure_max)) w.counts.tasks_without_failure!++;
+  const built = buildOutcomePairs(sessions, { successMin: oc.success_min, failureMax: oc.failure_max, maxPairsPerTask: oc.max_pairs_per_task ?? Infinity });
+  const byId = new Map(sessions.map((s) => [s.session_id, s]));
+  for (const pair of built.pairs) writePair(w.out.pairs, pair, byId.get(pair.chosen_session_id)!);
+  for (const d of built.dropped) drop(w, d);
+  w.counts.outcome! += built.pairs.length;
+  w.counts.dropped! += built.dropped.length;
+  return built.pairs.length;
+}
+
+/** Writes one successful session's hard negatives (asking the rewriter for its own), and what was not made; returns how many pairs. */
+function writeHardNegatives(w: BucketWork, s: StoredSession): number {
+  const { o, counts } = w;
+  const h = o.hardNegatives;
+  const declining = o.mustDecline(s);
+  // The rewriter writes worse replies, so a must-decline session is left to the transforms: its chosen side
+  // would have to be a written refusal, which no logged session vouches for.
+  if (o.rewriter && declining) counts.rewrite_must_decline!++;
+  else if (o.rewriter) {
+    const plan = planRewrites(s, { ratios: h.rewriter.ratios, salt: h.salt });
+    for (const job of plan.jobs) w.rewrites.push(o.rewriter.rewrite(job).then((outcome) => ({ job, outcome })));
+    for (const skip of plan.skipped) drop(w, rewriteDrop(s, skip.type, skip.reason));
+    counts.rewrite_skipped! += plan.skipped.length;
+    counts.dropped! += plan.skipped.length;
+  }
+  // A request that must be declined: the only contrast worth teaching is refusal over compliance, and only a
+  // session that complied has a compliance to put on the rejected side.
+  if (declining && isRefusal(firstReply(s))) return 0;
+  const built = buildHardNegatives(s, { ratios: declining ? { refusal: h.ratios.refusal } : h.ratios, salt: h.salt, mustDecline: o.mustDecline });
+  for (const pair of built.pairs) {
+    writePair(w.out.pairs, pair, s);
+    counts[`hard_negative_${pair.negative_type}`]!++;
+  }
+  for (const skip of built.skipped) drop(w, { task_id: s.task_id, chosen_session_id: s.session_id, rejected_session_id: `${s.session_id}~${skip.type}`, reason: `hard negative ${skip.type}: ${skip.reason}` });
+  counts.hard_negative! += built.pairs.length;
+  counts.dropped! += built.skipped.length;
+  return built.pairs.length;
+}
+
 /**
  * The pairs of one bucket's task groups and what was not made (and why), as lines in buffers taken from
  * `shelf`; `sizeHint` is about the bytes the pairs will take, so that their buffer rarely grows.
  */
 export async function pairBucket(groups: StoredTaskGroups, side: Split, o: BucketOptions, log: Logger, shelf: BufferShelf, sizeHint = 1 << 20): Promise<PairedBucket> {
-  const out = { pairs: new LineBuffer(sizeHint, shelf), dropped: new LineBuffer(64 << 10, shelf) };
-  const drop = (record: unknown) => out.dropped.push(JSON.stringify(record));
-  const counts = pairCounts();
-  const oc = o.outcome;
-  const h = o.hardNegatives;
-  const negativeOptions = { ratios: h.ratios, salt: h.salt, mustDecline: o.mustDecline };
-  // Rewrites of the whole bucket are asked for at once (the endpoint bounds what is in flight) and
-  // written after the bucket's other pairs, in a fixed order.
-  const rewrites: Promise<{ job: RewriteJob; outcome: RewriteOutcome }>[] = [];
+  const w: BucketWork = { o, out: { pairs: new LineBuffer(sizeHint, shelf), dropped: new LineBuffer(64 << 10, shelf) }, counts: pairCounts(), rewrites: [] };
+  const { counts } = w;
   const madeByTask = new Map<string, number>();
   for (const [taskId, lines] of groups) {
     // A task's sessions are read as it is paired, and are done with after it.
     const sessions = lines.map(readStoredSession);
     counts.tasks!++;
-    let made = 0;
-    if (oc.enabled) {
-      if (!sessions.some((s) => s.reward >= oc.success_min)) counts.tasks_without_success!++;
-      if (!sessions.some((s) => s.reward <= oc.failure_max)) counts.tasks_without_failure!++;
-      const built = buildOutcomePairs(sessions, { successMin: oc.success_min, failureMax: oc.failure_max, maxPairsPerTask: oc.max_pairs_per_task ?? Infinity });
-      const byId = new Map(sessions.map((s) => [s.session_id, s]));
-      for (const pair of built.pairs) writePair(out.pairs, pair, byId.get(pair.chosen_session_id)!);
-      for (const d of built.dropped) drop(d);
-      made += built.pairs.length;
-      counts.outcome! += built.pairs.length;
-      counts.dropped! += built.dropped.length;
-    }
-    if (h.enabled) {
-      for (const s of sessions.filter((x) => x.reward >= h.from_min_reward)) {
-        const declining = o.mustDecline(s);
-        // The rewriter writes worse replies, so a must-decline session is left to the transforms: its
-        // chosen side would have to be a written refusal, which no logged session vouches for.
-        if (o.rewriter && declining) counts.rewrite_must_decline!++;
-        else if (o.rewriter) {
-          const plan = planRewrites(s, { ratios: h.rewriter.ratios, salt: h.salt });
-          for (const job of plan.jobs) rewrites.push(o.rewriter.rewrite(job).then((outcome) => ({ job, outcome })));
-          for (const skip of plan.skipped) drop(rewriteDrop(s, skip.type, skip.reason));
-          counts.rewrite_skipped! += plan.skipped.length;
-          counts.dropped! += plan.skipped.length;
-        }
-        // A request that must be declined: the only contrast worth teaching is refusal over compliance,
-        // and only a session that complied has a compliance to put on the rejected side.
-        if (declining && isRefusal(firstReply(s))) continue;
-        const built = buildHardNegatives(s, declining ? { ...negativeOptions, ratios: { refusal: h.ratios.refusal } } : negativeOptions);
-        for (const pair of built.pairs) {
-          writePair(out.pairs, pair, s);
-          counts[`hard_negative_${pair.negative_type}`]!++;
-        }
-        for (const skip of built.skipped) drop({ task_id: s.task_id, chosen_session_id: s.session_id, rejected_session_id: `${s.session_id}~${skip.type}`, reason: `hard negative ${skip.type}: ${skip.reason}` });
-        made += built.pairs.length;
-        counts.hard_negative! += built.pairs.length;
-        counts.dropped! += built.skipped.length;
-      }
-    }
+    let made = o.outcome.enabled ? writeOutcomePairs(w, sessions) : 0;
+    if (o.hardNegatives.enabled) for (const s of sessions) if (s.reward >= o.hardNegatives.from_min_reward) made += writeHardNegatives(w, s);
     madeByTask.set(taskId, made);
   }
-  for (const { job, outcome } of await Promise.all(rewrites)) {
+  for (const { job, outcome } of await Promise.all(w.rewrites)) {
     const s = job.session;
     if ('pair' in outcome) {
-      writePair(out.pairs, outcome.pair, s);
-      madeByTask.set(s.task_id!, madeByTask.get(s.task_id!)! + 1);
+      writePair(w.out.pairs, outcome.pair, s);
+      madeByTask.set(s.task_id, madeByTask.get(s.task_id)! + 1);
       counts.hard_negative!++;
       counts.hard_negative_llm!++;
       counts[`hard_negative_llm_${job.type}`]!++;
@@ -158,15 +170,15 @@ export async function pairBucket(groups: StoredTaskGroups, side: Split, o: Bucke
     }
     if (outcome.cause === 'failed') log.warn('rewrite failed', { session_id: s.session_id, type: job.type, error: outcome.skip });
     counts[outcome.cause === 'unusable' ? 'rewrite_skipped' : `rewrite_${outcome.cause}`]!++;
-    drop(rewriteDrop(s, job.type, outcome.skip));
+    drop(w, rewriteDrop(s, job.type, outcome.skip));
     counts.dropped!++;
   }
   for (const made of madeByTask.values()) {
     if (made > 0) counts.tasks_with_pairs!++;
     counts[side]! += made;
   }
-  const lines = { pairs: out.pairs.count, dropped: out.dropped.count };
-  return { pairs: out.pairs.take(), dropped: out.dropped.take(), lines, counts };
+  const lines = { pairs: w.out.pairs.count, dropped: w.out.dropped.count };
+  return { pairs: w.out.pairs.take(), dropped: w.out.dropped.take(), lines, counts };
 }
 
 /** One bucket file of one side to pair; `s` is the side's place in SPLITS, `bytes` the file's size. */

@@ -53,7 +53,9 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
   // Every bucket of both sides, in the order their pairs are written; threads go on from one side to the next.
   const jobs: BucketJob[] = [];
   for (const [s, side] of SPLITS.entries()) for (const b of owned) jobs.push({ path: bucketFile(splitDir, side, b), bytes: (await stat(bucketFile(splitDir, side, b))).size, side, s, b });
-  const writers = { train: new JsonlWriter(join(out, 'train.jsonl')), test: new JsonlWriter(join(out, 'test.jsonl')) } satisfies Record<Split, JsonlWriter>;
+  // A bucket's pairs (tens of MB) go to disk while the next bucket is paired, rather than first.
+  const inFlight = 32 << 20;
+  const writers = { train: new JsonlWriter(join(out, 'train.jsonl'), 'w', inFlight), test: new JsonlWriter(join(out, 'test.jsonl'), 'w', inFlight) } satisfies Record<Split, JsonlWriter>;
   const progress: { side: Split | null; bar: Progress | null } = { side: null, bar: null };
   async function* each() {
     for (const job of jobs) {
