@@ -139,13 +139,14 @@ export class BufferShelf {
   constructor(private readonly most = 8) {}
 
   /**
-   * A buffer of at least `bytes`: the smallest spare one large enough, else a new one (never from Node's
-   * pool of small buffers, so that it can move to another thread whole).
+   * A buffer of at least `bytes`: the smallest spare one large enough and not four times larger (a small
+   * request does not take a large buffer that a large one will want), else a new one (never from Node's pool
+   * of small buffers, so that it can move to another thread whole).
    */
   take(bytes: number): Buffer {
     let best = -1;
     this.spare.forEach((b, i) => {
-      if (b.byteLength >= bytes && (best < 0 || b.byteLength < this.spare[best]!.byteLength)) best = i;
+      if (b.byteLength >= bytes && b.byteLength <= 4 * Math.max(bytes, 1 << 16) && (best < 0 || b.byteLength < this.spare[best]!.byteLength)) best = i;
     });
     return best < 0 ? Buffer.allocUnsafeSlow(bytes) : Buffer.from(this.spare.splice(best, 1)[0]!);
   }

@@ -29,7 +29,7 @@ type Message<In> = { id: number; batch: In } | { spare: ArrayBuffer[] };
  * A worker thread's spare buffers, which the main thread gives back once it has written what they held
  * (WorkerPool.giveBack): a thread that makes lines takes its buffers from here. Empty on the main thread.
  */
-export const threadShelf = new BufferShelf();
+export const threadShelf = new BufferShelf(4);
 
 /** Threads running one worker module; `run` sends a batch to the next in turn. */
 export class WorkerPool<In, Out> {
@@ -77,7 +77,10 @@ export class WorkerPool<In, Out> {
     });
   }
 
-  /** Buffers a thread sent with its results, given back to the threads (in turn) to fill again. */
+  /**
+   * Buffers a thread sent with its results, given back to the threads in turn to fill again: results given
+   * back in the order they came go back to the threads that made them.
+   */
   giveBack(buffers: ArrayBuffer[]): void {
     if (this.failed || buffers.length === 0) return;
     this.workers[this.nextSpare++ % this.workers.length]!.postMessage({ spare: buffers } satisfies Message<In>, buffers);

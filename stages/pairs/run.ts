@@ -67,7 +67,17 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
     const reader = new StoredBucketReader();
     // A bucket's buffers are filled again, by the thread they came from or by this one, once written.
     const shelf = new BufferShelf();
-    const recycle = (lines: Uint8Array) => () => (pool ? pool.giveBack([lines.buffer as ArrayBuffer]) : shelf.put(lines.buffer as ArrayBuffer));
+    // Both of a bucket's buffers go back together, once both are written: to the thread that made them, as
+    // results come in turn from the threads and are given back in turn.
+    const recycle = (made: PairedBucket) => {
+      let unwritten = 2;
+      const buffers = [made.pairs.buffer as ArrayBuffer, made.dropped.buffer as ArrayBuffer];
+      return () => {
+        if (--unwritten > 0) return;
+        if (pool) pool.giveBack(buffers);
+        else for (const buffer of buffers) shelf.put(buffer);
+      };
+    };
     await inOrder(each(), pool ?? ((job: BucketJob) => pairBucketFile(reader, job.path, job.bytes, job.side, o, log, shelf)), async (made, { side, s, b }) => {
       if (progress.side !== side) {
         progress.bar?.done();
@@ -75,8 +85,9 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
       }
       chunks.mark(writers[side], [b]);
       chunks.mark(dropped, [s, b]);
-      await writers[side].writeBlock(made.pairs, made.lines.pairs, recycle(made.pairs));
-      await dropped.writeBlock(made.dropped, made.lines.dropped, recycle(made.dropped));
+      const written = recycle(made);
+      await writers[side].writeBlock(made.pairs, made.lines.pairs, written);
+      await dropped.writeBlock(made.dropped, made.lines.dropped, written);
       for (const [k, v] of Object.entries(made.counts)) counts[k] = (counts[k] ?? 0) + v;
       progress.bar!.tick();
     }, 1);
