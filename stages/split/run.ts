@@ -4,7 +4,7 @@
 import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { unitHash } from '../../pipeline/hash.ts';
-import { JsonlWriter, LineBuffer, readOwnLineBlocks } from '../../pipeline/jsonl.ts';
+import { BufferShelf, JsonlWriter, LineBuffer, readOwnLineBlocks } from '../../pipeline/jsonl.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import { forEachLine } from '../../pipeline/records.ts';
 import type { Session, Split, SplitSession } from '../../core/records.ts';
@@ -66,13 +66,17 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   // Pass 2: assign, split and bucket. Each bucket file's lines are gathered and written in blocks.
   const buckets = Math.min(MAX_BUCKETS, Math.max(1, Math.ceil(total / cfg.bucket_size)));
   await mkdir(join(out, 'sessions'), { recursive: true });
-  // A block in its writer's stream leaves room for the next one: gathering goes on while the disk writes.
-  const gather = Math.min(1 << 20, Math.max(64 << 10, Math.floor(WRITE_BUFFERS / (6 * buckets))));
+  // Per file, a block being gathered and up to two in its writer's stream: gathering goes on while the disk
+  // writes, and 2,048 files (1,024 buckets) hold no more than the few that most runs have.
+  const gather = Math.min(1 << 20, Math.max(8 << 10, Math.floor(WRITE_BUFFERS / (3 * 2 * buckets))));
   const files = new Map<string, { writer: JsonlWriter; lines: LineBuffer }>();
-  for (const side of SPLITS) for (let b = 0; b < buckets; b++) if (ownsBucket(shard, b)) files.set(`${side}/${b}`, { writer: new JsonlWriter(bucketFile(out, side, b), 'w', 2 * gather), lines: new LineBuffer(gather + (64 << 10)) });
+  // A block written is gathered into again (a few spare blocks serve every file).
+  const shelf = new BufferShelf(16);
+  for (const side of SPLITS) for (let b = 0; b < buckets; b++) if (ownsBucket(shard, b)) files.set(`${side}/${b}`, { writer: new JsonlWriter(bucketFile(out, side, b), 'w', 2 * gather), lines: new LineBuffer(gather, shelf) });
   const flush = async (file: { writer: JsonlWriter; lines: LineBuffer }) => {
     const count = file.lines.count;
-    await file.writer.writeBlock(file.lines.take(), count);
+    const block = file.lines.take();
+    await file.writer.writeBlock(block, count, () => shelf.put(block.buffer as ArrayBuffer));
   };
   const counts = { train_sessions: 0, test_sessions: 0, matched_to_task: 0, new_groups: 0 };
   const progress = log.progress('split', total);
@@ -98,16 +102,17 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
         if (taskMatch) counts[taskMatch.kind === 'matched_task' ? 'matched_to_task' : 'new_groups']++;
         counts[`${last.side}_sessions`]++;
         const file = files.get(`${last.side}/${last.bucket}`)!;
+        // A line that would not fit in the block being gathered starts the next one.
+        if (file.lines.length > 0 && file.lines.length + (end - start) + TAILS[last.side].length > gather) await flush(file);
         // JSON.stringify of { ...s, split, task_match: null } when s is the line's session, as the line ends in '}'.
         if (s === null) file.lines.pushBytes(bytes.subarray(start, end - 1), TAILS[last.side]);
         else file.lines.push(JSON.stringify({ ...s, task_id: taskId, split: last.side, task_match: taskMatch } satisfies SplitSession));
-        if (file.lines.length >= gather) await flush(file);
       }
     }
   }
   progress.done();
   for (const file of files.values()) {
-    await flush(file);
+    if (file.lines.length > 0) await flush(file);
     await file.writer.close();
   }
   await writeFile(join(out, 'info.json'), JSON.stringify({ buckets } satisfies SplitInfo) + '\n');
