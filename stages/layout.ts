@@ -38,7 +38,7 @@ export function readIngestIndex(dir: string): Promise<IngestIndex | null> {
 }
 
 /** The index of the closing quote of the JSON string whose opening quote is at `at` in `bytes`, or -1. */
-export function stringEnd(bytes: Uint8Array, at: number, end = bytes.length): number {
+function stringEnd(bytes: Uint8Array, at: number, end = bytes.length): number {
   for (let i = at + 1; i < end; i++) {
     const c = bytes[i];
     if (c === 92) i++; // a backslash: the next byte is escaped

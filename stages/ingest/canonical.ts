@@ -26,7 +26,7 @@ const MESSAGE = String.raw`\{"role":"(?:(?:system|user|assistant)","content":(?:
 const MESSAGES = new RegExp(String.raw`\[${MESSAGE}(?:,${MESSAGE})*\]`, 'y');
 
 /** The end of the non-empty array of messages written as ingest writes them at `at` ('[') of `bytes`, or -1. */
-export function canonicalMessagesEnd(bytes: Buffer, at: number, end: number): number {
+function canonicalMessagesEnd(bytes: Buffer, at: number, end: number): number {
   MESSAGES.lastIndex = 0;
   try {
     if (!MESSAGES.test(bytes.toString('latin1', at, end))) return -1;
@@ -107,7 +107,7 @@ function messagesSpan(b: Buffer, start: number, end: number, key: Uint8Array): [
 }
 
 /** A record read with its messages as stored: the session (its messages left empty), and the messages' JSON. */
-export interface StoredRead {
+interface StoredRead {
   session: Session;
   messages: Uint8Array;
 }

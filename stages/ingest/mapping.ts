@@ -194,7 +194,7 @@ export function toSession(record: unknown, source: string, options: MappingOptio
 }
 
 /** What the ingest of a record whose messages are kept as stored needs that it cannot work out: an error, never a reason the record is bad. */
-export class MessagesNeeded extends Error {}
+class MessagesNeeded extends Error {}
 
 /**
  * The session of a record whose messages were mapped apart: every other field mapped and validated as

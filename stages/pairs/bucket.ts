@@ -146,7 +146,7 @@ function writeHardNegatives(w: BucketWork, s: StoredSession): number {
  * The pairs of one bucket's task groups and what was not made (and why), as lines in buffers taken from
  * `shelf`; `sizeHint` is about the bytes the pairs will take, so that their buffer rarely grows.
  */
-export async function pairBucket(groups: StoredTaskGroups, side: Split, o: BucketOptions, log: Logger, shelf: BufferShelf, sizeHint = 1 << 20): Promise<PairedBucket> {
+async function pairBucket(groups: StoredTaskGroups, side: Split, o: BucketOptions, log: Logger, shelf: BufferShelf, sizeHint = 1 << 20): Promise<PairedBucket> {
   const w: BucketWork = { o, out: { pairs: new LineBuffer(sizeHint, shelf), dropped: new LineBuffer(64 << 10, shelf) }, counts: pairCounts(), rewrites: [] };
   const { counts } = w;
   const madeByTask = new Map<string, number>();

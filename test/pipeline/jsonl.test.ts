@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { describe, expect, it } from 'vitest';
 import { outputHash } from '../../pipeline/hash.ts';
-import { JsonlWriter, readLines, readOwnLineBlocks } from '../../pipeline/jsonl.ts';
+import { BufferShelf, JsonlWriter, readLines, readOwnLineBlocks } from '../../pipeline/jsonl.ts';
 import { forEachLine, readLineBlocks } from '../../pipeline/records.ts';
 import { seeded } from '../../core/random.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
@@ -123,5 +123,40 @@ describe('readOwnLineBlocks', () => {
     const empty = join(dir, 'empty.jsonl');
     writeFileSync(empty, '');
     for await (const _ of readOwnLineBlocks(empty)) throw new Error('an empty file has no block');
+  });
+});
+
+describe('BufferShelf', () => {
+  it('gives the smallest spare large enough and not four times too large, keeps only so many, and makes the rest anew', () => {
+    const shelf = new BufferShelf(2);
+    const [small, mid, large] = [new ArrayBuffer(100_000), new ArrayBuffer(300_000), new ArrayBuffer(5_000_000)];
+    shelf.put(large);
+    shelf.put(small);
+    shelf.put(mid); // no room: two at most
+    expect(shelf.take(90_000).buffer).toBe(small);
+    // The large one is too large for a request of 200 KB; a new buffer is made, of the size asked for.
+    const made = shelf.take(200_000);
+    expect(made.buffer).not.toBe(large);
+    expect(made.byteLength).toBe(200_000);
+    expect(shelf.take(2_000_000).buffer).toBe(large);
+  });
+
+  it('serves readLineBlocks its blocks again without changing a line read', async () => {
+    const path = join(tempDir(), 'lines.jsonl');
+    const random = seeded('shelf lines');
+    const lines = Array.from({ length: 3000 }, (_, i) => JSON.stringify({ i, text: 'ünï ✓ '.repeat(Math.floor(random() * 50)) }));
+    writeFileSync(path, lines.join('\n') + '\n');
+    const shelf = new BufferShelf();
+    const read: string[] = [];
+    let blocks = 0;
+    for await (const block of readLineBlocks(path, 4096, shelf)) {
+      if ('damaged' in block) throw new Error(block.damaged);
+      const bytes = Buffer.from(block.bytes.buffer, block.bytes.byteOffset, block.bytes.byteLength);
+      forEachLine(bytes, (start, end) => read.push(bytes.toString('utf8', start, end)));
+      shelf.put(block.bytes.buffer as ArrayBuffer); // done with it: the reader fills it again
+      blocks++;
+    }
+    expect(blocks).toBeGreaterThan(100);
+    expect(read).toEqual(lines);
   });
 });

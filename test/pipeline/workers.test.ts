@@ -1,0 +1,30 @@
+// Worker threads (pipeline/workers.ts): a thread works its batches one at a time and in order, even where
+// a batch waits; results come back in the order of the batches; buffers given back are filled again.
+import { describe, expect, it } from 'vitest';
+import { WorkerPool, inOrder } from '../../pipeline/workers.ts';
+
+describe('a pool of worker threads', () => {
+  it('works a thread\'s batches one after another, in order, however long each waits, and fills given-back buffers again', async () => {
+    const pool = new WorkerPool<{ wait: number; bytes: number }, { started: number; ended: number; overlapped: boolean; reused: boolean; buffer: Uint8Array }>('none', new URL('../fixtures/slow-worker.ts', import.meta.url), 1, null);
+    try {
+      const batches = [60, 1, 40, 1, 1, 30].map((wait) => ({ wait, bytes: 1000 }));
+      const results: { started: number; ended: number; overlapped: boolean; reused: boolean }[] = [];
+      async function* each() {
+        yield* batches;
+      }
+      await inOrder(each(), pool, async (out) => {
+        results.push(out);
+        // A larger buffer than the batch asks for: the thread takes it from its shelf for the next batch.
+        pool.giveBack([new ArrayBuffer(4096)]);
+      }, 6);
+      expect(results.map((r) => r.started)).toEqual([0, 2, 4, 6, 8, 10]);
+      expect(results.map((r) => r.ended)).toEqual([1, 3, 5, 7, 9, 11]);
+      expect(results.some((r) => r.overlapped)).toBe(false);
+      // All six were sent before any came back; later ones found a spare given back after the first.
+      expect(results[0]!.reused).toBe(false);
+      expect(results.slice(1).some((r) => r.reused)).toBe(true);
+    } finally {
+      await pool.close();
+    }
+  });
+});

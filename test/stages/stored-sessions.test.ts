@@ -1,0 +1,110 @@
+// The pairs stage reads its sessions' messages as stored (stages/layout.ts: StoredMessages, StoredSession) and
+// writes each pair's line from those bytes. Pinned here: every line is JSON.stringify of the pair the sessions
+// make, whatever the sessions' text holds; a line not shaped as ingest writes it is read all the same; equal
+// bytes and equal messages agree.
+import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { LineBuffer } from '../../pipeline/jsonl.ts';
+import { readJsonl } from '../../pipeline/jsonl.ts';
+import { StoredMessages, readStoredSession } from '../../stages/layout.ts';
+import type { CandidatePair, Message, Session, SplitSession } from '../../core/records.ts';
+import { engineFor, jsonl, tempDir } from '../fixtures/pipeline.ts';
+
+const SAMPLE = join(import.meta.dirname, '../../data/sample/sessions.jsonl.gz');
+
+/** Text that JSON escapes, or that looks like the markers the reader finds messages by. */
+const ODD = ['quote " and \\ backslash', 'tab\tnew\nline', 'ünïcödé — ✓ 😀', '{"role":"user","content":"x"}', '],"reward":1,"feedback":null', ',"metadata":"x","split":"test"', 'bell \u0007 and \u2028'];
+
+function lines(path: string): string[] {
+  return readFileSync(path, 'utf8').split('\n').filter(Boolean);
+}
+
+describe('pairs written from their sessions as stored', () => {
+  it('writes every pair as JSON.stringify of the pair its sessions make, odd text and metadata included', async () => {
+    const dir = tempDir();
+    const sessions: Session[] = [];
+    for await (const s of readJsonl<Session>(SAMPLE)) if (sessions.push(s) === 300) break;
+    // Odd text in turns, ids, tasks and metadata, which the pairs' lines must carry over as JSON writes it.
+    sessions.forEach((s, i) => {
+      const odd = ODD[i % ODD.length]!;
+      if (i % 3 === 0) s.messages[1] = { ...s.messages[1]!, content: `${s.messages[1]!.content} ${odd}` };
+      if (i % 4 === 0) s.metadata = JSON.stringify({ ...JSON.parse(s.metadata), note: odd });
+      if (i % 5 === 0) s.session_id = `${s.session_id} ${odd}`;
+      if (i % 7 === 0) s.task_id = `${s.task_id} ${odd}`;
+    });
+    writeFileSync(join(dir, 'logs.jsonl'), jsonl(sessions));
+    await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\nsplit:\n  bucket_size: 64\n').run({ until: 'pairs' });
+
+    const bySession = new Map<string, SplitSession>();
+    for (const f of readdirSync(join(dir, 'workspace', 'split', 'sessions'))) {
+      for (const line of lines(join(dir, 'workspace', 'split', 'sessions', f))) {
+        const s = JSON.parse(line) as SplitSession;
+        bySession.set(s.session_id, s);
+      }
+    }
+    let outcome = 0;
+    let hardNegative = 0;
+    for (const side of ['train', 'test']) {
+      for (const line of lines(join(dir, 'workspace', 'pairs', `${side}.jsonl`))) {
+        const pair = JSON.parse(line) as CandidatePair;
+        expect(JSON.stringify(pair)).toBe(line);
+        const chosen = bySession.get(pair.source === 'outcome' ? pair.chosen_session_id : pair.chosen_session_id.split('~')[0]!)!;
+        expect(pair.metadata).toBe(chosen.metadata);
+        expect(pair.split).toBe(side);
+        if (pair.source === 'outcome') {
+          outcome++;
+          const rejected = bySession.get(pair.rejected_session_id)!;
+          expect([...pair.prompt, ...pair.chosen]).toEqual(chosen.messages);
+          expect([...pair.prompt, ...pair.rejected]).toEqual(rejected.messages);
+          expect(pair.chosen[0]).not.toEqual(pair.rejected[0]);
+        } else {
+          hardNegative++;
+          const original = bySession.get(pair.chosen_session_id) ?? bySession.get(pair.rejected_session_id)!;
+          const at = pair.prompt.length;
+          expect(pair.prompt).toEqual(original.messages.slice(0, at));
+          const kept = pair.chosen_session_id === original.session_id ? pair.chosen : pair.rejected;
+          expect(kept).toEqual([original.messages[at]]);
+        }
+      }
+    }
+    expect(outcome).toBeGreaterThan(50);
+    expect(hardNegative).toBeGreaterThan(100);
+  });
+
+  it('reads a line not shaped as ingest writes it by parsing it whole', () => {
+    const s: SplitSession = {
+      session_id: 's1', task_id: 'T', reward: 0.8, feedback: null, model: null, source: 'x', created_at: null,
+      messages: [{ role: 'user', content: 'hi' }, { role: 'assistant', content: null, tool_calls: [{ id: 'c', type: 'function', function: { name: 'finish', arguments: '{}' } }] }],
+      metadata: '{"a":"\\"quoted\\""}', split: 'test', task_match: null,
+    };
+    const canonical = readStoredSession(Buffer.from(JSON.stringify(s)));
+    const spaced = readStoredSession(Buffer.from(JSON.stringify(s, null, 1).replace(/\n/g, '')));
+    const { split, ...rest } = s;
+    const reordered = readStoredSession(Buffer.from(JSON.stringify({ split, ...rest })));
+    for (const read of [canonical, spaced, reordered]) {
+      expect({ id: read.session_id, task: read.task_id, reward: read.reward, side: read.split, metadata: read.metadata }).toEqual({ id: 's1', task: 'T', reward: 0.8, side: 'test', metadata: s.metadata });
+      expect(read.messages.all()).toEqual(s.messages);
+      expect(read.messages.hasToolCalls(1)).toBe(true);
+      expect(read.messages.hasToolCalls(0)).toBe(false);
+      const out = new LineBuffer(64);
+      read.messages.writeJson(out);
+      read.writeMetadata(out);
+      out.end();
+      expect(Buffer.from(out.take()).toString('utf8')).toBe(`${JSON.stringify(s.messages)}${JSON.stringify(s.metadata)}\n`);
+    }
+  });
+
+  it('takes equal bytes for equal messages, and compares messages made anew with those read', () => {
+    const messages: Message[] = [{ role: 'system', content: 'be brief' }, { role: 'user', content: 'ünï "q"' }, { role: 'assistant', content: 'ok', name: 'bot' }];
+    const line = (m: Message[]) => Buffer.from(JSON.stringify({ session_id: 'a', task_id: 't', messages: m, reward: 1, feedback: null, model: null, source: 's', created_at: null, metadata: '{}', split: 'train', task_match: null }));
+    const a = readStoredSession(line(messages)).messages;
+    const b = readStoredSession(line([...messages.slice(0, 2), { role: 'assistant', content: 'no' }])).messages;
+    expect([0, 1, 2].map((i) => a.same(i, b, i))).toEqual([true, true, false]);
+    const made = StoredMessages.of(messages);
+    expect([0, 1, 2].map((i) => a.same(i, made, i))).toEqual([true, true, true]);
+    expect(a.slice(1).same(0, b, 1)).toBe(true);
+    expect(a.slice(0, 2).jsonIncludes('"q\\"')).toBe(true);
+    expect(a.slice(2).jsonIncludes('"q\\"')).toBe(false);
+  });
+});
