@@ -107,6 +107,8 @@ interface Row {
   ingestOneThread: Measurement;
   pairs: Measurement;
   counts: Record<string, unknown>;
+  /** Seconds each data stage took in the ingest → pairs run, as its manifest records them. */
+  stageSeconds: Record<string, number>;
   /** The seen-id set (ingest/ids.bin): the one thing that grows with the data, by design. */
   idSetBytes: number;
 }
@@ -137,12 +139,14 @@ async function benchOne(n: number, given?: string): Promise<Row> {
     const ingest = await run('ingest');
     const ingestOneThread = await run('ingest', '--workers', '1');
     const pairs = await run('pairs');
-    const manifest = (stage: string) => readFile(join(dir, 'workspace-pairs', stage, 'manifest.json'), 'utf8').then((t) => (JSON.parse(t) as { counts: Record<string, unknown> }).counts);
-    const counts = { ingest: await manifest('ingest'), split: await manifest('split'), pairs: await manifest('pairs') };
+    const manifest = (stage: string) => readFile(join(dir, 'workspace-pairs', stage, 'manifest.json'), 'utf8').then((t) => JSON.parse(t) as { counts: Record<string, unknown>; seconds: number });
+    const stages = { ingest: await manifest('ingest'), split: await manifest('split'), pairs: await manifest('pairs') };
+    const counts = Object.fromEntries(Object.entries(stages).map(([name, m]) => [name, m.counts]));
+    const stageSeconds = Object.fromEntries(Object.entries(stages).map(([name, m]) => [name, m.seconds]));
     const idSetBytes = (await stat(join(dir, 'workspace-pairs', 'ingest', 'ids.bin'))).size;
     const read = Number(counts.ingest.sessions) + Number(counts.ingest.quarantined) + Number(counts.ingest.duplicates);
     if (read !== n) throw new Error(`ingest read ${read} records (sessions, quarantined and duplicates), expected ${n}`);
-    return { n, bytes, floor, duckdb, ingest, ingestOneThread, pairs, counts, idSetBytes };
+    return { n, bytes, floor, duckdb, ingest, ingestOneThread, pairs, counts, stageSeconds, idSetBytes };
   } finally {
     await rm(dir, { recursive: true, force: true });
   }
@@ -179,6 +183,10 @@ for (const r of rows) {
   const a = rate(r, r.ingest) / rate(r, r.floor);
   const b = rate(r, r.pairs) / rate(r, r.duckdb);
   console.log(`N=${r.n}: ingest ${a.toFixed(2)}× the parse floor (goal ≥ 0.5: ${a >= 0.5 ? 'met' : 'not met'}); ingest → pairs ${b.toFixed(2)}× DuckDB's round trip (goal ≥ 1.0: ${b >= 1 ? 'met' : 'not met'}), peak RSS ${mib(r.pairs)} against its ${mib(r.duckdb)} MiB (${r.pairs.peakRssBytes <= r.duckdb.peakRssBytes ? 'met' : 'not met'})`);
+}
+for (const r of rows) {
+  const inStages = Object.values(r.stageSeconds).reduce((a, b) => a + b, 0);
+  console.log(`N=${r.n}, ingest → pairs by stage: ${Object.entries(r.stageSeconds).map(([name, s]) => `${name} ${s.toFixed(2)} s`).join(', ')}; the other ${(r.pairs.seconds - inStages).toFixed(2)} s start the process and hash the input`);
 }
 const smallest = rows[0]!;
 const largest = rows[rows.length - 1]!;
