@@ -107,14 +107,8 @@ export async function readSplitInfo(splitDir: string): Promise<SplitInfo> {
 
 /** Sessions of one bucket file grouped by task, tasks in a stable order. */
 export async function readTaskGroups(path: string): Promise<[string, SplitSession[]][]> {
-  const sessions: SplitSession[] = [];
-  for await (const s of readJsonl<SplitSession>(path)) sessions.push(s);
-  return groupByTask(sessions);
-}
-
-function groupByTask<S extends { task_id: string | null }>(sessions: Iterable<S>): [string, S[]][] {
-  const groups = new Map<string, S[]>();
-  for (const s of sessions) {
+  const groups = new Map<string, SplitSession[]>();
+  for await (const s of readJsonl<SplitSession>(path)) {
     const group = groups.get(s.task_id!);
     if (group) group.push(s);
     else groups.set(s.task_id!, [s]);
@@ -288,8 +282,22 @@ export function readStoredSession(line: Buffer): StoredSession {
   return new StoredSession(head.session_id, head.task_id, reward, side, line.subarray(metadata + METADATA.length, split), messages);
 }
 
-/** A bucket's lines grouped by task, tasks in a stable order: each line made a StoredSession when its task is paired. */
-export type StoredTaskGroups = [string, Buffer[]][];
+/**
+ * A bucket's lines grouped by task, tasks in a stable order: each task's lines as the offsets where they
+ * start and end in `bytes` (numbers, not an object a line: they live as long as the bucket), made
+ * StoredSessions when the task is paired (storedSessions).
+ */
+export interface StoredTaskGroups {
+  bytes: Buffer;
+  tasks: [string, number[]][];
+}
+
+/** The sessions of one task of a bucket, from the offsets of its lines. */
+export function storedSessions(bucket: StoredTaskGroups, offsets: number[]): StoredSession[] {
+  const sessions: StoredSession[] = [];
+  for (let i = 0; i < offsets.length; i += 2) sessions.push(readStoredSession(bucket.bytes.subarray(offsets[i], offsets[i + 1])));
+  return sessions;
+}
 
 /**
  * Reads bucket files one after another into one buffer, so that its memory is not mapped afresh for each
@@ -310,13 +318,15 @@ export class StoredBucketReader {
         at += bytesRead;
       }
       const bytes = this.buffer.subarray(0, size);
-      const lines: { task_id: string; line: Buffer }[] = [];
+      const tasks = new Map<string, number[]>();
       forEachLine(bytes, (start, end) => {
         if (end === start) return;
-        const line = bytes.subarray(start, end);
-        lines.push({ task_id: leadingTaskId(line) ?? (JSON.parse(line.toString('utf8')) as SplitSession).task_id!, line });
+        const task = leadingTaskId(bytes, start, end) ?? (JSON.parse(bytes.toString('utf8', start, end)) as SplitSession).task_id!;
+        const offsets = tasks.get(task);
+        if (offsets) offsets.push(start, end);
+        else tasks.set(task, [start, end]);
       });
-      return groupByTask(lines).map(([task, group]) => [task, group.map((l) => l.line)]);
+      return { bytes, tasks: [...tasks.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)) };
     } finally {
       await file.close();
     }

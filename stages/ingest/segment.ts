@@ -242,7 +242,9 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
   let untasked = 0;
   let invalidUtf8 = 0;
   let damaged: string | null = null;
-  let reached = 'before the first record';
+  // Where a record is, and the last one read before a damage: named only when needed (a string a record costs).
+  const whereOf = (given: RawRecord | null, line: number) => (given ? given.where : `line ${line}`);
+  let reached: { given: RawRecord | null; line: number } = { given: null, line: 0 };
   const due = every(1000);
   const stopped = () => `ingest: stopped while reading ${file.name}; the next run reads again every file this run was reading`;
   const quarantineRecord = async (where: string, reason: string, raw: string) => {
@@ -257,6 +259,8 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
   const use = async ({ records, notes, lines, block: returned }: BatchOutcome, batch: Batch) => {
     const bytes = returned ?? ('bytes' in batch ? batch.bytes : null);
     const block = bytes && Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    // A record's text, for the quarantine: its reader's, or its line of the block.
+    const rawOf = (given: RawRecord | null, r: number) => given?.raw ?? block!.toString('utf8', records[r + RAW_START], records[r + RAW_END]);
     let note = 0;
     let start = 0;
     // Sessions' lines follow one another in `lines`: each run of them between duplicates is written at once.
@@ -264,24 +268,24 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
     let run = { from: 0, to: 0, lines: 0 };
     for (let i = 0, r = 0; r < records.length; i++, r += FIELDS) {
       const given = 'records' in batch ? batch.records[i]! : null;
-      const where = given ? given.where : `line ${records[r + LINE]}`;
-      const raw = () => given?.raw ?? block!.toString('utf8', records[r + RAW_START], records[r + RAW_END]);
+      const line = records[r + LINE]!;
       if (due()) await safePoint(signal, stopped);
       progress.tick();
       const kind = records[r + KIND];
       if (kind === DAMAGED) {
         // What was read before the damage is kept; the rest of the file is one quarantine entry.
         damaged = notes[note++]!;
-        const at = given?.where ?? reached;
+        const at = given?.where ?? (reached.given || reached.line ? `after ${whereOf(reached.given, reached.line)}` : 'before the first record');
         log.warn('a damaged file: its records before the damage are kept, the rest is quarantined', { file: file.name, where: at, reason: damaged });
         await quarantineRecord(at, damaged, given?.raw ?? '');
         continue;
       }
-      reached = `after ${where}`;
+      if (given) reached.given = given;
+      else reached.line = line;
       if (records[r + FLAGS]! & NOT_UTF8) invalidUtf8++;
-      if (kind === FAULT) throw new Error(`ingest: ${file.name} ${where}: ${notes[note]}`);
+      if (kind === FAULT) throw new Error(`ingest: ${file.name} ${whereOf(given, line)}: ${notes[note]}`);
       if (kind === REASON) {
-        await quarantineRecord(where, notes[note++]!, raw());
+        await quarantineRecord(whereOf(given, line), notes[note++]!, rawOf(given, r));
         continue;
       }
       const lineStart = start;
@@ -291,8 +295,9 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
         run = { from: start, to: start, lines: 0 };
         duplicates++;
         // Which id it was is worked out again here: duplicates are few, and ids do not cross between threads.
-        const id = toSession(given?.value ?? JSON.parse(raw()), `${file.name} ${where}`, o.mapping).session_id;
-        await quarantine.write({ file: file.name, where, reason: `duplicate session_id '${id}' (dropped; the first one is kept)`, raw: quarantineText(raw()) } satisfies QuarantineRecord);
+        const raw = rawOf(given, r);
+        const id = toSession(given?.value ?? JSON.parse(raw), `${file.name} ${whereOf(given, line)}`, o.mapping).session_id;
+        await quarantine.write({ file: file.name, where: whereOf(given, line), reason: `duplicate session_id '${id}' (dropped; the first one is kept)`, raw: quarantineText(raw) } satisfies QuarantineRecord);
         continue;
       }
       if (records[r + FLAGS]! & UNTASKED) untasked++;

@@ -11,8 +11,8 @@ import { safePoint } from '../../pipeline/interrupt.ts';
 import type { Split } from '../../core/records.ts';
 import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
 import { ChunkIndex, joinChunks, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
-import { SPLITS, StoredBucketReader, bucketFile, readPairsInfo, readSplitInfo, type PairsInfo } from '../layout.ts';
-import { bucketOptions, pairBucketFile, pairCounts, type BucketJob, type PairedBucket, type PairingConfig } from './bucket.ts';
+import { SPLITS, bucketFile, readPairsInfo, readSplitInfo, type PairsInfo } from '../layout.ts';
+import { BucketPairer, bucketOptions, pairCounts, type BucketJob, type PairedBucket, type PairingConfig } from './bucket.ts';
 import { Rewriter, activeTypes, loadRewritePrompt, rewritePromptPath } from './rewriter.ts';
 
 import type { Progress } from '../../pipeline/log.ts';
@@ -53,8 +53,8 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
   // Every bucket of both sides, in the order their pairs are written; threads go on from one side to the next.
   const jobs: BucketJob[] = [];
   for (const [s, side] of SPLITS.entries()) for (const b of owned) jobs.push({ path: bucketFile(splitDir, side, b), bytes: (await stat(bucketFile(splitDir, side, b))).size, side, s, b });
-  // A bucket's pairs (tens of MB) go to disk while the next bucket is paired, rather than first.
-  const inFlight = 32 << 20;
+  // A bucket's pairs (up to about twice its bytes) go to disk while the next bucket is paired, rather than first.
+  const inFlight = Math.max(16 << 20, 3 * Math.max(0, ...jobs.map((j) => j.bytes)));
   const writers = { train: new JsonlWriter(join(out, 'train.jsonl'), 'w', inFlight), test: new JsonlWriter(join(out, 'test.jsonl'), 'w', inFlight) } satisfies Record<Split, JsonlWriter>;
   const progress: { side: Split | null; bar: Progress | null } = { side: null, bar: null };
   async function* each() {
@@ -64,9 +64,9 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
     }
   }
   try {
-    const reader = new StoredBucketReader();
     // A bucket's buffers are filled again, by the thread they came from or by this one, once written.
-    const shelf = new BufferShelf();
+    const shelf = new BufferShelf(4);
+    const pairer = new BucketPairer(o, log, shelf);
     // Both of a bucket's buffers go back together, once both are written: to the thread that made them, as
     // results come in turn from the threads and are given back in turn.
     const recycle = (made: PairedBucket) => {
@@ -78,7 +78,7 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
         else for (const buffer of buffers) shelf.put(buffer);
       };
     };
-    await inOrder(each(), pool ?? ((job: BucketJob) => pairBucketFile(reader, job.path, job.bytes, job.side, o, log, shelf)), async (made, { side, s, b }) => {
+    await inOrder(each(), pool ?? ((job: BucketJob) => pairer.pair(job)), async (made, { side, s, b }) => {
       if (progress.side !== side) {
         progress.bar?.done();
         Object.assign(progress, { side, bar: log.progress(`pairs ${side}`, info.buckets) });
