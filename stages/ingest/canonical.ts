@@ -1,9 +1,10 @@
 // Records whose messages are already written as ingest writes them (JSON.stringify of each mapped Message:
-// the simulator's logs, prefab's own outputs, most logs a Node program wrote) are read without parsing their
-// messages. Their bytes are checked to be exactly what parsing, mapping and JSON.stringify would give back,
-// and copied into the session's line; the rest of the record is parsed and mapped as toSession maps it. A
-// record that is not so (other key orders, spaces, \u escapes, content parts, extra keys, bytes that are not
-// UTF-8) is read the ordinary way; either way the session's line is the same, byte for byte.
+// the simulator's logs, prefab's own outputs, most logs a Node program wrote), or as well but for white
+// space between tokens (Python's json.dumps of ASCII text), are read without parsing their messages. Their
+// bytes are checked to be exactly what parsing, mapping and JSON.stringify would give back (the white space
+// left out), and copied into the session's line; the rest of the record is parsed and mapped as toSession
+// maps it. A record that is not so (other key orders, \u escapes, content parts, extra keys, bytes that are
+// not UTF-8) is read the ordinary way; either way the session's line is the same, byte for byte.
 import { isUtf8 } from 'node:buffer';
 import { ROLES, type Session } from '../../core/records.ts';
 import { getPath } from '../../pipeline/records.ts';
@@ -12,28 +13,75 @@ import { sessionAround, type MappingOptions } from './mapping.ts';
 const [QUOTE, BACKSLASH, COMMA, COLON, OPEN_BRACE, CLOSE_BRACE, OPEN_BRACKET, CLOSE_BRACKET] = [0x22, 0x5c, 0x2c, 0x3a, 0x7b, 0x7d, 0x5b, 0x5d];
 const REPLACEMENT_CHARACTER = Buffer.from('\uFFFD');
 
-// A JSON string as JSON.stringify writes it: no escape but \" \\ \b \f \n \r \t, and \u00xx (lower case) for
-// the other control characters. Matched against the bytes read as Latin-1 (a character a byte), so anything
-// from 0x80 up passes here and the bytes are checked to be UTF-8 apart. One character a step, never a run:
-// a nested quantifier would backtrack without end on a string that does not match.
-const CHAR = String.raw`(?:[^"\\\x00-\x1f]|\\["\\bfnrt]|\\u00(?:0[0-7bef]|1[0-9a-f]))`;
-const STRING = `"${CHAR}*"`;
-// A message as the mapping makes it and JSON.stringify writes it: its fields in that order, a tool call
-// {id, type, function: {name, arguments}} with a name, a tool message with its tool_call_id.
-const CALL = String.raw`\{"id":${STRING},"type":"function","function":\{"name":"${CHAR}+","arguments":${STRING}\}\}`;
-const OPTIONAL = String.raw`(?:,"name":${STRING})?(?:,"tool_calls":\[${CALL}(?:,${CALL})*\])?`;
-const MESSAGE = String.raw`\{"role":"(?:(?:system|user|assistant)","content":(?:null|${STRING})${OPTIONAL}(?:,"tool_call_id":${STRING})?|tool","content":(?:null|${STRING})${OPTIONAL},"tool_call_id":${STRING})\}`;
-const MESSAGES = new RegExp(String.raw`\[${MESSAGE}(?:,${MESSAGE})*\]`, 'y');
+/**
+ * The grammar of a non-empty array of messages as the mapping makes them and JSON.stringify writes them, with
+ * `space` (a pattern) allowed between tokens: a message's fields in the order role, content, name,
+ * tool_calls, tool_call_id; a tool call {id, type: "function", function: {name, arguments}} with a name; a
+ * tool message with its tool_call_id. A string has no escape but \" \\ \b \f \n \r \t, and \u00xx (lower
+ * case) for the other control characters. It is matched against the bytes read as Latin-1 (a character a
+ * byte), so anything from 0x80 up passes here and the bytes are checked to be UTF-8 apart. A string is matched
+ * one character a step, never a run: a nested quantifier would backtrack without end on one that does not match.
+ */
+function messagesGrammar(space: string): RegExp {
+  const char = String.raw`(?:[^"\\\x00-\x1f]|\\["\\bfnrt]|\\u00(?:0[0-7bef]|1[0-9a-f]))`;
+  const string = `"${char}*"`;
+  const key = (name: string) => `"${name}"${space}:${space}`;
+  const comma = `${space},${space}`;
+  const open = (bracket: string) => `\\${bracket}${space}`;
+  const close = (bracket: string) => `${space}\\${bracket}`;
+  const call = `${open('{')}${key('id')}${string}${comma}${key('type')}"function"${comma}${key('function')}${open('{')}${key('name')}"${char}+"${comma}${key('arguments')}${string}${close('}')}${close('}')}`;
+  const optional = `(?:${comma}${key('name')}${string})?(?:${comma}${key('tool_calls')}${open('[')}${call}(?:${comma}${call})*${close(']')})?`;
+  const content = `${comma}${key('content')}(?:null|${string})${optional}`;
+  const message = `${open('{')}${key('role')}(?:"(?:system|user|assistant)"${content}(?:${comma}${key('tool_call_id')}${string})?|"tool"${content}${comma}${key('tool_call_id')}${string})${close('}')}`;
+  return new RegExp(`${open('[')}${message}(?:${comma}${message})*${close(']')}`, 'y');
+}
 
-/** The end of the non-empty array of messages written as ingest writes them at `at` ('[') of `bytes`, or -1. */
-function canonicalMessagesEnd(bytes: Buffer, at: number, end: number): number {
-  MESSAGES.lastIndex = 0;
+/** As ingest writes messages; and with JSON's white space between tokens, as Python's json.dumps writes them (", ", ": "). */
+const [MESSAGES, SPACED_MESSAGES] = [messagesGrammar(''), messagesGrammar('[ \\t\\n\\r]*')];
+
+/** The length of the match of `grammar` at the start of `text`, or -1. */
+function matchLength(grammar: RegExp, text: string): number {
+  grammar.lastIndex = 0;
   try {
-    if (!MESSAGES.test(bytes.toString('latin1', at, end))) return -1;
+    return grammar.test(text) ? grammar.lastIndex : -1;
   } catch {
     return -1; // a string of many megabytes overflows the matcher's stack: read the ordinary way
   }
-  return isUtf8(bytes.subarray(at, at + MESSAGES.lastIndex)) ? at + MESSAGES.lastIndex : -1;
+}
+
+/**
+ * Where the non-empty array of messages at `at` ('[') of `bytes` ends, when it is written as ingest writes
+ * it (`spaced` false) or as well but for white space between tokens (`spaced`); null otherwise.
+ */
+function storedMessagesEnd(bytes: Buffer, at: number, end: number): { end: number; spaced: boolean } | null {
+  const text = bytes.toString('latin1', at, end);
+  // Messages that do not start as ingest writes them are not: only the grammar with white space is tried.
+  let spaced = !text.startsWith('[{"role":"');
+  let length = spaced ? -1 : matchLength(MESSAGES, text);
+  if (length < 0) {
+    spaced = true;
+    length = matchLength(SPACED_MESSAGES, text);
+  }
+  return length >= 0 && isUtf8(bytes.subarray(at, at + length)) ? { end: at + length, spaced } : null;
+}
+
+/** The bytes `from` to `to` without the white space between JSON tokens (inside strings, nothing changes). */
+function withoutSpaces(bytes: Buffer, from: number, to: number): Buffer {
+  const out = Buffer.allocUnsafe(to - from);
+  let n = 0;
+  let inString = false;
+  for (let i = from; i < to; i++) {
+    const c = bytes[i]!;
+    if (inString) {
+      out[n++] = c;
+      if (c === BACKSLASH) out[n++] = bytes[++i]!;
+      else if (c === QUOTE) inString = false;
+    } else if (c !== 0x20 && c !== 0x0a && c !== 0x0d && c !== 0x09) {
+      out[n++] = c;
+      if (c === QUOTE) inString = true;
+    }
+  }
+  return out.subarray(0, n);
 }
 
 /** `at` past `literal` when `bytes` holds it there, else -1. */
@@ -81,13 +129,14 @@ function valueEnd(b: Uint8Array, at: number, end: number): number {
 
 /**
  * Where the value of the top-level key `key` (its JSON, quotes included) lies in the record at `start` to
- * `end`, when it is the only such key and its value is messages written as ingest writes them; else null.
+ * `end`, when it is the only such key and its value is messages written as ingest writes them (`spaced`: but
+ * for white space between tokens); else null.
  */
-function messagesSpan(b: Buffer, start: number, end: number, key: Uint8Array): [number, number] | null {
+function messagesSpan(b: Buffer, start: number, end: number, key: Uint8Array): { from: number; to: number; spaced: boolean } | null {
   let i = skipSpace(b, start, end);
   if (b[i] !== OPEN_BRACE) return null;
   i = skipSpace(b, i + 1, end);
-  let span: [number, number] | null = null;
+  let span: { from: number; to: number; spaced: boolean } | null = null;
   for (;;) {
     const keyEnd = stringEnd(b, i, end);
     // A key with an escape might spell `key` another way: the ordinary reading decides.
@@ -96,9 +145,11 @@ function messagesSpan(b: Buffer, start: number, end: number, key: Uint8Array): [
     i = skipSpace(b, keyEnd, end);
     if (b[i] !== COLON) return null;
     i = skipSpace(b, i + 1, end);
-    const after = isKey ? canonicalMessagesEnd(b, i, end) : valueEnd(b, i, end);
-    if (after < 0 || (isKey && span)) return null;
-    if (isKey) span = [i, after];
+    if (isKey && span) return null;
+    const messages = isKey ? storedMessagesEnd(b, i, end) : null;
+    const after = isKey ? (messages?.end ?? -1) : valueEnd(b, i, end);
+    if (after < 0) return null;
+    if (messages) span = { from: i, to: after, spaced: messages.spaced };
     i = skipSpace(b, after, end);
     if (b[i] === CLOSE_BRACE) return skipSpace(b, i + 1, end) === end ? span : null;
     if (b[i] !== COMMA) return null;
@@ -131,7 +182,7 @@ export function storedReader(o: MappingOptions, maxBytes: number, tooDeep: (text
     if (end - start > maxBytes) return null;
     const span = messagesSpan(bytes, start, end, key);
     if (!span) return null;
-    const [from, to] = span;
+    const { from, to, spaced } = span;
     // Decoding is split at ASCII bytes, so the parts read as the whole line would.
     const rest = `${bytes.toString('utf8', start, from)}0${bytes.toString('utf8', to, end)}`;
     // U+FFFD, read from bytes that are not UTF-8 or written as such, is counted by the ordinary reading.
@@ -139,7 +190,8 @@ export function storedReader(o: MappingOptions, maxBytes: number, tooDeep: (text
     try {
       const record = JSON.parse(rest) as Record<string, unknown>;
       if (getPath(record, fields.messages) !== 0 || tooDeep(rest, record)) return null;
-      return { session: sessionAround(record, null, {}, source, o), messages: bytes.subarray(from, to) };
+      const session = sessionAround(record, null, {}, source, o);
+      return { session, messages: spaced ? withoutSpaces(bytes, from, to) : bytes.subarray(from, to) };
     } catch {
       return null;
     }

@@ -56,6 +56,13 @@ function record(i: number, text: string) {
   };
 }
 
+/** JSON as Python's json.dumps writes it by default: ", " and ": " between tokens. */
+function pythonJson(value: unknown): string {
+  if (Array.isArray(value)) return `[${value.map(pythonJson).join(', ')}]`;
+  if (value !== null && typeof value === 'object') return `{${Object.entries(value).filter(([, v]) => v !== undefined).map(([k, v]) => `${JSON.stringify(k)}: ${pythonJson(v)}`).join(', ')}}`;
+  return JSON.stringify(value);
+}
+
 const TEXTS = ['plain', 'quote " and backslash \\ inside', 'tab\tnew\nline\r', 'ünïcödé — ✓ 😀 日本', 'bell \u0007 escape \u001b del \u007f', 'line sep \u2028 para \u2029', '{"role":"user"} ],"reward": 1', ''];
 
 describe('reading records whose messages are stored as ingest writes them', () => {
@@ -71,7 +78,6 @@ describe('reading records whose messages are stored as ingest writes them', () =
   it('leaves every other way of writing a record to the ordinary reading, which agrees wherever both read it', () => {
     const base = JSON.stringify(record(1, 'plain text'));
     const variants: Record<string, string | Buffer> = {
-      'spaces after separators (Python)': base.replace(/","/g, '", "').replace(/":/g, '": '),
       'key order within a message': base.replace('{"role":"tool","content":', '{"content":').replace('"tool_call_id":"c1"}', '"tool_call_id":"c1","role":"tool"}'),
       '\\u escapes of plain characters': base.replace('plain text', 'pl\\u0061in text'),
       'an escaped slash': base.replace('phone companies.', 'phone companies\\/firms.'),
@@ -104,9 +110,23 @@ describe('reading records whose messages are stored as ingest writes them', () =
       expect(text === base, `${what}: the variant differs from the record`).toBe(false);
       expect(storedLine(variant), what).toBeNull();
     }
-    // Spaces outside the messages are fine: only the messages must be as ingest writes them.
-    const spaced = base.replace('"session_id":"s-1","task_id":"T1",', '"session_id": "s-1",  "task_id" : "T1" ,\n');
-    expect(storedLine(spaced)).toBe(ordinaryLine(spaced));
+  });
+
+  it('keeps messages written with white space between tokens, as Python writes them, and writes them without it', () => {
+    for (const [i, text] of TEXTS.filter((t) => /^[\x20-\x7e\t\n\r]*$/.test(t)).entries()) {
+      const r = record(i, text);
+      // json.dumps(record) in Python: ", " and ": " between tokens, non-ASCII escaped (so only ASCII texts here).
+      const python = pythonJson(r);
+      expect(python).toContain('", "');
+      expect(python).toMatch(/"messages": \[\{"role": "system", "content": /);
+      expect(storedLine(python), text).toBe(ordinaryLine(python));
+      expect(storedLine(python), text).toBe(ordinaryLine(JSON.stringify(r)));
+    }
+    const base = JSON.stringify(record(1, 'plain text'));
+    for (const spaced of [base.replace('"session_id":"s-1","task_id":"T1",', '"session_id": "s-1",  "task_id" : "T1" ,\t'), base.replace(/\{"role":/g, '{ "role" :\t'), base.replace(/,"content":/g, ' ,\r\n "content":')]) {
+      expect(spaced).not.toBe(base);
+      expect(storedLine(spaced)).toBe(ordinaryLine(spaced));
+    }
   });
 
   it('agrees with the ordinary reading on records cut, spliced and shuffled at random', () => {
