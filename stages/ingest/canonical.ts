@@ -65,6 +65,9 @@ function storedMessagesEnd(bytes: Buffer, at: number, end: number): { end: numbe
   return length >= 0 && isUtf8(bytes.subarray(at, at + length)) ? { end: at + length, spaced } : null;
 }
 
+/** JSON's white space: space, tab, line feed, carriage return. */
+const isSpace = (c: number | undefined) => c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09;
+
 /** The bytes `from` to `to` without the white space between JSON tokens (inside strings, nothing changes). */
 function withoutSpaces(bytes: Buffer, from: number, to: number): Buffer {
   const out = Buffer.allocUnsafe(to - from);
@@ -76,7 +79,7 @@ function withoutSpaces(bytes: Buffer, from: number, to: number): Buffer {
       out[n++] = c;
       if (c === BACKSLASH) out[n++] = bytes[++i]!;
       else if (c === QUOTE) inString = false;
-    } else if (c !== 0x20 && c !== 0x0a && c !== 0x0d && c !== 0x09) {
+    } else if (!isSpace(c)) {
       out[n++] = c;
       if (c === QUOTE) inString = true;
     }
@@ -90,8 +93,6 @@ function past(bytes: Uint8Array, at: number, literal: Uint8Array): number {
   for (let i = 0; i < literal.length; i++) if (bytes[at + i] !== literal[i]) return -1;
   return at + literal.length;
 }
-
-const isSpace = (c: number | undefined) => c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09;
 
 function skipSpace(b: Uint8Array, at: number, end: number): number {
   while (at < end && isSpace(b[at])) at++;
