@@ -1,7 +1,7 @@
 // Line-oriented files: the workspace's own record format, and the reader of JSONL inputs.
 import { createHash, type Hash } from 'node:crypto';
 import { createReadStream, createWriteStream, type WriteStream } from 'node:fs';
-import { open, stat } from 'node:fs/promises';
+import { stat } from 'node:fs/promises';
 import { once } from 'node:events';
 import { createInterface } from 'node:readline';
 import { createGunzip } from 'node:zlib';
@@ -31,35 +31,6 @@ export async function* readLines(path: string): AsyncGenerator<{ line: number; t
 export async function* readJsonl<T>(path: string): AsyncGenerator<T> {
   for await (const { text } of readLines(path)) {
     if (text.length > 0) yield JSON.parse(text) as T;
-  }
-}
-
-/**
- * The lines of a JSONL file this program wrote itself (no gzip, no byte order mark), as bytes: blocks of whole
- * lines, each read into one buffer that is used again for the next block (so a block is valid only until the
- * next is asked for). Nothing is decoded or copied; a line longer than the buffer grows it.
- */
-export async function* readOwnLineBlocks(path: string, size = 1 << 20): AsyncGenerator<Buffer> {
-  const file = await open(path, 'r');
-  let buffer = Buffer.allocUnsafe(size);
-  let held = 0;
-  try {
-    for (;;) {
-      if (held === buffer.length) {
-        const grown = Buffer.allocUnsafe(2 * buffer.length);
-        buffer.copy(grown, 0, 0, held);
-        buffer = grown;
-      }
-      const { bytesRead } = await file.read(buffer, held, buffer.length - held, null);
-      const filled = held + bytesRead;
-      const cut = bytesRead === 0 ? filled : buffer.lastIndexOf(10, filled - 1) + 1;
-      if (cut > 0) yield buffer.subarray(0, cut);
-      if (bytesRead === 0) return;
-      buffer.copyWithin(0, cut, filled);
-      held = filled - cut;
-    }
-  } finally {
-    await file.close();
   }
 }
 

@@ -107,6 +107,22 @@ export function forEachLine(block: Buffer, line: (start: number, end: number) =>
   return n;
 }
 
+/** The end (just past its closing quote) of the JSON string whose opening quote is at `at` of `bytes`, or -1: escapes skipped, nothing else checked. */
+export function jsonStringEnd(bytes: Uint8Array, at: number, end = bytes.length): number {
+  for (let i = at + 1; i < end; i++) {
+    if (bytes[i] === 0x5c) i++; // a backslash: the next byte is escaped
+    else if (bytes[i] === 0x22) return i + 1;
+  }
+  return -1;
+}
+
+/** Whether `bytes` holds `literal` at `at`. */
+export function holdsAt(bytes: Uint8Array, at: number, literal: Uint8Array): boolean {
+  if (at < 0 || at + literal.length > bytes.length) return false;
+  for (let i = 0; i < literal.length; i++) if (bytes[at + i] !== literal[i]) return false;
+  return true;
+}
+
 /** Whether a block starts with a UTF-8 byte order mark. */
 const hasBom = (bytes: Uint8Array) => bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf;
 

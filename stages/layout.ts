@@ -4,7 +4,7 @@ import { open, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { unitHash } from '../pipeline/hash.ts';
 import { readJsonl, type LineBuffer } from '../pipeline/jsonl.ts';
-import { forEachLine } from '../pipeline/records.ts';
+import { forEachLine, holdsAt, jsonStringEnd } from '../pipeline/records.ts';
 import { readJsonFile } from '../pipeline/workspace.ts';
 import { sameMessage, type Message, type Role, type Split, type SplitSession } from '../core/records.ts';
 
@@ -37,16 +37,6 @@ export function readIngestIndex(dir: string): Promise<IngestIndex | null> {
   return readJsonFile<IngestIndex>(join(dir, 'index.json'));
 }
 
-/** The index of the closing quote of the JSON string whose opening quote is at `at` in `bytes`, or -1. */
-function stringEnd(bytes: Uint8Array, at: number, end = bytes.length): number {
-  for (let i = at + 1; i < end; i++) {
-    const c = bytes[i];
-    if (c === 92) i++; // a backslash: the next byte is escaped
-    else if (c === 34) return i;
-  }
-  return -1;
-}
-
 /** A JSON string literal (quotes included) of `bytes`, decoded. */
 function decodeString(bytes: Uint8Array, from: number, to: number): string {
   if (bytes.subarray(from, to).includes(92)) return JSON.parse(Buffer.from(bytes.buffer, bytes.byteOffset + from, to - from).toString('utf8')) as string;
@@ -57,27 +47,20 @@ const HEAD = Buffer.from('{"session_id":"');
 const TASK = Buffer.from(',"task_id":');
 const NULL = Buffer.from('null,');
 
-/** Whether `bytes` holds `expected` at `at`. */
-function holds(bytes: Uint8Array, at: number, expected: Uint8Array): boolean {
-  if (at + expected.length > bytes.length) return false;
-  for (let i = 0; i < expected.length; i++) if (bytes[at + i] !== expected[i]) return false;
-  return true;
-}
-
 /**
  * The task_id of a session's line as ingest writes it (JSON.stringify of a Session: session_id first, then
  * task_id), read from the line's first bytes (`start` to `end` of `bytes`) without parsing the rest;
  * undefined for a line that does not start so.
  */
 export function leadingTaskId(bytes: Uint8Array, start = 0, end = bytes.length): string | null | undefined {
-  if (!holds(bytes, start, HEAD)) return undefined;
-  const idEnd = stringEnd(bytes, start + HEAD.length - 1, end);
-  if (idEnd < 0 || !holds(bytes, idEnd + 1, TASK)) return undefined;
-  const at = idEnd + 1 + TASK.length;
-  if (holds(bytes, at, NULL)) return null;
+  if (!holdsAt(bytes, start, HEAD)) return undefined;
+  const idEnd = jsonStringEnd(bytes, start + HEAD.length - 1, end);
+  if (idEnd < 0 || !holdsAt(bytes, idEnd, TASK)) return undefined;
+  const at = idEnd + TASK.length;
+  if (holdsAt(bytes, at, NULL)) return null;
   if (bytes[at] !== 34) return undefined;
-  const close = stringEnd(bytes, at, end);
-  return close < 0 ? undefined : decodeString(bytes, at, close + 1);
+  const close = jsonStringEnd(bytes, at, end);
+  return close < 0 ? undefined : decodeString(bytes, at, close);
 }
 
 /** The segment files of an ingest folder, in ingestion order. */
@@ -229,11 +212,6 @@ export class StoredSession {
     return JSON.parse(this.metadataJson.toString('utf8')) as string;
   }
 
-  /** Whether the metadata's JSON holds `ascii`: a key it cannot hold needs no parsing to be looked for. */
-  metadataHolds(ascii: string): boolean {
-    return this.metadataJson.includes(ascii);
-  }
-
   /** Appends the metadata, as JSON, to `out`. */
   writeMetadata(out: LineBuffer): void {
     out.writeBytes(this.metadataJson);
@@ -263,7 +241,7 @@ export function readStoredSession(line: Buffer): StoredSession {
   const roles: Role[] = [];
   for (let at = open + MESSAGES.length; open >= 0 && at >= 0 && at < close; at = line.indexOf(MESSAGE, at + 1)) {
     const role = ROLE_BY_FIRST_BYTE[line[at + MESSAGE.length]!];
-    if (!holds(line, at, MESSAGE) || !role || line[at + MESSAGE.length + role.length] !== 34 || (starts.length > 0 && line[at - 1] !== 44)) break;
+    if (!holdsAt(line, at, MESSAGE) || !role || line[at + MESSAGE.length + role.length] !== 34 || (starts.length > 0 && line[at - 1] !== 44)) break;
     starts.push(at);
     roles.push(role);
   }

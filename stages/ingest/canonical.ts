@@ -7,7 +7,7 @@
 // not UTF-8) is read the ordinary way; either way the session's line is the same, byte for byte.
 import { isUtf8 } from 'node:buffer';
 import { ROLES, type Session } from '../../core/records.ts';
-import { getPath } from '../../pipeline/records.ts';
+import { getPath, holdsAt, jsonStringEnd } from '../../pipeline/records.ts';
 import { sessionAround, type MappingOptions } from './mapping.ts';
 
 const [QUOTE, BACKSLASH, COMMA, COLON, OPEN_BRACE, CLOSE_BRACE, OPEN_BRACKET, CLOSE_BRACKET] = [0x22, 0x5c, 0x2c, 0x3a, 0x7b, 0x7d, 0x5b, 0x5d];
@@ -87,30 +87,14 @@ function withoutSpaces(bytes: Buffer, from: number, to: number): Buffer {
   return out.subarray(0, n);
 }
 
-/** `at` past `literal` when `bytes` holds it there, else -1. */
-function past(bytes: Uint8Array, at: number, literal: Uint8Array): number {
-  if (at < 0 || at + literal.length > bytes.length) return -1;
-  for (let i = 0; i < literal.length; i++) if (bytes[at + i] !== literal[i]) return -1;
-  return at + literal.length;
-}
-
 function skipSpace(b: Uint8Array, at: number, end: number): number {
   while (at < end && isSpace(b[at])) at++;
   return at;
 }
 
-/** The end of the JSON string at `at` (past its closing quote), escapes skipped, or -1; nothing checked. */
-function stringEnd(b: Uint8Array, at: number, end: number): number {
-  for (let i = at + 1; i < end; i++) {
-    if (b[i] === BACKSLASH) i++;
-    else if (b[i] === QUOTE) return i + 1;
-  }
-  return -1;
-}
-
 /** The end of the JSON value at `at`, found by its brackets and quotes, or -1; JSON.parse checks it later. */
 function valueEnd(b: Uint8Array, at: number, end: number): number {
-  if (b[at] === QUOTE) return stringEnd(b, at, end);
+  if (b[at] === QUOTE) return jsonStringEnd(b, at, end);
   if (b[at] !== OPEN_BRACE && b[at] !== OPEN_BRACKET) {
     let i = at;
     while (i < end && b[i] !== COMMA && b[i] !== CLOSE_BRACE && b[i] !== CLOSE_BRACKET && !isSpace(b[i])) i++;
@@ -120,7 +104,7 @@ function valueEnd(b: Uint8Array, at: number, end: number): number {
   for (let i = at; i < end; i++) {
     const c = b[i];
     if (c === QUOTE) {
-      i = stringEnd(b, i, end) - 1;
+      i = jsonStringEnd(b, i, end) - 1;
       if (i < 0) return -1;
     } else if (c === OPEN_BRACE || c === OPEN_BRACKET) depth++;
     else if ((c === CLOSE_BRACE || c === CLOSE_BRACKET) && --depth === 0) return i + 1;
@@ -139,10 +123,10 @@ function messagesSpan(b: Buffer, start: number, end: number, key: Uint8Array): {
   i = skipSpace(b, i + 1, end);
   let span: { from: number; to: number; spaced: boolean } | null = null;
   for (;;) {
-    const keyEnd = stringEnd(b, i, end);
+    const keyEnd = jsonStringEnd(b, i, end);
     // A key with an escape might spell `key` another way: the ordinary reading decides.
     if (b[i] !== QUOTE || keyEnd < 0 || b.subarray(i, keyEnd).includes(BACKSLASH)) return null;
-    const isKey = past(b, i, key) === keyEnd;
+    const isKey = holdsAt(b, i, key) && i + key.length === keyEnd;
     i = skipSpace(b, keyEnd, end);
     if (b[i] !== COLON) return null;
     i = skipSpace(b, i + 1, end);

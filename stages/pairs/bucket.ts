@@ -29,11 +29,9 @@ export interface PairingConfig {
 
 export function bucketOptions(cfg: PairingConfig, rewriter: Rewriter | null): BucketOptions {
   const mustDecline = mustDeclineTest(cfg.must_decline);
-  // The test reads the user's turns only when there are patterns to match them against, and the metadata
-  // only when it can name must_decline (spelt out, or with \u escapes).
+  // The test reads the user's turns only when there are patterns to match them against.
   const users = (s: StoredSession) => (cfg.must_decline.length ? s.messages.indicesOf('user').map((i) => s.messages.at(i)) : []);
-  const metadata = (s: StoredSession) => (s.metadataHolds('must_decline') || s.metadataHolds('\\u') ? s.metadata : '{}');
-  return { outcome: cfg.outcome, hardNegatives: cfg.hard_negatives, rewriter, mustDecline: (s: StoredSession) => mustDecline({ metadata: metadata(s), prompt: users(s) }) };
+  return { outcome: cfg.outcome, hardNegatives: cfg.hard_negatives, rewriter, mustDecline: (s: StoredSession) => mustDecline({ metadata: s.metadata, prompt: users(s) }) };
 }
 
 /** Every count the stage reports, at zero. */

@@ -4,9 +4,10 @@
 import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { unitHash } from '../../pipeline/hash.ts';
-import { BufferShelf, JsonlWriter, LineBuffer, readOwnLineBlocks } from '../../pipeline/jsonl.ts';
+import { BufferShelf, JsonlWriter, LineBuffer } from '../../pipeline/jsonl.ts';
+import { PipelineError } from '../../pipeline/errors.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
-import { forEachLine } from '../../pipeline/records.ts';
+import { forEachLine, readLineBlocks } from '../../pipeline/records.ts';
 import type { Session, Split, SplitSession } from '../../core/records.ts';
 import { joinFolders, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
 import { SPLITS, bucketFile, bucketOf, leadingTaskId, readIngestIndex, sessionSegments, type SplitInfo } from '../layout.ts';
@@ -21,12 +22,19 @@ const MAX_BUCKETS = 1024;
 /** What split's bucket files may hold on their way to disk, together (gathered, then in the writers' streams). */
 const WRITE_BUFFERS = 64 << 20;
 
-/** Each line of a segment, as bytes: `start` to `end` of `bytes` (valid until the next block), without its newline. */
+/**
+ * Each line of a segment, as bytes: `start` to `end` of `bytes`, without its newline. A block is valid until
+ * the next is asked for: it is read into again.
+ */
 async function* segmentLines(path: string): AsyncGenerator<{ bytes: Buffer; lines: [number, number][] }> {
-  for await (const bytes of readOwnLineBlocks(path)) {
+  const shelf = new BufferShelf(1);
+  for await (const block of readLineBlocks(path, 1 << 20, shelf)) {
+    if ('damaged' in block) throw new PipelineError(`${path}: ${block.damaged}`);
+    const bytes = Buffer.from(block.bytes.buffer, block.bytes.byteOffset, block.bytes.byteLength);
     const lines: [number, number][] = [];
     forEachLine(bytes, (start, end) => end > start && lines.push([start, end]));
     yield { bytes, lines };
+    shelf.put(block.bytes.buffer as ArrayBuffer);
   }
 }
 

@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { describe, expect, it } from 'vitest';
 import { outputHash } from '../../pipeline/hash.ts';
-import { BufferShelf, JsonlWriter, readLines, readOwnLineBlocks } from '../../pipeline/jsonl.ts';
+import { BufferShelf, JsonlWriter, readLines } from '../../pipeline/jsonl.ts';
 import { forEachLine, readLineBlocks } from '../../pipeline/records.ts';
 import { seeded } from '../../core/random.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
@@ -105,8 +105,8 @@ describe('readLineBlocks', () => {
   });
 });
 
-describe('readOwnLineBlocks', () => {
-  it('gives a file of its own lines back whole, however long the lines are against the buffer', async () => {
+describe('readLineBlocks, its blocks given back to be read into again', () => {
+  it('gives every line of a file back whole, however long the lines are against the blocks', async () => {
     const dir = tempDir();
     const random = seeded('own lines');
     for (const [file, size] of [[0, 8], [1, 64], [2, 1 << 20]] as const) {
@@ -114,15 +114,19 @@ describe('readOwnLineBlocks', () => {
       const path = join(dir, `f${file}.jsonl`);
       // The last line of one file has no newline.
       writeFileSync(path, lines.join('\n') + (file === 1 ? '' : '\n'));
+      const shelf = new BufferShelf();
       const read: string[] = [];
-      for await (const block of readOwnLineBlocks(path, size)) {
-        forEachLine(block, (start, end) => read.push(block.toString('utf8', start, end)));
+      for await (const block of readLineBlocks(path, size, shelf)) {
+        if ('damaged' in block) throw new Error(block.damaged);
+        const bytes = Buffer.from(block.bytes.buffer, block.bytes.byteOffset, block.bytes.byteLength);
+        forEachLine(bytes, (start, end) => read.push(bytes.toString('utf8', start, end)));
+        shelf.put(block.bytes.buffer as ArrayBuffer);
       }
-      expect(read, `buffer of ${size} bytes`).toEqual(lines);
+      expect(read, `blocks of ${size} bytes`).toEqual(lines);
     }
     const empty = join(dir, 'empty.jsonl');
     writeFileSync(empty, '');
-    for await (const _ of readOwnLineBlocks(empty)) throw new Error('an empty file has no block');
+    for await (const _ of readLineBlocks(empty)) throw new Error('an empty file has no block');
   });
 });
 

@@ -2,7 +2,8 @@ import { describe, expect, it } from 'vitest';
 import { STAGES } from '../../stages/index.ts';
 import { buildOutcomePairs as buildStored, type OutcomeOptions } from '../../stages/pairs/outcome.ts';
 import { plainPair, stored } from '../fixtures/pipeline.ts';
-import type { Message, SplitSession } from '../../core/records.ts';
+import { pairId, type Message, type SplitSession } from '../../core/records.ts';
+import { hashJson } from '../../pipeline/hash.ts';
 
 const SYSTEM: Message = { role: 'system', content: 'You phone companies.' };
 
@@ -94,6 +95,12 @@ describe('outcome pairs', () => {
     noAnswer.messages = noAnswer.messages.slice(0, 2);
     const r2 = buildOutcomePairs([trial('s', 1, 'q', 'a'), noAnswer], options);
     expect(r2.dropped[0]!.reason).toBe('rejected has no assistant turn after the shared prompt');
+  });
+
+  it('names a pair by hashJson of its source, sides and extra, whatever text they hold', () => {
+    for (const [source, chosen, rejected, extra] of [['outcome', 's1', 'f1', ''], ['hard_negative', 'ünï "q" \\ ✓', 'x~refusal', 'refusal:llm'], ['best_of_n', '\u2028', '{"a":1}', '\u0001']]) {
+      expect(pairId(source!, chosen!, rejected!, extra)).toBe(hashJson({ source, chosen, rejected, extra }).slice(0, 32));
+    }
   });
 
   it('gives the same pair the same id every time', () => {
