@@ -79,7 +79,7 @@ export class JsonlWriter {
 
   private async put(data: Uint8Array | string, written?: () => void): Promise<void> {
     this.hash?.update(data);
-    if (!this.stream.write(data, written && (() => written()))) await once(this.stream, 'drain');
+    if (!this.stream.write(data, written)) await once(this.stream, 'drain');
   }
 
   /**

@@ -23,16 +23,16 @@ const MAX_BUCKETS = 1024;
 const WRITE_BUFFERS = 64 << 20;
 
 /**
- * Each line of a segment, as bytes: `start` to `end` of `bytes`, without its newline. A block is valid until
- * the next is asked for: it is read into again.
+ * The lines of a segment, block by block: each line's start and end in `bytes` (without its newline), two
+ * numbers a line in `lines`. A block is valid until the next is asked for: it is read into again.
  */
-async function* segmentLines(path: string): AsyncGenerator<{ bytes: Buffer; lines: [number, number][] }> {
+async function* segmentLines(path: string): AsyncGenerator<{ bytes: Buffer; lines: number[] }> {
   const shelf = new BufferShelf(1);
   for await (const block of readLineBlocks(path, 1 << 20, shelf)) {
     if ('damaged' in block) throw new PipelineError(`${path}: ${block.damaged}`);
     const bytes = Buffer.from(block.bytes.buffer, block.bytes.byteOffset, block.bytes.byteLength);
-    const lines: [number, number][] = [];
-    forEachLine(bytes, (start, end) => end > start && lines.push([start, end]));
+    const lines: number[] = [];
+    forEachLine(bytes, (start, end) => end > start && lines.push(start, end));
     yield { bytes, lines };
     shelf.put(block.bytes.buffer as ArrayBuffer);
   }
@@ -59,7 +59,9 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
     const known = new Set<string>();
     for (const segment of segments) {
       for await (const { bytes, lines } of segmentLines(segment)) {
-        for (const [start, end] of lines) {
+        for (let k = 0; k < lines.length; k += 2) {
+          const start = lines[k]!;
+          const end = lines[k + 1]!;
           const task = leadingTaskId(bytes, start, end);
           if (task === null || (task !== undefined && known.has(task))) continue;
           const s = JSON.parse(bytes.toString('utf8', start, end)) as Session;
@@ -93,8 +95,10 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   for (const segment of segments) {
     for await (const { bytes, lines } of segmentLines(segment)) {
       await safePoint(signal, () => 'split: stopped before it had put every session in its bucket; the next run does it again');
-      progress.tick(lines.length);
-      for (const [start, end] of lines) {
+      progress.tick(lines.length / 2);
+      for (let k = 0; k < lines.length; k += 2) {
+        const start = lines[k]!;
+        const end = lines[k + 1]!;
         let s: Session | null = null;
         let taskMatch: SplitSession['task_match'] = null;
         let taskId = leadingTaskId(bytes, start, end);
