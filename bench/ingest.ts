@@ -9,6 +9,7 @@
 //   npm run bench:ingest                         # sizes 10000,100000
 //   npm run bench:ingest -- --sizes 100000,1000000
 //   npm run bench:ingest -- --input sessions.jsonl   # your own sessions (e.g. `prefab simulate`'s), one size
+//   npm run bench:ingest -- --rounds 5           # medians of 5 paired rounds (default 3)
 //
 // Both are measured as child processes. Peak RSS comes from GNU `/usr/bin/time -f %M` (max RSS of the child,
 // in KiB), which is present on the machine this was written on; where it is missing, the script falls back
@@ -113,8 +114,14 @@ interface Row {
   idSetBytes: number;
 }
 
-/** Measures on `given` (a JSONL file of n sessions), or on n synthetic sessions written for the run. */
-async function benchOne(n: number, given?: string): Promise<Row> {
+/** The median seconds and the median peak RSS of `runs` (each on its own: they may come from different runs). */
+function median(runs: Measurement[]): Measurement {
+  const mid = <T>(values: T[], key: (v: T) => number) => [...values].sort((a, b) => key(a) - key(b))[(values.length - 1) >> 1]!;
+  return { seconds: mid(runs, (m) => m.seconds).seconds, peakRssBytes: mid(runs, (m) => m.peakRssBytes).peakRssBytes, stdout: runs[0]!.stdout };
+}
+
+/** Measures on `given` (a JSONL file of n sessions), or on n synthetic sessions written for the run, in `rounds` paired rounds. */
+async function benchOne(n: number, rounds: number, given?: string): Promise<Row> {
   const dir = await mkdtemp(join(tmpdir(), `prefab-bench-${n}-`));
   try {
     const input = join(dir, 'sessions.jsonl');
@@ -127,51 +134,64 @@ async function benchOne(n: number, given?: string): Promise<Row> {
     const configPath = join(dir, 'config.yaml');
     await writeFile(configPath, config.toString());
 
-    const floor = await measure(process.execPath, ['-e', PARSE_FLOOR, input], join(dir, 'floor.rss'));
-    if (Number(floor.stdout) !== n) throw new Error(`the parse floor read ${floor.stdout} lines, expected ${n}`);
     const script = join(process.cwd(), 'node_modules', '.cache', 'prefab-bench-duckdb.mjs');
     await writeFile(script, DUCKDB);
-    const duckdb = await measure(process.execPath, [script, input, join(dir, 'duckdb.jsonl')], join(dir, 'duckdb.rss'));
-    if (Number(duckdb.stdout) !== n) throw new Error(`DuckDB wrote ${duckdb.stdout} rows, expected ${n}`);
-    await rm(join(dir, 'duckdb.jsonl'), { force: true });
-
-    const run = (until: string, ...options: string[]) => measure(process.execPath, ['bin/prefab.js', '--workdir', join(dir, `workspace-${until}${options.join('')}`), '--config', configPath, '--log-format', 'json', '-q', ...options, 'run', '--until', until], join(dir, `${until}.rss`));
-    const ingest = await run('ingest');
-    const ingestOneThread = await run('ingest', '--workers', '1');
-    const pairs = await run('pairs');
-    const manifest = (stage: string) => readFile(join(dir, 'workspace-pairs', stage, 'manifest.json'), 'utf8').then((t) => JSON.parse(t) as { counts: Record<string, unknown>; seconds: number });
+    const run = (until: string, round: number, ...options: string[]) => measure(process.execPath, ['bin/prefab.js', '--workdir', join(dir, `workspace-${until}${options.join('')}-${round}`), '--config', configPath, '--log-format', 'json', '-q', ...options, 'run', '--until', until], join(dir, `${until}.rss`));
+    // Paired rounds: each round measures every contender once, in turn, so that the machine's slow moments fall
+    // on all of them alike; each figure is the median of its rounds.
+    const taken: Record<'floor' | 'duckdb' | 'ingest' | 'ingestOneThread' | 'pairs', Measurement[]> = { floor: [], duckdb: [], ingest: [], ingestOneThread: [], pairs: [] };
+    for (let round = 0; round < rounds; round++) {
+      const floor = await measure(process.execPath, ['-e', PARSE_FLOOR, input], join(dir, 'floor.rss'));
+      if (Number(floor.stdout) !== n) throw new Error(`the parse floor read ${floor.stdout} lines, expected ${n}`);
+      const duckdb = await measure(process.execPath, [script, input, join(dir, 'duckdb.jsonl')], join(dir, 'duckdb.rss'));
+      if (Number(duckdb.stdout) !== n) throw new Error(`DuckDB wrote ${duckdb.stdout} rows, expected ${n}`);
+      await rm(join(dir, 'duckdb.jsonl'), { force: true });
+      taken.floor.push(floor);
+      taken.duckdb.push(duckdb);
+      taken.ingest.push(await run('ingest', round));
+      taken.ingestOneThread.push(await run('ingest', round, '--workers', '1'));
+      taken.pairs.push(await run('pairs', round));
+      // The last round's pairs workspace is read below; the others go, so that the disk holds one at a time.
+      for (const name of [`workspace-ingest-${round}`, `workspace-ingest--workers1-${round}`, ...(round < rounds - 1 ? [`workspace-pairs-${round}`] : [])]) await rm(join(dir, name), { recursive: true, force: true });
+    }
+    const [floor, duckdb, ingest, ingestOneThread, pairs] = (['floor', 'duckdb', 'ingest', 'ingestOneThread', 'pairs'] as const).map((k) => median(taken[k]));
+    const workspace = join(dir, `workspace-pairs-${rounds - 1}`);
+    const manifest = (stage: string) => readFile(join(workspace, stage, 'manifest.json'), 'utf8').then((t) => JSON.parse(t) as { counts: Record<string, unknown>; seconds: number });
     const stages = { ingest: await manifest('ingest'), split: await manifest('split'), pairs: await manifest('pairs') };
     const counts = Object.fromEntries(Object.entries(stages).map(([name, m]) => [name, m.counts]));
     const stageSeconds = Object.fromEntries(Object.entries(stages).map(([name, m]) => [name, m.seconds]));
-    const idSetBytes = (await stat(join(dir, 'workspace-pairs', 'ingest', 'ids.bin'))).size;
+    const idSetBytes = (await stat(join(workspace, 'ingest', 'ids.bin'))).size;
     const read = Number(counts.ingest.sessions) + Number(counts.ingest.quarantined) + Number(counts.ingest.duplicates);
     if (read !== n) throw new Error(`ingest read ${read} records (sessions, quarantined and duplicates), expected ${n}`);
-    return { n, bytes, floor, duckdb, ingest, ingestOneThread, pairs, counts, stageSeconds, idSetBytes };
+    return { n, bytes, floor: floor!, duckdb: duckdb!, ingest: ingest!, ingestOneThread: ingestOneThread!, pairs: pairs!, counts, stageSeconds, idSetBytes };
   } finally {
     await rm(dir, { recursive: true, force: true });
   }
 }
 
-const { values } = parseArgs({ options: { sizes: { type: 'string', default: '10000,100000' }, input: { type: 'string' } } });
+const { values } = parseArgs({ options: { sizes: { type: 'string', default: '10000,100000' }, input: { type: 'string' }, rounds: { type: 'string', default: '3' } } });
+const rounds = Number(values.rounds);
+if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`--rounds wants a positive integer, got ${values.rounds}`);
 const rows: Row[] = [];
 if (values.input) {
   let n = 0;
   for await (const line of createInterface({ input: createReadStream(values.input), crlfDelay: Infinity })) if (line.trim() !== '') n++;
   process.stderr.write(`running on ${values.input} (${n} sessions)...\n`);
-  rows.push(await benchOne(n, values.input));
+  rows.push(await benchOne(n, rounds, values.input));
 } else {
   const sizes = values.sizes.split(',').map((s) => Number(s.trim()));
   if (sizes.some((n) => !Number.isInteger(n) || n <= 0)) throw new Error(`--sizes wants positive integers, got ${values.sizes}`);
   sizes.sort((a, b) => a - b);
   for (const n of sizes) {
     process.stderr.write(`running N=${n}...\n`);
-    rows.push(await benchOne(n));
+    rows.push(await benchOne(n, rounds));
   }
 }
 
 const rate = (r: Row, m: Measurement) => r.n / m.seconds;
 const mib = (m: Measurement) => (m.peakRssBytes / MiB).toFixed(0);
 for (const r of rows) console.log(`N=${r.n}: ${(r.bytes / 1e6).toFixed(0)} MB of JSONL (${(r.bytes / r.n / 1024).toFixed(1)} KiB a session)`);
+console.log(`Each figure is the median of ${rounds} paired round(s) (every contender once a round, in turn).`);
 console.log('| sessions | what | seconds | sessions/s | peak RSS MiB |\n|---|---|---|---|---|');
 for (const r of rows) {
   for (const [what, m] of [['parse floor (readline + JSON.parse)', r.floor], ['DuckDB round trip (2 threads)', r.duckdb], ['prefab ingest', r.ingest], ['prefab ingest, one thread (--workers 1)', r.ingestOneThread], ['prefab ingest → split → pairs', r.pairs]] as const) {

@@ -1,6 +1,6 @@
 // The one hash function of prefab: SHA-256, over bytes, files, or canonical JSON.
 import { createHash, hash } from 'node:crypto';
-import { createReadStream } from 'node:fs';
+import { open } from 'node:fs/promises';
 import { resolve } from 'node:path';
 
 /** SHA-256 in hex; one call (no Hash object), as pairs and ids are hashed by the hundred thousand. */
@@ -47,10 +47,21 @@ export async function outputHash(path: string, now: { size: number; mtimeMs: num
   return known && known.bytes === now.size && known.mtimeMs === now.mtimeMs ? known.sha256 : hashFile(path);
 }
 
+/** The buffer files are hashed through: one for the process, as a new MiB for every read is memory malloc keeps. */
+let hashBuffer: Buffer | null = null;
+
 export async function hashFile(path: string): Promise<string> {
   const hash = createHash('sha256');
-  // 1 MiB reads: half the time of the stream's default 64 KiB on a file of hundreds of MB.
-  for await (const chunk of createReadStream(path, { highWaterMark: 1 << 20 })) hash.update(chunk as Buffer);
+  // 1 MiB reads: half the time of 64 KiB ones on a file of hundreds of MB.
+  const buffer = (hashBuffer ??= Buffer.allocUnsafeSlow(1 << 20));
+  hashBuffer = null; // taken while this file is read (two files may be hashed at once)
+  const file = await open(path, 'r');
+  try {
+    for (let read; (read = (await file.read(buffer, 0, buffer.length, null)).bytesRead) > 0; ) hash.update(buffer.subarray(0, read));
+  } finally {
+    await file.close();
+    hashBuffer = buffer;
+  }
   return hash.digest('hex');
 }
 

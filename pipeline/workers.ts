@@ -28,8 +28,9 @@ type Message<In> = { id: number; batch: In } | { spare: ArrayBuffer[] };
 /**
  * A worker thread's spare buffers, which the main thread gives back once it has written what they held
  * (WorkerPool.giveBack): a thread that makes lines takes its buffers from here. Empty on the main thread.
+ * Four: a thread has three batches in flight (inOrder's `perThread`) and makes a fourth.
  */
-export const threadShelf = new BufferShelf(2);
+export const threadShelf = new BufferShelf(4);
 
 /** Threads running one worker module; `run` sends a batch to the next in turn. */
 export class WorkerPool<In, Out> {

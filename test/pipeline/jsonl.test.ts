@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { describe, expect, it } from 'vitest';
 import { outputHash } from '../../pipeline/hash.ts';
-import { BufferShelf, JsonlWriter, readLines } from '../../pipeline/jsonl.ts';
+import { BufferShelf, JsonlWriter, readLines, sizeClass } from '../../pipeline/jsonl.ts';
 import { forEachLine, readLineBlocks } from '../../pipeline/records.ts';
 import { seeded } from '../../core/random.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
@@ -133,16 +133,31 @@ describe('readLineBlocks, its blocks given back to be read into again', () => {
 describe('BufferShelf', () => {
   it('gives the smallest spare large enough and not four times too large, keeps only so many, and makes the rest anew', () => {
     const shelf = new BufferShelf(2);
-    const [small, mid, large] = [new ArrayBuffer(100_000), new ArrayBuffer(300_000), new ArrayBuffer(5_000_000)];
+    const [tiny, small, mid, large] = [new ArrayBuffer(50_000), new ArrayBuffer(100_000), new ArrayBuffer(300_000), new ArrayBuffer(5_000_000)];
     shelf.put(large);
     shelf.put(small);
-    shelf.put(mid); // no room: two at most
+    shelf.put(tiny); // no room: two at most, and it is the smallest
     expect(shelf.take(90_000).buffer).toBe(small);
-    // The large one is too large for a request of 200 KB; a new buffer is made, of the size asked for.
+    shelf.put(tiny);
+    shelf.put(mid); // a full shelf keeps the larger buffer in place of the smallest
+    expect(shelf.take(90_000).buffer).toBe(mid);
+    shelf.put(small);
+    // The large one is too large for a request of 200 KB; a new buffer is made, of the size asked for rounded up to its class.
     const made = shelf.take(200_000);
     expect(made.buffer).not.toBe(large);
-    expect(made.byteLength).toBe(200_000);
+    expect(made.byteLength).toBe(sizeClass(200_000));
     expect(shelf.take(2_000_000).buffer).toBe(large);
+  });
+
+  it('rounds new buffers up to a size class, so that a slightly larger request finds the last one', () => {
+    for (const bytes of [1, 4096, 4097, 65_536, 1_000_000, 1 << 20, (1 << 20) + 1, 123_456_789]) {
+      expect(sizeClass(bytes)).toBeGreaterThanOrEqual(bytes);
+      expect(sizeClass(bytes)).toBeLessThanOrEqual(Math.max(4096, 1.25 * bytes));
+    }
+    const shelf = new BufferShelf(1);
+    const first = shelf.take((1 << 20) + 100);
+    shelf.put(first.buffer as ArrayBuffer);
+    expect(shelf.take((1 << 20) + 2000).buffer).toBe(first.buffer);
   });
 
   it('serves readLineBlocks its blocks again without changing a line read', async () => {
@@ -153,14 +168,18 @@ describe('BufferShelf', () => {
     const shelf = new BufferShelf();
     const read: string[] = [];
     let blocks = 0;
+    const buffers = new Set<ArrayBufferLike>();
     for await (const block of readLineBlocks(path, 4096, shelf)) {
       if ('damaged' in block) throw new Error(block.damaged);
       const bytes = Buffer.from(block.bytes.buffer, block.bytes.byteOffset, block.bytes.byteLength);
       forEachLine(bytes, (start, end) => read.push(bytes.toString('utf8', start, end)));
+      buffers.add(block.bytes.buffer);
       shelf.put(block.bytes.buffer as ArrayBuffer); // done with it: the reader fills it again
       blocks++;
     }
     expect(blocks).toBeGreaterThan(100);
     expect(read).toEqual(lines);
+    // Every block but the first fits in the one before it (a line carried over asks a few bytes more).
+    expect(buffers.size).toBeLessThanOrEqual(2);
   });
 });

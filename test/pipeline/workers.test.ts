@@ -14,8 +14,8 @@ describe('a pool of worker threads', () => {
       }
       await inOrder(each(), pool, async (out) => {
         results.push(out);
-        // A larger buffer than the batch asks for: the thread takes it from its shelf for the next batch.
-        pool.giveBack([new ArrayBuffer(4096)]);
+        // A larger buffer than the batch asks for (8 KiB; a new one is 4): the thread takes it from its shelf for the next batch.
+        pool.giveBack([new ArrayBuffer(8192)]);
       }, 6);
       expect(results.map((r) => r.started)).toEqual([0, 2, 4, 6, 8, 10]);
       expect(results.map((r) => r.ended)).toEqual([1, 3, 5, 7, 9, 11]);
