@@ -107,7 +107,8 @@ export class JsonlWriter {
 export class BufferShelf {
   private readonly spare: ArrayBuffer[] = [];
 
-  constructor(private readonly most = 8) {}
+  /** `most`: spares kept at once (a module may change it for its thread's shelf). */
+  constructor(public most = 8) {}
 
   /**
    * A buffer of at least `bytes`: the smallest spare one large enough and not four times larger (a small
