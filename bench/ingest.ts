@@ -108,7 +108,7 @@ interface Row {
   ingestOneThread: Measurement;
   pairs: Measurement;
   counts: Record<string, unknown>;
-  /** Seconds each data stage took in the ingest → pairs run, as its manifest records them. */
+  /** Seconds each data stage took in the ingest → pairs runs, as their manifests record them, and the rest of the run (`other`): medians. */
   stageSeconds: Record<string, number>;
   /** The seen-id set (ingest/ids.bin): the one thing that grows with the data, by design. */
   idSetBytes: number;
@@ -140,6 +140,10 @@ async function benchOne(n: number, rounds: number, given?: string): Promise<Row>
     // Paired rounds: each round measures every contender once, in turn, so that the machine's slow moments fall
     // on all of them alike; each figure is the median of its rounds.
     const taken: Record<'floor' | 'duckdb' | 'ingest' | 'ingestOneThread' | 'pairs', Measurement[]> = { floor: [], duckdb: [], ingest: [], ingestOneThread: [], pairs: [] };
+    type StageManifest = { counts: Record<string, unknown>; seconds: number };
+    const manifest = (workspace: string, stage: string) => readFile(join(workspace, stage, 'manifest.json'), 'utf8').then((t) => JSON.parse(t) as StageManifest);
+    let stages: Record<'ingest' | 'split' | 'pairs', StageManifest> | null = null;
+    const stageRounds: Record<string, number[]> = {};
     for (let round = 0; round < rounds; round++) {
       const floor = await measure(process.execPath, ['-e', PARSE_FLOOR, input], join(dir, 'floor.rss'));
       if (Number(floor.stdout) !== n) throw new Error(`the parse floor read ${floor.stdout} lines, expected ${n}`);
@@ -150,16 +154,20 @@ async function benchOne(n: number, rounds: number, given?: string): Promise<Row>
       taken.duckdb.push(duckdb);
       taken.ingest.push(await run('ingest', round));
       taken.ingestOneThread.push(await run('ingest', round, '--workers', '1'));
-      taken.pairs.push(await run('pairs', round));
-      // The last round's pairs workspace is read below; the others go, so that the disk holds one at a time.
+      const pairsRun = await run('pairs', round);
+      taken.pairs.push(pairsRun);
+      // Each stage's seconds as the run's manifests record them, and what the run spent outside them.
+      const workspace = join(dir, `workspace-pairs-${round}`);
+      stages = { ingest: await manifest(workspace, 'ingest'), split: await manifest(workspace, 'split'), pairs: await manifest(workspace, 'pairs') };
+      const inStages = Object.values(stages).reduce((sum, m) => sum + m.seconds, 0);
+      for (const [name, m] of Object.entries({ ...stages, other: { seconds: pairsRun.seconds - inStages } })) (stageRounds[name] ??= []).push(m.seconds);
+      // The last round's seen-id set is measured below; the workspaces go, so that the disk holds one at a time.
       for (const name of [`workspace-ingest-${round}`, `workspace-ingest--workers1-${round}`, ...(round < rounds - 1 ? [`workspace-pairs-${round}`] : [])]) await rm(join(dir, name), { recursive: true, force: true });
     }
     const [floor, duckdb, ingest, ingestOneThread, pairs] = (['floor', 'duckdb', 'ingest', 'ingestOneThread', 'pairs'] as const).map((k) => median(taken[k]));
     const workspace = join(dir, `workspace-pairs-${rounds - 1}`);
-    const manifest = (stage: string) => readFile(join(workspace, stage, 'manifest.json'), 'utf8').then((t) => JSON.parse(t) as { counts: Record<string, unknown>; seconds: number });
-    const stages = { ingest: await manifest('ingest'), split: await manifest('split'), pairs: await manifest('pairs') };
-    const counts = Object.fromEntries(Object.entries(stages).map(([name, m]) => [name, m.counts]));
-    const stageSeconds = Object.fromEntries(Object.entries(stages).map(([name, m]) => [name, m.seconds]));
+    const counts = Object.fromEntries(Object.entries(stages!).map(([name, m]) => [name, m.counts]));
+    const stageSeconds = Object.fromEntries(Object.entries(stageRounds).map(([name, seconds]) => [name, [...seconds].sort((a, b) => a - b)[(seconds.length - 1) >> 1]!]));
     const idSetBytes = (await stat(join(workspace, 'ingest', 'ids.bin'))).size;
     const read = Number(counts.ingest.sessions) + Number(counts.ingest.quarantined) + Number(counts.ingest.duplicates);
     if (read !== n) throw new Error(`ingest read ${read} records (sessions, quarantined and duplicates), expected ${n}`);
@@ -205,8 +213,8 @@ for (const r of rows) {
   console.log(`N=${r.n}: ingest ${a.toFixed(2)}× the parse floor (goal ≥ 0.5: ${a >= 0.5 ? 'met' : 'not met'}); ingest → pairs ${b.toFixed(2)}× DuckDB's round trip (goal ≥ 1.0: ${b >= 1 ? 'met' : 'not met'}), peak RSS ${mib(r.pairs)} against its ${mib(r.duckdb)} MiB (${r.pairs.peakRssBytes <= r.duckdb.peakRssBytes ? 'met' : 'not met'})`);
 }
 for (const r of rows) {
-  const inStages = Object.values(r.stageSeconds).reduce((a, b) => a + b, 0);
-  console.log(`N=${r.n}, ingest → pairs by stage: ${Object.entries(r.stageSeconds).map(([name, s]) => `${name} ${s.toFixed(2)} s`).join(', ')}; the other ${(r.pairs.seconds - inStages).toFixed(2)} s start the process and hash the input`);
+  const { other, ...stages } = r.stageSeconds;
+  console.log(`N=${r.n}, ingest → pairs by stage (medians): ${Object.entries(stages).map(([name, s]) => `${name} ${s.toFixed(2)} s`).join(', ')}; the other ${other!.toFixed(2)} s start the process and hash the input`);
 }
 const smallest = rows[0]!;
 const largest = rows[rows.length - 1]!;

@@ -20,7 +20,7 @@ import type { Config } from './index.ts';
 const MAX_BUCKETS = 1024;
 
 /** What split's bucket files may hold on their way to disk, together (gathered, then in the writers' streams). */
-const WRITE_BUFFERS = 16 << 20;
+const WRITE_BUFFERS = 64 << 20;
 
 /**
  * The lines of a segment, block by block: each line's start and end in `bytes` (without its newline), two
