@@ -177,9 +177,13 @@ export class LineBuffer {
     this.end();
   }
 
-  /** A line already made into bytes (without its newline), followed by `tail`. */
-  pushBytes(line: Uint8Array, tail?: Uint8Array): void {
-    this.writeBytes(line);
+  /**
+   * A line already made into bytes, `bytes` from `start` to `end` (without its newline), followed by `tail`:
+   * copied without a view of it made (one a line is garbage the young generation grows on, in a long stage).
+   */
+  pushBytes(bytes: Buffer, start: number, end: number, tail?: Uint8Array): void {
+    this.room(end - start);
+    this.length += bytes.copy(this.buffer, this.length, start, end);
     if (tail) this.writeBytes(tail);
     this.end();
   }

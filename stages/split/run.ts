@@ -38,6 +38,9 @@ async function* segmentLines(path: string): AsyncGenerator<{ bytes: Buffer; line
   }
 }
 
+/** A bucket file of split's, and the block of lines being gathered for it. */
+type BucketOut = { writer: JsonlWriter; lines: LineBuffer };
+
 /** What split appends to a session that had a task, in place of the line's closing brace. */
 const TAILS: Record<Split, Buffer> = { train: Buffer.from(',"split":"train","task_match":null}'), test: Buffer.from(',"split":"test","task_match":null}') };
 
@@ -79,11 +82,11 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   // Per file, a block being gathered and up to two in its writer's stream: gathering goes on while the disk
   // writes, and 2,048 files (1,024 buckets) hold no more than the few that most runs have.
   const gather = Math.min(1 << 20, Math.max(8 << 10, Math.floor(WRITE_BUFFERS / (3 * 2 * buckets))));
-  const files = new Map<string, { writer: JsonlWriter; lines: LineBuffer }>();
+  const files = new Map<string, BucketOut>();
   // A block written is gathered into again (a few spare blocks serve every file).
   const shelf = new BufferShelf(16);
   for (const side of SPLITS) for (let b = 0; b < buckets; b++) if (ownsBucket(shard, b)) files.set(`${side}/${b}`, { writer: new JsonlWriter(bucketFile(out, side, b), 'w', 2 * gather), lines: new LineBuffer(gather, shelf) });
-  const flush = async (file: { writer: JsonlWriter; lines: LineBuffer }) => {
+  const flush = async (file: BucketOut) => {
     const count = file.lines.count;
     const block = file.lines.take();
     await file.writer.writeBlock(block, count, () => shelf.put(block.buffer as ArrayBuffer));
@@ -91,7 +94,7 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   const counts = { train_sessions: 0, test_sessions: 0, matched_to_task: 0, new_groups: 0 };
   const progress = log.progress('split', total);
   // Sessions of one task usually come one after another: its bucket and side are worked out once.
-  let last = { task: null as string | null, bucket: 0, side: 'train' as Split };
+  let last: { task: string | null; side: Split; file: BucketOut | undefined } = { task: null, side: 'train', file: undefined };
   for (const segment of segments) {
     for await (const { bytes, lines } of segmentLines(segment)) {
       await safePoint(signal, () => 'split: stopped before it had put every session in its bucket; the next run does it again');
@@ -109,15 +112,20 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
           taskId = m.task_id;
           taskMatch = { score: m.score, kind: m.kind };
         }
-        if (last.task !== taskId) last = { task: taskId, bucket: bucketOf(taskId, buckets), side: unitHash(taskId, `split:${cfg.salt}`) < cfg.test_ratio ? 'test' : 'train' };
-        if (!ownsBucket(shard, last.bucket)) continue;
+        if (last.task !== taskId) {
+          const bucket = bucketOf(taskId, buckets);
+          const side = unitHash(taskId, `split:${cfg.salt}`) < cfg.test_ratio ? 'test' : 'train';
+          last = { task: taskId, side, file: files.get(`${side}/${bucket}`) };
+        }
+        // Not this shard's bucket: no file was opened for it.
+        const file = last.file;
+        if (!file) continue;
         if (taskMatch) counts[taskMatch.kind === 'matched_task' ? 'matched_to_task' : 'new_groups']++;
-        counts[`${last.side}_sessions`]++;
-        const file = files.get(`${last.side}/${last.bucket}`)!;
+        counts[last.side === 'train' ? 'train_sessions' : 'test_sessions']++;
         // A line that would not fit in the block being gathered starts the next one.
         if (file.lines.length > 0 && file.lines.length + (end - start) + TAILS[last.side].length > gather) await flush(file);
         // JSON.stringify of { ...s, split, task_match: null } when s is the line's session, as the line ends in '}'.
-        if (s === null) file.lines.pushBytes(bytes.subarray(start, end - 1), TAILS[last.side]);
+        if (s === null) file.lines.pushBytes(bytes, start, end - 1, TAILS[last.side]);
         else file.lines.push(JSON.stringify({ ...s, task_id: taskId, split: last.side, task_match: taskMatch } satisfies SplitSession));
       }
     }
