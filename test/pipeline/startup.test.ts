@@ -45,8 +45,10 @@ describe('startup', () => {
   it('loads TensorFlow.js and the model when a command needs the model', () => {
     for (const tsx of [false, true]) {
       const r = loads(['model', 'inspect', join(REPO, 'test', 'fixtures', 'hf-tiny', 'llama-tiny')], tsx);
-      expect(r.code).toBe(0);
-      expect(heavy(r.modules).some((m) => m.includes('@tensorflow/tfjs-core'))).toBe(true);
+      // What it said besides the modules it loaded: why, if it loaded too few.
+      const said = `tsx: ${tsx}, ${r.modules.length} modules; ${r.stderr.split('\n').filter((l) => !l.startsWith('loaded ')).join('\n')}`;
+      expect(r.code, said).toBe(0);
+      expect(heavy(r.modules).some((m) => m.includes('@tensorflow/tfjs-core')), said).toBe(true);
       if (tsx) expect(heavy(r.modules).some((m) => m.endsWith('/train/model.ts'))).toBe(true);
     }
   });
