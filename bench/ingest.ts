@@ -114,10 +114,12 @@ interface Row {
   idSetBytes: number;
 }
 
+/** The middle of `values` by `key` (of an even count, the lower of the two middle ones). */
+const middle = <T>(values: T[], key: (v: T) => number): T => [...values].sort((a, b) => key(a) - key(b))[(values.length - 1) >> 1]!;
+
 /** The median seconds and the median peak RSS of `runs` (each on its own: they may come from different runs). */
 function median(runs: Measurement[]): Measurement {
-  const mid = <T>(values: T[], key: (v: T) => number) => [...values].sort((a, b) => key(a) - key(b))[(values.length - 1) >> 1]!;
-  return { seconds: mid(runs, (m) => m.seconds).seconds, peakRssBytes: mid(runs, (m) => m.peakRssBytes).peakRssBytes, stdout: runs[0]!.stdout };
+  return { seconds: middle(runs, (m) => m.seconds).seconds, peakRssBytes: middle(runs, (m) => m.peakRssBytes).peakRssBytes, stdout: runs[0]!.stdout };
 }
 
 /** Measures on `given` (a JSONL file of n sessions), or on n synthetic sessions written for the run, in `rounds` paired rounds. */
@@ -167,7 +169,7 @@ async function benchOne(n: number, rounds: number, given?: string): Promise<Row>
     const [floor, duckdb, ingest, ingestOneThread, pairs] = (['floor', 'duckdb', 'ingest', 'ingestOneThread', 'pairs'] as const).map((k) => median(taken[k]));
     const workspace = join(dir, `workspace-pairs-${rounds - 1}`);
     const counts = Object.fromEntries(Object.entries(stages!).map(([name, m]) => [name, m.counts]));
-    const stageSeconds = Object.fromEntries(Object.entries(stageRounds).map(([name, seconds]) => [name, [...seconds].sort((a, b) => a - b)[(seconds.length - 1) >> 1]!]));
+    const stageSeconds = Object.fromEntries(Object.entries(stageRounds).map(([name, seconds]) => [name, middle(seconds, (s) => s)]));
     const idSetBytes = (await stat(join(workspace, 'ingest', 'ids.bin'))).size;
     const read = Number(counts.ingest.sessions) + Number(counts.ingest.quarantined) + Number(counts.ingest.duplicates);
     if (read !== n) throw new Error(`ingest read ${read} records (sessions, quarantined and duplicates), expected ${n}`);

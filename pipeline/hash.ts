@@ -53,9 +53,9 @@ let hashBuffer: Buffer | null = null;
 export async function hashFile(path: string): Promise<string> {
   const hash = createHash('sha256');
   // 1 MiB reads: half the time of 64 KiB ones on a file of hundreds of MB.
+  const file = await open(path, 'r');
   const buffer = (hashBuffer ??= Buffer.allocUnsafeSlow(1 << 20));
   hashBuffer = null; // taken while this file is read (two files may be hashed at once)
-  const file = await open(path, 'r');
   try {
     for (let read; (read = (await file.read(buffer, 0, buffer.length, null)).bytesRead) > 0; ) hash.update(buffer.subarray(0, read));
   } finally {

@@ -107,8 +107,14 @@ export class JsonlWriter {
 export class BufferShelf {
   private readonly spare: ArrayBuffer[] = [];
 
-  /** `most`: spares kept at once (a module may change it for its thread's shelf). */
-  constructor(public most = 8) {}
+  /** `most`: spares kept at once. */
+  constructor(private most = 8) {}
+
+  /** Keeps no more than `most` spares from now on (a worker module sets its thread's). */
+  keepAtMost(most: number): void {
+    this.most = most;
+    this.spare.sort((a, b) => b.byteLength - a.byteLength).splice(most);
+  }
 
   /**
    * A buffer of at least `bytes`: the smallest spare one large enough and not four times larger (a small
@@ -177,13 +183,9 @@ export class LineBuffer {
     this.end();
   }
 
-  /**
-   * A line already made into bytes, `bytes` from `start` to `end` (without its newline), followed by `tail`:
-   * copied without a view of it made (one a line is garbage the young generation grows on, in a long stage).
-   */
-  pushBytes(bytes: Buffer, start: number, end: number, tail?: Uint8Array): void {
-    this.room(end - start);
-    this.length += bytes.copy(this.buffer, this.length, start, end);
+  /** A line already made into bytes (without its newline), followed by `tail`. */
+  pushBytes(line: Uint8Array, tail?: Uint8Array): void {
+    this.writeBytes(line);
     if (tail) this.writeBytes(tail);
     this.end();
   }

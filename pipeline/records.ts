@@ -189,7 +189,8 @@ async function* readPlainLineBlocks(path: string, size: number, shelf = new Buff
     for (;;) {
       const block = shelf.take(carried.length + size);
       block.set(carried);
-      const { bytesRead } = await file.read(block, carried.length, block.length - carried.length, null);
+      // `size` bytes read, whatever room the block has past them (a shelf's buffer may be larger).
+      const { bytesRead } = await file.read(block, carried.length, size, null);
       const filled = carried.length + bytesRead;
       // A line longer than a block is carried on until its newline comes.
       const cut = bytesRead === 0 ? filled : block.lastIndexOf(10, filled - 1) + 1;

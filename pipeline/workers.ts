@@ -28,7 +28,7 @@ type Message<In> = { id: number; batch: In } | { spare: ArrayBuffer[] };
 /**
  * A worker thread's spare buffers, which the main thread gives back once it has written what they held
  * (WorkerPool.giveBack): a thread that makes lines takes its buffers from here. Empty on the main thread.
- * Four: a thread has three batches in flight (inOrder's `perThread`) and makes a fourth.
+ * How many it keeps, its worker module tells `serveBatches`.
  */
 export const threadShelf = new BufferShelf(4);
 
@@ -101,10 +101,12 @@ export class WorkerPool<In, Out> {
  * In a worker module: answers each batch with `make(init)`'s result, moving the buffers `transfer` names
  * rather than copying them. Batches are worked one at a time, in the order they came, even where the work
  * waits (for a file): a batch may use what the one before it left. Spare buffers the main thread gives back
- * go to `threadShelf`. Does nothing on the main thread.
+ * go to `threadShelf`, which keeps `spares` of them (four: a thread has three batches in flight, inOrder's
+ * `perThread`, and makes a fourth). Does nothing on the main thread.
  */
-export function serveBatches<In, Out>(make: (init: never) => (batch: In) => Out | Promise<Out>, transfer: (out: Out) => ArrayBuffer[] = () => []): void {
+export function serveBatches<In, Out>(make: (init: never) => (batch: In) => Out | Promise<Out>, transfer: (out: Out) => ArrayBuffer[] = () => [], spares = 4): void {
   if (!parentPort) return;
+  threadShelf.keepAtMost(spares);
   const port = parentPort;
   const handle = make((workerData as { init: never }).init);
   let last = Promise.resolve();

@@ -7,10 +7,6 @@ import { BucketPairer, bucketOptions, type BucketJob, type PairedBucket, type Pa
 // Only the rewriter logs from inside a bucket, and it never runs on a worker thread.
 const silent = new Logger('json', new Writable({ write: (_chunk, _encoding, done) => done() }), {}, true);
 
-// A thread has one bucket in flight besides the one it pairs: the two buffers of one bucket (its pairs and
-// dropped lines) are all it needs back, and a spare of a bucket's pairs is tens of MB.
-threadShelf.most = 2;
-
 serveBatches(
   (cfg: PairingConfig) => {
     // A thread pairs one bucket at a time (serveBatches), so one pairer, with its buffers, serves them all.
@@ -18,4 +14,7 @@ serveBatches(
     return (job: BucketJob): Promise<PairedBucket> => pairer.pair(job);
   },
   (made) => [made.pairs.buffer as ArrayBuffer, made.dropped.buffer as ArrayBuffer],
+  // A thread has one bucket in flight besides the one it pairs: the two buffers of one bucket (its pairs and
+  // dropped lines) are all it needs back, and a spare of a bucket's pairs is tens of MB.
+  2,
 );

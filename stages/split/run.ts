@@ -125,7 +125,7 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
         // A line that would not fit in the block being gathered starts the next one.
         if (file.lines.length > 0 && file.lines.length + (end - start) + TAILS[last.side].length > gather) await flush(file);
         // JSON.stringify of { ...s, split, task_match: null } when s is the line's session, as the line ends in '}'.
-        if (s === null) file.lines.pushBytes(bytes, start, end - 1, TAILS[last.side]);
+        if (s === null) file.lines.pushBytes(bytes.subarray(start, end - 1), TAILS[last.side]);
         else file.lines.push(JSON.stringify({ ...s, task_id: taskId, split: last.side, task_match: taskMatch } satisfies SplitSession));
       }
     }
