@@ -2,6 +2,7 @@
 import { createHash, hash } from 'node:crypto';
 import { open } from 'node:fs/promises';
 import { resolve } from 'node:path';
+import { BufferShelf } from './buffers.ts';
 
 /** SHA-256 in hex; one call (no Hash object), as pairs and ids are hashed by the hundred thousand. */
 export function sha256(data: string | Uint8Array): string {
@@ -47,20 +48,19 @@ export async function outputHash(path: string, now: { size: number; mtimeMs: num
   return known && known.bytes === now.size && known.mtimeMs === now.mtimeMs ? known.sha256 : hashFile(path);
 }
 
-/** The buffer files are hashed through: one for the process, as a new MiB for every read is memory malloc keeps. */
-let hashBuffer: Buffer | null = null;
+/** Where files are hashed through: one buffer for the process, as a new MiB for every read is memory malloc keeps. */
+const hashShelf = new BufferShelf(1);
 
 export async function hashFile(path: string): Promise<string> {
   const hash = createHash('sha256');
   // 1 MiB reads: half the time of 64 KiB ones on a file of hundreds of MB.
   const file = await open(path, 'r');
-  const buffer = (hashBuffer ??= Buffer.allocUnsafeSlow(1 << 20));
-  hashBuffer = null; // taken while this file is read (two files may be hashed at once)
+  const buffer = hashShelf.take(1 << 20);
   try {
     for (let read; (read = (await file.read(buffer, 0, buffer.length, null)).bytesRead) > 0; ) hash.update(buffer.subarray(0, read));
   } finally {
     await file.close();
-    hashBuffer = buffer;
+    hashShelf.put(buffer.buffer as ArrayBuffer);
   }
   return hash.digest('hex');
 }

@@ -1,6 +1,7 @@
 // Readers of input records (logged sessions, imported pairs): JSONL, a JSON array, or Parquet, each streamed record by record.
 import { open } from 'node:fs/promises';
-import { BufferShelf, readLines, openText } from './jsonl.ts';
+import { readLines, openText } from './jsonl.ts';
+import { BufferShelf } from './buffers.ts';
 
 export type InputFormat = 'jsonl' | 'json' | 'parquet';
 

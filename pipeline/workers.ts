@@ -5,7 +5,7 @@ import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { Worker, parentPort, workerData } from 'node:worker_threads';
-import { BufferShelf } from './jsonl.ts';
+import { BufferShelf } from './buffers.ts';
 
 /**
  * How many threads to use: `--workers N` as given (1: none besides the main thread), or by default one per

@@ -96,8 +96,11 @@ export async function readTaskGroups(path: string): Promise<[string, SplitSessio
     if (group) group.push(s);
     else groups.set(s.task_id!, [s]);
   }
-  return [...groups.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+  return byTask(groups);
 }
+
+/** Groups' entries in a stable order: by task id. */
+const byTask = <T>(groups: Map<string, T>): [string, T][] => [...groups.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
 
 // ── a bucket's sessions with their messages as stored: the JSON ingest wrote, read only as far as needed ──
 
@@ -304,7 +307,7 @@ export class StoredBucketReader {
         if (offsets) offsets.push(start, end);
         else tasks.set(task, [start, end]);
       });
-      return { bytes, tasks: [...tasks.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)) };
+      return { bytes, tasks: byTask(tasks) };
     } finally {
       await file.close();
     }

@@ -1,7 +1,8 @@
 // One input file read into a segment of sessions: each record mapped and validated; what cannot become a
 // session, and a session id seen before, goes to the quarantine with its file, place and reason.
 import { join } from 'node:path';
-import { BufferShelf, JsonlWriter, LineBuffer, readJsonl } from '../../pipeline/jsonl.ts';
+import { JsonlWriter, LineBuffer, readJsonl } from '../../pipeline/jsonl.ts';
+import { BufferShelf } from '../../pipeline/buffers.ts';
 import { every, safePoint } from '../../pipeline/interrupt.ts';
 import type { Logger } from '../../pipeline/log.ts';
 import type { ExternalFile } from '../../pipeline/stage.ts';

@@ -2,7 +2,8 @@
 // transforms, and by the rewriter when there is one), written with every pair not made and why. A pair's
 // message lists are runs of its sessions' messages as stored, copied into its line as they were read: only
 // what a transform changes is parsed and written anew.
-import { LineBuffer, type BufferShelf } from '../../pipeline/jsonl.ts';
+import { LineBuffer } from '../../pipeline/jsonl.ts';
+import type { BufferShelf } from '../../pipeline/buffers.ts';
 import type { Logger } from '../../pipeline/log.ts';
 import { NEGATIVE_TYPES, type NegativeType, type Pair, type Split } from '../../core/records.ts';
 import { mustDeclineTest } from '../../judges/rules.ts';

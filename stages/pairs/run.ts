@@ -6,7 +6,8 @@
 import { mkdir, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { openEndpoint, requestCounts, type ChatEndpoint } from '../../judges/endpoint.ts';
-import { BufferShelf, JsonlWriter } from '../../pipeline/jsonl.ts';
+import { JsonlWriter } from '../../pipeline/jsonl.ts';
+import { BufferShelf } from '../../pipeline/buffers.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import type { Split } from '../../core/records.ts';
 import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';

@@ -4,7 +4,8 @@
 import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { unitHash } from '../../pipeline/hash.ts';
-import { BufferShelf, JsonlWriter, LineBuffer } from '../../pipeline/jsonl.ts';
+import { JsonlWriter, LineBuffer } from '../../pipeline/jsonl.ts';
+import { BufferShelf } from '../../pipeline/buffers.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import { forEachLine, readLineBlocks } from '../../pipeline/records.ts';
