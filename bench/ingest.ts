@@ -166,14 +166,13 @@ async function benchOne(n: number, rounds: number, given?: string): Promise<Row>
       // The last round's seen-id set is measured below; the workspaces go, so that the disk holds one at a time.
       for (const name of [`workspace-ingest-${round}`, `workspace-ingest--workers1-${round}`, ...(round < rounds - 1 ? [`workspace-pairs-${round}`] : [])]) await rm(join(dir, name), { recursive: true, force: true });
     }
-    const [floor, duckdb, ingest, ingestOneThread, pairs] = (['floor', 'duckdb', 'ingest', 'ingestOneThread', 'pairs'] as const).map((k) => median(taken[k]));
     const workspace = join(dir, `workspace-pairs-${rounds - 1}`);
     const counts = Object.fromEntries(Object.entries(stages!).map(([name, m]) => [name, m.counts]));
     const stageSeconds = Object.fromEntries(Object.entries(stageRounds).map(([name, seconds]) => [name, middle(seconds, (s) => s)]));
     const idSetBytes = (await stat(join(workspace, 'ingest', 'ids.bin'))).size;
     const read = Number(counts.ingest.sessions) + Number(counts.ingest.quarantined) + Number(counts.ingest.duplicates);
     if (read !== n) throw new Error(`ingest read ${read} records (sessions, quarantined and duplicates), expected ${n}`);
-    return { n, bytes, floor: floor!, duckdb: duckdb!, ingest: ingest!, ingestOneThread: ingestOneThread!, pairs: pairs!, counts, stageSeconds, idSetBytes };
+    return { n, bytes, floor: median(taken.floor), duckdb: median(taken.duckdb), ingest: median(taken.ingest), ingestOneThread: median(taken.ingestOneThread), pairs: median(taken.pairs), counts, stageSeconds, idSetBytes };
   } finally {
     await rm(dir, { recursive: true, force: true });
   }
