@@ -138,7 +138,8 @@ async function benchOne(n: number, rounds: number, given?: string): Promise<Row>
 
     const script = join(process.cwd(), 'node_modules', '.cache', 'prefab-bench-duckdb.mjs');
     await writeFile(script, DUCKDB);
-    const run = (until: string, round: number, ...options: string[]) => measure(process.execPath, ['bin/prefab.js', '--workdir', join(dir, `workspace-${until}${options.join('')}-${round}`), '--config', configPath, '--log-format', 'json', '-q', ...options, 'run', '--until', until], join(dir, `${until}.rss`));
+    // bin/prefab.js run as a program, as `npx prefab` runs it: its first line starts node with malloc's threshold set.
+    const run = (until: string, round: number, ...options: string[]) => measure(resolve('bin', 'prefab.js'), ['--workdir', join(dir, `workspace-${until}${options.join('')}-${round}`), '--config', configPath, '--log-format', 'json', '-q', ...options, 'run', '--until', until], join(dir, `${until}.rss`));
     // Paired rounds: each round measures every contender once, in turn, so that the machine's slow moments fall
     // on all of them alike; each figure is the median of its rounds.
     const taken: Record<'floor' | 'duckdb' | 'ingest' | 'ingestOneThread' | 'pairs', Measurement[]> = { floor: [], duckdb: [], ingest: [], ingestOneThread: [], pairs: [] };

@@ -74,4 +74,18 @@ describe('the bundle', () => {
     expect(viaTsx.status).toBe(0);
     expect(viaTsx.stdout).toBe(r.stdout);
   });
+
+  it('as a program (npx prefab), starts node with malloc told to hand large blocks back, unless the variable is set', () => {
+    // A module loaded first says what the node process that runs prefab was given.
+    const said = `data:text/javascript,${encodeURIComponent("process.stderr.write('threshold ' + process.env.MALLOC_MMAP_THRESHOLD_ + '\\n')")}`;
+    const { MALLOC_MMAP_THRESHOLD_: _, ...unset } = process.env;
+    const threshold = (given: Record<string, string>) => {
+      const r = spawnSync(join(REPO, 'bin', 'prefab.js'), ['--version'], { encoding: 'utf8', env: { ...unset, ...given, NODE_OPTIONS: `--import ${said}` } });
+      expect(r.status, r.stderr).toBe(0);
+      expect(r.stdout.trim()).toMatch(/^\d+\.\d+\.\d+$/); // the arguments reached prefab
+      return r.stderr.match(/threshold (\S+)/)?.[1];
+    };
+    expect(threshold({})).toBe('1048576');
+    expect(threshold({ MALLOC_MMAP_THRESHOLD_: '65536' })).toBe('65536');
+  });
 });
