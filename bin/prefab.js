@@ -4,7 +4,7 @@
 // node on itself with glibc's malloc told to hand blocks of 1 MiB and more straight back to the system when
 // freed (unless MALLOC_MMAP_THRESHOLD_ is set already). By default malloc raises that threshold each time it
 // frees such a block, and the blocks the data stages read and write through then stay with the process: at
-// 1M sessions a run through pairs peaked 20% higher. `node bin/prefab.js` skips the line (set the variable
+// 1M sessions a run through pairs peaked a quarter higher. `node bin/prefab.js` skips the line (set the variable
 // yourself); other C libraries ignore it.
 // The `prefab` executable. The code is TypeScript: it runs from a bundle of it (bin/bundle.js), made on first
 // use and whenever a source changed, so a clean clone needs no build step. Where no bundle can be made (a

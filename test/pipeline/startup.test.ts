@@ -74,7 +74,9 @@ describe('the bundle', () => {
     expect(viaTsx.status).toBe(0);
     expect(viaTsx.stdout).toBe(r.stdout);
   });
+});
 
+describe('the executable', () => {
   it('as a program (npx prefab), starts node with malloc told to hand large blocks back, unless the variable is set', () => {
     // A module loaded first says what the node process that runs prefab was given.
     const said = `data:text/javascript,${encodeURIComponent("process.stderr.write('threshold ' + process.env.MALLOC_MMAP_THRESHOLD_ + '\\n')")}`;
