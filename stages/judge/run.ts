@@ -13,7 +13,7 @@ import type { CandidatePair, JudgedPair } from '../../core/records.ts';
 import { ChunkIndex, joinChunks, ownsBucket, sumCounts } from '../../pipeline/shards.ts';
 import { SPLITS, bucketFile, bucketOf, readPairsInfo, readSplitInfo } from '../layout.ts';
 import { candidateGroups, judgeGroup } from './best-of-n.ts';
-import { asGiven, coupleKey, judgeConstructed } from './constructed.ts';
+import { OutcomeCouples, asGiven, coupleKey, judgeConstructed } from './constructed.ts';
 
 interface Tally {
   counts: Record<string, number>;
@@ -52,6 +52,8 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
   try {
     for (const side of SPLITS) {
       const writer = new JsonlWriter(join(out, `${side}.jsonl`));
+      // Only best-of-N asks which couples the outcome pairs took; the file goes before the stage ends.
+      const couples = cfg.best_of_n.enabled ? new OutcomeCouples(join(out, `outcome-couples-${side}.jsonl`)) : null;
       let bucket = -1;
       const write = async (pairs: JudgedPair[]) => {
         for (const p of pairs) {
@@ -64,13 +66,14 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
         for (const p of pairs) {
           const b = bucketOf(p.task_id!, info.buckets);
           if (b !== bucket) chunks.mark(writer, [0, (bucket = b)]);
+          if (couples && p.source === 'outcome') await couples.note(b, p);
           await write([p]);
         }
       };
 
       const progress = log.progress(`judge ${side} pairs`, lineage.find((l) => l.stage === 'pairs')?.counts[side]);
       const stopped = () => `judge: stopped while judging the ${side} pairs; the next run judges again (LLM answers received are cached)`;
-      const outcomeKeys = await judgeConstructed(join(input('pairs'), `${side}.jsonl`), ensemble, cfg.batch_size, writeConstructed, () => progress.tick(), () => safePoint(signal, stopped));
+      await judgeConstructed(join(input('pairs'), `${side}.jsonl`), ensemble, cfg.batch_size, writeConstructed, () => progress.tick(), () => safePoint(signal, stopped));
       progress.done();
       const imported = join(input('import'), `${side}.jsonl`);
       if (ownsImported(shard)) {
@@ -78,12 +81,13 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
         if (cfg.imported === 'recheck') await judgeConstructed(imported, ensemble, cfg.batch_size, write, () => {}, () => safePoint(signal, stopped));
         else for await (const p of readJsonl<CandidatePair>(imported)) await write([asGiven(p)]);
       }
-      if (cfg.best_of_n.enabled) {
+      if (couples) {
         const groups = log.progress(`judge ${side} best-of-N`, info.buckets);
         for (let b = 0; b < info.buckets; b++) {
           if (!ownsBucket(shard, b)) continue;
           chunks.mark(writer, [2, b]);
           await safePoint(signal, stopped);
+          const outcomeKeys = await couples.of(b);
           const bucket = await candidateGroups(bucketFile(input('split'), side, b), bucketFile(input('sample'), side, b), cfg.best_of_n.max_candidates);
           const results = await Promise.all(bucket.filter((g) => g.candidates.length >= cfg.best_of_n.min_candidates).map((g) => judgeGroup(g, (c) => ensemble.judge(c))));
           for (const r of results) {
@@ -98,6 +102,7 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
           groups.tick();
         }
         groups.done();
+        await couples.remove();
       }
       await writer.close();
     }

@@ -1,4 +1,4 @@
-import { readFileSync, writeFileSync } from 'node:fs';
+import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { EnsembleVerdict } from '../../judges/ensemble.ts';
@@ -26,10 +26,10 @@ afterEach(async () => {
 });
 
 /** A workspace over the first sample tasks, with the judge section given. */
-function pipeline(judge: string, gate = '') {
+function pipeline(judge: string, gate = '', split = '') {
   const dir = tempDir();
   writeFileSync(join(dir, 'sessions.jsonl'), jsonl(sessions));
-  const config = ['ingest:', '  inputs: [sessions.jsonl]', 'split:', '  test_ratio: 0', 'judge:', ...judge.split('\n').map((l) => `  ${l}`), gate].join('\n') + '\n';
+  const config = ['ingest:', '  inputs: [sessions.jsonl]', 'split:', '  test_ratio: 0', ...(split ? [`  ${split}`] : []), 'judge:', ...judge.split('\n').map((l) => `  ${l}`), gate].join('\n') + '\n';
   return { dir, engine: () => engineFor(dir, config) };
 }
 
@@ -201,6 +201,27 @@ describe('best-of-N', () => {
     };
     return { decide, calls };
   };
+
+  it('leaves out of best-of-N the couples the outcome pairs took, bucket by bucket as with one bucket, and leaves no notes behind', async () => {
+    const runs = [];
+    for (const split of ['', 'bucket_size: 16']) {
+      const { dir, engine } = pipeline('{}', '', split);
+      await engine().run({ until: 'judge' });
+      const all = await judged(dir);
+      runs.push({ buckets: manifest(dir, 'split').counts.buckets, counts: manifest(dir, 'judge').counts, ids: all.map((p) => p.pair_id).sort(), all, files: readdirSync(join(dir, 'workspace', 'judge')).sort() });
+    }
+    const [one, three] = runs;
+    expect([one!.buckets, three!.buckets]).toEqual([1, 3]);
+    const outcome = new Set(three!.all.filter((p) => p.source === 'outcome').map((p) => `${p.chosen_session_id} ${p.rejected_session_id}`));
+    const bestOfN = three!.all.filter((p) => p.source === 'best_of_n');
+    expect(outcome.size).toBeGreaterThan(0);
+    expect(bestOfN.length).toBeGreaterThan(0);
+    expect(bestOfN.filter((p) => outcome.has(`${p.chosen_session_id} ${p.rejected_session_id}`))).toEqual([]);
+    expect(three!.counts.best_of_n_same_as_outcome).toBeGreaterThan(0);
+    expect(three!.counts.best_of_n_same_as_outcome).toBe(one!.counts.best_of_n_same_as_outcome);
+    expect(three!.ids).toEqual(one!.ids);
+    expect(three!.files).toEqual(['manifest.json', 'report.json', 'test.jsonl', 'train.jsonl']);
+  });
 
   it('picks the best of N and pairs it against each of the others: N−1 comparisons', async () => {
     const group = { task_id: 'T', split: 'train' as const, candidates: ['c1', 'c2', 'c3', 'c4'].map((id, i) => candidate(id, null, `answer ${i}`)) };
