@@ -20,7 +20,7 @@ export async function* readParquetRows(path: string): AsyncGenerator<{ row: numb
 }
 
 export type Column =
-  | { kind: 'string' | 'double' | 'bool' | 'int64'; optional?: boolean }
+  | { kind: 'string' | 'double' | 'bool' | 'int64'; optional?: boolean; /** false: no min/max for free text (see `statistics`) */ statistics?: false }
   | { kind: 'list'; of: Column; optional?: boolean }
   | { kind: 'struct'; fields: Record<string, Column>; optional?: boolean };
 
@@ -63,6 +63,14 @@ export function describeColumn(column: Column): string {
 
 const CODEC = { snappy: 'SNAPPY', gzip: 'GZIP', uncompressed: 'UNCOMPRESSED' } as const;
 
+/**
+ * Whether a column's chunks carry min/max statistics: top-level scalars do (ids, rewards, splits: what a
+ * reader filters on), nested message lists and columns marked as free text do not. The writer keeps every
+ * chunk's statistics until it writes the footer, with strings whole (they are cut to 16 bytes only in the
+ * footer), so message text in them made an export's memory grow with its rows.
+ */
+const statistics = (column: Column) => column.kind !== 'list' && column.kind !== 'struct' && column.statistics !== false;
+
 /** Rows in, Parquet out: rows are buffered up to one row group, then encoded and flushed to the file. */
 export class ParquetTableWriter<Row extends object> {
   rows = 0;
@@ -101,7 +109,7 @@ export class ParquetTableWriter<Row extends object> {
     const rows = this.buffer as Record<string, unknown>[];
     const columnData = this.names.map((name) => {
       const int64 = this.columns[name]!.kind === 'int64';
-      return { name, data: rows.map((r) => (int64 && r[name] != null ? BigInt(r[name] as number) : (r[name] ?? null))) };
+      return { name, statistics: statistics(this.columns[name]!), data: rows.map((r) => (int64 && r[name] != null ? BigInt(r[name] as number) : (r[name] ?? null))) };
     });
     this.writer.write({ columnData, rowGroupSize: rows.length });
     this.buffer = [];

@@ -60,15 +60,14 @@ export async function run({ config: cfg, out, input, lineage, log, signal }: Sta
       progress.tick();
     }
     progress.done();
+    // A file's footer describes every row group, and the writer holds it until the file closes: each file
+    // closes once its last row is in, so that no more than one side's pairs footer is held at a time.
+    for (const name of ['sessions', 'sft', 'kto'] as const) await w[name][side].close();
     for await (const pair of readJsonl<Pair>(join(input('gate'), `${side}.jsonl`))) await w.pairs[side].append(mask ? maskPair(pair, mask()) : pair);
+    await w.pairs[side].close();
   }
   const counts: Record<string, number> = {};
-  for (const name of DATASETS) {
-    for (const side of SPLITS) {
-      await w[name][side].close();
-      counts[`${name}_${side}`] = w[name][side].rows;
-    }
-  }
+  for (const name of DATASETS) for (const side of SPLITS) counts[`${name}_${side}`] = w[name][side].rows;
 
   const configHash = hashJson([...lineage.map((l) => l.config_hash), hashJson(cfg)]);
   const madeAt = new Date().toISOString();

@@ -8,6 +8,9 @@ const str: Column = { kind: 'string' };
 const optStr: Column = { kind: 'string', optional: true };
 const double: Column = { kind: 'double' };
 const optDouble: Column = { kind: 'double', optional: true };
+/** Free text: no min/max statistics (pipeline/parquet.ts). */
+const text: Column = { kind: 'string', statistics: false };
+const optText: Column = { kind: 'string', optional: true, statistics: false };
 
 const MESSAGE: Column = {
   kind: 'struct',
@@ -31,11 +34,11 @@ export const SESSION_COLUMNS: Record<string, Column> = {
   task_id: optStr,
   messages: MESSAGES,
   reward: double,
-  feedback: optStr,
+  feedback: optText,
   model: optStr,
   source: str,
   created_at: optStr,
-  metadata: str,
+  metadata: text,
   split: str,
   task_match: { kind: 'struct', optional: true, fields: { score: double, kind: str } },
 };

@@ -44,6 +44,20 @@ describe('export', () => {
     expect(kto).toMatchObject({ prompt: message, completion: message, label: 'BOOLEAN' });
   });
 
+  it('gives min/max statistics to the scalar columns a reader filters on, not to messages or free text', async () => {
+    const stats = async (dataset: string) => {
+      const rows = await query(`SELECT path_in_schema AS path, bool_or(coalesce(stats_min_value, stats_min) IS NOT NULL) AS has FROM parquet_metadata('${join(workdir, 'export', dataset, 'train.parquet')}') GROUP BY path_in_schema`);
+      return Object.fromEntries(rows.map((r) => [String(r.path), r.has]));
+    };
+    const pairs = await stats('pairs');
+    for (const column of ['pair_id', 'task_id', 'source', 'confidence', 'chosen_reward']) expect(pairs[column], column).toBe(true);
+    const nested = Object.keys(pairs).filter((p) => /^(prompt|chosen|rejected)\b/.test(p));
+    expect(nested.length).toBeGreaterThan(10); // every leaf of three message lists
+    for (const column of nested) expect(pairs[column], column).toBe(false);
+    const sessions = await stats('sessions');
+    expect([sessions.session_id, sessions.reward, sessions.metadata]).toEqual([true, true, false]);
+  });
+
   it('round-trips pairs exactly: what DuckDB reads back equals what the gate kept', async () => {
     const made = await collect<Pair>(join(workdir, 'gate', 'train.jsonl'));
     const read = await query(`SELECT to_json(prompt)::VARCHAR AS prompt, to_json(chosen)::VARCHAR AS chosen, to_json(rejected)::VARCHAR AS rejected, pair_id, margin FROM '${join(workdir, 'export', 'pairs', 'train.parquet')}'`);
