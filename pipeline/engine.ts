@@ -5,7 +5,7 @@ import { join, relative } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
 import { hashFile, hashJson, outputHash } from './hash.ts';
-import { collectGarbage } from './memory.ts';
+import { collectGarbage, holdHeapGrowth } from './memory.ts';
 import { UsageError, errorMessage } from './errors.ts';
 import { Interrupted, NEVER } from './interrupt.ts';
 import type { Logger } from './log.ts';
@@ -290,6 +290,7 @@ export class Engine {
     const inputs: Record<string, string> = {};
     for (const input of stage.inputs) inputs[input] = (await this.manifest(input))!.fingerprint;
 
+    holdHeapGrowth(); // a stage's memory follows what it keeps, not four times it
     const report: StageReport = await stage.run({
       config: this.config[stage.name],
       configDir: this.configDir,
