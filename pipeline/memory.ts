@@ -39,8 +39,9 @@ const HEAP_GROWING_PERCENT = 50;
  * Holds V8's heap to 1.5 times what survived its last full collection. V8 picks that factor itself, up to 4
  * where a program allocates fast, and a stage that keeps a growing structure (export's Parquet footers: 91 MB
  * at a million sessions) then keeps up to four times it: export peaked at 458 MiB on 1M synthetic sessions
- * with V8's factor, 260 with this one, at a tenth more time. Process-wide, threads included; a Node that
- * refuses the flag keeps V8's.
+ * with V8's factor, 260 with this one, at a tenth more time. Process-wide, threads included. Node warns
+ * that a V8 flag set after start may do nothing; on Node 20 this one takes effect (those figures), and a Node
+ * that refuses it keeps V8's factor.
  */
 export function holdHeapGrowth(): void {
   try {
