@@ -54,7 +54,8 @@ export class OutcomeCouples {
   private ahead: [number, string, string] | null = null;
 
   constructor(readonly path: string) {
-    this.writer = new JsonlWriter(path);
+    // Appended to (in the stage's empty folder, so from nothing): no output, so not hashed as outputs are.
+    this.writer = new JsonlWriter(path, 'a');
   }
 
   /** Notes an outcome pair of `bucket`; buckets come in ascending order. */
