@@ -130,7 +130,7 @@ export interface CandidatePair<Turns = Message[]> extends Pair<Turns> {
 }
 
 /** A comparison after the judges, kept or not: the ensemble's verdict (a = chosen), each judge's, and the cost. */
-export interface JudgedPair extends CandidatePair {
+export interface JudgedPair<Turns = Message[]> extends CandidatePair<Turns> {
   verdict: Verdict;
   verdicts: Record<string, Verdict>;
   judge_stats: JudgeStats;

@@ -3,10 +3,11 @@
 import { open, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { unitHash } from '../pipeline/hash.ts';
-import { readJsonl, type LineBuffer } from '../pipeline/jsonl.ts';
+import { PipelineError } from '../pipeline/errors.ts';
+import { readJsonl, readLines, type LineBuffer } from '../pipeline/jsonl.ts';
 import { forEachLine, holdsAt, jsonStringEnd } from '../pipeline/records.ts';
 import { readJsonFile } from '../pipeline/workspace.ts';
-import { sameMessage, type Message, type Role, type Split, type SplitSession } from '../core/records.ts';
+import { sameMessage, type Message, type Pair, type Role, type Split, type SplitSession } from '../core/records.ts';
 
 // ── ingest: sessions/<segment>.jsonl, one segment per input file, and index.json ──
 
@@ -123,16 +124,18 @@ export class StoredMessages {
     /** This list is messages first … first + length - 1 of the arrays (a slice shares them). */
     private readonly first: number,
     readonly length: number,
+    /** The id of the stored session whose messages these are, or null for messages made anew. */
+    readonly session: string | null,
   ) {}
 
-  /** Messages made anew, kept as they are. */
-  static of(messages: Message[]): StoredMessages {
-    return new StoredMessages(null, [], [], messages.map((m) => m.role), messages, 0, messages.length);
+  /** Messages kept as they are: made anew, or (`session`) a stored session's, parsed whole. */
+  static of(messages: Message[], session: string | null = null): StoredMessages {
+    return new StoredMessages(null, [], [], messages.map((m) => m.role), messages, 0, messages.length, session);
   }
 
-  /** The messages whose JSON lies at `starts[i]` to `ends[i]` of `line`. */
-  static read(line: Buffer, starts: number[], ends: number[], roles: Role[]): StoredMessages {
-    return new StoredMessages(line, starts, ends, roles, new Array<Message | undefined>(starts.length), 0, starts.length);
+  /** The messages of stored session `session` whose JSON lies at `starts[i]` to `ends[i]` of `line`. */
+  static read(line: Buffer, starts: number[], ends: number[], roles: Role[], session: string): StoredMessages {
+    return new StoredMessages(line, starts, ends, roles, new Array<Message | undefined>(starts.length), 0, starts.length, session);
   }
 
   role(i: number): Role {
@@ -150,7 +153,7 @@ export class StoredMessages {
 
   /** Messages `from` to `to` - 1, sharing what is read and parsed. */
   slice(from: number, to = this.length): StoredMessages {
-    return new StoredMessages(this.line, this.starts, this.ends, this.roles, this.parsed, this.first + from, Math.max(0, to - from));
+    return new StoredMessages(this.line, this.starts, this.ends, this.roles, this.parsed, this.first + from, Math.max(0, to - from), this.session);
   }
 
   /** Whether message `i` calls tools: told by its bytes (ingest writes no empty tool_calls), or by the message. */
@@ -187,6 +190,22 @@ export class StoredMessages {
     if (this.length > 0) out.writeBytes(this.line.subarray(this.starts[this.first], this.ends[this.first + this.length - 1]));
     out.writeByte(0x5d); // ]
   }
+
+  /**
+   * Appends these messages as a side of a pair (a PairSide): a stored session's as where they lie in it,
+   * `{"session_id":…,"messages":[from,to]}`; messages made anew (or none) as their JSON array.
+   */
+  writeSide(out: LineBuffer): void {
+    if (this.session === null || this.length === 0) return this.writeJson(out);
+    out.write(`{"session_id":${JSON.stringify(this.session)},"messages":[${this.first},${this.first + this.length}]}`);
+  }
+
+  /** The messages parsed anew: objects of the caller's own, shared with nothing else that read them. */
+  parse(): Message[] {
+    if (this.length === 0) return [];
+    const json = this.line ? this.line.toString('utf8', this.starts[this.first], this.ends[this.first + this.length - 1]) : JSON.stringify(this.parsed.slice(this.first, this.first + this.length)).slice(1, -1);
+    return JSON.parse(`[${json}]`) as Message[];
+  }
 }
 
 /**
@@ -205,9 +224,9 @@ export class StoredSession {
     readonly messages: StoredMessages,
   ) {}
 
-  /** The split session of a line read whole, or made in code. */
+  /** The split session of a line read whole. */
   static of(s: SplitSession): StoredSession {
-    return new StoredSession(s.session_id, s.task_id!, s.reward, s.split, Buffer.from(JSON.stringify(s.metadata)), StoredMessages.of(s.messages));
+    return new StoredSession(s.session_id, s.task_id!, s.reward, s.split, Buffer.from(JSON.stringify(s.metadata)), StoredMessages.of(s.messages, s.session_id));
   }
 
   /** Every other field of the input record, as a JSON string. */
@@ -259,7 +278,7 @@ export function readStoredSession(line: Buffer): StoredSession {
   ends.push(close);
   const head = JSON.parse(`${line.toString('utf8', 0, open)}}`) as { session_id: string; task_id: string };
   const reward = JSON.parse(line.toString('latin1', close + MESSAGES_END.length, feedback)) as number;
-  const messages = StoredMessages.read(line, starts, ends, roles);
+  const messages = StoredMessages.read(line, starts, ends, roles, head.session_id);
   return new StoredSession(head.session_id, head.task_id, reward, side, line.subarray(metadata + METADATA.length, split), messages);
 }
 
@@ -287,8 +306,8 @@ export function storedSessions(bucket: StoredTaskGroups, offsets: number[]): Sto
 export class StoredBucketReader {
   private buffer = Buffer.allocUnsafeSlow(0);
 
-  /** The lines of one bucket file grouped by task (read from each line's head), tasks in a stable order. */
-  async read(path: string): Promise<StoredTaskGroups> {
+  /** A whole file's bytes, valid until the next read. */
+  async bytes(path: string): Promise<Buffer> {
     const file = await open(path, 'r');
     try {
       const { size } = await file.stat();
@@ -298,23 +317,60 @@ export class StoredBucketReader {
         if (bytesRead === 0) throw new Error(`${path}: ended at byte ${at} of ${size} while it was read`);
         at += bytesRead;
       }
-      const bytes = this.buffer.subarray(0, size);
-      const tasks = new Map<string, number[]>();
-      forEachLine(bytes, (start, end) => {
-        if (end === start) return;
-        const task = leadingTaskId(bytes, start, end) ?? (JSON.parse(bytes.toString('utf8', start, end)) as SplitSession).task_id!;
-        const offsets = tasks.get(task);
-        if (offsets) offsets.push(start, end);
-        else tasks.set(task, [start, end]);
-      });
-      return { bytes, tasks: byTask(tasks) };
+      return this.buffer.subarray(0, size);
     } finally {
       await file.close();
     }
   }
+
+  /** The lines of one bucket file grouped by task (read from each line's head), tasks in a stable order. */
+  async read(path: string): Promise<StoredTaskGroups> {
+    const bytes = await this.bytes(path);
+    const tasks = new Map<string, number[]>();
+    forEachLine(bytes, (start, end) => {
+      if (end === start) return;
+      const task = leadingTaskId(bytes, start, end) ?? (JSON.parse(bytes.toString('utf8', start, end)) as SplitSession).task_id!;
+      const offsets = tasks.get(task);
+      if (offsets) offsets.push(start, end);
+      else tasks.set(task, [start, end]);
+    });
+    return { bytes, tasks: byTask(tasks) };
+  }
 }
 
-// ── pairs: pairs/<side>-<bucket>.jsonl and info.json ──
+/** The session_id of a session's line (the head ingest writes, or the line parsed whole). */
+function leadingSessionId(bytes: Buffer, start: number, end: number): string {
+  const idEnd = holdsAt(bytes, start, HEAD) ? jsonStringEnd(bytes, start + HEAD.length - 1, end) : -1;
+  if (idEnd > 0) return decodeString(bytes, start + HEAD.length - 1, idEnd);
+  return (JSON.parse(bytes.toString('utf8', start, end)) as SplitSession).session_id;
+}
+
+/** The sessions of one bucket file at a time, by id, read as StoredSessions when first asked for. */
+class SessionsById {
+  private readonly reader = new StoredBucketReader();
+  private path: string | null = null;
+  private lines = new Map<string, Buffer | StoredSession>();
+
+  /** Session `id` of bucket file `path`, or undefined where the file has none; the file is read when it is not the last one asked of. */
+  async get(path: string, id: string): Promise<StoredSession | undefined> {
+    if (path !== this.path) {
+      this.path = null;
+      this.lines = new Map();
+      const bytes = await this.reader.bytes(path);
+      forEachLine(bytes, (start, end) => {
+        if (end > start) this.lines.set(leadingSessionId(bytes, start, end), bytes.subarray(start, end));
+      });
+      this.path = path;
+    }
+    const found = this.lines.get(id);
+    if (found === undefined || found instanceof StoredSession) return found;
+    const session = readStoredSession(found);
+    this.lines.set(id, session);
+    return session;
+  }
+}
+
+// ── pairs: pairs/<side>.jsonl (a line a pair, bucket by bucket, its sides pointing into split's buckets) and info.json ──
 
 /** What the judge stage needs to know of how pairs were made. */
 export interface PairsInfo {
@@ -324,3 +380,41 @@ export interface PairsInfo {
 }
 
 export const readPairsInfo = (dir: string) => readJsonFile<PairsInfo>(join(dir, 'info.json'));
+
+/**
+ * A side of a pair (prompt, chosen or rejected) as a pairs file holds it: messages `from` to `to` - 1 of a
+ * session in split's bucket of the pair's task and side (a pair's sides are runs of its sessions' messages:
+ * the file does not copy them), or messages made anew (a rewritten turn), as they are.
+ */
+export type PairSide = Message[] | { session_id: string; messages: [from: number, to: number] };
+
+/** A pair record (of the pairs, judge or gate stage) with its sides made whole. */
+export type WholePair<P extends Pair<PairSide>> = Omit<P, 'prompt' | 'chosen' | 'rejected'> & Pair;
+
+/**
+ * The pair records of a file of the pairs, judge or gate stage, each as stored and with its sides made
+ * whole: a side that points at a session's messages is read from split's bucket file of the pair's task and
+ * side (`splitDir`, `buckets` of them). The pairs stage writes its pairs bucket by bucket, and the judge and
+ * gate keep that order, so one bucket file at a time is in memory. A session's messages are parsed once
+ * and shared by its pairs: read them, do not change them.
+ */
+export async function* readPairs<P extends Pair<PairSide>>(file: string, splitDir: string, buckets: number): AsyncGenerator<{ stored: P; whole: WholePair<P> }> {
+  const sessions = new SessionsById();
+  for await (const { line, text } of readLines(file)) {
+    if (text.length === 0) continue;
+    const pair = JSON.parse(text) as P;
+    const whole = async (side: PairSide): Promise<Message[]> => {
+      if (Array.isArray(side)) return side;
+      const [from, to] = side.messages;
+      const bucket = bucketFile(splitDir, pair.split, bucketOf(pair.task_id!, buckets));
+      const session = await sessions.get(bucket, side.session_id);
+      if (!session || !(Number.isInteger(from) && Number.isInteger(to) && 0 <= from && from < to && to <= session.messages.length)) {
+        const what = session ? `has ${session.messages.length} messages, not messages ${from} to ${to}` : 'is not there';
+        throw new PipelineError(`${file} line ${line}: pair ${pair.pair_id} points at session ${side.session_id} in ${bucket}, which ${what}: these pairs were made from another split: run \`prefab stage pairs\` to make them again`);
+      }
+      return session.messages.slice(from, to).all();
+    };
+    // Spread, so the record keeps its fields' order.
+    yield { stored: pair, whole: { ...pair, prompt: await whole(pair.prompt), chosen: await whole(pair.chosen), rejected: await whole(pair.rejected) } };
+  }
+}

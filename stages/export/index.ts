@@ -18,7 +18,7 @@ export type Config = z.infer<typeof config>;
 export const exportStage = defineStage({
   name: 'export',
   description: 'write sessions, SFT, pairs and KTO datasets as Parquet with dataset cards',
-  version: 2,
+  version: 3,
   inputs: ['split', 'gate'],
   outputs: [...DATASETS],
   config,

@@ -7,7 +7,7 @@ import { readJsonl } from '../../pipeline/jsonl.ts';
 import { ParquetTableWriter, type Column, type Compression } from '../../pipeline/parquet.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import type { Pair, SftRow, Split, SplitSession } from '../../core/records.ts';
-import { SPLITS, bucketFile, readSplitInfo } from '../layout.ts';
+import { SPLITS, bucketFile, readPairs, readSplitInfo, type PairSide } from '../layout.ts';
 import { Redactor } from '../../core/redact.ts';
 import { cardTexts, datasetCard } from './card.ts';
 import { ktoRow, maskPair, maskSession } from './rows.ts';
@@ -63,7 +63,8 @@ export async function run({ config: cfg, out, input, lineage, log, signal }: Sta
     // A file's footer describes every row group, and the writer holds it until the file closes: each file
     // closes once its last row is in, so that no more than one side's pairs footer is held at a time.
     for (const name of ['sessions', 'sft', 'kto'] as const) await w[name][side].close();
-    for await (const pair of readJsonl<Pair>(join(input('gate'), `${side}.jsonl`))) await w.pairs[side].append(mask ? maskPair(pair, mask()) : pair);
+    // The gate's pairs point at their sessions' messages in split's buckets: made whole here, bucket by bucket.
+    for await (const { whole } of readPairs<Pair<PairSide>>(join(input('gate'), `${side}.jsonl`), splitDir, info.buckets)) await w.pairs[side].append(mask ? maskPair(whole, mask()) : whole);
     await w.pairs[side].close();
   }
   const counts: Record<string, number> = {};

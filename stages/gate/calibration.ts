@@ -42,7 +42,7 @@ export function wilson(correct: number, n: number, z: number): { low: number; hi
 }
 
 /** Which side is truly better, when that is known: the verifier's decisive verdict, a reward gap, or a hard negative's construction. */
-export function truthOf(p: JudgedPair, minRewardGap: number): 'a' | 'b' | null {
+export function truthOf(p: JudgedPair<unknown>, minRewardGap: number): 'a' | 'b' | null {
   const v = p.verdicts[VERIFIER];
   if (v && (v.winner === 'a' || v.winner === 'b') && v.confidence >= 1) return v.winner;
   if (p.chosen_reward !== null && p.rejected_reward !== null && Math.abs(p.chosen_reward - p.rejected_reward) >= minRewardGap) return p.chosen_reward > p.rejected_reward ? 'a' : 'b';
@@ -57,8 +57,8 @@ const BANDS = [0.25, 0.5, 0.75];
 const bandOf = (confidence: number): string => `@${[0, ...BANDS].filter((b) => confidence >= b).at(-1)!.toFixed(2)}`;
 
 /** The groups a pair belongs to, the most specific first (source and negative type, then source; each first within the judge's confidence band). */
-const groupsOf = (p: JudgedPair): string[] => [...(p.negative_type ? [`${p.source}/${p.negative_type}`] : []), p.source];
-const bandedGroupsOf = (p: JudgedPair, confidence: number): string[] => groupsOf(p).flatMap((g) => [`${g}${bandOf(confidence)}`, g]);
+const groupsOf = (p: JudgedPair<unknown>): string[] => [...(p.negative_type ? [`${p.source}/${p.negative_type}`] : []), p.source];
+const bandedGroupsOf = (p: JudgedPair<unknown>, confidence: number): string[] => groupsOf(p).flatMap((g) => [`${g}${bandOf(confidence)}`, g]);
 
 export class Calibration {
   /** judge → group → [votes, correct] */
@@ -67,7 +67,7 @@ export class Calibration {
   constructor(private readonly o: CalibrationOptions) {}
 
   /** Counts each judge's a/b vote on `p` against the truth, when the truth is known. */
-  add(p: JudgedPair): void {
+  add(p: JudgedPair<unknown>): void {
     const truth = truthOf(p, this.o.minRewardGap);
     if (truth === null) return;
     for (const [judge, v] of Object.entries(p.verdicts)) {
@@ -98,7 +98,7 @@ export class Calibration {
    * The calibration that applies to `judge` on `p`: its most specific group with enough votes. There is no
    * falling back across sources: accuracy on hard negatives says nothing of best-of-N among equal rewards.
    */
-  private applies(judge: string, p: JudgedPair, confidence: number): CalibrationRow | null {
+  private applies(judge: string, p: JudgedPair<unknown>, confidence: number): CalibrationRow | null {
     for (const g of bandedGroupsOf(p, confidence)) {
       const r = this.row(judge, g);
       if (r.votes >= this.o.minVotes) return r;
@@ -107,7 +107,7 @@ export class Calibration {
   }
 
   /** The pair decided by the calibrated judges (the verifier's decisive verdict stands as it is). */
-  decide(p: JudgedPair): JudgedPair {
+  decide<P extends JudgedPair<unknown>>(p: P): P {
     const v = p.verdicts[VERIFIER];
     if (v && (v.winner === 'a' || v.winner === 'b') && v.confidence >= 1) return p;
     if (p.judge === 'imported') return p; // kept as the data gives it (judge.imported: as_given)

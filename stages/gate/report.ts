@@ -11,7 +11,7 @@ export interface GateOptions {
 }
 
 /** Why the pair is dropped, or null to keep it. */
-export function gateReason(p: JudgedPair, o: GateOptions): string | null {
+export function gateReason(p: JudgedPair<unknown>, o: GateOptions): string | null {
   if (!o.sources.includes(p.source)) return `source ${p.source} is not in gate.sources`;
   if (p.verdict.winner === 'abstain') return `the judges abstained${p.verdict.rationale ? `: ${p.verdict.rationale}` : ''}`;
   if (p.verdict.winner === 'tie') return 'the judges call it a tie';
@@ -48,7 +48,7 @@ const empty = (): Acc => ({ judged: 0, kept: 0, confidence: 0, margin: 0, margin
 export class GateReport {
   private readonly groups = new Map<string, { source: PairSource; negative_type: string | null; acc: Acc }>();
 
-  add(p: JudgedPair, kept: boolean): void {
+  add(p: JudgedPair<unknown>, kept: boolean): void {
     const key = `${p.source}/${p.negative_type ?? ''}`;
     let g = this.groups.get(key);
     if (!g) this.groups.set(key, (g = { source: p.source, negative_type: p.negative_type, acc: empty() }));

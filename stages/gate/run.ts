@@ -7,15 +7,15 @@ import { join } from 'node:path';
 import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { readJsonFile } from '../../pipeline/workspace.ts';
 import { type JudgedPair, type Pair } from '../../core/records.ts';
-import { SPLITS } from '../layout.ts';
+import { SPLITS, type PairSide } from '../layout.ts';
 import { Calibration } from './calibration.ts';
 import { GateReport, gateReason, reportMarkdown, type GateOptions } from './report.ts';
 
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
 
-/** The exported pair: the judged record without the judging details. */
-function exported(p: JudgedPair): Pair {
+/** The exported pair: the judged record without the judging details (its sides as the judge stored them). */
+function exported(p: JudgedPair<PairSide>): Pair<PairSide> {
   const { metadata: _m, verdict: _v, verdicts: _vs, judge_stats: _s, ...pair } = p;
   return pair;
 }
@@ -25,14 +25,14 @@ export async function run({ config: cfg, out, input, log }: StageContext<Config>
   // First every judge is measured where the truth is known, then every pair is gated.
   const c = cfg.calibration;
   const calibration = c.enabled ? new Calibration({ minVotes: c.min_votes, z: c.z, minRewardGap: c.min_reward_gap }) : null;
-  if (calibration) for (const side of SPLITS) for await (const p of readJsonl<JudgedPair>(join(input('judge'), `${side}.jsonl`))) calibration.add(p);
+  if (calibration) for (const side of SPLITS) for await (const p of readJsonl<JudgedPair<PairSide>>(join(input('judge'), `${side}.jsonl`))) calibration.add(p);
   const report = new GateReport();
   const dropped = new JsonlWriter(join(out, 'dropped.jsonl'));
   const counts: Record<string, number> = { train: 0, test: 0, dropped: 0 };
   for (const side of SPLITS) {
     const writer = new JsonlWriter(join(out, `${side}.jsonl`));
     const progress = log.progress(`gate ${side}`);
-    for await (const judged of readJsonl<JudgedPair>(join(input('judge'), `${side}.jsonl`))) {
+    for await (const judged of readJsonl<JudgedPair<PairSide>>(join(input('judge'), `${side}.jsonl`))) {
       const p = calibration ? calibration.decide(judged) : judged;
       const reason = gateReason(p, options);
       report.add(p, reason === null);

@@ -5,26 +5,30 @@ import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { NO_COST, chosenConfidence } from '../../core/verdict.ts';
 import type { CandidatePair, JudgedPair } from '../../core/records.ts';
 import type { EnsembleJudge } from '../../judges/ensemble.ts';
+import type { PairSide, WholePair } from '../layout.ts';
 
 /** A (chosen, rejected) couple of sessions, as outcome pairs and best-of-N pairs are compared. */
 export const coupleKey = (p: Pick<JudgedPair, 'chosen_session_id' | 'rejected_session_id'>) => `${p.chosen_session_id}\u0000${p.rejected_session_id}`;
 
 /** An imported pair kept as the data gives it: chosen is better, as sure as the data is. */
-export function asGiven(p: CandidatePair): JudgedPair {
+export function asGiven<Turns>(p: CandidatePair<Turns>): JudgedPair<Turns> {
   const verdict = { winner: 'a' as const, confidence: 1, rationale: 'imported: kept as the data gives it (judge.imported: as_given)' };
   return { ...p, confidence: 1, judge: 'imported', verdict, verdicts: {}, judge_stats: NO_COST };
 }
 
-/** Judges every pair of `file`, `batchSize` at a time (each batch after a safe point), and hands each batch to `write`. */
-export async function judgeConstructed(file: string, ensemble: EnsembleJudge, batchSize: number, write: (pairs: JudgedPair[]) => Promise<void>, tick: () => void, safePoint: () => Promise<void>): Promise<void> {
-  let batch: CandidatePair[] = [];
+/**
+ * Judges every one of `pairs` (whole), `batchSize` at a time (each batch after a safe point), and hands
+ * each batch to `write`, as they were stored: a side that points at a session's messages is written so.
+ */
+export async function judgeConstructed(pairs: AsyncIterable<{ stored: CandidatePair<PairSide>; whole: WholePair<CandidatePair<PairSide>> }>, ensemble: EnsembleJudge, batchSize: number, write: (pairs: JudgedPair<PairSide>[]) => Promise<void>, tick: () => void, safePoint: () => Promise<void>): Promise<void> {
+  let batch: { stored: CandidatePair<PairSide>; whole: WholePair<CandidatePair<PairSide>> }[] = [];
   const flush = async () => {
     await safePoint();
     const verdicts = await Promise.all(
-      batch.map((p) => ensemble.judge({ prompt: p.prompt, a: { id: p.chosen_session_id, messages: p.chosen, reward: p.chosen_reward }, b: { id: p.rejected_session_id, messages: p.rejected, reward: p.rejected_reward }, task_id: p.task_id, metadata: p.metadata })),
+      batch.map(({ whole: p }) => ensemble.judge({ prompt: p.prompt, a: { id: p.chosen_session_id, messages: p.chosen, reward: p.chosen_reward }, b: { id: p.rejected_session_id, messages: p.rejected, reward: p.rejected_reward }, task_id: p.task_id, metadata: p.metadata })),
     );
     await write(
-      batch.map((p, i) => {
+      batch.map(({ stored: p }, i) => {
         const v = verdicts[i]!;
         const won = v.verdict.winner === 'a';
         return { ...p, confidence: chosenConfidence(v.verdict), margin: p.margin ?? (won ? (v.verdict.margin ?? null) : null), judge: v.judge, verdict: v.verdict, verdicts: v.verdicts, judge_stats: v.stats };
@@ -32,7 +36,7 @@ export async function judgeConstructed(file: string, ensemble: EnsembleJudge, ba
     );
     batch = [];
   };
-  for await (const pair of readJsonl<CandidatePair>(file)) {
+  for await (const pair of pairs) {
     batch.push(pair);
     tick();
     if (batch.length >= batchSize) await flush();

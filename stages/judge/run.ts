@@ -11,7 +11,7 @@ import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import type { CandidatePair, JudgedPair } from '../../core/records.ts';
 import { ChunkIndex, joinChunks, ownsBucket, sumCounts } from '../../pipeline/shards.ts';
-import { SPLITS, bucketFile, bucketOf, readPairsInfo, readSplitInfo } from '../layout.ts';
+import { SPLITS, bucketFile, bucketOf, readPairs, readPairsInfo, readSplitInfo, type PairSide } from '../layout.ts';
 import { candidateGroups, judgeGroup } from './best-of-n.ts';
 import { OutcomeCouples, asGiven, coupleKey, judgeConstructed } from './constructed.ts';
 
@@ -23,7 +23,7 @@ interface Tally {
 import type { Shard, ShardPart, StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
 
-function tallyOne(t: Tally, p: JudgedPair): void {
+function tallyOne(t: Tally, p: JudgedPair<PairSide>): void {
   const c = t.counts;
   c[`judged_${p.split}`]!++;
   c[p.source] = (c[p.source] ?? 0) + 1;
@@ -55,14 +55,14 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
       // Only best-of-N asks which couples the outcome pairs took; the file goes before the stage ends.
       const couples = cfg.best_of_n.enabled ? new OutcomeCouples(join(out, `outcome-couples-${side}.jsonl`)) : null;
       let bucket = -1;
-      const write = async (pairs: JudgedPair[]) => {
+      const write = async (pairs: JudgedPair<PairSide>[]) => {
         for (const p of pairs) {
           await writer.write(p);
           tallyOne(tally, p);
         }
       };
       // The pairs stage wrote its pairs bucket by bucket: a new bucket starts a chunk.
-      const writeConstructed = async (pairs: JudgedPair[]) => {
+      const writeConstructed = async (pairs: JudgedPair<PairSide>[]) => {
         for (const p of pairs) {
           const b = bucketOf(p.task_id!, info.buckets);
           if (b !== bucket) chunks.mark(writer, [0, (bucket = b)]);
@@ -73,12 +73,12 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
 
       const progress = log.progress(`judge ${side} pairs`, lineage.find((l) => l.stage === 'pairs')?.counts[side]);
       const stopped = () => `judge: stopped while judging the ${side} pairs; the next run judges again (LLM answers received are cached)`;
-      await judgeConstructed(join(input('pairs'), `${side}.jsonl`), ensemble, cfg.batch_size, writeConstructed, () => progress.tick(), () => safePoint(signal, stopped));
+      await judgeConstructed(readPairs(join(input('pairs'), `${side}.jsonl`), input('split'), info.buckets), ensemble, cfg.batch_size, writeConstructed, () => progress.tick(), () => safePoint(signal, stopped));
       progress.done();
       const imported = join(input('import'), `${side}.jsonl`);
       if (ownsImported(shard)) {
         chunks.mark(writer, [1]);
-        if (cfg.imported === 'recheck') await judgeConstructed(imported, ensemble, cfg.batch_size, write, () => {}, () => safePoint(signal, stopped));
+        if (cfg.imported === 'recheck') await judgeConstructed(readPairs(imported, input('split'), info.buckets), ensemble, cfg.batch_size, write, () => {}, () => safePoint(signal, stopped));
         else for await (const p of readJsonl<CandidatePair>(imported)) await write([asGiven(p)]);
       }
       if (couples) {

@@ -1,7 +1,7 @@
 // One bucket of tasks made into pairs: outcome pairs per task, hard negatives per successful session (by the
 // transforms, and by the rewriter when there is one), written with every pair not made and why. A pair's
-// message lists are runs of its sessions' messages as stored, copied into its line as they were read: only
-// what a transform changes is parsed and written anew.
+// message lists are runs of its sessions' messages as stored, written as where they lie in those sessions
+// (stages/layout.ts PairSide): only what a transform changes is parsed and written out whole.
 import { LineBuffer } from '../../pipeline/jsonl.ts';
 import type { BufferShelf } from '../../pipeline/buffers.ts';
 import type { Logger } from '../../pipeline/log.ts';
@@ -55,16 +55,16 @@ export interface PairedBucket {
 
 /**
  * A pair's line: JSON.stringify of the pair with the metadata of `session` (its chosen side's: the verifier
- * replays it), its message lists and the metadata copied from the stored bytes where they were read.
+ * replays it), its message lists written as PairSides, and the metadata copied from the stored bytes.
  */
 function writePair(out: LineBuffer, pair: Pair<StoredMessages>, session: StoredSession): void {
   const { pair_id, prompt, chosen, rejected, ...rest } = pair;
   out.write(`{"pair_id":${JSON.stringify(pair_id)},"prompt":`);
-  prompt.writeJson(out);
+  prompt.writeSide(out);
   out.writeBytes(CHOSEN);
-  chosen.writeJson(out);
+  chosen.writeSide(out);
   out.writeBytes(REJECTED);
-  rejected.writeJson(out);
+  rejected.writeSide(out);
   out.write(`,${JSON.stringify(rest).slice(1, -1)},"metadata":`);
   session.writeMetadata(out);
   out.writeByte(0x7d); // }

@@ -78,7 +78,7 @@ export type Config = z.infer<typeof config>;
 export const pairs = defineStage({
   name: 'pairs',
   description: 'build preference pairs: successes against failures of a task (outcome), and hard negatives of six types (by transforms; optionally by an LLM rewriter)',
-  version: 3,
+  version: 4,
   inputs: ['split'],
   outputs: ['train.jsonl', 'test.jsonl', 'dropped.jsonl', 'info.json'],
   config,

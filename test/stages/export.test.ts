@@ -4,8 +4,9 @@ import { join } from 'node:path';
 import { DuckDBInstance } from '@duckdb/node-api';
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { Pair } from '../../core/records.ts';
+import type { PairSide } from '../../stages/layout.ts';
 import { prefab, REPO } from '../fixtures/cli.ts';
-import { collect, engineFor, tempDir } from '../fixtures/pipeline.ts';
+import { engineFor, tempDir, wholePairs } from '../fixtures/pipeline.ts';
 
 let workdir: string;
 const query = async (sql: string) => {
@@ -59,7 +60,8 @@ describe('export', () => {
   });
 
   it('round-trips pairs exactly: what DuckDB reads back equals what the gate kept', async () => {
-    const made = await collect<Pair>(join(workdir, 'gate', 'train.jsonl'));
+    // The gate's pairs point at their sessions' messages: read back whole, as export reads them.
+    const made = await wholePairs<Pair<PairSide>>(join(workdir, '..'), 'gate');
     const read = await query(`SELECT to_json(prompt)::VARCHAR AS prompt, to_json(chosen)::VARCHAR AS chosen, to_json(rejected)::VARCHAR AS rejected, pair_id, margin FROM '${join(workdir, 'export', 'pairs', 'train.parquet')}'`);
     expect(read).toHaveLength(made.length);
     // DuckDB spells absent optional fields as null; the pairs stage leaves them out.

@@ -4,8 +4,8 @@ import { DuckDBInstance } from '@duckdb/node-api';
 import { describe, expect, it } from 'vitest';
 import type { QuarantineRecord } from '../../stages/ingest/segment.ts';
 import { sessionSegments } from '../../stages/layout.ts';
-import type { Pair, Session } from '../../core/records.ts';
-import { collect, engineFor, jsonl, manifest, session, tempDir } from '../fixtures/pipeline.ts';
+import type { Session } from '../../core/records.ts';
+import { collect, engineFor, jsonl, manifest, session, tempDir, wholePairs } from '../fixtures/pipeline.ts';
 
 const ingestOnly = { until: 'ingest' };
 
@@ -171,7 +171,7 @@ describe('ingest', () => {
     expect(JSON.parse(sessions[0]!.metadata)).toEqual({ meta: { env: 'prod' }, trial: 0 });
     expect(sessions[0]!.messages[2]!.tool_calls![0]!.function.arguments).toBe('{"order":12,"try":0}');
 
-    const pairs = (await collect<Pair>(join(dir, 'workspace', 'pairs', 'train.jsonl'))).filter((p) => p.source === 'outcome');
+    const pairs = (await wholePairs(dir, 'pairs')).filter((p) => p.source === 'outcome');
     expect(pairs.map((p) => [p.chosen_session_id, p.rejected_session_id])).toEqual([
       ['T1-0', 'T1-1'],
       ['T1-0', 'T1-2'],

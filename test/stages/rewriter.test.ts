@@ -5,7 +5,8 @@ import { readJsonl } from '../../pipeline/jsonl.ts';
 import { DEFAULT_REWRITE_PROMPT, REWRITE_TYPES, loadRewritePrompt, type RewritePrompt, type RewriteType } from '../../stages/pairs/rewriter.ts';
 import type { CandidatePair, Message, Session } from '../../core/records.ts';
 import { completion, startChatServer, type ChatServer, type Script, type SeenRequest } from '../fixtures/chat-server.ts';
-import { collect, engineFor, jsonl, manifest, tempDir } from '../fixtures/pipeline.ts';
+import { collect, engineFor, jsonl, manifest, tempDir, wholePairs } from '../fixtures/pipeline.ts';
+import type { PairSide } from '../../stages/layout.ts';
 
 const SAMPLE = join(import.meta.dirname, '../../data/sample/sessions.jsonl.gz');
 /** The first three sample tasks, four trials each: six successes among them. */
@@ -50,7 +51,7 @@ function rewriterOn(url: string, extra: string[] = []) {
   return ['enabled: true', 'ratios: { refusal: 1, off_topic: 1, verbose: 1, under_explained: 1 }', `endpoint: { base_url: "${url}", model: rewriter-under-test, backoff_ms: 5 }`, ...extra];
 }
 
-const pairsOf = async (dir: string) => collect<CandidatePair>(join(dir, 'workspace', 'pairs', 'train.jsonl'));
+const pairsOf = async (dir: string) => wholePairs<CandidatePair<PairSide>>(dir, 'pairs');
 const rewritten = async (dir: string) => (await pairsOf(dir)).filter((p) => p.rejected_session_id.endsWith('~llm'));
 const droppedOf = (dir: string) => collect<{ rejected_session_id: string; reason: string }>(join(dir, 'workspace', 'pairs', 'dropped.jsonl'));
 

@@ -1,5 +1,6 @@
 // The pairs stage reads its sessions' messages as stored (stages/layout.ts: StoredMessages, StoredSession) and
-// writes each pair's line from those bytes. Pinned here: every line is JSON.stringify of the pair the sessions
+// writes each pair's sides as where they lie in those sessions. Pinned here: every line is JSON.stringify of
+// the pair, its sides pointing at the right messages, which readPairs gives back as the pair the sessions
 // make, whatever the sessions' text holds; a line not shaped as ingest writes it is read all the same; equal
 // bytes and equal messages agree.
 import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
@@ -7,9 +8,9 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { LineBuffer } from '../../pipeline/jsonl.ts';
 import { readJsonl } from '../../pipeline/jsonl.ts';
-import { StoredMessages, readStoredSession } from '../../stages/layout.ts';
+import { StoredMessages, readStoredSession, type PairSide } from '../../stages/layout.ts';
 import type { CandidatePair, Message, Session, SplitSession } from '../../core/records.ts';
-import { engineFor, jsonl, tempDir } from '../fixtures/pipeline.ts';
+import { engineFor, jsonl, tempDir, wholePairs } from '../fixtures/pipeline.ts';
 
 const SAMPLE = join(import.meta.dirname, '../../data/sample/sessions.jsonl.gz');
 
@@ -21,7 +22,7 @@ function lines(path: string): string[] {
 }
 
 describe('pairs written from their sessions as stored', () => {
-  it('writes every pair as JSON.stringify of the pair its sessions make, odd text and metadata included', async () => {
+  it('writes every pair as JSON.stringify of the pair its sessions make, its sides where they lie in them, odd text and metadata included', async () => {
     const dir = tempDir();
     const sessions: Session[] = [];
     for await (const s of readJsonl<Session>(SAMPLE)) if (sessions.push(s) === 300) break;
@@ -45,16 +46,24 @@ describe('pairs written from their sessions as stored', () => {
     }
     let outcome = 0;
     let hardNegative = 0;
+    const lying = (session: string, from: number, to: number): PairSide => (to > from ? { session_id: session, messages: [from, to] } : []);
     for (const side of ['train', 'test']) {
-      for (const line of lines(join(dir, 'workspace', 'pairs', `${side}.jsonl`))) {
-        const pair = JSON.parse(line) as CandidatePair;
-        expect(JSON.stringify(pair)).toBe(line);
+      const stored = lines(join(dir, 'workspace', 'pairs', `${side}.jsonl`));
+      const read = await wholePairs<CandidatePair<PairSide>>(dir, 'pairs', side);
+      expect(read).toHaveLength(stored.length);
+      for (const [i, line] of stored.entries()) {
+        const kept = JSON.parse(line) as CandidatePair<PairSide>;
+        expect(JSON.stringify(kept)).toBe(line);
+        const pair = read[i]!;
+        expect({ ...pair, prompt: kept.prompt, chosen: kept.chosen, rejected: kept.rejected }).toEqual(kept);
         const chosen = bySession.get(pair.source === 'outcome' ? pair.chosen_session_id : pair.chosen_session_id.split('~')[0]!)!;
         expect(pair.metadata).toBe(chosen.metadata);
         expect(pair.split).toBe(side);
         if (pair.source === 'outcome') {
           outcome++;
           const rejected = bySession.get(pair.rejected_session_id)!;
+          const n = pair.prompt.length;
+          expect([kept.prompt, kept.chosen, kept.rejected]).toEqual([lying(chosen.session_id, 0, n), lying(chosen.session_id, n, chosen.messages.length), lying(rejected.session_id, n, rejected.messages.length)]);
           expect([...pair.prompt, ...pair.chosen]).toEqual(chosen.messages);
           expect([...pair.prompt, ...pair.rejected]).toEqual(rejected.messages);
           expect(pair.chosen[0]).not.toEqual(pair.rejected[0]);
@@ -63,13 +72,41 @@ describe('pairs written from their sessions as stored', () => {
           const original = bySession.get(pair.chosen_session_id) ?? bySession.get(pair.rejected_session_id)!;
           const at = pair.prompt.length;
           expect(pair.prompt).toEqual(original.messages.slice(0, at));
-          const kept = pair.chosen_session_id === original.session_id ? pair.chosen : pair.rejected;
-          expect(kept).toEqual([original.messages[at]]);
+          const [turn, made] = pair.chosen_session_id === original.session_id ? ['chosen', 'rejected'] as const : ['rejected', 'chosen'] as const;
+          expect(pair[turn]).toEqual([original.messages[at]]);
+          // The original turn points at the session; the turn made anew is written whole.
+          expect([kept.prompt, kept[turn]]).toEqual([lying(original.session_id, 0, at), lying(original.session_id, at, at + 1)]);
+          expect(kept[made]).toEqual(pair[made]);
+          expect(Array.isArray(kept[made]) && kept[made].length).toBe(1);
         }
       }
     }
     expect(outcome).toBeGreaterThan(50);
     expect(hardNegative).toBeGreaterThan(100);
+  });
+
+  it('names the file, the line and the session where a pair points at messages split does not hold', async () => {
+    const dir = tempDir();
+    const sessions: Session[] = [];
+    for await (const s of readJsonl<Session>(SAMPLE)) if (sessions.push(s) === 60) break;
+    writeFileSync(join(dir, 'logs.jsonl'), jsonl(sessions));
+    await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\nsplit:\n  test_ratio: 0\n').run({ until: 'pairs' });
+    const file = join(dir, 'workspace', 'pairs', 'train.jsonl');
+    const stored = lines(file);
+    expect(stored.length).toBeGreaterThan(2);
+    const whole = await wholePairs(dir, 'pairs');
+    const second = JSON.parse(stored[1]!) as CandidatePair<PairSide>;
+    const side = second.chosen as { session_id: string; messages: [number, number] };
+    expect(side.session_id).toBe(second.chosen_session_id.split('~')[0]);
+    const length = sessions.find((s) => s.session_id === side.session_id)!.messages.length;
+    const broken = (chosen: PairSide) => writeFileSync(file, [stored[0], JSON.stringify({ ...second, chosen }), ...stored.slice(2)].join('\n') + '\n');
+
+    broken({ session_id: 'nobody', messages: side.messages });
+    await expect(wholePairs(dir, 'pairs')).rejects.toThrow(new RegExp(`train\\.jsonl line 2: pair ${second.pair_id} points at session nobody in .*train-\\d+\\.jsonl, which is not there: .*run \`prefab stage pairs\``));
+    broken({ session_id: side.session_id, messages: [side.messages[0], length + 1] });
+    await expect(wholePairs(dir, 'pairs')).rejects.toThrow(`which has ${length} messages, not messages ${side.messages[0]} to ${length + 1}`);
+    broken(side);
+    expect(await wholePairs(dir, 'pairs')).toEqual(whole);
   });
 
   it('reads a line not shaped as ingest writes it by parsing it whole', () => {
