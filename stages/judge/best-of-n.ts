@@ -4,14 +4,19 @@ import { existsSync } from 'node:fs';
 import { commonPrefixLength, pairId, type JudgedPair, type Message, type Split, type SplitSession } from '../../core/records.ts';
 import { NO_COST, abstain, addStats, chosenConfidence, swapped, type Comparison, type Completion, type JudgeStats } from '../../core/verdict.ts';
 import type { EnsembleVerdict } from '../../judges/ensemble.ts';
-import { readTaskGroups } from '../layout.ts';
+import { readTaskGroups, type PairSide } from '../layout.ts';
 
 export interface Candidate {
   id: string;
   messages: Message[];
   reward: number | null;
   metadata: string;
+  /** A logged session, in split's bucket: a pair's side may point at its messages (a sampled one is written whole). */
+  logged?: boolean;
 }
+
+/** Messages `from` to `to` - 1 of a candidate as a pair's side: where they lie in its session when it is logged. */
+const sideOf = (c: Candidate, from: number, to: number): PairSide => (c.logged && to > from ? { session_id: c.id, messages: [from, to] } : c.messages.slice(from, to));
 
 export interface Group {
   task_id: string | null;
@@ -29,7 +34,7 @@ const hasAssistant = (ms: Message[]) => ms.some((m) => m.role === 'assistant');
  * champion as `chosen`. As for outcome pairs, a couple's prompt is the longest prefix the two share.
  * Candidates with the same messages as another are left out (`duplicates`).
  */
-export async function judgeGroup(group: Group, decide: Decide): Promise<{ judged: JudgedPair[]; duplicates: string[]; offRecord: JudgeStats }> {
+export async function judgeGroup(group: Group, decide: Decide): Promise<{ judged: JudgedPair<PairSide>[]; duplicates: string[]; offRecord: JudgeStats }> {
   // Rewards first, so that the verifier settles most of the knockout at once.
   const all = [...group.candidates].sort((x, y) => (y.reward ?? -1) - (x.reward ?? -1) || (x.id < y.id ? -1 : x.id > y.id ? 1 : 0));
   const candidates: Candidate[] = [];
@@ -74,15 +79,16 @@ export async function judgeGroup(group: Group, decide: Decide): Promise<{ judged
   const recorded = new Set(others.flatMap((o) => [`${champion.id}\u0000${o.id}`, `${o.id}\u0000${champion.id}`]));
   let offRecord = NO_COST;
   for (const [key, v] of seen) if (!recorded.has(key)) offRecord = addStats(offRecord, (await v).stats);
-  const judged = others.map((other, i): JudgedPair => {
+  const judged = others.map((other, i): JudgedPair<PairSide> => {
     const v = verdicts[i]!;
     const gap = champion.reward !== null && other.reward !== null ? champion.reward - other.reward : null;
     const n = couple(champion, other);
     return {
       pair_id: pairId('best_of_n', champion.id, other.id),
-      prompt: champion.messages.slice(0, n),
-      chosen: champion.messages.slice(n),
-      rejected: other.messages.slice(n),
+      // The shared prompt points at whichever of the two sessions is logged.
+      prompt: sideOf(champion.logged || !other.logged ? champion : other, 0, n),
+      chosen: sideOf(champion, n, champion.messages.length),
+      rejected: sideOf(other, n, other.messages.length),
       chosen_reward: champion.reward,
       rejected_reward: other.reward,
       margin: gap ?? v.verdict.margin ?? null,
@@ -107,8 +113,9 @@ export async function judgeGroup(group: Group, decide: Decide): Promise<{ judged
 export async function candidateGroups(splitFile: string, sampleFile: string, max: number) {
   const sampled = new Map<string, SplitSession[]>(existsSync(sampleFile) ? await readTaskGroups(sampleFile) : []);
   return (await readTaskGroups(splitFile)).map(([taskId, sessions]) => {
+    const logged = new Set(sessions);
     const all = [...sessions, ...(sampled.get(taskId) ?? [])].sort((x, y) => (x.session_id < y.session_id ? -1 : x.session_id > y.session_id ? 1 : 0));
-    const candidates: Candidate[] = all.slice(0, max).map((s) => ({ id: s.session_id, messages: s.messages, reward: s.reward, metadata: s.metadata }));
+    const candidates: Candidate[] = all.slice(0, max).map((s) => ({ id: s.session_id, messages: s.messages, reward: s.reward, metadata: s.metadata, logged: logged.has(s) }));
     return { task_id: taskId, split: sessions[0]!.split, candidates };
   });
 }

@@ -26,7 +26,7 @@ export type Config = z.infer<typeof config>;
 export const judge = defineStage({
   name: 'judge',
   description: 'judge every pair, and pick best-of-N among each task\'s candidates: verifier, rules and (optional) LLM judge',
-  version: 3,
+  version: 4,
   inputs: ['import', 'split', 'sample', 'pairs'],
   outputs: ['train.jsonl', 'test.jsonl', 'report.json'],
   config,

@@ -7,7 +7,8 @@ import { readJsonl } from '../../pipeline/jsonl.ts';
 import { judgeGroup, type Candidate } from '../../stages/judge/best-of-n.ts';
 import type { JudgedPair, Pair, Session } from '../../core/records.ts';
 import { completion, judgePrompt, startChatServer, type ChatServer, type Script } from '../fixtures/chat-server.ts';
-import { collect, engineFor, jsonl, manifest, tempDir } from '../fixtures/pipeline.ts';
+import { collect, engineFor, jsonl, manifest, tempDir, wholePairs } from '../fixtures/pipeline.ts';
+import type { PairSide } from '../../stages/layout.ts';
 
 const SAMPLE = join(import.meta.dirname, '../../data/sample/sessions.jsonl.gz');
 let sessions: Session[] = [];
@@ -208,7 +209,7 @@ describe('best-of-N', () => {
       const { dir, engine } = pipeline('{}', '', split);
       await engine().run({ until: 'judge' });
       const all = await judged(dir);
-      runs.push({ buckets: manifest(dir, 'split').counts.buckets, counts: manifest(dir, 'judge').counts, ids: all.map((p) => p.pair_id).sort(), all, files: readdirSync(join(dir, 'workspace', 'judge')).sort() });
+      runs.push({ dir, buckets: manifest(dir, 'split').counts.buckets, counts: manifest(dir, 'judge').counts, ids: all.map((p) => p.pair_id).sort(), all, files: readdirSync(join(dir, 'workspace', 'judge')).sort() });
     }
     const [one, three] = runs;
     expect([one!.buckets, three!.buckets]).toEqual([1, 3]);
@@ -221,6 +222,29 @@ describe('best-of-N', () => {
     expect(three!.counts.best_of_n_same_as_outcome).toBe(one!.counts.best_of_n_same_as_outcome);
     expect(three!.ids).toEqual(one!.ids);
     expect(three!.files).toEqual(['manifest.json', 'report.json', 'test.jsonl', 'train.jsonl']);
+    // Every side points at a logged session's messages (or is a turn made anew), and reads back as them.
+    const whole = await wholePairs<JudgedPair<PairSide>>(three!.dir, 'judge');
+    const byId = new Map(sessions.map((s) => [s.session_id, s]));
+    for (const [i, p] of three!.all.entries()) {
+      if (p.source !== 'best_of_n') continue;
+      expect([p.prompt, p.chosen, p.rejected].every((side) => !Array.isArray(side))).toBe(true);
+      const w = whole[i]!;
+      expect([...w.prompt, ...w.chosen]).toEqual(byId.get(p.chosen_session_id)!.messages);
+      expect([...w.prompt, ...w.rejected]).toEqual(byId.get(p.rejected_session_id)!.messages);
+    }
+  });
+
+  it('points the sides at a logged candidate\'s messages, and writes a sampled one\'s whole', async () => {
+    const logged = (c: Candidate): Candidate => ({ ...c, logged: true });
+    const answer = (text: string) => [{ role: 'assistant', content: text }];
+    const sampledChampion = { task_id: 'T', split: 'train' as const, candidates: [logged(candidate('c1', null, 'answer 1')), candidate('c2', null, 'answer 2'), logged(candidate('c3', null, 'answer 3'))] };
+    const loggedChampion = { ...sampledChampion, candidates: [logged(candidate('c1', null, 'answer 1')), candidate('c2', null, 'answer 2')] };
+    const sides = async (group: typeof sampledChampion, score: Record<string, number>) => (await judgeGroup(group, byScore(score).decide)).judged.map((p) => [p.chosen_session_id, p.rejected_session_id, p.prompt, p.chosen, p.rejected]);
+    expect(await sides(sampledChampion, { c1: 1, c2: 3, c3: 2 })).toEqual([
+      ['c2', 'c1', { session_id: 'c1', messages: [0, 1] }, answer('answer 2'), { session_id: 'c1', messages: [1, 2] }],
+      ['c2', 'c3', { session_id: 'c3', messages: [0, 1] }, answer('answer 2'), { session_id: 'c3', messages: [1, 2] }],
+    ]);
+    expect(await sides(loggedChampion, { c1: 3, c2: 1 })).toEqual([['c1', 'c2', { session_id: 'c1', messages: [0, 1] }, { session_id: 'c1', messages: [1, 2] }, answer('answer 2')]]);
   });
 
   it('picks the best of N and pairs it against each of the others: N−1 comparisons', async () => {
