@@ -22,6 +22,7 @@ import { Logger } from '../pipeline/log.ts';
 import { seeded } from '../core/random.ts';
 import { DEFAULT_PROMPT } from '../judges/panel.ts';
 import { STAGES } from '../stages/index.ts';
+import type { PairSide } from '../stages/layout.ts';
 import { commonPrefixLength, type JudgedPair, type Session } from '../core/records.ts';
 import { Redactor } from '../core/redact.ts';
 import { completion, startChatServer } from '../test/fixtures/chat-server.ts';
@@ -125,10 +126,11 @@ async function measure(bias: number, noise: number, answer = scripted(bias, nois
 
   const reward = new Map(sessions.map((s) => [s.session_id, s.reward]));
   const wrong = (chosen: string, rejected: string) => reward.get(chosen)! < reward.get(rejected)!;
-  const judged: JudgedPair[] = [];
-  for await (const p of readJsonl<JudgedPair>(join(dir, 'workspace', 'judge', 'train.jsonl'))) judged.push(p);
-  const kept: JudgedPair[] = [];
-  for await (const p of readJsonl<JudgedPair>(join(dir, 'workspace', 'gate', 'train.jsonl'))) kept.push(p);
+  // Ids and verdicts only: the sides, as stored, point at their sessions' messages.
+  const judged: JudgedPair<PairSide>[] = [];
+  for await (const p of readJsonl<JudgedPair<PairSide>>(join(dir, 'workspace', 'judge', 'train.jsonl'))) judged.push(p);
+  const kept: JudgedPair<PairSide>[] = [];
+  for await (const p of readJsonl<JudgedPair<PairSide>>(join(dir, 'workspace', 'gate', 'train.jsonl'))) kept.push(p);
 
   // The naive judge: one order only, confidence |2p − 1|, no abstention; the same threshold.
   let naiveKept = 0;

@@ -34,8 +34,9 @@ function pipeline(judge: string, gate = '', split = '') {
   return { dir, engine: () => engineFor(dir, config) };
 }
 
-const judged = (dir: string) => collect<JudgedPair>(join(dir, 'workspace', 'judge', 'train.jsonl'));
-const kept = (dir: string) => collect<Pair>(join(dir, 'workspace', 'gate', 'train.jsonl'));
+// Their sides as stored: most point at their sessions' messages (wholePairs reads them back whole).
+const judged = (dir: string) => collect<JudgedPair<PairSide>>(join(dir, 'workspace', 'judge', 'train.jsonl'));
+const kept = (dir: string) => collect<Pair<PairSide>>(join(dir, 'workspace', 'gate', 'train.jsonl'));
 
 function llmOnly(url: string, extra = '') {
   return ['verifier: { enabled: false }', 'rules: { enabled: false }', 'llm:', '  enabled: true', `  endpoint: { base_url: "${url}", model: judge-under-test, backoff_ms: 5 }`, extra].join('\n');
