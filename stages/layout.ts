@@ -199,13 +199,6 @@ export class StoredMessages {
     if (this.session === null || this.length === 0) return this.writeJson(out);
     out.write(`{"session_id":${JSON.stringify(this.session)},"messages":[${this.first},${this.first + this.length}]}`);
   }
-
-  /** The messages parsed anew: objects of the caller's own, shared with nothing else that read them. */
-  parse(): Message[] {
-    if (this.length === 0) return [];
-    const json = this.line ? this.line.toString('utf8', this.starts[this.first], this.ends[this.first + this.length - 1]) : JSON.stringify(this.parsed.slice(this.first, this.first + this.length)).slice(1, -1);
-    return JSON.parse(`[${json}]`) as Message[];
-  }
 }
 
 /**
@@ -410,7 +403,7 @@ export async function* readPairs<P extends Pair<PairSide>>(file: string, splitDi
       const session = await sessions.get(bucket, side.session_id);
       if (!session || !(Number.isInteger(from) && Number.isInteger(to) && 0 <= from && from < to && to <= session.messages.length)) {
         const what = session ? `has ${session.messages.length} messages, not messages ${from} to ${to}` : 'is not there';
-        throw new PipelineError(`${file} line ${line}: pair ${pair.pair_id} points at session ${side.session_id} in ${bucket}, which ${what}: these pairs were made from another split: run \`prefab stage pairs\` to make them again`);
+        throw new PipelineError(`${file} line ${line}: pair ${pair.pair_id} points at session ${side.session_id} in ${bucket}, which ${what}; these pairs were made from another split: run \`prefab stage pairs\` to make them again`);
       }
       return session.messages.slice(from, to).all();
     };

@@ -102,7 +102,7 @@ describe('pairs written from their sessions as stored', () => {
     const broken = (chosen: PairSide) => writeFileSync(file, [stored[0], JSON.stringify({ ...second, chosen }), ...stored.slice(2)].join('\n') + '\n');
 
     broken({ session_id: 'nobody', messages: side.messages });
-    await expect(wholePairs(dir, 'pairs')).rejects.toThrow(new RegExp(`train\\.jsonl line 2: pair ${second.pair_id} points at session nobody in .*train-\\d+\\.jsonl, which is not there: .*run \`prefab stage pairs\``));
+    await expect(wholePairs(dir, 'pairs')).rejects.toThrow(new RegExp(`train\\.jsonl line 2: pair ${second.pair_id} points at session nobody in .*train-\\d+\\.jsonl, which is not there; .*run \`prefab stage pairs\``));
     broken({ session_id: side.session_id, messages: [side.messages[0], length + 1] });
     await expect(wholePairs(dir, 'pairs')).rejects.toThrow(`which has ${length} messages, not messages ${side.messages[0]} to ${length + 1}`);
     broken(side);
