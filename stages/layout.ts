@@ -384,6 +384,12 @@ export type PairSide = Message[] | { session_id: string; messages: [from: number
 /** A pair record (of the pairs, judge or gate stage) with its sides made whole. */
 export type WholePair<P extends Pair<PairSide>> = Omit<P, 'prompt' | 'chosen' | 'rejected'> & Pair;
 
+/** A pair record as its file holds it, and made whole. */
+export interface ReadPair<P extends Pair<PairSide>> {
+  stored: P;
+  whole: WholePair<P>;
+}
+
 /**
  * The pair records of a file of the pairs, judge or gate stage, each as stored and with its sides made
  * whole: a side that points at a session's messages is read from split's bucket file of the pair's task and
@@ -391,15 +397,22 @@ export type WholePair<P extends Pair<PairSide>> = Omit<P, 'prompt' | 'chosen' | 
  * gate keep that order, so one bucket file at a time is in memory. A session's messages are parsed once
  * and shared by its pairs: read them, do not change them.
  */
-export async function* readPairs<P extends Pair<PairSide>>(file: string, splitDir: string, buckets: number): AsyncGenerator<{ stored: P; whole: WholePair<P> }> {
+export async function* readPairs<P extends Pair<PairSide>>(file: string, splitDir: string, buckets: number): AsyncGenerator<ReadPair<P>> {
   const sessions = new SessionsById();
+  // A task's pairs come one after another: its bucket file is worked out once (bucketOf is a SHA-256).
+  let last = { key: '', bucket: '' };
+  const bucketOfPair = (pair: P): string => {
+    const key = `${pair.split}\u0000${pair.task_id}`;
+    if (key !== last.key) last = { key, bucket: bucketFile(splitDir, pair.split, bucketOf(pair.task_id!, buckets)) };
+    return last.bucket;
+  };
   for await (const { line, text } of readLines(file)) {
     if (text.length === 0) continue;
     const pair = JSON.parse(text) as P;
     const whole = async (side: PairSide): Promise<Message[]> => {
       if (Array.isArray(side)) return side;
       const [from, to] = side.messages;
-      const bucket = bucketFile(splitDir, pair.split, bucketOf(pair.task_id!, buckets));
+      const bucket = bucketOfPair(pair);
       const session = await sessions.get(bucket, side.session_id);
       if (!session || !(Number.isInteger(from) && Number.isInteger(to) && 0 <= from && from < to && to <= session.messages.length)) {
         const what = session ? `has ${session.messages.length} messages, not messages ${from} to ${to}` : 'is not there';

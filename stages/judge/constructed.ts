@@ -5,7 +5,7 @@ import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { NO_COST, chosenConfidence } from '../../core/verdict.ts';
 import type { CandidatePair, JudgedPair } from '../../core/records.ts';
 import type { EnsembleJudge } from '../../judges/ensemble.ts';
-import type { PairSide, WholePair } from '../layout.ts';
+import type { PairSide, ReadPair } from '../layout.ts';
 
 /** A (chosen, rejected) couple of sessions, as outcome pairs and best-of-N pairs are compared. */
 export const coupleKey = (p: Pick<JudgedPair, 'chosen_session_id' | 'rejected_session_id'>) => `${p.chosen_session_id}\u0000${p.rejected_session_id}`;
@@ -20,8 +20,8 @@ export function asGiven<Turns>(p: CandidatePair<Turns>): JudgedPair<Turns> {
  * Judges every one of `pairs` (whole), `batchSize` at a time (each batch after a safe point), and hands
  * each batch to `write`, as they were stored: a side that points at a session's messages is written so.
  */
-export async function judgeConstructed(pairs: AsyncIterable<{ stored: CandidatePair<PairSide>; whole: WholePair<CandidatePair<PairSide>> }>, ensemble: EnsembleJudge, batchSize: number, write: (pairs: JudgedPair<PairSide>[]) => Promise<void>, tick: () => void, safePoint: () => Promise<void>): Promise<void> {
-  let batch: { stored: CandidatePair<PairSide>; whole: WholePair<CandidatePair<PairSide>> }[] = [];
+export async function judgeConstructed(pairs: AsyncIterable<ReadPair<CandidatePair<PairSide>>>, ensemble: EnsembleJudge, batchSize: number, write: (pairs: JudgedPair<PairSide>[]) => Promise<void>, tick: () => void, safePoint: () => Promise<void>): Promise<void> {
+  let batch: ReadPair<CandidatePair<PairSide>>[] = [];
   const flush = async () => {
     await safePoint();
     const verdicts = await Promise.all(
