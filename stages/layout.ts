@@ -1,10 +1,11 @@
 // What passes between stages on disk: the files one stage writes into its folder and a later one reads.
 // A stage reads another's output only through this module, never through the other stage's code.
+import { closeSync, openSync, readSync } from 'node:fs';
 import { open, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { unitHash } from '../pipeline/hash.ts';
 import { PipelineError } from '../pipeline/errors.ts';
-import { readJsonl, readLines, type LineBuffer } from '../pipeline/jsonl.ts';
+import { readLines, type LineBuffer } from '../pipeline/jsonl.ts';
 import { forEachLine, holdsAt, jsonStringEnd } from '../pipeline/records.ts';
 import { readJsonFile } from '../pipeline/workspace.ts';
 import { sameMessage, type Message, type Pair, type Role, type Split, type SplitSession } from '../core/records.ts';
@@ -70,6 +71,9 @@ export async function sessionSegments(ingestDir: string): Promise<string[]> {
 }
 
 // ── split (and sample, which writes the same layout): sessions/<side>-<bucket>.jsonl and info.json ──
+// A bucket file of split's does not copy its sessions: a line of it points at a run of ingest's lines (a
+// SessionRun), and only a session split gave a task (so changed) is written whole. A bucket file of sample's
+// holds its sampled sessions whole. StoredBucketReader reads either as one line a whole SplitSession.
 
 export const SPLITS: readonly Split[] = ['train', 'test'];
 
@@ -89,15 +93,72 @@ export async function readSplitInfo(splitDir: string): Promise<SplitInfo> {
   return (await readJsonFile<SplitInfo>(join(splitDir, 'info.json')))!;
 }
 
-/** Sessions of one bucket file grouped by task, tasks in a stable order. */
-export async function readTaskGroups(path: string): Promise<[string, SplitSession[]][]> {
+/** Where split's sessions are read from: its folder, and ingest's, whose segments its bucket files point into. */
+export interface SplitFolders {
+  split: string;
+  ingest: string;
+}
+
+/**
+ * A line of split's bucket file that stands for `sessions` lines of ingest's segment `ingest` (in its
+ * sessions/ folder), bytes `bytes[0]` to `bytes[1]` of it (their newlines included): each read as the
+ * session with `"split":<split>,"task_match":null` added, as a session with a task is (sessionTail).
+ */
+export interface SessionRun {
+  ingest: string;
+  bytes: [from: number, to: number];
+  sessions: number;
+  split: Split;
+}
+
+/** The line of a run, its fields in SessionRun's order. */
+export const sessionRunLine = (run: SessionRun): string => JSON.stringify({ ingest: run.ingest, bytes: run.bytes, sessions: run.sessions, split: run.split } satisfies SessionRun);
+
+/**
+ * What ends the line of a split session that had its task, in place of the closing brace of the line ingest
+ * wrote: JSON.stringify of { ...session, split, task_match: null }.
+ */
+export const sessionTail = (split: Split): Buffer => SESSION_TAILS[split];
+const SESSION_TAILS: Record<Split, Buffer> = { train: Buffer.from(',"split":"train","task_match":null}'), test: Buffer.from(',"split":"test","task_match":null}') };
+
+const RUN_HEAD = Buffer.from('{"ingest":');
+const RUN_LINE = /^\{"ingest":"([^"\\/]+)","bytes":\[(\d+),(\d+)\],"sessions":(\d+),"split":"(train|test)"\}$/;
+
+/** The SessionRun of a bucket line that starts as one (read by its fixed shape, or parsed); an error names the line. */
+function readSessionRun(bytes: Buffer, start: number, end: number, where: string): SessionRun {
+  const m = RUN_LINE.exec(bytes.toString('latin1', start, end));
+  if (m) return { ingest: m[1]!, bytes: [Number(m[2]), Number(m[3])], sessions: Number(m[4]), split: m[5] as Split };
+  let run: Partial<SessionRun> = {};
+  try {
+    run = JSON.parse(bytes.toString('utf8', start, end)) as Partial<SessionRun>;
+  } catch {
+    // reported below
+  }
+  const [from, to] = Array.isArray(run.bytes) ? run.bytes : [];
+  const count = (n: unknown): n is number => Number.isSafeInteger(n) && (n as number) >= 0;
+  if (typeof run.ingest === 'string' && run.ingest !== '..' && !/[/\\]/.test(run.ingest) && count(from) && count(to) && from < to && count(run.sessions) && run.sessions > 0 && (run.split === 'train' || run.split === 'test')) {
+    return { ingest: run.ingest, bytes: [from, to], sessions: run.sessions, split: run.split };
+  }
+  throw new PipelineError(`${where}: not a run of ingest's sessions ({"ingest":<segment>,"bytes":[from,to],"sessions":n,"split":"train"|"test"}) nor a session; run \`prefab stage split\` to write split's buckets again`);
+}
+
+/** Sessions of one bucket file grouped by task, tasks in a stable order (runs of ingest's sessions read from `ingestDir`). */
+export async function readTaskGroups(path: string, ingestDir: string): Promise<[string, SplitSession[]][]> {
   const groups = new Map<string, SplitSession[]>();
-  for await (const s of readJsonl<SplitSession>(path)) {
+  for await (const s of readBucketSessions(path, ingestDir)) {
     const group = groups.get(s.task_id!);
     if (group) group.push(s);
     else groups.set(s.task_id!, [s]);
   }
   return byTask(groups);
+}
+
+/** The sessions of one bucket file, parsed one at a time (runs of ingest's sessions read from `ingestDir`). */
+export async function* readBucketSessions(path: string, ingestDir: string): AsyncGenerator<SplitSession> {
+  const bytes = await new StoredBucketReader().sessions(path, ingestDir);
+  const lines: number[] = [];
+  forEachLine(bytes, (start, end) => end > start && lines.push(start, end));
+  for (let k = 0; k < lines.length; k += 2) yield JSON.parse(bytes.toString('utf8', lines[k], lines[k + 1])) as SplitSession;
 }
 
 /** Groups' entries in a stable order: by task id. */
@@ -108,8 +169,8 @@ const byTask = <T>(groups: Map<string, T>): [string, T][] => [...groups.entries(
 /**
  * A conversation's messages kept as the JSON they were stored as, and read only as far as asked: a message's
  * role without parsing it, a message parsed once when first asked for, a run of messages written out as the
- * bytes it was read from. Ingest writes each message as JSON.stringify of its Message (split and merge copy
- * those bytes), so equal bytes are equal messages. Messages made anew (a rewritten turn) are kept as objects.
+ * bytes it was read from. Ingest writes each message as JSON.stringify of its Message (split's buckets point
+ * at those bytes, merge links them), so equal bytes are equal messages. Messages made anew (a rewritten turn) are kept as objects.
  */
 export class StoredMessages {
   private constructor(
@@ -297,28 +358,82 @@ export function storedSessions(bucket: StoredTaskGroups, offsets: number[]): Sto
  * (writing to new pages costs more than the copy itself): what a read gives is valid until the next read.
  */
 export class StoredBucketReader {
+  /** The bucket file as it is; its sessions, runs read in. */
+  private file = Buffer.allocUnsafeSlow(0);
   private buffer = Buffer.allocUnsafeSlow(0);
 
   /** A whole file's bytes, valid until the next read. */
-  async bytes(path: string): Promise<Buffer> {
+  private async bytes(path: string): Promise<Buffer> {
     const file = await open(path, 'r');
     try {
       const { size } = await file.stat();
-      if (size > this.buffer.length) this.buffer = Buffer.allocUnsafeSlow(size + (size >> 3));
+      if (size > this.file.length) this.file = Buffer.allocUnsafeSlow(size + (size >> 3));
       for (let at = 0; at < size; ) {
-        const { bytesRead } = await file.read(this.buffer, at, size - at, at);
+        const { bytesRead } = await file.read(this.file, at, size - at, at);
         if (bytesRead === 0) throw new Error(`${path}: ended at byte ${at} of ${size} while it was read`);
         at += bytesRead;
       }
-      return this.buffer.subarray(0, size);
+      return this.file.subarray(0, size);
     } finally {
       await file.close();
     }
   }
 
+  /**
+   * A bucket file's sessions, a line each, as whole SplitSessions' JSON: each run of ingest's sessions it
+   * points at read from its segment in `ingestDir` (synchronously: a bucket's runs are many small reads of
+   * what the page cache mostly holds), its other lines as they are. Valid until the next read.
+   */
+  async sessions(path: string, ingestDir: string): Promise<Buffer> {
+    const file = await this.bytes(path);
+    const parts: ({ start: number; end: number } | { run: SessionRun; line: number })[] = [];
+    let size = 0;
+    let line = 0;
+    forEachLine(file, (start, end) => {
+      line++;
+      if (end === start) return;
+      if (!holdsAt(file, start, RUN_HEAD)) {
+        parts.push({ start, end });
+        size += end - start + 1;
+        return;
+      }
+      const run = readSessionRun(file, start, end, `${path} line ${line}`);
+      parts.push({ run, line });
+      size += run.bytes[1] - run.bytes[0] + run.sessions * (SESSION_TAILS[run.split].length - 1);
+    });
+    if (size > this.buffer.length) this.buffer = Buffer.allocUnsafeSlow(size + (size >> 3));
+    const out = this.buffer;
+    const segments = new Map<string, number>();
+    let at = 0;
+    try {
+      for (const part of parts) {
+        if ('start' in part) {
+          at += file.copy(out, at, part.start, part.end);
+          out[at++] = 10;
+          continue;
+        }
+        const { run } = part;
+        const where = `${path} line ${part.line}`;
+        let fd = segments.get(run.ingest);
+        if (fd === undefined) {
+          try {
+            fd = openSync(join(ingestDir, 'sessions', run.ingest), 'r');
+          } catch (error) {
+            throw new PipelineError(`${where}: points at ingest's segment ${run.ingest}, which ${join(ingestDir, 'sessions')} does not hold (${(error as Error).message}); these buckets were made from another ingest: run \`prefab stage split\``);
+          }
+          segments.set(run.ingest, fd);
+        }
+        at = readRun(out, at, fd, run, where);
+      }
+    } finally {
+      for (const fd of segments.values()) closeSync(fd);
+    }
+    return out.subarray(0, at);
+  }
+
   /** The lines of one bucket file grouped by task (read from each line's head), tasks in a stable order. */
-  async read(path: string): Promise<StoredTaskGroups> {
-    const bytes = await this.bytes(path);
+  async read(path: string, ingestDir: string): Promise<StoredTaskGroups> {
+    const bytes = await this.sessions(path, ingestDir);
     const tasks = new Map<string, number[]>();
     forEachLine(bytes, (start, end) => {
       if (end === start) return;
@@ -331,6 +446,38 @@ export class StoredBucketReader {
   }
 }
 
+/**
+ * Reads `run` from its segment (`fd`) into `out` at `at`, each of its lines given its session's tail in
+ * place of its closing brace; returns where the next line goes. The lines are read where they will end and
+ * moved up from the last, so no copy of the run is made: line i moves by i times what a tail adds.
+ */
+function readRun(out: Buffer, at: number, fd: number, run: SessionRun, where: string): number {
+  const [from, to] = run.bytes;
+  const length = to - from;
+  const changed = (what: string) => new PipelineError(`${where}: ingest's segment ${run.ingest} ${what} at bytes ${from} to ${to}, where split found ${run.sessions} session(s); it has changed since: run \`prefab stage split\``);
+  for (let got = 0; got < length; ) {
+    const n = readSync(fd, out, at + got, length - got, from + got);
+    if (n === 0) throw changed(`ends (at byte ${from + got})`);
+    got += n;
+  }
+  const ends: number[] = [];
+  const region = out.subarray(at, at + length);
+  for (let nl = region.indexOf(10); nl >= 0; nl = region.indexOf(10, nl + 1)) ends.push(at + nl);
+  const shaped = ends.length === run.sessions && ends.at(-1) === at + length - 1 && ends.every((nl, i) => out[nl - 1] === 125 && out[i === 0 ? at : ends[i - 1]! + 1] === 123);
+  if (!shaped) throw changed(`holds ${ends.length} line(s) not all sessions`);
+  const tail = SESSION_TAILS[run.split];
+  const extra = tail.length - 1;
+  for (let i = ends.length - 1; i >= 0; i--) {
+    const start = i === 0 ? at : ends[i - 1]! + 1;
+    const brace = ends[i]! - 1;
+    const moved = start + i * extra;
+    out.copyWithin(moved, start, brace);
+    tail.copy(out, moved + brace - start);
+    out[moved + brace - start + tail.length] = 10;
+  }
+  return at + length + ends.length * extra;
+}
+
 /** The session_id of a session's line (the head ingest writes, or the line parsed whole). */
 function leadingSessionId(bytes: Buffer, start: number, end: number): string {
   const idEnd = holdsAt(bytes, start, HEAD) ? jsonStringEnd(bytes, start + HEAD.length - 1, end) : -1;
@@ -341,6 +488,9 @@ function leadingSessionId(bytes: Buffer, start: number, end: number): string {
 /** The sessions of one bucket file at a time, by id, read as StoredSessions when first asked for. */
 class SessionsById {
   private readonly reader = new StoredBucketReader();
+
+  constructor(private readonly ingestDir: string) {}
+
   private path: string | null = null;
   private lines = new Map<string, Buffer | StoredSession>();
 
@@ -349,7 +499,7 @@ class SessionsById {
     if (path !== this.path) {
       this.path = null;
       this.lines = new Map();
-      const bytes = await this.reader.bytes(path);
+      const bytes = await this.reader.sessions(path, this.ingestDir);
       forEachLine(bytes, (start, end) => {
         if (end > start) this.lines.set(leadingSessionId(bytes, start, end), bytes.subarray(start, end));
       });
@@ -393,17 +543,17 @@ export interface ReadPair<P extends Pair<PairSide>> {
 /**
  * The pair records of a file of the pairs, judge or gate stage, each as stored and with its sides made
  * whole: a side that points at a session's messages is read from split's bucket file of the pair's task and
- * side (`splitDir`, `buckets` of them). The pairs stage writes its pairs bucket by bucket, and the judge and
+ * side (in `folders`, `buckets` of them). The pairs stage writes its pairs bucket by bucket, and the judge and
  * gate keep that order, so one bucket file at a time is in memory. A session's messages are parsed once
  * and shared by its pairs: read them, do not change them.
  */
-export async function* readPairs<P extends Pair<PairSide>>(file: string, splitDir: string, buckets: number): AsyncGenerator<ReadPair<P>> {
-  const sessions = new SessionsById();
+export async function* readPairs<P extends Pair<PairSide>>(file: string, folders: SplitFolders, buckets: number): AsyncGenerator<ReadPair<P>> {
+  const sessions = new SessionsById(folders.ingest);
   // A task's pairs come one after another: its bucket file is worked out once (bucketOf is a SHA-256).
   let last = { key: '', bucket: '' };
   const bucketOfPair = (pair: P): string => {
     const key = `${pair.split}\u0000${pair.task_id}`;
-    if (key !== last.key) last = { key, bucket: bucketFile(splitDir, pair.split, bucketOf(pair.task_id!, buckets)) };
+    if (key !== last.key) last = { key, bucket: bucketFile(folders.split, pair.split, bucketOf(pair.task_id!, buckets)) };
     return last.bucket;
   };
   for await (const { line, text } of readLines(file)) {

@@ -19,7 +19,7 @@ export const exportStage = defineStage({
   name: 'export',
   description: 'write sessions, SFT, pairs and KTO datasets as Parquet with dataset cards',
   version: 3,
-  inputs: ['split', 'gate'],
+  inputs: ['ingest', 'split', 'gate'],
   outputs: [...DATASETS],
   config,
 

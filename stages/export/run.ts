@@ -3,11 +3,10 @@
 import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { hashJson } from '../../pipeline/hash.ts';
-import { readJsonl } from '../../pipeline/jsonl.ts';
 import { ParquetTableWriter, type Column, type Compression } from '../../pipeline/parquet.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
-import type { Pair, SftRow, Split, SplitSession } from '../../core/records.ts';
-import { SPLITS, bucketFile, readPairs, readSplitInfo, type PairSide } from '../layout.ts';
+import type { Pair, SftRow, Split } from '../../core/records.ts';
+import { SPLITS, bucketFile, readBucketSessions, readPairs, readSplitInfo, type PairSide } from '../layout.ts';
 import { Redactor } from '../../core/redact.ts';
 import { cardTexts, datasetCard } from './card.ts';
 import { ktoRow, maskPair, maskSession } from './rows.ts';
@@ -28,8 +27,8 @@ async function openPair(dir: string, columns: Record<string, Column>, cfg: Confi
 }
 
 export async function run({ config: cfg, out, input, lineage, log, signal }: StageContext<Config>): Promise<StageReport> {
-  const splitDir = input('split');
-  const info = await readSplitInfo(splitDir);
+  const folders = { split: input('split'), ingest: input('ingest') };
+  const info = await readSplitInfo(folders.split);
   const r = cfg.redaction;
   // One Redactor per row: placeholders are consistent within a row and say nothing across rows.
   const mask = r.enabled ? () => new Redactor({ kinds: r.kinds, keys: r.keys, sessionValues: r.session_values }) : null;
@@ -44,7 +43,7 @@ export async function run({ config: cfg, out, input, lineage, log, signal }: Sta
     const progress = log.progress(`export ${side} sessions`, info.buckets);
     for (let b = 0; b < info.buckets; b++) {
       await safePoint(signal, () => `export: stopped at ${side} bucket ${b + 1} of ${info.buckets}; the next run exports again`);
-      for await (const logged of readJsonl<SplitSession>(bucketFile(splitDir, side, b))) {
+      for await (const logged of readBucketSessions(bucketFile(folders.split, side, b), folders.ingest)) {
         const s = mask ? maskSession(logged, mask()) : logged;
         await w.sessions[side].append(s);
         if (s.reward >= cfg.sft_min_reward) {
@@ -64,7 +63,7 @@ export async function run({ config: cfg, out, input, lineage, log, signal }: Sta
     // closes once its last row is in, so that no more than one side's pairs footer is held at a time.
     for (const name of ['sessions', 'sft', 'kto'] as const) await w[name][side].close();
     // The gate's pairs point at their sessions' messages in split's buckets: made whole here, bucket by bucket.
-    for await (const { whole } of readPairs<Pair<PairSide>>(join(input('gate'), `${side}.jsonl`), splitDir, info.buckets)) await w.pairs[side].append(mask ? maskPair(whole, mask()) : whole);
+    for await (const { whole } of readPairs<Pair<PairSide>>(join(input('gate'), `${side}.jsonl`), folders, info.buckets)) await w.pairs[side].append(mask ? maskPair(whole, mask()) : whole);
     await w.pairs[side].close();
   }
   const counts: Record<string, number> = {};

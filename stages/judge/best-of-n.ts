@@ -109,10 +109,13 @@ export async function judgeGroup(group: Group, decide: Decide): Promise<{ judged
   return { judged, duplicates, offRecord };
 }
 
-/** A bucket's tasks with their candidates: logged sessions and sampled ones, at most `max` each, by id. */
-export async function candidateGroups(splitFile: string, sampleFile: string, max: number) {
-  const sampled = new Map<string, SplitSession[]>(existsSync(sampleFile) ? await readTaskGroups(sampleFile) : []);
-  return (await readTaskGroups(splitFile)).map(([taskId, sessions]) => {
+/**
+ * A bucket's tasks with their candidates: logged sessions (split's bucket file, its runs read from
+ * `ingestDir`) and sampled ones, at most `max` each, by id.
+ */
+export async function candidateGroups(splitFile: string, ingestDir: string, sampleFile: string, max: number) {
+  const sampled = new Map<string, SplitSession[]>(existsSync(sampleFile) ? await readTaskGroups(sampleFile, ingestDir) : []);
+  return (await readTaskGroups(splitFile, ingestDir)).map(([taskId, sessions]) => {
     const logged = new Set(sessions);
     const all = [...sessions, ...(sampled.get(taskId) ?? [])].sort((x, y) => (x.session_id < y.session_id ? -1 : x.session_id > y.session_id ? 1 : 0));
     const candidates: Candidate[] = all.slice(0, max).map((s) => ({ id: s.session_id, messages: s.messages, reward: s.reward, metadata: s.metadata, logged: logged.has(s) }));

@@ -40,6 +40,7 @@ function tallyOne(t: Tally, p: JudgedPair<PairSide>): void {
  */
 export async function run({ config: cfg, configDir, out, input, cache, lineage, log, signal, shard }: StageContext<Config>): Promise<StageReport> {
   const info = await readSplitInfo(input('split'));
+  const folders = { split: input('split'), ingest: input('ingest') };
   const pairsInfo = (await readPairsInfo(input('pairs'))) ?? { must_decline: [], rewriter_model: null };
   const chunks = new ChunkIndex(out, shard);
   const mustDecline = mustDeclineTest(pairsInfo.must_decline);
@@ -73,12 +74,12 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
 
       const progress = log.progress(`judge ${side} pairs`, lineage.find((l) => l.stage === 'pairs')?.counts[side]);
       const stopped = () => `judge: stopped while judging the ${side} pairs; the next run judges again (LLM answers received are cached)`;
-      await judgeConstructed(readPairs(join(input('pairs'), `${side}.jsonl`), input('split'), info.buckets), ensemble, cfg.batch_size, writeConstructed, () => progress.tick(), () => safePoint(signal, stopped));
+      await judgeConstructed(readPairs(join(input('pairs'), `${side}.jsonl`), folders, info.buckets), ensemble, cfg.batch_size, writeConstructed, () => progress.tick(), () => safePoint(signal, stopped));
       progress.done();
       const imported = join(input('import'), `${side}.jsonl`);
       if (ownsImported(shard)) {
         chunks.mark(writer, [1]);
-        if (cfg.imported === 'recheck') await judgeConstructed(readPairs(imported, input('split'), info.buckets), ensemble, cfg.batch_size, write, () => {}, () => safePoint(signal, stopped));
+        if (cfg.imported === 'recheck') await judgeConstructed(readPairs(imported, folders, info.buckets), ensemble, cfg.batch_size, write, () => {}, () => safePoint(signal, stopped));
         else for await (const p of readJsonl<CandidatePair>(imported)) await write([asGiven(p)]);
       }
       if (couples) {
@@ -88,7 +89,7 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
           chunks.mark(writer, [2, b]);
           await safePoint(signal, stopped);
           const outcomeKeys = await couples.of(b);
-          const bucket = await candidateGroups(bucketFile(input('split'), side, b), bucketFile(input('sample'), side, b), cfg.best_of_n.max_candidates);
+          const bucket = await candidateGroups(bucketFile(input('split'), side, b), input('ingest'), bucketFile(input('sample'), side, b), cfg.best_of_n.max_candidates);
           const results = await Promise.all(bucket.filter((g) => g.candidates.length >= cfg.best_of_n.min_candidates).map((g) => judgeGroup(g, (c) => ensemble.judge(c))));
           for (const r of results) {
             tally.counts.best_of_n_groups!++;

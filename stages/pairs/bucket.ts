@@ -180,18 +180,18 @@ async function pairBucket(groups: StoredTaskGroups, side: Split, o: BucketOption
   return { pairs: w.out.pairs.take(), dropped: w.out.dropped.take(), lines, counts };
 }
 
-/** One bucket file of one side to pair; `s` is the side's place in SPLITS, `bytes` the file's size. */
+/** One bucket file of one side to pair, its runs of sessions read from `ingest`; `s` is the side's place in SPLITS. */
 export interface BucketJob {
   path: string;
-  bytes: number;
+  ingest: string;
   side: Split;
   s: number;
   b: number;
 }
 
 /**
- * Pairs bucket files one after another on one thread: each read into the same buffer (StoredBucketReader),
- * its pairs into a buffer sized by what the last bucket's pairs took for its bytes (about 1.2 to 1.9 times
+ * Pairs bucket files one after another on one thread: each bucket's sessions read into the same buffer
+ * (StoredBucketReader), its pairs into a buffer sized by what the last bucket's sessions' pairs took for their bytes (about 1.2 to 1.9 times
  * them), so that the buffer rarely grows.
  */
 export class BucketPairer {
@@ -200,8 +200,10 @@ export class BucketPairer {
 
   constructor(private readonly o: BucketOptions, private readonly log: Logger, private readonly shelf: BufferShelf) {}
 
-  async pair({ path, bytes, side }: BucketJob): Promise<PairedBucket> {
-    const made = await pairBucket(await this.reader.read(path), side, this.o, this.log, this.shelf, Math.ceil(1.1 * bytes * this.pairBytesPerByte) + (64 << 10));
+  async pair({ path, ingest, side }: BucketJob): Promise<PairedBucket> {
+    const groups = await this.reader.read(path, ingest);
+    const bytes = groups.bytes.length;
+    const made = await pairBucket(groups, side, this.o, this.log, this.shelf, Math.ceil(1.1 * bytes * this.pairBytesPerByte) + (64 << 10));
     if (bytes > 0) this.pairBytesPerByte = made.pairs.length / bytes;
     return made;
   }

@@ -79,7 +79,7 @@ export const pairs = defineStage({
   name: 'pairs',
   description: 'build preference pairs: successes against failures of a task (outcome), and hard negatives of six types (by transforms; optionally by an LLM rewriter)',
   version: 4,
-  inputs: ['split'],
+  inputs: ['ingest', 'split'],
   outputs: ['train.jsonl', 'test.jsonl', 'dropped.jsonl', 'info.json'],
   config,
   environment: (cfg) => (rewriting(cfg) ? endpointEnvironment(REWRITER_ENDPOINT) : []),

@@ -12,7 +12,7 @@ import { safePoint } from '../../pipeline/interrupt.ts';
 import type { Split } from '../../core/records.ts';
 import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
 import { ChunkIndex, joinChunks, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
-import { SPLITS, bucketFile, readPairsInfo, readSplitInfo, type PairsInfo } from '../layout.ts';
+import { SPLITS, bucketFile, readPairsInfo, readSplitInfo, sessionSegments, type PairsInfo } from '../layout.ts';
 import { BucketPairer, bucketOptions, pairCounts, type BucketJob, type PairedBucket, type PairingConfig } from './bucket.ts';
 import { Rewriter, activeTypes, loadRewritePrompt, rewritePromptPath } from './rewriter.ts';
 
@@ -32,7 +32,7 @@ const MANY_BUCKETS = 4;
  * Without the rewriter, buckets are paired on worker threads and written in order: the same bytes.
  */
 export async function run({ config: cfg, configDir, out, input, cache, log, signal, shard, options }: StageContext<Config>): Promise<StageReport> {
-  const splitDir = input('split');
+  const [splitDir, ingestDir] = [input('split'), input('ingest')];
   const info = await readSplitInfo(splitDir);
   await mkdir(out, { recursive: true });
   const chunks = new ChunkIndex(out, shard);
@@ -53,9 +53,12 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
   const pool = threads > 1 ? new WorkerPool<BucketJob, PairedBucket>('pairs-worker', new URL('./worker.ts', import.meta.url), threads, cfg satisfies PairingConfig) : null;
   // Every bucket of both sides, in the order their pairs are written; threads go on from one side to the next.
   const jobs: BucketJob[] = [];
-  for (const [s, side] of SPLITS.entries()) for (const b of owned) jobs.push({ path: bucketFile(splitDir, side, b), bytes: (await stat(bucketFile(splitDir, side, b))).size, side, s, b });
-  // A bucket's pairs (up to about twice its bytes) go to disk while the next bucket is paired, rather than first.
-  const inFlight = Math.max(16 << 20, 3 * Math.max(0, ...jobs.map((j) => j.bytes)));
+  for (const [s, side] of SPLITS.entries()) for (const b of owned) jobs.push({ path: bucketFile(splitDir, side, b), ingest: ingestDir, side, s, b });
+  // A bucket's pairs (up to about twice its sessions' bytes) go to disk while the next bucket is paired, rather
+  // than first. Tasks are spread over the buckets by a hash, so a bucket holds about its share of the sessions.
+  let sessionBytes = 0;
+  for (const segment of await sessionSegments(ingestDir)) sessionBytes += (await stat(segment)).size;
+  const inFlight = Math.max(16 << 20, Math.ceil((3 * sessionBytes) / info.buckets));
   const writers = { train: new JsonlWriter(join(out, 'train.jsonl'), 'w', inFlight), test: new JsonlWriter(join(out, 'test.jsonl'), 'w', inFlight) } satisfies Record<Split, JsonlWriter>;
   const progress: { side: Split | null; bar: Progress | null } = { side: null, bar: null };
   async function* each() {

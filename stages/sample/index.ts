@@ -26,7 +26,7 @@ export const sample = defineStage({
   name: 'sample',
   description: 'draw more candidates from an OpenAI-compatible endpoint for tasks with too few logged sessions (off by default)',
   version: 1,
-  inputs: ['split'],
+  inputs: ['ingest', 'split'],
   outputs: ['sessions', 'info.json'],
   config,
   environment: (cfg) => (cfg.enabled ? endpointEnvironment(ENDPOINT) : []),

@@ -38,7 +38,7 @@ export async function run({ config: cfg, out, input, cache, log, shard }: StageC
         const writer = new JsonlWriter(path);
         if (endpoint && cfg.splits.includes(side)) {
           const jobs: Promise<SampledSession | null>[] = [];
-          for (const [taskId, sessions] of await readTaskGroups(bucketFile(splitDir, side, b))) {
+          for (const [taskId, sessions] of await readTaskGroups(bucketFile(splitDir, side, b), input('ingest'))) {
             if (sessions.length >= cfg.min_candidates) continue;
             counts.tasks_sampled!++;
             for (let index = sessions.length; index < cfg.min_candidates; index++) {

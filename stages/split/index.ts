@@ -16,7 +16,7 @@ export type Config = z.infer<typeof config>;
 export const split = defineStage({
   name: 'split',
   description: 'assign untasked sessions to tasks by similarity; hold out tasks by stable hash',
-  version: 3,
+  version: 4,
   inputs: ['ingest'],
   outputs: ['sessions', 'info.json'],
   config,

@@ -1,17 +1,17 @@
 // The split stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
 // split: gives sessions without task_id a task by request similarity, then puts every task wholly on the
 // train or the test side by a stable hash, in buckets by task so that pairing reads one bucket at a time.
-import { mkdir, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+// A bucket file points at runs of ingest's lines rather than copying the sessions (stages/layout.ts).
+import { mkdir, open, writeFile } from 'node:fs/promises';
+import { basename, join } from 'node:path';
 import { unitHash } from '../../pipeline/hash.ts';
 import { JsonlWriter, LineBuffer } from '../../pipeline/jsonl.ts';
 import { BufferShelf } from '../../pipeline/buffers.ts';
-import { PipelineError } from '../../pipeline/errors.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
-import { forEachLine, readLineBlocks } from '../../pipeline/records.ts';
+import { forEachLine } from '../../pipeline/records.ts';
 import type { Session, Split, SplitSession } from '../../core/records.ts';
 import { joinFolders, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
-import { SPLITS, bucketFile, bucketOf, leadingTaskId, readIngestIndex, sessionSegments, type SplitInfo } from '../layout.ts';
+import { SPLITS, bucketFile, bucketOf, leadingTaskId, readIngestIndex, sessionRunLine, sessionSegments, sessionTail, type SessionRun, type SplitInfo } from '../layout.ts';
 import { TaskMatcher, requestText } from './similarity.ts';
 
 import type { ShardPart, StageContext, StageReport } from '../../pipeline/stage.ts';
@@ -21,35 +21,50 @@ import type { Config } from './index.ts';
 const MAX_BUCKETS = 1024;
 
 /** What split's bucket files may hold on their way to disk, together (gathered, then in the writers' streams). */
-const WRITE_BUFFERS = 64 << 20;
+const WRITE_BUFFERS = 16 << 20;
 
 /**
  * The lines of a segment, block by block: each line's start and end in `bytes` (without its newline), two
- * numbers a line in `lines`. A block is valid until the next is asked for: it is read into again.
+ * numbers a line in `lines`, and where `bytes` starts in the file. A block is valid until the next is asked
+ * for: it is read into again.
  */
-async function* segmentLines(path: string): AsyncGenerator<{ bytes: Buffer; lines: number[] }> {
-  const shelf = new BufferShelf(1);
-  for await (const block of readLineBlocks(path, 1 << 20, shelf)) {
-    if ('damaged' in block) throw new PipelineError(`${path}: ${block.damaged}`);
-    const bytes = Buffer.from(block.bytes.buffer, block.bytes.byteOffset, block.bytes.byteLength);
-    const lines: number[] = [];
-    forEachLine(bytes, (start, end) => end > start && lines.push(start, end));
-    yield { bytes, lines };
-    shelf.put(block.bytes.buffer as ArrayBuffer);
+async function* segmentLines(path: string): AsyncGenerator<{ bytes: Buffer; base: number; lines: number[] }> {
+  const file = await open(path, 'r');
+  let buffer = Buffer.allocUnsafeSlow(1 << 20);
+  let base = 0;
+  let held = 0;
+  try {
+    for (;;) {
+      if (held === buffer.length) buffer = Buffer.concat([buffer, Buffer.allocUnsafeSlow(buffer.length)]);
+      const { bytesRead } = await file.read(buffer, held, buffer.length - held, base + held);
+      const filled = held + bytesRead;
+      // A line is whole once its newline is read (or the file ends): a block ends after the last newline.
+      const cut = bytesRead === 0 ? filled : buffer.lastIndexOf(10, filled - 1) + 1;
+      if (cut > 0) {
+        const bytes = buffer.subarray(0, cut);
+        const lines: number[] = [];
+        forEachLine(bytes, (start, end) => end > start && lines.push(start, end));
+        yield { bytes, base, lines };
+      }
+      if (bytesRead === 0) return;
+      buffer.copy(buffer, 0, cut, filled);
+      base += cut;
+      held = filled - cut;
+    }
+  } finally {
+    await file.close();
   }
 }
 
-/** A bucket file of split's, and the block of lines being gathered for it. */
-type BucketOut = { writer: JsonlWriter; lines: LineBuffer };
-
-/** What split appends to a session that had a task, in place of the line's closing brace. */
-const TAILS: Record<Split, Buffer> = { train: Buffer.from(',"split":"train","task_match":null}'), test: Buffer.from(',"split":"test","task_match":null}') };
+/** A bucket file of split's, the block of lines being gathered for it, and the run of ingest's lines it is at. */
+type BucketOut = { writer: JsonlWriter; lines: LineBuffer; run: SessionRun | null };
 
 /**
  * On a shard, every session is still read and every untasked one matched (a task is decided over all the
  * data), but only the buckets the shard owns are written and counted. Sessions are read as bytes: one with a
- * task is written as ingest wrote it, with its side appended, its task read from the line's head; only a
- * session without a task is parsed.
+ * task goes into its bucket file as where its line lies in ingest's segment, consecutive lines of a segment
+ * that go to one bucket file as one run, its task read from the line's head; only a session without a task
+ * is parsed, and written whole with the task it is given.
  */
 export async function run({ config: cfg, out, input, log, signal, shard }: StageContext<Config>): Promise<StageReport> {
   const segments = await sessionSegments(input('ingest'));
@@ -86,18 +101,30 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   const files = new Map<string, BucketOut>();
   // A block written is gathered into again (a few spare blocks serve every file).
   const shelf = new BufferShelf(16);
-  for (const side of SPLITS) for (let b = 0; b < buckets; b++) if (ownsBucket(shard, b)) files.set(`${side}/${b}`, { writer: new JsonlWriter(bucketFile(out, side, b), 'w', 2 * gather), lines: new LineBuffer(gather, shelf) });
+  for (const side of SPLITS) for (let b = 0; b < buckets; b++) if (ownsBucket(shard, b)) files.set(`${side}/${b}`, { writer: new JsonlWriter(bucketFile(out, side, b), 'w', 2 * gather), lines: new LineBuffer(gather, shelf), run: null });
   const flush = async (file: BucketOut) => {
     const count = file.lines.count;
     const block = file.lines.take();
     await file.writer.writeBlock(block, count, () => shelf.put(block.buffer as ArrayBuffer));
+  };
+  // A line that would not fit in the block being gathered starts the next one.
+  const room = async (file: BucketOut, bytes: number) => {
+    if (file.lines.length > 0 && file.lines.length + bytes > gather) await flush(file);
+  };
+  const endRun = async (file: BucketOut) => {
+    if (!file.run) return;
+    const line = sessionRunLine(file.run);
+    file.run = null;
+    await room(file, line.length);
+    file.lines.push(line);
   };
   const counts = { train_sessions: 0, test_sessions: 0, matched_to_task: 0, new_groups: 0 };
   const progress = log.progress('split', total);
   // Sessions of one task usually come one after another: its bucket and side are worked out once.
   let last: { task: string | null; side: Split; file: BucketOut | undefined } = { task: null, side: 'train', file: undefined };
   for (const segment of segments) {
-    for await (const { bytes, lines } of segmentLines(segment)) {
+    const name = basename(segment);
+    for await (const { bytes, base, lines } of segmentLines(segment)) {
       await safePoint(signal, () => 'split: stopped before it had put every session in its bucket; the next run does it again');
       progress.tick(lines.length / 2);
       for (let k = 0; k < lines.length; k += 2) {
@@ -123,14 +150,28 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
         if (!file) continue;
         if (taskMatch) counts[taskMatch.kind === 'matched_task' ? 'matched_to_task' : 'new_groups']++;
         counts[last.side === 'train' ? 'train_sessions' : 'test_sessions']++;
-        // A line that would not fit in the block being gathered starts the next one.
-        if (file.lines.length > 0 && file.lines.length + (end - start) + TAILS[last.side].length > gather) await flush(file);
+        // A line as ingest wrote it (a JSON object ending in '}', its newline read) is pointed at: it goes on
+        // the file's run when it comes straight after it in the same segment.
+        if (s === null && end < bytes.length && bytes[end - 1] === 0x7d) {
+          const [from, to] = [base + start, base + end + 1];
+          if (file.run && file.run.ingest === name && file.run.bytes[1] === from) {
+            file.run.bytes[1] = to;
+            file.run.sessions++;
+          } else {
+            await endRun(file);
+            file.run = { ingest: name, bytes: [from, to], sessions: 1, split: last.side };
+          }
+          continue;
+        }
+        await endRun(file);
+        await room(file, end - start + 64);
         // JSON.stringify of { ...s, split, task_match: null } when s is the line's session, as the line ends in '}'.
-        if (s === null) file.lines.pushBytes(bytes.subarray(start, end - 1), TAILS[last.side]);
+        if (s === null) file.lines.pushBytes(bytes.subarray(start, end - 1), sessionTail(last.side));
         else file.lines.push(JSON.stringify({ ...s, task_id: taskId, split: last.side, task_match: taskMatch } satisfies SplitSession));
       }
     }
   }
+  for (const file of files.values()) await endRun(file);
   progress.done();
   for (const file of files.values()) {
     if (file.lines.length > 0) await flush(file);

@@ -3,13 +3,11 @@ import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import type { SplitSession } from '../../core/records.ts';
 import { TaskMatcher, jaccard, shingles } from '../../stages/split/similarity.ts';
-import { collect, engineFor, jsonl, manifest, session, tempDir } from '../fixtures/pipeline.ts';
+import { StoredBucketReader, sessionRunLine, type SessionRun } from '../../stages/layout.ts';
+import { collect, engineFor, jsonl, manifest, session, splitLines, tempDir } from '../fixtures/pipeline.ts';
 
 async function splitSessions(dir: string): Promise<SplitSession[]> {
-  const folder = join(dir, 'workspace', 'split', 'sessions');
-  const out: SplitSession[] = [];
-  for (const f of readdirSync(folder).sort()) out.push(...(await collect<SplitSession>(join(folder, f))));
-  return out;
+  return (await splitLines(dir)).map((line) => JSON.parse(line) as SplitSession);
 }
 
 describe('split', () => {
@@ -57,6 +55,78 @@ describe('split', () => {
     expect(manifest(dir, 'split').counts).toMatchObject({ untasked: 3, matched_to_task: 2, new_groups: 1 });
   });
 
+  it("points at runs of ingest's lines instead of copying them, and writes whole only the sessions it gave a task", async () => {
+    const dir = tempDir();
+    // Tasks' sessions one after another (four each), then two tasks' sessions in turn, and untasked ones.
+    const records = [];
+    for (let t = 0; t < 30; t++) for (let k = 0; k < 4; k++) records.push(session(`t${t}-${k}`, `task-${t}`, k === 0 ? 1 : 0));
+    for (let k = 0; k < 20; k++) records.push(session(`a${k}`, 'task-a', k % 2), session(`b${k}`, 'task-b', k % 2));
+    records.push(session('u1', null, 1), session('u2', null, 0));
+    writeFileSync(join(dir, 'logs.jsonl'), jsonl(records));
+    await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\nsplit:\n  test_ratio: 0.3\n  bucket_size: 40\n').run({ until: 'split' });
+    const workspace = join(dir, 'workspace');
+    const [segment] = readdirSync(join(workspace, 'ingest', 'sessions'));
+    const ingested = readFileSync(join(workspace, 'ingest', 'sessions', segment!));
+    const folder = join(workspace, 'split', 'sessions');
+    let pointed = 0;
+    let runs = 0;
+    const whole: string[] = [];
+    for (const f of readdirSync(folder)) {
+      for (const line of readFileSync(join(folder, f), 'utf8').split('\n').filter(Boolean)) {
+        const entry = JSON.parse(line) as SessionRun | SplitSession;
+        if ('session_id' in entry) {
+          whole.push(entry.session_id);
+          continue;
+        }
+        expect(line).toBe(sessionRunLine(entry));
+        expect(entry).toMatchObject({ ingest: segment, split: f.startsWith('test') ? 'test' : 'train' });
+        // The bytes are the run's sessions' lines as ingest wrote them, each newline included.
+        const lines = ingested.toString('utf8', entry.bytes[0], entry.bytes[1]).split('\n');
+        expect(lines.pop()).toBe('');
+        expect(lines).toHaveLength(entry.sessions);
+        for (const l of lines) expect(JSON.parse(l)).toHaveProperty('task_id');
+        pointed += entry.sessions;
+        runs++;
+      }
+    }
+    expect(whole.sort()).toEqual(['u1', 'u2']);
+    expect(pointed).toBe(records.length - 2);
+    // Consecutive sessions of a bucket file are one run: at most a run a task of the first 30, and one for
+    // each of the 40 taken in turn.
+    expect(runs).toBeLessThanOrEqual(30 + 40);
+    expect(runs).toBeLessThan(pointed / 2);
+    expect((await splitLines(dir)).map((l) => (JSON.parse(l) as SplitSession).session_id).sort()).toEqual(records.map((r) => r.session_id).sort());
+  });
+
+  it('says which bucket line to make again when what it points at is not what ingest holds', async () => {
+    const dir = tempDir();
+    const records = [];
+    for (let t = 0; t < 30; t++) for (let k = 0; k < 2; k++) records.push(session(`t${t}-${k}`, `task-${t}`, k));
+    writeFileSync(join(dir, 'logs.jsonl'), jsonl(records));
+    await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\nsplit:\n  test_ratio: 0\n').run({ until: 'split' });
+    const workspace = join(dir, 'workspace');
+    const bucket = join(workspace, 'split', 'sessions', 'train-000.jsonl');
+    const lines = readFileSync(bucket, 'utf8').split('\n').filter(Boolean);
+    const first = JSON.parse(lines[0]!) as SessionRun;
+    const read = () => new StoredBucketReader().sessions(bucket, join(workspace, 'ingest'));
+    const broken = (line: string) => writeFileSync(bucket, [line, ...lines.slice(1)].join('\n') + '\n');
+
+    broken(sessionRunLine({ ...first, ingest: '00009-gone.jsonl' }));
+    await expect(read()).rejects.toThrow(/train-000\.jsonl line 1: points at ingest's segment 00009-gone\.jsonl, which .*sessions does not hold .*run `prefab stage split`/);
+    broken(sessionRunLine({ ...first, sessions: first.sessions + 1 }));
+    await expect(read()).rejects.toThrow(/train-000\.jsonl line 1: ingest's segment .* holds \d+ line\(s\) not all sessions at bytes .*; it has changed since: run `prefab stage split`/);
+    broken(sessionRunLine({ ...first, bytes: [first.bytes[0] + 1, first.bytes[1]] }));
+    await expect(read()).rejects.toThrow(/not all sessions/);
+    broken(sessionRunLine({ ...first, bytes: [first.bytes[0], first.bytes[1] + 10 ** 9] }));
+    await expect(read()).rejects.toThrow(/ends \(at byte \d+\)/);
+    broken('{"ingest":"../../etc/passwd","bytes":[0,10],"sessions":1,"split":"train"}');
+    await expect(read()).rejects.toThrow(/line 1: not a run of ingest's sessions/);
+    broken(sessionRunLine(first));
+    const sessions = (await read()).toString('utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l) as SplitSession);
+    expect(sessions.map((s) => s.session_id).sort()).toEqual(records.map((r) => r.session_id).sort());
+    expect(sessions.every((s) => s.split === 'train' && s.task_match === null)).toBe(true);
+  });
+
   it('writes every session as ingest made it with its side added, whatever its id and task hold', async () => {
     const dir = tempDir();
     const odd = ['plain', 'quote"inside', 'back\\slash', 'ünï—code', '"', '\\"', 'comma","task_id":"fake'];
@@ -65,16 +135,13 @@ describe('split', () => {
     await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\nsplit:\n  test_ratio: 0.5\n').run({ until: 'split' });
     const ingested = new Map<string, Record<string, unknown>>();
     for (const f of readdirSync(join(dir, 'workspace', 'ingest', 'sessions'))) for (const s of await collect<Record<string, unknown>>(join(dir, 'workspace', 'ingest', 'sessions', f))) ingested.set(s.session_id as string, s);
-    const folder = join(dir, 'workspace', 'split', 'sessions');
     let lines = 0;
-    for (const f of readdirSync(folder)) {
-      for (const line of readFileSync(join(folder, f), 'utf8').split('\n').filter(Boolean)) {
-        const s = JSON.parse(line) as SplitSession;
-        expect(line).toBe(JSON.stringify(s)); // well-formed, and as JSON.stringify writes it
-        const before = ingested.get(s.session_id)!;
-        expect(s).toEqual({ ...before, task_id: before.task_id ?? s.task_id, split: s.split, task_match: before.task_id === null ? expect.any(Object) : null });
-        lines++;
-      }
+    for (const line of await splitLines(dir)) {
+      const s = JSON.parse(line) as SplitSession;
+      expect(line).toBe(JSON.stringify(s)); // well-formed, and as JSON.stringify writes it
+      const before = ingested.get(s.session_id)!;
+      expect(s).toEqual({ ...before, task_id: before.task_id ?? s.task_id, split: s.split, task_match: before.task_id === null ? expect.any(Object) : null });
+      lines++;
     }
     expect(lines).toBe(records.length);
   });

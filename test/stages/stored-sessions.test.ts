@@ -3,14 +3,14 @@
 // the pair, its sides pointing at the right messages, which readPairs gives back as the pair the sessions
 // make, whatever the sessions' text holds; a line not shaped as ingest writes it is read all the same; equal
 // bytes and equal messages agree.
-import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { LineBuffer } from '../../pipeline/jsonl.ts';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { StoredMessages, readStoredSession, type PairSide } from '../../stages/layout.ts';
 import type { CandidatePair, Message, Session, SplitSession } from '../../core/records.ts';
-import { engineFor, jsonl, tempDir, wholePairs } from '../fixtures/pipeline.ts';
+import { engineFor, jsonl, splitLines, tempDir, wholePairs } from '../fixtures/pipeline.ts';
 
 const SAMPLE = join(import.meta.dirname, '../../data/sample/sessions.jsonl.gz');
 
@@ -38,11 +38,9 @@ describe('pairs written from their sessions as stored', () => {
     await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\nsplit:\n  bucket_size: 64\n').run({ until: 'pairs' });
 
     const bySession = new Map<string, SplitSession>();
-    for (const f of readdirSync(join(dir, 'workspace', 'split', 'sessions'))) {
-      for (const line of lines(join(dir, 'workspace', 'split', 'sessions', f))) {
-        const s = JSON.parse(line) as SplitSession;
-        bySession.set(s.session_id, s);
-      }
+    for (const line of await splitLines(dir)) {
+      const s = JSON.parse(line) as SplitSession;
+      bySession.set(s.session_id, s);
     }
     let outcome = 0;
     let hardNegative = 0;
