@@ -11,10 +11,10 @@
 //   npm run bench:ingest -- --input sessions.jsonl   # your own sessions (e.g. `prefab simulate`'s), one size
 //   npm run bench:ingest -- --rounds 5           # medians of 5 paired rounds (default 3)
 //
-// Both are measured as child processes. Peak RSS comes from GNU `/usr/bin/time -f %M` (max RSS of the child,
+// Each is measured as a child process, after a `sync` (what the one before wrote is on disk). Peak RSS comes from GNU `/usr/bin/time -f %M` (max RSS of the child,
 // in KiB), which is present on the machine this was written on; where it is missing, the script falls back
 // to polling VmHWM (the kernel's high-water mark of RSS) in /proc/<pid>/status every 50 ms.
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import { createReadStream, existsSync } from 'node:fs';
 import { mkdtemp, readFile, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -46,8 +46,13 @@ async function readVmHwm(pid: number): Promise<number> {
   }
 }
 
-/** Runs `command args` to completion: wall time and peak RSS; throws with its stderr unless it exits 0. */
+/**
+ * Runs `command args` to completion: wall time and peak RSS; throws with its stderr unless it exits 0. What
+ * earlier contenders wrote is first put on disk (`sync`), so that the kernel's writing it back does not fall
+ * on this one.
+ */
 async function measure(command: string, args: string[], rssFile: string): Promise<Measurement> {
+  spawnSync('sync');
   const useTime = existsSync(GNU_TIME);
   const [cmd, argv] = useTime ? [GNU_TIME, ['-f', '%M', '-o', rssFile, command, ...args]] : [command, args];
   const started = performance.now();
@@ -155,8 +160,13 @@ async function benchOne(n: number, rounds: number, given?: string): Promise<Row>
       await rm(join(dir, 'duckdb.jsonl'), { force: true });
       taken.floor.push(floor);
       taken.duckdb.push(duckdb);
+      // Each workspace goes once measured, as DuckDB's output does: the page cache it holds would otherwise be
+      // reclaimed during the next contender (at the simulator's 100k, the ingest → pairs run's ingest stage
+      // took 1.8 s with the ingest runs' 433 MB each still there, against 1.25 s without).
       taken.ingest.push(await run('ingest', round));
+      await rm(join(dir, `workspace-ingest-${round}`), { recursive: true, force: true });
       taken.ingestOneThread.push(await run('ingest', round, '--workers', '1'));
+      await rm(join(dir, `workspace-ingest--workers1-${round}`), { recursive: true, force: true });
       const pairsRun = await run('pairs', round);
       taken.pairs.push(pairsRun);
       // Each stage's seconds as the run's manifests record them, and what the run spent outside them.
@@ -164,8 +174,8 @@ async function benchOne(n: number, rounds: number, given?: string): Promise<Row>
       stages = { ingest: await manifest(workspace, 'ingest'), split: await manifest(workspace, 'split'), pairs: await manifest(workspace, 'pairs') };
       const inStages = Object.values(stages).reduce((sum, m) => sum + m.seconds, 0);
       for (const [name, m] of Object.entries({ ...stages, other: { seconds: pairsRun.seconds - inStages } })) (stageRounds[name] ??= []).push(m.seconds);
-      // The last round's seen-id set is measured below; the workspaces go, so that the disk holds one at a time.
-      for (const name of [`workspace-ingest-${round}`, `workspace-ingest--workers1-${round}`, ...(round < rounds - 1 ? [`workspace-pairs-${round}`] : [])]) await rm(join(dir, name), { recursive: true, force: true });
+      // The last round's seen-id set is measured below.
+      if (round < rounds - 1) await rm(join(dir, `workspace-pairs-${round}`), { recursive: true, force: true });
     }
     const workspace = join(dir, `workspace-pairs-${rounds - 1}`);
     const counts = Object.fromEntries(Object.entries(stages!).map(([name, m]) => [name, m.counts]));

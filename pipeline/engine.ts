@@ -128,11 +128,13 @@ export class Engine {
     return hashJson({ section, environment: Object.fromEntries(names.map((n) => [n, process.env[n] ?? null])) });
   }
 
-  private async externalFiles(stage: Stage): Promise<ExternalFile[]> {
+  /** The stage's external files with their hashes; those `late` names (by name) may come with theirs on the way. */
+  private async externalFiles(stage: Stage, late: (name: string) => boolean = () => false): Promise<ExternalFile[]> {
     if (!stage.external) return [];
     const paths = await stage.external(this.config[stage.name], this.configDir);
-    const hashes = await hashFilesCached(this.ws, paths);
-    return paths.map((path) => ({ path, name: relative(process.cwd(), path) || path, ...hashes.get(path)! }));
+    const nameOf = (path: string) => relative(process.cwd(), path) || path;
+    const hashes = await hashFilesCached(this.ws, paths, (path) => late(nameOf(path)));
+    return paths.map((path) => ({ path, name: nameOf(path), ...hashes.get(path)! }));
   }
 
   async manifest(stage: string): Promise<Manifest | null> {
@@ -236,7 +238,10 @@ export class Engine {
         continue;
       }
       const log = this.log.child({ stage: stage.name });
-      const external = await this.externalFiles(stage);
+      // A file the stage's last run did not read under this name makes it run whatever its hash: a stage that
+      // can (hashesLate) starts while the file is hashed.
+      const read = new Set((await this.manifest(stage.name))?.external.map((f) => f.name));
+      const external = await this.externalFiles(stage, stage.hashesLate ? (name) => !read.has(name) : undefined);
       const a = await this.assess(stage, external, false, shard);
       if (a.state === 'fresh' && !options.force) {
         log.info('fresh, skipped', { made: a.manifest!.finished_at });
@@ -291,6 +296,8 @@ export class Engine {
     for (const input of stage.inputs) inputs[input] = (await this.manifest(input))!.fingerprint;
 
     holdHeapGrowth(); // a stage's memory follows what it keeps, not four times it
+    const late = external.some((f) => f.hashing);
+    const key = late ? null : hashJson({ code: this.codeVersion(stage), config: this.configHash(stage), inputs, external: external.map((f) => f.sha256), ...(shard ? { shard } : {}) });
     const report: StageReport = await stage.run({
       config: this.config[stage.name],
       configDir: this.configDir,
@@ -303,13 +310,17 @@ export class Engine {
       lineage: await this.lineage(stage),
       external,
       cache,
-      key: hashJson({ code: this.codeVersion(stage), config: this.configHash(stage), inputs, external: external.map((f) => f.sha256), ...(shard ? { shard } : {}) }),
+      get key(): string {
+        if (key === null) throw new Error(`stage ${stage.name} hashes its inputs late, so it has no key`);
+        return key;
+      },
       signal,
       options: this.options,
       shard,
       log,
     });
     collectGarbage(); // what the stage held goes back before the next one runs
+    for (const f of external) if (f.hashing) f.sha256 = await f.hashing;
     const manifest = await this.commit(stage, out, { inputs, external, report, started, shard });
     log.info('done', { summary: report.summary, seconds: manifest.seconds });
     return { stage: stage.name, action: 'ran', reasons: [], summary: report.summary, counts: report.counts, seconds: manifest.seconds };

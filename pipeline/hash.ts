@@ -1,7 +1,8 @@
 // The one hash function of prefab: SHA-256, over bytes, files, or canonical JSON.
 import { createHash, hash } from 'node:crypto';
-import { open } from 'node:fs/promises';
+import { open, rename } from 'node:fs/promises';
 import { resolve } from 'node:path';
+import { Worker } from 'node:worker_threads';
 import { BufferShelf } from './buffers.ts';
 
 /** SHA-256 in hex; one call (no Hash object), as pairs and ids are hashed by the hundred thousand. */
@@ -41,6 +42,14 @@ export function rememberHash(path: string, sha256: string, bytes: number, mtimeM
   written.set(resolve(path), { sha256, bytes, mtimeMs });
 }
 
+/** Renames a file a writer hashed as it wrote it, the hash remembered going with it. */
+export async function renameWritten(from: string, to: string): Promise<void> {
+  await rename(from, to);
+  const known = written.get(resolve(from));
+  written.delete(resolve(from));
+  if (known) written.set(resolve(to), known);
+}
+
 /** The hash a writer remembered for the file as it is now (same size and time), or the file read and hashed. */
 export async function outputHash(path: string, now: { size: number; mtimeMs: number }): Promise<string> {
   const known = written.get(resolve(path));
@@ -64,6 +73,31 @@ export async function hashFile(path: string): Promise<string> {
   }
   return hash.digest('hex');
 }
+
+/**
+ * hashFile on a thread of its own, so that this one (and a stage reading the file meanwhile) goes on: SHA-256
+ * takes a core for about 0.2 s a 433 MB. The thread is a few lines of CommonJS, with nothing to load.
+ */
+export function hashFileOnThread(path: string): Promise<string> {
+  return new Promise((done, fail) => {
+    const thread = new Worker(HASH_THREAD, { eval: true, workerData: path });
+    thread.once('message', (hex: string) => done(hex));
+    thread.once('error', fail);
+    thread.once('exit', (code) => fail(new Error(`${path}: the thread hashing it stopped (exit code ${code}) before it had`)));
+  });
+}
+
+const HASH_THREAD = `
+const { createHash } = require('node:crypto');
+const { closeSync, openSync, readSync } = require('node:fs');
+const { parentPort, workerData } = require('node:worker_threads');
+const hash = createHash('sha256');
+const file = openSync(workerData, 'r');
+const buffer = Buffer.allocUnsafe(1 << 20);
+for (let read; (read = readSync(file, buffer, 0, buffer.length, null)) > 0; ) hash.update(buffer.subarray(0, read));
+closeSync(file);
+parentPort.postMessage(hash.digest('hex'));
+`;
 
 /** A stable number in [0, 1) for a key: the same key and salt always land in the same place. */
 export function unitHash(key: string, salt: string): number {

@@ -4,7 +4,7 @@ import { mkdir, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/p
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { hashFile } from './hash.ts';
+import { hashFile, hashFileOnThread } from './hash.ts';
 import { PipelineError } from './errors.ts';
 import type { Logger } from './log.ts';
 
@@ -196,17 +196,34 @@ interface HashCacheEntry {
   sha256: string;
 }
 
-/** Content hashes of input files, recomputed only when a file's size, mtime or inode changed. */
-export async function hashFilesCached(ws: Workspace, paths: string[]): Promise<Map<string, { sha256: string; bytes: number }>> {
-  const cachePath = join(ws.root, '.cache', 'file-hashes.json');
-  const cache = (await ws.readJson<Record<string, HashCacheEntry>>(cachePath)) ?? {};
-  const out = new Map<string, { sha256: string; bytes: number }>();
+/** A file's content hash as hashFilesCached gives it: for a file hashed late, '' and the hash to come. */
+export interface FileHash {
+  sha256: string;
+  bytes: number;
+  hashing?: Promise<string>;
+}
+
+/**
+ * Content hashes of input files, recomputed only when a file's size, mtime or inode changed. A file that
+ * must be hashed and that `late` names is hashed on a thread of its own (hashFileOnThread): it comes with
+ * `hashing`, which the cache records once it is done.
+ */
+export async function hashFilesCached(ws: Workspace, paths: string[], late: (path: string) => boolean = () => false): Promise<Map<string, FileHash>> {
+  const cache = (await ws.readJson<Record<string, HashCacheEntry>>(hashCachePath(ws))) ?? {};
+  const out = new Map<string, FileHash>();
   let changed = false;
   for (const path of paths) {
     const s = await stat(path);
     let entry = cache[path];
     if (!entry || entry.size !== s.size || entry.mtimeMs !== s.mtimeMs || entry.ino !== s.ino) {
-      entry = { size: s.size, mtimeMs: s.mtimeMs, ino: s.ino, sha256: await hashFile(path) };
+      const seen = { size: s.size, mtimeMs: s.mtimeMs, ino: s.ino };
+      if (late(path)) {
+        const hashing = hashFileOnThread(path).then((sha256) => rememberFileHash(ws, path, { ...seen, sha256 }));
+        hashing.catch(() => {}); // awaited by the engine, after the stage; a stage that failed first may leave it
+        out.set(path, { sha256: '', bytes: s.size, hashing });
+        continue;
+      }
+      entry = { ...seen, sha256: await hashFile(path) };
       cache[path] = entry;
       changed = true;
     }
@@ -214,7 +231,26 @@ export async function hashFilesCached(ws: Workspace, paths: string[]): Promise<M
   }
   if (changed) {
     await mkdir(join(ws.root, '.cache'), { recursive: true });
-    await writeFileAtomic(cachePath, JSON.stringify(cache));
+    await writeFileAtomic(hashCachePath(ws), JSON.stringify(cache));
   }
   return out;
+}
+
+const hashCachePath = (ws: Workspace) => join(ws.root, '.cache', 'file-hashes.json');
+
+/**
+ * A hash done late, put in the cache: one after another, as each rewrites the whole file. The cache only
+ * saves hashing again, so a write that fails is let go: the hash is still given.
+ */
+let cacheWrites: Promise<unknown> = Promise.resolve();
+
+function rememberFileHash(ws: Workspace, path: string, entry: HashCacheEntry): Promise<string> {
+  const write = cacheWrites.then(async () => {
+    const cache = (await ws.readJson<Record<string, HashCacheEntry>>(hashCachePath(ws))) ?? {};
+    cache[path] = entry;
+    await mkdir(join(ws.root, '.cache'), { recursive: true });
+    await writeFileAtomic(hashCachePath(ws), JSON.stringify(cache));
+  });
+  cacheWrites = write.catch(() => {});
+  return write.then(() => entry.sha256, () => entry.sha256);
 }

@@ -16,6 +16,8 @@ import { sameMessage, type Message, type Pair, type Role, type Split, type Split
 export interface IngestedFile {
   name: string;
   sha256: string;
+  /** Its size (absent in an index written before ingest v3). */
+  bytes?: number;
   segment: string;
   sessions: number;
   /** Sessions without a task_id: split groups them by similarity. */
