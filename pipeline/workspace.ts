@@ -211,46 +211,44 @@ export interface FileHash {
 export async function hashFilesCached(ws: Workspace, paths: string[], late: (path: string) => boolean = () => false): Promise<Map<string, FileHash>> {
   const cache = (await ws.readJson<Record<string, HashCacheEntry>>(hashCachePath(ws))) ?? {};
   const out = new Map<string, FileHash>();
-  let changed = false;
+  const found: Record<string, HashCacheEntry> = {};
   for (const path of paths) {
     const s = await stat(path);
     let entry = cache[path];
     if (!entry || entry.size !== s.size || entry.mtimeMs !== s.mtimeMs || entry.ino !== s.ino) {
       const seen = { size: s.size, mtimeMs: s.mtimeMs, ino: s.ino };
       if (late(path)) {
-        const hashing = hashFileOnThread(path).then((sha256) => rememberFileHash(ws, path, { ...seen, sha256 }));
+        const hashing = hashFileOnThread(path).then(async (sha256) => {
+          await saveFileHashes(ws, { [path]: { ...seen, sha256 } }).catch(() => {});
+          return sha256;
+        });
         hashing.catch(() => {}); // awaited by the engine, after the stage; a stage that failed first may leave it
         out.set(path, { sha256: '', bytes: s.size, hashing });
         continue;
       }
-      entry = { ...seen, sha256: await hashFile(path) };
-      cache[path] = entry;
-      changed = true;
+      entry = found[path] = { ...seen, sha256: await hashFile(path) };
     }
     out.set(path, { sha256: entry.sha256, bytes: s.size });
   }
-  if (changed) {
-    await mkdir(join(ws.root, '.cache'), { recursive: true });
-    await writeFileAtomic(hashCachePath(ws), JSON.stringify(cache));
-  }
+  if (Object.keys(found).length > 0) await saveFileHashes(ws, found);
   return out;
 }
 
 const hashCachePath = (ws: Workspace) => join(ws.root, '.cache', 'file-hashes.json');
 
 /**
- * A hash done late, put in the cache: one after another, as each rewrites the whole file. The cache only
- * saves hashing again, so a write that fails is let go: the hash is still given.
+ * Hashes put in the cache, one write after another (a hash done late may come while another is written):
+ * each reads the cache as it is and writes it whole. The cache only saves hashing again, so a late hash's
+ * write that fails is let go.
  */
 let cacheWrites: Promise<unknown> = Promise.resolve();
 
-function rememberFileHash(ws: Workspace, path: string, entry: HashCacheEntry): Promise<string> {
+function saveFileHashes(ws: Workspace, entries: Record<string, HashCacheEntry>): Promise<void> {
   const write = cacheWrites.then(async () => {
     const cache = (await ws.readJson<Record<string, HashCacheEntry>>(hashCachePath(ws))) ?? {};
-    cache[path] = entry;
     await mkdir(join(ws.root, '.cache'), { recursive: true });
-    await writeFileAtomic(hashCachePath(ws), JSON.stringify(cache));
+    await writeFileAtomic(hashCachePath(ws), JSON.stringify({ ...cache, ...entries }));
   });
   cacheWrites = write.catch(() => {});
-  return write.then(() => entry.sha256, () => entry.sha256);
+  return write;
 }

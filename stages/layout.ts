@@ -1,6 +1,6 @@
 // What passes between stages on disk: the files one stage writes into its folder and a later one reads.
 // A stage reads another's output only through this module, never through the other stage's code.
-import { closeSync, openSync, readSync } from 'node:fs';
+import { closeSync, fstatSync, openSync, readSync } from 'node:fs';
 import { open, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { unitHash } from '../pipeline/hash.ts';
@@ -388,49 +388,48 @@ export class StoredBucketReader {
    */
   async sessions(path: string, ingestDir: string): Promise<Buffer> {
     const file = await this.bytes(path);
-    const parts: ({ start: number; end: number } | { run: SessionRun; line: number })[] = [];
-    let size = 0;
-    let line = 0;
-    forEachLine(file, (start, end) => {
-      line++;
-      if (end === start) return;
-      if (!holdsAt(file, start, RUN_HEAD)) {
-        parts.push({ start, end });
-        size += end - start + 1;
-        return;
-      }
-      const run = readSessionRun(file, start, end, `${path} line ${line}`);
-      parts.push({ run, line });
-      size += run.bytes[1] - run.bytes[0] + run.sessions * (SESSION_TAILS[run.split].length - 1);
-    });
-    if (size > this.buffer.length) this.buffer = Buffer.allocUnsafeSlow(size + (size >> 3));
-    const out = this.buffer;
-    const segments = new Map<string, number>();
-    let at = 0;
+    const parts: ({ start: number; end: number } | { run: SessionRun; fd: number; where: string })[] = [];
+    // Each segment a run points at, opened once; a run that reaches past its end is told before any is read.
+    const segments = new Map<string, { fd: number; size: number }>();
     try {
+      let size = 0;
+      let line = 0;
+      forEachLine(file, (start, end) => {
+        line++;
+        if (end === start) return;
+        if (!holdsAt(file, start, RUN_HEAD)) {
+          parts.push({ start, end });
+          size += end - start + 1;
+          return;
+        }
+        const where = `${path} line ${line}`;
+        const run = readSessionRun(file, start, end, where);
+        let segment = segments.get(run.ingest);
+        if (!segment) {
+          try {
+            const fd = openSync(join(ingestDir, 'sessions', run.ingest), 'r');
+            segments.set(run.ingest, (segment = { fd, size: fstatSync(fd).size }));
+          } catch (error) {
+            throw new PipelineError(`${where}: points at ingest's segment ${run.ingest}, which ${join(ingestDir, 'sessions')} does not hold (${(error as Error).message}); these buckets were made from another ingest: run \`prefab stage split\``);
+          }
+        }
+        if (run.bytes[1] > segment.size) throw segmentChanged(where, run, `ends at byte ${segment.size}`);
+        parts.push({ run, fd: segment.fd, where });
+        size += run.bytes[1] - run.bytes[0] + run.sessions * (SESSION_TAILS[run.split].length - 1);
+      });
+      if (size > this.buffer.length) this.buffer = Buffer.allocUnsafeSlow(size + (size >> 3));
+      const out = this.buffer;
+      let at = 0;
       for (const part of parts) {
         if ('start' in part) {
           at += file.copy(out, at, part.start, part.end);
           out[at++] = 10;
-          continue;
-        }
-        const { run } = part;
-        const where = `${path} line ${part.line}`;
-        let fd = segments.get(run.ingest);
-        if (fd === undefined) {
-          try {
-            fd = openSync(join(ingestDir, 'sessions', run.ingest), 'r');
-          } catch (error) {
-            throw new PipelineError(`${where}: points at ingest's segment ${run.ingest}, which ${join(ingestDir, 'sessions')} does not hold (${(error as Error).message}); these buckets were made from another ingest: run \`prefab stage split\``);
-          }
-          segments.set(run.ingest, fd);
-        }
-        at = readRun(out, at, fd, run, where);
+        } else at = readRun(out, at, part.fd, part.run, part.where);
       }
+      return out.subarray(0, at);
     } finally {
-      for (const fd of segments.values()) closeSync(fd);
+      for (const { fd } of segments.values()) closeSync(fd);
     }
-    return out.subarray(0, at);
   }
 
   /** The lines of one bucket file grouped by task (read from each line's head), tasks in a stable order. */
@@ -448,6 +447,10 @@ export class StoredBucketReader {
   }
 }
 
+/** A run that does not find in its segment the sessions split saw there. */
+const segmentChanged = (where: string, run: SessionRun, what: string) =>
+  new PipelineError(`${where}: split found ${run.sessions} session(s) at bytes ${run.bytes[0]} to ${run.bytes[1]} of ingest's segment ${run.ingest}, which ${what}; it has changed since: run \`prefab stage split\``);
+
 /**
  * Reads `run` from its segment (`fd`) into `out` at `at`, each of its lines given its session's tail in
  * place of its closing brace; returns where the next line goes. The lines are read where they will end and
@@ -456,17 +459,16 @@ export class StoredBucketReader {
 function readRun(out: Buffer, at: number, fd: number, run: SessionRun, where: string): number {
   const [from, to] = run.bytes;
   const length = to - from;
-  const changed = (what: string) => new PipelineError(`${where}: ingest's segment ${run.ingest} ${what} at bytes ${from} to ${to}, where split found ${run.sessions} session(s); it has changed since: run \`prefab stage split\``);
   for (let got = 0; got < length; ) {
     const n = readSync(fd, out, at + got, length - got, from + got);
-    if (n === 0) throw changed(`ends (at byte ${from + got})`);
+    if (n === 0) throw segmentChanged(where, run, `ended at byte ${from + got} while it was read`);
     got += n;
   }
   const ends: number[] = [];
   const region = out.subarray(at, at + length);
   for (let nl = region.indexOf(10); nl >= 0; nl = region.indexOf(10, nl + 1)) ends.push(at + nl);
   const shaped = ends.length === run.sessions && ends.at(-1) === at + length - 1 && ends.every((nl, i) => out[nl - 1] === 125 && out[i === 0 ? at : ends[i - 1]! + 1] === 123);
-  if (!shaped) throw changed(`holds ${ends.length} line(s) not all sessions`);
+  if (!shaped) throw segmentChanged(where, run, `holds ${ends.length} line(s) there, not all sessions`);
   const tail = SESSION_TAILS[run.split];
   const extra = tail.length - 1;
   for (let i = ends.length - 1; i >= 0; i--) {

@@ -152,7 +152,7 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
         counts[last.side === 'train' ? 'train_sessions' : 'test_sessions']++;
         // A line as ingest wrote it (a JSON object ending in '}', its newline read) is pointed at: it goes on
         // the file's run when it comes straight after it in the same segment.
-        if (s === null && end < bytes.length && bytes[end - 1] === 0x7d) {
+        if (s === null && bytes[end] === 10 && bytes[end - 1] === 0x7d) {
           const [from, to] = [base + start, base + end + 1];
           if (file.run && file.run.ingest === name && file.run.bytes[1] === from) {
             file.run.bytes[1] = to;

@@ -114,11 +114,11 @@ describe('split', () => {
     broken(sessionRunLine({ ...first, ingest: '00009-gone.jsonl' }));
     await expect(read()).rejects.toThrow(/train-000\.jsonl line 1: points at ingest's segment 00009-gone\.jsonl, which .*sessions does not hold .*run `prefab stage split`/);
     broken(sessionRunLine({ ...first, sessions: first.sessions + 1 }));
-    await expect(read()).rejects.toThrow(/train-000\.jsonl line 1: ingest's segment .* holds \d+ line\(s\) not all sessions at bytes .*; it has changed since: run `prefab stage split`/);
+    await expect(read()).rejects.toThrow(/train-000\.jsonl line 1: split found \d+ session\(s\) at bytes \d+ to \d+ of ingest's segment .*, which holds \d+ line\(s\) there, not all sessions; it has changed since: run `prefab stage split`/);
     broken(sessionRunLine({ ...first, bytes: [first.bytes[0] + 1, first.bytes[1]] }));
     await expect(read()).rejects.toThrow(/not all sessions/);
     broken(sessionRunLine({ ...first, bytes: [first.bytes[0], first.bytes[1] + 10 ** 9] }));
-    await expect(read()).rejects.toThrow(/ends \(at byte \d+\)/);
+    await expect(read()).rejects.toThrow(/which ends at byte \d+; it has changed since/);
     broken('{"ingest":"../../etc/passwd","bytes":[0,10],"sessions":1,"split":"train"}');
     await expect(read()).rejects.toThrow(/line 1: not a run of ingest's sessions/);
     broken(sessionRunLine(first));
