@@ -1,11 +1,15 @@
 #!/bin/sh
-':' //; export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_-1048576}"; exec node "$0" "$@"
+':' //; export MALLOC_MMAP_THRESHOLD_="${MALLOC_MMAP_THRESHOLD_-1048576}"; n=$(nproc 2>/dev/null) || n=0; v8=; [ "$n" -ge 1 ] && [ "$n" -le 4 ] && v8='--single-threaded-gc --no-concurrent-recompilation'; exec node $v8 "$0" "$@"
 // The line above is for sh, and a string and a comment for JavaScript: run as a program, this file starts
 // node on itself with glibc's malloc told to hand blocks of 1 MiB and more straight back to the system when
 // freed (unless MALLOC_MMAP_THRESHOLD_ is set already). By default malloc raises that threshold each time it
 // frees such a block, and the blocks the data stages read and write through then stay with the process: at
-// 1M sessions a run through pairs peaked a quarter higher. `node bin/prefab.js` skips the line (set the variable
-// yourself); other C libraries ignore it.
+// 1M sessions a run through pairs peaked a quarter higher. On up to 4 cores, where the data stages' worker
+// threads take every core, it also turns off V8's helper threads (the collector's parallel and concurrent
+// work, optimizing compiles in the background): they only took turns with those threads, and the simulator's
+// 100k sessions went through pairs in 3.50 s instead of 3.82 (pairs 1.69 s instead of 2.0; training's speed
+// did not move beyond its noise). `node bin/prefab.js` skips the line (set the variable and flags yourself);
+// other C libraries ignore the variable.
 // The `prefab` executable. The code is TypeScript: it runs from a bundle of it (bin/bundle.js), made on first
 // use and whenever a source changed, so a clean clone needs no build step. Where no bundle can be made (a
 // read-only install), or with PREFAB_TSX=1 (stack traces then name the sources), it runs through tsx.
