@@ -129,17 +129,21 @@ const RUN_LINE = /^\{"ingest":"([^"\\/]+)","bytes":\[(\d+),(\d+)\],"sessions":(\
 /** The SessionRun of a bucket line that starts as one (read by its fixed shape, or parsed); an error names the line. */
 function readSessionRun(bytes: Buffer, start: number, end: number, where: string): SessionRun {
   const m = RUN_LINE.exec(bytes.toString('latin1', start, end));
-  if (m) return { ingest: m[1]!, bytes: [Number(m[2]), Number(m[3])], sessions: Number(m[4]), split: m[5] as Split };
   let run: Partial<SessionRun> = {};
-  try {
-    run = JSON.parse(bytes.toString('utf8', start, end)) as Partial<SessionRun>;
-  } catch {
-    // reported below
+  if (m) run = { ingest: m[1]!, bytes: [Number(m[2]), Number(m[3])], sessions: Number(m[4]), split: m[5] as Split };
+  else {
+    try {
+      run = JSON.parse(bytes.toString('utf8', start, end)) as Partial<SessionRun>;
+    } catch {
+      // reported below
+    }
   }
   const [from, to] = Array.isArray(run.bytes) ? run.bytes : [];
   const count = (n: unknown): n is number => Number.isSafeInteger(n) && (n as number) >= 0;
-  if (typeof run.ingest === 'string' && run.ingest !== '..' && !/[/\\]/.test(run.ingest) && count(from) && count(to) && from < to && count(run.sessions) && run.sessions > 0 && (run.split === 'train' || run.split === 'test')) {
-    return { ingest: run.ingest, bytes: [from, to], sessions: run.sessions, split: run.split };
+  // A session's line is at least `{}` and its newline.
+  const fits = count(from) && count(to) && count(run.sessions) && run.sessions > 0 && 3 * run.sessions <= to - from;
+  if (typeof run.ingest === 'string' && run.ingest !== '..' && !/[/\\]/.test(run.ingest) && fits && (run.split === 'train' || run.split === 'test')) {
+    return { ingest: run.ingest, bytes: [from!, to!], sessions: run.sessions!, split: run.split };
   }
   throw new PipelineError(`${where}: not a run of ingest's sessions ({"ingest":<segment>,"bytes":[from,to],"sessions":n,"split":"train"|"test"}) nor a session; run \`prefab stage split\` to write split's buckets again`);
 }

@@ -121,6 +121,9 @@ describe('split', () => {
     await expect(read()).rejects.toThrow(/which ends at byte \d+; it has changed since/);
     broken('{"ingest":"../../etc/passwd","bytes":[0,10],"sessions":1,"split":"train"}');
     await expect(read()).rejects.toThrow(/line 1: not a run of ingest's sessions/);
+    // More sessions than its bytes could hold lines: refused before any memory is taken for them.
+    broken(sessionRunLine({ ...first, sessions: 10 ** 12 }));
+    await expect(read()).rejects.toThrow(/line 1: not a run of ingest's sessions/);
     broken(sessionRunLine(first));
     const sessions = (await read()).toString('utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l) as SplitSession);
     expect(sessions.map((s) => s.session_id).sort()).toEqual(records.map((r) => r.session_id).sort());
