@@ -2,7 +2,8 @@
 // split: gives sessions without task_id a task by request similarity, then puts every task wholly on the
 // train or the test side by a stable hash, in buckets by task so that pairing reads one bucket at a time.
 // A bucket file points at runs of ingest's lines rather than copying the sessions (stages/layout.ts).
-import { mkdir, open, writeFile } from 'node:fs/promises';
+import { closeSync, openSync, readSync } from 'node:fs';
+import { mkdir, writeFile } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import { unitHash } from '../../pipeline/hash.ts';
 import { JsonlWriter, LineBuffer } from '../../pipeline/jsonl.ts';
@@ -29,14 +30,14 @@ const WRITE_BUFFERS = 16 << 20;
  * for: it is read into again.
  */
 async function* segmentLines(path: string): AsyncGenerator<{ bytes: Buffer; base: number; lines: number[] }> {
-  const file = await open(path, 'r');
-  let buffer = Buffer.allocUnsafeSlow(1 << 20);
+  const file = openSync(path, 'r');
+  let buffer = Buffer.allocUnsafeSlow(4 << 20);
   let base = 0;
   let held = 0;
   try {
     for (;;) {
       if (held === buffer.length) buffer = Buffer.concat([buffer, Buffer.allocUnsafeSlow(buffer.length)]);
-      const { bytesRead } = await file.read(buffer, held, buffer.length - held, base + held);
+      const bytesRead = readSync(file, buffer, held, buffer.length - held, base + held);
       const filled = held + bytesRead;
       // A line is whole once its newline is read (or the file ends): a block ends after the last newline.
       const cut = bytesRead === 0 ? filled : buffer.lastIndexOf(10, filled - 1) + 1;
@@ -52,7 +53,7 @@ async function* segmentLines(path: string): AsyncGenerator<{ bytes: Buffer; base
       held = filled - cut;
     }
   } finally {
-    await file.close();
+    closeSync(file);
   }
 }
 
