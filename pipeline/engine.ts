@@ -240,8 +240,8 @@ export class Engine {
       const log = this.log.child({ stage: stage.name });
       // A file the stage's last run did not read under this name makes it run whatever its hash: a stage that
       // can (hashesLate) starts while the file is hashed.
-      const read = new Set((await this.manifest(stage.name))?.external.map((f) => f.name));
-      const external = await this.externalFiles(stage, stage.hashesLate ? (name) => !read.has(name) : undefined);
+      const readBefore = new Set((await this.manifest(stage.name))?.external.map((f) => f.name));
+      const external = await this.externalFiles(stage, stage.hashesLate ? (name) => !readBefore.has(name) : undefined);
       const a = await this.assess(stage, external, false, shard);
       if (a.state === 'fresh' && !options.force) {
         log.info('fresh, skipped', { made: a.manifest!.finished_at });

@@ -148,10 +148,13 @@ function readSessionRun(bytes: Buffer, start: number, end: number, where: string
   throw new PipelineError(`${where}: not a run of ingest's sessions ({"ingest":<segment>,"bytes":[from,to],"sessions":n,"split":"train"|"test"}) nor a session; run \`prefab stage split\` to write split's buckets again`);
 }
 
-/** Sessions of one bucket file grouped by task, tasks in a stable order (runs of ingest's sessions read from `ingestDir`). */
-export async function readTaskGroups(path: string, ingestDir: string): Promise<[string, SplitSession[]][]> {
+/**
+ * Sessions of one bucket file grouped by task, tasks in a stable order (runs of ingest's sessions read from
+ * `ingestDir`, through `reader`: a stage reading bucket after bucket passes the same one).
+ */
+export async function readTaskGroups(path: string, ingestDir: string, reader = new StoredBucketReader()): Promise<[string, SplitSession[]][]> {
   const groups = new Map<string, SplitSession[]>();
-  for await (const s of readBucketSessions(path, ingestDir)) {
+  for await (const s of readBucketSessions(path, ingestDir, reader)) {
     const group = groups.get(s.task_id!);
     if (group) group.push(s);
     else groups.set(s.task_id!, [s]);
@@ -159,9 +162,12 @@ export async function readTaskGroups(path: string, ingestDir: string): Promise<[
   return byTask(groups);
 }
 
-/** The sessions of one bucket file, parsed one at a time (runs of ingest's sessions read from `ingestDir`). */
-export async function* readBucketSessions(path: string, ingestDir: string): AsyncGenerator<SplitSession> {
-  const bytes = await new StoredBucketReader().sessions(path, ingestDir);
+/**
+ * The sessions of one bucket file, parsed one at a time (runs of ingest's sessions read from `ingestDir`,
+ * through `reader`, which is not to read anything else until they are all given).
+ */
+export async function* readBucketSessions(path: string, ingestDir: string, reader = new StoredBucketReader()): AsyncGenerator<SplitSession> {
+  const bytes = await reader.sessions(path, ingestDir);
   const lines: number[] = [];
   forEachLine(bytes, (start, end) => end > start && lines.push(start, end));
   for (let k = 0; k < lines.length; k += 2) yield JSON.parse(bytes.toString('utf8', lines[k], lines[k + 1])) as SplitSession;
@@ -496,11 +502,10 @@ function leadingSessionId(bytes: Buffer, start: number, end: number): string {
 /** The sessions of one bucket file at a time, by id, read as StoredSessions when first asked for. */
 class SessionsById {
   private readonly reader = new StoredBucketReader();
-
-  constructor(private readonly ingestDir: string) {}
-
   private path: string | null = null;
   private lines = new Map<string, Buffer | StoredSession>();
+
+  constructor(private readonly ingestDir: string) {}
 
   /** Session `id` of bucket file `path`, or undefined where the file has none; the file is read when it is not the last one asked of. */
   async get(path: string, id: string): Promise<StoredSession | undefined> {

@@ -6,7 +6,7 @@ import { hashJson } from '../../pipeline/hash.ts';
 import { ParquetTableWriter, type Column, type Compression } from '../../pipeline/parquet.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import type { Pair, SftRow, Split } from '../../core/records.ts';
-import { SPLITS, bucketFile, readBucketSessions, readPairs, readSplitInfo, type PairSide } from '../layout.ts';
+import { SPLITS, StoredBucketReader, bucketFile, readBucketSessions, readPairs, readSplitInfo, type PairSide } from '../layout.ts';
 import { Redactor } from '../../core/redact.ts';
 import { cardTexts, datasetCard } from './card.ts';
 import { ktoRow, maskPair, maskSession } from './rows.ts';
@@ -39,11 +39,13 @@ export async function run({ config: cfg, out, input, lineage, log, signal }: Sta
     kto: await openPair(join(out, 'kto'), KTO_COLUMNS, cfg),
   };
   let ktoSkipped = 0;
+  // Every bucket's sessions are read into the same buffers.
+  const reader = new StoredBucketReader();
   for (const side of SPLITS) {
     const progress = log.progress(`export ${side} sessions`, info.buckets);
     for (let b = 0; b < info.buckets; b++) {
       await safePoint(signal, () => `export: stopped at ${side} bucket ${b + 1} of ${info.buckets}; the next run exports again`);
-      for await (const logged of readBucketSessions(bucketFile(folders.split, side, b), folders.ingest)) {
+      for await (const logged of readBucketSessions(bucketFile(folders.split, side, b), folders.ingest, reader)) {
         const s = mask ? maskSession(logged, mask()) : logged;
         await w.sessions[side].append(s);
         if (s.reward >= cfg.sft_min_reward) {

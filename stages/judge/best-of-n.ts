@@ -4,7 +4,7 @@ import { existsSync } from 'node:fs';
 import { commonPrefixLength, pairId, type JudgedPair, type Message, type Split, type SplitSession } from '../../core/records.ts';
 import { NO_COST, abstain, addStats, chosenConfidence, swapped, type Comparison, type Completion, type JudgeStats } from '../../core/verdict.ts';
 import type { EnsembleVerdict } from '../../judges/ensemble.ts';
-import { readTaskGroups, type PairSide } from '../layout.ts';
+import { readTaskGroups, type PairSide, type SplitFolders, type StoredBucketReader } from '../layout.ts';
 
 export interface Candidate {
   id: string;
@@ -110,12 +110,12 @@ export async function judgeGroup(group: Group, decide: Decide): Promise<{ judged
 }
 
 /**
- * A bucket's tasks with their candidates: logged sessions (split's bucket file, its runs read from
- * `ingestDir`) and sampled ones, at most `max` each, by id.
+ * A bucket's tasks with their candidates: logged sessions (split's bucket file, in `folders`) and sampled
+ * ones (sample's), at most `max` each, by id; both read through `reader`.
  */
-export async function candidateGroups(splitFile: string, ingestDir: string, sampleFile: string, max: number) {
-  const sampled = new Map<string, SplitSession[]>(existsSync(sampleFile) ? await readTaskGroups(sampleFile, ingestDir) : []);
-  return (await readTaskGroups(splitFile, ingestDir)).map(([taskId, sessions]) => {
+export async function candidateGroups(splitFile: string, sampleFile: string, folders: SplitFolders, reader: StoredBucketReader, max: number) {
+  const sampled = new Map<string, SplitSession[]>(existsSync(sampleFile) ? await readTaskGroups(sampleFile, folders.ingest, reader) : []);
+  return (await readTaskGroups(splitFile, folders.ingest, reader)).map(([taskId, sessions]) => {
     const logged = new Set(sessions);
     const all = [...sessions, ...(sampled.get(taskId) ?? [])].sort((x, y) => (x.session_id < y.session_id ? -1 : x.session_id > y.session_id ? 1 : 0));
     const candidates: Candidate[] = all.slice(0, max).map((s) => ({ id: s.session_id, messages: s.messages, reward: s.reward, metadata: s.metadata, logged: logged.has(s) }));

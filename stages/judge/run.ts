@@ -11,7 +11,7 @@ import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import type { CandidatePair, JudgedPair } from '../../core/records.ts';
 import { ChunkIndex, joinChunks, ownsBucket, sumCounts } from '../../pipeline/shards.ts';
-import { SPLITS, bucketFile, bucketOf, readPairs, readPairsInfo, readSplitInfo, type PairSide } from '../layout.ts';
+import { SPLITS, StoredBucketReader, bucketFile, bucketOf, readPairs, readPairsInfo, readSplitInfo, type PairSide } from '../layout.ts';
 import { candidateGroups, judgeGroup } from './best-of-n.ts';
 import { OutcomeCouples, asGiven, coupleKey, judgeConstructed } from './constructed.ts';
 
@@ -41,6 +41,8 @@ function tallyOne(t: Tally, p: JudgedPair<PairSide>): void {
 export async function run({ config: cfg, configDir, out, input, cache, lineage, log, signal, shard }: StageContext<Config>): Promise<StageReport> {
   const info = await readSplitInfo(input('split'));
   const folders = { split: input('split'), ingest: input('ingest') };
+  // Best-of-N reads every bucket's sessions into the same buffers.
+  const reader = new StoredBucketReader();
   const pairsInfo = (await readPairsInfo(input('pairs'))) ?? { must_decline: [], rewriter_model: null };
   const chunks = new ChunkIndex(out, shard);
   const mustDecline = mustDeclineTest(pairsInfo.must_decline);
@@ -62,12 +64,15 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
           tallyOne(tally, p);
         }
       };
-      // The pairs stage wrote its pairs bucket by bucket: a new bucket starts a chunk.
+      // The pairs stage wrote its pairs bucket by bucket: a new bucket starts a chunk. A task's pairs come one
+      // after another, so its bucket (a SHA-256) is worked out once.
+      let task: string | null = null;
+      let taskBucket = -1;
       const writeConstructed = async (pairs: JudgedPair<PairSide>[]) => {
         for (const p of pairs) {
-          const b = bucketOf(p.task_id!, info.buckets);
-          if (b !== bucket) chunks.mark(writer, [0, (bucket = b)]);
-          if (couples && p.source === 'outcome') await couples.note(b, p);
+          if (p.task_id !== task) taskBucket = bucketOf((task = p.task_id)!, info.buckets);
+          if (taskBucket !== bucket) chunks.mark(writer, [0, (bucket = taskBucket)]);
+          if (couples && p.source === 'outcome') await couples.note(taskBucket, p);
           await write([p]);
         }
       };
@@ -89,7 +94,7 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
           chunks.mark(writer, [2, b]);
           await safePoint(signal, stopped);
           const outcomeKeys = await couples.of(b);
-          const bucket = await candidateGroups(bucketFile(input('split'), side, b), input('ingest'), bucketFile(input('sample'), side, b), cfg.best_of_n.max_candidates);
+          const bucket = await candidateGroups(bucketFile(folders.split, side, b), bucketFile(input('sample'), side, b), folders, reader, cfg.best_of_n.max_candidates);
           const results = await Promise.all(bucket.filter((g) => g.candidates.length >= cfg.best_of_n.min_candidates).map((g) => judgeGroup(g, (c) => ensemble.judge(c))));
           for (const r of results) {
             tally.counts.best_of_n_groups!++;

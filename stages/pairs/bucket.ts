@@ -191,8 +191,8 @@ export interface BucketJob {
 
 /**
  * Pairs bucket files one after another on one thread: each bucket's sessions read into the same buffer
- * (StoredBucketReader), its pairs into a buffer sized by what the last bucket's sessions' pairs took for their bytes (about 1.2 to 1.9 times
- * them), so that the buffer rarely grows.
+ * (StoredBucketReader), its pairs into a buffer sized by what the last bucket's pairs took for its sessions'
+ * bytes (about 1.2 to 1.9 times them), so that the buffer rarely grows.
  */
 export class BucketPairer {
   private readonly reader = new StoredBucketReader();
