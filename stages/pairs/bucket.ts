@@ -5,13 +5,13 @@
 import { LineBuffer } from '../../pipeline/jsonl.ts';
 import type { BufferShelf } from '../../pipeline/buffers.ts';
 import type { Logger } from '../../pipeline/log.ts';
-import { NEGATIVE_TYPES, type NegativeType, type Pair, type Split } from '../../core/records.ts';
+import { NEGATIVE_TYPES, REWRITE_TYPES, type NegativeType, type Pair, type Split } from '../../core/records.ts';
 import { mustDeclineTest } from '../../judges/rules.ts';
 import { isRefusal } from '../../core/refusal.ts';
 import { StoredBucketReader, storedSessions, type StoredMessages, type StoredSession, type StoredTaskGroups } from '../layout.ts';
 import { buildHardNegatives } from './hard-negatives.ts';
 import { buildOutcomePairs } from './outcome.ts';
-import { REWRITE_TYPES, planRewrites, type RewriteJob, type RewriteOutcome, type Rewriter } from './rewriter.ts';
+import type { RewriteJob, RewriteOutcome, Rewriter } from './rewriter.ts';
 
 export interface BucketOptions {
   outcome: { enabled: boolean; success_min: number; failure_max: number; max_pairs_per_task: number | null };
@@ -87,6 +87,9 @@ function firstReply(s: StoredSession): string | null {
   return at === undefined ? null : s.messages.at(at).content;
 }
 
+/** What a bucket's pairing logs: only the rewriter's failures (a worker thread, which never rewrites, passes a no-op). */
+export type BucketLog = Pick<Logger, 'warn'>;
+
 /** Where a bucket's pairing writes, what it counts, and the rewrites it has asked for. */
 interface BucketWork {
   o: BucketOptions;
@@ -121,7 +124,7 @@ function writeHardNegatives(w: BucketWork, s: StoredSession): number {
   // would have to be a written refusal, which no logged session vouches for.
   if (o.rewriter && declining) counts.rewrite_must_decline!++;
   else if (o.rewriter) {
-    const plan = planRewrites(s, { ratios: h.rewriter.ratios, salt: h.salt });
+    const plan = o.rewriter.plan(s, { ratios: h.rewriter.ratios, salt: h.salt });
     for (const job of plan.jobs) w.rewrites.push(o.rewriter.rewrite(job).then((outcome) => ({ job, outcome })));
     for (const skip of plan.skipped) drop(w, rewriteDrop(s, skip.type, skip.reason));
     counts.rewrite_skipped! += plan.skipped.length;
@@ -145,7 +148,7 @@ function writeHardNegatives(w: BucketWork, s: StoredSession): number {
  * The pairs of one bucket's task groups and what was not made (and why), as lines in buffers taken from
  * `shelf`; `sizeHint` is about the bytes the pairs will take, so that their buffer rarely grows.
  */
-async function pairBucket(groups: StoredTaskGroups, side: Split, o: BucketOptions, log: Logger, shelf: BufferShelf, sizeHint = 1 << 20): Promise<PairedBucket> {
+async function pairBucket(groups: StoredTaskGroups, side: Split, o: BucketOptions, log: BucketLog, shelf: BufferShelf, sizeHint = 1 << 20): Promise<PairedBucket> {
   const w: BucketWork = { o, out: { pairs: new LineBuffer(sizeHint, shelf), dropped: new LineBuffer(64 << 10, shelf) }, counts: pairCounts(), rewrites: [] };
   const { counts } = w;
   const madeByTask = new Map<string, number>();
@@ -198,7 +201,7 @@ export class BucketPairer {
   private readonly reader = new StoredBucketReader();
   private pairBytesPerByte = 1.25;
 
-  constructor(private readonly o: BucketOptions, private readonly log: Logger, private readonly shelf: BufferShelf) {}
+  constructor(private readonly o: BucketOptions, private readonly log: BucketLog, private readonly shelf: BufferShelf) {}
 
   async pair({ path, ingest, side }: BucketJob): Promise<PairedBucket> {
     const groups = await this.reader.read(path, ingest);

@@ -19,13 +19,10 @@ import { transcript, type PromptTemplate } from '../../judges/llm.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import { sha256, unitHash } from '../../pipeline/hash.ts';
 import { pick, seeded } from '../../core/random.ts';
-import type { Message, NegativeType, Pair } from '../../core/records.ts';
+import { REWRITE_TYPES, type Message, type Pair, type RewriteType } from '../../core/records.ts';
 import type { StoredMessages, StoredSession } from '../layout.ts';
 import { PLACEHOLDERS, redactionConfig } from '../../core/redact.ts';
 import { UNDER_EXPLAINED_MIN_TEXT, VERBOSE_MIN_TEXT, hardNegativePair, type SkippedNegative } from './hard-negatives.ts';
-
-export const REWRITE_TYPES = ['refusal', 'off_topic', 'verbose', 'under_explained'] as const satisfies readonly NegativeType[];
-export type RewriteType = (typeof REWRITE_TYPES)[number];
 
 /** The bundled rewrite prompt, used unless `rewriter.prompt` names another file. */
 export const DEFAULT_REWRITE_PROMPT = resolve(dirname(fileURLToPath(import.meta.url)), '../../judges/prompts/rewrite.md');
@@ -192,6 +189,11 @@ export class Rewriter {
     private readonly prompt: RewritePrompt,
     private readonly options: { temperature: number; maxTokens: number },
   ) {}
+
+  /** planRewrites, for the pairs stage's buckets: a worker thread, which never rewrites, loads none of this file. */
+  plan(session: StoredSession, options: { ratios: RewriterConfig['ratios']; salt: string }): ReturnType<typeof planRewrites> {
+    return planRewrites(session, options);
+  }
 
   async rewrite(job: RewriteJob): Promise<RewriteOutcome> {
     const original = job.session.messages.at(job.at);

@@ -1,11 +1,11 @@
-// A worker thread of the pairs stage: whole buckets paired as pairBucket pairs them on the main thread.
-import { Writable } from 'node:stream';
-import { Logger } from '../../pipeline/log.ts';
+// A worker thread of the pairs stage: whole buckets paired as pairBucket pairs them on the main thread. It
+// loads only what pairing needs (no rewriter, endpoint, config schemas or progress bars): a thread starts in
+// a few tens of milliseconds.
 import { serveBatches, threadShelf } from '../../pipeline/workers.ts';
 import { BucketPairer, bucketOptions, type BucketJob, type PairedBucket, type PairingConfig } from './bucket.ts';
 
 // Only the rewriter logs from inside a bucket, and it never runs on a worker thread.
-const silent = new Logger('json', new Writable({ write: (_chunk, _encoding, done) => done() }), {}, true);
+const silent = { warn: () => {} };
 
 serveBatches(
   (cfg: PairingConfig) => {
