@@ -4,7 +4,7 @@ import { mkdir, readdir, stat } from 'node:fs/promises';
 import { join, relative } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
-import { hashFile, hashJson, outputHash } from './hash.ts';
+import { checksumFile, hashJson, outputChecksum } from './hash.ts';
 import { collectGarbage, holdHeapGrowth } from './memory.ts';
 import { UsageError, errorMessage } from './errors.ts';
 import { Interrupted, NEVER } from './interrupt.ts';
@@ -16,8 +16,9 @@ import { Workspace, hashFilesCached, writeFileAtomic, writeFileAtomicNow } from 
 interface OutputFile {
   path: string;
   bytes: number;
-  sha256: string;
-  /** Modification time when written: a file whose size or mtime has changed since is hashed again. */
+  /** Its content's XXH64 (pipeline/hash.ts `checksum`). */
+  xxh64: string;
+  /** Modification time when written: a file whose size or mtime has changed since is checksummed again. */
   mtime_ms?: number;
 }
 
@@ -176,7 +177,7 @@ export class Engine {
         reasons.push(`output ${out.path} is ${s ? 'altered (its size changed)' : 'missing'}`);
         break;
       }
-      if ((verify || Math.floor(s.mtimeMs) !== Math.floor(out.mtime_ms ?? -1)) && (await hashFile(path)) !== out.sha256) {
+      if ((verify || Math.floor(s.mtimeMs) !== Math.floor(out.mtime_ms ?? -1)) && (await checksumFile(path)) !== out.xxh64) {
         reasons.push(`output ${out.path} is altered (its content is not what the stage wrote)`);
         break;
       }
@@ -331,7 +332,7 @@ export class Engine {
     for (const name of stage.outputs) {
       if (!existsSync(join(out, name))) throw new Error(`stage ${stage.name} did not write its declared output ${name}`);
     }
-    const outputs = await hashOutputs(out, stage.outputs);
+    const outputs = await checksumOutputs(out, stage.outputs);
     const finished = new Date();
     const manifest: Manifest = {
       stage: stage.name,
@@ -342,7 +343,7 @@ export class Engine {
       external: made.external.map(({ name, sha256, bytes }) => ({ name, sha256, bytes })),
       outputs,
       // The content alone: where and when the files were written does not change what downstream reads.
-      fingerprint: hashJson(outputs.map(({ path, bytes, sha256 }) => ({ path, bytes, sha256 }))),
+      fingerprint: hashJson(outputs.map(({ path, bytes, xxh64 }) => ({ path, bytes, xxh64 }))),
       counts: made.report.counts,
       summary: made.report.summary,
       ...(made.shard ? { shard: made.shard } : {}),
@@ -417,7 +418,7 @@ function describeExternalChange(before: Manifest['external'], now: ExternalFile[
   return [`input files: ${parts.join(', ')}`];
 }
 
-async function hashOutputs(dir: string, names: string[]): Promise<OutputFile[]> {
+async function checksumOutputs(dir: string, names: string[]): Promise<OutputFile[]> {
   const files: OutputFile[] = [];
   const walk = async (rel: string): Promise<void> => {
     const path = join(dir, rel);
@@ -425,7 +426,7 @@ async function hashOutputs(dir: string, names: string[]): Promise<OutputFile[]> 
     if (s.isDirectory()) {
       for (const entry of (await readdir(path)).sort()) await walk(join(rel, entry));
     } else {
-      files.push({ path: rel, bytes: s.size, sha256: await outputHash(path, s), mtime_ms: s.mtimeMs });
+      files.push({ path: rel, bytes: s.size, xxh64: await outputChecksum(path, s), mtime_ms: s.mtimeMs });
     }
   };
   for (const name of names) await walk(name);

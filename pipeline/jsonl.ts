@@ -1,5 +1,4 @@
 // Line-oriented files: the workspace's own record format, and the reader of JSONL inputs.
-import { createHash, type Hash } from 'node:crypto';
 import { createReadStream, createWriteStream, type WriteStream } from 'node:fs';
 import { stat } from 'node:fs/promises';
 import { once } from 'node:events';
@@ -7,7 +6,7 @@ import { createInterface } from 'node:readline';
 import { createGunzip } from 'node:zlib';
 import type { Readable } from 'node:stream';
 import { BufferShelf } from './buffers.ts';
-import { rememberHash } from './hash.ts';
+import { checksum, rememberChecksum, type Checksum } from './hash.ts';
 
 /** A file's bytes, gunzipped when the name ends in .gz; `chunk`: bytes a read (the stream's default: 64 KiB). */
 export function openText(path: string, chunk?: number): Readable {
@@ -39,18 +38,18 @@ export async function* readJsonl<T>(path: string): AsyncGenerator<T> {
  * Appends JSON records, one a line, honouring back-pressure so memory stays bounded. Each line goes to the
  * file at once (a record written is on its way to disk, as an answer cache needs); the writer waits for the
  * disk only past 1 MiB in flight, so making records and writing them overlap (at the stream's default 16 KiB
- * it waited every ten sessions). A file it makes anew is hashed as it is written, so the engine need not read
- * a stage's output again to hash it (pipeline/hash.ts `outputHash`).
+ * it waited every ten sessions). A file it makes anew is checksummed as it is written, so the engine need not
+ * read a stage's output again (pipeline/hash.ts `outputChecksum`).
  */
 export class JsonlWriter {
   private readonly stream: WriteStream;
-  private readonly hash: Hash | null;
+  private readonly sum: Checksum | null;
   count = 0;
 
   /** `buffer`: bytes in flight past which a write waits for the disk. */
   constructor(readonly path: string, flags: 'w' | 'a' = 'w', buffer = 1 << 20) {
     this.stream = createWriteStream(path, { flags, highWaterMark: buffer });
-    this.hash = flags === 'w' ? createHash('sha256') : null;
+    this.sum = flags === 'w' ? checksum() : null;
   }
 
   async write(record: unknown): Promise<void> {
@@ -75,11 +74,12 @@ export class JsonlWriter {
   /** A record already made into its JSON text, without the newline. */
   async writeLine(json: string): Promise<void> {
     this.count++;
-    await this.put(this.hash ? Buffer.from(json + '\n') : json + '\n');
+    await this.put(this.sum ? Buffer.from(json + '\n') : json + '\n');
   }
 
   private async put(data: Uint8Array | string, written?: () => void): Promise<void> {
-    this.hash?.update(data);
+    // A string comes only where there is no checksum (writeLine).
+    this.sum?.update(data as Uint8Array);
     if (!this.stream.write(data, written)) await once(this.stream, 'drain');
   }
 
@@ -94,9 +94,9 @@ export class JsonlWriter {
   async close(): Promise<void> {
     this.stream.end();
     await once(this.stream, 'finish');
-    if (!this.hash) return;
+    if (!this.sum) return;
     const s = await stat(this.path);
-    rememberHash(this.path, this.hash.digest('hex'), s.size, s.mtimeMs);
+    rememberChecksum(this.path, this.sum.digest(), s.size, s.mtimeMs);
   }
 }
 

@@ -1,19 +1,21 @@
 // JsonlWriter.bytes is where the next record starts in the file, in bytes (a shard's chunk index relies on
-// it), whatever the records hold and however much is still on its way to disk; the hash it remembers is the
-// file's. readLineBlocks (ingest's reader of JSONL as bytes) cuts and numbers lines as readline does.
-import { createHash } from 'node:crypto';
+// it), whatever the records hold and however much is still on its way to disk; the checksum it remembers is
+// the file's XXH64, as xxhsum prints it. readLineBlocks (ingest's reader of JSONL as bytes) cuts and numbers lines as readline does.
 import { appendFileSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { describe, expect, it } from 'vitest';
-import { outputHash } from '../../pipeline/hash.ts';
+import xxhash from 'xxhash-wasm';
+import { checksumFile, outputChecksum } from '../../pipeline/hash.ts';
 import { JsonlWriter, readLines } from '../../pipeline/jsonl.ts';
 import { BufferShelf, sizeClass } from '../../pipeline/buffers.ts';
 import { forEachLine, readLineBlocks } from '../../pipeline/records.ts';
 import { seeded } from '../../core/random.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 
-const sha256 = (path: string) => createHash('sha256').update(readFileSync(path)).digest('hex');
+// The whole file hashed at once (xxhash-wasm's one-shot XXH64), against the writer's and checksumFile's streams.
+const { h64Raw } = await xxhash();
+const xxh64 = (path: string) => h64Raw(readFileSync(path)).toString(16).padStart(16, '0');
 
 /** The lines readLineBlocks yields, decoded and numbered, then where the file broke off, if it did. */
 async function blockLines(path: string, size: number): Promise<{ lines: [number, string][]; damaged: string | null }> {
@@ -58,18 +60,31 @@ describe('JsonlWriter', () => {
 });
 
 describe('JsonlWriter', () => {
-  it('remembers the hash of what it wrote, which the engine takes only while the file is as it left it', async () => {
+  it('remembers the checksum of what it wrote, which the engine takes only while the file is as it left it', async () => {
     const path = join(tempDir(), 'out.jsonl');
     const writer = new JsonlWriter(path);
     for (let i = 0; i < 2000; i++) await (i % 2 ? writer.write({ i, text: 'ünïcødé 😀' }) : writer.writeBytes(new TextEncoder().encode(`{"raw":${i}}\n`)));
     await writer.close();
-    expect(await outputHash(path, statSync(path))).toBe(sha256(path));
+    expect(await outputChecksum(path, statSync(path))).toBe(xxh64(path));
     // Changed after it was closed: the file is read again.
     const again = new JsonlWriter(path);
     await again.write({ first: true });
     await again.close();
     appendFileSync(path, '{"appended":true}\n');
-    expect(await outputHash(path, statSync(path))).toBe(sha256(path));
+    expect(await outputChecksum(path, statSync(path))).toBe(xxh64(path));
+  });
+
+  it('checksums a file as xxhsum -H1 does (XXH64, seed 0: the reference test vectors)', async () => {
+    const dir = tempDir();
+    const vectors: [string, string][] = [['', 'ef46db3751d8e999'], ['abc', '44bc2cf5ad770999']];
+    for (const [i, [text, sum]] of vectors.entries()) {
+      writeFileSync(join(dir, `${i}.txt`), text);
+      expect(await checksumFile(join(dir, `${i}.txt`))).toBe(sum);
+    }
+    // Longer than a read (1 MiB) and not a multiple of XXH64's 32-byte stripes.
+    const big = join(dir, 'big.bin');
+    writeFileSync(big, Buffer.from(Array.from({ length: (3 << 20) + 17 }, (_, k) => (k * 31) & 0xff)));
+    expect(await checksumFile(big)).toBe(xxh64(big));
   });
 });
 
