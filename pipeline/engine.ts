@@ -29,7 +29,7 @@ export interface Manifest {
   config_hash: string;
   /** Upstream stage → the fingerprint of its outputs this run read. */
   inputs: Record<string, string>;
-  external: { name: string; sha256: string; bytes: number }[];
+  external: { name: string; xxh64: string; bytes: number }[];
   outputs: OutputFile[];
   /** Hash of all output files' hashes: what downstream stages record as their input. */
   fingerprint: string;
@@ -298,7 +298,7 @@ export class Engine {
 
     holdHeapGrowth(); // a stage's memory follows what it keeps, not four times it
     const late = external.some((f) => f.hashing);
-    const key = late ? null : hashJson({ code: this.codeVersion(stage), config: this.configHash(stage), inputs, external: external.map((f) => f.sha256), ...(shard ? { shard } : {}) });
+    const key = late ? null : hashJson({ code: this.codeVersion(stage), config: this.configHash(stage), inputs, external: external.map((f) => f.xxh64), ...(shard ? { shard } : {}) });
     const report: StageReport = await stage.run({
       config: this.config[stage.name],
       configDir: this.configDir,
@@ -321,7 +321,7 @@ export class Engine {
       log,
     });
     collectGarbage(); // what the stage held goes back before the next one runs
-    for (const f of external) if (f.hashing) f.sha256 = await f.hashing;
+    for (const f of external) if (f.hashing) f.xxh64 = await f.hashing;
     const manifest = await this.commit(stage, out, { inputs, external, report, started, shard });
     log.info('done', { summary: report.summary, seconds: manifest.seconds });
     return { stage: stage.name, action: 'ran', reasons: [], summary: report.summary, counts: report.counts, seconds: manifest.seconds };
@@ -340,7 +340,7 @@ export class Engine {
       code_version: this.codeVersion(stage),
       config_hash: this.configHash(stage),
       inputs: made.inputs,
-      external: made.external.map(({ name, sha256, bytes }) => ({ name, sha256, bytes })),
+      external: made.external.map(({ name, xxh64, bytes }) => ({ name, xxh64, bytes })),
       outputs,
       // The content alone: where and when the files were written does not change what downstream reads.
       fingerprint: hashJson(outputs.map(({ path, bytes, xxh64 }) => ({ path, bytes, xxh64 }))),
@@ -403,13 +403,14 @@ export class Engine {
 const shardOf = (stage: Stage, shard: Shard | null): Shard | null => (typeof stage.shard === 'function' ? shard : null);
 
 function describeExternalChange(before: Manifest['external'], now: ExternalFile[]): string[] {
-  const old = new Map(before.map((f) => [f.name, f.sha256]));
+  // A manifest written before files were known by XXH64 names none (its entries hold `sha256`): every file is new to it.
+  const old = new Map(before.map((f) => [f.name, f.xxh64]));
   let added = 0;
   let changed = 0;
   for (const f of now) {
     const h = old.get(f.name);
     if (h === undefined) added++;
-    else if (h !== f.sha256) changed++;
+    else if (h !== f.xxh64) changed++;
     old.delete(f.name);
   }
   const removed = old.size;

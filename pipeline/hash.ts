@@ -1,10 +1,11 @@
-// prefab's hashes. SHA-256 names and decides: ids, keys, configs, which side a task goes to, and an input
-// file's identity. XXH64 checks the files the stages write (the manifests' `xxh64`): every byte a stage
-// writes is hashed, so a rerun finds an output altered or the same as before, and at 433 MB of segments a
-// run SHA-256 took a core for a quarter of a second that ingest's threads waited on; XXH64 (xxhash-wasm) is
-// six times faster here. `xxhsum -H1 FILE` prints the same 16 hex digits.
+// prefab's hashes. SHA-256 names and decides: ids, keys, configs, which side a task goes to. XXH64 tells
+// files apart (the manifests' and ingest's `xxh64`): every byte of every input file and of everything a
+// stage writes is hashed, so that a rerun knows what changed, and at the simulator's 100k sessions SHA-256
+// of the 433 MB read and the 417 MB written took half a second of the cores ingest's threads work on;
+// XXH64 (xxhash-wasm) is six times faster here. `xxhsum -H1 FILE` prints the same 16 hex digits.
 import { createHash, hash } from 'node:crypto';
 import { open, rename } from 'node:fs/promises';
+import { createRequire } from 'node:module';
 import { resolve } from 'node:path';
 import { Worker } from 'node:worker_threads';
 import xxhash from 'xxhash-wasm';
@@ -13,7 +14,7 @@ import { BufferShelf } from './buffers.ts';
 /** xxhash-wasm's functions, once its WebAssembly (a few KB) is instantiated: in each thread that imports this. */
 const xxh = await xxhash();
 
-/** Hashes the bytes of a written file as they come: XXH64, seed 0, 16 hex digits (xxhsum's canonical form). */
+/** Hashes a file's bytes as they come: XXH64, seed 0, 16 hex digits (xxhsum's canonical form). */
 export interface Checksum {
   update(data: Uint8Array): void;
   digest(): string;
@@ -21,11 +22,10 @@ export interface Checksum {
 
 export function checksum(): Checksum {
   const state = xxh.create64();
-  return {
-    update: (data) => void state.update(data),
-    digest: () => state.digest().toString(16).padStart(16, '0'),
-  };
+  return { update: (data) => void state.update(data), digest: () => hex64(state.digest()) };
 }
+
+const hex64 = (value: bigint) => value.toString(16).padStart(16, '0');
 
 /** SHA-256 in hex; one call (no Hash object), as pairs and ids are hashed by the hundred thousand. */
 export function sha256(data: string | Uint8Array): string {
@@ -94,14 +94,14 @@ async function hashThrough(path: string, hash: { update(data: Uint8Array): unkno
   }
 }
 
-/** An input file's identity: the SHA-256 of its content, in hex. */
-export async function hashFile(path: string): Promise<string> {
+/** The SHA-256 of a file's content, in hex: how ingest knew its input files before XXH64. */
+export async function sha256File(path: string): Promise<string> {
   const hash = createHash('sha256');
   await hashThrough(path, hash);
   return hash.digest('hex');
 }
 
-/** A written file's checksum, as `checksum` makes it. */
+/** A file's checksum, as `checksum` makes it. */
 export async function checksumFile(path: string): Promise<string> {
   const sum = checksum();
   await hashThrough(path, sum);
@@ -109,28 +109,32 @@ export async function checksumFile(path: string): Promise<string> {
 }
 
 /**
- * hashFile on a thread of its own, so that this one (and a stage reading the file meanwhile) goes on: SHA-256
- * takes a core for about 0.2 s a 433 MB. The thread is a few lines of CommonJS, with nothing to load.
+ * checksumFile on a thread of its own, so that this one (and a stage reading the file meanwhile) goes on.
+ * The thread is a few lines of CommonJS that load xxhash-wasm alone.
  */
-export function hashFileOnThread(path: string): Promise<string> {
+export function checksumFileOnThread(path: string): Promise<string> {
   return new Promise((done, fail) => {
-    const thread = new Worker(HASH_THREAD, { eval: true, workerData: path });
-    thread.once('message', (hex: string) => done(hex));
+    const thread = new Worker(CHECKSUM_THREAD, { eval: true, workerData: { path, xxhash: XXHASH_MODULE } });
+    thread.once('message', (sum: bigint) => done(hex64(sum)));
     thread.once('error', fail);
-    thread.once('exit', (code) => fail(new Error(`${path}: the thread hashing it stopped (exit code ${code}) before it had`)));
+    thread.once('exit', (code) => fail(new Error(`${path}: the thread checksumming it stopped (exit code ${code}) before it had`)));
   });
 }
 
-const HASH_THREAD = `
-const { createHash } = require('node:crypto');
+/** Where xxhash-wasm's CommonJS build is, for the thread (code run from a string has no folder to look from). */
+const XXHASH_MODULE = createRequire(import.meta.url).resolve('xxhash-wasm');
+
+const CHECKSUM_THREAD = `
 const { closeSync, openSync, readSync } = require('node:fs');
 const { parentPort, workerData } = require('node:worker_threads');
-const hash = createHash('sha256');
-const file = openSync(workerData, 'r');
-const buffer = Buffer.allocUnsafe(1 << 20);
-for (let read; (read = readSync(file, buffer, 0, buffer.length, null)) > 0; ) hash.update(buffer.subarray(0, read));
-closeSync(file);
-parentPort.postMessage(hash.digest('hex'));
+require(workerData.xxhash)().then(({ create64 }) => {
+  const sum = create64();
+  const file = openSync(workerData.path, 'r');
+  const buffer = Buffer.allocUnsafe(1 << 20);
+  for (let read; (read = readSync(file, buffer, 0, buffer.length, null)) > 0; ) sum.update(buffer.subarray(0, read));
+  closeSync(file);
+  parentPort.postMessage(sum.digest());
+});
 `;
 
 /** A stable number in [0, 1) for a key: the same key and salt always land in the same place. */

@@ -37,7 +37,7 @@ async function partsOf(engine: Engine, stage: Stage, shards: Workspace[]): Promi
     });
   } else {
     // The same code and config on the same input files make the same output (up to the times it records).
-    const read = (m: Manifest) => JSON.stringify({ external: m.external.map((f) => f.sha256).sort(), counts: m.counts });
+    const read = (m: Manifest) => JSON.stringify({ external: m.external.map((f) => f.xxh64).sort(), counts: m.counts });
     const other = manifests.findIndex((m) => read(m!) !== read(manifests[0]!));
     if (other >= 0) throw new PipelineError(`${stage.name} read other input files in ${shards[other]!.root} than in ${shards[0]!.root}: the shards must all read the same inputs`);
   }

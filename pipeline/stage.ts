@@ -8,13 +8,13 @@ export interface ExternalFile {
   path: string;
   /** Path as the user will recognise it (relative to the working directory). */
   name: string;
-  /** The content's hash; '' while `hashing` is under way. */
-  sha256: string;
+  /** The content's XXH64 (pipeline/hash.ts `checksum`); '' while `hashing` is under way. */
+  xxh64: string;
   bytes: number;
   /**
    * For a stage that declares `hashesLate`, a file no earlier run of it read under this name and whose hash
    * the cache does not hold: its hash, worked out on a thread of its own while the stage runs. The engine
-   * puts it in `sha256` before it writes the manifest.
+   * puts it in `xxh64` before it writes the manifest.
    */
   hashing?: Promise<string>;
 }

@@ -4,7 +4,7 @@ import { mkdir, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/p
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { hashFile, hashFileOnThread } from './hash.ts';
+import { checksumFile, checksumFileOnThread } from './hash.ts';
 import { PipelineError } from './errors.ts';
 import type { Logger } from './log.ts';
 
@@ -193,19 +193,20 @@ interface HashCacheEntry {
   size: number;
   mtimeMs: number;
   ino: number;
-  sha256: string;
+  /** Absent in an entry written before files were known by XXH64 (it held `sha256`): hashed again. */
+  xxh64?: string;
 }
 
 /** A file's content hash as hashFilesCached gives it: for a file hashed late, '' and the hash to come. */
 export interface FileHash {
-  sha256: string;
+  xxh64: string;
   bytes: number;
   hashing?: Promise<string>;
 }
 
 /**
  * Content hashes of input files, recomputed only when a file's size, mtime or inode changed. A file that
- * must be hashed and that `late` names is hashed on a thread of its own (hashFileOnThread): it comes with
+ * must be hashed and that `late` names is hashed on a thread of its own (checksumFileOnThread): it comes with
  * `hashing`, which the cache records once it is done.
  */
 export async function hashFilesCached(ws: Workspace, paths: string[], late: (path: string) => boolean = () => false): Promise<Map<string, FileHash>> {
@@ -215,20 +216,20 @@ export async function hashFilesCached(ws: Workspace, paths: string[], late: (pat
   for (const path of paths) {
     const s = await stat(path);
     let entry = cache[path];
-    if (!entry || entry.size !== s.size || entry.mtimeMs !== s.mtimeMs || entry.ino !== s.ino) {
+    if (!entry?.xxh64 || entry.size !== s.size || entry.mtimeMs !== s.mtimeMs || entry.ino !== s.ino) {
       const seen = { size: s.size, mtimeMs: s.mtimeMs, ino: s.ino };
       if (late(path)) {
-        const hashing = hashFileOnThread(path).then(async (sha256) => {
-          await saveFileHashes(ws, { [path]: { ...seen, sha256 } }).catch(() => {});
-          return sha256;
+        const hashing = checksumFileOnThread(path).then(async (xxh64) => {
+          await saveFileHashes(ws, { [path]: { ...seen, xxh64 } }).catch(() => {});
+          return xxh64;
         });
         hashing.catch(() => {}); // awaited by the engine, after the stage; a stage that failed first may leave it
-        out.set(path, { sha256: '', bytes: s.size, hashing });
+        out.set(path, { xxh64: '', bytes: s.size, hashing });
         continue;
       }
-      entry = found[path] = { ...seen, sha256: await hashFile(path) };
+      entry = found[path] = { ...seen, xxh64: await checksumFile(path) };
     }
-    out.set(path, { sha256: entry.sha256, bytes: s.size });
+    out.set(path, { xxh64: entry.xxh64!, bytes: s.size });
   }
   if (Object.keys(found).length > 0) await saveFileHashes(ws, found);
   return out;

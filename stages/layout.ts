@@ -15,7 +15,10 @@ import { sameMessage, type Message, type Pair, type Role, type Split, type Split
 /** What index.json records of each ingested file. */
 export interface IngestedFile {
   name: string;
-  sha256: string;
+  /** The file's content hash (pipeline/hash.ts `checksum`); `sha256:<hex>` for a file gone before it could be known so. */
+  xxh64: string;
+  /** Its SHA-256, in an index written before ingest knew files by XXH64 (ingest's run.ts upgrades such an index). */
+  sha256?: string;
   /** Its size (absent in an index written before ingest v3). */
   bytes?: number;
   segment: string;

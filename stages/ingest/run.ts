@@ -3,14 +3,14 @@
 // Incremental: a file whose content was ingested before is skipped, a new one becomes a new segment.
 import { copyFile, link, mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { hashJson, renameWritten } from '../../pipeline/hash.ts';
+import { hashJson, renameWritten, sha256File } from '../../pipeline/hash.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import { readIngestIndex, type IngestIndex, type IngestedFile } from '../layout.ts';
 import { SessionIdSet } from './id-set.ts';
 import { ingestFile, readSegmentIds, segmentName } from './segment.ts';
 
-import type { StageContext, StageReport } from '../../pipeline/stage.ts';
+import type { ExternalFile, StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
 
 const INDEX_FORMAT = 2;
@@ -22,7 +22,8 @@ async function writeJson(path: string, value: unknown): Promise<void> {
 export async function run({ config: cfg, out, previous, external, log, signal, options }: StageContext<Config>): Promise<StageReport> {
   // The index format is part of it: an index written by an older ingest is not reused.
   const readingHash = hashJson({ index: INDEX_FORMAT, format: cfg.format, mapping: cfg.mapping, message: cfg.message, reward: cfg.out_of_range_reward });
-  const prior = previous ? await readIngestIndex(previous) : null;
+  const stored = previous ? await readIngestIndex(previous) : null;
+  const prior = stored && (await knownByXxh64(stored, external));
   const reuse = prior?.reading_hash === readingHash;
   if (prior && !reuse) log.warn('the way records are read changed (mapping, format or reward policy): every present file is ingested again');
 
@@ -40,9 +41,9 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
     ids = await SessionIdSet.load(join(previous, 'ids.bin'));
   } else if (prior && previous) {
     // Which earlier files are gone is told by content: every hash is waited for.
-    for (const f of external) if (f.hashing) f.sha256 = await f.hashing;
-    const present = new Set(external.map((f) => f.sha256));
-    const orphans = prior.files.filter((f) => !present.has(f.sha256));
+    for (const f of external) if (f.hashing) f.xxh64 = await f.hashing;
+    const present = new Set(external.map((f) => f.xxh64));
+    const orphans = prior.files.filter((f) => !present.has(f.xxh64));
     for (const f of orphans) {
       // Its source file is gone, so it cannot be read again: keep the sessions as they were made.
       log.warn('kept a segment whose source file is gone, as read with the earlier settings', { file: f.name, sessions: f.sessions });
@@ -53,7 +54,7 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
   }
   const quarantine = new JsonlWriter(quarantinePath, 'a');
 
-  const known = new Map(files.map((f) => [f.sha256, f]));
+  const known = new Map(files.map((f) => [f.xxh64, f]));
   const reasons = new Map<string, number>();
   let added = 0;
   let quarantined = 0;
@@ -62,23 +63,23 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
   for (const file of external) {
     // A file still being hashed (new to ingest) is read meanwhile, unless it may be one already ingested under
     // another name: only a file of the same size may.
-    if (file.hashing && [...known.values()].some((f) => f.bytes === undefined || f.bytes === file.bytes)) file.sha256 = await file.hashing;
-    const seen = known.get(file.sha256);
+    if (file.hashing && [...known.values()].some((f) => f.bytes === undefined || f.bytes === file.bytes)) file.xxh64 = await file.hashing;
+    const seen = known.get(file.xxh64);
     if (seen) {
       skipped++;
       if (seen.name !== file.name) log.info('skipped a file with the same content as one already ingested', { file: file.name, same_as: seen.name });
       continue;
     }
     const result = await ingestFile(file, { format: cfg.format, mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward }, maxRecordBytes: cfg.max_record_bytes }, join(out, 'sessions'), files.length, ids, quarantine, reasons, log, signal, options.workers);
-    if (!file.sha256) {
+    if (!file.xxh64) {
       // Read while it was hashed: its segment is named by its hash once that is known.
-      file.sha256 = result.sha256 = await file.hashing!;
-      const named = segmentName(files.length, file.sha256);
+      file.xxh64 = result.xxh64 = await file.hashing!;
+      const named = segmentName(files.length, file.xxh64);
       await renameWritten(join(out, 'sessions', result.segment), join(out, 'sessions', named));
       result.segment = named;
     }
     files.push(result);
-    known.set(file.sha256, result);
+    known.set(file.xxh64, result);
     added += result.sessions;
     quarantined += result.quarantined;
     duplicates += result.duplicates;
@@ -107,4 +108,23 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
       (damaged ? `; ${damaged} damaged file(s) read up to the damage (quarantine.jsonl says where)` : '') +
       (invalidUtf8 ? `; ${invalidUtf8} record(s) with bytes that are not UTF-8` : ''),
   };
+}
+
+/**
+ * An index written before ingest knew files by XXH64 holds their SHA-256: each such entry takes the XXH64 of
+ * the present input file with that SHA-256 (so a file ingested before is still skipped), or, its file gone,
+ * `sha256:<hex>`, which no file's XXH64 matches (its segment is kept, as every segment whose file is gone).
+ * Only such an index has the input files read for their SHA-256, once.
+ */
+async function knownByXxh64(index: IngestIndex, external: ExternalFile[]): Promise<IngestIndex> {
+  if (index.files.every((f) => f.xxh64)) return index;
+  const bySha256 = new Map<string, ExternalFile>();
+  for (const file of external) bySha256.set(await sha256File(file.path), file);
+  const files: IngestedFile[] = [];
+  for (const { sha256, ...f } of index.files) {
+    const file = f.xxh64 ? null : bySha256.get(sha256!);
+    if (file?.hashing) file.xxh64 = await file.hashing;
+    files.push({ ...f, xxh64: f.xxh64 || (file ? file.xxh64 : `sha256:${sha256}`) });
+  }
+  return { ...index, files };
 }

@@ -40,7 +40,7 @@ describe('engine', () => {
     const source = JSON.parse(readFileSync(join(workdir, 'source', 'manifest.json'), 'utf8'));
     const upper = JSON.parse(readFileSync(join(workdir, 'upper', 'manifest.json'), 'utf8'));
     expect(source.external.map((f: { name: string }) => f.name.endsWith('a.txt') || f.name.endsWith('b.txt'))).toEqual([true, true]);
-    expect(source.external[0].sha256).toMatch(/^[0-9a-f]{64}$/);
+    expect(source.external[0].xxh64).toMatch(/^[0-9a-f]{16}$/);
     expect(upper.inputs.source).toBe(source.fingerprint);
     expect(upper.code_version).toBe('test/upper@1');
     expect(upper.config_hash).toMatch(/^[0-9a-f]{64}$/);

@@ -1,14 +1,20 @@
 import { createHash } from 'node:crypto';
-import { mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import { DuckDBInstance } from '@duckdb/node-api';
 import { describe, expect, it } from 'vitest';
+import xxhash from 'xxhash-wasm';
 import type { QuarantineRecord } from '../../stages/ingest/segment.ts';
 import { sessionSegments } from '../../stages/layout.ts';
 import type { Session } from '../../core/records.ts';
 import { collect, engineFor, jsonl, manifest, session, tempDir, wholePairs } from '../fixtures/pipeline.ts';
 
 const ingestOnly = { until: 'ingest' };
+
+// A file's XXH64 as xxhsum -H1 prints it, and its SHA-256 (what an older ingest knew it by).
+const { h64Raw } = await xxhash();
+const xxh64 = (text: string) => h64Raw(Buffer.from(text)).toString(16).padStart(16, '0');
+const sha256 = (text: string) => createHash('sha256').update(text).digest('hex');
 
 async function ingested(dir: string): Promise<Session[]> {
   const out: Session[] = [];
@@ -134,13 +140,13 @@ describe('ingest', () => {
     const day1 = jsonl([session('d1-a', 'A', 1), session('d1-b', 'A', 0)]);
     writeFileSync(join(dir, 'inbox', 'day1.jsonl'), day1);
     const cfg = 'ingest:\n  inputs: [inbox]\n';
-    const sha = (text: string) => createHash('sha256').update(text).digest('hex');
-    const recorded = () => Object.fromEntries((manifest(dir, 'ingest') as unknown as { external: { name: string; sha256: string }[] }).external.map((f) => [basename(f.name), f.sha256]));
+    const sha = xxh64;
+    const recorded = () => Object.fromEntries((manifest(dir, 'ingest') as unknown as { external: { name: string; xxh64: string }[] }).external.map((f) => [basename(f.name), f.xxh64]));
     await engineFor(dir, cfg).run(ingestOnly);
     expect(recorded()).toEqual({ 'day1.jsonl': sha(day1) });
     expect((await sessionSegments(join(dir, 'workspace', 'ingest'))).map((p) => basename(p))).toEqual([`00000-${sha(day1).slice(0, 12)}.jsonl`]);
-    const cache = JSON.parse(readFileSync(join(dir, 'workspace', '.cache', 'file-hashes.json'), 'utf8')) as Record<string, { sha256: string }>;
-    expect(Object.values(cache).map((e) => e.sha256)).toEqual([sha(day1)]);
+    const cache = JSON.parse(readFileSync(join(dir, 'workspace', '.cache', 'file-hashes.json'), 'utf8')) as Record<string, { xxh64: string }>;
+    expect(Object.values(cache).map((e) => e.xxh64)).toEqual([sha(day1)]);
 
     // The copy has day1's size, so ingest waits for its hash and skips it (as it skips day1); day2 is read as it is hashed.
     const day2 = jsonl([session('d2-a', 'B', 1)]);
@@ -154,6 +160,40 @@ describe('ingest', () => {
     // The hashes found late are in the cache: nothing is stale, and nothing is hashed again.
     expect(await engineFor(dir, cfg).run(ingestOnly)).toMatchObject([{ stage: 'ingest', action: 'fresh' }]);
     expect(Object.keys(JSON.parse(readFileSync(join(dir, 'workspace', '.cache', 'file-hashes.json'), 'utf8')) as object)).toHaveLength(3);
+  });
+
+  it('takes over a workspace from before files were known by XXH64: nothing read again, a segment whose file is gone kept', async () => {
+    const dir = tempDir();
+    mkdirSync(join(dir, 'inbox'));
+    const days = { 'day1.jsonl': jsonl([session('d1-a', 'A', 1), session('d1-b', 'A', 0)]), 'day2.jsonl': jsonl([session('d2-a', 'B', 1)]) };
+    for (const [name, text] of Object.entries(days)) writeFileSync(join(dir, 'inbox', name), text);
+    const cfg = 'ingest:\n  inputs: [inbox]\n';
+    await engineFor(dir, cfg).run(ingestOnly);
+    // The workspace as the older ingest left it: files known by their SHA-256 in its index, its manifest and the hash cache.
+    const ws = join(dir, 'workspace');
+    const rewrite = <T,>(path: string, change: (value: T) => unknown) => writeFileSync(path, JSON.stringify(change(JSON.parse(readFileSync(path, 'utf8')) as T)));
+    type Known = { name: string; xxh64: string };
+    const older = ({ xxh64, ...f }: Known) => ({ ...f, sha256: sha256(days[basename(f.name) as keyof typeof days]) });
+    rewrite(join(ws, 'ingest', 'index.json'), (index: { files: Known[] }) => ({ ...index, files: index.files.map(older) }));
+    const indexNow = statSync(join(ws, 'ingest', 'index.json'));
+    type Output = { path: string; bytes: number; xxh64: string; mtime_ms: number };
+    // Its outputs were known by SHA-256 too (not checked while their size and time are as recorded).
+    const output = ({ xxh64, ...o }: Output) => ({ ...o, sha256: 'older', ...(o.path === 'index.json' ? { bytes: indexNow.size, mtime_ms: indexNow.mtimeMs } : {}) });
+    rewrite(join(ws, 'ingest', 'manifest.json'), (m: { external: Known[]; outputs: Output[] }) => ({ ...m, external: m.external.map(older), outputs: m.outputs.map(output) }));
+    rewrite(join(ws, '.cache', 'file-hashes.json'), (cache: Record<string, { xxh64: string }>) => Object.fromEntries(Object.entries(cache).map(([path, { xxh64, ...e }]) => [path, { ...e, sha256: 'older' }])));
+    const before = await ingested(dir);
+    rmSync(join(dir, 'inbox', 'day2.jsonl'));
+
+    const outcomes = await engineFor(dir, cfg).run(ingestOnly);
+    expect(outcomes[0]!.reasons).toEqual(['input files: 1 new, 1 gone']);
+    expect(manifest(dir, 'ingest').counts).toMatchObject({ sessions: 3, new_sessions: 0, duplicates: 0, files: 2, files_skipped: 1 });
+    expect(await ingested(dir)).toEqual(before);
+    const index = JSON.parse(readFileSync(join(ws, 'ingest', 'index.json'), 'utf8')) as { files: Record<string, unknown>[] };
+    expect(index.files.map((f) => [basename(f.name as string), f.xxh64, f.sha256])).toEqual([
+      ['day1.jsonl', xxh64(days['day1.jsonl']), undefined],
+      ['day2.jsonl', `sha256:${sha256(days['day2.jsonl'])}`, undefined],
+    ]);
+    expect(await engineFor(dir, cfg).run(ingestOnly)).toMatchObject([{ stage: 'ingest', action: 'fresh' }]);
   });
 
   it('turns a foreign log shape into sessions with a field mapping alone, and pairs its trials', async () => {
