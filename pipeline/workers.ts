@@ -19,6 +19,8 @@ export function workerCount(option: unknown, large: boolean, cores = 2): number 
 interface Reply<Out> {
   id: number;
   result?: Out;
+  /** The buffers of `result` that moved rather than being copied (given back later to the thread that made them). */
+  moved?: ArrayBuffer[];
   error?: string;
 }
 
@@ -32,10 +34,22 @@ type Message<In> = { id: number; batch: In } | { spare: ArrayBuffer[] };
  */
 export const threadShelf = new BufferShelf(4);
 
-/** Threads running one worker module; `run` sends a batch to the next in turn. */
+/** Batches a thread holds at most: the one it works and the next, so that it never waits for the main thread. */
+const HELD = 2;
+
+/**
+ * Threads running one worker module. Batches wait here and go to a thread as it has room (HELD), so that a
+ * thread held up by a large batch is not given more while another is free.
+ */
 export class WorkerPool<In, Out> {
   private readonly workers: Worker[];
   private readonly pending = new Map<number, { resolve: (out: Out) => void; reject: (e: Error) => void }>();
+  /** Batches given to `run` and not yet sent to a thread, in order. */
+  private readonly waiting: { id: number; batch: In }[] = [];
+  /** Per thread, the batches sent to it and not yet answered. */
+  private readonly inFlight: number[];
+  /** Which thread made a buffer that came with a result: it goes back there (giveBack). */
+  private readonly madeBy = new WeakMap<ArrayBuffer, number>();
   private next = 0;
   private nextSpare = 0;
   private failed: Error | null = null;
@@ -49,14 +63,18 @@ export class WorkerPool<In, Out> {
   constructor(entry: string, module: URL, size: number, init: unknown, private readonly moves: (batch: In) => ArrayBuffer[] = () => []) {
     const bundle = process.env.PREFAB_BUNDLE_DIR ? join(process.env.PREFAB_BUNDLE_DIR, `${entry}.js`) : null;
     const script = bundle && existsSync(bundle) ? bundle : fileURLToPath(new URL('./worker-entry.mjs', import.meta.url));
-    this.workers = Array.from({ length: size }, () => {
+    this.inFlight = new Array<number>(size).fill(0);
+    this.workers = Array.from({ length: size }, (_, w) => {
       // A young generation of 16 MB (V8's default is 3 × 16): a thread's memory settles as soon as it starts.
       const worker = new Worker(script, { workerData: { module: module.href, init }, resourceLimits: { maxYoungGenerationSizeMb: 16 } });
       worker.on('message', (reply: Reply<Out>) => {
-        const waiting = this.pending.get(reply.id)!;
+        this.inFlight[w]!--;
+        for (const buffer of reply.moved ?? []) this.madeBy.set(buffer, w);
+        const answered = this.pending.get(reply.id)!;
         this.pending.delete(reply.id);
-        if (reply.error !== undefined) waiting.reject(new Error(reply.error));
-        else waiting.resolve(reply.result!);
+        this.send();
+        if (reply.error !== undefined) answered.reject(new Error(reply.error));
+        else answered.resolve(reply.result!);
       });
       worker.on('error', (error) => this.fail(error));
       worker.on('exit', (code) => code !== 0 && this.fail(new Error(`a worker thread exited with code ${code}`)));
@@ -68,24 +86,34 @@ export class WorkerPool<In, Out> {
     this.failed ??= error;
     for (const { reject } of this.pending.values()) reject(error);
     this.pending.clear();
+    this.waiting.length = 0;
   }
 
   run(batch: In): Promise<Out> {
     if (this.failed) return Promise.reject(this.failed);
     const id = this.next++;
-    return new Promise<Out>((resolve, reject) => {
-      this.pending.set(id, { resolve, reject });
-      this.workers[id % this.workers.length]!.postMessage({ id, batch } satisfies Message<In>, this.moves(batch));
-    });
+    const answer = new Promise<Out>((resolve, reject) => this.pending.set(id, { resolve, reject }));
+    this.waiting.push({ id, batch });
+    this.send();
+    return answer;
   }
 
-  /**
-   * Buffers a thread sent with its results, given back to the threads in turn to fill again: results given
-   * back in the order they came go back to the threads that made them.
-   */
+  /** Sends waiting batches, in order, to the threads with room: which thread works a batch never changes its result. */
+  private send(): void {
+    while (this.waiting.length > 0) {
+      const w = this.inFlight.indexOf(Math.min(...this.inFlight));
+      if (this.inFlight[w]! >= HELD) return;
+      const { id, batch } = this.waiting.shift()!;
+      this.inFlight[w]!++;
+      this.workers[w]!.postMessage({ id, batch } satisfies Message<In>, this.moves(batch));
+    }
+  }
+
+  /** Buffers a thread sent with a result, given back to that thread to fill again (others to the threads in turn). */
   giveBack(buffers: ArrayBuffer[]): void {
     if (this.failed || buffers.length === 0) return;
-    this.workers[this.nextSpare++ % this.workers.length]!.postMessage({ spare: buffers } satisfies Message<In>, buffers);
+    const w = this.madeBy.get(buffers[0]!) ?? this.nextSpare++ % this.workers.length;
+    this.workers[w]!.postMessage({ spare: buffers } satisfies Message<In>, buffers);
   }
 
   get size(): number {
@@ -113,7 +141,8 @@ export function serveBatches<In, Out>(make: (init: never) => (batch: In) => Out 
   const answer = async ({ id, batch }: { id: number; batch: In }) => {
     try {
       const result = await handle(batch);
-      port.postMessage({ id, result } satisfies Reply<Out>, transfer(result));
+      const moved = transfer(result);
+      port.postMessage({ id, result, moved } satisfies Reply<Out>, moved);
     } catch (error) {
       port.postMessage({ id, error: (error as Error).stack ?? String(error) } satisfies Reply<Out>);
     }

@@ -82,6 +82,8 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
         else for (const buffer of buffers) shelf.put(buffer);
       };
     };
+    // Two buckets a thread in flight: while the bucket to be written next is still being paired, the other
+    // thread goes on with the ones after it (with one, it waited: 0.45 s of 1.9 at the simulator's 100k).
     await inOrder(each(), pool ?? ((job: BucketJob) => pairer.pair(job)), async (made, { side, s, b }) => {
       if (progress.side !== side) {
         progress.bar?.done();
@@ -94,7 +96,7 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
       await dropped.writeBlock(made.dropped, made.lines.dropped, written);
       for (const [k, v] of Object.entries(made.counts)) counts[k] = (counts[k] ?? 0) + v;
       progress.bar!.tick();
-    }, 1);
+    }, 2);
     progress.bar?.done();
     for (const writer of Object.values(writers)) await writer.close();
   } finally {

@@ -1,5 +1,6 @@
 // Worker threads (pipeline/workers.ts): a thread works its batches one at a time and in order, even where
-// a batch waits; results come back in the order of the batches; buffers given back are filled again.
+// a batch waits; results come back in the order of the batches; buffers given back are filled again; a
+// thread held up by a long batch is not given more while another is free.
 import { describe, expect, it } from 'vitest';
 import { WorkerPool, inOrder } from '../../pipeline/workers.ts';
 
@@ -23,6 +24,26 @@ describe('a pool of worker threads', () => {
       // All six were sent before any came back; later ones found a spare given back after the first.
       expect(results[0]!.reused).toBe(false);
       expect(results.slice(1).some((r) => r.reused)).toBe(true);
+    } finally {
+      await pool.close();
+    }
+  });
+
+  it('gives waiting batches to the thread that is free, not in turn, and results still come in order', async () => {
+    const pool = new WorkerPool<{ wait: number; bytes: number }, { started: number; thread: number }>('none', new URL('../fixtures/slow-worker.ts', import.meta.url), 2, null);
+    try {
+      // The first batch holds its thread for most of the run; the other eight are short.
+      const waits = [400, 10, 10, 10, 10, 10, 10, 10, 10];
+      async function* each() {
+        yield* waits.map((wait) => ({ wait, bytes: 16 }));
+      }
+      const results: { wait: number; started: number; thread: number }[] = [];
+      await inOrder(each(), pool, async (out, batch) => void results.push({ wait: batch.wait, ...out }), 6);
+      expect(results.map((r) => r.wait)).toEqual(waits);
+      const slow = results[0]!.thread;
+      // The slow thread took one more batch before it was full (a thread holds two); the free one took the rest.
+      expect(results.filter((r) => r.thread === slow)).toHaveLength(2);
+      expect(results.filter((r) => r.thread !== slow).map((r) => r.started)).toEqual([0, 2, 4, 6, 8, 10, 12]);
     } finally {
       await pool.close();
     }
