@@ -76,6 +76,32 @@ describe('the bundle', () => {
   });
 });
 
+describe("the data stages' worker threads", () => {
+  it('load no package they do not use (each thread pays for every module it loads)', () => {
+    expect(prefab(['--help']).code).toBe(0);
+    const dir = join(REPO, 'node_modules', '.cache', 'prefab', (JSON.parse(readFileSync(join(REPO, 'node_modules', '.cache', 'prefab', 'current.json'), 'utf8')) as { dir: string }).dir);
+    // The packages a bundle entry loads: the bare imports of it and of every chunk it imports, transitively.
+    const packagesOf = (entry: string) => {
+      const packages = new Set<string>();
+      const seen = new Set<string>();
+      const visit = (file: string) => {
+        if (seen.has(file)) return;
+        seen.add(file);
+        for (const [, spec] of readFileSync(join(dir, file), 'utf8').matchAll(/(?:from|import)\s*"([^"]+)"/g)) {
+          if (spec!.startsWith('./')) visit(spec!.slice(2));
+          else if (!spec!.startsWith('node:')) packages.add(spec!);
+        }
+      };
+      visit(entry);
+      return [...packages].sort();
+    };
+    // A thread checksums what it writes (xxhash-wasm); the rewriter's endpoint, config schemas and progress bars stay on the main thread.
+    expect(packagesOf('pairs-worker.js')).toEqual(['xxhash-wasm']);
+    expect(packagesOf('ingest-worker.js')).toEqual(['xxhash-wasm']);
+    expect(packagesOf('cli.js')).toEqual(expect.arrayContaining(['zod', 'yaml', 'commander']));
+  });
+});
+
 describe('the executable', () => {
   it('as a program (npx prefab), starts node with malloc told to hand large blocks back, unless the variable is set', () => {
     // A module loaded first says what the node process that runs prefab was given.
