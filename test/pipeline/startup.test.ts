@@ -2,15 +2,17 @@
 // its work, and the heavy libraries behind it, load only when it runs. A module-load hook in the child process
 // lists every module it loads.
 import { spawnSync } from 'node:child_process';
-import { mkdirSync, readFileSync, utimesSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { REPO, prefab } from '../fixtures/cli.ts';
 import { jsonl, session, tempDir } from '../fixtures/pipeline.ts';
 
+// The hook runs on the loader's own thread: it appends each URL to a file at once, before the module loads
+// (what that thread writes to stderr may be lost when the process exits right after its last import).
 const HOOK = `data:text/javascript,${encodeURIComponent(`
 import { register } from 'node:module';
-register('data:text/javascript,' + encodeURIComponent("export async function load(url, context, next) { process.stderr.write('loaded ' + url + '\\\\n'); return next(url, context); }"));
+register('data:text/javascript,' + encodeURIComponent("import { appendFileSync } from 'node:fs'; export async function load(url, context, next) { appendFileSync(process.env.PREFAB_TEST_LOADS, url + '\\\\n'); return next(url, context); }"));
 `)}`;
 
 /**
@@ -18,8 +20,9 @@ register('data:text/javascript,' + encodeURIComponent("export async function loa
  * run it) only packages are modules of their own; through tsx (`tsx`) every source file is.
  */
 function loads(args: string[], tsx = false): { code: number; modules: string[]; stderr: string } {
-  const r = spawnSync(process.execPath, ['--import', HOOK, join(REPO, 'bin', 'prefab.js'), ...args], { encoding: 'utf8', env: { ...process.env, NO_COLOR: '1', ...(tsx ? { PREFAB_TSX: '1' } : {}) } });
-  const modules = r.stderr.split('\n').flatMap((line) => (line.startsWith('loaded ') ? [line.slice(7)] : []));
+  const list = join(tempDir(), 'loaded.txt');
+  const r = spawnSync(process.execPath, ['--import', HOOK, join(REPO, 'bin', 'prefab.js'), ...args], { encoding: 'utf8', env: { ...process.env, NO_COLOR: '1', PREFAB_TEST_LOADS: list, ...(tsx ? { PREFAB_TSX: '1' } : {}) } });
+  const modules = existsSync(list) ? readFileSync(list, 'utf8').split('\n').filter(Boolean) : [];
   return { code: r.status ?? -1, modules, stderr: r.stderr };
 }
 
@@ -36,7 +39,7 @@ describe('startup', () => {
     const common = ['--workdir', join(dir, 'workspace'), '--config', config];
     for (const args of [[...common, 'status'], [...common, 'stages'], ['--help'], [...common, 'run', '--until', 'split']]) for (const tsx of [false, true]) {
       const r = loads(args, tsx);
-      expect(r.code, `prefab ${args.join(' ')}: ${r.stderr.split('\n').filter((l) => !l.startsWith('loaded ')).join('\n')}`).toBe(0);
+      expect(r.code, `prefab ${args.join(' ')}: ${r.stderr}`).toBe(0);
       expect(r.modules.length).toBeGreaterThan(20); // the hook saw the modules
       expect(heavy(r.modules), `prefab ${args.join(' ')}`).toEqual([]);
     }
@@ -46,7 +49,7 @@ describe('startup', () => {
     for (const tsx of [false, true]) {
       const r = loads(['model', 'inspect', join(REPO, 'test', 'fixtures', 'hf-tiny', 'llama-tiny')], tsx);
       // What it said besides the modules it loaded: why, if it loaded too few.
-      const said = `tsx: ${tsx}, ${r.modules.length} modules; ${r.stderr.split('\n').filter((l) => !l.startsWith('loaded ')).join('\n')}`;
+      const said = `tsx: ${tsx}, ${r.modules.length} modules; ${r.stderr}`;
       expect(r.code, said).toBe(0);
       expect(heavy(r.modules).some((m) => m.includes('@tensorflow/tfjs-core')), said).toBe(true);
       if (tsx) expect(heavy(r.modules).some((m) => m.endsWith('/train/model.ts'))).toBe(true);
