@@ -226,7 +226,7 @@ for (const r of rows) {
 }
 for (const r of rows) {
   const { other, ...stages } = r.stageSeconds;
-  console.log(`N=${r.n}, ingest → pairs by stage (medians): ${Object.entries(stages).map(([name, s]) => `${name} ${s.toFixed(2)} s`).join(', ')}; the other ${other!.toFixed(2)} s start the process and go between stages (ingest hashes a new input while it reads it)`);
+  console.log(`N=${r.n}, ingest → pairs by stage (medians): ${Object.entries(stages).map(([name, s]) => `${name} ${s.toFixed(2)} s`).join(', ')}; the other ${other!.toFixed(2)} s start the process, hash the input and go between stages`);
 }
 const smallest = rows[0]!;
 const largest = rows[rows.length - 1]!;

@@ -129,13 +129,11 @@ export class Engine {
     return hashJson({ section, environment: Object.fromEntries(names.map((n) => [n, process.env[n] ?? null])) });
   }
 
-  /** The stage's external files with their hashes; those `late` names (by name) may come with theirs on the way. */
-  private async externalFiles(stage: Stage, late: (name: string) => boolean = () => false): Promise<ExternalFile[]> {
+  private async externalFiles(stage: Stage): Promise<ExternalFile[]> {
     if (!stage.external) return [];
     const paths = await stage.external(this.config[stage.name], this.configDir);
-    const nameOf = (path: string) => relative(process.cwd(), path) || path;
-    const hashes = await hashFilesCached(this.ws, paths, (path) => late(nameOf(path)));
-    return paths.map((path) => ({ path, name: nameOf(path), ...hashes.get(path)! }));
+    const hashes = await hashFilesCached(this.ws, paths);
+    return paths.map((path) => ({ path, name: relative(process.cwd(), path) || path, ...hashes.get(path)! }));
   }
 
   async manifest(stage: string): Promise<Manifest | null> {
@@ -239,10 +237,7 @@ export class Engine {
         continue;
       }
       const log = this.log.child({ stage: stage.name });
-      // A file the stage's last run did not read under this name makes it run whatever its hash: a stage that
-      // can (hashesLate) starts while the file is hashed.
-      const readBefore = new Set((await this.manifest(stage.name))?.external.map((f) => f.name));
-      const external = await this.externalFiles(stage, stage.hashesLate ? (name) => !readBefore.has(name) : undefined);
+      const external = await this.externalFiles(stage);
       const a = await this.assess(stage, external, false, shard);
       if (a.state === 'fresh' && !options.force) {
         log.info('fresh, skipped', { made: a.manifest!.finished_at });
@@ -297,8 +292,6 @@ export class Engine {
     for (const input of stage.inputs) inputs[input] = (await this.manifest(input))!.fingerprint;
 
     holdHeapGrowth(); // a stage's memory follows what it keeps, not four times it
-    const late = external.some((f) => f.hashing);
-    const key = late ? null : hashJson({ code: this.codeVersion(stage), config: this.configHash(stage), inputs, external: external.map((f) => f.xxh64), ...(shard ? { shard } : {}) });
     const report: StageReport = await stage.run({
       config: this.config[stage.name],
       configDir: this.configDir,
@@ -311,17 +304,13 @@ export class Engine {
       lineage: await this.lineage(stage),
       external,
       cache,
-      get key(): string {
-        if (key === null) throw new Error(`stage ${stage.name} hashes its inputs late, so it has no key`);
-        return key;
-      },
+      key: hashJson({ code: this.codeVersion(stage), config: this.configHash(stage), inputs, external: external.map((f) => f.xxh64), ...(shard ? { shard } : {}) }),
       signal,
       options: this.options,
       shard,
       log,
     });
     collectGarbage(); // what the stage held goes back before the next one runs
-    for (const f of external) if (f.hashing) f.xxh64 = await f.hashing;
     const manifest = await this.commit(stage, out, { inputs, external, report, started, shard });
     log.info('done', { summary: report.summary, seconds: manifest.seconds });
     return { stage: stage.name, action: 'ran', reasons: [], summary: report.summary, counts: report.counts, seconds: manifest.seconds };

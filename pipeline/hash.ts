@@ -4,10 +4,8 @@
 // of the 433 MB read and the 417 MB written took half a second of the cores ingest's threads work on;
 // XXH64 (xxhash-wasm) is six times faster here. `xxhsum -H1 FILE` prints the same 16 hex digits.
 import { createHash, hash } from 'node:crypto';
-import { open, rename } from 'node:fs/promises';
-import { createRequire } from 'node:module';
+import { open } from 'node:fs/promises';
 import { resolve } from 'node:path';
-import { Worker } from 'node:worker_threads';
 import xxhash from 'xxhash-wasm';
 import { BufferShelf } from './buffers.ts';
 
@@ -64,14 +62,6 @@ export function rememberChecksum(path: string, xxh64: string, bytes: number, mti
   written.set(resolve(path), { xxh64, bytes, mtimeMs });
 }
 
-/** Renames a file a writer checksummed as it wrote it, the checksum remembered going with it. */
-export async function renameWritten(from: string, to: string): Promise<void> {
-  await rename(from, to);
-  const known = written.get(resolve(from));
-  written.delete(resolve(from));
-  if (known) written.set(resolve(to), known);
-}
-
 /** The checksum a writer remembered for a stage's output as it is now (same size and time), or the file read and checksummed. */
 export async function outputChecksum(path: string, now: { size: number; mtimeMs: number }): Promise<string> {
   const known = written.get(resolve(path));
@@ -107,35 +97,6 @@ export async function checksumFile(path: string): Promise<string> {
   await hashThrough(path, sum);
   return sum.digest();
 }
-
-/**
- * checksumFile on a thread of its own, so that this one (and a stage reading the file meanwhile) goes on.
- * The thread is a few lines of CommonJS that load xxhash-wasm alone.
- */
-export function checksumFileOnThread(path: string): Promise<string> {
-  return new Promise((done, fail) => {
-    const thread = new Worker(CHECKSUM_THREAD, { eval: true, workerData: { path, xxhash: XXHASH_MODULE } });
-    thread.once('message', (sum: bigint) => done(hex64(sum)));
-    thread.once('error', fail);
-    thread.once('exit', (code) => fail(new Error(`${path}: the thread checksumming it stopped (exit code ${code}) before it had`)));
-  });
-}
-
-/** Where xxhash-wasm's CommonJS build is, for the thread (code run from a string has no folder to look from). */
-const XXHASH_MODULE = createRequire(import.meta.url).resolve('xxhash-wasm');
-
-const CHECKSUM_THREAD = `
-const { closeSync, openSync, readSync } = require('node:fs');
-const { parentPort, workerData } = require('node:worker_threads');
-require(workerData.xxhash)().then(({ create64 }) => {
-  const sum = create64();
-  const file = openSync(workerData.path, 'r');
-  const buffer = Buffer.allocUnsafe(1 << 20);
-  for (let read; (read = readSync(file, buffer, 0, buffer.length, null)) > 0; ) sum.update(buffer.subarray(0, read));
-  closeSync(file);
-  parentPort.postMessage(sum.digest());
-});
-`;
 
 /** A stable number in [0, 1) for a key: the same key and salt always land in the same place. */
 export function unitHash(key: string, salt: string): number {

@@ -8,15 +8,9 @@ export interface ExternalFile {
   path: string;
   /** Path as the user will recognise it (relative to the working directory). */
   name: string;
-  /** The content's XXH64 (pipeline/hash.ts `checksum`); '' while `hashing` is under way. */
+  /** The content's XXH64 (pipeline/hash.ts `checksum`). */
   xxh64: string;
   bytes: number;
-  /**
-   * For a stage that declares `hashesLate`, a file no earlier run of it read under this name and whose hash
-   * the cache does not hold: its hash, worked out on a thread of its own while the stage runs. The engine
-   * puts it in `xxh64` before it writes the manifest.
-   */
-  hashing?: Promise<string>;
 }
 
 export interface StageContext<C> {
@@ -101,11 +95,6 @@ export interface Stage<S extends z.ZodType = z.ZodType> {
   config: S;
   /** External input files (resolved, existing), if the stage reads any. */
   external?(config: z.infer<S>, configDir: string): Promise<string[]>;
-  /**
-   * The stage starts before the hashes of its new external files are known (ExternalFile.hashing), rather
-   * than waiting for them to be read through once more first; it has no `key` (which hashes them).
-   */
-  hashesLate?: boolean;
   /**
    * Environment variables that are settings of the stage with this config (a model name, a base URL; never
    * a secret): their values are part of its fingerprint, so changing one makes the stage stale.

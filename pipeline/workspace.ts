@@ -4,7 +4,7 @@ import { mkdir, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/p
 import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import { checksumFile, checksumFileOnThread } from './hash.ts';
+import { checksumFile } from './hash.ts';
 import { PipelineError } from './errors.ts';
 import type { Logger } from './log.ts';
 
@@ -197,59 +197,25 @@ interface HashCacheEntry {
   xxh64?: string;
 }
 
-/** A file's content hash as hashFilesCached gives it: for a file hashed late, '' and the hash to come. */
-export interface FileHash {
-  xxh64: string;
-  bytes: number;
-  hashing?: Promise<string>;
-}
-
-/**
- * Content hashes of input files, recomputed only when a file's size, mtime or inode changed. A file that
- * must be hashed and that `late` names is hashed on a thread of its own (checksumFileOnThread): it comes with
- * `hashing`, which the cache records once it is done.
- */
-export async function hashFilesCached(ws: Workspace, paths: string[], late: (path: string) => boolean = () => false): Promise<Map<string, FileHash>> {
-  const cache = (await ws.readJson<Record<string, HashCacheEntry>>(hashCachePath(ws))) ?? {};
-  const out = new Map<string, FileHash>();
-  const found: Record<string, HashCacheEntry> = {};
+/** Content hashes of input files (XXH64), recomputed only when a file's size, mtime or inode changed. */
+export async function hashFilesCached(ws: Workspace, paths: string[]): Promise<Map<string, { xxh64: string; bytes: number }>> {
+  const cachePath = join(ws.root, '.cache', 'file-hashes.json');
+  const cache = (await ws.readJson<Record<string, HashCacheEntry>>(cachePath)) ?? {};
+  const out = new Map<string, { xxh64: string; bytes: number }>();
+  let changed = false;
   for (const path of paths) {
     const s = await stat(path);
     let entry = cache[path];
     if (!entry?.xxh64 || entry.size !== s.size || entry.mtimeMs !== s.mtimeMs || entry.ino !== s.ino) {
-      const seen = { size: s.size, mtimeMs: s.mtimeMs, ino: s.ino };
-      if (late(path)) {
-        const hashing = checksumFileOnThread(path).then(async (xxh64) => {
-          await saveFileHashes(ws, { [path]: { ...seen, xxh64 } }).catch(() => {});
-          return xxh64;
-        });
-        hashing.catch(() => {}); // awaited by the engine, after the stage; a stage that failed first may leave it
-        out.set(path, { xxh64: '', bytes: s.size, hashing });
-        continue;
-      }
-      entry = found[path] = { ...seen, xxh64: await checksumFile(path) };
+      entry = { size: s.size, mtimeMs: s.mtimeMs, ino: s.ino, xxh64: await checksumFile(path) };
+      cache[path] = entry;
+      changed = true;
     }
     out.set(path, { xxh64: entry.xxh64!, bytes: s.size });
   }
-  if (Object.keys(found).length > 0) await saveFileHashes(ws, found);
-  return out;
-}
-
-const hashCachePath = (ws: Workspace) => join(ws.root, '.cache', 'file-hashes.json');
-
-/**
- * Hashes put in the cache, one write after another (a hash done late may come while another is written):
- * each reads the cache as it is and writes it whole. The cache only saves hashing again, so a late hash's
- * write that fails is let go.
- */
-let cacheWrites: Promise<unknown> = Promise.resolve();
-
-function saveFileHashes(ws: Workspace, entries: Record<string, HashCacheEntry>): Promise<void> {
-  const write = cacheWrites.then(async () => {
-    const cache = (await ws.readJson<Record<string, HashCacheEntry>>(hashCachePath(ws))) ?? {};
+  if (changed) {
     await mkdir(join(ws.root, '.cache'), { recursive: true });
-    await writeFileAtomic(hashCachePath(ws), JSON.stringify({ ...cache, ...entries }));
-  });
-  cacheWrites = write.catch(() => {});
-  return write;
+    await writeFileAtomic(cachePath, JSON.stringify(cache));
+  }
+  return out;
 }

@@ -19,8 +19,6 @@ export interface IngestedFile {
   xxh64: string;
   /** Its SHA-256, in an index written before ingest knew files by XXH64 (ingest's run.ts upgrades such an index). */
   sha256?: string;
-  /** Its size (absent in an index written before ingest v3). */
-  bytes?: number;
   segment: string;
   sessions: number;
   /** Sessions without a task_id: split groups them by similarity. */

@@ -43,8 +43,6 @@ export const ingest = defineStage({
   outputs: ['sessions', 'quarantine.jsonl', 'index.json', 'ids.bin'],
   config,
   external: (cfg, configDir) => resolveInputs(cfg.inputs, configDir),
-  // A new file is read while it is hashed (stages/ingest/run.ts says when it waits for the hash).
-  hashesLate: true,
 
   run: (ctx) => import('./run.ts').then((m) => m.run(ctx)),
   // Every shard reads every input: which records are duplicates is decided over all of them.

@@ -3,12 +3,12 @@
 // Incremental: a file whose content was ingested before is skipped, a new one becomes a new segment.
 import { copyFile, link, mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { hashJson, renameWritten, sha256File } from '../../pipeline/hash.ts';
+import { hashJson, sha256File } from '../../pipeline/hash.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import { readIngestIndex, type IngestIndex, type IngestedFile } from '../layout.ts';
 import { SessionIdSet } from './id-set.ts';
-import { ingestFile, readSegmentIds, segmentName } from './segment.ts';
+import { ingestFile, readSegmentIds } from './segment.ts';
 
 import type { ExternalFile, StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
@@ -40,8 +40,6 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
     await copyFile(join(previous, 'quarantine.jsonl'), quarantinePath);
     ids = await SessionIdSet.load(join(previous, 'ids.bin'));
   } else if (prior && previous) {
-    // Which earlier files are gone is told by content: every hash is waited for.
-    for (const f of external) if (f.hashing) f.xxh64 = await f.hashing;
     const present = new Set(external.map((f) => f.xxh64));
     const orphans = prior.files.filter((f) => !present.has(f.xxh64));
     for (const f of orphans) {
@@ -61,9 +59,6 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
   let duplicates = 0;
   let skipped = 0;
   for (const file of external) {
-    // A file still being hashed (new to ingest) is read meanwhile, unless it may be one already ingested under
-    // another name: only a file of the same size may.
-    if (file.hashing && [...known.values()].some((f) => f.bytes === undefined || f.bytes === file.bytes)) file.xxh64 = await file.hashing;
     const seen = known.get(file.xxh64);
     if (seen) {
       skipped++;
@@ -71,13 +66,6 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
       continue;
     }
     const result = await ingestFile(file, { format: cfg.format, mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward }, maxRecordBytes: cfg.max_record_bytes }, join(out, 'sessions'), files.length, ids, quarantine, reasons, log, signal, options.workers);
-    if (!file.xxh64) {
-      // Read while it was hashed: its segment is named by its hash once that is known.
-      file.xxh64 = result.xxh64 = await file.hashing!;
-      const named = segmentName(files.length, file.xxh64);
-      await renameWritten(join(out, 'sessions', result.segment), join(out, 'sessions', named));
-      result.segment = named;
-    }
     files.push(result);
     known.set(file.xxh64, result);
     added += result.sessions;
@@ -123,7 +111,6 @@ async function knownByXxh64(index: IngestIndex, external: ExternalFile[]): Promi
   const files: IngestedFile[] = [];
   for (const { sha256, ...f } of index.files) {
     const file = f.xxh64 ? null : bySha256.get(sha256!);
-    if (file?.hashing) file.xxh64 = await file.hashing;
     files.push({ ...f, xxh64: f.xxh64 || (file ? file.xxh64 : `sha256:${sha256}`) });
   }
   return { ...index, files };

@@ -235,7 +235,7 @@ const LARGE_FILE = 16 << 20;
 export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: string, seq: number, ids: SessionIdSet, quarantine: JsonlWriter, reasons: Map<string, number>, log: Logger, signal: AbortSignal, workers?: unknown): Promise<IngestedFile> {
   const format: InputFormat | null = o.format === 'auto' ? detectFormat(file.path) : o.format;
   if (!format) throw new UsageError(`${file.name}: cannot tell its format from the name; use .jsonl, .json or .parquet, or set ingest.format`);
-  const segment = segmentName(seq, file.xxh64);
+  const segment = `${String(seq).padStart(5, '0')}-${file.xxh64.slice(0, 12)}.jsonl`;
   const writer = new JsonlWriter(join(dir, segment));
   const progress = log.progress(`ingest ${file.name}`);
   let quarantined = 0;
@@ -325,11 +325,8 @@ export async function ingestFile(file: ExternalFile, o: ReadingOptions, dir: str
   await writer.close();
   if (invalidUtf8) log.warn('records with bytes that are not UTF-8 (read as U+FFFD)', { file: file.name, records: invalidUtf8 });
   log.info('ingested', { file: file.name, sessions: writer.count, quarantined, duplicates });
-  return { name: file.name, xxh64: file.xxh64, bytes: file.bytes, segment, sessions: writer.count, untasked, quarantined, duplicates, invalid_utf8: invalidUtf8, damaged, ingested_at: new Date().toISOString() };
+  return { name: file.name, xxh64: file.xxh64, segment, sessions: writer.count, untasked, quarantined, duplicates, invalid_utf8: invalidUtf8, damaged, ingested_at: new Date().toISOString() };
 }
-
-/** The name of segment number `seq`, of a file with content hash `xxh64` ('' while it is being hashed). */
-export const segmentName = (seq: number, xxh64: string) => `${String(seq).padStart(5, '0')}-${xxh64 ? xxh64.slice(0, 12) : 'hashing'}.jsonl`;
 
 /** The session ids of a segment, in order. */
 export async function* readSegmentIds(path: string): AsyncGenerator<string> {

@@ -134,30 +134,29 @@ describe('ingest', () => {
     expect((await ingested(dir)).map((s) => s.session_id)).toEqual(['d1-a', 'd1-b', 'd2-a']);
   });
 
-  it('reads a new file while it is hashed, names its segment by the hash, and still skips a copy under another name', async () => {
+  it('names a segment by its file\'s XXH64, records it in the manifest and the hash cache, and skips a copy under another name', async () => {
     const dir = tempDir();
     mkdirSync(join(dir, 'inbox'));
     const day1 = jsonl([session('d1-a', 'A', 1), session('d1-b', 'A', 0)]);
     writeFileSync(join(dir, 'inbox', 'day1.jsonl'), day1);
     const cfg = 'ingest:\n  inputs: [inbox]\n';
-    const sha = xxh64;
     const recorded = () => Object.fromEntries((manifest(dir, 'ingest') as unknown as { external: { name: string; xxh64: string }[] }).external.map((f) => [basename(f.name), f.xxh64]));
     await engineFor(dir, cfg).run(ingestOnly);
-    expect(recorded()).toEqual({ 'day1.jsonl': sha(day1) });
-    expect((await sessionSegments(join(dir, 'workspace', 'ingest'))).map((p) => basename(p))).toEqual([`00000-${sha(day1).slice(0, 12)}.jsonl`]);
+    expect(recorded()).toEqual({ 'day1.jsonl': xxh64(day1) });
+    expect((await sessionSegments(join(dir, 'workspace', 'ingest'))).map((p) => basename(p))).toEqual([`00000-${xxh64(day1).slice(0, 12)}.jsonl`]);
     const cache = JSON.parse(readFileSync(join(dir, 'workspace', '.cache', 'file-hashes.json'), 'utf8')) as Record<string, { xxh64: string }>;
-    expect(Object.values(cache).map((e) => e.xxh64)).toEqual([sha(day1)]);
+    expect(Object.values(cache).map((e) => e.xxh64)).toEqual([xxh64(day1)]);
 
-    // The copy has day1's size, so ingest waits for its hash and skips it (as it skips day1); day2 is read as it is hashed.
+    // The copy has day1's content, so it is skipped (as day1 is); day2 is new.
     const day2 = jsonl([session('d2-a', 'B', 1)]);
     writeFileSync(join(dir, 'inbox', 'copy.jsonl'), day1);
     writeFileSync(join(dir, 'inbox', 'day2.jsonl'), day2);
     await engineFor(dir, cfg).run(ingestOnly);
     expect(manifest(dir, 'ingest').counts).toMatchObject({ sessions: 3, new_sessions: 1, duplicates: 0, files: 2, files_skipped: 2 });
-    expect(recorded()).toEqual({ 'copy.jsonl': sha(day1), 'day1.jsonl': sha(day1), 'day2.jsonl': sha(day2) });
-    expect((await sessionSegments(join(dir, 'workspace', 'ingest'))).map((p) => basename(p))).toEqual([`00000-${sha(day1).slice(0, 12)}.jsonl`, `00001-${sha(day2).slice(0, 12)}.jsonl`]);
+    expect(recorded()).toEqual({ 'copy.jsonl': xxh64(day1), 'day1.jsonl': xxh64(day1), 'day2.jsonl': xxh64(day2) });
+    expect((await sessionSegments(join(dir, 'workspace', 'ingest'))).map((p) => basename(p))).toEqual([`00000-${xxh64(day1).slice(0, 12)}.jsonl`, `00001-${xxh64(day2).slice(0, 12)}.jsonl`]);
     expect((await ingested(dir)).map((s) => s.session_id)).toEqual(['d1-a', 'd1-b', 'd2-a']);
-    // The hashes found late are in the cache: nothing is stale, and nothing is hashed again.
+    // Every file's hash is in the cache: nothing is stale, and nothing is hashed again.
     expect(await engineFor(dir, cfg).run(ingestOnly)).toMatchObject([{ stage: 'ingest', action: 'fresh' }]);
     expect(Object.keys(JSON.parse(readFileSync(join(dir, 'workspace', '.cache', 'file-hashes.json'), 'utf8')) as object)).toHaveLength(3);
   });
