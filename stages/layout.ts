@@ -88,6 +88,13 @@ export function bucketFile(dir: string, split: Split, bucket: number): string {
 /** The bucket of a task, of `buckets`: by a stable hash, so a task's sessions always share one. */
 export const bucketOf = (taskId: string, buckets: number) => Math.floor(unitHash(taskId, 'bucket') * buckets);
 
+/** bucketOf for records that come a task's after another's (a task's pairs, as stages write them): worked out once a task. */
+export function taskBuckets(buckets: number): (taskId: string) => number {
+  let task: string | null = null;
+  let bucket = -1;
+  return (taskId) => (taskId === task ? bucket : (bucket = bucketOf((task = taskId), buckets)));
+}
+
 export interface SplitInfo {
   buckets: number;
 }
@@ -563,20 +570,14 @@ export interface ReadPair<P extends Pair<PairSide>> {
  */
 export async function* readPairs<P extends Pair<PairSide>>(file: string, folders: SplitFolders, buckets: number): AsyncGenerator<ReadPair<P>> {
   const sessions = new SessionsById(folders.ingest);
-  // A task's pairs come one after another: its bucket file is worked out once (bucketOf is a SHA-256).
-  let last = { key: '', bucket: '' };
-  const bucketOfPair = (pair: P): string => {
-    const key = `${pair.split}\u0000${pair.task_id}`;
-    if (key !== last.key) last = { key, bucket: bucketFile(folders.split, pair.split, bucketOf(pair.task_id!, buckets)) };
-    return last.bucket;
-  };
+  const bucketOfTask = taskBuckets(buckets);
   for await (const { line, text } of readLines(file)) {
     if (text.length === 0) continue;
     const pair = JSON.parse(text) as P;
     const whole = async (side: PairSide): Promise<Message[]> => {
       if (Array.isArray(side)) return side;
       const [from, to] = side.messages;
-      const bucket = bucketOfPair(pair);
+      const bucket = bucketFile(folders.split, pair.split, bucketOfTask(pair.task_id!));
       const session = await sessions.get(bucket, side.session_id);
       if (!session || !(Number.isInteger(from) && Number.isInteger(to) && 0 <= from && from < to && to <= session.messages.length)) {
         const what = session ? `has ${session.messages.length} messages, not messages ${from} to ${to}` : 'is not there';

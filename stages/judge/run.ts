@@ -11,7 +11,7 @@ import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import type { CandidatePair, JudgedPair } from '../../core/records.ts';
 import { ChunkIndex, joinChunks, ownsBucket, sumCounts } from '../../pipeline/shards.ts';
-import { SPLITS, StoredBucketReader, bucketFile, bucketOf, readPairs, readPairsInfo, readSplitInfo, type PairSide } from '../layout.ts';
+import { SPLITS, StoredBucketReader, bucketFile, readPairs, readPairsInfo, readSplitInfo, taskBuckets, type PairSide } from '../layout.ts';
 import { candidateGroups, judgeGroup } from './best-of-n.ts';
 import { OutcomeCouples, asGiven, coupleKey, judgeConstructed } from './constructed.ts';
 
@@ -64,15 +64,13 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
           tallyOne(tally, p);
         }
       };
-      // The pairs stage wrote its pairs bucket by bucket: a new bucket starts a chunk. A task's pairs come one
-      // after another, so its bucket (a SHA-256) is worked out once.
-      let task: string | null = null;
-      let taskBucket = -1;
+      // The pairs stage wrote its pairs bucket by bucket: a new bucket starts a chunk.
+      const bucketOfTask = taskBuckets(info.buckets);
       const writeConstructed = async (pairs: JudgedPair<PairSide>[]) => {
         for (const p of pairs) {
-          if (p.task_id !== task) taskBucket = bucketOf((task = p.task_id)!, info.buckets);
-          if (taskBucket !== bucket) chunks.mark(writer, [0, (bucket = taskBucket)]);
-          if (couples && p.source === 'outcome') await couples.note(taskBucket, p);
+          const b = bucketOfTask(p.task_id!);
+          if (b !== bucket) chunks.mark(writer, [0, (bucket = b)]);
+          if (couples && p.source === 'outcome') await couples.note(b, p);
           await write([p]);
         }
       };
