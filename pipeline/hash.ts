@@ -69,18 +69,43 @@ export async function outputChecksum(path: string, now: { size: number; mtimeMs:
   return known && known.bytes === now.size && known.mtimeMs === now.mtimeMs ? known.xxh64 : checksumFile(path);
 }
 
-/** Where files are hashed through: one buffer for the process, as a new MiB for every read is memory malloc keeps. */
-const hashShelf = new BufferShelf(1);
+/** Reads of a file being hashed: this many in flight, of this many bytes each. */
+const [AHEAD, READ] = [3, 2 << 20];
 
+/** Where files are hashed through: the process's few buffers, as a new one for every read is memory malloc keeps. */
+const hashShelf = new BufferShelf(AHEAD);
+
+/**
+ * Feeds a file's bytes to `hash` in order, the next reads already under way while one is hashed: the
+ * kernel's copies of them then run on the thread pool beside each other and beside the hashing. At the
+ * simulator's 433 MB, 62-71 ms against 99-126 reading a MiB at a time, each read waited for.
+ */
 async function hashThrough(path: string, hash: { update(data: Uint8Array): unknown }): Promise<void> {
-  // 1 MiB reads: half the time of 64 KiB ones on a file of hundreds of MB.
   const file = await open(path, 'r');
-  const buffer = hashShelf.take(1 << 20);
+  const reads: Promise<{ buffer: Buffer; bytesRead: number }>[] = [];
   try {
-    for (let read; (read = (await file.read(buffer, 0, buffer.length, null)).bytesRead) > 0; ) hash.update(buffer.subarray(0, read));
+    // Read to the end as it was when opened, then on until a read finds no more (a file that grew meanwhile).
+    const { size } = await file.stat();
+    let at = 0;
+    const readNext = () => {
+      const read = file.read(hashShelf.take(READ), 0, READ, at);
+      // A read that fails while an earlier one is awaited is reported when its turn comes, not as unhandled.
+      read.catch(() => {});
+      reads.push(read);
+      at += READ;
+    };
+    while (reads.length < AHEAD && at < size) readNext();
+    for (;;) {
+      if (reads.length === 0) readNext();
+      const { buffer, bytesRead } = await reads.shift()!;
+      hash.update(buffer.subarray(0, bytesRead));
+      hashShelf.put(buffer.buffer as ArrayBuffer);
+      if (bytesRead < READ && reads.length === 0) break;
+      if (at < size) readNext();
+    }
   } finally {
+    await Promise.allSettled(reads);
     await file.close();
-    hashShelf.put(buffer.buffer as ArrayBuffer);
   }
 }
 

@@ -81,10 +81,18 @@ describe('JsonlWriter', () => {
       writeFileSync(join(dir, `${i}.txt`), text);
       expect(await checksumFile(join(dir, `${i}.txt`))).toBe(sum);
     }
-    // Longer than a read (1 MiB) and not a multiple of XXH64's 32-byte stripes.
-    const big = join(dir, 'big.bin');
-    writeFileSync(big, Buffer.from(Array.from({ length: (3 << 20) + 17 }, (_, k) => (k * 31) & 0xff)));
-    expect(await checksumFile(big)).toBe(xxh64(big));
+    // Reads of 2 MiB, three under way at once: files of every size about them, and not a multiple of XXH64's 32-byte stripes.
+    const MiB = 1 << 20;
+    for (const size of [1, 2 * MiB - 1, 2 * MiB, 2 * MiB + 1, 6 * MiB, 6 * MiB + 1, 15 * MiB + 17]) {
+      const big = join(dir, `big-${size}.bin`);
+      writeFileSync(big, Buffer.from(Array.from({ length: size }, (_, k) => (k * 31 + (k >> 20)) & 0xff)));
+      expect(await checksumFile(big)).toBe(xxh64(big));
+    }
+  });
+
+  it('says which file it could not read', async () => {
+    const dir = tempDir();
+    await expect(checksumFile(join(dir, 'missing.bin'))).rejects.toThrow(/missing\.bin/);
   });
 });
 
