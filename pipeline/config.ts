@@ -27,7 +27,7 @@ export function loadConfig<S extends z.ZodType>(file: string, schema: S): Loaded
     throw new UsageError(`config ${file}:${e.linePos?.[0].line ?? '?'}: not valid YAML: ${e.message.split('\n')[0]}`);
   }
   const raw = doc.toJS() ?? {};
-  const parsed = schema.safeParse(raw);
+  const parsed = schema.safeParse(raw, { jitless: true });
   if (parsed.success) return { file: path, dir: dirname(path), value: parsed.data };
 
   const problems = parsed.error.issues.map((issue) => {
