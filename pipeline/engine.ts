@@ -5,7 +5,7 @@ import { join, relative } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
 import { checksumFile, hashJson, outputChecksum } from './hash.ts';
-import { collectGarbage, holdHeapGrowth } from './memory.ts';
+import { collectAfterStage, holdHeapGrowth } from './memory.ts';
 import { UsageError, errorMessage } from './errors.ts';
 import { Interrupted, NEVER } from './interrupt.ts';
 import type { Logger } from './log.ts';
@@ -310,7 +310,7 @@ export class Engine {
       shard,
       log,
     });
-    collectGarbage(); // what the stage held goes back before the next one runs
+    collectAfterStage(); // what the stage held goes back before the next one runs
     const manifest = await this.commit(stage, out, { inputs, external, report, started, shard });
     log.info('done', { summary: report.summary, seconds: manifest.seconds });
     return { stage: stage.name, action: 'ran', reasons: [], summary: report.summary, counts: report.counts, seconds: manifest.seconds };

@@ -19,6 +19,19 @@ export function collectGarbage(): void {
   gc();
 }
 
+/**
+ * Below this much in V8's heap and in buffers together, a collection after a stage is not worth its time: one
+ * took 6-14 ms at the simulator's 100k sessions, where each data stage ends holding some 30 MB and less than
+ * 10 of it is garbage.
+ */
+const WORTH_COLLECTING = 48 << 20;
+
+/** collectGarbage after a stage, where the process holds enough for it to be worth its time. */
+export function collectAfterStage(): void {
+  const { heapUsed, arrayBuffers } = process.memoryUsage();
+  if (heapUsed + arrayBuffers >= WORTH_COLLECTING) collectGarbage();
+}
+
 function exposed(): () => void {
   const given = (globalThis as { gc?: unknown }).gc;
   if (typeof given === 'function') return given as () => void;
