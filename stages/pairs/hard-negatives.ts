@@ -186,25 +186,36 @@ function hallucinatedValue(messages: StoredMessages, rand: Random): Rewrite {
 function identifiers(messages: StoredMessages): Identifier[] {
   const found: Identifier[] = [];
   const tooFewDigits = (text: string) => digitCount(text) < MIN_IDENTIFIER_DIGITS;
-  messages.indicesOf('assistant').forEach((at) => {
-    if (!messages.hasToolCalls(at)) return;
-    messages.at(at).tool_calls!.forEach((toolCall, call) => {
-      const visit = (value: unknown, path: (string | number)[], key: string | null): void => {
+  // Where the value visited sits, pushed and popped on the way down and up (copied for an identifier found).
+  const path: (string | number)[] = [];
+  for (const at of messages.indicesOf('assistant')) {
+    if (!messages.hasToolCalls(at)) continue;
+    const calls = messages.at(at).tool_calls!;
+    for (let call = 0; call < calls.length; call++) {
+      const visit = (value: unknown, key: string | null): void => {
         if (typeof value === 'string') {
           if (tooFewDigits(value)) return;
           for (const match of value.matchAll(IDENTIFIER)) {
-            if (digitCount(match[0]) >= MIN_IDENTIFIER_DIGITS) found.push({ at, call, path, key, start: match.index, token: match[0] });
+            if (!tooFewDigits(match[0])) found.push({ at, call, path: [...path], key, start: match.index, token: match[0] });
           }
         } else if (Array.isArray(value)) {
-          value.forEach((v, i) => visit(v, [...path, i], key));
+          for (let i = 0; i < value.length; i++) {
+            path.push(i);
+            visit(value[i], key);
+            path.pop();
+          }
         } else if (value !== null && typeof value === 'object') {
-          for (const [k, v] of Object.entries(value)) visit(v, [...path, k], k);
+          for (const k of Object.keys(value)) {
+            path.push(k);
+            visit((value as Record<string, unknown>)[k], k);
+            path.pop();
+          }
         }
       };
-      const raw = toolCall.function.arguments;
-      if (!tooFewDigits(raw) || raw.includes('\\u')) visit(parseArguments(raw), [], null);
-    });
-  });
+      const raw = calls[call]!.function.arguments;
+      if (!tooFewDigits(raw) || raw.includes('\\u')) visit(parseArguments(raw), null);
+    }
+  }
   return found;
 }
 
@@ -214,7 +225,8 @@ function identifiers(messages: StoredMessages): Identifier[] {
  */
 function perturbDigits(token: string, rand: Random): string {
   const chars = [...token];
-  const digits = indicesWhere(chars, isDigit);
+  const digits: number[] = [];
+  for (let i = 0; i < chars.length; i++) if (isDigit(chars[i]!)) digits.push(i);
   const trailing = digits.slice(Math.floor(digits.length / 2));
   for (const i of sample(rand, trailing, int(rand, 1, Math.ceil(trailing.length / 2)))) {
     chars[i] = String((Number(chars[i]) + int(rand, 1, 9)) % 10);
@@ -357,10 +369,6 @@ function lastTextTurn(messages: StoredMessages, minLength: number): number {
   return messages.indicesOf('assistant').findLast((i) => (messages.at(i).content?.length ?? 0) >= minLength) ?? -1;
 }
 
-function indicesWhere<T>(items: readonly T[], test: (item: T) => boolean): number[] {
-  return items.flatMap((item, i) => (test(item) ? [i] : []));
-}
-
 /** The parsed arguments, or undefined when they are not JSON (which JSON itself can never produce). */
 function parseArguments(raw: string): unknown {
   try {
@@ -381,6 +389,9 @@ function isToolName(name: string): name is ToolName {
 const isDigit = (c: string) => c >= '0' && c <= '9';
 function digitCount(text: string): number {
   let n = 0;
-  for (let i = 0; i < text.length; i++) if (isDigit(text[i]!)) n++;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c >= 48 && c <= 57) n++;
+  }
   return n;
 }

@@ -9,6 +9,7 @@ import { describe, expect, it } from 'vitest';
 import { LineBuffer } from '../../pipeline/jsonl.ts';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { StoredMessages, readStoredSession, type PairSide } from '../../stages/layout.ts';
+import { PAIR_FIELDS } from '../../stages/pairs/bucket.ts';
 import type { CandidatePair, Message, Session, SplitSession } from '../../core/records.ts';
 import { engineFor, jsonl, splitLines, tempDir, wholePairs } from '../fixtures/pipeline.ts';
 
@@ -52,6 +53,8 @@ describe('pairs written from their sessions as stored', () => {
       for (const [i, line] of stored.entries()) {
         const kept = JSON.parse(line) as CandidatePair<PairSide>;
         expect(JSON.stringify(kept)).toBe(line);
+        // Every field of a Pair, in its order, then the metadata.
+        expect(Object.keys(kept)).toEqual([...Object.keys(PAIR_FIELDS), 'metadata']);
         const pair = read[i]!;
         expect({ ...pair, prompt: kept.prompt, chosen: kept.chosen, rejected: kept.rejected }).toEqual(kept);
         const chosen = bySession.get(pair.source === 'outcome' ? pair.chosen_session_id : pair.chosen_session_id.split('~')[0]!)!;
