@@ -42,10 +42,10 @@ export function readIngestIndex(dir: string): Promise<IngestIndex | null> {
   return readJsonFile<IngestIndex>(join(dir, 'index.json'));
 }
 
-/** A JSON string literal (quotes included) of `bytes`, decoded. */
-function decodeString(bytes: Uint8Array, from: number, to: number): string {
-  if (bytes.subarray(from, to).includes(92)) return JSON.parse(Buffer.from(bytes.buffer, bytes.byteOffset + from, to - from).toString('utf8')) as string;
-  return Buffer.from(bytes.buffer, bytes.byteOffset + from + 1, to - from - 2).toString('utf8');
+/** A JSON string literal (quotes included) of `bytes`, decoded: parsed only when it holds an escape. */
+function decodeString(bytes: Buffer, from: number, to: number): string {
+  for (let i = from + 1; i < to - 1; i++) if (bytes[i] === 92) return JSON.parse(bytes.toString('utf8', from, to)) as string;
+  return bytes.toString('utf8', from + 1, to - 1);
 }
 
 const HEAD = Buffer.from('{"session_id":"');
@@ -57,7 +57,7 @@ const NULL = Buffer.from('null,');
  * task_id), read from the line's first bytes (`start` to `end` of `bytes`) without parsing the rest;
  * undefined for a line that does not start so.
  */
-export function leadingTaskId(bytes: Uint8Array, start = 0, end = bytes.length): string | null | undefined {
+export function leadingTaskId(bytes: Buffer, start = 0, end = bytes.length): string | null | undefined {
   if (!holdsAt(bytes, start, HEAD)) return undefined;
   const idEnd = jsonStringEnd(bytes, start + HEAD.length - 1, end);
   if (idEnd < 0 || !holdsAt(bytes, idEnd, TASK)) return undefined;
@@ -121,8 +121,9 @@ export interface SessionRun {
   split: Split;
 }
 
-/** The line of a run, its fields in SessionRun's order. */
-export const sessionRunLine = (run: SessionRun): string => JSON.stringify({ ingest: run.ingest, bytes: run.bytes, sessions: run.sessions, split: run.split } satisfies SessionRun);
+/** The line of a run: JSON.stringify of it, its fields in SessionRun's order (written out: split writes one every few sessions). */
+export const sessionRunLine = (run: SessionRun): string =>
+  `{"ingest":${JSON.stringify(run.ingest)},"bytes":[${run.bytes[0]},${run.bytes[1]}],"sessions":${run.sessions},"split":${JSON.stringify(run.split)}}`;
 
 /**
  * What ends the line of a split session that had its task, in place of the closing brace of the line ingest

@@ -4,7 +4,7 @@
 // with the model as the policy (so the candidate has a real reward); any other prompt gets one sampled
 // reply (no reward). Every answer is cached per (model, request, index): a rerun pays nothing.
 import { mkdir, writeFile } from 'node:fs/promises';
-import { dirname, join } from 'node:path';
+import { join } from 'node:path';
 import { RequestFailed, openEndpoint, requestCounts } from '../../judges/endpoint.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { WorldCache } from '../../env/replay.ts';
@@ -31,39 +31,42 @@ export async function run({ config: cfg, out, input, cache, log, shard }: StageC
   try {
     for (const side of SPLITS) {
       const progress = log.progress(`sample ${side}`, info.buckets);
+      // A side not sampled has its bucket files, empty, made all at once rather than each waiting for the last.
+      const empty: Promise<void>[] = [];
       for (let b = 0; b < info.buckets; b++) {
         if (!ownsBucket(shard, b)) continue;
-        const path = bucketFile(out, side, b);
-        await mkdir(dirname(path), { recursive: true });
-        const writer = new JsonlWriter(path);
-        if (endpoint && cfg.splits.includes(side)) {
-          const jobs: Promise<SampledSession | null>[] = [];
-          for (const [taskId, sessions] of await readTaskGroups(bucketFile(splitDir, side, b), input('ingest'))) {
-            if (sessions.length >= cfg.min_candidates) continue;
-            counts.tasks_sampled!++;
-            for (let index = sessions.length; index < cfg.min_candidates; index++) {
-              jobs.push(
-                drawCandidate(endpoint, worlds, taskId, sessions, index, cfg).catch((error: unknown) => {
-                  if (error instanceof BudgetSpent) counts.over_budget!++;
-                  else if (error instanceof RequestFailed) {
-                    counts.failed!++;
-                    log.warn('sample failed', { task_id: taskId, index, error: error.message });
-                  } else throw error;
-                  return null;
-                }),
-              );
-            }
+        const writer = new JsonlWriter(bucketFile(out, side, b));
+        if (!endpoint || !cfg.splits.includes(side)) {
+          empty.push(writer.close().then(() => progress.tick()));
+          continue;
+        }
+        const jobs: Promise<SampledSession | null>[] = [];
+        for (const [taskId, sessions] of await readTaskGroups(bucketFile(splitDir, side, b), input('ingest'))) {
+          if (sessions.length >= cfg.min_candidates) continue;
+          counts.tasks_sampled!++;
+          for (let index = sessions.length; index < cfg.min_candidates; index++) {
+            jobs.push(
+              drawCandidate(endpoint, worlds, taskId, sessions, index, cfg).catch((error: unknown) => {
+                if (error instanceof BudgetSpent) counts.over_budget!++;
+                else if (error instanceof RequestFailed) {
+                  counts.failed!++;
+                  log.warn('sample failed', { task_id: taskId, index, error: error.message });
+                } else throw error;
+                return null;
+              }),
+            );
           }
-          for (const candidate of await Promise.all(jobs)) {
-            if (!candidate) continue;
-            await writer.write(candidate);
-            counts.sampled!++;
-            counts[candidate.reward === null ? 'replies' : 'rollouts']!++;
-          }
+        }
+        for (const candidate of await Promise.all(jobs)) {
+          if (!candidate) continue;
+          await writer.write(candidate);
+          counts.sampled!++;
+          counts[candidate.reward === null ? 'replies' : 'rollouts']!++;
         }
         await writer.close();
         progress.tick();
       }
+      await Promise.all(empty);
       progress.done();
     }
   } finally {

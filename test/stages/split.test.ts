@@ -79,6 +79,7 @@ describe('split', () => {
           continue;
         }
         expect(line).toBe(sessionRunLine(entry));
+        expect(line).toBe(JSON.stringify(entry));
         expect(entry).toMatchObject({ ingest: segment, split: f.startsWith('test') ? 'test' : 'train' });
         // The bytes are the run's sessions' lines as ingest wrote them, each newline included.
         const lines = ingested.toString('utf8', entry.bytes[0], entry.bytes[1]).split('\n');
