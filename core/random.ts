@@ -1,15 +1,15 @@
 // Seeded randomness for the simulator: the same seed always gives the same world, tasks and episodes.
-import { hash } from 'node:crypto';
+import { sha256Bytes, uint32LE } from '../pipeline/hash.ts';
 
 export type Random = () => number;
 
 /** A generator seeded by any strings: each (seed, "company", 7) names its own independent stream. */
 export function seeded(...parts: (string | number)[]): Random {
-  const digest = hash('sha256', parts.join('\u0000'), 'buffer');
-  let a = digest.readUInt32LE(0);
-  let b = digest.readUInt32LE(4);
-  let c = digest.readUInt32LE(8);
-  let d = digest.readUInt32LE(12);
+  const digest = sha256Bytes(parts.join('\u0000'));
+  let a = uint32LE(digest, 0);
+  let b = uint32LE(digest, 4);
+  let c = uint32LE(digest, 8);
+  let d = uint32LE(digest, 12);
   // sfc32: small, fast, and good enough for simulation.
   return () => {
     a >>>= 0; b >>>= 0; c >>>= 0; d >>>= 0;

@@ -1,5 +1,5 @@
 // The set of session ids already ingested, at 16 bytes an id: the only ingest state that grows with input.
-import { hash } from 'node:crypto';
+import { sha256Bytes, uint32LE } from '../../pipeline/hash.ts';
 import { readFile, writeFile } from 'node:fs/promises';
 
 /** An open-addressing hash set of 64-bit id hashes (a collision needs ~4e9 ids to be likely). */
@@ -13,8 +13,8 @@ export class SessionIdSet {
 
   /** The id's 64 bits as the set keeps them (worked out on a worker thread, where ingest has some). */
   static key(id: string): [number, number] {
-    const digest = hash('sha256', id, 'buffer'); // one call, no Hash object per id
-    return [digest.readUInt32LE(0), (digest.readUInt32LE(4) | 1) >>> 0]; // lo is never 0: (0, 0) marks an empty slot
+    const digest = sha256Bytes(id); // one call, no Hash object per id
+    return [uint32LE(digest, 0), (uint32LE(digest, 4) | 1) >>> 0]; // lo is never 0: (0, 0) marks an empty slot
   }
 
   /** Adds the id; false when it was already there. */
