@@ -6,11 +6,11 @@ export type Random = () => number;
 /** A generator seeded by any strings: each (seed, "company", 7) names its own independent stream. */
 export function seeded(...parts: (string | number)[]): Random {
   const digest = sha256Bytes(parts.join('\u0000'));
-  let a = uint32LE(digest, 0);
-  let b = uint32LE(digest, 4);
-  let c = uint32LE(digest, 8);
-  let d = uint32LE(digest, 12);
-  // sfc32: small, fast, and good enough for simulation.
+  return sfc32(uint32LE(digest, 0), uint32LE(digest, 4), uint32LE(digest, 8), uint32LE(digest, 12));
+}
+
+/** sfc32 from four unsigned 32-bit words: small, fast, and good enough for simulation. */
+export function sfc32(a: number, b: number, c: number, d: number): Random {
   return () => {
     a >>>= 0; b >>>= 0; c >>>= 0; d >>>= 0;
     const t = (a + b) | 0;

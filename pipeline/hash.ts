@@ -129,7 +129,7 @@ export async function checksumFile(path: string): Promise<string> {
  * and 0.35 for hex.
  */
 export function sha256Bytes(data: string): string {
-  return hash('sha256', data, 'latin1');
+  return hash('sha256', data, 'binary'); // Node's name for Latin-1
 }
 
 /** Bytes `at` to `at + 3` of a digest from sha256Bytes as an unsigned integer, little-endian (Buffer's readUInt32LE). */

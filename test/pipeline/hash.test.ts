@@ -4,7 +4,7 @@
 import { createHash } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import { sha256Bytes, uint32LE, unitHash } from '../../pipeline/hash.ts';
-import { seeded } from '../../core/random.ts';
+import { seeded, sfc32 } from '../../core/random.ts';
 import { SessionIdSet } from '../../stages/ingest/id-set.ts';
 
 const digest = (text: string) => createHash('sha256').update(text, 'utf8').digest();
@@ -32,22 +32,8 @@ describe('numbers drawn from SHA-256 digests', () => {
     for (const text of TEXTS) {
       const bytes = digest(`seed\0${text}\x007`);
       const rand = seeded('seed', text, 7);
-      // sfc32 from those words, as random.ts defines it.
-      let [a, b, c, d] = [0, 4, 8, 12].map((at) => bytes.readUInt32LE(at)) as [number, number, number, number];
-      for (let k = 0; k < 3; k++) {
-        const t = (a + b) | 0;
-        a = b ^ (b >>> 9);
-        b = (c + (c << 3)) | 0;
-        c = (c << 21) | (c >>> 11);
-        d = (d + 1) | 0;
-        const r = (t + d) | 0;
-        c = (c + r) | 0;
-        a >>>= 0;
-        b >>>= 0;
-        c >>>= 0;
-        d >>>= 0;
-        expect(rand()).toBe((r >>> 0) / 4294967296);
-      }
+      const words = sfc32(...([0, 4, 8, 12].map((at) => bytes.readUInt32LE(at)) as [number, number, number, number]));
+      for (let k = 0; k < 3; k++) expect(rand()).toBe(words());
       const id = digest(text);
       expect(SessionIdSet.key(text)).toEqual([id.readUInt32LE(0), (id.readUInt32LE(4) | 1) >>> 0]);
     }
