@@ -83,17 +83,20 @@ describe("the data stages' worker threads", () => {
   it('load no package they do not use (each thread pays for every module it loads)', () => {
     expect(prefab(['--help']).code).toBe(0);
     const dir = join(REPO, 'node_modules', '.cache', 'prefab', (JSON.parse(readFileSync(join(REPO, 'node_modules', '.cache', 'prefab', 'current.json'), 'utf8')) as { dir: string }).dir);
-    // The packages a bundle entry loads: the bare imports of it and of every chunk it imports, transitively.
+    // The packages a bundle entry loads: the bare imports of it and of every chunk it imports, transitively,
+    // and the packages bundled into those chunks (esbuild heads each module's code with its path).
     const packagesOf = (entry: string) => {
       const packages = new Set<string>();
       const seen = new Set<string>();
       const visit = (file: string) => {
         if (seen.has(file)) return;
         seen.add(file);
-        for (const [, spec] of readFileSync(join(dir, file), 'utf8').matchAll(/(?:from|import)\s*"([^"]+)"/g)) {
+        const code = readFileSync(join(dir, file), 'utf8');
+        for (const [, spec] of code.matchAll(/(?:from|import)\s*"([^"]+)"/g)) {
           if (spec!.startsWith('./')) visit(spec!.slice(2));
           else if (!spec!.startsWith('node:')) packages.add(spec!);
         }
+        for (const [, name] of code.matchAll(/^\/\/ node_modules\/((?:@[^/]+\/)?[^/]+)\//gm)) packages.add(name!);
       };
       visit(entry);
       return [...packages].sort();
