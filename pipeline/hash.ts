@@ -72,9 +72,6 @@ export async function outputChecksum(path: string, now: { size: number; mtimeMs:
 /** Reads of a file being hashed: this many in flight, of this many bytes each. */
 const [AHEAD, READ] = [3, 2 << 20];
 
-/** Where files are hashed through: the process's few buffers, as a new one for every read is memory malloc keeps. */
-const hashShelf = new BufferShelf(AHEAD);
-
 /**
  * Feeds a file's bytes to `hash` in order, the next reads already under way while one is hashed: the
  * kernel's copies of them then run on the thread pool beside each other and beside the hashing. At the
@@ -83,24 +80,29 @@ const hashShelf = new BufferShelf(AHEAD);
 async function hashThrough(path: string, hash: { update(data: Uint8Array): unknown }): Promise<void> {
   const file = await open(path, 'r');
   const reads: Promise<{ buffer: Buffer; bytesRead: number }>[] = [];
+  // A file's few buffers, each filled again once hashed; they go with the call (6 MiB kept for good was
+  // memory every command held).
+  const buffers = new BufferShelf(AHEAD);
   try {
     // Read to the end as it was when opened, then on until a read finds no more (a file that grew meanwhile).
     const { size } = await file.stat();
+    // A small file in one read of its size and a byte more (which finds its end).
+    const length = Math.min(READ, size + 1);
     let at = 0;
     const readNext = () => {
-      const read = file.read(hashShelf.take(READ), 0, READ, at);
+      const read = file.read(buffers.take(length), 0, length, at);
       // A read that fails while an earlier one is awaited is reported when its turn comes, not as unhandled.
       read.catch(() => {});
       reads.push(read);
-      at += READ;
+      at += length;
     };
     while (reads.length < AHEAD && at < size) readNext();
     for (;;) {
       if (reads.length === 0) readNext();
       const { buffer, bytesRead } = await reads.shift()!;
       hash.update(buffer.subarray(0, bytesRead));
-      hashShelf.put(buffer.buffer as ArrayBuffer);
-      if (bytesRead < READ && reads.length === 0) break;
+      buffers.put(buffer.buffer as ArrayBuffer);
+      if (bytesRead < length && reads.length === 0) break;
       if (at < size) readNext();
     }
   } finally {
