@@ -335,13 +335,15 @@ export function readStoredSession(line: Buffer): StoredSession {
   const open = line.indexOf(MESSAGES);
   const close = open < 0 ? -1 : line.indexOf(MESSAGES_END, open);
   const starts: number[] = [];
+  const ends: number[] = [];
   const roles: Role[] = [];
   // Braces are found by their byte (memchr) and checked for `{"role":"`: at the simulator's 100k sessions,
-  // 90 ms against 160 searching for the whole literal.
+  // 90 ms against 160 searching for the whole literal. A message ends at the comma before the next.
   for (let at = open + MESSAGES.length; open >= 0 && at >= 0 && at < close; at = line.indexOf(0x7b, at + 1)) {
     if (!holdsAt(line, at, MESSAGE)) continue;
     const role = ROLE_BY_FIRST_BYTE[line[at + MESSAGE.length]!];
     if (!role || line[at + MESSAGE.length + role.length] !== 34 || (starts.length > 0 && line[at - 1] !== 44)) break;
+    if (starts.length > 0) ends.push(at - 1);
     starts.push(at);
     roles.push(role);
   }
@@ -352,9 +354,14 @@ export function readStoredSession(line: Buffer): StoredSession {
   if (close < 0 || starts.length === 0 || starts[0] !== open + MESSAGES.length || line[close - 1] !== 125 || feedback < 0 || metadata < feedback || split < metadata || (side !== 'train' && side !== 'test')) {
     return StoredSession.of(JSON.parse(line.toString('utf8')) as SplitSession);
   }
-  const ends = starts.slice(1).map((at) => at - 1);
   ends.push(close);
-  const head = JSON.parse(`${line.toString('utf8', 0, open)}}`) as { session_id: string; task_id: string };
+  // The head, `{"session_id":…,"task_id":…`, read as its two strings (split gave every session a task).
+  const idEnd = holdsAt(line, 0, HEAD) ? jsonStringEnd(line, HEAD.length - 1, open) : -1;
+  const taskAt = idEnd + TASK.length;
+  const head =
+    idEnd > 0 && holdsAt(line, idEnd, TASK) && line[taskAt] === 34 && jsonStringEnd(line, taskAt, open) === open
+      ? { session_id: decodeString(line, HEAD.length - 1, idEnd), task_id: decodeString(line, taskAt, open) }
+      : (JSON.parse(`${line.toString('utf8', 0, open)}}`) as { session_id: string; task_id: string });
   const reward = JSON.parse(line.toString('latin1', close + MESSAGES_END.length, feedback)) as number;
   const messages = StoredMessages.read(line, starts, ends, roles, head.session_id);
   return new StoredSession(head.session_id, head.task_id, reward, side, line.subarray(metadata + METADATA.length, split), messages);
