@@ -222,7 +222,7 @@ console.log('');
 for (const r of rows) {
   const a = rate(r, r.ingest) / rate(r, r.floor);
   const b = rate(r, r.pairs) / rate(r, r.duckdb);
-  console.log(`N=${r.n}: ingest ${a.toFixed(2)}× the parse floor (goal ≥ 0.5: ${a >= 0.5 ? 'met' : 'not met'}); ingest → pairs ${b.toFixed(2)}× DuckDB's round trip (goal ≥ 1.0: ${b >= 1 ? 'met' : 'not met'}), peak RSS ${mib(r.pairs)} against its ${mib(r.duckdb)} MiB (${r.pairs.peakRssBytes <= r.duckdb.peakRssBytes ? 'met' : 'not met'})`);
+  console.log(`N=${r.n}: ingest ${a.toFixed(3)}× the parse floor (goal ≥ 0.5: ${a >= 0.5 ? 'met' : 'not met'}); ingest → pairs ${b.toFixed(3)}× DuckDB's round trip (goal ≥ 1.0: ${b >= 1 ? 'met' : 'not met'}), peak RSS ${mib(r.pairs)} against its ${mib(r.duckdb)} MiB (${r.pairs.peakRssBytes <= r.duckdb.peakRssBytes ? 'met' : 'not met'})`);
 }
 for (const r of rows) {
   const { other, ...stages } = r.stageSeconds;
