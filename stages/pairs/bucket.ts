@@ -57,17 +57,16 @@ export interface PairedBucket {
  * A pair's line: JSON.stringify of the pair with the metadata of `session` (its chosen side's: the verifier
  * replays it), its message lists written as PairSides, and the metadata copied from the stored bytes.
  */
-function writePair(out: LineBuffer, pair: Pair<StoredMessages>, session: StoredSession): void {
+function writePair(out: LineBuffer, p: Pair<StoredMessages>, session: StoredSession): void {
   const q = JSON.stringify;
-  out.write(`{"pair_id":${q(pair.pair_id)},"prompt":`);
-  pair.prompt.writeSide(out);
+  out.write(`{"pair_id":${q(p.pair_id)},"prompt":`);
+  p.prompt.writeSide(out);
   out.writeBytes(CHOSEN);
-  pair.chosen.writeSide(out);
+  p.chosen.writeSide(out);
   out.writeBytes(REJECTED);
-  pair.rejected.writeSide(out);
+  p.rejected.writeSide(out);
   // Field by field, in Pair's order (PAIR_FIELDS): JSON.stringify of the pair's other fields as an object of
   // their own (`...rest`) took twice as long.
-  const p = pair;
   out.write(
     `,"chosen_reward":${q(p.chosen_reward)},"rejected_reward":${q(p.rejected_reward)},"margin":${q(p.margin)},"confidence":${q(p.confidence)},` +
       `"source":${q(p.source)},"negative_type":${q(p.negative_type)},"judge":${q(p.judge)},"task_id":${q(p.task_id)},` +
@@ -78,7 +77,10 @@ function writePair(out: LineBuffer, pair: Pair<StoredMessages>, session: StoredS
   out.end();
 }
 
-/** The fields writePair writes, in its order: a field added to Pair does not compile here until writePair writes it too. */
+/**
+ * Pair's fields in the order writePair writes them: a field added to Pair does not compile here until it is
+ * listed, and the test of stored pairs checks that every line holds these keys in this order.
+ */
 export const PAIR_FIELDS = {
   pair_id: 0, prompt: 1, chosen: 2, rejected: 3, chosen_reward: 4, rejected_reward: 5, margin: 6, confidence: 7, source: 8,
   negative_type: 9, judge: 10, task_id: 11, chosen_session_id: 12, rejected_session_id: 13, split: 14,
