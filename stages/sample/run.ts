@@ -19,6 +19,9 @@ import type { Config } from './index.ts';
 
 const OFF = 'sampling is off (sample.enabled: false); best-of-N uses the logged sessions';
 
+/** Empty bucket files made at once: split may make 1,024 buckets a side, each a file descriptor while it is made. */
+const EMPTY_AT_ONCE = 64;
+
 /** On a shard, only the buckets it owns. */
 export async function run({ config: cfg, out, input, cache, log, shard }: StageContext<Config>): Promise<StageReport> {
   const splitDir = input('split');
@@ -31,10 +34,12 @@ export async function run({ config: cfg, out, input, cache, log, shard }: StageC
   try {
     for (const side of SPLITS) {
       const progress = log.progress(`sample ${side}`, info.buckets);
-      // A side not sampled has its bucket files, empty, made all at once rather than each waiting for the last.
+      // A side not sampled has its bucket files, empty, made a few dozen at once rather than each waiting for
+      // the last (at most EMPTY_AT_ONCE files open).
       const empty: Promise<void>[] = [];
       for (let b = 0; b < info.buckets; b++) {
         if (!ownsBucket(shard, b)) continue;
+        if (empty.length === EMPTY_AT_ONCE) await Promise.all(empty.splice(0));
         const writer = new JsonlWriter(bucketFile(out, side, b));
         if (!endpoint || !cfg.splits.includes(side)) {
           empty.push(writer.close().then(() => progress.tick()));
