@@ -53,19 +53,27 @@ const TASK = Buffer.from(',"task_id":');
 const NULL = Buffer.from('null,');
 
 /**
- * The task_id of a session's line as ingest writes it (JSON.stringify of a Session: session_id first, then
- * task_id), read from the line's first bytes (`start` to `end` of `bytes`) without parsing the rest;
- * undefined for a line that does not start so.
+ * The head of a session's line as ingest writes it (JSON.stringify of a Session: session_id first, then
+ * task_id), in the line at `start` to `end` of `bytes`: where its session_id's JSON string ends (`idEnd`) and
+ * its task_id's value starts (`task`); null for a line that does not start so.
+ */
+function headOf(bytes: Buffer, start: number, end: number): { idEnd: number; task: number } | null {
+  if (!holdsAt(bytes, start, HEAD)) return null;
+  const idEnd = jsonStringEnd(bytes, start + HEAD.length - 1, end);
+  return idEnd < 0 || !holdsAt(bytes, idEnd, TASK) ? null : { idEnd, task: idEnd + TASK.length };
+}
+
+/**
+ * The task_id of a session's line as ingest writes it, read from the line's head (headOf) without parsing
+ * the rest; undefined for a line that does not start so.
  */
 export function leadingTaskId(bytes: Buffer, start = 0, end = bytes.length): string | null | undefined {
-  if (!holdsAt(bytes, start, HEAD)) return undefined;
-  const idEnd = jsonStringEnd(bytes, start + HEAD.length - 1, end);
-  if (idEnd < 0 || !holdsAt(bytes, idEnd, TASK)) return undefined;
-  const at = idEnd + TASK.length;
-  if (holdsAt(bytes, at, NULL)) return null;
-  if (bytes[at] !== 34) return undefined;
-  const close = jsonStringEnd(bytes, at, end);
-  return close < 0 ? undefined : decodeString(bytes, at, close);
+  const head = headOf(bytes, start, end);
+  if (!head) return undefined;
+  if (holdsAt(bytes, head.task, NULL)) return null;
+  if (bytes[head.task] !== 34) return undefined;
+  const close = jsonStringEnd(bytes, head.task, end);
+  return close < 0 ? undefined : decodeString(bytes, head.task, close);
 }
 
 /** The segment files of an ingest folder, in ingestion order. */
@@ -355,12 +363,11 @@ export function readStoredSession(line: Buffer): StoredSession {
     return StoredSession.of(JSON.parse(line.toString('utf8')) as SplitSession);
   }
   ends.push(close);
-  // The head, `{"session_id":…,"task_id":…`, read as its two strings (split gave every session a task).
-  const idEnd = holdsAt(line, 0, HEAD) ? jsonStringEnd(line, HEAD.length - 1, open) : -1;
-  const taskAt = idEnd + TASK.length;
+  // The head read as its two strings (split gave every session a task, its string ending where messages start).
+  const at = headOf(line, 0, open);
   const head =
-    idEnd > 0 && holdsAt(line, idEnd, TASK) && line[taskAt] === 34 && jsonStringEnd(line, taskAt, open) === open
-      ? { session_id: decodeString(line, HEAD.length - 1, idEnd), task_id: decodeString(line, taskAt, open) }
+    at && line[at.task] === 34 && jsonStringEnd(line, at.task, open) === open
+      ? { session_id: decodeString(line, HEAD.length - 1, at.idEnd), task_id: decodeString(line, at.task, open) }
       : (JSON.parse(`${line.toString('utf8', 0, open)}}`) as { session_id: string; task_id: string });
   const reward = JSON.parse(line.toString('latin1', close + MESSAGES_END.length, feedback)) as number;
   const messages = StoredMessages.read(line, starts, ends, roles, head.session_id);
