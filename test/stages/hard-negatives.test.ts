@@ -131,6 +131,19 @@ describe('hard negative pairs', () => {
     expect(JSON.stringify(sessions)).toBe(before);
   });
 
+  it("draw each type's sessions and transforms on their own: changing one ratio leaves the other types' pairs as they were", () => {
+    const sessions = successes.slice(0, 200);
+    const half = Object.fromEntries(NEGATIVE_TYPES.map((t) => [t, 0.5]));
+    const made = (ratios: Partial<Record<NegativeType, number>>, type: NegativeType) =>
+      JSON.stringify(sessions.flatMap((s) => buildHardNegatives(s, options(ratios)).pairs.filter((p) => p.negative_type === type)));
+    for (const changed of NEGATIVE_TYPES) {
+      for (const ratio of [0, 0.9]) {
+        const ratios = { ...half, [changed]: ratio };
+        for (const other of NEGATIVE_TYPES.filter((t) => t !== changed)) expect(made(ratios, other)).toBe(made(half, other));
+      }
+    }
+  });
+
   it('report, with a reason, the types a plain-text reply cannot take', () => {
     const s = session('plain', [SYSTEM, USER, { role: 'assistant', content: 'I cancelled your Globo Gym membership as you asked today.' }]);
     const { pairs, skipped } = buildHardNegatives(s, options(ALL));
