@@ -110,7 +110,7 @@ export function buildHardNegatives(session: StoredSession, options: HardNegative
   return { pairs, skipped };
 }
 
-/** Six types take the first six words of a session's digest (HardNegativeDraws); a seventh needs more draws. */
+// Six types take the first six words of a session's digest (HardNegativeDraws); a seventh needs more draws.
 if (NEGATIVE_TYPES.length > 6) throw new Error('stages/pairs/hard-negatives.ts: HardNegativeDraws draws for six types from a SHA-256 digest; give a seventh type a draw of its own');
 
 /**
@@ -119,7 +119,7 @@ if (NEGATIVE_TYPES.length > 6) throw new Error('stages/pairs/hard-negatives.ts: 
  * transform draws from sfc32 seeded by the digest's last two words and `t`, its first 12 numbers dropped so
  * that the types' streams part. A type's draws are its own: changing one ratio leaves the other types' pairs
  * as they were. One digest a session rather than one a type and one a transform (a tenth of the pairs stage's
- * CPU at a million sessions: 8.6-8.9 s against 7.7-8.2 on the synthetic sessions).
+ * CPU at a million sessions: 7.7-8.2 s against 8.6-8.9 on the synthetic sessions).
  */
 class HardNegativeDraws {
   private readonly digest: string;
