@@ -216,16 +216,18 @@ export class StoredMessages {
     readonly length: number,
     /** The id of the stored session whose messages these are, or null for messages made anew. */
     readonly session: string | null,
+    /** JSON.stringify of `session`, worked out once a session rather than once a pair side. */
+    readonly sessionJson: string,
   ) {}
 
   /** Messages kept as they are: made anew, or (`session`) a stored session's, parsed whole. */
   static of(messages: Message[], session: string | null = null): StoredMessages {
-    return new StoredMessages(null, [], [], messages.map((m) => m.role), messages, 0, messages.length, session);
+    return new StoredMessages(null, [], [], messages.map((m) => m.role), messages, 0, messages.length, session, JSON.stringify(session));
   }
 
   /** The messages of stored session `session` whose JSON lies at `starts[i]` to `ends[i]` of `line`. */
   static read(line: Buffer, starts: number[], ends: number[], roles: Role[], session: string): StoredMessages {
-    return new StoredMessages(line, starts, ends, roles, new Array<Message | undefined>(starts.length), 0, starts.length, session);
+    return new StoredMessages(line, starts, ends, roles, new Array<Message | undefined>(starts.length), 0, starts.length, session, JSON.stringify(session));
   }
 
   role(i: number): Role {
@@ -243,7 +245,7 @@ export class StoredMessages {
 
   /** Messages `from` to `to` - 1, sharing what is read and parsed. */
   slice(from: number, to = this.length): StoredMessages {
-    return new StoredMessages(this.line, this.starts, this.ends, this.roles, this.parsed, this.first + from, Math.max(0, to - from), this.session);
+    return new StoredMessages(this.line, this.starts, this.ends, this.roles, this.parsed, this.first + from, Math.max(0, to - from), this.session, this.sessionJson);
   }
 
   /** Whether message `i` calls tools: told by its bytes (ingest writes no empty tool_calls), or by the message. */
@@ -273,21 +275,13 @@ export class StoredMessages {
     return this.length > 0 && this.line.subarray(this.starts[this.first], this.ends[this.first + this.length - 1]).includes(ascii);
   }
 
-  /** Appends these messages' JSON array to `out`: JSON.stringify of the messages, copied from the bytes read where there are some. */
-  writeJson(out: LineBuffer): void {
-    if (!this.line) return out.write(JSON.stringify(this.parsed.slice(this.first, this.first + this.length)));
-    out.writeByte(0x5b); // [
-    if (this.length > 0) out.writeBytes(this.line.subarray(this.starts[this.first], this.ends[this.first + this.length - 1]));
-    out.writeByte(0x5d); // ]
-  }
-
   /**
-   * Appends these messages as a side of a pair (a PairSide): a stored session's as where they lie in it,
-   * `{"session_id":…,"messages":[from,to]}`; messages made anew (or none) as their JSON array.
+   * These messages as a side of a pair (a PairSide), as JSON: a stored session's as where they lie in it,
+   * `{"session_id":…,"messages":[from,to]}`; messages made anew (or none) as their array.
    */
-  writeSide(out: LineBuffer): void {
-    if (this.session === null || this.length === 0) return this.writeJson(out);
-    out.write(`{"session_id":${JSON.stringify(this.session)},"messages":[${this.first},${this.first + this.length}]}`);
+  sideJson(): string {
+    if (this.session === null) return JSON.stringify(this.parsed.slice(this.first, this.first + this.length));
+    return this.length === 0 ? '[]' : `{"session_id":${this.sessionJson},"messages":[${this.first},${this.first + this.length}]}`;
   }
 }
 
@@ -307,6 +301,18 @@ export class StoredSession {
     readonly messages: StoredMessages,
   ) {}
 
+  /** JSON.stringify of the session's id. */
+  get idJson(): string {
+    return this.messages.sessionJson;
+  }
+
+  /** JSON.stringify of the task id, worked out when first asked for (every pair of the session writes it). */
+  get taskJson(): string {
+    return (this.taskJsonMade ??= JSON.stringify(this.task_id));
+  }
+
+  private taskJsonMade: string | undefined;
+
   /** The split session of a line read whole. */
   static of(s: SplitSession): StoredSession {
     return new StoredSession(s.session_id, s.task_id!, s.reward, s.split, Buffer.from(JSON.stringify(s.metadata)), StoredMessages.of(s.messages, s.session_id));
@@ -315,6 +321,24 @@ export class StoredSession {
   /** Every other field of the input record, as a JSON string. */
   get metadata(): string {
     return JSON.parse(this.metadataJson.toString('utf8')) as string;
+  }
+
+  /**
+   * Whether the metadata may hold `ascii` (ASCII text without a quote or a backslash), told from its JSON
+   * without parsing it: false only when it cannot (neither the text nor a \u escape, which could spell it, is
+   * in the JSON).
+   */
+  metadataMayHold(ascii: string): boolean {
+    // One pass of a loop: metadata is short, and two native searches took longer to call than to run.
+    const json = this.metadataJson;
+    const first = ascii.charCodeAt(0);
+    next: for (let i = 0; i < json.length; i++) {
+      if (json[i] === 92 && json[i + 1] === 117) return true; // \u
+      if (json[i] !== first) continue;
+      for (let j = 1; j < ascii.length; j++) if (json[i + j] !== ascii.charCodeAt(j)) continue next;
+      return true;
+    }
+    return false;
   }
 
   /** Appends the metadata, as JSON, to `out`. */
@@ -341,7 +365,9 @@ const ROLE_BY_FIRST_BYTE: Record<number, Role> = { 115: 'system', 117: 'user', 9
  */
 export function readStoredSession(line: Buffer): StoredSession {
   const open = line.indexOf(MESSAGES);
-  const close = open < 0 ? -1 : line.indexOf(MESSAGES_END, open);
+  // `],"reward":` is found from the end, past the few fields after it rather than every message (nothing
+  // else can look like it: a string holds no bare quote).
+  const close = open < 0 ? -1 : line.lastIndexOf(MESSAGES_END);
   const starts: number[] = [];
   const ends: number[] = [];
   const roles: Role[] = [];

@@ -32,7 +32,14 @@ export function bucketOptions(cfg: PairingConfig, rewriter: Rewriter | null): Bu
   const mustDecline = mustDeclineTest(cfg.must_decline);
   // The test reads the user's turns only when there are patterns to match them against.
   const users = (s: StoredSession) => (cfg.must_decline.length ? s.messages.indicesOf('user').map((i) => s.messages.at(i)) : []);
-  return { outcome: cfg.outcome, hardNegatives: cfg.hard_negatives, rewriter, mustDecline: (s: StoredSession) => mustDecline({ metadata: s.metadata, prompt: users(s) }) };
+  // Without patterns, only metadata with `must_decline` in it can say so: other sessions' is not parsed.
+  const patterns = cfg.must_decline.length > 0;
+  return {
+    outcome: cfg.outcome,
+    hardNegatives: cfg.hard_negatives,
+    rewriter,
+    mustDecline: (s: StoredSession) => (patterns || s.metadataMayHold('must_decline')) && mustDecline({ metadata: s.metadata, prompt: users(s) }),
+  };
 }
 
 /** Every count the stage reports, at zero. */
@@ -56,26 +63,39 @@ export interface PairedBucket {
 /**
  * A pair's line: JSON.stringify of the pair with the metadata of `session` (its chosen side's: the verifier
  * replays it), its message lists written as PairSides, and the metadata copied from the stored bytes.
+ * Field by field, in Pair's order (PAIR_FIELDS), as one string: JSON.stringify of the pair's other fields as
+ * an object of their own (`...rest`) took twice as long; a write a field and JSON.stringify of every value,
+ * twice as long as this again, which reuses the session's id and task as JSON and the few values the
+ * enumerated fields take.
  */
 function writePair(out: LineBuffer, p: Pair<StoredMessages>, session: StoredSession): void {
   const q = JSON.stringify;
-  out.write(`{"pair_id":${q(p.pair_id)},"prompt":`);
-  p.prompt.writeSide(out);
-  out.writeBytes(CHOSEN);
-  p.chosen.writeSide(out);
-  out.writeBytes(REJECTED);
-  p.rejected.writeSide(out);
-  // Field by field, in Pair's order (PAIR_FIELDS): JSON.stringify of the pair's other fields as an object of
-  // their own (`...rest`) took twice as long.
+  const id = (sessionId: string) => (sessionId === session.session_id ? session.idJson : q(sessionId));
   out.write(
-    `,"chosen_reward":${q(p.chosen_reward)},"rejected_reward":${q(p.rejected_reward)},"margin":${q(p.margin)},"confidence":${q(p.confidence)},` +
-      `"source":${q(p.source)},"negative_type":${q(p.negative_type)},"judge":${q(p.judge)},"task_id":${q(p.task_id)},` +
-      `"chosen_session_id":${q(p.chosen_session_id)},"rejected_session_id":${q(p.rejected_session_id)},"split":${q(p.split)},"metadata":`,
+    `{"pair_id":${q(p.pair_id)},"prompt":${p.prompt.sideJson()},"chosen":${p.chosen.sideJson()},"rejected":${p.rejected.sideJson()},` +
+      `"chosen_reward":${jsonNumber(p.chosen_reward)},"rejected_reward":${jsonNumber(p.rejected_reward)},"margin":${jsonNumber(p.margin)},"confidence":${jsonNumber(p.confidence)},` +
+      `"source":${enumerated(p.source)},"negative_type":${enumerated(p.negative_type)},"judge":${enumerated(p.judge)},` +
+      `"task_id":${p.task_id === session.task_id ? session.taskJson : q(p.task_id)},"chosen_session_id":${id(p.chosen_session_id)},` +
+      `"rejected_session_id":${id(p.rejected_session_id)},"split":${enumerated(p.split)},"metadata":`,
   );
   session.writeMetadata(out);
   out.writeByte(0x7d); // }
   out.end();
 }
+
+/** JSON.stringify of a number or null. */
+const jsonNumber = (x: number | null): string => (x !== null && Number.isFinite(x) ? String(x) : 'null');
+
+/** JSON.stringify of a value of a field that takes few (a source, a type, a judge, a split), remembered. */
+function enumerated(value: string | null): string {
+  let json = ENUMERATED.get(value);
+  if (json === undefined) {
+    json = JSON.stringify(value);
+    if (ENUMERATED.size < 64) ENUMERATED.set(value, json);
+  }
+  return json;
+}
+const ENUMERATED = new Map<string | null, string>();
 
 /**
  * Pair's fields in the order writePair writes them: a field added to Pair does not compile here until it is
@@ -85,8 +105,6 @@ export const PAIR_FIELDS = {
   pair_id: 0, prompt: 1, chosen: 2, rejected: 3, chosen_reward: 4, rejected_reward: 5, margin: 6, confidence: 7, source: 8,
   negative_type: 9, judge: 10, task_id: 11, chosen_session_id: 12, rejected_session_id: 13, split: 14,
 } satisfies Record<keyof Pair, number>;
-
-const [CHOSEN, REJECTED] = [Buffer.from(',"chosen":'), Buffer.from(',"rejected":')];
 
 /** A rewrite not made, for dropped.jsonl: where the transforms write `<session>~<type>`, the rewriter writes `<session>~<type>~llm`. */
 const rewriteDrop = (s: StoredSession, type: NegativeType, reason: string) => ({
@@ -148,7 +166,7 @@ function writeHardNegatives(w: BucketWork, s: StoredSession): number {
   // A request that must be declined: the only contrast worth teaching is refusal over compliance, and only a
   // session that complied has a compliance to put on the rejected side.
   if (declining && isRefusal(firstReply(s))) return 0;
-  const built = buildHardNegatives(s, { ratios: declining ? { refusal: h.ratios.refusal } : h.ratios, salt: h.salt, mustDecline: o.mustDecline });
+  const built = buildHardNegatives(s, { ratios: declining ? { refusal: h.ratios.refusal } : h.ratios, salt: h.salt, mustDecline: () => declining });
   for (const pair of built.pairs) {
     writePair(w.out.pairs, pair, s);
     counts[`hard_negative_${pair.negative_type}`]!++;

@@ -220,35 +220,39 @@ function hallucinatedValue(messages: StoredMessages, rand: Random): Rewrite {
  */
 function identifiers(messages: StoredMessages): Identifier[] {
   const found: Identifier[] = [];
-  const tooFewDigits = (text: string) => digitCount(text) < MIN_IDENTIFIER_DIGITS;
-  // Where the value visited sits, pushed and popped on the way down and up (copied for an identifier found).
+  // The call visited, and where in its arguments the value visited sits (pushed and popped on the way down
+  // and up, copied for an identifier found).
+  let at = 0;
+  let call = 0;
   const path: (string | number)[] = [];
-  for (const at of messages.indicesOf('assistant')) {
-    if (!messages.hasToolCalls(at)) continue;
-    const calls = messages.at(at).tool_calls!;
-    for (let call = 0; call < calls.length; call++) {
-      const visit = (value: unknown, key: string | null): void => {
-        if (typeof value === 'string') {
-          if (tooFewDigits(value)) return;
-          for (const match of value.matchAll(IDENTIFIER)) {
-            if (!tooFewDigits(match[0])) found.push({ at, call, path: [...path], key, start: match.index, token: match[0] });
-          }
-        } else if (Array.isArray(value)) {
-          for (let i = 0; i < value.length; i++) {
-            path.push(i);
-            visit(value[i], key);
-            path.pop();
-          }
-        } else if (value !== null && typeof value === 'object') {
-          for (const k of Object.keys(value)) {
-            path.push(k);
-            visit((value as Record<string, unknown>)[k], k);
-            path.pop();
-          }
-        }
-      };
+  const visit = (value: unknown, key: string | null): void => {
+    if (typeof value === 'string') {
+      if (digitCount(value) < MIN_IDENTIFIER_DIGITS) return;
+      IDENTIFIER.lastIndex = 0;
+      for (let match = IDENTIFIER.exec(value); match; match = IDENTIFIER.exec(value)) {
+        if (digitCount(match[0]) >= MIN_IDENTIFIER_DIGITS) found.push({ at, call, path: [...path], key, start: match.index, token: match[0] });
+      }
+    } else if (Array.isArray(value)) {
+      for (let i = 0; i < value.length; i++) {
+        path.push(i);
+        visit(value[i], key);
+        path.pop();
+      }
+    } else if (value !== null && typeof value === 'object') {
+      for (const k in value) {
+        path.push(k);
+        visit((value as Record<string, unknown>)[k], k);
+        path.pop();
+      }
+    }
+  };
+  for (const turn of messages.indicesOf('assistant')) {
+    if (!messages.hasToolCalls(turn)) continue;
+    const calls = messages.at(turn).tool_calls!;
+    at = turn;
+    for (call = 0; call < calls.length; call++) {
       const raw = calls[call]!.function.arguments;
-      if (!tooFewDigits(raw) || raw.includes('\\u')) visit(parseArguments(raw), null);
+      if (digitCount(raw) >= MIN_IDENTIFIER_DIGITS || raw.includes('\\u')) visit(parseArguments(raw), null);
     }
   }
   return found;

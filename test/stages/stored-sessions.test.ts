@@ -9,7 +9,7 @@ import { describe, expect, it } from 'vitest';
 import { LineBuffer } from '../../pipeline/jsonl.ts';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { StoredMessages, readStoredSession, type PairSide } from '../../stages/layout.ts';
-import { PAIR_FIELDS } from '../../stages/pairs/bucket.ts';
+import { PAIR_FIELDS, bucketOptions } from '../../stages/pairs/bucket.ts';
 import type { CandidatePair, Message, Session, SplitSession } from '../../core/records.ts';
 import { engineFor, jsonl, splitLines, tempDir, wholePairs } from '../fixtures/pipeline.ts';
 
@@ -125,12 +125,26 @@ describe('pairs written from their sessions as stored', () => {
       expect(read.messages.all()).toEqual(s.messages);
       expect(read.messages.hasToolCalls(1)).toBe(true);
       expect(read.messages.hasToolCalls(0)).toBe(false);
+      expect([read.messages.sideJson(), read.messages.slice(1).sideJson(), read.messages.slice(2).sideJson()]).toEqual(['{"session_id":"s1","messages":[0,2]}', '{"session_id":"s1","messages":[1,2]}', '[]']);
+      expect(StoredMessages.of(read.messages.all()).sideJson()).toBe(JSON.stringify(s.messages));
       const out = new LineBuffer(64);
-      read.messages.writeJson(out);
       read.writeMetadata(out);
       out.end();
-      expect(Buffer.from(out.take()).toString('utf8')).toBe(`${JSON.stringify(s.messages)}${JSON.stringify(s.metadata)}\n`);
+      expect(Buffer.from(out.take()).toString('utf8')).toBe(`${JSON.stringify(s.metadata)}\n`);
     }
+  });
+
+  it('tells a must-decline session by its metadata without patterns, spelt out or in \\u escapes, and parses no other', () => {
+    const session = (metadata: Record<string, unknown> | string, id = 's') =>
+      readStoredSession(Buffer.from(JSON.stringify({ session_id: id, task_id: 't', messages: [{ role: 'user', content: 'cancel my order' }], reward: 1, feedback: null, model: null, source: 's', created_at: null, metadata: typeof metadata === 'string' ? metadata : JSON.stringify(metadata), split: 'train', task_match: null })));
+    const cfg = { outcome: { enabled: true, success_min: 1, failure_max: 0, max_pairs_per_task: null }, hard_negatives: { enabled: true, from_min_reward: 1, ratios: {}, salt: 'x', rewriter: { ratios: {} } } };
+    const plain = bucketOptions({ ...cfg, must_decline: [] }, null).mustDecline;
+    const escaped = session('{"\\u006dust_decline":true}');
+    expect(escaped.metadataMayHold('must_decline')).toBe(true);
+    expect([session({ must_decline: true }), escaped, session({ must_decline: false }), session({ trial: 1 }), session('{"note":"must_decline"}')].map(plain)).toEqual([true, true, false, false, false]);
+    expect(session({ trial: 1 }).metadataMayHold('must_decline')).toBe(false);
+    // With patterns, the user's turns decide too.
+    expect(bucketOptions({ ...cfg, must_decline: ['cancel'] }, null).mustDecline(session({ trial: 1 }))).toBe(true);
   });
 
   it('takes equal bytes for equal messages, and compares messages made anew with those read', () => {
