@@ -10,6 +10,7 @@ import { JsonlWriter, LineBuffer } from '../../pipeline/jsonl.ts';
 import { BufferShelf } from '../../pipeline/buffers.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import { forEachLine } from '../../pipeline/records.ts';
+import { PipelineError } from '../../pipeline/errors.ts';
 import type { Session, Split, SplitSession } from '../../core/records.ts';
 import { joinFolders, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
 import { SPLITS, bucketFile, bucketOf, leadingTaskId, readIngestIndex, sessionRunLine, sessionSegments, sessionTail, type SessionRun, type SplitInfo } from '../layout.ts';
@@ -59,6 +60,20 @@ async function* segmentLines(path: string): AsyncGenerator<{ bytes: Buffer; base
   }
 }
 
+/**
+ * The session of the line at `start` to `end` of a block of `segment` that starts at byte `base` of it; an
+ * error names the segment and where the line starts.
+ */
+function parseSession(bytes: Buffer, start: number, end: number, segment: string, base: number): Session {
+  try {
+    return JSON.parse(bytes.toString('utf8', start, end)) as Session;
+  } catch (error) {
+    throw new PipelineError(
+      `${segment}: the line at byte ${base + start} is not a session's JSON (${(error as Error).message}); ingest wrote it as one, so the file was changed or cut short since: run \`prefab stage ingest\` to read the input files again`,
+    );
+  }
+}
+
 /** A bucket file of split's, the block of lines being gathered for it, and the run of ingest's lines it is at. */
 type BucketOut = { writer: JsonlWriter; lines: LineBuffer; run: SessionRun | null };
 
@@ -80,13 +95,13 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   if (untasked > 0) {
     const known = new Set<string>();
     for (const segment of segments) {
-      for await (const { bytes, lines } of segmentLines(segment)) {
+      for await (const { bytes, base, lines } of segmentLines(segment)) {
         for (let k = 0; k < lines.length; k += 2) {
           const start = lines[k]!;
           const end = lines[k + 1]!;
           const task = leadingTaskId(bytes, start, end);
           if (task === null || (task !== undefined && known.has(task))) continue;
-          const s = JSON.parse(bytes.toString('utf8', start, end)) as Session;
+          const s = parseSession(bytes, start, end, segment, base);
           if (s.task_id === null || known.has(s.task_id)) continue;
           known.add(s.task_id);
           matcher.add(s.task_id, requestText(s.messages));
@@ -136,9 +151,11 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
         let s: Session | null = null;
         let taskMatch: SplitSession['task_match'] = null;
         let taskId = leadingTaskId(bytes, start, end);
-        if (taskId === undefined) taskId = (s = JSON.parse(bytes.toString('utf8', start, end)) as Session).task_id;
+        // A line read by its head is parsed all the same when it does not end as a JSON object: it is
+        // written whole then, never with its last byte taken for a closing brace.
+        if (taskId === undefined || bytes[end - 1] !== 0x7d) taskId = (s = parseSession(bytes, start, end, segment, base)).task_id;
         if (taskId === null) {
-          s ??= JSON.parse(bytes.toString('utf8', start, end)) as Session;
+          s ??= parseSession(bytes, start, end, segment, base);
           const m = matcher.assign(requestText(s.messages));
           taskId = m.task_id;
           taskMatch = { score: m.score, kind: m.kind };
@@ -155,7 +172,7 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
         counts[last.side === 'train' ? 'train_sessions' : 'test_sessions']++;
         // A line as ingest wrote it (a JSON object ending in '}', its newline read) is pointed at: it goes on
         // the file's run when it comes straight after it in the same segment.
-        if (s === null && bytes[end] === 10 && bytes[end - 1] === 0x7d) {
+        if (s === null && bytes[end] === 10) {
           const [from, to] = [base + start, base + end + 1];
           if (file.run && file.run.ingest === name && file.run.bytes[1] === from) {
             file.run.bytes[1] = to;
@@ -168,7 +185,8 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
         }
         await endRun(file);
         await room(file, end - start + 64);
-        // JSON.stringify of { ...s, split, task_match: null } when s is the line's session, as the line ends in '}'.
+        // JSON.stringify of { ...s, split, task_match: null } when s is the line's session (the segment's last
+        // line, without its newline), as the line ends in '}'.
         if (s === null) file.lines.pushBytes(bytes.subarray(start, end - 1), sessionTail(last.side));
         else file.lines.push(JSON.stringify({ ...s, task_id: taskId, split: last.side, task_match: taskMatch } satisfies SplitSession));
       }

@@ -131,6 +131,32 @@ describe('split', () => {
     expect(sessions.every((s) => s.split === 'train' && s.task_match === null)).toBe(true);
   });
 
+  it("writes whole a segment line that does not end as ingest ends one, and names the segment and byte of a line cut short", async () => {
+    const dir = tempDir();
+    const records = [];
+    for (let t = 0; t < 10; t++) for (let k = 0; k < 3; k++) records.push(session(`t${t}-${k}`, `task-${t}`, k === 0 ? 1 : 0));
+    writeFileSync(join(dir, 'logs.jsonl'), jsonl(records));
+    const engine = engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\nsplit:\n  test_ratio: 0.3\n');
+    await engine.run({ until: 'split' });
+    const before = (await splitLines(dir)).map((l) => JSON.parse(l) as SplitSession).sort((a, b) => (a.session_id < b.session_id ? -1 : 1));
+    const sessions = join(dir, 'workspace', 'ingest', 'sessions');
+    const [segment] = readdirSync(sessions);
+    const lines = readFileSync(join(sessions, segment!), 'utf8').split('\n').filter(Boolean);
+    // White space after a session's closing brace (its line still JSON), on a line within the file and on its
+    // last line, which then has no newline.
+    writeFileSync(join(sessions, segment!), [lines[4] + ' ', ...lines.slice(0, 4), ...lines.slice(5, -1), `${lines.at(-1)}\t`].join('\n'));
+    await engine.run({ from: 'split', until: 'split', force: 'split' });
+    const after = (await splitLines(dir)).map((l) => JSON.parse(l) as SplitSession).sort((a, b) => (a.session_id < b.session_id ? -1 : 1));
+    expect(after).toEqual(before);
+    // A line cut short after its head: an error that says which file, where, and what to run.
+    const cut = lines[7]!.slice(0, 120);
+    writeFileSync(join(sessions, segment!), [...lines.slice(0, 7), cut, ...lines.slice(8)].join('\n') + '\n');
+    const at = lines.slice(0, 7).join('\n').length + 1;
+    const [outcome] = await engine.run({ from: 'split', until: 'split', force: 'split' });
+    expect(outcome!.action).toBe('failed');
+    expect(outcome!.error).toMatch(new RegExp(`${segment}: the line at byte ${at} is not a session's JSON \\(.*\\); .*run \`prefab stage ingest\``));
+  });
+
   it('writes every session as ingest made it with its side added, whatever its id and task hold', async () => {
     const dir = tempDir();
     const odd = ['plain', 'quote"inside', 'back\\slash', 'ünï—code', '"', '\\"', 'comma","task_id":"fake'];
