@@ -26,6 +26,12 @@ export function normaliseDate(s: string): string {
   return t;
 }
 
+// The four ways daysIn reads a day, made once (matchAll matches on a copy: the shared objects keep no state).
+const ISO_DAY = /(?<!\d)(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})(?!\d)/g;
+const SLASHED_DAY = /(?<![\d.])(\d{1,2})\/(\d{1,2})(?:\/(\d{4}|\d{2}))?(?![\d/])/g;
+const MONTH_DAY = new RegExp(String.raw`\b(${MONTH})\s+(\d{1,2})(?:st|nd|rd|th)?(?:,?\s+(\d{4}))?\b`, 'gi');
+const DAY_MONTH = new RegExp(String.raw`\b(\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?(${MONTH})(?:,?\s+(\d{4}))?\b`, 'gi');
+
 /**
  * The days a text names anywhere in it, as `MM-DD` and, where it gives the year, `YYYY-MM-DD`: "2024-05-20",
  * "05/20/2024", "May 20th", "20 May 2024" all name 05-20.
@@ -37,9 +43,9 @@ export function daysIn(text: string): Set<string> {
     out.add(`${pad2(m)}-${pad2(d)}`);
     if (y) out.add(`${y.length === 2 ? `20${y}` : y}-${pad2(m)}-${pad2(d)}`);
   };
-  for (const m of text.matchAll(/(?<!\d)(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})(?!\d)/g)) add(m[1], Number(m[2]), Number(m[3]));
-  for (const m of text.matchAll(/(?<![\d.])(\d{1,2})\/(\d{1,2})(?:\/(\d{4}|\d{2}))?(?![\d/])/g)) add(m[3], Number(m[1]), Number(m[2]));
-  for (const m of text.matchAll(new RegExp(String.raw`\b(${MONTH})\s+(\d{1,2})(?:st|nd|rd|th)?(?:,?\s+(\d{4}))?\b`, 'gi'))) add(m[3], monthOf(m[1]!), Number(m[2]));
-  for (const m of text.matchAll(new RegExp(String.raw`\b(\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?(${MONTH})(?:,?\s+(\d{4}))?\b`, 'gi'))) add(m[3], monthOf(m[2]!), Number(m[1]));
+  for (const m of text.matchAll(ISO_DAY)) add(m[1], Number(m[2]), Number(m[3]));
+  for (const m of text.matchAll(SLASHED_DAY)) add(m[3], Number(m[1]), Number(m[2]));
+  for (const m of text.matchAll(MONTH_DAY)) add(m[3], monthOf(m[1]!), Number(m[2]));
+  for (const m of text.matchAll(DAY_MONTH)) add(m[3], monthOf(m[2]!), Number(m[1]));
   return out;
 }

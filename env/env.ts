@@ -146,7 +146,7 @@ export function step(world: World, state: EnvState, call: ToolCallRequest): Step
   switch (call.name) {
     case 'search_directory': {
       const name = String(args.company ?? '').trim().toLowerCase();
-      const company = world.companies.find((c) => c.name.toLowerCase() === name);
+      const company = world.byName.get(name);
       if (!company) {
         const close = world.companies.filter((c) => name && c.name.toLowerCase().includes(name.split(' ')[0]!)).map((c) => c.name).slice(0, 3);
         return out(`No company named "${args.company}" in the directory.${close.length ? ` Did you mean: ${close.join(', ')}?` : ''}`);

@@ -27,12 +27,23 @@ const REWARD_TOLERANCE = 1e-6;
 /** Worlds rebuilt from session metadata, kept so that verifying many sessions builds each world once. */
 export class WorldCache {
   private readonly worlds = new Map<string, World>();
+  /** The task found last: a stage's comparisons come one task's after another's (tasks are not changed by replay). */
+  private last: { world: World; id: string; task: Task } | null = null;
+
   get(options: Partial<WorldOptions>): World {
     const full = { ...DEFAULT_WORLD, ...options };
     const key = JSON.stringify(full);
     let world = this.worlds.get(key);
     if (!world) this.worlds.set(key, (world = generateWorld(full)));
     return world;
+  }
+
+  /** Task `id` of `world` (findTask), made again only when it is not the one found last. */
+  task(world: World, id: string): Task {
+    if (this.last && this.last.world === world && this.last.id === id) return this.last.task;
+    const task = findTask(world, id);
+    this.last = { world, id, task };
+    return task;
   }
 }
 
@@ -80,7 +91,7 @@ export function sessionTask(session: Pick<Session, 'task_id' | 'metadata'>, worl
   if (!options || !session.task_id) return { reason: 'no simulator world in its metadata' };
   const world = worlds.get(options);
   try {
-    return { world, task: findTask(world, session.task_id) };
+    return { world, task: worlds.task(world, session.task_id) };
   } catch (error) {
     return { reason: (error as Error).message };
   }

@@ -108,6 +108,8 @@ export interface World {
   options: WorldOptions;
   companies: Company[];
   byPhone: Map<string, { company: Company; department: Department }>;
+  /** Each company by its name in lower case (the first, should two names differ only in case): what search_directory looks up. */
+  byName: Map<string, Company>;
 }
 
 function requirementsFor(rand: Random, type: DepartmentType, deviation: number): Field[] {
@@ -152,7 +154,9 @@ export function generateWorld(options: Partial<WorldOptions> = {}): World {
   for (const c of sample(rand, companies, valCount)) c.split = 'val';
   const byPhone = new Map<string, { company: Company; department: Department }>();
   for (const company of companies) for (const department of company.departments) byPhone.set(department.phone, { company, department });
-  return { options: o, companies, byPhone };
+  const byName = new Map<string, Company>();
+  for (const company of companies) if (!byName.has(company.name.toLowerCase())) byName.set(company.name.toLowerCase(), company);
+  return { options: o, companies, byPhone, byName };
 }
 
 interface Profile {

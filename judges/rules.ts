@@ -100,9 +100,12 @@ function groundedIn(id: string, context: { text: string; digits: Set<string>; da
 function ungroundedValues(prompt: Message[], completion: Message[]): string[] {
   const ungrounded: string[] = [];
   let context = prompt.filter((m) => m.role !== 'assistant').map((m) => m.content ?? '').join('\n');
+  // The context's numbers and days, read when a value is first checked against it and again only once it has grown.
+  let known: { text: string; digits: Set<string>; days: Set<string> } | null = null;
   for (const m of completion) {
     if (m.role !== 'assistant') {
       context += `\n${m.content ?? ''}`;
+      known = null;
       continue;
     }
     for (const call of m.tool_calls ?? []) {
@@ -116,7 +119,7 @@ function ungroundedValues(prompt: Message[], completion: Message[]): string[] {
         if ((value.match(/\d/g) ?? []).length < 3) continue;
         // A value used inside a longer string (a reference number in a request) counts by its identifiers.
         const ids = value.match(/[A-Za-z]*[\d][\d\w.@()+-]*\d/g) ?? [value];
-        const known = { text: context, digits: digitRuns(context), days: daysIn(context) };
+        known ??= { text: context, digits: digitRuns(context), days: daysIn(context) };
         for (const id of ids) if ((id.match(/\d/g) ?? []).length >= 3 && !groundedIn(id, known)) ungrounded.push(id);
       }
     }
@@ -124,8 +127,14 @@ function ungroundedValues(prompt: Message[], completion: Message[]): string[] {
   return ungrounded;
 }
 
-/** The violations of one side; length checks look at the other side too. */
-export function violations(c: Comparison, side: Completion, other: Completion, decline: boolean): Violation[] {
+/** The words of the messages' text (contentWords of it joined by line breaks, which no word spans). */
+const wordsOf = (messages: Message[]) => contentWords(messages.map((m) => m.content ?? '').join('\n'));
+
+/**
+ * The violations of one side; length checks look at the other side too. `promptWords` are the prompt's
+ * words (wordsOf), given when both sides are checked, so that they are read once.
+ */
+export function violations(c: Comparison, side: Completion, other: Completion, decline: boolean, promptWords = wordsOf(c.prompt)): Violation[] {
   const found: Violation[] = [];
   const assistant = side.messages.filter((m) => m.role === 'assistant');
   const refusals = assistant.filter((m) => !m.tool_calls?.length && isRefusal(m.content));
@@ -141,11 +150,12 @@ export function violations(c: Comparison, side: Completion, other: Completion, d
   const ungrounded = ungroundedValues(c.prompt, side.messages);
   if (ungrounded.length > 0) found.push({ check: 'hallucination', detail: `uses ${ungrounded[0]}, which appears nowhere in the conversation` });
 
-  const context = contentWords([...c.prompt, ...side.messages.filter((m) => m.role !== 'assistant')].map((m) => m.content ?? '').join('\n'));
+  // The conversation's words: the prompt's and those of the side's turns that are not the agent's.
+  const told = wordsOf(side.messages.filter((m) => m.role !== 'assistant'));
   for (const m of assistant) {
     if (m.tool_calls?.length || !m.content || isRefusal(m.content) || COURTESY.test(m.content)) continue;
     const words = contentWords(m.content);
-    const shared = [...words].filter((w) => context.has(w)).length;
+    const shared = [...words].filter((w) => promptWords.has(w) || told.has(w)).length;
     if (words.size >= 5 && shared / words.size < 0.15) {
       found.push({ check: 'off_topic', detail: `"${m.content.slice(0, 60)}" shares ${shared} of ${words.size} words with the conversation` });
       break;
@@ -179,8 +189,9 @@ export class RulesJudge implements Judge {
 
   verdict(c: Comparison): Verdict {
     const decline = this.options.mustDecline(c);
-    const va = violations(c, c.a, c.b, decline);
-    const vb = violations(c, c.b, c.a, decline);
+    const promptWords = wordsOf(c.prompt);
+    const va = violations(c, c.a, c.b, decline, promptWords);
+    const vb = violations(c, c.b, c.a, decline, promptWords);
     const weight = (vs: Violation[]) => vs.reduce((sum, v) => sum + this.options.weights[v.check], 0);
     const diff = weight(va) - weight(vb);
     const said = (label: string, vs: Violation[]) => (vs.length ? `${label}: ${vs.map((v) => `${v.check} (${v.detail})`).join('; ')}` : `${label}: no violation`);
