@@ -71,19 +71,31 @@ export interface ReplayedCall {
 
 /** Runs every tool call of `messages` in the environment from the task's start; calls after the end are not run. */
 export function replayCalls(world: World, task: Task, messages: Message[]): { calls: ReplayedCall[]; state: EnvState } {
-  let state = reset(world, task);
-  const calls: ReplayedCall[] = [];
-  messages.forEach((message, i) => {
+  return replayOn(world, { calls: [], state: reset(world, task) }, messages, 0);
+}
+
+/**
+ * The replay of `messages` continued from `opening`, the replay of its first `start` messages (which is left
+ * as it was): an opening that several conversations share is replayed once. A call of the opening whose
+ * result the opening does not hold takes the first one after it in `messages`, as a replay of them all would.
+ */
+export function replayOn(world: World, opening: { calls: ReplayedCall[]; state: EnvState }, messages: Message[], start: number): { calls: ReplayedCall[]; state: EnvState } {
+  const calls = opening.calls.map((c) => (c.result_index >= 0 ? c : { ...c, result_index: resultIndex(messages, c.message_index, c.call_id) }));
+  let state = opening.state;
+  for (let i = start; i < messages.length && !state.done; i++) {
+    const message = messages[i]!;
     for (const call of message.role === 'assistant' ? (message.tool_calls ?? []) : []) {
-      if (state.done) return;
+      if (state.done) break;
       const result = step(world, state, { name: call.function.name, arguments: call.function.arguments });
       state = result.state;
-      const at = messages.findIndex((m, j) => j > i && m.role === 'tool' && m.tool_call_id === call.id);
-      calls.push({ message_index: i, call_id: call.id, observation: result.observation, feedback: result.feedback, result_index: at });
+      calls.push({ message_index: i, call_id: call.id, observation: result.observation, feedback: result.feedback, result_index: resultIndex(messages, i, call.id) });
     }
-  });
+  }
   return { calls, state };
 }
+
+/** Where the logged result of call `id`, made in message `at`, is: the first tool message after it that answers it, or -1. */
+const resultIndex = (messages: Message[], at: number, id: string) => messages.findIndex((m, j) => j > at && m.role === 'tool' && m.tool_call_id === id);
 
 /** The simulator world and task a session was logged in, or the reason there is none. */
 export function sessionTask(session: Pick<Session, 'task_id' | 'metadata'>, worlds: WorldCache): { world: World; task: Task } | { reason: string } {

@@ -5,7 +5,7 @@
 //   3. environment steps (sides without a reward, such as one transformed turn): a side whose own tool calls
 //      fail in the environment loses to one whose calls all succeed, if that one made at least as many;
 //   4. tool-call validity: a side with a malformed call loses to one whose calls are all well formed.
-import { WorldCache, replayCalls, sessionTask } from '../env/replay.ts';
+import { WorldCache, replayCalls, replayOn, sessionTask } from '../env/replay.ts';
 import { episodeReward } from '../env/env.ts';
 import type { Message } from '../core/records.ts';
 import { callValidity, knownTools } from './tool-calls.ts';
@@ -42,7 +42,9 @@ export class VerifierJudge implements Judge {
   verdict(c: Comparison): Verdict {
     const decide = (winner: 'a' | 'b', rationale: string, margin?: number): Verdict => ({ winner, confidence: 1, rationale, ...(margin === undefined ? {} : { margin }) });
     const found = this.options.replay ? sessionTask({ task_id: c.task_id, metadata: c.metadata }, this.worlds) : null;
-    const replay = found && !('reason' in found) ? { a: this.replay(found, c, c.a), b: this.replay(found, c, c.b) } : null;
+    // The prompt, which both sides go on from, is replayed once.
+    const opening = found && !('reason' in found) ? { found, prompt: replayCalls(found.world, found.task, c.prompt) } : null;
+    const replay = opening ? { a: this.replay(opening, c, c.a), b: this.replay(opening, c, c.b) } : null;
 
     if (replay) {
       const ta = replay.a.tampered.length > 0;
@@ -74,9 +76,9 @@ export class VerifierJudge implements Judge {
     return abstain(ra !== null && rb !== null ? `rewards ${ra} and ${rb} are within ${this.options.minRewardGap}` : 'no decisive evidence');
   }
 
-  private replay(found: Exclude<ReturnType<typeof sessionTask>, { reason: string }>, c: Comparison, side: Completion): Replayed {
+  private replay(opening: { found: Exclude<ReturnType<typeof sessionTask>, { reason: string }>; prompt: ReturnType<typeof replayCalls> }, c: Comparison, side: Completion): Replayed {
     const messages = [...c.prompt, ...side.messages];
-    const { calls, state } = replayCalls(found.world, found.task, messages);
+    const { calls, state } = replayOn(opening.found.world, opening.prompt, messages, c.prompt.length);
     const tampered: string[] = [];
     const failed: string[] = [];
     let own = 0;
