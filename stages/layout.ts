@@ -605,17 +605,34 @@ export interface ReadPair<P extends Pair<PairSide>> {
   whole: WholePair<P>;
 }
 
+const PAIR_TASK = Buffer.from(',"task_id":');
+
+/**
+ * The task_id of a pair's line at `start` to `end` of `bytes`, as the pairs stage writes it: read where
+ * `,"task_id":` first is (no string holds a bare quote, and no message a task_id), the line parsed whole
+ * otherwise.
+ */
+export function pairTaskId(bytes: Buffer, start: number, end: number): string | null {
+  const at = bytes.indexOf(PAIR_TASK, start);
+  const value = at + PAIR_TASK.length;
+  if (at >= 0 && value < end && bytes[value] === 34) {
+    const close = jsonStringEnd(bytes, value, end);
+    if (close > 0) return decodeString(bytes, value, close);
+  }
+  return (JSON.parse(bytes.toString('utf8', start, end)) as Pick<Pair, 'task_id'>).task_id;
+}
+
 /**
  * The pair records of a file of the pairs, judge or gate stage, each as stored and with its sides made
- * whole: a side that points at a session's messages is read from split's bucket file of the pair's task and
+ * whole (`lines`: the file's, or some of them as a thread is given them): a side that points at a session's messages is read from split's bucket file of the pair's task and
  * side (in `folders`, `buckets` of them). The pairs stage writes its pairs bucket by bucket, and the judge and
  * gate keep that order, so one bucket file at a time is in memory. A session's messages are parsed once
  * and shared by its pairs: read them, do not change them.
  */
-export async function* readPairs<P extends Pair<PairSide>>(file: string, folders: SplitFolders, buckets: number): AsyncGenerator<ReadPair<P>> {
+export async function* readPairs<P extends Pair<PairSide>>(file: string, folders: SplitFolders, buckets: number, lines: AsyncIterable<{ line: number; text: string }> = readLines(file)): AsyncGenerator<ReadPair<P>> {
   const sessions = new SessionsById(folders.ingest);
   const bucketOfTask = taskBuckets(buckets);
-  for await (const { line, text } of readLines(file)) {
+  for await (const { line, text } of lines) {
     if (text.length === 0) continue;
     const pair = JSON.parse(text) as P;
     const whole = async (side: PairSide): Promise<Message[]> => {

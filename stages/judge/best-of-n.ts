@@ -5,6 +5,7 @@ import { commonPrefixLength, pairId, type JudgedPair, type Message, type Split, 
 import { NO_COST, abstain, addStats, chosenConfidence, swapped, type Comparison, type Completion, type JudgeStats } from '../../core/verdict.ts';
 import type { EnsembleVerdict } from '../../judges/ensemble.ts';
 import { readTaskGroups, type PairSide, type SplitFolders, type StoredBucketReader } from '../layout.ts';
+import { coupleKey, type Tally } from './constructed.ts';
 
 export interface Candidate {
   id: string;
@@ -113,7 +114,7 @@ export async function judgeGroup(group: Group, decide: Decide): Promise<{ judged
  * A bucket's tasks with their candidates: logged sessions (split's bucket file, in `folders`) and sampled
  * ones (sample's), at most `max` each, by id; both read through `reader`.
  */
-export async function candidateGroups(splitFile: string, sampleFile: string, folders: SplitFolders, reader: StoredBucketReader, max: number) {
+async function candidateGroups(splitFile: string, sampleFile: string, folders: SplitFolders, reader: StoredBucketReader, max: number) {
   const sampled = new Map<string, SplitSession[]>(existsSync(sampleFile) ? await readTaskGroups(sampleFile, folders.ingest, reader) : []);
   return (await readTaskGroups(splitFile, folders.ingest, reader)).map(([taskId, sessions]) => {
     const logged = new Set(sessions);
@@ -121,4 +122,30 @@ export async function candidateGroups(splitFile: string, sampleFile: string, fol
     const candidates: Candidate[] = all.slice(0, max).map((s) => ({ id: s.session_id, messages: s.messages, reward: s.reward, metadata: s.metadata, logged: logged.has(s) }));
     return { task_id: taskId, split: sessions[0]!.split, candidates };
   });
+}
+
+/** Where one bucket's best-of-N groups are, and how they are cut. */
+export interface BestOfNBucket {
+  splitFile: string;
+  sampleFile: string;
+  min: number;
+  max: number;
+}
+
+/**
+ * One bucket's best-of-N: its groups of at least `min` candidates judged, each group's pairs handed to
+ * `write` without the couples the outcome pairs took (`outcomeKeys`: they would only be duplicate rows),
+ * and counted in `tally` (what the knockout spent off the record included).
+ */
+export async function judgeBestOfN(where: BestOfNBucket, outcomeKeys: Set<string>, folders: SplitFolders, reader: StoredBucketReader, decide: Decide, tally: Tally, write: (pairs: JudgedPair<PairSide>[]) => Promise<void>): Promise<void> {
+  const groups = await candidateGroups(where.splitFile, where.sampleFile, folders, reader, where.max);
+  const results = await Promise.all(groups.filter((g) => g.candidates.length >= where.min).map((g) => judgeGroup(g, decide)));
+  for (const r of results) {
+    tally.counts.best_of_n_groups!++;
+    tally.counts.best_of_n_duplicates! += r.duplicates.length;
+    tally.stats = addStats(tally.stats, r.offRecord);
+    const fresh = r.judged.filter((p) => !outcomeKeys.has(coupleKey(p)));
+    tally.counts.best_of_n_same_as_outcome! += r.judged.length - fresh.length;
+    await write(fresh);
+  }
 }

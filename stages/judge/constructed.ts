@@ -1,11 +1,43 @@
 // Pairs made by construction (outcome pairs, hard negatives): the chosen side is side a, and the judges
 // confirm it, or not. Judged in batches, each written as soon as its verdicts are in.
 import { rm } from 'node:fs/promises';
-import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
-import { NO_COST, chosenConfidence } from '../../core/verdict.ts';
-import type { CandidatePair, JudgedPair } from '../../core/records.ts';
+import { JsonlWriter, LineBuffer, readJsonl } from '../../pipeline/jsonl.ts';
+import type { BufferShelf } from '../../pipeline/buffers.ts';
+import { forEachLine } from '../../pipeline/records.ts';
+import { NO_COST, addStats, chosenConfidence, type JudgeStats } from '../../core/verdict.ts';
+import type { CandidatePair, JudgedPair, Split } from '../../core/records.ts';
 import type { EnsembleJudge } from '../../judges/ensemble.ts';
-import type { PairSide, ReadPair } from '../layout.ts';
+import { readPairs, type PairSide, type ReadPair, type SplitFolders, type StoredBucketReader } from '../layout.ts';
+import { judgeBestOfN, type BestOfNBucket } from './best-of-n.ts';
+
+/** What the stage counts of the comparisons it writes. */
+export interface Tally {
+  counts: Record<string, number>;
+  stats: JudgeStats;
+}
+
+export function newTally(): Tally {
+  return {
+    counts: { judged_train: 0, judged_test: 0, chosen_wins: 0, rejected_wins: 0, ties: 0, abstained: 0, flipped: 0, over_budget: 0, best_of_n_groups: 0, best_of_n_same_as_outcome: 0, best_of_n_duplicates: 0 },
+    stats: NO_COST,
+  };
+}
+
+export function tallyOne(t: Tally, p: JudgedPair<PairSide>): void {
+  const c = t.counts;
+  c[`judged_${p.split}`]!++;
+  c[p.source] = (c[p.source] ?? 0) + 1;
+  c[p.verdict.winner === 'a' ? 'chosen_wins' : p.verdict.winner === 'b' ? 'rejected_wins' : p.verdict.winner === 'tie' ? 'ties' : 'abstained']!++;
+  t.stats = addStats(t.stats, p.judge_stats);
+  if (p.judge_stats.flipped) c.flipped!++;
+  if (p.judge_stats.over_budget) c.over_budget!++;
+}
+
+/** Adds `more` (a bucket's, from a thread) to `t`. */
+export function addTally(t: Tally, more: Tally): void {
+  for (const [k, v] of Object.entries(more.counts)) t.counts[k] = (t.counts[k] ?? 0) + v;
+  t.stats = addStats(t.stats, more.stats);
+}
 
 /** A (chosen, rejected) couple of sessions, as outcome pairs and best-of-N pairs are compared. */
 export const coupleKey = (p: Pick<JudgedPair, 'chosen_session_id' | 'rejected_session_id'>) => `${p.chosen_session_id}\u0000${p.rejected_session_id}`;
@@ -42,6 +74,88 @@ export async function judgeConstructed(pairs: AsyncIterable<ReadPair<CandidatePa
     if (batch.length >= batchSize) await flush();
   }
   await flush();
+}
+
+/** The pairs stage's lines of one bucket of a side (their first line's number in `file`), to judge on a thread. */
+export interface BucketPairsJob {
+  file: string;
+  side: Split;
+  bucket: number;
+  /** Whole lines, each with its newline. */
+  bytes: Uint8Array;
+  firstLine: number;
+}
+
+/** A bucket's best-of-N, to judge on a thread, with the couples the outcome pairs took (coupleKey). */
+export interface BestOfNJob {
+  side: Split;
+  bucket: number;
+  bestOfN: BestOfNBucket & { outcomeKeys: string[] };
+}
+
+export type JudgeJob = BucketPairsJob | BestOfNJob;
+
+/** A bucket's pairs judged on a thread: their lines, what they count, and the couples of its outcome pairs (chosen, rejected). */
+export interface JudgedBucket {
+  lines: Uint8Array;
+  count: number;
+  tally: Tally;
+  couples: [string, string][];
+}
+
+/** What a thread judges every bucket with. */
+export interface BucketJudging {
+  ensemble: EnsembleJudge;
+  folders: SplitFolders;
+  buckets: number;
+  batchSize: number;
+  reader: StoredBucketReader;
+  shelf: BufferShelf;
+}
+
+/**
+ * Judged pairs written as JsonlWriter writes them (JSON.stringify, a line each) into a buffer of about
+ * `size` bytes, counted as the stage counts them. For a panel without an LLM judge, whose costs are all
+ * zero: adding them up bucket by bucket changes no sum.
+ */
+function judgedLines(shelf: BufferShelf, size: number) {
+  const out = new LineBuffer(size, shelf);
+  const tally = newTally();
+  const couples: [string, string][] = [];
+  return {
+    tally,
+    write: async (pairs: JudgedPair<PairSide>[]) => {
+      for (const p of pairs) {
+        out.push(JSON.stringify(p));
+        tallyOne(tally, p);
+        if (p.source === 'outcome') couples.push([p.chosen_session_id, p.rejected_session_id]);
+      }
+    },
+    done: (): JudgedBucket => {
+      const count = out.count;
+      return { lines: out.take(), count, tally, couples };
+    },
+  };
+}
+
+/** A job of a thread: a bucket's pairs (judgeConstructed) or its best-of-N (judgeBestOfN), as the main thread judges them. */
+export async function judgeJob(job: JudgeJob, j: BucketJudging): Promise<JudgedBucket> {
+  if (!('bytes' in job)) {
+    const made = judgedLines(j.shelf, 1 << 20);
+    await judgeBestOfN(job.bestOfN, new Set(job.bestOfN.outcomeKeys), j.folders, j.reader, (c) => j.ensemble.judge(c), made.tally, made.write);
+    return made.done();
+  }
+  const made = judgedLines(j.shelf, 2 * job.bytes.length + (64 << 10));
+  const bytes = Buffer.from(job.bytes.buffer, job.bytes.byteOffset, job.bytes.length);
+  const first = job.firstLine;
+  async function* lines() {
+    let line = first;
+    const all: { line: number; text: string }[] = [];
+    forEachLine(bytes, (start, end) => void all.push({ line: line++, text: bytes.toString('utf8', start, end) }));
+    yield* all;
+  }
+  await judgeConstructed(readPairs(job.file, j.folders, j.buckets, lines()), j.ensemble, j.batchSize, made.write, () => {}, async () => {});
+  return made.done();
 }
 
 /**

@@ -6,39 +6,28 @@ import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { mustDeclineTest } from '../../judges/rules.ts';
 import { openPanel } from '../../judges/panel.ts';
-import { addStats, NO_COST, type JudgeStats } from '../../core/verdict.ts';
-import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
+import { addStats, type JudgeStats } from '../../core/verdict.ts';
+import { JsonlWriter, LineBuffer, readJsonl } from '../../pipeline/jsonl.ts';
+import { forEachLine, readLineBlocks } from '../../pipeline/records.ts';
+import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
+import { PipelineError } from '../../pipeline/errors.ts';
 import type { CandidatePair, JudgedPair } from '../../core/records.ts';
 import { ChunkIndex, joinChunks, ownsBucket, sumCounts } from '../../pipeline/shards.ts';
-import { SPLITS, StoredBucketReader, bucketFile, readPairs, readPairsInfo, readSplitInfo, taskBuckets, type PairSide } from '../layout.ts';
-import { candidateGroups, judgeGroup } from './best-of-n.ts';
-import { OutcomeCouples, asGiven, coupleKey, judgeConstructed } from './constructed.ts';
-
-interface Tally {
-  counts: Record<string, number>;
-  stats: JudgeStats;
-}
+import { SPLITS, StoredBucketReader, bucketFile, pairTaskId, readPairs, readPairsInfo, readSplitInfo, taskBuckets, type PairSide } from '../layout.ts';
+import { judgeBestOfN, type BestOfNBucket } from './best-of-n.ts';
+import { OutcomeCouples, addTally, asGiven, judgeConstructed, newTally, tallyOne, type BestOfNJob, type BucketPairsJob, type JudgedBucket, type JudgeJob, type Tally } from './constructed.ts';
+import type { JudgeThreadInit } from './worker.ts';
 
 import type { Shard, ShardPart, StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
-
-function tallyOne(t: Tally, p: JudgedPair<PairSide>): void {
-  const c = t.counts;
-  c[`judged_${p.split}`]!++;
-  c[p.source] = (c[p.source] ?? 0) + 1;
-  c[p.verdict.winner === 'a' ? 'chosen_wins' : p.verdict.winner === 'b' ? 'rejected_wins' : p.verdict.winner === 'tie' ? 'ties' : 'abstained']!++;
-  t.stats = addStats(t.stats, p.judge_stats);
-  if (p.judge_stats.flipped) c.flipped!++;
-  if (p.judge_stats.over_budget) c.over_budget!++;
-}
 
 /**
  * A side's file holds three sections: the pairs stage's pairs, then the imported ones, then best-of-N. On a
  * shard, the pairs stage's and best-of-N's are the shard's buckets (each bucket a chunk, pipeline/shards.ts),
  * and the imported pairs, which have no task, are judged on shard 0 alone.
  */
-export async function run({ config: cfg, configDir, out, input, cache, lineage, log, signal, shard }: StageContext<Config>): Promise<StageReport> {
+export async function run({ config: cfg, configDir, out, input, cache, lineage, log, signal, shard, options }: StageContext<Config>): Promise<StageReport> {
   const info = await readSplitInfo(input('split'));
   const folders = { split: input('split'), ingest: input('ingest') };
   // Best-of-N reads every bucket's sessions into the same buffers.
@@ -48,10 +37,13 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
   const mustDecline = mustDeclineTest(pairsInfo.must_decline);
   const { ensemble, endpoint, promptVersion } = await openPanel(cfg, { configDir, cacheDir: cache, redaction: cfg.redaction, mustDecline, log });
 
-  const tally: Tally = {
-    counts: { judged_train: 0, judged_test: 0, chosen_wins: 0, rejected_wins: 0, ties: 0, abstained: 0, flipped: 0, over_budget: 0, best_of_n_groups: 0, best_of_n_same_as_outcome: 0, best_of_n_duplicates: 0 },
-    stats: NO_COST,
-  };
+  const tally: Tally = newTally();
+  // Without an LLM judge, whose answers are asked of one endpoint and cached, the pairs stage's pairs are
+  // judged a bucket at a time on worker threads, and written in order: the same bytes.
+  const owned = Array.from({ length: info.buckets }, (_, b) => b).filter((b) => ownsBucket(shard, b));
+  const threads = endpoint ? 1 : workerCount(options.workers, owned.length >= MANY_BUCKETS);
+  const init: JudgeThreadInit = { cfg, configDir, cacheDir: cache, mustDecline: pairsInfo.must_decline, folders, buckets: info.buckets };
+  const pool = threads > 1 ? new WorkerPool<JudgeJob, JudgedBucket>('judge-worker', new URL('./worker.ts', import.meta.url), threads, init, (job) => ('bytes' in job ? [job.bytes.buffer as ArrayBuffer] : [])) : null;
   try {
     for (const side of SPLITS) {
       const writer = new JsonlWriter(join(out, `${side}.jsonl`));
@@ -77,7 +69,22 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
 
       const progress = log.progress(`judge ${side} pairs`, lineage.find((l) => l.stage === 'pairs')?.counts[side]);
       const stopped = () => `judge: stopped while judging the ${side} pairs; the next run judges again (LLM answers received are cached)`;
-      await judgeConstructed(readPairs(join(input('pairs'), `${side}.jsonl`), folders, info.buckets), ensemble, cfg.batch_size, writeConstructed, () => progress.tick(), () => safePoint(signal, stopped));
+      const pairsFile = join(input('pairs'), `${side}.jsonl`);
+      if (pool) {
+        const jobs = async function* () {
+          for await (const job of bucketsOfPairs(pairsFile, side, info.buckets)) {
+            await safePoint(signal, stopped);
+            yield job;
+          }
+        };
+        await inOrder(jobs(), pool, async (made, job) => {
+          chunks.mark(writer, [0, job.bucket]);
+          if (couples) for (const [chosen, rejected] of made.couples) await couples.note(job.bucket, { chosen_session_id: chosen, rejected_session_id: rejected });
+          await writer.writeBlock(made.lines, made.count, () => pool.giveBack([made.lines.buffer as ArrayBuffer]));
+          addTally(tally, made.tally);
+          progress.tick(made.count);
+        }, 2);
+      } else await judgeConstructed(readPairs(pairsFile, folders, info.buckets), ensemble, cfg.batch_size, writeConstructed, () => progress.tick(), () => safePoint(signal, stopped));
       progress.done();
       const imported = join(input('import'), `${side}.jsonl`);
       if (ownsImported(shard)) {
@@ -87,23 +94,28 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
       }
       if (couples) {
         const groups = log.progress(`judge ${side} best-of-N`, info.buckets);
-        for (let b = 0; b < info.buckets; b++) {
-          if (!ownsBucket(shard, b)) continue;
-          chunks.mark(writer, [2, b]);
-          await safePoint(signal, stopped);
-          const outcomeKeys = await couples.of(b);
-          const bucket = await candidateGroups(bucketFile(folders.split, side, b), bucketFile(input('sample'), side, b), folders, reader, cfg.best_of_n.max_candidates);
-          const results = await Promise.all(bucket.filter((g) => g.candidates.length >= cfg.best_of_n.min_candidates).map((g) => judgeGroup(g, (c) => ensemble.judge(c))));
-          for (const r of results) {
-            tally.counts.best_of_n_groups!++;
-            tally.counts.best_of_n_duplicates! += r.duplicates.length;
-            tally.stats = addStats(tally.stats, r.offRecord);
-            // A couple already paired by outcome would only be a duplicate row.
-            const fresh = r.judged.filter((p) => !outcomeKeys.has(coupleKey(p)));
-            tally.counts.best_of_n_same_as_outcome! += r.judged.length - fresh.length;
-            await write(fresh);
+        const where = (b: number): BestOfNBucket => ({ splitFile: bucketFile(folders.split, side, b), sampleFile: bucketFile(input('sample'), side, b), min: cfg.best_of_n.min_candidates, max: cfg.best_of_n.max_candidates });
+        if (pool) {
+          // The outcome pairs' couples are all noted: each bucket's go with it to its thread.
+          const jobs = async function* () {
+            for (const b of owned) {
+              await safePoint(signal, stopped);
+              yield { side, bucket: b, bestOfN: { ...where(b), outcomeKeys: [...(await couples.of(b))] } } satisfies BestOfNJob;
+            }
+          };
+          await inOrder(jobs(), pool, async (made, job) => {
+            chunks.mark(writer, [2, job.bucket]);
+            await writer.writeBlock(made.lines, made.count, () => pool.giveBack([made.lines.buffer as ArrayBuffer]));
+            addTally(tally, made.tally);
+            groups.tick();
+          }, 2);
+        } else {
+          for (const b of owned) {
+            chunks.mark(writer, [2, b]);
+            await safePoint(signal, stopped);
+            await judgeBestOfN(where(b), await couples.of(b), folders, reader, (c) => ensemble.judge(c), tally, write);
+            groups.tick();
           }
-          groups.tick();
         }
         groups.done();
         await couples.remove();
@@ -111,6 +123,7 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
       await writer.close();
     }
   } finally {
+    await pool?.close();
     await endpoint?.close();
   }
 
@@ -127,6 +140,35 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
 }
 
 const ownsImported = (shard: Shard | null) => shard === null || shard.index === 0;
+
+/** Buckets to judge before worker threads pay for starting (`--workers` overrides). */
+const MANY_BUCKETS = 4;
+
+/**
+ * The pairs stage's file of a side cut into its buckets' runs of lines (it writes them bucket by bucket),
+ * each with the number of its first line: a bucket told by each line's task.
+ */
+async function* bucketsOfPairs(file: string, side: 'train' | 'test', buckets: number): AsyncGenerator<BucketPairsJob> {
+  const bucketOfTask = taskBuckets(buckets);
+  let run: { bucket: number; lines: LineBuffer; firstLine: number } | null = null;
+  const done = (r: NonNullable<typeof run>): BucketPairsJob => ({ file, side, bucket: r.bucket, bytes: r.lines.take(), firstLine: r.firstLine });
+  for await (const block of readLineBlocks(file)) {
+    if ('damaged' in block) throw new PipelineError(`${file}: ${block.damaged}; run \`prefab stage pairs\` to write it again`);
+    const bytes = Buffer.from(block.bytes.buffer, block.bytes.byteOffset, block.bytes.length);
+    let line = block.firstLine;
+    const ready: BucketPairsJob[] = [];
+    forEachLine(bytes, (start, end) => {
+      const at = line++;
+      if (end === start) return;
+      const bucket = bucketOfTask(pairTaskId(bytes, start, end)!);
+      if (run && run.bucket !== bucket) ready.push(done(run));
+      if (!run || run.bucket !== bucket) run = { bucket, lines: new LineBuffer(1 << 20), firstLine: at };
+      run.lines.pushBytes(bytes.subarray(start, end));
+    });
+    yield* ready;
+  }
+  if (run) yield done(run);
+}
 
 interface JudgeReport {
   judges: string[];

@@ -1,6 +1,7 @@
 // The data stages on worker threads (`--workers N`) write what they write on one thread, byte for byte:
 // ingest on every kind of record a night may bring, in files damaged and whole, through the sources (tsx
-// in each thread) and through the executable's bundle; pairs bucket by bucket.
+// in each thread) and through the executable's bundle; pairs bucket by bucket; the judge's pairs and
+// best-of-N bucket by bucket, a shard's chunks included.
 import { createHash } from 'node:crypto';
 import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -83,6 +84,26 @@ describe('the data stages on worker threads', () => {
     expect(manifest(three, 'pairs').counts).toEqual(manifest(one, 'pairs').counts);
     expect(manifest(one, 'pairs').counts.hard_negative).toBeGreaterThan(100);
     for (const f of ['train.jsonl', 'test.jsonl', 'dropped.jsonl']) expect(readFileSync(join(three, 'workspace', 'pairs', f)).equals(readFileSync(join(one, 'workspace', 'pairs', f))), f).toBe(true);
+  });
+
+  it('judges the pairs and best-of-N on 3 threads as on one, on a shard too', async () => {
+    const data = tempDir();
+    const sessions: unknown[] = [];
+    for await (const s of readJsonl(SAMPLE)) if (sessions.push(s) === 400) break;
+    writeFileSync(join(data, 'logs.jsonl'), jsonl(sessions));
+    const config = `ingest:\n  inputs: [${join(data, 'logs.jsonl')}]\nsplit:\n  bucket_size: 16\n`;
+    for (const shard of [null, { index: 1, count: 2 }]) {
+      const [one, three] = [tempDir(), tempDir()];
+      await engineFor(one, config, { workers: 1 }).run({ until: 'judge', shard });
+      await engineFor(three, config, { workers: 3 }).run({ until: 'judge', shard });
+      const counts = manifest(one, 'judge').counts;
+      expect(counts.best_of_n_groups).toBeGreaterThan(10);
+      expect(counts.best_of_n_same_as_outcome).toBeGreaterThan(10);
+      expect(counts.judged_train).toBeGreaterThan(200);
+      expect(manifest(three, 'judge').counts).toEqual(counts);
+      const files = ['train.jsonl', 'test.jsonl', 'report.json', ...(shard ? ['shard.json'] : [])];
+      for (const f of files) expect(readFileSync(join(three, 'workspace', 'judge', f)).equals(readFileSync(join(one, 'workspace', 'judge', f))), f).toBe(true);
+    }
   });
 
   it('does the same from the executable, whose threads start from its bundle', () => {
