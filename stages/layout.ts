@@ -623,11 +623,12 @@ export function pairTaskId(bytes: Buffer, start: number, end: number): string | 
 }
 
 /**
- * The pair records of a file of the pairs, judge or gate stage, each as stored and with its sides made
- * whole (`lines`: the file's, or some of them as a thread is given them): a side that points at a session's messages is read from split's bucket file of the pair's task and
- * side (in `folders`, `buckets` of them). The pairs stage writes its pairs bucket by bucket, and the judge and
- * gate keep that order, so one bucket file at a time is in memory. A session's messages are parsed once
- * and shared by its pairs: read them, do not change them.
+ * The pair records of a file of the pairs, judge or gate stage (`lines`: the file's, or those of it a thread
+ * is given), each as stored and with its sides made whole: a side that points at a session's messages is
+ * read from split's bucket file of the pair's task and side (in `folders`, `buckets` of them). The pairs
+ * stage writes its pairs bucket by bucket, and the judge and gate keep that order, so one bucket file at a
+ * time is in memory. A session's messages are parsed once and shared by its pairs: read them, do not change
+ * them.
  */
 export async function* readPairs<P extends Pair<PairSide>>(file: string, folders: SplitFolders, buckets: number, lines: AsyncIterable<{ line: number; text: string }> = readLines(file)): AsyncGenerator<ReadPair<P>> {
   const sessions = new SessionsById(folders.ingest);

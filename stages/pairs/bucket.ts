@@ -63,10 +63,9 @@ export interface PairedBucket {
 /**
  * A pair's line: JSON.stringify of the pair with the metadata of `session` (its chosen side's: the verifier
  * replays it), its message lists written as PairSides, and the metadata copied from the stored bytes.
- * Field by field, in Pair's order (PAIR_FIELDS), as one string: JSON.stringify of the pair's other fields as
- * an object of their own (`...rest`) took twice as long; a write a field and JSON.stringify of every value,
- * twice as long as this again, which reuses the session's id and task as JSON and the few values the
- * enumerated fields take.
+ * Field by field, in Pair's order (PAIR_FIELDS), as one string that takes the session's id and task as JSON
+ * made once and remembers the few values of the enumerated fields: a write and a JSON.stringify a field took
+ * twice as long, and JSON.stringify of the other fields as an object of their own (`...rest`) twice that.
  */
 function writePair(out: LineBuffer, p: Pair<StoredMessages>, session: StoredSession): void {
   const q = JSON.stringify;
