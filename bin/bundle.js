@@ -12,7 +12,7 @@ import { pathToFileURL } from 'node:url';
 const REPO = join(import.meta.dirname, '..');
 const CACHE = join(REPO, 'node_modules', '.cache', 'prefab');
 /** The bundle's entry points: the CLI, the stages and commands it is given, and what worker threads run. */
-const ENTRIES = { cli: 'pipeline/cli.ts', stages: 'stages/index.ts', 'ingest-worker': 'stages/ingest/worker.ts', 'pairs-worker': 'stages/pairs/worker.ts', 'judge-worker': 'stages/judge/worker.ts' };
+const ENTRIES = { cli: 'pipeline/cli.ts', stages: 'stages/index.ts', 'ingest-worker': 'stages/ingest/worker.ts', 'pairs-worker': 'stages/pairs/worker.ts', 'judge-worker': 'stages/judge/worker.ts', 'export-worker': 'stages/export/worker.ts' };
 
 /** The folder of the bundle made from the sources as they are now, or null. */
 function current() {

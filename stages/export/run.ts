@@ -1,79 +1,78 @@
 // The export stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
 // export: the sessions table and the SFT, preference-pair and KTO datasets as Parquet, each with a card.
-import { mkdir, writeFile } from 'node:fs/promises';
+import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { hashJson } from '../../pipeline/hash.ts';
-import { ParquetTableWriter, type Column, type Compression } from '../../pipeline/parquet.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
-import type { Pair, SftRow, Split } from '../../core/records.ts';
-import { SPLITS, StoredBucketReader, bucketFile, readBucketSessions, readPairs, readSplitInfo, type PairSide } from '../layout.ts';
-import { Redactor } from '../../core/redact.ts';
+import { WorkerPool, workerCount } from '../../pipeline/workers.ts';
+import { SPLITS, readSplitInfo } from '../layout.ts';
 import { cardTexts, datasetCard } from './card.ts';
-import { ktoRow, maskPair, maskSession } from './rows.ts';
-import { DATASETS, KTO_COLUMNS, PAIR_COLUMNS, SESSION_COLUMNS, SFT_COLUMNS } from './schema.ts';
-
-type Writers = Record<Split, ParquetTableWriter<object>>;
+import { DATASETS } from './schema.ts';
+import { writePairTable, writeSessionTables, type TableSource, type TablesWritten } from './tables.ts';
+import type { TableJob } from './worker.ts';
+import type { Split } from '../../core/records.ts';
 
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
 
-async function openPair(dir: string, columns: Record<string, Column>, cfg: Config): Promise<Writers> {
-  await mkdir(dir, { recursive: true });
-  const options = { rowGroupSize: cfg.row_group_size, compression: cfg.compression as Compression };
-  return {
-    train: await ParquetTableWriter.open(join(dir, 'train.parquet'), columns, options),
-    test: await ParquetTableWriter.open(join(dir, 'test.parquet'), columns, options),
-  };
-}
+/** Buckets to export before worker threads pay for starting (`--workers` overrides). */
+const MANY_BUCKETS = 4;
 
-export async function run({ config: cfg, out, input, lineage, log, signal }: StageContext<Config>): Promise<StageReport> {
+/**
+ * On one thread, each side's sessions, SFT and KTO tables from one read of its buckets, then its pairs. On
+ * more (`--workers`), each side's sessions table, its SFT and KTO tables (the buckets read again) and its
+ * pairs table are jobs of their own, the largest first, each thread taking the next as it is free: each
+ * file is written by one thread, the same bytes.
+ */
+export async function run({ config: cfg, out, input, lineage, log, signal, options }: StageContext<Config>): Promise<StageReport> {
   const folders = { split: input('split'), ingest: input('ingest') };
   const info = await readSplitInfo(folders.split);
-  const r = cfg.redaction;
-  // One Redactor per row: placeholders are consistent within a row and say nothing across rows.
-  const mask = r.enabled ? () => new Redactor({ kinds: r.kinds, keys: r.keys, sessionValues: r.session_values }) : null;
-  const w = {
-    sessions: await openPair(join(out, 'sessions'), SESSION_COLUMNS, cfg),
-    sft: await openPair(join(out, 'sft'), SFT_COLUMNS, cfg),
-    pairs: await openPair(join(out, 'pairs'), PAIR_COLUMNS, cfg),
-    kto: await openPair(join(out, 'kto'), KTO_COLUMNS, cfg),
-  };
+  const source: TableSource = { cfg, out, folders, gate: input('gate'), buckets: info.buckets };
+  // Rows a table and side (`sessions_train`), and the KTO rows left out.
+  const rows: Record<string, number> = {};
   let ktoSkipped = 0;
-  // Every bucket's sessions are read into the same buffers.
-  const reader = new StoredBucketReader();
-  for (const side of SPLITS) {
-    const progress = log.progress(`export ${side} sessions`, info.buckets);
-    for (let b = 0; b < info.buckets; b++) {
-      await safePoint(signal, () => `export: stopped at ${side} bucket ${b + 1} of ${info.buckets}; the next run exports again`);
-      for await (const logged of readBucketSessions(bucketFile(folders.split, side, b), folders.ingest, reader)) {
-        const s = mask ? maskSession(logged, mask()) : logged;
-        await w.sessions[side].append(s);
-        if (s.reward >= cfg.sft_min_reward) {
-          await w.sft[side].append({ messages: s.messages, session_id: s.session_id, task_id: s.task_id, reward: s.reward } satisfies SftRow);
+  const add = (side: Split, made: TablesWritten) => {
+    for (const [table, n] of Object.entries(made.rows)) rows[`${table}_${side}`] = n;
+    ktoSkipped += made.ktoSkipped;
+  };
+  const threads = workerCount(options.workers, info.buckets >= MANY_BUCKETS);
+  if (threads > 1) {
+    const jobs: TableJob[] = SPLITS.flatMap((side) => [{ side, tables: ['sessions'] }, { side, tables: ['sft', 'kto'] }, { side, pairs: true }] satisfies TableJob[]);
+    const pool = new WorkerPool<TableJob, TablesWritten>('export-worker', new URL('./worker.ts', import.meta.url), Math.min(threads, jobs.length), source);
+    const progress = log.progress('export tables', jobs.length);
+    try {
+      const lane = async () => {
+        for (let job = jobs.shift(); job; job = jobs.shift()) {
+          await safePoint(signal, () => 'export: stopped before it had written every table; the next run exports again');
+          add(job.side, await pool.run(job));
+          progress.tick();
         }
-        const label = s.reward >= cfg.kto_desirable_min ? true : s.reward <= cfg.kto_undesirable_max ? false : null;
-        if (label !== null) {
-          const row = ktoRow(s, label);
-          if (row) await w.kto[side].append(row);
-          else ktoSkipped++;
-        }
-      }
-      progress.tick();
+      };
+      await Promise.all(Array.from({ length: pool.size }, lane));
+    } finally {
+      await pool.close();
     }
     progress.done();
-    // A file's footer describes every row group, and the writer holds it until the file closes: each file
-    // closes once its last row is in, so that no more than one side's pairs footer is held at a time.
-    for (const name of ['sessions', 'sft', 'kto'] as const) await w[name][side].close();
-    // The gate's pairs point at their sessions' messages in split's buckets: made whole here, bucket by bucket.
-    for await (const { whole } of readPairs<Pair<PairSide>>(join(input('gate'), `${side}.jsonl`), folders, info.buckets)) await w.pairs[side].append(mask ? maskPair(whole, mask()) : whole);
-    await w.pairs[side].close();
+  } else {
+    for (const side of SPLITS) {
+      const progress = log.progress(`export ${side} sessions`, info.buckets);
+      const made = await writeSessionTables(source, side, ['sessions', 'sft', 'kto'], async (b) => {
+        if (b > 0) progress.tick();
+        await safePoint(signal, () => `export: stopped at ${side} bucket ${b + 1} of ${info.buckets}; the next run exports again`);
+      });
+      progress.done();
+      add(side, made);
+      add(side, await writePairTable(source, side));
+    }
   }
+
   const counts: Record<string, number> = {};
-  for (const name of DATASETS) for (const side of SPLITS) counts[`${name}_${side}`] = w[name][side].rows;
+  for (const name of DATASETS) for (const side of SPLITS) counts[`${name}_${side}`] = rows[`${name}_${side}`]!;
 
   const configHash = hashJson([...lineage.map((l) => l.config_hash), hashJson(cfg)]);
   const madeAt = new Date().toISOString();
   const cards = cardTexts(cfg);
+  const r = cfg.redaction;
   if (r.enabled) for (const c of Object.values(cards)) c.howMade.push(`Personal data (${r.kinds.join(', ')}; keys ${r.keys.join(', ')}) masked with per-row placeholders such as [PHONE_1].`);
   for (const name of DATASETS) {
     const c = cards[name];

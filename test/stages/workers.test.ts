@@ -1,7 +1,7 @@
 // The data stages on worker threads (`--workers N`) write what they write on one thread, byte for byte:
 // ingest on every kind of record a night may bring, in files damaged and whole, through the sources (tsx
 // in each thread) and through the executable's bundle; pairs bucket by bucket; the judge's pairs and
-// best-of-N bucket by bucket, a shard's chunks included.
+// best-of-N bucket by bucket, a shard's chunks included; export's tables, each on a thread of its own.
 import { createHash } from 'node:crypto';
 import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -103,6 +103,27 @@ describe('the data stages on worker threads', () => {
       expect(manifest(three, 'judge').counts).toEqual(counts);
       const files = ['train.jsonl', 'test.jsonl', 'report.json', ...(shard ? ['shard.json'] : [])];
       for (const f of files) expect(readFileSync(join(three, 'workspace', 'judge', f)).equals(readFileSync(join(one, 'workspace', 'judge', f))), f).toBe(true);
+    }
+  });
+
+  it('exports the same Parquet files on 3 threads as on one, masked too', async () => {
+    const data = tempDir();
+    const sessions: unknown[] = [];
+    for await (const s of readJsonl(SAMPLE)) if (sessions.push(s) === 300) break;
+    writeFileSync(join(data, 'logs.jsonl'), jsonl(sessions));
+    const config = `ingest:\n  inputs: [${join(data, 'logs.jsonl')}]\nsplit:\n  bucket_size: 16\nexport:\n  row_group_size: 50\n  redaction:\n    enabled: true\n`;
+    const [one, three] = [tempDir(), tempDir()];
+    await engineFor(one, config, { workers: 1 }).run({ until: 'export' });
+    await engineFor(three, config, { workers: 3 }).run({ until: 'export' });
+    const counts = manifest(one, 'export').counts;
+    expect(counts.sessions_train! + counts.sessions_test!).toBe(300);
+    expect(counts.pairs_train).toBeGreaterThan(100);
+    expect(manifest(three, 'export').counts).toEqual(counts);
+    for (const table of ['sessions', 'sft', 'pairs', 'kto']) {
+      for (const side of ['train', 'test']) {
+        const f = join(table, `${side}.parquet`);
+        expect(readFileSync(join(three, 'workspace', 'export', f)).equals(readFileSync(join(one, 'workspace', 'export', f))), f).toBe(true);
+      }
     }
   });
 
