@@ -12,7 +12,7 @@ import { forEachLine, readLineBlocks } from '../../pipeline/records.ts';
 import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
-import type { CandidatePair, JudgedPair } from '../../core/records.ts';
+import type { CandidatePair, JudgedPair, Split } from '../../core/records.ts';
 import { ChunkIndex, joinChunks, ownsBucket, sumCounts } from '../../pipeline/shards.ts';
 import { SPLITS, StoredBucketReader, bucketFile, pairTaskId, readPairs, readPairsInfo, readSplitInfo, taskBuckets, type PairSide } from '../layout.ts';
 import { judgeBestOfN, type BestOfNBucket } from './best-of-n.ts';
@@ -30,7 +30,7 @@ import type { Config } from './index.ts';
 export async function run({ config: cfg, configDir, out, input, cache, lineage, log, signal, shard, options }: StageContext<Config>): Promise<StageReport> {
   const info = await readSplitInfo(input('split'));
   const folders = { split: input('split'), ingest: input('ingest') };
-  // Best-of-N reads every bucket's sessions into the same buffers.
+  // On this thread, best-of-N reads every bucket's sessions into the same buffers.
   const reader = new StoredBucketReader();
   const pairsInfo = (await readPairsInfo(input('pairs'))) ?? { must_decline: [], rewriter_model: null };
   const chunks = new ChunkIndex(out, shard);
@@ -148,7 +148,7 @@ const MANY_BUCKETS = 4;
  * The pairs stage's file of a side cut into its buckets' runs of lines (it writes them bucket by bucket),
  * each with the number of its first line: a bucket told by each line's task.
  */
-async function* bucketsOfPairs(file: string, side: 'train' | 'test', buckets: number): AsyncGenerator<BucketPairsJob> {
+async function* bucketsOfPairs(file: string, side: Split, buckets: number): AsyncGenerator<BucketPairsJob> {
   const bucketOfTask = taskBuckets(buckets);
   let run: { bucket: number; lines: LineBuffer; firstLine: number } | null = null;
   const done = (r: NonNullable<typeof run>): BucketPairsJob => ({ file, side, bucket: r.bucket, bytes: r.lines.take(), firstLine: r.firstLine });
