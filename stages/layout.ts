@@ -70,10 +70,14 @@ function headOf(bytes: Buffer, start: number, end: number): { idEnd: number; tas
 export function leadingTaskId(bytes: Buffer, start = 0, end = bytes.length): string | null | undefined {
   const head = headOf(bytes, start, end);
   if (!head) return undefined;
-  if (holdsAt(bytes, head.task, NULL)) return null;
-  if (bytes[head.task] !== 34) return undefined;
-  const close = jsonStringEnd(bytes, head.task, end);
-  return close < 0 ? undefined : decodeString(bytes, head.task, close);
+  return holdsAt(bytes, head.task, NULL) ? null : stringAt(bytes, head.task, end);
+}
+
+/** The JSON string that starts at `at` (its opening quote) and ends by `end`, decoded; undefined where there is none. */
+function stringAt(bytes: Buffer, at: number, end: number): string | undefined {
+  if (bytes[at] !== 34) return undefined;
+  const close = jsonStringEnd(bytes, at, end);
+  return close < 0 ? undefined : decodeString(bytes, at, close);
 }
 
 /** The segment files of an ingest folder, in ingestion order. */
@@ -92,6 +96,9 @@ export const SPLITS: readonly Split[] = ['train', 'test'];
 export function bucketFile(dir: string, split: Split, bucket: number): string {
   return join(dir, 'sessions', `${split}-${String(bucket).padStart(3, '0')}.jsonl`);
 }
+
+/** Buckets a stage works before worker threads pay for starting (for workerCount; `--workers` overrides). */
+export const MANY_BUCKETS = 4;
 
 /** The bucket of a task, of `buckets`: by a stable hash, so a task's sessions always share one. */
 export const bucketOf = (taskId: string, buckets: number) => Math.floor(unitHash(taskId, 'bucket') * buckets);
@@ -614,12 +621,8 @@ const PAIR_TASK = Buffer.from(',"task_id":');
  */
 export function pairTaskId(bytes: Buffer, start: number, end: number): string | null {
   const at = bytes.indexOf(PAIR_TASK, start);
-  const value = at + PAIR_TASK.length;
-  if (at >= 0 && value < end && bytes[value] === 34) {
-    const close = jsonStringEnd(bytes, value, end);
-    if (close > 0) return decodeString(bytes, value, close);
-  }
-  return (JSON.parse(bytes.toString('utf8', start, end)) as Pick<Pair, 'task_id'>).task_id;
+  const task = at >= 0 && at < end ? stringAt(bytes, at + PAIR_TASK.length, end) : undefined;
+  return task ?? (JSON.parse(bytes.toString('utf8', start, end)) as Pick<Pair, 'task_id'>).task_id;
 }
 
 /**
@@ -630,7 +633,7 @@ export function pairTaskId(bytes: Buffer, start: number, end: number): string | 
  * time is in memory. A session's messages are parsed once and shared by its pairs: read them, do not change
  * them.
  */
-export async function* readPairs<P extends Pair<PairSide>>(file: string, folders: SplitFolders, buckets: number, lines: AsyncIterable<{ line: number; text: string }> = readLines(file)): AsyncGenerator<ReadPair<P>> {
+export async function* readPairs<P extends Pair<PairSide>>(file: string, folders: SplitFolders, buckets: number, lines: AsyncIterable<{ line: number; text: string }> | Iterable<{ line: number; text: string }> = readLines(file)): AsyncGenerator<ReadPair<P>> {
   const sessions = new SessionsById(folders.ingest);
   const bucketOfTask = taskBuckets(buckets);
   for await (const { line, text } of lines) {

@@ -5,7 +5,7 @@ import { join } from 'node:path';
 import { hashJson } from '../../pipeline/hash.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import { WorkerPool, workerCount } from '../../pipeline/workers.ts';
-import { SPLITS, readSplitInfo } from '../layout.ts';
+import { MANY_BUCKETS, SPLITS, readSplitInfo } from '../layout.ts';
 import { cardTexts, datasetCard } from './card.ts';
 import { DATASETS } from './schema.ts';
 import { writePairTable, writeSessionTables, type TableSource, type TablesWritten } from './tables.ts';
@@ -15,8 +15,6 @@ import type { Split } from '../../core/records.ts';
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
 
-/** Buckets to export before worker threads pay for starting (`--workers` overrides). */
-const MANY_BUCKETS = 4;
 
 /**
  * On one thread, each side's sessions, SFT and KTO tables from one read of its buckets, then its pairs. On

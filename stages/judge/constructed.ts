@@ -147,14 +147,9 @@ export async function judgeJob(job: JudgeJob, j: BucketJudging): Promise<JudgedB
   }
   const made = judgedLines(j.shelf, 2 * job.bytes.length + (64 << 10));
   const bytes = Buffer.from(job.bytes.buffer, job.bytes.byteOffset, job.bytes.length);
-  const first = job.firstLine;
-  async function* lines() {
-    let line = first;
-    const all: { line: number; text: string }[] = [];
-    forEachLine(bytes, (start, end) => void all.push({ line: line++, text: bytes.toString('utf8', start, end) }));
-    yield* all;
-  }
-  await judgeConstructed(readPairs(job.file, j.folders, j.buckets, lines()), j.ensemble, j.batchSize, made.write, () => {}, async () => {});
+  const lines: { line: number; text: string }[] = [];
+  forEachLine(bytes, (start, end) => void lines.push({ line: job.firstLine + lines.length, text: bytes.toString('utf8', start, end) }));
+  await judgeConstructed(readPairs(job.file, j.folders, j.buckets, lines), j.ensemble, j.batchSize, made.write, () => {}, async () => {});
   return made.done();
 }
 

@@ -14,7 +14,7 @@ import { safePoint } from '../../pipeline/interrupt.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import type { CandidatePair, JudgedPair, Split } from '../../core/records.ts';
 import { ChunkIndex, joinChunks, ownsBucket, sumCounts } from '../../pipeline/shards.ts';
-import { SPLITS, StoredBucketReader, bucketFile, pairTaskId, readPairs, readPairsInfo, readSplitInfo, taskBuckets, type PairSide } from '../layout.ts';
+import { MANY_BUCKETS, SPLITS, StoredBucketReader, bucketFile, pairTaskId, readPairs, readPairsInfo, readSplitInfo, taskBuckets, type PairSide } from '../layout.ts';
 import { judgeBestOfN, type BestOfNBucket } from './best-of-n.ts';
 import { OutcomeCouples, addTally, asGiven, judgeConstructed, newTally, tallyOne, type BestOfNJob, type BucketPairsJob, type JudgedBucket, type JudgeJob, type Tally } from './constructed.ts';
 import type { JudgeThreadInit } from './worker.ts';
@@ -141,8 +141,6 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
 
 const ownsImported = (shard: Shard | null) => shard === null || shard.index === 0;
 
-/** Buckets to judge before worker threads pay for starting (`--workers` overrides). */
-const MANY_BUCKETS = 4;
 
 /**
  * The pairs stage's file of a side cut into its buckets' runs of lines (it writes them bucket by bucket),

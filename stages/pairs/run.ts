@@ -12,7 +12,7 @@ import { safePoint } from '../../pipeline/interrupt.ts';
 import type { Split } from '../../core/records.ts';
 import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
 import { ChunkIndex, joinChunks, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
-import { SPLITS, bucketFile, readPairsInfo, readSplitInfo, sessionSegments, type PairsInfo } from '../layout.ts';
+import { MANY_BUCKETS, SPLITS, bucketFile, readPairsInfo, readSplitInfo, sessionSegments, type PairsInfo } from '../layout.ts';
 import { BucketPairer, bucketOptions, pairCounts, type BucketJob, type PairedBucket, type PairingConfig } from './bucket.ts';
 import { Rewriter, activeTypes, loadRewritePrompt, rewritePromptPath } from './rewriter.ts';
 
@@ -24,8 +24,6 @@ const rewriting = (cfg: Config) => cfg.hard_negatives.enabled && cfg.hard_negati
 
 const REWRITER_ENDPOINT = { key: 'pairs.hard_negatives.rewriter.endpoint', modelEnv: 'PREFAB_REWRITE_MODEL' };
 
-/** Buckets to pair before worker threads pay for starting (`--workers` overrides). */
-const MANY_BUCKETS = 4;
 
 /**
  * On a shard, only the buckets it owns; each bucket's pairs are a chunk of the files (pipeline/shards.ts).
