@@ -154,25 +154,69 @@ export function serveBatches<In, Out>(make: (init: never) => (batch: In) => Out 
 }
 
 /**
- * Hands `batches` to a pool of threads (or to a function on this thread) and gives `use` every result in
- * the order of the batches, keeping `perThread` batches a thread in flight (memory grows with it).
+ * What `inOrder` keeps in flight. `perThread`: batches a thread is given to work (memory grows with it).
+ * `held`: what a result holds in memory, in bytes, and how much the results done out of turn may hold. With
+ * it, a batch worked long does not stop the other threads: results done after it wait for it while they hold
+ * under `budget` or are fewer than the threads (so that one large result waiting does not stop them), and
+ * number under MAX_WAITING; only the batches still being worked count against `perThread`. Without it,
+ * `perThread` counts every batch in flight, done or not: where a few batches are far larger than the rest
+ * (the pairs of a few large tasks among many small ones), one thread then worked alone.
  */
-export async function inOrder<In, Out>(batches: AsyncIterable<In>, work: WorkerPool<In, Out> | ((batch: In) => Out | Promise<Out>), use: (out: Out, batch: In) => Promise<void>, perThread = 3): Promise<void> {
-  const flight: [Promise<Out>, In][] = [];
+export interface InOrderOptions<Out> {
+  perThread?: number;
+  held?: { bytes: (out: Out) => number; budget: number };
+}
+
+/** Results done out of turn that `inOrder` keeps at most, whatever they hold. */
+const MAX_WAITING = 64;
+
+/**
+ * Hands `batches` to a pool of threads (or to a function on this thread) and gives `use` every result in
+ * the order of the batches, keeping in flight what `options` allows (InOrderOptions).
+ */
+export async function inOrder<In, Out>(batches: AsyncIterable<In>, work: WorkerPool<In, Out> | ((batch: In) => Out | Promise<Out>), use: (out: Out, batch: In) => Promise<void>, options: InOrderOptions<Out> = {}): Promise<void> {
+  const { perThread = 3, held } = options;
   const pool = work instanceof WorkerPool ? work : null;
-  const depth = pool ? perThread * pool.size : 0;
+  if (!pool) {
+    for await (const batch of batches) await use(await (work as (batch: In) => Out | Promise<Out>)(batch), batch);
+    return;
+  }
+  const depth = perThread * pool.size;
+  const flight: { out: Promise<Out>; batch: In; done: boolean; bytes: number }[] = [];
+  let working = 0;
+  let waitingBytes = 0;
+  let waiting = 0;
+  let wake = () => {};
   for await (const batch of batches) {
-    if (!pool) {
-      await use(await (work as (batch: In) => Out | Promise<Out>)(batch), batch);
-      continue;
-    }
-    const out = pool.run(batch);
-    out.catch(() => {}); // a failure is thrown where its result is awaited, in order
-    flight.push([out, batch]);
-    while (flight.length > depth) {
-      const [out, given] = flight.shift()!;
-      await use(await out, given);
+    const f = { out: pool.run(batch), batch, done: false, bytes: 0 };
+    working++;
+    // A failure is thrown where its result is awaited, in order.
+    void f.out
+      .then((out) => void (waitingBytes += f.bytes = held ? held.bytes(out) : 0), () => {})
+      .finally(() => {
+        f.done = true;
+        working--;
+        waiting++;
+        wake();
+      });
+    flight.push(f);
+    for (;;) {
+      while (flight[0]?.done) {
+        const { out, batch: given, bytes } = flight.shift()!;
+        waitingBytes -= bytes;
+        waiting--;
+        await use(await out, given);
+      }
+      const room = held ? working < depth && (waitingBytes <= held.budget || waiting < pool.size) && flight.length < MAX_WAITING : flight.length <= depth;
+      if (room) break;
+      if (!held) {
+        // As many in flight as the threads hold: the oldest is waited for.
+        const { out, batch: given } = flight.shift()!;
+        await use(await out, given);
+        continue;
+      }
+      await new Promise<void>((resolve) => (wake = resolve));
     }
   }
-  for (const [out, given] of flight) await use(await out, given);
+  for (const { out, batch } of flight) await use(await out, batch);
 }

@@ -9,7 +9,7 @@ import { openPanel } from '../../judges/panel.ts';
 import { addStats, type JudgeStats } from '../../core/verdict.ts';
 import { JsonlWriter, LineBuffer, readJsonl } from '../../pipeline/jsonl.ts';
 import { forEachLine, readLineBlocks } from '../../pipeline/records.ts';
-import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
+import { WorkerPool, inOrder, workerCount, type InOrderOptions } from '../../pipeline/workers.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import type { CandidatePair, JudgedPair, Split } from '../../core/records.ts';
@@ -83,7 +83,7 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
           await writer.writeBlock(made.lines, made.count, () => pool.giveBack([made.lines.buffer as ArrayBuffer]));
           addTally(tally, made.tally);
           progress.tick(made.count);
-        }, 2);
+        }, JUDGED_IN_FLIGHT);
       } else await judgeConstructed(readPairs(pairsFile, folders, info.buckets), ensemble, cfg.batch_size, writeConstructed, () => progress.tick(), () => safePoint(signal, stopped));
       progress.done();
       const imported = join(input('import'), `${side}.jsonl`);
@@ -108,7 +108,7 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
             await writer.writeBlock(made.lines, made.count, () => pool.giveBack([made.lines.buffer as ArrayBuffer]));
             addTally(tally, made.tally);
             groups.tick();
-          }, 2);
+          }, JUDGED_IN_FLIGHT);
         } else {
           for (const b of owned) {
             chunks.mark(writer, [2, b]);
@@ -138,6 +138,12 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
   await writeFile(join(out, 'report.json'), JSON.stringify(report, null, 2) + '\n');
   return stageReport(report);
 }
+
+/**
+ * Two buckets a thread being judged; buckets judged out of turn wait to be written while their lines hold
+ * under 64 MiB, so that a bucket of a few large tasks does not leave the other thread without work.
+ */
+const JUDGED_IN_FLIGHT: InOrderOptions<JudgedBucket> = { perThread: 2, held: { bytes: (made) => made.lines.length, budget: 64 << 20 } };
 
 const ownsImported = (shard: Shard | null) => shard === null || shard.index === 0;
 

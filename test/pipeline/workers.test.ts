@@ -17,7 +17,7 @@ describe('a pool of worker threads', () => {
         results.push(out);
         // A larger buffer than the batch asks for (8 KiB; a new one is 4): the thread takes it from its shelf for the next batch.
         pool.giveBack([new ArrayBuffer(8192)]);
-      }, 6);
+      }, { perThread: 6 });
       expect(results.map((r) => r.started)).toEqual([0, 2, 4, 6, 8, 10]);
       expect(results.map((r) => r.ended)).toEqual([1, 3, 5, 7, 9, 11]);
       expect(results.some((r) => r.overlapped)).toBe(false);
@@ -38,12 +38,37 @@ describe('a pool of worker threads', () => {
         yield* waits.map((wait) => ({ wait, bytes: 16 }));
       }
       const results: { wait: number; started: number; thread: number }[] = [];
-      await inOrder(each(), pool, async (out, batch) => void results.push({ wait: batch.wait, ...out }), 6);
+      await inOrder(each(), pool, async (out, batch) => void results.push({ wait: batch.wait, ...out }), { perThread: 6 });
       expect(results.map((r) => r.wait)).toEqual(waits);
       const slow = results[0]!.thread;
       // The slow thread took one more batch before it was full (a thread holds two); the free one took the rest.
       expect(results.filter((r) => r.thread === slow)).toHaveLength(2);
       expect(results.filter((r) => r.thread !== slow).map((r) => r.started)).toEqual([0, 2, 4, 6, 8, 10, 12]);
+    } finally {
+      await pool.close();
+    }
+  });
+
+  it('keeps the other threads working past a long batch while the results done out of turn hold under the budget', async () => {
+    const pool = new WorkerPool<{ wait: number; bytes: number }, { started: number; thread: number; buffer: Uint8Array }>('none', new URL('../fixtures/slow-worker.ts', import.meta.url), 2, null);
+    try {
+      // One long batch first, then twelve short ones; a thread works one batch at a time (perThread 1).
+      const waits = [400, ...Array<number>(12).fill(10)];
+      const run = async (budget: number) => {
+        async function* each() {
+          yield* waits.map((wait) => ({ wait, bytes: 16 }));
+        }
+        const results: { wait: number; thread: number }[] = [];
+        await inOrder(each(), pool, async (out, batch) => void results.push({ wait: batch.wait, thread: out.thread }), { perThread: 1, held: { bytes: (out) => out.buffer.length, budget } });
+        expect(results.map((r) => r.wait)).toEqual(waits);
+        const slow = results[0]!.thread;
+        return results.slice(1).filter((r) => r.thread === slow).length;
+      };
+      // Room for every result: the other thread works all twelve while the long one runs.
+      expect(await run(1 << 20)).toBe(0);
+      // Room for one (16 bytes; one result may wait whatever it holds while fewer wait than there are threads):
+      // the other thread stops after two, and the long batch's thread works some of the rest once it is done.
+      expect(await run(16)).toBeGreaterThan(0);
     } finally {
       await pool.close();
     }
