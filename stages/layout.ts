@@ -233,8 +233,8 @@ export class StoredMessages {
   }
 
   /** The messages of stored session `session` whose JSON lies at `starts[i]` to `ends[i]` of `line`. */
-  static read(line: Buffer, starts: number[], ends: number[], roles: Role[], session: string): StoredMessages {
-    return new StoredMessages(line, starts, ends, roles, new Array<Message | undefined>(starts.length), 0, starts.length, session, JSON.stringify(session));
+  static read(line: Buffer, starts: number[], ends: number[], roles: Role[], session: string, sessionJson: string): StoredMessages {
+    return new StoredMessages(line, starts, ends, roles, new Array<Message | undefined>(starts.length), 0, starts.length, session, sessionJson);
   }
 
   role(i: number): Role {
@@ -305,13 +305,36 @@ export class StoredSession {
     readonly split: Split,
     /** The metadata as a JSON string literal (quotes included), as JSON.stringify of the session wrote it. */
     private readonly metadataJson: Buffer,
-    readonly messages: StoredMessages,
-  ) {}
-
-  /** JSON.stringify of the session's id. */
-  get idJson(): string {
-    return this.messages.sessionJson;
+    /** The messages, or the line they are read from when first asked for (readStoredSession). */
+    private stored: StoredMessages | Buffer,
+  ) {
+    if (stored instanceof Buffer) this.line = stored;
   }
+
+  /** The line the messages are read from, or null for a session parsed whole. */
+  private readonly line: Buffer | null = null;
+
+  /**
+   * The messages, read from the line when first asked for: a task's sessions are all read to be paired, but
+   * of a large task's failures only the few its outcome pairs take are asked for their messages, and what is
+   * made of a session's messages is done with as soon as its hard negatives are written.
+   */
+  get messages(): StoredMessages {
+    const stored = this.stored;
+    return stored instanceof StoredMessages ? stored : (this.stored = storedMessages(stored, this));
+  }
+
+  /** Lets go of what was made of the messages (they are read again if asked for): a large task's sessions outlive their pairs. */
+  forgetMessages(): void {
+    if (this.line) this.stored = this.line;
+  }
+
+  /** JSON.stringify of the session's id, worked out when first asked for (every pair of the session writes it). */
+  get idJson(): string {
+    return (this.idJsonMade ??= JSON.stringify(this.session_id));
+  }
+
+  private idJsonMade: string | undefined;
 
   /** JSON.stringify of the task id, worked out when first asked for (every pair of the session writes it). */
   get taskJson(): string {
@@ -368,34 +391,22 @@ const ROLE_BY_FIRST_BYTE: Record<number, Role> = { 115: 'system', 117: 'user', 9
  * JSON.stringify of a SplitSession, its fields in a fixed order (session_id, task_id, messages, reward,
  * feedback, model, source, created_at, metadata, split, task_match), and no string in it holds an unescaped
  * quote: so `{"role":"` opens a message, `],"reward":` closes the list, and each `,"field":` is found where it
- * is, nothing else looking like it. A line not shaped so is parsed whole.
+ * is, nothing else looking like it. A line not shaped so is parsed whole. Its messages are found when first
+ * asked for (storedMessages).
  */
 export function readStoredSession(line: Buffer): StoredSession {
   const open = line.indexOf(MESSAGES);
   // `],"reward":` is found from the end, past the few fields after it rather than every message (nothing
   // else can look like it: a string holds no bare quote).
   const close = open < 0 ? -1 : line.lastIndexOf(MESSAGES_END);
-  const starts: number[] = [];
-  const ends: number[] = [];
-  const roles: Role[] = [];
-  // Braces are found by their byte (memchr) and checked for `{"role":"`: at the simulator's 100k sessions,
-  // 90 ms against 160 searching for the whole literal. A message ends at the comma before the next.
-  for (let at = open + MESSAGES.length; open >= 0 && at >= 0 && at < close; at = line.indexOf(0x7b, at + 1)) {
-    if (!holdsAt(line, at, MESSAGE)) continue;
-    const role = ROLE_BY_FIRST_BYTE[line[at + MESSAGE.length]!];
-    if (!role || line[at + MESSAGE.length + role.length] !== 34 || (starts.length > 0 && line[at - 1] !== 44)) break;
-    if (starts.length > 0) ends.push(at - 1);
-    starts.push(at);
-    roles.push(role);
-  }
   const feedback = close < 0 ? -1 : line.indexOf(FEEDBACK, close);
   const metadata = line.lastIndexOf(METADATA);
   const split = line.lastIndexOf(SPLIT);
   const side = split < 0 ? '' : line.toString('latin1', split + SPLIT.length, line.indexOf(34, split + SPLIT.length));
-  if (close < 0 || starts.length === 0 || starts[0] !== open + MESSAGES.length || line[close - 1] !== 125 || feedback < 0 || metadata < feedback || split < metadata || (side !== 'train' && side !== 'test')) {
+  // The list opens with a message and closes after one: its messages lie between.
+  if (close < 0 || !holdsAt(line, open + MESSAGES.length, MESSAGE) || line[close - 1] !== 125 || feedback < 0 || metadata < feedback || split < metadata || (side !== 'train' && side !== 'test')) {
     return StoredSession.of(JSON.parse(line.toString('utf8')) as SplitSession);
   }
-  ends.push(close);
   // The head read as its two strings (split gave every session a task, its string ending where messages start).
   const at = headOf(line, 0, open);
   const head =
@@ -403,8 +414,34 @@ export function readStoredSession(line: Buffer): StoredSession {
       ? { session_id: decodeString(line, HEAD.length - 1, at.idEnd), task_id: decodeString(line, at.task, open) }
       : (JSON.parse(`${line.toString('utf8', 0, open)}}`) as { session_id: string; task_id: string });
   const reward = JSON.parse(line.toString('latin1', close + MESSAGES_END.length, feedback)) as number;
-  const messages = StoredMessages.read(line, starts, ends, roles, head.session_id);
-  return new StoredSession(head.session_id, head.task_id, reward, side, line.subarray(metadata + METADATA.length, split), messages);
+  return new StoredSession(head.session_id, head.task_id, reward, side, line.subarray(metadata + METADATA.length, split), line);
+}
+
+/**
+ * The messages of a session line that readStoredSession read (its list opens with a message and is closed
+ * by the last `],"reward":`), found where they lie; a list whose messages are not each `{"role":"<role>"`
+ * after a comma is parsed whole.
+ */
+function storedMessages(line: Buffer, session: StoredSession): StoredMessages {
+  const open = line.indexOf(MESSAGES);
+  const close = line.lastIndexOf(MESSAGES_END);
+  const starts: number[] = [];
+  const ends: number[] = [];
+  const roles: Role[] = [];
+  // Braces are found by their byte (memchr) and checked for `{"role":"`: at the simulator's 100k sessions,
+  // 90 ms against 160 searching for the whole literal. A message ends at the comma before the next.
+  for (let at = open + MESSAGES.length; at >= 0 && at < close; at = line.indexOf(0x7b, at + 1)) {
+    if (!holdsAt(line, at, MESSAGE)) continue;
+    const role = ROLE_BY_FIRST_BYTE[line[at + MESSAGE.length]!];
+    if (!role || line[at + MESSAGE.length + role.length] !== 34 || (starts.length > 0 && line[at - 1] !== 44)) {
+      return StoredMessages.of((JSON.parse(line.toString('utf8')) as SplitSession).messages, session.session_id);
+    }
+    if (starts.length > 0) ends.push(at - 1);
+    starts.push(at);
+    roles.push(role);
+  }
+  ends.push(close);
+  return StoredMessages.read(line, starts, ends, roles, session.session_id, session.idJson);
 }
 
 /**

@@ -189,7 +189,15 @@ async function pairBucket(groups: StoredTaskGroups, side: Split, o: BucketOption
     const sessions = storedSessions(groups, lines);
     counts.tasks!++;
     let made = o.outcome.enabled ? writeOutcomePairs(w, sessions) : 0;
-    if (o.hardNegatives.enabled) for (const s of sessions) if (s.reward >= o.hardNegatives.from_min_reward) made += writeHardNegatives(w, s);
+    if (o.hardNegatives.enabled) {
+      for (const s of sessions) {
+        if (s.reward < o.hardNegatives.from_min_reward) continue;
+        made += writeHardNegatives(w, s);
+        // Its pairs are written (a rewrite asked for reads the messages later): what its messages made can go
+        // while the task's other sessions are paired, rather than live through collections as they are.
+        if (!o.rewriter) s.forgetMessages();
+      }
+    }
     madeByTask.set(taskId, made);
   }
   for (const { job, outcome } of await Promise.all(w.rewrites)) {

@@ -134,6 +134,21 @@ describe('pairs written from their sessions as stored', () => {
     }
   });
 
+  it('finds the messages when first asked for, parses whole a list whose messages are not each `{"role":…` after a comma, and reads them again once forgotten', () => {
+    const line = (messages: unknown[]) => Buffer.from(JSON.stringify({ session_id: 'n', task_id: 't', messages, reward: 1, feedback: null, model: null, source: 's', created_at: null, metadata: '{}', split: 'train', task_match: null }));
+    // A message holding an object that starts like one: the list is parsed whole, every message kept apart.
+    const nested = [{ role: 'user', content: 'hi', extra: { role: 'tool' } }, { role: 'assistant', content: 'ok' }];
+    const read = readStoredSession(line(nested));
+    expect(read.messages.all()).toEqual(nested);
+    expect(read.messages.slice(1).sideJson()).toBe('{"session_id":"n","messages":[1,2]}');
+    // Forgotten messages are found again, the same.
+    const plain = readStoredSession(line([{ role: 'user', content: 'hi' }, { role: 'assistant', content: 'ok' }]));
+    const before = { all: plain.messages.all(), side: plain.messages.slice(1).sideJson() };
+    plain.forgetMessages();
+    expect({ all: plain.messages.all(), side: plain.messages.slice(1).sideJson() }).toEqual(before);
+    expect(before.side).toBe('{"session_id":"n","messages":[1,2]}');
+  });
+
   it('tells a must-decline session by its metadata without patterns, spelt out or in \\u escapes, and parses no other', () => {
     const session = (metadata: Record<string, unknown> | string, id = 's') =>
       readStoredSession(Buffer.from(JSON.stringify({ session_id: id, task_id: 't', messages: [{ role: 'user', content: 'cancel my order' }], reward: 1, feedback: null, model: null, source: 's', created_at: null, metadata: typeof metadata === 'string' ? metadata : JSON.stringify(metadata), split: 'train', task_match: null })));
