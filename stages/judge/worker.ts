@@ -34,6 +34,7 @@ serveBatches(
     };
   },
   (made) => [made.lines.buffer as ArrayBuffer],
-  // A thread has two buckets in flight (inOrder's), and their lines' buffers come back once written.
+  // A thread has two buckets being judged (inOrder's; more done ones wait only while small), and their lines'
+  // buffers come back once written.
   3,
 );

@@ -14,7 +14,8 @@ serveBatches(
     return (job: BucketJob): Promise<PairedBucket> => pairer.pair(job);
   },
   (made) => [made.pairs.buffer as ArrayBuffer, made.dropped.buffer as ArrayBuffer],
-  // A thread has one bucket in flight besides the one it pairs: the two buffers of one bucket (its pairs and
-  // dropped lines) are all it needs back, and a spare of a bucket's pairs is tens of MB.
+  // A thread has one bucket in flight besides the one it pairs (more only while what waits to be written is
+  // small: inOrder's held): the two buffers of one bucket (its pairs and dropped lines) are all it needs
+  // back, and a spare of a bucket's pairs is tens of MB.
   2,
 );
