@@ -305,28 +305,28 @@ export class StoredSession {
     readonly split: Split,
     /** The metadata as a JSON string literal (quotes included), as JSON.stringify of the session wrote it. */
     private readonly metadataJson: Buffer,
-    /** The messages, or the line they are read from when first asked for (readStoredSession). */
-    private stored: StoredMessages | Buffer,
+    /** The messages of a session parsed whole, or where its line holds them, found when first asked for (readStoredSession). */
+    messages: StoredMessages | MessageList,
   ) {
-    if (stored instanceof Buffer) this.line = stored;
+    if (messages instanceof StoredMessages) this.read = messages;
+    else this.list = messages;
   }
 
-  /** The line the messages are read from, or null for a session parsed whole. */
-  private readonly line: Buffer | null = null;
+  private read: StoredMessages | null = null;
+  private readonly list: MessageList | null = null;
 
   /**
-   * The messages, read from the line when first asked for: a task's sessions are all read to be paired, but
+   * The messages, found in the line when first asked for: a task's sessions are all read to be paired, but
    * of a large task's failures only the few its outcome pairs take are asked for their messages, and what is
    * made of a session's messages is done with as soon as its hard negatives are written.
    */
   get messages(): StoredMessages {
-    const stored = this.stored;
-    return stored instanceof StoredMessages ? stored : (this.stored = storedMessages(stored, this));
+    return (this.read ??= storedMessages(this.list!, this));
   }
 
-  /** Lets go of what was made of the messages (they are read again if asked for): a large task's sessions outlive their pairs. */
+  /** Lets go of what was made of the messages (they are found again if asked for): a large task's sessions outlive their pairs. */
   forgetMessages(): void {
-    if (this.line) this.stored = this.line;
+    if (this.list) this.read = null;
   }
 
   /** JSON.stringify of the session's id, worked out when first asked for (every pair of the session writes it). */
@@ -414,7 +414,14 @@ export function readStoredSession(line: Buffer): StoredSession {
       ? { session_id: decodeString(line, HEAD.length - 1, at.idEnd), task_id: decodeString(line, at.task, open) }
       : (JSON.parse(`${line.toString('utf8', 0, open)}}`) as { session_id: string; task_id: string });
   const reward = JSON.parse(line.toString('latin1', close + MESSAGES_END.length, feedback)) as number;
-  return new StoredSession(head.session_id, head.task_id, reward, side, line.subarray(metadata + METADATA.length, split), line);
+  return new StoredSession(head.session_id, head.task_id, reward, side, line.subarray(metadata + METADATA.length, split), { line, open, close });
+}
+
+/** Where a session line holds its message list: `open` at `,"messages":[`, `close` at the `],"reward":` after it. */
+interface MessageList {
+  line: Buffer;
+  open: number;
+  close: number;
 }
 
 /**
@@ -422,9 +429,7 @@ export function readStoredSession(line: Buffer): StoredSession {
  * by the last `],"reward":`), found where they lie; a list whose messages are not each `{"role":"<role>"`
  * after a comma is parsed whole.
  */
-function storedMessages(line: Buffer, session: StoredSession): StoredMessages {
-  const open = line.indexOf(MESSAGES);
-  const close = line.lastIndexOf(MESSAGES_END);
+function storedMessages({ line, open, close }: MessageList, session: StoredSession): StoredMessages {
   const starts: number[] = [];
   const ends: number[] = [];
   const roles: Role[] = [];
