@@ -151,7 +151,7 @@ const RUN_HEAD = Buffer.from('{"ingest":');
 const RUN_LINE = /^\{"ingest":"([^"\\/]+)","bytes":\[(\d+),(\d+)\],"sessions":(\d+),"split":"(train|test)"\}$/;
 
 /** The SessionRun of a bucket line that starts as one (read by its fixed shape, or parsed); an error names the line. */
-function readSessionRun(bytes: Buffer, start: number, end: number, where: string): SessionRun {
+function readSessionRun(bytes: Buffer, start: number, end: number, path: string, line: number): SessionRun {
   const m = RUN_LINE.exec(bytes.toString('latin1', start, end));
   let run: Partial<SessionRun> = {};
   if (m) run = { ingest: m[1]!, bytes: [Number(m[2]), Number(m[3])], sessions: Number(m[4]), split: m[5] as Split };
@@ -169,7 +169,7 @@ function readSessionRun(bytes: Buffer, start: number, end: number, where: string
   if (typeof run.ingest === 'string' && run.ingest !== '..' && !/[/\\]/.test(run.ingest) && fits && (run.split === 'train' || run.split === 'test')) {
     return { ingest: run.ingest, bytes: [from!, to!], sessions: run.sessions!, split: run.split };
   }
-  throw new PipelineError(`${where}: not a run of ingest's sessions ({"ingest":<segment>,"bytes":[from,to],"sessions":n,"split":"train"|"test"}) nor a session; run \`prefab stage split\` to write split's buckets again`);
+  throw new PipelineError(`${whereOf(path, line)}: not a run of ingest's sessions ({"ingest":<segment>,"bytes":[from,to],"sessions":n,"split":"train"|"test"}) nor a session; run \`prefab stage split\` to write split's buckets again`);
 }
 
 /**
@@ -493,14 +493,13 @@ export class StoredBucketReader {
   }
 
   /**
-   * A bucket file's sessions, a line each, as whole SplitSessions' JSON: each run of ingest's sessions it
-   * points at read from its segment in `ingestDir` (synchronously: a bucket's runs are many small reads of
-   * what the page cache mostly holds), its other lines as they are. Valid until the next read.
+   * A bucket file's lines as what is to be read for them: each run of ingest's sessions with its segment
+   * (opened once; a run that reaches past its end is told before any is read), its other lines as they are.
+   * `use` gets them with their bytes once read (tails added) and the file's bytes; the segments are closed after.
    */
-  async sessions(path: string, ingestDir: string): Promise<Buffer> {
+  private async withParts<T>(path: string, ingestDir: string, use: (parts: BucketPart[], size: number, file: Buffer) => T): Promise<T> {
     const file = await this.bytes(path);
-    const parts: ({ start: number; end: number } | { run: SessionRun; fd: number; where: string })[] = [];
-    // Each segment a run points at, opened once; a run that reaches past its end is told before any is read.
+    const parts: BucketPart[] = [];
     const segments = new Map<string, { fd: number; size: number }>();
     try {
       let size = 0;
@@ -513,49 +512,343 @@ export class StoredBucketReader {
           size += end - start + 1;
           return;
         }
-        const where = `${path} line ${line}`;
-        const run = readSessionRun(file, start, end, where);
+        const run = readSessionRun(file, start, end, path, line);
         let segment = segments.get(run.ingest);
-        if (!segment) {
-          try {
-            const fd = openSync(join(ingestDir, 'sessions', run.ingest), 'r');
-            segments.set(run.ingest, (segment = { fd, size: fstatSync(fd).size }));
-          } catch (error) {
-            throw new PipelineError(`${where}: points at ingest's segment ${run.ingest}, which ${join(ingestDir, 'sessions')} does not hold (${(error as Error).message}); these buckets were made from another ingest: run \`prefab stage split\``);
-          }
-        }
-        if (run.bytes[1] > segment.size) throw segmentChanged(where, run, `ends at byte ${segment.size}`);
-        parts.push({ run, fd: segment.fd, where });
+        if (!segment) segments.set(run.ingest, (segment = openSegment(ingestDir, run.ingest, whereOf(path, line))));
+        if (run.bytes[1] > segment.size) throw segmentChanged(whereOf(path, line), run, `ends at byte ${segment.size}`);
+        parts.push({ run, fd: segment.fd, line });
         size += run.bytes[1] - run.bytes[0] + run.sessions * (SESSION_TAILS[run.split].length - 1);
       });
-      if (size > this.buffer.length) this.buffer = Buffer.allocUnsafeSlow(size + (size >> 3));
-      const out = this.buffer;
-      let at = 0;
-      for (const part of parts) {
-        if ('start' in part) {
-          at += file.copy(out, at, part.start, part.end);
-          out[at++] = 10;
-        } else at = readRun(out, at, part.fd, part.run, part.where);
-      }
-      return out.subarray(0, at);
+      return use(parts, size, file);
     } finally {
       for (const { fd } of segments.values()) closeSync(fd);
     }
   }
 
+  /** Room for `size` bytes in the buffer sessions are read into. */
+  private room(size: number): Buffer {
+    if (size > this.buffer.length) this.buffer = Buffer.allocUnsafeSlow(size + (size >> 3));
+    return this.buffer;
+  }
+
+  /** The parts of a bucket file read into the buffer, a session a line. */
+  private fill(path: string, parts: BucketPart[], size: number, file: Buffer): Buffer {
+    const out = this.room(size);
+    let at = 0;
+    for (const part of parts) {
+      if ('start' in part) {
+        at += file.copy(out, at, part.start, part.end);
+        out[at++] = 10;
+      } else at = readRun(out, at, part.fd, part.run, whereOf(path, part.line));
+    }
+    return out.subarray(0, at);
+  }
+
+  /**
+   * A bucket file's sessions, a line each, as whole SplitSessions' JSON: each run of ingest's sessions it
+   * points at read from its segment in `ingestDir` (synchronously: a bucket's runs are many small reads of
+   * what the page cache mostly holds), its other lines as they are. Valid until the next read.
+   */
+  sessions(path: string, ingestDir: string): Promise<Buffer> {
+    return this.withParts(path, ingestDir, (parts, size, file) => this.fill(path, parts, size, file));
+  }
+
   /** The lines of one bucket file grouped by task (read from each line's head), tasks in a stable order. */
   async read(path: string, ingestDir: string): Promise<StoredTaskGroups> {
-    const bytes = await this.sessions(path, ingestDir);
-    const tasks = new Map<string, number[]>();
-    forEachLine(bytes, (start, end) => {
-      if (end === start) return;
-      const task = leadingTaskId(bytes, start, end) ?? (JSON.parse(bytes.toString('utf8', start, end)) as SplitSession).task_id!;
-      const offsets = tasks.get(task);
-      if (offsets) offsets.push(start, end);
-      else tasks.set(task, [start, end]);
-    });
-    return { bytes, tasks: byTask(tasks) };
+    return groupByTask(await this.sessions(path, ingestDir));
   }
+
+  /**
+   * A bucket file's lines grouped by task as `read` gives them where its sessions take at most `limit`
+   * bytes; a larger bucket's as where its sessions lie (BucketSpans), read `limit` bytes at a time and
+   * none kept, so that what is paired of it at once can be bounded (stages/pairs/pairer.ts).
+   */
+  readOrPlan(path: string, ingestDir: string, limit: number): Promise<StoredTaskGroups | BucketSpans> {
+    return this.withParts(path, ingestDir, (parts, size, file) => (size <= limit ? groupByTask(this.fill(path, parts, size, file)) : this.spans(path, parts, file, limit)));
+  }
+
+  /** Where the sessions of a bucket file's parts lie, by task: spans of consecutive lines of one source, each of at most `limit` bytes. */
+  private spans(path: string, parts: BucketPart[], file: Buffer, limit: number): BucketSpans {
+    const sources: SpanSource[] = [null];
+    const sourceOf = new Map<string, number>();
+    const tasks = new Map<string, GatheredTask>();
+    // The last session's task, whose string the next session's takes where its bytes are the same.
+    let last: { json: Buffer; task: GatheredTask } | null = null;
+    // A session: its task, what it takes once read, where it lies; its id and reward, which choose outcome pairs.
+    const add = (line: Buffer, start: number, end: number, source: number, from: number, to: number) => {
+      const head = readHead(line, start, end);
+      let t: GatheredTask | undefined;
+      if (head.taskAt && last && line.compare(last.json, 0, last.json.length, head.taskAt[0], head.taskAt[1]) === 0) t = last.task;
+      else {
+        const task = head.taskAt ? decodeString(line, head.taskAt[0], head.taskAt[1]) : head.task!;
+        t = tasks.get(task);
+        if (!t) tasks.set(task, (t = new GatheredTask(sources, limit)));
+        last = head.taskAt ? { json: Buffer.from(line.subarray(head.taskAt[0], head.taskAt[1])), task: t } : null;
+      }
+      t.bytes += lineBytes(sources, source, from, to);
+      t.sessions++;
+      if (head.idAt) t.ids.push(line, head.idAt[0], head.idAt[1]);
+      else t.ids.push(head.idJson!, 0, head.idJson!.length);
+      t.rewards.push(head.reward);
+      t.at.push(source, from, to);
+      t.spans.add(source, from, to);
+    };
+    for (const part of parts) {
+      if ('start' in part) {
+        add(file, part.start, part.end, 0, part.start, part.end);
+        continue;
+      }
+      const { run, fd } = part;
+      const where = whereOf(path, part.line);
+      const key = `${run.ingest}/${run.split}`;
+      let source = sourceOf.get(key);
+      if (source === undefined) sourceOf.set(key, (source = sources.push({ ingest: run.ingest, split: run.split }) - 1));
+      // The run read a block at a time, each of whole lines: one line larger than the block grows it.
+      let lines = 0;
+      for (let at = run.bytes[0]; at < run.bytes[1]; ) {
+        let block = this.room(Math.min(limit, run.bytes[1] - at));
+        let got = readAll(fd, block, Math.min(block.length, run.bytes[1] - at), at);
+        if (got === 0) throw segmentChanged(where, run, `ended at byte ${at} while it was read`);
+        let last = block.lastIndexOf(10, got - 1);
+        while (last < 0 && at + got < run.bytes[1]) {
+          block = this.room(2 * block.length);
+          got = readAll(fd, block, Math.min(block.length, run.bytes[1] - at), at);
+          last = block.lastIndexOf(10, got - 1);
+        }
+        if (last < 0) throw segmentChanged(where, run, `holds a line there that does not end`);
+        for (let start = 0; start <= last; ) {
+          const nl = block.indexOf(10, start);
+          if (block[start] !== 123 || block[nl - 1] !== 125) throw segmentChanged(where, run, 'holds lines there that are not sessions');
+          add(block, start, nl, source, at + start, at + nl + 1);
+          lines++;
+          start = nl + 1;
+        }
+        at += last + 1;
+      }
+      if (lines !== run.sessions) throw segmentChanged(where, run, `holds ${lines} line(s) there, not all sessions`);
+    }
+    // Only a task larger than the limit has its outcome pairs chosen from what was read here. Numbers go as
+    // typed arrays and ids as one buffer: a plan goes to the main thread and its pieces back to the threads,
+    // and copying arrays of numbers or strings an element at a time took a second at a million sessions.
+    return {
+      sources,
+      tasks: byTask(tasks).map(([task, t]): TaskSpans => {
+        const heads = t.bytes <= limit ? null : { ids: t.ids.bytes(), idEnds: Uint32Array.from(t.ids.ends), rewards: Float64Array.from(t.rewards), at: Float64Array.from(t.at) };
+        return { task, bytes: t.bytes, sessions: t.sessions, spans: Float64Array.from(t.spans.spans), heads };
+      }),
+    };
+  }
+
+  /**
+   * The sessions of spans `from` to `to` (quad indices) of a bucket's BucketSpans, a line each as `sessions`
+   * gives them, read from `path` (the bucket file) and the segments of `ingestDir`; with where each span's
+   * lines start (and, last, where they end). Valid until the next read.
+   */
+  readSpans(path: string, ingestDir: string, { sources }: Pick<BucketSpans, 'sources'>, spans: ArrayLike<number>, from = 0, to = spans.length / 4): { bytes: Buffer; at: number[] } {
+    let size = 0;
+    for (let q = from; q < to; q++) size += spanBytes(spans, q, sources);
+    const out = this.room(size);
+    const at: number[] = [];
+    const fds = new Map<number, number>();
+    let end = 0;
+    try {
+      for (let q = from; q < to; q++) {
+        const [source, start, stop, sessions] = [spans[4 * q]!, spans[4 * q + 1]!, spans[4 * q + 2]!, spans[4 * q + 3]!];
+        const s = sources[source]!;
+        let fd = fds.get(source);
+        if (fd === undefined) fds.set(source, (fd = s ? openSegment(ingestDir, s.ingest, path).fd : openSync(path, 'r')));
+        at.push(end);
+        if (s) end = readRun(out, end, fd, { ingest: s.ingest, bytes: [start, stop], sessions, split: s.split }, `${path} (a run of its lines)`);
+        else {
+          if (readAll(fd, out.subarray(end), stop - start, start) !== stop - start) throw new PipelineError(`${path}: ended before byte ${stop} while it was read again; it has changed since pairing began: run \`prefab stage pairs\` again`);
+          end += stop - start;
+          out[end++] = 10;
+        }
+      }
+    } finally {
+      for (const fd of fds.values()) closeSync(fd);
+    }
+    at.push(end);
+    return { bytes: out.subarray(0, end), at };
+  }
+}
+
+/** A bucket file's line as what is to be read for it: the line itself, or a run of ingest's sessions in its segment, opened. */
+type BucketPart = { start: number; end: number } | { run: SessionRun; fd: number; line: number };
+
+/** A line of a file as an error names it: made only for an error, as a bucket may hold a million runs. */
+const whereOf = (path: string, line: number) => `${path} line ${line}`;
+
+/** What a span points into: a segment of ingest's whose sessions take `split`'s tail, or (null) the bucket file's own lines. */
+export type SpanSource = { ingest: string; split: Split } | null;
+
+/**
+ * Where a large bucket's sessions lie, task by task (StoredBucketReader.readOrPlan). A span is a run of
+ * consecutive lines of one source, four numbers: the source (its place in `sources`; 0, null, is the bucket
+ * file itself), the bytes `from` to `to` of it (a run's newlines included, a bucket file's last newline not),
+ * and how many sessions.
+ */
+export interface BucketSpans {
+  sources: SpanSource[];
+  tasks: TaskSpans[];
+}
+
+/**
+ * A task of a large bucket: its sessions' bytes as read (tails added) and their spans, in the bucket's order;
+ * for a task larger than the limit, its sessions' ids, rewards and each one's span (source, from, to).
+ */
+export interface TaskSpans {
+  task: string;
+  bytes: number;
+  sessions: number;
+  spans: Float64Array;
+  heads: SessionHeads | null;
+}
+
+/**
+ * Sessions' ids and rewards, and where each lies: `ids` holds their JSON strings one after another (session
+ * i's ending at `idEnds[i]`: headId reads it), `at` a span (source, from, to) a session.
+ */
+export interface SessionHeads {
+  ids: Uint8Array;
+  idEnds: Uint32Array;
+  rewards: Float64Array;
+  at: Float64Array;
+}
+
+/**
+ * The id, task and reward of a session's line, stored as ingest writes it or as a bucket file holds it
+ * whole, read as readStoredSession reads them (id and task from the head, the reward between `],"reward":`
+ * and the `,"feedback":` after it): the id's and the task's JSON strings where they lie (`idAt`, `taskAt`),
+ * or, where the line is not shaped so, the id as JSON and the task from the line parsed whole.
+ */
+function readHead(bytes: Buffer, start: number, end: number): { idAt?: [number, number]; taskAt?: [number, number]; idJson?: Buffer; task?: string; reward: number } {
+  const head = headOf(bytes, start, end);
+  const close = bytes.lastIndexOf(MESSAGES_END, end - MESSAGES_END.length);
+  const feedback = close > start ? bytes.indexOf(FEEDBACK, close) : -1;
+  if (head && bytes[head.task] === 34 && feedback > 0 && feedback < end) {
+    const taskEnd = jsonStringEnd(bytes, head.task, end);
+    let reward: unknown;
+    try {
+      reward = JSON.parse(bytes.toString('latin1', close + MESSAGES_END.length, feedback));
+    } catch {
+      // parsed whole below
+    }
+    if (taskEnd > 0 && typeof reward === 'number') return { idAt: [start + HEAD.length - 1, head.idEnd], taskAt: [head.task, taskEnd], reward };
+  }
+  const s = JSON.parse(bytes.toString('utf8', start, end)) as SplitSession;
+  return { idJson: Buffer.from(JSON.stringify(s.session_id)), task: s.task_id!, reward: s.reward };
+}
+
+/** A task's sessions as a large bucket's plan gathers them: ids kept as their JSON's bytes, not strings that would live through collections. */
+class GatheredTask {
+  constructor(sources: SpanSource[], limit: number) {
+    this.spans = new SpanList(sources, limit);
+  }
+
+  readonly spans: SpanList;
+  bytes = 0;
+  sessions = 0;
+  ids = new ByteList();
+  rewards: number[] = [];
+  at: number[] = [];
+}
+
+/** Byte strings one after another in one growing buffer, with where each ends. */
+class ByteList {
+  private buffer = Buffer.allocUnsafe(4096);
+  private length = 0;
+  readonly ends: number[] = [];
+
+  push(from: Buffer, start: number, end: number): void {
+    if (this.length + end - start > this.buffer.length) {
+      const grown = Buffer.allocUnsafe(Math.max(2 * this.buffer.length, this.length + end - start));
+      this.buffer.copy(grown, 0, 0, this.length);
+      this.buffer = grown;
+    }
+    this.length += from.copy(this.buffer, this.length, start, end);
+    this.ends.push(this.length);
+  }
+
+  bytes(): Uint8Array {
+    return new Uint8Array(this.buffer.subarray(0, this.length));
+  }
+}
+
+/** Session `i`'s id of `heads`. */
+export function headId({ ids, idEnds }: SessionHeads, i: number): string {
+  const bytes = Buffer.from(ids.buffer, ids.byteOffset, ids.byteLength);
+  return decodeString(bytes, i === 0 ? 0 : idEnds[i - 1]!, idEnds[i]!);
+}
+
+/** What a session line of `source` takes once read, beyond its stored bytes: a run's sessions their tail in place of the closing brace. */
+const tailExtra = (source: SpanSource) => (source ? SESSION_TAILS[source.split].length - 1 : 0);
+
+/** What the session line at `from` to `to` of source `source` takes once read (its tail added, or its newline). */
+const lineBytes = (sources: SpanSource[], source: number, from: number, to: number) => {
+  const s = sources[source]!;
+  return to - from + (s ? tailExtra(s) : 1);
+};
+
+/**
+ * Spans made a session at a time: one continues the last span where it follows it in the same source (a
+ * whole line after the last one's newline, a run's line where the last one's ended) and the span stays
+ * within `limit` bytes once read.
+ */
+export class SpanList {
+  readonly spans: number[] = [];
+
+  constructor(private readonly sources: SpanSource[], private readonly limit: number) {}
+
+  add(source: number, from: number, to: number): void {
+    const { spans } = this;
+    const n = spans.length;
+    const next = source === 0 ? spans[n - 2]! + 1 : spans[n - 2];
+    if (n > 0 && spans[n - 4] === source && next === from && spanBytes(spans, n / 4 - 1, this.sources) + lineBytes(this.sources, source, from, to) <= this.limit) {
+      spans[n - 2] = to;
+      spans[n - 1]!++;
+    } else spans.push(source, from, to, 1);
+  }
+}
+
+/** The bytes span `q` of `spans` takes once read (its sessions' tails added, a bucket file's lines their last newline). */
+export function spanBytes(spans: ArrayLike<number>, q: number, sources: SpanSource[]): number {
+  const source = sources[spans[4 * q]!]!;
+  return spans[4 * q + 2]! - spans[4 * q + 1]! + (source ? spans[4 * q + 3]! * tailExtra(source) : 1);
+}
+
+/** Reads `length` bytes at `position` of `fd` into `into`, as many as there are; returns how many. */
+function readAll(fd: number, into: Buffer, length: number, position: number): number {
+  let got = 0;
+  while (got < length) {
+    const n = readSync(fd, into, got, length - got, position + got);
+    if (n === 0) break;
+    got += n;
+  }
+  return got;
+}
+
+/** Ingest's segment `name`, opened; an error names `where` pointed at it. */
+function openSegment(ingestDir: string, name: string, where: string): { fd: number; size: number } {
+  try {
+    const fd = openSync(join(ingestDir, 'sessions', name), 'r');
+    return { fd, size: fstatSync(fd).size };
+  } catch (error) {
+    throw new PipelineError(`${where}: points at ingest's segment ${name}, which ${join(ingestDir, 'sessions')} does not hold (${(error as Error).message}); these buckets were made from another ingest: run \`prefab stage split\``);
+  }
+}
+
+/** A bucket's session lines grouped by task (read from each line's head), tasks in a stable order. */
+function groupByTask(bytes: Buffer): StoredTaskGroups {
+  const tasks = new Map<string, number[]>();
+  forEachLine(bytes, (start, end) => {
+    if (end === start) return;
+    const task = leadingTaskId(bytes, start, end) ?? (JSON.parse(bytes.toString('utf8', start, end)) as SplitSession).task_id!;
+    const offsets = tasks.get(task);
+    if (offsets) offsets.push(start, end);
+    else tasks.set(task, [start, end]);
+  });
+  return { bytes, tasks: byTask(tasks) };
 }
 
 /** A run that does not find in its segment the sessions split saw there. */

@@ -8,9 +8,9 @@ import type { Logger } from '../../pipeline/log.ts';
 import { NEGATIVE_TYPES, REWRITE_TYPES, type NegativeType, type Pair, type Split } from '../../core/records.ts';
 import { mustDeclineTest } from '../../judges/rules.ts';
 import { isRefusal } from '../../core/refusal.ts';
-import { StoredBucketReader, storedSessions, type StoredMessages, type StoredSession, type StoredTaskGroups } from '../layout.ts';
+import { storedSessions, type StoredMessages, type StoredSession, type StoredTaskGroups } from '../layout.ts';
 import { buildHardNegatives } from './hard-negatives.ts';
-import { buildOutcomePairs } from './outcome.ts';
+import { buildOutcomePairs, type Candidate } from './outcome.ts';
 import type { RewriteJob, RewriteOutcome, Rewriter } from './rewriter.ts';
 
 export interface BucketOptions {
@@ -45,6 +45,8 @@ export function bucketOptions(cfg: PairingConfig, rewriter: Rewriter | null): Bu
 /** Every count the stage reports, at zero. */
 export function pairCounts(): Record<string, number> {
   const counts: Record<string, number> = { train: 0, test: 0, outcome: 0, hard_negative: 0, tasks: 0, tasks_with_pairs: 0, tasks_without_success: 0, tasks_without_failure: 0, dropped: 0 };
+  // Buckets too large to pair whole, paired in pieces (pairer.ts).
+  counts.buckets_in_pieces = 0;
   for (const t of NEGATIVE_TYPES) counts[`hard_negative_${t}`] = 0;
   // hard_negative counts both kinds; hard_negative_<type> the transforms', hard_negative_llm_<type> the rewriter's.
   Object.assign(counts, { hard_negative_llm: 0, rewrite_skipped: 0, rewrite_failed: 0, rewrite_over_budget: 0, rewrite_must_decline: 0, requests: 0, cached: 0, retries: 0 });
@@ -123,7 +125,7 @@ function firstReply(s: StoredSession): string | null {
 export type BucketLog = Pick<Logger, 'warn'>;
 
 /** Where a bucket's pairing writes, what it counts, and the rewrites it has asked for. */
-interface BucketWork {
+export interface BucketWork {
   o: BucketOptions;
   out: { pairs: LineBuffer; dropped: LineBuffer };
   counts: Record<string, number>;
@@ -133,14 +135,18 @@ interface BucketWork {
 
 const drop = (w: BucketWork, record: unknown) => w.out.dropped.push(JSON.stringify(record));
 
-/** Writes one task's outcome pairs and what was not made; returns how many pairs. */
-function writeOutcomePairs(w: BucketWork, sessions: StoredSession[]): number {
+/**
+ * Writes one task's outcome pairs and what was not made; returns how many pairs. The pairs are chosen from
+ * the candidates' ids and rewards, and `session` gives the sessions they take (the candidates themselves,
+ * or a large task's read back: pairer.ts).
+ */
+export function writeOutcomePairs<C extends Candidate>(w: BucketWork, candidates: C[], session: (c: C) => StoredSession): number {
   const oc = w.o.outcome;
-  if (!sessions.some((s) => s.reward >= oc.success_min)) w.counts.tasks_without_success!++;
-  if (!sessions.some((s) => s.reward <= oc.failure_max)) w.counts.tasks_without_failure!++;
-  const built = buildOutcomePairs(sessions, { successMin: oc.success_min, failureMax: oc.failure_max, maxPairsPerTask: oc.max_pairs_per_task ?? Infinity });
-  const byId = new Map(sessions.map((s) => [s.session_id, s]));
-  for (const pair of built.pairs) writePair(w.out.pairs, pair, byId.get(pair.chosen_session_id)!);
+  if (!candidates.some((s) => s.reward >= oc.success_min)) w.counts.tasks_without_success!++;
+  if (!candidates.some((s) => s.reward <= oc.failure_max)) w.counts.tasks_without_failure!++;
+  const built = buildOutcomePairs(candidates, session, { successMin: oc.success_min, failureMax: oc.failure_max, maxPairsPerTask: oc.max_pairs_per_task ?? Infinity });
+  const byId = new Map(candidates.map((c) => [c.session_id, c]));
+  for (const pair of built.pairs) writePair(w.out.pairs, pair, session(byId.get(pair.chosen_session_id)!));
   for (const d of built.dropped) drop(w, d);
   w.counts.outcome! += built.pairs.length;
   w.counts.dropped! += built.dropped.length;
@@ -176,28 +182,45 @@ function writeHardNegatives(w: BucketWork, s: StoredSession): number {
   return built.pairs.length;
 }
 
+/** Work on a bucket, or a piece of one, writing into buffers taken from `shelf`; `sizeHint` is about the bytes its pairs will take. */
+export function bucketWork(o: BucketOptions, shelf: BufferShelf, sizeHint: number): BucketWork {
+  return { o, out: { pairs: new LineBuffer(sizeHint, shelf), dropped: new LineBuffer(64 << 10, shelf) }, counts: pairCounts(), rewrites: [] };
+}
+
+/** What `w` wrote, as a bucket's result. */
+export function paired(w: BucketWork): PairedBucket {
+  const lines = { pairs: w.out.pairs.count, dropped: w.out.dropped.count };
+  return { pairs: w.out.pairs.take(), dropped: w.out.dropped.take(), lines, counts: w.counts };
+}
+
+/** Writes the hard negatives of those of a task's sessions they are made from; returns how many pairs. */
+export function writeTaskHardNegatives(w: BucketWork, sessions: StoredSession[]): number {
+  let made = 0;
+  for (const s of sessions) {
+    if (s.reward < w.o.hardNegatives.from_min_reward) continue;
+    made += writeHardNegatives(w, s);
+    // Its pairs are written (a rewrite asked for reads the messages later): what its messages made can go
+    // while the task's other sessions are paired, rather than live through collections as they are.
+    if (!w.o.rewriter) s.forgetMessages();
+  }
+  return made;
+}
+
 /**
- * The pairs of one bucket's task groups and what was not made (and why), as lines in buffers taken from
- * `shelf`; `sizeHint` is about the bytes the pairs will take, so that their buffer rarely grows.
+ * The pairs of one bucket's task groups (or of a piece of a bucket's whole tasks) and what was not made
+ * (and why), as lines in buffers taken from `shelf`; `sizeHint` is about the bytes the pairs will take,
+ * so that their buffer rarely grows.
  */
-async function pairBucket(groups: StoredTaskGroups, side: Split, o: BucketOptions, log: BucketLog, shelf: BufferShelf, sizeHint = 1 << 20): Promise<PairedBucket> {
-  const w: BucketWork = { o, out: { pairs: new LineBuffer(sizeHint, shelf), dropped: new LineBuffer(64 << 10, shelf) }, counts: pairCounts(), rewrites: [] };
+export async function pairBucket(groups: StoredTaskGroups, side: Split, o: BucketOptions, log: BucketLog, shelf: BufferShelf, sizeHint = 1 << 20): Promise<PairedBucket> {
+  const w = bucketWork(o, shelf, sizeHint);
   const { counts } = w;
   const madeByTask = new Map<string, number>();
   for (const [taskId, lines] of groups.tasks) {
     // A task's sessions are read as it is paired, and are done with after it.
     const sessions = storedSessions(groups, lines);
     counts.tasks!++;
-    let made = o.outcome.enabled ? writeOutcomePairs(w, sessions) : 0;
-    if (o.hardNegatives.enabled) {
-      for (const s of sessions) {
-        if (s.reward < o.hardNegatives.from_min_reward) continue;
-        made += writeHardNegatives(w, s);
-        // Its pairs are written (a rewrite asked for reads the messages later): what its messages made can go
-        // while the task's other sessions are paired, rather than live through collections as they are.
-        if (!o.rewriter) s.forgetMessages();
-      }
-    }
+    let made = o.outcome.enabled ? writeOutcomePairs(w, sessions, (s) => s) : 0;
+    if (o.hardNegatives.enabled) made += writeTaskHardNegatives(w, sessions);
     madeByTask.set(taskId, made);
   }
   for (const { job, outcome } of await Promise.all(w.rewrites)) {
@@ -219,35 +242,5 @@ async function pairBucket(groups: StoredTaskGroups, side: Split, o: BucketOption
     if (made > 0) counts.tasks_with_pairs!++;
     counts[side]! += made;
   }
-  const lines = { pairs: w.out.pairs.count, dropped: w.out.dropped.count };
-  return { pairs: w.out.pairs.take(), dropped: w.out.dropped.take(), lines, counts };
-}
-
-/** One bucket file of one side to pair, its runs of sessions read from `ingest`; `s` is the side's place in SPLITS. */
-export interface BucketJob {
-  path: string;
-  ingest: string;
-  side: Split;
-  s: number;
-  b: number;
-}
-
-/**
- * Pairs bucket files one after another on one thread: each bucket's sessions read into the same buffer
- * (StoredBucketReader), its pairs into a buffer sized by what the last bucket's pairs took for its sessions'
- * bytes (about 1.2 to 1.9 times them), so that the buffer rarely grows.
- */
-export class BucketPairer {
-  private readonly reader = new StoredBucketReader();
-  private pairBytesPerByte = 1.25;
-
-  constructor(private readonly o: BucketOptions, private readonly log: BucketLog, private readonly shelf: BufferShelf) {}
-
-  async pair({ path, ingest, side }: BucketJob): Promise<PairedBucket> {
-    const groups = await this.reader.read(path, ingest);
-    const bytes = groups.bytes.length;
-    const made = await pairBucket(groups, side, this.o, this.log, this.shelf, Math.ceil(1.1 * bytes * this.pairBytesPerByte) + (64 << 10));
-    if (bytes > 0) this.pairBytesPerByte = made.pairs.length / bytes;
-    return made;
-  }
+  return paired(w);
 }

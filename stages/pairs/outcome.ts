@@ -25,24 +25,32 @@ function commonPrefixLength(a: StoredMessages, b: StoredMessages): number {
 
 const hasAssistant = (messages: StoredMessages, from: number) => messages.indicesOf('assistant').some((i) => i >= from);
 
+/** What outcome pairs are chosen by: a session's id and reward (the session itself is asked for only if it is taken). */
+export interface Candidate {
+  session_id: string;
+  reward: number;
+}
+
 /**
  * Pairs for one task's sessions. When successes × failures exceeds the cap, combinations are taken
  * diagonal by diagonal over (successes by reward desc) × (failures by reward asc), so every session is
  * used about equally often and the widest margins come first. The pairs' message lists are runs of the
- * sessions' stored messages: nothing is parsed.
+ * sessions' stored messages: nothing is parsed. The sessions are chosen by id and reward; `session` gives
+ * the StoredSession of a candidate a combination takes (the candidates may be the sessions themselves,
+ * or, for a task too large to hold, what was read of them: stages/pairs/pairer.ts).
  */
-export function buildOutcomePairs(sessions: StoredSession[], options: OutcomeOptions): { pairs: Pair<StoredMessages>[]; dropped: DroppedPair[] } {
-  const byId = (a: StoredSession, b: StoredSession) => (a.session_id < b.session_id ? -1 : a.session_id > b.session_id ? 1 : 0);
-  const successes = sessions.filter((s) => s.reward >= options.successMin).sort((a, b) => b.reward - a.reward || byId(a, b));
-  const failures = sessions.filter((s) => s.reward <= options.failureMax).sort((a, b) => a.reward - b.reward || byId(a, b));
+export function buildOutcomePairs<C extends Candidate>(candidates: C[], session: (c: C) => StoredSession, options: OutcomeOptions): { pairs: Pair<StoredMessages>[]; dropped: DroppedPair[] } {
+  const byId = (a: C, b: C) => (a.session_id < b.session_id ? -1 : a.session_id > b.session_id ? 1 : 0);
+  const successes = candidates.filter((s) => s.reward >= options.successMin).sort((a, b) => b.reward - a.reward || byId(a, b));
+  const failures = candidates.filter((s) => s.reward <= options.failureMax).sort((a, b) => a.reward - b.reward || byId(a, b));
   const pairs: Pair<StoredMessages>[] = [];
   const dropped: DroppedPair[] = [];
   const S = successes.length;
   const F = failures.length;
   for (let d = 0; d < F && pairs.length < options.maxPairsPerTask; d++) {
     for (let i = 0; i < S && pairs.length < options.maxPairsPerTask; i++) {
-      const chosen = successes[i]!;
-      const rejected = failures[(i + d) % F]!;
+      const chosen = session(successes[i]!);
+      const rejected = session(failures[(i + d) % F]!);
       const n = commonPrefixLength(chosen.messages, rejected.messages);
       const reason = unusable(chosen.messages, rejected.messages, n);
       if (reason) {

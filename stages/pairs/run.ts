@@ -13,7 +13,8 @@ import type { Split } from '../../core/records.ts';
 import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
 import { ChunkIndex, joinChunks, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
 import { MANY_BUCKETS, SPLITS, bucketFile, readPairsInfo, readSplitInfo, sessionSegments, type PairsInfo } from '../layout.ts';
-import { BucketPairer, bucketOptions, pairCounts, type BucketJob, type PairedBucket, type PairingConfig } from './bucket.ts';
+import { bucketOptions, pairCounts, type PairedBucket, type PairingConfig } from './bucket.ts';
+import { BucketPairer, type BucketJob, type PairedJob, type PieceOfTask } from './pairer.ts';
 import { Rewriter, activeTypes, loadRewritePrompt, rewritePromptPath } from './rewriter.ts';
 
 import type { Progress } from '../../pipeline/log.ts';
@@ -48,20 +49,27 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
   const owned = Array.from({ length: info.buckets }, (_, b) => b).filter((b) => ownsBucket(shard, b));
   // On two cores, two threads pair buckets while the main thread only writes.
   const threads = rewriter ? 1 : workerCount(options.workers, owned.length >= MANY_BUCKETS);
-  const pool = threads > 1 ? new WorkerPool<BucketJob, PairedBucket>('pairs-worker', new URL('./worker.ts', import.meta.url), threads, cfg satisfies PairingConfig) : null;
-  // Every bucket of both sides, in the order their pairs are written; threads go on from one side to the next.
-  const jobs: BucketJob[] = [];
-  for (const [s, side] of SPLITS.entries()) for (const b of owned) jobs.push({ path: bucketFile(splitDir, side, b), ingest: ingestDir, side, s, b });
+  const pool = threads > 1 ? new WorkerPool<BucketJob, PairedJob>('pairs-worker', new URL('./worker.ts', import.meta.url), threads, cfg satisfies PairingConfig) : null;
   // A bucket's pairs (up to about twice its sessions' bytes) go to disk while the next bucket is paired, rather
-  // than first. Tasks are spread over the buckets by a hash, so a bucket holds about its share of the sessions.
+  // than first. Tasks are spread over the buckets by a hash, so a bucket holds about its share of the sessions;
+  // one that holds more than one and a half times that (a few tasks far larger than the rest) is paired in
+  // pieces of at most that (pairer.ts), so that what a thread holds does not grow with the largest task.
+  // `pieceBytes` (a test's) sets that limit.
   let sessionBytes = 0;
   for (const segment of await sessionSegments(ingestDir)) sessionBytes += (await stat(segment)).size;
-  const inFlight = Math.max(16 << 20, Math.ceil((3 * sessionBytes) / info.buckets));
+  const share = Math.ceil(sessionBytes / info.buckets);
+  const limit = typeof options.pieceBytes === 'number' ? options.pieceBytes : Math.max(4 << 20, Math.ceil(1.5 * share));
+  const inFlight = Math.max(16 << 20, 3 * share);
+  // Every bucket of both sides, in the order their pairs are written; threads go on from one side to the next.
+  const jobs: BucketJob[] = [];
+  for (const [s, side] of SPLITS.entries()) for (const b of owned) jobs.push({ path: bucketFile(splitDir, side, b), ingest: ingestDir, side, s, b, limit });
   const writers = { train: new JsonlWriter(join(out, 'train.jsonl'), 'w', inFlight), test: new JsonlWriter(join(out, 'test.jsonl'), 'w', inFlight) } satisfies Record<Split, JsonlWriter>;
   const progress: { side: Split | null; bar: Progress | null } = { side: null, bar: null };
-  async function* each() {
-    for (const job of jobs) {
-      await safePoint(signal, () => `pairs: stopped at ${job.side} bucket ${job.b + 1} of ${info.buckets}; the next run makes pairs again${rewriter ? ' (rewrites received are cached)' : ''}`);
+  const stopped = (job: BucketJob) => `pairs: stopped at ${job.side} bucket ${job.b + 1} of ${info.buckets}; the next run makes pairs again${rewriter ? ' (rewrites received are cached)' : ''}`;
+  // Each job is let go once given (a large bucket's pieces hold where their sessions lie).
+  async function* each(batches: BucketJob[]) {
+    for (let job = batches.shift(); job; job = batches.shift()) {
+      await safePoint(signal, () => stopped(job!));
       yield job;
     }
   }
@@ -80,24 +88,43 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
         else for (const buffer of buffers) shelf.put(buffer);
       };
     };
+    // A task paired in pieces has pairs when any of its pieces made some.
+    let taskMade = 0;
+    const write = async (made: PairedBucket & { ofTask?: PieceOfTask }, { side, s, b, piece }: BucketJob) => {
+      if (progress.side !== side) {
+        progress.bar?.done();
+        Object.assign(progress, { side, bar: log.progress(`pairs ${side}`, info.buckets) });
+      }
+      // A bucket's pieces are one chunk, marked by its first.
+      if (!piece || piece.opens) {
+        chunks.mark(writers[side], [b]);
+        chunks.mark(dropped, [s, b]);
+      }
+      const written = recycle(made);
+      await writers[side].writeBlock(made.pairs, made.lines.pairs, written);
+      await dropped.writeBlock(made.dropped, made.lines.dropped, written);
+      for (const [k, v] of Object.entries(made.counts)) counts[k] = (counts[k] ?? 0) + v;
+      if (made.ofTask) {
+        taskMade += made.ofTask.made;
+        if (made.ofTask.endsTask) [counts.tasks_with_pairs, taskMade] = [counts.tasks_with_pairs! + (taskMade > 0 ? 1 : 0), 0];
+      }
+      if (!piece || piece.closes) progress.bar!.tick();
+    };
     // Two buckets a thread being paired: while the bucket to be written next is still being paired, the other
     // thread goes on with the ones after it (with one, it waited: 0.45 s of 1.9 at the simulator's 100k).
     // Buckets paired out of turn wait to be written while their pairs hold under what the writers may
     // have in flight: where a few large tasks fill a few buckets among many empty or small ones, both
     // threads pair the large ones (when any four buckets in flight counted, one thread paired alone).
-    await inOrder(each(), pool ?? ((job: BucketJob) => pairer.pair(job)), async (made, { side, s, b }) => {
-      if (progress.side !== side) {
-        progress.bar?.done();
-        Object.assign(progress, { side, bar: log.progress(`pairs ${side}`, info.buckets) });
-      }
-      chunks.mark(writers[side], [b]);
-      chunks.mark(dropped, [s, b]);
-      const written = recycle(made);
-      await writers[side].writeBlock(made.pairs, made.lines.pairs, written);
-      await dropped.writeBlock(made.dropped, made.lines.dropped, written);
-      for (const [k, v] of Object.entries(made.counts)) counts[k] = (counts[k] ?? 0) + v;
-      progress.bar!.tick();
-    }, { perThread: 2, held: { bytes: (made) => made.pairs.length + made.dropped.length, budget: inFlight } });
+    // A large bucket answers with its pieces, which go to the threads in turn before the buckets after it
+    // are written (those already given out are paired meanwhile).
+    const work = pool ?? ((job: BucketJob) => pairer.pair(job));
+    const keep = { perThread: 2, held: { bytes: (made: PairedJob) => ('pieces' in made ? 0 : made.pairs.length + made.dropped.length), budget: inFlight } };
+    await inOrder(each(jobs), work, async (made, job) => {
+      if (!('pieces' in made)) return write(made, job);
+      counts.buckets_in_pieces!++;
+      // A piece answers with its pairs, never with pieces of its own.
+      await inOrder(each(made.pieces), work, async (piece, job) => write(piece as PairedBucket, job), keep);
+    }, keep);
     progress.bar?.done();
     for (const writer of Object.values(writers)) await writer.close();
   } finally {

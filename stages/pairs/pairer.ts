@@ -1,0 +1,205 @@
+// A thread's pairing: bucket files one after another, each bucket whose sessions take more than a job's
+// `limit` bytes in pieces that each read at most about that much, so that what a thread holds does not grow
+// with the largest task. The pieces write, in order, the bytes pairing the bucket whole writes:
+//   - whole tasks, several to a piece, as pairBucket pairs them;
+//   - a task larger than the limit: first its outcome pairs, chosen from its sessions' ids and rewards and
+//     only the sessions they take read back; then its hard negatives, from its sessions with a reward of at
+//     least from_min_reward, read again a run at a time.
+// A large bucket's job reads the bucket `limit` bytes at a time, keeping only where each session lies, its
+// task, id and reward (StoredBucketReader.readOrPlan), and answers with its pieces (BucketPlan) rather than
+// pairs; pairs/run.ts hands them to the threads in turn, as it hands buckets. A large task's sessions are
+// so read twice: at the 1M sessions of 20 tasks, pairs took 11.3 s at 300-330 MiB against 9.1 s at 480-500.
+import type { BufferShelf } from '../../pipeline/buffers.ts';
+import type { Split } from '../../core/records.ts';
+import { SpanList, StoredBucketReader, headId, readStoredSession, spanBytes, storedSessions, type BucketSpans, type SessionHeads, type SpanSource, type StoredSession, type StoredTaskGroups, type TaskSpans } from '../layout.ts';
+import { bucketWork, pairBucket, paired, writeOutcomePairs, writeTaskHardNegatives, type BucketLog, type BucketOptions, type PairedBucket } from './bucket.ts';
+
+/** One bucket file of one side to pair, its runs of sessions read from `ingest`; `s` is the side's place in SPLITS. */
+export interface BucketJob {
+  path: string;
+  ingest: string;
+  side: Split;
+  s: number;
+  b: number;
+  /** Session bytes a thread reads at once: a bucket whose sessions take more is paired in pieces. */
+  limit: number;
+  /** A piece of a large bucket; none for a whole bucket. */
+  piece?: BucketPiece;
+}
+
+/**
+ * A piece of a large bucket: where its sessions lie (spans, as BucketSpans has them), and what is made of
+ * them. `tasks`: whole tasks, each its spans from `from` to `to` (span indices). `outcome` and `negatives`:
+ * a part of one task larger than the limit (its outcome pairs, over all its spans; its hard negatives, over
+ * some), `endsTask` when no part of the task comes after. `opens` and `closes`: the bucket's first and last piece.
+ */
+export interface BucketPiece {
+  part: 'tasks' | 'outcome' | 'negatives';
+  sources: SpanSource[];
+  spans: Float64Array;
+  tasks: { task: string; from: number; to: number }[];
+  /** An `outcome` piece's: its task's sessions' ids, rewards and where each lies (it reads only those its pairs take). */
+  heads?: SessionHeads;
+  endsTask: boolean;
+  opens: boolean;
+  closes: boolean;
+}
+
+/** A large bucket's answer: its pieces, to be paired and written in this order. */
+interface BucketPlan {
+  pieces: BucketJob[];
+}
+
+/** What a piece of a task larger than the limit made: counted towards `tasks_with_pairs` over all its pieces, when the last is written. */
+export interface PieceOfTask {
+  made: number;
+  endsTask: boolean;
+}
+
+export type PairedJob = (PairedBucket & { ofTask?: PieceOfTask }) | BucketPlan;
+
+/** The pieces of a bucket too large to pair whole, in the order their pairs are written. */
+function planPieces(spans: BucketSpans, job: BucketJob, o: BucketOptions): BucketJob[] {
+  const pieces: BucketJob[] = [];
+  const { limit } = job;
+  const piece = (part: BucketPiece['part'], tasks: TaskSpans[], endsTask = true, from = 0, to?: number) => {
+    if (part === 'outcome') {
+      const { task, heads } = tasks[0]!;
+      pieces.push({ ...job, piece: { part, sources: spans.sources, spans: new Float64Array(0), tasks: [{ task, from: 0, to: 0 }], heads: o.outcome.enabled ? heads! : undefined, endsTask, opens: pieces.length === 0, closes: false } });
+      return;
+    }
+    const parts = tasks.map((t) => t.spans.subarray(4 * from, to === undefined ? undefined : 4 * to));
+    const taken = new Float64Array(parts.reduce((n, p) => n + p.length, 0));
+    let at = 0;
+    const listed = tasks.map((t, i) => {
+      taken.set(parts[i]!, at);
+      at += parts[i]!.length;
+      return { task: t.task, from: (at - parts[i]!.length) / 4, to: at / 4 };
+    });
+    pieces.push({ ...job, piece: { part, sources: spans.sources, spans: taken, tasks: listed, endsTask, opens: pieces.length === 0, closes: false } });
+  };
+  let whole: TaskSpans[] = [];
+  let bytes = 0;
+  for (const t of spans.tasks) {
+    if (t.bytes <= limit) {
+      if (bytes + t.bytes > limit && whole.length > 0) [whole, bytes] = [(piece('tasks', whole), []), 0];
+      whole.push(t);
+      bytes += t.bytes;
+      continue;
+    }
+    if (whole.length > 0) [whole, bytes] = [(piece('tasks', whole), []), 0];
+    // Its hard negatives are made from the sessions with a reward of at least from_min_reward alone: only
+    // those are read again, in spans of at most `limit` bytes, a run of spans at a time up to the limit.
+    const runs: [number, number][] = [];
+    const chosen = new SpanList(spans.sources, limit);
+    if (o.hardNegatives.enabled) {
+      const { rewards, at } = t.heads!;
+      for (let i = 0; i < rewards.length; i++) if (rewards[i]! >= o.hardNegatives.from_min_reward) chosen.add(at[3 * i]!, at[3 * i + 1]!, at[3 * i + 2]!);
+      let [from, held] = [0, 0];
+      for (let q = 0; q < chosen.spans.length / 4; q++) {
+        const size = spanBytes(chosen.spans, q, spans.sources);
+        if (held + size > limit && q > from) [from, held] = [(runs.push([from, q]), q), 0];
+        held += size;
+      }
+      if (chosen.spans.length > 0) runs.push([from, chosen.spans.length / 4]);
+    }
+    piece('outcome', [t], runs.length === 0);
+    const negatives = { ...t, spans: Float64Array.from(chosen.spans) };
+    runs.forEach(([from, to], i) => piece('negatives', [negatives], i === runs.length - 1, from, to));
+  }
+  if (whole.length > 0) piece('tasks', whole);
+  pieces.at(-1)!.piece!.closes = true;
+  return pieces;
+}
+
+/** A candidate for a large task's outcome pairs: its id and reward, and its place in the task's SessionHeads. */
+interface Head {
+  session_id: string;
+  reward: number;
+  i: number;
+}
+
+/**
+ * Pairs bucket files one after another on one thread: each bucket's sessions read into the same buffer
+ * (StoredBucketReader), its pairs into a buffer sized by what the last bucket's pairs took for its sessions'
+ * bytes (about 1.2 to 1.9 times them), so that the buffer rarely grows. A bucket whose sessions take more
+ * than the job's limit answers with its pieces (a rewriter's buckets are paired whole: their rewrites are
+ * written after the bucket's other pairs).
+ */
+export class BucketPairer {
+  private readonly reader = new StoredBucketReader();
+  private pairBytesPerByte = 1.25;
+
+  constructor(private readonly o: BucketOptions, private readonly log: BucketLog, private readonly shelf: BufferShelf) {}
+
+  async pair(job: BucketJob): Promise<PairedJob> {
+    if (job.piece) return this.pairPiece(job, job.piece);
+    const read = await this.reader.readOrPlan(job.path, job.ingest, this.o.rewriter ? Infinity : job.limit);
+    if (!('bytes' in read)) return { pieces: planPieces(read, job, this.o) };
+    return this.pairGroups(read, job.side);
+  }
+
+  private async pairGroups(groups: StoredTaskGroups, side: Split): Promise<PairedBucket> {
+    const bytes = groups.bytes.length;
+    const made = await pairBucket(groups, side, this.o, this.log, this.shelf, this.sizeHint(bytes));
+    if (bytes > 0) this.pairBytesPerByte = made.pairs.length / bytes;
+    return made;
+  }
+
+  private sizeHint(bytes: number): number {
+    return Math.ceil(1.1 * bytes * this.pairBytesPerByte) + (64 << 10);
+  }
+
+  private async pairPiece(job: BucketJob, piece: BucketPiece): Promise<PairedJob> {
+    const { path, ingest, side } = job;
+    if (piece.part === 'outcome') return this.pairOutcome(job, piece);
+    const { bytes, at } = this.reader.readSpans(path, ingest, piece, piece.spans);
+    const tasks: [string, number[]][] = piece.tasks.map(({ task, from, to }) => {
+      const offsets: number[] = [];
+      for (let start = at[from]!; start < at[to]!; ) {
+        const nl = bytes.indexOf(10, start);
+        offsets.push(start, nl);
+        start = nl + 1;
+      }
+      return [task, offsets];
+    });
+    if (piece.part === 'tasks') return this.pairGroups({ bytes, tasks }, side);
+    const w = bucketWork(this.o, this.shelf, this.sizeHint(bytes.length));
+    const made = writeTaskHardNegatives(w, storedSessions({ bytes, tasks }, tasks[0]![1]));
+    w.counts[side]! += made;
+    if (bytes.length > 0) this.pairBytesPerByte = w.out.pairs.length / bytes.length;
+    return { ...paired(w), ofTask: { made, endsTask: piece.endsTask } };
+  }
+
+  /**
+   * A large task's outcome pairs, chosen from its sessions' ids and rewards as the bucket's plan read them
+   * (of successes and failures only), and only the sessions they take read back, each once.
+   */
+  private pairOutcome({ path, ingest, side }: BucketJob, piece: BucketPiece): PairedBucket & { ofTask: PieceOfTask } {
+    const w = bucketWork(this.o, this.shelf, 1 << 20);
+    w.counts.tasks!++;
+    let made = 0;
+    const oc = this.o.outcome;
+    if (oc.enabled) {
+      const { rewards, at } = piece.heads!;
+      const heads: Head[] = [];
+      for (let i = 0; i < rewards.length; i++) {
+        const reward = rewards[i]!;
+        if (reward >= oc.success_min || reward <= oc.failure_max) heads.push({ session_id: headId(piece.heads!, i), reward, i });
+      }
+      // A session taken is read into a buffer of its own: the reader's is filled again for the next.
+      const taken = new Map<Head, StoredSession>();
+      const session = (h: Head): StoredSession => {
+        let found = taken.get(h);
+        if (!found) {
+          const { bytes } = this.reader.readSpans(path, ingest, piece, [...at.subarray(3 * h.i, 3 * h.i + 3), 1]);
+          taken.set(h, (found = readStoredSession(Buffer.from(bytes.subarray(0, bytes.length - 1)))));
+        }
+        return found;
+      };
+      made = writeOutcomePairs(w, heads, session);
+    }
+    w.counts[side]! += made;
+    return { ...paired(w), ofTask: { made, endsTask: piece.endsTask } };
+  }
+}

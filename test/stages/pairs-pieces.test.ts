@@ -1,0 +1,65 @@
+// A bucket whose sessions take more than a thread may read at once is paired in pieces (stages/pairs/pairer.ts):
+// whole tasks several to a piece, a larger task's outcome pairs from its sessions' ids and rewards, then its
+// hard negatives a run of sessions at a time. What the pieces write is what pairing each bucket whole writes.
+import { readFileSync } from 'node:fs';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { engineFor, jsonl, manifest, session, tempDir } from '../fixtures/pipeline.ts';
+
+/**
+ * Two tasks of 200 sessions among 50 of three, and sessions without a task that split gives the task named
+ * `gym` (so its bucket holds them whole, not as runs of ingest's lines); one file in task order (long runs),
+ * one with the tasks' sessions apart (a run a session). Some successes and failures say the same thing.
+ */
+function inputs(dir: string): void {
+  const records: unknown[] = [];
+  for (let i = 0; i < 400; i++) records.push(session(`big-${i}`, i < 200 ? 'huge' : 'gym', [1, 0, 0.5][i % 3]!, `answer ${i % 7}`));
+  for (let i = 0; i < 150; i++) records.push(session(`small-${i}`, `T${i % 50}`, Math.floor(i / 50) % 2, `reply ${i}`));
+  for (let i = 0; i < 30; i++) records.push(session(`untasked-${i}`, null, i % 2, `untasked ${i % 5}`));
+  const apart = records.filter((_, i) => i % 2 === 0);
+  const inOrder = records.filter((_, i) => i % 2 === 1);
+  writeFileSync(join(dir, 'a.jsonl'), jsonl(apart.map((_, i) => apart[(i * 7919) % apart.length])));
+  writeFileSync(join(dir, 'b.jsonl'), jsonl(inOrder));
+}
+
+const PAIRS_FILES = ['train.jsonl', 'test.jsonl', 'dropped.jsonl'];
+
+describe('pairs of a bucket too large to pair whole', () => {
+  for (const [name, pairs] of [['capped', ''], ['uncapped', 'pairs:\n  outcome:\n    max_pairs_per_task: null\n']] as const) {
+    it(`writes in pieces, on one thread and on three, what pairing it whole writes (${name})`, async () => {
+      const data = tempDir();
+      inputs(data);
+      const config = `ingest:\n  inputs: [${join(data, 'a.jsonl')}, ${join(data, 'b.jsonl')}]\nsplit:\n  bucket_size: 16\n${pairs}`;
+      const [whole, one, three] = [tempDir(), tempDir(), tempDir()];
+      await engineFor(whole, config, { workers: 1 }).run({ until: 'pairs' });
+      // A few sessions a piece: the two large tasks go in many, and small tasks share their buckets.
+      await engineFor(one, config, { workers: 1, pieceBytes: 6000 }).run({ until: 'pairs' });
+      await engineFor(three, config, { workers: 3, pieceBytes: 6000 }).run({ until: 'pairs' });
+      const counts = manifest(whole, 'pairs').counts;
+      expect(manifest(whole, 'split').counts.matched_to_task).toBeGreaterThan(0);
+      expect(counts.buckets_in_pieces).toBe(0);
+      expect(counts.outcome).toBeGreaterThan(name === 'capped' ? 100 : 4000);
+      expect(counts.dropped).toBeGreaterThan(0);
+      for (const dir of [one, three]) {
+        const { buckets_in_pieces: inPieces, ...rest } = manifest(dir, 'pairs').counts;
+        // The two large tasks' buckets, and buckets of small tasks the small limit catches too.
+        expect(inPieces).toBeGreaterThanOrEqual(3);
+        expect({ ...rest, buckets_in_pieces: 0 }).toEqual(counts);
+        for (const f of PAIRS_FILES) expect(readFileSync(join(dir, 'workspace', 'pairs', f)).equals(readFileSync(join(whole, 'workspace', 'pairs', f))), f).toBe(true);
+      }
+    });
+  }
+
+  it('marks a bucket paired in pieces as one chunk of a shard', async () => {
+    const data = tempDir();
+    inputs(data);
+    const config = `ingest:\n  inputs: [${join(data, 'a.jsonl')}, ${join(data, 'b.jsonl')}]\nsplit:\n  bucket_size: 16\n`;
+    const shard = { index: 1, count: 2 };
+    const [whole, pieces] = [tempDir(), tempDir()];
+    await engineFor(whole, config, { workers: 1 }).run({ until: 'pairs', shard });
+    await engineFor(pieces, config, { workers: 2, pieceBytes: 6000 }).run({ until: 'pairs', shard });
+    expect(manifest(pieces, 'pairs').counts.buckets_in_pieces).toBeGreaterThan(0);
+    for (const f of [...PAIRS_FILES, 'shard.json']) expect(readFileSync(join(pieces, 'workspace', 'pairs', f)).equals(readFileSync(join(whole, 'workspace', 'pairs', f))), f).toBe(true);
+  });
+});
