@@ -756,7 +756,7 @@ class GatheredTask {
 
 /** Byte strings one after another in one growing buffer, with where each ends. */
 class ByteList {
-  private buffer = Buffer.allocUnsafe(4096);
+  private buffer = Buffer.allocUnsafe(256);
   private length = 0;
   readonly ends: number[] = [];
 
