@@ -609,21 +609,21 @@ export class StoredBucketReader {
         let block = this.room(Math.min(limit, run.bytes[1] - at));
         let got = readAll(fd, block, Math.min(block.length, run.bytes[1] - at), at);
         if (got === 0) throw segmentChanged(where, run, `ended at byte ${at} while it was read`);
-        let last = block.lastIndexOf(10, got - 1);
-        while (last < 0 && at + got < run.bytes[1]) {
+        let newline = block.lastIndexOf(10, got - 1);
+        while (newline < 0 && at + got < run.bytes[1]) {
           block = this.room(2 * block.length);
           got = readAll(fd, block, Math.min(block.length, run.bytes[1] - at), at);
-          last = block.lastIndexOf(10, got - 1);
+          newline = block.lastIndexOf(10, got - 1);
         }
-        if (last < 0) throw segmentChanged(where, run, `holds a line there that does not end`);
-        for (let start = 0; start <= last; ) {
+        if (newline < 0) throw segmentChanged(where, run, `holds a line there that does not end`);
+        for (let start = 0; start <= newline; ) {
           const nl = block.indexOf(10, start);
           if (block[start] !== 123 || block[nl - 1] !== 125) throw segmentChanged(where, run, 'holds lines there that are not sessions');
           add(block, start, nl, source, at + start, at + nl + 1);
           lines++;
           start = nl + 1;
         }
-        at += last + 1;
+        at += newline + 1;
       }
       if (lines !== run.sessions) throw segmentChanged(where, run, `holds ${lines} line(s) there, not all sessions`);
     }
@@ -650,6 +650,7 @@ export class StoredBucketReader {
     const out = this.room(size);
     const at: number[] = [];
     const fds = new Map<number, number>();
+    const where = `${path} (a run of its lines)`;
     let end = 0;
     try {
       for (let q = from; q < to; q++) {
@@ -658,7 +659,7 @@ export class StoredBucketReader {
         let fd = fds.get(source);
         if (fd === undefined) fds.set(source, (fd = s ? openSegment(ingestDir, s.ingest, path).fd : openSync(path, 'r')));
         at.push(end);
-        if (s) end = readRun(out, end, fd, { ingest: s.ingest, bytes: [start, stop], sessions, split: s.split }, `${path} (a run of its lines)`);
+        if (s) end = readRun(out, end, fd, { ingest: s.ingest, bytes: [start, stop], sessions, split: s.split }, where);
         else {
           if (readAll(fd, out.subarray(end), stop - start, start) !== stop - start) throw new PipelineError(`${path}: ended before byte ${stop} while it was read again; it has changed since pairing began: run \`prefab stage pairs\` again`);
           end += stop - start;
