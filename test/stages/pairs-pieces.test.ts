@@ -1,8 +1,7 @@
 // A bucket whose sessions take more than a thread may read at once is paired in pieces (stages/pairs/pairer.ts):
 // whole tasks several to a piece, a larger task's outcome pairs from its sessions' ids and rewards, then its
 // hard negatives a run of sessions at a time. What the pieces write is what pairing each bucket whole writes.
-import { readFileSync } from 'node:fs';
-import { writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { engineFor, jsonl, manifest, session, tempDir } from '../fixtures/pipeline.ts';
