@@ -396,15 +396,12 @@ const ROLE_BY_FIRST_BYTE: Record<number, Role> = { 115: 'system', 117: 'user', 9
  */
 export function readStoredSession(line: Buffer): StoredSession {
   const open = line.indexOf(MESSAGES);
-  // `],"reward":` is found from the end, past the few fields after it rather than every message (nothing
-  // else can look like it: a string holds no bare quote).
-  const close = open < 0 ? -1 : line.lastIndexOf(MESSAGES_END);
-  const feedback = close < 0 ? -1 : line.indexOf(FEEDBACK, close);
+  const [close, feedback] = rewardAt(line, 0, line.length);
   const metadata = line.lastIndexOf(METADATA);
   const split = line.lastIndexOf(SPLIT);
   const side = split < 0 ? '' : line.toString('latin1', split + SPLIT.length, line.indexOf(34, split + SPLIT.length));
   // The list opens with a message and closes after one: its messages lie between.
-  if (close < 0 || !holdsAt(line, open + MESSAGES.length, MESSAGE) || line[close - 1] !== 125 || feedback < 0 || metadata < feedback || split < metadata || (side !== 'train' && side !== 'test')) {
+  if (open < 0 || close < 0 || !holdsAt(line, open + MESSAGES.length, MESSAGE) || line[close - 1] !== 125 || feedback < 0 || metadata < feedback || split < metadata || (side !== 'train' && side !== 'test')) {
     return StoredSession.of(JSON.parse(line.toString('utf8')) as SplitSession);
   }
   // The head read as its two strings (split gave every session a task, its string ending where messages start).
@@ -415,6 +412,18 @@ export function readStoredSession(line: Buffer): StoredSession {
       : (JSON.parse(`${line.toString('utf8', 0, open)}}`) as { session_id: string; task_id: string });
   const reward = JSON.parse(line.toString('latin1', close + MESSAGES_END.length, feedback)) as number;
   return new StoredSession(head.session_id, head.task_id, reward, side, line.subarray(metadata + METADATA.length, split), { line, open, close });
+}
+
+/**
+ * Where the session line at `start` to `end` of `bytes` holds its reward: after its last `],"reward":`
+ * (`close`; found from the end, past the few fields after it rather than every message, and nothing else can
+ * look like it: a string holds no bare quote), up to the `,"feedback":` after it. -1 for either not there.
+ */
+function rewardAt(bytes: Buffer, start: number, end: number): [close: number, feedback: number] {
+  const close = bytes.lastIndexOf(MESSAGES_END, end - MESSAGES_END.length);
+  if (close < start) return [-1, -1];
+  const feedback = bytes.indexOf(FEEDBACK, close);
+  return [close, feedback >= 0 && feedback < end ? feedback : -1];
 }
 
 /** Where a session line holds its message list: `open` at `,"messages":[`, `close` at the `],"reward":` after it. */
@@ -560,8 +569,9 @@ export class StoredBucketReader {
 
   /**
    * A bucket file's lines grouped by task as `read` gives them where its sessions take at most `limit`
-   * bytes; a larger bucket's as where its sessions lie (BucketSpans), read `limit` bytes at a time and
-   * none kept, so that what is paired of it at once can be bounded (stages/pairs/pairer.ts).
+   * bytes; a larger bucket's as where its sessions lie (BucketSpans), read `limit` bytes at a time and only
+   * where each lies, its task, id and reward kept, so that what is paired of it at once can be bounded
+   * (stages/pairs/pairer.ts).
    */
   readOrPlan(path: string, ingestDir: string, limit: number): Promise<StoredTaskGroups | BucketSpans> {
     return this.withParts(path, ingestDir, (parts, size, file) => (size <= limit ? groupByTask(this.fill(path, parts, size, file)) : this.spans(path, parts, file, limit)));
@@ -582,16 +592,14 @@ export class StoredBucketReader {
       else {
         const task = head.taskAt ? decodeString(line, head.taskAt[0], head.taskAt[1]) : head.task!;
         t = tasks.get(task);
-        if (!t) tasks.set(task, (t = new GatheredTask(sources, limit)));
+        if (!t) tasks.set(task, (t = new GatheredTask()));
         last = head.taskAt ? { json: Buffer.from(line.subarray(head.taskAt[0], head.taskAt[1])), task: t } : null;
       }
       t.bytes += lineBytes(sources, source, from, to);
-      t.sessions++;
       if (head.idAt) t.ids.push(line, head.idAt[0], head.idAt[1]);
       else t.ids.push(head.idJson!, 0, head.idJson!.length);
       t.rewards.push(head.reward);
       t.at.push(source, from, to);
-      t.spans.add(source, from, to);
     };
     for (const part of parts) {
       if ('start' in part) {
@@ -627,14 +635,16 @@ export class StoredBucketReader {
       }
       if (lines !== run.sessions) throw segmentChanged(where, run, `holds ${lines} line(s) there, not all sessions`);
     }
-    // Only a task larger than the limit has its outcome pairs chosen from what was read here. Numbers go as
-    // typed arrays and ids as one buffer: a plan goes to the main thread and its pieces back to the threads,
-    // and copying arrays of numbers or strings an element at a time took a second at a million sessions.
+    // A task larger than the limit is paired from its sessions' ids, rewards and spans (pairer.ts), a smaller
+    // one whole. Numbers go as typed arrays and ids as one buffer: a plan goes to the main thread and its
+    // pieces back to the threads, and copying arrays of numbers or strings an element at a time took a second
+    // at a million sessions.
     return {
       sources,
       tasks: byTask(tasks).map(([task, t]): TaskSpans => {
-        const heads = t.bytes <= limit ? null : { ids: t.ids.bytes(), idEnds: Uint32Array.from(t.ids.ends), rewards: Float64Array.from(t.rewards), at: Float64Array.from(t.at) };
-        return { task, bytes: t.bytes, sessions: t.sessions, spans: Float64Array.from(t.spans.spans), heads };
+        const at = Float64Array.from(t.at);
+        if (t.bytes <= limit) return { task, bytes: t.bytes, spans: spansOf(sources, at, limit), heads: null };
+        return { task, bytes: t.bytes, spans: null, heads: { ids: t.ids.bytes(), idEnds: Uint32Array.from(t.ids.ends), rewards: Float64Array.from(t.rewards), at } };
       }),
     };
   }
@@ -695,16 +705,11 @@ export interface BucketSpans {
 }
 
 /**
- * A task of a large bucket: its sessions' bytes as read (tails added) and their spans, in the bucket's order;
- * for a task larger than the limit, its sessions' ids, rewards and each one's span (source, from, to).
+ * A task of a large bucket and its sessions' bytes as read (tails added): for a task within the limit, the
+ * spans of its sessions in the bucket's order; for a larger one, instead, its sessions' ids, rewards and
+ * each one's span (source, from, to).
  */
-export interface TaskSpans {
-  task: string;
-  bytes: number;
-  sessions: number;
-  spans: Float64Array;
-  heads: SessionHeads | null;
-}
+type TaskSpans = { task: string; bytes: number } & ({ spans: Float64Array; heads: null } | { spans: null; heads: SessionHeads });
 
 /**
  * Sessions' ids and rewards, and where each lies: `ids` holds their JSON strings one after another (session
@@ -725,9 +730,8 @@ export interface SessionHeads {
  */
 function readHead(bytes: Buffer, start: number, end: number): { idAt?: [number, number]; taskAt?: [number, number]; idJson?: Buffer; task?: string; reward: number } {
   const head = headOf(bytes, start, end);
-  const close = bytes.lastIndexOf(MESSAGES_END, end - MESSAGES_END.length);
-  const feedback = close > start ? bytes.indexOf(FEEDBACK, close) : -1;
-  if (head && bytes[head.task] === 34 && feedback > 0 && feedback < end) {
+  const [close, feedback] = rewardAt(bytes, start, end);
+  if (head && bytes[head.task] === 34 && feedback > 0) {
     const taskEnd = jsonStringEnd(bytes, head.task, end);
     let reward: unknown;
     try {
@@ -743,13 +747,7 @@ function readHead(bytes: Buffer, start: number, end: number): { idAt?: [number, 
 
 /** A task's sessions as a large bucket's plan gathers them: ids kept as their JSON's bytes, not strings that would live through collections. */
 class GatheredTask {
-  constructor(sources: SpanSource[], limit: number) {
-    this.spans = new SpanList(sources, limit);
-  }
-
-  readonly spans: SpanList;
   bytes = 0;
-  sessions = 0;
   ids = new ByteList();
   rewards: number[] = [];
   at: number[] = [];
@@ -792,24 +790,23 @@ const lineBytes = (sources: SpanSource[], source: number, from: number, to: numb
 };
 
 /**
- * Spans made a session at a time: one continues the last span where it follows it in the same source (a
- * whole line after the last one's newline, a run's line where the last one's ended) and the span stays
- * within `limit` bytes once read.
+ * The spans of the sessions at `at` (a span of one session each: source, from, to) that `keep` keeps: a
+ * session continues the last span where it follows it in the same source (a whole line after the last one's
+ * newline, a run's line where the last one's ended) and the span stays within `limit` bytes once read.
  */
-export class SpanList {
-  readonly spans: number[] = [];
-
-  constructor(private readonly sources: SpanSource[], private readonly limit: number) {}
-
-  add(source: number, from: number, to: number): void {
-    const { spans } = this;
+export function spansOf(sources: SpanSource[], at: Float64Array, limit: number, keep: (i: number) => boolean = () => true): Float64Array {
+  const spans: number[] = [];
+  for (let i = 0; i < at.length / 3; i++) {
+    if (!keep(i)) continue;
+    const [source, from, to] = [at[3 * i]!, at[3 * i + 1]!, at[3 * i + 2]!];
     const n = spans.length;
     const next = source === 0 ? spans[n - 2]! + 1 : spans[n - 2];
-    if (n > 0 && spans[n - 4] === source && next === from && spanBytes(spans, n / 4 - 1, this.sources) + lineBytes(this.sources, source, from, to) <= this.limit) {
+    if (n > 0 && spans[n - 4] === source && next === from && spanBytes(spans, n / 4 - 1, sources) + lineBytes(sources, source, from, to) <= limit) {
       spans[n - 2] = to;
       spans[n - 1]!++;
     } else spans.push(source, from, to, 1);
   }
+  return Float64Array.from(spans);
 }
 
 /** The bytes span `q` of `spans` takes once read (its sessions' tails added, a bucket file's lines their last newline). */

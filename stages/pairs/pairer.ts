@@ -11,7 +11,7 @@
 // so read twice: at the 1M sessions of 20 tasks, pairs took 11.3 s at 300-330 MiB against 9.1 s at 480-500.
 import type { BufferShelf } from '../../pipeline/buffers.ts';
 import type { Split } from '../../core/records.ts';
-import { SpanList, StoredBucketReader, headId, readStoredSession, spanBytes, storedSessions, type BucketSpans, type SessionHeads, type SpanSource, type StoredSession, type StoredTaskGroups, type TaskSpans } from '../layout.ts';
+import { StoredBucketReader, headId, readStoredSession, spanBytes, spansOf, storedSessions, type BucketSpans, type SessionHeads, type SpanSource, type StoredSession, type StoredTaskGroups } from '../layout.ts';
 import { bucketWork, pairBucket, paired, writeOutcomePairs, writeTaskHardNegatives, type BucketLog, type BucketOptions, type PairedBucket } from './bucket.ts';
 
 /** One bucket file of one side to pair, its runs of sessions read from `ingest`; `s` is the side's place in SPLITS. */
@@ -59,57 +59,61 @@ export interface PieceOfTask {
 export type PairedJob = (PairedBucket & { ofTask?: PieceOfTask }) | BucketPlan;
 
 /** The pieces of a bucket too large to pair whole, in the order their pairs are written. */
-function planPieces(spans: BucketSpans, job: BucketJob, o: BucketOptions): BucketJob[] {
-  const pieces: BucketJob[] = [];
+function planPieces({ sources, tasks }: BucketSpans, job: BucketJob, o: BucketOptions): BucketJob[] {
   const { limit } = job;
-  const piece = (part: BucketPiece['part'], tasks: TaskSpans[], endsTask = true, from = 0, to?: number) => {
-    if (part === 'outcome') {
-      const { task, heads } = tasks[0]!;
-      pieces.push({ ...job, piece: { part, sources: spans.sources, spans: new Float64Array(0), tasks: [{ task, from: 0, to: 0 }], heads: o.outcome.enabled ? heads! : undefined, endsTask, opens: pieces.length === 0, closes: false } });
-      return;
-    }
-    const parts = tasks.map((t) => t.spans.subarray(4 * from, to === undefined ? undefined : 4 * to));
-    const taken = new Float64Array(parts.reduce((n, p) => n + p.length, 0));
+  const pieces: Omit<BucketPiece, 'opens' | 'closes'>[] = [];
+  // A piece of tasks' spans, laid one after another in an array of its own (a view into a larger one would
+  // take all of it to the thread).
+  const ofSpans = (part: 'tasks' | 'negatives', group: { task: string; spans: Float64Array }[], endsTask = true) => {
+    const spans = new Float64Array(group.reduce((n, t) => n + t.spans.length, 0));
     let at = 0;
-    const listed = tasks.map((t, i) => {
-      taken.set(parts[i]!, at);
-      at += parts[i]!.length;
-      return { task: t.task, from: (at - parts[i]!.length) / 4, to: at / 4 };
+    const listed = group.map((t) => {
+      spans.set(t.spans, at);
+      at += t.spans.length;
+      return { task: t.task, from: (at - t.spans.length) / 4, to: at / 4 };
     });
-    pieces.push({ ...job, piece: { part, sources: spans.sources, spans: taken, tasks: listed, endsTask, opens: pieces.length === 0, closes: false } });
+    pieces.push({ part, sources, spans, tasks: listed, endsTask });
   };
-  let whole: TaskSpans[] = [];
+  let whole: { task: string; spans: Float64Array }[] = [];
   let bytes = 0;
-  for (const t of spans.tasks) {
-    if (t.bytes <= limit) {
-      if (bytes + t.bytes > limit && whole.length > 0) [whole, bytes] = [(piece('tasks', whole), []), 0];
+  const flush = () => {
+    if (whole.length > 0) ofSpans('tasks', whole);
+    [whole, bytes] = [[], 0];
+  };
+  for (const t of tasks) {
+    if (t.heads === null) {
+      if (bytes + t.bytes > limit) flush();
       whole.push(t);
       bytes += t.bytes;
       continue;
     }
-    if (whole.length > 0) [whole, bytes] = [(piece('tasks', whole), []), 0];
+    flush();
     // Its hard negatives are made from the sessions with a reward of at least from_min_reward alone: only
-    // those are read again, in spans of at most `limit` bytes, a run of spans at a time up to the limit.
-    const runs: [number, number][] = [];
-    const chosen = new SpanList(spans.sources, limit);
-    if (o.hardNegatives.enabled) {
-      const { rewards, at } = t.heads!;
-      for (let i = 0; i < rewards.length; i++) if (rewards[i]! >= o.hardNegatives.from_min_reward) chosen.add(at[3 * i]!, at[3 * i + 1]!, at[3 * i + 2]!);
-      let [from, held] = [0, 0];
-      for (let q = 0; q < chosen.spans.length / 4; q++) {
-        const size = spanBytes(chosen.spans, q, spans.sources);
-        if (held + size > limit && q > from) [from, held] = [(runs.push([from, q]), q), 0];
-        held += size;
-      }
-      if (chosen.spans.length > 0) runs.push([from, chosen.spans.length / 4]);
-    }
-    piece('outcome', [t], runs.length === 0);
-    const negatives = { ...t, spans: Float64Array.from(chosen.spans) };
-    runs.forEach(([from, to], i) => piece('negatives', [negatives], i === runs.length - 1, from, to));
+    // those are read again, a run of spans up to the limit at a time.
+    const { rewards, at } = t.heads;
+    const h = o.hardNegatives;
+    const runs = h.enabled ? cut(spansOf(sources, at, limit, (i) => rewards[i]! >= h.from_min_reward), sources, limit) : [];
+    pieces.push({ part: 'outcome', sources, spans: new Float64Array(0), tasks: [{ task: t.task, from: 0, to: 0 }], heads: o.outcome.enabled ? t.heads : undefined, endsTask: runs.length === 0 });
+    runs.forEach((spans, i) => ofSpans('negatives', [{ task: t.task, spans }], i === runs.length - 1));
   }
-  if (whole.length > 0) piece('tasks', whole);
-  pieces.at(-1)!.piece!.closes = true;
-  return pieces;
+  flush();
+  return pieces.map((piece, i) => ({ ...job, piece: { ...piece, opens: i === 0, closes: i === pieces.length - 1 } }));
+}
+
+/** `spans` cut into runs of consecutive spans that each take at most `limit` bytes once read (a larger span alone). */
+function cut(spans: Float64Array, sources: SpanSource[], limit: number): Float64Array[] {
+  const runs: Float64Array[] = [];
+  let [from, held] = [0, 0];
+  for (let q = 0; q < spans.length / 4; q++) {
+    const size = spanBytes(spans, q, sources);
+    if (held + size > limit && q > from) {
+      runs.push(spans.subarray(4 * from, 4 * q));
+      [from, held] = [q, 0];
+    }
+    held += size;
+  }
+  if (spans.length > 0) runs.push(spans.subarray(4 * from));
+  return runs;
 }
 
 /** A candidate for a large task's outcome pairs: its id and reward, and its place in the task's SessionHeads. */
@@ -141,13 +145,18 @@ export class BucketPairer {
 
   private async pairGroups(groups: StoredTaskGroups, side: Split): Promise<PairedBucket> {
     const bytes = groups.bytes.length;
-    const made = await pairBucket(groups, side, this.o, this.log, this.shelf, this.sizeHint(bytes));
-    if (bytes > 0) this.pairBytesPerByte = made.pairs.length / bytes;
-    return made;
+    return this.learn(bytes, await pairBucket(groups, side, this.o, this.log, this.shelf, this.sizeHint(bytes)));
   }
 
+  /** About the bytes the pairs of `bytes` of sessions will take, as the last ones took. */
   private sizeHint(bytes: number): number {
     return Math.ceil(1.1 * bytes * this.pairBytesPerByte) + (64 << 10);
+  }
+
+  /** `made`, the pairs of `bytes` of sessions, its ratio kept for the next sizeHint. */
+  private learn<P extends PairedBucket>(bytes: number, made: P): P {
+    if (bytes > 0) this.pairBytesPerByte = made.pairs.length / bytes;
+    return made;
   }
 
   private async pairPiece(job: BucketJob, piece: BucketPiece): Promise<PairedJob> {
@@ -167,8 +176,7 @@ export class BucketPairer {
     const w = bucketWork(this.o, this.shelf, this.sizeHint(bytes.length));
     const made = writeTaskHardNegatives(w, storedSessions({ bytes, tasks }, tasks[0]![1]));
     w.counts[side]! += made;
-    if (bytes.length > 0) this.pairBytesPerByte = w.out.pairs.length / bytes.length;
-    return { ...paired(w), ofTask: { made, endsTask: piece.endsTask } };
+    return this.learn(bytes.length, { ...paired(w), ofTask: { made, endsTask: piece.endsTask } });
   }
 
   /**
