@@ -8,7 +8,8 @@
 // A large bucket's job reads the bucket `limit` bytes at a time, keeping only where each session lies, its
 // task, id and reward (StoredBucketReader.readOrPlan), and answers with its pieces (BucketPlan) rather than
 // pairs; pairs/run.ts hands them to the threads in turn, as it hands buckets. A large task's sessions are
-// so read twice: at the 1M sessions of 20 tasks, pairs took 11.3 s at 300-330 MiB against 9.1 s at 480-500.
+// so read twice: at the 1M sessions of 20 tasks, pairs took 10.4-11.3 s at 272-291 MiB against 9.6-10.2 s
+// at 480-507 whole.
 import type { BufferShelf } from '../../pipeline/buffers.ts';
 import type { Split } from '../../core/records.ts';
 import { StoredBucketReader, headId, readStoredSession, spanBytes, spansOf, storedSessions, type BucketSpans, type SessionHeads, type SpanSource, type StoredSession, type StoredTaskGroups } from '../layout.ts';
