@@ -167,6 +167,12 @@ export interface InOrderOptions<Out> {
   held?: { bytes: (out: Out) => number; budget: number };
 }
 
+/** What works batches on threads: a WorkerPool, or one that answers some batches itself and hands it the others. */
+export interface Threads<In, Out> {
+  readonly size: number;
+  run(batch: In): Promise<Out>;
+}
+
 /** Results done out of turn that `inOrder` keeps at most, whatever they hold. */
 const MAX_WAITING = 64;
 
@@ -174,13 +180,13 @@ const MAX_WAITING = 64;
  * Hands `batches` to a pool of threads (or to a function on this thread) and gives `use` every result in
  * the order of the batches, keeping in flight what `options` allows (InOrderOptions).
  */
-export async function inOrder<In, Out>(batches: AsyncIterable<In>, work: WorkerPool<In, Out> | ((batch: In) => Out | Promise<Out>), use: (out: Out, batch: In) => Promise<void>, options: InOrderOptions<Out> = {}): Promise<void> {
+export async function inOrder<In, Out>(batches: AsyncIterable<In>, work: Threads<In, Out> | ((batch: In) => Out | Promise<Out>), use: (out: Out, batch: In) => Promise<void>, options: InOrderOptions<Out> = {}): Promise<void> {
   const { perThread = 3, held } = options;
-  const pool = work instanceof WorkerPool ? work : null;
-  if (!pool) {
-    for await (const batch of batches) await use(await (work as (batch: In) => Out | Promise<Out>)(batch), batch);
+  if (typeof work === 'function') {
+    for await (const batch of batches) await use(await work(batch), batch);
     return;
   }
+  const pool = work;
   const depth = perThread * pool.size;
   const flight: { out: Promise<Out>; batch: In; done: boolean; bytes: number }[] = [];
   let working = 0;

@@ -506,10 +506,10 @@ export class StoredBucketReader {
    * (opened once; a run that reaches past its end is told before any is read), its other lines as they are.
    * `use` gets them with their bytes once read (tails added) and the file's bytes; the segments are closed after.
    */
-  private async withParts<T>(path: string, ingestDir: string, use: (parts: BucketPart[], size: number, file: Buffer) => T): Promise<T> {
+  private async withParts<T>(path: string, ingestDir: string, use: (parts: BucketParts, size: number, file: Buffer) => T): Promise<T> {
     const file = await this.bytes(path);
-    const parts: BucketPart[] = [];
-    const segments = new Map<string, { fd: number; size: number }>();
+    const parts = new BucketParts(path);
+    const segmentOf = new Map<string, number>();
     try {
       let size = 0;
       let line = 0;
@@ -517,20 +517,21 @@ export class StoredBucketReader {
         line++;
         if (end === start) return;
         if (!holdsAt(file, start, RUN_HEAD)) {
-          parts.push({ start, end });
+          parts.push(-1, start, end, 0, 0, line);
           size += end - start + 1;
           return;
         }
         const run = readSessionRun(file, start, end, path, line);
-        let segment = segments.get(run.ingest);
-        if (!segment) segments.set(run.ingest, (segment = openSegment(ingestDir, run.ingest, whereOf(path, line))));
-        if (run.bytes[1] > segment.size) throw segmentChanged(whereOf(path, line), run, `ends at byte ${segment.size}`);
-        parts.push({ run, fd: segment.fd, line });
+        let segment = segmentOf.get(run.ingest);
+        if (segment === undefined) segmentOf.set(run.ingest, (segment = parts.segments.push({ name: run.ingest, ...openSegment(ingestDir, run.ingest, whereOf(path, line)) }) - 1));
+        const { size: segmentSize } = parts.segments[segment]!;
+        if (run.bytes[1] > segmentSize) throw segmentChanged(whereOf(path, line), run, `ends at byte ${segmentSize}`);
+        parts.push(segment, run.bytes[0], run.bytes[1], run.sessions, SPLITS.indexOf(run.split), line);
         size += run.bytes[1] - run.bytes[0] + run.sessions * (SESSION_TAILS[run.split].length - 1);
       });
       return use(parts, size, file);
     } finally {
-      for (const { fd } of segments.values()) closeSync(fd);
+      for (const { fd } of parts.segments) closeSync(fd);
     }
   }
 
@@ -541,14 +542,15 @@ export class StoredBucketReader {
   }
 
   /** The parts of a bucket file read into the buffer, a session a line. */
-  private fill(path: string, parts: BucketPart[], size: number, file: Buffer): Buffer {
+  private fill(parts: BucketParts, size: number, file: Buffer): Buffer {
     const out = this.room(size);
     let at = 0;
-    for (const part of parts) {
-      if ('start' in part) {
-        at += file.copy(out, at, part.start, part.end);
+    for (let i = 0; i < parts.length; i++) {
+      if (parts.isRun(i)) at = readRun(out, at, parts.fd(i), parts.run(i), parts.where(i));
+      else {
+        at += file.copy(out, at, parts.from(i), parts.to(i));
         out[at++] = 10;
-      } else at = readRun(out, at, part.fd, part.run, whereOf(path, part.line));
+      }
     }
     return out.subarray(0, at);
   }
@@ -559,7 +561,7 @@ export class StoredBucketReader {
    * what the page cache mostly holds), its other lines as they are. Valid until the next read.
    */
   sessions(path: string, ingestDir: string): Promise<Buffer> {
-    return this.withParts(path, ingestDir, (parts, size, file) => this.fill(path, parts, size, file));
+    return this.withParts(path, ingestDir, (parts, size, file) => this.fill(parts, size, file));
   }
 
   /** The lines of one bucket file grouped by task (read from each line's head), tasks in a stable order. */
@@ -574,13 +576,14 @@ export class StoredBucketReader {
    * (stages/pairs/pairer.ts).
    */
   readOrPlan(path: string, ingestDir: string, limit: number): Promise<StoredTaskGroups | BucketSpans> {
-    return this.withParts(path, ingestDir, (parts, size, file) => (size <= limit ? groupByTask(this.fill(path, parts, size, file)) : this.spans(path, parts, file, limit)));
+    return this.withParts(path, ingestDir, (parts, size, file) => (size <= limit ? groupByTask(this.fill(parts, size, file)) : this.spans(parts, file, limit)));
   }
 
   /** Where the sessions of a bucket file's parts lie, by task: spans of consecutive lines of one source, each of at most `limit` bytes. */
-  private spans(path: string, parts: BucketPart[], file: Buffer, limit: number): BucketSpans {
+  private spans(parts: BucketParts, file: Buffer, limit: number): BucketSpans {
     const sources: SpanSource[] = [null];
-    const sourceOf = new Map<string, number>();
+    // A run's source by its segment and side (2 × segment + side).
+    const sourceOf = new Map<number, number>();
     const tasks = new Map<string, GatheredTask>();
     // The last session's task, whose string the next session's takes where its bytes are the same.
     let last: { json: Buffer; task: GatheredTask } | null = null;
@@ -601,14 +604,13 @@ export class StoredBucketReader {
       t.rewards.push(head.reward);
       t.at.push(source, from, to);
     };
-    for (const part of parts) {
-      if ('start' in part) {
-        add(file, part.start, part.end, 0, part.start, part.end);
+    for (let i = 0; i < parts.length; i++) {
+      if (!parts.isRun(i)) {
+        add(file, parts.from(i), parts.to(i), 0, parts.from(i), parts.to(i));
         continue;
       }
-      const { run, fd } = part;
-      const where = whereOf(path, part.line);
-      const key = `${run.ingest}/${run.split}`;
+      const [run, fd, where] = [parts.run(i), parts.fd(i), parts.where(i)];
+      const key = 2 * parts.segment(i) + SPLITS.indexOf(run.split);
       let source = sourceOf.get(key);
       if (source === undefined) sourceOf.set(key, (source = sources.push({ ingest: run.ingest, split: run.split }) - 1));
       // The run read a block at a time, each of whole lines: one line larger than the block grows it.
@@ -684,8 +686,53 @@ export class StoredBucketReader {
   }
 }
 
-/** A bucket file's line as what is to be read for it: the line itself, or a run of ingest's sessions in its segment, opened. */
-type BucketPart = { start: number; end: number } | { run: SessionRun; fd: number; line: number };
+/**
+ * A bucket file's lines as what is to be read for them, six numbers a line rather than an object (a bucket
+ * may hold a million runs): a run of ingest's sessions, as its segment's place in `segments` (opened), the
+ * bytes `from` to `to` of it, how many sessions and its side's place in SPLITS; or a line of the file itself,
+ * segment -1, from `from` to `to` of the file. Then the line's number, which an error names.
+ */
+class BucketParts {
+  readonly segments: { name: string; fd: number; size: number }[] = [];
+  private rows = new Float64Array(6 * 256);
+  length = 0;
+
+  constructor(private readonly path: string) {}
+
+  push(segment: number, from: number, to: number, sessions: number, side: number, line: number): void {
+    if (6 * (this.length + 1) > this.rows.length) {
+      const grown = new Float64Array(2 * this.rows.length);
+      grown.set(this.rows);
+      this.rows = grown;
+    }
+    const [r, at] = [this.rows, 6 * this.length++];
+    [r[at], r[at + 1], r[at + 2], r[at + 3], r[at + 4], r[at + 5]] = [segment, from, to, sessions, side, line];
+  }
+
+  isRun(i: number): boolean {
+    return this.rows[6 * i]! >= 0;
+  }
+  segment(i: number): number {
+    return this.rows[6 * i]!;
+  }
+  from(i: number): number {
+    return this.rows[6 * i + 1]!;
+  }
+  to(i: number): number {
+    return this.rows[6 * i + 2]!;
+  }
+  fd(i: number): number {
+    return this.segments[this.rows[6 * i]!]!.fd;
+  }
+  /** Part `i`, a run, as the SessionRun its line holds. */
+  run(i: number): SessionRun {
+    const r = this.rows;
+    return { ingest: this.segments[r[6 * i]!]!.name, bytes: [r[6 * i + 1]!, r[6 * i + 2]!], sessions: r[6 * i + 3]!, split: SPLITS[r[6 * i + 4]!]! };
+  }
+  where(i: number): string {
+    return whereOf(this.path, this.rows[6 * i + 5]!);
+  }
+}
 
 /** A line of a file as an error names it: made only for an error, as a bucket may hold a million runs. */
 const whereOf = (path: string, line: number) => `${path} line ${line}`;

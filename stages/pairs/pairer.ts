@@ -6,10 +6,11 @@
 //     only the sessions they take read back; then its hard negatives, from its sessions with a reward of at
 //     least from_min_reward, read again a run at a time.
 // A large bucket's job reads the bucket `limit` bytes at a time, keeping only where each session lies, its
-// task, id and reward (StoredBucketReader.readOrPlan), and answers with its pieces (BucketPlan) rather than
-// pairs; pairs/run.ts hands them to the threads in turn, as it hands buckets. A large task's sessions are
-// so read twice: at the 1M sessions of 20 tasks, pairs took 10.4-11.3 s at 272-291 MiB against 9.6-10.2 s
-// at 480-507 whole.
+// task, id and reward (StoredBucketReader.readOrPlan), makes its large tasks' outcome pairs from those, and
+// answers with its pieces (BucketPlan), those outcome pairs among them, made: the ids stay on the thread
+// that read them. pairs/run.ts hands the other pieces to the threads in turn, as it hands buckets. A large
+// task's sessions are so read twice: at the 1M sessions of 20 tasks, pairs took 10.4-11.3 s at 272-291 MiB
+// against 9.6-10.2 s at 480-507 whole.
 import type { BufferShelf } from '../../pipeline/buffers.ts';
 import type { Split } from '../../core/records.ts';
 import { StoredBucketReader, headId, readStoredSession, spanBytes, spansOf, storedSessions, type BucketSpans, type SessionHeads, type SpanSource, type StoredSession, type StoredTaskGroups } from '../layout.ts';
@@ -31,16 +32,16 @@ export interface BucketJob {
 /**
  * A piece of a large bucket: where its sessions lie (spans, as BucketSpans has them), and what is made of
  * them. `tasks`: whole tasks, each its spans from `from` to `to` (span indices). `outcome` and `negatives`:
- * a part of one task larger than the limit (its outcome pairs, over all its spans; its hard negatives, over
- * some), `endsTask` when no part of the task comes after. `opens` and `closes`: the bucket's first and last piece.
+ * a part of one task larger than the limit (its outcome pairs, `made` as the bucket was planned; its hard
+ * negatives, over some of its spans), `endsTask` when no part of the task comes after. `opens` and
+ * `closes`: the bucket's first and last piece.
  */
 export interface BucketPiece {
   part: 'tasks' | 'outcome' | 'negatives';
   sources: SpanSource[];
   spans: Float64Array;
   tasks: { task: string; from: number; to: number }[];
-  /** An `outcome` piece's: its task's sessions' ids, rewards and where each lies (it reads only those its pairs take). */
-  heads?: SessionHeads;
+  made?: PairedPiece;
   endsTask: boolean;
   opens: boolean;
   closes: boolean;
@@ -57,10 +58,22 @@ export interface PieceOfTask {
   endsTask: boolean;
 }
 
+/** A piece of a large task paired. */
+export type PairedPiece = PairedBucket & { ofTask: PieceOfTask };
+
 export type PairedJob = (PairedBucket & { ofTask?: PieceOfTask }) | BucketPlan;
 
-/** The pieces of a bucket too large to pair whole, in the order their pairs are written. */
-function planPieces({ sources, tasks }: BucketSpans, job: BucketJob, o: BucketOptions): BucketJob[] {
+/** The buffers a job's answer moves to the main thread rather than copies: its pairs', or a plan's outcome pairs'. */
+export function movedBuffers(made: PairedJob): ArrayBuffer[] {
+  const buffers = (p: PairedBucket) => [p.pairs.buffer as ArrayBuffer, p.dropped.buffer as ArrayBuffer];
+  return 'pieces' in made ? made.pieces.flatMap((job) => (job.piece!.made ? buffers(job.piece!.made) : [])) : buffers(made);
+}
+
+/**
+ * The pieces of a bucket too large to pair whole, in the order their pairs are written; `outcome` makes a
+ * large task's outcome pairs from its heads (`endsTask` where it has no hard negatives to make).
+ */
+function planPieces({ sources, tasks }: BucketSpans, job: BucketJob, o: BucketOptions, outcome: (heads: SessionHeads, endsTask: boolean) => PairedPiece): BucketJob[] {
   const { limit } = job;
   const pieces: Omit<BucketPiece, 'opens' | 'closes'>[] = [];
   // A piece of tasks' spans, laid one after another in an array of its own (a view into a larger one would
@@ -94,7 +107,8 @@ function planPieces({ sources, tasks }: BucketSpans, job: BucketJob, o: BucketOp
     const { rewards, at } = t.heads;
     const h = o.hardNegatives;
     const runs = h.enabled ? cut(spansOf(sources, at, limit, (i) => rewards[i]! >= h.from_min_reward), sources, limit) : [];
-    pieces.push({ part: 'outcome', sources, spans: new Float64Array(0), tasks: [{ task: t.task, from: 0, to: 0 }], heads: o.outcome.enabled ? t.heads : undefined, endsTask: runs.length === 0 });
+    const endsTask = runs.length === 0;
+    pieces.push({ part: 'outcome', sources, spans: new Float64Array(0), tasks: [{ task: t.task, from: 0, to: 0 }], made: outcome(t.heads, endsTask), endsTask });
     runs.forEach((spans, i) => ofSpans('negatives', [{ task: t.task, spans }], i === runs.length - 1));
   }
   flush();
@@ -140,7 +154,7 @@ export class BucketPairer {
   async pair(job: BucketJob): Promise<PairedJob> {
     if (job.piece) return this.pairPiece(job, job.piece);
     const read = await this.reader.readOrPlan(job.path, job.ingest, this.o.rewriter ? Infinity : job.limit);
-    if (!('bytes' in read)) return { pieces: planPieces(read, job, this.o) };
+    if (!('bytes' in read)) return { pieces: planPieces(read, job, this.o, (heads, endsTask) => this.pairOutcome(job, read.sources, heads, endsTask)) };
     return this.pairGroups(read, job.side);
   }
 
@@ -162,7 +176,7 @@ export class BucketPairer {
 
   private async pairPiece(job: BucketJob, piece: BucketPiece): Promise<PairedJob> {
     const { path, ingest, side } = job;
-    if (piece.part === 'outcome') return this.pairOutcome(job, piece);
+    if (piece.made) return piece.made;
     const { bytes, at } = this.reader.readSpans(path, ingest, piece, piece.spans);
     const tasks: [string, number[]][] = piece.tasks.map(({ task, from, to }) => {
       const offsets: number[] = [];
@@ -181,27 +195,27 @@ export class BucketPairer {
   }
 
   /**
-   * A large task's outcome pairs, chosen from its sessions' ids and rewards as the bucket's plan read them
-   * (of successes and failures only), and only the sessions they take read back, each once.
+   * A large task's outcome pairs, chosen from its sessions' ids and rewards (`task`) as the bucket's plan
+   * read them (of successes and failures only), and only the sessions they take read back, each once.
    */
-  private pairOutcome({ path, ingest, side }: BucketJob, piece: BucketPiece): PairedBucket & { ofTask: PieceOfTask } {
-    const w = bucketWork(this.o, this.shelf, 1 << 20);
+  private pairOutcome({ path, ingest, side }: BucketJob, sources: SpanSource[], task: SessionHeads, endsTask: boolean): PairedPiece {
+    const w = bucketWork(this.o, this.shelf, 64 << 10);
     w.counts.tasks!++;
     let made = 0;
     const oc = this.o.outcome;
     if (oc.enabled) {
-      const { rewards, at } = piece.heads!;
+      const { rewards, at } = task;
       const heads: Head[] = [];
       for (let i = 0; i < rewards.length; i++) {
         const reward = rewards[i]!;
-        if (reward >= oc.success_min || reward <= oc.failure_max) heads.push({ session_id: headId(piece.heads!, i), reward, i });
+        if (reward >= oc.success_min || reward <= oc.failure_max) heads.push({ session_id: headId(task, i), reward, i });
       }
       // A session taken is read into a buffer of its own: the reader's is filled again for the next.
       const taken = new Map<Head, StoredSession>();
       const session = (h: Head): StoredSession => {
         let found = taken.get(h);
         if (!found) {
-          const { bytes } = this.reader.readSpans(path, ingest, piece, [...at.subarray(3 * h.i, 3 * h.i + 3), 1]);
+          const { bytes } = this.reader.readSpans(path, ingest, { sources }, [...at.subarray(3 * h.i, 3 * h.i + 3), 1]);
           taken.set(h, (found = readStoredSession(Buffer.from(bytes.subarray(0, bytes.length - 1)))));
         }
         return found;
@@ -209,6 +223,6 @@ export class BucketPairer {
       made = writeOutcomePairs(w, heads, session);
     }
     w.counts[side]! += made;
-    return { ...paired(w), ofTask: { made, endsTask: piece.endsTask } };
+    return { ...paired(w), ofTask: { made, endsTask } };
   }
 }

@@ -3,7 +3,7 @@
 // a few tens of milliseconds.
 import { serveBatches, threadShelf } from '../../pipeline/workers.ts';
 import { bucketOptions, type PairingConfig } from './bucket.ts';
-import { BucketPairer, type BucketJob, type PairedJob } from './pairer.ts';
+import { BucketPairer, movedBuffers, type BucketJob, type PairedJob } from './pairer.ts';
 
 // Only the rewriter logs from inside a bucket, and it never runs on a worker thread.
 const silent = { warn: () => {} };
@@ -14,8 +14,7 @@ serveBatches(
     const pairer = new BucketPairer(bucketOptions(cfg, null), silent, threadShelf);
     return (job: BucketJob): Promise<PairedJob> => pairer.pair(job);
   },
-  // A large bucket's answer is its pieces, which hold no buffer.
-  (made) => ('pieces' in made ? [] : [made.pairs.buffer as ArrayBuffer, made.dropped.buffer as ArrayBuffer]),
+  movedBuffers,
   // A thread has one bucket in flight besides the one it pairs (more only while what waits to be written is
   // small: inOrder's held): the two buffers of one bucket (its pairs and dropped lines) are all it needs
   // back, and a spare of a bucket's pairs is tens of MB.
