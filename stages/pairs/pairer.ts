@@ -1,16 +1,17 @@
 // A thread's pairing: bucket files one after another, each bucket whose sessions take more than a job's
-// `limit` bytes in pieces that each read at most about that much, so that what a thread holds does not grow
-// with the largest task. The pieces write, in order, the bytes pairing the bucket whole writes:
+// `limit` bytes in pieces that each read at most `pieceBytes` (PIECE_BYTES; a task within the limit whole), so that
+// what a thread holds does not grow with the largest task. The pieces write, in order, the bytes pairing the
+// bucket whole writes:
 //   - whole tasks, several to a piece, as pairBucket pairs them;
 //   - a task larger than the limit: first its outcome pairs, chosen from its sessions' ids and rewards and
 //     only the sessions they take read back; then its hard negatives, from its sessions with a reward of at
-//     least from_min_reward, read again a run at a time.
+//     least from_min_reward, read again a piece at a time.
 // A large bucket's job reads the bucket `limit` bytes at a time, keeping only where each session lies, its
 // task, id and reward (StoredBucketReader.readOrPlan), makes its large tasks' outcome pairs from those, and
 // answers with its pieces (BucketPlan), those outcome pairs among them, made: the ids stay on the thread
 // that read them. pairs/run.ts hands the other pieces to the threads in turn, as it hands buckets. A large
-// task's sessions are so read twice: at the 1M sessions of 20 tasks, pairs took 10.4-11.3 s at 272-291 MiB
-// against 9.6-10.2 s at 480-507 whole.
+// task's sessions are so read twice, yet at the 1M sessions of 20 tasks pairs took 8.1-8.3 s at 219-224 MiB,
+// against 9.6-10.2 s at 480-507 whole (session 23).
 import type { BufferShelf } from '../../pipeline/buffers.ts';
 import type { Split } from '../../core/records.ts';
 import { StoredBucketReader, headId, readStoredSession, spanBytes, spansOf, storedSessions, type BucketSpans, type SessionHeads, type SpanSource, type StoredSession, type StoredTaskGroups } from '../layout.ts';
@@ -25,6 +26,8 @@ export interface BucketJob {
   b: number;
   /** Session bytes a thread reads at once: a bucket whose sessions take more is paired in pieces. */
   limit: number;
+  /** What such a piece reads at most (a task within the limit whole): at most the limit. */
+  pieceBytes: number;
   /** A piece of a large bucket; none for a whole bucket. */
   piece?: BucketPiece;
 }
@@ -70,11 +73,19 @@ export function movedBuffers(made: PairedJob): ArrayBuffer[] {
 }
 
 /**
+ * The session bytes a piece reads at most, where the limit is larger (a task within the limit is read whole,
+ * whatever its size): small pieces keep what a thread holds small and both threads busy to the end. At the
+ * 1M sessions of 20 tasks (a limit of 9.9 MiB), pieces of 1 MiB paired in 7.6-8.0 s at 215-218 MiB, against
+ * 9.4-10.1 s at 266-290 with pieces of the limit.
+ */
+export const PIECE_BYTES = 1 << 20;
+
+/**
  * The pieces of a bucket too large to pair whole, in the order their pairs are written; `outcome` makes a
  * large task's outcome pairs from its heads (`endsTask` where it has no hard negatives to make).
  */
 function planPieces({ sources, tasks }: BucketSpans, job: BucketJob, o: BucketOptions, outcome: (heads: SessionHeads, endsTask: boolean) => PairedPiece): BucketJob[] {
-  const { limit } = job;
+  const { pieceBytes } = job;
   const pieces: Omit<BucketPiece, 'opens' | 'closes'>[] = [];
   // A piece of tasks' spans, laid one after another in an array of its own (a view into a larger one would
   // take all of it to the thread).
@@ -96,17 +107,17 @@ function planPieces({ sources, tasks }: BucketSpans, job: BucketJob, o: BucketOp
   };
   for (const t of tasks) {
     if (t.heads === null) {
-      if (bytes + t.bytes > limit) flush();
+      if (bytes + t.bytes > pieceBytes) flush();
       whole.push(t);
       bytes += t.bytes;
       continue;
     }
     flush();
     // Its hard negatives are made from the sessions with a reward of at least from_min_reward alone: only
-    // those are read again, a run of spans up to the limit at a time.
+    // those are read again, a piece at a time.
     const { rewards, at } = t.heads;
     const h = o.hardNegatives;
-    const runs = h.enabled ? cut(spansOf(sources, at, limit, (i) => rewards[i]! >= h.from_min_reward), sources, limit) : [];
+    const runs = h.enabled ? cut(spansOf(sources, at, pieceBytes, (i) => rewards[i]! >= h.from_min_reward), sources, pieceBytes) : [];
     const endsTask = runs.length === 0;
     pieces.push({ part: 'outcome', sources, spans: new Float64Array(0), tasks: [{ task: t.task, from: 0, to: 0 }], made: outcome(t.heads, endsTask), endsTask });
     runs.forEach((spans, i) => ofSpans('negatives', [{ task: t.task, spans }], i === runs.length - 1));

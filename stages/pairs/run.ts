@@ -14,7 +14,7 @@ import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
 import { ChunkIndex, joinChunks, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
 import { MANY_BUCKETS, SPLITS, bucketFile, readPairsInfo, readSplitInfo, sessionSegments, type PairsInfo } from '../layout.ts';
 import { bucketOptions, pairCounts, type PairedBucket, type PairingConfig } from './bucket.ts';
-import { BucketPairer, type BucketJob, type PairedJob, type PieceOfTask } from './pairer.ts';
+import { BucketPairer, PIECE_BYTES, type BucketJob, type PairedJob, type PieceOfTask } from './pairer.ts';
 import { Rewriter, activeTypes, loadRewritePrompt, rewritePromptPath } from './rewriter.ts';
 
 import type { Progress } from '../../pipeline/log.ts';
@@ -53,16 +53,17 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
   // A bucket's pairs (up to about twice its sessions' bytes) go to disk while the next bucket is paired, rather
   // than first. Tasks are spread over the buckets by a hash, so a bucket holds about its share of the sessions;
   // one that holds more than one and a half times that (a few tasks far larger than the rest) is paired in
-  // pieces of at most that (pairer.ts), so that what a thread holds does not grow with the largest task.
-  // `pieceBytes` (a test's) sets that limit.
+  // pieces of about a MiB (a task within that limit whole: pairer.ts), so that what a thread holds does not
+  // grow with the largest task. `limitBytes` and `pieceBytes` (a test's) set the two.
   let sessionBytes = 0;
   for (const segment of await sessionSegments(ingestDir)) sessionBytes += (await stat(segment)).size;
   const share = Math.ceil(sessionBytes / info.buckets);
-  const limit = typeof options.pieceBytes === 'number' ? options.pieceBytes : Math.max(4 << 20, Math.ceil(1.5 * share));
+  const limit = typeof options.limitBytes === 'number' ? options.limitBytes : Math.max(4 << 20, Math.ceil(1.5 * share));
+  const pieceBytes = Math.min(limit, typeof options.pieceBytes === 'number' ? options.pieceBytes : PIECE_BYTES);
   const inFlight = Math.max(16 << 20, 3 * share);
   // Every bucket of both sides, in the order their pairs are written; threads go on from one side to the next.
   const jobs: BucketJob[] = [];
-  for (const [s, side] of SPLITS.entries()) for (const b of owned) jobs.push({ path: bucketFile(splitDir, side, b), ingest: ingestDir, side, s, b, limit });
+  for (const [s, side] of SPLITS.entries()) for (const b of owned) jobs.push({ path: bucketFile(splitDir, side, b), ingest: ingestDir, side, s, b, limit, pieceBytes });
   const writers = { train: new JsonlWriter(join(out, 'train.jsonl'), 'w', inFlight), test: new JsonlWriter(join(out, 'test.jsonl'), 'w', inFlight) } satisfies Record<Split, JsonlWriter>;
   const progress: { side: Split | null; bar: Progress | null } = { side: null, bar: null };
   const stopped = (job: BucketJob) => `pairs: stopped at ${job.side} bucket ${job.b + 1} of ${info.buckets}; the next run makes pairs again${rewriter ? ' (rewrites received are cached)' : ''}`;

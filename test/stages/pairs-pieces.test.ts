@@ -32,9 +32,11 @@ describe('pairs of a bucket too large to pair whole', () => {
       const config = `ingest:\n  inputs: [${join(data, 'a.jsonl')}, ${join(data, 'b.jsonl')}]\nsplit:\n  bucket_size: 16\n${pairs}`;
       const [whole, one, three] = [tempDir(), tempDir(), tempDir()];
       await engineFor(whole, config, { workers: 1 }).run({ until: 'pairs' });
-      // A few sessions a piece: the two large tasks go in many, and small tasks share their buckets.
-      await engineFor(one, config, { workers: 1, pieceBytes: 6000 }).run({ until: 'pairs' });
-      await engineFor(three, config, { workers: 3, pieceBytes: 6000 }).run({ until: 'pairs' });
+      // A few sessions a piece: the two large tasks go in many, and small tasks share their buckets. With
+      // pieces smaller than the limit (sessions take about 550 bytes), a small task is a piece of its own
+      // and the large tasks' hard negatives about a session a piece.
+      await engineFor(one, config, { workers: 1, limitBytes: 6000 }).run({ until: 'pairs' });
+      await engineFor(three, config, { workers: 3, limitBytes: 6000, pieceBytes: 1000 }).run({ until: 'pairs' });
       const counts = manifest(whole, 'pairs').counts;
       expect(manifest(whole, 'split').counts.matched_to_task).toBeGreaterThan(0);
       expect(counts.buckets_in_pieces).toBe(0);
@@ -57,7 +59,7 @@ describe('pairs of a bucket too large to pair whole', () => {
     const shard = { index: 1, count: 2 };
     const [whole, pieces] = [tempDir(), tempDir()];
     await engineFor(whole, config, { workers: 1 }).run({ until: 'pairs', shard });
-    await engineFor(pieces, config, { workers: 2, pieceBytes: 6000 }).run({ until: 'pairs', shard });
+    await engineFor(pieces, config, { workers: 2, limitBytes: 6000 }).run({ until: 'pairs', shard });
     expect(manifest(pieces, 'pairs').counts.buckets_in_pieces).toBeGreaterThan(0);
     for (const f of [...PAIRS_FILES, 'shard.json']) expect(readFileSync(join(pieces, 'workspace', 'pairs', f)).equals(readFileSync(join(whole, 'workspace', 'pairs', f))), f).toBe(true);
   });
