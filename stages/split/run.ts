@@ -25,6 +25,16 @@ const MAX_BUCKETS = 1024;
 /** What split's bucket files may hold on their way to disk, together (gathered, then in the writers' streams). */
 const WRITE_BUFFERS = 16 << 20;
 
+/** Tasks whose side and bucket split remembers, each in the slot its id's FNV-1a hash gives (a power of two). */
+const PLACED_TASKS = 256;
+
+/** A task id's slot among PLACED_TASKS: FNV-1a of its UTF-16 code units. */
+function slotOf(task: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < task.length; i++) h = Math.imul(h ^ task.charCodeAt(i), 0x01000193);
+  return (h >>> 0) & (PLACED_TASKS - 1);
+}
+
 /**
  * The lines of a segment, block by block: each line's start and end in `bytes` (without its newline), two
  * numbers a line in `lines`, and where `bytes` starts in the file. A block is valid until the next is asked
@@ -138,8 +148,12 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   };
   const counts = { train_sessions: 0, test_sessions: 0, matched_to_task: 0, new_groups: 0 };
   const progress = log.progress('split', total);
-  // Sessions of one task usually come one after another: its bucket and side are worked out once.
-  let last: { task: string | null; side: Split; file: BucketOut | undefined } = { task: null, side: 'train', file: undefined };
+  // A task's side and bucket, worked out once (two hashes) for the sessions of it that come one after another,
+  // and remembered in a slot of PLACED_TASKS for where a few tasks' sessions lie apart: 20 tasks in 1M
+  // sessions split in 1.8-2.0 s against 2.8-2.9 (with 250,000 tasks shuffled, 3.0-3.3 against 3.1-3.2).
+  type Placed = { task: string | null; side: Split; file: BucketOut | undefined };
+  const placed: (Placed | undefined)[] = new Array(PLACED_TASKS).fill(undefined);
+  let last: Placed = { task: null, side: 'train', file: undefined };
   for (const segment of segments) {
     const name = basename(segment);
     for await (const { bytes, base, lines } of segmentLines(segment)) {
@@ -161,9 +175,13 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
           taskMatch = { score: m.score, kind: m.kind };
         }
         if (last.task !== taskId) {
-          const bucket = bucketOf(taskId, buckets);
-          const side = unitHash(taskId, `split:${cfg.salt}`) < cfg.test_ratio ? 'test' : 'train';
-          last = { task: taskId, side, file: files.get(`${side}/${bucket}`) };
+          const slot = slotOf(taskId);
+          let place = placed[slot];
+          if (place?.task !== taskId) {
+            const side = unitHash(taskId, `split:${cfg.salt}`) < cfg.test_ratio ? 'test' : 'train';
+            placed[slot] = place = { task: taskId, side, file: files.get(`${side}/${bucketOf(taskId, buckets)}`) };
+          }
+          last = place!;
         }
         // Not this shard's bucket: no file was opened for it.
         const file = last.file;
