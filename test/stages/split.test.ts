@@ -122,6 +122,17 @@ describe('split', () => {
     await expect(read()).rejects.toThrow(/which ends at byte \d+; it has changed since/);
     broken('{"ingest":"../../etc/passwd","bytes":[0,10],"sessions":1,"split":"train"}');
     await expect(read()).rejects.toThrow(/line 1: not a run of ingest's sessions/);
+    // Read by its shape or parsed, a run is held to the same: a name that escapes its folder, a side
+    // not known, a count past what a number holds exactly.
+    for (const line of [
+      '{"ingest":"..","bytes":[0,10],"sessions":1,"split":"train"}',
+      `{"ingest":"a\\u002f${first.ingest}","bytes":[0,10],"sessions":1,"split":"train"}`,
+      sessionRunLine(first).replace('"train"', '"val"'),
+      sessionRunLine(first).replace(`[${first.bytes[0]},`, '[99999999999999999999,'),
+    ]) {
+      broken(line);
+      await expect(read(), line).rejects.toThrow(/line 1: not a run of ingest's sessions/);
+    }
     // More sessions than its bytes could hold lines: refused before any memory is taken for them.
     broken(sessionRunLine({ ...first, sessions: 10 ** 12 }));
     await expect(read()).rejects.toThrow(/line 1: not a run of ingest's sessions/);
