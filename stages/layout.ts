@@ -650,7 +650,9 @@ export class StoredBucketReader {
         add(file, parts.from(i), parts.to(i), 0, parts.from(i), parts.to(i));
         continue;
       }
-      const [run, fd, where] = [parts.run(i), parts.fd(i), parts.where(i)];
+      const run = parts.run(i);
+      const fd = parts.fd(i);
+      const where = parts.where(i);
       const key = 2 * parts.segment(i) + SPLITS.indexOf(run.split);
       let source = sourceOf.get(key);
       if (source === undefined) sourceOf.set(key, (source = sources.push({ ingest: run.ingest, split: run.split }) - 1));
@@ -747,7 +749,12 @@ class BucketParts {
       this.rows = grown;
     }
     const [r, at] = [this.rows, 6 * this.length++];
-    [r[at], r[at + 1], r[at + 2], r[at + 3], r[at + 4], r[at + 5]] = [segment, from, to, sessions, side, line];
+    r[at] = segment;
+    r[at + 1] = from;
+    r[at + 2] = to;
+    r[at + 3] = sessions;
+    r[at + 4] = side;
+    r[at + 5] = line;
   }
 
   isRun(i: number): boolean {
@@ -775,7 +782,7 @@ class BucketParts {
   }
 }
 
-/** A line of a file as an error names it: made only for an error, as a bucket may hold a million runs. */
+/** A line of a file as an error names it (a concatenation V8 makes a string of only when an error reads it). */
 const whereOf = (path: string, line: number) => `${path} line ${line}`;
 
 /** What a span points into: a segment of ingest's whose sessions take `split`'s tail, or (null) the bucket file's own lines. */
