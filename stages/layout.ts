@@ -643,7 +643,9 @@ export class StoredBucketReader {
       if (head.idAt) t.ids.push(line, head.idAt[0], head.idAt[1]);
       else t.ids.push(head.idJson!, 0, head.idJson!.length);
       t.rewards.push(head.reward);
-      t.at.push(source, from, to);
+      t.at.push(source);
+      t.at.push(from);
+      t.at.push(to);
     };
     for (let i = 0; i < parts.length; i++) {
       if (!parts.isRun(i)) {
@@ -680,16 +682,14 @@ export class StoredBucketReader {
       }
       if (lines !== run.sessions) throw segmentChanged(where, run, `holds ${lines} line(s) there, not all sessions`);
     }
-    // A task larger than the limit is paired from its sessions' ids, rewards and spans (pairer.ts), a smaller
-    // one whole. Numbers go as typed arrays and ids as one buffer: a plan goes to the main thread and its
-    // pieces back to the threads, and copying arrays of numbers or strings an element at a time took a second
-    // at a million sessions.
+    // A task larger than the limit is paired from its sessions' ids, rewards and spans (pairer.ts), on this
+    // thread; a smaller one whole, its spans made anew (they go to the main thread with the plan's pieces).
     return {
       sources,
       tasks: byTask(tasks).map(([task, t]): TaskSpans => {
-        const at = Float64Array.from(t.at);
+        const at = t.at.view();
         if (t.bytes <= limit) return { task, bytes: t.bytes, spans: spansOf(sources, at, limit), heads: null };
-        return { task, bytes: t.bytes, spans: null, heads: { ids: t.ids.bytes(), idEnds: Uint32Array.from(t.ids.ends), rewards: Float64Array.from(t.rewards), at } };
+        return { task, bytes: t.bytes, spans: null, heads: { ids: t.ids.bytes(), idEnds: t.ids.ends.view(), rewards: t.rewards.view(), at } };
       }),
     };
   }
@@ -812,7 +812,7 @@ type TaskSpans = { task: string; bytes: number } & ({ spans: Float64Array; heads
  */
 export interface SessionHeads {
   ids: Uint8Array;
-  idEnds: Uint32Array;
+  idEnds: Float64Array;
   rewards: Float64Array;
   at: Float64Array;
 }
@@ -844,15 +844,42 @@ function readHead(bytes: Buffer, start: number, end: number): { idAt?: [number, 
 class GatheredTask {
   bytes = 0;
   ids = new ByteList();
-  rewards: number[] = [];
-  at: number[] = [];
+  rewards = new NumberList();
+  /** A span (source, from, to) a session. */
+  at = new NumberList();
+}
+
+/**
+ * Numbers one after another in one growing Float64Array: a large task's plan keeps a few a session, and in
+ * arrays of JavaScript numbers they lived on the heap through its collections, copied into typed arrays at
+ * the end (two tasks of 500,000 sessions: a thread's heap at 115 MiB).
+ */
+class NumberList {
+  private values = new Float64Array(64);
+  length = 0;
+
+  push(value: number): void {
+    if (this.length === this.values.length) this.grow();
+    this.values[this.length++] = value;
+  }
+
+  private grow(): void {
+    const grown = new Float64Array(2 * this.values.length);
+    grown.set(this.values);
+    this.values = grown;
+  }
+
+  /** The numbers pushed, a view of the list's array (no copy). */
+  view(): Float64Array {
+    return this.values.subarray(0, this.length);
+  }
 }
 
 /** Byte strings one after another in one growing buffer, with where each ends. */
 class ByteList {
   private buffer = Buffer.allocUnsafe(256);
   private length = 0;
-  readonly ends: number[] = [];
+  readonly ends = new NumberList();
 
   push(from: Buffer, start: number, end: number): void {
     if (this.length + end - start > this.buffer.length) {
@@ -864,8 +891,9 @@ class ByteList {
     this.ends.push(this.length);
   }
 
+  /** The strings pushed, a view of the list's buffer (no copy). */
   bytes(): Uint8Array {
-    return new Uint8Array(this.buffer.subarray(0, this.length));
+    return this.buffer.subarray(0, this.length);
   }
 }
 

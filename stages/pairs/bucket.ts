@@ -10,7 +10,7 @@ import { mustDeclineTest } from '../../judges/rules.ts';
 import { isRefusal } from '../../core/refusal.ts';
 import { storedSessions, type StoredMessages, type StoredSession, type StoredTaskGroups } from '../layout.ts';
 import { buildHardNegatives } from './hard-negatives.ts';
-import { buildOutcomePairs, type Candidate } from './outcome.ts';
+import { rank, rankedOutcomePairs, type Candidate, type Ranked } from './outcome.ts';
 import type { RewriteJob, RewriteOutcome, Rewriter } from './rewriter.ts';
 
 export interface BucketOptions {
@@ -137,20 +137,19 @@ const drop = (w: BucketWork, record: unknown) => w.out.dropped.push(JSON.stringi
 
 /**
  * Writes one task's outcome pairs and what was not made; returns how many pairs. The pairs are chosen from
- * the candidates' ids and rewards, and `session` gives the sessions they take (the candidates themselves,
- * or a large task's read back: pairer.ts).
+ * the candidates as ranked (by reward and id), and `session` gives the sessions they take (the candidates
+ * themselves, or a large task's read back: pairer.ts).
  */
-export function writeOutcomePairs<C extends Candidate>(w: BucketWork, candidates: C[], session: (c: C) => StoredSession): number {
+export function writeOutcomePairs<C extends Candidate>(w: BucketWork, candidates: { successes: Ranked<C>; failures: Ranked<C> }, session: (c: C) => StoredSession): number {
   const oc = w.o.outcome;
-  if (!candidates.some((s) => s.reward >= oc.success_min)) w.counts.tasks_without_success!++;
-  if (!candidates.some((s) => s.reward <= oc.failure_max)) w.counts.tasks_without_failure!++;
-  const built = buildOutcomePairs(candidates, session, { successMin: oc.success_min, failureMax: oc.failure_max, maxPairsPerTask: oc.max_pairs_per_task ?? Infinity });
-  const byId = new Map(candidates.map((c) => [c.session_id, c]));
-  for (const pair of built.pairs) writePair(w.out.pairs, pair, session(byId.get(pair.chosen_session_id)!));
+  const built = rankedOutcomePairs(candidates, session, { successMin: oc.success_min, failureMax: oc.failure_max, maxPairsPerTask: oc.max_pairs_per_task ?? Infinity });
+  if (candidates.successes.length === 0) w.counts.tasks_without_success!++;
+  if (candidates.failures.length === 0) w.counts.tasks_without_failure!++;
+  for (const { pair, chosen } of built.made) writePair(w.out.pairs, pair, chosen);
   for (const d of built.dropped) drop(w, d);
-  w.counts.outcome! += built.pairs.length;
+  w.counts.outcome! += built.made.length;
   w.counts.dropped! += built.dropped.length;
-  return built.pairs.length;
+  return built.made.length;
 }
 
 /** Writes one successful session's hard negatives (asking the rewriter for its own), and what was not made; returns how many pairs. */
@@ -219,7 +218,7 @@ export async function pairBucket(groups: StoredTaskGroups, side: Split, o: Bucke
     // A task's sessions are read as it is paired, and are done with after it.
     const sessions = storedSessions(groups, lines);
     counts.tasks!++;
-    let made = o.outcome.enabled ? writeOutcomePairs(w, sessions, (s) => s) : 0;
+    let made = o.outcome.enabled ? writeOutcomePairs(w, rank(sessions, { successMin: o.outcome.success_min, failureMax: o.outcome.failure_max }), (s) => s) : 0;
     if (o.hardNegatives.enabled) made += writeTaskHardNegatives(w, sessions);
     madeByTask.set(taskId, made);
   }

@@ -31,6 +31,35 @@ export interface Candidate {
   reward: number;
 }
 
+const byId = (a: Candidate, b: Candidate) => (a.session_id < b.session_id ? -1 : a.session_id > b.session_id ? 1 : 0);
+
+/** The order pairs take successes in (reward descending, then id) and failures in (reward ascending, then id). */
+export const SUCCESS_ORDER = (a: Candidate, b: Candidate) => b.reward - a.reward || byId(a, b);
+export const FAILURE_ORDER = (a: Candidate, b: Candidate) => a.reward - b.reward || byId(a, b);
+
+/**
+ * A task's successes or failures in that order: how many there are, and the k-th. A large task's may hold
+ * only the first few (pairer.ts): asking past them throws DEEPER.
+ */
+export interface Ranked<C> {
+  length: number;
+  at(k: number): C;
+}
+
+/** What a Ranked that holds only its first few throws when asked past them. */
+export const DEEPER = new Error('outcome pairs reach past the candidates held');
+
+/** A list of candidates, every one held. */
+const ranked = <C>(list: C[]): Ranked<C> => ({ length: list.length, at: (k) => list[k]! });
+
+/** A task's candidates as pairs take them. */
+export function rank<C extends Candidate>(candidates: C[], options: Pick<OutcomeOptions, 'successMin' | 'failureMax'>): { successes: Ranked<C>; failures: Ranked<C> } {
+  return {
+    successes: ranked(candidates.filter((s) => s.reward >= options.successMin).sort(SUCCESS_ORDER)),
+    failures: ranked(candidates.filter((s) => s.reward <= options.failureMax).sort(FAILURE_ORDER)),
+  };
+}
+
 /**
  * Pairs for one task's sessions. When successes × failures exceeds the cap, combinations are taken
  * diagonal by diagonal over (successes by reward desc) × (failures by reward asc), so every session is
@@ -40,27 +69,30 @@ export interface Candidate {
  * or, for a task too large to hold, what was read of them: stages/pairs/pairer.ts).
  */
 export function buildOutcomePairs<C extends Candidate>(candidates: C[], session: (c: C) => StoredSession, options: OutcomeOptions): { pairs: Pair<StoredMessages>[]; dropped: DroppedPair[] } {
-  const byId = (a: C, b: C) => (a.session_id < b.session_id ? -1 : a.session_id > b.session_id ? 1 : 0);
-  const successes = candidates.filter((s) => s.reward >= options.successMin).sort((a, b) => b.reward - a.reward || byId(a, b));
-  const failures = candidates.filter((s) => s.reward <= options.failureMax).sort((a, b) => a.reward - b.reward || byId(a, b));
-  const pairs: Pair<StoredMessages>[] = [];
+  const { made, dropped } = rankedOutcomePairs(rank(candidates, options), session, options);
+  return { pairs: made.map((m) => m.pair), dropped };
+}
+
+/** buildOutcomePairs over candidates already ranked; each pair with its chosen session. */
+export function rankedOutcomePairs<C extends Candidate>({ successes, failures }: { successes: Ranked<C>; failures: Ranked<C> }, session: (c: C) => StoredSession, options: OutcomeOptions): { made: { pair: Pair<StoredMessages>; chosen: StoredSession }[]; dropped: DroppedPair[] } {
+  const made: { pair: Pair<StoredMessages>; chosen: StoredSession }[] = [];
   const dropped: DroppedPair[] = [];
   const S = successes.length;
   const F = failures.length;
-  for (let d = 0; d < F && pairs.length < options.maxPairsPerTask; d++) {
-    for (let i = 0; i < S && pairs.length < options.maxPairsPerTask; i++) {
-      const chosen = session(successes[i]!);
-      const rejected = session(failures[(i + d) % F]!);
+  for (let d = 0; d < F && made.length < options.maxPairsPerTask; d++) {
+    for (let i = 0; i < S && made.length < options.maxPairsPerTask; i++) {
+      const chosen = session(successes.at(i));
+      const rejected = session(failures.at((i + d) % F));
       const n = commonPrefixLength(chosen.messages, rejected.messages);
       const reason = unusable(chosen.messages, rejected.messages, n);
       if (reason) {
         dropped.push({ task_id: chosen.task_id, chosen_session_id: chosen.session_id, rejected_session_id: rejected.session_id, reason });
         continue;
       }
-      pairs.push(outcomePair(chosen, rejected, n));
+      made.push({ pair: outcomePair(chosen, rejected, n), chosen });
     }
   }
-  return { pairs, dropped };
+  return { made, dropped };
 }
 
 /** Why a pair whose sides share their first `n` messages has nothing to teach, or null. */

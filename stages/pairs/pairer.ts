@@ -16,6 +16,7 @@ import type { BufferShelf } from '../../pipeline/buffers.ts';
 import type { Split } from '../../core/records.ts';
 import { StoredBucketReader, headId, readStoredSession, spanBytes, spansOf, storedSessions, type BucketSpans, type SessionHeads, type SpanSource, type StoredSession, type StoredTaskGroups } from '../layout.ts';
 import { bucketWork, pairBucket, paired, writeOutcomePairs, writeTaskHardNegatives, type BucketLog, type BucketOptions, type PairedBucket } from './bucket.ts';
+import { DEEPER, FAILURE_ORDER, SUCCESS_ORDER, type Ranked } from './outcome.ts';
 
 /** One bucket file of one side to pair, its runs of sessions read from `ingest`; `s` is the side's place in SPLITS. */
 export interface BucketJob {
@@ -28,6 +29,8 @@ export interface BucketJob {
   limit: number;
   /** What such a piece reads at most (a task within the limit whole): at most the limit. */
   pieceBytes: number;
+  /** A large task's successes and failures held at first, each (a test's; OUTCOME_HELD, or four times the cap). */
+  outcomeHeld?: number;
   /** A piece of a large bucket; none for a whole bucket. */
   piece?: BucketPiece;
 }
@@ -207,33 +210,82 @@ export class BucketPairer {
 
   /**
    * A large task's outcome pairs, chosen from its sessions' ids and rewards (`task`) as the bucket's plan
-   * read them (of successes and failures only), and only the sessions they take read back, each once.
+   * read them, and only the sessions they take read back, each once. Under a cap, only the first few
+   * successes and failures in the order pairs take them are held (OUTCOME_HELD); where drops reach past
+   * them, all are ranked and the pairs chosen again.
    */
-  private pairOutcome({ path, ingest, side }: BucketJob, sources: SpanSource[], task: SessionHeads, endsTask: boolean): PairedPiece {
+  private pairOutcome({ path, ingest, side, outcomeHeld }: BucketJob, sources: SpanSource[], task: SessionHeads, endsTask: boolean): PairedPiece {
     const w = bucketWork(this.o, this.shelf, 64 << 10);
     w.counts.tasks!++;
     let made = 0;
     const oc = this.o.outcome;
     if (oc.enabled) {
-      const { rewards, at } = task;
-      const heads: Head[] = [];
-      for (let i = 0; i < rewards.length; i++) {
-        const reward = rewards[i]!;
-        if (reward >= oc.success_min || reward <= oc.failure_max) heads.push({ session_id: headId(task, i), reward, i });
-      }
+      const { at } = task;
       // A session taken is read into a buffer of its own: the reader's is filled again for the next.
-      const taken = new Map<Head, StoredSession>();
+      const taken = new Map<number, StoredSession>();
       const session = (h: Head): StoredSession => {
-        let found = taken.get(h);
+        let found = taken.get(h.i);
         if (!found) {
           const { bytes } = this.reader.readSpans(path, ingest, { sources }, [...at.subarray(3 * h.i, 3 * h.i + 3), 1]);
-          taken.set(h, (found = readStoredSession(Buffer.from(bytes.subarray(0, bytes.length - 1)))));
+          taken.set(h.i, (found = readStoredSession(Buffer.from(bytes.subarray(0, bytes.length - 1)))));
         }
         return found;
       };
-      made = writeOutcomePairs(w, heads, session);
+      const held = oc.max_pairs_per_task === null ? Infinity : (outcomeHeld ?? Math.max(OUTCOME_HELD, 4 * oc.max_pairs_per_task));
+      try {
+        made = writeOutcomePairs(w, rankHeads(task, oc, held), session);
+      } catch (error) {
+        if (error !== DEEPER) throw error;
+        made = writeOutcomePairs(w, rankHeads(task, oc, Infinity), session);
+      }
     }
     w.counts[side]! += made;
     return { ...paired(w), ofTask: { made, endsTask } };
   }
+}
+
+/** Successes and failures a large task's outcome pairs are first chosen from, each side's first in order (at least). */
+const OUTCOME_HELD = 64;
+
+/**
+ * A large task's successes and failures as pairs take them, of each only the first `most` held (a list cut
+ * to its first `most` each time it reaches twice that): the ids of the rest are read but not kept.
+ */
+function rankHeads(task: SessionHeads, oc: BucketOptions['outcome'], most: number): { successes: Ranked<Head>; failures: Ranked<Head> } {
+  const side = (order: (a: Head, b: Head) => number) => {
+    let list: Head[] = [];
+    let length = 0;
+    return {
+      add(h: Head) {
+        length++;
+        list.push(h);
+        if (list.length >= 2 * most) list = list.sort(order).slice(0, most);
+      },
+      ranked(): Ranked<Head> {
+        list.sort(order);
+        if (list.length > most) list.length = most;
+        const all = list.length === length;
+        return {
+          length,
+          at: (k) => {
+            if (k < list.length) return list[k]!;
+            if (all) throw new Error(`candidate ${k} of ${length}`);
+            throw DEEPER;
+          },
+        };
+      },
+    };
+  };
+  const [successes, failures] = [side(SUCCESS_ORDER), side(FAILURE_ORDER)];
+  const { rewards } = task;
+  for (let i = 0; i < rewards.length; i++) {
+    const reward = rewards[i]!;
+    const success = reward >= oc.success_min;
+    const failure = reward <= oc.failure_max;
+    if (!success && !failure) continue;
+    const h = { session_id: headId(task, i), reward, i };
+    if (success) successes.add(h);
+    if (failure) failures.add(h);
+  }
+  return { successes: successes.ranked(), failures: failures.ranked() };
 }

@@ -35,8 +35,10 @@ describe('pairs of a bucket too large to pair whole', () => {
       // A few sessions a piece: the two large tasks go in many, and small tasks share their buckets. With
       // pieces smaller than the limit (sessions take about 550 bytes), a small task is a piece of its own
       // and the large tasks' hard negatives about a session a piece.
-      await engineFor(one, config, { workers: 1, limitBytes: 6000 }).run({ until: 'pairs' });
-      await engineFor(three, config, { workers: 3, limitBytes: 6000, pieceBytes: 1000 }).run({ until: 'pairs' });
+      // A large task's outcome pairs are chosen from the first few successes and failures held (all of
+      // them chosen again where drops reach past those): 2 held, they always do; 24, not always.
+      await engineFor(one, config, { workers: 1, limitBytes: 6000, outcomeHeld: 2 }).run({ until: 'pairs' });
+      await engineFor(three, config, { workers: 3, limitBytes: 6000, pieceBytes: 1000, outcomeHeld: 24 }).run({ until: 'pairs' });
       const counts = manifest(whole, 'pairs').counts;
       expect(manifest(whole, 'split').counts.matched_to_task).toBeGreaterThan(0);
       expect(counts.buckets_in_pieces).toBe(0);
