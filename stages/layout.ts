@@ -1,6 +1,6 @@
 // What passes between stages on disk: the files one stage writes into its folder and a later one reads.
 // A stage reads another's output only through this module, never through the other stage's code.
-import { closeSync, fstatSync, openSync, readSync } from 'node:fs';
+import { closeSync, fstatSync, openSync, readSync, statSync } from 'node:fs';
 import { open, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { unitHash } from '../pipeline/hash.ts';
@@ -549,31 +549,61 @@ export class StoredBucketReader {
    */
   private async withParts<T>(path: string, ingestDir: string, use: (parts: BucketParts, size: number, file: Buffer) => T): Promise<T> {
     const file = await this.bytes(path);
-    const parts = new BucketParts(path);
-    const segmentOf = new Map<string, number>();
+    const parts = new BucketParts(path, ingestDir);
     try {
       let size = 0;
       let line = 0;
       forEachLine(file, (start, end) => {
         line++;
-        if (end === start) return;
-        if (!holdsAt(file, start, RUN_HEAD)) {
-          parts.push(-1, start, end, 0, 0, line);
-          size += end - start + 1;
-          return;
-        }
-        const run = readSessionRun(file, start, end, path, line);
-        let segment = segmentOf.get(run.ingest);
-        if (segment === undefined) segmentOf.set(run.ingest, (segment = parts.segments.push({ name: run.ingest, ...openSegment(ingestDir, run.ingest, whereOf(path, line)) }) - 1));
-        const { size: segmentSize } = parts.segments[segment]!;
-        if (run.bytes[1] > segmentSize) throw segmentChanged(whereOf(path, line), run, `ends at byte ${segmentSize}`);
-        parts.push(segment, run.bytes[0], run.bytes[1], run.sessions, SPLITS.indexOf(run.split), line);
-        size += run.bytes[1] - run.bytes[0] + run.sessions * (SESSION_TAILS[run.split].length - 1);
+        if (end > start) size += parts.add(file, start, end, line);
       });
       return use(parts, size, file);
     } finally {
-      for (const { fd } of parts.segments) closeSync(fd);
+      parts.close();
     }
+  }
+
+  /**
+   * A large bucket file's parts a block of its lines at a time (`size` bytes; a longer line grows it), each
+   * block's given to `visit` with the block and where in the file it starts: what is held does not grow
+   * with the file. The segments are closed after.
+   */
+  private partsInBlocks(path: string, ingestDir: string, size: number, visit: (parts: BucketParts, block: Buffer, base: number) => void): void {
+    const parts = new BucketParts(path, ingestDir);
+    const fd = openSync(path, 'r');
+    try {
+      let line = 0;
+      for (let base = 0; ; ) {
+        let block = this.fileRoom(size);
+        let got = readAll(fd, block, size, base);
+        if (got === 0) break;
+        let last = block.lastIndexOf(10, got - 1);
+        // A line longer than the block: the block grows to hold it (the file's last line may have no newline).
+        for (let room = size; last < 0 && got === room; ) {
+          block = this.fileRoom((room *= 2));
+          got = readAll(fd, block, room, base);
+          last = block.lastIndexOf(10, got - 1);
+        }
+        // The file's end, or its block's last whole line.
+        const end = got < size || last < 0 ? got : last + 1;
+        parts.clear();
+        forEachLine(block.subarray(0, end), (start, stop) => {
+          line++;
+          if (stop > start) parts.add(block, start, stop, line);
+        });
+        visit(parts, block, base);
+        base += end;
+      }
+    } finally {
+      closeSync(fd);
+      parts.close();
+    }
+  }
+
+  /** Room for `size` bytes in the buffer a bucket file is read into. */
+  private fileRoom(size: number): Buffer {
+    if (size > this.file.length) this.file = Buffer.allocUnsafeSlow(size);
+    return this.file;
   }
 
   /** Room for `size` bytes in the buffer sessions are read into. */
@@ -616,12 +646,24 @@ export class StoredBucketReader {
    * where each lies, its task, id and reward kept, so that what is paired of it at once can be bounded
    * (stages/pairs/pairer.ts).
    */
-  readOrPlan(path: string, ingestDir: string, limit: number): Promise<StoredTaskGroups | BucketSpans> {
-    return this.withParts(path, ingestDir, (parts, size, file) => (size <= limit ? groupByTask(this.fill(parts, size, file)) : this.spans(parts, file, limit)));
+  async readOrPlan(path: string, ingestDir: string, limit: number, block = BUCKET_BLOCK): Promise<StoredTaskGroups | BucketSpans> {
+    // A bucket file within a block is read whole; a larger one (many runs: a task's sessions lie apart, a
+    // line a session) a block at a time, its sessions' bytes counted first.
+    if (statSync(path).size <= block) return this.withParts(path, ingestDir, (parts, size, file) => (size <= limit ? groupByTask(this.fill(parts, size, file)) : this.spans(limit, (visit) => visit(parts, file, 0))));
+    let size = 0;
+    this.partsInBlocks(path, ingestDir, block, (parts) => {
+      for (let i = 0; i < parts.length; i++) size += parts.sessionBytes(i);
+    });
+    if (size <= limit) return this.withParts(path, ingestDir, (parts, bytes, file) => groupByTask(this.fill(parts, bytes, file)));
+    return this.spans(limit, (visit) => this.partsInBlocks(path, ingestDir, block, visit));
   }
 
-  /** Where the sessions of a bucket file's parts lie, by task: spans of consecutive lines of one source, each of at most `limit` bytes. */
-  private spans(parts: BucketParts, file: Buffer, limit: number): BucketSpans {
+  /**
+   * Where the sessions of a bucket file's parts lie, by task: spans of consecutive lines of one source, each
+   * of at most `limit` bytes. `blocks` gives the parts a block at a time, each with its block of the file and
+   * where that starts.
+   */
+  private spans(limit: number, blocks: (visit: (parts: BucketParts, file: Buffer, base: number) => void) => void): BucketSpans {
     const sources: SpanSource[] = [null];
     // A run's source by its segment and side (2 × segment + side).
     const sourceOf = new Map<number, number>();
@@ -647,41 +689,43 @@ export class StoredBucketReader {
       t.at.push(from);
       t.at.push(to);
     };
-    for (let i = 0; i < parts.length; i++) {
-      if (!parts.isRun(i)) {
-        add(file, parts.from(i), parts.to(i), 0, parts.from(i), parts.to(i));
-        continue;
-      }
-      const run = parts.run(i);
-      const fd = parts.fd(i);
-      const where = parts.where(i);
-      const key = 2 * parts.segment(i) + SPLITS.indexOf(run.split);
-      let source = sourceOf.get(key);
-      if (source === undefined) sourceOf.set(key, (source = sources.push({ ingest: run.ingest, split: run.split }) - 1));
-      // The run read a block at a time, each of whole lines: one line larger than the block grows it.
-      let lines = 0;
-      for (let at = run.bytes[0]; at < run.bytes[1]; ) {
-        let block = this.room(Math.min(limit, run.bytes[1] - at));
-        let got = readAll(fd, block, Math.min(block.length, run.bytes[1] - at), at);
-        if (got === 0) throw segmentChanged(where, run, `ended at byte ${at} while it was read`);
-        let newline = block.lastIndexOf(10, got - 1);
-        while (newline < 0 && at + got < run.bytes[1]) {
-          block = this.room(2 * block.length);
-          got = readAll(fd, block, Math.min(block.length, run.bytes[1] - at), at);
-          newline = block.lastIndexOf(10, got - 1);
+    blocks((parts, file, base) => {
+      for (let i = 0; i < parts.length; i++) {
+        if (!parts.isRun(i)) {
+          add(file, parts.from(i), parts.to(i), 0, base + parts.from(i), base + parts.to(i));
+          continue;
         }
-        if (newline < 0) throw segmentChanged(where, run, `holds a line there that does not end`);
-        for (let start = 0; start <= newline; ) {
-          const nl = block.indexOf(10, start);
-          if (block[start] !== 123 || block[nl - 1] !== 125) throw segmentChanged(where, run, 'holds lines there that are not sessions');
-          add(block, start, nl, source, at + start, at + nl + 1);
-          lines++;
-          start = nl + 1;
+        const run = parts.run(i);
+        const fd = parts.fd(i);
+        const where = parts.where(i);
+        const key = 2 * parts.segment(i) + SPLITS.indexOf(run.split);
+        let source = sourceOf.get(key);
+        if (source === undefined) sourceOf.set(key, (source = sources.push({ ingest: run.ingest, split: run.split }) - 1));
+        // The run read a block at a time, each of whole lines: one line larger than the block grows it.
+        let lines = 0;
+        for (let at = run.bytes[0]; at < run.bytes[1]; ) {
+          let block = this.room(Math.min(limit, run.bytes[1] - at));
+          let got = readAll(fd, block, Math.min(block.length, run.bytes[1] - at), at);
+          if (got === 0) throw segmentChanged(where, run, `ended at byte ${at} while it was read`);
+          let newline = block.lastIndexOf(10, got - 1);
+          while (newline < 0 && at + got < run.bytes[1]) {
+            block = this.room(2 * block.length);
+            got = readAll(fd, block, Math.min(block.length, run.bytes[1] - at), at);
+            newline = block.lastIndexOf(10, got - 1);
+          }
+          if (newline < 0) throw segmentChanged(where, run, `holds a line there that does not end`);
+          for (let start = 0; start <= newline; ) {
+            const nl = block.indexOf(10, start);
+            if (block[start] !== 123 || block[nl - 1] !== 125) throw segmentChanged(where, run, 'holds lines there that are not sessions');
+            add(block, start, nl, source, at + start, at + nl + 1);
+            lines++;
+            start = nl + 1;
+          }
+          at += newline + 1;
         }
-        at += newline + 1;
+        if (lines !== run.sessions) throw segmentChanged(where, run, `holds ${lines} line(s) there, not all sessions`);
       }
-      if (lines !== run.sessions) throw segmentChanged(where, run, `holds ${lines} line(s) there, not all sessions`);
-    }
+    });
     // A task larger than the limit is paired from its sessions' ids, rewards and spans (pairer.ts), on this
     // thread; a smaller one whole, its spans made anew (they go to the main thread with the plan's pieces).
     return {
@@ -737,12 +781,35 @@ export class StoredBucketReader {
  */
 class BucketParts {
   readonly segments: { name: string; fd: number; size: number }[] = [];
+  private readonly segmentOf = new Map<string, number>();
   private rows = new Float64Array(6 * 256);
   length = 0;
 
-  constructor(private readonly path: string) {}
+  constructor(
+    private readonly path: string,
+    private readonly ingestDir: string,
+  ) {}
 
-  push(segment: number, from: number, to: number, sessions: number, side: number, line: number): void {
+  /**
+   * The line `line` of the bucket file, at `start` to `end` of `bytes`, as a part (a run's segment opened
+   * the first time it is named; a run that reaches past its end told before any is read); returns the bytes
+   * its sessions take once read.
+   */
+  add(bytes: Buffer, start: number, end: number, line: number): number {
+    if (!holdsAt(bytes, start, RUN_HEAD)) {
+      this.push(-1, start, end, 0, 0, line);
+      return this.sessionBytes(this.length - 1);
+    }
+    const run = readSessionRun(bytes, start, end, this.path, line);
+    let segment = this.segmentOf.get(run.ingest);
+    if (segment === undefined) this.segmentOf.set(run.ingest, (segment = this.segments.push({ name: run.ingest, ...openSegment(this.ingestDir, run.ingest, whereOf(this.path, line)) }) - 1));
+    const { size } = this.segments[segment]!;
+    if (run.bytes[1] > size) throw segmentChanged(whereOf(this.path, line), run, `ends at byte ${size}`);
+    this.push(segment, run.bytes[0], run.bytes[1], run.sessions, SPLITS.indexOf(run.split), line);
+    return this.sessionBytes(this.length - 1);
+  }
+
+  private push(segment: number, from: number, to: number, sessions: number, side: number, line: number): void {
     if (6 * (this.length + 1) > this.rows.length) {
       const grown = new Float64Array(2 * this.rows.length);
       grown.set(this.rows);
@@ -755,6 +822,22 @@ class BucketParts {
     r[at + 3] = sessions;
     r[at + 4] = side;
     r[at + 5] = line;
+  }
+
+  /** The parts forgotten (the segments stay open), for the next block of the file. */
+  clear(): void {
+    this.length = 0;
+  }
+
+  /** The segments closed. */
+  close(): void {
+    for (const { fd } of this.segments) closeSync(fd);
+  }
+
+  /** The bytes part `i`'s sessions take once read: a run's, each session's tail added; a line's, its newline. */
+  sessionBytes(i: number): number {
+    const r = this.rows;
+    return r[6 * i + 2]! - r[6 * i + 1]! + (r[6 * i]! >= 0 ? r[6 * i + 3]! * (SESSION_TAILS[SPLITS[r[6 * i + 4]!]!].length - 1) : 1);
   }
 
   isRun(i: number): boolean {
@@ -781,6 +864,9 @@ class BucketParts {
     return whereOf(this.path, this.rows[6 * i + 5]!);
   }
 }
+
+/** The bytes of a large bucket file read at once (StoredBucketReader.partsInBlocks). */
+const BUCKET_BLOCK = 1 << 20;
 
 /** A line of a file as an error names it (a concatenation V8 makes a string of only when an error reads it). */
 const whereOf = (path: string, line: number) => `${path} line ${line}`;

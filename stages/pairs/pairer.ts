@@ -31,6 +31,8 @@ export interface BucketJob {
   pieceBytes: number;
   /** A large task's successes and failures held at first, each (a test's; OUTCOME_HELD, or four times the cap). */
   outcomeHeld?: number;
+  /** The bytes of a large bucket file read at once (a test's; StoredBucketReader's block). */
+  bucketBlock?: number;
   /** A piece of a large bucket; none for a whole bucket. */
   piece?: BucketPiece;
 }
@@ -167,7 +169,7 @@ export class BucketPairer {
 
   async pair(job: BucketJob): Promise<PairedJob> {
     if (job.piece) return this.pairPiece(job, job.piece);
-    const read = await this.reader.readOrPlan(job.path, job.ingest, this.o.rewriter ? Infinity : job.limit);
+    const read = await this.reader.readOrPlan(job.path, job.ingest, this.o.rewriter ? Infinity : job.limit, job.bucketBlock);
     if (!('bytes' in read)) return { pieces: planPieces(read, job, this.o, (heads, endsTask) => this.pairOutcome(job, read.sources, heads, endsTask)) };
     return this.pairGroups(read, job.side);
   }

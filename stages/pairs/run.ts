@@ -60,12 +60,13 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
   const share = Math.ceil(sessionBytes / info.buckets);
   const limit = typeof options.limitBytes === 'number' ? options.limitBytes : Math.max(4 << 20, Math.ceil(1.5 * share));
   const pieceBytes = Math.min(limit, typeof options.pieceBytes === 'number' ? options.pieceBytes : PIECE_BYTES);
-  // A large task's outcome candidates held at first (pairer.ts): a test's.
-  const outcomeHeld = typeof options.outcomeHeld === 'number' ? options.outcomeHeld : undefined;
+  // A large task's outcome candidates held at first, and the bytes of a large bucket file read at once
+  // (pairer.ts): a test's.
+  const [outcomeHeld, bucketBlock] = [options.outcomeHeld, options.bucketBlock].map((v) => (typeof v === 'number' ? v : undefined));
   const inFlight = Math.max(16 << 20, 3 * share);
   // Every bucket of both sides, in the order their pairs are written; threads go on from one side to the next.
   const jobs: BucketJob[] = [];
-  for (const [s, side] of SPLITS.entries()) for (const b of owned) jobs.push({ path: bucketFile(splitDir, side, b), ingest: ingestDir, side, s, b, limit, pieceBytes, outcomeHeld });
+  for (const [s, side] of SPLITS.entries()) for (const b of owned) jobs.push({ path: bucketFile(splitDir, side, b), ingest: ingestDir, side, s, b, limit, pieceBytes, outcomeHeld, bucketBlock });
   const writers = { train: new JsonlWriter(join(out, 'train.jsonl'), 'w', inFlight), test: new JsonlWriter(join(out, 'test.jsonl'), 'w', inFlight) } satisfies Record<Split, JsonlWriter>;
   const progress: { side: Split | null; bar: Progress | null } = { side: null, bar: null };
   const stopped = (job: BucketJob) => `pairs: stopped at ${job.side} bucket ${job.b + 1} of ${info.buckets}; the next run makes pairs again${rewriter ? ' (rewrites received are cached)' : ''}`;

@@ -37,7 +37,9 @@ describe('pairs of a bucket too large to pair whole', () => {
       // and the large tasks' hard negatives about a session a piece.
       // A large task's outcome pairs are chosen from the first few successes and failures held (all of
       // them chosen again where drops reach past those): 2 held, they always do; 24, not always.
-      await engineFor(one, config, { workers: 1, limitBytes: 6000, outcomeHeld: 2 }).run({ until: 'pairs' });
+      // A bucket file is read a block at a time where it is larger than one: here 300 bytes, about three
+      // run lines, and less than a whole session's line (the block grows for it).
+      await engineFor(one, config, { workers: 1, limitBytes: 6000, outcomeHeld: 2, bucketBlock: 300 }).run({ until: 'pairs' });
       await engineFor(three, config, { workers: 3, limitBytes: 6000, pieceBytes: 1000, outcomeHeld: 24 }).run({ until: 'pairs' });
       const counts = manifest(whole, 'pairs').counts;
       expect(manifest(whole, 'split').counts.matched_to_task).toBeGreaterThan(0);
