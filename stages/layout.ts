@@ -646,16 +646,24 @@ export class StoredBucketReader {
    * where each lies, its task, id and reward kept, so that what is paired of it at once can be bounded
    * (stages/pairs/pairer.ts).
    */
-  async readOrPlan(path: string, ingestDir: string, limit: number, block = BUCKET_BLOCK): Promise<StoredTaskGroups | BucketSpans> {
+  async readOrPlan<L extends LargeTask>(path: string, ingestDir: string, limit: number, large: (task: string, sources: SpanSource[]) => L, block = BUCKET_BLOCK): Promise<StoredTaskGroups | BucketSpans<L>> {
     // A bucket file within a block is read whole; a larger one (many runs: a task's sessions lie apart, a
     // line a session) a block at a time, its sessions' bytes counted first.
-    if (statSync(path).size <= block) return this.withParts(path, ingestDir, (parts, size, file) => (size <= limit ? groupByTask(this.fill(parts, size, file)) : this.spans(limit, (visit) => visit(parts, file, 0))));
+    if (statSync(path).size <= block) return this.withParts(path, ingestDir, (parts, size, file) => (size <= limit ? groupByTask(this.fill(parts, size, file)) : this.spans(limit, large, (visit) => visit(parts, file, 0))));
     let size = 0;
     this.partsInBlocks(path, ingestDir, block, (parts) => {
       for (let i = 0; i < parts.length; i++) size += parts.sessionBytes(i);
     });
     if (size <= limit) return this.withParts(path, ingestDir, (parts, bytes, file) => groupByTask(this.fill(parts, bytes, file)));
-    return this.spans(limit, (visit) => this.partsInBlocks(path, ingestDir, block, visit));
+    return this.plan(path, ingestDir, limit, large, block);
+  }
+
+  /**
+   * A bucket file's plan (BucketSpans) whatever its size, its large tasks gathered by `large`; with `only`,
+   * of that task alone (its other tasks' sessions read but not kept).
+   */
+  plan<L extends LargeTask>(path: string, ingestDir: string, limit: number, large: (task: string, sources: SpanSource[]) => L, block = BUCKET_BLOCK, only?: string): BucketSpans<L> {
+    return this.spans(limit, large, (visit) => this.partsInBlocks(path, ingestDir, block, visit), only);
   }
 
   /**
@@ -663,31 +671,37 @@ export class StoredBucketReader {
    * of at most `limit` bytes. `blocks` gives the parts a block at a time, each with its block of the file and
    * where that starts.
    */
-  private spans(limit: number, blocks: (visit: (parts: BucketParts, file: Buffer, base: number) => void) => void): BucketSpans {
+  private spans<L extends LargeTask>(limit: number, large: (task: string, sources: SpanSource[]) => L, blocks: (visit: (parts: BucketParts, file: Buffer, base: number) => void) => void, only?: string): BucketSpans<L> {
     const sources: SpanSource[] = [null];
     // A run's source by its segment and side (2 × segment + side).
     const sourceOf = new Map<number, number>();
-    const tasks = new Map<string, GatheredTask>();
+    const tasks = new Map<string, GatheredTask<L>>();
     // The last session's task, whose string the next session's takes where its bytes are the same.
-    let last: { json: Buffer; task: GatheredTask } | null = null;
+    let last: { json: Buffer; task: GatheredTask<L> | null } | null = null;
     // A session: its task, what it takes once read, where it lies; its id and reward, which choose outcome pairs.
     const add = (line: Buffer, start: number, end: number, source: number, from: number, to: number) => {
       const head = readHead(line, start, end);
-      let t: GatheredTask | undefined;
+      let t: GatheredTask<L> | null | undefined;
       if (head.taskAt && last && line.compare(last.json, 0, last.json.length, head.taskAt[0], head.taskAt[1]) === 0) t = last.task;
       else {
         const task = head.taskAt ? decodeString(line, head.taskAt[0], head.taskAt[1]) : head.task!;
-        t = tasks.get(task);
-        if (!t) tasks.set(task, (t = new GatheredTask()));
+        t = only !== undefined && task !== only ? null : tasks.get(task);
+        if (t === undefined) tasks.set(task, (t = new GatheredTask<L>(task)));
         last = head.taskAt ? { json: Buffer.from(line.subarray(head.taskAt[0], head.taskAt[1])), task: t } : null;
       }
+      if (!t) return;
       t.bytes += lineBytes(sources, source, from, to);
-      if (head.idAt) t.ids.push(line, head.idAt[0], head.idAt[1]);
-      else t.ids.push(head.idJson!, 0, head.idJson!.length);
-      t.rewards.push(head.reward);
-      t.at.push(source);
-      t.at.push(from);
-      t.at.push(to);
+      const id = head.idAt ? { bytes: line, start: head.idAt[0], end: head.idAt[1] } : { bytes: head.idJson!, start: 0, end: head.idJson!.length };
+      if (t.large) t.large.add(decodeString(id.bytes, id.start, id.end), head.reward, source, from, to);
+      else {
+        t.ids.push(id.bytes, id.start, id.end);
+        t.rewards.push(head.reward);
+        t.at.push(source);
+        t.at.push(from);
+        t.at.push(to);
+        // Larger than the limit: what it gathered goes to its LargeTask, which takes the rest as it comes.
+        if (t.bytes > limit) t.toLarge(large(t.task, sources));
+      }
     };
     blocks((parts, file, base) => {
       for (let i = 0; i < parts.length; i++) {
@@ -726,15 +740,11 @@ export class StoredBucketReader {
         if (lines !== run.sessions) throw segmentChanged(where, run, `holds ${lines} line(s) there, not all sessions`);
       }
     });
-    // A task larger than the limit is paired from its sessions' ids, rewards and spans (pairer.ts), on this
-    // thread; a smaller one whole, its spans made anew (they go to the main thread with the plan's pieces).
+    // A task larger than the limit is paired from what its LargeTask kept (pairer.ts), on this thread; a
+    // smaller one whole, its spans made anew (they go to the main thread with the plan's pieces).
     return {
       sources,
-      tasks: byTask(tasks).map(([task, t]): TaskSpans => {
-        const at = t.at.view();
-        if (t.bytes <= limit) return { task, bytes: t.bytes, spans: spansOf(sources, at, limit), heads: null };
-        return { task, bytes: t.bytes, spans: null, heads: { ids: t.ids.bytes(), idEnds: t.ids.ends.view(), rewards: t.rewards.view(), at } };
-      }),
+      tasks: byTask(tasks).map(([task, t]): TaskSpans<L> => (t.large ? { task, bytes: t.bytes, spans: null, large: t.large } : { task, bytes: t.bytes, spans: spansOf(sources, t.at.view(), limit), large: null })),
     };
   }
 
@@ -880,28 +890,16 @@ export type SpanSource = { ingest: string; split: Split } | null;
  * file itself), the bytes `from` to `to` of it (a run's newlines included, a bucket file's last newline not),
  * and how many sessions.
  */
-export interface BucketSpans {
+export interface BucketSpans<L extends LargeTask = LargeTask> {
   sources: SpanSource[];
-  tasks: TaskSpans[];
+  tasks: TaskSpans<L>[];
 }
 
 /**
  * A task of a large bucket and its sessions' bytes as read (tails added): for a task within the limit, the
- * spans of its sessions in the bucket's order; for a larger one, instead, its sessions' ids, rewards and
- * each one's span (source, from, to).
+ * spans of its sessions in the bucket's order; for a larger one, instead, what its LargeTask kept.
  */
-type TaskSpans = { task: string; bytes: number } & ({ spans: Float64Array; heads: null } | { spans: null; heads: SessionHeads });
-
-/**
- * Sessions' ids and rewards, and where each lies: `ids` holds their JSON strings one after another (session
- * i's ending at `idEnds[i]`: headId reads it), `at` a span (source, from, to) a session.
- */
-export interface SessionHeads {
-  ids: Uint8Array;
-  idEnds: Float64Array;
-  rewards: Float64Array;
-  at: Float64Array;
-}
+type TaskSpans<L extends LargeTask> = { task: string; bytes: number } & ({ spans: Float64Array; large: null } | { spans: null; large: L });
 
 /**
  * The id, task and reward of a session's line, stored as ingest writes it or as a bucket file holds it
@@ -926,13 +924,36 @@ function readHead(bytes: Buffer, start: number, end: number): { idAt?: [number, 
   return { idJson: Buffer.from(JSON.stringify(s.session_id)), task: s.task_id!, reward: s.reward };
 }
 
-/** A task's sessions as a large bucket's plan gathers them: ids kept as their JSON's bytes, not strings that would live through collections. */
-class GatheredTask {
+/**
+ * A task's sessions as a large bucket's plan gathers them: ids kept as their JSON's bytes, not strings that
+ * would live through collections; once the task is larger than the limit, given to its LargeTask instead.
+ */
+class GatheredTask<L extends LargeTask> {
   bytes = 0;
   ids = new ByteList();
   rewards = new NumberList();
   /** A span (source, from, to) a session. */
   at = new NumberList();
+  large: L | null = null;
+
+  constructor(readonly task: string) {}
+
+  /** What was gathered given to `large`, which takes the task's sessions from now on. */
+  toLarge(large: L): void {
+    const [ids, ends, rewards, at] = [this.ids.bytes(), this.ids.ends.view(), this.rewards.view(), this.at.view()];
+    const bytes = Buffer.from(ids.buffer, ids.byteOffset, ids.byteLength);
+    for (let i = 0; i < rewards.length; i++) large.add(decodeString(bytes, i === 0 ? 0 : ends[i - 1]!, ends[i]!), rewards[i]!, at[3 * i]!, at[3 * i + 1]!, at[3 * i + 2]!);
+    this.large = large;
+    [this.ids, this.rewards, this.at] = [new ByteList(), new NumberList(), new NumberList()];
+  }
+}
+
+/**
+ * What a large bucket's plan keeps of a task larger than the limit (stages/pairs/pairer.ts makes it): each of
+ * its sessions in turn, its id, reward and where it lies (a span of source, from, to), from the first.
+ */
+export interface LargeTask {
+  add(id: string, reward: number, source: number, from: number, to: number): void;
 }
 
 /**
@@ -940,9 +961,17 @@ class GatheredTask {
  * arrays of JavaScript numbers they lived on the heap through its collections, copied into typed arrays at
  * the end (two tasks of 500,000 sessions: a thread's heap at 115 MiB).
  */
-class NumberList {
+export class NumberList {
   private values = new Float64Array(64);
   length = 0;
+
+  get(k: number): number {
+    return this.values[k]!;
+  }
+
+  set(k: number, value: number): void {
+    this.values[k] = value;
+  }
 
   push(value: number): void {
     if (this.length === this.values.length) this.grow();
@@ -983,12 +1012,6 @@ class ByteList {
   }
 }
 
-/** Session `i`'s id of `heads`. */
-export function headId({ ids, idEnds }: SessionHeads, i: number): string {
-  const bytes = Buffer.from(ids.buffer, ids.byteOffset, ids.byteLength);
-  return decodeString(bytes, i === 0 ? 0 : idEnds[i - 1]!, idEnds[i]!);
-}
-
 /** What a session line of `source` takes once read, beyond its stored bytes: a run's sessions their tail in place of the closing brace. */
 const tailExtra = (source: SpanSource) => (source ? SESSION_TAILS[source.split].length - 1 : 0);
 
@@ -999,23 +1022,28 @@ const lineBytes = (sources: SpanSource[], source: number, from: number, to: numb
 };
 
 /**
- * The spans of the sessions at `at` (a span of one session each: source, from, to) that `keep` keeps: a
- * session continues the last span where it follows it in the same source (a whole line after the last one's
- * newline, a run's line where the last one's ended) and the span stays within `limit` bytes once read.
+ * The spans of the sessions at `at` (a span of one session each: source, from, to): a session continues the
+ * last span where it follows it in the same source (a whole line after the last one's newline, a run's line
+ * where the last one's ended) and the span stays within `limit` bytes once read (addToSpans).
  */
-export function spansOf(sources: SpanSource[], at: Float64Array, limit: number, keep: (i: number) => boolean = () => true): Float64Array {
-  const spans: number[] = [];
-  for (let i = 0; i < at.length / 3; i++) {
-    if (!keep(i)) continue;
-    const [source, from, to] = [at[3 * i]!, at[3 * i + 1]!, at[3 * i + 2]!];
-    const n = spans.length;
-    const next = source === 0 ? spans[n - 2]! + 1 : spans[n - 2];
-    if (n > 0 && spans[n - 4] === source && next === from && spanBytes(spans, n / 4 - 1, sources) + lineBytes(sources, source, from, to) <= limit) {
-      spans[n - 2] = to;
-      spans[n - 1]!++;
-    } else spans.push(source, from, to, 1);
+function spansOf(sources: SpanSource[], at: Float64Array, limit: number): Float64Array {
+  const spans = new NumberList();
+  for (let i = 0; i < at.length / 3; i++) addToSpans(spans, sources, at[3 * i]!, at[3 * i + 1]!, at[3 * i + 2]!, limit);
+  return spans.view().slice();
+}
+
+/** Adds the session line at `from` to `to` of `source` to `spans`, as spansOf makes them. */
+export function addToSpans(spans: NumberList, sources: SpanSource[], source: number, from: number, to: number, limit: number): void {
+  const n = spans.length;
+  if (n > 0 && spans.get(n - 4) === source && (source === 0 ? spans.get(n - 2) + 1 : spans.get(n - 2)) === from && spanBytes(spans.view(), n / 4 - 1, sources) + lineBytes(sources, source, from, to) <= limit) {
+    spans.set(n - 2, to);
+    spans.set(n - 1, spans.get(n - 1) + 1);
+    return;
   }
-  return Float64Array.from(spans);
+  spans.push(source);
+  spans.push(from);
+  spans.push(to);
+  spans.push(1);
 }
 
 /** The bytes span `q` of `spans` takes once read (its sessions' tails added, a bucket file's lines their last newline). */

@@ -14,7 +14,7 @@
 // against 9.6-10.2 s at 480-507 whole (session 23).
 import type { BufferShelf } from '../../pipeline/buffers.ts';
 import type { Split } from '../../core/records.ts';
-import { StoredBucketReader, headId, readStoredSession, spanBytes, spansOf, storedSessions, type BucketSpans, type SessionHeads, type SpanSource, type StoredSession, type StoredTaskGroups } from '../layout.ts';
+import { NumberList, StoredBucketReader, addToSpans, readStoredSession, spanBytes, storedSessions, type BucketSpans, type LargeTask, type SpanSource, type StoredSession, type StoredTaskGroups } from '../layout.ts';
 import { bucketWork, pairBucket, paired, writeOutcomePairs, writeTaskHardNegatives, type BucketLog, type BucketOptions, type PairedBucket } from './bucket.ts';
 import { DEEPER, FAILURE_ORDER, SUCCESS_ORDER, type Ranked } from './outcome.ts';
 
@@ -89,7 +89,7 @@ export const PIECE_BYTES = 1 << 20;
  * The pieces of a bucket too large to pair whole, in the order their pairs are written; `outcome` makes a
  * large task's outcome pairs from its heads (`endsTask` where it has no hard negatives to make).
  */
-function planPieces({ sources, tasks }: BucketSpans, job: BucketJob, o: BucketOptions, outcome: (heads: SessionHeads, endsTask: boolean) => PairedPiece): BucketJob[] {
+function planPieces({ sources, tasks }: BucketSpans<LargeTaskPlan>, job: BucketJob, o: BucketOptions, outcome: (task: string, plan: LargeTaskPlan, endsTask: boolean) => PairedPiece): BucketJob[] {
   const { pieceBytes } = job;
   const pieces: Omit<BucketPiece, 'opens' | 'closes'>[] = [];
   // A piece of tasks' spans, laid one after another in an array of its own (a view into a larger one would
@@ -111,7 +111,7 @@ function planPieces({ sources, tasks }: BucketSpans, job: BucketJob, o: BucketOp
     [whole, bytes] = [[], 0];
   };
   for (const t of tasks) {
-    if (t.heads === null) {
+    if (t.large === null) {
       if (bytes + t.bytes > pieceBytes) flush();
       whole.push(t);
       bytes += t.bytes;
@@ -120,11 +120,9 @@ function planPieces({ sources, tasks }: BucketSpans, job: BucketJob, o: BucketOp
     flush();
     // Its hard negatives are made from the sessions with a reward of at least from_min_reward alone: only
     // those are read again, a piece at a time.
-    const { rewards, at } = t.heads;
-    const h = o.hardNegatives;
-    const runs = h.enabled ? cut(spansOf(sources, at, pieceBytes, (i) => rewards[i]! >= h.from_min_reward), sources, pieceBytes) : [];
+    const runs = o.hardNegatives.enabled ? cut(t.large.negatives.view(), sources, pieceBytes) : [];
     const endsTask = runs.length === 0;
-    pieces.push({ part: 'outcome', sources, spans: new Float64Array(0), tasks: [{ task: t.task, from: 0, to: 0 }], made: outcome(t.heads, endsTask), endsTask });
+    pieces.push({ part: 'outcome', sources, spans: new Float64Array(0), tasks: [{ task: t.task, from: 0, to: 0 }], made: outcome(t.task, t.large, endsTask), endsTask });
     runs.forEach((spans, i) => ofSpans('negatives', [{ task: t.task, spans }], i === runs.length - 1));
   }
   flush();
@@ -147,11 +145,74 @@ function cut(spans: Float64Array, sources: SpanSource[], limit: number): Float64
   return runs;
 }
 
-/** A candidate for a large task's outcome pairs: its id and reward, and its place in the task's SessionHeads. */
+/** A candidate for a large task's outcome pairs: its id and reward, and where it lies (source, from, to). */
 interface Head {
   session_id: string;
   reward: number;
-  i: number;
+  at: [source: number, from: number, to: number];
+}
+
+/**
+ * What a large bucket's plan keeps of a task larger than the limit, as its sessions come: the first `held`
+ * of its successes and of its failures in the order outcome pairs take them (OUTCOME_HELD, or four times the
+ * cap; all of them uncapped), and the spans of the sessions its hard negatives are made from (consecutive
+ * ones made one, up to a piece's bytes). Neither an id nor a number a session is kept past that, so what a
+ * thread holds of a task of 500,000 sessions is its spans, where they lie apart.
+ */
+class LargeTaskPlan implements LargeTask {
+  readonly successes: FirstInOrder;
+  readonly failures: FirstInOrder;
+  readonly negatives = new NumberList();
+
+  constructor(
+    private readonly o: BucketOptions,
+    private readonly sources: SpanSource[],
+    private readonly pieceBytes: number,
+    held: number,
+  ) {
+    [this.successes, this.failures] = [new FirstInOrder(SUCCESS_ORDER, held), new FirstInOrder(FAILURE_ORDER, held)];
+  }
+
+  add(id: string, reward: number, source: number, from: number, to: number): void {
+    const { outcome: oc, hardNegatives: h } = this.o;
+    if (oc.enabled && (reward >= oc.success_min || reward <= oc.failure_max)) {
+      const head: Head = { session_id: id, reward, at: [source, from, to] };
+      if (reward >= oc.success_min) this.successes.add(head);
+      if (reward <= oc.failure_max) this.failures.add(head);
+    }
+    if (h.enabled && reward >= h.from_min_reward) addToSpans(this.negatives, this.sources, source, from, to, this.pieceBytes);
+  }
+}
+
+/** The first `most` of a list in `order`, kept as the list comes (cut to them each time it reaches twice that), and how many came. */
+class FirstInOrder {
+  private list: Head[] = [];
+  private count = 0;
+
+  constructor(
+    private readonly order: (a: Head, b: Head) => number,
+    private readonly most: number,
+  ) {}
+
+  add(h: Head): void {
+    this.count++;
+    this.list.push(h);
+    if (this.list.length >= 2 * this.most) this.list = this.list.sort(this.order).slice(0, this.most);
+  }
+
+  /** The list as pairs take it: asking past the first `most` of a longer one throws DEEPER. */
+  ranked(): Ranked<Head> {
+    const list = this.list.sort(this.order).slice(0, this.most);
+    const { count } = this;
+    return {
+      length: count,
+      at: (k) => {
+        if (k < list.length) return list[k]!;
+        if (list.length === count) throw new Error(`candidate ${k} of ${count}`);
+        throw DEEPER;
+      },
+    };
+  }
 }
 
 /**
@@ -169,8 +230,8 @@ export class BucketPairer {
 
   async pair(job: BucketJob): Promise<PairedJob> {
     if (job.piece) return this.pairPiece(job, job.piece);
-    const read = await this.reader.readOrPlan(job.path, job.ingest, this.o.rewriter ? Infinity : job.limit, job.bucketBlock);
-    if (!('bytes' in read)) return { pieces: planPieces(read, job, this.o, (heads, endsTask) => this.pairOutcome(job, read.sources, heads, endsTask)) };
+    const read = await this.reader.readOrPlan(job.path, job.ingest, this.o.rewriter ? Infinity : job.limit, this.largeTasks(job, this.held(job)), job.bucketBlock);
+    if (!('bytes' in read)) return { pieces: planPieces(read, job, this.o, (task, plan, endsTask) => this.pairOutcome(job, task, read.sources, plan, endsTask)) };
     return this.pairGroups(read, job.side);
   }
 
@@ -210,35 +271,47 @@ export class BucketPairer {
     return this.learn(bytes.length, { ...paired(w), ofTask: { made, endsTask: piece.endsTask } });
   }
 
+  /** The successes and failures a large task's plan holds at first, each. */
+  private held(job: BucketJob): number {
+    const cap = this.o.outcome.max_pairs_per_task;
+    return cap === null ? Infinity : (job.outcomeHeld ?? Math.max(OUTCOME_HELD, 4 * cap));
+  }
+
+  /** What makes a large task's plan as the bucket is read. */
+  private largeTasks(job: BucketJob, held: number) {
+    return (_task: string, sources: SpanSource[]) => new LargeTaskPlan(this.o, sources, job.pieceBytes, held);
+  }
+
   /**
-   * A large task's outcome pairs, chosen from its sessions' ids and rewards (`task`) as the bucket's plan
-   * read them, and only the sessions they take read back, each once. Under a cap, only the first few
-   * successes and failures in the order pairs take them are held (OUTCOME_HELD); where drops reach past
-   * them, all are ranked and the pairs chosen again.
+   * A large task's outcome pairs, chosen from the successes and failures its plan holds, and only the
+   * sessions they take read back, each once. Where drops reach past those, the bucket is read again for
+   * that task's candidates, all of them, and the pairs chosen again.
    */
-  private pairOutcome({ path, ingest, side, outcomeHeld }: BucketJob, sources: SpanSource[], task: SessionHeads, endsTask: boolean): PairedPiece {
+  private pairOutcome(job: BucketJob, task: string, sources: SpanSource[], plan: LargeTaskPlan, endsTask: boolean): PairedPiece {
+    const { path, ingest, side } = job;
     const w = bucketWork(this.o, this.shelf, 64 << 10);
     w.counts.tasks!++;
     let made = 0;
-    const oc = this.o.outcome;
-    if (oc.enabled) {
-      const { at } = task;
+    if (this.o.outcome.enabled) {
       // A session taken is read into a buffer of its own: the reader's is filled again for the next.
-      const taken = new Map<number, StoredSession>();
-      const session = (h: Head): StoredSession => {
-        let found = taken.get(h.i);
-        if (!found) {
-          const { bytes } = this.reader.readSpans(path, ingest, { sources }, [...at.subarray(3 * h.i, 3 * h.i + 3), 1]);
-          taken.set(h.i, (found = readStoredSession(Buffer.from(bytes.subarray(0, bytes.length - 1)))));
-        }
-        return found;
+      const pairFrom = (plan: LargeTaskPlan, sources: SpanSource[]) => {
+        const taken = new Map<Head, StoredSession>();
+        const session = (h: Head): StoredSession => {
+          let found = taken.get(h);
+          if (!found) {
+            const { bytes } = this.reader.readSpans(path, ingest, { sources }, [...h.at, 1]);
+            taken.set(h, (found = readStoredSession(Buffer.from(bytes.subarray(0, bytes.length - 1)))));
+          }
+          return found;
+        };
+        return writeOutcomePairs(w, { successes: plan.successes.ranked(), failures: plan.failures.ranked() }, session);
       };
-      const held = oc.max_pairs_per_task === null ? Infinity : (outcomeHeld ?? Math.max(OUTCOME_HELD, 4 * oc.max_pairs_per_task));
       try {
-        made = writeOutcomePairs(w, rankHeads(task, oc, held), session);
+        made = pairFrom(plan, sources);
       } catch (error) {
         if (error !== DEEPER) throw error;
-        made = writeOutcomePairs(w, rankHeads(task, oc, Infinity), session);
+        const all = this.reader.plan(path, ingest, job.limit, this.largeTasks(job, Infinity), job.bucketBlock, task);
+        made = pairFrom(all.tasks[0]!.large!, all.sources);
       }
     }
     w.counts[side]! += made;
@@ -248,46 +321,3 @@ export class BucketPairer {
 
 /** Successes and failures a large task's outcome pairs are first chosen from, each side's first in order (at least). */
 const OUTCOME_HELD = 64;
-
-/**
- * A large task's successes and failures as pairs take them, of each only the first `most` held (a list cut
- * to its first `most` each time it reaches twice that): the ids of the rest are read but not kept.
- */
-function rankHeads(task: SessionHeads, oc: BucketOptions['outcome'], most: number): { successes: Ranked<Head>; failures: Ranked<Head> } {
-  const side = (order: (a: Head, b: Head) => number) => {
-    let list: Head[] = [];
-    let length = 0;
-    return {
-      add(h: Head) {
-        length++;
-        list.push(h);
-        if (list.length >= 2 * most) list = list.sort(order).slice(0, most);
-      },
-      ranked(): Ranked<Head> {
-        list.sort(order);
-        if (list.length > most) list.length = most;
-        const all = list.length === length;
-        return {
-          length,
-          at: (k) => {
-            if (k < list.length) return list[k]!;
-            if (all) throw new Error(`candidate ${k} of ${length}`);
-            throw DEEPER;
-          },
-        };
-      },
-    };
-  };
-  const [successes, failures] = [side(SUCCESS_ORDER), side(FAILURE_ORDER)];
-  const { rewards } = task;
-  for (let i = 0; i < rewards.length; i++) {
-    const reward = rewards[i]!;
-    const success = reward >= oc.success_min;
-    const failure = reward <= oc.failure_max;
-    if (!success && !failure) continue;
-    const h = { session_id: headId(task, i), reward, i };
-    if (success) successes.add(h);
-    if (failure) failures.add(h);
-  }
-  return { successes: successes.ranked(), failures: failures.ranked() };
-}
