@@ -1,17 +1,17 @@
 // A thread's pairing: bucket files one after another, each bucket whose sessions take more than a job's
-// `limit` bytes in pieces that each read at most `pieceBytes` (PIECE_BYTES; a task within the limit whole), so that
-// what a thread holds does not grow with the largest task. The pieces write, in order, the bytes pairing the
-// bucket whole writes:
+// `limit` bytes in pieces that each read at most `pieceBytes` (PIECE_BYTES; a task within the limit whole),
+// so that what a thread holds does not grow with the largest task. The pieces write, in order, the bytes
+// pairing the bucket whole writes:
 //   - whole tasks, several to a piece, as pairBucket pairs them;
-//   - a task larger than the limit: first its outcome pairs, chosen from its sessions' ids and rewards and
-//     only the sessions they take read back; then its hard negatives, from its sessions with a reward of at
-//     least from_min_reward, read again a piece at a time.
-// A large bucket's job reads the bucket `limit` bytes at a time, keeping only where each session lies, its
-// task, id and reward (StoredBucketReader.readOrPlan), makes its large tasks' outcome pairs from those, and
-// answers with its pieces (BucketPlan), those outcome pairs among them, made: the ids stay on the thread
-// that read them. pairs/run.ts hands the other pieces to the threads in turn, as it hands buckets. A large
-// task's sessions are so read twice, yet at the 1M sessions of 20 tasks pairs took 8.1-8.3 s at 219-224 MiB,
-// against 9.6-10.2 s at 480-507 whole (session 23).
+//   - a task larger than the limit: first its outcome pairs, chosen from its first few successes and failures
+//     in order and only the sessions they take read back; then its hard negatives, from its sessions with a
+//     reward of at least from_min_reward, read again a piece at a time.
+// A large bucket's job plans it (StoredBucketReader.readOrPlan, a block of the bucket file at a time): where
+// each small task's sessions lie, and for a large task what its LargeTaskPlan keeps as the sessions come. It
+// makes the large tasks' outcome pairs there and then, and answers with its pieces (BucketPlan), those
+// outcome pairs among them, made. pairs/run.ts hands the other pieces to the threads in turn, as it hands
+// buckets. A large task's sessions are so read twice, yet at the 1M sessions of 20 tasks pairs took about
+// 8 s at 178-218 MiB, against 9.6-10.2 s at 480-507 whole (session 23).
 import type { BufferShelf } from '../../pipeline/buffers.ts';
 import type { Split } from '../../core/records.ts';
 import { NumberList, StoredBucketReader, addToSpans, readStoredSession, spanBytes, storedSessions, type BucketSpans, type LargeTask, type SpanSource, type StoredSession, type StoredTaskGroups } from '../layout.ts';
