@@ -566,14 +566,15 @@ export class StoredBucketReader {
   /**
    * A large bucket file's parts a block of its lines at a time (`size` bytes; a longer line grows it), each
    * block's given to `visit` with the block and where in the file it starts: what is held does not grow
-   * with the file. The segments are closed after.
+   * with the file. From the line at byte `from` to the one at byte `until`; the segments are closed after.
    */
-  private partsInBlocks(path: string, ingestDir: string, size: number, visit: (parts: BucketParts, block: Buffer, base: number) => void): void {
+  private partsInBlocks(path: string, ingestDir: string, size: number, visit: (parts: BucketParts, block: Buffer, base: number) => void, from = 0, until = Infinity): void {
     const parts = new BucketParts(path, ingestDir);
     const fd = openSync(path, 'r');
     try {
+      // Line numbers count from `from` (an error names the line by its place there too).
       let line = 0;
-      for (let base = 0; ; ) {
+      for (let base = from; base <= until; ) {
         let block = this.fileRoom(size);
         let got = readAll(fd, block, size, base);
         if (got === 0) break;
@@ -589,7 +590,7 @@ export class StoredBucketReader {
         parts.clear();
         forEachLine(block.subarray(0, end), (start, stop) => {
           line++;
-          if (stop > start) parts.add(block, start, stop, line);
+          if (stop > start && base + start <= until) parts.add(block, start, stop, line);
         });
         visit(parts, block, base);
         base += end;
@@ -678,66 +679,47 @@ export class StoredBucketReader {
     const tasks = new Map<string, GatheredTask<L>>();
     // The last session's task, whose string the next session's takes where its bytes are the same.
     let last: { json: Buffer; task: GatheredTask<L> | null } | null = null;
+    // Where in the bucket file the line of the session added lies.
+    let line = 0;
     // A session: its task, what it takes once read, where it lies; its id and reward, which choose outcome pairs.
-    const add = (line: Buffer, start: number, end: number, source: number, from: number, to: number) => {
-      const head = readHead(line, start, end);
+    const add = (bytes: Buffer, start: number, end: number, source: number, from: number, to: number) => {
+      const head = readHead(bytes, start, end);
       let t: GatheredTask<L> | null | undefined;
-      if (head.taskAt && last && line.compare(last.json, 0, last.json.length, head.taskAt[0], head.taskAt[1]) === 0) t = last.task;
+      if (head.taskAt && last && bytes.compare(last.json, 0, last.json.length, head.taskAt[0], head.taskAt[1]) === 0) t = last.task;
       else {
-        const task = head.taskAt ? decodeString(line, head.taskAt[0], head.taskAt[1]) : head.task!;
+        const task = head.taskAt ? decodeString(bytes, head.taskAt[0], head.taskAt[1]) : head.task!;
         t = only !== undefined && task !== only ? null : tasks.get(task);
         if (t === undefined) tasks.set(task, (t = new GatheredTask<L>(task)));
-        last = head.taskAt ? { json: Buffer.from(line.subarray(head.taskAt[0], head.taskAt[1])), task: t } : null;
+        last = head.taskAt ? { json: Buffer.from(bytes.subarray(head.taskAt[0], head.taskAt[1])), task: t } : null;
       }
       if (!t) return;
-      t.bytes += lineBytes(sources, source, from, to);
-      const id = head.idAt ? { bytes: line, start: head.idAt[0], end: head.idAt[1] } : { bytes: head.idJson!, start: 0, end: head.idJson!.length };
-      if (t.large) t.large.add(decodeString(id.bytes, id.start, id.end), head.reward, source, from, to);
+      t.bytes += sessionLineBytes(sources, source, from, to);
+      const id = head.idAt ? { bytes, start: head.idAt[0], end: head.idAt[1] } : { bytes: head.idJson!, start: 0, end: head.idJson!.length };
+      if (t.large) t.large.add(decodeString(id.bytes, id.start, id.end), head.reward, source, from, to, line);
       else {
         t.ids.push(id.bytes, id.start, id.end);
         t.rewards.push(head.reward);
         t.at.push(source);
         t.at.push(from);
         t.at.push(to);
+        t.lines.push(line);
         // Larger than the limit: what it gathered goes to its LargeTask, which takes the rest as it comes.
         if (t.bytes > limit) t.toLarge(large(t.task, sources));
       }
     };
     blocks((parts, file, base) => {
       for (let i = 0; i < parts.length; i++) {
+        line = base + parts.lineStart(i);
         if (!parts.isRun(i)) {
           add(file, parts.from(i), parts.to(i), 0, base + parts.from(i), base + parts.to(i));
           continue;
         }
         const run = parts.run(i);
-        const fd = parts.fd(i);
-        const where = parts.where(i);
         const key = 2 * parts.segment(i) + SPLITS.indexOf(run.split);
         let source = sourceOf.get(key);
         if (source === undefined) sourceOf.set(key, (source = sources.push({ ingest: run.ingest, split: run.split }) - 1));
-        // The run read a block at a time, each of whole lines: one line larger than the block grows it.
-        let lines = 0;
-        for (let at = run.bytes[0]; at < run.bytes[1]; ) {
-          let block = this.room(Math.min(limit, run.bytes[1] - at));
-          let got = readAll(fd, block, Math.min(block.length, run.bytes[1] - at), at);
-          if (got === 0) throw segmentChanged(where, run, `ended at byte ${at} while it was read`);
-          let newline = block.lastIndexOf(10, got - 1);
-          while (newline < 0 && at + got < run.bytes[1]) {
-            block = this.room(2 * block.length);
-            got = readAll(fd, block, Math.min(block.length, run.bytes[1] - at), at);
-            newline = block.lastIndexOf(10, got - 1);
-          }
-          if (newline < 0) throw segmentChanged(where, run, `holds a line there that does not end`);
-          for (let start = 0; start <= newline; ) {
-            const nl = block.indexOf(10, start);
-            if (block[start] !== 123 || block[nl - 1] !== 125) throw segmentChanged(where, run, 'holds lines there that are not sessions');
-            add(block, start, nl, source, at + start, at + nl + 1);
-            lines++;
-            start = nl + 1;
-          }
-          at += newline + 1;
-        }
-        if (lines !== run.sessions) throw segmentChanged(where, run, `holds ${lines} line(s) there, not all sessions`);
+        const lines = this.eachSessionOf(parts, i, run.bytes[0], run.bytes[1], limit, (block, start, end, at) => add(block, start, end, source, at, at + end - start + 1));
+        if (lines !== run.sessions) throw segmentChanged(parts.where(i), run, `holds ${lines} line(s) there, not all sessions`);
       }
     });
     // A task larger than the limit is paired from what its LargeTask kept (pairer.ts), on this thread; a
@@ -746,6 +728,84 @@ export class StoredBucketReader {
       sources,
       tasks: byTask(tasks).map(([task, t]): TaskSpans<L> => (t.large ? { task, bytes: t.bytes, spans: null, large: t.large } : { task, bytes: t.bytes, spans: spansOf(sources, t.at.view(), limit), large: null })),
     };
+  }
+
+  /**
+   * The session lines of part `i` (a run) from byte `from` to `to` of its segment, read `most` bytes at a
+   * time (a longer line grows the block), each given to `visit` with its block, where it starts and ends
+   * there (its newline), and where it starts in the segment; returns how many.
+   */
+  private eachSessionOf(parts: BucketParts, i: number, from: number, to: number, most: number, visit: (block: Buffer, start: number, end: number, at: number) => void): number {
+    const [fd, run] = [parts.fd(i), parts.run(i)];
+    let lines = 0;
+    for (let at = from; at < to; ) {
+      let block = this.room(Math.min(most, to - at));
+      let got = readAll(fd, block, Math.min(block.length, to - at), at);
+      if (got === 0) throw segmentChanged(parts.where(i), run, `ended at byte ${at} while it was read`);
+      let newline = block.lastIndexOf(10, got - 1);
+      while (newline < 0 && at + got < to) {
+        block = this.room(2 * block.length);
+        got = readAll(fd, block, Math.min(block.length, to - at), at);
+        newline = block.lastIndexOf(10, got - 1);
+      }
+      if (newline < 0) throw segmentChanged(parts.where(i), run, `holds a line there that does not end`);
+      for (let start = 0; start <= newline; ) {
+        const nl = block.indexOf(10, start);
+        if (block[start] !== 123 || block[nl - 1] !== 125) throw segmentChanged(parts.where(i), run, 'holds lines there that are not sessions');
+        visit(block, start, nl, at + start);
+        lines++;
+        start = nl + 1;
+      }
+      at += newline + 1;
+    }
+    return lines;
+  }
+
+  /**
+   * The sessions of task `task` (null: every one) among a bucket file's from `range`: from its
+   * line at byte `range[0]` (a run's from byte `range[1]` of its segment; -1: the whole line) to its line at
+   * byte `range[2]` (a run's up to byte `range[3]`; -1: not that line), a line each as `sessions` gives them,
+   * with where each starts and ends. The bucket file is read a block at a time from the range's first line,
+   * and its other tasks' sessions there are read but not kept. Valid until the next read.
+   */
+  readTaskRange(path: string, ingestDir: string, task: string | null, range: TaskRange, block = BUCKET_BLOCK): { bytes: Buffer; offsets: number[] } {
+    const [first, firstFrom, last, lastTo] = range;
+    let out = Buffer.allocUnsafeSlow(1 << 16);
+    let used = 0;
+    const offsets: number[] = [];
+    // A session kept: its line (a run's without its closing brace, then its tail) and a newline.
+    const copy = (bytes: Buffer, start: number, end: number, tail: Buffer | null) => {
+      const length = end - start + (tail ? tail.length - 1 : 0) + 1;
+      if (used + length > out.length) {
+        const grown = Buffer.allocUnsafeSlow(Math.max(2 * out.length, used + length));
+        out.copy(grown, 0, 0, used);
+        out = grown;
+      }
+      offsets.push(used);
+      used += tail ? bytes.copy(out, used, start, end - 1) + tail.copy(out, used + end - 1 - start) : bytes.copy(out, used, start, end);
+      offsets.push(used);
+      out[used++] = 10;
+    };
+    const ofTask = (bytes: Buffer, start: number, end: number) => {
+      if (task === null) return true;
+      const head = readHead(bytes, start, end);
+      return (head.taskAt ? decodeString(bytes, head.taskAt[0], head.taskAt[1]) : head.task) === task;
+    };
+    this.partsInBlocks(path, ingestDir, block, (parts, file, base) => {
+      for (let i = 0; i < parts.length; i++) {
+        const at = base + parts.lineStart(i);
+        if (at > last || (at === last && lastTo < 0)) return;
+        if (!parts.isRun(i)) {
+          if (ofTask(file, parts.from(i), parts.to(i))) copy(file, parts.from(i), parts.to(i), null);
+          continue;
+        }
+        const from = at === first && firstFrom >= 0 ? firstFrom : parts.from(i);
+        const to = at === last ? lastTo : parts.to(i);
+        const tail = SESSION_TAILS[parts.run(i).split];
+        this.eachSessionOf(parts, i, from, to, BUCKET_BLOCK, (bytes, start, end) => ofTask(bytes, start, end) && copy(bytes, start, end, tail));
+      }
+    }, first, last);
+    return { bytes: out.subarray(0, used), offsets };
   }
 
   /**
@@ -783,16 +843,20 @@ export class StoredBucketReader {
   }
 }
 
+/** The numbers a BucketParts row holds. */
+const W = 7;
+
 /**
- * A bucket file's lines as what is to be read for them, six numbers a line rather than an object (a bucket
+ * A bucket file's lines as what is to be read for them, seven numbers a line rather than an object (a bucket
  * may hold a million runs): a run of ingest's sessions, as its segment's place in `segments` (opened), the
  * bytes `from` to `to` of it, how many sessions and its side's place in SPLITS; or a line of the file itself,
- * segment -1, from `from` to `to` of the file. Then the line's number, which an error names.
+ * segment -1, from `from` to `to` of the bytes it was read from. Then the line's number, which an error
+ * names, and where the line starts in those bytes.
  */
 class BucketParts {
   readonly segments: { name: string; fd: number; size: number }[] = [];
   private readonly segmentOf = new Map<string, number>();
-  private rows = new Float64Array(6 * 256);
+  private rows = new Float64Array(W * 256);
   length = 0;
 
   constructor(
@@ -807,7 +871,7 @@ class BucketParts {
    */
   add(bytes: Buffer, start: number, end: number, line: number): number {
     if (!holdsAt(bytes, start, RUN_HEAD)) {
-      this.push(-1, start, end, 0, 0, line);
+      this.push(-1, start, end, 0, 0, line, start);
       return this.sessionBytes(this.length - 1);
     }
     const run = readSessionRun(bytes, start, end, this.path, line);
@@ -815,23 +879,24 @@ class BucketParts {
     if (segment === undefined) this.segmentOf.set(run.ingest, (segment = this.segments.push({ name: run.ingest, ...openSegment(this.ingestDir, run.ingest, whereOf(this.path, line)) }) - 1));
     const { size } = this.segments[segment]!;
     if (run.bytes[1] > size) throw segmentChanged(whereOf(this.path, line), run, `ends at byte ${size}`);
-    this.push(segment, run.bytes[0], run.bytes[1], run.sessions, SPLITS.indexOf(run.split), line);
+    this.push(segment, run.bytes[0], run.bytes[1], run.sessions, SPLITS.indexOf(run.split), line, start);
     return this.sessionBytes(this.length - 1);
   }
 
-  private push(segment: number, from: number, to: number, sessions: number, side: number, line: number): void {
-    if (6 * (this.length + 1) > this.rows.length) {
+  private push(segment: number, from: number, to: number, sessions: number, side: number, line: number, lineStart: number): void {
+    if (W * (this.length + 1) > this.rows.length) {
       const grown = new Float64Array(2 * this.rows.length);
       grown.set(this.rows);
       this.rows = grown;
     }
-    const [r, at] = [this.rows, 6 * this.length++];
+    const [r, at] = [this.rows, W * this.length++];
     r[at] = segment;
     r[at + 1] = from;
     r[at + 2] = to;
     r[at + 3] = sessions;
     r[at + 4] = side;
     r[at + 5] = line;
+    r[at + 6] = lineStart;
   }
 
   /** The parts forgotten (the segments stay open), for the next block of the file. */
@@ -847,31 +912,35 @@ class BucketParts {
   /** The bytes part `i`'s sessions take once read: a run's, each session's tail added; a line's, its newline. */
   sessionBytes(i: number): number {
     const r = this.rows;
-    return r[6 * i + 2]! - r[6 * i + 1]! + (r[6 * i]! >= 0 ? r[6 * i + 3]! * (SESSION_TAILS[SPLITS[r[6 * i + 4]!]!].length - 1) : 1);
+    return r[W * i + 2]! - r[W * i + 1]! + (r[W * i]! >= 0 ? r[W * i + 3]! * (SESSION_TAILS[SPLITS[r[W * i + 4]!]!].length - 1) : 1);
   }
 
   isRun(i: number): boolean {
-    return this.rows[6 * i]! >= 0;
+    return this.rows[W * i]! >= 0;
   }
   segment(i: number): number {
-    return this.rows[6 * i]!;
+    return this.rows[W * i]!;
   }
   from(i: number): number {
-    return this.rows[6 * i + 1]!;
+    return this.rows[W * i + 1]!;
   }
   to(i: number): number {
-    return this.rows[6 * i + 2]!;
+    return this.rows[W * i + 2]!;
   }
   fd(i: number): number {
-    return this.segments[this.rows[6 * i]!]!.fd;
+    return this.segments[this.rows[W * i]!]!.fd;
   }
   /** Part `i`, a run, as the SessionRun its line holds. */
   run(i: number): SessionRun {
     const r = this.rows;
-    return { ingest: this.segments[r[6 * i]!]!.name, bytes: [r[6 * i + 1]!, r[6 * i + 2]!], sessions: r[6 * i + 3]!, split: SPLITS[r[6 * i + 4]!]! };
+    return { ingest: this.segments[r[W * i]!]!.name, bytes: [r[W * i + 1]!, r[W * i + 2]!], sessions: r[W * i + 3]!, split: SPLITS[r[W * i + 4]!]! };
+  }
+  /** Where part `i`'s line starts in the bytes it was read from. */
+  lineStart(i: number): number {
+    return this.rows[W * i + 6]!;
   }
   where(i: number): string {
-    return whereOf(this.path, this.rows[6 * i + 5]!);
+    return whereOf(this.path, this.rows[W * i + 5]!);
   }
 }
 
@@ -934,34 +1003,44 @@ class GatheredTask<L extends LargeTask> {
   rewards = new NumberList();
   /** A span (source, from, to) a session. */
   at = new NumberList();
+  /** Where in the bucket file each session's line starts. */
+  lines = new NumberList();
   large: L | null = null;
 
   constructor(readonly task: string) {}
 
   /** What was gathered given to `large`, which takes the task's sessions from now on. */
   toLarge(large: L): void {
-    const [ids, ends, rewards, at] = [this.ids.bytes(), this.ids.ends.view(), this.rewards.view(), this.at.view()];
+    const [ids, ends, rewards, at, lines] = [this.ids.bytes(), this.ids.ends.view(), this.rewards.view(), this.at.view(), this.lines.view()];
     const bytes = Buffer.from(ids.buffer, ids.byteOffset, ids.byteLength);
-    for (let i = 0; i < rewards.length; i++) large.add(decodeString(bytes, i === 0 ? 0 : ends[i - 1]!, ends[i]!), rewards[i]!, at[3 * i]!, at[3 * i + 1]!, at[3 * i + 2]!);
+    for (let i = 0; i < rewards.length; i++) large.add(decodeString(bytes, i === 0 ? 0 : ends[i - 1]!, ends[i]!), rewards[i]!, at[3 * i]!, at[3 * i + 1]!, at[3 * i + 2]!, lines[i]!);
     this.large = large;
-    [this.ids, this.rewards, this.at] = [new ByteList(), new NumberList(), new NumberList()];
+    [this.ids, this.rewards, this.at, this.lines] = [new ByteList(), new NumberList(), new NumberList(), new NumberList()];
   }
 }
 
 /**
  * What a large bucket's plan keeps of a task larger than the limit (stages/pairs/pairer.ts makes it): each of
- * its sessions in turn, its id, reward and where it lies (a span of source, from, to), from the first.
+ * its sessions in turn, its id, reward and where it lies (a span of source, from, to), and where its line
+ * starts in the bucket file, from the first.
  */
 export interface LargeTask {
-  add(id: string, reward: number, source: number, from: number, to: number): void;
+  add(id: string, reward: number, source: number, from: number, to: number, line: number): void;
 }
+
+/**
+ * Some of a bucket's lines, as readTaskRange reads them: from its line at byte `first` (a run's from byte
+ * `firstFrom` of its segment; -1: the whole line) to its line at byte `last` (a run's up to byte `lastTo`;
+ * -1: not that line).
+ */
+export type TaskRange = [first: number, firstFrom: number, last: number, lastTo: number];
 
 /**
  * Numbers one after another in one growing Float64Array: a large task's plan keeps a few a session, and in
  * arrays of JavaScript numbers they lived on the heap through its collections, copied into typed arrays at
  * the end (two tasks of 500,000 sessions: a thread's heap at 115 MiB).
  */
-export class NumberList {
+class NumberList {
   private values = new Float64Array(64);
   length = 0;
 
@@ -1016,7 +1095,7 @@ class ByteList {
 const tailExtra = (source: SpanSource) => (source ? SESSION_TAILS[source.split].length - 1 : 0);
 
 /** What the session line at `from` to `to` of source `source` takes once read (its tail added, or its newline). */
-const lineBytes = (sources: SpanSource[], source: number, from: number, to: number) => {
+export const sessionLineBytes = (sources: SpanSource[], source: number, from: number, to: number) => {
   const s = sources[source]!;
   return to - from + (s ? tailExtra(s) : 1);
 };
@@ -1033,9 +1112,9 @@ function spansOf(sources: SpanSource[], at: Float64Array, limit: number): Float6
 }
 
 /** Adds the session line at `from` to `to` of `source` to `spans`, as spansOf makes them. */
-export function addToSpans(spans: NumberList, sources: SpanSource[], source: number, from: number, to: number, limit: number): void {
+function addToSpans(spans: NumberList, sources: SpanSource[], source: number, from: number, to: number, limit: number): void {
   const n = spans.length;
-  if (n > 0 && spans.get(n - 4) === source && (source === 0 ? spans.get(n - 2) + 1 : spans.get(n - 2)) === from && spanBytes(spans.view(), n / 4 - 1, sources) + lineBytes(sources, source, from, to) <= limit) {
+  if (n > 0 && spans.get(n - 4) === source && (source === 0 ? spans.get(n - 2) + 1 : spans.get(n - 2)) === from && spanBytes(spans.view(), n / 4 - 1, sources) + sessionLineBytes(sources, source, from, to) <= limit) {
     spans.set(n - 2, to);
     spans.set(n - 1, spans.get(n - 1) + 1);
     return;
@@ -1047,7 +1126,7 @@ export function addToSpans(spans: NumberList, sources: SpanSource[], source: num
 }
 
 /** The bytes span `q` of `spans` takes once read (its sessions' tails added, a bucket file's lines their last newline). */
-export function spanBytes(spans: ArrayLike<number>, q: number, sources: SpanSource[]): number {
+function spanBytes(spans: ArrayLike<number>, q: number, sources: SpanSource[]): number {
   const source = sources[spans[4 * q]!]!;
   return spans[4 * q + 2]! - spans[4 * q + 1]! + (source ? spans[4 * q + 3]! * tailExtra(source) : 1);
 }

@@ -14,7 +14,7 @@
 // 8 s at 178-218 MiB, against 9.6-10.2 s at 480-507 whole (session 23).
 import type { BufferShelf } from '../../pipeline/buffers.ts';
 import type { Split } from '../../core/records.ts';
-import { NumberList, StoredBucketReader, addToSpans, readStoredSession, spanBytes, storedSessions, type BucketSpans, type LargeTask, type SpanSource, type StoredSession, type StoredTaskGroups } from '../layout.ts';
+import { StoredBucketReader, readStoredSession, sessionLineBytes, storedSessions, type BucketSpans, type LargeTask, type SpanSource, type StoredSession, type StoredTaskGroups, type TaskRange } from '../layout.ts';
 import { bucketWork, pairBucket, paired, writeOutcomePairs, writeTaskHardNegatives, type BucketLog, type BucketOptions, type PairedBucket } from './bucket.ts';
 import { DEEPER, FAILURE_ORDER, SUCCESS_ORDER, type Ranked } from './outcome.ts';
 
@@ -50,6 +50,9 @@ export interface BucketPiece {
   spans: Float64Array;
   tasks: { task: string; from: number; to: number }[];
   made?: PairedPiece;
+  /** A large task's `negatives` piece: the lines of the bucket file it reads its sessions from, and whether the task is alone in its bucket. */
+  range?: TaskRange;
+  alone?: boolean;
   endsTask: boolean;
   opens: boolean;
   closes: boolean;
@@ -120,29 +123,16 @@ function planPieces({ sources, tasks }: BucketSpans<LargeTaskPlan>, job: BucketJ
     flush();
     // Its hard negatives are made from the sessions with a reward of at least from_min_reward alone: only
     // those are read again, a piece at a time.
-    const runs = o.hardNegatives.enabled ? cut(t.large.negatives.view(), sources, pieceBytes) : [];
-    const endsTask = runs.length === 0;
-    pieces.push({ part: 'outcome', sources, spans: new Float64Array(0), tasks: [{ task: t.task, from: 0, to: 0 }], made: outcome(t.task, t.large, endsTask), endsTask });
-    runs.forEach((spans, i) => ofSpans('negatives', [{ task: t.task, spans }], i === runs.length - 1));
+    const ranges = o.hardNegatives.enabled ? t.large.ranges() : [];
+    const endsTask = ranges.length === 0;
+    const none = new Float64Array(0);
+    pieces.push({ part: 'outcome', sources, spans: none, tasks: [{ task: t.task, from: 0, to: 0 }], made: outcome(t.task, t.large, endsTask), endsTask });
+    // A task alone in its bucket reads its ranges whole; one beside others keeps its own sessions of them.
+    const alone = tasks.length === 1;
+    ranges.forEach((range, i) => pieces.push({ part: 'negatives', sources, spans: none, tasks: [{ task: t.task, from: 0, to: 0 }], range, alone, endsTask: i === ranges.length - 1 }));
   }
   flush();
   return pieces.map((piece, i) => ({ ...job, piece: { ...piece, opens: i === 0, closes: i === pieces.length - 1 } }));
-}
-
-/** `spans` cut into runs of consecutive spans that each take at most `limit` bytes once read (a larger span alone). */
-function cut(spans: Float64Array, sources: SpanSource[], limit: number): Float64Array[] {
-  const runs: Float64Array[] = [];
-  let [from, held] = [0, 0];
-  for (let q = 0; q < spans.length / 4; q++) {
-    const size = spanBytes(spans, q, sources);
-    if (held + size > limit && q > from) {
-      runs.push(spans.subarray(4 * from, 4 * q));
-      [from, held] = [q, 0];
-    }
-    held += size;
-  }
-  if (spans.length > 0) runs.push(spans.subarray(4 * from));
-  return runs;
 }
 
 /** A candidate for a large task's outcome pairs: its id and reward, and where it lies (source, from, to). */
@@ -162,7 +152,10 @@ interface Head {
 class LargeTaskPlan implements LargeTask {
   readonly successes: FirstInOrder;
   readonly failures: FirstInOrder;
-  readonly negatives = new NumberList();
+  /** Its hard negatives' pieces so far, and where the next starts (its line, a run's session's byte or -1) and what it holds. */
+  private readonly done: TaskRange[] = [];
+  private next: [line: number, from: number] | null = null;
+  private held = 0;
 
   constructor(
     private readonly o: BucketOptions,
@@ -173,14 +166,30 @@ class LargeTaskPlan implements LargeTask {
     [this.successes, this.failures] = [new FirstInOrder(SUCCESS_ORDER, held), new FirstInOrder(FAILURE_ORDER, held)];
   }
 
-  add(id: string, reward: number, source: number, from: number, to: number): void {
+  add(id: string, reward: number, source: number, from: number, to: number, line: number): void {
     const { outcome: oc, hardNegatives: h } = this.o;
     if (oc.enabled && (reward >= oc.success_min || reward <= oc.failure_max)) {
       const head: Head = { session_id: id, reward, at: [source, from, to] };
       if (reward >= oc.success_min) this.successes.add(head);
       if (reward <= oc.failure_max) this.failures.add(head);
     }
-    if (h.enabled && reward >= h.from_min_reward) addToSpans(this.negatives, this.sources, source, from, to, this.pieceBytes);
+    if (!h.enabled) return;
+    // A piece ends where its sessions would pass the piece's bytes: the next starts at this session. Every
+    // session of the task counts (those its hard negatives are not made from are read too, and passed over),
+    // so that a piece reads at most its bytes without the task's sessions' rewards read again.
+    const here: [number, number] = [line, source === 0 ? -1 : from];
+    const bytes = sessionLineBytes(this.sources, source, from, to);
+    if (this.next && this.held > 0 && this.held + bytes > this.pieceBytes) {
+      this.done.push([...this.next, ...here]);
+      [this.next, this.held] = [null, 0];
+    }
+    this.next ??= here;
+    this.held += bytes;
+  }
+
+  /** Its hard negatives' pieces, as the lines of the bucket file each reads (the last to its end). */
+  ranges(): TaskRange[] {
+    return this.next ? [...this.done, [...this.next, Infinity, -1]] : this.done;
   }
 }
 
@@ -254,6 +263,11 @@ export class BucketPairer {
   private async pairPiece(job: BucketJob, piece: BucketPiece): Promise<PairedJob> {
     const { path, ingest, side } = job;
     if (piece.made) return piece.made;
+    if (piece.range) {
+      const task = piece.tasks[0]!.task;
+      const read = this.reader.readTaskRange(path, ingest, piece.alone ? null : task, piece.range, job.bucketBlock);
+      return this.negatives(read.bytes, [[task, read.offsets]], side, piece.endsTask);
+    }
     const { bytes, at } = this.reader.readSpans(path, ingest, piece, piece.spans);
     const tasks: [string, number[]][] = piece.tasks.map(({ task, from, to }) => {
       const offsets: number[] = [];
@@ -264,11 +278,15 @@ export class BucketPairer {
       }
       return [task, offsets];
     });
-    if (piece.part === 'tasks') return this.pairGroups({ bytes, tasks }, side);
+    return this.pairGroups({ bytes, tasks }, side);
+  }
+
+  /** The hard negatives of a large task's sessions read for a piece (`tasks`: that task's, one group). */
+  private negatives(bytes: Buffer, tasks: [string, number[]][], side: Split, endsTask: boolean): PairedPiece {
     const w = bucketWork(this.o, this.shelf, this.sizeHint(bytes.length));
     const made = writeTaskHardNegatives(w, storedSessions({ bytes, tasks }, tasks[0]![1]));
     w.counts[side]! += made;
-    return this.learn(bytes.length, { ...paired(w), ofTask: { made, endsTask: piece.endsTask } });
+    return this.learn(bytes.length, { ...paired(w), ofTask: { made, endsTask } });
   }
 
   /** The successes and failures a large task's plan holds at first, each. */
