@@ -521,9 +521,10 @@ export function storedSessions(bucket: StoredTaskGroups, offsets: number[]): Sto
  * (writing to new pages costs more than the copy itself): what a read gives is valid until the next read.
  */
 export class StoredBucketReader {
-  /** The bucket file as it is; its sessions, runs read in. */
+  /** The bucket file as it is; its sessions, runs read in; the sessions readTaskRange keeps. */
   private file = Buffer.allocUnsafeSlow(0);
   private buffer = Buffer.allocUnsafeSlow(0);
+  private kept = Buffer.allocUnsafeSlow(0);
 
   /** A whole file's bytes, valid until the next read. */
   private async bytes(path: string): Promise<Buffer> {
@@ -585,12 +586,13 @@ export class StoredBucketReader {
           got = readAll(fd, block, room, base);
           last = block.lastIndexOf(10, got - 1);
         }
-        // The file's end, or its block's last whole line.
-        const end = got < size || last < 0 ? got : last + 1;
+        // The file's end, or its block's last whole line; or the end of the line at `until`, where that comes first.
+        let end = got < size || last < 0 ? got : last + 1;
+        if (until - base < end) end = Math.min(end, block.indexOf(10, until - base) + 1 || end);
         parts.clear();
         forEachLine(block.subarray(0, end), (start, stop) => {
           line++;
-          if (stop > start && base + start <= until) parts.add(block, start, stop, line);
+          if (stop > start) parts.add(block, start, stop, line);
         });
         visit(parts, block, base);
         base += end;
@@ -770,16 +772,16 @@ export class StoredBucketReader {
    */
   readTaskRange(path: string, ingestDir: string, task: string | null, range: TaskRange, block = BUCKET_BLOCK): { bytes: Buffer; offsets: number[] } {
     const [first, firstFrom, last, lastTo] = range;
-    let out = Buffer.allocUnsafeSlow(1 << 16);
+    let out = this.kept;
     let used = 0;
     const offsets: number[] = [];
     // A session kept: its line (a run's without its closing brace, then its tail) and a newline.
     const copy = (bytes: Buffer, start: number, end: number, tail: Buffer | null) => {
       const length = end - start + (tail ? tail.length - 1 : 0) + 1;
       if (used + length > out.length) {
-        const grown = Buffer.allocUnsafeSlow(Math.max(2 * out.length, used + length));
+        const grown = Buffer.allocUnsafeSlow(Math.max(2 * out.length, used + length, 1 << 16));
         out.copy(grown, 0, 0, used);
-        out = grown;
+        this.kept = out = grown;
       }
       offsets.push(used);
       used += tail ? bytes.copy(out, used, start, end - 1) + tail.copy(out, used + end - 1 - start) : bytes.copy(out, used, start, end);
