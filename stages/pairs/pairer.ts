@@ -38,11 +38,11 @@ export interface BucketJob {
 }
 
 /**
- * A piece of a large bucket: where its sessions lie (spans, as BucketSpans has them), and what is made of
- * them. `tasks`: whole tasks, each its spans from `from` to `to` (span indices). `outcome` and `negatives`:
- * a part of one task larger than the limit (its outcome pairs, `made` as the bucket was planned; its hard
- * negatives, over some of its spans), `endsTask` when no part of the task comes after. `opens` and
- * `closes`: the bucket's first and last piece.
+ * A piece of a large bucket, and what is made of it. `tasks`: whole tasks, where their sessions lie (spans,
+ * as BucketSpans has them), each task its spans from `from` to `to` (span indices). `outcome` and
+ * `negatives`: a part of one task larger than the limit (its outcome pairs, `made` as the bucket was planned;
+ * its hard negatives, from the sessions of a `range` of the bucket file), `endsTask` when no part of the
+ * task comes after. `opens` and `closes`: the bucket's first and last piece.
  */
 export interface BucketPiece {
   part: 'tasks' | 'outcome' | 'negatives';
@@ -50,7 +50,7 @@ export interface BucketPiece {
   spans: Float64Array;
   tasks: { task: string; from: number; to: number }[];
   made?: PairedPiece;
-  /** A large task's `negatives` piece: the lines of the bucket file it reads its sessions from, and whether the task is alone in its bucket. */
+  /** A `negatives` piece's: the lines of the bucket file it reads its task's sessions from, and whether the task is alone in its bucket (all of them are its). */
   range?: TaskRange;
   alone?: boolean;
   endsTask: boolean;
@@ -90,14 +90,14 @@ export const PIECE_BYTES = 1 << 20;
 
 /**
  * The pieces of a bucket too large to pair whole, in the order their pairs are written; `outcome` makes a
- * large task's outcome pairs from its heads (`endsTask` where it has no hard negatives to make).
+ * large task's outcome pairs from its plan (`endsTask` where it has no hard negatives to make).
  */
 function planPieces({ sources, tasks }: BucketSpans<LargeTaskPlan>, job: BucketJob, o: BucketOptions, outcome: (task: string, plan: LargeTaskPlan, endsTask: boolean) => PairedPiece): BucketJob[] {
   const { pieceBytes } = job;
   const pieces: Omit<BucketPiece, 'opens' | 'closes'>[] = [];
-  // A piece of tasks' spans, laid one after another in an array of its own (a view into a larger one would
-  // take all of it to the thread).
-  const ofSpans = (part: 'tasks' | 'negatives', group: { task: string; spans: Float64Array }[], endsTask = true) => {
+  // A piece of whole tasks' spans, laid one after another in an array of its own (a view into a larger one
+  // would take all of it to the thread).
+  const ofSpans = (group: { task: string; spans: Float64Array }[]) => {
     const spans = new Float64Array(group.reduce((n, t) => n + t.spans.length, 0));
     let at = 0;
     const listed = group.map((t) => {
@@ -105,12 +105,12 @@ function planPieces({ sources, tasks }: BucketSpans<LargeTaskPlan>, job: BucketJ
       at += t.spans.length;
       return { task: t.task, from: (at - t.spans.length) / 4, to: at / 4 };
     });
-    pieces.push({ part, sources, spans, tasks: listed, endsTask });
+    pieces.push({ part: 'tasks', sources, spans, tasks: listed, endsTask: true });
   };
   let whole: { task: string; spans: Float64Array }[] = [];
   let bytes = 0;
   const flush = () => {
-    if (whole.length > 0) ofSpans('tasks', whole);
+    if (whole.length > 0) ofSpans(whole);
     [whole, bytes] = [[], 0];
   };
   for (const t of tasks) {
@@ -121,8 +121,8 @@ function planPieces({ sources, tasks }: BucketSpans<LargeTaskPlan>, job: BucketJ
       continue;
     }
     flush();
-    // Its hard negatives are made from the sessions with a reward of at least from_min_reward alone: only
-    // those are read again, a piece at a time.
+    // Its hard negatives: its sessions read again, a range of the bucket file a piece (those with a reward
+    // under from_min_reward passed over).
     const ranges = o.hardNegatives.enabled ? t.large.ranges() : [];
     const endsTask = ranges.length === 0;
     const none = new Float64Array(0);
@@ -145,9 +145,9 @@ interface Head {
 /**
  * What a large bucket's plan keeps of a task larger than the limit, as its sessions come: the first `held`
  * of its successes and of its failures in the order outcome pairs take them (OUTCOME_HELD, or four times the
- * cap; all of them uncapped), and the spans of the sessions its hard negatives are made from (consecutive
- * ones made one, up to a piece's bytes). Neither an id nor a number a session is kept past that, so what a
- * thread holds of a task of 500,000 sessions is its spans, where they lie apart.
+ * cap; all of them uncapped), and where in the bucket file each piece of its sessions for hard negatives
+ * starts (a piece about `pieceBytes` of them). Nothing is kept a session, so what a thread holds of a task
+ * does not grow with it (but where outcome pairs are uncapped: every candidate is held then).
  */
 class LargeTaskPlan implements LargeTask {
   readonly successes: FirstInOrder;
@@ -266,7 +266,7 @@ export class BucketPairer {
     if (piece.range) {
       const task = piece.tasks[0]!.task;
       const read = this.reader.readTaskRange(path, ingest, piece.alone ? null : task, piece.range, job.bucketBlock);
-      return this.negatives(read.bytes, [[task, read.offsets]], side, piece.endsTask);
+      return this.negatives(read.bytes, task, read.offsets, side, piece.endsTask);
     }
     const { bytes, at } = this.reader.readSpans(path, ingest, piece, piece.spans);
     const tasks: [string, number[]][] = piece.tasks.map(({ task, from, to }) => {
@@ -281,10 +281,10 @@ export class BucketPairer {
     return this.pairGroups({ bytes, tasks }, side);
   }
 
-  /** The hard negatives of a large task's sessions read for a piece (`tasks`: that task's, one group). */
-  private negatives(bytes: Buffer, tasks: [string, number[]][], side: Split, endsTask: boolean): PairedPiece {
+  /** The hard negatives of a large task's sessions read for a piece (`offsets`: where each lies in `bytes`). */
+  private negatives(bytes: Buffer, task: string, offsets: number[], side: Split, endsTask: boolean): PairedPiece {
     const w = bucketWork(this.o, this.shelf, this.sizeHint(bytes.length));
-    const made = writeTaskHardNegatives(w, storedSessions({ bytes, tasks }, tasks[0]![1]));
+    const made = writeTaskHardNegatives(w, storedSessions({ bytes, tasks: [[task, offsets]] }, offsets));
     w.counts[side]! += made;
     return this.learn(bytes.length, { ...paired(w), ofTask: { made, endsTask } });
   }
