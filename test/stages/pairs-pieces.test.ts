@@ -1,6 +1,7 @@
 // A bucket whose sessions take more than a thread may read at once is paired in pieces (stages/pairs/pairer.ts):
-// whole tasks several to a piece, a larger task's outcome pairs from its sessions' ids and rewards, then its
-// hard negatives a run of sessions at a time. What the pieces write is what pairing each bucket whole writes.
+// whole tasks several to a piece, a larger task's outcome pairs from its first few successes and failures,
+// then its hard negatives a range of the bucket file at a time. What the pieces write is what pairing each
+// bucket whole writes.
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
