@@ -1105,26 +1105,19 @@ export const sessionLineBytes = (sources: SpanSource[], source: number, from: nu
 /**
  * The spans of the sessions at `at` (a span of one session each: source, from, to): a session continues the
  * last span where it follows it in the same source (a whole line after the last one's newline, a run's line
- * where the last one's ended) and the span stays within `limit` bytes once read (addToSpans).
+ * where the last one's ended) and the span stays within `limit` bytes once read.
  */
 function spansOf(sources: SpanSource[], at: Float64Array, limit: number): Float64Array {
   const spans = new NumberList();
-  for (let i = 0; i < at.length / 3; i++) addToSpans(spans, sources, at[3 * i]!, at[3 * i + 1]!, at[3 * i + 2]!, limit);
-  return spans.view().slice();
-}
-
-/** Adds the session line at `from` to `to` of `source` to `spans`, as spansOf makes them. */
-function addToSpans(spans: NumberList, sources: SpanSource[], source: number, from: number, to: number, limit: number): void {
-  const n = spans.length;
-  if (n > 0 && spans.get(n - 4) === source && (source === 0 ? spans.get(n - 2) + 1 : spans.get(n - 2)) === from && spanBytes(spans.view(), n / 4 - 1, sources) + sessionLineBytes(sources, source, from, to) <= limit) {
-    spans.set(n - 2, to);
-    spans.set(n - 1, spans.get(n - 1) + 1);
-    return;
+  for (let i = 0; i < at.length / 3; i++) {
+    const [source, from, to] = [at[3 * i]!, at[3 * i + 1]!, at[3 * i + 2]!];
+    const n = spans.length;
+    if (n > 0 && spans.get(n - 4) === source && (source === 0 ? spans.get(n - 2) + 1 : spans.get(n - 2)) === from && spanBytes(spans.view(), n / 4 - 1, sources) + sessionLineBytes(sources, source, from, to) <= limit) {
+      spans.set(n - 2, to);
+      spans.set(n - 1, spans.get(n - 1) + 1);
+    } else for (const v of [source, from, to, 1]) spans.push(v);
   }
-  spans.push(source);
-  spans.push(from);
-  spans.push(to);
-  spans.push(1);
+  return spans.view().slice();
 }
 
 /** The bytes span `q` of `spans` takes once read (its sessions' tails added, a bucket file's lines their last newline). */

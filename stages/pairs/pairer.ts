@@ -262,7 +262,6 @@ export class BucketPairer {
 
   private async pairPiece(job: BucketJob, piece: BucketPiece): Promise<PairedJob> {
     const { path, ingest, side } = job;
-    if (piece.made) return piece.made;
     if (piece.range) {
       const task = piece.tasks[0]!.task;
       const read = this.reader.readTaskRange(path, ingest, piece.alone ? null : task, piece.range, job.bucketBlock);

@@ -25,7 +25,7 @@ function trial(id: string, reward: number, request: string, answer: string): Spl
 
 /** buildOutcomePairs on sessions as their bucket lines store them, the pairs' messages read back. */
 function buildOutcomePairs(sessions: SplitSession[], o: OutcomeOptions) {
-  const built = buildStored(sessions.map(stored), (s) => s, o);
+  const built = buildStored(sessions.map(stored), o);
   return { pairs: built.pairs.map(plainPair), dropped: built.dropped };
 }
 
