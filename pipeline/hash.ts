@@ -147,3 +147,10 @@ export function unitHash(key: string, salt: string): number {
   for (let i = 0; i < 6; i++) bits = bits * 256 + digest.charCodeAt(i);
   return (bits * 16 + (digest.charCodeAt(6) >> 4)) / 2 ** 52;
 }
+
+/** FNV-1a of a string's UTF-16 code units, an unsigned 32-bit number: a quick hash for tables in memory, not for anything stored. */
+export function fnv1a(s: string): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < s.length; i++) h = Math.imul(h ^ s.charCodeAt(i), 0x01000193);
+  return h >>> 0;
+}

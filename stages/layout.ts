@@ -3,7 +3,7 @@
 import { closeSync, fstatSync, openSync, readSync, statSync } from 'node:fs';
 import { open, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
-import { unitHash } from '../pipeline/hash.ts';
+import { fnv1a, unitHash } from '../pipeline/hash.ts';
 import { PipelineError } from '../pipeline/errors.ts';
 import { readLines, type LineBuffer } from '../pipeline/jsonl.ts';
 import { forEachLine, holdsAt, jsonStringEnd } from '../pipeline/records.ts';
@@ -146,6 +146,7 @@ export const sessionRunLine = (run: SessionRun): string =>
  */
 export const sessionTail = (split: Split): Buffer => SESSION_TAILS[split];
 const SESSION_TAILS: Record<Split, Buffer> = { train: Buffer.from(',"split":"train","task_match":null}'), test: Buffer.from(',"split":"test","task_match":null}') };
+const SESSION_TAIL_TEXT: Record<Split, string> = { train: SESSION_TAILS.train.toString(), test: SESSION_TAILS.test.toString() };
 
 const RUN_HEAD = Buffer.from('{"ingest":');
 const RUN_BYTES = Buffer.from('","bytes":[');
@@ -214,28 +215,65 @@ function readSessionRun(bytes: Buffer, start: number, end: number, path: string,
 }
 
 /**
- * Sessions of one bucket file grouped by task, tasks in a stable order (runs of ingest's sessions read from
- * `ingestDir`, through `reader`: a stage reading bucket after bucket passes the same one).
+ * Which of a task's sessions readTaskGroups keeps: the first `most` in the bucket's order, or (`byId`) the
+ * `most` whose ids come first.
  */
-export async function readTaskGroups(path: string, ingestDir: string, reader = new StoredBucketReader()): Promise<[string, SplitSession[]][]> {
-  const groups = new Map<string, SplitSession[]>();
-  for await (const s of readBucketSessions(path, ingestDir, reader)) {
-    const group = groups.get(s.task_id!);
-    if (group) group.push(s);
-    else groups.set(s.task_id!, [s]);
-  }
-  return byTask(groups);
+export interface TaskCut {
+  most: number;
+  byId?: boolean;
+}
+
+/**
+ * Sessions of one bucket file grouped by task, tasks in a stable order, each task's cut to what `cut` keeps
+ * (runs of ingest's sessions read from `ingestDir`, through `reader`: a stage reading bucket after bucket
+ * passes the same one). The bucket is read a block at a time, and only the sessions kept are held (a task of
+ * 500,000 sessions, parsed whole, took gigabytes).
+ */
+export function readTaskGroups(path: string, ingestDir: string, reader = new StoredBucketReader(), cut: TaskCut = { most: Infinity }): [string, SplitSession[]][] {
+  const groups = new Map<string, { id: string; text: string }[]>();
+  const sources: SpanSource[] = [null];
+  reader.eachSession(
+    path,
+    ingestDir,
+    (bytes, start, end, source) => {
+      const task = leadingTaskId(bytes, start, end) ?? (JSON.parse(bytes.toString('utf8', start, end)) as SplitSession).task_id!;
+      let group = groups.get(task);
+      if (!group) groups.set(task, (group = []));
+      if (group.length >= cut.most && !cut.byId) return;
+      const id = cut.byId ? leadingSessionId(bytes, start, end) : '';
+      if (group.length >= cut.most && !(id < group.at(-1)!.id)) return;
+      const s = sources[source];
+      const text = s ? bytes.toString('utf8', start, end - 1) + SESSION_TAIL_TEXT[s.split] : bytes.toString('utf8', start, end);
+      // Kept in the order of their ids (byId: ids are unique), or of the bucket.
+      let at = group.length;
+      if (cut.byId) while (at > 0 && id < group[at - 1]!.id) at--;
+      group.splice(at, 0, { id, text });
+      if (group.length > cut.most) group.pop();
+    },
+    sources,
+  );
+  return byTask(groups).map(([task, kept]) => [task, kept.map((k) => JSON.parse(k.text) as SplitSession)]);
 }
 
 /**
  * The sessions of one bucket file, parsed one at a time (runs of ingest's sessions read from `ingestDir`,
- * through `reader`, which is not to read anything else until they are all given).
+ * through `reader`, which is not to read anything else until they are all given). Where each lies is read
+ * first, then its sessions a MiB at a time: what is held does not grow with the bucket.
  */
 export async function* readBucketSessions(path: string, ingestDir: string, reader = new StoredBucketReader()): AsyncGenerator<SplitSession> {
-  const bytes = await reader.sessions(path, ingestDir);
-  const lines: number[] = [];
-  forEachLine(bytes, (start, end) => end > start && lines.push(start, end));
-  for (let k = 0; k < lines.length; k += 2) yield JSON.parse(bytes.toString('utf8', lines[k], lines[k + 1])) as SplitSession;
+  const sources: SpanSource[] = [null];
+  const at = new NumberList();
+  reader.eachSession(path, ingestDir, (_bytes, _start, _end, source, from, to) => [source, from, to].forEach((v) => at.push(v)), sources);
+  const spans = spansOf(sources, at.view(), BUCKET_BLOCK);
+  for (let q = 0; q < spans.length / 4; ) {
+    let [r, size] = [q + 1, spanBytes(spans, q, sources)];
+    while (r < spans.length / 4 && size + spanBytes(spans, r, sources) <= BUCKET_BLOCK) size += spanBytes(spans, r++, sources);
+    const { bytes } = reader.readSpans(path, ingestDir, { sources }, spans, q, r);
+    const lines: number[] = [];
+    forEachLine(bytes, (start, end) => end > start && lines.push(start, end));
+    for (let k = 0; k < lines.length; k += 2) yield JSON.parse(bytes.toString('utf8', lines[k], lines[k + 1])) as SplitSession;
+    q = r;
+  }
 }
 
 /** Groups' entries in a stable order: by task id. */
@@ -638,11 +676,6 @@ export class StoredBucketReader {
     return this.withParts(path, ingestDir, (parts, size, file) => this.fill(parts, size, file));
   }
 
-  /** The lines of one bucket file grouped by task (read from each line's head), tasks in a stable order. */
-  async read(path: string, ingestDir: string): Promise<StoredTaskGroups> {
-    return groupByTask(await this.sessions(path, ingestDir));
-  }
-
   /**
    * A bucket file's lines grouped by task as `read` gives them where its sessions take at most `limit`
    * bytes; a larger bucket's plan (BucketSpans): its sessions read `limit` bytes at a time, a small task's
@@ -674,17 +707,13 @@ export class StoredBucketReader {
    * of at most `limit` bytes. `blocks` gives the parts a block at a time, each with its block of the file and
    * where that starts.
    */
-  private spans<L extends LargeTask>(limit: number, large: (task: string, sources: SpanSource[]) => L, blocks: (visit: (parts: BucketParts, file: Buffer, base: number) => void) => void, only?: string): BucketSpans<L> {
+  private spans<L extends LargeTask>(limit: number, large: (task: string, sources: SpanSource[]) => L, blocks: PartBlocks, only?: string): BucketSpans<L> {
     const sources: SpanSource[] = [null];
-    // A run's source by its segment and side (2 × segment + side).
-    const sourceOf = new Map<number, number>();
     const tasks = new Map<string, GatheredTask<L>>();
     // The last session's task, whose string the next session's takes where its bytes are the same.
     let last: { json: Buffer; task: GatheredTask<L> | null } | null = null;
-    // Where in the bucket file the line of the session added lies.
-    let line = 0;
     // A session: its task, what it takes once read, where it lies; its id and reward, which choose outcome pairs.
-    const add = (bytes: Buffer, start: number, end: number, source: number, from: number, to: number) => {
+    this.sessionsOf(blocks, sources, limit, (bytes, start, end, source, from, to, line) => {
       const head = readHead(bytes, start, end);
       let t: GatheredTask<L> | null | undefined;
       if (head.taskAt && last && bytes.compare(last.json, 0, last.json.length, head.taskAt[0], head.taskAt[1]) === 0) t = last.task;
@@ -708,21 +737,6 @@ export class StoredBucketReader {
         // Larger than the limit: what it gathered goes to its LargeTask, which takes the rest as it comes.
         if (t.bytes > limit) t.toLarge(large(t.task, sources));
       }
-    };
-    blocks((parts, file, base) => {
-      for (let i = 0; i < parts.length; i++) {
-        line = base + parts.lineStart(i);
-        if (!parts.isRun(i)) {
-          add(file, parts.from(i), parts.to(i), 0, base + parts.from(i), base + parts.to(i));
-          continue;
-        }
-        const run = parts.run(i);
-        const key = 2 * parts.segment(i) + SPLITS.indexOf(run.split);
-        let source = sourceOf.get(key);
-        if (source === undefined) sourceOf.set(key, (source = sources.push({ ingest: run.ingest, split: run.split }) - 1));
-        const lines = this.eachSessionOf(parts, i, run.bytes[0], run.bytes[1], limit, (block, start, end, at) => add(block, start, end, source, at, at + end - start + 1));
-        if (lines !== run.sessions) throw segmentChanged(parts.where(i), run, `holds ${lines} line(s) there, not all sessions`);
-      }
     });
     // A task larger than the limit is paired from what its LargeTask kept (pairer.ts), on this thread; a
     // smaller one whole, its spans made anew (they go to the main thread with the plan's pieces).
@@ -730,6 +744,42 @@ export class StoredBucketReader {
       sources,
       tasks: byTask(tasks).map(([task, t]): TaskSpans<L> => (t.large ? { task, bytes: t.bytes, spans: null, large: t.large } : { task, bytes: t.bytes, spans: spansOf(sources, t.at.view(), limit), large: null })),
     };
+  }
+
+  /**
+   * Every session line of a bucket file, one after another, a block of the file and `BUCKET_BLOCK` bytes of
+   * a run at a time (what is held does not grow with the bucket): `visit` gets its bytes (`start` to `end`
+   * of `bytes`; a run's without its tail) and where it lies, as a span of one session (SpanSource: `source`,
+   * its place in `sources`, which gains the segments the file's runs point into; `from`, `to`).
+   */
+  eachSession(path: string, ingestDir: string, visit: SessionVisit, sources: SpanSource[] = [null]): void {
+    this.sessionsOf((v) => this.partsInBlocks(path, ingestDir, BUCKET_BLOCK, v), sources, BUCKET_BLOCK, visit);
+  }
+
+  /**
+   * The session lines of the parts `blocks` gives (a block at a time, each with its block of the file and
+   * where that starts), each given to `visit` with where it lies (a run's source added to `sources` the
+   * first time its segment and side are met) and where its line starts in the bucket file; a run's read
+   * `most` bytes at a time.
+   */
+  private sessionsOf(blocks: PartBlocks, sources: SpanSource[], most: number, visit: SessionVisit): void {
+    // A run's source by its segment and side (2 × segment + side).
+    const sourceOf = new Map<number, number>();
+    blocks((parts, file, base) => {
+      for (let i = 0; i < parts.length; i++) {
+        const line = base + parts.lineStart(i);
+        if (!parts.isRun(i)) {
+          visit(file, parts.from(i), parts.to(i), 0, base + parts.from(i), base + parts.to(i), line);
+          continue;
+        }
+        const run = parts.run(i);
+        const key = 2 * parts.segment(i) + SPLITS.indexOf(run.split);
+        let source = sourceOf.get(key);
+        if (source === undefined) sourceOf.set(key, (source = sources.push({ ingest: run.ingest, split: run.split }) - 1));
+        const lines = this.eachSessionOf(parts, i, run.bytes[0], run.bytes[1], most, (block, start, end, at) => visit(block, start, end, source, at, at + end - start + 1, line));
+        if (lines !== run.sessions) throw segmentChanged(parts.where(i), run, `holds ${lines} line(s) there, not all sessions`);
+      }
+    });
   }
 
   /**
@@ -945,6 +995,16 @@ class BucketParts {
     return whereOf(this.path, this.rows[W * i + 5]!);
   }
 }
+
+/** A bucket file's parts a block at a time, each given with its block of the file and where that starts. */
+type PartBlocks = (visit: (parts: BucketParts, file: Buffer, base: number) => void) => void;
+
+/**
+ * A session line of a bucket (StoredBucketReader.eachSession): `start` to `end` of `bytes`, a run's without its
+ * tail; where it lies, as a span of one session (its source's place in the reader's sources, from, to); and
+ * where the bucket file's line that holds or points at it starts.
+ */
+export type SessionVisit = (bytes: Buffer, start: number, end: number, source: number, from: number, to: number, line: number) => void;
 
 /** The bytes of a large bucket file read at once (StoredBucketReader.partsInBlocks). */
 const BUCKET_BLOCK = 1 << 20;
@@ -1202,30 +1262,98 @@ function leadingSessionId(bytes: Buffer, start: number, end: number): string {
   return (JSON.parse(bytes.toString('utf8', start, end)) as SplitSession).session_id;
 }
 
-/** The sessions of one bucket file at a time, by id, read as StoredSessions when first asked for. */
-class SessionsById {
-  private readonly reader = new StoredBucketReader();
+/** How many parsed sessions SessionsById keeps: a pair's sides mostly come from one or two, and a task's pairs from a few at a time. */
+const RECENT_SESSIONS = 256;
+
+/**
+ * The sessions of one bucket file at a time, by id. When a file is first asked of, where each of its
+ * sessions lies is read from their heads (a block at a time); a session is then read, and parsed as a
+ * StoredSession, when asked for, and the last few asked for are kept. What is held is five numbers a
+ * session, not the bucket: a task of 500,000 sessions, read whole and kept parsed, took 6.7 GB (and a Map
+ * from their ids to where they lie 40 MiB a thread).
+ */
+export class SessionsById {
   private path: string | null = null;
-  private lines = new Map<string, Buffer | StoredSession>();
+  private sources: SpanSource[] = [null];
+  private fds: number[] = [];
+  /** Each session in the bucket's order: its id's hash (fnv1a), then where it lies (a span of one session: source, from, to). */
+  private at = new NumberList();
+  /** An open-addressed table of the sessions by their ids' hashes: a session's place in `at`, plus one (0: an empty slot). */
+  private table = new Uint32Array(0);
+  /** The sessions last asked for, the latest last. */
+  private recent = new Map<string, StoredSession>();
 
-  constructor(private readonly ingestDir: string) {}
+  constructor(
+    private readonly ingestDir: string,
+    private readonly reader = new StoredBucketReader(),
+  ) {}
 
-  /** Session `id` of bucket file `path`, or undefined where the file has none; the file is read when it is not the last one asked of. */
-  async get(path: string, id: string): Promise<StoredSession | undefined> {
-    if (path !== this.path) {
-      this.path = null;
-      this.lines = new Map();
-      const bytes = await this.reader.sessions(path, this.ingestDir);
-      forEachLine(bytes, (start, end) => {
-        if (end > start) this.lines.set(leadingSessionId(bytes, start, end), bytes.subarray(start, end));
-      });
-      this.path = path;
+  /** Session `id` of bucket file `path`, or undefined where the file has none; the file is indexed when it is not the last one asked of. */
+  get(path: string, id: string): StoredSession | undefined {
+    if (path !== this.path) this.index(path);
+    const kept = this.recent.get(id);
+    if (kept) {
+      this.recent.delete(id);
+      this.recent.set(id, kept);
+      return kept;
     }
-    const found = this.lines.get(id);
-    if (found === undefined || found instanceof StoredSession) return found;
-    const session = readStoredSession(found);
-    this.lines.set(id, session);
-    return session;
+    const [h, mask] = [fnv1a(id), this.table.length - 1];
+    // Sessions whose ids have the same hash are read in turn until one has the id.
+    for (let slot = h & mask; this.table[slot] !== 0; slot = (slot + 1) & mask) {
+      const n = this.table[slot]! - 1;
+      if (this.at.get(4 * n) !== h) continue;
+      const session = readStoredSession(this.line(path, n));
+      if (session.session_id !== id) continue;
+      this.recent.set(id, session);
+      if (this.recent.size > RECENT_SESSIONS) this.recent.delete(this.recent.keys().next().value!);
+      return session;
+    }
+    return undefined;
+  }
+
+  /** The segments and bucket file read from, closed. */
+  close(): void {
+    for (const fd of this.fds) if (fd !== undefined) closeSync(fd);
+    this.fds = [];
+  }
+
+  private index(path: string): void {
+    this.close();
+    this.path = null;
+    [this.sources, this.at, this.recent] = [[null], new NumberList(), new Map()];
+    this.reader.eachSession(
+      path,
+      this.ingestDir,
+      (bytes, start, end, source, from, to) => {
+        this.at.push(fnv1a(leadingSessionId(bytes, start, end)));
+        this.at.push(source);
+        this.at.push(from);
+        this.at.push(to);
+      },
+      this.sources,
+    );
+    // At most half the slots taken, so that a search meets an empty one soon.
+    const n = this.at.length / 4;
+    let size = 16;
+    while (size < 2 * n) size *= 2;
+    this.table = new Uint32Array(size);
+    for (let k = 0; k < n; k++) {
+      let slot = this.at.get(4 * k) & (size - 1);
+      while (this.table[slot] !== 0) slot = (slot + 1) & (size - 1);
+      this.table[slot] = k + 1;
+    }
+    this.path = path;
+  }
+
+  /** Session `n`'s line as `sessions` gives it (its tail added), without its newline, in a buffer of its own. */
+  private line(path: string, n: number): Buffer {
+    const [source, from, to] = [this.at.get(4 * n + 1), this.at.get(4 * n + 2), this.at.get(4 * n + 3)];
+    const s = this.sources[source]!;
+    const fd = (this.fds[source] ??= s ? openSegment(this.ingestDir, s.ingest, path).fd : openSync(path, 'r'));
+    const out = Buffer.allocUnsafe(sessionLineBytes(this.sources, source, from, to));
+    if (s) return out.subarray(0, readRun(out, 0, fd, { ingest: s.ingest, bytes: [from, to], sessions: 1, split: s.split }, `${path} (a run of its lines)`) - 1);
+    if (readAll(fd, out, to - from, from) !== to - from) throw new PipelineError(`${path}: ended before byte ${to} while it was read again; it changed while this stage ran: run it again`);
+    return out.subarray(0, to - from);
   }
 }
 
@@ -1272,29 +1400,34 @@ export function pairTaskId(bytes: Buffer, start: number, end: number): string | 
 /**
  * The pair records of a file of the pairs, judge or gate stage (`lines`: the file's, or those of it a thread
  * is given), each as stored and with its sides made whole: a side that points at a session's messages is
- * read from split's bucket file of the pair's task and side (in `folders`, `buckets` of them). The pairs
- * stage writes its pairs bucket by bucket, and the judge and gate keep that order, so one bucket file at a
- * time is in memory. A session's messages are parsed once and shared by its pairs: read them, do not change
- * them.
+ * read from split's bucket file of the pair's task and side (in `folders`, `buckets` of them), through
+ * `shared` where a thread reads pieces of a file one after another (the bucket it last indexed is kept). The
+ * pairs stage writes its pairs bucket by bucket, and the judge and gate keep that order, so one bucket file
+ * at a time is indexed (SessionsById). A session's messages are shared by the pairs that take them while it
+ * is kept: read them, do not change them.
  */
-export async function* readPairs<P extends Pair<PairSide>>(file: string, folders: SplitFolders, buckets: number, lines: AsyncIterable<{ line: number; text: string }> | Iterable<{ line: number; text: string }> = readLines(file)): AsyncGenerator<ReadPair<P>> {
-  const sessions = new SessionsById(folders.ingest);
+export async function* readPairs<P extends Pair<PairSide>>(file: string, folders: SplitFolders, buckets: number, lines: AsyncIterable<{ line: number; text: string }> | Iterable<{ line: number; text: string }> = readLines(file), shared?: SessionsById): AsyncGenerator<ReadPair<P>> {
+  const sessions = shared ?? new SessionsById(folders.ingest);
   const bucketOfTask = taskBuckets(buckets);
-  for await (const { line, text } of lines) {
-    if (text.length === 0) continue;
-    const pair = JSON.parse(text) as P;
-    const whole = async (side: PairSide): Promise<Message[]> => {
-      if (Array.isArray(side)) return side;
-      const [from, to] = side.messages;
-      const bucket = bucketFile(folders.split, pair.split, bucketOfTask(pair.task_id!));
-      const session = await sessions.get(bucket, side.session_id);
-      if (!session || !(Number.isInteger(from) && Number.isInteger(to) && 0 <= from && from < to && to <= session.messages.length)) {
-        const what = session ? `has ${session.messages.length} messages, not messages ${from} to ${to}` : 'is not there';
-        throw new PipelineError(`${file} line ${line}: pair ${pair.pair_id} points at session ${side.session_id} in ${bucket}, which ${what}; these pairs were made from another split: run \`prefab stage pairs\` to make them again`);
-      }
-      return session.messages.slice(from, to).all();
-    };
-    // Spread, so the record keeps its fields' order.
-    yield { stored: pair, whole: { ...pair, prompt: await whole(pair.prompt), chosen: await whole(pair.chosen), rejected: await whole(pair.rejected) } };
+  try {
+    for await (const { line, text } of lines) {
+      if (text.length === 0) continue;
+      const pair = JSON.parse(text) as P;
+      const whole = (side: PairSide): Message[] => {
+        if (Array.isArray(side)) return side;
+        const [from, to] = side.messages;
+        const bucket = bucketFile(folders.split, pair.split, bucketOfTask(pair.task_id!));
+        const session = sessions.get(bucket, side.session_id);
+        if (!session || !(Number.isInteger(from) && Number.isInteger(to) && 0 <= from && from < to && to <= session.messages.length)) {
+          const what = session ? `has ${session.messages.length} messages, not messages ${from} to ${to}` : 'is not there';
+          throw new PipelineError(`${file} line ${line}: pair ${pair.pair_id} points at session ${side.session_id} in ${bucket}, which ${what}; these pairs were made from another split: run \`prefab stage pairs\` to make them again`);
+        }
+        return session.messages.slice(from, to).all();
+      };
+      // Spread, so the record keeps its fields' order.
+      yield { stored: pair, whole: { ...pair, prompt: whole(pair.prompt), chosen: whole(pair.chosen), rejected: whole(pair.rejected) } };
+    }
+  } finally {
+    if (!shared) sessions.close();
   }
 }

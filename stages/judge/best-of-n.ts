@@ -114,9 +114,11 @@ export async function judgeGroup(group: Group, decide: Decide): Promise<{ judged
  * A bucket's tasks with their candidates: logged sessions (split's bucket file, in `folders`) and sampled
  * ones (sample's), at most `max` each, by id; both read through `reader`.
  */
-async function candidateGroups(splitFile: string, sampleFile: string, folders: SplitFolders, reader: StoredBucketReader, max: number) {
-  const sampled = new Map<string, SplitSession[]>(existsSync(sampleFile) ? await readTaskGroups(sampleFile, folders.ingest, reader) : []);
-  return (await readTaskGroups(splitFile, folders.ingest, reader)).map(([taskId, sessions]) => {
+function candidateGroups(splitFile: string, sampleFile: string, folders: SplitFolders, reader: StoredBucketReader, max: number) {
+  // Of either file, the `max` sessions of a task whose ids come first are all the cut can take.
+  const cut = { most: max, byId: true };
+  const sampled = new Map<string, SplitSession[]>(existsSync(sampleFile) ? readTaskGroups(sampleFile, folders.ingest, reader, cut) : []);
+  return readTaskGroups(splitFile, folders.ingest, reader, cut).map(([taskId, sessions]) => {
     const logged = new Set(sessions);
     const all = [...sessions, ...(sampled.get(taskId) ?? [])].sort((x, y) => (x.session_id < y.session_id ? -1 : x.session_id > y.session_id ? 1 : 0));
     const candidates: Candidate[] = all.slice(0, max).map((s) => ({ id: s.session_id, messages: s.messages, reward: s.reward, metadata: s.metadata, logged: logged.has(s) }));
@@ -138,7 +140,7 @@ export interface BestOfNBucket {
  * and counted in `tally` (what the knockout spent off the record included).
  */
 export async function judgeBestOfN(where: BestOfNBucket, outcomeKeys: Set<string>, folders: SplitFolders, reader: StoredBucketReader, decide: Decide, tally: Tally, write: (pairs: JudgedPair<PairSide>[]) => Promise<void>): Promise<void> {
-  const groups = await candidateGroups(where.splitFile, where.sampleFile, folders, reader, where.max);
+  const groups = candidateGroups(where.splitFile, where.sampleFile, folders, reader, where.max);
   const results = await Promise.all(groups.filter((g) => g.candidates.length >= where.min).map((g) => judgeGroup(g, decide)));
   for (const r of results) {
     tally.counts.best_of_n_groups!++;

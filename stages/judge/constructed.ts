@@ -7,7 +7,7 @@ import { forEachLine } from '../../pipeline/records.ts';
 import { NO_COST, addStats, chosenConfidence, type JudgeStats } from '../../core/verdict.ts';
 import type { CandidatePair, JudgedPair, Split } from '../../core/records.ts';
 import type { EnsembleJudge } from '../../judges/ensemble.ts';
-import { readPairs, type PairSide, type ReadPair, type SplitFolders, type StoredBucketReader } from '../layout.ts';
+import { readPairs, type PairSide, type ReadPair, type SessionsById, type SplitFolders, type StoredBucketReader } from '../layout.ts';
 import { judgeBestOfN, type BestOfNBucket } from './best-of-n.ts';
 
 /** What the stage counts of the comparisons it writes. */
@@ -76,7 +76,7 @@ export async function judgeConstructed(pairs: AsyncIterable<ReadPair<CandidatePa
   await flush();
 }
 
-/** The pairs stage's lines of one bucket of a side (their first line's number in `file`), to judge on a thread. */
+/** Some of the pairs stage's lines of one bucket of a side (their first line's number in `file`), to judge on a thread. */
 export interface BucketPairsJob {
   file: string;
   side: Split;
@@ -110,6 +110,8 @@ export interface BucketJudging {
   buckets: number;
   batchSize: number;
   reader: StoredBucketReader;
+  /** The sessions pairs point at, kept from one piece of a bucket's pairs to the next. */
+  sessions: SessionsById;
   shelf: BufferShelf;
 }
 
@@ -149,7 +151,7 @@ export async function judgeJob(job: JudgeJob, j: BucketJudging): Promise<JudgedB
   const bytes = Buffer.from(job.bytes.buffer, job.bytes.byteOffset, job.bytes.length);
   const lines: { line: number; text: string }[] = [];
   forEachLine(bytes, (start, end) => void lines.push({ line: job.firstLine + lines.length, text: bytes.toString('utf8', start, end) }));
-  await judgeConstructed(readPairs(job.file, j.folders, j.buckets, lines), j.ensemble, j.batchSize, made.write, () => {}, async () => {});
+  await judgeConstructed(readPairs(job.file, j.folders, j.buckets, lines, j.sessions), j.ensemble, j.batchSize, made.write, () => {}, async () => {});
   return made.done();
 }
 

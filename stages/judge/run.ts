@@ -43,6 +43,8 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
   const owned = Array.from({ length: info.buckets }, (_, b) => b).filter((b) => ownsBucket(shard, b));
   const threads = endpoint ? 1 : workerCount(options.workers, owned.length >= MANY_BUCKETS);
   const init: JudgeThreadInit = { cfg, configDir, cacheDir: cache, mustDecline: pairsInfo.must_decline, folders, buckets: info.buckets };
+  // The pairs lines a thread is given at once: `judgePieceBytes`, a test's, or PAIRS_PIECE.
+  const piece = typeof options.judgePieceBytes === 'number' ? options.judgePieceBytes : PAIRS_PIECE;
   const pool = threads > 1 ? new WorkerPool<JudgeJob, JudgedBucket>('judge-worker', new URL('./worker.ts', import.meta.url), threads, init, (job) => ('bytes' in job ? [job.bytes.buffer as ArrayBuffer] : [])) : null;
   try {
     for (const side of SPLITS) {
@@ -72,13 +74,14 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
       const pairsFile = join(input('pairs'), `${side}.jsonl`);
       if (pool) {
         const jobs = async function* () {
-          for await (const job of bucketsOfPairs(pairsFile, side, info.buckets)) {
+          for await (const job of piecesOfPairs(pairsFile, side, info.buckets, piece)) {
             await safePoint(signal, stopped);
             yield job;
           }
         };
         await inOrder(jobs(), pool, async (made, job) => {
-          chunks.mark(writer, [0, job.bucket]);
+          // A bucket's first piece starts its chunk.
+          if (job.bucket !== bucket) chunks.mark(writer, [0, (bucket = job.bucket)]);
           if (couples) for (const [chosen, rejected] of made.couples) await couples.note(job.bucket, { chosen_session_id: chosen, rejected_session_id: rejected });
           await writer.writeBlock(made.lines, made.count, () => pool.giveBack([made.lines.buffer as ArrayBuffer]));
           addTally(tally, made.tally);
@@ -139,20 +142,21 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
   return stageReport(report);
 }
 
-/**
- * Two buckets a thread being judged; buckets judged out of turn wait to be written while their lines hold
- * under 64 MiB, so that a bucket of a few large tasks does not leave the other thread without work.
- */
+/** Two jobs (pieces of pairs, or a bucket's best-of-N) a thread being judged; jobs judged out of turn wait to be written while their lines hold under 64 MiB. */
 const JUDGED_IN_FLIGHT: InOrderOptions<JudgedBucket> = { perThread: 2, held: { bytes: (made) => made.lines.length, budget: 64 << 20 } };
 
 const ownsImported = (shard: Shard | null) => shard === null || shard.index === 0;
 
 
+/** The pairs lines a thread is given at once (a bucket's, or a piece of them). */
+const PAIRS_PIECE = 1 << 20;
+
 /**
- * The pairs stage's file of a side cut into its buckets' runs of lines (it writes them bucket by bucket),
- * each with the number of its first line: a bucket told by each line's task.
+ * The pairs stage's file of a side cut into pieces of about `piece` bytes of lines, each of one bucket (it
+ * writes them bucket by bucket: a bucket told by each line's task), with the number of its first line. A
+ * bucket of a few large tasks is judged in many pieces, by every thread, rather than held whole by one.
  */
-async function* bucketsOfPairs(file: string, side: Split, buckets: number): AsyncGenerator<BucketPairsJob> {
+async function* piecesOfPairs(file: string, side: Split, buckets: number, piece: number): AsyncGenerator<BucketPairsJob> {
   const bucketOfTask = taskBuckets(buckets);
   let run: { bucket: number; lines: LineBuffer; firstLine: number } | null = null;
   const done = (r: NonNullable<typeof run>): BucketPairsJob => ({ file, side, bucket: r.bucket, bytes: r.lines.take(), firstLine: r.firstLine });
@@ -165,8 +169,11 @@ async function* bucketsOfPairs(file: string, side: Split, buckets: number): Asyn
       const at = line++;
       if (end === start) return;
       const bucket = bucketOfTask(pairTaskId(bytes, start, end)!);
-      if (run && run.bucket !== bucket) ready.push(done(run));
-      if (!run || run.bucket !== bucket) run = { bucket, lines: new LineBuffer(1 << 20), firstLine: at };
+      if (run && (run.bucket !== bucket || run.lines.length >= piece)) {
+        ready.push(done(run));
+        run = null;
+      }
+      run ??= { bucket, lines: new LineBuffer(piece + (64 << 10)), firstLine: at };
       run.lines.pushBytes(bytes.subarray(start, end));
     });
     yield* ready;

@@ -5,7 +5,7 @@ import { serveBatches, threadShelf } from '../../pipeline/workers.ts';
 import { mustDeclineTest } from '../../judges/rules.ts';
 import { openPanel } from '../../judges/panel.ts';
 import { Logger } from '../../pipeline/log.ts';
-import { StoredBucketReader, type SplitFolders } from '../layout.ts';
+import { SessionsById, StoredBucketReader, type SplitFolders } from '../layout.ts';
 import { judgeJob, type JudgeJob, type JudgedBucket } from './constructed.ts';
 import type { Config } from './index.ts';
 
@@ -26,11 +26,12 @@ const log = new Logger('json', process.stderr, { thread: 'judge' }, true);
 serveBatches(
   (init: JudgeThreadInit) => {
     const panel = openPanel(init.cfg, { configDir: init.configDir, cacheDir: init.cacheDir, redaction: init.cfg.redaction, mustDecline: mustDeclineTest(init.mustDecline), log });
-    // Best-of-N reads every bucket's sessions into the same buffers.
+    // Every bucket is read through the same buffers; the last bucket pairs pointed into stays indexed.
     const reader = new StoredBucketReader();
+    const sessions = new SessionsById(init.folders.ingest, reader);
     return async (job: JudgeJob): Promise<JudgedBucket> => {
       const { ensemble } = await panel;
-      return judgeJob(job, { ensemble, folders: init.folders, buckets: init.buckets, batchSize: init.cfg.batch_size, reader, shelf: threadShelf });
+      return judgeJob(job, { ensemble, folders: init.folders, buckets: init.buckets, batchSize: init.cfg.batch_size, reader, sessions, shelf: threadShelf });
     };
   },
   (made) => [made.lines.buffer as ArrayBuffer],

@@ -46,7 +46,8 @@ export async function run({ config: cfg, out, input, cache, log, shard }: StageC
           continue;
         }
         const jobs: Promise<SampledSession | null>[] = [];
-        for (const [taskId, sessions] of await readTaskGroups(bucketFile(splitDir, side, b), input('ingest'))) {
+        // A task with min_candidates sessions or more is not sampled: no more of its sessions are kept.
+        for (const [taskId, sessions] of readTaskGroups(bucketFile(splitDir, side, b), input('ingest'), undefined, { most: cfg.min_candidates })) {
           if (sessions.length >= cfg.min_candidates) continue;
           counts.tasks_sampled!++;
           for (let index = sessions.length; index < cfg.min_candidates; index++) {

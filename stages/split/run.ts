@@ -5,7 +5,7 @@
 import { closeSync, openSync, readSync } from 'node:fs';
 import { mkdir, writeFile } from 'node:fs/promises';
 import { basename, join } from 'node:path';
-import { unitHash } from '../../pipeline/hash.ts';
+import { fnv1a, unitHash } from '../../pipeline/hash.ts';
 import { JsonlWriter, LineBuffer } from '../../pipeline/jsonl.ts';
 import { BufferShelf } from '../../pipeline/buffers.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
@@ -28,12 +28,8 @@ const WRITE_BUFFERS = 16 << 20;
 /** Tasks whose side and bucket split remembers, each in the slot its id's FNV-1a hash gives (a power of two). */
 const PLACED_TASKS = 256;
 
-/** A task id's slot among PLACED_TASKS: FNV-1a of its UTF-16 code units. */
-function slotOf(task: string): number {
-  let h = 0x811c9dc5;
-  for (let i = 0; i < task.length; i++) h = Math.imul(h ^ task.charCodeAt(i), 0x01000193);
-  return (h >>> 0) & (PLACED_TASKS - 1);
-}
+/** A task id's slot among PLACED_TASKS. */
+const slotOf = (task: string) => fnv1a(task) & (PLACED_TASKS - 1);
 
 /**
  * The lines of a segment, block by block: each line's start and end in `bytes` (without its newline), two

@@ -1,11 +1,13 @@
 // A bucket whose sessions take more than a thread may read at once is paired in pieces (stages/pairs/pairer.ts):
 // whole tasks several to a piece, a larger task's outcome pairs from its first few successes and failures,
 // then its hard negatives a range of the bucket file at a time. What the pieces write is what pairing each
-// bucket whole writes.
+// bucket whole writes. The judge stage then takes a bucket's pairs in pieces too, each making its pairs whole
+// from sessions read by id (SessionsById), and best-of-N keeps of a large task only the candidates it takes.
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { engineFor, jsonl, manifest, session, tempDir } from '../fixtures/pipeline.ts';
+import type { JudgedPair, SplitSession } from '../../core/records.ts';
+import { engineFor, jsonl, manifest, session, splitLines, tempDir } from '../fixtures/pipeline.ts';
 
 /**
  * Two tasks of 200 sessions among 50 of three, and sessions without a task that split gives the task named
@@ -67,5 +69,36 @@ describe('pairs of a bucket too large to pair whole', () => {
     await engineFor(pieces, config, { workers: 2, limitBytes: 6000 }).run({ until: 'pairs', shard });
     expect(manifest(pieces, 'pairs').counts.buckets_in_pieces).toBeGreaterThan(0);
     for (const f of [...PAIRS_FILES, 'shard.json']) expect(readFileSync(join(pieces, 'workspace', 'pairs', f)).equals(readFileSync(join(whole, 'workspace', 'pairs', f))), f).toBe(true);
+  });
+});
+
+describe('the judge stage on a bucket of large tasks', () => {
+  it("judges a bucket's pairs in pieces on three threads as on one, on a shard too, and takes a large task's best-of-N candidates by id", async () => {
+    const data = tempDir();
+    inputs(data);
+    const config = `ingest:\n  inputs: [${join(data, 'a.jsonl')}, ${join(data, 'b.jsonl')}]\nsplit:\n  bucket_size: 16\njudge:\n  best_of_n:\n    max_candidates: 5\n`;
+    for (const shard of [null, { index: 0, count: 2 }]) {
+      const [one, three] = [tempDir(), tempDir()];
+      await engineFor(one, config, { workers: 1 }).run({ until: 'judge', shard });
+      // Pieces of about 700 bytes of pairs: a pair or two each, so a large task's pairs go to every thread.
+      await engineFor(three, config, { workers: 3, judgePieceBytes: 700 }).run({ until: 'judge', shard });
+      const counts = manifest(one, 'judge').counts;
+      expect(counts.hard_negative).toBeGreaterThan(shard ? 10 : 100);
+      expect(manifest(three, 'judge').counts).toEqual(counts);
+      for (const f of ['train.jsonl', 'test.jsonl', 'report.json', ...(shard ? ['shard.json'] : [])]) expect(readFileSync(join(three, 'workspace', 'judge', f)).equals(readFileSync(join(one, 'workspace', 'judge', f))), f).toBe(true);
+      if (shard) continue;
+      // Best-of-N's candidates for the large task: the five of its sessions whose ids come first (its sessions
+      // lie in the bucket in another order, and those five are not its first five there).
+      const sessions = (await splitLines(one)).map((l) => JSON.parse(l) as SplitSession).filter((x) => x.task_id === 'huge');
+      const side = sessions[0]!.split;
+      const ids = sessions.map((x) => x.session_id);
+      expect(ids.length).toBe(200);
+      const first = [...ids].sort().slice(0, 5);
+      expect(ids.slice(0, 5)).not.toEqual(first);
+      const judged = readFileSync(join(one, 'workspace', 'judge', `${side}.jsonl`), 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l) as JudgedPair);
+      const taken = new Set(judged.filter((p) => p.source === 'best_of_n' && p.task_id === 'huge').flatMap((p) => [p.chosen_session_id, p.rejected_session_id]));
+      expect(taken.size).toBeGreaterThanOrEqual(2);
+      for (const id of taken) expect(first).toContain(id);
+    }
   });
 });
