@@ -40,23 +40,18 @@ export interface BucketJob {
 /**
  * A piece of a large bucket, and what is made of it. `tasks`: whole tasks, where their sessions lie (spans,
  * as BucketSpans has them), each task its spans from `from` to `to` (span indices). `outcome` and
- * `negatives`: a part of one task larger than the limit (its outcome pairs, `made` as the bucket was planned;
- * its hard negatives, from the sessions of a `range` of the bucket file), `endsTask` when no part of the
- * task comes after. `opens` and `closes`: the bucket's first and last piece.
+ * `negatives`: a part of one task larger than the limit: its outcome pairs, `made` as the bucket was planned;
+ * its hard negatives, from the sessions of a `range` of the bucket file (all of them where the task is
+ * `alone` in its bucket). `endsTask` when no part of the task comes after.
  */
-export interface BucketPiece {
-  part: 'tasks' | 'outcome' | 'negatives';
-  sources: SpanSource[];
-  spans: Float64Array;
-  tasks: { task: string; from: number; to: number }[];
-  made?: PairedPiece;
-  /** A `negatives` piece's: the lines of the bucket file it reads its task's sessions from, and whether the task is alone in its bucket (all of them are its). */
-  range?: TaskRange;
-  alone?: boolean;
-  endsTask: boolean;
-  opens: boolean;
-  closes: boolean;
-}
+type PiecePart = { endsTask: boolean } & (
+  | { part: 'tasks'; sources: SpanSource[]; spans: Float64Array; tasks: { task: string; from: number; to: number }[] }
+  | { part: 'outcome'; task: string; made: PairedPiece }
+  | { part: 'negatives'; task: string; range: TaskRange; alone: boolean }
+);
+
+/** A piece of a large bucket; `opens` and `closes`: the bucket's first and last piece. */
+export type BucketPiece = PiecePart & { opens: boolean; closes: boolean };
 
 /** A large bucket's answer: its pieces, to be paired and written in this order. */
 interface BucketPlan {
@@ -77,7 +72,7 @@ export type PairedJob = (PairedBucket & { ofTask?: PieceOfTask }) | BucketPlan;
 /** The buffers a job's answer moves to the main thread rather than copies: its pairs', or a plan's outcome pairs'. */
 export function movedBuffers(made: PairedJob): ArrayBuffer[] {
   const buffers = (p: PairedBucket) => [p.pairs.buffer as ArrayBuffer, p.dropped.buffer as ArrayBuffer];
-  return 'pieces' in made ? made.pieces.flatMap((job) => (job.piece!.made ? buffers(job.piece!.made) : [])) : buffers(made);
+  return 'pieces' in made ? made.pieces.flatMap(({ piece }) => (piece?.part === 'outcome' ? buffers(piece.made) : [])) : buffers(made);
 }
 
 /**
@@ -94,7 +89,7 @@ export const PIECE_BYTES = 1 << 20;
  */
 function planPieces({ sources, tasks }: BucketSpans<LargeTaskPlan>, job: BucketJob, o: BucketOptions, outcome: (task: string, plan: LargeTaskPlan, endsTask: boolean) => PairedPiece): BucketJob[] {
   const { pieceBytes } = job;
-  const pieces: Omit<BucketPiece, 'opens' | 'closes'>[] = [];
+  const pieces: PiecePart[] = [];
   // A piece of whole tasks' spans, laid one after another in an array of its own (a view into a larger one
   // would take all of it to the thread).
   const ofSpans = (group: { task: string; spans: Float64Array }[]) => {
@@ -125,11 +120,10 @@ function planPieces({ sources, tasks }: BucketSpans<LargeTaskPlan>, job: BucketJ
     // under from_min_reward passed over).
     const ranges = o.hardNegatives.enabled ? t.large.ranges() : [];
     const endsTask = ranges.length === 0;
-    const none = new Float64Array(0);
-    pieces.push({ part: 'outcome', sources, spans: none, tasks: [{ task: t.task, from: 0, to: 0 }], made: outcome(t.task, t.large, endsTask), endsTask });
+    pieces.push({ part: 'outcome', task: t.task, made: outcome(t.task, t.large, endsTask), endsTask });
     // A task alone in its bucket reads its ranges whole; one beside others keeps its own sessions of them.
     const alone = tasks.length === 1;
-    ranges.forEach((range, i) => pieces.push({ part: 'negatives', sources, spans: none, tasks: [{ task: t.task, from: 0, to: 0 }], range, alone, endsTask: i === ranges.length - 1 }));
+    ranges.forEach((range, i) => pieces.push({ part: 'negatives', task: t.task, range, alone, endsTask: i === ranges.length - 1 }));
   }
   flush();
   return pieces.map((piece, i) => ({ ...job, piece: { ...piece, opens: i === 0, closes: i === pieces.length - 1 } }));
@@ -262,10 +256,11 @@ export class BucketPairer {
 
   private async pairPiece(job: BucketJob, piece: BucketPiece): Promise<PairedJob> {
     const { path, ingest, side } = job;
-    if (piece.range) {
-      const task = piece.tasks[0]!.task;
-      const read = this.reader.readTaskRange(path, ingest, piece.alone ? null : task, piece.range, job.bucketBlock);
-      return this.negatives(read.bytes, task, read.offsets, side, piece.endsTask);
+    // An outcome piece comes made with its bucket's plan, and run.ts answers it with that.
+    if (piece.part === 'outcome') throw new Error(`pairs: ${path}: the outcome pairs of task ${piece.task} were made as its bucket was planned, and are not paired again`);
+    if (piece.part === 'negatives') {
+      const read = this.reader.readTaskRange(path, ingest, piece.alone ? null : piece.task, piece.range, job.bucketBlock);
+      return this.negatives(read.bytes, piece.task, read.offsets, side, piece.endsTask);
     }
     const { bytes, at } = this.reader.readSpans(path, ingest, piece, piece.spans);
     const tasks: [string, number[]][] = piece.tasks.map(({ task, from, to }) => {

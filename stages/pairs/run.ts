@@ -123,7 +123,8 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
     // are written (those already given out are paired meanwhile).
     const work = pool ?? ((job: BucketJob) => pairer.pair(job));
     // A large task's outcome pairs come made with its bucket's plan: only the other pieces are paired.
-    const pieceWork = pool ? { size: pool.size, run: (job: BucketJob) => Promise.resolve(job.piece!.made ?? pool.run(job)) } : (job: BucketJob) => job.piece!.made ?? pairer.pair(job);
+    const planned = ({ piece }: BucketJob) => (piece?.part === 'outcome' ? piece.made : null);
+    const pieceWork = pool ? { size: pool.size, run: (job: BucketJob) => Promise.resolve(planned(job) ?? pool.run(job)) } : (job: BucketJob) => planned(job) ?? pairer.pair(job);
     const keep = { perThread: 2, held: { bytes: (made: PairedJob) => ('pieces' in made ? 0 : made.pairs.length + made.dropped.length), budget: inFlight } };
     await inOrder(each(jobs), work, async (made, job) => {
       if (!('pieces' in made)) return write(made, job);
