@@ -677,7 +677,7 @@ export class StoredBucketReader {
   }
 
   /**
-   * A bucket file's lines grouped by task as `read` gives them where its sessions take at most `limit`
+   * A bucket file's lines grouped by task (read from each line's head) where its sessions take at most `limit`
    * bytes; a larger bucket's plan (BucketSpans): its sessions read `limit` bytes at a time, a small task's
    * kept as where they lie, a task past the limit given to what `large` makes for it, so that what is paired
    * of it at once can be bounded (stages/pairs/pairer.ts).
@@ -1311,7 +1311,7 @@ export class SessionsById {
     return undefined;
   }
 
-  /** The segments and bucket file read from, closed. */
+  /** The segments and bucket file read from, closed; the bucket stays indexed, and they open again when a session is read. */
   close(): void {
     for (const fd of this.fds) if (fd !== undefined) closeSync(fd);
     this.fds = [];

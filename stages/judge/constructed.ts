@@ -151,7 +151,12 @@ export async function judgeJob(job: JudgeJob, j: BucketJudging): Promise<JudgedB
   const bytes = Buffer.from(job.bytes.buffer, job.bytes.byteOffset, job.bytes.length);
   const lines: { line: number; text: string }[] = [];
   forEachLine(bytes, (start, end) => void lines.push({ line: job.firstLine + lines.length, text: bytes.toString('utf8', start, end) }));
-  await judgeConstructed(readPairs(job.file, j.folders, j.buckets, lines, j.sessions), j.ensemble, j.batchSize, made.write, () => {}, async () => {});
+  try {
+    await judgeConstructed(readPairs(job.file, j.folders, j.buckets, lines, j.sessions), j.ensemble, j.batchSize, made.write, () => {}, async () => {});
+  } finally {
+    // The files it read are closed (a thread's are the process's): the bucket stays indexed, and they open again for the next piece.
+    j.sessions.close();
+  }
   return made.done();
 }
 
