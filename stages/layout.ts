@@ -257,10 +257,19 @@ export function readTaskGroups(path: string, ingestDir: string, reader = new Sto
 
 /**
  * The sessions of one bucket file, parsed one at a time (runs of ingest's sessions read from `ingestDir`,
- * through `reader`, which is not to read anything else until they are all given). Where each lies is read
- * first, then its sessions a MiB at a time: what is held does not grow with the bucket.
+ * through `reader`, which is not to read anything else until they are all given): read at once where they
+ * take at most `heldBytes` (HELD_BUCKET); otherwise where each lies is read first, then the sessions a MiB at
+ * a time, so that what is held does not grow with the bucket.
  */
-export async function* readBucketSessions(path: string, ingestDir: string, reader = new StoredBucketReader()): AsyncGenerator<SplitSession> {
+export async function* readBucketSessions(path: string, ingestDir: string, reader = new StoredBucketReader(), heldBytes = HELD_BUCKET): AsyncGenerator<SplitSession> {
+  if (reader.sessionBytes(path, ingestDir) <= heldBytes) {
+    // Read at once: a few runs a bucket, not a read a MiB of sessions and their places first.
+    const bytes = await reader.sessions(path, ingestDir);
+    const lines: number[] = [];
+    forEachLine(bytes, (start, end) => end > start && lines.push(start, end));
+    for (let k = 0; k < lines.length; k += 2) yield JSON.parse(bytes.toString('utf8', lines[k], lines[k + 1])) as SplitSession;
+    return;
+  }
   const sources: SpanSource[] = [null];
   const at = new NumberList();
   reader.eachSession(path, ingestDir, (_bytes, _start, _end, source, from, to) => [source, from, to].forEach((v) => at.push(v)), sources);
@@ -686,12 +695,17 @@ export class StoredBucketReader {
     // A bucket file within a block is read whole; a larger one (many runs: a task's sessions lie apart, a
     // line a session) a block at a time, its sessions' bytes counted first.
     if (statSync(path).size <= block) return this.withParts(path, ingestDir, (parts, size, file) => (size <= limit ? groupByTask(this.fill(parts, size, file)) : this.spans(limit, large, (visit) => visit(parts, file, 0))));
+    if (this.sessionBytes(path, ingestDir, block) <= limit) return this.withParts(path, ingestDir, (parts, bytes, file) => groupByTask(this.fill(parts, bytes, file)));
+    return this.plan(path, ingestDir, limit, large, block);
+  }
+
+  /** What a bucket file's sessions take once read (tails added), told by its lines alone, read a block at a time. */
+  sessionBytes(path: string, ingestDir: string, block = BUCKET_BLOCK): number {
     let size = 0;
     this.partsInBlocks(path, ingestDir, block, (parts) => {
       for (let i = 0; i < parts.length; i++) size += parts.sessionBytes(i);
     });
-    if (size <= limit) return this.withParts(path, ingestDir, (parts, bytes, file) => groupByTask(this.fill(parts, bytes, file)));
-    return this.plan(path, ingestDir, limit, large, block);
+    return size;
   }
 
   /**
@@ -1282,10 +1296,18 @@ export class SessionsById {
   private table = new Uint32Array(0);
   /** The sessions last asked for, the latest last. */
   private recent = new Map<string, StoredSession>();
+  /** What was last read: `bytes` from byte `from` of source `source` (a view into `aheadRoom`). */
+  private ahead = { source: -1, from: 0, bytes: Buffer.alloc(0) };
+  private aheadRoom = Buffer.allocUnsafeSlow(READ_AHEAD);
+  /** A bucket of at most HELD_BUCKET bytes of sessions, held as `sessions` gives it, with where each session's line starts; null for a larger one. */
+  private held: { starts: NumberList; used: number } | null = null;
+  private heldRoom = Buffer.allocUnsafeSlow(0);
 
+  /** `heldBytes`: the largest bucket held whole (HELD_BUCKET; a test's 0 reads every session as asked). */
   constructor(
     private readonly ingestDir: string,
     private readonly reader = new StoredBucketReader(),
+    private readonly heldBytes = HELD_BUCKET,
   ) {}
 
   /** Session `id` of bucket file `path`, or undefined where the file has none; the file is indexed when it is not the last one asked of. */
@@ -1320,7 +1342,13 @@ export class SessionsById {
   private index(path: string): void {
     this.close();
     this.path = null;
-    [this.sources, this.at, this.recent] = [[null], new NumberList(), new Map()];
+    [this.sources, this.at, this.recent, this.ahead] = [[null], new NumberList(), new Map(), { source: -1, from: 0, bytes: Buffer.alloc(0) }];
+    // A bucket of the usual size is held as its heads are read (its sessions are then read at once, not each
+    // on its own); a larger one is read as pairs ask.
+    const size = this.reader.sessionBytes(path, this.ingestDir);
+    const held = size <= this.heldBytes ? { starts: new NumberList(), used: 0 } : null;
+    if (held && this.heldRoom.length < size) this.heldRoom = Buffer.allocUnsafeSlow(size);
+    this.held = held;
     this.reader.eachSession(
       path,
       this.ingestDir,
@@ -1329,33 +1357,72 @@ export class SessionsById {
         this.at.push(source);
         this.at.push(from);
         this.at.push(to);
+        if (!held) return;
+        // As `sessions` lays it: a run's line its session's tail in place of its closing brace.
+        const s = this.sources[source];
+        held.starts.push(held.used);
+        held.used += s ? bytes.copy(this.heldRoom, held.used, start, end - 1) + SESSION_TAILS[s.split].copy(this.heldRoom, held.used + end - 1 - start) : bytes.copy(this.heldRoom, held.used, start, end);
+        this.heldRoom[held.used++] = 10;
       },
       this.sources,
     );
+    // Each run's sessions were read from exactly the bytes its line names (eachSession checks them).
+    if (held && held.used !== size) throw new Error(`${path}: its sessions took ${held.used} bytes, not the ${size} its lines say`);
     // At most half the slots taken, so that a search meets an empty one soon.
     const n = this.at.length / 4;
-    let size = 16;
-    while (size < 2 * n) size *= 2;
-    this.table = new Uint32Array(size);
+    let slots = 16;
+    while (slots < 2 * n) slots *= 2;
+    this.table = new Uint32Array(slots);
     for (let k = 0; k < n; k++) {
-      let slot = this.at.get(4 * k) & (size - 1);
-      while (this.table[slot] !== 0) slot = (slot + 1) & (size - 1);
+      let slot = this.at.get(4 * k) & (slots - 1);
+      while (this.table[slot] !== 0) slot = (slot + 1) & (slots - 1);
       this.table[slot] = k + 1;
     }
     this.path = path;
   }
 
-  /** Session `n`'s line as `sessions` gives it (its tail added), without its newline, in a buffer of its own. */
+  /**
+   * Session `n`'s line as `sessions` gives it (its tail added), without its newline, in a buffer of its own.
+   * It is read with what follows it in its segment or the bucket file, READ_AHEAD bytes at once: the next
+   * pairs mostly ask for the sessions after it, and a read a session cost export's pairs table a few
+   * seconds a million sessions.
+   */
   private line(path: string, n: number): Buffer {
     const [source, from, to] = [this.at.get(4 * n + 1), this.at.get(4 * n + 2), this.at.get(4 * n + 3)];
+    if (this.held) {
+      // A view of the held bucket, valid until the next is indexed (as `sessions` gives them).
+      const start = this.held.starts.get(n);
+      return this.heldRoom.subarray(start, start + sessionLineBytes(this.sources, source, from, to) - 1);
+    }
     const s = this.sources[source]!;
-    const fd = (this.fds[source] ??= s ? openSegment(this.ingestDir, s.ingest, path).fd : openSync(path, 'r'));
-    const out = Buffer.allocUnsafe(sessionLineBytes(this.sources, source, from, to));
-    if (s) return out.subarray(0, readRun(out, 0, fd, { ingest: s.ingest, bytes: [from, to], sessions: 1, split: s.split }, `${path} (a run of its lines)`) - 1);
-    if (readAll(fd, out, to - from, from) !== to - from) throw new PipelineError(`${path}: ended before byte ${to} while it was read again; it changed while this stage ran: run it again`);
-    return out.subarray(0, to - from);
+    let a = this.ahead;
+    if (a.source !== source || from < a.from || to > a.from + a.bytes.length) {
+      const fd = (this.fds[source] ??= s ? openSegment(this.ingestDir, s.ingest, path).fd : openSync(path, 'r'));
+      if (to - from > this.aheadRoom.length) this.aheadRoom = Buffer.allocUnsafeSlow(to - from);
+      const got = readAll(fd, this.aheadRoom, this.aheadRoom.length, from);
+      if (got < to - from) throw new PipelineError(`${path}: a session's line ended at byte ${from + got} of ${s ? `ingest's segment ${s.ingest}` : 'the file'}, not ${to}; it changed while this stage ran: run it again`);
+      a = this.ahead = { source, from, bytes: this.aheadRoom.subarray(0, got) };
+    }
+    const line = a.bytes.subarray(from - a.from, to - a.from);
+    if (!s) return Buffer.from(line);
+    // A run's line ends with its closing brace and newline, which its session's tail replaces.
+    if (line[0] !== 123 || line[line.length - 2] !== 125 || line[line.length - 1] !== 10) throw segmentChanged(`${path} (a run of its lines)`, { ingest: s.ingest, bytes: [from, to], sessions: 1, split: s.split }, 'holds no session there');
+    const tail = SESSION_TAILS[s.split];
+    const out = Buffer.allocUnsafe(line.length - 2 + tail.length);
+    line.copy(out, 0, 0, line.length - 2);
+    tail.copy(out, line.length - 2);
+    return out;
   }
 }
+
+/** What SessionsById reads of a segment or a bucket file at once. */
+const READ_AHEAD = 256 << 10;
+
+/**
+ * The most bytes of a bucket's sessions SessionsById and readBucketSessions hold at once: buckets are about
+ * 17 MiB at the simulator's sessions, and one a task of a million sessions fills takes gigabytes.
+ */
+const HELD_BUCKET = 32 << 20;
 
 // ── pairs: pairs/<side>.jsonl (a line a pair, bucket by bucket, its sides pointing into split's buckets) and info.json ──
 

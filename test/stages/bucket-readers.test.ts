@@ -1,7 +1,8 @@
-// Past pairs, the stages read split's buckets without holding one whole (stages/layout.ts): export a bucket's
-// sessions a MiB at a time (readBucketSessions), best-of-N and sample a few sessions of each task
-// (readTaskGroups), the judge and export a pair's sessions by id (SessionsById). Each gives what reading the
-// bucket whole gives.
+// Past pairs, the stages read split's buckets without holding a large one whole (stages/layout.ts): export a
+// bucket's sessions a MiB at a time (readBucketSessions), best-of-N and sample a few sessions of each task
+// (readTaskGroups), the judge and export a pair's sessions by id (SessionsById). A bucket of the usual size
+// is read at once; the tests set that size to 0 to read every bucket as a large one. Each gives what reading
+// the bucket whole gives.
 import { readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -42,9 +43,12 @@ describe("split's buckets read a block at a time", () => {
     const reader = new StoredBucketReader();
     for (const path of buckets) {
       const expected = await whole(path, ingest);
-      const read: SplitSession[] = [];
-      for await (const s of readBucketSessions(path, ingest, reader)) read.push(s);
-      expect(read).toEqual(expected);
+      // Read at once, and (a bucket held whole being none) where each lies first, then a MiB at a time.
+      for (const held of [undefined, 0]) {
+        const read: SplitSession[] = [];
+        for await (const s of readBucketSessions(path, ingest, reader, held)) read.push(s);
+        expect(read).toEqual(expected);
+      }
       largest = Math.max(largest, JSON.stringify(expected).length);
     }
     expect(largest).toBeGreaterThan(1 << 20);
@@ -70,24 +74,27 @@ describe("split's buckets read a block at a time", () => {
   it('finds each session by its id, two ids of the same hash included, again once forgotten, and none the bucket lacks', async () => {
     expect(fnv1a(SAME_HASH[0]!)).toBe(fnv1a(SAME_HASH[1]!));
     const { ingest, buckets } = await workspace();
-    const sessions = new SessionsById(ingest);
-    let found = 0;
-    try {
-      // Twice: the first few hundred a bucket are no longer kept parsed when asked for again.
-      for (let round = 0; round < 2; round++) {
-        for (const path of buckets) {
-          for (const s of await whole(path, ingest)) {
-            const got = sessions.get(path, s.session_id)!;
-            expect(got.session_id).toBe(s.session_id);
-            expect(got.messages.slice(0, got.messages.length).all()).toEqual(s.messages);
-            found++;
+    // Buckets held whole as they are indexed, and (none held) each session read as it is asked for.
+    for (const held of [undefined, 0]) {
+      const sessions = new SessionsById(ingest, undefined, held);
+      let found = 0;
+      try {
+        // Twice: the first few hundred a bucket are no longer kept parsed when asked for again.
+        for (let round = 0; round < 2; round++) {
+          for (const path of buckets) {
+            for (const s of await whole(path, ingest)) {
+              const got = sessions.get(path, s.session_id)!;
+              expect(got.session_id).toBe(s.session_id);
+              expect(got.messages.slice(0, got.messages.length).all()).toEqual(s.messages);
+              found++;
+            }
+            expect(sessions.get(path, 'no-such-session')).toBeUndefined();
           }
-          expect(sessions.get(path, 'no-such-session')).toBeUndefined();
         }
+        expect(found).toBe(2 * 680);
+      } finally {
+        sessions.close();
       }
-      expect(found).toBe(2 * 680);
-    } finally {
-      sessions.close();
     }
   });
 });
