@@ -1281,10 +1281,10 @@ const RECENT_SESSIONS = 256;
 
 /**
  * The sessions of one bucket file at a time, by id. When a file is first asked of, where each of its
- * sessions lies is read from their heads (a block at a time); a session is then read, and parsed as a
- * StoredSession, when asked for, and the last few asked for are kept. What is held is five numbers a
- * session, not the bucket: a task of 500,000 sessions, read whole and kept parsed, took 6.7 GB (and a Map
- * from their ids to where they lie 40 MiB a thread).
+ * sessions lies is read from their heads (a block at a time), and a bucket of the usual size is kept as they
+ * are read; a larger bucket's session is read when asked for. The last few asked for are kept parsed. What
+ * a large bucket holds is five numbers a session, not its sessions: a task of 500,000 sessions, read whole
+ * and kept parsed, took 6.7 GB (and a Map from their ids to where they lie 40 MiB a thread).
  */
 export class SessionsById {
   private path: string | null = null;
@@ -1382,15 +1382,14 @@ export class SessionsById {
   }
 
   /**
-   * Session `n`'s line as `sessions` gives it (its tail added), without its newline, in a buffer of its own.
-   * It is read with what follows it in its segment or the bucket file, READ_AHEAD bytes at once: the next
-   * pairs mostly ask for the sessions after it, and a read a session cost export's pairs table a few
-   * seconds a million sessions.
+   * Session `n`'s line as `sessions` gives it (its tail added), without its newline: a view of the held
+   * bucket, or a buffer of its own, read with what follows it in its segment or the bucket file, READ_AHEAD
+   * bytes at once (the next pairs mostly ask for the sessions after it).
    */
   private line(path: string, n: number): Buffer {
     const [source, from, to] = [this.at.get(4 * n + 1), this.at.get(4 * n + 2), this.at.get(4 * n + 3)];
     if (this.held) {
-      // A view of the held bucket, valid until the next is indexed (as `sessions` gives them).
+      // Valid until the next bucket is indexed, as `sessions` gives them.
       const start = this.held.starts.get(n);
       return this.heldRoom.subarray(start, start + sessionLineBytes(this.sources, source, from, to) - 1);
     }
