@@ -42,7 +42,9 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
   // judged a bucket at a time on worker threads, and written in order: the same bytes.
   const owned = Array.from({ length: info.buckets }, (_, b) => b).filter((b) => ownsBucket(shard, b));
   const threads = endpoint ? 1 : workerCount(options.workers, owned.length >= MANY_BUCKETS);
-  const init: JudgeThreadInit = { cfg, configDir, cacheDir: cache, mustDecline: pairsInfo.must_decline, folders, buckets: info.buckets };
+  // `heldBucketBytes` (a test's): the largest bucket a thread holds whole (0: each read as a large one).
+  const heldBytes = typeof options.heldBucketBytes === 'number' ? options.heldBucketBytes : undefined;
+  const init: JudgeThreadInit = { cfg, configDir, cacheDir: cache, mustDecline: pairsInfo.must_decline, folders, buckets: info.buckets, heldBytes };
   // The pairs lines a thread is given at once: `judgePieceBytes`, a test's, or PAIRS_PIECE.
   const piece = typeof options.judgePieceBytes === 'number' ? options.judgePieceBytes : PAIRS_PIECE;
   const pool = threads > 1 ? new WorkerPool<JudgeJob, JudgedBucket>('judge-worker', new URL('./worker.ts', import.meta.url), threads, init, (job) => ('bytes' in job ? [job.bytes.buffer as ArrayBuffer] : [])) : null;

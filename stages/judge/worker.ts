@@ -18,6 +18,8 @@ export interface JudgeThreadInit {
   mustDecline: string[];
   folders: SplitFolders;
   buckets: number;
+  /** The largest bucket a thread holds whole (SessionsById's; a test's). */
+  heldBytes?: number;
 }
 
 // The panel logs only about its endpoint, which a thread never opens: its warnings would still be seen.
@@ -28,7 +30,7 @@ serveBatches(
     const panel = openPanel(init.cfg, { configDir: init.configDir, cacheDir: init.cacheDir, redaction: init.cfg.redaction, mustDecline: mustDeclineTest(init.mustDecline), log });
     // Every bucket is read through the same buffers; the last bucket pairs pointed into stays indexed.
     const reader = new StoredBucketReader();
-    const sessions = new SessionsById(init.folders.ingest, reader);
+    const sessions = new SessionsById(init.folders.ingest, reader, init.heldBytes);
     return async (job: JudgeJob): Promise<JudgedBucket> => {
       const { ensemble } = await panel;
       return judgeJob(job, { ensemble, folders: init.folders, buckets: init.buckets, batchSize: init.cfg.batch_size, reader, sessions, shelf: threadShelf });

@@ -80,8 +80,9 @@ describe('the judge stage on a bucket of large tasks', () => {
     for (const shard of [null, { index: 0, count: 2 }]) {
       const [one, three] = [tempDir(), tempDir()];
       await engineFor(one, config, { workers: 1 }).run({ until: 'judge', shard });
-      // Pieces of about 700 bytes of pairs: a pair or two each, so a large task's pairs go to every thread.
-      await engineFor(three, config, { workers: 3, judgePieceBytes: 700 }).run({ until: 'judge', shard });
+      // Pieces of about 700 bytes of pairs: a pair or two each, so a large task's pairs go to every thread;
+      // and no bucket held whole there (each session read as its pairs ask), as one is held on one thread.
+      await engineFor(three, config, { workers: 3, judgePieceBytes: 700, heldBucketBytes: 0 }).run({ until: 'judge', shard });
       const counts = manifest(one, 'judge').counts;
       expect(counts.hard_negative).toBeGreaterThan(shard ? 10 : 100);
       expect(manifest(three, 'judge').counts).toEqual(counts);
