@@ -160,6 +160,22 @@ export class LineBuffer {
     this.count++;
   }
 
+  /** Room for `bytes` more, taken at once. */
+  reserve(bytes: number): void {
+    this.room(bytes);
+  }
+
+  /** The lines so far, a view valid until the buffer is written again. */
+  view(): Buffer {
+    return this.buffer.subarray(0, this.length);
+  }
+
+  /** Empty again, its buffer kept for the next lines. */
+  clear(): void {
+    this.length = 0;
+    this.count = 0;
+  }
+
   /** The lines so far, without a copy (the buffer is handed over), and the buffer empty again (taken anew when next written). */
   take(): Uint8Array {
     const lines = this.buffer.subarray(0, this.length);

@@ -5,7 +5,7 @@ import { open, readdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { fnv1a, unitHash } from '../pipeline/hash.ts';
 import { PipelineError } from '../pipeline/errors.ts';
-import { readLines, type LineBuffer } from '../pipeline/jsonl.ts';
+import { LineBuffer, readLines } from '../pipeline/jsonl.ts';
 import { forEachLine, holdsAt, jsonStringEnd } from '../pipeline/records.ts';
 import { readJsonFile } from '../pipeline/workspace.ts';
 import { sameMessage, type Message, type Pair, type Role, type Split, type SplitSession } from '../core/records.ts';
@@ -148,6 +148,12 @@ export const sessionTail = (split: Split): Buffer => SESSION_TAILS[split];
 const SESSION_TAILS: Record<Split, Buffer> = { train: Buffer.from(',"split":"train","task_match":null}'), test: Buffer.from(',"split":"test","task_match":null}') };
 const SESSION_TAIL_TEXT: Record<Split, string> = { train: SESSION_TAILS.train.toString(), test: SESSION_TAILS.test.toString() };
 
+/** A session's line (`start` to `end` of `bytes`) as `sessions` gives it: a run's with its side's `tail` in place of its closing brace. */
+function pushSessionLine(out: LineBuffer, bytes: Buffer, start: number, end: number, tail: Buffer | null): void {
+  if (tail) out.pushBytes(bytes.subarray(start, end - 1), tail);
+  else out.pushBytes(bytes.subarray(start, end));
+}
+
 const RUN_HEAD = Buffer.from('{"ingest":');
 const RUN_BYTES = Buffer.from('","bytes":[');
 const RUN_SESSIONS = Buffer.from('],"sessions":');
@@ -236,7 +242,7 @@ export function readTaskGroups(path: string, ingestDir: string, reader = new Sto
     path,
     ingestDir,
     (bytes, start, end, source) => {
-      const task = leadingTaskId(bytes, start, end) ?? (JSON.parse(bytes.toString('utf8', start, end)) as SplitSession).task_id!;
+      const task = taskOfLine(bytes, start, end);
       let group = groups.get(task);
       if (!group) groups.set(task, (group = []));
       if (group.length >= cut.most && !cut.byId) return;
@@ -258,31 +264,38 @@ export function readTaskGroups(path: string, ingestDir: string, reader = new Sto
 /**
  * The sessions of one bucket file, parsed one at a time (runs of ingest's sessions read from `ingestDir`,
  * through `reader`, which is not to read anything else until they are all given): read at once where they
- * take at most `heldBytes` (HELD_BUCKET); otherwise where each lies is read first, then the sessions a MiB at
- * a time, so that what is held does not grow with the bucket.
+ * take at most `heldBytes` (HELD_BUCKET); otherwise where each lies is read first (three numbers a session),
+ * then the sessions a MiB at a time.
  */
 export async function* readBucketSessions(path: string, ingestDir: string, reader = new StoredBucketReader(), heldBytes = HELD_BUCKET): AsyncGenerator<SplitSession> {
-  if (reader.sessionBytes(path, ingestDir) <= heldBytes) {
-    // Read at once: a few runs a bucket, not a read a MiB of sessions and their places first.
-    const bytes = await reader.sessions(path, ingestDir);
-    const lines: number[] = [];
-    forEachLine(bytes, (start, end) => end > start && lines.push(start, end));
-    for (let k = 0; k < lines.length; k += 2) yield JSON.parse(bytes.toString('utf8', lines[k], lines[k + 1])) as SplitSession;
-    return;
-  }
+  // Read at once: a few runs a bucket, not a read a MiB of sessions and their places first.
+  if (reader.sessionBytes(path, ingestDir) <= heldBytes) return yield* parsedLines(await reader.sessions(path, ingestDir));
   const sources: SpanSource[] = [null];
   const at = new NumberList();
-  reader.eachSession(path, ingestDir, (_bytes, _start, _end, source, from, to) => [source, from, to].forEach((v) => at.push(v)), sources);
+  reader.eachSession(
+    path,
+    ingestDir,
+    (_bytes, _start, _end, source, from, to) => {
+      at.push(source);
+      at.push(from);
+      at.push(to);
+    },
+    sources,
+  );
   const spans = spansOf(sources, at.view(), BUCKET_BLOCK);
   for (let q = 0; q < spans.length / 4; ) {
     let [r, size] = [q + 1, spanBytes(spans, q, sources)];
     while (r < spans.length / 4 && size + spanBytes(spans, r, sources) <= BUCKET_BLOCK) size += spanBytes(spans, r++, sources);
-    const { bytes } = reader.readSpans(path, ingestDir, { sources }, spans, q, r);
-    const lines: number[] = [];
-    forEachLine(bytes, (start, end) => end > start && lines.push(start, end));
-    for (let k = 0; k < lines.length; k += 2) yield JSON.parse(bytes.toString('utf8', lines[k], lines[k + 1])) as SplitSession;
+    yield* parsedLines(reader.readSpans(path, ingestDir, { sources }, spans, q, r).bytes);
     q = r;
   }
+}
+
+/** The sessions of lines a bucket's reader gave, parsed one at a time (the lines found first: the buffer is the reader's). */
+function* parsedLines(bytes: Buffer): Generator<SplitSession> {
+  const lines: number[] = [];
+  forEachLine(bytes, (start, end) => end > start && lines.push(start, end));
+  for (let k = 0; k < lines.length; k += 2) yield JSON.parse(bytes.toString('utf8', lines[k], lines[k + 1])) as SplitSession;
 }
 
 /** Groups' entries in a stable order: by task id. */
@@ -571,7 +584,7 @@ export class StoredBucketReader {
   /** The bucket file as it is; its sessions, runs read in; the sessions readTaskRange keeps. */
   private file = Buffer.allocUnsafeSlow(0);
   private buffer = Buffer.allocUnsafeSlow(0);
-  private kept = Buffer.allocUnsafeSlow(0);
+  private kept = new LineBuffer(1 << 16);
 
   /** A whole file's bytes, valid until the next read. */
   private async bytes(path: string): Promise<Buffer> {
@@ -617,10 +630,10 @@ export class StoredBucketReader {
    * with the file. From the line at byte `from` to the one at byte `until`; the segments are closed after.
    */
   private partsInBlocks(path: string, ingestDir: string, size: number, visit: (parts: BucketParts, block: Buffer, base: number) => void, from = 0, until = Infinity): void {
-    const parts = new BucketParts(path, ingestDir);
+    // Line numbers count from `from`, and an error says so.
+    const parts = new BucketParts(from > 0 ? `${path} from byte ${from},` : path, ingestDir);
     const fd = openSync(path, 'r');
     try {
-      // Line numbers count from `from` (an error names the line by its place there too).
       let line = 0;
       for (let base = from; base <= until; ) {
         let block = this.fileRoom(size);
@@ -766,7 +779,7 @@ export class StoredBucketReader {
    * of `bytes`; a run's without its tail) and where it lies, as a span of one session (SpanSource: `source`,
    * its place in `sources`, which gains the segments the file's runs point into; `from`, `to`).
    */
-  eachSession(path: string, ingestDir: string, visit: SessionVisit, sources: SpanSource[] = [null]): void {
+  eachSession(path: string, ingestDir: string, visit: SessionVisit, sources: SpanSource[]): void {
     this.sessionsOf((v) => this.partsInBlocks(path, ingestDir, BUCKET_BLOCK, v), sources, BUCKET_BLOCK, visit);
   }
 
@@ -836,27 +849,16 @@ export class StoredBucketReader {
    */
   readTaskRange(path: string, ingestDir: string, task: string | null, range: TaskRange, block = BUCKET_BLOCK): { bytes: Buffer; offsets: number[] } {
     const [first, firstFrom, last, lastTo] = range;
-    let out = this.kept;
-    let used = 0;
+    const out = this.kept;
+    out.clear();
     const offsets: number[] = [];
-    // A session kept: its line (a run's without its closing brace, then its tail) and a newline.
+    // A session kept as `sessions` gives it, with where it starts and ends.
     const copy = (bytes: Buffer, start: number, end: number, tail: Buffer | null) => {
-      const length = end - start + (tail ? tail.length - 1 : 0) + 1;
-      if (used + length > out.length) {
-        const grown = Buffer.allocUnsafeSlow(Math.max(2 * out.length, used + length, 1 << 16));
-        out.copy(grown, 0, 0, used);
-        this.kept = out = grown;
-      }
-      offsets.push(used);
-      used += tail ? bytes.copy(out, used, start, end - 1) + tail.copy(out, used + end - 1 - start) : bytes.copy(out, used, start, end);
-      offsets.push(used);
-      out[used++] = 10;
+      offsets.push(out.length);
+      pushSessionLine(out, bytes, start, end, tail);
+      offsets.push(out.length - 1);
     };
-    const ofTask = (bytes: Buffer, start: number, end: number) => {
-      if (task === null) return true;
-      const head = readHead(bytes, start, end);
-      return (head.taskAt ? decodeString(bytes, head.taskAt[0], head.taskAt[1]) : head.task) === task;
-    };
+    const ofTask = (bytes: Buffer, start: number, end: number) => task === null || taskOfLine(bytes, start, end) === task;
     this.partsInBlocks(path, ingestDir, block, (parts, file, base) => {
       for (let i = 0; i < parts.length; i++) {
         const at = base + parts.lineStart(i);
@@ -871,7 +873,7 @@ export class StoredBucketReader {
         this.eachSessionOf(parts, i, from, to, BUCKET_BLOCK, (bytes, start, end) => ofTask(bytes, start, end) && copy(bytes, start, end, tail));
       }
     }, first, last);
-    return { bytes: out.subarray(0, used), offsets };
+    return { bytes: out.view(), offsets };
   }
 
   /**
@@ -925,6 +927,7 @@ class BucketParts {
   private rows = new Float64Array(W * 256);
   length = 0;
 
+  /** `path`: the bucket file as an error names it. */
   constructor(
     private readonly path: string,
     private readonly ingestDir: string,
@@ -1018,7 +1021,7 @@ type PartBlocks = (visit: (parts: BucketParts, file: Buffer, base: number) => vo
  * tail; where it lies, as a span of one session (its source's place in the reader's sources, from, to); and
  * where the bucket file's line that holds or points at it starts.
  */
-export type SessionVisit = (bytes: Buffer, start: number, end: number, source: number, from: number, to: number, line: number) => void;
+type SessionVisit = (bytes: Buffer, start: number, end: number, source: number, from: number, to: number, line: number) => void;
 
 /** The bytes of a large bucket file read at once (StoredBucketReader.partsInBlocks). */
 const BUCKET_BLOCK = 1 << 20;
@@ -1221,12 +1224,15 @@ function openSegment(ingestDir: string, name: string, where: string): { fd: numb
   }
 }
 
+/** The task_id of a session's line (the head ingest writes, or the line parsed whole). */
+const taskOfLine = (bytes: Buffer, start: number, end: number): string => leadingTaskId(bytes, start, end) ?? (JSON.parse(bytes.toString('utf8', start, end)) as SplitSession).task_id!;
+
 /** A bucket's session lines grouped by task (read from each line's head), tasks in a stable order. */
 function groupByTask(bytes: Buffer): StoredTaskGroups {
   const tasks = new Map<string, number[]>();
   forEachLine(bytes, (start, end) => {
     if (end === start) return;
-    const task = leadingTaskId(bytes, start, end) ?? (JSON.parse(bytes.toString('utf8', start, end)) as SplitSession).task_id!;
+    const task = taskOfLine(bytes, start, end);
     const offsets = tasks.get(task);
     if (offsets) offsets.push(start, end);
     else tasks.set(task, [start, end]);
@@ -1299,9 +1305,9 @@ export class SessionsById {
   /** What was last read: `bytes` from byte `from` of source `source` (a view into `aheadRoom`). */
   private ahead = { source: -1, from: 0, bytes: Buffer.alloc(0) };
   private aheadRoom = Buffer.allocUnsafeSlow(READ_AHEAD);
-  /** A bucket of at most HELD_BUCKET bytes of sessions, held as `sessions` gives it, with where each session's line starts; null for a larger one. */
-  private held: { starts: NumberList; used: number } | null = null;
-  private heldRoom = Buffer.allocUnsafeSlow(0);
+  /** A bucket of at most `heldBytes` of sessions, held as `sessions` gives it (`heldLines`), with where each session's line starts; null for a larger one. */
+  private held: NumberList | null = null;
+  private readonly heldLines = new LineBuffer(0);
 
   /** `heldBytes`: the largest bucket held whole (HELD_BUCKET; a test's 0 reads every session as asked). */
   constructor(
@@ -1346,9 +1352,9 @@ export class SessionsById {
     // A bucket of the usual size is held as its heads are read (its sessions are then read at once, not each
     // on its own); a larger one is read as pairs ask.
     const size = this.reader.sessionBytes(path, this.ingestDir);
-    const held = size <= this.heldBytes ? { starts: new NumberList(), used: 0 } : null;
-    if (held && this.heldRoom.length < size) this.heldRoom = Buffer.allocUnsafeSlow(size);
-    this.held = held;
+    const held = (this.held = size <= this.heldBytes ? new NumberList() : null);
+    this.heldLines.clear();
+    if (held) this.heldLines.reserve(size);
     this.reader.eachSession(
       path,
       this.ingestDir,
@@ -1358,16 +1364,12 @@ export class SessionsById {
         this.at.push(from);
         this.at.push(to);
         if (!held) return;
-        // As `sessions` lays it: a run's line its session's tail in place of its closing brace.
         const s = this.sources[source];
-        held.starts.push(held.used);
-        held.used += s ? bytes.copy(this.heldRoom, held.used, start, end - 1) + SESSION_TAILS[s.split].copy(this.heldRoom, held.used + end - 1 - start) : bytes.copy(this.heldRoom, held.used, start, end);
-        this.heldRoom[held.used++] = 10;
+        held.push(this.heldLines.length);
+        pushSessionLine(this.heldLines, bytes, start, end, s ? SESSION_TAILS[s.split] : null);
       },
       this.sources,
     );
-    // Each run's sessions were read from exactly the bytes its line names (eachSession checks them).
-    if (held && held.used !== size) throw new Error(`${path}: its sessions took ${held.used} bytes, not the ${size} its lines say`);
     // At most half the slots taken, so that a search meets an empty one soon.
     const n = this.at.length / 4;
     let slots = 16;
@@ -1390,8 +1392,8 @@ export class SessionsById {
     const [source, from, to] = [this.at.get(4 * n + 1), this.at.get(4 * n + 2), this.at.get(4 * n + 3)];
     if (this.held) {
       // Valid until the next bucket is indexed, as `sessions` gives them.
-      const start = this.held.starts.get(n);
-      return this.heldRoom.subarray(start, start + sessionLineBytes(this.sources, source, from, to) - 1);
+      const start = this.held.get(n);
+      return this.heldLines.view().subarray(start, start + sessionLineBytes(this.sources, source, from, to) - 1);
     }
     const s = this.sources[source]!;
     let a = this.ahead;
@@ -1399,18 +1401,15 @@ export class SessionsById {
       const fd = (this.fds[source] ??= s ? openSegment(this.ingestDir, s.ingest, path).fd : openSync(path, 'r'));
       if (to - from > this.aheadRoom.length) this.aheadRoom = Buffer.allocUnsafeSlow(to - from);
       const got = readAll(fd, this.aheadRoom, this.aheadRoom.length, from);
-      if (got < to - from) throw new PipelineError(`${path}: a session's line ended at byte ${from + got} of ${s ? `ingest's segment ${s.ingest}` : 'the file'}, not ${to}; it changed while this stage ran: run it again`);
+      const run = s && { ingest: s.ingest, bytes: [from, to] as [number, number], sessions: 1, split: s.split };
+      if (got < to - from) throw run ? segmentChanged(`${path} (a run of its lines)`, run, `ended at byte ${from + got} while it was read`) : new PipelineError(`${path}: ended before byte ${to} while it was read again; it changed while this stage ran: run it again`);
       a = this.ahead = { source, from, bytes: this.aheadRoom.subarray(0, got) };
     }
     const line = a.bytes.subarray(from - a.from, to - a.from);
     if (!s) return Buffer.from(line);
     // A run's line ends with its closing brace and newline, which its session's tail replaces.
     if (line[0] !== 123 || line[line.length - 2] !== 125 || line[line.length - 1] !== 10) throw segmentChanged(`${path} (a run of its lines)`, { ingest: s.ingest, bytes: [from, to], sessions: 1, split: s.split }, 'holds no session there');
-    const tail = SESSION_TAILS[s.split];
-    const out = Buffer.allocUnsafe(line.length - 2 + tail.length);
-    line.copy(out, 0, 0, line.length - 2);
-    tail.copy(out, line.length - 2);
-    return out;
+    return Buffer.concat([line.subarray(0, line.length - 2), SESSION_TAILS[s.split]]);
   }
 }
 

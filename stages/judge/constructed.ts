@@ -33,7 +33,7 @@ export function tallyOne(t: Tally, p: JudgedPair<PairSide>): void {
   if (p.judge_stats.over_budget) c.over_budget!++;
 }
 
-/** Adds `more` (a bucket's, from a thread) to `t`. */
+/** Adds `more` (a job's, from a thread) to `t`. */
 export function addTally(t: Tally, more: Tally): void {
   for (const [k, v] of Object.entries(more.counts)) t.counts[k] = (t.counts[k] ?? 0) + v;
   t.stats = addStats(t.stats, more.stats);
@@ -140,7 +140,7 @@ function judgedLines(shelf: BufferShelf, size: number) {
   };
 }
 
-/** A job of a thread: a bucket's pairs (judgeConstructed) or its best-of-N (judgeBestOfN), as the main thread judges them. */
+/** A job of a thread: a piece of a bucket's pairs (judgeConstructed) or its best-of-N (judgeBestOfN), as the main thread judges them. */
 export async function judgeJob(job: JudgeJob, j: BucketJudging): Promise<JudgedBucket> {
   if (!('bytes' in job)) {
     const made = judgedLines(j.shelf, 1 << 20);

@@ -39,7 +39,7 @@ export async function run({ config: cfg, configDir, out, input, cache, lineage, 
 
   const tally: Tally = newTally();
   // Without an LLM judge, whose answers are asked of one endpoint and cached, the pairs stage's pairs are
-  // judged a bucket at a time on worker threads, and written in order: the same bytes.
+  // judged in pieces of a bucket's on worker threads, and written in order: the same bytes.
   const owned = Array.from({ length: info.buckets }, (_, b) => b).filter((b) => ownsBucket(shard, b));
   const threads = endpoint ? 1 : workerCount(options.workers, owned.length >= MANY_BUCKETS);
   // `heldBucketBytes` (a test's): the largest bucket a thread holds whole (0: each read as a large one).

@@ -1,4 +1,4 @@
-// A worker thread of the judge stage: the pairs stage's pairs, and best-of-N, judged a bucket at a time as
+// A worker thread of the judge stage: pieces of the pairs stage's pairs, and a bucket's best-of-N, judged as
 // the main thread judges them, with a panel of its own. Only a panel without an LLM judge runs on threads
 // (an LLM judge's answers are asked of one endpoint and cached by one writer): no endpoint is opened here.
 import { serveBatches, threadShelf } from '../../pipeline/workers.ts';
@@ -37,7 +37,7 @@ serveBatches(
     };
   },
   (made) => [made.lines.buffer as ArrayBuffer],
-  // A thread has two buckets being judged (inOrder's; more done ones wait only while small), and their lines'
+  // A thread has two jobs being judged (inOrder's; more done ones wait only while small), and their lines'
   // buffers come back once written.
   3,
 );

@@ -61,20 +61,12 @@ export function rank<C extends Candidate>(candidates: C[], options: Pick<Outcome
 }
 
 /**
- * Pairs for one task's sessions. When successes × failures exceeds the cap, combinations are taken
- * diagonal by diagonal over (successes by reward desc) × (failures by reward asc), so every session is
- * used about equally often and the widest margins come first. The pairs' message lists are runs of the
- * sessions' stored messages: nothing is parsed.
- */
-export function buildOutcomePairs(sessions: StoredSession[], options: OutcomeOptions): { pairs: Pair<StoredMessages>[]; dropped: DroppedPair[] } {
-  const { made, dropped } = rankedOutcomePairs(rank(sessions, options), (s) => s, options);
-  return { pairs: made.map((m) => m.pair), dropped };
-}
-
-/**
- * buildOutcomePairs over candidates already ranked (by id and reward), each pair with its chosen session:
- * `session` gives the StoredSession of a candidate a combination takes (the candidates may be the sessions
- * themselves, or, for a task too large to hold, only the first few, read back as taken: pairer.ts).
+ * Pairs for one task's candidates, already ranked (`rank`; for a task too large to hold, only the first few,
+ * read back as taken: pairer.ts), each pair with its chosen session: `session` gives the StoredSession of a
+ * candidate a combination takes. When successes × failures exceeds the cap, combinations are taken diagonal
+ * by diagonal over (successes by reward desc) × (failures by reward asc), so every session is used about
+ * equally often and the widest margins come first. The pairs' message lists are runs of the sessions'
+ * stored messages: nothing is parsed.
  */
 export function rankedOutcomePairs<C extends Candidate>({ successes, failures }: { successes: Ranked<C>; failures: Ranked<C> }, session: (c: C) => StoredSession, options: OutcomeOptions): { made: { pair: Pair<StoredMessages>; chosen: StoredSession }[]; dropped: DroppedPair[] } {
   const made: { pair: Pair<StoredMessages>; chosen: StoredSession }[] = [];

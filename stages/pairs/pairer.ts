@@ -1,5 +1,5 @@
 // A thread's pairing: bucket files one after another, each bucket whose sessions take more than a job's
-// `limit` bytes in pieces that each read at most `pieceBytes` (PIECE_BYTES; a task within the limit whole),
+// `limit` bytes in pieces that each keep at most `pieceBytes` (PIECE_BYTES; a task within the limit whole),
 // so that what a thread holds does not grow with the largest task. The pieces write, in order, the bytes
 // pairing the bucket whole writes:
 //   - whole tasks, several to a piece, as pairBucket pairs them;
@@ -170,7 +170,8 @@ class LargeTaskPlan implements LargeTask {
     if (!h.enabled) return;
     // A piece ends where its sessions would pass the piece's bytes: the next starts at this session. Every
     // session of the task counts (those its hard negatives are not made from are read too, and passed over),
-    // so that a piece reads at most its bytes without the task's sessions' rewards read again.
+    // so that a piece keeps at most its bytes without the task's sessions' rewards read again. Where other
+    // tasks share the bucket, their sessions in the range are read as well, and not kept.
     const here: [number, number] = [line, source === 0 ? -1 : from];
     const bytes = sessionLineBytes(this.sources, source, from, to);
     if (this.next && this.held > 0 && this.held + bytes > this.pieceBytes) {

@@ -121,16 +121,15 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
     // threads pair the large ones (when any four buckets in flight counted, one thread paired alone).
     // A large bucket answers with its pieces, which go to the threads in turn before the buckets after it
     // are written (those already given out are paired meanwhile).
-    const work = pool ?? ((job: BucketJob) => pairer.pair(job));
     // A large task's outcome pairs come made with its bucket's plan: only the other pieces are paired.
     const planned = ({ piece }: BucketJob) => (piece?.part === 'outcome' ? piece.made : null);
-    const pieceWork = pool ? { size: pool.size, run: (job: BucketJob) => Promise.resolve(planned(job) ?? pool.run(job)) } : (job: BucketJob) => planned(job) ?? pairer.pair(job);
+    const work = pool ? { size: pool.size, run: (job: BucketJob) => Promise.resolve(planned(job) ?? pool.run(job)) } : (job: BucketJob) => planned(job) ?? pairer.pair(job);
     const keep = { perThread: 2, held: { bytes: (made: PairedJob) => ('pieces' in made ? 0 : made.pairs.length + made.dropped.length), budget: inFlight } };
     await inOrder(each(jobs), work, async (made, job) => {
       if (!('pieces' in made)) return write(made, job);
       counts.buckets_in_pieces!++;
       // A piece answers with its pairs, never with pieces of its own.
-      await inOrder(each(made.pieces), pieceWork, async (piece, job) => write(piece as PairedBucket, job), keep);
+      await inOrder(each(made.pieces), work, async (piece, job) => write(piece as PairedBucket, job), keep);
     }, keep);
     progress.bar?.done();
     for (const writer of Object.values(writers)) await writer.close();

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { STAGES } from '../../stages/index.ts';
-import { buildOutcomePairs as buildStored, type OutcomeOptions } from '../../stages/pairs/outcome.ts';
+import { rank, rankedOutcomePairs, type OutcomeOptions } from '../../stages/pairs/outcome.ts';
 import { plainPair, stored } from '../fixtures/pipeline.ts';
 import { pairId, type Message, type SplitSession } from '../../core/records.ts';
 import { hashJson } from '../../pipeline/hash.ts';
@@ -23,10 +23,10 @@ function trial(id: string, reward: number, request: string, answer: string): Spl
   };
 }
 
-/** buildOutcomePairs on sessions as their bucket lines store them, the pairs' messages read back. */
+/** A task's outcome pairs from its sessions as their bucket lines store them, the pairs' messages read back. */
 function buildOutcomePairs(sessions: SplitSession[], o: OutcomeOptions) {
-  const built = buildStored(sessions.map(stored), o);
-  return { pairs: built.pairs.map(plainPair), dropped: built.dropped };
+  const built = rankedOutcomePairs(rank(sessions.map(stored), o), (s) => s, o);
+  return { pairs: built.made.map((m) => plainPair(m.pair)), dropped: built.dropped };
 }
 
 const options = { successMin: 0.7, failureMax: 0.3, maxPairsPerTask: 100 };
