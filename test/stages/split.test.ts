@@ -2,6 +2,8 @@ import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import type { SplitSession } from '../../core/records.ts';
+import { int, pick, seeded } from '../../core/random.ts';
+import { sha256 } from '../../pipeline/hash.ts';
 import { TaskMatcher, jaccard, shingles } from '../../stages/split/similarity.ts';
 import { StoredBucketReader, sessionRunLine, type SessionRun } from '../../stages/layout.ts';
 import { collect, engineFor, jsonl, manifest, session, splitLines, tempDir } from '../fixtures/pipeline.ts';
@@ -194,5 +196,43 @@ describe('split', () => {
     const m = new TaskMatcher(0.9);
     m.add('x', 'cancel my gym');
     expect(m.assign('cancel my gym membership').kind).toBe('new_group');
+  });
+
+  it('matches an untasked request to the group that comparing every candidate whole finds', () => {
+    // The matcher as it was first written: every group sharing a shingle held by at most `limit` groups
+    // compared whole, the most alike (the first made among equals) joined when it reaches the threshold.
+    const everyCandidate = (threshold: number, limit: number) => {
+      const groups: { id: string; shingles: Set<string> }[] = [];
+      const index = new Map<string, number[]>();
+      return (text: string, id: string) => {
+        const set = shingles(text);
+        const candidates = new Set<number>();
+        for (const s of set) if ((index.get(s)?.length ?? Infinity) <= limit) for (const g of index.get(s)!) candidates.add(g);
+        let best: { g: number; score: number } | null = null;
+        for (const g of [...candidates].sort((x, y) => x - y)) {
+          const score = jaccard(set, groups[g]!.shingles);
+          if (!best || score > best.score) best = { g, score };
+        }
+        if (best && best.score >= threshold) return { task_id: groups[best.g]!.id, score: best.score, kind: 'matched_task' };
+        for (const s of set) index.set(s, [...(index.get(s) ?? []), groups.length]);
+        groups.push({ id, shingles: set });
+        return { task_id: id, score: 1, kind: 'new_group' };
+      };
+    };
+    // Requests of a few words from a small vocabulary: most share something with many groups, a few nothing.
+    const words = Array.from({ length: 40 }, (_, i) => `w${i}`);
+    const rand = seeded('split similarity');
+    const texts = Array.from({ length: 1500 }, () => Array.from({ length: int(rand, 0, 12) }, () => pick(rand, words.slice(0, int(rand, 4, 40)))).join(' '));
+    let matched = 0;
+    for (const threshold of [0, 0.3, 0.5, 0.75, 1]) {
+      for (const limit of [3, 40, 2000]) {
+        const matcher = new TaskMatcher(threshold, limit);
+        const reference = everyCandidate(threshold, limit);
+        const assigned = texts.map((text) => matcher.assign(text));
+        expect(assigned).toEqual(texts.map((text) => reference(text, `group-${sha256(text).slice(0, 12)}`)));
+        matched += assigned.filter((m) => m.kind === 'matched_task').length;
+      }
+    }
+    expect(matched).toBeGreaterThan(5000);
   });
 });
