@@ -54,40 +54,68 @@ export interface GroupMatch {
  * are compared first; a candidate that could not reach t, or the best so far, with every other shingle of A
  * shared is passed over, and the others have the rest looked up. Where some of those few shingles are held by
  * more than `commonLimit` groups, the candidates are every group holding a shingle held by fewer, counted the
- * same way, as before. On the simulator's 100k sessions without their task ids (2,271 groups), split took
- * 255 s comparing every candidate's shingles whole, and takes 12 s so; the groups it makes are the same.
+ * same way, as before. A group of the very same shingles (none is more alike) is found by a hash of them.
+ * Shingles are kept as numbers, a group's one after another in one array. The simulator's 100k sessions
+ * without their task ids (2,271 groups) split in 255 s comparing every candidate's shingles whole, in 11 s
+ * so; 100k of its 1M without (250,000 known tasks) in 26 s at 409 MiB, where Sets of strings held 1.1 GiB.
+ * The groups are the same (docs/stages.md, split).
  */
 export class TaskMatcher {
-  private readonly groups: { id: string; shingles: Set<string> }[] = [];
-  private readonly index = new Map<string, number[]>();
-  /** Per group, the last request it was a candidate for (the request's number), and how many shingles it was counted sharing. */
+  private readonly ids: string[] = [];
+  /** Each shingle's number, and per number the groups that hold it, in the order they were made. */
+  private readonly numbers = new Map<string, number>();
+  private readonly postings: number[][] = [];
+  /** Every group's shingles' numbers, group g's from `starts[g]` to `starts[g + 1]`. */
+  private readonly members = new Int32List();
+  private readonly starts = new Int32List();
+  /** The first group of each set of shingles, by a hash of their numbers (where two sets share a hash, the first made). */
+  private readonly byShingles = new Map<number, number>();
+  /** Per group, the last request it was a candidate for (the request's number), and the shingles it was counted sharing. */
   private seen = new Int32Array(1024);
   private shared = new Int32Array(1024);
+  /** Per shingle number, the last request that looks it up in its candidates. */
+  private looking = new Int32Array(1024);
   private requests = 0;
 
   constructor(
     readonly threshold: number,
     private readonly commonLimit = COMMON_SHINGLE_LIMIT,
-  ) {}
+  ) {
+    this.starts.push(0);
+  }
 
   get size(): number {
-    return this.groups.length;
+    return this.ids.length;
   }
 
   add(id: string, text: string): void {
-    const set = shingles(text);
-    const g = this.groups.length;
-    this.groups.push({ id, shingles: set });
-    for (const s of set) {
-      const posting = this.index.get(s);
-      if (posting) posting.push(g);
-      else this.index.set(s, [g]);
+    const g = this.ids.length;
+    this.ids.push(id);
+    const numbers: number[] = [];
+    for (const s of shingles(text)) {
+      let k = this.numbers.get(s);
+      if (k === undefined) {
+        this.numbers.set(s, (k = this.postings.length));
+        this.postings.push([]);
+        if (k >= this.looking.length) this.looking = grown(this.looking);
+      }
+      this.postings[k]!.push(g);
+      numbers.push(k);
     }
-    if (g >= this.seen.length) {
-      const seen = new Int32Array(2 * this.seen.length);
-      seen.set(this.seen);
-      [this.seen, this.shared] = [seen, new Int32Array(seen.length)];
-    }
+    numbers.sort((x, y) => x - y);
+    for (const k of numbers) this.members.push(k);
+    this.starts.push(this.members.length);
+    const hash = hashOf(numbers);
+    if (!this.byShingles.has(hash)) this.byShingles.set(hash, g);
+    if (g >= this.seen.length) [this.seen, this.shared] = [grown(this.seen), new Int32Array(2 * this.shared.length)];
+  }
+
+  /** The first group whose shingles are `numbers` (ascending), or -1. */
+  private same(numbers: number[]): number {
+    const g = this.byShingles.get(hashOf(numbers)) ?? -1;
+    if (g < 0 || this.starts.get(g + 1) - this.starts.get(g) !== numbers.length) return -1;
+    const from = this.starts.get(g);
+    return numbers.every((k, i) => this.members.get(from + i) === k) ? g : -1;
   }
 
   /** The group most alike to `text` at or above the threshold (the first made among equals), or null. */
@@ -95,10 +123,16 @@ export class TaskMatcher {
     const set = shingles(text);
     const a = set.size;
     if (a === 0) return null;
-    const { counted, looked } = this.lookups(set);
-    // The candidates, each with the counted shingles it holds.
+    const { counted, looked, numbers } = this.lookups(set);
+    // A group of the same shingles (Jaccard 1: none is more alike), where the request has a shingle that is
+    // not common (else no group is a candidate).
+    const same = numbers.length === a && counted.length > 0 ? this.same(numbers.sort((x, y) => x - y)) : -1;
+    if (same >= 0) return { id: this.ids[same]!, score: 1 };
     const request = ++this.requests;
-    const { seen, shared } = this;
+    const { seen, shared, looking } = this;
+    const members = this.members.values;
+    for (const k of looked) looking[k] = request;
+    // The candidates, each with the counted shingles it holds.
     const candidates: number[] = [];
     for (const posting of counted) {
       for (const g of posting) {
@@ -111,14 +145,15 @@ export class TaskMatcher {
       }
     }
     // Those sharing most first (a counting sort).
-    const k = counted.length;
-    const starts = new Int32Array(k + 1);
-    for (const g of candidates) starts[k - shared[g]! + 1]!++;
-    for (let i = 1; i <= k; i++) starts[i]! += starts[i - 1]!;
+    const c = counted.length;
+    const at = new Int32Array(c + 1);
+    for (const g of candidates) at[c - shared[g]! + 1]!++;
+    for (let i = 1; i <= c; i++) at[i]! += at[i - 1]!;
     const order = new Int32Array(candidates.length);
-    for (const g of candidates) order[starts[k - shared[g]!]!++] = g;
+    for (const g of candidates) order[at[c - shared[g]!]!++] = g;
     // Jaccard as `jaccard` works it out, from the shingles shared (it grows with them).
-    const score = (g: number, n: number) => n / (a + this.groups[g]!.shingles.size - n);
+    const starting = this.starts.values;
+    const score = (g: number, n: number) => n / (a + starting[g + 1]! - starting[g]! - n);
     let best = -1;
     let bestScore = -1;
     // Whether group g sharing `n` shingles misses the threshold, or loses to the best so far.
@@ -129,27 +164,35 @@ export class TaskMatcher {
     for (const g of order) {
       let n = shared[g]!;
       if (beaten(g, n + looked.length)) continue;
-      const of = this.groups[g]!.shingles;
-      for (let i = 0; i < looked.length; i++) {
-        if (of.has(looked[i]!)) n++;
-        else if (beaten(g, n + looked.length - i - 1)) break;
+      // The rest looked up: each of the group's shingles not yet read may be one.
+      const end = starting[g + 1]!;
+      for (let i = starting[g]!; i < end; i++) {
+        if (looking[members[i]!] === request) n++;
+        else if (beaten(g, n + Math.min(looked.length, end - i - 1))) break;
       }
       if (!beaten(g, n)) [best, bestScore] = [g, score(g, n)];
     }
-    return best >= 0 ? { id: this.groups[best]!.id, score: bestScore } : null;
+    return best >= 0 ? { id: this.ids[best]!, score: bestScore } : null;
   }
 
   /**
-   * The postings of a request's shingles whose groups are counted as candidates, and the shingles looked up in
-   * each candidate's: the |A| − ⌊t·|A|⌋ + 1 held by the fewest groups and the others, or, where some of those
-   * are common, every shingle not common and the common ones.
+   * The postings of a request's shingles whose groups are counted as candidates, and the numbers of the
+   * shingles looked up in each candidate's: the |A| − ⌊t·|A|⌋ + 1 held by the fewest groups and the others,
+   * or, where some of those are common, every shingle not common and the common ones. A shingle no group
+   * holds is neither.
    */
-  private lookups(set: Set<string>): { counted: readonly number[][]; looked: string[] } {
-    const held = [...set].map((s) => ({ s, posting: this.index.get(s) ?? NONE })).sort((x, y) => x.posting.length - y.posting.length);
+  private lookups(set: Set<string>): { counted: number[][]; looked: number[]; numbers: number[] } {
+    const held = [...set].map((s) => this.numbers.get(s) ?? -1).sort((x, y) => this.held(x) - this.held(y));
     const probed = Math.min(held.length, held.length - Math.floor(this.threshold * held.length) + 1);
-    const common = (h: (typeof held)[number]) => h.posting.length > this.commonLimit;
-    const [counted, looked] = common(held[probed - 1]!) ? [held.filter((h) => !common(h)), held.filter(common)] : [held.slice(0, probed), held.slice(probed)];
-    return { counted: counted.map((h) => h.posting), looked: looked.map((h) => h.s) };
+    const common = (k: number) => this.held(k) > this.commonLimit;
+    const [counted, looked] = common(held[probed - 1]!) ? [held.filter((k) => !common(k)), held.filter(common)] : [held.slice(0, probed), held.slice(probed)];
+    const numbers = held.filter((k) => k >= 0);
+    return { counted: counted.filter((k) => k >= 0).map((k) => this.postings[k]!), looked: looked.filter((k) => k >= 0), numbers };
+  }
+
+  /** How many groups hold shingle number k (none where k is -1). */
+  private held(k: number): number {
+    return k < 0 ? 0 : this.postings[k]!.length;
   }
 
   /** The task for an untasked session: the most alike group at or above the threshold, else a new group. */
@@ -162,4 +205,31 @@ export class TaskMatcher {
   }
 }
 
-const NONE: number[] = [];
+/** FNV-1a over the numbers' 32 bits. */
+function hashOf(numbers: number[]): number {
+  let h = 0x811c9dc5;
+  for (const k of numbers) h = Math.imul(h ^ k, 0x01000193);
+  return h >>> 0;
+}
+
+/** A growing list of 32-bit integers. */
+class Int32List {
+  values: Int32Array<ArrayBuffer> = new Int32Array(1024);
+  length = 0;
+
+  get(i: number): number {
+    return this.values[i]!;
+  }
+
+  push(value: number): void {
+    if (this.length === this.values.length) this.values = grown(this.values);
+    this.values[this.length++] = value;
+  }
+}
+
+/** A copy of `values` twice as long. */
+function grown(values: Int32Array): Int32Array<ArrayBuffer> {
+  const copy = new Int32Array(2 * values.length);
+  copy.set(values);
+  return copy;
+}

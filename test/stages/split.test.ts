@@ -204,7 +204,12 @@ describe('split', () => {
     const everyCandidate = (threshold: number, limit: number) => {
       const groups: { id: string; shingles: Set<string> }[] = [];
       const index = new Map<string, number[]>();
-      return (text: string, id: string) => {
+      const add = (id: string, text: string) => {
+        const set = shingles(text);
+        for (const s of set) index.set(s, [...(index.get(s) ?? []), groups.length]);
+        groups.push({ id, shingles: set });
+      };
+      const assign = (text: string) => {
         const set = shingles(text);
         const candidates = new Set<number>();
         for (const s of set) if ((index.get(s)?.length ?? Infinity) <= limit) for (const g of index.get(s)!) candidates.add(g);
@@ -214,22 +219,27 @@ describe('split', () => {
           if (!best || score > best.score) best = { g, score };
         }
         if (best && best.score >= threshold) return { task_id: groups[best.g]!.id, score: best.score, kind: 'matched_task' };
-        for (const s of set) index.set(s, [...(index.get(s) ?? []), groups.length]);
-        groups.push({ id, shingles: set });
+        const id = `group-${sha256(text).slice(0, 12)}`;
+        add(id, text);
         return { task_id: id, score: 1, kind: 'new_group' };
       };
+      return { add, assign };
     };
     // Requests of a few words from a small vocabulary: most share something with many groups, a few nothing.
+    // Known tasks come first, some of them with the same request.
     const words = Array.from({ length: 40 }, (_, i) => `w${i}`);
     const rand = seeded('split similarity');
-    const texts = Array.from({ length: 1500 }, () => Array.from({ length: int(rand, 0, 12) }, () => pick(rand, words.slice(0, int(rand, 4, 40)))).join(' '));
+    const request = () => Array.from({ length: int(rand, 0, 12) }, () => pick(rand, words.slice(0, int(rand, 4, 40)))).join(' ');
+    const known = Array.from({ length: 60 }, request).flatMap((text, i) => (i % 3 === 0 ? [text, text, `${text} ${text}`] : [text]));
+    const texts = Array.from({ length: 1500 }, request);
     let matched = 0;
     for (const threshold of [0, 0.3, 0.5, 0.75, 1]) {
       for (const limit of [3, 40, 2000]) {
         const matcher = new TaskMatcher(threshold, limit);
         const reference = everyCandidate(threshold, limit);
+        known.forEach((text, i) => [matcher, reference].forEach((m) => m.add(`task-${i}`, text)));
         const assigned = texts.map((text) => matcher.assign(text));
-        expect(assigned).toEqual(texts.map((text) => reference(text, `group-${sha256(text).slice(0, 12)}`)));
+        expect(assigned).toEqual(texts.map((text) => reference.assign(text)));
         matched += assigned.filter((m) => m.kind === 'matched_task').length;
       }
     }
