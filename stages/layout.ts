@@ -1276,7 +1276,7 @@ function readRun(out: Buffer, at: number, fd: number, run: SessionRun, where: st
 }
 
 /** The session_id of a session's line (the head ingest writes, or the line parsed whole). */
-function leadingSessionId(bytes: Buffer, start: number, end: number): string {
+export function leadingSessionId(bytes: Buffer, start: number, end: number): string {
   const idEnd = holdsAt(bytes, start, HEAD) ? jsonStringEnd(bytes, start + HEAD.length - 1, end) : -1;
   if (idEnd > 0) return decodeString(bytes, start + HEAD.length - 1, idEnd);
   return (JSON.parse(bytes.toString('utf8', start, end)) as SplitSession).session_id;

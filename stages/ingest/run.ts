@@ -5,10 +5,11 @@ import { copyFile, link, mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { hashJson, sha256File } from '../../pipeline/hash.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
+import { BufferShelf } from '../../pipeline/buffers.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import { readIngestIndex, type IngestIndex, type IngestedFile } from '../layout.ts';
 import { SessionIdSet } from './id-set.ts';
-import { ingestFile, readSegmentIds } from './segment.ts';
+import { ingestFiles, ingestThreads, readSegmentIds, type ReadingOptions } from './segment.ts';
 
 import type { ExternalFile, StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
@@ -52,25 +53,35 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
   }
   const quarantine = new JsonlWriter(quarantinePath, 'a');
 
-  const known = new Map(files.map((f) => [f.xxh64, f]));
+  // A file whose content was ingested before, or comes earlier in this run, is skipped.
+  const known = new Map(files.map((f) => [f.xxh64, f.name]));
   const reasons = new Map<string, number>();
+  let skipped = 0;
+  const toRead: { file: ExternalFile; seq: number }[] = [];
+  for (const file of external) {
+    const seen = known.get(file.xxh64);
+    if (seen === undefined) {
+      known.set(file.xxh64, file.name);
+      toRead.push({ file, seq: files.length + toRead.length });
+      continue;
+    }
+    skipped++;
+    if (seen !== file.name) log.info('skipped a file with the same content as one already ingested', { file: file.name, same_as: seen });
+  }
+  const reading: ReadingOptions = { format: cfg.format, mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward }, maxRecordBytes: cfg.max_record_bytes };
+  const threads = ingestThreads(toRead.map((t) => t.file), reading, options.workers);
   let added = 0;
   let quarantined = 0;
   let duplicates = 0;
-  let skipped = 0;
-  for (const file of external) {
-    const seen = known.get(file.xxh64);
-    if (seen) {
-      skipped++;
-      if (seen.name !== file.name) log.info('skipped a file with the same content as one already ingested', { file: file.name, same_as: seen.name });
-      continue;
+  try {
+    for (const result of await ingestFiles(toRead, reading, join(out, 'sessions'), ids, quarantine, reasons, log, signal, new BufferShelf(), threads)) {
+      files.push(result);
+      added += result.sessions;
+      quarantined += result.quarantined;
+      duplicates += result.duplicates;
     }
-    const result = await ingestFile(file, { format: cfg.format, mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward }, maxRecordBytes: cfg.max_record_bytes }, join(out, 'sessions'), files.length, ids, quarantine, reasons, log, signal, options.workers);
-    files.push(result);
-    known.set(file.xxh64, result);
-    added += result.sessions;
-    quarantined += result.quarantined;
-    duplicates += result.duplicates;
+  } finally {
+    await threads?.close();
   }
   await quarantine.close();
   // Duplicates are not counted: a file delivered twice is a normal night.

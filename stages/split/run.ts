@@ -36,16 +36,18 @@ const slotOf = (task: string) => fnv1a(task) & (PLACED_TASKS - 1);
  * numbers a line in `lines`, and where `bytes` starts in the file. A block is valid until the next is asked
  * for: it is read into again. Not readLineBlocks (pipeline/records.ts): a run needs where its lines lie in
  * the file, and a segment (never gzip, no byte order mark) is read faster with readSync in 4 MiB blocks than
- * through the thread pool in 1 MiB ones, on a stage that does nothing else meanwhile.
+ * through the thread pool in 1 MiB ones, on a stage that does nothing else meanwhile. Every segment is read
+ * into the same buffer (`into`, grown where a line is longer): at 500 segments of 300 KiB, a buffer each took
+ * split 0.9 s against 0.25 for one segment of them all.
  */
-async function* segmentLines(path: string): AsyncGenerator<{ bytes: Buffer; base: number; lines: number[] }> {
+async function* segmentLines(path: string, into: { buffer: Buffer }): AsyncGenerator<{ bytes: Buffer; base: number; lines: number[] }> {
   const file = openSync(path, 'r');
-  let buffer = Buffer.allocUnsafeSlow(4 << 20);
+  let { buffer } = into;
   let base = 0;
   let held = 0;
   try {
     for (;;) {
-      if (held === buffer.length) buffer = Buffer.concat([buffer, Buffer.allocUnsafeSlow(buffer.length)]);
+      if (held === buffer.length) into.buffer = buffer = Buffer.concat([buffer, Buffer.allocUnsafeSlow(buffer.length)]);
       const bytesRead = readSync(file, buffer, held, buffer.length - held, base + held);
       const filled = held + bytesRead;
       // A line is whole once its newline is read (or the file ends): a block ends after the last newline.
@@ -92,6 +94,7 @@ type BucketOut = { writer: JsonlWriter; lines: LineBuffer; run: SessionRun | nul
  */
 export async function run({ config: cfg, out, input, log, signal, shard }: StageContext<Config>): Promise<StageReport> {
   const segments = await sessionSegments(input('ingest'));
+  const reading = { buffer: Buffer.allocUnsafeSlow(4 << 20) };
 
   const index = (await readIngestIndex(input('ingest')))!;
   const total = index.files.reduce((n, f) => n + f.sessions, 0);
@@ -101,7 +104,7 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   if (untasked > 0) {
     const known = new Set<string>();
     for (const segment of segments) {
-      for await (const { bytes, base, lines } of segmentLines(segment)) {
+      for await (const { bytes, base, lines } of segmentLines(segment, reading)) {
         for (let k = 0; k < lines.length; k += 2) {
           const start = lines[k]!;
           const end = lines[k + 1]!;
@@ -152,7 +155,7 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   let last: Placed = { task: null, side: 'train', file: undefined };
   for (const segment of segments) {
     const name = basename(segment);
-    for await (const { bytes, base, lines } of segmentLines(segment)) {
+    for await (const { bytes, base, lines } of segmentLines(segment, reading)) {
       await safePoint(signal, () => 'split: stopped before it had put every session in its bucket; the next run does it again');
       progress.tick(lines.length / 2);
       for (let k = 0; k < lines.length; k += 2) {

@@ -61,6 +61,21 @@ describe('ingest', () => {
     expect(manifest(dir, 'ingest').counts).toMatchObject({ sessions: 3, quarantined: 7, duplicates: 1 });
   });
 
+  it('names a repeated session id in the quarantine as it was written, escapes and all, and one made from the content', async () => {
+    const dir = tempDir();
+    const odd = 'dup "é" \\ \u2028 end';
+    const { session_id: _, ...anonymous } = session('none', 'A', 1);
+    writeFileSync(join(dir, 'logs.jsonl'), jsonl([session(odd, 'A', 1), anonymous, session(odd, 'A', 0), anonymous]));
+    await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\n  max_quarantined: 1\n').run(ingestOnly);
+    const kept = await ingested(dir);
+    expect(kept.map((s) => s.session_id)).toEqual([odd, expect.stringMatching(/^h-/)]);
+    const q = await collect<QuarantineRecord>(join(dir, 'workspace', 'ingest', 'quarantine.jsonl'));
+    expect(q.map((r) => [r.where, r.reason])).toEqual([
+      ['line 3', `duplicate session_id '${odd}' (dropped; the first one is kept)`],
+      ['line 4', `duplicate session_id '${kept[1]!.session_id}' (dropped; the first one is kept)`],
+    ]);
+  });
+
   it('clamps out-of-range rewards when configured to', async () => {
     const dir = tempDir();
     writeFileSync(join(dir, 'logs.jsonl'), jsonl([session('a', 'A', 1.5), session('b', 'A', -0.2)]));

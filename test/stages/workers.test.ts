@@ -6,6 +6,7 @@ import { createHash } from 'node:crypto';
 import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
+import { DuckDBInstance } from '@duckdb/node-api';
 import { describe, expect, it } from 'vitest';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { prefab } from '../fixtures/cli.ts';
@@ -22,8 +23,11 @@ function ingested(dir: string): Record<string, string> {
   return out;
 }
 
-/** A night's inputs: good and bad records mixed, duplicates within and across files, a cut .gz, a JSON array. */
-function inputs(dir: string): void {
+/**
+ * A night's inputs: good and bad records mixed, duplicates within and across files, a cut .gz, a JSON array,
+ * Parquet (read on the main thread between files read on the threads), and small files one after another.
+ */
+async function inputs(dir: string): Promise<void> {
   const records: unknown[] = [];
   for (let i = 0; i < 3000; i++) {
     const kind = i % 50;
@@ -44,22 +48,32 @@ function inputs(dir: string): void {
   // Written on Windows: a byte order mark, "\r\n" and, once, a lone "\r".
   const crlf = Array.from({ length: 1500 }, (_, i) => JSON.stringify(session(`w-${i}`, `W${i % 30}`, i % 2, `réponse ${i}`)));
   writeFileSync(join(dir, 'e.jsonl'), '\uFEFF' + crlf.slice(0, 700).join('\r\n') + '\r' + crlf.slice(700).join('\r\n') + '\r\n');
+  writeFileSync(join(dir, 'f.jsonl.src'), jsonl(Array.from({ length: 300 }, (_, i) => session(i % 20 === 0 ? `s-${i}` : `pq-${i}`, `P${i % 11}`, i % 2))));
+  const db = await DuckDBInstance.create(':memory:');
+  await (await db.connect()).run(`COPY (SELECT * FROM read_json('${join(dir, 'f.jsonl.src')}', format = 'newline_delimited')) TO '${join(dir, 'f.parquet')}' (FORMAT parquet)`);
+  for (let f = 0; f < 12; f++) {
+    const small = Array.from({ length: 40 }, (_, i) => session(i % 13 === 0 ? `s-${f * 40 + i}` : `g${f}-${i}`, `G${(f * 40 + i) % 37}`, i % 2, `small ${f} ${i}`));
+    writeFileSync(join(dir, `g-${String(f).padStart(2, '0')}.jsonl`), jsonl(small));
+  }
 }
+
+/** The config reading `inputs`' files from `root` ('' for the working folder). */
+const configFor = (root: string) =>
+  `ingest:\n  inputs: [${['a.jsonl', 'b.jsonl', 'c.jsonl.gz', 'd.json', 'e.jsonl', 'f.parquet', 'g-*.jsonl'].map((f) => JSON.stringify(root ? join(root, f) : f)).join(', ')}]\n  max_quarantined: 0.9\n`;
 
 const SAMPLE = join(import.meta.dirname, '../../data/sample/sessions.jsonl.gz');
 
-const CONFIG = 'ingest:\n  inputs: [a.jsonl, b.jsonl, c.jsonl.gz, d.json, e.jsonl]\n  max_quarantined: 0.9\n';
 
 describe('the data stages on worker threads', () => {
   it('writes the same segments, quarantine and id set on 3 threads as on one', async () => {
     // One set of inputs: a session's source names its file.
     const [data, one, three] = [tempDir(), tempDir(), tempDir()];
-    inputs(data);
-    const config = CONFIG.replace(/\b(\w\.json\w*(?:\.gz)?)/g, (f) => join(data, f));
+    await inputs(data);
+    const config = configFor(data);
     await engineFor(one, config, { workers: 1 }).run({ until: 'ingest' });
     await engineFor(three, config, { workers: 3 }).run({ until: 'ingest' });
     const counts = manifest(one, 'ingest').counts;
-    expect(counts).toMatchObject({ files: 5, files_damaged: 1, invalid_utf8: 1 });
+    expect(counts).toMatchObject({ files: 18, files_damaged: 1, invalid_utf8: 1 });
     // Every record of the Windows file is a session, the first one too, numbered by its line.
     const windows = readdirSync(join(one, 'workspace', 'ingest', 'sessions')).find((f) => f.startsWith('00004-'))!;
     const sources = readFileSync(join(one, 'workspace', 'ingest', 'sessions', windows), 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { source: string }).source);
@@ -127,11 +141,11 @@ describe('the data stages on worker threads', () => {
     }
   });
 
-  it('does the same from the executable, whose threads start from its bundle', () => {
+  it('does the same from the executable, whose threads start from its bundle', async () => {
     const [one, two] = [tempDir(), tempDir()];
     for (const dir of [one, two]) {
-      inputs(dir);
-      writeFileSync(join(dir, 'config.yaml'), CONFIG);
+      await inputs(dir);
+      writeFileSync(join(dir, 'config.yaml'), configFor(''));
     }
     for (const [dir, n] of [[one, '1'], [two, '2']] as const) {
       const r = prefab(['-c', 'config.yaml', '-q', '--workers', n, 'run', '--until', 'ingest'], dir);
