@@ -1,5 +1,6 @@
 // One input file read into a segment of sessions: each record mapped and validated; what cannot become a
 // session, and a session id seen before, goes to the quarantine with its file, place and reason.
+import { closeSync, openSync, readSync } from 'node:fs';
 import { join } from 'node:path';
 import { JsonlWriter, LineBuffer, readJsonl } from '../../pipeline/jsonl.ts';
 import { BufferShelf } from '../../pipeline/buffers.ts';
@@ -239,6 +240,23 @@ const LARGE_INPUT = 16 << 20;
 const formatOf = (file: ExternalFile, o: ReadingOptions): InputFormat | null => (o.format === 'auto' ? detectFormat(file.path) : o.format);
 
 /**
+ * About the bytes a file's records take as text: a .gz file's as its trailer says (their size modulo 4 GiB;
+ * 100k sessions of 161 MB were 6.5 MB of gzip, read on this thread alone in 2.2 s, on two in 1.4 s), and at
+ * least the file's own.
+ */
+function contentBytes(file: ExternalFile): number {
+  if (!file.path.endsWith('.gz') || file.bytes < 18) return file.bytes;
+  const fd = openSync(file.path, 'r');
+  try {
+    const trailer = Buffer.alloc(4);
+    readSync(fd, trailer, 0, 4, file.bytes - 4);
+    return Math.max(file.bytes, trailer.readUInt32LE(0));
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/**
  * The threads that read `files` (those to be ingested), started once for all of them; none where there is
  * one thread, or nothing but Parquet (its rows come as values, read on this thread). A file is read in
  * blocks of at most 1 MiB, and of about half a thread's share of it where it is smaller, so that both threads
@@ -246,7 +264,7 @@ const formatOf = (file: ExternalFile, o: ReadingOptions): InputFormat | null => 
  * threads of its own) took ingest 12 s on this thread alone, and take 5.6-6.3 s on two.
  */
 export function ingestThreads(files: ExternalFile[], o: ReadingOptions, workers: unknown): IngestThreads | null {
-  const bytes = files.reduce((n, f) => n + (formatOf(f, o) === 'parquet' ? 0 : f.bytes), 0);
+  const bytes = files.reduce((n, f) => n + (formatOf(f, o) === 'parquet' ? 0 : contentBytes(f)), 0);
   const threads = workerCount(workers, bytes >= LARGE_INPUT);
   if (bytes === 0 || threads <= 1) return null;
   return new WorkerPool<FileBatch, BatchOutcome>('ingest-worker', new URL('./worker.ts', import.meta.url), threads, { options: o } satisfies WorkerInit, ({ batch }) => ('bytes' in batch ? [batch.bytes.buffer as ArrayBuffer] : []));
@@ -374,7 +392,7 @@ function fileReading(file: ExternalFile, o: ReadingOptions, dir: string, seq: nu
     if (runs.length === 0) recycle();
     for (const [k, { from, to, lines: count }] of runs.entries()) await writer.writeBlock(lines.subarray(from, to), count, k === runs.length - 1 ? recycle : undefined);
   };
-  const blockBytes = pool ? Math.min(1 << 20, Math.max(64 << 10, Math.ceil(file.bytes / (2 * pool.size)))) : 1 << 20;
+  const blockBytes = pool ? Math.min(1 << 20, Math.max(64 << 10, Math.ceil(contentBytes(file) / (2 * pool.size)))) : 1 << 20;
   const done = async (): Promise<IngestedFile> => {
     (progress ?? log.progress(`ingest ${file.name}`)).done();
     await writer.close();
