@@ -1,6 +1,7 @@
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
+import { int, pick, seeded } from '../../core/random.ts';
 import { readJsonArray, type RawRecord } from '../../pipeline/records.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 
@@ -18,6 +19,27 @@ describe('JSON array reader', () => {
     const records = await all(path);
     expect(records.map((r) => r.value)).toEqual(elements);
     expect(records[2]!.where).toBe('element 3 (line 4)');
+  });
+
+  it('numbers every element by the line it starts on, whatever its strings hold, across read chunks', async () => {
+    const rand = seeded('json array lines');
+    // \u0001 stands for a newline written raw inside a string (not JSON: the element is reported, and its
+    // lines still count); the long piece makes strings run across the reader's chunks.
+    const pieces = ['plain', 'a "quote"', 'back\\slash\\', 'ünï 🙂', 'escaped\nnewline', ']}[{,"', '\u0001raw', 'ends\u0001', 'then\u0001\\', 'x'.repeat(70_000)];
+    let text = '\n[';
+    const expected: { where: string; value: unknown }[] = [];
+    for (let i = 0; i < 300; i++) {
+      text += (i > 0 ? ',' : '') + pick(rand, ['', ' ', '\n', '\n\n  ', '\t']);
+      const value = { i, text: Array.from({ length: int(rand, 1, 4) }, () => pick(rand, pieces)).join(' '), n: [i, { k: ']' }] };
+      const json = JSON.stringify(value).replaceAll('\\u0001', '\n');
+      expected.push({ where: `element ${i + 1} (line ${text.split('\n').length})`, value: json.includes('\n') ? undefined : value });
+      text += json;
+    }
+    const path = join(tempDir(), 'lines.json');
+    writeFileSync(path, text + '\n]\n');
+    const records = await all(path);
+    expect(records.map((r) => ({ where: r.where, value: r.value }))).toEqual(expected);
+    expect(expected.filter((e) => e.value === undefined).length).toBeGreaterThan(20);
   });
 
   it('reports an element that is not JSON and goes on with the next', async () => {
