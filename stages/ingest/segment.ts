@@ -291,6 +291,8 @@ interface FileReading {
  * left is each file's opening and closing on this thread, which threads do not shorten).
  */
 export async function ingestFiles(files: { file: ExternalFile; seq: number }[], o: ReadingOptions, dir: string, ids: SessionIdSet, quarantine: JsonlWriter, reasons: Map<string, number>, log: Logger, signal: AbortSignal, shelf: BufferShelf, threads: IngestThreads | null): Promise<IngestedFile[]> {
+  // A file whose format cannot be told stops the stage before any is read.
+  for (const { file } of files) if (!formatOf(file, o)) throw new UsageError(`${file.name}: cannot tell its format from the name; use .jsonl, .json or .parquet, or set ingest.format`);
   type Job = { reading: FileReading; batch: Batch | null };
   async function* jobs(): AsyncGenerator<Job> {
     for (const { file, seq } of files) {
@@ -311,8 +313,7 @@ export async function ingestFiles(files: { file: ExternalFile; seq: number }[], 
 }
 
 function fileReading(file: ExternalFile, o: ReadingOptions, dir: string, seq: number, ids: SessionIdSet, quarantine: JsonlWriter, reasons: Map<string, number>, log: Logger, signal: AbortSignal, shelf: BufferShelf, threads: IngestThreads | null): FileReading {
-  const format = formatOf(file, o);
-  if (!format) throw new UsageError(`${file.name}: cannot tell its format from the name; use .jsonl, .json or .parquet, or set ingest.format`);
+  const format = formatOf(file, o)!;
   const segment = `${String(seq).padStart(5, '0')}-${file.xxh64.slice(0, 12)}.jsonl`;
   const writer = new JsonlWriter(join(dir, segment));
   // Its progress starts when its first batch is used (the one before may still be going).

@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import { DuckDBInstance } from '@duckdb/node-api';
 import { describe, expect, it } from 'vitest';
@@ -267,5 +267,14 @@ describe('ingest', () => {
   it('stops with a clear error when an input matches nothing', async () => {
     const dir = tempDir();
     await expect(engineFor(dir, 'ingest:\n  inputs: ["missing/*.jsonl"]\n').run(ingestOnly)).rejects.toThrow(/'missing\/\*\.jsonl' matches no file/);
+  });
+
+  it('stops before reading any file when one has a name that tells no format', async () => {
+    const dir = tempDir();
+    writeFileSync(join(dir, 'a.jsonl'), jsonl([session('a', 'A', 1)]));
+    writeFileSync(join(dir, 'notes.txt'), jsonl([session('b', 'A', 0)]));
+    const [outcome] = await engineFor(dir, 'ingest:\n  inputs: [a.jsonl, notes.txt]\n').run(ingestOnly);
+    expect(outcome).toMatchObject({ action: 'failed', error: expect.stringMatching(/notes\.txt: cannot tell its format from the name; use \.jsonl, \.json or \.parquet, or set ingest\.format$/) });
+    expect(existsSync(join(dir, 'workspace', 'ingest', 'sessions'))).toBe(false);
   });
 });
