@@ -198,8 +198,8 @@ function readOne(given: RawRecord, fileName: string, o: ReadingOptions): RecordO
  * A file's work in batches: a JSONL file as blocks of whole lines (about 1 MiB: a thread's share worth
  * sending, and the main thread never decodes a line it only writes); a JSON array or Parquet as records, in
  * batches of about 1 MiB of text (or 1,024 records), parsed by the reader where they are read on this
- * thread. A record a batch on this thread took a buffer of lines each: 100k sessions from Parquet took 31 s
- * and 3.6 GB, 12 s of it collecting garbage.
+ * thread. A record a batch on this thread took a buffer of lines each: 100k sessions from Parquet took 31 s,
+ * 12 s of it collecting garbage, against 16.6 s so (their memory is the Parquet reader's: docs/stages.md).
  */
 async function* batchesOf(path: string, format: InputFormat, threaded: boolean, shelf: BufferShelf, blockBytes: number): AsyncGenerator<Batch> {
   if (format === 'jsonl') {
@@ -241,8 +241,8 @@ const formatOf = (file: ExternalFile, o: ReadingOptions): InputFormat | null => 
 
 /**
  * About the bytes a file's records take as text: a .gz file's as its trailer says (their size modulo 4 GiB;
- * 100k sessions of 161 MB were 6.5 MB of gzip, read on this thread alone in 2.2 s, on two in 1.4 s), and at
- * least the file's own.
+ * 100k sessions of 161 MB were 6.5 MB of gzip, read on this thread alone in 2.2 s, on two in 1.4 s), at least
+ * the file's own and at most what deflate can make of it (1,032 to 1: a damaged trailer says anything).
  */
 function contentBytes(file: ExternalFile): number {
   if (!file.path.endsWith('.gz') || file.bytes < 18) return file.bytes;
@@ -250,7 +250,7 @@ function contentBytes(file: ExternalFile): number {
   try {
     const trailer = Buffer.alloc(4);
     readSync(fd, trailer, 0, 4, file.bytes - 4);
-    return Math.max(file.bytes, trailer.readUInt32LE(0));
+    return Math.max(file.bytes, Math.min(trailer.readUInt32LE(0), 1032 * file.bytes));
   } finally {
     closeSync(fd);
   }
@@ -258,10 +258,10 @@ function contentBytes(file: ExternalFile): number {
 
 /**
  * The threads that read `files` (those to be ingested), started once for all of them; none where there is
- * one thread, or nothing but Parquet (its rows come as values, read on this thread). A file is read in
- * blocks of at most 1 MiB, and of about half a thread's share of it where it is smaller, so that both threads
- * work on a small one. A million sessions in 200 files of 8 MiB (when a file needed 16 MiB to be read on
- * threads of its own) took ingest 12 s on this thread alone, and take 5.6-6.3 s on two.
+ * one thread, or nothing but Parquet (its rows come as values, read on this thread). A JSONL file is read in
+ * blocks of at most 1 MiB, and of about half a thread's share of it where that is smaller, so that every
+ * thread works on a small one. A million sessions in 200 files of 8 MiB (when a file needed 16 MiB to be read
+ * on threads of its own) took ingest 12 s on this thread alone, and take 5.6-6.3 s on two.
  */
 export function ingestThreads(files: ExternalFile[], o: ReadingOptions, workers: unknown): IngestThreads | null {
   const bytes = files.reduce((n, f) => n + (formatOf(f, o) === 'parquet' ? 0 : contentBytes(f)), 0);

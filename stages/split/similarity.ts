@@ -53,8 +53,8 @@ export interface GroupMatch {
  * groups holding those held by the fewest are the candidates, each counted as it comes. Those sharing most
  * are compared first; a candidate that could not reach t, or the best so far, with every other shingle of A
  * shared is passed over, and the others have the rest looked up. Where some of those few shingles are held by
- * more than `commonLimit` groups, the candidates are every group holding a shingle held by fewer, counted the
- * same way, as before. A group of the very same shingles (none is more alike) is found by a hash of them.
+ * more than `commonLimit` groups, the candidates are every group holding a shingle held by at most
+ * `commonLimit`, counted the same way, as before. A group of the very same shingles (none is more alike) is found by a hash of them.
  * Shingles are kept as numbers, a group's one after another in one array. The simulator's 100k sessions
  * without their task ids (2,271 groups) split in 255 s comparing every candidate's shingles whole, in 11 s
  * so; 100k of its 1M without (250,000 known tasks) in 26 s at 409 MiB, where Sets of strings held 1.1 GiB.
