@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { fnv1a, unitHash } from '../pipeline/hash.ts';
 import { PipelineError } from '../pipeline/errors.ts';
 import { LineBuffer, readLines } from '../pipeline/jsonl.ts';
+import { NumberList } from '../pipeline/buffers.ts';
 import { forEachLine, holdsAt, jsonStringEnd } from '../pipeline/records.ts';
 import { readJsonFile } from '../pipeline/workspace.ts';
 import { sameMessage, type Message, type Pair, type Role, type Split, type SplitSession } from '../core/records.ts';
@@ -1113,40 +1114,6 @@ export interface LargeTask {
  * -1: not that line).
  */
 export type TaskRange = [first: number, firstFrom: number, last: number, lastTo: number];
-
-/**
- * Numbers one after another in one growing Float64Array: a large task's plan keeps a few a session, and in
- * arrays of JavaScript numbers they lived on the heap through its collections, copied into typed arrays at
- * the end (two tasks of 500,000 sessions: a thread's heap at 115 MiB).
- */
-class NumberList {
-  private values = new Float64Array(64);
-  length = 0;
-
-  get(k: number): number {
-    return this.values[k]!;
-  }
-
-  set(k: number, value: number): void {
-    this.values[k] = value;
-  }
-
-  push(value: number): void {
-    if (this.length === this.values.length) this.grow();
-    this.values[this.length++] = value;
-  }
-
-  private grow(): void {
-    const grown = new Float64Array(2 * this.values.length);
-    grown.set(this.values);
-    this.values = grown;
-  }
-
-  /** The numbers pushed, a view of the list's array (no copy). */
-  view(): Float64Array {
-    return this.values.subarray(0, this.length);
-  }
-}
 
 /** Byte strings one after another in one growing buffer, with where each ends. */
 class ByteList {

@@ -6,7 +6,8 @@
 // |A ∩ B| / |A ∪ B|. A session joins the most alike known group when that similarity reaches the
 // threshold, else it starts a group of its own. Candidates come from an inverted index over the
 // shingles, skipping shingles shared by too many groups to tell them apart.
-import { sha256 } from '../../pipeline/hash.ts';
+import { fnv1a, sha256 } from '../../pipeline/hash.ts';
+import { NumberList } from '../../pipeline/buffers.ts';
 import type { Message } from '../../core/records.ts';
 
 const COMMON_SHINGLE_LIMIT = 2_000;
@@ -66,8 +67,8 @@ export class TaskMatcher {
   private readonly numbers = new Map<string, number>();
   private readonly postings: number[][] = [];
   /** Every group's shingles' numbers, group g's from `starts[g]` to `starts[g + 1]`. */
-  private readonly members = new Int32List();
-  private readonly starts = new Int32List();
+  private readonly members = new NumberList((length) => new Int32Array(length));
+  private readonly starts = new NumberList((length) => new Int32Array(length));
   /** The first group of each set of shingles, by a hash of their numbers (where two sets share a hash, the first made). */
   private readonly byShingles = new Map<number, number>();
   /** Per group, the last request it was a candidate for (the request's number), and the shingles it was counted sharing. */
@@ -105,14 +106,14 @@ export class TaskMatcher {
     numbers.sort((x, y) => x - y);
     for (const k of numbers) this.members.push(k);
     this.starts.push(this.members.length);
-    const hash = hashOf(numbers);
+    const hash = setKey(numbers);
     if (!this.byShingles.has(hash)) this.byShingles.set(hash, g);
     if (g >= this.seen.length) [this.seen, this.shared] = [grown(this.seen), new Int32Array(2 * this.shared.length)];
   }
 
   /** The first group whose shingles are `numbers` (ascending), or -1. */
   private same(numbers: number[]): number {
-    const g = this.byShingles.get(hashOf(numbers)) ?? -1;
+    const g = this.byShingles.get(setKey(numbers)) ?? -1;
     if (g < 0 || this.starts.get(g + 1) - this.starts.get(g) !== numbers.length) return -1;
     const from = this.starts.get(g);
     return numbers.every((k, i) => this.members.get(from + i) === k) ? g : -1;
@@ -130,7 +131,7 @@ export class TaskMatcher {
     if (same >= 0) return { id: this.ids[same]!, score: 1 };
     const request = ++this.requests;
     const { seen, shared, looking } = this;
-    const members = this.members.values;
+    const members = this.members.view();
     for (const k of looked) looking[k] = request;
     // The candidates, each with the counted shingles it holds.
     const candidates: number[] = [];
@@ -152,7 +153,7 @@ export class TaskMatcher {
     const order = new Int32Array(candidates.length);
     for (const g of candidates) order[at[c - shared[g]!]!++] = g;
     // Jaccard as `jaccard` works it out, from the shingles shared (it grows with them).
-    const starting = this.starts.values;
+    const starting = this.starts.view();
     const score = (g: number, n: number) => n / (a + starting[g + 1]! - starting[g]! - n);
     let best = -1;
     let bestScore = -1;
@@ -205,27 +206,8 @@ export class TaskMatcher {
   }
 }
 
-/** FNV-1a over the numbers' 32 bits. */
-function hashOf(numbers: number[]): number {
-  let h = 0x811c9dc5;
-  for (const k of numbers) h = Math.imul(h ^ k, 0x01000193);
-  return h >>> 0;
-}
-
-/** A growing list of 32-bit integers. */
-class Int32List {
-  values: Int32Array<ArrayBuffer> = new Int32Array(1024);
-  length = 0;
-
-  get(i: number): number {
-    return this.values[i]!;
-  }
-
-  push(value: number): void {
-    if (this.length === this.values.length) this.values = grown(this.values);
-    this.values[this.length++] = value;
-  }
-}
+/** A set of shingles' key in TaskMatcher's byShingles: the FNV-1a hash of its numbers, ascending. */
+const setKey = (numbers: number[]) => fnv1a(numbers.join(' '));
 
 /** A copy of `values` twice as long. */
 function grown(values: Int32Array): Int32Array<ArrayBuffer> {
