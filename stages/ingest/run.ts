@@ -5,11 +5,10 @@ import { copyFile, link, mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { hashJson, sha256File } from '../../pipeline/hash.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
-import { BufferShelf } from '../../pipeline/buffers.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import { readIngestIndex, type IngestIndex, type IngestedFile } from '../layout.ts';
 import { SessionIdSet } from './id-set.ts';
-import { ingestFiles, ingestThreads, readSegmentIds, type ReadingOptions } from './segment.ts';
+import { ingestFiles, readSegmentIds, type ReadingOptions } from './segment.ts';
 
 import type { ExternalFile, StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
@@ -69,19 +68,14 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
     if (seen !== file.name) log.info('skipped a file with the same content as one already ingested', { file: file.name, same_as: seen });
   }
   const reading: ReadingOptions = { format: cfg.format, mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward }, maxRecordBytes: cfg.max_record_bytes };
-  const threads = ingestThreads(toRead.map((t) => t.file), reading, options.workers);
   let added = 0;
   let quarantined = 0;
   let duplicates = 0;
-  try {
-    for (const result of await ingestFiles(toRead, reading, join(out, 'sessions'), ids, quarantine, reasons, log, signal, new BufferShelf(), threads)) {
-      files.push(result);
-      added += result.sessions;
-      quarantined += result.quarantined;
-      duplicates += result.duplicates;
-    }
-  } finally {
-    await threads?.close();
+  for (const result of await ingestFiles(toRead, reading, join(out, 'sessions'), ids, quarantine, reasons, log, signal, options.workers)) {
+    files.push(result);
+    added += result.sessions;
+    quarantined += result.quarantined;
+    duplicates += result.duplicates;
   }
   await quarantine.close();
   // Duplicates are not counted: a file delivered twice is a normal night.

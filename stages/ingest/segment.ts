@@ -232,7 +232,7 @@ export interface FileBatch {
 }
 
 /** The threads that read the files of an ingest, one after another. */
-export type IngestThreads = WorkerPool<FileBatch, BatchOutcome>;
+type IngestThreads = WorkerPool<FileBatch, BatchOutcome>;
 
 /** Files of this many bytes or more in all (JSONL and JSON) are read with worker threads by default (`--workers` overrides). */
 const LARGE_INPUT = 16 << 20;
@@ -257,25 +257,24 @@ function contentBytes(file: ExternalFile): number {
 }
 
 /**
- * The threads that read `files` (those to be ingested), started once for all of them; none where there is
- * one thread, or nothing but Parquet (its rows come as values, read on this thread). A JSONL file is read in
- * blocks of at most 1 MiB, and of about half a thread's share of it where that is smaller, so that every
- * thread works on a small one. A million sessions in 200 files of 8 MiB (when a file needed 16 MiB to be read
- * on threads of its own) took ingest 12 s on this thread alone, and take 5.6-6.3 s on two.
+ * The threads that read files of `bytes` (as contentBytes has them) in all, JSONL and JSON, started once for
+ * all of them; none where there is one thread, or nothing but Parquet (its rows come as values, read on this
+ * thread). A JSONL file is read in blocks of at most 1 MiB, and of about half a thread's share of it where
+ * that is smaller, so that every thread works on a small one. A million sessions in 200 files of 8 MiB (when
+ * a file needed 16 MiB to be read on threads of its own) took ingest 12 s on this thread alone, and take
+ * 5.6-6.3 s on two.
  */
-export function ingestThreads(files: ExternalFile[], o: ReadingOptions, workers: unknown): IngestThreads | null {
-  const bytes = files.reduce((n, f) => n + (formatOf(f, o) === 'parquet' ? 0 : contentBytes(f)), 0);
+function startThreads(bytes: number, o: ReadingOptions, workers: unknown): IngestThreads | null {
   const threads = workerCount(workers, bytes >= LARGE_INPUT);
   if (bytes === 0 || threads <= 1) return null;
   return new WorkerPool<FileBatch, BatchOutcome>('ingest-worker', new URL('./worker.ts', import.meta.url), threads, { options: o } satisfies WorkerInit, ({ batch }) => ('bytes' in batch ? [batch.bytes.buffer as ArrayBuffer] : []));
 }
 
-/** A file being read into its segment: its batches, what becomes of each (taken in order), and its end. */
+/** A file being read into its segment: what becomes of each of its batches (taken in order), and its end. */
 interface FileReading {
   file: ExternalFile;
   /** The threads its batches go to; none for a file read on this thread (Parquet, or no threads). */
   pool: IngestThreads | null;
-  batches: AsyncGenerator<Batch>;
   use(outcome: BatchOutcome, batch: Batch): Promise<void>;
   done(): Promise<IngestedFile>;
 }
@@ -283,21 +282,32 @@ interface FileReading {
 /**
  * Reads `files` into their segments (`seq`: each one's number) in `dir`; `ids` holds every session id
  * ingested so far. `reasons` counts why records were quarantined (numbers and quoted values blanked, so alike
- * reasons count together). Blocks read, and buffers of lines written, are filled again (`shelf`): by this
- * thread, or by the threads they came from. With `threads` (ingestThreads), batches are parsed and mapped on
- * them, the files' one after another (a file is read while the one before is still on the threads), and the
- * results used in order: the segments and the quarantine are the same byte for byte. 100k sessions in 500
- * files of 300 KiB took 2.2 s with a shelf a file, and take 1.5 s (one file of them all: 0.75 s; what is
- * left is each file's opening and closing on this thread, which threads do not shorten).
+ * reasons count together). Blocks read, and buffers of lines written, are filled again (one BufferShelf for
+ * all the files): by this thread, or by the threads they came from. With threads (startThreads; `workers`,
+ * `--workers`), batches are parsed and mapped on them, the files' one after another (a file is read while
+ * the one before is still on the threads), and the results used in order: the segments and the quarantine
+ * are the same byte for byte. 100k sessions in 500 files of 300 KiB took 2.2 s with a shelf a file, and take
+ * 1.5 s (one file of them all: 0.75 s; what is left is each file's opening and closing on this thread, which
+ * threads do not shorten).
  */
-export async function ingestFiles(files: { file: ExternalFile; seq: number }[], o: ReadingOptions, dir: string, ids: SessionIdSet, quarantine: JsonlWriter, reasons: Map<string, number>, log: Logger, signal: AbortSignal, shelf: BufferShelf, threads: IngestThreads | null): Promise<IngestedFile[]> {
+export async function ingestFiles(files: { file: ExternalFile; seq: number }[], o: ReadingOptions, dir: string, ids: SessionIdSet, quarantine: JsonlWriter, reasons: Map<string, number>, log: Logger, signal: AbortSignal, workers: unknown): Promise<IngestedFile[]> {
   // A file whose format cannot be told stops the stage before any is read.
-  for (const { file } of files) if (!formatOf(file, o)) throw new UsageError(`${file.name}: cannot tell its format from the name; use .jsonl, .json or .parquet, or set ingest.format`);
+  const formats = files.map(({ file }) => {
+    const format = formatOf(file, o);
+    if (!format) throw new UsageError(`${file.name}: cannot tell its format from the name; use .jsonl, .json or .parquet, or set ingest.format`);
+    return format;
+  });
+  const sizes = files.map(({ file }, i) => (formats[i] === 'parquet' ? 0 : contentBytes(file)));
+  const shelf = new BufferShelf();
+  const threads = startThreads(sizes.reduce((n, b) => n + b, 0), o, workers);
   type Job = { reading: FileReading; batch: Batch | null };
   async function* jobs(): AsyncGenerator<Job> {
-    for (const { file, seq } of files) {
-      const reading = fileReading(file, o, dir, seq, ids, quarantine, reasons, log, signal, shelf, threads);
-      for await (const batch of reading.batches) yield { reading, batch };
+    for (const [i, { file, seq }] of files.entries()) {
+      // Parquet rows come as values, not text: they are read on this thread.
+      const pool = formats[i] === 'parquet' ? null : threads;
+      const blockBytes = pool ? Math.min(1 << 20, Math.max(64 << 10, Math.ceil(sizes[i]! / (2 * pool.size)))) : 1 << 20;
+      const reading = fileReading(file, dir, seq, ids, quarantine, reasons, log, signal, shelf, pool);
+      for await (const batch of batchesOf(file.path, formats[i]!, pool !== null, shelf, blockBytes)) yield { reading, batch };
       // Its end, once its batches are used.
       yield { reading, batch: null };
     }
@@ -305,15 +315,18 @@ export async function ingestFiles(files: { file: ExternalFile; seq: number }[], 
   const here = ({ reading, batch }: Job) => (batch ? readBatch(batch, reading.file.name, o, shelf) : null);
   const work = threads ? { size: threads.size, run: (job: Job) => (job.batch && job.reading.pool ? threads.run({ batch: job.batch, fileName: job.reading.file.name }) : Promise.resolve(here(job))) } : here;
   const ingested: IngestedFile[] = [];
-  await inOrder(jobs(), work, async (outcome, { reading, batch }) => {
-    if (batch) await reading.use(outcome!, batch);
-    else ingested.push(await reading.done());
-  });
+  try {
+    await inOrder(jobs(), work, async (outcome, { reading, batch }) => {
+      if (batch) await reading.use(outcome!, batch);
+      else ingested.push(await reading.done());
+    });
+  } finally {
+    await threads?.close();
+  }
   return ingested;
 }
 
-function fileReading(file: ExternalFile, o: ReadingOptions, dir: string, seq: number, ids: SessionIdSet, quarantine: JsonlWriter, reasons: Map<string, number>, log: Logger, signal: AbortSignal, shelf: BufferShelf, threads: IngestThreads | null): FileReading {
-  const format = formatOf(file, o)!;
+function fileReading(file: ExternalFile, dir: string, seq: number, ids: SessionIdSet, quarantine: JsonlWriter, reasons: Map<string, number>, log: Logger, signal: AbortSignal, shelf: BufferShelf, pool: IngestThreads | null): FileReading {
   const segment = `${String(seq).padStart(5, '0')}-${file.xxh64.slice(0, 12)}.jsonl`;
   const writer = new JsonlWriter(join(dir, segment));
   // Its progress starts when its first batch is used (the one before may still be going).
@@ -334,11 +347,10 @@ function fileReading(file: ExternalFile, o: ReadingOptions, dir: string, seq: nu
     reasons.set(kind, (reasons.get(kind) ?? 0) + 1);
     await quarantine.write({ file: file.name, where, reason, raw: quarantineText(raw) } satisfies QuarantineRecord);
   };
-  // Parquet rows come as values, not text: they are read on this thread.
-  const pool = format === 'parquet' ? null : threads;
   const use = async ({ records, notes, lines, block: returned }: BatchOutcome, batch: Batch) => {
     const bytes = returned ?? ('bytes' in batch ? batch.bytes : null);
     const block = bytes && Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    const sessionLines = Buffer.from(lines.buffer, lines.byteOffset, lines.byteLength);
     // A record's text, for the quarantine: its reader's, or its line of the block.
     const rawOf = (given: RawRecord | null, r: number) => given?.raw ?? block!.toString('utf8', records[r + RAW_START], records[r + RAW_END]);
     let note = 0;
@@ -377,7 +389,7 @@ function fileReading(file: ExternalFile, o: ReadingOptions, dir: string, seq: nu
         // Which id it was is read from the head of its session's line (ids do not cross between threads):
         // where half the records were repeats, parsing and mapping each again took the main thread 0.5 s a 100k.
         const raw = rawOf(given, r);
-        const id = leadingSessionId(Buffer.from(lines.buffer, lines.byteOffset, lines.byteLength), lineStart, start);
+        const id = leadingSessionId(sessionLines, lineStart, start);
         await quarantine.write({ file: file.name, where: whereOf(given, line), reason: `duplicate session_id '${id}' (dropped; the first one is kept)`, raw: quarantineText(raw) } satisfies QuarantineRecord);
         continue;
       }
@@ -393,7 +405,6 @@ function fileReading(file: ExternalFile, o: ReadingOptions, dir: string, seq: nu
     if (runs.length === 0) recycle();
     for (const [k, { from, to, lines: count }] of runs.entries()) await writer.writeBlock(lines.subarray(from, to), count, k === runs.length - 1 ? recycle : undefined);
   };
-  const blockBytes = pool ? Math.min(1 << 20, Math.max(64 << 10, Math.ceil(contentBytes(file) / (2 * pool.size)))) : 1 << 20;
   const done = async (): Promise<IngestedFile> => {
     (progress ?? log.progress(`ingest ${file.name}`)).done();
     await writer.close();
@@ -401,7 +412,7 @@ function fileReading(file: ExternalFile, o: ReadingOptions, dir: string, seq: nu
     log.info('ingested', { file: file.name, sessions: writer.count, quarantined, duplicates });
     return { name: file.name, xxh64: file.xxh64, segment, sessions: writer.count, untasked, quarantined, duplicates, invalid_utf8: invalidUtf8, damaged, ingested_at: new Date().toISOString() };
   };
-  return { file, pool, batches: batchesOf(file.path, format, pool !== null, shelf, blockBytes), use, done };
+  return { file, pool, use, done };
 }
 
 /** The session ids of a segment, in order. */
