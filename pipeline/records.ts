@@ -217,76 +217,231 @@ async function* readPlainLineBlocks(path: string, size: number, shelf = new Buff
   }
 }
 
-/**
- * The elements of a top-level JSON array, cut out one at a time by a small scanner that tracks
- * strings and nesting, so a file larger than memory still streams.
- */
+/** The elements of a JSON array, one at a time (readElementBlocks cuts them out). */
 export async function* readJsonArray(path: string, parse = true): AsyncGenerator<RawRecord> {
-  let line = 1;
-  let started = false;
-  let ended = false;
-  let depth = 0; // nesting inside the current element
-  let inString = false;
-  let escaped = false;
-  let parts: string[] = [];
-  let from = -1; // start of the current element in this chunk, or -1
-  let element = 0;
-  let elementLine = 1;
-  let awaitingElement = true; // after '[' or ',', until the element's first character
+  for await (const { bytes, elements } of readElementBlocks(path)) {
+    const block = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    for (let e = 0; e < elements.length; e += ELEMENT_FIELDS) {
+      const where = elementWhere(elements, e);
+      const raw = block.toString('utf8', elements[e]!, elements[e + 1]!);
+      yield parse ? parseRecord(where, raw) : { where, raw };
+    }
+  }
+}
 
-  const emit = (text: string): RawRecord | null => {
-    const trimmed = text.trim();
-    if (trimmed === '') return null;
-    element++;
-    const where = `element ${element} (line ${elementLine})`;
-    return parse ? parseRecord(where, trimmed) : { where, raw: trimmed };
+/**
+ * Whole elements of a JSON array in a block of its bytes: per element, ELEMENT_FIELDS numbers: where its
+ * text starts and ends in the block (the blank around it left out), its number, and the line it starts on.
+ */
+export interface ElementBlock {
+  bytes: Uint8Array;
+  elements: Uint32Array;
+}
+
+export const ELEMENT_FIELDS = 4;
+
+/** How a record names element `e` (its first number's index) of an ElementBlock's. */
+export const elementWhere = (elements: Uint32Array, e: number) => `element ${elements[e + 2]} (line ${elements[e + 3]})`;
+
+/**
+ * A top-level JSON array (gzip when the name ends in .gz) as blocks of `size` bytes or more of whole
+ * elements, each in a buffer of its own (so it can go to a worker thread as it is, as a JSONL file's lines
+ * go), taken from `shelf` where the caller puts blocks it is done with. The elements are cut out by a scanner
+ * of the bytes that tracks strings and nesting (ArrayScanner), so a file larger than memory still streams;
+ * blank elements (`[1,,2]`) are left out. A file that is not an array, has more after it, or breaks off
+ * throws, once the whole elements before that are given.
+ */
+export async function* readElementBlocks(path: string, size = 1 << 20, shelf = new BufferShelf(0)): AsyncGenerator<ElementBlock> {
+  const scanner = new ArrayScanner(path);
+  let pending = shelf.take(2 * size);
+  let filled = 0;
+  // The whole elements scanned, in a block of their own; what follows them is carried on into the next.
+  const cut = (): ElementBlock => {
+    const at = scanner.cutAt;
+    const next = shelf.take(Math.max(2 * size, filled - at + size));
+    next.set(pending.subarray(at, filled));
+    const block = { bytes: pending.subarray(0, at), elements: scanner.take(pending.subarray(0, at)) };
+    [pending, filled] = [next, filled - at];
+    return block;
   };
+  let failure: unknown = null;
+  try {
+    for await (const chunk of openText(path, size) as AsyncIterable<Buffer>) {
+      if (filled + chunk.length > pending.length) {
+        // An element larger than the buffer: it grows until the element ends.
+        const larger = shelf.take(2 * (filled + chunk.length));
+        larger.set(pending.subarray(0, filled));
+        shelf.put(pending.buffer as ArrayBuffer);
+        pending = larger;
+      }
+      pending.set(chunk, filled);
+      filled += chunk.length;
+      scanner.scan(pending.subarray(0, filled), false);
+      if (filled >= size && scanner.whole > 0) yield cut();
+    }
+    scanner.scan(pending.subarray(0, filled), true);
+  } catch (error) {
+    failure = error;
+  }
+  if (scanner.whole > 0) yield cut();
+  if (failure) throw failure;
+}
 
-  for await (const chunk of openText(path).setEncoding('utf8') as AsyncIterable<string>) {
-    for (let i = 0; i < chunk.length; i++) {
-      const c = chunk[i]!;
-      if (c === '\n') line++;
-      if (!started) {
-        if (c === '[') {
-          started = true;
-          from = i + 1;
-        } else if (!/\s/.test(c) && c !== '\uFEFF') {
-          throw new Error(`${path}: line ${line}: expected a JSON array of records ('[' first), found '${c}'; use .jsonl for one record a line`);
+/**
+ * Finds the elements of a top-level JSON array in its bytes as they come, a scan at a time: strings (their
+ * escapes), nesting and the array's own brackets and commas, nothing else checked (an element is parsed
+ * later, and reported if it is not JSON). Blank is what JavaScript's \s is (the byte order mark included),
+ * as before the array, after it and around an element. Lines count every newline, inside strings too.
+ */
+class ArrayScanner {
+  /** Where the next scan starts. */
+  private at = 0;
+  private started = false;
+  private ended = false;
+  private depth = 0;
+  private inString = false;
+  /** In a string, the byte at `at` is escaped (the scan before stopped on its backslash). */
+  private escaped = false;
+  /** The element being scanned: its first byte that is not blank (-1 while there is none), and just past its last. */
+  private elementStart = -1;
+  private elementEnd = 0;
+  private element = 0;
+  /** `line` is the line of byte `counted`. */
+  private line = 1;
+  private counted = 0;
+  private readonly found: number[] = [];
+  /** Just past the array's last bracket or comma scanned: the block of whole elements ends there. */
+  cutAt = 0;
+
+  constructor(private readonly path: string) {}
+
+  /** Elements found and not yet taken. */
+  get whole(): number {
+    return this.found.length / ELEMENT_FIELDS;
+  }
+
+  /** The elements found, for a block of the bytes up to cutAt; positions from here on are counted from there. */
+  take(block: Uint8Array): Uint32Array {
+    const elements = Uint32Array.from(this.found);
+    this.found.length = 0;
+    const at = this.cutAt;
+    this.lineAt(block, at);
+    this.at -= at;
+    this.counted -= at;
+    if (this.elementStart >= 0) [this.elementStart, this.elementEnd] = [this.elementStart - at, this.elementEnd - at];
+    this.cutAt = 0;
+    return elements;
+  }
+
+  /** Scans `b` (every byte so far, from where the last block was cut) from where the last scan stopped; `last`: nothing more comes. */
+  scan(b: Buffer, last: boolean): void {
+    let i = this.at;
+    const n = b.length;
+    while (i < n) {
+      if (this.inString) {
+        const end = this.stringEnd(b, i);
+        if (end < 0) {
+          i = n;
+          break;
         }
+        this.inString = false;
+        this.elementEnd = i = end;
         continue;
       }
-      if (ended) {
-        if (!/\s/.test(c)) throw new Error(`${path}: line ${line}: unexpected '${c}' after the closing ']' of the array`);
+      const c = b[i]!;
+      if (c === 0x20 || (c >= 0x09 && c <= 0x0d)) {
+        i++;
         continue;
       }
-      if (inString) {
-        if (escaped) escaped = false;
-        else if (c === '\\') escaped = true;
-        else if (c === '"') inString = false;
+      // A character past ASCII outside a string: blank (as U+00A0 is) or part of an element.
+      const length = c < 0x80 ? 1 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+      if (i + length > n && !last) break; // the rest of it comes with the next scan
+      if (length > 1 || c >= 0x80) {
+        if (!/^\s$/u.test(b.toString('utf8', i, i + length))) this.notBlank(b, i, i + length);
+        i += length;
         continue;
       }
-      if (awaitingElement && !/\s/.test(c)) {
-        awaitingElement = false;
-        elementLine = line;
+      if (!this.started) {
+        if (c !== 0x5b) throw this.error(b, i, `expected a JSON array of records ('[' first), found '${b.toString('utf8', i, i + 1)}'; use .jsonl for one record a line`);
+        this.started = true;
+        this.cutAt = ++i;
+        continue;
       }
-      if (c === '"') inString = true;
-      else if (c === '{' || c === '[') depth++;
-      else if ((c === '}' || c === ']') && depth > 0) depth--;
-      else if (depth === 0 && (c === ',' || c === ']')) {
-        parts.push(chunk.slice(from, i));
-        const record = emit(parts.join(''));
-        if (record) yield record;
-        parts = [];
-        from = i + 1;
-        awaitingElement = true;
-        if (c === ']') ended = true;
+      if (this.ended) throw this.error(b, i, `unexpected '${b.toString('utf8', i, i + 1)}' after the closing ']' of the array`);
+      if (this.depth === 0 && (c === 0x2c || c === 0x5d)) {
+        if (this.elementStart >= 0) {
+          this.found.push(this.elementStart, this.elementEnd, ++this.element, this.lineAt(b, this.elementStart));
+          this.elementStart = -1;
+        }
+        if (c === 0x5d) this.ended = true;
+        this.cutAt = ++i;
+        continue;
+      }
+      this.notBlank(b, i, i + 1);
+      if (c === 0x22) this.inString = true;
+      else if (c === 0x7b || c === 0x5b) this.depth++;
+      else if ((c === 0x7d || c === 0x5d) && this.depth > 0) this.depth--;
+      i++;
+    }
+    this.at = i;
+    if (!last) return;
+    if (!this.started) throw new Error(`${this.path}: empty file; expected a JSON array of records`);
+    if (!this.ended) throw this.error(b, n, `the JSON array is not closed (the file ends inside element ${this.element + 1})`);
+  }
+
+  /** Bytes `from` to `to` are part of what is scanned, not blank: before or after the array, an error. */
+  private notBlank(b: Buffer, from: number, to: number): void {
+    const found = () => b.toString('utf8', from, to);
+    if (!this.started) throw this.error(b, from, `expected a JSON array of records ('[' first), found '${found()}'; use .jsonl for one record a line`);
+    if (this.ended) throw this.error(b, from, `unexpected '${found()}' after the closing ']' of the array`);
+    if (this.elementStart < 0) this.elementStart = from;
+    this.elementEnd = to;
+  }
+
+  /**
+   * Where the string being scanned ends (just past its closing quote), from `i`; -1 where it runs on past
+   * the bytes so far. A few bytes are looked at one by one (most strings are short), then the quotes are
+   * looked for, each taken when the backslashes before it are even in number.
+   */
+  private stringEnd(b: Buffer, i: number): number {
+    const n = b.length;
+    if (this.escaped) {
+      if (i >= n) return -1;
+      [i, this.escaped] = [i + 1, false];
+    }
+    for (const quick = Math.min(n, i + 32); i < quick; i++) {
+      const c = b[i]!;
+      if (c === 0x22) return i + 1;
+      if (c === 0x5c && ++i >= n) {
+        this.escaped = true;
+        return -1;
       }
     }
-    if (started && !ended) parts.push(chunk.slice(Math.max(from, 0)));
-    from = 0;
+    for (;;) {
+      const quote = b.indexOf(0x22, i);
+      const stop = quote < 0 ? n : quote;
+      let k = stop - 1;
+      while (k >= i && b[k] === 0x5c) k--;
+      const odd = ((stop - 1 - k) & 1) === 1;
+      if (quote < 0) {
+        this.escaped = odd;
+        return -1;
+      }
+      if (!odd) return quote + 1;
+      i = quote + 1;
+    }
   }
-  if (!started) throw new Error(`${path}: empty file; expected a JSON array of records`);
-  if (!ended) throw new Error(`${path}: line ${line}: the JSON array is not closed (the file ends inside element ${element + 1})`);
+
+  /** The line of byte `at` (which never goes back from one call to the next). */
+  private lineAt(b: Uint8Array, at: number): number {
+    for (let nl = b.indexOf(0x0a, this.counted); nl >= 0 && nl < at; nl = b.indexOf(0x0a, nl + 1)) this.line++;
+    this.counted = at;
+    return this.line;
+  }
+
+  private error(b: Uint8Array, at: number, what: string): Error {
+    return new Error(`${this.path}: line ${this.lineAt(b, at)}: ${what}`);
+  }
 }
 
 async function* parquetRecords(path: string): AsyncGenerator<RawRecord> {

@@ -13,7 +13,7 @@ import { SessionIdSet } from './id-set.ts';
 import { RecordError, toSession, type MappingOptions } from './mapping.ts';
 import { storedReader, type StoredReader } from './canonical.ts';
 import type { Session } from '../../core/records.ts';
-import { detectFormat, forEachLine, parseRecord, quarantineText, readLineBlocks, readRecords, type InputFormat, type LineBlock, type RawRecord } from '../../pipeline/records.ts';
+import { ELEMENT_FIELDS, detectFormat, elementWhere, forEachLine, parseRecord, quarantineText, readElementBlocks, readLineBlocks, readRecords, type ElementBlock, type InputFormat, type LineBlock, type RawRecord } from '../../pipeline/records.ts';
 import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
 
 export interface QuarantineRecord {
@@ -77,12 +77,13 @@ function unreadable(record: { value?: unknown; raw: string }, maxBytes: number):
  */
 type RecordOutcome = { notUtf8: boolean } & ({ reason: string } | { session: Session; stored?: Uint8Array } | { fault: string });
 
-/** A batch of work: whole lines of a JSONL file as bytes, records a reader cut out (a JSON array, Parquet), or where a file broke off. */
-export type Batch = LineBlock | { records: RawRecord[] };
+/** A batch of work: whole lines of a JSONL file as bytes, whole elements of a JSON array as bytes, Parquet's records, or where a file broke off. */
+export type Batch = LineBlock | ElementBlock | { records: RawRecord[] };
 
 // A batch's outcomes are numbers, FIELDS a record, so that thousands of them cross between threads as one
-// copy: what became of it (KIND), its line and where its text lies in the block (a JSONL block), where its
-// session's line ends in `lines`, its id's key (SessionIdSet.key) and FLAGS.
+// copy: what became of it (KIND), its line (a JSONL block's) or its place in the batch (an element's), where
+// its text lies in the block (a block of bytes), where its session's line ends in `lines`, its id's key
+// (SessionIdSet.key) and FLAGS.
 const FIELDS = 8;
 const [KIND, LINE, RAW_START, RAW_END, END, KEY_HI, KEY_LO, FLAGS] = [0, 1, 2, 3, 4, 5, 6, 7];
 const [SESSION, REASON, FAULT, DAMAGED] = [0, 1, 2, 3];
@@ -146,9 +147,9 @@ class Outcomes {
 const storedReaders = new WeakMap<ReadingOptions, StoredReader | null>();
 
 /**
- * A batch's records read as readOne reads them; a JSONL line whose messages are written as ingest writes
- * them keeps them as they are (canonical.ts): the same session, the same line. The lines' buffer comes from
- * `shelf`; a block of lines is given back with the outcome.
+ * A batch's records read as readOne reads them; a JSONL line or a JSON array's element whose messages are
+ * written as ingest writes them keeps them as they are (canonical.ts): the same session, the same line. The
+ * lines' buffer comes from `shelf`; a block of bytes is given back with the outcome.
  */
 export function readBatch(batch: Batch, fileName: string, o: ReadingOptions, shelf: BufferShelf): BatchOutcome {
   if (!storedReaders.has(o)) storedReaders.set(o, storedReader(o.mapping, o.maxRecordBytes, (text, value) => tooDeep({ raw: text, value })));
@@ -159,6 +160,15 @@ export function readBatch(batch: Batch, fileName: string, o: ReadingOptions, she
     for (const record of batch.records) {
       if (record.damaged) out.damaged(record.error!);
       else out.add(readOne(record, fileName, o));
+    }
+  } else if ('elements' in batch) {
+    const block = Buffer.from(batch.bytes.buffer, batch.bytes.byteOffset, batch.bytes.byteLength);
+    const { elements } = batch;
+    for (let e = 0, k = 0; e < elements.length; e += ELEMENT_FIELDS, k++) {
+      const [start, end, where] = [elements[e]!, elements[e + 1]!, elementWhere(elements, e)];
+      const stored = reader?.(block, start, end, `${fileName} ${where}`);
+      if (stored) out.add({ notUtf8: false, session: stored.session, stored: stored.messages }, k, start, end);
+      else out.add(readOne({ where, raw: block.toString('utf8', start, end) }, fileName, o), k, start, end);
     }
   } else {
     const block = Buffer.from(batch.bytes.buffer, batch.bytes.byteOffset, batch.bytes.byteLength);
@@ -195,20 +205,30 @@ function readOne(given: RawRecord, fileName: string, o: ReadingOptions): RecordO
 }
 
 /**
- * A file's work in batches: a JSONL file as blocks of whole lines (about 1 MiB: a thread's share worth
- * sending, and the main thread never decodes a line it only writes); a JSON array or Parquet as records, in
- * batches of about 1 MiB of text (or 1,024 records), parsed by the reader where they are read on this
- * thread. A record a batch on this thread took a buffer of lines each: 100k sessions from Parquet took 31 s,
- * 12 s of it collecting garbage, against 16.6 s so (their memory is the Parquet reader's: docs/stages.md).
+ * A file's work in batches: a JSONL file as blocks of whole lines, a JSON array as blocks of whole elements
+ * (about 1 MiB: a thread's share worth sending, and the main thread never decodes a record it only writes);
+ * Parquet as records, in batches of about 1 MiB of text (or 1,024 records). A record a batch on this thread
+ * took a buffer of lines each: 100k sessions from Parquet took 31 s, 12 s of it collecting garbage, against
+ * 16.6 s so (their memory is the Parquet reader's: docs/stages.md). A JSON array came as records too, its
+ * text decoded and cut out on this thread a character at a time: 100k sessions took ingest 2.3 s against
+ * 0.75 s as JSONL.
  */
-async function* batchesOf(path: string, format: InputFormat, threaded: boolean, shelf: BufferShelf, blockBytes: number): AsyncGenerator<Batch> {
+async function* batchesOf(path: string, format: InputFormat, shelf: BufferShelf, blockBytes: number): AsyncGenerator<Batch> {
   if (format === 'jsonl') {
     yield* readLineBlocks(path, blockBytes, shelf);
     return;
   }
+  if (format === 'json') {
+    try {
+      yield* readElementBlocks(path, blockBytes, shelf);
+    } catch (error) {
+      yield { damaged: `${(error as Error).message} (the rest of the file is unread)` };
+    }
+    return;
+  }
   let records: RawRecord[] = [];
   let chars = 0;
-  for await (const record of readRecords(path, format, !threaded)) {
+  for await (const record of readRecords(path, format)) {
     records.push(record);
     chars += record.raw.length;
     if (chars >= 1 << 20 || records.length >= 1024) {
@@ -307,7 +327,7 @@ export async function ingestFiles(files: { file: ExternalFile; seq: number }[], 
       const pool = formats[i] === 'parquet' ? null : threads;
       const blockBytes = pool ? Math.min(1 << 20, Math.max(64 << 10, Math.ceil(sizes[i]! / (2 * pool.size)))) : 1 << 20;
       const reading = fileReading(file, dir, seq, ids, quarantine, reasons, log, signal, shelf, pool);
-      for await (const batch of batchesOf(file.path, formats[i]!, pool !== null, shelf, blockBytes)) yield { reading, batch };
+      for await (const batch of batchesOf(file.path, formats[i]!, shelf, blockBytes)) yield { reading, batch };
       // Its end, once its batches are used.
       yield { reading, batch: null };
     }
@@ -336,9 +356,10 @@ function fileReading(file: ExternalFile, dir: string, seq: number, ids: SessionI
   let untasked = 0;
   let invalidUtf8 = 0;
   let damaged: string | null = null;
-  // Where a record is, and the last one read before a damage: named only when needed (a string a record costs).
-  const whereOf = (given: RawRecord | null, line: number) => (given ? given.where : `line ${line}`);
-  let reached: { given: RawRecord | null; line: number } = { given: null, line: 0 };
+  // Where record `i` of a batch is (its reader's name for it, its element's or its line), and the last one
+  // read before a damage: named only when needed (a string a record costs).
+  const whereOf = (batch: Batch, i: number, line: number) => ('records' in batch ? batch.records[i]!.where : 'elements' in batch ? elementWhere(batch.elements, i * ELEMENT_FIELDS) : `line ${line}`);
+  const reached = { batch: null as Batch | null, i: 0, line: 0 };
   const due = every(1000);
   const stopped = () => `ingest: stopped while reading ${file.name}; the next run reads again every file this run was reading`;
   const quarantineRecord = async (where: string, reason: string, raw: string) => {
@@ -351,7 +372,7 @@ function fileReading(file: ExternalFile, dir: string, seq: number, ids: SessionI
     const bytes = returned ?? ('bytes' in batch ? batch.bytes : null);
     const block = bytes && Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
     const sessionLines = Buffer.from(lines.buffer, lines.byteOffset, lines.byteLength);
-    // A record's text, for the quarantine: its reader's, or its line of the block.
+    // A record's text, for the quarantine: its reader's, or its line's or element's bytes in the block.
     const rawOf = (given: RawRecord | null, r: number) => given?.raw ?? block!.toString('utf8', records[r + RAW_START], records[r + RAW_END]);
     let note = 0;
     let start = 0;
@@ -367,17 +388,18 @@ function fileReading(file: ExternalFile, dir: string, seq: number, ids: SessionI
       if (kind === DAMAGED) {
         // What was read before the damage is kept; the rest of the file is one quarantine entry.
         damaged = notes[note++]!;
-        const at = given?.where ?? (reached.given || reached.line ? `after ${whereOf(reached.given, reached.line)}` : 'before the first record');
+        const at = given?.where ?? (reached.batch ? `after ${whereOf(reached.batch, reached.i, reached.line)}` : 'before the first record');
         log.warn('a damaged file: its records before the damage are kept, the rest is quarantined', { file: file.name, where: at, reason: damaged });
         await quarantineRecord(at, damaged, given?.raw ?? '');
         continue;
       }
-      if (given) reached.given = given;
-      else reached.line = line;
+      reached.batch = batch;
+      reached.i = i;
+      reached.line = line;
       if (records[r + FLAGS]! & NOT_UTF8) invalidUtf8++;
-      if (kind === FAULT) throw new Error(`ingest: ${file.name} ${whereOf(given, line)}: ${notes[note]}`);
+      if (kind === FAULT) throw new Error(`ingest: ${file.name} ${whereOf(batch, i, line)}: ${notes[note]}`);
       if (kind === REASON) {
-        await quarantineRecord(whereOf(given, line), notes[note++]!, rawOf(given, r));
+        await quarantineRecord(whereOf(batch, i, line), notes[note++]!, rawOf(given, r));
         continue;
       }
       const lineStart = start;
@@ -390,7 +412,7 @@ function fileReading(file: ExternalFile, dir: string, seq: number, ids: SessionI
         // where half the records were repeats, parsing and mapping each again took the main thread 0.5 s a 100k.
         const raw = rawOf(given, r);
         const id = leadingSessionId(sessionLines, lineStart, start);
-        await quarantine.write({ file: file.name, where: whereOf(given, line), reason: `duplicate session_id '${id}' (dropped; the first one is kept)`, raw: quarantineText(raw) } satisfies QuarantineRecord);
+        await quarantine.write({ file: file.name, where: whereOf(batch, i, line), reason: `duplicate session_id '${id}' (dropped; the first one is kept)`, raw: quarantineText(raw) } satisfies QuarantineRecord);
         continue;
       }
       if (records[r + FLAGS]! & UNTASKED) untasked++;

@@ -3,8 +3,10 @@ import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { describe, expect, it } from 'vitest';
 import { int, pick, seeded } from '../../core/random.ts';
-import { readJsonArray, readLineBlocks, type RawRecord } from '../../pipeline/records.ts';
-import { tempDir } from '../fixtures/pipeline.ts';
+import { BufferShelf } from '../../pipeline/buffers.ts';
+import { ELEMENT_FIELDS, elementWhere, readElementBlocks, readJsonArray, readLineBlocks, type RawRecord } from '../../pipeline/records.ts';
+import { readBatch, type ReadingOptions } from '../../stages/ingest/segment.ts';
+import { session, tempDir } from '../fixtures/pipeline.ts';
 
 async function all(path: string): Promise<RawRecord[]> {
   const out: RawRecord[] = [];
@@ -58,6 +60,130 @@ describe('JSON array reader', () => {
     await expect(all(join(dir, 'obj.json'))).rejects.toThrow(/obj\.json: line 2: expected a JSON array/);
     writeFileSync(join(dir, 'cut.json'), '[{"a": 1},\n{"a": ');
     await expect(all(join(dir, 'cut.json'))).rejects.toThrow(/cut\.json: line 2: the JSON array is not closed \(the file ends inside element 2\)/);
+  });
+});
+
+/** Every element of the blocks readElementBlocks gives at `size`: where it is and its text; and how many blocks. */
+async function elementsInBlocks(path: string, size: number): Promise<{ blocks: number; elements: { where: string; raw: string }[] }> {
+  const found: { where: string; raw: string }[] = [];
+  let blocks = 0;
+  for await (const { bytes, elements } of readElementBlocks(path, size)) {
+    blocks++;
+    const block = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    for (let e = 0; e < elements.length; e += ELEMENT_FIELDS) {
+      expect(elements[e + 1]!).toBeLessThanOrEqual(bytes.length);
+      found.push({ where: elementWhere(elements, e), raw: block.toString('utf8', elements[e]!, elements[e + 1]!) });
+    }
+  }
+  return { blocks, elements: found };
+}
+
+describe('JSON array blocks', () => {
+  it('cut out the same elements, whole, whatever the block size, with blank of every kind around them', async () => {
+    const rand = seeded('json array blocks');
+    // Strings that end in escaped backslashes or quotes, and long ones, fall across block ends at every size.
+    const pieces = ['plain', 'a "quote"', 'back\\slash\\', 'ünï 🙂', ']}[{,"', 'x'.repeat(700), '\\"', 'tab\t', 'y'.repeat(40) + '\\'.repeat(61) + '"'];
+    // Blank as JavaScript's \s is: ASCII, no-break and ideographic spaces, line separators, byte order marks.
+    const blanks = ['', ' ', '\n', '\r\n  ', '\t', '\u00a0', '\u2028\n', '\u3000', '\ufeff', '\v\f'];
+    let text = '\ufeff ' + pick(rand, blanks) + '[';
+    const expected: { where: string; raw: string }[] = [];
+    for (let i = 0; i < 250; i++) {
+      if (i > 0) text += pick(rand, blanks) + ',' + (i % 37 === 0 ? ' ,' : ''); // now and then a blank element, not counted
+      text += pick(rand, blanks);
+      const value = { i, text: Array.from({ length: int(rand, 1, 3) }, () => pick(rand, pieces)).join(' '), n: [i, { k: ']' }] };
+      const raw = i % 5 === 0 ? JSON.stringify(value, null, 2) : i % 11 === 0 ? `${i}` : JSON.stringify(value);
+      expected.push({ where: `element ${i + 1} (line ${text.split('\n').length})`, raw });
+      text += raw + pick(rand, blanks);
+    }
+    const path = join(tempDir(), 'blocks.json');
+    writeFileSync(path, text + ']' + pick(rand, blanks) + '\u3000\n');
+    // Blocks of 13 bytes are read 13 bytes at a time: every string and blank falls across a read's end somewhere.
+    for (const size of [13, 256, 4096, 1 << 20]) {
+      const { blocks, elements } = await elementsInBlocks(path, size);
+      expect(elements, `blocks of ${size} bytes`).toEqual(expected);
+      if (size <= 4096) expect(blocks).toBeGreaterThan(size <= 256 ? 30 : 5);
+    }
+    const gz = join(tempDir(), 'blocks.json.gz');
+    writeFileSync(gz, gzipSync(text + ']'));
+    expect((await elementsInBlocks(gz, 256)).elements).toEqual(expected);
+  });
+
+  it('give the whole elements before what is not an array, or follows it', async () => {
+    const dir = tempDir();
+    const cases: [string, string, RegExp][] = [
+      ['after', '[1, {"a": [2]} ,\n3] x', /after\.json: line 2: unexpected 'x' after the closing '\]' of the array/],
+      ['comma', '[1, 2],[3]', /line 1: unexpected ',' after the closing/],
+      ['before', '\u00a0\n é[1]', /before\.json: line 2: expected a JSON array of records \('\[' first\), found 'é'/],
+      ['cut', '[1, 2, {"a": "b\\"]', /cut\.json: line 1: the JSON array is not closed \(the file ends inside element 3\)/],
+      ['empty', '\n \u3000', /empty\.json: empty file; expected a JSON array of records/],
+    ];
+    for (const [name, text, error] of cases) {
+      const path = join(dir, `${name}.json`);
+      writeFileSync(path, text);
+      const seen: string[] = [];
+      await expect(
+        (async () => {
+          for await (const { bytes, elements } of readElementBlocks(path, 1)) {
+            for (let e = 0; e < elements.length; e += ELEMENT_FIELDS) seen.push(Buffer.from(bytes).toString('utf8', elements[e]!, elements[e + 1]!));
+          }
+        })(),
+      ).rejects.toThrow(error);
+      expect(seen, name).toEqual({ after: ['1', '{"a": [2]}', '3'], comma: ['1', '2'], before: [], cut: ['1', '2'], empty: [] }[name]);
+    }
+    writeFileSync(join(dir, 'fine.json'), '\ufeff[1]\u3000\u2029 \n');
+    expect((await elementsInBlocks(join(dir, 'fine.json'), 1)).elements).toEqual([{ where: 'element 1 (line 1)', raw: '1' }]);
+  });
+
+  it("are read into the same sessions, reasons and ids as their elements' text read as records", async () => {
+    const o: ReadingOptions = {
+      format: 'json',
+      mapping: { fields: { messages: 'messages', reward: 'reward', feedback: 'feedback', model: 'model', created_at: 'created_at' }, message: { role: 'role', content: 'content', roles: {} }, outOfRangeReward: 'reject' },
+      maxRecordBytes: 4096,
+    };
+    // As a Node logger writes them (their messages kept as stored), as Python does (", " and ": "), pretty,
+    // and bad in every way a record can be.
+    const elements = Array.from({ length: 120 }, (_, i) => {
+      const s = session(i % 9 === 0 ? undefined : `s-${i}`, i % 4 === 0 ? null : `T${i % 7}`, (i % 3) / 2, `answer ${i} — ünï 🙂`);
+      switch (i % 8) {
+        case 1:
+          return JSON.stringify(s).replaceAll('","', '", "').replaceAll('":', '": ');
+        case 2:
+          return JSON.stringify(s, null, 2);
+        case 3:
+          return JSON.stringify({ ...s, reward: 3 });
+        case 4:
+          return JSON.stringify(s).replace('"reward":', '"reward":tru,"x":');
+        case 5:
+          return JSON.stringify({ ...s, messages: [{ role: 'robot', content: 'x' }] });
+        case 6:
+          return JSON.stringify({ ...s, padding: 'y'.repeat(5000) });
+        default:
+          return JSON.stringify(s);
+      }
+    });
+    const bytes = Buffer.from(`[${elements.join(',\n')}]`);
+    bytes[bytes.indexOf('answer 16')] = 0xff; // a byte that is not UTF-8
+    const path = join(tempDir(), 'records.json');
+    writeFileSync(path, bytes);
+    const shelf = new BufferShelf();
+    let asElements = { lines: '', records: [] as number[], notes: [] as string[] };
+    let asRecords = { lines: '', records: [] as number[], notes: [] as string[] };
+    // Outcomes without where a record's text lies (which only a block of bytes has) or its place in the batch.
+    const kept = (records: Uint32Array) => Array.from(records).filter((_, k) => ![1, 2, 3].includes(k % 8));
+    for await (const block of readElementBlocks(path, 1000)) {
+      const records: RawRecord[] = [];
+      const text = Buffer.from(block.bytes.buffer, block.bytes.byteOffset, block.bytes.byteLength);
+      for (let e = 0; e < block.elements.length; e += ELEMENT_FIELDS) records.push({ where: elementWhere(block.elements, e), raw: text.toString('utf8', block.elements[e]!, block.elements[e + 1]!) });
+      const fromRecords = readBatch({ records }, 'records.json', o, shelf);
+      const fromBlock = readBatch(block, 'records.json', o, shelf);
+      asElements = { lines: asElements.lines + Buffer.from(fromBlock.lines).toString(), records: [...asElements.records, ...kept(fromBlock.records)], notes: [...asElements.notes, ...fromBlock.notes] };
+      asRecords = { lines: asRecords.lines + Buffer.from(fromRecords.lines).toString(), records: [...asRecords.records, ...kept(fromRecords.records)], notes: [...asRecords.notes, ...fromRecords.notes] };
+    }
+    expect(asElements).toEqual(asRecords);
+    expect(asRecords.notes.length).toBeGreaterThanOrEqual(45);
+    expect(asRecords.lines.split('\n').length).toBeGreaterThan(60);
+    expect(asRecords.lines).toContain('"source":"records.json element 120 (line');
+    expect(asRecords.records.filter((_, k) => k % 5 === 4).some((flags) => flags & 1)).toBe(true); // the byte that is not UTF-8
   });
 });
 

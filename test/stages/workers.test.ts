@@ -44,7 +44,7 @@ async function inputs(dir: string): Promise<void> {
   writeFileSync(join(dir, 'b.jsonl'), raw);
   const gz = gzipSync(jsonl(Array.from({ length: 2000 }, (_, i) => session(`gz-${i}`, `G${i % 50}`, i % 2, `reply ${(i * 7919) % 10007}`))));
   writeFileSync(join(dir, 'c.jsonl.gz'), gz.subarray(0, Math.floor(gz.length * 0.7)));
-  writeFileSync(join(dir, 'd.json'), JSON.stringify(Array.from({ length: 500 }, (_, i) => (i % 10 === 3 ? { oops: i } : session(`arr-${i}`, `A${i % 20}`, 1)))));
+  writeFileSync(join(dir, 'd.json'), jsonArray().text);
   // Written on Windows: a byte order mark, "\r\n" and, once, a lone "\r".
   const crlf = Array.from({ length: 1500 }, (_, i) => JSON.stringify(session(`w-${i}`, `W${i % 30}`, i % 2, `réponse ${i}`)));
   writeFileSync(join(dir, 'e.jsonl'), '\uFEFF' + crlf.slice(0, 700).join('\r\n') + '\r' + crlf.slice(700).join('\r\n') + '\r\n');
@@ -55,6 +55,23 @@ async function inputs(dir: string): Promise<void> {
     const small = Array.from({ length: 40 }, (_, i) => session(i % 13 === 0 ? `s-${f * 40 + i}` : `g${f}-${i}`, `G${(f * 40 + i) % 37}`, i % 2, `small ${f} ${i}`));
     writeFileSync(join(dir, `g-${String(f).padStart(2, '0')}.jsonl`), jsonl(small));
   }
+}
+
+/**
+ * A JSON array, some of it pretty-printed, with blank elements (every seventh element is followed by one)
+ * and blank around them; and the line each of its sessions starts on (every tenth element is not one).
+ */
+function jsonArray(): { text: string; sessionLines: number[] } {
+  let text = '[';
+  const sessionLines: number[] = [];
+  for (let i = 0; i < 500; i++) {
+    if (i > 0) text += ',';
+    if (i % 7 === 0) text += '\n ';
+    if (i % 10 !== 3) sessionLines.push(text.split('\n').length);
+    text += JSON.stringify(i % 10 === 3 ? { oops: i } : session(`arr-${i}`, `A${i % 20}`, 1), null, i % 4 === 0 ? 2 : undefined);
+    if (i % 7 === 0) text += '\u00a0, ';
+  }
+  return { text: text + ']', sessionLines };
 }
 
 /** The config reading `inputs`' files from `root` ('' for the working folder). */
@@ -79,6 +96,11 @@ describe('the data stages on worker threads', () => {
     const sources = readFileSync(join(one, 'workspace', 'ingest', 'sessions', windows), 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { source: string }).source);
     expect(sources.length).toBe(1500);
     expect([sources[0], sources[700], sources[1499]].map((s) => s.replace(/^.*\//, ''))).toEqual(['e.jsonl line 1', 'e.jsonl line 701', 'e.jsonl line 1500']);
+    const array = readdirSync(join(one, 'workspace', 'ingest', 'sessions')).find((f) => f.startsWith('00003-'))!;
+    const elements = readFileSync(join(one, 'workspace', 'ingest', 'sessions', array), 'utf8').trim().split('\n').map((l) => (JSON.parse(l) as { source: string }).source.replace(/^.*\//, ''));
+    const { sessionLines } = jsonArray();
+    const numbers = Array.from({ length: 500 }, (_, i) => i + 1).filter((n) => n % 10 !== 4);
+    expect(elements).toEqual(numbers.map((n, k) => `d.json element ${n} (line ${sessionLines[k]})`));
     expect(counts.quarantined).toBeGreaterThan(100);
     expect(counts.duplicates).toBeGreaterThan(50);
     expect(manifest(three, 'ingest').counts).toEqual(counts);
