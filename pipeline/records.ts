@@ -1,5 +1,5 @@
 // Readers of input records (logged sessions, imported pairs): JSONL, a JSON array, or Parquet, each streamed record by record.
-import { open } from 'node:fs/promises';
+import { closeSync, fstatSync, openSync, read, readSync } from 'node:fs';
 import { readLines, openText } from './jsonl.ts';
 import { BufferShelf } from './buffers.ts';
 
@@ -189,7 +189,8 @@ const GZ_READ = 1 << 20;
  * start of a line a block cuts is carried over to the next.
  */
 async function* readPlainLineBlocks(path: string, size: number, shelf = new BufferShelf(0)): AsyncGenerator<LineBlock> {
-  const file = await open(path, 'r');
+  const file = openSync(path, 'r');
+  const read = readerOf(file);
   let carried: Uint8Array = new Uint8Array(0);
   let firstLine = 1;
   try {
@@ -197,7 +198,7 @@ async function* readPlainLineBlocks(path: string, size: number, shelf = new Buff
       const block = shelf.take(carried.length + size);
       block.set(carried);
       // `size` bytes read, whatever room the block has past them (a shelf's buffer may be larger).
-      const { bytesRead } = await file.read(block, carried.length, size, null);
+      const bytesRead = await read(block, carried.length, size);
       const filled = carried.length + bytesRead;
       // A line longer than a block is carried on until its newline comes.
       const cut = bytesRead === 0 ? filled : block.lastIndexOf(10, filled - 1) + 1;
@@ -213,8 +214,22 @@ async function* readPlainLineBlocks(path: string, size: number, shelf = new Buff
       if (bytesRead === 0) return;
     }
   } finally {
-    await file.close();
+    closeSync(file);
   }
+}
+
+/** Files this small are read without the thread pool (readerOf). */
+const SMALL_FILE = 1 << 20;
+
+/**
+ * Reads of an open file at its position, each as `fs.read` makes it on the thread pool, or, for a file of a
+ * MiB or less, at once on this thread: where a night brings hundreds of small files, each read's round trip
+ * to the pool and back (on two busy cores) added up to most of the time (100k sessions in 500 files of
+ * 300 KiB took ingest 1.5 s, in one file 0.75 s).
+ */
+export function readerOf(fd: number): (into: Uint8Array, at: number, length: number) => Promise<number> {
+  if (fstatSync(fd).size <= SMALL_FILE) return (into, at, length) => Promise.resolve(readSync(fd, into, at, length, null));
+  return (into, at, length) => new Promise((resolve, reject) => read(fd, into, at, length, null, (error, bytesRead) => (error ? reject(error) : resolve(bytesRead))));
 }
 
 /** The elements of a JSON array, one at a time (readElementBlocks cuts them out). */
