@@ -17,7 +17,7 @@ const ENTRIES = { cli: 'pipeline/cli.ts', stages: 'stages/index.ts' };
  * What worker threads run, each a file of its own with all it imports (no chunks): a thread started in
  * 32-36 ms where it took 52-62 loading the 15 chunks the pairs stage's worker needed.
  */
-const WORKERS = { 'ingest-worker': 'stages/ingest/worker.ts', 'pairs-worker': 'stages/pairs/worker.ts', 'judge-worker': 'stages/judge/worker.ts', 'export-worker': 'stages/export/worker.ts' };
+const WORKERS = { 'ingest-worker': 'stages/ingest/worker.ts', 'pairs-worker': 'stages/pairs/worker.ts', 'judge-worker': 'stages/judge/worker.ts', 'export-worker': 'stages/export/worker.ts', 'parquet-worker': 'pipeline/parquet-worker.ts' };
 
 /** The folder of the bundle made from the sources as they are now, or null. */
 function current() {

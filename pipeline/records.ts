@@ -59,6 +59,21 @@ export async function* readRecords(path: string, format: InputFormat, parse = tr
   }
 }
 
+/** Records in batches of about 1 MiB of text, or 1,024 records. */
+export async function* recordBatches(records: AsyncIterable<RawRecord>): AsyncGenerator<RawRecord[]> {
+  let batch: RawRecord[] = [];
+  let chars = 0;
+  for await (const record of records) {
+    batch.push(record);
+    chars += record.raw.length;
+    if (chars >= 1 << 20 || batch.length >= 1024) {
+      yield batch;
+      [batch, chars] = [[], 0];
+    }
+  }
+  if (batch.length) yield batch;
+}
+
 /** A record's value, or why its text is not JSON. */
 export function parseRecord(where: string, raw: string): RawRecord {
   try {
@@ -227,7 +242,7 @@ const SMALL_FILE = 1 << 20;
  * to the pool and back (on two busy cores) added up to most of the time (100k sessions in 500 files of
  * 300 KiB took ingest 1.5 s, in one file 0.75 s).
  */
-export function readerOf(fd: number): (into: Uint8Array, at: number, length: number) => Promise<number> {
+function readerOf(fd: number): (into: Uint8Array, at: number, length: number) => Promise<number> {
   if (fstatSync(fd).size <= SMALL_FILE) return (into, at, length) => Promise.resolve(readSync(fd, into, at, length, null));
   return (into, at, length) => new Promise((resolve, reject) => read(fd, into, at, length, null, (error, bytesRead) => (error ? reject(error) : resolve(bytesRead))));
 }

@@ -4,7 +4,7 @@ import { existsSync } from 'node:fs';
 import { availableParallelism } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { Worker, parentPort, workerData } from 'node:worker_threads';
+import { Worker, parentPort, workerData, type ResourceLimits } from 'node:worker_threads';
 import { BufferShelf } from './buffers.ts';
 
 /**
@@ -58,15 +58,16 @@ export class WorkerPool<In, Out> {
    * `entry` names the module in the executable's bundle (bin/bundle.js, which tells its folder in
    * PREFAB_BUNDLE_DIR); `module` is its source, run through tsx where there is no bundle. `init` is what
    * the module's `serveBatches` maker gets. `moves` names the buffers of a batch that move to its thread
-   * rather than being copied (the thread may send them back with its result).
+   * rather than being copied (the thread may send them back with its result). `limits`: the threads' heap,
+   * where not as the stages' threads have it.
    */
-  constructor(entry: string, module: URL, size: number, init: unknown, private readonly moves: (batch: In) => ArrayBuffer[] = () => []) {
+  constructor(entry: string, module: URL, size: number, init: unknown, private readonly moves: (batch: In) => ArrayBuffer[] = () => [], limits: ResourceLimits = {}) {
     const bundle = process.env.PREFAB_BUNDLE_DIR ? join(process.env.PREFAB_BUNDLE_DIR, `${entry}.js`) : null;
     const script = bundle && existsSync(bundle) ? bundle : fileURLToPath(new URL('./worker-entry.mjs', import.meta.url));
     this.inFlight = new Array<number>(size).fill(0);
     this.workers = Array.from({ length: size }, (_, w) => {
       // A young generation of 16 MB (V8's default is 3 × 16): a thread's memory settles as soon as it starts.
-      const worker = new Worker(script, { workerData: { module: module.href, init }, resourceLimits: { maxYoungGenerationSizeMb: 16 } });
+      const worker = new Worker(script, { workerData: { module: module.href, init }, resourceLimits: { maxYoungGenerationSizeMb: 16, ...limits } });
       worker.on('message', (reply: Reply<Out>) => {
         this.inFlight[w]!--;
         for (const buffer of reply.moved ?? []) this.madeBy.set(buffer, w);

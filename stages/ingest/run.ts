@@ -71,18 +71,24 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
   let added = 0;
   let quarantined = 0;
   let duplicates = 0;
-  for (const result of await ingestFiles(toRead, reading, join(out, 'sessions'), ids, quarantine, reasons, log, signal, options.workers)) {
+  const broken: string[] = [];
+  // A test's smaller heap for the thread that reads a Parquet file.
+  const parquetHeapMb = typeof options.parquetHeapMb === 'number' ? options.parquetHeapMb : undefined;
+  for (const result of await ingestFiles(toRead, reading, join(out, 'sessions'), ids, quarantine, reasons, log, signal, options.workers, parquetHeapMb)) {
     files.push(result);
     added += result.sessions;
     quarantined += result.quarantined;
     duplicates += result.duplicates;
+    if (result.damaged) broken.push(`${result.name}: ${result.damaged}`);
   }
   await quarantine.close();
   // Duplicates are not counted: a file delivered twice is a normal night.
   const read = added + quarantined;
   if (read > 0 && quarantined / read > cfg.max_quarantined) {
     const common = [...reasons].sort((a, b) => b[1] - a[1]).slice(0, 3).map(([r, n]) => `${n} × ${r}`).join('; ');
-    throw new PipelineError(`ingest: ${quarantined} of ${read} new records (${Math.round((100 * quarantined) / read)}%) were quarantined, more than ingest.max_quarantined (${cfg.max_quarantined}); the most common reasons: ${common}. Check ingest.mapping against the input, or raise ingest.max_quarantined`);
+    // A damaged file's reason is its own (a .gz cut short, a Parquet row group too large for memory), told whole.
+    const damage = broken.length > 0 ? ` Damaged: ${broken.join('; ')}.` : '';
+    throw new PipelineError(`ingest: ${quarantined} of ${read} new records (${Math.round((100 * quarantined) / read)}%) were quarantined, more than ingest.max_quarantined (${cfg.max_quarantined}); the most common reasons: ${common}.${damage} Check ingest.mapping against the input, or raise ingest.max_quarantined`);
   }
   await ids.save(join(out, 'ids.bin'));
   const index: IngestIndex = { reading_hash: readingHash, files };

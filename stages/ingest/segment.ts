@@ -13,7 +13,7 @@ import { SessionIdSet } from './id-set.ts';
 import { RecordError, toSession, type MappingOptions } from './mapping.ts';
 import { storedReader, type StoredReader } from './canonical.ts';
 import type { Session } from '../../core/records.ts';
-import { ELEMENT_FIELDS, detectFormat, elementWhere, forEachLine, parseRecord, quarantineText, readElementBlocks, readLineBlocks, readRecords, type ElementBlock, type InputFormat, type LineBlock, type RawRecord } from '../../pipeline/records.ts';
+import { ELEMENT_FIELDS, detectFormat, elementWhere, forEachLine, parseRecord, quarantineText, readElementBlocks, readLineBlocks, type ElementBlock, type InputFormat, type LineBlock, type RawRecord } from '../../pipeline/records.ts';
 import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
 
 export interface QuarantineRecord {
@@ -207,13 +207,14 @@ function readOne(given: RawRecord, fileName: string, o: ReadingOptions): RecordO
 /**
  * A file's work in batches: a JSONL file as blocks of whole lines, a JSON array as blocks of whole elements
  * (about 1 MiB: a thread's share worth sending, and the main thread never decodes a record it only writes);
- * Parquet as records, in batches of about 1 MiB of text (or 1,024 records). A record a batch on this thread
- * took a buffer of lines each: 100k sessions from Parquet took 31 s, 12 s of it collecting garbage, against
- * 16.6 s so (their memory is the Parquet reader's: docs/stages.md). A JSON array came as records too, its
+ * Parquet as records, in batches of about 1 MiB of text (or 1,024 records), read on a thread of their own
+ * (readParquetBatches: a row group is decoded whole, and one too large for memory ends that thread, not the
+ * process). A record a batch took a buffer of lines each: 100k sessions from Parquet took 31 s, 12 s of it
+ * collecting garbage, against 16.6 s so (docs/stages.md). A JSON array came as records too, its
  * text decoded and cut out on this thread a character at a time: 100k sessions took ingest 2.3 s against
  * 0.75 s as JSONL.
  */
-async function* batchesOf(path: string, format: InputFormat, shelf: BufferShelf, blockBytes: number): AsyncGenerator<Batch> {
+async function* batchesOf(path: string, format: InputFormat, shelf: BufferShelf, blockBytes: number, parquetHeapMb?: number): AsyncGenerator<Batch> {
   if (format === 'jsonl') {
     yield* readLineBlocks(path, blockBytes, shelf);
     return;
@@ -226,18 +227,8 @@ async function* batchesOf(path: string, format: InputFormat, shelf: BufferShelf,
     }
     return;
   }
-  let records: RawRecord[] = [];
-  let chars = 0;
-  for await (const record of readRecords(path, format)) {
-    records.push(record);
-    chars += record.raw.length;
-    if (chars >= 1 << 20 || records.length >= 1024) {
-      yield { records };
-      records = [];
-      chars = 0;
-    }
-  }
-  if (records.length) yield { records };
+  const { readParquetBatches } = await import('../../pipeline/parquet.ts'); // the Parquet libraries only when a file is Parquet
+  for await (const records of readParquetBatches(path, parquetHeapMb)) yield { records };
 }
 
 /** What a worker thread of ingest is started with. */
@@ -312,7 +303,7 @@ interface FileReading {
  * 1.5 s (one file of them all: 0.75 s; what is left is each file's opening and closing on this thread, which
  * threads do not shorten).
  */
-export async function ingestFiles(files: { file: ExternalFile; seq: number }[], o: ReadingOptions, dir: string, ids: SessionIdSet, quarantine: JsonlWriter, reasons: Map<string, number>, log: Logger, signal: AbortSignal, workers: unknown): Promise<IngestedFile[]> {
+export async function ingestFiles(files: { file: ExternalFile; seq: number }[], o: ReadingOptions, dir: string, ids: SessionIdSet, quarantine: JsonlWriter, reasons: Map<string, number>, log: Logger, signal: AbortSignal, workers: unknown, parquetHeapMb?: number): Promise<IngestedFile[]> {
   // A file whose format cannot be told stops the stage before any is read.
   const formats = files.map(({ file }) => {
     const format = formatOf(file, o);
@@ -330,7 +321,7 @@ export async function ingestFiles(files: { file: ExternalFile; seq: number }[], 
       const pool = formats[i] === 'parquet' ? null : threads;
       const blockBytes = pool ? Math.min(1 << 20, Math.max(64 << 10, Math.ceil(total / (2 * pool.size)))) : 1 << 20;
       const reading = fileReading(file, dir, seq, ids, quarantine, reasons, log, signal, shelf, pool);
-      for await (const batch of batchesOf(file.path, formats[i]!, shelf, blockBytes)) yield { reading, batch };
+      for await (const batch of batchesOf(file.path, formats[i]!, shelf, blockBytes, parquetHeapMb)) yield { reading, batch };
       // Its end, once its batches are used.
       yield { reading, batch: null };
     }

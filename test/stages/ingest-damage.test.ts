@@ -2,9 +2,10 @@
 // short, an empty .json), records nested 10,000 levels deep or larger than ingest.max_record_bytes, and bytes
 // that are not UTF-8 are quarantined with their file, place and reason while every good record is kept; and
 // a run whose records are mostly bad fails, saying why.
-import { writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
+import { DuckDBInstance } from '@duckdb/node-api';
 import { describe, expect, it } from 'vitest';
 import type { QuarantineRecord } from '../../stages/ingest/segment.ts';
 import { sessionSegments } from '../../stages/layout.ts';
@@ -62,6 +63,43 @@ describe('ingest on damaged inputs', () => {
     expect(m.counts.files_damaged).toBe(4);
     expect(m.counts.invalid_utf8).toBe(1);
     expect(m.summary).toMatch(/4 damaged file\(s\) read up to the damage/);
+  });
+
+  it('reports a Parquet file whose row group takes more memory than its thread may have, and goes on', async () => {
+    const dir = tempDir();
+    writeFileSync(join(dir, 'good.jsonl'), jsonl(Array.from({ length: 40 }, (_, i) => session(`good-${i}`, 'A', i % 2))));
+    // 20,000 sessions in one row group (as pyarrow writes up to a million rows), read by a thread given 64 MB,
+    // where hyparquet holds some twenty times a row group's 40 MB uncompressed; and a small file after it.
+    const db = await DuckDBInstance.create(':memory:');
+    const sql = (rows: number, name: string) =>
+      `COPY (SELECT 'pq-' || i AS session_id, 'T' || (i % 50) AS task_id, (i % 2)::DOUBLE AS reward, [{'role': 'user', 'content': repeat('x', 2000) || i}, {'role': 'assistant', 'content': 'done ' || i}] AS messages FROM range(${rows}) t(i)) TO '${join(dir, name)}' (FORMAT parquet, ROW_GROUP_SIZE ${rows})`;
+    await (await db.connect()).run(sql(20_000, 'large.parquet'));
+    await (await db.connect()).run(sql(30, 'small.parquet'));
+    const outcomes = await engineFor(dir, 'ingest:\n  inputs: [.]\n  max_quarantined: 0.9\n', { parquetHeapMb: 64 }).run(ingestOnly);
+    expect(outcomes[0]!.action, outcomes[0]!.error).toBe('ran');
+    const q = await collect<QuarantineRecord>(join(dir, 'workspace', 'ingest', 'quarantine.jsonl'));
+    expect(q).toEqual([
+      expect.objectContaining({
+        file: expect.stringMatching(/large\.parquet$/),
+        where: 'before the first record',
+        reason: expect.stringMatching(/large\.parquet: reading it ran out of memory: a row group is read whole, and its largest holds 20000 rows, 4\d MB uncompressed; write the file with smaller row groups \(DuckDB: .*ROW_GROUP_SIZE.*\(the rest of the file is unread\)$/),
+      }),
+    ]);
+    const ids = await ingestedIds(dir);
+    expect(ids.filter((id) => id.startsWith('good-'))).toHaveLength(40);
+    expect(ids.filter((id) => id.startsWith('pq-'))).toHaveLength(30);
+    expect(manifest(dir, 'ingest').counts).toMatchObject({ files_damaged: 1, sessions: 70 });
+    // Where that is too much to lose, the run fails and tells the damage whole.
+    const strict = tempDir();
+    writeFileSync(join(strict, 'large.parquet'), readFileSync(join(dir, 'large.parquet')));
+    const [failed] = await engineFor(strict, 'ingest:\n  inputs: [.]\n', { parquetHeapMb: 64 }).run(ingestOnly);
+    expect(failed!.action).toBe('failed');
+    expect(failed!.error).toMatch(/1 of 1 new records \(100%\) were quarantined.* Damaged: \S*large\.parquet: \S*large\.parquet: reading it ran out of memory: .* give Node more memory \(NODE_OPTIONS=--max-old-space-size=MB\) \(the rest of the file is unread\)\./);
+    // With the memory it needs, the same file is read whole.
+    const again = tempDir();
+    writeFileSync(join(again, 'large.parquet'), readFileSync(join(dir, 'large.parquet')));
+    await engineFor(again, 'ingest:\n  inputs: [.]\n').run(ingestOnly);
+    expect(manifest(again, 'ingest').counts).toMatchObject({ files_damaged: 0, sessions: 20_000 });
   });
 
   it('fails the run, saying why, when more of the new records are quarantined than ingest.max_quarantined allows', async () => {
