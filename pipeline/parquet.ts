@@ -5,7 +5,7 @@ import { gzipSync } from 'node:zlib';
 import { asyncBufferFromFile, parquetMetadataAsync, parquetReadObjects, toJson, type SchemaElement } from 'hyparquet';
 import { compressors } from 'hyparquet-compressors';
 import { ParquetWriter, fileWriter } from 'hyparquet-writer';
-import type { RawRecord } from './records.ts';
+import { parseRecord, type RawRecord } from './records.ts';
 import { WorkerPool } from './workers.ts';
 
 /**
@@ -44,6 +44,11 @@ export async function* readParquetBatches(path: string, heapMb?: number): AsyncG
   } finally {
     await reader.close();
   }
+}
+
+/** readParquetBatches' records one at a time, each with its value (parsed from its text where it came without). */
+export async function* readParquetRecords(path: string): AsyncGenerator<RawRecord> {
+  for await (const records of readParquetBatches(path)) for (const r of records) yield r.value !== undefined || r.damaged ? r : parseRecord(r.where, r.raw);
 }
 
 /** Batches asked of a Parquet file's thread ahead of the one being used. */

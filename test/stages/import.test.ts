@@ -89,4 +89,20 @@ describe('the import stage', () => {
     expect(imported.length).toBeGreaterThan(0);
     expect(imported.every((p) => 'rules' in p.verdicts && p.judge !== 'imported')).toBe(true);
   });
+  it('reads the same pairs from a Parquet file, on a thread of its own, as from the JSONL it was written from', async () => {
+    const dir = tempDir();
+    writeFileSync(join(dir, 'logs.jsonl'), jsonl([session('s1', 'A', 1), session('s2', 'A', 0)]));
+    const db = await DuckDBInstance.create(':memory:');
+    await (await db.connect()).run(`COPY (SELECT * FROM read_json('${join(SAMPLE, 'trl.jsonl')}', format = 'newline_delimited')) TO '${join(dir, 'trl.parquet')}' (FORMAT parquet)`);
+    const imported = async (input: string) => {
+      const at = tempDir();
+      await engineFor(at, `ingest:\n  inputs: [${join(dir, 'logs.jsonl')}]\nimport:\n  inputs: [${input}]\n`).run({ until: 'import' });
+      const pairs = [...(await collect<Pair>(join(at, 'workspace', 'import', 'train.jsonl'))), ...(await collect<Pair>(join(at, 'workspace', 'import', 'test.jsonl')))];
+      return { counts: manifest(at, 'import').counts, pairs: pairs.map((p) => JSON.stringify([p.prompt, p.chosen, p.rejected])).sort() };
+    };
+    const [fromJsonl, fromParquet] = [await imported(join(SAMPLE, 'trl.jsonl')), await imported(join(dir, 'trl.parquet'))];
+    expect(fromParquet.pairs.length).toBe(fromJsonl.counts.train! + fromJsonl.counts.test!);
+    expect(fromParquet.pairs.length).toBeGreaterThan(3);
+    expect(fromParquet).toEqual(fromJsonl);
+  });
 });
