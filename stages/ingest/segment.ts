@@ -269,8 +269,8 @@ function contentBytes(file: ExternalFile): number {
 
 /**
  * The threads that read files of `bytes` (as contentBytes has them) in all, JSONL and JSON, started once for
- * all of them; none where there is one thread, or nothing but Parquet (its rows come as values, read on this
- * thread). A JSONL file or JSON array is read in blocks of at most 1 MiB, and of about half a thread's share of
+ * all of them; none where there is one thread, or nothing but Parquet (read on a thread of its own, its
+ * records mapped on this one). A JSONL file or JSON array is read in blocks of at most 1 MiB, and of about half a thread's share of
  * all the files where that is smaller, so that every thread works on small input too. A million sessions in
  * 200 files of 8 MiB (when a file needed 16 MiB to be read on threads of its own) took ingest 12 s on this
  * thread alone, and take 5.6-6.3 s on two. (Blocks of a share of each file's own bytes cut 500 files of 300
