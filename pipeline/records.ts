@@ -205,10 +205,10 @@ const GZ_READ = 1 << 20;
  */
 async function* readPlainLineBlocks(path: string, size: number, shelf = new BufferShelf(0)): AsyncGenerator<LineBlock> {
   const file = openSync(path, 'r');
-  const read = readerOf(file);
   let carried: Uint8Array = new Uint8Array(0);
   let firstLine = 1;
   try {
+    const read = readerOf(file);
     for (;;) {
       const block = shelf.take(carried.length + size);
       block.set(carried);
