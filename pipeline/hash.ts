@@ -9,6 +9,7 @@ import { open } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import xxhash from 'xxhash-wasm';
 import { BufferShelf } from './buffers.ts';
+import { SMALL_FILE } from './records.ts';
 
 /** xxhash-wasm's functions, once its WebAssembly (a few KB) is instantiated: in each thread that imports this. */
 const xxh = await xxhash();
@@ -72,9 +73,6 @@ export async function outputChecksum(path: string, now: { size: number; mtimeMs:
 
 /** Reads of a file being hashed: this many in flight, of this many bytes each. */
 const [AHEAD, READ] = [3, 2 << 20];
-
-/** A file this small is hashed from one read. */
-const SMALL_FILE = 1 << 20;
 
 /**
  * Feeds a file's bytes to `hash` in order, the next reads already under way while one is hashed: the

@@ -1,11 +1,11 @@
 // A worker thread that reads one Parquet file's records for readParquetBatches (parquet.ts), a batch each time
 // it is asked. hyparquet decodes a row group whole, so a large one takes its memory here: a thread that runs
 // out of it ends, and the file is reported, where the process itself used to end.
-import { readRecords, recordBatches, type RawRecord } from './records.ts';
+import { readParquetHere, recordBatches, type RawRecord } from './records.ts';
 import { serveBatches } from './workers.ts';
 
 serveBatches((init: { path: string }) => {
-  const batches = recordBatches(readRecords(init.path, 'parquet'));
+  const batches = recordBatches(readParquetHere(init.path));
   return async (): Promise<RawRecord[] | null> => {
     const next = await batches.next();
     if (next.done) return null;

@@ -44,10 +44,19 @@ export const quarantineText = (raw: string) => (raw.length > 65536 ? `${raw.slic
 /**
  * The records of a file, one at a time. A file that cannot be read to its end yields what came before the
  * damage, then one last record (`damaged`) that says where reading stopped and why, instead of throwing:
- * one bad file never stops the others.
+ * one bad file never stops the others. Parquet is read on a thread of its own (readParquetRecords), where a
+ * row group too large for memory ends that thread, not the process.
  */
 export async function* readRecords(path: string, format: InputFormat, parse = true): AsyncGenerator<RawRecord> {
-  const records = format === 'jsonl' ? readJsonlRecords(path, parse) : format === 'json' ? readJsonArray(path, parse) : parquetRecords(path);
+  if (format === 'parquet') return yield* (await import('./parquet.ts')).readParquetRecords(path); // the Parquet libraries only when a file is Parquet
+  yield* untilDamaged(format === 'jsonl' ? readJsonlRecords(path, parse) : readJsonArray(path, parse));
+}
+
+/** A Parquet file's records read on this thread, as readRecords gives records: on the thread readParquetRecords reads it on. */
+export const readParquetHere = (path: string) => untilDamaged(parquetRecords(path));
+
+/** `records` up to a failure, which becomes a last record, `damaged`, saying where and why. */
+async function* untilDamaged(records: AsyncIterable<RawRecord>): AsyncGenerator<RawRecord> {
   let reached = 'before the first record';
   try {
     for await (const record of records) {
@@ -233,8 +242,8 @@ async function* readPlainLineBlocks(path: string, size: number, shelf = new Buff
   }
 }
 
-/** Files this small are read without the thread pool (readerOf). */
-const SMALL_FILE = 1 << 20;
+/** Files this small are read at once on the thread that wants them, not through the thread pool (readerOf; hash.ts's hashThrough). */
+export const SMALL_FILE = 1 << 20;
 
 /**
  * Reads of an open file at its position, each as `fs.read` makes it on the thread pool, or, for a file of a
@@ -475,6 +484,6 @@ class ArrayScanner {
 }
 
 async function* parquetRecords(path: string): AsyncGenerator<RawRecord> {
-  const { readParquetRows } = await import('./parquet.ts'); // the Parquet libraries only when a file is Parquet
+  const { readParquetRows } = await import('./parquet.ts');
   for await (const { row, value } of readParquetRows(path)) yield { where: `row ${row}`, value, raw: JSON.stringify(value) };
 }

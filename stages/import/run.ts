@@ -27,9 +27,7 @@ export async function run({ config: cfg, out, external, log, signal }: StageCont
   for (const file of external) {
     const fileFormat: InputFormat | null = cfg.file_format === 'auto' ? detectFormat(file.path) : cfg.file_format;
     if (!fileFormat) throw new UsageError(`${file.name}: cannot tell its format from the name; use .jsonl, .json or .parquet, or set import.file_format`);
-    // Parquet on a thread of its own, whose running out of memory on a large row group ends only it (ingest's reader).
-    const records = fileFormat === 'parquet' ? (await import('../../pipeline/parquet.ts')).readParquetRecords(file.path) : readRecords(file.path, fileFormat);
-    for await (const record of records) {
+    for await (const record of readRecords(file.path, fileFormat)) {
       if (due()) await safePoint(signal, () => `import: stopped while reading ${file.name}; the next run reads every file again`);
       if (!record.damaged) counts.records!++;
       let read;
