@@ -10,7 +10,7 @@
 // It ends with two judges that report 0.96 confidence whatever they know: one flipping a coin, one right 90% of
 // the time, and what the gate keeps of each once it has measured them.
 import { writeFileSync } from 'node:fs';
-import { mkdtemp } from 'node:fs/promises';
+import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { parseArgs } from 'node:util';
@@ -145,6 +145,7 @@ async function measure(bias: number, noise: number, answer = scripted(bias, nois
   await engine().run({ force: 'judge' });
   const rerun = server.requests.length - requests;
   await server.close();
+  await rm(dir, { recursive: true, force: true });
   return {
     bias,
     noise,

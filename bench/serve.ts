@@ -9,7 +9,7 @@
 // random model of the default run's shape (4 layers, width 128, vocabulary 1024) with a tokenizer trained here.
 // Usage: npm run bench:serve [-- --model workspace/dapo/model --requests 48]
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Command } from 'commander';
@@ -109,8 +109,10 @@ await level('agent', 2, 4); // warm-up: weights, the tool constraint, the first 
 const results: Level[] = [];
 for (const workload of ['agent', 'decode'] as const) for (const clients of opts.levels.split(',').map(Number)) results.push(await level(workload, clients, Number(opts.requests)));
 server.kill('SIGTERM');
+await new Promise((done) => server.once('close', done));
+rmSync(dir, { recursive: true, force: true });
 
-process.stdout.write(`model: ${folder}\n${Number(opts.requests)} requests a level; prompts of the system prompt and a user request; replies of at most ${opts.maxTokens} tokens\n\n`);
+process.stdout.write(`model: ${folder.startsWith(dir) ? 'a random model of the bench shape (removed)' : folder}\n${Number(opts.requests)} requests a level; prompts of the system prompt and a user request; replies of at most ${opts.maxTokens} tokens\n\n`);
 process.stdout.write('| workload | clients | tokens/s | × 1 client | tokens a reply | requests/s | p50 latency | p95 latency |\n|---|---|---|---|---|---|---|---|\n');
 const rate = (r: Level) => r.tokens / r.seconds;
 for (const r of results) {

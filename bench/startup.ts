@@ -3,14 +3,15 @@
 // --runs runs each, interleaved so that a busy machine slows all alike. Goal: status ≤ 0.3 s over Node.
 // Usage: npm run bench:startup [-- --runs 15]
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdtempSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Command } from 'commander';
 
 const opts = new Command().option('--runs <n>', 'runs of each command', '15').parse().opts<{ runs: string }>();
 const BIN = join(import.meta.dirname, '..', 'bin', 'prefab.js');
-const workdir = join(mkdtempSync(join(tmpdir(), 'prefab-bench-startup-')), 'workspace');
+const dir = mkdtempSync(join(tmpdir(), 'prefab-bench-startup-'));
+const workdir = join(dir, 'workspace');
 
 // prefab as `npx prefab` runs it: bin/prefab.js as a program (sh starts node on it, its first line).
 const commands: [string, string, string[]][] = [
@@ -33,6 +34,8 @@ for (let run = 0; run < Number(opts.runs); run++) {
     if (TIME) peaks.set(name, Math.max(peaks.get(name) ?? 0, Number(r.stderr.trim().split('\n').at(-1)) / 1024));
   }
 }
+
+rmSync(dir, { recursive: true, force: true });
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const base = median(times.get("node -e ''")!);
