@@ -40,7 +40,7 @@ export const ingest = defineStage({
   description: 'read logged sessions, validate them, quarantine bad records, drop duplicates',
   version: 3,
   inputs: [],
-  outputs: ['sessions', 'quarantine.jsonl', 'index.json', 'ids.bin'],
+  outputs: ['sessions', 'tasks', 'quarantine.jsonl', 'index.json', 'ids.bin'],
   config,
   external: (cfg, configDir) => resolveInputs(cfg.inputs, configDir),
 

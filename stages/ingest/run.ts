@@ -1,12 +1,13 @@
 // The ingest stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
 // ingest: logged sessions (JSONL, JSON array, Parquet; files, folders, globs) → validated Session segments.
 // Incremental: a file whose content was ingested before is skipped, a new one becomes a new segment.
+import { existsSync } from 'node:fs';
 import { copyFile, link, mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { hashJson, sha256File } from '../../pipeline/hash.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
-import { readIngestIndex, type IngestIndex, type IngestedFile } from '../layout.ts';
+import { readIngestIndex, taskRunsFile, type IngestIndex, type IngestedFile } from '../layout.ts';
 import { SessionIdSet } from './id-set.ts';
 import { ingestFiles, readSegmentIds, type ReadingOptions } from './segment.ts';
 
@@ -28,13 +29,14 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
   if (prior && !reuse) log.warn('the way records are read changed (mapping, format or reward policy): every present file is ingested again');
 
   await mkdir(join(out, 'sessions'), { recursive: true });
+  await mkdir(join(out, 'tasks'), { recursive: true });
   const files: IngestedFile[] = [];
   let ids = new SessionIdSet();
   const quarantinePath = join(out, 'quarantine.jsonl');
   if (reuse && previous) {
     // Earlier segments are immutable: hard links cost nothing. The quarantine is appended to, so it is copied.
     for (const f of prior.files) {
-      await link(join(previous, 'sessions', f.segment), join(out, 'sessions', f.segment));
+      await linkSegment(previous, out, f.segment);
       files.push(f);
     }
     await copyFile(join(previous, 'quarantine.jsonl'), quarantinePath);
@@ -45,7 +47,7 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
     for (const f of orphans) {
       // Its source file is gone, so it cannot be read again: keep the sessions as they were made.
       log.warn('kept a segment whose source file is gone, as read with the earlier settings', { file: f.name, sessions: f.sessions });
-      await link(join(previous, 'sessions', f.segment), join(out, 'sessions', f.segment));
+      await linkSegment(previous, out, f.segment);
       files.push(f);
       for await (const s of readSegmentIds(join(previous, 'sessions', f.segment))) ids.add(s);
     }
@@ -74,7 +76,7 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
   const broken: string[] = [];
   // A test's smaller heap for the thread that reads a Parquet file.
   const parquetHeapMb = typeof options.parquetHeapMb === 'number' ? options.parquetHeapMb : undefined;
-  for (const result of await ingestFiles(toRead, reading, join(out, 'sessions'), ids, quarantine, reasons, log, signal, options.workers, parquetHeapMb)) {
+  for (const result of await ingestFiles(toRead, reading, out, ids, quarantine, reasons, log, signal, options.workers, parquetHeapMb)) {
     files.push(result);
     added += result.sessions;
     quarantined += result.quarantined;
@@ -107,6 +109,12 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
       (damaged ? `; ${damaged} damaged file(s) read up to the damage (quarantine.jsonl says where)` : '') +
       (invalidUtf8 ? `; ${invalidUtf8} record(s) with bytes that are not UTF-8` : ''),
   };
+}
+
+/** An earlier segment and its tasks file (none where an ingest from before them wrote none), hard-linked into `out`. */
+async function linkSegment(previous: string, out: string, segment: string): Promise<void> {
+  await link(join(previous, 'sessions', segment), join(out, 'sessions', segment));
+  if (existsSync(taskRunsFile(previous, segment))) await link(taskRunsFile(previous, segment), taskRunsFile(out, segment));
 }
 
 /**

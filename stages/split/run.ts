@@ -2,7 +2,7 @@
 // split: gives sessions without task_id a task by request similarity, then puts every task wholly on the
 // train or the test side by a stable hash, in buckets by task so that pairing reads one bucket at a time.
 // A bucket file points at runs of ingest's lines rather than copying the sessions (stages/layout.ts).
-import { closeSync, openSync, readSync } from 'node:fs';
+import { closeSync, existsSync, fstatSync, openSync, readSync } from 'node:fs';
 import { mkdir, writeFile } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import { fnv1a, unitHash } from '../../pipeline/hash.ts';
@@ -13,7 +13,7 @@ import { forEachLine } from '../../pipeline/records.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import type { Session, Split, SplitSession } from '../../core/records.ts';
 import { joinFolders, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
-import { SPLITS, bucketFile, bucketOf, leadingTaskId, readIngestIndex, sessionRunLine, sessionSegments, sessionTail, type SessionRun, type SplitInfo } from '../layout.ts';
+import { SPLITS, bucketFile, bucketOf, leadingTaskId, readIngestIndex, readTaskRuns, sessionRunLine, sessionSegments, sessionTail, taskRunsFile, type SessionRun, type SplitInfo } from '../layout.ts';
 import { TaskMatcher, requestText } from './similarity.ts';
 
 import type { ShardPart, StageContext, StageReport } from '../../pipeline/stage.ts';
@@ -32,37 +32,43 @@ const PLACED_TASKS = 256;
 const slotOf = (task: string) => fnv1a(task) & (PLACED_TASKS - 1);
 
 /**
- * The lines of a segment, block by block: each line's start and end in `bytes` (without its newline), two
- * numbers a line in `lines`, and where `bytes` starts in the file. A block is valid until the next is asked
+ * The lines of an open segment (of its bytes `from` to `to`, which start and end lines), block by block:
+ * each line's start and end in `bytes` (without its newline), two numbers a line in `lines`, and where
+ * `bytes` starts in the file. A block is valid until the next is asked
  * for: it is read into again. Not readLineBlocks (pipeline/records.ts): a run needs where its lines lie in
  * the file, and a segment (never gzip, no byte order mark) is read faster with readSync in 4 MiB blocks than
  * through the thread pool in 1 MiB ones, on a stage that does nothing else meanwhile. Every segment is read
  * into the same buffer (`into`, grown where a line is longer): at 500 segments of 300 KiB, a buffer each took
  * split 0.9 s against 0.25 for one segment of them all.
  */
-async function* segmentLines(path: string, into: { buffer: Buffer }): AsyncGenerator<{ bytes: Buffer; base: number; lines: number[] }> {
-  const file = openSync(path, 'r');
+function* segmentLines(file: number, into: { buffer: Buffer }, from = 0, to = Infinity): Generator<{ bytes: Buffer; base: number; lines: number[] }> {
   let { buffer } = into;
-  let base = 0;
+  let base = from;
   let held = 0;
-  try {
-    for (;;) {
-      if (held === buffer.length) into.buffer = buffer = Buffer.concat([buffer, Buffer.allocUnsafeSlow(buffer.length)]);
-      const bytesRead = readSync(file, buffer, held, buffer.length - held, base + held);
-      const filled = held + bytesRead;
-      // A line is whole once its newline is read (or the file ends): a block ends after the last newline.
-      const cut = bytesRead === 0 ? filled : buffer.lastIndexOf(10, filled - 1) + 1;
-      if (cut > 0) {
-        const bytes = buffer.subarray(0, cut);
-        const lines: number[] = [];
-        forEachLine(bytes, (start, end) => end > start && lines.push(start, end));
-        yield { bytes, base, lines };
-      }
-      if (bytesRead === 0) return;
-      buffer.copy(buffer, 0, cut, filled);
-      base += cut;
-      held = filled - cut;
+  for (;;) {
+    if (held === buffer.length) into.buffer = buffer = Buffer.concat([buffer, Buffer.allocUnsafeSlow(buffer.length)]);
+    const bytesRead = readSync(file, buffer, held, Math.min(buffer.length - held, to - base - held), base + held);
+    const filled = held + bytesRead;
+    // A line is whole once its newline is read (or the range ends): a block ends after the last newline.
+    const cut = bytesRead === 0 ? filled : buffer.lastIndexOf(10, filled - 1) + 1;
+    if (cut > 0) {
+      const bytes = buffer.subarray(0, cut);
+      const lines: number[] = [];
+      forEachLine(bytes, (start, end) => end > start && lines.push(start, end));
+      yield { bytes, base, lines };
     }
+    if (bytesRead === 0) return;
+    buffer.copy(buffer, 0, cut, filled);
+    base += cut;
+    held = filled - cut;
+  }
+}
+
+/** A segment open for reading while `use` runs. */
+async function withSegment<T>(path: string, use: (file: number) => Promise<T>): Promise<T> {
+  const file = openSync(path, 'r');
+  try {
+    return await use(file);
   } finally {
     closeSync(file);
   }
@@ -104,18 +110,20 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   if (untasked > 0) {
     const known = new Set<string>();
     for (const segment of segments) {
-      for await (const { bytes, base, lines } of segmentLines(segment, reading)) {
-        for (let k = 0; k < lines.length; k += 2) {
-          const start = lines[k]!;
-          const end = lines[k + 1]!;
-          const task = leadingTaskId(bytes, start, end);
-          if (task === null || (task !== undefined && known.has(task))) continue;
-          const s = parseSession(bytes, start, end, segment, base);
-          if (s.task_id === null || known.has(s.task_id)) continue;
-          known.add(s.task_id);
-          matcher.add(s.task_id, requestText(s.messages));
+      await withSegment(segment, async (fd) => {
+        for (const { bytes, base, lines } of segmentLines(fd, reading)) {
+          for (let k = 0; k < lines.length; k += 2) {
+            const start = lines[k]!;
+            const end = lines[k + 1]!;
+            const task = leadingTaskId(bytes, start, end);
+            if (task === null || (task !== undefined && known.has(task))) continue;
+            const s = parseSession(bytes, start, end, segment, base);
+            if (s.task_id === null || known.has(s.task_id)) continue;
+            known.add(s.task_id);
+            matcher.add(s.task_id, requestText(s.messages));
+          }
         }
-      }
+      });
     }
   }
 
@@ -151,63 +159,103 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   // and remembered in a slot of PLACED_TASKS for where a few tasks' sessions lie apart: 20 tasks in 1M
   // sessions split in 1.8-2.0 s against 2.8-2.9 (with 250,000 tasks shuffled, 3.0-3.3 against 3.1-3.2).
   type Placed = { task: string | null; side: Split; file: BucketOut | undefined };
-  const placed: (Placed | undefined)[] = new Array(PLACED_TASKS).fill(undefined);
+  const slots: (Placed | undefined)[] = new Array(PLACED_TASKS).fill(undefined);
   let last: Placed = { task: null, side: 'train', file: undefined };
+  const place = (taskId: string) => {
+    if (last.task === taskId) return;
+    const slot = slotOf(taskId);
+    let placed = slots[slot];
+    if (placed?.task !== taskId) {
+      const side = unitHash(taskId, `split:${cfg.salt}`) < cfg.test_ratio ? 'test' : 'train';
+      slots[slot] = placed = { task: taskId, side, file: files.get(`${side}/${bucketOf(taskId, buckets)}`) };
+    }
+    last = placed;
+  };
+  // Ingest's lines `from` to `to` of segment `name`, `sessions` of them, all of the task placed last and as
+  // ingest wrote them (JSON objects ending in '}', their newlines included): pointed at, on the file's run
+  // when they come straight after it in the same segment.
+  const pointAt = async (name: string, from: number, to: number, sessions: number) => {
+    const file = last.file;
+    // Not this shard's bucket: no file was opened for it.
+    if (!file) return;
+    counts[last.side === 'train' ? 'train_sessions' : 'test_sessions'] += sessions;
+    if (file.run && file.run.ingest === name && file.run.bytes[1] === from) {
+      file.run.bytes[1] = to;
+      file.run.sessions += sessions;
+      return;
+    }
+    await endRun(file);
+    file.run = { ingest: name, bytes: [from, to], sessions, split: last.side };
+  };
+  // A block of a segment's lines, each read for its task (and parsed where the head does not tell it, or
+  // the session has none and is matched to one).
+  const takeLines = async ({ bytes, base, lines }: { bytes: Buffer; base: number; lines: number[] }, segment: string, name: string) => {
+    for (let k = 0; k < lines.length; k += 2) {
+      const start = lines[k]!;
+      const end = lines[k + 1]!;
+      let s: Session | null = null;
+      let taskMatch: SplitSession['task_match'] = null;
+      let taskId = leadingTaskId(bytes, start, end);
+      // A line read by its head is parsed all the same when it does not end as a JSON object: it is
+      // written whole then, never with its last byte taken for a closing brace.
+      if (taskId === undefined || bytes[end - 1] !== 0x7d) taskId = (s = parseSession(bytes, start, end, segment, base)).task_id;
+      if (taskId === null) {
+        s ??= parseSession(bytes, start, end, segment, base);
+        const m = matcher.assign(requestText(s.messages));
+        taskId = m.task_id;
+        taskMatch = { score: m.score, kind: m.kind };
+      }
+      place(taskId);
+      if (s === null && bytes[end] === 10) {
+        await pointAt(name, base + start, base + end + 1, 1);
+        continue;
+      }
+      const file = last.file;
+      if (!file) continue;
+      if (taskMatch) counts[taskMatch.kind === 'matched_task' ? 'matched_to_task' : 'new_groups']++;
+      counts[last.side === 'train' ? 'train_sessions' : 'test_sessions']++;
+      await endRun(file);
+      await room(file, end - start + 64);
+      // JSON.stringify of { ...s, split, task_match: null } when s is the line's session (the segment's last
+      // line, without its newline), as the line ends in '}'.
+      if (s === null) file.lines.pushBytes(bytes.subarray(start, end - 1), sessionTail(last.side));
+      else file.lines.push(JSON.stringify({ ...s, task_id: taskId, split: last.side, task_match: taskMatch } satisfies SplitSession));
+    }
+  };
+  const stopped = () => 'split: stopped before it had put every session in its bucket; the next run does it again';
+  const segmentBytes = new Map(index.files.map((f) => [f.segment, f.segment_bytes]));
   for (const segment of segments) {
     const name = basename(segment);
-    for await (const { bytes, base, lines } of segmentLines(segment, reading)) {
-      await safePoint(signal, () => 'split: stopped before it had put every session in its bucket; the next run does it again');
-      progress.tick(lines.length / 2);
-      for (let k = 0; k < lines.length; k += 2) {
-        const start = lines[k]!;
-        const end = lines[k + 1]!;
-        let s: Session | null = null;
-        let taskMatch: SplitSession['task_match'] = null;
-        let taskId = leadingTaskId(bytes, start, end);
-        // A line read by its head is parsed all the same when it does not end as a JSON object: it is
-        // written whole then, never with its last byte taken for a closing brace.
-        if (taskId === undefined || bytes[end - 1] !== 0x7d) taskId = (s = parseSession(bytes, start, end, segment, base)).task_id;
-        if (taskId === null) {
-          s ??= parseSession(bytes, start, end, segment, base);
-          const m = matcher.assign(requestText(s.messages));
-          taskId = m.task_id;
-          taskMatch = { score: m.score, kind: m.kind };
+    const runsFile = taskRunsFile(input('ingest'), name);
+    await withSegment(segment, async (fd) => {
+      const size = fstatSync(fd).size;
+      const written = segmentBytes.get(name);
+      if (written !== undefined && written !== size) log.warn('a segment is not the size ingest wrote: its lines are read for their tasks, not its tasks file', { segment: name, bytes: size, written });
+      // An ingest from before tasks files, or a segment changed since: every line is read for its task.
+      if (written !== size || !existsSync(runsFile)) {
+        for (const block of segmentLines(fd, reading)) {
+          await safePoint(signal, stopped);
+          progress.tick(block.lines.length / 2);
+          await takeLines(block, segment, name);
         }
-        if (last.task !== taskId) {
-          const slot = slotOf(taskId);
-          let place = placed[slot];
-          if (place?.task !== taskId) {
-            const side = unitHash(taskId, `split:${cfg.salt}`) < cfg.test_ratio ? 'test' : 'train';
-            placed[slot] = place = { task: taskId, side, file: files.get(`${side}/${bucketOf(taskId, buckets)}`) };
-          }
-          last = place!;
-        }
-        // Not this shard's bucket: no file was opened for it.
-        const file = last.file;
-        if (!file) continue;
-        if (taskMatch) counts[taskMatch.kind === 'matched_task' ? 'matched_to_task' : 'new_groups']++;
-        counts[last.side === 'train' ? 'train_sessions' : 'test_sessions']++;
-        // A line as ingest wrote it (a JSON object ending in '}', its newline read) is pointed at: it goes on
-        // the file's run when it comes straight after it in the same segment.
-        if (s === null && bytes[end] === 10) {
-          const [from, to] = [base + start, base + end + 1];
-          if (file.run && file.run.ingest === name && file.run.bytes[1] === from) {
-            file.run.bytes[1] = to;
-            file.run.sessions++;
-          } else {
-            await endRun(file);
-            file.run = { ingest: name, bytes: [from, to], sessions: 1, split: last.side };
-          }
-          continue;
-        }
-        await endRun(file);
-        await room(file, end - start + 64);
-        // JSON.stringify of { ...s, split, task_match: null } when s is the line's session (the segment's last
-        // line, without its newline), as the line ends in '}'.
-        if (s === null) file.lines.pushBytes(bytes.subarray(start, end - 1), sessionTail(last.side));
-        else file.lines.push(JSON.stringify({ ...s, task_id: taskId, split: last.side, task_match: taskMatch } satisfies SplitSession));
+        return;
       }
-    }
+      // A run of one task is placed at once; only the sessions without a task are read (and matched).
+      let at = 0;
+      for await (const runs of readTaskRuns(runsFile)) {
+        await safePoint(signal, stopped);
+        for (const [task, sessions, bytes] of runs) {
+          progress.tick(sessions);
+          if (task === null) for (const block of segmentLines(fd, reading, at, at + bytes)) await takeLines(block, segment, name);
+          else {
+            place(task);
+            await pointAt(name, at, at + bytes, sessions);
+          }
+          at += bytes;
+        }
+      }
+      if (at !== size) throw new PipelineError(`${runsFile}: its runs add up to ${at} bytes, and ${segment} has ${size}; ingest wrote them together, so one was changed since: run \`prefab stage ingest\``);
+    });
   }
   for (const file of files.values()) await endRun(file);
   progress.done();

@@ -5,7 +5,7 @@ import { DuckDBInstance } from '@duckdb/node-api';
 import { describe, expect, it } from 'vitest';
 import xxhash from 'xxhash-wasm';
 import type { QuarantineRecord } from '../../stages/ingest/segment.ts';
-import { sessionSegments } from '../../stages/layout.ts';
+import { sessionSegments, taskRunsFile } from '../../stages/layout.ts';
 import type { Session } from '../../core/records.ts';
 import { collect, engineFor, jsonl, manifest, session, tempDir, wholePairs } from '../fixtures/pipeline.ts';
 
@@ -138,6 +138,8 @@ describe('ingest', () => {
     await engineFor(dir, cfg).run(ingestOnly);
     const [firstSegment] = await sessionSegments(join(dir, 'workspace', 'ingest'));
     const inode = statSync(firstSegment!).ino;
+    const tasksFile = taskRunsFile(join(dir, 'workspace', 'ingest'), basename(firstSegment!));
+    const tasksInode = statSync(tasksFile).ino;
 
     writeFileSync(join(dir, 'inbox', 'day2.jsonl'), jsonl([session('d2-a', 'B', 1), session('d1-a', 'A', 1)]));
     const outcomes = await engineFor(dir, cfg).run(ingestOnly);
@@ -146,6 +148,9 @@ describe('ingest', () => {
     const segments = await sessionSegments(join(dir, 'workspace', 'ingest'));
     expect(segments).toHaveLength(2);
     expect(statSync(segments[0]!).ino).toBe(inode);
+    // Each segment's tasks file beside it (layout.ts TaskRun), the earlier one linked as its segment is.
+    expect(statSync(tasksFile).ino).toBe(tasksInode);
+    expect(segments.map((s) => readFileSync(taskRunsFile(join(dir, 'workspace', 'ingest'), basename(s)), 'utf8'))).toEqual(['["A",2,' + statSync(segments[0]!).size + ']\n', '["B",1,' + statSync(segments[1]!).size + ']\n']);
     expect((await ingested(dir)).map((s) => s.session_id)).toEqual(['d1-a', 'd1-b', 'd2-a']);
   });
 

@@ -1,11 +1,11 @@
-import { readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import type { SplitSession } from '../../core/records.ts';
+import type { Session, SplitSession } from '../../core/records.ts';
 import { int, pick, seeded } from '../../core/random.ts';
 import { sha256 } from '../../pipeline/hash.ts';
 import { TaskMatcher, jaccard, shingles } from '../../stages/split/similarity.ts';
-import { StoredBucketReader, sessionRunLine, type SessionRun } from '../../stages/layout.ts';
+import { StoredBucketReader, sessionRunLine, type IngestIndex, type SessionRun, type TaskRun } from '../../stages/layout.ts';
 import { collect, engineFor, jsonl, manifest, session, splitLines, tempDir } from '../fixtures/pipeline.ts';
 
 async function splitSessions(dir: string): Promise<SplitSession[]> {
@@ -99,6 +99,62 @@ describe('split', () => {
     expect(runs).toBeLessThanOrEqual(30 + 40);
     expect(runs).toBeLessThan(pointed / 2);
     expect((await splitLines(dir)).map((l) => (JSON.parse(l) as SplitSession).session_id).sort()).toEqual(records.map((r) => r.session_id).sort());
+  });
+
+  it("places the runs of ingest's tasks files as reading every line does, and says which tasks file was changed", async () => {
+    const dir = tempDir();
+    // Two input files (two segments): tasks in runs and in turn, untasked sessions among them, repeated ids
+    // (dropped, so a run goes on over them), ids and tasks that need escapes.
+    const day1 = [];
+    for (let t = 0; t < 40; t++) for (let k = 0; k < 3; k++) day1.push(session(`t${t}-${k}`, `task-${t}`, k === 0 ? 1 : 0, `answer ${t} ${k}`));
+    for (let k = 0; k < 30; k++) day1.push(session(`i${k}`, `turn-${k % 3}`, k % 2), ...(k % 7 === 0 ? [session(undefined, null, 0.5, `untasked ${k}`)] : []));
+    day1.push(session('t3-1', 'task-3', 1), session('q"1', 'ünï "task"\\', 1), session('q"2', 'ünï "task"\\', 0));
+    const day2 = [session('t5-0', 'task-5', 0), session('late-1', 'task-5', 1), session('late-2', null, 0), session('late-3', 'task-41', 1)];
+    writeFileSync(join(dir, 'day1.jsonl'), jsonl(day1));
+    writeFileSync(join(dir, 'day2.jsonl'), jsonl(day2));
+    const engine = engineFor(dir, 'ingest:\n  inputs: [day1.jsonl, day2.jsonl]\nsplit:\n  test_ratio: 0.3\n  bucket_size: 16\n');
+    await engine.run({ until: 'split' });
+    const ingest = join(dir, 'workspace', 'ingest');
+    const segments = readdirSync(join(ingest, 'sessions')).sort();
+    expect(segments).toHaveLength(2);
+    expect(readdirSync(join(ingest, 'tasks')).sort()).toEqual(segments);
+    const index = JSON.parse(readFileSync(join(ingest, 'index.json'), 'utf8')) as IngestIndex;
+    // A segment's tasks file is its lines' tasks in runs, as the lines themselves tell them.
+    for (const segment of segments) {
+      const bytes = readFileSync(join(ingest, 'sessions', segment));
+      const runs: TaskRun[] = [];
+      for (const line of bytes.toString('utf8').split('\n').slice(0, -1)) {
+        const task = (JSON.parse(line) as Session).task_id;
+        const run = runs.at(-1);
+        if (run && run[0] === task) {
+          run[1]++;
+          run[2] += Buffer.byteLength(line) + 1;
+        } else runs.push([task, 1, Buffer.byteLength(line) + 1]);
+      }
+      expect(readFileSync(join(ingest, 'tasks', segment), 'utf8')).toBe(jsonl(runs));
+      expect(index.files.find((f) => f.segment === segment)!.segment_bytes).toBe(bytes.length);
+    }
+    const split = () => Object.fromEntries(readdirSync(join(dir, 'workspace', 'split', 'sessions')).map((f) => [f, readFileSync(join(dir, 'workspace', 'split', 'sessions', f), 'utf8')]));
+    const fromRuns = split();
+    expect(manifest(dir, 'split').counts).toMatchObject({ train_sessions: expect.any(Number), untasked: 6 });
+    const counts = manifest(dir, 'split').counts;
+    // Without the tasks files (an ingest from before them), every line is read: the same buckets, byte for byte.
+    const runsOf = Object.fromEntries(segments.map((s) => [s, readFileSync(join(ingest, 'tasks', s))]));
+    rmSync(join(ingest, 'tasks'), { recursive: true });
+    await engine.run({ from: 'split', until: 'split', force: 'split' });
+    expect(split()).toEqual(fromRuns);
+    expect(manifest(dir, 'split').counts).toEqual(counts);
+    // A tasks file changed (one run a byte short) while its segment was not: the error names it and what to run.
+    mkdirSync(join(ingest, 'tasks'));
+    for (const s of segments) writeFileSync(join(ingest, 'tasks', s), runsOf[s]!);
+    const changed = join(ingest, 'tasks', segments[0]!);
+    writeFileSync(changed, readFileSync(changed, 'utf8').replace(/,(\d+)\]\n/, (_, n: string) => `,${Number(n) - 1}]\n`));
+    const [outcome] = await engine.run({ from: 'split', until: 'split', force: 'split' });
+    expect(outcome!.action).toBe('failed');
+    expect(outcome!.error).toMatch(/tasks\/00000-[0-9a-f]{12}\.jsonl: its runs add up to \d+ bytes, and .*00000-[0-9a-f]{12}\.jsonl has \d+; .*run `prefab stage ingest`/);
+    writeFileSync(changed, '["task-0",3]\n');
+    const [again] = await engine.run({ from: 'split', until: 'split', force: 'split' });
+    expect(again!.error).toMatch(/tasks\/00000-[0-9a-f]{12}\.jsonl line 1: not a task run \(\[task, sessions, bytes\]\).*run `prefab stage ingest`/);
   });
 
   it('says which bucket line to make again when what it points at is not what ingest holds', async () => {

@@ -18,6 +18,7 @@ function ingested(dir: string): Record<string, string> {
   const hash = (path: string) => createHash('sha256').update(readFileSync(path)).digest('hex');
   const out: Record<string, string> = { 'quarantine.jsonl': hash(join(root, 'quarantine.jsonl')), 'ids.bin': hash(join(root, 'ids.bin')) };
   for (const f of readdirSync(join(root, 'sessions'))) out[f] = hash(join(root, 'sessions', f));
+  for (const f of readdirSync(join(root, 'tasks'))) out[`tasks/${f}`] = hash(join(root, 'tasks', f));
   const index = JSON.parse(readFileSync(join(root, 'index.json'), 'utf8')) as { files: { ingested_at?: string; name?: string }[] };
   out['index.json'] = JSON.stringify(index.files.map(({ ingested_at: _, name: __, ...f }) => f));
   return out;
