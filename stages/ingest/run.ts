@@ -88,9 +88,10 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
   const read = added + quarantined;
   if (read > 0 && quarantined / read > cfg.max_quarantined) {
     const common = [...reasons].sort((a, b) => b[1] - a[1]).slice(0, 3).map(([r, n]) => `${n} × ${r}`).join('; ');
-    // A damaged file's reason is its own (a .gz cut short, a Parquet row group too large for memory), told whole.
-    const damage = broken.length > 0 ? ` Damaged: ${broken.join('; ')}.` : '';
-    throw new PipelineError(`ingest: ${quarantined} of ${read} new records (${Math.round((100 * quarantined) / read)}%) were quarantined, more than ingest.max_quarantined (${cfg.max_quarantined}); the most common reasons: ${common}.${damage} Check ingest.mapping against the input, or raise ingest.max_quarantined`);
+    // A damaged file's reason is its own (a .gz cut short, a Parquet row group too large for memory), told
+    // whole and not among the common ones.
+    const told = [common && ` the most common reasons: ${common}.`, broken.length > 0 && ` Damaged: ${broken.join('; ')}.`].filter(Boolean).join('');
+    throw new PipelineError(`ingest: ${quarantined} of ${read} new records (${Math.round((100 * quarantined) / read)}%) were quarantined, more than ingest.max_quarantined (${cfg.max_quarantined});${told} Check ingest.mapping against the input, or raise ingest.max_quarantined`);
   }
   await ids.save(join(out, 'ids.bin'));
   const index: IngestIndex = { reading_hash: readingHash, files };

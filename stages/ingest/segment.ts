@@ -377,10 +377,13 @@ function fileReading(file: ExternalFile, out: string, seq: number, ids: SessionI
   const reached = { batch: null as Batch | null, i: 0, line: 0 };
   const due = every(1000);
   const stopped = () => `ingest: stopped while reading ${file.name}; the next run reads again every file this run was reading`;
-  const quarantineRecord = async (where: string, reason: string, raw: string) => {
+  // A damaged file's reason is not counted among the common ones: a failing run tells it whole (run.ts).
+  const quarantineRecord = async (where: string, reason: string, raw: string, counted = true) => {
     quarantined++;
-    const kind = reason.replace(/\d+/g, '#').replace(/'[^']*'/g, "'…'").slice(0, 100);
-    reasons.set(kind, (reasons.get(kind) ?? 0) + 1);
+    if (counted) {
+      const kind = reason.replace(/\d+/g, '#').replace(/'[^']*'/g, "'…'").slice(0, 100);
+      reasons.set(kind, (reasons.get(kind) ?? 0) + 1);
+    }
     await quarantine.write({ file: file.name, where, reason, raw: quarantineText(raw) } satisfies QuarantineRecord);
   };
   const use = async ({ records, notes, tasks: batchTasks, lines, block: returned }: BatchOutcome, batch: Batch) => {
@@ -403,10 +406,12 @@ function fileReading(file: ExternalFile, out: string, seq: number, ids: SessionI
       const kind = records[r + KIND];
       if (kind === DAMAGED) {
         // What was read before the damage is kept; the rest of the file is one quarantine entry.
-        damaged = notes[note++]!;
+        // Its reader's message may start with the file's path: the quarantine and the log name the file.
+        const reason = notes[note++]!;
+        damaged = reason.startsWith(`${file.path}: `) ? reason.slice(file.path.length + 2) : reason;
         const at = given?.where ?? (reached.batch ? `after ${whereOf(reached.batch, reached.i, reached.line)}` : 'before the first record');
         log.warn('a damaged file: its records before the damage are kept, the rest is quarantined', { file: file.name, where: at, reason: damaged });
-        await quarantineRecord(at, damaged, given?.raw ?? '');
+        await quarantineRecord(at, damaged, given?.raw ?? '', false);
         continue;
       }
       reached.batch = batch;
