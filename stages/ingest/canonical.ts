@@ -19,17 +19,23 @@ const REPLACEMENT_CHARACTER = Buffer.from('\uFFFD');
  * tool_calls, tool_call_id; a tool call {id, type: "function", function: {name, arguments}} with a name; a
  * tool message with its tool_call_id. A string has no escape but \" \\ \b \f \n \r \t, and \u00xx (lower
  * case) for the other control characters. It is matched against the bytes read as Latin-1 (a character a
- * byte), so anything from 0x80 up passes here and the bytes are checked to be UTF-8 apart. A string is matched
- * one character a step, never a run: a nested quantifier would backtrack without end on one that does not match.
+ * byte), so anything from 0x80 up passes here and the bytes are checked to be UTF-8 apart. A string is a run
+ * of plain characters, then escapes each followed by a run ("unrolling the loop"): an escape starts with a
+ * backslash, which no plain character is, so there is one way to match a string and a string that does not
+ * match is given up in time linear in its length (runs that could also split, `(?:plain+|escape)*`, would
+ * backtrack without end). 2.4 µs a session of the simulator's against 2.9 matched a character a step.
  */
 function messagesGrammar(space: string): RegExp {
-  const char = String.raw`(?:[^"\\\x00-\x1f]|\\["\\bfnrt]|\\u00(?:0[0-7bef]|1[0-9a-f]))`;
-  const string = `"${char}*"`;
+  const plain = String.raw`[^"\\\x00-\x1f]`;
+  const escape = String.raw`\\["\\bfnrt]|\\u00(?:0[0-7bef]|1[0-9a-f])`;
+  const string = `"${plain}*(?:(?:${escape})${plain}*)*"`;
+  // A name is not empty: its first character is not the closing quote.
+  const nonEmpty = `"(?!")${plain}*(?:(?:${escape})${plain}*)*"`;
   const key = (name: string) => `"${name}"${space}:${space}`;
   const comma = `${space},${space}`;
   const open = (bracket: string) => `\\${bracket}${space}`;
   const close = (bracket: string) => `${space}\\${bracket}`;
-  const call = `${open('{')}${key('id')}${string}${comma}${key('type')}"function"${comma}${key('function')}${open('{')}${key('name')}"${char}+"${comma}${key('arguments')}${string}${close('}')}${close('}')}`;
+  const call = `${open('{')}${key('id')}${string}${comma}${key('type')}"function"${comma}${key('function')}${open('{')}${key('name')}${nonEmpty}${comma}${key('arguments')}${string}${close('}')}${close('}')}`;
   const optional = `(?:${comma}${key('name')}${string})?(?:${comma}${key('tool_calls')}${open('[')}${call}(?:${comma}${call})*${close(']')})?`;
   const content = `${comma}${key('content')}(?:null|${string})${optional}`;
   const message = `${open('{')}${key('role')}(?:"(?:system|user|assistant)"${content}(?:${comma}${key('tool_call_id')}${string})?|"tool"${content}${comma}${key('tool_call_id')}${string})${close('}')}`;
