@@ -246,8 +246,13 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
         await safePoint(signal, stopped);
         for (const [task, sessions, bytes] of runs) {
           progress.tick(sessions);
-          if (task === null) for (const block of segmentLines(fd, reading, at, at + bytes)) await takeLines(block, segment, name);
-          else {
+          if (task === null) {
+            // Many sessions without a task may follow one another (all of them, in some logs): a block at a time.
+            for (const block of segmentLines(fd, reading, at, at + bytes)) {
+              await safePoint(signal, stopped);
+              await takeLines(block, segment, name);
+            }
+          } else {
             place(task);
             await pointAt(name, at, at + bytes, sessions);
           }
