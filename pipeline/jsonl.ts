@@ -98,6 +98,14 @@ export class JsonlWriter {
     const s = await stat(this.path);
     rememberChecksum(this.path, this.sum.digest(), s.size, s.mtimeMs);
   }
+
+  /** Closes the file without writing what is still held (a stage that failed: its folder is discarded). */
+  async abort(): Promise<void> {
+    if (this.stream.closed) return;
+    const closed = once(this.stream, 'close');
+    this.stream.destroy();
+    await closed;
+  }
 }
 
 /**

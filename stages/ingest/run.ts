@@ -76,7 +76,14 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
   const broken: string[] = [];
   // A test's smaller heap for the thread that reads a Parquet file.
   const parquetHeapMb = typeof options.parquetHeapMb === 'number' ? options.parquetHeapMb : undefined;
-  for (const result of await ingestFiles(toRead, reading, out, ids, quarantine, reasons, log, signal, options.workers, parquetHeapMb)) {
+  let results: IngestedFile[];
+  try {
+    results = await ingestFiles(toRead, reading, out, ids, quarantine, reasons, log, signal, options.workers, parquetHeapMb);
+  } catch (error) {
+    await quarantine.abort(); // the stage failed: its folder is discarded
+    throw error;
+  }
+  for (const result of results) {
     files.push(result);
     added += result.sessions;
     quarantined += result.quarantined;

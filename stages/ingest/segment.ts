@@ -299,6 +299,8 @@ interface FileReading {
   use(outcome: BatchOutcome, batch: Batch): Promise<void>;
   /** Its end: what it became, and its segment's closing (awaited once every file is read). */
   done(): { file: IngestedFile; closed: Promise<void> };
+  /** Its files closed as they are, where the stage failed while reading it. */
+  abort(): Promise<void>;
 }
 
 /**
@@ -330,29 +332,33 @@ export async function ingestFiles(files: { file: ExternalFile; seq: number }[], 
       // Parquet rows come as values, not text: they are read on this thread.
       const pool = formats[i] === 'parquet' ? null : threads;
       const blockBytes = pool ? Math.min(1 << 20, Math.max(64 << 10, Math.ceil(total / (2 * pool.size)))) : 1 << 20;
-      const reading = fileReading(file, out, seq, ids, quarantine, reasons, log, signal, shelf, pool);
-      for await (const batch of batchesOf(file.path, formats[i]!, shelf, blockBytes, parquetHeapMb)) yield { reading, batch };
+      const begun = fileReading(file, out, seq, ids, quarantine, reasons, log, signal, shelf, pool);
+      reading.add(begun);
+      for await (const batch of batchesOf(file.path, formats[i]!, shelf, blockBytes, parquetHeapMb)) yield { reading: begun, batch };
       // Its end, once its batches are used.
-      yield { reading, batch: null };
+      yield { reading: begun, batch: null };
     }
   }
   const here = ({ reading, batch }: Job) => (batch ? readBatch(batch, reading.file.name, o, shelf) : null);
   const work = threads ? { size: threads.size, run: (job: Job) => (job.batch && job.reading.pool ? threads.run({ batch: job.batch, fileName: job.reading.file.name }) : Promise.resolve(here(job))) } : here;
   const ingested: IngestedFile[] = [];
   const closing: Promise<void>[] = [];
+  // Files begun and not done: where the stage fails, their segment and tasks file are closed as they are.
+  const reading = new Set<FileReading>();
   try {
-    await inOrder(jobs(), work, async (outcome, { reading, batch }) => {
-      if (batch) await reading.use(outcome!, batch);
+    await inOrder(jobs(), work, async (outcome, job) => {
+      if (job.batch) await job.reading.use(outcome!, job.batch);
       else {
         // Its segment is closed meanwhile: waiting for each of hundreds of small files' took a third of the time.
-        const { file, closed } = reading.done();
+        const { file, closed } = job.reading.done();
+        reading.delete(job.reading);
         ingested.push(file);
         closing.push(closed);
       }
     });
   } finally {
     await threads?.close();
-    await Promise.allSettled(closing);
+    await Promise.allSettled([...closing, ...[...reading].map((r) => r.abort())]);
   }
   await Promise.all(closing);
   return ingested;
@@ -459,7 +465,10 @@ function fileReading(file: ExternalFile, out: string, seq: number, ids: SessionI
     log.info('ingested', { file: file.name, sessions: writer.count, quarantined, duplicates });
     return { closed, file: { name: file.name, xxh64: file.xxh64, segment, segment_bytes: writer.bytes, sessions: writer.count, untasked, quarantined, duplicates, invalid_utf8: invalidUtf8, damaged, ingested_at: new Date().toISOString() } };
   };
-  return { file, pool, use, done };
+  const abort = async () => {
+    await Promise.allSettled([writer.abort(), tasks.abort()]);
+  };
+  return { file, pool, use, done, abort };
 }
 
 /**
@@ -500,6 +509,10 @@ class TaskRunsWriter {
     this.run = null;
     await this.drain(0);
     await this.writer.close();
+  }
+
+  abort(): Promise<void> {
+    return this.writer.abort();
   }
 }
 

@@ -92,11 +92,13 @@ function parseSession(bytes: Buffer, start: number, end: number, segment: string
 type BucketOut = { writer: JsonlWriter; lines: LineBuffer; run: SessionRun | null };
 
 /**
- * On a shard, every session is still read and every untasked one matched (a task is decided over all the
- * data), but only the buckets the shard owns are written and counted. Sessions are read as bytes: one with a
- * task goes into its bucket file as where its line lies in ingest's segment, consecutive lines of a segment
- * that go to one bucket file as one run, its task read from the line's head; only a session without a task
- * is parsed, and written whole with the task it is given.
+ * On a shard, every session is still placed and every untasked one matched (a task is decided over all the
+ * data), but only the buckets the shard owns are written and counted. A session with a task goes into its
+ * bucket file as where its line lies in ingest's segment, consecutive lines of a segment that go to one
+ * bucket file as one run: a run of one task's sessions is placed from the segment's tasks file (layout.ts
+ * TaskRun) without reading them; a segment without one is read line by line, each task read from its line's
+ * head. Only a session without a task is parsed, and written whole with the task it is given; where there
+ * are some, every segment's lines are read first for the known tasks' requests they are matched against.
  */
 export async function run({ config: cfg, out, input, log, signal, shard }: StageContext<Config>): Promise<StageReport> {
   const segments = await sessionSegments(input('ingest'));
@@ -224,49 +226,55 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   };
   const stopped = () => 'split: stopped before it had put every session in its bucket; the next run does it again';
   const segmentBytes = new Map(index.files.map((f) => [f.segment, f.segment_bytes]));
-  for (const segment of segments) {
-    const name = basename(segment);
-    const runsFile = taskRunsFile(input('ingest'), name);
-    await withSegment(segment, async (fd) => {
-      const size = fstatSync(fd).size;
-      const written = segmentBytes.get(name);
-      if (written !== undefined && written !== size) log.warn('a segment is not the size ingest wrote: its lines are read for their tasks, not its tasks file', { segment: name, bytes: size, written });
-      // An ingest from before tasks files, or a segment changed since: every line is read for its task.
-      if (written !== size || !existsSync(runsFile)) {
-        for (const block of segmentLines(fd, reading)) {
-          await safePoint(signal, stopped);
-          progress.tick(block.lines.length / 2);
-          await takeLines(block, segment, name);
-        }
-        return;
-      }
-      // A run of one task is placed at once; only the sessions without a task are read (and matched).
-      let at = 0;
-      for await (const runs of readTaskRuns(runsFile)) {
-        await safePoint(signal, stopped);
-        for (const [task, sessions, bytes] of runs) {
-          progress.tick(sessions);
-          if (task === null) {
-            // Many sessions without a task may follow one another (all of them, in some logs): a block at a time.
-            for (const block of segmentLines(fd, reading, at, at + bytes)) {
-              await safePoint(signal, stopped);
-              await takeLines(block, segment, name);
-            }
-          } else {
-            place(task);
-            await pointAt(name, at, at + bytes, sessions);
+  try {
+    for (const segment of segments) {
+      const name = basename(segment);
+      const runsFile = taskRunsFile(input('ingest'), name);
+      await withSegment(segment, async (fd) => {
+        const size = fstatSync(fd).size;
+        const written = segmentBytes.get(name);
+        if (written !== undefined && written !== size) log.warn('a segment is not the size ingest wrote: its lines are read for their tasks, not its tasks file', { segment: name, bytes: size, written });
+        // An ingest from before tasks files, or a segment changed since: every line is read for its task.
+        if (written !== size || !existsSync(runsFile)) {
+          for (const block of segmentLines(fd, reading)) {
+            await safePoint(signal, stopped);
+            progress.tick(block.lines.length / 2);
+            await takeLines(block, segment, name);
           }
-          at += bytes;
+          return;
         }
-      }
-      if (at !== size) throw new PipelineError(`${runsFile}: its runs add up to ${at} bytes, and ${segment} has ${size}; ingest wrote them together, so one was changed since: run \`prefab stage ingest\``);
-    });
-  }
-  for (const file of files.values()) await endRun(file);
-  progress.done();
-  for (const file of files.values()) {
-    if (file.lines.length > 0) await flush(file);
-    await file.writer.close();
+        // A run of one task is placed at once; only the sessions without a task are read (and matched).
+        let at = 0;
+        for await (const runs of readTaskRuns(runsFile)) {
+          await safePoint(signal, stopped);
+          for (const [task, sessions, bytes] of runs) {
+            progress.tick(sessions);
+            if (task === null) {
+              // Many sessions without a task may follow one another (all of them, in some logs): a block at a time.
+              for (const block of segmentLines(fd, reading, at, at + bytes)) {
+                await safePoint(signal, stopped);
+                await takeLines(block, segment, name);
+              }
+            } else {
+              place(task);
+              await pointAt(name, at, at + bytes, sessions);
+            }
+            at += bytes;
+          }
+        }
+        if (at !== size) throw new PipelineError(`${runsFile}: its runs add up to ${at} bytes, and ${segment} has ${size}; ingest wrote them together, so one was changed since: run \`prefab stage ingest\``);
+      });
+    }
+    for (const file of files.values()) await endRun(file);
+    progress.done();
+    for (const file of files.values()) {
+      if (file.lines.length > 0) await flush(file);
+      await file.writer.close();
+    }
+  } catch (error) {
+    // The stage failed (its folder is discarded): its bucket files are closed as they are.
+    await Promise.allSettled([...files.values()].map((file) => file.writer.abort()));
+    throw error;
   }
   await writeFile(join(out, 'info.json'), JSON.stringify({ buckets } satisfies SplitInfo) + '\n');
   return report({ ...counts, untasked, buckets });
