@@ -183,10 +183,9 @@ export async function* readLineBlocks(path: string, size = 1 << 20, shelf?: Buff
     return block;
   };
   try {
-    // The compressed file is read a MiB at a time whatever the block size: where it is damaged, zlib drops
-    // what the failing read inflated, so the lines kept before the damage depend on where reads end (two
-    // files of 200 damaged midway kept other lines in blocks of 64 KiB).
-    for await (const chunk of openText(path, GZ_READ) as AsyncIterable<Buffer>) {
+    // openText reads the compressed bytes the same way whatever the block size (where a file is damaged,
+    // what is kept before the damage depends on it).
+    for await (const chunk of openText(path) as AsyncIterable<Buffer>) {
       pieces.push(chunk);
       held += chunk.length;
       // A line longer than a block grows until a newline arrives.
@@ -203,9 +202,6 @@ export async function* readLineBlocks(path: string, size = 1 << 20, shelf?: Buff
   }
   if (held > 0) yield take(pieces.at(-1)!, pieces.at(-1)!.length);
 }
-
-/** The bytes of a .gz file read at once (readLineBlocks). */
-const GZ_READ = 1 << 20;
 
 /**
  * readLineBlocks of a file that is not compressed: each block read straight into a buffer of its own (no

@@ -217,4 +217,33 @@ describe('gzip line blocks', () => {
       expect(new Set(read).size, `trial ${trial}: ${read.join(' | ')}`).toBe(1);
     }
   });
+
+  it('keep the same elements of a JSON array damaged midway whatever the block size', async () => {
+    const text = '[' + Array.from({ length: 20_000 }, (_, i) => JSON.stringify({ id: i, t: `x${(i * 7919) % 10007} ${'abc'.repeat(i % 17)}` })).join(',\n') + ']\n';
+    let seed = 7;
+    const rand = () => (seed = (seed * 1103515245 + 12345) & 0x7fffffff) / 0x7fffffff;
+    const dir = tempDir();
+    for (let trial = 0; trial <= 168; trial++) {
+      const where = 0.05 + 0.9 * rand();
+      const noise = Array.from({ length: 1 + Math.floor(rand() * 2000) }, () => Math.floor(rand() * 256));
+      if (trial !== 40 && trial !== 168) continue;
+      const gz = gzipSync(text, { level: 1 + (trial % 9) });
+      gz.set(noise, Math.floor(gz.length * where));
+      const path = join(dir, `t${trial}.json.gz`);
+      writeFileSync(path, gz);
+      const read: string[] = [];
+      for (const size of [64 << 10, 100 << 10, 200 << 10, 1 << 20]) {
+        let elements = 0;
+        let damaged = '';
+        try {
+          for await (const block of readElementBlocks(path, size)) elements += block.elements.length / ELEMENT_FIELDS;
+        } catch (error) {
+          damaged = (error as Error).message;
+        }
+        read.push(`${elements} elements, then ${damaged}`);
+      }
+      expect(read[0]).toMatch(/^\d+ elements, then .+/);
+      expect(new Set(read).size, `trial ${trial}: ${read.join(' | ')}`).toBe(1);
+    }
+  });
 });
