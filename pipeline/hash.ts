@@ -162,3 +162,13 @@ export function fnv1a(s: string): number {
   for (let i = 0; i < s.length; i++) h = Math.imul(h ^ s.charCodeAt(i), 0x01000193);
   return h >>> 0;
 }
+
+/** FNV-1a of 32-bit numbers, a byte at a time (low first), as fnv1a of a string: no string is made of them. */
+export function fnv1aNumbers(numbers: ArrayLike<number>): number {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < numbers.length; i++) {
+    const n = numbers[i]!;
+    for (let shift = 0; shift < 32; shift += 8) h = Math.imul(h ^ ((n >>> shift) & 0xff), 0x01000193);
+  }
+  return h >>> 0;
+}

@@ -6,7 +6,7 @@
 // |A ∩ B| / |A ∪ B|. A session joins the most alike known group when that similarity reaches the
 // threshold, else it starts a group of its own. Candidates come from an inverted index over the
 // shingles, skipping shingles shared by too many groups to tell them apart.
-import { fnv1a, sha256 } from '../../pipeline/hash.ts';
+import { fnv1aNumbers, sha256 } from '../../pipeline/hash.ts';
 import { NumberList } from '../../pipeline/buffers.ts';
 import type { Message } from '../../core/records.ts';
 
@@ -106,14 +106,14 @@ export class TaskMatcher {
     numbers.sort((x, y) => x - y);
     for (const k of numbers) this.members.push(k);
     this.starts.push(this.members.length);
-    const hash = setKey(numbers);
+    const hash = fnv1aNumbers(numbers); // the set's key in byShingles (its numbers ascending)
     if (!this.byShingles.has(hash)) this.byShingles.set(hash, g);
     if (g >= this.seen.length) [this.seen, this.shared] = [grown(this.seen), new Int32Array(2 * this.shared.length)];
   }
 
   /** The first group whose shingles are `numbers` (ascending), or -1. */
   private same(numbers: number[]): number {
-    const g = this.byShingles.get(setKey(numbers)) ?? -1;
+    const g = this.byShingles.get(fnv1aNumbers(numbers)) ?? -1;
     if (g < 0 || this.starts.get(g + 1) - this.starts.get(g) !== numbers.length) return -1;
     const from = this.starts.get(g);
     return numbers.every((k, i) => this.members.get(from + i) === k) ? g : -1;
@@ -206,8 +206,6 @@ export class TaskMatcher {
   }
 }
 
-/** A set of shingles' key in TaskMatcher's byShingles: the FNV-1a hash of its numbers, ascending. */
-const setKey = (numbers: number[]) => fnv1a(numbers.join(' '));
 
 /** A copy of `values` twice as long. */
 function grown(values: Int32Array): Int32Array<ArrayBuffer> {
