@@ -1,4 +1,8 @@
-// Buffers kept to be filled again rather than allocated afresh (BufferShelf), in size classes.
+// Buffers kept to be filled again rather than allocated afresh (BufferShelf), in size classes; and how small a file
+// is read at once (SMALL_FILE).
+
+/** Files this small are read at once on the thread that wants them, not through the thread pool (readerOf; hash.ts's hashThrough). */
+export const SMALL_FILE = 1 << 20;
 
 /**
  * Buffers done with, kept to be filled again: writing to memory a process has written before costs a

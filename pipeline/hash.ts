@@ -8,8 +8,7 @@ import { readFileSync, statSync } from 'node:fs';
 import { open } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import xxhash from 'xxhash-wasm';
-import { BufferShelf } from './buffers.ts';
-import { SMALL_FILE } from './records.ts';
+import { BufferShelf, SMALL_FILE } from './buffers.ts';
 
 /** xxhash-wasm's functions, once its WebAssembly (a few KB) is instantiated: in each thread that imports this. */
 const xxh = await xxhash();

@@ -5,7 +5,7 @@ import { gzipSync } from 'node:zlib';
 import { asyncBufferFromFile, parquetMetadataAsync, parquetReadObjects, toJson, type SchemaElement } from 'hyparquet';
 import { compressors } from 'hyparquet-compressors';
 import { ParquetWriter, fileWriter } from 'hyparquet-writer';
-import { parseRecord, type RawRecord } from './records.ts';
+import { damageReason, parseRecord, type RawRecord } from './records.ts';
 import { WorkerPool } from './workers.ts';
 
 /**
@@ -40,7 +40,7 @@ export async function* readParquetBatches(path: string, heapMb?: number): AsyncG
     }
   } catch (error) {
     if ((error as { code?: string }).code !== 'ERR_WORKER_OUT_OF_MEMORY') throw error;
-    yield [{ where: reached, raw: '', damaged: true, error: `${await outOfMemory(path)} (the rest of the file is unread)` }];
+    yield [{ where: reached, raw: '', damaged: true, error: damageReason(path, await outOfMemory(path)) }];
   } finally {
     await reader.close();
   }
@@ -60,7 +60,7 @@ async function outOfMemory(path: string): Promise<string> {
   const largest = row_groups.reduce((a, b) => (Number(b.total_byte_size) > Number(a.total_byte_size) ? b : a));
   const mb = (Number(largest.total_byte_size) / 1e6).toFixed(0);
   return (
-    `${path}: reading it ran out of memory: a row group is read whole, and its largest holds ${Number(largest.num_rows)} rows, ${mb} MB uncompressed; ` +
+    `reading it ran out of memory: a row group is read whole, and its largest holds ${Number(largest.num_rows)} rows, ${mb} MB uncompressed; ` +
     'write the file with smaller row groups (DuckDB: COPY ... (FORMAT parquet, ROW_GROUP_SIZE 10000); pyarrow: pq.write_table(table, path, row_group_size=10000)) ' +
     'or as JSONL, or give Node more memory (NODE_OPTIONS=--max-old-space-size=MB)'
   );

@@ -1,7 +1,7 @@
 // Readers of input records (logged sessions, imported pairs): JSONL, a JSON array, or Parquet, each streamed record by record.
 import { closeSync, fstatSync, openSync, read, readSync } from 'node:fs';
 import { readLines, openText } from './jsonl.ts';
-import { BufferShelf } from './buffers.ts';
+import { BufferShelf, SMALL_FILE } from './buffers.ts';
 
 export type InputFormat = 'jsonl' | 'json' | 'parquet';
 
@@ -47,16 +47,25 @@ export const quarantineText = (raw: string) => (raw.length > 65536 ? `${raw.slic
  * one bad file never stops the others. Parquet is read on a thread of its own (readParquetRecords), where a
  * row group too large for memory ends that thread, not the process.
  */
-export async function* readRecords(path: string, format: InputFormat, parse = true): AsyncGenerator<RawRecord> {
+export async function* readRecords(path: string, format: InputFormat): AsyncGenerator<RawRecord> {
   if (format === 'parquet') return yield* (await import('./parquet.ts')).readParquetRecords(path); // the Parquet libraries only when a file is Parquet
-  yield* untilDamaged(format === 'jsonl' ? readJsonlRecords(path, parse) : readJsonArray(path, parse));
+  yield* untilDamaged(path, format === 'jsonl' ? readJsonlRecords(path) : readJsonArray(path));
 }
 
 /** A Parquet file's records read on this thread, as readRecords gives records: on the thread readParquetRecords reads it on. */
-export const readParquetHere = (path: string) => untilDamaged(parquetRecords(path));
+export const readParquetHere = (path: string) => untilDamaged(path, parquetRecords(path));
+
+/**
+ * Why reading `path` stopped, for the record of its damage (which names the file, so a reader's message is
+ * taken without the path it may start with).
+ */
+export function damageReason(path: string, error: unknown): string {
+  const message = error instanceof Error ? error.message : String(error);
+  return `${message.startsWith(`${path}: `) ? message.slice(path.length + 2) : message} (the rest of the file is unread)`;
+}
 
 /** `records` up to a failure, which becomes a last record, `damaged`, saying where and why. */
-async function* untilDamaged(records: AsyncIterable<RawRecord>): AsyncGenerator<RawRecord> {
+async function* untilDamaged(path: string, records: AsyncIterable<RawRecord>): AsyncGenerator<RawRecord> {
   let reached = 'before the first record';
   try {
     for await (const record of records) {
@@ -64,7 +73,7 @@ async function* untilDamaged(records: AsyncIterable<RawRecord>): AsyncGenerator<
       yield record;
     }
   } catch (error) {
-    yield { where: reached, raw: '', error: `${(error as Error).message} (the rest of the file is unread)`, damaged: true };
+    yield { where: reached, raw: '', error: damageReason(path, error), damaged: true };
   }
 }
 
@@ -92,11 +101,10 @@ export function parseRecord(where: string, raw: string): RawRecord {
   }
 }
 
-/** With `parse` false, records of text formats come unparsed (no value): parseRecord, elsewhere, reads them. */
-async function* readJsonlRecords(path: string, parse: boolean): AsyncGenerator<RawRecord> {
+async function* readJsonlRecords(path: string): AsyncGenerator<RawRecord> {
   for await (const { line, text } of readLines(path)) {
     if (text.trim() === '') continue;
-    yield parse ? parseRecord(`line ${line}`, text) : { where: `line ${line}`, raw: text };
+    yield parseRecord(`line ${line}`, text);
   }
 }
 
@@ -197,7 +205,7 @@ export async function* readLineBlocks(path: string, size = 1 << 20, shelf?: Buff
     const cut = last.lastIndexOf(10) + 1;
     pieces = [last];
     if (cut > 0) yield take(last, cut);
-    yield { damaged: `${(error as Error).message} (the rest of the file is unread)` };
+    yield { damaged: damageReason(path, error) };
     return;
   }
   if (held > 0) yield take(pieces.at(-1)!, pieces.at(-1)!.length);
@@ -238,8 +246,6 @@ async function* readPlainLineBlocks(path: string, size: number, shelf = new Buff
   }
 }
 
-/** Files this small are read at once on the thread that wants them, not through the thread pool (readerOf; hash.ts's hashThrough). */
-export const SMALL_FILE = 1 << 20;
 
 /**
  * Reads of an open file at its position, each as `fs.read` makes it on the thread pool, or, for a file of a
@@ -253,13 +259,13 @@ function readerOf(fd: number): (into: Uint8Array, at: number, length: number) =>
 }
 
 /** The elements of a JSON array, one at a time (readElementBlocks cuts them out). */
-export async function* readJsonArray(path: string, parse = true): AsyncGenerator<RawRecord> {
+export async function* readJsonArray(path: string): AsyncGenerator<RawRecord> {
   for await (const { bytes, elements } of readElementBlocks(path)) {
     const block = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
     for (let e = 0; e < elements.length; e += ELEMENT_FIELDS) {
       const where = elementWhere(elements, e);
       const raw = block.toString('utf8', elements[e]!, elements[e + 1]!);
-      yield parse ? parseRecord(where, raw) : { where, raw };
+      yield parseRecord(where, raw);
     }
   }
 }

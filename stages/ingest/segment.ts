@@ -13,7 +13,7 @@ import { SessionIdSet } from './id-set.ts';
 import { RecordError, toSession, type MappingOptions } from './mapping.ts';
 import { storedReader, type StoredReader } from './canonical.ts';
 import type { Session } from '../../core/records.ts';
-import { ELEMENT_FIELDS, detectFormat, elementWhere, forEachLine, parseRecord, quarantineText, readElementBlocks, readLineBlocks, type ElementBlock, type InputFormat, type LineBlock, type RawRecord } from '../../pipeline/records.ts';
+import { ELEMENT_FIELDS, damageReason, detectFormat, elementWhere, forEachLine, parseRecord, quarantineText, readElementBlocks, readLineBlocks, type ElementBlock, type InputFormat, type LineBlock, type RawRecord } from '../../pipeline/records.ts';
 import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
 
 export interface QuarantineRecord {
@@ -81,7 +81,7 @@ type RecordOutcome = { notUtf8: boolean } & ({ reason: string } | { session: Ses
 export type Batch = LineBlock | ElementBlock | { records: RawRecord[] };
 
 // A batch's outcomes are numbers, FIELDS a record, so that thousands of them cross between threads as one
-// copy: what became of it (KIND), its line (a JSONL block's) or its place in the batch (an element's), where
+// copy: what became of it (KIND), its line (a JSONL block's; an element is named by its place in the batch), where
 // its text lies in the block (a block of bytes), where its session's line ends in `lines`, its id's key
 // (SessionIdSet.key) and FLAGS.
 const FIELDS = 8;
@@ -173,11 +173,11 @@ export function readBatch(batch: Batch, fileName: string, o: ReadingOptions, she
   } else if ('elements' in batch) {
     const block = Buffer.from(batch.bytes.buffer, batch.bytes.byteOffset, batch.bytes.byteLength);
     const { elements } = batch;
-    for (let e = 0, k = 0; e < elements.length; e += ELEMENT_FIELDS, k++) {
+    for (let e = 0; e < elements.length; e += ELEMENT_FIELDS) {
       const [start, end, where] = [elements[e]!, elements[e + 1]!, elementWhere(elements, e)];
       const stored = reader?.(block, start, end, `${fileName} ${where}`);
-      if (stored) out.add({ notUtf8: false, session: stored.session, stored: stored.messages }, k, start, end);
-      else out.add(readOne({ where, raw: block.toString('utf8', start, end) }, fileName, o), k, start, end);
+      if (stored) out.add({ notUtf8: false, session: stored.session, stored: stored.messages }, 0, start, end);
+      else out.add(readOne({ where, raw: block.toString('utf8', start, end) }, fileName, o), 0, start, end);
     }
   } else {
     const block = Buffer.from(batch.bytes.buffer, batch.bytes.byteOffset, batch.bytes.byteLength);
@@ -232,7 +232,7 @@ async function* batchesOf(path: string, format: InputFormat, shelf: BufferShelf,
     try {
       yield* readElementBlocks(path, blockBytes, shelf);
     } catch (error) {
-      yield { damaged: `${(error as Error).message} (the rest of the file is unread)` };
+      yield { damaged: damageReason(path, error) };
     }
     return;
   }
@@ -329,7 +329,8 @@ export async function ingestFiles(files: { file: ExternalFile; seq: number }[], 
   type Job = { reading: FileReading; batch: Batch | null };
   async function* jobs(): AsyncGenerator<Job> {
     for (const [i, { file, seq }] of files.entries()) {
-      // Parquet rows come as values, not text: they are read on this thread.
+      // Parquet's records come from the thread that reads the file (readParquetBatches) and are mapped on this
+      // one: sending them on to ingest's threads is not done (yet).
       const pool = formats[i] === 'parquet' ? null : threads;
       const blockBytes = pool ? Math.min(1 << 20, Math.max(64 << 10, Math.ceil(total / (2 * pool.size)))) : 1 << 20;
       const begun = fileReading(file, out, seq, ids, quarantine, reasons, log, signal, shelf, pool);
@@ -412,9 +413,7 @@ function fileReading(file: ExternalFile, out: string, seq: number, ids: SessionI
       const kind = records[r + KIND];
       if (kind === DAMAGED) {
         // What was read before the damage is kept; the rest of the file is one quarantine entry.
-        // Its reader's message may start with the file's path: the quarantine and the log name the file.
-        const reason = notes[note++]!;
-        damaged = reason.startsWith(`${file.path}: `) ? reason.slice(file.path.length + 2) : reason;
+        damaged = notes[note++]!;
         const at = given?.where ?? (reached.batch ? `after ${whereOf(reached.batch, reached.i, reached.line)}` : 'before the first record');
         log.warn('a damaged file: its records before the damage are kept, the rest is quarantined', { file: file.name, where: at, reason: damaged });
         await quarantineRecord(at, damaged, given?.raw ?? '', false);

@@ -26,7 +26,8 @@ function ingested(dir: string): Record<string, string> {
 
 /**
  * A night's inputs: good and bad records mixed, duplicates within and across files, a cut .gz, a JSON array,
- * Parquet (read on the main thread between files read on the threads), and small files one after another.
+ * Parquet (read on a thread of its own and mapped on the main thread, between files read on ingest's threads),
+ * and small files one after another.
  */
 async function inputs(dir: string): Promise<void> {
   const records: unknown[] = [];
