@@ -395,9 +395,9 @@ class ArrayScanner {
         continue;
       }
       // A character past ASCII outside a string: blank (as U+00A0 is) or part of an element.
-      const length = c < 0x80 ? 1 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
-      if (i + length > n && !last) break; // the rest of it comes with the next scan
-      if (length > 1 || c >= 0x80) {
+      if (c >= 0x80) {
+        const length = c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+        if (i + length > n && !last) break; // the rest of it comes with the next scan
         if (!/^\s$/u.test(b.toString('utf8', i, i + length))) this.notBlank(b, i, i + length);
         i += length;
         continue;
