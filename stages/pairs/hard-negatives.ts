@@ -186,6 +186,8 @@ function underExplained(messages: StoredMessages, rand: Random): Rewrite {
 /** A run of letters and digits joined by single separators: a phone number, a date, REF-123456. */
 const IDENTIFIER = /[A-Za-z0-9]+(?:[-./][A-Za-z0-9]+)*/g;
 const MIN_IDENTIFIER_DIGITS = 3;
+/** The argument whose identifiers are taken first. */
+const PHONE_KEY = 'phone_number';
 
 interface Identifier {
   at: number;
@@ -200,10 +202,12 @@ interface Identifier {
 }
 
 function hallucinatedValue(messages: StoredMessages, rand: Random): Rewrite {
-  const found = identifiers(messages);
+  // A phone number is taken where the session's calls hold any, and only arguments that name one (or hide a
+  // name in a \u escape) can: the others are searched only where none does.
+  const phones = identifiers(messages, PHONE_KEY);
+  const found = phones.length > 0 ? phones : identifiers(messages, null);
   if (found.length === 0) return { skip: `no tool call argument holds an identifier (${MIN_IDENTIFIER_DIGITS} or more digits)` };
-  const phones = found.filter((f) => f.key === 'phone_number');
-  const target = pick(rand, phones.length > 0 ? phones : found);
+  const target = pick(rand, found);
   // The conversation up to the turn, as its JSON (an identifier is ASCII, so its bytes are its text).
   const context = messages.slice(0, target.at + 1);
   for (let draw = 0; draw < HALLUCINATION_DRAWS; draw++) {
@@ -214,11 +218,12 @@ function hallucinatedValue(messages: StoredMessages, rand: Random): Rewrite {
 }
 
 /**
- * Every identifier in the arguments of the session's tool calls. Text with fewer digits than an identifier
- * holds is not searched (most arguments: a company, a request); nor are arguments whose JSON shows fewer
- * (unless a \u escape hides some).
+ * Every identifier in the arguments of the session's tool calls, or (`key`) those whose nearest key is that
+ * one. Text with fewer digits than an identifier holds is not searched (most arguments: a company, a
+ * request); nor are arguments whose JSON shows fewer, or does not name the key (unless a \u escape hides
+ * some).
  */
-function identifiers(messages: StoredMessages): Identifier[] {
+function identifiers(messages: StoredMessages, only: string | null): Identifier[] {
   const found: Identifier[] = [];
   // The call visited, and where in its arguments the value visited sits (pushed and popped on the way down
   // and up, copied for an identifier found).
@@ -227,7 +232,7 @@ function identifiers(messages: StoredMessages): Identifier[] {
   const path: (string | number)[] = [];
   const visit = (value: unknown, key: string | null): void => {
     if (typeof value === 'string') {
-      if (digitCount(value) < MIN_IDENTIFIER_DIGITS) return;
+      if ((only !== null && key !== only) || digitCount(value) < MIN_IDENTIFIER_DIGITS) return;
       IDENTIFIER.lastIndex = 0;
       for (let match = IDENTIFIER.exec(value); match; match = IDENTIFIER.exec(value)) {
         if (digitCount(match[0]) >= MIN_IDENTIFIER_DIGITS) found.push({ at, call, path: [...path], key, start: match.index, token: match[0] });
@@ -247,12 +252,12 @@ function identifiers(messages: StoredMessages): Identifier[] {
     }
   };
   for (const turn of messages.indicesOf('assistant')) {
-    if (!messages.hasToolCalls(turn)) continue;
-    const calls = messages.at(turn).tool_calls!;
+    const calls = messages.callArguments(turn);
     at = turn;
     for (call = 0; call < calls.length; call++) {
-      const raw = calls[call]!.function.arguments;
-      if (digitCount(raw) >= MIN_IDENTIFIER_DIGITS || raw.includes('\\u')) visit(parseArguments(raw), null);
+      const raw = calls[call]!;
+      const escaped = raw.includes('\\u');
+      if ((only === null || escaped || raw.includes(only)) && (escaped || digitCount(raw) >= MIN_IDENTIFIER_DIGITS)) visit(parseArguments(raw), null);
     }
   }
   return found;

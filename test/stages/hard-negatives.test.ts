@@ -262,6 +262,29 @@ describe('hallucination negatives', () => {
     expect(JSON.stringify(pair!.prompt)).not.toContain(args.auth.account_number);
   });
 
+  it('take a phone number however its key is written or nested, and no other identifier while a call gives one', () => {
+    // Raw arguments, as a model may write them: the key spelt with a \u escape, a list of numbers, one deep in `auth`.
+    const raw = (id: string, args: string) => ({ id, type: 'function' as const, function: { name: 'call', arguments: args } });
+    // Where the changed value may lie (the other call's company holds an identifier too: `2000`).
+    const shapes: [string, string[]][] = [
+      ['{"ph\\u006fne_number":"555-0100","request":"ref 4242-99"}', ['.1.phone_number']],
+      ['{"phone_number":["555-0100","555-0111"],"request":"ref 4242-99"}', ['.1.phone_number.']],
+      ['{"auth":{"phone_number":"555-0199","pin":"2620"},"request":"ref 4242-99"}', ['.1.auth.phone_number']],
+      // No phone number of three digits: any identifier.
+      ['{"phone_number":"12","auth":{"account_number":"6484-3494-092"}}', ['.1.auth.account_number', '.0.company']],
+    ];
+    for (const [args, where] of shapes) {
+      const changed = ['a', 'b', 'c', 'd', 'e', 'f'].flatMap((salt) => {
+        const s = session('s', [SYSTEM, USER, { role: 'assistant', content: null, tool_calls: [raw('c0', '{"company":"Acme 2000 Ltd"}'), raw('c1', args)] }]);
+        const [pair] = buildHardNegatives(s, options({ hallucination: 1 }, salt)).pairs;
+        const [before, after] = [pair!.chosen[0]!, pair!.rejected[0]!].map((m) => m.tool_calls!.map((c) => JSON.parse(c.function.arguments) as unknown));
+        return leafDifferences(before, after).map((d) => d.path);
+      });
+      expect(changed).toHaveLength(6);
+      expect(changed.filter((path) => !where.some((w) => path.startsWith(w)))).toEqual([]);
+    }
+  });
+
   it('redraw a value that the context already holds, and give up with a reason when every draw is taken', () => {
     // A three-digit value keeps its first digit and changes one of the other two: 18 possible values.
     const variants = ['0', '1', '2', '3', '4', '5', '6', '7', '8', '9'].flatMap((d) => [`1${d}3`, `12${d}`]).filter((v) => v !== '123');

@@ -162,6 +162,26 @@ describe('pairs written from their sessions as stored', () => {
     expect(bucketOptions({ ...cfg, must_decline: ['cancel'] }, null).mustDecline(session({ trial: 1 }))).toBe(true);
   });
 
+  it("reads a turn's call arguments from its bytes as the parsed message holds them", () => {
+    const call = (id: string, name: string, args: string) => ({ id, type: 'function' as const, function: { name, arguments: args } });
+    const messages: Message[] = [
+      { role: 'user', content: 'call 555-0100 for me' },
+      { role: 'assistant', content: null, tool_calls: [call('c1', 'search_directory', '{"company":"Acme"}'), call('c2', 'call', '{"phone_number":"1-800-555-0199"}')] },
+      { role: 'assistant', content: 'text that says ,"tool_calls":[{"id":"x"', name: 'bot', tool_calls: [call('c"3', 'call', '{"phone_number":"\\u0031\\u0032\\u0033","note":"ünï \\"q\\" ✓"}')] },
+      { role: 'assistant', content: 'no calls here' },
+      { role: 'tool', content: 'REF-123456', tool_call_id: 'c2' },
+      { role: 'assistant', content: null, tool_calls: [call('c4', 'finish', '{}'), call('c5', 'call', 'not json 12 3')] },
+    ];
+    const line = Buffer.from(JSON.stringify({ session_id: 'a', task_id: 't', messages, reward: 1, feedback: null, model: null, source: 's', created_at: null, metadata: '{}', split: 'train', task_match: null }));
+    const every = messages.map((m) => m.tool_calls?.map((c) => c.function.arguments) ?? []);
+    expect(messages.map((_, i) => readStoredSession(line).messages.callArguments(i))).toEqual(every);
+    expect(messages.map((_, i) => StoredMessages.of(messages).callArguments(i))).toEqual(every);
+    expect(readStoredSession(line).messages.slice(1).callArguments(0)).toEqual(every[1]);
+    // A call not written as ingest writes it (its keys in another order) is read from the parsed message.
+    const reordered = Buffer.from(line.toString('utf8').replace('{"id":"c4","type":"function"', '{"type":"function","id":"c4"'));
+    expect(readStoredSession(reordered).messages.callArguments(5)).toEqual(every[5]);
+  });
+
   it('takes equal bytes for equal messages, and compares messages made anew with those read', () => {
     const messages: Message[] = [{ role: 'system', content: 'be brief' }, { role: 'user', content: 'ünï "q"' }, { role: 'assistant', content: 'ok', name: 'bot' }];
     const line = (m: Message[]) => Buffer.from(JSON.stringify({ session_id: 'a', task_id: 't', messages: m, reward: 1, feedback: null, model: null, source: 's', created_at: null, metadata: '{}', split: 'train', task_match: null }));
