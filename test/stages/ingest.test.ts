@@ -100,6 +100,21 @@ describe('ingest', () => {
     expect(s!.source).toMatch(/logs\.jsonl line 1$/);
   });
 
+  it("merges a record's own metadata, a string or an object, its keys first and the record's other fields after", async () => {
+    const dir = tempDir();
+    const own = '{"trial":1,"source":"sim","__proto__":{"x":1},"n":{"k":[1,2]}}';
+    const base = (id: string) => ({ ...session(id, 'T', 1), metadata: undefined });
+    // Written as text: a `__proto__` key is a field like any other, in the record and in its metadata.
+    const line = (id: string, metadata: string) => JSON.stringify(base(id)).replace(/}$/, `,"metadata":${metadata},"source":"tool","__proto__":"p","z":0}`);
+    writeFileSync(join(dir, 'logs.jsonl'), [line('as-string', JSON.stringify(own)), line('as-object', own), line('not-an-object', '"[1,2]"')].join('\n') + '\n');
+    await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\n').run(ingestOnly);
+    const [a, b, c] = await ingested(dir);
+    // What spreading the two would give: the metadata's keys in their order, a repeated one taking the record's value.
+    const merged = '{"trial":1,"source":"tool","__proto__":"p","n":{"k":[1,2]},"z":0}';
+    expect([a!.metadata, b!.metadata]).toEqual([merged, merged]);
+    expect(c!.metadata).toBe('{"metadata":"[1,2]","source":"tool","__proto__":"p","z":0}');
+  });
+
   it('names a session without an id by a hash of its content, so a repeat is a duplicate', async () => {
     const dir = tempDir();
     writeFileSync(join(dir, 'logs.jsonl'), jsonl([session(undefined, 'A', 1), session(undefined, 'A', 1), session(undefined, 'A', 0)]));
