@@ -105,6 +105,20 @@ export interface BatchOutcome {
   block?: Uint8Array;
 }
 
+/**
+ * A session's line with its messages as stored (their bytes, as the record held them): JSON.stringify of the
+ * session, field by field in the order toSession makes them, around them (the test of stored records holds
+ * it to JSON.stringify). Stringifying the session with no messages and putting them in after took a fifth
+ * longer (1.5 µs a session of the simulator's against 1.2).
+ */
+export function writeStoredSession(out: LineBuffer, s: Session, messages: Uint8Array): void {
+  const q = JSON.stringify;
+  out.write(`{"session_id":${q(s.session_id)},"task_id":${q(s.task_id)},"messages":`);
+  out.writeBytes(messages);
+  out.write(`,"reward":${q(s.reward)},"feedback":${q(s.feedback)},"model":${q(s.model)},"source":${q(s.source)},"created_at":${q(s.created_at)},"metadata":${q(s.metadata)}}`);
+  out.end();
+}
+
 /** Collects a batch's outcomes as BatchOutcome packs them. */
 class Outcomes {
   private readonly numbers: number[] = [];
@@ -122,15 +136,8 @@ class Outcomes {
   add(out: RecordOutcome, line = 0, rawStart = 0, rawEnd = 0): void {
     const flags = out.notUtf8 ? NOT_UTF8 : 0;
     if ('session' in out) {
-      const json = JSON.stringify(out.session);
-      if (out.stored) {
-        // The session's messages are empty: its line has the stored messages in their place.
-        const at = json.indexOf(',"messages":[]') + ',"messages":'.length;
-        this.lines.write(json.slice(0, at));
-        this.lines.writeBytes(out.stored);
-        this.lines.write(json.slice(at + '[]'.length));
-        this.lines.end();
-      } else this.lines.push(json);
+      if (out.stored) writeStoredSession(this.lines, out.session, out.stored);
+      else this.lines.push(JSON.stringify(out.session));
       const [hi, lo] = SessionIdSet.key(out.session.session_id);
       const task = out.session.task_id;
       const newTask = task !== this.task;

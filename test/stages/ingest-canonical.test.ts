@@ -5,6 +5,8 @@ import { describe, expect, it } from 'vitest';
 import { seeded } from '../../core/random.ts';
 import { storedReader } from '../../stages/ingest/canonical.ts';
 import { RecordError, toSession, type MappingOptions } from '../../stages/ingest/mapping.ts';
+import { writeStoredSession } from '../../stages/ingest/segment.ts';
+import { LineBuffer } from '../../pipeline/jsonl.ts';
 
 const MAPPING: MappingOptions = {
   fields: { messages: 'messages', reward: 'reward', feedback: 'feedback', model: 'model', created_at: 'created_at' },
@@ -27,9 +29,9 @@ function storedLine(line: string | Buffer, o = MAPPING): string | null {
   const bytes = Buffer.isBuffer(line) ? line : Buffer.from(line);
   const read = storedReader(o, 16_000_000, () => false)!(bytes, 0, bytes.length, 'logs.jsonl line 1');
   if (!read) return null;
-  const json = JSON.stringify(read.session);
-  const at = json.indexOf(',"messages":[]') + ',"messages":'.length;
-  return json.slice(0, at) + Buffer.from(read.messages).toString('utf8') + json.slice(at + 2);
+  const out = new LineBuffer(64);
+  writeStoredSession(out, read.session, read.messages);
+  return Buffer.from(out.take()).toString('utf8').slice(0, -1);
 }
 
 const call = (id: string, name: string, args: string) => ({ id, type: 'function', function: { name, arguments: args } });
