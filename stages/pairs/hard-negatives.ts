@@ -218,7 +218,7 @@ function hallucinatedValue(messages: StoredMessages, rand: Random): Rewrite {
 }
 
 /**
- * Every identifier in the arguments of the session's tool calls, or (`key`) those whose nearest key is that
+ * Every identifier in the arguments of the session's tool calls, or (`only`) those whose nearest key is that
  * one. Text with fewer digits than an identifier holds is not searched (most arguments: a company, a
  * request); nor are arguments whose JSON shows fewer, or does not name the key (unless a \u escape hides
  * some).
