@@ -106,13 +106,22 @@ describe('ingest', () => {
     const base = (id: string) => ({ ...session(id, 'T', 1), metadata: undefined });
     // Written as text: a `__proto__` key is a field like any other, in the record and in its metadata.
     const line = (id: string, metadata: string) => JSON.stringify(base(id)).replace(/}$/, `,"metadata":${metadata},"source":"tool","__proto__":"p","z":0}`);
-    writeFileSync(join(dir, 'logs.jsonl'), [line('as-string', JSON.stringify(own)), line('as-object', own), line('not-an-object', '"[1,2]"')].join('\n') + '\n');
+    const lines = [line('as-string', JSON.stringify(own)), line('as-object', own), line('not-an-object', '"[1,2]"'), line('without-proto', JSON.stringify('{"a":1}'))];
+    writeFileSync(join(dir, 'logs.jsonl'), lines.join('\n') + '\n');
     await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\n').run(ingestOnly);
-    const [a, b, c] = await ingested(dir);
+    const [a, b, c, d] = await ingested(dir);
     // What spreading the two would give: the metadata's keys in their order, a repeated one taking the record's value.
     const merged = '{"trial":1,"source":"tool","__proto__":"p","n":{"k":[1,2]},"z":0}';
     expect([a!.metadata, b!.metadata]).toEqual([merged, merged]);
     expect(c!.metadata).toBe('{"metadata":"[1,2]","source":"tool","__proto__":"p","z":0}');
+    // The record's `__proto__` is a key of the merged metadata where the metadata has none of its own.
+    expect(d!.metadata).toBe('{"a":1,"source":"tool","__proto__":"p","z":0}');
+    // Metadata given as an object is merged into a copy: the record read is left as it was.
+    const { toSession } = await import('../../stages/ingest/mapping.ts');
+    const record = JSON.parse(lines[1]!) as Record<string, unknown>;
+    const before = JSON.stringify(record);
+    expect(toSession(record, 'x', { fields: { messages: 'messages', reward: 'reward', feedback: 'feedback', model: 'model', created_at: 'created_at' }, message: { role: 'role', content: 'content', roles: {} }, outOfRangeReward: 'reject' }).metadata).toBe(merged);
+    expect(JSON.stringify(record)).toBe(before);
   });
 
   it('names a session without an id by a hash of its content, so a repeat is a duplicate', async () => {

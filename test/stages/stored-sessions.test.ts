@@ -5,7 +5,7 @@
 // bytes and equal messages agree.
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { LineBuffer } from '../../pipeline/jsonl.ts';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { StoredMessages, readStoredSession, type PairSide } from '../../stages/layout.ts';
@@ -180,6 +180,15 @@ describe('pairs written from their sessions as stored', () => {
     // A call not written as ingest writes it (its keys in another order) is read from the parsed message.
     const reordered = Buffer.from(line.toString('utf8').replace('{"id":"c4","type":"function"', '{"type":"function","id":"c4"'));
     expect(readStoredSession(reordered).messages.callArguments(5)).toEqual(every[5]);
+    // Calls written as ingest writes them are read without parsing their message.
+    const parsed = vi.spyOn(JSON, 'parse');
+    try {
+      const stored = readStoredSession(line).messages;
+      expect(messages.map((_, i) => stored.callArguments(i))).toEqual(every);
+      expect(parsed.mock.calls.filter(([text]) => typeof text === 'string' && text.startsWith('{"role":'))).toEqual([]);
+    } finally {
+      parsed.mockRestore();
+    }
   });
 
   it('takes equal bytes for equal messages, and compares messages made anew with those read', () => {
