@@ -187,24 +187,39 @@ describe('JSON array blocks', () => {
   });
 });
 
+/**
+ * `text` gzipped, then damaged midway by random bytes, as two of 200 such files were found where the
+ * compressed reads' size decided how much came before the damage (zlib drops what the failing read
+ * inflated): the two trials of those 200 that showed it, each a file in `dir` named `t<trial><ext>`.
+ */
+function damagedGzFiles(text: string, ext: string): { trial: number; path: string }[] {
+  let seed = 7;
+  const rand = () => (seed = (seed * 1103515245 + 12345) & 0x7fffffff) / 0x7fffffff;
+  const dir = tempDir();
+  const files: { trial: number; path: string }[] = [];
+  for (let trial = 0; trial <= 168; trial++) {
+    const where = 0.05 + 0.9 * rand();
+    const noise = Array.from({ length: 1 + Math.floor(rand() * 2000) }, () => Math.floor(rand() * 256));
+    if (trial !== 40 && trial !== 168) continue;
+    const gz = gzipSync(text, { level: 1 + (trial % 9) });
+    gz.set(noise, Math.floor(gz.length * where));
+    const path = join(dir, `t${trial}${ext}`);
+    writeFileSync(path, gz);
+    files.push({ trial, path });
+  }
+  return files;
+}
+
+const DAMAGED_RECORDS = Array.from({ length: 20_000 }, (_, i) => JSON.stringify({ id: i, t: `x${(i * 7919) % 10007} ${'abc'.repeat(i % 17)}` }));
+const BLOCK_SIZES = [64 << 10, 100 << 10, 200 << 10, 1 << 20];
+
 describe('gzip line blocks', () => {
   it('keep the same lines of a file damaged midway whatever the block size (which the threads set)', async () => {
-    const text = Array.from({ length: 20_000 }, (_, i) => JSON.stringify({ id: i, t: `x${(i * 7919) % 10007} ${'abc'.repeat(i % 17)}` })).join('\n') + '\n';
-    // Bytes overwritten midway, as two of 200 such files were found where the compressed reads' size decided
-    // how many lines came before the damage (zlib drops what the failing read inflated).
-    let seed = 7;
-    const rand = () => (seed = (seed * 1103515245 + 12345) & 0x7fffffff) / 0x7fffffff;
-    const dir = tempDir();
-    for (let trial = 0; trial <= 168; trial++) {
-      const where = 0.05 + 0.9 * rand();
-      const noise = Array.from({ length: 1 + Math.floor(rand() * 2000) }, () => Math.floor(rand() * 256));
-      if (trial !== 40 && trial !== 168) continue;
-      const gz = gzipSync(text, { level: 1 + (trial % 9) });
-      gz.set(noise, Math.floor(gz.length * where));
-      const path = join(dir, `t${trial}.jsonl.gz`);
-      writeFileSync(path, gz);
+    const files = damagedGzFiles(DAMAGED_RECORDS.join('\n') + '\n', '.jsonl.gz');
+    expect(files).toHaveLength(2);
+    for (const { trial, path } of files) {
       const read: string[] = [];
-      for (const size of [64 << 10, 100 << 10, 200 << 10, 1 << 20]) {
+      for (const size of BLOCK_SIZES) {
         let lines = 0;
         let damaged = '';
         for await (const block of readLineBlocks(path, size)) {
@@ -219,20 +234,11 @@ describe('gzip line blocks', () => {
   });
 
   it('keep the same elements of a JSON array damaged midway whatever the block size', async () => {
-    const text = '[' + Array.from({ length: 20_000 }, (_, i) => JSON.stringify({ id: i, t: `x${(i * 7919) % 10007} ${'abc'.repeat(i % 17)}` })).join(',\n') + ']\n';
-    let seed = 7;
-    const rand = () => (seed = (seed * 1103515245 + 12345) & 0x7fffffff) / 0x7fffffff;
-    const dir = tempDir();
-    for (let trial = 0; trial <= 168; trial++) {
-      const where = 0.05 + 0.9 * rand();
-      const noise = Array.from({ length: 1 + Math.floor(rand() * 2000) }, () => Math.floor(rand() * 256));
-      if (trial !== 40 && trial !== 168) continue;
-      const gz = gzipSync(text, { level: 1 + (trial % 9) });
-      gz.set(noise, Math.floor(gz.length * where));
-      const path = join(dir, `t${trial}.json.gz`);
-      writeFileSync(path, gz);
+    const files = damagedGzFiles('[' + DAMAGED_RECORDS.join(',\n') + ']\n', '.json.gz');
+    expect(files).toHaveLength(2);
+    for (const { trial, path } of files) {
       const read: string[] = [];
-      for (const size of [64 << 10, 100 << 10, 200 << 10, 1 << 20]) {
+      for (const size of BLOCK_SIZES) {
         let elements = 0;
         let damaged = '';
         try {
