@@ -175,7 +175,7 @@ export class Engine {
         reasons.push(`output ${out.path} is ${s ? 'altered (its size changed)' : 'missing'}`);
         break;
       }
-      if ((verify || Math.floor(s.mtimeMs) !== Math.floor(out.mtime_ms ?? -1)) && (await checksumFile(path)) !== out.xxh64) {
+      if ((verify || Math.floor(s.mtimeMs) !== Math.floor(out.mtime_ms ?? -1)) && (await checksumFile(path, s.size)) !== out.xxh64) {
         reasons.push(`output ${out.path} is altered (its content is not what the stage wrote)`);
         break;
       }

@@ -67,7 +67,7 @@ export function rememberChecksum(path: string, xxh64: string, bytes: number, mti
 export async function outputChecksum(path: string, now: { size: number; mtimeMs: number }): Promise<string> {
   const known = written.get(resolve(path));
   written.delete(resolve(path));
-  return known && known.bytes === now.size && known.mtimeMs === now.mtimeMs ? known.xxh64 : checksumFile(path);
+  return known && known.bytes === now.size && known.mtimeMs === now.mtimeMs ? known.xxh64 : checksumFile(path, now.size);
 }
 
 /** Reads of a file being hashed: this many in flight, of this many bytes each. */
@@ -78,10 +78,10 @@ const [AHEAD, READ] = [3, 2 << 20];
  * kernel's copies of them then run on the thread pool beside each other and beside the hashing. At the
  * simulator's 433 MB, 62-71 ms against 99-126 reading a MiB at a time, each read waited for.
  */
-async function hashThrough(path: string, hash: { update(data: Uint8Array): unknown }): Promise<void> {
+async function hashThrough(path: string, hash: { update(data: Uint8Array): unknown }, size: number): Promise<void> {
   // A file of a MiB or less at once, on this thread: a night's hundreds of small files each took a few
   // round trips to the thread pool (500 of 300 KiB: 0.2 s before ingest began).
-  if (statSync(path).size <= SMALL_FILE) {
+  if (size <= SMALL_FILE) {
     hash.update(readFileSync(path));
     return;
   }
@@ -91,8 +91,7 @@ async function hashThrough(path: string, hash: { update(data: Uint8Array): unkno
   // memory every command held).
   const buffers = new BufferShelf(AHEAD);
   try {
-    // Read to the end as it was when opened, then on until a read finds no more (a file that grew meanwhile).
-    const { size } = await file.stat();
+    // Read to `size` (the file as its caller found it), then on until a read finds no more (a file that grew meanwhile).
     // A small file in one read of its size and a byte more (which finds its end).
     const length = Math.min(READ, size + 1);
     let at = 0;
@@ -118,17 +117,17 @@ async function hashThrough(path: string, hash: { update(data: Uint8Array): unkno
   }
 }
 
-/** The SHA-256 of a file's content, in hex: how ingest knew its input files before XXH64. */
-export async function sha256File(path: string): Promise<string> {
+/** The SHA-256 of a file's content, in hex: how ingest knew its input files before XXH64. `size`: as the caller found it (else the file is stat'd). */
+export async function sha256File(path: string, size = statSync(path).size): Promise<string> {
   const hash = createHash('sha256');
-  await hashThrough(path, hash);
+  await hashThrough(path, hash, size);
   return hash.digest('hex');
 }
 
-/** A file's checksum, as `checksum` makes it. */
-export async function checksumFile(path: string): Promise<string> {
+/** A file's checksum, as `checksum` makes it. `size`: as the caller found it (else the file is stat'd). */
+export async function checksumFile(path: string, size = statSync(path).size): Promise<string> {
   const sum = checksum();
-  await hashThrough(path, sum);
+  await hashThrough(path, sum, size);
   return sum.digest();
 }
 

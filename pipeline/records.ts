@@ -246,7 +246,6 @@ async function* readPlainLineBlocks(path: string, size: number, shelf = new Buff
   }
 }
 
-
 /**
  * Reads of an open file at its position, each as `fs.read` makes it on the thread pool, or, for a file of a
  * MiB or less, at once on this thread: where a night brings hundreds of small files, each read's round trip

@@ -207,7 +207,7 @@ export async function hashFilesCached(ws: Workspace, paths: string[]): Promise<M
     const s = statSync(path); // hundreds of small files: a round trip each to the thread pool added up
     let entry = cache[path];
     if (!entry?.xxh64 || entry.size !== s.size || entry.mtimeMs !== s.mtimeMs || entry.ino !== s.ino) {
-      entry = { size: s.size, mtimeMs: s.mtimeMs, ino: s.ino, xxh64: await checksumFile(path) };
+      entry = { size: s.size, mtimeMs: s.mtimeMs, ino: s.ino, xxh64: await checksumFile(path, s.size) };
       cache[path] = entry;
       changed = true;
     }

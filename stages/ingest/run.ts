@@ -134,7 +134,7 @@ async function linkSegment(previous: string, out: string, segment: string): Prom
 async function knownByXxh64(index: IngestIndex, external: ExternalFile[]): Promise<IngestIndex> {
   if (index.files.every((f) => f.xxh64)) return index;
   const bySha256 = new Map<string, ExternalFile>();
-  for (const file of external) bySha256.set(await sha256File(file.path), file);
+  for (const file of external) bySha256.set(await sha256File(file.path, file.bytes), file);
   const files: IngestedFile[] = [];
   for (const { sha256, ...f } of index.files) {
     const file = f.xxh64 ? null : bySha256.get(sha256!);

@@ -206,7 +206,6 @@ export class TaskMatcher {
   }
 }
 
-
 /** A copy of `values` twice as long. */
 function grown(values: Int32Array): Int32Array<ArrayBuffer> {
   const copy = new Int32Array(2 * values.length);
