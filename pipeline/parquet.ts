@@ -2,24 +2,25 @@
 // (read as list<...> by DuckDB, pyarrow, pandas, `datasets`), a streaming writer that holds one row group in
 // memory at a time, and the one reader, a row group at a time.
 import { gzipSync } from 'node:zlib';
-import { asyncBufferFromFile, parquetMetadataAsync, parquetReadObjects, toJson, type SchemaElement } from 'hyparquet';
+import { asyncBufferFromFile, parquetMetadataAsync, parquetReadObjects, toJson, type AsyncBuffer, type FileMetaData, type SchemaElement } from 'hyparquet';
 import { compressors } from 'hyparquet-compressors';
 import { ParquetWriter, fileWriter } from 'hyparquet-writer';
+import { allFinite, rowGroupTexts, rowPlan } from './parquet-text.ts';
 import { damageReason, parseRecord, type RawRecord } from './records.ts';
 import { WorkerPool } from './workers.ts';
 
 /**
  * The records of a Parquet file in batches (recordBatches), read on a worker thread of their own
- * (parquet-worker.ts) with a heap as large as this thread's: hyparquet holds a row group decoded whole, some
- * twenty times its uncompressed size (200,000 sessions written in one row group, as pyarrow writes up to a
- * million rows, took more than Node's 4 GB heap and ended the process). A thread that runs out of memory
- * ends alone: the file then ends in a damaged record that says why and what to do (`heapMb`: a test's
- * smaller heap).
+ * (parquet-worker.ts) with a heap as large as this thread's: a row group is read whole, its rows' text some
+ * four times its uncompressed size (hyparquet's objects of it twenty: 200,000 sessions written in one row
+ * group, as pyarrow writes up to a million rows, took more than Node's 4 GB heap and ended the process). A
+ * thread that runs out of memory ends alone: the file then ends in a damaged record that says why and what
+ * to do (`heapMb`: a test's smaller heap).
  */
 export async function* readParquetBatches(path: string, heapMb?: number): AsyncGenerator<RawRecord[]> {
-  // A young generation of 64 MB (the stages' threads have 16): a row group's objects outlive many of its
-  // collections, and at 16 half the thread's time went to collecting (100k sessions in row groups of 10,000:
-  // 11.9 s, 10.6 at 64, 11.0 read on the main thread).
+  // A young generation of 64 MB (the stages' threads have 16): a row group's values outlive many of its
+  // collections (100k sessions in row groups of 10,000: 5.0 s against 5.2-5.3 at 16, for 50 MB more; through
+  // hyparquet's objects 10.6 s against 11.9).
   const reader = new WorkerPool<null, RawRecord[] | null>('parquet-worker', new URL('./parquet-worker.ts', import.meta.url), 1, { path }, undefined, { maxYoungGenerationSizeMb: 64, ...(heapMb ? { maxOldGenerationSizeMb: heapMb } : {}) });
   let reached = 'before the first record';
   try {
@@ -51,8 +52,12 @@ export async function* readParquetRecords(path: string): AsyncGenerator<RawRecor
   for await (const records of readParquetBatches(path)) for (const r of records) yield r.value !== undefined || r.damaged ? r : parseRecord(r.where, r.raw);
 }
 
-/** Batches asked of a Parquet file's thread ahead of the one being used. */
-const AHEAD = 2;
+/**
+ * Batches asked of a Parquet file's thread ahead of the one being used: more than a row group of 10,000 rows,
+ * so that the thread reads the next group while this one takes the batches of the last (at 2, each thread
+ * waited for the other half the time: 4.9 s against 4.3-4.5 at 100k sessions in groups of 10,000).
+ */
+const AHEAD = 16;
 
 /** Why a Parquet file could not be read in the memory there was, and what to do. */
 async function outOfMemory(path: string): Promise<string> {
@@ -66,6 +71,11 @@ async function outOfMemory(path: string): Promise<string> {
   );
 }
 
+/** The rows `rowStart` to `rowEnd` (one row group) as plain JSON values: hyparquet's objects, through its toJson. */
+async function groupValues(file: AsyncBuffer, metadata: FileMetaData, rowStart: number, rowEnd: number): Promise<unknown[]> {
+  return (await parquetReadObjects({ file, metadata, rowStart, rowEnd, compressors })).map((row) => toJson(row));
+}
+
 /** Every row of a Parquet file (any compression) as plain JSON values, with its 1-based row number, one row group in memory at a time. */
 export async function* readParquetRows(path: string): AsyncGenerator<{ row: number; value: unknown }> {
   const file = await asyncBufferFromFile(path);
@@ -73,8 +83,36 @@ export async function* readParquetRows(path: string): AsyncGenerator<{ row: numb
   let rowStart = 0;
   for (const group of metadata.row_groups) {
     const rowEnd = rowStart + Number(group.num_rows);
-    const rows = await parquetReadObjects({ file, metadata, rowStart, rowEnd, compressors });
-    for (let i = 0; i < rows.length; i++) yield { row: rowStart + i + 1, value: toJson(rows[i]) };
+    const values = await groupValues(file, metadata, rowStart, rowEnd);
+    for (let i = 0; i < values.length; i++) yield { row: rowStart + i + 1, value: values[i] };
+    rowStart = rowEnd;
+  }
+}
+
+/**
+ * Every row of a Parquet file as its text, JSON.stringify of readParquetRows' value of it, with its 1-based
+ * row number and, only where the text does not give it back (a NaN or an infinity, which JSON writes as
+ * null), its value; one row group in memory at a time. The text is assembled from the columns
+ * (parquet-text.ts): ingest read 100k sessions in row groups of 10,000 in 4.3-4.5 s against 10.8 through
+ * hyparquet's objects, at 260 MiB against 717 (one row group of them all: 5.3 s against 14.4, 0.5 GiB
+ * against 3.5). A row group that holds such a number, one that fails there, and a file whose schema it does
+ * not assemble (maps, variants, legacy lists) are read as readParquetRows reads them (a damaged one then fails
+ * as it does there).
+ */
+export async function* readParquetTexts(path: string): AsyncGenerator<{ row: number; raw: string; value?: unknown }> {
+  const file = await asyncBufferFromFile(path);
+  const metadata = await parquetMetadataAsync(file);
+  const plan = rowPlan(metadata);
+  let rowStart = 0;
+  for (const [g, group] of metadata.row_groups.entries()) {
+    const rowEnd = rowStart + Number(group.num_rows);
+    const texts = plan && (await rowGroupTexts(metadata, g, plan, (start, end) => file.slice(start, end), compressors).catch(() => null));
+    if (texts) {
+      for (let i = 0; i < texts.length; i++) yield { row: rowStart + i + 1, raw: texts[i]! };
+    } else {
+      const values = await groupValues(file, metadata, rowStart, rowEnd);
+      for (let i = 0; i < values.length; i++) yield { row: rowStart + i + 1, raw: JSON.stringify(values[i]), ...(allFinite(values[i]) ? {} : { value: values[i] }) };
+    }
     rowStart = rowEnd;
   }
 }

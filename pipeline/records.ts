@@ -484,7 +484,8 @@ class ArrayScanner {
   }
 }
 
+/** A Parquet file's records: each row's text, and its value only where the text does not give it back. */
 async function* parquetRecords(path: string): AsyncGenerator<RawRecord> {
-  const { readParquetRows } = await import('./parquet.ts');
-  for await (const { row, value } of readParquetRows(path)) yield { where: `row ${row}`, value, raw: JSON.stringify(value) };
+  const { readParquetTexts } = await import('./parquet.ts');
+  for await (const { row, raw, value } of readParquetTexts(path)) yield value === undefined ? { where: `row ${row}`, raw } : { where: `row ${row}`, raw, value };
 }
