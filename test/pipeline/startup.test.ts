@@ -45,6 +45,23 @@ describe('startup', () => {
     }
   });
 
+  it('loads tinyglobby only where a folder or a pattern is among the inputs, and cli-progress only for a bar on a terminal', () => {
+    const dir = tempDir();
+    const inbox = join(dir, 'inbox');
+    mkdirSync(inbox);
+    writeFileSync(join(inbox, 'a.jsonl'), jsonl([session('s1', 't1', 1), session('s2', 't1', 0)]));
+    const packages = (modules: string[]) => ['tinyglobby', 'cli-progress'].filter((p) => modules.some((m) => m.includes(`/node_modules/${p}/`)));
+    const configs = { file: join(inbox, 'a.jsonl'), folder: inbox, pattern: join(inbox, '*.jsonl') };
+    for (const [kind, input] of Object.entries(configs)) {
+      const config = join(dir, `${kind}.yaml`);
+      writeFileSync(config, `ingest:\n  inputs: [${input}]\n`);
+      const r = loads(['--workdir', join(dir, `workspace-${kind}`), '--config', config, 'run', '--until', 'split']);
+      expect(r.code, r.stderr).toBe(0);
+      expect(packages(r.modules), kind).toEqual(kind === 'file' ? [] : ['tinyglobby']);
+    }
+    expect(packages(loads(['--help']).modules)).toEqual([]);
+  });
+
   it('loads TensorFlow.js and the model when a command needs the model', () => {
     for (const tsx of [false, true]) {
       const r = loads(['model', 'inspect', join(REPO, 'test', 'fixtures', 'hf-tiny', 'llama-tiny')], tsx);
