@@ -19,7 +19,7 @@ import { WorkerPool } from './workers.ts';
  */
 export async function* readParquetBatches(path: string, heapMb?: number): AsyncGenerator<RawRecord[]> {
   // A young generation of 64 MB (the stages' threads have 16): a row group's values outlive many of its
-  // collections (100k sessions in row groups of 10,000: 5.0 s against 5.2-5.3 at 16, for 50 MB more; through
+  // collections (100k sessions in row groups of 10,000: 5.0 s against 5.2-5.3 at 16, for 45 MiB more; through
   // hyparquet's objects 10.6 s against 11.9).
   const reader = new WorkerPool<null, RawRecord[] | null>('parquet-worker', new URL('./parquet-worker.ts', import.meta.url), 1, { path }, undefined, { maxYoungGenerationSizeMb: 64, ...(heapMb ? { maxOldGenerationSizeMb: heapMb } : {}) });
   let reached = 'before the first record';
