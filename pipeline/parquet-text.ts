@@ -116,7 +116,7 @@ export async function rowGroupTexts(
   const texts: string[] = new Array(rows);
   for (let r = 0; r < rows; r++) {
     const text = writer.fields(plan);
-    // Made flat now: the pieces go while young (1.0 s less of 3.1 collecting at 100k sessions).
+    // Made flat now, its pieces go while young: reading 100k sessions took 2.1 s against 3.1 (collecting 0.5 against 1.6).
     text.charCodeAt(0);
     texts[r] = text;
     if (writer.lossy) return null;
@@ -176,8 +176,8 @@ function decodeColumn(buffer: ArrayBuffer, meta: ColumnMetaData, schemaPath: Sch
 
 /**
  * A value as JSON.stringify(toJson(value)) writes it (undefined for undefined), made as its row is written
- * (made with the column, the texts outlived many collections: 0.2 s more of 2.1); null for a number JSON
- * cannot hold (NaN, an infinity).
+ * (made with its column instead, a dictionary's values once, it was no faster: the texts outlived many
+ * collections); null for a number JSON cannot hold (NaN, an infinity).
  */
 function valueText(v: unknown): string | undefined | null {
   switch (typeof v) {
