@@ -6,7 +6,8 @@
 // pages are decoded by hyparquet's own functions (its types, encodings and conversions), and the rows are
 // assembled from the columns' definition and repetition levels (Dremel's record assembly) as text.
 // Schemas it does not know how to assemble (maps, variants, two-level lists, repeated fields outside a
-// LIST, keys an object would reorder or drop) give null, and the caller reads them with hyparquet.
+// LIST, keys an object would reorder or drop, dotted names inside a struct) give null, and the caller reads
+// them with hyparquet.
 import { parquetSchema, toJson, type ColumnMetaData, type DecodedArray, type FileMetaData, type SchemaTree } from 'hyparquet';
 import { parquetHeader } from 'hyparquet/src/column.js';
 import { DEFAULT_PARSERS, convert, convertWithDictionary } from 'hyparquet/src/convert.js';
@@ -48,13 +49,19 @@ export function rowPlan(metadata: FileMetaData): { key: string; node: Node }[] |
   return fields && used.length === columns.size && new Set(used).size === used.length ? fields : null;
 }
 
-/** Names an object keeps in the order given: not an array index (those come first) nor `__proto__`, and each once. */
-function plainKeys(names: string[]): boolean {
-  return new Set(names).size === names.length && names.every((n) => n !== '__proto__' && !/^(0|[1-9]\d*)$/.test(n));
+/**
+ * Names an object keeps in the order given, each once: not an array index (a canonical integer below
+ * 2^32 - 1, which objects put first) nor `__proto__`. Below the top level, no dot either: hyparquet keys a
+ * struct's parts by their path joined with dots, so a field `a.b` beside a field `a` holding `b` overwrites
+ * or drops the other's values in its objects (found by fuzzing), and that reading is the one to match.
+ */
+function plainKeys(names: string[], nested: boolean): boolean {
+  const index = (n: string) => /^(0|[1-9]\d*)$/.test(n) && Number(n) < 2 ** 32 - 1;
+  return new Set(names).size === names.length && names.every((n) => n !== '__proto__' && !index(n) && !(nested && n.includes('.')));
 }
 
 function fieldsOf(group: SchemaTree, def: number, rep: number, columns: Map<string, number>): { key: string; node: Node }[] | null {
-  if (!plainKeys(group.children.map((c) => c.element.name))) return null;
+  if (!plainKeys(group.children.map((c) => c.element.name), group.path.length > 0)) return null;
   const fields: { key: string; node: Node }[] = [];
   for (const child of group.children) {
     const node = nodeOf(child, def, rep, columns);

@@ -148,11 +148,15 @@ describe('Parquet rows as text', () => {
     expect(metadata.row_groups).toHaveLength(3);
     expect(read.filter((r) => 'value' in r).map((r) => r.row)).toEqual([2501, 3001]);
     expect(read[2500]!.value).toEqual({ id: 2500, x: NaN, l: [{ v: 2500 }] });
-    // A map, keys an object would put first or drop: read by hyparquet, to the same text.
+    // A map, keys an object would put first or drop, and dotted names inside a struct (hyparquet keys a
+    // struct's parts by their dotted path: `a.b` beside `a` holding `b` overwrites the other's values, and
+    // its reading is the one kept): read by hyparquet, to the same text.
     const others = {
       map: `SELECT i AS id, MAP {'k': i} AS m FROM range(50) t(i)`,
       index: `SELECT i AS "1", i AS id FROM range(50) t(i)`,
       proto: `SELECT i AS id, {'__proto__': i} AS s FROM range(50) t(i)`,
+      dotted: `SELECT i AS id, {'a.b': [i], 'a': {'b': i + 1}} AS s FROM range(50) t(i)`,
+      dottedStruct: `SELECT i AS id, {'k8s.io': {'x': i}, 'k8s': {'io': 'v'}} AS labels FROM range(50) t(i)`,
     };
     for (const [name, sql] of Object.entries(others)) {
       const path = join(dir, `${name}.parquet`);
@@ -162,5 +166,9 @@ describe('Parquet rows as text', () => {
       for await (const r of readParquetTexts(path)) texts.push(r.raw);
       expect(texts, name).toEqual(await expectedTexts(path));
     }
+    // A dotted name at the top, and a name past the array indices (2^32 - 1), are assembled.
+    const plain = join(dir, 'plain-names.parquet');
+    await c.run(`COPY (SELECT i AS "a.b", {'4294967295': i, 'x': [i]} AS s FROM range(50) t(i)) TO '${plain}' (FORMAT parquet)`);
+    expect(await assembledTexts(plain)).toEqual(await expectedTexts(plain));
   });
 });
