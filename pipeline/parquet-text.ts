@@ -27,6 +27,13 @@ type Node =
   | { kind: 'struct'; fields: { key: string; node: Node }[]; def: number; optional: boolean; columns: number[] }
   | { kind: 'list'; element: Node; def: number; optional: boolean; filled: number; rep: number; columns: number[] };
 
+/**
+ * A row group whose columns' levels do not fit its schema (a row's entries running on past it): hyparquet
+ * reads such a group without an error but loses values (found by fuzzing: a DuckDB fixed-size ARRAY that
+ * holds a NULL), so the file is reported as damaged here rather than given to it.
+ */
+export class ColumnsDisagree extends Error {}
+
 /** A column chunk decoded: its entries' levels, and its values (one an entry at the column's full definition level). */
 interface Column {
   defs: Uint8Array;
@@ -119,6 +126,12 @@ export async function rowGroupTexts(
     columns.push(decodeColumn(await bytes(start, start + Number(meta.total_compressed_size)), meta, getTreePath(schema, meta.path_in_schema), compressors));
   }
   const rows = Number(group.num_rows);
+  const firstRow = metadata.row_groups.slice(0, g).reduce((n, r) => n + Number(r.num_rows), 1);
+  const disagree = (what: string) =>
+    new ColumnsDisagree(
+      `row group ${g + 1} (rows ${firstRow} to ${firstRow + rows - 1}): ${what}, so its columns' levels do not fit its schema and it cannot be read without losing values ` +
+        '(DuckDB writes a fixed-size ARRAY column that holds a NULL so: cast it to a list, c::INTEGER[], before writing the file, or write it as JSONL)',
+    );
   const writer = new RowWriter(columns);
   const texts: string[] = new Array(rows);
   for (let r = 0; r < rows; r++) {
@@ -128,9 +141,9 @@ export async function rowGroupTexts(
     texts[r] = text;
     if (writer.lossy) return null;
     // Each column's next entry starts a row.
-    for (const c of columns) if (c.at < c.defs.length && c.reps[c.at] !== 0) throw new Error(`parquet: row ${r + 1} of row group ${g + 1} did not end where its columns do`);
+    for (const c of columns) if (c.at < c.defs.length && c.reps[c.at] !== 0) throw disagree(`row ${firstRow + r} does not end where its columns do`);
   }
-  for (const c of columns) if (c.at !== c.defs.length || c.next !== c.values.length) throw new Error(`parquet: row group ${g + 1}'s columns hold more than its ${rows} rows`);
+  for (const c of columns) if (c.at !== c.defs.length || c.next !== c.values.length) throw disagree(`its columns hold more than its ${rows} rows`);
   return texts;
 }
 
