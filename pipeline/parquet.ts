@@ -93,7 +93,7 @@ export async function* readParquetRows(path: string): AsyncGenerator<{ row: numb
  * Every row of a Parquet file as its text, JSON.stringify of readParquetRows' value of it, with its 1-based
  * row number and, only where the text does not give it back (a NaN or an infinity, which JSON writes as
  * null), its value; one row group in memory at a time. The text is assembled from the columns
- * (parquet-text.ts): ingest read 100k sessions in row groups of 10,000 in 4.3-4.5 s against 10.8 through
+ * (parquet-text.ts): ingest read 100k sessions in row groups of 10,000 in 4.0-4.5 s against 10.8 through
  * hyparquet's objects, at 260 MiB against 717 (one row group of them all: 5.3 s against 14.4, 0.5 GiB
  * against 3.5). A row group that holds such a number, one that fails there, and a file whose schema it does
  * not assemble (maps, variants, legacy lists) are read as readParquetRows reads them (a damaged one then fails
