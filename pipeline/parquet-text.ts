@@ -13,7 +13,7 @@ import { parquetHeader } from 'hyparquet/src/column.js';
 import { DEFAULT_PARSERS, convert, convertWithDictionary } from 'hyparquet/src/convert.js';
 import { decompressPage, readDataPage, readDataPageV2 } from 'hyparquet/src/datapage.js';
 import { readPlain } from 'hyparquet/src/plain.js';
-import { getTreePath } from 'hyparquet/src/schema.js';
+import { getMaxDefinitionLevel, getTreePath } from 'hyparquet/src/schema.js';
 import type { Compressors } from 'hyparquet';
 
 /**
@@ -151,8 +151,7 @@ export async function rowGroupTexts(
 function decodeColumn(buffer: ArrayBuffer, meta: ColumnMetaData, schemaPath: SchemaTree[], compressors: Compressors): Column {
   const element = schemaPath.at(-1)!.element;
   const decoder = { pathInSchema: meta.path_in_schema, element, schemaPath, type: meta.type, codec: meta.codec, compressors, parsers: DEFAULT_PARSERS };
-  let maxDef = 0;
-  for (const { element: e } of schemaPath.slice(1)) if (e.repetition_type !== 'REQUIRED') maxDef++;
+  const maxDef = getMaxDefinitionLevel(schemaPath);
   const reader = { view: new DataView(buffer), offset: 0 };
   const pages: { defs: number[] | undefined; reps: number[]; entries: number; values: DecodedArray }[] = [];
   let dictionary: DecodedArray | undefined;
