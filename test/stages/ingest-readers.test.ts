@@ -213,43 +213,46 @@ function damagedGzFiles(text: string, ext: string): { trial: number; path: strin
 const DAMAGED_RECORDS = Array.from({ length: 20_000 }, (_, i) => JSON.stringify({ id: i, t: `x${(i * 7919) % 10007} ${'abc'.repeat(i % 17)}` }));
 const BLOCK_SIZES = [64 << 10, 100 << 10, 200 << 10, 1 << 20];
 
+/**
+ * Reads each of the two damaged files at every block size (`read`: how many of `unit` it gave, and why it
+ * stopped) and expects the same whatever the size, with something read and a damage told.
+ */
+async function expectSameAtEverySize(files: { trial: number; path: string }[], unit: string, read: (path: string, size: number) => Promise<[number, string]>): Promise<void> {
+  expect(files).toHaveLength(2);
+  for (const { trial, path } of files) {
+    const outcomes: string[] = [];
+    for (const size of BLOCK_SIZES) {
+      const [count, damaged] = await read(path, size);
+      outcomes.push(`${count} ${unit}, then ${damaged}`);
+    }
+    expect(outcomes[0]).toMatch(new RegExp(`^\\d+ ${unit}, then .+`));
+    expect(new Set(outcomes).size, `trial ${trial}: ${outcomes.join(' | ')}`).toBe(1);
+  }
+}
+
 describe('gzip line blocks', () => {
   it('keep the same lines of a file damaged midway whatever the block size (which the threads set)', async () => {
-    const files = damagedGzFiles(DAMAGED_RECORDS.join('\n') + '\n', '.jsonl.gz');
-    expect(files).toHaveLength(2);
-    for (const { trial, path } of files) {
-      const read: string[] = [];
-      for (const size of BLOCK_SIZES) {
-        let lines = 0;
-        let damaged = '';
-        for await (const block of readLineBlocks(path, size)) {
-          if ('bytes' in block) lines += block.bytes.filter((c) => c === 10).length;
-          else damaged = block.damaged;
-        }
-        read.push(`${lines} lines, then ${damaged}`);
+    await expectSameAtEverySize(damagedGzFiles(DAMAGED_RECORDS.join('\n') + '\n', '.jsonl.gz'), 'lines', async (path, size) => {
+      let lines = 0;
+      let damaged = '';
+      for await (const block of readLineBlocks(path, size)) {
+        if ('bytes' in block) lines += block.bytes.filter((c) => c === 10).length;
+        else damaged = block.damaged;
       }
-      expect(read[0]).toMatch(/^\d+ lines, then .+/);
-      expect(new Set(read).size, `trial ${trial}: ${read.join(' | ')}`).toBe(1);
-    }
+      return [lines, damaged];
+    });
   });
 
   it('keep the same elements of a JSON array damaged midway whatever the block size', async () => {
-    const files = damagedGzFiles('[' + DAMAGED_RECORDS.join(',\n') + ']\n', '.json.gz');
-    expect(files).toHaveLength(2);
-    for (const { trial, path } of files) {
-      const read: string[] = [];
-      for (const size of BLOCK_SIZES) {
-        let elements = 0;
-        let damaged = '';
-        try {
-          for await (const block of readElementBlocks(path, size)) elements += block.elements.length / ELEMENT_FIELDS;
-        } catch (error) {
-          damaged = (error as Error).message;
-        }
-        read.push(`${elements} elements, then ${damaged}`);
+    await expectSameAtEverySize(damagedGzFiles('[' + DAMAGED_RECORDS.join(',\n') + ']\n', '.json.gz'), 'elements', async (path, size) => {
+      let elements = 0;
+      let damaged = '';
+      try {
+        for await (const block of readElementBlocks(path, size)) elements += block.elements.length / ELEMENT_FIELDS;
+      } catch (error) {
+        damaged = (error as Error).message;
       }
-      expect(read[0]).toMatch(/^\d+ elements, then .+/);
-      expect(new Set(read).size, `trial ${trial}: ${read.join(' | ')}`).toBe(1);
-    }
+      return [elements, damaged];
+    });
   });
 });
