@@ -337,7 +337,8 @@ export async function ingestFiles(files: { file: ExternalFile; seq: number }[], 
   async function* jobs(): AsyncGenerator<Job> {
     for (const [i, { file, seq }] of files.entries()) {
       // Parquet's records come from the thread that reads the file (readParquetBatches) and are mapped on this
-      // one: sending them on to ingest's threads is not done (yet).
+      // one: sent on to ingest's threads, as records or as blocks of text, they were no faster, the reading
+      // thread being the slower side (docs/experiments.md, "Parquet rows assembled as text").
       const pool = formats[i] === 'parquet' ? null : threads;
       const blockBytes = pool ? Math.min(1 << 20, Math.max(64 << 10, Math.ceil(total / (2 * pool.size)))) : 1 << 20;
       const begun = fileReading(file, out, seq, ids, quarantine, reasons, log, signal, shelf, pool);
