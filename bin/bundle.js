@@ -77,7 +77,7 @@ const bundledPackages = {
 /** A bundled CommonJS package's require of a Node module goes to a require made for its chunk (an ES module has none). */
 const REQUIRE = "import { createRequire as __prefabCreateRequire } from 'node:module'; const require = __prefabCreateRequire(import.meta.url);";
 
-/** The bundle's folder (its entry points cli.js and stages.js), made first if the sources changed since. */
+/** The bundle's folder (its entry points cli.mjs and stages.mjs), made first if the sources changed since. */
 export async function bundle() {
   const fresh = current();
   if (fresh) return fresh;
@@ -85,7 +85,9 @@ export async function bundle() {
   mkdirSync(CACHE, { recursive: true });
   const started = Date.now();
   const dir = `build-${started}-${process.pid}`;
-  const options = { absWorkingDir: REPO, outdir: join(CACHE, dir), bundle: true, format: 'esm', platform: 'node', target: 'node20', metafile: true, logLevel: 'error', plugins: [importMeta, bundledPackages], banner: { js: REQUIRE } };
+  // Files named .mjs: Node takes them for ES modules without looking for a package.json's `type` above
+  // each (importing the CLI's and the stages' chunks took 90-99 ms instead of 104-108 as .js).
+  const options = { absWorkingDir: REPO, outdir: join(CACHE, dir), outExtension: { '.js': '.mjs' }, bundle: true, format: 'esm', platform: 'node', target: 'node20', metafile: true, logLevel: 'error', plugins: [importMeta, bundledPackages], banner: { js: REQUIRE } };
   const results = await Promise.all([build({ ...options, entryPoints: ENTRIES, splitting: true }), build({ ...options, entryPoints: WORKERS, splitting: false })]);
   const inputs = {};
   for (const file of new Set([...results.flatMap((r) => Object.keys(r.metafile.inputs)), 'bin/bundle.js'])) {

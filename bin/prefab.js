@@ -34,7 +34,7 @@ async function load() {
     }
     // Worker threads (pipeline/workers.ts) start from the bundle's entries for them.
     if (dir) process.env.PREFAB_BUNDLE_DIR = dir;
-    if (dir) return Promise.all([import(pathToFileURL(join(dir, 'cli.js')).href), import(pathToFileURL(join(dir, 'stages.js')).href)]);
+    if (dir) return Promise.all([import(pathToFileURL(join(dir, 'cli.mjs')).href), import(pathToFileURL(join(dir, 'stages.mjs')).href)]);
   }
   const { register } = await import('tsx/esm/api');
   register();

@@ -62,7 +62,7 @@ export class WorkerPool<In, Out> {
    * where not as the stages' threads have it.
    */
   constructor(entry: string, module: URL, size: number, init: unknown, private readonly moves: (batch: In) => ArrayBuffer[] = () => [], limits: ResourceLimits = {}) {
-    const bundle = process.env.PREFAB_BUNDLE_DIR ? join(process.env.PREFAB_BUNDLE_DIR, `${entry}.js`) : null;
+    const bundle = process.env.PREFAB_BUNDLE_DIR ? join(process.env.PREFAB_BUNDLE_DIR, `${entry}.mjs`) : null;
     const script = bundle && existsSync(bundle) ? bundle : fileURLToPath(new URL('./worker-entry.mjs', import.meta.url));
     this.inFlight = new Array<number>(size).fill(0);
     this.workers = Array.from({ length: size }, (_, w) => {

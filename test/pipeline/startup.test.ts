@@ -119,9 +119,9 @@ describe("the data stages' worker threads", () => {
       return [...packages].sort();
     };
     // A thread checksums what it writes (xxhash-wasm); the rewriter's endpoint, config schemas and progress bars stay on the main thread.
-    expect(packagesOf('pairs-worker.js')).toEqual(['xxhash-wasm']);
-    expect(packagesOf('ingest-worker.js')).toEqual(['xxhash-wasm']);
-    expect(packagesOf('cli.js')).toEqual(expect.arrayContaining(['zod', 'yaml', 'commander']));
+    expect(packagesOf('pairs-worker.mjs')).toEqual(['xxhash-wasm']);
+    expect(packagesOf('ingest-worker.mjs')).toEqual(['xxhash-wasm']);
+    expect(packagesOf('cli.mjs')).toEqual(expect.arrayContaining(['zod', 'yaml', 'commander']));
   });
 });
 
