@@ -94,8 +94,8 @@ const { createInterface } = require('node:readline');
 
 /**
  * DuckDB's round trip: every session read and typed, then written back as JSONL; nothing else. Its rows are
- * counted afterwards, outside the timed process (linesOf): until session 31 the script counted them by
- * reading its output back with DuckDB, which added 0.55 s to its 2.2 s at the simulator's 100k and made every
+ * counted afterwards, outside the timed process (sessionsIn): until session 31 the script counted them by
+ * reading its output back with DuckDB, which added 0.55 s to its 2.1-2.9 s at the simulator's 100k and made every
  * ratio against it about a fifth too kind.
  */
 const DUCKDB = `
@@ -106,15 +106,11 @@ const c = await db.connect();
 await c.run(\`COPY (SELECT * FROM read_json('\${input}', format = 'newline_delimited', maximum_object_size = 67108864)) TO '\${output}' (FORMAT json)\`);
 `;
 
-/** The lines of a file (its newlines, and a last line without one). */
-async function linesOf(path: string): Promise<number> {
-  let lines = 0;
-  let last = 10;
-  for await (const chunk of createReadStream(path, { highWaterMark: 8 * MiB }) as AsyncIterable<Buffer>) {
-    for (let at = chunk.indexOf(10); at >= 0; at = chunk.indexOf(10, at + 1)) lines++;
-    last = chunk[chunk.length - 1]!;
-  }
-  return lines + (last === 10 ? 0 : 1);
+/** The sessions of a JSONL file: its lines that hold more than white space (the input's, and DuckDB's output's). */
+async function sessionsIn(path: string): Promise<number> {
+  let n = 0;
+  for await (const line of createInterface({ input: createReadStream(path), crlfDelay: Infinity })) if (line.trim() !== '') n++;
+  return n;
 }
 
 interface Row {
@@ -171,7 +167,7 @@ async function benchOne(n: number, rounds: number, given?: string): Promise<Row>
       const floor = await measure(process.execPath, ['-e', PARSE_FLOOR, input], join(dir, 'floor.rss'));
       if (Number(floor.stdout) !== n) throw new Error(`the parse floor read ${floor.stdout} lines, expected ${n}`);
       const duckdb = await measure(process.execPath, [script, input, join(dir, 'duckdb.jsonl')], join(dir, 'duckdb.rss'));
-      const written = await linesOf(join(dir, 'duckdb.jsonl'));
+      const written = await sessionsIn(join(dir, 'duckdb.jsonl'));
       if (written !== n) throw new Error(`DuckDB wrote ${written} rows, expected ${n}`);
       await rm(join(dir, 'duckdb.jsonl'), { force: true });
       taken.floor.push(floor);
@@ -210,8 +206,7 @@ const rounds = Number(values.rounds);
 if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`--rounds wants a positive integer, got ${values.rounds}`);
 const rows: Row[] = [];
 if (values.input) {
-  let n = 0;
-  for await (const line of createInterface({ input: createReadStream(values.input), crlfDelay: Infinity })) if (line.trim() !== '') n++;
+  const n = await sessionsIn(values.input);
   process.stderr.write(`running on ${values.input} (${n} sessions)...\n`);
   rows.push(await benchOne(n, rounds, values.input));
 } else {
