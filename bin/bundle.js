@@ -86,7 +86,7 @@ export async function bundle() {
   const started = Date.now();
   const dir = `build-${started}-${process.pid}`;
   // Files named .mjs: Node takes them for ES modules without looking for a package.json's `type` above
-  // each (importing the CLI's and the stages' chunks took 90-99 ms instead of 104-108 as .js).
+  // each (importing the CLI's and the stages' chunks: median 97 ms of eight runs, against 107 as .js).
   const options = { absWorkingDir: REPO, outdir: join(CACHE, dir), outExtension: { '.js': '.mjs' }, bundle: true, format: 'esm', platform: 'node', target: 'node20', metafile: true, logLevel: 'error', plugins: [importMeta, bundledPackages], banner: { js: REQUIRE } };
   const results = await Promise.all([build({ ...options, entryPoints: ENTRIES, splitting: true }), build({ ...options, entryPoints: WORKERS, splitting: false })]);
   const inputs = {};

@@ -378,7 +378,7 @@ export async function ingestFiles(files: { file: ExternalFile; seq: number }[], 
  * the writers' default (1 MiB) this thread waited on each write before handing out more work, and writing
  * the page cache's new pages is slow on a virtual machine (2-3 s a GB here, against 0.6 with O_DIRECT): at
  * 1M simulated sessions ingest took 17.6-17.9 s, with 16 MiB 15.1-16.7 s (4 MiB between, 64 no faster and
- * 15-30 MiB more at its peak); at 100k, the same.
+ * 15-35 MiB more at its peak); at 100k, the same.
  */
 const SEGMENT_IN_FLIGHT = 16 << 20;
 
