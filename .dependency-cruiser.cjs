@@ -1,5 +1,5 @@
 // The walls between prefab's rooms (docs/architecture.md), checked by `npm run lint:deps` in CI.
-// An import may go down the list below, never up: bin → stages → judges → env / train → core → pipeline.
+// An import may go down the list below, never up: bin → stages → loop → judges → env / train / store → core → pipeline.
 /** @type {import('dependency-cruiser').IConfiguration} */
 module.exports = {
   forbidden: [
@@ -15,14 +15,28 @@ module.exports = {
       severity: 'error',
       comment: 'pipeline/ is the engine: stages, manifests, workspace, config, CLI. It imports nothing of the domain.',
       from: { path: '^pipeline/' },
-      to: { path: '^(core|stages|judges|env|train|loop|bin)/' },
+      to: { path: '^(core|store|stages|judges|env|train|loop|bin)/' },
     },
     {
       name: 'core-imports-nothing-of-ours',
       severity: 'error',
       comment: 'core/ is what everything shares; it imports no other room (only the engine\'s one hash function).',
       from: { path: '^core/' },
-      to: { path: '^(stages|judges|env|train|loop|bin)/|^pipeline/(?!hash\\.ts$)' },
+      to: { path: '^(store|stages|judges|env|train|loop|bin)/|^pipeline/(?!hash\\.ts$)' },
+    },
+    {
+      name: 'store-imports-core-and-engine-only',
+      severity: 'error',
+      comment: 'The session store is the bytes ingest and split write, read back: it knows records and the engine, not what the stages make of them.',
+      from: { path: '^store/' },
+      to: { path: '^(stages|judges|env|train|loop|bin)/' },
+    },
+    {
+      name: 'only-the-data-stages-read-the-store',
+      severity: 'error',
+      comment: 'The store lies below the stages; judges, the simulator, the trainer and the loop take records, never stored bytes.',
+      from: { path: '^(pipeline|core|judges|env|train|loop)/' },
+      to: { path: '^store/' },
     },
     {
       name: 'env-imports-core-and-engine-only',
@@ -55,7 +69,7 @@ module.exports = {
     {
       name: 'no-stage-imports-another-stage',
       severity: 'error',
-      comment: 'What passes between stages on disk is stages/layout.ts; a stage never reaches into another stage\'s folder.',
+      comment: 'What passes between stages on disk is stages/layout.ts (the sessions in it read through store/); a stage never reaches into another stage\'s folder.',
       from: { path: '^stages/([^/]+)/' },
       to: { path: '^stages/([^/]+)/', pathNot: '^stages/$1/' },
     },

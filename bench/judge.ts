@@ -22,7 +22,7 @@ import { Logger } from '../pipeline/log.ts';
 import { seeded } from '../core/random.ts';
 import { DEFAULT_PROMPT } from '../judges/panel.ts';
 import { STAGES } from '../stages/index.ts';
-import type { PairSide } from '../stages/layout.ts';
+import type { PairSide } from '../store/messages.ts';
 import { commonPrefixLength, type JudgedPair, type Session } from '../core/records.ts';
 import { Redactor } from '../core/redact.ts';
 import { completion, startChatServer } from '../test/fixtures/chat-server.ts';

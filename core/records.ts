@@ -45,6 +45,9 @@ export interface Session {
 
 export type Split = 'train' | 'test';
 
+/** The sides of a split, in the order every stage writes them. */
+export const SPLITS: readonly Split[] = ['train', 'test'];
+
 /** A session placed on one side of the train/test split. */
 export interface SplitSession extends Session {
   split: Split;

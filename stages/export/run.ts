@@ -5,12 +5,12 @@ import { join } from 'node:path';
 import { hashJson } from '../../pipeline/hash.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import { WorkerPool, workerCount } from '../../pipeline/workers.ts';
-import { MANY_BUCKETS, SPLITS, readSplitInfo } from '../layout.ts';
+import { MANY_BUCKETS, readSplitInfo } from '../layout.ts';
 import { cardTexts, datasetCard } from './card.ts';
 import { DATASETS } from './schema.ts';
 import { writePairTable, writeSessionTables, type TableSource, type TablesWritten } from './tables.ts';
 import type { TableJob } from './worker.ts';
-import type { Split } from '../../core/records.ts';
+import { SPLITS, type Split } from '../../core/records.ts';
 
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';

@@ -6,8 +6,8 @@ import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';
 import { readJsonFile } from '../../pipeline/workspace.ts';
-import { type JudgedPair, type Pair } from '../../core/records.ts';
-import { SPLITS, type PairSide } from '../layout.ts';
+import { SPLITS, type JudgedPair, type Pair } from '../../core/records.ts';
+import type { PairSide } from '../../store/messages.ts';
 import { Calibration } from './calibration.ts';
 import { GateReport, gateReason, reportMarkdown, type GateOptions } from './report.ts';
 

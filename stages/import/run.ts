@@ -10,8 +10,7 @@ import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { every, safePoint } from '../../pipeline/interrupt.ts';
 import { detectFormat, quarantineText, readRecords, type InputFormat } from '../../pipeline/records.ts';
 import { UsageError } from '../../pipeline/errors.ts';
-import { pairId, type CandidatePair } from '../../core/records.ts';
-import { SPLITS } from '../layout.ts';
+import { SPLITS, pairId, type CandidatePair } from '../../core/records.ts';
 import { ImportError, detectImport, readPairs, type ImportFormat } from './formats.ts';
 
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';

@@ -4,7 +4,9 @@ import { existsSync } from 'node:fs';
 import { commonPrefixLength, pairId, type JudgedPair, type Message, type Split, type SplitSession } from '../../core/records.ts';
 import { NO_COST, abstain, addStats, chosenConfidence, swapped, type Comparison, type Completion, type JudgeStats } from '../../core/verdict.ts';
 import type { EnsembleVerdict } from '../../judges/ensemble.ts';
-import { readTaskGroups, type PairSide, type SplitFolders, type StoredBucketReader } from '../layout.ts';
+import { readTaskGroups, type StoredBucketReader } from '../../store/bucket-reader.ts';
+import type { PairSide } from '../../store/messages.ts';
+import type { SplitFolders } from '../layout.ts';
 import { coupleKey, type Tally } from './constructed.ts';
 
 export interface Candidate {

@@ -7,7 +7,10 @@ import { forEachLine } from '../../pipeline/records.ts';
 import { NO_COST, addStats, chosenConfidence, type JudgeStats } from '../../core/verdict.ts';
 import type { CandidatePair, JudgedPair, Split } from '../../core/records.ts';
 import type { EnsembleJudge } from '../../judges/ensemble.ts';
-import { readPairs, type PairSide, type ReadPair, type SessionsById, type SplitFolders, type StoredBucketReader } from '../layout.ts';
+import { readPairs, type ReadPair, type SplitFolders } from '../layout.ts';
+import type { PairSide } from '../../store/messages.ts';
+import type { SessionsById } from '../../store/sessions-by-id.ts';
+import type { StoredBucketReader } from '../../store/bucket-reader.ts';
 import { judgeBestOfN, type BestOfNBucket } from './best-of-n.ts';
 
 /** What the stage counts of the comparisons it writes. */

@@ -5,7 +5,9 @@ import { serveBatches, threadShelf } from '../../pipeline/workers.ts';
 import { mustDeclineTest } from '../../judges/rules.ts';
 import { openPanel } from '../../judges/panel.ts';
 import { Logger } from '../../pipeline/log.ts';
-import { SessionsById, StoredBucketReader, type SplitFolders } from '../layout.ts';
+import { SessionsById } from '../../store/sessions-by-id.ts';
+import { StoredBucketReader } from '../../store/bucket-reader.ts';
+import type { SplitFolders } from '../layout.ts';
 import { judgeJob, type JudgeJob, type JudgedBucket } from './constructed.ts';
 import type { Config } from './index.ts';
 

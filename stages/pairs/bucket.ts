@@ -8,7 +8,7 @@ import type { Logger } from '../../pipeline/log.ts';
 import { NEGATIVE_TYPES, REWRITE_TYPES, type NegativeType, type Pair, type Split } from '../../core/records.ts';
 import { mustDeclineTest } from '../../judges/rules.ts';
 import { isRefusal } from '../../core/refusal.ts';
-import { storedSessions, type StoredMessages, type StoredSession, type StoredTaskGroups } from '../layout.ts';
+import { storedSessions, type StoredMessages, type StoredSession, type StoredTaskGroups } from '../../store/messages.ts';
 import { buildHardNegatives } from './hard-negatives.ts';
 import { rank, rankedOutcomePairs, type Candidate, type Ranked } from './outcome.ts';
 import type { RewriteJob, RewriteOutcome, Rewriter } from './rewriter.ts';

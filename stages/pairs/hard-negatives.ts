@@ -8,7 +8,7 @@ import { sha256Bytes, uint32LE } from '../../pipeline/hash.ts';
 import { TOOLS, TOOL_NAMES, type ToolName } from '../../env/env.ts';
 import { int, pick, sample, sfc32, type Random } from '../../core/random.ts';
 import { NEGATIVE_TYPES, pairId, type Message, type NegativeType, type Pair, type ToolCall } from '../../core/records.ts';
-import { StoredMessages, type StoredSession } from '../layout.ts';
+import { StoredMessages, type StoredSession } from '../../store/messages.ts';
 
 export interface HardNegativeOptions {
   /** Per type, the share of eligible chosen sessions that get a negative of that type (0..1). */

@@ -14,7 +14,9 @@
 // 8 s at 178-218 MiB, against 9.6-10.2 s at 480-507 whole (session 23).
 import type { BufferShelf } from '../../pipeline/buffers.ts';
 import type { Split } from '../../core/records.ts';
-import { StoredBucketReader, readStoredSession, sessionLineBytes, storedSessions, type BucketSpans, type LargeTask, type SpanSource, type StoredSession, type StoredTaskGroups, type TaskRange } from '../layout.ts';
+import { StoredBucketReader } from '../../store/bucket-reader.ts';
+import { readStoredSession, storedSessions, type StoredSession, type StoredTaskGroups } from '../../store/messages.ts';
+import { sessionLineBytes, type BucketSpans, type LargeTask, type SpanSource, type TaskRange } from '../../store/spans.ts';
 import { bucketWork, pairBucket, paired, writeOutcomePairs, writeTaskHardNegatives, type BucketLog, type BucketOptions, type PairedBucket } from './bucket.ts';
 import { DEEPER, FAILURE_ORDER, SUCCESS_ORDER, type Ranked } from './outcome.ts';
 

@@ -20,7 +20,7 @@ import { PipelineError } from '../../pipeline/errors.ts';
 import { sha256, unitHash } from '../../pipeline/hash.ts';
 import { pick, seeded } from '../../core/random.ts';
 import { REWRITE_TYPES, type Message, type Pair, type RewriteType } from '../../core/records.ts';
-import type { StoredMessages, StoredSession } from '../layout.ts';
+import type { StoredMessages, StoredSession } from '../../store/messages.ts';
 import { PLACEHOLDERS, redactionConfig } from '../../core/redact.ts';
 import { UNDER_EXPLAINED_MIN_TEXT, VERBOSE_MIN_TEXT, hardNegativePair, type SkippedNegative } from './hard-negatives.ts';
 

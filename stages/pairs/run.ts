@@ -9,10 +9,11 @@ import { openEndpoint, requestCounts, type ChatEndpoint } from '../../judges/end
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { BufferShelf } from '../../pipeline/buffers.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
-import type { Split } from '../../core/records.ts';
+import { SPLITS, type Split } from '../../core/records.ts';
 import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
 import { ChunkIndex, joinChunks, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
-import { MANY_BUCKETS, SPLITS, bucketFile, readPairsInfo, readSplitInfo, sessionSegments, type PairsInfo } from '../layout.ts';
+import { MANY_BUCKETS, bucketFile, readPairsInfo, readSplitInfo, type PairsInfo } from '../layout.ts';
+import { sessionSegments } from '../../store/runs.ts';
 import { bucketOptions, pairCounts, type PairedBucket, type PairingConfig } from './bucket.ts';
 import { BucketPairer, PIECE_BYTES, type BucketJob, type PairedJob, type PieceOfTask } from './pairer.ts';
 import { Rewriter, activeTypes, loadRewritePrompt, rewritePromptPath } from './rewriter.ts';

@@ -9,7 +9,9 @@ import { RequestFailed, openEndpoint, requestCounts } from '../../judges/endpoin
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { WorldCache } from '../../env/replay.ts';
 import { joinFolders, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
-import { SPLITS, bucketFile, readSplitInfo, readTaskGroups } from '../layout.ts';
+import { SPLITS } from '../../core/records.ts';
+import { bucketFile, readSplitInfo } from '../layout.ts';
+import { readTaskGroups } from '../../store/bucket-reader.ts';
 import { drawCandidate, type SampledSession } from './candidate.ts';
 import { BudgetSpent } from './policy.ts';
 

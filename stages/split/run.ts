@@ -11,9 +11,11 @@ import { BufferShelf } from '../../pipeline/buffers.ts';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import { forEachLine } from '../../pipeline/records.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
-import type { Session, Split, SplitSession } from '../../core/records.ts';
+import { SPLITS, type Session, type Split, type SplitSession } from '../../core/records.ts';
 import { joinFolders, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
-import { SPLITS, bucketFile, bucketOf, leadingTaskId, readIngestIndex, readTaskRuns, sessionRunLine, sessionSegments, sessionTail, taskRunsFile, type SessionRun, type SplitInfo } from '../layout.ts';
+import { bucketFile, bucketOf, readIngestIndex, readTaskRuns, taskRunsFile, type SplitInfo } from '../layout.ts';
+import { leadingTaskId, sessionTail } from '../../store/session-line.ts';
+import { sessionRunLine, sessionSegments, type SessionRun } from '../../store/runs.ts';
 import { TaskMatcher, requestText } from './similarity.ts';
 
 import type { ShardPart, StageContext, StageReport } from '../../pipeline/stage.ts';

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { DuckDBInstance } from '@duckdb/node-api';
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { Pair } from '../../core/records.ts';
-import type { PairSide } from '../../stages/layout.ts';
+import type { PairSide } from '../../store/messages.ts';
 import { prefab, REPO } from '../fixtures/cli.ts';
 import { engineFor, tempDir, wholePairs } from '../fixtures/pipeline.ts';
 

@@ -5,7 +5,8 @@ import { DuckDBInstance } from '@duckdb/node-api';
 import { describe, expect, it } from 'vitest';
 import xxhash from 'xxhash-wasm';
 import type { QuarantineRecord } from '../../stages/ingest/segment.ts';
-import { sessionSegments, taskRunsFile } from '../../stages/layout.ts';
+import { sessionSegments } from '../../store/runs.ts';
+import { taskRunsFile } from '../../stages/layout.ts';
 import type { Session } from '../../core/records.ts';
 import { collect, engineFor, jsonl, manifest, session, tempDir, wholePairs } from '../fixtures/pipeline.ts';
 

@@ -8,7 +8,7 @@ import { judgeGroup, type Candidate } from '../../stages/judge/best-of-n.ts';
 import type { JudgedPair, Pair, Session } from '../../core/records.ts';
 import { completion, judgePrompt, startChatServer, type ChatServer, type Script } from '../fixtures/chat-server.ts';
 import { collect, engineFor, jsonl, manifest, tempDir, wholePairs } from '../fixtures/pipeline.ts';
-import type { PairSide } from '../../stages/layout.ts';
+import type { PairSide } from '../../store/messages.ts';
 
 const SAMPLE = join(import.meta.dirname, '../../data/sample/sessions.jsonl.gz');
 let sessions: Session[] = [];

@@ -6,7 +6,7 @@ import { DEFAULT_REWRITE_PROMPT, loadRewritePrompt, type RewritePrompt } from '.
 import { REWRITE_TYPES, type CandidatePair, type Message, type RewriteType, type Session } from '../../core/records.ts';
 import { completion, startChatServer, type ChatServer, type Script, type SeenRequest } from '../fixtures/chat-server.ts';
 import { collect, engineFor, jsonl, manifest, tempDir, wholePairs } from '../fixtures/pipeline.ts';
-import type { PairSide } from '../../stages/layout.ts';
+import type { PairSide } from '../../store/messages.ts';
 
 const SAMPLE = join(import.meta.dirname, '../../data/sample/sessions.jsonl.gz');
 /** The first three sample tasks, four trials each: six successes among them. */

@@ -5,7 +5,9 @@ import type { Session, SplitSession } from '../../core/records.ts';
 import { int, pick, seeded } from '../../core/random.ts';
 import { sha256 } from '../../pipeline/hash.ts';
 import { TaskMatcher, jaccard, shingles } from '../../stages/split/similarity.ts';
-import { StoredBucketReader, sessionRunLine, type IngestIndex, type SessionRun, type TaskRun } from '../../stages/layout.ts';
+import { StoredBucketReader } from '../../store/bucket-reader.ts';
+import { sessionRunLine, type SessionRun } from '../../store/runs.ts';
+import type { IngestIndex, TaskRun } from '../../stages/layout.ts';
 import { collect, engineFor, jsonl, manifest, session, splitLines, tempDir } from '../fixtures/pipeline.ts';
 
 async function splitSessions(dir: string): Promise<SplitSession[]> {

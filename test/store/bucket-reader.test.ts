@@ -7,7 +7,8 @@ import { readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { fnv1a } from '../../pipeline/hash.ts';
-import { SessionsById, StoredBucketReader, readBucketSessions, readTaskGroups } from '../../stages/layout.ts';
+import { SessionsById } from '../../store/sessions-by-id.ts';
+import { StoredBucketReader, readBucketSessions, readTaskGroups } from '../../store/bucket-reader.ts';
 import type { SplitSession } from '../../core/records.ts';
 import { engineFor, jsonl, session, tempDir } from '../fixtures/pipeline.ts';
 

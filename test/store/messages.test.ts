@@ -6,9 +6,8 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it, vi } from 'vitest';
-import { LineBuffer } from '../../pipeline/jsonl.ts';
-import { readJsonl } from '../../pipeline/jsonl.ts';
-import { StoredMessages, readStoredSession, type PairSide } from '../../stages/layout.ts';
+import { LineBuffer, readJsonl } from '../../pipeline/jsonl.ts';
+import { StoredMessages, readStoredSession, type PairSide } from '../../store/messages.ts';
 import { PAIR_FIELDS, bucketOptions } from '../../stages/pairs/bucket.ts';
 import type { CandidatePair, Message, Session, SplitSession } from '../../core/records.ts';
 import { engineFor, jsonl, splitLines, tempDir, wholePairs } from '../fixtures/pipeline.ts';
