@@ -1,5 +1,5 @@
 // The walls between prefab's rooms (docs/architecture.md), checked by `npm run lint:deps` in CI.
-// An import may go down the list below, never up: bin → stages → loop → judges → env / train / store → core → pipeline.
+// An import may go down the list below, never up: bin → stages → loop / pairing → judges → env / train / store → core → pipeline.
 /** @type {import('dependency-cruiser').IConfiguration} */
 module.exports = {
   forbidden: [
@@ -15,26 +15,40 @@ module.exports = {
       severity: 'error',
       comment: 'pipeline/ is the engine: stages, manifests, workspace, config, CLI. It imports nothing of the domain.',
       from: { path: '^pipeline/' },
-      to: { path: '^(core|store|stages|judges|env|train|loop|bin)/' },
+      to: { path: '^(core|store|pairing|stages|judges|env|train|loop|bin)/' },
     },
     {
       name: 'core-imports-nothing-of-ours',
       severity: 'error',
       comment: 'core/ is what everything shares; it imports no other room (only the engine\'s one hash function).',
       from: { path: '^core/' },
-      to: { path: '^(store|stages|judges|env|train|loop|bin)/|^pipeline/(?!hash\\.ts$)' },
+      to: { path: '^(store|pairing|stages|judges|env|train|loop|bin)/|^pipeline/(?!hash\\.ts$)' },
     },
     {
       name: 'store-imports-core-and-engine-only',
       severity: 'error',
       comment: 'The session store is the bytes ingest and split write, read back: it knows records and the engine, not what the stages make of them.',
       from: { path: '^store/' },
-      to: { path: '^(stages|judges|env|train|loop|bin)/' },
+      to: { path: '^(stages|pairing|judges|env|train|loop|bin)/' },
+    },
+    {
+      name: 'pairing-is-a-library',
+      severity: 'error',
+      comment: 'Pair builders (outcome, hard negatives, the rewriter, a bucket made into pairs): the pairs stage wires them, as stages wire judges/. They read the store and may ask a judge or the simulator, never a stage, the trainer or the loop.',
+      from: { path: '^pairing/' },
+      to: { path: '^(stages|train|loop|bin)/' },
+    },
+    {
+      name: 'only-the-stages-use-pairing',
+      severity: 'error',
+      comment: 'Judges, the simulator, the trainer and the loop know nothing of how pairs are built.',
+      from: { path: '^(pipeline|core|store|judges|env|train|loop)/' },
+      to: { path: '^pairing/' },
     },
     {
       name: 'only-the-data-stages-read-the-store',
       severity: 'error',
-      comment: 'The store lies below the stages; judges, the simulator, the trainer and the loop take records, never stored bytes.',
+      comment: 'The store lies below the stages and the pair builders; judges, the simulator, the trainer and the loop take records, never stored bytes.',
       from: { path: '^(pipeline|core|judges|env|train|loop)/' },
       to: { path: '^store/' },
     },
@@ -77,7 +91,7 @@ module.exports = {
       name: 'only-the-registry-imports-stages',
       severity: 'error',
       comment: 'stages/index.ts lists the stages; nothing below bin/ imports a stage.',
-      from: { path: '^(pipeline|core|judges|env|train|loop)/' },
+      from: { path: '^(pipeline|core|store|pairing|judges|env|train|loop)/' },
       to: { path: '^stages/' },
     },
     {
@@ -85,7 +99,7 @@ module.exports = {
       severity: 'error',
       comment: 'The executable hands the command line to the CLI with the stages; everything else lives below it.',
       from: { path: '^bin/' },
-      to: { path: '^(core|judges|env|train|loop)/|^stages/(?!index\\.ts$)' },
+      to: { path: '^(core|store|pairing|judges|env|train|loop)/|^stages/(?!index\\.ts$)' },
     },
     {
       name: 'no-orphans',

@@ -59,7 +59,7 @@ export type PairSource = 'outcome' | 'best_of_n' | 'hard_negative' | 'critique_r
 export const PAIR_SOURCES: readonly PairSource[] = ['outcome', 'best_of_n', 'hard_negative', 'critique_rewrite', 'imported'];
 export type NegativeType = 'refusal' | 'hallucination' | 'off_topic' | 'format' | 'verbose' | 'under_explained';
 export const NEGATIVE_TYPES: readonly NegativeType[] = ['refusal', 'hallucination', 'off_topic', 'format', 'verbose', 'under_explained'];
-/** The negative types the LLM rewriter makes (stages/pairs/rewriter.ts says why not the other two). */
+/** The negative types the LLM rewriter makes (pairing/rewriter.ts says why not the other two). */
 export const REWRITE_TYPES = ['refusal', 'off_topic', 'verbose', 'under_explained'] as const satisfies readonly NegativeType[];
 export type RewriteType = (typeof REWRITE_TYPES)[number];
 

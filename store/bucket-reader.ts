@@ -219,7 +219,7 @@ export class StoredBucketReader {
    * A bucket file's lines grouped by task (read from each line's head) where its sessions take at most `limit`
    * bytes; a larger bucket's plan (BucketSpans): its sessions read `limit` bytes at a time, a small task's
    * kept as where they lie, a task past the limit given to what `large` makes for it, so that what is paired
-   * of it at once can be bounded (stages/pairs/pairer.ts).
+   * of it at once can be bounded (pairing/pairer.ts).
    */
   async readOrPlan<L extends LargeTask>(path: string, ingestDir: string, limit: number, large: (task: string, sources: SpanSource[]) => L, block = BUCKET_BLOCK): Promise<StoredTaskGroups | BucketSpans<L>> {
     // A bucket file within a block is read whole; a larger one (many runs: a task's sessions lie apart, a

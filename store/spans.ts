@@ -51,7 +51,7 @@ export class GatheredTask<L extends LargeTask> {
 }
 
 /**
- * What a large bucket's plan keeps of a task larger than the limit (stages/pairs/pairer.ts makes it): each of
+ * What a large bucket's plan keeps of a task larger than the limit (pairing/pairer.ts makes it): each of
  * its sessions in turn, its id, reward and where it lies (a span of source, from, to), and where its line
  * starts in the bucket file, from the first.
  */

@@ -8,7 +8,7 @@ import { endpointEnvironment } from '../../judges/endpoint.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 import { NEGATIVE_TYPES, type NegativeType } from '../../core/records.ts';
-import { rewritePromptPath, rewriterConfig } from './rewriter.ts';
+import { rewritePromptPath, rewriterConfig } from '../../pairing/rewriter.ts';
 
 const ratio = z.number().min(0).max(1);
 

@@ -14,9 +14,9 @@ import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
 import { ChunkIndex, joinChunks, ownsBucket, sameInEvery, sumCounts } from '../../pipeline/shards.ts';
 import { MANY_BUCKETS, bucketFile, readPairsInfo, readSplitInfo, type PairsInfo } from '../layout.ts';
 import { sessionSegments } from '../../store/runs.ts';
-import { bucketOptions, pairCounts, type PairedBucket, type PairingConfig } from './bucket.ts';
-import { BucketPairer, PIECE_BYTES, type BucketJob, type PairedJob, type PieceOfTask } from './pairer.ts';
-import { Rewriter, activeTypes, loadRewritePrompt, rewritePromptPath } from './rewriter.ts';
+import { bucketOptions, pairCounts, type PairedBucket, type PairingConfig } from '../../pairing/bucket.ts';
+import { BucketPairer, PIECE_BYTES, type BucketJob, type PairedJob, type PieceOfTask } from '../../pairing/pairer.ts';
+import { Rewriter, activeTypes, loadRewritePrompt, rewritePromptPath } from '../../pairing/rewriter.ts';
 
 import type { Progress } from '../../pipeline/log.ts';
 import type { ShardPart, StageContext, StageReport } from '../../pipeline/stage.ts';

@@ -2,8 +2,8 @@
 // loads only what pairing needs (no rewriter, endpoint, config schemas or progress bars): a thread starts in
 // a few tens of milliseconds.
 import { serveBatches, threadShelf } from '../../pipeline/workers.ts';
-import { bucketOptions, type PairingConfig } from './bucket.ts';
-import { BucketPairer, movedBuffers, type BucketJob, type PairedJob } from './pairer.ts';
+import { bucketOptions, type PairingConfig } from '../../pairing/bucket.ts';
+import { BucketPairer, movedBuffers, type BucketJob, type PairedJob } from '../../pairing/pairer.ts';
 
 // Only the rewriter logs from inside a bucket, and it never runs on a worker thread.
 const silent = { warn: () => {} };

@@ -8,7 +8,7 @@ import type { Comparison } from '../../core/verdict.ts';
 import { VerifierJudge } from '../../judges/verifier.ts';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { isRefusal } from '../../core/refusal.ts';
-import { buildHardNegatives } from '../../stages/pairs/hard-negatives.ts';
+import { buildHardNegatives } from '../../pairing/hard-negatives.ts';
 import { plainPair, stored } from '../fixtures/pipeline.ts';
 import { NEGATIVE_TYPES, type Pair, type Session, type SplitSession } from '../../core/records.ts';
 

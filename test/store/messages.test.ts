@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { describe, expect, it, vi } from 'vitest';
 import { LineBuffer, readJsonl } from '../../pipeline/jsonl.ts';
 import { StoredMessages, readStoredSession, type PairSide } from '../../store/messages.ts';
-import { PAIR_FIELDS, bucketOptions } from '../../stages/pairs/bucket.ts';
+import { PAIR_FIELDS, bucketOptions } from '../../pairing/bucket.ts';
 import type { CandidatePair, Message, Session, SplitSession } from '../../core/records.ts';
 import { engineFor, jsonl, splitLines, tempDir, wholePairs } from '../fixtures/pipeline.ts';
 

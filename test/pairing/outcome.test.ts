@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { STAGES } from '../../stages/index.ts';
-import { rank, rankedOutcomePairs, type OutcomeOptions } from '../../stages/pairs/outcome.ts';
+import { rank, rankedOutcomePairs, type OutcomeOptions } from '../../pairing/outcome.ts';
 import { plainPair, stored } from '../fixtures/pipeline.ts';
 import { pairId, type Message, type SplitSession } from '../../core/records.ts';
 import { hashJson } from '../../pipeline/hash.ts';

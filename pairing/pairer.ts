@@ -9,14 +9,14 @@
 // A large bucket's job plans it (StoredBucketReader.readOrPlan, a block of the bucket file at a time): where
 // each small task's sessions lie, and for a large task what its LargeTaskPlan keeps as the sessions come. It
 // makes the large tasks' outcome pairs there and then, and answers with its pieces (BucketPlan), those
-// outcome pairs among them, made. pairs/run.ts hands the other pieces to the threads in turn, as it hands
+// outcome pairs among them, made. stages/pairs/run.ts hands the other pieces to the threads in turn, as it hands
 // buckets. A large task's sessions are so read twice, yet at the 1M sessions of 20 tasks pairs took about
 // 8 s at 178-218 MiB, against 9.6-10.2 s at 480-507 whole (session 23).
-import type { BufferShelf } from '../../pipeline/buffers.ts';
-import type { Split } from '../../core/records.ts';
-import { StoredBucketReader } from '../../store/bucket-reader.ts';
-import { readStoredSession, storedSessions, type StoredSession, type StoredTaskGroups } from '../../store/messages.ts';
-import { sessionLineBytes, type BucketSpans, type LargeTask, type SpanSource, type TaskRange } from '../../store/spans.ts';
+import type { BufferShelf } from '../pipeline/buffers.ts';
+import type { Split } from '../core/records.ts';
+import { StoredBucketReader } from '../store/bucket-reader.ts';
+import { readStoredSession, storedSessions, type StoredSession, type StoredTaskGroups } from '../store/messages.ts';
+import { sessionLineBytes, type BucketSpans, type LargeTask, type SpanSource, type TaskRange } from '../store/spans.ts';
 import { bucketWork, pairBucket, paired, writeOutcomePairs, writeTaskHardNegatives, type BucketLog, type BucketOptions, type PairedBucket } from './bucket.ts';
 import { DEEPER, FAILURE_ORDER, SUCCESS_ORDER, type Ranked } from './outcome.ts';
 

@@ -2,13 +2,13 @@
 // transforms, and by the rewriter when there is one), written with every pair not made and why. A pair's
 // message lists are runs of its sessions' messages as stored, written as where they lie in those sessions
 // (stages/layout.ts PairSide): only what a transform changes is parsed and written out whole.
-import { LineBuffer } from '../../pipeline/jsonl.ts';
-import type { BufferShelf } from '../../pipeline/buffers.ts';
-import type { Logger } from '../../pipeline/log.ts';
-import { NEGATIVE_TYPES, REWRITE_TYPES, type NegativeType, type Pair, type Split } from '../../core/records.ts';
-import { mustDeclineTest } from '../../judges/rules.ts';
-import { isRefusal } from '../../core/refusal.ts';
-import { storedSessions, type StoredMessages, type StoredSession, type StoredTaskGroups } from '../../store/messages.ts';
+import { LineBuffer } from '../pipeline/jsonl.ts';
+import type { BufferShelf } from '../pipeline/buffers.ts';
+import type { Logger } from '../pipeline/log.ts';
+import { NEGATIVE_TYPES, REWRITE_TYPES, type NegativeType, type Pair, type Split } from '../core/records.ts';
+import { mustDeclineTest } from '../judges/rules.ts';
+import { isRefusal } from '../core/refusal.ts';
+import { storedSessions, type StoredMessages, type StoredSession, type StoredTaskGroups } from '../store/messages.ts';
 import { buildHardNegatives } from './hard-negatives.ts';
 import { rank, rankedOutcomePairs, type Candidate, type Ranked } from './outcome.ts';
 import type { RewriteJob, RewriteOutcome, Rewriter } from './rewriter.ts';

@@ -1,6 +1,6 @@
 // Outcome pairs: within a task, successful sessions against failed ones, margin = reward gap.
-import { pairId, type Pair } from '../../core/records.ts';
-import type { StoredMessages, StoredSession } from '../../store/messages.ts';
+import { pairId, type Pair } from '../core/records.ts';
+import type { StoredMessages, StoredSession } from '../store/messages.ts';
 
 export interface OutcomeOptions {
   successMin: number;

@@ -4,11 +4,11 @@
 // (no length or trajectory confound). The rules judge detects each type, so the transforms keep to the
 // properties it checks: refusals match REFUSAL_PATTERN, format breakages fail a parse or schema check,
 // padding adds no digits, and so on.
-import { sha256Bytes, uint32LE } from '../../pipeline/hash.ts';
-import { TOOLS, TOOL_NAMES, type ToolName } from '../../env/env.ts';
-import { int, pick, sample, sfc32, type Random } from '../../core/random.ts';
-import { NEGATIVE_TYPES, pairId, type Message, type NegativeType, type Pair, type ToolCall } from '../../core/records.ts';
-import { StoredMessages, type StoredSession } from '../../store/messages.ts';
+import { sha256Bytes, uint32LE } from '../pipeline/hash.ts';
+import { TOOLS, TOOL_NAMES, type ToolName } from '../env/env.ts';
+import { int, pick, sample, sfc32, type Random } from '../core/random.ts';
+import { NEGATIVE_TYPES, pairId, type Message, type NegativeType, type Pair, type ToolCall } from '../core/records.ts';
+import { StoredMessages, type StoredSession } from '../store/messages.ts';
 
 export interface HardNegativeOptions {
   /** Per type, the share of eligible chosen sessions that get a negative of that type (0..1). */
@@ -111,7 +111,7 @@ export function buildHardNegatives(session: StoredSession, options: HardNegative
 }
 
 // Six types take the first six words of a session's digest (HardNegativeDraws); a seventh needs more draws.
-if (NEGATIVE_TYPES.length > 6) throw new Error('stages/pairs/hard-negatives.ts: HardNegativeDraws draws for six types from a SHA-256 digest; give a seventh type a draw of its own');
+if (NEGATIVE_TYPES.length > 6) throw new Error('pairing/hard-negatives.ts: HardNegativeDraws draws for six types from a SHA-256 digest; give a seventh type a draw of its own');
 
 /**
  * What decides a session's hard negatives, all from one SHA-256 of the salt and its id: type `t` (its place

@@ -14,18 +14,18 @@ import { readFileSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
-import { RequestFailed, endpointConfig, type ChatEndpoint } from '../../judges/endpoint.ts';
-import { transcript, type PromptTemplate } from '../../judges/llm.ts';
-import { PipelineError } from '../../pipeline/errors.ts';
-import { sha256, unitHash } from '../../pipeline/hash.ts';
-import { pick, seeded } from '../../core/random.ts';
-import { REWRITE_TYPES, type Message, type Pair, type RewriteType } from '../../core/records.ts';
-import type { StoredMessages, StoredSession } from '../../store/messages.ts';
-import { PLACEHOLDERS, redactionConfig } from '../../core/redact.ts';
+import { RequestFailed, endpointConfig, type ChatEndpoint } from '../judges/endpoint.ts';
+import { transcript, type PromptTemplate } from '../judges/llm.ts';
+import { PipelineError } from '../pipeline/errors.ts';
+import { sha256, unitHash } from '../pipeline/hash.ts';
+import { pick, seeded } from '../core/random.ts';
+import { REWRITE_TYPES, type Message, type Pair, type RewriteType } from '../core/records.ts';
+import type { StoredMessages, StoredSession } from '../store/messages.ts';
+import { PLACEHOLDERS, redactionConfig } from '../core/redact.ts';
 import { UNDER_EXPLAINED_MIN_TEXT, VERBOSE_MIN_TEXT, hardNegativePair, type SkippedNegative } from './hard-negatives.ts';
 
 /** The bundled rewrite prompt, used unless `rewriter.prompt` names another file. */
-export const DEFAULT_REWRITE_PROMPT = resolve(dirname(fileURLToPath(import.meta.url)), '../../judges/prompts/rewrite.md');
+export const DEFAULT_REWRITE_PROMPT = resolve(dirname(fileURLToPath(import.meta.url)), '../judges/prompts/rewrite.md');
 
 const ratio = z.number().min(0).max(1);
 

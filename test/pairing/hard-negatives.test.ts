@@ -3,7 +3,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { TOOLS, TOOL_NAMES } from '../../env/env.ts';
 import { REFUSAL_PATTERN, isRefusal } from '../../core/refusal.ts';
-import { buildHardNegatives as buildStored, type HardNegativeOptions } from '../../stages/pairs/hard-negatives.ts';
+import { buildHardNegatives as buildStored, type HardNegativeOptions } from '../../pairing/hard-negatives.ts';
 import { plainPair, stored } from '../fixtures/pipeline.ts';
 import { NEGATIVE_TYPES, pairId, type Message, type NegativeType, type Pair, type Session, type SplitSession } from '../../core/records.ts';
 

@@ -2,7 +2,7 @@ import { appendFileSync, copyFileSync, readFileSync, writeFileSync } from 'node:
 import { join } from 'node:path';
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { readJsonl } from '../../pipeline/jsonl.ts';
-import { DEFAULT_REWRITE_PROMPT, loadRewritePrompt, type RewritePrompt } from '../../stages/pairs/rewriter.ts';
+import { DEFAULT_REWRITE_PROMPT, loadRewritePrompt, type RewritePrompt } from '../../pairing/rewriter.ts';
 import { REWRITE_TYPES, type CandidatePair, type Message, type RewriteType, type Session } from '../../core/records.ts';
 import { completion, startChatServer, type ChatServer, type Script, type SeenRequest } from '../fixtures/chat-server.ts';
 import { collect, engineFor, jsonl, manifest, tempDir, wholePairs } from '../fixtures/pipeline.ts';

@@ -1,4 +1,4 @@
-// A bucket whose sessions take more than a thread may read at once is paired in pieces (stages/pairs/pairer.ts):
+// A bucket whose sessions take more than a thread may read at once is paired in pieces (pairing/pairer.ts):
 // whole tasks several to a piece, a larger task's outcome pairs from its first few successes and failures,
 // then its hard negatives a range of the bucket file at a time. What the pieces write is what pairing each
 // bucket whole writes. The judge stage then takes a bucket's pairs in pieces too, each making its pairs whole
