@@ -1,5 +1,5 @@
 // The walls between prefab's rooms (docs/architecture.md), checked by `npm run lint:deps` in CI.
-// An import may go down the list below, never up: bin → stages → loop / pairing → judges → env / train / store → core → pipeline.
+// An import may go down the list below, never up: bin → stages → loop → rl / pairing → judges → env / train / store → core → pipeline.
 /** @type {import('dependency-cruiser').IConfiguration} */
 module.exports = {
   forbidden: [
@@ -15,7 +15,7 @@ module.exports = {
       severity: 'error',
       comment: 'pipeline/ is the engine: stages, manifests, workspace, config, CLI. It imports nothing of the domain.',
       from: { path: '^pipeline/' },
-      to: { path: '^(core|store|pairing|stages|judges|env|train|loop|bin)/' },
+      to: { path: '^(core|store|pairing|stages|judges|env|train|rl|loop|bin)/' },
     },
     {
       name: 'core-imports-nothing-of-ours',
@@ -74,9 +74,23 @@ module.exports = {
       to: { path: '^(stages|judges|env|loop|bin)/' },
     },
     {
+      name: 'rl-uses-the-trainer-and-the-world',
+      severity: 'error',
+      comment: 'Reinforcement learning (rollouts, feedback notes, the DAPO trainer and its run) plays the trainer\'s policy in the simulator; the dapo stage and a refresh night call it.',
+      from: { path: '^rl/' },
+      to: { path: '^(stages|store|pairing|judges|loop|bin)/' },
+    },
+    {
+      name: 'nothing-below-rl-imports-it',
+      severity: 'error',
+      comment: 'The trainer and the simulator know nothing of each other; only rl/ brings them together, and only stages and the loop call it.',
+      from: { path: '^(pipeline|core|store|pairing|judges|env|train)/' },
+      to: { path: '^rl/' },
+    },
+    {
       name: 'loop-imports-no-stage',
       severity: 'error',
-      comment: 'loop/ (the online refresh loop: registry, serving) runs what the stages made; it never reaches into a stage.',
+      comment: 'loop/ (the online refresh loop: registry, serving, nights) runs what the stages made, and DAPO through rl/; it never reaches into a stage.',
       from: { path: '^loop/' },
       to: { path: '^(stages|bin)/' },
     },
@@ -91,7 +105,7 @@ module.exports = {
       name: 'only-the-registry-imports-stages',
       severity: 'error',
       comment: 'stages/index.ts lists the stages; nothing below bin/ imports a stage.',
-      from: { path: '^(pipeline|core|store|pairing|judges|env|train|loop)/' },
+      from: { path: '^(pipeline|core|store|pairing|judges|env|train|rl|loop)/' },
       to: { path: '^stages/' },
     },
     {
@@ -99,7 +113,7 @@ module.exports = {
       severity: 'error',
       comment: 'The executable hands the command line to the CLI with the stages; everything else lives below it.',
       from: { path: '^bin/' },
-      to: { path: '^(core|store|pairing|judges|env|train|loop)/|^stages/(?!index\\.ts$)' },
+      to: { path: '^(core|store|pairing|judges|env|train|rl|loop)/|^stages/(?!index\\.ts$)' },
     },
     {
       name: 'no-orphans',

@@ -6,7 +6,7 @@ import { Command } from 'commander';
 import { Logger } from '../pipeline/log.ts';
 import { TOOLS } from '../env/env.ts';
 import { DEFAULT_WORLD, generateWorld } from '../env/world.ts';
-import { simulatorRollouts } from '../loop/rollouts.ts';
+import { simulatorRollouts } from '../rl/rollouts.ts';
 import { useBackend } from '../train/backend.ts';
 import { openChat } from '../train/chat.ts';
 import { loadCheckpoint } from '../train/checkpoint.ts';

@@ -2,7 +2,6 @@
 // The trained model and a model served over HTTP are policies too, so every rollout goes through one loop.
 import type { Message, Policy } from '../core/records.ts';
 import { usualFields } from './env.ts';
-import { readNotes } from './feedback.ts';
 import { FIELDS, FIELD_WORDS, SENSITIVE, type Field, type Task, type World } from './world.ts';
 import { pick, sample, seeded, type Random } from '../core/random.ts';
 
@@ -57,6 +56,18 @@ function skillOf(name: AgentName, noise: number, world: World, task: Task, rand:
  * department in the order the user gave, retries (at most twice a call) when told which fields or which reference
  * number is missing and it has them, and finishes.
  */
+const ASKED_LINE = /^- (.+) asked for ([a-z_0-9, ]+)\.$/gm;
+
+/**
+ * What notes from earlier attempts (rl/feedback.ts writes them beside the user's request) say each department
+ * asked for, read as a scripted agent reads text: the lines `- <department> asked for <fields>.`
+ */
+export function readNotes(text: string): Map<string, Field[]> {
+  const asked = new Map<string, Field[]>();
+  for (const m of text.matchAll(ASKED_LINE)) asked.set(m[1]!, m[2]!.split(', ').filter((f): f is Field => (FIELDS as readonly string[]).includes(f)));
+  return asked;
+}
+
 export class ScriptedAgent implements Policy {
   readonly name: string;
   private readonly skill: Skill;

@@ -29,7 +29,7 @@ import { readParquet } from '../train/data.ts';
 import { dpoTrainer, lossOf, pairExamples, referenceScores } from '../train/dpo.ts';
 import { ModelPolicy } from '../train/policy.ts';
 import { finalMetrics, trainingRun } from '../train/run.ts';
-import { runDapo } from './dapo.ts';
+import { runDapo } from '../rl/dapo.ts';
 import { compare, type Comparison } from './paired.ts';
 import { Registry } from './registry.ts';
 import type { RefreshConfig } from './settings.ts';

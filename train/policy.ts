@@ -7,7 +7,6 @@ import { safePoint } from '../pipeline/interrupt.ts';
 import type { Random } from '../core/random.ts';
 import type { Message, Policy } from '../core/records.ts';
 import type { Chat } from './chat.ts';
-import type { Turn } from './dapo.ts';
 import type { ToolCallConstraint, ToolSchema } from './constrain.ts';
 import { KVCache } from './decode.ts';
 import { GpuCache, GpuDecoder } from './webgpu/decode.ts';
@@ -15,6 +14,14 @@ import type { Kernels } from './webgpu/kernel.ts';
 import type { Llama } from './model.ts';
 import { modelView, type Placeholders } from './placeholders.ts';
 import { headLength, recentWindow } from './windows.ts';
+
+/** One assistant turn the policy played: what it read and what it wrote, as token ids (what reinforcement learning trains on). */
+export interface Turn {
+  prompt: number[];
+  generated: number[];
+  /** A feedback-guided rollout's turn: the prompt without the notes it was shown (the plain task). */
+  base?: number[];
+}
 
 export interface SamplingOptions {
   /** Most tokens in one assistant message. */
@@ -64,7 +71,7 @@ export class ModelPolicy implements Policy {
   readonly turns: Turn[] = [];
   /**
    * Feedback-guided rollouts: what the policy reads in place of the conversation (it with notes from earlier
-   * attempts, env/feedback.ts), set per episode. The recorded turns then keep the plain conversation's prompt
+   * attempts, rl/feedback.ts), set per episode. The recorded turns then keep the plain conversation's prompt
    * too (`base`), for training on it.
    */
   reads: ((conversation: Message[]) => Message[]) | null = null;

@@ -1,6 +1,6 @@
 // The dapo stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
 // dapo: reinforcement learning of the preference-tuned model in the simulator, by DAPO (verl's recipe:
-// loop/dapo.ts runs it, train/dapo.ts and train/losses/policy-gradient.ts are its trainer and loss). Each
+// rl/dapo.ts runs it, rl/trainer.ts and train/losses/policy-gradient.ts are its trainer and loss). Each
 // step draws training tasks, plays group_size episodes of each with the current policy, keeps the groups whose
 // rewards differ (dynamic sampling, drawing more tasks up to max_generation_batches), and updates on them.
 // mode: feedback plays a group's episodes in order, each reading what the representatives said in the failed
@@ -8,7 +8,7 @@
 // stage passes the dpo model on unchanged.
 import { cp, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import { runDapo } from '../../loop/dapo.ts';
+import { runDapo } from '../../rl/dapo.ts';
 import { stageBackend } from '../../train/backend.ts';
 
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';

@@ -8,7 +8,7 @@ import { describe, expect, it } from 'vitest';
 import { NEVER } from '../../pipeline/interrupt.ts';
 import { seeded } from '../../core/random.ts';
 import { scoreSequences } from '../../train/data.ts';
-import { dapoTrainer, type Rollout } from '../../train/dapo.ts';
+import { dapoTrainer, type Rollout } from '../../rl/trainer.ts';
 import { dpoTrainer, lossOf, type Example, type PreferenceSettings } from '../../train/dpo.ts';
 import { ktoTrainer } from '../../train/kto.ts';
 import { DAPO_CLIP } from '../../train/losses/index.ts';

@@ -9,20 +9,13 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { safePoint } from '../pipeline/interrupt.ts';
 import { seeded } from '../core/random.ts';
-import { dapoLoss, groupAdvantages, tokenEntropy, type ClipSettings } from './losses/index.ts';
-import { targetLogprobs } from './parameters.ts';
-import type { Llama } from './model.ts';
-import type { Trainer } from './run.ts';
-import type { MicroBatch } from './step.ts';
-import { microBatches, padBatch, type Sequence } from './windows.ts';
-
-/** One assistant turn of a rollout: what the policy read and what it wrote, as token ids. */
-export interface Turn {
-  prompt: number[];
-  generated: number[];
-  /** A feedback-guided rollout's turn: the prompt without the notes it was shown (the plain task). */
-  base?: number[];
-}
+import { dapoLoss, groupAdvantages, tokenEntropy, type ClipSettings } from '../train/losses/index.ts';
+import { targetLogprobs } from '../train/parameters.ts';
+import type { Llama } from '../train/model.ts';
+import type { Turn } from '../train/policy.ts';
+import type { Trainer } from '../train/run.ts';
+import type { MicroBatch } from '../train/step.ts';
+import { microBatches, padBatch, type Sequence } from '../train/windows.ts';
 
 /**
  * How a feedback-guided rollout's turns are trained: `context`, on the prompt they were generated from (notes

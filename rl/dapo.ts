@@ -1,5 +1,5 @@
-// DAPO's run (verl's recipe: train/dapo.ts, train/losses/policy-gradient.ts) from a model folder: each step
-// draws training tasks, plays group_size episodes of each with the current policy (loop/rollouts.ts), keeps
+// DAPO's run (verl's recipe: trainer.ts, train/losses/policy-gradient.ts) from a model folder: each step
+// draws training tasks, plays group_size episodes of each with the current policy (rollouts.ts), keeps
 // the groups whose rewards differ (dynamic sampling), and updates on them; every validation.every steps the
 // policy is measured on validation tasks. The dapo stage runs it after DPO; a refresh night after the
 // candidate's DPO, when refresh.dapo.enabled.
@@ -9,12 +9,12 @@ import { DEFAULT_WORLD, generateWorld } from '../env/world.ts';
 import { openChat } from '../train/chat.ts';
 import { loadCheckpoint } from '../train/checkpoint.ts';
 import type { Llama } from '../train/model.ts';
-import { dapoTrainer } from '../train/dapo.ts';
 import { finalMetrics, trainingRun } from '../train/run.ts';
 import type { TrainingSettings } from '../train/settings.ts';
 import type { Kernels } from '../train/webgpu/kernel.ts';
-import type { DapoSettings } from './settings.ts';
 import { simulatorRollouts, taskPool, validation } from './rollouts.ts';
+import type { DapoSettings } from './settings.ts';
+import { dapoTrainer } from './trainer.ts';
 
 export interface DapoRun {
   steps: number;

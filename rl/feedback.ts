@@ -3,7 +3,7 @@
 // built from the tool results the policy itself saw (the representatives' replies), never from the task's
 // hidden requirements: a department that was not asked, or asked with every field it needs, adds nothing.
 import type { Message } from '../core/records.ts';
-import { FIELDS, FIELD_WORDS, type Field } from './world.ts';
+import { FIELDS, FIELD_WORDS, type Field } from '../env/world.ts';
 
 /** What the representatives of one task's departments said, gathered over failed attempts. */
 export interface Notes {
@@ -61,15 +61,6 @@ export function feedbackBlock(notes: Notes): string {
   for (const [department, prior] of [...notes.references].sort((a, b) => a[0].localeCompare(b[0]))) lines.push(`- ${department} needs the reference number from ${prior}: call ${prior} first.`);
   for (const department of [...notes.wrong].sort()) lines.push(`- ${department} is the wrong department.`);
   return lines.length ? `Notes from earlier attempts at this task:\n${lines.join('\n')}` : '';
-}
-
-const ASKED_LINE = /^- (.+) asked for ([a-z_0-9, ]+)\.$/gm;
-
-/** What a block says each department asked for (a policy that reads notes: the scripted agents). */
-export function readNotes(text: string): Map<string, Field[]> {
-  const asked = new Map<string, Field[]>();
-  for (const m of text.matchAll(ASKED_LINE)) asked.set(m[1]!, m[2]!.split(', ').filter((f): f is Field => (FIELDS as readonly string[]).includes(f)));
-  return asked;
 }
 
 /** The conversation with `block` after the user's first message, as the policy reads it (unchanged when empty). */

@@ -1,8 +1,8 @@
 // Feedback-guided rollouts' notes: built from what the representatives said, never from what the task hides,
 // and read by a later attempt (a scripted agent that reads them succeeds where it failed without them).
 import { describe, expect, it } from 'vitest';
-import { AGENTS, ScriptedAgent } from '../../env/agents.ts';
-import { addNotes, emptyNotes, feedbackBlock, readNotes, withFeedback } from '../../env/feedback.ts';
+import { AGENTS, ScriptedAgent, readNotes } from '../../env/agents.ts';
+import { addNotes, emptyNotes, feedbackBlock, withFeedback } from '../../rl/feedback.ts';
 import { runEpisode } from '../../env/rollout.ts';
 import { FIELDS, FIELD_WORDS, generateTask, generateWorld, type Field } from '../../env/world.ts';
 import type { Message } from '../../core/records.ts';

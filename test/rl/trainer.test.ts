@@ -4,7 +4,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { NEVER } from '../../pipeline/interrupt.ts';
 import { useBackend } from '../../train/backend.ts';
-import { chainTurns, dapoParts, dapoTrainer, rolloutBatch, turnSequence, type Rollout } from '../../train/dapo.ts';
+import { chainTurns, dapoParts, dapoTrainer, rolloutBatch, turnSequence, type Rollout } from '../../rl/trainer.ts';
 import { trainingRun } from '../../train/run.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 import { quietLogger } from '../fixtures/toy-stages.ts';
