@@ -6,7 +6,7 @@ import { wholeNumber, type CommandContext } from '../pipeline/commands.ts';
 import type { Engine, Manifest } from '../pipeline/engine.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { readJsonFile } from '../pipeline/workspace.ts';
-import { useBackend, type BackendChoice } from '../train/backend.ts';
+import { chosenBackend, commandOptions } from '../train/backend.ts';
 import { Registry, type VersionInfo } from './registry.ts';
 import { SERVE_DEFAULTS, parseSplit, refreshConfig, type Arm, type RefreshConfig } from './settings.ts';
 
@@ -103,7 +103,7 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
     .option('--follow-ms <n>', 'how often the registry is read for promotions and rollbacks, which move production and candidate (0: never)', wholeNumber, 5000)
     .action(async (opts: { model: string; split?: Arm[]; host: string; port: number; maxBatch: number; maxQueue: number; maxTokens: number; maxBodyBytes: number; followMs: number }) => {
       const log = ctx.logger();
-      const backend = await useBackend((program.opts<{ backend?: BackendChoice }>().backend ?? 'auto') as BackendChoice);
+      const backend = await chosenBackend(commandOptions(program), log);
       const { followAliases, loadCatalog, startServer } = await import('./serve.ts');
       const registry = registryOf(program);
       const names = [...new Set([opts.model, ...(opts.split ?? []).map((a) => a.name)])];
@@ -174,16 +174,16 @@ export function addRefreshCommand(program: Command, ctx: CommandContext): void {
     .option('--days <n>', "N simulated days end to end: serve production, the simulator's users talk to it, refresh; prints a table", wholeNumber)
     .action(async (opts: { days?: number }) => {
       const log = ctx.logger();
-      await useBackend((program.opts<{ backend?: BackendChoice }>().backend ?? 'auto') as BackendChoice);
+      const backend = await chosenBackend(commandOptions(program), log);
       const { engine, own } = ctx.pipeline(log);
       const cfg = own.refresh as RefreshConfig;
       const [{ formatNight, refreshNight }, { formatDays, simulatedDays }] = await Promise.all([import('./refresh.ts'), import('./days.ts')]);
       const { signal } = await ctx.locked(engine, `prefab ${process.argv.slice(2).join(' ')}`, log, async (abort) => {
         if (opts.days === undefined) {
-          process.stdout.write(formatNight(await refreshNight(engine, cfg, abort, log)) + '\n');
+          process.stdout.write(formatNight(await refreshNight(engine, cfg, backend, abort, log)) + '\n');
           return;
         }
-        const days = await simulatedDays(engine, cfg, opts.days, abort, log, (d) => process.stdout.write(formatNight(d.night, d.traffic) + '\n\n'));
+        const days = await simulatedDays(engine, cfg, backend, opts.days, abort, log, (d) => process.stdout.write(formatNight(d.night, d.traffic) + '\n\n'));
         process.stdout.write(formatDays(days) + '\n');
       });
       ctx.setExit(signal === 'SIGINT' ? 130 : signal ? 143 : 0);

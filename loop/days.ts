@@ -13,7 +13,7 @@ import { Registry } from './registry.ts';
 import { inboxOf, liveFigures, refreshNight, unfinishedNight, type Live, type NightReport } from './refresh.ts';
 import { SERVE_DEFAULTS, type RefreshConfig } from './settings.ts';
 import { loadCatalog, startServer } from './serve.ts';
-import { currentBackend } from '../train/backend.ts';
+import type { Backend } from '../train/backend.ts';
 
 export interface Day {
   day: number;
@@ -29,8 +29,8 @@ const DAY_FILE = /^day-(\d{4})\.jsonl$/;
 const dateOf = (start: string, n: number) => new Date(Date.parse(`${start}T00:00:00Z`) + n * 86_400_000).toISOString().slice(0, 10);
 
 /** Serves production and writes the day's sessions into the inbox (aside, then renamed: a killed day leaves no file). */
-async function collectDay(registry: Registry, cfg: RefreshConfig, inbox: string, day: number, log: Logger): Promise<string> {
-  const settings = { ...SERVE_DEFAULTS, port: 0, apiKey: null, split: null, maxQueue: 1024, gpu: currentBackend()?.gpu };
+async function collectDay(registry: Registry, cfg: RefreshConfig, backend: Backend, inbox: string, day: number, log: Logger): Promise<string> {
+  const settings = { ...SERVE_DEFAULTS, port: 0, apiKey: null, split: null, maxQueue: 1024, gpu: backend.gpu };
   const catalog = loadCatalog(registry, ['production'], settings);
   const server = await startServer(catalog, settings, log);
   const file = join(inbox, `day-${String(day).padStart(4, '0')}.jsonl`);
@@ -66,19 +66,19 @@ async function collectDay(registry: Registry, cfg: RefreshConfig, inbox: string,
 }
 
 /** Runs `n` days after those the inbox already holds; an unfinished night is finished first. */
-export async function simulatedDays(engine: Engine, cfg: RefreshConfig, n: number, signal: AbortSignal, log: Logger, onDay: (d: Day) => void): Promise<Day[]> {
+export async function simulatedDays(engine: Engine, cfg: RefreshConfig, backend: Backend, n: number, signal: AbortSignal, log: Logger, onDay: (d: Day) => void): Promise<Day[]> {
   const registry = new Registry(join(engine.ws.root, 'registry'));
   const inbox = inboxOf(engine, cfg);
   mkdirSync(inbox, { recursive: true });
-  if (unfinishedNight(engine)) await refreshNight(engine, cfg, signal, log);
+  if (unfinishedNight(engine)) await refreshNight(engine, cfg, backend, signal, log);
   const done = existsSync(inbox) ? Math.max(0, ...readdirSync(inbox).map((f) => Number(DAY_FILE.exec(f)?.[1] ?? 0))) : 0;
   const days: Day[] = [];
   for (let day = done + 1; day <= done + n; day++) {
     const production = registry.aliases().production;
     if (!production) throw new Error(`no production model in ${registry.dir}: run \`prefab run\` first`);
-    const file = await collectDay(registry, cfg, inbox, day, log);
+    const file = await collectDay(registry, cfg, backend, inbox, day, log);
     const traffic = (await liveFigures([file], cfg.rollback.success_reward)).get(production) ?? { version: production, sessions: 0, success: null };
-    const night = await refreshNight(engine, cfg, signal, log);
+    const night = await refreshNight(engine, cfg, backend, signal, log);
     const d = { day, date: dateOf(cfg.days.start, day - 1), production, traffic, night };
     onDay(d);
     days.push(d);

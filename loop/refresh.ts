@@ -22,7 +22,7 @@ import type { Pair, Session } from '../core/records.ts';
 import { seeded } from '../core/random.ts';
 import { TOOLS } from '../env/env.ts';
 import { validationEpisodes, type EpisodeRecord } from '../env/evaluate.ts';
-import { currentBackend, withScorer } from '../train/backend.ts';
+import { withScorer, type Backend } from '../train/backend.ts';
 import { openChat } from '../train/chat.ts';
 import { loadCheckpoint } from '../train/checkpoint.ts';
 import { readParquet } from '../train/data.ts';
@@ -149,8 +149,8 @@ export function unfinishedNight(engine: Engine): boolean {
   return last !== undefined && !existsSync(join(nightsDir, last, 'report.json'));
 }
 
-/** Runs one night (resuming the last one if it did not finish). */
-export async function refreshNight(engine: Engine, cfg: RefreshConfig, signal: AbortSignal, log: Logger): Promise<NightReport> {
+/** Runs one night (resuming the last one if it did not finish), training and playing on `backend`. */
+export async function refreshNight(engine: Engine, cfg: RefreshConfig, backend: Backend, signal: AbortSignal, log: Logger): Promise<NightReport> {
   const registry = new Registry(join(engine.ws.root, 'registry'));
   const inbox = inboxOf(engine, cfg);
   const start = registry.aliases().production;
@@ -219,13 +219,13 @@ export async function refreshNight(engine: Engine, cfg: RefreshConfig, signal: A
   const dpoFolder = join(dir, 'candidate', 'model');
   if (!existsSync(dpoFolder)) {
     const byId = new Map(pairs.map((p) => [p.pair_id, p]));
-    await trainCandidate(productionFolder, buffer.pair_ids.map((id) => byId.get(id)!), join(dir, 'candidate'), join(dir, '.cache'), cfg, { night, production }, signal, log);
+    await trainCandidate(productionFolder, buffer.pair_ids.map((id) => byId.get(id)!), join(dir, 'candidate'), join(dir, '.cache'), cfg, { night, production }, backend, signal, log);
   }
   const training = ((await readJsonFile<{ info?: { last?: Record<string, number> } }>(join(dpoFolder, 'trainer_state.json')))?.info?.last ?? {}) as Record<string, number>;
   const candidateFolder = cfg.dapo.enabled ? join(dir, 'candidate-dapo', 'model') : dpoFolder;
   if (cfg.dapo.enabled) {
     const { enabled: _, ...knobs } = cfg.dapo;
-    if (!existsSync(candidateFolder)) await runDapo(dpoFolder, join(dir, 'candidate-dapo'), join(dir, '.cache-dapo'), hashJson({ night, production, knobs }), knobs, { night, parent: production }, signal, log, currentBackend()?.gpu);
+    if (!existsSync(candidateFolder)) await runDapo(dpoFolder, join(dir, 'candidate-dapo'), join(dir, '.cache-dapo'), hashJson({ night, production, knobs }), knobs, { night, parent: production }, signal, log, backend.gpu);
     const dapoState = await readJsonFile<{ info?: { last?: Record<string, number> } }>(join(candidateFolder, 'trainer_state.json'));
     Object.assign(training, Object.fromEntries(Object.entries(dapoState?.info?.last ?? {}).map(([k, v]) => [`dapo/${k}`, v])));
   }
@@ -238,11 +238,11 @@ export async function refreshNight(engine: Engine, cfg: RefreshConfig, signal: A
     const keptPath = join(root, 'paired', `${production}-${hashJson({ eval: cfg.eval, seed: cfg.seed }).slice(0, 12)}.json`);
     let productionSide = await readJsonFile<EpisodeRecord[]>(keptPath);
     if (!productionSide) {
-      productionSide = await play('production', productionFolder, cfg, signal, log);
+      productionSide = await play('production', productionFolder, cfg, backend, signal, log);
       mkdirSync(join(root, 'paired'), { recursive: true });
       await writeFileAtomic(keptPath, JSON.stringify(productionSide) + '\n');
     }
-    episodes = { production: productionSide, candidate: await play('candidate', candidateFolder, cfg, signal, log) };
+    episodes = { production: productionSide, candidate: await play('candidate', candidateFolder, cfg, backend, signal, log) };
     await writeFileAtomic(evalPath, JSON.stringify(episodes) + '\n');
   }
   const comparison = compare(episodes.production, episodes.candidate, cfg.gate, `${cfg.seed}:${night}`);
@@ -274,7 +274,7 @@ async function dataFingerprints(engine: Engine): Promise<Record<string, string>>
 }
 
 /** The candidate: `pairs` trained from production's folder (its reference too), into `out/model`. */
-async function trainCandidate(productionFolder: string, pairs: Pair[], out: string, cache: string, cfg: RefreshConfig, info: { night: number; production: string }, signal: AbortSignal, log: Logger): Promise<void> {
+async function trainCandidate(productionFolder: string, pairs: Pair[], out: string, cache: string, cfg: RefreshConfig, info: { night: number; production: string }, backend: Backend, signal: AbortSignal, log: Logger): Promise<void> {
   const prod = loadCheckpoint(productionFolder);
   const chat = openChat(prod.tokenizer, prod.model.config.eosTokenId, productionFolder);
   const d = cfg.dpo;
@@ -284,21 +284,21 @@ async function trainCandidate(productionFolder: string, pairs: Pair[], out: stri
   if (made.examples.length === 0) throw new PipelineError(`refresh: none of the ${pairs.length} pairs in the buffer fits in ${length - 1} tokens; raise refresh.dpo.max_length`);
   const settings = { ...d, desirable_weight: 1, undesirable_weight: 1 };
   mkdirSync(cache, { recursive: true });
-  const reference = loss.reference ? await withScorer(currentBackend(), prod.model, (score) => referenceScores(score, made.examples, chat.pad, d.micro_batch_tokens, join(cache, 'reference.json'), signal, log)) : null;
+  const reference = loss.reference ? await withScorer(backend, prod.model, (score) => referenceScores(score, made.examples, chat.pad, d.micro_batch_tokens, join(cache, 'reference.json'), signal, log)) : null;
   const trainer = dpoTrainer(made.examples, reference, loss, settings, chat.pad, () => loadCheckpoint(productionFolder).model);
   log.info('training the candidate', { from: info.production, pairs: made.examples.length, steps: trainer.steps, lr: d.lr, loss: loss.name });
   const key = hashJson({ production: info.production, pairs: pairs.map((p) => p.pair_id), cfg: d, night: info.night });
-  const result = await trainingRun({ config: d, cache, key, tokenizer: prod.tokenizer, context: prod.context, placeholders: prod.placeholders, signal, log, gpu: currentBackend()?.gpu }, trainer);
+  const result = await trainingRun({ config: d, cache, key, tokenizer: prod.tokenizer, context: prod.context, placeholders: prod.placeholders, signal, log, gpu: backend.gpu }, trainer);
   prod.model.dispose();
   await result.save(out, { stage: 'refresh', loss: loss.name, beta: loss.beta, max_length: length - 1, night: info.night, parent: info.production, last: finalMetrics(result.metrics) });
 }
 
 /** One side of the paired evaluation: the model in `folder` on the validation tasks, each episode seeded by (seed, task, try) alone. */
-async function play(name: string, folder: string, cfg: RefreshConfig, signal: AbortSignal, log: Logger): Promise<EpisodeRecord[]> {
+async function play(name: string, folder: string, cfg: RefreshConfig, backend: Backend, signal: AbortSignal, log: Logger): Promise<EpisodeRecord[]> {
   const e = cfg.eval;
   const ck = loadCheckpoint(folder);
   const chat = openChat(ck.tokenizer, ck.model.config.eosTokenId, folder);
-  const policy = new ModelPolicy(name, ck.model, ck.context, chat, ck.placeholders, { maxTokens: e.max_tokens, temperature: e.temperature, topP: e.top_p, tools: TOOLS, signal, gpu: currentBackend()?.gpu }, Math.random);
+  const policy = new ModelPolicy(name, ck.model, ck.context, chat, ck.placeholders, { maxTokens: e.max_tokens, temperature: e.temperature, topP: e.top_p, tools: TOOLS, signal, gpu: backend.gpu }, Math.random);
   const progress = log.progress(`paired evaluation: ${name}`, e.tasks * e.k);
   const records = await validationEpisodes(policy, { worldSeed: e.world_seed, companies: e.companies, tasks: e.tasks, k: e.k, maxTurns: e.max_turns }, (task, trial) => (policy.random = seeded(cfg.seed, 'paired', task, trial)), () => progress.tick()).finally(() => {
     progress.done();

@@ -50,7 +50,13 @@ export interface StageContext<C> {
   log: Logger;
 }
 
-export type StageOptions = Readonly<Record<string, unknown>>;
+/**
+ * The command line's global options as the stages get them. A module that adds an option to the CLI declares
+ * its type here (TypeScript's declaration merging: train/backend.ts's `backend`), so the option travels typed.
+ */
+export interface StageOptions {
+  readonly [option: string]: unknown;
+}
 
 /** The i-th (from 0) of `count` deterministic parts of the data: `prefab run --shard index/count`. */
 export interface Shard {

@@ -3,7 +3,7 @@
 // native CPU build (both optional dependencies, whose install downloads libtensorflow and fails without
 // internet), then WebAssembly, then plain JavaScript. `webgpu` opens the GPU for prefab's own
 // kernels (train/webgpu/: every trainer's updates) and runs TensorFlow.js on WebAssembly beside them.
-import { Option } from 'commander';
+import { Option, type Command } from 'commander';
 import type { CommandFactory } from '../pipeline/commands.ts';
 import type { StageOptions } from '../pipeline/stage.ts';
 import type { Logger } from '../pipeline/log.ts';
@@ -13,6 +13,13 @@ import type { Kernels } from './webgpu/kernel.ts';
 
 export const BACKENDS = ['auto', 'tensorflow', 'wasm', 'cpu', 'webgpu'] as const;
 export type BackendChoice = (typeof BACKENDS)[number];
+
+declare module '../pipeline/stage.ts' {
+  interface StageOptions {
+    /** `--backend`, one of BACKENDS (commander refuses any other); absent: auto. */
+    readonly backend?: BackendChoice;
+  }
+}
 
 export interface Backend {
   /** The tfjs backend's name: tensorflow, wasm or cpu (wasm beside webgpu). */
@@ -49,14 +56,15 @@ async function loadNative(tf: Tf): Promise<string | null> {
   return null;
 }
 
-/** The backend a training stage runs on: the one `--backend` asked for (the stage's options), else auto; started, and said in the log. */
-export async function stageBackend(options: StageOptions, log: Logger): Promise<Backend> {
-  const choice = options.backend ?? 'auto';
-  if (!(BACKENDS as readonly unknown[]).includes(choice)) throw new Error(`--backend ${String(choice)}: expected one of ${BACKENDS.join(', ')}`);
-  const backend = await useBackend(choice as BackendChoice);
+/** The backend `--backend` asks for in a stage's or a command's options (auto when absent), started, and said in the log. */
+export async function chosenBackend(options: StageOptions, log: Logger): Promise<Backend> {
+  const backend = await useBackend(options.backend ?? 'auto');
   log.info('backend', { backend: backend.description });
   return backend;
 }
+
+/** A command's global options, `--backend` among them, as the stages get them. */
+export const commandOptions = (program: Command): StageOptions => program.opts<StageOptions>();
 
 let current: Backend | null = null;
 
@@ -125,11 +133,6 @@ export async function withScorer<T>(backend: Backend | null, model: Llama, use: 
   } finally {
     scorer.dispose();
   }
-}
-
-/** The backend chosen in this process (by a stage or a command's --backend), or null before any. */
-export function currentBackend(): Backend | null {
-  return current;
 }
 
 /** `--backend` on every command: the CLI hands it to the training stages in their options. */

@@ -4,7 +4,7 @@ import { InvalidArgumentError, type Command } from 'commander';
 import { PipelineError } from '../pipeline/errors.ts';
 import type { CommandContext } from '../pipeline/commands.ts';
 import { seeded } from '../core/random.ts';
-import { useBackend, withScorer, type Backend, type BackendChoice } from './backend.ts';
+import { commandOptions, useBackend, withScorer, type Backend } from './backend.ts';
 import type { Llama } from './model.ts';
 
 /** A JSON list of token ids (`depth` 1) or of lists of them (`depth` 2). */
@@ -32,7 +32,7 @@ const number = (value: string) => {
 
 /** The model in `dir`, on the backend `--backend` asked for; names the folder and the id when an id is out of the vocabulary. */
 async function open(program: Command, dir: string, ids: number[][]): Promise<{ model: Llama; backend: Backend }> {
-  const backend = await useBackend((program.opts<{ backend?: BackendChoice }>().backend ?? 'auto') as BackendChoice);
+  const backend = await useBackend(commandOptions(program).backend ?? 'auto');
   const [{ readHfModel }, { Llama }] = await Promise.all([import('./hf.ts'), import('./model.ts')]); // the trainer, only when a model is opened
   let hf;
   try {

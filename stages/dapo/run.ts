@@ -9,7 +9,7 @@
 import { cp, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { runDapo } from '../../rl/dapo.ts';
-import { stageBackend } from '../../train/backend.ts';
+import { chosenBackend } from '../../train/backend.ts';
 
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
@@ -21,7 +21,7 @@ export async function run({ config: cfg, out, input, cache, key, log, options, s
     await writeFile(join(out, 'metrics.jsonl'), ''); // no DAPO step was taken
     return { counts: { steps: 0, resumed_from: 0 }, summary: 'DAPO is off (dapo.enabled: false): the dpo model is passed on' };
   }
-  const backend = await stageBackend(options, log);
+  const backend = await chosenBackend(options, log);
   const run = await runDapo(from, out, cache, key, cfg, {}, signal, log, backend.gpu);
   const last = run.last;
   const final = run.final;

@@ -5,7 +5,7 @@
 import { join } from 'node:path';
 import { hashJson } from '../../pipeline/hash.ts';
 import type { KtoRow, Pair } from '../../core/records.ts';
-import { stageBackend, withScorer } from '../../train/backend.ts';
+import { chosenBackend, withScorer } from '../../train/backend.ts';
 import { openChat } from '../../train/chat.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
 import { attachLora } from '../../train/lora.ts';
@@ -18,7 +18,7 @@ import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
 
 export async function run({ config: cfg, out, input, cache, key, lineage, log, options, signal }: StageContext<Config>): Promise<StageReport> {
-  const backend = await stageBackend(options, log);
+  const backend = await chosenBackend(options, log);
   const sft = loadCheckpoint(join(input('sft'), 'model'));
   const chat = openChat(sft.tokenizer, sft.model.config.eosTokenId, join(input('sft'), 'model'));
   const length = Math.min(sft.context, cfg.max_length ?? Infinity) + 1;

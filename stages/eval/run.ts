@@ -9,7 +9,7 @@ import { seeded } from '../../core/random.ts';
 import { TOOLS } from '../../env/env.ts';
 import { validationFigures } from '../../env/evaluate.ts';
 import type { Message, Pair } from '../../core/records.ts';
-import { scorerOn, stageBackend, withScorer } from '../../train/backend.ts';
+import { scorerOn, chosenBackend, withScorer } from '../../train/backend.ts';
 import { openChat, type Chat } from '../../train/chat.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
 import { heldOutPairFigures, pairExamples, pairWins, readPreferenceTraining, shorterChosen } from '../../train/dpo.ts';
@@ -86,7 +86,7 @@ function formatTable(rows: Record<string, ModelRow>): string {
 }
 
 export async function run({ config: cfg, out, input, log, options, signal }: StageContext<Config>): Promise<StageReport> {
-  const backend = await stageBackend(options, log);
+  const backend = await chosenBackend(options, log);
   const sft = loadCheckpoint(join(input('sft'), 'model'));
   const tuned = loadCheckpoint(join(input('dpo'), 'model'));
   const tuning = readPreferenceTraining(tuned.state?.info, join(input('dpo'), 'model'));

@@ -4,7 +4,7 @@
 import { readFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { Message } from '../../core/records.ts';
-import { stageBackend } from '../../train/backend.ts';
+import { chosenBackend } from '../../train/backend.ts';
 import { resampledSessions } from '../../train/augment.ts';
 import { readParquet, sftSequences, subset } from '../../train/data.ts';
 import { trainingRun } from '../../train/run.ts';
@@ -42,7 +42,7 @@ import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config, ModelSettings } from './index.ts';
 
 export async function run({ config: cfg, configDir, out, input, cache, key, log, options, signal }: StageContext<Config>): Promise<StageReport> {
-  const backend = await stageBackend(options, log);
+  const backend = await chosenBackend(options, log);
   const placeholders = await readPlaceholdersFile(input('tokenizer'));
   const from = cfg.model.from ? resolve(configDir, cfg.model.from) : null;
   // A pretrained model brings its tokenizer and template; a new one reads the tokenizer stage's.

@@ -69,6 +69,12 @@ describe('prefab command line', () => {
     expect(badConfig.code).toBe(2);
     expect(badConfig.stderr).toMatch(/bad\.yaml:3: unknown key pairs\.outcome\.max_pairs/);
     expect(prefab(['run', '--frobnicate']).code).toBe(2);
+    // --backend reaches the stages and commands typed: anything but its choices is refused before any work.
+    for (const command of [['run'], ['refresh'], ['serve'], ['model', 'inspect', workdir]]) {
+      const badBackend = prefab(['--workdir', workdir, '--config', DEFAULT, '--backend', 'cuda', ...command]);
+      expect(badBackend.code, command.join(' ')).toBe(2);
+      expect(badBackend.stderr).toMatch(/option '--backend <name>' argument 'cuda' is invalid\. Allowed choices are auto, tensorflow, wasm, cpu, webgpu/);
+    }
     expect(prefab(['--help']).code).toBe(0);
   });
 
