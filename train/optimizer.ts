@@ -2,15 +2,15 @@
 // global norm. The state is plain tensors by parameter name, so a checkpoint can save and restore it exactly.
 import * as tf from '@tensorflow/tfjs-core';
 
+/** AdamW's constants; the learning rate is each step's (`apply`), from the schedule. */
 export interface AdamWOptions {
-  lr: number;
   beta1: number;
   beta2: number;
   eps: number;
   weightDecay: number;
 }
 
-export const ADAMW_DEFAULTS: AdamWOptions = { lr: 3e-4, beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 };
+export const ADAMW_DEFAULTS: AdamWOptions = { beta1: 0.9, beta2: 0.95, eps: 1e-8, weightDecay: 0.1 };
 
 export class AdamW {
   /** Steps taken: bias correction uses it. */

@@ -146,7 +146,7 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
   let optimizer: AdamW;
   let done = 0;
   const s = settings.config;
-  const adamw = { ...ADAMW_DEFAULTS, lr: s.lr, weightDecay: s.weight_decay };
+  const adamw = { ...ADAMW_DEFAULTS, weightDecay: s.weight_decay };
   if (last) {
     const loaded = loadCheckpoint(last);
     model = loaded.model;

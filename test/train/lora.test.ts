@@ -35,7 +35,7 @@ const weightsOf = (m: Llama) => new Map([...m.params].map(([n, v]) => [n, v.data
 /** A few AdamW steps on the adapters alone, toward the targets. */
 function train(m: Llama, steps = 4): void {
   const params = trainableParameters(m);
-  const optimizer = new AdamW(params, { ...ADAMW_DEFAULTS, lr: 0.01 });
+  const optimizer = new AdamW(params, ADAMW_DEFAULTS);
   for (let i = 0; i < steps; i++) optimizerStep({ params }, optimizer, [() => ({ loss: tf.neg(tf.mean(m.tokenLogprobs(IDS, TARGETS, 1, IDS.length))) as tf.Scalar })], 0.01, 1);
 }
 
