@@ -94,9 +94,8 @@ const { createInterface } = require('node:readline');
 
 /**
  * DuckDB's round trip: every session read and typed, then written back as JSONL; nothing else. Its rows are
- * counted afterwards, outside the timed process (sessionsIn): until session 31 the script counted them by
- * reading its output back with DuckDB, which added 0.55 s to its 2.1-2.9 s at the simulator's 100k and made every
- * ratio against it about a fifth too kind.
+ * counted afterwards, outside the timed process (sessionsIn): reading its output back inside it would time
+ * work prefab's side does not do (docs/experiments.md, Benchmarks, has what that cost).
  */
 const DUCKDB = `
 import { DuckDBInstance } from '@duckdb/node-api';

@@ -1,8 +1,8 @@
 // The CLI's TypeScript as JavaScript, bundled by esbuild (the compiler tsx itself uses) into
 // node_modules/.cache/prefab/: made on first use and again whenever a file it was made from changed (a
-// source, a bundled package's file, this file). A command then starts in about a tenth of a second, where
-// running the sources through tsx's module hooks costs a few tenths before any work (every module a round
-// trip to the hooks' thread). Packages stay outside the bundle, loaded from node_modules as usual, but for the
+// source, a bundled package's file, this file). Running the sources through tsx's module hooks would cost
+// every module a round trip to the hooks' thread before any work (docs/experiments.md, "Figures behind the code").
+// Packages stay outside the bundle, loaded from node_modules as usual, but for the
 // few every command loads (BUNDLED); each stage's work and each heavy command is a chunk of its own, loaded
 // when it runs, as in the sources.
 import { mkdirSync, readFileSync, readdirSync, renameSync, rmSync, statSync, writeFileSync } from 'node:fs';
@@ -13,10 +13,7 @@ const REPO = join(import.meta.dirname, '..');
 const CACHE = join(REPO, 'node_modules', '.cache', 'prefab');
 /** The bundle's entry points: the CLI, and the stages and commands it is given (their chunks shared). */
 const ENTRIES = { cli: 'pipeline/cli.ts', stages: 'stages/index.ts' };
-/**
- * What worker threads run, each a file of its own with all it imports (no chunks): a thread started in
- * 32-36 ms where it took 52-62 loading the 15 chunks the pairs stage's worker needed.
- */
+/** What worker threads run, each a file of its own with all it imports: no chunks to load one by one as a thread starts. */
 const WORKERS = { 'ingest-worker': 'stages/ingest/worker.ts', 'pairs-worker': 'stages/pairs/worker.ts', 'judge-worker': 'stages/judge/worker.ts', 'export-worker': 'stages/export/worker.ts', 'parquet-worker': 'pipeline/parquet-worker.ts' };
 
 /** The folder of the bundle made from the sources as they are now, or null. */
@@ -59,8 +56,8 @@ const importMeta = {
 /**
  * Packages bundled in rather than loaded from node_modules: the ones every command loads (the config's YAML
  * and schemas, the command line). Each is then read and compiled with its chunk, where Node would resolve
- * and read it file by file (yaml is some seventy CommonJS files, zod thirty modules): `prefab status` took
- * 163 ms instead of 195. The rest stay outside, loaded by the commands that need them.
+ * and read it file by file (yaml is some seventy CommonJS files, zod thirty modules). The rest stay outside,
+ * loaded by the commands that need them.
  */
 const BUNDLED = new Set(['commander', 'yaml', 'zod']);
 
@@ -85,8 +82,7 @@ export async function bundle() {
   mkdirSync(CACHE, { recursive: true });
   const started = Date.now();
   const dir = `build-${started}-${process.pid}`;
-  // Files named .mjs: Node takes them for ES modules without looking for a package.json's `type` above
-  // each (importing the CLI's and the stages' chunks: median 97 ms of eight runs, against 107 as .js).
+  // Files named .mjs: Node takes them for ES modules without looking for a package.json's `type` above each.
   const options = { absWorkingDir: REPO, outdir: join(CACHE, dir), outExtension: { '.js': '.mjs' }, bundle: true, format: 'esm', platform: 'node', target: 'node20', metafile: true, logLevel: 'error', plugins: [importMeta, bundledPackages], banner: { js: REQUIRE } };
   const results = await Promise.all([build({ ...options, entryPoints: ENTRIES, splitting: true }), build({ ...options, entryPoints: WORKERS, splitting: false })]);
   const inputs = {};

@@ -118,8 +118,8 @@ if (NEGATIVE_TYPES.length > 6) throw new Error('pairing/hard-negatives.ts: HardN
  * in NEGATIVE_TYPES) is made when the digest's word `t` over 2^32 falls under the type's ratio, and its
  * transform draws from sfc32 seeded by the digest's last two words and `t`, its first 12 numbers dropped so
  * that the types' streams part. A type's draws are its own: changing one ratio leaves the other types' pairs
- * as they were. One digest a session rather than one a type and one a transform (a tenth of the pairs stage's
- * CPU at a million sessions: 7.7-8.2 s against 8.6-8.9 on the synthetic sessions).
+ * as they were. One digest a session rather than one a type and one a transform: digests were a tenth of
+ * the stage's CPU.
  */
 class HardNegativeDraws {
   private readonly digest: string;

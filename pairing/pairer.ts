@@ -9,9 +9,8 @@
 // A large bucket's job plans it (StoredBucketReader.readOrPlan, a block of the bucket file at a time): where
 // each small task's sessions lie, and for a large task what its LargeTaskPlan keeps as the sessions come. It
 // makes the large tasks' outcome pairs there and then, and answers with its pieces (BucketPlan), those
-// outcome pairs among them, made. stages/pairs/run.ts hands the other pieces to the threads in turn, as it hands
-// buckets. A large task's sessions are so read twice, yet at the 1M sessions of 20 tasks pairs took about
-// 8 s at 178-218 MiB, against 9.6-10.2 s at 480-507 whole (session 23).
+// outcome pairs among them, made. stages/pairs/run.ts hands the other pieces to the threads in turn, as it
+// hands buckets. A large task's sessions are so read twice, and yet pairing is faster than whole, in less memory.
 import type { BufferShelf } from '../pipeline/buffers.ts';
 import type { Split } from '../core/records.ts';
 import { StoredBucketReader } from '../store/bucket-reader.ts';
@@ -79,9 +78,7 @@ export function movedBuffers(made: PairedJob): ArrayBuffer[] {
 
 /**
  * The session bytes a piece reads at most, where the limit is larger (a task within the limit is read whole,
- * whatever its size): small pieces keep what a thread holds small and both threads busy to the end. At the
- * 1M sessions of 20 tasks (a limit of 9.9 MiB), pieces of 1 MiB paired in 7.6-8.0 s at 215-218 MiB, against
- * 9.4-10.1 s at 266-290 with pieces of the limit.
+ * whatever its size): small pieces keep what a thread holds small and both threads busy to the end.
  */
 export const PIECE_BYTES = 1 << 20;
 

@@ -6,8 +6,8 @@ export const SMALL_FILE = 1 << 20;
 
 /**
  * Buffers done with, kept to be filled again: writing to memory a process has written before costs a
- * fraction of writing to memory it has just been given (each new page is mapped on first touch, 0.5 s a GB
- * here). A stage reading and writing gigabytes through blocks of a MiB or a bucket's lines keeps a few.
+ * fraction of writing to memory it has just been given (each new page is mapped on first touch). A stage
+ * reading and writing gigabytes through blocks of a MiB or a bucket's lines keeps a few.
  */
 export class BufferShelf {
   private readonly spare: ArrayBuffer[] = [];
@@ -65,9 +65,8 @@ type NumberArray = Float64Array<ArrayBuffer> | Int32Array<ArrayBuffer>;
 
 /**
  * Numbers one after another in one growing typed array, a Float64Array unless `make` makes another (an
- * Int32Array holds integers in half the memory): a large task's plan keeps a few a session, and in arrays of
- * JavaScript numbers they lived on the heap through its collections, copied into typed arrays at the end (two
- * tasks of 500,000 sessions: a thread's heap at 115 MiB).
+ * Int32Array holds integers in half the memory): a large task's plan keeps a few a session, which arrays of
+ * JavaScript numbers would keep on the heap through its collections.
  */
 export class NumberList<A extends NumberArray = Float64Array<ArrayBuffer>> {
   private values: A;

@@ -1,8 +1,7 @@
 // prefab's hashes. SHA-256 names and decides: ids, keys, configs, which side a task goes to. XXH64 tells
 // files apart (the manifests' and ingest's `xxh64`): every byte of every input file and of everything a
-// stage writes is hashed, so that a rerun knows what changed, and at the simulator's 100k sessions SHA-256
-// of the 433 MB read and the 417 MB written took half a second of the cores ingest's threads work on;
-// XXH64 (xxhash-wasm) is six times faster here. `xxhsum -H1 FILE` prints the same 16 hex digits.
+// stage writes is hashed, so that a rerun knows what changed, and SHA-256 of them all would take the cores
+// ingest's threads work on. `xxhsum -H1 FILE` prints the same 16 hex digits.
 import { createHash, hash } from 'node:crypto';
 import { readFileSync, statSync } from 'node:fs';
 import { open } from 'node:fs/promises';
@@ -75,20 +74,19 @@ const [AHEAD, READ] = [3, 2 << 20];
 
 /**
  * Feeds a file's bytes to `hash` in order, the next reads already under way while one is hashed: the
- * kernel's copies of them then run on the thread pool beside each other and beside the hashing. At the
- * simulator's 433 MB, 62-71 ms against 99-126 reading a MiB at a time, each read waited for.
+ * kernel's copies of them then run on the thread pool beside each other and beside the hashing.
  */
 async function hashThrough(path: string, hash: { update(data: Uint8Array): unknown }, size: number): Promise<void> {
-  // A file of a MiB or less at once, on this thread: a night's hundreds of small files each took a few
-  // round trips to the thread pool (500 of 300 KiB: 0.2 s before ingest began).
+  // A file of a MiB or less at once, on this thread: a night's hundreds of small files would each take a few
+  // round trips to the thread pool.
   if (size <= SMALL_FILE) {
     hash.update(readFileSync(path));
     return;
   }
   const file = await open(path, 'r');
   const reads: Promise<{ buffer: Buffer; bytesRead: number }>[] = [];
-  // A file's few buffers, each filled again once hashed; they go with the call (6 MiB kept for good was
-  // memory every command held).
+  // A file's few buffers, each filled again once hashed; they go with the call (kept for good, every command
+  // would hold them).
   const buffers = new BufferShelf(AHEAD);
   try {
     // Read to `size` (the file as its caller found it), then on until a read finds no more (a file that grew meanwhile).
@@ -133,8 +131,7 @@ export async function checksumFile(path: string, size = statSync(path).size): Pr
 
 /**
  * SHA-256 of `data` as its 32 bytes in a string, a Latin-1 character a byte: for numbers taken from digests
- * by the hundred thousand (draws, ids' keys), as Node gives it in 0.27 µs a call against 0.65 for a Buffer
- * and 0.35 for hex.
+ * by the hundred thousand (draws, ids' keys), the cheapest form Node gives it in.
  */
 export function sha256Bytes(data: string): string {
   return hash('sha256', data, 'binary'); // Node's name for Latin-1

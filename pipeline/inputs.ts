@@ -9,7 +9,7 @@ const INPUT_EXTENSIONS = /\.(jsonl|ndjson|json|parquet)(\.gz)?$/i;
 /** The files `inputs` names, absolute and sorted; a name that matches nothing is a usage error naming `key`. */
 export async function resolveInputs(inputs: string[], configDir: string, key = 'ingest.inputs'): Promise<string[]> {
   const files = new Set<string>();
-  // tinyglobby only where a folder or a pattern is named: loading it took 17-24 ms of every command's start.
+  // tinyglobby only where a folder or a pattern is named: every command's start would pay for loading it.
   const glob = async (pattern: string, cwd: string) => (await import('tinyglobby')).glob(pattern, { cwd, absolute: true, onlyFiles: true });
   for (const input of inputs) {
     const path = resolve(configDir, input);

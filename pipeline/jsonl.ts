@@ -10,9 +10,8 @@ import { checksum, rememberChecksum, type Checksum } from './hash.ts';
 
 /**
  * The compressed bytes of a .gz file read at once, whatever `chunk` a reader asks for: where a file is damaged,
- * zlib drops what the failing read inflated, so what comes before the damage depends on where reads end (two
- * of 200 files damaged midway kept other lines, and other JSON array elements, in blocks of 64 KiB than of
- * 1 MiB: on three threads than on one).
+ * zlib drops what the failing read inflated, so what comes before the damage would depend on where reads end,
+ * and so on the thread count.
  */
 const GZ_READ = 1 << 20;
 
@@ -45,8 +44,8 @@ export async function* readJsonl<T>(path: string): AsyncGenerator<T> {
 /**
  * Appends JSON records, one a line, honouring back-pressure so memory stays bounded. Each line goes to the
  * file at once (a record written is on its way to disk, as an answer cache needs); the writer waits for the
- * disk only past 1 MiB in flight, so making records and writing them overlap (at the stream's default 16 KiB
- * it waited every ten sessions). A file it makes anew is checksummed as it is written, so the engine need not
+ * disk only past 1 MiB in flight, so making records and writing them overlap (the stream's default, 16 KiB,
+ * waits every few records). A file it makes anew is checksummed as it is written, so the engine need not
  * read a stage's output again (pipeline/hash.ts `outputChecksum`).
  */
 export class JsonlWriter {

@@ -64,7 +64,7 @@ export class Logger {
     const started = Date.now();
     let count = 0;
     if (this.format === 'text' && this.out.isTTY && total !== undefined) {
-      // cli-progress only for a bar on a terminal: loading it took 8 ms of every command's start.
+      // cli-progress only for a bar on a terminal: every other command's start would pay for loading it.
       const cliProgress = createRequire(import.meta.url)('cli-progress') as typeof import('cli-progress');
       const bar = new cliProgress.SingleBar(
         { format: `  ${label} [{bar}] {value}/{total} {rate}/s eta {eta_formatted}`, stream: this.out as NodeJS.WriteStream, hideCursor: true, clearOnComplete: true },

@@ -10,7 +10,7 @@ let gc: (() => void) | null = null;
  * A full garbage collection now. A data stage ends holding buffers of tens of MB (split gathers a block per
  * bucket file) that are garbage from then on; but the next stage works on its threads and allocates little
  * on this one, so no collection comes to free them, and their memory stays with the process through that
- * stage's peak (about 35 MiB of malloc's heap at a million sessions). V8 offers no call for it without
+ * stage's peak. V8 offers no call for it without
  * `--expose-gc`, which is set here (as Jest does for its leak detector) rather than asking every user for a
  * Node option.
  */
@@ -20,9 +20,8 @@ export function collectGarbage(): void {
 }
 
 /**
- * Below this much in V8's heap and in buffers together, a collection after a stage is not worth its time: one
- * took 6-14 ms at the simulator's 100k sessions, where each data stage ends holding some 30 MB and less than
- * 10 of it is garbage.
+ * Below this much in V8's heap and in buffers together, a collection after a stage is not worth its time:
+ * a small run's stages end holding little, and less of it garbage.
  */
 const WORTH_COLLECTING = 48 << 20;
 
@@ -50,11 +49,10 @@ const HEAP_GROWING_PERCENT = 50;
 
 /**
  * Holds V8's heap to 1.5 times what survived its last full collection. V8 picks that factor itself, up to 4
- * where a program allocates fast, and a stage that keeps a growing structure (export's Parquet footers: 91 MB
- * at a million sessions) then keeps up to four times it: export peaked at 458 MiB on 1M synthetic sessions
- * with V8's factor, 260 with this one, at a tenth more time. Process-wide, threads included. Node warns
- * that a V8 flag set after start may do nothing; on Node 20 this one takes effect (those figures), and a Node
- * that refuses it keeps V8's factor.
+ * where a program allocates fast, and a stage that keeps a growing structure (export's Parquet footers) then
+ * keeps up to four times it. Process-wide, threads included. Node warns that a V8 flag set after start may
+ * do nothing; on Node 20 this one takes effect (docs/experiments.md), and a Node that refuses it keeps V8's
+ * factor.
  */
 export function holdHeapGrowth(): void {
   try {

@@ -12,15 +12,12 @@ import { WorkerPool } from './workers.ts';
 /**
  * The records of a Parquet file in batches (recordBatches), read on a worker thread of their own
  * (parquet-worker.ts) with a heap as large as this thread's: a row group is read whole, its rows' text some
- * four times its uncompressed size (hyparquet's objects of it twenty: 200,000 sessions written in one row
- * group, as pyarrow writes up to a million rows, took more than Node's 4 GB heap and ended the process). A
- * thread that runs out of memory ends alone: the file then ends in a damaged record that says why and what
- * to do (`heapMb`: a test's smaller heap).
+ * four times its uncompressed size, and pyarrow writes up to a million rows a group. A thread that runs out
+ * of memory ends alone: the file then ends in a damaged record that says why and what to do (`heapMb`: a
+ * test's smaller heap).
  */
 export async function* readParquetBatches(path: string, heapMb?: number): AsyncGenerator<RawRecord[]> {
-  // A young generation of 64 MB (the stages' threads have 16): a row group's values outlive many of its
-  // collections (100k sessions in row groups of 10,000: 5.0 s against 5.2-5.3 at 16, for 45 MiB more; through
-  // hyparquet's objects 10.6 s against 11.9).
+  // A young generation of 64 MB (the stages' threads have 16): a row group's values outlive many of its collections.
   const reader = new WorkerPool<null, RawRecord[] | null>('parquet-worker', new URL('./parquet-worker.ts', import.meta.url), 1, { path }, undefined, { maxYoungGenerationSizeMb: 64, ...(heapMb ? { maxOldGenerationSizeMb: heapMb } : {}) });
   let reached = 'before the first record';
   try {
@@ -54,8 +51,7 @@ export async function* readParquetRecords(path: string): AsyncGenerator<RawRecor
 
 /**
  * Batches asked of a Parquet file's thread ahead of the one being used: more than a row group of 10,000 rows,
- * so that the thread reads the next group while this one takes the batches of the last (at 2, each thread
- * waited for the other half the time: 4.9 s against 4.3-4.5 at 100k sessions in groups of 10,000).
+ * so that the thread reads the next group while this one takes the batches of the last.
  */
 const AHEAD = 16;
 
@@ -93,9 +89,8 @@ export async function* readParquetRows(path: string): AsyncGenerator<{ row: numb
  * Every row of a Parquet file as its text, JSON.stringify of readParquetRows' value of it, with its 1-based
  * row number and, only where the text does not give it back (a NaN or an infinity, which JSON writes as
  * null), its value; one row group in memory at a time. The text is assembled from the columns
- * (parquet-text.ts): ingest read 100k sessions in row groups of 10,000 in 4.0-4.5 s against 10.8 through
- * hyparquet's objects, at 260 MiB against 717 (one row group of them all: 5.3 s against 14.4, 0.5 GiB
- * against 3.5). A row group that holds such a number, one that fails there, and a file whose schema it does
+ * (parquet-text.ts), not from hyparquet's objects of the rows, which take several times the time and memory
+ * (docs/experiments.md). A row group that holds such a number, one that fails there, and a file whose schema it does
  * not assemble (maps, variants, legacy lists) are read as readParquetRows reads them (a damaged one then fails
  * as it does there); one whose columns' levels do not fit its schema fails (ColumnsDisagree).
  */

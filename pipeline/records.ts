@@ -249,8 +249,7 @@ async function* readPlainLineBlocks(path: string, size: number, shelf = new Buff
 /**
  * Reads of an open file at its position, each as `fs.read` makes it on the thread pool, or, for a file of a
  * MiB or less, at once on this thread: where a night brings hundreds of small files, each read's round trip
- * to the pool and back (on two busy cores) added up to most of the time (100k sessions in 500 files of
- * 300 KiB took ingest 1.5 s, in one file 0.75 s).
+ * to the pool and back (on two busy cores) would add up to most of the time.
  */
 function readerOf(fd: number): (into: Uint8Array, at: number, length: number) => Promise<number> {
   if (fstatSync(fd).size <= SMALL_FILE) return (into, at, length) => Promise.resolve(readSync(fd, into, at, length, null));

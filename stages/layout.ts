@@ -47,8 +47,7 @@ export function readIngestIndex(dir: string): Promise<IngestIndex | null> {
  * A run of a segment's consecutive sessions of one task, as the segment's tasks file has it, a JSON array a
  * line: the task (null for sessions without one), how many sessions, and their lines' bytes (newlines
  * included). The runs follow the segment's lines in order and add up to its size, so split places a run at
- * once instead of reading each session's line for its task: the simulator's 100k sessions are 421 MB of
- * segment and 25,000 runs in 725 KB.
+ * once instead of reading each session's line for its task (a tasks file is a few hundredths of its segment).
  */
 export type TaskRun = [task: string | null, sessions: number, bytes: number];
 

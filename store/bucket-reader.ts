@@ -455,7 +455,7 @@ function groupByTask(bytes: Buffer): StoredTaskGroups {
 }
 
 /**
- * The most bytes of a bucket's sessions SessionsById and readBucketSessions hold at once: buckets are about
- * 17 MiB at the simulator's sessions, and one a task of a million sessions fills takes gigabytes.
+ * The most bytes of a bucket's sessions SessionsById and readBucketSessions hold at once: about twice a
+ * usual bucket, while one that a task of a million sessions fills takes gigabytes.
  */
 export const HELD_BUCKET = 32 << 20;

@@ -42,9 +42,8 @@ const RUN_ENDS = SPLITS.map((side) => Buffer.from(`${side}"}`));
 let lastSegment = { bytes: Buffer.alloc(0), name: '' };
 
 /**
- * A run line as split writes it (sessionRunLine), read where its bytes lie; null for any other shape (then
- * parsed). At a million runs (a task's sessions apart, a run a session) 0.6 s went to a string of each line
- * and a regular expression.
+ * A run line as split writes it (sessionRunLine), read where its bytes lie, not made a string and matched:
+ * a bucket may hold a million runs. Null for any other shape (then parsed).
  */
 function runOfShape(bytes: Buffer, start: number, end: number): Partial<SessionRun> | null {
   let at = start + RUN_HEAD.length;

@@ -17,8 +17,7 @@ const RECENT_SESSIONS = 256;
  * The sessions of one bucket file at a time, by id. When a file is first asked of, where each of its
  * sessions lies is read from their heads (a block at a time), and a bucket of the usual size is kept as they
  * are read; a larger bucket's session is read when asked for. The last few asked for are kept parsed. What
- * a large bucket holds is five numbers a session, not its sessions: a task of 500,000 sessions, read whole
- * and kept parsed, took 6.7 GB (and a Map from their ids to where they lie 40 MiB a thread).
+ * a large bucket holds is five numbers a session, not its sessions, nor a Map from their ids.
  */
 export class SessionsById {
   private path: string | null = null;

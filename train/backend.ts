@@ -34,7 +34,7 @@ type Tf = typeof import('@tensorflow/tfjs-core');
 
 /**
  * TensorFlow.js, loaded when a backend is first chosen rather than with this module: commands that train
- * nothing (status, the data stages) never pay its ~0.4 s. The umbrella package registers the CPU backend
+ * nothing (status, the data stages) never pay for loading it. The umbrella package registers the CPU backend
  * and, in its Node bundle, the gradients of tfjs's ops.
  */
 async function loadTf(): Promise<Tf> {

@@ -28,7 +28,7 @@ const BATCHED_READ = 8;
  * The weights a decoder computes with, copied from the model when it is made (adapters folded in: W +
  * (α/r)·B·A), so training the model on does not change a decoder already made. Plain arrays for one
  * sequence's steps; for many sequences' steps, the projections of a layer fused and transposed into tensors
- * on the backend (q|k|v and gate|up, (in, out): WASM's matMul is 8–30× slower with a transpose flag), made on
+ * on the backend (q|k|v and gate|up, (in, out): WASM's matMul is far slower with a transpose flag), made on
  * first use. Caches made from one DecodeWeights can be stepped together.
  */
 export class DecodeWeights {
@@ -90,10 +90,9 @@ function rowsTimes(rows: Float32Array, B: number, W: tf.Tensor2D): Float32Array 
  * (K heads, not repeated), so a new token is one row through the model, within one reply and across the
  * turns of an episode, where each new prompt extends the last one.
  * A generated token of one sequence is computed in plain TypeScript on the CPU: a step of a model this small
- * is a few hundred tiny operations, which cost more to dispatch to a TensorFlow.js backend than to compute
- * (measured for 4 layers, width 128: 2.3 ms a token against 4.8 ms through WASM ops). A prompt of many new
- * tokens is read in one batched pass through the backend instead (0.34 ms a token against 1.6 token by
- * token), and so is a step of many sequences (KVCache.readEach): their rows go through each projection as one
+ * is a few hundred tiny operations, which cost more to dispatch to a TensorFlow.js backend than to compute.
+ * A prompt of many new tokens is read in one batched pass through the backend instead, and so is a step of
+ * many sequences (KVCache.readEach): their rows go through each projection as one
  * matMul, and each attends to its own cache.
  */
 export class KVCache {

@@ -1,8 +1,8 @@
 // The three operations a transformer spends its time in, written so that the WASM backend runs them fast.
 //
-// Measured on the WASM backend (bench/train.ts prints the same figures): a plain 2-D matMul runs at ~30
-// GFLOP/s, but with transposeA or transposeB, or with a batch dimension, it takes the slow generic path at
-// 1–3 GFLOP/s. tf.matMul's built-in gradient uses the transpose flags, and attention is a batched matMul.
+// On the WASM backend a plain 2-D matMul takes the fast path, but with transposeA or transposeB, or with a
+// batch dimension, the slow generic path, an order of magnitude slower (bench/train.ts prints both).
+// tf.matMul's built-in gradient uses the transpose flags, and attention is a batched matMul.
 // So: every matMul here is 2-D and plain, transposes are explicit, and attention loops over (batch, head)
 // with a hand-written backward pass. The gradient of tf.gather needs UnsortedSegmentSum, which WASM lacks:
 // the embedding's gradient is a one-hot matMul instead.

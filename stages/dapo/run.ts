@@ -1,11 +1,4 @@
 // The dapo stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
-// dapo: reinforcement learning of the preference-tuned model in the simulator, by DAPO (verl's recipe:
-// rl/dapo.ts runs it, rl/trainer.ts and train/losses/policy-gradient.ts are its trainer and loss). Each
-// step draws training tasks, plays group_size episodes of each with the current policy, keeps the groups whose
-// rewards differ (dynamic sampling, drawing more tasks up to max_generation_batches), and updates on them.
-// mode: feedback plays a group's episodes in order, each reading what the representatives said in the failed
-// ones before it (seed 004). Every validation.every steps the policy is measured on validation tasks. Off, the
-// stage passes the dpo model on unchanged.
 import { cp, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { runDapo } from '../../rl/dapo.ts';

@@ -1,7 +1,4 @@
 // The dpo stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
-// dpo: preference optimisation of the SFT model on the exported pairs (DPO and its sigmoid, robust, hinge
-// and IPO losses; SimPO; ORPO: train/dpo.ts) or on the KTO rows (train/kto.ts). The SFT model is the starting
-// point and, for the losses that need one, the frozen reference, whose log-probabilities are cached here.
 import { join } from 'node:path';
 import { hashJson } from '../../pipeline/hash.ts';
 import type { KtoRow, Pair } from '../../core/records.ts';

@@ -1,7 +1,4 @@
 // The eval stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
-// eval: the untrained model, the SFT model and the preference-tuned model side by side, on held-out pairs
-// (accuracy, DPO's implicit rewards against the SFT reference), held-out NLL, and acting in the simulator on
-// validation tasks (success mean@k, pass@k, reward, turns). Prints the table and writes it as JSON.
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Logger } from '../../pipeline/log.ts';

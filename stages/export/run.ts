@@ -1,5 +1,4 @@
 // The export stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
-// export: the sessions table and the SFT, preference-pair and KTO datasets as Parquet, each with a card.
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { hashJson } from '../../pipeline/hash.ts';

@@ -1,7 +1,4 @@
 // The gate stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
-// gate: keeps the pairs the judges confirm with enough confidence (abstain > guess), drops the rest with
-// the reason, and reports per source and negative type. Changing the threshold reruns this stage alone:
-// no judge is asked again.
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { JsonlWriter, readJsonl } from '../../pipeline/jsonl.ts';

@@ -1,9 +1,4 @@
 // The import stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
-// import: ready-made preference pairs (HH-RLHF, TRL's formats, UltraFeedback: stages/import/formats.ts) read
-// as pairs with `source: imported`, beside the pairs built from sessions. Each goes to train or test by a
-// seeded draw on its prompt (pairs of one prompt together). The judge stage keeps them as given or has the
-// judges check them (judge.imported); they are exported with the other pairs, not to the SFT or KTO sets.
-// A record that cannot be read goes to quarantine.jsonl with its file, place and reason, as in ingest.
 import { join } from 'node:path';
 import { hashJson } from '../../pipeline/hash.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';

@@ -23,7 +23,7 @@ const REPLACEMENT_CHARACTER = Buffer.from('\uFFFD');
  * of plain characters, then escapes each followed by a run ("unrolling the loop"): an escape starts with a
  * backslash, which no plain character is, so there is one way to match a string and a string that does not
  * match is given up in time linear in its length (runs that could also split, `(?:plain+|escape)*`, would
- * backtrack without end). 2.4 µs a session of the simulator's against 2.9 matched a character a step.
+ * backtrack without end); it is also faster than matching a character a step.
  */
 function messagesGrammar(space: string): RegExp {
   const plain = String.raw`[^"\\\x00-\x1f]`;

@@ -228,7 +228,7 @@ export function sessionAround(record: Json, messages: Message[] | null, messageE
   const rest = withoutPaths(record, consumed); // a copy of its own
   // A record already in the Session format carries `metadata` (an object or its JSON string): merge it, its
   // keys first, then the record's other fields (as `{ ...carried, ...others }` would, into what was parsed
-  // from the string rather than through two copies: 2.0 µs a record of the simulator's against 1.4).
+  // from the string rather than through two copies).
   const carried = asObject(rest.metadata);
   let extra = rest;
   if (carried) {

@@ -1,6 +1,4 @@
 // The ingest stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
-// ingest: logged sessions (JSONL, JSON array, Parquet; files, folders, globs) → validated Session segments.
-// Incremental: a file whose content was ingested before is skipped, a new one becomes a new segment.
 import { existsSync } from 'node:fs';
 import { copyFile, link, mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';

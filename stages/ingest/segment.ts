@@ -109,8 +109,7 @@ export interface BatchOutcome {
 /**
  * A session's line with its messages as stored (their bytes, as the record held them): JSON.stringify of the
  * session, field by field in the order toSession makes them, around them (the test of stored records holds
- * it to JSON.stringify). Stringifying the session with no messages and putting them in after took a fifth
- * longer (1.5 µs a session of the simulator's against 1.2).
+ * it to JSON.stringify): a fifth faster than stringifying the session without messages and splicing them in.
  */
 export function writeStoredSession(out: LineBuffer, s: Session, messages: Uint8Array): void {
   const q = JSON.stringify;
@@ -226,10 +225,7 @@ function readOne(given: RawRecord, fileName: string, o: ReadingOptions): RecordO
  * (about 1 MiB: a thread's share worth sending, and the main thread never decodes a record it only writes);
  * Parquet as records, in batches of about 1 MiB of text (or 1,024 records), read on a thread of their own
  * (readParquetBatches: a row group is decoded whole, and one too large for memory ends that thread, not the
- * process). A record a batch took a buffer of lines each: 100k sessions from Parquet took 31 s, 12 s of it
- * collecting garbage, against 16.6 s so (docs/stages.md). A JSON array came as records too, its
- * text decoded and cut out on this thread a character at a time: 100k sessions took ingest 2.3 s against
- * 0.75 s as JSONL.
+ * process). Batches, not records, so that a buffer of lines serves many records and no text is decoded twice.
  */
 async function* batchesOf(path: string, format: InputFormat, shelf: BufferShelf, blockBytes: number, parquetHeapMb?: number): AsyncGenerator<Batch> {
   if (format === 'jsonl') {
@@ -268,9 +264,9 @@ const LARGE_INPUT = 16 << 20;
 const formatOf = (file: ExternalFile, o: ReadingOptions): InputFormat | null => (o.format === 'auto' ? detectFormat(file.path) : o.format);
 
 /**
- * About the bytes a file's records take as text: a .gz file's as its trailer says (their size modulo 4 GiB;
- * 100k sessions of 161 MB were 6.5 MB of gzip, read on this thread alone in 2.2 s, on two in 1.4 s), at least
- * the file's own and at most what deflate can make of it (1,032 to 1: a damaged trailer says anything).
+ * About the bytes a file's records take as text: a .gz file's as its trailer says (their size modulo 4 GiB:
+ * a small gzip can hold enough to want threads), at least the file's own and at most what deflate can make of
+ * it (1,032 to 1: a damaged trailer says anything).
  */
 function contentBytes(file: ExternalFile): number {
   if (!file.path.endsWith('.gz') || file.bytes < 18) return file.bytes;
@@ -287,11 +283,9 @@ function contentBytes(file: ExternalFile): number {
 /**
  * The threads that read files of `bytes` (as contentBytes has them) in all, JSONL and JSON, started once for
  * all of them; none where there is one thread, or nothing but Parquet (read on a thread of its own, its
- * records mapped on this one). A JSONL file or JSON array is read in blocks of at most 1 MiB, and of about half a thread's share of
- * all the files where that is smaller, so that every thread works on small input too. A million sessions in
- * 200 files of 8 MiB (when a file needed 16 MiB to be read on threads of its own) took ingest 12 s on this
- * thread alone, and take 5.6-6.3 s on two. (Blocks of a share of each file's own bytes cut 500 files of 300
- * KiB into four blocks each, where one does: 1.12-1.19 s against 1.23-1.26.)
+ * records mapped on this one). A JSONL file or JSON array is read in blocks of at most 1 MiB, and of about
+ * half a thread's share of all the files where that is smaller, so that every thread works on small input
+ * too: the share is of all the files, not of each, or many small files would be cut needlessly fine.
  */
 function startThreads(bytes: number, o: ReadingOptions, workers: unknown): IngestThreads | null {
   const threads = workerCount(workers, bytes >= LARGE_INPUT);
@@ -319,9 +313,7 @@ interface FileReading {
  * all the files): by this thread, or by the threads they came from. With threads (startThreads; `workers`,
  * `--workers`), batches are parsed and mapped on them, the files' one after another (a file is read while
  * the one before is still on the threads), and the results used in order: the segments and the quarantine
- * are the same byte for byte. 100k sessions in 500 files of 300 KiB took 2.2 s with a shelf a file, and take
- * 1.5 s (one file of them all: 0.75 s; what is left is each file's opening and closing on this thread, which
- * threads do not shorten).
+ * are the same byte for byte. One shelf for all the files, so that many small files do not each map new memory.
  */
 export async function ingestFiles(files: { file: ExternalFile; seq: number }[], o: ReadingOptions, out: string, ids: SessionIdSet, quarantine: JsonlWriter, reasons: Map<string, number>, log: Logger, signal: AbortSignal, workers: unknown, parquetHeapMb?: number): Promise<IngestedFile[]> {
   // A file whose format cannot be told stops the stage before any is read.
@@ -359,7 +351,7 @@ export async function ingestFiles(files: { file: ExternalFile; seq: number }[], 
     await inOrder(jobs(), work, async (outcome, job) => {
       if (job.batch) await job.reading.use(outcome!, job.batch);
       else {
-        // Its segment is closed meanwhile: waiting for each of hundreds of small files' took a third of the time.
+        // Its segment is closed meanwhile: waiting for each of hundreds of small files' would serialize them.
         const { file, closed } = job.reading.done();
         reading.delete(job.reading);
         ingested.push(file);
@@ -376,10 +368,7 @@ export async function ingestFiles(files: { file: ExternalFile; seq: number }[], 
 
 /**
  * Bytes of a segment in flight to disk past which its writer waits. A batch's lines are up to a MiB, so with
- * the writers' default (1 MiB) this thread waited on each write before handing out more work, and writing
- * the page cache's new pages is slow on a virtual machine (2-3 s a GB here, against 0.6 with O_DIRECT): at
- * 1M simulated sessions ingest took 17.6-17.9 s, with 16 MiB 15.1-16.7 s (4 MiB between, 64 no faster and
- * 15-35 MiB more at its peak); at 100k, the same.
+ * the writers' default (1 MiB) this thread would wait on each write before handing out more work.
  */
 const SEGMENT_IN_FLIGHT = 16 << 20;
 
@@ -453,8 +442,8 @@ function fileReading(file: ExternalFile, out: string, seq: number, ids: SessionI
         if (run.lines > 0) runs.push(run);
         run = { from: start, to: start, lines: 0 };
         duplicates++;
-        // Which id it was is read from the head of its session's line (ids do not cross between threads):
-        // where half the records were repeats, parsing and mapping each again took the main thread 0.5 s a 100k.
+        // Which id it was is read from the head of its session's line (ids do not cross between threads),
+        // rather than the record parsed and mapped again on this thread.
         const raw = rawOf(given, r);
         const id = leadingSessionId(sessionLines, lineStart, start);
         await quarantine.write({ file: file.name, where: whereOf(batch, i, line), reason: `duplicate session_id '${id}' (dropped; the first one is kept)`, raw: quarantineText(raw) } satisfies QuarantineRecord);
@@ -491,8 +480,7 @@ function fileReading(file: ExternalFile, out: string, seq: number, ids: SessionI
 /**
  * A segment's tasks file (layout.ts TaskRun), written as its sessions are: a run's line once the next task
  * starts. The threads, which have each session at hand, say where a batch's task changes (BatchOutcome's
- * `tasks`): reading each line's task from its head here instead made ingest 0.1 s slower at the simulator's
- * 100k, as this thread hands out the threads' work.
+ * `tasks`): this thread hands out the threads' work, so it reads no line's head for its task.
  */
 class TaskRunsWriter {
   private run: TaskRun | null = null;

@@ -1,7 +1,4 @@
 // The judge stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
-// judge: every pair from the pairs stage, and best-of-N among each task's candidates (logged trials and
-// sampled ones), goes before the judges: a decisive verifier first, then the weighted votes of the rules
-// and, when configured, an LLM judge. Every judged comparison is written, kept or not: the gate decides.
 import { readFile, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { mustDeclineTest } from '../../judges/rules.ts';

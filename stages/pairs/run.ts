@@ -1,8 +1,4 @@
 // The pairs stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
-// pairs: preference pairs from the split sessions, one bucket of tasks in memory at a time: outcome pairs
-// (successes against failures) and hard negatives (a successful session's turn against a worse version of it).
-// Hard negatives come from deterministic transforms and, when configured, from an LLM rewriter.
-// Best-of-N pairs need the judges to pick the best, so the judge stage builds them.
 import { mkdir, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { openEndpoint, requestCounts, type ChatEndpoint } from '../../judges/endpoint.ts';
@@ -116,7 +112,7 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
       if (!piece || piece.closes) progress.bar!.tick();
     };
     // Two buckets a thread being paired: while the bucket to be written next is still being paired, the other
-    // thread goes on with the ones after it (with one, it waited: 0.45 s of 1.9 at the simulator's 100k).
+    // thread goes on with the ones after it (with one, it would wait).
     // Buckets paired out of turn wait to be written while their pairs hold under what the writers may
     // have in flight: where a few large tasks fill a few buckets among many empty or small ones, both
     // threads pair the large ones (when any four buckets in flight counted, one thread paired alone).

@@ -1,8 +1,4 @@
 // The sample stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
-// sample: for tasks with too few logged candidates, draw more from an OpenAI-compatible endpoint at
-// temperature 0.7, so best-of-N has N to choose from. A simulator task is rolled out in the environment
-// with the model as the policy (so the candidate has a real reward); any other prompt gets one sampled
-// reply (no reward). Every answer is cached per (model, request, index): a rerun pays nothing.
 import { mkdir, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { RequestFailed, openEndpoint, requestCounts } from '../../judges/endpoint.ts';

@@ -1,6 +1,4 @@
 // The sft stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
-// sft: supervised fine-tuning of a tiny Llama on the successful training sessions, assistant
-// tokens only. Writes the model in Hugging Face's layout, and a metrics line per step.
 import { readFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { Message } from '../../core/records.ts';

@@ -1,7 +1,5 @@
 // The split stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
-// split: gives sessions without task_id a task by request similarity, then puts every task wholly on the
-// train or the test side by a stable hash, in buckets by task so that pairing reads one bucket at a time.
-// A bucket file points at runs of ingest's lines rather than copying the sessions (stages/layout.ts).
+// A bucket file points at runs of ingest's lines rather than copying the sessions (store/runs.ts).
 import { closeSync, existsSync, fstatSync, openSync, readSync } from 'node:fs';
 import { mkdir, writeFile } from 'node:fs/promises';
 import { basename, join } from 'node:path';
@@ -40,8 +38,8 @@ const slotOf = (task: string) => fnv1a(task) & (PLACED_TASKS - 1);
  * for: it is read into again. Not readLineBlocks (pipeline/records.ts): a run needs where its lines lie in
  * the file, and a segment (never gzip, no byte order mark) is read faster with readSync in 4 MiB blocks than
  * through the thread pool in 1 MiB ones, on a stage that does nothing else meanwhile. Every segment is read
- * into the same buffer (`into`, grown where a line is longer): at 500 segments of 300 KiB, a buffer each took
- * split 0.9 s against 0.25 for one segment of them all.
+ * into the same buffer (`into`, grown where a line is longer): many small segments would otherwise each map
+ * new memory.
  */
 function* segmentLines(file: number, into: { buffer: Buffer }, from = 0, to = Infinity): Generator<{ bytes: Buffer; base: number; lines: number[] }> {
   let { buffer } = into;
@@ -160,8 +158,7 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   const counts = { train_sessions: 0, test_sessions: 0, matched_to_task: 0, new_groups: 0 };
   const progress = log.progress('split', total);
   // A task's side and bucket, worked out once (two hashes) for the sessions of it that come one after another,
-  // and remembered in a slot of PLACED_TASKS for where a few tasks' sessions lie apart: 20 tasks in 1M
-  // sessions split in 1.8-2.0 s against 2.8-2.9 (with 250,000 tasks shuffled, 3.0-3.3 against 3.1-3.2).
+  // and remembered in a slot of PLACED_TASKS for where a few tasks' sessions lie apart.
   type Placed = { task: string | null; side: Split; file: BucketOut | undefined };
   const slots: (Placed | undefined)[] = new Array(PLACED_TASKS).fill(undefined);
   let last: Placed = { task: null, side: 'train', file: undefined };

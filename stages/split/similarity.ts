@@ -56,10 +56,9 @@ export interface GroupMatch {
  * shared is passed over, and the others have the rest looked up. Where some of those few shingles are held by
  * more than `commonLimit` groups, the candidates are every group holding a shingle held by at most
  * `commonLimit`, counted the same way, as before. A group of the very same shingles (none is more alike) is found by a hash of them.
- * Shingles are kept as numbers, a group's one after another in one array. The simulator's 100k sessions
- * without their task ids (2,271 groups) split in 255 s comparing every candidate's shingles whole, in 11 s
- * so; 100k of its 1M without (250,000 known tasks) in 26 s at 409 MiB, where Sets of strings held 1.1 GiB.
- * The groups are the same (docs/stages.md, split).
+ * Shingles are kept as numbers, a group's one after another in one array (Sets of strings would take
+ * several times the memory). The groups are those comparing every candidate's shingles whole would make
+ * (docs/stages.md, split).
  */
 export class TaskMatcher {
   private readonly ids: string[] = [];

@@ -1,6 +1,4 @@
 // The tokenizer stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
-// tokenizer: a byte-level BPE trained on the training split's sessions as the model will read them (values it
-// copies as placeholders: train/placeholders.ts), saved as tokenizer.json beside placeholders.json.
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { safePoint } from '../../pipeline/interrupt.ts';
