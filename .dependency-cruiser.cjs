@@ -6,7 +6,8 @@ module.exports = {
     {
       name: 'no-cycles',
       severity: 'error',
-      comment: "No import cycles anywhere: each room reads as a layer. Type-only imports do not count (they are gone at run time): a stage's run.ts takes its Config type from the index.ts that loads it (dependency-cruiser #695: preCompilationOnly false is its way to say so).",
+      comment:
+        "No import cycles anywhere: each room reads as a layer. Type-only imports do not count (they are gone at run time): a stage's run.ts takes its Config type from the index.ts that loads it (dependency-cruiser #695: preCompilationOnly false is its way to say so).",
       from: {},
       to: { circular: true, preCompilationOnly: false, viaOnly: { dependencyTypesNot: ['type-only'] } },
     },
@@ -20,21 +21,23 @@ module.exports = {
     {
       name: 'core-imports-nothing-of-ours',
       severity: 'error',
-      comment: 'core/ is what everything shares; it imports no other room (only the engine\'s one hash function).',
+      comment: "core/ is what everything shares; it imports no other room (only the engine's one hash function).",
       from: { path: '^core/' },
       to: { path: '^(store|pairing|stages|judges|env|train|loop|bin)/|^pipeline/(?!hash\\.ts$)' },
     },
     {
       name: 'store-imports-core-and-engine-only',
       severity: 'error',
-      comment: 'The session store is the bytes ingest and split write, read back: it knows records and the engine, not what the stages make of them.',
+      comment:
+        'The session store is the bytes ingest and split write, read back: it knows records and the engine, not what the stages make of them.',
       from: { path: '^store/' },
       to: { path: '^(stages|pairing|judges|env|train|loop|bin)/' },
     },
     {
       name: 'pairing-is-a-library',
       severity: 'error',
-      comment: 'Pair builders (outcome, hard negatives, the rewriter, a bucket made into pairs): the pairs stage wires them, as stages wire judges/. They read the store and may ask a judge or the simulator, never a stage, the trainer or the loop.',
+      comment:
+        'Pair builders (outcome, hard negatives, the rewriter, a bucket made into pairs): the pairs stage wires them, as stages wire judges/. They read the store and may ask a judge or the simulator, never a stage, the trainer or the loop.',
       from: { path: '^pairing/' },
       to: { path: '^(stages|train|loop|bin)/' },
     },
@@ -48,7 +51,8 @@ module.exports = {
     {
       name: 'only-the-data-stages-read-the-store',
       severity: 'error',
-      comment: 'The store lies below the stages and the pair builders; judges, the simulator, the trainer and the loop take records, never stored bytes.',
+      comment:
+        'The store lies below the stages and the pair builders; judges, the simulator, the trainer and the loop take records, never stored bytes.',
       from: { path: '^(pipeline|core|judges|env|train|loop)/' },
       to: { path: '^store/' },
     },
@@ -69,35 +73,40 @@ module.exports = {
     {
       name: 'trainer-imports-core-and-engine-only',
       severity: 'error',
-      comment: 'train/ is a library: no stage, no judge, no simulator (a policy meets the simulator through core\'s Policy).',
+      comment:
+        "train/ is a library: no stage, no judge, no simulator (a policy meets the simulator through core's Policy).",
       from: { path: '^train/' },
       to: { path: '^(stages|judges|env|loop|bin)/' },
     },
     {
       name: 'rl-uses-the-trainer-and-the-world',
       severity: 'error',
-      comment: 'Reinforcement learning (rollouts, feedback notes, the DAPO trainer and its run) plays the trainer\'s policy in the simulator; the dapo stage and a refresh night call it.',
+      comment:
+        "Reinforcement learning (rollouts, feedback notes, the DAPO trainer and its run) plays the trainer's policy in the simulator; the dapo stage and a refresh night call it.",
       from: { path: '^rl/' },
       to: { path: '^(stages|store|pairing|judges|loop|bin)/' },
     },
     {
       name: 'nothing-below-rl-imports-it',
       severity: 'error',
-      comment: 'The trainer and the simulator know nothing of each other; only rl/ brings them together, and only stages and the loop call it.',
+      comment:
+        'The trainer and the simulator know nothing of each other; only rl/ brings them together, and only stages and the loop call it.',
       from: { path: '^(pipeline|core|store|pairing|judges|env|train)/' },
       to: { path: '^rl/' },
     },
     {
       name: 'loop-imports-no-stage',
       severity: 'error',
-      comment: 'loop/ (the online refresh loop: registry, serving, nights) runs what the stages made, and DAPO through rl/; it never reaches into a stage.',
+      comment:
+        'loop/ (the online refresh loop: registry, serving, nights) runs what the stages made, and DAPO through rl/; it never reaches into a stage.',
       from: { path: '^loop/' },
       to: { path: '^(stages|bin)/' },
     },
     {
       name: 'no-stage-imports-another-stage',
       severity: 'error',
-      comment: 'What passes between stages on disk is stages/layout.ts (the sessions in it read through store/); a stage never reaches into another stage\'s folder.',
+      comment:
+        "What passes between stages on disk is stages/layout.ts (the sessions in it read through store/); a stage never reaches into another stage's folder.",
       from: { path: '^stages/([^/]+)/' },
       to: { path: '^stages/([^/]+)/', pathNot: '^stages/$1/' },
     },
@@ -119,7 +128,10 @@ module.exports = {
       name: 'no-orphans',
       severity: 'error',
       comment: 'A source file nothing imports is dead (tests and benches are entry points).',
-      from: { orphan: true, pathNot: ['^(test|bench|bin)/', '\\.d\\.ts$', '^\\.dependency-cruiser\\.cjs$', '^knip\\.json$'] },
+      from: {
+        orphan: true,
+        pathNot: ['^(test|bench|bin)/', '\\.d\\.ts$', '^\\.dependency-cruiser\\.cjs$', '^knip\\.json$'],
+      },
       to: {},
     },
   ],

@@ -15,12 +15,25 @@ import { loadCheckpoint } from '../train/checkpoint.ts';
 import { ModelPolicy } from '../train/policy.ts';
 import { openChat } from '../train/chat.ts';
 
-const cli = new Command().argument('<model>', 'a model folder (config.json, model.safetensors, tokenizer.json)').option('--tasks <n>', 'validation tasks', '12').option('--world-seed <n>', 'the world of the sample', '1').option('--free', 'calls as free text (default: decoded under the tools\' schemas, as eval does)').parse();
+const cli = new Command()
+  .argument('<model>', 'a model folder (config.json, model.safetensors, tokenizer.json)')
+  .option('--tasks <n>', 'validation tasks', '12')
+  .option('--world-seed <n>', 'the world of the sample', '1')
+  .option('--free', "calls as free text (default: decoded under the tools' schemas, as eval does)")
+  .parse();
 const opts = cli.opts<{ tasks: string; worldSeed: string; free?: boolean }>();
 
 await useBackend('wasm');
 const checkpoint = loadCheckpoint(cli.args[0]!);
-const policy = new ModelPolicy('model', checkpoint.model, checkpoint.context, openChat(checkpoint.tokenizer, checkpoint.model.config.eosTokenId, cli.args[0]!), checkpoint.placeholders, { maxTokens: 160, temperature: 0, topP: 1, tools: opts.free ? undefined : TOOLS }, seeded('copying'));
+const policy = new ModelPolicy(
+  'model',
+  checkpoint.model,
+  checkpoint.context,
+  openChat(checkpoint.tokenizer, checkpoint.model.config.eosTokenId, cli.args[0]!),
+  checkpoint.placeholders,
+  { maxTokens: 160, temperature: 0, topP: 1, tools: opts.free ? undefined : TOOLS },
+  seeded('copying'),
+);
 const world = generateWorld({ seed: Number(opts.worldSeed) });
 const right: Record<string, { right: number; turns: number }> = {};
 for (let i = 0; i < Number(opts.tasks); i++) {
@@ -45,5 +58,7 @@ for (let i = 0; i < Number(opts.tasks); i++) {
     state = step(world, state, { name: want.name, arguments: want.arguments }).state;
   }
 }
-console.log(`model            ${cli.args[0]} (${checkpoint.state ? `step ${checkpoint.state.step}` : 'no trainer state'})`);
+console.log(
+  `model            ${cli.args[0]} (${checkpoint.state ? `step ${checkpoint.state.step}` : 'no trainer state'})`,
+);
 for (const [tool, t] of Object.entries(right)) console.log(`${tool.padEnd(17)}${t.right} of ${t.turns} right`);

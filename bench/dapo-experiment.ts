@@ -61,7 +61,14 @@ interface Point {
 }
 const points: Point[] = [];
 const t0 = performance.now();
-if (o.curves) for (const file of o.curves.split(',')) points.push(...readFileSync(file, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Point));
+if (o.curves)
+  for (const file of o.curves.split(','))
+    points.push(
+      ...readFileSync(file, 'utf8')
+        .trim()
+        .split('\n')
+        .map((l) => JSON.parse(l) as Point),
+    );
 else await experiment();
 const control = points.find((p) => p.method === 'no RL (start)')!;
 
@@ -75,13 +82,26 @@ async function experiment(): Promise<void> {
   const sampling = { maxTokens: 160, temperature: 1, topP: 1, tools: TOOLS, signal: NEVER };
   const episode = { world, chat, context: start.context, placeholders: start.placeholders, maxTurns: 12 };
   // The same validation tasks and draws for every method, seed and step: paired comparisons.
-  const validate = { ...episode, sampling: { ...sampling, temperature: 0.5 }, seed: 'validation', tasks: taskPool(world, 'val', num('valTasks'), maxCalls), tries: num('tries') };
+  const validate = {
+    ...episode,
+    sampling: { ...sampling, temperature: 0.5 },
+    seed: 'validation',
+    tasks: taskPool(world, 'val', num('valTasks'), maxCalls),
+    tries: num('tries'),
+  };
   const perStep = num('tasks') * num('group');
   mkdirSync(o.out!, { recursive: true });
   const save = () => writeFileSync(join(o.out!, 'curves.jsonl'), points.map((p) => JSON.stringify(p) + '\n').join(''));
 
   const control = await validation(validate, start.model);
-  points.push({ method: 'no RL (start)', seed: 0, step: 0, episodes: 0, seconds: (performance.now() - t0) / 1000, ...control });
+  points.push({
+    method: 'no RL (start)',
+    seed: 0,
+    step: 0,
+    episodes: 0,
+    seconds: (performance.now() - t0) / 1000,
+    ...control,
+  });
   console.error(`start: ${JSON.stringify(control)}`);
 
   for (const method of o.methods!.split(',')) {
@@ -89,7 +109,20 @@ async function experiment(): Promise<void> {
     for (let seed = 1; seed <= num('seeds'); seed++) {
       const runSeed = `experiment-${seed}`;
       const began = performance.now();
-      const rollouts = simulatorRollouts({ ...episode, sampling, seed: runSeed, groupSize: num('group'), tasksPerStep: num('tasks'), maxGenerationBatches: 1, taskPool: 500, maxCalls, mode, reward: 'success', overlongBuffer: 32, log });
+      const rollouts = simulatorRollouts({
+        ...episode,
+        sampling,
+        seed: runSeed,
+        groupSize: num('group'),
+        tasksPerStep: num('tasks'),
+        maxGenerationBatches: 1,
+        taskPool: 500,
+        maxCalls,
+        mode,
+        reward: 'success',
+        overlongBuffer: 32,
+        log,
+      });
       points.push({ method, seed, step: 0, episodes: 0, seconds: 0, ...control });
       const trainer = dapoTrainer({
         steps: num('steps'),
@@ -105,7 +138,14 @@ async function experiment(): Promise<void> {
         after: async (step: number, model: Llama) => {
           if ((step + 1) % num('valEvery') !== 0 && step + 1 !== num('steps')) return {};
           const figures = await validation(validate, model);
-          points.push({ method, seed, step: step + 1, episodes: (step + 1) * perStep, seconds: (performance.now() - began) / 1000, ...figures });
+          points.push({
+            method,
+            seed,
+            step: step + 1,
+            episodes: (step + 1) * perStep,
+            seconds: (performance.now() - began) / 1000,
+            ...figures,
+          });
           console.error(`${method} seed ${seed} step ${step + 1}: ${JSON.stringify(points.at(-1))}`);
           save();
           return figures;
@@ -113,13 +153,45 @@ async function experiment(): Promise<void> {
         signal: NEVER,
       });
       const cache = await mkdtemp(join(tmpdir(), 'prefab-dapo-'));
-      const settings = { seed: runSeed, batch_size: num('tasks'), epochs: 1, max_steps: num('steps'), lr: num('lr'), warmup: 0, min_lr_ratio: 1, weight_decay: 0, max_grad_norm: 1, checkpoint_every: num('steps'), micro_batch_tokens: 2048 };
-      const result = await trainingRun({ config: settings, cache, key: method, tokenizer: start.tokenizer, context: start.context, placeholders: start.placeholders, signal: NEVER, log }, trainer);
+      const settings = {
+        seed: runSeed,
+        batch_size: num('tasks'),
+        epochs: 1,
+        max_steps: num('steps'),
+        lr: num('lr'),
+        warmup: 0,
+        min_lr_ratio: 1,
+        weight_decay: 0,
+        max_grad_norm: 1,
+        checkpoint_every: num('steps'),
+        micro_batch_tokens: 2048,
+      };
+      const result = await trainingRun(
+        {
+          config: settings,
+          cache,
+          key: method,
+          tokenizer: start.tokenizer,
+          context: start.context,
+          placeholders: start.placeholders,
+          signal: NEVER,
+          log,
+        },
+        trainer,
+      );
       // Each validation point gets the means of the training steps since the one before.
       const mine = points.filter((p) => p.method === method && p.seed === seed);
       mine.forEach((p, i) => {
         const rows = result.metrics.filter((m) => m.step! > (mine[i - 1]?.step ?? Infinity) && m.step! <= p.step);
-        for (const k of ['success', 'success_plain', 'success_guided', 'kept_groups', 'entropy', 'clip_low', 'clip_high']) {
+        for (const k of [
+          'success',
+          'success_plain',
+          'success_guided',
+          'kept_groups',
+          'entropy',
+          'clip_low',
+          'clip_high',
+        ]) {
           const has = rows.filter((m) => m[k] !== undefined);
           if (has.length) p[`train/${k}`] = has.reduce((a, m) => a + m[k]!, 0) / has.length;
         }
@@ -133,7 +205,17 @@ async function experiment(): Promise<void> {
 
 // The table: per method, the final validation figures over seeds (mean and a 95% t-interval), the episodes
 // each seed took to first reach each level of first-try success, and the wall-clock of a run.
-const T95: Record<number, number> = { 1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262 };
+const T95: Record<number, number> = {
+  1: 12.71,
+  2: 4.303,
+  3: 3.182,
+  4: 2.776,
+  5: 2.571,
+  6: 2.447,
+  7: 2.365,
+  8: 2.306,
+  9: 2.262,
+};
 const interval = (xs: number[], digits = 3) => {
   const m = xs.reduce((a, x) => a + x, 0) / xs.length;
   if (xs.length < 2) return `${m.toFixed(digits)}`;
@@ -148,16 +230,27 @@ const lines = [
   `| no RL (start) | ${(control['val/success_first'] as number).toFixed(3)} | ${(control['val/success_feedback'] as number).toFixed(3)} | ${(control['val/success_retry'] as number).toFixed(3)} | ${levels.map(() => '').join(' | ')} | |`,
 ];
 for (const method of methods) {
-  const runs = [...new Set(points.filter((p) => p.method === method).map((p) => p.seed))].map((seed) => points.filter((p) => p.method === method && p.seed === seed));
+  const runs = [...new Set(points.filter((p) => p.method === method).map((p) => p.seed))].map((seed) =>
+    points.filter((p) => p.method === method && p.seed === seed),
+  );
   const last = runs.map((r) => r.at(-1)!);
   const reach = (level: number) => {
     const at = runs.map((r) => r.find((p) => (p['val/success_first'] as number) >= level)?.episodes);
     const reached = at.filter((x): x is number => x !== undefined);
-    return reached.length === 0 ? `not reached` : `${interval(reached, 0)}${reached.length < runs.length ? ` (${reached.length} of ${runs.length} seeds)` : ''}`;
+    return reached.length === 0
+      ? `not reached`
+      : `${interval(reached, 0)}${reached.length < runs.length ? ` (${reached.length} of ${runs.length} seeds)` : ''}`;
   };
-  lines.push(`| ${method} | ${interval(last.map((p) => p['val/success_first'] as number))} | ${interval(last.map((p) => p['val/success_feedback'] as number))} | ${interval(last.map((p) => p['val/success_retry'] as number))} | ${levels.map(reach).join(' | ')} | ${interval(last.map((p) => p.seconds), 0)} s |`);
+  lines.push(
+    `| ${method} | ${interval(last.map((p) => p['val/success_first'] as number))} | ${interval(last.map((p) => p['val/success_feedback'] as number))} | ${interval(last.map((p) => p['val/success_retry'] as number))} | ${levels.map(reach).join(' | ')} | ${interval(
+      last.map((p) => p.seconds),
+      0,
+    )} s |`,
+  );
 }
-const header = o.curves ? `from ${o.curves}` : `${num('seeds')} seeds a method; ${num('steps')} steps × ${num('tasks')} tasks × ${num('group')} episodes = ${num('steps') * num('tasks') * num('group')} training episodes a run on tasks of ≤ ${num('maxCalls')} calls; validation: ${num('valTasks')} validation tasks at temperature 0.5, first try without notes and up to ${o.tries} tries reading notes; lr ${o.lr}; total ${((performance.now() - t0) / 60000).toFixed(1)} min.`;
+const header = o.curves
+  ? `from ${o.curves}`
+  : `${num('seeds')} seeds a method; ${num('steps')} steps × ${num('tasks')} tasks × ${num('group')} episodes = ${num('steps') * num('tasks') * num('group')} training episodes a run on tasks of ≤ ${num('maxCalls')} calls; validation: ${num('valTasks')} validation tasks at temperature 0.5, first try without notes and up to ${o.tries} tries reading notes; lr ${o.lr}; total ${((performance.now() - t0) / 60000).toFixed(1)} min.`;
 if (!o.curves) writeFileSync(join(o.out!, 'table.md'), `${header}\n\n${lines.join('\n')}\n`);
 console.log(header);
 console.log(lines.join('\n'));

@@ -19,9 +19,20 @@ const cli = new Command()
   .option('--reward <kind>', 'success or partial', 'success')
   .option('--max-tokens <n>', 'most tokens in one assistant message', '160')
   .option('--max-calls <n>', 'tasks with at most this many calls only')
-  .option('--mode <mode>', 'standard or feedback (a group in order, each episode reading the notes of the failed ones before it)', 'standard')
+  .option(
+    '--mode <mode>',
+    'standard or feedback (a group in order, each episode reading the notes of the failed ones before it)',
+    'standard',
+  )
   .parse();
-const opts = cli.opts<{ tasks: string; group: string; reward: 'success' | 'partial'; maxTokens: string; maxCalls?: string; mode: 'standard' | 'feedback' }>();
+const opts = cli.opts<{
+  tasks: string;
+  group: string;
+  reward: 'success' | 'partial';
+  maxTokens: string;
+  maxCalls?: string;
+  mode: 'standard' | 'feedback';
+}>();
 
 await useBackend('wasm');
 const dir = cli.args[0]!;
@@ -50,9 +61,17 @@ const t0 = performance.now();
 const { metrics } = await rollouts(0, start.model);
 const seconds = (performance.now() - t0) / 1000;
 console.log(`model            ${dir}`);
-console.log(`episodes         ${metrics.episodes} (${opts.tasks} training tasks${opts.maxCalls ? ` of ≤ ${opts.maxCalls} calls` : ''} × ${opts.group}, ${opts.mode}), temperature 1, ${opts.reward} reward`);
-console.log(`success          ${(100 * metrics.success!).toFixed(1)}% of episodes${metrics.success_guided !== undefined ? ` (${(100 * metrics.success_plain!).toFixed(1)}% without notes, ${(100 * metrics.success_guided).toFixed(1)}% of the ${(100 * metrics.guided!).toFixed(0)}% that read notes)` : ''}`);
+console.log(
+  `episodes         ${metrics.episodes} (${opts.tasks} training tasks${opts.maxCalls ? ` of ≤ ${opts.maxCalls} calls` : ''} × ${opts.group}, ${opts.mode}), temperature 1, ${opts.reward} reward`,
+);
+console.log(
+  `success          ${(100 * metrics.success!).toFixed(1)}% of episodes${metrics.success_guided !== undefined ? ` (${(100 * metrics.success_plain!).toFixed(1)}% without notes, ${(100 * metrics.success_guided).toFixed(1)}% of the ${(100 * metrics.guided!).toFixed(0)}% that read notes)` : ''}`,
+);
 console.log(`reward           mean ${metrics.reward_mean!.toFixed(3)}, std ${metrics.reward_std!.toFixed(3)}`);
-console.log(`informative      ${metrics.kept_groups} of ${metrics.groups} groups have rewards that differ (DAPO learns from these only)`);
-console.log(`turns            ${metrics.response_length!.toFixed(1)} tokens a turn on average, ${(100 * metrics.overlong!).toFixed(1)}% of turns cut at max_tokens`);
+console.log(
+  `informative      ${metrics.kept_groups} of ${metrics.groups} groups have rewards that differ (DAPO learns from these only)`,
+);
+console.log(
+  `turns            ${metrics.response_length!.toFixed(1)} tokens a turn on average, ${(100 * metrics.overlong!).toFixed(1)}% of turns cut at max_tokens`,
+);
 console.log(`time             ${seconds.toFixed(1)} s, ${(seconds / metrics.episodes!).toFixed(2)} s an episode`);

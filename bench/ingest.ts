@@ -108,7 +108,8 @@ await c.run(\`COPY (SELECT * FROM read_json('\${input}', format = 'newline_delim
 /** The sessions of a JSONL file: its lines that hold more than white space (the input's, and DuckDB's output's). */
 async function sessionsIn(path: string): Promise<number> {
   let n = 0;
-  for await (const line of createInterface({ input: createReadStream(path), crlfDelay: Infinity })) if (line.trim() !== '') n++;
+  for await (const line of createInterface({ input: createReadStream(path), crlfDelay: Infinity }))
+    if (line.trim() !== '') n++;
   return n;
 }
 
@@ -130,11 +131,16 @@ interface Row {
 }
 
 /** The middle of `values` by `key` (of an even count, the lower of the two middle ones). */
-const middle = <T>(values: T[], key: (v: T) => number): T => [...values].sort((a, b) => key(a) - key(b))[(values.length - 1) >> 1]!;
+const middle = <T>(values: T[], key: (v: T) => number): T =>
+  [...values].sort((a, b) => key(a) - key(b))[(values.length - 1) >> 1]!;
 
 /** The median seconds and the median peak RSS of `runs` (each on its own: they may come from different runs). */
 function median(runs: Measurement[]): Measurement {
-  return { seconds: middle(runs, (m) => m.seconds).seconds, peakRssBytes: middle(runs, (m) => m.peakRssBytes).peakRssBytes, stdout: runs[0]!.stdout };
+  return {
+    seconds: middle(runs, (m) => m.seconds).seconds,
+    peakRssBytes: middle(runs, (m) => m.peakRssBytes).peakRssBytes,
+    stdout: runs[0]!.stdout,
+  };
 }
 
 /** Measures on `given` (a JSONL file of n sessions), or on n synthetic sessions written for the run, in `rounds` paired rounds. */
@@ -154,18 +160,46 @@ async function benchOne(n: number, rounds: number, given?: string): Promise<Row>
     const script = join(process.cwd(), 'node_modules', '.cache', 'prefab-bench-duckdb.mjs');
     await writeFile(script, DUCKDB);
     // bin/prefab.js run as a program, as `npx prefab` runs it: its first line starts node with malloc's threshold set.
-    const run = (until: string, round: number, ...options: string[]) => measure(resolve('bin', 'prefab.js'), ['--workdir', join(dir, `workspace-${until}${options.join('')}-${round}`), '--config', configPath, '--log-format', 'json', '-q', ...options, 'run', '--until', until], join(dir, `${until}.rss`));
+    const run = (until: string, round: number, ...options: string[]) =>
+      measure(
+        resolve('bin', 'prefab.js'),
+        [
+          '--workdir',
+          join(dir, `workspace-${until}${options.join('')}-${round}`),
+          '--config',
+          configPath,
+          '--log-format',
+          'json',
+          '-q',
+          ...options,
+          'run',
+          '--until',
+          until,
+        ],
+        join(dir, `${until}.rss`),
+      );
     // Paired rounds: each round measures every contender once, in turn, so that the machine's slow moments fall
     // on all of them alike; each figure is the median of its rounds.
-    const taken: Record<'floor' | 'duckdb' | 'ingest' | 'ingestOneThread' | 'pairs', Measurement[]> = { floor: [], duckdb: [], ingest: [], ingestOneThread: [], pairs: [] };
+    const taken: Record<'floor' | 'duckdb' | 'ingest' | 'ingestOneThread' | 'pairs', Measurement[]> = {
+      floor: [],
+      duckdb: [],
+      ingest: [],
+      ingestOneThread: [],
+      pairs: [],
+    };
     type StageManifest = { counts: Record<string, unknown>; seconds: number };
-    const manifest = (workspace: string, stage: string) => readFile(join(workspace, stage, 'manifest.json'), 'utf8').then((t) => JSON.parse(t) as StageManifest);
+    const manifest = (workspace: string, stage: string) =>
+      readFile(join(workspace, stage, 'manifest.json'), 'utf8').then((t) => JSON.parse(t) as StageManifest);
     let stages: Record<'ingest' | 'split' | 'pairs', StageManifest> | null = null;
     const stageRounds: Record<string, number[]> = {};
     for (let round = 0; round < rounds; round++) {
       const floor = await measure(process.execPath, ['-e', PARSE_FLOOR, input], join(dir, 'floor.rss'));
       if (Number(floor.stdout) !== n) throw new Error(`the parse floor read ${floor.stdout} lines, expected ${n}`);
-      const duckdb = await measure(process.execPath, [script, input, join(dir, 'duckdb.jsonl')], join(dir, 'duckdb.rss'));
+      const duckdb = await measure(
+        process.execPath,
+        [script, input, join(dir, 'duckdb.jsonl')],
+        join(dir, 'duckdb.rss'),
+      );
       const written = await sessionsIn(join(dir, 'duckdb.jsonl'));
       if (written !== n) throw new Error(`DuckDB wrote ${written} rows, expected ${n}`);
       await rm(join(dir, 'duckdb.jsonl'), { force: true });
@@ -182,25 +216,50 @@ async function benchOne(n: number, rounds: number, given?: string): Promise<Row>
       taken.pairs.push(pairsRun);
       // Each stage's seconds as the run's manifests record them, and what the run spent outside them.
       const workspace = join(dir, `workspace-pairs-${round}`);
-      stages = { ingest: await manifest(workspace, 'ingest'), split: await manifest(workspace, 'split'), pairs: await manifest(workspace, 'pairs') };
+      stages = {
+        ingest: await manifest(workspace, 'ingest'),
+        split: await manifest(workspace, 'split'),
+        pairs: await manifest(workspace, 'pairs'),
+      };
       const inStages = Object.values(stages).reduce((sum, m) => sum + m.seconds, 0);
-      for (const [name, m] of Object.entries({ ...stages, other: { seconds: pairsRun.seconds - inStages } })) (stageRounds[name] ??= []).push(m.seconds);
+      for (const [name, m] of Object.entries({ ...stages, other: { seconds: pairsRun.seconds - inStages } }))
+        (stageRounds[name] ??= []).push(m.seconds);
       // The last round's seen-id set is measured below.
       if (round < rounds - 1) await rm(join(dir, `workspace-pairs-${round}`), { recursive: true, force: true });
     }
     const workspace = join(dir, `workspace-pairs-${rounds - 1}`);
     const counts = Object.fromEntries(Object.entries(stages!).map(([name, m]) => [name, m.counts]));
-    const stageSeconds = Object.fromEntries(Object.entries(stageRounds).map(([name, seconds]) => [name, middle(seconds, (s) => s)]));
+    const stageSeconds = Object.fromEntries(
+      Object.entries(stageRounds).map(([name, seconds]) => [name, middle(seconds, (s) => s)]),
+    );
     const idSetBytes = (await stat(join(workspace, 'ingest', 'ids.bin'))).size;
     const read = Number(counts.ingest.sessions) + Number(counts.ingest.quarantined) + Number(counts.ingest.duplicates);
-    if (read !== n) throw new Error(`ingest read ${read} records (sessions, quarantined and duplicates), expected ${n}`);
-    return { n, bytes, floor: median(taken.floor), duckdb: median(taken.duckdb), ingest: median(taken.ingest), ingestOneThread: median(taken.ingestOneThread), pairs: median(taken.pairs), counts, stageSeconds, idSetBytes };
+    if (read !== n)
+      throw new Error(`ingest read ${read} records (sessions, quarantined and duplicates), expected ${n}`);
+    return {
+      n,
+      bytes,
+      floor: median(taken.floor),
+      duckdb: median(taken.duckdb),
+      ingest: median(taken.ingest),
+      ingestOneThread: median(taken.ingestOneThread),
+      pairs: median(taken.pairs),
+      counts,
+      stageSeconds,
+      idSetBytes,
+    };
   } finally {
     await rm(dir, { recursive: true, force: true });
   }
 }
 
-const { values } = parseArgs({ options: { sizes: { type: 'string', default: '10000,100000' }, input: { type: 'string' }, rounds: { type: 'string', default: '3' } } });
+const { values } = parseArgs({
+  options: {
+    sizes: { type: 'string', default: '10000,100000' },
+    input: { type: 'string' },
+    rounds: { type: 'string', default: '3' },
+  },
+});
 const rounds = Number(values.rounds);
 if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`--rounds wants a positive integer, got ${values.rounds}`);
 const rows: Row[] = [];
@@ -210,7 +269,8 @@ if (values.input) {
   rows.push(await benchOne(n, rounds, values.input));
 } else {
   const sizes = values.sizes.split(',').map((s) => Number(s.trim()));
-  if (sizes.some((n) => !Number.isInteger(n) || n <= 0)) throw new Error(`--sizes wants positive integers, got ${values.sizes}`);
+  if (sizes.some((n) => !Number.isInteger(n) || n <= 0))
+    throw new Error(`--sizes wants positive integers, got ${values.sizes}`);
   sizes.sort((a, b) => a - b);
   for (const n of sizes) {
     process.stderr.write(`running N=${n}...\n`);
@@ -220,11 +280,20 @@ if (values.input) {
 
 const rate = (r: Row, m: Measurement) => r.n / m.seconds;
 const mib = (m: Measurement) => (m.peakRssBytes / MiB).toFixed(0);
-for (const r of rows) console.log(`N=${r.n}: ${(r.bytes / 1e6).toFixed(0)} MB of JSONL (${(r.bytes / r.n / 1024).toFixed(1)} KiB a session)`);
+for (const r of rows)
+  console.log(
+    `N=${r.n}: ${(r.bytes / 1e6).toFixed(0)} MB of JSONL (${(r.bytes / r.n / 1024).toFixed(1)} KiB a session)`,
+  );
 console.log(`Each figure is the median of ${rounds} paired round(s) (every contender once a round, in turn).`);
 console.log('| sessions | what | seconds | sessions/s | peak RSS MiB |\n|---|---|---|---|---|');
 for (const r of rows) {
-  for (const [what, m] of [['parse floor (readline + JSON.parse)', r.floor], ['DuckDB round trip (2 threads)', r.duckdb], ['prefab ingest', r.ingest], ['prefab ingest, one thread (--workers 1)', r.ingestOneThread], ['prefab ingest → split → pairs', r.pairs]] as const) {
+  for (const [what, m] of [
+    ['parse floor (readline + JSON.parse)', r.floor],
+    ['DuckDB round trip (2 threads)', r.duckdb],
+    ['prefab ingest', r.ingest],
+    ['prefab ingest, one thread (--workers 1)', r.ingestOneThread],
+    ['prefab ingest → split → pairs', r.pairs],
+  ] as const) {
     console.log(`| ${r.n} | ${what} | ${m.seconds.toFixed(2)} | ${rate(r, m).toFixed(0)} | ${mib(m)} |`);
   }
 }
@@ -232,11 +301,17 @@ console.log('');
 for (const r of rows) {
   const a = rate(r, r.ingest) / rate(r, r.floor);
   const b = rate(r, r.pairs) / rate(r, r.duckdb);
-  console.log(`N=${r.n}: ingest ${a.toFixed(3)}× the parse floor (goal ≥ 0.5: ${a >= 0.5 ? 'met' : 'not met'}); ingest → pairs ${b.toFixed(3)}× DuckDB's round trip (goal ≥ 1.0: ${b >= 1 ? 'met' : 'not met'}), peak RSS ${mib(r.pairs)} against its ${mib(r.duckdb)} MiB (${r.pairs.peakRssBytes <= r.duckdb.peakRssBytes ? 'met' : 'not met'})`);
+  console.log(
+    `N=${r.n}: ingest ${a.toFixed(3)}× the parse floor (goal ≥ 0.5: ${a >= 0.5 ? 'met' : 'not met'}); ingest → pairs ${b.toFixed(3)}× DuckDB's round trip (goal ≥ 1.0: ${b >= 1 ? 'met' : 'not met'}), peak RSS ${mib(r.pairs)} against its ${mib(r.duckdb)} MiB (${r.pairs.peakRssBytes <= r.duckdb.peakRssBytes ? 'met' : 'not met'})`,
+  );
 }
 for (const r of rows) {
   const { other, ...stages } = r.stageSeconds;
-  console.log(`N=${r.n}, ingest → pairs by stage (medians): ${Object.entries(stages).map(([name, s]) => `${name} ${s.toFixed(2)} s`).join(', ')}; the other ${other!.toFixed(2)} s start the process, hash the input and go between stages`);
+  console.log(
+    `N=${r.n}, ingest → pairs by stage (medians): ${Object.entries(stages)
+      .map(([name, s]) => `${name} ${s.toFixed(2)} s`)
+      .join(', ')}; the other ${other!.toFixed(2)} s start the process, hash the input and go between stages`,
+  );
 }
 const smallest = rows[0]!;
 const largest = rows[rows.length - 1]!;
@@ -244,5 +319,8 @@ const largest = rows[rows.length - 1]!;
 const aside = (r: Row) => r.pairs.peakRssBytes - 1.5 * r.idSetBytes;
 const growth = aside(largest) / aside(smallest);
 // One size (--input): no growth to state.
-if (rows.length > 1) console.log(`ingest → pairs peak RSS, N=${largest.n} / N=${smallest.n}: ${(largest.pairs.peakRssBytes / smallest.pairs.peakRssBytes).toFixed(2)}×; with the seen-id set aside (${(largest.idSetBytes / MiB).toFixed(0)} and ${(smallest.idSetBytes / MiB).toFixed(0)} MiB, 1.5× while it grows) ${growth.toFixed(2)}× (${smallest.n >= 100_000 ? `goal ≤ 1.2: ${growth <= 1.2 ? 'met' : 'not met'}` : 'the goal compares 1M sessions with 100k: --sizes 100000,1000000; below 100k the buffers have not reached their size'}); measured with ${existsSync(GNU_TIME) ? `${GNU_TIME} -f %M` : 'VmHWM polled from /proc/<pid>/status'}`);
+if (rows.length > 1)
+  console.log(
+    `ingest → pairs peak RSS, N=${largest.n} / N=${smallest.n}: ${(largest.pairs.peakRssBytes / smallest.pairs.peakRssBytes).toFixed(2)}×; with the seen-id set aside (${(largest.idSetBytes / MiB).toFixed(0)} and ${(smallest.idSetBytes / MiB).toFixed(0)} MiB, 1.5× while it grows) ${growth.toFixed(2)}× (${smallest.n >= 100_000 ? `goal ≤ 1.2: ${growth <= 1.2 ? 'met' : 'not met'}` : 'the goal compares 1M sessions with 100k: --sizes 100000,1000000; below 100k the buffers have not reached their size'}); measured with ${existsSync(GNU_TIME) ? `${GNU_TIME} -f %M` : 'VmHWM polled from /proc/<pid>/status'}`,
+  );
 console.log(`\nstage counts at N=${largest.n}: ${JSON.stringify(largest.counts)}`);

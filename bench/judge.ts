@@ -27,7 +27,9 @@ import { commonPrefixLength, type JudgedPair, type Session } from '../core/recor
 import { Redactor } from '../core/redact.ts';
 import { completion, startChatServer } from '../test/fixtures/chat-server.ts';
 
-const { values } = parseArgs({ options: { bias: { type: 'string' }, noise: { type: 'string' }, tasks: { type: 'string', default: '200' } } });
+const { values } = parseArgs({
+  options: { bias: { type: 'string' }, noise: { type: 'string' }, tasks: { type: 'string', default: '200' } },
+});
 const biases = values.bias ? [Number(values.bias)] : [0, 0.15, 0.3];
 const noises = values.noise ? [Number(values.noise)] : [0.5, 1.5];
 const STRENGTH = 0.75; // P(first better) an unbiased, noiseless judge gives when the first is better
@@ -53,7 +55,9 @@ for (const group of byTask.values()) {
       const a = { id: x.session_id, messages: x.messages.slice(n), reward: x.reward };
       const b = { id: y.session_id, messages: y.messages.slice(n), reward: y.reward };
       // As the endpoint sends it: the request's messages redacted together (core/redact.ts learns what they reveal).
-      const text = new Redactor().messages([{ role: 'user', content: renderPrompt(prompt, x.messages.slice(0, n), a, b) }])[0]!.content!;
+      const text = new Redactor().messages([
+        { role: 'user', content: renderPrompt(prompt, x.messages.slice(0, n), a, b) },
+      ])[0]!.content!;
       truth.set(text, x.reward === y.reward ? null : x.reward > y.reward ? 'A' : 'B');
     }
   }
@@ -102,7 +106,14 @@ async function measure(bias: number, noise: number, answer = scripted(bias, nois
     const text = req.body.messages.at(-1)?.content ?? '';
     const p = answer(truth.get(text));
     firstOrder.set(text, p);
-    return { json: completion(p >= 0.5 ? 'A' : 'B', { top: [['A', p], ['B', 1 - p]] }) };
+    return {
+      json: completion(p >= 0.5 ? 'A' : 'B', {
+        top: [
+          ['A', p],
+          ['B', 1 - p],
+        ],
+      }),
+    };
   });
   const dir = await mkdtemp(join(tmpdir(), 'prefab-bench-judge-'));
   writeFileSync(join(dir, 'sessions.jsonl'), sessions.map((s) => JSON.stringify(s)).join('\n') + '\n');
@@ -118,7 +129,15 @@ async function measure(bias: number, noise: number, answer = scripted(bias, nois
   ].join('\n');
   writeFileSync(join(dir, 'config.yaml'), yaml + '\n');
   const loaded = loadConfig(join(dir, 'config.yaml'), configSchema(STAGES));
-  const engine = () => new Engine(STAGES, join(dir, 'workspace'), loaded.value as Record<string, unknown>, loaded.dir, new Logger('json', process.stderr, {}, true), 'bench');
+  const engine = () =>
+    new Engine(
+      STAGES,
+      join(dir, 'workspace'),
+      loaded.value as Record<string, unknown>,
+      loaded.dir,
+      new Logger('json', process.stderr, {}, true),
+      'bench',
+    );
   const started = performance.now();
   await engine().run({ until: 'gate' });
   const seconds = (performance.now() - started) / 1000;
@@ -162,12 +181,16 @@ async function measure(bias: number, noise: number, answer = scripted(bias, nois
 }
 
 console.log(`best-of-N over ${byTask.size} tasks of the sample; judge strength ${STRENGTH}; gate min_confidence 0.5`);
-console.log('bias  noise  judged  kept  wrong kept  abstained | naive kept  naive wrong | wrong-rate gate/naive | requests  rerun  seconds');
+console.log(
+  'bias  noise  judged  kept  wrong kept  abstained | naive kept  naive wrong | wrong-rate gate/naive | requests  rerun  seconds',
+);
 for (const bias of biases) {
   for (const noise of noises) {
     const r = await measure(bias, noise);
     const rate = (w: number, k: number) => (k ? w / k : 0);
-    const ratio = rate(r.naive_wrong, r.naive_kept) ? rate(r.wrong_kept, r.kept) / rate(r.naive_wrong, r.naive_kept) : 0;
+    const ratio = rate(r.naive_wrong, r.naive_kept)
+      ? rate(r.wrong_kept, r.kept) / rate(r.naive_wrong, r.naive_kept)
+      : 0;
     console.log(
       `${r.bias.toFixed(2).padStart(4)}  ${r.noise.toFixed(1).padStart(5)}  ${String(r.judged).padStart(6)}  ${String(r.kept).padStart(4)}  ${String(r.wrong_kept).padStart(10)}  ${String(r.abstained).padStart(9)} | ` +
         `${String(r.naive_kept).padStart(10)}  ${String(r.naive_wrong).padStart(11)} | ${(100 * rate(r.wrong_kept, r.kept)).toFixed(1).padStart(5)}% / ${(100 * rate(r.naive_wrong, r.naive_kept)).toFixed(1).padStart(5)}% = ${ratio.toFixed(2)} | ` +
@@ -186,5 +209,7 @@ for (const [name, answer] of [
 ] as const) {
   const r = await measure(0, 0, answer);
   const rate = (w: number, k: number) => (k ? (100 * w) / k : 0);
-  console.log(`${name.padEnd(34)}  ${String(r.judged).padStart(6)}  ${String(r.kept).padStart(4)}  ${String(r.wrong_kept).padStart(10)}  ${rate(r.wrong_kept, r.kept).toFixed(1).padStart(9)}% | ${String(r.naive_kept).padStart(10)}  ${rate(r.naive_wrong, r.naive_kept).toFixed(1).padStart(15)}%`);
+  console.log(
+    `${name.padEnd(34)}  ${String(r.judged).padStart(6)}  ${String(r.kept).padStart(4)}  ${String(r.wrong_kept).padStart(10)}  ${rate(r.wrong_kept, r.kept).toFixed(1).padStart(9)}% | ${String(r.naive_kept).padStart(10)}  ${rate(r.naive_wrong, r.naive_kept).toFixed(1).padStart(15)}%`,
+  );
 }

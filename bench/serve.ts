@@ -26,7 +26,10 @@ import { Llama } from '../train/model.ts';
 import { TextTokenizer, trainTokenizer } from '../train/tokenizer.ts';
 
 const opts = new Command()
-  .option('--model <folder>', 'a model folder to serve (default: workspace/dapo/model if present, else a random model of that shape)')
+  .option(
+    '--model <folder>',
+    'a model folder to serve (default: workspace/dapo/model if present, else a random model of that shape)',
+  )
   .option('--requests <n>', 'requests per concurrency level', '48')
   .option('--levels <list>', 'concurrent clients', '1,4,16')
   .option('--max-tokens <n>', 'tokens per reply', '64')
@@ -41,7 +44,10 @@ const world = generateWorld({ ...DEFAULT_WORLD });
 const prompts: Message[][] = [];
 for (let i = 0; i < 64; i++) {
   const task = generateTask(world, 'train', 30_000 + i);
-  prompts.push([{ role: 'system', content: SYSTEM_PROMPT }, { role: 'user', content: task.request }]);
+  prompts.push([
+    { role: 'system', content: SYSTEM_PROMPT },
+    { role: 'user', content: task.request },
+  ]);
 }
 
 async function randomModel(): Promise<string> {
@@ -49,21 +55,64 @@ async function randomModel(): Promise<string> {
   const texts: string[] = [];
   for (let i = 0; i < 40; i++) {
     const task = generateTask(world, 'train', i);
-    texts.push(renderText((await runEpisode(world, task, new ScriptedAgent('oracle', world, task, 'bench', 0))).messages));
+    texts.push(
+      renderText((await runEpisode(world, task, new ScriptedAgent('oracle', world, task, 'bench', 0))).messages),
+    );
   }
   const json = trainTokenizer(texts, 1024);
   const vocab = new TextTokenizer(json).vocabSize;
-  const model = Llama.create({ modelType: 'llama', vocabSize: vocab, hiddenSize: 128, intermediateSize: 344, layers: 4, heads: 4, kvHeads: 4, headDim: 32, ropeTheta: 10000, rmsNormEps: 1e-5, tiedEmbeddings: true, attentionBias: false, maxPositions: 1024, bosTokenId: null, eosTokenId: null }, 'bench');
+  const model = Llama.create(
+    {
+      modelType: 'llama',
+      vocabSize: vocab,
+      hiddenSize: 128,
+      intermediateSize: 344,
+      layers: 4,
+      heads: 4,
+      kvHeads: 4,
+      headDim: 32,
+      ropeTheta: 10000,
+      rmsNormEps: 1e-5,
+      tiedEmbeddings: true,
+      attentionBias: false,
+      maxPositions: 1024,
+      bosTokenId: null,
+      eosTokenId: null,
+    },
+    'bench',
+  );
   const folder = join(dir, 'random-model');
   saveCheckpoint(folder, { model, tokenizer: { 'tokenizer.json': json }, context: 1024 });
   return folder;
 }
 
-const folder = opts.model ?? (existsSync(join(REPO, 'workspace', 'dapo', 'model', 'config.json')) ? join(REPO, 'workspace', 'dapo', 'model') : await randomModel());
+const folder =
+  opts.model ??
+  (existsSync(join(REPO, 'workspace', 'dapo', 'model', 'config.json'))
+    ? join(REPO, 'workspace', 'dapo', 'model')
+    : await randomModel());
 const workdir = join(dir, 'workspace');
 new Registry(join(workdir, 'registry')).register(folder, { source: { bench: true }, config: {}, eval: null });
 
-const server = spawn(process.execPath, [join(REPO, 'bin', 'prefab.js'), '--workdir', workdir, '--quiet', 'serve', '--port', '0', '--max-batch', '16', '--max-queue', '256', '--max-tokens', opts.maxTokens], { stdio: ['ignore', 'pipe', 'inherit'] });
+const server = spawn(
+  process.execPath,
+  [
+    join(REPO, 'bin', 'prefab.js'),
+    '--workdir',
+    workdir,
+    '--quiet',
+    'serve',
+    '--port',
+    '0',
+    '--max-batch',
+    '16',
+    '--max-queue',
+    '256',
+    '--max-tokens',
+    opts.maxTokens,
+  ],
+  { stdio: ['ignore', 'pipe', 'inherit'] },
+);
 const url = await new Promise<string>((resolve, reject) => {
   let out = '';
   server.stdout.on('data', (d: Buffer) => {
@@ -93,7 +142,18 @@ async function level(workload: Workload, clients: number, requests: number): Pro
   const client = async () => {
     for (let i = next++; i < requests; i = next++) {
       const t0 = performance.now();
-      const r = await fetch(`${url}/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'production', messages: prompts[i % prompts.length], max_tokens: Number(opts.maxTokens), temperature: 1, seed: i, ...(workload === 'agent' ? { tools: TOOLS } : { ignore_eos: true }) }) });
+      const r = await fetch(`${url}/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({
+          model: 'production',
+          messages: prompts[i % prompts.length],
+          max_tokens: Number(opts.maxTokens),
+          temperature: 1,
+          seed: i,
+          ...(workload === 'agent' ? { tools: TOOLS } : { ignore_eos: true }),
+        }),
+      });
       const body = (await r.json()) as { usage?: { completion_tokens: number }; error?: { message: string } };
       if (!r.ok) throw new Error(`request ${i}: ${r.status} ${body.error?.message}`);
       tokens += body.usage!.completion_tokens;
@@ -101,26 +161,43 @@ async function level(workload: Workload, clients: number, requests: number): Pro
     }
   };
   await Promise.all(Array.from({ length: clients }, client));
-  return { workload, clients, requests, tokens, seconds: (performance.now() - started) / 1000, latencies: latencies.sort((a, b) => a - b) };
+  return {
+    workload,
+    clients,
+    requests,
+    tokens,
+    seconds: (performance.now() - started) / 1000,
+    latencies: latencies.sort((a, b) => a - b),
+  };
 }
 
 const q = (xs: number[], p: number) => xs[Math.min(xs.length - 1, Math.floor(p * xs.length))]!;
 await level('agent', 2, 4); // warm-up: weights, the tool constraint, the first caches
 const results: Level[] = [];
-for (const workload of ['agent', 'decode'] as const) for (const clients of opts.levels.split(',').map(Number)) results.push(await level(workload, clients, Number(opts.requests)));
+for (const workload of ['agent', 'decode'] as const)
+  for (const clients of opts.levels.split(',').map(Number))
+    results.push(await level(workload, clients, Number(opts.requests)));
 server.kill('SIGTERM');
 await new Promise((done) => server.once('close', done));
 rmSync(dir, { recursive: true, force: true });
 
-process.stdout.write(`model: ${folder.startsWith(dir) ? 'a random model of the bench shape (removed)' : folder}\n${Number(opts.requests)} requests a level; prompts of the system prompt and a user request; replies of at most ${opts.maxTokens} tokens\n\n`);
-process.stdout.write('| workload | clients | tokens/s | × 1 client | tokens a reply | requests/s | p50 latency | p95 latency |\n|---|---|---|---|---|---|---|---|\n');
+process.stdout.write(
+  `model: ${folder.startsWith(dir) ? 'a random model of the bench shape (removed)' : folder}\n${Number(opts.requests)} requests a level; prompts of the system prompt and a user request; replies of at most ${opts.maxTokens} tokens\n\n`,
+);
+process.stdout.write(
+  '| workload | clients | tokens/s | × 1 client | tokens a reply | requests/s | p50 latency | p95 latency |\n|---|---|---|---|---|---|---|---|\n',
+);
 const rate = (r: Level) => r.tokens / r.seconds;
 for (const r of results) {
   const base = rate(results.find((x) => x.workload === r.workload)!);
-  process.stdout.write(`| ${r.workload} | ${r.clients} | ${rate(r).toFixed(0)} | ${(rate(r) / base).toFixed(2)} | ${(r.tokens / r.requests).toFixed(1)} | ${(r.requests / r.seconds).toFixed(2)} | ${q(r.latencies, 0.5).toFixed(0)} ms | ${q(r.latencies, 0.95).toFixed(0)} ms |\n`);
+  process.stdout.write(
+    `| ${r.workload} | ${r.clients} | ${rate(r).toFixed(0)} | ${(rate(r) / base).toFixed(2)} | ${(r.tokens / r.requests).toFixed(1)} | ${(r.requests / r.seconds).toFixed(2)} | ${q(r.latencies, 0.5).toFixed(0)} ms | ${q(r.latencies, 0.95).toFixed(0)} ms |\n`,
+  );
 }
 for (const workload of ['agent', 'decode'] as const) {
   const mine = results.filter((r) => r.workload === workload);
   const ratio = rate(mine.at(-1)!) / rate(mine[0]!);
-  process.stdout.write(`goal (${workload}): ${mine.at(-1)!.clients} clients ≥ 4× one client's tokens/s: ${ratio >= 4 ? 'met' : 'not met'} (${ratio.toFixed(2)}×)\n`);
+  process.stdout.write(
+    `goal (${workload}): ${mine.at(-1)!.clients} clients ≥ 4× one client's tokens/s: ${ratio >= 4 ? 'met' : 'not met'} (${ratio.toFixed(2)}×)\n`,
+  );
 }

@@ -28,7 +28,9 @@ const peaks = new Map<string, number>();
 for (let run = 0; run < Number(opts.runs); run++) {
   for (const [name, program, args] of commands) {
     const t0 = performance.now();
-    const r = TIME ? spawnSync(TIME, ['-f', '%M', program, ...args], { encoding: 'utf8' }) : spawnSync(program, args, { encoding: 'utf8' });
+    const r = TIME
+      ? spawnSync(TIME, ['-f', '%M', program, ...args], { encoding: 'utf8' })
+      : spawnSync(program, args, { encoding: 'utf8' });
     times.get(name)!.push(performance.now() - t0);
     if (r.status !== 0) throw new Error(`${name} exited ${r.status}: ${r.stderr}`);
     if (TIME) peaks.set(name, Math.max(peaks.get(name) ?? 0, Number(r.stderr.trim().split('\n').at(-1)) / 1024));
@@ -39,10 +41,16 @@ rmSync(dir, { recursive: true, force: true });
 
 const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
 const base = median(times.get("node -e ''")!);
-process.stdout.write(`${opts.runs} runs each, medians\n\n| command | seconds | over node -e '' | peak RSS |\n|---|---|---|---|\n`);
+process.stdout.write(
+  `${opts.runs} runs each, medians\n\n| command | seconds | over node -e '' | peak RSS |\n|---|---|---|---|\n`,
+);
 for (const [name] of commands) {
   const m = median(times.get(name)!);
-  process.stdout.write(`| ${name} | ${(m / 1000).toFixed(3)} | ${((m - base) / 1000).toFixed(3)} | ${TIME ? `${peaks.get(name)!.toFixed(0)} MiB` : '—'} |\n`);
+  process.stdout.write(
+    `| ${name} | ${(m / 1000).toFixed(3)} | ${((m - base) / 1000).toFixed(3)} | ${TIME ? `${peaks.get(name)!.toFixed(0)} MiB` : '—'} |\n`,
+  );
 }
 const over = (median(times.get('prefab status')!) - base) / 1000;
-process.stdout.write(`goal: prefab status ≤ 0.3 s over node -e '': ${over <= 0.3 ? 'met' : 'not met'} (${over.toFixed(3)} s)\n`);
+process.stdout.write(
+  `goal: prefab status ≤ 0.3 s over node -e '': ${over <= 0.3 ? 'met' : 'not met'} (${over.toFixed(3)} s)\n`,
+);

@@ -8,7 +8,16 @@ import { parseArgs } from 'node:util';
 import { seeded } from '../core/random.ts';
 import type { Message, Session } from '../core/records.ts';
 
-const COMPANIES = ['Acme Telecom', 'Northwind Bank', 'Globex Insurance', 'Initech Energy', 'Umbrella Health', 'Soylent Foods', 'Hooli Cloud', 'Vandelay Imports'];
+const COMPANIES = [
+  'Acme Telecom',
+  'Northwind Bank',
+  'Globex Insurance',
+  'Initech Energy',
+  'Umbrella Health',
+  'Soylent Foods',
+  'Hooli Cloud',
+  'Vandelay Imports',
+];
 const DEPARTMENTS: Record<string, string[]> = {
   billing: ['account_number', 'zip_code'],
   technical_support: ['account_number', 'phone_number'],
@@ -25,7 +34,11 @@ const REQUESTS: Record<string, string[]> = {
   claims: ['file a claim for water damage', 'check my claim status'],
   fraud: ['report a fraudulent transaction', 'freeze my card'],
 };
-const PHRASINGS = ['Please call {company} for me and {request}.', 'Can you contact {company}? I need to {request}.', 'I want to {request} with {company}, could you handle it?'];
+const PHRASINGS = [
+  'Please call {company} for me and {request}.',
+  'Can you contact {company}? I need to {request}.',
+  'I want to {request} with {company}, could you handle it?',
+];
 const VALUES: Record<string, string> = {
   account_number: '4417-2290-118',
   zip_code: '94110',
@@ -37,7 +50,8 @@ const VALUES: Record<string, string> = {
   date_of_birth: '1987-03-14',
 };
 
-const SYSTEM = 'You are an assistant that phones companies on the user\'s behalf. Tools: search_directory(company), auth_info_form(fields) (once), call(phone_number, auth, request), finish().';
+const SYSTEM =
+  "You are an assistant that phones companies on the user's behalf. Tools: search_directory(company), auth_info_form(fields) (once), call(phone_number, auth, request), finish().";
 
 export function* syntheticSessions(count: number, seed: number, trialsPerTask = 4): Generator<Session> {
   const rand = seeded(seed, 'synthetic-sessions');
@@ -70,8 +84,17 @@ export function* syntheticSessions(count: number, seed: number, trialsPerTask = 
         tool('auth_info_form', { fields: asked }),
         result(JSON.stringify(Object.fromEntries(asked.map((f) => [f, VALUES[f]])))),
         tool('call', { phone_number: phone, auth: Object.fromEntries(asked.map((f) => [f, VALUES[f]])), request }),
-        result(ok ? `Done: your request to ${request} is complete. Reference ${1000 + task}.` : `I can't help without your ${missing.join(' and ').replace(/_/g, ' ')}.`),
-        { role: 'assistant', content: ok ? `All set: ${company} completed your request.` : `I could not finish: ${company} needs your ${missing.join(', ')}.` },
+        result(
+          ok
+            ? `Done: your request to ${request} is complete. Reference ${1000 + task}.`
+            : `I can't help without your ${missing.join(' and ').replace(/_/g, ' ')}.`,
+        ),
+        {
+          role: 'assistant',
+          content: ok
+            ? `All set: ${company} completed your request.`
+            : `I could not finish: ${company} needs your ${missing.join(', ')}.`,
+        },
       ];
       yield {
         session_id: `t${task}-trial${trial}-s${seed}`,
@@ -101,7 +124,13 @@ export async function writeSyntheticSessions(path: string, count: number, seed: 
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {
-  const { values } = parseArgs({ options: { sessions: { type: 'string', default: '600' }, seed: { type: 'string', default: '1' }, out: { type: 'string' } } });
+  const { values } = parseArgs({
+    options: {
+      sessions: { type: 'string', default: '600' },
+      seed: { type: 'string', default: '1' },
+      out: { type: 'string' },
+    },
+  });
   if (!values.out) throw new Error('--out FILE is required');
   await writeSyntheticSessions(values.out, Number(values.sessions), Number(values.seed));
 }

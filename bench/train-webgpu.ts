@@ -25,11 +25,35 @@ const opts = new Command()
   .parse()
   .opts<{ shape: string; batch: string; steps: string; quick?: boolean }>();
 
-const llama = (layers: number, hidden: number, heads: number, mlp: number, vocab: number, context: number): LlamaConfig => ({
-  modelType: 'llama', vocabSize: vocab, hiddenSize: hidden, intermediateSize: mlp, layers, heads, kvHeads: heads, headDim: hidden / heads,
-  ropeTheta: 10000, rmsNormEps: 1e-5, tiedEmbeddings: true, attentionBias: false, maxPositions: context, bosTokenId: null, eosTokenId: null,
+const llama = (
+  layers: number,
+  hidden: number,
+  heads: number,
+  mlp: number,
+  vocab: number,
+  context: number,
+): LlamaConfig => ({
+  modelType: 'llama',
+  vocabSize: vocab,
+  hiddenSize: hidden,
+  intermediateSize: mlp,
+  layers,
+  heads,
+  kvHeads: heads,
+  headDim: hidden / heads,
+  ropeTheta: 10000,
+  rmsNormEps: 1e-5,
+  tiedEmbeddings: true,
+  attentionBias: false,
+  maxPositions: context,
+  bosTokenId: null,
+  eosTokenId: null,
 });
-const SHAPES: Record<string, LlamaConfig> = { bench: llama(4, 256, 4, 688, 512, 256), gpt2: llama(12, 768, 12, 2048, 8192, 512), quick: llama(2, 64, 2, 128, 128, 32) };
+const SHAPES: Record<string, LlamaConfig> = {
+  bench: llama(4, 256, 4, 688, 512, 256),
+  gpt2: llama(12, 768, 12, 2048, 8192, 512),
+  quick: llama(2, 64, 2, 128, 128, 32),
+};
 
 const gpu = await openGpu();
 const kernels = new Kernels(gpu);
@@ -38,7 +62,11 @@ console.log(`adapter: ${gpu.adapter.description} (${gpu.software ? 'software: ex
 /** The GEMM alone: C = A·Bᵀ as a projection reads its weight, best of a few runs, TFLOP/s. */
 async function gemm(m: number, n: number, k: number): Promise<number> {
   const mm = new Matmul(kernels);
-  const [a, b, c] = [upload(gpu, new Float32Array(m * k).fill(0.5)), upload(gpu, new Float32Array(n * k).fill(0.25)), upload(gpu, new Float32Array(m * n))];
+  const [a, b, c] = [
+    upload(gpu, new Float32Array(m * k).fill(0.5)),
+    upload(gpu, new Float32Array(n * k).fill(0.25)),
+    upload(gpu, new Float32Array(m * n)),
+  ];
   const run = async (times: number) => {
     const t0 = performance.now();
     submit(gpu, (pass) => {
@@ -100,7 +128,10 @@ const shapes = opts.quick ? ['quick'] : opts.shape === 'both' ? ['bench', 'gpt2'
 const batches = opts.quick ? [2] : opts.batch.split(',').map(Number);
 const steps = opts.quick ? 1 : Number(opts.steps);
 if (gpu.software) console.log('GEMM: not timed on a software adapter (minutes at 4096³)');
-else if (!opts.quick) console.log(`GEMM: ${(await gemm(4096, 4096, 4096)).toFixed(1)} TFLOP/s at 4096³, ${(await gemm(4096, 2304, 768)).toFixed(1)} at 4096×2304×768`);
+else if (!opts.quick)
+  console.log(
+    `GEMM: ${(await gemm(4096, 4096, 4096)).toFixed(1)} TFLOP/s at 4096³, ${(await gemm(4096, 2304, 768)).toFixed(1)} at 4096×2304×768`,
+  );
 console.log('| shape | batch | tokens/s | TFLOP/s | PyTorch fp32 tokens/s | ratio |\n|---|---|---|---|---|---|');
 for (const name of shapes) {
   const config = SHAPES[name]!;
@@ -122,7 +153,9 @@ for (const name of shapes) {
     const tokens = (batch * length * steps) / ((performance.now() - t0) / 1000);
     const torch = opts.quick ? null : pytorch(config, batch, length, steps);
     const tflops = (tokens * flopsPerToken(config, length)) / 1e12;
-    console.log(`| ${name} | ${batch} | ${tokens.toFixed(0)} | ${tflops.toFixed(2)} | ${torch === null ? 'no torch with CUDA here' : torch.toFixed(0)} | ${torch === null ? '—' : (tokens / torch).toFixed(2)} |`);
+    console.log(
+      `| ${name} | ${batch} | ${tokens.toFixed(0)} | ${tflops.toFixed(2)} | ${torch === null ? 'no torch with CUDA here' : torch.toFixed(0)} | ${torch === null ? '—' : (tokens / torch).toFixed(2)} |`,
+    );
   }
 }
 process.exit(0);

@@ -26,7 +26,23 @@ const backend = await useBackend(opts.backend);
 const T = 256;
 const B = Number(opts.batch);
 const model = Llama.create(
-  { modelType: 'llama', vocabSize: 512, hiddenSize: 256, intermediateSize: 688, layers: 4, heads: 4, kvHeads: Number(opts.kvHeads), headDim: 64, ropeTheta: 10000, rmsNormEps: 1e-5, tiedEmbeddings: true, attentionBias: false, maxPositions: T, bosTokenId: null, eosTokenId: null },
+  {
+    modelType: 'llama',
+    vocabSize: 512,
+    hiddenSize: 256,
+    intermediateSize: 688,
+    layers: 4,
+    heads: 4,
+    kvHeads: Number(opts.kvHeads),
+    headDim: 64,
+    ropeTheta: 10000,
+    rmsNormEps: 1e-5,
+    tiedEmbeddings: true,
+    attentionBias: false,
+    maxPositions: T,
+    bosTokenId: null,
+    eosTokenId: null,
+  },
   'bench',
 );
 const config = model.config;
@@ -58,7 +74,13 @@ const batch = () => {
 };
 const step = () => {
   const { ids, targets } = batch();
-  return optimizerStep(model, optimizer, [() => ({ loss: tf.neg(tf.mean(model.tokenLogprobs(ids, targets, B, T))) as tf.Scalar })], 3e-4, 1);
+  return optimizerStep(
+    model,
+    optimizer,
+    [() => ({ loss: tf.neg(tf.mean(model.tokenLogprobs(ids, targets, B, T))) as tf.Scalar })],
+    3e-4,
+    1,
+  );
 };
 
 /**
@@ -68,11 +90,15 @@ const step = () => {
 function naiveLoss(ids: Int32Array, targets: Int32Array, b: number): tf.Scalar {
   const { heads: H, kvHeads: K, headDim: hd, vocabSize: V, rmsNormEps: eps } = config;
   const w = (name: string) => model.p(name);
-  const norm = (x: tf.Tensor, name: string) => tf.mul(tf.mul(x, tf.rsqrt(tf.add(tf.mean(tf.square(x), -1, true), eps))), w(name));
+  const norm = (x: tf.Tensor, name: string) =>
+    tf.mul(tf.mul(x, tf.rsqrt(tf.add(tf.mean(tf.square(x), -1, true), eps))), w(name));
   const proj = (x: tf.Tensor, name: string) => tf.matMul(x as tf.Tensor2D, w(`${name}.weight`), false, true);
   const half = hd / 2;
   const inv = Array.from({ length: half }, (_, f) => 1 / Math.pow(config.ropeTheta, (2 * f) / hd));
-  const angles = tf.tensor2d(Array.from({ length: T }, (_, p) => [...inv, ...inv].map((v) => p * v)), [T, hd]);
+  const angles = tf.tensor2d(
+    Array.from({ length: T }, (_, p) => [...inv, ...inv].map((v) => p * v)),
+    [T, hd],
+  );
   const [cos, sin] = [tf.cos(angles), tf.sin(angles)];
   const turn = (x: tf.Tensor, n: number) => {
     const r = tf.reshape(x, [b, T, n, hd]);
@@ -82,12 +108,16 @@ function naiveLoss(ids: Int32Array, targets: Int32Array, b: number): tf.Scalar {
     return tf.transpose(tf.add(tf.mul(r, c), tf.mul(tf.concat([tf.neg(x2), x1], 3), s)), [0, 2, 1, 3]); // (b, n, T, hd)
   };
   const mask = causalMask(T);
-  let x: tf.Tensor = tf.matMul(tf.cast(tf.oneHot(tf.tensor1d(ids, 'int32'), V), 'float32'), w('model.embed_tokens.weight'));
+  let x: tf.Tensor = tf.matMul(
+    tf.cast(tf.oneHot(tf.tensor1d(ids, 'int32'), V), 'float32'),
+    w('model.embed_tokens.weight'),
+  );
   for (let i = 0; i < config.layers; i++) {
     const l = `model.layers.${i}.`;
     const h = norm(x, `${l}input_layernorm.weight`);
     const q = turn(proj(h, `${l}self_attn.q_proj`), H);
-    const repeat = (t: tf.Tensor) => (K === H ? t : tf.reshape(tf.tile(tf.reshape(t, [b, K, 1, T, hd]), [1, 1, H / K, 1, 1]), [b, H, T, hd]));
+    const repeat = (t: tf.Tensor) =>
+      K === H ? t : tf.reshape(tf.tile(tf.reshape(t, [b, K, 1, T, hd]), [1, 1, H / K, 1, 1]), [b, H, T, hd]);
     const k = repeat(turn(proj(h, `${l}self_attn.k_proj`), K));
     const v = repeat(tf.transpose(tf.reshape(proj(h, `${l}self_attn.v_proj`), [b, T, K, hd]), [0, 2, 1, 3]));
     const att = tf.softmax(tf.add(tf.mul(tf.matMul(q, k, false, true), 1 / Math.sqrt(hd)), mask));
@@ -98,7 +128,10 @@ function naiveLoss(ids: Int32Array, targets: Int32Array, b: number): tf.Scalar {
     x = tf.add(x, proj(tf.mul(tf.mul(gate, tf.sigmoid(gate)), proj(m, `${l}mlp.up_proj`)), `${l}mlp.down_proj`));
   }
   const logits = tf.matMul(norm(x, 'model.norm.weight') as tf.Tensor2D, w('model.embed_tokens.weight'), false, true);
-  const picked = tf.sum(tf.mul(tf.logSoftmax(logits), tf.cast(tf.oneHot(tf.tensor1d(targets, 'int32'), V), 'float32')), -1);
+  const picked = tf.sum(
+    tf.mul(tf.logSoftmax(logits), tf.cast(tf.oneHot(tf.tensor1d(targets, 'int32'), V), 'float32')),
+    -1,
+  );
   return tf.neg(tf.mean(picked)) as tf.Scalar;
 }
 
@@ -124,14 +157,22 @@ const peak = (peakBefore + peakAfter) / 2;
 const tokensPerSecond = (steps * B * T) / seconds;
 const gflops = (tokensPerSecond * flopsPerToken) / 1e9;
 console.log(`backend          ${backend.description}`);
-console.log(`model            Llama ${(model.size() / 1e6).toFixed(2)}M parameters, ${config.layers} layers, hidden ${config.hiddenSize}, ${config.heads} heads (${config.kvHeads} key/value), SwiGLU ${config.intermediateSize}, context ${T}, vocab ${config.vocabSize}, tied`);
-console.log(`batch            ${B} × ${T} tokens, AdamW, ${steps} timed steps (${(seconds / steps).toFixed(2)} s/step), last loss ${last.toFixed(3)}`);
+console.log(
+  `model            Llama ${(model.size() / 1e6).toFixed(2)}M parameters, ${config.layers} layers, hidden ${config.hiddenSize}, ${config.heads} heads (${config.kvHeads} key/value), SwiGLU ${config.intermediateSize}, context ${T}, vocab ${config.vocabSize}, tied`,
+);
+console.log(
+  `batch            ${B} × ${T} tokens, AdamW, ${steps} timed steps (${(seconds / steps).toFixed(2)} s/step), last loss ${last.toFixed(3)}`,
+);
 console.log(`tokens/s         ${tokensPerSecond.toFixed(0)}`);
-console.log(`achieved         ${gflops.toFixed(1)} GFLOP/s (${(flopsPerToken / 1e6).toFixed(1)} MFLOP per token, forward + backward)`);
+console.log(
+  `achieved         ${gflops.toFixed(1)} GFLOP/s (${(flopsPerToken / 1e6).toFixed(1)} MFLOP per token, forward + backward)`,
+);
 console.log(`plain matMul     ${peak.toFixed(1)} GFLOP/s (2048×256 · 256×1024, mean of before and after)`);
 console.log(`ratio            ${(gflops / peak).toFixed(2)} of the plain matMul`);
 if (opts.naive) {
   const naive = naiveTokensPerSecond();
-  console.log(`naive tfjs       ${naive.toFixed(0)} tokens/s (one sequence, one step): prefab's kernels are ${(tokensPerSecond / naive).toFixed(1)}× faster`);
+  console.log(
+    `naive tfjs       ${naive.toFixed(0)} tokens/s (one sequence, one step): prefab's kernels are ${(tokensPerSecond / naive).toFixed(1)}× faster`,
+  );
 }
 console.log(`tensors leaked   ${tf.memory().numTensors - tensorsBefore} over ${steps} steps`);

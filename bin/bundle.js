@@ -14,7 +14,13 @@ const CACHE = join(REPO, 'node_modules', '.cache', 'prefab');
 /** The bundle's entry points: the CLI, and the stages and commands it is given (their chunks shared). */
 const ENTRIES = { cli: 'pipeline/cli.ts', stages: 'stages/index.ts' };
 /** What worker threads run, each a file of its own with all it imports: no chunks to load one by one as a thread starts. */
-const WORKERS = { 'ingest-worker': 'stages/ingest/worker.ts', 'pairs-worker': 'stages/pairs/worker.ts', 'judge-worker': 'stages/judge/worker.ts', 'export-worker': 'stages/export/worker.ts', 'parquet-worker': 'pipeline/parquet-worker.ts' };
+const WORKERS = {
+  'ingest-worker': 'stages/ingest/worker.ts',
+  'pairs-worker': 'stages/pairs/worker.ts',
+  'judge-worker': 'stages/judge/worker.ts',
+  'export-worker': 'stages/export/worker.ts',
+  'parquet-worker': 'pipeline/parquet-worker.ts',
+};
 
 /** The folder of the bundle made from the sources as they are now, or null. */
 function current() {
@@ -61,18 +67,27 @@ const importMeta = {
  */
 const BUNDLED = new Set(['commander', 'yaml', 'zod']);
 
-const packageName = (path) => path.split('/').slice(0, path.startsWith('@') ? 2 : 1).join('/');
+const packageName = (path) =>
+  path
+    .split('/')
+    .slice(0, path.startsWith('@') ? 2 : 1)
+    .join('/');
 
 /** Every import of a package is left to node_modules but the BUNDLED packages' (and Node's own, which esbuild knows). */
 const bundledPackages = {
   name: 'bundled-packages',
   setup(build) {
-    build.onResolve({ filter: /^[^./]/ }, (args) => (BUNDLED.has(packageName(args.path)) || args.path.startsWith('node:') ? undefined : { path: args.path, external: true }));
+    build.onResolve({ filter: /^[^./]/ }, (args) =>
+      BUNDLED.has(packageName(args.path)) || args.path.startsWith('node:')
+        ? undefined
+        : { path: args.path, external: true },
+    );
   },
 };
 
 /** A bundled CommonJS package's require of a Node module goes to a require made for its chunk (an ES module has none). */
-const REQUIRE = "import { createRequire as __prefabCreateRequire } from 'node:module'; const require = __prefabCreateRequire(import.meta.url);";
+const REQUIRE =
+  "import { createRequire as __prefabCreateRequire } from 'node:module'; const require = __prefabCreateRequire(import.meta.url);";
 
 /** The bundle's folder (its entry points cli.mjs and stages.mjs), made first if the sources changed since. */
 export async function bundle() {
@@ -83,8 +98,23 @@ export async function bundle() {
   const started = Date.now();
   const dir = `build-${started}-${process.pid}`;
   // Files named .mjs: Node takes them for ES modules without looking for a package.json's `type` above each.
-  const options = { absWorkingDir: REPO, outdir: join(CACHE, dir), outExtension: { '.js': '.mjs' }, bundle: true, format: 'esm', platform: 'node', target: 'node20', metafile: true, logLevel: 'error', plugins: [importMeta, bundledPackages], banner: { js: REQUIRE } };
-  const results = await Promise.all([build({ ...options, entryPoints: ENTRIES, splitting: true }), build({ ...options, entryPoints: WORKERS, splitting: false })]);
+  const options = {
+    absWorkingDir: REPO,
+    outdir: join(CACHE, dir),
+    outExtension: { '.js': '.mjs' },
+    bundle: true,
+    format: 'esm',
+    platform: 'node',
+    target: 'node20',
+    metafile: true,
+    logLevel: 'error',
+    plugins: [importMeta, bundledPackages],
+    banner: { js: REQUIRE },
+  };
+  const results = await Promise.all([
+    build({ ...options, entryPoints: ENTRIES, splitting: true }),
+    build({ ...options, entryPoints: WORKERS, splitting: false }),
+  ]);
   const inputs = {};
   for (const file of new Set([...results.flatMap((r) => Object.keys(r.metafile.inputs)), 'bin/bundle.js'])) {
     const s = statSync(join(REPO, file));
@@ -98,7 +128,8 @@ export async function bundle() {
   renameSync(pointer, join(CACHE, 'current.json'));
   // Builds an hour old go (a command started from one may still be running from it).
   for (const old of readdirSync(CACHE)) {
-    if (old.startsWith('build-') && old !== dir && statSync(join(CACHE, old)).mtimeMs < Date.now() - 3_600_000) rmSync(join(CACHE, old), { recursive: true, force: true });
+    if (old.startsWith('build-') && old !== dir && statSync(join(CACHE, old)).mtimeMs < Date.now() - 3_600_000)
+      rmSync(join(CACHE, old), { recursive: true, force: true });
   }
   return join(CACHE, dir);
 }

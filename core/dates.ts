@@ -20,8 +20,10 @@ export function normaliseDate(s: string): string {
     const dayFirst = m[2] === '.' || Number(m[1]) > 12;
     return dayFirst ? iso(m[4]!, m[3]!, m[1]!) : iso(m[4]!, m[1]!, m[3]!);
   }
-  if ((m = /^([a-z]+)\.? (\d{1,2})(?:st|nd|rd|th)?,? (\d{4})$/.exec(t)) && monthOf(m[1]!) > 0) return iso(m[3]!, monthOf(m[1]!), m[2]!);
-  if ((m = /^(\d{1,2})(?:st|nd|rd|th)? (?:of )?([a-z]+)\.?,? (\d{4})$/.exec(t)) && monthOf(m[2]!) > 0) return iso(m[3]!, monthOf(m[2]!), m[1]!);
+  if ((m = /^([a-z]+)\.? (\d{1,2})(?:st|nd|rd|th)?,? (\d{4})$/.exec(t)) && monthOf(m[1]!) > 0)
+    return iso(m[3]!, monthOf(m[1]!), m[2]!);
+  if ((m = /^(\d{1,2})(?:st|nd|rd|th)? (?:of )?([a-z]+)\.?,? (\d{4})$/.exec(t)) && monthOf(m[2]!) > 0)
+    return iso(m[3]!, monthOf(m[2]!), m[1]!);
   if ((m = /^([a-z]+)\.? (\d{4})$/.exec(t)) && monthOf(m[1]!) > 0) return `${m[2]}-${pad2(monthOf(m[1]!))}`;
   return t;
 }

@@ -12,7 +12,10 @@ export function seeded(...parts: (string | number)[]): Random {
 /** sfc32 from four unsigned 32-bit words: small, fast, and good enough for simulation. */
 export function sfc32(a: number, b: number, c: number, d: number): Random {
   return () => {
-    a >>>= 0; b >>>= 0; c >>>= 0; d >>>= 0;
+    a >>>= 0;
+    b >>>= 0;
+    c >>>= 0;
+    d >>>= 0;
     const t = (a + b) | 0;
     a = b ^ (b >>> 9);
     b = (c + (c << 3)) | 0;

@@ -56,11 +56,29 @@ export interface SplitSession extends Session {
 }
 
 export type PairSource = 'outcome' | 'best_of_n' | 'hard_negative' | 'critique_rewrite' | 'imported';
-export const PAIR_SOURCES: readonly PairSource[] = ['outcome', 'best_of_n', 'hard_negative', 'critique_rewrite', 'imported'];
+export const PAIR_SOURCES: readonly PairSource[] = [
+  'outcome',
+  'best_of_n',
+  'hard_negative',
+  'critique_rewrite',
+  'imported',
+];
 export type NegativeType = 'refusal' | 'hallucination' | 'off_topic' | 'format' | 'verbose' | 'under_explained';
-export const NEGATIVE_TYPES: readonly NegativeType[] = ['refusal', 'hallucination', 'off_topic', 'format', 'verbose', 'under_explained'];
+export const NEGATIVE_TYPES: readonly NegativeType[] = [
+  'refusal',
+  'hallucination',
+  'off_topic',
+  'format',
+  'verbose',
+  'under_explained',
+];
 /** The negative types the LLM rewriter makes (pairing/rewriter.ts says why not the other two). */
-export const REWRITE_TYPES = ['refusal', 'off_topic', 'verbose', 'under_explained'] as const satisfies readonly NegativeType[];
+export const REWRITE_TYPES = [
+  'refusal',
+  'off_topic',
+  'verbose',
+  'under_explained',
+] as const satisfies readonly NegativeType[];
 export type RewriteType = (typeof REWRITE_TYPES)[number];
 
 /**
@@ -96,7 +114,10 @@ export interface Pair<Turns = Message[]> {
  */
 export function pairId(source: string, chosen: string, rejected: string, extra = ''): string {
   const q = JSON.stringify;
-  return sha256(`{"chosen":${q(chosen)},"extra":${q(extra)},"rejected":${q(rejected)},"source":${q(source)}}`).slice(0, 32);
+  return sha256(`{"chosen":${q(chosen)},"extra":${q(extra)},"rejected":${q(rejected)},"source":${q(source)}}`).slice(
+    0,
+    32,
+  );
 }
 
 // The judges' contract (SPEC §4), kept with the records because judged pairs carry it on disk.
@@ -160,7 +181,8 @@ export interface KtoRow {
 
 /** Deep equality of two messages, field by field, as the prompt prefix needs it. */
 export function sameMessage(a: Message, b: Message): boolean {
-  if (a.role !== b.role || a.content !== b.content || a.name !== b.name || a.tool_call_id !== b.tool_call_id) return false;
+  if (a.role !== b.role || a.content !== b.content || a.name !== b.name || a.tool_call_id !== b.tool_call_id)
+    return false;
   const ta = a.tool_calls ?? [];
   const tb = b.tool_calls ?? [];
   if (ta.length !== tb.length) return false;

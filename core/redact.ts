@@ -30,7 +30,17 @@ export interface RedactionOptions {
 
 export const DEFAULT_REDACTION: RedactionOptions = {
   kinds: PII_KINDS,
-  keys: ['last_4_ssn', 'ssn', 'social_security_number', 'account_number', 'date_of_birth', 'dob', 'pin', 'phone_number', 'email'],
+  keys: [
+    'last_4_ssn',
+    'ssn',
+    'social_security_number',
+    'account_number',
+    'date_of_birth',
+    'dob',
+    'pin',
+    'phone_number',
+    'email',
+  ],
   sessionValues: true,
 };
 
@@ -76,8 +86,29 @@ const SESSION_KEYS: Readonly<Record<string, string>> = {
 };
 
 /** "Name: Mia Garcia", "Date of Birth remains: 1989-12-13": a personal label in prose, and the value after it. */
-const PROSE_VALUE = /(?<![\w])(full name|first name|last name|name|date of birth|birth date|dob|address|home address|street address|e-?mail(?: address)?|phone(?: number)?|ssn|passport(?: number)?)\b(?:\s+(?:is|was|remains|now))?\s*[:=]\s*([^\n,;()]{2,60})/gi;
-const PROSE_LABELS: Readonly<Record<string, string>> = { name: 'NAME', 'full name': 'NAME', 'first name': 'NAME', 'last name': 'NAME', 'date of birth': 'DOB', 'birth date': 'DOB', dob: 'DOB', address: 'ADDRESS', 'home address': 'ADDRESS', 'street address': 'ADDRESS', email: 'EMAIL', 'e-mail': 'EMAIL', 'email address': 'EMAIL', 'e-mail address': 'EMAIL', phone: 'PHONE', 'phone number': 'PHONE', ssn: 'SSN', passport: 'PASSPORT', 'passport number': 'PASSPORT' };
+const PROSE_VALUE =
+  /(?<![\w])(full name|first name|last name|name|date of birth|birth date|dob|address|home address|street address|e-?mail(?: address)?|phone(?: number)?|ssn|passport(?: number)?)\b(?:\s+(?:is|was|remains|now))?\s*[:=]\s*([^\n,;()]{2,60})/gi;
+const PROSE_LABELS: Readonly<Record<string, string>> = {
+  name: 'NAME',
+  'full name': 'NAME',
+  'first name': 'NAME',
+  'last name': 'NAME',
+  'date of birth': 'DOB',
+  'birth date': 'DOB',
+  dob: 'DOB',
+  address: 'ADDRESS',
+  'home address': 'ADDRESS',
+  'street address': 'ADDRESS',
+  email: 'EMAIL',
+  'e-mail': 'EMAIL',
+  'email address': 'EMAIL',
+  'e-mail address': 'EMAIL',
+  phone: 'PHONE',
+  'phone number': 'PHONE',
+  ssn: 'SSN',
+  passport: 'PASSPORT',
+  'passport number': 'PASSPORT',
+};
 
 /** The kind of a key's value: it names the placeholder, and says which values are the same value. */
 const KEY_KINDS: Readonly<Record<string, PiiKind>> = {
@@ -141,7 +172,10 @@ const DETECTORS: readonly Detector[] = [
   { kind: 'email', pattern: /(?<![\w.%+-])[\w.%+-]+@[a-z0-9-]+(?:\.[a-z0-9-]+)*\.[a-z]{2,}(?![\w-])/gi },
   {
     kind: 'dob',
-    pattern: new RegExp(String.raw`(?<=\b(?:born(?:\s+(?:on|in))?|date\s+of\s+birth|birth\s*date|birthday|d\.?o\.?b)\b[\s:=,.-]*(?:(?:is|was)\s+)?)(?:${DATE})(?!\d)`, 'gi'),
+    pattern: new RegExp(
+      String.raw`(?<=\b(?:born(?:\s+(?:on|in))?|date\s+of\s+birth|birth\s*date|birthday|d\.?o\.?b)\b[\s:=,.-]*(?:(?:is|was)\s+)?)(?:${DATE})(?!\d)`,
+      'gi',
+    ),
   },
   // Any other date, wherever it is (a date of birth after an unusual cue, a travel date): [DATE_n], or the DOB
   // placeholder when it is a date of birth the conversation revealed.
@@ -149,11 +183,13 @@ const DETECTORS: readonly Detector[] = [
   // "SSN ending in 6789", "last 4 of my SSN: 6789": the first number after the cue, nothing in between.
   {
     kind: 'ssn',
-    pattern: /(?<=\b(?:ssn|social\s+security(?:\s+number)?)\b[^\d\n.;!?]{0,30})(?<!\w)(?:\d{3}[- ]?\d{2}[- ]?\d{4}|\d{4})(?![\w-])/gi,
+    pattern:
+      /(?<=\b(?:ssn|social\s+security(?:\s+number)?)\b[^\d\n.;!?]{0,30})(?<!\w)(?:\d{3}[- ]?\d{2}[- ]?\d{4}|\d{4})(?![\w-])/gi,
   },
   {
     kind: 'account',
-    pattern: /(?<=\b(?:account|acct)\.?\s*(?:(?:number|num|no|id)\b\.?|[:#])[\s:#=]*(?:(?:is|was)\s+)?)(?<!\w)\d+(?:[ -]\d+)*(?![\w-])/gi,
+    pattern:
+      /(?<=\b(?:account|acct)\.?\s*(?:(?:number|num|no|id)\b\.?|[:#])[\s:#=]*(?:(?:is|was)\s+)?)(?<!\w)\d+(?:[ -]\d+)*(?![\w-])/gi,
     accept: (s) => digitCount(s) >= 4,
   },
   { kind: 'ssn', pattern: /(?<![\w-])\d{3}([- ])\d{2}\1\d{4}(?![\w-])/g },
@@ -223,16 +259,27 @@ const LABEL = /^[A-Z][A-Z0-9_]*$/;
 
 function namedValues(options: RedactionOptions): NamedValues[] {
   const checkLabel = (label: string, what: string) => {
-    if (!LABEL.test(label)) throw new Error(`${what} label "${label}" must be upper case letters, digits and _ (it names the placeholder: [${label}_1])`);
+    if (!LABEL.test(label))
+      throw new Error(
+        `${what} label "${label}" must be upper case letters, digits and _ (it names the placeholder: [${label}_1])`,
+      );
   };
   const out: NamedValues[] = [];
   for (const [label, phrases] of Object.entries(options.terms ?? {})) {
     checkLabel(label, 'terms');
-    const listed = new Map(phrases.filter((p) => p.trim() !== '').map((p) => [p.trim().toLowerCase().replace(/\s+/g, ' '), p.trim()]));
+    const listed = new Map(
+      phrases.filter((p) => p.trim() !== '').map((p) => [p.trim().toLowerCase().replace(/\s+/g, ' '), p.trim()]),
+    );
     if (listed.size === 0) continue;
     // Longest first, so "Acme Bank 12" is not read as "Acme Bank" followed by 12.
-    const alternatives = [...listed.keys()].sort((a, b) => b.length - a.length).map((p) => escapeRegExp(p).replace(/\s+/g, '\\s+'));
-    out.push({ label, pattern: new RegExp(`(?<![\\w])(?:${alternatives.join('|')})(?![\\w])`, 'gi'), canonical: (m) => listed.get(m.toLowerCase().replace(/\s+/g, ' ')) ?? m });
+    const alternatives = [...listed.keys()]
+      .sort((a, b) => b.length - a.length)
+      .map((p) => escapeRegExp(p).replace(/\s+/g, '\\s+'));
+    out.push({
+      label,
+      pattern: new RegExp(`(?<![\\w])(?:${alternatives.join('|')})(?![\\w])`, 'gi'),
+      canonical: (m) => listed.get(m.toLowerCase().replace(/\s+/g, ' ')) ?? m,
+    });
   }
   for (const [label, source] of Object.entries(options.patterns ?? {})) {
     checkLabel(label, 'patterns');
@@ -257,7 +304,11 @@ interface Claim {
   quote: string;
 }
 
-const targetOf = (kind: PiiKind, value: string): Target => ({ label: kind.toUpperCase(), normalised: NORMALISE[kind](value), value });
+const targetOf = (kind: PiiKind, value: string): Target => ({
+  label: kind.toUpperCase(),
+  normalised: NORMALISE[kind](value),
+  value,
+});
 const escapeRegExp = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 
 /** `"key": "value"` and `"key": 123`, also with escaped quotes (JSON inside a JSON string). */
@@ -283,7 +334,11 @@ function parseJsonContainer(s: string): unknown {
 /** A message with `f` applied to its text: its content and its tool calls' arguments. */
 export function mapMessageText(m: Message, f: (text: string) => string): Message {
   const out: Message = { ...m, content: m.content === null ? null : f(m.content) };
-  if (m.tool_calls) out.tool_calls = m.tool_calls.map((c) => ({ ...c, function: { ...c.function, arguments: f(c.function.arguments) } }));
+  if (m.tool_calls)
+    out.tool_calls = m.tool_calls.map((c) => ({
+      ...c,
+      function: { ...c.function, arguments: f(c.function.arguments) },
+    }));
   return out;
 }
 
@@ -340,9 +395,16 @@ export class Redactor {
   learn(ms: Message[]): void {
     const add = (label: string, value: string) => {
       const v = value.trim();
-      if (v.length < 2 || PLACEHOLDER.test(v) || /^(?:null|none|n\/a|unknown|true|false)$/i.test(v) || /^\d{1,2}$/.test(v)) return;
+      if (
+        v.length < 2 ||
+        PLACEHOLDER.test(v) ||
+        /^(?:null|none|n\/a|unknown|true|false)$/i.test(v) ||
+        /^\d{1,2}$/.test(v)
+      )
+        return;
       const kind = label.toLowerCase() as PiiKind;
-      const target = kind in NORMALISE ? targetOf(kind, v) : { label, normalised: v.toLowerCase().replace(/\s+/g, ' '), value: v };
+      const target =
+        kind in NORMALISE ? targetOf(kind, v) : { label, normalised: v.toLowerCase().replace(/\s+/g, ' '), value: v };
       if (label === 'DOB') this.dobs.add(target.normalised);
       this.learnt.set(v.toLowerCase().replace(/\s+/g, ' '), target);
     };
@@ -370,14 +432,19 @@ export class Redactor {
         if (label) add(label, m.groups!.text ?? m.groups!.number!);
       }
       // The value runs to the end of its line or clause; a sentence's full stop is not part of it.
-      for (const m of text.matchAll(PROSE_VALUE)) add(PROSE_LABELS[m[1]!.toLowerCase()] ?? 'NAME', m[2]!.replace(/[.!?\s]+$/, ''));
+      for (const m of text.matchAll(PROSE_VALUE))
+        add(PROSE_LABELS[m[1]!.toLowerCase()] ?? 'NAME', m[2]!.replace(/[.!?\s]+$/, ''));
     };
     for (const m of ms) {
       if (m.content) readText(m.content);
       for (const c of m.tool_calls ?? []) readText(c.function.arguments);
     }
-    const values = [...this.learnt.keys()].sort((a, b) => b.length - a.length).map((v) => escapeRegExp(v).replace(/\s+/g, '\\s+'));
-    this.learntPattern = values.length ? new RegExp(`(?<![\\w@.-])(?:${values.join('|')})(?![\\w@-]|\\.\\w)`, 'gi') : null;
+    const values = [...this.learnt.keys()]
+      .sort((a, b) => b.length - a.length)
+      .map((v) => escapeRegExp(v).replace(/\s+/g, '\\s+'));
+    this.learntPattern = values.length
+      ? new RegExp(`(?<![\\w@.-])(?:${values.join('|')})(?![\\w@-]|\\.\\w)`, 'gi')
+      : null;
   }
 
   /**
@@ -431,7 +498,8 @@ export class Redactor {
       const target = key === null ? null : this.keyedTarget(key, String(value));
       if (target) return this.placeholder(target);
       // Past 2^53 the parse already lost digits; such a run is card-number-sized, as in free text.
-      if (Number.isInteger(value) && !Number.isSafeInteger(value) && this.kinds.has('account')) return this.placeholder(targetOf('account', String(value)));
+      if (Number.isInteger(value) && !Number.isSafeInteger(value) && this.kinds.has('account'))
+        return this.placeholder(targetOf('account', String(value)));
       return value;
     }
     if (Array.isArray(value)) return value.map((v) => this.jsonValue(v, key));
@@ -466,7 +534,12 @@ export class Redactor {
       for (const m of s.matchAll(n.pattern)) {
         if (m[0] === '' || PLACEHOLDER.test(m[0])) continue;
         const value = n.canonical(m[0]);
-        claim({ start: m.index, end: m.index + m[0].length, target: { label: n.label, normalised: value.toLowerCase(), value }, quote: '' });
+        claim({
+          start: m.index,
+          end: m.index + m[0].length,
+          target: { label: n.label, normalised: value.toLowerCase(), value },
+          quote: '',
+        });
       }
     }
     for (const d of DETECTORS) {
@@ -474,7 +547,12 @@ export class Redactor {
         if (d.accept && !d.accept(m[0])) continue;
         // A date that is a date of birth the conversation revealed gets that DOB's placeholder.
         const kind = d.kind === 'date' && this.kinds.has('dob') && this.dobs.has(normaliseDate(m[0])) ? 'dob' : d.kind;
-        claim({ start: m.index, end: m.index + m[0].length, target: this.kinds.has(kind) ? targetOf(kind, m[0]) : null, quote: '' });
+        claim({
+          start: m.index,
+          end: m.index + m[0].length,
+          target: this.kinds.has(kind) ? targetOf(kind, m[0]) : null,
+          quote: '',
+        });
       }
     }
     if (claims.length === 0) return s;
@@ -482,7 +560,8 @@ export class Redactor {
     let out = '';
     let at = 0;
     for (const c of claims) {
-      out += s.slice(at, c.start) + (c.target ? c.quote + this.placeholder(c.target) + c.quote : s.slice(c.start, c.end));
+      out +=
+        s.slice(at, c.start) + (c.target ? c.quote + this.placeholder(c.target) + c.quote : s.slice(c.start, c.end));
       at = c.end;
     }
     return out + s.slice(at);
@@ -491,14 +570,32 @@ export class Redactor {
 
 /** The `redaction` section of a stage's config: what is masked before text leaves the machine. */
 export const redactionConfig = z.strictObject({
-  enabled: z.boolean().default(true).describe('Mask personal data before a request leaves the machine; false sends the texts as logged.'),
-  kinds: z.array(z.enum(PII_KINDS as [PiiKind, ...PiiKind[]])).default([...DEFAULT_REDACTION.kinds]).describe('Kinds of personal data masked wherever they appear in free text: ssn, account (account, card and IBAN numbers), phone, email, dob (a date after a cue such as "born"), date (any other date with a day, month and year: [DATE_n], or [DOB_n] when it is a date of birth the conversation revealed).'),
-  keys: z.array(z.string().min(1)).default([...DEFAULT_REDACTION.keys]).describe('JSON keys whose values are masked whatever they look like.'),
-  session_values: z.boolean().default(true).describe('Also mask, wherever it appears in a conversation, every value the conversation reveals under a personal key (a profile\'s name and address, a form\'s date of birth; in JSON or as "Name: ..."), whatever the text around it.'),
+  enabled: z
+    .boolean()
+    .default(true)
+    .describe('Mask personal data before a request leaves the machine; false sends the texts as logged.'),
+  kinds: z
+    .array(z.enum(PII_KINDS as [PiiKind, ...PiiKind[]]))
+    .default([...DEFAULT_REDACTION.kinds])
+    .describe(
+      'Kinds of personal data masked wherever they appear in free text: ssn, account (account, card and IBAN numbers), phone, email, dob (a date after a cue such as "born"), date (any other date with a day, month and year: [DATE_n], or [DOB_n] when it is a date of birth the conversation revealed).',
+    ),
+  keys: z
+    .array(z.string().min(1))
+    .default([...DEFAULT_REDACTION.keys])
+    .describe('JSON keys whose values are masked whatever they look like.'),
+  session_values: z
+    .boolean()
+    .default(true)
+    .describe(
+      'Also mask, wherever it appears in a conversation, every value the conversation reveals under a personal key (a profile\'s name and address, a form\'s date of birth; in JSON or as "Name: ..."), whatever the text around it.',
+    ),
 });
 export type RedactionConfig = z.infer<typeof redactionConfig>;
 
 /** A fresh Redactor per request, as the endpoint wants it; null when redaction is off. */
 export function redactorFactory(cfg: RedactionConfig): (() => Redactor) | null {
-  return cfg.enabled ? () => new Redactor({ kinds: cfg.kinds, keys: cfg.keys, sessionValues: cfg.session_values }) : null;
+  return cfg.enabled
+    ? () => new Redactor({ kinds: cfg.kinds, keys: cfg.keys, sessionValues: cfg.session_values })
+    : null;
 }

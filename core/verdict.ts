@@ -22,7 +22,15 @@ export interface Comparison {
   metadata: string;
 }
 
-export const NO_COST: JudgeStats = { requests: 0, cached: 0, retries: 0, errors: 0, parse_failures: 0, flipped: false, over_budget: false };
+export const NO_COST: JudgeStats = {
+  requests: 0,
+  cached: 0,
+  retries: 0,
+  errors: 0,
+  parse_failures: 0,
+  flipped: false,
+  over_budget: false,
+};
 
 export interface Judged {
   verdict: Verdict;

@@ -24,12 +24,19 @@ interface Skill {
 function skillOf(name: AgentName, noise: number, world: World, task: Task, rand: Random): Skill {
   const company = world.companies.find((c) => c.name === task.company)!;
   const truth = (department: string) => company.departments.find((d) => d.name === department)!.requires;
-  const rightPhone = (department: string, directory: { name: string; phone: string }[]) => directory.find((d) => d.name === department)?.phone ?? '';
+  const rightPhone = (department: string, directory: { name: string; phone: string }[]) =>
+    directory.find((d) => d.name === department)?.phone ?? '';
   switch (name) {
     case 'oracle':
       return { believes: truth, anticipatesReferences: true, retries: true, extraFields: [], phoneFor: rightPhone };
     case 'prior':
-      return { believes: (_d, type) => usualFields(type), anticipatesReferences: false, retries: true, extraFields: [], phoneFor: rightPhone };
+      return {
+        believes: (_d, type) => usualFields(type),
+        anticipatesReferences: false,
+        retries: true,
+        extraFields: [],
+        phoneFor: rightPhone,
+      };
     case 'noisy': {
       const sensitive = FIELDS.filter((f) => SENSITIVE.has(f));
       return {
@@ -64,7 +71,11 @@ const ASKED_LINE = /^- (.+) asked for ([a-z_0-9, ]+)\.$/gm;
  */
 export function readNotes(text: string): Map<string, Field[]> {
   const asked = new Map<string, Field[]>();
-  for (const m of text.matchAll(ASKED_LINE)) asked.set(m[1]!, m[2]!.split(', ').filter((f): f is Field => (FIELDS as readonly string[]).includes(f)));
+  for (const m of text.matchAll(ASKED_LINE))
+    asked.set(
+      m[1]!,
+      m[2]!.split(', ').filter((f): f is Field => (FIELDS as readonly string[]).includes(f)),
+    );
   return asked;
 }
 
@@ -95,7 +106,13 @@ export class ScriptedAgent implements Policy {
   }
 
   private tool(name: string, args: unknown): Message {
-    return { role: 'assistant', content: null, tool_calls: [{ id: `call_${++this.callCounter}`, type: 'function', function: { name, arguments: JSON.stringify(args) } }] };
+    return {
+      role: 'assistant',
+      content: null,
+      tool_calls: [
+        { id: `call_${++this.callCounter}`, type: 'function', function: { name, arguments: JSON.stringify(args) } },
+      ],
+    };
   }
 
   /** What the agent believes a department needs, and what notes from earlier attempts say it asked for. */
@@ -114,14 +131,20 @@ export class ScriptedAgent implements Policy {
     const needs = company.departments.find((d) => d.name === call.department)?.needsReferenceFrom;
     const prior = needs ? company.departments.find((d) => d.type === needs)?.name : undefined;
     const ref = prior ? this.references[prior] : undefined;
-    return withReference && ref ? `I'd like to ${call.request}. My reference number from ${prior} is ${ref}.` : `I'd like to ${call.request}.`;
+    return withReference && ref
+      ? `I'd like to ${call.request}. My reference number from ${prior} is ${ref}.`
+      : `I'd like to ${call.request}.`;
   }
 
   private nextCall(lastAuth?: Record<string, string>, withReference = false): Message {
     const call = this.task.calls[this.callIndex]!;
     const auth = lastAuth ?? this.authFor(call.department, call.type);
     this.lastAuth = auth;
-    return this.tool('call', { phone_number: this.skill.phoneFor(call.department, this.directory), auth, request: this.callRequest(this.callIndex, withReference || this.skill.anticipatesReferences) });
+    return this.tool('call', {
+      phone_number: this.skill.phoneFor(call.department, this.directory),
+      auth,
+      request: this.callRequest(this.callIndex, withReference || this.skill.anticipatesReferences),
+    });
   }
 
   async respond(messages: Message[]): Promise<Message> {
@@ -152,7 +175,9 @@ export class ScriptedAgent implements Policy {
         if (ref) this.references[this.task.calls[this.callIndex]!.department] = ref[1]!;
         const failed = !ref && !observation.startsWith('That request was already completed');
         if (failed && this.skill.retries && this.retries < 2) {
-          const missing = FIELDS.filter((f) => observation.includes(FIELD_WORDS[f]) && this.form[f] !== undefined && this.lastAuth[f] === undefined);
+          const missing = FIELDS.filter(
+            (f) => observation.includes(FIELD_WORDS[f]) && this.form[f] !== undefined && this.lastAuth[f] === undefined,
+          );
           const wantsReference = observation.includes('reference number from');
           if (missing.length > 0 || wantsReference) {
             this.retries++;

@@ -13,23 +13,36 @@ export const TOOLS = [
     type: 'function',
     function: {
       name: 'search_directory',
-      description: "List a company's departments and their phone numbers. The directory does not say what each department asks for.",
-      parameters: { type: 'object', properties: { company: { type: 'string' } }, required: ['company'], additionalProperties: false },
+      description:
+        "List a company's departments and their phone numbers. The directory does not say what each department asks for.",
+      parameters: {
+        type: 'object',
+        properties: { company: { type: 'string' } },
+        required: ['company'],
+        additionalProperties: false,
+      },
     },
   },
   {
     type: 'function',
     function: {
       name: 'auth_info_form',
-      description: 'Ask the user to fill in a form with the listed fields. The user fills it ONCE per task: ask for everything you will need in one go, and nothing sensitive you will not need.',
-      parameters: { type: 'object', properties: { fields: { type: 'array', items: { type: 'string', enum: [...FIELDS] } } }, required: ['fields'], additionalProperties: false },
+      description:
+        'Ask the user to fill in a form with the listed fields. The user fills it ONCE per task: ask for everything you will need in one go, and nothing sensitive you will not need.',
+      parameters: {
+        type: 'object',
+        properties: { fields: { type: 'array', items: { type: 'string', enum: [...FIELDS] } } },
+        required: ['fields'],
+        additionalProperties: false,
+      },
     },
   },
   {
     type: 'function',
     function: {
       name: 'call',
-      description: 'Phone a department. Give the authentication values it needs and say what you want. Include reference numbers from earlier calls when a department asks for them.',
+      description:
+        'Phone a department. Give the authentication values it needs and say what you want. Include reference numbers from earlier calls when a department asks for them.',
       parameters: {
         type: 'object',
         properties: {
@@ -42,7 +55,14 @@ export const TOOLS = [
       },
     },
   },
-  { type: 'function', function: { name: 'finish', description: 'End the task when everything is done, or nothing more can be done.', parameters: { type: 'object', properties: {}, additionalProperties: false } } },
+  {
+    type: 'function',
+    function: {
+      name: 'finish',
+      description: 'End the task when everything is done, or nothing more can be done.',
+      parameters: { type: 'object', properties: {}, additionalProperties: false },
+    },
+  },
 ] as const;
 
 export const SYSTEM_PROMPT =
@@ -91,7 +111,8 @@ export interface StepResult {
 export function reset(world: World, task: Task): EnvState {
   const company = world.companies.find((c) => c.name === task.company)!;
   const needed = new Set<Field>();
-  for (const call of task.calls) for (const f of company.departments.find((d) => d.name === call.department)!.requires) needed.add(f);
+  for (const call of task.calls)
+    for (const f of company.departments.find((d) => d.name === call.department)!.requires) needed.add(f);
   return { task, needed: [...needed], steps: 0, form: null, completed: {}, failedCalls: 0, feedback: [], done: false };
 }
 
@@ -105,8 +126,13 @@ export function episodeReward(state: EnvState): number {
   const required = state.task.calls.length;
   const done = state.task.calls.filter((c) => state.completed[c.department] !== undefined).length;
   if (done === 0) return 0;
-  const needless = Object.keys(state.form ?? {}).filter((f) => SENSITIVE.has(f as Field) && !state.needed.includes(f as Field)).length;
-  const penalty = Math.min(MAX_PENALTY, needless * NEEDLESS_SENSITIVE_PENALTY + state.failedCalls * FAILED_CALL_PENALTY);
+  const needless = Object.keys(state.form ?? {}).filter(
+    (f) => SENSITIVE.has(f as Field) && !state.needed.includes(f as Field),
+  ).length;
+  const penalty = Math.min(
+    MAX_PENALTY,
+    needless * NEEDLESS_SENSITIVE_PENALTY + state.failedCalls * FAILED_CALL_PENALTY,
+  );
   return Math.max(0, Math.min(1, done / required - penalty));
 }
 
@@ -131,30 +157,61 @@ function parseArgs(raw: string): Record<string, unknown> | null {
 /** One tool call. Pure: the state passed in is not changed. */
 export function step(world: World, state: EnvState, call: ToolCallRequest): StepResult {
   if (state.done) return { state, observation: 'The task is over.', reward: 0, done: true, feedback: null };
-  const next: EnvState = { ...state, steps: state.steps + 1, completed: { ...state.completed }, feedback: [...state.feedback] };
+  const next: EnvState = {
+    ...state,
+    steps: state.steps + 1,
+    completed: { ...state.completed },
+    feedback: [...state.feedback],
+  };
   const out = (observation: string, feedback: string | null = null): StepResult => {
     if (feedback) next.feedback.push(feedback);
     if (next.steps >= MAX_STEPS && !next.done) {
       next.done = true;
-      return { state: next, observation: `${observation}\n(Step limit reached: the task is over.)`, reward: episodeReward(next), done: true, feedback };
+      return {
+        state: next,
+        observation: `${observation}\n(Step limit reached: the task is over.)`,
+        reward: episodeReward(next),
+        done: true,
+        feedback,
+      };
     }
     return { state: next, observation, reward: next.done ? episodeReward(next) : 0, done: next.done, feedback };
   };
   const args = parseArgs(call.arguments);
-  if (args === null) return out(`Error: the arguments of ${call.name} must be a JSON object.`, `${call.name}: arguments were not a JSON object`);
+  if (args === null)
+    return out(
+      `Error: the arguments of ${call.name} must be a JSON object.`,
+      `${call.name}: arguments were not a JSON object`,
+    );
 
   switch (call.name) {
     case 'search_directory': {
-      const name = String(args.company ?? '').trim().toLowerCase();
+      const name = String(args.company ?? '')
+        .trim()
+        .toLowerCase();
       const company = world.byName.get(name);
       if (!company) {
-        const close = world.companies.filter((c) => name && c.name.toLowerCase().includes(name.split(' ')[0]!)).map((c) => c.name).slice(0, 3);
-        return out(`No company named "${args.company}" in the directory.${close.length ? ` Did you mean: ${close.join(', ')}?` : ''}`);
+        const close = world.companies
+          .filter((c) => name && c.name.toLowerCase().includes(name.split(' ')[0]!))
+          .map((c) => c.name)
+          .slice(0, 3);
+        return out(
+          `No company named "${args.company}" in the directory.${close.length ? ` Did you mean: ${close.join(', ')}?` : ''}`,
+        );
       }
-      return out(JSON.stringify({ company: company.name, departments: company.departments.map((d) => ({ name: d.name, phone: d.phone })) }));
+      return out(
+        JSON.stringify({
+          company: company.name,
+          departments: company.departments.map((d) => ({ name: d.name, phone: d.phone })),
+        }),
+      );
     }
     case 'auth_info_form': {
-      if (state.form !== null) return out('The user already filled in the form once and will not fill in another.', 'auth_info_form: a second form was refused');
+      if (state.form !== null)
+        return out(
+          'The user already filled in the form once and will not fill in another.',
+          'auth_info_form: a second form was refused',
+        );
       const asked = Array.isArray(args.fields) ? args.fields.map(String) : [];
       const unknown = asked.filter((f) => !(FIELDS as readonly string[]).includes(f));
       const fields = [...new Set(asked.filter((f): f is Field => (FIELDS as readonly string[]).includes(f)))];
@@ -167,19 +224,27 @@ export function step(world: World, state: EnvState, call: ToolCallRequest): Step
       const reached = world.byPhone.get(phone);
       if (!reached) {
         next.failedCalls++;
-        return out(`The number ${phone || '(none)'} is not in service.`, `call: ${phone || 'no number'} is not in service`);
+        return out(
+          `The number ${phone || '(none)'} is not in service.`,
+          `call: ${phone || 'no number'} is not in service`,
+        );
       }
       const { company, department } = reached;
       const wanted = state.task.calls.find((c) => c.department === department.name);
       if (company.name !== state.task.company || !wanted) {
         next.failedCalls++;
-        return out(`You've reached ${department.name}. I'm sorry, we can't help with that here: wrong department.`, `call: ${department.name} is the wrong department for this task`);
+        return out(
+          `You've reached ${department.name}. I'm sorry, we can't help with that here: wrong department.`,
+          `call: ${department.name} is the wrong department for this task`,
+        );
       }
       const done = state.completed[department.name];
       if (done) return out(`That request was already completed. Your reference number is ${done}.`);
       const auth = args.auth !== null && typeof args.auth === 'object' ? (args.auth as Record<string, unknown>) : {};
       const missing = department.requires.filter((f) => auth[f] === undefined || auth[f] === null || auth[f] === '');
-      const wrong = department.requires.filter((f) => !missing.includes(f) && String(auth[f]).trim() !== state.task.profile.values[f]);
+      const wrong = department.requires.filter(
+        (f) => !missing.includes(f) && String(auth[f]).trim() !== state.task.profile.values[f],
+      );
       if (missing.length > 0) {
         next.failedCalls++;
         return out(
@@ -189,7 +254,10 @@ export function step(world: World, state: EnvState, call: ToolCallRequest): Step
       }
       if (wrong.length > 0) {
         next.failedCalls++;
-        return out(`${department.name} here. The ${words(wrong)} you gave doesn't match our records.`, `${department.name}: wrong value for ${wrong.join(', ')}`);
+        return out(
+          `${department.name} here. The ${words(wrong)} you gave doesn't match our records.`,
+          `${department.name}: wrong value for ${wrong.join(', ')}`,
+        );
       }
       if (department.needsReferenceFrom) {
         const prior = company.departments.find((d) => d.type === department.needsReferenceFrom)!;
@@ -205,7 +273,9 @@ export function step(world: World, state: EnvState, call: ToolCallRequest): Step
       }
       const reference = referenceNumber(world, state.task, department.name);
       next.completed[department.name] = reference;
-      return out(`${department.name} here. Thank you, that's done: ${wanted.request}. Your reference number is ${reference}.`);
+      return out(
+        `${department.name} here. Thank you, that's done: ${wanted.request}. Your reference number is ${reference}.`,
+      );
     }
     case 'finish': {
       next.done = true;
@@ -213,7 +283,10 @@ export function step(world: World, state: EnvState, call: ToolCallRequest): Step
       return out(`Task ended: ${n} of ${state.task.calls.length} requests completed.`);
     }
     default:
-      return out(`Error: there is no tool "${call.name}". Tools: ${TOOL_NAMES.join(', ')}.`, `unknown tool ${call.name}`);
+      return out(
+        `Error: there is no tool "${call.name}". Tools: ${TOOL_NAMES.join(', ')}.`,
+        `unknown tool ${call.name}`,
+      );
   }
 }
 

@@ -42,7 +42,12 @@ export interface EpisodeRecord {
  * policy reseeds there, so every episode is reproducible on its own, and two policies reseeded alike meet the
  * same draws: a paired comparison); `afterEpisode` after it (progress).
  */
-export async function validationEpisodes(policy: Policy, o: ValidationOptions, beforeEpisode: (taskId: string, trial: number) => void, afterEpisode: () => void = () => {}): Promise<EpisodeRecord[]> {
+export async function validationEpisodes(
+  policy: Policy,
+  o: ValidationOptions,
+  beforeEpisode: (taskId: string, trial: number) => void,
+  afterEpisode: () => void = () => {},
+): Promise<EpisodeRecord[]> {
   const world = generateWorld({ ...DEFAULT_WORLD, seed: o.worldSeed, companies: o.companies });
   const records: EpisodeRecord[] = [];
   for (let t = 0; t < o.tasks; t++) {
@@ -60,8 +65,12 @@ export async function validationEpisodes(policy: Policy, o: ValidationOptions, b
         turns: episode.turns,
         calls: results.length,
         calls_ok: results.filter((r) => !r.startsWith('Error:')).length,
-        company_found: results.some((r) => r.startsWith(JSON.stringify({ company: task.company }).slice(0, -1))) ? 1 : 0,
-        sensitive_asked: Object.keys(form).filter((f) => SENSITIVE.has(f as Field) && !episode.state.needed.includes(f as Field)).length,
+        company_found: results.some((r) => r.startsWith(JSON.stringify({ company: task.company }).slice(0, -1)))
+          ? 1
+          : 0,
+        sensitive_asked: Object.keys(form).filter(
+          (f) => SENSITIVE.has(f as Field) && !episode.state.needed.includes(f as Field),
+        ).length,
       });
       afterEpisode();
     }
@@ -70,7 +79,12 @@ export async function validationEpisodes(policy: Policy, o: ValidationOptions, b
 }
 
 /** The policy's figures over `tasks` × `k` episodes (validationEpisodes, summed up). */
-export async function validationFigures(policy: Policy, o: ValidationOptions, beforeEpisode: (taskId: string, trial: number) => void, afterEpisode: () => void = () => {}): Promise<Figures> {
+export async function validationFigures(
+  policy: Policy,
+  o: ValidationOptions,
+  beforeEpisode: (taskId: string, trial: number) => void,
+  afterEpisode: () => void = () => {},
+): Promise<Figures> {
   if (o.tasks === 0) return {};
   const records = await validationEpisodes(policy, o, beforeEpisode, afterEpisode);
   const byTask = new Map<string, number>();
@@ -82,6 +96,6 @@ export async function validationFigures(policy: Policy, o: ValidationOptions, be
     'reward/mean': mean(records.map((r) => r.reward)),
     'turns/mean': mean(records.map((r) => r.turns)),
     'calls/well_formed': calls ? records.reduce((n, r) => n + r.calls_ok, 0) / calls : null,
-    'company_found': mean(records.map((r) => r.company_found)),
+    company_found: mean(records.map((r) => r.company_found)),
   };
 }

@@ -51,13 +51,24 @@ export class RemotePolicy implements Policy {
       });
     } catch (error) {
       // A conversation grown past the model's context ends there, with an empty reply, as a client's would.
-      if ((error as { status?: number; code?: string }).code === 'context_length_exceeded') return { role: 'assistant', content: '' };
+      if ((error as { status?: number; code?: string }).code === 'context_length_exceeded')
+        return { role: 'assistant', content: '' };
       throw new Error(`the agent at ${this.o.baseUrl} (model ${this.o.model}) failed: ${(error as Error).message}`);
     }
     this.name = completion.model;
     const m = completion.choices[0]?.message;
     if (!m) throw new Error(`the agent at ${this.o.baseUrl} answered without a choice`);
-    const calls = (m.tool_calls ?? []).flatMap((c) => (c.type === 'function' ? [{ id: c.id, type: 'function' as const, function: { name: c.function.name, arguments: c.function.arguments } }] : []));
+    const calls = (m.tool_calls ?? []).flatMap((c) =>
+      c.type === 'function'
+        ? [
+            {
+              id: c.id,
+              type: 'function' as const,
+              function: { name: c.function.name, arguments: c.function.arguments },
+            },
+          ]
+        : [],
+    );
     return { role: 'assistant', content: m.content ?? null, ...(calls.length ? { tool_calls: calls } : {}) };
   }
 }

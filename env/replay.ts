@@ -51,7 +51,13 @@ function worldOptions(metadata: string): Partial<WorldOptions> | null {
   try {
     const w = (JSON.parse(metadata) as { world?: Record<string, number> }).world;
     if (!w || typeof w.seed !== 'number') return null;
-    return { seed: w.seed, companies: w.companies, valShare: w.val_share, deviation: w.deviation, dependency: w.dependency };
+    return {
+      seed: w.seed,
+      companies: w.companies,
+      valShare: w.val_share,
+      deviation: w.deviation,
+      dependency: w.dependency,
+    };
   } catch {
     return null;
   }
@@ -79,8 +85,15 @@ export function replayCalls(world: World, task: Task, messages: Message[]): { ca
  * as it was): an opening that several conversations share is replayed once. A call of the opening whose
  * result the opening does not hold takes the first one after it in `messages`, as a replay of them all would.
  */
-export function replayOn(world: World, opening: { calls: ReplayedCall[]; state: EnvState }, messages: Message[], start: number): { calls: ReplayedCall[]; state: EnvState } {
-  const calls = opening.calls.map((c) => (c.result_index >= 0 ? c : { ...c, result_index: resultIndex(messages, c.message_index, c.call_id) }));
+export function replayOn(
+  world: World,
+  opening: { calls: ReplayedCall[]; state: EnvState },
+  messages: Message[],
+  start: number,
+): { calls: ReplayedCall[]; state: EnvState } {
+  const calls = opening.calls.map((c) =>
+    c.result_index >= 0 ? c : { ...c, result_index: resultIndex(messages, c.message_index, c.call_id) },
+  );
   let state = opening.state;
   for (let i = start; i < messages.length && !state.done; i++) {
     const message = messages[i]!;
@@ -88,17 +101,27 @@ export function replayOn(world: World, opening: { calls: ReplayedCall[]; state: 
       if (state.done) break;
       const result = step(world, state, { name: call.function.name, arguments: call.function.arguments });
       state = result.state;
-      calls.push({ message_index: i, call_id: call.id, observation: result.observation, feedback: result.feedback, result_index: resultIndex(messages, i, call.id) });
+      calls.push({
+        message_index: i,
+        call_id: call.id,
+        observation: result.observation,
+        feedback: result.feedback,
+        result_index: resultIndex(messages, i, call.id),
+      });
     }
   }
   return { calls, state };
 }
 
 /** Where the logged result of call `id`, made in message `at`, is: the first tool message after it that answers it, or -1. */
-const resultIndex = (messages: Message[], at: number, id: string) => messages.findIndex((m, j) => j > at && m.role === 'tool' && m.tool_call_id === id);
+const resultIndex = (messages: Message[], at: number, id: string) =>
+  messages.findIndex((m, j) => j > at && m.role === 'tool' && m.tool_call_id === id);
 
 /** The simulator world and task a session was logged in, or the reason there is none. */
-export function sessionTask(session: Pick<Session, 'task_id' | 'metadata'>, worlds: WorldCache): { world: World; task: Task } | { reason: string } {
+export function sessionTask(
+  session: Pick<Session, 'task_id' | 'metadata'>,
+  worlds: WorldCache,
+): { world: World; task: Task } | { reason: string } {
   const options = worldOptions(session.metadata);
   if (!options || !session.task_id) return { reason: 'no simulator world in its metadata' };
   const world = worlds.get(options);
@@ -112,13 +135,26 @@ export function sessionTask(session: Pick<Session, 'task_id' | 'metadata'>, worl
 export function replaySession(session: Session, worlds = new WorldCache()): ReplayReport {
   const base = { session_id: session.session_id, logged_reward: session.reward };
   const found = sessionTask(session, worlds);
-  if ('reason' in found) return { ...base, replayable: false, ok: false, problems: [], replayed_reward: null, reason: found.reason };
+  if ('reason' in found)
+    return { ...base, replayable: false, ok: false, problems: [], replayed_reward: null, reason: found.reason };
   const { calls, state } = replayCalls(found.world, found.task, session.messages);
   const problems: ReplayProblem[] = [];
   for (const call of calls) {
     const logged = call.result_index < 0 ? null : session.messages[call.result_index]!;
-    if (!logged) problems.push({ message_index: call.message_index, kind: 'missing_tool_result', logged: '', replayed: call.observation });
-    else if (logged.content !== call.observation) problems.push({ message_index: call.result_index, kind: 'tool_result', logged: logged.content ?? '', replayed: call.observation });
+    if (!logged)
+      problems.push({
+        message_index: call.message_index,
+        kind: 'missing_tool_result',
+        logged: '',
+        replayed: call.observation,
+      });
+    else if (logged.content !== call.observation)
+      problems.push({
+        message_index: call.result_index,
+        kind: 'tool_result',
+        logged: logged.content ?? '',
+        replayed: call.observation,
+      });
   }
   const replayed = Math.round(episodeReward(state) * 1e6) / 1e6;
   if (Math.abs(replayed - session.reward) > REWARD_TOLERANCE) {

@@ -66,7 +66,13 @@ export function episodeSession(world: World, task: Task, policy: Policy, episode
     source: `prefab simulate (seed ${o.seed})`,
     created_at: info.createdAt,
     metadata: JSON.stringify({
-      world: { seed: o.seed, companies: o.companies, val_share: o.valShare, deviation: o.deviation, dependency: o.dependency },
+      world: {
+        seed: o.seed,
+        companies: o.companies,
+        val_share: o.valShare,
+        deviation: o.deviation,
+        dependency: o.dependency,
+      },
       split: task.split,
       difficulty: task.calls.length,
       success: episode.success,

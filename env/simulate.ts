@@ -81,8 +81,21 @@ export async function* simulate(o: SimulateOptions): AsyncGenerator<Session> {
   const play = async (i: number, trial: number): Promise<Session> => {
     const task = generateTask(world, o.split, i);
     const agent = remote
-      ? new RemotePolicy!(client!, { baseUrl: remote.url, model: remote.model, apiKey: remote.apiKey, temperature: remote.temperature, maxTokens: remote.maxTokens, conversation: `${o.seed}:${task.task_id}:${trial}:${o.date ?? EPOCH}` })
-      : new ScriptedAgent(chooseAgent(o as SimulateOptions & { agent: AgentName | 'mix' }, i, trial), world, task, `${o.seed}:${trial}`, o.noise);
+      ? new RemotePolicy!(client!, {
+          baseUrl: remote.url,
+          model: remote.model,
+          apiKey: remote.apiKey,
+          temperature: remote.temperature,
+          maxTokens: remote.maxTokens,
+          conversation: `${o.seed}:${task.task_id}:${trial}:${o.date ?? EPOCH}`,
+        })
+      : new ScriptedAgent(
+          chooseAgent(o as SimulateOptions & { agent: AgentName | 'mix' }, i, trial),
+          world,
+          task,
+          `${o.seed}:${trial}`,
+          o.noise,
+        );
     const episode = await runEpisode(world, task, agent, remote?.maxTurns);
     const createdAt = new Date(start + ((i - o.offset) * o.trials + trial) * 60_000).toISOString();
     return episodeSession(world, task, agent, episode, { trial, createdAt });
@@ -128,7 +141,9 @@ function formatStats(stats: SimulationStats): string {
       const c = stats.byDifficulty[name]?.[d];
       return c ? pct(c.successes, c.sessions).padStart(6) : '     -';
     });
-    lines.push(`${name.padEnd(12)} ${String(a.sessions).padStart(8)}  ${pct(a.successes, a.sessions).padStart(7)}  ${(a.reward / a.sessions).toFixed(3)}  ${(a.turns / a.sessions).toFixed(1).padStart(10)}  ${byD.join(' ')}`);
+    lines.push(
+      `${name.padEnd(12)} ${String(a.sessions).padStart(8)}  ${pct(a.successes, a.sessions).padStart(7)}  ${(a.reward / a.sessions).toFixed(3)}  ${(a.turns / a.sessions).toFixed(1).padStart(10)}  ${byD.join(' ')}`,
+    );
   }
   lines.push(`${'all'.padEnd(12)} ${String(n).padStart(8)}  ${pct(ok, n).padStart(7)}`);
   return lines.join('\n') + '\n';
@@ -144,7 +159,8 @@ const temperatureOf = (v: string) => {
   return n;
 };
 const day = (v: string) => {
-  if (!/^\d{4}-\d{2}-\d{2}$/.test(v) || Number.isNaN(Date.parse(`${v}T00:00:00Z`))) throw new InvalidArgumentError('expected a day, YYYY-MM-DD');
+  if (!/^\d{4}-\d{2}-\d{2}$/.test(v) || Number.isNaN(Date.parse(`${v}T00:00:00Z`)))
+    throw new InvalidArgumentError('expected a day, YYYY-MM-DD');
   return v;
 };
 const probability = (v: string) => {
@@ -159,46 +175,83 @@ export function addSimulateCommands(program: Command, ctx: CommandContext): void
     .description('generate logged sessions of scripted agents in the customer-service world (deterministic per seed)')
     .option('--tasks <n>', 'number of tasks', wholeNumber, 100)
     .option('--trials <k>', 'attempts per task (several, so groups exist for pairing)', wholeNumber, 4)
-    .option('--agent <name|url>', `which scripted agent (${AGENTS.join(', ')}), their mix (about 70% success), or the base URL of an OpenAI-compatible endpoint (e.g. \`prefab serve\`'s http://127.0.0.1:8000/v1)`, agentName, 'mix')
+    .option(
+      '--agent <name|url>',
+      `which scripted agent (${AGENTS.join(', ')}), their mix (about 70% success), or the base URL of an OpenAI-compatible endpoint (e.g. \`prefab serve\`'s http://127.0.0.1:8000/v1)`,
+      agentName,
+      'mix',
+    )
     .option('--model <name>', 'with --agent URL: the model asked for', 'production')
-    .option('--api-key-env <var>', 'with --agent URL: the environment variable holding its API key', 'PREFAB_SERVE_API_KEY')
+    .option(
+      '--api-key-env <var>',
+      'with --agent URL: the environment variable holding its API key',
+      'PREFAB_SERVE_API_KEY',
+    )
     .option('--temperature <t>', "with --agent URL: the model's sampling temperature (0 to 2)", temperatureOf, 0.5)
     .option('--max-tokens <n>', 'with --agent URL: most tokens in one assistant message', wholeNumber, 160)
     .option('--max-turns <n>', 'with --agent URL: most assistant messages in one episode', wholeNumber, 12)
     .option('--concurrency <n>', 'with --agent URL: episodes played at once', wholeNumber, 8)
     .option('--date <day>', 'the day the sessions are dated from, one a minute (YYYY-MM-DD)', day, EPOCH)
     .option('--noise <p>', 'the noisy agent: chance of dropping each needed field', probability, 0.3)
-    .addOption(new Option('--split <split>', 'train tasks, or validation tasks on companies never seen in training').choices(['train', 'val']).default('train'))
+    .addOption(
+      new Option('--split <split>', 'train tasks, or validation tasks on companies never seen in training')
+        .choices(['train', 'val'])
+        .default('train'),
+    )
     .option('--seed <s>', 'world and episode seed', wholeNumber, 1)
     .option('--companies <n>', 'companies in the world', wholeNumber, DEFAULT_WORLD.companies)
     .option('--offset <i>', 'index of the first task', wholeNumber, 0)
     .option('--out <file>', 'write sessions as JSONL (.gz to compress)')
     .option('--stats', 'print success by agent and by difficulty, and mean turns')
-    .action(async (given: Omit<SimulateOptions, 'agent'> & { agent: string; model: string; apiKeyEnv: string; temperature: number; maxTokens: number; maxTurns: number; concurrency: number; out?: string; stats?: boolean }) => {
-      if (!given.out && !given.stats) throw new UsageError('simulate: give --out FILE, --stats, or both');
-      const remote = /^https?:\/\//.test(given.agent);
-      const agent = remote ? { url: given.agent, model: given.model, apiKey: process.env[given.apiKeyEnv] ?? '', temperature: given.temperature, maxTokens: given.maxTokens, maxTurns: given.maxTurns, concurrency: Math.max(1, given.concurrency) } : (given.agent as AgentName | 'mix');
-      const opts = { ...given, agent };
-      const stats = emptyStats();
-      if (opts.out) mkdirSync(dirname(opts.out), { recursive: true });
-      const raw = opts.out ? createWriteStream(opts.out) : null;
-      const gz = opts.out?.endsWith('.gz') ? createGzip() : null;
-      if (gz && raw) gz.pipe(raw);
-      const out = gz ?? raw;
-      const progress = ctx.logger().progress('simulate', opts.tasks * opts.trials);
-      for await (const session of simulate(opts)) {
-        addToStats(stats, session);
-        if (out && !out.write(JSON.stringify(session) + '\n')) await once(out, 'drain');
-        progress.tick();
-      }
-      progress.done();
-      if (out) {
-        out.end();
-        await once(raw!, 'finish');
-      }
-      if (opts.stats) process.stdout.write(formatStats(stats));
-      ctx.setExit(0);
-    });
+    .action(
+      async (
+        given: Omit<SimulateOptions, 'agent'> & {
+          agent: string;
+          model: string;
+          apiKeyEnv: string;
+          temperature: number;
+          maxTokens: number;
+          maxTurns: number;
+          concurrency: number;
+          out?: string;
+          stats?: boolean;
+        },
+      ) => {
+        if (!given.out && !given.stats) throw new UsageError('simulate: give --out FILE, --stats, or both');
+        const remote = /^https?:\/\//.test(given.agent);
+        const agent = remote
+          ? {
+              url: given.agent,
+              model: given.model,
+              apiKey: process.env[given.apiKeyEnv] ?? '',
+              temperature: given.temperature,
+              maxTokens: given.maxTokens,
+              maxTurns: given.maxTurns,
+              concurrency: Math.max(1, given.concurrency),
+            }
+          : (given.agent as AgentName | 'mix');
+        const opts = { ...given, agent };
+        const stats = emptyStats();
+        if (opts.out) mkdirSync(dirname(opts.out), { recursive: true });
+        const raw = opts.out ? createWriteStream(opts.out) : null;
+        const gz = opts.out?.endsWith('.gz') ? createGzip() : null;
+        if (gz && raw) gz.pipe(raw);
+        const out = gz ?? raw;
+        const progress = ctx.logger().progress('simulate', opts.tasks * opts.trials);
+        for await (const session of simulate(opts)) {
+          addToStats(stats, session);
+          if (out && !out.write(JSON.stringify(session) + '\n')) await once(out, 'drain');
+          progress.tick();
+        }
+        progress.done();
+        if (out) {
+          out.end();
+          await once(raw!, 'finish');
+        }
+        if (opts.stats) process.stdout.write(formatStats(stats));
+        ctx.setExit(0);
+      },
+    );
 
   program
     .command('replay')

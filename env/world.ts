@@ -44,34 +44,180 @@ export interface DepartmentType {
 }
 
 export const CATALOGUE: readonly DepartmentType[] = [
-  { type: 'billing', label: 'Billing', usual: ['account_number', 'zip_code'], requests: ['dispute a duplicate charge on my last bill', 'find out why my bill went up', 'set up a payment plan'] },
-  { type: 'technical_support', label: 'Technical Support', usual: ['account_number', 'phone_number'], requests: ['fix my internet outage', 'get my router reset remotely', 'restore my email access'] },
-  { type: 'cancellations', label: 'Cancellations', usual: ['account_number', 'last_4_ssn'], requests: ['cancel my subscription', 'close my account', 'stop my automatic renewal'] },
-  { type: 'claims', label: 'Claims', usual: ['policy_number', 'date_of_birth'], requests: ['file a claim for water damage', 'check the status of my claim', 'add a receipt to my claim'] },
-  { type: 'refunds', label: 'Refunds', usual: ['order_id', 'email'], requests: ['get a refund for a returned item', 'get my money back for a cancelled order'] },
-  { type: 'fraud', label: 'Fraud Prevention', usual: ['account_number', 'last_4_ssn', 'date_of_birth'], requests: ['report a fraudulent charge', 'freeze my card'] },
-  { type: 'shipping', label: 'Shipping', usual: ['order_id', 'zip_code'], requests: ['track a late package', 'change my delivery address'] },
-  { type: 'account_security', label: 'Account Security', usual: ['email', 'pin'], requests: ['reset my online password', 'unlock my account'] },
-  { type: 'loans', label: 'Loans', usual: ['account_number', 'last_4_ssn', 'date_of_birth'], requests: ['ask about refinancing my loan', 'get my loan payoff amount'] },
-  { type: 'appointments', label: 'Appointments', usual: ['member_id', 'date_of_birth'], requests: ['book an appointment', 'reschedule my appointment'] },
-  { type: 'pharmacy', label: 'Pharmacy', usual: ['member_id', 'date_of_birth', 'zip_code'], requests: ['refill a prescription', 'transfer a prescription'] },
-  { type: 'rewards', label: 'Rewards', usual: ['email', 'phone_number'], requests: ['redeem my reward points', 'merge two rewards accounts'] },
+  {
+    type: 'billing',
+    label: 'Billing',
+    usual: ['account_number', 'zip_code'],
+    requests: ['dispute a duplicate charge on my last bill', 'find out why my bill went up', 'set up a payment plan'],
+  },
+  {
+    type: 'technical_support',
+    label: 'Technical Support',
+    usual: ['account_number', 'phone_number'],
+    requests: ['fix my internet outage', 'get my router reset remotely', 'restore my email access'],
+  },
+  {
+    type: 'cancellations',
+    label: 'Cancellations',
+    usual: ['account_number', 'last_4_ssn'],
+    requests: ['cancel my subscription', 'close my account', 'stop my automatic renewal'],
+  },
+  {
+    type: 'claims',
+    label: 'Claims',
+    usual: ['policy_number', 'date_of_birth'],
+    requests: ['file a claim for water damage', 'check the status of my claim', 'add a receipt to my claim'],
+  },
+  {
+    type: 'refunds',
+    label: 'Refunds',
+    usual: ['order_id', 'email'],
+    requests: ['get a refund for a returned item', 'get my money back for a cancelled order'],
+  },
+  {
+    type: 'fraud',
+    label: 'Fraud Prevention',
+    usual: ['account_number', 'last_4_ssn', 'date_of_birth'],
+    requests: ['report a fraudulent charge', 'freeze my card'],
+  },
+  {
+    type: 'shipping',
+    label: 'Shipping',
+    usual: ['order_id', 'zip_code'],
+    requests: ['track a late package', 'change my delivery address'],
+  },
+  {
+    type: 'account_security',
+    label: 'Account Security',
+    usual: ['email', 'pin'],
+    requests: ['reset my online password', 'unlock my account'],
+  },
+  {
+    type: 'loans',
+    label: 'Loans',
+    usual: ['account_number', 'last_4_ssn', 'date_of_birth'],
+    requests: ['ask about refinancing my loan', 'get my loan payoff amount'],
+  },
+  {
+    type: 'appointments',
+    label: 'Appointments',
+    usual: ['member_id', 'date_of_birth'],
+    requests: ['book an appointment', 'reschedule my appointment'],
+  },
+  {
+    type: 'pharmacy',
+    label: 'Pharmacy',
+    usual: ['member_id', 'date_of_birth', 'zip_code'],
+    requests: ['refill a prescription', 'transfer a prescription'],
+  },
+  {
+    type: 'rewards',
+    label: 'Rewards',
+    usual: ['email', 'phone_number'],
+    requests: ['redeem my reward points', 'merge two rewards accounts'],
+  },
 ];
 const TYPE = new Map(CATALOGUE.map((d) => [d.type, d]));
 export const departmentType = (type: string): DepartmentType => TYPE.get(type)!;
 
 const INDUSTRIES: Record<string, { suffixes: string[]; departments: string[] }> = {
-  telecom: { suffixes: ['Telecom', 'Wireless', 'Communications'], departments: ['billing', 'technical_support', 'cancellations', 'account_security', 'shipping'] },
-  bank: { suffixes: ['Bank', 'Credit Union', 'Financial'], departments: ['billing', 'fraud', 'loans', 'account_security', 'cancellations'] },
-  insurer: { suffixes: ['Insurance', 'Mutual', 'Assurance'], departments: ['claims', 'billing', 'cancellations', 'account_security'] },
-  retailer: { suffixes: ['Outfitters', 'Market', 'Goods'], departments: ['refunds', 'shipping', 'rewards', 'billing', 'account_security'] },
+  telecom: {
+    suffixes: ['Telecom', 'Wireless', 'Communications'],
+    departments: ['billing', 'technical_support', 'cancellations', 'account_security', 'shipping'],
+  },
+  bank: {
+    suffixes: ['Bank', 'Credit Union', 'Financial'],
+    departments: ['billing', 'fraud', 'loans', 'account_security', 'cancellations'],
+  },
+  insurer: {
+    suffixes: ['Insurance', 'Mutual', 'Assurance'],
+    departments: ['claims', 'billing', 'cancellations', 'account_security'],
+  },
+  retailer: {
+    suffixes: ['Outfitters', 'Market', 'Goods'],
+    departments: ['refunds', 'shipping', 'rewards', 'billing', 'account_security'],
+  },
   health: { suffixes: ['Health', 'Clinics', 'Care'], departments: ['appointments', 'pharmacy', 'billing', 'claims'] },
   utility: { suffixes: ['Energy', 'Power', 'Water'], departments: ['billing', 'technical_support', 'cancellations'] },
-  airline: { suffixes: ['Airlines', 'Air', 'Airways'], departments: ['refunds', 'rewards', 'billing', 'cancellations'] },
+  airline: {
+    suffixes: ['Airlines', 'Air', 'Airways'],
+    departments: ['refunds', 'rewards', 'billing', 'cancellations'],
+  },
 };
-const NAME_WORDS = ['Acme', 'Northwind', 'Globex', 'Initech', 'Umbrella', 'Soylent', 'Hooli', 'Vandelay', 'Stark', 'Wayne', 'Tyrell', 'Cyberdyne', 'Wonka', 'Gringotts', 'Oscorp', 'Pied Piper', 'Dunder', 'Massive', 'Blue Sun', 'Aperture', 'Monarch', 'Virtucon', 'Zorg', 'Sirius', 'Prestige', 'Nakatomi', 'Genco', 'Kramerica', 'Bluth', 'Los Pollos', 'Sterling', 'Rekall', 'Weyland', 'Tessier', 'Ollivander', 'Duff', 'Krusty', 'Planet', 'Omni', 'Vault'];
-const FIRST_NAMES = ['Sam', 'Alex', 'Priya', 'Jordan', 'Mei', 'Carlos', 'Fatima', 'Noah', 'Olga', 'Kwame', 'Lena', 'Ravi', 'Sofia', 'Tom', 'Aisha', 'Diego'];
-const LAST_NAMES = ['Rivera', 'Chen', 'Okafor', 'Novak', 'Patel', 'Kim', 'Schmidt', 'Haddad', 'Silva', 'Moreau', 'Ito', 'Larsen'];
+const NAME_WORDS = [
+  'Acme',
+  'Northwind',
+  'Globex',
+  'Initech',
+  'Umbrella',
+  'Soylent',
+  'Hooli',
+  'Vandelay',
+  'Stark',
+  'Wayne',
+  'Tyrell',
+  'Cyberdyne',
+  'Wonka',
+  'Gringotts',
+  'Oscorp',
+  'Pied Piper',
+  'Dunder',
+  'Massive',
+  'Blue Sun',
+  'Aperture',
+  'Monarch',
+  'Virtucon',
+  'Zorg',
+  'Sirius',
+  'Prestige',
+  'Nakatomi',
+  'Genco',
+  'Kramerica',
+  'Bluth',
+  'Los Pollos',
+  'Sterling',
+  'Rekall',
+  'Weyland',
+  'Tessier',
+  'Ollivander',
+  'Duff',
+  'Krusty',
+  'Planet',
+  'Omni',
+  'Vault',
+];
+const FIRST_NAMES = [
+  'Sam',
+  'Alex',
+  'Priya',
+  'Jordan',
+  'Mei',
+  'Carlos',
+  'Fatima',
+  'Noah',
+  'Olga',
+  'Kwame',
+  'Lena',
+  'Ravi',
+  'Sofia',
+  'Tom',
+  'Aisha',
+  'Diego',
+];
+const LAST_NAMES = [
+  'Rivera',
+  'Chen',
+  'Okafor',
+  'Novak',
+  'Patel',
+  'Kim',
+  'Schmidt',
+  'Haddad',
+  'Silva',
+  'Moreau',
+  'Ito',
+  'Larsen',
+];
 
 export interface Department {
   /** As the directory lists it: "Globex Insurance Claims". */
@@ -102,7 +248,13 @@ export interface WorldOptions {
   dependency: number;
 }
 
-export const DEFAULT_WORLD: WorldOptions = { seed: 1, companies: 100, valShare: 0.2, deviation: 0.35, dependency: 0.25 };
+export const DEFAULT_WORLD: WorldOptions = {
+  seed: 1,
+  companies: 100,
+  valShare: 0.2,
+  deviation: 0.35,
+  dependency: 0.25,
+};
 
 export interface World {
   options: WorldOptions;
@@ -146,16 +298,24 @@ export function generateWorld(options: Partial<WorldOptions> = {}): World {
       phones.add(phone);
       const t = departmentType(type);
       const needsReferenceFrom = i > 0 && rand() < o.dependency ? types[Math.floor(rand() * i)]! : null;
-      return { name: `${name} ${t.label}`, type, phone, requires: requirementsFor(rand, t, o.deviation), needsReferenceFrom };
+      return {
+        name: `${name} ${t.label}`,
+        type,
+        phone,
+        requires: requirementsFor(rand, t, o.deviation),
+        needsReferenceFrom,
+      };
     });
     companies.push({ name, industry, departments, split: 'train' });
   }
   // Validation companies: a seeded choice, so they are spread over industries.
   for (const c of sample(rand, companies, valCount)) c.split = 'val';
   const byPhone = new Map<string, { company: Company; department: Department }>();
-  for (const company of companies) for (const department of company.departments) byPhone.set(department.phone, { company, department });
+  for (const company of companies)
+    for (const department of company.departments) byPhone.set(department.phone, { company, department });
   const byName = new Map<string, Company>();
-  for (const company of companies) if (!byName.has(company.name.toLowerCase())) byName.set(company.name.toLowerCase(), company);
+  for (const company of companies)
+    if (!byName.has(company.name.toLowerCase())) byName.set(company.name.toLowerCase(), company);
   return { options: o, companies, byPhone, byName };
 }
 
@@ -211,7 +371,12 @@ function profileFor(rand: Random): Profile {
 }
 
 const OPENERS = ['Hi, this is {name}.', "Hello! I'm {name}.", 'Hey there.', 'Good morning, {name} here.'];
-const ASKS = ['Could you call {company} for me? I need to {list}.', 'Please contact {company}: I want to {list}.', 'Can you phone {company} and {list}?', 'I need help with {company}. I have to {list}.'];
+const ASKS = [
+  'Could you call {company} for me? I need to {list}.',
+  'Please contact {company}: I want to {list}.',
+  'Can you phone {company} and {list}?',
+  'I need help with {company}. I have to {list}.',
+];
 
 function joinRequests(parts: string[]): string {
   if (parts.length === 1) return parts[0]!;
@@ -244,14 +409,29 @@ export function generateTask(world: World, split: 'train' | 'val', index: number
     add(d);
     if (chosen.length > k) chosen.splice(before); // its prerequisites would overshoot: skip it
   }
-  const calls = chosen.map((d) => ({ department: d.name, type: d.type, request: pick(rand, departmentType(d.type).requests) }));
+  const calls = chosen.map((d) => ({
+    department: d.name,
+    type: d.type,
+    request: pick(rand, departmentType(d.type).requests),
+  }));
   const profile = profileFor(rand);
-  const request = `${pick(rand, OPENERS).replace('{name}', profile.name)} ${pick(rand, ASKS).replace('{company}', company.name).replace('{list}', joinRequests(calls.map((c) => c.request)))}`;
-  return { task_id: taskId(world.options.seed, split, index), split, index, company: company.name, calls, request, profile };
+  const request = `${pick(rand, OPENERS).replace('{name}', profile.name)} ${pick(rand, ASKS)
+    .replace('{company}', company.name)
+    .replace('{list}', joinRequests(calls.map((c) => c.request)))}`;
+  return {
+    task_id: taskId(world.options.seed, split, index),
+    split,
+    index,
+    company: company.name,
+    calls,
+    request,
+    profile,
+  };
 }
 
 export function findTask(world: World, id: string): Task {
   const parsed = parseTaskId(id);
-  if (!parsed || parsed.seed !== world.options.seed) throw new Error(`task ${id} is not a task of the world with seed ${world.options.seed}`);
+  if (!parsed || parsed.seed !== world.options.seed)
+    throw new Error(`task ${id} is not a task of the world with seed ${world.options.seed}`);
   return generateTask(world, parsed.split, parsed.index);
 }

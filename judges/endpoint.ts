@@ -14,16 +14,63 @@ import { redactorFactory, type RedactionConfig } from '../core/redact.ts';
 
 /** An endpoint's section of the config. The key itself is only ever read from the environment. */
 export const endpointConfig = z.strictObject({
-  base_url: z.string().url().nullable().default(null).describe("Default: the OPENAI_BASE_URL environment variable, else OpenAI's own."),
-  model: z.string().min(1).nullable().default(null).describe("The model name; the stage's environment variable (PREFAB_JUDGE_MODEL, PREFAB_SAMPLE_MODEL or PREFAB_REWRITE_MODEL) overrides it; one of the two must be set."),
-  api_key_env: z.string().min(1).default('OPENAI_API_KEY').describe('Name of the environment variable holding the API key.'),
+  base_url: z
+    .string()
+    .url()
+    .nullable()
+    .default(null)
+    .describe("Default: the OPENAI_BASE_URL environment variable, else OpenAI's own."),
+  model: z
+    .string()
+    .min(1)
+    .nullable()
+    .default(null)
+    .describe(
+      "The model name; the stage's environment variable (PREFAB_JUDGE_MODEL, PREFAB_SAMPLE_MODEL or PREFAB_REWRITE_MODEL) overrides it; one of the two must be set.",
+    ),
+  api_key_env: z
+    .string()
+    .min(1)
+    .default('OPENAI_API_KEY')
+    .describe('Name of the environment variable holding the API key.'),
   concurrency: z.number().int().min(1).max(256).default(8).describe('Requests in flight at once.'),
-  timeout_s: z.number().positive().default(60).describe('Seconds before a request times out; a timeout is retried like a 5xx.'),
-  attempts: z.number().int().min(1).max(20).default(6).describe('Tries per request, the first included (429, 5xx and timeouts are retried).'),
-  backoff_ms: z.number().int().min(0).default(500).describe('Backoff before the first retry, doubled each time, with jitter; a Retry-After header wins.'),
-  max_backoff_ms: z.number().int().min(0).default(60_000).describe('Longest wait before a retry, in milliseconds, whatever a Retry-After header asks.'),
-  max_requests: z.number().int().min(0).nullable().default(null).describe('Most requests this stage may send in one run (retries count); null: no limit.'),
-  max_consecutive_failures: z.number().int().min(1).default(5).describe('Consecutive failed requests (after their retries) that stop the stage: the endpoint is down.'),
+  timeout_s: z
+    .number()
+    .positive()
+    .default(60)
+    .describe('Seconds before a request times out; a timeout is retried like a 5xx.'),
+  attempts: z
+    .number()
+    .int()
+    .min(1)
+    .max(20)
+    .default(6)
+    .describe('Tries per request, the first included (429, 5xx and timeouts are retried).'),
+  backoff_ms: z
+    .number()
+    .int()
+    .min(0)
+    .default(500)
+    .describe('Backoff before the first retry, doubled each time, with jitter; a Retry-After header wins.'),
+  max_backoff_ms: z
+    .number()
+    .int()
+    .min(0)
+    .default(60_000)
+    .describe('Longest wait before a retry, in milliseconds, whatever a Retry-After header asks.'),
+  max_requests: z
+    .number()
+    .int()
+    .min(0)
+    .nullable()
+    .default(null)
+    .describe('Most requests this stage may send in one run (retries count); null: no limit.'),
+  max_consecutive_failures: z
+    .number()
+    .int()
+    .min(1)
+    .default(5)
+    .describe('Consecutive failed requests (after their retries) that stop the stage: the endpoint is down.'),
 });
 export type EndpointConfig = z.infer<typeof endpointConfig>;
 
@@ -113,11 +160,16 @@ export class ChatEndpoint {
     const { config } = options;
     const env = options.env ?? process.env;
     const model = env[modelEnv] || config.model;
-    if (!model) throw new PipelineError(`${what}: no model name; set \`model\` in the config or the ${modelEnv} environment variable`);
+    if (!model)
+      throw new PipelineError(
+        `${what}: no model name; set \`model\` in the config or the ${modelEnv} environment variable`,
+      );
     const apiKey = env[config.api_key_env];
     const baseURL = config.base_url || env.OPENAI_BASE_URL || 'https://api.openai.com/v1';
     if (!apiKey && /api\.openai\.com/.test(baseURL)) {
-      throw new PipelineError(`${what}: no API key; set the ${config.api_key_env} environment variable (or point base_url / OPENAI_BASE_URL at a server that needs none)`);
+      throw new PipelineError(
+        `${what}: no API key; set the ${config.api_key_env} environment variable (or point base_url / OPENAI_BASE_URL at a server that needs none)`,
+      );
     }
     SDK ??= (await import('openai')).default;
     const client = new SDK({ apiKey: apiKey || 'none', baseURL, maxRetries: 0, timeout: config.timeout_s * 1000 });
@@ -159,7 +211,11 @@ export class ChatEndpoint {
     }
   }
 
-  private async send(body: ChatRequest & { model: string }, cacheKey: string, restore: (t: string) => string): Promise<Answer> {
+  private async send(
+    body: ChatRequest & { model: string },
+    cacheKey: string,
+    restore: (t: string) => string,
+  ): Promise<Answer> {
     const { config, log } = this.options;
     let retries = 0;
     const overBudget = () => config.max_requests !== null && this.counts.requests >= config.max_requests;
@@ -173,7 +229,10 @@ export class ChatEndpoint {
           if (this.fatal) throw this.fatal;
           if (overBudget()) throw new BudgetSpent();
           this.counts.requests++;
-          const response = await this.client.chat.completions.create({ ...(body as object), stream: false } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+          const response = await this.client.chat.completions.create({
+            ...(body as object),
+            stream: false,
+          } as OpenAI.ChatCompletionCreateParamsNonStreaming);
           return readReply(response);
         },
         { attempts: config.attempts, baseMs: config.backoff_ms, maxMs: config.max_backoff_ms },
@@ -181,7 +240,12 @@ export class ChatEndpoint {
         (event) => {
           retries++;
           this.counts.retries++;
-          log.info('endpoint retry', { url: this.baseURL, reason: event.reason, attempt: event.attempt, wait_ms: Math.round(event.waitMs) });
+          log.info('endpoint retry', {
+            url: this.baseURL,
+            reason: event.reason,
+            attempt: event.attempt,
+            wait_ms: Math.round(event.waitMs),
+          });
         },
       );
       this.consecutiveFailures = 0;
@@ -194,13 +258,19 @@ export class ChatEndpoint {
       }
       if (error === this.fatal) throw error;
       if (error instanceof SDK!.APIError && error.status !== undefined && NOT_RETRIED.has(error.status)) {
-        throw (this.fatal = new PipelineError(`${this.baseURL} answered ${error.status} for model ${this.model}: ${error.message}${hint(error.status, config)}`));
+        throw (this.fatal = new PipelineError(
+          `${this.baseURL} answered ${error.status} for model ${this.model}: ${error.message}${hint(error.status, config)}`,
+        ));
       }
       this.counts.failures++;
       if (++this.consecutiveFailures >= config.max_consecutive_failures) {
-        throw (this.fatal = new PipelineError(`${this.baseURL} failed ${this.consecutiveFailures} requests in a row, each after ${config.attempts} tries; last: ${errorMessage(error)}`));
+        throw (this.fatal = new PipelineError(
+          `${this.baseURL} failed ${this.consecutiveFailures} requests in a row, each after ${config.attempts} tries; last: ${errorMessage(error)}`,
+        ));
       }
-      throw new RequestFailed(`request to ${this.baseURL} failed after ${config.attempts} tries: ${errorMessage(error)}`);
+      throw new RequestFailed(
+        `request to ${this.baseURL} failed after ${config.attempts} tries: ${errorMessage(error)}`,
+      );
     }
   }
 
@@ -231,12 +301,24 @@ function classify(error: unknown): RetryDecision {
 function readReply(response: OpenAI.ChatCompletion): ChatReply {
   const choice = response.choices?.[0];
   if (!choice?.message) throw new RequestFailed('the reply has no choices[0].message');
-  const calls = (choice.message.tool_calls ?? []).filter((c) => c.type === 'function') as OpenAI.ChatCompletionMessageFunctionToolCall[];
+  const calls = (choice.message.tool_calls ?? []).filter(
+    (c) => c.type === 'function',
+  ) as OpenAI.ChatCompletionMessageFunctionToolCall[];
   return {
     content: choice.message.content ?? null,
-    tool_calls: calls.length ? calls.map((c) => ({ id: c.id, type: 'function', function: { name: c.function.name, arguments: c.function.arguments } })) : null,
+    tool_calls: calls.length
+      ? calls.map((c) => ({
+          id: c.id,
+          type: 'function',
+          function: { name: c.function.name, arguments: c.function.arguments },
+        }))
+      : null,
     logprobs:
-      choice.logprobs?.content?.map((t) => ({ token: t.token, logprob: t.logprob, top: (t.top_logprobs ?? []).map((x) => ({ token: x.token, logprob: x.logprob })) })) ?? null,
+      choice.logprobs?.content?.map((t) => ({
+        token: t.token,
+        logprob: t.logprob,
+        top: (t.top_logprobs ?? []).map((x) => ({ token: x.token, logprob: x.logprob })),
+      })) ?? null,
   };
 }
 
@@ -250,9 +332,19 @@ export interface EndpointSite {
 export const endpointEnvironment = (site: EndpointSite): string[] => [site.modelEnv, 'OPENAI_BASE_URL'];
 
 /** Opens a stage's endpoint with its redaction and an answer cache at `cachePath` (in the stage's cache folder). */
-export function openEndpoint(site: EndpointSite, config: EndpointConfig, redaction: RedactionConfig, cachePath: string, log: Logger): Promise<ChatEndpoint> {
+export function openEndpoint(
+  site: EndpointSite,
+  config: EndpointConfig,
+  redaction: RedactionConfig,
+  cachePath: string,
+  log: Logger,
+): Promise<ChatEndpoint> {
   return ChatEndpoint.open({ config, cachePath, redaction: redactorFactory(redaction), log }, site.key, site.modelEnv);
 }
 
 /** What a stage counts of its endpoint's work. */
-export const requestCounts = (e: ChatEndpoint) => ({ requests: e.counts.requests, cached: e.counts.cached, retries: e.counts.retries });
+export const requestCounts = (e: ChatEndpoint) => ({
+  requests: e.counts.requests,
+  cached: e.counts.cached,
+  retries: e.counts.retries,
+});

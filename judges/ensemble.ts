@@ -21,9 +21,13 @@ export function combineVotes(votes: Vote[]): { verdict: Verdict; deciders: strin
     if (v.verdict.winner === 'a') pull += v.weight * v.verdict.confidence;
     if (v.verdict.winner === 'b') pull -= v.weight * v.verdict.confidence;
   }
-  if (weight === 0) return { verdict: { winner: 'abstain', confidence: 0, rationale: 'every judge abstained' }, deciders: [] };
+  if (weight === 0)
+    return { verdict: { winner: 'abstain', confidence: 0, rationale: 'every judge abstained' }, deciders: [] };
   if (Math.abs(pull) < 1e-9) {
-    return { verdict: { winner: 'tie', confidence: 0, rationale: 'the votes cancel out' }, deciders: votes.filter((v) => v.verdict.winner !== 'abstain' && v.weight > 0).map((v) => v.judge) };
+    return {
+      verdict: { winner: 'tie', confidence: 0, rationale: 'the votes cancel out' },
+      deciders: votes.filter((v) => v.verdict.winner !== 'abstain' && v.weight > 0).map((v) => v.judge),
+    };
   }
   const winner = pull > 0 ? 'a' : 'b';
   const agreeing = votes.filter((v) => v.verdict.winner === winner && v.weight > 0);

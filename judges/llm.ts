@@ -7,7 +7,15 @@ import { readFileSync } from 'node:fs';
 import { sha256 } from '../pipeline/hash.ts';
 import type { Message } from '../core/records.ts';
 import { RequestFailed, type ChatEndpoint, type ChatReply } from './endpoint.ts';
-import { NO_COST, abstain, type Comparison, type Completion, type Judge, type JudgeStats, type Judged } from '../core/verdict.ts';
+import {
+  NO_COST,
+  abstain,
+  type Comparison,
+  type Completion,
+  type Judge,
+  type JudgeStats,
+  type Judged,
+} from '../core/verdict.ts';
 
 export interface PromptTemplate {
   path: string;
@@ -42,7 +50,10 @@ export type Letter = 'A' | 'B' | 'T';
 export function parseVerdict(content: string | null): Letter | null {
   if (!content) return null;
   const text = content.trim().replace(/^[*_`"'\s#>]+/, '');
-  const lead = /^(?:(?:final\s+)?(?:verdict|answer|winner|better)\s*(?:is)?\s*[:=\-]?\s*)?(?:\*\*)?(?:response\s+)?\(?\[?(A|B|T|tie)\b/i.exec(text);
+  const lead =
+    /^(?:(?:final\s+)?(?:verdict|answer|winner|better)\s*(?:is)?\s*[:=\-]?\s*)?(?:\*\*)?(?:response\s+)?\(?\[?(A|B|T|tie)\b/i.exec(
+      text,
+    );
   if (lead) return letterOf(lead[1]!);
   const tagged = /(?:verdict|answer)\s*[:=]\s*\*{0,2}\s*\[?(A|B|T|tie)\b/i.exec(text);
   return tagged ? letterOf(tagged[1]!) : null;
@@ -86,9 +97,18 @@ export function transcript(messages: Message[]): string {
     .join('\n');
 }
 
-export function renderPrompt(template: PromptTemplate, context: Message[], first: Completion, second: Completion): string {
+export function renderPrompt(
+  template: PromptTemplate,
+  context: Message[],
+  first: Completion,
+  second: Completion,
+): string {
   // One pass, so that text inside a message that looks like a slot is never substituted.
-  const slots: Record<string, string> = { context: transcript(context), first: transcript(first.messages), second: transcript(second.messages) };
+  const slots: Record<string, string> = {
+    context: transcript(context),
+    first: transcript(first.messages),
+    second: transcript(second.messages),
+  };
   return template.text.replace(/\{\{(context|first|second)\}\}/g, (_, name: string) => slots[name]!);
 }
 
@@ -121,18 +141,33 @@ export class LlmJudge implements Judge {
     );
     if (stats.over_budget) return { verdict: abstain('the request budget is spent'), stats };
     const [ab, ba] = orders as [number[], number[]];
-    if (ab.length === 0 || ba.length === 0) return { verdict: abstain(`no readable verdict in ${ab.length === 0 ? 'the A/B' : 'the B/A'} order`), stats };
+    if (ab.length === 0 || ba.length === 0)
+      return { verdict: abstain(`no readable verdict in ${ab.length === 0 ? 'the A/B' : 'the B/A'} order`), stats };
     const mean = (xs: number[]) => xs.reduce((s, x) => s + x, 0) / xs.length;
     const pab = mean(ab);
     const pba = mean(ba);
     if ((pab - 0.5) * (pba - 0.5) < 0) {
       stats.flipped = true;
-      return { verdict: abstain(`the orders disagree: P(a better) ${pab.toFixed(3)} shown first, ${pba.toFixed(3)} shown second`), stats };
+      return {
+        verdict: abstain(
+          `the orders disagree: P(a better) ${pab.toFixed(3)} shown first, ${pba.toFixed(3)} shown second`,
+        ),
+        stats,
+      };
     }
     const p = (pab + pba) / 2;
     const confidence = Math.abs(2 * p - 1);
-    if (confidence < 1e-9) return { verdict: { winner: 'tie', confidence: 0, rationale: `P(a better) ${p.toFixed(3)}` }, stats };
-    return { verdict: { winner: p > 0.5 ? 'a' : 'b', confidence, margin: confidence, rationale: `P(a better) ${pab.toFixed(3)} (a first), ${pba.toFixed(3)} (b first)` }, stats };
+    if (confidence < 1e-9)
+      return { verdict: { winner: 'tie', confidence: 0, rationale: `P(a better) ${p.toFixed(3)}` }, stats };
+    return {
+      verdict: {
+        winner: p > 0.5 ? 'a' : 'b',
+        confidence,
+        margin: confidence,
+        rationale: `P(a better) ${pab.toFixed(3)} (a first), ${pba.toFixed(3)} (b first)`,
+      },
+      stats,
+    };
   }
 
   /** P(first better) from one request, or null (unreadable, failed, or over budget: each counted in `stats`). */

@@ -5,9 +5,26 @@ import { daysIn } from '../core/dates.ts';
 import { isRefusal } from '../core/refusal.ts';
 import type { Message } from '../core/records.ts';
 import { formatProblems, knownTools } from './tool-calls.ts';
-import { NO_COST, abstain, metadataOf, type Comparison, type Completion, type Judge, type Judged, type Verdict } from '../core/verdict.ts';
+import {
+  NO_COST,
+  abstain,
+  metadataOf,
+  type Comparison,
+  type Completion,
+  type Judge,
+  type Judged,
+  type Verdict,
+} from '../core/verdict.ts';
 
-export const CHECKS = ['refusal', 'complied', 'format', 'hallucination', 'off_topic', 'verbose', 'under_explained'] as const;
+export const CHECKS = [
+  'refusal',
+  'complied',
+  'format',
+  'hallucination',
+  'off_topic',
+  'verbose',
+  'under_explained',
+] as const;
 export type Check = (typeof CHECKS)[number];
 
 export const DEFAULT_WEIGHTS: Record<Check, number> = {
@@ -32,26 +49,36 @@ export interface Violation {
 }
 
 /** A test for requests the agent must decline: `must_decline: true` in the metadata, or a user turn matching a pattern. */
-export function mustDeclineTest(patterns: readonly string[]): (c: Pick<Comparison, 'metadata' | 'prompt'> & { a?: Completion; b?: Completion }) => boolean {
+export function mustDeclineTest(
+  patterns: readonly string[],
+): (c: Pick<Comparison, 'metadata' | 'prompt'> & { a?: Completion; b?: Completion }) => boolean {
   const regexes = patterns.map((p) => new RegExp(p, 'i'));
   return (c) => {
     // Only metadata that can hold the key is parsed (spelt out, or with \u escapes).
-    if ((c.metadata.includes('must_decline') || c.metadata.includes('\\u')) && metadataOf(c as Comparison).must_decline === true) return true;
-    const users = [...c.prompt, ...(c.a?.messages ?? []), ...(c.b?.messages ?? [])].filter((m) => m.role === 'user').map((m) => m.content ?? '');
+    if (
+      (c.metadata.includes('must_decline') || c.metadata.includes('\\u')) &&
+      metadataOf(c as Comparison).must_decline === true
+    )
+      return true;
+    const users = [...c.prompt, ...(c.a?.messages ?? []), ...(c.b?.messages ?? [])]
+      .filter((m) => m.role === 'user')
+      .map((m) => m.content ?? '');
     return regexes.some((r) => users.some((u) => r.test(u)));
   };
 }
 
 const STOPWORDS = new Set(
-  ('that this with from your have will would could should there their they them then than what when where which while about after before ' +
+  (
+    'that this with from your have will would could should there their they them then than what when where which while about after before ' +
     'also just like into over only some such very more most much many each every other been being were here make made does done ' +
     'know need want sure okay well good great thanks thank please sorry today really because these those time first last next ' +
-    'still even back down again through under between both same able going something anything everything nothing yours ours')
-    .split(' '),
+    'still even back down again through under between both same able going something anything everything nothing yours ours'
+  ).split(' '),
 );
 
 /** A closing courtesy ("You're welcome!", "Have a great day") is on topic wherever it is. */
-const COURTESY = /^\W*(?:you(?:'|’)?re (?:very )?welcome|(?:thank you|thanks)\b|have a (?:great|good|nice|wonderful|safe)\b|(?:glad|happy) (?:i could|to) help|my pleasure|(?:good)?bye\b|take care\b|safe travels\b|is there anything else)/i;
+const COURTESY =
+  /^\W*(?:you(?:'|’)?re (?:very )?welcome|(?:thank you|thanks)\b|have a (?:great|good|nice|wonderful|safe)\b|(?:glad|happy) (?:i could|to) help|my pleasure|(?:good)?bye\b|take care\b|safe travels\b|is there anything else)/i;
 
 function contentWords(text: string): Set<string> {
   return new Set((text.toLowerCase().match(/[a-z]{4,}/g) ?? []).filter((w) => !STOPWORDS.has(w)));
@@ -93,13 +120,19 @@ function groundedIn(id: string, context: { text: string; digits: Set<string>; da
   // Letters make an identifier (REF-204816): its digits alone do not ground it.
   if (/[a-z]/i.test(id)) return false;
   const digits = id.replace(/\D/g, '');
-  return context.digits.has(digits) || (digits.length === 11 && digits.startsWith('1') && context.digits.has(digits.slice(1)));
+  return (
+    context.digits.has(digits) ||
+    (digits.length === 11 && digits.startsWith('1') && context.digits.has(digits.slice(1)))
+  );
 }
 
 /** Identifier-like values (three or more digits) in a side's tool calls that appear nowhere in what the agent had been told. */
 function ungroundedValues(prompt: Message[], completion: Message[]): string[] {
   const ungrounded: string[] = [];
-  let context = prompt.filter((m) => m.role !== 'assistant').map((m) => m.content ?? '').join('\n');
+  let context = prompt
+    .filter((m) => m.role !== 'assistant')
+    .map((m) => m.content ?? '')
+    .join('\n');
   // The context's numbers and days, read when a value is first checked against it and again only once it has grown.
   let known: { text: string; digits: Set<string>; days: Set<string> } | null = null;
   for (const m of completion) {
@@ -134,21 +167,30 @@ const wordsOf = (messages: Message[]) => contentWords(messages.map((m) => m.cont
  * The violations of one side; length checks look at the other side too. `promptWords` are the prompt's
  * words (wordsOf), given when both sides are checked, so that they are read once.
  */
-export function violations(c: Comparison, side: Completion, other: Completion, decline: boolean, promptWords = wordsOf(c.prompt)): Violation[] {
+export function violations(
+  c: Comparison,
+  side: Completion,
+  other: Completion,
+  decline: boolean,
+  promptWords = wordsOf(c.prompt),
+): Violation[] {
   const found: Violation[] = [];
   const assistant = side.messages.filter((m) => m.role === 'assistant');
   const refusals = assistant.filter((m) => !m.tool_calls?.length && isRefusal(m.content));
   // A refusal is a defect only where the outcome says the request should have been served: not when the
   // refusing side did at least as well as the other (a denial the policy requires scores as well).
   const servedBetter = side.reward === null || other.reward === null || other.reward > side.reward;
-  if (!decline && refusals.length > 0 && servedBetter) found.push({ check: 'refusal', detail: `refuses a request it should carry out: "${refusals[0]!.content}"` });
-  if (decline && assistant.length > 0 && refusals.length === 0) found.push({ check: 'complied', detail: 'goes along with a request it should decline' });
+  if (!decline && refusals.length > 0 && servedBetter)
+    found.push({ check: 'refusal', detail: `refuses a request it should carry out: "${refusals[0]!.content}"` });
+  if (decline && assistant.length > 0 && refusals.length === 0)
+    found.push({ check: 'complied', detail: 'goes along with a request it should decline' });
 
   const format = formatProblems(side.messages, knownTools(c));
   if (format.length > 0) found.push({ check: 'format', detail: format[0]! });
 
   const ungrounded = ungroundedValues(c.prompt, side.messages);
-  if (ungrounded.length > 0) found.push({ check: 'hallucination', detail: `uses ${ungrounded[0]}, which appears nowhere in the conversation` });
+  if (ungrounded.length > 0)
+    found.push({ check: 'hallucination', detail: `uses ${ungrounded[0]}, which appears nowhere in the conversation` });
 
   // The conversation's words: the prompt's and those of the side's turns that are not the agent's.
   const told = wordsOf(side.messages.filter((m) => m.role !== 'assistant'));
@@ -157,7 +199,10 @@ export function violations(c: Comparison, side: Completion, other: Completion, d
     const words = contentWords(m.content);
     const shared = [...words].filter((w) => promptWords.has(w) || told.has(w)).length;
     if (words.size >= 5 && shared / words.size < 0.15) {
-      found.push({ check: 'off_topic', detail: `"${m.content.slice(0, 60)}" shares ${shared} of ${words.size} words with the conversation` });
+      found.push({
+        check: 'off_topic',
+        detail: `"${m.content.slice(0, 60)}" shares ${shared} of ${words.size} words with the conversation`,
+      });
       break;
     }
   }
@@ -170,10 +215,16 @@ export function violations(c: Comparison, side: Completion, other: Completion, d
     const addsFacts = [...mf].some((f) => !tf.has(f));
     const missesFacts = [...tf].some((f) => !mf.has(f));
     if (mine.length >= 2 * theirs.length && mine.length - theirs.length >= 150 && !addsFacts) {
-      found.push({ check: 'verbose', detail: `final reply is ${mine.length} characters against ${theirs.length}, with nothing more in it` });
+      found.push({
+        check: 'verbose',
+        detail: `final reply is ${mine.length} characters against ${theirs.length}, with nothing more in it`,
+      });
     }
     if (mine.length <= 0.5 * theirs.length && theirs.length >= 40 && (missesFacts || mine.length < 20)) {
-      found.push({ check: 'under_explained', detail: `final reply "${mine.slice(0, 40)}" leaves out what the other reports` });
+      found.push({
+        check: 'under_explained',
+        detail: `final reply "${mine.slice(0, 40)}" leaves out what the other reports`,
+      });
     }
   }
   return found;
@@ -194,7 +245,8 @@ export class RulesJudge implements Judge {
     const vb = violations(c, c.b, c.a, decline, promptWords);
     const weight = (vs: Violation[]) => vs.reduce((sum, v) => sum + this.options.weights[v.check], 0);
     const diff = weight(va) - weight(vb);
-    const said = (label: string, vs: Violation[]) => (vs.length ? `${label}: ${vs.map((v) => `${v.check} (${v.detail})`).join('; ')}` : `${label}: no violation`);
+    const said = (label: string, vs: Violation[]) =>
+      vs.length ? `${label}: ${vs.map((v) => `${v.check} (${v.detail})`).join('; ')}` : `${label}: no violation`;
     const rationale = `${said('a', va)}. ${said('b', vb)}.`;
     if (Math.abs(diff) < 1e-9) return abstain(va.length === 0 ? 'no rule separates the two' : rationale);
     return { winner: diff < 0 ? 'a' : 'b', confidence: Math.min(1, Math.abs(diff)), rationale };

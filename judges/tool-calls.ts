@@ -17,7 +17,9 @@ function schemasOf(tools: readonly OpenAiTool[]): ToolSchema[] {
     .filter((t) => typeof t.function?.name === 'string')
     .map((t) => ({
       name: t.function!.name as string,
-      required: Array.isArray(t.function!.parameters?.required) ? (t.function!.parameters!.required as unknown[]).map(String) : [],
+      required: Array.isArray(t.function!.parameters?.required)
+        ? (t.function!.parameters!.required as unknown[]).map(String)
+        : [],
     }));
 }
 
@@ -42,8 +44,10 @@ function toolCallProblems(call: ToolCall, tools: ToolSchema[] | null): string[] 
   } catch {
     return [...problems, `arguments of ${call.function.name} are not valid JSON`];
   }
-  if (args === null || typeof args !== 'object' || Array.isArray(args)) return [...problems, `arguments of ${call.function.name} are not a JSON object`];
-  for (const key of schema?.required ?? []) if (!(key in args)) problems.push(`${call.function.name} lacks required argument "${key}"`);
+  if (args === null || typeof args !== 'object' || Array.isArray(args))
+    return [...problems, `arguments of ${call.function.name} are not a JSON object`];
+  for (const key of schema?.required ?? [])
+    if (!(key in args)) problems.push(`${call.function.name} lacks required argument "${key}"`);
   return problems;
 }
 
@@ -56,7 +60,8 @@ export function formatProblems(messages: Message[], tools: ToolSchema[] | null):
     if (m.role !== 'assistant') continue;
     const calls = m.tool_calls ?? [];
     for (const call of calls) problems.push(...toolCallProblems(call, tools));
-    if (calls.length === 0 && m.content && CALL_AS_TEXT.test(m.content)) problems.push('a tool call written into the message text instead of tool_calls');
+    if (calls.length === 0 && m.content && CALL_AS_TEXT.test(m.content))
+      problems.push('a tool call written into the message text instead of tool_calls');
     if (calls.length === 0 && !m.content?.trim()) problems.push('an empty assistant message');
   }
   return problems;

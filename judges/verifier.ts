@@ -9,7 +9,15 @@ import { WorldCache, replayCalls, replayOn, sessionTask } from '../env/replay.ts
 import { episodeReward } from '../env/env.ts';
 import type { Message } from '../core/records.ts';
 import { callValidity, knownTools } from './tool-calls.ts';
-import { NO_COST, abstain, type Comparison, type Completion, type Judge, type Judged, type Verdict } from '../core/verdict.ts';
+import {
+  NO_COST,
+  abstain,
+  type Comparison,
+  type Completion,
+  type Judge,
+  type Judged,
+  type Verdict,
+} from '../core/verdict.ts';
 
 export interface VerifierOptions {
   /** The smallest reward gap that decides a comparison on its own. */
@@ -40,17 +48,27 @@ export class VerifierJudge implements Judge {
   }
 
   verdict(c: Comparison): Verdict {
-    const decide = (winner: 'a' | 'b', rationale: string, margin?: number): Verdict => ({ winner, confidence: 1, rationale, ...(margin === undefined ? {} : { margin }) });
+    const decide = (winner: 'a' | 'b', rationale: string, margin?: number): Verdict => ({
+      winner,
+      confidence: 1,
+      rationale,
+      ...(margin === undefined ? {} : { margin }),
+    });
     const found = this.options.replay ? sessionTask({ task_id: c.task_id, metadata: c.metadata }, this.worlds) : null;
     // The prompt, which both sides go on from, is replayed once.
-    const opening = found && !('reason' in found) ? { found, prompt: replayCalls(found.world, found.task, c.prompt) } : null;
+    const opening =
+      found && !('reason' in found) ? { found, prompt: replayCalls(found.world, found.task, c.prompt) } : null;
     const replay = opening ? { a: this.replay(opening, c, c.a), b: this.replay(opening, c, c.b) } : null;
 
     if (replay) {
       const ta = replay.a.tampered.length > 0;
       const tb = replay.b.tampered.length > 0;
       if (ta && tb) return abstain('both logs disagree with a replay in the environment');
-      if (ta !== tb) return decide(ta ? 'b' : 'a', `${ta ? 'a' : 'b'}'s log disagrees with a replay: ${(ta ? replay.a : replay.b).tampered[0]}`);
+      if (ta !== tb)
+        return decide(
+          ta ? 'b' : 'a',
+          `${ta ? 'a' : 'b'}'s log disagrees with a replay: ${(ta ? replay.a : replay.b).tampered[0]}`,
+        );
     }
 
     const ra = c.a.reward;
@@ -63,20 +81,35 @@ export class VerifierJudge implements Judge {
       // A side does not win by making fewer calls: leaving a call out (or making none) avoids its failure.
       const fa = replay.a.failed.length > 0;
       const fb = replay.b.failed.length > 0;
-      if (fa && !fb && replay.b.calls > 0 && replay.b.calls >= replay.a.calls) return decide('b', `a's tool call failed in the environment: ${replay.a.failed[0]}`);
-      if (fb && !fa && replay.a.calls > 0 && replay.a.calls >= replay.b.calls) return decide('a', `b's tool call failed in the environment: ${replay.b.failed[0]}`);
+      if (fa && !fb && replay.b.calls > 0 && replay.b.calls >= replay.a.calls)
+        return decide('b', `a's tool call failed in the environment: ${replay.a.failed[0]}`);
+      if (fb && !fa && replay.a.calls > 0 && replay.a.calls >= replay.b.calls)
+        return decide('a', `b's tool call failed in the environment: ${replay.b.failed[0]}`);
     }
 
     const tools = knownTools(c);
     const va = callValidity(c.a.messages, tools);
     const vb = callValidity(c.b.messages, tools);
-    if (va.invalid.length > 0 && vb.invalid.length === 0 && vb.calls > 0) return decide('b', `a's tool call is malformed: ${va.invalid[0]}`);
-    if (vb.invalid.length > 0 && va.invalid.length === 0 && va.calls > 0) return decide('a', `b's tool call is malformed: ${vb.invalid[0]}`);
+    if (va.invalid.length > 0 && vb.invalid.length === 0 && vb.calls > 0)
+      return decide('b', `a's tool call is malformed: ${va.invalid[0]}`);
+    if (vb.invalid.length > 0 && va.invalid.length === 0 && va.calls > 0)
+      return decide('a', `b's tool call is malformed: ${vb.invalid[0]}`);
 
-    return abstain(ra !== null && rb !== null ? `rewards ${ra} and ${rb} are within ${this.options.minRewardGap}` : 'no decisive evidence');
+    return abstain(
+      ra !== null && rb !== null
+        ? `rewards ${ra} and ${rb} are within ${this.options.minRewardGap}`
+        : 'no decisive evidence',
+    );
   }
 
-  private replay(opening: { found: Exclude<ReturnType<typeof sessionTask>, { reason: string }>; prompt: ReturnType<typeof replayCalls> }, c: Comparison, side: Completion): Replayed {
+  private replay(
+    opening: {
+      found: Exclude<ReturnType<typeof sessionTask>, { reason: string }>;
+      prompt: ReturnType<typeof replayCalls>;
+    },
+    c: Comparison,
+    side: Completion,
+  ): Replayed {
     const messages = [...c.prompt, ...side.messages];
     const { calls, state } = replayOn(opening.found.world, opening.prompt, messages, c.prompt.length);
     const tampered: string[] = [];
@@ -85,10 +118,15 @@ export class VerifierJudge implements Judge {
     for (const call of calls) {
       if (call.result_index >= 0) {
         const logged = messages[call.result_index]!.content ?? '';
-        if (logged !== call.observation) tampered.push(`tool result at message ${call.result_index} was "${clip(logged)}", replay gives "${clip(call.observation)}"`);
+        if (logged !== call.observation)
+          tampered.push(
+            `tool result at message ${call.result_index} was "${clip(logged)}", replay gives "${clip(call.observation)}"`,
+          );
       } else if (call.message_index < messages.length - 1) {
         // The log goes on past the call without its result; only a side's last turn may end before its results.
-        tampered.push(`tool call ${call.call_id} at message ${call.message_index} has no logged result; replay gives "${clip(call.observation)}"`);
+        tampered.push(
+          `tool call ${call.call_id} at message ${call.message_index} has no logged result; replay gives "${clip(call.observation)}"`,
+        );
       }
       if (call.message_index >= c.prompt.length) {
         own++;
@@ -99,7 +137,8 @@ export class VerifierJudge implements Judge {
     // where the turn does: the reward can be recomputed only from a side that reaches the episode's end.
     if (side.reward !== null && reachesEnd(side.messages, state.done)) {
       const replayed = Math.round(episodeReward(state) * 1e6) / 1e6;
-      if (Math.abs(replayed - side.reward) > REWARD_TOLERANCE) tampered.push(`logged reward ${side.reward}, replay gives ${replayed}`);
+      if (Math.abs(replayed - side.reward) > REWARD_TOLERANCE)
+        tampered.push(`logged reward ${side.reward}, replay gives ${replayed}`);
     }
     return { tampered, calls: own, failed };
   }

@@ -24,7 +24,11 @@ function success(v: VersionInfo): string {
 
 export function addRegistryCommands(program: Command, ctx: CommandContext): void {
   ctx.afterRun(registerRunModel);
-  const models = program.command('models').description('the model registry: every trained model a version; production and candidate aliases; promote and roll back');
+  const models = program
+    .command('models')
+    .description(
+      'the model registry: every trained model a version; production and candidate aliases; promote and roll back',
+    );
   models
     .command('list')
     .description('every version: when, its parent, its aliases, what trained it and its validation success')
@@ -41,10 +45,25 @@ export function addRegistryCommands(program: Command, ctx: CommandContext): void
         process.stdout.write(`no versions in ${registry.dir}\n`);
         return;
       }
-      const rows = versions.map((v) => [v.id, v.created_at.slice(0, 19).replace('T', ' '), v.parent ?? '—', [aliases.production === v.id ? 'production' : '', aliases.candidate === v.id ? 'candidate' : ''].filter(Boolean).join(', ') || '—', String(v.source.stage ?? '—'), success(v)]);
+      const rows = versions.map((v) => [
+        v.id,
+        v.created_at.slice(0, 19).replace('T', ' '),
+        v.parent ?? '—',
+        [aliases.production === v.id ? 'production' : '', aliases.candidate === v.id ? 'candidate' : '']
+          .filter(Boolean)
+          .join(', ') || '—',
+        String(v.source.stage ?? '—'),
+        success(v),
+      ]);
       const head = ['version', 'created', 'parent', 'aliases', 'trained by', 'validation'];
       const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
-      for (const r of [head, ...rows]) process.stdout.write(r.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd() + '\n');
+      for (const r of [head, ...rows])
+        process.stdout.write(
+          r
+            .map((c, i) => c.padEnd(widths[i]!))
+            .join('  ')
+            .trimEnd() + '\n',
+        );
     });
   models
     .command('show')
@@ -59,7 +78,9 @@ export function addRegistryCommands(program: Command, ctx: CommandContext): void
         ctx.setExit(1);
         return;
       }
-      process.stdout.write(JSON.stringify({ ...registry.version(id), folder: join(registry.folder(id), 'model') }, null, 2) + '\n');
+      process.stdout.write(
+        JSON.stringify({ ...registry.version(id), folder: join(registry.folder(id), 'model') }, null, 2) + '\n',
+      );
     });
   models
     .command('promote')
@@ -80,58 +101,104 @@ export function addRegistryCommands(program: Command, ctx: CommandContext): void
     });
 }
 
-
 /** `prefab serve`: registry versions behind an OpenAI-compatible API until SIGTERM or SIGINT, which let the requests in flight finish. */
 export function addServeCommand(program: Command, ctx: CommandContext): void {
   program
     .command('serve')
-    .description('serve registry versions over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/models); requests in flight are decoded together')
-    .option('--model <name>', 'the version a request for the model `prefab` gets (a version id, production or candidate)', 'production')
-    .option('--split <arms>', 'share conversations asking for production among versions by a stable hash, e.g. production=0.8,candidate=0.2', (v) => {
-      try {
-        return parseSplit(v);
-      } catch (error) {
-        throw new InvalidArgumentError((error as Error).message);
-      }
-    })
+    .description(
+      'serve registry versions over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/models); requests in flight are decoded together',
+    )
+    .option(
+      '--model <name>',
+      'the version a request for the model `prefab` gets (a version id, production or candidate)',
+      'production',
+    )
+    .option(
+      '--split <arms>',
+      'share conversations asking for production among versions by a stable hash, e.g. production=0.8,candidate=0.2',
+      (v) => {
+        try {
+          return parseSplit(v);
+        } catch (error) {
+          throw new InvalidArgumentError((error as Error).message);
+        }
+      },
+    )
     .option('--host <host>', 'address to listen on', SERVE_DEFAULTS.host)
     .option('--port <n>', 'port (0: any free one)', wholeNumber, SERVE_DEFAULTS.port)
     .option('--max-batch <n>', 'requests decoded together per version', wholeNumber, SERVE_DEFAULTS.maxBatch)
-    .option('--max-queue <n>', 'requests waiting beyond those, per version (one more is answered 429)', wholeNumber, SERVE_DEFAULTS.maxQueue)
-    .option('--max-tokens <n>', 'tokens in a reply when the request does not say, and the most it may ask for', wholeNumber, SERVE_DEFAULTS.maxTokens)
+    .option(
+      '--max-queue <n>',
+      'requests waiting beyond those, per version (one more is answered 429)',
+      wholeNumber,
+      SERVE_DEFAULTS.maxQueue,
+    )
+    .option(
+      '--max-tokens <n>',
+      'tokens in a reply when the request does not say, and the most it may ask for',
+      wholeNumber,
+      SERVE_DEFAULTS.maxTokens,
+    )
     .option('--max-body-bytes <n>', 'largest request body (413 past it)', wholeNumber, SERVE_DEFAULTS.maxBodyBytes)
-    .option('--follow-ms <n>', 'how often the registry is read for promotions and rollbacks, which move production and candidate (0: never)', wholeNumber, 5000)
-    .action(async (opts: { model: string; split?: Arm[]; host: string; port: number; maxBatch: number; maxQueue: number; maxTokens: number; maxBodyBytes: number; followMs: number }) => {
-      const log = ctx.logger();
-      const backend = await chosenBackend(commandOptions(program), log);
-      const { followAliases, loadCatalog, startServer } = await import('./serve.ts');
-      const registry = registryOf(program);
-      const names = [...new Set([opts.model, ...(opts.split ?? []).map((a) => a.name)])];
-      const settings = { ...opts, defaultModel: opts.model, maxBatch: Math.max(1, opts.maxBatch), apiKey: process.env.PREFAB_SERVE_API_KEY || null, split: opts.split ?? null, gpu: backend.gpu };
-      const catalog = loadCatalog(registry, names, settings);
-      const running = await startServer(catalog, settings, log);
-      const served = names.map((n) => `${n} = ${catalog.get(n)!.version}`).join(', ');
-      process.stdout.write(`serving ${served} at ${running.url}${settings.split ? ` (split: ${settings.split.map((a) => `${a.name} ${a.share}`).join(', ')})` : ''}${settings.apiKey ? ' (API key required)' : ''}\n`);
-      // A promotion or rollback made while serving (a nightly refresh) moves the aliases.
-      const follow = opts.followMs
-        ? setInterval(() => {
-            try {
-              for (const move of followAliases(catalog, registry, settings)) log.info(`now serving ${move}`);
-            } catch (error) {
-              log.warn('could not follow the registry', { error: (error as Error).message });
-            }
-          }, opts.followMs)
-        : null;
-      const signal = await new Promise<NodeJS.Signals>((resolve) => {
-        process.once('SIGTERM', () => resolve('SIGTERM'));
-        process.once('SIGINT', () => resolve('SIGINT'));
-      });
-      if (follow) clearInterval(follow);
-      log.info('shutting down: no new requests, those in flight finish', { signal });
-      await running.close();
-      for (const m of new Set(catalog.values())) log.info('served', { version: m.version, generated_tokens: m.generated });
-      ctx.setExit(0);
-    });
+    .option(
+      '--follow-ms <n>',
+      'how often the registry is read for promotions and rollbacks, which move production and candidate (0: never)',
+      wholeNumber,
+      5000,
+    )
+    .action(
+      async (opts: {
+        model: string;
+        split?: Arm[];
+        host: string;
+        port: number;
+        maxBatch: number;
+        maxQueue: number;
+        maxTokens: number;
+        maxBodyBytes: number;
+        followMs: number;
+      }) => {
+        const log = ctx.logger();
+        const backend = await chosenBackend(commandOptions(program), log);
+        const { followAliases, loadCatalog, startServer } = await import('./serve.ts');
+        const registry = registryOf(program);
+        const names = [...new Set([opts.model, ...(opts.split ?? []).map((a) => a.name)])];
+        const settings = {
+          ...opts,
+          defaultModel: opts.model,
+          maxBatch: Math.max(1, opts.maxBatch),
+          apiKey: process.env.PREFAB_SERVE_API_KEY || null,
+          split: opts.split ?? null,
+          gpu: backend.gpu,
+        };
+        const catalog = loadCatalog(registry, names, settings);
+        const running = await startServer(catalog, settings, log);
+        const served = names.map((n) => `${n} = ${catalog.get(n)!.version}`).join(', ');
+        process.stdout.write(
+          `serving ${served} at ${running.url}${settings.split ? ` (split: ${settings.split.map((a) => `${a.name} ${a.share}`).join(', ')})` : ''}${settings.apiKey ? ' (API key required)' : ''}\n`,
+        );
+        // A promotion or rollback made while serving (a nightly refresh) moves the aliases.
+        const follow = opts.followMs
+          ? setInterval(() => {
+              try {
+                for (const move of followAliases(catalog, registry, settings)) log.info(`now serving ${move}`);
+              } catch (error) {
+                log.warn('could not follow the registry', { error: (error as Error).message });
+              }
+            }, opts.followMs)
+          : null;
+        const signal = await new Promise<NodeJS.Signals>((resolve) => {
+          process.once('SIGTERM', () => resolve('SIGTERM'));
+          process.once('SIGINT', () => resolve('SIGINT'));
+        });
+        if (follow) clearInterval(follow);
+        log.info('shutting down: no new requests, those in flight finish', { signal });
+        await running.close();
+        for (const m of new Set(catalog.values()))
+          log.info('served', { version: m.version, generated_tokens: m.generated });
+        ctx.setExit(0);
+      },
+    );
 }
 
 /**
@@ -149,7 +216,12 @@ async function registerRunModel(engine: Engine, log: Logger): Promise<void> {
   const state = await readJsonFile<{ info?: { stage?: string } }>(join(folder, 'trainer_state.json'));
   const manifests = (await Promise.all(engine.stages.map((s) => manifestOf(s.name)))).filter((m) => m !== null);
   // Its eval table: a stage that read this very model and wrote eval.json.
-  const evaluator = engine.stages.find((s) => s.inputs.includes(stage.name) && s.outputs.includes('eval.json') && manifests.find((m) => m.stage === s.name)?.inputs[stage.name] === made.fingerprint);
+  const evaluator = engine.stages.find(
+    (s) =>
+      s.inputs.includes(stage.name) &&
+      s.outputs.includes('eval.json') &&
+      manifests.find((m) => m.stage === s.name)?.inputs[stage.name] === made.fingerprint,
+  );
   const source = {
     stage: state?.info?.stage ?? stage.name,
     run: 'prefab run',
@@ -162,7 +234,12 @@ async function registerRunModel(engine: Engine, log: Logger): Promise<void> {
   const evalTable = evaluator ? await readJsonFile(join(engine.ws.stageDir(evaluator.name), 'eval.json')) : null;
   const id = registry.register(folder, { source, config: engine.config, eval: evalTable });
   const { production } = registry.aliases();
-  log.info(production === id ? `registered the model as ${id}: production (there was none)` : `registered the model as ${id}: the candidate (production is ${production}; \`prefab models promote ${id}\` to serve it)`, { registry: registry.dir });
+  log.info(
+    production === id
+      ? `registered the model as ${id}: production (there was none)`
+      : `registered the model as ${id}: the candidate (production is ${production}; \`prefab models promote ${id}\` to serve it)`,
+    { registry: registry.dir },
+  );
 }
 
 /** `prefab refresh [--days N]`: a night of the online loop, or N simulated days of it, holding the workspace's lock. */
@@ -170,20 +247,31 @@ export function addRefreshCommand(program: Command, ctx: CommandContext): void {
   ctx.configSections({ refresh: refreshConfig });
   program
     .command('refresh')
-    .description("one night of the online loop: take in the inbox's sessions, train a candidate from production, evaluate both on the same tasks and seeds, promote only when better with confidence, roll back a production whose live success fell")
-    .option('--days <n>', "N simulated days end to end: serve production, the simulator's users talk to it, refresh; prints a table", wholeNumber)
+    .description(
+      "one night of the online loop: take in the inbox's sessions, train a candidate from production, evaluate both on the same tasks and seeds, promote only when better with confidence, roll back a production whose live success fell",
+    )
+    .option(
+      '--days <n>',
+      "N simulated days end to end: serve production, the simulator's users talk to it, refresh; prints a table",
+      wholeNumber,
+    )
     .action(async (opts: { days?: number }) => {
       const log = ctx.logger();
       const backend = await chosenBackend(commandOptions(program), log);
       const { engine, own } = ctx.pipeline(log);
       const cfg = own.refresh as RefreshConfig;
-      const [{ formatNight, refreshNight }, { formatDays, simulatedDays }] = await Promise.all([import('./refresh.ts'), import('./days.ts')]);
+      const [{ formatNight, refreshNight }, { formatDays, simulatedDays }] = await Promise.all([
+        import('./refresh.ts'),
+        import('./days.ts'),
+      ]);
       const { signal } = await ctx.locked(engine, `prefab ${process.argv.slice(2).join(' ')}`, log, async (abort) => {
         if (opts.days === undefined) {
           process.stdout.write(formatNight(await refreshNight(engine, cfg, backend, abort, log)) + '\n');
           return;
         }
-        const days = await simulatedDays(engine, cfg, backend, opts.days, abort, log, (d) => process.stdout.write(formatNight(d.night, d.traffic) + '\n\n'));
+        const days = await simulatedDays(engine, cfg, backend, opts.days, abort, log, (d) =>
+          process.stdout.write(formatNight(d.night, d.traffic) + '\n\n'),
+        );
         process.stdout.write(formatDays(days) + '\n');
       });
       ctx.setExit(signal === 'SIGINT' ? 130 : signal ? 143 : 0);

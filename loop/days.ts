@@ -26,10 +26,18 @@ export interface Day {
 const DAY_FILE = /^day-(\d{4})\.jsonl$/;
 
 /** The day `n` days after `start` (YYYY-MM-DD). */
-const dateOf = (start: string, n: number) => new Date(Date.parse(`${start}T00:00:00Z`) + n * 86_400_000).toISOString().slice(0, 10);
+const dateOf = (start: string, n: number) =>
+  new Date(Date.parse(`${start}T00:00:00Z`) + n * 86_400_000).toISOString().slice(0, 10);
 
 /** Serves production and writes the day's sessions into the inbox (aside, then renamed: a killed day leaves no file). */
-async function collectDay(registry: Registry, cfg: RefreshConfig, backend: Backend, inbox: string, day: number, log: Logger): Promise<string> {
+async function collectDay(
+  registry: Registry,
+  cfg: RefreshConfig,
+  backend: Backend,
+  inbox: string,
+  day: number,
+  log: Logger,
+): Promise<string> {
   const settings = { ...SERVE_DEFAULTS, port: 0, apiKey: null, split: null, maxQueue: 1024, gpu: backend.gpu };
   const catalog = loadCatalog(registry, ['production'], settings);
   const server = await startServer(catalog, settings, log);
@@ -42,7 +50,15 @@ async function collectDay(registry: Registry, cfg: RefreshConfig, backend: Backe
     const sessions = simulate({
       tasks: d.tasks,
       trials: d.trials,
-      agent: { url: server.url, model: 'production', apiKey: '', temperature: d.temperature, maxTokens: cfg.eval.max_tokens, maxTurns: cfg.eval.max_turns, concurrency: d.concurrency },
+      agent: {
+        url: server.url,
+        model: 'production',
+        apiKey: '',
+        temperature: d.temperature,
+        maxTokens: cfg.eval.max_tokens,
+        maxTurns: cfg.eval.max_turns,
+        concurrency: d.concurrency,
+      },
       noise: 0,
       split: 'train',
       seed: cfg.eval.world_seed,
@@ -66,18 +82,32 @@ async function collectDay(registry: Registry, cfg: RefreshConfig, backend: Backe
 }
 
 /** Runs `n` days after those the inbox already holds; an unfinished night is finished first. */
-export async function simulatedDays(engine: Engine, cfg: RefreshConfig, backend: Backend, n: number, signal: AbortSignal, log: Logger, onDay: (d: Day) => void): Promise<Day[]> {
+export async function simulatedDays(
+  engine: Engine,
+  cfg: RefreshConfig,
+  backend: Backend,
+  n: number,
+  signal: AbortSignal,
+  log: Logger,
+  onDay: (d: Day) => void,
+): Promise<Day[]> {
   const registry = new Registry(join(engine.ws.root, 'registry'));
   const inbox = inboxOf(engine, cfg);
   mkdirSync(inbox, { recursive: true });
   if (unfinishedNight(engine)) await refreshNight(engine, cfg, backend, signal, log);
-  const done = existsSync(inbox) ? Math.max(0, ...readdirSync(inbox).map((f) => Number(DAY_FILE.exec(f)?.[1] ?? 0))) : 0;
+  const done = existsSync(inbox)
+    ? Math.max(0, ...readdirSync(inbox).map((f) => Number(DAY_FILE.exec(f)?.[1] ?? 0)))
+    : 0;
   const days: Day[] = [];
   for (let day = done + 1; day <= done + n; day++) {
     const production = registry.aliases().production;
     if (!production) throw new Error(`no production model in ${registry.dir}: run \`prefab run\` first`);
     const file = await collectDay(registry, cfg, backend, inbox, day, log);
-    const traffic = (await liveFigures([file], cfg.rollback.success_reward)).get(production) ?? { version: production, sessions: 0, success: null };
+    const traffic = (await liveFigures([file], cfg.rollback.success_reward)).get(production) ?? {
+      version: production,
+      sessions: 0,
+      success: null,
+    };
     const night = await refreshNight(engine, cfg, backend, signal, log);
     const d = { day, date: dateOf(cfg.days.start, day - 1), production, traffic, night };
     onDay(d);
@@ -89,7 +119,18 @@ export async function simulatedDays(engine: Engine, cfg: RefreshConfig, backend:
 /** The daily table, as the README shows it. */
 export function formatDays(days: Day[]): string {
   const f = (x: number | null | undefined) => (x === null || x === undefined ? '—' : x.toFixed(3));
-  const head = ['day', 'date', 'production', 'live success', 'candidate', 'paired success (cand vs prod)', 'difference [bounds]', 'p', 'decision', 'production after'];
+  const head = [
+    'day',
+    'date',
+    'production',
+    'live success',
+    'candidate',
+    'paired success (cand vs prod)',
+    'difference [bounds]',
+    'p',
+    'decision',
+    'production after',
+  ];
   const rows = days.map((d) => {
     const c = d.night.comparison;
     return [

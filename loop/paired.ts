@@ -9,15 +9,48 @@ import type { EpisodeRecord } from '../env/evaluate.ts';
 
 export const gateConfig = z
   .strictObject({
-    test: z.enum(['sign', 'bootstrap']).default('sign').describe('sign: the exact one-sided sign test on the twins whose success differs; bootstrap: the one-sided lower bound of the success difference, resampling tasks.'),
-    alpha: z.number().gt(0).lt(1).default(0.05).describe('The test level: promote only when p < alpha (sign), or the (1 − alpha) lower bound is above 0 (bootstrap).'),
-    bootstrap_samples: z.number().int().min(100).default(2000).describe('Resamples of the tasks for the interval (reported with either test).'),
+    test: z
+      .enum(['sign', 'bootstrap'])
+      .default('sign')
+      .describe(
+        'sign: the exact one-sided sign test on the twins whose success differs; bootstrap: the one-sided lower bound of the success difference, resampling tasks.',
+      ),
+    alpha: z
+      .number()
+      .gt(0)
+      .lt(1)
+      .default(0.05)
+      .describe(
+        'The test level: promote only when p < alpha (sign), or the (1 − alpha) lower bound is above 0 (bootstrap).',
+      ),
+    bootstrap_samples: z
+      .number()
+      .int()
+      .min(100)
+      .default(2000)
+      .describe('Resamples of the tasks for the interval (reported with either test).'),
     guards: z
       .strictObject({
-        reward: z.number().min(0).default(0.02).describe('The candidate’s mean reward may be at most this much below production’s.'),
-        well_formed: z.number().min(0).default(0.05).describe('Its share of calls the environment accepts may be at most this much lower.'),
-        turns: z.number().min(0).default(0.5).describe('Its mean assistant turns per episode may be at most this many more.'),
-        sensitive_asked: z.number().min(0).default(0.05).describe('Its sensitive fields asked for and not needed, per episode, may be at most this many more.'),
+        reward: z
+          .number()
+          .min(0)
+          .default(0.02)
+          .describe('The candidate’s mean reward may be at most this much below production’s.'),
+        well_formed: z
+          .number()
+          .min(0)
+          .default(0.05)
+          .describe('Its share of calls the environment accepts may be at most this much lower.'),
+        turns: z
+          .number()
+          .min(0)
+          .default(0.5)
+          .describe('Its mean assistant turns per episode may be at most this many more.'),
+        sensitive_asked: z
+          .number()
+          .min(0)
+          .default(0.05)
+          .describe('Its sensitive fields asked for and not needed, per episode, may be at most this many more.'),
       })
       .prefault({})
       .describe('Metrics that must not regress beyond a tolerance, whatever success says.'),
@@ -40,10 +73,17 @@ export function signTestP(k: number, n: number): number {
 const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : 0);
 
 /** Quantile q of sorted values (nearest rank). */
-const quantile = (sorted: number[], q: number) => sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))]!;
+const quantile = (sorted: number[], q: number) =>
+  sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))]!;
 
 /** The mean success difference (candidate − production) under resampling of tasks with their trials: its (alpha, 1 − alpha) quantiles. */
-function bootstrapInterval(production: EpisodeRecord[], candidate: EpisodeRecord[], samples: number, alpha: number, seed: string): [number, number] {
+function bootstrapInterval(
+  production: EpisodeRecord[],
+  candidate: EpisodeRecord[],
+  samples: number,
+  alpha: number,
+  seed: string,
+): [number, number] {
   const tasks = [...new Set(production.map((r) => r.task))];
   const diffOf = new Map(tasks.map((t) => [t, [] as number[]]));
   production.forEach((p, i) => diffOf.get(p.task)!.push(candidate[i]!.success - p.success));
@@ -69,7 +109,15 @@ interface GuardResult {
 
 export interface Comparison {
   episodes: number;
-  success: { production: number; candidate: number; difference: number; interval: [number, number]; better: number; worse: number; p: number };
+  success: {
+    production: number;
+    candidate: number;
+    difference: number;
+    interval: [number, number];
+    better: number;
+    worse: number;
+    p: number;
+  };
   guards: GuardResult[];
   promote: boolean;
   /** Why, with the numbers: a line for the report and the registry's history. */
@@ -88,22 +136,57 @@ function figures(r: EpisodeRecord[]) {
 }
 
 /** Compares twin episodes (the same task, trial and seed at each index) and decides. */
-export function compare(production: EpisodeRecord[], candidate: EpisodeRecord[], gate: GateConfig, seed: string): Comparison {
-  if (production.length !== candidate.length || production.some((p, i) => p.task !== candidate[i]!.task || p.trial !== candidate[i]!.trial)) throw new Error('paired comparison: the two sides did not play the same episodes');
+export function compare(
+  production: EpisodeRecord[],
+  candidate: EpisodeRecord[],
+  gate: GateConfig,
+  seed: string,
+): Comparison {
+  if (
+    production.length !== candidate.length ||
+    production.some((p, i) => p.task !== candidate[i]!.task || p.trial !== candidate[i]!.trial)
+  )
+    throw new Error('paired comparison: the two sides did not play the same episodes');
   const better = production.filter((p, i) => candidate[i]!.success > p.success).length;
   const worse = production.filter((p, i) => candidate[i]!.success < p.success).length;
   const p = signTestP(better, better + worse);
   const interval = bootstrapInterval(production, candidate, gate.bootstrap_samples, gate.alpha, seed);
-  const success = { production: mean(production.map((r) => r.success)), candidate: mean(candidate.map((r) => r.success)), difference: 0, interval, better, worse, p };
+  const success = {
+    production: mean(production.map((r) => r.success)),
+    candidate: mean(candidate.map((r) => r.success)),
+    difference: 0,
+    interval,
+    better,
+    worse,
+    p,
+  };
   success.difference = success.candidate - success.production;
   const a = figures(production);
   const b = figures(candidate);
   const g = gate.guards;
   const guards: GuardResult[] = [
-    { metric: 'reward', production: a.reward, candidate: b.reward, tolerance: g.reward, ok: b.reward >= a.reward - g.reward },
-    { metric: 'well_formed', production: a.well_formed, candidate: b.well_formed, tolerance: g.well_formed, ok: b.well_formed >= a.well_formed - g.well_formed },
+    {
+      metric: 'reward',
+      production: a.reward,
+      candidate: b.reward,
+      tolerance: g.reward,
+      ok: b.reward >= a.reward - g.reward,
+    },
+    {
+      metric: 'well_formed',
+      production: a.well_formed,
+      candidate: b.well_formed,
+      tolerance: g.well_formed,
+      ok: b.well_formed >= a.well_formed - g.well_formed,
+    },
     { metric: 'turns', production: a.turns, candidate: b.turns, tolerance: g.turns, ok: b.turns <= a.turns + g.turns },
-    { metric: 'sensitive_asked', production: a.sensitive_asked, candidate: b.sensitive_asked, tolerance: g.sensitive_asked, ok: b.sensitive_asked <= a.sensitive_asked + g.sensitive_asked },
+    {
+      metric: 'sensitive_asked',
+      production: a.sensitive_asked,
+      candidate: b.sensitive_asked,
+      tolerance: g.sensitive_asked,
+      ok: b.sensitive_asked <= a.sensitive_asked + g.sensitive_asked,
+    },
   ];
   const confident = gate.test === 'sign' ? p < gate.alpha : interval[0] > 0;
   const failed = guards.filter((x) => !x.ok);
@@ -111,7 +194,9 @@ export function compare(production: EpisodeRecord[], candidate: EpisodeRecord[],
   const evidence =
     `success ${f(success.candidate)} vs ${f(success.production)} on ${production.length} paired episodes (${better} better, ${worse} worse, ` +
     `sign test p = ${p.toPrecision(3)}, ${Math.round((1 - gate.alpha) * 100)}% bootstrap bounds [${f(interval[0])}, ${f(interval[1])}])`;
-  const guardText = failed.map((x) => `${x.metric} ${f(x.candidate)} vs ${f(x.production)} (tolerance ${x.tolerance})`).join('; ');
+  const guardText = failed
+    .map((x) => `${x.metric} ${f(x.candidate)} vs ${f(x.production)} (tolerance ${x.tolerance})`)
+    .join('; ');
   const promote = confident && failed.length === 0;
   const reason = promote
     ? `better with confidence: ${evidence}; no guard regressed`

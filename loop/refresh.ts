@@ -34,7 +34,6 @@ import { compare, type Comparison } from './paired.ts';
 import { Registry } from './registry.ts';
 import type { RefreshConfig } from './settings.ts';
 
-
 /** A version's live figures on the sessions it served. */
 export interface Live {
   version: string;
@@ -53,7 +52,13 @@ export interface NightReport {
   rollback: { rolled_back: boolean; live: Live | null; baseline: Live | null; reason: string };
   /** Every version's live success on the traffic it served (the arms of an A/B split side by side). */
   live: Live[];
-  data: { sessions: number | null; new_sessions: number | null; pairs: number; new_pairs: number; buffer: { new: number; old: number } };
+  data: {
+    sessions: number | null;
+    new_sessions: number | null;
+    pairs: number;
+    new_pairs: number;
+    buffer: { new: number; old: number };
+  };
   candidate: string | null;
   training: Record<string, number>;
   comparison: Comparison | null;
@@ -62,24 +67,31 @@ export interface NightReport {
 }
 
 /** The session files in the inbox. */
-const inboxFiles = (inbox: string) => (existsSync(inbox) ? readdirSync(inbox).sort().filter((f) => /\.jsonl(\.gz)?$/.test(f)).map((f) => join(inbox, f)) : []);
+const inboxFiles = (inbox: string) =>
+  existsSync(inbox)
+    ? readdirSync(inbox)
+        .sort()
+        .filter((f) => /\.jsonl(\.gz)?$/.test(f))
+        .map((f) => join(inbox, f))
+    : [];
 
 /** Each version's live success on the sessions of `files` it served (a session's `model`). */
 export async function liveFigures(files: string[], successReward: number): Promise<Map<string, Live>> {
   const out = new Map<string, Live>();
   const counts = new Map<string, [number, number]>();
-  for (const file of files) for await (const s of readJsonl<Session>(file)) {
-    if (!s.model) continue;
-    let success = s.reward >= successReward;
-    try {
-      const meta = JSON.parse(s.metadata ?? '{}') as { success?: unknown };
-      if (typeof meta.success === 'boolean') success = meta.success;
-    } catch {
-      // metadata that is not JSON: the reward decides
+  for (const file of files)
+    for await (const s of readJsonl<Session>(file)) {
+      if (!s.model) continue;
+      let success = s.reward >= successReward;
+      try {
+        const meta = JSON.parse(s.metadata ?? '{}') as { success?: unknown };
+        if (typeof meta.success === 'boolean') success = meta.success;
+      } catch {
+        // metadata that is not JSON: the reward decides
+      }
+      const c = counts.get(s.model) ?? [0, 0];
+      counts.set(s.model, [c[0] + 1, c[1] + (success ? 1 : 0)]);
     }
-    const c = counts.get(s.model) ?? [0, 0];
-    counts.set(s.model, [c[0] + 1, c[1] + (success ? 1 : 0)]);
-  }
   for (const [version, [n, k]] of counts) out.set(version, { version, sessions: n, success: n ? k / n : null });
   return out;
 }
@@ -88,35 +100,79 @@ export async function liveFigures(files: string[], successReward: number): Promi
  * Seed 000's safety rule: production's live success against its baseline, the live success of the production
  * it was promoted over. Either with fewer than min_sessions sessions, there is nothing to compare.
  */
-function rollbackCheck(registry: Registry, live: Map<string, Live>, cfg: RefreshConfig['rollback']): { rollback: boolean; live: Live | null; baseline: Live | null; reason: string } {
+function rollbackCheck(
+  registry: Registry,
+  live: Map<string, Live>,
+  cfg: RefreshConfig['rollback'],
+): { rollback: boolean; live: Live | null; baseline: Live | null; reason: string } {
   const { production } = registry.aliases();
-  const made = registry.history().findLast((e) => (e.event === 'promoted' || e.event === 'rolled_back') && e.version === production);
+  const made = registry
+    .history()
+    .findLast((e) => (e.event === 'promoted' || e.event === 'rolled_back') && e.version === production);
   const mine = production ? (live.get(production) ?? { version: production, sessions: 0, success: null }) : null;
   const from = made?.event === 'promoted' ? made.from : null;
-  if (!mine || from === null) return { rollback: false, live: mine, baseline: null, reason: `${production ?? 'no production'} has no baseline (it replaced no production by promotion)` };
+  if (!mine || from === null)
+    return {
+      rollback: false,
+      live: mine,
+      baseline: null,
+      reason: `${production ?? 'no production'} has no baseline (it replaced no production by promotion)`,
+    };
   const base = live.get(from) ?? { version: from, sessions: 0, success: null };
-  if (mine.sessions < cfg.min_sessions || base.sessions < cfg.min_sessions || mine.success === null || base.success === null)
-    return { rollback: false, live: mine, baseline: base, reason: `too little traffic to judge: ${production} served ${mine.sessions} sessions, its baseline ${from} ${base.sessions} (at least ${cfg.min_sessions} each)` };
+  if (
+    mine.sessions < cfg.min_sessions ||
+    base.sessions < cfg.min_sessions ||
+    mine.success === null ||
+    base.success === null
+  )
+    return {
+      rollback: false,
+      live: mine,
+      baseline: base,
+      reason: `too little traffic to judge: ${production} served ${mine.sessions} sessions, its baseline ${from} ${base.sessions} (at least ${cfg.min_sessions} each)`,
+    };
   const floor = base.success * cfg.ratio;
   const f = (x: number) => x.toFixed(3);
   return mine.success < floor
-    ? { rollback: true, live: mine, baseline: base, reason: `live success ${f(mine.success)} over ${mine.sessions} sessions fell below ${cfg.ratio} × ${from}'s ${f(base.success)} (${mine.sessions}/${base.sessions} sessions)` }
-    : { rollback: false, live: mine, baseline: base, reason: `live success ${f(mine.success)} over ${mine.sessions} sessions, at least ${cfg.ratio} × ${from}'s ${f(base.success)}` };
+    ? {
+        rollback: true,
+        live: mine,
+        baseline: base,
+        reason: `live success ${f(mine.success)} over ${mine.sessions} sessions fell below ${cfg.ratio} × ${from}'s ${f(base.success)} (${mine.sessions}/${base.sessions} sessions)`,
+      }
+    : {
+        rollback: false,
+        live: mine,
+        baseline: base,
+        reason: `live success ${f(mine.success)} over ${mine.sessions} sessions, at least ${cfg.ratio} × ${from}'s ${f(base.success)}`,
+      };
 }
 
 /**
  * The replay buffer: all new pairs (a seeded sample of them when there are more than `size`), then older ones
  * drawn without replacement with weight ½^(age / half-life) (Efraimidis–Spirakis keys), up to `size`.
  */
-export function replayBuffer(pairs: Pair[], firstSeen: Record<string, number>, night: number, o: RefreshConfig['buffer'], seed: string): { chosen: Pair[]; fresh: number; old: number } {
+export function replayBuffer(
+  pairs: Pair[],
+  firstSeen: Record<string, number>,
+  night: number,
+  o: RefreshConfig['buffer'],
+  seed: string,
+): { chosen: Pair[]; fresh: number; old: number } {
   const rand = seeded(seed, 'buffer', night);
   const keyed = pairs.map((p) => {
     const age = night - (firstSeen[p.pair_id] ?? night);
     const weight = 0.5 ** (age / o.half_life_nights);
     return { p, fresh: age === 0, key: Math.log(rand() || Number.MIN_VALUE) / weight };
   });
-  const fresh = keyed.filter((k) => k.fresh).sort((a, b) => b.key - a.key).slice(0, o.size);
-  const old = keyed.filter((k) => !k.fresh).sort((a, b) => b.key - a.key).slice(0, o.size - fresh.length);
+  const fresh = keyed
+    .filter((k) => k.fresh)
+    .sort((a, b) => b.key - a.key)
+    .slice(0, o.size);
+  const old = keyed
+    .filter((k) => !k.fresh)
+    .sort((a, b) => b.key - a.key)
+    .slice(0, o.size - fresh.length);
   return { chosen: [...fresh, ...old].map((k) => k.p), fresh: fresh.length, old: old.length };
 }
 
@@ -137,36 +193,62 @@ const refreshDir = (engine: Engine) => join(engine.ws.root, 'refresh');
 /** The inbox folder, checked to be among ingest's inputs. */
 export function inboxOf(engine: Engine, cfg: RefreshConfig): string {
   const inbox = resolve(engine.configDir, cfg.inbox);
-  const inputs = ((engine.config.ingest as { inputs?: string[] } | undefined)?.inputs ?? []).map((i) => resolve(engine.configDir, i));
-  if (!inputs.includes(inbox)) throw new PipelineError(`refresh.inbox ${inbox} is not among ingest.inputs (${inputs.join(', ') || 'none'}): the night would not read its sessions. Pass the loop's config (--config configs/refresh.yaml), or add the inbox to ingest.inputs in yours.`);
+  const inputs = ((engine.config.ingest as { inputs?: string[] } | undefined)?.inputs ?? []).map((i) =>
+    resolve(engine.configDir, i),
+  );
+  if (!inputs.includes(inbox))
+    throw new PipelineError(
+      `refresh.inbox ${inbox} is not among ingest.inputs (${inputs.join(', ') || 'none'}): the night would not read its sessions. Pass the loop's config (--config configs/refresh.yaml), or add the inbox to ingest.inputs in yours.`,
+    );
   return inbox;
 }
 
 /** Whether the last night began and did not finish (a kill): the next refresh resumes it. */
 export function unfinishedNight(engine: Engine): boolean {
   const nightsDir = join(refreshDir(engine), 'nights');
-  const last = existsSync(nightsDir) ? readdirSync(nightsDir).filter((f) => /^\d{4}$/.test(f)).sort().at(-1) : undefined;
+  const last = existsSync(nightsDir)
+    ? readdirSync(nightsDir)
+        .filter((f) => /^\d{4}$/.test(f))
+        .sort()
+        .at(-1)
+    : undefined;
   return last !== undefined && !existsSync(join(nightsDir, last, 'report.json'));
 }
 
 /** Runs one night (resuming the last one if it did not finish), training and playing on `backend`. */
-export async function refreshNight(engine: Engine, cfg: RefreshConfig, backend: Backend, signal: AbortSignal, log: Logger): Promise<NightReport> {
+export async function refreshNight(
+  engine: Engine,
+  cfg: RefreshConfig,
+  backend: Backend,
+  signal: AbortSignal,
+  log: Logger,
+): Promise<NightReport> {
   const registry = new Registry(join(engine.ws.root, 'registry'));
   const inbox = inboxOf(engine, cfg);
   const start = registry.aliases().production;
-  if (!start) throw new PipelineError(`no production model in ${registry.dir}: run \`prefab run\` first (its model becomes production)`);
+  if (!start)
+    throw new PipelineError(
+      `no production model in ${registry.dir}: run \`prefab run\` first (its model becomes production)`,
+    );
   const root = refreshDir(engine);
   const nightsDir = join(root, 'nights');
   mkdirSync(nightsDir, { recursive: true });
 
-  const numbers = readdirSync(nightsDir).filter((f) => /^\d{4}$/.test(f)).map(Number).sort((a, b) => a - b);
+  const numbers = readdirSync(nightsDir)
+    .filter((f) => /^\d{4}$/.test(f))
+    .map(Number)
+    .sort((a, b) => a - b);
   const last = numbers.at(-1);
   const resuming = last !== undefined && !existsSync(join(nightsDir, String(last).padStart(4, '0'), 'report.json'));
   const night = resuming ? last! : (last ?? 0) + 1;
   const dir = join(nightsDir, String(night).padStart(4, '0'));
   mkdirSync(dir, { recursive: true });
   const statePath = join(dir, 'state.json');
-  const state: NightState = (await readJsonFile<NightState>(statePath)) ?? { night, started_at: new Date().toISOString(), production_before: start };
+  const state: NightState = (await readJsonFile<NightState>(statePath)) ?? {
+    night,
+    started_at: new Date().toISOString(),
+    production_before: start,
+  };
   const save = () => writeFileAtomic(statePath, JSON.stringify(state, null, 2) + '\n');
   log.info(resuming ? `refresh: resuming night ${night}` : `refresh: night ${night}`, { production: start });
   const tag = `night ${night}`;
@@ -191,10 +273,15 @@ export async function refreshNight(engine: Engine, cfg: RefreshConfig, backend: 
   // 2. The data stages take in the inbox (incrementally). The pairs the export held before the loop's first night are night 0's.
   const seenPath = join(root, 'seen-pairs.json');
   const pairsPath = join(engine.ws.stageDir('export'), 'pairs', 'train.parquet');
-  if (!existsSync(seenPath) && existsSync(pairsPath)) await writeFileAtomic(seenPath, JSON.stringify(Object.fromEntries((await readParquet<Pair>(pairsPath)).map((p) => [p.pair_id, 0]))) + '\n');
+  if (!existsSync(seenPath) && existsSync(pairsPath))
+    await writeFileAtomic(
+      seenPath,
+      JSON.stringify(Object.fromEntries((await readParquet<Pair>(pairsPath)).map((p) => [p.pair_id, 0]))) + '\n',
+    );
   const outcomes = await engine.run({ until: 'export', signal });
   const failed = outcomes.find((o) => o.action === 'failed' || o.action === 'interrupted');
-  if (failed) throw new PipelineError(`refresh ${tag}: the ${failed.stage} stage ${failed.action}: ${failed.error ?? ''}`);
+  if (failed)
+    throw new PipelineError(`refresh ${tag}: the ${failed.stage} stage ${failed.action}: ${failed.error ?? ''}`);
   const ingest = outcomes.find((o) => o.stage === 'ingest');
 
   // 3. The replay buffer, kept so a resumed night trains on the same pairs.
@@ -208,26 +295,88 @@ export async function refreshNight(engine: Engine, cfg: RefreshConfig, backend: 
     buffer = { pair_ids: b.chosen.map((p) => p.pair_id), fresh: b.fresh, old: b.old, pairs: pairs.length };
     await writeFileAtomic(bufferPath, JSON.stringify(buffer) + '\n');
   }
-  state.data ??= { sessions: ingest?.counts.sessions ?? null, new_sessions: ingest?.action === 'ran' ? (ingest.counts.new_sessions ?? null) : 0, pairs: pairs.length, new_pairs: fresh.length, buffer: { new: buffer.fresh, old: buffer.old } };
+  state.data ??= {
+    sessions: ingest?.counts.sessions ?? null,
+    new_sessions: ingest?.action === 'ran' ? (ingest.counts.new_sessions ?? null) : 0,
+    pairs: pairs.length,
+    new_pairs: fresh.length,
+    buffer: { new: buffer.fresh, old: buffer.old },
+  };
   await save();
-  const report = (r: Omit<NightReport, 'night' | 'started_at' | 'finished_at' | 'production_before' | 'production' | 'rollback' | 'live' | 'data'>) =>
-    finish(dir, root, { night, started_at: state.started_at, finished_at: new Date().toISOString(), production_before: state.production_before, production, rollback: state.rollback!, live: state.live ?? [], data: state.data!, ...r }, fresh.map((p) => p.pair_id));
-  if (buffer.fresh === 0) return report({ production_after: production, candidate: null, training: {}, comparison: null, decision: 'nothing to train on', reason: 'no new pairs tonight: production stays' });
+  const report = (
+    r: Omit<
+      NightReport,
+      'night' | 'started_at' | 'finished_at' | 'production_before' | 'production' | 'rollback' | 'live' | 'data'
+    >,
+  ) =>
+    finish(
+      dir,
+      root,
+      {
+        night,
+        started_at: state.started_at,
+        finished_at: new Date().toISOString(),
+        production_before: state.production_before,
+        production,
+        rollback: state.rollback!,
+        live: state.live ?? [],
+        data: state.data!,
+        ...r,
+      },
+      fresh.map((p) => p.pair_id),
+    );
+  if (buffer.fresh === 0)
+    return report({
+      production_after: production,
+      candidate: null,
+      training: {},
+      comparison: null,
+      decision: 'nothing to train on',
+      reason: 'no new pairs tonight: production stays',
+    });
 
   // 4. The candidate: DPO from production, then DAPO when configured.
   const productionFolder = join(registry.folder(production), 'model');
   const dpoFolder = join(dir, 'candidate', 'model');
   if (!existsSync(dpoFolder)) {
     const byId = new Map(pairs.map((p) => [p.pair_id, p]));
-    await trainCandidate(productionFolder, buffer.pair_ids.map((id) => byId.get(id)!), join(dir, 'candidate'), join(dir, '.cache'), cfg, { night, production }, backend, signal, log);
+    await trainCandidate(
+      productionFolder,
+      buffer.pair_ids.map((id) => byId.get(id)!),
+      join(dir, 'candidate'),
+      join(dir, '.cache'),
+      cfg,
+      { night, production },
+      backend,
+      signal,
+      log,
+    );
   }
-  const training = ((await readJsonFile<{ info?: { last?: Record<string, number> } }>(join(dpoFolder, 'trainer_state.json')))?.info?.last ?? {}) as Record<string, number>;
+  const training = ((
+    await readJsonFile<{ info?: { last?: Record<string, number> } }>(join(dpoFolder, 'trainer_state.json'))
+  )?.info?.last ?? {}) as Record<string, number>;
   const candidateFolder = cfg.dapo.enabled ? join(dir, 'candidate-dapo', 'model') : dpoFolder;
   if (cfg.dapo.enabled) {
     const { enabled: _, ...knobs } = cfg.dapo;
-    if (!existsSync(candidateFolder)) await runDapo(dpoFolder, join(dir, 'candidate-dapo'), join(dir, '.cache-dapo'), hashJson({ night, production, knobs }), knobs, { night, parent: production }, signal, log, backend.gpu);
-    const dapoState = await readJsonFile<{ info?: { last?: Record<string, number> } }>(join(candidateFolder, 'trainer_state.json'));
-    Object.assign(training, Object.fromEntries(Object.entries(dapoState?.info?.last ?? {}).map(([k, v]) => [`dapo/${k}`, v])));
+    if (!existsSync(candidateFolder))
+      await runDapo(
+        dpoFolder,
+        join(dir, 'candidate-dapo'),
+        join(dir, '.cache-dapo'),
+        hashJson({ night, production, knobs }),
+        knobs,
+        { night, parent: production },
+        signal,
+        log,
+        backend.gpu,
+      );
+    const dapoState = await readJsonFile<{ info?: { last?: Record<string, number> } }>(
+      join(candidateFolder, 'trainer_state.json'),
+    );
+    Object.assign(
+      training,
+      Object.fromEntries(Object.entries(dapoState?.info?.last ?? {}).map(([k, v]) => [`dapo/${k}`, v])),
+    );
   }
 
   // 5. The paired evaluation.
@@ -235,14 +384,21 @@ export async function refreshNight(engine: Engine, cfg: RefreshConfig, backend: 
   let episodes = await readJsonFile<{ production: EpisodeRecord[]; candidate: EpisodeRecord[] }>(evalPath);
   if (!episodes) {
     // Production's side is the same every night it stays production (same weights, tasks and seeds): played once, kept by version.
-    const keptPath = join(root, 'paired', `${production}-${hashJson({ eval: cfg.eval, seed: cfg.seed }).slice(0, 12)}.json`);
+    const keptPath = join(
+      root,
+      'paired',
+      `${production}-${hashJson({ eval: cfg.eval, seed: cfg.seed }).slice(0, 12)}.json`,
+    );
     let productionSide = await readJsonFile<EpisodeRecord[]>(keptPath);
     if (!productionSide) {
       productionSide = await play('production', productionFolder, cfg, backend, signal, log);
       mkdirSync(join(root, 'paired'), { recursive: true });
       await writeFileAtomic(keptPath, JSON.stringify(productionSide) + '\n');
     }
-    episodes = { production: productionSide, candidate: await play('candidate', candidateFolder, cfg, backend, signal, log) };
+    episodes = {
+      production: productionSide,
+      candidate: await play('candidate', candidateFolder, cfg, backend, signal, log),
+    };
     await writeFileAtomic(evalPath, JSON.stringify(episodes) + '\n');
   }
   const comparison = compare(episodes.production, episodes.candidate, cfg.gate, `${cfg.seed}:${night}`);
@@ -250,7 +406,23 @@ export async function refreshNight(engine: Engine, cfg: RefreshConfig, backend: 
   // 6. The decision, in the registry: the candidate a version whatever happens, then promoted or rejected, each once.
   const candidate =
     registry.versions().find((v) => v.source.night === night && v.source.run === 'prefab refresh')?.id ??
-    registry.register(candidateFolder, { source: { stage: 'refresh', run: 'prefab refresh', night, parent: production, fingerprints: await dataFingerprints(engine), chain: cfg.dapo.enabled ? 'dpo, dapo' : 'dpo', sessions: state.data.sessions, new_sessions: state.data.new_sessions, pairs: pairs.length, new_pairs: fresh.length, buffer: state.data.buffer }, config: { refresh: cfg }, eval: { paired: comparison } });
+    registry.register(candidateFolder, {
+      source: {
+        stage: 'refresh',
+        run: 'prefab refresh',
+        night,
+        parent: production,
+        fingerprints: await dataFingerprints(engine),
+        chain: cfg.dapo.enabled ? 'dpo, dapo' : 'dpo',
+        sessions: state.data.sessions,
+        new_sessions: state.data.new_sessions,
+        pairs: pairs.length,
+        new_pairs: fresh.length,
+        buffer: state.data.buffer,
+      },
+      config: { refresh: cfg },
+      eval: { paired: comparison },
+    });
   const by = `prefab refresh, ${tag}`;
   const decided = registry.decidedBy(by);
   if (!(decided && decided.event !== 'rolled_back' && decided.version === candidate)) {
@@ -258,8 +430,17 @@ export async function refreshNight(engine: Engine, cfg: RefreshConfig, backend: 
     else registry.reject(candidate, `${tag}: ${comparison.reason}`, by);
   }
   const promoted = registry.aliases().production === candidate;
-  log.info(promoted ? `${candidate} promoted` : `${candidate} not promoted: ${production} stays`, { reason: comparison.reason });
-  return report({ production_after: registry.aliases().production!, candidate, training, comparison, decision: promoted ? 'promoted' : 'rejected', reason: comparison.reason });
+  log.info(promoted ? `${candidate} promoted` : `${candidate} not promoted: ${production} stays`, {
+    reason: comparison.reason,
+  });
+  return report({
+    production_after: registry.aliases().production!,
+    candidate,
+    training,
+    comparison,
+    decision: promoted ? 'promoted' : 'rejected',
+    reason: comparison.reason,
+  });
 }
 
 /** The data stages' fingerprints (what the candidate's pairs were made from), by stage. */
@@ -274,33 +455,112 @@ async function dataFingerprints(engine: Engine): Promise<Record<string, string>>
 }
 
 /** The candidate: `pairs` trained from production's folder (its reference too), into `out/model`. */
-async function trainCandidate(productionFolder: string, pairs: Pair[], out: string, cache: string, cfg: RefreshConfig, info: { night: number; production: string }, backend: Backend, signal: AbortSignal, log: Logger): Promise<void> {
+async function trainCandidate(
+  productionFolder: string,
+  pairs: Pair[],
+  out: string,
+  cache: string,
+  cfg: RefreshConfig,
+  info: { night: number; production: string },
+  backend: Backend,
+  signal: AbortSignal,
+  log: Logger,
+): Promise<void> {
   const prod = loadCheckpoint(productionFolder);
   const chat = openChat(prod.tokenizer, prod.model.config.eosTokenId, productionFolder);
   const d = cfg.dpo;
   const length = Math.min(prod.context, d.max_length ?? Infinity) + 1;
   const loss = lossOf(d.loss as Parameters<typeof lossOf>[0], d.beta);
   const made = await pairExamples(chat, pairs, length, prod.placeholders);
-  if (made.examples.length === 0) throw new PipelineError(`refresh: none of the ${pairs.length} pairs in the buffer fits in ${length - 1} tokens; raise refresh.dpo.max_length`);
+  if (made.examples.length === 0)
+    throw new PipelineError(
+      `refresh: none of the ${pairs.length} pairs in the buffer fits in ${length - 1} tokens; raise refresh.dpo.max_length`,
+    );
   const settings = { ...d, desirable_weight: 1, undesirable_weight: 1 };
   mkdirSync(cache, { recursive: true });
-  const reference = loss.reference ? await withScorer(backend, prod.model, (score) => referenceScores(score, made.examples, chat.pad, d.micro_batch_tokens, join(cache, 'reference.json'), signal, log)) : null;
-  const trainer = dpoTrainer(made.examples, reference, loss, settings, chat.pad, () => loadCheckpoint(productionFolder).model);
-  log.info('training the candidate', { from: info.production, pairs: made.examples.length, steps: trainer.steps, lr: d.lr, loss: loss.name });
+  const reference = loss.reference
+    ? await withScorer(backend, prod.model, (score) =>
+        referenceScores(
+          score,
+          made.examples,
+          chat.pad,
+          d.micro_batch_tokens,
+          join(cache, 'reference.json'),
+          signal,
+          log,
+        ),
+      )
+    : null;
+  const trainer = dpoTrainer(
+    made.examples,
+    reference,
+    loss,
+    settings,
+    chat.pad,
+    () => loadCheckpoint(productionFolder).model,
+  );
+  log.info('training the candidate', {
+    from: info.production,
+    pairs: made.examples.length,
+    steps: trainer.steps,
+    lr: d.lr,
+    loss: loss.name,
+  });
   const key = hashJson({ production: info.production, pairs: pairs.map((p) => p.pair_id), cfg: d, night: info.night });
-  const result = await trainingRun({ config: d, cache, key, tokenizer: prod.tokenizer, context: prod.context, placeholders: prod.placeholders, signal, log, gpu: backend.gpu }, trainer);
+  const result = await trainingRun(
+    {
+      config: d,
+      cache,
+      key,
+      tokenizer: prod.tokenizer,
+      context: prod.context,
+      placeholders: prod.placeholders,
+      signal,
+      log,
+      gpu: backend.gpu,
+    },
+    trainer,
+  );
   prod.model.dispose();
-  await result.save(out, { stage: 'refresh', loss: loss.name, beta: loss.beta, max_length: length - 1, night: info.night, parent: info.production, last: finalMetrics(result.metrics) });
+  await result.save(out, {
+    stage: 'refresh',
+    loss: loss.name,
+    beta: loss.beta,
+    max_length: length - 1,
+    night: info.night,
+    parent: info.production,
+    last: finalMetrics(result.metrics),
+  });
 }
 
 /** One side of the paired evaluation: the model in `folder` on the validation tasks, each episode seeded by (seed, task, try) alone. */
-async function play(name: string, folder: string, cfg: RefreshConfig, backend: Backend, signal: AbortSignal, log: Logger): Promise<EpisodeRecord[]> {
+async function play(
+  name: string,
+  folder: string,
+  cfg: RefreshConfig,
+  backend: Backend,
+  signal: AbortSignal,
+  log: Logger,
+): Promise<EpisodeRecord[]> {
   const e = cfg.eval;
   const ck = loadCheckpoint(folder);
   const chat = openChat(ck.tokenizer, ck.model.config.eosTokenId, folder);
-  const policy = new ModelPolicy(name, ck.model, ck.context, chat, ck.placeholders, { maxTokens: e.max_tokens, temperature: e.temperature, topP: e.top_p, tools: TOOLS, signal, gpu: backend.gpu }, Math.random);
+  const policy = new ModelPolicy(
+    name,
+    ck.model,
+    ck.context,
+    chat,
+    ck.placeholders,
+    { maxTokens: e.max_tokens, temperature: e.temperature, topP: e.top_p, tools: TOOLS, signal, gpu: backend.gpu },
+    Math.random,
+  );
   const progress = log.progress(`paired evaluation: ${name}`, e.tasks * e.k);
-  const records = await validationEpisodes(policy, { worldSeed: e.world_seed, companies: e.companies, tasks: e.tasks, k: e.k, maxTurns: e.max_turns }, (task, trial) => (policy.random = seeded(cfg.seed, 'paired', task, trial)), () => progress.tick()).finally(() => {
+  const records = await validationEpisodes(
+    policy,
+    { worldSeed: e.world_seed, companies: e.companies, tasks: e.tasks, k: e.k, maxTurns: e.max_turns },
+    (task, trial) => (policy.random = seeded(cfg.seed, 'paired', task, trial)),
+    () => progress.tick(),
+  ).finally(() => {
     progress.done();
     policy.dispose();
   });
@@ -328,10 +588,15 @@ export function formatNight(r: NightReport, traffic?: Live | null): string {
     `night ${r.night}: production ${r.production_before}${r.rollback.rolled_back ? `, rolled back to ${r.production}` : ''}` +
       (traffic ? `, live success ${f(traffic.success)} on ${traffic.sessions} sessions` : ''),
     `  rollback check: ${r.rollback.reason}`,
-    ...(r.live.length ? [`  live traffic: ${r.live.map((l) => `${l.version} ${f(l.success)} on ${l.sessions} sessions`).join(', ')}`] : []),
+    ...(r.live.length
+      ? [`  live traffic: ${r.live.map((l) => `${l.version} ${f(l.success)} on ${l.sessions} sessions`).join(', ')}`]
+      : []),
     `  data: ${r.data.new_sessions ?? '?'} new sessions, ${r.data.new_pairs} new pairs of ${r.data.pairs}; buffer ${r.data.buffer.new} new + ${r.data.buffer.old} older`,
   ];
-  if (r.candidate && c) lines.push(`  candidate ${r.candidate}: success ${f(c.success.candidate)} vs ${f(c.success.production)}, difference ${f(c.success.difference)} [${f(c.success.interval[0])}, ${f(c.success.interval[1])}], p = ${c.success.p.toPrecision(3)}`);
+  if (r.candidate && c)
+    lines.push(
+      `  candidate ${r.candidate}: success ${f(c.success.candidate)} vs ${f(c.success.production)}, difference ${f(c.success.difference)} [${f(c.success.interval[0])}, ${f(c.success.interval[1])}], p = ${c.success.p.toPrecision(3)}`,
+    );
   lines.push(`  decision: ${r.decision}: ${r.reason}`, `  production now: ${r.production_after}`);
   return lines.join('\n');
 }

@@ -3,7 +3,23 @@
 // is a line of an append-only history a person can read (history.jsonl). The history is the truth: a
 // decision is one appended line, so a kill -9 leaves the line or nothing (a torn last line is ignored when
 // read and cut off before the next append), and the aliases are what replaying it gives.
-import { appendFileSync, closeSync, cpSync, existsSync, fstatSync, fsyncSync, mkdirSync, openSync, readFileSync, readSync, readdirSync, renameSync, rmSync, truncateSync, writeFileSync } from 'node:fs';
+import {
+  appendFileSync,
+  closeSync,
+  cpSync,
+  existsSync,
+  fstatSync,
+  fsyncSync,
+  mkdirSync,
+  openSync,
+  readFileSync,
+  readSync,
+  readdirSync,
+  renameSync,
+  rmSync,
+  truncateSync,
+  writeFileSync,
+} from 'node:fs';
 import { join } from 'node:path';
 import { PipelineError } from '../pipeline/errors.ts';
 
@@ -86,7 +102,10 @@ export class Registry {
 
   /** A registered version's info. */
   version(id: string): VersionInfo {
-    if (!this.history().some((e) => e.event === 'registered' && e.version === id)) throw new PipelineError(`model registry ${this.dir}: no version ${id}; \`prefab models list\` shows the versions`);
+    if (!this.history().some((e) => e.event === 'registered' && e.version === id))
+      throw new PipelineError(
+        `model registry ${this.dir}: no version ${id}; \`prefab models list\` shows the versions`,
+      );
     return this.info(id);
   }
 
@@ -103,7 +122,8 @@ export class Registry {
     const versions = join(this.dir, 'versions');
     mkdirSync(versions, { recursive: true });
     // A copy a kill left half-made, or renamed but never recorded, is not a version: its number is taken anew.
-    for (const f of readdirSync(versions)) if (f.startsWith('.tmp-')) rmSync(join(versions, f), { recursive: true, force: true });
+    for (const f of readdirSync(versions))
+      if (f.startsWith('.tmp-')) rmSync(join(versions, f), { recursive: true, force: true });
     const taken = readdirSync(versions).flatMap((f) => (VERSION.test(f) ? [Number(VERSION.exec(f)![1])] : []));
     const id = `v${String(Math.max(0, ...taken) + 1).padStart(4, '0')}`;
     const { production } = this.aliases();
@@ -113,7 +133,14 @@ export class Registry {
     writeFileSync(join(tmp, 'version.json'), JSON.stringify(version, null, 2) + '\n');
     renameSync(tmp, this.folder(id));
     this.append({ at: version.created_at, event: 'registered', version: id, parent: production });
-    if (production === null) this.append({ at: version.created_at, event: 'promoted', version: id, from: null, reason: 'the first model: there was no production' });
+    if (production === null)
+      this.append({
+        at: version.created_at,
+        event: 'promoted',
+        version: id,
+        from: null,
+        reason: 'the first model: there was no production',
+      });
     else this.append({ at: version.created_at, event: 'candidate', version: id });
     return id;
   }
@@ -123,7 +150,14 @@ export class Registry {
     this.version(id);
     const { production } = this.aliases();
     if (production === id) throw new PipelineError(`${id} is already production`);
-    return this.append({ at: new Date().toISOString(), event: 'promoted', version: id, from: production, reason, ...(by ? { by } : {}) });
+    return this.append({
+      at: new Date().toISOString(),
+      event: 'promoted',
+      version: id,
+      from: production,
+      reason,
+      ...(by ? { by } : {}),
+    });
   }
 
   /** The last decision `by` made (a promotion, rejection or rollback), if any: what a resumed refresh finds instead of deciding twice. */
@@ -134,8 +168,18 @@ export class Registry {
   /** Puts back the production before the current one (rolling back twice goes back two promotions). */
   rollback(reason: string, by?: string): RegistryEvent {
     const stack = this.replay().productions;
-    if (stack.length < 2) throw new PipelineError(`model registry ${this.dir}: nothing to roll back to (production ${stack[0] ?? 'none'} has no predecessor)`);
-    return this.append({ at: new Date().toISOString(), event: 'rolled_back', version: stack.at(-2)!, from: stack.at(-1)!, reason, ...(by ? { by } : {}) });
+    if (stack.length < 2)
+      throw new PipelineError(
+        `model registry ${this.dir}: nothing to roll back to (production ${stack[0] ?? 'none'} has no predecessor)`,
+      );
+    return this.append({
+      at: new Date().toISOString(),
+      event: 'rolled_back',
+      version: stack.at(-2)!,
+      from: stack.at(-1)!,
+      reason,
+      ...(by ? { by } : {}),
+    });
   }
 
   /** Records that the candidate `id` was not promoted, and why; it stops being the candidate. */

@@ -42,10 +42,21 @@ export function conversationKey(messages: Message[], user?: string): string {
 
 // ---- the OpenAI request, validated --------------------------------------------------------------------------
 
-const text = z.union([z.string(), z.array(z.object({ type: z.literal('text'), text: z.string() })).transform((parts) => parts.map((p) => p.text).join(''))]);
-const toolCall = z.object({ id: z.string(), type: z.literal('function'), function: z.object({ name: z.string(), arguments: z.string() }) });
+const text = z.union([
+  z.string(),
+  z
+    .array(z.object({ type: z.literal('text'), text: z.string() }))
+    .transform((parts) => parts.map((p) => p.text).join('')),
+]);
+const toolCall = z.object({
+  id: z.string(),
+  type: z.literal('function'),
+  function: z.object({ name: z.string(), arguments: z.string() }),
+});
 const message = z.object({
-  role: z.enum(['system', 'developer', 'user', 'assistant', 'tool']).transform((r) => (r === 'developer' ? 'system' : r)),
+  role: z
+    .enum(['system', 'developer', 'user', 'assistant', 'tool'])
+    .transform((r) => (r === 'developer' ? 'system' : r)),
   content: text.nullable().optional(),
   name: z.string().optional(),
   tool_calls: z.array(toolCall).optional(),
@@ -54,8 +65,24 @@ const message = z.object({
 const chatRequest = z.object({
   model: z.string().min(1),
   messages: z.array(message).min(1),
-  tools: z.array(z.object({ type: z.literal('function'), function: z.object({ name: z.string().min(1), description: z.string().optional(), parameters: z.record(z.string(), z.unknown()).optional() }) })).optional(),
-  tool_choice: z.union([z.enum(['auto', 'none', 'required']), z.object({ type: z.literal('function'), function: z.object({ name: z.string() }) })]).optional(),
+  tools: z
+    .array(
+      z.object({
+        type: z.literal('function'),
+        function: z.object({
+          name: z.string().min(1),
+          description: z.string().optional(),
+          parameters: z.record(z.string(), z.unknown()).optional(),
+        }),
+      }),
+    )
+    .optional(),
+  tool_choice: z
+    .union([
+      z.enum(['auto', 'none', 'required']),
+      z.object({ type: z.literal('function'), function: z.object({ name: z.string() }) }),
+    ])
+    .optional(),
   temperature: z.number().min(0).max(2).optional(),
   top_p: z.number().gt(0).max(1).optional(),
   max_tokens: z.number().int().min(1).optional(),
@@ -76,7 +103,13 @@ class ApiError extends Error {
     readonly code: string,
     message: string,
     readonly param: string | null = null,
-    readonly type = status === 401 ? 'invalid_request_error' : status === 429 ? 'requests' : status >= 500 ? 'server_error' : 'invalid_request_error',
+    readonly type = status === 401
+      ? 'invalid_request_error'
+      : status === 429
+        ? 'requests'
+        : status >= 500
+          ? 'server_error'
+          : 'invalid_request_error',
   ) {
     super(message);
   }
@@ -87,7 +120,14 @@ class ApiError extends Error {
 interface Job {
   decoding: Decoding<TokenCache> | null;
   prompt: number[];
-  sampling: { maxTokens: number; temperature: number; topP: number; random: () => number; constraint?: ToolCallConstraint; stop: number[] };
+  sampling: {
+    maxTokens: number;
+    temperature: number;
+    topP: number;
+    random: () => number;
+    constraint?: ToolCallConstraint;
+    stop: number[];
+  };
   /** Each drawn token, as it comes (streaming). */
   onToken?: (out: readonly number[]) => void;
   done: (result: { out: number[]; error?: Error }) => void;
@@ -136,7 +176,12 @@ class ServedModel {
 
   /** Queues a prompt; resolves with the drawn tokens. 429 when the queue is full. */
   generate(job: Omit<Job, 'decoding' | 'done' | 'cancelled'>): { result: Promise<number[]>; cancel(): void } {
-    if (this.waiting.length >= this.settings.maxQueue) throw new ApiError(429, 'rate_limit_exceeded', `the server is busy: ${this.active.length} requests decoding and ${this.waiting.length} waiting for ${this.version}; retry shortly`);
+    if (this.waiting.length >= this.settings.maxQueue)
+      throw new ApiError(
+        429,
+        'rate_limit_exceeded',
+        `the server is busy: ${this.active.length} requests decoding and ${this.waiting.length} waiting for ${this.version}; retry shortly`,
+      );
     let entry!: Job;
     const result = new Promise<number[]>((resolve, reject) => {
       entry = { ...job, decoding: null, cancelled: false, done: (r) => (r.error ? reject(r.error) : resolve(r.out)) };
@@ -158,7 +203,10 @@ class ServedModel {
       return n;
     };
     let best: { cache: TokenCache; n: number; idle: boolean } | null = null;
-    for (const [cache, idle] of [...this.idle.map((c) => [c, true] as const), ...inFlight.map((r) => [r.job.decoding!.cache, false] as const)]) {
+    for (const [cache, idle] of [
+      ...this.idle.map((c) => [c, true] as const),
+      ...inFlight.map((r) => [r.job.decoding!.cache, false] as const),
+    ]) {
       const n = shared(cache);
       if (n > (best?.n ?? 0)) best = { cache, n, idle };
     }
@@ -210,7 +258,10 @@ class ServedModel {
         }
         this.active = reading.map((r) => r.job);
         if (reading.length > 0) {
-          const logits = await this.caches.readMany(reading.map((r) => r.job.decoding!.cache), reading.map((r) => r.tokens));
+          const logits = await this.caches.readMany(
+            reading.map((r) => r.job.decoding!.cache),
+            reading.map((r) => r.tokens),
+          );
           reading.forEach((r, i) => (r.job.decoding!.logits = logits[i]!));
         }
         await new Promise((resolve) => setImmediate(resolve)); // let the server take requests and send replies
@@ -242,7 +293,8 @@ export function loadCatalog(registry: Registry, names: string[], settings: Serve
   const byVersion = new Map<string, ServedModel>();
   for (const name of names) {
     const id = name === 'production' || name === 'candidate' ? aliases[name] : name;
-    if (!id) throw new Error(`the registry in ${registry.dir} has no ${name}: \`prefab models list\` shows what it has`);
+    if (!id)
+      throw new Error(`the registry in ${registry.dir} has no ${name}: \`prefab models list\` shows what it has`);
     registry.version(id);
     let served = byVersion.get(id);
     if (!served) byVersion.set(id, (served = new ServedModel(id, join(registry.folder(id), 'model'), settings)));
@@ -286,7 +338,12 @@ function sendJson(res: ServerResponse, status: number, body: unknown, headers: R
 }
 
 function sendError(res: ServerResponse, e: ApiError): void {
-  sendJson(res, e.status, { error: { message: e.message, type: e.type, param: e.param, code: e.code } }, e.status === 429 ? { 'retry-after': '1' } : {});
+  sendJson(
+    res,
+    e.status,
+    { error: { message: e.message, type: e.type, param: e.param, code: e.code } },
+    e.status === 429 ? { 'retry-after': '1' } : {},
+  );
 }
 
 /** The body, at most `limit` bytes (413 past it; the rest is read and dropped so the client sees the answer). */
@@ -298,7 +355,17 @@ function readBody(req: IncomingMessage, limit: number): Promise<string> {
       size += chunk.length;
       if (size <= limit) chunks.push(chunk);
     });
-    req.on('end', () => (size > limit ? reject(new ApiError(413, 'request_too_large', `the request body is ${size} bytes; the most this server takes is ${limit}`)) : resolve(Buffer.concat(chunks).toString('utf8'))));
+    req.on('end', () =>
+      size > limit
+        ? reject(
+            new ApiError(
+              413,
+              'request_too_large',
+              `the request body is ${size} bytes; the most this server takes is ${limit}`,
+            ),
+          )
+        : resolve(Buffer.concat(chunks).toString('utf8')),
+    );
     req.on('error', reject);
   });
 }
@@ -324,7 +391,10 @@ export async function startServer(catalog: Catalog, settings: ServeSettings, log
       }
       if (error instanceof ApiError) return sendError(res, error);
       log.error('request failed', { error: (error as Error).message });
-      sendError(res, new ApiError(500, 'server_error', `the server failed on this request: ${(error as Error).message}`));
+      sendError(
+        res,
+        new ApiError(500, 'server_error', `the server failed on this request: ${(error as Error).message}`),
+      );
     });
     inFlight.add(task);
     void task.finally(() => inFlight.delete(task));
@@ -333,13 +403,29 @@ export async function startServer(catalog: Catalog, settings: ServeSettings, log
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
     const path = new URL(req.url ?? '/', 'http://x').pathname.replace(/\/+$/, '');
     if (path === '/health') return sendJson(res, closing ? 503 : 200, { status: closing ? 'shutting down' : 'ok' });
-    if (closing) throw new ApiError(503, 'shutting_down', 'the server is shutting down; retry against another instance');
-    if (!authorised(req, settings.apiKey)) throw new ApiError(401, 'invalid_api_key', 'missing or wrong API key: send it as `Authorization: Bearer <key>` (the server reads PREFAB_SERVE_API_KEY)');
+    if (closing)
+      throw new ApiError(503, 'shutting_down', 'the server is shutting down; retry against another instance');
+    if (!authorised(req, settings.apiKey))
+      throw new ApiError(
+        401,
+        'invalid_api_key',
+        'missing or wrong API key: send it as `Authorization: Bearer <key>` (the server reads PREFAB_SERVE_API_KEY)',
+      );
     if (path === '/v1/models') {
       if (req.method !== 'GET') throw new ApiError(405, 'method_not_allowed', `${req.method} ${path}: use GET`);
-      return sendJson(res, 200, { object: 'list', data: [...catalog].map(([id, served]) => ({ id, object: 'model', created: 0, owned_by: 'prefab', version: served.version })) });
+      return sendJson(res, 200, {
+        object: 'list',
+        data: [...catalog].map(([id, served]) => ({
+          id,
+          object: 'model',
+          created: 0,
+          owned_by: 'prefab',
+          version: served.version,
+        })),
+      });
     }
-    if (path !== '/v1/chat/completions') throw new ApiError(404, 'not_found', `no route ${path}: this server answers /v1/chat/completions and /v1/models`);
+    if (path !== '/v1/chat/completions')
+      throw new ApiError(404, 'not_found', `no route ${path}: this server answers /v1/chat/completions and /v1/models`);
     if (req.method !== 'POST') throw new ApiError(405, 'method_not_allowed', `${req.method} ${path}: use POST`);
     const body = await readBody(req, settings.maxBodyBytes);
     let json: unknown;
@@ -360,14 +446,38 @@ export async function startServer(catalog: Catalog, settings: ServeSettings, log
   async function complete(request: ChatRequest, req: IncomingMessage, res: ServerResponse): Promise<void> {
     const messages = request.messages as Message[];
     const asked = request.model === 'prefab' ? settings.defaultModel : request.model;
-    const arm = settings.split && asked === 'production' ? armOf(conversationKey(messages, request.user ?? (req.headers['x-prefab-conversation'] as string | undefined)), settings.split).name : asked;
+    const arm =
+      settings.split && asked === 'production'
+        ? armOf(
+            conversationKey(messages, request.user ?? (req.headers['x-prefab-conversation'] as string | undefined)),
+            settings.split,
+          ).name
+        : asked;
     const served = catalog.get(arm);
-    if (!served) throw new ApiError(404, 'model_not_found', `the model ${request.model} is not served here; GET /v1/models lists those that are`, 'model');
+    if (!served)
+      throw new ApiError(
+        404,
+        'model_not_found',
+        `the model ${request.model} is not served here; GET /v1/models lists those that are`,
+        'model',
+      );
     const maxTokens = request.max_completion_tokens ?? request.max_tokens ?? settings.maxTokens;
-    if (maxTokens > settings.maxTokens) throw new ApiError(400, 'invalid_request', `max_tokens ${maxTokens}: the most this server writes in one reply is ${settings.maxTokens}`, 'max_tokens');
+    if (maxTokens > settings.maxTokens)
+      throw new ApiError(
+        400,
+        'invalid_request',
+        `max_tokens ${maxTokens}: the most this server writes in one reply is ${settings.maxTokens}`,
+        'max_tokens',
+      );
     const room = served.context - maxTokens;
     const prompt = await promptOf(served.chat, served.placeholders, room, messages);
-    if (prompt.least > room) throw new ApiError(413, 'context_length_exceeded', `the conversation needs at least ${prompt.least} tokens (the messages up to the user's request, the latest message and the reply's header) and the reply up to ${maxTokens}: more than the model's context of ${served.context}`, 'messages');
+    if (prompt.least > room)
+      throw new ApiError(
+        413,
+        'context_length_exceeded',
+        `the conversation needs at least ${prompt.least} tokens (the messages up to the user's request, the latest message and the reply's header) and the reply up to ${maxTokens}: more than the model's context of ${served.context}`,
+        'messages',
+      );
     const tools = request.tool_choice === 'none' ? undefined : (request.tools as ToolSchema[] | undefined);
     const constraint = tools?.length ? ((await served.constraint(tools)) ?? undefined) : undefined;
     const random = request.seed === undefined ? Math.random : seeded(request.seed, 'serve');
@@ -383,7 +493,12 @@ export async function startServer(catalog: Catalog, settings: ServeSettings, log
     const chunk = (delta: Record<string, unknown>, finish: string | null = null) =>
       `data: ${JSON.stringify({ id, object: 'chat.completion.chunk', created, model: served.version, system_fingerprint: served.version, choices: [{ index: 0, delta, finish_reason: finish, logprobs: null }] })}\n\n`;
     if (stream) {
-      res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', ...headers });
+      res.writeHead(200, {
+        'content-type': 'text/event-stream',
+        'cache-control': 'no-cache',
+        connection: 'keep-alive',
+        ...headers,
+      });
       emit(chunk({ role: 'assistant', content: '' }));
     }
     // Streaming: the reply's text so far (values put back) goes out as it grows; calls come whole at the end.
@@ -401,7 +516,18 @@ export async function startServer(catalog: Catalog, settings: ServeSettings, log
         }
       : undefined;
     const stop = request.ignore_eos ? [] : served.chat.stop;
-    const job = served.generate({ prompt: prompt.ids, sampling: { maxTokens, temperature: request.temperature ?? 1, topP: request.top_p ?? 1, random, constraint, stop }, onToken });
+    const job = served.generate({
+      prompt: prompt.ids,
+      sampling: {
+        maxTokens,
+        temperature: request.temperature ?? 1,
+        topP: request.top_p ?? 1,
+        random,
+        constraint,
+        stop,
+      },
+      onToken,
+    });
     res.on('close', () => job.cancel());
     const out = await job.result;
     await chain;
@@ -409,10 +535,31 @@ export async function startServer(catalog: Catalog, settings: ServeSettings, log
     const stopped = out.length > 0 && stop.includes(out.at(-1)!);
     // As OpenAI's API: a reply cut by max_tokens says 'length' even where its text already parses as a call.
     const finish = !stopped ? 'length' : reply.tool_calls?.length ? 'tool_calls' : 'stop';
-    const usage = { prompt_tokens: prompt.ids.length, completion_tokens: out.length, total_tokens: prompt.ids.length + out.length };
-    const assistant = { role: 'assistant', content: reply.content ?? null, ...(reply.tool_calls?.length ? { tool_calls: reply.tool_calls } : {}) };
+    const usage = {
+      prompt_tokens: prompt.ids.length,
+      completion_tokens: out.length,
+      total_tokens: prompt.ids.length + out.length,
+    };
+    const assistant = {
+      role: 'assistant',
+      content: reply.content ?? null,
+      ...(reply.tool_calls?.length ? { tool_calls: reply.tool_calls } : {}),
+    };
     if (!stream) {
-      sendJson(res, 200, { id, object: 'chat.completion', created, model: served.version, system_fingerprint: served.version, choices: [{ index: 0, message: assistant, finish_reason: finish, logprobs: null }], usage }, headers);
+      sendJson(
+        res,
+        200,
+        {
+          id,
+          object: 'chat.completion',
+          created,
+          model: served.version,
+          system_fingerprint: served.version,
+          choices: [{ index: 0, message: assistant, finish_reason: finish, logprobs: null }],
+          usage,
+        },
+        headers,
+      );
       return;
     }
     const rest = (reply.content ?? '').startsWith(sent) ? (reply.content ?? '').slice(sent.length) : '';

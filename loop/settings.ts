@@ -8,33 +8,73 @@ import { gateConfig } from './paired.ts';
 
 export const refreshConfig = z
   .strictObject({
-    inbox: z.string().default('../inbox').describe('The folder new sessions land in, relative to this file; it must be one of ingest.inputs. `refresh --days` writes its simulated days there.'),
-    seed: z.string().default('prefab').describe('The buffer’s draws, the training order and the paired episodes’ sampling.'),
+    inbox: z
+      .string()
+      .default('../inbox')
+      .describe(
+        'The folder new sessions land in, relative to this file; it must be one of ingest.inputs. `refresh --days` writes its simulated days there.',
+      ),
+    seed: z
+      .string()
+      .default('prefab')
+      .describe('The buffer’s draws, the training order and the paired episodes’ sampling.'),
     buffer: z
       .strictObject({
-        size: z.number().int().min(1).default(256).describe('Pairs a night trains on: every pair new tonight first (a seeded sample of them when there are more), then older ones.'),
-        half_life_nights: z.number().positive().default(3).describe('An older pair is drawn with weight ½^(nights since it first appeared / half_life_nights).'),
+        size: z
+          .number()
+          .int()
+          .min(1)
+          .default(256)
+          .describe(
+            'Pairs a night trains on: every pair new tonight first (a seeded sample of them when there are more), then older ones.',
+          ),
+        half_life_nights: z
+          .number()
+          .positive()
+          .default(3)
+          .describe('An older pair is drawn with weight ½^(nights since it first appeared / half_life_nights).'),
       })
       .prefault({})
       .describe('The replay buffer: new sessions’ pairs mixed with older ones, bounded, recency weighted.'),
     dpo: z
       .strictObject({
-        loss: z.enum(LOSS_NAMES.filter((l) => l !== 'kto') as [string, ...string[]]).default('dpo').describe('The preference loss (as dpo.loss; KTO is not offered here).'),
+        loss: z
+          .enum(LOSS_NAMES.filter((l) => l !== 'kto') as [string, ...string[]])
+          .default('dpo')
+          .describe('The preference loss (as dpo.loss; KTO is not offered here).'),
         beta: z.number().positive().nullable().default(null).describe("β; null takes the loss's default."),
         label_smoothing: z.number().min(0).lt(0.5).default(0).describe('As dpo.label_smoothing.'),
         gamma_beta_ratio: z.number().min(0).default(0.5).describe("SimPO's margin as a share of β."),
-        max_length: z.number().int().min(16).nullable().default(null).describe("Tokens of prompt and completion (null: the model's context)."),
+        max_length: z
+          .number()
+          .int()
+          .min(16)
+          .nullable()
+          .default(null)
+          .describe("Tokens of prompt and completion (null: the model's context)."),
         ...trainingConfig(2e-5),
         batch_size: z.number().int().min(1).default(4).describe('Pairs per optimiser step.'),
         warmup: z.number().int().min(0).default(0).describe('Steps of linear warmup.'),
-        checkpoint_every: z.number().int().min(1).default(10).describe('Steps between checkpoints; a killed night resumes from the latest.'),
+        checkpoint_every: z
+          .number()
+          .int()
+          .min(1)
+          .default(10)
+          .describe('Steps between checkpoints; a killed night resumes from the latest.'),
       })
       .prefault({})
-      .describe('The candidate: DPO continued from production (its frozen reference too), one epoch over the buffer, at a learning rate well below the offline run’s (seed 000).'),
+      .describe(
+        'The candidate: DPO continued from production (its frozen reference too), one epoch over the buffer, at a learning rate well below the offline run’s (seed 000).',
+      ),
     eval: z
       .strictObject({
         tasks: z.number().int().min(1).default(20).describe('Validation tasks both models play.'),
-        k: z.number().int().min(1).default(2).describe('Tries per task: the twins are (task, try), with the same sampler seed for both models.'),
+        k: z
+          .number()
+          .int()
+          .min(1)
+          .default(2)
+          .describe('Tries per task: the twins are (task, try), with the same sampler seed for both models.'),
         world_seed: z.number().int().default(DEFAULT_WORLD.seed).describe('The simulator world.'),
         companies: z.number().int().min(1).default(DEFAULT_WORLD.companies).describe('Companies in that world.'),
         temperature: z.number().min(0).default(0.5).describe('Sampling temperature of the paired episodes.'),
@@ -45,32 +85,91 @@ export const refreshConfig = z
       .prefault({})
       .describe('The paired evaluation of candidate against production.'),
     dapo: z
-      .strictObject({ enabled: z.boolean().default(false).describe('Continue the candidate by DAPO in the simulator after its DPO (the dapo stage’s knobs); off, the candidate is the DPO model.'), ...dapoKnobs })
+      .strictObject({
+        enabled: z
+          .boolean()
+          .default(false)
+          .describe(
+            'Continue the candidate by DAPO in the simulator after its DPO (the dapo stage’s knobs); off, the candidate is the DPO model.',
+          ),
+        ...dapoKnobs,
+      })
       .prefault({})
-      .describe('The feedback-guided (or standard) DAPO stage of the night, after DPO: the loop reintegrates new sessions alongside it.'),
+      .describe(
+        'The feedback-guided (or standard) DAPO stage of the night, after DPO: the loop reintegrates new sessions alongside it.',
+      ),
     gate: gateConfig.describe('When a candidate is promoted (loop/paired.ts).'),
     rollback: z
       .strictObject({
-        ratio: z.number().gt(0).max(1).default(0.95).describe('Production is rolled back when its live success falls below its baseline × ratio (seed 000).'),
-        min_sessions: z.number().int().min(1).default(20).describe('Sessions a version must have served before its live success counts (for it and for its baseline).'),
-        success_reward: z.number().min(0).max(1).default(1).describe('A served session succeeded when its metadata says so, else when its reward is at least this.'),
+        ratio: z
+          .number()
+          .gt(0)
+          .max(1)
+          .default(0.95)
+          .describe('Production is rolled back when its live success falls below its baseline × ratio (seed 000).'),
+        min_sessions: z
+          .number()
+          .int()
+          .min(1)
+          .default(20)
+          .describe(
+            'Sessions a version must have served before its live success counts (for it and for its baseline).',
+          ),
+        success_reward: z
+          .number()
+          .min(0)
+          .max(1)
+          .default(1)
+          .describe('A served session succeeded when its metadata says so, else when its reward is at least this.'),
       })
       .prefault({})
-      .describe("Live success: each version's share of successful sessions among those it served (sessions' `model`); the baseline is the production it replaced."),
+      .describe(
+        "Live success: each version's share of successful sessions among those it served (sessions' `model`); the baseline is the production it replaced.",
+      ),
     days: z
       .strictObject({
-        tasks: z.number().int().min(1).default(25).describe('Tasks of a simulated day: each a conversation of the simulator’s users with production.'),
-        trials: z.number().int().min(1).default(2).describe('Conversations per task (several, so the pairs stage finds groups).'),
-        first_task: z.number().int().min(0).default(10_000).describe('Training-split task index of day 1’s first task (each day takes the next ones: tasks never seen before).'),
-        start: z.string().regex(/^\d{4}-\d{2}-\d{2}$/).default('2026-06-01').describe('Day 1’s date.'),
+        tasks: z
+          .number()
+          .int()
+          .min(1)
+          .default(25)
+          .describe('Tasks of a simulated day: each a conversation of the simulator’s users with production.'),
+        trials: z
+          .number()
+          .int()
+          .min(1)
+          .default(2)
+          .describe('Conversations per task (several, so the pairs stage finds groups).'),
+        first_task: z
+          .number()
+          .int()
+          .min(0)
+          .default(10_000)
+          .describe(
+            'Training-split task index of day 1’s first task (each day takes the next ones: tasks never seen before).',
+          ),
+        start: z
+          .string()
+          .regex(/^\d{4}-\d{2}-\d{2}$/)
+          .default('2026-06-01')
+          .describe('Day 1’s date.'),
         temperature: z.number().min(0).default(0.5).describe("Production's sampling temperature on the day's traffic."),
-        concurrency: z.number().int().min(1).default(8).describe('Conversations in flight at once (the server decodes them together).'),
+        concurrency: z
+          .number()
+          .int()
+          .min(1)
+          .default(8)
+          .describe('Conversations in flight at once (the server decodes them together).'),
       })
       .prefault({})
-      .describe('`prefab refresh --days N`: each day serves production, the simulator’s users talk to it, and the night refreshes.'),
+      .describe(
+        '`prefab refresh --days N`: each day serves production, the simulator’s users talk to it, and the night refreshes.',
+      ),
   })
   .prefault({})
-  .describe('read by `prefab refresh` (the online loop, docs/loop.md): a night takes in the inbox, trains a candidate from production, and promotes it only when it is better with confidence');
+  .describe(
+    'read by `prefab refresh` (the online loop, docs/loop.md): a night takes in the inbox, trains a candidate from production, and promotes it only when it is better with confidence',
+  );
 export type RefreshConfig = z.infer<typeof refreshConfig>;
 
 export interface ServeSettings {
@@ -93,7 +192,15 @@ export interface ServeSettings {
   split: Arm[] | null;
 }
 
-export const SERVE_DEFAULTS: Omit<ServeSettings, 'split' | 'apiKey'> = { defaultModel: 'production', host: '127.0.0.1', port: 8000, maxBatch: 16, maxQueue: 64, maxBodyBytes: 1 << 20, maxTokens: 160 };
+export const SERVE_DEFAULTS: Omit<ServeSettings, 'split' | 'apiKey'> = {
+  defaultModel: 'production',
+  host: '127.0.0.1',
+  port: 8000,
+  maxBatch: 16,
+  maxQueue: 64,
+  maxBodyBytes: 1 << 20,
+  maxTokens: 160,
+};
 
 /** An arm of the split: a version or alias, and its share of conversations. */
 export interface Arm {
@@ -106,11 +213,13 @@ export function parseSplit(text: string): Arm[] {
   const arms = text.split(',').map((part) => {
     const [name, share] = part.split('=');
     const n = Number(share);
-    if (!name || !(n > 0 && n <= 1)) throw new Error(`--split ${text}: expected name=share pairs with shares in (0, 1], e.g. production=0.8,candidate=0.2`);
+    if (!name || !(n > 0 && n <= 1))
+      throw new Error(
+        `--split ${text}: expected name=share pairs with shares in (0, 1], e.g. production=0.8,candidate=0.2`,
+      );
     return { name: name.trim(), share: n };
   });
   const total = arms.reduce((s, a) => s + a.share, 0);
   if (Math.abs(total - 1) > 1e-9) throw new Error(`--split ${text}: the shares add up to ${total}, not 1`);
   return arms;
 }
-

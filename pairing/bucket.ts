@@ -15,7 +15,13 @@ import type { RewriteJob, RewriteOutcome, Rewriter } from './rewriter.ts';
 
 export interface BucketOptions {
   outcome: { enabled: boolean; success_min: number; failure_max: number; max_pairs_per_task: number | null };
-  hardNegatives: { enabled: boolean; from_min_reward: number; ratios: Partial<Record<NegativeType, number>>; salt: string; rewriter: { ratios: Partial<Record<NegativeType, number>> } };
+  hardNegatives: {
+    enabled: boolean;
+    from_min_reward: number;
+    ratios: Partial<Record<NegativeType, number>>;
+    salt: string;
+    rewriter: { ratios: Partial<Record<NegativeType, number>> };
+  };
   rewriter: Rewriter | null;
   /** Whether the session's request is one the agent must decline. */
   mustDecline: (s: StoredSession) => boolean;
@@ -31,25 +37,46 @@ export interface PairingConfig {
 export function bucketOptions(cfg: PairingConfig, rewriter: Rewriter | null): BucketOptions {
   const mustDecline = mustDeclineTest(cfg.must_decline);
   // The test reads the user's turns only when there are patterns to match them against.
-  const users = (s: StoredSession) => (cfg.must_decline.length ? s.messages.indicesOf('user').map((i) => s.messages.at(i)) : []);
+  const users = (s: StoredSession) =>
+    cfg.must_decline.length ? s.messages.indicesOf('user').map((i) => s.messages.at(i)) : [];
   // Without patterns, only metadata with `must_decline` in it can say so: other sessions' is not parsed.
   const patterns = cfg.must_decline.length > 0;
   return {
     outcome: cfg.outcome,
     hardNegatives: cfg.hard_negatives,
     rewriter,
-    mustDecline: (s: StoredSession) => (patterns || s.metadataMayHold('must_decline')) && mustDecline({ metadata: s.metadata, prompt: users(s) }),
+    mustDecline: (s: StoredSession) =>
+      (patterns || s.metadataMayHold('must_decline')) && mustDecline({ metadata: s.metadata, prompt: users(s) }),
   };
 }
 
 /** Every count the stage reports, at zero. */
 export function pairCounts(): Record<string, number> {
-  const counts: Record<string, number> = { train: 0, test: 0, outcome: 0, hard_negative: 0, tasks: 0, tasks_with_pairs: 0, tasks_without_success: 0, tasks_without_failure: 0, dropped: 0 };
+  const counts: Record<string, number> = {
+    train: 0,
+    test: 0,
+    outcome: 0,
+    hard_negative: 0,
+    tasks: 0,
+    tasks_with_pairs: 0,
+    tasks_without_success: 0,
+    tasks_without_failure: 0,
+    dropped: 0,
+  };
   // Buckets too large to pair whole, paired in pieces (pairer.ts).
   counts.buckets_in_pieces = 0;
   for (const t of NEGATIVE_TYPES) counts[`hard_negative_${t}`] = 0;
   // hard_negative counts both kinds; hard_negative_<type> the transforms', hard_negative_llm_<type> the rewriter's.
-  Object.assign(counts, { hard_negative_llm: 0, rewrite_skipped: 0, rewrite_failed: 0, rewrite_over_budget: 0, rewrite_must_decline: 0, requests: 0, cached: 0, retries: 0 });
+  Object.assign(counts, {
+    hard_negative_llm: 0,
+    rewrite_skipped: 0,
+    rewrite_failed: 0,
+    rewrite_over_budget: 0,
+    rewrite_must_decline: 0,
+    requests: 0,
+    cached: 0,
+    retries: 0,
+  });
   for (const t of REWRITE_TYPES) counts[`hard_negative_llm_${t}`] = 0;
   return counts;
 }
@@ -103,8 +130,21 @@ const ENUMERATED = new Map<string | null, string>();
  * listed, and the test of stored pairs checks that every line holds these keys in this order.
  */
 export const PAIR_FIELDS = {
-  pair_id: 0, prompt: 1, chosen: 2, rejected: 3, chosen_reward: 4, rejected_reward: 5, margin: 6, confidence: 7, source: 8,
-  negative_type: 9, judge: 10, task_id: 11, chosen_session_id: 12, rejected_session_id: 13, split: 14,
+  pair_id: 0,
+  prompt: 1,
+  chosen: 2,
+  rejected: 3,
+  chosen_reward: 4,
+  rejected_reward: 5,
+  margin: 6,
+  confidence: 7,
+  source: 8,
+  negative_type: 9,
+  judge: 10,
+  task_id: 11,
+  chosen_session_id: 12,
+  rejected_session_id: 13,
+  split: 14,
 } satisfies Record<keyof Pair, number>;
 
 /** A rewrite not made, for dropped.jsonl: where the transforms write `<session>~<type>`, the rewriter writes `<session>~<type>~llm`. */
@@ -140,9 +180,17 @@ const drop = (w: BucketWork, record: unknown) => w.out.dropped.push(JSON.stringi
  * the candidates as ranked (by reward and id), and `session` gives the sessions they take (the candidates
  * themselves, or a large task's read back: pairer.ts).
  */
-export function writeOutcomePairs<C extends Candidate>(w: BucketWork, candidates: { successes: Ranked<C>; failures: Ranked<C> }, session: (c: C) => StoredSession): number {
+export function writeOutcomePairs<C extends Candidate>(
+  w: BucketWork,
+  candidates: { successes: Ranked<C>; failures: Ranked<C> },
+  session: (c: C) => StoredSession,
+): number {
   const oc = w.o.outcome;
-  const built = rankedOutcomePairs(candidates, session, { successMin: oc.success_min, failureMax: oc.failure_max, maxPairsPerTask: oc.max_pairs_per_task ?? Infinity });
+  const built = rankedOutcomePairs(candidates, session, {
+    successMin: oc.success_min,
+    failureMax: oc.failure_max,
+    maxPairsPerTask: oc.max_pairs_per_task ?? Infinity,
+  });
   if (candidates.successes.length === 0) w.counts.tasks_without_success!++;
   if (candidates.failures.length === 0) w.counts.tasks_without_failure!++;
   for (const { pair, chosen } of built.made) writePair(w.out.pairs, pair, chosen);
@@ -170,12 +218,22 @@ function writeHardNegatives(w: BucketWork, s: StoredSession): number {
   // A request that must be declined: the only contrast worth teaching is refusal over compliance, and only a
   // session that complied has a compliance to put on the rejected side.
   if (declining && isRefusal(firstReply(s))) return 0;
-  const built = buildHardNegatives(s, { ratios: declining ? { refusal: h.ratios.refusal } : h.ratios, salt: h.salt, mustDecline: () => declining });
+  const built = buildHardNegatives(s, {
+    ratios: declining ? { refusal: h.ratios.refusal } : h.ratios,
+    salt: h.salt,
+    mustDecline: () => declining,
+  });
   for (const pair of built.pairs) {
     writePair(w.out.pairs, pair, s);
     counts[`hard_negative_${pair.negative_type}`]!++;
   }
-  for (const skip of built.skipped) drop(w, { task_id: s.task_id, chosen_session_id: s.session_id, rejected_session_id: `${s.session_id}~${skip.type}`, reason: `hard negative ${skip.type}: ${skip.reason}` });
+  for (const skip of built.skipped)
+    drop(w, {
+      task_id: s.task_id,
+      chosen_session_id: s.session_id,
+      rejected_session_id: `${s.session_id}~${skip.type}`,
+      reason: `hard negative ${skip.type}: ${skip.reason}`,
+    });
   counts.hard_negative! += built.pairs.length;
   counts.dropped! += built.skipped.length;
   return built.pairs.length;
@@ -183,7 +241,12 @@ function writeHardNegatives(w: BucketWork, s: StoredSession): number {
 
 /** Work on a bucket, or a piece of one, writing into buffers taken from `shelf`; `sizeHint` is about the bytes its pairs will take. */
 export function bucketWork(o: BucketOptions, shelf: BufferShelf, sizeHint: number): BucketWork {
-  return { o, out: { pairs: new LineBuffer(sizeHint, shelf), dropped: new LineBuffer(64 << 10, shelf) }, counts: pairCounts(), rewrites: [] };
+  return {
+    o,
+    out: { pairs: new LineBuffer(sizeHint, shelf), dropped: new LineBuffer(64 << 10, shelf) },
+    counts: pairCounts(),
+    rewrites: [],
+  };
 }
 
 /** What `w` wrote, as a bucket's result. */
@@ -210,7 +273,14 @@ export function writeTaskHardNegatives(w: BucketWork, sessions: StoredSession[])
  * (and why), as lines in buffers taken from `shelf`; `sizeHint` is about the bytes the pairs will take,
  * so that their buffer rarely grows.
  */
-export async function pairBucket(groups: StoredTaskGroups, side: Split, o: BucketOptions, log: BucketLog, shelf: BufferShelf, sizeHint = 1 << 20): Promise<PairedBucket> {
+export async function pairBucket(
+  groups: StoredTaskGroups,
+  side: Split,
+  o: BucketOptions,
+  log: BucketLog,
+  shelf: BufferShelf,
+  sizeHint = 1 << 20,
+): Promise<PairedBucket> {
   const w = bucketWork(o, shelf, sizeHint);
   const { counts } = w;
   const madeByTask = new Map<string, number>();
@@ -218,7 +288,13 @@ export async function pairBucket(groups: StoredTaskGroups, side: Split, o: Bucke
     // A task's sessions are read as it is paired, and are done with after it.
     const sessions = storedSessions(groups, lines);
     counts.tasks!++;
-    let made = o.outcome.enabled ? writeOutcomePairs(w, rank(sessions, { successMin: o.outcome.success_min, failureMax: o.outcome.failure_max }), (s) => s) : 0;
+    let made = o.outcome.enabled
+      ? writeOutcomePairs(
+          w,
+          rank(sessions, { successMin: o.outcome.success_min, failureMax: o.outcome.failure_max }),
+          (s) => s,
+        )
+      : 0;
     if (o.hardNegatives.enabled) made += writeTaskHardNegatives(w, sessions);
     madeByTask.set(taskId, made);
   }
@@ -232,7 +308,8 @@ export async function pairBucket(groups: StoredTaskGroups, side: Split, o: Bucke
       counts[`hard_negative_llm_${job.type}`]!++;
       continue;
     }
-    if (outcome.cause === 'failed') log.warn('rewrite failed', { session_id: s.session_id, type: job.type, error: outcome.skip });
+    if (outcome.cause === 'failed')
+      log.warn('rewrite failed', { session_id: s.session_id, type: job.type, error: outcome.skip });
     counts[outcome.cause === 'unusable' ? 'rewrite_skipped' : `rewrite_${outcome.cause}`]!++;
     drop(w, rewriteDrop(s, job.type, outcome.skip));
     counts.dropped!++;

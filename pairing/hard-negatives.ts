@@ -88,7 +88,10 @@ type Rewrite = { at: number; message: Message } | { skip: string };
  * (HardNegativeDraws) falls under that type's ratio; a selected session the transform cannot apply to is
  * reported, not dropped. Only the assistant turns a transform looks at are parsed.
  */
-export function buildHardNegatives(session: StoredSession, options: HardNegativeOptions): { pairs: Pair<StoredMessages>[]; skipped: SkippedNegative[] } {
+export function buildHardNegatives(
+  session: StoredSession,
+  options: HardNegativeOptions,
+): { pairs: Pair<StoredMessages>[]; skipped: SkippedNegative[] } {
   const pairs: Pair<StoredMessages>[] = [];
   const skipped: SkippedNegative[] = [];
   let draws: HardNegativeDraws | null = null;
@@ -111,7 +114,10 @@ export function buildHardNegatives(session: StoredSession, options: HardNegative
 }
 
 // Six types take the first six words of a session's digest (HardNegativeDraws); a seventh needs more draws.
-if (NEGATIVE_TYPES.length > 6) throw new Error('pairing/hard-negatives.ts: HardNegativeDraws draws for six types from a SHA-256 digest; give a seventh type a draw of its own');
+if (NEGATIVE_TYPES.length > 6)
+  throw new Error(
+    'pairing/hard-negatives.ts: HardNegativeDraws draws for six types from a SHA-256 digest; give a seventh type a draw of its own',
+  );
 
 /**
  * What decides a session's hard negatives, all from one SHA-256 of the salt and its id: type `t` (its place
@@ -206,13 +212,15 @@ function hallucinatedValue(messages: StoredMessages, rand: Random): Rewrite {
   // name in a \u escape) can: the others are searched only where none does.
   const phones = identifiers(messages, PHONE_KEY);
   const found = phones.length > 0 ? phones : identifiers(messages, null);
-  if (found.length === 0) return { skip: `no tool call argument holds an identifier (${MIN_IDENTIFIER_DIGITS} or more digits)` };
+  if (found.length === 0)
+    return { skip: `no tool call argument holds an identifier (${MIN_IDENTIFIER_DIGITS} or more digits)` };
   const target = pick(rand, found);
   // The conversation up to the turn, as its JSON (an identifier is ASCII, so its bytes are its text).
   const context = messages.slice(0, target.at + 1);
   for (let draw = 0; draw < HALLUCINATION_DRAWS; draw++) {
     const token = perturbDigits(target.token, rand);
-    if (!context.jsonIncludes(token)) return { at: target.at, message: withIdentifier(messages.at(target.at), target, token) };
+    if (!context.jsonIncludes(token))
+      return { at: target.at, message: withIdentifier(messages.at(target.at), target, token) };
   }
   return { skip: `every value redrawn for ${target.token} already appears in the context` };
 }
@@ -235,7 +243,8 @@ function identifiers(messages: StoredMessages, only: string | null): Identifier[
       if ((only !== null && key !== only) || digitCount(value) < MIN_IDENTIFIER_DIGITS) return;
       IDENTIFIER.lastIndex = 0;
       for (let match = IDENTIFIER.exec(value); match; match = IDENTIFIER.exec(value)) {
-        if (digitCount(match[0]) >= MIN_IDENTIFIER_DIGITS) found.push({ at, call, path: [...path], key, start: match.index, token: match[0] });
+        if (digitCount(match[0]) >= MIN_IDENTIFIER_DIGITS)
+          found.push({ at, call, path: [...path], key, start: match.index, token: match[0] });
       }
     } else if (Array.isArray(value)) {
       for (let i = 0; i < value.length; i++) {
@@ -257,7 +266,8 @@ function identifiers(messages: StoredMessages, only: string | null): Identifier[
     for (call = 0; call < calls.length; call++) {
       const raw = calls[call]!;
       const escaped = raw.includes('\\u');
-      if ((only === null || escaped || raw.includes(only)) && (escaped || digitCount(raw) >= MIN_IDENTIFIER_DIGITS)) visit(parseArguments(raw), null);
+      if ((only === null || escaped || raw.includes(only)) && (escaped || digitCount(raw) >= MIN_IDENTIFIER_DIGITS))
+        visit(parseArguments(raw), null);
     }
   }
   return found;
@@ -279,9 +289,13 @@ function perturbDigits(token: string, rand: Random): string {
 }
 
 function withIdentifier(message: Message, target: Identifier, token: string): Message {
-  const change = (value: string) => value.slice(0, target.start) + token + value.slice(target.start + target.token.length);
+  const change = (value: string) =>
+    value.slice(0, target.start) + token + value.slice(target.start + target.token.length);
   const args = replaceString(parseArguments(message.tool_calls![target.call]!.function.arguments), target.path, change);
-  return withToolCall(message, target.call, (call) => ({ ...call, function: { ...call.function, arguments: JSON.stringify(args) } }));
+  return withToolCall(message, target.call, (call) => ({
+    ...call,
+    function: { ...call.function, arguments: JSON.stringify(args) },
+  }));
 }
 
 /** A copy of a parsed JSON value with the string at `path` changed; key order stays as it was. */
@@ -321,7 +335,10 @@ const BREAKAGES: Breakage[] = [
     // A function name the environment does not know.
     applies: (call) => isToolName(call.function.name),
     apply: (message, index) =>
-      withToolCall(message, index, (call) => ({ ...call, function: { ...call.function, name: MISSPELLED[call.function.name as ToolName] } })),
+      withToolCall(message, index, (call) => ({
+        ...call,
+        function: { ...call.function, name: MISSPELLED[call.function.name as ToolName] },
+      })),
   },
   {
     // A required argument left out.
@@ -339,9 +356,16 @@ const BREAKAGES: Breakage[] = [
     apply: (message, index) => {
       const call = message.tool_calls![index]!;
       const parsed = parseArguments(call.function.arguments);
-      const written = JSON.stringify({ name: call.function.name, arguments: parsed === undefined ? call.function.arguments : parsed });
+      const written = JSON.stringify({
+        name: call.function.name,
+        arguments: parsed === undefined ? call.function.arguments : parsed,
+      });
       const rest = message.tool_calls!.filter((_, i) => i !== index);
-      const broken: Message = { ...message, content: message.content ? `${message.content}\n\n${written}` : written, tool_calls: rest };
+      const broken: Message = {
+        ...message,
+        content: message.content ? `${message.content}\n\n${written}` : written,
+        tool_calls: rest,
+      };
       if (rest.length === 0) delete broken.tool_calls;
       return broken;
     },
@@ -354,7 +378,10 @@ function formatViolation(messages: StoredMessages, rand: Random): Rewrite {
   const at = pick(rand, turns);
   const message = messages.at(at);
   const index = int(rand, 0, message.tool_calls!.length - 1);
-  const breakage = pick(rand, BREAKAGES.filter((b) => b.applies(message.tool_calls![index]!)));
+  const breakage = pick(
+    rand,
+    BREAKAGES.filter((b) => b.applies(message.tool_calls![index]!)),
+  );
   return { at, message: breakage.apply(message, index, rand) };
 }
 
@@ -374,9 +401,23 @@ function presentRequired(call: ToolCall): string[] {
  * The turn-level pair of one session's turn at `rewrite.at` and its rewrite. `variant` tells rewrites of one
  * type apart by how they were made (`llm` for the rewriter): it goes into the rewritten side's id and the pair id.
  */
-export function hardNegativePair(session: StoredSession, type: NegativeType, rewrite: { at: number; message: Message }, flipped: boolean, variant = ''): Pair<StoredMessages> {
-  const original = { turn: session.messages.slice(rewrite.at, rewrite.at + 1), id: session.session_id, reward: session.reward };
-  const transformed = { turn: StoredMessages.of([rewrite.message]), id: `${session.session_id}~${type}${variant ? `~${variant}` : ''}`, reward: null };
+export function hardNegativePair(
+  session: StoredSession,
+  type: NegativeType,
+  rewrite: { at: number; message: Message },
+  flipped: boolean,
+  variant = '',
+): Pair<StoredMessages> {
+  const original = {
+    turn: session.messages.slice(rewrite.at, rewrite.at + 1),
+    id: session.session_id,
+    reward: session.reward,
+  };
+  const transformed = {
+    turn: StoredMessages.of([rewrite.message]),
+    id: `${session.session_id}~${type}${variant ? `~${variant}` : ''}`,
+    reward: null,
+  };
   const [chosen, rejected] = flipped ? [transformed, original] : [original, transformed];
   return {
     pair_id: pairId('hard_negative', chosen.id, rejected.id, variant ? `${type}:${variant}` : type),

@@ -53,7 +53,10 @@ export const DEEPER = new Error('outcome pairs reach past the candidates held');
 const ranked = <C>(list: C[]): Ranked<C> => ({ length: list.length, at: (k) => list[k]! });
 
 /** A task's candidates as pairs take them. */
-export function rank<C extends Candidate>(candidates: C[], options: Pick<OutcomeOptions, 'successMin' | 'failureMax'>): { successes: Ranked<C>; failures: Ranked<C> } {
+export function rank<C extends Candidate>(
+  candidates: C[],
+  options: Pick<OutcomeOptions, 'successMin' | 'failureMax'>,
+): { successes: Ranked<C>; failures: Ranked<C> } {
   return {
     successes: ranked(candidates.filter((s) => s.reward >= options.successMin).sort(SUCCESS_ORDER)),
     failures: ranked(candidates.filter((s) => s.reward <= options.failureMax).sort(FAILURE_ORDER)),
@@ -68,7 +71,11 @@ export function rank<C extends Candidate>(candidates: C[], options: Pick<Outcome
  * equally often and the widest margins come first. The pairs' message lists are runs of the sessions'
  * stored messages: nothing is parsed.
  */
-export function rankedOutcomePairs<C extends Candidate>({ successes, failures }: { successes: Ranked<C>; failures: Ranked<C> }, session: (c: C) => StoredSession, options: OutcomeOptions): { made: { pair: Pair<StoredMessages>; chosen: StoredSession }[]; dropped: DroppedPair[] } {
+export function rankedOutcomePairs<C extends Candidate>(
+  { successes, failures }: { successes: Ranked<C>; failures: Ranked<C> },
+  session: (c: C) => StoredSession,
+  options: OutcomeOptions,
+): { made: { pair: Pair<StoredMessages>; chosen: StoredSession }[]; dropped: DroppedPair[] } {
   const made: { pair: Pair<StoredMessages>; chosen: StoredSession }[] = [];
   const dropped: DroppedPair[] = [];
   const S = successes.length;
@@ -80,7 +87,12 @@ export function rankedOutcomePairs<C extends Candidate>({ successes, failures }:
       const n = commonPrefixLength(chosen.messages, rejected.messages);
       const reason = unusable(chosen.messages, rejected.messages, n);
       if (reason) {
-        dropped.push({ task_id: chosen.task_id, chosen_session_id: chosen.session_id, rejected_session_id: rejected.session_id, reason });
+        dropped.push({
+          task_id: chosen.task_id,
+          chosen_session_id: chosen.session_id,
+          rejected_session_id: rejected.session_id,
+          reason,
+        });
         continue;
       }
       made.push({ pair: outcomePair(chosen, rejected, n), chosen });

@@ -16,7 +16,16 @@ import type { Split } from '../core/records.ts';
 import { StoredBucketReader } from '../store/bucket-reader.ts';
 import { readStoredSession, storedSessions, type StoredSession, type StoredTaskGroups } from '../store/messages.ts';
 import { sessionLineBytes, type BucketSpans, type LargeTask, type SpanSource, type TaskRange } from '../store/spans.ts';
-import { bucketWork, pairBucket, paired, writeOutcomePairs, writeTaskHardNegatives, type BucketLog, type BucketOptions, type PairedBucket } from './bucket.ts';
+import {
+  bucketWork,
+  pairBucket,
+  paired,
+  writeOutcomePairs,
+  writeTaskHardNegatives,
+  type BucketLog,
+  type BucketOptions,
+  type PairedBucket,
+} from './bucket.ts';
 import { DEEPER, FAILURE_ORDER, SUCCESS_ORDER, type Ranked } from './outcome.ts';
 
 /** One bucket file of one side to pair, its runs of sessions read from `ingest`; `s` is the side's place in SPLITS. */
@@ -73,7 +82,9 @@ export type PairedJob = (PairedBucket & { ofTask?: PieceOfTask }) | BucketPlan;
 /** The buffers a job's answer moves to the main thread rather than copies: its pairs', or a plan's outcome pairs'. */
 export function movedBuffers(made: PairedJob): ArrayBuffer[] {
   const buffers = (p: PairedBucket) => [p.pairs.buffer as ArrayBuffer, p.dropped.buffer as ArrayBuffer];
-  return 'pieces' in made ? made.pieces.flatMap(({ piece }) => (piece?.part === 'outcome' ? buffers(piece.made) : [])) : buffers(made);
+  return 'pieces' in made
+    ? made.pieces.flatMap(({ piece }) => (piece?.part === 'outcome' ? buffers(piece.made) : []))
+    : buffers(made);
 }
 
 /**
@@ -86,7 +97,12 @@ export const PIECE_BYTES = 1 << 20;
  * The pieces of a bucket too large to pair whole, in the order their pairs are written; `outcome` makes a
  * large task's outcome pairs from its plan (`endsTask` where it has no hard negatives to make).
  */
-function planPieces({ sources, tasks }: BucketSpans<LargeTaskPlan>, job: BucketJob, o: BucketOptions, outcome: (task: string, plan: LargeTaskPlan, endsTask: boolean) => PairedPiece): BucketJob[] {
+function planPieces(
+  { sources, tasks }: BucketSpans<LargeTaskPlan>,
+  job: BucketJob,
+  o: BucketOptions,
+  outcome: (task: string, plan: LargeTaskPlan, endsTask: boolean) => PairedPiece,
+): BucketJob[] {
   const { pieceBytes } = job;
   const pieces: PiecePart[] = [];
   // A piece of whole tasks' spans, laid one after another in an array of its own (a view into a larger one
@@ -122,7 +138,9 @@ function planPieces({ sources, tasks }: BucketSpans<LargeTaskPlan>, job: BucketJ
     pieces.push({ part: 'outcome', task: t.task, made: outcome(t.task, t.large, endsTask), endsTask });
     // A task alone in its bucket reads its ranges whole; one beside others keeps its own sessions of them.
     const alone = tasks.length === 1;
-    ranges.forEach((range, i) => pieces.push({ part: 'negatives', task: t.task, range, alone, endsTask: i === ranges.length - 1 }));
+    ranges.forEach((range, i) =>
+      pieces.push({ part: 'negatives', task: t.task, range, alone, endsTask: i === ranges.length - 1 }),
+    );
   }
   flush();
   return pieces.map((piece, i) => ({ ...job, piece: { ...piece, opens: i === 0, closes: i === pieces.length - 1 } }));
@@ -229,12 +247,27 @@ export class BucketPairer {
   private readonly reader = new StoredBucketReader();
   private pairBytesPerByte = 1.25;
 
-  constructor(private readonly o: BucketOptions, private readonly log: BucketLog, private readonly shelf: BufferShelf) {}
+  constructor(
+    private readonly o: BucketOptions,
+    private readonly log: BucketLog,
+    private readonly shelf: BufferShelf,
+  ) {}
 
   async pair(job: BucketJob): Promise<PairedJob> {
     if (job.piece) return this.pairPiece(job, job.piece);
-    const read = await this.reader.readOrPlan(job.path, job.ingest, this.o.rewriter ? Infinity : job.limit, this.largeTasks(job, this.held(job)), job.bucketBlock);
-    if (!('bytes' in read)) return { pieces: planPieces(read, job, this.o, (task, plan, endsTask) => this.pairOutcome(job, task, read.sources, plan, endsTask)) };
+    const read = await this.reader.readOrPlan(
+      job.path,
+      job.ingest,
+      this.o.rewriter ? Infinity : job.limit,
+      this.largeTasks(job, this.held(job)),
+      job.bucketBlock,
+    );
+    if (!('bytes' in read))
+      return {
+        pieces: planPieces(read, job, this.o, (task, plan, endsTask) =>
+          this.pairOutcome(job, task, read.sources, plan, endsTask),
+        ),
+      };
     return this.pairGroups(read, job.side);
   }
 
@@ -257,15 +290,24 @@ export class BucketPairer {
   private async pairPiece(job: BucketJob, piece: BucketPiece): Promise<PairedJob> {
     const { path, ingest, side } = job;
     // An outcome piece comes made with its bucket's plan, and run.ts answers it with that.
-    if (piece.part === 'outcome') throw new Error(`pairs: ${path}: the outcome pairs of task ${piece.task} were made as its bucket was planned, and are not paired again`);
+    if (piece.part === 'outcome')
+      throw new Error(
+        `pairs: ${path}: the outcome pairs of task ${piece.task} were made as its bucket was planned, and are not paired again`,
+      );
     if (piece.part === 'negatives') {
-      const read = this.reader.readTaskRange(path, ingest, piece.alone ? null : piece.task, piece.range, job.bucketBlock);
+      const read = this.reader.readTaskRange(
+        path,
+        ingest,
+        piece.alone ? null : piece.task,
+        piece.range,
+        job.bucketBlock,
+      );
       return this.negatives(read.bytes, piece.task, read.offsets, side, piece.endsTask);
     }
     const { bytes, at } = this.reader.readSpans(path, ingest, piece, piece.spans);
     const tasks: [string, number[]][] = piece.tasks.map(({ task, from, to }) => {
       const offsets: number[] = [];
-      for (let start = at[from]!; start < at[to]!; ) {
+      for (let start = at[from]!; start < at[to]!;) {
         const nl = bytes.indexOf(10, start);
         offsets.push(start, nl);
         start = nl + 1;
@@ -299,7 +341,13 @@ export class BucketPairer {
    * sessions they take read back, each once. Where drops reach past those, the bucket is read again for
    * that task's candidates, all of them, and the pairs chosen again.
    */
-  private pairOutcome(job: BucketJob, task: string, sources: SpanSource[], plan: LargeTaskPlan, endsTask: boolean): PairedPiece {
+  private pairOutcome(
+    job: BucketJob,
+    task: string,
+    sources: SpanSource[],
+    plan: LargeTaskPlan,
+    endsTask: boolean,
+  ): PairedPiece {
     const { path, ingest, side } = job;
     const w = bucketWork(this.o, this.shelf, 64 << 10);
     w.counts.tasks!++;

@@ -22,7 +22,12 @@ import { pick, seeded } from '../core/random.ts';
 import { REWRITE_TYPES, type Message, type Pair, type RewriteType } from '../core/records.ts';
 import type { StoredMessages, StoredSession } from '../store/messages.ts';
 import { PLACEHOLDERS, redactionConfig } from '../core/redact.ts';
-import { UNDER_EXPLAINED_MIN_TEXT, VERBOSE_MIN_TEXT, hardNegativePair, type SkippedNegative } from './hard-negatives.ts';
+import {
+  UNDER_EXPLAINED_MIN_TEXT,
+  VERBOSE_MIN_TEXT,
+  hardNegativePair,
+  type SkippedNegative,
+} from './hard-negatives.ts';
 
 /** The bundled rewrite prompt, used unless `rewriter.prompt` names another file. */
 export const DEFAULT_REWRITE_PROMPT = resolve(dirname(fileURLToPath(import.meta.url)), '../judges/prompts/rewrite.md');
@@ -30,7 +35,12 @@ export const DEFAULT_REWRITE_PROMPT = resolve(dirname(fileURLToPath(import.meta.
 const ratio = z.number().min(0).max(1);
 
 /** The rewriter's default ratios, per type. */
-const REWRITE_RATIOS: Record<RewriteType, number> = { refusal: 0.25, off_topic: 0.15, verbose: 0.15, under_explained: 0.15 };
+const REWRITE_RATIOS: Record<RewriteType, number> = {
+  refusal: 0.25,
+  off_topic: 0.15,
+  verbose: 0.15,
+  under_explained: 0.15,
+};
 
 /** What the model is asked to make of a chosen turn, per type, for the ratios' doc strings (the prompt says it in full). */
 const REWRITE_DOCS: Record<RewriteType, string> = {
@@ -46,19 +56,43 @@ export const rewriterConfig = z.strictObject({
   ratios: z
     .strictObject(
       Object.fromEntries(
-        REWRITE_TYPES.map((t) => [t, ratio.optional().describe(`Share of the chosen sessions (reward ≥ from_min_reward) that get a rewritten negative of this type: ${REWRITE_DOCS[t]}. Default ${REWRITE_RATIOS[t]}; a ratios section given without it makes it 0.`)]),
+        REWRITE_TYPES.map((t) => [
+          t,
+          ratio
+            .optional()
+            .describe(
+              `Share of the chosen sessions (reward ≥ from_min_reward) that get a rewritten negative of this type: ${REWRITE_DOCS[t]}. Default ${REWRITE_RATIOS[t]}; a ratios section given without it makes it 0.`,
+            ),
+        ]),
       ) as Record<RewriteType, z.ZodOptional<typeof ratio>>,
     )
-    .default(REWRITE_RATIOS).describe('Per type, the share of the chosen sessions (reward ≥ from_min_reward) that get a rewritten negative.'),
+    .default(REWRITE_RATIOS)
+    .describe('Per type, the share of the chosen sessions (reward ≥ from_min_reward) that get a rewritten negative.'),
   temperature: z.number().min(0).max(2).default(0.5).describe('Sampling temperature of the rewrites.'),
-  max_tokens: z.number().int().min(1).default(1024).describe('Most tokens in one rewrite; a rewrite cut off by it is dropped as unreadable.'),
-  prompt: z.string().nullable().default(null).describe('The rewrite prompt file, relative to the config; null: the bundled judges/prompts/rewrite.md.'),
-  endpoint: endpointConfig.prefault({}).describe('The OpenAI-compatible endpoint of the rewriting model; PREFAB_REWRITE_MODEL overrides its model.'),
-  redaction: redactionConfig.prefault({}).describe('Personal data masked in a rewrite request before it leaves the machine; the values are put back into the rewrite.'),
+  max_tokens: z
+    .number()
+    .int()
+    .min(1)
+    .default(1024)
+    .describe('Most tokens in one rewrite; a rewrite cut off by it is dropped as unreadable.'),
+  prompt: z
+    .string()
+    .nullable()
+    .default(null)
+    .describe('The rewrite prompt file, relative to the config; null: the bundled judges/prompts/rewrite.md.'),
+  endpoint: endpointConfig
+    .prefault({})
+    .describe('The OpenAI-compatible endpoint of the rewriting model; PREFAB_REWRITE_MODEL overrides its model.'),
+  redaction: redactionConfig
+    .prefault({})
+    .describe(
+      'Personal data masked in a rewrite request before it leaves the machine; the values are put back into the rewrite.',
+    ),
 });
 export type RewriterConfig = z.infer<typeof rewriterConfig>;
 
-export const rewritePromptPath = (cfg: RewriterConfig, configDir: string) => (cfg.prompt === null ? DEFAULT_REWRITE_PROMPT : resolve(configDir, cfg.prompt));
+export const rewritePromptPath = (cfg: RewriterConfig, configDir: string) =>
+  cfg.prompt === null ? DEFAULT_REWRITE_PROMPT : resolve(configDir, cfg.prompt);
 
 /** The types the config asks for (a ratio above 0), in their fixed order. */
 export const activeTypes = (ratios: RewriterConfig['ratios']) => REWRITE_TYPES.filter((t) => (ratios[t] ?? 0) > 0);
@@ -80,20 +114,31 @@ export function loadRewritePrompt(path: string, types: readonly RewriteType[]): 
   const text = readFileSync(path, 'utf8');
   const heads = [...text.matchAll(SECTION)];
   const template = text.slice(0, heads[0]?.index ?? text.length).trimEnd();
-  for (const slot of SLOTS) if (!template.includes(slot)) throw new PipelineError(`${path}: the rewrite prompt needs the slot ${slot} before its first "## type:" section`);
+  for (const slot of SLOTS)
+    if (!template.includes(slot))
+      throw new PipelineError(`${path}: the rewrite prompt needs the slot ${slot} before its first "## type:" section`);
   const instructions: Partial<Record<RewriteType, string>> = {};
   heads.forEach((head, i) => {
     const name = head[1]! as RewriteType;
-    if (!REWRITE_TYPES.includes(name)) throw new PipelineError(`${path}: "## type: ${name}" is not a type the rewriter makes (${REWRITE_TYPES.join(', ')})`);
+    if (!REWRITE_TYPES.includes(name))
+      throw new PipelineError(
+        `${path}: "## type: ${name}" is not a type the rewriter makes (${REWRITE_TYPES.join(', ')})`,
+      );
     instructions[name] = text.slice(head.index + head[0].length, heads[i + 1]?.index ?? text.length).trim();
   });
-  for (const t of types) if (!instructions[t]) throw new PipelineError(`${path}: no "## type: ${t}" section, and the config asks for ${t} rewrites`);
+  for (const t of types)
+    if (!instructions[t])
+      throw new PipelineError(`${path}: no "## type: ${t}" section, and the config asks for ${t} rewrites`);
   return { path, text, version: sha256(text).slice(0, 16), template, instructions };
 }
 
 function renderRewritePrompt(prompt: RewritePrompt, type: RewriteType, context: Message[], original: Message): string {
   // One pass, so that text inside a message that looks like a slot is never substituted.
-  const slots: Record<string, string> = { context: transcript(context), original: transcript([original]), instruction: prompt.instructions[type]! };
+  const slots: Record<string, string> = {
+    context: transcript(context),
+    original: transcript([original]),
+    instruction: prompt.instructions[type]!,
+  };
   return prompt.template.replace(/\{\{(context|original|instruction)\}\}/g, (_, name: string) => slots[name]!);
 }
 
@@ -108,20 +153,35 @@ export interface RewriteJob {
 }
 
 // The transforms' thresholds, so both kinds of negative start from the same turns.
-const MIN_TEXT: Record<RewriteType, number> = { refusal: 0, off_topic: 0, verbose: VERBOSE_MIN_TEXT, under_explained: UNDER_EXPLAINED_MIN_TEXT };
+const MIN_TEXT: Record<RewriteType, number> = {
+  refusal: 0,
+  off_topic: 0,
+  verbose: VERBOSE_MIN_TEXT,
+  under_explained: UNDER_EXPLAINED_MIN_TEXT,
+};
 
 /**
  * The rewrites of one session: per type, the session is selected when its stable hash falls under that
  * type's ratio (with a salt of its own, so the selection is independent of the transforms'); a selected
  * session with no turn to rewrite is reported, not dropped.
  */
-export function planRewrites(session: StoredSession, options: { ratios: RewriterConfig['ratios']; salt: string }): { jobs: RewriteJob[]; skipped: SkippedNegative[] } {
+export function planRewrites(
+  session: StoredSession,
+  options: { ratios: RewriterConfig['ratios']; salt: string },
+): { jobs: RewriteJob[]; skipped: SkippedNegative[] } {
   const jobs: RewriteJob[] = [];
   const skipped: SkippedNegative[] = [];
   for (const type of REWRITE_TYPES) {
     if (unitHash(`${type}:${session.session_id}`, `rewrite:${options.salt}`) >= (options.ratios[type] ?? 0)) continue;
     const at = targetTurn(session, type, options.salt);
-    if (at < 0) skipped.push({ session_id: session.session_id, type, reason: MIN_TEXT[type] ? `no assistant turn with ${MIN_TEXT[type]} or more characters of text` : 'no assistant turn' });
+    if (at < 0)
+      skipped.push({
+        session_id: session.session_id,
+        type,
+        reason: MIN_TEXT[type]
+          ? `no assistant turn with ${MIN_TEXT[type]} or more characters of text`
+          : 'no assistant turn',
+      });
     else jobs.push({ session, type, at });
   }
   return { jobs, skipped };
@@ -138,7 +198,6 @@ function targetTurn(session: StoredSession, type: RewriteType, salt: string): nu
 
 // ---- the reply, and the pair ------------------------------------------------------------------------------
 
-
 const squash = (text: string) => text.replace(/\s+/g, ' ').trim();
 const clip = (text: string) => (text.length > 80 ? `${text.slice(0, 80)}…` : text);
 
@@ -147,7 +206,11 @@ const clip = (text: string) => (text.length > 80 ? `${text.slice(0, 80)}…` : t
  * between <reply> tags (garbage, or cut off by max_tokens), the same as the original, or holding a
  * placeholder that stands for nothing in the conversation.
  */
-function readRewrite(content: string | null, job: RewriteJob, restore: (text: string) => string): { text: string } | { skip: string } {
+function readRewrite(
+  content: string | null,
+  job: RewriteJob,
+  restore: (text: string) => string,
+): { text: string } | { skip: string } {
   if (content === null || !content.trim()) return { skip: 'the rewrite came back empty' };
   const tagged = /<reply>([\s\S]*?)<\/reply>/i.exec(content);
   if (!tagged) return { skip: `unreadable rewrite, no <reply>…</reply> in "${clip(squash(content))}"` };
@@ -158,7 +221,8 @@ function readRewrite(content: string | null, job: RewriteJob, restore: (text: st
   const conversation = job.session.messages.slice(0, job.at + 1);
   // A placeholder left after restoring was never issued: the model made it up (placeholders are ASCII).
   const invented = (text.match(PLACEHOLDERS) ?? []).find((p) => !conversation.jsonIncludes(p));
-  if (invented) return { skip: `the rewrite holds ${invented}, a placeholder that stands for nothing in the conversation` };
+  if (invented)
+    return { skip: `the rewrite holds ${invented}, a placeholder that stands for nothing in the conversation` };
   return { text };
 }
 
@@ -181,7 +245,8 @@ function rewritePair(job: RewriteJob, turn: Message): Pair<StoredMessages> {
 // ---- the requests -----------------------------------------------------------------------------------------
 
 /** A pair, or why there is none: an unusable rewrite, a request that failed after its retries, or no budget left. */
-export type RewriteOutcome = { pair: Pair<StoredMessages> } | { skip: string; cause: 'unusable' | 'failed' | 'over_budget' };
+export type RewriteOutcome =
+  { pair: Pair<StoredMessages> } | { skip: string; cause: 'unusable' | 'failed' | 'over_budget' };
 
 export class Rewriter {
   constructor(
@@ -191,7 +256,10 @@ export class Rewriter {
   ) {}
 
   /** planRewrites, for the pairs stage's buckets: a worker thread, which never rewrites, loads none of this file. */
-  plan(session: StoredSession, options: { ratios: RewriterConfig['ratios']; salt: string }): ReturnType<typeof planRewrites> {
+  plan(
+    session: StoredSession,
+    options: { ratios: RewriterConfig['ratios']; salt: string },
+  ): ReturnType<typeof planRewrites> {
     return planRewrites(session, options);
   }
 
@@ -201,7 +269,11 @@ export class Rewriter {
     let answer;
     try {
       answer = await this.endpoint.complete(
-        { messages: [{ role: 'user', content }], temperature: this.options.temperature, max_tokens: this.options.maxTokens },
+        {
+          messages: [{ role: 'user', content }],
+          temperature: this.options.temperature,
+          max_tokens: this.options.maxTokens,
+        },
         { purpose: `rewrite:${job.type}`, version: this.prompt.version, index: 0 },
       );
     } catch (error) {

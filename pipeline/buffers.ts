@@ -32,7 +32,12 @@ export class BufferShelf {
   take(bytes: number): Buffer {
     let best = -1;
     this.spare.forEach((b, i) => {
-      if (b.byteLength >= bytes && b.byteLength <= 4 * Math.max(bytes, 1 << 16) && (best < 0 || b.byteLength < this.spare[best]!.byteLength)) best = i;
+      if (
+        b.byteLength >= bytes &&
+        b.byteLength <= 4 * Math.max(bytes, 1 << 16) &&
+        (best < 0 || b.byteLength < this.spare[best]!.byteLength)
+      )
+        best = i;
     });
     return best < 0 ? Buffer.allocUnsafeSlow(sizeClass(bytes)) : Buffer.from(this.spare.splice(best, 1)[0]!);
   }

@@ -22,7 +22,9 @@ function threads(value: string): number {
   return n;
 }
 
-const APP_VERSION: string = (JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }).version;
+const APP_VERSION: string = (
+  JSON.parse(readFileSync(new URL('../package.json', import.meta.url), 'utf8')) as { version: string }
+).version;
 
 /** The program's own global options, and any a command factory added (the stages get them all). */
 interface GlobalOptions {
@@ -41,7 +43,11 @@ function makeEngine(stages: Stage[], opts: GlobalOptions, log: Logger): Engine {
 }
 
 /** The engine, its config validated with the stages' sections and the commands' own, those returned apart. */
-function withSections(stages: Stage[], opts: GlobalOptions, log: Logger): { engine: Engine; own: Record<string, unknown> } {
+function withSections(
+  stages: Stage[],
+  opts: GlobalOptions,
+  log: Logger,
+): { engine: Engine; own: Record<string, unknown> } {
   const loaded = loadConfig(opts.config, configSchema(stages).extend(commandSections));
   const value = loaded.value as Record<string, unknown>;
   const own = Object.fromEntries(Object.keys(commandSections).map((k) => [k, value[k]]));
@@ -67,7 +73,12 @@ function printOutcomes(outcomes: StageOutcome[], format: LogFormat, interrupted 
   }
   for (const o of outcomes) {
     const time = o.action === 'ran' ? `${o.seconds.toFixed(1)}s` : '';
-    const what = o.action === 'failed' || o.action === 'interrupted' ? o.error! : o.action === 'fresh' ? `up to date (${o.summary})` : o.summary;
+    const what =
+      o.action === 'failed' || o.action === 'interrupted'
+        ? o.error!
+        : o.action === 'fresh'
+          ? `up to date (${o.summary})`
+          : o.summary;
     process.stdout.write(`${pad(o.stage, 8)} ${pad(o.action, 11)} ${pad(time, 7)} ${what}\n`);
   }
 }
@@ -85,11 +96,17 @@ function printStatus(rows: Assessment[], live: LockInfo | null, json: boolean): 
     process.stdout.write(JSON.stringify({ live_run: live, stages }, null, 2) + '\n');
     return;
   }
-  if (live) process.stdout.write(`a run is live: pid ${live.pid} on ${live.host} since ${live.started_at} (\`${live.command}\`); what it is running shows as stale or never run until it finishes\n`);
+  if (live)
+    process.stdout.write(
+      `a run is live: pid ${live.pid} on ${live.host} since ${live.started_at} (\`${live.command}\`); what it is running shows as stale or never run until it finishes\n`,
+    );
   for (const a of rows) {
     const detail = a.state === 'stale' ? `(${a.reasons.join('; ')})` : a.state === 'fresh' ? a.manifest!.summary : '';
     process.stdout.write(`${pad(a.stage, 8)} ${pad(a.state, 10)} ${detail}\n`);
-    if (a.lastFailure) process.stdout.write(`${pad('', 8)} last attempt ${a.lastFailure.status} at ${a.lastFailure.at}: ${a.lastFailure.error}\n`);
+    if (a.lastFailure)
+      process.stdout.write(
+        `${pad('', 8)} last attempt ${a.lastFailure.status} at ${a.lastFailure.at}: ${a.lastFailure.error}\n`,
+      );
   }
 }
 
@@ -104,7 +121,12 @@ const exitCode = (signal: NodeJS.Signals) => (signal === 'SIGINT' ? 130 : 143);
  * one that has not stopped after GRACE_MS, or a second signal, exits at once. Either way the attempt is
  * recorded for `prefab status`, the lock is released, and the exit code is 130 (SIGINT) or 143 (SIGTERM).
  */
-async function withLock<T>(engine: Engine, command: string, log: Logger, body: (signal: AbortSignal) => Promise<T>): Promise<{ result: T; signal: NodeJS.Signals | null }> {
+async function withLock<T>(
+  engine: Engine,
+  command: string,
+  log: Logger,
+  body: (signal: AbortSignal) => Promise<T>,
+): Promise<{ result: T; signal: NodeJS.Signals | null }> {
   const release = await acquireLock(new Workspace(engine.ws.root), command, log);
   const controller = new AbortController();
   let received: NodeJS.Signals | null = null;
@@ -118,7 +140,10 @@ async function withLock<T>(engine: Engine, command: string, log: Logger, body: (
   const onSignal = (signal: NodeJS.Signals) => {
     if (received) return exitNow(signal);
     received = signal;
-    log.warn('interrupted: stopping at the next safe point; a second signal stops at once', { signal, stage: engine.running });
+    log.warn('interrupted: stopping at the next safe point; a second signal stops at once', {
+      signal,
+      stage: engine.running,
+    });
     controller.abort(signal);
     grace = setTimeout(() => exitNow(signal), GRACE_MS);
   };
@@ -138,12 +163,24 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
   const program = new Command('prefab')
     .description('Turn logged LLM-agent sessions into preference datasets (Parquet) and train on them.')
     .version(APP_VERSION)
-    .addOption(new Option('-w, --workdir <dir>', 'workspace folder: one folder per stage, with manifests').default('workspace'))
+    .addOption(
+      new Option('-w, --workdir <dir>', 'workspace folder: one folder per stage, with manifests').default('workspace'),
+    )
     .addOption(new Option('-c, --config <file>', 'YAML config').default(DEFAULT_CONFIG))
-    .addOption(new Option('--log-format <format>', 'log lines on stderr (default: text on a terminal, json otherwise)').choices(['text', 'json']))
+    .addOption(
+      new Option('--log-format <format>', 'log lines on stderr (default: text on a terminal, json otherwise)').choices([
+        'text',
+        'json',
+      ]),
+    )
     .option('-q, --quiet', 'only warnings and errors on stderr')
     .option('--verbose', "a failed stage's stack trace in its error line")
-    .addOption(new Option('--workers <n>', 'threads for the data stages (1: the main thread only; default: one per core, up to 4, for large input files)').argParser(threads))
+    .addOption(
+      new Option(
+        '--workers <n>',
+        'threads for the data stages (1: the main thread only; default: one per core, up to 4, for large input files)',
+      ).argParser(threads),
+    )
     .showHelpAfterError()
     .exitOverride();
   const logger = () => {
@@ -162,11 +199,20 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     .description('run every stale stage in order; with nothing changed, does nothing and says so')
     .option('--from <stage>', 'start at this stage (earlier stages are taken as they are)')
     .option('--until <stage>', 'stop after this stage')
-    .option('--shard <i/N>', 'make only the i-th (from 0) of N parts of the data, by task, up to the last stage that can (then `prefab merge` the N workspaces)', parseShard)
+    .option(
+      '--shard <i/N>',
+      'make only the i-th (from 0) of N parts of the data, by task, up to the last stage that can (then `prefab merge` the N workspaces)',
+      parseShard,
+    )
     .action(async (opts: { from?: string; until?: string; shard?: Shard }) => {
       const log = logger();
       const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
-      const { result: outcomes, signal } = await withLock(engine, `prefab ${process.argv.slice(2).join(' ')}`, log, (abort) => engine.run({ ...opts, signal: abort }));
+      const { result: outcomes, signal } = await withLock(
+        engine,
+        `prefab ${process.argv.slice(2).join(' ')}`,
+        log,
+        (abort) => engine.run({ ...opts, signal: abort }),
+      );
       printOutcomes(outcomes, log.format, signal !== null);
       await finished(engine, log, outcomes, signal);
       setExit(signal ? exitCode(signal) : outcomes.some((o) => o.action === 'failed') ? 1 : 0);
@@ -176,12 +222,18 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     .command('stage')
     .description('force one stage to run now, even if fresh; the stages downstream of it become stale')
     .argument('<name>', `one of: ${stages.map((s) => s.name).join(', ')}`)
-    .option('--shard <i/N>', 'in a shard workspace: make the stage for this shard, as `prefab run --shard` did', parseShard)
+    .option(
+      '--shard <i/N>',
+      'in a shard workspace: make the stage for this shard, as `prefab run --shard` did',
+      parseShard,
+    )
     .action(async (name: string, opts: { shard?: Shard }) => {
       const log = logger();
       const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
       engine.stage(name);
-      const { result: outcomes, signal } = await withLock(engine, `prefab stage ${name}`, log, (abort) => engine.run({ force: name, signal: abort, shard: opts.shard }));
+      const { result: outcomes, signal } = await withLock(engine, `prefab stage ${name}`, log, (abort) =>
+        engine.run({ force: name, signal: abort, shard: opts.shard }),
+      );
       printOutcomes(outcomes, log.format, signal !== null);
       await finished(engine, log, outcomes, signal);
       setExit(signal ? exitCode(signal) : outcomes.some((o) => o.action === 'failed') ? 1 : 0);
@@ -191,24 +243,35 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     .command('status')
     .description('show every stage: fresh, stale (and why) or never run, with what it made')
     .option('--json', 'machine-readable output')
-    .option('--verify', "hash every output and compare it with its manifest (otherwise only outputs whose size or mtime changed are hashed)")
+    .option(
+      '--verify',
+      'hash every output and compare it with its manifest (otherwise only outputs whose size or mtime changed are hashed)',
+    )
     .option('--shard <i/N>', 'in a shard workspace: fresh or stale for this shard', parseShard)
     .action(async (opts: { json?: boolean; verify?: boolean; shard?: Shard }) => {
       const log = logger();
       const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
-      printStatus(await engine.status(opts.verify ?? false, opts.shard ?? null), liveRun(engine.ws), opts.json ?? false);
+      printStatus(
+        await engine.status(opts.verify ?? false, opts.shard ?? null),
+        liveRun(engine.ws),
+        opts.json ?? false,
+      );
       setExit(0);
     });
 
   program
     .command('merge')
-    .description('join shard workspaces (`prefab run --shard i/N`) into --workdir, byte for byte what one run on all the data makes; then `prefab run` there goes on')
+    .description(
+      'join shard workspaces (`prefab run --shard i/N`) into --workdir, byte for byte what one run on all the data makes; then `prefab run` there goes on',
+    )
     .argument('<shards...>', 'the N shard workspaces, in any order')
     .action(async (dirs: string[]) => {
       const log = logger();
       const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
       const { mergeShards } = await import('./merge.ts');
-      const { result: outcomes } = await withLock(engine, `prefab merge ${dirs.join(' ')}`, log, () => mergeShards(engine, dirs, log));
+      const { result: outcomes } = await withLock(engine, `prefab merge ${dirs.join(' ')}`, log, () =>
+        mergeShards(engine, dirs, log),
+      );
       printOutcomes(outcomes, log.format);
       setExit(0);
     });
@@ -217,14 +280,21 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     .command('stages')
     .description('list the stages in run order with what each reads and writes')
     .action(() => {
-      for (const s of stages) process.stdout.write(`${pad(s.name, 8)} ${s.description}\n${pad('', 8)} reads: ${s.inputs.join(', ') || '(input files)'}; writes: ${s.outputs.join(', ')}\n`);
+      for (const s of stages)
+        process.stdout.write(
+          `${pad(s.name, 8)} ${s.description}\n${pad('', 8)} reads: ${s.inputs.join(', ') || '(input files)'}; writes: ${s.outputs.join(', ')}\n`,
+        );
       setExit(0);
     });
   program
     .command('config-reference')
     .description('print every config key with its type, default and meaning, as Markdown (docs/config.md is this)')
     .action(() => {
-      const sections = Object.entries(commandSections).map(([name, config]) => ({ name, description: config.description ?? `the ${name} command's settings`, config }));
+      const sections = Object.entries(commandSections).map(([name, config]) => ({
+        name,
+        description: config.description ?? `the ${name} command's settings`,
+        config,
+      }));
       process.stdout.write(configReference([...stages, ...sections]));
       setExit(0);
     });
@@ -251,7 +321,7 @@ export async function main(argv: string[], stages: Stage[], commands: CommandFac
     if (error instanceof CommanderError) return error.exitCode === 0 ? 0 : 2;
     const usage = error instanceof UsageError;
     const known = usage || error instanceof PipelineError;
-    process.stderr.write(`prefab: ${known ? errorMessage(error) : (error as Error).stack ?? String(error)}\n`);
+    process.stderr.write(`prefab: ${known ? errorMessage(error) : ((error as Error).stack ?? String(error))}\n`);
     return usage ? 2 : 1;
   }
 }

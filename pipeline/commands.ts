@@ -13,7 +13,12 @@ export interface CommandContext {
   /** The pipeline over the global --workdir and --config, and the values of the commands' own sections (apart from the stages'). */
   pipeline(log: Logger): { engine: Engine; own: Record<string, unknown> };
   /** Runs `body` holding the workspace's lock, as `prefab run` does: SIGINT or SIGTERM aborts its signal, and the next safe point stops it. */
-  locked<T>(engine: Engine, command: string, log: Logger, body: (signal: AbortSignal) => Promise<T>): Promise<{ result: T; signal: NodeJS.Signals | null }>;
+  locked<T>(
+    engine: Engine,
+    command: string,
+    log: Logger,
+    body: (signal: AbortSignal) => Promise<T>,
+  ): Promise<{ result: T; signal: NodeJS.Signals | null }>;
   /** `hook` runs after every `prefab run` or `prefab stage` that ended without a failure or an interruption. */
   afterRun(hook: (engine: Engine, log: Logger) => Promise<void> | void): void;
 }

@@ -71,7 +71,12 @@ function defaultOf(s: Schema, required: boolean): string {
 function collect(schema: Schema, prefix: string, out: Row[]): void {
   for (const [name, s] of Object.entries(schema.properties ?? {})) {
     const key = prefix + name;
-    out.push({ key, type: typeOf(s), default: defaultOf(s, schema.required?.includes(name) ?? false), doc: s.description ?? '' });
+    out.push({
+      key,
+      type: typeOf(s),
+      default: defaultOf(s, schema.required?.includes(name) ?? false),
+      doc: s.description ?? '',
+    });
     if (isSection(s)) collect(s, `${key}.`, out);
   }
 }
@@ -87,7 +92,7 @@ export function configReference(stages: Section[]): string {
     '# Config reference',
     '',
     'Every key of a prefab config, section by section (a section is named after its stage, or after the command',
-    'that reads it: `refresh`). Made by `npm run docs:config` from the schemas, where each key\'s meaning is',
+    "that reads it: `refresh`). Made by `npm run docs:config` from the schemas, where each key's meaning is",
     'written beside it: edit the schema, not this file. A key left out takes its default; an unknown key is an',
     'error that names its line.',
     '',

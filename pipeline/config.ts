@@ -18,7 +18,9 @@ export function loadConfig<S extends z.ZodType>(file: string, schema: S): Loaded
   try {
     text = readFileSync(path, 'utf8');
   } catch {
-    throw new UsageError(`config ${file}: cannot read it. Pass an existing file with --config (the ready ones are in configs/).`);
+    throw new UsageError(
+      `config ${file}: cannot read it. Pass an existing file with --config (the ready ones are in configs/).`,
+    );
   }
   const lines = new LineCounter();
   const doc = parseDocument(text, { lineCounter: lines, uniqueKeys: true });

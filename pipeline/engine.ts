@@ -103,7 +103,8 @@ export class Engine {
 
   stage(name: string): Stage {
     const stage = this.byName.get(name);
-    if (!stage) throw new UsageError(`unknown stage '${name}'; the stages are: ${this.stages.map((s) => s.name).join(', ')}`);
+    if (!stage)
+      throw new UsageError(`unknown stage '${name}'; the stages are: ${this.stages.map((s) => s.name).join(', ')}`);
     return stage;
   }
 
@@ -144,20 +145,35 @@ export class Engine {
    * Fresh, stale (and why) or never run. An output whose size or mtime differs from what the manifest
    * recorded is hashed again and is stale when its content changed; `verify` hashes every output.
    */
-  async assess(stage: Stage, external?: ExternalFile[], verify = false, shard: Shard | null = null): Promise<Assessment> {
+  async assess(
+    stage: Stage,
+    external?: ExternalFile[],
+    verify = false,
+    shard: Shard | null = null,
+  ): Promise<Assessment> {
     const manifest = await this.manifest(stage.name);
     const attempt = await this.ws.readJson<Attempt>(this.ws.attemptPath(stage.name));
     const lastFailure =
-      attempt && attempt.status !== 'ok' && (!manifest || attempt.at > manifest.finished_at) ? { status: attempt.status, at: attempt.at, error: attempt.error ?? '' } : null;
+      attempt && attempt.status !== 'ok' && (!manifest || attempt.at > manifest.finished_at)
+        ? { status: attempt.status, at: attempt.at, error: attempt.error ?? '' }
+        : null;
     if (!manifest) return { stage: stage.name, state: 'never run', reasons: [], manifest, lastFailure };
 
     const reasons: string[] = [];
-    if (manifest.invalidated_by) reasons.push(`upstream ${manifest.invalidated_by.stage} was rerun by \`prefab stage\` at ${manifest.invalidated_by.at}`);
-    if (manifest.code_version !== this.codeVersion(stage)) reasons.push(`code changed (${manifest.code_version} → ${this.codeVersion(stage)})`);
+    if (manifest.invalidated_by)
+      reasons.push(
+        `upstream ${manifest.invalidated_by.stage} was rerun by \`prefab stage\` at ${manifest.invalidated_by.at}`,
+      );
+    if (manifest.code_version !== this.codeVersion(stage))
+      reasons.push(`code changed (${manifest.code_version} → ${this.codeVersion(stage)})`);
     const made = manifest.shard ?? null;
     const wanted = shardOf(stage, shard);
-    if (shardName(made) !== shardName(wanted)) reasons.push(`made for ${shardName(made)}, wanted for ${shardName(wanted)}`);
-    if (manifest.config_hash !== this.configHash(stage)) reasons.push(`config section '${stage.name}'${stage.environment ? ' (or an environment variable it reads)' : ''} changed`);
+    if (shardName(made) !== shardName(wanted))
+      reasons.push(`made for ${shardName(made)}, wanted for ${shardName(wanted)}`);
+    if (manifest.config_hash !== this.configHash(stage))
+      reasons.push(
+        `config section '${stage.name}'${stage.environment ? ' (or an environment variable it reads)' : ''} changed`,
+      );
     for (const input of stage.inputs) {
       const upstream = await this.manifest(input);
       if (!upstream) reasons.push(`upstream ${input} has no output`);
@@ -175,7 +191,10 @@ export class Engine {
         reasons.push(`output ${out.path} is ${s ? 'altered (its size changed)' : 'missing'}`);
         break;
       }
-      if ((verify || Math.floor(s.mtimeMs) !== Math.floor(out.mtime_ms ?? -1)) && (await checksumFile(path, s.size)) !== out.xxh64) {
+      if (
+        (verify || Math.floor(s.mtimeMs) !== Math.floor(out.mtime_ms ?? -1)) &&
+        (await checksumFile(path, s.size)) !== out.xxh64
+      ) {
         reasons.push(`output ${out.path} is altered (its content is not what the stage wrote)`);
         break;
       }
@@ -190,7 +209,8 @@ export class Engine {
     for (const stage of this.stages) {
       const a = await this.assess(stage, undefined, verify, shard);
       for (const input of stage.inputs) {
-        if (notFresh.has(input) && !a.reasons.some((r) => r.startsWith(`upstream ${input}`))) a.reasons.push(`upstream ${input} is not fresh`);
+        if (notFresh.has(input) && !a.reasons.some((r) => r.startsWith(`upstream ${input}`)))
+          a.reasons.push(`upstream ${input} is not fresh`);
       }
       if (a.state === 'fresh' && a.reasons.length) a.state = 'stale';
       if (a.state !== 'fresh') notFresh.add(stage.name);
@@ -213,7 +233,9 @@ export class Engine {
    * stale. When `signal` is aborted, the running stage stops at its next safe point and no other starts.
    * With `shard`, the stages make that shard's part of the data, and stop before the first that needs all of it.
    */
-  async run(options: { from?: string; until?: string; force?: string; signal?: AbortSignal; shard?: Shard | null } = {}): Promise<StageOutcome[]> {
+  async run(
+    options: { from?: string; until?: string; force?: string; signal?: AbortSignal; shard?: Shard | null } = {},
+  ): Promise<StageOutcome[]> {
     const signal = options.signal ?? NEVER;
     const shard = options.shard ?? null;
     await this.ws.recover(this.log);
@@ -227,7 +249,10 @@ export class Engine {
       selected = this.stages.slice(from, until + 1);
     }
     const whole = shard ? selected.find((s) => !s.shard) : undefined;
-    if (whole) throw new UsageError(`${whole.name} needs all the data, so it cannot run on a shard: run the shards up to ${this.shardable.at(-1)?.name ?? 'nothing'} (the default with --shard), join them with \`prefab merge\`, then run the rest there`);
+    if (whole)
+      throw new UsageError(
+        `${whole.name} needs all the data, so it cannot run on a shard: run the shards up to ${this.shardable.at(-1)?.name ?? 'nothing'} (the default with --shard), join them with \`prefab merge\`, then run the rest there`,
+      );
 
     const outcomes: StageOutcome[] = [];
     let failed = false;
@@ -241,15 +266,28 @@ export class Engine {
       const a = await this.assess(stage, external, false, shard);
       if (a.state === 'fresh' && !options.force) {
         log.info('fresh, skipped', { made: a.manifest!.finished_at });
-        outcomes.push({ stage: stage.name, action: 'fresh', reasons: [], summary: a.manifest!.summary, counts: a.manifest!.counts, seconds: 0 });
+        outcomes.push({
+          stage: stage.name,
+          action: 'fresh',
+          reasons: [],
+          summary: a.manifest!.summary,
+          counts: a.manifest!.counts,
+          seconds: 0,
+        });
         continue;
       }
       for (const input of stage.inputs) {
         const upstream = await this.manifest(input);
-        if (!upstream) throw new UsageError(`stage ${stage.name} reads ${input}, which has never run; run \`prefab run\` (or include ${input} in --from)`);
+        if (!upstream)
+          throw new UsageError(
+            `stage ${stage.name} reads ${input}, which has never run; run \`prefab run\` (or include ${input} in --from)`,
+          );
         const made = upstream.shard ?? null;
         const wanted = shardOf(this.stage(input), shard);
-        if (shardName(made) !== shardName(wanted)) throw new UsageError(`stage ${stage.name} reads ${input}, which was made for ${shardName(made)}, not ${shardName(wanted)}; run \`prefab run${shard ? ` --shard ${shard.index}/${shard.count}` : ''}\` (or include ${input} in --from)`);
+        if (shardName(made) !== shardName(wanted))
+          throw new UsageError(
+            `stage ${stage.name} reads ${input}, which was made for ${shardName(made)}, not ${shardName(wanted)}; run \`prefab run${shard ? ` --shard ${shard.index}/${shard.count}` : ''}\` (or include ${input} in --from)`,
+          );
       }
       const why = options.force ? ['forced by `prefab stage`'] : a.state === 'never run' ? ['never run'] : a.reasons;
       if (signal.aborted) {
@@ -267,23 +305,54 @@ export class Engine {
           // Recorded here, with what the stage said: an exit forced meanwhile must not overwrite it.
           this.running = null;
           log.warn('interrupted', { what: error.message });
-          await this.recordAttempt(stage.name, { status: 'interrupted', at: new Date().toISOString(), error: error.message });
-          outcomes.push({ stage: stage.name, action: 'interrupted', reasons: why, summary: '', counts: {}, seconds: 0, error: error.message });
+          await this.recordAttempt(stage.name, {
+            status: 'interrupted',
+            at: new Date().toISOString(),
+            error: error.message,
+          });
+          outcomes.push({
+            stage: stage.name,
+            action: 'interrupted',
+            reasons: why,
+            summary: '',
+            counts: {},
+            seconds: 0,
+            error: error.message,
+          });
           continue;
         }
         const message = errorMessage(error);
-        log.error('failed', { error: message, ...(this.options.verbose && error instanceof Error ? { stack: error.stack } : {}) });
+        log.error('failed', {
+          error: message,
+          ...(this.options.verbose && error instanceof Error ? { stack: error.stack } : {}),
+        });
         await this.recordAttempt(stage.name, { status: 'failed', at: new Date().toISOString(), error: message });
-        outcomes.push({ stage: stage.name, action: 'failed', reasons: why, summary: '', counts: {}, seconds: 0, error: message });
+        outcomes.push({
+          stage: stage.name,
+          action: 'failed',
+          reasons: why,
+          summary: '',
+          counts: {},
+          seconds: 0,
+          error: message,
+        });
       } finally {
         this.running = null;
       }
     }
-    if (options.force && outcomes.some((o) => o.stage === options.force && o.action === 'ran')) await this.invalidateDownstream(options.force);
+    if (options.force && outcomes.some((o) => o.stage === options.force && o.action === 'ran'))
+      await this.invalidateDownstream(options.force);
     return outcomes;
   }
 
-  private async execute(stage: Stage, external: ExternalFile[], previous: Manifest | null, log: Logger, signal: AbortSignal, shard: Shard | null): Promise<StageOutcome> {
+  private async execute(
+    stage: Stage,
+    external: ExternalFile[],
+    previous: Manifest | null,
+    log: Logger,
+    signal: AbortSignal,
+    shard: Shard | null,
+  ): Promise<StageOutcome> {
     const started = new Date();
     const out = await this.ws.newTmpDir(stage.name);
     const cache = this.ws.cacheDir(stage.name);
@@ -304,7 +373,13 @@ export class Engine {
       lineage: await this.lineage(stage),
       external,
       cache,
-      key: hashJson({ code: this.codeVersion(stage), config: this.configHash(stage), inputs, external: external.map((f) => f.xxh64), ...(shard ? { shard } : {}) }),
+      key: hashJson({
+        code: this.codeVersion(stage),
+        config: this.configHash(stage),
+        inputs,
+        external: external.map((f) => f.xxh64),
+        ...(shard ? { shard } : {}),
+      }),
       signal,
       options: this.options,
       shard,
@@ -313,13 +388,31 @@ export class Engine {
     collectAfterStage(); // what the stage held goes back before the next one runs
     const manifest = await this.commit(stage, out, { inputs, external, report, started, shard });
     log.info('done', { summary: report.summary, seconds: manifest.seconds });
-    return { stage: stage.name, action: 'ran', reasons: [], summary: report.summary, counts: report.counts, seconds: manifest.seconds };
+    return {
+      stage: stage.name,
+      action: 'ran',
+      reasons: [],
+      summary: report.summary,
+      counts: report.counts,
+      seconds: manifest.seconds,
+    };
   }
 
   /** Hashes what a stage wrote into `out`, writes its manifest there and puts the folder in place. */
-  async commit(stage: Stage, out: string, made: { inputs: Record<string, string>; external: Manifest['external']; report: StageReport; started: Date; shard: Shard | null }): Promise<Manifest> {
+  async commit(
+    stage: Stage,
+    out: string,
+    made: {
+      inputs: Record<string, string>;
+      external: Manifest['external'];
+      report: StageReport;
+      started: Date;
+      shard: Shard | null;
+    },
+  ): Promise<Manifest> {
     for (const name of stage.outputs) {
-      if (!existsSync(join(out, name))) throw new Error(`stage ${stage.name} did not write its declared output ${name}`);
+      if (!existsSync(join(out, name)))
+        throw new Error(`stage ${stage.name} did not write its declared output ${name}`);
     }
     const outputs = await checksumOutputs(out, stage.outputs);
     const finished = new Date();
@@ -354,7 +447,15 @@ export class Engine {
     const out: Lineage[] = [];
     for (const s of this.stages) {
       const m = needed.has(s.name) ? await this.manifest(s.name) : null;
-      if (m) out.push({ stage: m.stage, code_version: m.code_version, config_hash: m.config_hash, fingerprint: m.fingerprint, finished_at: m.finished_at, counts: m.counts });
+      if (m)
+        out.push({
+          stage: m.stage,
+          code_version: m.code_version,
+          config_hash: m.config_hash,
+          fingerprint: m.fingerprint,
+          finished_at: m.finished_at,
+          counts: m.counts,
+        });
     }
     return out;
   }
@@ -367,7 +468,10 @@ export class Engine {
     if (!this.running) return null;
     const message = `${this.running} interrupted by ${signal} before its next safe point: what it made is discarded, and the next run starts it again (a training stage resumes from its last checkpoint)`;
     mkdirSync(join(this.ws.root, '.runs'), { recursive: true });
-    writeFileAtomicNow(this.ws.attemptPath(this.running), JSON.stringify({ status: 'interrupted', at: new Date().toISOString(), error: message } satisfies Attempt) + '\n');
+    writeFileAtomicNow(
+      this.ws.attemptPath(this.running),
+      JSON.stringify({ status: 'interrupted', at: new Date().toISOString(), error: message } satisfies Attempt) + '\n',
+    );
     return message;
   }
 
@@ -404,7 +508,9 @@ function describeExternalChange(before: Manifest['external'], now: ExternalFile[
   }
   const removed = old.size;
   if (!added && !changed && !removed) return [];
-  const parts = [added && `${added} new`, changed && `${changed} changed`, removed && `${removed} gone`].filter(Boolean);
+  const parts = [added && `${added} new`, changed && `${changed} changed`, removed && `${removed} gone`].filter(
+    Boolean,
+  );
   return [`input files: ${parts.join(', ')}`];
 }
 
@@ -422,4 +528,3 @@ async function checksumOutputs(dir: string, names: string[]): Promise<OutputFile
   for (const name of names) await walk(name);
   return files;
 }
-

@@ -66,7 +66,9 @@ export function rememberChecksum(path: string, xxh64: string, bytes: number, mti
 export async function outputChecksum(path: string, now: { size: number; mtimeMs: number }): Promise<string> {
   const known = written.get(resolve(path));
   written.delete(resolve(path));
-  return known && known.bytes === now.size && known.mtimeMs === now.mtimeMs ? known.xxh64 : checksumFile(path, now.size);
+  return known && known.bytes === now.size && known.mtimeMs === now.mtimeMs
+    ? known.xxh64
+    : checksumFile(path, now.size);
 }
 
 /** Reads of a file being hashed: this many in flight, of this many bytes each. */
@@ -139,7 +141,13 @@ export function sha256Bytes(data: string): string {
 
 /** Bytes `at` to `at + 3` of a digest from sha256Bytes as an unsigned integer, little-endian (Buffer's readUInt32LE). */
 export function uint32LE(digest: string, at: number): number {
-  return (digest.charCodeAt(at) | (digest.charCodeAt(at + 1) << 8) | (digest.charCodeAt(at + 2) << 16) | (digest.charCodeAt(at + 3) << 24)) >>> 0;
+  return (
+    (digest.charCodeAt(at) |
+      (digest.charCodeAt(at + 1) << 8) |
+      (digest.charCodeAt(at + 2) << 16) |
+      (digest.charCodeAt(at + 3) << 24)) >>>
+    0
+  );
 }
 
 /** A stable number in [0, 1) for a key: the same key and salt always land in the same place. */

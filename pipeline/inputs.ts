@@ -10,7 +10,8 @@ const INPUT_EXTENSIONS = /\.(jsonl|ndjson|json|parquet)(\.gz)?$/i;
 export async function resolveInputs(inputs: string[], configDir: string, key = 'ingest.inputs'): Promise<string[]> {
   const files = new Set<string>();
   // tinyglobby only where a folder or a pattern is named: every command's start would pay for loading it.
-  const glob = async (pattern: string, cwd: string) => (await import('tinyglobby')).glob(pattern, { cwd, absolute: true, onlyFiles: true });
+  const glob = async (pattern: string, cwd: string) =>
+    (await import('tinyglobby')).glob(pattern, { cwd, absolute: true, onlyFiles: true });
   for (const input of inputs) {
     const path = resolve(configDir, input);
     let matched: string[];
@@ -20,7 +21,10 @@ export async function resolveInputs(inputs: string[], configDir: string, key = '
       matched = [path];
     } else {
       matched = await glob(input, configDir);
-      if (matched.length === 0) throw new UsageError(`${key}: '${input}' matches no file (paths are relative to the config file's folder, ${configDir})`);
+      if (matched.length === 0)
+        throw new UsageError(
+          `${key}: '${input}' matches no file (paths are relative to the config file's folder, ${configDir})`,
+        );
     }
     for (const f of matched) files.add(f);
   }

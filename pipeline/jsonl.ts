@@ -54,7 +54,11 @@ export class JsonlWriter {
   count = 0;
 
   /** `buffer`: bytes in flight past which a write waits for the disk. */
-  constructor(readonly path: string, flags: 'w' | 'a' = 'w', buffer = 1 << 20) {
+  constructor(
+    readonly path: string,
+    flags: 'w' | 'a' = 'w',
+    buffer = 1 << 20,
+  ) {
     this.stream = createWriteStream(path, { flags, highWaterMark: buffer });
     this.sum = flags === 'w' ? checksum() : null;
   }
@@ -126,7 +130,10 @@ export class LineBuffer {
   length = 0;
   count = 0;
 
-  constructor(private readonly initial = 1 << 20, private readonly shelf = new BufferShelf(0)) {
+  constructor(
+    private readonly initial = 1 << 20,
+    private readonly shelf = new BufferShelf(0),
+  ) {
     this.buffer = shelf.take(initial);
   }
 

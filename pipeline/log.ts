@@ -67,7 +67,12 @@ export class Logger {
       // cli-progress only for a bar on a terminal: every other command's start would pay for loading it.
       const cliProgress = createRequire(import.meta.url)('cli-progress') as typeof import('cli-progress');
       const bar = new cliProgress.SingleBar(
-        { format: `  ${label} [{bar}] {value}/{total} {rate}/s eta {eta_formatted}`, stream: this.out as NodeJS.WriteStream, hideCursor: true, clearOnComplete: true },
+        {
+          format: `  ${label} [{bar}] {value}/{total} {rate}/s eta {eta_formatted}`,
+          stream: this.out as NodeJS.WriteStream,
+          hideCursor: true,
+          clearOnComplete: true,
+        },
         cliProgress.Presets.shades_classic,
       );
       bar.start(total, 0, { rate: 0 });

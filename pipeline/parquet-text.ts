@@ -8,7 +8,14 @@
 // Schemas it does not know how to assemble (maps, variants, two-level lists, repeated fields outside a
 // LIST, keys an object would reorder or drop, dotted names inside a struct) give null, and the caller reads
 // them with hyparquet.
-import { parquetSchema, toJson, type ColumnMetaData, type DecodedArray, type FileMetaData, type SchemaTree } from 'hyparquet';
+import {
+  parquetSchema,
+  toJson,
+  type ColumnMetaData,
+  type DecodedArray,
+  type FileMetaData,
+  type SchemaTree,
+} from 'hyparquet';
 import { parquetHeader } from 'hyparquet/src/column.js';
 import { DEFAULT_PARSERS, convert, convertWithDictionary } from 'hyparquet/src/convert.js';
 import { decompressPage, readDataPage, readDataPageV2 } from 'hyparquet/src/datapage.js';
@@ -64,11 +71,25 @@ export function rowPlan(metadata: FileMetaData): { key: string; node: Node }[] |
  */
 function plainKeys(names: string[], nested: boolean): boolean {
   const index = (n: string) => /^(0|[1-9]\d*)$/.test(n) && Number(n) < 2 ** 32 - 1;
-  return new Set(names).size === names.length && names.every((n) => n !== '__proto__' && !index(n) && !(nested && n.includes('.')));
+  return (
+    new Set(names).size === names.length &&
+    names.every((n) => n !== '__proto__' && !index(n) && !(nested && n.includes('.')))
+  );
 }
 
-function fieldsOf(group: SchemaTree, def: number, rep: number, columns: Map<string, number>): { key: string; node: Node }[] | null {
-  if (!plainKeys(group.children.map((c) => c.element.name), group.path.length > 0)) return null;
+function fieldsOf(
+  group: SchemaTree,
+  def: number,
+  rep: number,
+  columns: Map<string, number>,
+): { key: string; node: Node }[] | null {
+  if (
+    !plainKeys(
+      group.children.map((c) => c.element.name),
+      group.path.length > 0,
+    )
+  )
+    return null;
   const fields: { key: string; node: Node }[] = [];
   for (const child of group.children) {
     const node = nodeOf(child, def, rep, columns);
@@ -90,9 +111,12 @@ function nodeOf(tree: SchemaTree, parentDef: number, rep: number, columns: Map<s
   if (e.converted_type === 'LIST') {
     // The three levels: the list, a repeated group, the element in it.
     const repeated = tree.children[0]!;
-    if (tree.children.length !== 1 || repeated.element.repetition_type !== 'REPEATED' || repeated.children.length !== 1) return null;
+    if (tree.children.length !== 1 || repeated.element.repetition_type !== 'REPEATED' || repeated.children.length !== 1)
+      return null;
     const element = nodeOf(repeated.children[0]!, def + 1, rep + 1, columns);
-    return element && { kind: 'list', element, def, optional, filled: def + 1, rep: rep + 1, columns: columnsOf(element) };
+    return (
+      element && { kind: 'list', element, def, optional, filled: def + 1, rep: rep + 1, columns: columnsOf(element) }
+    );
   }
   if (e.converted_type || e.logical_type) return null; // a map, a variant: hyparquet makes them
   const fields = fieldsOf(tree, def, rep, columns);
@@ -121,9 +145,17 @@ export async function rowGroupTexts(
     const meta = chunk.meta_data!;
     if (chunk.file_path) throw new Error('parquet file_path not supported');
     // The plan numbers the columns as the first row group lists them.
-    if (meta.path_in_schema.join('.') !== metadata.row_groups[0]!.columns[i]?.meta_data?.path_in_schema.join('.')) throw new Error(`parquet: row group ${g + 1} lists its columns in another order`);
+    if (meta.path_in_schema.join('.') !== metadata.row_groups[0]!.columns[i]?.meta_data?.path_in_schema.join('.'))
+      throw new Error(`parquet: row group ${g + 1} lists its columns in another order`);
     const start = Number(meta.dictionary_page_offset || meta.data_page_offset);
-    columns.push(decodeColumn(await bytes(start, start + Number(meta.total_compressed_size)), meta, getTreePath(schema, meta.path_in_schema), compressors));
+    columns.push(
+      decodeColumn(
+        await bytes(start, start + Number(meta.total_compressed_size)),
+        meta,
+        getTreePath(schema, meta.path_in_schema),
+        compressors,
+      ),
+    );
   }
   const rows = Number(group.num_rows);
   const firstRow = metadata.row_groups.slice(0, g).reduce((n, r) => n + Number(r.num_rows), 1);
@@ -141,16 +173,33 @@ export async function rowGroupTexts(
     texts[r] = text;
     if (writer.lossy) return null;
     // Each column's next entry starts a row.
-    for (const c of columns) if (c.at < c.defs.length && c.reps[c.at] !== 0) throw disagree(`row ${firstRow + r} does not end where its columns do`);
+    for (const c of columns)
+      if (c.at < c.defs.length && c.reps[c.at] !== 0)
+        throw disagree(`row ${firstRow + r} does not end where its columns do`);
   }
-  for (const c of columns) if (c.at !== c.defs.length || c.next !== c.values.length) throw disagree(`its columns hold more than its ${rows} rows`);
+  for (const c of columns)
+    if (c.at !== c.defs.length || c.next !== c.values.length)
+      throw disagree(`its columns hold more than its ${rows} rows`);
   return texts;
 }
 
 /** A column chunk's pages decoded as hyparquet's readColumn decodes them, with their levels kept. */
-function decodeColumn(buffer: ArrayBuffer, meta: ColumnMetaData, schemaPath: SchemaTree[], compressors: Compressors): Column {
+function decodeColumn(
+  buffer: ArrayBuffer,
+  meta: ColumnMetaData,
+  schemaPath: SchemaTree[],
+  compressors: Compressors,
+): Column {
   const element = schemaPath.at(-1)!.element;
-  const decoder = { pathInSchema: meta.path_in_schema, element, schemaPath, type: meta.type, codec: meta.codec, compressors, parsers: DEFAULT_PARSERS };
+  const decoder = {
+    pathInSchema: meta.path_in_schema,
+    element,
+    schemaPath,
+    type: meta.type,
+    codec: meta.codec,
+    compressors,
+    parsers: DEFAULT_PARSERS,
+  };
   const maxDef = getMaxDefinitionLevel(schemaPath);
   const reader = { view: new DataView(buffer), offset: 0 };
   const pages: { defs: number[] | undefined; reps: number[]; entries: number; values: DecodedArray }[] = [];
@@ -161,17 +210,32 @@ function decodeColumn(buffer: ArrayBuffer, meta: ColumnMetaData, schemaPath: Sch
     reader.offset += header.compressed_page_size;
     if (header.type === 'DICTIONARY_PAGE') {
       const page = decompressPage(compressed, Number(header.uncompressed_page_size), meta.codec, compressors);
-      const values = readPlain({ view: new DataView(page.buffer, page.byteOffset, page.byteLength), offset: 0 }, meta.type, header.dictionary_page_header!.num_values, element.type_length);
+      const values = readPlain(
+        { view: new DataView(page.buffer, page.byteOffset, page.byteLength), offset: 0 },
+        meta.type,
+        header.dictionary_page_header!.num_values,
+        element.type_length,
+      );
       dictionary = convert(values, decoder);
     } else if (header.type === 'DATA_PAGE') {
       const daph = header.data_page_header!;
       const page = decompressPage(compressed, Number(header.uncompressed_page_size), meta.codec, compressors);
       const { definitionLevels, repetitionLevels, dataPage } = readDataPage(page, daph, decoder);
-      pages.push({ defs: definitionLevels, reps: repetitionLevels, entries: daph.num_values, values: convertWithDictionary(dataPage, dictionary, daph.encoding, decoder) });
+      pages.push({
+        defs: definitionLevels,
+        reps: repetitionLevels,
+        entries: daph.num_values,
+        values: convertWithDictionary(dataPage, dictionary, daph.encoding, decoder),
+      });
     } else if (header.type === 'DATA_PAGE_V2') {
       const daph2 = header.data_page_header_v2!;
       const { definitionLevels, repetitionLevels, dataPage } = readDataPageV2(compressed, header, decoder);
-      pages.push({ defs: definitionLevels, reps: repetitionLevels, entries: daph2.num_values, values: convertWithDictionary(dataPage, dictionary, daph2.encoding, decoder) });
+      pages.push({
+        defs: definitionLevels,
+        reps: repetitionLevels,
+        entries: daph2.num_values,
+        values: convertWithDictionary(dataPage, dictionary, daph2.encoding, decoder),
+      });
     } else {
       throw new Error(`parquet unsupported page type: ${header.type}`);
     }
@@ -179,7 +243,13 @@ function decodeColumn(buffer: ArrayBuffer, meta: ColumnMetaData, schemaPath: Sch
   let entries = 0;
   let count = 0;
   for (const p of pages) [entries, count] = [entries + p.entries, count + p.values.length];
-  const column: Column = { defs: new Uint8Array(entries), reps: new Uint8Array(entries), values: new Array(count), at: 0, next: 0 };
+  const column: Column = {
+    defs: new Uint8Array(entries),
+    reps: new Uint8Array(entries),
+    values: new Array(count),
+    at: 0,
+    next: 0,
+  };
   let e = 0;
   let v = 0;
   for (const p of pages) {

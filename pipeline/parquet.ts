@@ -2,7 +2,15 @@
 // (read as list<...> by DuckDB, pyarrow, pandas, `datasets`), a streaming writer that holds one row group in
 // memory at a time, and the one reader, a row group at a time.
 import { gzipSync } from 'node:zlib';
-import { asyncBufferFromFile, parquetMetadataAsync, parquetReadObjects, toJson, type AsyncBuffer, type FileMetaData, type SchemaElement } from 'hyparquet';
+import {
+  asyncBufferFromFile,
+  parquetMetadataAsync,
+  parquetReadObjects,
+  toJson,
+  type AsyncBuffer,
+  type FileMetaData,
+  type SchemaElement,
+} from 'hyparquet';
 import { compressors } from 'hyparquet-compressors';
 import { ParquetWriter, fileWriter } from 'hyparquet-writer';
 import { ColumnsDisagree, allFinite, rowGroupTexts, rowPlan } from './parquet-text.ts';
@@ -18,7 +26,14 @@ import { WorkerPool } from './workers.ts';
  */
 export async function* readParquetBatches(path: string, heapMb?: number): AsyncGenerator<RawRecord[]> {
   // A young generation of 64 MB (the stages' threads have 16): a row group's values outlive many of its collections.
-  const reader = new WorkerPool<null, RawRecord[] | null>('parquet-worker', new URL('./parquet-worker.ts', import.meta.url), 1, { path }, undefined, { maxYoungGenerationSizeMb: 64, ...(heapMb ? { maxOldGenerationSizeMb: heapMb } : {}) });
+  const reader = new WorkerPool<null, RawRecord[] | null>(
+    'parquet-worker',
+    new URL('./parquet-worker.ts', import.meta.url),
+    1,
+    { path },
+    undefined,
+    { maxYoungGenerationSizeMb: 64, ...(heapMb ? { maxOldGenerationSizeMb: heapMb } : {}) },
+  );
   let reached = 'before the first record';
   try {
     // The next batches are read while this one is used.
@@ -46,7 +61,8 @@ export async function* readParquetBatches(path: string, heapMb?: number): AsyncG
 
 /** readParquetBatches' records one at a time, each with its value (parsed from its text where it came without). */
 export async function* readParquetRecords(path: string): AsyncGenerator<RawRecord> {
-  for await (const records of readParquetBatches(path)) for (const r of records) yield r.value !== undefined || r.damaged ? r : parseRecord(r.where, r.raw);
+  for await (const records of readParquetBatches(path))
+    for (const r of records) yield r.value !== undefined || r.damaged ? r : parseRecord(r.where, r.raw);
 }
 
 /**
@@ -68,7 +84,12 @@ async function outOfMemory(path: string): Promise<string> {
 }
 
 /** The rows `rowStart` to `rowEnd` (one row group) as plain JSON values: hyparquet's objects, through its toJson. */
-async function groupValues(file: AsyncBuffer, metadata: FileMetaData, rowStart: number, rowEnd: number): Promise<unknown[]> {
+async function groupValues(
+  file: AsyncBuffer,
+  metadata: FileMetaData,
+  rowStart: number,
+  rowEnd: number,
+): Promise<unknown[]> {
   return (await parquetReadObjects({ file, metadata, rowStart, rowEnd, compressors })).map((row) => toJson(row));
 }
 
@@ -103,22 +124,35 @@ export async function* readParquetTexts(path: string): AsyncGenerator<{ row: num
     const rowEnd = rowStart + Number(group.num_rows);
     // Columns that disagree with the schema end the file (hyparquet would lose values); any other failure
     // is hyparquet's to report.
-    const texts = plan && (await rowGroupTexts(metadata, g, plan, (start, end) => file.slice(start, end), compressors).catch((error: unknown) => {
-      if (error instanceof ColumnsDisagree) throw error;
-      return null;
-    }));
+    const texts =
+      plan &&
+      (await rowGroupTexts(metadata, g, plan, (start, end) => file.slice(start, end), compressors).catch(
+        (error: unknown) => {
+          if (error instanceof ColumnsDisagree) throw error;
+          return null;
+        },
+      ));
     if (texts) {
       for (let i = 0; i < texts.length; i++) yield { row: rowStart + i + 1, raw: texts[i]! };
     } else {
       const values = await groupValues(file, metadata, rowStart, rowEnd);
-      for (let i = 0; i < values.length; i++) yield { row: rowStart + i + 1, raw: JSON.stringify(values[i]), ...(allFinite(values[i]) ? {} : { value: values[i] }) };
+      for (let i = 0; i < values.length; i++)
+        yield {
+          row: rowStart + i + 1,
+          raw: JSON.stringify(values[i]),
+          ...(allFinite(values[i]) ? {} : { value: values[i] }),
+        };
     }
     rowStart = rowEnd;
   }
 }
 
 export type Column =
-  | { kind: 'string' | 'double' | 'bool' | 'int64'; optional?: boolean; /** false: no min/max for free text (see `statistics`) */ statistics?: false }
+  | {
+      kind: 'string' | 'double' | 'bool' | 'int64';
+      optional?: boolean;
+      /** false: no min/max for free text (see `statistics`) */ statistics?: false;
+    }
   | { kind: 'list'; of: Column; optional?: boolean }
   | { kind: 'struct'; fields: Record<string, Column>; optional?: boolean };
 
@@ -143,7 +177,10 @@ function schemaElements(name: string, column: Column): SchemaElement[] {
   }
   if (column.kind === 'struct') {
     const fields = Object.entries(column.fields);
-    return [{ name, repetition_type, num_children: fields.length }, ...fields.flatMap(([k, c]) => schemaElements(k, c))];
+    return [
+      { name, repetition_type, num_children: fields.length },
+      ...fields.flatMap(([k, c]) => schemaElements(k, c)),
+    ];
   }
   return [{ name, repetition_type, ...PRIMITIVE[column.kind] } as SchemaElement];
 }
@@ -154,7 +191,9 @@ export function describeColumn(column: Column): string {
     column.kind === 'list'
       ? `list<${describeColumn(column.of)}>`
       : column.kind === 'struct'
-        ? `struct<${Object.entries(column.fields).map(([k, c]) => `${k}: ${describeColumn(c)}`).join(', ')}>`
+        ? `struct<${Object.entries(column.fields)
+            .map(([k, c]) => `${k}: ${describeColumn(c)}`)
+            .join(', ')}>`
         : column.kind;
   return column.optional ? `${base}?` : base;
 }
@@ -167,7 +206,8 @@ const CODEC = { snappy: 'SNAPPY', gzip: 'GZIP', uncompressed: 'UNCOMPRESSED' } a
  * chunk's statistics until it writes the footer, with strings whole (they are cut to 16 bytes only in the
  * footer), so message text in them made an export's memory grow with its rows.
  */
-const statistics = (column: Column) => column.kind !== 'list' && column.kind !== 'struct' && column.statistics !== false;
+const statistics = (column: Column) =>
+  column.kind !== 'list' && column.kind !== 'struct' && column.statistics !== false;
 
 /** Rows in, Parquet out: rows are buffered up to one row group, then encoded and flushed to the file. */
 export class ParquetTableWriter<Row extends object> {
@@ -183,9 +223,16 @@ export class ParquetTableWriter<Row extends object> {
     this.names = Object.keys(columns);
   }
 
-  static async open<Row extends object>(path: string, columns: Record<string, Column>, options: { rowGroupSize: number; compression: Compression }) {
+  static async open<Row extends object>(
+    path: string,
+    columns: Record<string, Column>,
+    options: { rowGroupSize: number; compression: Compression },
+  ) {
     const entries = Object.entries(columns);
-    const schema: SchemaElement[] = [{ name: 'root', num_children: entries.length }, ...entries.flatMap(([k, c]) => schemaElements(k, c))];
+    const schema: SchemaElement[] = [
+      { name: 'root', num_children: entries.length },
+      ...entries.flatMap(([k, c]) => schemaElements(k, c)),
+    ];
     const writer = new ParquetWriter({
       writer: fileWriter(path),
       schema,
@@ -207,7 +254,11 @@ export class ParquetTableWriter<Row extends object> {
     const rows = this.buffer as Record<string, unknown>[];
     const columnData = this.names.map((name) => {
       const int64 = this.columns[name]!.kind === 'int64';
-      return { name, statistics: statistics(this.columns[name]!), data: rows.map((r) => (int64 && r[name] != null ? BigInt(r[name] as number) : (r[name] ?? null))) };
+      return {
+        name,
+        statistics: statistics(this.columns[name]!),
+        data: rows.map((r) => (int64 && r[name] != null ? BigInt(r[name] as number) : (r[name] ?? null))),
+      };
     });
     this.writer.write({ columnData, rowGroupSize: rows.length });
     this.buffer = [];

@@ -39,7 +39,8 @@ export function detectFormat(path: string): InputFormat | null {
 }
 
 /** A raw record's text as a quarantine keeps it: at most 64 KB of it, so one huge record cannot swell the file. */
-export const quarantineText = (raw: string) => (raw.length > 65536 ? `${raw.slice(0, 65536)}… (${raw.length} characters in all)` : raw);
+export const quarantineText = (raw: string) =>
+  raw.length > 65536 ? `${raw.slice(0, 65536)}… (${raw.length} characters in all)` : raw;
 
 /**
  * The records of a file, one at a time. A file that cannot be read to its end yields what came before the
@@ -121,7 +122,7 @@ export function forEachLine(block: Buffer, line: (start: number, end: number) =>
   };
   // Lone "\r"s are rare: only a block that has a "\r" is searched for them, a "\n"-line at a time.
   const crs = block.indexOf(13) >= 0;
-  for (let from = 0; from < block.length; ) {
+  for (let from = 0; from < block.length;) {
     const nl = block.indexOf(10, from);
     const stop = nl < 0 ? block.length : nl;
     let start = from;
@@ -143,7 +144,8 @@ export function forEachLine(block: Buffer, line: (start: number, end: number) =>
 /** The end (just past its closing quote) of the JSON string whose opening quote is at `at` of `bytes`, or -1: escapes skipped, nothing else checked. */
 export function jsonStringEnd(bytes: Uint8Array, at: number, end = bytes.length): number {
   for (let i = at + 1; i < end; i++) {
-    if (bytes[i] === 0x5c) i++; // a backslash: the next byte is escaped
+    if (bytes[i] === 0x5c)
+      i++; // a backslash: the next byte is escaped
     else if (bytes[i] === 0x22) return i + 1;
   }
   return -1;
@@ -252,8 +254,12 @@ async function* readPlainLineBlocks(path: string, size: number, shelf = new Buff
  * to the pool and back (on two busy cores) would add up to most of the time.
  */
 function readerOf(fd: number): (into: Uint8Array, at: number, length: number) => Promise<number> {
-  if (fstatSync(fd).size <= SMALL_FILE) return (into, at, length) => Promise.resolve(readSync(fd, into, at, length, null));
-  return (into, at, length) => new Promise((resolve, reject) => read(fd, into, at, length, null, (error, bytesRead) => (error ? reject(error) : resolve(bytesRead))));
+  if (fstatSync(fd).size <= SMALL_FILE)
+    return (into, at, length) => Promise.resolve(readSync(fd, into, at, length, null));
+  return (into, at, length) =>
+    new Promise((resolve, reject) =>
+      read(fd, into, at, length, null, (error, bytesRead) => (error ? reject(error) : resolve(bytesRead))),
+    );
 }
 
 /** The elements of a JSON array, one at a time (readElementBlocks cuts them out). */
@@ -280,7 +286,8 @@ export interface ElementBlock {
 export const ELEMENT_FIELDS = 4;
 
 /** How a record names element `e` (its first number's index) of an ElementBlock's. */
-export const elementWhere = (elements: Uint32Array, e: number) => `element ${elements[e + 2]} (line ${elements[e + 3]})`;
+export const elementWhere = (elements: Uint32Array, e: number) =>
+  `element ${elements[e + 2]} (line ${elements[e + 3]})`;
 
 /**
  * A top-level JSON array (gzip when the name ends in .gz) as blocks of `size` bytes or more of whole
@@ -290,7 +297,11 @@ export const elementWhere = (elements: Uint32Array, e: number) => `element ${ele
  * blank elements (`[1,,2]`) are left out. A file that is not an array, has more after it, or breaks off
  * throws, once the whole elements before that are given.
  */
-export async function* readElementBlocks(path: string, size = 1 << 20, shelf = new BufferShelf(0)): AsyncGenerator<ElementBlock> {
+export async function* readElementBlocks(
+  path: string,
+  size = 1 << 20,
+  shelf = new BufferShelf(0),
+): AsyncGenerator<ElementBlock> {
   const scanner = new ArrayScanner(path);
   let pending = shelf.take(2 * size);
   let filled = 0;
@@ -401,12 +412,18 @@ class ArrayScanner {
         continue;
       }
       if (!this.started) {
-        if (c !== 0x5b) throw this.error(b, i, `expected a JSON array of records ('[' first), found '${b.toString('utf8', i, i + 1)}'; use .jsonl for one record a line`);
+        if (c !== 0x5b)
+          throw this.error(
+            b,
+            i,
+            `expected a JSON array of records ('[' first), found '${b.toString('utf8', i, i + 1)}'; use .jsonl for one record a line`,
+          );
         this.started = true;
         this.cutAt = ++i;
         continue;
       }
-      if (this.ended) throw this.error(b, i, `unexpected '${b.toString('utf8', i, i + 1)}' after the closing ']' of the array`);
+      if (this.ended)
+        throw this.error(b, i, `unexpected '${b.toString('utf8', i, i + 1)}' after the closing ']' of the array`);
       if (this.depth === 0 && (c === 0x2c || c === 0x5d)) {
         if (this.elementStart >= 0) {
           this.found.push(this.elementStart, this.elementEnd, ++this.element, this.lineAt(b, this.elementStart));
@@ -425,13 +442,19 @@ class ArrayScanner {
     this.at = i;
     if (!last) return;
     if (!this.started) throw new Error(`${this.path}: empty file; expected a JSON array of records`);
-    if (!this.ended) throw this.error(b, n, `the JSON array is not closed (the file ends inside element ${this.element + 1})`);
+    if (!this.ended)
+      throw this.error(b, n, `the JSON array is not closed (the file ends inside element ${this.element + 1})`);
   }
 
   /** Bytes `from` to `to` are part of what is scanned, not blank: before or after the array, an error. */
   private notBlank(b: Buffer, from: number, to: number): void {
     const found = () => b.toString('utf8', from, to);
-    if (!this.started) throw this.error(b, from, `expected a JSON array of records ('[' first), found '${found()}'; use .jsonl for one record a line`);
+    if (!this.started)
+      throw this.error(
+        b,
+        from,
+        `expected a JSON array of records ('[' first), found '${found()}'; use .jsonl for one record a line`,
+      );
     if (this.ended) throw this.error(b, from, `unexpected '${found()}' after the closing ']' of the array`);
     if (this.elementStart < 0) this.elementStart = from;
     this.elementEnd = to;
@@ -486,5 +509,6 @@ class ArrayScanner {
 /** A Parquet file's records: each row's text, and its value only where the text does not give it back. */
 async function* parquetRecords(path: string): AsyncGenerator<RawRecord> {
   const { readParquetTexts } = await import('./parquet.ts');
-  for await (const { row, raw, value } of readParquetTexts(path)) yield value === undefined ? { where: `row ${row}`, raw } : { where: `row ${row}`, raw, value };
+  for await (const { row, raw, value } of readParquetTexts(path))
+    yield value === undefined ? { where: `row ${row}`, raw } : { where: `row ${row}`, raw, value };
 }

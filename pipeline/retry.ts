@@ -19,14 +19,22 @@ export interface RetryDecision {
 }
 
 /** The wait before try `attempt + 1` (attempt counts from 1): the server's word if given, else backoff with full jitter over its upper half. */
-function backoffMs(policy: RetryPolicy, attempt: number, afterMs: number | undefined, random: () => number = Math.random): number {
+function backoffMs(
+  policy: RetryPolicy,
+  attempt: number,
+  afterMs: number | undefined,
+  random: () => number = Math.random,
+): number {
   if (afterMs !== undefined && Number.isFinite(afterMs) && afterMs >= 0) return Math.min(afterMs, policy.maxMs);
   const ceiling = Math.min(policy.maxMs, policy.baseMs * 2 ** (attempt - 1));
   return ceiling * (0.5 + 0.5 * random());
 }
 
 /** A Retry-After header (seconds or an HTTP date), or retry-after-ms, in milliseconds. */
-export function retryAfterMs(header: (name: string) => string | null | undefined, now = Date.now()): number | undefined {
+export function retryAfterMs(
+  header: (name: string) => string | null | undefined,
+  now = Date.now(),
+): number | undefined {
   const ms = header('retry-after-ms');
   if (ms && Number.isFinite(Number(ms))) return Number(ms);
   const value = header('retry-after');

@@ -19,7 +19,10 @@ export function parseShard(text: string): Shard {
   if (!m) throw new UsageError(`--shard ${text}: expected i/N, the i-th (from 0) of N shards, e.g. --shard 0/3`);
   const [index, count] = [Number(m[1]), Number(m[2])];
   if (count < 1) throw new UsageError(`--shard ${text}: N must be at least 1`);
-  if (index >= count) throw new UsageError(`--shard ${text}: shards are numbered from 0, so the last of ${count} is ${count - 1}/${count}`);
+  if (index >= count)
+    throw new UsageError(
+      `--shard ${text}: shards are numbered from 0, so the last of ${count} is ${count - 1}/${count}`,
+    );
   return { index, count };
 }
 
@@ -54,25 +57,36 @@ interface ChunkRecord {
 export class ChunkIndex {
   private readonly files: ChunkRecord['files'] = {};
 
-  constructor(private readonly out: string, private readonly shard: Shard | null) {}
+  constructor(
+    private readonly out: string,
+    private readonly shard: Shard | null,
+  ) {}
 
   /** The records `writer` writes from now on, up to the next mark, are the chunk `key`. */
   mark(writer: JsonlWriter, key: ChunkKey): void {
     if (!this.shard) return;
     const chunks = (this.files[relative(this.out, writer.path)] ??= []);
     const last = chunks.at(-1);
-    if (last && compareKeys(last.key, key) >= 0) throw new Error(`chunk ${JSON.stringify(key)} of ${writer.path} comes after ${JSON.stringify(last.key)}: chunks must be written in key order`);
+    if (last && compareKeys(last.key, key) >= 0)
+      throw new Error(
+        `chunk ${JSON.stringify(key)} of ${writer.path} comes after ${JSON.stringify(last.key)}: chunks must be written in key order`,
+      );
     chunks.push({ key, start: writer.bytes });
   }
 
   async save(): Promise<void> {
-    if (this.shard) await writeFile(join(this.out, CHUNKS_FILE), JSON.stringify({ shard: this.shard, files: this.files } satisfies ChunkRecord) + '\n');
+    if (this.shard)
+      await writeFile(
+        join(this.out, CHUNKS_FILE),
+        JSON.stringify({ shard: this.shard, files: this.files } satisfies ChunkRecord) + '\n',
+      );
   }
 }
 
 async function readChunks(part: ShardPart): Promise<ChunkRecord> {
   const path = join(part.dir, CHUNKS_FILE);
-  if (!existsSync(path)) throw new PipelineError(`${part.dir}: no ${CHUNKS_FILE}; it was not made by \`prefab run --shard\``);
+  if (!existsSync(path))
+    throw new PipelineError(`${part.dir}: no ${CHUNKS_FILE}; it was not made by \`prefab run --shard\``);
   return JSON.parse(await readFile(path, 'utf8')) as ChunkRecord;
 }
 
@@ -90,14 +104,21 @@ export async function joinChunks(parts: ShardPart[], file: string, out: string):
     const path = join(part.dir, file);
     const list = (await readChunks(part)).files[file] ?? [];
     const size = existsSync(path) ? (await stat(path)).size : 0;
-    if (list.length === 0 && size > 0) throw new PipelineError(`${path}: ${size} bytes that no chunk of ${CHUNKS_FILE} accounts for`);
-    if (list.length > 0 && list[0]!.start !== 0) throw new PipelineError(`${path}: its first chunk starts at byte ${list[0]!.start}, not 0`);
-    list.forEach((c, i) => chunks.push({ key: c.key, path, start: c.start, end: list[i + 1]?.start ?? size, shard: part.shard }));
+    if (list.length === 0 && size > 0)
+      throw new PipelineError(`${path}: ${size} bytes that no chunk of ${CHUNKS_FILE} accounts for`);
+    if (list.length > 0 && list[0]!.start !== 0)
+      throw new PipelineError(`${path}: its first chunk starts at byte ${list[0]!.start}, not 0`);
+    list.forEach((c, i) =>
+      chunks.push({ key: c.key, path, start: c.start, end: list[i + 1]?.start ?? size, shard: part.shard }),
+    );
   }
   chunks.sort((a, b) => compareKeys(a.key, b.key));
   for (let i = 1; i < chunks.length; i++) {
     const [a, b] = [chunks[i - 1]!, chunks[i]!];
-    if (compareKeys(a.key, b.key) === 0) throw new PipelineError(`${file}: chunk ${JSON.stringify(a.key)} was made by both ${shardName(a.shard)} and ${shardName(b.shard)}; were the shards run with different N?`);
+    if (compareKeys(a.key, b.key) === 0)
+      throw new PipelineError(
+        `${file}: chunk ${JSON.stringify(a.key)} was made by both ${shardName(a.shard)} and ${shardName(b.shard)}; were the shards run with different N?`,
+      );
   }
   await mkdir(dirname(join(out, file)), { recursive: true });
   const to = createWriteStream(join(out, file));
@@ -110,7 +131,10 @@ export async function joinChunks(parts: ShardPart[], file: string, out: string):
 export async function sameInEvery(parts: ShardPart[], file: string, out: string): Promise<void> {
   const first = await readFile(join(parts[0]!.dir, file));
   for (const part of parts.slice(1)) {
-    if (!first.equals(await readFile(join(part.dir, file)))) throw new PipelineError(`${file} differs between ${shardName(parts[0]!.shard)} and ${shardName(part.shard)}: the shards did not run on the same data and config`);
+    if (!first.equals(await readFile(join(part.dir, file))))
+      throw new PipelineError(
+        `${file} differs between ${shardName(parts[0]!.shard)} and ${shardName(part.shard)}: the shards did not run on the same data and config`,
+      );
   }
   await mkdir(dirname(join(out, file)), { recursive: true });
   await writeFile(join(out, file), first);
@@ -134,7 +158,10 @@ export async function joinFolders(parts: ShardPart[], folder: string, out: strin
     const dir = join(part.dir, folder);
     for (const entry of existsSync(dir) ? await readdir(dir) : []) {
       const other = owner.get(entry);
-      if (other) throw new PipelineError(`${folder}/${entry} was made by both ${shardName(other)} and ${shardName(part.shard)}; were the shards run with different N?`);
+      if (other)
+        throw new PipelineError(
+          `${folder}/${entry} was made by both ${shardName(other)} and ${shardName(part.shard)}; were the shards run with different N?`,
+        );
       owner.set(entry, part.shard);
       await linkTree(join(dir, entry), join(out, folder, entry));
     }
@@ -147,7 +174,10 @@ export function sumCounts(counts: Record<string, number>[], same: readonly strin
   for (const one of counts) {
     for (const [k, v] of Object.entries(one)) {
       if (!same.includes(k)) total[k] = (total[k] ?? 0) + v;
-      else if (k in total && total[k] !== v) throw new PipelineError(`the shards counted ${k} differently (${total[k]} and ${v}): they did not run on the same data and config`);
+      else if (k in total && total[k] !== v)
+        throw new PipelineError(
+          `the shards counted ${k} differently (${total[k]} and ${v}): they did not run on the same data and config`,
+        );
       else total[k] = v;
     }
   }

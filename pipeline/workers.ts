@@ -61,13 +61,24 @@ export class WorkerPool<In, Out> {
    * rather than being copied (the thread may send them back with its result). `limits`: the threads' heap,
    * where not as the stages' threads have it.
    */
-  constructor(entry: string, module: URL, size: number, init: unknown, private readonly moves: (batch: In) => ArrayBuffer[] = () => [], limits: ResourceLimits = {}) {
+  constructor(
+    entry: string,
+    module: URL,
+    size: number,
+    init: unknown,
+    private readonly moves: (batch: In) => ArrayBuffer[] = () => [],
+    limits: ResourceLimits = {},
+  ) {
     const bundle = process.env.PREFAB_BUNDLE_DIR ? join(process.env.PREFAB_BUNDLE_DIR, `${entry}.mjs`) : null;
-    const script = bundle && existsSync(bundle) ? bundle : fileURLToPath(new URL('./worker-entry.mjs', import.meta.url));
+    const script =
+      bundle && existsSync(bundle) ? bundle : fileURLToPath(new URL('./worker-entry.mjs', import.meta.url));
     this.inFlight = new Array<number>(size).fill(0);
     this.workers = Array.from({ length: size }, (_, w) => {
       // A young generation of 16 MB (V8's default is 3 × 16): a thread's memory settles as soon as it starts.
-      const worker = new Worker(script, { workerData: { module: module.href, init }, resourceLimits: { maxYoungGenerationSizeMb: 16, ...limits } });
+      const worker = new Worker(script, {
+        workerData: { module: module.href, init },
+        resourceLimits: { maxYoungGenerationSizeMb: 16, ...limits },
+      });
       worker.on('message', (reply: Reply<Out>) => {
         this.inFlight[w]!--;
         for (const buffer of reply.moved ?? []) this.madeBy.set(buffer, w);
@@ -133,7 +144,11 @@ export class WorkerPool<In, Out> {
  * go to `threadShelf`, which keeps `spares` of them (four: a thread has three batches in flight, inOrder's
  * `perThread`, and makes a fourth). Does nothing on the main thread.
  */
-export function serveBatches<In, Out>(make: (init: never) => (batch: In) => Out | Promise<Out>, transfer: (out: Out) => ArrayBuffer[] = () => [], spares = 4): void {
+export function serveBatches<In, Out>(
+  make: (init: never) => (batch: In) => Out | Promise<Out>,
+  transfer: (out: Out) => ArrayBuffer[] = () => [],
+  spares = 4,
+): void {
   if (!parentPort) return;
   threadShelf.keepAtMost(spares);
   const port = parentPort;
@@ -181,7 +196,12 @@ const MAX_WAITING = 64;
  * Hands `batches` to a pool of threads (or to a function on this thread) and gives `use` every result in
  * the order of the batches, keeping in flight what `options` allows (InOrderOptions).
  */
-export async function inOrder<In, Out>(batches: AsyncIterable<In>, work: Threads<In, Out> | ((batch: In) => Out | Promise<Out>), use: (out: Out, batch: In) => Promise<void>, options: InOrderOptions<Out> = {}): Promise<void> {
+export async function inOrder<In, Out>(
+  batches: AsyncIterable<In>,
+  work: Threads<In, Out> | ((batch: In) => Out | Promise<Out>),
+  use: (out: Out, batch: In) => Promise<void>,
+  options: InOrderOptions<Out> = {},
+): Promise<void> {
   const { perThread = 3, held } = options;
   if (typeof work === 'function') {
     for await (const batch of batches) await use(await work(batch), batch);
@@ -199,7 +219,10 @@ export async function inOrder<In, Out>(batches: AsyncIterable<In>, work: Threads
     working++;
     // A failure is thrown where its result is awaited, in order.
     void f.out
-      .then((out) => void (waitingBytes += f.bytes = held ? held.bytes(out) : 0), () => {})
+      .then(
+        (out) => void (waitingBytes += f.bytes = held ? held.bytes(out) : 0),
+        () => {},
+      )
       .finally(() => {
         f.done = true;
         working--;
@@ -214,7 +237,9 @@ export async function inOrder<In, Out>(batches: AsyncIterable<In>, work: Threads
         waiting--;
         await use(await out, given);
       }
-      const room = held ? working < depth && (waitingBytes <= held.budget || waiting < pool.size) && flight.length < MAX_WAITING : flight.length <= depth;
+      const room = held
+        ? working < depth && (waitingBytes <= held.budget || waiting < pool.size) && flight.length < MAX_WAITING
+        : flight.length <= depth;
       if (room) break;
       if (!held) {
         // As many in flight as the threads hold: the oldest is waited for.

@@ -132,7 +132,13 @@ export function liveRun(ws: Workspace): LockInfo | null {
  */
 export async function acquireLock(ws: Workspace, command: string, log: Logger): Promise<() => void> {
   await mkdir(ws.root, { recursive: true });
-  const mine: LockInfo = { pid: process.pid, host: hostname(), started_at: new Date().toISOString(), command, pid_start: processStart(process.pid) };
+  const mine: LockInfo = {
+    pid: process.pid,
+    host: hostname(),
+    started_at: new Date().toISOString(),
+    command,
+    pid_start: processStart(process.pid),
+  };
   const tmp = `${ws.lockPath}.${process.pid}.tmp`;
   writeFileSync(tmp, JSON.stringify(mine) + '\n');
   try {
@@ -198,7 +204,10 @@ interface HashCacheEntry {
 }
 
 /** Content hashes of input files (XXH64), recomputed only when a file's size, mtime or inode changed. */
-export async function hashFilesCached(ws: Workspace, paths: string[]): Promise<Map<string, { xxh64: string; bytes: number }>> {
+export async function hashFilesCached(
+  ws: Workspace,
+  paths: string[],
+): Promise<Map<string, { xxh64: string; bytes: number }>> {
   const cachePath = join(ws.root, '.cache', 'file-hashes.json');
   const cache = (await ws.readJson<Record<string, HashCacheEntry>>(cachePath)) ?? {};
   const out = new Map<string, { xxh64: string; bytes: number }>();

@@ -30,16 +30,61 @@ export interface DapoRun {
  * from the run's checkpoints in `cache` (keyed by `key`). `info` joins the model's trainer_state.json. With
  * `gpu` (`--backend webgpu`) the updates, the rollouts and validation run on the GPU.
  */
-export async function runDapo(from: string, out: string, cache: string, key: string, cfg: DapoSettings, info: Record<string, unknown>, signal: AbortSignal, log: Logger, gpu?: Kernels): Promise<DapoRun> {
+export async function runDapo(
+  from: string,
+  out: string,
+  cache: string,
+  key: string,
+  cfg: DapoSettings,
+  info: Record<string, unknown>,
+  signal: AbortSignal,
+  log: Logger,
+  gpu?: Kernels,
+): Promise<DapoRun> {
   const start = loadCheckpoint(from);
   const chat = openChat(start.tokenizer, start.model.config.eosTokenId, from);
   const s = cfg.simulator;
   const world = generateWorld({ ...DEFAULT_WORLD, seed: s.world_seed, companies: s.companies });
-  const sampling = { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p, tools: s.constrained ? TOOLS : undefined, signal, recordTurns: true, gpu };
+  const sampling = {
+    maxTokens: s.max_tokens,
+    temperature: s.temperature,
+    topP: s.top_p,
+    tools: s.constrained ? TOOLS : undefined,
+    signal,
+    recordTurns: true,
+    gpu,
+  };
 
-  const rollouts = simulatorRollouts({ world, chat, context: start.context, placeholders: start.placeholders, sampling, maxTurns: s.max_turns, seed: cfg.seed, groupSize: cfg.group_size, tasksPerStep: cfg.tasks_per_step, maxGenerationBatches: cfg.max_generation_batches, taskPool: cfg.task_pool, maxCalls: cfg.max_calls, mode: cfg.mode, reward: cfg.reward, overlongBuffer: cfg.overlong_buffer, log });
+  const rollouts = simulatorRollouts({
+    world,
+    chat,
+    context: start.context,
+    placeholders: start.placeholders,
+    sampling,
+    maxTurns: s.max_turns,
+    seed: cfg.seed,
+    groupSize: cfg.group_size,
+    tasksPerStep: cfg.tasks_per_step,
+    maxGenerationBatches: cfg.max_generation_batches,
+    taskPool: cfg.task_pool,
+    maxCalls: cfg.max_calls,
+    mode: cfg.mode,
+    reward: cfg.reward,
+    overlongBuffer: cfg.overlong_buffer,
+    log,
+  });
   const v = cfg.validation;
-  const validate = { world, chat, context: start.context, placeholders: start.placeholders, sampling: { ...sampling, temperature: v.temperature, topP: 1 }, maxTurns: s.max_turns, seed: cfg.seed, tasks: taskPool(world, 'val', v.tasks, cfg.max_calls), tries: v.tries };
+  const validate = {
+    world,
+    chat,
+    context: start.context,
+    placeholders: start.placeholders,
+    sampling: { ...sampling, temperature: v.temperature, topP: 1 },
+    maxTurns: s.max_turns,
+    seed: cfg.seed,
+    tasks: taskPool(world, 'val', v.tasks, cfg.max_calls),
+    tries: v.tries,
+  };
   const after = async (step: number, model: Llama) => {
     if (v.every === 0 || ((step + 1) % v.every !== 0 && step + 1 !== cfg.steps)) return {};
     const figures = await validation(validate, model);
@@ -62,12 +107,49 @@ export async function runDapo(from: string, out: string, cache: string, key: str
     seed: cfg.seed,
     signal,
   });
-  log.info('training', { steps: cfg.steps, tasks_per_step: cfg.tasks_per_step, group_size: cfg.group_size, reward: cfg.reward, mode: cfg.mode });
+  log.info('training', {
+    steps: cfg.steps,
+    tasks_per_step: cfg.tasks_per_step,
+    group_size: cfg.group_size,
+    reward: cfg.reward,
+    mode: cfg.mode,
+  });
   // The run's settings in trainingRun's terms: a constant learning rate after warmup, a step per batch of rollouts.
-  const settings: TrainingSettings = { seed: cfg.seed, batch_size: cfg.tasks_per_step, epochs: 1, max_steps: cfg.steps, lr: cfg.lr, warmup: cfg.warmup, min_lr_ratio: 1, weight_decay: cfg.weight_decay, max_grad_norm: cfg.max_grad_norm, checkpoint_every: cfg.checkpoint_every, micro_batch_tokens: cfg.micro_batch_tokens };
-  const result = await trainingRun({ config: settings, cache, key, tokenizer: start.tokenizer, context: start.context, placeholders: start.placeholders, signal, log, gpu }, trainer);
+  const settings: TrainingSettings = {
+    seed: cfg.seed,
+    batch_size: cfg.tasks_per_step,
+    epochs: 1,
+    max_steps: cfg.steps,
+    lr: cfg.lr,
+    warmup: cfg.warmup,
+    min_lr_ratio: 1,
+    weight_decay: cfg.weight_decay,
+    max_grad_norm: cfg.max_grad_norm,
+    checkpoint_every: cfg.checkpoint_every,
+    micro_batch_tokens: cfg.micro_batch_tokens,
+  };
+  const result = await trainingRun(
+    {
+      config: settings,
+      cache,
+      key,
+      tokenizer: start.tokenizer,
+      context: start.context,
+      placeholders: start.placeholders,
+      signal,
+      log,
+      gpu,
+    },
+    trainer,
+  );
   start.model.dispose();
   const final = result.metrics.at(-1);
-  const last = await result.save(out, { stage: 'dapo', steps: cfg.steps, reward: cfg.reward, ...info, ...(Object.keys(info).length ? { last: finalMetrics(result.metrics) } : {}) });
+  const last = await result.save(out, {
+    stage: 'dapo',
+    steps: cfg.steps,
+    reward: cfg.reward,
+    ...info,
+    ...(Object.keys(info).length ? { last: finalMetrics(result.metrics) } : {}),
+  });
   return { steps: cfg.steps, resumedFrom: result.resumedFrom, last, final };
 }

@@ -58,7 +58,8 @@ export function feedbackBlock(notes: Notes): string {
     const all = FIELDS.filter((f) => fields.has(f));
     if (all.length) lines.push(`- ${department} asked for ${all.join(', ')}.`);
   }
-  for (const [department, prior] of [...notes.references].sort((a, b) => a[0].localeCompare(b[0]))) lines.push(`- ${department} needs the reference number from ${prior}: call ${prior} first.`);
+  for (const [department, prior] of [...notes.references].sort((a, b) => a[0].localeCompare(b[0])))
+    lines.push(`- ${department} needs the reference number from ${prior}: call ${prior} first.`);
   for (const department of [...notes.wrong].sort()) lines.push(`- ${department} is the wrong department.`);
   return lines.length ? `Notes from earlier attempts at this task:\n${lines.join('\n')}` : '';
 }

@@ -87,7 +87,11 @@ export function simulatorRollouts(o: RolloutOptions): (step: number, model: Llam
       const turns = [...policy.turns];
       const longest = Math.max(0, ...turns.map((t) => t.generated.length));
       const shaping = o.overlongBuffer > 0 ? overlongPenalty(longest, o.sampling.maxTokens, o.overlongBuffer) : 0;
-      group.rollouts.push({ group: `${slot}:${task.task_id}`, reward: (o.reward === 'success' ? (episode.success ? 1 : 0) : episode.reward) + shaping, turns });
+      group.rollouts.push({
+        group: `${slot}:${task.task_id}`,
+        reward: (o.reward === 'success' ? (episode.success ? 1 : 0) : episode.reward) + shaping,
+        turns,
+      });
       group.successes.push(episode.success ? 1 : 0);
       group.guided.push(block !== '');
       group.lengths.push(...turns.map((t) => t.generated.length));
@@ -97,7 +101,17 @@ export function simulatorRollouts(o: RolloutOptions): (step: number, model: Llam
   };
 
   return async (step, model) => {
-    const policy = o.actor?.(model) ?? new ModelPolicy('dapo', model, o.context, o.chat, o.placeholders, { ...o.sampling, recordTurns: true }, Math.random);
+    const policy =
+      o.actor?.(model) ??
+      new ModelPolicy(
+        'dapo',
+        model,
+        o.context,
+        o.chat,
+        o.placeholders,
+        { ...o.sampling, recordTurns: true },
+        Math.random,
+      );
     const kept: Rollout[][] = [];
     const all: Group[] = [];
     // The step's tasks: a seeded draw without replacement (with it once the pool runs out), batch after batch.
@@ -110,7 +124,8 @@ export function simulatorRollouts(o: RolloutOptions): (step: number, model: Llam
           groups.push(await playGroup(policy, step, slot, draw[slot % draw.length]!));
         }
         all.push(...groups);
-        for (const i of informativeGroups(groups.map((g) => g.rollouts.map((r) => r.reward)))) kept.push(groups[i]!.rollouts);
+        for (const i of informativeGroups(groups.map((g) => g.rollouts.map((r) => r.reward))))
+          kept.push(groups[i]!.rollouts);
       }
     } finally {
       if (policy instanceof ModelPolicy) policy.dispose();
@@ -154,7 +169,15 @@ export interface ValidationOptions extends EpisodeSettings {
  * by task and try alone, so two models, or one model at two steps, are compared on the same draws.
  */
 export async function validation(o: ValidationOptions, model: Llama): Promise<Record<string, number>> {
-  const policy = new ModelPolicy('validation', model, o.context, o.chat, o.placeholders, { ...o.sampling, recordTurns: false }, Math.random);
+  const policy = new ModelPolicy(
+    'validation',
+    model,
+    o.context,
+    o.chat,
+    o.placeholders,
+    { ...o.sampling, recordTurns: false },
+    Math.random,
+  );
   const play = (task: Task, trial: number, block: string) => {
     policy.random = seeded(o.seed, 'dapo-validation', task.task_id, trial);
     policy.reads = block ? (c) => withFeedback(c, block) : null;
@@ -185,5 +208,10 @@ export async function validation(o: ValidationOptions, model: Llama): Promise<Re
     policy.dispose();
   }
   const n = Math.max(1, o.tasks.length);
-  return { 'val/success_first': first / n, 'val/success_feedback': guided / n, 'val/success_retry': retried / n, 'val/reward_first': firstReward / n };
+  return {
+    'val/success_first': first / n,
+    'val/success_feedback': guided / n,
+    'val/success_retry': retried / n,
+    'val/reward_first': firstReward / n,
+  };
 }

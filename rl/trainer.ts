@@ -36,7 +36,8 @@ export function turnSequence(t: Turn): Sequence {
   return { ids: [...t.prompt, ...t.generated], mask: [...t.prompt.map(() => 0), ...t.generated.map(() => 1)] };
 }
 
-const startsWith = (ids: number[], prefix: number[]) => prefix.length <= ids.length && prefix.every((x, i) => ids[i] === x);
+const startsWith = (ids: number[], prefix: number[]) =>
+  prefix.length <= ids.length && prefix.every((x, i) => ids[i] === x);
 
 /**
  * A rollout's turns as few sequences as their prompts allow: a turn whose prompt extends the sequence so far
@@ -81,14 +82,27 @@ const generatedTargets = (s: Sequence) => s.mask.slice(1).flatMap((m, t) => (m ?
  * micro-batch, each a safe point. A sequence trained on the plain prompt takes its generated tokens' old
  * log-probabilities from the prompts with notes, token for token.
  */
-export async function rolloutBatch(model: Llama, rollouts: Rollout[], pad: number, maxTokens: number, signal: AbortSignal, on: FeedbackTraining = 'context', reference?: Llama): Promise<RolloutBatch> {
+export async function rolloutBatch(
+  model: Llama,
+  rollouts: Rollout[],
+  pad: number,
+  maxTokens: number,
+  signal: AbortSignal,
+  on: FeedbackTraining = 'context',
+  reference?: Llama,
+): Promise<RolloutBatch> {
   const advantage = groupAdvantages(
     rollouts.map((r) => r.reward),
     rollouts.map((r) => r.group),
   );
   const sampled = rollouts.map((r) => chainTurns(r.turns));
   const behaviour = await scored(model, sampled.flat(), pad, maxTokens, signal);
-  const entropy = behaviour.entropy.reduce((a, e) => a + e.sum, 0) / Math.max(1, behaviour.entropy.reduce((n, e) => n + e.tokens, 0));
+  const entropy =
+    behaviour.entropy.reduce((a, e) => a + e.sum, 0) /
+    Math.max(
+      1,
+      behaviour.entropy.reduce((n, e) => n + e.tokens, 0),
+    );
   const sequences: Sequence[] = [];
   const advantages: number[] = [];
   const oldLogps: Float32Array[] = [];
@@ -101,7 +115,12 @@ export async function rolloutBatch(model: Llama, rollouts: Rollout[], pad: numbe
       for (const t of generatedTargets(s)) written.push(lp[t]!);
     }
     const guided = r.turns.some((t) => t.base);
-    const trained = !guided || on === 'context' ? [sampled[i]!] : on === 'base' ? [chainTurns(r.turns, (t) => t.base ?? t.prompt)] : [sampled[i]!, chainTurns(r.turns, (t) => t.base ?? t.prompt)];
+    const trained =
+      !guided || on === 'context'
+        ? [sampled[i]!]
+        : on === 'base'
+          ? [chainTurns(r.turns, (t) => t.base ?? t.prompt)]
+          : [sampled[i]!, chainTurns(r.turns, (t) => t.base ?? t.prompt)];
     for (const set of trained) {
       let k = 0;
       for (const s of set) {
@@ -121,13 +140,23 @@ export async function rolloutBatch(model: Llama, rollouts: Rollout[], pad: numbe
 async function scored(model: Llama, sequences: Sequence[], pad: number, maxTokens: number, signal: AbortSignal) {
   const logps: Float32Array[] = new Array(sequences.length);
   const entropy: { sum: number; tokens: number }[] = [];
-  for (const idx of microBatches(sequences.map((_, i) => [i]), (i) => sequences[i]!.ids.length, maxTokens)) {
+  for (const idx of microBatches(
+    sequences.map((_, i) => [i]),
+    (i) => sequences[i]!.ids.length,
+    maxTokens,
+  )) {
     await safePoint(signal, () => 'dapo: stopped while scoring rollouts; the next run rolls out again');
-    const b = padBatch(idx.map((i) => sequences[i]!), pad);
+    const b = padBatch(
+      idx.map((i) => sequences[i]!),
+      pad,
+    );
     const [values, h] = tf.tidy(() => {
       const logits = model.forward(b.ids, b.batch, b.length);
       const mask = tf.tensor2d(b.mask, [b.batch, b.length]);
-      return [targetLogprobs(logits, b.targets, b.batch, b.length).dataSync() as Float32Array, tokenEntropy(logits, mask).dataSync()[0]!];
+      return [
+        targetLogprobs(logits, b.targets, b.batch, b.length).dataSync() as Float32Array,
+        tokenEntropy(logits, mask).dataSync()[0]!,
+      ];
     });
     const tokens = b.mask.reduce((a, m) => a + m, 0);
     entropy.push({ sum: h * tokens, tokens });
@@ -141,11 +170,27 @@ async function scored(model: Llama, sequences: Sequence[], pad: number, maxToken
  * every generated token of the batch, in micro-batches of at most `maxTokens` padded tokens whose shares add
  * up to it. Reports clip_low, clip_high, dual_clip and kl as token means too.
  */
-export function dapoParts(batch: RolloutBatch, indices: number[], pad: number, maxTokens: number, clip: ClipSettings): { parts: MicroBatch[]; tokens: number } {
+export function dapoParts(
+  batch: RolloutBatch,
+  indices: number[],
+  pad: number,
+  maxTokens: number,
+  clip: ClipSettings,
+): { parts: MicroBatch[]; tokens: number } {
   const generated = (i: number) => batch.sequences[i]!.mask.reduce((a, m) => a + m, 0);
-  const total = Math.max(1, indices.reduce((n, i) => n + generated(i), 0));
-  const parts = microBatches(indices.map((i) => [i]), (i) => batch.sequences[i]!.ids.length, maxTokens).map((idx): MicroBatch => {
-    const b = padBatch(idx.map((i) => batch.sequences[i]!), pad);
+  const total = Math.max(
+    1,
+    indices.reduce((n, i) => n + generated(i), 0),
+  );
+  const parts = microBatches(
+    indices.map((i) => [i]),
+    (i) => batch.sequences[i]!.ids.length,
+    maxTokens,
+  ).map((idx): MicroBatch => {
+    const b = padBatch(
+      idx.map((i) => batch.sequences[i]!),
+      pad,
+    );
     const old = new Float32Array(b.batch * b.length);
     const ref = batch.refLogps ? new Float32Array(b.batch * b.length) : null;
     const adv = new Float32Array(b.batch * b.length);
@@ -161,8 +206,25 @@ export function dapoParts(batch: RolloutBatch, indices: number[], pad: number, m
     return {
       blocks: [b],
       loss: ([logps]) => {
-        const out = dapoLoss({ logps: logps!, oldLogps: tf.tensor2d(old, shape), refLogps: ref ? tf.tensor2d(ref, shape) : undefined, advantages: tf.tensor2d(adv, shape), mask: tf.tensor2d(b.mask, shape) }, clip);
-        return { loss: w(out.loss), metrics: { clip_low: w(out.clipLow), clip_high: w(out.clipHigh), dual_clip: w(out.dualClipped), kl: w(out.kl) } };
+        const out = dapoLoss(
+          {
+            logps: logps!,
+            oldLogps: tf.tensor2d(old, shape),
+            refLogps: ref ? tf.tensor2d(ref, shape) : undefined,
+            advantages: tf.tensor2d(adv, shape),
+            mask: tf.tensor2d(b.mask, shape),
+          },
+          clip,
+        );
+        return {
+          loss: w(out.loss),
+          metrics: {
+            clip_low: w(out.clipLow),
+            clip_high: w(out.clipHigh),
+            dual_clip: w(out.dualClipped),
+            kl: w(out.kl),
+          },
+        };
       },
     };
   });
@@ -212,18 +274,35 @@ export function dapoTrainer(o: DapoOptions): Trainer {
     async batch(step, model) {
       const { rollouts, metrics } = await o.rollouts(step, model);
       if (rollouts.length === 0) return { parts: [], tokens: 0, metrics };
-      const batch = await rolloutBatch(model, rollouts, o.pad, o.microBatchTokens, o.signal, o.feedbackTraining, o.clip.klCoef > 0 ? o.reference : undefined);
+      const batch = await rolloutBatch(
+        model,
+        rollouts,
+        o.pad,
+        o.microBatchTokens,
+        o.signal,
+        o.feedbackTraining,
+        o.clip.klCoef > 0 ? o.reference : undefined,
+      );
       const all = batch.sequences.map((_, i) => i);
       const updates: number[][] = [];
       for (let epoch = 0; epoch < o.ppoEpochs; epoch++) {
         const rand = seeded(o.seed, 'dapo-minibatches', step, epoch);
-        const order = all.map((i) => ({ i, k: rand() })).sort((a, b) => a.k - b.k).map((x) => x.i);
+        const order = all
+          .map((i) => ({ i, k: rand() }))
+          .sort((a, b) => a.k - b.k)
+          .map((x) => x.i);
         const size = Math.ceil(order.length / o.miniBatches);
-        for (let m = 0; m < o.miniBatches && m * size < order.length; m++) updates.push(order.slice(m * size, (m + 1) * size));
+        for (let m = 0; m < o.miniBatches && m * size < order.length; m++)
+          updates.push(order.slice(m * size, (m + 1) * size));
       }
       const parts = (idx: number[]) => dapoParts(batch, idx, o.pad, o.microBatchTokens, o.clip).parts;
       const generated = batch.sequences.reduce((n, s) => n + s.mask.reduce((a, x) => a + x, 0), 0);
-      return { parts: parts(updates[0]!), more: updates.slice(1).map((idx) => () => parts(idx)), tokens: generated, metrics: { ...metrics, entropy: batch.entropy } };
+      return {
+        parts: parts(updates[0]!),
+        more: updates.slice(1).map((idx) => () => parts(idx)),
+        tokens: generated,
+        metrics: { ...metrics, entropy: batch.entropy },
+      };
     },
   };
 }

@@ -19,7 +19,28 @@ import { addModelCommands } from '../train/model-commands.ts';
 import { addRefreshCommand, addRegistryCommands, addServeCommand } from '../loop/commands.ts';
 import { tokenizer } from './tokenizer/index.ts';
 
-export const STAGES: Stage[] = [ingest, importStage, split, sample, pairs, judge, gate, exportStage, tokenizer, sft, dpo, dapo, evalStage] as Stage[];
+export const STAGES: Stage[] = [
+  ingest,
+  importStage,
+  split,
+  sample,
+  pairs,
+  judge,
+  gate,
+  exportStage,
+  tokenizer,
+  sft,
+  dpo,
+  dapo,
+  evalStage,
+] as Stage[];
 
 /** Commands beyond the pipeline's own. */
-export const COMMANDS: CommandFactory[] = [addSimulateCommands, addModelCommands, addRegistryCommands, addServeCommand, addRefreshCommand, addBackendOption];
+export const COMMANDS: CommandFactory[] = [
+  addSimulateCommands,
+  addModelCommands,
+  addRegistryCommands,
+  addServeCommand,
+  addRefreshCommand,
+  addBackendOption,
+];

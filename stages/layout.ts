@@ -67,7 +67,10 @@ export async function* readTaskRuns(path: string): AsyncGenerator<TaskRun[]> {
     let line = read.firstLine;
     forEachLine(block, (start, end) => {
       const run = parseTaskRun(block.toString('utf8', start, end));
-      if (!run) throw new PipelineError(`${path} line ${line}: not a task run ([task, sessions, bytes]); ingest wrote it as one, so the file was changed since: run \`prefab stage ingest\``);
+      if (!run)
+        throw new PipelineError(
+          `${path} line ${line}: not a task run ([task, sessions, bytes]); ingest wrote it as one, so the file was changed since: run \`prefab stage ingest\``,
+        );
       runs.push(run);
       line++;
     });
@@ -160,7 +163,13 @@ export function pairTaskId(bytes: Buffer, start: number, end: number): string | 
  * at a time is indexed (SessionsById). A session's messages are shared by the pairs that take them while it
  * is kept: read them, do not change them.
  */
-export async function* readPairs<P extends Pair<PairSide>>(file: string, folders: SplitFolders, buckets: number, lines: AsyncIterable<{ line: number; text: string }> | Iterable<{ line: number; text: string }> = readLines(file), shared?: SessionsById): AsyncGenerator<ReadPair<P>> {
+export async function* readPairs<P extends Pair<PairSide>>(
+  file: string,
+  folders: SplitFolders,
+  buckets: number,
+  lines: AsyncIterable<{ line: number; text: string }> | Iterable<{ line: number; text: string }> = readLines(file),
+  shared?: SessionsById,
+): AsyncGenerator<ReadPair<P>> {
   const sessions = shared ?? new SessionsById(folders.ingest);
   const bucketOfTask = taskBuckets(buckets);
   try {
@@ -172,14 +181,24 @@ export async function* readPairs<P extends Pair<PairSide>>(file: string, folders
         const [from, to] = side.messages;
         const bucket = bucketFile(folders.split, pair.split, bucketOfTask(pair.task_id!));
         const session = sessions.get(bucket, side.session_id);
-        if (!session || !(Number.isInteger(from) && Number.isInteger(to) && 0 <= from && from < to && to <= session.messages.length)) {
-          const what = session ? `has ${session.messages.length} messages, not messages ${from} to ${to}` : 'is not there';
-          throw new PipelineError(`${file} line ${line}: pair ${pair.pair_id} points at session ${side.session_id} in ${bucket}, which ${what}; these pairs were made from another split: run \`prefab stage pairs\` to make them again`);
+        if (
+          !session ||
+          !(Number.isInteger(from) && Number.isInteger(to) && 0 <= from && from < to && to <= session.messages.length)
+        ) {
+          const what = session
+            ? `has ${session.messages.length} messages, not messages ${from} to ${to}`
+            : 'is not there';
+          throw new PipelineError(
+            `${file} line ${line}: pair ${pair.pair_id} points at session ${side.session_id} in ${bucket}, which ${what}; these pairs were made from another split: run \`prefab stage pairs\` to make them again`,
+          );
         }
         return session.messages.slice(from, to).all();
       };
       // Spread, so the record keeps its fields' order.
-      yield { stored: pair, whole: { ...pair, prompt: whole(pair.prompt), chosen: whole(pair.chosen), rejected: whole(pair.rejected) } };
+      yield {
+        stored: pair,
+        whole: { ...pair, prompt: whole(pair.prompt), chosen: whole(pair.chosen), rejected: whole(pair.rejected) },
+      };
     }
   } finally {
     if (!shared) sessions.close();

@@ -9,8 +9,25 @@ import { forEachLine } from '../pipeline/records.ts';
 import { SPLITS, type SplitSession } from '../core/records.ts';
 import type { StoredTaskGroups } from './messages.ts';
 import { BucketParts, openSegment, pushSessionLine, readAll, readRun, segmentChanged } from './runs.ts';
-import { SESSION_TAILS, SESSION_TAIL_TEXT, decodeString, leadingSessionId, readHead, taskOfLine } from './session-line.ts';
-import { GatheredTask, sessionLineBytes, spanBytes, spansOf, type BucketSpans, type LargeTask, type SpanSource, type TaskRange, type TaskSpans } from './spans.ts';
+import {
+  SESSION_TAILS,
+  SESSION_TAIL_TEXT,
+  decodeString,
+  leadingSessionId,
+  readHead,
+  taskOfLine,
+} from './session-line.ts';
+import {
+  GatheredTask,
+  sessionLineBytes,
+  spanBytes,
+  spansOf,
+  type BucketSpans,
+  type LargeTask,
+  type SpanSource,
+  type TaskRange,
+  type TaskSpans,
+} from './spans.ts';
 
 /**
  * Which of a task's sessions readTaskGroups keeps: the first `most` in the bucket's order, or (`byId`) the
@@ -27,7 +44,12 @@ export interface TaskCut {
  * passes the same one). The bucket is read a block at a time, and only the sessions kept are held (a task of
  * 500,000 sessions, parsed whole, took gigabytes).
  */
-export function readTaskGroups(path: string, ingestDir: string, reader = new StoredBucketReader(), cut: TaskCut = { most: Infinity }): [string, SplitSession[]][] {
+export function readTaskGroups(
+  path: string,
+  ingestDir: string,
+  reader = new StoredBucketReader(),
+  cut: TaskCut = { most: Infinity },
+): [string, SplitSession[]][] {
   const groups = new Map<string, { id: string; text: string }[]>();
   const sources: SpanSource[] = [null];
   reader.eachSession(
@@ -41,7 +63,9 @@ export function readTaskGroups(path: string, ingestDir: string, reader = new Sto
       const id = cut.byId ? leadingSessionId(bytes, start, end) : '';
       if (group.length >= cut.most && !(id < group.at(-1)!.id)) return;
       const s = sources[source];
-      const text = s ? bytes.toString('utf8', start, end - 1) + SESSION_TAIL_TEXT[s.split] : bytes.toString('utf8', start, end);
+      const text = s
+        ? bytes.toString('utf8', start, end - 1) + SESSION_TAIL_TEXT[s.split]
+        : bytes.toString('utf8', start, end);
       // Kept in the order of their ids (byId: ids are unique), or of the bucket.
       let at = group.length;
       if (cut.byId) while (at > 0 && id < group[at - 1]!.id) at--;
@@ -59,9 +83,15 @@ export function readTaskGroups(path: string, ingestDir: string, reader = new Sto
  * take at most `heldBytes` (HELD_BUCKET); otherwise where each lies is read first (three numbers a session),
  * then the sessions a MiB at a time.
  */
-export async function* readBucketSessions(path: string, ingestDir: string, reader = new StoredBucketReader(), heldBytes = HELD_BUCKET): AsyncGenerator<SplitSession> {
+export async function* readBucketSessions(
+  path: string,
+  ingestDir: string,
+  reader = new StoredBucketReader(),
+  heldBytes = HELD_BUCKET,
+): AsyncGenerator<SplitSession> {
   // Read at once: a few runs a bucket, not a read a MiB of sessions and their places first.
-  if (reader.sessionBytes(path, ingestDir) <= heldBytes) return yield* parsedLines(await reader.sessions(path, ingestDir));
+  if (reader.sessionBytes(path, ingestDir) <= heldBytes)
+    return yield* parsedLines(await reader.sessions(path, ingestDir));
   const sources: SpanSource[] = [null];
   const at = new NumberList();
   reader.eachSession(
@@ -75,9 +105,10 @@ export async function* readBucketSessions(path: string, ingestDir: string, reade
     sources,
   );
   const spans = spansOf(sources, at.view(), BUCKET_BLOCK);
-  for (let q = 0; q < spans.length / 4; ) {
+  for (let q = 0; q < spans.length / 4;) {
     let [r, size] = [q + 1, spanBytes(spans, q, sources)];
-    while (r < spans.length / 4 && size + spanBytes(spans, r, sources) <= BUCKET_BLOCK) size += spanBytes(spans, r++, sources);
+    while (r < spans.length / 4 && size + spanBytes(spans, r, sources) <= BUCKET_BLOCK)
+      size += spanBytes(spans, r++, sources);
     yield* parsedLines(reader.readSpans(path, ingestDir, { sources }, spans, q, r).bytes);
     q = r;
   }
@@ -87,11 +118,13 @@ export async function* readBucketSessions(path: string, ingestDir: string, reade
 function* parsedLines(bytes: Buffer): Generator<SplitSession> {
   const lines: number[] = [];
   forEachLine(bytes, (start, end) => end > start && lines.push(start, end));
-  for (let k = 0; k < lines.length; k += 2) yield JSON.parse(bytes.toString('utf8', lines[k], lines[k + 1])) as SplitSession;
+  for (let k = 0; k < lines.length; k += 2)
+    yield JSON.parse(bytes.toString('utf8', lines[k], lines[k + 1])) as SplitSession;
 }
 
 /** Groups' entries in a stable order: by task id. */
-const byTask = <T>(groups: Map<string, T>): [string, T][] => [...groups.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
+const byTask = <T>(groups: Map<string, T>): [string, T][] =>
+  [...groups.entries()].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0));
 
 /**
  * Reads bucket files one after another into one buffer, so that its memory is not mapped afresh for each
@@ -109,7 +142,7 @@ export class StoredBucketReader {
     try {
       const { size } = await file.stat();
       if (size > this.file.length) this.file = Buffer.allocUnsafeSlow(size + (size >> 3));
-      for (let at = 0; at < size; ) {
+      for (let at = 0; at < size;) {
         const { bytesRead } = await file.read(this.file, at, size - at, at);
         if (bytesRead === 0) throw new Error(`${path}: ended at byte ${at} of ${size} while it was read`);
         at += bytesRead;
@@ -125,7 +158,11 @@ export class StoredBucketReader {
    * (opened once; a run that reaches past its end is told before any is read), its other lines as they are.
    * `use` gets them with their bytes once read (tails added) and the file's bytes; the segments are closed after.
    */
-  private async withParts<T>(path: string, ingestDir: string, use: (parts: BucketParts, size: number, file: Buffer) => T): Promise<T> {
+  private async withParts<T>(
+    path: string,
+    ingestDir: string,
+    use: (parts: BucketParts, size: number, file: Buffer) => T,
+  ): Promise<T> {
     const file = await this.bytes(path);
     const parts = new BucketParts(path, ingestDir);
     try {
@@ -146,19 +183,26 @@ export class StoredBucketReader {
    * block's given to `visit` with the block and where in the file it starts: what is held does not grow
    * with the file. From the line at byte `from` to the one at byte `until`; the segments are closed after.
    */
-  private partsInBlocks(path: string, ingestDir: string, size: number, visit: (parts: BucketParts, block: Buffer, base: number) => void, from = 0, until = Infinity): void {
+  private partsInBlocks(
+    path: string,
+    ingestDir: string,
+    size: number,
+    visit: (parts: BucketParts, block: Buffer, base: number) => void,
+    from = 0,
+    until = Infinity,
+  ): void {
     // Line numbers count from `from`, and an error says so.
     const parts = new BucketParts(from > 0 ? `${path} from byte ${from},` : path, ingestDir);
     const fd = openSync(path, 'r');
     try {
       let line = 0;
-      for (let base = from; base <= until; ) {
+      for (let base = from; base <= until;) {
         let block = this.fileRoom(size);
         let got = readAll(fd, block, size, base);
         if (got === 0) break;
         let last = block.lastIndexOf(10, got - 1);
         // A line longer than the block: the block grows to hold it (the file's last line may have no newline).
-        for (let room = size; last < 0 && got === room; ) {
+        for (let room = size; last < 0 && got === room;) {
           block = this.fileRoom((room *= 2));
           got = readAll(fd, block, room, base);
           last = block.lastIndexOf(10, got - 1);
@@ -221,11 +265,23 @@ export class StoredBucketReader {
    * kept as where they lie, a task past the limit given to what `large` makes for it, so that what is paired
    * of it at once can be bounded (pairing/pairer.ts).
    */
-  async readOrPlan<L extends LargeTask>(path: string, ingestDir: string, limit: number, large: (task: string, sources: SpanSource[]) => L, block = BUCKET_BLOCK): Promise<StoredTaskGroups | BucketSpans<L>> {
+  async readOrPlan<L extends LargeTask>(
+    path: string,
+    ingestDir: string,
+    limit: number,
+    large: (task: string, sources: SpanSource[]) => L,
+    block = BUCKET_BLOCK,
+  ): Promise<StoredTaskGroups | BucketSpans<L>> {
     // A bucket file within a block is read whole; a larger one (many runs: a task's sessions lie apart, a
     // line a session) a block at a time, its sessions' bytes counted first.
-    if (statSync(path).size <= block) return this.withParts(path, ingestDir, (parts, size, file) => (size <= limit ? groupByTask(this.fill(parts, size, file)) : this.spans(limit, large, (visit) => visit(parts, file, 0))));
-    if (this.sessionBytes(path, ingestDir, block) <= limit) return this.withParts(path, ingestDir, (parts, bytes, file) => groupByTask(this.fill(parts, bytes, file)));
+    if (statSync(path).size <= block)
+      return this.withParts(path, ingestDir, (parts, size, file) =>
+        size <= limit
+          ? groupByTask(this.fill(parts, size, file))
+          : this.spans(limit, large, (visit) => visit(parts, file, 0)),
+      );
+    if (this.sessionBytes(path, ingestDir, block) <= limit)
+      return this.withParts(path, ingestDir, (parts, bytes, file) => groupByTask(this.fill(parts, bytes, file)));
     return this.plan(path, ingestDir, limit, large, block);
   }
 
@@ -242,7 +298,14 @@ export class StoredBucketReader {
    * A bucket file's plan (BucketSpans) whatever its size, its large tasks gathered by `large`; with `only`,
    * of that task alone (its other tasks' sessions read but not kept).
    */
-  plan<L extends LargeTask>(path: string, ingestDir: string, limit: number, large: (task: string, sources: SpanSource[]) => L, block = BUCKET_BLOCK, only?: string): BucketSpans<L> {
+  plan<L extends LargeTask>(
+    path: string,
+    ingestDir: string,
+    limit: number,
+    large: (task: string, sources: SpanSource[]) => L,
+    block = BUCKET_BLOCK,
+    only?: string,
+  ): BucketSpans<L> {
     return this.spans(limit, large, (visit) => this.partsInBlocks(path, ingestDir, block, visit), only);
   }
 
@@ -251,7 +314,12 @@ export class StoredBucketReader {
    * of at most `limit` bytes. `blocks` gives the parts a block at a time, each with its block of the file and
    * where that starts.
    */
-  private spans<L extends LargeTask>(limit: number, large: (task: string, sources: SpanSource[]) => L, blocks: PartBlocks, only?: string): BucketSpans<L> {
+  private spans<L extends LargeTask>(
+    limit: number,
+    large: (task: string, sources: SpanSource[]) => L,
+    blocks: PartBlocks,
+    only?: string,
+  ): BucketSpans<L> {
     const sources: SpanSource[] = [null];
     const tasks = new Map<string, GatheredTask<L>>();
     // The last session's task, whose string the next session's takes where its bytes are the same.
@@ -260,7 +328,8 @@ export class StoredBucketReader {
     this.sessionsOf(blocks, sources, limit, (bytes, start, end, source, from, to, line) => {
       const head = readHead(bytes, start, end);
       let t: GatheredTask<L> | null | undefined;
-      if (head.taskAt && last && bytes.compare(last.json, 0, last.json.length, head.taskAt[0], head.taskAt[1]) === 0) t = last.task;
+      if (head.taskAt && last && bytes.compare(last.json, 0, last.json.length, head.taskAt[0], head.taskAt[1]) === 0)
+        t = last.task;
       else {
         const task = head.taskAt ? decodeString(bytes, head.taskAt[0], head.taskAt[1]) : head.task!;
         t = only !== undefined && task !== only ? null : tasks.get(task);
@@ -269,7 +338,9 @@ export class StoredBucketReader {
       }
       if (!t) return;
       t.bytes += sessionLineBytes(sources, source, from, to);
-      const id = head.idAt ? { bytes, start: head.idAt[0], end: head.idAt[1] } : { bytes: head.idJson!, start: 0, end: head.idJson!.length };
+      const id = head.idAt
+        ? { bytes, start: head.idAt[0], end: head.idAt[1] }
+        : { bytes: head.idJson!, start: 0, end: head.idJson!.length };
       if (t.large) t.large.add(decodeString(id.bytes, id.start, id.end), head.reward, source, from, to, line);
       else {
         t.ids.push(id.bytes, id.start, id.end);
@@ -286,7 +357,11 @@ export class StoredBucketReader {
     // smaller one whole, its spans made anew (they go to the main thread with the plan's pieces).
     return {
       sources,
-      tasks: byTask(tasks).map(([task, t]): TaskSpans<L> => (t.large ? { task, bytes: t.bytes, spans: null, large: t.large } : { task, bytes: t.bytes, spans: spansOf(sources, t.at.view(), limit), large: null })),
+      tasks: byTask(tasks).map(([task, t]): TaskSpans<L> =>
+        t.large
+          ? { task, bytes: t.bytes, spans: null, large: t.large }
+          : { task, bytes: t.bytes, spans: spansOf(sources, t.at.view(), limit), large: null },
+      ),
     };
   }
 
@@ -319,9 +394,13 @@ export class StoredBucketReader {
         const run = parts.run(i);
         const key = 2 * parts.segment(i) + SPLITS.indexOf(run.split);
         let source = sourceOf.get(key);
-        if (source === undefined) sourceOf.set(key, (source = sources.push({ ingest: run.ingest, split: run.split }) - 1));
-        const lines = this.eachSessionOf(parts, i, run.bytes[0], run.bytes[1], most, (block, start, end, at) => visit(block, start, end, source, at, at + end - start + 1, line));
-        if (lines !== run.sessions) throw segmentChanged(parts.where(i), run, `holds ${lines} line(s) there, not all sessions`);
+        if (source === undefined)
+          sourceOf.set(key, (source = sources.push({ ingest: run.ingest, split: run.split }) - 1));
+        const lines = this.eachSessionOf(parts, i, run.bytes[0], run.bytes[1], most, (block, start, end, at) =>
+          visit(block, start, end, source, at, at + end - start + 1, line),
+        );
+        if (lines !== run.sessions)
+          throw segmentChanged(parts.where(i), run, `holds ${lines} line(s) there, not all sessions`);
       }
     });
   }
@@ -331,10 +410,17 @@ export class StoredBucketReader {
    * time (a longer line grows the block), each given to `visit` with its block, where it starts and ends
    * there (its newline), and where it starts in the segment; returns how many.
    */
-  private eachSessionOf(parts: BucketParts, i: number, from: number, to: number, most: number, visit: (block: Buffer, start: number, end: number, at: number) => void): number {
+  private eachSessionOf(
+    parts: BucketParts,
+    i: number,
+    from: number,
+    to: number,
+    most: number,
+    visit: (block: Buffer, start: number, end: number, at: number) => void,
+  ): number {
     const [fd, run] = [parts.fd(i), parts.run(i)];
     let lines = 0;
-    for (let at = from; at < to; ) {
+    for (let at = from; at < to;) {
       let block = this.room(Math.min(most, to - at));
       let got = readAll(fd, block, Math.min(block.length, to - at), at);
       if (got === 0) throw segmentChanged(parts.where(i), run, `ended at byte ${at} while it was read`);
@@ -345,9 +431,10 @@ export class StoredBucketReader {
         newline = block.lastIndexOf(10, got - 1);
       }
       if (newline < 0) throw segmentChanged(parts.where(i), run, `holds a line there that does not end`);
-      for (let start = 0; start <= newline; ) {
+      for (let start = 0; start <= newline;) {
         const nl = block.indexOf(10, start);
-        if (block[start] !== 123 || block[nl - 1] !== 125) throw segmentChanged(parts.where(i), run, 'holds lines there that are not sessions');
+        if (block[start] !== 123 || block[nl - 1] !== 125)
+          throw segmentChanged(parts.where(i), run, 'holds lines there that are not sessions');
         visit(block, start, nl, at + start);
         lines++;
         start = nl + 1;
@@ -364,7 +451,13 @@ export class StoredBucketReader {
    * with where each starts and ends. The bucket file is read a block at a time from the range's first line,
    * and its other tasks' sessions there are read but not kept. Valid until the next read.
    */
-  readTaskRange(path: string, ingestDir: string, task: string | null, range: TaskRange, block = BUCKET_BLOCK): { bytes: Buffer; offsets: number[] } {
+  readTaskRange(
+    path: string,
+    ingestDir: string,
+    task: string | null,
+    range: TaskRange,
+    block = BUCKET_BLOCK,
+  ): { bytes: Buffer; offsets: number[] } {
     const [first, firstFrom, last, lastTo] = range;
     const out = this.kept;
     out.clear();
@@ -375,21 +468,36 @@ export class StoredBucketReader {
       pushSessionLine(out, bytes, start, end, tail);
       offsets.push(out.length - 1);
     };
-    const ofTask = (bytes: Buffer, start: number, end: number) => task === null || taskOfLine(bytes, start, end) === task;
-    this.partsInBlocks(path, ingestDir, block, (parts, file, base) => {
-      for (let i = 0; i < parts.length; i++) {
-        const at = base + parts.lineStart(i);
-        if (at > last || (at === last && lastTo < 0)) return;
-        if (!parts.isRun(i)) {
-          if (ofTask(file, parts.from(i), parts.to(i))) copy(file, parts.from(i), parts.to(i), null);
-          continue;
+    const ofTask = (bytes: Buffer, start: number, end: number) =>
+      task === null || taskOfLine(bytes, start, end) === task;
+    this.partsInBlocks(
+      path,
+      ingestDir,
+      block,
+      (parts, file, base) => {
+        for (let i = 0; i < parts.length; i++) {
+          const at = base + parts.lineStart(i);
+          if (at > last || (at === last && lastTo < 0)) return;
+          if (!parts.isRun(i)) {
+            if (ofTask(file, parts.from(i), parts.to(i))) copy(file, parts.from(i), parts.to(i), null);
+            continue;
+          }
+          const from = at === first && firstFrom >= 0 ? firstFrom : parts.from(i);
+          const to = at === last ? lastTo : parts.to(i);
+          const tail = SESSION_TAILS[parts.run(i).split];
+          this.eachSessionOf(
+            parts,
+            i,
+            from,
+            to,
+            BUCKET_BLOCK,
+            (bytes, start, end) => ofTask(bytes, start, end) && copy(bytes, start, end, tail),
+          );
         }
-        const from = at === first && firstFrom >= 0 ? firstFrom : parts.from(i);
-        const to = at === last ? lastTo : parts.to(i);
-        const tail = SESSION_TAILS[parts.run(i).split];
-        this.eachSessionOf(parts, i, from, to, BUCKET_BLOCK, (bytes, start, end) => ofTask(bytes, start, end) && copy(bytes, start, end, tail));
-      }
-    }, first, last);
+      },
+      first,
+      last,
+    );
     return { bytes: out.view(), offsets };
   }
 
@@ -398,7 +506,14 @@ export class StoredBucketReader {
    * gives them, read from `path` (the bucket file) and the segments of `ingestDir`; with where each span's
    * lines start (and, last, where they end). Valid until the next read.
    */
-  readSpans(path: string, ingestDir: string, { sources }: Pick<BucketSpans, 'sources'>, spans: ArrayLike<number>, from = 0, to = spans.length / 4): { bytes: Buffer; at: number[] } {
+  readSpans(
+    path: string,
+    ingestDir: string,
+    { sources }: Pick<BucketSpans, 'sources'>,
+    spans: ArrayLike<number>,
+    from = 0,
+    to = spans.length / 4,
+  ): { bytes: Buffer; at: number[] } {
     let size = 0;
     for (let q = from; q < to; q++) size += spanBytes(spans, q, sources);
     const out = this.room(size);
@@ -408,14 +523,23 @@ export class StoredBucketReader {
     let end = 0;
     try {
       for (let q = from; q < to; q++) {
-        const [source, start, stop, sessions] = [spans[4 * q]!, spans[4 * q + 1]!, spans[4 * q + 2]!, spans[4 * q + 3]!];
+        const [source, start, stop, sessions] = [
+          spans[4 * q]!,
+          spans[4 * q + 1]!,
+          spans[4 * q + 2]!,
+          spans[4 * q + 3]!,
+        ];
         const s = sources[source]!;
         let fd = fds.get(source);
-        if (fd === undefined) fds.set(source, (fd = s ? openSegment(ingestDir, s.ingest, path).fd : openSync(path, 'r')));
+        if (fd === undefined)
+          fds.set(source, (fd = s ? openSegment(ingestDir, s.ingest, path).fd : openSync(path, 'r')));
         at.push(end);
         if (s) end = readRun(out, end, fd, { ingest: s.ingest, bytes: [start, stop], sessions, split: s.split }, where);
         else {
-          if (readAll(fd, out.subarray(end), stop - start, start) !== stop - start) throw new PipelineError(`${path}: ended before byte ${stop} while it was read again; it has changed since pairing began: run \`prefab stage pairs\` again`);
+          if (readAll(fd, out.subarray(end), stop - start, start) !== stop - start)
+            throw new PipelineError(
+              `${path}: ended before byte ${stop} while it was read again; it has changed since pairing began: run \`prefab stage pairs\` again`,
+            );
           end += stop - start;
           out[end++] = 10;
         }
@@ -436,7 +560,15 @@ type PartBlocks = (visit: (parts: BucketParts, file: Buffer, base: number) => vo
  * tail; where it lies, as a span of one session (its source's place in the reader's sources, from, to); and
  * where the bucket file's line that holds or points at it starts.
  */
-type SessionVisit = (bytes: Buffer, start: number, end: number, source: number, from: number, to: number, line: number) => void;
+type SessionVisit = (
+  bytes: Buffer,
+  start: number,
+  end: number,
+  source: number,
+  from: number,
+  to: number,
+  line: number,
+) => void;
 
 /** The bytes of a large bucket file read at once (StoredBucketReader.partsInBlocks). */
 const BUCKET_BLOCK = 1 << 20;

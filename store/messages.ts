@@ -38,12 +38,39 @@ export class StoredMessages {
 
   /** Messages kept as they are: made anew, or (`session`) a stored session's, parsed whole. */
   static of(messages: Message[], session: string | null = null): StoredMessages {
-    return new StoredMessages(null, [], [], messages.map((m) => m.role), messages, 0, messages.length, session, JSON.stringify(session));
+    return new StoredMessages(
+      null,
+      [],
+      [],
+      messages.map((m) => m.role),
+      messages,
+      0,
+      messages.length,
+      session,
+      JSON.stringify(session),
+    );
   }
 
   /** The messages of stored session `session` whose JSON lies at `starts[i]` to `ends[i]` of `line`. */
-  static read(line: Buffer, starts: number[], ends: number[], roles: Role[], session: string, sessionJson: string): StoredMessages {
-    return new StoredMessages(line, starts, ends, roles, new Array<Message | undefined>(starts.length), 0, starts.length, session, sessionJson);
+  static read(
+    line: Buffer,
+    starts: number[],
+    ends: number[],
+    roles: Role[],
+    session: string,
+    sessionJson: string,
+  ): StoredMessages {
+    return new StoredMessages(
+      line,
+      starts,
+      ends,
+      roles,
+      new Array<Message | undefined>(starts.length),
+      0,
+      starts.length,
+      session,
+      sessionJson,
+    );
   }
 
   role(i: number): Role {
@@ -61,7 +88,17 @@ export class StoredMessages {
 
   /** Messages `from` to `to` - 1, sharing what is read and parsed. */
   slice(from: number, to = this.length): StoredMessages {
-    return new StoredMessages(this.line, this.starts, this.ends, this.roles, this.parsed, this.first + from, Math.max(0, to - from), this.session, this.sessionJson);
+    return new StoredMessages(
+      this.line,
+      this.starts,
+      this.ends,
+      this.roles,
+      this.parsed,
+      this.first + from,
+      Math.max(0, to - from),
+      this.session,
+      this.sessionJson,
+    );
   }
 
   /** Whether message `i` calls tools: told by its bytes (ingest writes no empty tool_calls), or by the message. */
@@ -86,7 +123,7 @@ export class StoredMessages {
     if (opens < 0 || opens >= end) return [];
     const found: string[] = [];
     // At each call's `{`: its id, name and arguments, each a string that ends at its closing quote.
-    for (let at = opens + TOOL_CALLS.length - 1; ; ) {
+    for (let at = opens + TOOL_CALLS.length - 1; ;) {
       const id = holdsAt(line, at, CALL_ID) ? jsonStringEnd(line, at + CALL_ID.length - 1, end) : -1;
       const name = holdsAt(line, id, CALL_NAME) ? jsonStringEnd(line, id + CALL_NAME.length - 1, end) : -1;
       const args = holdsAt(line, name, CALL_ARGUMENTS) ? name + CALL_ARGUMENTS.length - 1 : -1;
@@ -117,7 +154,10 @@ export class StoredMessages {
   /** Whether the JSON of these messages holds `ascii` (ASCII text: its bytes are the same in UTF-8 and UTF-16). */
   jsonIncludes(ascii: string): boolean {
     if (!this.line) return JSON.stringify(this.all()).includes(ascii);
-    return this.length > 0 && this.line.subarray(this.starts[this.first], this.ends[this.first + this.length - 1]).includes(ascii);
+    return (
+      this.length > 0 &&
+      this.line.subarray(this.starts[this.first], this.ends[this.first + this.length - 1]).includes(ascii)
+    );
   }
 
   /**
@@ -126,7 +166,9 @@ export class StoredMessages {
    */
   sideJson(): string {
     if (this.session === null) return JSON.stringify(this.parsed.slice(this.first, this.first + this.length));
-    return this.length === 0 ? '[]' : `{"session_id":${this.sessionJson},"messages":[${this.first},${this.first + this.length}]}`;
+    return this.length === 0
+      ? '[]'
+      : `{"session_id":${this.sessionJson},"messages":[${this.first},${this.first + this.length}]}`;
   }
 }
 
@@ -183,7 +225,14 @@ export class StoredSession {
 
   /** The split session of a line read whole. */
   static of(s: SplitSession): StoredSession {
-    return new StoredSession(s.session_id, s.task_id!, s.reward, s.split, Buffer.from(JSON.stringify(s.metadata)), StoredMessages.of(s.messages, s.session_id));
+    return new StoredSession(
+      s.session_id,
+      s.task_id!,
+      s.reward,
+      s.split,
+      Buffer.from(JSON.stringify(s.metadata)),
+      StoredMessages.of(s.messages, s.session_id),
+    );
   }
 
   /** Every other field of the input record, as a JSON string. */
@@ -240,7 +289,16 @@ export function readStoredSession(line: Buffer): StoredSession {
   const split = line.lastIndexOf(SPLIT);
   const side = split < 0 ? '' : line.toString('latin1', split + SPLIT.length, line.indexOf(34, split + SPLIT.length));
   // The list opens with a message and closes after one: its messages lie between.
-  if (open < 0 || close < 0 || !holdsAt(line, open + MESSAGES.length, MESSAGE) || line[close - 1] !== 125 || feedback < 0 || metadata < feedback || split < metadata || (side !== 'train' && side !== 'test')) {
+  if (
+    open < 0 ||
+    close < 0 ||
+    !holdsAt(line, open + MESSAGES.length, MESSAGE) ||
+    line[close - 1] !== 125 ||
+    feedback < 0 ||
+    metadata < feedback ||
+    split < metadata ||
+    (side !== 'train' && side !== 'test')
+  ) {
     return StoredSession.of(JSON.parse(line.toString('utf8')) as SplitSession);
   }
   // The head read as its two strings (split gave every session a task, its string ending where messages start).
@@ -250,7 +308,14 @@ export function readStoredSession(line: Buffer): StoredSession {
       ? { session_id: decodeString(line, HEAD.length - 1, at.idEnd), task_id: decodeString(line, at.task, open) }
       : (JSON.parse(`${line.toString('utf8', 0, open)}}`) as { session_id: string; task_id: string });
   const reward = JSON.parse(line.toString('latin1', close + MESSAGES_END.length, feedback)) as number;
-  return new StoredSession(head.session_id, head.task_id, reward, side, line.subarray(metadata + METADATA.length, split), { line, open, close });
+  return new StoredSession(
+    head.session_id,
+    head.task_id,
+    reward,
+    side,
+    line.subarray(metadata + METADATA.length, split),
+    { line, open, close },
+  );
 }
 
 /** Where a session line holds its message list: `open` at `,"messages":[`, `close` at the `],"reward":` after it. */
@@ -298,6 +363,7 @@ export interface StoredTaskGroups {
 /** The sessions of one task of a bucket, from the offsets of its lines. */
 export function storedSessions(bucket: StoredTaskGroups, offsets: number[]): StoredSession[] {
   const sessions: StoredSession[] = [];
-  for (let i = 0; i < offsets.length; i += 2) sessions.push(readStoredSession(bucket.bytes.subarray(offsets[i], offsets[i + 1])));
+  for (let i = 0; i < offsets.length; i += 2)
+    sessions.push(readStoredSession(bucket.bytes.subarray(offsets[i], offsets[i + 1])));
   return sessions;
 }

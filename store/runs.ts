@@ -72,7 +72,10 @@ function runOfShape(bytes: Buffer, start: number, end: number): Partial<SessionR
   const side = RUN_ENDS.findIndex((tail) => at + tail.length === end && holdsAt(bytes, at, tail));
   if (from < 0 || to < 0 || sessions < 0 || side < 0) return null;
   if (bytes.compare(lastSegment.bytes, 0, lastSegment.bytes.length, nameStart, nameEnd) !== 0) {
-    lastSegment = { bytes: Buffer.from(bytes.subarray(nameStart, nameEnd)), name: bytes.toString('latin1', nameStart, nameEnd) };
+    lastSegment = {
+      bytes: Buffer.from(bytes.subarray(nameStart, nameEnd)),
+      name: bytes.toString('latin1', nameStart, nameEnd),
+    };
   }
   return { ingest: lastSegment.name, bytes: [from, to], sessions, split: SPLITS[side] };
 }
@@ -91,10 +94,18 @@ function readSessionRun(bytes: Buffer, start: number, end: number, path: string,
   const count = (n: unknown): n is number => Number.isSafeInteger(n) && (n as number) >= 0;
   // A session's line is at least `{}` and its newline.
   const fits = count(from) && count(to) && count(run.sessions) && run.sessions > 0 && 3 * run.sessions <= to - from;
-  if (typeof run.ingest === 'string' && run.ingest !== '..' && !/[/\\]/.test(run.ingest) && fits && (run.split === 'train' || run.split === 'test')) {
+  if (
+    typeof run.ingest === 'string' &&
+    run.ingest !== '..' &&
+    !/[/\\]/.test(run.ingest) &&
+    fits &&
+    (run.split === 'train' || run.split === 'test')
+  ) {
     return { ingest: run.ingest, bytes: [from!, to!], sessions: run.sessions!, split: run.split };
   }
-  throw new PipelineError(`${whereOf(path, line)}: not a run of ingest's sessions ({"ingest":<segment>,"bytes":[from,to],"sessions":n,"split":"train"|"test"}) nor a session; run \`prefab stage split\` to write split's buckets again`);
+  throw new PipelineError(
+    `${whereOf(path, line)}: not a run of ingest's sessions ({"ingest":<segment>,"bytes":[from,to],"sessions":n,"split":"train"|"test"}) nor a session; run \`prefab stage split\` to write split's buckets again`,
+  );
 }
 
 /** A line of a file as an error names it (a concatenation V8 makes a string of only when an error reads it). */
@@ -117,13 +128,17 @@ export function openSegment(ingestDir: string, name: string, where: string): { f
     const fd = openSync(join(ingestDir, 'sessions', name), 'r');
     return { fd, size: fstatSync(fd).size };
   } catch (error) {
-    throw new PipelineError(`${where}: points at ingest's segment ${name}, which ${join(ingestDir, 'sessions')} does not hold (${(error as Error).message}); these buckets were made from another ingest: run \`prefab stage split\``);
+    throw new PipelineError(
+      `${where}: points at ingest's segment ${name}, which ${join(ingestDir, 'sessions')} does not hold (${(error as Error).message}); these buckets were made from another ingest: run \`prefab stage split\``,
+    );
   }
 }
 
 /** A run that does not find in its segment the sessions split saw there. */
 export const segmentChanged = (where: string, run: SessionRun, what: string) =>
-  new PipelineError(`${where}: split found ${run.sessions} session(s) at bytes ${run.bytes[0]} to ${run.bytes[1]} of ingest's segment ${run.ingest}, which ${what}; it has changed since: run \`prefab stage split\``);
+  new PipelineError(
+    `${where}: split found ${run.sessions} session(s) at bytes ${run.bytes[0]} to ${run.bytes[1]} of ingest's segment ${run.ingest}, which ${what}; it has changed since: run \`prefab stage split\``,
+  );
 
 /**
  * Reads `run` from its segment (`fd`) into `out` at `at`, each of its lines given its session's tail in
@@ -133,7 +148,7 @@ export const segmentChanged = (where: string, run: SessionRun, what: string) =>
 export function readRun(out: Buffer, at: number, fd: number, run: SessionRun, where: string): number {
   const [from, to] = run.bytes;
   const length = to - from;
-  for (let got = 0; got < length; ) {
+  for (let got = 0; got < length;) {
     const n = readSync(fd, out, at + got, length - got, from + got);
     if (n === 0) throw segmentChanged(where, run, `ended at byte ${from + got} while it was read`);
     got += n;
@@ -141,7 +156,10 @@ export function readRun(out: Buffer, at: number, fd: number, run: SessionRun, wh
   const ends: number[] = [];
   const region = out.subarray(at, at + length);
   for (let nl = region.indexOf(10); nl >= 0; nl = region.indexOf(10, nl + 1)) ends.push(at + nl);
-  const shaped = ends.length === run.sessions && ends.at(-1) === at + length - 1 && ends.every((nl, i) => out[nl - 1] === 125 && out[i === 0 ? at : ends[i - 1]! + 1] === 123);
+  const shaped =
+    ends.length === run.sessions &&
+    ends.at(-1) === at + length - 1 &&
+    ends.every((nl, i) => out[nl - 1] === 125 && out[i === 0 ? at : ends[i - 1]! + 1] === 123);
   if (!shaped) throw segmentChanged(where, run, `holds ${ends.length} line(s) there, not all sessions`);
   const tail = SESSION_TAILS[run.split];
   const extra = tail.length - 1;
@@ -195,14 +213,30 @@ export class BucketParts {
     }
     const run = readSessionRun(bytes, start, end, this.path, line);
     let segment = this.segmentOf.get(run.ingest);
-    if (segment === undefined) this.segmentOf.set(run.ingest, (segment = this.segments.push({ name: run.ingest, ...openSegment(this.ingestDir, run.ingest, whereOf(this.path, line)) }) - 1));
+    if (segment === undefined)
+      this.segmentOf.set(
+        run.ingest,
+        (segment =
+          this.segments.push({
+            name: run.ingest,
+            ...openSegment(this.ingestDir, run.ingest, whereOf(this.path, line)),
+          }) - 1),
+      );
     const { size } = this.segments[segment]!;
     if (run.bytes[1] > size) throw segmentChanged(whereOf(this.path, line), run, `ends at byte ${size}`);
     this.push(segment, run.bytes[0], run.bytes[1], run.sessions, SPLITS.indexOf(run.split), line, start);
     return this.sessionBytes(this.length - 1);
   }
 
-  private push(segment: number, from: number, to: number, sessions: number, side: number, line: number, lineStart: number): void {
+  private push(
+    segment: number,
+    from: number,
+    to: number,
+    sessions: number,
+    side: number,
+    line: number,
+    lineStart: number,
+  ): void {
     if (W * (this.length + 1) > this.rows.length) {
       const grown = new Float64Array(2 * this.rows.length);
       grown.set(this.rows);
@@ -231,7 +265,11 @@ export class BucketParts {
   /** The bytes part `i`'s sessions take once read: a run's, each session's tail added; a line's, its newline. */
   sessionBytes(i: number): number {
     const r = this.rows;
-    return r[W * i + 2]! - r[W * i + 1]! + (r[W * i]! >= 0 ? r[W * i + 3]! * (SESSION_TAILS[SPLITS[r[W * i + 4]!]!].length - 1) : 1);
+    return (
+      r[W * i + 2]! -
+      r[W * i + 1]! +
+      (r[W * i]! >= 0 ? r[W * i + 3]! * (SESSION_TAILS[SPLITS[r[W * i + 4]!]!].length - 1) : 1)
+    );
   }
 
   isRun(i: number): boolean {
@@ -252,7 +290,12 @@ export class BucketParts {
   /** Part `i`, a run, as the SessionRun its line holds. */
   run(i: number): SessionRun {
     const r = this.rows;
-    return { ingest: this.segments[r[W * i]!]!.name, bytes: [r[W * i + 1]!, r[W * i + 2]!], sessions: r[W * i + 3]!, split: SPLITS[r[W * i + 4]!]! };
+    return {
+      ingest: this.segments[r[W * i]!]!.name,
+      bytes: [r[W * i + 1]!, r[W * i + 2]!],
+      sessions: r[W * i + 3]!,
+      split: SPLITS[r[W * i + 4]!]!,
+    };
   }
   /** Where part `i`'s line starts in the bytes it was read from. */
   lineStart(i: number): number {

@@ -6,7 +6,8 @@ import type { Split, SplitSession } from '../core/records.ts';
 
 /** A JSON string literal (quotes included) of `bytes`, decoded: parsed only when it holds an escape. */
 export function decodeString(bytes: Buffer, from: number, to: number): string {
-  for (let i = from + 1; i < to - 1; i++) if (bytes[i] === 92) return JSON.parse(bytes.toString('utf8', from, to)) as string;
+  for (let i = from + 1; i < to - 1; i++)
+    if (bytes[i] === 92) return JSON.parse(bytes.toString('utf8', from, to)) as string;
   return bytes.toString('utf8', from + 1, to - 1);
 }
 
@@ -50,7 +51,8 @@ export function leadingSessionId(bytes: Buffer, start: number, end: number): str
 }
 
 /** The task_id of a session's line (the head ingest writes, or the line parsed whole). */
-export const taskOfLine = (bytes: Buffer, start: number, end: number): string => leadingTaskId(bytes, start, end) ?? (JSON.parse(bytes.toString('utf8', start, end)) as SplitSession).task_id!;
+export const taskOfLine = (bytes: Buffer, start: number, end: number): string =>
+  leadingTaskId(bytes, start, end) ?? (JSON.parse(bytes.toString('utf8', start, end)) as SplitSession).task_id!;
 
 /**
  * What ends the line of a split session that had its task, in place of the closing brace of the line ingest
@@ -58,8 +60,14 @@ export const taskOfLine = (bytes: Buffer, start: number, end: number): string =>
  */
 export const sessionTail = (split: Split): Buffer => SESSION_TAILS[split];
 
-export const SESSION_TAILS: Record<Split, Buffer> = { train: Buffer.from(',"split":"train","task_match":null}'), test: Buffer.from(',"split":"test","task_match":null}') };
-export const SESSION_TAIL_TEXT: Record<Split, string> = { train: SESSION_TAILS.train.toString(), test: SESSION_TAILS.test.toString() };
+export const SESSION_TAILS: Record<Split, Buffer> = {
+  train: Buffer.from(',"split":"train","task_match":null}'),
+  test: Buffer.from(',"split":"test","task_match":null}'),
+};
+export const SESSION_TAIL_TEXT: Record<Split, string> = {
+  train: SESSION_TAILS.train.toString(),
+  test: SESSION_TAILS.test.toString(),
+};
 export const MESSAGES_END = Buffer.from('],"reward":');
 const FEEDBACK = Buffer.from(',"feedback":');
 
@@ -81,7 +89,11 @@ export function rewardAt(bytes: Buffer, start: number, end: number): [close: num
  * and the `,"feedback":` after it): the id's and the task's JSON strings where they lie (`idAt`, `taskAt`),
  * or, where the line is not shaped so, the id as JSON and the task from the line parsed whole.
  */
-export function readHead(bytes: Buffer, start: number, end: number): { idAt?: [number, number]; taskAt?: [number, number]; idJson?: Buffer; task?: string; reward: number } {
+export function readHead(
+  bytes: Buffer,
+  start: number,
+  end: number,
+): { idAt?: [number, number]; taskAt?: [number, number]; idJson?: Buffer; task?: string; reward: number } {
   const head = headOf(bytes, start, end);
   const [close, feedback] = rewardAt(bytes, start, end);
   if (head && bytes[head.task] === 34 && feedback > 0) {
@@ -92,7 +104,8 @@ export function readHead(bytes: Buffer, start: number, end: number): { idAt?: [n
     } catch {
       // parsed whole below
     }
-    if (taskEnd > 0 && typeof reward === 'number') return { idAt: [start + HEAD.length - 1, head.idEnd], taskAt: [head.task, taskEnd], reward };
+    if (taskEnd > 0 && typeof reward === 'number')
+      return { idAt: [start + HEAD.length - 1, head.idEnd], taskAt: [head.task, taskEnd], reward };
   }
   const s = JSON.parse(bytes.toString('utf8', start, end)) as SplitSession;
   return { idJson: Buffer.from(JSON.stringify(s.session_id)), task: s.task_id!, reward: s.reward };

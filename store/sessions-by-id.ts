@@ -75,7 +75,12 @@ export class SessionsById {
   private index(path: string): void {
     this.close();
     this.path = null;
-    [this.sources, this.at, this.recent, this.ahead] = [[null], new NumberList(), new Map(), { source: -1, from: 0, bytes: Buffer.alloc(0) }];
+    [this.sources, this.at, this.recent, this.ahead] = [
+      [null],
+      new NumberList(),
+      new Map(),
+      { source: -1, from: 0, bytes: Buffer.alloc(0) },
+    ];
     // A bucket of the usual size is held as its heads are read (its sessions are then read at once, not each
     // on its own); a larger one is read as pairs ask.
     const size = this.reader.sessionBytes(path, this.ingestDir);
@@ -129,13 +134,23 @@ export class SessionsById {
       if (to - from > this.aheadRoom.length) this.aheadRoom = Buffer.allocUnsafeSlow(to - from);
       const got = readAll(fd, this.aheadRoom, this.aheadRoom.length, from);
       const run = s && { ingest: s.ingest, bytes: [from, to] as [number, number], sessions: 1, split: s.split };
-      if (got < to - from) throw run ? segmentChanged(`${path} (a run of its lines)`, run, `ended at byte ${from + got} while it was read`) : new PipelineError(`${path}: ended before byte ${to} while it was read again; it changed while this stage ran: run it again`);
+      if (got < to - from)
+        throw run
+          ? segmentChanged(`${path} (a run of its lines)`, run, `ended at byte ${from + got} while it was read`)
+          : new PipelineError(
+              `${path}: ended before byte ${to} while it was read again; it changed while this stage ran: run it again`,
+            );
       a = this.ahead = { source, from, bytes: this.aheadRoom.subarray(0, got) };
     }
     const line = a.bytes.subarray(from - a.from, to - a.from);
     if (!s) return Buffer.from(line);
     // A run's line ends with its closing brace and newline, which its session's tail replaces.
-    if (line[0] !== 123 || line[line.length - 2] !== 125 || line[line.length - 1] !== 10) throw segmentChanged(`${path} (a run of its lines)`, { ingest: s.ingest, bytes: [from, to], sessions: 1, split: s.split }, 'holds no session there');
+    if (line[0] !== 123 || line[line.length - 2] !== 125 || line[line.length - 1] !== 10)
+      throw segmentChanged(
+        `${path} (a run of its lines)`,
+        { ingest: s.ingest, bytes: [from, to], sessions: 1, split: s.split },
+        'holds no session there',
+      );
     return Buffer.concat([line.subarray(0, line.length - 2), SESSION_TAILS[s.split]]);
   }
 }

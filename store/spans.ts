@@ -22,7 +22,9 @@ export interface BucketSpans<L extends LargeTask = LargeTask> {
  * A task of a large bucket and its sessions' bytes as read (tails added): for a task within the limit, the
  * spans of its sessions in the bucket's order; for a larger one, instead, what its LargeTask kept.
  */
-export type TaskSpans<L extends LargeTask> = { task: string; bytes: number } & ({ spans: Float64Array; large: null } | { spans: null; large: L });
+export type TaskSpans<L extends LargeTask> = { task: string; bytes: number } & (
+  { spans: Float64Array; large: null } | { spans: null; large: L }
+);
 
 /**
  * A task's sessions as a large bucket's plan gathers them: ids kept as their JSON's bytes, not strings that
@@ -42,11 +44,30 @@ export class GatheredTask<L extends LargeTask> {
 
   /** What was gathered given to `large`, which takes the task's sessions from now on. */
   toLarge(large: L): void {
-    const [ids, ends, rewards, at, lines] = [this.ids.bytes(), this.ids.ends.view(), this.rewards.view(), this.at.view(), this.lines.view()];
+    const [ids, ends, rewards, at, lines] = [
+      this.ids.bytes(),
+      this.ids.ends.view(),
+      this.rewards.view(),
+      this.at.view(),
+      this.lines.view(),
+    ];
     const bytes = Buffer.from(ids.buffer, ids.byteOffset, ids.byteLength);
-    for (let i = 0; i < rewards.length; i++) large.add(decodeString(bytes, i === 0 ? 0 : ends[i - 1]!, ends[i]!), rewards[i]!, at[3 * i]!, at[3 * i + 1]!, at[3 * i + 2]!, lines[i]!);
+    for (let i = 0; i < rewards.length; i++)
+      large.add(
+        decodeString(bytes, i === 0 ? 0 : ends[i - 1]!, ends[i]!),
+        rewards[i]!,
+        at[3 * i]!,
+        at[3 * i + 1]!,
+        at[3 * i + 2]!,
+        lines[i]!,
+      );
     this.large = large;
-    [this.ids, this.rewards, this.at, this.lines] = [new ByteList(), new NumberList(), new NumberList(), new NumberList()];
+    [this.ids, this.rewards, this.at, this.lines] = [
+      new ByteList(),
+      new NumberList(),
+      new NumberList(),
+      new NumberList(),
+    ];
   }
 }
 
@@ -107,7 +128,12 @@ export function spansOf(sources: SpanSource[], at: Float64Array, limit: number):
   for (let i = 0; i < at.length / 3; i++) {
     const [source, from, to] = [at[3 * i]!, at[3 * i + 1]!, at[3 * i + 2]!];
     const n = spans.length;
-    if (n > 0 && spans.get(n - 4) === source && (source === 0 ? spans.get(n - 2) + 1 : spans.get(n - 2)) === from && spanBytes(spans.view(), n / 4 - 1, sources) + sessionLineBytes(sources, source, from, to) <= limit) {
+    if (
+      n > 0 &&
+      spans.get(n - 4) === source &&
+      (source === 0 ? spans.get(n - 2) + 1 : spans.get(n - 2)) === from &&
+      spanBytes(spans.view(), n / 4 - 1, sources) + sessionLineBytes(sources, source, from, to) <= limit
+    ) {
       spans.set(n - 2, to);
       spans.set(n - 1, spans.get(n - 1) + 1);
     } else for (const v of [source, from, to, 1]) spans.push(v);

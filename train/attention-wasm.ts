@@ -63,50 +63,160 @@ const $ = {
  *   (local $t i32) (local $d i32) (local $row i32) (local $qd v128) (local $a0 v128) … (local $a3 v128) …)
  */
 const sumLanes = (acc: number) => [
-  ...$.get(acc), ...$['f32x4.extract_lane'](0), ...$.get(acc), ...$['f32x4.extract_lane'](1), ...$['f32.add'],
-  ...$.get(acc), ...$['f32x4.extract_lane'](2), ...$.get(acc), ...$['f32x4.extract_lane'](3), ...$['f32.add'], ...$['f32.add'],
+  ...$.get(acc),
+  ...$['f32x4.extract_lane'](0),
+  ...$.get(acc),
+  ...$['f32x4.extract_lane'](1),
+  ...$['f32.add'],
+  ...$.get(acc),
+  ...$['f32x4.extract_lane'](2),
+  ...$.get(acc),
+  ...$['f32x4.extract_lane'](3),
+  ...$['f32.add'],
+  ...$['f32.add'],
 ];
 /** out[t + i] = scale · (lanes of $a_i added), for the i-th of the positions side by side. */
-const storeScore = (i: number, acc: number) => [...$.get(5), ...$.get(7), ...$.const(i), ...$.add, ...$.const(2), ...$.shl, ...$.add, ...sumLanes(acc), ...$.get(6), ...$['f32.mul'], ...$['f32.store']];
+const storeScore = (i: number, acc: number) => [
+  ...$.get(5),
+  ...$.get(7),
+  ...$.const(i),
+  ...$.add,
+  ...$.const(2),
+  ...$.shl,
+  ...$.add,
+  ...sumLanes(acc),
+  ...$.get(6),
+  ...$['f32.mul'],
+  ...$['f32.store'],
+];
 /** $a_i += $qd · k[row + i·stride + d…] */
 const accumulate = (i: number, acc: number) => [
-  ...$.get(acc), ...$.get(11),
-  ...$.get(9), ...$.get(3), ...$.const(i), ...$.mul, ...$.add, ...$.get(8), ...$.add, ...$['v128.load'],
-  ...$['f32x4.mul'], ...$['f32x4.add'], ...$.set(acc),
+  ...$.get(acc),
+  ...$.get(11),
+  ...$.get(9),
+  ...$.get(3),
+  ...$.const(i),
+  ...$.mul,
+  ...$.add,
+  ...$.get(8),
+  ...$.add,
+  ...$['v128.load'],
+  ...$['f32x4.mul'],
+  ...$['f32x4.add'],
+  ...$.set(acc),
 ];
 const scores = [
-  ...vec([[3, i32], [6, v128]]), // locals 7 $t, 8 $d, 9 $row, 10 $a0 (one at a time), 11 $qd, 12…15 $a0…$a3
-  ...$.const(0), ...$.set(7),
+  ...vec([
+    [3, i32],
+    [6, v128],
+  ]), // locals 7 $t, 8 $d, 9 $row, 10 $a0 (one at a time), 11 $qd, 12…15 $a0…$a3
+  ...$.const(0),
+  ...$.set(7),
   // Four positions at a time while t + 4 ≤ n.
-  ...$.block, ...$.loop,
-  ...$.get(7), ...$.const(4), ...$.add, ...$.get(2), ...$.gt_u, ...$.br_if(1),
-  ...$['v128.zero'], ...$.set(12), ...$['v128.zero'], ...$.set(13), ...$['v128.zero'], ...$.set(14), ...$['v128.zero'], ...$.set(15),
-  ...$.const(0), ...$.set(8),
-  ...$.get(1), ...$.get(7), ...$.get(3), ...$.mul, ...$.add, ...$.set(9), // row = k + t·stride
+  ...$.block,
   ...$.loop,
-  ...$.get(0), ...$.get(8), ...$.add, ...$['v128.load'], ...$.set(11), // qd = q[d…d+3]
-  ...accumulate(0, 12), ...accumulate(1, 13), ...accumulate(2, 14), ...accumulate(3, 15),
-  ...$.get(8), ...$.const(16), ...$.add, ...$.tee(8), ...$.get(4), ...$.const(2), ...$.shl, ...$.lt_u, ...$.br_if(0),
+  ...$.get(7),
+  ...$.const(4),
+  ...$.add,
+  ...$.get(2),
+  ...$.gt_u,
+  ...$.br_if(1),
+  ...$['v128.zero'],
+  ...$.set(12),
+  ...$['v128.zero'],
+  ...$.set(13),
+  ...$['v128.zero'],
+  ...$.set(14),
+  ...$['v128.zero'],
+  ...$.set(15),
+  ...$.const(0),
+  ...$.set(8),
+  ...$.get(1),
+  ...$.get(7),
+  ...$.get(3),
+  ...$.mul,
+  ...$.add,
+  ...$.set(9), // row = k + t·stride
+  ...$.loop,
+  ...$.get(0),
+  ...$.get(8),
+  ...$.add,
+  ...$['v128.load'],
+  ...$.set(11), // qd = q[d…d+3]
+  ...accumulate(0, 12),
+  ...accumulate(1, 13),
+  ...accumulate(2, 14),
+  ...accumulate(3, 15),
+  ...$.get(8),
+  ...$.const(16),
+  ...$.add,
+  ...$.tee(8),
+  ...$.get(4),
+  ...$.const(2),
+  ...$.shl,
+  ...$.lt_u,
+  ...$.br_if(0),
   ...$.end,
-  ...storeScore(0, 12), ...storeScore(1, 13), ...storeScore(2, 14), ...storeScore(3, 15),
-  ...$.get(7), ...$.const(4), ...$.add, ...$.set(7), ...$.br(0),
-  ...$.end, ...$.end,
+  ...storeScore(0, 12),
+  ...storeScore(1, 13),
+  ...storeScore(2, 14),
+  ...storeScore(3, 15),
+  ...$.get(7),
+  ...$.const(4),
+  ...$.add,
+  ...$.set(7),
+  ...$.br(0),
+  ...$.end,
+  ...$.end,
   // The rest one by one.
-  ...$.block, ...$.loop,
-  ...$.get(7), ...$.get(2), ...$.lt_u, ...$.eqz, ...$.br_if(1), // t < n, else done
-  ...$['v128.zero'], ...$.set(10),
-  ...$.const(0), ...$.set(8),
-  ...$.get(1), ...$.get(7), ...$.get(3), ...$.mul, ...$.add, ...$.set(9), // row = k + t·stride
+  ...$.block,
+  ...$.loop,
+  ...$.get(7),
+  ...$.get(2),
+  ...$.lt_u,
+  ...$.eqz,
+  ...$.br_if(1), // t < n, else done
+  ...$['v128.zero'],
+  ...$.set(10),
+  ...$.const(0),
+  ...$.set(8),
+  ...$.get(1),
+  ...$.get(7),
+  ...$.get(3),
+  ...$.mul,
+  ...$.add,
+  ...$.set(9), // row = k + t·stride
   ...$.loop,
   ...$.get(10),
-  ...$.get(0), ...$.get(8), ...$.add, ...$['v128.load'],
-  ...$.get(9), ...$.get(8), ...$.add, ...$['v128.load'],
-  ...$['f32x4.mul'], ...$['f32x4.add'], ...$.set(10), // acc += q[d…d+3] · row[d…d+3]
-  ...$.get(8), ...$.const(16), ...$.add, ...$.tee(8), ...$.get(4), ...$.const(2), ...$.shl, ...$.lt_u, ...$.br_if(0),
+  ...$.get(0),
+  ...$.get(8),
+  ...$.add,
+  ...$['v128.load'],
+  ...$.get(9),
+  ...$.get(8),
+  ...$.add,
+  ...$['v128.load'],
+  ...$['f32x4.mul'],
+  ...$['f32x4.add'],
+  ...$.set(10), // acc += q[d…d+3] · row[d…d+3]
+  ...$.get(8),
+  ...$.const(16),
+  ...$.add,
+  ...$.tee(8),
+  ...$.get(4),
+  ...$.const(2),
+  ...$.shl,
+  ...$.lt_u,
+  ...$.br_if(0),
   ...$.end,
   ...storeScore(0, 10),
-  ...$.get(7), ...$.const(1), ...$.add, ...$.set(7), ...$.br(0),
-  ...$.end, ...$.end,
+  ...$.get(7),
+  ...$.const(1),
+  ...$.add,
+  ...$.set(7),
+  ...$.br(0),
+  ...$.end,
+  ...$.end,
   ...$.end,
 ];
 
@@ -117,38 +227,115 @@ const scores = [
  *   (local $t i32) (local $d i32) (local $row i32) (local $pt v128) …)
  */
 const mix = [
-  ...vec([[3, i32], [1, v128]]), // locals 6 $t, 7 $d, 8 $row, 9 $pt
-  ...$.const(0), ...$.set(7),
+  ...vec([
+    [3, i32],
+    [1, v128],
+  ]), // locals 6 $t, 7 $d, 8 $row, 9 $pt
+  ...$.const(0),
+  ...$.set(7),
   ...$.loop, // out[0…hd) = 0
-  ...$.get(5), ...$.get(7), ...$.add, ...$['v128.zero'], ...$['v128.store'],
-  ...$.get(7), ...$.const(16), ...$.add, ...$.tee(7), ...$.get(4), ...$.const(2), ...$.shl, ...$.lt_u, ...$.br_if(0),
+  ...$.get(5),
+  ...$.get(7),
+  ...$.add,
+  ...$['v128.zero'],
+  ...$['v128.store'],
+  ...$.get(7),
+  ...$.const(16),
+  ...$.add,
+  ...$.tee(7),
+  ...$.get(4),
+  ...$.const(2),
+  ...$.shl,
+  ...$.lt_u,
+  ...$.br_if(0),
   ...$.end,
-  ...$.const(0), ...$.set(6),
-  ...$.block, ...$.loop,
-  ...$.get(6), ...$.get(2), ...$.lt_u, ...$.eqz, ...$.br_if(1), // t < n, else done
-  ...$.get(0), ...$.get(6), ...$.const(2), ...$.shl, ...$.add, ...$['f32.load'], ...$['f32x4.splat'], ...$.set(9), // pt = p[t] in all four lanes
-  ...$.get(1), ...$.get(6), ...$.get(3), ...$.mul, ...$.add, ...$.set(8), // row = v + t·stride
-  ...$.const(0), ...$.set(7),
+  ...$.const(0),
+  ...$.set(6),
+  ...$.block,
   ...$.loop,
-  ...$.get(5), ...$.get(7), ...$.add, // &out[d]
-  ...$.get(5), ...$.get(7), ...$.add, ...$['v128.load'],
-  ...$.get(9), ...$.get(8), ...$.get(7), ...$.add, ...$['v128.load'], ...$['f32x4.mul'], ...$['f32x4.add'],
+  ...$.get(6),
+  ...$.get(2),
+  ...$.lt_u,
+  ...$.eqz,
+  ...$.br_if(1), // t < n, else done
+  ...$.get(0),
+  ...$.get(6),
+  ...$.const(2),
+  ...$.shl,
+  ...$.add,
+  ...$['f32.load'],
+  ...$['f32x4.splat'],
+  ...$.set(9), // pt = p[t] in all four lanes
+  ...$.get(1),
+  ...$.get(6),
+  ...$.get(3),
+  ...$.mul,
+  ...$.add,
+  ...$.set(8), // row = v + t·stride
+  ...$.const(0),
+  ...$.set(7),
+  ...$.loop,
+  ...$.get(5),
+  ...$.get(7),
+  ...$.add, // &out[d]
+  ...$.get(5),
+  ...$.get(7),
+  ...$.add,
+  ...$['v128.load'],
+  ...$.get(9),
+  ...$.get(8),
+  ...$.get(7),
+  ...$.add,
+  ...$['v128.load'],
+  ...$['f32x4.mul'],
+  ...$['f32x4.add'],
   ...$['v128.store'], // out[d…d+3] += pt · row[d…d+3]
-  ...$.get(7), ...$.const(16), ...$.add, ...$.tee(7), ...$.get(4), ...$.const(2), ...$.shl, ...$.lt_u, ...$.br_if(0),
+  ...$.get(7),
+  ...$.const(16),
+  ...$.add,
+  ...$.tee(7),
+  ...$.get(4),
+  ...$.const(2),
+  ...$.shl,
+  ...$.lt_u,
+  ...$.br_if(0),
   ...$.end,
-  ...$.get(6), ...$.const(1), ...$.add, ...$.set(6), ...$.br(0),
-  ...$.end, ...$.end,
+  ...$.get(6),
+  ...$.const(1),
+  ...$.add,
+  ...$.set(6),
+  ...$.br(0),
+  ...$.end,
+  ...$.end,
   ...$.end,
 ];
 
 const MODULE = new WebAssembly.Module(
   new Uint8Array([
     ...[0x00, 0x61, 0x73, 0x6d, 1, 0, 0, 0], // \0asm, version 1
-    ...section(1, vec([[0x60, ...vec([[i32], [i32], [i32], [i32], [i32], [i32], [f32]]), 0], [0x60, ...vec([[i32], [i32], [i32], [i32], [i32], [i32]]), 0]])), // types
+    ...section(
+      1,
+      vec([
+        [0x60, ...vec([[i32], [i32], [i32], [i32], [i32], [i32], [f32]]), 0],
+        [0x60, ...vec([[i32], [i32], [i32], [i32], [i32], [i32]]), 0],
+      ]),
+    ), // types
     ...section(2, vec([[...name('env'), ...name('memory'), 0x02, 0x00, 0]])), // import (memory env.memory 0)
     ...section(3, vec([[0], [1]])), // functions: $scores of type 0, $mix of type 1
-    ...section(7, vec([[...name('scores'), 0x00, 0], [...name('mix'), 0x00, 1]])), // exports
-    ...section(10, vec([[...leb(scores.length), ...scores], [...leb(mix.length), ...mix]])), // code
+    ...section(
+      7,
+      vec([
+        [...name('scores'), 0x00, 0],
+        [...name('mix'), 0x00, 1],
+      ]),
+    ), // exports
+    ...section(
+      10,
+      vec([
+        [...leb(scores.length), ...scores],
+        [...leb(mix.length), ...mix],
+      ]),
+    ), // code
   ]),
 );
 

@@ -24,7 +24,10 @@ function parsed(json: string): unknown {
 
 /** Values the assistant copied: argument strings that appear verbatim in an earlier user or tool message, and never in a system message (field names, tool names). */
 export function copiedValues(messages: Message[]): string[] {
-  const system = messages.filter((m) => m.role === 'system').map((m) => m.content ?? '').join('\n');
+  const system = messages
+    .filter((m) => m.role === 'system')
+    .map((m) => m.content ?? '')
+    .join('\n');
   const seen: string[] = [];
   const copied = new Set<string>();
   for (const m of messages) {
@@ -42,7 +45,13 @@ export function copiedValues(messages: Message[]): string[] {
 /** A random string of the same shape: digits for digits, letters of the same case for letters, everything else kept. */
 export function reshape(value: string, rand: Random): string {
   const pick = (alphabet: string) => alphabet[Math.floor(rand() * alphabet.length)]!;
-  return value.replace(/[0-9a-zA-Z]/g, (c) => (c >= '0' && c <= '9' ? pick('0123456789') : c >= 'a' && c <= 'z' ? pick('abcdefghijklmnopqrstuvwxyz') : pick('ABCDEFGHIJKLMNOPQRSTUVWXYZ')));
+  return value.replace(/[0-9a-zA-Z]/g, (c) =>
+    c >= '0' && c <= '9'
+      ? pick('0123456789')
+      : c >= 'a' && c <= 'z'
+        ? pick('abcdefghijklmnopqrstuvwxyz')
+        : pick('ABCDEFGHIJKLMNOPQRSTUVWXYZ'),
+  );
 }
 
 const escape = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
@@ -61,13 +70,21 @@ export function resampleCopies(messages: Message[], rand: Random): Message[] {
   return messages.map((m) => {
     if (m.role === 'system') return m;
     const out: Message = { ...m, content: m.content === null || m.content === undefined ? m.content : swap(m.content) };
-    if (m.tool_calls) out.tool_calls = m.tool_calls.map((c) => ({ ...c, function: { ...c.function, arguments: swap(c.function.arguments) } }));
+    if (m.tool_calls)
+      out.tool_calls = m.tool_calls.map((c) => ({
+        ...c,
+        function: { ...c.function, arguments: swap(c.function.arguments) },
+      }));
     return out;
   });
 }
 
 /** A `share` of the sessions with their copies resampled (each drawn by the seed and its index), and how many. */
-export function resampledSessions(sessions: Message[][], share: number, seed: string): { conversations: Message[][]; resampled: number } {
+export function resampledSessions(
+  sessions: Message[][],
+  share: number,
+  seed: string,
+): { conversations: Message[][]; resampled: number } {
   let resampled = 0;
   const conversations = sessions.map((messages, i) => {
     const rand = seeded(seed, 'resample-copies', i);

@@ -82,7 +82,9 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
       name = 'tensorflow';
       description = `tensorflow (${pkg})`;
     } else if (choice === 'tensorflow') {
-      throw new Error('--backend tensorflow: neither @tensorflow/tfjs-node-gpu nor @tensorflow/tfjs-node loads here (their install needs internet to fetch libtensorflow). Use --backend wasm.');
+      throw new Error(
+        '--backend tensorflow: neither @tensorflow/tfjs-node-gpu nor @tensorflow/tfjs-node loads here (their install needs internet to fetch libtensorflow). Use --backend wasm.',
+      );
     } else {
       name = 'wasm';
       description = 'wasm (no @tensorflow/tfjs-node here)';
@@ -97,7 +99,11 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
     await tf.ready();
     (await import('./kernels.ts')).patchWasmSlice();
     // TensorFlow.js's backend is what `name` says; the run says where its steps went (RunResult.device).
-    current = { name: 'wasm', description: `webgpu on ${gpu.adapter.description} for training updates, wasm for the rest`, gpu: new Kernels(gpu) };
+    current = {
+      name: 'wasm',
+      description: `webgpu on ${gpu.adapter.description} for training updates, wasm for the rest`,
+      gpu: new Kernels(gpu),
+    };
     return current;
   } else {
     name = choice;
@@ -120,13 +126,20 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
  * What scores token blocks with `model`'s weights where `backend` trains: the GPU with webgpu (a copy of the
  * weights there, freed by dispose), else the tfjs model's.
  */
-export async function scorerOn(backend: Backend | null, model: Llama): Promise<{ score: BlockScorer; dispose(): void }> {
+export async function scorerOn(
+  backend: Backend | null,
+  model: Llama,
+): Promise<{ score: BlockScorer; dispose(): void }> {
   if (!backend?.gpu) return { score: (await import('./data.ts')).tfjsScorer(model), dispose: () => {} };
   return (await import('./webgpu/llama.ts')).gpuScorer(model, backend.gpu);
 }
 
 /** `use` with a scorer of `model` (scorerOn), freed after. */
-export async function withScorer<T>(backend: Backend | null, model: Llama, use: (score: BlockScorer) => Promise<T>): Promise<T> {
+export async function withScorer<T>(
+  backend: Backend | null,
+  model: Llama,
+  use: (score: BlockScorer) => Promise<T>,
+): Promise<T> {
   const scorer = await scorerOn(backend, model);
   try {
     return await use(scorer.score);
@@ -137,5 +150,10 @@ export async function withScorer<T>(backend: Backend | null, model: Llama, use: 
 
 /** `--backend` on every command: the CLI hands it to the training stages in their options. */
 export const addBackendOption: CommandFactory = (program) => {
-  program.addOption(new Option('--backend <name>', 'backend for the training stages (auto: webgpu on a hardware GPU, else the fastest TensorFlow.js backend that loads; webgpu: training updates on the GPU, the rest on wasm)').choices([...BACKENDS]));
+  program.addOption(
+    new Option(
+      '--backend <name>',
+      'backend for the training stages (auto: webgpu on a hardware GPU, else the fastest TensorFlow.js backend that loads; webgpu: training updates on the GPU, the rest on wasm)',
+    ).choices([...BACKENDS]),
+  );
 };

@@ -9,7 +9,12 @@
 import type { Message } from '../core/records.ts';
 import type { SpecialToken, TextTokenizer } from './tokenizer.ts';
 
-const HEADER: Record<Message['role'], SpecialToken> = { system: '<|system|>', user: '<|user|>', assistant: '<|assistant|>', tool: '<|tool|>' };
+const HEADER: Record<Message['role'], SpecialToken> = {
+  system: '<|system|>',
+  user: '<|user|>',
+  assistant: '<|assistant|>',
+  tool: '<|tool|>',
+};
 
 /** A piece of a rendered conversation: a special token or text, whether it is trained on, and its message. */
 type Piece = ({ special: SpecialToken } | { text: string }) & { train: boolean; message: number };
@@ -20,7 +25,11 @@ function pieces(messages: Message[], openAssistant: boolean): Piece[] {
     const train = m.role === 'assistant';
     out.push({ special: HEADER[m.role], train: false, message });
     if (m.content) out.push({ text: m.content, train, message });
-    for (const call of m.tool_calls ?? []) out.push({ special: '<|call|>', train, message }, { text: `${call.function.name} ${call.function.arguments}`, train, message });
+    for (const call of m.tool_calls ?? [])
+      out.push(
+        { special: '<|call|>', train, message },
+        { text: `${call.function.name} ${call.function.arguments}`, train, message },
+      );
     out.push({ special: '<|end|>', train, message });
   });
   if (openAssistant) out.push({ special: '<|assistant|>', train: false, message: messages.length });
@@ -48,7 +57,11 @@ export interface Encoded {
 }
 
 /** Encodes conversations; `openAssistant` ends each with an assistant header, as a generation prompt. */
-export async function encodeConversations(tokenizer: TextTokenizer, conversations: Message[][], openAssistant = false): Promise<Encoded[]> {
+export async function encodeConversations(
+  tokenizer: TextTokenizer,
+  conversations: Message[][],
+  openAssistant = false,
+): Promise<Encoded[]> {
   const all = conversations.map((c) => pieces(c, openAssistant));
   const texts = conversations.flatMap(conversationTexts);
   const encoded = await tokenizer.encodeBatch(texts);
@@ -88,7 +101,11 @@ export async function parseAssistant(tokenizer: TextTokenizer, ids: number[], fi
     message.tool_calls = calls.map((text, i) => {
       const space = text.indexOf(' ');
       const name = (space < 0 ? text : text.slice(0, space)).trim();
-      return { id: `call_${firstCallId + i}`, type: 'function' as const, function: { name, arguments: space < 0 ? '{}' : text.slice(space + 1).trim() } };
+      return {
+        id: `call_${firstCallId + i}`,
+        type: 'function' as const,
+        function: { name, arguments: space < 0 ? '{}' : text.slice(space + 1).trim() },
+      };
     });
   }
   return message;

@@ -67,7 +67,10 @@ export function openChat(files: Record<string, string>, eos: number | number[] |
   if (!template) {
     const vocab = JSON.parse(json) as { added_tokens?: { content: string }[] };
     const prefab = SPECIAL_TOKENS.every((t) => vocab.added_tokens?.some((a) => a.content === t));
-    if (!prefab) throw new Error(`${source} has no chat template (tokenizer_config.json's chat_template or chat_template.jinja), so how it reads a conversation is unknown`);
+    if (!prefab)
+      throw new Error(
+        `${source} has no chat template (tokenizer_config.json's chat_template or chat_template.jinja), so how it reads a conversation is unknown`,
+      );
     return prefabChat(json);
   }
   return new HfChat(json, template, eos);

@@ -48,7 +48,10 @@ export function saveCheckpoint(dir: string, parts: CheckpointParts): void {
   const tmp = `${dir}.tmp`;
   rmSync(tmp, { recursive: true, force: true });
   mkdirSync(tmp, { recursive: true });
-  writeModelFiles(tmp, parts.model, { prefab_context: parts.context, ...(parts.placeholders ? { prefab_placeholders: parts.placeholders } : {}) });
+  writeModelFiles(tmp, parts.model, {
+    prefab_context: parts.context,
+    ...(parts.placeholders ? { prefab_placeholders: parts.placeholders } : {}),
+  });
   for (const [name, content] of Object.entries(parts.tokenizer)) writeFileSync(join(tmp, name), content);
   if (parts.optimizer) {
     const o = parts.optimizer;
@@ -87,7 +90,10 @@ export function loadCheckpoint(dir: string): LoadedCheckpoint {
   return {
     model,
     tokenizer: readTokenizerFiles(dir),
-    context: typeof context === 'number' && Number.isInteger(context) && context > 0 ? Math.min(context, hf.config.maxPositions) : hf.config.maxPositions,
+    context:
+      typeof context === 'number' && Number.isInteger(context) && context > 0
+        ? Math.min(context, hf.config.maxPositions)
+        : hf.config.maxPositions,
     placeholders: parsePlaceholders(hf.json.prefab_placeholders, join(dir, 'config.json')),
     state: existsSync(statePath) ? (JSON.parse(readFileSync(statePath, 'utf8')) as TrainerState) : null,
     restoreOptimizer(optimizer) {

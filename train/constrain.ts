@@ -82,7 +82,8 @@ class Reader {
         if (ch === '{') return this.object({}, i);
         if (ch === '[') return this.array({}, i);
         if (ch === '"') return this.string(i).end;
-        if (ch === 't' || ch === 'f' || ch === 'n') return this.literal(i, ch === 't' ? 'true' : ch === 'f' ? 'false' : 'null');
+        if (ch === 't' || ch === 'f' || ch === 'n')
+          return this.literal(i, ch === 't' ? 'true' : ch === 'f' ? 'false' : 'null');
         return this.number(i, false);
     }
   }
@@ -124,7 +125,8 @@ class Reader {
     const text = this.s.slice(i, end);
     const whole = integer ? /^-?(?:0|[1-9]\d*)$/ : /^-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?$/;
     // Cut off here, a number may go on: "-", "1.", "1e+" are on their way to one.
-    if (end === this.s.length) throw whole.test(text) || whole.test(`${text}0`) || whole.test(`${text}1`) ? new Partial() : new Invalid();
+    if (end === this.s.length)
+      throw whole.test(text) || whole.test(`${text}0`) || whole.test(`${text}1`) ? new Partial() : new Invalid();
     if (!whole.test(text)) throw new Invalid();
     return end;
   }
@@ -137,11 +139,17 @@ class Reader {
     if (this.at(i) === '}') return this.close(schema, seen, i);
     for (;;) {
       // A key no schema allows, or one already given, is refused as soon as it cannot become an allowed one.
-      const { end, text: key } = this.string(i, named?.filter((k) => !seen.has(k)));
+      const { end, text: key } = this.string(
+        i,
+        named?.filter((k) => !seen.has(k)),
+      );
       if (seen.has(key)) throw new Invalid();
       seen.add(key);
       i = this.expect(end, ':');
-      i = this.value(props[key] ?? (typeof schema.additionalProperties === 'object' ? schema.additionalProperties : {}), i);
+      i = this.value(
+        props[key] ?? (typeof schema.additionalProperties === 'object' ? schema.additionalProperties : {}),
+        i,
+      );
       if (this.at(i) === '}') return this.close(schema, seen, i);
       if (named?.every((k) => seen.has(k))) throw new Invalid(); // no key is left to follow a comma
       i = this.expect(i, ',');
@@ -192,7 +200,8 @@ export class ToolCallConstraint {
   allows(generated: readonly number[], candidate: number): boolean {
     const text = this.callText(generated);
     if (text === null) return true; // content: free text
-    if (candidate === this.special['<|call|>'] || candidate === this.special['<|end|>']) return readCall(this.tools, text) === 'complete';
+    if (candidate === this.special['<|call|>'] || candidate === this.special['<|end|>'])
+      return readCall(this.tools, text) === 'complete';
     if (Object.values(this.special).includes(candidate)) return false;
     const next = text + (this.texts[candidate] ?? '');
     return next !== text && readCall(this.tools, next) !== 'invalid';
@@ -202,7 +211,13 @@ export class ToolCallConstraint {
   private callText(generated: readonly number[]): string | null {
     if (this.last?.ids === generated && this.last.length === generated.length) return this.last.text;
     const call = generated.lastIndexOf(this.special['<|call|>']);
-    const text = call < 0 ? null : generated.slice(call + 1).map((id) => this.texts[id] ?? '').join('');
+    const text =
+      call < 0
+        ? null
+        : generated
+            .slice(call + 1)
+            .map((id) => this.texts[id] ?? '')
+            .join('');
     this.last = { ids: generated, length: generated.length, text };
     return text;
   }

@@ -9,7 +9,16 @@ import { viewAll, type Placeholders } from './placeholders.ts';
 import { safePoint } from '../pipeline/interrupt.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { seeded } from '../core/random.ts';
-import { headLength, microBatches, padBatch, startOf, trainingWindows, windowOf, type Sequence, type TokenBlock } from './windows.ts';
+import {
+  headLength,
+  microBatches,
+  padBatch,
+  startOf,
+  trainingWindows,
+  windowOf,
+  type Sequence,
+  type TokenBlock,
+} from './windows.ts';
 
 /** Every row of an exported Parquet file, as plain objects. */
 export async function readParquet<T>(path: string): Promise<T[]> {
@@ -23,25 +32,38 @@ export function subset<T>(rows: T[], n: number | null, seed: string): T[] {
   if (n === null || n >= rows.length) return rows;
   const rand = seeded(seed, 'subset');
   const keys = rows.map((_, i) => ({ i, k: rand() }));
-  return keys.sort((a, b) => a.k - b.k).slice(0, n).sort((a, b) => a.i - b.i).map((x) => rows[x.i]!);
+  return keys
+    .sort((a, b) => a.k - b.k)
+    .slice(0, n)
+    .sort((a, b) => a.i - b.i)
+    .map((x) => rows[x.i]!);
 }
 
 /** Messages as Parquet gives them back (absent optional fields as null) in the Message contract. */
-export const fromParquet = (messages: Message[]): Message[] => messages.map((m) => ({ ...m, tool_calls: m.tool_calls ?? undefined }));
+export const fromParquet = (messages: Message[]): Message[] =>
+  messages.map((m) => ({ ...m, tool_calls: m.tool_calls ?? undefined }));
 
 /**
  * SFT sequences: each conversation's training windows (one when it fits), as the model reads it
  * (`placeholders`). Windows with nothing to learn (a head longer than the context leaves no room for an
  * assistant token) are left out.
  */
-export async function sftSequences(chat: Chat, conversations: Message[][], length: number, source: string, placeholders: Placeholders): Promise<Sequence[]> {
+export async function sftSequences(
+  chat: Chat,
+  conversations: Message[][],
+  length: number,
+  source: string,
+  placeholders: Placeholders,
+): Promise<Sequence[]> {
   const cs = viewAll(conversations.map(fromParquet), placeholders);
   const encoded = await chat.encode(cs);
   const windows = encoded.flatMap((e, i) => trainingWindows(e, cs[i]!, length));
   const useful = windows.filter((w) => w.mask.some((m) => m === 1));
   if (useful.length === 0 && windows.length > 0) {
     const head = Math.min(...encoded.map((e, i) => e.starts[headLength(cs[i]!)]!));
-    throw new Error(`${source}: no assistant token fits in a context of ${length - 1} tokens after the system prompt and user request (at least ${head} tokens): raise sft.model.context`);
+    throw new Error(
+      `${source}: no assistant token fits in a context of ${length - 1} tokens after the system prompt and user request (at least ${head} tokens): raise sft.model.context`,
+    );
   }
   return useful;
 }
@@ -55,20 +77,41 @@ export async function sftSequences(chat: Chat, conversations: Message[][], lengt
  * masked as one conversation (`placeholders`), so a value a completion makes up gets a placeholder of its
  * own, as when the model writes it; the prompt reads the same in all of them.
  */
-export async function completionSequences(chat: Chat, prompt: Message[], completions: Message[][], length: number, placeholders: Placeholders): Promise<Sequence[] | { tooLong: string }> {
+export async function completionSequences(
+  chat: Chat,
+  prompt: Message[],
+  completions: Message[][],
+  length: number,
+  placeholders: Placeholders,
+): Promise<Sequence[] | { tooLong: string }> {
   const cut = await promptCut(chat, prompt, completions, length, placeholders);
   return cut.tooLong === undefined ? cut.sequences() : { tooLong: cut.tooLong };
 }
 
 /** The same sequences, a completion that does not fit cut at its end instead of left out (KTO's, as TRL truncates). */
-export async function truncatedSequences(chat: Chat, prompt: Message[], completions: Message[][], length: number, placeholders: Placeholders): Promise<Sequence[]> {
+export async function truncatedSequences(
+  chat: Chat,
+  prompt: Message[],
+  completions: Message[][],
+  length: number,
+  placeholders: Placeholders,
+): Promise<Sequence[]> {
   return (await promptCut(chat, prompt, completions, length, placeholders)).sequences();
 }
 
 /** Where the prompt is cut for all the completions, and the sequences from there; `tooLong` says why one does not fit. */
-async function promptCut(chat: Chat, prompt: Message[], completions: Message[][], length: number, placeholders: Placeholders): Promise<{ sequences: () => Sequence[]; tooLong?: string }> {
+async function promptCut(
+  chat: Chat,
+  prompt: Message[],
+  completions: Message[][],
+  length: number,
+  placeholders: Placeholders,
+): Promise<{ sequences: () => Sequence[]; tooLong?: string }> {
   const p = fromParquet(prompt);
-  const cs = viewAll(completions.map((c) => [...p, ...fromParquet(c)]), placeholders);
+  const cs = viewAll(
+    completions.map((c) => [...p, ...fromParquet(c)]),
+    placeholders,
+  );
   const encoded = await chat.encode(cs);
   const head = Math.min(headLength(p), p.length);
   const starts = encoded.map((e, i) => startOf(e, head, cs[i]!.length, length));
@@ -78,7 +121,10 @@ async function promptCut(chat: Chat, prompt: Message[], completions: Message[][]
   if (starts[longest]! <= p.length) return { sequences };
   // In positions, as the limit is given: a sequence of n ids (inputs and the last target) fills n − 1.
   const tokens = encoded[longest]!.ids.length - encoded[longest]!.starts[p.length]! + encoded[longest]!.starts[head]!;
-  return { tooLong: `completion ${longest + 1} needs ${tokens - 1} tokens with the prompt's head, more than the ${length - 1} allowed`, sequences };
+  return {
+    tooLong: `completion ${longest + 1} needs ${tokens - 1} tokens with the prompt's head, more than the ${length - 1} allowed`,
+    sequences,
+  };
 }
 
 export interface Scores {
@@ -102,15 +148,33 @@ export const tfjsScorer =
  * micro-batches of similar length and at most `maxTokens` padded tokens. Each micro-batch is a safe point: an
  * aborted `signal` stops there (Interrupted).
  */
-export async function scoreSequences(model: Llama | BlockScorer, sequences: Sequence[], maxTokens: number, pad: number, signal: AbortSignal, log?: Logger, label = 'scoring'): Promise<Scores> {
+export async function scoreSequences(
+  model: Llama | BlockScorer,
+  sequences: Sequence[],
+  maxTokens: number,
+  pad: number,
+  signal: AbortSignal,
+  log?: Logger,
+  label = 'scoring',
+): Promise<Scores> {
   const score = typeof model === 'function' ? model : tfjsScorer(model);
   const sum = new Float64Array(sequences.length);
   const count = new Int32Array(sequences.length);
-  const batches = microBatches(sequences.map((_, i) => [i]), (i) => sequences[i]!.ids.length, maxTokens);
+  const batches = microBatches(
+    sequences.map((_, i) => [i]),
+    (i) => sequences[i]!.ids.length,
+    maxTokens,
+  );
   const progress = log?.progress(label, batches.length);
   for (const [done, idx] of batches.entries()) {
-    await safePoint(signal, () => `${label}: stopped after ${done} of ${batches.length} batches; the next run scores them again`);
-    const b = padBatch(idx.map((j) => sequences[j]!), pad);
+    await safePoint(
+      signal,
+      () => `${label}: stopped after ${done} of ${batches.length} batches; the next run scores them again`,
+    );
+    const b = padBatch(
+      idx.map((j) => sequences[j]!),
+      pad,
+    );
     const logp = await score(b);
     idx.forEach((j, k) => {
       let s = 0;

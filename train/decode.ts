@@ -38,7 +38,12 @@ export class DecodeWeights {
 
   constructor(readonly model: Llama) {
     for (const [name, v] of model.params) this.w.set(name, (v.dataSync() as Float32Array).slice());
-    if (model.adaptersOn) for (const module of model.adapters.keys()) this.w.set(`${module}.weight`, tf.tidy(() => model.adaptedWeight(module).dataSync() as Float32Array));
+    if (model.adaptersOn)
+      for (const module of model.adapters.keys())
+        this.w.set(
+          `${module}.weight`,
+          tf.tidy(() => model.adaptedWeight(module).dataSync() as Float32Array),
+        );
   }
 
   get(name: string): Float32Array {
@@ -55,14 +60,28 @@ export class DecodeWeights {
           const p = (n: string) => `model.layers.${l}.${n}.weight`;
           const { heads: H, kvHeads: K, headDim: hd, hiddenSize: D, intermediateSize: F } = c;
           return {
-            qkv: tf.transpose(tf.concat([t(p('self_attn.q_proj'), H * hd, D), t(p('self_attn.k_proj'), K * hd, D), t(p('self_attn.v_proj'), K * hd, D)], 0)) as tf.Tensor2D, // (D, (H+2K)·hd)
+            qkv: tf.transpose(
+              tf.concat(
+                [
+                  t(p('self_attn.q_proj'), H * hd, D),
+                  t(p('self_attn.k_proj'), K * hd, D),
+                  t(p('self_attn.v_proj'), K * hd, D),
+                ],
+                0,
+              ),
+            ) as tf.Tensor2D, // (D, (H+2K)·hd)
             o: tf.transpose(t(p('self_attn.o_proj'), D, H * hd)) as tf.Tensor2D, // (H·hd, D)
             gateUp: tf.transpose(tf.concat([t(p('mlp.gate_proj'), F, D), t(p('mlp.up_proj'), F, D)], 0)) as tf.Tensor2D, // (D, 2F)
             down: tf.transpose(t(p('mlp.down_proj'), D, F)) as tf.Tensor2D, // (F, D)
           };
         }),
       );
-      this.lmHead = tf.tidy(() => tf.transpose(t(c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight', c.vocabSize, c.hiddenSize)) as tf.Tensor2D); // (D, V)
+      this.lmHead = tf.tidy(
+        () =>
+          tf.transpose(
+            t(c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight', c.vocabSize, c.hiddenSize),
+          ) as tf.Tensor2D,
+      ); // (D, V)
     }
     return { layers: this.fused, head: this.lmHead! };
   }
@@ -156,7 +175,9 @@ export class KVCache {
     try {
       if (pages > 0) this.memory.grow(pages);
     } catch {
-      throw new Error(`KVCache: ${capacity} positions of this model need ${(bytes / 2 ** 30).toFixed(1)} GiB, more than a WebAssembly memory holds (4 GiB)`);
+      throw new Error(
+        `KVCache: ${capacity} positions of this model need ${(bytes / 2 ** 30).toFixed(1)} GiB, more than a WebAssembly memory holds (4 GiB)`,
+      );
     }
     this.f32 = new Float32Array(this.memory.buffer);
     this.capacity = capacity;
@@ -165,7 +186,10 @@ export class KVCache {
   /** Room for one more token, or an error naming the model's limit. */
   private fits(n: number): void {
     const max = this.model.config.maxPositions;
-    if (this.tokens.length + n > max) throw new Error(`${this.tokens.length + n} tokens do not fit in the model's ${max} positions (max_position_embeddings)`);
+    if (this.tokens.length + n > max)
+      throw new Error(
+        `${this.tokens.length + n} tokens do not fit in the model's ${max} positions (max_position_embeddings)`,
+      );
   }
 
   /** Reads tokens after those already read; returns the next-token logits after the last, (V). */
@@ -189,7 +213,10 @@ export class KVCache {
    * read alone.
    */
   static readEach(caches: KVCache[], tokens: number[]): Float32Array[] {
-    return KVCache.readMany(caches, tokens.map((token) => [token]));
+    return KVCache.readMany(
+      caches,
+      tokens.map((token) => [token]),
+    );
   }
 
   /**
@@ -210,15 +237,28 @@ export class KVCache {
    */
   private static readRows(caches: KVCache[], reads: number[][]): Float32Array[] {
     const weights = caches[0]!.weights;
-    if (caches.some((c) => c.weights !== weights)) throw new Error('KVCache.readEach: the caches do not share their weights');
+    if (caches.some((c) => c.weights !== weights))
+      throw new Error('KVCache.readEach: the caches do not share their weights');
     const c = weights.model.config;
-    const { layers, hiddenSize: D, intermediateSize: F, heads: H, kvHeads: K, headDim: hd, rmsNormEps: eps, attentionBias, vocabSize: V } = c;
+    const {
+      layers,
+      hiddenSize: D,
+      intermediateSize: F,
+      heads: H,
+      kvHeads: K,
+      headDim: hd,
+      rmsNormEps: eps,
+      attentionBias,
+      vocabSize: V,
+    } = c;
     caches.forEach((cache, b) => {
       cache.fits(reads[b]!.length);
       cache.reserve(cache.tokens.length + reads[b]!.length);
     });
     // Row r: the token, its cache and its position.
-    const rows = caches.flatMap((cache, b) => reads[b]!.map((token, i) => ({ token, cache, at: cache.tokens.length + i })));
+    const rows = caches.flatMap((cache, b) =>
+      reads[b]!.map((token, i) => ({ token, cache, at: cache.tokens.length + i })),
+    );
     const R = rows.length;
     const { layers: fused, head } = weights.tensors();
     const w = (name: string) => weights.get(name);
@@ -254,10 +294,11 @@ export class KVCache {
       addInto(x, rowsTimes(attended, R, fused[l]!.o));
       const gateUp = rowsTimes(normed(w(`${p}post_attention_layernorm.weight`), all), R, fused[l]!.gateUp); // (R, 2F)
       const act = new Float32Array(R * F);
-      for (let r = 0; r < R; r++) for (let i = 0; i < F; i++) {
-        const g = gateUp[r * 2 * F + i]!;
-        act[r * F + i] = (g / (1 + Math.exp(-g))) * gateUp[r * 2 * F + F + i]!; // silu(gate) ⊙ up
-      }
+      for (let r = 0; r < R; r++)
+        for (let i = 0; i < F; i++) {
+          const g = gateUp[r * 2 * F + i]!;
+          act[r * F + i] = (g / (1 + Math.exp(-g))) * gateUp[r * 2 * F + F + i]!; // silu(gate) ⊙ up
+        }
       addInto(x, rowsTimes(act, R, fused[l]!.down));
     }
     let last = -1;
@@ -316,7 +357,16 @@ export class KVCache {
 
   /** The final norm's output at position `at`, after reading `token` there: one row through the model. */
   private step(token: number, at: number): Float32Array {
-    const { layers, hiddenSize: D, intermediateSize: F, heads: H, kvHeads: K, headDim: hd, rmsNormEps: eps, attentionBias } = this.model.config;
+    const {
+      layers,
+      hiddenSize: D,
+      intermediateSize: F,
+      heads: H,
+      kvHeads: K,
+      headDim: hd,
+      rmsNormEps: eps,
+      attentionBias,
+    } = this.model.config;
     const w = (name: string) => this.w.get(name)!;
     const { cos, sin } = this.model.ropeTable(at + 1);
     const x = w('model.embed_tokens.weight').slice(token * D, (token + 1) * D); // (D)
@@ -430,10 +480,12 @@ export class Decoding<C extends TokenCache = KVCache> {
       return;
     }
     let shared = 0;
-    while (shared < Math.min(prompt.length - 1, cache.tokens.length) && cache.tokens[shared] === prompt[shared]) shared++;
+    while (shared < Math.min(prompt.length - 1, cache.tokens.length) && cache.tokens[shared] === prompt[shared])
+      shared++;
     cache.truncate(shared);
     this.unread = prompt.slice(shared);
-    if (read && !cache.read) throw new Error('Decoding: this cache reads asynchronously; pass read false and read the prompt into it');
+    if (read && !cache.read)
+      throw new Error('Decoding: this cache reads asynchronously; pass read false and read the prompt into it');
     this.logits = read ? cache.read!(this.unread.splice(0)) : new Float32Array(0);
   }
 
@@ -484,7 +536,14 @@ function rms(x: Float32Array, weight: Float32Array, eps: number): Float32Array {
 }
 
 /** rotate_half on one head at `offset` of a row, as `rotate` does: x·cos + (−x₂, x₁)·sin with the table's row `at`. */
-function rotateHalf(x: Float32Array, offset: number, hd: number, cos: Float32Array, sin: Float32Array, at: number): void {
+function rotateHalf(
+  x: Float32Array,
+  offset: number,
+  hd: number,
+  cos: Float32Array,
+  sin: Float32Array,
+  at: number,
+): void {
   const half = hd / 2;
   for (let f = 0; f < half; f++) {
     const a = x[offset + f]!;

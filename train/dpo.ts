@@ -8,7 +8,14 @@ import type { Logger } from '../pipeline/log.ts';
 import { writeFileAtomic } from '../pipeline/workspace.ts';
 import type { Pair } from '../core/records.ts';
 import { completionSequences, scoreSequences, sequenceValues, type BlockScorer, type Scores } from './data.ts';
-import { LOSSES, preferenceMetrics, sequenceLogps, type LossName, type PairwiseLoss, type PreferenceHyperparameters } from './losses/index.ts';
+import {
+  LOSSES,
+  preferenceMetrics,
+  sequenceLogps,
+  type LossName,
+  type PairwiseLoss,
+  type PreferenceHyperparameters,
+} from './losses/index.ts';
 import type { Llama } from './model.ts';
 import type { Placeholders } from './placeholders.ts';
 import { stepsFor, type StepBatch, type Trainer } from './run.ts';
@@ -44,7 +51,10 @@ export type PreferenceTraining = z.infer<typeof preferenceTraining>;
 /** The preference training a model folder's trainer state records; names the folder when it records none. */
 export function readPreferenceTraining(info: unknown, source: string): PreferenceTraining & { choice: LossChoice } {
   const parsed = preferenceTraining.safeParse(info);
-  if (!parsed.success) throw new Error(`${source}: trainer_state.json does not say how the model was preference-tuned (${parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ')})`);
+  if (!parsed.success)
+    throw new Error(
+      `${source}: trainer_state.json does not say how the model was preference-tuned (${parsed.error.issues.map((i) => `${i.path.join('.')}: ${i.message}`).join('; ')})`,
+    );
   return { ...parsed.data, choice: lossOf(parsed.data.loss, parsed.data.beta) };
 }
 
@@ -83,7 +93,12 @@ function collectExamples(made: (Example | { tooLong: string })[]): Examples {
 }
 
 /** Pairs as [chosen, rejected] sequences sharing one cut of the prompt; a pair with a side that does not fit is left out. */
-export async function pairExamples(chat: Chat, pairs: Pair[], length: number, placeholders: Placeholders): Promise<Examples> {
+export async function pairExamples(
+  chat: Chat,
+  pairs: Pair[],
+  length: number,
+  placeholders: Placeholders,
+): Promise<Examples> {
   const made = await Promise.all(
     pairs.map(async (p) => {
       const sequences = await completionSequences(chat, p.prompt, [p.chosen, p.rejected], length, placeholders);
@@ -94,15 +109,37 @@ export async function pairExamples(chat: Chat, pairs: Pair[], length: number, pl
 }
 
 /** The reference model's scores of every example's sequences, computed once per (reference, data) and kept in `path`. */
-export async function referenceScores(model: Llama | BlockScorer, examples: Example[], pad: number, maxTokens: number, path: string, signal: AbortSignal, log: Logger): Promise<Scores[]> {
+export async function referenceScores(
+  model: Llama | BlockScorer,
+  examples: Example[],
+  pad: number,
+  maxTokens: number,
+  path: string,
+  signal: AbortSignal,
+  log: Logger,
+): Promise<Scores[]> {
   const sides = examples[0]?.sequences.length ?? 0;
   const saved = readSavedScores(path);
-  if (saved?.length === sides && saved.every((s) => s.sum.length === examples.length && s.count.length === examples.length)) {
+  if (
+    saved?.length === sides &&
+    saved.every((s) => s.sum.length === examples.length && s.count.length === examples.length)
+  ) {
     log.info('reference log-probabilities from the cache', { path });
     return saved.map((s) => ({ sum: Float64Array.from(s.sum), count: Int32Array.from(s.count) }));
   }
   const scores: Scores[] = [];
-  for (let k = 0; k < sides; k++) scores.push(await scoreSequences(model, examples.map((e) => e.sequences[k]!), maxTokens, pad, signal, log, `reference log-probabilities ${k + 1}/${sides}`));
+  for (let k = 0; k < sides; k++)
+    scores.push(
+      await scoreSequences(
+        model,
+        examples.map((e) => e.sequences[k]!),
+        maxTokens,
+        pad,
+        signal,
+        log,
+        `reference log-probabilities ${k + 1}/${sides}`,
+      ),
+    );
   await writeFileAtomic(path, JSON.stringify(scores.map((s) => ({ sum: [...s.sum], count: [...s.count] }))));
   return scores;
 }
@@ -150,7 +187,13 @@ export interface PreferenceBatch {
 }
 
 /** The batches of a preference run over `examples`, drawn by the seed and step, with the reference's scores. */
-export function preferenceBatches(examples: Example[], reference: Scores[] | null, loss: LossChoice, cfg: TrainingSettings, pad: number): (step: number) => PreferenceBatch {
+export function preferenceBatches(
+  examples: Example[],
+  reference: Scores[] | null,
+  loss: LossChoice,
+  cfg: TrainingSettings,
+  pad: number,
+): (step: number) => PreferenceBatch {
   const lengths = examples.map((e) => Math.max(...e.sequences.map((s) => s.ids.length)));
   const refValues = reference?.map((r) => sequenceValues(r, loss.average));
   const refValue = (k: number, i: number) => refValues![k]![i]!;
@@ -158,9 +201,17 @@ export function preferenceBatches(examples: Example[], reference: Scores[] | nul
     const idx = batchAt(lengths, cfg.batch_size, cfg.seed, step);
     return {
       idx,
-      groups: microBatches(idx.map((i) => [i]), (i) => lengths[i]! * 2, cfg.micro_batch_tokens),
+      groups: microBatches(
+        idx.map((i) => [i]),
+        (i) => lengths[i]! * 2,
+        cfg.micro_batch_tokens,
+      ),
       tokens: idx.reduce((n, i) => n + examples[i]!.sequences.reduce((m, s) => m + s.ids.length, 0), 0),
-      block: (group, side) => padBatch(group.map((i) => examples[i]!.sequences[side]!), pad),
+      block: (group, side) =>
+        padBatch(
+          group.map((i) => examples[i]!.sequences[side]!),
+          pad,
+        ),
       values: (logps, b) => sequenceLogps(logps, tf.tensor2d(b.mask, [b.batch, b.length]), loss.average),
       ref: (group, side) => tf.tensor1d(group.map((i) => refValue(side, i))),
       refValue,
@@ -169,7 +220,14 @@ export function preferenceBatches(examples: Example[], reference: Scores[] | nul
 }
 
 /** Trains `start()` on pairs with a pairwise loss of the registry; `reference` when the loss needs one. */
-export function dpoTrainer(examples: Example[], reference: Scores[] | null, loss: LossChoice, cfg: PreferenceSettings, pad: number, start: () => Llama): Trainer {
+export function dpoTrainer(
+  examples: Example[],
+  reference: Scores[] | null,
+  loss: LossChoice,
+  cfg: PreferenceSettings,
+  pad: number,
+  start: () => Llama,
+): Trainer {
   const family = LOSSES[loss.name] as PairwiseLoss;
   const hyper = hyperparameters(cfg, loss);
   const batches = preferenceBatches(examples, reference, loss, cfg, pad);
@@ -187,10 +245,16 @@ export function dpoTrainer(examples: Example[], reference: Scores[] | null, loss
           return {
             blocks: [chosen, rejected],
             loss: ([c, r]) => {
-              const x = { chosen: b.values(c!, chosen), rejected: b.values(r!, rejected), ...(reference ? { refChosen: b.ref(group, 0), refRejected: b.ref(group, 1) } : {}) };
+              const x = {
+                chosen: b.values(c!, chosen),
+                rejected: b.values(r!, rejected),
+                ...(reference ? { refChosen: b.ref(group, 0), refRejected: b.ref(group, 1) } : {}),
+              };
               const o = family.fn(x, hyper);
               const share = group.length / B;
-              const metrics = Object.fromEntries(Object.entries(preferenceMetrics(o, x)).map(([k, v]) => [k, tf.mul(v, share) as tf.Scalar]));
+              const metrics = Object.fromEntries(
+                Object.entries(preferenceMetrics(o, x)).map(([k, v]) => [k, tf.mul(v, share) as tf.Scalar]),
+              );
               return { loss: tf.mul(tf.mean(o.losses), share) as tf.Scalar, metrics };
             },
           };
@@ -207,9 +271,17 @@ const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.l
  * Held-out pair figures of one model against the reference's scores: accuracy of its own log-probabilities,
  * and DPO's implicit rewards β·(log π − log π_ref) (reference-free losses: β·log π, on means).
  */
-export function heldOutPairFigures(policy: Scores[], reference: Scores[], training: Omit<LossChoice, 'name'>, isReference: boolean): Record<string, number | null> {
+export function heldOutPairFigures(
+  policy: Scores[],
+  reference: Scores[],
+  training: Omit<LossChoice, 'name'>,
+  isReference: boolean,
+): Record<string, number | null> {
   const [chosen, rejected] = policy.map((s) => sequenceValues(s, training.average)) as [Float64Array, Float64Array];
-  const [refChosen, refRejected] = reference.map((s) => sequenceValues(s, training.average)) as [Float64Array, Float64Array];
+  const [refChosen, refRejected] = reference.map((s) => sequenceValues(s, training.average)) as [
+    Float64Array,
+    Float64Array,
+  ];
   const own: number[] = [];
   const margins: number[] = [];
   chosen.forEach((c, i) => {

@@ -61,7 +61,11 @@ export class ChatTemplate {
     const generation = /\{%-?\s*generation\s*-?%\}/;
     this.marked = generation.test(source)
       ? // A block's whitespace control moves to the marks: {%- generation %} trims before the start mark, {% endgeneration -%} after the end one.
-        new Template(source.replace(/\{%(-?)\s*generation\s*(-?)%\}/g, `{%$1 if true %}{{ '${START}' $2}}`).replace(/\{%(-?)\s*endgeneration\s*(-?)%\}/g, `{{$1 '${END}' }}{% endif $2%}`))
+        new Template(
+          source
+            .replace(/\{%(-?)\s*generation\s*(-?)%\}/g, `{%$1 if true %}{{ '${START}' $2}}`)
+            .replace(/\{%(-?)\s*endgeneration\s*(-?)%\}/g, `{{$1 '${END}' }}{% endif $2%}`),
+        )
       : null;
   }
 
@@ -90,7 +94,10 @@ export class ChatTemplate {
    * the generation prompt. A template whose earlier turns render differently once a later turn follows
    * (one that drops past reasoning, say) needs {% generation %} blocks, and says so.
    */
-  assistantSpans(messages: Message[], o: { tools?: ToolDefinition[] } = {}): { text: string; spans: [number, number][] } {
+  assistantSpans(
+    messages: Message[],
+    o: { tools?: ToolDefinition[] } = {},
+  ): { text: string; spans: [number, number][] } {
     if (this.marked) {
       const raw = this.renderWith(this.marked, messages, o);
       const spans: [number, number][] = [];
@@ -116,7 +123,9 @@ export class ChatTemplate {
       const before = this.render(messages.slice(0, i), { ...o, addGenerationPrompt: true });
       const through = this.render(messages.slice(0, i + 1), o);
       if (!through.startsWith(before) || !text.startsWith(through)) {
-        throw new Error(`${this.name}: rendering the conversation up to assistant message ${i + 1} is not a prefix of rendering it whole, so which tokens the assistant wrote cannot be told; use a template with {% generation %} blocks`);
+        throw new Error(
+          `${this.name}: rendering the conversation up to assistant message ${i + 1} is not a prefix of rendering it whole, so which tokens the assistant wrote cannot be told; use a template with {% generation %} blocks`,
+        );
       }
       if (through.length > before.length) spans.push([before.length, through.length]);
     });
@@ -138,7 +147,8 @@ export function readChatTemplate(files: Record<string, string>, dir: string): Ch
   const t = config.chat_template;
   if (typeof t === 'string') return new ChatTemplate(t, specials, `${configPath} chat_template`);
   if (Array.isArray(t)) {
-    const named = (t as { name: string; template: string }[]).find((x) => x.name === 'default') ?? (t as { template: string }[])[0];
+    const named =
+      (t as { name: string; template: string }[]).find((x) => x.name === 'default') ?? (t as { template: string }[])[0];
     if (named) return new ChatTemplate(named.template, specials, `${configPath} chat_template`);
   }
   return null;
@@ -158,7 +168,8 @@ function tokenizerConfig(files: Record<string, string>, dir: string): Record<str
 /** A special token as tokenizer_config.json gives it: a string, or {content: ...}. */
 function tokenText(v: unknown): string | null {
   if (typeof v === 'string') return v;
-  if (v && typeof v === 'object' && typeof (v as { content?: unknown }).content === 'string') return (v as { content: string }).content;
+  if (v && typeof v === 'object' && typeof (v as { content?: unknown }).content === 'string')
+    return (v as { content: string }).content;
   return null;
 }
 
@@ -180,13 +191,21 @@ function codePoints(text: string): Int32Array {
  * assistant wrote), through a Hugging Face tokenizer.json. Added tokens in the text (<|im_start|>, ...) are
  * matched as the tokenizer defines them.
  */
-export async function maskedTokens(tokenizerJson: string, rendered: { text: string; spans: [number, number][] }): Promise<{ ids: number[]; mask: number[] }> {
+export async function maskedTokens(
+  tokenizerJson: string,
+  rendered: { text: string; spans: [number, number][] },
+): Promise<{ ids: number[]; mask: number[] }> {
   const { ids, mask } = await tokenize(Tokenizer.fromString(tokenizerJson), rendered.text, rendered.spans, []);
   return { ids, mask };
 }
 
 /** `text` as ids, with the mask of `spans` and the token index at which each of `marks` (UTF-16 offsets, ascending) falls. */
-async function tokenize(tokenizer: Tokenizer, text: string, spans: [number, number][], marks: number[]): Promise<{ ids: number[]; mask: number[]; at: number[] }> {
+async function tokenize(
+  tokenizer: Tokenizer,
+  text: string,
+  spans: [number, number][],
+  marks: number[],
+): Promise<{ ids: number[]; mask: number[]; at: number[] }> {
   const encoding = await tokenizer.encode(text, null, { addSpecialTokens: false });
   const offsets = encoding.getOffsets();
   const points = codePoints(text);
@@ -227,8 +246,13 @@ export class HfChat {
       const text = template.specials[key];
       return text === undefined ? null : this.tokenizer.tokenToId(text);
     };
-    this.stop = [...new Set([...(eos === null ? [] : [eos].flat()), ...[id('eos_token')].filter((x): x is number => x !== null)])];
-    if (this.stop.length === 0) throw new Error(`${template.name}: no end-of-turn token: neither config.json's eos_token_id nor tokenizer_config.json's eos_token`);
+    this.stop = [
+      ...new Set([...(eos === null ? [] : [eos].flat()), ...[id('eos_token')].filter((x): x is number => x !== null)]),
+    ];
+    if (this.stop.length === 0)
+      throw new Error(
+        `${template.name}: no end-of-turn token: neither config.json's eos_token_id nor tokenizer_config.json's eos_token`,
+      );
     this.pad = id('pad_token') ?? this.stop[0]!;
   }
 
@@ -240,11 +264,15 @@ export class HfChat {
         const begins = messages.map((_, i) => {
           if (i === 0) return 0;
           const before = this.template.render(messages.slice(0, i));
-          if (!text.startsWith(before)) throw new Error(`${this.template.name}: the conversation rendered up to message ${i} is not a prefix of it rendered whole, so it cannot be cut between messages`);
+          if (!text.startsWith(before))
+            throw new Error(
+              `${this.template.name}: the conversation rendered up to message ${i} is not a prefix of it rendered whole, so it cannot be cut between messages`,
+            );
           return before.length;
         });
         const full = openAssistant ? this.template.render(messages, { addGenerationPrompt: true }) : text;
-        if (!full.startsWith(text)) throw new Error(`${this.template.name}: the generation prompt does not extend the rendered conversation`);
+        if (!full.startsWith(text))
+          throw new Error(`${this.template.name}: the generation prompt does not extend the rendered conversation`);
         const { ids, mask, at } = await tokenize(this.tokenizer, full, spans, [...begins, text.length]);
         return { ids, mask, starts: at };
       }),
@@ -275,7 +303,14 @@ export class HfChat {
     if (calls.length === 0 && asCall(parsed(content.trim()))) content = '';
     const message: Message = { role: 'assistant', content: content.trim() ? content.trim() : null };
     if (calls.length) {
-      message.tool_calls = calls.map((c, i) => ({ id: `call_${firstCallId + i}`, type: 'function' as const, function: { name: c.name, arguments: typeof c.arguments === 'string' ? c.arguments : JSON.stringify(c.arguments) } }));
+      message.tool_calls = calls.map((c, i) => ({
+        id: `call_${firstCallId + i}`,
+        type: 'function' as const,
+        function: {
+          name: c.name,
+          arguments: typeof c.arguments === 'string' ? c.arguments : JSON.stringify(c.arguments),
+        },
+      }));
     }
     return message;
   }

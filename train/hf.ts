@@ -12,18 +12,26 @@ const ARCHITECTURES: Record<string, LlamaConfig['modelType']> = { llama: 'llama'
 /** The model's config from a config.json object; `source` names the file in errors. */
 export function llamaConfigFromJson(j: Record<string, unknown>, source: string): LlamaConfig {
   const modelType = ARCHITECTURES[String(j.model_type)];
-  if (!modelType) throw new Error(`${source}: model_type ${JSON.stringify(j.model_type)} is not one prefab runs; it runs the Llama family: ${Object.keys(ARCHITECTURES).join(', ')}`);
+  if (!modelType)
+    throw new Error(
+      `${source}: model_type ${JSON.stringify(j.model_type)} is not one prefab runs; it runs the Llama family: ${Object.keys(ARCHITECTURES).join(', ')}`,
+    );
   const int = (key: string, fallback?: number): number => {
     const v = j[key] ?? fallback;
-    if (typeof v !== 'number' || !Number.isInteger(v) || v <= 0) throw new Error(`${source}: ${key} must be a positive integer (got ${JSON.stringify(v)})`);
+    if (typeof v !== 'number' || !Number.isInteger(v) || v <= 0)
+      throw new Error(`${source}: ${key} must be a positive integer (got ${JSON.stringify(v)})`);
     return v;
   };
   const act = j.hidden_act ?? 'silu';
-  if (act !== 'silu') throw new Error(`${source}: hidden_act ${JSON.stringify(act)}: the Llama family's MLP is SwiGLU with silu`);
+  if (act !== 'silu')
+    throw new Error(`${source}: hidden_act ${JSON.stringify(act)}: the Llama family's MLP is SwiGLU with silu`);
   // transformers 5 writes rope_parameters; most published checkpoints have rope_theta at the top level.
   const rope = (j.rope_parameters ?? j.rope_scaling ?? null) as Record<string, unknown> | null;
   const ropeType = rope?.rope_type ?? rope?.type ?? 'default';
-  if (ropeType !== 'default') throw new Error(`${source}: rope type ${JSON.stringify(ropeType)} is not supported yet (only the default rotary embedding)`);
+  if (ropeType !== 'default')
+    throw new Error(
+      `${source}: rope type ${JSON.stringify(ropeType)} is not supported yet (only the default rotary embedding)`,
+    );
   const theta = Number(rope?.rope_theta ?? j.rope_theta ?? 10000);
   const heads = int('num_attention_heads');
   const hiddenSize = int('hidden_size');
@@ -42,10 +50,18 @@ export function llamaConfigFromJson(j: Record<string, unknown>, source: string):
     attentionBias: modelType === 'qwen2' ? true : Boolean(j.attention_bias ?? false),
     maxPositions: int('max_position_embeddings', 2048),
     bosTokenId: typeof j.bos_token_id === 'number' ? j.bos_token_id : null,
-    eosTokenId: typeof j.eos_token_id === 'number' || (Array.isArray(j.eos_token_id) && j.eos_token_id.every((x) => typeof x === 'number')) ? (j.eos_token_id as number | number[]) : null,
+    eosTokenId:
+      typeof j.eos_token_id === 'number' ||
+      (Array.isArray(j.eos_token_id) && j.eos_token_id.every((x) => typeof x === 'number'))
+        ? (j.eos_token_id as number | number[])
+        : null,
   };
-  if (config.heads % config.kvHeads !== 0) throw new Error(`${source}: num_attention_heads (${config.heads}) must be a multiple of num_key_value_heads (${config.kvHeads})`);
-  if (config.headDim % 2 !== 0) throw new Error(`${source}: head_dim (${config.headDim}) must be even for rotary embeddings`);
+  if (config.heads % config.kvHeads !== 0)
+    throw new Error(
+      `${source}: num_attention_heads (${config.heads}) must be a multiple of num_key_value_heads (${config.kvHeads})`,
+    );
+  if (config.headDim % 2 !== 0)
+    throw new Error(`${source}: head_dim (${config.headDim}) must be even for rotary embeddings`);
   if (j.mlp_bias === true) throw new Error(`${source}: mlp_bias true is not supported`);
   return config;
 }
@@ -86,11 +102,18 @@ function weightFiles(dir: string): string[] {
     if (!map) throw new Error(`${index}: no weight_map`);
     return [...new Set(Object.values(map))].sort().map((f) => join(dir, f));
   }
-  throw new Error(`${dir}: no model.safetensors or model.safetensors.index.json (prefab reads safetensors weights, not PyTorch .bin files)`);
+  throw new Error(
+    `${dir}: no model.safetensors or model.safetensors.index.json (prefab reads safetensors weights, not PyTorch .bin files)`,
+  );
 }
 
 /** The tokenizer's files a model folder carries, by name, as Hugging Face folders have them. */
-const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja'] as const;
+const TOKENIZER_FILES = [
+  'tokenizer.json',
+  'tokenizer_config.json',
+  'special_tokens_map.json',
+  'chat_template.jinja',
+] as const;
 
 /** A model folder's tokenizer files: file name → content. tokenizer.json is the one every folder has. */
 export type TokenizerFiles = Record<string, string>;
@@ -98,8 +121,10 @@ export type TokenizerFiles = Record<string, string>;
 /** The tokenizer files of the folder `dir` (those of TOKENIZER_FILES it has); names the folder when it has no tokenizer.json. */
 export function readTokenizerFiles(dir: string): TokenizerFiles {
   const files: TokenizerFiles = {};
-  for (const name of TOKENIZER_FILES) if (existsSync(join(dir, name))) files[name] = readFileSync(join(dir, name), 'utf8');
-  if (!files['tokenizer.json']) throw new Error(`${dir} has no tokenizer.json: prefab reads tokenizers in Hugging Face's tokenizer.json format`);
+  for (const name of TOKENIZER_FILES)
+    if (existsSync(join(dir, name))) files[name] = readFileSync(join(dir, name), 'utf8');
+  if (!files['tokenizer.json'])
+    throw new Error(`${dir} has no tokenizer.json: prefab reads tokenizers in Hugging Face's tokenizer.json format`);
   return files;
 }
 
@@ -142,7 +167,8 @@ export function readHfModel(dir: string): HfModel {
   for (const [name, shape] of llamaParameterShapes(config)) {
     const t = found.get(name);
     if (!t) throw new Error(`${dir}: weight ${name} is missing`);
-    if (t.shape.join() !== shape.join()) throw new Error(`${t.file}: ${name} has shape [${t.shape}], expected [${shape}] for this config`);
+    if (t.shape.join() !== shape.join())
+      throw new Error(`${t.file}: ${name} has shape [${t.shape}], expected [${shape}] for this config`);
     weights.set(name, t.data);
   }
   return { config, json, weights, dtype: [...dtypes].join('+') || 'F32' };
@@ -150,9 +176,15 @@ export function readHfModel(dir: string): HfModel {
 
 /** Writes `model`'s config.json (with `extra` keys), generation_config.json and model.safetensors into the folder `dir`. */
 export function writeModelFiles(dir: string, model: Llama, extra: Record<string, unknown> = {}): void {
-  writeFileSync(join(dir, 'config.json'), JSON.stringify({ ...llamaConfigJson(model.config), ...extra }, null, 2) + '\n');
+  writeFileSync(
+    join(dir, 'config.json'),
+    JSON.stringify({ ...llamaConfigJson(model.config), ...extra }, null, 2) + '\n',
+  );
   // What generate() stops at, for transformers and vLLM, which read it from here.
-  writeFileSync(join(dir, 'generation_config.json'), JSON.stringify({ bos_token_id: model.config.bosTokenId, eos_token_id: model.config.eosTokenId }, null, 2) + '\n');
+  writeFileSync(
+    join(dir, 'generation_config.json'),
+    JSON.stringify({ bos_token_id: model.config.bosTokenId, eos_token_id: model.config.eosTokenId }, null, 2) + '\n',
+  );
   writeSafetensors(join(dir, 'model.safetensors'), model.weights(), { format: 'pt' });
 }
 

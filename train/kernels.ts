@@ -16,7 +16,10 @@ export const linear = tf.customGrad(((x: T2, w: T2, save: tf.GradSaveFunc) => {
   save([x, w]);
   return {
     value: tf.matMul(x, w),
-    gradFunc: (dy: tf.Tensor, [xs, ws]: tf.Tensor[]) => [tf.matMul(dy as T2, tf.transpose(ws as T2)), tf.matMul(tf.transpose(xs as T2), dy as T2)],
+    gradFunc: (dy: tf.Tensor, [xs, ws]: tf.Tensor[]) => [
+      tf.matMul(dy as T2, tf.transpose(ws as T2)),
+      tf.matMul(tf.transpose(xs as T2), dy as T2),
+    ],
   };
 }) as Forward) as (x: T2, w: T2) => T2;
 
@@ -131,11 +134,15 @@ export function patchWasmSlice(): void {
       const { inputs, attrs, backend } = args as unknown as {
         inputs: { x: tf.TensorInfo };
         attrs: { begin: number[]; size: number[] };
-        backend: { makeOutput(shape: number[], dtype: tf.DataType): tf.TensorInfo; typedArrayFromHeap(t: tf.TensorInfo): Float32Array | Int32Array };
+        backend: {
+          makeOutput(shape: number[], dtype: tf.DataType): tf.TensorInfo;
+          typedArrayFromHeap(t: tf.TensorInfo): Float32Array | Int32Array;
+        };
       };
       const x = inputs.x;
       const [begin, size] = tf.slice_util.parseSliceParams(x as tf.TensorInfo as tf.Tensor, attrs.begin, attrs.size);
-      if (x.dtype === 'string' || !tf.slice_util.isSliceContinous(x.shape, begin, size)) return original.kernelFunc(args);
+      if (x.dtype === 'string' || !tf.slice_util.isSliceContinous(x.shape, begin, size))
+        return original.kernelFunc(args);
       const out = backend.makeOutput(size, x.dtype); // may grow the heap: take views after it
       const offset = tf.slice_util.computeFlatOffset(begin, tf.util.computeStrides(x.shape));
       const n = tf.util.sizeFromShape(size);

@@ -5,7 +5,14 @@ import * as tf from '@tensorflow/tfjs-core';
 import { NEVER } from '../pipeline/interrupt.ts';
 import type { KtoRow } from '../core/records.ts';
 import { scoreSequences, truncatedSequences, sequenceValues, type Scores } from './data.ts';
-import { hyperparameters, preferenceBatches, type Example, type Examples, type LossChoice, type PreferenceSettings } from './dpo.ts';
+import {
+  hyperparameters,
+  preferenceBatches,
+  type Example,
+  type Examples,
+  type LossChoice,
+  type PreferenceSettings,
+} from './dpo.ts';
 import { LOSSES } from './losses/index.ts';
 import type { Llama } from './model.ts';
 import type { Placeholders } from './placeholders.ts';
@@ -17,11 +24,22 @@ import type { Chat } from './chat.ts';
  * estimate. A completion is a whole episode after the request, often longer than the context: one that does
  * not fit is cut at its end (its label is the episode's), as TRL truncates.
  */
-export async function ktoExamples(chat: Chat, rows: KtoRow[], length: number, placeholders: Placeholders): Promise<Examples> {
+export async function ktoExamples(
+  chat: Chat,
+  rows: KtoRow[],
+  length: number,
+  placeholders: Placeholders,
+): Promise<Examples> {
   const examples = await Promise.all(
     rows.map(async (r, i) => {
       const [own] = await truncatedSequences(chat, r.prompt, [r.completion], length, placeholders);
-      const [other] = await truncatedSequences(chat, r.prompt, [rows[(i + 1) % rows.length]!.completion], length, placeholders);
+      const [other] = await truncatedSequences(
+        chat,
+        r.prompt,
+        [rows[(i + 1) % rows.length]!.completion],
+        length,
+        placeholders,
+      );
       return { sequences: [own!, other!], label: r.label };
     }),
   );
@@ -29,7 +47,14 @@ export async function ktoExamples(chat: Chat, rows: KtoRow[], length: number, pl
 }
 
 /** Trains `start()` with KTO; `reference` holds the starting model's scores of both sides of every example. */
-export function ktoTrainer(examples: Example[], reference: Scores[], loss: LossChoice, cfg: PreferenceSettings, pad: number, start: () => Llama): Trainer {
+export function ktoTrainer(
+  examples: Example[],
+  reference: Scores[],
+  loss: LossChoice,
+  cfg: PreferenceSettings,
+  pad: number,
+  start: () => Llama,
+): Trainer {
   const hyper = hyperparameters(cfg, loss);
   const batches = preferenceBatches(examples, reference, loss, cfg, pad);
   return {
@@ -42,7 +67,16 @@ export function ktoTrainer(examples: Example[], reference: Scores[], loss: LossC
       const B = b.idx.length;
       // The reference point: the batch's mean log-ratio on mismatched completions, not differentiated, at least 0 (in the loss).
       // Inside a step, so no safe point here: the step boundary is one, where the run can keep a checkpoint.
-      const mismatched = sequenceValues(await scoreSequences(model, b.idx.map((i) => examples[i]!.sequences[1]!), cfg.micro_batch_tokens, pad, NEVER), loss.average);
+      const mismatched = sequenceValues(
+        await scoreSequences(
+          model,
+          b.idx.map((i) => examples[i]!.sequences[1]!),
+          cfg.micro_batch_tokens,
+          pad,
+          NEVER,
+        ),
+        loss.average,
+      );
       const kl = b.idx.reduce((sum, i, k) => sum + mismatched[k]! - b.refValue(1, i), 0) / B;
       const desirable = b.idx.filter((i) => examples[i]!.label).length;
       return {

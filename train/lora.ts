@@ -14,8 +14,13 @@ import { PROJECTIONS, type LoraConfig } from './settings.ts';
 /** The modules of `model` that `targets` names, e.g. model.layers.0.self_attn.q_proj. */
 function targetModules(model: Llama, targets: string[]): string[] {
   const unknown = targets.filter((t) => !(PROJECTIONS as readonly string[]).includes(t));
-  if (unknown.length) throw new Error(`lora target_modules: ${unknown.join(', ')} is not a projection of the Llama family (${PROJECTIONS.join(', ')})`);
-  return [...model.params.keys()].filter((name) => name.endsWith('.weight') && targets.some((t) => name.endsWith(`.${t}.weight`))).map((name) => name.slice(0, -'.weight'.length));
+  if (unknown.length)
+    throw new Error(
+      `lora target_modules: ${unknown.join(', ')} is not a projection of the Llama family (${PROJECTIONS.join(', ')})`,
+    );
+  return [...model.params.keys()]
+    .filter((name) => name.endsWith('.weight') && targets.some((t) => name.endsWith(`.${t}.weight`)))
+    .map((name) => name.slice(0, -'.weight'.length));
 }
 
 /**
@@ -37,13 +42,22 @@ export function attachLora(model: Llama, cfg: LoraConfig, seed: string): void {
       index: model.adapters.size,
     });
   }
-  if (!model.adapters.size) throw new Error(`lora target_modules ${cfg.targetModules.join(', ')} matched no projection`);
+  if (!model.adapters.size)
+    throw new Error(`lora target_modules ${cfg.targetModules.join(', ')} matched no projection`);
 }
 
 /** What an optimiser trains: the adapters when there are any, else every weight. Named as PEFT names them. */
 export function trainableParameters(model: Llama): Map<string, tf.Variable> {
   if (!model.adapters.size) return model.params;
-  return new Map([...model.adapters].flatMap(([module, ad]) => [[`base_model.model.${module}.lora_A.weight`, ad.a], [`base_model.model.${module}.lora_B.weight`, ad.b]] as [string, tf.Variable][]));
+  return new Map(
+    [...model.adapters].flatMap(
+      ([module, ad]) =>
+        [
+          [`base_model.model.${module}.lora_A.weight`, ad.a],
+          [`base_model.model.${module}.lora_B.weight`, ad.b],
+        ] as [string, tf.Variable][],
+    ),
+  );
 }
 
 /** Writes the adapters in PEFT's layout: adapter_config.json and adapter_model.safetensors, aside and then renamed. */
@@ -66,7 +80,9 @@ export function saveAdapter(dir: string, model: Llama, cfg: LoraConfig, baseMode
     inference_mode: true,
   };
   writeFileSync(join(tmp, 'adapter_config.json'), JSON.stringify(config, null, 2) + '\n');
-  const tensors = new Map([...trainableParameters(model)].map(([name, v]) => [name, { shape: v.shape, data: v.dataSync() as Float32Array }]));
+  const tensors = new Map(
+    [...trainableParameters(model)].map(([name, v]) => [name, { shape: v.shape, data: v.dataSync() as Float32Array }]),
+  );
   writeSafetensors(join(tmp, 'adapter_model.safetensors'), tensors, { format: 'pt' });
   rmSync(dir, { recursive: true, force: true });
   renameSync(tmp, dir);
@@ -77,24 +93,44 @@ export function loadAdapter(dir: string, model: Llama): LoraConfig {
   const configPath = join(dir, 'adapter_config.json');
   if (!existsSync(configPath)) throw new Error(`${dir} is not a LoRA adapter folder: it has no adapter_config.json`);
   const j = JSON.parse(readFileSync(configPath, 'utf8')) as Record<string, unknown>;
-  if (j.peft_type !== 'LORA') throw new Error(`${configPath}: peft_type ${JSON.stringify(j.peft_type)}; prefab reads LORA adapters`);
-  if (j.use_rslora === true || j.use_dora === true) throw new Error(`${configPath}: rsLoRA and DoRA adapters are not supported`);
+  if (j.peft_type !== 'LORA')
+    throw new Error(`${configPath}: peft_type ${JSON.stringify(j.peft_type)}; prefab reads LORA adapters`);
+  if (j.use_rslora === true || j.use_dora === true)
+    throw new Error(`${configPath}: rsLoRA and DoRA adapters are not supported`);
   // Per-module ranks and alphas, or adapters on some layers only, would change the scale or the modules.
   for (const key of ['rank_pattern', 'alpha_pattern', 'layers_to_transform']) {
     const v = j[key];
-    if (v !== undefined && v !== null && !(typeof v === 'object' && Object.keys(v).length === 0)) throw new Error(`${configPath}: ${key} is not supported`);
+    if (v !== undefined && v !== null && !(typeof v === 'object' && Object.keys(v).length === 0))
+      throw new Error(`${configPath}: ${key} is not supported`);
   }
-  if (!Array.isArray(j.target_modules)) throw new Error(`${configPath}: target_modules ${JSON.stringify(j.target_modules)}: prefab reads a list of projection names (q_proj, v_proj, ...)`);
+  if (!Array.isArray(j.target_modules))
+    throw new Error(
+      `${configPath}: target_modules ${JSON.stringify(j.target_modules)}: prefab reads a list of projection names (q_proj, v_proj, ...)`,
+    );
   const targets = j.target_modules as string[];
-  const cfg: LoraConfig = { r: Number(j.r), alpha: Number(j.lora_alpha), dropout: Number(j.lora_dropout ?? 0), targetModules: targets };
+  const cfg: LoraConfig = {
+    r: Number(j.r),
+    alpha: Number(j.lora_alpha),
+    dropout: Number(j.lora_dropout ?? 0),
+    targetModules: targets,
+  };
   const { tensors } = readSafetensors(join(dir, 'adapter_model.safetensors'));
   for (const module of targetModules(model, targets)) {
     const a = tensors.get(`base_model.model.${module}.lora_A.weight`);
     const b = tensors.get(`base_model.model.${module}.lora_B.weight`);
     if (!a || !b) throw new Error(`${dir}: no lora_A/lora_B weights for ${module}`);
     const [out, inner] = model.params.get(`${module}.weight`)!.shape as [number, number];
-    if (a.shape.join() !== [cfg.r, inner].join() || b.shape.join() !== [out, cfg.r].join()) throw new Error(`${dir}: ${module}'s lora_A is [${a.shape}] and lora_B [${b.shape}]; expected [${cfg.r},${inner}] and [${out},${cfg.r}]`);
-    model.adapters.set(module, { a: tf.variable(tf.tensor2d(a.data, a.shape as [number, number]), true), b: tf.variable(tf.tensor2d(b.data, b.shape as [number, number]), true), scale: cfg.alpha / cfg.r, dropout: cfg.dropout, index: model.adapters.size });
+    if (a.shape.join() !== [cfg.r, inner].join() || b.shape.join() !== [out, cfg.r].join())
+      throw new Error(
+        `${dir}: ${module}'s lora_A is [${a.shape}] and lora_B [${b.shape}]; expected [${cfg.r},${inner}] and [${out},${cfg.r}]`,
+      );
+    model.adapters.set(module, {
+      a: tf.variable(tf.tensor2d(a.data, a.shape as [number, number]), true),
+      b: tf.variable(tf.tensor2d(b.data, b.shape as [number, number]), true),
+      scale: cfg.alpha / cfg.r,
+      dropout: cfg.dropout,
+      index: model.adapters.size,
+    });
   }
   return cfg;
 }

@@ -18,7 +18,11 @@ function tokenIds(depth: 1 | 2) {
     }
     const isIds = (x: unknown) => Array.isArray(x) && x.length > 0 && x.every((v) => Number.isInteger(v) && v >= 0);
     if (depth === 1 ? !isIds(parsed) : !(Array.isArray(parsed) && parsed.length > 0 && parsed.every(isIds))) {
-      throw new InvalidArgumentError(depth === 1 ? 'expected a list of token ids, e.g. [1,5,9]' : 'expected a list of lists of token ids, e.g. [[1,5,9],[1,7]]');
+      throw new InvalidArgumentError(
+        depth === 1
+          ? 'expected a list of token ids, e.g. [1,5,9]'
+          : 'expected a list of lists of token ids, e.g. [[1,5,9],[1,7]]',
+      );
     }
     return parsed as number[] | number[][];
   };
@@ -41,17 +45,29 @@ async function open(program: Command, dir: string, ids: number[][]): Promise<{ m
     throw new PipelineError((error as Error).message);
   }
   const bad = ids.flat().find((id) => id >= hf.config.vocabSize);
-  if (bad !== undefined) throw new PipelineError(`token id ${bad} is outside ${dir}'s vocabulary of ${hf.config.vocabSize}`);
+  if (bad !== undefined)
+    throw new PipelineError(`token id ${bad} is outside ${dir}'s vocabulary of ${hf.config.vocabSize}`);
   return { model: new Llama(hf.config, hf.weights), backend };
 }
 
 /** Each sequence's per-token log-probs (the first token has none) and their sums. */
-async function score({ model, backend }: { model: Llama; backend: Backend }, sequences: number[][]): Promise<{ token_logprobs: number[][]; sums: number[] }> {
+async function score(
+  { model, backend }: { model: Llama; backend: Backend },
+  sequences: number[][],
+): Promise<{ token_logprobs: number[][]; sums: number[] }> {
   const token_logprobs = await withScorer(backend, model, async (logprobs) => {
     const rows: number[][] = [];
     for (const ids of sequences) {
       const T = ids.length;
-      const row = T < 2 ? [] : await logprobs({ ids: Int32Array.from(ids), targets: Int32Array.from([...ids.slice(1), 0]), batch: 1, length: T });
+      const row =
+        T < 2
+          ? []
+          : await logprobs({
+              ids: Int32Array.from(ids),
+              targets: Int32Array.from([...ids.slice(1), 0]),
+              batch: 1,
+              length: T,
+            });
       rows.push(Array.from(row).slice(0, T - 1));
     }
     return rows;
@@ -60,11 +76,15 @@ async function score({ model, backend }: { model: Llama; backend: Backend }, seq
 }
 
 export function addModelCommands(program: Command, ctx: CommandContext): void {
-  const model = program.command('model').description('check a Hugging Face model folder (Llama, Qwen2) by hand: score, generate, inspect');
+  const model = program
+    .command('model')
+    .description('check a Hugging Face model folder (Llama, Qwen2) by hand: score, generate, inspect');
 
   model
     .command('score')
-    .description('print {"token_logprobs": [[...]], "sums": [...]}: each token\'s log-prob given the tokens before it (the first has none)')
+    .description(
+      'print {"token_logprobs": [[...]], "sums": [...]}: each token\'s log-prob given the tokens before it (the first has none)',
+    )
     .argument('<folder>', 'a model folder: config.json and model.safetensors (or a sharded index)')
     .requiredOption('--ids <json>', 'token ids, a list of sequences, e.g. [[1,5,9],[1,7]]', tokenIds(2))
     .action(async (dir: string, opts: { ids: number[][] }) => {
@@ -78,21 +98,34 @@ export function addModelCommands(program: Command, ctx: CommandContext): void {
     .command('generate')
     .description('print {"continuation": [...]}: the tokens after the prompt, greedy unless --temperature is given')
     .argument('<folder>', 'a model folder')
-    .requiredOption('--ids <json>', 'the prompt\'s token ids, e.g. [1,5,9]', tokenIds(1))
+    .requiredOption('--ids <json>', "the prompt's token ids, e.g. [1,5,9]", tokenIds(1))
     .option('--max-new-tokens <n>', 'most tokens to generate', (v) => Math.max(1, Math.floor(number(v))), 16)
     .option('--temperature <t>', 'sampling temperature (0: greedy)', number, 0)
     .option('--top-p <p>', 'sample from the smallest set of tokens holding this much probability', number, 1)
-    .option('--seed <s>', 'the sampler\'s seed', 'prefab')
+    .option('--seed <s>', "the sampler's seed", 'prefab')
     .option('--stop <ids>', 'stop after any of these token ids, e.g. [2]', tokenIds(1))
-    .action(async (dir: string, opts: { ids: number[]; maxNewTokens: number; temperature: number; topP: number; seed: string; stop?: number[] }) => {
-      const { model: m, backend } = await open(program, dir, [opts.ids]);
-      // With --backend webgpu the cache and the steps are on the GPU.
-      const cache = backend.gpu ? new (await import('./webgpu/decode.ts')).GpuDecoder(m, backend.gpu).create() : new (await import('./decode.ts')).KVCache(m);
-      const continuation = await cache.generate(opts.ids, { maxTokens: opts.maxNewTokens, temperature: opts.temperature, topP: opts.topP, random: seeded(opts.seed, 'generate'), stop: opts.stop });
-      process.stdout.write(JSON.stringify({ continuation }) + '\n');
-      m.dispose();
-      ctx.setExit(0);
-    });
+    .action(
+      async (
+        dir: string,
+        opts: { ids: number[]; maxNewTokens: number; temperature: number; topP: number; seed: string; stop?: number[] },
+      ) => {
+        const { model: m, backend } = await open(program, dir, [opts.ids]);
+        // With --backend webgpu the cache and the steps are on the GPU.
+        const cache = backend.gpu
+          ? new (await import('./webgpu/decode.ts')).GpuDecoder(m, backend.gpu).create()
+          : new (await import('./decode.ts')).KVCache(m);
+        const continuation = await cache.generate(opts.ids, {
+          maxTokens: opts.maxNewTokens,
+          temperature: opts.temperature,
+          topP: opts.topP,
+          random: seeded(opts.seed, 'generate'),
+          stop: opts.stop,
+        });
+        process.stdout.write(JSON.stringify({ continuation }) + '\n');
+        m.dispose();
+        ctx.setExit(0);
+      },
+    );
 
   model
     .command('inspect')

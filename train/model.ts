@@ -76,7 +76,11 @@ export function llamaParameterShapes(c: LlamaConfig): [string, number[]][] {
  * counts them: 6 per weight used in a matMul (the embedding table is a lookup unless it is also the head),
  * and attention's 6·2·layers·(H·hd)·T. `size`: the parameters (default: the config's weights).
  */
-export function flopsPerToken(c: LlamaConfig, length: number, size = llamaParameterShapes(c).reduce((n, [, shape]) => n + shape.reduce((a, b) => a * b, 1), 0)): number {
+export function flopsPerToken(
+  c: LlamaConfig,
+  length: number,
+  size = llamaParameterShapes(c).reduce((n, [, shape]) => n + shape.reduce((a, b) => a * b, 1), 0),
+): number {
   const lookup = c.tiedEmbeddings ? 0 : c.vocabSize * c.hiddenSize;
   return 6 * (size - lookup) + 12 * c.layers * c.heads * c.headDim * length;
 }
@@ -92,7 +96,6 @@ export function initialWeights(c: LlamaConfig, seed: string): Map<string, Float3
   }
   return weights;
 }
-
 
 /** RMSNorm: x / √(mean(x²) + ε) · weight. x: (N, D). */
 export function rmsNorm(x: tf.Tensor2D, weight: tf.Tensor, eps: number): tf.Tensor2D {
@@ -168,7 +171,16 @@ export class Llama extends ModelWeights {
    * LoRA adapters by module (`model.layers.0.self_attn.q_proj`), when some are attached (train/lora.ts): each
    * adds (α/r)·(x·Aᵀ)·Bᵀ to its projection while `adaptersOn` is true.
    */
-  adapters = new Map<string, { a: tf.Variable; b: tf.Variable; scale: number; dropout: number; /** Its place among the adapters. */ index: number }>();
+  adapters = new Map<
+    string,
+    {
+      a: tf.Variable;
+      b: tf.Variable;
+      scale: number;
+      dropout: number;
+      /** Its place among the adapters. */ index: number;
+    }
+  >();
   adaptersOn = true;
   /**
    * Set by a trainer while it trains (from the run's seed and step): adapters' dropout applies then only, its
@@ -188,9 +200,15 @@ export class Llama extends ModelWeights {
     const y = project(x, this.p(`${module}.weight`), bias);
     const adapter = this.adaptersOn ? this.adapters.get(module) : undefined;
     if (!adapter) return y;
-    const input = this.dropoutSeed !== null && adapter.dropout > 0 ? (tf.dropout(x, adapter.dropout, undefined, this.dropoutSeed + adapter.index) as tf.Tensor2D) : x;
+    const input =
+      this.dropoutSeed !== null && adapter.dropout > 0
+        ? (tf.dropout(x, adapter.dropout, undefined, this.dropoutSeed + adapter.index) as tf.Tensor2D)
+        : x;
     const low = linear(input, tf.transpose(adapter.a as tf.Tensor as tf.Tensor2D)); // (N, r)
-    return tf.add(y, tf.mul(linear(low, tf.transpose(adapter.b as tf.Tensor as tf.Tensor2D)), adapter.scale)) as tf.Tensor2D;
+    return tf.add(
+      y,
+      tf.mul(linear(low, tf.transpose(adapter.b as tf.Tensor as tf.Tensor2D)), adapter.scale),
+    ) as tf.Tensor2D;
   }
 
   /**
@@ -234,7 +252,10 @@ export class Llama extends ModelWeights {
   /** The MLP of layer i: down(silu(gate(x)) ⊙ up(x)). x: (N, D). */
   mlp(i: number, x: tf.Tensor2D): tf.Tensor2D {
     const m = (n: string) => `model.layers.${i}.mlp.${n}`;
-    return this.linear(tf.mul(silu(this.linear(x, m('gate_proj'))), this.linear(x, m('up_proj'))) as tf.Tensor2D, m('down_proj')); // (N, F) → (N, D)
+    return this.linear(
+      tf.mul(silu(this.linear(x, m('gate_proj'))), this.linear(x, m('up_proj'))) as tf.Tensor2D,
+      m('down_proj'),
+    ); // (N, F) → (N, D)
   }
 
   /** Final norm and output head: (N, D) → logits (N, V). */
@@ -252,7 +273,10 @@ export class Llama extends ModelWeights {
       const l = (n: string) => this.p(`model.layers.${i}.${n}`);
       const { q, k, v } = this.qkv(i, rmsNorm(x, l('input_layernorm.weight'), eps), rotation);
       const n = batch * length;
-      const packed = tf.concat([tf.reshape(q, [n, H * this.config.headDim]), repeatKv(k, H), repeatKv(v, H)], 1) as tf.Tensor2D; // (N, 3·H·hd)
+      const packed = tf.concat(
+        [tf.reshape(q, [n, H * this.config.headDim]), repeatKv(k, H), repeatKv(v, H)],
+        1,
+      ) as tf.Tensor2D; // (N, 3·H·hd)
       const attended = causalAttention(packed, { batch, length, heads: H }, this.mask(length)); // (N, H·hd)
       x = tf.add(x, this.linear(attended, `model.layers.${i}.self_attn.o_proj`));
       x = tf.add(x, this.mlp(i, rmsNorm(x, l('post_attention_layernorm.weight'), eps)));

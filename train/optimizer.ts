@@ -55,7 +55,10 @@ export class AdamW {
 }
 
 /** Linear warmup to `peak`, then cosine decay to `peak · minRatio` at `total` steps (nanoGPT's get_lr). */
-export function learningRate(step: number, schedule: { peak: number; warmup: number; total: number; minRatio: number }): number {
+export function learningRate(
+  step: number,
+  schedule: { peak: number; warmup: number; total: number; minRatio: number },
+): number {
   const { peak, warmup, total, minRatio } = schedule;
   if (step < warmup) return (peak * (step + 1)) / warmup;
   if (step >= total) return peak * minRatio;
@@ -64,7 +67,10 @@ export function learningRate(step: number, schedule: { peak: number; warmup: num
 }
 
 /** Scales gradients so their global L2 norm is at most `maxNorm`; returns the norm before clipping. */
-export function clipByGlobalNorm(grads: Record<string, tf.Tensor>, maxNorm: number): { grads: Record<string, tf.Tensor>; norm: number } {
+export function clipByGlobalNorm(
+  grads: Record<string, tf.Tensor>,
+  maxNorm: number,
+): { grads: Record<string, tf.Tensor>; norm: number } {
   const norm = tf.tidy(() => tf.sqrt(tf.addN(Object.values(grads).map((g) => tf.sum(tf.square(g))))).dataSync()[0]!);
   if (!(maxNorm > 0) || norm <= maxNorm) return { grads, norm };
   const scale = maxNorm / (norm + 1e-6);

@@ -10,7 +10,8 @@ function variablesOf(shapes: [string, number[]][], weights: Map<string, Float32A
   return new Map(
     shapes.map(([name, shape]) => {
       const w = weights.get(name);
-      if (!w || w.length !== shape.reduce((a, b) => a * b, 1)) throw new Error(`weights: "${name}" is missing or is not of shape [${shape}]`);
+      if (!w || w.length !== shape.reduce((a, b) => a * b, 1))
+        throw new Error(`weights: "${name}" is missing or is not of shape [${shape}]`);
       return [name, tf.variable(tf.tensor(w, shape), true)];
     }),
   );

@@ -51,7 +51,12 @@ export interface Prompt {
  * trained), and cut to `room` tokens as in training: the messages up to the user's request, then as many of
  * the latest as fit.
  */
-export async function promptOf(chat: Chat, placeholders: Placeholders, room: number, conversation: Message[]): Promise<Prompt> {
+export async function promptOf(
+  chat: Chat,
+  placeholders: Placeholders,
+  room: number,
+  conversation: Message[],
+): Promise<Prompt> {
   const view = modelView(conversation, placeholders);
   const [encoded] = await chat.encode([view.messages], true);
   const e = encoded!;
@@ -100,14 +105,26 @@ export class ModelPolicy implements Policy {
   }
 
   async respond(conversation: Message[]): Promise<Message> {
-    if (this.sampling.signal) await safePoint(this.sampling.signal, () => `${this.name} in the simulator: stopped after ${this.generated} generated tokens; the next run evaluates again`);
-    const read = (shown: Message[]) => promptOf(this.chat, this.placeholders, this.context - this.sampling.maxTokens, shown);
+    if (this.sampling.signal)
+      await safePoint(
+        this.sampling.signal,
+        () =>
+          `${this.name} in the simulator: stopped after ${this.generated} generated tokens; the next run evaluates again`,
+      );
+    const read = (shown: Message[]) =>
+      promptOf(this.chat, this.placeholders, this.context - this.sampling.maxTokens, shown);
     const { ids: prompt, restore } = await read(this.reads ? this.reads(conversation) : conversation);
     if (this.sampling.tools) this.constraint ??= this.chat.toolConstraint(this.sampling.tools);
     const constraint = (await this.constraint) ?? undefined;
-    const ids = await this.cache.generate(prompt, { ...this.sampling, stop: this.chat.stop, random: this.random, constraint });
+    const ids = await this.cache.generate(prompt, {
+      ...this.sampling,
+      stop: this.chat.stop,
+      random: this.random,
+      constraint,
+    });
     this.generated += ids.length;
-    if (this.sampling.recordTurns) this.turns.push({ prompt, generated: ids, ...(this.reads ? { base: (await read(conversation)).ids } : {}) });
+    if (this.sampling.recordTurns)
+      this.turns.push({ prompt, generated: ids, ...(this.reads ? { base: (await read(conversation)).ids } : {}) });
     const reply = restore(await this.chat.parseAssistant(ids, this.calls + 1));
     this.calls += reply.tool_calls?.length ?? 0;
     return reply;

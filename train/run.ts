@@ -19,14 +19,14 @@ import { ADAMW_DEFAULTS, AdamW, learningRate } from './optimizer.ts';
 import { logpGradients, onModel, optimizerStep, type MicroBatch, type StepResult } from './step.ts';
 import type { Kernels } from './webgpu/kernel.ts';
 
-
 /**
  * This run's folder in the stage's cache, named by `key` (its config and data): a rerun after a kill resumes
  * there; folders of runs with other settings or data are removed.
  */
 function runFolder(cache: string, key: string): string {
   const name = `run-${key.slice(0, 16)}`;
-  for (const f of existsSync(cache) ? readdirSync(cache) : []) if (f.startsWith('run-') && f !== name) rmSync(join(cache, f), { recursive: true, force: true });
+  for (const f of existsSync(cache) ? readdirSync(cache) : [])
+    if (f.startsWith('run-') && f !== name) rmSync(join(cache, f), { recursive: true, force: true });
   mkdirSync(join(cache, name), { recursive: true });
   return join(cache, name);
 }
@@ -111,7 +111,9 @@ const STEP_DIR = /^step-(\d+)$/;
 /** The latest complete checkpoint in `dir`: folders appear whole (written aside, then renamed). */
 function latestCheckpoint(dir: string): string | null {
   if (!existsSync(dir)) return null;
-  const steps = readdirSync(dir).flatMap((f) => (STEP_DIR.test(f) ? [Number(STEP_DIR.exec(f)![1])] : [])).sort((a, b) => b - a);
+  const steps = readdirSync(dir)
+    .flatMap((f) => (STEP_DIR.test(f) ? [Number(STEP_DIR.exec(f)![1])] : []))
+    .sort((a, b) => b - a);
   return steps.length ? join(dir, checkpointName(steps[0]!)) : null;
 }
 
@@ -139,7 +141,18 @@ function readMetrics(path: string, upTo: number): MetricsRow[] {
  */
 export async function trainingRun(settings: RunSettings, trainer: Trainer): Promise<RunResult> {
   const dir = runFolder(settings.cache, settings.key);
-  const run = { ...trainer, dir, seed: settings.config.seed, log: settings.log, files: { tokenizer: settings.tokenizer, context: settings.context, placeholders: settings.placeholders, lora: settings.lora } };
+  const run = {
+    ...trainer,
+    dir,
+    seed: settings.config.seed,
+    log: settings.log,
+    files: {
+      tokenizer: settings.tokenizer,
+      context: settings.context,
+      placeholders: settings.placeholders,
+      lora: settings.lora,
+    },
+  };
   const metricsPath = join(run.dir, 'metrics.jsonl');
   const last = latestCheckpoint(run.dir);
   let model: Llama;
@@ -165,9 +178,18 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
   const save = async (step: number) => {
     await gpu?.sync();
     saved = step;
-    saveCheckpoint(join(run.dir, checkpointName(step)), { model, ...run.files, optimizer, state: { step, totalSteps: run.steps, seed: run.seed } });
+    saveCheckpoint(join(run.dir, checkpointName(step)), {
+      model,
+      ...run.files,
+      optimizer,
+      state: { step, totalSteps: run.steps, seed: run.seed },
+    });
     // Keep the newest two: the one just written, and the one before in case this one is found damaged.
-    for (const f of readdirSync(run.dir).filter((f) => STEP_DIR.test(f)).sort().slice(0, -2)) rmSync(join(run.dir, f), { recursive: true, force: true });
+    for (const f of readdirSync(run.dir)
+      .filter((f) => STEP_DIR.test(f))
+      .sort()
+      .slice(0, -2))
+      rmSync(join(run.dir, f), { recursive: true, force: true });
   };
   const progress = run.log.progress(run.label, run.steps);
   for (let i = 0; i < done; i++) progress.tick();
@@ -176,7 +198,9 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
     if (await interrupted(settings.signal)) {
       if (step > saved) await save(step);
       progress.done();
-      throw new Interrupted(`${run.label}: stopped at step ${step} of ${run.steps}; checkpoint kept, the next run resumes from step ${step}`);
+      throw new Interrupted(
+        `${run.label}: stopped at step ${step} of ${run.steps}; checkpoint kept, the next run resumes from step ${step}`,
+      );
     }
     const started = performance.now();
     const lr = learningRate(step, schedule);
@@ -189,13 +213,33 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
       if (trainer.readsWeights || trainer.after) await gpu.sync('weights');
     } else {
       model.dropoutSeed = dropoutSeed;
-      result = await updates(batch, (parts) => optimizerStep({ params: trainableParameters(model) }, optimizer, parts.map((p) => onModel(p, model)), lr, s.max_grad_norm));
+      result = await updates(batch, (parts) =>
+        optimizerStep(
+          { params: trainableParameters(model) },
+          optimizer,
+          parts.map((p) => onModel(p, model)),
+          lr,
+          s.max_grad_norm,
+        ),
+      );
       model.dropoutSeed = null;
     }
     const seconds = (performance.now() - started) / 1000;
     const after = run.after ? await run.after(step, model) : {};
-    const row: MetricsRow = { step: step + 1, loss: result.loss, ...result.metrics, ...batch.metrics, grad_norm: result.gradNorm, learning_rate: lr, 'tokens/s': Math.round(batch.tokens / seconds), ...after };
-    if (!Number.isFinite(result.loss)) throw new Error(`${run.label}: the loss is ${result.loss} at step ${step + 1}; lower lr (now ${s.lr}) or max_grad_norm`);
+    const row: MetricsRow = {
+      step: step + 1,
+      loss: result.loss,
+      ...result.metrics,
+      ...batch.metrics,
+      grad_norm: result.gradNorm,
+      learning_rate: lr,
+      'tokens/s': Math.round(batch.tokens / seconds),
+      ...after,
+    };
+    if (!Number.isFinite(result.loss))
+      throw new Error(
+        `${run.label}: the loss is ${result.loss} at step ${step + 1}; lower lr (now ${s.lr}) or max_grad_norm`,
+      );
     metrics.push(row);
     appendFileSync(metricsPath, JSON.stringify(row) + '\n');
     if ((step + 1) % s.checkpoint_every === 0 || step + 1 === run.steps) await save(step + 1);
@@ -214,7 +258,12 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
         saveAdapter(join(out, 'adapter'), model, settings.lora, settings.base ?? '../model');
         mergeLora(model);
       }
-      saveCheckpoint(join(out, 'model'), { model, ...run.files, lora: undefined, state: { step: run.steps, totalSteps: run.steps, seed: run.seed, info } });
+      saveCheckpoint(join(out, 'model'), {
+        model,
+        ...run.files,
+        lora: undefined,
+        state: { step: run.steps, totalSteps: run.steps, seed: run.seed, info },
+      });
       await copyFile(metricsPath, join(out, 'metrics.jsonl'));
       model.dispose();
       return finalMetrics(metrics);
@@ -236,9 +285,22 @@ async function gpuRun(settings: RunSettings, model: Llama, optimizer: AdamW) {
   const { GpuLlama } = await import('./webgpu/llama.ts');
   const { GpuAdamW } = await import('./webgpu/adamw.ts');
   const { submit } = await import('./webgpu/buffers.ts');
-  const data = (vars: Map<string, tf.Variable>) => new Map([...vars].map(([name, v]) => [name, v.dataSync() as Float32Array]));
+  const data = (vars: Map<string, tf.Variable>) =>
+    new Map([...vars].map(([name, v]) => [name, v.dataSync() as Float32Array]));
   // With LoRA the adapters ride on frozen weights, and only they are trained (as trainableParameters says).
-  const adapters = new Map([...model.adapters].map(([module, ad]) => [module, { a: ad.a.dataSync() as Float32Array, b: ad.b.dataSync() as Float32Array, r: ad.a.shape[0]!, scale: ad.scale, dropout: ad.dropout, index: ad.index }]));
+  const adapters = new Map(
+    [...model.adapters].map(([module, ad]) => [
+      module,
+      {
+        a: ad.a.dataSync() as Float32Array,
+        b: ad.b.dataSync() as Float32Array,
+        r: ad.a.shape[0]!,
+        scale: ad.scale,
+        dropout: ad.dropout,
+        index: ad.index,
+      },
+    ]),
+  );
   const onGpu = new GpuLlama(model.config, data(model.params), kernels, { adapters });
   const trained = trainableParameters(model);
   const adamw = new GpuAdamW(kernels, optimizer.options);
@@ -268,7 +330,8 @@ async function gpuRun(settings: RunSettings, model: Llama, optimizer: AdamW) {
     },
     /** The GPU's weights into `model`, and with `all` AdamW's moments and step into `optimizer`. */
     async sync(what: 'weights' | 'all' = 'all'): Promise<void> {
-      const put = (variable: tf.Variable, values: Float32Array) => tf.tidy(() => variable.assign(tf.tensor(values, variable.shape)));
+      const put = (variable: tf.Variable, values: Float32Array) =>
+        tf.tidy(() => variable.assign(tf.tensor(values, variable.shape)));
       for (const p of onGpu.parameters()) {
         put(trained.get(p.name)!, await onGpu.weight(p.name));
         if (what === 'weights') continue;
@@ -281,7 +344,10 @@ async function gpuRun(settings: RunSettings, model: Llama, optimizer: AdamW) {
 }
 
 /** Every update a step's batch asks for, in order; the mean of their losses, metrics and gradient norms. No parts: no update. */
-async function updates(batch: StepBatch, update: (parts: MicroBatch[]) => StepResult | Promise<StepResult>): Promise<StepResult> {
+async function updates(
+  batch: StepBatch,
+  update: (parts: MicroBatch[]) => StepResult | Promise<StepResult>,
+): Promise<StepResult> {
   const results: StepResult[] = [];
   if (batch.parts.length) results.push(await update(batch.parts));
   for (const next of batch.parts.length ? (batch.more ?? []) : []) {
@@ -291,11 +357,18 @@ async function updates(batch: StepBatch, update: (parts: MicroBatch[]) => StepRe
   if (results.length === 0) return { loss: 0, gradNorm: 0, metrics: {} };
   const mean = (f: (r: StepResult) => number) => results.reduce((a, r) => a + f(r), 0) / results.length;
   const keys = [...new Set(results.flatMap((r) => Object.keys(r.metrics)))];
-  return { loss: mean((r) => r.loss), gradNorm: mean((r) => r.gradNorm), metrics: Object.fromEntries(keys.map((k) => [k, mean((r) => r.metrics[k] ?? 0)])) };
+  return {
+    loss: mean((r) => r.loss),
+    gradNorm: mean((r) => r.gradNorm),
+    metrics: Object.fromEntries(keys.map((k) => [k, mean((r) => r.metrics[k] ?? 0)])),
+  };
 }
 
 /** Optimiser steps for `epochs` passes over `examples` in batches, at most `maxSteps`. */
-export function stepsFor(cfg: { epochs: number; batch_size: number; max_steps: number | null }, examples: number): number {
+export function stepsFor(
+  cfg: { epochs: number; batch_size: number; max_steps: number | null },
+  examples: number,
+): number {
   return Math.min(cfg.max_steps ?? Infinity, Math.ceil((cfg.epochs * examples) / cfg.batch_size));
 }
 
@@ -303,6 +376,7 @@ export function stepsFor(cfg: { epochs: number; batch_size: number; max_steps: n
 export function finalMetrics(rows: MetricsRow[], n = 10): MetricsRow {
   const tail = rows.slice(-n);
   const out: MetricsRow = {};
-  for (const key of Object.keys(tail[0] ?? {})) if (key !== 'step') out[key] = tail.reduce((s, r) => s + (r[key] ?? 0), 0) / tail.length;
+  for (const key of Object.keys(tail[0] ?? {}))
+    if (key !== 'step') out[key] = tail.reduce((s, r) => s + (r[key] ?? 0), 0) / tail.length;
   return out;
 }

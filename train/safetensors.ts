@@ -8,12 +8,17 @@ export interface NamedTensor {
   data: Float32Array;
 }
 
-export function writeSafetensors(path: string, tensors: Map<string, NamedTensor>, metadata: Record<string, string> = {}): void {
+export function writeSafetensors(
+  path: string,
+  tensors: Map<string, NamedTensor>,
+  metadata: Record<string, string> = {},
+): void {
   const header: Record<string, unknown> = { __metadata__: metadata };
   let offset = 0;
   for (const [name, t] of tensors) {
     const size = t.shape.reduce((a, b) => a * b, 1);
-    if (size !== t.data.length) throw new Error(`safetensors: ${name} has ${t.data.length} values for shape [${t.shape}]`);
+    if (size !== t.data.length)
+      throw new Error(`safetensors: ${name} has ${t.data.length} values for shape [${t.shape}]`);
     header[name] = { dtype: 'F32', shape: t.shape, data_offsets: [offset, offset + 4 * size] };
     offset += 4 * size;
   }
@@ -46,7 +51,8 @@ function halfToFloat(h: number): number {
 
 /** The values of a tensor's bytes as float32. */
 function toFloat32(bytes: Buffer, dtype: string): Float32Array {
-  if (dtype === 'F32') return new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+  if (dtype === 'F32')
+    return new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
   const out = new Float32Array(bytes.byteLength / 2);
   if (dtype === 'BF16') {
     // bfloat16 is the top half of a float32's bits.
@@ -56,13 +62,20 @@ function toFloat32(bytes: Buffer, dtype: string): Float32Array {
   return out;
 }
 
-export function readSafetensors(path: string): { tensors: Map<string, NamedTensor>; metadata: Record<string, string>; dtypes: string[] } {
+export function readSafetensors(path: string): {
+  tensors: Map<string, NamedTensor>;
+  metadata: Record<string, string>;
+  dtypes: string[];
+} {
   const buf = readFileSync(path);
   const fail = (why: string) => new Error(`${path}: not a safetensors file this reader supports (${why})`);
   if (buf.length < 8) throw fail('shorter than its header');
   const n = Number(buf.readBigUInt64LE(0));
   if (8 + n > buf.length) throw fail('header runs past the end of the file');
-  const header = JSON.parse(buf.subarray(8, 8 + n).toString('utf8')) as Record<string, { dtype: string; shape: number[]; data_offsets: [number, number] }>;
+  const header = JSON.parse(buf.subarray(8, 8 + n).toString('utf8')) as Record<
+    string,
+    { dtype: string; shape: number[]; data_offsets: [number, number] }
+  >;
   const base = 8 + n;
   const tensors = new Map<string, NamedTensor>();
   const dtypes = new Set<string>();
@@ -75,7 +88,8 @@ export function readSafetensors(path: string): { tensors: Map<string, NamedTenso
     const width = WIDTH[info.dtype];
     if (!width) throw fail(`${name} is ${info.dtype}; F32, BF16 and F16 are read`);
     const [begin, end] = info.data_offsets;
-    if (base + end > buf.length || end - begin !== width * info.shape.reduce((a, b) => a * b, 1)) throw fail(`${name}'s byte range does not match its shape`);
+    if (base + end > buf.length || end - begin !== width * info.shape.reduce((a, b) => a * b, 1))
+      throw fail(`${name}'s byte range does not match its shape`);
     dtypes.add(info.dtype);
     tensors.set(name, { shape: info.shape, data: toFloat32(buf.subarray(base + begin, base + end), info.dtype) });
   }

@@ -16,12 +16,24 @@ export function sftTrainer(sequences: Sequence[], start: () => Llama, cfg: Train
     start,
     batch: (step) => {
       const batch = batchAt(lengths, cfg.batch_size, cfg.seed, step).map((i) => sequences[i]!);
-      const blocks = microBatches(batch.map((s) => [s]), (s) => s.ids.length, cfg.micro_batch_tokens).map((b) => padBatch(b, pad));
+      const blocks = microBatches(
+        batch.map((s) => [s]),
+        (s) => s.ids.length,
+        cfg.micro_batch_tokens,
+      ).map((b) => padBatch(b, pad));
       const counted = blocks.reduce((n, b) => n + maskedIn(b), 0);
       return {
         tokens: blocks.reduce((n, b) => n + b.tokens, 0),
         // Mean NLL over the batch's assistant tokens: each micro-batch adds its tokens' share.
-        parts: blocks.map((b) => ({ blocks: [b], loss: ([logps]) => ({ loss: tf.mul(sftLoss(logps!, tf.tensor2d(b.mask, [b.batch, b.length])), maskedIn(b) / Math.max(1, counted)) as tf.Scalar }) })),
+        parts: blocks.map((b) => ({
+          blocks: [b],
+          loss: ([logps]) => ({
+            loss: tf.mul(
+              sftLoss(logps!, tf.tensor2d(b.mask, [b.batch, b.length])),
+              maskedIn(b) / Math.max(1, counted),
+            ) as tf.Scalar,
+          }),
+        })),
       };
     },
   };

@@ -36,7 +36,10 @@ export const onModel =
  * The micro-batch's loss and metrics from its blocks' log-probabilities scored elsewhere (the GPU), and the
  * loss's gradient with respect to each of them: what that scorer's backward starts from.
  */
-export function logpGradients(part: MicroBatch, logps: Float32Array[]): { loss: number; metrics: Record<string, number>; grads: Float32Array[] } {
+export function logpGradients(
+  part: MicroBatch,
+  logps: Float32Array[],
+): { loss: number; metrics: Record<string, number>; grads: Float32Array[] } {
   const metrics: Record<string, number> = {};
   const inputs = part.blocks.map((b, j) => tf.tensor2d(logps[j]!, [b.batch, b.length]));
   const { value, grads } = tf.valueAndGrads((...xs: tf.Tensor[]) => {
@@ -50,7 +53,13 @@ export function logpGradients(part: MicroBatch, logps: Float32Array[]): { loss: 
 }
 
 /** Each of `parts` returns its share of the loss (and of each metric): the batch's are their sums. */
-export function optimizerStep(model: { params: Map<string, tf.Variable> }, optimizer: AdamW, parts: MicroBatchLoss[], lr: number, maxGradNorm: number): StepResult {
+export function optimizerStep(
+  model: { params: Map<string, tf.Variable> },
+  optimizer: AdamW,
+  parts: MicroBatchLoss[],
+  lr: number,
+  maxGradNorm: number,
+): StepResult {
   const names = [...model.params.keys()];
   const sums: Record<string, tf.Tensor> = {};
   const metrics: Record<string, number> = {};

@@ -7,10 +7,25 @@
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { BPE, Tokenizer, byteLevelAlphabet, byteLevelPreTokenizer, digitsPreTokenizer, sequencePreTokenizer } from 'tokenizers';
+import {
+  BPE,
+  Tokenizer,
+  byteLevelAlphabet,
+  byteLevelPreTokenizer,
+  digitsPreTokenizer,
+  sequencePreTokenizer,
+} from 'tokenizers';
 
 /** Role headers, the tool-call marker, the end of a message, and padding. */
-export const SPECIAL_TOKENS = ['<|system|>', '<|user|>', '<|assistant|>', '<|tool|>', '<|call|>', '<|end|>', '<|pad|>'] as const;
+export const SPECIAL_TOKENS = [
+  '<|system|>',
+  '<|user|>',
+  '<|assistant|>',
+  '<|tool|>',
+  '<|call|>',
+  '<|end|>',
+  '<|pad|>',
+] as const;
 export type SpecialToken = (typeof SPECIAL_TOKENS)[number];
 
 const BYTE_LEVEL = { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true };
@@ -21,20 +36,36 @@ const BYTE_LEVEL = { type: 'ByteLevel', add_prefix_space: false, trim_offsets: t
  * digits). `words` become tokens of their own wherever they appear ("[PHONE_3]" one token, not five pieces),
  * and BPE learns its merges from the rest of the text.
  */
-export function trainTokenizer(texts: string[], vocabSize: number, splitDigits = false, words: readonly string[] = []): string {
+export function trainTokenizer(
+  texts: string[],
+  vocabSize: number,
+  splitDigits = false,
+  words: readonly string[] = [],
+): string {
   const alphabet = [...byteLevelAlphabet()].sort();
   const whole = [...new Set(words)];
   const room = vocabSize - alphabet.length - whole.length - SPECIAL_TOKENS.length;
-  if (room < 0) throw new Error(`a vocabulary of ${vocabSize} cannot hold the 256 bytes, ${whole.length} whole words and ${SPECIAL_TOKENS.length} special tokens: use at least ${alphabet.length + whole.length + SPECIAL_TOKENS.length}`);
+  if (room < 0)
+    throw new Error(
+      `a vocabulary of ${vocabSize} cannot hold the 256 bytes, ${whole.length} whole words and ${SPECIAL_TOKENS.length} special tokens: use at least ${alphabet.length + whole.length + SPECIAL_TOKENS.length}`,
+    );
   const dir = mkdtempSync(join(tmpdir(), 'prefab-bpe-'));
   try {
-    const cut = whole.length ? new RegExp(whole.map((w) => w.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')).join('|'), 'g') : null;
+    const cut = whole.length
+      ? new RegExp(whole.map((w) => w.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')).join('|'), 'g')
+      : null;
     writeFileSync(join(dir, 'corpus.txt'), (cut ? texts.map((t) => t.replace(cut, '\n')) : texts).join('\n'));
     const trainer = new Tokenizer(BPE.empty());
-    trainer.setPreTokenizer(splitDigits ? sequencePreTokenizer([digitsPreTokenizer(true), byteLevelPreTokenizer(false, true)]) : byteLevelPreTokenizer(false, true));
+    trainer.setPreTokenizer(
+      splitDigits
+        ? sequencePreTokenizer([digitsPreTokenizer(true), byteLevelPreTokenizer(false, true)])
+        : byteLevelPreTokenizer(false, true),
+    );
     trainer.train([join(dir, 'corpus.txt')]);
     trainer.save(join(dir, 'trained.json'));
-    const trained = JSON.parse(readFileSync(join(dir, 'trained.json'), 'utf8')) as { model: { merges: ([string, string] | string)[] } };
+    const trained = JSON.parse(readFileSync(join(dir, 'trained.json'), 'utf8')) as {
+      model: { merges: ([string, string] | string)[] };
+    };
     const vocab: Record<string, number> = {};
     let size = 0;
     for (const ch of alphabet) vocab[ch] = size++;
@@ -46,7 +77,10 @@ export function trainTokenizer(texts: string[], vocabSize: number, splitDigits =
       merges.push([a, b]);
       vocab[a + b] = size++;
     }
-    const added = [...whole.map((content) => ({ content, special: false })), ...SPECIAL_TOKENS.map((content) => ({ content, special: true }))].map((t, i) => ({
+    const added = [
+      ...whole.map((content) => ({ content, special: false })),
+      ...SPECIAL_TOKENS.map((content) => ({ content, special: true })),
+    ].map((t, i) => ({
       id: size + i,
       content: t.content,
       single_word: false,
@@ -61,10 +95,23 @@ export function trainTokenizer(texts: string[], vocabSize: number, splitDigits =
       padding: null,
       added_tokens: added,
       normalizer: null,
-      pre_tokenizer: splitDigits ? { type: 'Sequence', pretokenizers: [{ type: 'Digits', individual_digits: true }, BYTE_LEVEL] } : BYTE_LEVEL,
+      pre_tokenizer: splitDigits
+        ? { type: 'Sequence', pretokenizers: [{ type: 'Digits', individual_digits: true }, BYTE_LEVEL] }
+        : BYTE_LEVEL,
       post_processor: null,
       decoder: BYTE_LEVEL,
-      model: { type: 'BPE', dropout: null, unk_token: null, continuing_subword_prefix: null, end_of_word_suffix: null, fuse_unk: false, byte_fallback: false, ignore_merges: false, vocab, merges },
+      model: {
+        type: 'BPE',
+        dropout: null,
+        unk_token: null,
+        continuing_subword_prefix: null,
+        end_of_word_suffix: null,
+        fuse_unk: false,
+        byte_fallback: false,
+        ignore_merges: false,
+        vocab,
+        merges,
+      },
     });
   } finally {
     rmSync(dir, { recursive: true, force: true });
@@ -83,7 +130,8 @@ export class TextTokenizer {
     this.special = Object.fromEntries(
       SPECIAL_TOKENS.map((t) => {
         const id = this.tokenizer.tokenToId(t);
-        if (id === null) throw new Error(`tokenizer.json has no special token ${t}: it was not made by prefab's tokenizer stage`);
+        if (id === null)
+          throw new Error(`tokenizer.json has no special token ${t}: it was not made by prefab's tokenizer stage`);
         return [t, id];
       }),
     ) as Record<SpecialToken, number>;

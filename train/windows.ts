@@ -33,11 +33,25 @@ function take(e: Encoded, from: number, to: number, trainFrom: number, out: Sequ
  */
 export function recentWindow(e: Encoded, head: number, to: number, length: number, trainFrom = head): Sequence {
   const tail = e.ids.length - e.starts.at(-1)!;
-  return windowOf(e, head, Math.min(startOf(e, head, to, length - tail), Math.max(head, to - 1)), to, length, trainFrom);
+  return windowOf(
+    e,
+    head,
+    Math.min(startOf(e, head, to, length - tail), Math.max(head, to - 1)),
+    to,
+    length,
+    trainFrom,
+  );
 }
 
 /** The head, messages [from, to) and the open assistant header if any, cut at `length`; the mask from `trainFrom` on. */
-export function windowOf(e: Encoded, head: number, from: number, to: number, length: number, trainFrom: number): Sequence {
+export function windowOf(
+  e: Encoded,
+  head: number,
+  from: number,
+  to: number,
+  length: number,
+  trainFrom: number,
+): Sequence {
   const out: Sequence = { ids: [], mask: [] };
   take(e, 0, head, trainFrom, out);
   take(e, from, to, Math.max(trainFrom, head), out);

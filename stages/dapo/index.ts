@@ -19,7 +19,8 @@ export type Config = z.infer<typeof config>;
 
 export const dapo = defineStage({
   name: 'dapo',
-  description: 'reinforcement learning in the simulator by DAPO, standard or feedback-guided (dapo.enabled: false passes the dpo model on)',
+  description:
+    'reinforcement learning in the simulator by DAPO, standard or feedback-guided (dapo.enabled: false passes the dpo model on)',
   version: 2,
   inputs: ['dpo'],
   outputs: ['model', 'metrics.jsonl'],

@@ -7,12 +7,24 @@ import { chosenBackend } from '../../train/backend.ts';
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
 
-export async function run({ config: cfg, out, input, cache, key, log, options, signal }: StageContext<Config>): Promise<StageReport> {
+export async function run({
+  config: cfg,
+  out,
+  input,
+  cache,
+  key,
+  log,
+  options,
+  signal,
+}: StageContext<Config>): Promise<StageReport> {
   const from = join(input('dpo'), 'model');
   if (!cfg.enabled) {
     await cp(from, join(out, 'model'), { recursive: true });
     await writeFile(join(out, 'metrics.jsonl'), ''); // no DAPO step was taken
-    return { counts: { steps: 0, resumed_from: 0 }, summary: 'DAPO is off (dapo.enabled: false): the dpo model is passed on' };
+    return {
+      counts: { steps: 0, resumed_from: 0 },
+      summary: 'DAPO is off (dapo.enabled: false): the dpo model is passed on',
+    };
   }
   const backend = await chosenBackend(options, log);
   const run = await runDapo(from, out, cache, key, cfg, {}, signal, log, backend.gpu);
@@ -22,6 +34,8 @@ export async function run({ config: cfg, out, input, cache, key, log, options, s
     counts: { steps: cfg.steps, resumed_from: run.resumedFrom },
     summary:
       `${cfg.steps} ${cfg.mode === 'feedback' ? 'feedback-guided ' : ''}DAPO steps of ${cfg.tasks_per_step} tasks × ${cfg.group_size} episodes (${cfg.reward} reward); last steps: reward ${last.reward_mean?.toFixed(3)}, success ${last.success?.toFixed(3)}, kept groups ${last.kept_groups?.toFixed(1)}` +
-      (final?.['val/success_first'] === undefined ? '' : `; validation: first try ${final['val/success_first']!.toFixed(3)}, with feedback ${final['val/success_feedback']!.toFixed(3)}`),
+      (final?.['val/success_first'] === undefined
+        ? ''
+        : `; validation: first try ${final['val/success_first']!.toFixed(3)}, with feedback ${final['val/success_feedback']!.toFixed(3)}`),
   };
 }

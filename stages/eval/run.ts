@@ -35,17 +35,52 @@ import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
 
 /** The model acting in the simulator on the validation tasks, each episode seeded by the model, task and try. */
-async function simulate(m: Model, chat: Chat, context: number, placeholders: Placeholders, s: Config['simulator'], seed: string, signal: AbortSignal, log: Logger, gpu?: Kernels): Promise<ModelRow> {
+async function simulate(
+  m: Model,
+  chat: Chat,
+  context: number,
+  placeholders: Placeholders,
+  s: Config['simulator'],
+  seed: string,
+  signal: AbortSignal,
+  log: Logger,
+  gpu?: Kernels,
+): Promise<ModelRow> {
   if (s.tasks === 0) return {};
-  const policy = new ModelPolicy(m.name, m.model, context, chat, placeholders, { maxTokens: s.max_tokens, temperature: s.temperature, topP: s.top_p, tools: s.constrained ? TOOLS : undefined, signal, gpu }, Math.random);
+  const policy = new ModelPolicy(
+    m.name,
+    m.model,
+    context,
+    chat,
+    placeholders,
+    {
+      maxTokens: s.max_tokens,
+      temperature: s.temperature,
+      topP: s.top_p,
+      tools: s.constrained ? TOOLS : undefined,
+      signal,
+      gpu,
+    },
+    Math.random,
+  );
   const progress = log.progress(`simulator: ${m.name}`, s.tasks * s.k);
   const started = performance.now();
   const options = { worldSeed: s.world_seed, companies: s.companies, tasks: s.tasks, k: s.k, maxTurns: s.max_turns };
-  const figures = await validationFigures(policy, options, (taskId, trial) => (policy.random = seeded(seed, 'eval', m.name, taskId, trial)), () => progress.tick()).finally(() => {
+  const figures = await validationFigures(
+    policy,
+    options,
+    (taskId, trial) => (policy.random = seeded(seed, 'eval', m.name, taskId, trial)),
+    () => progress.tick(),
+  ).finally(() => {
     progress.done();
     policy.dispose();
   });
-  log.info('simulated', { model: m.name, episodes: s.tasks * s.k, generated: policy.generated, 'tokens/s': Math.round(policy.generated / ((performance.now() - started) / 1000)) });
+  log.info('simulated', {
+    model: m.name,
+    episodes: s.tasks * s.k,
+    generated: policy.generated,
+    'tokens/s': Math.round(policy.generated / ((performance.now() - started) / 1000)),
+  });
   return figures;
 }
 
@@ -58,7 +93,11 @@ function pairsByType(types: string[], shorter: number[], wins: Record<string, nu
   const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
   for (const type of ['all', ...[...new Set(types)].sort()]) {
     const idx = types.flatMap((t, i) => (type === 'all' || t === type ? [i] : []));
-    out[type] = { pairs: idx.length, shorter_chosen: mean(idx.map((i) => shorter[i]!)), accuracy: Object.fromEntries(Object.entries(wins).map(([m, w]) => [m, mean(idx.map((i) => w[i]!))])) };
+    out[type] = {
+      pairs: idx.length,
+      shorter_chosen: mean(idx.map((i) => shorter[i]!)),
+      accuracy: Object.fromEntries(Object.entries(wins).map(([m, w]) => [m, mean(idx.map((i) => w[i]!))])),
+    };
   }
   return out;
 }
@@ -66,8 +105,23 @@ function pairsByType(types: string[], shorter: number[], wins: Record<string, nu
 /** The breakdown as text: a row per pair type, the length baseline beside each model's accuracy. */
 function formatByType(rows: Record<string, TypeRow>, models: string[]): string {
   const width = Math.max(...Object.keys(rows).map((k) => k.length), 'pairs/accuracy by type'.length);
-  const lines = [['pairs/accuracy by type'.padEnd(width), 'pairs'.padStart(6), 'shorter'.padStart(10), ...models.map((m) => m.padStart(10))].join('  ')];
-  for (const [type, r] of Object.entries(rows)) lines.push([type.padEnd(width), String(r.pairs).padStart(6), r.shorter_chosen.toFixed(3).padStart(10), ...models.map((m) => r.accuracy[m]!.toFixed(3).padStart(10))].join('  '));
+  const lines = [
+    [
+      'pairs/accuracy by type'.padEnd(width),
+      'pairs'.padStart(6),
+      'shorter'.padStart(10),
+      ...models.map((m) => m.padStart(10)),
+    ].join('  '),
+  ];
+  for (const [type, r] of Object.entries(rows))
+    lines.push(
+      [
+        type.padEnd(width),
+        String(r.pairs).padStart(6),
+        r.shorter_chosen.toFixed(3).padStart(10),
+        ...models.map((m) => r.accuracy[m]!.toFixed(3).padStart(10)),
+      ].join('  '),
+    );
   return lines.join('\n');
 }
 
@@ -75,14 +129,23 @@ function formatByType(rows: Record<string, TypeRow>, models: string[]): string {
 function formatTable(rows: Record<string, ModelRow>): string {
   const models = Object.keys(rows);
   const metrics = [...new Set(models.flatMap((m) => Object.keys(rows[m]!)))];
-  const cell = (v: number | null | undefined) => (v === null || v === undefined ? '—' : Number.isInteger(v) ? String(v) : v.toFixed(3));
+  const cell = (v: number | null | undefined) =>
+    v === null || v === undefined ? '—' : Number.isInteger(v) ? String(v) : v.toFixed(3);
   const width = Math.max(...metrics.map((k) => k.length));
   const lines = [[''.padEnd(width), ...models.map((m) => m.padStart(10))].join('  ')];
-  for (const k of metrics) lines.push([k.padEnd(width), ...models.map((m) => cell(rows[m]![k]).padStart(10))].join('  '));
+  for (const k of metrics)
+    lines.push([k.padEnd(width), ...models.map((m) => cell(rows[m]![k]).padStart(10))].join('  '));
   return lines.join('\n');
 }
 
-export async function run({ config: cfg, out, input, log, options, signal }: StageContext<Config>): Promise<StageReport> {
+export async function run({
+  config: cfg,
+  out,
+  input,
+  log,
+  options,
+  signal,
+}: StageContext<Config>): Promise<StageReport> {
   const backend = await chosenBackend(options, log);
   const sft = loadCheckpoint(join(input('sft'), 'model'));
   const tuned = loadCheckpoint(join(input('dpo'), 'model'));
@@ -95,7 +158,13 @@ export async function run({ config: cfg, out, input, log, options, signal }: Sta
   // The untrained model is the SFT run's starting point: the pretrained folder it started from, or a new model of the same config and seed.
   const from = sft.state?.info?.from;
   const models: Model[] = [
-    { name: typeof from === 'string' ? 'base' : 'untrained', model: typeof from === 'string' ? loadCheckpoint(from).model : Llama.create(sft.model.config, sft.state?.seed ?? 'prefab') },
+    {
+      name: typeof from === 'string' ? 'base' : 'untrained',
+      model:
+        typeof from === 'string'
+          ? loadCheckpoint(from).model
+          : Llama.create(sft.model.config, sft.state?.seed ?? 'prefab'),
+    },
     { name: 'sft', model: sft.model },
     { name: lossName === 'sigmoid' ? 'dpo' : lossName, model: tuned.model },
   ];
@@ -110,15 +179,35 @@ export async function run({ config: cfg, out, input, log, options, signal }: Sta
   const heldOut = subset(pairs, cfg.max_pairs, cfg.seed);
   const made = await pairExamples(chat, heldOut, pairLength, sft.placeholders);
   const examples = made.examples;
-  if (made.dropped.length) log.warn(`${made.dropped.length} of ${heldOut.length} held-out pairs left out: a side does not fit in ${pairLength - 1} tokens`);
+  if (made.dropped.length)
+    log.warn(
+      `${made.dropped.length} of ${heldOut.length} held-out pairs left out: a side does not fit in ${pairLength - 1} tokens`,
+    );
   const types = made.rows.map((r) => pairType(heldOut[r]!));
   const wins: Record<string, number[]> = {};
   const sessions = await readParquet<{ messages: Message[] }>(join(input('export'), 'sft', 'test.parquet'));
-  const nllSequences = await sftSequences(chat, subset(sessions, cfg.max_sessions, cfg.seed).map((s) => s.messages), length, join(input('export'), 'sft', 'test.parquet'), sft.placeholders);
+  const nllSequences = await sftSequences(
+    chat,
+    subset(sessions, cfg.max_sessions, cfg.seed).map((s) => s.messages),
+    length,
+    join(input('export'), 'sft', 'test.parquet'),
+    sft.placeholders,
+  );
 
   const scores = async (m: Model, score: Llama | BlockScorer): Promise<Scores[]> => {
     const sides: Scores[] = [];
-    for (const k of examples.length ? [0, 1] : []) sides.push(await scoreSequences(score, examples.map((e) => e.sequences[k]!), cfg.micro_batch_tokens, pad, signal, log, `held-out pairs: ${m.name}`));
+    for (const k of examples.length ? [0, 1] : [])
+      sides.push(
+        await scoreSequences(
+          score,
+          examples.map((e) => e.sequences[k]!),
+          cfg.micro_batch_tokens,
+          pad,
+          signal,
+          log,
+          `held-out pairs: ${m.name}`,
+        ),
+      );
     return sides;
   };
   // With --backend webgpu the GPU scores (a copy of each model's weights there) and generates.
@@ -133,11 +222,27 @@ export async function run({ config: cfg, out, input, log, options, signal }: Sta
       wins[m.name] = pairWins(own, training.average);
     }
     if (nllSequences.length) {
-      const s = await scoreSequences(scorer.score, nllSequences, cfg.micro_batch_tokens, pad, signal, log, `held-out NLL: ${m.name}`);
-      row.nll = -s.sum.reduce((a, b) => a + b, 0) / Math.max(1, s.count.reduce((a, b) => a + b, 0));
+      const s = await scoreSequences(
+        scorer.score,
+        nllSequences,
+        cfg.micro_batch_tokens,
+        pad,
+        signal,
+        log,
+        `held-out NLL: ${m.name}`,
+      );
+      row.nll =
+        -s.sum.reduce((a, b) => a + b, 0) /
+        Math.max(
+          1,
+          s.count.reduce((a, b) => a + b, 0),
+        );
     }
     scorer.dispose();
-    Object.assign(row, await simulate(m, chat, sft.context, sft.placeholders, cfg.simulator, cfg.seed, signal, log, backend.gpu));
+    Object.assign(
+      row,
+      await simulate(m, chat, sft.context, sft.placeholders, cfg.simulator, cfg.seed, signal, log, backend.gpu),
+    );
     rows[m.name] = row;
     log.info('evaluated', { model: m.name, ...row });
   }
@@ -148,13 +253,32 @@ export async function run({ config: cfg, out, input, log, options, signal }: Sta
   const report = {
     models: rows,
     pairs_by_type: byType,
-    held_out: { pairs: examples.length, pairs_too_long: made.dropped.length, sft_windows: nllSequences.length, val_tasks: cfg.simulator.tasks, k: cfg.simulator.k },
+    held_out: {
+      pairs: examples.length,
+      pairs_too_long: made.dropped.length,
+      sft_windows: nllSequences.length,
+      val_tasks: cfg.simulator.tasks,
+      k: cfg.simulator.k,
+    },
     preference_loss: { loss: lossName, beta: training.beta, reference: training.reference ? 'sft' : null },
-    sampling: { temperature: cfg.simulator.temperature, top_p: cfg.simulator.top_p, max_tokens: cfg.simulator.max_tokens, max_turns: cfg.simulator.max_turns, constrained: cfg.simulator.constrained },
+    sampling: {
+      temperature: cfg.simulator.temperature,
+      top_p: cfg.simulator.top_p,
+      max_tokens: cfg.simulator.max_tokens,
+      max_turns: cfg.simulator.max_turns,
+      constrained: cfg.simulator.constrained,
+    },
     backend: backend.name,
   };
   await writeFile(join(out, 'eval.json'), JSON.stringify(report, null, 2) + '\n');
   await writeFile(join(out, 'table.txt'), table + '\n');
-  const counts: Record<string, number> = { pairs: examples.length, sft_windows: nllSequences.length, val_tasks: cfg.simulator.tasks };
-  return { counts, summary: `${models.map((m) => m.name).join(' / ')} on ${examples.length} held-out pairs, ${cfg.simulator.tasks}×${cfg.simulator.k} validation episodes (eval.json):\n${table}` };
+  const counts: Record<string, number> = {
+    pairs: examples.length,
+    sft_windows: nllSequences.length,
+    val_tasks: cfg.simulator.tasks,
+  };
+  return {
+    counts,
+    summary: `${models.map((m) => m.name).join(' / ')} on ${examples.length} held-out pairs, ${cfg.simulator.tasks}×${cfg.simulator.k} validation episodes (eval.json):\n${table}`,
+  };
 }

@@ -15,26 +15,35 @@ interface CardText {
 }
 
 /** What each dataset is for and how it was made, with the thresholds it was made with. */
-export function cardTexts(cfg: { sft_min_reward: number; kto_desirable_min: number; kto_undesirable_max: number }): Record<Dataset, CardText> {
+export function cardTexts(cfg: {
+  sft_min_reward: number;
+  kto_desirable_min: number;
+  kto_undesirable_max: number;
+}): Record<Dataset, CardText> {
   return {
     sessions: {
       title: 'sessions',
       purpose: 'Every ingested session, validated, with the side of the split its task is on.',
-      howMade: ['ingest: records mapped to the Session contract; bad records quarantined; duplicates by session_id dropped.', 'split: tasks held out by a stable hash of task_id; sessions without task_id grouped by request similarity (`task_match`).'],
+      howMade: [
+        'ingest: records mapped to the Session contract; bad records quarantined; duplicates by session_id dropped.',
+        'split: tasks held out by a stable hash of task_id; sessions without task_id grouped by request similarity (`task_match`).',
+      ],
       columns: SESSION_COLUMNS,
     },
     sft: {
       title: 'SFT',
-      purpose: 'Successful sessions for supervised fine-tuning (TRL SFTTrainer, conversational `messages`). Train on assistant turns only.',
+      purpose:
+        'Successful sessions for supervised fine-tuning (TRL SFTTrainer, conversational `messages`). Train on assistant turns only.',
       howMade: [`Sessions with reward ≥ ${cfg.sft_min_reward}.`],
       columns: SFT_COLUMNS,
     },
     pairs: {
       title: 'preference pairs',
-      purpose: "Preference pairs in TRL's conversational explicit-prompt format (`prompt`, `chosen`, `rejected`) for DPOTrainer and friends, with provenance columns.",
+      purpose:
+        "Preference pairs in TRL's conversational explicit-prompt format (`prompt`, `chosen`, `rejected`) for DPOTrainer and friends, with provenance columns.",
       howMade: [
-        'outcome: within a task, successes against failures; `prompt` is the longest common prefix of the two sessions\' messages, `chosen`/`rejected` the rest of each; margin = reward gap.',
-        'best_of_n: among a task\'s candidates (logged trials, and sampled ones when the sample stage is on) the judges pick the best; best against each other candidate.',
+        "outcome: within a task, successes against failures; `prompt` is the longest common prefix of the two sessions' messages, `chosen`/`rejected` the rest of each; margin = reward gap.",
+        "best_of_n: among a task's candidates (logged trials, and sampled ones when the sample stage is on) the judges pick the best; best against each other candidate.",
         'hard_negative: one assistant turn of a successful session (`chosen`) against a worse version of it (`rejected`, of type `negative_type`: refusal, hallucination, off_topic, format, verbose, under_explained); `prompt` is everything before that turn.',
         `Every pair was judged (verifier, rules, and an LLM judge when configured; column \`judge\` says which decided) and kept by the gate only when the judges confirm the chosen side; \`confidence\` is theirs.`,
       ],
@@ -43,12 +52,13 @@ export function cardTexts(cfg: { sft_min_reward: number; kto_desirable_min: numb
     kto: {
       title: 'KTO',
       purpose: "Unpaired labelled completions for TRL's KTOTrainer (`prompt`, `completion`, `label`).",
-      howMade: [`prompt: the messages before the first assistant turn; completion: the rest. label true at reward ≥ ${cfg.kto_desirable_min}, false at reward ≤ ${cfg.kto_undesirable_max}; sessions between are left out.`],
+      howMade: [
+        `prompt: the messages before the first assistant turn; completion: the rest. label true at reward ≥ ${cfg.kto_desirable_min}, false at reward ≤ ${cfg.kto_undesirable_max}; sessions between are left out.`,
+      ],
       columns: KTO_COLUMNS,
     },
   };
 }
-
 
 export interface CardInput {
   name: string;
@@ -64,8 +74,13 @@ export interface CardInput {
 
 export function datasetCard(c: CardInput): string {
   const rows = Object.entries(c.counts).map(([k, v]) => `| ${k} | ${v} |`);
-  const schema = Object.entries(c.columns).map(([k, col]) => `| \`${k}\` | \`${describeColumn(col).replace(/\|/g, '\\|')}\` |`);
-  const lineage = c.lineage.map((l) => `| ${l.stage} | ${l.code_version} | \`${l.config_hash.slice(0, 16)}\` | \`${l.fingerprint.slice(0, 16)}\` | ${l.finished_at} |`);
+  const schema = Object.entries(c.columns).map(
+    ([k, col]) => `| \`${k}\` | \`${describeColumn(col).replace(/\|/g, '\\|')}\` |`,
+  );
+  const lineage = c.lineage.map(
+    (l) =>
+      `| ${l.stage} | ${l.code_version} | \`${l.config_hash.slice(0, 16)}\` | \`${l.fingerprint.slice(0, 16)}\` | ${l.finished_at} |`,
+  );
   return `# prefab dataset: ${c.title}
 
 ${c.purpose}

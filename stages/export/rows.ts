@@ -7,11 +7,23 @@ import type { Redactor } from '../../core/redact.ts';
 export function ktoRow(s: SplitSession, label: boolean): KtoRow | null {
   const first = s.messages.findIndex((m) => m.role === 'assistant');
   if (first < 0) return null;
-  return { prompt: s.messages.slice(0, first), completion: s.messages.slice(first), label, session_id: s.session_id, task_id: s.task_id, reward: s.reward };
+  return {
+    prompt: s.messages.slice(0, first),
+    completion: s.messages.slice(first),
+    label,
+    session_id: s.session_id,
+    task_id: s.task_id,
+    reward: s.reward,
+  };
 }
 
 export function maskSession(s: SplitSession, r: Redactor): SplitSession {
-  return { ...s, messages: r.messages(s.messages), feedback: s.feedback === null ? null : r.text(s.feedback), metadata: r.text(s.metadata) };
+  return {
+    ...s,
+    messages: r.messages(s.messages),
+    feedback: s.feedback === null ? null : r.text(s.feedback),
+    metadata: r.text(s.metadata),
+  };
 }
 
 export function maskPair(p: Pair, r: Redactor): Pair {

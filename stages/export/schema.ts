@@ -21,7 +21,10 @@ const MESSAGE: Column = {
     tool_calls: {
       kind: 'list',
       optional: true,
-      of: { kind: 'struct', fields: { id: str, type: str, function: { kind: 'struct', fields: { name: str, arguments: str } } } },
+      of: {
+        kind: 'struct',
+        fields: { id: str, type: str, function: { kind: 'struct', fields: { name: str, arguments: str } } },
+      },
     },
     tool_call_id: optStr,
   },

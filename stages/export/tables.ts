@@ -31,9 +31,17 @@ export interface TablesWritten {
   ktoSkipped: number;
 }
 
-async function open(dir: string, side: Split, columns: Record<string, Column>, cfg: Config): Promise<ParquetTableWriter<object>> {
+async function open(
+  dir: string,
+  side: Split,
+  columns: Record<string, Column>,
+  cfg: Config,
+): Promise<ParquetTableWriter<object>> {
   await mkdir(dir, { recursive: true });
-  return ParquetTableWriter.open(join(dir, `${side}.parquet`), columns, { rowGroupSize: cfg.row_group_size, compression: cfg.compression as Compression });
+  return ParquetTableWriter.open(join(dir, `${side}.parquet`), columns, {
+    rowGroupSize: cfg.row_group_size,
+    compression: cfg.compression as Compression,
+  });
 }
 
 /** One Redactor per row: placeholders are consistent within a row and say nothing across rows; null when masking is off. */
@@ -47,7 +55,12 @@ function masker(cfg: Config): (() => Redactor) | null {
  * point on the main thread). Each file closes once its last row is in: a file's footer describes every row
  * group, and the writer holds it until then.
  */
-export async function writeSessionTables(s: TableSource, side: Split, tables: SessionTable[], beforeBucket: (b: number) => Promise<void> = async () => {}): Promise<TablesWritten> {
+export async function writeSessionTables(
+  s: TableSource,
+  side: Split,
+  tables: SessionTable[],
+  beforeBucket: (b: number) => Promise<void> = async () => {},
+): Promise<TablesWritten> {
   const { cfg } = s;
   const mask = masker(cfg);
   const w: Partial<Record<SessionTable, ParquetTableWriter<object>>> = {};
@@ -62,9 +75,15 @@ export async function writeSessionTables(s: TableSource, side: Split, tables: Se
       const session = mask ? maskSession(logged, mask()) : logged;
       await w.sessions?.append(session);
       if (w.sft && session.reward >= cfg.sft_min_reward) {
-        await w.sft.append({ messages: session.messages, session_id: session.session_id, task_id: session.task_id, reward: session.reward } satisfies SftRow);
+        await w.sft.append({
+          messages: session.messages,
+          session_id: session.session_id,
+          task_id: session.task_id,
+          reward: session.reward,
+        } satisfies SftRow);
       }
-      const label = session.reward >= cfg.kto_desirable_min ? true : session.reward <= cfg.kto_undesirable_max ? false : null;
+      const label =
+        session.reward >= cfg.kto_desirable_min ? true : session.reward <= cfg.kto_undesirable_max ? false : null;
       if (w.kto && label !== null) {
         const row = ktoRow(session, label);
         if (row) await w.kto.append(row);
@@ -84,7 +103,8 @@ export async function writeSessionTables(s: TableSource, side: Split, tables: Se
 export async function writePairTable(s: TableSource, side: Split): Promise<TablesWritten> {
   const mask = masker(s.cfg);
   const writer = await open(join(s.out, 'pairs'), side, PAIR_COLUMNS, s.cfg);
-  for await (const { whole } of readPairs<Pair<PairSide>>(join(s.gate, `${side}.jsonl`), s.folders, s.buckets)) await writer.append(mask ? maskPair(whole, mask()) : whole);
+  for await (const { whole } of readPairs<Pair<PairSide>>(join(s.gate, `${side}.jsonl`), s.folders, s.buckets))
+    await writer.append(mask ? maskPair(whole, mask()) : whole);
   await writer.close();
   return { rows: { pairs: writer.rows }, ktoSkipped: 0 };
 }

@@ -45,7 +45,12 @@ export function wilson(correct: number, n: number, z: number): { low: number; hi
 export function truthOf(p: JudgedPair<unknown>, minRewardGap: number): 'a' | 'b' | null {
   const v = p.verdicts[VERIFIER];
   if (v && (v.winner === 'a' || v.winner === 'b') && v.confidence >= 1) return v.winner;
-  if (p.chosen_reward !== null && p.rejected_reward !== null && Math.abs(p.chosen_reward - p.rejected_reward) >= minRewardGap) return p.chosen_reward > p.rejected_reward ? 'a' : 'b';
+  if (
+    p.chosen_reward !== null &&
+    p.rejected_reward !== null &&
+    Math.abs(p.chosen_reward - p.rejected_reward) >= minRewardGap
+  )
+    return p.chosen_reward > p.rejected_reward ? 'a' : 'b';
   if (p.source === 'hard_negative') return 'a';
   return null;
 }
@@ -54,11 +59,19 @@ export function truthOf(p: JudgedPair<unknown>, minRewardGap: number): 'a' | 'b'
 const BANDS = [0.25, 0.5, 0.75];
 
 /** The band of a confidence, as a group suffix: `@0.75` holds confidences of 0.75 and above. */
-const bandOf = (confidence: number): string => `@${[0, ...BANDS].filter((b) => confidence >= b).at(-1)!.toFixed(2)}`;
+const bandOf = (confidence: number): string =>
+  `@${[0, ...BANDS]
+    .filter((b) => confidence >= b)
+    .at(-1)!
+    .toFixed(2)}`;
 
 /** The groups a pair belongs to, the most specific first (source and negative type, then source; each first within the judge's confidence band). */
-const groupsOf = (p: JudgedPair<unknown>): string[] => [...(p.negative_type ? [`${p.source}/${p.negative_type}`] : []), p.source];
-const bandedGroupsOf = (p: JudgedPair<unknown>, confidence: number): string[] => groupsOf(p).flatMap((g) => [`${g}${bandOf(confidence)}`, g]);
+const groupsOf = (p: JudgedPair<unknown>): string[] => [
+  ...(p.negative_type ? [`${p.source}/${p.negative_type}`] : []),
+  p.source,
+];
+const bandedGroupsOf = (p: JudgedPair<unknown>, confidence: number): string[] =>
+  groupsOf(p).flatMap((g) => [`${g}${bandOf(confidence)}`, g]);
 
 export class Calibration {
   /** judge → group → [votes, correct] */
@@ -86,12 +99,23 @@ export class Calibration {
   private row(judge: string, group: string): CalibrationRow {
     const [votes, correct] = this.tally.get(judge)?.get(group) ?? [0, 0];
     const { low, high } = wilson(correct, votes, this.o.z);
-    return { judge, group, votes, correct, accuracy: votes ? correct / votes : 0, low, high, trusted: votes > 0 && low > 0.5 };
+    return {
+      judge,
+      group,
+      votes,
+      correct,
+      accuracy: votes ? correct / votes : 0,
+      low,
+      high,
+      trusted: votes > 0 && low > 0.5,
+    };
   }
 
   /** Every judge's accuracy per group, as measured. */
   rows(): CalibrationRow[] {
-    return [...this.tally].sort(([a], [b]) => (a < b ? -1 : 1)).flatMap(([judge, groups]) => [...groups.keys()].sort().map((g) => this.row(judge, g)));
+    return [...this.tally]
+      .sort(([a], [b]) => (a < b ? -1 : 1))
+      .flatMap(([judge, groups]) => [...groups.keys()].sort().map((g) => this.row(judge, g)));
   }
 
   /**
@@ -122,18 +146,31 @@ export class Calibration {
         continue;
       }
       if (!c.trusted) {
-        why.push(`${judge} is right ${c.correct} of ${c.votes} times on ${c.group} (${c.low.toFixed(2)}–${c.high.toFixed(2)}), not surely better than chance`);
+        why.push(
+          `${judge} is right ${c.correct} of ${c.votes} times on ${c.group} (${c.low.toFixed(2)}–${c.high.toFixed(2)}), not surely better than chance`,
+        );
         continue;
       }
       logit += (verdict.winner === 'a' ? 1 : -1) * Math.log(c.low / (1 - c.low));
       deciders.push(judge);
     }
     let verdict: Verdict;
-    if (deciders.length === 0) verdict = { winner: 'abstain', confidence: 0, rationale: why.length ? `no judge has earned its weight here: ${why.join('; ')}` : 'no judge voted' };
-    else if (Math.abs(logit) < 1e-9) verdict = { winner: 'tie', confidence: 0, rationale: 'the calibrated votes cancel out' };
+    if (deciders.length === 0)
+      verdict = {
+        winner: 'abstain',
+        confidence: 0,
+        rationale: why.length ? `no judge has earned its weight here: ${why.join('; ')}` : 'no judge voted',
+      };
+    else if (Math.abs(logit) < 1e-9)
+      verdict = { winner: 'tie', confidence: 0, rationale: 'the calibrated votes cancel out' };
     else {
       const pa = 1 / (1 + Math.exp(-logit));
-      verdict = { ...p.verdict, winner: pa > 0.5 ? 'a' : 'b', confidence: Math.abs(2 * pa - 1), rationale: `calibrated P(chosen better) ${pa.toFixed(3)} from ${deciders.join(', ')}` };
+      verdict = {
+        ...p.verdict,
+        winner: pa > 0.5 ? 'a' : 'b',
+        confidence: Math.abs(2 * pa - 1),
+        rationale: `calibrated P(chosen better) ${pa.toFixed(3)} from ${deciders.join(', ')}`,
+      };
     }
     return { ...p, verdict, confidence: chosenConfidence(verdict), judge: deciders.join('+') };
   }

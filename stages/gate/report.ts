@@ -13,11 +13,13 @@ export interface GateOptions {
 /** Why the pair is dropped, or null to keep it. */
 export function gateReason(p: JudgedPair<unknown>, o: GateOptions): string | null {
   if (!o.sources.includes(p.source)) return `source ${p.source} is not in gate.sources`;
-  if (p.verdict.winner === 'abstain') return `the judges abstained${p.verdict.rationale ? `: ${p.verdict.rationale}` : ''}`;
+  if (p.verdict.winner === 'abstain')
+    return `the judges abstained${p.verdict.rationale ? `: ${p.verdict.rationale}` : ''}`;
   if (p.verdict.winner === 'tie') return 'the judges call it a tie';
   if (p.verdict.winner === 'b') return 'the judges prefer the rejected side';
   if (p.confidence < o.minConfidence) return `confidence ${p.confidence.toFixed(3)} is below ${o.minConfidence}`;
-  if (o.minMargin !== null && p.margin !== null && p.margin < o.minMargin) return `margin ${p.margin.toFixed(3)} is below ${o.minMargin}`;
+  if (o.minMargin !== null && p.margin !== null && p.margin < o.minMargin)
+    return `margin ${p.margin.toFixed(3)} is below ${o.minMargin}`;
   return null;
 }
 
@@ -40,9 +42,26 @@ export type ReportRow = {
   abstain_rate: number;
 } & Counted;
 
-type Acc = { judged: number; kept: number; confidence: number; margin: number; margins: number; flipped: number; abstained: number } & Counted;
+type Acc = {
+  judged: number;
+  kept: number;
+  confidence: number;
+  margin: number;
+  margins: number;
+  flipped: number;
+  abstained: number;
+} & Counted;
 
-const empty = (): Acc => ({ judged: 0, kept: 0, confidence: 0, margin: 0, margins: 0, flipped: 0, abstained: 0, ...(Object.fromEntries(COUNTED.map((k) => [k, 0])) as Counted) });
+const empty = (): Acc => ({
+  judged: 0,
+  kept: 0,
+  confidence: 0,
+  margin: 0,
+  margins: 0,
+  flipped: 0,
+  abstained: 0,
+  ...(Object.fromEntries(COUNTED.map((k) => [k, 0])) as Counted),
+});
 
 /** Adds judged pairs one at a time; `rows()` gives the report so far, one row per (source, negative type) and a total. */
 export class GateReport {
@@ -73,7 +92,9 @@ export class GateReport {
   }
 
   rows(): ReportRow[] {
-    const sorted = [...this.groups.values()].sort((x, y) => `${x.source}/${x.negative_type ?? ''}`.localeCompare(`${y.source}/${y.negative_type ?? ''}`));
+    const sorted = [...this.groups.values()].sort((x, y) =>
+      `${x.source}/${x.negative_type ?? ''}`.localeCompare(`${y.source}/${y.negative_type ?? ''}`),
+    );
     const total = empty();
     for (const { acc } of sorted) for (const k of Object.keys(total) as (keyof Acc)[]) total[k] += acc[k];
     return [...sorted.map((g) => row(g.source, g.negative_type, g.acc)), row('total' as PairSource, null, total)];
@@ -100,7 +121,12 @@ const pct = (x: number) => `${(100 * x).toFixed(1)}%`;
 const num = (x: number | null) => (x === null ? '–' : x.toFixed(3));
 
 /** The report as a Markdown table, for people. */
-export function reportMarkdown(rows: ReportRow[], options: GateOptions, endpoint: unknown, calibration: CalibrationRow[] | null): string {
+export function reportMarkdown(
+  rows: ReportRow[],
+  options: GateOptions,
+  endpoint: unknown,
+  calibration: CalibrationRow[] | null,
+): string {
   const lines = [
     '# Gate report',
     '',
@@ -120,13 +146,17 @@ export function reportMarkdown(rows: ReportRow[], options: GateOptions, endpoint
       '',
       '## Judges, measured',
       '',
-      "Each judge other than the verifier on the pairs whose truth is known (the verifier decided them, their rewards differ, or they are hard negatives). A pair the verifier did not decide is decided by the judges trusted on its group (source and negative type, or the source), each weighing by its lower bound; the others decide nothing.",
+      'Each judge other than the verifier on the pairs whose truth is known (the verifier decided them, their rewards differ, or they are hard negatives). A pair the verifier did not decide is decided by the judges trusted on its group (source and negative type, or the source), each weighing by its lower bound; the others decide nothing.',
       '',
       '| judge | group | votes | correct | accuracy | 95% interval | trusted |',
       '|---|---|---|---|---|---|---|',
-      ...calibration.map((c) => `| ${c.judge} | ${c.group} | ${c.votes} | ${c.correct} | ${pct(c.accuracy)} | ${pct(c.low)}–${pct(c.high)} | ${c.trusted ? 'yes' : 'no'} |`),
+      ...calibration.map(
+        (c) =>
+          `| ${c.judge} | ${c.group} | ${c.votes} | ${c.correct} | ${pct(c.accuracy)} | ${pct(c.low)}–${pct(c.high)} | ${c.trusted ? 'yes' : 'no'} |`,
+      ),
     );
-    if (calibration.length === 0) lines.push('| (no judge other than the verifier voted on a pair of known truth) | | | | | | |');
+    if (calibration.length === 0)
+      lines.push('| (no judge other than the verifier voted on a pair of known truth) | | | | | | |');
   }
   if (endpoint) lines.push('', `Endpoint: \`${JSON.stringify(endpoint)}\``);
   return lines.join('\n') + '\n';

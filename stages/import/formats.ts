@@ -32,14 +32,24 @@ export interface ReadPair {
 /** Why a record cannot be read as a pair: quarantined with this reason. */
 export class ImportError extends Error {}
 
-const ROLE_NAMES: Record<string, Message['role']> = { human: 'user', user: 'user', assistant: 'assistant', gpt: 'assistant', bot: 'assistant', system: 'system', tool: 'tool' };
+const ROLE_NAMES: Record<string, Message['role']> = {
+  human: 'user',
+  user: 'user',
+  assistant: 'assistant',
+  gpt: 'assistant',
+  bot: 'assistant',
+  system: 'system',
+  tool: 'tool',
+};
 
 /** "\n\nHuman: …\n\nAssistant: …" as messages. */
 export function hhMessages(text: string): Message[] {
   const parts = text.split(/\n\n(Human|Assistant):\s?/);
   const out: Message[] = [];
-  if (parts[0]!.trim()) throw new ImportError(`text before the first "Human:" turn: "${parts[0]!.trim().slice(0, 40)}"`);
-  for (let i = 1; i < parts.length; i += 2) out.push({ role: parts[i] === 'Human' ? 'user' : 'assistant', content: parts[i + 1]!.trim() });
+  if (parts[0]!.trim())
+    throw new ImportError(`text before the first "Human:" turn: "${parts[0]!.trim().slice(0, 40)}"`);
+  for (let i = 1; i < parts.length; i += 2)
+    out.push({ role: parts[i] === 'Human' ? 'user' : 'assistant', content: parts[i + 1]!.trim() });
   if (out.length === 0) throw new ImportError('no "\\n\\nHuman:" / "\\n\\nAssistant:" turns');
   return out;
 }
@@ -47,7 +57,10 @@ export function hhMessages(text: string): Message[] {
 /** A conversation given as a list of {role, content} (also {from, value}), or as text: a user's turn for a prompt, an assistant's for a completion. */
 function messagesOf(value: unknown, field: string, textRole: Message['role']): Message[] {
   if (typeof value === 'string') return [{ role: textRole, content: value }];
-  if (!Array.isArray(value)) throw new ImportError(`${field} must be text or a list of messages, got ${value === undefined ? 'nothing' : typeof value}`);
+  if (!Array.isArray(value))
+    throw new ImportError(
+      `${field} must be text or a list of messages, got ${value === undefined ? 'nothing' : typeof value}`,
+    );
   return value.map((m, i) => {
     if (m === null || typeof m !== 'object') throw new ImportError(`${field}[${i}] must be a message object`);
     const o = m as Record<string, unknown>;
@@ -63,9 +76,18 @@ function messagesOf(value: unknown, field: string, textRole: Message['role']): M
 /** Two whole conversations split at their longest common prefix: the prompt, then each side (from its first assistant turn). */
 function splitAtPrefix(chosen: Message[], rejected: Message[]): Pick<ReadPair, 'prompt' | 'chosen' | 'rejected'> {
   const n = commonPrefixLength(chosen, rejected);
-  if (n === chosen.length || n === rejected.length) throw new ImportError(n === chosen.length && n === rejected.length ? 'chosen and rejected are the same conversation' : 'one side is the other cut short: no reply to compare');
-  for (const [name, side] of [['chosen', chosen], ['rejected', rejected]] as const) {
-    if (side[n]!.role !== 'assistant') throw new ImportError(`the sides part at a ${side[n]!.role} turn of ${name}, not at a reply`);
+  if (n === chosen.length || n === rejected.length)
+    throw new ImportError(
+      n === chosen.length && n === rejected.length
+        ? 'chosen and rejected are the same conversation'
+        : 'one side is the other cut short: no reply to compare',
+    );
+  for (const [name, side] of [
+    ['chosen', chosen],
+    ['rejected', rejected],
+  ] as const) {
+    if (side[n]!.role !== 'assistant')
+      throw new ImportError(`the sides part at a ${side[n]!.role} turn of ${name}, not at a reply`);
   }
   return { prompt: chosen.slice(0, n), chosen: chosen.slice(n), rejected: rejected.slice(n) };
 }
@@ -80,17 +102,20 @@ export function detectImport(record: unknown, m: ImportMapping): ImportFormat {
 
 const rating = (value: unknown, field: string): number => {
   const r = typeof value === 'string' ? Number(value) : value;
-  if (typeof r !== 'number' || !Number.isFinite(r)) throw new ImportError(`${field} must be a number, got ${JSON.stringify(value)}`);
+  if (typeof r !== 'number' || !Number.isFinite(r))
+    throw new ImportError(`${field} must be a number, got ${JSON.stringify(value)}`);
   return r;
 };
 
 /** The pairs one record holds (UltraFeedback: several). */
 export function readPairs(record: unknown, format: ImportFormat, m: ImportMapping): ReadPair[] {
-  if (record === null || typeof record !== 'object' || Array.isArray(record)) throw new ImportError('a record must be a JSON object');
+  if (record === null || typeof record !== 'object' || Array.isArray(record))
+    throw new ImportError('a record must be a JSON object');
   if (format === 'hh') {
     const [c, r] = [m.chosen, m.rejected].map((f) => {
       const v = getPath(record, f);
-      if (typeof v !== 'string') throw new ImportError(`${f} must be an HH-RLHF transcript ("\\n\\nHuman: …\\n\\nAssistant: …")`);
+      if (typeof v !== 'string')
+        throw new ImportError(`${f} must be an HH-RLHF transcript ("\\n\\nHuman: …\\n\\nAssistant: …")`);
       return hhMessages(v);
     });
     return [{ ...splitAtPrefix(c!, r!), chosenRating: null, rejectedRating: null }];
@@ -100,9 +125,14 @@ export function readPairs(record: unknown, format: ImportFormat, m: ImportMappin
     const chosen = messagesOf(getPath(record, m.chosen), m.chosen, 'assistant');
     const rejected = messagesOf(getPath(record, m.rejected), m.rejected, 'assistant');
     const scores = [getPath(record, 'score_chosen'), getPath(record, 'score_rejected')];
-    const rated = scores.every((s) => s !== undefined && s !== null) ? scores.map((s, i) => rating(s, i ? 'score_rejected' : 'score_chosen')) : null;
+    const rated = scores.every((s) => s !== undefined && s !== null)
+      ? scores.map((s, i) => rating(s, i ? 'score_rejected' : 'score_chosen'))
+      : null;
     const scale = rated ? Math.max(...rated, 1) : 1;
-    const ratings = { chosenRating: rated ? rated[0]! / scale : null, rejectedRating: rated ? rated[1]! / scale : null };
+    const ratings = {
+      chosenRating: rated ? rated[0]! / scale : null,
+      rejectedRating: rated ? rated[1]! / scale : null,
+    };
     if (promptValue === undefined) return [{ ...splitAtPrefix(chosen, rejected), ...ratings }];
     return [{ prompt: messagesOf(promptValue, m.prompt, 'user'), chosen, rejected, ...ratings }];
   }
@@ -118,5 +148,11 @@ export function readPairs(record: unknown, format: ImportFormat, m: ImportMappin
   const scale = Math.max(...completions.map((c) => c.rating), 1);
   const lower = completions.filter((c) => c.rating < best.rating);
   if (lower.length === 0) throw new ImportError('every completion has the same rating: no preference to read');
-  return lower.map((c) => ({ prompt, chosen: [{ role: 'assistant', content: best.response }], rejected: [{ role: 'assistant', content: c.response }], chosenRating: best.rating / scale, rejectedRating: c.rating / scale }));
+  return lower.map((c) => ({
+    prompt,
+    chosen: [{ role: 'assistant', content: best.response }],
+    rejected: [{ role: 'assistant', content: c.response }],
+    chosenRating: best.rating / scale,
+    rejectedRating: c.rating / scale,
+  }));
 }

@@ -8,20 +8,44 @@ import { resolveInputs } from '../../pipeline/inputs.ts';
 import { defineStage } from '../../pipeline/stage.ts';
 
 const config = z.strictObject({
-  inputs: z.array(z.string()).default([]).describe('Files, folders (read recursively) or globs of preference data, relative to the config file (JSONL, JSON array, Parquet; .gz for JSONL and JSON). Empty: nothing is imported.'),
-  file_format: z.enum(['auto', 'jsonl', 'json', 'parquet']).default('auto').describe('auto: each file by its extension; otherwise every file is read as this format.'),
-  format: z.enum(['auto', 'hh', 'trl', 'ultrafeedback']).default('auto').describe('The shape of a record: hh (chosen/rejected HH-RLHF transcripts, the prompt implicit), trl (prompt + chosen/rejected, as text or conversations; or whole chosen/rejected conversations), ultrafeedback (prompt + rated completions: the best against each rated lower); auto: by the fields each record has.'),
+  inputs: z
+    .array(z.string())
+    .default([])
+    .describe(
+      'Files, folders (read recursively) or globs of preference data, relative to the config file (JSONL, JSON array, Parquet; .gz for JSONL and JSON). Empty: nothing is imported.',
+    ),
+  file_format: z
+    .enum(['auto', 'jsonl', 'json', 'parquet'])
+    .default('auto')
+    .describe('auto: each file by its extension; otherwise every file is read as this format.'),
+  format: z
+    .enum(['auto', 'hh', 'trl', 'ultrafeedback'])
+    .default('auto')
+    .describe(
+      'The shape of a record: hh (chosen/rejected HH-RLHF transcripts, the prompt implicit), trl (prompt + chosen/rejected, as text or conversations; or whole chosen/rejected conversations), ultrafeedback (prompt + rated completions: the best against each rated lower); auto: by the fields each record has.',
+    ),
   mapping: z
     .strictObject({
       prompt: z.string().default('prompt').describe('Dotted path of the prompt (text or messages).'),
-      chosen: z.string().default('chosen').describe('Dotted path of the chosen side (text, messages, or an HH transcript).'),
+      chosen: z
+        .string()
+        .default('chosen')
+        .describe('Dotted path of the chosen side (text, messages, or an HH transcript).'),
       rejected: z.string().default('rejected').describe('Dotted path of the rejected side.'),
       completions: z.string().default('completions').describe('UltraFeedback: dotted path of the rated completions.'),
       response: z.string().default('response').describe("UltraFeedback: a completion's text, within it."),
       rating: z.string().default('overall_score').describe("UltraFeedback: a completion's rating, within it."),
     })
-    .prefault({}).describe('Where each part of a pair is found in a record.'),
-  test_ratio: z.number().min(0).max(1).default(0.05).describe('Share of the prompts whose pairs go to test (a seeded draw on the prompt, so pairs of one prompt stay together).'),
+    .prefault({})
+    .describe('Where each part of a pair is found in a record.'),
+  test_ratio: z
+    .number()
+    .min(0)
+    .max(1)
+    .default(0.05)
+    .describe(
+      'Share of the prompts whose pairs go to test (a seeded draw on the prompt, so pairs of one prompt stay together).',
+    ),
   seed: z.string().default('prefab').describe('The train/test draw.'),
 });
 
@@ -35,7 +59,8 @@ export const importStage = defineStage({
   inputs: [],
   outputs: ['train.jsonl', 'test.jsonl', 'quarantine.jsonl'],
   config,
-  external: (cfg, configDir) => (cfg.inputs.length ? resolveInputs(cfg.inputs, configDir, 'import.inputs') : Promise.resolve([])),
+  external: (cfg, configDir) =>
+    cfg.inputs.length ? resolveInputs(cfg.inputs, configDir, 'import.inputs') : Promise.resolve([]),
 
   run: (ctx) => import('./run.ts').then((m) => m.run(ctx)),
   // Imported pairs have no tasks to shard by: every shard imports them all (the judge stage keeps them on shard 0 only).

@@ -14,15 +14,32 @@ import type { Config } from './index.ts';
 export async function run({ config: cfg, out, external, log, signal }: StageContext<Config>): Promise<StageReport> {
   const writers = Object.fromEntries(SPLITS.map((s) => [s, new JsonlWriter(join(out, `${s}.jsonl`))]));
   const quarantine = new JsonlWriter(join(out, 'quarantine.jsonl'));
-  const counts: Record<string, number> = { train: 0, test: 0, records: 0, quarantined: 0, duplicates: 0, files: external.length, hh: 0, trl: 0, ultrafeedback: 0 };
+  const counts: Record<string, number> = {
+    train: 0,
+    test: 0,
+    records: 0,
+    quarantined: 0,
+    duplicates: 0,
+    files: external.length,
+    hh: 0,
+    trl: 0,
+    ultrafeedback: 0,
+  };
   // A pair met before (the same prompt and sides, in this file or another) is counted, not written again.
   const seen = new Set<string>();
   const due = every(1000);
   for (const file of external) {
     const fileFormat: InputFormat | null = cfg.file_format === 'auto' ? detectFormat(file.path) : cfg.file_format;
-    if (!fileFormat) throw new UsageError(`${file.name}: cannot tell its format from the name; use .jsonl, .json or .parquet, or set import.file_format`);
+    if (!fileFormat)
+      throw new UsageError(
+        `${file.name}: cannot tell its format from the name; use .jsonl, .json or .parquet, or set import.file_format`,
+      );
     for await (const record of readRecords(file.path, fileFormat)) {
-      if (due()) await safePoint(signal, () => `import: stopped while reading ${file.name}; the next run reads every file again`);
+      if (due())
+        await safePoint(
+          signal,
+          () => `import: stopped while reading ${file.name}; the next run reads every file again`,
+        );
       if (!record.damaged) counts.records!++;
       let read;
       let format: ImportFormat | null = null;
@@ -31,9 +48,15 @@ export async function run({ config: cfg, out, external, log, signal }: StageCont
         format = cfg.format === 'auto' ? detectImport(record.value, cfg.mapping) : cfg.format;
         read = readPairs(record.value, format, cfg.mapping);
       } catch (error) {
-        if (!(error instanceof ImportError)) throw new Error(`import: ${file.name} ${record.where}: ${(error as Error).message}`, { cause: error });
+        if (!(error instanceof ImportError))
+          throw new Error(`import: ${file.name} ${record.where}: ${(error as Error).message}`, { cause: error });
         counts.quarantined!++;
-        await quarantine.write({ file: file.name, where: record.where, reason: `${format ? `${format}: ` : ''}${error.message}`, raw: quarantineText(record.raw) });
+        await quarantine.write({
+          file: file.name,
+          where: record.where,
+          reason: `${format ? `${format}: ` : ''}${error.message}`,
+          raw: quarantineText(record.raw),
+        });
         continue;
       }
       counts[format]!++;

@@ -10,7 +10,9 @@ import { ROLES, type Session } from '../../core/records.ts';
 import { getPath, holdsAt, jsonStringEnd } from '../../pipeline/records.ts';
 import { sessionAround, type MappingOptions } from './mapping.ts';
 
-const [QUOTE, BACKSLASH, COMMA, COLON, OPEN_BRACE, CLOSE_BRACE, OPEN_BRACKET, CLOSE_BRACKET] = [0x22, 0x5c, 0x2c, 0x3a, 0x7b, 0x7d, 0x5b, 0x5d];
+const [QUOTE, BACKSLASH, COMMA, COLON, OPEN_BRACE, CLOSE_BRACE, OPEN_BRACKET, CLOSE_BRACKET] = [
+  0x22, 0x5c, 0x2c, 0x3a, 0x7b, 0x7d, 0x5b, 0x5d,
+];
 const REPLACEMENT_CHARACTER = Buffer.from('\uFFFD');
 
 /**
@@ -123,7 +125,12 @@ function valueEnd(b: Uint8Array, at: number, end: number): number {
  * `end`, when it is the only such key and its value is messages written as ingest writes them (`spaced`: but
  * for white space between tokens); else null.
  */
-function messagesSpan(b: Buffer, start: number, end: number, key: Uint8Array): { from: number; to: number; spaced: boolean } | null {
+function messagesSpan(
+  b: Buffer,
+  start: number,
+  end: number,
+  key: Uint8Array,
+): { from: number; to: number; spaced: boolean } | null {
   let i = skipSpace(b, start, end);
   if (b[i] !== OPEN_BRACE) return null;
   i = skipSpace(b, i + 1, end);
@@ -164,10 +171,15 @@ export type StoredReader = (bytes: Buffer, start: number, end: number, source: s
  * anything wrong with the record (the ordinary reading then says what), longer than `maxBytes`, nesting
  * deeper than `tooDeep` allows, or with bytes that are not UTF-8.
  */
-export function storedReader(o: MappingOptions, maxBytes: number, tooDeep: (text: string, value: unknown) => boolean): StoredReader | null {
+export function storedReader(
+  o: MappingOptions,
+  maxBytes: number,
+  tooDeep: (text: string, value: unknown) => boolean,
+): StoredReader | null {
   const { fields, message } = o;
   if (fields.messages.includes('.') || message.role !== 'role' || message.content !== 'content') return null;
-  if (!ROLES.every((r) => (message.roles[r] ?? r) === r) || (fields.session_id ?? 'session_id').includes('{')) return null;
+  if (!ROLES.every((r) => (message.roles[r] ?? r) === r) || (fields.session_id ?? 'session_id').includes('{'))
+    return null;
   const key = Buffer.from(JSON.stringify(fields.messages));
   return (bytes, start, end, source) => {
     if (end - start > maxBytes) return null;

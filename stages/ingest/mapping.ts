@@ -46,7 +46,8 @@ function withoutPaths(record: Json, paths: string[]): Json {
 
 /** Sets an own property, `__proto__` too (a key like any other, as JSON.parse makes it). */
 function setOwn(target: Json, key: string, value: unknown): void {
-  if (key === '__proto__') Object.defineProperty(target, key, { value, enumerable: true, writable: true, configurable: true });
+  if (key === '__proto__')
+    Object.defineProperty(target, key, { value, enumerable: true, writable: true, configurable: true });
   else target[key] = value;
 }
 
@@ -79,7 +80,8 @@ const TEMPLATE_FIELD = /\{([^{}]+)\}/g;
 function fillTemplate(template: string, record: Json, mapped: Record<string, unknown>): string {
   return template.replace(TEMPLATE_FIELD, (_, name: string) => {
     const value = getPath(record, name) ?? mapped[name];
-    if (value === undefined || value === null) throw new RecordError(`session_id template '${template}': field '${name}' is missing`);
+    if (value === undefined || value === null)
+      throw new RecordError(`session_id template '${template}': field '${name}' is missing`);
     return String(value);
   });
 }
@@ -95,7 +97,8 @@ function describe(value: unknown): string {
   if (value === null) return 'null';
   if (Array.isArray(value)) return 'an array';
   if (typeof value === 'number' && !Number.isFinite(value)) return String(value); // NaN, Infinity: JSON would say null
-  if (typeof value === 'string') return `the string ${JSON.stringify(value.length > 40 ? value.slice(0, 40) + '…' : value)}`;
+  if (typeof value === 'string')
+    return `the string ${JSON.stringify(value.length > 40 ? value.slice(0, 40) + '…' : value)}`;
   return `${typeof value} ${JSON.stringify(value)}`.slice(0, 60);
 }
 
@@ -106,7 +109,8 @@ function toTimestamp(value: unknown): string | null {
   if (value === undefined || value === null || value === '') return null;
   if (typeof value === 'string' && CANONICAL_TIME.test(value)) return value;
   let date: Date;
-  if (typeof value === 'number') date = new Date(value < 1e11 ? value * 1000 : value); // seconds or milliseconds
+  if (typeof value === 'number')
+    date = new Date(value < 1e11 ? value * 1000 : value); // seconds or milliseconds
   else if (typeof value === 'string') date = new Date(value);
   else throw new RecordError(`created_at must be an ISO date or epoch seconds, got ${describe(value)}`);
   if (Number.isNaN(date.getTime())) throw new RecordError(`created_at ${describe(value)} is not a date`);
@@ -114,9 +118,11 @@ function toTimestamp(value: unknown): string | null {
 }
 
 function toReward(value: unknown, policy: MappingOptions['outOfRangeReward'], path: string): number {
-  if (value === undefined || value === null) throw new RecordError(`reward is missing (looked at '${path}'; map it with ingest.mapping.reward)`);
+  if (value === undefined || value === null)
+    throw new RecordError(`reward is missing (looked at '${path}'; map it with ingest.mapping.reward)`);
   const reward = typeof value === 'boolean' ? Number(value) : value;
-  if (typeof reward !== 'number' || !Number.isFinite(reward)) throw new RecordError(`reward must be a number in [0, 1], got ${describe(value)}`);
+  if (typeof reward !== 'number' || !Number.isFinite(reward))
+    throw new RecordError(`reward must be a number in [0, 1], got ${describe(value)}`);
   if (reward < 0 || reward > 1) {
     if (policy === 'clamp') return Math.min(1, Math.max(0, reward));
     throw new RecordError(`reward ${reward} is outside [0, 1] (set ingest.out_of_range_reward: clamp to clamp it)`);
@@ -138,11 +144,14 @@ function toToolCalls(value: unknown, at: string): ToolCall[] {
   if (!Array.isArray(value)) throw new RecordError(`${at}.tool_calls must be an array, got ${describe(value)}`);
   return value.map((call, j) => {
     const where = `${at}.tool_calls[${j}]`;
-    if (!isObject(call) || !isObject(call.function)) throw new RecordError(`${where} must be {id, type: 'function', function: {name, arguments}}`);
+    if (!isObject(call) || !isObject(call.function))
+      throw new RecordError(`${where} must be {id, type: 'function', function: {name, arguments}}`);
     const { name, arguments: args } = call.function;
-    if (typeof name !== 'string' || name === '') throw new RecordError(`${where}.function.name must be a non-empty string`);
+    if (typeof name !== 'string' || name === '')
+      throw new RecordError(`${where}.function.name must be a non-empty string`);
     if (typeof call.id !== 'string') throw new RecordError(`${where}.id must be a string`);
-    if (call.type !== undefined && call.type !== 'function') throw new RecordError(`${where}.type must be 'function', got ${describe(call.type)}`);
+    if (call.type !== undefined && call.type !== 'function')
+      throw new RecordError(`${where}.type must be 'function', got ${describe(call.type)}`);
     // arguments is a JSON string in OpenAI's format; some logs store the parsed object.
     const argumentsText = typeof args === 'string' ? args : args === undefined ? '{}' : JSON.stringify(args);
     return { id: call.id, type: 'function' as const, function: { name, arguments: argumentsText } };
@@ -158,7 +167,9 @@ function toMessage(raw: unknown, i: number, m: MessageMapping): { message: Messa
   const rawRole = raw[m.role];
   const role = (typeof rawRole === 'string' ? (m.roles[rawRole] ?? rawRole) : rawRole) as Role;
   if (!ROLES.includes(role)) {
-    throw new RecordError(`${at}.${m.role}: ${describe(rawRole)} is not one of ${ROLES.join(', ')} (map other names with ingest.message.roles)`);
+    throw new RecordError(
+      `${at}.${m.role}: ${describe(rawRole)} is not one of ${ROLES.join(', ')} (map other names with ingest.message.roles)`,
+    );
   }
   const message: Message = { role, content: toContent(raw[m.content], at) };
   if (raw.name !== undefined && raw.name !== null) message.name = String(raw.name);
@@ -167,7 +178,8 @@ function toMessage(raw: unknown, i: number, m: MessageMapping): { message: Messa
     if (calls.length > 0) message.tool_calls = calls;
   }
   if (raw.tool_call_id !== undefined && raw.tool_call_id !== null) message.tool_call_id = String(raw.tool_call_id);
-  if (role === 'tool' && message.tool_call_id === undefined) throw new RecordError(`${at}: a tool message needs tool_call_id`);
+  if (role === 'tool' && message.tool_call_id === undefined)
+    throw new RecordError(`${at}: a tool message needs tool_call_id`);
   let extras: Json | null = null;
   for (const key in raw) {
     const value = raw[key];
@@ -183,7 +195,9 @@ export function toSession(record: unknown, source: string, options: MappingOptio
   const f = options.fields;
   const rawMessages = getPath(record, f.messages);
   if (!Array.isArray(rawMessages)) {
-    throw new RecordError(`messages must be an array (looked at '${f.messages}'; map it with ingest.mapping.messages), got ${describe(rawMessages)}`);
+    throw new RecordError(
+      `messages must be an array (looked at '${f.messages}'; map it with ingest.mapping.messages), got ${describe(rawMessages)}`,
+    );
   }
   if (rawMessages.length === 0) throw new RecordError('messages is empty');
   const messageExtras: Record<string, Json> = {};
@@ -204,7 +218,13 @@ class MessagesNeeded extends Error {}
  * session's `messages` is left empty); a record whose id would be a hash of its messages then throws
  * MessagesNeeded.
  */
-export function sessionAround(record: Json, messages: Message[] | null, messageExtras: Record<string, Json>, source: string, options: MappingOptions): Session {
+export function sessionAround(
+  record: Json,
+  messages: Message[] | null,
+  messageExtras: Record<string, Json>,
+  source: string,
+  options: MappingOptions,
+): Session {
   const f = options.fields;
   const taskPath = f.task_id ?? 'task_id';
   const mapped = {
@@ -238,9 +258,13 @@ export function sessionAround(record: Json, messages: Message[] | null, messageE
   if (Object.keys(messageExtras).length > 0) extra._message_extras = messageExtras;
   const metadata = JSON.stringify(extra);
 
-  if ((sessionId === null || sessionId === '') && messages === null) throw new MessagesNeeded('a session without an id is named by a hash of its messages');
+  if ((sessionId === null || sessionId === '') && messages === null)
+    throw new MessagesNeeded('a session without an id is named by a hash of its messages');
   return {
-    session_id: sessionId === null || sessionId === '' ? `h-${hashJson({ messages, ...mapped, metadata }).slice(0, 32)}` : sessionId,
+    session_id:
+      sessionId === null || sessionId === ''
+        ? `h-${hashJson({ messages, ...mapped, metadata }).slice(0, 32)}`
+        : sessionId,
     task_id: mapped.task_id === '' ? null : mapped.task_id,
     messages: messages ?? [],
     reward: mapped.reward,

@@ -18,13 +18,30 @@ async function writeJson(path: string, value: unknown): Promise<void> {
   await writeFile(path, JSON.stringify(value, null, 2) + '\n');
 }
 
-export async function run({ config: cfg, out, previous, external, log, signal, options }: StageContext<Config>): Promise<StageReport> {
+export async function run({
+  config: cfg,
+  out,
+  previous,
+  external,
+  log,
+  signal,
+  options,
+}: StageContext<Config>): Promise<StageReport> {
   // The index format is part of it: an index written by an older ingest is not reused.
-  const readingHash = hashJson({ index: INDEX_FORMAT, format: cfg.format, mapping: cfg.mapping, message: cfg.message, reward: cfg.out_of_range_reward });
+  const readingHash = hashJson({
+    index: INDEX_FORMAT,
+    format: cfg.format,
+    mapping: cfg.mapping,
+    message: cfg.message,
+    reward: cfg.out_of_range_reward,
+  });
   const stored = previous ? await readIngestIndex(previous) : null;
   const prior = stored && (await knownByXxh64(stored, external));
   const reuse = prior?.reading_hash === readingHash;
-  if (prior && !reuse) log.warn('the way records are read changed (mapping, format or reward policy): every present file is ingested again');
+  if (prior && !reuse)
+    log.warn(
+      'the way records are read changed (mapping, format or reward policy): every present file is ingested again',
+    );
 
   await mkdir(join(out, 'sessions'), { recursive: true });
   await mkdir(join(out, 'tasks'), { recursive: true });
@@ -44,7 +61,10 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
     const orphans = prior.files.filter((f) => !present.has(f.xxh64));
     for (const f of orphans) {
       // Its source file is gone, so it cannot be read again: keep the sessions as they were made.
-      log.warn('kept a segment whose source file is gone, as read with the earlier settings', { file: f.name, sessions: f.sessions });
+      log.warn('kept a segment whose source file is gone, as read with the earlier settings', {
+        file: f.name,
+        sessions: f.sessions,
+      });
       await linkSegment(previous, out, f.segment);
       files.push(f);
       for await (const s of readSegmentIds(join(previous, 'sessions', f.segment))) ids.add(s);
@@ -65,9 +85,14 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
       continue;
     }
     skipped++;
-    if (seen !== file.name) log.info('skipped a file with the same content as one already ingested', { file: file.name, same_as: seen });
+    if (seen !== file.name)
+      log.info('skipped a file with the same content as one already ingested', { file: file.name, same_as: seen });
   }
-  const reading: ReadingOptions = { format: cfg.format, mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward }, maxRecordBytes: cfg.max_record_bytes };
+  const reading: ReadingOptions = {
+    format: cfg.format,
+    mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward },
+    maxRecordBytes: cfg.max_record_bytes,
+  };
   let added = 0;
   let quarantined = 0;
   let duplicates = 0;
@@ -76,7 +101,18 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
   const parquetHeapMb = typeof options.parquetHeapMb === 'number' ? options.parquetHeapMb : undefined;
   let results: IngestedFile[];
   try {
-    results = await ingestFiles(toRead, reading, out, ids, quarantine, reasons, log, signal, options.workers, parquetHeapMb);
+    results = await ingestFiles(
+      toRead,
+      reading,
+      out,
+      ids,
+      quarantine,
+      reasons,
+      log,
+      signal,
+      options.workers,
+      parquetHeapMb,
+    );
   } catch (error) {
     await quarantine.abort(); // the stage failed: its folder is discarded
     throw error;
@@ -92,11 +128,22 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
   // Duplicates are not counted: a file delivered twice is a normal night.
   const read = added + quarantined;
   if (read > 0 && quarantined / read > cfg.max_quarantined) {
-    const common = [...reasons].sort((a, b) => b[1] - a[1]).slice(0, 3).map(([r, n]) => `${n} × ${r}`).join('; ');
+    const common = [...reasons]
+      .sort((a, b) => b[1] - a[1])
+      .slice(0, 3)
+      .map(([r, n]) => `${n} × ${r}`)
+      .join('; ');
     // A damaged file's reason is its own (a .gz cut short, a Parquet row group too large for memory), told
     // whole and not among the common ones.
-    const told = [common && ` the most common reasons: ${common}.`, broken.length > 0 && ` Damaged: ${broken.join('; ')}.`].filter(Boolean).join('');
-    throw new PipelineError(`ingest: ${quarantined} of ${read} new records (${Math.round((100 * quarantined) / read)}%) were quarantined, more than ingest.max_quarantined (${cfg.max_quarantined});${told} Check ingest.mapping against the input, or raise ingest.max_quarantined`);
+    const told = [
+      common && ` the most common reasons: ${common}.`,
+      broken.length > 0 && ` Damaged: ${broken.join('; ')}.`,
+    ]
+      .filter(Boolean)
+      .join('');
+    throw new PipelineError(
+      `ingest: ${quarantined} of ${read} new records (${Math.round((100 * quarantined) / read)}%) were quarantined, more than ingest.max_quarantined (${cfg.max_quarantined});${told} Check ingest.mapping against the input, or raise ingest.max_quarantined`,
+    );
   }
   await ids.save(join(out, 'ids.bin'));
   const index: IngestIndex = { reading_hash: readingHash, files };
@@ -108,7 +155,16 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
   const damaged = fresh.filter((f) => f.damaged).length;
   const invalidUtf8 = fresh.reduce((n, f) => n + (f.invalid_utf8 ?? 0), 0);
   return {
-    counts: { sessions: total, new_sessions: added, quarantined, duplicates, files: files.length, files_skipped: skipped, files_damaged: damaged, invalid_utf8: invalidUtf8 },
+    counts: {
+      sessions: total,
+      new_sessions: added,
+      quarantined,
+      duplicates,
+      files: files.length,
+      files_skipped: skipped,
+      files_damaged: damaged,
+      invalid_utf8: invalidUtf8,
+    },
     summary:
       `${added} new sessions from ${newFiles} file(s) (${skipped} already ingested), ` +
       `${quarantined} quarantined, ${duplicates} duplicates dropped; ${total} sessions in all` +
@@ -120,7 +176,8 @@ export async function run({ config: cfg, out, previous, external, log, signal, o
 /** An earlier segment and its tasks file (none where an ingest from before them wrote none), hard-linked into `out`. */
 async function linkSegment(previous: string, out: string, segment: string): Promise<void> {
   await link(join(previous, 'sessions', segment), join(out, 'sessions', segment));
-  if (existsSync(taskRunsFile(previous, segment))) await link(taskRunsFile(previous, segment), taskRunsFile(out, segment));
+  if (existsSync(taskRunsFile(previous, segment)))
+    await link(taskRunsFile(previous, segment), taskRunsFile(out, segment));
 }
 
 /**

@@ -14,7 +14,21 @@ import { SessionIdSet } from './id-set.ts';
 import { RecordError, toSession, type MappingOptions } from './mapping.ts';
 import { storedReader, type StoredReader } from './canonical.ts';
 import type { Session } from '../../core/records.ts';
-import { ELEMENT_FIELDS, damageReason, detectFormat, elementWhere, forEachLine, parseRecord, quarantineText, readElementBlocks, readLineBlocks, type ElementBlock, type InputFormat, type LineBlock, type RawRecord } from '../../pipeline/records.ts';
+import {
+  ELEMENT_FIELDS,
+  damageReason,
+  detectFormat,
+  elementWhere,
+  forEachLine,
+  parseRecord,
+  quarantineText,
+  readElementBlocks,
+  readLineBlocks,
+  type ElementBlock,
+  type InputFormat,
+  type LineBlock,
+  type RawRecord,
+} from '../../pipeline/records.ts';
 import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
 
 export interface QuarantineRecord {
@@ -43,7 +57,8 @@ function depthOf(value: unknown, limit: number): number {
     if (v === null || typeof v !== 'object') continue;
     deepest = Math.max(deepest, d);
     if (deepest > limit) return deepest;
-    for (const child of Array.isArray(v) ? v : Object.values(v)) if (child !== null && typeof child === 'object') stack.push([child, d + 1]);
+    for (const child of Array.isArray(v) ? v : Object.values(v))
+      if (child !== null && typeof child === 'object') stack.push([child, d + 1]);
   }
   return deepest;
 }
@@ -61,13 +76,15 @@ function moreOpenings(raw: string, limit: number): boolean {
 }
 
 /** Whether a record (its text and its value) nests deeper than MAX_DEPTH. */
-const tooDeep = (record: { value?: unknown; raw: string }) => moreOpenings(record.raw, MAX_DEPTH) && depthOf(record.value, MAX_DEPTH) > MAX_DEPTH;
+const tooDeep = (record: { value?: unknown; raw: string }) =>
+  moreOpenings(record.raw, MAX_DEPTH) && depthOf(record.value, MAX_DEPTH) > MAX_DEPTH;
 
 /** Why a record cannot be read, before it is mapped: too large, nested too deep; null when it can. */
 function unreadable(record: { value?: unknown; raw: string }, maxBytes: number): string | null {
   // A UTF-16 code unit is at most 3 bytes of UTF-8: most records need no count.
   const bytes = record.raw.length * 3 > maxBytes ? Buffer.byteLength(record.raw) : 0;
-  if (bytes > maxBytes) return `the record is ${bytes.toLocaleString('en-US')} bytes, more than ingest.max_record_bytes (${maxBytes.toLocaleString('en-US')})`;
+  if (bytes > maxBytes)
+    return `the record is ${bytes.toLocaleString('en-US')} bytes, more than ingest.max_record_bytes (${maxBytes.toLocaleString('en-US')})`;
   if (tooDeep(record)) return `the record nests more than ${MAX_DEPTH} levels deep`;
   return null;
 }
@@ -76,7 +93,9 @@ function unreadable(record: { value?: unknown; raw: string }, maxBytes: number):
  * What one record became, worked out apart from every other record (on a worker thread, where there are
  * some): a session (with its messages' JSON as stored, when they were kept so), or why not.
  */
-type RecordOutcome = { notUtf8: boolean } & ({ reason: string } | { session: Session; stored?: Uint8Array } | { fault: string });
+type RecordOutcome = { notUtf8: boolean } & (
+  { reason: string } | { session: Session; stored?: Uint8Array } | { fault: string }
+);
 
 /** A batch of work: whole lines of a JSONL file as bytes, whole elements of a JSON array as bytes, Parquet's records, or where a file broke off. */
 export type Batch = LineBlock | ElementBlock | { records: RawRecord[] };
@@ -115,7 +134,9 @@ export function writeStoredSession(out: LineBuffer, s: Session, messages: Uint8A
   const q = JSON.stringify;
   out.write(`{"session_id":${q(s.session_id)},"task_id":${q(s.task_id)},"messages":`);
   out.writeBytes(messages);
-  out.write(`,"reward":${q(s.reward)},"feedback":${q(s.feedback)},"model":${q(s.model)},"source":${q(s.source)},"created_at":${q(s.created_at)},"metadata":${q(s.metadata)}}`);
+  out.write(
+    `,"reward":${q(s.reward)},"feedback":${q(s.feedback)},"model":${q(s.model)},"source":${q(s.source)},"created_at":${q(s.created_at)},"metadata":${q(s.metadata)}}`,
+  );
   out.end();
 }
 
@@ -142,7 +163,16 @@ class Outcomes {
       const task = out.session.task_id;
       const newTask = task !== this.task;
       if (newTask) this.tasks.push((this.task = task));
-      this.numbers.push(SESSION, line, rawStart, rawEnd, this.lines.length, hi, lo, flags | (task === null ? UNTASKED : 0) | (newTask ? NEW_TASK : 0));
+      this.numbers.push(
+        SESSION,
+        line,
+        rawStart,
+        rawEnd,
+        this.lines.length,
+        hi,
+        lo,
+        flags | (task === null ? UNTASKED : 0) | (newTask ? NEW_TASK : 0),
+      );
       return;
     }
     this.notes.push('reason' in out ? out.reason : out.fault);
@@ -168,9 +198,20 @@ const storedReaders = new WeakMap<ReadingOptions, StoredReader | null>();
  * lines' buffer comes from `shelf`; a block of bytes is given back with the outcome.
  */
 export function readBatch(batch: Batch, fileName: string, o: ReadingOptions, shelf: BufferShelf): BatchOutcome {
-  if (!storedReaders.has(o)) storedReaders.set(o, storedReader(o.mapping, o.maxRecordBytes, (text, value) => tooDeep({ raw: text, value })));
+  if (!storedReaders.has(o))
+    storedReaders.set(
+      o,
+      storedReader(o.mapping, o.maxRecordBytes, (text, value) => tooDeep({ raw: text, value })),
+    );
   const reader = storedReaders.get(o)!;
-  const out = new Outcomes('bytes' in batch ? batch.bytes.byteLength : 'records' in batch ? batch.records.reduce((n, r) => n + r.raw.length, 0) : 0, shelf);
+  const out = new Outcomes(
+    'bytes' in batch
+      ? batch.bytes.byteLength
+      : 'records' in batch
+        ? batch.records.reduce((n, r) => n + r.raw.length, 0)
+        : 0,
+    shelf,
+  );
   if ('damaged' in batch) out.damaged(batch.damaged);
   else if ('records' in batch) {
     for (const record of batch.records) {
@@ -192,7 +233,8 @@ export function readBatch(batch: Batch, fileName: string, o: ReadingOptions, she
     forEachLine(block, (start, end) => {
       line++;
       const stored = reader?.(block, start, end, `${fileName} line ${line}`);
-      if (stored) return out.add({ notUtf8: false, session: stored.session, stored: stored.messages }, line, start, end);
+      if (stored)
+        return out.add({ notUtf8: false, session: stored.session, stored: stored.messages }, line, start, end);
       const raw = block.toString('utf8', start, end);
       if (raw.trim() !== '') out.add(readOne({ where: `line ${line}`, raw }, fileName, o), line, start, end);
     });
@@ -227,7 +269,13 @@ function readOne(given: RawRecord, fileName: string, o: ReadingOptions): RecordO
  * (readParquetBatches: a row group is decoded whole, and one too large for memory ends that thread, not the
  * process). Batches, not records, so that a buffer of lines serves many records and no text is decoded twice.
  */
-async function* batchesOf(path: string, format: InputFormat, shelf: BufferShelf, blockBytes: number, parquetHeapMb?: number): AsyncGenerator<Batch> {
+async function* batchesOf(
+  path: string,
+  format: InputFormat,
+  shelf: BufferShelf,
+  blockBytes: number,
+  parquetHeapMb?: number,
+): AsyncGenerator<Batch> {
   if (format === 'jsonl') {
     yield* readLineBlocks(path, blockBytes, shelf);
     return;
@@ -261,7 +309,8 @@ type IngestThreads = WorkerPool<FileBatch, BatchOutcome>;
 /** Files of this many bytes or more in all (JSONL and JSON) are read with worker threads by default (`--workers` overrides). */
 const LARGE_INPUT = 16 << 20;
 
-const formatOf = (file: ExternalFile, o: ReadingOptions): InputFormat | null => (o.format === 'auto' ? detectFormat(file.path) : o.format);
+const formatOf = (file: ExternalFile, o: ReadingOptions): InputFormat | null =>
+  o.format === 'auto' ? detectFormat(file.path) : o.format;
 
 /**
  * About the bytes a file's records take as text: a .gz file's as its trailer says (their size modulo 4 GiB:
@@ -290,7 +339,13 @@ function contentBytes(file: ExternalFile): number {
 function startThreads(bytes: number, o: ReadingOptions, workers: unknown): IngestThreads | null {
   const threads = workerCount(workers, bytes >= LARGE_INPUT);
   if (bytes === 0 || threads <= 1) return null;
-  return new WorkerPool<FileBatch, BatchOutcome>('ingest-worker', new URL('./worker.ts', import.meta.url), threads, { options: o } satisfies WorkerInit, ({ batch }) => ('bytes' in batch ? [batch.bytes.buffer as ArrayBuffer] : []));
+  return new WorkerPool<FileBatch, BatchOutcome>(
+    'ingest-worker',
+    new URL('./worker.ts', import.meta.url),
+    threads,
+    { options: o } satisfies WorkerInit,
+    ({ batch }) => ('bytes' in batch ? [batch.bytes.buffer as ArrayBuffer] : []),
+  );
 }
 
 /** A file being read into its segment: what becomes of each of its batches (taken in order), and its end. */
@@ -315,11 +370,25 @@ interface FileReading {
  * the one before is still on the threads), and the results used in order: the segments and the quarantine
  * are the same byte for byte. One shelf for all the files, so that many small files do not each map new memory.
  */
-export async function ingestFiles(files: { file: ExternalFile; seq: number }[], o: ReadingOptions, out: string, ids: SessionIdSet, quarantine: JsonlWriter, reasons: Map<string, number>, log: Logger, signal: AbortSignal, workers: unknown, parquetHeapMb?: number): Promise<IngestedFile[]> {
+export async function ingestFiles(
+  files: { file: ExternalFile; seq: number }[],
+  o: ReadingOptions,
+  out: string,
+  ids: SessionIdSet,
+  quarantine: JsonlWriter,
+  reasons: Map<string, number>,
+  log: Logger,
+  signal: AbortSignal,
+  workers: unknown,
+  parquetHeapMb?: number,
+): Promise<IngestedFile[]> {
   // A file whose format cannot be told stops the stage before any is read.
   const formats = files.map(({ file }) => {
     const format = formatOf(file, o);
-    if (!format) throw new UsageError(`${file.name}: cannot tell its format from the name; use .jsonl, .json or .parquet, or set ingest.format`);
+    if (!format)
+      throw new UsageError(
+        `${file.name}: cannot tell its format from the name; use .jsonl, .json or .parquet, or set ingest.format`,
+      );
     return format;
   });
   const sizes = files.map(({ file }, i) => (formats[i] === 'parquet' ? 0 : contentBytes(file)));
@@ -336,13 +405,22 @@ export async function ingestFiles(files: { file: ExternalFile; seq: number }[], 
       const blockBytes = pool ? Math.min(1 << 20, Math.max(64 << 10, Math.ceil(total / (2 * pool.size)))) : 1 << 20;
       const begun = fileReading(file, out, seq, ids, quarantine, reasons, log, signal, shelf, pool);
       reading.add(begun);
-      for await (const batch of batchesOf(file.path, formats[i]!, shelf, blockBytes, parquetHeapMb)) yield { reading: begun, batch };
+      for await (const batch of batchesOf(file.path, formats[i]!, shelf, blockBytes, parquetHeapMb))
+        yield { reading: begun, batch };
       // Its end, once its batches are used.
       yield { reading: begun, batch: null };
     }
   }
   const here = ({ reading, batch }: Job) => (batch ? readBatch(batch, reading.file.name, o, shelf) : null);
-  const work = threads ? { size: threads.size, run: (job: Job) => (job.batch && job.reading.pool ? threads.run({ batch: job.batch, fileName: job.reading.file.name }) : Promise.resolve(here(job))) } : here;
+  const work = threads
+    ? {
+        size: threads.size,
+        run: (job: Job) =>
+          job.batch && job.reading.pool
+            ? threads.run({ batch: job.batch, fileName: job.reading.file.name })
+            : Promise.resolve(here(job)),
+      }
+    : here;
   const ingested: IngestedFile[] = [];
   const closing: Promise<void>[] = [];
   // Files begun and not done: where the stage fails, their segment and tasks file are closed as they are.
@@ -372,7 +450,18 @@ export async function ingestFiles(files: { file: ExternalFile; seq: number }[], 
  */
 const SEGMENT_IN_FLIGHT = 16 << 20;
 
-function fileReading(file: ExternalFile, out: string, seq: number, ids: SessionIdSet, quarantine: JsonlWriter, reasons: Map<string, number>, log: Logger, signal: AbortSignal, shelf: BufferShelf, pool: IngestThreads | null): FileReading {
+function fileReading(
+  file: ExternalFile,
+  out: string,
+  seq: number,
+  ids: SessionIdSet,
+  quarantine: JsonlWriter,
+  reasons: Map<string, number>,
+  log: Logger,
+  signal: AbortSignal,
+  shelf: BufferShelf,
+  pool: IngestThreads | null,
+): FileReading {
   const segment = `${String(seq).padStart(5, '0')}-${file.xxh64.slice(0, 12)}.jsonl`;
   const writer = new JsonlWriter(join(out, 'sessions', segment), 'w', SEGMENT_IN_FLIGHT);
   const tasks = new TaskRunsWriter(taskRunsFile(out, segment));
@@ -387,15 +476,24 @@ function fileReading(file: ExternalFile, out: string, seq: number, ids: SessionI
   let damaged: string | null = null;
   // Where record `i` of a batch is (its reader's name for it, its element's or its line), and the last one
   // read before a damage: named only when needed (a string a record costs).
-  const whereOf = (batch: Batch, i: number, line: number) => ('records' in batch ? batch.records[i]!.where : 'elements' in batch ? elementWhere(batch.elements, i * ELEMENT_FIELDS) : `line ${line}`);
+  const whereOf = (batch: Batch, i: number, line: number) =>
+    'records' in batch
+      ? batch.records[i]!.where
+      : 'elements' in batch
+        ? elementWhere(batch.elements, i * ELEMENT_FIELDS)
+        : `line ${line}`;
   const reached = { batch: null as Batch | null, i: 0, line: 0 };
   const due = every(1000);
-  const stopped = () => `ingest: stopped while reading ${file.name}; the next run reads again every file this run was reading`;
+  const stopped = () =>
+    `ingest: stopped while reading ${file.name}; the next run reads again every file this run was reading`;
   // A damaged file's reason is not counted among the common ones: a failing run tells it whole (run.ts).
   const quarantineRecord = async (where: string, reason: string, raw: string, counted = true) => {
     quarantined++;
     if (counted) {
-      const kind = reason.replace(/\d+/g, '#').replace(/'[^']*'/g, "'…'").slice(0, 100);
+      const kind = reason
+        .replace(/\d+/g, '#')
+        .replace(/'[^']*'/g, "'…'")
+        .slice(0, 100);
       reasons.set(kind, (reasons.get(kind) ?? 0) + 1);
     }
     await quarantine.write({ file: file.name, where, reason, raw: quarantineText(raw) } satisfies QuarantineRecord);
@@ -405,7 +503,8 @@ function fileReading(file: ExternalFile, out: string, seq: number, ids: SessionI
     const block = bytes && Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
     const sessionLines = Buffer.from(lines.buffer, lines.byteOffset, lines.byteLength);
     // A record's text, for the quarantine: its reader's, or its line's or element's bytes in the block.
-    const rawOf = (given: RawRecord | null, r: number) => given?.raw ?? block!.toString('utf8', records[r + RAW_START], records[r + RAW_END]);
+    const rawOf = (given: RawRecord | null, r: number) =>
+      given?.raw ?? block!.toString('utf8', records[r + RAW_START], records[r + RAW_END]);
     let note = 0;
     let nextTask = 0;
     let start = 0;
@@ -421,8 +520,14 @@ function fileReading(file: ExternalFile, out: string, seq: number, ids: SessionI
       if (kind === DAMAGED) {
         // What was read before the damage is kept; the rest of the file is one quarantine entry.
         damaged = notes[note++]!;
-        const at = given?.where ?? (reached.batch ? `after ${whereOf(reached.batch, reached.i, reached.line)}` : 'before the first record');
-        log.warn('a damaged file: its records before the damage are kept, the rest is quarantined', { file: file.name, where: at, reason: damaged });
+        const at =
+          given?.where ??
+          (reached.batch ? `after ${whereOf(reached.batch, reached.i, reached.line)}` : 'before the first record');
+        log.warn('a damaged file: its records before the damage are kept, the rest is quarantined', {
+          file: file.name,
+          where: at,
+          reason: damaged,
+        });
         await quarantineRecord(at, damaged, given?.raw ?? '', false);
         continue;
       }
@@ -446,7 +551,12 @@ function fileReading(file: ExternalFile, out: string, seq: number, ids: SessionI
         // rather than the record parsed and mapped again on this thread.
         const raw = rawOf(given, r);
         const id = leadingSessionId(sessionLines, lineStart, start);
-        await quarantine.write({ file: file.name, where: whereOf(batch, i, line), reason: `duplicate session_id '${id}' (dropped; the first one is kept)`, raw: quarantineText(raw) } satisfies QuarantineRecord);
+        await quarantine.write({
+          file: file.name,
+          where: whereOf(batch, i, line),
+          reason: `duplicate session_id '${id}' (dropped; the first one is kept)`,
+          raw: quarantineText(raw),
+        } satisfies QuarantineRecord);
         continue;
       }
       if (records[r + FLAGS]! & UNTASKED) untasked++;
@@ -458,18 +568,36 @@ function fileReading(file: ExternalFile, out: string, seq: number, ids: SessionI
     if (run.lines > 0) runs.push(run);
     if (block) shelf.put(block.buffer as ArrayBuffer);
     // The lines' buffer is filled again once the last write from it is on its way to disk.
-    const recycle = () => (pool ? pool.giveBack([lines.buffer as ArrayBuffer]) : shelf.put(lines.buffer as ArrayBuffer));
+    const recycle = () =>
+      pool ? pool.giveBack([lines.buffer as ArrayBuffer]) : shelf.put(lines.buffer as ArrayBuffer);
     if (runs.length === 0) recycle();
-    for (const [k, { from, to, lines: count }] of runs.entries()) await writer.writeBlock(lines.subarray(from, to), count, k === runs.length - 1 ? recycle : undefined);
+    for (const [k, { from, to, lines: count }] of runs.entries())
+      await writer.writeBlock(lines.subarray(from, to), count, k === runs.length - 1 ? recycle : undefined);
     await tasks.drain();
   };
   const done = () => {
     (progress ?? log.progress(`ingest ${file.name}`)).done();
     const closed = Promise.all([writer.close(), tasks.close()]).then(() => {});
     closed.catch(() => {}); // its failure is awaited with the others'
-    if (invalidUtf8) log.warn('records with bytes that are not UTF-8 (read as U+FFFD)', { file: file.name, records: invalidUtf8 });
+    if (invalidUtf8)
+      log.warn('records with bytes that are not UTF-8 (read as U+FFFD)', { file: file.name, records: invalidUtf8 });
     log.info('ingested', { file: file.name, sessions: writer.count, quarantined, duplicates });
-    return { closed, file: { name: file.name, xxh64: file.xxh64, segment, segment_bytes: writer.bytes, sessions: writer.count, untasked, quarantined, duplicates, invalid_utf8: invalidUtf8, damaged, ingested_at: new Date().toISOString() } };
+    return {
+      closed,
+      file: {
+        name: file.name,
+        xxh64: file.xxh64,
+        segment,
+        segment_bytes: writer.bytes,
+        sessions: writer.count,
+        untasked,
+        quarantined,
+        duplicates,
+        invalid_utf8: invalidUtf8,
+        damaged,
+        ingested_at: new Date().toISOString(),
+      },
+    };
   };
   const abort = async () => {
     await Promise.allSettled([writer.abort(), tasks.abort()]);

@@ -4,6 +4,12 @@ import { readBatch, type BatchOutcome, type FileBatch, type WorkerInit } from '.
 
 // The block of lines goes back with the outcome, and the lines' buffer comes back once written.
 serveBatches(
-  ({ options }: WorkerInit) => ({ batch, fileName }: FileBatch): BatchOutcome => readBatch(batch, fileName, options, threadShelf),
-  (out) => [out.lines.buffer as ArrayBuffer, out.records.buffer as ArrayBuffer, ...(out.block ? [out.block.buffer as ArrayBuffer] : [])],
+  ({ options }: WorkerInit) =>
+    ({ batch, fileName }: FileBatch): BatchOutcome =>
+      readBatch(batch, fileName, options, threadShelf),
+  (out) => [
+    out.lines.buffer as ArrayBuffer,
+    out.records.buffer as ArrayBuffer,
+    ...(out.block ? [out.block.buffer as ArrayBuffer] : []),
+  ],
 );

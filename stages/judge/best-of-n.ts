@@ -1,8 +1,24 @@
 // Best-of-N: the judges pick the best of a task's N candidates, and the best against
 // each other candidate gives up to N−1 pairs. Ties and abstentions give none (the gate drops them).
 import { existsSync } from 'node:fs';
-import { commonPrefixLength, pairId, type JudgedPair, type Message, type Split, type SplitSession } from '../../core/records.ts';
-import { NO_COST, abstain, addStats, chosenConfidence, swapped, type Comparison, type Completion, type JudgeStats } from '../../core/verdict.ts';
+import {
+  commonPrefixLength,
+  pairId,
+  type JudgedPair,
+  type Message,
+  type Split,
+  type SplitSession,
+} from '../../core/records.ts';
+import {
+  NO_COST,
+  abstain,
+  addStats,
+  chosenConfidence,
+  swapped,
+  type Comparison,
+  type Completion,
+  type JudgeStats,
+} from '../../core/verdict.ts';
 import type { EnsembleVerdict } from '../../judges/ensemble.ts';
 import { readTaskGroups, type StoredBucketReader } from '../../store/bucket-reader.ts';
 import type { PairSide } from '../../store/messages.ts';
@@ -19,7 +35,8 @@ export interface Candidate {
 }
 
 /** Messages `from` to `to` - 1 of a candidate as a pair's side: where they lie in its session when it is logged. */
-const sideOf = (c: Candidate, from: number, to: number): PairSide => (c.logged && to > from ? { session_id: c.id, messages: [from, to] } : c.messages.slice(from, to));
+const sideOf = (c: Candidate, from: number, to: number): PairSide =>
+  c.logged && to > from ? { session_id: c.id, messages: [from, to] } : c.messages.slice(from, to);
 
 export interface Group {
   task_id: string | null;
@@ -37,13 +54,24 @@ const hasAssistant = (ms: Message[]) => ms.some((m) => m.role === 'assistant');
  * champion as `chosen`. As for outcome pairs, a couple's prompt is the longest prefix the two share.
  * Candidates with the same messages as another are left out (`duplicates`).
  */
-export async function judgeGroup(group: Group, decide: Decide): Promise<{ judged: JudgedPair<PairSide>[]; duplicates: string[]; offRecord: JudgeStats }> {
+export async function judgeGroup(
+  group: Group,
+  decide: Decide,
+): Promise<{ judged: JudgedPair<PairSide>[]; duplicates: string[]; offRecord: JudgeStats }> {
   // Rewards first, so that the verifier settles most of the knockout at once.
-  const all = [...group.candidates].sort((x, y) => (y.reward ?? -1) - (x.reward ?? -1) || (x.id < y.id ? -1 : x.id > y.id ? 1 : 0));
+  const all = [...group.candidates].sort(
+    (x, y) => (y.reward ?? -1) - (x.reward ?? -1) || (x.id < y.id ? -1 : x.id > y.id ? 1 : 0),
+  );
   const candidates: Candidate[] = [];
   const duplicates: string[] = [];
   for (const c of all) {
-    if (candidates.some((k) => k.messages.length === c.messages.length && commonPrefixLength(k.messages, c.messages) === c.messages.length)) duplicates.push(c.id);
+    if (
+      candidates.some(
+        (k) =>
+          k.messages.length === c.messages.length && commonPrefixLength(k.messages, c.messages) === c.messages.length,
+      )
+    )
+      duplicates.push(c.id);
     else candidates.push(c);
   }
   if (candidates.length < 2) return { judged: [], duplicates, offRecord: NO_COST };
@@ -54,7 +82,12 @@ export async function judgeGroup(group: Group, decide: Decide): Promise<{ judged
     const a: Completion = { id: x.id, messages: x.messages.slice(n), reward: x.reward };
     const b: Completion = { id: y.id, messages: y.messages.slice(n), reward: y.reward };
     if (!hasAssistant(a.messages) || !hasAssistant(b.messages)) {
-      return Promise.resolve({ verdict: abstain('a side has no assistant turn after the shared prompt'), judge: '', verdicts: {}, stats: NO_COST });
+      return Promise.resolve({
+        verdict: abstain('a side has no assistant turn after the shared prompt'),
+        judge: '',
+        verdicts: {},
+        stats: NO_COST,
+      });
     }
     return decide({ prompt: x.messages.slice(0, n), a, b, task_id: group.task_id, metadata: x.metadata });
   };
@@ -64,7 +97,11 @@ export async function judgeGroup(group: Group, decide: Decide): Promise<{ judged
     const back = seen.get(`${y.id}\u0000${x.id}`);
     if (back) {
       const v = await back;
-      return { ...v, verdict: swapped(v.verdict), verdicts: Object.fromEntries(Object.entries(v.verdicts).map(([k, w]) => [k, swapped(w)])) };
+      return {
+        ...v,
+        verdict: swapped(v.verdict),
+        verdicts: Object.fromEntries(Object.entries(v.verdicts).map(([k, w]) => [k, swapped(w)])),
+      };
     }
     const key = `${x.id}\u0000${y.id}`;
     let v = seen.get(key);
@@ -116,14 +153,30 @@ export async function judgeGroup(group: Group, decide: Decide): Promise<{ judged
  * A bucket's tasks with their candidates: logged sessions (split's bucket file, in `folders`) and sampled
  * ones (sample's), at most `max` each, by id; both read through `reader`.
  */
-function candidateGroups(splitFile: string, sampleFile: string, folders: SplitFolders, reader: StoredBucketReader, max: number) {
+function candidateGroups(
+  splitFile: string,
+  sampleFile: string,
+  folders: SplitFolders,
+  reader: StoredBucketReader,
+  max: number,
+) {
   // Of either file, the `max` sessions of a task whose ids come first are all the cut can take.
   const cut = { most: max, byId: true };
-  const sampled = new Map<string, SplitSession[]>(existsSync(sampleFile) ? readTaskGroups(sampleFile, folders.ingest, reader, cut) : []);
+  const sampled = new Map<string, SplitSession[]>(
+    existsSync(sampleFile) ? readTaskGroups(sampleFile, folders.ingest, reader, cut) : [],
+  );
   return readTaskGroups(splitFile, folders.ingest, reader, cut).map(([taskId, sessions]) => {
     const logged = new Set(sessions);
-    const all = [...sessions, ...(sampled.get(taskId) ?? [])].sort((x, y) => (x.session_id < y.session_id ? -1 : x.session_id > y.session_id ? 1 : 0));
-    const candidates: Candidate[] = all.slice(0, max).map((s) => ({ id: s.session_id, messages: s.messages, reward: s.reward, metadata: s.metadata, logged: logged.has(s) }));
+    const all = [...sessions, ...(sampled.get(taskId) ?? [])].sort((x, y) =>
+      x.session_id < y.session_id ? -1 : x.session_id > y.session_id ? 1 : 0,
+    );
+    const candidates: Candidate[] = all.slice(0, max).map((s) => ({
+      id: s.session_id,
+      messages: s.messages,
+      reward: s.reward,
+      metadata: s.metadata,
+      logged: logged.has(s),
+    }));
     return { task_id: taskId, split: sessions[0]!.split, candidates };
   });
 }
@@ -141,9 +194,19 @@ export interface BestOfNBucket {
  * `write` without the couples the outcome pairs took (`outcomeKeys`: they would only be duplicate rows),
  * and counted in `tally` (what the knockout spent off the record included).
  */
-export async function judgeBestOfN(where: BestOfNBucket, outcomeKeys: Set<string>, folders: SplitFolders, reader: StoredBucketReader, decide: Decide, tally: Tally, write: (pairs: JudgedPair<PairSide>[]) => Promise<void>): Promise<void> {
+export async function judgeBestOfN(
+  where: BestOfNBucket,
+  outcomeKeys: Set<string>,
+  folders: SplitFolders,
+  reader: StoredBucketReader,
+  decide: Decide,
+  tally: Tally,
+  write: (pairs: JudgedPair<PairSide>[]) => Promise<void>,
+): Promise<void> {
   const groups = candidateGroups(where.splitFile, where.sampleFile, folders, reader, where.max);
-  const results = await Promise.all(groups.filter((g) => g.candidates.length >= where.min).map((g) => judgeGroup(g, decide)));
+  const results = await Promise.all(
+    groups.filter((g) => g.candidates.length >= where.min).map((g) => judgeGroup(g, decide)),
+  );
   for (const r of results) {
     tally.counts.best_of_n_groups!++;
     tally.counts.best_of_n_duplicates! += r.duplicates.length;

@@ -21,7 +21,19 @@ export interface Tally {
 
 export function newTally(): Tally {
   return {
-    counts: { judged_train: 0, judged_test: 0, chosen_wins: 0, rejected_wins: 0, ties: 0, abstained: 0, flipped: 0, over_budget: 0, best_of_n_groups: 0, best_of_n_same_as_outcome: 0, best_of_n_duplicates: 0 },
+    counts: {
+      judged_train: 0,
+      judged_test: 0,
+      chosen_wins: 0,
+      rejected_wins: 0,
+      ties: 0,
+      abstained: 0,
+      flipped: 0,
+      over_budget: 0,
+      best_of_n_groups: 0,
+      best_of_n_same_as_outcome: 0,
+      best_of_n_duplicates: 0,
+    },
     stats: NO_COST,
   };
 }
@@ -30,7 +42,15 @@ export function tallyOne(t: Tally, p: JudgedPair<PairSide>): void {
   const c = t.counts;
   c[`judged_${p.split}`]!++;
   c[p.source] = (c[p.source] ?? 0) + 1;
-  c[p.verdict.winner === 'a' ? 'chosen_wins' : p.verdict.winner === 'b' ? 'rejected_wins' : p.verdict.winner === 'tie' ? 'ties' : 'abstained']!++;
+  c[
+    p.verdict.winner === 'a'
+      ? 'chosen_wins'
+      : p.verdict.winner === 'b'
+        ? 'rejected_wins'
+        : p.verdict.winner === 'tie'
+          ? 'ties'
+          : 'abstained'
+  ]!++;
   t.stats = addStats(t.stats, p.judge_stats);
   if (p.judge_stats.flipped) c.flipped!++;
   if (p.judge_stats.over_budget) c.over_budget!++;
@@ -43,11 +63,16 @@ export function addTally(t: Tally, more: Tally): void {
 }
 
 /** A (chosen, rejected) couple of sessions, as outcome pairs and best-of-N pairs are compared. */
-export const coupleKey = (p: Pick<JudgedPair, 'chosen_session_id' | 'rejected_session_id'>) => `${p.chosen_session_id}\u0000${p.rejected_session_id}`;
+export const coupleKey = (p: Pick<JudgedPair, 'chosen_session_id' | 'rejected_session_id'>) =>
+  `${p.chosen_session_id}\u0000${p.rejected_session_id}`;
 
 /** An imported pair kept as the data gives it: chosen is better, as sure as the data is. */
 export function asGiven<Turns>(p: CandidatePair<Turns>): JudgedPair<Turns> {
-  const verdict = { winner: 'a' as const, confidence: 1, rationale: 'imported: kept as the data gives it (judge.imported: as_given)' };
+  const verdict = {
+    winner: 'a' as const,
+    confidence: 1,
+    rationale: 'imported: kept as the data gives it (judge.imported: as_given)',
+  };
   return { ...p, confidence: 1, judge: 'imported', verdict, verdicts: {}, judge_stats: NO_COST };
 }
 
@@ -55,18 +80,41 @@ export function asGiven<Turns>(p: CandidatePair<Turns>): JudgedPair<Turns> {
  * Judges every one of `pairs` (whole), `batchSize` at a time (each batch after a safe point), and hands
  * each batch to `write`, as they were stored: a side that points at a session's messages is written so.
  */
-export async function judgeConstructed(pairs: AsyncIterable<ReadPair<CandidatePair<PairSide>>>, ensemble: EnsembleJudge, batchSize: number, write: (pairs: JudgedPair<PairSide>[]) => Promise<void>, tick: () => void, safePoint: () => Promise<void>): Promise<void> {
+export async function judgeConstructed(
+  pairs: AsyncIterable<ReadPair<CandidatePair<PairSide>>>,
+  ensemble: EnsembleJudge,
+  batchSize: number,
+  write: (pairs: JudgedPair<PairSide>[]) => Promise<void>,
+  tick: () => void,
+  safePoint: () => Promise<void>,
+): Promise<void> {
   let batch: ReadPair<CandidatePair<PairSide>>[] = [];
   const flush = async () => {
     await safePoint();
     const verdicts = await Promise.all(
-      batch.map(({ whole: p }) => ensemble.judge({ prompt: p.prompt, a: { id: p.chosen_session_id, messages: p.chosen, reward: p.chosen_reward }, b: { id: p.rejected_session_id, messages: p.rejected, reward: p.rejected_reward }, task_id: p.task_id, metadata: p.metadata })),
+      batch.map(({ whole: p }) =>
+        ensemble.judge({
+          prompt: p.prompt,
+          a: { id: p.chosen_session_id, messages: p.chosen, reward: p.chosen_reward },
+          b: { id: p.rejected_session_id, messages: p.rejected, reward: p.rejected_reward },
+          task_id: p.task_id,
+          metadata: p.metadata,
+        }),
+      ),
     );
     await write(
       batch.map(({ stored: p }, i) => {
         const v = verdicts[i]!;
         const won = v.verdict.winner === 'a';
-        return { ...p, confidence: chosenConfidence(v.verdict), margin: p.margin ?? (won ? (v.verdict.margin ?? null) : null), judge: v.judge, verdict: v.verdict, verdicts: v.verdicts, judge_stats: v.stats };
+        return {
+          ...p,
+          confidence: chosenConfidence(v.verdict),
+          margin: p.margin ?? (won ? (v.verdict.margin ?? null) : null),
+          judge: v.judge,
+          verdict: v.verdict,
+          verdicts: v.verdicts,
+          judge_stats: v.stats,
+        };
       }),
     );
     batch = [];
@@ -147,15 +195,33 @@ function judgedLines(shelf: BufferShelf, size: number) {
 export async function judgeJob(job: JudgeJob, j: BucketJudging): Promise<JudgedBucket> {
   if (!('bytes' in job)) {
     const made = judgedLines(j.shelf, 1 << 20);
-    await judgeBestOfN(job.bestOfN, new Set(job.bestOfN.outcomeKeys), j.folders, j.reader, (c) => j.ensemble.judge(c), made.tally, made.write);
+    await judgeBestOfN(
+      job.bestOfN,
+      new Set(job.bestOfN.outcomeKeys),
+      j.folders,
+      j.reader,
+      (c) => j.ensemble.judge(c),
+      made.tally,
+      made.write,
+    );
     return made.done();
   }
   const made = judgedLines(j.shelf, 2 * job.bytes.length + (64 << 10));
   const bytes = Buffer.from(job.bytes.buffer, job.bytes.byteOffset, job.bytes.length);
   const lines: { line: number; text: string }[] = [];
-  forEachLine(bytes, (start, end) => void lines.push({ line: job.firstLine + lines.length, text: bytes.toString('utf8', start, end) }));
+  forEachLine(
+    bytes,
+    (start, end) => void lines.push({ line: job.firstLine + lines.length, text: bytes.toString('utf8', start, end) }),
+  );
   try {
-    await judgeConstructed(readPairs(job.file, j.folders, j.buckets, lines, j.sessions), j.ensemble, j.batchSize, made.write, () => {}, async () => {});
+    await judgeConstructed(
+      readPairs(job.file, j.folders, j.buckets, lines, j.sessions),
+      j.ensemble,
+      j.batchSize,
+      made.write,
+      () => {},
+      async () => {},
+    );
   } finally {
     // The files it read are closed (a thread's are the process's): the bucket stays indexed, and they open again for the next piece.
     j.sessions.close();

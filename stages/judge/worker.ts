@@ -29,13 +29,27 @@ const log = new Logger('json', process.stderr, { thread: 'judge' }, true);
 
 serveBatches(
   (init: JudgeThreadInit) => {
-    const panel = openPanel(init.cfg, { configDir: init.configDir, cacheDir: init.cacheDir, redaction: init.cfg.redaction, mustDecline: mustDeclineTest(init.mustDecline), log });
+    const panel = openPanel(init.cfg, {
+      configDir: init.configDir,
+      cacheDir: init.cacheDir,
+      redaction: init.cfg.redaction,
+      mustDecline: mustDeclineTest(init.mustDecline),
+      log,
+    });
     // Every bucket is read through the same buffers; the last bucket pairs pointed into stays indexed.
     const reader = new StoredBucketReader();
     const sessions = new SessionsById(init.folders.ingest, reader, init.heldBytes);
     return async (job: JudgeJob): Promise<JudgedBucket> => {
       const { ensemble } = await panel;
-      return judgeJob(job, { ensemble, folders: init.folders, buckets: init.buckets, batchSize: init.cfg.batch_size, reader, sessions, shelf: threadShelf });
+      return judgeJob(job, {
+        ensemble,
+        folders: init.folders,
+        buckets: init.buckets,
+        batchSize: init.cfg.batch_size,
+        reader,
+        sessions,
+        shelf: threadShelf,
+      });
     };
   },
   (made) => [made.lines.buffer as ArrayBuffer],

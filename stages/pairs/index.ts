@@ -13,14 +13,23 @@ import { rewritePromptPath, rewriterConfig } from '../../pairing/rewriter.ts';
 const ratio = z.number().min(0).max(1);
 
 /** The transforms' default ratios, per type. */
-const HARD_NEGATIVE_RATIOS: Record<NegativeType, number> = { refusal: 0.25, hallucination: 0.25, off_topic: 0.15, format: 0.25, verbose: 0.15, under_explained: 0.15 };
+const HARD_NEGATIVE_RATIOS: Record<NegativeType, number> = {
+  refusal: 0.25,
+  hallucination: 0.25,
+  off_topic: 0.15,
+  format: 0.25,
+  verbose: 0.15,
+  under_explained: 0.15,
+};
 
 /** What each type's transform does to a chosen session, for the ratios' doc strings. */
 const NEGATIVE_DOCS: Record<NegativeType, string> = {
   refusal: 'its first assistant turn replaced by an unwarranted refusal',
-  hallucination: 'one identifier in a tool call (a phone or account number) changed to a value found nowhere in the conversation',
+  hallucination:
+    'one identifier in a tool call (a phone or account number) changed to a value found nowhere in the conversation',
   off_topic: 'one assistant turn replaced by an unrelated remark',
-  format: 'one tool call broken (arguments cut off, a misspelt tool, a required argument left out, or the call written as text)',
+  format:
+    'one tool call broken (arguments cut off, a misspelt tool, a required argument left out, or the call written as text)',
   verbose: 'its last reply padded with pleasantries and restatements',
   under_explained: 'its last reply cut to a curt line ("Done.")',
 };
@@ -28,32 +37,77 @@ const NEGATIVE_DOCS: Record<NegativeType, string> = {
 const config = z.strictObject({
   outcome: z
     .strictObject({
-      enabled: z.boolean().default(true).describe('Build outcome pairs: within a task, a successful session against a failed one.'),
+      enabled: z
+        .boolean()
+        .default(true)
+        .describe('Build outcome pairs: within a task, a successful session against a failed one.'),
       success_min: z.number().min(0).max(1).default(0.7).describe('A session with at least this reward is a success.'),
       failure_max: z.number().min(0).max(1).default(0.3).describe('A session with at most this reward is a failure.'),
-      max_pairs_per_task: z.number().int().min(1).nullable().default(16).describe('Most outcome pairs per task (null: every success against every failure); under a cap, pairs with the widest reward gaps come first and each session is used about equally often.'),
+      max_pairs_per_task: z
+        .number()
+        .int()
+        .min(1)
+        .nullable()
+        .default(16)
+        .describe(
+          'Most outcome pairs per task (null: every success against every failure); under a cap, pairs with the widest reward gaps come first and each session is used about equally often.',
+        ),
     })
     .refine((c) => c.failure_max < c.success_min, { message: 'failure_max must be below success_min' })
-    .prefault({}).describe("Outcome pairs: a task's successes against its failures, the reward gap as margin."),
+    .prefault({})
+    .describe("Outcome pairs: a task's successes against its failures, the reward gap as margin."),
   hard_negatives: z
     .strictObject({
-      enabled: z.boolean().default(true).describe('Build hard negatives: one turn of a successful session against a worse version of it.'),
-      from_min_reward: z.number().min(0).max(1).default(0.7).describe('Sessions with at least this reward are the chosen side that negatives are made from.'),
+      enabled: z
+        .boolean()
+        .default(true)
+        .describe('Build hard negatives: one turn of a successful session against a worse version of it.'),
+      from_min_reward: z
+        .number()
+        .min(0)
+        .max(1)
+        .default(0.7)
+        .describe('Sessions with at least this reward are the chosen side that negatives are made from.'),
       ratios: z
         .strictObject(
           Object.fromEntries(
-            NEGATIVE_TYPES.map((t) => [t, ratio.optional().describe(`Share of the chosen sessions (reward ≥ from_min_reward) that get a negative of this type: ${NEGATIVE_DOCS[t]}. Default ${HARD_NEGATIVE_RATIOS[t]}; a ratios section given without it makes it 0.`)]),
+            NEGATIVE_TYPES.map((t) => [
+              t,
+              ratio
+                .optional()
+                .describe(
+                  `Share of the chosen sessions (reward ≥ from_min_reward) that get a negative of this type: ${NEGATIVE_DOCS[t]}. Default ${HARD_NEGATIVE_RATIOS[t]}; a ratios section given without it makes it 0.`,
+                ),
+            ]),
           ) as Record<NegativeType, z.ZodOptional<typeof ratio>>,
         )
-        .default(HARD_NEGATIVE_RATIOS).describe('Per type, the share of those sessions that get a negative of that type.'),
-      salt: z.string().default('prefab').describe('Decides which sessions, turns and templates are drawn (the rewriter uses it too); changing it draws others.'),
-      rewriter: rewriterConfig.prefault({}).describe('More negatives of the text types, written by a model behind an OpenAI-compatible endpoint (off by default).'),
+        .default(HARD_NEGATIVE_RATIOS)
+        .describe('Per type, the share of those sessions that get a negative of that type.'),
+      salt: z
+        .string()
+        .default('prefab')
+        .describe(
+          'Decides which sessions, turns and templates are drawn (the rewriter uses it too); changing it draws others.',
+        ),
+      rewriter: rewriterConfig
+        .prefault({})
+        .describe(
+          'More negatives of the text types, written by a model behind an OpenAI-compatible endpoint (off by default).',
+        ),
     })
-    .prefault({}).describe('Hard negatives: a worse version of one turn of a successful session, made by deterministic transforms of six types.'),
+    .prefault({})
+    .describe(
+      'Hard negatives: a worse version of one turn of a successful session, made by deterministic transforms of six types.',
+    ),
   must_decline: z
     .array(z.string())
     .default([])
-    .refine((ps) => ps.every((p) => validRegex(p)), { message: 'each must_decline entry must be a valid regular expression' }).describe("Requests the agent must decline, as regular expressions over the user's turns (case-insensitive); a session whose metadata says `must_decline: true` counts too. For those, a refusal is the chosen side."),
+    .refine((ps) => ps.every((p) => validRegex(p)), {
+      message: 'each must_decline entry must be a valid regular expression',
+    })
+    .describe(
+      "Requests the agent must decline, as regular expressions over the user's turns (case-insensitive); a session whose metadata says `must_decline: true` counts too. For those, a refusal is the chosen side.",
+    ),
 });
 
 function validRegex(pattern: string): boolean {
@@ -69,7 +123,6 @@ type PairsConfig = z.infer<typeof config>;
 
 const rewriting = (cfg: PairsConfig) => cfg.hard_negatives.enabled && cfg.hard_negatives.rewriter.enabled;
 
-
 const REWRITER_ENDPOINT = { key: 'pairs.hard_negatives.rewriter.endpoint', modelEnv: 'PREFAB_REWRITE_MODEL' };
 
 /** The stage's config, as its section of the config file gives it. */
@@ -77,7 +130,8 @@ export type Config = z.infer<typeof config>;
 
 export const pairs = defineStage({
   name: 'pairs',
-  description: 'build preference pairs: successes against failures of a task (outcome), and hard negatives of six types (by transforms; optionally by an LLM rewriter)',
+  description:
+    'build preference pairs: successes against failures of a task (outcome), and hard negatives of six types (by transforms; optionally by an LLM rewriter)',
   version: 4,
   inputs: ['ingest', 'split'],
   outputs: ['train.jsonl', 'test.jsonl', 'dropped.jsonl', 'info.json'],

@@ -22,12 +22,21 @@ const rewriting = (cfg: Config) => cfg.hard_negatives.enabled && cfg.hard_negati
 
 const REWRITER_ENDPOINT = { key: 'pairs.hard_negatives.rewriter.endpoint', modelEnv: 'PREFAB_REWRITE_MODEL' };
 
-
 /**
  * On a shard, only the buckets it owns; each bucket's pairs are a chunk of the files (pipeline/shards.ts).
  * Without the rewriter, buckets are paired on worker threads and written in order: the same bytes.
  */
-export async function run({ config: cfg, configDir, out, input, cache, log, signal, shard, options }: StageContext<Config>): Promise<StageReport> {
+export async function run({
+  config: cfg,
+  configDir,
+  out,
+  input,
+  cache,
+  log,
+  signal,
+  shard,
+  options,
+}: StageContext<Config>): Promise<StageReport> {
   const [splitDir, ingestDir] = [input('split'), input('ingest')];
   const info = await readSplitInfo(splitDir);
   await mkdir(out, { recursive: true });
@@ -46,7 +55,15 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
   const owned = Array.from({ length: info.buckets }, (_, b) => b).filter((b) => ownsBucket(shard, b));
   // On two cores, two threads pair buckets while the main thread only writes.
   const threads = rewriter ? 1 : workerCount(options.workers, owned.length >= MANY_BUCKETS);
-  const pool = threads > 1 ? new WorkerPool<BucketJob, PairedJob>('pairs-worker', new URL('./worker.ts', import.meta.url), threads, cfg satisfies PairingConfig) : null;
+  const pool =
+    threads > 1
+      ? new WorkerPool<BucketJob, PairedJob>(
+          'pairs-worker',
+          new URL('./worker.ts', import.meta.url),
+          threads,
+          cfg satisfies PairingConfig,
+        )
+      : null;
   // A bucket's pairs (up to about twice its sessions' bytes) go to disk while the next bucket is paired, rather
   // than first. Tasks are spread over the buckets by a hash, so a bucket holds about its share of the sessions;
   // one that holds more than one and a half times that (a few tasks far larger than the rest) is paired in
@@ -59,14 +76,32 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
   const pieceBytes = Math.min(limit, typeof options.pieceBytes === 'number' ? options.pieceBytes : PIECE_BYTES);
   // A large task's outcome candidates held at first, and the bytes of a large bucket file read at once
   // (pairer.ts): a test's.
-  const [outcomeHeld, bucketBlock] = [options.outcomeHeld, options.bucketBlock].map((v) => (typeof v === 'number' ? v : undefined));
+  const [outcomeHeld, bucketBlock] = [options.outcomeHeld, options.bucketBlock].map((v) =>
+    typeof v === 'number' ? v : undefined,
+  );
   const inFlight = Math.max(16 << 20, 3 * share);
   // Every bucket of both sides, in the order their pairs are written; threads go on from one side to the next.
   const jobs: BucketJob[] = [];
-  for (const [s, side] of SPLITS.entries()) for (const b of owned) jobs.push({ path: bucketFile(splitDir, side, b), ingest: ingestDir, side, s, b, limit, pieceBytes, outcomeHeld, bucketBlock });
-  const writers = { train: new JsonlWriter(join(out, 'train.jsonl'), 'w', inFlight), test: new JsonlWriter(join(out, 'test.jsonl'), 'w', inFlight) } satisfies Record<Split, JsonlWriter>;
+  for (const [s, side] of SPLITS.entries())
+    for (const b of owned)
+      jobs.push({
+        path: bucketFile(splitDir, side, b),
+        ingest: ingestDir,
+        side,
+        s,
+        b,
+        limit,
+        pieceBytes,
+        outcomeHeld,
+        bucketBlock,
+      });
+  const writers = {
+    train: new JsonlWriter(join(out, 'train.jsonl'), 'w', inFlight),
+    test: new JsonlWriter(join(out, 'test.jsonl'), 'w', inFlight),
+  } satisfies Record<Split, JsonlWriter>;
   const progress: { side: Split | null; bar: Progress | null } = { side: null, bar: null };
-  const stopped = (job: BucketJob) => `pairs: stopped at ${job.side} bucket ${job.b + 1} of ${info.buckets}; the next run makes pairs again${rewriter ? ' (rewrites received are cached)' : ''}`;
+  const stopped = (job: BucketJob) =>
+    `pairs: stopped at ${job.side} bucket ${job.b + 1} of ${info.buckets}; the next run makes pairs again${rewriter ? ' (rewrites received are cached)' : ''}`;
   // Each job is let go once given (a large bucket's pieces hold where their sessions lie).
   async function* each(batches: BucketJob[]) {
     for (let job = batches.shift(); job; job = batches.shift()) {
@@ -107,7 +142,8 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
       for (const [k, v] of Object.entries(made.counts)) counts[k] = (counts[k] ?? 0) + v;
       if (made.ofTask) {
         taskMade += made.ofTask.made;
-        if (made.ofTask.endsTask) [counts.tasks_with_pairs, taskMade] = [counts.tasks_with_pairs! + (taskMade > 0 ? 1 : 0), 0];
+        if (made.ofTask.endsTask)
+          [counts.tasks_with_pairs, taskMade] = [counts.tasks_with_pairs! + (taskMade > 0 ? 1 : 0), 0];
       }
       if (!piece || piece.closes) progress.bar!.tick();
     };
@@ -120,14 +156,27 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
     // are written (those already given out are paired meanwhile).
     // A large task's outcome pairs come made with its bucket's plan: only the other pieces are paired.
     const planned = ({ piece }: BucketJob) => (piece?.part === 'outcome' ? piece.made : null);
-    const work = pool ? { size: pool.size, run: (job: BucketJob) => Promise.resolve(planned(job) ?? pool.run(job)) } : (job: BucketJob) => planned(job) ?? pairer.pair(job);
-    const keep = { perThread: 2, held: { bytes: (made: PairedJob) => ('pieces' in made ? 0 : made.pairs.length + made.dropped.length), budget: inFlight } };
-    await inOrder(each(jobs), work, async (made, job) => {
-      if (!('pieces' in made)) return write(made, job);
-      counts.buckets_in_pieces!++;
-      // A piece answers with its pairs, never with pieces of its own.
-      await inOrder(each(made.pieces), work, async (piece, job) => write(piece as PairedBucket, job), keep);
-    }, keep);
+    const work = pool
+      ? { size: pool.size, run: (job: BucketJob) => Promise.resolve(planned(job) ?? pool.run(job)) }
+      : (job: BucketJob) => planned(job) ?? pairer.pair(job);
+    const keep = {
+      perThread: 2,
+      held: {
+        bytes: (made: PairedJob) => ('pieces' in made ? 0 : made.pairs.length + made.dropped.length),
+        budget: inFlight,
+      },
+    };
+    await inOrder(
+      each(jobs),
+      work,
+      async (made, job) => {
+        if (!('pieces' in made)) return write(made, job);
+        counts.buckets_in_pieces!++;
+        // A piece answers with its pairs, never with pieces of its own.
+        await inOrder(each(made.pieces), work, async (piece, job) => write(piece as PairedBucket, job), keep);
+      },
+      keep,
+    );
     progress.bar?.done();
     for (const writer of Object.values(writers)) await writer.close();
   } finally {
@@ -135,10 +184,21 @@ export async function run({ config: cfg, configDir, out, input, cache, log, sign
     await endpoint?.close();
   }
   if (endpoint) Object.assign(counts, requestCounts(endpoint));
-  if (counts.rewrite_failed! > 0) log.warn('some rewrites failed', { failed: counts.rewrite_failed, hint: 'rerun `prefab stage pairs`: rewrites already received are cached' });
+  if (counts.rewrite_failed! > 0)
+    log.warn('some rewrites failed', {
+      failed: counts.rewrite_failed,
+      hint: 'rerun `prefab stage pairs`: rewrites already received are cached',
+    });
   await dropped.close();
   await chunks.save();
-  await writeFile(join(out, 'info.json'), JSON.stringify({ must_decline: cfg.must_decline, rewriter_model: endpoint?.model ?? null } satisfies PairsInfo, null, 2) + '\n');
+  await writeFile(
+    join(out, 'info.json'),
+    JSON.stringify(
+      { must_decline: cfg.must_decline, rewriter_model: endpoint?.model ?? null } satisfies PairsInfo,
+      null,
+      2,
+    ) + '\n',
+  );
   return report(counts, endpoint?.model ?? null);
 }
 

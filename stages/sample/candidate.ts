@@ -22,7 +22,14 @@ function groupPrompt(sessions: SplitSession[]): Message[] {
 }
 
 /** Candidate number `index` of task `taskId`, whose logged sessions are `sessions`. */
-export async function drawCandidate(endpoint: ChatEndpoint, worlds: WorldCache, taskId: string, sessions: SplitSession[], index: number, cfg: { temperature: number; max_tokens: number }): Promise<SampledSession> {
+export async function drawCandidate(
+  endpoint: ChatEndpoint,
+  worlds: WorldCache,
+  taskId: string,
+  sessions: SplitSession[],
+  index: number,
+  cfg: { temperature: number; max_tokens: number },
+): Promise<SampledSession> {
   const first = sessions[0]!;
   const options = { temperature: cfg.temperature, maxTokens: cfg.max_tokens, index };
   const found = sessionTask(first, worlds);
@@ -38,13 +45,34 @@ export async function drawCandidate(endpoint: ChatEndpoint, worlds: WorldCache, 
   };
   const sampled = { model: endpoint.model, index, temperature: cfg.temperature };
   // The task's metadata, without what describes the logged session itself rather than the task.
-  const { trial: _t, _message_extras: _x, success: _s, turns: _n, ...taskMetadata } = JSON.parse(first.metadata) as Record<string, unknown>;
+  const {
+    trial: _t,
+    _message_extras: _x,
+    success: _s,
+    turns: _n,
+    ...taskMetadata
+  } = JSON.parse(first.metadata) as Record<string, unknown>;
   if (!('reason' in found)) {
-    const episode = await runEpisode(found.world, found.task, new EndpointPolicy(endpoint, { ...options, tools: TOOLS }));
+    const episode = await runEpisode(
+      found.world,
+      found.task,
+      new EndpointPolicy(endpoint, { ...options, tools: TOOLS }),
+    );
     const metadata = { ...taskMetadata, success: episode.success, turns: episode.turns, sampled };
-    return { ...base, messages: episode.messages, reward: Math.round(episode.reward * 1e6) / 1e6, feedback: episode.state.feedback.join('\n') || null, metadata: JSON.stringify(metadata) };
+    return {
+      ...base,
+      messages: episode.messages,
+      reward: Math.round(episode.reward * 1e6) / 1e6,
+      feedback: episode.state.feedback.join('\n') || null,
+      metadata: JSON.stringify(metadata),
+    };
   }
   const prompt = groupPrompt(sessions);
   const reply = await sampleMessage(endpoint, prompt, options);
-  return { ...base, messages: [...prompt, reply], reward: null, metadata: JSON.stringify({ ...taskMetadata, sampled }) };
+  return {
+    ...base,
+    messages: [...prompt, reply],
+    reward: null,
+    metadata: JSON.stringify({ ...taskMetadata, sampled }),
+  };
 }

@@ -21,13 +21,31 @@ export interface SamplingOptions {
 }
 
 /** One sampled assistant message for `messages`. */
-export async function sampleMessage(endpoint: ChatEndpoint, messages: Message[], options: SamplingOptions): Promise<Message> {
-  const request: ChatRequest = { messages, temperature: options.temperature, max_tokens: options.maxTokens, seed: options.index, ...(options.tools ? { tools: options.tools } : {}) };
-  const answer = await endpoint.complete(request, { purpose: 'sample', version: SAMPLER_VERSION, index: options.index });
+export async function sampleMessage(
+  endpoint: ChatEndpoint,
+  messages: Message[],
+  options: SamplingOptions,
+): Promise<Message> {
+  const request: ChatRequest = {
+    messages,
+    temperature: options.temperature,
+    max_tokens: options.maxTokens,
+    seed: options.index,
+    ...(options.tools ? { tools: options.tools } : {}),
+  };
+  const answer = await endpoint.complete(request, {
+    purpose: 'sample',
+    version: SAMPLER_VERSION,
+    index: options.index,
+  });
   if (answer.reply === null) throw new BudgetSpent('the request budget is spent');
   const { reply, restore } = answer;
-  if (reply.content === null && !reply.tool_calls) throw new RequestFailed('the reply has neither content nor tool calls');
-  return mapMessageText({ role: 'assistant', content: reply.content, ...(reply.tool_calls ? { tool_calls: reply.tool_calls } : {}) }, restore);
+  if (reply.content === null && !reply.tool_calls)
+    throw new RequestFailed('the reply has neither content nor tool calls');
+  return mapMessageText(
+    { role: 'assistant', content: reply.content, ...(reply.tool_calls ? { tool_calls: reply.tool_calls } : {}) },
+    restore,
+  );
 }
 
 export class EndpointPolicy implements Policy {

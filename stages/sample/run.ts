@@ -26,8 +26,20 @@ export async function run({ config: cfg, out, input, cache, log, shard }: StageC
   const info = await readSplitInfo(splitDir);
   await mkdir(join(out, 'sessions'), { recursive: true });
   await writeFile(join(out, 'info.json'), JSON.stringify({ buckets: info.buckets }) + '\n');
-  const counts: Record<string, number> = { tasks_sampled: 0, sampled: 0, rollouts: 0, replies: 0, failed: 0, over_budget: 0, requests: 0, cached: 0, retries: 0 };
-  const endpoint = cfg.enabled ? await openEndpoint(ENDPOINT, cfg.endpoint, cfg.redaction, join(cache, 'answers.jsonl'), log) : null;
+  const counts: Record<string, number> = {
+    tasks_sampled: 0,
+    sampled: 0,
+    rollouts: 0,
+    replies: 0,
+    failed: 0,
+    over_budget: 0,
+    requests: 0,
+    cached: 0,
+    retries: 0,
+  };
+  const endpoint = cfg.enabled
+    ? await openEndpoint(ENDPOINT, cfg.endpoint, cfg.redaction, join(cache, 'answers.jsonl'), log)
+    : null;
   const worlds = new WorldCache();
   try {
     for (const side of SPLITS) {
@@ -45,7 +57,9 @@ export async function run({ config: cfg, out, input, cache, log, shard }: StageC
         }
         const jobs: Promise<SampledSession | null>[] = [];
         // A task with min_candidates sessions or more is not sampled: no more of its sessions are kept.
-        for (const [taskId, sessions] of readTaskGroups(bucketFile(splitDir, side, b), input('ingest'), undefined, { most: cfg.min_candidates })) {
+        for (const [taskId, sessions] of readTaskGroups(bucketFile(splitDir, side, b), input('ingest'), undefined, {
+          most: cfg.min_candidates,
+        })) {
           if (sessions.length >= cfg.min_candidates) continue;
           counts.tasks_sampled!++;
           for (let index = sessions.length; index < cfg.min_candidates; index++) {
@@ -77,12 +91,19 @@ export async function run({ config: cfg, out, input, cache, log, shard }: StageC
     await endpoint?.close();
   }
   if (endpoint) Object.assign(counts, requestCounts(endpoint));
-  if (counts.failed! > 0) log.warn('some candidates failed', { failed: counts.failed, hint: 'rerun `prefab stage sample`: answers already received are cached' });
+  if (counts.failed! > 0)
+    log.warn('some candidates failed', {
+      failed: counts.failed,
+      hint: 'rerun `prefab stage sample`: answers already received are cached',
+    });
   return endpoint ? report(counts) : { counts, summary: OFF };
 }
 
 function report(counts: Record<string, number>): StageReport {
-  const c = counts as Record<'sampled' | 'tasks_sampled' | 'rollouts' | 'replies' | 'requests' | 'cached' | 'failed' | 'over_budget', number>;
+  const c = counts as Record<
+    'sampled' | 'tasks_sampled' | 'rollouts' | 'replies' | 'requests' | 'cached' | 'failed' | 'over_budget',
+    number
+  >;
   return {
     counts,
     summary:

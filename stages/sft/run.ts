@@ -20,7 +20,7 @@ function newModel(m: ModelSettings, vocabSize: number, eos: number, seed: string
     modelType: 'llama',
     vocabSize,
     hiddenSize: m.hidden_size,
-    intermediateSize: m.intermediate_size ?? Math.ceil((8 / 3) * m.hidden_size / 32) * 32,
+    intermediateSize: m.intermediate_size ?? Math.ceil(((8 / 3) * m.hidden_size) / 32) * 32,
     layers: m.layers,
     heads: m.heads,
     kvHeads: m.kv_heads ?? m.heads,
@@ -39,36 +39,87 @@ function newModel(m: ModelSettings, vocabSize: number, eos: number, seed: string
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config, ModelSettings } from './index.ts';
 
-export async function run({ config: cfg, configDir, out, input, cache, key, log, options, signal }: StageContext<Config>): Promise<StageReport> {
+export async function run({
+  config: cfg,
+  configDir,
+  out,
+  input,
+  cache,
+  key,
+  log,
+  options,
+  signal,
+}: StageContext<Config>): Promise<StageReport> {
   const backend = await chosenBackend(options, log);
   const placeholders = await readPlaceholdersFile(input('tokenizer'));
   const from = cfg.model.from ? resolve(configDir, cfg.model.from) : null;
   // A pretrained model brings its tokenizer and template; a new one reads the tokenizer stage's.
-  const tokenizer = from ? readTokenizerFiles(from) : { 'tokenizer.json': await readFile(join(input('tokenizer'), 'tokenizer.json'), 'utf8') };
+  const tokenizer = from
+    ? readTokenizerFiles(from)
+    : { 'tokenizer.json': await readFile(join(input('tokenizer'), 'tokenizer.json'), 'utf8') };
   // The pretrained weights are read when the run starts from them, not when it resumes from a checkpoint.
   const pretrained = from ? readHfConfig(from) : null;
   const chat = openChat(tokenizer, pretrained?.config.eosTokenId ?? null, from ?? input('tokenizer'));
   const context = Math.min(cfg.model.context, pretrained?.config.maxPositions ?? Infinity);
   const path = join(input('export'), 'sft', 'train.parquet');
   const sessions = subset(await readParquet<{ messages: Message[] }>(path), cfg.max_sessions, cfg.seed);
-  if (sessions.length === 0) throw new Error(`${path} has no sessions: nothing to fine-tune on (export.sft_min_reward may be too high)`);
-  const { conversations, resampled } = resampledSessions(sessions.map((s) => s.messages), cfg.resample_copies, cfg.seed);
+  if (sessions.length === 0)
+    throw new Error(`${path} has no sessions: nothing to fine-tune on (export.sft_min_reward may be too high)`);
+  const { conversations, resampled } = resampledSessions(
+    sessions.map((s) => s.messages),
+    cfg.resample_copies,
+    cfg.seed,
+  );
   const sequences = await sftSequences(chat, conversations, context + 1, path, placeholders);
   const lora = cfg.lora ? loraOf(cfg.lora) : undefined;
   const start = () => {
     const weights = from ? readHfModel(from) : null;
-    const model = weights ? new Llama(weights.config, weights.weights) : newModel(cfg.model, chat.vocabSize, chat.stop[0]!, cfg.seed);
+    const model = weights
+      ? new Llama(weights.config, weights.weights)
+      : newModel(cfg.model, chat.vocabSize, chat.stop[0]!, cfg.seed);
     if (lora) attachLora(model, lora, cfg.seed);
     return model;
   };
   const trainer = sftTrainer(sequences, start, cfg, chat.pad);
-  log.info('training', { from, chat: chat.name, sessions: sessions.length, resampled, windows: sequences.length, tokens: sequences.reduce((n, s) => n + s.ids.length, 0), steps: trainer.steps, lora: lora ? `r ${lora.r} on ${lora.targetModules.join(', ')}` : null, backend: backend.description });
+  log.info('training', {
+    from,
+    chat: chat.name,
+    sessions: sessions.length,
+    resampled,
+    windows: sequences.length,
+    tokens: sequences.reduce((n, s) => n + s.ids.length, 0),
+    steps: trainer.steps,
+    lora: lora ? `r ${lora.r} on ${lora.targetModules.join(', ')}` : null,
+    backend: backend.description,
+  });
 
-  const result = await trainingRun({ config: cfg, cache, key, tokenizer, context, placeholders, lora, base: from ?? undefined, signal, log, gpu: backend.gpu }, trainer);
+  const result = await trainingRun(
+    {
+      config: cfg,
+      cache,
+      key,
+      tokenizer,
+      context,
+      placeholders,
+      lora,
+      base: from ?? undefined,
+      signal,
+      log,
+      gpu: backend.gpu,
+    },
+    trainer,
+  );
   const parameters = result.model.size();
   const last = await result.save(out, { stage: 'sft', from, sessions: sessions.length, windows: sequences.length });
   return {
-    counts: { sessions: sessions.length, resampled, windows: sequences.length, steps: trainer.steps, resumed_from: result.resumedFrom, parameters },
+    counts: {
+      sessions: sessions.length,
+      resampled,
+      windows: sequences.length,
+      steps: trainer.steps,
+      resumed_from: result.resumedFrom,
+      parameters,
+    },
     summary: `${trainer.steps} steps on ${sessions.length} sessions (${sequences.length} windows)${from ? ` from ${from}` : ''}${lora ? ` (LoRA r ${lora.r})` : ''}; loss ${last.loss?.toFixed(3)}, ${Math.round(last['tokens/s'] ?? 0)} tokens/s on ${result.device}`,
   };
 }

@@ -6,8 +6,18 @@ import { defineStage } from '../../pipeline/stage.ts';
 const config = z.strictObject({
   test_ratio: z.number().min(0).max(1).default(0.1).describe('Share of tasks (not sessions) that go to the test side.'),
   salt: z.string().default('prefab').describe('Changing the salt reshuffles which tasks are held out.'),
-  untasked_similarity: z.number().min(0).max(1).default(0.5).describe('Jaccard similarity of request shingles at which an untasked session joins a task (see similarity.ts).'),
-  bucket_size: z.number().int().min(16).default(4096).describe('Sessions per bucket: bounds the memory of the stages that group by task.'),
+  untasked_similarity: z
+    .number()
+    .min(0)
+    .max(1)
+    .default(0.5)
+    .describe('Jaccard similarity of request shingles at which an untasked session joins a task (see similarity.ts).'),
+  bucket_size: z
+    .number()
+    .int()
+    .min(16)
+    .default(4096)
+    .describe('Sessions per bucket: bounds the memory of the stages that group by task.'),
 });
 
 /** The stage's config, as its section of the config file gives it. */

@@ -41,7 +41,12 @@ const slotOf = (task: string) => fnv1a(task) & (PLACED_TASKS - 1);
  * into the same buffer (`into`, grown where a line is longer): many small segments would otherwise each map
  * new memory.
  */
-function* segmentLines(file: number, into: { buffer: Buffer }, from = 0, to = Infinity): Generator<{ bytes: Buffer; base: number; lines: number[] }> {
+function* segmentLines(
+  file: number,
+  into: { buffer: Buffer },
+  from = 0,
+  to = Infinity,
+): Generator<{ bytes: Buffer; base: number; lines: number[] }> {
   let { buffer } = into;
   let base = from;
   let held = 0;
@@ -138,7 +143,14 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   const files = new Map<string, BucketOut>();
   // A block written is gathered into again (a few spare blocks serve every file).
   const shelf = new BufferShelf(16);
-  for (const side of SPLITS) for (let b = 0; b < buckets; b++) if (ownsBucket(shard, b)) files.set(`${side}/${b}`, { writer: new JsonlWriter(bucketFile(out, side, b), 'w', 2 * gather), lines: new LineBuffer(gather, shelf), run: null });
+  for (const side of SPLITS)
+    for (let b = 0; b < buckets; b++)
+      if (ownsBucket(shard, b))
+        files.set(`${side}/${b}`, {
+          writer: new JsonlWriter(bucketFile(out, side, b), 'w', 2 * gather),
+          lines: new LineBuffer(gather, shelf),
+          run: null,
+        });
   const flush = async (file: BucketOut) => {
     const count = file.lines.count;
     const block = file.lines.take();
@@ -190,7 +202,11 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   };
   // A block of a segment's lines, each read for its task (and parsed where the head does not tell it, or
   // the session has none and is matched to one).
-  const takeLines = async ({ bytes, base, lines }: { bytes: Buffer; base: number; lines: number[] }, segment: string, name: string) => {
+  const takeLines = async (
+    { bytes, base, lines }: { bytes: Buffer; base: number; lines: number[] },
+    segment: string,
+    name: string,
+  ) => {
     for (let k = 0; k < lines.length; k += 2) {
       const start = lines[k]!;
       const end = lines[k + 1]!;
@@ -199,7 +215,8 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
       let taskId = leadingTaskId(bytes, start, end);
       // A line read by its head is parsed all the same when it does not end as a JSON object: it is
       // written whole then, never with its last byte taken for a closing brace.
-      if (taskId === undefined || bytes[end - 1] !== 0x7d) taskId = (s = parseSession(bytes, start, end, segment, base)).task_id;
+      if (taskId === undefined || bytes[end - 1] !== 0x7d)
+        taskId = (s = parseSession(bytes, start, end, segment, base)).task_id;
       if (taskId === null) {
         s ??= parseSession(bytes, start, end, segment, base);
         const m = matcher.assign(requestText(s.messages));
@@ -220,7 +237,10 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
       // JSON.stringify of { ...s, split, task_match: null } when s is the line's session (the segment's last
       // line, without its newline), as the line ends in '}'.
       if (s === null) file.lines.pushBytes(bytes.subarray(start, end - 1), sessionTail(last.side));
-      else file.lines.push(JSON.stringify({ ...s, task_id: taskId, split: last.side, task_match: taskMatch } satisfies SplitSession));
+      else
+        file.lines.push(
+          JSON.stringify({ ...s, task_id: taskId, split: last.side, task_match: taskMatch } satisfies SplitSession),
+        );
     }
   };
   const stopped = () => 'split: stopped before it had put every session in its bucket; the next run does it again';
@@ -232,7 +252,12 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
       await withSegment(segment, async (fd) => {
         const size = fstatSync(fd).size;
         const written = segmentBytes.get(name);
-        if (written !== undefined && written !== size) log.warn('a segment is not the size ingest wrote: its lines are read for their tasks, not its tasks file', { segment: name, bytes: size, written });
+        if (written !== undefined && written !== size)
+          log.warn('a segment is not the size ingest wrote: its lines are read for their tasks, not its tasks file', {
+            segment: name,
+            bytes: size,
+            written,
+          });
         // An ingest from before tasks files, or a segment changed since: every line is read for its task.
         if (written !== size || !existsSync(runsFile)) {
           for (const block of segmentLines(fd, reading)) {
@@ -261,7 +286,10 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
             at += bytes;
           }
         }
-        if (at !== size) throw new PipelineError(`${runsFile}: its runs add up to ${at} bytes, and ${segment} has ${size}; ingest wrote them together, so one was changed since: run \`prefab stage ingest\``);
+        if (at !== size)
+          throw new PipelineError(
+            `${runsFile}: its runs add up to ${at} bytes, and ${segment} has ${size}; ingest wrote them together, so one was changed since: run \`prefab stage ingest\``,
+          );
       });
     }
     for (const file of files.values()) await endRun(file);
@@ -280,7 +308,10 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
 }
 
 function report(counts: Record<string, number>): StageReport {
-  const c = counts as Record<'train_sessions' | 'test_sessions' | 'buckets' | 'untasked' | 'matched_to_task' | 'new_groups', number>;
+  const c = counts as Record<
+    'train_sessions' | 'test_sessions' | 'buckets' | 'untasked' | 'matched_to_task' | 'new_groups',
+    number
+  >;
   return {
     counts,
     summary:
@@ -293,5 +324,10 @@ function report(counts: Record<string, number>): StageReport {
 export async function merge(parts: ShardPart[], out: string): Promise<StageReport> {
   await joinFolders(parts, 'sessions', out);
   await sameInEvery(parts, 'info.json', out);
-  return report(sumCounts(parts.map((p) => p.counts), ['untasked', 'buckets']));
+  return report(
+    sumCounts(
+      parts.map((p) => p.counts),
+      ['untasked', 'buckets'],
+    ),
+  );
 }

@@ -185,9 +185,15 @@ export class TaskMatcher {
     const held = [...set].map((s) => this.numbers.get(s) ?? -1).sort((x, y) => this.held(x) - this.held(y));
     const probed = Math.min(held.length, held.length - Math.floor(this.threshold * held.length) + 1);
     const common = (k: number) => this.held(k) > this.commonLimit;
-    const [counted, looked] = common(held[probed - 1]!) ? [held.filter((k) => !common(k)), held.filter(common)] : [held.slice(0, probed), held.slice(probed)];
+    const [counted, looked] = common(held[probed - 1]!)
+      ? [held.filter((k) => !common(k)), held.filter(common)]
+      : [held.slice(0, probed), held.slice(probed)];
     const numbers = held.filter((k) => k >= 0);
-    return { counted: counted.filter((k) => k >= 0).map((k) => this.postings[k]!), looked: looked.filter((k) => k >= 0), numbers };
+    return {
+      counted: counted.filter((k) => k >= 0).map((k) => this.postings[k]!),
+      looked: looked.filter((k) => k >= 0),
+      numbers,
+    };
   }
 
   /** How many groups hold shingle number k (none where k is -1). */

@@ -32,20 +32,33 @@ function placeholderWords(texts: string[], budget: number): string[] {
     }
   }
   const labels = [...seen].sort((a, b) => b[1].count - a[1].count || (a[0] < b[0] ? -1 : 1));
-  return labels.flatMap(([label, s]) => Array.from({ length: s.highest + 1 }, (_, i) => `[${label}_${i + 1}]`)).slice(0, budget);
+  return labels
+    .flatMap(([label, s]) => Array.from({ length: s.highest + 1 }, (_, i) => `[${label}_${i + 1}]`))
+    .slice(0, budget);
 }
 
 export async function run({ config: cfg, out, input, log, signal }: StageContext<Config>): Promise<StageReport> {
   const sessions = await readParquet<{ messages: Message[] }>(join(input('export'), 'sessions', 'train.parquet'));
-  if (sessions.length === 0) throw new Error(`${join(input('export'), 'sessions', 'train.parquet')} has no sessions to train a tokenizer on`);
+  if (sessions.length === 0)
+    throw new Error(`${join(input('export'), 'sessions', 'train.parquet')} has no sessions to train a tokenizer on`);
   const placeholders = placeholdersOf(cfg.placeholders);
   // BPE's training is one synchronous call (about a second on the sample): a signal is seen between the steps.
   const stopped = () => 'tokenizer: stopped before it wrote tokenizer.json; the next run trains it again';
   await safePoint(signal, stopped);
-  const texts = viewAll(sessions.map((s) => fromParquet(s.messages)), placeholders).flatMap(conversationTexts);
+  const texts = viewAll(
+    sessions.map((s) => fromParquet(s.messages)),
+    placeholders,
+  ).flatMap(conversationTexts);
   await safePoint(signal, stopped);
   const words = placeholders ? placeholderWords(texts, cfg.placeholder_tokens) : [];
-  log.info('training BPE', { sessions: sessions.length, texts: texts.length, vocab_size: cfg.vocab_size, split_digits: cfg.split_digits, placeholders: placeholders !== null, placeholder_tokens: words.length });
+  log.info('training BPE', {
+    sessions: sessions.length,
+    texts: texts.length,
+    vocab_size: cfg.vocab_size,
+    split_digits: cfg.split_digits,
+    placeholders: placeholders !== null,
+    placeholder_tokens: words.length,
+  });
   const json = trainTokenizer(texts, cfg.vocab_size, cfg.split_digits, words);
   await safePoint(signal, stopped);
   await writeFile(join(out, 'tokenizer.json'), json);

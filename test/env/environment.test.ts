@@ -13,7 +13,8 @@ import { prefab } from '../fixtures/cli.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 
 const world = generateWorld({ seed: 3 });
-const call = (state: EnvState, name: string, args: unknown) => step(world, state, { name, arguments: JSON.stringify(args) });
+const call = (state: EnvState, name: string, args: unknown) =>
+  step(world, state, { name, arguments: JSON.stringify(args) });
 const companyOf = (task: Task) => world.companies.find((c) => c.name === task.company)!;
 
 /** A task whose first department needs at least two fields and no reference, for poking at the rules. */
@@ -41,7 +42,7 @@ describe('the world', () => {
     expect([...valCompanies].every((c) => val.has(c))).toBe(true);
   });
 
-  it('gives departments their type\'s usual fields, with company-specific deviations, and lists none of it in the directory', () => {
+  it("gives departments their type's usual fields, with company-specific deviations, and lists none of it in the directory", () => {
     const departments = world.companies.flatMap((c) => c.departments);
     const usual = (type: string) => CATALOGUE.find((t) => t.type === type)!.usual;
     const deviating = departments.filter((d) => JSON.stringify(d.requires) !== JSON.stringify(usual(d.type)));
@@ -80,10 +81,18 @@ describe('the environment', () => {
     expect(failed.feedback).toContain(`needs ${dept.requires[0]}`);
     expect(failed.reward).toBe(0);
 
-    const wrong = call(failed.state, 'call', { phone_number: dept.phone, auth: { ...partial, [dept.requires[0]!]: 'made-up' }, request: 'help' });
+    const wrong = call(failed.state, 'call', {
+      phone_number: dept.phone,
+      auth: { ...partial, [dept.requires[0]!]: 'made-up' },
+      request: 'help',
+    });
     expect(wrong.observation).toMatch(/doesn't match our records/);
 
-    const ok = call(wrong.state, 'call', { phone_number: dept.phone, auth: Object.fromEntries(dept.requires.map((f) => [f, values[f]])), request: 'help' });
+    const ok = call(wrong.state, 'call', {
+      phone_number: dept.phone,
+      auth: Object.fromEntries(dept.requires.map((f) => [f, values[f]])),
+      request: 'help',
+    });
     expect(ok.observation).toMatch(/that's done.*reference number is REF-\d{6}/);
     const end = call(ok.state, 'finish', {});
     expect(end.done).toBe(true);
@@ -97,16 +106,25 @@ describe('the environment', () => {
     const again = call(state, 'auth_info_form', { fields: ['pin'] });
     expect(again.observation).toMatch(/will not fill in another/);
     expect(again.state.form).toEqual({ email: task.profile.values.email });
-    expect(call(state, 'call', { phone_number: '1-800-000-0000', auth: {}, request: 'x' }).observation).toMatch(/not in service/);
+    expect(call(state, 'call', { phone_number: '1-800-000-0000', auth: {}, request: 'x' }).observation).toMatch(
+      /not in service/,
+    );
     const other = companyOf(task).departments.find((d) => !task.calls.some((c) => c.department === d.name));
-    if (other) expect(call(state, 'call', { phone_number: other.phone, auth: {}, request: 'x' }).observation).toMatch(/wrong department/);
+    if (other)
+      expect(call(state, 'call', { phone_number: other.phone, auth: {}, request: 'x' }).observation).toMatch(
+        /wrong department/,
+      );
     expect(call(state, 'call', '{oops' as unknown as object).observation).toMatch(/must be a JSON object/);
   });
 
   it('asks for the reference number of an earlier call where routing needs it', async () => {
-    const task = Array.from({ length: 3000 }, (_, i) => generateTask(world, 'train', i)).find((t) => t.calls.some((c) => companyOf(t).departments.find((d) => d.name === c.department)!.needsReferenceFrom))!;
+    const task = Array.from({ length: 3000 }, (_, i) => generateTask(world, 'train', i)).find((t) =>
+      t.calls.some((c) => companyOf(t).departments.find((d) => d.name === c.department)!.needsReferenceFrom),
+    )!;
     const e = await runEpisode(world, task, new ScriptedAgent('prior', world, task, 'x'));
-    const asked = e.messages.findIndex((m) => m.role === 'tool' && /need the reference number from your call with/.test(m.content ?? ''));
+    const asked = e.messages.findIndex(
+      (m) => m.role === 'tool' && /need the reference number from your call with/.test(m.content ?? ''),
+    );
     expect(asked).toBeGreaterThan(0);
     // The agent had the reference from the earlier call and gives it on its retry; it is not asked again.
     expect(e.messages[asked + 1]!.tool_calls![0]!.function.arguments).toMatch(/REF-\d{6}/);
@@ -116,11 +134,17 @@ describe('the environment', () => {
   it('costs reward for sensitive fields the task never needed', () => {
     const task = plainTask();
     const a = reset(world, task);
-    const needless = (['last_4_ssn', 'pin', 'date_of_birth', 'account_number'] as const).filter((f) => !a.needed.includes(f));
+    const needless = (['last_4_ssn', 'pin', 'date_of_birth', 'account_number'] as const).filter(
+      (f) => !a.needed.includes(f),
+    );
     const dept = companyOf(task).departments.find((d) => d.name === task.calls[0]!.department)!;
     const run = (fields: string[]) => {
       let s = call(a, 'auth_info_form', { fields }).state;
-      s = call(s, 'call', { phone_number: dept.phone, auth: Object.fromEntries(dept.requires.map((f) => [f, task.profile.values[f]])), request: 'x' }).state;
+      s = call(s, 'call', {
+        phone_number: dept.phone,
+        auth: Object.fromEntries(dept.requires.map((f) => [f, task.profile.values[f]])),
+        request: 'x',
+      }).state;
       return episodeReward(call(s, 'finish', {}).state);
     };
     expect(run([...dept.requires]) - run([...dept.requires, ...needless])).toBeCloseTo(0.05 * needless.length);
@@ -157,7 +181,17 @@ describe('scripted agents', () => {
     let n = 0;
     const looping = {
       name: 'looping',
-      respond: async () => ({ role: 'assistant' as const, content: null, tool_calls: [{ id: `call_${++n}`, type: 'function' as const, function: { name: 'call', arguments: '{"phone_number":"0"}' } }] }),
+      respond: async () => ({
+        role: 'assistant' as const,
+        content: null,
+        tool_calls: [
+          {
+            id: `call_${++n}`,
+            type: 'function' as const,
+            function: { name: 'call', arguments: '{"phone_number":"0"}' },
+          },
+        ],
+      }),
     };
     const uncapped = await runEpisode(world, task, looping);
     expect(uncapped.state.done).toBe(true);
@@ -187,14 +221,19 @@ describe('scripted agents', () => {
 describe('prefab simulate and the replay verifier', () => {
   it('writes byte-identical files for the same seed, and different ones for another', () => {
     const dir = tempDir();
-    const run = (seed: number, out: string) => prefab(['simulate', '--tasks', '30', '--trials', '3', '--seed', String(seed), '--out', join(dir, out)]);
+    const run = (seed: number, out: string) =>
+      prefab(['simulate', '--tasks', '30', '--trials', '3', '--seed', String(seed), '--out', join(dir, out)]);
     expect(run(5, 'a.jsonl').code).toBe(0);
     expect(run(5, 'b.jsonl').code).toBe(0);
     expect(run(6, 'c.jsonl').code).toBe(0);
     const [a, b, c] = ['a', 'b', 'c'].map((f) => readFileSync(join(dir, `${f}.jsonl`)));
     expect(a!.equals(b!)).toBe(true);
     expect(a!.equals(c!)).toBe(false);
-    const sessions = a!.toString().trim().split('\n').map((l) => JSON.parse(l) as Session);
+    const sessions = a!
+      .toString()
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Session);
     expect(sessions).toHaveLength(90);
     expect(new Set(sessions.map((s) => s.task_id)).size).toBe(30);
     expect(sessions[0]!.messages[2]!.tool_calls![0]!.function.name).toBe('search_directory');
@@ -209,7 +248,17 @@ describe('prefab simulate and the replay verifier', () => {
 
   it('finds a logged session whose tool result or reward was edited', async () => {
     const sessions: Session[] = [];
-    for await (const s of simulate({ tasks: 5, trials: 2, agent: 'mix', noise: 0.3, split: 'train', seed: 9, companies: 100, offset: 0 })) sessions.push(s);
+    for await (const s of simulate({
+      tasks: 5,
+      trials: 2,
+      agent: 'mix',
+      noise: 0.3,
+      split: 'train',
+      seed: 9,
+      companies: 100,
+      offset: 0,
+    }))
+      sessions.push(s);
     expect(sessions.every((s) => replaySession(s).ok)).toBe(true);
 
     const edited = structuredClone(sessions[0]!);

@@ -5,7 +5,12 @@ import { NO_COST, type Comparison, type Judge, type JudgeStats, type Verdict } f
 const vote = (judge: string, weight: number, winner: Verdict['winner'], confidence = 1, margin?: number): Vote => ({
   judge,
   weight,
-  verdict: { winner, confidence: winner === 'abstain' ? 0 : confidence, rationale: `${judge} says ${winner}`, ...(margin === undefined ? {} : { margin }) },
+  verdict: {
+    winner,
+    confidence: winner === 'abstain' ? 0 : confidence,
+    rationale: `${judge} says ${winner}`,
+    ...(margin === undefined ? {} : { margin }),
+  },
 });
 
 describe('combineVotes', () => {
@@ -24,7 +29,11 @@ describe('combineVotes', () => {
   });
 
   it('calls a tie when votes cancel exactly, naming everyone who voted', () => {
-    const { verdict, deciders } = combineVotes([vote('llm', 1, 'a', 0.7), vote('rules', 1, 'b', 0.7), vote('silent', 1, 'abstain')]);
+    const { verdict, deciders } = combineVotes([
+      vote('llm', 1, 'a', 0.7),
+      vote('rules', 1, 'b', 0.7),
+      vote('silent', 1, 'abstain'),
+    ]);
     expect(verdict).toMatchObject({ winner: 'tie', confidence: 0 });
     expect(deciders).toEqual(['llm', 'rules']);
   });
@@ -42,18 +51,31 @@ describe('combineVotes', () => {
   });
 
   it('abstains when every judge abstains, or only judges of no weight vote', () => {
-    expect(combineVotes([vote('llm', 1, 'abstain'), vote('rules', 1, 'abstain')])).toEqual({ verdict: expect.objectContaining({ winner: 'abstain', confidence: 0 }), deciders: [] });
-    expect(combineVotes([vote('muted', 0, 'a')])).toEqual({ verdict: expect.objectContaining({ winner: 'abstain' }), deciders: [] });
+    expect(combineVotes([vote('llm', 1, 'abstain'), vote('rules', 1, 'abstain')])).toEqual({
+      verdict: expect.objectContaining({ winner: 'abstain', confidence: 0 }),
+      deciders: [],
+    });
+    expect(combineVotes([vote('muted', 0, 'a')])).toEqual({
+      verdict: expect.objectContaining({ winner: 'abstain' }),
+      deciders: [],
+    });
     expect(combineVotes([])).toEqual({ verdict: expect.objectContaining({ winner: 'abstain' }), deciders: [] });
   });
 
   it('leaves judges of no weight out of the deciders', () => {
     expect(combineVotes([vote('llm', 1, 'a'), vote('muted', 0, 'a')]).deciders).toEqual(['llm']);
-    expect(combineVotes([vote('llm', 1, 'a'), vote('rules', 1, 'b'), vote('muted', 0, 'a')]).deciders).toEqual(['llm', 'rules']);
+    expect(combineVotes([vote('llm', 1, 'a'), vote('rules', 1, 'b'), vote('muted', 0, 'a')]).deciders).toEqual([
+      'llm',
+      'rules',
+    ]);
   });
 
   it('keeps the largest margin of the judges on the winning side, none of the losing side', () => {
-    const { verdict } = combineVotes([vote('llm', 2, 'a', 1, 0.3), vote('rules', 1, 'a', 1, 0.6), vote('other', 1, 'b', 1, 0.9)]);
+    const { verdict } = combineVotes([
+      vote('llm', 2, 'a', 1, 0.3),
+      vote('rules', 1, 'a', 1, 0.6),
+      vote('other', 1, 'b', 1, 0.9),
+    ]);
     expect(verdict.margin).toBe(0.6);
     expect(combineVotes([vote('llm', 1, 'a')]).verdict.margin).toBeUndefined();
   });
@@ -83,11 +105,23 @@ const COMPARISON: Comparison = {
 
 describe('EnsembleJudge', () => {
   it('does not consult the other judges when the verifier is decisive', async () => {
-    const verifier = new CountingJudge('verifier', { winner: 'b', confidence: 1, margin: 0.4, rationale: 'outcome reward' });
+    const verifier = new CountingJudge('verifier', {
+      winner: 'b',
+      confidence: 1,
+      margin: 0.4,
+      rationale: 'outcome reward',
+    });
     const llm = new CountingJudge('llm:m', { winner: 'a', confidence: 1 });
     const rules = new CountingJudge('rules', { winner: 'a', confidence: 1 });
-    const result = await new EnsembleJudge(verifier, [{ judge: llm, weight: 5 }, { judge: rules, weight: 1 }]).judge(COMPARISON);
-    expect(result).toMatchObject({ verdict: { winner: 'b', confidence: 1, margin: 0.4 }, judge: 'verifier', stats: NO_COST });
+    const result = await new EnsembleJudge(verifier, [
+      { judge: llm, weight: 5 },
+      { judge: rules, weight: 1 },
+    ]).judge(COMPARISON);
+    expect(result).toMatchObject({
+      verdict: { winner: 'b', confidence: 1, margin: 0.4 },
+      judge: 'verifier',
+      stats: NO_COST,
+    });
     expect(Object.keys(result.verdicts)).toEqual(['verifier']);
     expect([verifier.calls, llm.calls, rules.calls]).toEqual([1, 0, 0]);
   });
@@ -98,7 +132,11 @@ describe('EnsembleJudge', () => {
     const llm = new CountingJudge('llm:m', { winner: 'a', confidence: 0.8 }, cost);
     const rules = new CountingJudge('rules', { winner: 'a', confidence: 0.6 });
     const against = new CountingJudge('other', { winner: 'abstain', confidence: 0 });
-    const result = await new EnsembleJudge(verifier, [{ judge: llm, weight: 1 }, { judge: rules, weight: 1 }, { judge: against, weight: 1 }]).judge(COMPARISON);
+    const result = await new EnsembleJudge(verifier, [
+      { judge: llm, weight: 1 },
+      { judge: rules, weight: 1 },
+      { judge: against, weight: 1 },
+    ]).judge(COMPARISON);
     expect(result.verdict.winner).toBe('a');
     expect(result.verdict.confidence).toBeCloseTo(0.7, 9);
     expect(result.judge).toBe('llm:m+rules');
@@ -117,7 +155,9 @@ describe('EnsembleJudge', () => {
 
   it('abstains, decided by no one, when every judge abstains', async () => {
     const nobody = (name: string) => new CountingJudge(name, { winner: 'abstain', confidence: 0 });
-    const result = await new EnsembleJudge(nobody('verifier'), [{ judge: nobody('rules'), weight: 1 }]).judge(COMPARISON);
+    const result = await new EnsembleJudge(nobody('verifier'), [{ judge: nobody('rules'), weight: 1 }]).judge(
+      COMPARISON,
+    );
     expect(result).toMatchObject({ verdict: { winner: 'abstain', confidence: 0 }, judge: '' });
   });
 
@@ -125,6 +165,9 @@ describe('EnsembleJudge', () => {
     const rules = new CountingJudge('rules', { winner: 'a', confidence: 0.9 });
     const ensemble = new EnsembleJudge(null, [{ judge: rules, weight: 1 }]);
     expect(ensemble.names).toEqual(['rules']);
-    expect(await ensemble.judge(COMPARISON)).toMatchObject({ verdict: { winner: 'a', confidence: 0.9 }, judge: 'rules' });
+    expect(await ensemble.judge(COMPARISON)).toMatchObject({
+      verdict: { winner: 'a', confidence: 0.9 },
+      judge: 'rules',
+    });
   });
 });

@@ -26,7 +26,9 @@ interface Judged {
 }
 
 function ensemble(mustDecline: (c: Comparison) => boolean): EnsembleJudge {
-  return new EnsembleJudge(new VerifierJudge({ minRewardGap: 0.1, replay: true }), [{ judge: new RulesJudge({ weights: DEFAULT_WEIGHTS, mustDecline }), weight: 1 }]);
+  return new EnsembleJudge(new VerifierJudge({ minRewardGap: 0.1, replay: true }), [
+    { judge: new RulesJudge({ weights: DEFAULT_WEIGHTS, mustDecline }), weight: 1 },
+  ]);
 }
 
 function comparison(pair: Pair, session: SplitSession): Comparison {
@@ -39,10 +41,18 @@ function comparison(pair: Pair, session: SplitSession): Comparison {
   };
 }
 
-async function judgeAll(sessions: SplitSession[], mustDecline: (s: SplitSession) => boolean, judge: EnsembleJudge): Promise<Judged[]> {
+async function judgeAll(
+  sessions: SplitSession[],
+  mustDecline: (s: SplitSession) => boolean,
+  judge: EnsembleJudge,
+): Promise<Judged[]> {
   const judged: Judged[] = [];
   for (const session of sessions) {
-    for (const pair of buildHardNegatives(stored(session), { ratios: ALL_TYPES, salt: 'test', mustDecline: () => mustDecline(session) }).pairs.map(plainPair)) {
+    for (const pair of buildHardNegatives(stored(session), {
+      ratios: ALL_TYPES,
+      salt: 'test',
+      mustDecline: () => mustDecline(session),
+    }).pairs.map(plainPair)) {
       judged.push({ pair, result: await judge.judge(comparison(pair, session)) });
     }
   }
@@ -50,7 +60,8 @@ async function judgeAll(sessions: SplitSession[], mustDecline: (s: SplitSession)
 }
 
 const chosenWins = (j: Judged) => j.result.verdict.winner === 'a' && j.result.verdict.confidence >= MIN_CONFIDENCE;
-const explain = (j: Judged) => `${j.pair.pair_id} (${j.pair.negative_type}): ${j.result.judge} says ${j.result.verdict.winner} at ${j.result.verdict.confidence}: ${j.result.verdict.rationale}`;
+const explain = (j: Judged) =>
+  `${j.pair.pair_id} (${j.pair.negative_type}): ${j.result.judge} says ${j.result.verdict.winner} at ${j.result.verdict.confidence}: ${j.result.verdict.rationale}`;
 
 let successes: SplitSession[] = [];
 let ordinary: Judged[] = [];
@@ -62,20 +73,27 @@ beforeAll(async () => {
     .filter((s) => s.reward >= 0.7)
     .slice(0, SESSIONS)
     .map((s) => ({ ...s, split: 'train', task_match: null }));
-  ordinary = await judgeAll(successes, () => false, ensemble(() => false));
+  ordinary = await judgeAll(
+    successes,
+    () => false,
+    ensemble(() => false),
+  );
 });
 
 describe('the ensemble on hard negatives of the sample', () => {
   it('has pairs of every type from the sample', () => {
     expect(successes.length).toBe(SESSIONS);
-    for (const type of NEGATIVE_TYPES) expect(ordinary.filter((j) => j.pair.negative_type === type).length).toBeGreaterThan(SESSIONS * 0.9);
+    for (const type of NEGATIVE_TYPES)
+      expect(ordinary.filter((j) => j.pair.negative_type === type).length).toBeGreaterThan(SESSIONS * 0.9);
   });
 
   for (const type of NEGATIVE_TYPES) {
     it(`sides with the chosen turn, confidently, on at least ${MIN_RATE * 100}% of ${type} pairs`, () => {
       const ofType = ordinary.filter((j) => j.pair.negative_type === type);
       const missed = ofType.filter((j) => !chosenWins(j));
-      expect(1 - missed.length / ofType.length, missed.slice(0, 3).map(explain).join('\n')).toBeGreaterThanOrEqual(MIN_RATE);
+      expect(1 - missed.length / ofType.length, missed.slice(0, 3).map(explain).join('\n')).toBeGreaterThanOrEqual(
+        MIN_RATE,
+      );
     });
   }
 
@@ -101,7 +119,9 @@ describe('the ensemble on refusals of requests that must be declined', () => {
     const mustDecline = (s: SplitSession) => declines({ metadata: s.metadata, prompt: s.messages });
     const sessions = successes.filter(mustDecline);
     declinedSessions = sessions.length;
-    declined = (await judgeAll(sessions, mustDecline, ensemble(declines))).filter((j) => j.pair.negative_type === 'refusal');
+    declined = (await judgeAll(sessions, mustDecline, ensemble(declines))).filter(
+      (j) => j.pair.negative_type === 'refusal',
+    );
   });
 
   it('has a refusal as the chosen side of each such pair', () => {
@@ -112,14 +132,20 @@ describe('the ensemble on refusals of requests that must be declined', () => {
 
   it('sides with the refusal, confidently, and never with the compliance', () => {
     const missed = declined.filter((j) => !chosenWins(j));
-    expect(1 - missed.length / declined.length, missed.slice(0, 3).map(explain).join('\n')).toBeGreaterThanOrEqual(MIN_RATE);
+    expect(1 - missed.length / declined.length, missed.slice(0, 3).map(explain).join('\n')).toBeGreaterThanOrEqual(
+      MIN_RATE,
+    );
     expect(declined.filter((j) => j.result.verdict.winner === 'b').map(explain)).toEqual([]);
   });
 
   it('also sides with the refusal when the metadata marks the request must_decline', async () => {
-    const marked = successes.slice(0, 30).map((s) => ({ ...s, metadata: JSON.stringify({ ...JSON.parse(s.metadata), must_decline: true }) }));
+    const marked = successes
+      .slice(0, 30)
+      .map((s) => ({ ...s, metadata: JSON.stringify({ ...JSON.parse(s.metadata), must_decline: true }) }));
     const declines = mustDeclineTest([]);
-    const judged = (await judgeAll(marked, (s) => declines({ metadata: s.metadata, prompt: s.messages }), ensemble(declines))).filter((j) => j.pair.negative_type === 'refusal');
+    const judged = (
+      await judgeAll(marked, (s) => declines({ metadata: s.metadata, prompt: s.messages }), ensemble(declines))
+    ).filter((j) => j.pair.negative_type === 'refusal');
     expect(judged.length).toBe(30);
     expect(judged.filter((j) => !chosenWins(j)).map(explain)).toEqual([]);
   });

@@ -15,12 +15,23 @@ const GOOD = 'I called Billing and disputed the duplicate charge; your reference
 
 function comparison(i: number, goodSide: 'a' | 'b' = 'a'): Comparison {
   const good = { id: `good-${i}`, messages: [{ role: 'assistant' as const, content: GOOD }], reward: null };
-  const bad = { id: `bad-${i}`, messages: [{ role: 'assistant' as const, content: `Here is a lovely recipe for lemon cake number ${i}.` }], reward: null };
+  const bad = {
+    id: `bad-${i}`,
+    messages: [{ role: 'assistant' as const, content: `Here is a lovely recipe for lemon cake number ${i}.` }],
+    reward: null,
+  };
   return {
     prompt: [
       { role: 'system', content: 'You phone companies for the user.' },
-      { role: 'user', content: `Please dispute the duplicate charge on bill ${i}. My SSN is 123-45-6789, I was born on 1980-02-29.` },
-      { role: 'tool', content: '{"last_4_ssn":"6789","account_number":"6484-3494-092","email":"ann.lee@example.com"}', tool_call_id: 'c1' },
+      {
+        role: 'user',
+        content: `Please dispute the duplicate charge on bill ${i}. My SSN is 123-45-6789, I was born on 1980-02-29.`,
+      },
+      {
+        role: 'tool',
+        content: '{"last_4_ssn":"6789","account_number":"6484-3494-092","email":"ann.lee@example.com"}',
+        tool_call_id: 'c1',
+      },
     ],
     a: goodSide === 'a' ? good : bad,
     b: goodSide === 'a' ? bad : good,
@@ -34,7 +45,14 @@ function knowing(p: number, firstBias = 0): Script {
   return (req) => {
     const { first } = judgePrompt(req);
     const pFirst = Math.min(0.99, Math.max(0.01, (first.includes('reference number') ? p : 1 - p) + firstBias));
-    return { json: completion(pFirst >= 0.5 ? 'A' : 'B', { top: [['A', pFirst], ['B', 1 - pFirst]] }) };
+    return {
+      json: completion(pFirst >= 0.5 ? 'A' : 'B', {
+        top: [
+          ['A', pFirst],
+          ['B', 1 - pFirst],
+        ],
+      }),
+    };
   };
 }
 
@@ -44,15 +62,32 @@ afterEach(async () => {
   server = null;
 });
 
-async function judgeWith(script: Script, options: { config?: Partial<EndpointConfig>; logprobs?: boolean; samples?: number; cacheDir?: string } = {}) {
+async function judgeWith(
+  script: Script,
+  options: { config?: Partial<EndpointConfig>; logprobs?: boolean; samples?: number; cacheDir?: string } = {},
+) {
   server ??= await startChatServer(script);
   const config = endpointConfig.parse({ base_url: server.url, model: 'test-judge', backoff_ms: 10, ...options.config });
   const endpoint = await ChatEndpoint.open(
-    { config, cachePath: join(options.cacheDir ?? tempDir(), 'llm.jsonl'), redaction: () => new Redactor(), log: quietLogger(), env: {} },
+    {
+      config,
+      cachePath: join(options.cacheDir ?? tempDir(), 'llm.jsonl'),
+      redaction: () => new Redactor(),
+      log: quietLogger(),
+      env: {},
+    },
     'judge.llm',
     'PREFAB_JUDGE_MODEL',
   );
-  const judge = new LlmJudge({ endpoint, prompt: PROMPT, logprobs: options.logprobs ?? true, topLogprobs: 5, samples: options.samples ?? 1, voteTemperature: 0.7, maxTokens: 4 });
+  const judge = new LlmJudge({
+    endpoint,
+    prompt: PROMPT,
+    logprobs: options.logprobs ?? true,
+    topLogprobs: 5,
+    samples: options.samples ?? 1,
+    voteTemperature: 0.7,
+    maxTokens: 4,
+  });
   return { judge, endpoint, server };
 }
 
@@ -87,7 +122,9 @@ describe('llm judge', () => {
   });
 
   it('counts a garbage reply as a parse failure, never as a preference', async () => {
-    const { judge, server } = await judgeWith(() => ({ json: completion('Both responses have their merits, really.') }));
+    const { judge, server } = await judgeWith(() => ({
+      json: completion('Both responses have their merits, really.'),
+    }));
     const r = await judge.judge(comparison(0));
     expect(r.verdict.winner).toBe('abstain');
     expect(r.stats.parse_failures).toBe(2);
@@ -114,8 +151,18 @@ describe('llm judge', () => {
   it('asks at temperature 0 with logprobs on, and parses the verdict letter in its usual wrappings', async () => {
     const { judge, server } = await judgeWith(knowing(0.9));
     await judge.judge(comparison(0));
-    expect(server.requests.every((q) => q.body.temperature === 0 && q.body.logprobs === true && q.body.top_logprobs === 5)).toBe(true);
-    for (const [reply, letter] of [['A', 'A'], [' b', 'B'], ['**B**', 'B'], ['Verdict: A', 'A'], ['Response B is better.', 'B'], ['Tie', 'T'], ['"A"', 'A']] as const) {
+    expect(
+      server.requests.every((q) => q.body.temperature === 0 && q.body.logprobs === true && q.body.top_logprobs === 5),
+    ).toBe(true);
+    for (const [reply, letter] of [
+      ['A', 'A'],
+      [' b', 'B'],
+      ['**B**', 'B'],
+      ['Verdict: A', 'A'],
+      ['Response B is better.', 'B'],
+      ['Tie', 'T'],
+      ['"A"', 'A'],
+    ] as const) {
       expect(parseVerdict(reply)).toBe(letter);
     }
     for (const reply of ['', 'Both are fine', 'It depends', 'Answer: maybe']) expect(parseVerdict(reply)).toBeNull();
@@ -123,9 +170,15 @@ describe('llm judge', () => {
 
   it('retries a 429 after the Retry-After the server asks for, then uses the answer', async () => {
     const good = knowing(0.9);
-    const { judge, server } = await judgeWith((req, n) => (n === 0 ? { status: 429, headers: { 'retry-after-ms': '300' }, json: { error: { message: 'slow down' } } } : good(req, n)), {
-      config: { concurrency: 1 },
-    });
+    const { judge, server } = await judgeWith(
+      (req, n) =>
+        n === 0
+          ? { status: 429, headers: { 'retry-after-ms': '300' }, json: { error: { message: 'slow down' } } }
+          : good(req, n),
+      {
+        config: { concurrency: 1 },
+      },
+    );
     const started = Date.now();
     const r = await judge.judge(comparison(0));
     expect(Date.now() - started).toBeGreaterThanOrEqual(280);
@@ -137,7 +190,12 @@ describe('llm judge', () => {
   it('retries a 503 and a timed-out request with backoff, then succeeds', async () => {
     const good = knowing(0.9);
     const { judge, server } = await judgeWith(
-      (req, n) => (n === 0 ? { status: 503, json: { error: { message: 'overloaded' } } } : n === 1 ? { ...good(req, n), delayMs: 1500 } : good(req, n)),
+      (req, n) =>
+        n === 0
+          ? { status: 503, json: { error: { message: 'overloaded' } } }
+          : n === 1
+            ? { ...good(req, n), delayMs: 1500 }
+            : good(req, n),
       { config: { concurrency: 1, timeout_s: 0.3 } },
     );
     const r = await judge.judge(comparison(0));
@@ -185,7 +243,8 @@ describe('llm judge', () => {
     await judge.judge(comparison(0));
     expect(server.requests).toHaveLength(2);
     for (const { raw } of server.requests) {
-      for (const secret of ['123-45-6789', '6789', '1980-02-29', '6484-3494-092', 'ann.lee@example.com']) expect(raw).not.toContain(secret);
+      for (const secret of ['123-45-6789', '6789', '1980-02-29', '6484-3494-092', 'ann.lee@example.com'])
+        expect(raw).not.toContain(secret);
     }
     expect(server.requests[0]!.raw).toContain('REF-204816'); // what the judge needs is still there
   });
@@ -198,7 +257,16 @@ describe('llm judge', () => {
       expect(count(JSON.stringify(transcript))).toBeGreaterThan(3);
     }
     expect(server.requests).toHaveLength(6);
-    const leaked = server.requests.reduce((n, { raw }) => n + count(JSON.parse(raw).messages.map((m: { content: string }) => m.content).join('\n')), 0);
+    const leaked = server.requests.reduce(
+      (n, { raw }) =>
+        n +
+        count(
+          JSON.parse(raw)
+            .messages.map((m: { content: string }) => m.content)
+            .join('\n'),
+        ),
+      0,
+    );
     expect(leaked).toBe(0);
   });
 

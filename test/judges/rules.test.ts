@@ -12,8 +12,16 @@ const PROMPT: Message[] = [
   { role: 'system', content: 'You phone companies for the user.' },
   { role: 'user', content: 'Please dispute the duplicate charge on my last Globo Gym bill.' },
   { role: 'assistant', content: null, tool_calls: [toolCall('c1', 'search_directory', { company: 'Globo Gym' })] },
-  { role: 'tool', tool_call_id: 'c1', content: JSON.stringify({ company: 'Globo Gym', departments: [{ name: 'Globo Gym Billing', phone: PHONE }] }) },
-  { role: 'assistant', content: null, tool_calls: [toolCall('c2', 'auth_info_form', { fields: ['account_number', 'zip_code'] })] },
+  {
+    role: 'tool',
+    tool_call_id: 'c1',
+    content: JSON.stringify({ company: 'Globo Gym', departments: [{ name: 'Globo Gym Billing', phone: PHONE }] }),
+  },
+  {
+    role: 'assistant',
+    content: null,
+    tool_calls: [toolCall('c2', 'auth_info_form', { fields: ['account_number', 'zip_code'] })],
+  },
   { role: 'tool', tool_call_id: 'c2', content: JSON.stringify({ account_number: '6484-3494-092', zip_code: '07819' }) },
 ];
 
@@ -24,7 +32,11 @@ function toolCall(id: string, name: string, args: unknown, raw?: string): NonNul
   return { id, type: 'function', function: { name, arguments: raw ?? JSON.stringify(args) } };
 }
 
-const calling = (name: string, args: unknown, raw?: string): Message => ({ role: 'assistant', content: null, tool_calls: [toolCall('c3', name, args, raw)] });
+const calling = (name: string, args: unknown, raw?: string): Message => ({
+  role: 'assistant',
+  content: null,
+  tool_calls: [toolCall('c3', name, args, raw)],
+});
 const saying = (content: string | null): Message => ({ role: 'assistant', content });
 const side = (id: string, message: Message): Completion => ({ id, messages: [message], reward: null });
 
@@ -38,14 +50,21 @@ function comparison(a: Message, b: Message, metadata = SIMULATOR, prompt = PROMP
 /** The checks that fire on `bad` against `twin`, and on `twin` against `bad`. */
 function checks(bad: Message, twin: Message, decline = false, prompt = PROMPT): { bad: Check[]; twin: Check[] } {
   const c = comparison(bad, twin, SIMULATOR, prompt);
-  return { bad: violations(c, c.a, c.b, decline).map((v) => v.check), twin: violations(c, c.b, c.a, decline).map((v) => v.check) };
+  return {
+    bad: violations(c, c.a, c.b, decline).map((v) => v.check),
+    twin: violations(c, c.b, c.a, decline).map((v) => v.check),
+  };
 }
 
-const rules = (mustDecline: (c: Comparison) => boolean = () => false, weights = DEFAULT_WEIGHTS) => new RulesJudge({ weights, mustDecline });
+const rules = (mustDecline: (c: Comparison) => boolean = () => false, weights = DEFAULT_WEIGHTS) =>
+  new RulesJudge({ weights, mustDecline });
 
 describe('rules: each check', () => {
   it('flags a refusal of a request it should carry out, not the call that carries it out', () => {
-    expect(checks(saying("I'm sorry, but I can't help with billing disputes."), CLEAN_CALL)).toEqual({ bad: ['refusal'], twin: [] });
+    expect(checks(saying("I'm sorry, but I can't help with billing disputes."), CLEAN_CALL)).toEqual({
+      bad: ['refusal'],
+      twin: [],
+    });
   });
 
   it.each([
@@ -64,29 +83,42 @@ describe('rules: each check', () => {
   });
 
   it('flags a phone number that appears nowhere in the conversation, not the one the directory gave', () => {
-    expect(checks(calling('call', { ...CALL_ARGS, phone_number: '1-800-242-2394' }), CLEAN_CALL)).toEqual({ bad: ['hallucination'], twin: [] });
+    expect(checks(calling('call', { ...CALL_ARGS, phone_number: '1-800-242-2394' }), CLEAN_CALL)).toEqual({
+      bad: ['hallucination'],
+      twin: [],
+    });
   });
 
   it('flags an invented reference number inside a longer request, not one a department gave', () => {
-    const request = (ref: string) => calling('call', { ...CALL_ARGS, request: `refund the charge; the billing reference is ${ref}` });
-    const withRef: Message[] = [...PROMPT, { role: 'assistant', content: null, tool_calls: [toolCall('c9', 'call', CALL_ARGS)] }, { role: 'tool', tool_call_id: 'c9', content: `Done. Your reference number is ${REF}.` }];
+    const request = (ref: string) =>
+      calling('call', { ...CALL_ARGS, request: `refund the charge; the billing reference is ${ref}` });
+    const withRef: Message[] = [
+      ...PROMPT,
+      { role: 'assistant', content: null, tool_calls: [toolCall('c9', 'call', CALL_ARGS)] },
+      { role: 'tool', tool_call_id: 'c9', content: `Done. Your reference number is ${REF}.` },
+    ];
     expect(checks(request('REF-204861'), request(REF), false, withRef)).toEqual({ bad: ['hallucination'], twin: [] });
   });
 
   it('flags a reply on another subject, not one about the request', () => {
-    const offTopic = saying('A proper risotto wants patience: toast the rice in butter, add warm stock a ladle at a time, and stir until creamy.');
+    const offTopic = saying(
+      'A proper risotto wants patience: toast the rice in butter, add warm stock a ladle at a time, and stir until creamy.',
+    );
     const onTopic = saying('I will call Globo Gym Billing now to dispute the duplicate charge on your bill.');
     expect(checks(offTopic, onTopic)).toEqual({ bad: ['off_topic'], twin: [] });
   });
 
-  const PADDING = ' I hope this helps! Please do not hesitate to let me know if there is anything else at all that I can do for you. In other words, what I wrote above still stands exactly as stated. Have a wonderful rest of your day!';
+  const PADDING =
+    ' I hope this helps! Please do not hesitate to let me know if there is anything else at all that I can do for you. In other words, what I wrote above still stands exactly as stated. Have a wonderful rest of your day!';
 
   it('flags a final reply padded to twice the length with nothing more in it, not the plain one', () => {
     expect(checks(saying(`Certainly! ${REPORT}${PADDING}`), saying(REPORT))).toEqual({ bad: ['verbose'], twin: [] });
   });
 
   it('does not flag a long final reply that adds facts the short one lacks (the short one is then under-explained)', () => {
-    const longer = saying(`${REPORT} The disputed amount of 49.99 is credited back within 5 business days, and Billing will email a confirmation to the address on file once it posts.`);
+    const longer = saying(
+      `${REPORT} The disputed amount of 49.99 is credited back within 5 business days, and Billing will email a confirmation to the address on file once it posts.`,
+    );
     expect(checks(longer, saying(REPORT))).toEqual({ bad: [], twin: ['under_explained'] });
   });
 
@@ -113,22 +145,37 @@ describe('rules: precision on real logs', () => {
   });
 
   it('still flags a date the user never gave, and grounds a phone number written another way', () => {
-    expect(checks(flight('2024-05-21'), flight('2024-05-21'), false, said('Can you move it to May 20th?')).bad).toEqual(['hallucination']);
+    expect(checks(flight('2024-05-21'), flight('2024-05-21'), false, said('Can you move it to May 20th?')).bad).toEqual(
+      ['hallucination'],
+    );
     const dialled = calling('call', { ...CALL_ARGS, phone_number: '(800) 242-2349' });
     expect(checks(dialled, CLEAN_CALL).bad).toEqual([]);
-    expect(checks(calling('call', { ...CALL_ARGS, phone_number: '(800) 242-2394' }), CLEAN_CALL).bad).toEqual(['hallucination']);
+    expect(checks(calling('call', { ...CALL_ARGS, phone_number: '(800) 242-2394' }), CLEAN_CALL).bad).toEqual([
+      'hallucination',
+    ]);
   });
 
   it('does not count a refusal as a defect when the refusing side did as well as the other (a denial the policy requires)', () => {
     const deny = saying("I'm sorry, but I can't change a basic-economy ticket: the fare rules do not allow it.");
-    const c = (rewards: [number | null, number | null]): Comparison => ({ prompt: PROMPT, a: { id: 'a', messages: [deny], reward: rewards[0] }, b: { id: 'b', messages: [CLEAN_CALL], reward: rewards[1] }, task_id: 'T', metadata: SIMULATOR });
+    const c = (rewards: [number | null, number | null]): Comparison => ({
+      prompt: PROMPT,
+      a: { id: 'a', messages: [deny], reward: rewards[0] },
+      b: { id: 'b', messages: [CLEAN_CALL], reward: rewards[1] },
+      task_id: 'T',
+      metadata: SIMULATOR,
+    });
     expect(violations(c([1, 1]), c([1, 1]).a, c([1, 1]).b, false).map((v) => v.check)).toEqual([]);
     expect(violations(c([1, 0]), c([1, 0]).a, c([1, 0]).b, false).map((v) => v.check)).toEqual([]);
     expect(violations(c([0, 1]), c([0, 1]).a, c([0, 1]).b, false).map((v) => v.check)).toEqual(['refusal']);
-    expect(violations(c([null, null]), c([null, null]).a, c([null, null]).b, false).map((v) => v.check)).toEqual(['refusal']);
+    expect(violations(c([null, null]), c([null, null]).a, c([null, null]).b, false).map((v) => v.check)).toEqual([
+      'refusal',
+    ]);
   });
 
-  it.each(["You're welcome! Have a wonderful trip and enjoy your stay in the mountains this winter.", 'Thank you for flying with us today, and safe travels on your journey home tonight.'])('does not call a closing courtesy off-topic: %s', (text) => {
+  it.each([
+    "You're welcome! Have a wonderful trip and enjoy your stay in the mountains this winter.",
+    'Thank you for flying with us today, and safe travels on your journey home tonight.',
+  ])('does not call a closing courtesy off-topic: %s', (text) => {
     expect(checks(saying(text), saying(text)).bad).toEqual([]);
   });
 });
@@ -146,7 +193,11 @@ describe('rules: requests that must be declined', () => {
   });
 
   it('recognises a request a later user turn makes in the side itself', () => {
-    const later: Completion = { id: 'a', messages: [saying('Which company?'), { role: 'user', content: NEIGHBOUR }], reward: null };
+    const later: Completion = {
+      id: 'a',
+      messages: [saying('Which company?'), { role: 'user', content: NEIGHBOUR }],
+      reward: null,
+    };
     expect(mustDeclineTest(["neighbou?r's account"])({ ...ask('Can you help me with a call?'), a: later })).toBe(true);
   });
 
@@ -175,8 +226,13 @@ describe('rules: weights and abstention', () => {
   const hallucinated = calling('call', { ...CALL_ARGS, phone_number: '1-800-242-2394' });
 
   it('is as sure as the weight of the violations that separate the sides', () => {
-    expect(rules().verdict(comparison(CLEAN_CALL, refusal))).toMatchObject({ winner: 'a', confidence: DEFAULT_WEIGHTS.refusal });
-    expect(rules(() => false, { ...DEFAULT_WEIGHTS, refusal: 0.3 }).verdict(comparison(refusal, CLEAN_CALL))).toMatchObject({ winner: 'b', confidence: 0.3 });
+    expect(rules().verdict(comparison(CLEAN_CALL, refusal))).toMatchObject({
+      winner: 'a',
+      confidence: DEFAULT_WEIGHTS.refusal,
+    });
+    expect(
+      rules(() => false, { ...DEFAULT_WEIGHTS, refusal: 0.3 }).verdict(comparison(refusal, CLEAN_CALL)),
+    ).toMatchObject({ winner: 'b', confidence: 0.3 });
   });
 
   it('weighs violations on both sides against each other', () => {
@@ -194,11 +250,17 @@ describe('rules: weights and abstention', () => {
   });
 
   it('abstains when no rule separates the sides', () => {
-    expect(rules().verdict(comparison(CLEAN_CALL, CLEAN_CALL))).toMatchObject({ winner: 'abstain', confidence: 0, rationale: 'no rule separates the two' });
+    expect(rules().verdict(comparison(CLEAN_CALL, CLEAN_CALL))).toMatchObject({
+      winner: 'abstain',
+      confidence: 0,
+      rationale: 'no rule separates the two',
+    });
   });
 
   it('abstains when both sides carry violations of equal weight', () => {
-    const v = rules(() => false, { ...DEFAULT_WEIGHTS, hallucination: DEFAULT_WEIGHTS.refusal }).verdict(comparison(hallucinated, refusal));
+    const v = rules(() => false, { ...DEFAULT_WEIGHTS, hallucination: DEFAULT_WEIGHTS.refusal }).verdict(
+      comparison(hallucinated, refusal),
+    );
     expect(v).toMatchObject({ winner: 'abstain', confidence: 0 });
     expect(v.rationale).toMatch(/a: hallucination .*b: refusal/);
   });

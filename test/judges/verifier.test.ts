@@ -22,14 +22,31 @@ beforeAll(async () => {
 const judge = (minRewardGap = 0.1, replay = true) => new VerifierJudge({ minRewardGap, replay });
 
 /** A whole logged session as one side: everything after the system prompt and the request. */
-const episode = (s: Session, change: Partial<Completion> = {}): Completion => ({ id: s.session_id, messages: s.messages.slice(2), reward: s.reward, ...change });
+const episode = (s: Session, change: Partial<Completion> = {}): Completion => ({
+  id: s.session_id,
+  messages: s.messages.slice(2),
+  reward: s.reward,
+  ...change,
+});
 
-function comparison(prompt: Message[], a: Completion, b: Completion, task_id: string | null, metadata: string): Comparison {
+function comparison(
+  prompt: Message[],
+  a: Completion,
+  b: Completion,
+  task_id: string | null,
+  metadata: string,
+): Comparison {
   return { prompt, a, b, task_id, metadata };
 }
 
 /** Both orders of a comparison of `good` against `bad`, and which side is good in each. */
-function bothOrders(prompt: Message[], good: Completion, bad: Completion, task_id: string | null, metadata: string): [Comparison, 'a' | 'b'][] {
+function bothOrders(
+  prompt: Message[],
+  good: Completion,
+  bad: Completion,
+  task_id: string | null,
+  metadata: string,
+): [Comparison, 'a' | 'b'][] {
   return [
     [comparison(prompt, good, bad, task_id, metadata), 'a'],
     [comparison(prompt, bad, good, task_id, metadata), 'b'],
@@ -41,7 +58,9 @@ const lastDigitChanged = (text: string) => text.replace(/\d(?=\D*$)/, (d) => Str
 
 /** Index of the first assistant turn whose `call` the department carried out, in a session that has one. */
 function completedCall(s: Session): number {
-  return s.messages.findIndex((m, i) => m.tool_calls?.[0]?.function.name === 'call' && /that's done/.test(s.messages[i + 1]?.content ?? ''));
+  return s.messages.findIndex(
+    (m, i) => m.tool_calls?.[0]?.function.name === 'call' && /that's done/.test(s.messages[i + 1]?.content ?? ''),
+  );
 }
 
 /** The first sample sessions that have a completed call, with that call's index. */
@@ -57,7 +76,10 @@ function withCall(message: Message, change: (call: ToolCall) => ToolCall): Messa
 }
 
 function withArgs(message: Message, change: (args: Record<string, unknown>) => Record<string, unknown>): Message {
-  return withCall(message, (call) => ({ ...call, function: { ...call.function, arguments: JSON.stringify(change(JSON.parse(call.function.arguments))) } }));
+  return withCall(message, (call) => ({
+    ...call,
+    function: { ...call.function, arguments: JSON.stringify(change(JSON.parse(call.function.arguments))) },
+  }));
 }
 
 /** A phone number shaped like the directory's that no department answers. */
@@ -70,8 +92,20 @@ function unservedPhone(real: string): string {
 }
 
 /** One turn-level comparison: the context before the turn at `at`, that turn against another version of it. */
-function turnLevel(s: Session, at: number, good: Message, bad: Message, rewards: [number | null, number | null] = [null, null]): [Comparison, 'a' | 'b'][] {
-  return bothOrders(s.messages.slice(0, at), { id: s.session_id, messages: [good], reward: rewards[0] }, { id: `${s.session_id}~x`, messages: [bad], reward: rewards[1] }, s.task_id, s.metadata);
+function turnLevel(
+  s: Session,
+  at: number,
+  good: Message,
+  bad: Message,
+  rewards: [number | null, number | null] = [null, null],
+): [Comparison, 'a' | 'b'][] {
+  return bothOrders(
+    s.messages.slice(0, at),
+    { id: s.session_id, messages: [good], reward: rewards[0] },
+    { id: `${s.session_id}~x`, messages: [bad], reward: rewards[1] },
+    s.task_id,
+    s.metadata,
+  );
 }
 
 describe('verifier: replay integrity', () => {
@@ -80,7 +114,13 @@ describe('verifier: replay integrity', () => {
       const k = s.messages.findIndex((m) => m.role === 'tool');
       const tampered = s.messages.map((m, i) => (i === k ? { ...m, content: lastDigitChanged(m.content!) } : m));
       expect(tampered[k]!.content).not.toBe(s.messages[k]!.content);
-      for (const [c, good] of bothOrders(s.messages.slice(0, 2), episode(s), episode(s, { id: 'tampered', messages: tampered.slice(2) }), s.task_id, s.metadata)) {
+      for (const [c, good] of bothOrders(
+        s.messages.slice(0, 2),
+        episode(s),
+        episode(s, { id: 'tampered', messages: tampered.slice(2) }),
+        s.task_id,
+        s.metadata,
+      )) {
         const v = judge().verdict(c);
         expect(v).toMatchObject({ winner: good, confidence: 1 });
         expect(v.rationale).toMatch(/disagrees with a replay: tool result/);
@@ -94,7 +134,13 @@ describe('verifier: replay integrity', () => {
     const emptied = s.messages.map((m, i) => (i === k ? { ...m, content: null } : m));
     const deleted = s.messages.filter((_, i) => i !== k);
     for (const messages of [emptied, deleted]) {
-      for (const [c, good] of bothOrders(s.messages.slice(0, 2), episode(s), episode(s, { id: 'tampered', messages: messages.slice(2) }), s.task_id, s.metadata)) {
+      for (const [c, good] of bothOrders(
+        s.messages.slice(0, 2),
+        episode(s),
+        episode(s, { id: 'tampered', messages: messages.slice(2) }),
+        s.task_id,
+        s.metadata,
+      )) {
         expect(judge().verdict(c)).toMatchObject({ winner: good, confidence: 1 });
       }
     }
@@ -105,7 +151,13 @@ describe('verifier: replay integrity', () => {
     expect(failures.length).toBe(20);
     for (const s of failures) {
       // Unchecked, the raised reward would win by the reward gap.
-      for (const [c, good] of bothOrders(s.messages.slice(0, 2), episode(s), episode(s, { id: 'edited', reward: 1 }), s.task_id, s.metadata)) {
+      for (const [c, good] of bothOrders(
+        s.messages.slice(0, 2),
+        episode(s),
+        episode(s, { id: 'edited', reward: 1 }),
+        s.task_id,
+        s.metadata,
+      )) {
         const v = judge().verdict(c);
         expect(v).toMatchObject({ winner: good, confidence: 1 });
         expect(v.rationale).toMatch(/logged reward 1, replay gives/);
@@ -126,17 +178,31 @@ describe('verifier: replay integrity', () => {
     const s = sample[0]!;
     const k = s.messages.findIndex((m) => m.role === 'tool');
     const tampered = s.messages.map((m, i) => (i === k ? { ...m, content: lastDigitChanged(m.content!) } : m));
-    const c = comparison(s.messages.slice(0, 2), episode(s), episode(s, { messages: tampered.slice(2) }), s.task_id, s.metadata);
+    const c = comparison(
+      s.messages.slice(0, 2),
+      episode(s),
+      episode(s, { messages: tampered.slice(2) }),
+      s.task_id,
+      s.metadata,
+    );
     expect(judge(0.1, false).verdict(c).winner).toBe('abstain');
   });
 });
 
 describe('verifier: outcome reward', () => {
-  const turn = (content: string, reward: number): Completion => ({ id: content, messages: [{ role: 'assistant', content }], reward });
+  const turn = (content: string, reward: number): Completion => ({
+    id: content,
+    messages: [{ role: 'assistant', content }],
+    reward,
+  });
   const prompt: Message[] = [{ role: 'user', content: 'Please cancel my gym membership.' }];
 
   it('decides by a reward gap of at least minRewardGap, with the gap as margin', () => {
-    for (const [ra, rb, winner] of [[0.9, 0.7, 'a'], [0.2, 0.3, 'b'], [0, 1, 'b']] as const) {
+    for (const [ra, rb, winner] of [
+      [0.9, 0.7, 'a'],
+      [0.2, 0.3, 'b'],
+      [0, 1, 'b'],
+    ] as const) {
       const v = judge(0.1).verdict(comparison(prompt, turn('x', ra), turn('y', rb), null, '{}'));
       expect(v.winner).toBe(winner);
       expect(v.confidence).toBe(1);
@@ -145,7 +211,11 @@ describe('verifier: outcome reward', () => {
   });
 
   it('abstains when the reward gap is below minRewardGap', () => {
-    for (const [ra, rb] of [[0.9, 0.85], [1, 1], [0.2, 0.29]]) {
+    for (const [ra, rb] of [
+      [0.9, 0.85],
+      [1, 1],
+      [0.2, 0.29],
+    ]) {
       const v = judge(0.1).verdict(comparison(prompt, turn('x', ra!), turn('y', rb!), null, '{}'));
       expect(v).toMatchObject({ winner: 'abstain', confidence: 0 });
       expect(v.margin).toBeUndefined();
@@ -162,7 +232,13 @@ describe('verifier: outcome reward', () => {
     });
     expect(pairs.length).toBeGreaterThan(20);
     for (const [best, worst] of pairs.slice(0, 20)) {
-      for (const [c, good] of bothOrders(best.messages.slice(0, 2), episode(best), episode(worst), best.task_id, best.metadata)) {
+      for (const [c, good] of bothOrders(
+        best.messages.slice(0, 2),
+        episode(best),
+        episode(worst),
+        best.task_id,
+        best.metadata,
+      )) {
         const v = judge().verdict(c);
         expect(v).toMatchObject({ winner: good, confidence: 1 });
         expect(v.margin).toBeCloseTo(best.reward - worst.reward, 9);
@@ -188,7 +264,10 @@ describe('verifier: environment steps of turn-level sides', () => {
 
   it('abstains when the side without failures made no tool call at all', () => {
     const { session, at } = withCompletedCall(1)[0]!;
-    const failing = withArgs(session.messages[at]!, (args) => ({ ...args, phone_number: unservedPhone(args.phone_number as string) }));
+    const failing = withArgs(session.messages[at]!, (args) => ({
+      ...args,
+      phone_number: unservedPhone(args.phone_number as string),
+    }));
     const text: Message = { role: 'assistant', content: 'I will phone them for you shortly.' };
     for (const [c] of turnLevel(session, at, text, failing)) expect(judge().verdict(c).winner).toBe('abstain');
   });
@@ -196,18 +275,38 @@ describe('verifier: environment steps of turn-level sides', () => {
   it('does not let a side win by writing a failing call out as text instead of making it', () => {
     const { session, at } = withCompletedCall(1)[0]!;
     const good = session.messages[at]!;
-    const failing = { ...withArgs(good, (args) => ({ ...args, phone_number: unservedPhone(args.phone_number as string) })).tool_calls![0]!, id: 'call_0' };
+    const failing = {
+      ...withArgs(good, (args) => ({ ...args, phone_number: unservedPhone(args.phone_number as string) }))
+        .tool_calls![0]!,
+      id: 'call_0',
+    };
     const made: Message = { ...good, tool_calls: [failing, ...good.tool_calls!] };
-    const written: Message = { ...good, content: JSON.stringify({ name: 'call', arguments: JSON.parse(failing.function.arguments) }), tool_calls: good.tool_calls! };
+    const written: Message = {
+      ...good,
+      content: JSON.stringify({ name: 'call', arguments: JSON.parse(failing.function.arguments) }),
+      tool_calls: good.tool_calls!,
+    };
     for (const [c] of turnLevel(session, at, made, written)) expect(judge().verdict(c).winner).toBe('abstain');
   });
 });
 
 describe('verifier: tool-call validity', () => {
   const malformed: [string, (m: Message) => Message, RegExp][] = [
-    ['arguments that are not JSON', (m) => withCall(m, (c) => ({ ...c, function: { ...c.function, arguments: c.function.arguments.slice(0, -3) } })), /not valid JSON/],
-    ['an unknown tool name', (m) => withCall(m, (c) => ({ ...c, function: { ...c.function, name: 'dial' } })), /unknown tool "dial"/],
-    ['a missing required argument', (m) => withArgs(m, ({ request: _, ...rest }) => rest), /lacks required argument "request"/],
+    [
+      'arguments that are not JSON',
+      (m) => withCall(m, (c) => ({ ...c, function: { ...c.function, arguments: c.function.arguments.slice(0, -3) } })),
+      /not valid JSON/,
+    ],
+    [
+      'an unknown tool name',
+      (m) => withCall(m, (c) => ({ ...c, function: { ...c.function, name: 'dial' } })),
+      /unknown tool "dial"/,
+    ],
+    [
+      'a missing required argument',
+      (m) => withArgs(m, ({ request: _, ...rest }) => rest),
+      /lacks required argument "request"/,
+    ],
   ];
 
   it.each(malformed)('prefers a well-formed call over one with %s, by validity alone', (_, broken, why) => {
@@ -227,7 +326,8 @@ describe('verifier: tool-call validity', () => {
     const { session, at } = withCompletedCall(1)[0]!;
     const text: Message = { role: 'assistant', content: 'I will phone them for you shortly.' };
     for (const [, broken] of malformed) {
-      for (const [c] of turnLevel(session, at, text, broken(session.messages[at]!))) expect(judge(0.1, false).verdict(c).winner).toBe('abstain');
+      for (const [c] of turnLevel(session, at, text, broken(session.messages[at]!)))
+        expect(judge(0.1, false).verdict(c).winner).toBe('abstain');
     }
   });
 });
@@ -236,27 +336,48 @@ describe('verifier: sessions not from the simulator', () => {
   const prompt: Message[] = [{ role: 'user', content: 'Look up the weather in Lisbon.' }];
   const call = (name: string, args: string): Completion => ({
     id: `${name}:${args}`,
-    messages: [{ role: 'assistant', content: null, tool_calls: [{ id: 'c1', type: 'function', function: { name, arguments: args } }] }],
+    messages: [
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: [{ id: 'c1', type: 'function', function: { name, arguments: args } }],
+      },
+    ],
     reward: null,
   });
 
   it('still decides by the reward gap', () => {
-    const c = comparison(prompt, { ...call('weather', '{"city":"Lisbon"}'), reward: 0.2 }, { ...call('weather', '{"city":"Lisbon"}'), reward: 0.9 }, 'weather-1', '{}');
+    const c = comparison(
+      prompt,
+      { ...call('weather', '{"city":"Lisbon"}'), reward: 0.2 },
+      { ...call('weather', '{"city":"Lisbon"}'), reward: 0.9 },
+      'weather-1',
+      '{}',
+    );
     expect(judge().verdict(c)).toMatchObject({ winner: 'b', confidence: 1, margin: expect.closeTo(0.7, 9) });
   });
 
   it('still prefers arguments that parse over arguments that do not', () => {
-    for (const [c, good] of bothOrders(prompt, call('weather', '{"city":"Lisbon"}'), call('weather', '{"city":"Lisbon"'), 'weather-1', '{}')) {
+    for (const [c, good] of bothOrders(
+      prompt,
+      call('weather', '{"city":"Lisbon"}'),
+      call('weather', '{"city":"Lisbon"'),
+      'weather-1',
+      '{}',
+    )) {
       expect(judge().verdict(c)).toMatchObject({ winner: good, confidence: 1 });
     }
   });
 
   it('knows unknown tools and missing arguments only from a tools list in the metadata', () => {
-    const tools = JSON.stringify({ tools: [{ type: 'function', function: { name: 'weather', parameters: { type: 'object', required: ['city'] } } }] });
+    const tools = JSON.stringify({
+      tools: [{ type: 'function', function: { name: 'weather', parameters: { type: 'object', required: ['city'] } } }],
+    });
     for (const bad of [call('forecast', '{"city":"Lisbon"}'), call('weather', '{}')]) {
       const [[unknown]] = bothOrders(prompt, call('weather', '{"city":"Lisbon"}'), bad, null, '{}');
       expect(judge().verdict(unknown!).winner).toBe('abstain');
-      for (const [c, good] of bothOrders(prompt, call('weather', '{"city":"Lisbon"}'), bad, null, tools)) expect(judge().verdict(c)).toMatchObject({ winner: good, confidence: 1 });
+      for (const [c, good] of bothOrders(prompt, call('weather', '{"city":"Lisbon"}'), bad, null, tools))
+        expect(judge().verdict(c)).toMatchObject({ winner: good, confidence: 1 });
     }
   });
 
@@ -264,7 +385,13 @@ describe('verifier: sessions not from the simulator', () => {
     const s = sample[0]!;
     const k = s.messages.findIndex((m) => m.role === 'tool');
     const tampered = s.messages.map((m, i) => (i === k ? { ...m, content: lastDigitChanged(m.content!) } : m));
-    const c = comparison(s.messages.slice(0, 2), episode(s), episode(s, { messages: tampered.slice(2) }), s.task_id, '{}');
+    const c = comparison(
+      s.messages.slice(0, 2),
+      episode(s),
+      episode(s, { messages: tampered.slice(2) }),
+      s.task_id,
+      '{}',
+    );
     expect(judge().verdict(c).winner).toBe('abstain');
   });
 });

@@ -22,12 +22,27 @@ let workdir: string;
 let config: string;
 let inbox: string;
 const registry = () => new Registry(join(workdir, 'registry'));
-const refresh = (...args: string[]) => prefab(['--workdir', workdir, '--config', config, '--log-format', 'json', 'refresh', ...args]);
+const refresh = (...args: string[]) =>
+  prefab(['--workdir', workdir, '--config', config, '--log-format', 'json', 'refresh', ...args]);
 
 /** Simulated sessions of new tasks, each changed by `edit`, written into the inbox as `name`. */
-async function toInbox(name: string, o: { offset: number; tasks: number; agent?: (typeof AGENTS)[number] | 'mix' }, edit: (s: Session) => Session = (s) => s): Promise<Session[]> {
+async function toInbox(
+  name: string,
+  o: { offset: number; tasks: number; agent?: (typeof AGENTS)[number] | 'mix' },
+  edit: (s: Session) => Session = (s) => s,
+): Promise<Session[]> {
   const sessions: Session[] = [];
-  for await (const s of simulate({ tasks: o.tasks, trials: 4, agent: o.agent ?? 'mix', noise: 0.3, split: 'train', seed: DEFAULT_WORLD.seed, companies: DEFAULT_WORLD.companies, offset: o.offset })) sessions.push(edit(s));
+  for await (const s of simulate({
+    tasks: o.tasks,
+    trials: 4,
+    agent: o.agent ?? 'mix',
+    noise: 0.3,
+    split: 'train',
+    seed: DEFAULT_WORLD.seed,
+    companies: DEFAULT_WORLD.companies,
+    offset: o.offset,
+  }))
+    sessions.push(edit(s));
   writeFileSync(join(inbox, name), sessions.map((s) => JSON.stringify(s)).join('\n') + '\n');
   return sessions;
 }
@@ -35,7 +50,12 @@ async function toInbox(name: string, o: { offset: number; tasks: number; agent?:
 /** Rewards and outcomes turned over: what succeeded reads as failed and the other way round, so every outcome pair is reversed. */
 const reversed = (s: Session): Session => {
   const meta = JSON.parse(s.metadata) as { success: boolean };
-  return { ...s, session_id: `reversed:${s.session_id}`, reward: Math.round((1 - s.reward) * 1e6) / 1e6, metadata: JSON.stringify({ ...meta, success: !meta.success }) };
+  return {
+    ...s,
+    session_id: `reversed:${s.session_id}`,
+    reward: Math.round((1 - s.reward) * 1e6) / 1e6,
+    metadata: JSON.stringify({ ...meta, success: !meta.success }),
+  };
 };
 
 describe('prefab refresh', () => {
@@ -85,17 +105,45 @@ refresh:
     expect(registry().aliases()).toEqual({ production: 'v0001', candidate: null });
     const rejected = registry().history().at(-1)!;
     expect(rejected).toMatchObject({ event: 'rejected', version: 'v0002' });
-    expect((rejected as { reason: string }).reason).toMatch(/^night 1: not better with confidence .*success \d\.\d{3} vs \d\.\d{3} on 6 paired episodes .*sign test p = /);
-    expect(registry().version('v0002')).toMatchObject({ parent: 'v0001', source: { stage: 'refresh', night: 1, chain: 'dpo, dapo', new_pairs: expect.any(Number), fingerprints: { export: JSON.parse(readFileSync(join(workdir, 'export', 'manifest.json'), 'utf8')).fingerprint } } });
+    expect((rejected as { reason: string }).reason).toMatch(
+      /^night 1: not better with confidence .*success \d\.\d{3} vs \d\.\d{3} on 6 paired episodes .*sign test p = /,
+    );
+    expect(registry().version('v0002')).toMatchObject({
+      parent: 'v0001',
+      source: {
+        stage: 'refresh',
+        night: 1,
+        chain: 'dpo, dapo',
+        new_pairs: expect.any(Number),
+        fingerprints: {
+          export: JSON.parse(readFileSync(join(workdir, 'export', 'manifest.json'), 'utf8')).fingerprint,
+        },
+      },
+    });
     const report = JSON.parse(readFileSync(join(workdir, 'refresh', 'nights', '0001', 'report.json'), 'utf8'));
-    expect(report).toMatchObject({ night: 1, decision: 'rejected', production_before: 'v0001', production_after: 'v0001', candidate: 'v0002' });
+    expect(report).toMatchObject({
+      night: 1,
+      decision: 'rejected',
+      production_before: 'v0001',
+      production_after: 'v0001',
+      candidate: 'v0002',
+    });
     expect(report.data.new_sessions).toBe(24);
     expect(report.data.buffer.new).toBeGreaterThan(0);
-    expect(report.comparison.guards.map((g: { metric: string }) => g.metric)).toEqual(['reward', 'well_formed', 'turns', 'sensitive_asked']);
+    expect(report.comparison.guards.map((g: { metric: string }) => g.metric)).toEqual([
+      'reward',
+      'well_formed',
+      'turns',
+      'sensitive_asked',
+    ]);
     // The chain: DPO from production, then a feedback-guided DAPO step (its rollouts played); the version is the DAPO model.
     expect(report.training).toMatchObject({ loss: expect.any(Number), 'dapo/episodes': 2 });
     const versionWeights = readFileSync(join(registry().folder('v0002'), 'model', 'model.safetensors'));
-    expect(versionWeights.equals(readFileSync(join(workdir, 'refresh', 'nights', '0001', 'candidate-dapo', 'model', 'model.safetensors')))).toBe(true);
+    expect(
+      versionWeights.equals(
+        readFileSync(join(workdir, 'refresh', 'nights', '0001', 'candidate-dapo', 'model', 'model.safetensors')),
+      ),
+    ).toBe(true);
     // Nothing new since: the next night has nothing to train on, and says so.
     const idle = refresh();
     expect(idle.stdout).toMatch(/nothing to train on/);
@@ -108,7 +156,11 @@ refresh:
     // Killed once the candidate has a whole checkpoint (step-N, not the step-N.tmp being written): mid-training,
     // after the night's data and buffer are down.
     const cache = join(workdir, 'refresh', 'nights', '0003', '.cache');
-    const checkpointed = () => existsSync(cache) && readdirSync(cache).some((f) => f.startsWith('run-') && readdirSync(join(cache, f)).some((c) => /^step-\d+$/.test(c)));
+    const checkpointed = () =>
+      existsSync(cache) &&
+      readdirSync(cache).some(
+        (f) => f.startsWith('run-') && readdirSync(join(cache, f)).some((c) => /^step-\d+$/.test(c)),
+      );
     const exited = new Promise((resolve) => child.on('exit', resolve));
     while (!checkpointed() && child.exitCode === null) await new Promise((resolve) => setTimeout(resolve, 20));
     child.kill('SIGKILL');
@@ -121,7 +173,9 @@ refresh:
     expect(again.stderr).toMatch(/resuming night 3/);
     expect(again.stderr).toMatch(/resuming from checkpoint/);
     expect(again.stdout).toMatch(/^night 3: production v0001/m);
-    expect(JSON.parse(readFileSync(join(workdir, 'refresh', 'nights', '0003', 'report.json'), 'utf8')).candidate).toBe('v0003');
+    expect(JSON.parse(readFileSync(join(workdir, 'refresh', 'nights', '0003', 'report.json'), 'utf8')).candidate).toBe(
+      'v0003',
+    );
   });
 
   it('promotes a candidate whose paired episodes are better, and production then holds its weights (the episodes planted: a tiny model succeeds at nothing)', async () => {
@@ -137,30 +191,66 @@ refresh:
     expect(existsSync(join(night, 'report.json'))).toBe(false);
     // ...and its paired episodes are written as the candidate succeeding where production failed, as a much better model would.
     const world = generateWorld({ ...DEFAULT_WORLD });
-    const episode = (t: number, success: number) => ({ task: generateTask(world, 'val', t).task_id, trial: 0, success, reward: success, turns: 4, calls: 3, calls_ok: 3, company_found: 1, sensitive_asked: 0 });
-    writeFileSync(join(night, 'eval.json'), JSON.stringify({ production: [0, 1, 2, 3, 4, 5].map((t) => episode(t, 0)), candidate: [0, 1, 2, 3, 4, 5].map((t) => episode(t, 1)) }));
+    const episode = (t: number, success: number) => ({
+      task: generateTask(world, 'val', t).task_id,
+      trial: 0,
+      success,
+      reward: success,
+      turns: 4,
+      calls: 3,
+      calls_ok: 3,
+      company_found: 1,
+      sensitive_asked: 0,
+    });
+    writeFileSync(
+      join(night, 'eval.json'),
+      JSON.stringify({
+        production: [0, 1, 2, 3, 4, 5].map((t) => episode(t, 0)),
+        candidate: [0, 1, 2, 3, 4, 5].map((t) => episode(t, 1)),
+      }),
+    );
     const r = refresh();
     expect(r.code, r.stderr).toBe(0);
-    expect(r.stdout).toMatch(/decision: promoted: better with confidence: success 1\.000 vs 0\.000 on 6 paired episodes \(6 better, 0 worse, sign test p = 0\.0156/);
+    expect(r.stdout).toMatch(
+      /decision: promoted: better with confidence: success 1\.000 vs 0\.000 on 6 paired episodes \(6 better, 0 worse, sign test p = 0\.0156/,
+    );
     expect(registry().aliases().production).toBe('v0004');
     expect(registry().history().at(-1)).toMatchObject({ event: 'promoted', version: 'v0004', from: 'v0001' });
-    expect(readFileSync(join(registry().folder('v0004'), 'model', 'model.safetensors')).equals(readFileSync(trained))).toBe(true);
+    expect(
+      readFileSync(join(registry().folder('v0004'), 'model', 'model.safetensors')).equals(readFileSync(trained)),
+    ).toBe(true);
   });
 
   it('rolls production back to the previous weights, byte for byte, when its live success falls below 0.95 × its baseline', async () => {
     const weights = readFileSync(join(registry().folder('v0001'), 'model', 'model.safetensors'));
     // Traffic: v0001 served sessions that succeeded, then v0004, promoted over it, served ones that failed.
-    await toInbox('traffic-v0001.jsonl', { offset: 22_000, tasks: 2, agent: 'oracle' }, (s) => ({ ...s, session_id: `live:${s.session_id}`, model: 'v0001' }));
-    await toInbox('traffic-v0004.jsonl', { offset: 22_100, tasks: 2, agent: 'random' }, (s) => ({ ...s, session_id: `live:${s.session_id}`, model: 'v0004' }));
+    await toInbox('traffic-v0001.jsonl', { offset: 22_000, tasks: 2, agent: 'oracle' }, (s) => ({
+      ...s,
+      session_id: `live:${s.session_id}`,
+      model: 'v0001',
+    }));
+    await toInbox('traffic-v0004.jsonl', { offset: 22_100, tasks: 2, agent: 'random' }, (s) => ({
+      ...s,
+      session_id: `live:${s.session_id}`,
+      model: 'v0004',
+    }));
     const r = refresh();
     expect(r.code, r.stderr).toBe(0);
     expect(r.stdout).toMatch(/production v0004, rolled back to v0001/);
     expect(r.stdout).toMatch(/live traffic: v0001 1\.000 on 8 sessions, v0004 \d\.\d{3} on 8 sessions/);
-    const rollback = registry().history().find((e) => e.event === 'rolled_back')!;
+    const rollback = registry()
+      .history()
+      .find((e) => e.event === 'rolled_back')!;
     expect(rollback).toMatchObject({ version: 'v0001', from: 'v0004' });
-    expect((rollback as { reason: string }).reason).toMatch(/^night 5: live success \d\.\d{3} over 8 sessions fell below 0\.95 × v0001's \d\.\d{3}/);
+    expect((rollback as { reason: string }).reason).toMatch(
+      /^night 5: live success \d\.\d{3} over 8 sessions fell below 0\.95 × v0001's \d\.\d{3}/,
+    );
     expect(registry().aliases().production).toBe('v0001');
-    expect(readFileSync(join(registry().folder(registry().aliases().production!), 'model', 'model.safetensors')).equals(weights)).toBe(true);
+    expect(
+      readFileSync(join(registry().folder(registry().aliases().production!), 'model', 'model.safetensors')).equals(
+        weights,
+      ),
+    ).toBe(true);
   });
 
   it('runs simulated days end to end and prints the daily table; a second refresh meanwhile is refused', async () => {
@@ -169,14 +259,19 @@ refresh:
     let err = '';
     first.stdout!.on('data', (d: Buffer) => (out += d.toString()));
     const exited = new Promise<number | null>((resolve) => first.on('exit', resolve));
-    await new Promise<void>((resolve) => first.stderr!.on('data', (d: Buffer) => ((err += d.toString()), /day 1|refresh: night/.test(err) && resolve())));
+    await new Promise<void>((resolve) =>
+      first.stderr!.on('data', (d: Buffer) => ((err += d.toString()), /day 1|refresh: night/.test(err) && resolve())),
+    );
     const second = refresh();
     expect(second.code).not.toBe(0);
     expect(second.stderr).toMatch(/in use by another run: pid \d+/);
     expect(await exited, err).toBe(0);
     expect(out).toMatch(/^\| day \| date \| production \| live success \| candidate \|/m);
     expect(out).toMatch(/^\| 1 \| 2026-06-01 \| v0001 \| \d\.\d{3} \(4\) \|/m);
-    const day = readFileSync(join(inbox, 'day-0001.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Session);
+    const day = readFileSync(join(inbox, 'day-0001.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Session);
     expect(day).toHaveLength(4);
     expect(new Set(day.map((s) => s.model))).toEqual(new Set(['v0001']));
   });
@@ -244,4 +339,3 @@ describe('the paired decision', () => {
     expect(signTestP(0, 7)).toBeCloseTo(1, 12);
   });
 });
-

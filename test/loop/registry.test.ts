@@ -23,10 +23,18 @@ describe('model registry', () => {
   it('makes the first model production, the next the candidate with production as its parent, and keeps each one’s folder and info', () => {
     const registry = new Registry(join(tempDir(), 'registry'));
     expect(registry.aliases()).toEqual({ production: null, candidate: null });
-    const first = registry.register(modelFolder('a'), { source: { stage: 'dpo', sessions: 2000 }, config: { dpo: { lr: 1e-4 } }, eval: evalTable(0.05) });
+    const first = registry.register(modelFolder('a'), {
+      source: { stage: 'dpo', sessions: 2000 },
+      config: { dpo: { lr: 1e-4 } },
+      eval: evalTable(0.05),
+    });
     expect(first).toBe('v0001');
     expect(registry.aliases()).toEqual({ production: 'v0001', candidate: null });
-    const second = registry.register(modelFolder('b'), { source: { stage: 'dpo', sessions: 2400 }, config: {}, eval: evalTable(0.1) });
+    const second = registry.register(modelFolder('b'), {
+      source: { stage: 'dpo', sessions: 2400 },
+      config: {},
+      eval: evalTable(0.1),
+    });
     expect(registry.aliases()).toEqual({ production: 'v0001', candidate: 'v0002' });
     expect(registry.version(second)).toMatchObject({ id: 'v0002', parent: 'v0001', source: { sessions: 2400 } });
     expect(readFileSync(join(registry.folder(second), 'model', 'model.safetensors'), 'utf8')).toBe('weights of b');
@@ -51,7 +59,10 @@ describe('model registry', () => {
     registry.rollback('worse again');
     expect(registry.aliases().production).toBe('v0001');
     expect(() => registry.rollback('no more')).toThrow(/production v0001 has no predecessor/);
-    const lines = readFileSync(join(registry.dir, 'history.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+    const lines = readFileSync(join(registry.dir, 'history.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l));
     expect(lines.map((l) => [l.event, l.version, l.from ?? null])).toEqual([
       ['registered', 'v0001', null],
       ['promoted', 'v0001', null],
@@ -76,14 +87,23 @@ describe('model registry', () => {
     registry.register(modelFolder('a'), { source: {}, config: {}, eval: null });
     registry.register(modelFolder('b'), { source: {}, config: {}, eval: null });
     // A torn line, as a kill in the middle of a write leaves it.
-    appendFileSync(join(registry.dir, 'history.jsonl'), '{"at":"2026-11-23T00:00:00.000Z","event":"promoted","version":"v0002","fr');
+    appendFileSync(
+      join(registry.dir, 'history.jsonl'),
+      '{"at":"2026-11-23T00:00:00.000Z","event":"promoted","version":"v0002","fr',
+    );
     expect(registry.aliases().production).toBe('v0001');
     registry.promote('v0002', 'after the torn line');
     expect(registry.aliases().production).toBe('v0002');
-    for (const line of readFileSync(join(registry.dir, 'history.jsonl'), 'utf8').trim().split('\n')) expect(() => JSON.parse(line)).not.toThrow();
+    for (const line of readFileSync(join(registry.dir, 'history.jsonl'), 'utf8').trim().split('\n'))
+      expect(() => JSON.parse(line)).not.toThrow();
 
     // A real kill -9 of a process promoting in a loop: every decision it made is whole, the aliases are the last one's.
-    const child = spawn(process.execPath, ['--import', 'tsx', join(__dirname, '..', 'fixtures', 'promote-loop.ts'), registry.dir]);
+    const child = spawn(process.execPath, [
+      '--import',
+      'tsx',
+      join(__dirname, '..', 'fixtures', 'promote-loop.ts'),
+      registry.dir,
+    ]);
     const path = join(registry.dir, 'history.jsonl');
     const before = readFileSync(path, 'utf8').length;
     await new Promise<void>((resolve) => {

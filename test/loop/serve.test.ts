@@ -39,7 +39,12 @@ async function serve(args: string[]): Promise<{ child: ChildProcessWithoutNullSt
 }
 
 const auth = { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' };
-const post = (body: unknown, headers: Record<string, string> = auth) => fetch(`${url}/chat/completions`, { method: 'POST', headers, body: typeof body === 'string' ? body : JSON.stringify(body) });
+const post = (body: unknown, headers: Record<string, string> = auth) =>
+  fetch(`${url}/chat/completions`, {
+    method: 'POST',
+    headers,
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+  });
 
 const conversation = (who: string) => [
   { role: 'system', content: 'You are a customer-service agent. Use the tools.' },
@@ -50,10 +55,31 @@ beforeAll(async () => {
   await useBackend('wasm');
   workdir = join(tempDir(), 'workspace');
   const registry = new Registry(join(workdir, 'registry'));
-  registry.register(await servedModelFolder(tempDir(), 'first', 1024), { source: { stage: 'dpo' }, config: {}, eval: null });
-  registry.register(await servedModelFolder(tempDir(), 'second', 1024), { source: { stage: 'refresh' }, config: {}, eval: null });
+  registry.register(await servedModelFolder(tempDir(), 'first', 1024), {
+    source: { stage: 'dpo' },
+    config: {},
+    eval: null,
+  });
+  registry.register(await servedModelFolder(tempDir(), 'second', 1024), {
+    source: { stage: 'refresh' },
+    config: {},
+    eval: null,
+  });
   process.env.PREFAB_SERVE_API_KEY = KEY;
-  const started = await serve(['--split', 'production=0.5,candidate=0.5', '--max-batch', '8', '--max-queue', '8', '--max-tokens', '48', '--max-body-bytes', '200000', '--follow-ms', '100']);
+  const started = await serve([
+    '--split',
+    'production=0.5,candidate=0.5',
+    '--max-batch',
+    '8',
+    '--max-queue',
+    '8',
+    '--max-tokens',
+    '48',
+    '--max-body-bytes',
+    '200000',
+    '--follow-ms',
+    '100',
+  ]);
   delete process.env.PREFAB_SERVE_API_KEY;
   server = started.child;
   url = started.url;
@@ -65,12 +91,26 @@ afterAll(() => {
 
 describe('prefab serve', () => {
   it('lists its versions and answers a chat completion in OpenAI’s shape, saying which version answered', async () => {
-    const models = (await (await fetch(`${url}/models`, { headers: auth })).json()) as { data: { id: string; version: string }[] };
+    const models = (await (await fetch(`${url}/models`, { headers: auth })).json()) as {
+      data: { id: string; version: string }[];
+    };
     expect(models.data.map((m) => m.id).sort()).toEqual(['candidate', 'production', 'v0001', 'v0002']);
-    const r = await post({ model: 'v0001', messages: conversation('Ana'), tools: TOOLS, max_tokens: 32, temperature: 1, seed: 7 });
+    const r = await post({
+      model: 'v0001',
+      messages: conversation('Ana'),
+      tools: TOOLS,
+      max_tokens: 32,
+      temperature: 1,
+      seed: 7,
+    });
     expect(r.status).toBe(200);
     expect(r.headers.get('x-prefab-version')).toBe('v0001');
-    const body = (await r.json()) as { object: string; model: string; choices: { message: { role: string; content: string | null; tool_calls?: unknown[] }; finish_reason: string }[]; usage: { completion_tokens: number; prompt_tokens: number } };
+    const body = (await r.json()) as {
+      object: string;
+      model: string;
+      choices: { message: { role: string; content: string | null; tool_calls?: unknown[] }; finish_reason: string }[];
+      usage: { completion_tokens: number; prompt_tokens: number };
+    };
     expect(body).toMatchObject({ object: 'chat.completion', model: 'v0001' });
     expect(body.choices[0]!.message.role).toBe('assistant');
     expect(['stop', 'length', 'tool_calls']).toContain(body.choices[0]!.finish_reason);
@@ -78,7 +118,9 @@ describe('prefab serve', () => {
     expect(body.usage.completion_tokens).toBeLessThanOrEqual(32);
     expect(body.usage.prompt_tokens).toBeGreaterThan(10);
     // ignore_eos (vLLM's benchmark extension): exactly max_tokens, whatever the model would end with.
-    const long = (await (await post({ model: 'v0001', messages: conversation('Ana'), max_tokens: 20, ignore_eos: true })).json()) as typeof body;
+    const long = (await (
+      await post({ model: 'v0001', messages: conversation('Ana'), max_tokens: 20, ignore_eos: true })
+    ).json()) as typeof body;
     expect(long.usage.completion_tokens).toBe(20);
     expect(long.choices[0]!.finish_reason).toBe('length');
   });
@@ -92,7 +134,11 @@ describe('prefab serve', () => {
       const expected = versionOf[armOf(conversationKey(conversation(who) as never), arms).name]!;
       expect(first.headers.get('x-prefab-version')).toBe(expected);
       const reply = ((await first.json()) as { choices: { message: unknown }[] }).choices[0]!.message;
-      const next = await post({ model: 'production', messages: [...conversation(who), reply, { role: 'user', content: 'Any news?' }], max_tokens: 8 });
+      const next = await post({
+        model: 'production',
+        messages: [...conversation(who), reply, { role: 'user', content: 'Any news?' }],
+        max_tokens: 8,
+      });
       expect(next.headers.get('x-prefab-version')).toBe(expected);
       await next.json();
       seen.add(expected);
@@ -105,40 +151,96 @@ describe('prefab serve', () => {
     const r = await post({ model: 'candidate', messages: conversation('Gus'), max_tokens: 24, stream: true });
     expect(r.status).toBe(200);
     expect(r.headers.get('content-type')).toMatch(/text\/event-stream/);
-    const events = (await r.text()).split('\n\n').filter(Boolean).map((e) => e.replace(/^data: /, ''));
+    const events = (await r.text())
+      .split('\n\n')
+      .filter(Boolean)
+      .map((e) => e.replace(/^data: /, ''));
     expect(events.at(-1)).toBe('[DONE]');
-    const chunks = events.slice(0, -1).map((e) => JSON.parse(e) as { model: string; choices: { delta: { role?: string; content?: string }; finish_reason: string | null }[] });
+    const chunks = events.slice(0, -1).map(
+      (e) =>
+        JSON.parse(e) as {
+          model: string;
+          choices: { delta: { role?: string; content?: string }; finish_reason: string | null }[];
+        },
+    );
     expect(chunks[0]!.choices[0]!.delta.role).toBe('assistant');
     expect(chunks.every((c) => c.model === 'v0002')).toBe(true);
     expect(['stop', 'length', 'tool_calls']).toContain(chunks.at(-1)!.choices[0]!.finish_reason);
     expect(chunks.slice(0, -1).every((c) => c.choices[0]!.finish_reason === null)).toBe(true);
     // A client that goes away mid-stream costs the server nothing but its request.
     const abort = new AbortController();
-    const gone = await fetch(`${url}/chat/completions`, { method: 'POST', headers: auth, body: JSON.stringify({ model: 'candidate', messages: conversation('Hal'), max_tokens: 48, ignore_eos: true, stream: true }), signal: abort.signal });
+    const gone = await fetch(`${url}/chat/completions`, {
+      method: 'POST',
+      headers: auth,
+      body: JSON.stringify({
+        model: 'candidate',
+        messages: conversation('Hal'),
+        max_tokens: 48,
+        ignore_eos: true,
+        stream: true,
+      }),
+      signal: abort.signal,
+    });
     await gone.body!.getReader().read();
     abort.abort();
     expect((await post({ model: 'candidate', messages: conversation('Ivy'), max_tokens: 4 })).status).toBe(200);
   });
 
   it('answers malformed, oversized, unauthorised and unknown requests with OpenAI-shaped errors, and stays up', async () => {
-    const error = async (r: Response) => ({ status: r.status, ...((await r.json()) as { error: { type: string; code: string; param: string | null; message: string } }).error });
-    expect(await error(await post('{"model": "production", "messages": ['))).toMatchObject({ status: 400, code: 'invalid_json', type: 'invalid_request_error' });
+    const error = async (r: Response) => ({
+      status: r.status,
+      ...((await r.json()) as { error: { type: string; code: string; param: string | null; message: string } }).error,
+    });
+    expect(await error(await post('{"model": "production", "messages": ['))).toMatchObject({
+      status: 400,
+      code: 'invalid_json',
+      type: 'invalid_request_error',
+    });
     expect(await error(await post({ model: 'production' }))).toMatchObject({ status: 400, param: 'messages' });
-    expect(await error(await post({ model: 'production', messages: [{ role: 'robot', content: 'x' }] }))).toMatchObject({ status: 400, param: 'messages.0.role' });
-    expect(await error(await post({ model: 'production', messages: conversation('H'), n: 3 }))).toMatchObject({ status: 400, param: 'n' });
-    expect(await error(await post({ model: 'production', messages: conversation('H'), max_tokens: 4096 }))).toMatchObject({ status: 400, param: 'max_tokens' });
-    expect(await error(await post({ model: 'gpt-9', messages: conversation('H') }))).toMatchObject({ status: 404, code: 'model_not_found', param: 'model' });
-    expect(await error(await post({ model: 'production', messages: conversation('H') }, { 'content-type': 'application/json' }))).toMatchObject({ status: 401, code: 'invalid_api_key' });
-    expect(await error(await post({ model: 'production', messages: conversation('H') }, { ...auth, authorization: 'Bearer wrong' }))).toMatchObject({ status: 401 });
-    expect(await error(await post({ model: 'production', messages: [{ role: 'user', content: 'x'.repeat(300_000) }] }))).toMatchObject({ status: 413, code: 'request_too_large' });
+    expect(await error(await post({ model: 'production', messages: [{ role: 'robot', content: 'x' }] }))).toMatchObject(
+      { status: 400, param: 'messages.0.role' },
+    );
+    expect(await error(await post({ model: 'production', messages: conversation('H'), n: 3 }))).toMatchObject({
+      status: 400,
+      param: 'n',
+    });
+    expect(
+      await error(await post({ model: 'production', messages: conversation('H'), max_tokens: 4096 })),
+    ).toMatchObject({ status: 400, param: 'max_tokens' });
+    expect(await error(await post({ model: 'gpt-9', messages: conversation('H') }))).toMatchObject({
+      status: 404,
+      code: 'model_not_found',
+      param: 'model',
+    });
+    expect(
+      await error(
+        await post({ model: 'production', messages: conversation('H') }, { 'content-type': 'application/json' }),
+      ),
+    ).toMatchObject({ status: 401, code: 'invalid_api_key' });
+    expect(
+      await error(
+        await post({ model: 'production', messages: conversation('H') }, { ...auth, authorization: 'Bearer wrong' }),
+      ),
+    ).toMatchObject({ status: 401 });
+    expect(
+      await error(await post({ model: 'production', messages: [{ role: 'user', content: 'x'.repeat(300_000) }] })),
+    ).toMatchObject({ status: 413, code: 'request_too_large' });
     const long = 'please '.repeat(4000);
-    expect(await error(await post({ model: 'production', messages: [{ role: 'user', content: long }] }))).toMatchObject({ status: 413, code: 'context_length_exceeded' });
-    expect(await error(await fetch(`${url}/completions`, { method: 'POST', headers: auth, body: '{}' }))).toMatchObject({ status: 404, code: 'not_found' });
+    expect(await error(await post({ model: 'production', messages: [{ role: 'user', content: long }] }))).toMatchObject(
+      { status: 413, code: 'context_length_exceeded' },
+    );
+    expect(await error(await fetch(`${url}/completions`, { method: 'POST', headers: auth, body: '{}' }))).toMatchObject(
+      { status: 404, code: 'not_found' },
+    );
     expect((await fetch(url.replace('/v1', '/health'))).status).toBe(200);
   });
 
   it('answers 50 concurrent clients: each gets a completion or a clean 429', async () => {
-    const replies = await Promise.all(Array.from({ length: 50 }, (_, i) => post({ model: 'v0001', messages: conversation(`client ${i}`), max_tokens: 16, temperature: 1 })));
+    const replies = await Promise.all(
+      Array.from({ length: 50 }, (_, i) =>
+        post({ model: 'v0001', messages: conversation(`client ${i}`), max_tokens: 16, temperature: 1 }),
+      ),
+    );
     const statuses = await Promise.all(
       replies.map(async (r) => {
         const body = (await r.json()) as { choices?: unknown[]; error?: { code: string } };
@@ -156,11 +258,42 @@ describe('prefab serve', () => {
   it('collects sessions from the served model: `prefab simulate --agent URL` writes them tagged with the version that acted', () => {
     const out = join(tempDir(), 'inbox', 'day-1.jsonl');
     process.env.PREFAB_SERVE_API_KEY = KEY;
-    const r = prefab(['simulate', '--agent', url, '--model', 'production', '--tasks', '3', '--trials', '2', '--max-tokens', '24', '--max-turns', '3', '--concurrency', '4', '--date', '2026-03-02', '--out', out, '--stats']);
+    const r = prefab([
+      'simulate',
+      '--agent',
+      url,
+      '--model',
+      'production',
+      '--tasks',
+      '3',
+      '--trials',
+      '2',
+      '--max-tokens',
+      '24',
+      '--max-turns',
+      '3',
+      '--concurrency',
+      '4',
+      '--date',
+      '2026-03-02',
+      '--out',
+      out,
+      '--stats',
+    ]);
     delete process.env.PREFAB_SERVE_API_KEY;
     expect(r.code, r.stderr).toBe(0);
-    const sessions = readFileSync(out, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as Session);
-    expect(sessions.map((s) => `${s.task_id}/${JSON.parse(s.metadata).trial}`)).toEqual(['cs-1-train-00000/0', 'cs-1-train-00000/1', 'cs-1-train-00001/0', 'cs-1-train-00001/1', 'cs-1-train-00002/0', 'cs-1-train-00002/1']);
+    const sessions = readFileSync(out, 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Session);
+    expect(sessions.map((s) => `${s.task_id}/${JSON.parse(s.metadata).trial}`)).toEqual([
+      'cs-1-train-00000/0',
+      'cs-1-train-00000/1',
+      'cs-1-train-00001/0',
+      'cs-1-train-00001/1',
+      'cs-1-train-00002/0',
+      'cs-1-train-00002/1',
+    ]);
     for (const s of sessions) {
       expect(['v0001', 'v0002']).toContain(s.model);
       expect(s.session_id).toBe(`${s.task_id}:${s.model}:${JSON.parse(s.metadata).trial}`);
@@ -168,17 +301,36 @@ describe('prefab serve', () => {
       expect(s.messages.filter((m) => m.role === 'assistant').length).toBeGreaterThan(0);
     }
     expect(r.stdout).toMatch(/^v000[12] +\d/m); // the stats, by the version that acted
-    const refused = prefab(['simulate', '--agent', url, '--tasks', '1', '--trials', '1', '--out', join(tempDir(), 'x.jsonl')]);
+    const refused = prefab([
+      'simulate',
+      '--agent',
+      url,
+      '--tasks',
+      '1',
+      '--trials',
+      '1',
+      '--out',
+      join(tempDir(), 'x.jsonl'),
+    ]);
     expect(refused.code).not.toBe(0);
     expect(refused.stderr).toMatch(/the agent at http:\/\/127\.0\.0\.1:\d+\/v1 \(model production\) failed: 401/);
   });
 
   it('follows a promotion made while it serves: production moves to the promoted version', async () => {
     new Registry(join(workdir, 'registry')).promote('v0002', 'promoted while serving');
-    const answeredBy = async () => (await post({ model: 'production', messages: conversation('Ana'), max_tokens: 2 })).headers.get('x-prefab-version');
+    const answeredBy = async () =>
+      (await post({ model: 'production', messages: conversation('Ana'), max_tokens: 2 })).headers.get(
+        'x-prefab-version',
+      );
     const deadline = Date.now() + 10_000;
-    while ((await answeredBy()) !== 'v0002' && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 100));
-    for (const who of ['Ana', 'Bo', 'Cy', 'Di']) expect((await post({ model: 'production', messages: conversation(who), max_tokens: 2 })).headers.get('x-prefab-version')).toBe('v0002');
+    while ((await answeredBy()) !== 'v0002' && Date.now() < deadline)
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    for (const who of ['Ana', 'Bo', 'Cy', 'Di'])
+      expect(
+        (await post({ model: 'production', messages: conversation(who), max_tokens: 2 })).headers.get(
+          'x-prefab-version',
+        ),
+      ).toBe('v0002');
     expect(stderr).toMatch(/now serving production: v0001 → v0002/);
   });
 

@@ -5,7 +5,15 @@ import { TOOLS, TOOL_NAMES } from '../../env/env.ts';
 import { REFUSAL_PATTERN, isRefusal } from '../../core/refusal.ts';
 import { buildHardNegatives as buildStored, type HardNegativeOptions } from '../../pairing/hard-negatives.ts';
 import { plainPair, stored } from '../fixtures/pipeline.ts';
-import { NEGATIVE_TYPES, pairId, type Message, type NegativeType, type Pair, type Session, type SplitSession } from '../../core/records.ts';
+import {
+  NEGATIVE_TYPES,
+  pairId,
+  type Message,
+  type NegativeType,
+  type Pair,
+  type Session,
+  type SplitSession,
+} from '../../core/records.ts';
 
 const SAMPLE = join(__dirname, '..', '..', 'data', 'sample', 'sessions.jsonl.gz');
 
@@ -19,24 +27,45 @@ beforeAll(async () => {
 });
 
 /** buildHardNegatives on the session as its bucket line stores it, the pairs' messages read back. */
-function buildHardNegatives(session: SplitSession, o: HardNegativeOptions): { pairs: Pair[]; skipped: ReturnType<typeof buildStored>['skipped'] } {
+function buildHardNegatives(
+  session: SplitSession,
+  o: HardNegativeOptions,
+): { pairs: Pair[]; skipped: ReturnType<typeof buildStored>['skipped'] } {
   const built = buildStored(stored(session), o);
   return { pairs: built.pairs.map(plainPair), skipped: built.skipped };
 }
 
 const ALL: Partial<Record<NegativeType, number>> = Object.fromEntries(NEGATIVE_TYPES.map((t) => [t, 1]));
 
-function options(ratios: Partial<Record<NegativeType, number>>, salt = 'test', mustDecline = () => false): HardNegativeOptions {
+function options(
+  ratios: Partial<Record<NegativeType, number>>,
+  salt = 'test',
+  mustDecline = () => false,
+): HardNegativeOptions {
   return { ratios, salt, mustDecline };
 }
 
 /** The pairs of one type over the first `n` successful sessions, each with its session. */
 function pairsOf(type: NegativeType, n: number): { session: SplitSession; pair: Pair }[] {
-  return successes.slice(0, n).flatMap((session) => buildHardNegatives(session, options({ [type]: 1 })).pairs.map((pair) => ({ session, pair })));
+  return successes
+    .slice(0, n)
+    .flatMap((session) => buildHardNegatives(session, options({ [type]: 1 })).pairs.map((pair) => ({ session, pair })));
 }
 
 function session(id: string, messages: Message[]): SplitSession {
-  return { session_id: id, task_id: 'T', messages, reward: 1, feedback: null, model: null, source: 'test', created_at: null, metadata: '{}', split: 'train', task_match: null };
+  return {
+    session_id: id,
+    task_id: 'T',
+    messages,
+    reward: 1,
+    feedback: null,
+    model: null,
+    source: 'test',
+    created_at: null,
+    metadata: '{}',
+    split: 'train',
+    task_match: null,
+  };
 }
 
 function toolCall(id: string, name: string, args: unknown): NonNullable<Message['tool_calls']>[number] {
@@ -53,7 +82,9 @@ const wordsOf = (text: string) => new Set(text.toLowerCase().match(/[a-z]{4,}/g)
 function leafDifferences(a: unknown, b: unknown, path = ''): { path: string; a: unknown; b: unknown }[] {
   if (a !== null && b !== null && typeof a === 'object' && typeof b === 'object') {
     const keys = new Set([...Object.keys(a), ...Object.keys(b)]);
-    return [...keys].flatMap((k) => leafDifferences((a as Record<string, unknown>)[k], (b as Record<string, unknown>)[k], `${path}.${k}`));
+    return [...keys].flatMap((k) =>
+      leafDifferences((a as Record<string, unknown>)[k], (b as Record<string, unknown>)[k], `${path}.${k}`),
+    );
   }
   return a === b ? [] : [{ path, a, b }];
 }
@@ -110,7 +141,9 @@ describe('hard negative pairs', () => {
     // Each type draws its own sessions.
     expect(new Set(byType.map((c) => ids(c).join())).size).toBe(NEGATIVE_TYPES.length);
 
-    const otherSalt = sessions.filter((s) => buildHardNegatives(s, options({ verbose: 0.5 }, 'other')).pairs.length > 0);
+    const otherSalt = sessions.filter(
+      (s) => buildHardNegatives(s, options({ verbose: 0.5 }, 'other')).pairs.length > 0,
+    );
     expect(ids(otherSalt)).not.toEqual(ids(byType[NEGATIVE_TYPES.indexOf('verbose')]!));
 
     const fifth = selected({ verbose: 0.2 }, 'verbose').length;
@@ -135,17 +168,24 @@ describe('hard negative pairs', () => {
     const sessions = successes.slice(0, 200);
     const half = Object.fromEntries(NEGATIVE_TYPES.map((t) => [t, 0.5]));
     const made = (ratios: Partial<Record<NegativeType, number>>, type: NegativeType) =>
-      JSON.stringify(sessions.flatMap((s) => buildHardNegatives(s, options(ratios)).pairs.filter((p) => p.negative_type === type)));
+      JSON.stringify(
+        sessions.flatMap((s) => buildHardNegatives(s, options(ratios)).pairs.filter((p) => p.negative_type === type)),
+      );
     for (const changed of NEGATIVE_TYPES) {
       for (const ratio of [0, 0.9]) {
         const ratios = { ...half, [changed]: ratio };
-        for (const other of NEGATIVE_TYPES.filter((t) => t !== changed)) expect(made(ratios, other)).toBe(made(half, other));
+        for (const other of NEGATIVE_TYPES.filter((t) => t !== changed))
+          expect(made(ratios, other)).toBe(made(half, other));
       }
     }
   });
 
   it('report, with a reason, the types a plain-text reply cannot take', () => {
-    const s = session('plain', [SYSTEM, USER, { role: 'assistant', content: 'I cancelled your Globo Gym membership as you asked today.' }]);
+    const s = session('plain', [
+      SYSTEM,
+      USER,
+      { role: 'assistant', content: 'I cancelled your Globo Gym membership as you asked today.' },
+    ]);
     const { pairs, skipped } = buildHardNegatives(s, options(ALL));
     expect(pairs.map((p) => p.negative_type)).toEqual(['refusal', 'off_topic', 'verbose', 'under_explained']);
     expect(skipped.map((k) => [k.session_id, k.type])).toEqual([
@@ -155,7 +195,10 @@ describe('hard negative pairs', () => {
     expect(skipped[0]!.reason).toMatch(/identifier/);
     expect(skipped[1]!.reason).toMatch(/tool call/);
 
-    const short = buildHardNegatives(session('short', [SYSTEM, USER, { role: 'assistant', content: 'Calling them now.' }]), options(ALL));
+    const short = buildHardNegatives(
+      session('short', [SYSTEM, USER, { role: 'assistant', content: 'Calling them now.' }]),
+      options(ALL),
+    );
     expect(short.skipped.map((k) => k.type)).toEqual(['hallucination', 'format', 'verbose', 'under_explained']);
     const silent = buildHardNegatives(session('silent', [SYSTEM, USER]), options(ALL));
     expect(silent.pairs).toEqual([]);
@@ -182,7 +225,10 @@ describe('refusal negatives', () => {
 
   it('are flipped when the session complied with a request it should have declined', () => {
     const s = successes[0]!;
-    const { pairs } = buildHardNegatives(s, options({ refusal: 1, verbose: 1 }, 'test', () => true));
+    const { pairs } = buildHardNegatives(
+      s,
+      options({ refusal: 1, verbose: 1 }, 'test', () => true),
+    );
     const refusal = pairs.find((p) => p.negative_type === 'refusal')!;
     expect(isRefusal(refusal.chosen[0]!.content)).toBe(true);
     expect(refusal.rejected).toEqual([s.messages[refusal.prompt.length]]);
@@ -200,13 +246,22 @@ describe('refusal negatives', () => {
   });
 
   it("are told apart from the agent's ordinary text and from a representative's \"I can't verify\"", () => {
-    const assistantTexts = sample.flatMap((s) => s.messages.filter((m) => m.role === 'assistant' && m.content).map((m) => m.content!));
+    const assistantTexts = sample.flatMap((s) =>
+      s.messages.filter((m) => m.role === 'assistant' && m.content).map((m) => m.content!),
+    );
     expect(assistantTexts.length).toBeGreaterThan(1000);
     expect(assistantTexts.filter(isRefusal)).toEqual([]);
-    const representative = sample.flatMap((s) => s.messages.filter((m) => m.role === 'tool' && m.content?.includes("I can't verify")).map((m) => m.content!));
+    const representative = sample.flatMap((s) =>
+      s.messages.filter((m) => m.role === 'tool' && m.content?.includes("I can't verify")).map((m) => m.content!),
+    );
     expect(representative.length).toBeGreaterThan(0);
     expect(representative.filter(isRefusal)).toEqual([]);
-    for (const text of ['I completed 3 of 5 requests; Acme Bank still needs more from you for the rest.', 'All done: all 5 requests are complete.', "I'm sorry for the wait: your refund is done.", null]) {
+    for (const text of [
+      'I completed 3 of 5 requests; Acme Bank still needs more from you for the rest.',
+      'All done: all 5 requests are complete.',
+      "I'm sorry for the wait: your refund is done.",
+      null,
+    ]) {
       expect(isRefusal(text)).toBe(false);
     }
     for (const text of [
@@ -251,7 +306,16 @@ describe('hallucination negatives', () => {
       SYSTEM,
       USER,
       { role: 'tool', content: '{"account_number":"6484-3494-092","pin":"2620"}', tool_call_id: 'c0' },
-      { role: 'assistant', content: null, tool_calls: [toolCall('c1', 'cancel', { auth: { account_number: '6484-3494-092', email: 'a@b.c' }, request: 'Cancel it.' })] },
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: [
+          toolCall('c1', 'cancel', {
+            auth: { account_number: '6484-3494-092', email: 'a@b.c' },
+            request: 'Cancel it.',
+          }),
+        ],
+      },
     ]);
     const [pair] = buildHardNegatives(s, options({ hallucination: 1 })).pairs;
     const args = JSON.parse(pair!.rejected[0]!.tool_calls![0]!.function.arguments);
@@ -264,7 +328,11 @@ describe('hallucination negatives', () => {
 
   it('take a phone number however its key is written or nested, and no other identifier while a call gives one', () => {
     // Raw arguments, as a model may write them: the key spelt with a \u escape, a list of numbers, one deep in `auth`.
-    const raw = (id: string, args: string) => ({ id, type: 'function' as const, function: { name: 'call', arguments: args } });
+    const raw = (id: string, args: string) => ({
+      id,
+      type: 'function' as const,
+      function: { name: 'call', arguments: args },
+    });
     // Where the changed value may lie (the other call's company holds an identifier too: `2000`).
     const shapes: [string, string[]][] = [
       ['{"ph\\u006fne_number":"555-0100","request":"ref 4242-99"}', ['.1.phone_number']],
@@ -275,9 +343,15 @@ describe('hallucination negatives', () => {
     ];
     for (const [args, where] of shapes) {
       const changed = ['a', 'b', 'c', 'd', 'e', 'f'].flatMap((salt) => {
-        const s = session('s', [SYSTEM, USER, { role: 'assistant', content: null, tool_calls: [raw('c0', '{"company":"Acme 2000 Ltd"}'), raw('c1', args)] }]);
+        const s = session('s', [
+          SYSTEM,
+          USER,
+          { role: 'assistant', content: null, tool_calls: [raw('c0', '{"company":"Acme 2000 Ltd"}'), raw('c1', args)] },
+        ]);
         const [pair] = buildHardNegatives(s, options({ hallucination: 1 }, salt)).pairs;
-        const [before, after] = [pair!.chosen[0]!, pair!.rejected[0]!].map((m) => m.tool_calls!.map((c) => JSON.parse(c.function.arguments) as unknown));
+        const [before, after] = [pair!.chosen[0]!, pair!.rejected[0]!].map((m) =>
+          m.tool_calls!.map((c) => JSON.parse(c.function.arguments) as unknown),
+        );
         return leafDifferences(before, after).map((d) => d.path);
       });
       expect(changed).toHaveLength(6);
@@ -287,24 +361,34 @@ describe('hallucination negatives', () => {
 
   it('redraw a value that the context already holds, and give up with a reason when every draw is taken', () => {
     // A three-digit value keeps its first digit and changes one of the other two: 18 possible values.
-    const variants = ['0', '1', '2', '3', '4', '5', '6', '7', '8', '9'].flatMap((d) => [`1${d}3`, `12${d}`]).filter((v) => v !== '123');
+    const variants = ['0', '1', '2', '3', '4', '5', '6', '7', '8', '9']
+      .flatMap((d) => [`1${d}3`, `12${d}`])
+      .filter((v) => v !== '123');
     expect(variants).toHaveLength(18);
     const withContext = (known: string[]) =>
       session('room', [
         SYSTEM,
         { role: 'user', content: `Codes I have used: ${known.join(' ')}` },
-        { role: 'assistant', content: null, tool_calls: [toolCall('c1', 'call', { phone_number: '123', auth: {}, request: 'Hi.' })] },
+        {
+          role: 'assistant',
+          content: null,
+          tool_calls: [toolCall('c1', 'call', { phone_number: '123', auth: {}, request: 'Hi.' })],
+        },
       ]);
     const free = variants.at(-1)!;
     const values = ['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'].flatMap((salt) =>
-      buildHardNegatives(withContext(variants.slice(0, -1)), options({ hallucination: 1 }, salt)).pairs.map((p) => JSON.parse(p.rejected[0]!.tool_calls![0]!.function.arguments).phone_number),
+      buildHardNegatives(withContext(variants.slice(0, -1)), options({ hallucination: 1 }, salt)).pairs.map(
+        (p) => JSON.parse(p.rejected[0]!.tool_calls![0]!.function.arguments).phone_number,
+      ),
     );
     expect(values.length).toBeGreaterThan(0);
     expect(new Set(values)).toEqual(new Set([free]));
 
     const full = buildHardNegatives(withContext(variants), options({ hallucination: 1 }));
     expect(full.pairs).toEqual([]);
-    expect(full.skipped).toEqual([{ session_id: 'room', type: 'hallucination', reason: expect.stringMatching(/already appears/) }]);
+    expect(full.skipped).toEqual([
+      { session_id: 'room', type: 'hallucination', reason: expect.stringMatching(/already appears/) },
+    ]);
   });
 });
 
@@ -324,7 +408,9 @@ describe('format negatives', () => {
       return 'as text';
     }
     expect(rejected.content).toBe(chosen.content);
-    const changed = calls.flatMap((call, i) => (JSON.stringify(call) === JSON.stringify(rejected.tool_calls![i]) ? [] : [i]));
+    const changed = calls.flatMap((call, i) =>
+      JSON.stringify(call) === JSON.stringify(rejected.tool_calls![i]) ? [] : [i],
+    );
     expect(changed).toHaveLength(1);
     const before = calls[changed[0]!]!;
     const after = rejected.tool_calls![changed[0]!]!;
@@ -363,13 +449,20 @@ describe('format negatives', () => {
 
   it("write the call after the turn's own words when it moves it into the text", () => {
     const said = 'Let me look that up.';
-    const s = session('talk', [SYSTEM, USER, { role: 'assistant', content: said, tool_calls: [toolCall('c1', 'search_directory', { company: 'Globo Gym' })] }]);
+    const s = session('talk', [
+      SYSTEM,
+      USER,
+      { role: 'assistant', content: said, tool_calls: [toolCall('c1', 'search_directory', { company: 'Globo Gym' })] },
+    ]);
     const kinds = ['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', 'i', 'j', 'k', 'l'].map((salt) => {
       const [pair] = buildHardNegatives(s, options({ format: 1 }, salt)).pairs;
       const rejected = pair!.rejected[0]!;
       if (rejected.tool_calls !== undefined) return breakage(pair!.chosen[0]!, rejected);
       expect(rejected.content!.startsWith(`${said}\n\n`)).toBe(true);
-      expect(JSON.parse(rejected.content!.slice(said.length + 2))).toEqual({ name: 'search_directory', arguments: { company: 'Globo Gym' } });
+      expect(JSON.parse(rejected.content!.slice(said.length + 2))).toEqual({
+        name: 'search_directory',
+        arguments: { company: 'Globo Gym' },
+      });
       return 'as text';
     });
     expect(kinds).toContain('as text');
@@ -378,8 +471,42 @@ describe('format negatives', () => {
 
 describe('off-topic negatives', () => {
   it('replace an assistant turn with text that shares no word of four or more letters with the domain', () => {
-    const domain = new Set(['call', 'calls', 'phone', 'account', 'request', 'requests', 'company', 'companies', 'department', 'number', 'form', 'directory', 'reference', 'user', 'help', 'auth', 'verify', 'identity', 'billing', 'refund', 'cancel', 'order', 'policy', 'email', 'done', 'complete', 'search', 'finish', 'representative', 'customer', 'service']);
-    for (const s of sample) for (const m of s.messages) for (const w of wordsOf(`${m.content ?? ''} ${JSON.stringify(m.tool_calls ?? [])}`)) domain.add(w);
+    const domain = new Set([
+      'call',
+      'calls',
+      'phone',
+      'account',
+      'request',
+      'requests',
+      'company',
+      'companies',
+      'department',
+      'number',
+      'form',
+      'directory',
+      'reference',
+      'user',
+      'help',
+      'auth',
+      'verify',
+      'identity',
+      'billing',
+      'refund',
+      'cancel',
+      'order',
+      'policy',
+      'email',
+      'done',
+      'complete',
+      'search',
+      'finish',
+      'representative',
+      'customer',
+      'service',
+    ]);
+    for (const s of sample)
+      for (const m of s.messages)
+        for (const w of wordsOf(`${m.content ?? ''} ${JSON.stringify(m.tool_calls ?? [])}`)) domain.add(w);
     const found = pairsOf('off_topic', 200);
     expect(found).toHaveLength(200);
     const texts = new Set<string>();
@@ -413,7 +540,9 @@ describe('verbose negatives', () => {
   });
 
   it('keep the tool calls of the padded turn, and pad even a long reply enough', () => {
-    const long = 'I called Globo Gym and asked them to cancel the membership, which they have now confirmed. '.repeat(8);
+    const long = 'I called Globo Gym and asked them to cancel the membership, which they have now confirmed. '.repeat(
+      8,
+    );
     const calls = [toolCall('c1', 'finish', {})];
     const s = session('long', [SYSTEM, USER, { role: 'assistant', content: long, tool_calls: calls }]);
     const [pair] = buildHardNegatives(s, options({ verbose: 1 })).pairs;
@@ -428,7 +557,11 @@ describe('under-explained negatives', () => {
     const s = session('terse', [
       SYSTEM,
       USER,
-      { role: 'assistant', content: 'Your Globo Gym membership is cancelled; the reference is REF-123456.', tool_calls: calls },
+      {
+        role: 'assistant',
+        content: 'Your Globo Gym membership is cancelled; the reference is REF-123456.',
+        tool_calls: calls,
+      },
       { role: 'user', content: 'Thanks!' },
       { role: 'assistant', content: 'You are welcome.' },
     ]);

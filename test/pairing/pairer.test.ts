@@ -16,7 +16,8 @@ import { engineFor, jsonl, manifest, session, splitLines, tempDir } from '../fix
  */
 function inputs(dir: string): void {
   const records: unknown[] = [];
-  for (let i = 0; i < 400; i++) records.push(session(`big-${i}`, i < 200 ? 'huge' : 'gym', [1, 0, 0.5][i % 3]!, `answer ${i % 7}`));
+  for (let i = 0; i < 400; i++)
+    records.push(session(`big-${i}`, i < 200 ? 'huge' : 'gym', [1, 0, 0.5][i % 3]!, `answer ${i % 7}`));
   for (let i = 0; i < 150; i++) records.push(session(`small-${i}`, `T${i % 50}`, Math.floor(i / 50) % 2, `reply ${i}`));
   for (let i = 0; i < 30; i++) records.push(session(`untasked-${i}`, null, i % 2, `untasked ${i % 5}`));
   const apart = records.filter((_, i) => i % 2 === 0);
@@ -28,7 +29,10 @@ function inputs(dir: string): void {
 const PAIRS_FILES = ['train.jsonl', 'test.jsonl', 'dropped.jsonl'];
 
 describe('pairs of a bucket too large to pair whole', () => {
-  for (const [name, pairs] of [['capped', ''], ['uncapped', 'pairs:\n  outcome:\n    max_pairs_per_task: null\n']] as const) {
+  for (const [name, pairs] of [
+    ['capped', ''],
+    ['uncapped', 'pairs:\n  outcome:\n    max_pairs_per_task: null\n'],
+  ] as const) {
     it(`writes in pieces, on one thread and on three, what pairing it whole writes (${name})`, async () => {
       const data = tempDir();
       inputs(data);
@@ -42,8 +46,12 @@ describe('pairs of a bucket too large to pair whole', () => {
       // them chosen again where drops reach past those): 2 held, they always do; 24, not always.
       // A bucket file is read a block at a time where it is larger than one: here 300 bytes, about three
       // run lines, and less than a whole session's line (the block grows for it).
-      await engineFor(one, config, { workers: 1, limitBytes: 6000, outcomeHeld: 2, bucketBlock: 300 }).run({ until: 'pairs' });
-      await engineFor(three, config, { workers: 3, limitBytes: 6000, pieceBytes: 1000, outcomeHeld: 24 }).run({ until: 'pairs' });
+      await engineFor(one, config, { workers: 1, limitBytes: 6000, outcomeHeld: 2, bucketBlock: 300 }).run({
+        until: 'pairs',
+      });
+      await engineFor(three, config, { workers: 3, limitBytes: 6000, pieceBytes: 1000, outcomeHeld: 24 }).run({
+        until: 'pairs',
+      });
       const counts = manifest(whole, 'pairs').counts;
       expect(manifest(whole, 'split').counts.matched_to_task).toBeGreaterThan(0);
       expect(counts.buckets_in_pieces).toBe(0);
@@ -54,7 +62,11 @@ describe('pairs of a bucket too large to pair whole', () => {
         // The two large tasks' buckets, and buckets of small tasks the small limit catches too.
         expect(inPieces).toBeGreaterThanOrEqual(3);
         expect({ ...rest, buckets_in_pieces: 0 }).toEqual(counts);
-        for (const f of PAIRS_FILES) expect(readFileSync(join(dir, 'workspace', 'pairs', f)).equals(readFileSync(join(whole, 'workspace', 'pairs', f))), f).toBe(true);
+        for (const f of PAIRS_FILES)
+          expect(
+            readFileSync(join(dir, 'workspace', 'pairs', f)).equals(readFileSync(join(whole, 'workspace', 'pairs', f))),
+            f,
+          ).toBe(true);
       }
     });
   }
@@ -68,7 +80,11 @@ describe('pairs of a bucket too large to pair whole', () => {
     await engineFor(whole, config, { workers: 1 }).run({ until: 'pairs', shard });
     await engineFor(pieces, config, { workers: 2, limitBytes: 6000 }).run({ until: 'pairs', shard });
     expect(manifest(pieces, 'pairs').counts.buckets_in_pieces).toBeGreaterThan(0);
-    for (const f of [...PAIRS_FILES, 'shard.json']) expect(readFileSync(join(pieces, 'workspace', 'pairs', f)).equals(readFileSync(join(whole, 'workspace', 'pairs', f))), f).toBe(true);
+    for (const f of [...PAIRS_FILES, 'shard.json'])
+      expect(
+        readFileSync(join(pieces, 'workspace', 'pairs', f)).equals(readFileSync(join(whole, 'workspace', 'pairs', f))),
+        f,
+      ).toBe(true);
   });
 });
 
@@ -82,22 +98,38 @@ describe('the judge stage on a bucket of large tasks', () => {
       await engineFor(one, config, { workers: 1 }).run({ until: 'judge', shard });
       // Pieces of about 700 bytes of pairs: a pair or two each, so a large task's pairs go to every thread;
       // and no bucket held whole there (each session read as its pairs ask), as one is held on one thread.
-      await engineFor(three, config, { workers: 3, judgePieceBytes: 700, heldBucketBytes: 0 }).run({ until: 'judge', shard });
+      await engineFor(three, config, { workers: 3, judgePieceBytes: 700, heldBucketBytes: 0 }).run({
+        until: 'judge',
+        shard,
+      });
       const counts = manifest(one, 'judge').counts;
       expect(counts.hard_negative).toBeGreaterThan(shard ? 10 : 100);
       expect(manifest(three, 'judge').counts).toEqual(counts);
-      for (const f of ['train.jsonl', 'test.jsonl', 'report.json', ...(shard ? ['shard.json'] : [])]) expect(readFileSync(join(three, 'workspace', 'judge', f)).equals(readFileSync(join(one, 'workspace', 'judge', f))), f).toBe(true);
+      for (const f of ['train.jsonl', 'test.jsonl', 'report.json', ...(shard ? ['shard.json'] : [])])
+        expect(
+          readFileSync(join(three, 'workspace', 'judge', f)).equals(readFileSync(join(one, 'workspace', 'judge', f))),
+          f,
+        ).toBe(true);
       if (shard) continue;
       // Best-of-N's candidates for the large task: the five of its sessions whose ids come first (its sessions
       // lie in the bucket in another order, and those five are not its first five there).
-      const sessions = (await splitLines(one)).map((l) => JSON.parse(l) as SplitSession).filter((x) => x.task_id === 'huge');
+      const sessions = (await splitLines(one))
+        .map((l) => JSON.parse(l) as SplitSession)
+        .filter((x) => x.task_id === 'huge');
       const side = sessions[0]!.split;
       const ids = sessions.map((x) => x.session_id);
       expect(ids.length).toBe(200);
       const first = [...ids].sort().slice(0, 5);
       expect(ids.slice(0, 5)).not.toEqual(first);
-      const judged = readFileSync(join(one, 'workspace', 'judge', `${side}.jsonl`), 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l) as JudgedPair);
-      const taken = new Set(judged.filter((p) => p.source === 'best_of_n' && p.task_id === 'huge').flatMap((p) => [p.chosen_session_id, p.rejected_session_id]));
+      const judged = readFileSync(join(one, 'workspace', 'judge', `${side}.jsonl`), 'utf8')
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => JSON.parse(l) as JudgedPair);
+      const taken = new Set(
+        judged
+          .filter((p) => p.source === 'best_of_n' && p.task_id === 'huge')
+          .flatMap((p) => [p.chosen_session_id, p.rejected_session_id]),
+      );
       expect(taken.size).toBeGreaterThanOrEqual(2);
       for (const id of taken) expect(first).toContain(id);
     }

@@ -4,7 +4,13 @@ import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { DEFAULT_REWRITE_PROMPT, loadRewritePrompt, type RewritePrompt } from '../../pairing/rewriter.ts';
 import { REWRITE_TYPES, type CandidatePair, type Message, type RewriteType, type Session } from '../../core/records.ts';
-import { completion, startChatServer, type ChatServer, type Script, type SeenRequest } from '../fixtures/chat-server.ts';
+import {
+  completion,
+  startChatServer,
+  type ChatServer,
+  type Script,
+  type SeenRequest,
+} from '../fixtures/chat-server.ts';
 import { collect, engineFor, jsonl, manifest, tempDir, wholePairs } from '../fixtures/pipeline.ts';
 import type { PairSide } from '../../store/messages.ts';
 
@@ -43,24 +49,41 @@ const successes = () => sessions.filter((s) => s.reward >= 0.7);
 function pipeline(rewriter: string[], records: unknown[] = sessions) {
   const dir = tempDir();
   writeFileSync(join(dir, 'sessions.jsonl'), jsonl(records));
-  const config = ['ingest:', '  inputs: [sessions.jsonl]', 'split:', '  test_ratio: 0', 'pairs:', '  hard_negatives:', '    ratios: { refusal: 1, off_topic: 1, verbose: 1, under_explained: 1 }', '    rewriter:', ...rewriter.map((l) => `      ${l}`)].join('\n') + '\n';
+  const config =
+    [
+      'ingest:',
+      '  inputs: [sessions.jsonl]',
+      'split:',
+      '  test_ratio: 0',
+      'pairs:',
+      '  hard_negatives:',
+      '    ratios: { refusal: 1, off_topic: 1, verbose: 1, under_explained: 1 }',
+      '    rewriter:',
+      ...rewriter.map((l) => `      ${l}`),
+    ].join('\n') + '\n';
   return { dir, engine: () => engineFor(dir, config) };
 }
 
 function rewriterOn(url: string, extra: string[] = []) {
-  return ['enabled: true', 'ratios: { refusal: 1, off_topic: 1, verbose: 1, under_explained: 1 }', `endpoint: { base_url: "${url}", model: rewriter-under-test, backoff_ms: 5 }`, ...extra];
+  return [
+    'enabled: true',
+    'ratios: { refusal: 1, off_topic: 1, verbose: 1, under_explained: 1 }',
+    `endpoint: { base_url: "${url}", model: rewriter-under-test, backoff_ms: 5 }`,
+    ...extra,
+  ];
 }
 
 const pairsOf = async (dir: string) => wholePairs<CandidatePair<PairSide>>(dir, 'pairs');
 const rewritten = async (dir: string) => (await pairsOf(dir)).filter((p) => p.rejected_session_id.endsWith('~llm'));
-const droppedOf = (dir: string) => collect<{ rejected_session_id: string; reason: string }>(join(dir, 'workspace', 'pairs', 'dropped.jsonl'));
+const droppedOf = (dir: string) =>
+  collect<{ rejected_session_id: string; reason: string }>(join(dir, 'workspace', 'pairs', 'dropped.jsonl'));
 
 /** What a rewrite request asks for, read back from the prompt: its type, and the original reply's text as sent. */
 function asked(request: SeenRequest): { type: RewriteType; original: string } {
   const text = request.body.messages.at(-1)?.content ?? '';
   const type = REWRITE_TYPES.find((t) => text.includes(prompt.instructions[t]!));
   if (!type) throw new Error('a request that names no rewrite type');
-  const reply = text.slice(text.indexOf('## The assistant\'s reply') + 24, text.indexOf('## How to make it worse'));
+  const reply = text.slice(text.indexOf("## The assistant's reply") + 24, text.indexOf('## How to make it worse'));
   const line = reply.split('\n').find((l) => l.startsWith('[assistant] '));
   return { type, original: line?.slice('[assistant] '.length) ?? '' };
 }
@@ -72,7 +95,12 @@ const TERSE = 'All sorted.';
 /** A rewriter that does its job; the verbose rewrite quotes a masked number, as a model would. */
 const goodRewriter: Script = (req) => {
   const { type, original } = asked(req);
-  const text = { refusal: REFUSAL, off_topic: OFF_TOPIC, under_explained: TERSE, verbose: `Certainly, happy to summarise! ${original} The first number I looked up was [PHONE_1]. I hope this helps!` }[type];
+  const text = {
+    refusal: REFUSAL,
+    off_topic: OFF_TOPIC,
+    under_explained: TERSE,
+    verbose: `Certainly, happy to summarise! ${original} The first number I looked up was [PHONE_1]. I hope this helps!`,
+  }[type];
   return { json: completion(`<reply>${text}</reply>`) };
 };
 
@@ -81,15 +109,19 @@ function profileValues(): Set<string> {
   const secrets = new Set<string>();
   for (const s of sessions) {
     for (const m of s.messages) {
-      const form = m.role === 'tool' && m.content?.startsWith('{"') ? (JSON.parse(m.content.split(' (left blank')[0]!) as Record<string, unknown>) : {};
-      for (const key of ['account_number', 'last_4_ssn', 'date_of_birth', 'email', 'pin', 'phone_number']) if (typeof form[key] === 'string') secrets.add(form[key] as string);
+      const form =
+        m.role === 'tool' && m.content?.startsWith('{"')
+          ? (JSON.parse(m.content.split(' (left blank')[0]!) as Record<string, unknown>)
+          : {};
+      for (const key of ['account_number', 'last_4_ssn', 'date_of_birth', 'email', 'pin', 'phone_number'])
+        if (typeof form[key] === 'string') secrets.add(form[key] as string);
     }
   }
   return secrets;
 }
 
 describe('the LLM rewriter of hard negatives', () => {
-  it('turns each chosen turn into a negative of every configured type, with the server\'s text as the rejected turn', async () => {
+  it("turns each chosen turn into a negative of every configured type, with the server's text as the rejected turn", async () => {
     server = await startChatServer(goodRewriter);
     const { dir, engine } = pipeline(rewriterOn(server.url));
     await engine().run({ until: 'pairs' });
@@ -101,7 +133,15 @@ describe('the LLM rewriter of hard negatives', () => {
       for (const type of REWRITE_TYPES) {
         const p = pairs.find((x) => x.rejected_session_id === `${s.session_id}~${type}~llm`)!;
         expect(p, `${s.session_id} ${type}`).toBeDefined();
-        expect(p).toMatchObject({ source: 'hard_negative', negative_type: type, judge: '', confidence: 0, chosen_session_id: s.session_id, chosen_reward: s.reward, rejected_reward: null });
+        expect(p).toMatchObject({
+          source: 'hard_negative',
+          negative_type: type,
+          judge: '',
+          confidence: 0,
+          chosen_session_id: s.session_id,
+          chosen_reward: s.reward,
+          rejected_reward: null,
+        });
         const at = p.prompt.length;
         expect(p.prompt).toEqual(s.messages.slice(0, at));
         expect(p.chosen).toEqual([s.messages[at]]);
@@ -112,7 +152,9 @@ describe('the LLM rewriter of hard negatives', () => {
           expect(turn).toEqual({ role: 'assistant', content: type === 'refusal' ? REFUSAL : OFF_TOPIC });
         } else {
           const minText = type === 'verbose' ? 20 : 40;
-          expect(at).toBe(s.messages.findLastIndex((m) => m.role === 'assistant' && (m.content?.length ?? 0) >= minText));
+          expect(at).toBe(
+            s.messages.findLastIndex((m) => m.role === 'assistant' && (m.content?.length ?? 0) >= minText),
+          );
           expect(turn.tool_calls).toEqual(s.messages[at]!.tool_calls);
           if (type === 'under_explained') expect(turn.content).toBe(TERSE);
         }
@@ -125,13 +167,20 @@ describe('the LLM rewriter of hard negatives', () => {
     // A pair of its own beside the transform's pair of the same session and type.
     const all = await pairsOf(dir);
     expect(new Set(all.map((p) => p.pair_id)).size).toBe(all.length);
-    for (const p of pairs) expect(all.some((t) => t.rejected_session_id === p.rejected_session_id.replace(/~llm$/, '') && t.pair_id !== p.pair_id)).toBe(true);
+    for (const p of pairs)
+      expect(
+        all.some(
+          (t) => t.rejected_session_id === p.rejected_session_id.replace(/~llm$/, '') && t.pair_id !== p.pair_id,
+        ),
+      ).toBe(true);
 
     const counts = manifest(dir, 'pairs').counts;
     for (const type of REWRITE_TYPES) expect(counts[`hard_negative_llm_${type}`]).toBe(chosen.length);
     expect(counts.requests).toBe(server.requests.length);
     expect(counts.requests! + counts.cached!).toBe(pairs.length);
-    expect(server.requests.every((r) => r.body.model === 'rewriter-under-test' && r.body.temperature === 0.5)).toBe(true);
+    expect(server.requests.every((r) => r.body.model === 'rewriter-under-test' && r.body.temperature === 0.5)).toBe(
+      true,
+    );
     expect(manifest(dir, 'pairs').summary).toContain(`${pairs.length} hard negatives rewritten by rewriter-under-test`);
   });
 
@@ -167,7 +216,12 @@ describe('the LLM rewriter of hard negatives', () => {
   it('skips, with a reason in dropped.jsonl, a rewrite that is empty, unreadable, identical to the original or names a made-up placeholder', async () => {
     server = await startChatServer((req) => {
       const { type, original } = asked(req);
-      const content = { refusal: '   ', off_topic: 'Sure! Here is a reply about cooking.', verbose: `<reply>\n${original}\n</reply>`, under_explained: '<reply>Done, see [ACCOUNT_9].</reply>' }[type];
+      const content = {
+        refusal: '   ',
+        off_topic: 'Sure! Here is a reply about cooking.',
+        verbose: `<reply>\n${original}\n</reply>`,
+        under_explained: '<reply>Done, see [ACCOUNT_9].</reply>',
+      }[type];
       return { json: completion(content) };
     });
     const { dir, engine } = pipeline(rewriterOn(server.url));
@@ -176,13 +230,26 @@ describe('the LLM rewriter of hard negatives', () => {
     expect(await rewritten(dir)).toEqual([]);
 
     const dropped = await droppedOf(dir);
-    const reasonsOf = (type: RewriteType) => dropped.filter((d) => d.rejected_session_id.endsWith(`~${type}~llm`)).map((d) => d.reason);
+    const reasonsOf = (type: RewriteType) =>
+      dropped.filter((d) => d.rejected_session_id.endsWith(`~${type}~llm`)).map((d) => d.reason);
     const n = successes().length;
-    expect(reasonsOf('refusal')).toEqual(Array(n).fill('hard negative refusal (llm rewrite): the rewrite came back empty'));
+    expect(reasonsOf('refusal')).toEqual(
+      Array(n).fill('hard negative refusal (llm rewrite): the rewrite came back empty'),
+    );
     expect(reasonsOf('off_topic')).toHaveLength(n);
-    expect(reasonsOf('off_topic').every((r) => r.startsWith('hard negative off_topic (llm rewrite): unreadable rewrite, no <reply>…</reply> in "Sure!'))).toBe(true);
-    expect(reasonsOf('verbose')).toEqual(Array(n).fill('hard negative verbose (llm rewrite): the rewrite is identical to the original'));
-    expect(reasonsOf('under_explained')).toEqual(Array(n).fill('hard negative under_explained (llm rewrite): the rewrite holds [ACCOUNT_9], a placeholder that stands for nothing in the conversation'));
+    expect(
+      reasonsOf('off_topic').every((r) =>
+        r.startsWith('hard negative off_topic (llm rewrite): unreadable rewrite, no <reply>…</reply> in "Sure!'),
+      ),
+    ).toBe(true);
+    expect(reasonsOf('verbose')).toEqual(
+      Array(n).fill('hard negative verbose (llm rewrite): the rewrite is identical to the original'),
+    );
+    expect(reasonsOf('under_explained')).toEqual(
+      Array(n).fill(
+        'hard negative under_explained (llm rewrite): the rewrite holds [ACCOUNT_9], a placeholder that stands for nothing in the conversation',
+      ),
+    );
     const counts = manifest(dir, 'pairs').counts;
     expect(counts).toMatchObject({ hard_negative_llm: 0, rewrite_skipped: 4 * n });
   });
@@ -201,7 +268,11 @@ describe('the LLM rewriter of hard negatives', () => {
     expect(server.requests.length).toBe(first);
     expect(read('train.jsonl')).toBe(train);
     expect(read('dropped.jsonl')).toBe(dropped);
-    expect(manifest(dir, 'pairs').counts).toMatchObject({ requests: 0, cached: before.requests! + before.cached!, hard_negative_llm: before.hard_negative_llm });
+    expect(manifest(dir, 'pairs').counts).toMatchObject({
+      requests: 0,
+      cached: before.requests! + before.cached!,
+      hard_negative_llm: before.hard_negative_llm,
+    });
   });
 
   it('asks again when the rewrite prompt file is edited: the pairs stage goes stale', async () => {
@@ -219,7 +290,8 @@ describe('the LLM rewriter of hard negatives', () => {
     expect(server.requests.length).toBe(2 * first);
     // The line lands in the file's last section (under_explained): the rerun's requests of that type carry
     // it, in whatever order the concurrent requests arrived; none of the first run's did.
-    const carries = (from: number, to: number) => server!.requests.slice(from, to).filter((r) => r.raw.includes('Keep it plausible.')).length;
+    const carries = (from: number, to: number) =>
+      server!.requests.slice(from, to).filter((r) => r.raw.includes('Keep it plausible.')).length;
     expect(carries(0, first)).toBe(0);
     expect(carries(first, 2 * first)).toBeGreaterThan(0);
   });
@@ -238,13 +310,17 @@ describe('the LLM rewriter of hard negatives', () => {
 
   it('drops what the request budget leaves unasked, saying so', async () => {
     server = await startChatServer(goodRewriter);
-    const { dir, engine } = pipeline(rewriterOn(server.url).map((l) => l.replace('backoff_ms: 5', 'backoff_ms: 5, max_requests: 3, concurrency: 1')));
+    const { dir, engine } = pipeline(
+      rewriterOn(server.url).map((l) => l.replace('backoff_ms: 5', 'backoff_ms: 5, max_requests: 3, concurrency: 1')),
+    );
     await engine().run({ until: 'pairs' });
     expect(server.requests).toHaveLength(3);
     const counts = manifest(dir, 'pairs').counts;
     expect(counts.rewrite_over_budget).toBeGreaterThan(0);
     expect(counts.hard_negative_llm! + counts.rewrite_over_budget!).toBe(successes().length * REWRITE_TYPES.length);
-    expect((await droppedOf(dir)).filter((d) => d.reason.endsWith('(llm rewrite): the request budget is spent'))).toHaveLength(counts.rewrite_over_budget!);
+    expect(
+      (await droppedOf(dir)).filter((d) => d.reason.endsWith('(llm rewrite): the request budget is spent')),
+    ).toHaveLength(counts.rewrite_over_budget!);
   });
 
   it('is off by default: no request, no rewritten pair, no prompt file among the inputs', async () => {

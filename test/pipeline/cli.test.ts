@@ -12,21 +12,42 @@ const DEFAULT = join(REPO, 'configs', 'default.yaml');
 describe('prefab command line', () => {
   it('runs the sample, then does nothing the second time and says so, leaving the exports untouched', async () => {
     const workdir = join(tempDir(), 'workspace');
-    const first = prefab(['--workdir', workdir, '--config', DEFAULT, '--log-format', 'text', 'run', '--until', 'export']);
+    const first = prefab([
+      '--workdir',
+      workdir,
+      '--config',
+      DEFAULT,
+      '--log-format',
+      'text',
+      'run',
+      '--until',
+      'export',
+    ]);
     expect(first.code, first.stderr).toBe(0);
     expect(first.stdout).toMatch(/^ingest\s+ran\s.*2000 new sessions/m);
     expect(first.stdout).toMatch(/^export\s+ran\s/m);
     const parquet = join(workdir, 'export', 'pairs', 'train.parquet');
     const before = statSync(parquet).mtimeMs;
 
-    const second = prefab(['--workdir', workdir, '--config', DEFAULT, '--log-format', 'text', 'run', '--until', 'export']);
+    const second = prefab([
+      '--workdir',
+      workdir,
+      '--config',
+      DEFAULT,
+      '--log-format',
+      'text',
+      'run',
+      '--until',
+      'export',
+    ]);
     expect(second.code).toBe(0);
     expect(second.stdout).toBe('Everything is up to date: nothing to do.\n');
     expect(statSync(parquet).mtimeMs).toBe(before);
 
     const forced = prefab(['--workdir', workdir, '--config', DEFAULT, 'stage', 'pairs']);
     expect(forced.code).toBe(0);
-    const status = JSON.parse(prefab(['--workdir', workdir, '--config', DEFAULT, 'status', '--json']).stdout).stages as { stage: string; state: string; reasons: string[] }[];
+    const status = JSON.parse(prefab(['--workdir', workdir, '--config', DEFAULT, 'status', '--json']).stdout)
+      .stages as { stage: string; state: string; reasons: string[] }[];
     expect(status.map((s) => [s.stage, s.state])).toEqual([
       ['ingest', 'fresh'],
       ['import', 'fresh'],
@@ -45,24 +66,53 @@ describe('prefab command line', () => {
     // While a run holds the workspace, status says so: its pid and since when.
     const release = await acquireLock(new Workspace(workdir), 'prefab run', quietLogger());
     const live = prefab(['--workdir', workdir, '--config', DEFAULT, 'status', '--json']);
-    expect(JSON.parse(live.stdout).live_run).toMatchObject({ pid: process.pid, command: 'prefab run', started_at: expect.any(String) });
-    expect(prefab(['--workdir', workdir, '--config', DEFAULT, 'status']).stdout).toMatch(new RegExp(`^a run is live: pid ${process.pid} on .* since `));
+    expect(JSON.parse(live.stdout).live_run).toMatchObject({
+      pid: process.pid,
+      command: 'prefab run',
+      started_at: expect.any(String),
+    });
+    expect(prefab(['--workdir', workdir, '--config', DEFAULT, 'status']).stdout).toMatch(
+      new RegExp(`^a run is live: pid ${process.pid} on .* since `),
+    );
     release();
-    expect(JSON.parse(prefab(['--workdir', workdir, '--config', DEFAULT, 'status', '--json']).stdout).live_run).toBeNull();
+    expect(
+      JSON.parse(prefab(['--workdir', workdir, '--config', DEFAULT, 'status', '--json']).stdout).live_run,
+    ).toBeNull();
     expect(status[5]!.reasons[0]).toMatch(/upstream pairs was rerun/);
     const text = prefab(['--workdir', workdir, '--config', DEFAULT, 'status']).stdout;
     expect(text).toMatch(/^judge\s+stale\s+\(upstream pairs was rerun/m);
     expect(text).toMatch(/^export\s+stale\s+\(upstream pairs was rerun/m);
 
-    const third = prefab(['--workdir', workdir, '--config', DEFAULT, '--log-format', 'json', 'run', '--until', 'export']);
-    expect(JSON.parse(third.stdout).stages.map((s: { action: string }) => s.action)).toEqual(['fresh', 'fresh', 'fresh', 'fresh', 'fresh', 'ran', 'ran', 'ran']);
+    const third = prefab([
+      '--workdir',
+      workdir,
+      '--config',
+      DEFAULT,
+      '--log-format',
+      'json',
+      'run',
+      '--until',
+      'export',
+    ]);
+    expect(JSON.parse(third.stdout).stages.map((s: { action: string }) => s.action)).toEqual([
+      'fresh',
+      'fresh',
+      'fresh',
+      'fresh',
+      'fresh',
+      'ran',
+      'ran',
+      'ran',
+    ]);
   });
 
   it('exits 2 with a clear message on bad usage', () => {
     const workdir = join(tempDir(), 'workspace');
     const unknownStage = prefab(['--workdir', workdir, '--config', DEFAULT, 'stage', 'nope']);
     expect(unknownStage.code).toBe(2);
-    expect(unknownStage.stderr).toMatch(/unknown stage 'nope'; the stages are: ingest, import, split, sample, pairs, judge, gate, export, tokenizer, sft, dpo, dapo, eval/);
+    expect(unknownStage.stderr).toMatch(
+      /unknown stage 'nope'; the stages are: ingest, import, split, sample, pairs, judge, gate, export, tokenizer, sft, dpo, dapo, eval/,
+    );
     const dir = tempDir();
     writeFileSync(join(dir, 'bad.yaml'), 'pairs:\n  outcome:\n    max_pairs: 3\n');
     const badConfig = prefab(['--workdir', workdir, '--config', join(dir, 'bad.yaml'), 'run']);
@@ -73,7 +123,9 @@ describe('prefab command line', () => {
     for (const command of [['run'], ['refresh'], ['serve'], ['model', 'inspect', workdir]]) {
       const badBackend = prefab(['--workdir', workdir, '--config', DEFAULT, '--backend', 'cuda', ...command]);
       expect(badBackend.code, command.join(' ')).toBe(2);
-      expect(badBackend.stderr).toMatch(/option '--backend <name>' argument 'cuda' is invalid\. Allowed choices are auto, tensorflow, wasm, cpu, webgpu/);
+      expect(badBackend.stderr).toMatch(
+        /option '--backend <name>' argument 'cuda' is invalid\. Allowed choices are auto, tensorflow, wasm, cpu, webgpu/,
+      );
     }
     expect(prefab(['--help']).code).toBe(0);
   });
@@ -97,13 +149,25 @@ describe('prefab command line', () => {
     });
     await new Promise((r) => child.once('exit', r));
 
-    const status = JSON.parse(prefab([...args, 'status', '--json']).stdout).stages as { stage: string; state: string }[];
+    const status = JSON.parse(prefab([...args, 'status', '--json']).stdout).stages as {
+      stage: string;
+      state: string;
+    }[];
     expect(status.map((s) => s.state)).toEqual(['fresh', 'fresh', 'fresh', 'fresh', ...Array(9).fill('never run')]);
 
     const rerun = prefab([...args, 'run', '--until', 'export']);
     expect(rerun.code, rerun.stderr).toBe(0);
     expect(rerun.stderr).toMatch(/stale lock removed/);
-    expect(JSON.parse(rerun.stdout).stages.map((s: { action: string }) => s.action)).toEqual(['fresh', 'fresh', 'fresh', 'fresh', 'ran', 'ran', 'ran', 'ran']);
+    expect(JSON.parse(rerun.stdout).stages.map((s: { action: string }) => s.action)).toEqual([
+      'fresh',
+      'fresh',
+      'fresh',
+      'fresh',
+      'ran',
+      'ran',
+      'ran',
+      'ran',
+    ]);
     const manifest = JSON.parse(readFileSync(join(dir, 'workspace', 'export', 'manifest.json'), 'utf8'));
     expect(manifest.counts.sessions_train + manifest.counts.sessions_test).toBe(20_000);
   });

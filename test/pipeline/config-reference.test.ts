@@ -21,8 +21,15 @@ describe('the config reference', () => {
   it('lists every stage and its keys with type, default and meaning', () => {
     const doc = configReference(STAGES);
     for (const stage of STAGES) expect(doc).toContain(`## ${stage.name}\n`);
-    expect(doc).toContain('| `split.test_ratio` | number ≥ 0, ≤ 1 | `0.1` | Share of tasks (not sessions) that go to the test side. |');
-    expect(doc).toContain('| `dpo.loss` | "dpo" | "sigmoid" | "robust" | "hinge" | "ipo" | "simpo" | "orpo" | "kto" |'.replace(/" \| "/g, '" \\| "'));
+    expect(doc).toContain(
+      '| `split.test_ratio` | number ≥ 0, ≤ 1 | `0.1` | Share of tasks (not sessions) that go to the test side. |',
+    );
+    expect(doc).toContain(
+      '| `dpo.loss` | "dpo" | "sigmoid" | "robust" | "hinge" | "ipo" | "simpo" | "orpo" | "kto" |'.replace(
+        /" \| "/g,
+        '" \\| "',
+      ),
+    );
   });
 
   it('says what every key does', () => {

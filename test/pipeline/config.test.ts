@@ -17,7 +17,10 @@ const write = (text: string) => {
 describe('config', () => {
   it('loads the shipped default config with every section filled in', () => {
     const { value } = loadConfig('configs/default.yaml', schema);
-    expect(value).toMatchObject({ pairs: { outcome: { success_min: 0.7, failure_max: 0.3 } }, split: { test_ratio: 0.1 } });
+    expect(value).toMatchObject({
+      pairs: { outcome: { success_min: 0.7, failure_max: 0.3 } },
+      split: { test_ratio: 0.1 },
+    });
   });
 
   it('names a misspelt key with its file and line', () => {

@@ -1,5 +1,15 @@
 import { spawn } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, renameSync, statSync, utimesSync, writeFileSync, readFileSync, rmSync } from 'node:fs';
+import {
+  existsSync,
+  mkdtempSync,
+  readdirSync,
+  renameSync,
+  statSync,
+  utimesSync,
+  writeFileSync,
+  readFileSync,
+  rmSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -19,7 +29,8 @@ beforeEach(() => {
 });
 afterEach(() => rmSync(dir, { recursive: true, force: true }));
 
-const actions = (outcomes: { stage: string; action: string }[]) => Object.fromEntries(outcomes.map((o) => [o.stage, o.action]));
+const actions = (outcomes: { stage: string; action: string }[]) =>
+  Object.fromEntries(outcomes.map((o) => [o.stage, o.action]));
 
 describe('engine', () => {
   it('runs every stage once, then does no work when nothing changed', async () => {
@@ -39,7 +50,10 @@ describe('engine', () => {
     await toyEngine(workdir, dir, config()).run();
     const source = JSON.parse(readFileSync(join(workdir, 'source', 'manifest.json'), 'utf8'));
     const upper = JSON.parse(readFileSync(join(workdir, 'upper', 'manifest.json'), 'utf8'));
-    expect(source.external.map((f: { name: string }) => f.name.endsWith('a.txt') || f.name.endsWith('b.txt'))).toEqual([true, true]);
+    expect(source.external.map((f: { name: string }) => f.name.endsWith('a.txt') || f.name.endsWith('b.txt'))).toEqual([
+      true,
+      true,
+    ]);
     expect(source.external[0].xxh64).toMatch(/^[0-9a-f]{16}$/);
     expect(upper.inputs.source).toBe(source.fingerprint);
     expect(upper.code_version).toBe('test/upper@1');
@@ -99,9 +113,15 @@ describe('engine', () => {
     await toyEngine(workdir, dir, config()).run();
     const path = join(workdir, 'upper', 'upper.txt');
     const text = readFileSync(path, 'utf8');
-    writeFileSync(path, text.replace(/[A-Z]/, (c) => (c === 'Z' ? 'Y' : String.fromCharCode(c.charCodeAt(0) + 1))));
+    writeFileSync(
+      path,
+      text.replace(/[A-Z]/, (c) => (c === 'Z' ? 'Y' : String.fromCharCode(c.charCodeAt(0) + 1))),
+    );
     const status = await toyEngine(workdir, dir, config()).status();
-    expect(status[1]).toMatchObject({ state: 'stale', reasons: ['output upper.txt is altered (its content is not what the stage wrote)'] });
+    expect(status[1]).toMatchObject({
+      state: 'stale',
+      reasons: ['output upper.txt is altered (its content is not what the stage wrote)'],
+    });
     runs.length = 0;
     await toyEngine(workdir, dir, config()).run();
     expect(runs).toContain('upper');
@@ -111,7 +131,10 @@ describe('engine', () => {
     const manifest = JSON.parse(readFileSync(join(workdir, 'upper', 'manifest.json'), 'utf8'));
     utimesSync(path, new Date(), (Math.floor(manifest.outputs[0].mtime_ms) + 0.5) / 1000);
     expect((await toyEngine(workdir, dir, config()).status())[1]!.state).toBe('fresh');
-    expect((await toyEngine(workdir, dir, config()).status(true))[1]).toMatchObject({ state: 'stale', reasons: ['output upper.txt is altered (its content is not what the stage wrote)'] });
+    expect((await toyEngine(workdir, dir, config()).status(true))[1]).toMatchObject({
+      state: 'stale',
+      reasons: ['output upper.txt is altered (its content is not what the stage wrote)'],
+    });
   });
 
   it('keeps the last good output when a stage fails, reports the failure and stops', async () => {
@@ -143,7 +166,14 @@ describe('engine', () => {
     const marker = join(dir, 'in-stage');
     const child = spawn(
       process.execPath,
-      ['--import', 'tsx', join(__dirname, '..', 'fixtures', 'toy-run.ts'), workdir, dir, JSON.stringify(config({ source: { files: ['a.txt', 'b.txt'], hangAfterWrite: marker } }))],
+      [
+        '--import',
+        'tsx',
+        join(__dirname, '..', 'fixtures', 'toy-run.ts'),
+        workdir,
+        dir,
+        JSON.stringify(config({ source: { files: ['a.txt', 'b.txt'], hangAfterWrite: marker } })),
+      ],
       { stdio: 'ignore' },
     );
     for (let i = 0; i < 300 && !existsSync(marker); i++) await new Promise((r) => setTimeout(r, 50));
@@ -168,7 +198,9 @@ describe('engine', () => {
   it('refuses a second run while the lock holder is alive, naming it', async () => {
     const ws = new Workspace(workdir);
     const release = await acquireLock(ws, 'prefab run', quietLogger());
-    await expect(acquireLock(ws, 'prefab run', quietLogger())).rejects.toThrow(/in use by another run: pid \d+ .*prefab run/);
+    await expect(acquireLock(ws, 'prefab run', quietLogger())).rejects.toThrow(
+      /in use by another run: pid \d+ .*prefab run/,
+    );
     release();
     const again = await acquireLock(ws, 'prefab run', quietLogger());
     again();

@@ -8,7 +8,15 @@ import { seeded, sfc32 } from '../../core/random.ts';
 import { SessionIdSet } from '../../stages/ingest/id-set.ts';
 
 const digest = (text: string) => createHash('sha256').update(text, 'utf8').digest();
-const TEXTS = ['', 'a', 'session-000017', 'ünïcödé — ✓ 😀', 'tab\tand\0nul', 'x'.repeat(200), ...Array.from({ length: 300 }, (_, i) => `task-${i * 7919}`)];
+const TEXTS = [
+  '',
+  'a',
+  'session-000017',
+  'ünïcödé — ✓ 😀',
+  'tab\tand\0nul',
+  'x'.repeat(200),
+  ...Array.from({ length: 300 }, (_, i) => `task-${i * 7919}`),
+];
 
 describe('numbers drawn from SHA-256 digests', () => {
   it('reads a digest as its bytes, one Latin-1 character each, and their 32-bit words as Buffer reads them', () => {

@@ -55,7 +55,10 @@ describe('JsonlWriter', () => {
     expect(statSync(path).size).toBe(end);
     // Each recorded start is the byte just after the previous line's newline.
     starts.slice(1).forEach((at) => expect(file[at - 1]).toBe(0x0a));
-    expect(JSON.parse(file.subarray(starts[250]!, starts[251]! - 1).toString('utf8'))).toEqual({ i: 250, text: `ünïcødé — ${'✓'.repeat(250 % 7)} 😀` });
+    expect(JSON.parse(file.subarray(starts[250]!, starts[251]! - 1).toString('utf8'))).toEqual({
+      i: 250,
+      text: `ünïcødé — ${'✓'.repeat(250 % 7)} 😀`,
+    });
   });
 });
 
@@ -63,7 +66,10 @@ describe('JsonlWriter', () => {
   it('remembers the checksum of what it wrote, which the engine takes only while the file is as it left it', async () => {
     const path = join(tempDir(), 'out.jsonl');
     const writer = new JsonlWriter(path);
-    for (let i = 0; i < 2000; i++) await (i % 2 ? writer.write({ i, text: 'ünïcødé 😀' }) : writer.writeBytes(new TextEncoder().encode(`{"raw":${i}}\n`)));
+    for (let i = 0; i < 2000; i++)
+      await (i % 2
+        ? writer.write({ i, text: 'ünïcødé 😀' })
+        : writer.writeBytes(new TextEncoder().encode(`{"raw":${i}}\n`)));
     await writer.close();
     expect(await outputChecksum(path, statSync(path))).toBe(xxh64(path));
     // Changed after it was closed: the file is read again.
@@ -76,7 +82,10 @@ describe('JsonlWriter', () => {
 
   it('checksums a file as xxhsum -H1 does (XXH64, seed 0: the reference test vectors)', async () => {
     const dir = tempDir();
-    const vectors: [string, string][] = [['', 'ef46db3751d8e999'], ['abc', '44bc2cf5ad770999']];
+    const vectors: [string, string][] = [
+      ['', 'ef46db3751d8e999'],
+      ['abc', '44bc2cf5ad770999'],
+    ];
     for (const [i, [text, sum]] of vectors.entries()) {
       writeFileSync(join(dir, `${i}.txt`), text);
       expect(await checksumFile(join(dir, `${i}.txt`))).toBe(sum);
@@ -100,7 +109,19 @@ describe('readLineBlocks', () => {
   it('cuts a file into blocks of whole lines that number and hold what readline reads, whatever the block size', async () => {
     const dir = tempDir();
     const random = seeded('lines');
-    const pieces = ['{"a":1}', '', '   ', 'ünï — ✓ 😀', '{"b":"x\\ny"}', '\r', '\r\n', '\n', '\n', '\n', 'z'.repeat(300)];
+    const pieces = [
+      '{"a":1}',
+      '',
+      '   ',
+      'ünï — ✓ 😀',
+      '{"b":"x\\ny"}',
+      '\r',
+      '\r\n',
+      '\n',
+      '\n',
+      '\n',
+      'z'.repeat(300),
+    ];
     for (let file = 0; file < 12; file++) {
       let text = file % 4 === 0 ? '\uFEFF' : '';
       for (let i = 0; i < 200; i++) text += pieces[Math.floor(random() * pieces.length)];
@@ -118,7 +139,9 @@ describe('readLineBlocks', () => {
 
   it('yields the whole lines of a cut .gz, then where it broke off', async () => {
     const path = join(tempDir(), 'cut.jsonl.gz');
-    const text = Array.from({ length: 3000 }, (_, i) => JSON.stringify({ i, text: `reply ${(i * 7919) % 10007} ✓` })).join('\n');
+    const text = Array.from({ length: 3000 }, (_, i) =>
+      JSON.stringify({ i, text: `reply ${(i * 7919) % 10007} ✓` }),
+    ).join('\n');
     const gz = gzipSync(text);
     writeFileSync(path, gz.subarray(0, Math.floor(gz.length * 0.7)));
     const { lines, damaged } = await blockLines(path, 4096);
@@ -133,8 +156,14 @@ describe('readLineBlocks, its blocks given back to be read into again', () => {
   it('gives every line of a file back whole, however long the lines are against the blocks', async () => {
     const dir = tempDir();
     const random = seeded('own lines');
-    for (const [file, size] of [[0, 8], [1, 64], [2, 1 << 20]] as const) {
-      const lines = Array.from({ length: 300 }, (_, i) => JSON.stringify({ i, text: 'ünï ✓ 😀 '.repeat(Math.floor(random() * 40)) }));
+    for (const [file, size] of [
+      [0, 8],
+      [1, 64],
+      [2, 1 << 20],
+    ] as const) {
+      const lines = Array.from({ length: 300 }, (_, i) =>
+        JSON.stringify({ i, text: 'ünï ✓ 😀 '.repeat(Math.floor(random() * 40)) }),
+      );
       const path = join(dir, `f${file}.jsonl`);
       // The last line of one file has no newline.
       writeFileSync(path, lines.join('\n') + (file === 1 ? '' : '\n'));
@@ -157,7 +186,12 @@ describe('readLineBlocks, its blocks given back to be read into again', () => {
 describe('BufferShelf', () => {
   it('gives the smallest spare large enough and not four times too large, keeps only so many, and makes the rest anew', () => {
     const shelf = new BufferShelf(2);
-    const [tiny, small, mid, large] = [new ArrayBuffer(50_000), new ArrayBuffer(100_000), new ArrayBuffer(300_000), new ArrayBuffer(5_000_000)];
+    const [tiny, small, mid, large] = [
+      new ArrayBuffer(50_000),
+      new ArrayBuffer(100_000),
+      new ArrayBuffer(300_000),
+      new ArrayBuffer(5_000_000),
+    ];
     shelf.put(large);
     shelf.put(small);
     shelf.put(tiny); // no room: two at most, and it is the smallest
@@ -187,7 +221,9 @@ describe('BufferShelf', () => {
   it('serves readLineBlocks its blocks again without changing a line read', async () => {
     const path = join(tempDir(), 'lines.jsonl');
     const random = seeded('shelf lines');
-    const lines = Array.from({ length: 3000 }, (_, i) => JSON.stringify({ i, text: 'ünï ✓ '.repeat(Math.floor(random() * 50)) }));
+    const lines = Array.from({ length: 3000 }, (_, i) =>
+      JSON.stringify({ i, text: 'ünï ✓ '.repeat(Math.floor(random() * 50)) }),
+    );
     writeFileSync(path, lines.join('\n') + '\n');
     const shelf = new BufferShelf();
     const read: string[] = [];

@@ -6,7 +6,16 @@ import { Logger } from '../../pipeline/log.ts';
 /** A stream that keeps what is written, a terminal or not (a terminal's cursor moves are kept as nothing). */
 function stream(isTTY: boolean) {
   const written: string[] = [];
-  const out = { isTTY, columns: 100, write: (s: string) => (written.push(s), true), cursorTo: () => true, clearLine: () => true, moveCursor: () => true, on: () => out, removeListener: () => out };
+  const out = {
+    isTTY,
+    columns: 100,
+    write: (s: string) => (written.push(s), true),
+    cursorTo: () => true,
+    clearLine: () => true,
+    moveCursor: () => true,
+    on: () => out,
+    removeListener: () => out,
+  };
   return { out: out as unknown as NodeJS.WriteStream, written };
 }
 

@@ -18,7 +18,9 @@ import { tempDir } from '../fixtures/pipeline.ts';
 
 /** Each row as hyparquet's objects give its text. */
 async function expectedTexts(path: string): Promise<string[]> {
-  return (await parquetReadObjects({ file: await asyncBufferFromFile(path), compressors })).map((row) => JSON.stringify(toJson(row)));
+  return (await parquetReadObjects({ file: await asyncBufferFromFile(path), compressors })).map((row) =>
+    JSON.stringify(toJson(row)),
+  );
 }
 
 /** Every row group of a file assembled as text (none given back to hyparquet), in order. */
@@ -37,23 +39,41 @@ async function assembledTexts(path: string): Promise<string[]> {
 }
 
 /** A value, or (one time in `nulls`) null. */
-const maybe = <T,>(rand: Random, nulls: number, make: () => T): T | null => (rand() < 1 / nulls ? null : make());
-const list = <T,>(rand: Random, make: () => T): T[] => Array.from({ length: Math.floor(rand() * 4) }, make);
-const text = (rand: Random) => ['', 'x', 'quote " and \\ é 😀', 'line\nbreak', String(Math.floor(rand() * 1e6))][Math.floor(rand() * 5)]!;
+const maybe = <T>(rand: Random, nulls: number, make: () => T): T | null => (rand() < 1 / nulls ? null : make());
+const list = <T>(rand: Random, make: () => T): T[] => Array.from({ length: Math.floor(rand() * 4) }, make);
+const text = (rand: Random) =>
+  ['', 'x', 'quote " and \\ é 😀', 'line\nbreak', String(Math.floor(rand() * 1e6))][Math.floor(rand() * 5)]!;
 const number = (rand: Random) => [0, -0, 1.5, 1e21, 5e-324, -2.25, Math.floor(rand() * 1000)][Math.floor(rand() * 7)]!;
 
 /** A session-like row with nulls, empty lists and missing keys at every level. */
 function randomRow(rand: Random, id: number): Record<string, unknown> {
-  const call = () => ({ id: maybe(rand, 5, () => text(rand)), function: maybe(rand, 5, () => ({ name: maybe(rand, 5, () => text(rand)), arguments: maybe(rand, 5, () => text(rand)) })) });
-  const message = () => ({ role: maybe(rand, 6, () => text(rand)), content: maybe(rand, 4, () => text(rand)), tool_calls: maybe(rand, 3, () => list(rand, () => maybe(rand, 5, call))) });
+  const call = () => ({
+    id: maybe(rand, 5, () => text(rand)),
+    function: maybe(rand, 5, () => ({
+      name: maybe(rand, 5, () => text(rand)),
+      arguments: maybe(rand, 5, () => text(rand)),
+    })),
+  });
+  const message = () => ({
+    role: maybe(rand, 6, () => text(rand)),
+    content: maybe(rand, 4, () => text(rand)),
+    tool_calls: maybe(rand, 3, () => list(rand, () => maybe(rand, 5, call))),
+  });
   return {
     id,
     s: maybe(rand, 5, () => text(rand)),
     d: maybe(rand, 5, () => number(rand)),
     b: maybe(rand, 5, () => rand() < 0.5),
     messages: maybe(rand, 6, () => list(rand, () => maybe(rand, 6, message))),
-    lists: maybe(rand, 5, () => list(rand, () => maybe(rand, 4, () => list(rand, () => maybe(rand, 4, () => Math.floor(rand() * 100)))))),
-    nested: maybe(rand, 5, () => ({ x: maybe(rand, 4, () => ({ y: maybe(rand, 4, () => Math.floor(rand() * 1e15)), z: maybe(rand, 4, () => list(rand, () => maybe(rand, 4, () => text(rand)))) })) })),
+    lists: maybe(rand, 5, () =>
+      list(rand, () => maybe(rand, 4, () => list(rand, () => maybe(rand, 4, () => Math.floor(rand() * 100))))),
+    ),
+    nested: maybe(rand, 5, () => ({
+      x: maybe(rand, 4, () => ({
+        y: maybe(rand, 4, () => Math.floor(rand() * 1e15)),
+        z: maybe(rand, 4, () => list(rand, () => maybe(rand, 4, () => text(rand)))),
+      })),
+    })),
   };
 }
 
@@ -62,7 +82,8 @@ const COLUMNS = {
   s: 'VARCHAR',
   d: 'DOUBLE',
   b: 'BOOLEAN',
-  messages: 'STRUCT(role VARCHAR, content VARCHAR, tool_calls STRUCT(id VARCHAR, "function" STRUCT(name VARCHAR, arguments VARCHAR))[])[]',
+  messages:
+    'STRUCT(role VARCHAR, content VARCHAR, tool_calls STRUCT(id VARCHAR, "function" STRUCT(name VARCHAR, arguments VARCHAR))[])[]',
   lists: 'INTEGER[][]',
   nested: 'STRUCT(x STRUCT(y BIGINT, z VARCHAR[]))',
 };
@@ -74,7 +95,9 @@ async function duckdbFile(dir: string, name: string, rows: number, seed: number,
   writeFileSync(jsonl, Array.from({ length: rows }, (_, i) => JSON.stringify(randomRow(rand, i))).join('\n') + '\n');
   const path = join(dir, `${name}.parquet`);
   const c = await (await DuckDBInstance.create(':memory:')).connect();
-  const columns = `{${Object.entries(COLUMNS).map(([k, v]) => `'${k}': '${v}'`).join(', ')}}`;
+  const columns = `{${Object.entries(COLUMNS)
+    .map(([k, v]) => `'${k}': '${v}'`)
+    .join(', ')}}`;
   await c.run(`COPY (
     SELECT *, 9007199254740993 + id AS big, ('\\x00\\xFF' || id::VARCHAR)::BLOB AS bytes, TIMESTAMP '2026-01-01 00:00:00' + INTERVAL (id) SECOND AS at,
       DATE '2026-01-01' + id::INTEGER AS day, (id * 1.25)::DECIMAL(10, 2) AS amount, CASE WHEN id % 3 = 0 THEN NULL ELSE id::SMALLINT END AS small
@@ -102,7 +125,19 @@ describe('Parquet rows as text', () => {
     }
     // The rows hold what the test means them to: nulls, empty lists and values at each depth.
     const some = (await expectedTexts(files[0]!)).join('\n');
-    for (const part of ['"messages":[null', '"tool_calls":[]', '"tool_calls":[null', '"function":{"name":null', '"lists":[[],', '[null,', '"x":{"y":null', '"bytes":"\\u0000', '"at":"2026-01-01T00:', '"d":0,', '"d":1e+21']) {
+    for (const part of [
+      '"messages":[null',
+      '"tool_calls":[]',
+      '"tool_calls":[null',
+      '"function":{"name":null',
+      '"lists":[[],',
+      '[null,',
+      '"x":{"y":null',
+      '"bytes":"\\u0000',
+      '"at":"2026-01-01T00:',
+      '"d":0,',
+      '"d":1e+21',
+    ]) {
       expect(some).toContain(part);
     }
   });
@@ -115,7 +150,10 @@ describe('Parquet rows as text', () => {
         id: { kind: 'string' },
         reward: { kind: 'double', optional: true },
         steps: { kind: 'int64' },
-        messages: { kind: 'list', of: { kind: 'struct', fields: { role: { kind: 'string' }, content: { kind: 'string', optional: true } } } },
+        messages: {
+          kind: 'list',
+          of: { kind: 'struct', fields: { role: { kind: 'string' }, content: { kind: 'string', optional: true } } },
+        },
         tags: { kind: 'list', of: { kind: 'string' }, optional: true },
       },
       { rowGroupSize: 300, compression: 'snappy' },
@@ -139,13 +177,17 @@ describe('Parquet rows as text', () => {
     const c = await (await DuckDBInstance.create(':memory:')).connect();
     // Row group 2 of 3 holds a NaN and an infinity: only those rows come with their values.
     const nan = join(dir, 'nan.parquet');
-    await c.run(`COPY (SELECT i AS id, CASE WHEN i = 2500 THEN 'NaN'::DOUBLE WHEN i = 3000 THEN 'Infinity'::DOUBLE ELSE i / 4 END AS x, [{'v': i}] AS l FROM range(6000) t(i)) TO '${nan}' (FORMAT parquet, ROW_GROUP_SIZE 2048)`);
+    await c.run(
+      `COPY (SELECT i AS id, CASE WHEN i = 2500 THEN 'NaN'::DOUBLE WHEN i = 3000 THEN 'Infinity'::DOUBLE ELSE i / 4 END AS x, [{'v': i}] AS l FROM range(6000) t(i)) TO '${nan}' (FORMAT parquet, ROW_GROUP_SIZE 2048)`,
+    );
     const read: { row: number; raw: string; value?: unknown }[] = [];
     for await (const r of readParquetTexts(nan)) read.push(r);
     expect(read.map((r) => r.raw)).toEqual(await expectedTexts(nan));
     const file = await asyncBufferFromFile(nan);
     const metadata = await parquetMetadataAsync(file);
-    const groups = await Promise.all([0, 1, 2].map((g) => rowGroupTexts(metadata, g, rowPlan(metadata)!, (s, e) => file.slice(s, e), compressors)));
+    const groups = await Promise.all(
+      [0, 1, 2].map((g) => rowGroupTexts(metadata, g, rowPlan(metadata)!, (s, e) => file.slice(s, e), compressors)),
+    );
     expect(groups.map((g) => g !== null)).toEqual([true, false, true]);
     expect(metadata.row_groups).toHaveLength(3);
     expect(read.filter((r) => 'value' in r).map((r) => r.row)).toEqual([2501, 3001]);
@@ -172,16 +214,22 @@ describe('Parquet rows as text', () => {
     // writes three entries for the null) is not given to hyparquet, which reads it and loses the next row's
     // values: reading the file fails, saying where and what to do.
     const array = join(dir, 'array.parquet');
-    await c.run(`COPY (SELECT NULL::INTEGER[3] AS c, 1 AS id UNION ALL SELECT [1, 2, 3], 2) TO '${array}' (FORMAT parquet)`);
+    await c.run(
+      `COPY (SELECT NULL::INTEGER[3] AS c, 1 AS id UNION ALL SELECT [1, 2, 3], 2) TO '${array}' (FORMAT parquet)`,
+    );
     expect(await expectedTexts(array)).toEqual(['{"id":1}', '{"id":2}']); // hyparquet 1.31's reading: row 2's list lost
     const arrayRows: string[] = [];
     await expect(async () => {
       for await (const r of readParquetTexts(array)) arrayRows.push(r.raw);
-    }).rejects.toThrow(/^row group 1 \(rows 1 to 2\): row 1 does not end where its columns do, so its columns' levels do not fit its schema .* cast it to a list, c::INTEGER\[\]/);
+    }).rejects.toThrow(
+      /^row group 1 \(rows 1 to 2\): row 1 does not end where its columns do, so its columns' levels do not fit its schema .* cast it to a list, c::INTEGER\[\]/,
+    );
     expect(arrayRows).toEqual([]);
     // A dotted name at the top, and a name past the array indices (2^32 - 1), are assembled.
     const plain = join(dir, 'plain-names.parquet');
-    await c.run(`COPY (SELECT i AS "a.b", {'4294967295': i, 'x': [i]} AS s FROM range(50) t(i)) TO '${plain}' (FORMAT parquet)`);
+    await c.run(
+      `COPY (SELECT i AS "a.b", {'4294967295': i, 'x': [i]} AS s FROM range(50) t(i)) TO '${plain}' (FORMAT parquet)`,
+    );
     expect(await assembledTexts(plain)).toEqual(await expectedTexts(plain));
   });
 });

@@ -51,7 +51,15 @@ function files(dir: string): Map<string, string> {
  */
 function inputs(dir: string, url: string): string {
   const untask = (s: Session, i: number) => (i % 9 === 0 ? { ...s, task_id: null } : s);
-  writeFileSync(join(dir, 'a.jsonl'), jsonl([...sessions.slice(0, 160).map(untask), '{"session_id": "cut', session('gym-1', null, 1), session('gym-2', null, 0, 'no luck')]));
+  writeFileSync(
+    join(dir, 'a.jsonl'),
+    jsonl([
+      ...sessions.slice(0, 160).map(untask),
+      '{"session_id": "cut',
+      session('gym-1', null, 1),
+      session('gym-2', null, 0, 'no luck'),
+    ]),
+  );
   writeFileSync(join(dir, 'b.jsonl'), jsonl([...sessions.slice(160).map(untask), sessions[3]]));
   return (
     [
@@ -74,7 +82,14 @@ const hashedJudge = () =>
   startChatServer((req) => {
     const h = createHash('sha256').update(req.raw).digest()[0]!;
     const [first, second] = h % 2 ? ['A', 'B'] : ['B', 'A'];
-    return { json: completion(first, { top: [[first, 0.6 + (h % 40) / 100], [second, 0.4 - (h % 40) / 100]] }) };
+    return {
+      json: completion(first, {
+        top: [
+          [first, 0.6 + (h % 40) / 100],
+          [second, 0.4 - (h % 40) / 100],
+        ],
+      }),
+    };
   });
 
 describe('prefab run --shard and prefab merge', () => {
@@ -97,10 +112,21 @@ describe('prefab run --shard and prefab merge', () => {
     expect(server.requests.length).toBe(2 * asked);
 
     const merged = engineFor(join(dir, 'merged'), config);
-    await mergeShards(merged, shards.map((s) => join(s, 'workspace')), quietLogger());
+    await mergeShards(
+      merged,
+      shards.map((s) => join(s, 'workspace')),
+      quietLogger(),
+    );
     const outcomes = await merged.run({});
     expect(outcomes.map((o) => [o.stage, o.action])).toEqual([
-      ['ingest', 'fresh'], ['import', 'fresh'], ['split', 'fresh'], ['sample', 'fresh'], ['pairs', 'fresh'], ['judge', 'fresh'], ['gate', 'ran'], ['export', 'ran'],
+      ['ingest', 'fresh'],
+      ['import', 'fresh'],
+      ['split', 'fresh'],
+      ['sample', 'fresh'],
+      ['pairs', 'fresh'],
+      ['judge', 'fresh'],
+      ['gate', 'ran'],
+      ['export', 'ran'],
     ]);
 
     // What the test data is there to exercise happened, and the same way in both.
@@ -113,9 +139,16 @@ describe('prefab run --shard and prefab merge', () => {
     expect(counts(join(dir, 'single'), 'judge').imported).toBeGreaterThan(0);
     for (const stage of ['ingest', 'import', 'split', 'sample', 'pairs', 'judge', 'gate', 'export']) {
       expect(counts(join(dir, 'merged'), stage), stage).toEqual(counts(join(dir, 'single'), stage));
-      const [one, joined] = [files(join(dir, 'single', 'workspace', stage)), files(join(dir, 'merged', 'workspace', stage))];
+      const [one, joined] = [
+        files(join(dir, 'single', 'workspace', stage)),
+        files(join(dir, 'merged', 'workspace', stage)),
+      ];
       // Times: when each file was ingested, when the dataset cards were made.
-      for (const volatile of ['manifest.json', 'index.json', ...[...one.keys()].filter((f) => f.endsWith('README.md'))]) {
+      for (const volatile of [
+        'manifest.json',
+        'index.json',
+        ...[...one.keys()].filter((f) => f.endsWith('README.md')),
+      ]) {
         expect(joined.has(volatile), `${stage}/${volatile}`).toBe(one.has(volatile));
         one.delete(volatile);
         joined.delete(volatile);
@@ -123,7 +156,12 @@ describe('prefab run --shard and prefab merge', () => {
       expect(joined, stage).toEqual(one);
       expect(one.size, stage).toBeGreaterThan(0);
     }
-    const ingested = (at: string) => (JSON.parse(readFileSync(join(at, 'workspace', 'ingest', 'index.json'), 'utf8')) as { files: { ingested_at?: string }[] }).files.map(({ ingested_at: _, ...f }) => f);
+    const ingested = (at: string) =>
+      (
+        JSON.parse(readFileSync(join(at, 'workspace', 'ingest', 'index.json'), 'utf8')) as {
+          files: { ingested_at?: string }[];
+        }
+      ).files.map(({ ingested_at: _, ...f }) => f);
     expect(ingested(join(dir, 'merged'))).toEqual(ingested(join(dir, 'single')));
     expect(existsSync(join(dir, 'merged', 'workspace', 'judge', 'shard.json'))).toBe(false);
 
@@ -131,12 +169,19 @@ describe('prefab run --shard and prefab merge', () => {
     await merged.run({ force: 'judge' });
     expect(server.requests.length).toBe(2 * asked);
     const once = manifest(join(dir, 'single'), 'judge').counts;
-    expect(manifest(join(dir, 'merged'), 'judge').counts).toMatchObject({ requests: 0, cached: once.requests! + once.cached! });
+    expect(manifest(join(dir, 'merged'), 'judge').counts).toMatchObject({
+      requests: 0,
+      cached: once.requests! + once.cached!,
+    });
     // Merging again (as a nightly job would) adds no line the caches already hold.
     const cache = join(dir, 'merged', 'workspace', '.cache', 'judge');
     const cached = files(cache);
     expect(cached.size).toBeGreaterThan(0);
-    await mergeShards(merged, shards.map((s) => join(s, 'workspace')), quietLogger());
+    await mergeShards(
+      merged,
+      shards.map((s) => join(s, 'workspace')),
+      quietLogger(),
+    );
     expect(files(cache)).toEqual(cached);
   });
 
@@ -145,37 +190,84 @@ describe('prefab run --shard and prefab merge', () => {
     const dir = tempDir();
     const config = inputs(dir, server.url);
     const shards = [0, 1, 2].map((index) => join(dir, `shard-${index}`));
-    for (const [index, at] of shards.entries()) if (index < 2) await engineFor(at, config).run({ shard: { index, count: 3 }, until: 'pairs' });
+    for (const [index, at] of shards.entries())
+      if (index < 2) await engineFor(at, config).run({ shard: { index, count: 3 }, until: 'pairs' });
 
     const merged = () => engineFor(join(dir, 'merged'), config);
-    await expect(mergeShards(merged(), shards.slice(0, 2).map((s) => join(s, 'workspace')), quietLogger())).rejects.toThrow(/holds? shards 0\/3, 1\/3; a merge needs each of 0\/3 … 2\/3 once/);
-    await expect(engineFor(shards[2]!, config).run({ shard: { index: 2, count: 3 }, until: 'gate' })).rejects.toThrow(/gate needs all the data, so it cannot run on a shard/);
-    await expect(mergeShards(merged(), [join(shards[0]!, 'workspace'), join(shards[0]!, 'workspace'), join(shards[1]!, 'workspace')], quietLogger())).rejects.toThrow(/a merge needs each of/);
+    await expect(
+      mergeShards(
+        merged(),
+        shards.slice(0, 2).map((s) => join(s, 'workspace')),
+        quietLogger(),
+      ),
+    ).rejects.toThrow(/holds? shards 0\/3, 1\/3; a merge needs each of 0\/3 … 2\/3 once/);
+    await expect(engineFor(shards[2]!, config).run({ shard: { index: 2, count: 3 }, until: 'gate' })).rejects.toThrow(
+      /gate needs all the data, so it cannot run on a shard/,
+    );
+    await expect(
+      mergeShards(
+        merged(),
+        [join(shards[0]!, 'workspace'), join(shards[0]!, 'workspace'), join(shards[1]!, 'workspace')],
+        quietLogger(),
+      ),
+    ).rejects.toThrow(/a merge needs each of/);
 
     // A shard's folders are its part of the data: a run on all of it makes them again.
     const again = await engineFor(shards[0]!, config).run({ until: 'split' });
-    expect(again.find((o) => o.stage === 'split')).toMatchObject({ action: 'ran', reasons: [expect.stringMatching(/made for shard 0\/3, wanted for all the data/)] });
+    expect(again.find((o) => o.stage === 'split')).toMatchObject({
+      action: 'ran',
+      reasons: [expect.stringMatching(/made for shard 0\/3, wanted for all the data/)],
+    });
 
     // A shard still running is not merged.
-    const release = await acquireLock(new Workspace(join(shards[1]!, 'workspace')), 'prefab run --shard 1/3', quietLogger());
-    await expect(mergeShards(merged(), shards.map((s) => join(s, 'workspace')), quietLogger())).rejects.toThrow(/shard-1\/workspace is still being written \(pid \d+/);
+    const release = await acquireLock(
+      new Workspace(join(shards[1]!, 'workspace')),
+      'prefab run --shard 1/3',
+      quietLogger(),
+    );
+    await expect(
+      mergeShards(
+        merged(),
+        shards.map((s) => join(s, 'workspace')),
+        quietLogger(),
+      ),
+    ).rejects.toThrow(/shard-1\/workspace is still being written \(pid \d+/);
     release();
 
     const other = engineFor(join(dir, 'other'), config.replace('bucket_size: 16', 'bucket_size: 32'));
-    await expect(mergeShards(other, shards.slice(0, 2).map((s) => join(s, 'workspace')), quietLogger())).rejects.toThrow(/another config section 'split'/);
+    await expect(
+      mergeShards(
+        other,
+        shards.slice(0, 2).map((s) => join(s, 'workspace')),
+        quietLogger(),
+      ),
+    ).rejects.toThrow(/another config section 'split'/);
   });
 
   it('takes --shard i/N from the command line, numbered from 0, and joins the workspaces with prefab merge', () => {
     const dir = tempDir();
     writeFileSync(join(dir, 'logs.jsonl'), jsonl(sessions.slice(0, 120)));
     writeFileSync(join(dir, 'config.yaml'), 'ingest:\n  inputs: [logs.jsonl]\nsplit:\n  bucket_size: 16\n');
-    const run = (...args: string[]) => prefab(['-c', join(dir, 'config.yaml'), '--log-format', 'json', '-q', ...args], dir);
-    expect(run('-w', 's', 'run', '--shard', '2/2')).toMatchObject({ code: 2, stderr: expect.stringContaining('shards are numbered from 0, so the last of 2 is 1/2') });
+    const run = (...args: string[]) =>
+      prefab(['-c', join(dir, 'config.yaml'), '--log-format', 'json', '-q', ...args], dir);
+    expect(run('-w', 's', 'run', '--shard', '2/2')).toMatchObject({
+      code: 2,
+      stderr: expect.stringContaining('shards are numbered from 0, so the last of 2 is 1/2'),
+    });
     for (const i of [0, 1]) expect(run('-w', `s${i}`, 'run', '--shard', `${i}/2`).code).toBe(0);
     const merge = run('-w', 'all', 'merge', 's0', 's1');
     expect(merge.code, merge.stderr).toBe(0);
     expect(merge.stdout).toMatch(/"stage":"judge","action":"ran"/);
-    const status = JSON.parse(run('-w', 'all', 'status', '--json').stdout) as { stages: { stage: string; state: string }[] };
-    expect(status.stages.filter((s) => s.state === 'fresh').map((s) => s.stage)).toEqual(['ingest', 'import', 'split', 'sample', 'pairs', 'judge']);
+    const status = JSON.parse(run('-w', 'all', 'status', '--json').stdout) as {
+      stages: { stage: string; state: string }[];
+    };
+    expect(status.stages.filter((s) => s.state === 'fresh').map((s) => s.stage)).toEqual([
+      'ingest',
+      'import',
+      'split',
+      'sample',
+      'pairs',
+      'judge',
+    ]);
   });
 });

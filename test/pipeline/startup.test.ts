@@ -21,28 +21,43 @@ register('data:text/javascript,' + encodeURIComponent("import { appendFileSync }
  */
 function loads(args: string[], tsx = false): { code: number; modules: string[]; stderr: string } {
   const list = join(tempDir(), 'loaded.txt');
-  const r = spawnSync(process.execPath, ['--import', HOOK, join(REPO, 'bin', 'prefab.js'), ...args], { encoding: 'utf8', env: { ...process.env, NO_COLOR: '1', PREFAB_TEST_LOADS: list, ...(tsx ? { PREFAB_TSX: '1' } : {}) } });
+  const r = spawnSync(process.execPath, ['--import', HOOK, join(REPO, 'bin', 'prefab.js'), ...args], {
+    encoding: 'utf8',
+    env: { ...process.env, NO_COLOR: '1', PREFAB_TEST_LOADS: list, ...(tsx ? { PREFAB_TSX: '1' } : {}) },
+  });
   const modules = existsSync(list) ? readFileSync(list, 'utf8').split('\n').filter(Boolean) : [];
   return { code: r.status ?? -1, modules, stderr: r.stderr };
 }
 
-const heavy = (modules: string[]) => modules.filter((m) => /node_modules\/(@tensorflow|openai|hyparquet)/.test(m) || /\/train\/(model|decode|run)\.ts$/.test(m));
+const heavy = (modules: string[]) =>
+  modules.filter(
+    (m) => /node_modules\/(@tensorflow|openai|hyparquet)/.test(m) || /\/train\/(model|decode|run)\.ts$/.test(m),
+  );
 
 describe('startup', () => {
   it('loads no TensorFlow.js, trainer, openai or Parquet library for status, stages, --help or the first data stages', () => {
     const dir = tempDir();
     const inbox = join(dir, 'inbox');
     mkdirSync(inbox);
-    writeFileSync(join(inbox, 'a.jsonl'), jsonl([session('s1', 't1', 1), session('s2', 't1', 0), session('s3', 't2', 1)]));
+    writeFileSync(
+      join(inbox, 'a.jsonl'),
+      jsonl([session('s1', 't1', 1), session('s2', 't1', 0), session('s3', 't2', 1)]),
+    );
     const config = join(dir, 'prefab.yaml');
     writeFileSync(config, `ingest:\n  inputs: [${inbox}]\n`);
     const common = ['--workdir', join(dir, 'workspace'), '--config', config];
-    for (const args of [[...common, 'status'], [...common, 'stages'], ['--help'], [...common, 'run', '--until', 'split']]) for (const tsx of [false, true]) {
-      const r = loads(args, tsx);
-      expect(r.code, `prefab ${args.join(' ')}: ${r.stderr}`).toBe(0);
-      expect(r.modules.length).toBeGreaterThan(20); // the hook saw the modules
-      expect(heavy(r.modules), `prefab ${args.join(' ')}`).toEqual([]);
-    }
+    for (const args of [
+      [...common, 'status'],
+      [...common, 'stages'],
+      ['--help'],
+      [...common, 'run', '--until', 'split'],
+    ])
+      for (const tsx of [false, true]) {
+        const r = loads(args, tsx);
+        expect(r.code, `prefab ${args.join(' ')}: ${r.stderr}`).toBe(0);
+        expect(r.modules.length).toBeGreaterThan(20); // the hook saw the modules
+        expect(heavy(r.modules), `prefab ${args.join(' ')}`).toEqual([]);
+      }
   });
 
   it('loads tinyglobby only where a folder or a pattern is among the inputs, and cli-progress only for a bar on a terminal', () => {
@@ -50,7 +65,8 @@ describe('startup', () => {
     const inbox = join(dir, 'inbox');
     mkdirSync(inbox);
     writeFileSync(join(inbox, 'a.jsonl'), jsonl([session('s1', 't1', 1), session('s2', 't1', 0)]));
-    const packages = (modules: string[]) => ['tinyglobby', 'cli-progress'].filter((p) => modules.some((m) => m.includes(`/node_modules/${p}/`)));
+    const packages = (modules: string[]) =>
+      ['tinyglobby', 'cli-progress'].filter((p) => modules.some((m) => m.includes(`/node_modules/${p}/`)));
     const configs = { file: join(inbox, 'a.jsonl'), folder: inbox, pattern: join(inbox, '*.jsonl') };
     for (const [kind, input] of Object.entries(configs)) {
       const config = join(dir, `${kind}.yaml`);
@@ -68,14 +84,21 @@ describe('startup', () => {
       // What it said besides the modules it loaded: why, if it loaded too few.
       const said = `tsx: ${tsx}, ${r.modules.length} modules; ${r.stderr}`;
       expect(r.code, said).toBe(0);
-      expect(heavy(r.modules).some((m) => m.includes('@tensorflow/tfjs-core')), said).toBe(true);
+      expect(
+        heavy(r.modules).some((m) => m.includes('@tensorflow/tfjs-core')),
+        said,
+      ).toBe(true);
       if (tsx) expect(heavy(r.modules).some((m) => m.endsWith('/train/model.ts'))).toBe(true);
     }
   });
 });
 
 describe('the bundle', () => {
-  const current = () => JSON.parse(readFileSync(join(REPO, 'node_modules', '.cache', 'prefab', 'current.json'), 'utf8')) as { dir: string; inputs: Record<string, unknown> };
+  const current = () =>
+    JSON.parse(readFileSync(join(REPO, 'node_modules', '.cache', 'prefab', 'current.json'), 'utf8')) as {
+      dir: string;
+      inputs: Record<string, unknown>;
+    };
 
   it('is made again when a source it was made from changes, and prefab runs through tsx when asked', () => {
     expect(prefab(['--help']).code).toBe(0);
@@ -90,7 +113,10 @@ describe('the bundle', () => {
     expect(r.code).toBe(0);
     expect(r.stdout).toContain('gate');
     expect(current().dir).not.toBe(before.dir);
-    const viaTsx = spawnSync(process.execPath, [join(REPO, 'bin', 'prefab.js'), 'stages'], { encoding: 'utf8', env: { ...process.env, PREFAB_TSX: '1' } });
+    const viaTsx = spawnSync(process.execPath, [join(REPO, 'bin', 'prefab.js'), 'stages'], {
+      encoding: 'utf8',
+      env: { ...process.env, PREFAB_TSX: '1' },
+    });
     expect(viaTsx.status).toBe(0);
     expect(viaTsx.stdout).toBe(r.stdout);
   });
@@ -99,7 +125,17 @@ describe('the bundle', () => {
 describe("the data stages' worker threads", () => {
   it('load no package they do not use (each thread pays for every module it loads)', () => {
     expect(prefab(['--help']).code).toBe(0);
-    const dir = join(REPO, 'node_modules', '.cache', 'prefab', (JSON.parse(readFileSync(join(REPO, 'node_modules', '.cache', 'prefab', 'current.json'), 'utf8')) as { dir: string }).dir);
+    const dir = join(
+      REPO,
+      'node_modules',
+      '.cache',
+      'prefab',
+      (
+        JSON.parse(readFileSync(join(REPO, 'node_modules', '.cache', 'prefab', 'current.json'), 'utf8')) as {
+          dir: string;
+        }
+      ).dir,
+    );
     // The packages a bundle entry loads: the bare imports of it and of every chunk it imports, transitively,
     // and the packages bundled into those chunks (esbuild heads each module's code with its path).
     const packagesOf = (entry: string) => {
@@ -131,7 +167,10 @@ describe('the executable', () => {
     const said = `data:text/javascript,${encodeURIComponent("process.stderr.write('threshold ' + process.env.MALLOC_MMAP_THRESHOLD_ + '\\n')")}`;
     const { MALLOC_MMAP_THRESHOLD_: _, ...unset } = process.env;
     const threshold = (given: Record<string, string>) => {
-      const r = spawnSync(join(REPO, 'bin', 'prefab.js'), ['--version'], { encoding: 'utf8', env: { ...unset, ...given, NODE_OPTIONS: `--import ${said}` } });
+      const r = spawnSync(join(REPO, 'bin', 'prefab.js'), ['--version'], {
+        encoding: 'utf8',
+        env: { ...unset, ...given, NODE_OPTIONS: `--import ${said}` },
+      });
       expect(r.status, r.stderr).toBe(0);
       expect(r.stdout.trim()).toMatch(/^\d+\.\d+\.\d+$/); // the arguments reached prefab
       return r.stderr.match(/threshold (\S+)/)?.[1];

@@ -5,19 +5,27 @@ import { describe, expect, it } from 'vitest';
 import { WorkerPool, inOrder } from '../../pipeline/workers.ts';
 
 describe('a pool of worker threads', () => {
-  it('works a thread\'s batches one after another, in order, however long each waits, and fills given-back buffers again', async () => {
-    const pool = new WorkerPool<{ wait: number; bytes: number }, { started: number; ended: number; overlapped: boolean; reused: boolean; buffer: Uint8Array }>('none', new URL('../fixtures/slow-worker.ts', import.meta.url), 1, null);
+  it("works a thread's batches one after another, in order, however long each waits, and fills given-back buffers again", async () => {
+    const pool = new WorkerPool<
+      { wait: number; bytes: number },
+      { started: number; ended: number; overlapped: boolean; reused: boolean; buffer: Uint8Array }
+    >('none', new URL('../fixtures/slow-worker.ts', import.meta.url), 1, null);
     try {
       const batches = [60, 1, 40, 1, 1, 30].map((wait) => ({ wait, bytes: 1000 }));
       const results: { started: number; ended: number; overlapped: boolean; reused: boolean }[] = [];
       async function* each() {
         yield* batches;
       }
-      await inOrder(each(), pool, async (out) => {
-        results.push(out);
-        // A larger buffer than the batch asks for (8 KiB; a new one is 4): the thread takes it from its shelf for the next batch.
-        pool.giveBack([new ArrayBuffer(8192)]);
-      }, { perThread: 6 });
+      await inOrder(
+        each(),
+        pool,
+        async (out) => {
+          results.push(out);
+          // A larger buffer than the batch asks for (8 KiB; a new one is 4): the thread takes it from its shelf for the next batch.
+          pool.giveBack([new ArrayBuffer(8192)]);
+        },
+        { perThread: 6 },
+      );
       expect(results.map((r) => r.started)).toEqual([0, 2, 4, 6, 8, 10]);
       expect(results.map((r) => r.ended)).toEqual([1, 3, 5, 7, 9, 11]);
       expect(results.some((r) => r.overlapped)).toBe(false);
@@ -30,7 +38,12 @@ describe('a pool of worker threads', () => {
   });
 
   it('gives waiting batches to the thread that is free, not in turn, and results still come in order', async () => {
-    const pool = new WorkerPool<{ wait: number; bytes: number }, { started: number; thread: number }>('none', new URL('../fixtures/slow-worker.ts', import.meta.url), 2, null);
+    const pool = new WorkerPool<{ wait: number; bytes: number }, { started: number; thread: number }>(
+      'none',
+      new URL('../fixtures/slow-worker.ts', import.meta.url),
+      2,
+      null,
+    );
     try {
       // The first batch holds its thread for most of the run; the other eight are short.
       const waits = [400, 10, 10, 10, 10, 10, 10, 10, 10];
@@ -38,7 +51,9 @@ describe('a pool of worker threads', () => {
         yield* waits.map((wait) => ({ wait, bytes: 16 }));
       }
       const results: { wait: number; started: number; thread: number }[] = [];
-      await inOrder(each(), pool, async (out, batch) => void results.push({ wait: batch.wait, ...out }), { perThread: 6 });
+      await inOrder(each(), pool, async (out, batch) => void results.push({ wait: batch.wait, ...out }), {
+        perThread: 6,
+      });
       expect(results.map((r) => r.wait)).toEqual(waits);
       const slow = results[0]!.thread;
       // The slow thread took one more batch before it was full (a thread holds two); the free one took the rest.
@@ -50,7 +65,10 @@ describe('a pool of worker threads', () => {
   });
 
   it('keeps the other threads working past a long batch while the results done out of turn hold under the budget', async () => {
-    const pool = new WorkerPool<{ wait: number; bytes: number }, { started: number; thread: number; buffer: Uint8Array }>('none', new URL('../fixtures/slow-worker.ts', import.meta.url), 2, null);
+    const pool = new WorkerPool<
+      { wait: number; bytes: number },
+      { started: number; thread: number; buffer: Uint8Array }
+    >('none', new URL('../fixtures/slow-worker.ts', import.meta.url), 2, null);
     try {
       // One long batch first, then twelve short ones; a thread works one batch at a time (perThread 1).
       const waits = [400, ...Array<number>(12).fill(10)];
@@ -59,7 +77,10 @@ describe('a pool of worker threads', () => {
           yield* waits.map((wait) => ({ wait, bytes: 16 }));
         }
         const results: { wait: number; thread: number }[] = [];
-        await inOrder(each(), pool, async (out, batch) => void results.push({ wait: batch.wait, thread: out.thread }), { perThread: 1, held: { bytes: (out) => out.buffer.length, budget } });
+        await inOrder(each(), pool, async (out, batch) => void results.push({ wait: batch.wait, thread: out.thread }), {
+          perThread: 1,
+          held: { bytes: (out) => out.buffer.length, budget },
+        });
         expect(results.map((r) => r.wait)).toEqual(waits);
         const slow = results[0]!.thread;
         return results.slice(1).filter((r) => r.thread === slow).length;

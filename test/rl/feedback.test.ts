@@ -25,13 +25,16 @@ describe('notes from failed attempts', () => {
         const said = replies.filter((r) => r.startsWith(`${department} here. I can't verify your identity yet`));
         expect(said.length).toBeGreaterThan(0);
         for (const f of fields) expect(said.some((r) => r.includes(FIELD_WORDS[f]))).toBe(true);
-        const requires = world.companies.find((c) => c.name === task.company)!.departments.find((d) => d.name === department)!.requires;
+        const requires = world.companies
+          .find((c) => c.name === task.company)!
+          .departments.find((d) => d.name === department)!.requires;
         // A required field the agent gave is not named: what the task hides stays hidden.
         if (requires.some((f) => !fields.includes(f))) hiddenLeft++;
       }
       // No personal value of the user ever reaches the notes.
       for (const value of Object.values(task.profile.values)) expect(block).not.toContain(value);
-      if (!replies.some((r) => / here\. (I can't verify|Before I can)|wrong department/.test(r))) expect(block).toBe('');
+      if (!replies.some((r) => / here\. (I can't verify|Before I can)|wrong department/.test(r)))
+        expect(block).toBe('');
     }
     expect(departmentsNoted).toBeGreaterThan(10);
     expect(hiddenLeft).toBeGreaterThan(0);
@@ -40,10 +43,17 @@ describe('notes from failed attempts', () => {
   it('condense many failures into one block: fields merged per department, references and wrong numbers once', () => {
     const tool = (content: string): Message => ({ role: 'tool', content, tool_call_id: 'c' });
     const notes = emptyNotes();
-    addNotes(notes, [tool("Acme Bank Billing here. I can't verify your identity yet: I need your account PIN."), tool("You've reached Acme Bank Fraud Prevention. I'm sorry, we can't help with that here: wrong department.")]);
     addNotes(notes, [
-      tool("Acme Bank Billing here. I can't verify your identity yet: I need your account number, last four digits of your SSN and account PIN."),
-      tool('Acme Bank Loans here. Before I can do that, I need the reference number from your call with Acme Bank Billing.'),
+      tool("Acme Bank Billing here. I can't verify your identity yet: I need your account PIN."),
+      tool("You've reached Acme Bank Fraud Prevention. I'm sorry, we can't help with that here: wrong department."),
+    ]);
+    addNotes(notes, [
+      tool(
+        "Acme Bank Billing here. I can't verify your identity yet: I need your account number, last four digits of your SSN and account PIN.",
+      ),
+      tool(
+        'Acme Bank Loans here. Before I can do that, I need the reference number from your call with Acme Bank Billing.',
+      ),
       tool("You've reached Acme Bank Fraud Prevention. I'm sorry, we can't help with that here: wrong department."),
     ]);
     const block = feedbackBlock(notes);
@@ -58,7 +68,9 @@ describe('notes from failed attempts', () => {
     expect(readNotes(block)).toEqual(new Map([['Acme Bank Billing', ['account_number', 'last_4_ssn', 'pin']]]));
     // Every field's words are read back to the field, the longest match first ("account PIN" is not an account number).
     for (const f of FIELDS) {
-      const n = addNotes(emptyNotes(), [tool(`X here. I can't verify your identity yet: I need your ${FIELD_WORDS[f]}.`)]);
+      const n = addNotes(emptyNotes(), [
+        tool(`X here. I can't verify your identity yet: I need your ${FIELD_WORDS[f]}.`),
+      ]);
       expect([...n.asked.get('X')!]).toEqual([f]);
     }
   });
@@ -84,9 +96,18 @@ describe('notes from failed attempts', () => {
       const first = await runEpisode(deviant, task, new ScriptedAgent('prior', deviant, task, 'n'));
       expect(first.success).toBe(false); // every department deviates from its kind's usual fields
       const block = feedbackBlock(addNotes(emptyNotes(), first.messages));
-      const second = await runEpisode(deviant, task, { name: 'prior', respond: ((agent) => (m: Message[]) => agent.respond(withFeedback(m, block)))(new ScriptedAgent('prior', deviant, task, 'n')) });
+      const second = await runEpisode(deviant, task, {
+        name: 'prior',
+        respond: (
+          (agent) => (m: Message[]) =>
+            agent.respond(withFeedback(m, block))
+        )(new ScriptedAgent('prior', deviant, task, 'n')),
+      });
       expect(second.success).toBe(true);
-      const asked = JSON.parse(second.messages.find((m) => m.tool_calls?.[0]?.function.name === 'auth_info_form')!.tool_calls![0]!.function.arguments) as { fields: Field[] };
+      const asked = JSON.parse(
+        second.messages.find((m) => m.tool_calls?.[0]?.function.name === 'auth_info_form')!.tool_calls![0]!.function
+          .arguments,
+      ) as { fields: Field[] };
       expect(asked.fields).toEqual(expect.arrayContaining([...readNotes(block).values()].flat()));
       rescued++;
     }

@@ -24,7 +24,8 @@ function priorActor(): Actor {
     random: Math.random,
     reads: null,
     respond(messages: Message[]) {
-      if (messages.length === 2) agent = new ScriptedAgent('prior', world, byRequest.get(messages[1]!.content!)!, 'actor');
+      if (messages.length === 2)
+        agent = new ScriptedAgent('prior', world, byRequest.get(messages[1]!.content!)!, 'actor');
       return agent!.respond(actor.reads ? actor.reads(messages) : messages);
     },
   };
@@ -67,7 +68,14 @@ describe('dapo rollouts', () => {
 
   it('feedback-guided: each group’s first episode fails, those reading its notes succeed, and the groups are kept', async () => {
     const { rollouts: kept, metrics } = await rollouts('feedback');
-    expect(metrics).toMatchObject({ success_plain: 0, success_guided: 1, kept_groups: 2, groups: 2, episodes: 8, guided: 0.75 });
+    expect(metrics).toMatchObject({
+      success_plain: 0,
+      success_guided: 1,
+      kept_groups: 2,
+      groups: 2,
+      episodes: 8,
+      guided: 0.75,
+    });
     expect(kept.map((r) => r.reward)).toEqual([0, 1, 1, 1, 0, 1, 1, 1]);
     expect(new Set(kept.map((r) => r.group)).size).toBe(2);
   });

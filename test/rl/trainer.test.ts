@@ -27,8 +27,12 @@ beforeAll(async () => {
 /** log p of `generated` after `prompt`, summed. */
 function logp(model: Llama, prompt: number[], generated: number[]): number {
   const ids = [...prompt, ...generated];
-  const lp = tf.tidy(() => model.tokenLogprobs(Int32Array.from(ids.slice(0, -1)), Int32Array.from(ids.slice(1)), 1, ids.length - 1).dataSync());
-  return Array.from(lp).slice(prompt.length - 1).reduce((a, b) => a + b, 0);
+  const lp = tf.tidy(() =>
+    model.tokenLogprobs(Int32Array.from(ids.slice(0, -1)), Int32Array.from(ids.slice(1)), 1, ids.length - 1).dataSync(),
+  );
+  return Array.from(lp)
+    .slice(prompt.length - 1)
+    .reduce((a, b) => a + b, 0);
 }
 
 /** Two turns after the same prompt: the one a rewarded rollout wrote, and the one an unrewarded rollout wrote. */
@@ -41,7 +45,10 @@ const pair: [Rollout, Rollout] = [
 
 describe('DAPO trainer core', () => {
   it('trains only the generated tokens of each turn', () => {
-    expect(turnSequence({ prompt: [1, 2, 3], generated: [7, 8] })).toEqual({ ids: [1, 2, 3, 7, 8], mask: [0, 0, 0, 1, 1] });
+    expect(turnSequence({ prompt: [1, 2, 3], generated: [7, 8] })).toEqual({
+      ids: [1, 2, 3, 7, 8],
+      mask: [0, 0, 0, 1, 1],
+    });
   });
 
   it('chains turns whose prompts extend each other into one sequence, starts another where the prompt was cut, and drops empty turns', () => {
@@ -60,8 +67,22 @@ describe('DAPO trainer core', () => {
   it('records the old log-probabilities of every generated token and each rollout’s advantage', async () => {
     const model = Llama.create(tinyLlama(), 'old');
     const rollouts: Rollout[] = [
-      { group: 't', reward: 1, turns: [{ prompt: [1, 2], generated: [5, 6] }, { prompt: [1, 2, 5, 6, 3], generated: [9] }] },
-      { group: 't', reward: 0, turns: [{ prompt: [1, 2], generated: [7] }, { prompt: [1, 2, 7, 4], generated: [] }] },
+      {
+        group: 't',
+        reward: 1,
+        turns: [
+          { prompt: [1, 2], generated: [5, 6] },
+          { prompt: [1, 2, 5, 6, 3], generated: [9] },
+        ],
+      },
+      {
+        group: 't',
+        reward: 0,
+        turns: [
+          { prompt: [1, 2], generated: [7] },
+          { prompt: [1, 2, 7, 4], generated: [] },
+        ],
+      },
     ];
     const batch = await rolloutBatch(model, rollouts, 0, 64, NEVER);
     expect(batch.sequences).toHaveLength(2);
@@ -87,7 +108,13 @@ describe('DAPO trainer core', () => {
       // Micro-batches of one sequence each must add up to the whole batch's token mean.
       const { parts } = dapoParts(batch, [0, 1, 2, 3], 0, 6, DAPO_CLIP);
       expect(parts).toHaveLength(4);
-      const step = optimizerStep(model, optimizer, parts.map((p) => onModel(p, model)), 5e-3, 1);
+      const step = optimizerStep(
+        model,
+        optimizer,
+        parts.map((p) => onModel(p, model)),
+        5e-3,
+        1,
+      );
       if (epoch === 0) {
         // On-policy the ratio is 1 everywhere: nothing is clipped, and the advantages' token mean is 0.
         expect(step.loss).toBeCloseTo(0, 5);
@@ -101,11 +128,25 @@ describe('DAPO trainer core', () => {
   });
 
   it('records in the policy the exact tokens each turn read and wrote', async () => {
-    const conversation: Message[] = [{ role: 'system', content: 'You phone companies for the user.' }, { role: 'user', content: 'Cancel my gym plan.' }];
+    const conversation: Message[] = [
+      { role: 'system', content: 'You phone companies for the user.' },
+      { role: 'user', content: 'Cancel my gym plan.' },
+    ];
     const json = trainTokenizer([renderText(conversation)], 300);
     const chat = prefabChat(json);
-    const model = Llama.create(tinyLlama({ vocabSize: new TextTokenizer(json).vocabSize, maxPositions: 256 }), 'policy');
-    const policy = new ModelPolicy('m', model, 256, chat, null, { maxTokens: 6, temperature: 1, topP: 1, recordTurns: true }, seeded('turns'));
+    const model = Llama.create(
+      tinyLlama({ vocabSize: new TextTokenizer(json).vocabSize, maxPositions: 256 }),
+      'policy',
+    );
+    const policy = new ModelPolicy(
+      'm',
+      model,
+      256,
+      chat,
+      null,
+      { maxTokens: 6, temperature: 1, topP: 1, recordTurns: true },
+      seeded('turns'),
+    );
     await policy.respond(conversation);
     const [open] = await chat.encode([conversation], true);
     expect(policy.turns).toHaveLength(1);
@@ -116,12 +157,32 @@ describe('DAPO trainer core', () => {
   });
 
   it('feedback-guided turns: recorded with the plain prompt, trained on the notes, on the plain prompt with the notes’ old log-probabilities, or both', async () => {
-    const conversation: Message[] = [{ role: 'system', content: 'You phone companies for the user.' }, { role: 'user', content: 'Cancel my gym plan.' }];
-    const json = trainTokenizer([renderText(conversation), 'Notes from earlier attempts: Gym Billing asked for pin.'], 300);
+    const conversation: Message[] = [
+      { role: 'system', content: 'You phone companies for the user.' },
+      { role: 'user', content: 'Cancel my gym plan.' },
+    ];
+    const json = trainTokenizer(
+      [renderText(conversation), 'Notes from earlier attempts: Gym Billing asked for pin.'],
+      300,
+    );
     const chat = prefabChat(json);
-    const model = Llama.create(tinyLlama({ vocabSize: new TextTokenizer(json).vocabSize, maxPositions: 256 }), 'policy');
-    const policy = new ModelPolicy('m', model, 256, chat, null, { maxTokens: 4, temperature: 1, topP: 1, recordTurns: true }, seeded('notes'));
-    policy.reads = (c) => c.map((m, i) => (i === 1 ? { ...m, content: `${m.content}\n\nNotes from earlier attempts: Gym Billing asked for pin.` } : m));
+    const model = Llama.create(
+      tinyLlama({ vocabSize: new TextTokenizer(json).vocabSize, maxPositions: 256 }),
+      'policy',
+    );
+    const policy = new ModelPolicy(
+      'm',
+      model,
+      256,
+      chat,
+      null,
+      { maxTokens: 4, temperature: 1, topP: 1, recordTurns: true },
+      seeded('notes'),
+    );
+    policy.reads = (c) =>
+      c.map((m, i) =>
+        i === 1 ? { ...m, content: `${m.content}\n\nNotes from earlier attempts: Gym Billing asked for pin.` } : m,
+      );
     await policy.respond(conversation);
     const turn = policy.turns[0]!;
     const [plain] = await chat.encode([conversation], true);
@@ -142,7 +203,11 @@ describe('DAPO trainer core', () => {
     expect(sum(base.oldLogps[0]!, G)).toBeCloseTo(sampled, 4);
     expect(sum(base.oldLogps[0]!, G)).not.toBeCloseTo(logp(model, turn.base!, turn.generated), 3);
     const both = await rolloutBatch(model, rollouts, 0, 512, NEVER, 'both');
-    expect(both.sequences.map((x) => x.ids.length)).toEqual([turn.prompt.length + G, turn.base!.length + G, plain!.ids.length + 2]);
+    expect(both.sequences.map((x) => x.ids.length)).toEqual([
+      turn.prompt.length + G,
+      turn.base!.length + G,
+      plain!.ids.length + 2,
+    ]);
     expect(both.advantages.slice(0, 2)).toEqual([both.advantages[0], both.advantages[0]]);
     expect(both.entropy).toBeGreaterThan(0);
     expect(both.entropy).toBeLessThanOrEqual(Math.log(new TextTokenizer(json).vocabSize) + 1e-4);
@@ -159,7 +224,15 @@ describe('DAPO trainer core', () => {
     for (let step = 0; step < 3; step++) {
       const batch = await rolloutBatch(model, rollouts, 0, 64, NEVER, 'context', reference);
       expect(batch.refLogps).toHaveLength(2);
-      kls.push(optimizerStep(model, optimizer, dapoParts(batch, [0, 1], 0, 64, clip).parts.map((p) => onModel(p, model)), 1e-2, 1).metrics.kl!);
+      kls.push(
+        optimizerStep(
+          model,
+          optimizer,
+          dapoParts(batch, [0, 1], 0, 64, clip).parts.map((p) => onModel(p, model)),
+          1e-2,
+          1,
+        ).metrics.kl!,
+      );
     }
     expect(kls[0]).toBeCloseTo(0, 6);
     expect(kls[2]).toBeGreaterThan(1e-4);
@@ -169,7 +242,19 @@ describe('DAPO trainer core', () => {
 
   it('trains as a Trainer: several updates a step, a metrics line per step with the rollouts’ figures, and a resumed run ends where a straight one does', async () => {
     const settings = (cache: string, steps: number) => ({
-      config: { seed: 's', batch_size: 1, epochs: 1, max_steps: steps, lr: 5e-3, warmup: 0, min_lr_ratio: 1, weight_decay: 0, max_grad_norm: 1, checkpoint_every: 1, micro_batch_tokens: 64 },
+      config: {
+        seed: 's',
+        batch_size: 1,
+        epochs: 1,
+        max_steps: steps,
+        lr: 5e-3,
+        warmup: 0,
+        min_lr_ratio: 1,
+        weight_decay: 0,
+        max_grad_norm: 1,
+        checkpoint_every: 1,
+        micro_batch_tokens: 64,
+      },
       cache,
       key: 'k',
       tokenizer: { 'tokenizer.json': '{}' },
@@ -193,8 +278,14 @@ describe('DAPO trainer core', () => {
         signal: NEVER,
       });
     const straight = await trainingRun(settings(tempDir(), 3), trainer(3));
-    expect(straight.metrics.map((m) => [m.step, m.reward_mean, m.kept_groups])).toEqual([[1, 0.5, 1], [2, 0.5, 1], [3, 0.5, 1]]);
-    expect(logp(straight.model, good.prompt, good.generated)).toBeGreaterThan(logp(Llama.create(tinyLlama(), 'rl'), good.prompt, good.generated));
+    expect(straight.metrics.map((m) => [m.step, m.reward_mean, m.kept_groups])).toEqual([
+      [1, 0.5, 1],
+      [2, 0.5, 1],
+      [3, 0.5, 1],
+    ]);
+    expect(logp(straight.model, good.prompt, good.generated)).toBeGreaterThan(
+      logp(Llama.create(tinyLlama(), 'rl'), good.prompt, good.generated),
+    );
     const cache = tempDir();
     (await trainingRun(settings(cache, 3), { ...trainer(3), steps: 2 })).model.dispose();
     const resumed = await trainingRun(settings(cache, 3), trainer(3));
@@ -206,8 +297,18 @@ describe('DAPO trainer core', () => {
 
   it('makes no update on a step without informative groups', async () => {
     const model = Llama.create(tinyLlama(), 'none');
-    const t = dapoTrainer({ steps: 1, start: () => model, rollouts: async () => ({ rollouts: [], metrics: { kept_groups: 0 } }), pad: 0, microBatchTokens: 64, clip: DAPO_CLIP, ppoEpochs: 2, miniBatches: 2, seed: 's', signal: NEVER });
+    const t = dapoTrainer({
+      steps: 1,
+      start: () => model,
+      rollouts: async () => ({ rollouts: [], metrics: { kept_groups: 0 } }),
+      pad: 0,
+      microBatchTokens: 64,
+      clip: DAPO_CLIP,
+      ppoEpochs: 2,
+      miniBatches: 2,
+      seed: 's',
+      signal: NEVER,
+    });
     expect(await t.batch(0, model)).toEqual({ parts: [], tokens: 0, metrics: { kept_groups: 0 } });
   });
 });
-

@@ -10,8 +10,22 @@ import { gateReason } from '../../stages/gate/report.ts';
 const options = { minVotes: 20, z: 1.96, minRewardGap: 0.1 };
 
 /** A judged pair: `better` is the side that is truly better where known (`rewards` say it), `vote` the judge's. */
-function pair(i: number, o: { source?: JudgedPair['source']; negative_type?: string | null; rewards?: [number, number]; votes: Record<string, Verdict['winner']>; confidence?: number }): JudgedPair {
-  const verdicts: Record<string, Verdict> = Object.fromEntries(Object.entries(o.votes).map(([j, w]) => [j, { winner: w, confidence: w === 'a' || w === 'b' ? (o.confidence ?? 0.96) : 0 }]));
+function pair(
+  i: number,
+  o: {
+    source?: JudgedPair['source'];
+    negative_type?: string | null;
+    rewards?: [number, number];
+    votes: Record<string, Verdict['winner']>;
+    confidence?: number;
+  },
+): JudgedPair {
+  const verdicts: Record<string, Verdict> = Object.fromEntries(
+    Object.entries(o.votes).map(([j, w]) => [
+      j,
+      { winner: w, confidence: w === 'a' || w === 'b' ? (o.confidence ?? 0.96) : 0 },
+    ]),
+  );
   const verdict: Verdict = { winner: Object.values(o.votes)[0] ?? 'abstain', confidence: o.confidence ?? 0.96 };
   return {
     pair_id: `p${i}`,
@@ -32,18 +46,33 @@ function pair(i: number, o: { source?: JudgedPair['source']; negative_type?: str
     metadata: '{}',
     verdict,
     verdicts,
-    judge_stats: { requests: 0, cached: 0, retries: 0, errors: 0, parse_failures: 0, flipped: false, over_budget: false },
+    judge_stats: {
+      requests: 0,
+      cached: 0,
+      retries: 0,
+      errors: 0,
+      parse_failures: 0,
+      flipped: false,
+      over_budget: false,
+    },
   } as JudgedPair;
 }
 
-const gate = { minConfidence: 0.5, minMargin: null, sources: ['outcome', 'hard_negative', 'best_of_n'] as JudgedPair['source'][] };
+const gate = {
+  minConfidence: 0.5,
+  minMargin: null,
+  sources: ['outcome', 'hard_negative', 'best_of_n'] as JudgedPair['source'][],
+};
 
 /**
  * Best-of-N pairs judged by `judge` that is right with probability `accuracy`: 300 whose rewards differ (the
  * truth is known) and 300 of equal rewards, where the chosen side (a) is truly better in half of them, unknown
  * to the gate but known here. Returns how many of the equal-reward pairs the gate keeps, and how many of those are wrong.
  */
-function gateWith(accuracy: number, seed: string): { kept: number; wrong: number; row: ReturnType<Calibration['rows']>[number] } {
+function gateWith(
+  accuracy: number,
+  seed: string,
+): { kept: number; wrong: number; row: ReturnType<Calibration['rows']>[number] } {
   const rand = seeded(seed);
   const calibration = new Calibration(options);
   const vote = (truth: 'a' | 'b') => (rand() < accuracy ? truth : truth === 'a' ? 'b' : 'a');
@@ -79,7 +108,9 @@ describe('judge calibration', () => {
   it('knows the truth from a decisive verifier, a reward gap, or a hard negative’s construction, and nowhere else', () => {
     expect(truthOf(pair(1, { votes: { verifier: 'b' }, confidence: 1 }), 0.1)).toBe('b');
     expect(truthOf(pair(2, { rewards: [0.2, 0.9], votes: { rules: 'a' } }), 0.1)).toBe('b');
-    expect(truthOf(pair(3, { source: 'hard_negative', negative_type: 'refusal', votes: { rules: 'a' } }), 0.1)).toBe('a');
+    expect(truthOf(pair(3, { source: 'hard_negative', negative_type: 'refusal', votes: { rules: 'a' } }), 0.1)).toBe(
+      'a',
+    );
     expect(truthOf(pair(4, { rewards: [0.5, 0.55], votes: { rules: 'a' } }), 0.1)).toBeNull();
   });
 
@@ -101,12 +132,18 @@ describe('judge calibration', () => {
 
   it('never lends a judge’s accuracy on hard negatives to best-of-N pairs among equal rewards', () => {
     const calibration = new Calibration(options);
-    for (let i = 0; i < 100; i++) calibration.add(pair(i, { source: 'hard_negative', negative_type: 'refusal', votes: { rules: 'a' } }));
-    const refusal = calibration.decide(pair(500, { source: 'hard_negative', negative_type: 'refusal', votes: { rules: 'a' } }));
+    for (let i = 0; i < 100; i++)
+      calibration.add(pair(i, { source: 'hard_negative', negative_type: 'refusal', votes: { rules: 'a' } }));
+    const refusal = calibration.decide(
+      pair(500, { source: 'hard_negative', negative_type: 'refusal', votes: { rules: 'a' } }),
+    );
     expect(refusal.verdict.winner).toBe('a');
     expect(refusal.confidence).toBeGreaterThan(0.9);
     const equal = calibration.decide(pair(501, { rewards: [1, 1], votes: { rules: 'a' } }));
-    expect(equal.verdict).toMatchObject({ winner: 'abstain', rationale: expect.stringMatching(/rules has fewer than 20 votes of known truth on best_of_n/) });
+    expect(equal.verdict).toMatchObject({
+      winner: 'abstain',
+      rationale: expect.stringMatching(/rules has fewer than 20 votes of known truth on best_of_n/),
+    });
   });
 
   it('leaves what the verifier decided as it is', () => {

@@ -12,7 +12,14 @@ import { REPO } from '../fixtures/cli.ts';
 import { collect, engineFor, jsonl, manifest, session, tempDir } from '../fixtures/pipeline.ts';
 
 const SAMPLE = join(REPO, 'data', 'sample-pairs');
-const mapping = { prompt: 'prompt', chosen: 'chosen', rejected: 'rejected', completions: 'completions', response: 'response', rating: 'overall_score' };
+const mapping = {
+  prompt: 'prompt',
+  chosen: 'chosen',
+  rejected: 'rejected',
+  completions: 'completions',
+  response: 'response',
+  rating: 'overall_score',
+};
 
 const query = async (sql: string) => {
   const db = await DuckDBInstance.create(':memory:');
@@ -22,8 +29,19 @@ const query = async (sql: string) => {
 
 describe('import formats', () => {
   it('reads an HH-RLHF pair: the shared turns are the prompt, the last replies the sides', () => {
-    const [p] = readPairs({ chosen: '\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: Cancel my plan.\n\nAssistant: Done, it is cancelled.', rejected: '\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: Cancel my plan.\n\nAssistant: No.' }, 'hh', mapping);
-    expect(p!.prompt).toEqual([{ role: 'user', content: 'Hi' }, { role: 'assistant', content: 'Hello!' }, { role: 'user', content: 'Cancel my plan.' }]);
+    const [p] = readPairs(
+      {
+        chosen: '\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: Cancel my plan.\n\nAssistant: Done, it is cancelled.',
+        rejected: '\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: Cancel my plan.\n\nAssistant: No.',
+      },
+      'hh',
+      mapping,
+    );
+    expect(p!.prompt).toEqual([
+      { role: 'user', content: 'Hi' },
+      { role: 'assistant', content: 'Hello!' },
+      { role: 'user', content: 'Cancel my plan.' },
+    ]);
     expect(p!.chosen).toEqual([{ role: 'assistant', content: 'Done, it is cancelled.' }]);
     expect(p!.rejected).toEqual([{ role: 'assistant', content: 'No.' }]);
     expect(() => hhMessages('no turns here')).toThrow(/text before the first "Human:" turn/);
@@ -31,20 +49,54 @@ describe('import formats', () => {
 
   it('reads TRL’s explicit prompt as text or conversations, and its implicit prompt by the common prefix', () => {
     const [text] = readPairs({ prompt: 'Cancel my plan.', chosen: 'Done.', rejected: 'No.' }, 'trl', mapping);
-    expect(text).toMatchObject({ prompt: [{ role: 'user', content: 'Cancel my plan.' }], chosen: [{ role: 'assistant', content: 'Done.' }] });
+    expect(text).toMatchObject({
+      prompt: [{ role: 'user', content: 'Cancel my plan.' }],
+      chosen: [{ role: 'assistant', content: 'Done.' }],
+    });
     const convo = [{ role: 'user', content: 'Cancel my plan.' }];
-    const [implicit] = readPairs({ chosen: [...convo, { role: 'assistant', content: 'Done.' }], rejected: [...convo, { role: 'assistant', content: 'No.' }] }, 'trl', mapping);
+    const [implicit] = readPairs(
+      {
+        chosen: [...convo, { role: 'assistant', content: 'Done.' }],
+        rejected: [...convo, { role: 'assistant', content: 'No.' }],
+      },
+      'trl',
+      mapping,
+    );
     expect(implicit!.prompt).toEqual(convo);
     expect(() => readPairs({ chosen: convo, rejected: convo }, 'trl', mapping)).toThrow(/the same conversation/);
   });
 
   it('reads UltraFeedback’s rated completions as the best against each rated lower, with ratings as rewards', () => {
-    const pairs = readPairs({ prompt: 'Q', completions: [{ response: 'a', overall_score: 4 }, { response: 'b', overall_score: 8 }, { response: 'c', overall_score: 8 }, { response: 'd', overall_score: 1 }] }, 'ultrafeedback', mapping);
+    const pairs = readPairs(
+      {
+        prompt: 'Q',
+        completions: [
+          { response: 'a', overall_score: 4 },
+          { response: 'b', overall_score: 8 },
+          { response: 'c', overall_score: 8 },
+          { response: 'd', overall_score: 1 },
+        ],
+      },
+      'ultrafeedback',
+      mapping,
+    );
     expect(pairs.map((p) => [p.chosen[0]!.content, p.rejected[0]!.content, p.chosenRating, p.rejectedRating])).toEqual([
       ['b', 'a', 1, 0.5],
       ['b', 'd', 1, 0.125],
     ]);
-    expect(() => readPairs({ prompt: 'Q', completions: [{ response: 'a', overall_score: 3 }, { response: 'b', overall_score: 3 }] }, 'ultrafeedback', mapping)).toThrow(/same rating/);
+    expect(() =>
+      readPairs(
+        {
+          prompt: 'Q',
+          completions: [
+            { response: 'a', overall_score: 3 },
+            { response: 'b', overall_score: 3 },
+          ],
+        },
+        'ultrafeedback',
+        mapping,
+      ),
+    ).toThrow(/same rating/);
   });
 });
 
@@ -53,11 +105,24 @@ describe('the import stage', () => {
     const dir = tempDir();
     writeFileSync(join(dir, 'logs.jsonl'), jsonl([session('s1', 'A', 1), session('s2', 'A', 0)]));
     const bad = join(dir, 'bad.jsonl');
-    writeFileSync(bad, jsonl([{ prompt: 'Q', chosen: 'same', rejected: [{ role: 'robot', content: 'x' }] }, 'not json', { chosen: '\n\nHuman: Hi\n\nAssistant: A', rejected: '\n\nHuman: Hi\n\nAssistant: A' }]));
+    writeFileSync(
+      bad,
+      jsonl([
+        { prompt: 'Q', chosen: 'same', rejected: [{ role: 'robot', content: 'x' }] },
+        'not json',
+        { chosen: '\n\nHuman: Hi\n\nAssistant: A', rejected: '\n\nHuman: Hi\n\nAssistant: A' },
+      ]),
+    );
     // The same file under another name: its pairs are duplicates, counted and not written twice.
     copyFileSync(join(SAMPLE, 'trl.jsonl'), join(dir, 'again.jsonl'));
-    const outcomes = await engineFor(dir, `ingest:\n  inputs: [logs.jsonl]\nimport:\n  inputs: [${SAMPLE}, bad.jsonl, again.jsonl]\n  test_ratio: 0.2\n`).run({ until: 'export' });
-    expect(outcomes.every((o) => o.action === 'ran'), JSON.stringify(outcomes.map((o) => [o.stage, o.action, o.error]))).toBe(true);
+    const outcomes = await engineFor(
+      dir,
+      `ingest:\n  inputs: [logs.jsonl]\nimport:\n  inputs: [${SAMPLE}, bad.jsonl, again.jsonl]\n  test_ratio: 0.2\n`,
+    ).run({ until: 'export' });
+    expect(
+      outcomes.every((o) => o.action === 'ran'),
+      JSON.stringify(outcomes.map((o) => [o.stage, o.action, o.error])),
+    ).toBe(true);
 
     const m = manifest(dir, 'import');
     // 6 HH-RLHF, 6 TRL (and their copy), 6 UltraFeedback records of two lower-rated completions each: 30 pairs read, 21 distinct.
@@ -65,26 +130,41 @@ describe('the import stage', () => {
     expect(m.counts).toMatchObject({ hh: 6, trl: 12, ultrafeedback: 6, quarantined: 3, duplicates: 9 });
     expect(m.counts.train! + m.counts.test!).toBe(21);
     expect(m.counts.test).toBeGreaterThan(0);
-    const quarantined = await collect<{ where: string; reason: string }>(join(dir, 'workspace', 'import', 'quarantine.jsonl'));
-    expect(quarantined.map((q) => q.reason)).toEqual([expect.stringMatching(/role "robot" is none of/), expect.stringMatching(/not valid JSON/), expect.stringMatching(/hh: chosen and rejected are the same conversation/)]);
+    const quarantined = await collect<{ where: string; reason: string }>(
+      join(dir, 'workspace', 'import', 'quarantine.jsonl'),
+    );
+    expect(quarantined.map((q) => q.reason)).toEqual([
+      expect.stringMatching(/role "robot" is none of/),
+      expect.stringMatching(/not valid JSON/),
+      expect.stringMatching(/hh: chosen and rejected are the same conversation/),
+    ]);
 
     const pairs = join(dir, 'workspace', 'export', 'pairs');
-    const rows = await query(`SELECT source, judge, confidence, prompt, chosen, rejected, chosen_reward FROM read_parquet(['${pairs}/train.parquet', '${pairs}/test.parquet']) WHERE source = 'imported'`);
+    const rows = await query(
+      `SELECT source, judge, confidence, prompt, chosen, rejected, chosen_reward FROM read_parquet(['${pairs}/train.parquet', '${pairs}/test.parquet']) WHERE source = 'imported'`,
+    );
     expect(rows).toHaveLength(21);
     expect(rows.every((r) => r.judge === 'imported' && r.confidence === 1)).toBe(true);
     const hh = rows.find((r) => JSON.stringify(r.prompt).includes('you have it on file'))!;
     expect((hh.prompt as unknown[]).length).toBe(3);
     expect(JSON.stringify(hh.chosen)).toContain('dispute the duplicate charge');
     expect(rows.filter((r) => r.chosen_reward === 1).length).toBe(9); // UltraFeedback's best, rated 9 of 9
-    const sft = await query(`SELECT count(*) AS n FROM read_parquet('${join(dir, 'workspace', 'export', 'sft')}/*.parquet') WHERE session_id LIKE '%#%'`);
+    const sft = await query(
+      `SELECT count(*) AS n FROM read_parquet('${join(dir, 'workspace', 'export', 'sft')}/*.parquet') WHERE session_id LIKE '%#%'`,
+    );
     expect(Number(sft[0]!.n)).toBe(0);
   });
 
   it('has the judges recheck imported pairs when asked', async () => {
     const dir = tempDir();
     writeFileSync(join(dir, 'logs.jsonl'), jsonl([session('s1', 'A', 1), session('s2', 'A', 0)]));
-    await engineFor(dir, `ingest:\n  inputs: [logs.jsonl]\nimport:\n  inputs: [${join(SAMPLE, 'trl.jsonl')}]\njudge:\n  imported: recheck\n`).run({ until: 'judge' });
-    const judged = await collect<Pair & { verdicts: Record<string, unknown> }>(join(dir, 'workspace', 'judge', 'train.jsonl'));
+    await engineFor(
+      dir,
+      `ingest:\n  inputs: [logs.jsonl]\nimport:\n  inputs: [${join(SAMPLE, 'trl.jsonl')}]\njudge:\n  imported: recheck\n`,
+    ).run({ until: 'judge' });
+    const judged = await collect<Pair & { verdicts: Record<string, unknown> }>(
+      join(dir, 'workspace', 'judge', 'train.jsonl'),
+    );
     const imported = judged.filter((p) => p.source === 'imported');
     expect(imported.length).toBeGreaterThan(0);
     expect(imported.every((p) => 'rules' in p.verdicts && p.judge !== 'imported')).toBe(true);
@@ -93,14 +173,29 @@ describe('the import stage', () => {
     const dir = tempDir();
     writeFileSync(join(dir, 'logs.jsonl'), jsonl([session('s1', 'A', 1), session('s2', 'A', 0)]));
     const db = await DuckDBInstance.create(':memory:');
-    await (await db.connect()).run(`COPY (SELECT * FROM read_json('${join(SAMPLE, 'trl.jsonl')}', format = 'newline_delimited')) TO '${join(dir, 'trl.parquet')}' (FORMAT parquet)`);
+    await (
+      await db.connect()
+    ).run(
+      `COPY (SELECT * FROM read_json('${join(SAMPLE, 'trl.jsonl')}', format = 'newline_delimited')) TO '${join(dir, 'trl.parquet')}' (FORMAT parquet)`,
+    );
     const imported = async (input: string) => {
       const at = tempDir();
-      await engineFor(at, `ingest:\n  inputs: [${join(dir, 'logs.jsonl')}]\nimport:\n  inputs: [${input}]\n`).run({ until: 'import' });
-      const pairs = [...(await collect<Pair>(join(at, 'workspace', 'import', 'train.jsonl'))), ...(await collect<Pair>(join(at, 'workspace', 'import', 'test.jsonl')))];
-      return { counts: manifest(at, 'import').counts, pairs: pairs.map((p) => JSON.stringify([p.prompt, p.chosen, p.rejected])).sort() };
+      await engineFor(at, `ingest:\n  inputs: [${join(dir, 'logs.jsonl')}]\nimport:\n  inputs: [${input}]\n`).run({
+        until: 'import',
+      });
+      const pairs = [
+        ...(await collect<Pair>(join(at, 'workspace', 'import', 'train.jsonl'))),
+        ...(await collect<Pair>(join(at, 'workspace', 'import', 'test.jsonl'))),
+      ];
+      return {
+        counts: manifest(at, 'import').counts,
+        pairs: pairs.map((p) => JSON.stringify([p.prompt, p.chosen, p.rejected])).sort(),
+      };
     };
-    const [fromJsonl, fromParquet] = [await imported(join(SAMPLE, 'trl.jsonl')), await imported(join(dir, 'trl.parquet'))];
+    const [fromJsonl, fromParquet] = [
+      await imported(join(SAMPLE, 'trl.jsonl')),
+      await imported(join(dir, 'trl.parquet')),
+    ];
     expect(fromParquet.pairs.length).toBe(fromJsonl.counts.train! + fromJsonl.counts.test!);
     expect(fromParquet.pairs.length).toBeGreaterThan(3);
     expect(fromParquet).toEqual(fromJsonl);

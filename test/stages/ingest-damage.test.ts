@@ -17,7 +17,8 @@ const ingestOnly = { until: 'ingest' };
 
 async function ingestedIds(dir: string): Promise<string[]> {
   const out: string[] = [];
-  for (const seg of await sessionSegments(join(dir, 'workspace', 'ingest'))) out.push(...(await collect<Session>(seg)).map((s) => s.session_id));
+  for (const seg of await sessionSegments(join(dir, 'workspace', 'ingest')))
+    out.push(...(await collect<Session>(seg)).map((s) => s.session_id));
   return out.sort();
 }
 
@@ -28,37 +29,78 @@ describe('ingest on damaged inputs', () => {
   it('keeps every good record, quarantines each damaged file from where it broke, and goes on', async () => {
     const dir = tempDir();
     writeFileSync(join(dir, 'good.jsonl'), jsonl([session('good-1', 'A', 1), session('good-2', 'A', 0)]));
-    const gz = gzipSync(jsonl(Array.from({ length: 3000 }, (_, i) => session(`gz-${i}`, `B${i}`, i % 2, `answer ${(i * 7919) % 10007}`))));
+    const gz = gzipSync(
+      jsonl(Array.from({ length: 3000 }, (_, i) => session(`gz-${i}`, `B${i}`, i % 2, `answer ${(i * 7919) % 10007}`))),
+    );
     writeFileSync(join(dir, 'cut.jsonl.gz'), gz.subarray(0, Math.floor(gz.length * 0.6)));
-    writeFileSync(join(dir, 'corrupt.parquet'), Buffer.concat([Buffer.from('PAR1'), Buffer.alloc(200, 7), Buffer.from('PAR1')]));
-    writeFileSync(join(dir, 'cut.json'), `[${JSON.stringify(session('arr-1', 'C', 1))},${JSON.stringify(session('arr-2', 'C', 0))},{"session_id": "arr-3", "mess`);
+    writeFileSync(
+      join(dir, 'corrupt.parquet'),
+      Buffer.concat([Buffer.from('PAR1'), Buffer.alloc(200, 7), Buffer.from('PAR1')]),
+    );
+    writeFileSync(
+      join(dir, 'cut.json'),
+      `[${JSON.stringify(session('arr-1', 'C', 1))},${JSON.stringify(session('arr-2', 'C', 0))},{"session_id": "arr-3", "mess`,
+    );
     writeFileSync(join(dir, 'empty.json'), '');
-    writeFileSync(join(dir, 'deep.jsonl'), jsonl([`{"session_id": "deep", "reward": 1, "messages": ${nested(10_000)}}`, session('after-deep', 'D', 1)]));
-    writeFileSync(join(dir, 'big.jsonl'), jsonl([{ ...session('big', 'E', 1), feedback: 'x'.repeat(40_000) }, session('small', 'E', 1)]));
+    writeFileSync(
+      join(dir, 'deep.jsonl'),
+      jsonl([`{"session_id": "deep", "reward": 1, "messages": ${nested(10_000)}}`, session('after-deep', 'D', 1)]),
+    );
+    writeFileSync(
+      join(dir, 'big.jsonl'),
+      jsonl([{ ...session('big', 'E', 1), feedback: 'x'.repeat(40_000) }, session('small', 'E', 1)]),
+    );
     // A byte that is not UTF-8 inside a string: the record is kept, and counted.
     const raw = Buffer.from(JSON.stringify(session('bad-bytes', 'F', 1)) + '\n');
     const at = raw.indexOf('done');
     raw[at] = 0xff;
     writeFileSync(join(dir, 'bytes.jsonl'), raw);
 
-    const outcomes = await engineFor(dir, 'ingest:\n  inputs: [.]\n  max_record_bytes: 30000\n  max_quarantined: 0.9\n').run(ingestOnly);
+    const outcomes = await engineFor(
+      dir,
+      'ingest:\n  inputs: [.]\n  max_record_bytes: 30000\n  max_quarantined: 0.9\n',
+    ).run(ingestOnly);
     expect(outcomes[0]!.action, outcomes[0]!.error).toBe('ran');
     const ids = await ingestedIds(dir);
     // Everything before the damage is kept: the good file, the first elements of the cut array, the gz lines read before the cut.
-    expect(ids).toEqual(expect.arrayContaining(['good-1', 'good-2', 'arr-1', 'arr-2', 'after-deep', 'small', 'bad-bytes', 'gz-0']));
+    expect(ids).toEqual(
+      expect.arrayContaining(['good-1', 'good-2', 'arr-1', 'arr-2', 'after-deep', 'small', 'bad-bytes', 'gz-0']),
+    );
     expect(ids.filter((id) => id.startsWith('gz-')).length).toBeGreaterThan(100);
     expect(ids).not.toContain('big');
     expect(ids).not.toContain('deep');
 
     const q = await collect<QuarantineRecord>(join(dir, 'workspace', 'ingest', 'quarantine.jsonl'));
     const about = (file: string) => q.filter((r) => r.file.endsWith(file));
-    expect(about('cut.jsonl.gz')).toEqual([expect.objectContaining({ where: expect.stringMatching(/^after line \d+$/), reason: expect.stringMatching(/unexpected end of file.*the rest of the file is unread/) })]);
-    expect(about('corrupt.parquet')).toEqual([expect.objectContaining({ where: 'before the first record', reason: expect.stringMatching(/the rest of the file is unread/) })]);
+    expect(about('cut.jsonl.gz')).toEqual([
+      expect.objectContaining({
+        where: expect.stringMatching(/^after line \d+$/),
+        reason: expect.stringMatching(/unexpected end of file.*the rest of the file is unread/),
+      }),
+    ]);
+    expect(about('corrupt.parquet')).toEqual([
+      expect.objectContaining({
+        where: 'before the first record',
+        reason: expect.stringMatching(/the rest of the file is unread/),
+      }),
+    ]);
     // A reason does not repeat the file's path: the record names the file.
-    expect(about('cut.json')).toEqual([expect.objectContaining({ where: 'after element 2 (line 1)', reason: expect.stringMatching(/^line 1: .*not closed/) })]);
+    expect(about('cut.json')).toEqual([
+      expect.objectContaining({
+        where: 'after element 2 (line 1)',
+        reason: expect.stringMatching(/^line 1: .*not closed/),
+      }),
+    ]);
     expect(about('empty.json')).toEqual([expect.objectContaining({ reason: expect.stringMatching(/^empty file/) })]);
-    expect(about('deep.jsonl')).toEqual([expect.objectContaining({ where: 'line 1', reason: 'the record nests more than 200 levels deep' })]);
-    expect(about('big.jsonl')).toEqual([expect.objectContaining({ where: 'line 1', reason: expect.stringMatching(/^the record is 40,\d{3} bytes, more than ingest\.max_record_bytes \(30,000\)$/) })]);
+    expect(about('deep.jsonl')).toEqual([
+      expect.objectContaining({ where: 'line 1', reason: 'the record nests more than 200 levels deep' }),
+    ]);
+    expect(about('big.jsonl')).toEqual([
+      expect.objectContaining({
+        where: 'line 1',
+        reason: expect.stringMatching(/^the record is 40,\d{3} bytes, more than ingest\.max_record_bytes \(30,000\)$/),
+      }),
+    ]);
 
     const m = manifest(dir, 'ingest');
     expect(m.counts.files_damaged).toBe(4);
@@ -68,7 +110,10 @@ describe('ingest on damaged inputs', () => {
 
   it('reports a Parquet file whose row group takes more memory than its thread may have, and goes on', async () => {
     const dir = tempDir();
-    writeFileSync(join(dir, 'good.jsonl'), jsonl(Array.from({ length: 40 }, (_, i) => session(`good-${i}`, 'A', i % 2))));
+    writeFileSync(
+      join(dir, 'good.jsonl'),
+      jsonl(Array.from({ length: 40 }, (_, i) => session(`good-${i}`, 'A', i % 2))),
+    );
     // 20,000 sessions in one row group (as pyarrow writes up to a million rows), read by a thread given 64 MB,
     // where hyparquet holds some twenty times a row group's 40 MB uncompressed; and a small file after it.
     const db = await DuckDBInstance.create(':memory:');
@@ -76,14 +121,18 @@ describe('ingest on damaged inputs', () => {
       `COPY (SELECT 'pq-' || i AS session_id, 'T' || (i % 50) AS task_id, (i % 2)::DOUBLE AS reward, [{'role': 'user', 'content': repeat('x', 2000) || i}, {'role': 'assistant', 'content': 'done ' || i}] AS messages FROM range(${rows}) t(i)) TO '${join(dir, name)}' (FORMAT parquet, ROW_GROUP_SIZE ${rows})`;
     await (await db.connect()).run(sql(20_000, 'large.parquet'));
     await (await db.connect()).run(sql(30, 'small.parquet'));
-    const outcomes = await engineFor(dir, 'ingest:\n  inputs: [.]\n  max_quarantined: 0.9\n', { parquetHeapMb: 64 }).run(ingestOnly);
+    const outcomes = await engineFor(dir, 'ingest:\n  inputs: [.]\n  max_quarantined: 0.9\n', {
+      parquetHeapMb: 64,
+    }).run(ingestOnly);
     expect(outcomes[0]!.action, outcomes[0]!.error).toBe('ran');
     const q = await collect<QuarantineRecord>(join(dir, 'workspace', 'ingest', 'quarantine.jsonl'));
     expect(q).toEqual([
       expect.objectContaining({
         file: expect.stringMatching(/large\.parquet$/),
         where: 'before the first record',
-        reason: expect.stringMatching(/^reading it ran out of memory: a row group is read whole, and its largest holds 20000 rows, 4\d MB uncompressed; write the file with smaller row groups \(DuckDB: .*ROW_GROUP_SIZE.*\(the rest of the file is unread\)$/),
+        reason: expect.stringMatching(
+          /^reading it ran out of memory: a row group is read whole, and its largest holds 20000 rows, 4\d MB uncompressed; write the file with smaller row groups \(DuckDB: .*ROW_GROUP_SIZE.*\(the rest of the file is unread\)$/,
+        ),
       }),
     ]);
     const ids = await ingestedIds(dir);
@@ -96,7 +145,9 @@ describe('ingest on damaged inputs', () => {
     const [failed] = await engineFor(strict, 'ingest:\n  inputs: [.]\n', { parquetHeapMb: 64 }).run(ingestOnly);
     expect(failed!.action).toBe('failed');
     // Told once, whole, with the file named once (not also among the most common reasons).
-    expect(failed!.error).toMatch(/1 of 1 new records \(100%\) were quarantined, more than ingest\.max_quarantined \(0\.5\); Damaged: \S*large\.parquet: reading it ran out of memory: .* give Node more memory \(NODE_OPTIONS=--max-old-space-size=MB\) \(the rest of the file is unread\)\. Check ingest\.mapping/);
+    expect(failed!.error).toMatch(
+      /1 of 1 new records \(100%\) were quarantined, more than ingest\.max_quarantined \(0\.5\); Damaged: \S*large\.parquet: reading it ran out of memory: .* give Node more memory \(NODE_OPTIONS=--max-old-space-size=MB\) \(the rest of the file is unread\)\. Check ingest\.mapping/,
+    );
     expect(failed!.error!.match(/ran out of memory/g)).toHaveLength(1);
     // With the memory it needs, the same file is read whole.
     const again = tempDir();
@@ -107,20 +158,51 @@ describe('ingest on damaged inputs', () => {
 
   it('fails the run, saying why, when more of the new records are quarantined than ingest.max_quarantined allows', async () => {
     const dir = tempDir();
-    writeFileSync(join(dir, 'logs.jsonl'), jsonl([session('ok', 'A', 1), ...Array.from({ length: 9 }, (_, i) => ({ ...session(`bad-${i}`, 'A', 1), reward: 'high' }))]));
+    writeFileSync(
+      join(dir, 'logs.jsonl'),
+      jsonl([
+        session('ok', 'A', 1),
+        ...Array.from({ length: 9 }, (_, i) => ({ ...session(`bad-${i}`, 'A', 1), reward: 'high' })),
+      ]),
+    );
     writeFileSync(join(dir, 'config.yaml'), 'ingest:\n  inputs: [logs.jsonl]\n');
-    const r = prefab(['--workdir', join(dir, 'workspace'), '--config', join(dir, 'config.yaml'), 'run', '--until', 'ingest']);
+    const r = prefab([
+      '--workdir',
+      join(dir, 'workspace'),
+      '--config',
+      join(dir, 'config.yaml'),
+      'run',
+      '--until',
+      'ingest',
+    ]);
     expect(r.code).toBe(1);
-    expect(r.stderr).toMatch(/9 of 10 new records \(90%\) were quarantined, more than ingest\.max_quarantined \(0\.5\); the most common reasons: 9 × reward must be a number in \[#, #\], got the string/);
+    expect(r.stderr).toMatch(
+      /9 of 10 new records \(90%\) were quarantined, more than ingest\.max_quarantined \(0\.5\); the most common reasons: 9 × reward must be a number in \[#, #\], got the string/,
+    );
     // Allowed, the same input ingests.
     writeFileSync(join(dir, 'config.yaml'), 'ingest:\n  inputs: [logs.jsonl]\n  max_quarantined: 1\n');
-    expect(prefab(['--workdir', join(dir, 'workspace'), '--config', join(dir, 'config.yaml'), 'run', '--until', 'ingest']).code).toBe(0);
+    expect(
+      prefab(['--workdir', join(dir, 'workspace'), '--config', join(dir, 'config.yaml'), 'run', '--until', 'ingest'])
+        .code,
+    ).toBe(0);
   });
 
   it('says NaN and Infinity rewards are what they are', async () => {
     const { toSession } = await import('../../stages/ingest/mapping.ts');
-    const options = { fields: { messages: 'messages', reward: 'reward', feedback: 'feedback', model: 'model', created_at: 'created_at' }, message: { role: 'role', content: 'content', roles: {} }, outOfRangeReward: 'reject' as const };
-    expect(() => toSession({ ...session('n', 'A', 1), reward: NaN }, 'x', options)).toThrow('reward must be a number in [0, 1], got NaN');
+    const options = {
+      fields: {
+        messages: 'messages',
+        reward: 'reward',
+        feedback: 'feedback',
+        model: 'model',
+        created_at: 'created_at',
+      },
+      message: { role: 'role', content: 'content', roles: {} },
+      outOfRangeReward: 'reject' as const,
+    };
+    expect(() => toSession({ ...session('n', 'A', 1), reward: NaN }, 'x', options)).toThrow(
+      'reward must be a number in [0, 1], got NaN',
+    );
     expect(() => toSession({ ...session('n', 'A', 1), reward: -Infinity }, 'x', options)).toThrow('got -Infinity');
   });
 });

@@ -4,7 +4,14 @@ import { gzipSync } from 'node:zlib';
 import { describe, expect, it } from 'vitest';
 import { int, pick, seeded } from '../../core/random.ts';
 import { BufferShelf } from '../../pipeline/buffers.ts';
-import { ELEMENT_FIELDS, elementWhere, readElementBlocks, readJsonArray, readLineBlocks, type RawRecord } from '../../pipeline/records.ts';
+import {
+  ELEMENT_FIELDS,
+  elementWhere,
+  readElementBlocks,
+  readJsonArray,
+  readLineBlocks,
+  type RawRecord,
+} from '../../pipeline/records.ts';
 import { readBatch, type ReadingOptions } from '../../stages/ingest/segment.ts';
 import { session, tempDir } from '../fixtures/pipeline.ts';
 
@@ -17,7 +24,11 @@ async function all(path: string): Promise<RawRecord[]> {
 describe('JSON array reader', () => {
   it('cuts out every element across read chunks, whatever brackets, quotes and escapes the strings hold', async () => {
     const path = join(tempDir(), 'big.json');
-    const elements = Array.from({ length: 3000 }, (_, i) => ({ i, text: `a "quoted" ] }, [ { \\ string ${'x'.repeat(i % 50)}`, nested: [[i], { k: ']' }] }));
+    const elements = Array.from({ length: 3000 }, (_, i) => ({
+      i,
+      text: `a "quoted" ] }, [ { \\ string ${'x'.repeat(i % 50)}`,
+      nested: [[i], { k: ']' }],
+    }));
     writeFileSync(path, '\uFEFF  [\n' + elements.map((e) => JSON.stringify(e)).join(' ,\n') + '\n]\n');
     const records = await all(path);
     expect(records.map((r) => r.value)).toEqual(elements);
@@ -28,14 +39,32 @@ describe('JSON array reader', () => {
     const rand = seeded('json array lines');
     // \u0001 stands for a newline written raw inside a string (not JSON: the element is reported, and its
     // lines still count); the long piece makes strings run across the reader's chunks.
-    const pieces = ['plain', 'a "quote"', 'back\\slash\\', 'ünï 🙂', 'escaped\nnewline', ']}[{,"', '\u0001raw', 'ends\u0001', 'then\u0001\\', 'x'.repeat(70_000)];
+    const pieces = [
+      'plain',
+      'a "quote"',
+      'back\\slash\\',
+      'ünï 🙂',
+      'escaped\nnewline',
+      ']}[{,"',
+      '\u0001raw',
+      'ends\u0001',
+      'then\u0001\\',
+      'x'.repeat(70_000),
+    ];
     let text = '\n[';
     const expected: { where: string; value: unknown }[] = [];
     for (let i = 0; i < 300; i++) {
       text += (i > 0 ? ',' : '') + pick(rand, ['', ' ', '\n', '\n\n  ', '\t']);
-      const value = { i, text: Array.from({ length: int(rand, 1, 4) }, () => pick(rand, pieces)).join(' '), n: [i, { k: ']' }] };
+      const value = {
+        i,
+        text: Array.from({ length: int(rand, 1, 4) }, () => pick(rand, pieces)).join(' '),
+        n: [i, { k: ']' }],
+      };
       const json = JSON.stringify(value).replaceAll('\\u0001', '\n');
-      expected.push({ where: `element ${i + 1} (line ${text.split('\n').length})`, value: json.includes('\n') ? undefined : value });
+      expected.push({
+        where: `element ${i + 1} (line ${text.split('\n').length})`,
+        value: json.includes('\n') ? undefined : value,
+      });
       text += json;
     }
     const path = join(tempDir(), 'lines.json');
@@ -59,12 +88,17 @@ describe('JSON array reader', () => {
     writeFileSync(join(dir, 'obj.json'), '\n{"sessions": []}');
     await expect(all(join(dir, 'obj.json'))).rejects.toThrow(/obj\.json: line 2: expected a JSON array/);
     writeFileSync(join(dir, 'cut.json'), '[{"a": 1},\n{"a": ');
-    await expect(all(join(dir, 'cut.json'))).rejects.toThrow(/cut\.json: line 2: the JSON array is not closed \(the file ends inside element 2\)/);
+    await expect(all(join(dir, 'cut.json'))).rejects.toThrow(
+      /cut\.json: line 2: the JSON array is not closed \(the file ends inside element 2\)/,
+    );
   });
 });
 
 /** Every element of the blocks readElementBlocks gives at `size`: where it is and its text; and how many blocks. */
-async function elementsInBlocks(path: string, size: number): Promise<{ blocks: number; elements: { where: string; raw: string }[] }> {
+async function elementsInBlocks(
+  path: string,
+  size: number,
+): Promise<{ blocks: number; elements: { where: string; raw: string }[] }> {
   const found: { where: string; raw: string }[] = [];
   let blocks = 0;
   for await (const { bytes, elements } of readElementBlocks(path, size)) {
@@ -82,7 +116,17 @@ describe('JSON array blocks', () => {
   it('cut out the same elements, whole, whatever the block size, with blank of every kind around them', async () => {
     const rand = seeded('json array blocks');
     // Strings that end in escaped backslashes or quotes, and long ones, fall across block ends at every size.
-    const pieces = ['plain', 'a "quote"', 'back\\slash\\', 'ünï 🙂', ']}[{,"', 'x'.repeat(700), '\\"', 'tab\t', 'y'.repeat(40) + '\\'.repeat(61) + '"'];
+    const pieces = [
+      'plain',
+      'a "quote"',
+      'back\\slash\\',
+      'ünï 🙂',
+      ']}[{,"',
+      'x'.repeat(700),
+      '\\"',
+      'tab\t',
+      'y'.repeat(40) + '\\'.repeat(61) + '"',
+    ];
     // Blank as JavaScript's \s is: ASCII, no-break and ideographic spaces, line separators, byte order marks.
     const blanks = ['', ' ', '\n', '\r\n  ', '\t', '\u00a0', '\u2028\n', '\u3000', '\ufeff', '\v\f'];
     let text = '\ufeff ' + pick(rand, blanks) + '[';
@@ -90,7 +134,11 @@ describe('JSON array blocks', () => {
     for (let i = 0; i < 250; i++) {
       if (i > 0) text += pick(rand, blanks) + ',' + (i % 37 === 0 ? ' ,' : ''); // now and then a blank element, not counted
       text += pick(rand, blanks);
-      const value = { i, text: Array.from({ length: int(rand, 1, 3) }, () => pick(rand, pieces)).join(' '), n: [i, { k: ']' }] };
+      const value = {
+        i,
+        text: Array.from({ length: int(rand, 1, 3) }, () => pick(rand, pieces)).join(' '),
+        n: [i, { k: ']' }],
+      };
       const raw = i % 5 === 0 ? JSON.stringify(value, null, 2) : i % 11 === 0 ? `${i}` : JSON.stringify(value);
       expected.push({ where: `element ${i + 1} (line ${text.split('\n').length})`, raw });
       text += raw + pick(rand, blanks);
@@ -114,7 +162,11 @@ describe('JSON array blocks', () => {
       ['after', '[1, {"a": [2]} ,\n3] x', /after\.json: line 2: unexpected 'x' after the closing '\]' of the array/],
       ['comma', '[1, 2],[3]', /line 1: unexpected ',' after the closing/],
       ['before', '\u00a0\n é[1]', /before\.json: line 2: expected a JSON array of records \('\[' first\), found 'é'/],
-      ['cut', '[1, 2, {"a": "b\\"]', /cut\.json: line 1: the JSON array is not closed \(the file ends inside element 3\)/],
+      [
+        'cut',
+        '[1, 2, {"a": "b\\"]',
+        /cut\.json: line 1: the JSON array is not closed \(the file ends inside element 3\)/,
+      ],
       ['empty', '\n \u3000', /empty\.json: empty file; expected a JSON array of records/],
     ];
     for (const [name, text, error] of cases) {
@@ -124,26 +176,46 @@ describe('JSON array blocks', () => {
       await expect(
         (async () => {
           for await (const { bytes, elements } of readElementBlocks(path, 1)) {
-            for (let e = 0; e < elements.length; e += ELEMENT_FIELDS) seen.push(Buffer.from(bytes).toString('utf8', elements[e]!, elements[e + 1]!));
+            for (let e = 0; e < elements.length; e += ELEMENT_FIELDS)
+              seen.push(Buffer.from(bytes).toString('utf8', elements[e]!, elements[e + 1]!));
           }
         })(),
       ).rejects.toThrow(error);
-      expect(seen, name).toEqual({ after: ['1', '{"a": [2]}', '3'], comma: ['1', '2'], before: [], cut: ['1', '2'], empty: [] }[name]);
+      expect(seen, name).toEqual(
+        { after: ['1', '{"a": [2]}', '3'], comma: ['1', '2'], before: [], cut: ['1', '2'], empty: [] }[name],
+      );
     }
     writeFileSync(join(dir, 'fine.json'), '\ufeff[1]\u3000\u2029 \n');
-    expect((await elementsInBlocks(join(dir, 'fine.json'), 1)).elements).toEqual([{ where: 'element 1 (line 1)', raw: '1' }]);
+    expect((await elementsInBlocks(join(dir, 'fine.json'), 1)).elements).toEqual([
+      { where: 'element 1 (line 1)', raw: '1' },
+    ]);
   });
 
   it("are read into the same sessions, reasons and ids as their elements' text read as records", async () => {
     const o: ReadingOptions = {
       format: 'json',
-      mapping: { fields: { messages: 'messages', reward: 'reward', feedback: 'feedback', model: 'model', created_at: 'created_at' }, message: { role: 'role', content: 'content', roles: {} }, outOfRangeReward: 'reject' },
+      mapping: {
+        fields: {
+          messages: 'messages',
+          reward: 'reward',
+          feedback: 'feedback',
+          model: 'model',
+          created_at: 'created_at',
+        },
+        message: { role: 'role', content: 'content', roles: {} },
+        outOfRangeReward: 'reject',
+      },
       maxRecordBytes: 4096,
     };
     // As a Node logger writes them (their messages kept as stored), as Python does (", " and ": "), pretty,
     // and bad in every way a record can be.
     const elements = Array.from({ length: 120 }, (_, i) => {
-      const s = session(i % 9 === 0 ? undefined : `s-${i}`, i % 4 === 0 ? null : `T${i % 7}`, (i % 3) / 2, `answer ${i} — ünï 🙂`);
+      const s = session(
+        i % 9 === 0 ? undefined : `s-${i}`,
+        i % 4 === 0 ? null : `T${i % 7}`,
+        (i % 3) / 2,
+        `answer ${i} — ünï 🙂`,
+      );
       switch (i % 8) {
         case 1:
           return JSON.stringify(s).replaceAll('","', '", "').replaceAll('":', '": ');
@@ -173,11 +245,23 @@ describe('JSON array blocks', () => {
     for await (const block of readElementBlocks(path, 1000)) {
       const records: RawRecord[] = [];
       const text = Buffer.from(block.bytes.buffer, block.bytes.byteOffset, block.bytes.byteLength);
-      for (let e = 0; e < block.elements.length; e += ELEMENT_FIELDS) records.push({ where: elementWhere(block.elements, e), raw: text.toString('utf8', block.elements[e]!, block.elements[e + 1]!) });
+      for (let e = 0; e < block.elements.length; e += ELEMENT_FIELDS)
+        records.push({
+          where: elementWhere(block.elements, e),
+          raw: text.toString('utf8', block.elements[e]!, block.elements[e + 1]!),
+        });
       const fromRecords = readBatch({ records }, 'records.json', o, shelf);
       const fromBlock = readBatch(block, 'records.json', o, shelf);
-      asElements = { lines: asElements.lines + Buffer.from(fromBlock.lines).toString(), records: [...asElements.records, ...kept(fromBlock.records)], notes: [...asElements.notes, ...fromBlock.notes] };
-      asRecords = { lines: asRecords.lines + Buffer.from(fromRecords.lines).toString(), records: [...asRecords.records, ...kept(fromRecords.records)], notes: [...asRecords.notes, ...fromRecords.notes] };
+      asElements = {
+        lines: asElements.lines + Buffer.from(fromBlock.lines).toString(),
+        records: [...asElements.records, ...kept(fromBlock.records)],
+        notes: [...asElements.notes, ...fromBlock.notes],
+      };
+      asRecords = {
+        lines: asRecords.lines + Buffer.from(fromRecords.lines).toString(),
+        records: [...asRecords.records, ...kept(fromRecords.records)],
+        notes: [...asRecords.notes, ...fromRecords.notes],
+      };
     }
     expect(asElements).toEqual(asRecords);
     expect(asRecords.notes.length).toBeGreaterThanOrEqual(45);
@@ -210,14 +294,20 @@ function damagedGzFiles(text: string, ext: string): { trial: number; path: strin
   return files;
 }
 
-const DAMAGED_RECORDS = Array.from({ length: 20_000 }, (_, i) => JSON.stringify({ id: i, t: `x${(i * 7919) % 10007} ${'abc'.repeat(i % 17)}` }));
+const DAMAGED_RECORDS = Array.from({ length: 20_000 }, (_, i) =>
+  JSON.stringify({ id: i, t: `x${(i * 7919) % 10007} ${'abc'.repeat(i % 17)}` }),
+);
 const BLOCK_SIZES = [64 << 10, 100 << 10, 200 << 10, 1 << 20];
 
 /**
  * Reads each of the two damaged files at every block size (`read`: how many of `unit` it gave, and why it
  * stopped) and expects the same whatever the size, with something read and a damage told.
  */
-async function expectSameAtEverySize(files: { trial: number; path: string }[], unit: string, read: (path: string, size: number) => Promise<[number, string]>): Promise<void> {
+async function expectSameAtEverySize(
+  files: { trial: number; path: string }[],
+  unit: string,
+  read: (path: string, size: number) => Promise<[number, string]>,
+): Promise<void> {
   expect(files).toHaveLength(2);
   for (const { trial, path } of files) {
     const outcomes: string[] = [];
@@ -232,27 +322,35 @@ async function expectSameAtEverySize(files: { trial: number; path: string }[], u
 
 describe('gzip line blocks', () => {
   it('keep the same lines of a file damaged midway whatever the block size (which the threads set)', async () => {
-    await expectSameAtEverySize(damagedGzFiles(DAMAGED_RECORDS.join('\n') + '\n', '.jsonl.gz'), 'lines', async (path, size) => {
-      let lines = 0;
-      let damaged = '';
-      for await (const block of readLineBlocks(path, size)) {
-        if ('bytes' in block) lines += block.bytes.filter((c) => c === 10).length;
-        else damaged = block.damaged;
-      }
-      return [lines, damaged];
-    });
+    await expectSameAtEverySize(
+      damagedGzFiles(DAMAGED_RECORDS.join('\n') + '\n', '.jsonl.gz'),
+      'lines',
+      async (path, size) => {
+        let lines = 0;
+        let damaged = '';
+        for await (const block of readLineBlocks(path, size)) {
+          if ('bytes' in block) lines += block.bytes.filter((c) => c === 10).length;
+          else damaged = block.damaged;
+        }
+        return [lines, damaged];
+      },
+    );
   });
 
   it('keep the same elements of a JSON array damaged midway whatever the block size', async () => {
-    await expectSameAtEverySize(damagedGzFiles('[' + DAMAGED_RECORDS.join(',\n') + ']\n', '.json.gz'), 'elements', async (path, size) => {
-      let elements = 0;
-      let damaged = '';
-      try {
-        for await (const block of readElementBlocks(path, size)) elements += block.elements.length / ELEMENT_FIELDS;
-      } catch (error) {
-        damaged = (error as Error).message;
-      }
-      return [elements, damaged];
-    });
+    await expectSameAtEverySize(
+      damagedGzFiles('[' + DAMAGED_RECORDS.join(',\n') + ']\n', '.json.gz'),
+      'elements',
+      async (path, size) => {
+        let elements = 0;
+        let damaged = '';
+        try {
+          for await (const block of readElementBlocks(path, size)) elements += block.elements.length / ELEMENT_FIELDS;
+        } catch (error) {
+          damaged = (error as Error).message;
+        }
+        return [elements, damaged];
+      },
+    );
   });
 });

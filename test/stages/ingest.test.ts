@@ -48,12 +48,23 @@ describe('ingest', () => {
     expect((await ingested(dir)).map((s) => s.session_id)).toEqual(['ok-1', 'ok-2', 'ok-3']);
     const q = await collect<QuarantineRecord>(join(dir, 'workspace', 'ingest', 'quarantine.jsonl'));
     const byLine = Object.fromEntries(q.map((r) => [r.where, r.reason]));
-    expect(Object.keys(byLine)).toEqual(['line 2', 'line 4', 'line 5', 'line 6', 'line 7', 'line 8', 'line 9', 'line 12']);
+    expect(Object.keys(byLine)).toEqual([
+      'line 2',
+      'line 4',
+      'line 5',
+      'line 6',
+      'line 7',
+      'line 8',
+      'line 9',
+      'line 12',
+    ]);
     expect(byLine['line 2']).toMatch(/not valid JSON/);
     expect(byLine['line 4']).toMatch(/messages must be an array .*got the string "hello"/);
     expect(byLine['line 5']).toMatch(/reward 1\.5 is outside \[0, 1\].*clamp/);
     expect(byLine['line 6']).toMatch(/reward must be a number/);
-    expect(byLine['line 7']).toMatch(/messages\[0\]\.role: the string "bot" is not one of system, user, assistant, tool/);
+    expect(byLine['line 7']).toMatch(
+      /messages\[0\]\.role: the string "bot" is not one of system, user, assistant, tool/,
+    );
     expect(byLine['line 8']).toMatch(/messages\[0\]: a tool message needs tool_call_id/);
     expect(byLine['line 9']).toMatch(/duplicate session_id 'ok-1'/);
     expect(byLine['line 12']).toMatch(/reward is missing/);
@@ -92,12 +103,18 @@ describe('ingest', () => {
     writeFileSync(join(dir, 'logs.jsonl'), jsonl([record]));
     await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\n').run(ingestOnly);
     const [s] = await ingested(dir);
-    expect(s!.messages).toEqual(record.messages.map((m) => {
-      const { reasoning_content: _r, ...rest } = m as Record<string, unknown>;
-      return rest;
-    }));
+    expect(s!.messages).toEqual(
+      record.messages.map((m) => {
+        const { reasoning_content: _r, ...rest } = m as Record<string, unknown>;
+        return rest;
+      }),
+    );
     expect(s!.messages[2]!.content).toBeNull();
-    expect(JSON.parse(s!.metadata)).toEqual({ trial: 3, extra: { nested: [1, 2] }, _message_extras: { 2: { reasoning_content: 'thinking…' } } });
+    expect(JSON.parse(s!.metadata)).toEqual({
+      trial: 3,
+      extra: { nested: [1, 2] },
+      _message_extras: { 2: { reasoning_content: 'thinking…' } },
+    });
     expect(s!.source).toMatch(/logs\.jsonl line 1$/);
   });
 
@@ -106,8 +123,14 @@ describe('ingest', () => {
     const own = '{"trial":1,"source":"sim","__proto__":{"x":1},"n":{"k":[1,2]}}';
     const base = (id: string) => ({ ...session(id, 'T', 1), metadata: undefined });
     // Written as text: a `__proto__` key is a field like any other, in the record and in its metadata.
-    const line = (id: string, metadata: string) => JSON.stringify(base(id)).replace(/}$/, `,"metadata":${metadata},"source":"tool","__proto__":"p","z":0}`);
-    const lines = [line('as-string', JSON.stringify(own)), line('as-object', own), line('not-an-object', '"[1,2]"'), line('without-proto', JSON.stringify('{"a":1}'))];
+    const line = (id: string, metadata: string) =>
+      JSON.stringify(base(id)).replace(/}$/, `,"metadata":${metadata},"source":"tool","__proto__":"p","z":0}`);
+    const lines = [
+      line('as-string', JSON.stringify(own)),
+      line('as-object', own),
+      line('not-an-object', '"[1,2]"'),
+      line('without-proto', JSON.stringify('{"a":1}')),
+    ];
     writeFileSync(join(dir, 'logs.jsonl'), lines.join('\n') + '\n');
     await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\n').run(ingestOnly);
     const [a, b, c, d] = await ingested(dir);
@@ -121,13 +144,28 @@ describe('ingest', () => {
     const { toSession } = await import('../../stages/ingest/mapping.ts');
     const record = JSON.parse(lines[1]!) as Record<string, unknown>;
     const before = JSON.stringify(record);
-    expect(toSession(record, 'x', { fields: { messages: 'messages', reward: 'reward', feedback: 'feedback', model: 'model', created_at: 'created_at' }, message: { role: 'role', content: 'content', roles: {} }, outOfRangeReward: 'reject' }).metadata).toBe(merged);
+    expect(
+      toSession(record, 'x', {
+        fields: {
+          messages: 'messages',
+          reward: 'reward',
+          feedback: 'feedback',
+          model: 'model',
+          created_at: 'created_at',
+        },
+        message: { role: 'role', content: 'content', roles: {} },
+        outOfRangeReward: 'reject',
+      }).metadata,
+    ).toBe(merged);
     expect(JSON.stringify(record)).toBe(before);
   });
 
   it('names a session without an id by a hash of its content, so a repeat is a duplicate', async () => {
     const dir = tempDir();
-    writeFileSync(join(dir, 'logs.jsonl'), jsonl([session(undefined, 'A', 1), session(undefined, 'A', 1), session(undefined, 'A', 0)]));
+    writeFileSync(
+      join(dir, 'logs.jsonl'),
+      jsonl([session(undefined, 'A', 1), session(undefined, 'A', 1), session(undefined, 'A', 0)]),
+    );
     await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\n').run(ingestOnly);
     const ids = (await ingested(dir)).map((s) => s.session_id);
     expect(ids).toHaveLength(2);
@@ -144,7 +182,9 @@ describe('ingest', () => {
     const db = await DuckDBInstance.create(':memory:');
     const c = await db.connect();
     // DuckDB writes messages as a list of structs with ZSTD pages: an independent writer.
-    await c.run(`COPY (SELECT * FROM read_json('${join(dir, 'src.jsonl')}')) TO '${join(dir, 'logs', 'deep', 'b.parquet')}' (FORMAT parquet, COMPRESSION zstd)`);
+    await c.run(
+      `COPY (SELECT * FROM read_json('${join(dir, 'src.jsonl')}')) TO '${join(dir, 'logs', 'deep', 'b.parquet')}' (FORMAT parquet, COMPRESSION zstd)`,
+    );
     writeFileSync(join(dir, 'other.jsonl'), jsonl([session('g1', 'C', 1)]));
     await engineFor(dir, 'ingest:\n  inputs: [logs, "oth*.jsonl"]\n').run(ingestOnly);
     const sessions = await ingested(dir);
@@ -169,27 +209,46 @@ describe('ingest', () => {
     writeFileSync(join(dir, 'inbox', 'day2.jsonl'), jsonl([session('d2-a', 'B', 1), session('d1-a', 'A', 1)]));
     const outcomes = await engineFor(dir, cfg).run(ingestOnly);
     expect(outcomes[0]!.reasons).toEqual(['input files: 1 new']);
-    expect(manifest(dir, 'ingest').counts).toMatchObject({ sessions: 3, new_sessions: 1, duplicates: 1, files: 2, files_skipped: 1 });
+    expect(manifest(dir, 'ingest').counts).toMatchObject({
+      sessions: 3,
+      new_sessions: 1,
+      duplicates: 1,
+      files: 2,
+      files_skipped: 1,
+    });
     const segments = await sessionSegments(join(dir, 'workspace', 'ingest'));
     expect(segments).toHaveLength(2);
     expect(statSync(segments[0]!).ino).toBe(inode);
     // Each segment's tasks file beside it (layout.ts TaskRun), the earlier one linked as its segment is.
     expect(statSync(tasksFile).ino).toBe(tasksInode);
-    expect(segments.map((s) => readFileSync(taskRunsFile(join(dir, 'workspace', 'ingest'), basename(s)), 'utf8'))).toEqual(['["A",2,' + statSync(segments[0]!).size + ']\n', '["B",1,' + statSync(segments[1]!).size + ']\n']);
+    expect(
+      segments.map((s) => readFileSync(taskRunsFile(join(dir, 'workspace', 'ingest'), basename(s)), 'utf8')),
+    ).toEqual(['["A",2,' + statSync(segments[0]!).size + ']\n', '["B",1,' + statSync(segments[1]!).size + ']\n']);
     expect((await ingested(dir)).map((s) => s.session_id)).toEqual(['d1-a', 'd1-b', 'd2-a']);
   });
 
-  it('names a segment by its file\'s XXH64, records it in the manifest and the hash cache, and skips a copy under another name', async () => {
+  it("names a segment by its file's XXH64, records it in the manifest and the hash cache, and skips a copy under another name", async () => {
     const dir = tempDir();
     mkdirSync(join(dir, 'inbox'));
     const day1 = jsonl([session('d1-a', 'A', 1), session('d1-b', 'A', 0)]);
     writeFileSync(join(dir, 'inbox', 'day1.jsonl'), day1);
     const cfg = 'ingest:\n  inputs: [inbox]\n';
-    const recorded = () => Object.fromEntries((manifest(dir, 'ingest') as unknown as { external: { name: string; xxh64: string }[] }).external.map((f) => [basename(f.name), f.xxh64]));
+    const recorded = () =>
+      Object.fromEntries(
+        (manifest(dir, 'ingest') as unknown as { external: { name: string; xxh64: string }[] }).external.map((f) => [
+          basename(f.name),
+          f.xxh64,
+        ]),
+      );
     await engineFor(dir, cfg).run(ingestOnly);
     expect(recorded()).toEqual({ 'day1.jsonl': xxh64(day1) });
-    expect((await sessionSegments(join(dir, 'workspace', 'ingest'))).map((p) => basename(p))).toEqual([`00000-${xxh64(day1).slice(0, 12)}.jsonl`]);
-    const cache = JSON.parse(readFileSync(join(dir, 'workspace', '.cache', 'file-hashes.json'), 'utf8')) as Record<string, { xxh64: string }>;
+    expect((await sessionSegments(join(dir, 'workspace', 'ingest'))).map((p) => basename(p))).toEqual([
+      `00000-${xxh64(day1).slice(0, 12)}.jsonl`,
+    ]);
+    const cache = JSON.parse(readFileSync(join(dir, 'workspace', '.cache', 'file-hashes.json'), 'utf8')) as Record<
+      string,
+      { xxh64: string }
+    >;
     expect(Object.values(cache).map((e) => e.xxh64)).toEqual([xxh64(day1)]);
 
     // The copy has day1's content, so it is skipped (as day1 is); day2 is new.
@@ -197,42 +256,78 @@ describe('ingest', () => {
     writeFileSync(join(dir, 'inbox', 'copy.jsonl'), day1);
     writeFileSync(join(dir, 'inbox', 'day2.jsonl'), day2);
     await engineFor(dir, cfg).run(ingestOnly);
-    expect(manifest(dir, 'ingest').counts).toMatchObject({ sessions: 3, new_sessions: 1, duplicates: 0, files: 2, files_skipped: 2 });
+    expect(manifest(dir, 'ingest').counts).toMatchObject({
+      sessions: 3,
+      new_sessions: 1,
+      duplicates: 0,
+      files: 2,
+      files_skipped: 2,
+    });
     expect(recorded()).toEqual({ 'copy.jsonl': xxh64(day1), 'day1.jsonl': xxh64(day1), 'day2.jsonl': xxh64(day2) });
-    expect((await sessionSegments(join(dir, 'workspace', 'ingest'))).map((p) => basename(p))).toEqual([`00000-${xxh64(day1).slice(0, 12)}.jsonl`, `00001-${xxh64(day2).slice(0, 12)}.jsonl`]);
+    expect((await sessionSegments(join(dir, 'workspace', 'ingest'))).map((p) => basename(p))).toEqual([
+      `00000-${xxh64(day1).slice(0, 12)}.jsonl`,
+      `00001-${xxh64(day2).slice(0, 12)}.jsonl`,
+    ]);
     expect((await ingested(dir)).map((s) => s.session_id)).toEqual(['d1-a', 'd1-b', 'd2-a']);
     // Every file's hash is in the cache: nothing is stale, and nothing is hashed again.
     expect(await engineFor(dir, cfg).run(ingestOnly)).toMatchObject([{ stage: 'ingest', action: 'fresh' }]);
-    expect(Object.keys(JSON.parse(readFileSync(join(dir, 'workspace', '.cache', 'file-hashes.json'), 'utf8')) as object)).toHaveLength(3);
+    expect(
+      Object.keys(JSON.parse(readFileSync(join(dir, 'workspace', '.cache', 'file-hashes.json'), 'utf8')) as object),
+    ).toHaveLength(3);
   });
 
   it('takes over a workspace from before files were known by XXH64: nothing read again, a segment whose file is gone kept', async () => {
     const dir = tempDir();
     mkdirSync(join(dir, 'inbox'));
-    const days = { 'day1.jsonl': jsonl([session('d1-a', 'A', 1), session('d1-b', 'A', 0)]), 'day2.jsonl': jsonl([session('d2-a', 'B', 1)]) };
+    const days = {
+      'day1.jsonl': jsonl([session('d1-a', 'A', 1), session('d1-b', 'A', 0)]),
+      'day2.jsonl': jsonl([session('d2-a', 'B', 1)]),
+    };
     for (const [name, text] of Object.entries(days)) writeFileSync(join(dir, 'inbox', name), text);
     const cfg = 'ingest:\n  inputs: [inbox]\n';
     await engineFor(dir, cfg).run(ingestOnly);
     // The workspace as the older ingest left it: files known by their SHA-256 in its index, its manifest and the hash cache.
     const ws = join(dir, 'workspace');
-    const rewrite = <T,>(path: string, change: (value: T) => unknown) => writeFileSync(path, JSON.stringify(change(JSON.parse(readFileSync(path, 'utf8')) as T)));
+    const rewrite = <T>(path: string, change: (value: T) => unknown) =>
+      writeFileSync(path, JSON.stringify(change(JSON.parse(readFileSync(path, 'utf8')) as T)));
     type Known = { name: string; xxh64: string };
     const older = ({ xxh64, ...f }: Known) => ({ ...f, sha256: sha256(days[basename(f.name) as keyof typeof days]) });
-    rewrite(join(ws, 'ingest', 'index.json'), (index: { files: Known[] }) => ({ ...index, files: index.files.map(older) }));
+    rewrite(join(ws, 'ingest', 'index.json'), (index: { files: Known[] }) => ({
+      ...index,
+      files: index.files.map(older),
+    }));
     const indexNow = statSync(join(ws, 'ingest', 'index.json'));
     type Output = { path: string; bytes: number; xxh64: string; mtime_ms: number };
     // Its outputs were known by SHA-256 too (not checked while their size and time are as recorded).
-    const output = ({ xxh64, ...o }: Output) => ({ ...o, sha256: 'older', ...(o.path === 'index.json' ? { bytes: indexNow.size, mtime_ms: indexNow.mtimeMs } : {}) });
-    rewrite(join(ws, 'ingest', 'manifest.json'), (m: { external: Known[]; outputs: Output[] }) => ({ ...m, external: m.external.map(older), outputs: m.outputs.map(output) }));
-    rewrite(join(ws, '.cache', 'file-hashes.json'), (cache: Record<string, { xxh64: string }>) => Object.fromEntries(Object.entries(cache).map(([path, { xxh64, ...e }]) => [path, { ...e, sha256: 'older' }])));
+    const output = ({ xxh64, ...o }: Output) => ({
+      ...o,
+      sha256: 'older',
+      ...(o.path === 'index.json' ? { bytes: indexNow.size, mtime_ms: indexNow.mtimeMs } : {}),
+    });
+    rewrite(join(ws, 'ingest', 'manifest.json'), (m: { external: Known[]; outputs: Output[] }) => ({
+      ...m,
+      external: m.external.map(older),
+      outputs: m.outputs.map(output),
+    }));
+    rewrite(join(ws, '.cache', 'file-hashes.json'), (cache: Record<string, { xxh64: string }>) =>
+      Object.fromEntries(Object.entries(cache).map(([path, { xxh64, ...e }]) => [path, { ...e, sha256: 'older' }])),
+    );
     const before = await ingested(dir);
     rmSync(join(dir, 'inbox', 'day2.jsonl'));
 
     const outcomes = await engineFor(dir, cfg).run(ingestOnly);
     expect(outcomes[0]!.reasons).toEqual(['input files: 1 new, 1 gone']);
-    expect(manifest(dir, 'ingest').counts).toMatchObject({ sessions: 3, new_sessions: 0, duplicates: 0, files: 2, files_skipped: 1 });
+    expect(manifest(dir, 'ingest').counts).toMatchObject({
+      sessions: 3,
+      new_sessions: 0,
+      duplicates: 0,
+      files: 2,
+      files_skipped: 1,
+    });
     expect(await ingested(dir)).toEqual(before);
-    const index = JSON.parse(readFileSync(join(ws, 'ingest', 'index.json'), 'utf8')) as { files: Record<string, unknown>[] };
+    const index = JSON.parse(readFileSync(join(ws, 'ingest', 'index.json'), 'utf8')) as {
+      files: Record<string, unknown>[];
+    };
     expect(index.files.map((f) => [basename(f.name as string), f.xxh64, f.sha256])).toEqual([
       ['day1.jsonl', xxh64(days['day1.jsonl']), undefined],
       ['day2.jsonl', `sha256:${sha256(days['day2.jsonl'])}`, undefined],
@@ -246,7 +341,13 @@ describe('ingest', () => {
       traj: [
         { from: 'system', value: 'You are a support agent.' },
         { from: 'human', value: `Task ${task}: refund order 12.` },
-        { from: 'gpt', value: null, tool_calls: [{ id: `t${n}`, type: 'function', function: { name: 'refund', arguments: { order: 12, try: n } } }] },
+        {
+          from: 'gpt',
+          value: null,
+          tool_calls: [
+            { id: `t${n}`, type: 'function', function: { name: 'refund', arguments: { order: 12, try: n } } },
+          ],
+        },
         { from: 'tool', value: ok ? 'refunded' : 'error: missing email', tool_call_id: `t${n}` },
         { from: 'gpt', value: ok ? 'Refunded.' : 'Failed.' },
       ],
@@ -255,7 +356,10 @@ describe('ingest', () => {
       outcome: { success: ok },
       agent: 'v3',
     });
-    writeFileSync(join(dir, 'agent.jsonl'), jsonl([trial('T1', 0, true), trial('T1', 1, false), trial('T1', 2, false), trial('T2', 0, true)]));
+    writeFileSync(
+      join(dir, 'agent.jsonl'),
+      jsonl([trial('T1', 0, true), trial('T1', 1, false), trial('T1', 2, false), trial('T2', 0, true)]),
+    );
     const cfg = [
       'ingest:',
       '  inputs: [agent.jsonl]',
@@ -296,7 +400,9 @@ describe('ingest', () => {
 
   it('stops with a clear error when an input matches nothing', async () => {
     const dir = tempDir();
-    await expect(engineFor(dir, 'ingest:\n  inputs: ["missing/*.jsonl"]\n').run(ingestOnly)).rejects.toThrow(/'missing\/\*\.jsonl' matches no file/);
+    await expect(engineFor(dir, 'ingest:\n  inputs: ["missing/*.jsonl"]\n').run(ingestOnly)).rejects.toThrow(
+      /'missing\/\*\.jsonl' matches no file/,
+    );
   });
 
   it('stops before reading any file when one has a name that tells no format', async () => {
@@ -304,7 +410,12 @@ describe('ingest', () => {
     writeFileSync(join(dir, 'a.jsonl'), jsonl([session('a', 'A', 1)]));
     writeFileSync(join(dir, 'notes.txt'), jsonl([session('b', 'A', 0)]));
     const [outcome] = await engineFor(dir, 'ingest:\n  inputs: [a.jsonl, notes.txt]\n').run(ingestOnly);
-    expect(outcome).toMatchObject({ action: 'failed', error: expect.stringMatching(/notes\.txt: cannot tell its format from the name; use \.jsonl, \.json or \.parquet, or set ingest\.format$/) });
+    expect(outcome).toMatchObject({
+      action: 'failed',
+      error: expect.stringMatching(
+        /notes\.txt: cannot tell its format from the name; use \.jsonl, \.json or \.parquet, or set ingest\.format$/,
+      ),
+    });
     expect(existsSync(join(dir, 'workspace', 'ingest', 'sessions'))).toBe(false);
   });
 });

@@ -19,17 +19,45 @@ const TEMPLATE = readFileSync(join(REPO, 'test', 'fixtures', 'chat-templates', '
 
 /** A small "pretrained" Qwen2 folder: random weights, a byte-level BPE with ChatML's markers, and the template. */
 function pretrainedFolder(dir: string): void {
-  const json = JSON.parse(trainTokenizer(['You call companies for the user. Please cancel my gym membership, thank you.'], 300));
+  const json = JSON.parse(
+    trainTokenizer(['You call companies for the user. Please cancel my gym membership, thank you.'], 300),
+  );
   const next = Object.keys(json.model.vocab).length + json.added_tokens.length;
-  json.added_tokens.push(...['<|im_start|>', '<|im_end|>', '<|endoftext|>'].map((content, i) => ({ id: next + i, content, single_word: false, lstrip: false, rstrip: false, normalized: false, special: true })));
+  json.added_tokens.push(
+    ...['<|im_start|>', '<|im_end|>', '<|endoftext|>'].map((content, i) => ({
+      id: next + i,
+      content,
+      single_word: false,
+      lstrip: false,
+      rstrip: false,
+      normalized: false,
+      special: true,
+    })),
+  );
   const tokenizerJson = JSON.stringify(json);
   const vocabSize = Tokenizer.fromString(tokenizerJson).getVocabSize(true);
-  const config = tinyLlama({ modelType: 'qwen2', vocabSize, hiddenSize: 32, heads: 2, kvHeads: 1, headDim: 16, intermediateSize: 64, layers: 1, attentionBias: true, tiedEmbeddings: false, maxPositions: 8192, eosTokenId: next + 1 });
+  const config = tinyLlama({
+    modelType: 'qwen2',
+    vocabSize,
+    hiddenSize: 32,
+    heads: 2,
+    kvHeads: 1,
+    headDim: 16,
+    intermediateSize: 64,
+    layers: 1,
+    attentionBias: true,
+    tiedEmbeddings: false,
+    maxPositions: 8192,
+    eosTokenId: next + 1,
+  });
   const model = Llama.create(config, 'pretrained');
   writeHfModel(dir, model);
   model.dispose();
   writeFileSync(join(dir, 'tokenizer.json'), tokenizerJson);
-  writeFileSync(join(dir, 'tokenizer_config.json'), JSON.stringify({ chat_template: TEMPLATE, eos_token: '<|im_end|>', pad_token: '<|endoftext|>' }));
+  writeFileSync(
+    join(dir, 'tokenizer_config.json'),
+    JSON.stringify({ chat_template: TEMPLATE, eos_token: '<|im_end|>', pad_token: '<|endoftext|>' }),
+  );
 }
 
 const weights = (dir: string) => readSafetensors(join(dir, 'model.safetensors')).tensors;
@@ -83,8 +111,16 @@ describe('sft.model.from: a pretrained folder, with LoRA', () => {
     expect(sft.summary).toMatch(/from .*pretrained \(LoRA r 4\)/);
     // The trained model is the pretrained architecture, with its tokenizer files carried over.
     const config = JSON.parse(readFileSync(join(workdir, 'sft', 'model', 'config.json'), 'utf8'));
-    expect(config).toMatchObject({ architectures: ['Qwen2ForCausalLM'], hidden_size: 32, num_key_value_heads: 1, tie_word_embeddings: false, prefab_context: 3072 });
-    expect(readFileSync(join(workdir, 'sft', 'model', 'tokenizer_config.json'), 'utf8')).toBe(readFileSync(join(pretrained, 'tokenizer_config.json'), 'utf8'));
+    expect(config).toMatchObject({
+      architectures: ['Qwen2ForCausalLM'],
+      hidden_size: 32,
+      num_key_value_heads: 1,
+      tie_word_embeddings: false,
+      prefab_context: 3072,
+    });
+    expect(readFileSync(join(workdir, 'sft', 'model', 'tokenizer_config.json'), 'utf8')).toBe(
+      readFileSync(join(pretrained, 'tokenizer_config.json'), 'utf8'),
+    );
   });
 
   it('trains the adapters alone: only q_proj and v_proj move, and the adapters are saved in PEFT’s layout', () => {
@@ -95,8 +131,16 @@ describe('sft.model.from: a pretrained folder, with LoRA', () => {
       expect(moved, name).toBe(/self_attn\.(q|v)_proj\.weight$/.test(name));
     }
     const adapter = JSON.parse(readFileSync(join(workdir, 'sft', 'adapter', 'adapter_config.json'), 'utf8'));
-    expect(adapter).toMatchObject({ peft_type: 'LORA', r: 4, lora_alpha: 8, target_modules: ['q_proj', 'v_proj'], base_model_name_or_path: pretrained });
-    expect([...readSafetensors(join(workdir, 'sft', 'adapter', 'adapter_model.safetensors')).tensors.keys()].sort()).toEqual([
+    expect(adapter).toMatchObject({
+      peft_type: 'LORA',
+      r: 4,
+      lora_alpha: 8,
+      target_modules: ['q_proj', 'v_proj'],
+      base_model_name_or_path: pretrained,
+    });
+    expect(
+      [...readSafetensors(join(workdir, 'sft', 'adapter', 'adapter_model.safetensors')).tensors.keys()].sort(),
+    ).toEqual([
       'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight',
       'base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight',
       'base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight',
@@ -107,9 +151,18 @@ describe('sft.model.from: a pretrained folder, with LoRA', () => {
   it('tunes DPO adapters on the SFT model, and eval compares the base it started from', () => {
     const sft = weights(join(workdir, 'sft', 'model'));
     const dpo = weights(join(workdir, 'dpo', 'model'));
-    expect(same(sft.get('model.layers.0.mlp.up_proj.weight')!.data, dpo.get('model.layers.0.mlp.up_proj.weight')!.data)).toBe(true);
-    expect(same(sft.get('model.layers.0.self_attn.q_proj.weight')!.data, dpo.get('model.layers.0.self_attn.q_proj.weight')!.data)).toBe(false);
-    expect(JSON.parse(readFileSync(join(workdir, 'dpo', 'adapter', 'adapter_config.json'), 'utf8')).base_model_name_or_path).toBe('../../sft/model');
+    expect(
+      same(sft.get('model.layers.0.mlp.up_proj.weight')!.data, dpo.get('model.layers.0.mlp.up_proj.weight')!.data),
+    ).toBe(true);
+    expect(
+      same(
+        sft.get('model.layers.0.self_attn.q_proj.weight')!.data,
+        dpo.get('model.layers.0.self_attn.q_proj.weight')!.data,
+      ),
+    ).toBe(false);
+    expect(
+      JSON.parse(readFileSync(join(workdir, 'dpo', 'adapter', 'adapter_config.json'), 'utf8')).base_model_name_or_path,
+    ).toBe('../../sft/model');
     const report = JSON.parse(readFileSync(join(workdir, 'eval', 'eval.json'), 'utf8'));
     expect(Object.keys(report.models)).toEqual(['base', 'sft', 'dpo']);
     expect(report.held_out.pairs).toBeGreaterThan(0);
@@ -122,7 +175,10 @@ describe('sft.model.from: a pretrained folder, with LoRA', () => {
     expect(r.code).toBe(2);
     expect(r.stderr).toMatch(/lora needs model\.from/);
     const missing = join(dir, 'missing.yaml');
-    writeFileSync(missing, readFileSync(join(dir, 'config.yaml'), 'utf8').replace('from: ./pretrained', 'from: ./nowhere'));
+    writeFileSync(
+      missing,
+      readFileSync(join(dir, 'config.yaml'), 'utf8').replace('from: ./pretrained', 'from: ./nowhere'),
+    );
     const m = prefab(['--workdir', workdir, '--config', missing, 'run']);
     expect(m.code).toBe(1);
     expect(m.stderr).toMatch(/nowhere is not a model folder: it has no config\.json/);

@@ -7,7 +7,13 @@ import { WorldCache, replaySession, sessionTask } from '../../env/replay.ts';
 import type { Department, Task, World } from '../../env/world.ts';
 import type { Message, Session } from '../../core/records.ts';
 import type { SampledSession } from '../../stages/sample/candidate.ts';
-import { completion, startChatServer, type ChatServer, type Script, type SeenRequest } from '../fixtures/chat-server.ts';
+import {
+  completion,
+  startChatServer,
+  type ChatServer,
+  type Script,
+  type SeenRequest,
+} from '../fixtures/chat-server.ts';
 import { collect, engineFor, jsonl, manifest, session, tempDir } from '../fixtures/pipeline.ts';
 
 const SAMPLE = join(import.meta.dirname, '../../data/sample/sessions.jsonl.gz');
@@ -41,7 +47,10 @@ async function buildFixture(): Promise<Fixture> {
     if ('reason' in found) throw new Error(`sample session ${s.session_id}: ${found.reason}`);
     world = found.world;
     const company = world.companies.find((c) => c.name === found.task.company)!;
-    tasks.push({ task: found.task, departments: found.task.calls.map((c) => company.departments.find((d) => d.name === c.department)!) });
+    tasks.push({
+      task: found.task,
+      departments: found.task.calls.map((c) => company.departments.find((d) => d.name === c.department)!),
+    });
     input.push(s);
     if (tasks.length === 3) break;
   }
@@ -70,7 +79,10 @@ function competentPolicy(fixture: Fixture, dialled: string[]): Script {
     const turn = messages.filter((m) => m.role === 'assistant').length;
     const results = messages.filter((m) => m.role === 'tool').map((m) => m.content ?? '');
     const act = (name: string, args: unknown) => ({
-      json: completion(null, { model: 'test-policy', tool_calls: [{ id: `call_${turn + 1}`, type: 'function', function: { name, arguments: JSON.stringify(args) } }] }),
+      json: completion(null, {
+        model: 'test-policy',
+        tool_calls: [{ id: `call_${turn + 1}`, type: 'function', function: { name, arguments: JSON.stringify(args) } }],
+      }),
     });
 
     if (turn === 0) return act('search_directory', { company: task.company });
@@ -88,7 +100,11 @@ function competentPolicy(fixture: Fixture, dialled: string[]): Script {
         const reference = /REF-\d+/.exec(results[2 + prior] ?? '')?.[0];
         if (reference) ask += ` My reference number is ${reference}.`;
       }
-      return act('call', { phone_number: phone, auth: Object.fromEntries(department.requires.map((f) => [f, form[f]])), request: ask });
+      return act('call', {
+        phone_number: phone,
+        auth: Object.fromEntries(department.requires.map((f) => [f, form[f]])),
+        request: ask,
+      });
     }
     if (i === departments.length) return act('finish', {});
     return { json: completion(CLOSING, { model: 'test-policy' }) };
@@ -114,12 +130,17 @@ function configYaml(server: ChatServer, extra = ''): string {
 
 function sampleFiles(dir: string): Record<string, string> {
   const sessions = join(dir, 'workspace', 'sample', 'sessions');
-  return Object.fromEntries(readdirSync(sessions).sort().map((f) => [f, readFileSync(join(sessions, f), 'utf8')]));
+  return Object.fromEntries(
+    readdirSync(sessions)
+      .sort()
+      .map((f) => [f, readFileSync(join(sessions, f), 'utf8')]),
+  );
 }
 
 async function candidates(dir: string): Promise<SampledSession[]> {
   const out: SampledSession[] = [];
-  for (const file of Object.keys(sampleFiles(dir))) out.push(...(await collect<SampledSession>(join(dir, 'workspace', 'sample', 'sessions', file))));
+  for (const file of Object.keys(sampleFiles(dir)))
+    out.push(...(await collect<SampledSession>(join(dir, 'workspace', 'sample', 'sessions', file))));
   return out;
 }
 
@@ -200,10 +221,15 @@ describe('sample', () => {
         expect(replay.ok).toBe(true);
         expect(c.reward).toBe(1);
         expect(c.feedback).toBeNull();
-        expect(JSON.parse(c.metadata)).toMatchObject({ success: true, sampled: { model: 'test-policy', temperature: 0.7 } });
+        expect(JSON.parse(c.metadata)).toMatchObject({
+          success: true,
+          sampled: { model: 'test-policy', temperature: 0.7 },
+        });
         // The environment got the real values: every call was done, with the number the directory listed.
         const calls = c.messages.flatMap((m) => m.tool_calls ?? []).filter((t) => t.function.name === 'call');
-        expect(calls.map((t) => (JSON.parse(t.function.arguments) as { phone_number: string }).phone_number)).toEqual(departments.map((d) => d.phone));
+        expect(calls.map((t) => (JSON.parse(t.function.arguments) as { phone_number: string }).phone_number)).toEqual(
+          departments.map((d) => d.phone),
+        );
         const callResults = c.messages.filter((m) => m.role === 'tool' && / here\. /.test(m.content ?? ''));
         expect(callResults).toHaveLength(departments.length);
         for (const r of callResults) expect(r.content).toMatch(/that's done/);
@@ -222,7 +248,14 @@ describe('sample', () => {
     expect(plain[0]!.reward).toBeNull();
     expect(plain[0]!.messages.at(-1)).toEqual({ role: 'assistant', content: PLAIN_REPLY });
     expect(plain[0]!.messages.slice(0, -1).map((m) => m.role)).toEqual(['system', 'user']);
-    expect(manifest(dir, 'sample').counts).toMatchObject({ tasks_sampled: 4, sampled: 7, rollouts: 6, replies: 1, failed: 0, over_budget: 0 });
+    expect(manifest(dir, 'sample').counts).toMatchObject({
+      tasks_sampled: 4,
+      sampled: 7,
+      rollouts: 6,
+      replies: 1,
+      failed: 0,
+      over_budget: 0,
+    });
     expect(server.requests).toHaveLength(fullRunRequests(fixture));
   });
 
@@ -235,7 +268,14 @@ describe('sample', () => {
       for (const value of keyed) expect(value).toMatch(PLACEHOLDER);
       for (const { task, departments } of fixture.tasks) {
         const v = task.profile.values;
-        for (const clear of [v.email, v.date_of_birth, v.account_number, v.phone_number, ...departments.map((d) => d.phone)]) expect(request.raw).not.toContain(clear);
+        for (const clear of [
+          v.email,
+          v.date_of_birth,
+          v.account_number,
+          v.phone_number,
+          ...departments.map((d) => d.phone),
+        ])
+          expect(request.raw).not.toContain(clear);
         for (const secret of [v.pin, v.last_4_ssn]) expect(keyed).not.toContain(secret);
       }
     }
@@ -269,7 +309,9 @@ describe('sample', () => {
       // One request short of a full run: exactly one candidate is left without its last answer.
       const budget = fullRunRequests(fixture) - 1;
       writeFileSync(join(budgetDir, 'logs.jsonl'), jsonl(fixture.input));
-      const outcomes = await engineFor(budgetDir, configYaml(budgetServer, `    max_requests: ${budget}`)).run({ until: 'sample' });
+      const outcomes = await engineFor(budgetDir, configYaml(budgetServer, `    max_requests: ${budget}`)).run({
+        until: 'sample',
+      });
       expect(outcomes.at(-1)).toMatchObject({ stage: 'sample', action: 'ran' });
       expect(budgetServer.requests).toHaveLength(budget);
       const written = await candidates(budgetDir);

@@ -18,9 +18,12 @@ describe('split', () => {
   it('puts each task wholly on one side, about at the configured ratio', async () => {
     const dir = tempDir();
     const records = [];
-    for (let t = 0; t < 200; t++) for (let k = 0; k < 3; k++) records.push(session(`t${t}-${k}`, `task-${t}`, k === 0 ? 1 : 0));
+    for (let t = 0; t < 200; t++)
+      for (let k = 0; k < 3; k++) records.push(session(`t${t}-${k}`, `task-${t}`, k === 0 ? 1 : 0));
     writeFileSync(join(dir, 'logs.jsonl'), jsonl(records));
-    await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\nsplit:\n  test_ratio: 0.25\n  bucket_size: 64\n').run({ until: 'split' });
+    await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\nsplit:\n  test_ratio: 0.25\n  bucket_size: 64\n').run({
+      until: 'split',
+    });
     const sessions = await splitSessions(dir);
     expect(sessions).toHaveLength(600);
     const side = new Map<string, Set<string>>();
@@ -63,11 +66,14 @@ describe('split', () => {
     const dir = tempDir();
     // Tasks' sessions one after another (four each), then two tasks' sessions in turn, and untasked ones.
     const records = [];
-    for (let t = 0; t < 30; t++) for (let k = 0; k < 4; k++) records.push(session(`t${t}-${k}`, `task-${t}`, k === 0 ? 1 : 0));
+    for (let t = 0; t < 30; t++)
+      for (let k = 0; k < 4; k++) records.push(session(`t${t}-${k}`, `task-${t}`, k === 0 ? 1 : 0));
     for (let k = 0; k < 20; k++) records.push(session(`a${k}`, 'task-a', k % 2), session(`b${k}`, 'task-b', k % 2));
     records.push(session('u1', null, 1), session('u2', null, 0));
     writeFileSync(join(dir, 'logs.jsonl'), jsonl(records));
-    await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\nsplit:\n  test_ratio: 0.3\n  bucket_size: 40\n').run({ until: 'split' });
+    await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\nsplit:\n  test_ratio: 0.3\n  bucket_size: 40\n').run({
+      until: 'split',
+    });
     const workspace = join(dir, 'workspace');
     const [segment] = readdirSync(join(workspace, 'ingest', 'sessions'));
     const ingested = readFileSync(join(workspace, 'ingest', 'sessions', segment!));
@@ -100,7 +106,9 @@ describe('split', () => {
     // each of the 40 taken in turn.
     expect(runs).toBeLessThanOrEqual(30 + 40);
     expect(runs).toBeLessThan(pointed / 2);
-    expect((await splitLines(dir)).map((l) => (JSON.parse(l) as SplitSession).session_id).sort()).toEqual(records.map((r) => r.session_id).sort());
+    expect((await splitLines(dir)).map((l) => (JSON.parse(l) as SplitSession).session_id).sort()).toEqual(
+      records.map((r) => r.session_id).sort(),
+    );
   });
 
   it("places the runs of ingest's tasks files as reading every line does, and says which tasks file was changed", async () => {
@@ -108,13 +116,26 @@ describe('split', () => {
     // Two input files (two segments): tasks in runs and in turn, untasked sessions among them, repeated ids
     // (dropped, so a run goes on over them), ids and tasks that need escapes.
     const day1 = [];
-    for (let t = 0; t < 40; t++) for (let k = 0; k < 3; k++) day1.push(session(`t${t}-${k}`, `task-${t}`, k === 0 ? 1 : 0, `answer ${t} ${k}`));
-    for (let k = 0; k < 30; k++) day1.push(session(`i${k}`, `turn-${k % 3}`, k % 2), ...(k % 7 === 0 ? [session(undefined, null, 0.5, `untasked ${k}`)] : []));
+    for (let t = 0; t < 40; t++)
+      for (let k = 0; k < 3; k++) day1.push(session(`t${t}-${k}`, `task-${t}`, k === 0 ? 1 : 0, `answer ${t} ${k}`));
+    for (let k = 0; k < 30; k++)
+      day1.push(
+        session(`i${k}`, `turn-${k % 3}`, k % 2),
+        ...(k % 7 === 0 ? [session(undefined, null, 0.5, `untasked ${k}`)] : []),
+      );
     day1.push(session('t3-1', 'task-3', 1), session('q"1', 'ünï "task"\\', 1), session('q"2', 'ünï "task"\\', 0));
-    const day2 = [session('t5-0', 'task-5', 0), session('late-1', 'task-5', 1), session('late-2', null, 0), session('late-3', 'task-41', 1)];
+    const day2 = [
+      session('t5-0', 'task-5', 0),
+      session('late-1', 'task-5', 1),
+      session('late-2', null, 0),
+      session('late-3', 'task-41', 1),
+    ];
     writeFileSync(join(dir, 'day1.jsonl'), jsonl(day1));
     writeFileSync(join(dir, 'day2.jsonl'), jsonl(day2));
-    const engine = engineFor(dir, 'ingest:\n  inputs: [day1.jsonl, day2.jsonl]\nsplit:\n  test_ratio: 0.3\n  bucket_size: 16\n');
+    const engine = engineFor(
+      dir,
+      'ingest:\n  inputs: [day1.jsonl, day2.jsonl]\nsplit:\n  test_ratio: 0.3\n  bucket_size: 16\n',
+    );
     await engine.run({ until: 'split' });
     const ingest = join(dir, 'workspace', 'ingest');
     const segments = readdirSync(join(ingest, 'sessions')).sort();
@@ -136,7 +157,13 @@ describe('split', () => {
       expect(readFileSync(join(ingest, 'tasks', segment), 'utf8')).toBe(jsonl(runs));
       expect(index.files.find((f) => f.segment === segment)!.segment_bytes).toBe(bytes.length);
     }
-    const split = () => Object.fromEntries(readdirSync(join(dir, 'workspace', 'split', 'sessions')).map((f) => [f, readFileSync(join(dir, 'workspace', 'split', 'sessions', f), 'utf8')]));
+    const split = () =>
+      Object.fromEntries(
+        readdirSync(join(dir, 'workspace', 'split', 'sessions')).map((f) => [
+          f,
+          readFileSync(join(dir, 'workspace', 'split', 'sessions', f), 'utf8'),
+        ]),
+      );
     const fromRuns = split();
     expect(manifest(dir, 'split').counts).toMatchObject({ train_sessions: expect.any(Number), untasked: 6 });
     const counts = manifest(dir, 'split').counts;
@@ -150,13 +177,20 @@ describe('split', () => {
     mkdirSync(join(ingest, 'tasks'));
     for (const s of segments) writeFileSync(join(ingest, 'tasks', s), runsOf[s]!);
     const changed = join(ingest, 'tasks', segments[0]!);
-    writeFileSync(changed, readFileSync(changed, 'utf8').replace(/,(\d+)\]\n/, (_, n: string) => `,${Number(n) - 1}]\n`));
+    writeFileSync(
+      changed,
+      readFileSync(changed, 'utf8').replace(/,(\d+)\]\n/, (_, n: string) => `,${Number(n) - 1}]\n`),
+    );
     const [outcome] = await engine.run({ from: 'split', until: 'split', force: 'split' });
     expect(outcome!.action).toBe('failed');
-    expect(outcome!.error).toMatch(/tasks\/00000-[0-9a-f]{12}\.jsonl: its runs add up to \d+ bytes, and .*00000-[0-9a-f]{12}\.jsonl has \d+; .*run `prefab stage ingest`/);
+    expect(outcome!.error).toMatch(
+      /tasks\/00000-[0-9a-f]{12}\.jsonl: its runs add up to \d+ bytes, and .*00000-[0-9a-f]{12}\.jsonl has \d+; .*run `prefab stage ingest`/,
+    );
     writeFileSync(changed, '["task-0",3]\n');
     const [again] = await engine.run({ from: 'split', until: 'split', force: 'split' });
-    expect(again!.error).toMatch(/tasks\/00000-[0-9a-f]{12}\.jsonl line 1: not a task run \(\[task, sessions, bytes\]\).*run `prefab stage ingest`/);
+    expect(again!.error).toMatch(
+      /tasks\/00000-[0-9a-f]{12}\.jsonl line 1: not a task run \(\[task, sessions, bytes\]\).*run `prefab stage ingest`/,
+    );
   });
 
   it('says which bucket line to make again when what it points at is not what ingest holds', async () => {
@@ -173,9 +207,13 @@ describe('split', () => {
     const broken = (line: string) => writeFileSync(bucket, [line, ...lines.slice(1)].join('\n') + '\n');
 
     broken(sessionRunLine({ ...first, ingest: '00009-gone.jsonl' }));
-    await expect(read()).rejects.toThrow(/train-000\.jsonl line 1: points at ingest's segment 00009-gone\.jsonl, which .*sessions does not hold .*run `prefab stage split`/);
+    await expect(read()).rejects.toThrow(
+      /train-000\.jsonl line 1: points at ingest's segment 00009-gone\.jsonl, which .*sessions does not hold .*run `prefab stage split`/,
+    );
     broken(sessionRunLine({ ...first, sessions: first.sessions + 1 }));
-    await expect(read()).rejects.toThrow(/train-000\.jsonl line 1: split found \d+ session\(s\) at bytes \d+ to \d+ of ingest's segment .*, which holds \d+ line\(s\) there, not all sessions; it has changed since: run `prefab stage split`/);
+    await expect(read()).rejects.toThrow(
+      /train-000\.jsonl line 1: split found \d+ session\(s\) at bytes \d+ to \d+ of ingest's segment .*, which holds \d+ line\(s\) there, not all sessions; it has changed since: run `prefab stage split`/,
+    );
     broken(sessionRunLine({ ...first, bytes: [first.bytes[0] + 1, first.bytes[1]] }));
     await expect(read()).rejects.toThrow(/not all sessions/);
     broken(sessionRunLine({ ...first, bytes: [first.bytes[0], first.bytes[1] + 10 ** 9] }));
@@ -197,27 +235,39 @@ describe('split', () => {
     broken(sessionRunLine({ ...first, sessions: 10 ** 12 }));
     await expect(read()).rejects.toThrow(/line 1: not a run of ingest's sessions/);
     broken(sessionRunLine(first));
-    const sessions = (await read()).toString('utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l) as SplitSession);
+    const sessions = (await read())
+      .toString('utf8')
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => JSON.parse(l) as SplitSession);
     expect(sessions.map((s) => s.session_id).sort()).toEqual(records.map((r) => r.session_id).sort());
     expect(sessions.every((s) => s.split === 'train' && s.task_match === null)).toBe(true);
   });
 
-  it("writes whole a segment line that does not end as ingest ends one, and names the segment and byte of a line cut short", async () => {
+  it('writes whole a segment line that does not end as ingest ends one, and names the segment and byte of a line cut short', async () => {
     const dir = tempDir();
     const records = [];
-    for (let t = 0; t < 10; t++) for (let k = 0; k < 3; k++) records.push(session(`t${t}-${k}`, `task-${t}`, k === 0 ? 1 : 0));
+    for (let t = 0; t < 10; t++)
+      for (let k = 0; k < 3; k++) records.push(session(`t${t}-${k}`, `task-${t}`, k === 0 ? 1 : 0));
     writeFileSync(join(dir, 'logs.jsonl'), jsonl(records));
     const engine = engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\nsplit:\n  test_ratio: 0.3\n');
     await engine.run({ until: 'split' });
-    const before = (await splitLines(dir)).map((l) => JSON.parse(l) as SplitSession).sort((a, b) => (a.session_id < b.session_id ? -1 : 1));
+    const before = (await splitLines(dir))
+      .map((l) => JSON.parse(l) as SplitSession)
+      .sort((a, b) => (a.session_id < b.session_id ? -1 : 1));
     const sessions = join(dir, 'workspace', 'ingest', 'sessions');
     const [segment] = readdirSync(sessions);
     const lines = readFileSync(join(sessions, segment!), 'utf8').split('\n').filter(Boolean);
     // White space after a session's closing brace (its line still JSON), on a line within the file and on its
     // last line, which then has no newline.
-    writeFileSync(join(sessions, segment!), [lines[4] + ' ', ...lines.slice(0, 4), ...lines.slice(5, -1), `${lines.at(-1)}\t`].join('\n'));
+    writeFileSync(
+      join(sessions, segment!),
+      [lines[4] + ' ', ...lines.slice(0, 4), ...lines.slice(5, -1), `${lines.at(-1)}\t`].join('\n'),
+    );
     await engine.run({ from: 'split', until: 'split', force: 'split' });
-    const after = (await splitLines(dir)).map((l) => JSON.parse(l) as SplitSession).sort((a, b) => (a.session_id < b.session_id ? -1 : 1));
+    const after = (await splitLines(dir))
+      .map((l) => JSON.parse(l) as SplitSession)
+      .sort((a, b) => (a.session_id < b.session_id ? -1 : 1));
     expect(after).toEqual(before);
     // A line cut short after its head: an error that says which file, where, and what to run.
     const cut = lines[7]!.slice(0, 120);
@@ -225,23 +275,35 @@ describe('split', () => {
     const at = lines.slice(0, 7).join('\n').length + 1;
     const [outcome] = await engine.run({ from: 'split', until: 'split', force: 'split' });
     expect(outcome!.action).toBe('failed');
-    expect(outcome!.error).toMatch(new RegExp(`${segment}: the line at byte ${at} is not a session's JSON \\(.*\\); .*run \`prefab stage ingest\``));
+    expect(outcome!.error).toMatch(
+      new RegExp(`${segment}: the line at byte ${at} is not a session's JSON \\(.*\\); .*run \`prefab stage ingest\``),
+    );
   });
 
   it('writes every session as ingest made it with its side added, whatever its id and task hold', async () => {
     const dir = tempDir();
     const odd = ['plain', 'quote"inside', 'back\\slash', 'ünï—code', '"', '\\"', 'comma","task_id":"fake'];
-    const records = odd.flatMap((id, i) => [session(id, `task ${odd[(i + 1) % odd.length]}`, 1), session(`${id}-untasked`, null, 0)]);
+    const records = odd.flatMap((id, i) => [
+      session(id, `task ${odd[(i + 1) % odd.length]}`, 1),
+      session(`${id}-untasked`, null, 0),
+    ]);
     writeFileSync(join(dir, 'logs.jsonl'), jsonl(records));
     await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\nsplit:\n  test_ratio: 0.5\n').run({ until: 'split' });
     const ingested = new Map<string, Record<string, unknown>>();
-    for (const f of readdirSync(join(dir, 'workspace', 'ingest', 'sessions'))) for (const s of await collect<Record<string, unknown>>(join(dir, 'workspace', 'ingest', 'sessions', f))) ingested.set(s.session_id as string, s);
+    for (const f of readdirSync(join(dir, 'workspace', 'ingest', 'sessions')))
+      for (const s of await collect<Record<string, unknown>>(join(dir, 'workspace', 'ingest', 'sessions', f)))
+        ingested.set(s.session_id as string, s);
     let lines = 0;
     for (const line of await splitLines(dir)) {
       const s = JSON.parse(line) as SplitSession;
       expect(line).toBe(JSON.stringify(s)); // well-formed, and as JSON.stringify writes it
       const before = ingested.get(s.session_id)!;
-      expect(s).toEqual({ ...before, task_id: before.task_id ?? s.task_id, split: s.split, task_match: before.task_id === null ? expect.any(Object) : null });
+      expect(s).toEqual({
+        ...before,
+        task_id: before.task_id ?? s.task_id,
+        split: s.split,
+        task_match: before.task_id === null ? expect.any(Object) : null,
+      });
       lines++;
     }
     expect(lines).toBe(records.length);
@@ -270,13 +332,15 @@ describe('split', () => {
       const assign = (text: string) => {
         const set = shingles(text);
         const candidates = new Set<number>();
-        for (const s of set) if ((index.get(s)?.length ?? Infinity) <= limit) for (const g of index.get(s)!) candidates.add(g);
+        for (const s of set)
+          if ((index.get(s)?.length ?? Infinity) <= limit) for (const g of index.get(s)!) candidates.add(g);
         let best: { g: number; score: number } | null = null;
         for (const g of [...candidates].sort((x, y) => x - y)) {
           const score = jaccard(set, groups[g]!.shingles);
           if (!best || score > best.score) best = { g, score };
         }
-        if (best && best.score >= threshold) return { task_id: groups[best.g]!.id, score: best.score, kind: 'matched_task' };
+        if (best && best.score >= threshold)
+          return { task_id: groups[best.g]!.id, score: best.score, kind: 'matched_task' };
         const id = `group-${sha256(text).slice(0, 12)}`;
         add(id, text);
         return { task_id: id, score: 1, kind: 'new_group' };
@@ -287,8 +351,11 @@ describe('split', () => {
     // Known tasks come first, some of them with the same request.
     const words = Array.from({ length: 40 }, (_, i) => `w${i}`);
     const rand = seeded('split similarity');
-    const request = () => Array.from({ length: int(rand, 0, 12) }, () => pick(rand, words.slice(0, int(rand, 4, 40)))).join(' ');
-    const known = Array.from({ length: 60 }, request).flatMap((text, i) => (i % 3 === 0 ? [text, text, `${text} ${text}`] : [text]));
+    const request = () =>
+      Array.from({ length: int(rand, 0, 12) }, () => pick(rand, words.slice(0, int(rand, 4, 40)))).join(' ');
+    const known = Array.from({ length: 60 }, request).flatMap((text, i) =>
+      i % 3 === 0 ? [text, text, `${text} ${text}`] : [text],
+    );
     const texts = Array.from({ length: 1500 }, request);
     let matched = 0;
     for (const threshold of [0, 0.3, 0.5, 0.75, 1]) {

@@ -13,7 +13,20 @@ import { readSafetensors } from '../../train/safetensors.ts';
 
 /** The default run's stages, tiny; `dpo` is the dpo section's own lines. */
 const tinyConfig = (dir: string, dpo = 'loss: dpo\nmax_steps: 4') =>
-  tinyConfigOf(dir, { vocab: 512, context: 640, sessions: 80, resampleCopies: 0.5, sftSteps: 4, dpo, examples: 48, checkpointEvery: 2, pairs: 12, nllSessions: 6, tasks: 2, maxTokens: 16 });
+  tinyConfigOf(dir, {
+    vocab: 512,
+    context: 640,
+    sessions: 80,
+    resampleCopies: 0.5,
+    sftSteps: 4,
+    dpo,
+    examples: 48,
+    checkpointEvery: 2,
+    pairs: 12,
+    nllSessions: 6,
+    tasks: 2,
+    maxTokens: 16,
+  });
 
 const metricsOf = (path: string) =>
   readFileSync(path, 'utf8')
@@ -24,7 +37,9 @@ const metricsOf = (path: string) =>
 /** Kills `child` with SIGKILL as soon as a checkpoint of step `step` appears in the stage's cache folder. */
 async function killAtCheckpoint(child: ChildProcess, cache: string, step: number): Promise<void> {
   const name = `step-${String(step).padStart(6, '0')}`;
-  const checkpointed = () => existsSync(cache) && readdirSync(cache).some((f) => f.startsWith('run-') && readdirSync(join(cache, f)).includes(name));
+  const checkpointed = () =>
+    existsSync(cache) &&
+    readdirSync(cache).some((f) => f.startsWith('run-') && readdirSync(join(cache, f)).includes(name));
   await new Promise<void>((resolve, reject) => {
     const timer = setInterval(() => {
       if (checkpointed()) {
@@ -57,10 +72,17 @@ describe('training stages (tiny model)', () => {
     const registry = new Registry(join(workdir, 'registry'));
     expect(registry.aliases()).toEqual({ production: 'v0001', candidate: null });
     const v = registry.version('v0001');
-    expect(v.source).toMatchObject({ stage: 'dpo', folder: 'dapo', sessions: expect.any(Number), fingerprint: JSON.parse(readFileSync(join(workdir, 'dapo', 'manifest.json'), 'utf8')).fingerprint });
+    expect(v.source).toMatchObject({
+      stage: 'dpo',
+      folder: 'dapo',
+      sessions: expect.any(Number),
+      fingerprint: JSON.parse(readFileSync(join(workdir, 'dapo', 'manifest.json'), 'utf8')).fingerprint,
+    });
     expect((v.eval as { models: Record<string, unknown> }).models).toHaveProperty('dpo');
     expect((v.config as { sft: { max_steps: number } }).sft.max_steps).toBe(4);
-    expect(readFileSync(join(registry.folder('v0001'), 'model', 'model.safetensors'))).toEqual(readFileSync(join(workdir, 'dapo', 'model', 'model.safetensors')));
+    expect(readFileSync(join(registry.folder('v0001'), 'model', 'model.safetensors'))).toEqual(
+      readFileSync(join(workdir, 'dapo', 'model', 'model.safetensors')),
+    );
     const list = prefab(['--workdir', workdir, 'models', 'list']);
     expect(list.stdout).toMatch(/^v0001 .* production +dpo +success\/mean@1 /m);
     const again = prefab(['--workdir', workdir, '--config', config, 'run', '--until', 'export']);
@@ -69,14 +91,29 @@ describe('training stages (tiny model)', () => {
   });
 
   it('trains a tokenizer, then SFT, then DPO from the SFT model, and evaluates all three', () => {
-    for (const stage of ['tokenizer', 'sft', 'dpo', 'eval']) expect(existsSync(join(workdir, stage, 'manifest.json')), stage).toBe(true);
+    for (const stage of ['tokenizer', 'sft', 'dpo', 'eval'])
+      expect(existsSync(join(workdir, stage, 'manifest.json')), stage).toBe(true);
     const tokenizer = JSON.parse(readFileSync(join(workdir, 'tokenizer', 'tokenizer.json'), 'utf8'));
     expect(Object.keys(tokenizer.model.vocab).length + tokenizer.added_tokens.length).toBe(512);
     const sft = loadCheckpoint(join(workdir, 'sft', 'model'));
     // A tiny Llama in Hugging Face's layout: the configured shape, SwiGLU at 8/3 of the width, trained at the configured context.
-    expect(sft.model.config).toMatchObject({ modelType: 'llama', vocabSize: 512, hiddenSize: 32, intermediateSize: 96, layers: 1, heads: 2, kvHeads: 2, headDim: 16, maxPositions: 640, tiedEmbeddings: true });
+    expect(sft.model.config).toMatchObject({
+      modelType: 'llama',
+      vocabSize: 512,
+      hiddenSize: 32,
+      intermediateSize: 96,
+      layers: 1,
+      heads: 2,
+      kvHeads: 2,
+      headDim: 16,
+      maxPositions: 640,
+      tiedEmbeddings: true,
+    });
     expect(sft.context).toBe(640);
-    expect(JSON.parse(readFileSync(join(workdir, 'sft', 'model', 'config.json'), 'utf8'))).toMatchObject({ architectures: ['LlamaForCausalLM'], eos_token_id: tokenizer.added_tokens.find((t: { content: string }) => t.content === '<|end|>').id });
+    expect(JSON.parse(readFileSync(join(workdir, 'sft', 'model', 'config.json'), 'utf8'))).toMatchObject({
+      architectures: ['LlamaForCausalLM'],
+      eos_token_id: tokenizer.added_tokens.find((t: { content: string }) => t.content === '<|end|>').id,
+    });
     // About half the sessions trained on had their copied values replaced.
     const counts = JSON.parse(readFileSync(join(workdir, 'sft', 'manifest.json'), 'utf8')).counts;
     expect(counts.sessions).toBe(80);
@@ -88,13 +125,21 @@ describe('training stages (tiny model)', () => {
     const placeholders = JSON.parse(readFileSync(join(workdir, 'tokenizer', 'placeholders.json'), 'utf8'));
     expect(placeholders.keys).toEqual(expect.arrayContaining(['account_number', 'pin', 'zip_code']));
     // The most frequent placeholders are tokens of their own, and BPE learnt no merges inside them.
-    expect(tokenizer.added_tokens.filter((t: { special: boolean }) => !t.special).map((t: { content: string }) => t.content)).toEqual(expect.arrayContaining(['[PHONE_1]', '[ACCOUNT_1]']));
+    expect(
+      tokenizer.added_tokens.filter((t: { special: boolean }) => !t.special).map((t: { content: string }) => t.content),
+    ).toEqual(expect.arrayContaining(['[PHONE_1]', '[ACCOUNT_1]']));
     expect(Object.keys(tokenizer.model.vocab).some((t) => t.includes('PHONE'))).toBe(false);
     expect(sft.placeholders).toEqual(placeholders);
-    expect(JSON.parse(readFileSync(join(workdir, 'dpo', 'model', 'config.json'), 'utf8')).prefab_placeholders).toEqual(placeholders);
+    expect(JSON.parse(readFileSync(join(workdir, 'dpo', 'model', 'config.json'), 'utf8')).prefab_placeholders).toEqual(
+      placeholders,
+    );
     // DPO starts from the SFT weights and moves them.
-    const before = readSafetensors(join(workdir, 'sft', 'model', 'model.safetensors')).tensors.get('model.layers.0.mlp.up_proj.weight')!.data;
-    const after = readSafetensors(join(workdir, 'dpo', 'model', 'model.safetensors')).tensors.get('model.layers.0.mlp.up_proj.weight')!.data;
+    const before = readSafetensors(join(workdir, 'sft', 'model', 'model.safetensors')).tensors.get(
+      'model.layers.0.mlp.up_proj.weight',
+    )!.data;
+    const after = readSafetensors(join(workdir, 'dpo', 'model', 'model.safetensors')).tensors.get(
+      'model.layers.0.mlp.up_proj.weight',
+    )!.data;
     expect(after).not.toEqual(before);
     const meanShift = before.reduce((s, v, i) => s + Math.abs(v - after[i]!), 0) / before.length;
     expect(meanShift).toBeLessThan(0.01);
@@ -107,7 +152,18 @@ describe('training stages (tiny model)', () => {
     expect(sft[3]!.loss).toBeLessThan(sft[0]!.loss!);
     const dpo = metricsOf(join(workdir, 'dpo', 'metrics.jsonl'));
     expect(dpo).toHaveLength(4);
-    for (const key of ['loss', 'rewards/chosen', 'rewards/rejected', 'rewards/accuracies', 'rewards/margins', 'logps/chosen', 'logps/rejected', 'learning_rate', 'tokens/s', 'grad_norm']) {
+    for (const key of [
+      'loss',
+      'rewards/chosen',
+      'rewards/rejected',
+      'rewards/accuracies',
+      'rewards/margins',
+      'logps/chosen',
+      'logps/rejected',
+      'learning_rate',
+      'tokens/s',
+      'grad_norm',
+    ]) {
       for (const row of dpo) expect(Number.isFinite(row[key]), `${key} at step ${row.step}`).toBe(true);
     }
     // Step 1 starts at the reference: its rewards are 0 and its loss ln 2.
@@ -137,34 +193,78 @@ describe('training stages (tiny model)', () => {
     const types = Object.keys(report.pairs_by_type).filter((t) => t !== 'all');
     expect(types.length).toBeGreaterThan(0);
     expect(types.reduce((n, t) => n + report.pairs_by_type[t].pairs, 0)).toBe(all.pairs);
-    expect(readFileSync(join(workdir, 'eval', 'table.txt'), 'utf8')).toMatch(/^pairs\/accuracy by type\s+pairs\s+shorter\s+untrained\s+sft\s+dpo$/m);
+    expect(readFileSync(join(workdir, 'eval', 'table.txt'), 'utf8')).toMatch(
+      /^pairs\/accuracy by type\s+pairs\s+shorter\s+untrained\s+sft\s+dpo$/m,
+    );
   });
 
   it('reuses the cached reference log-probabilities when only the loss settings change', () => {
-    const r = prefab(['--workdir', workdir, '--config', tinyConfig(join(workdir, '..'), 'loss: ipo\nmax_steps: 2'), '--log-format', 'json', 'run']);
+    const r = prefab([
+      '--workdir',
+      workdir,
+      '--config',
+      tinyConfig(join(workdir, '..'), 'loss: ipo\nmax_steps: 2'),
+      '--log-format',
+      'json',
+      'run',
+    ]);
     expect(r.code, r.stderr).toBe(0);
     expect(r.stderr).toMatch(/"event":"reference log-probabilities from the cache"/);
-    expect(JSON.parse(r.stdout).stages.map((s: { action: string }) => s.action).slice(-5)).toEqual(['fresh', 'fresh', 'ran', 'ran', 'ran']); // tokenizer, sft, then dpo, dapo (off: passes the new dpo model on), eval
+    expect(
+      JSON.parse(r.stdout)
+        .stages.map((s: { action: string }) => s.action)
+        .slice(-5),
+    ).toEqual(['fresh', 'fresh', 'ran', 'ran', 'ran']); // tokenizer, sft, then dpo, dapo (off: passes the new dpo model on), eval
     expect(metricsOf(join(workdir, 'dpo', 'metrics.jsonl'))).toHaveLength(2);
     // Another seed draws other pairs from max_examples: their reference values are computed, not loaded.
-    const seeded = prefab(['--workdir', workdir, '--config', tinyConfig(join(workdir, '..'), 'loss: ipo\nmax_steps: 2\nseed: other'), '--log-format', 'json', 'run']);
+    const seeded = prefab([
+      '--workdir',
+      workdir,
+      '--config',
+      tinyConfig(join(workdir, '..'), 'loss: ipo\nmax_steps: 2\nseed: other'),
+      '--log-format',
+      'json',
+      'run',
+    ]);
     expect(seeded.code, seeded.stderr).toBe(0);
     expect(seeded.stderr).not.toMatch(/"event":"reference log-probabilities from the cache"/);
   });
 
   it('refuses a label smoothing of 0.5 or more, where the robust loss divides by zero', () => {
-    const r = prefab(['--workdir', workdir, '--config', tinyConfig(join(workdir, '..'), 'loss: robust\nlabel_smoothing: 0.5'), 'status']);
+    const r = prefab([
+      '--workdir',
+      workdir,
+      '--config',
+      tinyConfig(join(workdir, '..'), 'loss: robust\nlabel_smoothing: 0.5'),
+      'status',
+    ]);
     expect(r.code).toBe(2);
     expect(r.stderr).toMatch(/dpo\.label_smoothing: .*0\.5/);
   });
 
   it('trains with SimPO, ORPO and KTO too, each logging its metrics', () => {
     for (const loss of ['simpo', 'orpo', 'kto']) {
-      const r = prefab(['--workdir', workdir, '--config', tinyConfig(join(workdir, '..'), `loss: ${loss}\nmax_steps: 2`), '--log-format', 'json', 'run']);
+      const r = prefab([
+        '--workdir',
+        workdir,
+        '--config',
+        tinyConfig(join(workdir, '..'), `loss: ${loss}\nmax_steps: 2`),
+        '--log-format',
+        'json',
+        'run',
+      ]);
       expect(r.code, r.stderr).toBe(0);
       const rows = metricsOf(join(workdir, 'dpo', 'metrics.jsonl'));
       expect(rows, loss).toHaveLength(2);
-      for (const key of ['loss', 'rewards/chosen', 'rewards/rejected', 'rewards/margins', 'logps/chosen', 'logps/rejected', ...(loss === 'kto' ? ['kl'] : ['rewards/accuracies'])]) {
+      for (const key of [
+        'loss',
+        'rewards/chosen',
+        'rewards/rejected',
+        'rewards/margins',
+        'logps/chosen',
+        'logps/rejected',
+        ...(loss === 'kto' ? ['kl'] : ['rewards/accuracies']),
+      ]) {
         expect(Number.isFinite(rows[1]![key]), `${loss}: ${key}`).toBe(true);
       }
       const report = JSON.parse(readFileSync(join(workdir, 'eval', 'eval.json'), 'utf8'));
@@ -176,16 +276,23 @@ describe('training stages (tiny model)', () => {
   it('reads the exported pairs the trainer used with DuckDB too', async () => {
     const db = await DuckDBInstance.create(':memory:');
     const c = await db.connect();
-    const [row] = (await c.runAndReadAll(`SELECT count(*)::INTEGER AS n FROM '${join(workdir, 'export', 'pairs', 'train.parquet')}'`)).getRowObjectsJson();
+    const [row] = (
+      await c.runAndReadAll(`SELECT count(*)::INTEGER AS n FROM '${join(workdir, 'export', 'pairs', 'train.parquet')}'`)
+    ).getRowObjectsJson();
     expect(Number(row!.n)).toBeGreaterThanOrEqual(48);
   });
 
   it('passes the dpo model on when DAPO is off, and with it on plays groups in the simulator and logs every step', () => {
     const off = JSON.parse(readFileSync(join(workdir, 'dapo', 'manifest.json'), 'utf8'));
     expect(off.summary).toMatch(/DAPO is off/);
-    expect(readFileSync(join(workdir, 'dapo', 'model', 'model.safetensors'))).toEqual(readFileSync(join(workdir, 'dpo', 'model', 'model.safetensors')));
+    expect(readFileSync(join(workdir, 'dapo', 'model', 'model.safetensors'))).toEqual(
+      readFileSync(join(workdir, 'dpo', 'model', 'model.safetensors')),
+    );
     const cfg = tinyConfig(join(workdir, '..'));
-    appendFileSync(cfg, 'dapo:\n  enabled: true\n  steps: 2\n  tasks_per_step: 1\n  group_size: 2\n  reward: partial\n  max_generation_batches: 2\n  mode: feedback\n  max_calls: 1\n  simulator: { max_tokens: 12, max_turns: 2 }\n  validation: { every: 1, tasks: 1, tries: 2 }\n');
+    appendFileSync(
+      cfg,
+      'dapo:\n  enabled: true\n  steps: 2\n  tasks_per_step: 1\n  group_size: 2\n  reward: partial\n  max_generation_batches: 2\n  mode: feedback\n  max_calls: 1\n  simulator: { max_tokens: 12, max_turns: 2 }\n  validation: { every: 1, tasks: 1, tries: 2 }\n',
+    );
     const r = prefab(['--workdir', workdir, '--config', cfg, '--log-format', 'json', 'run', '--until', 'dapo']);
     expect(r.code, r.stderr).toBe(0);
     const rows = metricsOf(join(workdir, 'dapo', 'metrics.jsonl'));
@@ -200,11 +307,18 @@ describe('training stages (tiny model)', () => {
       expect(m['val/success_first']).toBeGreaterThanOrEqual(0);
       expect(m['val/success_feedback']).toBeGreaterThanOrEqual(m['val/success_first']!);
     }
-    expect(JSON.parse(readFileSync(join(workdir, 'dapo', 'model', 'config.json'), 'utf8'))).toMatchObject({ architectures: ['LlamaForCausalLM'] });
+    expect(JSON.parse(readFileSync(join(workdir, 'dapo', 'model', 'config.json'), 'utf8'))).toMatchObject({
+      architectures: ['LlamaForCausalLM'],
+    });
     // The eval table gains a dapo column.
     const evaluated = prefab(['--workdir', workdir, '--config', cfg, '--log-format', 'json', 'run', '--from', 'eval']);
     expect(evaluated.code, evaluated.stderr).toBe(0);
-    expect(Object.keys(JSON.parse(readFileSync(join(workdir, 'eval', 'eval.json'), 'utf8')).models)).toEqual(['untrained', 'sft', 'dpo', 'dapo']);
+    expect(Object.keys(JSON.parse(readFileSync(join(workdir, 'eval', 'eval.json'), 'utf8')).models)).toEqual([
+      'untrained',
+      'sft',
+      'dpo',
+      'dapo',
+    ]);
   });
 });
 
@@ -226,16 +340,25 @@ describe('kill -9 during dpo', () => {
 
     // Everything but the timing is bit-identical: same batches, same RNG, same optimiser state.
     const strip = (rows: Record<string, number>[]) => rows.map(({ 'tokens/s': _, ...rest }) => rest);
-    expect(strip(metricsOf(join(killed, 'dpo', 'metrics.jsonl')))).toEqual(strip(metricsOf(join(dir, 'whole', 'dpo', 'metrics.jsonl'))));
-    expect(readFileSync(join(killed, 'dpo', 'model', 'model.safetensors'))).toEqual(readFileSync(join(dir, 'whole', 'dpo', 'model', 'model.safetensors')));
-    expect(JSON.parse(readFileSync(join(killed, 'eval', 'eval.json'), 'utf8')).models).toEqual(JSON.parse(readFileSync(join(dir, 'whole', 'eval', 'eval.json'), 'utf8')).models);
+    expect(strip(metricsOf(join(killed, 'dpo', 'metrics.jsonl')))).toEqual(
+      strip(metricsOf(join(dir, 'whole', 'dpo', 'metrics.jsonl'))),
+    );
+    expect(readFileSync(join(killed, 'dpo', 'model', 'model.safetensors'))).toEqual(
+      readFileSync(join(dir, 'whole', 'dpo', 'model', 'model.safetensors')),
+    );
+    expect(JSON.parse(readFileSync(join(killed, 'eval', 'eval.json'), 'utf8')).models).toEqual(
+      JSON.parse(readFileSync(join(dir, 'whole', 'eval', 'eval.json'), 'utf8')).models,
+    );
   });
 });
 
 describe('kill -9 during dapo', () => {
   it('resumes from the last checkpoint and ends where an uninterrupted run does: same rollouts, metrics and weights', async () => {
     const cfg = tinyConfig(join(workdir, '..'));
-    appendFileSync(cfg, 'dapo:\n  enabled: true\n  steps: 5\n  tasks_per_step: 1\n  group_size: 2\n  reward: partial\n  mode: feedback\n  simulator: { max_tokens: 12, max_turns: 2 }\n');
+    appendFileSync(
+      cfg,
+      'dapo:\n  enabled: true\n  steps: 5\n  tasks_per_step: 1\n  group_size: 2\n  reward: partial\n  mode: feedback\n  simulator: { max_tokens: 12, max_turns: 2 }\n',
+    );
     const common = ['--workdir', workdir, '--config', cfg, '--log-format', 'json'];
     const args = [...common, 'run', '--until', 'dapo'];
     const cache = join(workdir, '.cache', 'dapo');
@@ -246,7 +369,10 @@ describe('kill -9 during dapo', () => {
     const resumed = prefab(args);
     expect(resumed.code, resumed.stderr).toBe(0);
     expect(resumed.stderr).toMatch(/"event":"resuming from checkpoint".*"step":[234]/);
-    const killed = { metrics: metricsOf(join(workdir, 'dapo', 'metrics.jsonl')), weights: readFileSync(join(workdir, 'dapo', 'model', 'model.safetensors')) };
+    const killed = {
+      metrics: metricsOf(join(workdir, 'dapo', 'metrics.jsonl')),
+      weights: readFileSync(join(workdir, 'dapo', 'model', 'model.safetensors')),
+    };
     fresh();
     const whole = prefab([...common, 'stage', 'dapo']);
     expect(whole.code, whole.stderr).toBe(0);

@@ -30,24 +30,63 @@ function near(got: unknown, want: unknown, where: string): void {
 describe('the run with --backend webgpu', () => {
   it.skipIf(absent)('trains SFT, DPO and DAPO on the GPU to the figures and eval table of the run on WASM', () => {
     const dir = tempDir();
-    const config = tinyConfig(dir, { vocab: 512, context: 640, sessions: 40, sftSteps: 3, dpo: 'loss: dpo\nmax_steps: 3', examples: 24, checkpointEvery: 2, pairs: 12, nllSessions: 6, tasks: 2, maxTokens: 16 });
-    appendFileSync(config, 'dapo:\n  enabled: true\n  steps: 2\n  tasks_per_step: 1\n  group_size: 2\n  reward: partial\n  max_generation_batches: 2\n  mode: feedback\n  max_calls: 1\n  simulator: { max_tokens: 12, max_turns: 2 }\n  validation: { every: 1, tasks: 1, tries: 2 }\n');
-    const run = (backend: string) => prefab(['--workdir', join(dir, backend), '--config', config, '--log-format', 'json', '--backend', backend, 'run']);
+    const config = tinyConfig(dir, {
+      vocab: 512,
+      context: 640,
+      sessions: 40,
+      sftSteps: 3,
+      dpo: 'loss: dpo\nmax_steps: 3',
+      examples: 24,
+      checkpointEvery: 2,
+      pairs: 12,
+      nllSessions: 6,
+      tasks: 2,
+      maxTokens: 16,
+    });
+    appendFileSync(
+      config,
+      'dapo:\n  enabled: true\n  steps: 2\n  tasks_per_step: 1\n  group_size: 2\n  reward: partial\n  max_generation_batches: 2\n  mode: feedback\n  max_calls: 1\n  simulator: { max_tokens: 12, max_turns: 2 }\n  validation: { every: 1, tasks: 1, tries: 2 }\n',
+    );
+    const run = (backend: string) =>
+      prefab([
+        '--workdir',
+        join(dir, backend),
+        '--config',
+        config,
+        '--log-format',
+        'json',
+        '--backend',
+        backend,
+        'run',
+      ]);
     const [onCpu, onGpu] = [run('wasm'), run('webgpu')];
     expect(onCpu.code, onCpu.stderr).toBe(0);
     expect(onGpu.code, onGpu.stderr).toBe(0);
     expect(onGpu.stderr).toMatch(/"backend":"webgpu on [^"]+ for training updates/);
     expect(onGpu.stderr).not.toMatch(/this run trains on wasm/);
-    expect(JSON.parse(onGpu.stdout).stages.find((s: { stage: string }) => s.stage === 'sft').summary).toMatch(/on webgpu$/);
-    for (const [stage, steps] of [['sft', 3], ['dpo', 3], ['dapo', 2]] as const) {
-      const [want, got] = [lines(join(dir, 'wasm', stage, 'metrics.jsonl')), lines(join(dir, 'webgpu', stage, 'metrics.jsonl'))];
+    expect(JSON.parse(onGpu.stdout).stages.find((s: { stage: string }) => s.stage === 'sft').summary).toMatch(
+      /on webgpu$/,
+    );
+    for (const [stage, steps] of [
+      ['sft', 3],
+      ['dpo', 3],
+      ['dapo', 2],
+    ] as const) {
+      const [want, got] = [
+        lines(join(dir, 'wasm', stage, 'metrics.jsonl')),
+        lines(join(dir, 'webgpu', stage, 'metrics.jsonl')),
+      ];
       expect(got).toHaveLength(steps);
       // At step 1 DPO's policy is its reference: every margin is 0 on WASM and within rounding of 0 on the GPU, so
       // rewards/accuracies (the share of margins above 0) is a tie that rounding breaks.
-      const skip = (i: number) => ({ 'tokens/s': 0, ...(i === 0 && stage === 'dpo' ? { 'rewards/accuracies': 0 } : {}) });
+      const skip = (i: number) => ({
+        'tokens/s': 0,
+        ...(i === 0 && stage === 'dpo' ? { 'rewards/accuracies': 0 } : {}),
+      });
       want.forEach((row, i) => near({ ...got[i], ...skip(i) }, { ...row, ...skip(i) }, `${stage} step ${i + 1}`));
     }
-    const evalOf = (backend: string) => JSON.parse(readFileSync(join(dir, backend, 'eval', 'eval.json'), 'utf8')).models;
+    const evalOf = (backend: string) =>
+      JSON.parse(readFileSync(join(dir, backend, 'eval', 'eval.json'), 'utf8')).models;
     const [want, got] = [evalOf('wasm'), evalOf('webgpu')];
     expect(Object.keys(want)).toEqual(['untrained', 'sft', 'dpo', 'dapo']);
     near(got, want, 'eval');

@@ -22,19 +22,38 @@ const SAME_HASH = ['s-1122789', 's-1339192'];
 async function workspace(): Promise<{ ingest: string; buckets: string[] }> {
   const dir = tempDir();
   const records: unknown[] = [];
-  for (let i = 0; i < 600; i++) records.push(session(i === 0 || i === 2 ? SAME_HASH[i / 2] : `s-${i}`, i % 2 === 0 ? 'alpha' : 'beta', i % 3 === 0 ? 1 : 0, `answer ${i} ${'x'.repeat(3200 + (i % 7) * 100)}`));
+  for (let i = 0; i < 600; i++)
+    records.push(
+      session(
+        i === 0 || i === 2 ? SAME_HASH[i / 2] : `s-${i}`,
+        i % 2 === 0 ? 'alpha' : 'beta',
+        i % 3 === 0 ? 1 : 0,
+        `answer ${i} ${'x'.repeat(3200 + (i % 7) * 100)}`,
+      ),
+    );
   for (let i = 0; i < 60; i++) records.push(session(`small-${i}`, `T${i % 20}`, i % 2, `reply ${i}`));
   for (let i = 0; i < 20; i++) records.push(session(`untasked-${i}`, null, i % 2, `untasked ${i}`));
   writeFileSync(join(dir, 'logs.jsonl'), jsonl(records));
-  await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\nsplit:\n  bucket_size: 64\n  test_ratio: 0\n').run({ until: 'split' });
+  await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\nsplit:\n  bucket_size: 64\n  test_ratio: 0\n').run({
+    until: 'split',
+  });
   const folder = join(dir, 'workspace', 'split', 'sessions');
-  return { ingest: join(dir, 'workspace', 'ingest'), buckets: readdirSync(folder).sort().map((f) => join(folder, f)) };
+  return {
+    ingest: join(dir, 'workspace', 'ingest'),
+    buckets: readdirSync(folder)
+      .sort()
+      .map((f) => join(folder, f)),
+  };
 }
 
 /** A bucket's sessions read whole, as `sessions` gives them. */
 async function whole(path: string, ingest: string): Promise<SplitSession[]> {
   const bytes = await new StoredBucketReader().sessions(path, ingest);
-  return bytes.toString('utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l) as SplitSession);
+  return bytes
+    .toString('utf8')
+    .split('\n')
+    .filter(Boolean)
+    .map((l) => JSON.parse(l) as SplitSession);
 }
 
 describe("split's buckets read a block at a time", () => {
@@ -63,9 +82,14 @@ describe("split's buckets read a block at a time", () => {
       for (const s of await whole(path, ingest)) byTask.set(s.task_id!, [...(byTask.get(s.task_id!) ?? []), s]);
       const tasks = [...byTask.keys()].sort();
       expect(readTaskGroups(path, ingest)).toEqual(tasks.map((t) => [t, byTask.get(t)]));
-      expect(readTaskGroups(path, ingest, undefined, { most: 3 })).toEqual(tasks.map((t) => [t, byTask.get(t)!.slice(0, 3)]));
-      const firstIds = (t: string) => [...byTask.get(t)!].sort((x, y) => (x.session_id < y.session_id ? -1 : 1)).slice(0, 3);
-      expect(readTaskGroups(path, ingest, undefined, { most: 3, byId: true })).toEqual(tasks.map((t) => [t, firstIds(t)]));
+      expect(readTaskGroups(path, ingest, undefined, { most: 3 })).toEqual(
+        tasks.map((t) => [t, byTask.get(t)!.slice(0, 3)]),
+      );
+      const firstIds = (t: string) =>
+        [...byTask.get(t)!].sort((x, y) => (x.session_id < y.session_id ? -1 : 1)).slice(0, 3);
+      expect(readTaskGroups(path, ingest, undefined, { most: 3, byId: true })).toEqual(
+        tasks.map((t) => [t, firstIds(t)]),
+      );
       for (const t of tasks) if (JSON.stringify(firstIds(t)) !== JSON.stringify(byTask.get(t)!.slice(0, 3))) cut++;
     }
     // Tasks whose first sessions in the bucket are not those whose ids come first: the two cuts differ there.

@@ -13,7 +13,10 @@ async function oracleSession(index: number): Promise<Message[]> {
   return (await runEpisode(world, task, new ScriptedAgent('oracle', world, task, 's'))).messages;
 }
 
-const calls = (messages: Message[]) => messages.flatMap((m) => m.tool_calls ?? []).map((c) => ({ name: c.function.name, args: JSON.parse(c.function.arguments) as Record<string, unknown> }));
+const calls = (messages: Message[]) =>
+  messages
+    .flatMap((m) => m.tool_calls ?? [])
+    .map((c) => ({ name: c.function.name, args: JSON.parse(c.function.arguments) as Record<string, unknown> }));
 
 describe('copy augmentation', () => {
   it('finds the values the assistant copied, and not field names or the requests it wrote', async () => {
@@ -21,7 +24,9 @@ describe('copy augmentation', () => {
     const task = generateTask(world, 'train', 0);
     const copied = copiedValues(messages);
     expect(copied).toContain(task.company);
-    const phones = calls(messages).filter((c) => c.name === 'call').map((c) => c.args.phone_number as string);
+    const phones = calls(messages)
+      .filter((c) => c.name === 'call')
+      .map((c) => c.args.phone_number as string);
     expect(phones.length).toBeGreaterThan(0);
     for (const p of phones) expect(copied).toContain(p);
     for (const c of calls(messages).filter((c) => c.name === 'call')) {
@@ -47,12 +52,16 @@ describe('copy augmentation', () => {
       // The renamed company is searched for by the name the user gave, and every call goes to a number
       // the renamed directory lists, with the values the renamed form returned.
       const user = fresh[1]!.content!;
-      const observations = fresh.filter((m) => m.role === 'tool').map((m) => m.content!).join('\n');
+      const observations = fresh
+        .filter((m) => m.role === 'tool')
+        .map((m) => m.content!)
+        .join('\n');
       for (const c of calls(fresh)) {
         if (c.name === 'search_directory') expect(user).toContain(c.args.company);
         if (c.name === 'call') {
           expect(observations).toContain(`"phone":"${c.args.phone_number}"`);
-          for (const [field, value] of Object.entries(c.args.auth as Record<string, string>)) expect(observations).toContain(`"${field}":"${value}"`);
+          for (const [field, value] of Object.entries(c.args.auth as Record<string, string>))
+            expect(observations).toContain(`"${field}":"${value}"`);
         }
       }
       // The same tools in the same order: only copied values differ.
@@ -71,5 +80,4 @@ describe('copy augmentation', () => {
     ];
     expect(resampleCopies(plain, seeded('a'))).toBe(plain);
   });
-
 });

@@ -22,7 +22,8 @@ beforeAll(async () => {
 describe('reading JSON against a schema, a token at a time', () => {
   it("reads every prefix of the environment's own calls as partial, and each call as complete", () => {
     const form = '{"fields":["account_number","last_4_ssn","zip_code"]}';
-    const call = '{"phone_number":"[PHONE_3]","auth":{"account_number":"[ACCOUNT_1]","pin":"4\\"2\\u00e9"},"request":"I\'d like to cancel. Ref: REF-000123."}';
+    const call =
+      '{"phone_number":"[PHONE_3]","auth":{"account_number":"[ACCOUNT_1]","pin":"4\\"2\\u00e9"},"request":"I\'d like to cancel. Ref: REF-000123."}';
     expect(prefixes(FORM, form)).toEqual(new Set(['partial']));
     expect(readJson(FORM, form)).toBe('complete');
     expect(prefixes(CALL, call)).toEqual(new Set(['partial']));
@@ -50,10 +51,15 @@ describe('reading JSON against a schema, a token at a time', () => {
   });
 
   it('reads numbers, literals and untyped values', () => {
-    const schema: JsonSchema = { type: 'object', properties: { n: { type: 'number' }, i: { type: 'integer' }, b: { type: 'boolean' }, x: {} } };
+    const schema: JsonSchema = {
+      type: 'object',
+      properties: { n: { type: 'number' }, i: { type: 'integer' }, b: { type: 'boolean' }, x: {} },
+    };
     expect(readJson(schema, '{"n":-1.5e+3,"i":42,"b":false,"x":[null,{"k":"v"},true,0.5]}')).toBe('complete');
-    for (const p of ['{"n":-', '{"n":1.', '{"n":1e+', '{"b":fa', '{"x":[nu']) expect(readJson(schema, p), p).toBe('partial');
-    for (const p of ['{"n":01,', '{"i":1.5,', '{"b":fx', '{"n":1.}', '{"x":[nul]']) expect(readJson(schema, p), p).toBe('invalid');
+    for (const p of ['{"n":-', '{"n":1.', '{"n":1e+', '{"b":fa', '{"x":[nu'])
+      expect(readJson(schema, p), p).toBe('partial');
+    for (const p of ['{"n":01,', '{"i":1.5,', '{"b":fx', '{"n":1.}', '{"x":[nul]'])
+      expect(readJson(schema, p), p).toBe('invalid');
   });
 });
 
@@ -61,7 +67,10 @@ describe('decoding under the constraint', () => {
   // A vocabulary of single characters and a few words, so that a random model can write anything.
   const chars = [...new Set('abcdefghijklmnopqrstuvwxyz_0123456789{}[]":, ')];
   const texts = [...chars, 'search_directory', 'call', '"fields"', '"phone_number"', ...SPECIAL_TOKENS];
-  const special = Object.fromEntries(SPECIAL_TOKENS.map((t) => [t, texts.indexOf(t)])) as Record<(typeof SPECIAL_TOKENS)[number], number>;
+  const special = Object.fromEntries(SPECIAL_TOKENS.map((t) => [t, texts.indexOf(t)])) as Record<
+    (typeof SPECIAL_TOKENS)[number],
+    number
+  >;
   const constraint = new ToolCallConstraint(TOOLS, texts, special);
 
   it('lets content be free text, and allows a call to end only once it is complete', () => {
@@ -84,12 +93,23 @@ describe('decoding under the constraint', () => {
     let calls = 0;
     for (let episode = 0; episode < 6; episode++) {
       let seed = episode + 1;
-      const random = () => ((seed = (seed * 16807) % 2147483647) / 2147483647);
+      const random = () => (seed = (seed * 16807) % 2147483647) / 2147483647;
       // Start inside a call: from there on every token must keep it a call of a tool.
-      const out = cache.generate([special['<|assistant|>']!, special['<|call|>']], { maxTokens: 300, temperature: 1.5, topP: 1, random, stop: [special['<|end|>']], constraint: { allows: (g, c) => constraint.allows([special['<|call|>'], ...g], c) } });
+      const out = cache.generate([special['<|assistant|>']!, special['<|call|>']], {
+        maxTokens: 300,
+        temperature: 1.5,
+        topP: 1,
+        random,
+        stop: [special['<|end|>']],
+        constraint: { allows: (g, c) => constraint.allows([special['<|call|>'], ...g], c) },
+      });
       // One or more calls: each <|call|> starts the next, and the message ends at <|end|> or at maxTokens.
       const ended = out.at(-1) === special['<|end|>'];
-      const segments = out.filter((i) => i !== special['<|end|>']).map((i) => (i === special['<|call|>'] ? '\u0000' : texts[i])).join('').split('\u0000');
+      const segments = out
+        .filter((i) => i !== special['<|end|>'])
+        .map((i) => (i === special['<|call|>'] ? '\u0000' : texts[i]))
+        .join('')
+        .split('\u0000');
       for (const [k, text] of segments.entries()) {
         const last = k === segments.length - 1;
         expect(readCall(TOOLS, text), text).toBe(last && !ended ? 'partial' : 'complete');

@@ -17,9 +17,16 @@ const history: Message[] = Array.from({ length: 6 }, (_, i) => [
 ]).flat();
 const prompt = [system, request, ...history];
 const short: Message[] = [{ role: 'assistant', content: 'Done.' }];
-const verbose: Message[] = [{ role: 'assistant', content: 'Certainly! I am so glad to help. '.repeat(12) + 'Done, as you asked, and thank you for your patience.' }];
+const verbose: Message[] = [
+  {
+    role: 'assistant',
+    content: 'Certainly! I am so glad to help. '.repeat(12) + 'Done, as you asked, and thank you for your patience.',
+  },
+];
 
-const tokenizer = prefabChat(trainTokenizer([renderText([...prompt, ...short]), renderText([...prompt, ...verbose])], 300));
+const tokenizer = prefabChat(
+  trainTokenizer([renderText([...prompt, ...short]), renderText([...prompt, ...verbose])], 300),
+);
 const trained = (mask: number[]) => mask.reduce((n, m) => n + m, 0);
 
 describe('pair sequences', () => {
@@ -43,8 +50,21 @@ describe('pair sequences', () => {
 
   it('leaves a pair out, with its reason, when a side does not fit even after the head of the prompt', async () => {
     const pair = (id: string, rejected: Message[]): Pair => ({
-      pair_id: id, prompt, chosen: short, rejected, chosen_reward: 1, rejected_reward: 0, margin: 1, confidence: 1, source: 'hard_negative',
-      negative_type: 'verbose', judge: 'verifier', task_id: 't', chosen_session_id: 'a', rejected_session_id: 'b', split: 'train',
+      pair_id: id,
+      prompt,
+      chosen: short,
+      rejected,
+      chosen_reward: 1,
+      rejected_reward: 0,
+      margin: 1,
+      confidence: 1,
+      source: 'hard_negative',
+      negative_type: 'verbose',
+      judge: 'verifier',
+      task_id: 't',
+      chosen_session_id: 'a',
+      rejected_session_id: 'b',
+      split: 'train',
     });
     const head = await completionSequences(tokenizer, [system, request], [verbose], 10_000, null);
     if ('tooLong' in head) throw new Error(head.tooLong);
@@ -52,6 +72,13 @@ describe('pair sequences', () => {
     const made = await pairExamples(tokenizer, [pair('fits', short), pair('too-long', verbose)], length, null);
     expect(made.examples).toHaveLength(1);
     expect(made.rows).toEqual([0]);
-    expect(made.dropped).toEqual([{ row: 1, reason: expect.stringMatching(/^completion 2 needs \d+ tokens with the prompt's head, more than the \d+ allowed$/) }]);
+    expect(made.dropped).toEqual([
+      {
+        row: 1,
+        reason: expect.stringMatching(
+          /^completion 2 needs \d+ tokens with the prompt's head, more than the \d+ allowed$/,
+        ),
+      },
+    ]);
   });
 });

@@ -25,7 +25,8 @@ interface Reference {
   greedy_continuation: number[];
 }
 
-const reference = (name: string) => JSON.parse(readFileSync(join(FIXTURES, name, 'reference.json'), 'utf8')) as Reference;
+const reference = (name: string) =>
+  JSON.parse(readFileSync(join(FIXTURES, name, 'reference.json'), 'utf8')) as Reference;
 const load = (dir: string) => {
   const hf = readHfModel(dir);
   return new Llama(hf.config, hf.weights);
@@ -39,20 +40,29 @@ function score(model: Llama, ids: number[][]): { logits: number[][][]; logprobs:
   const logits = model.forward(flat, B, T).arraySync() as number[][];
   const targets = Int32Array.from(ids.flatMap((row) => [...row.slice(1), 0]));
   const lp = model.tokenLogprobs(flat, targets, B, T).arraySync() as number[][];
-  return { logits: ids.map((_, b) => logits.slice(b * T, (b + 1) * T)), logprobs: lp.map((row) => row.slice(0, T - 1)) };
+  return {
+    logits: ids.map((_, b) => logits.slice(b * T, (b + 1) * T)),
+    logprobs: lp.map((row) => row.slice(0, T - 1)),
+  };
 }
 
 /** Greedy continuation by recomputing the whole sequence for every new token (no cache). */
 function greedyWithoutCache(model: Llama, prompt: number[], n: number): number[] {
   const ids = [...prompt];
   for (let i = 0; i < n; i++) {
-    const logits = tf.tidy(() => tf.slice(model.forward(Int32Array.from(ids), 1, ids.length), [ids.length - 1, 0], [1, -1]).dataSync() as Float32Array);
+    const logits = tf.tidy(
+      () =>
+        tf
+          .slice(model.forward(Int32Array.from(ids), 1, ids.length), [ids.length - 1, 0], [1, -1])
+          .dataSync() as Float32Array,
+    );
     ids.push(sampleToken(logits, 0, 1, Math.random));
   }
   return ids.slice(prompt.length);
 }
 
-const maxAbsDiff = (a: number[][][], b: number[][][]) => Math.max(...a.flatMap((x, i) => x.flatMap((y, j) => y.map((v, k) => Math.abs(v - b[i]![j]![k]!)))));
+const maxAbsDiff = (a: number[][][], b: number[][][]) =>
+  Math.max(...a.flatMap((x, i) => x.flatMap((y, j) => y.map((v, k) => Math.abs(v - b[i]![j]![k]!)))));
 
 beforeAll(async () => {
   await useBackend('wasm');
@@ -76,7 +86,9 @@ describe.each(CHECKPOINTS)('%s against transformers', (name) => {
     const n = ref.greedy_continuation.length;
     expect(greedyWithoutCache(model, ref.greedy_prompt, n)).toEqual(ref.greedy_continuation);
     const cache = new KVCache(model);
-    expect(cache.generate(ref.greedy_prompt, { maxTokens: n, temperature: 0, topP: 1, random: Math.random })).toEqual(ref.greedy_continuation);
+    expect(cache.generate(ref.greedy_prompt, { maxTokens: n, temperature: 0, topP: 1, random: Math.random })).toEqual(
+      ref.greedy_continuation,
+    );
     // The cache read in pieces gives the logits of one read.
     const whole = new KVCache(model).read(ref.greedy_prompt);
     const pieces = new KVCache(model);
@@ -95,7 +107,11 @@ describe.each(CHECKPOINTS)('%s against transformers', (name) => {
     const b = score(again, ref.input_ids);
     expect(maxAbsDiff(a.logits, b.logits)).toBe(0);
     const config = JSON.parse(readFileSync(join(out, 'config.json'), 'utf8'));
-    expect(config).toMatchObject({ model_type: name.startsWith('qwen2') ? 'qwen2' : 'llama', rope_theta: model.config.ropeTheta, rope_parameters: { rope_theta: model.config.ropeTheta } });
+    expect(config).toMatchObject({
+      model_type: name.startsWith('qwen2') ? 'qwen2' : 'llama',
+      rope_theta: model.config.ropeTheta,
+      rope_parameters: { rope_theta: model.config.ropeTheta },
+    });
     model.dispose();
     again.dispose();
   });
@@ -103,10 +119,22 @@ describe.each(CHECKPOINTS)('%s against transformers', (name) => {
 
 describe('shapes the fixtures do not have', () => {
   it('one key/value head and a head_dim unlike hidden / heads: the cache agrees with the whole pass, and a saved folder reads back', () => {
-    const config = { ...llamaConfigFromJson(JSON.parse(readFileSync(join(FIXTURES, 'llama-tiny', 'config.json'), 'utf8')), 'config.json'), hiddenSize: 48, heads: 4, kvHeads: 1, headDim: 20, intermediateSize: 96 };
+    const config = {
+      ...llamaConfigFromJson(
+        JSON.parse(readFileSync(join(FIXTURES, 'llama-tiny', 'config.json'), 'utf8')),
+        'config.json',
+      ),
+      hiddenSize: 48,
+      heads: 4,
+      kvHeads: 1,
+      headDim: 20,
+      intermediateSize: 96,
+    };
     const model = Llama.create(config, 'shapes');
     const prompt = [5, 17, 200, 3, 99, 41];
-    expect(new KVCache(model).generate(prompt, { maxTokens: 8, temperature: 0, topP: 1, random: Math.random })).toEqual(greedyWithoutCache(model, prompt, 8));
+    expect(new KVCache(model).generate(prompt, { maxTokens: 8, temperature: 0, topP: 1, random: Math.random })).toEqual(
+      greedyWithoutCache(model, prompt, 8),
+    );
     const dir = join(tempDir(), 'shapes');
     writeHfModel(dir, model);
     const saved = JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8'));
@@ -125,7 +153,9 @@ describe('Hugging Face folders', () => {
     const { rope_parameters: _r, ...old } = base;
     expect(llamaConfigFromJson({ ...old, rope_theta: 500000 }, 'config.json').ropeTheta).toBe(500000);
     expect(llamaConfigFromJson(base, 'config.json').ropeTheta).toBe(1000000);
-    expect(() => llamaConfigFromJson({ ...base, model_type: 'gpt2' }, 'x/config.json')).toThrow(/x\/config.json: model_type "gpt2" is not one prefab runs/);
+    expect(() => llamaConfigFromJson({ ...base, model_type: 'gpt2' }, 'x/config.json')).toThrow(
+      /x\/config.json: model_type "gpt2" is not one prefab runs/,
+    );
   });
 
   it('reads bfloat16, float16 and sharded weights as float32', () => {
@@ -141,7 +171,10 @@ describe('Hugging Face folders', () => {
       expect(hf.dtype).toBe(dtype);
       // Every weight is the stored value exactly: bfloat16 is the top half of a float32's bits.
       for (const [name, w] of f32.weights) {
-        const expected = dtype === 'BF16' ? new Float32Array(new Uint32Array(Float32Array.from(w).buffer).map((b) => b & 0xffff0000).buffer) : w.map((x) => halfToFloat(floatToHalf(x)));
+        const expected =
+          dtype === 'BF16'
+            ? new Float32Array(new Uint32Array(Float32Array.from(w).buffer).map((b) => b & 0xffff0000).buffer)
+            : w.map((x) => halfToFloat(floatToHalf(x)));
         expect(hf.weights.get(name), name).toEqual(expected);
       }
       const model = new Llama(hf.config, hf.weights);
@@ -162,7 +195,10 @@ describe('Hugging Face folders', () => {
       writeHalf(join(sharded, file), new Map(part.map((n) => [n, f32.weights.get(n)!])), 'F32');
       for (const n of part) weightMap[n] = file;
     });
-    writeFileSync(join(sharded, 'model.safetensors.index.json'), JSON.stringify({ metadata: {}, weight_map: weightMap }));
+    writeFileSync(
+      join(sharded, 'model.safetensors.index.json'),
+      JSON.stringify({ metadata: {}, weight_map: weightMap }),
+    );
     const model = load(sharded);
     expect(maxAbsDiff(score(model, ref.input_ids).logits, ref.logits)).toBeLessThanOrEqual(1e-4);
     model.dispose();
@@ -180,19 +216,56 @@ describe('prefab model', () => {
     const out = JSON.parse(r.stdout) as { token_logprobs: number[][]; sums: number[] };
     expect(out.token_logprobs.map((row) => row.length)).toEqual([9, 14]);
     out.token_logprobs.forEach((row, b) => row.forEach((v, t) => expect(v).toBeCloseTo(ref.token_logprobs[b]![t]!, 4)));
-    out.sums.forEach((s, b) => expect(s).toBeCloseTo(out.token_logprobs[b]!.reduce((a, v) => a + v, 0), 6));
+    out.sums.forEach((s, b) =>
+      expect(s).toBeCloseTo(
+        out.token_logprobs[b]!.reduce((a, v) => a + v, 0),
+        6,
+      ),
+    );
   });
 
   it('generate continues greedily unless given a temperature; inspect prints the architecture', () => {
-    const r = prefab(['model', 'generate', dir, '--ids', JSON.stringify(ref.greedy_prompt), '--max-new-tokens', String(ref.greedy_continuation.length)]);
+    const r = prefab([
+      'model',
+      'generate',
+      dir,
+      '--ids',
+      JSON.stringify(ref.greedy_prompt),
+      '--max-new-tokens',
+      String(ref.greedy_continuation.length),
+    ]);
     expect(r.code, r.stderr).toBe(0);
     expect(JSON.parse(r.stdout)).toEqual({ continuation: ref.greedy_continuation });
-    const sampled = (seed: string) => JSON.parse(prefab(['model', 'generate', dir, '--ids', '[1,5,9]', '--max-new-tokens', '8', '--temperature', '1', '--seed', seed]).stdout).continuation;
+    const sampled = (seed: string) =>
+      JSON.parse(
+        prefab([
+          'model',
+          'generate',
+          dir,
+          '--ids',
+          '[1,5,9]',
+          '--max-new-tokens',
+          '8',
+          '--temperature',
+          '1',
+          '--seed',
+          seed,
+        ]).stdout,
+      ).continuation;
     expect(sampled('a')).toEqual(sampled('a'));
     expect(sampled('a')).toHaveLength(8);
     const inspect = prefab(['model', 'inspect', join(FIXTURES, 'qwen2-tiny')]);
     expect(inspect.code, inspect.stderr).toBe(0);
-    expect(JSON.parse(inspect.stdout)).toMatchObject({ architecture: 'Qwen2ForCausalLM', parameters: expect.any(Number), dtype: 'F32', layers: 2, heads: 4, kv_heads: 2, tied_embeddings: true, attention_bias: true });
+    expect(JSON.parse(inspect.stdout)).toMatchObject({
+      architecture: 'Qwen2ForCausalLM',
+      parameters: expect.any(Number),
+      dtype: 'F32',
+      layers: 2,
+      heads: 4,
+      kv_heads: 2,
+      tied_embeddings: true,
+      attention_bias: true,
+    });
     const bad = prefab(['model', 'score', join(FIXTURES, 'nothing-here'), '--ids', '[[1,2]]']);
     expect(bad.code).toBe(1);
     expect(bad.stderr).toMatch(/nothing-here is not a model folder: it has no config\.json/);
@@ -211,7 +284,8 @@ function writeHalf(path: string, weights: Map<string, Float32Array>, dtype: 'BF1
     if (dtype === 'F32') Buffer.from(data.buffer, data.byteOffset, data.byteLength).copy(bytes);
     else {
       const bits = new Uint32Array(Float32Array.from(data).buffer);
-      for (let i = 0; i < data.length; i++) bytes.writeUInt16LE(dtype === 'BF16' ? bits[i]! >>> 16 : floatToHalf(data[i]!), 2 * i);
+      for (let i = 0; i < data.length; i++)
+        bytes.writeUInt16LE(dtype === 'BF16' ? bits[i]! >>> 16 : floatToHalf(data[i]!), 2 * i);
     }
     header[name] = { dtype, shape: shapes.get(name), data_offsets: [offset, offset + bytes.length] };
     offset += bytes.length;
@@ -225,7 +299,9 @@ function writeHalf(path: string, weights: Map<string, Float32Array>, dtype: 'BF1
 
 /** The shapes of the llama-tiny fixture's weights, by name. */
 function readHfModelShapes(): [string, number[]][] {
-  return llamaParameterShapes(llamaConfigFromJson(JSON.parse(readFileSync(join(FIXTURES, 'llama-tiny', 'config.json'), 'utf8')), 'config.json'));
+  return llamaParameterShapes(
+    llamaConfigFromJson(JSON.parse(readFileSync(join(FIXTURES, 'llama-tiny', 'config.json'), 'utf8')), 'config.json'),
+  );
 }
 
 /** float32 → IEEE half, rounded to nearest (normal range; the fixtures' weights are small). */

@@ -36,7 +36,14 @@ const weightsOf = (m: Llama) => new Map([...m.params].map(([n, v]) => [n, v.data
 function train(m: Llama, steps = 4): void {
   const params = trainableParameters(m);
   const optimizer = new AdamW(params, ADAMW_DEFAULTS);
-  for (let i = 0; i < steps; i++) optimizerStep({ params }, optimizer, [() => ({ loss: tf.neg(tf.mean(m.tokenLogprobs(IDS, TARGETS, 1, IDS.length))) as tf.Scalar })], 0.01, 1);
+  for (let i = 0; i < steps; i++)
+    optimizerStep(
+      { params },
+      optimizer,
+      [() => ({ loss: tf.neg(tf.mean(m.tokenLogprobs(IDS, TARGETS, 1, IDS.length))) as tf.Scalar })],
+      0.01,
+      1,
+    );
 }
 
 beforeAll(async () => {
@@ -50,7 +57,13 @@ describe('LoRA', () => {
     const before = weightsOf(m);
     attachLora(m, CONFIG, 'seed');
     expect([...trainableParameters(m).keys()].sort()).toEqual(
-      [0, 1].flatMap((l) => ['self_attn.q_proj', 'self_attn.v_proj', 'mlp.down_proj'].flatMap((p) => ['A', 'B'].map((x) => `base_model.model.model.layers.${l}.${p}.lora_${x}.weight`))).sort(),
+      [0, 1]
+        .flatMap((l) =>
+          ['self_attn.q_proj', 'self_attn.v_proj', 'mlp.down_proj'].flatMap((p) =>
+            ['A', 'B'].map((x) => `base_model.model.model.layers.${l}.${p}.lora_${x}.weight`),
+          ),
+        )
+        .sort(),
     );
     expect(maxDiff(logits(m), base)).toBe(0);
     const lossBefore = tf.tidy(() => tf.neg(tf.mean(m.tokenLogprobs(IDS, TARGETS, 1, IDS.length))).dataSync()[0]!);
@@ -73,7 +86,14 @@ describe('LoRA', () => {
     const dir = join(tempDir(), 'adapter');
     saveAdapter(dir, m, CONFIG, 'llama-tiny');
     const config = JSON.parse(readFileSync(join(dir, 'adapter_config.json'), 'utf8'));
-    expect(config).toMatchObject({ peft_type: 'LORA', task_type: 'CAUSAL_LM', r: 4, lora_alpha: 8, target_modules: ['q_proj', 'v_proj', 'down_proj'], base_model_name_or_path: 'llama-tiny' });
+    expect(config).toMatchObject({
+      peft_type: 'LORA',
+      task_type: 'CAUSAL_LM',
+      r: 4,
+      lora_alpha: 8,
+      target_modules: ['q_proj', 'v_proj', 'down_proj'],
+      base_model_name_or_path: 'llama-tiny',
+    });
     // PEFT's shapes: A (r, in), B (out, r); in and out of q_proj are the hidden size 64 and 4 heads × 16.
     const saved = readSafetensors(join(dir, 'adapter_model.safetensors')).tensors;
     expect(saved.get('base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight')!.shape).toEqual([4, 64]);
@@ -98,7 +118,9 @@ describe('LoRA', () => {
 
   it('names a target that is not a projection', () => {
     const m = load();
-    expect(() => attachLora(m, { ...CONFIG, targetModules: ['qkv'] }, 's')).toThrow(/lora target_modules: qkv is not a projection of the Llama family/);
+    expect(() => attachLora(m, { ...CONFIG, targetModules: ['qkv'] }, 's')).toThrow(
+      /lora target_modules: qkv is not a projection of the Llama family/,
+    );
     m.dispose();
   });
 });
@@ -106,7 +128,19 @@ describe('LoRA', () => {
 describe('LoRA in a training run', () => {
   it('checkpoints its adapters with the run, resumes to the weights of a straight run (dropout included), and saves them beside the merged model', async () => {
     const settings = (cache: string) => ({
-      config: { seed: 'lora-run', batch_size: 1, epochs: 1, max_steps: 4, lr: 1e-2, warmup: 0, min_lr_ratio: 1, weight_decay: 0, max_grad_norm: 1, checkpoint_every: 1, micro_batch_tokens: 64 },
+      config: {
+        seed: 'lora-run',
+        batch_size: 1,
+        epochs: 1,
+        max_steps: 4,
+        lr: 1e-2,
+        warmup: 0,
+        min_lr_ratio: 1,
+        weight_decay: 0,
+        max_grad_norm: 1,
+        checkpoint_every: 1,
+        micro_batch_tokens: 64,
+      },
       cache,
       key: 'k',
       tokenizer: { 'tokenizer.json': '{}' },
@@ -125,7 +159,15 @@ describe('LoRA in a training run', () => {
         attachLora(m, { ...CONFIG, dropout: 0.2 }, 'lora-run');
         return m;
       },
-      batch: () => ({ tokens: IDS.length, parts: [{ blocks: [{ ids: IDS, targets: TARGETS, batch: 1, length: IDS.length }], loss: ([logps]: tf.Tensor2D[]) => ({ loss: sftLoss(logps!, tf.ones([1, IDS.length]) as tf.Tensor2D) }) }] }),
+      batch: () => ({
+        tokens: IDS.length,
+        parts: [
+          {
+            blocks: [{ ids: IDS, targets: TARGETS, batch: 1, length: IDS.length }],
+            loss: ([logps]: tf.Tensor2D[]) => ({ loss: sftLoss(logps!, tf.ones([1, IDS.length]) as tf.Tensor2D) }),
+          },
+        ],
+      }),
     });
     const straight = await trainingRun(settings(tempDir()), trainer(4));
     const cache = tempDir();
@@ -146,7 +188,10 @@ describe('LoRA in a training run', () => {
     expect(maxDiff(forward, logits(load()).slice(-straight.model.config.vocabSize))).toBeGreaterThan(1e-3);
     const out = tempDir();
     await straight.save(out, {});
-    expect(JSON.parse(readFileSync(join(out, 'adapter', 'adapter_config.json'), 'utf8'))).toMatchObject({ r: 4, base_model_name_or_path: BASE });
+    expect(JSON.parse(readFileSync(join(out, 'adapter', 'adapter_config.json'), 'utf8'))).toMatchObject({
+      r: 4,
+      base_model_name_or_path: BASE,
+    });
     // The merged model carries what the adapters learnt in their projections, and the base elsewhere.
     const merged = readSafetensors(join(out, 'model', 'model.safetensors')).tensors;
     const base = readSafetensors(join(BASE, 'model.safetensors')).tensors;

@@ -48,7 +48,14 @@ describe('DPO family (sums of log-probs, with a reference)', () => {
   });
 
   it('the gradient pushes the chosen side up and the rejected side down', () => {
-    const [gc, gr] = tf.grads((c: tf.Tensor, r: tf.Tensor) => tf.sum(LOSSES.sigmoid.fn({ chosen: c as tf.Tensor1D, rejected: r as tf.Tensor1D, refChosen: t1([-11]), refRejected: t1([-11]) }, h).losses))([t1([-10]), t1([-12])]);
+    const [gc, gr] = tf.grads((c: tf.Tensor, r: tf.Tensor) =>
+      tf.sum(
+        LOSSES.sigmoid.fn(
+          { chosen: c as tf.Tensor1D, rejected: r as tf.Tensor1D, refChosen: t1([-11]), refRejected: t1([-11]) },
+          h,
+        ).losses,
+      ),
+    )([t1([-10]), t1([-12])]);
     // d/dπ_c of −log σ(β z) = −β·σ(−β z) = −0.1·σ(−0.2) = −0.0450166
     expect(value(gc!)[0]).toBeCloseTo(-0.0450166, 6);
     expect(value(gr!)[0]).toBeCloseTo(0.0450166, 6);
@@ -57,7 +64,10 @@ describe('DPO family (sums of log-probs, with a reference)', () => {
 
 describe('reference-free losses (means of log-probs)', () => {
   it('SimPO, β 2 and γ/β 0.5: avg −0.5 vs −0.8 gives −log σ(2·(0.3 − 0.5)) = 0.913015, rewards β·avg', () => {
-    const out = LOSSES.simpo.fn({ chosen: t1([-0.5]), rejected: t1([-0.8]) }, { beta: 2, label_smoothing: 0, gamma_beta_ratio: 0.5, desirable_weight: 1, undesirable_weight: 1 });
+    const out = LOSSES.simpo.fn(
+      { chosen: t1([-0.5]), rejected: t1([-0.8]) },
+      { beta: 2, label_smoothing: 0, gamma_beta_ratio: 0.5, desirable_weight: 1, undesirable_weight: 1 },
+    );
     expect(value(out.losses)[0]).toBeCloseTo(0.9130153, 6);
     expect(value(out.chosenRewards)[0]).toBeCloseTo(-1, 6);
     expect(value(out.rejectedRewards)[0]).toBeCloseTo(-1.6, 6);
@@ -74,7 +84,9 @@ describe('reference-free losses (means of log-probs)', () => {
   });
 
   it('the registry says which losses average and which need a reference', () => {
-    expect(Object.entries(LOSSES).map(([k, v]) => `${k}:${v.average ? 'mean' : 'sum'}:${v.reference ? 'ref' : 'noref'}`)).toEqual([
+    expect(
+      Object.entries(LOSSES).map(([k, v]) => `${k}:${v.average ? 'mean' : 'sum'}:${v.reference ? 'ref' : 'noref'}`),
+    ).toEqual([
       'sigmoid:sum:ref',
       'robust:sum:ref',
       'hinge:sum:ref',
@@ -90,7 +102,10 @@ describe('reference-free losses (means of log-probs)', () => {
 
 describe('KTO', () => {
   it('desirable 1·(1 − σ(0.1·(1 − 0.5))) = 0.487503; undesirable 1.5·(1 − σ(0.1·(0.5 + 2))) = 0.656735', () => {
-    const out = ktoLoss({ logps: t1([-10, -14]), refLogps: t1([-11, -12]), labels: t1([1, 0]), kl: 0.5 }, { beta: 0.1, desirableWeight: 1, undesirableWeight: 1.5 });
+    const out = ktoLoss(
+      { logps: t1([-10, -14]), refLogps: t1([-11, -12]), labels: t1([1, 0]), kl: 0.5 },
+      { beta: 0.1, desirableWeight: 1, undesirableWeight: 1.5 },
+    );
     const [d, u] = value(out.losses);
     expect(d).toBeCloseTo(0.4875026, 6);
     expect(u).toBeCloseTo(0.6567352, 6);
@@ -98,15 +113,29 @@ describe('KTO', () => {
   });
 
   it('clamps a negative KL estimate at 0', () => {
-    const a = ktoLoss({ logps: t1([-10]), refLogps: t1([-11]), labels: t1([1]), kl: -3 }, { beta: 0.1, desirableWeight: 1, undesirableWeight: 1 });
-    const b = ktoLoss({ logps: t1([-10]), refLogps: t1([-11]), labels: t1([1]), kl: 0 }, { beta: 0.1, desirableWeight: 1, undesirableWeight: 1 });
+    const a = ktoLoss(
+      { logps: t1([-10]), refLogps: t1([-11]), labels: t1([1]), kl: -3 },
+      { beta: 0.1, desirableWeight: 1, undesirableWeight: 1 },
+    );
+    const b = ktoLoss(
+      { logps: t1([-10]), refLogps: t1([-11]), labels: t1([1]), kl: 0 },
+      { beta: 0.1, desirableWeight: 1, undesirableWeight: 1 },
+    );
     expect(value(a.losses)).toEqual(value(b.losses));
   });
 });
 
 describe('sequence log-probs and SFT', () => {
-  const tokens = () => tf.tensor2d([[-1, -2, -3, -4], [-0.5, -0.5, -9, -9]]);
-  const mask = () => tf.tensor2d([[0, 1, 1, 0], [1, 1, 0, 0]]);
+  const tokens = () =>
+    tf.tensor2d([
+      [-1, -2, -3, -4],
+      [-0.5, -0.5, -9, -9],
+    ]);
+  const mask = () =>
+    tf.tensor2d([
+      [0, 1, 1, 0],
+      [1, 1, 0, 0],
+    ]);
 
   it('sums and means only the masked (assistant) tokens', () => {
     expect(value(sequenceLogps(tokens(), mask(), false))).toEqual([-5, -1]);
@@ -118,10 +147,22 @@ describe('sequence log-probs and SFT', () => {
   });
 
   it('metrics use TRL names: accuracies count pairs whose chosen reward is higher', () => {
-    const x = { chosen: t1([-10, -10]), rejected: t1([-12, -8]), refChosen: t1([-11, -11]), refRejected: t1([-11, -11]) };
+    const x = {
+      chosen: t1([-10, -10]),
+      rejected: t1([-12, -8]),
+      refChosen: t1([-11, -11]),
+      refRejected: t1([-11, -11]),
+    };
     const m = preferenceMetrics(LOSSES.sigmoid.fn(x, h), x);
     const read = Object.fromEntries(Object.entries(m).map(([k, v]) => [k, value(v)[0]]));
-    expect(Object.keys(read)).toEqual(['rewards/chosen', 'rewards/rejected', 'rewards/accuracies', 'rewards/margins', 'logps/chosen', 'logps/rejected']);
+    expect(Object.keys(read)).toEqual([
+      'rewards/chosen',
+      'rewards/rejected',
+      'rewards/accuracies',
+      'rewards/margins',
+      'logps/chosen',
+      'logps/rejected',
+    ]);
     expect(read['rewards/accuracies']).toBe(0.5);
     expect(read['rewards/margins']).toBeCloseTo((0.2 + -0.2) / 2, 6);
     expect(read['logps/rejected']).toBe(-10);

@@ -40,7 +40,10 @@ function train(model: Llama, optimizer: AdamW, from: number, to: number): number
   for (let s = from; s < to; s++) {
     const { ids, targets } = batch(s);
     const lr = learningRate(s, { peak: 1e-2, warmup: 5, total: 100, minRatio: 0.1 });
-    losses.push(optimizerStep(model, optimizer, [() => ({ loss: sftLoss(model.tokenLogprobs(ids, targets, B, T), ones) })], lr, 1).loss);
+    losses.push(
+      optimizerStep(model, optimizer, [() => ({ loss: sftLoss(model.tokenLogprobs(ids, targets, B, T), ones) })], lr, 1)
+        .loss,
+    );
   }
   return losses;
 }
@@ -54,11 +57,13 @@ beforeAll(async () => {
 
 describe.each([
   ['tied embeddings', baseConfig],
-  ['an output head of its own and biases on q, k, v (Qwen2)', { ...baseConfig, modelType: 'qwen2', tiedEmbeddings: false, attentionBias: true }],
+  [
+    'an output head of its own and biases on q, k, v (Qwen2)',
+    { ...baseConfig, modelType: 'qwen2', tiedEmbeddings: false, attentionBias: true },
+  ],
   // The decoder's attention kernels take four floats at a time: a head of 6 is padded to 8 in the KV cache.
   ['four query heads on two key/value heads of size 6', { ...baseConfig, heads: 4, kvHeads: 2, headDim: 6 }],
 ] as [string, LlamaConfig][])('a tiny Llama with %s, on the WASM backend', (_, config) => {
-
   it('learns a counting pattern: the loss falls from ln(24) to a small fraction of it', () => {
     const model = Llama.create(config, 'learn');
     const losses = train(model, new AdamW(model.params, { ...ADAMW_DEFAULTS, weightDecay: 0 }), 0, 100);
@@ -141,17 +146,26 @@ describe.each([
     });
     expect(together.map((c) => c.tokens.length)).toEqual([4, 10, 2]);
     // Greedy decodings stepped together, the finished ones leaving the batch, end where each alone ends.
-    const decodings = prompts.map((p, i) => new Decoding(new KVCache(model, weights), p, { maxTokens: 2 + i * 2, temperature: 0 }));
+    const decodings = prompts.map(
+      (p, i) => new Decoding(new KVCache(model, weights), p, { maxTokens: 2 + i * 2, temperature: 0 }),
+    );
     for (;;) {
       const live = decodings.flatMap((d) => {
         const token = d.next();
         return token === null || d.finished ? [] : [{ d, token }];
       });
       if (live.length === 0) break;
-      KVCache.readEach(live.map((l) => l.d.cache), live.map((l) => l.token)).forEach((logits, i) => (live[i]!.d.logits = logits));
+      KVCache.readEach(
+        live.map((l) => l.d.cache),
+        live.map((l) => l.token),
+      ).forEach((logits, i) => (live[i]!.d.logits = logits));
     }
-    decodings.forEach((d, i) => expect(d.out).toEqual(new KVCache(model).generate(prompts[i]!, { maxTokens: 2 + i * 2, temperature: 0 })));
-    expect(() => KVCache.readEach([new KVCache(model), new KVCache(model)], [1, 2])).toThrow(/do not share their weights/);
+    decodings.forEach((d, i) =>
+      expect(d.out).toEqual(new KVCache(model).generate(prompts[i]!, { maxTokens: 2 + i * 2, temperature: 0 })),
+    );
+    expect(() => KVCache.readEach([new KVCache(model), new KVCache(model)], [1, 2])).toThrow(
+      /do not share their weights/,
+    );
     // A fork holds the first tokens of another cache: reading on from it gives what reading the whole gives.
     const fork = KVCache.forkOf(together[1]!, 6);
     expect(fork.tokens).toEqual(prompts[1]!.slice(0, 6));
@@ -168,9 +182,21 @@ describe.each([
     const { ids, targets } = batch(0);
     const half = (B / 2) * T;
     const mask = (rows: number) => tf.ones([rows, T]) as tf.Tensor2D;
-    const step = (m: Llama, parts: (() => { loss: tf.Scalar })[]) => optimizerStep(m, new AdamW(m.params, ADAMW_DEFAULTS), parts, 1e-2, 1);
+    const step = (m: Llama, parts: (() => { loss: tf.Scalar })[]) =>
+      optimizerStep(m, new AdamW(m.params, ADAMW_DEFAULTS), parts, 1e-2, 1);
     const a = step(whole, [() => ({ loss: sftLoss(whole.tokenLogprobs(ids, targets, B, T), mask(B)) })]);
-    const b = step(split, [0, 1].map((k) => () => ({ loss: tf.mul(sftLoss(split.tokenLogprobs(ids.slice(k * half, (k + 1) * half), targets.slice(k * half, (k + 1) * half), B / 2, T), mask(B / 2)), 0.5) as tf.Scalar })));
+    const b = step(
+      split,
+      [0, 1].map((k) => () => ({
+        loss: tf.mul(
+          sftLoss(
+            split.tokenLogprobs(ids.slice(k * half, (k + 1) * half), targets.slice(k * half, (k + 1) * half), B / 2, T),
+            mask(B / 2),
+          ),
+          0.5,
+        ) as tf.Scalar,
+      })),
+    );
     expect(b.loss).toBeCloseTo(a.loss, 5);
     expect(b.gradNorm).toBeCloseTo(a.gradNorm, 4);
     const w = (m: Llama) => Array.from(m.p('model.layers.0.mlp.gate_proj.weight').dataSync());
@@ -222,7 +248,11 @@ describe('sampling', () => {
     for (let trial = 0; trial < 300; trial++) {
       // Rounded logits: ties are common, and must break the same way.
       const l = Float32Array.from({ length: 50 + (trial % 7) * 100 }, () => Math.round(gen() * 8 - 4));
-      const [t, p] = [[1, 1], [0.5, 0.95], [1.3, 0.8]][trial % 3]!;
+      const [t, p] = [
+        [1, 1],
+        [0.5, 0.95],
+        [1.3, 0.8],
+      ][trial % 3]!;
       expect(sampleToken(l, t!, p!, seeded('draw', trial))).toBe(plain(l, t!, p!, seeded('draw', trial)));
     }
   });
@@ -250,7 +280,17 @@ describe('checkpoints', () => {
     const [begin] = wte.data_offsets as number[];
     const first = buf.readFloatLE(8 + n + begin!);
     expect(first).toBe(model.p('model.embed_tokens.weight').dataSync()[0]);
-    expect(JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8'))).toMatchObject({ architectures: ['LlamaForCausalLM'], model_type: 'llama', vocab_size: 24, num_hidden_layers: 2, hidden_size: 16, num_attention_heads: 2, num_key_value_heads: 1, max_position_embeddings: 16, prefab_context: 16 });
+    expect(JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8'))).toMatchObject({
+      architectures: ['LlamaForCausalLM'],
+      model_type: 'llama',
+      vocab_size: 24,
+      num_hidden_layers: 2,
+      hidden_size: 16,
+      num_attention_heads: 2,
+      num_key_value_heads: 1,
+      max_position_embeddings: 16,
+      prefab_context: 16,
+    });
     expect(readFileSync(join(dir, 'tokenizer.json'), 'utf8')).toBe('{}');
   });
 
@@ -263,7 +303,13 @@ describe('checkpoints', () => {
     const firstOpt = new AdamW(first.params, ADAMW_DEFAULTS);
     train(first, firstOpt, 0, 5);
     const dir = join(mkdtempSync(join(tmpdir(), 'prefab-ckpt-')), 'step-5');
-    saveCheckpoint(dir, { model: first, tokenizer: { 'tokenizer.json': '{"t":1}' }, context: 12, optimizer: firstOpt, state: { step: 5, totalSteps: 12, seed: 'resume' } });
+    saveCheckpoint(dir, {
+      model: first,
+      tokenizer: { 'tokenizer.json': '{"t":1}' },
+      context: 12,
+      optimizer: firstOpt,
+      state: { step: 5, totalSteps: 12, seed: 'resume' },
+    });
 
     const loaded = loadCheckpoint(dir);
     const resumedOpt = new AdamW(loaded.model.params, ADAMW_DEFAULTS);

@@ -26,7 +26,8 @@ async function oracleSession(index: number) {
   return { task, messages: (await runEpisode(world, task, new ScriptedAgent('oracle', world, task, 's'))).messages };
 }
 
-const callsIn = (messages: Message[]) => messages.flatMap((m) => m.tool_calls ?? []).filter((c) => c.function.name === 'call');
+const callsIn = (messages: Message[]) =>
+  messages.flatMap((m) => m.tool_calls ?? []).filter((c) => c.function.name === 'call');
 
 beforeAll(async () => {
   await useBackend('wasm');
@@ -41,14 +42,17 @@ describe('placeholders: the values a model copies, as it reads them', () => {
     for (const d of company.departments) expect(text).not.toContain(d.phone);
     for (const v of Object.values(task.profile.values)) expect(text).not.toContain(`"${v}"`);
     // The directory's phone of each department called is the placeholder the call dials.
-    const directory = JSON.parse(view.find((m) => m.role === 'tool')!.content!) as { departments: { name: string; phone: string }[] };
+    const directory = JSON.parse(view.find((m) => m.role === 'tool')!.content!) as {
+      departments: { name: string; phone: string }[];
+    };
     for (const [i, call] of callsIn(view).entries()) {
       const dialled = JSON.parse(call.function.arguments).phone_number as string;
       const original = JSON.parse(callsIn(messages)[i]!.function.arguments).phone_number as string;
       const department = company.departments.find((d) => d.phone === original)!;
       expect(dialled).toMatch(/^\[PHONE_\d+\]$/);
       expect(directory.departments.find((d) => d.name === department.name)!.phone).toBe(dialled);
-      for (const v of Object.values(JSON.parse(call.function.arguments).auth as Record<string, string>)) expect(v).toMatch(/^\[[A-Z_]+_1\]$/);
+      for (const v of Object.values(JSON.parse(call.function.arguments).auth as Record<string, string>))
+        expect(v).toMatch(/^\[[A-Z_]+_1\]$/);
     }
     // The company the user named, and what the agent asks for, are not values: the model still reads them.
     expect(text).toContain(task.company);
@@ -57,7 +61,8 @@ describe('placeholders: the values a model copies, as it reads them', () => {
   it('reads a conversation so far exactly as the start of the whole one, so training and acting agree', async () => {
     const { messages } = await oracleSession(3);
     const whole = modelView(messages, PLACEHOLDERS).messages;
-    for (let t = 1; t <= messages.length; t++) expect(modelView(messages.slice(0, t), PLACEHOLDERS).messages).toEqual(whole.slice(0, t));
+    for (let t = 1; t <= messages.length; t++)
+      expect(modelView(messages.slice(0, t), PLACEHOLDERS).messages).toEqual(whole.slice(0, t));
   });
 
   it("puts the values back into what the model writes, so the environment completes the model's call", async () => {
@@ -70,7 +75,9 @@ describe('placeholders: the values a model copies, as it reads them', () => {
     const restored = restore(written);
     expect(restored.tool_calls).toEqual(messages[at]!.tool_calls);
     let state = reset(world, task);
-    for (const m of messages.slice(0, at)) for (const c of m.tool_calls ?? []) state = step(world, state, { name: c.function.name, arguments: c.function.arguments }).state;
+    for (const m of messages.slice(0, at))
+      for (const c of m.tool_calls ?? [])
+        state = step(world, state, { name: c.function.name, arguments: c.function.arguments }).state;
     const c = restored.tool_calls![0]!.function;
     const after = step(world, state, { name: c.name, arguments: c.arguments }).state;
     expect(Object.keys(after.completed).length).toBe(Object.keys(state.completed).length + 1);
@@ -80,7 +87,9 @@ describe('placeholders: the values a model copies, as it reads them', () => {
   });
 
   it("reads the directory's company names and the reference numbers as placeholders, and acts on them when put back", async () => {
-    const named = placeholdersOf(placeholdersConfig.parse({ directory: { world_seed: 5, companies: 30 }, patterns: { REF: String.raw`REF-\d+` } }))!;
+    const named = placeholdersOf(
+      placeholdersConfig.parse({ directory: { world_seed: 5, companies: 30 }, patterns: { REF: String.raw`REF-\d+` } }),
+    )!;
     expect(named.terms!.COMPANY).toEqual(world.companies.map((c) => c.name));
     // A task whose calls need a reference number from an earlier one.
     let found: Awaited<ReturnType<typeof oracleSession>> | undefined;
@@ -120,7 +129,17 @@ describe('placeholders: the values a model copies, as it reads them', () => {
     const prompt = messages.slice(0, at);
     const chosen = [messages[at]!];
     const args = JSON.parse(chosen[0]!.tool_calls![0]!.function.arguments);
-    const rejected: Message[] = [{ ...chosen[0]!, tool_calls: [{ ...chosen[0]!.tool_calls![0]!, function: { name: 'call', arguments: JSON.stringify({ ...args, phone_number: '1-800-555-0100' }) } }] }];
+    const rejected: Message[] = [
+      {
+        ...chosen[0]!,
+        tool_calls: [
+          {
+            ...chosen[0]!.tool_calls![0]!,
+            function: { name: 'call', arguments: JSON.stringify({ ...args, phone_number: '1-800-555-0100' }) },
+          },
+        ],
+      },
+    ];
     const json = trainTokenizer([renderText(modelView(messages, PLACEHOLDERS).messages)], 300);
     const tokenizer = new TextTokenizer(json);
     const sequences = await completionSequences(prefabChat(json), prompt, [chosen, rejected], 4096, PLACEHOLDERS);
@@ -137,14 +156,29 @@ describe('placeholders: the values a model copies, as it reads them', () => {
   it('is saved with the model, and a malformed record names the file', () => {
     const dir = mkdtempSync(join(tmpdir(), 'prefab-placeholders-'));
     const model = Llama.create(tinyLlama({ vocabSize: 300, layers: 1 }), 'p');
-    saveCheckpoint(join(dir, 'masked'), { model, tokenizer: { 'tokenizer.json': '{}' }, context: 16, placeholders: PLACEHOLDERS });
-    expect(JSON.parse(readFileSync(join(dir, 'masked', 'config.json'), 'utf8')).prefab_placeholders.keys).toContain('zip_code');
+    saveCheckpoint(join(dir, 'masked'), {
+      model,
+      tokenizer: { 'tokenizer.json': '{}' },
+      context: 16,
+      placeholders: PLACEHOLDERS,
+    });
+    expect(JSON.parse(readFileSync(join(dir, 'masked', 'config.json'), 'utf8')).prefab_placeholders.keys).toContain(
+      'zip_code',
+    );
     expect(loadCheckpoint(join(dir, 'masked')).placeholders).toEqual(PLACEHOLDERS);
     saveCheckpoint(join(dir, 'plain'), { model, tokenizer: { 'tokenizer.json': '{}' }, context: 16 });
     expect(loadCheckpoint(join(dir, 'plain')).placeholders).toBeNull();
     const config = join(dir, 'masked', 'config.json');
-    writeFileSync(config, JSON.stringify({ ...JSON.parse(readFileSync(config, 'utf8')), prefab_placeholders: { kinds: ['phone'], keys: 'pin' } }));
-    expect(() => loadCheckpoint(join(dir, 'masked'))).toThrow(/config\.json: prefab_placeholders is not \{kinds, keys, terms, patterns\}: keys/);
+    writeFileSync(
+      config,
+      JSON.stringify({
+        ...JSON.parse(readFileSync(config, 'utf8')),
+        prefab_placeholders: { kinds: ['phone'], keys: 'pin' },
+      }),
+    );
+    expect(() => loadCheckpoint(join(dir, 'masked'))).toThrow(
+      /config\.json: prefab_placeholders is not \{kinds, keys, terms, patterns\}: keys/,
+    );
     model.dispose();
   });
 });

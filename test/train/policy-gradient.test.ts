@@ -2,7 +2,14 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { useBackend } from '../../train/backend.ts';
-import { DAPO_CLIP, dapoLoss, groupAdvantages, informativeGroups, overlongPenalty, tokenEntropy } from '../../train/losses/index.ts';
+import {
+  DAPO_CLIP,
+  dapoLoss,
+  groupAdvantages,
+  informativeGroups,
+  overlongPenalty,
+  tokenEntropy,
+} from '../../train/losses/index.ts';
 
 beforeAll(async () => {
   await useBackend('wasm');
@@ -46,19 +53,33 @@ describe('DAPO policy loss', () => {
   const advantages = [1, -1, -1, -1];
 
   it('clips the ratio at 1 − ε_low and 1 + ε_high, bounds negative advantages by c, and takes the token mean', () => {
-    const out = dapoLoss({ logps: row(logps), oldLogps: row(old), advantages: row(advantages), mask: row([1, 1, 1, 1]) });
+    const out = dapoLoss({
+      logps: row(logps),
+      oldLogps: row(old),
+      advantages: row(advantages),
+      mask: row([1, 1, 1, 1]),
+    });
     expect(out.loss.dataSync()[0]).toBeCloseTo((-1.28 + 0.8 + 1.1 + 10) / 4, 5);
     expect(out.clipHigh.dataSync()[0]).toBeCloseTo(0.25, 6);
     expect(out.clipLow.dataSync()[0]).toBeCloseTo(0.25, 6);
     expect(out.dualClipped.dataSync()[0]).toBeCloseTo(0.25, 6);
     expect(out.kl.dataSync()[0]).toBe(0);
-    const masked = dapoLoss({ logps: row(logps), oldLogps: row(old), advantages: row(advantages), mask: row([1, 1, 1, 0]) });
+    const masked = dapoLoss({
+      logps: row(logps),
+      oldLogps: row(old),
+      advantages: row(advantages),
+      mask: row([1, 1, 1, 0]),
+    });
     expect(masked.loss.dataSync()[0]).toBeCloseTo((-1.28 + 0.8 + 1.1) / 3, 5);
   });
 
   it('passes gradient only through unclipped tokens: −A·ratio / tokens', () => {
     const x = row(logps);
-    const g = tf.grad((l: tf.Tensor) => dapoLoss({ logps: l as tf.Tensor2D, oldLogps: row(old), advantages: row(advantages), mask: row([1, 1, 1, 1]) }).loss)(x);
+    const g = tf.grad(
+      (l: tf.Tensor) =>
+        dapoLoss({ logps: l as tf.Tensor2D, oldLogps: row(old), advantages: row(advantages), mask: row([1, 1, 1, 1]) })
+          .loss,
+    )(x);
     const grads = Array.from(g.dataSync());
     expect(grads[0]).toBeCloseTo(0, 6);
     expect(grads[1]).toBeCloseTo(0, 6);
@@ -67,17 +88,37 @@ describe('DAPO policy loss', () => {
   });
 
   it('adds β times the k3 KL to the reference when asked', () => {
-    const out = dapoLoss({ logps: row([0, 0]), oldLogps: row([0, 0]), advantages: row([0, 0]), mask: row([1, 1]), refLogps: row([0.5, 0]) }, { ...DAPO_CLIP, klCoef: 0.1 });
+    const out = dapoLoss(
+      {
+        logps: row([0, 0]),
+        oldLogps: row([0, 0]),
+        advantages: row([0, 0]),
+        mask: row([1, 1]),
+        refLogps: row([0.5, 0]),
+      },
+      { ...DAPO_CLIP, klCoef: 0.1 },
+    );
     const k3 = Math.exp(0.5) - 0.5 - 1;
     expect(out.kl.dataSync()[0]).toBeCloseTo(k3 / 2, 6);
     expect(out.loss.dataSync()[0]).toBeCloseTo((0.1 * k3) / 2, 6);
-    expect(() => dapoLoss({ logps: row([0]), oldLogps: row([0]), advantages: row([0]), mask: row([1]) }, { ...DAPO_CLIP, klCoef: 0.1 })).toThrow(/needs reference/);
+    expect(() =>
+      dapoLoss(
+        { logps: row([0]), oldLogps: row([0]), advantages: row([0]), mask: row([1]) },
+        { ...DAPO_CLIP, klCoef: 0.1 },
+      ),
+    ).toThrow(/needs reference/);
   });
 });
 
 describe('token entropy', () => {
   it('is ln V for uniform logits and 0 for a certain token, over the masked positions', () => {
-    const logits = tf.tensor2d([[0, 0, 0, 0], [100, 0, 0, 0]], [2, 4]);
+    const logits = tf.tensor2d(
+      [
+        [0, 0, 0, 0],
+        [100, 0, 0, 0],
+      ],
+      [2, 4],
+    );
     expect(tokenEntropy(logits, tf.tensor2d([[1, 0]])).dataSync()[0]).toBeCloseTo(Math.log(4), 5);
     expect(tokenEntropy(logits, tf.tensor2d([[0, 1]])).dataSync()[0]).toBeCloseTo(0, 5);
   });

@@ -12,8 +12,22 @@ let tokenizer: TextTokenizer;
 
 beforeAll(async () => {
   sessions = [];
-  for (let i = 0; i < 40; i++) sessions.push((await runEpisode(world, generateTask(world, 'train', i), new ScriptedAgent(i % 2 ? 'oracle' : 'prior', world, generateTask(world, 'train', i), 'tok'))).messages);
-  tokenizer = new TextTokenizer(trainTokenizer(sessions.map((s) => renderText(s)), 400));
+  for (let i = 0; i < 40; i++)
+    sessions.push(
+      (
+        await runEpisode(
+          world,
+          generateTask(world, 'train', i),
+          new ScriptedAgent(i % 2 ? 'oracle' : 'prior', world, generateTask(world, 'train', i), 'tok'),
+        )
+      ).messages,
+    );
+  tokenizer = new TextTokenizer(
+    trainTokenizer(
+      sessions.map((s) => renderText(s)),
+      400,
+    ),
+  );
 });
 
 describe('byte-level BPE tokenizer', () => {
@@ -26,7 +40,12 @@ describe('byte-level BPE tokenizer', () => {
   });
 
   it('round-trips text it never saw: other scripts, emoji, control characters', async () => {
-    for (const text of ['Grüße aus Köln — 東京 📞 1-800-555-0199', 'tabs\tand\nnewlines\r\n', ' leading and trailing spaces ', '{"a":[1,2,{"b":null}]}']) {
+    for (const text of [
+      'Grüße aus Köln — 東京 📞 1-800-555-0199',
+      'tabs\tand\nnewlines\r\n',
+      ' leading and trailing spaces ',
+      '{"a":[1,2,{"b":null}]}',
+    ]) {
       expect(await tokenizer.decode(await tokenizer.encode(text))).toBe(text);
     }
   });
@@ -46,7 +65,13 @@ describe('byte-level BPE tokenizer', () => {
   });
 
   it('with split digits, every digit is a token of its own and numbers still round-trip', async () => {
-    const split = new TextTokenizer(trainTokenizer(sessions.map((s) => renderText(s)), 400, true));
+    const split = new TextTokenizer(
+      trainTokenizer(
+        sessions.map((s) => renderText(s)),
+        400,
+        true,
+      ),
+    );
     const phone = 'call 1-800-306-8514, PIN 2620';
     const ids = await split.encode(phone);
     const digits = ids.map((id) => split.idToToken(id)!).filter((t) => /\d/.test(t));
@@ -54,7 +79,9 @@ describe('byte-level BPE tokenizer', () => {
     for (const t of digits) expect(t).toMatch(/^\d$/);
     expect(await split.decode(ids)).toBe(phone);
     // The grouped tokenizer learnt merges of digits from the same corpus.
-    expect((await tokenizer.encode(phone)).map((id) => tokenizer.idToToken(id)!).some((t) => /\d\d/.test(t))).toBe(true);
+    expect((await tokenizer.encode(phone)).map((id) => tokenizer.idToToken(id)!).some((t) => /\d\d/.test(t))).toBe(
+      true,
+    );
   });
 
   it('makes whole words single tokens wherever they appear, within the vocabulary size, and decodes them back', async () => {
@@ -74,7 +101,12 @@ describe('byte-level BPE tokenizer', () => {
   });
 
   it('training twice on the same corpus gives the same tokenizer.json', () => {
-    expect(trainTokenizer(sessions.map((s) => renderText(s)), 400)).toBe(tokenizer.json);
+    expect(
+      trainTokenizer(
+        sessions.map((s) => renderText(s)),
+        400,
+      ),
+    ).toBe(tokenizer.json);
   });
 
   it('refuses a vocabulary too small for the bytes and special tokens', () => {
@@ -87,7 +119,9 @@ describe('chat template', () => {
     const session = sessions[1]!;
     const [enc] = await encodeConversations(tokenizer, [session]);
     expect(await tokenizer.decode(enc!.ids)).toBe(renderText(session));
-    expect(renderText(session)).toMatch(/^<\|system\|>You are an assistant.*<\|end\|><\|user\|>.*<\|end\|><\|assistant\|><\|call\|>search_directory \{"company":".*"\}<\|end\|><\|tool\|>/s);
+    expect(renderText(session)).toMatch(
+      /^<\|system\|>You are an assistant.*<\|end\|><\|user\|>.*<\|end\|><\|assistant\|><\|call\|>search_directory \{"company":".*"\}<\|end\|><\|tool\|>/s,
+    );
   });
 
   it('masks exactly the assistant turns: their content, calls and closing <|end|>, not their header', async () => {
@@ -106,7 +140,11 @@ describe('chat template', () => {
       expect(run.at(-1)).toBe(tokenizer.special['<|end|>']);
     }
     // No system, user or tool token is ever trained on.
-    const header = enc!.ids.map((id, i) => (enc!.mask[i] ? id : -1)).filter((id) => [tokenizer.special['<|user|>'], tokenizer.special['<|tool|>'], tokenizer.special['<|assistant|>']].includes(id));
+    const header = enc!.ids
+      .map((id, i) => (enc!.mask[i] ? id : -1))
+      .filter((id) =>
+        [tokenizer.special['<|user|>'], tokenizer.special['<|tool|>'], tokenizer.special['<|assistant|>']].includes(id),
+      );
     expect(header).toEqual([]);
   });
 
@@ -115,7 +153,9 @@ describe('chat template', () => {
       const [enc] = await encodeConversations(tokenizer, [[message]]);
       const parsed = await parseAssistant(tokenizer, enc!.ids.slice(1), 7); // without the header, as generated
       expect(parsed.content).toBe(message.content ?? null);
-      expect(parsed.tool_calls?.map((c) => [c.function.name, c.function.arguments])).toEqual(message.tool_calls?.map((c) => [c.function.name, c.function.arguments]));
+      expect(parsed.tool_calls?.map((c) => [c.function.name, c.function.arguments])).toEqual(
+        message.tool_calls?.map((c) => [c.function.name, c.function.arguments]),
+      );
       if (parsed.tool_calls) expect(parsed.tool_calls[0]!.id).toBe('call_7');
     }
   });

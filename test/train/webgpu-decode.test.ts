@@ -25,7 +25,14 @@ function gap(got: Float32Array, want: Float32Array): number {
 async function sameSteps(config: LlamaConfig): Promise<void> {
   const random = seeded('webgpu-decode', JSON.stringify(config));
   const model = Llama.create(config, 'webgpu-decode');
-  for (const [name, v] of model.params) if (name.endsWith('.bias')) v.assign(tf.tensor(Float32Array.from({ length: v.size }, () => random() - 0.5), v.shape));
+  for (const [name, v] of model.params)
+    if (name.endsWith('.bias'))
+      v.assign(
+        tf.tensor(
+          Float32Array.from({ length: v.size }, () => random() - 0.5),
+          v.shape,
+        ),
+      );
   const draw = (n: number) => Array.from({ length: n }, () => Math.floor(random() * config.vocabSize));
   const shared = new DecodeWeights(model);
   const decoder = new GpuDecoder(model, kernels!);
@@ -48,12 +55,25 @@ async function sameSteps(config: LlamaConfig): Promise<void> {
 }
 
 describe('generation on the GPU', () => {
-  it.skipIf(absent)('reads sequences together to the logits the CPU’s cache gives, step after step and past its first capacity', async () => {
-    await sameSteps(tinyLlama({ maxPositions: 128 }));
-  });
+  it.skipIf(absent)(
+    'reads sequences together to the logits the CPU’s cache gives, step after step and past its first capacity',
+    async () => {
+      await sameSteps(tinyLlama({ maxPositions: 128 }));
+    },
+  );
 
   it.skipIf(absent)('and with an untied head, more key/value heads and Qwen2’s biases', async () => {
-    await sameSteps(tinyLlama({ maxPositions: 128, tiedEmbeddings: false, heads: 4, kvHeads: 2, headDim: 4, attentionBias: true, modelType: 'qwen2' }));
+    await sameSteps(
+      tinyLlama({
+        maxPositions: 128,
+        tiedEmbeddings: false,
+        heads: 4,
+        kvHeads: 2,
+        headDim: 4,
+        attentionBias: true,
+        modelType: 'qwen2',
+      }),
+    );
   });
 
   it.skipIf(absent)('generates the CPU’s greedy continuation, and the next turn reads only what is new', async () => {

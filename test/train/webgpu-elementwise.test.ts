@@ -20,9 +20,15 @@ describe('the elementwise steps on the GPU', () => {
     const [gt, ut] = [tf.tensor2d(g, [10, 100]), tf.tensor2d(u, [10, 100])];
     const f = (a: tf.Tensor, b: tf.Tensor) => tf.mul(silu(a as tf.Tensor2D), b);
     const want = await f(gt, ut).data();
-    const [dgWant, duWant] = tf.grads((a: tf.Tensor, b: tf.Tensor) => tf.sum(tf.mul(f(a, b), tf.tensor2d(dh, [10, 100]))))([gt, ut]);
+    const [dgWant, duWant] = tf.grads((a: tf.Tensor, b: tf.Tensor) =>
+      tf.sum(tf.mul(f(a, b), tf.tensor2d(dh, [10, 100]))),
+    )([gt, ut]);
     const [bg, bu, bdh] = [upload(gpu, g), upload(gpu, u), upload(gpu, dh)];
-    const [bh, bdg, bdu] = [upload(gpu, new Float32Array(n)), upload(gpu, new Float32Array(n)), upload(gpu, new Float32Array(n))];
+    const [bh, bdg, bdu] = [
+      upload(gpu, new Float32Array(n)),
+      upload(gpu, new Float32Array(n)),
+      upload(gpu, new Float32Array(n)),
+    ];
     const swiglu = new SwiGlu(kernels!);
     submit(gpu, (pass) => {
       swiglu.forward(pass, bg, bu, bh, n);
@@ -33,30 +39,47 @@ describe('the elementwise steps on the GPU', () => {
     expect(relativeError(await download(gpu, bdu, n), await duWant!.data())).toBeLessThan(1e-5);
   });
 
-  it.skipIf(absent)('RoPE rotates each head by its position as the model does, and its backward is the rotation’s transpose', async () => {
-    const gpu = here!;
-    const rope = new Rope(kernels!);
-    for (const [heads, headDim, theta] of [[3, 8, 10_000], [2, 64, 500_000]] as const) {
-      const [sequences, length] = [2, 13];
-      const rows = sequences * length;
-      const n = rows * heads * headDim;
-      const table = ropeTable(length, headDim, theta);
-      const [x, dy] = [values(n), values(n)];
-      // The model's rows: each row's cos and sin, (rows, 1, hd).
-      const perRow = (t: Float32Array) => tf.tensor3d(Float32Array.from({ length: rows * headDim }, (_, i) => t[((Math.floor(i / headDim) % length) * headDim) + (i % headDim)]!), [rows, 1, headDim]);
-      const [cos, sin] = [perRow(table.cos), perRow(table.sin)];
-      const xt = tf.tensor3d(x, [rows, heads, headDim]);
-      const want = await rotate(xt, cos, sin).data();
-      const [dxWant] = tf.grads((a: tf.Tensor) => tf.sum(tf.mul(rotate(a as tf.Tensor3D, cos, sin), tf.tensor3d(dy, [rows, heads, headDim]))))([xt]);
-      const [bx, bdy, bcos, bsin] = [upload(gpu, x), upload(gpu, dy), upload(gpu, table.cos), upload(gpu, table.sin)];
-      const [by, bdx] = [upload(gpu, new Float32Array(n)), upload(gpu, new Float32Array(n))];
-      const shape = { rows, heads, headDim, length };
-      submit(gpu, (pass) => {
-        rope.forward(pass, bx, bcos, bsin, by, shape);
-        rope.backward(pass, bdy, bcos, bsin, bdx, shape);
-      });
-      expect(relativeError(await download(gpu, by, n), want), `y ${heads}×${headDim}`).toBeLessThan(1e-5);
-      expect(relativeError(await download(gpu, bdx, n), await dxWant!.data()), `dx ${heads}×${headDim}`).toBeLessThan(1e-5);
-    }
-  });
+  it.skipIf(absent)(
+    'RoPE rotates each head by its position as the model does, and its backward is the rotation’s transpose',
+    async () => {
+      const gpu = here!;
+      const rope = new Rope(kernels!);
+      for (const [heads, headDim, theta] of [
+        [3, 8, 10_000],
+        [2, 64, 500_000],
+      ] as const) {
+        const [sequences, length] = [2, 13];
+        const rows = sequences * length;
+        const n = rows * heads * headDim;
+        const table = ropeTable(length, headDim, theta);
+        const [x, dy] = [values(n), values(n)];
+        // The model's rows: each row's cos and sin, (rows, 1, hd).
+        const perRow = (t: Float32Array) =>
+          tf.tensor3d(
+            Float32Array.from(
+              { length: rows * headDim },
+              (_, i) => t[(Math.floor(i / headDim) % length) * headDim + (i % headDim)]!,
+            ),
+            [rows, 1, headDim],
+          );
+        const [cos, sin] = [perRow(table.cos), perRow(table.sin)];
+        const xt = tf.tensor3d(x, [rows, heads, headDim]);
+        const want = await rotate(xt, cos, sin).data();
+        const [dxWant] = tf.grads((a: tf.Tensor) =>
+          tf.sum(tf.mul(rotate(a as tf.Tensor3D, cos, sin), tf.tensor3d(dy, [rows, heads, headDim]))),
+        )([xt]);
+        const [bx, bdy, bcos, bsin] = [upload(gpu, x), upload(gpu, dy), upload(gpu, table.cos), upload(gpu, table.sin)];
+        const [by, bdx] = [upload(gpu, new Float32Array(n)), upload(gpu, new Float32Array(n))];
+        const shape = { rows, heads, headDim, length };
+        submit(gpu, (pass) => {
+          rope.forward(pass, bx, bcos, bsin, by, shape);
+          rope.backward(pass, bdy, bcos, bsin, bdx, shape);
+        });
+        expect(relativeError(await download(gpu, by, n), want), `y ${heads}×${headDim}`).toBeLessThan(1e-5);
+        expect(relativeError(await download(gpu, bdx, n), await dxWant!.data()), `dx ${heads}×${headDim}`).toBeLessThan(
+          1e-5,
+        );
+      }
+    },
+  );
 });

@@ -9,8 +9,14 @@ describe('errors on the GPU', () => {
     const gpu = here!;
     const buffer = upload(gpu, new Float32Array([1, 2, 3]));
     expect(await download(gpu, buffer, 3)).toEqual(new Float32Array([1, 2, 3]));
-    const module = gpu.device.createShaderModule({ code: '@compute @workgroup_size(1) fn main() { let x: f32 = target; }' });
-    submit(gpu, (pass) => pass.setPipeline(gpu.device.createComputePipeline({ layout: 'auto', compute: { module, entryPoint: 'main' } })));
-    await expect(download(gpu, buffer, 3)).rejects.toThrow(/^WebGPU: Error while parsing WGSL: .*unresolved value 'target'/s);
+    const module = gpu.device.createShaderModule({
+      code: '@compute @workgroup_size(1) fn main() { let x: f32 = target; }',
+    });
+    submit(gpu, (pass) =>
+      pass.setPipeline(gpu.device.createComputePipeline({ layout: 'auto', compute: { module, entryPoint: 'main' } })),
+    );
+    await expect(download(gpu, buffer, 3)).rejects.toThrow(
+      /^WebGPU: Error while parsing WGSL: .*unresolved value 'target'/s,
+    );
   });
 });

@@ -11,15 +11,32 @@ const FIXTURES = join(import.meta.dirname, '..', 'fixtures', 'hf-tiny');
 
 describe.each(['llama-tiny', 'llama-tiny-tied', 'qwen2-tiny'])('%s on the GPU', (name) => {
   const dir = join(FIXTURES, name);
-  const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as { input_ids: number[][]; token_logprobs: number[][]; greedy_prompt: number[]; greedy_continuation: number[] };
+  const ref = JSON.parse(readFileSync(join(dir, 'reference.json'), 'utf8')) as {
+    input_ids: number[][];
+    token_logprobs: number[][];
+    greedy_prompt: number[];
+    greedy_continuation: number[];
+  };
 
   it.skipIf(absent)('scores as transformers does and continues greedily as it does', () => {
     const score = prefab(['--backend', 'webgpu', 'model', 'score', dir, '--ids', JSON.stringify(ref.input_ids)]);
     expect(score.code, score.stderr).toBe(0);
     const out = JSON.parse(score.stdout) as { token_logprobs: number[][] };
     expect(out.token_logprobs.map((row) => row.length)).toEqual(ref.token_logprobs.map((row) => row.length));
-    out.token_logprobs.forEach((row, b) => row.forEach((v, t) => expect(Math.abs(v - ref.token_logprobs[b]![t]!), `${b}, ${t}`).toBeLessThan(1e-4)));
-    const generate = prefab(['--backend', 'webgpu', 'model', 'generate', dir, '--ids', JSON.stringify(ref.greedy_prompt), '--max-new-tokens', String(ref.greedy_continuation.length)]);
+    out.token_logprobs.forEach((row, b) =>
+      row.forEach((v, t) => expect(Math.abs(v - ref.token_logprobs[b]![t]!), `${b}, ${t}`).toBeLessThan(1e-4)),
+    );
+    const generate = prefab([
+      '--backend',
+      'webgpu',
+      'model',
+      'generate',
+      dir,
+      '--ids',
+      JSON.stringify(ref.greedy_prompt),
+      '--max-new-tokens',
+      String(ref.greedy_continuation.length),
+    ]);
     expect(generate.code, generate.stderr).toBe(0);
     expect(JSON.parse(generate.stdout)).toEqual({ continuation: ref.greedy_continuation });
   });

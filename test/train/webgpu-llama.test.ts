@@ -26,8 +26,20 @@ async function compare(config: LlamaConfig, batch: number, length: number): Prom
 
   const model = Llama.create(config, 'webgpu-llama');
   // Biases start at 0: drawn here, so that the forward's use of them is checked too.
-  for (const [name, v] of model.params) if (name.endsWith('.bias')) v.assign(tf.tensor(Float32Array.from({ length: v.size }, () => random() - 0.5), v.shape));
-  const { value, grads } = tf.variableGrads(() => sftLoss(targetLogprobs(model.forward(ids, batch, length), targets, batch, length), tf.tensor2d(mask, [batch, length])));
+  for (const [name, v] of model.params)
+    if (name.endsWith('.bias'))
+      v.assign(
+        tf.tensor(
+          Float32Array.from({ length: v.size }, () => random() - 0.5),
+          v.shape,
+        ),
+      );
+  const { value, grads } = tf.variableGrads(() =>
+    sftLoss(
+      targetLogprobs(model.forward(ids, batch, length), targets, batch, length),
+      tf.tensor2d(mask, [batch, length]),
+    ),
+  );
   const weights = new Map([...model.weights()].map(([name, w]) => [name, w.data]));
 
   const gpu = new GpuLlama(config, weights, kernels!);
@@ -46,7 +58,10 @@ async function compare(config: LlamaConfig, batch: number, length: number): Prom
 }
 
 /** Per weight: its wanted gradient's largest entry, and the GPU's largest difference from it over that. */
-async function gradientGaps(gpu: GpuLlama, want: Map<string, Float32Array>): Promise<Map<string, { largest: number; gap: number }>> {
+async function gradientGaps(
+  gpu: GpuLlama,
+  want: Map<string, Float32Array>,
+): Promise<Map<string, { largest: number; gap: number }>> {
   const out = new Map<string, { largest: number; gap: number }>();
   for (const [name, w] of want) {
     const got = await gpu.gradient(name);
@@ -62,45 +77,60 @@ async function gradientGaps(gpu: GpuLlama, want: Map<string, Float32Array>): Pro
 }
 
 /** The largest of the gaps. */
-const gradientGap = async (gpu: GpuLlama, want: Map<string, Float32Array>) => Math.max(...[...(await gradientGaps(gpu, want)).values()].map((g) => g.gap));
+const gradientGap = async (gpu: GpuLlama, want: Map<string, Float32Array>) =>
+  Math.max(...[...(await gradientGaps(gpu, want)).values()].map((g) => g.gap));
 
 describe('the Llama on the GPU', () => {
-  it.skipIf(absent)('adds micro-batches up to the whole batch’s gradient, and clips by global norm as the trainer does', async () => {
-    const config = tinyLlama();
-    const [batch, length] = [4, 9];
-    const random = seeded('webgpu-llama-micro');
-    const n = batch * length;
-    const ids = Int32Array.from({ length: n }, () => Math.floor(random() * config.vocabSize));
-    const targets = Int32Array.from({ length: n }, () => Math.floor(random() * config.vocabSize));
-    const mask = Float32Array.from({ length: n }, () => (random() < 0.6 ? 1 : 0));
-    const model = Llama.create(config, 'webgpu-llama-micro');
-    const gpu = new GpuLlama(config, new Map([...model.weights()].map(([name, w]) => [name, w.data])), kernels!);
+  it.skipIf(absent)(
+    'adds micro-batches up to the whole batch’s gradient, and clips by global norm as the trainer does',
+    async () => {
+      const config = tinyLlama();
+      const [batch, length] = [4, 9];
+      const random = seeded('webgpu-llama-micro');
+      const n = batch * length;
+      const ids = Int32Array.from({ length: n }, () => Math.floor(random() * config.vocabSize));
+      const targets = Int32Array.from({ length: n }, () => Math.floor(random() * config.vocabSize));
+      const mask = Float32Array.from({ length: n }, () => (random() < 0.6 ? 1 : 0));
+      const model = Llama.create(config, 'webgpu-llama-micro');
+      const gpu = new GpuLlama(config, new Map([...model.weights()].map(([name, w]) => [name, w.data])), kernels!);
 
-    // The whole batch at once, then its two halves, each weighted by its share of the counted tokens.
-    await gpu.sftStep({ ids, targets, mask, batch, length });
-    const whole = new Map<string, Float32Array>();
-    for (const name of gpu.grads.keys()) whole.set(name, await gpu.gradient(name));
-    const half = (h: number) => ({ ids: ids.slice(h * n / 2, (h + 1) * n / 2), targets: targets.slice(h * n / 2, (h + 1) * n / 2), mask: mask.slice(h * n / 2, (h + 1) * n / 2), batch: 2, length });
-    const counted = (h: number) => half(h).mask.reduce((s, m) => s + m, 0);
-    const total = counted(0) + counted(1);
-    await gpu.sftStep(half(0), { scale: counted(0) / total });
-    await gpu.sftStep(half(1), { accumulate: true, scale: counted(1) / total });
-    expect(await gradientGap(gpu, whole)).toBeLessThan(1e-5);
+      // The whole batch at once, then its two halves, each weighted by its share of the counted tokens.
+      await gpu.sftStep({ ids, targets, mask, batch, length });
+      const whole = new Map<string, Float32Array>();
+      for (const name of gpu.grads.keys()) whole.set(name, await gpu.gradient(name));
+      const half = (h: number) => ({
+        ids: ids.slice((h * n) / 2, ((h + 1) * n) / 2),
+        targets: targets.slice((h * n) / 2, ((h + 1) * n) / 2),
+        mask: mask.slice((h * n) / 2, ((h + 1) * n) / 2),
+        batch: 2,
+        length,
+      });
+      const counted = (h: number) => half(h).mask.reduce((s, m) => s + m, 0);
+      const total = counted(0) + counted(1);
+      await gpu.sftStep(half(0), { scale: counted(0) / total });
+      await gpu.sftStep(half(1), { accumulate: true, scale: counted(1) / total });
+      expect(await gradientGap(gpu, whole)).toBeLessThan(1e-5);
 
-    // Clipping: the norm, and the clipped gradients, of the tfjs model's.
-    const { value, grads } = tf.variableGrads(() => sftLoss(targetLogprobs(model.forward(ids, batch, length), targets, batch, length), tf.tensor2d(mask, [batch, length])));
-    const byName = Object.fromEntries([...model.params].map(([name, v]) => [name, grads[v.name]!]));
-    const norm = clipByGlobalNorm(byName, Infinity).norm;
-    const clipped = clipByGlobalNorm(byName, norm / 2);
-    const gpuNorm = await gpu.clipGradients(norm / 2);
-    expect(Math.abs(gpuNorm - norm) / norm).toBeLessThan(1e-5);
-    const want = new Map<string, Float32Array>();
-    for (const [name, g] of Object.entries(clipped.grads)) want.set(name, (await g.data()) as Float32Array);
-    expect(await gradientGap(gpu, want)).toBeLessThan(1e-4);
-    expect(await gpu.clipGradients(0)).toBeCloseTo(norm / 2, 4);
-    tf.dispose([value, ...Object.values(grads), ...Object.values(clipped.grads)]);
-    model.dispose();
-  });
+      // Clipping: the norm, and the clipped gradients, of the tfjs model's.
+      const { value, grads } = tf.variableGrads(() =>
+        sftLoss(
+          targetLogprobs(model.forward(ids, batch, length), targets, batch, length),
+          tf.tensor2d(mask, [batch, length]),
+        ),
+      );
+      const byName = Object.fromEntries([...model.params].map(([name, v]) => [name, grads[v.name]!]));
+      const norm = clipByGlobalNorm(byName, Infinity).norm;
+      const clipped = clipByGlobalNorm(byName, norm / 2);
+      const gpuNorm = await gpu.clipGradients(norm / 2);
+      expect(Math.abs(gpuNorm - norm) / norm).toBeLessThan(1e-5);
+      const want = new Map<string, Float32Array>();
+      for (const [name, g] of Object.entries(clipped.grads)) want.set(name, (await g.data()) as Float32Array);
+      expect(await gradientGap(gpu, want)).toBeLessThan(1e-4);
+      expect(await gpu.clipGradients(0)).toBeCloseTo(norm / 2, 4);
+      tf.dispose([value, ...Object.values(grads), ...Object.values(clipped.grads)]);
+      model.dispose();
+    },
+  );
 
   it.skipIf(absent)('trains as the tfjs model trains: three SFT steps with AdamW leave the same weights', async () => {
     const config = tinyLlama();
@@ -115,7 +145,12 @@ describe('the Llama on the GPU', () => {
     for (let step = 0; step < 3; step++) {
       const [ids, targets] = [draw(batch * length, config.vocabSize), draw(batch * length, config.vocabSize)];
       const mask = new Float32Array(batch * length).fill(1);
-      const { value, grads } = tf.variableGrads(() => sftLoss(targetLogprobs(model.forward(ids, batch, length), targets, batch, length), tf.tensor2d(mask, [batch, length])));
+      const { value, grads } = tf.variableGrads(() =>
+        sftLoss(
+          targetLogprobs(model.forward(ids, batch, length), targets, batch, length),
+          tf.tensor2d(mask, [batch, length]),
+        ),
+      );
       const lr = 0.01;
       cpuOptimizer.apply(Object.fromEntries([...model.params].map(([name, v]) => [name, grads[v.name]!])), lr);
       const loss = await gpu.sftStep({ ids, targets, mask, batch, length });
@@ -136,29 +171,48 @@ describe('the Llama on the GPU', () => {
     model.dispose();
   });
 
-  it.skipIf(absent)('takes the SFT step the tfjs model takes: its loss and every gradient, tied and grouped-query', async () => {
-    await compare(tinyLlama(), 2, 9);
-  });
+  it.skipIf(absent)(
+    'takes the SFT step the tfjs model takes: its loss and every gradient, tied and grouped-query',
+    async () => {
+      await compare(tinyLlama(), 2, 9);
+    },
+  );
 
-  it.skipIf(absent)('and with an untied head, as many key/value heads as query heads, and longer sequences', async () => {
-    await compare(tinyLlama({ tiedEmbeddings: false, heads: 4, kvHeads: 4, headDim: 4, vocabSize: 40, layers: 3 }), 3, 16);
-  });
+  it.skipIf(absent)(
+    'and with an untied head, as many key/value heads as query heads, and longer sequences',
+    async () => {
+      await compare(
+        tinyLlama({ tiedEmbeddings: false, heads: 4, kvHeads: 4, headDim: 4, vocabSize: 40, layers: 3 }),
+        3,
+        16,
+      );
+    },
+  );
 
-  it.skipIf(absent)('scores sequences as the tfjs model does (eval’s and the reference’s log-probabilities), in micro-batches of mixed lengths', async () => {
-    const model = Llama.create(tinyLlama({ vocabSize: 30 }), 'webgpu-score');
-    const random = seeded('webgpu-score');
-    const sequences = Array.from({ length: 7 }, () => {
-      const n = 3 + Math.floor(random() * 12);
-      return { ids: Array.from({ length: n }, () => Math.floor(random() * 30)), mask: Array.from({ length: n }, (_, t) => (t > 1 ? 1 : 0)) };
-    });
-    const scorer = gpuScorer(model, kernels!);
-    const [want, got] = [await scoreSequences(model, sequences, 30, 0, NEVER), await scoreSequences(scorer.score, sequences, 30, 0, NEVER)];
-    scorer.dispose();
-    expect(got.count).toEqual(want.count);
-    expect(relativeError(got.sum, want.sum)).toBeLessThan(1e-5);
-    expect(new Set(want.sum).size).toBe(7);
-    model.dispose();
-  });
+  it.skipIf(absent)(
+    'scores sequences as the tfjs model does (eval’s and the reference’s log-probabilities), in micro-batches of mixed lengths',
+    async () => {
+      const model = Llama.create(tinyLlama({ vocabSize: 30 }), 'webgpu-score');
+      const random = seeded('webgpu-score');
+      const sequences = Array.from({ length: 7 }, () => {
+        const n = 3 + Math.floor(random() * 12);
+        return {
+          ids: Array.from({ length: n }, () => Math.floor(random() * 30)),
+          mask: Array.from({ length: n }, (_, t) => (t > 1 ? 1 : 0)),
+        };
+      });
+      const scorer = gpuScorer(model, kernels!);
+      const [want, got] = [
+        await scoreSequences(model, sequences, 30, 0, NEVER),
+        await scoreSequences(scorer.score, sequences, 30, 0, NEVER),
+      ];
+      scorer.dispose();
+      expect(got.count).toEqual(want.count);
+      expect(relativeError(got.sum, want.sum)).toBeLessThan(1e-5);
+      expect(new Set(want.sum).size).toBe(7);
+      model.dispose();
+    },
+  );
 
   it.skipIf(absent)('and with Qwen2’s biases on q, k and v', async () => {
     await compare(tinyLlama({ modelType: 'qwen2', attentionBias: true }), 2, 9);

@@ -15,23 +15,36 @@ describe('token log-probs on the GPU', () => {
     const gpu = here!;
     const random = seeded('webgpu-logprobs');
     const kernel = new TargetLogprobs(kernels!);
-    for (const [rows, vocab, scale] of [[4, 7, 1], [9, 256, 3], [6, 1029, 100]] as const) {
+    for (const [rows, vocab, scale] of [
+      [4, 7, 1],
+      [9, 256, 3],
+      [6, 1029, 100],
+    ] as const) {
       const z = Float32Array.from({ length: rows * vocab }, () => (random() * 2 - 1) * scale);
       const targets = Int32Array.from({ length: rows }, () => Math.floor(random() * vocab));
       const dlogp = Float32Array.from({ length: rows }, () => random() * 2 - 1);
       const zt = tf.tensor2d(z, [rows, vocab]);
       const want = await targetLogprobs(zt, targets, 1, rows).data();
-      const [dzWant] = tf.grads((a: tf.Tensor) => tf.sum(tf.mul(targetLogprobs(a as tf.Tensor2D, targets, 1, rows), tf.tensor2d(dlogp, [1, rows]))))([zt]);
+      const [dzWant] = tf.grads((a: tf.Tensor) =>
+        tf.sum(tf.mul(targetLogprobs(a as tf.Tensor2D, targets, 1, rows), tf.tensor2d(dlogp, [1, rows]))),
+      )([zt]);
 
       const [gz, gt, gd] = [upload(gpu, z), upload(gpu, targets), upload(gpu, dlogp)];
-      const [logp, lse, dz] = [upload(gpu, new Float32Array(rows)), upload(gpu, new Float32Array(rows)), upload(gpu, new Float32Array(rows * vocab))];
+      const [logp, lse, dz] = [
+        upload(gpu, new Float32Array(rows)),
+        upload(gpu, new Float32Array(rows)),
+        upload(gpu, new Float32Array(rows * vocab)),
+      ];
       const shape = { rows, vocab };
       submit(gpu, (pass) => {
         kernel.forward(pass, gz, gt, logp, lse, shape);
         kernel.backward(pass, gz, gt, lse, gd, dz, shape);
       });
       expect(relativeError(await download(gpu, logp, rows), want), `logp ${rows}×${vocab}`).toBeLessThan(1e-5);
-      expect(relativeError(await download(gpu, dz, rows * vocab), await dzWant!.data()), `dz ${rows}×${vocab}`).toBeLessThan(1e-5);
+      expect(
+        relativeError(await download(gpu, dz, rows * vocab), await dzWant!.data()),
+        `dz ${rows}×${vocab}`,
+      ).toBeLessThan(1e-5);
       tf.dispose([zt, dzWant!]);
     }
   });

@@ -43,7 +43,8 @@ async function check(gpu: Gpu, s: MatmulShape, seed: string): Promise<number> {
   const got = await download(gpu, gc, c.length);
   const want = reference(a, b, c, s);
   let worst = 0;
-  for (let i = 0; i < want.length; i++) worst = Math.max(worst, Math.abs(got[i]! - want[i]!) / (1 + Math.abs(want[i]!)));
+  for (let i = 0; i < want.length; i++)
+    worst = Math.max(worst, Math.abs(got[i]! - want[i]!) / (1 + Math.abs(want[i]!)));
   for (const buffer of [ga, gb, gc]) buffer.destroy();
   return worst;
 }
@@ -56,11 +57,22 @@ describe('the WebGPU GEMM', () => {
 
   it.skipIf(absent)('multiplies like float64 within 1e-5 relative, for every transpose and ragged shapes', async () => {
     const gpu = here!;
-    const shapes: [number, number, number][] = [[1, 1, 1], [5, 7, 3], [64, 64, 16], [70, 130, 33], [128, 96, 257], [3, 200, 64]];
+    const shapes: [number, number, number][] = [
+      [1, 1, 1],
+      [5, 7, 3],
+      [64, 64, 16],
+      [70, 130, 33],
+      [128, 96, 257],
+      [3, 200, 64],
+    ];
     for (const [m, n, k] of shapes) {
       for (const transposeA of [false, true]) {
         for (const transposeB of [false, true]) {
-          const worst = await check(gpu, { m, n, k, transposeA, transposeB }, `${m}x${n}x${k}:${transposeA}:${transposeB}`);
+          const worst = await check(
+            gpu,
+            { m, n, k, transposeA, transposeB },
+            `${m}x${n}x${k}:${transposeA}:${transposeB}`,
+          );
           expect(worst, `${m}×${n}×${k} transposeA=${transposeA} transposeB=${transposeB}`).toBeLessThan(1e-5);
         }
       }
@@ -70,6 +82,8 @@ describe('the WebGPU GEMM', () => {
   it.skipIf(absent)('runs a batch of independent products, and adds to C when accumulating', async () => {
     const gpu = here!;
     expect(await check(gpu, { m: 33, n: 17, k: 40, batch: 5 }, 'batch')).toBeLessThan(1e-5);
-    expect(await check(gpu, { m: 33, n: 17, k: 40, batch: 3, transposeB: true, accumulate: true }, 'accumulate')).toBeLessThan(1e-5);
+    expect(
+      await check(gpu, { m: 33, n: 17, k: 40, batch: 3, transposeB: true, accumulate: true }, 'accumulate'),
+    ).toBeLessThan(1e-5);
   });
 });

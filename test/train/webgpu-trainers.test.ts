@@ -34,27 +34,70 @@ const completion = (prompt: number[]): Sequence => {
 };
 const prompts = Array.from({ length: 10 }, () => draw(3 + Math.floor(random() * 4)));
 const pairs: Example[] = prompts.map((p) => ({ sequences: [completion(p), completion(p)] }));
-const rows: Example[] = prompts.map((p, i) => ({ sequences: [completion(p), completion(prompts[(i + 1) % prompts.length]!)], label: i % 3 !== 0 }));
+const rows: Example[] = prompts.map((p, i) => ({
+  sequences: [completion(p), completion(prompts[(i + 1) % prompts.length]!)],
+  label: i % 3 !== 0,
+}));
 
 const cfg = {
-  seed: 'webgpu-trainers', batch_size: 4, epochs: 2, max_steps: 4, lr: 0.01, warmup: 1, min_lr_ratio: 0.1, weight_decay: 0.1, max_grad_norm: 1, checkpoint_every: 100, micro_batch_tokens: 24,
-  label_smoothing: 0, gamma_beta_ratio: 0.5, desirable_weight: 1, undesirable_weight: 1,
+  seed: 'webgpu-trainers',
+  batch_size: 4,
+  epochs: 2,
+  max_steps: 4,
+  lr: 0.01,
+  warmup: 1,
+  min_lr_ratio: 0.1,
+  weight_decay: 0.1,
+  max_grad_norm: 1,
+  checkpoint_every: 100,
+  micro_batch_tokens: 24,
+  label_smoothing: 0,
+  gamma_beta_ratio: 0.5,
+  desirable_weight: 1,
+  undesirable_weight: 1,
 } as unknown as PreferenceSettings;
 const settings = (gpu: boolean, lora?: LoraConfig): RunSettings => ({
-  config: cfg, cache: tempDir(), key: 'k', tokenizer: { 'tokenizer.json': '{}' }, context: 16, placeholders: null, signal: NEVER, log: quietLogger(), lora, ...(gpu ? { gpu: kernels! } : {}),
+  config: cfg,
+  cache: tempDir(),
+  key: 'k',
+  tokenizer: { 'tokenizer.json': '{}' },
+  context: 16,
+  placeholders: null,
+  signal: NEVER,
+  log: quietLogger(),
+  lora,
+  ...(gpu ? { gpu: kernels! } : {}),
 });
 
 /** The starting model's scores of each side of `examples`: the reference of the losses that have one. */
 async function reference(examples: Example[]) {
   const model = start();
-  const scores = [await scoreSequences(model, examples.map((e) => e.sequences[0]!), 64, 0, NEVER), await scoreSequences(model, examples.map((e) => e.sequences[1]!), 64, 0, NEVER)];
+  const scores = [
+    await scoreSequences(
+      model,
+      examples.map((e) => e.sequences[0]!),
+      64,
+      0,
+      NEVER,
+    ),
+    await scoreSequences(
+      model,
+      examples.map((e) => e.sequences[1]!),
+      64,
+      0,
+      NEVER,
+    ),
+  ];
   model.dispose();
   return scores;
 }
 
 /** Runs `trainer()` on WASM and on the GPU and checks that they logged the same figures and ended with the same weights. */
 async function sameRun(trainer: () => Trainer, figures: string[], lora?: LoraConfig): Promise<RunResult[]> {
-  const [onCpu, onGpu] = [await trainingRun(settings(false, lora), trainer()), await trainingRun(settings(true, lora), trainer())];
+  const [onCpu, onGpu] = [
+    await trainingRun(settings(false, lora), trainer()),
+    await trainingRun(settings(true, lora), trainer()),
+  ];
   expect(onGpu.device).toBe('webgpu');
   expect(onGpu.metrics).toHaveLength(onCpu.metrics.length);
   expect(new Set(onCpu.metrics.map((m) => m.loss)).size).toBe(onCpu.metrics.length); // it learns: every step's loss differs
@@ -62,7 +105,8 @@ async function sameRun(trainer: () => Trainer, figures: string[], lora?: LoraCon
   onGpu.metrics.forEach((row, i) => {
     // At step 1 a policy is its reference: every margin is 0 on WASM and within rounding of 0 on the GPU, so
     // the share of margins above 0 is a tie that rounding breaks; from step 2 the margins are apart.
-    const tie = (k: string) => k === 'rewards/accuracies' && i === 0 && Math.abs(onCpu.metrics[0]!['rewards/margins']!) < 1e-6;
+    const tie = (k: string) =>
+      k === 'rewards/accuracies' && i === 0 && Math.abs(onCpu.metrics[0]!['rewards/margins']!) < 1e-6;
     for (const key of Object.keys(onCpu.metrics[i]!).filter((k) => k !== 'tokens/s' && !tie(k))) {
       const want = onCpu.metrics[i]![key]!;
       expect(relativeError([row[key]!], [want]), `${key} at step ${i + 1}`).toBeLessThan(1e-4);
@@ -83,19 +127,38 @@ const dispose = (runs: RunResult[]) => runs.forEach((r) => r.model.dispose());
 describe('every trainer on the GPU', () => {
   it.skipIf(absent)('DPO against its reference, and SimPO without one, take the steps they take on WASM', async () => {
     const scores = await reference(pairs);
-    dispose(await sameRun(() => dpoTrainer(pairs, scores, lossOf('dpo', 0.1), cfg, 0, start), ['rewards/margins', 'rewards/accuracies', 'logps/chosen']));
-    dispose(await sameRun(() => dpoTrainer(pairs, null, lossOf('simpo', null), cfg, 0, start), ['rewards/margins', 'logps/rejected']));
+    dispose(
+      await sameRun(
+        () => dpoTrainer(pairs, scores, lossOf('dpo', 0.1), cfg, 0, start),
+        ['rewards/margins', 'rewards/accuracies', 'logps/chosen'],
+      ),
+    );
+    dispose(
+      await sameRun(
+        () => dpoTrainer(pairs, null, lossOf('simpo', null), cfg, 0, start),
+        ['rewards/margins', 'logps/rejected'],
+      ),
+    );
   });
 
   it.skipIf(absent)('LoRA: SFT and DPO train only the adapters, their dropout masks the ones WASM draws', async () => {
-    const lora: LoraConfig = { r: 4, alpha: 8, dropout: 0.25, targetModules: ['q_proj', 'v_proj', 'o_proj', 'down_proj'] };
+    const lora: LoraConfig = {
+      r: 4,
+      alpha: 8,
+      dropout: 0.25,
+      targetModules: ['q_proj', 'v_proj', 'o_proj', 'down_proj'],
+    };
     const withAdapters = () => {
       const m = start();
       attachLora(m, lora, 'webgpu-lora');
       return m;
     };
     const sequences = pairs.map((p) => p.sequences[0]!);
-    const [onCpu, onGpu] = await sameRun(() => sftTrainer(sequences, withAdapters, cfg, 0), ['loss', 'grad_norm'], lora);
+    const [onCpu, onGpu] = await sameRun(
+      () => sftTrainer(sequences, withAdapters, cfg, 0),
+      ['loss', 'grad_norm'],
+      lora,
+    );
     const base = start();
     // The base weights did not move; the adapters did.
     for (const [name, v] of base.params) expect(onGpu!.model.params.get(name)!.dataSync(), name).toEqual(v.dataSync());
@@ -107,39 +170,60 @@ describe('every trainer on the GPU', () => {
       attachLora(m, noDropout, 'webgpu-lora');
       return m;
     };
-    dispose(await sameRun(() => dpoTrainer(pairs, null, lossOf('simpo', null), cfg, 0, plain), ['rewards/margins'], noDropout));
+    dispose(
+      await sameRun(
+        () => dpoTrainer(pairs, null, lossOf('simpo', null), cfg, 0, plain),
+        ['rewards/margins'],
+        noDropout,
+      ),
+    );
     base.dispose();
   });
 
-  it.skipIf(absent)('KTO, whose batches score mismatched completions with the weights the GPU has just updated', async () => {
-    const scores = await reference(rows);
-    dispose(await sameRun(() => ktoTrainer(rows, scores, lossOf('kto', null), cfg, 0, start), ['kl', 'rewards/chosen']));
-  });
+  it.skipIf(absent)(
+    'KTO, whose batches score mismatched completions with the weights the GPU has just updated',
+    async () => {
+      const scores = await reference(rows);
+      dispose(
+        await sameRun(() => ktoTrainer(rows, scores, lossOf('kto', null), cfg, 0, start), ['kl', 'rewards/chosen']),
+      );
+    },
+  );
 
-  it.skipIf(absent)('DAPO: updates within a step on the GPU, each step’s old log-probabilities from its weights, a KL term to the start', async () => {
-    const rollouts: Rollout[] = [
-      { group: 't', reward: 1, turns: [{ prompt: [1, 2, 3], generated: [5, 6] }, { prompt: [1, 2, 3, 5, 6, 4], generated: [9] }] },
-      { group: 't', reward: 0, turns: [{ prompt: [1, 2, 3], generated: [7, 8] }] },
-      { group: 'u', reward: 0, turns: [{ prompt: [4, 4], generated: [11, 12, 13] }] },
-      { group: 'u', reward: 1, turns: [{ prompt: [4, 4], generated: [14] }] },
-    ];
-    const referenceModel = start();
-    const trainer = () =>
-      dapoTrainer({
-        steps: 3,
-        start,
-        rollouts: async () => ({ rollouts, metrics: { kept_groups: 2 } }),
-        pad: 0,
-        microBatchTokens: 12,
-        clip: { ...DAPO_CLIP, klCoef: 0.1 },
-        ppoEpochs: 2,
-        miniBatches: 2,
-        seed: 'webgpu-dapo',
-        reference: referenceModel,
-        signal: NEVER,
-      });
-    const [onCpu] = await sameRun(trainer, ['clip_low', 'clip_high', 'kl', 'entropy']);
-    expect(onCpu!.metrics.at(-1)!.kl).toBeGreaterThan(0); // the policy moved away from the reference
-    referenceModel.dispose();
-  });
+  it.skipIf(absent)(
+    'DAPO: updates within a step on the GPU, each step’s old log-probabilities from its weights, a KL term to the start',
+    async () => {
+      const rollouts: Rollout[] = [
+        {
+          group: 't',
+          reward: 1,
+          turns: [
+            { prompt: [1, 2, 3], generated: [5, 6] },
+            { prompt: [1, 2, 3, 5, 6, 4], generated: [9] },
+          ],
+        },
+        { group: 't', reward: 0, turns: [{ prompt: [1, 2, 3], generated: [7, 8] }] },
+        { group: 'u', reward: 0, turns: [{ prompt: [4, 4], generated: [11, 12, 13] }] },
+        { group: 'u', reward: 1, turns: [{ prompt: [4, 4], generated: [14] }] },
+      ];
+      const referenceModel = start();
+      const trainer = () =>
+        dapoTrainer({
+          steps: 3,
+          start,
+          rollouts: async () => ({ rollouts, metrics: { kept_groups: 2 } }),
+          pad: 0,
+          microBatchTokens: 12,
+          clip: { ...DAPO_CLIP, klCoef: 0.1 },
+          ppoEpochs: 2,
+          miniBatches: 2,
+          seed: 'webgpu-dapo',
+          reference: referenceModel,
+          signal: NEVER,
+        });
+      const [onCpu] = await sameRun(trainer, ['clip_low', 'clip_high', 'kl', 'entropy']);
+      expect(onCpu!.metrics.at(-1)!.kl).toBeGreaterThan(0); // the policy moved away from the reference
+      referenceModel.dispose();
+    },
+  );
 });

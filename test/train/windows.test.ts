@@ -77,7 +77,12 @@ describe('batches', () => {
   });
 
   it('splits a batch into micro-batches under the token budget, keeping each group whole', () => {
-    const groups = [[0, 1], [2, 3], [4, 5], [6, 7]];
+    const groups = [
+      [0, 1],
+      [2, 3],
+      [4, 5],
+      [6, 7],
+    ];
     const size = (i: number) => 100 + i * 10;
     const micro = microBatches(groups, size, 450);
     expect(micro.flat().sort((a, b) => a - b)).toEqual([0, 1, 2, 3, 4, 5, 6, 7]);
@@ -90,7 +95,13 @@ describe('batches', () => {
   });
 
   it('pads a batch and shifts targets by one, masking what the loss does not count', () => {
-    const b = padBatch([{ ids: [1, 2, 3], mask: [0, 1, 1] }, { ids: [4, 5], mask: [0, 1] }], 0);
+    const b = padBatch(
+      [
+        { ids: [1, 2, 3], mask: [0, 1, 1] },
+        { ids: [4, 5], mask: [0, 1] },
+      ],
+      0,
+    );
     expect(b.length).toBe(2);
     expect(Array.from(b.ids)).toEqual([1, 2, 4, 0]);
     expect(Array.from(b.targets)).toEqual([2, 3, 5, 0]);

@@ -36,14 +36,21 @@ function dpoTerms(x: PairLogps, beta: number) {
   if (!x.refChosen || !x.refRejected) throw new Error('this loss needs reference log-probabilities');
   const chosenRatio = tf.sub(x.chosen, x.refChosen);
   const rejectedRatio = tf.sub(x.rejected, x.refRejected);
-  return { logits: tf.sub(chosenRatio, rejectedRatio) as T1, chosenRewards: tf.mul(chosenRatio, beta) as T1, rejectedRewards: tf.mul(rejectedRatio, beta) as T1 };
+  return {
+    logits: tf.sub(chosenRatio, rejectedRatio) as T1,
+    chosenRewards: tf.mul(chosenRatio, beta) as T1,
+    rejectedRewards: tf.mul(rejectedRatio, beta) as T1,
+  };
 }
 
 /** DPO (Rafailov et al. 2023): −log σ(β·logits), with label smoothing ε as cDPO: −(1−ε)·log σ(βz) − ε·log σ(−βz). */
 export function dpoSigmoidLoss(x: PairLogps, p: DpoParams): PreferenceOutput {
   const { logits, chosenRewards, rejectedRewards } = dpoTerms(x, p.beta);
   const z = tf.mul(logits, p.beta);
-  const losses = tf.sub(tf.mul(logSigmoid(z), -(1 - p.labelSmoothing)), tf.mul(logSigmoid(tf.neg(z)), p.labelSmoothing)) as T1;
+  const losses = tf.sub(
+    tf.mul(logSigmoid(z), -(1 - p.labelSmoothing)),
+    tf.mul(logSigmoid(tf.neg(z)), p.labelSmoothing),
+  ) as T1;
   return { losses, chosenRewards, rejectedRewards };
 }
 
@@ -51,7 +58,10 @@ export function dpoSigmoidLoss(x: PairLogps, p: DpoParams): PreferenceOutput {
 export function dpoRobustLoss(x: PairLogps, p: DpoParams): PreferenceOutput {
   const { logits, chosenRewards, rejectedRewards } = dpoTerms(x, p.beta);
   const z = tf.mul(logits, p.beta);
-  const losses = tf.div(tf.add(tf.mul(logSigmoid(z), -(1 - p.labelSmoothing)), tf.mul(logSigmoid(tf.neg(z)), p.labelSmoothing)), 1 - 2 * p.labelSmoothing) as T1;
+  const losses = tf.div(
+    tf.add(tf.mul(logSigmoid(z), -(1 - p.labelSmoothing)), tf.mul(logSigmoid(tf.neg(z)), p.labelSmoothing)),
+    1 - 2 * p.labelSmoothing,
+  ) as T1;
   return { losses, chosenRewards, rejectedRewards };
 }
 
@@ -77,7 +87,10 @@ export interface SimpoParams {
 /** SimPO (Meng et al. 2024): −log σ(β·(avg π_c − avg π_r) − γ), no reference model. Rewards are β·avg log π. */
 export function simpoLoss(x: PairLogps, p: SimpoParams): PreferenceOutput {
   const z = tf.mul(tf.sub(tf.sub(x.chosen, x.rejected), p.gammaBetaRatio), p.beta);
-  const losses = tf.sub(tf.mul(logSigmoid(z), -(1 - p.labelSmoothing)), tf.mul(logSigmoid(tf.neg(z)), p.labelSmoothing)) as T1;
+  const losses = tf.sub(
+    tf.mul(logSigmoid(z), -(1 - p.labelSmoothing)),
+    tf.mul(logSigmoid(tf.neg(z)), p.labelSmoothing),
+  ) as T1;
   return { losses, chosenRewards: tf.mul(x.chosen, p.beta) as T1, rejectedRewards: tf.mul(x.rejected, p.beta) as T1 };
 }
 
@@ -97,7 +110,11 @@ function log1mExp(x: tf.Tensor): tf.Tensor {
  */
 export function orpoOddsRatioLoss(x: PairLogps, p: OrpoParams): PreferenceOutput {
   const logOdds = tf.sub(tf.sub(x.chosen, x.rejected), tf.sub(log1mExp(x.chosen), log1mExp(x.rejected)));
-  return { losses: tf.mul(logSigmoid(logOdds), -p.lambda) as T1, chosenRewards: tf.mul(x.chosen, p.lambda) as T1, rejectedRewards: tf.mul(x.rejected, p.lambda) as T1 };
+  return {
+    losses: tf.mul(logSigmoid(logOdds), -p.lambda) as T1,
+    chosenRewards: tf.mul(x.chosen, p.lambda) as T1,
+    rejectedRewards: tf.mul(x.rejected, p.lambda) as T1,
+  };
 }
 
 /** TRL's logged metrics, as means over the batch. */

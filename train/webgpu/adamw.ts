@@ -36,7 +36,10 @@ export class GpuAdamW {
   /** Each parameter's step constants, written again every step (so one step a submission). */
   private readonly uniforms = new WeakMap<GpuParameter, GPUBuffer>();
 
-  constructor(private readonly k: Kernels, readonly options: AdamWOptions) {}
+  constructor(
+    private readonly k: Kernels,
+    readonly options: AdamWOptions,
+  ) {}
 
   /** Records one update of every parameter at learning rate `lr` into `pass`; submit it before the next step's. */
   encode(pass: GPUComputePassEncoder, params: GpuParameter[], lr: number): void {
@@ -49,7 +52,14 @@ export class GpuAdamW {
       const decay = p.decays && weightDecay > 0 ? 1 - lr * weightDecay : 1;
       const values = fields({ u32: p.length }, ...[lr, beta1, beta2, eps, c1, c2, decay].map((f32) => ({ f32 })));
       let step = this.uniforms.get(p);
-      if (!step) this.uniforms.set(p, (step = this.k.gpu.device.createBuffer({ size: 32, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST })));
+      if (!step)
+        this.uniforms.set(
+          p,
+          (step = this.k.gpu.device.createBuffer({
+            size: 32,
+            usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+          })),
+        );
       this.k.gpu.device.queue.writeBuffer(step, 0, values);
       this.k.dispatch(pass, pipeline, [p.value, p.grad, p.m, p.v, step], ...grid(p.length));
     }

@@ -172,23 +172,83 @@ export class Attention {
   constructor(private readonly k: Kernels) {}
 
   private dims(s: AttentionShape): GPUBuffer {
-    return this.k.uniform(fields({ u32: s.batch }, { u32: s.length }, { u32: s.heads }, { u32: s.kvHeads }, { u32: s.headDim }, { f32: 1 / Math.sqrt(s.headDim) }));
+    return this.k.uniform(
+      fields(
+        { u32: s.batch },
+        { u32: s.length },
+        { u32: s.heads },
+        { u32: s.kvHeads },
+        { u32: s.headDim },
+        { f32: 1 / Math.sqrt(s.headDim) },
+      ),
+    );
   }
 
   /** out from q, k, v; the probabilities into p (B·H·T·T f32s), for the backward. */
-  forward(pass: GPUComputePassEncoder, q: GPUBuffer, k: GPUBuffer, v: GPUBuffer, p: GPUBuffer, out: GPUBuffer, s: AttentionShape): void {
+  forward(
+    pass: GPUComputePassEncoder,
+    q: GPUBuffer,
+    k: GPUBuffer,
+    v: GPUBuffer,
+    p: GPUBuffer,
+    out: GPUBuffer,
+    s: AttentionShape,
+  ): void {
     this.k.dispatch(pass, this.k.pipeline(FORWARD), [q, k, v, p, out, this.dims(s)], s.length, s.heads, s.batch);
   }
 
   /** out's rows of one sequence from q and its cache; scores (rows · H · capacity f32s) is scratch. Its dims change every step: transient. */
-  decode(pass: GPUComputePassEncoder, q: GPUBuffer, cache: GPUBuffer, scores: GPUBuffer, out: GPUBuffer, s: DecodeShape): void {
-    const dims = fields({ u32: s.r0 }, { u32: s.at0 }, { u32: s.heads }, { u32: s.kvHeads }, { u32: s.headDim }, { u32: s.capacity }, { u32: s.keys }, { u32: s.values }, { f32: 1 / Math.sqrt(s.headDim) });
+  decode(
+    pass: GPUComputePassEncoder,
+    q: GPUBuffer,
+    cache: GPUBuffer,
+    scores: GPUBuffer,
+    out: GPUBuffer,
+    s: DecodeShape,
+  ): void {
+    const dims = fields(
+      { u32: s.r0 },
+      { u32: s.at0 },
+      { u32: s.heads },
+      { u32: s.kvHeads },
+      { u32: s.headDim },
+      { u32: s.capacity },
+      { u32: s.keys },
+      { u32: s.values },
+      { f32: 1 / Math.sqrt(s.headDim) },
+    );
     this.k.dispatch(pass, this.k.pipeline(DECODE), [q, cache, scores, out, this.k.transient(dims)], s.rows, s.heads);
   }
 
   /** dq, dk, dv from dout, with the forward's q, k, v and p; ds (B·H·T·T f32s) is scratch. */
-  backward(pass: GPUComputePassEncoder, q: GPUBuffer, k: GPUBuffer, v: GPUBuffer, p: GPUBuffer, dout: GPUBuffer, ds: GPUBuffer, dq: GPUBuffer, dk: GPUBuffer, dv: GPUBuffer, s: AttentionShape): void {
-    this.k.dispatch(pass, this.k.pipeline(BACKWARD_Q), [k, v, p, dout, ds, dq, this.dims(s)], s.length, s.heads, s.batch);
-    this.k.dispatch(pass, this.k.pipeline(BACKWARD_KV), [q, p, ds, dout, dk, dv, this.dims(s)], s.length, s.kvHeads, s.batch);
+  backward(
+    pass: GPUComputePassEncoder,
+    q: GPUBuffer,
+    k: GPUBuffer,
+    v: GPUBuffer,
+    p: GPUBuffer,
+    dout: GPUBuffer,
+    ds: GPUBuffer,
+    dq: GPUBuffer,
+    dk: GPUBuffer,
+    dv: GPUBuffer,
+    s: AttentionShape,
+  ): void {
+    this.k.dispatch(
+      pass,
+      this.k.pipeline(BACKWARD_Q),
+      [k, v, p, dout, ds, dq, this.dims(s)],
+      s.length,
+      s.heads,
+      s.batch,
+    );
+    this.k.dispatch(
+      pass,
+      this.k.pipeline(BACKWARD_KV),
+      [q, p, ds, dout, dk, dv, this.dims(s)],
+      s.length,
+      s.kvHeads,
+      s.batch,
+    );
   }
 }

@@ -5,14 +5,20 @@ import type { Gpu } from './device.ts';
 
 /** A storage buffer holding `data`, f32, i32 or u32 (kernels read and write it; it can be copied out). */
 export function upload(gpu: Gpu, data: Float32Array | Int32Array | Uint32Array): GPUBuffer {
-  const buffer = gpu.device.createBuffer({ size: Math.max(4, data.byteLength), usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST });
+  const buffer = gpu.device.createBuffer({
+    size: Math.max(4, data.byteLength),
+    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+  });
   gpu.device.queue.writeBuffer(buffer, 0, data);
   return buffer;
 }
 
 /** The first `length` f32s of `buffer`, once the work submitted before has finished. */
 export async function download(gpu: Gpu, buffer: GPUBuffer, length: number): Promise<Float32Array> {
-  const staging = gpu.device.createBuffer({ size: Math.max(4, length * 4), usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+  const staging = gpu.device.createBuffer({
+    size: Math.max(4, length * 4),
+    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+  });
   const encoder = gpu.device.createCommandEncoder();
   encoder.copyBufferToBuffer(buffer, 0, staging, 0, length * 4);
   gpu.device.queue.submit([encoder.finish()]);

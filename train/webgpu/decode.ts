@@ -36,7 +36,8 @@ export class GpuCache {
     const d = new Decoding(this, prompt, options, false);
     if (d.finished) return d.out;
     d.logits = (await this.decoder.readMany([this], [d.unread.splice(0)]))[0]!;
-    for (let next = d.next(); next !== null && !d.finished; next = d.next()) d.logits = (await this.decoder.readMany([this], [[next]]))[0]!;
+    for (let next = d.next(); next !== null && !d.finished; next = d.next())
+      d.logits = (await this.decoder.readMany([this], [[next]]))[0]!;
     return d.out;
   }
 
@@ -94,13 +95,13 @@ export class GpuDecoder implements CachePool {
     return buffer;
   }
 
-
   /** The first `count` positions of every layer's keys and values, from a cache buffer of one capacity to one of another. */
   private copyPositions(from: GPUBuffer, fromCapacity: number, to: GPUBuffer, toCapacity: number, count: number): void {
     const c = this.model.config;
     const row = c.kvHeads * c.headDim * 4;
     const encoder = this.k.gpu.device.createCommandEncoder();
-    for (let block = 0; block < 2 * c.layers; block++) encoder.copyBufferToBuffer(from, block * fromCapacity * row, to, block * toCapacity * row, count * row);
+    for (let block = 0; block < 2 * c.layers; block++)
+      encoder.copyBufferToBuffer(from, block * fromCapacity * row, to, block * toCapacity * row, count * row);
     this.k.gpu.device.queue.submit([encoder.finish()]);
   }
 
@@ -127,7 +128,8 @@ export class GpuDecoder implements CachePool {
    */
   async readMany(all: TokenCache[], reads: number[][]): Promise<Float32Array[]> {
     const caches = all as GpuCache[];
-    if (caches.some((cache) => !(cache instanceof GpuCache) || cache.decoder !== this)) throw new Error('GpuDecoder.readMany: a cache of another decoder');
+    if (caches.some((cache) => !(cache instanceof GpuCache) || cache.decoder !== this))
+      throw new Error('GpuDecoder.readMany: a cache of another decoder');
     if (reads.some((r) => r.length === 0)) throw new Error('GpuDecoder.readMany: no tokens to read');
     const c = this.model.config;
     const [D, H, K, hd, F, V] = [c.hiddenSize, c.heads, c.kvHeads, c.headDim, c.intermediateSize, c.vocabSize];
@@ -156,7 +158,15 @@ export class GpuDecoder implements CachePool {
     };
     const idsBuffer = write('ids', Int32Array.from(ids));
     const positionsBuffer = write('positions', Uint32Array.from(positions));
-    const project = (pass: GPUComputePassEncoder, x: GPUBuffer, name: string, y: GPUBuffer, rows: number, out: number, inner: number) => this.ops.mm.encode(pass, x, w(name), y, { m: rows, n: out, k: inner, transposeB: true });
+    const project = (
+      pass: GPUComputePassEncoder,
+      x: GPUBuffer,
+      name: string,
+      y: GPUBuffer,
+      rows: number,
+      out: number,
+      inner: number,
+    ) => this.ops.mm.encode(pass, x, w(name), y, { m: rows, n: out, k: inner, transposeB: true });
     const rows = { rows: R, dim: D, eps: c.rmsNormEps };
     // The attention's scores: a row for each (new row, head) of one sequence at a time, as long as its cache.
     const scores = Math.max(...reads.map((r) => r.length)) * H * Math.max(...caches.map((cache) => cache.capacity));
@@ -176,15 +186,44 @@ export class GpuDecoder implements CachePool {
           this.ops.bias.forward(pass, w(`${p}self_attn.k_proj.bias`), a('k', R * K * hd), R, K * hd);
           this.ops.bias.forward(pass, w(`${p}self_attn.v_proj.bias`), a('v', R * K * hd), R, K * hd);
         }
-        this.ops.rope.at(pass, a('q', R * H * hd), cos, sin, positionsBuffer, a('qr', R * H * hd), { rows: R, heads: H, headDim: hd });
-        this.ops.rope.at(pass, a('k', R * K * hd), cos, sin, positionsBuffer, a('kr', R * K * hd), { rows: R, heads: K, headDim: hd });
+        this.ops.rope.at(pass, a('q', R * H * hd), cos, sin, positionsBuffer, a('qr', R * H * hd), {
+          rows: R,
+          heads: H,
+          headDim: hd,
+        });
+        this.ops.rope.at(pass, a('k', R * K * hd), cos, sin, positionsBuffer, a('kr', R * K * hd), {
+          rows: R,
+          heads: K,
+          headDim: hd,
+        });
         caches.forEach((cache, b) => {
           const n = reads[b]!.length;
           const [keys, values] = [2 * l * block(cache), (2 * l + 1) * block(cache)];
           const at0 = cache.tokens.length;
-          this.ops.copy.encode(pass, a('kr', R * K * hd), r0[b]! * K * hd, cache.buffer!, keys + at0 * K * hd, n * K * hd);
-          this.ops.copy.encode(pass, a('v', R * K * hd), r0[b]! * K * hd, cache.buffer!, values + at0 * K * hd, n * K * hd);
-          this.ops.attention.decode(pass, a('qr', R * H * hd), cache.buffer!, a('scores', scores), a('att', R * H * hd), { r0: r0[b]!, rows: n, at0, heads: H, kvHeads: K, headDim: hd, capacity: cache.capacity, keys, values });
+          this.ops.copy.encode(
+            pass,
+            a('kr', R * K * hd),
+            r0[b]! * K * hd,
+            cache.buffer!,
+            keys + at0 * K * hd,
+            n * K * hd,
+          );
+          this.ops.copy.encode(
+            pass,
+            a('v', R * K * hd),
+            r0[b]! * K * hd,
+            cache.buffer!,
+            values + at0 * K * hd,
+            n * K * hd,
+          );
+          this.ops.attention.decode(
+            pass,
+            a('qr', R * H * hd),
+            cache.buffer!,
+            a('scores', scores),
+            a('att', R * H * hd),
+            { r0: r0[b]!, rows: n, at0, heads: H, kvHeads: K, headDim: hd, capacity: cache.capacity, keys, values },
+          );
         });
         project(pass, a('att', R * H * hd), `${p}self_attn.o_proj.weight`, a('o', R * D), R, D, H * hd);
         this.ops.add.encode(pass, x, a('o', R * D), y, R * D);
@@ -198,9 +237,22 @@ export class GpuDecoder implements CachePool {
         [x, y] = [y, x];
       }
       // Each sequence's last row, normed, through the head.
-      caches.forEach((_, b) => this.ops.copy.encode(pass, x, (r0[b]! + reads[b]!.length - 1) * D, a('last', B * D), b * D, D));
-      this.ops.norm.forward(pass, a('last', B * D), w('model.norm.weight'), a('lastNormed', B * D), a('rstd', R), { ...rows, rows: B });
-      project(pass, a('lastNormed', B * D), c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight', a('logits', B * V), B, V, D);
+      caches.forEach((_, b) =>
+        this.ops.copy.encode(pass, x, (r0[b]! + reads[b]!.length - 1) * D, a('last', B * D), b * D, D),
+      );
+      this.ops.norm.forward(pass, a('last', B * D), w('model.norm.weight'), a('lastNormed', B * D), a('rstd', R), {
+        ...rows,
+        rows: B,
+      });
+      project(
+        pass,
+        a('lastNormed', B * D),
+        c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight',
+        a('logits', B * V),
+        B,
+        V,
+        D,
+      );
     });
     this.k.release();
     const logits = await download(gpu, a('logits', B * V), B * V);
@@ -210,7 +262,8 @@ export class GpuDecoder implements CachePool {
 
   /** Frees the weights and the step's buffers (caches are freed on their own). */
   dispose(): void {
-    for (const buffer of [...this.weights.values(), ...[...this.activations.values()].map((x) => x.buffer)]) buffer.destroy();
+    for (const buffer of [...this.weights.values(), ...[...this.activations.values()].map((x) => x.buffer)])
+      buffer.destroy();
     this.tables.dispose();
     this.weights.clear();
     this.activations.clear();

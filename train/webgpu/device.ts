@@ -60,20 +60,27 @@ async function find(): Promise<Found> {
   try {
     webgpu = (await import('webgpu')) as typeof webgpu;
   } catch (error) {
-    throw new NoGpu(`the optional package webgpu is not installed or does not load here (${(error as Error).message}); run npm ci on linux-x64, macOS or Windows`);
+    throw new NoGpu(
+      `the optional package webgpu is not installed or does not load here (${(error as Error).message}); run npm ci on linux-x64, macOS or Windows`,
+    );
   }
   // GPUBufferUsage, GPUMapMode and the rest, as a browser has them.
-  for (const [name, value] of Object.entries(webgpu.globals)) if (!(name in globalThis)) Object.assign(globalThis, { [name]: value });
+  for (const [name, value] of Object.entries(webgpu.globals))
+    if (!(name in globalThis)) Object.assign(globalThis, { [name]: value });
   const instance = webgpu.create([]);
   const adapter = await instance.requestAdapter({ powerPreference: 'high-performance' });
-  if (!adapter) throw new NoGpu('WebGPU found no adapter: install the Vulkan loader and a driver (on Debian: libvulkan1 and your GPU vendor\'s driver; without a GPU, mesa-vulkan-drivers 25 or later from bookworm-backports is a CPU one)');
+  if (!adapter)
+    throw new NoGpu(
+      "WebGPU found no adapter: install the Vulkan loader and a driver (on Debian: libvulkan1 and your GPU vendor's driver; without a GPU, mesa-vulkan-drivers 25 or later from bookworm-backports is a CPU one)",
+    );
   const info = adapter.info;
   const description = info.description || `${info.vendor} ${info.device}`.trim();
   return {
     instance,
     adapter,
     description: { vendor: info.vendor, architecture: info.architecture, description },
-    software: info.architecture === 'software' || /llvmpipe|lavapipe|swiftshader/i.test(`${description} ${info.device}`),
+    software:
+      info.architecture === 'software' || /llvmpipe|lavapipe|swiftshader/i.test(`${description} ${info.device}`),
   };
 }
 

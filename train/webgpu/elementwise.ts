@@ -7,7 +7,10 @@ import { upload } from './buffers.ts';
 import type { Gpu } from './device.ts';
 import { Kernels, WORKGROUP_REDUCE, elementwise, fields, grid } from './kernel.ts';
 
-const SWIGLU_FORWARD = elementwise({ buffers: ['g: f32', 'u: f32', 'mut h: f32'], body: '  h[i] = g[i] / (1.0 + exp(-g[i])) * u[i];' });
+const SWIGLU_FORWARD = elementwise({
+  buffers: ['g: f32', 'u: f32', 'mut h: f32'],
+  body: '  h[i] = g[i] / (1.0 + exp(-g[i])) * u[i];',
+});
 
 const SWIGLU_BACKWARD = elementwise({
   buffers: ['g: f32', 'u: f32', 'dh: f32', 'mut dg: f32', 'mut du: f32'],
@@ -53,25 +56,43 @@ const ROPE_AT = elementwise({
   y[i] = x[i] * cos_table[at] + select(x[partner], -x[partner], first) * sin_table[at];`,
 });
 
-const COPY = elementwise({ buffers: ['src: f32', 'mut dst: f32'], dims: 'src_at: u32, dst_at: u32', body: '  dst[d.dst_at + i] = src[d.src_at + i];' });
+const COPY = elementwise({
+  buffers: ['src: f32', 'mut dst: f32'],
+  dims: 'src_at: u32, dst_at: u32',
+  body: '  dst[d.dst_at + i] = src[d.src_at + i];',
+});
 
 /** Copies n f32s from src at `from` to dst at `to` inside a pass (a decoding step's keys into their cache). */
 export class Copy {
   constructor(private readonly k: Kernels) {}
 
   encode(pass: GPUComputePassEncoder, src: GPUBuffer, from: number, dst: GPUBuffer, to: number, n: number): void {
-    this.k.dispatch(pass, this.k.pipeline(COPY), [src, dst, this.k.transient(fields({ u32: n }, { u32: from }, { u32: to }))], ...grid(n));
+    this.k.dispatch(
+      pass,
+      this.k.pipeline(COPY),
+      [src, dst, this.k.transient(fields({ u32: n }, { u32: from }, { u32: to }))],
+      ...grid(n),
+    );
   }
 }
 
-const MUL = elementwise({ head: 'override ACCUMULATE: bool = false;', buffers: ['a: f32', 'b: f32', 'mut y: f32'], body: '  if (ACCUMULATE) { y[i] += a[i] * b[i]; } else { y[i] = a[i] * b[i]; }' });
+const MUL = elementwise({
+  head: 'override ACCUMULATE: bool = false;',
+  buffers: ['a: f32', 'b: f32', 'mut y: f32'],
+  body: '  if (ACCUMULATE) { y[i] += a[i] * b[i]; } else { y[i] = a[i] * b[i]; }',
+});
 
 /** y = a ⊙ b, or y += a ⊙ b: n elements (LoRA's dropout mask, forward and backward). */
 export class Mul {
   constructor(private readonly k: Kernels) {}
 
   encode(pass: GPUComputePassEncoder, a: GPUBuffer, b: GPUBuffer, y: GPUBuffer, n: number, accumulate = false): void {
-    this.k.dispatch(pass, this.k.pipeline(MUL, { ACCUMULATE: accumulate ? 1 : 0 }), [a, b, y, this.k.uniform(fields({ u32: n }))], ...grid(n));
+    this.k.dispatch(
+      pass,
+      this.k.pipeline(MUL, { ACCUMULATE: accumulate ? 1 : 0 }),
+      [a, b, y, this.k.uniform(fields({ u32: n }))],
+      ...grid(n),
+    );
   }
 }
 
@@ -86,7 +107,11 @@ export class Add {
   }
 }
 
-const BIAS_FORWARD = elementwise({ buffers: ['b: f32', 'mut y: f32'], dims: 'cols: u32', body: '  y[i] += b[i % d.cols];' });
+const BIAS_FORWARD = elementwise({
+  buffers: ['b: f32', 'mut y: f32'],
+  dims: 'cols: u32',
+  body: '  y[i] += b[i % d.cols];',
+});
 
 // A thread a column (n = cols), summing dy over the rows.
 const BIAS_BACKWARD = elementwise({
@@ -104,16 +129,30 @@ export class Bias {
 
   /** y (rows × cols) += b (cols) on every row. */
   forward(pass: GPUComputePassEncoder, b: GPUBuffer, y: GPUBuffer, rows: number, cols: number): void {
-    this.k.dispatch(pass, this.k.pipeline(BIAS_FORWARD), [b, y, this.k.uniform(fields({ u32: rows * cols }, { u32: cols }))], ...grid(rows * cols));
+    this.k.dispatch(
+      pass,
+      this.k.pipeline(BIAS_FORWARD),
+      [b, y, this.k.uniform(fields({ u32: rows * cols }, { u32: cols }))],
+      ...grid(rows * cols),
+    );
   }
 
   /** db (cols) += the column sums of dy (rows × cols). */
   backward(pass: GPUComputePassEncoder, dy: GPUBuffer, db: GPUBuffer, rows: number, cols: number): void {
-    this.k.dispatch(pass, this.k.pipeline(BIAS_BACKWARD), [dy, db, this.k.uniform(fields({ u32: cols }, { u32: rows }))], ...grid(cols));
+    this.k.dispatch(
+      pass,
+      this.k.pipeline(BIAS_BACKWARD),
+      [dy, db, this.k.uniform(fields({ u32: cols }, { u32: rows }))],
+      ...grid(cols),
+    );
   }
 }
 
-const GATHER = elementwise({ buffers: ['table: f32', 'ids: i32', 'mut y: f32'], dims: 'dim: u32', body: '  y[i] = table[u32(ids[i / d.dim]) * d.dim + i % d.dim];' });
+const GATHER = elementwise({
+  buffers: ['table: f32', 'ids: i32', 'mut y: f32'],
+  dims: 'dim: u32',
+  body: '  y[i] = table[u32(ids[i / d.dim]) * d.dim + i % d.dim];',
+});
 
 // The embedding's gradient without atomics (WGSL has none for f32): the positions of each token, grouped by
 // token (a counting sort on the CPU, which has the ids anyway: `byToken`), so that a thread a table entry
@@ -145,13 +184,38 @@ export class Embedding {
   constructor(private readonly k: Kernels) {}
 
   /** y (tokens × dim) = table[ids]. */
-  forward(pass: GPUComputePassEncoder, table: GPUBuffer, ids: GPUBuffer, y: GPUBuffer, tokens: number, dim: number): void {
-    this.k.dispatch(pass, this.k.pipeline(GATHER), [table, ids, y, this.k.uniform(fields({ u32: tokens * dim }, { u32: dim }))], ...grid(tokens * dim));
+  forward(
+    pass: GPUComputePassEncoder,
+    table: GPUBuffer,
+    ids: GPUBuffer,
+    y: GPUBuffer,
+    tokens: number,
+    dim: number,
+  ): void {
+    this.k.dispatch(
+      pass,
+      this.k.pipeline(GATHER),
+      [table, ids, y, this.k.uniform(fields({ u32: tokens * dim }, { u32: dim }))],
+      ...grid(tokens * dim),
+    );
   }
 
   /** dtable (rows × dim) += the rows of dy (tokens × dim) by token; `starts` and `positions` from byToken(ids), uploaded. */
-  backward(pass: GPUComputePassEncoder, dy: GPUBuffer, starts: GPUBuffer, positions: GPUBuffer, dtable: GPUBuffer, rows: number, dim: number): void {
-    this.k.dispatch(pass, this.k.pipeline(SCATTER), [dy, starts, positions, dtable, this.k.uniform(fields({ u32: rows * dim }, { u32: dim }))], ...grid(rows * dim));
+  backward(
+    pass: GPUComputePassEncoder,
+    dy: GPUBuffer,
+    starts: GPUBuffer,
+    positions: GPUBuffer,
+    dtable: GPUBuffer,
+    rows: number,
+    dim: number,
+  ): void {
+    this.k.dispatch(
+      pass,
+      this.k.pipeline(SCATTER),
+      [dy, starts, positions, dtable, this.k.uniform(fields({ u32: rows * dim }, { u32: dim }))],
+      ...grid(rows * dim),
+    );
   }
 }
 
@@ -206,8 +270,21 @@ export class SwiGlu {
   }
 
   /** dg and du from dh, with the forward's g and u. */
-  backward(pass: GPUComputePassEncoder, g: GPUBuffer, u: GPUBuffer, dh: GPUBuffer, dg: GPUBuffer, du: GPUBuffer, n: number): void {
-    this.k.dispatch(pass, this.k.pipeline(SWIGLU_BACKWARD), [g, u, dh, dg, du, this.k.uniform(fields({ u32: n }))], ...grid(n));
+  backward(
+    pass: GPUComputePassEncoder,
+    g: GPUBuffer,
+    u: GPUBuffer,
+    dh: GPUBuffer,
+    dg: GPUBuffer,
+    du: GPUBuffer,
+    n: number,
+  ): void {
+    this.k.dispatch(
+      pass,
+      this.k.pipeline(SWIGLU_BACKWARD),
+      [g, u, dh, dg, du, this.k.uniform(fields({ u32: n }))],
+      ...grid(n),
+    );
   }
 }
 
@@ -251,7 +328,15 @@ export interface RopeShape {
 export class Rope {
   constructor(private readonly k: Kernels) {}
 
-  private run(pass: GPUComputePassEncoder, backward: boolean, x: GPUBuffer, cos: GPUBuffer, sin: GPUBuffer, y: GPUBuffer, s: RopeShape): void {
+  private run(
+    pass: GPUComputePassEncoder,
+    backward: boolean,
+    x: GPUBuffer,
+    cos: GPUBuffer,
+    sin: GPUBuffer,
+    y: GPUBuffer,
+    s: RopeShape,
+  ): void {
     const n = s.rows * s.heads * s.headDim;
     const dims = this.k.uniform(fields({ u32: n }, { u32: s.heads }, { u32: s.headDim }, { u32: s.length }));
     this.k.dispatch(pass, this.k.pipeline(ROPE, { BACKWARD: backward ? 1 : 0 }), [x, cos, sin, y, dims], ...grid(n));
@@ -263,13 +348,33 @@ export class Rope {
   }
 
   /** y = rotate(x) for rows at their own positions (u32 a row), as a decoding step has them. */
-  at(pass: GPUComputePassEncoder, x: GPUBuffer, cos: GPUBuffer, sin: GPUBuffer, positions: GPUBuffer, y: GPUBuffer, s: Omit<RopeShape, 'length'>): void {
+  at(
+    pass: GPUComputePassEncoder,
+    x: GPUBuffer,
+    cos: GPUBuffer,
+    sin: GPUBuffer,
+    positions: GPUBuffer,
+    y: GPUBuffer,
+    s: Omit<RopeShape, 'length'>,
+  ): void {
     const n = s.rows * s.heads * s.headDim;
-    this.k.dispatch(pass, this.k.pipeline(ROPE_AT), [x, cos, sin, positions, y, this.k.uniform(fields({ u32: n }, { u32: s.heads }, { u32: s.headDim }))], ...grid(n));
+    this.k.dispatch(
+      pass,
+      this.k.pipeline(ROPE_AT),
+      [x, cos, sin, positions, y, this.k.uniform(fields({ u32: n }, { u32: s.heads }, { u32: s.headDim }))],
+      ...grid(n),
+    );
   }
 
   /** dx from dy: the rotation's transpose. */
-  backward(pass: GPUComputePassEncoder, dy: GPUBuffer, cos: GPUBuffer, sin: GPUBuffer, dx: GPUBuffer, s: RopeShape): void {
+  backward(
+    pass: GPUComputePassEncoder,
+    dy: GPUBuffer,
+    cos: GPUBuffer,
+    sin: GPUBuffer,
+    dx: GPUBuffer,
+    s: RopeShape,
+  ): void {
     this.run(pass, true, dy, cos, sin, dx, s);
   }
 }

@@ -18,7 +18,10 @@ export class Kernels {
     if (!pipeline) {
       let module = this.modules.get(code);
       if (!module) this.modules.set(code, (module = this.gpu.device.createShaderModule({ code })));
-      pipeline = this.gpu.device.createComputePipeline({ layout: 'auto', compute: { module, entryPoint: 'main', constants } });
+      pipeline = this.gpu.device.createComputePipeline({
+        layout: 'auto',
+        compute: { module, entryPoint: 'main', constants },
+      });
       this.pipelines.set(key, pipeline);
     }
     return pipeline;
@@ -29,7 +32,10 @@ export class Kernels {
     const key = Buffer.from(bytes).toString('hex');
     let buffer = this.uniforms.get(key);
     if (!buffer) {
-      buffer = this.gpu.device.createBuffer({ size: Math.max(16, bytes.byteLength), usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+      buffer = this.gpu.device.createBuffer({
+        size: Math.max(16, bytes.byteLength),
+        usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+      });
       this.gpu.device.queue.writeBuffer(buffer, 0, bytes);
       this.uniforms.set(key, buffer);
     }
@@ -43,7 +49,10 @@ export class Kernels {
    * change every step): release() frees it once that work is submitted.
    */
   transient(bytes: ArrayBuffer): GPUBuffer {
-    const buffer = this.gpu.device.createBuffer({ size: Math.max(16, bytes.byteLength), usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
+    const buffer = this.gpu.device.createBuffer({
+      size: Math.max(16, bytes.byteLength),
+      usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+    });
     this.gpu.device.queue.writeBuffer(buffer, 0, bytes);
     this.spent.push(buffer);
     return buffer;
@@ -55,9 +64,22 @@ export class Kernels {
   }
 
   /** Records `pipeline` over `buffers` (bindings 0, 1, … in order) on a grid of workgroups. */
-  dispatch(pass: GPUComputePassEncoder, pipeline: GPUComputePipeline, buffers: GPUBuffer[], x: number, y = 1, z = 1): void {
+  dispatch(
+    pass: GPUComputePassEncoder,
+    pipeline: GPUComputePipeline,
+    buffers: GPUBuffer[],
+    x: number,
+    y = 1,
+    z = 1,
+  ): void {
     pass.setPipeline(pipeline);
-    pass.setBindGroup(0, this.gpu.device.createBindGroup({ layout: pipeline.getBindGroupLayout(0), entries: buffers.map((buffer, binding) => ({ binding, resource: { buffer } })) }));
+    pass.setBindGroup(
+      0,
+      this.gpu.device.createBindGroup({
+        layout: pipeline.getBindGroupLayout(0),
+        entries: buffers.map((buffer, binding) => ({ binding, resource: { buffer } })),
+      }),
+    );
     pass.dispatchWorkgroups(x, y, z);
   }
 }
@@ -81,7 +103,13 @@ export function grid(n: number): [number, number] {
  * - `block`: workgroups on three axes, `body` sees `wg` and `lid` and can reduce().
  * `head`: declarations before (override constants, helper functions).
  */
-export function kernel(o: { threads: 'element' | 'row' | 'block'; buffers: string[]; dims: string; body: string; head?: string }): string {
+export function kernel(o: {
+  threads: 'element' | 'row' | 'block';
+  buffers: string[];
+  dims: string;
+  body: string;
+  head?: string;
+}): string {
   const bindings = o.buffers.map((b, k) => {
     const [, mut, name, type] = /^(mut )?(\w+): (\w+)$/.exec(b)!;
     return `@group(0) @binding(${k}) var<storage, ${mut ? 'read_write' : 'read'}> ${name}: array<${type}>;`;
@@ -106,7 +134,8 @@ ${o.body}
 }
 
 /** kernel() with a thread an element: Dims is n, then `dims`. */
-export const elementwise = (o: { buffers: string[]; dims?: string; body: string; head?: string }) => kernel({ ...o, threads: 'element', dims: `n: u32${o.dims ? `, ${o.dims}` : ''}` });
+export const elementwise = (o: { buffers: string[]; dims?: string; body: string; head?: string }) =>
+  kernel({ ...o, threads: 'element', dims: `n: u32${o.dims ? `, ${o.dims}` : ''}` });
 
 /** Bytes of u32 and f32 fields in order, for a uniform struct of 4-byte fields. */
 export function fields(...values: ({ u32: number } | { f32: number })[]): ArrayBuffer {

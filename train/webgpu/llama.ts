@@ -52,7 +52,20 @@ interface Slot {
 
 /** The kernels a Llama's passes are written with, made once for a model on the GPU (decode.ts's too). */
 export function llamaKernels(k: Kernels) {
-  return { mm: new Matmul(k), norm: new RmsNorm(k), rope: new Rope(k), attention: new Attention(k), swiglu: new SwiGlu(k), add: new Add(k), embedding: new Embedding(k), logprobs: new TargetLogprobs(k), bias: new Bias(k), copy: new Copy(k), mul: new Mul(k), norms: new Norms(k) };
+  return {
+    mm: new Matmul(k),
+    norm: new RmsNorm(k),
+    rope: new Rope(k),
+    attention: new Attention(k),
+    swiglu: new SwiGlu(k),
+    add: new Add(k),
+    embedding: new Embedding(k),
+    logprobs: new TargetLogprobs(k),
+    bias: new Bias(k),
+    copy: new Copy(k),
+    mul: new Mul(k),
+    norms: new Norms(k),
+  };
 }
 
 export class GpuLlama {
@@ -73,19 +86,26 @@ export class GpuLlama {
    * of (rows, cols) that TensorFlow.js's dropout draws at a seed (train/lora.ts dropoutMask), each adapter's at
    * the seed plus its index, so the GPU drops what WASM drops; null: no dropout.
    */
-  dropout: { seed: number; mask: (rows: number, cols: number, rate: number, seed: number) => Float32Array } | null = null;
+  dropout: { seed: number; mask: (rows: number, cols: number, rate: number, seed: number) => Float32Array } | null =
+    null;
 
   /**
    * `trainable` false: forward passes only (scoring), with no buffers for gradients. With `adapters` (LoRA),
    * the base weights are frozen and only the adapters' A and B get gradients, named as PEFT names them.
    */
-  constructor(readonly config: LlamaConfig, weights: Map<string, Float32Array>, private readonly k: Kernels, o: { trainable?: boolean; adapters?: Map<string, LoraWeights> } = {}) {
+  constructor(
+    readonly config: LlamaConfig,
+    weights: Map<string, Float32Array>,
+    private readonly k: Kernels,
+    o: { trainable?: boolean; adapters?: Map<string, LoraWeights> } = {},
+  ) {
     const trainable = o.trainable ?? true;
     const frozen = !!o.adapters?.size;
     for (const [name, shape] of llamaParameterShapes(config)) {
       const size = shape.reduce((a, b) => a * b, 1);
       const data = weights.get(name);
-      if (!data || data.length !== size) throw new Error(`webgpu: weight ${name} is missing or not of shape ${shape.join('×')}`);
+      if (!data || data.length !== size)
+        throw new Error(`webgpu: weight ${name} is missing or not of shape ${shape.join('×')}`);
       this.sizes.set(name, size);
       this.weights.set(name, upload(k.gpu, data));
       if (trainable && !frozen) this.grads.set(name, upload(k.gpu, new Float32Array(size)));
@@ -93,7 +113,10 @@ export class GpuLlama {
     this.trained = frozen ? [] : llamaParameterShapes(config).map(([name, shape]) => [name, shape.length >= 2]);
     for (const [module, ad] of o.adapters ?? []) {
       const [a, b] = [`base_model.model.${module}.lora_A.weight`, `base_model.model.${module}.lora_B.weight`];
-      for (const [name, data] of [[a, ad.a], [b, ad.b]] as const) {
+      for (const [name, data] of [
+        [a, ad.a],
+        [b, ad.b],
+      ] as const) {
         this.sizes.set(name, data.length);
         this.weights.set(name, upload(k.gpu, data));
         if (trainable) this.grads.set(name, upload(k.gpu, new Float32Array(data.length)));
@@ -128,13 +151,21 @@ export class GpuLlama {
     return this.grads.get(name) ?? this.act('frozen', length);
   }
 
-
   /** A block's sizes (N = B·T rows), the names and shapes every pass of it uses, and its slot's activations. */
   private sizesOf({ batch: B, length: T }: { batch: number; length: number }, slot: number) {
     const c = this.config;
     const N = B * T;
     return {
-      c, B, T, N, D: c.hiddenSize, H: c.heads, K: c.kvHeads, hd: c.headDim, F: c.intermediateSize, V: c.vocabSize,
+      c,
+      B,
+      T,
+      N,
+      D: c.hiddenSize,
+      H: c.heads,
+      K: c.kvHeads,
+      hd: c.headDim,
+      F: c.intermediateSize,
+      V: c.vocabSize,
       head: c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight',
       l: (i: number, n: string) => `model.layers.${i}.${n}`,
       rows: { rows: N, dim: c.hiddenSize, eps: c.rmsNormEps },
@@ -153,7 +184,15 @@ export class GpuLlama {
     const { c, B, T, N, D, H, K, hd, F, V, head, l, rows, heads, cos, sin, a } = this.sizesOf(b, slot);
     const gpu = this.k.gpu;
     const dropped = this.dropout !== null;
-    const project = (pass: GPUComputePassEncoder, x: GPUBuffer, w: string, y: GPUBuffer, m: number, n: number, k: number) => {
+    const project = (
+      pass: GPUComputePassEncoder,
+      x: GPUBuffer,
+      w: string,
+      y: GPUBuffer,
+      m: number,
+      n: number,
+      k: number,
+    ) => {
       this.ops.mm.encode(pass, x, this.w(w), y, { m, n, k, transposeB: true });
       const module = w.slice(0, -'.weight'.length);
       if (this.adapters.has(module)) this.adapterForward(pass, module, dropped, a, x, y, m, n, k);
@@ -165,14 +204,29 @@ export class GpuLlama {
       return buffer;
     };
     const sorted = byToken(b.ids, V);
-    const s: Slot = { batch: B, length: T, dropped, ids: write('ids', b.ids), targets: write('targets', b.targets), starts: write('starts', sorted.starts), positions: write('positions', sorted.positions) };
+    const s: Slot = {
+      batch: B,
+      length: T,
+      dropped,
+      ids: write('ids', b.ids),
+      targets: write('targets', b.targets),
+      starts: write('starts', sorted.starts),
+      positions: write('positions', sorted.positions),
+    };
     this.slots.set(slot, s);
 
     submit(gpu, (pass) => {
       this.ops.embedding.forward(pass, this.w('model.embed_tokens.weight'), s.ids, a('x0', N * D), N, D);
       for (let i = 0; i < c.layers; i++) {
         const x = a(`x${i}`, N * D);
-        this.ops.norm.forward(pass, x, this.w(l(i, 'input_layernorm.weight')), a(`h1.${i}`, N * D), a(`r1.${i}`, N), rows);
+        this.ops.norm.forward(
+          pass,
+          x,
+          this.w(l(i, 'input_layernorm.weight')),
+          a(`h1.${i}`, N * D),
+          a(`r1.${i}`, N),
+          rows,
+        );
         project(pass, a(`h1.${i}`, N * D), l(i, 'self_attn.q_proj.weight'), a(`q.${i}`, N * H * hd), N, H * hd, D);
         project(pass, a(`h1.${i}`, N * D), l(i, 'self_attn.k_proj.weight'), a(`k.${i}`, N * K * hd), N, K * hd, D);
         project(pass, a(`h1.${i}`, N * D), l(i, 'self_attn.v_proj.weight'), a(`v.${i}`, N * K * hd), N, K * hd, D);
@@ -181,19 +235,51 @@ export class GpuLlama {
           this.ops.bias.forward(pass, this.w(l(i, 'self_attn.k_proj.bias')), a(`k.${i}`, N * K * hd), N, K * hd);
           this.ops.bias.forward(pass, this.w(l(i, 'self_attn.v_proj.bias')), a(`v.${i}`, N * K * hd), N, K * hd);
         }
-        this.ops.rope.forward(pass, a(`q.${i}`, N * H * hd), cos, sin, a(`qr.${i}`, N * H * hd), { rows: N, heads: H, headDim: hd, length: T });
-        this.ops.rope.forward(pass, a(`k.${i}`, N * K * hd), cos, sin, a(`kr.${i}`, N * K * hd), { rows: N, heads: K, headDim: hd, length: T });
-        this.ops.attention.forward(pass, a(`qr.${i}`, N * H * hd), a(`kr.${i}`, N * K * hd), a(`v.${i}`, N * K * hd), a(`p.${i}`, B * H * T * T), a(`att.${i}`, N * H * hd), heads);
+        this.ops.rope.forward(pass, a(`q.${i}`, N * H * hd), cos, sin, a(`qr.${i}`, N * H * hd), {
+          rows: N,
+          heads: H,
+          headDim: hd,
+          length: T,
+        });
+        this.ops.rope.forward(pass, a(`k.${i}`, N * K * hd), cos, sin, a(`kr.${i}`, N * K * hd), {
+          rows: N,
+          heads: K,
+          headDim: hd,
+          length: T,
+        });
+        this.ops.attention.forward(
+          pass,
+          a(`qr.${i}`, N * H * hd),
+          a(`kr.${i}`, N * K * hd),
+          a(`v.${i}`, N * K * hd),
+          a(`p.${i}`, B * H * T * T),
+          a(`att.${i}`, N * H * hd),
+          heads,
+        );
         project(pass, a(`att.${i}`, N * H * hd), l(i, 'self_attn.o_proj.weight'), this.act('ao', N * D), N, D, H * hd);
         this.ops.add.encode(pass, x, this.act('ao', N * D), a(`xm.${i}`, N * D), N * D);
-        this.ops.norm.forward(pass, a(`xm.${i}`, N * D), this.w(l(i, 'post_attention_layernorm.weight')), a(`h2.${i}`, N * D), a(`r2.${i}`, N), rows);
+        this.ops.norm.forward(
+          pass,
+          a(`xm.${i}`, N * D),
+          this.w(l(i, 'post_attention_layernorm.weight')),
+          a(`h2.${i}`, N * D),
+          a(`r2.${i}`, N),
+          rows,
+        );
         project(pass, a(`h2.${i}`, N * D), l(i, 'mlp.gate_proj.weight'), a(`g.${i}`, N * F), N, F, D);
         project(pass, a(`h2.${i}`, N * D), l(i, 'mlp.up_proj.weight'), a(`u.${i}`, N * F), N, F, D);
         this.ops.swiglu.forward(pass, a(`g.${i}`, N * F), a(`u.${i}`, N * F), a(`m.${i}`, N * F), N * F);
         project(pass, a(`m.${i}`, N * F), l(i, 'mlp.down_proj.weight'), this.act('mo', N * D), N, D, F);
         this.ops.add.encode(pass, a(`xm.${i}`, N * D), this.act('mo', N * D), a(`x${i + 1}`, N * D), N * D);
       }
-      this.ops.norm.forward(pass, a(`x${c.layers}`, N * D), this.w('model.norm.weight'), a('hf', N * D), a('rf', N), rows);
+      this.ops.norm.forward(
+        pass,
+        a(`x${c.layers}`, N * D),
+        this.w('model.norm.weight'),
+        a('hf', N * D),
+        a('rf', N),
+        rows,
+      );
       project(pass, a('hf', N * D), head, a('logits', N * V), N, V, D);
       this.ops.logprobs.forward(pass, a('logits', N * V), s.targets, a('logp', N), a('lse', N), { rows: N, vocab: V });
     });
@@ -204,12 +290,26 @@ export class GpuLlama {
    * LoRA's term of a projection's forward: y += (α/r)·(drop(x)·Aᵀ)·Bᵀ, for x (rows × inner) and y (rows × out).
    * Keeps drop(x) (the mask's product) and low = (α/r)·drop(x)·Aᵀ in the slot for the backward.
    */
-  private adapterForward(pass: GPUComputePassEncoder, module: string, dropped: boolean, a: (n: string, length: number) => GPUBuffer, x: GPUBuffer, y: GPUBuffer, rows: number, out: number, inner: number): void {
+  private adapterForward(
+    pass: GPUComputePassEncoder,
+    module: string,
+    dropped: boolean,
+    a: (n: string, length: number) => GPUBuffer,
+    x: GPUBuffer,
+    y: GPUBuffer,
+    rows: number,
+    out: number,
+    inner: number,
+  ): void {
     const ad = this.adapters.get(module)!;
     let input = x;
     if (dropped && ad.dropout > 0) {
       const mask = a(`mask.${module}`, rows * inner);
-      this.k.gpu.device.queue.writeBuffer(mask, 0, this.dropout!.mask(rows, inner, ad.dropout, this.dropout!.seed + ad.index));
+      this.k.gpu.device.queue.writeBuffer(
+        mask,
+        0,
+        this.dropout!.mask(rows, inner, ad.dropout, this.dropout!.seed + ad.index),
+      );
       input = a(`xd.${module}`, rows * inner);
       this.ops.mul.encode(pass, x, mask, input, rows * inner);
     }
@@ -223,15 +323,38 @@ export class GpuLlama {
    * LoRA's term of a projection's backward, from dy (rows × out): dB += dyᵀ·low, dlow = (α/r)·dy·B,
    * dA += dlowᵀ·drop(x), and dx += drop'(dlow·A) (the mask again).
    */
-  private adapterBackward(pass: GPUComputePassEncoder, module: string, s: Slot, a: (n: string, length: number) => GPUBuffer, dy: GPUBuffer, x: GPUBuffer, dx: GPUBuffer, rows: number, out: number, inner: number): void {
+  private adapterBackward(
+    pass: GPUComputePassEncoder,
+    module: string,
+    s: Slot,
+    a: (n: string, length: number) => GPUBuffer,
+    dy: GPUBuffer,
+    x: GPUBuffer,
+    dx: GPUBuffer,
+    rows: number,
+    out: number,
+    inner: number,
+  ): void {
     const ad = this.adapters.get(module)!;
     const masked = s.dropped && ad.dropout > 0;
     const input = masked ? a(`xd.${module}`, rows * inner) : x;
     const dlow = this.act('dlow', rows * ad.r);
-    this.ops.mm.encode(pass, dy, a(`low.${module}`, rows * ad.r), this.g(ad.b), { m: out, n: ad.r, k: rows, transposeA: true, accumulate: true });
+    this.ops.mm.encode(pass, dy, a(`low.${module}`, rows * ad.r), this.g(ad.b), {
+      m: out,
+      n: ad.r,
+      k: rows,
+      transposeA: true,
+      accumulate: true,
+    });
     this.ops.mm.encode(pass, dy, this.w(ad.b), dlow, { m: rows, n: ad.r, k: out });
     this.ops.norms.scale(pass, dlow, rows * ad.r, ad.scale);
-    this.ops.mm.encode(pass, dlow, input, this.g(ad.a), { m: ad.r, n: inner, k: rows, transposeA: true, accumulate: true });
+    this.ops.mm.encode(pass, dlow, input, this.g(ad.a), {
+      m: ad.r,
+      n: inner,
+      k: rows,
+      transposeA: true,
+      accumulate: true,
+    });
     if (!masked) this.ops.mm.encode(pass, dlow, this.w(ad.a), dx, { m: rows, n: inner, k: ad.r, accumulate: true });
     else {
       const through = this.act(`dlowA.${inner}`, rows * inner); // one a width: a pass may not see its buffer remade
@@ -263,40 +386,155 @@ export class GpuLlama {
     gpu.device.queue.writeBuffer(dlogps, 0, dlogp);
     // A projection y = x·Wᵀ (N rows, W stored (out, in)) taken back from dy: dx = dy·W (written, or added to),
     // W's gradient dyᵀ·x where W is trained, and its adapter's where it has one.
-    const through = (pass: GPUComputePassEncoder, dy: GPUBuffer, w: string, x: GPUBuffer, dx: GPUBuffer, rows: number, out: number, inner: number, accumulate = false) => {
+    const through = (
+      pass: GPUComputePassEncoder,
+      dy: GPUBuffer,
+      w: string,
+      x: GPUBuffer,
+      dx: GPUBuffer,
+      rows: number,
+      out: number,
+      inner: number,
+      accumulate = false,
+    ) => {
       this.ops.mm.encode(pass, dy, this.w(w), dx, { m: rows, n: inner, k: out, accumulate });
-      if (this.grads.has(w)) this.ops.mm.encode(pass, dy, x, this.g(w), { m: out, n: inner, k: rows, transposeA: true, accumulate: true });
+      if (this.grads.has(w))
+        this.ops.mm.encode(pass, dy, x, this.g(w), { m: out, n: inner, k: rows, transposeA: true, accumulate: true });
       const module = w.slice(0, -'.weight'.length);
       if (this.adapters.has(module)) this.adapterBackward(pass, module, s, a, dy, x, dx, rows, out, inner);
     };
     const frozenOr = (name: string) => this.gOrScratch(name, D);
     submit(gpu, (pass) => {
       const dx = t('dx', N * D);
-      this.ops.logprobs.backward(pass, a('logits', N * V), s.targets, a('lse', N), dlogps, t('dlogits', N * V), { rows: N, vocab: V });
+      this.ops.logprobs.backward(pass, a('logits', N * V), s.targets, a('lse', N), dlogps, t('dlogits', N * V), {
+        rows: N,
+        vocab: V,
+      });
       through(pass, t('dlogits', N * V), head, a('hf', N * D), t('dh', N * D), N, V, D);
-      this.ops.norm.backward(pass, a(`x${c.layers}`, N * D), this.w('model.norm.weight'), a('rf', N), t('dh', N * D), dx, frozenOr('model.norm.weight'), rows);
+      this.ops.norm.backward(
+        pass,
+        a(`x${c.layers}`, N * D),
+        this.w('model.norm.weight'),
+        a('rf', N),
+        t('dh', N * D),
+        dx,
+        frozenOr('model.norm.weight'),
+        rows,
+      );
       for (let i = c.layers - 1; i >= 0; i--) {
         // The MLP: dx is the gradient of x_{i+1} = xm + down(swiglu(gate(h2), up(h2))).
         through(pass, dx, l(i, 'mlp.down_proj.weight'), a(`m.${i}`, N * F), t('dm', N * F), N, D, F);
-        this.ops.swiglu.backward(pass, a(`g.${i}`, N * F), a(`u.${i}`, N * F), t('dm', N * F), t('dg', N * F), t('du', N * F), N * F);
+        this.ops.swiglu.backward(
+          pass,
+          a(`g.${i}`, N * F),
+          a(`u.${i}`, N * F),
+          t('dm', N * F),
+          t('dg', N * F),
+          t('du', N * F),
+          N * F,
+        );
         through(pass, t('dg', N * F), l(i, 'mlp.gate_proj.weight'), a(`h2.${i}`, N * D), t('dh', N * D), N, F, D);
         through(pass, t('du', N * F), l(i, 'mlp.up_proj.weight'), a(`h2.${i}`, N * D), t('dh', N * D), N, F, D, true);
-        this.ops.norm.backward(pass, a(`xm.${i}`, N * D), this.w(l(i, 'post_attention_layernorm.weight')), a(`r2.${i}`, N), t('dh', N * D), dx, frozenOr(l(i, 'post_attention_layernorm.weight')), { ...rows, accumulate: true });
+        this.ops.norm.backward(
+          pass,
+          a(`xm.${i}`, N * D),
+          this.w(l(i, 'post_attention_layernorm.weight')),
+          a(`r2.${i}`, N),
+          t('dh', N * D),
+          dx,
+          frozenOr(l(i, 'post_attention_layernorm.weight')),
+          { ...rows, accumulate: true },
+        );
         // Attention: dx is now the gradient of xm = x_i + o_proj(attention(q, k, v)).
-        through(pass, dx, l(i, 'self_attn.o_proj.weight'), a(`att.${i}`, N * H * hd), t('datt', N * H * hd), N, D, H * hd);
-        this.ops.attention.backward(pass, a(`qr.${i}`, N * H * hd), a(`kr.${i}`, N * K * hd), a(`v.${i}`, N * K * hd), a(`p.${i}`, B * H * T * T), t('datt', N * H * hd), t('ds', B * H * T * T), t('dqr', N * H * hd), t('dkr', N * K * hd), t('dv', N * K * hd), heads);
-        this.ops.rope.backward(pass, t('dqr', N * H * hd), cos, sin, t('dq', N * H * hd), { rows: N, heads: H, headDim: hd, length: T });
-        this.ops.rope.backward(pass, t('dkr', N * K * hd), cos, sin, t('dk', N * K * hd), { rows: N, heads: K, headDim: hd, length: T });
-        through(pass, t('dq', N * H * hd), l(i, 'self_attn.q_proj.weight'), a(`h1.${i}`, N * D), t('dh', N * D), N, H * hd, D);
-        through(pass, t('dk', N * K * hd), l(i, 'self_attn.k_proj.weight'), a(`h1.${i}`, N * D), t('dh', N * D), N, K * hd, D, true);
-        through(pass, t('dv', N * K * hd), l(i, 'self_attn.v_proj.weight'), a(`h1.${i}`, N * D), t('dh', N * D), N, K * hd, D, true);
-        for (const [which, dy, out] of [['q', 'dq', H * hd], ['k', 'dk', K * hd], ['v', 'dv', K * hd]] as const) {
+        through(
+          pass,
+          dx,
+          l(i, 'self_attn.o_proj.weight'),
+          a(`att.${i}`, N * H * hd),
+          t('datt', N * H * hd),
+          N,
+          D,
+          H * hd,
+        );
+        this.ops.attention.backward(
+          pass,
+          a(`qr.${i}`, N * H * hd),
+          a(`kr.${i}`, N * K * hd),
+          a(`v.${i}`, N * K * hd),
+          a(`p.${i}`, B * H * T * T),
+          t('datt', N * H * hd),
+          t('ds', B * H * T * T),
+          t('dqr', N * H * hd),
+          t('dkr', N * K * hd),
+          t('dv', N * K * hd),
+          heads,
+        );
+        this.ops.rope.backward(pass, t('dqr', N * H * hd), cos, sin, t('dq', N * H * hd), {
+          rows: N,
+          heads: H,
+          headDim: hd,
+          length: T,
+        });
+        this.ops.rope.backward(pass, t('dkr', N * K * hd), cos, sin, t('dk', N * K * hd), {
+          rows: N,
+          heads: K,
+          headDim: hd,
+          length: T,
+        });
+        through(
+          pass,
+          t('dq', N * H * hd),
+          l(i, 'self_attn.q_proj.weight'),
+          a(`h1.${i}`, N * D),
+          t('dh', N * D),
+          N,
+          H * hd,
+          D,
+        );
+        through(
+          pass,
+          t('dk', N * K * hd),
+          l(i, 'self_attn.k_proj.weight'),
+          a(`h1.${i}`, N * D),
+          t('dh', N * D),
+          N,
+          K * hd,
+          D,
+          true,
+        );
+        through(
+          pass,
+          t('dv', N * K * hd),
+          l(i, 'self_attn.v_proj.weight'),
+          a(`h1.${i}`, N * D),
+          t('dh', N * D),
+          N,
+          K * hd,
+          D,
+          true,
+        );
+        for (const [which, dy, out] of [
+          ['q', 'dq', H * hd],
+          ['k', 'dk', K * hd],
+          ['v', 'dv', K * hd],
+        ] as const) {
           const bias = l(i, `self_attn.${which}_proj.bias`);
-          if (c.attentionBias && this.grads.has(bias)) this.ops.bias.backward(pass, t(dy, N * out), this.g(bias), N, out);
+          if (c.attentionBias && this.grads.has(bias))
+            this.ops.bias.backward(pass, t(dy, N * out), this.g(bias), N, out);
         }
-        this.ops.norm.backward(pass, a(`x${i}`, N * D), this.w(l(i, 'input_layernorm.weight')), a(`r1.${i}`, N), t('dh', N * D), dx, frozenOr(l(i, 'input_layernorm.weight')), { ...rows, accumulate: true });
+        this.ops.norm.backward(
+          pass,
+          a(`x${i}`, N * D),
+          this.w(l(i, 'input_layernorm.weight')),
+          a(`r1.${i}`, N),
+          t('dh', N * D),
+          dx,
+          frozenOr(l(i, 'input_layernorm.weight')),
+          { ...rows, accumulate: true },
+        );
       }
-      if (this.grads.has('model.embed_tokens.weight')) this.ops.embedding.backward(pass, dx, s.starts, s.positions, this.g('model.embed_tokens.weight'), V, D);
+      if (this.grads.has('model.embed_tokens.weight'))
+        this.ops.embedding.backward(pass, dx, s.starts, s.positions, this.g('model.embed_tokens.weight'), V, D);
     });
   }
 
@@ -307,10 +545,16 @@ export class GpuLlama {
    */
   async sftStep(b: SftBatch, o: { accumulate?: boolean; scale?: number } = {}): Promise<number> {
     const logp = await this.forward(b);
-    const count = Math.max(b.mask.reduce((s, m) => s + m, 0), 1);
+    const count = Math.max(
+      b.mask.reduce((s, m) => s + m, 0),
+      1,
+    );
     const loss = -b.mask.reduce((s, m, t) => s + m * logp[t]!, 0) / count;
     if (!o.accumulate) this.zeroGradients();
-    this.backward(0, b.mask.map((m) => (-m / count) * (o.scale ?? 1)));
+    this.backward(
+      0,
+      b.mask.map((m) => (-m / count) * (o.scale ?? 1)),
+    );
     await this.k.gpu.device.queue.onSubmittedWorkDone();
     return loss;
   }
@@ -321,7 +565,15 @@ export class GpuLlama {
   parameters(): GpuParameter[] {
     this.optimizerState ??= this.trained.map(([name, decays]) => {
       const length = this.sizes.get(name)!;
-      return { name, value: this.w(name), grad: this.g(name), m: upload(this.k.gpu, new Float32Array(length)), v: upload(this.k.gpu, new Float32Array(length)), length, decays };
+      return {
+        name,
+        value: this.w(name),
+        grad: this.g(name),
+        m: upload(this.k.gpu, new Float32Array(length)),
+        v: upload(this.k.gpu, new Float32Array(length)),
+        length,
+        decays,
+      };
     });
     return this.optimizerState;
   }
@@ -333,7 +585,11 @@ export class GpuLlama {
   async clipGradients(maxNorm: number): Promise<number> {
     const gpu = this.k.gpu;
     const norms = new Norms(this.k);
-    const partials = [...this.grads.keys()].map((name) => ({ name, n: this.sizes.get(name)!, out: this.act(`norm.${name}`, Norms.partials(this.sizes.get(name)!)) }));
+    const partials = [...this.grads.keys()].map((name) => ({
+      name,
+      n: this.sizes.get(name)!,
+      out: this.act(`norm.${name}`, Norms.partials(this.sizes.get(name)!)),
+    }));
     submit(gpu, (pass) => {
       for (const p of partials) norms.squares(pass, this.g(p.name), p.out, p.n);
     });
@@ -368,7 +624,13 @@ export class GpuLlama {
   /** Frees every buffer the model holds on the GPU. */
   dispose(): void {
     const moments = (this.optimizerState ?? []).flatMap((p) => [p.m, p.v]);
-    for (const buffer of [...this.weights.values(), ...this.grads.values(), ...[...this.activations.values()].map((a) => a.buffer), ...moments]) buffer.destroy();
+    for (const buffer of [
+      ...this.weights.values(),
+      ...this.grads.values(),
+      ...[...this.activations.values()].map((a) => a.buffer),
+      ...moments,
+    ])
+      buffer.destroy();
     this.tables.dispose();
     this.activations.clear();
   }
@@ -376,7 +638,8 @@ export class GpuLlama {
 
 /** A scorer of token blocks (train/data.ts) by `model`'s weights as they are now, on the GPU; dispose() frees them there. */
 export function gpuScorer(model: Llama, k: Kernels): { score: BlockScorer; dispose(): void } {
-  if (model.adapters.size) throw new Error('webgpu: a model with LoRA adapters is scored on the GPU only once they are merged (mergeLora)');
+  if (model.adapters.size)
+    throw new Error('webgpu: a model with LoRA adapters is scored on the GPU only once they are merged (mergeLora)');
   const weights = new Map([...model.params].map(([name, v]) => [name, v.dataSync() as Float32Array]));
   const onGpu = new GpuLlama(model.config, weights, k, { trainable: false });
   return { score: (b) => onGpu.forward(b), dispose: () => onGpu.dispose() };

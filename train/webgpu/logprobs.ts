@@ -57,12 +57,32 @@ export class TargetLogprobs {
   }
 
   /** logp (rows) and lse (rows) from the logits z (rows × vocab) and the targets (rows, i32). */
-  forward(pass: GPUComputePassEncoder, z: GPUBuffer, targets: GPUBuffer, logp: GPUBuffer, lse: GPUBuffer, s: LogprobShape): void {
+  forward(
+    pass: GPUComputePassEncoder,
+    z: GPUBuffer,
+    targets: GPUBuffer,
+    logp: GPUBuffer,
+    lse: GPUBuffer,
+    s: LogprobShape,
+  ): void {
     this.k.dispatch(pass, this.k.pipeline(FORWARD), [z, targets, logp, lse, this.dims(s)], s.rows);
   }
 
   /** dz (rows × vocab) from dlogp (rows), with the forward's z, targets and lse. */
-  backward(pass: GPUComputePassEncoder, z: GPUBuffer, targets: GPUBuffer, lse: GPUBuffer, dlogp: GPUBuffer, dz: GPUBuffer, s: LogprobShape): void {
-    this.k.dispatch(pass, this.k.pipeline(BACKWARD, { ACCUMULATE: s.accumulate ? 1 : 0 }), [z, targets, lse, dlogp, dz, this.dims(s)], s.rows);
+  backward(
+    pass: GPUComputePassEncoder,
+    z: GPUBuffer,
+    targets: GPUBuffer,
+    lse: GPUBuffer,
+    dlogp: GPUBuffer,
+    dz: GPUBuffer,
+    s: LogprobShape,
+  ): void {
+    this.k.dispatch(
+      pass,
+      this.k.pipeline(BACKWARD, { ACCUMULATE: s.accumulate ? 1 : 0 }),
+      [z, targets, lse, dlogp, dz, this.dims(s)],
+      s.rows,
+    );
   }
 }

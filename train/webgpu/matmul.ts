@@ -104,8 +104,19 @@ export class Matmul {
 
   /** Records C = op(A)·op(B) (or C +=) into `pass`; the buffers hold f32s, C batch × M × N of them. */
   encode(pass: GPUComputePassEncoder, a: GPUBuffer, b: GPUBuffer, c: GPUBuffer, s: MatmulShape): void {
-    const constants = { TRANS_A: s.transposeA ? 1 : 0, TRANS_B: s.transposeB ? 1 : 0, ACCUMULATE: s.accumulate ? 1 : 0 };
+    const constants = {
+      TRANS_A: s.transposeA ? 1 : 0,
+      TRANS_B: s.transposeB ? 1 : 0,
+      ACCUMULATE: s.accumulate ? 1 : 0,
+    };
     const dims = this.k.uniform(fields(...[s.m, s.n, s.k, s.m * s.k, s.k * s.n, s.m * s.n].map((u32) => ({ u32 }))));
-    this.k.dispatch(pass, this.k.pipeline(SHADER, constants), [a, b, c, dims], Math.ceil(s.n / 64), Math.ceil(s.m / 64), s.batch ?? 1);
+    this.k.dispatch(
+      pass,
+      this.k.pipeline(SHADER, constants),
+      [a, b, c, dims],
+      Math.ceil(s.n / 64),
+      Math.ceil(s.m / 64),
+      s.batch ?? 1,
+    );
   }
 }

@@ -63,13 +63,39 @@ export class RmsNorm {
   }
 
   /** y = RMSNorm(x)·w, and each row's rsqrt into `rstd` (rows f32s) for the backward. */
-  forward(pass: GPUComputePassEncoder, x: GPUBuffer, w: GPUBuffer, y: GPUBuffer, rstd: GPUBuffer, s: RmsNormShape): void {
+  forward(
+    pass: GPUComputePassEncoder,
+    x: GPUBuffer,
+    w: GPUBuffer,
+    y: GPUBuffer,
+    rstd: GPUBuffer,
+    s: RmsNormShape,
+  ): void {
     this.k.dispatch(pass, this.k.pipeline(FORWARD), [x, w, y, rstd, this.dims(s)], s.rows);
   }
 
   /** dx (written, or added to) and dw (added to: a weight's gradient sums over micro-batches) from dy, with the forward's x, w and rstd. */
-  backward(pass: GPUComputePassEncoder, x: GPUBuffer, w: GPUBuffer, rstd: GPUBuffer, dy: GPUBuffer, dx: GPUBuffer, dw: GPUBuffer, s: RmsNormShape): void {
-    this.k.dispatch(pass, this.k.pipeline(BACKWARD_X, { ACCUMULATE: s.accumulate ? 1 : 0 }), [x, w, rstd, dy, dx, this.dims(s)], s.rows);
-    this.k.dispatch(pass, this.k.pipeline(BACKWARD_W), [x, rstd, dy, dw, this.k.uniform(fields({ u32: s.dim }, { u32: s.rows }))], ...grid(s.dim));
+  backward(
+    pass: GPUComputePassEncoder,
+    x: GPUBuffer,
+    w: GPUBuffer,
+    rstd: GPUBuffer,
+    dy: GPUBuffer,
+    dx: GPUBuffer,
+    dw: GPUBuffer,
+    s: RmsNormShape,
+  ): void {
+    this.k.dispatch(
+      pass,
+      this.k.pipeline(BACKWARD_X, { ACCUMULATE: s.accumulate ? 1 : 0 }),
+      [x, w, rstd, dy, dx, this.dims(s)],
+      s.rows,
+    );
+    this.k.dispatch(
+      pass,
+      this.k.pipeline(BACKWARD_W),
+      [x, rstd, dy, dw, this.k.uniform(fields({ u32: s.dim }, { u32: s.rows }))],
+      ...grid(s.dim),
+    );
   }
 }
