@@ -43,6 +43,20 @@ export interface Session {
   metadata: string;
 }
 
+/**
+ * The tools a session's agent had: the OpenAI `tools` list its record carried (the Session contract keeps it
+ * in the metadata, as every other field), as JSON; null where it carried none.
+ */
+export function sessionTools(metadata: string): string | null {
+  let tools: unknown;
+  try {
+    tools = (JSON.parse(metadata) as { tools?: unknown } | null)?.tools;
+  } catch {
+    return null;
+  }
+  return Array.isArray(tools) ? JSON.stringify(tools) : null;
+}
+
 export type Split = 'train' | 'test';
 
 /** The sides of a split, in the order every stage writes them. */
@@ -168,6 +182,8 @@ export interface SftRow {
   session_id: string;
   task_id: string | null;
   reward: number;
+  /** The session's tools (sessionTools), which TRL renders into the chat template. */
+  tools: string | null;
 }
 
 export interface KtoRow {
@@ -177,6 +193,7 @@ export interface KtoRow {
   session_id: string;
   task_id: string | null;
   reward: number;
+  tools: string | null;
 }
 
 /** Deep equality of two messages, field by field, as the prompt prefix needs it. */

@@ -25,7 +25,7 @@ import { validationEpisodes, type EpisodeRecord } from '../env/evaluate.ts';
 import { withScorer, type Backend } from '../train/backend.ts';
 import { openChat } from '../train/chat.ts';
 import { loadCheckpoint } from '../train/checkpoint.ts';
-import { readParquet } from '../train/data.ts';
+import { readPreferencePairs } from '../train/data.ts';
 import { dpoTrainer, lossOf, pairExamples, referenceScores } from '../train/dpo.ts';
 import { ModelPolicy } from '../train/policy.ts';
 import { finalMetrics, trainingRun } from '../train/run.ts';
@@ -272,11 +272,13 @@ export async function refreshNight(
 
   // 2. The data stages take in the inbox (incrementally). The pairs the export held before the loop's first night are night 0's.
   const seenPath = join(root, 'seen-pairs.json');
-  const pairsPath = join(engine.ws.stageDir('export'), 'pairs', 'train.parquet');
-  if (!existsSync(seenPath) && existsSync(pairsPath))
+  const exportDir = engine.ws.stageDir('export');
+  if (!existsSync(seenPath) && existsSync(join(exportDir, 'pairs', 'train.parquet')))
     await writeFileAtomic(
       seenPath,
-      JSON.stringify(Object.fromEntries((await readParquet<Pair>(pairsPath)).map((p) => [p.pair_id, 0]))) + '\n',
+      JSON.stringify(
+        Object.fromEntries((await readPreferencePairs<Pair>(exportDir, 'train')).map((p) => [p.pair_id, 0])),
+      ) + '\n',
     );
   const outcomes = await engine.run({ until: 'export', signal });
   const failed = outcomes.find((o) => o.action === 'failed' || o.action === 'interrupted');
@@ -287,7 +289,7 @@ export async function refreshNight(
   // 3. The replay buffer, kept so a resumed night trains on the same pairs.
   const bufferPath = join(dir, 'buffer.json');
   let buffer = await readJsonFile<{ pair_ids: string[]; fresh: number; old: number; pairs: number }>(bufferPath);
-  const pairs = await readParquet<Pair>(pairsPath);
+  const pairs = await readPreferencePairs<Pair>(exportDir, 'train');
   const firstSeen = (await readJsonFile<Record<string, number>>(seenPath)) ?? {};
   const fresh = pairs.filter((p) => firstSeen[p.pair_id] === undefined);
   if (!buffer) {

@@ -139,6 +139,8 @@ export type WholePair<P extends Pair<PairSide>> = Omit<P, 'prompt' | 'chosen' | 
 export interface ReadPair<P extends Pair<PairSide>> {
   stored: P;
   whole: WholePair<P>;
+  /** The tools the agent had in the first session a side points into (StoredSession.toolsJson), or null. */
+  tools: string | null;
 }
 
 const PAIR_TASK = Buffer.from(',"task_id":');
@@ -176,6 +178,7 @@ export async function* readPairs<P extends Pair<PairSide>>(
     for await (const { line, text } of lines) {
       if (text.length === 0) continue;
       const pair = JSON.parse(text) as P;
+      let tools: string | null = null;
       const whole = (side: PairSide): Message[] => {
         if (Array.isArray(side)) return side;
         const [from, to] = side.messages;
@@ -192,13 +195,12 @@ export async function* readPairs<P extends Pair<PairSide>>(
             `${file} line ${line}: pair ${pair.pair_id} points at session ${side.session_id} in ${bucket}, which ${what}; these pairs were made from another split: run \`prefab stage pairs\` to make them again`,
           );
         }
+        tools ??= session.toolsJson;
         return session.messages.slice(from, to).all();
       };
       // Spread, so the record keeps its fields' order.
-      yield {
-        stored: pair,
-        whole: { ...pair, prompt: whole(pair.prompt), chosen: whole(pair.chosen), rejected: whole(pair.rejected) },
-      };
+      const made = { ...pair, prompt: whole(pair.prompt), chosen: whole(pair.chosen), rejected: whole(pair.rejected) };
+      yield { stored: pair, whole: made, tools };
     }
   } finally {
     if (!shared) sessions.close();

@@ -1,7 +1,7 @@
 // A bucket's sessions with their messages as stored: the JSON ingest wrote, read only as far as needed.
 import { LineBuffer } from '../pipeline/jsonl.ts';
 import { holdsAt, jsonStringEnd } from '../pipeline/records.ts';
-import { sameMessage, type Message, type Role, type Split, type SplitSession } from '../core/records.ts';
+import { sameMessage, sessionTools, type Message, type Role, type Split, type SplitSession } from '../core/records.ts';
 import { HEAD, MESSAGES_END, decodeString, headOf, rewardAt } from './session-line.ts';
 
 /**
@@ -239,6 +239,18 @@ export class StoredSession {
   get metadata(): string {
     return JSON.parse(this.metadataJson.toString('utf8')) as string;
   }
+
+  /**
+   * The tools the session's agent had, as the JSON of the OpenAI `tools` list its record carried (kept in the
+   * metadata, as every field the Session contract has no place for), or null; found when first asked for.
+   */
+  get toolsJson(): string | null {
+    if (this.toolsMade === undefined)
+      this.toolsMade = this.metadataMayHold('tools') ? sessionTools(this.metadata) : null;
+    return this.toolsMade;
+  }
+
+  private toolsMade: string | null | undefined;
 
   /**
    * Whether the metadata may hold `ascii` (ASCII text without a quote or a backslash), told from its JSON

@@ -1,5 +1,7 @@
 // What the training stages read: the exported Parquet datasets, as token sequences cut to the context, and
 // the log-probabilities a model gives them (the frozen reference's, a held-out set's).
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
 import { readParquetRows } from '../pipeline/parquet.ts';
 import type { Message } from '../core/records.ts';
@@ -24,6 +26,18 @@ import {
 export async function readParquet<T>(path: string): Promise<T[]> {
   const rows: T[] = [];
   for await (const r of readParquetRows(path)) rows.push(r.value as T);
+  return rows;
+}
+
+/**
+ * The rows of the export's preference tables of one side, `pairs` then `trajectories` (the pairs TRL cannot
+ * read right, which prefab's trainer, masking all but assistant tokens, trains on as well); an export made
+ * before there was a trajectories table has none.
+ */
+export async function readPreferencePairs<T>(exportDir: string, side: 'train' | 'test'): Promise<T[]> {
+  const rows = await readParquet<T>(join(exportDir, 'pairs', `${side}.parquet`));
+  const trajectories = join(exportDir, 'trajectories', `${side}.parquet`);
+  if (existsSync(trajectories)) rows.push(...(await readParquet<T>(trajectories)));
   return rows;
 }
 

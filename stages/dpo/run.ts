@@ -7,7 +7,7 @@ import { openChat } from '../../train/chat.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
 import { attachLora } from '../../train/lora.ts';
 import { loraOf } from '../../train/settings.ts';
-import { readParquet, subset } from '../../train/data.ts';
+import { readParquet, readPreferencePairs, subset } from '../../train/data.ts';
 import { dpoTrainer, lossOf, pairExamples, referenceScores, type PreferenceTraining } from '../../train/dpo.ts';
 import { ktoExamples, ktoTrainer } from '../../train/kto.ts';
 import { trainingRun } from '../../train/run.ts';
@@ -33,7 +33,8 @@ export async function run({
   const loss = lossOf(cfg.loss, cfg.beta);
   const kto = loss.name === 'kto';
   const path = join(input('export'), kto ? 'kto' : 'pairs', 'train.parquet');
-  const used = subset(await readParquet<Pair & KtoRow>(path), cfg.max_examples, cfg.seed);
+  const rows = kto ? await readParquet<KtoRow>(path) : await readPreferencePairs<Pair>(input('export'), 'train');
+  const used = subset<Pair & KtoRow>(rows as (Pair & KtoRow)[], cfg.max_examples, cfg.seed);
   if (used.length === 0) throw new Error(`${path} has no rows: nothing to train ${cfg.loss} on`);
   if (kto && !used.some((r) => r.label))
     throw new Error(`${path}: no desirable rows (label true); KTO needs both kinds`);

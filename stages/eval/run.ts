@@ -10,7 +10,15 @@ import { scorerOn, chosenBackend, withScorer } from '../../train/backend.ts';
 import { openChat, type Chat } from '../../train/chat.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
 import { heldOutPairFigures, pairExamples, pairWins, readPreferenceTraining, shorterChosen } from '../../train/dpo.ts';
-import { readParquet, scoreSequences, sftSequences, subset, type BlockScorer, type Scores } from '../../train/data.ts';
+import {
+  readParquet,
+  readPreferencePairs,
+  scoreSequences,
+  sftSequences,
+  subset,
+  type BlockScorer,
+  type Scores,
+} from '../../train/data.ts';
 import { Llama } from '../../train/model.ts';
 import type { Placeholders } from '../../train/placeholders.ts';
 import type { Kernels } from '../../train/webgpu/kernel.ts';
@@ -173,7 +181,7 @@ export async function run({
   if (rl.state?.info?.stage === 'dapo') models.push({ name: 'dapo', model: rl.model });
   else rl.model.dispose();
 
-  const pairs = await readParquet<Pair>(join(input('export'), 'pairs', 'test.parquet'));
+  const pairs = await readPreferencePairs<Pair>(input('export'), 'test');
   // Pairs cut as the preference stage cut them for training.
   const pairLength = Math.min(length, tuning.max_length + 1);
   const heldOut = subset(pairs, cfg.max_pairs, cfg.seed);

@@ -39,13 +39,27 @@ export function cardTexts(cfg: {
     },
     pairs: {
       title: 'preference pairs',
-      purpose:
-        "Preference pairs in TRL's conversational explicit-prompt format (`prompt`, `chosen`, `rejected`) for DPOTrainer and friends, with provenance columns.",
+      purpose: [
+        "Preference pairs in TRL's conversational explicit-prompt format (`prompt`, `chosen`, `rejected`) for DPOTrainer and friends, with `tools` (the agent's tool schemas as JSON, which TRL renders into the chat template) and provenance columns.",
+        "Every row is one TRL trains right as it is: `prompt` ends on a user or tool turn, and `chosen` and `rejected` each start with an assistant turn. A side may go on past that turn (an outcome pair holds the rest of each episode), and TRL trains on every token of a side, the user and tool turns inside it too; to train on assistant turns alone, use prefab's trainer, which masks them.",
+        'Pairs whose trajectories part before any assistant turn are in `trajectories`, beside this folder.',
+      ].join('\n\n'),
       howMade: [
-        "outcome: within a task, successes against failures; `prompt` is the longest common prefix of the two sessions' messages, `chosen`/`rejected` the rest of each; margin = reward gap.",
+        "outcome: within a task, successes against failures; `prompt` is the longest common prefix of the two sessions' messages (where it does not end on a user or tool turn before an assistant turn on both sides, cut back to the last place it does), `chosen`/`rejected` the rest of each; margin = reward gap.",
         "best_of_n: among a task's candidates (logged trials, and sampled ones when the sample stage is on) the judges pick the best; best against each other candidate.",
         'hard_negative: one assistant turn of a successful session (`chosen`) against a worse version of it (`rejected`, of type `negative_type`: refusal, hallucination, off_topic, format, verbose, under_explained); `prompt` is everything before that turn.',
         `Every pair was judged (verifier, rules, and an LLM judge when configured; column \`judge\` says which decided) and kept by the gate only when the judges confirm the chosen side; \`confidence\` is theirs.`,
+      ],
+      columns: PAIR_COLUMNS,
+    },
+    trajectories: {
+      title: 'trajectory-level preference pairs',
+      purpose: [
+        'Two attempts at one task that part before any assistant turn (a user, or a user simulator, words the request differently in each trial): they share no context an assistant turn could be compared in. `prompt` is what they share (a system message, or nothing); `chosen` and `rejected` are the whole rest of the successful and the failed attempt, user and tool turns included.',
+        "TRL's DPOTrainer does not read these right: it renders `prompt` with a generation prompt (a prompt ending on a system message fails), and trains on the user and tool turns inside each side. Train on them with prefab's trainer (the dpo stage reads this table beside `pairs`, and only assistant tokens count), or take `chosen` as demonstrations for TRL's SFTTrainer with `assistant_only_loss`.",
+      ].join('\n\n'),
+      howMade: [
+        "outcome pairs (and any other) whose sides, as the pairs table would cut them, cannot start with an assistant turn after a user or tool turn they share; the columns are the pairs table's.",
       ],
       columns: PAIR_COLUMNS,
     },

@@ -1,4 +1,5 @@
-// export: the sessions table and the SFT, preference-pair and KTO datasets as Parquet, each with a card.
+// export: the sessions table and the SFT, preference-pair (as TRL reads them), trajectory-level pair and KTO
+// datasets as Parquet, each with a card.
 import { z } from 'zod';
 import { defineStage } from '../../pipeline/stage.ts';
 import { redactionConfig } from '../../core/redact.ts';
@@ -49,8 +50,9 @@ export type Config = z.infer<typeof config>;
 
 export const exportStage = defineStage({
   name: 'export',
-  description: 'write sessions, SFT, pairs and KTO datasets as Parquet with dataset cards',
-  version: 3,
+  description:
+    'write sessions, SFT, pairs (as TRL reads them), trajectory-level pairs and KTO datasets as Parquet with cards',
+  version: 4,
   inputs: ['ingest', 'split', 'gate'],
   outputs: [...DATASETS],
   config,

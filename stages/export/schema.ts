@@ -2,7 +2,7 @@
 import type { Column } from '../../pipeline/parquet.ts';
 
 /** The datasets the export writes, each a folder of Parquet files and a card. */
-export const DATASETS = ['sessions', 'sft', 'pairs', 'kto'] as const;
+export const DATASETS = ['sessions', 'sft', 'pairs', 'trajectories', 'kto'] as const;
 
 const str: Column = { kind: 'string' };
 const optStr: Column = { kind: 'string', optional: true };
@@ -62,6 +62,7 @@ export const PAIR_COLUMNS: Record<string, Column> = {
   rejected_session_id: str,
   pair_id: str,
   split: str,
+  tools: optText,
 };
 
 export const SFT_COLUMNS: Record<string, Column> = {
@@ -69,6 +70,7 @@ export const SFT_COLUMNS: Record<string, Column> = {
   session_id: str,
   task_id: optStr,
   reward: double,
+  tools: optText,
 };
 
 export const KTO_COLUMNS: Record<string, Column> = {
@@ -78,4 +80,5 @@ export const KTO_COLUMNS: Record<string, Column> = {
   session_id: str,
   task_id: optStr,
   reward: double,
+  tools: optText,
 };

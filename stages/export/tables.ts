@@ -4,12 +4,12 @@
 import { mkdir } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ParquetTableWriter, type Column, type Compression } from '../../pipeline/parquet.ts';
-import type { Pair, SftRow, Split } from '../../core/records.ts';
+import { sessionTools, type Pair, type SftRow, type Split } from '../../core/records.ts';
 import { StoredBucketReader, readBucketSessions } from '../../store/bucket-reader.ts';
 import { bucketFile, readPairs, type SplitFolders } from '../layout.ts';
 import type { PairSide } from '../../store/messages.ts';
 import { Redactor } from '../../core/redact.ts';
-import { ktoRow, maskPair, maskSession } from './rows.ts';
+import { ktoRow, maskPair, maskSession, trlPair } from './rows.ts';
 import { KTO_COLUMNS, PAIR_COLUMNS, SESSION_COLUMNS, SFT_COLUMNS } from './schema.ts';
 import type { Config } from './index.ts';
 
@@ -27,7 +27,7 @@ export interface TableSource {
 
 /** What writing tables of a side gave: rows a table, and the KTO rows left out (no assistant turn). */
 export interface TablesWritten {
-  rows: Partial<Record<SessionTable | 'pairs', number>>;
+  rows: Partial<Record<SessionTable | 'pairs' | 'trajectories', number>>;
   ktoSkipped: number;
 }
 
@@ -80,6 +80,7 @@ export async function writeSessionTables(
           session_id: session.session_id,
           task_id: session.task_id,
           reward: session.reward,
+          tools: sessionTools(session.metadata),
         } satisfies SftRow);
       }
       const label =
@@ -99,12 +100,21 @@ export async function writeSessionTables(
   return { rows, ktoSkipped };
 }
 
-/** The pairs table of one side: the gate's pairs, their sides made whole from split's buckets, bucket by bucket. */
+/**
+ * The pairs and trajectories tables of one side: the gate's pairs, their sides made whole from split's
+ * buckets, bucket by bucket, each with the tools its sessions' agent had. A pair TRL reads right as it is, or
+ * once cut (trlPair), goes to `pairs`; one whose trajectories part before any assistant turn to `trajectories`.
+ */
 export async function writePairTable(s: TableSource, side: Split): Promise<TablesWritten> {
   const mask = masker(s.cfg);
-  const writer = await open(join(s.out, 'pairs'), side, PAIR_COLUMNS, s.cfg);
-  for await (const { whole } of readPairs<Pair<PairSide>>(join(s.gate, `${side}.jsonl`), s.folders, s.buckets))
-    await writer.append(mask ? maskPair(whole, mask()) : whole);
-  await writer.close();
-  return { rows: { pairs: writer.rows }, ktoSkipped: 0 };
+  const pairs = await open(join(s.out, 'pairs'), side, PAIR_COLUMNS, s.cfg);
+  const trajectories = await open(join(s.out, 'trajectories'), side, PAIR_COLUMNS, s.cfg);
+  for await (const { whole, tools } of readPairs<Pair<PairSide>>(join(s.gate, `${side}.jsonl`), s.folders, s.buckets)) {
+    const row = { ...(mask ? maskPair(whole, mask()) : whole), tools };
+    const cut = trlPair(row);
+    await (cut ? pairs.append(cut) : trajectories.append(row));
+  }
+  await pairs.close();
+  await trajectories.close();
+  return { rows: { pairs: pairs.rows, trajectories: trajectories.rows }, ktoSkipped: 0 };
 }

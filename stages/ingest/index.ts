@@ -1,5 +1,6 @@
 // ingest: logged sessions (JSONL, JSON array, Parquet; files, folders, globs) → validated Session segments.
 // Incremental: a file whose content was ingested before is skipped, a new one becomes a new segment.
+import { resolve } from 'node:path';
 import { z } from 'zod';
 import { defineStage } from '../../pipeline/stage.ts';
 import { resolveInputs } from '../../pipeline/inputs.ts';
@@ -59,6 +60,13 @@ const config = z.strictObject({
     })
     .prefault({})
     .describe("How the messages of an input record are read into OpenAI's chat format."),
+  tools: z
+    .string()
+    .nullable()
+    .default(null)
+    .describe(
+      "A JSON file (relative to this file) of the agent's tools as an OpenAI `tools` list, for logs that do not carry them (tau-bench's, most trace exports): every session whose record has no `tools` of its own gets these in its metadata, where the export's `tools` column, the hard negatives and the rules judge find them. null: each record's own, if any.",
+    ),
   max_record_bytes: z
     .number()
     .int()
@@ -91,7 +99,11 @@ export const ingest = defineStage({
   inputs: [],
   outputs: ['sessions', 'tasks', 'quarantine.jsonl', 'index.json', 'ids.bin'],
   config,
-  external: (cfg, configDir) => resolveInputs(cfg.inputs, configDir),
+  // The tools file is read beside the inputs, so that a change to it makes the stage stale.
+  external: async (cfg, configDir) => [
+    ...(await resolveInputs(cfg.inputs, configDir)),
+    ...(cfg.tools === null ? [] : [resolve(configDir, cfg.tools)]),
+  ],
 
   run: (ctx) => import('./run.ts').then((m) => m.run(ctx)),
   // Every shard reads every input: which records are duplicates is decided over all of them.

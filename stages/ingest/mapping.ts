@@ -24,6 +24,8 @@ export interface MappingOptions {
   fields: FieldMapping;
   message: MessageMapping;
   outOfRangeReward: 'reject' | 'clamp';
+  /** ingest.tools: the tools a session whose record has none of its own gets in its metadata; null: none. */
+  tools: unknown[] | null;
 }
 
 /** A record that cannot become a Session; the message says what is wrong and what to do. */
@@ -255,6 +257,7 @@ export function sessionAround(
     extra = carried === rest.metadata ? { ...carried } : carried;
     for (const key in rest) if (key !== 'metadata') setOwn(extra, key, rest[key]);
   }
+  if (options.tools && !Array.isArray(extra.tools)) setOwn(extra, 'tools', options.tools);
   if (Object.keys(messageExtras).length > 0) extra._message_extras = messageExtras;
   const metadata = JSON.stringify(extra);
 

@@ -1,7 +1,7 @@
 // The ingest stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
 import { existsSync } from 'node:fs';
-import { copyFile, link, mkdir, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { copyFile, link, mkdir, readFile, writeFile } from 'node:fs/promises';
+import { join, resolve } from 'node:path';
 import { hashJson, sha256File } from '../../pipeline/hash.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
@@ -20,15 +20,21 @@ async function writeJson(path: string, value: unknown): Promise<void> {
 
 export async function run({
   config: cfg,
+  configDir,
   out,
   previous,
-  external,
+  external: given,
   log,
   signal,
   options,
 }: StageContext<Config>): Promise<StageReport> {
+  const toolsPath = cfg.tools === null ? null : resolve(configDir, cfg.tools);
+  const toolsFile = given.find((f) => f.path === toolsPath) ?? null;
+  const external = given.filter((f) => f !== toolsFile);
+  const tools = toolsFile ? await readTools(toolsFile) : null;
   // The index format is part of it: an index written by an older ingest is not reused.
   const readingHash = hashJson({
+    tools: toolsFile?.xxh64 ?? null,
     index: INDEX_FORMAT,
     format: cfg.format,
     mapping: cfg.mapping,
@@ -90,7 +96,7 @@ export async function run({
   }
   const reading: ReadingOptions = {
     format: cfg.format,
-    mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward },
+    mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward, tools },
     maxRecordBytes: cfg.max_record_bytes,
   };
   let added = 0;
@@ -186,6 +192,24 @@ async function linkSegment(previous: string, out: string, segment: string): Prom
  * `sha256:<hex>`, which no file's XXH64 matches (its segment is kept, as every segment whose file is gone).
  * Only such an index has the input files read for their SHA-256, once.
  */
+/** ingest.tools's file: an OpenAI `tools` list, each a function with a name; an error names the file and the tool. */
+async function readTools(file: ExternalFile): Promise<unknown[]> {
+  let tools: unknown;
+  try {
+    tools = JSON.parse(await readFile(file.path, 'utf8'));
+  } catch (error) {
+    throw new PipelineError(`${file.name} (ingest.tools): not JSON (${(error as Error).message})`);
+  }
+  const bad = Array.isArray(tools)
+    ? tools.findIndex((t) => typeof (t as { function?: { name?: unknown } })?.function?.name !== 'string')
+    : -1;
+  if (!Array.isArray(tools) || bad >= 0)
+    throw new PipelineError(
+      `${file.name} (ingest.tools): expected an OpenAI tools list, [{"type": "function", "function": {"name": ..., "parameters": {...}}}, ...]${bad >= 0 ? `; tool ${bad + 1} has no function.name` : ''}`,
+    );
+  return tools;
+}
+
 async function knownByXxh64(index: IngestIndex, external: ExternalFile[]): Promise<IngestIndex> {
   if (index.files.every((f) => f.xxh64)) return index;
   const bySha256 = new Map<string, ExternalFile>();

@@ -12,6 +12,7 @@ const MAPPING: MappingOptions = {
   fields: { messages: 'messages', reward: 'reward', feedback: 'feedback', model: 'model', created_at: 'created_at' },
   message: { role: 'role', content: 'content', roles: {} },
   outOfRangeReward: 'reject',
+  tools: null,
 };
 
 /** The session's line the ordinary way (parse, map, JSON.stringify), or null where the record is bad. */

@@ -199,6 +199,7 @@ describe('ingest on damaged inputs', () => {
       },
       message: { role: 'role', content: 'content', roles: {} },
       outOfRangeReward: 'reject' as const,
+      tools: null,
     };
     expect(() => toSession({ ...session('n', 'A', 1), reward: NaN }, 'x', options)).toThrow(
       'reward must be a number in [0, 1], got NaN',

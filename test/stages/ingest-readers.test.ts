@@ -204,6 +204,7 @@ describe('JSON array blocks', () => {
         },
         message: { role: 'role', content: 'content', roles: {} },
         outOfRangeReward: 'reject',
+        tools: null,
       },
       maxRecordBytes: 4096,
     };

@@ -155,6 +155,7 @@ describe('ingest', () => {
         },
         message: { role: 'role', content: 'content', roles: {} },
         outOfRangeReward: 'reject',
+        tools: null,
       }).metadata,
     ).toBe(merged);
     expect(JSON.stringify(record)).toBe(before);
