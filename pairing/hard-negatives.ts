@@ -288,14 +288,77 @@ function perturbDigits(token: string, rand: Random): string {
   return chars.join('');
 }
 
+/**
+ * The message with the identifier changed where its call's arguments write it, the rest of their text as it
+ * was (spacing, key order, escapes): a negative that differed in how its JSON is spaced would teach the
+ * spacing. Arguments whose string is not written as JSON.stringify writes it are written out anew.
+ */
 function withIdentifier(message: Message, target: Identifier, token: string): Message {
   const change = (value: string) =>
     value.slice(0, target.start) + token + value.slice(target.start + target.token.length);
-  const args = replaceString(parseArguments(message.tool_calls![target.call]!.function.arguments), target.path, change);
-  return withToolCall(message, target.call, (call) => ({
-    ...call,
-    function: { ...call.function, arguments: JSON.stringify(args) },
-  }));
+  const raw = message.tool_calls![target.call]!.function.arguments;
+  const parsed = parseArguments(raw);
+  const span = literalAt(raw, target.path);
+  const before = stringAt(parsed, target.path);
+  const inPlace = span && raw.slice(span[0], span[1]) === JSON.stringify(before);
+  const args = inPlace
+    ? raw.slice(0, span[0]) + JSON.stringify(change(before)) + raw.slice(span[1])
+    : JSON.stringify(replaceString(parsed, target.path, change));
+  return withToolCall(message, target.call, (call) => ({ ...call, function: { ...call.function, arguments: args } }));
+}
+
+/** The string at `path` of a parsed JSON value. */
+const stringAt = (value: unknown, path: (string | number)[]): string =>
+  path.reduce<unknown>((v, step) => (v as Record<string | number, unknown>)[step], value) as string;
+
+/**
+ * Where the string at `path` of the JSON text `raw` is written: its literal's offsets, quotes included (the
+ * last such member, as JSON.parse keeps the last of a repeated key); null where there is none.
+ */
+function literalAt(raw: string, path: (string | number)[]): [number, number] | null {
+  let i = 0;
+  const space = () => {
+    while (raw[i] === ' ' || raw[i] === '\t' || raw[i] === '\n' || raw[i] === '\r') i++;
+  };
+  const string = (): [number, number] => {
+    const start = i++;
+    while (i < raw.length && raw[i] !== '"') i += raw[i] === '\\' ? 2 : 1;
+    return [start, ++i];
+  };
+  // The value at `i`, passed over; at `depth` of the path, the span found inside it, if any.
+  const value = (depth: number | null): [number, number] | null => {
+    space();
+    const c = raw[i];
+    if (c === '"') {
+      const span = string();
+      return depth === path.length ? span : null;
+    }
+    if (c !== '{' && c !== '[') {
+      while (i < raw.length && !',}] \t\n\r'.includes(raw[i]!)) i++;
+      return null;
+    }
+    const step = depth === null || depth >= path.length ? null : path[depth]!;
+    let found: [number, number] | null = null;
+    i++;
+    for (let k = 0; ; k++) {
+      space();
+      if (raw[i] === '}' || raw[i] === ']' || i >= raw.length) break;
+      let here = c === '[' && step === k;
+      if (c === '{') {
+        const [s, e] = string();
+        here = step === JSON.parse(raw.slice(s, e));
+        space();
+        i++; // the colon
+      }
+      const inner = value(here ? depth! + 1 : null);
+      if (here) found = inner;
+      space();
+      if (raw[i] === ',') i++;
+    }
+    i++;
+    return found;
+  };
+  return value(0);
 }
 
 /** A copy of a parsed JSON value with the string at `path` changed; key order stays as it was. */

@@ -5,6 +5,7 @@ import { TOOLS, TOOL_NAMES } from '../../env/env.ts';
 import { REFUSAL_PATTERN, isRefusal } from '../../core/refusal.ts';
 import { buildHardNegatives as buildStored, type HardNegativeOptions } from '../../pairing/hard-negatives.ts';
 import { plainPair, stored } from '../fixtures/pipeline.ts';
+import { AIRLINE_TOOLS, airlineTrials } from '../fixtures/public-shaped.ts';
 import {
   NEGATIVE_TYPES,
   pairId,
@@ -13,6 +14,7 @@ import {
   type Pair,
   type Session,
   type SplitSession,
+  type ToolCall,
 } from '../../core/records.ts';
 
 const SAMPLE = join(__dirname, '..', '..', 'data', 'sample', 'sessions.jsonl.gz');
@@ -52,7 +54,7 @@ function pairsOf(type: NegativeType, n: number): { session: SplitSession; pair: 
     .flatMap((session) => buildHardNegatives(session, options({ [type]: 1 })).pairs.map((pair) => ({ session, pair })));
 }
 
-function session(id: string, messages: Message[]): SplitSession {
+function session(id: string, messages: Message[], metadata = '{}'): SplitSession {
   return {
     session_id: id,
     task_id: 'T',
@@ -62,7 +64,7 @@ function session(id: string, messages: Message[]): SplitSession {
     model: null,
     source: 'test',
     created_at: null,
-    metadata: '{}',
+    metadata,
     split: 'train',
     task_match: null,
   };
@@ -88,6 +90,59 @@ function leafDifferences(a: unknown, b: unknown, path = ''): { path: string; a: 
   }
   return a === b ? [] : [{ path, a, b }];
 }
+
+describe('hard negatives differ from the chosen turn only in what their type says', () => {
+  // Logs of another agent, whose tool-call arguments are spaced as Python writes JSON, beside the sample's.
+  const airline = airlineTrials(8)
+    .filter((r) => r.reward === 1)
+    .map((r) =>
+      session(
+        `air-${String(r.task_id)}-${String(r.trial)}`,
+        r.traj as Message[],
+        JSON.stringify({ tools: AIRLINE_TOOLS }),
+      ),
+    );
+  const sameCall = (a: ToolCall, b: ToolCall) => JSON.stringify(a) === JSON.stringify(b);
+
+  it.each(NEGATIVE_TYPES)('%s', (type) => {
+    let checked = 0;
+    for (const s of [...airline, ...successes.slice(0, 150)]) {
+      for (const pair of buildHardNegatives(s, options({ [type]: 1 })).pairs) {
+        expect(pair.chosen).toHaveLength(1);
+        expect(pair.rejected).toHaveLength(1);
+        const [c, r] = [pair.chosen[0]!, pair.rejected[0]!];
+        expect(r.role).toBe('assistant');
+        const calls = c.tool_calls ?? [];
+        const kept = r.tool_calls ?? [];
+        if (type === 'refusal' || type === 'off_topic') {
+          expect(r.tool_calls).toBeUndefined();
+          expect(r.content).toBeTruthy();
+        } else if (type === 'verbose' || type === 'under_explained') {
+          expect(kept).toEqual(calls);
+          if (type === 'verbose') expect(r.content).toContain(c.content);
+          else expect(r.content!.length).toBeLessThan(c.content!.length);
+        } else if (type === 'hallucination') {
+          expect(r.content).toBe(c.content);
+          expect(kept).toHaveLength(calls.length);
+          const changed = calls.flatMap((call, i) => (sameCall(call, kept[i]!) ? [] : [i]));
+          expect(changed).toHaveLength(1);
+          const [before, after] = [calls[changed[0]!]!.function.arguments, kept[changed[0]!]!.function.arguments];
+          // The same text, spacing and all, but for some digits of one value.
+          expect(after).toHaveLength(before.length);
+          for (let i = 0; i < before.length; i++)
+            if (before[i] !== after[i]) expect(/\d/.test(before[i]!) && /\d/.test(after[i]!)).toBe(true);
+        } else {
+          // format: one call broken (or moved into the text); the others as they were, in order.
+          const same = calls.filter((call) => kept.some((k) => sameCall(call, k)));
+          expect(same.length).toBeGreaterThanOrEqual(calls.length - 1);
+          expect(same.length).toBeLessThan(calls.length);
+        }
+        checked++;
+      }
+    }
+    expect(checked, type).toBeGreaterThan(20);
+  });
+});
 
 describe('hard negative pairs', () => {
   it('are turn-level: the context before one assistant turn, that turn, and its transform', () => {
