@@ -16,6 +16,48 @@ const HEADER: Record<Message['role'], SpecialToken> = {
   tool: '<|tool|>',
 };
 
+/**
+ * The same template in Jinja, for the model folders prefab writes (tokenizer_config.json's chat_template), so
+ * that transformers' apply_chat_template, TRL and vLLM render what prefab trains on, token for token. Tool-call
+ * arguments are written as given (OpenAI's JSON string), or as compact JSON where a caller passes an object;
+ * `{% generation %}` marks the assistant's tokens (transformers' return_assistant_tokens_mask, TRL's
+ * assistant_only_loss). `tools` is not rendered: prefab's models learn their tools from the conversation.
+ * One difference stays: text that spells a special token (`<|end|>` in a user's message) is text to prefab,
+ * and that special token to a tokenizer reading the rendered string whole.
+ */
+export const PREFAB_CHAT_TEMPLATE = [
+  '{%- macro body(message) -%}',
+  "{%- if message['content'] -%}{{- message['content'] -}}{%- endif -%}",
+  "{%- for call in message['tool_calls'] or [] -%}",
+  "{{- '<|call|>' + call['function']['name'] + ' ' -}}",
+  "{%- if call['function']['arguments'] is string -%}{{- call['function']['arguments'] -}}",
+  "{%- else -%}{{- call['function']['arguments'] | tojson(separators=(',', ':')) -}}{%- endif -%}",
+  '{%- endfor -%}',
+  "{{- '<|end|>' -}}",
+  '{%- endmacro -%}',
+  '{%- for message in messages -%}',
+  "{{- '<|' + message['role'] + '|>' -}}",
+  "{%- if message['role'] == 'assistant' -%}{%- generation -%}{{- body(message) -}}{%- endgeneration -%}",
+  '{%- else -%}{{- body(message) -}}{%- endif -%}',
+  '{%- endfor -%}',
+  "{%- if add_generation_prompt -%}{{- '<|assistant|>' -}}{%- endif -%}",
+].join('\n');
+
+/** tokenizer_config.json of a folder whose model reads prefab's template: the template, and its special tokens. */
+export function prefabTokenizerConfig(context: number): string {
+  const config = {
+    tokenizer_class: 'PreTrainedTokenizerFast',
+    chat_template: PREFAB_CHAT_TEMPLATE,
+    eos_token: '<|end|>',
+    pad_token: '<|pad|>',
+    bos_token: null,
+    unk_token: null,
+    model_max_length: context,
+    clean_up_tokenization_spaces: false,
+  };
+  return JSON.stringify(config, null, 2) + '\n';
+}
+
 /** A piece of a rendered conversation: a special token or text, whether it is trained on, and its message. */
 type Piece = ({ special: SpecialToken } | { text: string }) & { train: boolean; message: number };
 

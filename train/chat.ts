@@ -4,7 +4,7 @@
 //   a Hugging Face folder's (hf-chat.ts: tokenizer.json and the Jinja chat template of tokenizer_config.json
 //   or chat_template.jinja): what a pretrained model (sft.model.from) was trained to read.
 import type { Message } from '../core/records.ts';
-import { encodeConversations, parseAssistant, type Encoded } from './chat-template.ts';
+import { PREFAB_CHAT_TEMPLATE, encodeConversations, parseAssistant, type Encoded } from './chat-template.ts';
 import { ToolCallConstraint, type ToolSchema } from './constrain.ts';
 import { HfChat, readChatTemplate } from './hf-chat.ts';
 import { SPECIAL_TOKENS, TextTokenizer } from './tokenizer.ts';
@@ -57,14 +57,15 @@ export const prefabChat = (tokenizerJson: string): Chat => new PrefabChat(new Te
 
 /**
  * The chat of a model folder's tokenizer files: prefab's own when tokenizer.json has prefab's special tokens
- * and there is no chat template, else the folder's template. `eos` is the model config's eos_token_id, which
+ * and the chat template is prefab's (PREFAB_CHAT_TEMPLATE) or there is none, else the folder's template. `eos` is the model config's eos_token_id, which
  * ends a reply too. Names the folder when it has neither.
  */
 export function openChat(files: Record<string, string>, eos: number | number[] | null, source: string): Chat {
   const json = files['tokenizer.json'];
   if (json === undefined) throw new Error(`${source} has no tokenizer.json`);
   const template = readChatTemplate(files, source);
-  if (!template) {
+  // prefab's own template, as the folders it writes carry it for other tools, is read by prefab's own code.
+  if (!template || template.source === PREFAB_CHAT_TEMPLATE) {
     const vocab = JSON.parse(json) as { added_tokens?: { content: string }[] };
     const prefab = SPECIAL_TOKENS.every((t) => vocab.added_tokens?.some((a) => a.content === t));
     if (!prefab)

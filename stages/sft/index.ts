@@ -102,7 +102,7 @@ export type ModelSettings = z.infer<typeof modelConfig>;
 export const sft = defineStage({
   name: 'sft',
   description: 'supervised fine-tuning on successful training sessions (assistant tokens only)',
-  version: 4,
+  version: 5,
   inputs: ['tokenizer', 'export'],
   outputs: ['model', 'metrics.jsonl'],
   config,

@@ -7,6 +7,7 @@ import { resampledSessions } from '../../train/augment.ts';
 import { readParquet, sftSequences, subset } from '../../train/data.ts';
 import { trainingRun } from '../../train/run.ts';
 import { openChat } from '../../train/chat.ts';
+import { prefabTokenizerConfig } from '../../train/chat-template.ts';
 import { readHfConfig, readHfModel, readTokenizerFiles } from '../../train/hf.ts';
 import { attachLora } from '../../train/lora.ts';
 import { loraOf } from '../../train/settings.ts';
@@ -53,14 +54,18 @@ export async function run({
   const backend = await chosenBackend(options, log);
   const placeholders = await readPlaceholdersFile(input('tokenizer'));
   const from = cfg.model.from ? resolve(configDir, cfg.model.from) : null;
-  // A pretrained model brings its tokenizer and template; a new one reads the tokenizer stage's.
-  const tokenizer = from
-    ? readTokenizerFiles(from)
-    : { 'tokenizer.json': await readFile(join(input('tokenizer'), 'tokenizer.json'), 'utf8') };
   // The pretrained weights are read when the run starts from them, not when it resumes from a checkpoint.
   const pretrained = from ? readHfConfig(from) : null;
-  const chat = openChat(tokenizer, pretrained?.config.eosTokenId ?? null, from ?? input('tokenizer'));
   const context = Math.min(cfg.model.context, pretrained?.config.maxPositions ?? Infinity);
+  // A pretrained model brings its tokenizer and template; a new one reads the tokenizer stage's, and its
+  // folder carries prefab's template in Jinja, so that transformers, TRL and vLLM read it as prefab does.
+  const tokenizer = from
+    ? readTokenizerFiles(from)
+    : {
+        'tokenizer.json': await readFile(join(input('tokenizer'), 'tokenizer.json'), 'utf8'),
+        'tokenizer_config.json': prefabTokenizerConfig(context),
+      };
+  const chat = openChat(tokenizer, pretrained?.config.eosTokenId ?? null, from ?? input('tokenizer'));
   const path = join(input('export'), 'sft', 'train.parquet');
   const sessions = subset(await readParquet<{ messages: Message[] }>(path), cfg.max_sessions, cfg.seed);
   if (sessions.length === 0)

@@ -8,6 +8,7 @@ import { tempDir } from '../fixtures/pipeline.ts';
 import { tinyConfig as tinyConfigOf } from '../fixtures/tiny.ts';
 import { useBackend } from '../../train/backend.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
+import { PREFAB_CHAT_TEMPLATE } from '../../train/chat-template.ts';
 import { Registry } from '../../loop/registry.ts';
 import { readSafetensors } from '../../train/safetensors.ts';
 
@@ -114,6 +115,14 @@ describe('training stages (tiny model)', () => {
       architectures: ['LlamaForCausalLM'],
       eos_token_id: tokenizer.added_tokens.find((t: { content: string }) => t.content === '<|end|>').id,
     });
+    // Both folders carry the chat template prefab trains with, in Jinja, for transformers' apply_chat_template.
+    for (const stage of ['sft', 'dpo'])
+      expect(JSON.parse(readFileSync(join(workdir, stage, 'model', 'tokenizer_config.json'), 'utf8'))).toMatchObject({
+        chat_template: PREFAB_CHAT_TEMPLATE,
+        eos_token: '<|end|>',
+        pad_token: '<|pad|>',
+        model_max_length: 640,
+      });
     // About half the sessions trained on had their copied values replaced.
     const counts = JSON.parse(readFileSync(join(workdir, 'sft', 'manifest.json'), 'utf8')).counts;
     expect(counts.sessions).toBe(80);
