@@ -72,7 +72,12 @@ let current: Backend | null = null;
 export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backend> {
   if (current && (choice === 'auto' || choice === current.name || (choice === 'webgpu' && current.gpu))) return current;
   // A GPU of hardware goes first; a CPU implementation of Vulkan (lavapipe) is no faster than WASM.
-  if (choice === 'auto' && (await (await import('./webgpu/device.ts')).hardwareGpu())) choice = 'webgpu';
+  let noGpu = '';
+  if (choice === 'auto') {
+    const gpu = await (await import('./webgpu/device.ts')).probeGpu();
+    if (gpu.hardware) choice = 'webgpu';
+    else noGpu = `${gpu.why}; `;
+  }
   const tf = await loadTf();
   let description: string;
   let name: string;
@@ -87,7 +92,7 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
       );
     } else {
       name = 'wasm';
-      description = 'wasm (no @tensorflow/tfjs-node here)';
+      description = `wasm (${noGpu}no @tensorflow/tfjs-node here)`;
     }
   } else if (choice === 'webgpu') {
     const { openGpu } = await import('./webgpu/device.ts');

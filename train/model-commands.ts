@@ -4,7 +4,7 @@ import { InvalidArgumentError, type Command } from 'commander';
 import { PipelineError } from '../pipeline/errors.ts';
 import type { CommandContext } from '../pipeline/commands.ts';
 import { seeded } from '../core/random.ts';
-import { commandOptions, useBackend, withScorer, type Backend } from './backend.ts';
+import { chosenBackend, commandOptions, withScorer, type Backend } from './backend.ts';
 import type { Llama } from './model.ts';
 
 /** A JSON list of token ids (`depth` 1) or of lists of them (`depth` 2). */
@@ -35,8 +35,13 @@ const number = (value: string) => {
 };
 
 /** The model in `dir`, on the backend `--backend` asked for; names the folder and the id when an id is out of the vocabulary. */
-async function open(program: Command, dir: string, ids: number[][]): Promise<{ model: Llama; backend: Backend }> {
-  const backend = await useBackend(commandOptions(program).backend ?? 'auto');
+async function open(
+  program: Command,
+  ctx: CommandContext,
+  dir: string,
+  ids: number[][],
+): Promise<{ model: Llama; backend: Backend }> {
+  const backend = await chosenBackend(commandOptions(program), ctx.logger());
   const [{ readHfModel }, { Llama }] = await Promise.all([import('./hf.ts'), import('./model.ts')]); // the trainer, only when a model is opened
   let hf;
   try {
@@ -88,7 +93,7 @@ export function addModelCommands(program: Command, ctx: CommandContext): void {
     .argument('<folder>', 'a model folder: config.json and model.safetensors (or a sharded index)')
     .requiredOption('--ids <json>', 'token ids, a list of sequences, e.g. [[1,5,9],[1,7]]', tokenIds(2))
     .action(async (dir: string, opts: { ids: number[][] }) => {
-      const m = await open(program, dir, opts.ids);
+      const m = await open(program, ctx, dir, opts.ids);
       process.stdout.write(JSON.stringify(await score(m, opts.ids)) + '\n');
       m.model.dispose();
       ctx.setExit(0);
@@ -109,7 +114,7 @@ export function addModelCommands(program: Command, ctx: CommandContext): void {
         dir: string,
         opts: { ids: number[]; maxNewTokens: number; temperature: number; topP: number; seed: string; stop?: number[] },
       ) => {
-        const { model: m, backend } = await open(program, dir, [opts.ids]);
+        const { model: m, backend } = await open(program, ctx, dir, [opts.ids]);
         // With --backend webgpu the cache and the steps are on the GPU.
         const cache = backend.gpu
           ? new (await import('./webgpu/decode.ts')).GpuDecoder(m, backend.gpu).create()

@@ -59,6 +59,7 @@ async function killAtCheckpoint(child: ChildProcess, cache: string, step: number
 
 let workdir: string;
 let config: string;
+let runLog: string;
 beforeAll(async () => {
   await useBackend('wasm');
   const dir = tempDir();
@@ -66,6 +67,19 @@ beforeAll(async () => {
   config = tinyConfig(dir);
   const r = prefab(['--workdir', workdir, '--config', config, '--log-format', 'json', 'run']);
   expect(r.code, r.stderr).toBe(0);
+  runLog = r.stderr;
+});
+
+describe('what a run says on stderr', () => {
+  it("is prefab's JSON log alone, saying once a stage which backend it chose and why, and nothing of Dawn's", () => {
+    const lines = runLog.trim().split('\n');
+    // Dawn writes warnings of its own (no Vulkan loader; a CPU driver's reduced limits) where it is loaded.
+    for (const line of lines) expect(() => JSON.parse(line), line).not.toThrow();
+    const backends = lines.map((l) => JSON.parse(l) as Record<string, string>).filter((e) => e.event === 'backend');
+    // The tiny config leaves DAPO off: that stage passes the model on without a backend.
+    expect(backends.map((e) => e.stage)).toEqual(['sft', 'dpo', 'eval']);
+    for (const e of backends) expect(e.backend).toMatch(/^wasm \((WebGPU|the only adapter|the optional package)/);
+  });
 });
 
 describe('training stages (tiny model)', () => {

@@ -36,15 +36,59 @@ function findAdapter(): Promise<Found> {
 }
 
 /**
- * Whether a GPU of hardware is here (not a CPU implementation of Vulkan): what `--backend auto` asks before
- * choosing webgpu. Asks for no device; never throws.
+ * Whether a GPU of hardware is here (not a CPU implementation of Vulkan), and if not why: what `--backend auto`
+ * asks before choosing webgpu. Asked in a child process, so that Dawn's own warnings on stderr (no Vulkan
+ * loader, a software driver's reduced limits) never reach the user's terminal: the log says what was chosen
+ * and why, once. Never throws.
  */
-export async function hardwareGpu(): Promise<boolean> {
-  return findAdapter().then(
-    (f) => !f.software,
-    () => false,
-  );
+export async function probeGpu(): Promise<{ hardware: boolean; why: string }> {
+  let webgpu: string;
+  try {
+    webgpu = import.meta.resolve('webgpu');
+  } catch {
+    return { hardware: false, why: 'the optional package webgpu is not installed' };
+  }
+  const script = [
+    `const webgpu = await import(${JSON.stringify(webgpu)});`,
+    "const adapter = await webgpu.create([]).requestAdapter({ powerPreference: 'high-performance' });",
+    'const i = adapter?.info;',
+    'process.stdout.write(JSON.stringify(i ? { vendor: i.vendor, architecture: i.architecture, device: i.device, description: i.description } : null));',
+    'process.exit(0);',
+  ].join('\n');
+  const { execFile } = await import('node:child_process');
+  return new Promise((done) => {
+    execFile(
+      process.execPath,
+      ['--input-type=module', '-e', script],
+      { timeout: 60_000, encoding: 'utf8' },
+      (error, stdout) => {
+        let info: GPUAdapterInfo | null | undefined;
+        try {
+          info = JSON.parse(stdout) as GPUAdapterInfo | null;
+        } catch {
+          info = undefined;
+        }
+        if (info === undefined)
+          return done({
+            hardware: false,
+            why: `WebGPU did not start here (${error?.message.split('\n')[0] ?? 'no answer'})`,
+          });
+        if (info === null) return done({ hardware: false, why: 'WebGPU found no adapter (no Vulkan driver)' });
+        const description = describe(info);
+        if (isSoftware(info, description))
+          return done({ hardware: false, why: `the only adapter, ${description}, is a CPU implementation of Vulkan` });
+        done({ hardware: true, why: `a GPU: ${description}` });
+      },
+    );
+  });
 }
+
+/** What an adapter says it is. */
+const describe = (info: GPUAdapterInfo) => info.description || `${info.vendor} ${info.device}`.trim();
+
+/** Whether an adapter is a CPU implementation of Vulkan (lavapipe, SwiftShader). */
+const isSoftware = (info: GPUAdapterInfo, description: string) =>
+  info.architecture === 'software' || /llvmpipe|lavapipe|swiftshader/i.test(`${description} ${info.device}`);
 
 /**
  * The GPU device, opened once a process. Asks for the adapter's own limits on storage buffers a stage and
@@ -74,13 +118,12 @@ async function find(): Promise<Found> {
       "WebGPU found no adapter: install the Vulkan loader and a driver (on Debian: libvulkan1 and your GPU vendor's driver; without a GPU, mesa-vulkan-drivers 25 or later from bookworm-backports is a CPU one)",
     );
   const info = adapter.info;
-  const description = info.description || `${info.vendor} ${info.device}`.trim();
+  const description = describe(info);
   return {
     instance,
     adapter,
     description: { vendor: info.vendor, architecture: info.architecture, description },
-    software:
-      info.architecture === 'software' || /llvmpipe|lavapipe|swiftshader/i.test(`${description} ${info.device}`),
+    software: isSoftware(info, description),
   };
 }
 
