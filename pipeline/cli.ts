@@ -11,7 +11,7 @@ import { PipelineError, UsageError, errorMessage } from './errors.ts';
 import { Logger, type LogFormat } from './log.ts';
 import type { CommandFactory } from './commands.ts';
 import type { Shard, Stage } from './stage.ts';
-import { Workspace, acquireLock, liveRun, type LockInfo } from './workspace.ts';
+import { Workspace, acquireLock, liveRun, rememberConfig, rememberedConfig, type LockInfo } from './workspace.ts';
 import { parseShard } from './shards.ts';
 
 const DEFAULT_CONFIG = 'configs/default.yaml';
@@ -128,6 +128,14 @@ async function withLock<T>(
   body: (signal: AbortSignal) => Promise<T>,
 ): Promise<{ result: T; signal: NodeJS.Signals | null }> {
   const release = await acquireLock(new Workspace(engine.ws.root), command, log);
+  try {
+    const config = resolve(String(engine.options.config ?? DEFAULT_CONFIG));
+    const was = rememberConfig(engine.ws.root, config, engine.options.switchConfig === true);
+    if (was) log.warn('this workspace reads another config from now on (--switch-config)', { config, was });
+  } catch (error) {
+    release();
+    throw error;
+  }
   const controller = new AbortController();
   let received: NodeJS.Signals | null = null;
   let grace: NodeJS.Timeout | undefined;
@@ -174,6 +182,10 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
       ]),
     )
     .option('-q, --quiet', 'only warnings and errors on stderr')
+    .option(
+      '--switch-config',
+      'make --config this workspace’s config from now on (a workspace refuses another config than the one it was made with)',
+    )
     .option('--verbose', "a failed stage's stack trace in its error line")
     .addOption(
       new Option(
@@ -251,6 +263,10 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     .action(async (opts: { json?: boolean; verify?: boolean; shard?: Shard }) => {
       const log = logger();
       const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
+      const made = rememberedConfig(engine.ws.root);
+      const config = resolve(program.opts<GlobalOptions>().config);
+      if (made !== null && made !== config)
+        log.warn(`this workspace was made with --config ${made}: what follows is as ${config} would have it`);
       printStatus(
         await engine.status(opts.verify ?? false, opts.shard ?? null),
         liveRun(engine.ws),
@@ -318,10 +334,21 @@ export async function main(argv: string[], stages: Stage[], commands: CommandFac
     await program.parseAsync(argv);
     return code;
   } catch (error) {
-    if (error instanceof CommanderError) return error.exitCode === 0 ? 0 : 2;
+    const json = (program.opts<GlobalOptions>().logFormat ?? Logger.defaultFormat()) === 'json';
+    if (error instanceof CommanderError) {
+      const exit = error.exitCode === 0 ? 0 : 2;
+      // Commander has said what was wrong on stderr; a scheduler reading stdout still gets its object.
+      if (json && exit !== 0) process.stdout.write(JSON.stringify({ ok: false, exit, error: error.message }) + '\n');
+      return exit;
+    }
     const usage = error instanceof UsageError;
     const known = usage || error instanceof PipelineError;
-    process.stderr.write(`prefab: ${known ? errorMessage(error) : ((error as Error).stack ?? String(error))}\n`);
-    return usage ? 2 : 1;
+    const message = known ? errorMessage(error) : ((error as Error).stack ?? String(error));
+    const exit = usage ? 2 : 1;
+    if (json) {
+      new Logger('json', process.stderr).error(usage ? 'usage' : 'failed', { error: message });
+      process.stdout.write(JSON.stringify({ ok: false, exit, error: message }) + '\n');
+    } else process.stderr.write(`prefab: ${message}\n`);
+    return exit;
   }
 }

@@ -1,7 +1,7 @@
 // YAML config, validated at load: an unknown or mistyped key is an error naming the key, the file and the line.
 import { readFileSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
-import { LineCounter, parseDocument } from 'yaml';
+import { LineCounter, isMap, isScalar, parseDocument, type Document } from 'yaml';
 import { z } from 'zod';
 import { UsageError } from './errors.ts';
 
@@ -10,6 +10,13 @@ export interface LoadedConfig<T> {
   /** Relative paths inside the config are resolved against this folder. */
   dir: string;
   value: T;
+}
+
+/** The key node of `key` in the map at `path` of the document, if there is one. */
+function keyNode(doc: Document, path: string[], key: string): unknown {
+  const map = path.length === 0 ? doc.contents : doc.getIn(path, true);
+  if (!isMap(map)) return undefined;
+  return map.items.find((pair) => isScalar(pair.key) && String(pair.key.value) === key)?.key;
 }
 
 export function loadConfig<S extends z.ZodType>(file: string, schema: S): LoadedConfig<z.infer<S>> {
@@ -35,7 +42,9 @@ export function loadConfig<S extends z.ZodType>(file: string, schema: S): Loaded
   const problems = parsed.error.issues.map((issue) => {
     const keys = issue.code === 'unrecognized_keys' ? issue.keys : [];
     const at = [...issue.path, ...(keys.length === 1 ? keys : [])].map(String);
-    const node = doc.getIn(at, true) as { range?: [number, number, number] } | undefined;
+    // An unknown key is named at the key itself; any other problem where its value starts.
+    const node = (keys.length === 1 ? keyNode(doc, issue.path.map(String), keys[0]!) : doc.getIn(at, true)) as
+      { range?: [number, number, number] } | undefined;
     const line = node?.range ? `:${lines.linePos(node.range[0]).line}` : '';
     const where = at.length > 0 ? at.join('.') : '(top level)';
     if (issue.code === 'unrecognized_keys') {

@@ -5,7 +5,7 @@ import { hostname } from 'node:os';
 import { join } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { checksumFile } from './hash.ts';
-import { PipelineError } from './errors.ts';
+import { PipelineError, UsageError } from './errors.ts';
 import type { Logger } from './log.ts';
 
 export class Workspace {
@@ -65,6 +65,41 @@ export class Workspace {
     const dir = join(this.tmpDir, `${stage}-${Date.now()}-${randomBytes(4).toString('hex')}`);
     await mkdir(dir, { recursive: true });
     return dir;
+  }
+}
+
+/** Where a workspace remembers the config file it was made with (rememberConfig). */
+const CONFIG_RECORD = '.config.json';
+
+/**
+ * Checks that `config` (a config file's absolute path) is the one the workspace at `root` was made with, and
+ * remembers it where the workspace has none yet, or (`adopt`, `--switch-config`) from now on: a run that forgot
+ * its --config would otherwise read the default config's inputs into the user's data. Returns the config the
+ * workspace had, where it changed.
+ */
+export function rememberConfig(root: string, config: string, adopt: boolean): string | null {
+  const path = join(root, CONFIG_RECORD);
+  let known: string | undefined;
+  try {
+    known = (JSON.parse(readFileSync(path, 'utf8')) as { config?: string }).config;
+  } catch {
+    known = undefined; // none yet (or unreadable): this config becomes the workspace's
+  }
+  if (known === config) return null;
+  if (known !== undefined && !adopt)
+    throw new UsageError(
+      `workspace ${root} was made with --config ${known}, and this command reads ${config} (configs/default.yaml is what a command without --config reads). Pass --config ${known}; or, to make ${config} this workspace's config from now on, add --switch-config.`,
+    );
+  writeFileAtomicNow(path, JSON.stringify({ config, since: new Date().toISOString() }) + '\n');
+  return known ?? null;
+}
+
+/** The config file a workspace was made with, or null where it does not say (rememberConfig). */
+export function rememberedConfig(root: string): string | null {
+  try {
+    return (JSON.parse(readFileSync(join(root, CONFIG_RECORD), 'utf8')) as { config?: string }).config ?? null;
+  } catch {
+    return null;
   }
 }
 

@@ -90,6 +90,10 @@ export async function run({
 
   const counts: Record<string, number> = {};
   for (const name of DATASETS) for (const side of SPLITS) counts[`${name}_${side}`] = rows[`${name}_${side}`]!;
+  if (counts.pairs_train! + counts.trajectories_train! === 0)
+    log.warn(
+      'no preference pair was exported for training: the gate kept none. Pairs need tasks with both a success (reward ≥ pairs.outcome.success_min) and a failure (≤ pairs.outcome.failure_max), or successful sessions to make hard negatives from, or pairs to import; the pairs, judge and gate stages’ summaries say where they went (prefab status)',
+    );
 
   const configHash = hashJson([...lineage.map((l) => l.config_hash), hashJson(cfg)]);
   const madeAt = new Date().toISOString();

@@ -10,9 +10,10 @@ const roleSchema = z.enum(['system', 'user', 'assistant', 'tool']);
 const config = z.strictObject({
   inputs: z
     .array(z.string())
-    .min(1)
     .default(['../data/sample'])
-    .describe('Files, folders (read recursively) or globs, relative to the config file.'),
+    .describe(
+      'Files, folders (read recursively) or globs, relative to the config file. Empty: no sessions (a run of imported pairs only).',
+    ),
   format: z
     .enum(['auto', 'jsonl', 'json', 'parquet'])
     .default('auto')

@@ -96,6 +96,7 @@ function optionalString(value: unknown, field: string): string | null {
 }
 
 function describe(value: unknown): string {
+  if (value === undefined) return 'nothing there';
   if (value === null) return 'null';
   if (Array.isArray(value)) return 'an array';
   if (typeof value === 'number' && !Number.isFinite(value)) return String(value); // NaN, Infinity: JSON would say null
@@ -121,7 +122,7 @@ function toTimestamp(value: unknown): string | null {
 
 function toReward(value: unknown, policy: MappingOptions['outOfRangeReward'], path: string): number {
   if (value === undefined || value === null)
-    throw new RecordError(`reward is missing (looked at '${path}'; map it with ingest.mapping.reward)`);
+    throw new RecordError(`reward is missing (looked at the field ${path}; map it with ingest.mapping.reward)`);
   const reward = typeof value === 'boolean' ? Number(value) : value;
   if (typeof reward !== 'number' || !Number.isFinite(reward))
     throw new RecordError(`reward must be a number in [0, 1], got ${describe(value)}`);
@@ -197,8 +198,9 @@ export function toSession(record: unknown, source: string, options: MappingOptio
   const f = options.fields;
   const rawMessages = getPath(record, f.messages);
   if (!Array.isArray(rawMessages)) {
+    const keys = Object.keys(record);
     throw new RecordError(
-      `messages must be an array (looked at '${f.messages}'; map it with ingest.mapping.messages), got ${describe(rawMessages)}`,
+      `messages must be an array (looked at the field ${f.messages}; map it with ingest.mapping.messages), got ${describe(rawMessages)}; the record's keys: ${keys.slice(0, 12).join(', ')}${keys.length > 12 ? ', …' : ''}`,
     );
   }
   if (rawMessages.length === 0) throw new RecordError('messages is empty');

@@ -490,10 +490,8 @@ function fileReading(
   const quarantineRecord = async (where: string, reason: string, raw: string, counted = true) => {
     quarantined++;
     if (counted) {
-      const kind = reason
-        .replace(/\d+/g, '#')
-        .replace(/'[^']*'/g, "'…'")
-        .slice(0, 100);
+      const alike = reason.replace(/\d+/g, '#').replace(/'[^']*'/g, "'…'");
+      const kind = alike.length > 200 ? `${alike.slice(0, 200)}…` : alike;
       reasons.set(kind, (reasons.get(kind) ?? 0) + 1);
     }
     await quarantine.write({ file: file.name, where, reason, raw: quarantineText(raw) } satisfies QuarantineRecord);

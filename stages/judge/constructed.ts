@@ -33,6 +33,7 @@ export function newTally(): Tally {
       best_of_n_groups: 0,
       best_of_n_same_as_outcome: 0,
       best_of_n_duplicates: 0,
+      kept_as_given: 0,
     },
     stats: NO_COST,
   };
@@ -40,8 +41,13 @@ export function newTally(): Tally {
 
 export function tallyOne(t: Tally, p: JudgedPair<PairSide>): void {
   const c = t.counts;
-  c[`judged_${p.split}`]!++;
   c[p.source] = (c[p.source] ?? 0) + 1;
+  // An imported pair kept as the data gives it was not judged.
+  if (p.judge === 'imported') {
+    c.kept_as_given!++;
+    return;
+  }
+  c[`judged_${p.split}`]!++;
   c[
     p.verdict.winner === 'a'
       ? 'chosen_wins'

@@ -312,7 +312,10 @@ function stageReport({ judges, endpoint, counts, stats }: JudgeReport): StageRep
     },
     summary:
       `${counts.judged_train} train / ${counts.judged_test} test comparisons judged by ${judges.join(', ')}: ` +
-      `${counts.chosen_wins} confirmed, ${counts.rejected_wins} reversed, ${counts.ties} ties, ${counts.abstained} abstained (${counts.flipped} order flips)${requests}`,
+      `${counts.chosen_wins} confirmed, ${counts.rejected_wins} reversed, ${counts.ties} ties, ${counts.abstained} abstained (${counts.flipped} order flips)${requests}` +
+      (counts.kept_as_given
+        ? `; ${counts.kept_as_given} imported pairs kept as given, not judged (judge.imported: as_given)`
+        : ''),
   };
 }
 

@@ -130,6 +130,82 @@ describe('prefab command line', () => {
     expect(prefab(['--help']).code).toBe(0);
   });
 
+  it('says what went wrong where it is, as JSON when asked, and speaks up when a run exports no pair', () => {
+    const dir = tempDir();
+    const workdir = join(dir, 'workspace');
+    // A misspelt section is named at its own line.
+    writeFileSync(join(dir, 'typo.yaml'), 'ingest:\n  inputs: []\npairz:\n  outcome: {}\n');
+    const typo = prefab(['--workdir', workdir, '--config', join(dir, 'typo.yaml'), '--log-format', 'json', 'run']);
+    expect(typo.code).toBe(2);
+    // A scheduler reading stdout gets an object, and stderr is JSON lines too.
+    expect(JSON.parse(typo.stdout)).toMatchObject({
+      ok: false,
+      exit: 2,
+      error: expect.stringMatching(/typo\.yaml:3: unknown key pairz/),
+    });
+    expect(JSON.parse(typo.stderr.trim())).toMatchObject({ level: 'error', event: 'usage' });
+    // Imported pairs alone: no sessions at all is a run, and the pairs are said to be kept as given, not judged.
+    writeFileSync(
+      join(dir, 'only.yaml'),
+      `ingest:\n  inputs: []\nimport:\n  inputs: [${join(REPO, 'data', 'sample-pairs', 'hh-rlhf.jsonl')}]\n`,
+    );
+    const only = prefab([
+      '--workdir',
+      workdir,
+      '--config',
+      join(dir, 'only.yaml'),
+      '--log-format',
+      'text',
+      'run',
+      '--until',
+      'export',
+    ]);
+    expect(only.code, only.stderr).toBe(0);
+    expect(only.stdout).toMatch(/^judge .*: 0 confirmed.*; \d+ imported pairs kept as given, not judged/m);
+    expect(only.stdout).toMatch(/^export .*pairs [1-9]\d*\//m);
+    // No sessions and nothing imported: the run ends, and says that no pair came out and where to look.
+    writeFileSync(join(dir, 'none.yaml'), 'ingest:\n  inputs: []\n');
+    const none = prefab([
+      '--workdir',
+      join(dir, 'none'),
+      '--config',
+      join(dir, 'none.yaml'),
+      '--log-format',
+      'text',
+      'run',
+      '--until',
+      'export',
+    ]);
+    expect(none.code, none.stderr).toBe(0);
+    expect(none.stderr).toMatch(/no preference pair was exported for training/);
+  });
+
+  it('refuses a config other than the one the workspace was made with, until told to switch', () => {
+    const dir = tempDir();
+    const workdir = join(dir, 'workspace');
+    writeFileSync(
+      join(dir, 'mine.jsonl'),
+      JSON.stringify({ task_id: 't', reward: 1, messages: [{ role: 'user', content: 'hi' }] }) + '\n',
+    );
+    const mine = join(dir, 'mine.yaml');
+    writeFileSync(mine, 'ingest:\n  inputs: [mine.jsonl]\n');
+    expect(prefab(['--workdir', workdir, '--config', mine, 'run', '--until', 'ingest']).code).toBe(0);
+    // Forgetting --config would read the bundled sample into this workspace: refused, before any stage runs.
+    const forgot = prefab(['--workdir', workdir, 'run', '--until', 'ingest']);
+    expect(forgot.code).toBe(2);
+    expect(forgot.stderr).toContain(`was made with --config ${mine}`);
+    expect(forgot.stderr).toMatch(/--switch-config/);
+    const sessions = () => JSON.parse(readFileSync(join(workdir, 'ingest', 'manifest.json'), 'utf8')).counts.sessions;
+    expect(sessions()).toBe(1);
+    expect(prefab(['--workdir', workdir, '--config', mine, 'run', '--until', 'ingest']).code).toBe(0);
+    // status reads on, and says so.
+    expect(prefab(['--workdir', workdir, 'status']).stderr).toContain(`was made with --config ${mine}`);
+    const switched = prefab(['--workdir', workdir, '--switch-config', 'run', '--until', 'ingest']);
+    expect(switched.code, switched.stderr).toBe(0);
+    expect(sessions()).toBe(2001);
+    expect(prefab(['--workdir', workdir, 'run', '--until', 'ingest']).code).toBe(0);
+  });
+
   it('recovers from kill -9 in the middle of a run: nothing half-written is taken as fresh', async () => {
     const dir = tempDir();
     await writeSyntheticSessions(join(dir, 'big.jsonl'), 20_000, 7);

@@ -179,7 +179,8 @@ describe('sft.model.from: a pretrained folder, with LoRA', () => {
       missing,
       readFileSync(join(dir, 'config.yaml'), 'utf8').replace('from: ./pretrained', 'from: ./nowhere'),
     );
-    const m = prefab(['--workdir', workdir, '--config', missing, 'run']);
+    // The same workspace under a changed config file: it says so (--switch-config), and the stage names the folder.
+    const m = prefab(['--workdir', workdir, '--config', missing, '--switch-config', 'run']);
     expect(m.code).toBe(1);
     expect(m.stderr).toMatch(/nowhere is not a model folder: it has no config\.json/);
   });
