@@ -18,6 +18,7 @@ import { addBackendOption } from '../train/backend.ts';
 import { addModelCommands } from '../train/model-commands.ts';
 import { addRefreshCommand, addRegistryCommands, addServeCommand } from '../loop/commands.ts';
 import { tokenizer } from './tokenizer/index.ts';
+import { addPreviewCommands } from './preview.ts';
 
 export const STAGES: Stage[] = [
   ingest,
@@ -42,5 +43,6 @@ export const COMMANDS: CommandFactory[] = [
   addRegistryCommands,
   addServeCommand,
   addRefreshCommand,
+  addPreviewCommands,
   addBackendOption,
 ];

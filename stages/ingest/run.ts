@@ -31,7 +31,7 @@ export async function run({
   const toolsPath = cfg.tools === null ? null : resolve(configDir, cfg.tools);
   const toolsFile = given.find((f) => f.path === toolsPath) ?? null;
   const external = given.filter((f) => f !== toolsFile);
-  const tools = toolsFile ? await readTools(toolsFile) : null;
+  const tools = toolsFile ? await readTools(toolsFile.path, toolsFile.name) : null;
   // The index format is part of it: an index written by an older ingest is not reused.
   const readingHash = hashJson({
     tools: toolsFile?.xxh64 ?? null,
@@ -94,11 +94,7 @@ export async function run({
     if (seen !== file.name)
       log.info('skipped a file with the same content as one already ingested', { file: file.name, same_as: seen });
   }
-  const reading: ReadingOptions = {
-    format: cfg.format,
-    mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward, tools },
-    maxRecordBytes: cfg.max_record_bytes,
-  };
+  const reading = readingOptionsOf(cfg, tools);
   let added = 0;
   let quarantined = 0;
   let duplicates = 0;
@@ -192,20 +188,34 @@ async function linkSegment(previous: string, out: string, segment: string): Prom
  * `sha256:<hex>`, which no file's XXH64 matches (its segment is kept, as every segment whose file is gone).
  * Only such an index has the input files read for their SHA-256, once.
  */
+/** How records are read and mapped under `cfg`, with ingest.tools's list (readTools). */
+function readingOptionsOf(cfg: Config, tools: unknown[] | null): ReadingOptions {
+  return {
+    format: cfg.format,
+    mapping: { fields: cfg.mapping, message: cfg.message, outOfRangeReward: cfg.out_of_range_reward, tools },
+    maxRecordBytes: cfg.max_record_bytes,
+  };
+}
+
+/** How records are read under `cfg` (a config in `configDir`), its tools file read: what `prefab preview inputs` maps with. */
+export async function readingOptions(cfg: Config, configDir: string): Promise<ReadingOptions> {
+  return readingOptionsOf(cfg, cfg.tools === null ? null : await readTools(resolve(configDir, cfg.tools), cfg.tools));
+}
+
 /** ingest.tools's file: an OpenAI `tools` list, each a function with a name; an error names the file and the tool. */
-async function readTools(file: ExternalFile): Promise<unknown[]> {
+async function readTools(path: string, name: string): Promise<unknown[]> {
   let tools: unknown;
   try {
-    tools = JSON.parse(await readFile(file.path, 'utf8'));
+    tools = JSON.parse(await readFile(path, 'utf8'));
   } catch (error) {
-    throw new PipelineError(`${file.name} (ingest.tools): not JSON (${(error as Error).message})`);
+    throw new PipelineError(`${name} (ingest.tools): not JSON (${(error as Error).message})`);
   }
   const bad = Array.isArray(tools)
     ? tools.findIndex((t) => typeof (t as { function?: { name?: unknown } })?.function?.name !== 'string')
     : -1;
   if (!Array.isArray(tools) || bad >= 0)
     throw new PipelineError(
-      `${file.name} (ingest.tools): expected an OpenAI tools list, [{"type": "function", "function": {"name": ..., "parameters": {...}}}, ...]${bad >= 0 ? `; tool ${bad + 1} has no function.name` : ''}`,
+      `${name} (ingest.tools): expected an OpenAI tools list, [{"type": "function", "function": {"name": ..., "parameters": {...}}}, ...]${bad >= 0 ? `; tool ${bad + 1} has no function.name` : ''}`,
     );
   return tools;
 }

@@ -246,7 +246,7 @@ export function readBatch(batch: Batch, fileName: string, o: ReadingOptions, she
  * Reads one record: parsed (when the reader left it as text), checked, mapped, and the session made into
  * its line. Which ids are duplicates is decided afterwards, in order, on the main thread.
  */
-function readOne(given: RawRecord, fileName: string, o: ReadingOptions): RecordOutcome {
+export function readOne(given: RawRecord, fileName: string, o: ReadingOptions): RecordOutcome {
   const record = given.value === undefined && given.error === undefined ? parseRecord(given.where, given.raw) : given;
   // Bytes that are not UTF-8 are read as U+FFFD: counted, and the record kept.
   const notUtf8 = record.raw.includes('\uFFFD');
