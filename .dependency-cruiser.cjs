@@ -37,9 +37,9 @@ module.exports = {
       name: 'pairing-is-a-library',
       severity: 'error',
       comment:
-        'Pair builders (outcome, hard negatives, the rewriter, a bucket made into pairs): the pairs stage wires them, as stages wire judges/. They read the store and may ask a judge or the simulator, never a stage, the trainer or the loop.',
+        "Pair builders (outcome, hard negatives, the rewriter, a bucket made into pairs): the pairs stage wires them, as stages wire judges/. They read the store and may ask a judge; they know no simulator (a session's tools come with it), stage, trainer or loop.",
       from: { path: '^pairing/' },
-      to: { path: '^(stages|train|loop|bin)/' },
+      to: { path: '^(stages|env|train|rl|loop|bin)/' },
     },
     {
       name: 'only-the-stages-use-pairing',

@@ -5,7 +5,6 @@ import { FIELDS, FIELD_WORDS, SENSITIVE, departmentType, type Field, type Task, 
 import { seeded } from '../core/random.ts';
 
 export const TOOL_NAMES = ['search_directory', 'auth_info_form', 'call', 'finish'] as const;
-export type ToolName = (typeof TOOL_NAMES)[number];
 
 /** The tools in OpenAI's function-calling format, for prompts and for serving. */
 export const TOOLS = [

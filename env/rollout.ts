@@ -1,6 +1,6 @@
 // One episode: a policy acts in the environment until it finishes; the result is a logged Session.
 import type { Message, Policy, Session } from '../core/records.ts';
-import { SYSTEM_PROMPT, episodeReward, isSuccess, reset, step, type EnvState } from './env.ts';
+import { SYSTEM_PROMPT, TOOLS, episodeReward, isSuccess, reset, step, type EnvState } from './env.ts';
 import type { Task, World } from './world.ts';
 
 export interface Episode {
@@ -78,6 +78,8 @@ export function episodeSession(world: World, task: Task, policy: Policy, episode
       success: episode.success,
       turns: episode.turns,
       trial: info.trial,
+      // The agent's tools, as an OpenAI chat request carries them and logs keep them.
+      tools: TOOLS,
     }),
   };
 }

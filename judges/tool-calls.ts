@@ -1,5 +1,4 @@
 // Whether an assistant's tool calls are well formed: shared by the verifier (decisive) and the rules judge.
-import { TOOLS } from '../env/env.ts';
 import type { Message, ToolCall } from '../core/records.ts';
 import { metadataOf, type Comparison } from '../core/verdict.ts';
 
@@ -23,14 +22,13 @@ function schemasOf(tools: readonly OpenAiTool[]): ToolSchema[] {
     }));
 }
 
-const SIMULATOR_TOOLS = schemasOf(TOOLS as unknown as OpenAiTool[]);
-
-/** The tools the agent had: a `tools` list in the metadata (OpenAI format), the simulator's, or null when unknown. */
+/**
+ * The tools the agent had: the OpenAI `tools` list its session's record carried (kept in the metadata; the
+ * simulator's sessions carry theirs, as logs of chat requests do), or null when unknown.
+ */
 export function knownTools(c: Comparison): ToolSchema[] | null {
   const m = metadataOf(c);
-  if (Array.isArray(m.tools)) return schemasOf(m.tools as OpenAiTool[]);
-  if (m.world !== undefined) return SIMULATOR_TOOLS;
-  return null;
+  return Array.isArray(m.tools) ? schemasOf(m.tools as OpenAiTool[]) : null;
 }
 
 /** What is wrong with one call: arguments that are not a JSON object, an unknown tool, a missing required argument. */

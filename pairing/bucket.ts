@@ -10,6 +10,7 @@ import { mustDeclineTest } from '../judges/rules.ts';
 import { isRefusal } from '../core/refusal.ts';
 import { storedSessions, type StoredMessages, type StoredSession, type StoredTaskGroups } from '../store/messages.ts';
 import { buildHardNegatives } from './hard-negatives.ts';
+import type { NegativeTemplates } from './templates.ts';
 import { rank, rankedOutcomePairs, type Candidate, type Ranked } from './outcome.ts';
 import type { RewriteJob, RewriteOutcome, Rewriter } from './rewriter.ts';
 
@@ -25,6 +26,8 @@ export interface BucketOptions {
   rewriter: Rewriter | null;
   /** Whether the session's request is one the agent must decline. */
   mustDecline: (s: StoredSession) => boolean;
+  /** What the hard negatives' transforms write. */
+  templates: NegativeTemplates;
 }
 
 /** The pairs config's sections a bucket is paired by. */
@@ -32,6 +35,8 @@ export interface PairingConfig {
   outcome: BucketOptions['outcome'];
   hard_negatives: BucketOptions['hardNegatives'];
   must_decline: string[];
+  /** The templates file read (readTemplates), which worker threads are handed with the rest. */
+  templates: NegativeTemplates;
 }
 
 export function bucketOptions(cfg: PairingConfig, rewriter: Rewriter | null): BucketOptions {
@@ -45,6 +50,7 @@ export function bucketOptions(cfg: PairingConfig, rewriter: Rewriter | null): Bu
     outcome: cfg.outcome,
     hardNegatives: cfg.hard_negatives,
     rewriter,
+    templates: cfg.templates,
     mustDecline: (s: StoredSession) =>
       (patterns || s.metadataMayHold('must_decline')) && mustDecline({ metadata: s.metadata, prompt: users(s) }),
   };
@@ -222,6 +228,7 @@ function writeHardNegatives(w: BucketWork, s: StoredSession): number {
     ratios: declining ? { refusal: h.ratios.refusal } : h.ratios,
     salt: h.salt,
     mustDecline: () => declining,
+    templates: o.templates,
   });
   for (const pair of built.pairs) {
     writePair(w.out.pairs, pair, s);

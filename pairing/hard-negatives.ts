@@ -3,12 +3,13 @@
 // everything before the turn, each side is that one turn, so the sides differ only in what the type changes
 // (no length or trajectory confound). The rules judge detects each type, so the transforms keep to the
 // properties it checks: refusals match REFUSAL_PATTERN, format breakages fail a parse or schema check,
-// padding adds no digits, and so on.
+// padding adds no digits, and so on. What they write comes from templates (templates.ts: prefab's fit any
+// agent; a config can give its own), and which tools a call may name from the session's own tools.
 import { sha256Bytes, uint32LE } from '../pipeline/hash.ts';
-import { TOOLS, TOOL_NAMES, type ToolName } from '../env/env.ts';
 import { int, pick, sample, sfc32, type Random } from '../core/random.ts';
 import { NEGATIVE_TYPES, pairId, type Message, type NegativeType, type Pair, type ToolCall } from '../core/records.ts';
 import { StoredMessages, type StoredSession } from '../store/messages.ts';
+import type { NegativeTemplates } from './templates.ts';
 
 export interface HardNegativeOptions {
   /** Per type, the share of eligible chosen sessions that get a negative of that type (0..1). */
@@ -17,6 +18,15 @@ export interface HardNegativeOptions {
   salt: string;
   /** True when the session's request is one the agent must decline: then the refusal is the CHOSEN side. */
   mustDecline(session: StoredSession): boolean;
+  /** What the transforms write (refusals, off-topic remarks, padding, terse lines). */
+  templates: NegativeTemplates;
+}
+
+/** What a transform knows beside the session's messages: the texts it writes, and the session's tools. */
+interface Context {
+  templates: NegativeTemplates;
+  /** The tools the session's agent had (its record's `tools`), by name, with their required arguments; null when unknown. */
+  tools: Map<string, string[]> | null;
 }
 
 export interface SkippedNegative {
@@ -24,55 +34,6 @@ export interface SkippedNegative {
   type: NegativeType;
   reason: string;
 }
-
-const REFUSALS = [
-  "I'm sorry, but I can't make phone calls on your behalf.",
-  'I cannot help with contacting companies for you.',
-  "I'm sorry, but I'm unable to call that company for you. Please contact them directly.",
-  "As an AI, I can't place calls or pass your personal details to anyone.",
-  "I can't assist with account requests like this one; please reach out to the company yourself.",
-  'Contacting customer service on your behalf is not something I can help with.',
-  "I am unable to do that: I don't have access to phone lines or to your accounts.",
-  "Sorry, I can't help with this request. You'll need to call them yourself.",
-];
-
-// No word of four or more letters in common with the customer-service domain, nor with the sample sessions.
-const OFF_TOPIC = [
-  'A proper risotto wants patience: toast the rice in butter, add warm stock a ladle at a time, and stir until creamy.',
-  'Tomorrow looks sunny early on, though clouds should roll in after lunch, bringing a light breeze off the coast.',
-  'Marathon times keep falling because runners now train alongside pacers and wear lighter carbon-plated shoes.',
-  'Octopuses possess three hearts and copper-based blood, and all eight tentacles can taste whatever they touch.',
-  'To keep basil fresh, trim the stems and stand them in a glass jar on the kitchen counter.',
-  'Chess openings such as the Sicilian Defence favour players who memorise long sequences of moves.',
-  'Honey never spoils: archaeologists found edible jars of it in ancient Egyptian tombs.',
-  'Sourdough bread rises slowly because wild yeast ferments the dough gently over many hours.',
-  'In football, a hat trick means one player scoring three goals in a single match.',
-  'Autumn leaves turn red and gold as trees cease making chlorophyll as winter approaches.',
-];
-
-// Padding says nothing new: pleasantries, restatements, hedges. No digits, so no new facts slip in.
-const VERBOSE_OPENERS = [
-  'Thank you so much for your patience while I worked through all of this.',
-  'Great question, and I am glad to walk you through where things stand.',
-  'Certainly! I would be delighted to give you a complete overview.',
-  'Of course, let me take a moment to summarise everything for you.',
-];
-const VERBOSE_FILLERS = [
-  'As I mentioned above, that is the full picture of where things stand.',
-  'I hope this helps!',
-  'Please do not hesitate to let me know if there is anything else at all that I can do for you.',
-  'To restate the key point once more, the summary above is complete and accurate as written.',
-  'Of course, it is always possible that I have overlooked something, so do double-check if anything seems off.',
-  'I want to make sure everything is perfectly clear, which is why I am going over it again.',
-  'Generally speaking, situations like this can vary, and it is worth keeping that in mind.',
-  'It has been a real pleasure working on this with you today.',
-  'In other words, what I wrote above still stands exactly as stated.',
-  'Just to be thorough, I am repeating the essentials so that nothing gets lost.',
-  'I truly appreciate the opportunity to assist you with this.',
-  'Have a wonderful rest of your day!',
-];
-
-const TERSE = ['Done.', 'All set.', 'Finished.', "That's taken care of.", 'Handled.', 'Sorted.'];
 
 /** The least text a closing turn has to be padded (verbose) or cut short (under_explained); the rewriter uses them too. */
 export const VERBOSE_MIN_TEXT = 20;
@@ -95,6 +56,7 @@ export function buildHardNegatives(
   const pairs: Pair<StoredMessages>[] = [];
   const skipped: SkippedNegative[] = [];
   let draws: HardNegativeDraws | null = null;
+  let context: Context | null = null;
   for (let t = 0; t < NEGATIVE_TYPES.length; t++) {
     const type = NEGATIVE_TYPES[t]!;
     const ratio = options.ratios[type] ?? 0;
@@ -102,7 +64,8 @@ export function buildHardNegatives(
     draws ??= new HardNegativeDraws(session.session_id, options.salt);
     if (draws.number(t) >= ratio) continue;
     const rand = draws.random(t);
-    const rewrite = TRANSFORMS[type](session.messages, rand);
+    context ??= { templates: options.templates, tools: toolsOf(session) };
+    const rewrite = TRANSFORMS[type](session.messages, rand, context);
     if ('skip' in rewrite) {
       skipped.push({ session_id: session.session_id, type, reason: rewrite.skip });
       continue;
@@ -147,7 +110,20 @@ class HardNegativeDraws {
   }
 }
 
-const TRANSFORMS: Record<NegativeType, (messages: StoredMessages, rand: Random) => Rewrite> = {
+/** The session's tools by name, with their required arguments, from the OpenAI tools list its record carried. */
+function toolsOf(session: StoredSession): Map<string, string[]> | null {
+  const json = session.toolsJson;
+  if (json === null) return null;
+  const tools = new Map<string, string[]>();
+  for (const tool of JSON.parse(json) as { function?: { name?: unknown; parameters?: { required?: unknown } } }[]) {
+    const name = tool.function?.name;
+    const required = tool.function?.parameters?.required;
+    if (typeof name === 'string') tools.set(name, Array.isArray(required) ? required.map(String) : []);
+  }
+  return tools;
+}
+
+const TRANSFORMS: Record<NegativeType, (messages: StoredMessages, rand: Random, context: Context) => Rewrite> = {
   refusal: unwarrantedRefusal,
   hallucination: hallucinatedValue,
   off_topic: offTopic,
@@ -156,35 +132,48 @@ const TRANSFORMS: Record<NegativeType, (messages: StoredMessages, rand: Random) 
   under_explained: underExplained,
 };
 
-function unwarrantedRefusal(messages: StoredMessages, rand: Random): Rewrite {
+function unwarrantedRefusal(messages: StoredMessages, rand: Random, { templates }: Context): Rewrite {
   const at = messages.indicesOf('assistant')[0];
   if (at === undefined) return { skip: 'no assistant turn' };
-  return { at, message: textReply(messages.at(at), pick(rand, REFUSALS)) };
+  return { at, message: textReply(messages.at(at), pick(rand, templates.refusal)) };
 }
 
-function offTopic(messages: StoredMessages, rand: Random): Rewrite {
+/** Whether the session's messages hold `word` (ASCII letters), as written or capitalised. */
+const mentions = (messages: StoredMessages, word: string) =>
+  messages.jsonIncludes(word) || messages.jsonIncludes(word[0]!.toUpperCase() + word.slice(1));
+
+function offTopic(messages: StoredMessages, rand: Random, { templates }: Context): Rewrite {
   const turns = messages.indicesOf('assistant');
   if (turns.length === 0) return { skip: 'no assistant turn' };
   const at = pick(rand, turns);
-  return { at, message: textReply(messages.at(at), pick(rand, OFF_TOPIC)) };
+  // Off the topic of this session, whatever it is about: a remark that shares a word of four or more letters
+  // with it is passed over for another.
+  const remarks = [...templates.off_topic];
+  while (remarks.length > 0) {
+    const remark = pick(rand, remarks);
+    const words = remark.toLowerCase().match(/[a-z]{4,}/g) ?? [];
+    if (!words.some((w) => mentions(messages, w))) return { at, message: textReply(messages.at(at), remark) };
+    remarks.splice(remarks.indexOf(remark), 1);
+  }
+  return { skip: 'every off-topic template shares a word with the conversation' };
 }
 
-function padded(messages: StoredMessages, rand: Random): Rewrite {
+function padded(messages: StoredMessages, rand: Random, { templates }: Context): Rewrite {
   const at = lastTextTurn(messages, VERBOSE_MIN_TEXT);
   if (at < 0) return { skip: `no assistant turn with ${VERBOSE_MIN_TEXT} or more characters of text` };
   const original = messages.at(at).content!;
   const target = Math.max(Math.ceil(2.5 * original.length), original.length + 200);
-  const fillers = sample(rand, VERBOSE_FILLERS, VERBOSE_FILLERS.length);
-  const parts = [pick(rand, VERBOSE_OPENERS), original];
+  const fillers = sample(rand, templates.verbose_fillers, templates.verbose_fillers.length);
+  const parts = [pick(rand, templates.verbose_openers), original];
   // A very long original cycles through the fillers again: repeating itself is what verbosity looks like.
   for (let i = 0; parts.join(' ').length < target; i++) parts.push(fillers[i % fillers.length]!);
   return { at, message: { ...messages.at(at), content: parts.join(' ') } };
 }
 
-function underExplained(messages: StoredMessages, rand: Random): Rewrite {
+function underExplained(messages: StoredMessages, rand: Random, { templates }: Context): Rewrite {
   const at = lastTextTurn(messages, UNDER_EXPLAINED_MIN_TEXT);
   if (at < 0) return { skip: `no assistant turn with ${UNDER_EXPLAINED_MIN_TEXT} or more characters of text` };
-  return { at, message: { ...messages.at(at), content: pick(rand, TERSE) } };
+  return { at, message: { ...messages.at(at), content: pick(rand, templates.terse) } };
 }
 
 // ---- hallucination: one identifier in one tool call's arguments, redrawn with the same shape -------------
@@ -372,16 +361,18 @@ function replaceString(value: unknown, path: (string | number)[], change: (value
 
 // ---- format: one tool call broken in one of four ways ----------------------------------------------------
 
-const MISSPELLED: Record<ToolName, string> = {
-  search_directory: 'search-directory',
-  auth_info_form: 'authInfoForm',
-  call: 'cal',
-  finish: 'finsh',
-};
+/**
+ * A name close to `name` that none of the session's tools has: its separators changed, or its last letter
+ * left out (search_directory → search-directory, call → cal).
+ */
+function misspelt(name: string, tools: Map<string, string[]>): string {
+  const tries = [name.replace(/_/g, '-'), name.replace(/-/g, '_'), name.slice(0, -1), `${name}s`];
+  return tries.find((t) => t !== name && t.length > 0 && !tools.has(t))!;
+}
 
 interface Breakage {
-  applies(call: ToolCall): boolean;
-  apply(message: Message, index: number, rand: Random): Message;
+  applies(call: ToolCall, tools: Map<string, string[]> | null): boolean;
+  apply(message: Message, index: number, rand: Random, tools: Map<string, string[]> | null): Message;
 }
 
 const BREAKAGES: Breakage[] = [
@@ -395,21 +386,21 @@ const BREAKAGES: Breakage[] = [
       }),
   },
   {
-    // A function name the environment does not know.
-    applies: (call) => isToolName(call.function.name),
-    apply: (message, index) =>
+    // A function name none of the session's tools has (so only where its tools are known, as the judge needs).
+    applies: (call, tools) => tools !== null && tools.has(call.function.name),
+    apply: (message, index, _rand, tools) =>
       withToolCall(message, index, (call) => ({
         ...call,
-        function: { ...call.function, name: MISSPELLED[call.function.name as ToolName] },
+        function: { ...call.function, name: misspelt(call.function.name, tools!) },
       })),
   },
   {
     // A required argument left out.
-    applies: (call) => presentRequired(call).length > 0,
-    apply: (message, index, rand) =>
+    applies: (call, tools) => presentRequired(call, tools).length > 0,
+    apply: (message, index, rand, tools) =>
       withToolCall(message, index, (call) => {
         const args = parseArguments(call.function.arguments) as Record<string, unknown>;
-        delete args[pick(rand, presentRequired(call))];
+        delete args[pick(rand, presentRequired(call, tools))];
         return { ...call, function: { ...call.function, arguments: JSON.stringify(args) } };
       }),
   },
@@ -435,7 +426,7 @@ const BREAKAGES: Breakage[] = [
   },
 ];
 
-function formatViolation(messages: StoredMessages, rand: Random): Rewrite {
+function formatViolation(messages: StoredMessages, rand: Random, { tools }: Context): Rewrite {
   const turns = messages.indicesOf('assistant').filter((i) => messages.hasToolCalls(i));
   if (turns.length === 0) return { skip: 'no assistant turn with tool calls' };
   const at = pick(rand, turns);
@@ -443,18 +434,16 @@ function formatViolation(messages: StoredMessages, rand: Random): Rewrite {
   const index = int(rand, 0, message.tool_calls!.length - 1);
   const breakage = pick(
     rand,
-    BREAKAGES.filter((b) => b.applies(message.tool_calls![index]!)),
+    BREAKAGES.filter((b) => b.applies(message.tool_calls![index]!, tools)),
   );
-  return { at, message: breakage.apply(message, index, rand) };
+  return { at, message: breakage.apply(message, index, rand, tools) };
 }
 
-/** The required arguments of the call's tool (per TOOLS) that the call actually gives. */
-function presentRequired(call: ToolCall): string[] {
+/** The required arguments of the call's tool (by the session's tools) that the call actually gives. */
+function presentRequired(call: ToolCall, tools: Map<string, string[]> | null): string[] {
   const args = parseArguments(call.function.arguments);
-  const tool = TOOLS.find((t) => t.function.name === call.function.name);
-  if (!isObject(args) || !tool) return [];
-  const parameters = tool.function.parameters;
-  const required: readonly string[] = 'required' in parameters ? parameters.required : [];
+  const required = tools?.get(call.function.name);
+  if (!isObject(args) || !required) return [];
   return required.filter((key) => key in args);
 }
 
@@ -528,10 +517,6 @@ function parseArguments(raw: string): unknown {
 
 function isObject(value: unknown): value is Record<string, unknown> {
   return value !== null && typeof value === 'object' && !Array.isArray(value);
-}
-
-function isToolName(name: string): name is ToolName {
-  return (TOOL_NAMES as readonly string[]).includes(name);
 }
 
 const isDigit = (c: string) => c >= '0' && c <= '9';

@@ -3,6 +3,7 @@
 // Hard negatives come from deterministic transforms and, when configured, from an LLM rewriter.
 // Best-of-N pairs need the judges to pick the best, so the judge stage builds them.
 import { existsSync } from 'node:fs';
+import { resolve } from 'node:path';
 import { z } from 'zod';
 import { endpointEnvironment } from '../../judges/endpoint.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
@@ -83,6 +84,13 @@ const config = z.strictObject({
         )
         .default(HARD_NEGATIVE_RATIOS)
         .describe('Per type, the share of those sessions that get a negative of that type.'),
+      templates: z
+        .string()
+        .nullable()
+        .default(null)
+        .describe(
+          "A YAML file (relative to this file) of the texts the transforms write: lists under refusal (each must read as a refusal), off_topic, verbose_openers, verbose_fillers and terse (no digits). null: prefab's, pairing/negatives.yaml, written to fit any agent. An off-topic remark that shares a word with the session is passed over.",
+        ),
       salt: z
         .string()
         .default('prefab')
@@ -132,17 +140,27 @@ export const pairs = defineStage({
   name: 'pairs',
   description:
     'build preference pairs: successes against failures of a task (outcome), and hard negatives of six types (by transforms; optionally by an LLM rewriter)',
-  version: 4,
+  version: 5,
   inputs: ['ingest', 'split'],
   outputs: ['train.jsonl', 'test.jsonl', 'dropped.jsonl', 'info.json'],
   config,
   environment: (cfg) => (rewriting(cfg) ? endpointEnvironment(REWRITER_ENDPOINT) : []),
 
+  // Files whose content the pairs depend on: the rewriter's prompt and the user's templates.
   async external(cfg, configDir) {
-    if (!rewriting(cfg)) return [];
-    const path = rewritePromptPath(cfg.hard_negatives.rewriter, configDir);
-    if (!existsSync(path)) throw new PipelineError(`pairs.hard_negatives.rewriter.prompt: no file ${path}`);
-    return [path];
+    const files: string[] = [];
+    if (rewriting(cfg)) {
+      const path = rewritePromptPath(cfg.hard_negatives.rewriter, configDir);
+      if (!existsSync(path)) throw new PipelineError(`pairs.hard_negatives.rewriter.prompt: no file ${path}`);
+      files.push(path);
+    }
+    const templates = cfg.hard_negatives.templates;
+    if (templates !== null) {
+      const path = resolve(configDir, templates);
+      if (!existsSync(path)) throw new PipelineError(`pairs.hard_negatives.templates: no file ${path}`);
+      files.push(path);
+    }
+    return files;
   },
 
   run: (ctx) => import('./run.ts').then((m) => m.run(ctx)),

@@ -1,6 +1,6 @@
 // The pairs stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
 import { mkdir, stat, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { join, resolve } from 'node:path';
 import { openEndpoint, requestCounts, type ChatEndpoint } from '../../judges/endpoint.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { BufferShelf } from '../../pipeline/buffers.ts';
@@ -13,6 +13,7 @@ import { sessionSegments } from '../../store/runs.ts';
 import { bucketOptions, pairCounts, type PairedBucket, type PairingConfig } from '../../pairing/bucket.ts';
 import { BucketPairer, PIECE_BYTES, type BucketJob, type PairedJob, type PieceOfTask } from '../../pairing/pairer.ts';
 import { Rewriter, activeTypes, loadRewritePrompt, rewritePromptPath } from '../../pairing/rewriter.ts';
+import { PREFAB_TEMPLATES, readTemplates } from '../../pairing/templates.ts';
 
 import type { Progress } from '../../pipeline/log.ts';
 import type { ShardPart, StageContext, StageReport } from '../../pipeline/stage.ts';
@@ -51,18 +52,18 @@ export async function run({
     endpoint = await openEndpoint(REWRITER_ENDPOINT, r.endpoint, r.redaction, join(cache, 'rewrites.jsonl'), log);
     rewriter = new Rewriter(endpoint, prompt, { temperature: r.temperature, maxTokens: r.max_tokens });
   }
-  const o = bucketOptions(cfg, rewriter);
+  const t = cfg.hard_negatives.templates;
+  const pairing: PairingConfig = {
+    ...cfg,
+    templates: readTemplates(t === null ? PREFAB_TEMPLATES : resolve(configDir, t)),
+  };
+  const o = bucketOptions(pairing, rewriter);
   const owned = Array.from({ length: info.buckets }, (_, b) => b).filter((b) => ownsBucket(shard, b));
   // On two cores, two threads pair buckets while the main thread only writes.
   const threads = rewriter ? 1 : workerCount(options.workers, owned.length >= MANY_BUCKETS);
   const pool =
     threads > 1
-      ? new WorkerPool<BucketJob, PairedJob>(
-          'pairs-worker',
-          new URL('./worker.ts', import.meta.url),
-          threads,
-          cfg satisfies PairingConfig,
-        )
+      ? new WorkerPool<BucketJob, PairedJob>('pairs-worker', new URL('./worker.ts', import.meta.url), threads, pairing)
       : null;
   // A bucket's pairs (up to about twice its sessions' bytes) go to disk while the next bucket is paired, rather
   // than first. Tasks are spread over the buckets by a hash, so a bucket holds about its share of the sessions;

@@ -8,6 +8,7 @@ import type { Comparison } from '../../core/verdict.ts';
 import { VerifierJudge } from '../../judges/verifier.ts';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { isRefusal } from '../../core/refusal.ts';
+import { PREFAB_TEMPLATES, readTemplates } from '../../pairing/templates.ts';
 import { buildHardNegatives } from '../../pairing/hard-negatives.ts';
 import { plainPair, stored } from '../fixtures/pipeline.ts';
 import { NEGATIVE_TYPES, type Pair, type Session, type SplitSession } from '../../core/records.ts';
@@ -52,6 +53,7 @@ async function judgeAll(
       ratios: ALL_TYPES,
       salt: 'test',
       mustDecline: () => mustDecline(session),
+      templates: readTemplates(PREFAB_TEMPLATES),
     }).pairs.map(plainPair)) {
       judged.push({ pair, result: await judge.judge(comparison(pair, session)) });
     }

@@ -2,9 +2,10 @@ import { describe, expect, it } from 'vitest';
 import { DEFAULT_WEIGHTS, RulesJudge, mustDeclineTest, violations, type Check } from '../../judges/rules.ts';
 import type { Comparison, Completion } from '../../core/verdict.ts';
 import type { Message } from '../../core/records.ts';
+import { TOOLS } from '../../env/env.ts';
 
-/** Metadata of a simulator session: the judge then knows the simulator's tools. */
-const SIMULATOR = JSON.stringify({ world: { seed: 1 } });
+/** Metadata of a simulator session, which carries its tools as logs of chat requests do: the judge knows them from it. */
+const SIMULATOR = JSON.stringify({ world: { seed: 1 }, tools: TOOLS });
 const PHONE = '1-800-242-2349';
 const REF = 'REF-204816';
 
@@ -77,9 +78,11 @@ describe('rules: each check', () => {
     expect(checks(bad, CLEAN_CALL)).toEqual({ bad: ['format'], twin: [] });
   });
 
-  it('does not know unknown tools or missing arguments without a tools list or a simulator world', () => {
-    const c = comparison(calling('phone', { phone_number: PHONE }), CLEAN_CALL, '{}');
-    expect(violations(c, c.a, c.b, false)).toEqual([]);
+  it('does not know unknown tools or missing arguments without a tools list, a simulator world or not', () => {
+    for (const metadata of ['{}', JSON.stringify({ world: { seed: 1 } })]) {
+      const c = comparison(calling('phone', { phone_number: PHONE }), CLEAN_CALL, metadata);
+      expect(violations(c, c.a, c.b, false)).toEqual([]);
+    }
   });
 
   it('flags a phone number that appears nowhere in the conversation, not the one the directory gave', () => {

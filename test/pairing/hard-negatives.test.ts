@@ -1,4 +1,7 @@
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { stringify } from 'yaml';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { readJsonl } from '../../pipeline/jsonl.ts';
 import { TOOLS, TOOL_NAMES } from '../../env/env.ts';
@@ -6,6 +9,7 @@ import { REFUSAL_PATTERN, isRefusal } from '../../core/refusal.ts';
 import { buildHardNegatives as buildStored, type HardNegativeOptions } from '../../pairing/hard-negatives.ts';
 import { plainPair, stored } from '../fixtures/pipeline.ts';
 import { AIRLINE_TOOLS, airlineTrials } from '../fixtures/public-shaped.ts';
+import { PREFAB_TEMPLATES, readTemplates } from '../../pairing/templates.ts';
 import {
   NEGATIVE_TYPES,
   pairId,
@@ -37,6 +41,8 @@ function buildHardNegatives(
   return { pairs: built.pairs.map(plainPair), skipped: built.skipped };
 }
 
+const TEMPLATES = readTemplates(PREFAB_TEMPLATES);
+
 const ALL: Partial<Record<NegativeType, number>> = Object.fromEntries(NEGATIVE_TYPES.map((t) => [t, 1]));
 
 function options(
@@ -44,7 +50,7 @@ function options(
   salt = 'test',
   mustDecline = () => false,
 ): HardNegativeOptions {
-  return { ratios, salt, mustDecline };
+  return { ratios, salt, mustDecline, templates: TEMPLATES };
 }
 
 /** The pairs of one type over the first `n` successful sessions, each with its session. */
@@ -90,6 +96,107 @@ function leafDifferences(a: unknown, b: unknown, path = ''): { path: string; a: 
   }
   return a === b ? [] : [{ path, a, b }];
 }
+
+describe("hard negatives fit the session's own world", () => {
+  const writeTemplates = (text: string) => {
+    const path = join(mkdtempSync(join(tmpdir(), 'templates-')), 'negatives.yaml');
+    writeFileSync(path, text);
+    return path;
+  };
+  const own = (o: { refusal?: string[]; off_topic?: string[] } = {}) =>
+    readTemplates(
+      writeTemplates(
+        stringify({
+          refusal: o.refusal ?? ["I'm sorry, but I can't book that table for you."],
+          off_topic: o.off_topic ?? ['Tides follow the moon.'],
+          verbose_openers: ['Happy to help!'],
+          verbose_fillers: ['That is all there is to it.'],
+          terse: ['Booked.'],
+        }),
+      ),
+    );
+
+  it('write what a templates file a config gives says, and nothing of the simulator', () => {
+    const templates = own();
+    for (const s of successes.slice(0, 30)) {
+      const built = buildStored(stored(s), { ...options({ refusal: 1, under_explained: 1 }), templates });
+      for (const pair of built.pairs.map(plainPair)) {
+        const text = pair.rejected[0]!.content;
+        expect(["I'm sorry, but I can't book that table for you.", 'Booked.']).toContain(text);
+      }
+    }
+    // prefab's own speak of no task, tool or domain.
+    for (const text of [...TEMPLATES.refusal, ...TEMPLATES.terse])
+      expect(text).not.toMatch(/phone|call|compan|account|department/i);
+  });
+
+  it('refuse a templates file whose refusal would not read as one, or whose padding adds a digit, naming both', () => {
+    expect(() => own({ refusal: ['Let me check that for you.'] })).toThrow(
+      /negatives\.yaml \(pairs\.hard_negatives\.templates\): the refusal "Let me check that for you\." does not read as a refusal/,
+    );
+    const digits = writeTemplates(
+      'refusal: ["I can\'t help with that."]\noff_topic: [x]\nverbose_openers: [Hi]\nverbose_fillers: ["Call 555."]\nterse: [Done.]\n',
+    );
+    expect(() => readTemplates(digits)).toThrow(/"Call 555\." holds a digit/);
+    expect(() => readTemplates(writeTemplates('refusal: []\n'))).toThrow(/refusal: /);
+  });
+
+  it('pass over an off-topic remark that shares a word with the session, and say so when all do', () => {
+    const templates = own({ off_topic: ['A proper risotto wants patience.', 'Honey never spoils in sealed jars.'] });
+    const cooking = (id: string, words: string) =>
+      session(id, [
+        { role: 'system', content: 'You are a cooking assistant.' },
+        { role: 'user', content: `How long should my ${words} rest?` },
+        { role: 'assistant', content: 'About ten minutes, covered.' },
+      ]);
+    for (const salt of ['a', 'b', 'c', 'd', 'e', 'f', 'g', 'h']) {
+      const [pair] = buildStored(stored(cooking('r', 'Risotto')), {
+        ...options({ off_topic: 1 }, salt),
+        templates,
+      }).pairs;
+      expect(plainPair(pair!).rejected[0]!.content).toBe('Honey never spoils in sealed jars.');
+    }
+    const both = buildStored(stored(cooking('rh', 'risotto with honey')), { ...options({ off_topic: 1 }), templates });
+    expect(both.pairs).toEqual([]);
+    expect(both.skipped[0]!.reason).toMatch(/every off-topic template shares a word/);
+  });
+
+  it("misspell a tool, or leave out its required argument, only where the session's tools are known", () => {
+    const names = new Set(AIRLINE_TOOLS.map((t) => t.function.name));
+    const kinds = new Set<string>();
+    for (const r of airlineTrials(8).filter((r) => r.reward === 1)) {
+      const messages = r.traj as Message[];
+      for (const salt of ['a', 'b', 'c', 'd', 'e', 'f']) {
+        const withTools = session('t', messages, JSON.stringify({ tools: AIRLINE_TOOLS }));
+        for (const pair of buildHardNegatives(withTools, options({ format: 1 }, salt)).pairs) {
+          const [before, after] = [pair.chosen[0]!.tool_calls ?? [], pair.rejected[0]!.tool_calls ?? []];
+          const renamed = after.find((c, i) => c.function.name !== before[i]?.function.name);
+          if (renamed) {
+            kinds.add('misspelled');
+            expect(names.has(renamed.function.name)).toBe(false);
+          }
+        }
+        // Without them, no name or argument is known to be wrong.
+        for (const pair of buildHardNegatives(session('n', messages), options({ format: 1 }, salt)).pairs) {
+          const after = pair.rejected[0]!.tool_calls ?? [];
+          const before = pair.chosen[0]!.tool_calls!;
+          for (const [i, c] of after.entries()) {
+            expect(c.function.name).toBe(before[i]!.function.name);
+            const parsed = (() => {
+              try {
+                return JSON.parse(c.function.arguments) as object;
+              } catch {
+                return null;
+              }
+            })();
+            if (parsed) expect(Object.keys(parsed)).toEqual(Object.keys(JSON.parse(before[i]!.function.arguments)));
+          }
+        }
+      }
+    }
+    expect(kinds).toEqual(new Set(['misspelled']));
+  });
+});
 
 describe('hard negatives differ from the chosen turn only in what their type says', () => {
   // Logs of another agent, whose tool-call arguments are spaced as Python writes JSON, beside the sample's.

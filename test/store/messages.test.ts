@@ -10,6 +10,7 @@ import { LineBuffer, readJsonl } from '../../pipeline/jsonl.ts';
 import { StoredMessages, readStoredSession, type PairSide } from '../../store/messages.ts';
 import { PAIR_FIELDS, bucketOptions } from '../../pairing/bucket.ts';
 import type { CandidatePair, Message, Session, SplitSession } from '../../core/records.ts';
+import { PREFAB_TEMPLATES, readTemplates } from '../../pairing/templates.ts';
 import { engineFor, jsonl, splitLines, tempDir, wholePairs } from '../fixtures/pipeline.ts';
 
 const SAMPLE = join(import.meta.dirname, '../../data/sample/sessions.jsonl.gz');
@@ -246,6 +247,7 @@ describe('pairs written from their sessions as stored', () => {
     const cfg = {
       outcome: { enabled: true, success_min: 1, failure_max: 0, max_pairs_per_task: null },
       hard_negatives: { enabled: true, from_min_reward: 1, ratios: {}, salt: 'x', rewriter: { ratios: {} } },
+      templates: readTemplates(PREFAB_TEMPLATES),
     };
     const plain = bucketOptions({ ...cfg, must_decline: [] }, null).mustDecline;
     const escaped = session('{"\\u006dust_decline":true}');
