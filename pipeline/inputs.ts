@@ -1,10 +1,20 @@
 // The input files the config names: files, folders (read recursively for the readable extensions) and
 // globs, relative to the config file; each is an external input of the stage, hashed into its fingerprint.
-import { existsSync, statSync } from 'node:fs';
+import { existsSync, statSync, type Stats } from 'node:fs';
 import { resolve } from 'node:path';
 import { UsageError } from './errors.ts';
 
 const INPUT_EXTENSIONS = /\.(jsonl|ndjson|json|parquet)(\.gz)?$/i;
+
+/** What a file that is not a regular one is, in words; null for a regular file. */
+function specialKind(s: Stats): string | null {
+  if (s.isFile()) return null;
+  if (s.isFIFO()) return 'a FIFO (a named pipe)';
+  if (s.isCharacterDevice()) return 'a character device';
+  if (s.isBlockDevice()) return 'a block device';
+  if (s.isSocket()) return 'a socket';
+  return 'not a file';
+}
 
 /** The files `inputs` names, absolute and sorted; a name that matches nothing is a usage error naming `key`. */
 export async function resolveInputs(inputs: string[], configDir: string, key = 'ingest.inputs'): Promise<string[]> {
@@ -18,6 +28,11 @@ export async function resolveInputs(inputs: string[], configDir: string, key = '
     if (existsSync(path) && statSync(path).isDirectory()) {
       matched = (await glob('**/*', path)).filter((f) => INPUT_EXTENSIONS.test(f));
     } else if (existsSync(path)) {
+      const kind = specialKind(statSync(path));
+      if (kind)
+        throw new UsageError(
+          `${key}: '${input}' is ${kind}, not a regular file. prefab reads an input twice (its content hashed for the fingerprint, then read), which a stream cannot give, and opening one with no writer waits for ever: write it to a file and name that`,
+        );
       matched = [path];
     } else {
       matched = await glob(input, configDir);

@@ -6,6 +6,7 @@ import { createInterface } from 'node:readline';
 import { createGunzip } from 'node:zlib';
 import type { Readable } from 'node:stream';
 import { BufferShelf } from './buffers.ts';
+import { PipelineError } from './errors.ts';
 import { checksum, rememberChecksum, type Checksum } from './hash.ts';
 
 /**
@@ -61,6 +62,19 @@ export class JsonlWriter {
   ) {
     this.stream = createWriteStream(path, { flags, highWaterMark: buffer });
     this.sum = flags === 'w' ? checksum() : null;
+    // A write that fails (a full disk) is kept and thrown at the next write or the close, naming the file,
+    // rather than left to end the process as an error event no one listens to.
+    this.stream.on('error', (error) => (this.failure ??= error));
+  }
+
+  private failure: Error | null = null;
+
+  /** Throws the failure a write met, naming the file. */
+  private check(): void {
+    if (this.failure)
+      throw new PipelineError(
+        `${this.path} could not be written (${this.failure.message}); the stage stops, and what it made before stays as it was`,
+      );
   }
 
   async write(record: unknown): Promise<void> {
@@ -89,9 +103,11 @@ export class JsonlWriter {
   }
 
   private async put(data: Uint8Array | string, written?: () => void): Promise<void> {
+    this.check();
     // A string comes only where there is no checksum (writeLine).
     this.sum?.update(data as Uint8Array);
-    if (!this.stream.write(data, written)) await once(this.stream, 'drain');
+    if (!this.stream.write(data, written)) await once(this.stream, 'drain').catch(() => {}); // the failure: below
+    this.check();
   }
 
   /**
@@ -103,8 +119,10 @@ export class JsonlWriter {
   }
 
   async close(): Promise<void> {
+    this.check();
     this.stream.end();
-    await once(this.stream, 'finish');
+    await once(this.stream, 'finish').catch(() => {}); // the failure: below
+    this.check();
     if (!this.sum) return;
     const s = await stat(this.path);
     rememberChecksum(this.path, this.sum.digest(), s.size, s.mtimeMs);

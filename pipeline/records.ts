@@ -2,6 +2,7 @@
 import { closeSync, fstatSync, openSync, read, readSync } from 'node:fs';
 import { readLines, openText } from './jsonl.ts';
 import { BufferShelf, SMALL_FILE } from './buffers.ts';
+import { Interrupted } from './interrupt.ts';
 
 export type InputFormat = 'jsonl' | 'json' | 'parquet';
 
@@ -28,6 +29,24 @@ export function getPath(record: unknown, path: string): unknown {
     value = (value as Record<string, unknown>)[key];
   }
   return value;
+}
+
+/**
+ * How deep a parsed JSON value nests, counted without recursion (code that walks it recursively, as
+ * JSON.stringify does, overflows the stack on a value nested tens of thousands deep); stops past `limit`.
+ */
+export function jsonDepth(value: unknown, limit: number): number {
+  let deepest = 0;
+  const stack: [unknown, number][] = [[value, 1]];
+  while (stack.length) {
+    const [v, d] = stack.pop()!;
+    if (v === null || typeof v !== 'object') continue;
+    deepest = Math.max(deepest, d);
+    if (deepest > limit) return deepest;
+    for (const child of Array.isArray(v) ? v : Object.values(v))
+      if (child !== null && typeof child === 'object') stack.push([child, d + 1]);
+  }
+  return deepest;
 }
 
 export function detectFormat(path: string): InputFormat | null {
@@ -161,20 +180,76 @@ export function holdsAt(bytes: Uint8Array, at: number, literal: Uint8Array): boo
 /** Whether a block starts with a UTF-8 byte order mark. */
 const hasBom = (bytes: Uint8Array) => bytes[0] === 0xef && bytes[1] === 0xbb && bytes[2] === 0xbf;
 
-/** A block of whole lines of a JSONL file, numbered from `firstLine`; or where the file broke off. */
-export type LineBlock = { bytes: Uint8Array; firstLine: number } | { damaged: string };
+/**
+ * A block of whole lines of a JSONL file, numbered from `firstLine`; a line too long to read (LineLimit), as a
+ * record that says so; or where the file broke off.
+ */
+export type LineBlock = WholeLines | { records: [RawRecord] } | { damaged: string };
+
+/** Whole lines of a file, numbered from `firstLine`. */
+type WholeLines = { bytes: Uint8Array; firstLine: number };
+
+/**
+ * The longest line a reader holds (`bytes`), and what to say of a longer one (`reason`, given its length);
+ * `signal`: an aborted run stops a reader passing over such a line, however long.
+ */
+export interface LineLimit {
+  bytes: number;
+  reason: (bytes: number) => string;
+  signal?: AbortSignal;
+}
+
+/** No line too long to hold: the engine's own files. */
+const NO_LIMIT: LineLimit = { bytes: Infinity, reason: () => '' };
+
+/** Stops a reader passing over a long line when the run was asked to stop (its reads give signals their turn). */
+function throwIfAborted(limit: LineLimit): void {
+  if (limit.signal?.aborted)
+    throw new Interrupted('stopped while passing over a line too long to read; the next run reads the file again');
+}
+
+/** The record of a line longer than the limit: its reason, its first 64 KiB as its text. */
+const tooLong = (limit: LineLimit, line: number, bytes: number, head: Uint8Array): { records: [RawRecord] } => ({
+  records: [
+    {
+      where: `line ${line}`,
+      raw: Buffer.from(head.buffer, head.byteOffset, Math.min(head.length, 65536)).toString('utf8'),
+      error: limit.reason(bytes),
+    },
+  ],
+});
 
 /**
  * A JSONL file (gzip when the name ends in .gz) as blocks of `size` bytes or more of whole lines, each in
  * a buffer of its own (so it can go to a worker thread as it is). A file that breaks off (a truncated .gz)
  * yields its whole lines before the damage, then `damaged`; the cut line is not read, as readLines does.
- * A byte order mark at the start is dropped, as readLines drops it.
+ * A byte order mark at the start is dropped, as readLines drops it. A line longer than `limit.bytes` is not
+ * held: its first bytes are kept, the rest passed over to its newline, and it comes as a record with the
+ * limit's reason, so that memory stays bounded whatever the file holds.
  */
-export async function* readLineBlocks(path: string, size = 1 << 20, shelf?: BufferShelf): AsyncGenerator<LineBlock> {
-  if (!path.endsWith('.gz')) return yield* readPlainLineBlocks(path, size, shelf);
+export function readLineBlocks(
+  path: string,
+  size?: number,
+  shelf?: BufferShelf,
+): AsyncGenerator<Exclude<LineBlock, { records: [RawRecord] }>>;
+export function readLineBlocks(
+  path: string,
+  size: number,
+  shelf: BufferShelf,
+  limit: LineLimit,
+): AsyncGenerator<LineBlock>;
+export async function* readLineBlocks(
+  path: string,
+  size = 1 << 20,
+  shelf?: BufferShelf,
+  limit: LineLimit = NO_LIMIT,
+): AsyncGenerator<LineBlock> {
+  if (!path.endsWith('.gz')) return yield* readPlainLineBlocks(path, size, shelf, limit);
   let pieces: Buffer[] = [];
   let held = 0;
   let firstLine = 1;
+  // A line past the limit: its first bytes, and how many of it have come; null while reading lines.
+  let passing: { head: Uint8Array; bytes: number } | null = null;
   // The held pieces and the first `cut` bytes of `last`, copied once into a block of their own.
   const take = (last: Buffer, cut: number): LineBlock => {
     const bytes = new Uint8Array(held - last.length + cut);
@@ -195,13 +270,38 @@ export async function* readLineBlocks(path: string, size = 1 << 20, shelf?: Buff
   try {
     // openText reads the compressed bytes the same way whatever the block size (where a file is damaged,
     // what is kept before the damage depends on it).
-    for await (const chunk of openText(path) as AsyncIterable<Buffer>) {
+    for await (const raw of openText(path) as AsyncIterable<Buffer>) {
+      let chunk = raw;
+      if (passing) {
+        throwIfAborted(limit);
+        const newline = chunk.indexOf(10);
+        passing.bytes += newline < 0 ? chunk.length : newline;
+        if (newline < 0) continue;
+        yield tooLong(limit, firstLine++, passing.bytes, passing.head);
+        passing = null;
+        chunk = chunk.subarray(newline + 1);
+      }
       pieces.push(chunk);
       held += chunk.length;
-      // A line longer than a block grows until a newline arrives.
+      // A line longer than a block grows until a newline arrives, up to the limit.
       const cut = held < size ? -1 : chunk.lastIndexOf(10);
       if (cut >= 0) yield take(chunk, cut + 1);
+      if (held > limit.bytes) {
+        // The whole lines before the long one go first; then the long one is passed over.
+        let rest = Buffer.concat(pieces, held);
+        const newline = rest.lastIndexOf(10);
+        if (newline >= 0) {
+          pieces = [rest];
+          yield take(rest, newline + 1);
+          rest = Buffer.concat(pieces, held);
+        }
+        if (held > limit.bytes) {
+          passing = { head: Buffer.from(rest.subarray(0, 65536)), bytes: held };
+          [pieces, held] = [[], 0];
+        }
+      }
     }
+    if (passing) yield tooLong(limit, firstLine++, passing.bytes, passing.head);
   } catch (error) {
     const last = Buffer.concat(pieces, held);
     const cut = last.lastIndexOf(10) + 1;
@@ -218,13 +318,35 @@ export async function* readLineBlocks(path: string, size = 1 << 20, shelf?: Buff
  * stream chunks to gather and copy), taken from `shelf` where the caller puts blocks it is done with; the
  * start of a line a block cuts is carried over to the next.
  */
-async function* readPlainLineBlocks(path: string, size: number, shelf = new BufferShelf(0)): AsyncGenerator<LineBlock> {
+async function* readPlainLineBlocks(
+  path: string,
+  size: number,
+  shelf = new BufferShelf(0),
+  limit: LineLimit,
+): AsyncGenerator<LineBlock> {
   const file = openSync(path, 'r');
   let carried: Uint8Array = new Uint8Array(0);
   let firstLine = 1;
   try {
     const read = readerOf(file);
     for (;;) {
+      if (carried.length > limit.bytes) {
+        // A line past the limit: its first bytes kept, the rest read into one block and passed over.
+        const head = carried.slice(0, 65536);
+        let bytes = carried.length;
+        const block = shelf.take(size);
+        for (let got = -1; ;) {
+          throwIfAborted(limit);
+          got = await read(block, 0, size);
+          const newline = block.subarray(0, got).indexOf(10);
+          bytes += newline < 0 ? got : newline;
+          if (newline >= 0 || got === 0) {
+            carried = Buffer.from(block.subarray(newline + 1, newline < 0 ? 0 : got));
+            break;
+          }
+        }
+        yield tooLong(limit, firstLine++, bytes, head);
+      }
       const block = shelf.take(carried.length + size);
       block.set(carried);
       // `size` bytes read, whatever room the block has past them (a shelf's buffer may be larger).
@@ -294,13 +416,14 @@ export const elementWhere = (elements: Uint32Array, e: number) =>
  * elements, each in a buffer of its own (so it can go to a worker thread as it is, as a JSONL file's lines
  * go), taken from `shelf` where the caller puts blocks it is done with. The elements are cut out by a scanner
  * of the bytes that tracks strings and nesting (ArrayScanner), so a file larger than memory still streams;
- * blank elements (`[1,,2]`) are left out. A file that is not an array, has more after it, or breaks off
- * throws, once the whole elements before that are given.
+ * blank elements (`[1,,2]`) are left out. A file that is not an array, has more after it, breaks off, or
+ * holds an element longer than `maxElement` bytes throws, once the whole elements before that are given.
  */
 export async function* readElementBlocks(
   path: string,
   size = 1 << 20,
   shelf = new BufferShelf(0),
+  maxElement = Infinity,
 ): AsyncGenerator<ElementBlock> {
   const scanner = new ArrayScanner(path);
   let pending = shelf.take(2 * size);
@@ -328,6 +451,11 @@ export async function* readElementBlocks(
       filled += chunk.length;
       scanner.scan(pending.subarray(0, filled), false);
       if (filled >= size && scanner.whole > 0) yield cut();
+      // An element is not held past the limit: unlike a line, where it ends is only known by reading it.
+      if (scanner.whole === 0 && filled - scanner.cutAt > maxElement)
+        throw new Error(
+          `an element of more than ${maxElement} bytes, longer than a record may be (ingest.max_record_bytes): it and the elements after it are not read; raise the limit, or write the records as JSONL`,
+        );
     }
     scanner.scan(pending.subarray(0, filled), true);
   } catch (error) {

@@ -73,7 +73,9 @@ const config = z.strictObject({
     .int()
     .min(1024)
     .default(16_000_000)
-    .describe('A record longer than this (its text, in bytes) is quarantined with its size instead of read.'),
+    .describe(
+      "A record longer than this (its text, in bytes) is quarantined with its size instead of read. A JSONL line is cut off as soon as it passes the limit (its first 64 KiB kept in the quarantine) and reading goes on at its newline, so a line without end cannot grow ingest's memory; a JSON array's element that long ends the file there, as damage does.",
+    ),
   max_quarantined: z
     .number()
     .min(0)

@@ -20,6 +20,7 @@ import {
   detectFormat,
   elementWhere,
   forEachLine,
+  jsonDepth,
   parseRecord,
   quarantineText,
   readElementBlocks,
@@ -27,6 +28,7 @@ import {
   type ElementBlock,
   type InputFormat,
   type LineBlock,
+  type LineLimit,
   type RawRecord,
 } from '../../pipeline/records.ts';
 import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
@@ -48,21 +50,6 @@ export interface ReadingOptions {
 /** Deeper than this, a record is quarantined rather than walked (mapping and hashing recurse). */
 const MAX_DEPTH = 200;
 
-/** How deep `value` nests, counted without recursion; stops counting past `limit`. */
-function depthOf(value: unknown, limit: number): number {
-  let deepest = 0;
-  const stack: [unknown, number][] = [[value, 1]];
-  while (stack.length) {
-    const [v, d] = stack.pop()!;
-    if (v === null || typeof v !== 'object') continue;
-    deepest = Math.max(deepest, d);
-    if (deepest > limit) return deepest;
-    for (const child of Array.isArray(v) ? v : Object.values(v))
-      if (child !== null && typeof child === 'object') stack.push([child, d + 1]);
-  }
-  return deepest;
-}
-
 /**
  * Whether the text has more than `limit` '[' and '{': a record with fewer cannot nest deeper than that, so
  * most are never walked. indexOf jumps from one to the next (a session has some fifty).
@@ -77,7 +64,7 @@ function moreOpenings(raw: string, limit: number): boolean {
 
 /** Whether a record (its text and its value) nests deeper than MAX_DEPTH. */
 const tooDeep = (record: { value?: unknown; raw: string }) =>
-  moreOpenings(record.raw, MAX_DEPTH) && depthOf(record.value, MAX_DEPTH) > MAX_DEPTH;
+  moreOpenings(record.raw, MAX_DEPTH) && jsonDepth(record.value, MAX_DEPTH) > MAX_DEPTH;
 
 /** Why a record cannot be read, before it is mapped: too large, nested too deep; null when it can. */
 function unreadable(record: { value?: unknown; raw: string }, maxBytes: number): string | null {
@@ -274,15 +261,16 @@ async function* batchesOf(
   format: InputFormat,
   shelf: BufferShelf,
   blockBytes: number,
+  limit: LineLimit,
   parquetHeapMb?: number,
 ): AsyncGenerator<Batch> {
   if (format === 'jsonl') {
-    yield* readLineBlocks(path, blockBytes, shelf);
+    yield* readLineBlocks(path, blockBytes, shelf, limit);
     return;
   }
   if (format === 'json') {
     try {
-      yield* readElementBlocks(path, blockBytes, shelf);
+      yield* readElementBlocks(path, blockBytes, shelf, limit.bytes);
     } catch (error) {
       yield { damaged: damageReason(path, error) };
     }
@@ -290,6 +278,19 @@ async function* batchesOf(
   }
   const { readParquetBatches } = await import('../../pipeline/parquet.ts'); // the Parquet libraries only when a file is Parquet
   for await (const records of readParquetBatches(path, parquetHeapMb)) yield { records };
+}
+
+/**
+ * The longest line ingest holds: ingest.max_record_bytes. A longer one is quarantined as soon as it passes
+ * it, the rest of it passed over to its newline; `signal` stops that passing when the run is stopped.
+ */
+function lineLimit(bytes: number, signal: AbortSignal): LineLimit {
+  return {
+    bytes,
+    signal,
+    reason: (n) =>
+      `the record is ${n.toLocaleString('en-US')} bytes, more than ingest.max_record_bytes (${bytes.toLocaleString('en-US')}): passed over unread from there to its newline, its first 64 KiB kept here; raise the limit if records are this long`,
+  };
 }
 
 /** What a worker thread of ingest is started with. */
@@ -405,7 +406,8 @@ export async function ingestFiles(
       const blockBytes = pool ? Math.min(1 << 20, Math.max(64 << 10, Math.ceil(total / (2 * pool.size)))) : 1 << 20;
       const begun = fileReading(file, out, seq, ids, quarantine, reasons, log, signal, shelf, pool);
       reading.add(begun);
-      for await (const batch of batchesOf(file.path, formats[i]!, shelf, blockBytes, parquetHeapMb))
+      const limit = lineLimit(o.maxRecordBytes, signal);
+      for await (const batch of batchesOf(file.path, formats[i]!, shelf, blockBytes, limit, parquetHeapMb))
         yield { reading: begun, batch };
       // Its end, once its batches are used.
       yield { reading: begun, batch: null };

@@ -99,6 +99,19 @@ describe('JsonlWriter', () => {
     }
   });
 
+  it('says which file it could not write when the disk is full, and the process lives on', async () => {
+    // /dev/full answers every write with ENOSPC, as a full disk does.
+    for (const lines of [1, 5000]) {
+      const writer = new JsonlWriter('/dev/full');
+      const writing = (async () => {
+        for (let i = 0; i < lines; i++) await writer.write({ i, text: 'x'.repeat(500) });
+        await writer.close();
+      })();
+      await expect(writing).rejects.toThrow(/^\/dev\/full could not be written \(ENOSPC.*the stage stops/);
+      await writer.abort();
+    }
+  });
+
   it('says which file it could not read', async () => {
     const dir = tempDir();
     await expect(checksumFile(join(dir, 'missing.bin'))).rejects.toThrow(/missing\.bin/);

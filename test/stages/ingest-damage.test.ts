@@ -2,6 +2,7 @@
 // short, an empty .json), records nested 10,000 levels deep or larger than ingest.max_record_bytes, and bytes
 // that are not UTF-8 are quarantined with their file, place and reason while every good record is kept; and
 // a run whose records are mostly bad fails, saying why.
+import { spawnSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
@@ -205,5 +206,82 @@ describe('ingest on damaged inputs', () => {
       'reward must be a number in [0, 1], got NaN',
     );
     expect(() => toSession({ ...session('n', 'A', 1), reward: -Infinity }, 'x', options)).toThrow('got -Infinity');
+  });
+});
+
+describe('ingest on lines without end', () => {
+  it('quarantines a line as soon as it passes ingest.max_record_bytes and reads on at the next newline, plain or gzip', async () => {
+    const dir = tempDir();
+    const lines = (prefix: string) =>
+      Buffer.concat([
+        Buffer.from(JSON.stringify(session(`${prefix}-1`, 'A', 1)) + '\n'),
+        Buffer.alloc(3_000_000, 'x'),
+        Buffer.from('\n' + JSON.stringify(session(`${prefix}-2`, 'A', 0)) + '\n'),
+        Buffer.alloc(2_000_000, 0), // the file ends inside it
+      ]);
+    writeFileSync(join(dir, 'plain.jsonl'), lines('plain'));
+    // A JSON array's element has no newline to read on at: the file ends there, as a damaged one does.
+    writeFileSync(
+      join(dir, 'array.json'),
+      `[${JSON.stringify(session('arr-1', 'B', 1))},"${'y'.repeat(3_000_000)}",${JSON.stringify(session('arr-2', 'B', 1))}]`,
+    );
+    writeFileSync(join(dir, 'zipped.jsonl.gz'), gzipSync(lines('gz')));
+    const outcomes = await engineFor(
+      dir,
+      'ingest:\n  inputs: [.]\n  max_record_bytes: 30000\n  max_quarantined: 0.9\n',
+    ).run(ingestOnly);
+    expect(outcomes[0]!.action, outcomes[0]!.error).toBe('ran');
+    expect(await ingestedIds(dir)).toEqual(['arr-1', 'gz-1', 'gz-2', 'plain-1', 'plain-2']);
+    const q = await collect<QuarantineRecord>(join(dir, 'workspace', 'ingest', 'quarantine.jsonl'));
+    for (const file of ['plain.jsonl', 'zipped.jsonl.gz']) {
+      const mine = q.filter((r) => r.file.endsWith(file));
+      expect(mine.map((r) => [r.where, r.reason.split(':')[0]])).toEqual([
+        ['line 2', 'the record is 3,000,000 bytes, more than ingest.max_record_bytes (30,000)'],
+        ['line 4', 'the record is 2,000,000 bytes, more than ingest.max_record_bytes (30,000)'],
+      ]);
+      for (const r of mine) expect(r.raw.length).toBeLessThanOrEqual(65536);
+    }
+    expect(q.filter((r) => r.file.endsWith('array.json')).map((r) => r.reason)).toEqual([
+      expect.stringMatching(/an element of more than 30000 bytes, longer than a record may be .*not read/),
+    ]);
+  });
+
+  it('holds no more than the limit and a block of a line that never ends', async () => {
+    const { readLineBlocks } = await import('../../pipeline/records.ts');
+    const { BufferShelf } = await import('../../pipeline/buffers.ts');
+    const file = join(tempDir(), 'zeros.jsonl');
+    writeFileSync(file, Buffer.concat([Buffer.alloc(96 << 20, 0x30), Buffer.from('\n{}\n')]));
+    const before = process.memoryUsage().arrayBuffers;
+    let most = 0;
+    const seen: string[] = [];
+    const limit = { bytes: 1 << 20, reason: (n: number) => `${n} bytes` };
+    for await (const block of readLineBlocks(file, 1 << 20, new BufferShelf(), limit)) {
+      most = Math.max(most, process.memoryUsage().arrayBuffers - before);
+      if ('records' in block) seen.push(`${block.records[0].where}: ${block.records[0].error}`);
+      else if ('bytes' in block) seen.push(Buffer.from(block.bytes).toString().trim());
+    }
+    expect(seen).toEqual([`line 1: ${96 << 20} bytes`, '{}']);
+    // The 96 MiB line was never held: what the reader held stayed within a few MiB.
+    expect(most).toBeLessThan(16 << 20);
+  });
+});
+
+describe('ingest on inputs that are not files', () => {
+  it('refuses a FIFO, a device or a socket by name, before opening it (a FIFO without a writer would wait for ever)', () => {
+    const dir = tempDir();
+    const fifo = join(dir, 'stream.jsonl');
+    expect(spawnSync('mkfifo', [fifo]).status).toBe(0);
+    for (const [input, kind] of [
+      [fifo, 'a FIFO'],
+      ['/dev/zero', 'a character device'],
+    ] as const) {
+      const config = join(dir, 'c.yaml');
+      writeFileSync(config, `ingest:\n  inputs: [${input}]\n`);
+      const started = Date.now();
+      const r = prefab(['--workdir', join(dir, `w${kind.length}`), '--config', config, 'run', '--until', 'ingest']);
+      expect(r.code).toBe(2);
+      expect(r.stderr).toContain(`'${input}' is ${kind}`);
+      expect(Date.now() - started).toBeLessThan(30_000);
+    }
   });
 });
