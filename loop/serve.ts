@@ -12,6 +12,7 @@ import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { z } from 'zod';
 import type { Logger } from '../pipeline/log.ts';
+import { jsonDepth } from '../pipeline/records.ts';
 import type { Message } from '../core/records.ts';
 import { seeded } from '../core/random.ts';
 import { openChat, type Chat } from '../train/chat.ts';
@@ -137,6 +138,9 @@ interface Job {
 /** What a served version is loaded with: its queue's limits, and `--backend webgpu`'s kernels to decode on the GPU. */
 type ServedSettings = Pick<ServeSettings, 'maxBatch' | 'maxQueue'> & { gpu?: Kernels };
 
+/** The most bytes of tool lists a model keeps constraints for (Model.constraint). */
+export const CONSTRAINT_BYTES = 16 << 20;
+
 /** Shared tokens below which a new cache reads the prompt itself rather than copy another's. */
 const MIN_FORK = 16;
 
@@ -167,11 +171,36 @@ class ServedModel {
     this.caches = settings.gpu ? new GpuDecoder(checkpoint.model, settings.gpu) : cpuCaches(checkpoint.model);
   }
 
+  /**
+   * The constraint of a request's tool list, kept for the next request with the same list: a client sends
+   * the same tools every turn. The least recently used are forgotten past CONSTRAINT_BYTES of tool lists (as
+   * their JSON: what a constraint holds of its own; the vocabulary's texts are shared), so that clients
+   * sending ever new lists cannot grow the server.
+   */
   constraint(tools: readonly ToolSchema[]): Promise<ToolCallConstraint | null> {
     const key = JSON.stringify(tools);
     let c = this.constraints.get(key);
-    if (!c) this.constraints.set(key, (c = this.chat.toolConstraint(tools)));
+    if (c)
+      this.constraints.delete(key); // to the most recent end
+    else {
+      c = this.chat.toolConstraint(tools);
+      this.constraintBytes += 2 * key.length;
+    }
+    this.constraints.set(key, c);
+    for (const [old] of this.constraints) {
+      if (this.constraintBytes <= CONSTRAINT_BYTES || old === key) break;
+      this.constraints.delete(old);
+      this.constraintBytes -= 2 * old.length;
+    }
     return c;
+  }
+
+  /** What the tool lists of `constraints` take, as UTF-16 strings. */
+  private constraintBytes = 0;
+
+  /** How many tool lists' constraints are kept, and what their lists take. */
+  get heldConstraints(): { lists: number; bytes: number } {
+    return { lists: this.constraints.size, bytes: this.constraintBytes };
   }
 
   /** Queues a prompt; resolves with the drawn tokens. 429 when the queue is full. */
@@ -377,6 +406,18 @@ function authorised(req: IncomingMessage, key: string | null): boolean {
   return timingSafeEqual(digest(given), digest(key));
 }
 
+/** The deepest a request body may nest (a tool's JSON schema nests a few levels). */
+const MAX_BODY_DEPTH = 128;
+
+/** The path of a request target, without trailing slashes; null where it is not one (`http://[`). */
+function pathOf(target: string | undefined): string | null {
+  try {
+    return new URL(target ?? '/', 'http://x').pathname.replace(/\/+$/, '');
+  } catch {
+    return null;
+  }
+}
+
 /** Starts the server over `catalog`; resolves once it listens. */
 export async function startServer(catalog: Catalog, settings: ServeSettings, log: Logger): Promise<RunningServer> {
   let closing = false;
@@ -401,7 +442,7 @@ export async function startServer(catalog: Catalog, settings: ServeSettings, log
   });
 
   async function handle(req: IncomingMessage, res: ServerResponse): Promise<void> {
-    const path = new URL(req.url ?? '/', 'http://x').pathname.replace(/\/+$/, '');
+    const path = pathOf(req.url);
     if (path === '/health') return sendJson(res, closing ? 503 : 200, { status: closing ? 'shutting down' : 'ok' });
     if (closing)
       throw new ApiError(503, 'shutting_down', 'the server is shutting down; retry against another instance');
@@ -411,6 +452,8 @@ export async function startServer(catalog: Catalog, settings: ServeSettings, log
         'invalid_api_key',
         'missing or wrong API key: send it as `Authorization: Bearer <key>` (the server reads PREFAB_SERVE_API_KEY)',
       );
+    if (path === null)
+      throw new ApiError(400, 'invalid_request', 'the request target is not a path, such as /v1/models');
     if (path === '/v1/models') {
       if (req.method !== 'GET') throw new ApiError(405, 'method_not_allowed', `${req.method} ${path}: use GET`);
       return sendJson(res, 200, {
@@ -434,6 +477,9 @@ export async function startServer(catalog: Catalog, settings: ServeSettings, log
     } catch (error) {
       throw new ApiError(400, 'invalid_json', `the body is not JSON: ${(error as Error).message}`);
     }
+    // Validating or hashing a value walks it recursively: one nested without end would overflow the stack.
+    if (jsonDepth(json, MAX_BODY_DEPTH) > MAX_BODY_DEPTH)
+      throw new ApiError(400, 'invalid_request', `the body nests more than ${MAX_BODY_DEPTH} levels deep`);
     const parsed = chatRequest.safeParse(json);
     if (!parsed.success) {
       const issue = parsed.error.issues[0]!;

@@ -47,9 +47,12 @@ class PrefabChat implements Chat {
   }
 
   async toolConstraint(tools: readonly ToolSchema[]): Promise<ToolCallConstraint> {
-    const texts = await Promise.all(Array.from({ length: this.vocabSize }, (_, id) => this.tokenizer.decode([id])));
-    return new ToolCallConstraint(tools, texts, this.tokenizer.special);
+    // Every constraint reads the same texts of the vocabulary: decoded once.
+    this.texts ??= Promise.all(Array.from({ length: this.vocabSize }, (_, id) => this.tokenizer.decode([id])));
+    return new ToolCallConstraint(tools, await this.texts, this.tokenizer.special);
   }
+
+  private texts: Promise<string[]> | null = null;
 }
 
 /** prefab's chat over a tokenizer.json the tokenizer stage trained. */

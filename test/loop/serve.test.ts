@@ -4,11 +4,12 @@
 import type { ChildProcessWithoutNullStreams } from 'node:child_process';
 import { once } from 'node:events';
 import { readFileSync } from 'node:fs';
+import { connect } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Registry } from '../../loop/registry.ts';
-import { armOf, conversationKey } from '../../loop/serve.ts';
-import { parseSplit } from '../../loop/settings.ts';
+import { CONSTRAINT_BYTES, armOf, conversationKey, loadCatalog } from '../../loop/serve.ts';
+import { SERVE_DEFAULTS, parseSplit } from '../../loop/settings.ts';
 import { TOOLS } from '../../env/env.ts';
 import { useBackend } from '../../train/backend.ts';
 import type { Session } from '../../core/records.ts';
@@ -232,6 +233,23 @@ describe('prefab serve', () => {
     expect(await error(await fetch(`${url}/completions`, { method: 'POST', headers: auth, body: '{}' }))).toMatchObject(
       { status: 404, code: 'not_found' },
     );
+    // Tool parameters nested 90,000 deep (within the body's limit): a clean 400, not a stack overflow.
+    const deep = JSON.stringify({
+      model: 'production',
+      messages: conversation('H'),
+      tools: [{ type: 'function', function: { name: 'f', parameters: { a: 0 } } }],
+    }).replace('{"a":0}', `{"a":${'['.repeat(90_000)}${']'.repeat(90_000)}}`);
+    expect(await error(await post(deep))).toMatchObject({ status: 400, code: 'invalid_request' });
+    // A request target that is not a path: the key is checked first, then a 400.
+    const raw = async (headers: string) => {
+      const socket = connect(Number(new URL(url).port), '127.0.0.1');
+      socket.end(`GET http://[ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n${headers}\r\n`);
+      let text = '';
+      for await (const chunk of socket) text += String(chunk);
+      return Number(text.split(' ')[1]);
+    };
+    expect(await raw('')).toBe(401);
+    expect(await raw(`Authorization: Bearer ${KEY}\r\n`)).toBe(400);
     expect((await fetch(url.replace('/v1', '/health'))).status).toBe(200);
   });
 
@@ -332,6 +350,24 @@ describe('prefab serve', () => {
         ),
       ).toBe('v0002');
     expect(stderr).toMatch(/now serving production: v0001 → v0002/);
+  });
+
+  it('forgets the constraints of the least recently used tool lists past a bound, however many lists clients send', async () => {
+    const registry = new Registry(join(workdir, 'registry'));
+    const settings = { ...SERVE_DEFAULTS, apiKey: null, split: null };
+    const model = loadCatalog(registry, ['production'], settings).get('production')!;
+    const described = (i: number) =>
+      TOOLS.map((t) => ({ ...t, function: { ...t.function, description: `${i} ${'long words '.repeat(1500)}` } }));
+    const kept = model.constraint(described(0));
+    let most = 0;
+    for (let i = 1; i <= 3000; i++) {
+      await model.constraint(described(i));
+      if (i % 50 === 0) expect(model.constraint(described(0)), 'a list in use stays').toBe(kept);
+      most = Math.max(most, model.heldConstraints.bytes);
+    }
+    // 3,000 lists of some 66 KB each: only what fits the bound is held.
+    expect(most).toBeLessThanOrEqual(CONSTRAINT_BYTES);
+    expect(model.heldConstraints.lists).toBeLessThan(300);
   });
 
   it('finishes the request in flight on SIGTERM, then exits 0', async () => {
