@@ -10,7 +10,9 @@ import { chosenBackend, commandOptions } from '../train/backend.ts';
 import { Registry, type VersionInfo } from './registry.ts';
 import { SERVE_DEFAULTS, parseSplit, refreshConfig, type Arm, type RefreshConfig } from './settings.ts';
 
-const registryOf = (program: Command) => new Registry(join(program.opts<{ workdir: string }>().workdir, 'registry'));
+/** The workspace's registry; a history line that is not a decision is reported in the log. */
+const registryOf = (program: Command, log: Logger) =>
+  new Registry(join(program.opts<{ workdir: string }>().workdir, 'registry'), (m) => log.warn(m));
 
 /** A version's validation success as its eval table gives it (the column of the stage that trained it; a refresh's paired evaluation). */
 function success(v: VersionInfo): string {
@@ -34,7 +36,7 @@ export function addRegistryCommands(program: Command, ctx: CommandContext): void
     .description('every version: when, its parent, its aliases, what trained it and its validation success')
     .option('--json', 'one JSON object: aliases, versions and history')
     .action((opts: { json?: boolean }) => {
-      const registry = registryOf(program);
+      const registry = registryOf(program, ctx.logger());
       const aliases = registry.aliases();
       const versions = registry.versions();
       if (opts.json) {
@@ -70,7 +72,7 @@ export function addRegistryCommands(program: Command, ctx: CommandContext): void
     .argument('<version>', 'a version id, production or candidate')
     .description("a version's info (version.json: parent, source, config, eval) and its folder, as JSON")
     .action((name: string) => {
-      const registry = registryOf(program);
+      const registry = registryOf(program, ctx.logger());
       const aliases = registry.aliases();
       const id = name === 'production' || name === 'candidate' ? aliases[name] : name;
       if (id === null) {
@@ -88,7 +90,7 @@ export function addRegistryCommands(program: Command, ctx: CommandContext): void
     .option('--reason <text>', 'why, for the history', 'promoted by hand')
     .description('make a version production (recorded in the history)')
     .action((id: string, opts: { reason: string }) => {
-      const e = registryOf(program).promote(id, opts.reason, 'prefab models promote');
+      const e = registryOf(program, ctx.logger()).promote(id, opts.reason, 'prefab models promote');
       process.stdout.write(`${e.version} is production (was ${'from' in e ? (e.from ?? 'none') : 'none'})\n`);
     });
   models
@@ -96,7 +98,7 @@ export function addRegistryCommands(program: Command, ctx: CommandContext): void
     .option('--reason <text>', 'why, for the history', 'rolled back by hand')
     .description('put back the production before the current one (recorded in the history)')
     .action((opts: { reason: string }) => {
-      const e = registryOf(program).rollback(opts.reason, 'prefab models rollback');
+      const e = registryOf(program, ctx.logger()).rollback(opts.reason, 'prefab models rollback');
       process.stdout.write(`${e.version} is production again (was ${'from' in e ? e.from : '?'})\n`);
     });
 }
@@ -161,7 +163,7 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
         const log = ctx.logger();
         const backend = await chosenBackend(commandOptions(program), log);
         const { followAliases, loadCatalog, startServer } = await import('./serve.ts');
-        const registry = registryOf(program);
+        const registry = registryOf(program, ctx.logger());
         const names = [...new Set([opts.model, ...(opts.split ?? []).map((a) => a.name)])];
         const settings = {
           ...opts,
@@ -210,7 +212,7 @@ async function registerRunModel(engine: Engine, log: Logger): Promise<void> {
   const manifestOf = (name: string) => readJsonFile<Manifest>(engine.ws.manifestPath(name));
   const made = stage && (await manifestOf(stage.name));
   if (!stage || !made) return;
-  const registry = new Registry(join(engine.ws.root, 'registry'));
+  const registry = new Registry(join(engine.ws.root, 'registry'), (m) => log.warn(m));
   if (registry.versions().some((v) => v.source.fingerprint === made.fingerprint)) return;
   const folder = join(engine.ws.stageDir(stage.name), 'model');
   const state = await readJsonFile<{ info?: { stage?: string } }>(join(folder, 'trainer_state.json'));

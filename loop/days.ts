@@ -91,7 +91,7 @@ export async function simulatedDays(
   log: Logger,
   onDay: (d: Day) => void,
 ): Promise<Day[]> {
-  const registry = new Registry(join(engine.ws.root, 'registry'));
+  const registry = new Registry(join(engine.ws.root, 'registry'), (m) => log.warn(m));
   const inbox = inboxOf(engine, cfg);
   mkdirSync(inbox, { recursive: true });
   if (unfinishedNight(engine)) await refreshNight(engine, cfg, backend, signal, log);

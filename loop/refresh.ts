@@ -25,10 +25,11 @@ import { validationEpisodes, type EpisodeRecord } from '../env/evaluate.ts';
 import { withScorer, type Backend } from '../train/backend.ts';
 import { openChat } from '../train/chat.ts';
 import { loadCheckpoint } from '../train/checkpoint.ts';
+import { nonFiniteWeight } from '../train/hf.ts';
 import { readPreferencePairs } from '../train/data.ts';
 import { dpoTrainer, lossOf, pairExamples, referenceScores } from '../train/dpo.ts';
 import { ModelPolicy } from '../train/policy.ts';
-import { finalMetrics, trainingRun } from '../train/run.ts';
+import { Diverged, finalMetrics, trainingRun } from '../train/run.ts';
 import { runDapo } from '../rl/dapo.ts';
 import { compare, type Comparison } from './paired.ts';
 import { Registry } from './registry.ts';
@@ -185,6 +186,8 @@ interface NightState {
   /** The production the candidate is trained from and compared with (after any rollback). */
   production?: string;
   data?: NightReport['data'];
+  /** Why the candidate is no model (its loss or weights not numbers), null once it trained whole; unset before. */
+  diverged?: string | null;
 }
 
 /** Where the loop keeps its nights: refresh/nights/NNNN/ (state.json, buffer.json, candidate/, eval.json, report.json) and seen-pairs.json. */
@@ -223,7 +226,7 @@ export async function refreshNight(
   signal: AbortSignal,
   log: Logger,
 ): Promise<NightReport> {
-  const registry = new Registry(join(engine.ws.root, 'registry'));
+  const registry = new Registry(join(engine.ws.root, 'registry'), (m) => log.warn(m));
   const inbox = inboxOf(engine, cfg);
   const start = registry.aliases().production;
   if (!start)
@@ -327,6 +330,30 @@ export async function refreshNight(
       },
       fresh.map((p) => p.pair_id),
     );
+  /** DPO from production into `dpoFolder`, then DAPO into `candidateFolder` when configured; each once. */
+  const trainChain = async (from: string, dpoFolder: string, candidateFolder: string, ids: string[], all: Pair[]) => {
+    if (!existsSync(dpoFolder)) {
+      const byId = new Map(all.map((p) => [p.pair_id, p]));
+      const chosen = ids.map((id) => byId.get(id)!);
+      const info = { night, production };
+      await trainCandidate(from, chosen, join(dir, 'candidate'), join(dir, '.cache'), cfg, info, backend, signal, log);
+    }
+    if (!cfg.dapo.enabled || existsSync(candidateFolder)) return;
+    const { enabled: _, ...knobs } = cfg.dapo;
+    const key = hashJson({ night, production, knobs });
+    const info = { night, parent: production };
+    await runDapo(
+      dpoFolder,
+      join(dir, 'candidate-dapo'),
+      join(dir, '.cache-dapo'),
+      key,
+      knobs,
+      info,
+      signal,
+      log,
+      backend.gpu,
+    );
+  };
   if (buffer.fresh === 0)
     return report({
       production_after: production,
@@ -337,48 +364,33 @@ export async function refreshNight(
       reason: 'no new pairs tonight: production stays',
     });
 
-  // 4. The candidate: DPO from production, then DAPO when configured.
+  // 4. The candidate: DPO from production, then DAPO when configured. One whose loss or weights stopped being
+  // numbers is no model: the night rejects it and ends, rather than fail in the paired evaluation every night.
   const productionFolder = join(registry.folder(production), 'model');
   const dpoFolder = join(dir, 'candidate', 'model');
-  if (!existsSync(dpoFolder)) {
-    const byId = new Map(pairs.map((p) => [p.pair_id, p]));
-    await trainCandidate(
-      productionFolder,
-      buffer.pair_ids.map((id) => byId.get(id)!),
-      join(dir, 'candidate'),
-      join(dir, '.cache'),
-      cfg,
-      { night, production },
-      backend,
-      signal,
-      log,
-    );
-  }
-  const training = ((
-    await readJsonFile<{ info?: { last?: Record<string, number> } }>(join(dpoFolder, 'trainer_state.json'))
-  )?.info?.last ?? {}) as Record<string, number>;
   const candidateFolder = cfg.dapo.enabled ? join(dir, 'candidate-dapo', 'model') : dpoFolder;
-  if (cfg.dapo.enabled) {
-    const { enabled: _, ...knobs } = cfg.dapo;
-    if (!existsSync(candidateFolder))
-      await runDapo(
-        dpoFolder,
-        join(dir, 'candidate-dapo'),
-        join(dir, '.cache-dapo'),
-        hashJson({ night, production, knobs }),
-        knobs,
-        { night, parent: production },
-        signal,
-        log,
-        backend.gpu,
-      );
-    const dapoState = await readJsonFile<{ info?: { last?: Record<string, number> } }>(
-      join(candidateFolder, 'trainer_state.json'),
-    );
-    Object.assign(
+  if (state.diverged === undefined) {
+    try {
+      await trainChain(productionFolder, dpoFolder, candidateFolder, buffer.pair_ids, pairs);
+      const bad = nonFiniteWeight(candidateFolder);
+      state.diverged = bad && `its weight ${bad} holds a value that is not a finite number`;
+    } catch (error) {
+      if (!(error instanceof Diverged)) throw error;
+      state.diverged = error.message;
+    }
+    await save();
+  }
+  const training = await trainingFigures(dpoFolder, cfg.dapo.enabled ? candidateFolder : null);
+  if (state.diverged) {
+    log.warn(`the candidate diverged: ${production} stays`, { reason: state.diverged });
+    return report({
+      production_after: production,
+      candidate: null,
       training,
-      Object.fromEntries(Object.entries(dapoState?.info?.last ?? {}).map(([k, v]) => [`dapo/${k}`, v])),
-    );
+      comparison: null,
+      decision: 'rejected',
+      reason: `the candidate is no model (${state.diverged}): ${production} stays; lower refresh.dpo.lr or max_grad_norm`,
+    });
   }
 
   // 5. The paired evaluation.
@@ -443,6 +455,16 @@ export async function refreshNight(
     decision: promoted ? 'promoted' : 'rejected',
     reason: comparison.reason,
   });
+}
+
+/** The candidate's training figures: its DPO's last steps, and its DAPO's (prefixed dapo/) when it had one. */
+async function trainingFigures(dpoFolder: string, dapoFolder: string | null): Promise<Record<string, number>> {
+  const last = async (folder: string) =>
+    ((await readJsonFile<{ info?: { last?: Record<string, number> } }>(join(folder, 'trainer_state.json')))?.info
+      ?.last ?? {}) as Record<string, number>;
+  const training = await last(dpoFolder);
+  if (dapoFolder) for (const [k, v] of Object.entries(await last(dapoFolder))) training[`dapo/${k}`] = v;
+  return training;
 }
 
 /** The data stages' fingerprints (what the candidate's pairs were made from), by stage. */

@@ -2,7 +2,10 @@
 // it was trained on, its config and eval table), `production` and `candidate` are aliases, and every decision
 // is a line of an append-only history a person can read (history.jsonl). The history is the truth: a
 // decision is one appended line, so a kill -9 leaves the line or nothing (a torn last line is ignored when
-// read and cut off before the next append), and the aliases are what replaying it gives.
+// read and cut off before the next append), and the aliases are what replaying it gives. Every decision
+// takes the registry's lock and reads the history again under it, so that two made at once (four `prefab
+// models promote` in parallel, a night and a person) are made one after the other, each from what the other
+// left.
 import {
   appendFileSync,
   closeSync,
@@ -50,25 +53,55 @@ export interface Aliases {
 
 const VERSION = /^v(\d{4,})$/;
 
+const EVENTS = new Set(['registered', 'candidate', 'promoted', 'rolled_back', 'rejected']);
+
+/** Whether a parsed history line is a decision: its event one of EVENTS, with the version it is about. */
+const isDecision = (e: unknown): e is RegistryEvent =>
+  e !== null &&
+  typeof e === 'object' &&
+  !Array.isArray(e) &&
+  EVENTS.has((e as { event?: unknown }).event as string) &&
+  typeof (e as { version?: unknown }).version === 'string';
+
+/** How long a decision waits for another one's lock before it gives up, saying who holds it. */
+const LOCK_WAIT_MS = 30_000;
+
 export class Registry {
-  constructor(readonly dir: string) {}
+  /** `warn` hears of history lines that are not decisions (skipped). */
+  constructor(
+    readonly dir: string,
+    private readonly warn: (message: string) => void = () => {},
+  ) {}
 
   private get historyPath(): string {
     return join(this.dir, 'history.jsonl');
   }
 
-  /** Every decision in order; a line torn by a kill is not one. */
+  /**
+   * Every decision in order. The last line, torn by a kill mid-append, was no decision; any other line that is
+   * not one (not JSON, null, an object without an event and a version) is skipped and reported by line number.
+   */
   history(): RegistryEvent[] {
     if (!existsSync(this.historyPath)) return [];
     const events: RegistryEvent[] = [];
-    for (const line of readFileSync(this.historyPath, 'utf8').split('\n')) {
-      if (!line) continue;
+    const text = readFileSync(this.historyPath, 'utf8');
+    const lines = text.split('\n');
+    lines.forEach((line, i) => {
+      if (!line) return;
+      const torn = i === lines.length - 1; // no newline after it: the append did not finish
+      let e: unknown;
       try {
-        events.push(JSON.parse(line) as RegistryEvent);
+        e = JSON.parse(line);
       } catch {
-        // torn by a kill mid-append: the decision was not made
+        if (!torn) this.warn(`${this.historyPath} line ${i + 1}: not JSON, so not a decision; skipped`);
+        return;
       }
-    }
+      if (isDecision(e)) events.push(e);
+      else
+        this.warn(
+          `${this.historyPath} line ${i + 1}: ${JSON.stringify(e).slice(0, 80)} is not a decision (an object with an event and a version); skipped`,
+        );
+    });
     return events;
   }
 
@@ -119,6 +152,10 @@ export class Registry {
    * the history line): production when there is none, else the candidate. Returns its id.
    */
   register(modelDir: string, info: Pick<VersionInfo, 'source' | 'config' | 'eval'>, now = new Date()): string {
+    return this.locked(() => this.registerLocked(modelDir, info, now));
+  }
+
+  private registerLocked(modelDir: string, info: Pick<VersionInfo, 'source' | 'config' | 'eval'>, now: Date): string {
     const versions = join(this.dir, 'versions');
     mkdirSync(versions, { recursive: true });
     // A copy a kill left half-made, or renamed but never recorded, is not a version: its number is taken anew.
@@ -147,16 +184,18 @@ export class Registry {
 
   /** Makes `id` production (one history line), saying why and, when given, who decided (`by`: a command, a refresh night). */
   promote(id: string, reason: string, by?: string): RegistryEvent {
-    this.version(id);
-    const { production } = this.aliases();
-    if (production === id) throw new PipelineError(`${id} is already production`);
-    return this.append({
-      at: new Date().toISOString(),
-      event: 'promoted',
-      version: id,
-      from: production,
-      reason,
-      ...(by ? { by } : {}),
+    return this.locked(() => {
+      this.version(id);
+      const { production } = this.aliases();
+      if (production === id) throw new PipelineError(`${id} is already production`);
+      return this.append({
+        at: new Date().toISOString(),
+        event: 'promoted',
+        version: id,
+        from: production,
+        reason,
+        ...(by ? { by } : {}),
+      });
     });
   }
 
@@ -167,25 +206,69 @@ export class Registry {
 
   /** Puts back the production before the current one (rolling back twice goes back two promotions). */
   rollback(reason: string, by?: string): RegistryEvent {
-    const stack = this.replay().productions;
-    if (stack.length < 2)
-      throw new PipelineError(
-        `model registry ${this.dir}: nothing to roll back to (production ${stack[0] ?? 'none'} has no predecessor)`,
-      );
-    return this.append({
-      at: new Date().toISOString(),
-      event: 'rolled_back',
-      version: stack.at(-2)!,
-      from: stack.at(-1)!,
-      reason,
-      ...(by ? { by } : {}),
+    return this.locked(() => {
+      const stack = this.replay().productions;
+      if (stack.length < 2)
+        throw new PipelineError(
+          `model registry ${this.dir}: nothing to roll back to (production ${stack[0] ?? 'none'} has no predecessor)`,
+        );
+      return this.append({
+        at: new Date().toISOString(),
+        event: 'rolled_back',
+        version: stack.at(-2)!,
+        from: stack.at(-1)!,
+        reason,
+        ...(by ? { by } : {}),
+      });
     });
   }
 
   /** Records that the candidate `id` was not promoted, and why; it stops being the candidate. */
   reject(id: string, reason: string, by?: string): RegistryEvent {
-    this.version(id);
-    return this.append({ at: new Date().toISOString(), event: 'rejected', version: id, reason, ...(by ? { by } : {}) });
+    return this.locked(() => {
+      this.version(id);
+      return this.append({
+        at: new Date().toISOString(),
+        event: 'rejected',
+        version: id,
+        reason,
+        ...(by ? { by } : {}),
+      });
+    });
+  }
+
+  /**
+   * Runs a decision holding the registry's lock (registry/.lock, made with O_EXCL, holding the holder's pid):
+   * waits for another decision's to go, takes over one whose process is gone, and gives up after LOCK_WAIT_MS
+   * saying who holds it. The decision reads the history again inside, so it decides from what is there now.
+   */
+  private locked<T>(decide: () => T): T {
+    mkdirSync(this.dir, { recursive: true });
+    const path = join(this.dir, '.lock');
+    const until = Date.now() + LOCK_WAIT_MS;
+    for (;;) {
+      try {
+        writeFileSync(path, `${process.pid}\n`, { flag: 'wx' });
+        break;
+      } catch (error) {
+        if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error;
+      }
+      const holder = Number(readFileSyncOrEmpty(path).trim());
+      if (holder > 0 && !alive(holder)) {
+        rmSync(path, { force: true }); // its process is gone: the decision it held never finished
+        continue;
+      }
+      if (Date.now() > until)
+        throw new PipelineError(
+          `model registry ${this.dir} is locked by process ${holder || '?'} making a decision; try again once it has finished (or remove ${path} if no such process runs)`,
+        );
+      Atomics.wait(SLEEP, 0, 0, 10);
+    }
+    try {
+      return decide();
+    } finally {
+      rmSync(path, { force: true });
+    }
   }
 
   /** Appends one decision, durably; a torn last line a kill left is cut off first, so it never swallows this one. */
@@ -200,6 +283,28 @@ export class Registry {
     fsyncSync(fd);
     closeSync(fd);
     return e;
+  }
+}
+
+/** A buffer to wait on: a decision waits for another's lock without returning to the event loop. */
+const SLEEP = new Int32Array(new SharedArrayBuffer(4));
+
+/** A file's text, or '' when it is gone (a lock released meanwhile). */
+function readFileSyncOrEmpty(path: string): string {
+  try {
+    return readFileSync(path, 'utf8');
+  } catch {
+    return '';
+  }
+}
+
+/** Whether a process of this machine is running. */
+function alive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === 'EPERM';
   }
 }
 

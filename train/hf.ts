@@ -154,6 +154,12 @@ export interface HfModel {
 }
 
 /** Reads a Hugging Face folder: its config and every weight it needs, checked against the architecture's names and shapes. */
+/** The first weight of a model folder that holds a value that is not a finite number (NaN, an infinity), or null. */
+export function nonFiniteWeight(dir: string): string | null {
+  for (const [name, data] of readHfModel(dir).weights) if (!data.every(Number.isFinite)) return name;
+  return null;
+}
+
 export function readHfModel(dir: string): HfModel {
   const { config, json } = readHfConfig(dir);
   const found = new Map<string, { shape: number[]; data: Float32Array; file: string }>();

@@ -31,6 +31,11 @@ function runFolder(cache: string, key: string): string {
   return join(cache, name);
 }
 
+/** A run whose loss stopped being a number: its weights are no model (a refresh night rejects the candidate). */
+export class Diverged extends Error {
+  override name = 'Diverged';
+}
+
 export interface StepBatch {
   /** The loss to minimise on this step's batch, and scalars to report beside it, in micro-batches that add up to the batch's; none: the step makes no update. */
   parts: MicroBatch[];
@@ -237,7 +242,7 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
       ...after,
     };
     if (!Number.isFinite(result.loss))
-      throw new Error(
+      throw new Diverged(
         `${run.label}: the loss is ${result.loss} at step ${step + 1}; lower lr (now ${s.lr}) or max_grad_norm`,
       );
     metrics.push(row);

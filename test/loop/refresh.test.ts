@@ -16,6 +16,7 @@ import { Registry } from '../../loop/registry.ts';
 import { replayBuffer } from '../../loop/refresh.ts';
 import { REPO, prefab, prefabAsync } from '../fixtures/cli.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
+import { readSafetensors, writeSafetensors } from '../../train/safetensors.ts';
 
 let dir: string;
 let workdir: string;
@@ -251,6 +252,38 @@ refresh:
         weights,
       ),
     ).toBe(true);
+  });
+
+  it('rejects a candidate whose weights are not numbers, ends the night with that reason, and the next night starts', async () => {
+    await toInbox('diverged.jsonl', { offset: 24_000, tasks: 6 });
+    const nights = join(workdir, 'refresh', 'nights');
+    const night = join(nights, String(readdirSync(nights).length + 1).padStart(4, '0'));
+    const trained = join(night, 'candidate-dapo', 'model', 'model.safetensors');
+    // The night is stopped once its candidate is trained, and the candidate's weights made NaN, as a DPO that
+    // diverged without a NaN loss would leave them.
+    const child = prefabAsync(['--workdir', workdir, '--config', config, 'refresh']);
+    const exited = new Promise((resolve) => child.on('exit', resolve));
+    while (!existsSync(trained) && child.exitCode === null) await new Promise((resolve) => setTimeout(resolve, 10));
+    child.kill('SIGKILL');
+    await exited;
+    const { tensors, metadata } = readSafetensors(trained);
+    for (const t of tensors.values()) t.data.fill(Number.NaN);
+    writeSafetensors(trained, tensors, metadata);
+    const production = registry().aliases().production;
+    const versions = registry().versions().length;
+    const r = refresh();
+    expect(r.code, r.stderr).toBe(0);
+    const report = JSON.parse(readFileSync(join(night, 'report.json'), 'utf8'));
+    expect(report).toMatchObject({ decision: 'rejected', candidate: null, production_after: production });
+    expect(report.reason).toMatch(
+      /^the candidate is no model \(its weight .* holds a value that is not a finite number\)/,
+    );
+    expect(registry().versions()).toHaveLength(versions);
+    // The loop goes on: the next refresh is a new night, not this one again.
+    await toInbox('after.jsonl', { offset: 25_000, tasks: 2 });
+    const next = refresh();
+    expect(next.code, next.stderr).toBe(0);
+    expect(next.stderr).not.toMatch(/resuming night/);
   });
 
   it('runs simulated days end to end and prints the daily table; a second refresh meanwhile is refused', async () => {

@@ -1,6 +1,7 @@
 // The model registry: versions with their parents, aliases, an append-only history, promotion and rollback
 // that a kill -9 cannot leave half-made, and `prefab models` over it.
 import { spawn } from 'node:child_process';
+import { once } from 'node:events';
 import { appendFileSync, existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -162,5 +163,59 @@ describe('model registry', () => {
     const unknown = prefab(['--workdir', workdir, 'models', 'promote', 'v0042']);
     expect(unknown.code).not.toBe(0);
     expect(unknown.stderr).toMatch(/no version v0042/);
+  });
+});
+
+describe('model registry under races and damage', () => {
+  it('makes decisions one at a time: of four promotions at once, one is recorded and the others are refused', async () => {
+    const { prefabAsync } = await import('../fixtures/cli.ts');
+    for (let trial = 0; trial < 4; trial++) {
+      const workdir = join(tempDir(), 'workspace');
+      const registry = new Registry(join(workdir, 'registry'));
+      registry.register(modelFolder('a'), { source: {}, config: {}, eval: null });
+      registry.register(modelFolder('b'), { source: {}, config: {}, eval: null });
+      const codes = await Promise.all(
+        Array.from({ length: 4 }, async () => {
+          const child = prefabAsync(['--workdir', workdir, 'models', 'promote', 'v0002']);
+          child.stdout.resume();
+          child.stderr.resume();
+          const [code] = (await once(child, 'exit')) as [number];
+          return code;
+        }),
+      );
+      expect(
+        codes.filter((c) => c === 0),
+        `trial ${trial}`,
+      ).toHaveLength(1);
+      expect(registry.history().filter((e) => e.event === 'promoted' && e.version === 'v0002')).toHaveLength(1);
+      // So a rollback goes back to the version before.
+      expect(registry.rollback('test').version).toBe('v0001');
+      expect(registry.aliases().production).toBe('v0001');
+    }
+  });
+
+  it('skips a history line that is not a decision, saying which, and still answers', () => {
+    const workdir = join(tempDir(), 'workspace');
+    const registry = new Registry(join(workdir, 'registry'));
+    registry.register(modelFolder('a'), { source: {}, config: {}, eval: null });
+    registry.register(modelFolder('b'), { source: {}, config: {}, eval: null });
+    const path = join(registry.dir, 'history.jsonl');
+    appendFileSync(path, 'null\n{"note":"hand edit"}\nnot json\n');
+    registry.promote('v0002', 'after the garbage');
+    const warned: string[] = [];
+    expect(new Registry(registry.dir, (m) => warned.push(m)).aliases().production).toBe('v0002');
+    expect(warned.map((w) => w.replace(path, 'H'))).toEqual([
+      'H line 5: null is not a decision (an object with an event and a version); skipped',
+      'H line 6: {"note":"hand edit"} is not a decision (an object with an event and a version); skipped',
+      'H line 7: not JSON, so not a decision; skipped',
+    ]);
+    for (const command of [
+      ['models', 'list'],
+      ['models', 'rollback', '--reason', 'x'],
+    ]) {
+      const r = prefab(['--workdir', workdir, ...command]);
+      expect(r.code, r.stderr).toBe(0);
+      expect(r.stderr).toMatch(/line 5: null is not a decision/);
+    }
   });
 });
