@@ -372,13 +372,20 @@ export async function refreshNight(
   if (state.diverged === undefined) {
     try {
       await trainChain(productionFolder, dpoFolder, candidateFolder, buffer.pair_ids, pairs);
-      const bad = nonFiniteWeight(candidateFolder);
-      state.diverged = bad && `its weight ${bad} holds a value that is not a finite number`;
+      state.diverged = null;
     } catch (error) {
       if (!(error instanceof Diverged)) throw error;
       state.diverged = error.message;
     }
     await save();
+  }
+  // Read on every attempt of the night, a resumed one too: the weights about to be played are the ones checked.
+  if (!state.diverged) {
+    const bad = nonFiniteWeight(candidateFolder);
+    if (bad) {
+      state.diverged = `its weight ${bad} holds a value that is not a finite number`;
+      await save();
+    }
   }
   const training = await trainingFigures(dpoFolder, cfg.dapo.enabled ? candidateFolder : null);
   if (state.diverged) {
