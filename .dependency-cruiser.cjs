@@ -1,5 +1,5 @@
 // The walls between prefab's rooms (docs/architecture.md), checked by `npm run lint:deps` in CI.
-// An import may go down the list below, never up: bin → stages → loop → rl / pairing → judges → env / train / store → core → pipeline.
+// An import may go down the list below, never up: bin → stages/index.ts → report → stages → loop → rl / pairing → judges → env / train / store → core → pipeline.
 /** @type {import('dependency-cruiser').IConfiguration} */
 module.exports = {
   forbidden: [
@@ -123,6 +123,22 @@ module.exports = {
       comment: 'The executable hands the command line to the CLI with the stages; everything else lives below it.',
       from: { path: '^bin/' },
       to: { path: '^(core|store|pairing|judges|env|train|rl|loop)/|^stages/(?!index\\.ts$)' },
+    },
+    {
+      name: 'only-the-command-list-imports-the-report',
+      severity: 'error',
+      comment:
+        'report/ reads what every room wrote (a view of the workspace); stages/index.ts adds its command, and nothing else knows it.',
+      from: { path: '^(pipeline|core|store|pairing|judges|env|train|rl|loop|bin)/|^stages/(?!index\\.ts$)' },
+      to: { path: '^report/' },
+    },
+    {
+      name: 'the-page-script-is-the-browsers',
+      severity: 'error',
+      comment:
+        "report/client/ runs in the browser: it takes the page's data types and uPlot, nothing of Node or prefab.",
+      from: { path: '^report/client/' },
+      to: { path: '^(?!report/(client/|data\\.ts$)|node_modules/uplot/)' },
     },
     {
       name: 'no-orphans',

@@ -269,11 +269,13 @@ export function addRefreshCommand(program: Command, ctx: CommandContext): void {
       const { signal } = await ctx.locked(engine, `prefab ${process.argv.slice(2).join(' ')}`, log, async (abort) => {
         if (opts.days === undefined) {
           process.stdout.write(formatNight(await refreshNight(engine, cfg, backend, abort, log)) + '\n');
+          await ctx.resultsChanged(engine, log);
           return;
         }
-        const days = await simulatedDays(engine, cfg, backend, opts.days, abort, log, (d) =>
-          process.stdout.write(formatNight(d.night, d.traffic) + '\n\n'),
-        );
+        const days = await simulatedDays(engine, cfg, backend, opts.days, abort, log, async (d) => {
+          process.stdout.write(formatNight(d.night, d.traffic) + '\n\n');
+          await ctx.resultsChanged(engine, log);
+        });
         process.stdout.write(formatDays(days) + '\n');
       });
       ctx.setExit(signal === 'SIGINT' ? 130 : signal ? 143 : 0);

@@ -89,7 +89,7 @@ export async function simulatedDays(
   n: number,
   signal: AbortSignal,
   log: Logger,
-  onDay: (d: Day) => void,
+  onDay: (d: Day) => Promise<void> | void,
 ): Promise<Day[]> {
   const registry = new Registry(join(engine.ws.root, 'registry'), (m) => log.warn(m));
   const inbox = inboxOf(engine, cfg);
@@ -110,7 +110,7 @@ export async function simulatedDays(
     };
     const night = await refreshNight(engine, cfg, backend, signal, log);
     const d = { day, date: dateOf(cfg.days.start, day - 1), production, traffic, night };
-    onDay(d);
+    await onDay(d);
     days.push(d);
   }
   return days;

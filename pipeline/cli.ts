@@ -200,10 +200,15 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     return new Logger(o.logFormat ?? Logger.defaultFormat(), process.stderr, {}, o.quiet ?? false);
   };
   const afterRun: ((engine: Engine, log: Logger) => Promise<void> | void)[] = [];
-  /** After a run without failures or interruptions, the hooks commands added (the registry's). */
+  const afterResults: ((engine: Engine, log: Logger) => Promise<void> | void)[] = [];
+  const resultsChanged = async (engine: Engine, log: Logger) => {
+    for (const hook of afterResults) await hook(engine, log);
+  };
+  /** After a run without failures or interruptions, the hooks commands added (the registry's, then the report's). */
   const finished = async (engine: Engine, log: Logger, outcomes: StageOutcome[], signal: NodeJS.Signals | null) => {
     if (signal || outcomes.some((o) => o.action === 'failed' || o.action === 'interrupted')) return;
     for (const hook of afterRun) await hook(engine, log);
+    await resultsChanged(engine, log);
   };
 
   program
@@ -321,6 +326,8 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     pipeline: (log: Logger) => withSections(stages, program.opts<GlobalOptions>(), log),
     locked: withLock,
     afterRun: (hook: (engine: Engine, log: Logger) => Promise<void> | void) => void afterRun.push(hook),
+    afterResults: (hook: (engine: Engine, log: Logger) => Promise<void> | void) => void afterResults.push(hook),
+    resultsChanged,
   };
   for (const add of commands) add(program, ctx);
   return program;

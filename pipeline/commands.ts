@@ -21,6 +21,10 @@ export interface CommandContext {
   ): Promise<{ result: T; signal: NodeJS.Signals | null }>;
   /** `hook` runs after every `prefab run` or `prefab stage` that ended without a failure or an interruption. */
   afterRun(hook: (engine: Engine, log: Logger) => Promise<void> | void): void;
+  /** `hook` runs whenever a command has left new results in the workspace: after the afterRun hooks, and when a command calls resultsChanged. */
+  afterResults(hook: (engine: Engine, log: Logger) => Promise<void> | void): void;
+  /** Runs the afterResults hooks: a command that changed the workspace's results outside a run (a refresh night) calls it. */
+  resultsChanged(engine: Engine, log: Logger): Promise<void>;
 }
 
 export type CommandFactory = (program: Command, ctx: CommandContext) => void;

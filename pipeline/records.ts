@@ -57,6 +57,20 @@ export function detectFormat(path: string): InputFormat | null {
   return null;
 }
 
+/** A line of a stage's quarantine.jsonl (ingest's, import's): a record that could not be read, where it was and why. */
+export interface QuarantineRecord {
+  file: string;
+  where: string;
+  reason: string;
+  raw: string;
+}
+
+/** A quarantine reason with its numbers and quoted values blanked (at most 200 characters), so alike reasons count together. */
+export function reasonKind(reason: string): string {
+  const alike = reason.replace(/\d+/g, '#').replace(/'[^']*'/g, "'…'");
+  return alike.length > 200 ? `${alike.slice(0, 200)}…` : alike;
+}
+
 /** A raw record's text as a quarantine keeps it: at most 64 KB of it, so one huge record cannot swell the file. */
 export const quarantineText = (raw: string) =>
   raw.length > 65536 ? `${raw.slice(0, 65536)}… (${raw.length} characters in all)` : raw;

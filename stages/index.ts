@@ -19,6 +19,7 @@ import { addModelCommands } from '../train/model-commands.ts';
 import { addRefreshCommand, addRegistryCommands, addServeCommand } from '../loop/commands.ts';
 import { tokenizer } from './tokenizer/index.ts';
 import { addPreviewCommands } from './preview.ts';
+import { addReportCommand } from '../report/command.ts';
 
 export const STAGES: Stage[] = [
   ingest,
@@ -44,5 +45,6 @@ export const COMMANDS: CommandFactory[] = [
   addServeCommand,
   addRefreshCommand,
   addPreviewCommands,
+  addReportCommand,
   addBackendOption,
 ];

@@ -23,6 +23,8 @@ import { Llama } from '../../train/model.ts';
 import type { Placeholders } from '../../train/placeholders.ts';
 import type { Kernels } from '../../train/webgpu/kernel.ts';
 import { ModelPolicy } from '../../train/policy.ts';
+import type { StageContext, StageReport } from '../../pipeline/stage.ts';
+import type { Config } from './index.ts';
 
 type ModelRow = Record<string, number | null>;
 
@@ -39,8 +41,15 @@ interface TypeRow {
   accuracy: Record<string, number>;
 }
 
-import type { StageContext, StageReport } from '../../pipeline/stage.ts';
-import type { Config } from './index.ts';
+/** eval.json: each model's figures, pair accuracy by type, and what they were measured on (the registry and the report read it). */
+export interface EvalReport {
+  models: Record<string, ModelRow>;
+  pairs_by_type: Record<string, TypeRow>;
+  held_out: { pairs: number; pairs_too_long: number; sft_windows: number; val_tasks: number; k: number };
+  preference_loss: { loss: string; beta: number; reference: 'sft' | null };
+  sampling: { temperature: number; top_p: number; max_tokens: number; max_turns: number; constrained: boolean };
+  backend: string;
+}
 
 /** The model acting in the simulator on the validation tasks, each episode seeded by the model, task and try. */
 async function simulate(
@@ -258,7 +267,7 @@ export async function run({
 
   const byType = pairsByType(types, shorterChosen(examples), wins);
   const table = formatTable(rows) + (examples.length ? `\n\n${formatByType(byType, Object.keys(wins))}` : '');
-  const report = {
+  const report: EvalReport = {
     models: rows,
     pairs_by_type: byType,
     held_out: {

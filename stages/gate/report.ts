@@ -10,6 +10,15 @@ export interface GateOptions {
   sources: readonly PairSource[];
 }
 
+/** report.json: the gate's options, the judges, its rows per source and negative type, and the judges as measured. */
+export interface GateReportFile {
+  options: GateOptions;
+  judges: string[];
+  endpoint: unknown;
+  rows: ReportRow[];
+  calibration: CalibrationRow[] | null;
+}
+
 /** Why the pair is dropped, or null to keep it. */
 export function gateReason(p: JudgedPair<unknown>, o: GateOptions): string | null {
   if (!o.sources.includes(p.source)) return `source ${p.source} is not in gate.sources`;

@@ -6,7 +6,7 @@ import { readJsonFile } from '../../pipeline/workspace.ts';
 import { SPLITS, type JudgedPair, type Pair } from '../../core/records.ts';
 import type { PairSide } from '../../store/messages.ts';
 import { Calibration } from './calibration.ts';
-import { GateReport, gateReason, reportMarkdown, type GateOptions } from './report.ts';
+import { GateReport, gateReason, reportMarkdown, type GateOptions, type GateReportFile } from './report.ts';
 
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
@@ -73,7 +73,7 @@ export async function run({ config: cfg, out, input, log }: StageContext<Config>
         endpoint: judgeReport?.endpoint ?? null,
         rows,
         calibration: measured,
-      },
+      } satisfies GateReportFile,
       null,
       2,
     ) + '\n',

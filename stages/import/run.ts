@@ -3,7 +3,13 @@ import { join } from 'node:path';
 import { hashJson } from '../../pipeline/hash.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { every, safePoint } from '../../pipeline/interrupt.ts';
-import { detectFormat, quarantineText, readRecords, type InputFormat } from '../../pipeline/records.ts';
+import {
+  detectFormat,
+  quarantineText,
+  readRecords,
+  type InputFormat,
+  type QuarantineRecord,
+} from '../../pipeline/records.ts';
 import { UsageError } from '../../pipeline/errors.ts';
 import { SPLITS, pairId, type CandidatePair } from '../../core/records.ts';
 import { ImportError, detectImport, readPairs, type ImportFormat } from './formats.ts';
@@ -56,7 +62,7 @@ export async function run({ config: cfg, out, external, log, signal }: StageCont
           where: record.where,
           reason: `${format ? `${format}: ` : ''}${error.message}`,
           raw: quarantineText(record.raw),
-        });
+        } satisfies QuarantineRecord);
         continue;
       }
       counts[format]!++;

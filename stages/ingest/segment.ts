@@ -23,22 +23,17 @@ import {
   jsonDepth,
   parseRecord,
   quarantineText,
+  reasonKind,
   readElementBlocks,
   readLineBlocks,
   type ElementBlock,
   type InputFormat,
   type LineBlock,
   type LineLimit,
+  type QuarantineRecord,
   type RawRecord,
 } from '../../pipeline/records.ts';
 import { WorkerPool, inOrder, workerCount } from '../../pipeline/workers.ts';
-
-export interface QuarantineRecord {
-  file: string;
-  where: string;
-  reason: string;
-  raw: string;
-}
 
 export interface ReadingOptions {
   format: InputFormat | 'auto';
@@ -492,8 +487,7 @@ function fileReading(
   const quarantineRecord = async (where: string, reason: string, raw: string, counted = true) => {
     quarantined++;
     if (counted) {
-      const alike = reason.replace(/\d+/g, '#').replace(/'[^']*'/g, "'…'");
-      const kind = alike.length > 200 ? `${alike.slice(0, 200)}…` : alike;
+      const kind = reasonKind(reason);
       reasons.set(kind, (reasons.get(kind) ?? 0) + 1);
     }
     await quarantine.write({ file: file.name, where, reason, raw: quarantineText(raw) } satisfies QuarantineRecord);

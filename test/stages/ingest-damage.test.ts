@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { DuckDBInstance } from '@duckdb/node-api';
 import { describe, expect, it } from 'vitest';
-import type { QuarantineRecord } from '../../stages/ingest/segment.ts';
+import type { QuarantineRecord } from '../../pipeline/records.ts';
 import { sessionSegments } from '../../store/runs.ts';
 import type { Session } from '../../core/records.ts';
 import { prefab } from '../fixtures/cli.ts';

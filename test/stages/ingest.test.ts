@@ -4,7 +4,7 @@ import { basename, join } from 'node:path';
 import { DuckDBInstance } from '@duckdb/node-api';
 import { describe, expect, it } from 'vitest';
 import xxhash from 'xxhash-wasm';
-import type { QuarantineRecord } from '../../stages/ingest/segment.ts';
+import type { QuarantineRecord } from '../../pipeline/records.ts';
 import { sessionSegments } from '../../store/runs.ts';
 import { taskRunsFile } from '../../stages/layout.ts';
 import type { Session } from '../../core/records.ts';
