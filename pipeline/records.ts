@@ -1,6 +1,6 @@
 // Readers of input records (logged sessions, imported pairs): JSONL, a JSON array, or Parquet, each streamed record by record.
 import { closeSync, fstatSync, openSync, read, readSync } from 'node:fs';
-import { readLines, openText } from './jsonl.ts';
+import { openText } from './jsonl.ts';
 import { BufferShelf, SMALL_FILE } from './buffers.ts';
 import { Interrupted } from './interrupt.ts';
 
@@ -81,9 +81,27 @@ export const quarantineText = (raw: string) =>
  * one bad file never stops the others. Parquet is read on a thread of its own (readParquetRecords), where a
  * row group too large for memory ends that thread, not the process.
  */
-export async function* readRecords(path: string, format: InputFormat): AsyncGenerator<RawRecord> {
+export async function* readRecords(
+  path: string,
+  format: InputFormat,
+  limit: LineLimit = NO_LIMIT,
+): AsyncGenerator<RawRecord> {
   if (format === 'parquet') return yield* (await import('./parquet.ts')).readParquetRecords(path); // the Parquet libraries only when a file is Parquet
-  yield* untilDamaged(path, format === 'jsonl' ? readJsonlRecords(path) : readJsonArray(path));
+  yield* untilDamaged(path, format === 'jsonl' ? readJsonlRecords(path, limit) : readJsonArray(path, limit));
+}
+
+/**
+ * The longest record a reader holds, `bytes`, set by the config key `key`: a longer JSONL line is a record that
+ * says so (recordLimit's reason), its rest passed over; `signal` stops that passing when the run is stopped.
+ */
+export function recordLimit(bytes: number, key: string, signal?: AbortSignal): LineLimit {
+  return {
+    bytes,
+    key,
+    signal,
+    reason: (n) =>
+      `the record is ${n.toLocaleString('en-US')} bytes, more than ${key} (${bytes.toLocaleString('en-US')}): passed over unread from there to its newline, its first 64 KiB kept here; raise the limit if records are this long`,
+  };
 }
 
 /** A Parquet file's records read on this thread, as readRecords gives records: on the thread readParquetRecords reads it on. */
@@ -135,10 +153,23 @@ export function parseRecord(where: string, raw: string): RawRecord {
   }
 }
 
-async function* readJsonlRecords(path: string): AsyncGenerator<RawRecord> {
-  for await (const { line, text } of readLines(path)) {
-    if (text.trim() === '') continue;
-    yield parseRecord(`line ${line}`, text);
+/** A JSONL file's records, a line at a time: read in blocks, so a line past `limit` is never held whole. */
+async function* readJsonlRecords(path: string, limit: LineLimit): AsyncGenerator<RawRecord> {
+  for await (const block of readLineBlocks(path, 1 << 20, new BufferShelf(0), limit)) {
+    if ('damaged' in block) throw new Error(block.damaged);
+    if ('records' in block) {
+      yield* block.records;
+      continue;
+    }
+    const bytes = Buffer.from(block.bytes.buffer, block.bytes.byteOffset, block.bytes.byteLength);
+    const records: RawRecord[] = [];
+    let line = block.firstLine;
+    forEachLine(bytes, (start, end) => {
+      const text = bytes.toString('utf8', start, end);
+      if (text.trim() !== '') records.push(parseRecord(`line ${line}`, text));
+      line++;
+    });
+    yield* records;
   }
 }
 
@@ -209,6 +240,8 @@ type WholeLines = { bytes: Uint8Array; firstLine: number };
  */
 export interface LineLimit {
   bytes: number;
+  /** The config key that sets `bytes`, for the messages. */
+  key?: string;
   reason: (bytes: number) => string;
   signal?: AbortSignal;
 }
@@ -399,8 +432,8 @@ function readerOf(fd: number): (into: Uint8Array, at: number, length: number) =>
 }
 
 /** The elements of a JSON array, one at a time (readElementBlocks cuts them out). */
-export async function* readJsonArray(path: string): AsyncGenerator<RawRecord> {
-  for await (const { bytes, elements } of readElementBlocks(path)) {
+export async function* readJsonArray(path: string, limit: LineLimit = NO_LIMIT): AsyncGenerator<RawRecord> {
+  for await (const { bytes, elements } of readElementBlocks(path, 1 << 20, undefined, limit.bytes, limit.key)) {
     const block = Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
     for (let e = 0; e < elements.length; e += ELEMENT_FIELDS) {
       const where = elementWhere(elements, e);
@@ -431,13 +464,15 @@ export const elementWhere = (elements: Uint32Array, e: number) =>
  * go), taken from `shelf` where the caller puts blocks it is done with. The elements are cut out by a scanner
  * of the bytes that tracks strings and nesting (ArrayScanner), so a file larger than memory still streams;
  * blank elements (`[1,,2]`) are left out. A file that is not an array, has more after it, breaks off, or
- * holds an element longer than `maxElement` bytes throws, once the whole elements before that are given.
+ * holds an element longer than `maxElement` bytes (set by the config key `key`) throws, once the whole elements
+ * before that are given.
  */
 export async function* readElementBlocks(
   path: string,
   size = 1 << 20,
   shelf = new BufferShelf(0),
   maxElement = Infinity,
+  key = 'max_record_bytes',
 ): AsyncGenerator<ElementBlock> {
   const scanner = new ArrayScanner(path);
   let pending = shelf.take(2 * size);
@@ -468,7 +503,7 @@ export async function* readElementBlocks(
       // An element is not held past the limit: unlike a line, where it ends is only known by reading it.
       if (scanner.whole === 0 && filled - scanner.cutAt > maxElement)
         throw new Error(
-          `an element of more than ${maxElement} bytes, longer than a record may be (ingest.max_record_bytes): it and the elements after it are not read; raise the limit, or write the records as JSONL`,
+          `an element of more than ${maxElement} bytes, longer than a record may be (${key}): it and the elements after it are not read; raise the limit, or write the records as JSONL`,
         );
     }
     scanner.scan(pending.subarray(0, filled), true);

@@ -51,12 +51,13 @@ function sessionLines(s: Session, width: number): string[] {
 
 /** The first `n` records of each input, as ingest would read them. */
 async function previewInputs(engine: Engine, n: number, json: boolean): Promise<void> {
-  const [{ resolveInputs }, { detectFormat, readRecords }, { readOne }, { readingOptions }] = await Promise.all([
-    import('../pipeline/inputs.ts'),
-    import('../pipeline/records.ts'),
-    import('./ingest/segment.ts'),
-    import('./ingest/run.ts'),
-  ]);
+  const [{ resolveInputs }, { detectFormat, readRecords, recordLimit }, { readOne }, { readingOptions }] =
+    await Promise.all([
+      import('../pipeline/inputs.ts'),
+      import('../pipeline/records.ts'),
+      import('./ingest/segment.ts'),
+      import('./ingest/run.ts'),
+    ]);
   const cfg = engine.config.ingest as IngestConfig;
   const files = await resolveInputs(cfg.inputs, engine.configDir);
   if (files.length === 0) process.stdout.write('ingest.inputs names no file: nothing to preview\n');
@@ -71,7 +72,11 @@ async function previewInputs(engine: Engine, n: number, json: boolean): Promise<
       continue;
     }
     let seen = 0;
-    for await (const record of readRecords(path, format)) {
+    for await (const record of readRecords(
+      path,
+      format,
+      recordLimit(cfg.max_record_bytes, 'ingest.max_record_bytes'),
+    )) {
       if (seen++ >= n) break;
       const made = readOne(record, path, o);
       const session = 'session' in made ? made.session : null;

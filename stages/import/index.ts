@@ -18,6 +18,14 @@ const config = z.strictObject({
     .enum(['auto', 'jsonl', 'json', 'parquet'])
     .default('auto')
     .describe('auto: each file by its extension; otherwise every file is read as this format.'),
+  max_record_bytes: z
+    .number()
+    .int()
+    .min(1024)
+    .default(16_000_000)
+    .describe(
+      'A record longer than this (its text, in bytes) is quarantined with its size instead of read; a JSONL line is cut off as soon as it passes the limit and reading goes on at its newline, as in ingest.',
+    ),
   format: z
     .enum(['auto', 'hh', 'trl', 'ultrafeedback'])
     .default('auto')

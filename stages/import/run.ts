@@ -7,6 +7,7 @@ import {
   detectFormat,
   quarantineText,
   readRecords,
+  recordLimit,
   type InputFormat,
   type QuarantineRecord,
 } from '../../pipeline/records.ts';
@@ -40,7 +41,8 @@ export async function run({ config: cfg, out, external, log, signal }: StageCont
       throw new UsageError(
         `${file.name}: cannot tell its format from the name; use .jsonl, .json or .parquet, or set import.file_format`,
       );
-    for await (const record of readRecords(file.path, fileFormat)) {
+    const limit = recordLimit(cfg.max_record_bytes, 'import.max_record_bytes', signal);
+    for await (const record of readRecords(file.path, fileFormat, limit)) {
       if (due())
         await safePoint(
           signal,

@@ -26,6 +26,7 @@ import {
   reasonKind,
   readElementBlocks,
   readLineBlocks,
+  recordLimit,
   type ElementBlock,
   type InputFormat,
   type LineBlock,
@@ -265,7 +266,7 @@ async function* batchesOf(
   }
   if (format === 'json') {
     try {
-      yield* readElementBlocks(path, blockBytes, shelf, limit.bytes);
+      yield* readElementBlocks(path, blockBytes, shelf, limit.bytes, limit.key);
     } catch (error) {
       yield { damaged: damageReason(path, error) };
     }
@@ -273,19 +274,6 @@ async function* batchesOf(
   }
   const { readParquetBatches } = await import('../../pipeline/parquet.ts'); // the Parquet libraries only when a file is Parquet
   for await (const records of readParquetBatches(path, parquetHeapMb)) yield { records };
-}
-
-/**
- * The longest line ingest holds: ingest.max_record_bytes. A longer one is quarantined as soon as it passes
- * it, the rest of it passed over to its newline; `signal` stops that passing when the run is stopped.
- */
-function lineLimit(bytes: number, signal: AbortSignal): LineLimit {
-  return {
-    bytes,
-    signal,
-    reason: (n) =>
-      `the record is ${n.toLocaleString('en-US')} bytes, more than ingest.max_record_bytes (${bytes.toLocaleString('en-US')}): passed over unread from there to its newline, its first 64 KiB kept here; raise the limit if records are this long`,
-  };
 }
 
 /** What a worker thread of ingest is started with. */
@@ -401,7 +389,7 @@ export async function ingestFiles(
       const blockBytes = pool ? Math.min(1 << 20, Math.max(64 << 10, Math.ceil(total / (2 * pool.size)))) : 1 << 20;
       const begun = fileReading(file, out, seq, ids, quarantine, reasons, log, signal, shelf, pool);
       reading.add(begun);
-      const limit = lineLimit(o.maxRecordBytes, signal);
+      const limit = recordLimit(o.maxRecordBytes, 'ingest.max_record_bytes', signal);
       for await (const batch of batchesOf(file.path, formats[i]!, shelf, blockBytes, limit, parquetHeapMb))
         yield { reading: begun, batch };
       // Its end, once its batches are used.

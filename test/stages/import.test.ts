@@ -155,6 +155,35 @@ describe('the import stage', () => {
     expect(Number(sft[0]!.n)).toBe(0);
   });
 
+  it('quarantines a line past import.max_record_bytes as soon as it passes, and reads on at its newline', async () => {
+    const dir = tempDir();
+    writeFileSync(join(dir, 'logs.jsonl'), jsonl([session('s1', 'A', 1), session('s2', 'A', 0)]));
+    const pair = (q: string) => JSON.stringify({ prompt: q, chosen: 'Done.', rejected: 'No.' });
+    writeFileSync(
+      join(dir, 'long.jsonl'),
+      Buffer.concat([
+        Buffer.from(pair('first') + '\n'),
+        Buffer.alloc(3_000_000, 'x'),
+        Buffer.from('\n' + pair('second') + '\n'),
+        Buffer.alloc(2_000_000, 0), // the file ends inside it
+      ]),
+    );
+    const outcomes = await engineFor(
+      dir,
+      'ingest:\n  inputs: [logs.jsonl]\nimport:\n  inputs: [long.jsonl]\n  max_record_bytes: 30000\n',
+    ).run({ until: 'import' });
+    expect(outcomes.at(-1)!.action, outcomes.at(-1)!.error).toBe('ran');
+    expect(manifest(dir, 'import').counts).toMatchObject({ trl: 2, quarantined: 2 });
+    const quarantined = await collect<{ where: string; reason: string; raw: string }>(
+      join(dir, 'workspace', 'import', 'quarantine.jsonl'),
+    );
+    expect(quarantined.map((q) => [q.where, q.reason.split(':')[0]])).toEqual([
+      ['line 2', 'the record is 3,000,000 bytes, more than import.max_record_bytes (30,000)'],
+      ['line 4', 'the record is 2,000,000 bytes, more than import.max_record_bytes (30,000)'],
+    ]);
+    for (const q of quarantined) expect(q.raw.length).toBeLessThanOrEqual(65536);
+  });
+
   it('has the judges recheck imported pairs when asked', async () => {
     const dir = tempDir();
     writeFileSync(join(dir, 'logs.jsonl'), jsonl([session('s1', 'A', 1), session('s2', 'A', 0)]));
