@@ -2,6 +2,7 @@
 // mean@k and pass@k, reward and turns, and two signs of what a policy that does not succeed yet has learnt:
 // calls the environment accepts, and episodes that looked up the right company.
 import type { Policy } from '../core/records.ts';
+import { settled } from '../core/settled.ts';
 import { runEpisode } from './rollout.ts';
 import { DEFAULT_WORLD, SENSITIVE, generateTask, generateWorld, type Field } from './world.ts';
 
@@ -38,55 +39,57 @@ export interface EpisodeRecord {
 }
 
 /**
- * The policy's episodes over `tasks` × `k` validation tasks. `beforeEpisode` is called before each (a sampling
- * policy reseeds there, so every episode is reproducible on its own, and two policies reseeded alike meet the
- * same draws: a paired comparison); `afterEpisode` after it (progress).
+ * The episodes over `tasks` × `k` validation tasks, each played by `player(task, trial)`: a sampling policy
+ * seeded by the task and try alone, so every episode is reproducible on its own and two policies seeded
+ * alike meet the same draws (a paired comparison). `together`: all started at once, so a shared decoder
+ * steps them together; otherwise one after another. `afterEpisode` is called as each ends (progress).
+ * The records are in task and try order either way.
  */
 export async function validationEpisodes(
-  policy: Policy,
-  o: ValidationOptions,
-  beforeEpisode: (taskId: string, trial: number) => void,
+  player: (taskId: string, trial: number) => Policy,
+  o: ValidationOptions & { together?: boolean },
   afterEpisode: () => void = () => {},
 ): Promise<EpisodeRecord[]> {
   const world = generateWorld({ ...DEFAULT_WORLD, seed: o.worldSeed, companies: o.companies });
-  const records: EpisodeRecord[] = [];
-  for (let t = 0; t < o.tasks; t++) {
-    const task = generateTask(world, 'val', t);
-    for (let trial = 0; trial < o.k; trial++) {
-      beforeEpisode(task.task_id, trial);
-      const episode = await runEpisode(world, task, policy, o.maxTurns);
-      const results = episode.messages.filter((x) => x.role === 'tool').map((x) => x.content ?? '');
-      const form = episode.state.form ?? {};
-      records.push({
-        task: task.task_id,
-        trial,
-        success: episode.success ? 1 : 0,
-        reward: episode.reward,
-        turns: episode.turns,
-        calls: results.length,
-        calls_ok: results.filter((r) => !r.startsWith('Error:')).length,
-        company_found: results.some((r) => r.startsWith(JSON.stringify({ company: task.company }).slice(0, -1)))
-          ? 1
-          : 0,
-        sensitive_asked: Object.keys(form).filter(
-          (f) => SENSITIVE.has(f as Field) && !episode.state.needed.includes(f as Field),
-        ).length,
-      });
-      afterEpisode();
-    }
+  const episodes = Array.from({ length: o.tasks * o.k }, (_, i) => ({
+    task: generateTask(world, 'val', Math.floor(i / o.k)),
+    trial: i % o.k,
+  }));
+  const play = async ({ task, trial }: (typeof episodes)[number]): Promise<EpisodeRecord> => {
+    const episode = await runEpisode(world, task, player(task.task_id, trial), o.maxTurns);
+    const results = episode.messages.filter((x) => x.role === 'tool').map((x) => x.content ?? '');
+    const form = episode.state.form ?? {};
+    afterEpisode();
+    return {
+      task: task.task_id,
+      trial,
+      success: episode.success ? 1 : 0,
+      reward: episode.reward,
+      turns: episode.turns,
+      calls: results.length,
+      calls_ok: results.filter((r) => !r.startsWith('Error:')).length,
+      company_found: results.some((r) => r.startsWith(JSON.stringify({ company: task.company }).slice(0, -1))) ? 1 : 0,
+      sensitive_asked: Object.keys(form).filter(
+        (f) => SENSITIVE.has(f as Field) && !episode.state.needed.includes(f as Field),
+      ).length,
+    };
+  };
+  if (!o.together) {
+    const records: EpisodeRecord[] = [];
+    for (const e of episodes) records.push(await play(e));
+    return records;
   }
-  return records;
+  return settled(episodes.map(play));
 }
 
-/** The policy's figures over `tasks` × `k` episodes (validationEpisodes, summed up). */
+/** The players' figures over `tasks` × `k` episodes (validationEpisodes, summed up). */
 export async function validationFigures(
-  policy: Policy,
-  o: ValidationOptions,
-  beforeEpisode: (taskId: string, trial: number) => void,
+  player: (taskId: string, trial: number) => Policy,
+  o: ValidationOptions & { together?: boolean },
   afterEpisode: () => void = () => {},
 ): Promise<Figures> {
   if (o.tasks === 0) return {};
-  const records = await validationEpisodes(policy, o, beforeEpisode, afterEpisode);
+  const records = await validationEpisodes(player, o, afterEpisode);
   const byTask = new Map<string, number>();
   for (const r of records) byTask.set(r.task, Math.max(byTask.get(r.task) ?? 0, r.success));
   const calls = records.reduce((n, r) => n + r.calls, 0);

@@ -28,7 +28,7 @@ import { loadCheckpoint } from '../train/checkpoint.ts';
 import { nonFiniteWeight } from '../train/hf.ts';
 import { readPreferencePairs } from '../train/data.ts';
 import { dpoTrainer, lossOf, pairExamples, referenceScores } from '../train/dpo.ts';
-import { ModelPolicy } from '../train/policy.ts';
+import { EpisodePlayers } from '../train/policy.ts';
 import { Diverged, finalMetrics, trainingRun } from '../train/run.ts';
 import { runDapo } from '../rl/dapo.ts';
 import { compare, type Comparison } from './paired.ts';
@@ -576,24 +576,29 @@ async function play(
   const e = cfg.eval;
   const ck = loadCheckpoint(folder);
   const chat = openChat(ck.tokenizer, ck.model.config.eosTokenId, folder);
-  const policy = new ModelPolicy(
-    name,
-    ck.model,
-    ck.context,
-    chat,
-    ck.placeholders,
-    { maxTokens: e.max_tokens, temperature: e.temperature, topP: e.top_p, tools: TOOLS, signal, gpu: backend.gpu },
-    Math.random,
-  );
+  const players = new EpisodePlayers(name, ck.model, ck.context, chat, ck.placeholders, {
+    maxTokens: e.max_tokens,
+    temperature: e.temperature,
+    topP: e.top_p,
+    tools: TOOLS,
+    signal,
+    gpu: backend.gpu,
+  });
   const progress = log.progress(`paired evaluation: ${name}`, e.tasks * e.k);
   const records = await validationEpisodes(
-    policy,
-    { worldSeed: e.world_seed, companies: e.companies, tasks: e.tasks, k: e.k, maxTurns: e.max_turns },
-    (task, trial) => (policy.random = seeded(cfg.seed, 'paired', task, trial)),
+    (task, trial) => players.player(seeded(cfg.seed, 'paired', task, trial)),
+    {
+      worldSeed: e.world_seed,
+      companies: e.companies,
+      tasks: e.tasks,
+      k: e.k,
+      maxTurns: e.max_turns,
+      together: players.together,
+    },
     () => progress.tick(),
   ).finally(() => {
     progress.done();
-    policy.dispose();
+    players.dispose();
   });
   ck.model.dispose();
   return records;

@@ -6,13 +6,14 @@
 import type { Logger } from '../pipeline/log.ts';
 import type { Policy } from '../core/records.ts';
 import { sample, seeded } from '../core/random.ts';
+import { settled } from '../core/settled.ts';
 import { runEpisode } from '../env/rollout.ts';
 import { generateTask, type Task, type World } from '../env/world.ts';
 import type { Chat } from '../train/chat.ts';
 import { informativeGroups, overlongPenalty } from '../train/losses/index.ts';
 import type { Llama } from '../train/model.ts';
 import type { Placeholders } from '../train/placeholders.ts';
-import { ModelPolicy, type SamplingOptions } from '../train/policy.ts';
+import { EpisodePlayers, ModelPolicy, type SamplingOptions } from '../train/policy.ts';
 import { addNotes, emptyNotes, feedbackBlock, withFeedback } from './feedback.ts';
 import type { Rollout, StepRollouts } from './trainer.ts';
 
@@ -70,65 +71,90 @@ export function taskPool(world: World, split: 'train' | 'val', count: number, ma
   return tasks;
 }
 
-/** The step's rollouts by `model` (its informative groups) and figures over every episode played. */
+/**
+ * The step's rollouts by `model` (its informative groups) and figures over every episode played. On the CPU
+ * the groups of a generation batch are played side by side (in standard mode every episode), their tokens
+ * decoded together (SharedDecoder); on the GPU one after another, by one policy.
+ */
 export function simulatorRollouts(o: RolloutOptions): (step: number, model: Llama) => Promise<StepRollouts> {
   const pool = taskPool(o.world, 'train', o.taskPool, o.maxCalls);
-  /** One group: groupSize episodes of `task`, the step's `slot`-th draw, with the policy as it is. */
-  const playGroup = async (policy: Actor, step: number, slot: number, task: Task): Promise<Group> => {
-    const group: Group = { rollouts: [], successes: [], guided: [], lengths: [] };
-    const notes = emptyNotes();
-    for (let trial = 0; trial < o.groupSize; trial++) {
-      policy.turns.length = 0;
-      policy.random = seeded(o.seed, 'dapo', step, slot, task.task_id, trial);
-      const block = o.mode === 'feedback' ? feedbackBlock(notes) : '';
-      policy.reads = block ? (c) => withFeedback(c, block) : null;
-      const episode = await runEpisode(o.world, task, policy, o.maxTurns);
-      if (o.mode === 'feedback' && !episode.success) addNotes(notes, episode.messages);
-      const turns = [...policy.turns];
-      const longest = Math.max(0, ...turns.map((t) => t.generated.length));
-      const shaping = o.overlongBuffer > 0 ? overlongPenalty(longest, o.sampling.maxTokens, o.overlongBuffer) : 0;
-      group.rollouts.push({
+  /** One episode of `task`, its group's `trial`-th, by `actor`; `block`: the notes it reads, if any. */
+  const playTrial = async (actor: Actor, step: number, slot: number, task: Task, trial: number, block: string) => {
+    actor.turns.length = 0;
+    actor.random = seeded(o.seed, 'dapo', step, slot, task.task_id, trial);
+    actor.reads = block ? (c) => withFeedback(c, block) : null;
+    const episode = await runEpisode(o.world, task, actor, o.maxTurns);
+    actor.reads = null;
+    const turns = [...actor.turns];
+    const longest = Math.max(0, ...turns.map((t) => t.generated.length));
+    const shaping = o.overlongBuffer > 0 ? overlongPenalty(longest, o.sampling.maxTokens, o.overlongBuffer) : 0;
+    return {
+      episode,
+      rollout: {
         group: `${slot}:${task.task_id}`,
         reward: (o.reward === 'success' ? (episode.success ? 1 : 0) : episode.reward) + shaping,
         turns,
-      });
-      group.successes.push(episode.success ? 1 : 0);
-      group.guided.push(block !== '');
-      group.lengths.push(...turns.map((t) => t.generated.length));
+      },
+      lengths: turns.map((t) => t.generated.length),
+    };
+  };
+  /** One group: groupSize episodes of `task`, the step's `slot`-th draw, with the policy as it is. */
+  const playGroup = async (actor: () => Actor, together: boolean, step: number, slot: number, task: Task) => {
+    const group: Group = { rollouts: [], successes: [], guided: [], lengths: [] };
+    const trials = Array.from({ length: o.groupSize }, (_, trial) => trial);
+    let played: { trial: Awaited<ReturnType<typeof playTrial>>; block: string }[];
+    if (o.mode === 'feedback') {
+      // In order: each episode reads the notes of the failed ones before it.
+      const notes = emptyNotes();
+      const player = actor();
+      played = [];
+      for (const trial of trials) {
+        const block = feedbackBlock(notes);
+        const t = await playTrial(player, step, slot, task, trial, block);
+        if (!t.episode.success) addNotes(notes, t.episode.messages);
+        played.push({ trial: t, block });
+      }
+    } else if (together) {
+      played = await settled(
+        trials.map(async (trial) => ({ trial: await playTrial(actor(), step, slot, task, trial, ''), block: '' })),
+      );
+    } else {
+      const player = actor();
+      played = [];
+      for (const trial of trials)
+        played.push({ trial: await playTrial(player, step, slot, task, trial, ''), block: '' });
     }
-    policy.reads = null;
+    for (const { trial: t, block } of played) {
+      group.rollouts.push(t.rollout);
+      group.successes.push(t.episode.success ? 1 : 0);
+      group.guided.push(block !== '');
+      group.lengths.push(...t.lengths);
+    }
     return group;
   };
 
   return async (step, model) => {
-    const policy =
-      o.actor?.(model) ??
-      new ModelPolicy(
-        'dapo',
-        model,
-        o.context,
-        o.chat,
-        o.placeholders,
-        { ...o.sampling, recordTurns: true },
-        Math.random,
-      );
+    const players = o.actor
+      ? null
+      : new EpisodePlayers('dapo', model, o.context, o.chat, o.placeholders, { ...o.sampling, recordTurns: true });
+    const together = players?.together ?? true;
+    const actor = (): Actor => o.actor?.(model) ?? players!.player(Math.random);
     const kept: Rollout[][] = [];
     const all: Group[] = [];
     // The step's tasks: a seeded draw without replacement (with it once the pool runs out), batch after batch.
     const draw = sample(seeded(o.seed, 'dapo-tasks', step), pool, pool.length);
     try {
       for (let b = 0; b < o.maxGenerationBatches && kept.length < o.tasksPerStep; b++) {
-        const groups: Group[] = [];
-        for (let k = 0; k < o.tasksPerStep; k++) {
-          const slot = b * o.tasksPerStep + k;
-          groups.push(await playGroup(policy, step, slot, draw[slot % draw.length]!));
-        }
+        const slots = Array.from({ length: o.tasksPerStep }, (_, k) => b * o.tasksPerStep + k);
+        const play = (slot: number) => playGroup(actor, together, step, slot, draw[slot % draw.length]!);
+        const groups: Group[] = together ? await settled(slots.map(play)) : [];
+        if (!together) for (const slot of slots) groups.push(await play(slot));
         all.push(...groups);
         for (const i of informativeGroups(groups.map((g) => g.rollouts.map((r) => r.reward))))
           kept.push(groups[i]!.rollouts);
       }
     } finally {
-      if (policy instanceof ModelPolicy) policy.dispose();
+      players?.dispose();
     }
     const rewards = all.flatMap((g) => g.rollouts.map((r) => r.reward));
     const mean = (xs: number[]) => xs.reduce((a, x) => a + x, 0) / Math.max(1, xs.length);
@@ -169,44 +195,41 @@ export interface ValidationOptions extends EpisodeSettings {
  * by task and try alone, so two models, or one model at two steps, are compared on the same draws.
  */
 export async function validation(o: ValidationOptions, model: Llama): Promise<Record<string, number>> {
-  const policy = new ModelPolicy(
-    'validation',
-    model,
-    o.context,
-    o.chat,
-    o.placeholders,
-    { ...o.sampling, recordTurns: false },
-    Math.random,
-  );
+  const players = new EpisodePlayers('validation', model, o.context, o.chat, o.placeholders, {
+    ...o.sampling,
+    recordTurns: false,
+  });
   const play = (task: Task, trial: number, block: string) => {
-    policy.random = seeded(o.seed, 'dapo-validation', task.task_id, trial);
-    policy.reads = block ? (c) => withFeedback(c, block) : null;
-    return runEpisode(o.world, task, policy, o.maxTurns);
+    const player = players.player(seeded(o.seed, 'dapo-validation', task.task_id, trial));
+    player.reads = block ? (c) => withFeedback(c, block) : null;
+    return runEpisode(o.world, task, player, o.maxTurns);
   };
-  let first = 0;
-  let firstReward = 0;
-  let guided = 0;
-  let retried = 0;
-  try {
-    for (const task of o.tasks) {
-      const opening = await play(task, 0, '');
-      first += opening.success ? 1 : 0;
-      firstReward += opening.reward;
-      const notes = addNotes(emptyNotes(), opening.messages);
-      let withNotes = opening.success;
-      let without = opening.success;
-      for (let trial = 1; trial < o.tries && !withNotes; trial++) {
-        const episode = await play(task, trial, feedbackBlock(notes));
-        withNotes = episode.success;
-        addNotes(notes, episode.messages);
-      }
-      for (let trial = 1; trial < o.tries && !without; trial++) without = (await play(task, trial, '')).success;
-      guided += withNotes ? 1 : 0;
-      retried += without ? 1 : 0;
+  /** A task's first try, then tries with the notes of the failed ones, and tries without (the control). */
+  const onTask = async (task: Task) => {
+    const opening = await play(task, 0, '');
+    const notes = addNotes(emptyNotes(), opening.messages);
+    let withNotes = opening.success;
+    let without = opening.success;
+    for (let trial = 1; trial < o.tries && !withNotes; trial++) {
+      const episode = await play(task, trial, feedbackBlock(notes));
+      withNotes = episode.success;
+      addNotes(notes, episode.messages);
     }
+    for (let trial = 1; trial < o.tries && !without; trial++) without = (await play(task, trial, '')).success;
+    return { first: opening.success, reward: opening.reward, withNotes, without };
+  };
+  let tasks: Awaited<ReturnType<typeof onTask>>[] = [];
+  try {
+    if (players.together) tasks = await settled(o.tasks.map(onTask));
+    else for (const task of o.tasks) tasks.push(await onTask(task));
   } finally {
-    policy.dispose();
+    players.dispose();
   }
+  const count = (f: (t: (typeof tasks)[number]) => boolean) => tasks.filter(f).length;
+  const first = count((t) => t.first);
+  const firstReward = tasks.reduce((n, t) => n + t.reward, 0);
+  const guided = count((t) => t.withNotes);
+  const retried = count((t) => t.without);
   const n = Math.max(1, o.tasks.length);
   return {
     'val/success_first': first / n,

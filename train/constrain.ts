@@ -28,8 +28,11 @@ export interface ToolSchema {
 /** How far a text gets as JSON of a schema. */
 export type Reading = 'invalid' | 'partial' | 'complete';
 
-class Partial extends Error {}
-class Invalid extends Error {}
+// Thrown by the reader to stop at the first character that settles the answer: two plain values, not
+// Errors, since a tool call's every candidate token is read and an Error captures a stack trace each time
+// (a third of decoding under the constraint went there).
+const PARTIAL = { reading: 'partial' } as const;
+const INVALID = { reading: 'invalid' } as const;
 
 /** Reads `text` as compact JSON of `schema`: complete, a prefix of some valid value, or neither. */
 export function readJson(schema: JsonSchema, text: string): Reading {
@@ -37,8 +40,7 @@ export function readJson(schema: JsonSchema, text: string): Reading {
     const end = new Reader(text).value(schema, 0);
     return end === text.length ? 'complete' : 'invalid';
   } catch (e) {
-    if (e instanceof Partial) return 'partial';
-    if (e instanceof Invalid) return 'invalid';
+    if (e === PARTIAL || e === INVALID) return (e as typeof PARTIAL | typeof INVALID).reading;
     throw e;
   }
 }
@@ -47,18 +49,18 @@ class Reader {
   constructor(private readonly s: string) {}
 
   private at(i: number): string {
-    if (i >= this.s.length) throw new Partial();
+    if (i >= this.s.length) throw PARTIAL;
     return this.s[i]!;
   }
 
   private expect(i: number, ch: string): number {
-    if (this.at(i) !== ch) throw new Invalid();
+    if (this.at(i) !== ch) throw INVALID;
     return i + 1;
   }
 
   /** A literal (true, false, null), which may be cut short. */
   private literal(i: number, word: string): number {
-    for (let k = 0; k < word.length; k++) if (this.at(i + k) !== word[k]) throw new Invalid();
+    for (let k = 0; k < word.length; k++) if (this.at(i + k) !== word[k]) throw INVALID;
     return i + word.length;
   }
 
@@ -95,19 +97,19 @@ class Reader {
     for (;;) {
       const ch = this.at(i);
       if (ch === '"') {
-        if (allowed && !allowed.includes(text)) throw new Invalid();
+        if (allowed && !allowed.includes(text)) throw INVALID;
         return { end: i + 1, text };
       }
-      if (ch < ' ') throw new Invalid();
+      if (ch < ' ') throw INVALID;
       if (ch === '\\') {
         const e = this.at(i + 1);
         if (e === 'u') {
-          for (let k = 2; k < 6; k++) if (!/[0-9a-fA-F]/.test(this.at(i + k))) throw new Invalid();
+          for (let k = 2; k < 6; k++) if (!/[0-9a-fA-F]/.test(this.at(i + k))) throw INVALID;
           text += String.fromCharCode(parseInt(this.s.slice(i + 2, i + 6), 16));
           i += 6;
         } else {
           const escaped = { '"': '"', '\\': '\\', '/': '/', b: '\b', f: '\f', n: '\n', r: '\r', t: '\t' }[e];
-          if (escaped === undefined) throw new Invalid();
+          if (escaped === undefined) throw INVALID;
           text += escaped;
           i += 2;
         }
@@ -115,7 +117,7 @@ class Reader {
         text += ch;
         i++;
       }
-      if (allowed && !allowed.some((a) => a.startsWith(text))) throw new Invalid();
+      if (allowed && !allowed.some((a) => a.startsWith(text))) throw INVALID;
     }
   }
 
@@ -126,8 +128,8 @@ class Reader {
     const whole = integer ? /^-?(?:0|[1-9]\d*)$/ : /^-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?$/;
     // Cut off here, a number may go on: "-", "1.", "1e+" are on their way to one.
     if (end === this.s.length)
-      throw whole.test(text) || whole.test(`${text}0`) || whole.test(`${text}1`) ? new Partial() : new Invalid();
-    if (!whole.test(text)) throw new Invalid();
+      throw whole.test(text) || whole.test(`${text}0`) || whole.test(`${text}1`) ? PARTIAL : INVALID;
+    if (!whole.test(text)) throw INVALID;
     return end;
   }
 
@@ -143,7 +145,7 @@ class Reader {
         i,
         named?.filter((k) => !seen.has(k)),
       );
-      if (seen.has(key)) throw new Invalid();
+      if (seen.has(key)) throw INVALID;
       seen.add(key);
       i = this.expect(end, ':');
       i = this.value(
@@ -151,13 +153,13 @@ class Reader {
         i,
       );
       if (this.at(i) === '}') return this.close(schema, seen, i);
-      if (named?.every((k) => seen.has(k))) throw new Invalid(); // no key is left to follow a comma
+      if (named?.every((k) => seen.has(k))) throw INVALID; // no key is left to follow a comma
       i = this.expect(i, ',');
     }
   }
 
   private close(schema: JsonSchema, seen: Set<string>, i: number): number {
-    if ((schema.required ?? []).some((k) => !seen.has(k))) throw new Invalid();
+    if ((schema.required ?? []).some((k) => !seen.has(k))) throw INVALID;
     return i + 1;
   }
 

@@ -9,6 +9,7 @@ import type { Message, Policy } from '../core/records.ts';
 import type { Chat } from './chat.ts';
 import type { ToolCallConstraint, ToolSchema } from './constrain.ts';
 import { KVCache } from './decode.ts';
+import { SharedDecoder } from './shared-decoder.ts';
 import { GpuCache, GpuDecoder } from './webgpu/decode.ts';
 import type { Kernels } from './webgpu/kernel.ts';
 import type { Llama } from './model.ts';
@@ -36,6 +37,8 @@ export interface SamplingOptions {
   recordTurns?: boolean;
   /** `--backend webgpu`'s kernels: generate on the GPU (train/webgpu/decode.ts); absent, on the CPU. */
   gpu?: Kernels;
+  /** On the CPU, a decoder shared with policies playing side by side: their tokens are decoded together. */
+  shared?: SharedDecoder;
 }
 
 /** A conversation as the model reads it, with the header of its reply open, and how to put values back into the reply. */
@@ -93,7 +96,9 @@ export class ModelPolicy implements Policy {
     /** The sampler's randomness: set a fresh seeded stream per episode for reproducible episodes. */
     public random: Random,
   ) {
-    this.cache = sampling.gpu ? new GpuDecoder(model, sampling.gpu).create() : new KVCache(model);
+    this.cache = sampling.gpu
+      ? new GpuDecoder(model, sampling.gpu).create()
+      : (sampling.shared?.cache() ?? new KVCache(model));
   }
 
   /** Frees what the policy holds on the GPU (nothing on the CPU): call when its episodes are over. */
@@ -116,17 +121,61 @@ export class ModelPolicy implements Policy {
     const { ids: prompt, restore } = await read(this.reads ? this.reads(conversation) : conversation);
     if (this.sampling.tools) this.constraint ??= this.chat.toolConstraint(this.sampling.tools);
     const constraint = (await this.constraint) ?? undefined;
-    const ids = await this.cache.generate(prompt, {
-      ...this.sampling,
-      stop: this.chat.stop,
-      random: this.random,
-      constraint,
-    });
+    const options = { ...this.sampling, stop: this.chat.stop, random: this.random, constraint };
+    const ids =
+      this.sampling.shared && this.cache instanceof KVCache
+        ? await this.sampling.shared.generate(this.cache, prompt, options)
+        : await this.cache.generate(prompt, options);
     this.generated += ids.length;
     if (this.sampling.recordTurns)
       this.turns.push({ prompt, generated: ids, ...(this.reads ? { base: (await read(conversation)).ids } : {}) });
     const reply = restore(await this.chat.parseAssistant(ids, this.calls + 1));
     this.calls += reply.tool_calls?.length ?? 0;
     return reply;
+  }
+}
+
+/**
+ * Policies for episodes played side by side (`together`): on the CPU each episode gets a ModelPolicy of its
+ * own over one SharedDecoder, so their tokens are decoded together; on the GPU one policy plays every episode
+ * in turn (a GPU decoder is an upload of the weights). Free them with `dispose` once the episodes are over.
+ */
+export class EpisodePlayers {
+  readonly together: boolean;
+  private readonly shared: SharedDecoder | null;
+  private readonly made: ModelPolicy[] = [];
+
+  constructor(
+    private readonly name: string,
+    private readonly model: Llama,
+    private readonly context: number,
+    private readonly chat: Chat,
+    private readonly placeholders: Placeholders,
+    private readonly sampling: SamplingOptions,
+  ) {
+    this.together = !sampling.gpu;
+    this.shared = this.together ? new SharedDecoder(model) : null;
+  }
+
+  /** The policy for one episode, drawing from `random`. */
+  player(random: Random): ModelPolicy {
+    if (!this.together && this.made[0]) {
+      this.made[0].random = random;
+      return this.made[0];
+    }
+    const sampling = this.shared ? { ...this.sampling, shared: this.shared } : this.sampling;
+    const policy = new ModelPolicy(this.name, this.model, this.context, this.chat, this.placeholders, sampling, random);
+    this.made.push(policy);
+    return policy;
+  }
+
+  /** Tokens the players generated. */
+  get generated(): number {
+    return this.made.reduce((n, p) => n + p.generated, 0);
+  }
+
+  dispose(): void {
+    for (const p of this.made) p.dispose();
+    this.shared?.dispose();
   }
 }

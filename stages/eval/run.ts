@@ -22,7 +22,7 @@ import {
 import { Llama } from '../../train/model.ts';
 import type { Placeholders } from '../../train/placeholders.ts';
 import type { Kernels } from '../../train/webgpu/kernel.ts';
-import { ModelPolicy } from '../../train/policy.ts';
+import { EpisodePlayers } from '../../train/policy.ts';
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
 
@@ -64,39 +64,30 @@ async function simulate(
   gpu?: Kernels,
 ): Promise<ModelRow> {
   if (s.tasks === 0) return {};
-  const policy = new ModelPolicy(
-    m.name,
-    m.model,
-    context,
-    chat,
-    placeholders,
-    {
-      maxTokens: s.max_tokens,
-      temperature: s.temperature,
-      topP: s.top_p,
-      tools: s.constrained ? TOOLS : undefined,
-      signal,
-      gpu,
-    },
-    Math.random,
-  );
+  const players = new EpisodePlayers(m.name, m.model, context, chat, placeholders, {
+    maxTokens: s.max_tokens,
+    temperature: s.temperature,
+    topP: s.top_p,
+    tools: s.constrained ? TOOLS : undefined,
+    signal,
+    gpu,
+  });
   const progress = log.progress(`simulator: ${m.name}`, s.tasks * s.k);
   const started = performance.now();
   const options = { worldSeed: s.world_seed, companies: s.companies, tasks: s.tasks, k: s.k, maxTurns: s.max_turns };
   const figures = await validationFigures(
-    policy,
-    options,
-    (taskId, trial) => (policy.random = seeded(seed, 'eval', m.name, taskId, trial)),
+    (taskId, trial) => players.player(seeded(seed, 'eval', m.name, taskId, trial)),
+    { ...options, together: players.together },
     () => progress.tick(),
   ).finally(() => {
     progress.done();
-    policy.dispose();
+    players.dispose();
   });
   log.info('simulated', {
     model: m.name,
     episodes: s.tasks * s.k,
-    generated: policy.generated,
-    'tokens/s': Math.round(policy.generated / ((performance.now() - started) / 1000)),
+    generated: players.generated,
+    'tokens/s': Math.round(players.generated / ((performance.now() - started) / 1000)),
   });
   return figures;
 }

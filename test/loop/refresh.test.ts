@@ -313,14 +313,15 @@ refresh:
 describe('the paired decision', () => {
   const options = { worldSeed: DEFAULT_WORLD.seed, companies: DEFAULT_WORLD.companies, tasks: 12, k: 2, maxTurns: 12 };
   const world = generateWorld({ ...DEFAULT_WORLD });
-  /** A scripted agent's episodes on the validation tasks, a fresh agent per episode. */
+  /** A scripted agent's episodes on the validation tasks, a fresh agent per episode, played side by side. */
   async function episodes(agent: (typeof AGENTS)[number]): Promise<EpisodeRecord[]> {
-    let current: ScriptedAgent | null = null;
-    const policy = { name: agent, respond: (m: Parameters<ScriptedAgent['respond']>[0]) => current!.respond(m) };
-    return validationEpisodes(policy, options, (taskId, trial) => {
-      const index = Number(taskId.split('-').at(-1));
-      current = new ScriptedAgent(agent, world, generateTask(world, 'val', index), `paired:${trial}`, 0.3);
-    });
+    return validationEpisodes(
+      (taskId, trial) => {
+        const index = Number(taskId.split('-').at(-1));
+        return new ScriptedAgent(agent, world, generateTask(world, 'val', index), `paired:${trial}`, 0.3);
+      },
+      { ...options, together: true },
+    );
   }
 
   it('promotes the better agent on twin episodes and keeps the worse one out', async () => {

@@ -1,13 +1,16 @@
 // The Llama-family model against transformers: three tiny random checkpoints saved by transformers 5.17
 // (Llama with GQA, tied Llama, Qwen2 with q/k/v biases), each with transformers' logits, per-token log-probs,
-// per-sequence sums and a greedy continuation (test/fixtures/hf-tiny/*/reference.json).
+// per-sequence sums and a greedy continuation (test/fixtures/hf-tiny/*/reference.json), alone and decoded
+// together with other sequences.
 import { copyFileSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { useBackend } from '../../train/backend.ts';
 import { llamaConfigFromJson, readHfModel, writeHfModel } from '../../train/hf.ts';
-import { KVCache } from '../../train/decode.ts';
+import { seeded } from '../../core/random.ts';
+import { KVCache, type GenerateOptions } from '../../train/decode.ts';
+import { SharedDecoder } from '../../train/shared-decoder.ts';
 import { Llama, llamaParameterShapes } from '../../train/model.ts';
 import { sampleToken } from '../../train/sampling.ts';
 import { prefab } from '../fixtures/cli.ts';
@@ -95,6 +98,35 @@ describe.each(CHECKPOINTS)('%s against transformers', (name) => {
     pieces.read(ref.greedy_prompt.slice(0, 3));
     const last = pieces.read(ref.greedy_prompt.slice(3));
     last.forEach((v, i) => expect(v).toBeCloseTo(whole[i]!, 4));
+    model.dispose();
+  });
+
+  it('decodes together with other sequences (SharedDecoder) what each decodes alone, greedy and sampled, turn after turn', async () => {
+    const model = load(dir);
+    const n = ref.greedy_continuation.length;
+    const shared = new SharedDecoder(model);
+    const prompts = [
+      ref.greedy_prompt,
+      ref.input_ids[0]!.slice(0, 5),
+      ref.input_ids[1]!,
+      ref.greedy_prompt.slice(0, 2),
+      ref.input_ids[0]!.slice(0, 12), // eight or more new tokens: read through the batched pass
+    ];
+    const options = (i: number, temperature = 0): GenerateOptions => ({
+      maxTokens: [n, 3, n + 4, 1, 6][i]!,
+      temperature,
+      topP: 0.9,
+      random: seeded('together', i),
+    });
+    const caches = prompts.map(() => shared.cache());
+    const together = await Promise.all(prompts.map((p, i) => shared.generate(caches[i]!, p, options(i))));
+    expect(together[0]).toEqual(ref.greedy_continuation);
+    together.forEach((ids, i) => expect(ids).toEqual(new KVCache(model).generate(prompts[i]!, options(i))));
+    // The next turn on the same caches: each prompt extends what its cache read; sampled this time.
+    const next = prompts.map((p, i) => [...p, ...together[i]!, 7, 8]);
+    const sampled = await Promise.all(next.map((p, i) => shared.generate(caches[i]!, p, options(i, 1))));
+    sampled.forEach((ids, i) => expect(ids).toEqual(new KVCache(model).generate(next[i]!, options(i, 1))));
+    shared.dispose();
     model.dispose();
   });
 

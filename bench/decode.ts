@@ -1,0 +1,151 @@
+// Decoding throughput: generated tokens/s with 1, 8, 32 and 128 sequences decoded together on the CPU
+// (train/shared-decoder.ts, as DAPO's rollouts, eval's and a refresh night's episodes are), for the default
+// run's model shape and, asked for, the SmolLM2-135M and Qwen2.5-0.5B shapes; random weights, a fixed
+// prompt length, a fixed number of new tokens (no stop token). The ratio is against one sequence in the same
+// run: what decoding together is worth. Where python3 has torch and transformers, their batched `generate`
+// (bf16 on a GPU, f32 on the CPU) runs on the same shapes and lengths in the same run, the peer.
+// Usage: npm run bench:decode [-- --shapes default,smollm2-135m --levels 1,8,32 --prompt 256 --new 64]
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Command } from 'commander';
+import { seeded } from '../core/random.ts';
+import { useBackend } from '../train/backend.ts';
+import { Llama, type LlamaConfig } from '../train/model.ts';
+import { SharedDecoder } from '../train/shared-decoder.ts';
+
+const opts = new Command()
+  .option('--shapes <list>', 'default, smollm2-135m, qwen2.5-0.5b', 'default')
+  .option('--levels <list>', 'sequences decoded together', '1,8,32,128')
+  .option('--prompt <n>', 'prompt tokens', '256')
+  .option('--new <n>', 'tokens generated per sequence', '64')
+  .parse()
+  .opts<{ shapes: string; levels: string; prompt: string; new: string }>();
+
+const base = { ropeTheta: 10_000, rmsNormEps: 1e-6, maxPositions: 2048, bosTokenId: null, eosTokenId: null };
+const SHAPES: Record<string, LlamaConfig> = {
+  default: {
+    ...base,
+    modelType: 'llama',
+    vocabSize: 1024,
+    hiddenSize: 128,
+    intermediateSize: 352,
+    layers: 4,
+    heads: 4,
+    kvHeads: 4,
+    headDim: 32,
+    tiedEmbeddings: true,
+    attentionBias: false,
+  },
+  'smollm2-135m': {
+    ...base,
+    modelType: 'llama',
+    vocabSize: 49_152,
+    hiddenSize: 576,
+    intermediateSize: 1536,
+    layers: 30,
+    heads: 9,
+    kvHeads: 3,
+    headDim: 64,
+    tiedEmbeddings: true,
+    attentionBias: false,
+  },
+  'qwen2.5-0.5b': {
+    ...base,
+    modelType: 'qwen2',
+    vocabSize: 151_936,
+    hiddenSize: 896,
+    intermediateSize: 4864,
+    layers: 24,
+    heads: 14,
+    kvHeads: 2,
+    headDim: 64,
+    tiedEmbeddings: true,
+    attentionBias: true,
+  },
+};
+
+const levels = opts.levels.split(',').map(Number);
+const [promptLength, newTokens] = [Number(opts.prompt), Number(opts.new)];
+await useBackend('wasm');
+
+/** Tokens/s of `n` sequences decoded together, each a random prompt then `newTokens` sampled tokens. */
+async function ours(config: LlamaConfig, n: number): Promise<number> {
+  const model = Llama.create(config, 'bench-decode');
+  const shared = new SharedDecoder(model);
+  const rand = seeded('bench-decode', n);
+  const prompts = Array.from({ length: n }, () =>
+    Array.from({ length: promptLength }, () => Math.floor(rand() * config.vocabSize)),
+  );
+  const started = performance.now();
+  const outs = await Promise.all(
+    prompts.map((p, i) =>
+      shared.generate(shared.cache(), p, {
+        maxTokens: newTokens,
+        temperature: 1,
+        random: seeded('bench-decode', n, i),
+      }),
+    ),
+  );
+  const seconds = (performance.now() - started) / 1000;
+  shared.dispose();
+  model.dispose();
+  return outs.reduce((t, o) => t + o.length, 0) / seconds;
+}
+
+const PEER = `
+import json, sys, time, torch
+from transformers import LlamaConfig, Qwen2Config, AutoModelForCausalLM
+c, levels, prompt, new = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+cls = Qwen2Config if c["modelType"] == "qwen2" else LlamaConfig
+config = cls(vocab_size=c["vocabSize"], hidden_size=c["hiddenSize"], intermediate_size=c["intermediateSize"],
+  num_hidden_layers=c["layers"], num_attention_heads=c["heads"], num_key_value_heads=c["kvHeads"], head_dim=c["headDim"],
+  tie_word_embeddings=c["tiedEmbeddings"], max_position_embeddings=c["maxPositions"])
+cuda = torch.cuda.is_available()
+model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16 if cuda else torch.float32).to("cuda" if cuda else "cpu").eval()
+out = {"device": torch.cuda.get_device_name() if cuda else "cpu"}
+for n in levels:
+  ids = torch.randint(0, c["vocabSize"], (n, prompt), device=model.device)
+  with torch.no_grad():
+    model.generate(ids, max_new_tokens=4, min_new_tokens=4, do_sample=True)
+    if cuda: torch.cuda.synchronize()
+    t = time.perf_counter()
+    model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=True, top_k=0)
+    if cuda: torch.cuda.synchronize()
+  out[str(n)] = n * new / (time.perf_counter() - t)
+print(json.dumps(out))
+`;
+
+/** transformers' tokens/s per level, or why there are none. */
+function peer(config: LlamaConfig): Record<string, number | string> | string {
+  const check = spawnSync('python3', ['-c', 'import torch, transformers'], { encoding: 'utf8' });
+  if (check.status !== 0) return 'no python3 with torch and transformers here';
+  const script = join(mkdtempSync(join(tmpdir(), 'prefab-bench-decode-')), 'peer.py');
+  writeFileSync(script, PEER);
+  const r = spawnSync(
+    'python3',
+    [script, JSON.stringify(config), JSON.stringify(levels), String(promptLength), String(newTokens)],
+    { encoding: 'utf8' },
+  );
+  return r.status === 0 ? (JSON.parse(r.stdout.trim().split('\n').at(-1)!) as Record<string, number>) : r.stderr.trim();
+}
+
+for (const name of opts.shapes.split(',')) {
+  const config = SHAPES[name];
+  if (!config) throw new Error(`unknown shape ${name}: one of ${Object.keys(SHAPES).join(', ')}`);
+  const theirs = peer(config);
+  console.log(`\n${name}: prompt ${promptLength}, ${newTokens} new tokens a sequence; prefab on the CPU (wasm)`);
+  console.log(`transformers: ${typeof theirs === 'string' ? theirs : theirs.device}`);
+  console.log('| sequences | prefab tokens/s | × one sequence | transformers tokens/s | prefab / transformers |');
+  console.log('|---|---|---|---|---|');
+  let one = 0;
+  for (const n of levels) {
+    const rate = await ours(config, n);
+    if (n === levels[0]) one = rate;
+    const peerRate = typeof theirs === 'string' ? null : (theirs[String(n)] as number | undefined);
+    console.log(
+      `| ${n} | ${rate.toFixed(0)} | ${(rate / one).toFixed(2)} | ${peerRate ? peerRate.toFixed(0) : '—'} | ${peerRate ? (rate / peerRate).toFixed(2) : '—'} |`,
+    );
+  }
+}
