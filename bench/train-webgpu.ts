@@ -14,6 +14,7 @@ import { submit, upload } from '../train/webgpu/buffers.ts';
 import { openGpu } from '../train/webgpu/device.ts';
 import { Kernels } from '../train/webgpu/kernel.ts';
 import { GpuLlama } from '../train/webgpu/llama.ts';
+import { sftStep } from '../train/step.ts';
 import { Matmul } from '../train/webgpu/matmul.ts';
 import { seeded } from '../core/random.ts';
 
@@ -143,7 +144,7 @@ for (const name of shapes) {
     const draw = () => Int32Array.from({ length: batch * length }, () => Math.floor(random() * config.vocabSize));
     const mask = new Float32Array(batch * length).fill(1);
     const step = async () => {
-      await model.sftStep({ ids: draw(), targets: draw(), mask, batch, length });
+      await sftStep(model, { ids: draw(), targets: draw(), mask, batch, length });
       submit(gpu, (pass) => adamw.encode(pass, model.parameters(), 3e-4));
       await gpu.device.queue.onSubmittedWorkDone();
     };

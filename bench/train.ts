@@ -1,26 +1,36 @@
-// Training throughput of the trainer's model (train/model.ts, a Llama) on the bench shape: 4 layers, hidden
-// size 256, 4 heads (`--kv-heads` key/value heads), SwiGLU of width 688, context 256, vocabulary 512, tied
-// embeddings, batch 8, AdamW. Prints tokens/s and achieved GFLOP/s beside a plain 2048×256·256×1024 matMul's
-// GFLOP/s measured in the same run (the ceiling this backend can reach), and the same model written the
-// obvious way in TensorFlow.js (the naive baseline).
-// Usage: npm run bench:train [-- --backend wasm --steps 6 --kv-heads 2]
+// Training throughput on the CPU of the trainer's model (train/model.ts, a Llama) on the bench shape: 4 layers,
+// hidden size 256, 4 heads (`--kv-heads` key/value heads), SwiGLU of width 688, context 256, vocabulary 512,
+// tied embeddings, batch 8, AdamW. Three contenders in one run, each on the same shape and batch:
+//   - TensorFlow.js on `--backend` (wasm by default), with its plain 2048×256·256×1024 matMul's GFLOP/s (the
+//     ceiling that backend can reach) and, unless --no-naive, the same model written the obvious way in tfjs;
+//   - the CPU path (train/ort/: the model held as arrays, its products in ONNX Runtime on every core);
+//   - PyTorch on the CPU (bench/peers/llama_cpu.py, the same model and optimizer in plain PyTorch) at 1 thread
+//     and at every core's, where a python3 with torch is found (--python, else python3, else /usr/bin/python3):
+//     the peer is the faster of the two.
+// Usage: npm run bench:train [-- --backend wasm --steps 6 --kv-heads 2 --no-naive --python /usr/bin/python3]
+import { spawnSync } from 'node:child_process';
+import { availableParallelism } from 'node:os';
 import * as tf from '@tensorflow/tfjs-core';
 import { Command } from 'commander';
 import { BACKENDS, useBackend, type BackendChoice } from '../train/backend.ts';
 import { causalMask } from '../train/kernels.ts';
-import { Llama } from '../train/model.ts';
+import { Llama, initialWeights } from '../train/model.ts';
 import { ADAMW_DEFAULTS, AdamW } from '../train/optimizer.ts';
-import { optimizerStep } from '../train/step.ts';
+import { CpuAdamW } from '../train/ort/adamw.ts';
+import { OrtLlama } from '../train/ort/llama.ts';
+import { OrtRuntime } from '../train/ort/onnx.ts';
+import { optimizerStep, sftStep } from '../train/step.ts';
 import { seeded } from '../core/random.ts';
 
 const opts = new Command()
-  .option('--backend <name>', `one of ${BACKENDS.join(', ')}`, 'wasm')
+  .option('--backend <name>', `TensorFlow.js's: one of ${BACKENDS.join(', ')}`, 'wasm')
   .option('--steps <n>', 'timed steps', '6')
   .option('--batch <n>', 'sequences per step', '8')
   .option('--no-naive', 'skip the naive baseline (tf.matMul gradients, batched attention): slow')
   .option('--kv-heads <n>', 'key/value heads (grouped-query attention below 4)', '4')
+  .option('--python <path>', 'a python3 with torch for the peer')
   .parse()
-  .opts<{ backend: BackendChoice; steps: string; batch: string; naive: boolean; kvHeads: string }>();
+  .opts<{ backend: BackendChoice; steps: string; batch: string; naive: boolean; kvHeads: string; python?: string }>();
 
 const backend = await useBackend(opts.backend);
 const T = 256;
@@ -144,6 +154,40 @@ function naiveTokensPerSecond(): number {
   return (b * T) / ((performance.now() - t0) / 1000);
 }
 
+/** The CPU path's tokens/s on the same shape: SFT steps of the held model with AdamW, after one untimed. */
+async function ortTokensPerSecond(): Promise<{ tokens: number; threads: number } | string> {
+  const ort = await OrtRuntime.open().catch((error: Error) => error.message);
+  if (typeof ort === 'string') return ort;
+  const held = new OrtLlama(config, initialWeights(config, 'bench'), ort);
+  const adamw = new CpuAdamW(ADAMW_DEFAULTS);
+  const mask = new Float32Array(B * T).fill(1);
+  const heldStep = async () => {
+    const { ids, targets } = batch();
+    await sftStep(held, { ids, targets, mask, batch: B, length: T });
+    held.clipGradients(1);
+    adamw.apply(held.parameters(), 3e-4);
+  };
+  await heldStep();
+  const started = performance.now();
+  for (let i = 0; i < Number(opts.steps); i++) await heldStep();
+  const tokens = (Number(opts.steps) * B * T) / ((performance.now() - started) / 1000);
+  await ort.dispose();
+  return { tokens, threads: ort.threads };
+}
+
+/** PyTorch's tokens/s at `threads` threads on the same shape, or why there is none. */
+function pytorch(threads: number): { tokens: number; version: string } | string {
+  const candidates = opts.python ? [opts.python] : ['python3', '/usr/bin/python3'];
+  const python = candidates.find((p) => spawnSync(p, ['-c', 'import torch']).status === 0);
+  if (!python) return `no python3 with torch (tried ${candidates.join(', ')})`;
+  const shape = JSON.stringify({ ...config, length: T });
+  const script = new URL('./peers/llama_cpu.py', import.meta.url).pathname;
+  const r = spawnSync(python, [script, shape, String(B), opts.steps, String(threads)], { encoding: 'utf8' });
+  if (r.status !== 0) return r.stderr.trim().split('\n').at(-1) ?? `exit ${r.status}`;
+  const out = JSON.parse(r.stdout.trim().split('\n').at(-1)!) as { tokens_per_s: number; version: string };
+  return { tokens: out.tokens_per_s, version: out.version };
+}
+
 const peakBefore = matmulPeak();
 step(); // warm-up: kernels compiled, heap grown
 const tensorsBefore = tf.memory().numTensors;
@@ -176,3 +220,26 @@ if (opts.naive) {
   );
 }
 console.log(`tensors leaked   ${tf.memory().numTensors - tensorsBefore} over ${steps} steps`);
+
+const held = await ortTokensPerSecond();
+const cores = availableParallelism();
+const torch = [...new Set([1, cores])].map((threads) => ({ threads, result: pytorch(threads) }));
+const measured = torch.flatMap((t) => (typeof t.result === 'string' ? [] : [{ ...t.result, threads: t.threads }]));
+const peer = measured.length ? measured.reduce((a, b) => (b.tokens > a.tokens ? b : a)) : null;
+const ratio = (tokens: number) => (peer ? `${(tokens / peer.tokens).toFixed(2)}×` : '—');
+const gf = (tokens: number) => ((tokens * flopsPerToken) / 1e9).toFixed(1);
+console.log('\n| on the CPU | tokens/s | GFLOP/s | against PyTorch |\n|---|---|---|---|');
+console.log(
+  `| prefab, TensorFlow.js on ${backend.name} | ${tokensPerSecond.toFixed(0)} | ${gf(tokensPerSecond)} | ${ratio(tokensPerSecond)} |`,
+);
+if (typeof held === 'string') console.log(`| prefab, the CPU path (onnxruntime) | ${held} | | |`);
+else
+  console.log(
+    `| prefab, the CPU path (onnxruntime, ${held.threads} threads) | ${held.tokens.toFixed(0)} | ${gf(held.tokens)} | ${ratio(held.tokens)} |`,
+  );
+for (const t of torch)
+  console.log(
+    typeof t.result === 'string'
+      ? `| PyTorch, ${t.threads} thread${t.threads > 1 ? 's' : ''} | ${t.result} | | |`
+      : `| PyTorch ${t.result.version}, ${t.threads} thread${t.threads > 1 ? 's' : ''}${peer?.threads === t.threads ? ' (the peer)' : ''} | ${t.result.tokens.toFixed(0)} | ${gf(t.result.tokens)} | ${ratio(t.result.tokens)} |`,
+  );

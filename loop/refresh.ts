@@ -351,7 +351,7 @@ export async function refreshNight(
       info,
       signal,
       log,
-      backend.gpu,
+      backend,
     );
   };
   if (buffer.fresh === 0)
@@ -549,6 +549,7 @@ async function trainCandidate(
       signal,
       log,
       gpu: backend.gpu,
+      ort: backend.ort,
     },
     trainer,
   );

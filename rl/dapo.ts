@@ -11,6 +11,7 @@ import { loadCheckpoint } from '../train/checkpoint.ts';
 import type { Llama } from '../train/model.ts';
 import { finalMetrics, trainingRun } from '../train/run.ts';
 import type { TrainingSettings } from '../train/settings.ts';
+import type { OrtRuntime } from '../train/ort/onnx.ts';
 import type { Kernels } from '../train/webgpu/kernel.ts';
 import { simulatorRollouts, taskPool, validation } from './rollouts.ts';
 import type { DapoSettings } from './settings.ts';
@@ -28,7 +29,8 @@ export interface DapoRun {
 /**
  * Trains the model in `from` (a Hugging Face folder) by DAPO into `out/model` and `out/metrics.jsonl`, resuming
  * from the run's checkpoints in `cache` (keyed by `key`). `info` joins the model's trainer_state.json. With
- * `gpu` (`--backend webgpu`) the updates, the rollouts and validation run on the GPU.
+ * `device.gpu` (`--backend webgpu`) the updates, the rollouts and validation run on the GPU; with `device.ort`
+ * (`--backend onnxruntime`) the updates run on the CPU path.
  */
 export async function runDapo(
   from: string,
@@ -39,8 +41,9 @@ export async function runDapo(
   info: Record<string, unknown>,
   signal: AbortSignal,
   log: Logger,
-  gpu?: Kernels,
+  device: { gpu?: Kernels; ort?: OrtRuntime } = {},
 ): Promise<DapoRun> {
+  const { gpu, ort } = device;
   const start = loadCheckpoint(from);
   const chat = openChat(start.tokenizer, start.model.config.eosTokenId, from);
   const s = cfg.simulator;
@@ -139,6 +142,7 @@ export async function runDapo(
       signal,
       log,
       gpu,
+      ort,
     },
     trainer,
   );

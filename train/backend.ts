@@ -1,17 +1,20 @@
 // Which backend the trainer runs on. `auto` takes the fastest that works here: a GPU through WebGPU (a
-// hardware adapter, not a CPU implementation of Vulkan), then TensorFlow.js's native GPU build, then its
-// native CPU build (both optional dependencies, whose install downloads libtensorflow and fails without
-// internet), then WebAssembly, then plain JavaScript. `webgpu` opens the GPU for prefab's own
-// kernels (train/webgpu/: every trainer's updates) and runs TensorFlow.js on WebAssembly beside them.
+// hardware adapter, not a CPU implementation of Vulkan), then the CPU path through ONNX Runtime (the optional
+// onnxruntime-node package), then TensorFlow.js's native GPU build, then its native CPU build (both optional
+// dependencies, whose install downloads libtensorflow and fails without internet), then WebAssembly, then
+// plain JavaScript. `webgpu` opens the GPU for prefab's own kernels (train/webgpu/: every trainer's updates),
+// `onnxruntime` ONNX Runtime for the CPU path's (train/ort/: the updates and scoring, on every core); either
+// runs TensorFlow.js on WebAssembly beside them.
 import { Option, type Command } from 'commander';
 import type { CommandFactory } from '../pipeline/commands.ts';
 import type { StageOptions } from '../pipeline/stage.ts';
 import type { Logger } from '../pipeline/log.ts';
 import type { BlockScorer } from './data.ts';
 import type { Llama } from './model.ts';
+import type { OrtRuntime } from './ort/onnx.ts';
 import type { Kernels } from './webgpu/kernel.ts';
 
-export const BACKENDS = ['auto', 'tensorflow', 'wasm', 'cpu', 'webgpu'] as const;
+export const BACKENDS = ['auto', 'onnxruntime', 'tensorflow', 'wasm', 'cpu', 'webgpu'] as const;
 export type BackendChoice = (typeof BACKENDS)[number];
 
 declare module '../pipeline/stage.ts' {
@@ -22,12 +25,14 @@ declare module '../pipeline/stage.ts' {
 }
 
 export interface Backend {
-  /** The tfjs backend's name: tensorflow, wasm or cpu (wasm beside webgpu). */
+  /** The tfjs backend's name: tensorflow, wasm or cpu (wasm beside webgpu and onnxruntime). */
   name: string;
   /** What was chosen and why, for the log. */
   description: string;
   /** `webgpu`: the GPU's kernels, for the training updates; TensorFlow.js runs on WASM beside it. */
   gpu?: Kernels;
+  /** `onnxruntime`: ONNX Runtime, for the training updates and scoring on the CPU; TensorFlow.js runs on WASM beside it. */
+  ort?: OrtRuntime;
 }
 
 type Tf = typeof import('@tensorflow/tfjs-core');
@@ -70,15 +75,46 @@ let current: Backend | null = null;
 
 /** Loads and selects a backend; later calls with the same choice return the one already chosen. */
 export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backend> {
-  if (current && (choice === 'auto' || choice === current.name || (choice === 'webgpu' && current.gpu))) return current;
-  // A GPU of hardware goes first; a CPU implementation of Vulkan (lavapipe) is no faster than WASM.
+  if (
+    current &&
+    (choice === 'auto' ||
+      choice === current.name ||
+      (choice === 'webgpu' && current.gpu) ||
+      (choice === 'onnxruntime' && current.ort))
+  )
+    return current;
+  // A GPU of hardware goes first; a CPU implementation of Vulkan (lavapipe) is no faster than WASM. Then ONNX
+  // Runtime on the CPU, several times WASM's speed where it loads.
   let noGpu = '';
+  let ort: OrtRuntime | null = null;
   if (choice === 'auto') {
     const gpu = await (await import('./webgpu/device.ts')).probeGpu();
     if (gpu.hardware) choice = 'webgpu';
-    else noGpu = `${gpu.why}; `;
+    else {
+      noGpu = gpu.why;
+      ort = await openOrt().catch((error: Error) => {
+        noGpu += `; ${error.message}`;
+        return null;
+      });
+      if (ort) choice = 'onnxruntime';
+    }
   }
   const tf = await loadTf();
+  if (choice === 'onnxruntime') {
+    ort ??= await openOrt().catch((error: Error) => {
+      throw new Error(`--backend onnxruntime: ${error.message}. Use --backend wasm.`);
+    });
+    await tf.setBackend('wasm');
+    await tf.ready();
+    tf.env().set('PROD', true);
+    (await import('./kernels.ts')).patchWasmSlice();
+    current = {
+      name: 'wasm',
+      description: `onnxruntime on ${ort.threads} threads for training updates and scoring, wasm for the rest${noGpu ? ` (${noGpu})` : ''}`,
+      ort,
+    };
+    return current;
+  }
   let description: string;
   let name: string;
   if (choice === 'auto' || choice === 'tensorflow') {
@@ -92,7 +128,7 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
       );
     } else {
       name = 'wasm';
-      description = `wasm (${noGpu}no @tensorflow/tfjs-node here)`;
+      description = `wasm (${noGpu ? `${noGpu}; ` : ''}no @tensorflow/tfjs-node here)`;
     }
   } else if (choice === 'webgpu') {
     const { openGpu } = await import('./webgpu/device.ts');
@@ -127,16 +163,20 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
   return current;
 }
 
+/** ONNX Runtime with this machine's cores, or why it does not load. */
+const openOrt = async () => (await import('./ort/onnx.ts')).OrtRuntime.open();
+
 /**
- * What scores token blocks with `model`'s weights where `backend` trains: the GPU with webgpu (a copy of the
- * weights there, freed by dispose), else the tfjs model's.
+ * What scores token blocks with `model`'s weights where `backend` trains: the GPU with webgpu, ONNX Runtime
+ * with onnxruntime (a copy of the weights there, freed by dispose), else the tfjs model's.
  */
 export async function scorerOn(
   backend: Backend | null,
   model: Llama,
 ): Promise<{ score: BlockScorer; dispose(): void }> {
-  if (!backend?.gpu) return { score: (await import('./data.ts')).tfjsScorer(model), dispose: () => {} };
-  return (await import('./webgpu/llama.ts')).gpuScorer(model, backend.gpu);
+  if (backend?.gpu) return (await import('./webgpu/llama.ts')).gpuScorer(model, backend.gpu);
+  if (backend?.ort) return (await import('./ort/llama.ts')).ortScorer(model, backend.ort);
+  return { score: (await import('./data.ts')).tfjsScorer(model), dispose: () => {} };
 }
 
 /** `use` with a scorer of `model` (scorerOn), freed after. */
@@ -158,7 +198,7 @@ export const addBackendOption: CommandFactory = (program) => {
   program.addOption(
     new Option(
       '--backend <name>',
-      'backend for the training stages (auto: webgpu on a hardware GPU, else the fastest TensorFlow.js backend that loads; webgpu: training updates on the GPU, the rest on wasm)',
+      'backend for the training stages (auto: webgpu on a hardware GPU, else onnxruntime where it loads, else the fastest TensorFlow.js backend that loads; webgpu: training updates on the GPU, the rest on wasm; onnxruntime: training updates and scoring on every CPU core, the rest on wasm)',
     ).choices([...BACKENDS]),
   );
 };

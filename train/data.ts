@@ -151,6 +151,21 @@ export interface Scores {
 /** What scores a token block: every position's log p(target), B·T f32s; the GPU's (train/webgpu/llama.ts gpuScorer), or the tfjs model's. */
 export type BlockScorer = (b: TokenBlock) => Promise<Float32Array>;
 
+/**
+ * A scorer of token blocks by `model`'s weights as they are now, from a copy of them held outside tfjs (the
+ * GPU's, the CPU path's: `hold` makes it); dispose() frees the copy. `where` names the place in the error.
+ */
+export function heldScorer(
+  model: Llama,
+  where: string,
+  hold: (weights: Map<string, Float32Array>) => { forward(b: TokenBlock): Promise<Float32Array>; dispose(): void },
+): { score: BlockScorer; dispose(): void } {
+  if (model.adapters.size)
+    throw new Error(`${where}: a model with LoRA adapters is scored only once they are merged (mergeLora)`);
+  const held = hold(new Map([...model.params].map(([name, v]) => [name, v.dataSync() as Float32Array])));
+  return { score: (b) => held.forward(b), dispose: () => held.dispose() };
+}
+
 /** The tfjs model as a scorer of blocks. */
 export const tfjsScorer =
   (model: Llama): BlockScorer =>

@@ -16,7 +16,8 @@ import { hashJson } from '../pipeline/hash.ts';
 import type { Llama } from './model.ts';
 import type { Placeholders } from './placeholders.ts';
 import { ADAMW_DEFAULTS, AdamW, learningRate } from './optimizer.ts';
-import { logpGradients, onModel, optimizerStep, type MicroBatch, type StepResult } from './step.ts';
+import { logpGradients, onModel, optimizerStep, type HeldModel, type MicroBatch, type StepResult } from './step.ts';
+import type { OrtRuntime } from './ort/onnx.ts';
 import type { Kernels } from './webgpu/kernel.ts';
 
 /**
@@ -91,11 +92,13 @@ export interface RunSettings {
   log: Logger;
   /** `--backend webgpu`: the GPU's kernels; the run's updates are then made there. */
   gpu?: Kernels;
+  /** `--backend onnxruntime`: the CPU path's runtime; the run's updates are then made there. */
+  ort?: OrtRuntime;
 }
 
 export interface RunResult {
   model: Llama;
-  /** Where the steps ran: webgpu, or TensorFlow.js's backend. */
+  /** Where the steps ran: webgpu, onnxruntime, or TensorFlow.js's backend. */
   device: string;
   metrics: MetricsRow[];
   /** The step the run resumed from (0: it started afresh). */
@@ -178,10 +181,10 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
   }
   const metrics = readMetrics(metricsPath, done);
   writeFileSync(metricsPath, metrics.map((m) => JSON.stringify(m) + '\n').join(''));
-  const gpu = await gpuRun(settings, model, optimizer);
+  const held = await heldRun(settings, model, optimizer);
   let saved = done;
   const save = async (step: number) => {
-    await gpu?.sync();
+    await held?.sync();
     saved = step;
     saveCheckpoint(join(run.dir, checkpointName(step)), {
       model,
@@ -213,9 +216,9 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
     // Adapters' dropout, drawn anew each step and the same on a resumed run.
     const dropoutSeed = settings.lora ? parseInt(hashJson({ seed: run.seed, step }).slice(0, 8), 16) : null;
     let result: StepResult;
-    if (gpu) {
-      result = await updates(batch, (parts) => gpu.step(parts, lr, s.max_grad_norm, dropoutSeed));
-      if (trainer.readsWeights || trainer.after) await gpu.sync('weights');
+    if (held) {
+      result = await updates(batch, (parts) => held.step(parts, lr, s.max_grad_norm, dropoutSeed));
+      if (trainer.readsWeights || trainer.after) await held.sync('weights');
     } else {
       model.dropoutSeed = dropoutSeed;
       result = await updates(batch, (parts) =>
@@ -252,10 +255,10 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
   }
   progress.done();
   if (run.steps === 0 && !last) await save(0);
-  await gpu?.sync();
+  await held?.sync();
   return {
     model,
-    device: gpu ? 'webgpu' : tf.getBackend(),
+    device: settings.gpu ? 'webgpu' : settings.ort ? 'onnxruntime' : tf.getBackend(),
     metrics,
     resumedFrom: done,
     async save(out, info) {
@@ -277,23 +280,54 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
 }
 
 /**
- * The run's updates on the GPU, when `--backend webgpu` gave kernels (with LoRA, the adapters' on frozen
- * weights, their dropout masks drawn as WASM draws them). Each micro-batch's blocks are scored by the GPU's forward,
- * its loss and the loss's gradient by the log-probs are the trainer's tfjs code (train/step.ts
- * logpGradients), and the GPU's backward takes it from there. The GPU starts from the model's and the
- * optimiser's state (a resumed run's), and `sync` copies its state back before every checkpoint and at the
- * end, so checkpoints, resumption and the saved model are as on WASM.
+ * One update of a held model from `parts`: each micro-batch's blocks scored by its forward, the loss and the
+ * loss's gradient by the log-probs from the trainer's tfjs code (train/step.ts logpGradients), the backward
+ * from there, the gradients clipped, then `apply` (AdamW where the model is). `dropoutSeed`: LoRA's dropout
+ * this step (null: none), as on WASM.
  */
-async function gpuRun(settings: RunSettings, model: Llama, optimizer: AdamW) {
-  if (!settings.gpu) return null;
-  const kernels = settings.gpu;
-  const { GpuLlama } = await import('./webgpu/llama.ts');
-  const { GpuAdamW } = await import('./webgpu/adamw.ts');
-  const { submit } = await import('./webgpu/buffers.ts');
-  const data = (vars: Map<string, tf.Variable>) =>
-    new Map([...vars].map(([name, v]) => [name, v.dataSync() as Float32Array]));
-  // With LoRA the adapters ride on frozen weights, and only they are trained (as trainableParameters says).
-  const adapters = new Map(
+async function heldStep(
+  held: HeldModel,
+  parts: MicroBatch[],
+  maxGradNorm: number,
+  dropoutSeed: number | null,
+  apply: () => void,
+): Promise<StepResult> {
+  held.dropout = dropoutSeed === null ? null : { seed: dropoutSeed, mask: dropoutMask };
+  held.zeroGradients();
+  const result: StepResult = { loss: 0, gradNorm: 0, metrics: {} };
+  for (const part of parts) {
+    const logps: Float32Array[] = [];
+    for (const [slot, block] of part.blocks.entries()) logps.push(await held.forward(block, slot));
+    const { loss, metrics, grads } = logpGradients(part, logps);
+    result.loss += loss;
+    for (const [k, x] of Object.entries(metrics)) result.metrics[k] = (result.metrics[k] ?? 0) + x;
+    for (const [slot, dlogp] of grads.entries()) await held.backward(slot, dlogp);
+  }
+  result.gradNorm = await held.clipGradients(maxGradNorm);
+  apply();
+  return result;
+}
+
+/** A trained weight as held outside tfjs, with AdamW's moments. */
+type HeldState = { name: string; value: Float32Array; m: Float32Array; v: Float32Array };
+
+/** The model's weights (the adapters' with LoRA) and, with `all`, AdamW's moments and step, into tfjs. */
+function syncInto(model: Llama, optimizer: AdamW, from: HeldState[], step: number, what: 'weights' | 'all'): void {
+  const trained = trainableParameters(model);
+  const put = (variable: tf.Variable, values: Float32Array) =>
+    tf.tidy(() => variable.assign(tf.tensor(values, variable.shape)));
+  for (const p of from) {
+    put(trained.get(p.name)!, p.value);
+    if (what === 'weights') continue;
+    put(optimizer.m.get(p.name)!, p.m);
+    put(optimizer.v.get(p.name)!, p.v);
+  }
+  if (what === 'all') optimizer.step = step;
+}
+
+/** The model's adapters as plain arrays, for a model held outside tfjs. */
+const adapterWeights = (model: Llama) =>
+  new Map(
     [...model.adapters].map(([module, ad]) => [
       module,
       {
@@ -306,44 +340,79 @@ async function gpuRun(settings: RunSettings, model: Llama, optimizer: AdamW) {
       },
     ]),
   );
-  const onGpu = new GpuLlama(model.config, data(model.params), kernels, { adapters });
-  const trained = trainableParameters(model);
+
+const arrays = (vars: Map<string, tf.Variable>) =>
+  new Map([...vars].map(([name, v]) => [name, v.dataSync() as Float32Array]));
+
+/** Where a run's updates are made when not in tfjs: one step, and the state copied back (`sync`). */
+interface HeldRun {
+  step(parts: MicroBatch[], lr: number, maxGradNorm: number, dropoutSeed: number | null): Promise<StepResult>;
+  /** The held weights into `model`, and with `all` AdamW's moments and step into the optimiser. */
+  sync(what?: 'weights' | 'all'): Promise<void>;
+}
+
+/**
+ * The run's updates on the GPU (`--backend webgpu`) or on the CPU path (`--backend onnxruntime`), starting
+ * from the model's and the optimiser's state (a resumed run's); `sync` copies the state back before every
+ * checkpoint and at the end, so checkpoints, resumption and the saved model are as on WASM. With LoRA the
+ * adapters ride on frozen weights, and only they are trained (as trainableParameters says).
+ */
+async function heldRun(settings: RunSettings, model: Llama, optimizer: AdamW): Promise<HeldRun | null> {
+  if (settings.gpu) return gpuRun(settings.gpu, model, optimizer);
+  if (settings.ort) return ortRun(settings.ort, model, optimizer);
+  return null;
+}
+
+async function gpuRun(kernels: Kernels, model: Llama, optimizer: AdamW): Promise<HeldRun> {
+  const { GpuLlama } = await import('./webgpu/llama.ts');
+  const { GpuAdamW } = await import('./webgpu/adamw.ts');
+  const { download, submit } = await import('./webgpu/buffers.ts');
+  const onGpu = new GpuLlama(model.config, arrays(model.params), kernels, { adapters: adapterWeights(model) });
   const adamw = new GpuAdamW(kernels, optimizer.options);
   adamw.step = optimizer.step;
-  const [m, v] = [data(optimizer.m), data(optimizer.v)];
+  const [m, v] = [arrays(optimizer.m), arrays(optimizer.v)];
   for (const p of onGpu.parameters()) {
     kernels.gpu.device.queue.writeBuffer(p.m, 0, m.get(p.name)!);
     kernels.gpu.device.queue.writeBuffer(p.v, 0, v.get(p.name)!);
   }
   return {
-    /** One update from `parts`; `dropoutSeed`: LoRA's dropout this step (null: none), as on WASM. */
-    async step(parts: MicroBatch[], lr: number, maxGradNorm: number, dropoutSeed: number | null): Promise<StepResult> {
-      onGpu.dropout = dropoutSeed === null ? null : { seed: dropoutSeed, mask: dropoutMask };
-      onGpu.zeroGradients();
-      const result: StepResult = { loss: 0, gradNorm: 0, metrics: {} };
-      for (const part of parts) {
-        const logps: Float32Array[] = [];
-        for (const [slot, block] of part.blocks.entries()) logps.push(await onGpu.forward(block, slot));
-        const { loss, metrics, grads } = logpGradients(part, logps);
-        result.loss += loss;
-        for (const [k, x] of Object.entries(metrics)) result.metrics[k] = (result.metrics[k] ?? 0) + x;
-        grads.forEach((dlogp, slot) => onGpu.backward(slot, dlogp));
-      }
-      result.gradNorm = await onGpu.clipGradients(maxGradNorm);
-      submit(kernels.gpu, (pass) => adamw.encode(pass, onGpu.parameters(), lr));
-      return result;
+    step: (parts, lr, maxGradNorm, dropoutSeed) =>
+      heldStep(onGpu, parts, maxGradNorm, dropoutSeed, () =>
+        submit(kernels.gpu, (pass) => adamw.encode(pass, onGpu.parameters(), lr)),
+      ),
+    async sync(what = 'all') {
+      const none = new Float32Array(0);
+      const read = async (buffer: GPUBuffer, length: number) =>
+        what === 'all' ? download(kernels.gpu, buffer, length) : none;
+      const state: HeldState[] = [];
+      for (const p of onGpu.parameters())
+        state.push({
+          name: p.name,
+          value: await onGpu.weight(p.name),
+          m: await read(p.m, p.length),
+          v: await read(p.v, p.length),
+        });
+      syncInto(model, optimizer, state, adamw.step, what);
     },
-    /** The GPU's weights into `model`, and with `all` AdamW's moments and step into `optimizer`. */
-    async sync(what: 'weights' | 'all' = 'all'): Promise<void> {
-      const put = (variable: tf.Variable, values: Float32Array) =>
-        tf.tidy(() => variable.assign(tf.tensor(values, variable.shape)));
-      for (const p of onGpu.parameters()) {
-        put(trained.get(p.name)!, await onGpu.weight(p.name));
-        if (what === 'weights') continue;
-        put(optimizer.m.get(p.name)!, await onGpu.moment(p.name, 'm'));
-        put(optimizer.v.get(p.name)!, await onGpu.moment(p.name, 'v'));
-      }
-      if (what === 'all') optimizer.step = adamw.step;
+  };
+}
+
+async function ortRun(ort: OrtRuntime, model: Llama, optimizer: AdamW): Promise<HeldRun> {
+  const { OrtLlama } = await import('./ort/llama.ts');
+  const { CpuAdamW } = await import('./ort/adamw.ts');
+  const onCpu = new OrtLlama(model.config, arrays(model.params), ort, { adapters: adapterWeights(model) });
+  const adamw = new CpuAdamW(optimizer.options);
+  adamw.step = optimizer.step;
+  const [m, v] = [arrays(optimizer.m), arrays(optimizer.v)];
+  for (const p of onCpu.parameters()) {
+    p.m.set(m.get(p.name)!);
+    p.v.set(v.get(p.name)!);
+  }
+  return {
+    step: (parts, lr, maxGradNorm, dropoutSeed) =>
+      heldStep(onCpu, parts, maxGradNorm, dropoutSeed, () => adamw.apply(onCpu.parameters(), lr)),
+    async sync(what = 'all') {
+      syncInto(model, optimizer, onCpu.parameters(), adamw.step, what);
     },
   };
 }

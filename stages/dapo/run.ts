@@ -27,7 +27,7 @@ export async function run({
     };
   }
   const backend = await chosenBackend(options, log);
-  const run = await runDapo(from, out, cache, key, cfg, {}, signal, log, backend.gpu);
+  const run = await runDapo(from, out, cache, key, cfg, {}, signal, log, backend);
   const last = run.last;
   const final = run.final;
   return {

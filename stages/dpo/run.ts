@@ -95,7 +95,7 @@ export async function run({
     beta: loss.beta,
     examples: examples.length,
     steps: trainer.steps,
-    backend: backend.gpu ? 'webgpu' : backend.name,
+    backend: backend.description,
   });
 
   const result = await trainingRun(
@@ -111,6 +111,7 @@ export async function run({
       signal,
       log,
       gpu: backend.gpu,
+      ort: backend.ort,
     },
     trainer,
   );

@@ -111,6 +111,7 @@ export async function run({
       signal,
       log,
       gpu: backend.gpu,
+      ort: backend.ort,
     },
     trainer,
   );

@@ -9,8 +9,9 @@
 // A weight is stored (out, in) as transformers stores it, so a projection is x·Wᵀ (the GEMM reads W
 // transposed in place), its input gradient dy·W and its weight gradient dyᵀ·x.
 /// <reference types="@webgpu/types" />
-import type { BlockScorer } from '../data.ts';
-import { llamaParameterShapes, type Llama, type LlamaConfig } from '../model.ts';
+import { heldScorer } from '../data.ts';
+import type { Llama, LlamaConfig } from '../model.ts';
+import { heldWeights, type HeldModel, type LoraWeights } from '../step.ts';
 import type { GpuParameter } from './adamw.ts';
 import { Attention } from './attention.ts';
 import { download, submit, upload } from './buffers.ts';
@@ -20,19 +21,6 @@ import { TargetLogprobs } from './logprobs.ts';
 import { Matmul } from './matmul.ts';
 import { RmsNorm } from './rmsnorm.ts';
 import type { TokenBlock } from '../windows.ts';
-
-/** A block and which of its targets an SFT loss counts. */
-export type SftBatch = TokenBlock & { mask: Float32Array };
-
-/** A LoRA adapter's A (r × in) and B (out × r), its scale α/r, dropout and index (train/lora.ts). */
-export interface LoraWeights {
-  a: Float32Array;
-  b: Float32Array;
-  r: number;
-  scale: number;
-  dropout: number;
-  index: number;
-}
 
 /** An adapter on the GPU: the names of its A and B among the weights, and the rest of LoraWeights. */
 type GpuAdapter = Omit<LoraWeights, 'a' | 'b'> & { a: string; b: string };
@@ -78,7 +66,7 @@ export class GpuLlama {
   private readonly slots = new Map<number, Slot>();
 
   /** LoRA's adapters by module (model.layers.0.self_attn.q_proj): only they are trained then. */
-  private readonly adapters = new Map<string, GpuAdapter>();
+  private readonly adapters: Map<string, GpuAdapter>;
   /** The weights trained, in order, and whether AdamW decays them. */
   private readonly trained: [string, boolean][];
   /**
@@ -86,8 +74,7 @@ export class GpuLlama {
    * of (rows, cols) that TensorFlow.js's dropout draws at a seed (train/lora.ts dropoutMask), each adapter's at
    * the seed plus its index, so the GPU drops what WASM drops; null: no dropout.
    */
-  dropout: { seed: number; mask: (rows: number, cols: number, rate: number, seed: number) => Float32Array } | null =
-    null;
+  dropout: HeldModel['dropout'] = null;
 
   /**
    * `trainable` false: forward passes only (scoring), with no buffers for gradients. With `adapters` (LoRA),
@@ -99,31 +86,14 @@ export class GpuLlama {
     private readonly k: Kernels,
     o: { trainable?: boolean; adapters?: Map<string, LoraWeights> } = {},
   ) {
-    const trainable = o.trainable ?? true;
-    const frozen = !!o.adapters?.size;
-    for (const [name, shape] of llamaParameterShapes(config)) {
-      const size = shape.reduce((a, b) => a * b, 1);
-      const data = weights.get(name);
-      if (!data || data.length !== size)
-        throw new Error(`webgpu: weight ${name} is missing or not of shape ${shape.join('×')}`);
-      this.sizes.set(name, size);
-      this.weights.set(name, upload(k.gpu, data));
-      if (trainable && !frozen) this.grads.set(name, upload(k.gpu, new Float32Array(size)));
+    const held = heldWeights(config, weights, 'webgpu', o);
+    for (const w of held.weights) {
+      this.sizes.set(w.name, w.data.length);
+      this.weights.set(w.name, upload(k.gpu, w.data));
+      if (w.trained) this.grads.set(w.name, upload(k.gpu, new Float32Array(w.data.length)));
     }
-    this.trained = frozen ? [] : llamaParameterShapes(config).map(([name, shape]) => [name, shape.length >= 2]);
-    for (const [module, ad] of o.adapters ?? []) {
-      const [a, b] = [`base_model.model.${module}.lora_A.weight`, `base_model.model.${module}.lora_B.weight`];
-      for (const [name, data] of [
-        [a, ad.a],
-        [b, ad.b],
-      ] as const) {
-        this.sizes.set(name, data.length);
-        this.weights.set(name, upload(k.gpu, data));
-        if (trainable) this.grads.set(name, upload(k.gpu, new Float32Array(data.length)));
-        this.trained.push([name, true]);
-      }
-      this.adapters.set(module, { a, b, r: ad.r, scale: ad.scale, dropout: ad.dropout, index: ad.index });
-    }
+    this.trained = held.weights.filter((w) => w.trained).map((w) => [w.name, w.decays]);
+    this.adapters = held.adapters;
     this.ops = llamaKernels(k);
     this.tables = new RopeTables(k.gpu, config);
   }
@@ -538,27 +508,6 @@ export class GpuLlama {
     });
   }
 
-  /**
-   * SFT on one block: the loss −Σ mask·log p(target) / max(Σ mask, 1) of train/losses/sft.ts, weighted by
-   * `scale`, and its gradient, replacing what `grads` held or, with `accumulate`, added to it. The trainer's
-   * runs take any loss through forward and backward (train/run.ts); this is that for SFT, for tests and the bench.
-   */
-  async sftStep(b: SftBatch, o: { accumulate?: boolean; scale?: number } = {}): Promise<number> {
-    const logp = await this.forward(b);
-    const count = Math.max(
-      b.mask.reduce((s, m) => s + m, 0),
-      1,
-    );
-    const loss = -b.mask.reduce((s, m, t) => s + m * logp[t]!, 0) / count;
-    if (!o.accumulate) this.zeroGradients();
-    this.backward(
-      0,
-      b.mask.map((m) => (-m / count) * (o.scale ?? 1)),
-    );
-    await this.k.gpu.device.queue.onSubmittedWorkDone();
-    return loss;
-  }
-
   private optimizerState: GpuParameter[] | null = null;
 
   /** Every weight trained (the adapters' with LoRA) with its gradient and AdamW's moments (made at first use, zero), for GpuAdamW. */
@@ -637,10 +586,5 @@ export class GpuLlama {
 }
 
 /** A scorer of token blocks (train/data.ts) by `model`'s weights as they are now, on the GPU; dispose() frees them there. */
-export function gpuScorer(model: Llama, k: Kernels): { score: BlockScorer; dispose(): void } {
-  if (model.adapters.size)
-    throw new Error('webgpu: a model with LoRA adapters is scored on the GPU only once they are merged (mergeLora)');
-  const weights = new Map([...model.params].map(([name, v]) => [name, v.dataSync() as Float32Array]));
-  const onGpu = new GpuLlama(model.config, weights, k, { trainable: false });
-  return { score: (b) => onGpu.forward(b), dispose: () => onGpu.dispose() };
-}
+export const gpuScorer = (model: Llama, k: Kernels) =>
+  heldScorer(model, 'webgpu', (weights) => new GpuLlama(model.config, weights, k, { trainable: false }));

@@ -1,9 +1,10 @@
-// Every trainer's run on the GPU against the same run on WASM: DPO (sigmoid, against the reference's scores),
-// SimPO (length-normalised, no reference), KTO (whose batches score mismatched completions with the current
-// weights) and DAPO (several updates a step on rollouts whose old log-probabilities the current weights give,
-// with a KL term). Their losses are the same tfjs code on either backend, fed the GPU's token log-probs
-// (train/step.ts logpGradients); the GPU's backward takes their gradient from there. Tolerance: every logged
-// figure within 1e-4·(1 + |WASM's|), every weight within 1e-4 (f32 on both sides, summed in other orders).
+// Every trainer's run with its model held outside tfjs, on the GPU and on the CPU path through ONNX Runtime,
+// against the same run on WASM: DPO (sigmoid, against the reference's scores), SimPO (length-normalised, no
+// reference), KTO (whose batches score mismatched completions with the current weights) and DAPO (several
+// updates a step on rollouts whose old log-probabilities the current weights give, with a KL term). Their
+// losses are the same tfjs code on every backend, fed the held model's token log-probs (train/step.ts
+// logpGradients); its backward takes their gradient from there. Tolerance: every logged figure within
+// 1e-4·(1 + |WASM's|), every weight within 1e-4 (f32 on both sides, summed in other orders).
 import { describe, expect, it } from 'vitest';
 import { NEVER } from '../../pipeline/interrupt.ts';
 import { seeded } from '../../core/random.ts';
@@ -21,7 +22,8 @@ import type { Sequence } from '../../train/windows.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 import { quietLogger } from '../fixtures/toy-stages.ts';
-import { absent, kernels, relativeError } from '../fixtures/webgpu.ts';
+import { HELD, type HeldDevice } from '../fixtures/held.ts';
+import { relativeError } from '../fixtures/webgpu.ts';
 
 const config = tinyLlama({ vocabSize: 30 });
 const start = () => Llama.create(config, 'webgpu-trainers');
@@ -56,7 +58,7 @@ const cfg = {
   desirable_weight: 1,
   undesirable_weight: 1,
 } as unknown as PreferenceSettings;
-const settings = (gpu: boolean, lora?: LoraConfig): RunSettings => ({
+const settings = (device: HeldDevice | null, lora?: LoraConfig): RunSettings => ({
   config: cfg,
   cache: tempDir(),
   key: 'k',
@@ -66,7 +68,7 @@ const settings = (gpu: boolean, lora?: LoraConfig): RunSettings => ({
   signal: NEVER,
   log: quietLogger(),
   lora,
-  ...(gpu ? { gpu: kernels! } : {}),
+  ...device?.settings,
 });
 
 /** The starting model's scores of each side of `examples`: the reference of the losses that have one. */
@@ -92,52 +94,59 @@ async function reference(examples: Example[]) {
   return scores;
 }
 
-/** Runs `trainer()` on WASM and on the GPU and checks that they logged the same figures and ended with the same weights. */
-async function sameRun(trainer: () => Trainer, figures: string[], lora?: LoraConfig): Promise<RunResult[]> {
-  const [onCpu, onGpu] = [
-    await trainingRun(settings(false, lora), trainer()),
-    await trainingRun(settings(true, lora), trainer()),
+/** Runs `trainer()` on WASM and on `device` and checks that they logged the same figures and ended with the same weights. */
+async function sameRun(
+  device: HeldDevice,
+  trainer: () => Trainer,
+  figures: string[],
+  lora?: LoraConfig,
+): Promise<RunResult[]> {
+  const [onWasm, held] = [
+    await trainingRun(settings(null, lora), trainer()),
+    await trainingRun(settings(device, lora), trainer()),
   ];
-  expect(onGpu.device).toBe('webgpu');
-  expect(onGpu.metrics).toHaveLength(onCpu.metrics.length);
-  expect(new Set(onCpu.metrics.map((m) => m.loss)).size).toBe(onCpu.metrics.length); // it learns: every step's loss differs
-  for (const key of figures) expect(Object.keys(onCpu.metrics[0]!)).toContain(key);
-  onGpu.metrics.forEach((row, i) => {
-    // At step 1 a policy is its reference: every margin is 0 on WASM and within rounding of 0 on the GPU, so
+  expect(held.device).toBe(device.device);
+  expect(held.metrics).toHaveLength(onWasm.metrics.length);
+  expect(new Set(onWasm.metrics.map((m) => m.loss)).size).toBe(onWasm.metrics.length); // it learns: every step's loss differs
+  for (const key of figures) expect(Object.keys(onWasm.metrics[0]!)).toContain(key);
+  held.metrics.forEach((row, i) => {
+    // At step 1 a policy is its reference: every margin is 0 on WASM and within rounding of 0 when held, so
     // the share of margins above 0 is a tie that rounding breaks; from step 2 the margins are apart.
     const tie = (k: string) =>
-      k === 'rewards/accuracies' && i === 0 && Math.abs(onCpu.metrics[0]!['rewards/margins']!) < 1e-6;
-    for (const key of Object.keys(onCpu.metrics[i]!).filter((k) => k !== 'tokens/s' && !tie(k))) {
-      const want = onCpu.metrics[i]![key]!;
+      k === 'rewards/accuracies' && i === 0 && Math.abs(onWasm.metrics[0]!['rewards/margins']!) < 1e-6;
+    for (const key of Object.keys(onWasm.metrics[i]!).filter((k) => k !== 'tokens/s' && !tie(k))) {
+      const want = onWasm.metrics[i]![key]!;
       expect(relativeError([row[key]!], [want]), `${key} at step ${i + 1}`).toBeLessThan(1e-4);
     }
   });
   const weights = (m: Llama) => new Map([...m.params, ...trainableParameters(m)]);
-  for (const [name, variable] of weights(onCpu.model)) {
-    const [want, got] = [variable.dataSync(), weights(onGpu.model).get(name)!.dataSync()];
+  for (const [name, variable] of weights(onWasm.model)) {
+    const [want, got] = [variable.dataSync(), weights(held.model).get(name)!.dataSync()];
     let diff = 0;
     for (let i = 0; i < want.length; i++) diff = Math.max(diff, Math.abs(got[i]! - want[i]!));
     expect(diff, name).toBeLessThan(1e-4);
   }
-  return [onCpu, onGpu];
+  return [onWasm, held];
 }
 
 const dispose = (runs: RunResult[]) => runs.forEach((r) => r.model.dispose());
 
-describe('every trainer on the GPU', () => {
+describe.each(HELD)('every trainer on $name', (device) => {
+  const { absent } = device;
   it.skipIf(absent)('DPO against its reference, and SimPO without one, take the steps they take on WASM', async () => {
     const scores = await reference(pairs);
     dispose(
-      await sameRun(
-        () => dpoTrainer(pairs, scores, lossOf('dpo', 0.1), cfg, 0, start),
-        ['rewards/margins', 'rewards/accuracies', 'logps/chosen'],
-      ),
+      await sameRun(device, () => dpoTrainer(pairs, scores, lossOf('dpo', 0.1), cfg, 0, start), [
+        'rewards/margins',
+        'rewards/accuracies',
+        'logps/chosen',
+      ]),
     );
     dispose(
-      await sameRun(
-        () => dpoTrainer(pairs, null, lossOf('simpo', null), cfg, 0, start),
-        ['rewards/margins', 'logps/rejected'],
-      ),
+      await sameRun(device, () => dpoTrainer(pairs, null, lossOf('simpo', null), cfg, 0, start), [
+        'rewards/margins',
+        'logps/rejected',
+      ]),
     );
   });
 
@@ -154,16 +163,17 @@ describe('every trainer on the GPU', () => {
       return m;
     };
     const sequences = pairs.map((p) => p.sequences[0]!);
-    const [onCpu, onGpu] = await sameRun(
+    const [onWasm, held] = await sameRun(
+      device,
       () => sftTrainer(sequences, withAdapters, cfg, 0),
       ['loss', 'grad_norm'],
       lora,
     );
     const base = start();
     // The base weights did not move; the adapters did.
-    for (const [name, v] of base.params) expect(onGpu!.model.params.get(name)!.dataSync(), name).toEqual(v.dataSync());
-    expect([...trainableParameters(onGpu!.model).values()].some((v) => v.dataSync().some((x) => x !== 0))).toBe(true);
-    dispose([onCpu!, onGpu!]);
+    for (const [name, v] of base.params) expect(held!.model.params.get(name)!.dataSync(), name).toEqual(v.dataSync());
+    expect([...trainableParameters(held!.model).values()].some((v) => v.dataSync().some((x) => x !== 0))).toBe(true);
+    dispose([onWasm!, held!]);
     const noDropout = { ...lora, dropout: 0 };
     const plain = () => {
       const m = start();
@@ -172,6 +182,7 @@ describe('every trainer on the GPU', () => {
     };
     dispose(
       await sameRun(
+        device,
         () => dpoTrainer(pairs, null, lossOf('simpo', null), cfg, 0, plain),
         ['rewards/margins'],
         noDropout,
@@ -180,18 +191,18 @@ describe('every trainer on the GPU', () => {
     base.dispose();
   });
 
-  it.skipIf(absent)(
-    'KTO, whose batches score mismatched completions with the weights the GPU has just updated',
-    async () => {
-      const scores = await reference(rows);
-      dispose(
-        await sameRun(() => ktoTrainer(rows, scores, lossOf('kto', null), cfg, 0, start), ['kl', 'rewards/chosen']),
-      );
-    },
-  );
+  it.skipIf(absent)('KTO, whose batches score mismatched completions with the weights just updated there', async () => {
+    const scores = await reference(rows);
+    dispose(
+      await sameRun(device, () => ktoTrainer(rows, scores, lossOf('kto', null), cfg, 0, start), [
+        'kl',
+        'rewards/chosen',
+      ]),
+    );
+  });
 
   it.skipIf(absent)(
-    'DAPO: updates within a step on the GPU, each step’s old log-probabilities from its weights, a KL term to the start',
+    'DAPO: updates within a step there, each step’s old log-probabilities from its weights, a KL term to the start',
     async () => {
       const rollouts: Rollout[] = [
         {
@@ -221,8 +232,8 @@ describe('every trainer on the GPU', () => {
           reference: referenceModel,
           signal: NEVER,
         });
-      const [onCpu] = await sameRun(trainer, ['clip_low', 'clip_high', 'kl', 'entropy']);
-      expect(onCpu!.metrics.at(-1)!.kl).toBeGreaterThan(0); // the policy moved away from the reference
+      const [onWasm] = await sameRun(device, trainer, ['clip_low', 'clip_high', 'kl', 'entropy']);
+      expect(onWasm!.metrics.at(-1)!.kl).toBeGreaterThan(0); // the policy moved away from the reference
       referenceModel.dispose();
     },
   );

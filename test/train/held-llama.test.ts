@@ -1,7 +1,8 @@
-// One SFT step of the Llama on the GPU (train/webgpu/llama.ts) against the same model in tfjs on the WASM
-// backend (train/model.ts, train/losses/sft.ts): the loss, and the gradient of every weight, from the same
-// weights, tokens and mask. Tolerance: each gradient's largest difference within 1e-4 of its largest entry
-// (both sides compute in f32, summing in different orders through two layers), the loss within 1e-5.
+// One SFT step of the Llama held outside tfjs, on the GPU (train/webgpu/llama.ts) and on the CPU path
+// through ONNX Runtime (train/ort/llama.ts), against the same model in tfjs on the WASM backend
+// (train/model.ts, train/losses/sft.ts): the loss, and the gradient of every weight, from the same weights,
+// tokens and mask. Tolerance: each gradient's largest difference within 1e-4 of its largest entry (both
+// sides compute in f32, summing in different orders through two layers), the loss within 1e-5.
 import * as tf from '@tensorflow/tfjs-core';
 import { describe, expect, it } from 'vitest';
 import { seeded } from '../../core/random.ts';
@@ -9,15 +10,16 @@ import { sftLoss } from '../../train/losses/sft.ts';
 import { Llama, type LlamaConfig } from '../../train/model.ts';
 import { targetLogprobs } from '../../train/parameters.ts';
 import { AdamW, ADAMW_DEFAULTS, clipByGlobalNorm } from '../../train/optimizer.ts';
-import { GpuAdamW } from '../../train/webgpu/adamw.ts';
-import { submit } from '../../train/webgpu/buffers.ts';
-import { GpuLlama, gpuScorer } from '../../train/webgpu/llama.ts';
+import { sftStep } from '../../train/step.ts';
 import { scoreSequences } from '../../train/data.ts';
 import { NEVER } from '../../pipeline/interrupt.ts';
+import { HELD, type HeldDevice } from '../fixtures/held.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
-import { absent, kernels, relativeError } from '../fixtures/webgpu.ts';
+import { relativeError } from '../fixtures/webgpu.ts';
 
-async function compare(config: LlamaConfig, batch: number, length: number): Promise<void> {
+type Held = ReturnType<HeldDevice['model']>;
+
+async function compare(device: HeldDevice, config: LlamaConfig, batch: number, length: number): Promise<void> {
   const random = seeded('webgpu-llama', JSON.stringify(config));
   const n = batch * length;
   const ids = Int32Array.from({ length: n }, () => Math.floor(random() * config.vocabSize));
@@ -42,14 +44,14 @@ async function compare(config: LlamaConfig, batch: number, length: number): Prom
   );
   const weights = new Map([...model.weights()].map(([name, w]) => [name, w.data]));
 
-  const gpu = new GpuLlama(config, weights, kernels!);
-  const loss = await gpu.sftStep({ ids, targets, mask, batch, length });
+  const held = device.model(config, weights);
+  const loss = await sftStep(held, { ids, targets, mask, batch, length });
   expect(Math.abs(loss - (await value.data())[0]!)).toBeLessThan(1e-5);
   // tfjs names gradients by its variables' own names: the model's parameters map weight names to them.
-  expect([...model.params.keys()].sort()).toEqual([...gpu.grads.keys()].sort());
+  expect([...model.params.keys()].sort()).toEqual([...held.grads.keys()].sort());
   const want = new Map<string, Float32Array>();
   for (const [name, variable] of model.params) want.set(name, (await grads[variable.name]!.data()) as Float32Array);
-  for (const [name, { largest, gap }] of await gradientGaps(gpu, want)) {
+  for (const [name, { largest, gap }] of await gradientGaps(held, want)) {
     expect(largest, `${name} has a gradient`).toBeGreaterThan(0);
     expect(gap, name).toBeLessThan(1e-4);
   }
@@ -57,14 +59,14 @@ async function compare(config: LlamaConfig, batch: number, length: number): Prom
   model.dispose();
 }
 
-/** Per weight: its wanted gradient's largest entry, and the GPU's largest difference from it over that. */
+/** Per weight: its wanted gradient's largest entry, and the held model's largest difference from it over that. */
 async function gradientGaps(
-  gpu: GpuLlama,
+  held: Held,
   want: Map<string, Float32Array>,
 ): Promise<Map<string, { largest: number; gap: number }>> {
   const out = new Map<string, { largest: number; gap: number }>();
   for (const [name, w] of want) {
-    const got = await gpu.gradient(name);
+    const got = await held.gradient(name);
     let largest = 0;
     let diff = 0;
     for (let i = 0; i < w.length; i++) {
@@ -77,10 +79,11 @@ async function gradientGaps(
 }
 
 /** The largest of the gaps. */
-const gradientGap = async (gpu: GpuLlama, want: Map<string, Float32Array>) =>
-  Math.max(...[...(await gradientGaps(gpu, want)).values()].map((g) => g.gap));
+const gradientGap = async (held: Held, want: Map<string, Float32Array>) =>
+  Math.max(...[...(await gradientGaps(held, want)).values()].map((g) => g.gap));
 
-describe('the Llama on the GPU', () => {
+describe.each(HELD)('the Llama held on $name', (device) => {
+  const { absent } = device;
   it.skipIf(absent)(
     'adds micro-batches up to the whole batch’s gradient, and clips by global norm as the trainer does',
     async () => {
@@ -92,12 +95,12 @@ describe('the Llama on the GPU', () => {
       const targets = Int32Array.from({ length: n }, () => Math.floor(random() * config.vocabSize));
       const mask = Float32Array.from({ length: n }, () => (random() < 0.6 ? 1 : 0));
       const model = Llama.create(config, 'webgpu-llama-micro');
-      const gpu = new GpuLlama(config, new Map([...model.weights()].map(([name, w]) => [name, w.data])), kernels!);
+      const held = device.model(config, new Map([...model.weights()].map(([name, w]) => [name, w.data])));
 
       // The whole batch at once, then its two halves, each weighted by its share of the counted tokens.
-      await gpu.sftStep({ ids, targets, mask, batch, length });
+      await sftStep(held, { ids, targets, mask, batch, length });
       const whole = new Map<string, Float32Array>();
-      for (const name of gpu.grads.keys()) whole.set(name, await gpu.gradient(name));
+      for (const name of held.grads.keys()) whole.set(name, await held.gradient(name));
       const half = (h: number) => ({
         ids: ids.slice((h * n) / 2, ((h + 1) * n) / 2),
         targets: targets.slice((h * n) / 2, ((h + 1) * n) / 2),
@@ -107,9 +110,9 @@ describe('the Llama on the GPU', () => {
       });
       const counted = (h: number) => half(h).mask.reduce((s, m) => s + m, 0);
       const total = counted(0) + counted(1);
-      await gpu.sftStep(half(0), { scale: counted(0) / total });
-      await gpu.sftStep(half(1), { accumulate: true, scale: counted(1) / total });
-      expect(await gradientGap(gpu, whole)).toBeLessThan(1e-5);
+      await sftStep(held, half(0), { scale: counted(0) / total });
+      await sftStep(held, half(1), { accumulate: true, scale: counted(1) / total });
+      expect(await gradientGap(held, whole)).toBeLessThan(1e-5);
 
       // Clipping: the norm, and the clipped gradients, of the tfjs model's.
       const { value, grads } = tf.variableGrads(() =>
@@ -121,12 +124,12 @@ describe('the Llama on the GPU', () => {
       const byName = Object.fromEntries([...model.params].map(([name, v]) => [name, grads[v.name]!]));
       const norm = clipByGlobalNorm(byName, Infinity).norm;
       const clipped = clipByGlobalNorm(byName, norm / 2);
-      const gpuNorm = await gpu.clipGradients(norm / 2);
-      expect(Math.abs(gpuNorm - norm) / norm).toBeLessThan(1e-5);
+      const heldNorm = await held.clipGradients(norm / 2);
+      expect(Math.abs(heldNorm - norm) / norm).toBeLessThan(1e-5);
       const want = new Map<string, Float32Array>();
       for (const [name, g] of Object.entries(clipped.grads)) want.set(name, (await g.data()) as Float32Array);
-      expect(await gradientGap(gpu, want)).toBeLessThan(1e-4);
-      expect(await gpu.clipGradients(0)).toBeCloseTo(norm / 2, 4);
+      expect(await gradientGap(held, want)).toBeLessThan(1e-4);
+      expect(await held.clipGradients(0)).toBeCloseTo(norm / 2, 4);
       tf.dispose([value, ...Object.values(grads), ...Object.values(clipped.grads)]);
       model.dispose();
     },
@@ -138,9 +141,9 @@ describe('the Llama on the GPU', () => {
     const random = seeded('webgpu-llama-steps');
     const draw = (n: number, below: number) => Int32Array.from({ length: n }, () => Math.floor(random() * below));
     const model = Llama.create(config, 'webgpu-llama-steps');
-    const gpu = new GpuLlama(config, new Map([...model.weights()].map(([name, w]) => [name, w.data])), kernels!);
+    const held = device.model(config, new Map([...model.weights()].map(([name, w]) => [name, w.data])));
     const options = { ...ADAMW_DEFAULTS, weightDecay: 0.1 };
-    const [cpuOptimizer, gpuOptimizer] = [new AdamW(model.params, options), new GpuAdamW(kernels!, options)];
+    const [cpuOptimizer, update] = [new AdamW(model.params, options), device.adamw(options)];
     const losses: [number, number][] = [];
     for (let step = 0; step < 3; step++) {
       const [ids, targets] = [draw(batch * length, config.vocabSize), draw(batch * length, config.vocabSize)];
@@ -153,8 +156,8 @@ describe('the Llama on the GPU', () => {
       );
       const lr = 0.01;
       cpuOptimizer.apply(Object.fromEntries([...model.params].map(([name, v]) => [name, grads[v.name]!])), lr);
-      const loss = await gpu.sftStep({ ids, targets, mask, batch, length });
-      submit(kernels!.gpu, (pass) => gpuOptimizer.encode(pass, gpu.parameters(), lr));
+      const loss = await sftStep(held, { ids, targets, mask, batch, length });
+      update(held, lr);
       losses.push([loss, (await value.data())[0]!]);
       tf.dispose([value, ...Object.values(grads)]);
     }
@@ -162,7 +165,7 @@ describe('the Llama on the GPU', () => {
     expect(losses[2]![1]).not.toBe(losses[0]![1]); // the weights moved
     for (const [name, variable] of model.params) {
       const want = await variable.data();
-      const got = await gpu.weight(name);
+      const got = await held.weight(name);
       let diff = 0;
       for (let i = 0; i < want.length; i++) diff = Math.max(diff, Math.abs(got[i]! - want[i]!));
       // AdamW's step is about lr a weight whatever the gradient's size: the weights agree to well under one.
@@ -174,7 +177,7 @@ describe('the Llama on the GPU', () => {
   it.skipIf(absent)(
     'takes the SFT step the tfjs model takes: its loss and every gradient, tied and grouped-query',
     async () => {
-      await compare(tinyLlama(), 2, 9);
+      await compare(device, tinyLlama(), 2, 9);
     },
   );
 
@@ -182,6 +185,7 @@ describe('the Llama on the GPU', () => {
     'and with an untied head, as many key/value heads as query heads, and longer sequences',
     async () => {
       await compare(
+        device,
         tinyLlama({ tiedEmbeddings: false, heads: 4, kvHeads: 4, headDim: 4, vocabSize: 40, layers: 3 }),
         3,
         16,
@@ -201,7 +205,7 @@ describe('the Llama on the GPU', () => {
           mask: Array.from({ length: n }, (_, t) => (t > 1 ? 1 : 0)),
         };
       });
-      const scorer = gpuScorer(model, kernels!);
+      const scorer = device.scorer(model);
       const [want, got] = [
         await scoreSequences(model, sequences, 30, 0, NEVER),
         await scoreSequences(scorer.score, sequences, 30, 0, NEVER),
@@ -215,6 +219,6 @@ describe('the Llama on the GPU', () => {
   );
 
   it.skipIf(absent)('and with Qwen2’s biases on q, k and v', async () => {
-    await compare(tinyLlama({ modelType: 'qwen2', attentionBias: true }), 2, 9);
+    await compare(device, tinyLlama({ modelType: 'qwen2', attentionBias: true }), 2, 9);
   });
 });

@@ -1,0 +1,38 @@
+// AdamW on the CPU path, element by element as train/optimizer.ts does it (decoupled weight decay as
+// torch.optim.AdamW, bias-corrected moments; matrices decay, vectors do not) and train/webgpu/adamw.ts on the GPU.
+import type { AdamWOptions } from '../optimizer.ts';
+
+/** A trained weight with its gradient and AdamW's two moments (same length, f32). */
+export interface CpuParameter {
+  name: string;
+  value: Float32Array;
+  grad: Float32Array;
+  m: Float32Array;
+  v: Float32Array;
+  /** Matrices decay, vectors (norm gains, biases) do not. */
+  decays: boolean;
+}
+
+export class CpuAdamW {
+  /** Steps taken: bias correction uses it. */
+  step = 0;
+
+  constructor(readonly options: AdamWOptions) {}
+
+  /** One update of every parameter at learning rate `lr`. */
+  apply(params: CpuParameter[], lr: number): void {
+    const { beta1, beta2, eps, weightDecay } = this.options;
+    this.step++;
+    const c1 = 1 - beta1 ** this.step;
+    const c2 = 1 - beta2 ** this.step;
+    for (const { value: p, grad: g, m, v, decays } of params) {
+      const decay = decays && weightDecay > 0 ? 1 - lr * weightDecay : 1;
+      for (let i = 0; i < p.length; i++) {
+        const gi = g[i]!;
+        const mi = (m[i] = m[i]! * beta1 + gi * (1 - beta1));
+        const vi = (v[i] = v[i]! * beta2 + gi * gi * (1 - beta2));
+        p[i] = p[i]! * decay - (mi / c1 / (Math.sqrt(vi / c2) + eps)) * lr;
+      }
+    }
+  }
+}
