@@ -9,6 +9,7 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { safePoint } from '../pipeline/interrupt.ts';
 import { seeded } from '../core/random.ts';
+import type { EntropyScorer } from '../train/data.ts';
 import { dapoLoss, groupAdvantages, tokenEntropy, type ClipSettings } from '../train/losses/index.ts';
 import { targetLogprobs } from '../train/parameters.ts';
 import type { Llama } from '../train/model.ts';
@@ -79,8 +80,8 @@ const generatedTargets = (s: Sequence) => s.mask.slice(1).flatMap((m, t) => (m ?
  * The batch of `rollouts`: GRPO advantages within each group, every rollout as chained sequences
  * (chainTurns; with notes, on the prompts `on` says, twice with `both`), and the old log-probabilities
  * recomputed with `model` before any update (as verl does) on the turns as they were sampled, micro-batch by
- * micro-batch, each a safe point. A sequence trained on the plain prompt takes its generated tokens' old
- * log-probabilities from the prompts with notes, token for token.
+ * micro-batch, each a safe point (by `score` where the run holds the model outside tfjs). A sequence trained on
+ * the plain prompt takes its generated tokens' old log-probabilities from the prompts with notes, token for token.
  */
 export async function rolloutBatch(
   model: Llama,
@@ -90,13 +91,14 @@ export async function rolloutBatch(
   signal: AbortSignal,
   on: FeedbackTraining = 'context',
   reference?: Llama,
+  score?: EntropyScorer,
 ): Promise<RolloutBatch> {
   const advantage = groupAdvantages(
     rollouts.map((r) => r.reward),
     rollouts.map((r) => r.group),
   );
   const sampled = rollouts.map((r) => chainTurns(r.turns));
-  const behaviour = await scored(model, sampled.flat(), pad, maxTokens, signal);
+  const behaviour = await scored(model, sampled.flat(), pad, maxTokens, signal, score);
   const entropy =
     behaviour.entropy.reduce((a, e) => a + e.sum, 0) /
     Math.max(
@@ -136,8 +138,19 @@ export async function rolloutBatch(
   return { sequences, advantages, oldLogps, refLogps, entropy };
 }
 
-/** `model`'s per-target log-probabilities of each sequence, and its entropy summed over each micro-batch's masked tokens; every micro-batch a safe point. */
-async function scored(model: Llama, sequences: Sequence[], pad: number, maxTokens: number, signal: AbortSignal) {
+/**
+ * `model`'s per-target log-probabilities of each sequence, and its entropy summed over each micro-batch's
+ * masked tokens; every micro-batch a safe point. `score`: the same from a model held outside tfjs (the CPU
+ * path's), in place of tfjs's forward.
+ */
+async function scored(
+  model: Llama,
+  sequences: Sequence[],
+  pad: number,
+  maxTokens: number,
+  signal: AbortSignal,
+  score?: EntropyScorer,
+) {
   const logps: Float32Array[] = new Array(sequences.length);
   const entropy: { sum: number; tokens: number }[] = [];
   for (const idx of microBatches(
@@ -150,16 +163,24 @@ async function scored(model: Llama, sequences: Sequence[], pad: number, maxToken
       idx.map((i) => sequences[i]!),
       pad,
     );
-    const [values, h] = tf.tidy(() => {
-      const logits = model.forward(b.ids, b.batch, b.length);
-      const mask = tf.tensor2d(b.mask, [b.batch, b.length]);
-      return [
-        targetLogprobs(logits, b.targets, b.batch, b.length).dataSync() as Float32Array,
-        tokenEntropy(logits, mask).dataSync()[0]!,
-      ];
-    });
     const tokens = b.mask.reduce((a, m) => a + m, 0);
-    entropy.push({ sum: h * tokens, tokens });
+    let values: Float32Array;
+    if (score) {
+      const out = await score(b);
+      values = out.logps;
+      entropy.push({ sum: out.entropy.reduce((a, h, t) => a + h * b.mask[t]!, 0), tokens });
+    } else {
+      let h: number;
+      [values, h] = tf.tidy(() => {
+        const logits = model.forward(b.ids, b.batch, b.length);
+        const mask = tf.tensor2d(b.mask, [b.batch, b.length]);
+        return [
+          targetLogprobs(logits, b.targets, b.batch, b.length).dataSync() as Float32Array,
+          tokenEntropy(logits, mask).dataSync()[0]!,
+        ];
+      });
+      entropy.push({ sum: h * tokens, tokens });
+    }
     idx.forEach((i, k) => (logps[i] = values.slice(k * b.length, k * b.length + sequences[i]!.ids.length - 1)));
   }
   return { logps, entropy };
@@ -271,7 +292,7 @@ export function dapoTrainer(o: DapoOptions): Trainer {
     start: o.start,
     readsWeights: true, // each step rolls out with the current weights
     after: o.after,
-    async batch(step, model) {
+    async batch(step, model, score) {
       const { rollouts, metrics } = await o.rollouts(step, model);
       if (rollouts.length === 0) return { parts: [], tokens: 0, metrics };
       const batch = await rolloutBatch(
@@ -282,6 +303,7 @@ export function dapoTrainer(o: DapoOptions): Trainer {
         o.signal,
         o.feedbackTraining,
         o.clip.klCoef > 0 ? o.reference : undefined,
+        score,
       );
       const all = batch.sequences.map((_, i) => i);
       const updates: number[][] = [];

@@ -151,6 +151,9 @@ export interface Scores {
 /** What scores a token block: every position's log p(target), B·T f32s; the GPU's (train/webgpu/llama.ts gpuScorer), or the tfjs model's. */
 export type BlockScorer = (b: TokenBlock) => Promise<Float32Array>;
 
+/** A scorer that gives, beside each position's log p(target), the entropy of its next-token distribution. */
+export type EntropyScorer = (b: TokenBlock) => Promise<{ logps: Float32Array; entropy: Float32Array }>;
+
 /**
  * A scorer of token blocks by `model`'s weights as they are now, from a copy of them held outside tfjs (the
  * GPU's, the CPU path's: `hold` makes it); dispose() frees the copy. `where` names the place in the error.

@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import { Interrupted, interrupted } from '../pipeline/interrupt.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { loadCheckpoint, saveCheckpoint } from './checkpoint.ts';
+import type { EntropyScorer } from './data.ts';
 import type { TokenizerFiles } from './hf.ts';
 import { dropoutMask, mergeLora, saveAdapter, trainableParameters } from './lora.ts';
 import type { LoraConfig, TrainingSettings } from './settings.ts';
@@ -57,8 +58,12 @@ export interface Trainer {
   steps: number;
   /** The model to start from when there is no checkpoint. */
   start(): Llama;
-  /** The batch of step `step` (0-based), a function of the step alone so a resumed run sees the same data, and its loss on `model`. */
-  batch(step: number, model: Llama): StepBatch | Promise<StepBatch>;
+  /**
+   * The batch of step `step` (0-based), a function of the step alone so a resumed run sees the same data, and
+   * its loss on `model`. `score`: where the run holds the model outside tfjs and can, its scorer of the weights
+   * as they are now (log-probs and entropy), for a batch that scores with the current weights (DAPO's rollouts).
+   */
+  batch(step: number, model: Llama, score?: EntropyScorer): StepBatch | Promise<StepBatch>;
   /** The progress bar's label. */
   label: string;
   /** After step `step`'s update (0-based), figures of the model as it now is, logged with the step (reinforcement learning's validation). */
@@ -212,7 +217,7 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
     }
     const started = performance.now();
     const lr = learningRate(step, schedule);
-    const batch = await run.batch(step, model);
+    const batch = await run.batch(step, model, held?.score);
     // Adapters' dropout, drawn anew each step and the same on a resumed run.
     const dropoutSeed = settings.lora ? parseInt(hashJson({ seed: run.seed, step }).slice(0, 8), 16) : null;
     let result: StepResult;
@@ -349,6 +354,8 @@ interface HeldRun {
   step(parts: MicroBatch[], lr: number, maxGradNorm: number, dropoutSeed: number | null): Promise<StepResult>;
   /** The held weights into `model`, and with `all` AdamW's moments and step into the optimiser. */
   sync(what?: 'weights' | 'all'): Promise<void>;
+  /** Scores with the held weights as they are now, where the held model can give entropy too. */
+  score?: EntropyScorer;
 }
 
 /**
@@ -411,6 +418,13 @@ async function ortRun(ort: OrtRuntime, model: Llama, optimizer: AdamW): Promise<
   return {
     step: (parts, lr, maxGradNorm, dropoutSeed) =>
       heldStep(onCpu, parts, maxGradNorm, dropoutSeed, () => adamw.apply(onCpu.parameters(), lr)),
+    // A slot of its own, apart from the training passes', and no dropout: the weights as they are.
+    score: async (b) => {
+      const [entropy, dropout] = [new Float32Array(b.batch * b.length), onCpu.dropout];
+      onCpu.dropout = null;
+      const logps = await onCpu.forward(b, -1, entropy).finally(() => (onCpu.dropout = dropout));
+      return { logps, entropy };
+    },
     async sync(what = 'all') {
       syncInto(model, optimizer, onCpu.parameters(), adamw.step, what);
     },

@@ -11,7 +11,7 @@ import { ADAMW_DEFAULTS } from '../../train/optimizer.ts';
 import { CpuAdamW } from '../../train/ort/adamw.ts';
 import { Attention } from '../../train/ort/attention.ts';
 import { Rope, SwiGlu } from '../../train/ort/elementwise.ts';
-import { TargetLogprobs } from '../../train/ort/logprobs.ts';
+import { HeadLogprobs } from '../../train/ort/logprobs.ts';
 import { OrtLlama } from '../../train/ort/llama.ts';
 import { Matmul } from '../../train/ort/matmul.ts';
 import { OrtRuntime } from '../../train/ort/onnx.ts';
@@ -148,21 +148,40 @@ describe('the CPU path’s kernels in ONNX Runtime', () => {
     expect(relativeError(du, await data(duWant!))).toBeLessThan(1e-5);
   });
 
-  it('gives every position’s log p(target) and its gradient by the logits', async () => {
-    const logprobs = new TargetLogprobs(ort);
-    const [batch, length, vocab] = [3, 5, 37];
+  it('gives every position’s log p(target) and entropy from the hidden state through the head, and its gradients, a chunk of rows at a time', async () => {
+    const [batch, length, dim, vocab] = [3, 5, 8, 37];
     const rows = batch * length;
-    const z = values(rows * vocab, 8);
+    const [h, w, dlogp] = [values(rows * dim, 2), values(vocab * dim), values(rows)];
     const targets = Int32Array.from({ length: rows }, () => Math.floor(random() * vocab));
-    const dlogp = values(rows);
-    const zt = tf.tensor2d(z, [rows, vocab]);
-    const f = (a: tf.Tensor) => targetLogprobs(a as tf.Tensor2D, targets, batch, length);
-    const [dzWant] = tf.grads((a: tf.Tensor) => tf.sum(tf.mul(f(a), tf.tensor2d(dlogp, [batch, length]))))([zt]);
-    const [logp, lse, dz] = [new Float32Array(rows), new Float32Array(rows), new Float32Array(rows * vocab)];
-    await logprobs.forward(z, targets, logp, lse, vocab);
-    await logprobs.backward(z, targets, lse, dlogp, dz, vocab);
-    expect(relativeError(logp, await data(f(zt)))).toBeLessThan(1e-5);
-    expect(relativeError(dz, await data(dzWant!))).toBeLessThan(1e-5);
+    const [ht, wt] = [tf.tensor2d(h, [rows, dim]), tf.tensor2d(w, [vocab, dim])];
+    const f = (a: tf.Tensor, b: tf.Tensor) =>
+      targetLogprobs(tf.matMul(a as tf.Tensor2D, b as tf.Tensor2D, false, true), targets, batch, length);
+    const [dhWant, dwWant] = tf.grads((a: tf.Tensor, b: tf.Tensor) =>
+      tf.sum(tf.mul(f(a, b), tf.tensor2d(dlogp, [batch, length]))),
+    )([ht, wt]);
+    const logSoftmax = tf.logSoftmax(tf.matMul(ht, wt, false, true));
+    const entropyWant = await data(tf.neg(tf.sum(tf.mul(tf.exp(logSoftmax), logSoftmax), -1)));
+    // Whole, and in chunks of 4 rows (the last of 3).
+    for (const head of [new HeadLogprobs(ort), new HeadLogprobs(ort, 4 * vocab)]) {
+      const [logp, lse, entropy, dh, dw] = [
+        new Float32Array(rows),
+        new Float32Array(rows),
+        new Float32Array(rows),
+        new Float32Array(rows * dim),
+        new Float32Array(vocab * dim).fill(0.25),
+      ];
+      await head.forward(h, w, targets, logp, lse, entropy);
+      expect(relativeError(entropy, entropyWant)).toBeLessThan(1e-5);
+      await head.backward(h, w, targets, lse, dlogp, dh, dw);
+      expect(relativeError(logp, await data(f(ht, wt)))).toBeLessThan(1e-5);
+      expect(relativeError(dh, await data(dhWant!))).toBeLessThan(1e-5);
+      expect(
+        relativeError(
+          dw,
+          (await data(dwWant!)).map((g) => g + 0.25),
+        ),
+      ).toBeLessThan(1e-5);
+    }
   });
 });
 

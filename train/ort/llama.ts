@@ -15,8 +15,9 @@ import type { TokenBlock } from '../windows.ts';
 import type { CpuParameter } from './adamw.ts';
 import { Attention } from './attention.ts';
 import * as ew from './elementwise.ts';
-import { TargetLogprobs } from './logprobs.ts';
+import { HeadLogprobs } from './logprobs.ts';
 import { Matmul } from './matmul.ts';
+import { MlpBackward } from './mlp.ts';
 import type { OrtRuntime } from './onnx.ts';
 import { RmsNorm } from './rmsnorm.ts';
 
@@ -43,7 +44,8 @@ export class OrtLlama {
   private readonly norm: RmsNorm;
   private readonly rope: ew.Rope;
   private readonly swiglu: ew.SwiGlu;
-  private readonly logprobs: TargetLogprobs;
+  private readonly head: HeadLogprobs;
+  private readonly mlp: MlpBackward;
   private table: { cos: Float32Array; sin: Float32Array; positions: number } = {
     cos: new Float32Array(0),
     sin: new Float32Array(0),
@@ -74,7 +76,8 @@ export class OrtLlama {
     this.norm = new RmsNorm(ort);
     this.rope = new ew.Rope(ort);
     this.swiglu = new ew.SwiGlu(ort);
-    this.logprobs = new TargetLogprobs(ort);
+    this.head = new HeadLogprobs(ort);
+    this.mlp = new MlpBackward(ort);
   }
 
   /** An activation of `length` f32s, kept from step to step while the shape stays. */
@@ -106,7 +109,6 @@ export class OrtLlama {
       K: c.kvHeads,
       hd: c.headDim,
       F: c.intermediateSize,
-      V: c.vocabSize,
       head: c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight',
       l: (i: number, n: string) => `model.layers.${i}.${n}`,
       heads: { batch: B, length: T, heads: c.heads, kvHeads: c.kvHeads, headDim: c.headDim },
@@ -117,11 +119,12 @@ export class OrtLlama {
   }
 
   /**
-   * The forward pass of a block into slot `slot`: every position's log p(target) (B·T). The slot keeps what
-   * its backward reads until its next forward, so DPO's chosen and rejected sides each keep theirs.
+   * The forward pass of a block into slot `slot`: every position's log p(target) (B·T), and with `entropy`
+   * each position's entropy of the next token written there. The slot keeps what its backward reads until its
+   * next forward, so DPO's chosen and rejected sides each keep theirs.
    */
-  async forward(b: TokenBlock, slot = 0): Promise<Float32Array> {
-    const { c, N, D, H, K, hd, F, V, head, l, heads, rope, cos, sin, a } = this.sizesOf(b, slot);
+  async forward(b: TokenBlock, slot = 0, entropy?: Float32Array): Promise<Float32Array> {
+    const { c, N, D, H, K, hd, F, head, l, heads, rope, cos, sin, a } = this.sizesOf(b, slot);
     const s: Slot = {
       batch: b.batch,
       length: b.length,
@@ -180,10 +183,8 @@ export class OrtLlama {
     }
     const hf = a('hf', N * D);
     await stream(c.layers, 'model.norm.weight', hf, a('rf', N));
-    const logits = a('logits', N * V);
-    await project(hf, head, logits, V, D);
     const logp = new Float32Array(N);
-    await this.logprobs.forward(logits, b.targets, logp, a('lse', N), V);
+    await this.head.forward(hf, this.w(head), b.targets, logp, a('lse', N), entropy);
     return logp;
   }
 
@@ -256,7 +257,7 @@ export class OrtLlama {
   async backward(slot: number, dlogp: Float32Array): Promise<void> {
     const s = this.slots.get(slot);
     if (!s) throw new Error(`onnxruntime: no forward pass in slot ${slot} to take the backward of`);
-    const { c, N, D, H, K, hd, F, V, head, l, heads, rope, cos, sin, a } = this.sizesOf(s, slot);
+    const { c, N, D, H, K, hd, F, head, l, heads, rope, cos, sin, a } = this.sizesOf(s, slot);
     const t = (n: string, length: number) => this.act(n, length); // scratch shared by every slot's backward
     // y = x·Wᵀ taken back from dy: dx = dy·W (written, or added to), W's gradient += dyᵀ·x where W is trained.
     const through = async (
@@ -281,18 +282,25 @@ export class OrtLlama {
       await this.norm.backward(x, this.w(w), rstd, dy, first ? dx : spare, this.grads.get(w) ?? null, o);
       if (!first) [dx, spare] = [spare, dx];
     };
-    const dlogits = t('dlogits', N * V);
-    await this.logprobs.backward(a('logits', N * V), s.targets, a('lse', N), dlogp, dlogits, V);
     const dh = t('dh', N * D);
-    await through(dlogits, head, a('hf', N * D), dh, V, D);
+    const headGrad = this.grads.get(head) ?? null;
+    await this.head.backward(a('hf', N * D), this.w(head), s.targets, a('lse', N), dlogp, dh, headGrad);
     await norm(a(`x${c.layers}`, N * D), 'model.norm.weight', a('rf', N), dh, true);
     for (let i = c.layers - 1; i >= 0; i--) {
-      // The MLP: dx is the gradient of x_{i+1} = xm + down(swiglu(gate(h2), up(h2))).
-      const [dm, dg, du] = [t('dm', N * F), t('dg', N * F), t('du', N * F)];
-      await through(dx, l(i, 'mlp.down_proj.weight'), a(`m.${i}`, N * F), dm, D, F);
-      await this.swiglu.backward(a(`g.${i}`, N * F), a(`u.${i}`, N * F), dm, dg, du, N * F);
-      await through(dg, l(i, 'mlp.gate_proj.weight'), a(`h2.${i}`, N * D), dh, F, D);
-      await through(du, l(i, 'mlp.up_proj.weight'), a(`h2.${i}`, N * D), dh, F, D, true);
+      // The MLP: dx is the gradient of x_{i+1} = xm + down(swiglu(gate(h2), up(h2))). In one graph, unless
+      // one of its projections has an adapter.
+      const mlp = (n: string) => l(i, `mlp.${n}_proj.weight`);
+      const [g, u, m, h2] = [a(`g.${i}`, N * F), a(`u.${i}`, N * F), a(`m.${i}`, N * F), a(`h2.${i}`, N * D)];
+      if (['gate', 'up', 'down'].some((n) => this.adapters.has(mlp(n).slice(0, -'.weight'.length)))) {
+        const [dm, dg, du] = [t('dm', N * F), t('dg', N * F), t('du', N * F)];
+        await through(dx, mlp('down'), m, dm, D, F);
+        await this.swiglu.backward(g, u, dm, dg, du, N * F);
+        await through(dg, mlp('gate'), h2, dh, F, D);
+        await through(du, mlp('up'), h2, dh, F, D, true);
+      } else {
+        const weight = (n: string) => ({ value: this.w(mlp(n)), grad: this.grads.get(mlp(n)) ?? null });
+        await this.mlp.run(dx, h2, g, u, m, { gate: weight('gate'), up: weight('up'), down: weight('down') }, dh, N);
+      }
       await norm(a(`xm.${i}`, N * D), l(i, 'post_attention_layernorm.weight'), a(`r2.${i}`, N), dh);
       // Attention: dx is now the gradient of xm = x_i + o_proj(attention(q, k, v)).
       const datt = t('datt', N * H * hd);
