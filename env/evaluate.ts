@@ -4,7 +4,7 @@
 import type { Policy } from '../core/records.ts';
 import { settled } from '../core/settled.ts';
 import { runEpisode } from './rollout.ts';
-import { DEFAULT_WORLD, SENSITIVE, generateTask, generateWorld, type Field } from './world.ts';
+import { DEFAULT_WORLD, SENSITIVE, generateWorld, taskPool, type Field } from './world.ts';
 
 export interface ValidationOptions {
   /** The world the sessions came from (its seed and size). */
@@ -15,6 +15,8 @@ export interface ValidationOptions {
   k: number;
   /** Most assistant messages in one episode. */
   maxTurns: number;
+  /** Only tasks with at most this many calls (the first `tasks` of them); absent or null: every task. */
+  maxCalls?: number | null;
 }
 
 export type Figures = Record<string, number | null>;
@@ -51,8 +53,9 @@ export async function validationEpisodes(
   afterEpisode: () => void = () => {},
 ): Promise<EpisodeRecord[]> {
   const world = generateWorld({ ...DEFAULT_WORLD, seed: o.worldSeed, companies: o.companies });
+  const tasks = taskPool(world, 'val', o.tasks, o.maxCalls ?? null);
   const episodes = Array.from({ length: o.tasks * o.k }, (_, i) => ({
-    task: generateTask(world, 'val', Math.floor(i / o.k)),
+    task: tasks[Math.floor(i / o.k)]!,
     trial: i % o.k,
   }));
   const play = async ({ task, trial }: (typeof episodes)[number]): Promise<EpisodeRecord> => {

@@ -435,3 +435,14 @@ export function findTask(world: World, id: string): Task {
     throw new Error(`task ${id} is not a task of the world with seed ${world.options.seed}`);
   return generateTask(world, parsed.split, parsed.index);
 }
+
+/** The first `count` tasks of `split` with at most `maxCalls` calls (every task when null), in index order. */
+export function taskPool(world: World, split: 'train' | 'val', count: number, maxCalls: number | null): Task[] {
+  const tasks: Task[] = [];
+  for (let i = 0; tasks.length < count; i++) {
+    if (i > 100 * count + 1000) throw new Error(`fewer than ${count} ${split} tasks have at most ${maxCalls} calls`);
+    const task = generateTask(world, split, i);
+    if (maxCalls === null || task.calls.length <= maxCalls) tasks.push(task);
+  }
+  return tasks;
+}

@@ -594,6 +594,7 @@ async function play(
       tasks: e.tasks,
       k: e.k,
       maxTurns: e.max_turns,
+      maxCalls: e.max_calls,
       together: players.together,
     },
     () => progress.tick(),

@@ -5,7 +5,7 @@
 // candidate's DPO, when refresh.dapo.enabled.
 import type { Logger } from '../pipeline/log.ts';
 import { TOOLS } from '../env/env.ts';
-import { DEFAULT_WORLD, generateWorld } from '../env/world.ts';
+import { DEFAULT_WORLD, generateWorld, taskPool } from '../env/world.ts';
 import { openChat } from '../train/chat.ts';
 import { loadCheckpoint } from '../train/checkpoint.ts';
 import type { Llama } from '../train/model.ts';
@@ -13,7 +13,7 @@ import { finalMetrics, trainingRun } from '../train/run.ts';
 import type { TrainingSettings } from '../train/settings.ts';
 import type { OrtRuntime } from '../train/ort/onnx.ts';
 import type { Kernels } from '../train/webgpu/kernel.ts';
-import { simulatorRollouts, taskPool, validation } from './rollouts.ts';
+import { simulatorRollouts, validation } from './rollouts.ts';
 import type { DapoSettings } from './settings.ts';
 import { dapoTrainer } from './trainer.ts';
 

@@ -8,7 +8,7 @@ import type { Policy } from '../core/records.ts';
 import { sample, seeded } from '../core/random.ts';
 import { settled } from '../core/settled.ts';
 import { runEpisode } from '../env/rollout.ts';
-import { generateTask, type Task, type World } from '../env/world.ts';
+import { taskPool, type Task, type World } from '../env/world.ts';
 import type { Chat } from '../train/chat.ts';
 import { informativeGroups, overlongPenalty } from '../train/losses/index.ts';
 import type { Llama } from '../train/model.ts';
@@ -58,17 +58,6 @@ interface Group {
   guided: boolean[];
   /** Tokens generated in each turn. */
   lengths: number[];
-}
-
-/** The first `count` tasks of `split` with at most `maxCalls` calls (every task when null), in index order. */
-export function taskPool(world: World, split: 'train' | 'val', count: number, maxCalls: number | null): Task[] {
-  const tasks: Task[] = [];
-  for (let i = 0; tasks.length < count; i++) {
-    if (i > 100 * count + 1000) throw new Error(`fewer than ${count} ${split} tasks have at most ${maxCalls} calls`);
-    const task = generateTask(world, split, i);
-    if (maxCalls === null || task.calls.length <= maxCalls) tasks.push(task);
-  }
-  return tasks;
 }
 
 /**

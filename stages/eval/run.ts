@@ -74,7 +74,14 @@ async function simulate(
   });
   const progress = log.progress(`simulator: ${m.name}`, s.tasks * s.k);
   const started = performance.now();
-  const options = { worldSeed: s.world_seed, companies: s.companies, tasks: s.tasks, k: s.k, maxTurns: s.max_turns };
+  const options = {
+    worldSeed: s.world_seed,
+    companies: s.companies,
+    tasks: s.tasks,
+    k: s.k,
+    maxTurns: s.max_turns,
+    maxCalls: s.max_calls,
+  };
   const figures = await validationFigures(
     (taskId, trial) => players.player(seeded(seed, 'eval', m.name, taskId, trial)),
     { ...options, together: players.together },

@@ -5,7 +5,8 @@ import { AGENTS, ScriptedAgent } from '../../env/agents.ts';
 import { episodeReward, reset, step, type EnvState } from '../../env/env.ts';
 import { replaySession } from '../../env/replay.ts';
 import { runEpisode } from '../../env/rollout.ts';
-import { CATALOGUE, FIELD_WORDS, generateTask, generateWorld, type Task } from '../../env/world.ts';
+import { CATALOGUE, DEFAULT_WORLD, FIELD_WORDS, generateTask, generateWorld, type Task } from '../../env/world.ts';
+import { validationEpisodes } from '../../env/evaluate.ts';
 import { simulate } from '../../env/simulate.ts';
 import type { Session } from '../../core/records.ts';
 import { readLines } from '../../pipeline/jsonl.ts';
@@ -215,6 +216,38 @@ describe('scripted agents', () => {
       const named = e.state.feedback.filter((f) => / needs [a-z_0-9, ]+; it requires /.test(f));
       expect(named.length).toBe(failures.length);
     }
+  });
+});
+
+describe('validation episodes', () => {
+  it('play the first validation tasks with at most max_calls departments to call, each try in order', async () => {
+    const world = generateWorld({ ...DEFAULT_WORLD });
+    const played: Task[] = [];
+    const options = { worldSeed: DEFAULT_WORLD.seed, companies: DEFAULT_WORLD.companies, tasks: 6, k: 2, maxTurns: 12 };
+    const player = (taskId: string, trial: number) => {
+      const task = Array.from({ length: 400 }, (_, i) => generateTask(world, 'val', i)).find(
+        (t) => t.task_id === taskId,
+      )!;
+      if (trial === 0) played.push(task);
+      return new ScriptedAgent('oracle', world, task, `v:${trial}`);
+    };
+    const records = await validationEpisodes(player, { ...options, maxCalls: 2 });
+    expect(records.map((r) => r.trial)).toEqual([0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1]);
+    expect(played.every((t) => t.calls.length <= 2)).toBe(true);
+    // The first six such tasks in index order: some of the first tasks have more calls and are passed over.
+    const all = Array.from({ length: 400 }, (_, i) => generateTask(world, 'val', i));
+    expect(played.map((t) => t.index)).toEqual(
+      all
+        .filter((t) => t.calls.length <= 2)
+        .slice(0, 6)
+        .map((t) => t.index),
+    );
+    expect(played.at(-1)!.index).toBeGreaterThan(5);
+    expect(records.every((r) => r.success === 1)).toBe(true); // the oracle succeeds
+    // Without max_calls: the first six tasks, whatever their difficulty.
+    played.length = 0;
+    await validationEpisodes(player, options);
+    expect(played.map((t) => t.index)).toEqual([0, 1, 2, 3, 4, 5]);
   });
 });
 

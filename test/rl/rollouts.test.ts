@@ -3,9 +3,9 @@
 // where the standard groups never do.
 import { describe, expect, it } from 'vitest';
 import { ScriptedAgent } from '../../env/agents.ts';
-import { generateWorld, type Task } from '../../env/world.ts';
+import { generateWorld, taskPool, type Task } from '../../env/world.ts';
 import type { Message } from '../../core/records.ts';
-import { simulatorRollouts, taskPool, type Actor, type RolloutMode } from '../../rl/rollouts.ts';
+import { simulatorRollouts, type Actor, type RolloutMode } from '../../rl/rollouts.ts';
 import type { Llama } from '../../train/model.ts';
 import { quietLogger } from '../fixtures/toy-stages.ts';
 
