@@ -3,7 +3,7 @@
 import { z } from 'zod';
 import { DEFAULT_WORLD } from '../env/world.ts';
 import { LOSS_NAMES, trainingConfig } from '../train/settings.ts';
-import { dapoKnobs } from '../rl/settings.ts';
+import { dapoKnobs, maxCalls } from '../rl/settings.ts';
 import { gateConfig } from './paired.ts';
 
 export const refreshConfig = z
@@ -81,14 +81,9 @@ export const refreshConfig = z
         top_p: z.number().gt(0).max(1).default(0.95).describe('Nucleus sampling of the paired episodes.'),
         max_tokens: z.number().int().min(1).default(160).describe('Most tokens in one assistant message.'),
         max_turns: z.number().int().min(1).default(12).describe('Most assistant messages in one episode.'),
-        max_calls: z
-          .number()
-          .int()
-          .min(1)
-          .max(5)
-          .nullable()
-          .default(null)
-          .describe('Only validation tasks with at most this many departments to call; null: every difficulty.'),
+        max_calls: maxCalls(
+          'Only validation tasks with at most this many departments to call; null: every difficulty.',
+        ),
       })
       .prefault({})
       .describe('The paired evaluation of candidate against production.'),

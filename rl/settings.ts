@@ -1,6 +1,10 @@
 // DAPO's settings, as a schema only: the dapo stage's config and a refresh night's `refresh.dapo` are checked
 // without loading the trainer, the decoder or TensorFlow.js.
 import { z } from 'zod';
+
+/** A task's difficulty bound, in the simulator's tasks of 1 to 5 departments to call: at most this many (null: any). */
+export const maxCalls = (description: string) =>
+  z.number().int().min(1).max(5).nullable().default(null).describe(description);
 import { DEFAULT_WORLD } from '../env/world.ts';
 
 /** DAPO's knobs: the dapo stage's config, and a refresh night's `refresh.dapo`, beside their `enabled`. */
@@ -52,16 +56,9 @@ export const dapoKnobs = {
     .describe(
       'Training tasks are drawn from the first task_pool tasks of the training split (those with at most max_calls calls).',
     ),
-  max_calls: z
-    .number()
-    .int()
-    .min(1)
-    .max(5)
-    .nullable()
-    .default(null)
-    .describe(
-      "Tasks with at most this many calls to make (the curriculum's easy end); null: tasks of every difficulty (1–5 calls).",
-    ),
+  max_calls: maxCalls(
+    "Tasks with at most this many calls to make (the curriculum's easy end); null: tasks of every difficulty (1–5 calls).",
+  ),
   reward: z
     .enum(['success', 'partial'])
     .default('success')

@@ -4,6 +4,7 @@
 import { z } from 'zod';
 import { defineStage } from '../../pipeline/stage.ts';
 import { DEFAULT_WORLD } from '../../env/world.ts';
+import { maxCalls } from '../../rl/settings.ts';
 
 const config = z.strictObject({
   seed: z.string().default('prefab').describe("Which pairs and sessions the max_* draw, and the simulator's sampling."),
@@ -80,16 +81,9 @@ const config = z.strictObject({
         .describe(
           "Most assistant messages in one episode. The oracle needs 9 at most (search, form, five calls, finish, a closing line); a model that loops on failed calls would otherwise go on to the environment's 24 steps, each a full generation.",
         ),
-      max_calls: z
-        .number()
-        .int()
-        .min(1)
-        .max(5)
-        .nullable()
-        .default(null)
-        .describe(
-          'Play only validation tasks with at most this many departments to call (the first `tasks` of them); null: tasks of every difficulty.',
-        ),
+      max_calls: maxCalls(
+        'Play only validation tasks with at most this many departments to call (the first `tasks` of them); null: tasks of every difficulty.',
+      ),
     })
     .prefault({})
     .describe('Episodes in the simulator: each model acts as the agent on validation tasks.'),
