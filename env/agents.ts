@@ -66,7 +66,7 @@ function skillOf(name: AgentName, noise: number, world: World, task: Task, rand:
 const ASKED_LINE = /^- (.+) asked for ([a-z_0-9, ]+)\.$/gm;
 
 /**
- * What notes from earlier attempts (rl/feedback.ts writes them beside the user's request) say each department
+ * What notes from earlier attempts (env/feedback.ts writes them beside the user's request) say each department
  * asked for, read as a scripted agent reads text: the lines `- <department> asked for <fields>.`
  */
 export function readNotes(text: string): Map<string, Field[]> {

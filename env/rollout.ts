@@ -12,19 +12,26 @@ export interface Episode {
   turns: number;
 }
 
-function initialMessages(task: Task): Message[] {
+function initialMessages(task: Task, notes: string): Message[] {
   return [
     { role: 'system', content: SYSTEM_PROMPT },
-    { role: 'user', content: task.request },
+    { role: 'user', content: notes ? `${task.request}\n\n${notes}` : task.request },
   ];
 }
 
 /**
  * Runs the policy until the task ends: by the finish tool (the policy then says a closing line), by a
  * message without tool calls, by the environment's step limit, or after `maxTurns` assistant messages.
+ * `notes`: a block the user's request carries (notes from earlier attempts: env/feedback.ts), logged with it.
  */
-export async function runEpisode(world: World, task: Task, policy: Policy, maxTurns = Infinity): Promise<Episode> {
-  const messages = initialMessages(task);
+export async function runEpisode(
+  world: World,
+  task: Task,
+  policy: Policy,
+  maxTurns = Infinity,
+  notes = '',
+): Promise<Episode> {
+  const messages = initialMessages(task, notes);
   let state = reset(world, task);
   let turns = 0;
   while (!state.done && turns < maxTurns) {

@@ -14,6 +14,7 @@ import type { Session } from '../core/records.ts';
 import { AGENTS, ScriptedAgent, type AgentName } from './agents.ts';
 import { seeded } from '../core/random.ts';
 import { WorldCache, replaySession } from './replay.ts';
+import { addNotes, emptyNotes, feedbackBlock, type Notes } from './feedback.ts';
 import { episodeSession, runEpisode } from './rollout.ts';
 import { DEFAULT_WORLD, generateTask, generateWorld } from './world.ts';
 
@@ -52,6 +53,11 @@ export interface SimulateOptions {
   offset: number;
   /** The day the sessions are dated from (one a minute), YYYY-MM-DD. */
   date?: string;
+  /**
+   * Each trial after a failed one reads notes of what the representatives said in the failed trials before
+   * it, in the user's request (as feedback-guided DAPO's episodes do): sessions that show reading them.
+   */
+  notes?: boolean;
 }
 
 interface SimulationStats {
@@ -78,8 +84,11 @@ export async function* simulate(o: SimulateOptions): AsyncGenerator<Session> {
   // The openai package only when a model is the agent: scripted simulations do not load it.
   const RemotePolicy = remote ? (await import('./remote.ts')).RemotePolicy : null;
   const client = remote ? RemotePolicy!.client(remote.url, remote.apiKey) : null;
+  // A task's notes so far, from its failed trials (with `notes`; a remote agent's trials still run in order).
+  const taskNotes = new Map<number, Notes>();
   const play = async (i: number, trial: number): Promise<Session> => {
     const task = generateTask(world, o.split, i);
+    const notes = o.notes ? (taskNotes.get(i) ?? emptyNotes()) : null;
     const agent = remote
       ? new RemotePolicy!(client!, {
           baseUrl: remote.url,
@@ -96,15 +105,21 @@ export async function* simulate(o: SimulateOptions): AsyncGenerator<Session> {
           `${o.seed}:${trial}`,
           o.noise,
         );
-    const episode = await runEpisode(world, task, agent, remote?.maxTurns);
+    const episode = await runEpisode(world, task, agent, remote?.maxTurns, notes ? feedbackBlock(notes) : '');
+    if (notes && !episode.success) taskNotes.set(i, addNotes(notes, episode.messages));
+    if (notes && trial === o.trials - 1) taskNotes.delete(i);
     const createdAt = new Date(start + ((i - o.offset) * o.trials + trial) * 60_000).toISOString();
     return episodeSession(world, task, agent, episode, { trial, createdAt });
   };
   const limit = pLimit(remote?.concurrency ?? 1);
   const ahead: Promise<Session>[] = [];
   for (let i = o.offset; i < o.offset + o.tasks; i++) {
+    let before: Promise<unknown> | null = null;
     for (let trial = 0; trial < o.trials; trial++) {
-      const next = limit(() => play(i, trial));
+      // With notes, a task's trials one after another: each reads the ones before it.
+      const next: Promise<Session> =
+        o.notes && before ? before.then(() => limit(() => play(i, trial))) : limit(() => play(i, trial));
+      before = next;
       next.catch(() => undefined); // awaited below, in order
       ahead.push(next);
       if (ahead.length > 2 * (remote?.concurrency ?? 0)) yield await ahead.shift()!;
@@ -203,6 +218,10 @@ export function addSimulateCommands(program: Command, ctx: CommandContext): void
     .option('--offset <i>', 'index of the first task', wholeNumber, 0)
     .option('--out <file>', 'write sessions as JSONL (.gz to compress)')
     .option('--stats', 'print success by agent and by difficulty, and mean turns')
+    .option(
+      '--notes',
+      "each trial after a failed one reads, in the user's request, what the representatives said in the task's failed trials before it (feedback-guided DAPO's notes)",
+    )
     .action(
       async (
         given: Omit<SimulateOptions, 'agent'> & {

@@ -2,7 +2,7 @@
 // is, rewarded and shaped, and dynamic sampling's choice of the groups whose rewards differ. Every episode is
 // seeded by (seed, step, task, try), so a step's rollouts are a function of the step and the weights.
 // Feedback-guided (seed 004), a group's episodes are played in order and each reads the notes that the
-// representatives' replies in the failed episodes before it condense to (feedback.ts).
+// representatives' replies in the failed episodes before it condense to (env/feedback.ts).
 import type { Logger } from '../pipeline/log.ts';
 import type { Policy } from '../core/records.ts';
 import { sample, seeded } from '../core/random.ts';
@@ -14,7 +14,7 @@ import { informativeGroups, overlongPenalty } from '../train/losses/index.ts';
 import type { Llama } from '../train/model.ts';
 import type { Placeholders } from '../train/placeholders.ts';
 import { EpisodePlayers, ModelPolicy, type SamplingOptions } from '../train/policy.ts';
-import { addNotes, emptyNotes, feedbackBlock, withFeedback } from './feedback.ts';
+import { addNotes, emptyNotes, feedbackBlock, withFeedback } from '../env/feedback.ts';
 import type { Rollout, StepRollouts } from './trainer.ts';
 
 /** How the model plays an episode: the world, how it reads and writes, and the seed its draws come from. */

@@ -79,7 +79,7 @@ export class ModelPolicy implements Policy {
   readonly turns: Turn[] = [];
   /**
    * Feedback-guided rollouts: what the policy reads in place of the conversation (it with notes from earlier
-   * attempts, rl/feedback.ts), set per episode. The recorded turns then keep the plain conversation's prompt
+   * attempts, env/feedback.ts), set per episode. The recorded turns then keep the plain conversation's prompt
    * too (`base`), for training on it.
    */
   reads: ((conversation: Message[]) => Message[]) | null = null;

@@ -3,7 +3,7 @@
 // built from the tool results the policy itself saw (the representatives' replies), never from the task's
 // hidden requirements: a department that was not asked, or asked with every field it needs, adds nothing.
 import type { Message } from '../core/records.ts';
-import { FIELDS, FIELD_WORDS, type Field } from '../env/world.ts';
+import { FIELDS, FIELD_WORDS, type Field } from './world.ts';
 
 /** What the representatives of one task's departments said, gathered over failed attempts. */
 export interface Notes {

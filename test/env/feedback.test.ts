@@ -2,10 +2,12 @@
 // and read by a later attempt (a scripted agent that reads them succeeds where it failed without them).
 import { describe, expect, it } from 'vitest';
 import { AGENTS, ScriptedAgent, readNotes } from '../../env/agents.ts';
-import { addNotes, emptyNotes, feedbackBlock, withFeedback } from '../../rl/feedback.ts';
+import { addNotes, emptyNotes, feedbackBlock, withFeedback } from '../../env/feedback.ts';
 import { runEpisode } from '../../env/rollout.ts';
 import { FIELDS, FIELD_WORDS, generateTask, generateWorld, type Field } from '../../env/world.ts';
-import type { Message } from '../../core/records.ts';
+import type { Message, Session } from '../../core/records.ts';
+import { replaySession } from '../../env/replay.ts';
+import { simulate } from '../../env/simulate.ts';
 
 const world = generateWorld({ seed: 5 });
 
@@ -112,5 +114,43 @@ describe('notes from failed attempts', () => {
       rescued++;
     }
     expect(rescued).toBeGreaterThan(3);
+  });
+});
+
+describe('prefab simulate --notes', () => {
+  it('logs each trial after a failed one with the notes of the failed trials before it in the request, and replays', async () => {
+    const opts = {
+      tasks: 40,
+      trials: 3,
+      agent: 'prior' as const,
+      noise: 0.3,
+      split: 'train' as const,
+      seed: 5,
+      companies: 100,
+      offset: 0,
+    };
+    const plain: Session[] = [];
+    const noted: Session[] = [];
+    for await (const s of simulate(opts)) plain.push(s);
+    for await (const s of simulate({ ...opts, notes: true })) noted.push(s);
+    const request = (s: Session) => s.messages.find((m) => m.role === 'user')!.content!;
+    let read = 0;
+    for (let i = 0; i < noted.length; i += opts.trials) {
+      const trials = noted.slice(i, i + opts.trials);
+      trials.forEach((s, k) => {
+        // The notes are those of the failed trials before, as feedback-guided rollouts build them.
+        const notes = emptyNotes();
+        for (const before of trials.slice(0, k))
+          if (JSON.parse(before.metadata).success === false) addNotes(notes, before.messages);
+        const block = feedbackBlock(notes);
+        expect(request(s)).toBe(block ? `${request(plain[i]!)}\n\n${block}` : request(plain[i]!));
+        if (block) read++;
+        expect(replaySession(s).ok).toBe(true);
+      });
+    }
+    expect(read).toBeGreaterThan(5);
+    // Reading them, the prior agent succeeds more often than it does without.
+    const successes = (xs: Session[]) => xs.filter((s) => JSON.parse(s.metadata).success).length;
+    expect(successes(noted)).toBeGreaterThan(successes(plain));
   });
 });
