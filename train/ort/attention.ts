@@ -7,76 +7,45 @@
 //   forward:  P = softmax(q·kᵀ·scale + causal mask),  out = P·v
 //   backward: dS = P ⊙ (dout·vᵀ − rowsum(dout·vᵀ ⊙ P)) · scale,  dq = dS·k,  dk = dSᵀ·q,  dv = Pᵀ·dout
 import type { AttentionShape } from '../webgpu/attention.ts';
-import type { OnnxGraph, OnnxNode, OrtRuntime } from './onnx.ts';
-
-const node = (op: string, inputs: string[], output: string, attributes?: OnnxNode['attributes']): OnnxNode => ({
-  op,
-  inputs,
-  outputs: [output],
-  attributes,
-});
-const constant = (name: string, ints: number[]) => node('Constant', [], name, { value_ints: ints });
+import { graph, type GraphBuilder, type OrtRuntime } from './onnx.ts';
 
 /** (B, T, K, G, hd) → (B, K, G·T, hd): a key/value head's query rows stacked, head after head. */
-const stack = (x: string, out: string): OnnxNode[] => [
-  node('Transpose', [x], `${out}.t`, { perm: [0, 2, 3, 1, 4] }),
-  node('Reshape', [`${out}.t`, 'stacked'], out),
-];
-/** (B, K, G·T, hd) → (B, T, K, G, hd), stack's inverse. */
-const unstack = (x: string, out: string): OnnxNode[] => [
-  node('Reshape', [x, 'split'], `${out}.s`),
-  node('Transpose', [`${out}.s`], out, { perm: [0, 3, 1, 2, 4] }),
-];
-const shapes = (s: AttentionShape) => [
-  constant('stacked', [0, 0, -1, s.headDim]),
-  constant('split', [0, 0, s.heads / s.kvHeads, -1, s.headDim]),
-];
+const stack = (g: GraphBuilder, x: string, s: AttentionShape) =>
+  g.op('Reshape', [g.op('Transpose', [x], { perm: [0, 2, 3, 1, 4] }), g.ints([0, 0, -1, s.headDim])]);
+/** (B, K, G·T, hd) → (B, T, K, G, hd), stack's inverse, into `out`. */
+const unstack = (g: GraphBuilder, x: string, s: AttentionShape, out: string) =>
+  g.op(
+    'Transpose',
+    [g.op('Reshape', [x, g.ints([0, 0, s.heads / s.kvHeads, -1, s.headDim])])],
+    { perm: [0, 3, 1, 2, 4] },
+    out,
+  );
 
-const forward = (s: AttentionShape) => (): OnnxGraph => ({
-  inputs: { q: 5, k: 4, v: 4, mask: 2 },
-  outputs: { p: 4, out: 5 },
-  nodes: [
-    ...shapes(s),
-    ...stack('q', 'qs'),
-    node('Transpose', ['k'], 'kt', { perm: [0, 2, 3, 1] }), // (B, K, hd, T)
-    node('Transpose', ['v'], 'vs', { perm: [0, 2, 1, 3] }), // (B, K, T, hd)
-    node('MatMul', ['qs', 'kt'], 'scores'), // (B, K, G·T, T)
-    node('Constant', [], 'scale', { value_float: { float: 1 / Math.sqrt(s.headDim) } }),
-    node('Mul', ['scores', 'scale'], 'scaled'),
-    node('Add', ['scaled', 'mask'], 'masked'),
-    node('Softmax', ['masked'], 'p', { axis: -1 }),
-    node('MatMul', ['p', 'vs'], 'os'), // (B, K, G·T, hd)
-    ...unstack('os', 'out'),
-  ],
-});
+const forward = (s: AttentionShape) => () =>
+  graph({ q: 5, k: 4, v: 4, mask: 2 }, { p: 4, out: 5 }, (g) => {
+    const kt = g.op('Transpose', ['k'], { perm: [0, 2, 3, 1] }); // (B, K, hd, T)
+    const vs = g.op('Transpose', ['v'], { perm: [0, 2, 1, 3] }); // (B, K, T, hd)
+    const scores = g.op('MatMul', [stack(g, 'q', s), kt]); // (B, K, G·T, T)
+    const scaled = g.op('Mul', [scores, g.float(1 / Math.sqrt(s.headDim))]);
+    g.op('Softmax', [g.op('Add', [scaled, 'mask'])], { axis: -1 }, 'p');
+    unstack(g, g.op('MatMul', ['p', vs]), s, 'out'); // (B, K, G·T, hd) → (B, T, K, G, hd)
+  });
 
-const backward = (s: AttentionShape) => (): OnnxGraph => ({
-  inputs: { q: 5, k: 4, v: 4, p: 4, dout: 5 },
-  outputs: { dq: 5, dk: 4, dv: 4 },
-  nodes: [
-    ...shapes(s),
-    ...stack('q', 'qs'),
-    ...stack('dout', 'douts'),
-    node('Transpose', ['k'], 'ks', { perm: [0, 2, 1, 3] }), // (B, K, T, hd)
-    node('Transpose', ['v'], 'vt', { perm: [0, 2, 3, 1] }), // (B, K, hd, T)
-    node('Transpose', ['p'], 'pt', { perm: [0, 1, 3, 2] }), // (B, K, T, G·T)
-    node('MatMul', ['pt', 'douts'], 'dvs'), // (B, K, T, hd): summed over the G heads
-    node('Transpose', ['dvs'], 'dv', { perm: [0, 2, 1, 3] }),
-    node('MatMul', ['douts', 'vt'], 'dp'), // (B, K, G·T, T)
-    node('Mul', ['dp', 'p'], 'dpp'),
-    constant('last', [-1]),
-    node('ReduceSum', ['dpp', 'last'], 'rowsum', { keepdims: 1 }),
-    node('Sub', ['dp', 'rowsum'], 'centred'),
-    node('Mul', ['centred', 'p'], 'dsu'),
-    node('Constant', [], 'scale', { value_float: { float: 1 / Math.sqrt(s.headDim) } }),
-    node('Mul', ['dsu', 'scale'], 'ds'),
-    node('MatMul', ['ds', 'ks'], 'dqs'), // (B, K, G·T, hd)
-    ...unstack('dqs', 'dq'),
-    node('Transpose', ['ds'], 'dst', { perm: [0, 1, 3, 2] }), // (B, K, T, G·T)
-    node('MatMul', ['dst', 'qs'], 'dks'), // (B, K, T, hd)
-    node('Transpose', ['dks'], 'dk', { perm: [0, 2, 1, 3] }),
-  ],
-});
+const backward = (s: AttentionShape) => () =>
+  graph({ q: 5, k: 4, v: 4, p: 4, dout: 5 }, { dq: 5, dk: 4, dv: 4 }, (g) => {
+    const [qs, douts] = [stack(g, 'q', s), stack(g, 'dout', s)];
+    const ks = g.op('Transpose', ['k'], { perm: [0, 2, 1, 3] }); // (B, K, T, hd)
+    const vt = g.op('Transpose', ['v'], { perm: [0, 2, 3, 1] }); // (B, K, hd, T)
+    const pt = g.op('Transpose', ['p'], { perm: [0, 1, 3, 2] }); // (B, K, T, G·T)
+    const dvs = g.op('MatMul', [pt, douts]); // (B, K, T, hd): summed over the G heads
+    g.op('Transpose', [dvs], { perm: [0, 2, 1, 3] }, 'dv');
+    const dp = g.op('MatMul', [douts, vt]); // (B, K, G·T, T)
+    const rowsum = g.op('ReduceSum', [g.op('Mul', [dp, 'p']), g.ints([-1])], { keepdims: 1 });
+    const ds = g.op('Mul', [g.op('Mul', [g.op('Sub', [dp, rowsum]), 'p']), g.float(1 / Math.sqrt(s.headDim))]);
+    unstack(g, g.op('MatMul', [ds, ks]), s, 'dq'); // (B, K, G·T, hd)
+    const dks = g.op('MatMul', [g.op('Transpose', [ds], { perm: [0, 1, 3, 2] }), qs]); // (B, K, T, hd)
+    g.op('Transpose', [dks], { perm: [0, 2, 1, 3] }, 'dk');
+  });
 
 export class Attention {
   /** The causal mask for the stacked rows, (G·T, T): 0 where a query may see a key, −1e9 above the diagonal. */

@@ -1,5 +1,5 @@
 // The Llama's element-wise steps on the CPU, forward and backward: RoPE and SwiGLU as ONNX graphs (ONNX
-// Runtime's vectorised loops on every core: SwiGLU's exponentials in a JavaScript loop took 3.5 times as
+// Runtime's vectorised loops on every core; SwiGLU's exponentials in a JavaScript loop took several times as
 // long), and the embedding and Qwen2's biases, which only copy and add, as loops here. The same arithmetic as
 // train/model.ts's tfjs ops and train/webgpu/elementwise.ts's kernels of the same names.
 import { graph, type OrtRuntime } from './onnx.ts';

@@ -1,9 +1,10 @@
 // The Llama of train/model.ts on the CPU path: its weights as f32 arrays, the forward pass to every position's
 // log p(target) and its backward from d loss / d logp, written out layer by layer as train/webgpu/llama.ts
-// writes them for the GPU, every weight's gradient left in `grads`. The GEMMs and attention's products run in
-// ONNX Runtime on every core (matmul.ts, attention.ts), the rest in loops here (elementwise.ts). Every loss of
-// the trainer is a function of those token log-probs (train/step.ts MicroBatch), so one backward serves SFT,
-// DPO and friends, KTO and DAPO alike. Tested against the tfjs model: test/train/ort-llama.test.ts.
+// writes them for the GPU, every weight's gradient left in `grads`. Its kernels are small ONNX graphs that ONNX
+// Runtime runs on every core (the GEMM, attention, RMSNorm, RoPE, SwiGLU, the head with the log-probs, the MLP's
+// backward); the embedding and biases are loops. Every loss of the trainer is a function of those token
+// log-probs (train/step.ts MicroBatch), so one backward serves SFT, DPO and friends, KTO and DAPO alike.
+// Tested against the tfjs model: test/train/held-llama.test.ts, held-trainers.test.ts, ort-kernels.test.ts.
 //
 // Shapes: N = B·T rows, D hidden, H query and K key/value heads of hd, F the MLP's width, V the vocabulary.
 // A weight is stored (out, in) as transformers stores it, so a projection is x·Wᵀ, its input gradient dy·W

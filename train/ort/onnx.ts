@@ -1,11 +1,11 @@
 // Small ONNX graphs, written here as a few lines each and run by ONNX Runtime (the optional `onnxruntime-node`
 // package: its CPU kernels are native code with AVX-512 where the CPU has it, on a pool of threads). The
-// trainer's CPU path (train/ort/) hands it what dominates a step, the GEMMs and attention's batched products;
-// WebAssembly's 128-bit SIMD on one thread reaches a sixth of what ONNX Runtime reaches on two cores here
-// (docs/experiments.md, "Training on the CPU").
+// trainer's CPU path (train/ort/) hands it what dominates a step, the GEMMs and attention's batched products,
+// several times faster than WebAssembly's 128-bit SIMD on one thread (docs/experiments.md, "Training on the CPU").
 //
-// A graph is encoded as an ONNX ModelProto by the few protobuf fields it needs: float32 inputs and outputs
-// whose sizes are named, not fixed (one session serves every shape), nodes of the default domain at opset 17.
+// A graph is encoded as an ONNX ModelProto by the few protobuf fields it needs: float32 (and int32) inputs and
+// outputs whose sizes are named, not fixed (one session serves every shape), nodes of the default domain at
+// opset 17 and of ONNX Runtime's com.microsoft (its fused operators).
 import { availableParallelism } from 'node:os';
 
 type Ort = typeof import('onnxruntime-node');
