@@ -58,11 +58,14 @@ export class Logger {
     this.out.write(`[${time}] ${tag}${where}${event}${rest ? '  ' + rest : ''}\n`);
   }
 
-  /** A progress bar on a terminal; elsewhere a log line every few seconds with rate and ETA. */
-  progress(label: string, total?: number): Progress {
+  /**
+   * A progress bar on a terminal; elsewhere a log line every few seconds with rate and ETA. `from`: work done
+   * before this run (a resumed one), counted as done but not in the rate.
+   */
+  progress(label: string, total?: number, from = 0): Progress {
     if (this.quiet) return { tick() {}, done() {} };
     const started = Date.now();
-    let count = 0;
+    let count = from;
     if (this.format === 'text' && this.out.isTTY && total !== undefined) {
       // cli-progress only for a bar on a terminal: every other command's start would pay for loading it.
       const cliProgress = createRequire(import.meta.url)('cli-progress') as typeof import('cli-progress');
@@ -75,11 +78,11 @@ export class Logger {
         },
         cliProgress.Presets.shades_classic,
       );
-      bar.start(total, 0, { rate: 0 });
+      bar.start(total, from, { rate: 0 });
       return {
         tick: (n = 1) => {
           count += n;
-          bar.update(count, { rate: Math.round(count / Math.max((Date.now() - started) / 1000, 1e-3)) });
+          bar.update(count, { rate: Math.round((count - from) / Math.max((Date.now() - started) / 1000, 1e-3)) });
         },
         done: () => bar.stop(),
       };
@@ -91,7 +94,7 @@ export class Logger {
         const now = Date.now();
         if (now - last < PROGRESS_EVERY_MS) return;
         last = now;
-        const rate = count / ((now - started) / 1000);
+        const rate = (count - from) / ((now - started) / 1000);
         const eta = total !== undefined && rate > 0 ? Math.round((total - count) / rate) : undefined;
         this.info('progress', { label, done: count, total, rate_per_s: Math.round(rate), eta_s: eta });
       },

@@ -204,8 +204,7 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
       .slice(0, -2))
       rmSync(join(run.dir, f), { recursive: true, force: true });
   };
-  const progress = run.log.progress(run.label, run.steps);
-  for (let i = 0; i < done; i++) progress.tick();
+  const progress = run.log.progress(run.label, run.steps, done);
   const schedule = { peak: s.lr, warmup: s.warmup, total: run.steps, minRatio: s.min_lr_ratio };
   for (let step = done; step < run.steps; step++) {
     if (await interrupted(settings.signal)) {
