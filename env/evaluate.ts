@@ -2,6 +2,7 @@
 // mean@k and pass@k, reward and turns, and two signs of what a policy that does not succeed yet has learnt:
 // calls the environment accepts, and episodes that looked up the right company.
 import type { Policy } from '../core/records.ts';
+import { seeded } from '../core/random.ts';
 import { settled } from '../core/settled.ts';
 import { runEpisode } from './rollout.ts';
 import { DEFAULT_WORLD, SENSITIVE, generateWorld, taskPool, type Field } from './world.ts';
@@ -85,23 +86,104 @@ export async function validationEpisodes(
   return settled(episodes.map(play));
 }
 
-/** The players' figures over `tasks` × `k` episodes (validationEpisodes, summed up). */
-export async function validationFigures(
-  player: (taskId: string, trial: number) => Policy,
-  o: ValidationOptions & { together?: boolean },
-  afterEpisode: () => void = () => {},
-): Promise<Figures> {
-  if (o.tasks === 0) return {};
-  const records = await validationEpisodes(player, o, afterEpisode);
+/** Episodes of k tries a task, summed up: success mean@k and pass@k, reward, turns, calls accepted, company found. */
+export function figuresOf(records: EpisodeRecord[], k: number): Figures {
   const byTask = new Map<string, number>();
   for (const r of records) byTask.set(r.task, Math.max(byTask.get(r.task) ?? 0, r.success));
   const calls = records.reduce((n, r) => n + r.calls, 0);
   return {
-    [`success/mean@${o.k}`]: mean(records.map((r) => r.success)),
-    [`success/pass@${o.k}`]: mean([...byTask.values()]),
+    [`success/mean@${k}`]: mean(records.map((r) => r.success)),
+    [`success/pass@${k}`]: mean([...byTask.values()]),
     'reward/mean': mean(records.map((r) => r.reward)),
     'turns/mean': mean(records.map((r) => r.turns)),
     'calls/well_formed': calls ? records.reduce((n, r) => n + r.calls_ok, 0) / calls : null,
     company_found: mean(records.map((r) => r.company_found)),
   };
+}
+
+/** P(X ≥ k) for X ~ Binomial(n, ½): the one-sided sign test's p-value for k of n discordant twins favouring the candidate. */
+export function signTestP(k: number, n: number): number {
+  if (n === 0) return 1;
+  let p = 0;
+  let term = 0.5 ** n; // C(n, 0) / 2ⁿ
+  for (let i = 0; i <= n; i++) {
+    if (i >= k) p += term;
+    term = (term * (n - i)) / (i + 1);
+  }
+  return Math.min(1, p);
+}
+
+/** Quantile q of sorted values (nearest rank). */
+const quantile = (sorted: number[], q: number) =>
+  sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))]!;
+
+/** The mean success difference (candidate − baseline) under resampling of tasks with their trials: its (alpha, 1 − alpha) quantiles. */
+function bootstrapInterval(
+  baseline: EpisodeRecord[],
+  candidate: EpisodeRecord[],
+  samples: number,
+  alpha: number,
+  seed: string,
+): [number, number] {
+  const tasks = [...new Set(baseline.map((r) => r.task))];
+  const diffOf = new Map(tasks.map((t) => [t, [] as number[]]));
+  baseline.forEach((p, i) => diffOf.get(p.task)!.push(candidate[i]!.success - p.success));
+  const rand = seeded(seed, 'bootstrap');
+  const means: number[] = [];
+  for (let s = 0; s < samples; s++) {
+    const drawn: number[] = [];
+    for (let i = 0; i < tasks.length; i++) drawn.push(...diffOf.get(tasks[Math.floor(rand() * tasks.length)]!)!);
+    means.push(mean(drawn) ?? 0);
+  }
+  means.sort((a, b) => a - b);
+  return [quantile(means, alpha), quantile(means, 1 - alpha)];
+}
+
+/** Success of two policies on twin episodes (the same task, try and sampler seed at each index). */
+export interface PairedSuccess {
+  baseline: number;
+  candidate: number;
+  difference: number;
+  /** The bootstrap's (alpha, 1 − alpha) quantiles of the difference, resampling tasks. */
+  interval: [number, number];
+  /** Twins the candidate won and lost. */
+  better: number;
+  worse: number;
+  /** The one-sided exact sign test on those twins. */
+  p: number;
+}
+
+/** The candidate's success against the baseline's, twin by twin. */
+export function pairedSuccess(
+  baseline: EpisodeRecord[],
+  candidate: EpisodeRecord[],
+  o: { samples: number; alpha: number; seed: string },
+): PairedSuccess {
+  if (
+    baseline.length !== candidate.length ||
+    baseline.some((p, i) => p.task !== candidate[i]!.task || p.trial !== candidate[i]!.trial)
+  )
+    throw new Error('paired comparison: the two sides did not play the same episodes');
+  const better = baseline.filter((p, i) => candidate[i]!.success > p.success).length;
+  const worse = baseline.filter((p, i) => candidate[i]!.success < p.success).length;
+  const a = mean(baseline.map((r) => r.success)) ?? 0;
+  const b = mean(candidate.map((r) => r.success)) ?? 0;
+  return {
+    baseline: a,
+    candidate: b,
+    difference: b - a,
+    interval: bootstrapInterval(baseline, candidate, o.samples, o.alpha, o.seed),
+    better,
+    worse,
+    p: signTestP(better, better + worse),
+  };
+}
+
+/** The comparison in a line: `name` against `against` on twin episodes. */
+export function pairedLine(name: string, against: string, p: PairedSuccess): string {
+  const f = (x: number) => (x >= 0 ? '+' : '') + x.toFixed(3);
+  return (
+    `${name} against ${against}, twin episodes: ${f(p.difference)} (${p.better} better, ${p.worse} worse; ` +
+    `one-sided sign test p = ${p.p.toPrecision(2)}; 90% bootstrap interval [${f(p.interval[0])}, ${f(p.interval[1])}])`
+  );
 }

@@ -4,8 +4,7 @@
 // discordant twins, or a paired bootstrap by task) and no guard metric worse beyond its tolerance. Pure
 // functions: the refresh (loop/refresh.ts) plays the episodes and records what these decide.
 import { z } from 'zod';
-import { seeded } from '../core/random.ts';
-import type { EpisodeRecord } from '../env/evaluate.ts';
+import { pairedSuccess, type EpisodeRecord, type PairedSuccess } from '../env/evaluate.ts';
 
 export const gateConfig = z
   .strictObject({
@@ -58,45 +57,7 @@ export const gateConfig = z
   .prefault({});
 export type GateConfig = z.infer<typeof gateConfig>;
 
-/** P(X ≥ k) for X ~ Binomial(n, ½): the one-sided sign test's p-value for k of n discordant twins favouring the candidate. */
-export function signTestP(k: number, n: number): number {
-  if (n === 0) return 1;
-  let p = 0;
-  let term = 0.5 ** n; // C(n, 0) / 2ⁿ
-  for (let i = 0; i <= n; i++) {
-    if (i >= k) p += term;
-    term = (term * (n - i)) / (i + 1);
-  }
-  return Math.min(1, p);
-}
-
 const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : 0);
-
-/** Quantile q of sorted values (nearest rank). */
-const quantile = (sorted: number[], q: number) =>
-  sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))]!;
-
-/** The mean success difference (candidate − production) under resampling of tasks with their trials: its (alpha, 1 − alpha) quantiles. */
-function bootstrapInterval(
-  production: EpisodeRecord[],
-  candidate: EpisodeRecord[],
-  samples: number,
-  alpha: number,
-  seed: string,
-): [number, number] {
-  const tasks = [...new Set(production.map((r) => r.task))];
-  const diffOf = new Map(tasks.map((t) => [t, [] as number[]]));
-  production.forEach((p, i) => diffOf.get(p.task)!.push(candidate[i]!.success - p.success));
-  const rand = seeded(seed, 'bootstrap');
-  const means: number[] = [];
-  for (let s = 0; s < samples; s++) {
-    const drawn: number[] = [];
-    for (let i = 0; i < tasks.length; i++) drawn.push(...diffOf.get(tasks[Math.floor(rand() * tasks.length)]!)!);
-    means.push(mean(drawn));
-  }
-  means.sort((a, b) => a - b);
-  return [quantile(means, alpha), quantile(means, 1 - alpha)];
-}
 
 interface GuardResult {
   metric: string;
@@ -109,15 +70,7 @@ interface GuardResult {
 
 export interface Comparison {
   episodes: number;
-  success: {
-    production: number;
-    candidate: number;
-    difference: number;
-    interval: [number, number];
-    better: number;
-    worse: number;
-    p: number;
-  };
+  success: Omit<PairedSuccess, 'baseline'> & { production: number };
   guards: GuardResult[];
   promote: boolean;
   /** Why, with the numbers: a line for the report and the registry's history. */
@@ -142,25 +95,13 @@ export function compare(
   gate: GateConfig,
   seed: string,
 ): Comparison {
-  if (
-    production.length !== candidate.length ||
-    production.some((p, i) => p.task !== candidate[i]!.task || p.trial !== candidate[i]!.trial)
-  )
-    throw new Error('paired comparison: the two sides did not play the same episodes');
-  const better = production.filter((p, i) => candidate[i]!.success > p.success).length;
-  const worse = production.filter((p, i) => candidate[i]!.success < p.success).length;
-  const p = signTestP(better, better + worse);
-  const interval = bootstrapInterval(production, candidate, gate.bootstrap_samples, gate.alpha, seed);
-  const success = {
-    production: mean(production.map((r) => r.success)),
-    candidate: mean(candidate.map((r) => r.success)),
-    difference: 0,
-    interval,
-    better,
-    worse,
-    p,
-  };
-  success.difference = success.candidate - success.production;
+  const { baseline, ...paired } = pairedSuccess(production, candidate, {
+    samples: gate.bootstrap_samples,
+    alpha: gate.alpha,
+    seed,
+  });
+  const success = { production: baseline, ...paired };
+  const { better, worse, p, interval } = success;
   const a = figures(production);
   const b = figures(candidate);
   const g = gate.guards;

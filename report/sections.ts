@@ -1,5 +1,6 @@
 // The report's sections as HTML: the tables are written here, the plots and the pair browser are places the
 // page's script fills (client/). A section whose files are not in the workspace is left out.
+import { pairedLine } from '../env/evaluate.ts';
 import type { Plot } from './data.ts';
 import type { Gathered } from './gather.ts';
 
@@ -240,6 +241,8 @@ function evaluation(g: Gathered): Section | null {
       models.map((_, i) => i + 1),
     ),
     source('eval/eval.json: each model on the same held-out pairs, SFT windows and validation episodes'),
+    // eval.json files written before the paired comparison have none.
+    ...Object.entries(e.against_sft ?? {}).map(([name, p]) => note(esc(pairedLine(name, 'sft', p)))),
   ];
   if (e.pairs_by_type) {
     const types = Object.entries(e.pairs_by_type);

@@ -4,7 +4,14 @@ import { join } from 'node:path';
 import type { Logger } from '../../pipeline/log.ts';
 import { seeded } from '../../core/random.ts';
 import { TOOLS } from '../../env/env.ts';
-import { validationFigures } from '../../env/evaluate.ts';
+import {
+  figuresOf,
+  pairedLine,
+  pairedSuccess,
+  validationEpisodes,
+  type EpisodeRecord,
+  type PairedSuccess,
+} from '../../env/evaluate.ts';
 import type { Message, Pair } from '../../core/records.ts';
 import { scorerOn, chosenBackend, withScorer } from '../../train/backend.ts';
 import { openChat, type Chat } from '../../train/chat.ts';
@@ -44,6 +51,8 @@ interface TypeRow {
 /** eval.json: each model's figures, pair accuracy by type, and what they were measured on (the registry and the report read it). */
 export interface EvalReport {
   models: Record<string, ModelRow>;
+  /** Each model trained after SFT against SFT on the same validation episodes (the same tasks, tries and draws). */
+  against_sft: Record<string, PairedSuccess>;
   pairs_by_type: Record<string, TypeRow>;
   held_out: { pairs: number; pairs_too_long: number; sft_windows: number; val_tasks: number; k: number };
   preference_loss: { loss: string; beta: number; reference: 'sft' | null };
@@ -51,7 +60,10 @@ export interface EvalReport {
   backend: string;
 }
 
-/** The model acting in the simulator on the validation tasks, each episode seeded by the model, task and try. */
+/**
+ * The model acting in the simulator on the validation tasks, each episode's sampler seeded by the task and try
+ * alone: every model meets the same draws, so two models' episodes are twins (pairedSuccess).
+ */
 async function simulate(
   m: Model,
   chat: Chat,
@@ -62,8 +74,8 @@ async function simulate(
   signal: AbortSignal,
   log: Logger,
   gpu?: Kernels,
-): Promise<ModelRow> {
-  if (s.tasks === 0) return {};
+): Promise<EpisodeRecord[]> {
+  if (s.tasks === 0) return [];
   const players = new EpisodePlayers(m.name, m.model, context, chat, placeholders, {
     maxTokens: s.max_tokens,
     temperature: s.temperature,
@@ -82,8 +94,8 @@ async function simulate(
     maxTurns: s.max_turns,
     maxCalls: s.max_calls,
   };
-  const figures = await validationFigures(
-    (taskId, trial) => players.player(seeded(seed, 'eval', m.name, taskId, trial)),
+  const records = await validationEpisodes(
+    (taskId, trial) => players.player(seeded(seed, 'eval', taskId, trial)),
     { ...options, together: players.together },
     () => progress.tick(),
   ).finally(() => {
@@ -96,7 +108,7 @@ async function simulate(
     generated: players.generated,
     'tokens/s': Math.round(players.generated / ((performance.now() - started) / 1000)),
   });
-  return figures;
+  return records;
 }
 
 /** A pair's kind for the breakdown: its source, and its negative type when it has one. */
@@ -228,6 +240,7 @@ export async function run({
   // With --backend webgpu the GPU scores (a copy of each model's weights there) and generates.
   const reference = await withScorer(backend, models[1]!.model, (score) => scores(models[1]!, score));
   const rows: Record<string, ModelRow> = {};
+  const episodes: Record<string, EpisodeRecord[]> = {};
   for (const m of models) {
     const row: ModelRow = {};
     const scorer = await scorerOn(backend, m.model);
@@ -254,19 +267,38 @@ export async function run({
         );
     }
     scorer.dispose();
-    Object.assign(
-      row,
-      await simulate(m, chat, sft.context, sft.placeholders, cfg.simulator, cfg.seed, signal, log, backend.gpu),
+    episodes[m.name] = await simulate(
+      m,
+      chat,
+      sft.context,
+      sft.placeholders,
+      cfg.simulator,
+      cfg.seed,
+      signal,
+      log,
+      backend.gpu,
     );
+    if (cfg.simulator.tasks) Object.assign(row, figuresOf(episodes[m.name]!, cfg.simulator.k));
     rows[m.name] = row;
     log.info('evaluated', { model: m.name, ...row });
   }
   for (const m of models) m.model.dispose();
 
+  // What training after SFT changed, twin episode by twin episode.
+  const paired: Record<string, PairedSuccess> = {};
+  if (cfg.simulator.tasks)
+    for (const m of models.slice(2))
+      paired[m.name] = pairedSuccess(episodes.sft!, episodes[m.name]!, { samples: 2000, alpha: 0.05, seed: cfg.seed });
   const byType = pairsByType(types, shorterChosen(examples), wins);
-  const table = formatTable(rows) + (examples.length ? `\n\n${formatByType(byType, Object.keys(wins))}` : '');
+  const table =
+    formatTable(rows) +
+    Object.entries(paired)
+      .map(([name, p]) => `\n${pairedLine(name, 'sft', p)}`)
+      .join('') +
+    (examples.length ? `\n\n${formatByType(byType, Object.keys(wins))}` : '');
   const report: EvalReport = {
     models: rows,
+    against_sft: paired,
     pairs_by_type: byType,
     held_out: {
       pairs: examples.length,

@@ -6,7 +6,7 @@ import { episodeReward, reset, step, type EnvState } from '../../env/env.ts';
 import { replaySession } from '../../env/replay.ts';
 import { runEpisode } from '../../env/rollout.ts';
 import { CATALOGUE, DEFAULT_WORLD, FIELD_WORDS, generateTask, generateWorld, type Task } from '../../env/world.ts';
-import { validationEpisodes } from '../../env/evaluate.ts';
+import { pairedLine, pairedSuccess, signTestP, validationEpisodes } from '../../env/evaluate.ts';
 import { simulate } from '../../env/simulate.ts';
 import type { Session } from '../../core/records.ts';
 import { readLines } from '../../pipeline/jsonl.ts';
@@ -248,6 +248,38 @@ describe('validation episodes', () => {
     played.length = 0;
     await validationEpisodes(player, options);
     expect(played.map((t) => t.index)).toEqual([0, 1, 2, 3, 4, 5]);
+  });
+  it('pairs the episodes of two policies twin by twin: the same seeds agree everywhere, a better policy wins the twins it differs in', async () => {
+    const world = generateWorld({ ...DEFAULT_WORLD });
+    const options = {
+      worldSeed: DEFAULT_WORLD.seed,
+      companies: DEFAULT_WORLD.companies,
+      tasks: 30,
+      k: 2,
+      maxTurns: 12,
+    };
+    const tasks = new Map(
+      Array.from({ length: 60 }, (_, i) => generateTask(world, 'val', i)).map((t) => [t.task_id, t]),
+    );
+    const agent = (name: 'prior' | 'noisy') => (taskId: string, trial: number) =>
+      new ScriptedAgent(name, world, tasks.get(taskId)!, `twin:${taskId}:${trial}`);
+    const noisy = await validationEpisodes(agent('noisy'), options);
+    const stats = { samples: 500, alpha: 0.05, seed: 'twins' };
+    const same = pairedSuccess(noisy, await validationEpisodes(agent('noisy'), options), stats);
+    expect(same).toMatchObject({ difference: 0, better: 0, worse: 0, p: 1, interval: [0, 0] });
+    const prior = await validationEpisodes(agent('prior'), options);
+    const r = pairedSuccess(noisy, prior, stats);
+    expect(r.difference).toBeCloseTo((r.better - r.worse) / 60, 12);
+    expect(r.better).toBeGreaterThan(r.worse);
+    expect(r.p).toBeCloseTo(signTestP(r.better, r.better + r.worse), 12);
+    expect(r.interval[0]).toBeLessThanOrEqual(r.difference);
+    expect(r.interval[1]).toBeGreaterThanOrEqual(r.difference);
+    expect(pairedLine('prior', 'noisy', r)).toMatch(
+      new RegExp(
+        `^prior against noisy, twin episodes: \\+\\d\\.\\d{3} \\(${r.better} better, ${r.worse} worse; one-sided sign test p = `,
+      ),
+    );
+    expect(() => pairedSuccess(noisy, prior.slice(1), stats)).toThrow(/did not play the same episodes/);
   });
 });
 

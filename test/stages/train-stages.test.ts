@@ -225,6 +225,19 @@ describe('training stages (tiny model)', () => {
     );
   });
 
+  it('compares DPO with SFT on twin validation episodes (the same tasks, tries and sampler draws)', () => {
+    const report = JSON.parse(readFileSync(join(workdir, 'eval', 'eval.json'), 'utf8'));
+    const episodes = report.held_out.val_tasks * report.held_out.k;
+    const p = report.against_sft.dpo;
+    expect(Object.keys(report.against_sft)).toEqual(['dpo']);
+    expect(p.difference).toBeCloseTo(report.models.dpo['success/mean@1'] - report.models.sft['success/mean@1'], 12);
+    expect(p.better - p.worse).toBe(Math.round(p.difference * episodes));
+    expect(p.p).toBeGreaterThan(0);
+    expect(readFileSync(join(workdir, 'eval', 'table.txt'), 'utf8')).toMatch(
+      /^dpo against sft, twin episodes: [+-]\d\.\d{3} \(\d+ better, \d+ worse; one-sided sign test p = /m,
+    );
+  });
+
   it('reuses the cached reference log-probabilities when only the loss settings change', () => {
     const r = prefab([
       '--workdir',

@@ -1,0 +1,75 @@
+// configs/recipe.yaml end to end at a tiny size: its own data command (the one in its header) makes the
+// sessions, and the run goes through eval with the recipe's settings but a tiny model and few steps.
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { DuckDBInstance } from '@duckdb/node-api';
+import { parse, stringify } from 'yaml';
+import { prefab, REPO } from '../fixtures/cli.ts';
+import { tempDir } from '../fixtures/pipeline.ts';
+
+const RECIPE = join(REPO, 'configs', 'recipe.yaml');
+
+/** The `prefab simulate` line of the recipe's header, as its arguments. */
+function dataCommand(): string[] {
+  const line = readFileSync(RECIPE, 'utf8')
+    .split('\n')
+    .find((l) => /^#\s+npx prefab simulate /.test(l));
+  if (!line) throw new Error('configs/recipe.yaml: no `npx prefab simulate` line in its header');
+  return line.replace(/^#\s+npx prefab /, '').split(/\s+/);
+}
+
+/** `args` with the value of each option in `values` replaced. */
+function withValues(args: string[], values: Record<string, string>): string[] {
+  return args.map((a, i) => (i > 0 && args[i - 1]! in values ? values[args[i - 1]!]! : a));
+}
+
+let dir: string;
+let workdir: string;
+let simulated: string[];
+beforeAll(() => {
+  dir = tempDir();
+  workdir = join(dir, 'workspace');
+  simulated = dataCommand();
+  const made = prefab(withValues(simulated, { '--tasks': '60', '--out': join(dir, 'data', 'sessions.jsonl.gz') }));
+  expect(made.code, made.stderr).toBe(0);
+  const config = parse(readFileSync(RECIPE, 'utf8'));
+  config.ingest.inputs = [join(dir, 'data')];
+  config.tokenizer.vocab_size = 512;
+  config.sft = { ...config.sft, model: { layers: 1, hidden_size: 32, heads: 2, context: 640 }, max_steps: 4 };
+  config.dpo = { ...config.dpo, max_examples: 32, max_steps: 2 };
+  config.eval = { max_pairs: 12, max_sessions: 6, simulator: { ...config.eval.simulator, tasks: 3, max_tokens: 16 } };
+  writeFileSync(join(dir, 'recipe.yaml'), stringify(config));
+  const r = prefab(['--workdir', workdir, '--config', join(dir, 'recipe.yaml'), '--log-format', 'json', 'run']);
+  expect(r.code, r.stderr).toBe(0);
+}, 600_000);
+
+describe('configs/recipe.yaml', () => {
+  it('makes its sessions with the scripted agent that reads replies and notes', () => {
+    expect(simulated).toEqual(expect.arrayContaining(['--agent', 'prior', '--notes']));
+  });
+
+  it('trains SFT on sessions in which a call fails, the representative names what is missing, and the next call has it', async () => {
+    const db = await DuckDBInstance.create(':memory:');
+    const c = await db.connect();
+    // The reply that names a missing field, then a later call to the same department: the try SFT learns from.
+    const [row] = (
+      await c.runAndReadAll(
+        `SELECT count(*)::INTEGER AS n FROM '${join(workdir, 'export', 'sft', 'train.parquet')}'
+         WHERE regexp_matches(to_json(messages)::VARCHAR, 'can''t verify your identity yet: I need your [^"]*".*"name":"call"')`,
+      )
+    ).getRowObjects();
+    c.closeSync();
+    expect(row!.n).toBeGreaterThan(0);
+  });
+
+  it('evaluates SFT and DPO on validation tasks of at most two departments, two tries each', () => {
+    const report = JSON.parse(readFileSync(join(workdir, 'eval', 'eval.json'), 'utf8'));
+    expect(report.held_out).toMatchObject({ val_tasks: 3, k: 2 });
+    for (const model of ['sft', 'dpo'])
+      expect(report.models[model]).toMatchObject({
+        'success/mean@2': expect.any(Number),
+        'success/pass@2': expect.any(Number),
+      });
+  });
+});
