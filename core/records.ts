@@ -121,6 +121,10 @@ export interface Pair<Turns = Message[]> {
   split: Split;
 }
 
+/** A pair's kind: its source, and its negative type when it has one (`hard_negative/format`). */
+export const pairKind = (p: Pick<Pair, 'source' | 'negative_type'>): string =>
+  p.negative_type ? `${p.source}/${p.negative_type}` : p.source;
+
 /**
  * A pair's stable id: the same sides made the same way get the same id on every run. It is hashJson of
  * { source, chosen, rejected, extra }, its canonical JSON (keys in order) written out: pairs are made by the

@@ -38,6 +38,14 @@ const config = z.strictObject({
     .nullable()
     .default(null)
     .describe('Train on at most this many pairs or rows (null: all), drawn by a seeded shuffle.'),
+  pair_kinds: z
+    .array(z.string().min(1))
+    .min(1)
+    .nullable()
+    .default(null)
+    .describe(
+      "Train only on pairs of these kinds: a source (outcome, best_of_n, hard_negative, imported) or a source and negative type as eval's breakdown names them (hard_negative/format); null: every pair. Not for KTO.",
+    ),
   lora: loraSettings,
   max_length: z
     .number()

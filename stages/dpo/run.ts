@@ -1,7 +1,7 @@
 // The dpo stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
 import { join } from 'node:path';
 import { hashJson } from '../../pipeline/hash.ts';
-import type { KtoRow, Pair } from '../../core/records.ts';
+import { pairKind, type KtoRow, type Pair } from '../../core/records.ts';
 import { chosenBackend, withScorer } from '../../train/backend.ts';
 import { openChat } from '../../train/chat.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
@@ -34,7 +34,14 @@ export async function run({
   const kto = loss.name === 'kto';
   const path = join(input('export'), kto ? 'kto' : 'pairs', 'train.parquet');
   const rows = kto ? await readParquet<KtoRow>(path) : await readPreferencePairs<Pair>(input('export'), 'train');
-  const used = subset<Pair & KtoRow>(rows as (Pair & KtoRow)[], cfg.max_examples, cfg.seed);
+  if (kto && cfg.pair_kinds) throw new Error('dpo.pair_kinds: KTO trains on rows, which have no kind; set it to null');
+  const kinds = cfg.pair_kinds;
+  const kept = kinds ? (rows as Pair[]).filter((p) => kinds.includes(p.source) || kinds.includes(pairKind(p))) : rows;
+  if (kinds && kept.length === 0)
+    throw new Error(
+      `${path}: no pair of the kinds ${kinds.join(', ')} (dpo.pair_kinds); eval's breakdown lists the kinds`,
+    );
+  const used = subset<Pair & KtoRow>(kept as (Pair & KtoRow)[], cfg.max_examples, cfg.seed);
   if (used.length === 0) throw new Error(`${path} has no rows: nothing to train ${cfg.loss} on`);
   if (kto && !used.some((r) => r.label))
     throw new Error(`${path}: no desirable rows (label true); KTO needs both kinds`);
@@ -57,12 +64,13 @@ export async function run({
       `${path}: no ${kto ? 'row' : 'pair'} fits in ${length - 1} tokens; raise dpo.max_length or sft.model.context`,
     );
   const fingerprints = lineage.filter((l) => l.stage === 'sft' || l.stage === 'export').map((l) => l.fingerprint);
-  // The rows used depend on the seed and max_examples; the cut on the length.
+  // The rows used depend on the seed, max_examples and pair_kinds; the cut on the length.
   const referenceKey = hashJson({
     fingerprints,
     kto,
     seed: cfg.seed,
     max_examples: cfg.max_examples,
+    pair_kinds: cfg.pair_kinds,
     rows: made.rows,
     length,
     version: 2,

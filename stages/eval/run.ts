@@ -12,7 +12,7 @@ import {
   type EpisodeRecord,
   type PairedSuccess,
 } from '../../env/evaluate.ts';
-import type { Message, Pair } from '../../core/records.ts';
+import { pairKind, type Message, type Pair } from '../../core/records.ts';
 import { scorerOn, chosenBackend, withScorer } from '../../train/backend.ts';
 import { openChat, type Chat } from '../../train/chat.ts';
 import { loadCheckpoint } from '../../train/checkpoint.ts';
@@ -111,9 +111,6 @@ async function simulate(
   return records;
 }
 
-/** A pair's kind for the breakdown: its source, and its negative type when it has one. */
-const pairType = (p: Pair) => (p.negative_type ? `${p.source}/${p.negative_type}` : p.source);
-
 /** Held-out pairs per type (and all together): how many, the length baseline, and each model's accuracy. */
 function pairsByType(types: string[], shorter: number[], wins: Record<string, number[]>): Record<string, TypeRow> {
   const out: Record<string, TypeRow> = {};
@@ -210,7 +207,7 @@ export async function run({
     log.warn(
       `${made.dropped.length} of ${heldOut.length} held-out pairs left out: a side does not fit in ${pairLength - 1} tokens`,
     );
-  const types = made.rows.map((r) => pairType(heldOut[r]!));
+  const types = made.rows.map((r) => pairKind(heldOut[r]!));
   const wins: Record<string, number[]> = {};
   const sessions = await readParquet<{ messages: Message[] }>(join(input('export'), 'sft', 'test.parquet'));
   const nllSequences = await sftSequences(

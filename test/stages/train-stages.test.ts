@@ -270,6 +270,37 @@ describe('training stages (tiny model)', () => {
     expect(seeded.stderr).not.toMatch(/"event":"reference log-probabilities from the cache"/);
   });
 
+  it('trains on the pair kinds dpo.pair_kinds names, and says so when there are none', async () => {
+    const r = prefab([
+      '--workdir',
+      workdir,
+      '--config',
+      tinyConfig(join(workdir, '..'), 'loss: dpo\nmax_steps: 2\npair_kinds: [outcome, hard_negative/format]'),
+      'run',
+    ]);
+    expect(r.code, r.stderr).toBe(0);
+    const db = await DuckDBInstance.create(':memory:');
+    const c = await db.connect();
+    const [row] = (
+      await c.runAndReadAll(
+        `SELECT count(*)::INTEGER AS n FROM '${join(workdir, 'export', 'pairs', 'train.parquet')}'
+         WHERE source = 'outcome' OR (source = 'hard_negative' AND negative_type = 'format')`,
+      )
+    ).getRowObjects();
+    c.closeSync();
+    const counts = JSON.parse(readFileSync(join(workdir, 'dpo', 'manifest.json'), 'utf8')).counts;
+    expect(counts.examples + counts.too_long).toBe(Math.min(row!.n as number, 48)); // the tiny config's max_examples
+    const none = prefab([
+      '--workdir',
+      workdir,
+      '--config',
+      tinyConfig(join(workdir, '..'), 'loss: dpo\nmax_steps: 2\npair_kinds: [hard_negative/nothing]'),
+      'run',
+    ]);
+    expect(none.code).not.toBe(0);
+    expect(none.stderr).toMatch(/no pair of the kinds hard_negative\/nothing \(dpo\.pair_kinds\)/);
+  });
+
   it('refuses a label smoothing of 0.5 or more, where the robust loss divides by zero', () => {
     const r = prefab([
       '--workdir',
