@@ -89,10 +89,13 @@ const bundledPackages = {
 const REQUIRE =
   "import { createRequire as __prefabCreateRequire } from 'node:module'; const require = __prefabCreateRequire(import.meta.url);";
 
-/** The bundle's folder (its entry points cli.mjs and stages.mjs), made first if the sources changed since. */
+/**
+ * The bundle's folder (its entry points cli.mjs and stages.mjs), made first if the sources changed since. The
+ * command is noted in it as a user until it exits: a build a command still runs from is never removed.
+ */
 export async function bundle() {
   const fresh = current();
-  if (fresh) return fresh;
+  if (fresh) return using(fresh);
   const { build } = await import('esbuild');
   mkdirSync(CACHE, { recursive: true });
   const started = Date.now();
@@ -121,15 +124,49 @@ export async function bundle() {
     inputs[file] = { mtimeMs: s.mtimeMs, size: s.size };
   }
   // A source saved while the bundle was being made: this build serves this command only, the next builds again.
-  if (Object.values(inputs).some((s) => s.mtimeMs >= started)) return join(CACHE, dir);
+  if (Object.values(inputs).some((s) => s.mtimeMs >= started)) return using(join(CACHE, dir));
   // Commands started at once may each build: the last to finish names its build, atomically.
   const pointer = join(CACHE, `current.json.${process.pid}`);
   writeFileSync(pointer, JSON.stringify({ dir, inputs }));
   renameSync(pointer, join(CACHE, 'current.json'));
-  // Builds an hour old go (a command started from one may still be running from it).
+  // Older builds go once no command runs from them (a training run may load a stage's chunk hours after it
+  // started), and an hour after they were made (a command may be between finding a build and noting itself).
   for (const old of readdirSync(CACHE)) {
-    if (old.startsWith('build-') && old !== dir && statSync(join(CACHE, old)).mtimeMs < Date.now() - 3_600_000)
-      rmSync(join(CACHE, old), { recursive: true, force: true });
+    const path = join(CACHE, old);
+    if (old.startsWith('build-') && old !== dir && statSync(path).mtimeMs < Date.now() - 3_600_000 && !inUse(path))
+      rmSync(path, { recursive: true, force: true });
   }
-  return join(CACHE, dir);
+  return using(join(CACHE, dir));
+}
+
+/** Notes this process as a user of the build until it exits; returns the build's folder. */
+function using(dir) {
+  const users = join(dir, 'users');
+  const mine = join(users, String(process.pid));
+  try {
+    mkdirSync(users, { recursive: true });
+    writeFileSync(mine, '');
+    process.once('exit', () => rmSync(mine, { force: true }));
+  } catch {
+    // A read-only cache: the build still serves; only its removal is less careful.
+  }
+  return dir;
+}
+
+/** Whether a live process noted itself as a user of the build (one killed leaves its note, but is not alive). */
+function inUse(dir) {
+  let pids;
+  try {
+    pids = readdirSync(join(dir, 'users'));
+  } catch {
+    return false;
+  }
+  return pids.some((pid) => {
+    try {
+      process.kill(Number(pid), 0);
+      return true;
+    } catch (error) {
+      return error.code === 'EPERM';
+    }
+  });
 }

@@ -2,7 +2,7 @@
 // its work, and the heavy libraries behind it, load only when it runs. A module-load hook in the child process
 // lists every module it loads.
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdirSync, readFileSync, utimesSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { REPO, prefab } from '../fixtures/cli.ts';
@@ -119,6 +119,30 @@ describe('the bundle', () => {
     });
     expect(viaTsx.status).toBe(0);
     expect(viaTsx.stdout).toBe(r.stdout);
+  });
+  it('is removed once no command runs from it: not while a command made from it still does, however old', () => {
+    const cache = join(REPO, 'node_modules', '.cache', 'prefab');
+    const exited = spawnSync(process.execPath, ['-e', '']).pid!;
+    const builds = { running: join(cache, 'build-1-running'), done: join(cache, 'build-1-done') };
+    const users = { running: process.pid, done: exited };
+    const hoursAgo = new Date(Date.now() - 2 * 3_600_000);
+    for (const [name, dir] of Object.entries(builds)) {
+      mkdirSync(join(dir, 'users'), { recursive: true });
+      writeFileSync(join(dir, 'users', String(users[name as keyof typeof users])), '');
+      utimesSync(dir, hoursAgo, hoursAgo);
+    }
+    try {
+      const now = new Date();
+      utimesSync(join(REPO, 'stages', 'gate', 'index.ts'), now, now);
+      expect(prefab(['stages']).code).toBe(0);
+      expect(existsSync(builds.running)).toBe(true);
+      expect(existsSync(builds.done)).toBe(false);
+      // The command noted itself as the new build's user and took its note away as it exited.
+      expect(readdirSync(join(cache, current().dir, 'users'))).toEqual([]);
+    } finally {
+      rmSync(builds.running, { recursive: true, force: true });
+      rmSync(builds.done, { recursive: true, force: true });
+    }
   });
 });
 
