@@ -13,6 +13,9 @@ import { appendFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } fr
 import { join, resolve } from 'node:path';
 import { Command } from 'commander';
 import { parse, stringify } from 'yaml';
+import { ScriptedAgent } from '../env/agents.ts';
+import { figuresOf, validationEpisodes } from '../env/evaluate.ts';
+import { DEFAULT_WORLD, generateTask, generateWorld } from '../env/world.ts';
 
 const cli = new Command()
   .option('--tasks <n>', 'simulated training tasks', '5000')
@@ -28,6 +31,7 @@ const cli = new Command()
   .option('--out <file>', 'the curve', 'bench/results/recipe/curve.jsonl')
   .option('--workspace <dir>', 'no run: the row of a workspace this recipe already ran in (the options say its data)')
   .option('--table', 'no run: print the curve as a Markdown table')
+  .option('--agents', 'no run: the scripted agents on the eval’s validation tasks, what a policy can reach')
   .parse();
 const o = cli.opts<Record<string, string | boolean | undefined>>();
 const REPO = resolve(import.meta.dirname, '..');
@@ -51,6 +55,7 @@ interface Row {
 }
 
 if (o.table) printTable();
+else if (o.agents) await printAgents();
 else run();
 
 function run(): void {
@@ -129,5 +134,28 @@ function printTable(): void {
         `${r.sft_steps}, ${Math.round(r.sft_seconds / 60)} min | ${f(sft[k(sft)])} | ${f(sft[k(sft).replace('mean', 'pass')])} | ` +
         `${f(dpo[k(dpo)])} | ${vs ? `${vs.difference >= 0 ? '+' : ''}${vs.difference.toFixed(3)} (${vs.p.toPrecision(2)})` : '—'} |`,
     );
+  }
+}
+
+/** The scripted agents on the validation tasks the recipe's eval plays (its tasks, tries and max_calls). */
+async function printAgents(): Promise<void> {
+  const sim = parse(readFileSync(join(REPO, 'configs', 'recipe.yaml'), 'utf8')).eval.simulator;
+  const world = generateWorld({ ...DEFAULT_WORLD });
+  const tasks = new Map(
+    Array.from({ length: 20 * sim.tasks }, (_, i) => generateTask(world, 'val', i)).map((t) => [t.task_id, t]),
+  );
+  const options = { worldSeed: 1, companies: 100, tasks: sim.tasks, k: sim.k, maxTurns: 12, maxCalls: sim.max_calls };
+  console.log('| agent | first-try success | one call | two calls |');
+  console.log('|---|---|---|---|');
+  for (const name of ['oracle', 'prior', 'noisy'] as const) {
+    const episodes = await validationEpisodes(
+      (id, trial) => new ScriptedAgent(name, world, tasks.get(id)!, `agents:${id}:${trial}`),
+      options,
+    );
+    const success = (calls: number | null) => {
+      const some = episodes.filter((e) => calls === null || tasks.get(e.task)!.calls.length === calls);
+      return `${figuresOf(some, sim.k)[`success/mean@${sim.k}`]!.toFixed(3)} (${some.length / sim.k} tasks)`;
+    };
+    console.log(`| ${name} | ${success(null)} | ${success(1)} | ${success(2)} |`);
   }
 }

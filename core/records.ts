@@ -77,7 +77,8 @@ export const PAIR_SOURCES: readonly PairSource[] = [
   'critique_rewrite',
   'imported',
 ];
-export type NegativeType = 'refusal' | 'hallucination' | 'off_topic' | 'format' | 'verbose' | 'under_explained';
+export type NegativeType =
+  'refusal' | 'hallucination' | 'off_topic' | 'format' | 'verbose' | 'under_explained' | 'repeated_call';
 export const NEGATIVE_TYPES: readonly NegativeType[] = [
   'refusal',
   'hallucination',
@@ -85,6 +86,7 @@ export const NEGATIVE_TYPES: readonly NegativeType[] = [
   'format',
   'verbose',
   'under_explained',
+  'repeated_call',
 ];
 /** The negative types the LLM rewriter makes (pairing/rewriter.ts says why not the other two). */
 export const REWRITE_TYPES = [

@@ -30,6 +30,7 @@ const CHECK_DOCS: Record<Check, string> = {
   off_topic: 'a reply sharing almost no words with the conversation',
   verbose: "a final reply at least twice as long as the other side's, with nothing more in it",
   under_explained: "a final reply at most half as long as the other side's that leaves out what it reports",
+  repeated_call: 'a tool call that repeats, as made, a call of the turn before it (a retry that ignores the answer)',
 };
 
 /** The judges' keys of the judge stage's config: verifier, rules, llm, calibration_share. */

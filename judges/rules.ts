@@ -4,7 +4,7 @@
 import { daysIn } from '../core/dates.ts';
 import { isRefusal } from '../core/refusal.ts';
 import type { Message } from '../core/records.ts';
-import { formatProblems, knownTools } from './tool-calls.ts';
+import { formatProblems, knownTools, repeatedCalls } from './tool-calls.ts';
 import {
   NO_COST,
   abstain,
@@ -24,6 +24,7 @@ export const CHECKS = [
   'off_topic',
   'verbose',
   'under_explained',
+  'repeated_call',
 ] as const;
 export type Check = (typeof CHECKS)[number];
 
@@ -35,6 +36,7 @@ export const DEFAULT_WEIGHTS: Record<Check, number> = {
   off_topic: 0.8,
   verbose: 0.6,
   under_explained: 0.6,
+  repeated_call: 0.8,
 };
 
 export interface RulesOptions {
@@ -187,6 +189,13 @@ export function violations(
 
   const format = formatProblems(side.messages, knownTools(c));
   if (format.length > 0) found.push({ check: 'format', detail: format[0]! });
+
+  const repeats = repeatedCalls(c.prompt, side.messages);
+  if (repeats.length > 0)
+    found.push({
+      check: 'repeated_call',
+      detail: `calls ${repeats[0]!.function.name} again with the arguments of the call before, whatever it answered`,
+    });
 
   const ungrounded = ungroundedValues(c.prompt, side.messages);
   if (ungrounded.length > 0)

@@ -10,6 +10,7 @@ import { int, pick, sample, sfc32, type Random } from '../core/random.ts';
 import { NEGATIVE_TYPES, pairId, type Message, type NegativeType, type Pair, type ToolCall } from '../core/records.ts';
 import { StoredMessages, type StoredSession } from '../store/messages.ts';
 import type { NegativeTemplates } from './templates.ts';
+import { sameArguments } from '../judges/tool-calls.ts';
 
 export interface HardNegativeOptions {
   /** Per type, the share of eligible chosen sessions that get a negative of that type (0..1). */
@@ -76,10 +77,10 @@ export function buildHardNegatives(
   return { pairs, skipped };
 }
 
-// Six types take the first six words of a session's digest (HardNegativeDraws); a seventh needs more draws.
-if (NEGATIVE_TYPES.length > 6)
+// Six types take the first six words of a session's digest (HardNegativeDraws), the seventh a digest of its own.
+if (NEGATIVE_TYPES.length > 7)
   throw new Error(
-    'pairing/hard-negatives.ts: HardNegativeDraws draws for six types from a SHA-256 digest; give a seventh type a draw of its own',
+    'pairing/hard-negatives.ts: HardNegativeDraws draws for seven types; give an eighth type a draw of its own',
   );
 
 /**
@@ -88,23 +89,36 @@ if (NEGATIVE_TYPES.length > 6)
  * transform draws from sfc32 seeded by the digest's last two words and `t`, its first 12 numbers dropped so
  * that the types' streams part. A type's draws are its own: changing one ratio leaves the other types' pairs
  * as they were. One digest a session rather than one a type and one a transform: digests were a tenth of
- * the stage's CPU.
+ * the stage's CPU. The seventh type, added later, takes the same words of a second digest, made only when
+ * its ratio asks for it, so the first six types' draws stayed as they were.
  */
 class HardNegativeDraws {
   private readonly digest: string;
+  private seventh: string | null = null;
 
-  constructor(sessionId: string, salt: string) {
+  constructor(
+    private readonly sessionId: string,
+    private readonly salt: string,
+  ) {
     this.digest = sha256Bytes(`hard_negative:${salt}\0${sessionId}`);
+  }
+
+  private digestFor(t: number): [string, number] {
+    if (t < 6) return [this.digest, t];
+    this.seventh ??= sha256Bytes(`hard_negative:7:${this.salt}\0${this.sessionId}`);
+    return [this.seventh, 0];
   }
 
   /** Type `t`'s number in [0, 1). */
   number(t: number): number {
-    return uint32LE(this.digest, 4 * t) / 2 ** 32;
+    const [digest, word] = this.digestFor(t);
+    return uint32LE(digest, 4 * word) / 2 ** 32;
   }
 
   /** The generator type `t`'s transform draws from. */
   random(t: number): Random {
-    const rand = sfc32(uint32LE(this.digest, 24), uint32LE(this.digest, 28), t, 1);
+    const [digest] = this.digestFor(t);
+    const rand = sfc32(uint32LE(digest, 24), uint32LE(digest, 28), t, 1);
     for (let i = 0; i < 12; i++) rand();
     return rand;
   }
@@ -130,6 +144,7 @@ const TRANSFORMS: Record<NegativeType, (messages: StoredMessages, rand: Random, 
   format: formatViolation,
   verbose: padded,
   under_explained: underExplained,
+  repeated_call: repeatedCall,
 };
 
 function unwarrantedRefusal(messages: StoredMessages, rand: Random, { templates }: Context): Rewrite {
@@ -174,6 +189,43 @@ function underExplained(messages: StoredMessages, rand: Random, { templates }: C
   const at = lastTextTurn(messages, UNDER_EXPLAINED_MIN_TEXT);
   if (at < 0) return { skip: `no assistant turn with ${UNDER_EXPLAINED_MIN_TEXT} or more characters of text` };
   return { at, message: { ...messages.at(at), content: pick(rand, templates.terse) } };
+}
+
+// ---- repeated_call: a retry that ignores what the tool answered -----------------------------------------
+
+/**
+ * A retry (a tool call that keeps most of the arguments of the call to the same tool just before it and
+ * changes the rest: the fields a representative named added) made with the earlier arguments again, as if
+ * the answer had not been read. Only retries: a call to the same tool for something else (the next
+ * department) may itself have failed, where the repeat would have done no harm.
+ */
+function repeatedCall(messages: StoredMessages, rand: Random): Rewrite {
+  const turns = messages.indicesOf('assistant').filter((i) => messages.hasToolCalls(i));
+  const changed: { at: number; call: number; previous: string }[] = [];
+  for (let k = 1; k < turns.length; k++) {
+    const before = messages.at(turns[k - 1]!).tool_calls!;
+    messages.at(turns[k]!).tool_calls!.forEach((call, c) => {
+      const previous = before.findLast((b) => b.function.name === call.function.name);
+      if (previous && isRetry(previous.function.arguments, call.function.arguments))
+        changed.push({ at: turns[k]!, call: c, previous: previous.function.arguments });
+    });
+  }
+  if (changed.length === 0) return { skip: 'no tool call retries the call before it with changed arguments' };
+  const { at, call, previous } = pick(rand, changed);
+  return {
+    at,
+    message: withToolCall(messages.at(at), call, (c) => ({ ...c, function: { ...c.function, arguments: previous } })),
+  };
+}
+
+/** Whether `after` keeps more than half of `before`'s arguments (by key, the same values) and changes some. */
+function isRetry(before: string, after: string): boolean {
+  const a = parseArguments(before);
+  const b = parseArguments(after);
+  if (!isObject(a) || !isObject(b)) return false;
+  const keys = new Set([...Object.keys(a), ...Object.keys(b)]);
+  const kept = [...keys].filter((k) => k in a && k in b && sameArguments(JSON.stringify(a[k]), JSON.stringify(b[k])));
+  return kept.length > keys.size / 2 && kept.length < keys.size;
 }
 
 // ---- hallucination: one identifier in one tool call's arguments, redrawn with the same shape -------------

@@ -21,6 +21,7 @@ const HARD_NEGATIVE_RATIOS: Record<NegativeType, number> = {
   format: 0.25,
   verbose: 0.15,
   under_explained: 0.15,
+  repeated_call: 0.25,
 };
 
 /** What each type's transform does to a chosen session, for the ratios' doc strings. */
@@ -33,6 +34,8 @@ const NEGATIVE_DOCS: Record<NegativeType, string> = {
     'one tool call broken (arguments cut off, a misspelt tool, a required argument left out, or the call written as text)',
   verbose: 'its last reply padded with pleasantries and restatements',
   under_explained: 'its last reply cut to a curt line ("Done.")',
+  repeated_call:
+    'a tool call that follows an earlier call to the same tool with other arguments made with the earlier arguments again: the agent ignores what the tool answered',
 };
 
 const config = z.strictObject({

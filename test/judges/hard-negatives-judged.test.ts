@@ -85,8 +85,11 @@ beforeAll(async () => {
 describe('the ensemble on hard negatives of the sample', () => {
   it('has pairs of every type from the sample', () => {
     expect(successes.length).toBe(SESSIONS);
+    // A repeated call needs a retry in the session (the oracle never retries): fewer sessions have one.
     for (const type of NEGATIVE_TYPES)
-      expect(ordinary.filter((j) => j.pair.negative_type === type).length).toBeGreaterThan(SESSIONS * 0.9);
+      expect(ordinary.filter((j) => j.pair.negative_type === type).length).toBeGreaterThan(
+        SESSIONS * (type === 'repeated_call' ? 0.15 : 0.9),
+      );
   });
 
   for (const type of NEGATIVE_TYPES) {

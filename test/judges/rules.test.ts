@@ -85,6 +85,22 @@ describe('rules: each check', () => {
     }
   });
 
+  it('flags a call that repeats the call before it as made (keys in any order), not the retry that adds what was asked', () => {
+    const failed: Message[] = [
+      ...PROMPT,
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: [toolCall('c9', 'call', { ...CALL_ARGS, auth: { zip_code: AUTH.zip_code } })],
+      },
+      { role: 'tool', tool_call_id: 'c9', content: 'Globo Gym Billing here. I need your account number.' },
+    ];
+    const reordered = { request: CALL_ARGS.request, auth: { zip_code: AUTH.zip_code }, phone_number: PHONE };
+    expect(checks(calling('call', reordered), CLEAN_CALL, false, failed)).toEqual({ bad: ['repeated_call'], twin: [] });
+    // The same arguments to another tool, or after a turn that called another tool, are no repeat.
+    expect(checks(calling('call', CALL_ARGS), CLEAN_CALL).bad).toEqual([]);
+  });
+
   it('flags a phone number that appears nowhere in the conversation, not the one the directory gave', () => {
     expect(checks(calling('call', { ...CALL_ARGS, phone_number: '1-800-242-2394' }), CLEAN_CALL)).toEqual({
       bad: ['hallucination'],

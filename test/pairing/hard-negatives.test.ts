@@ -254,10 +254,15 @@ describe('hard negatives differ from the chosen turn only in what their type say
 describe('hard negative pairs', () => {
   it('are turn-level: the context before one assistant turn, that turn, and its transform', () => {
     const ids = new Set<string>();
+    let made = 0;
     for (const s of successes.slice(0, 60)) {
       const { pairs, skipped } = buildHardNegatives(s, options(ALL));
-      expect(skipped).toEqual([]);
-      expect(pairs.map((p) => p.negative_type)).toEqual(NEGATIVE_TYPES);
+      made += pairs.length;
+      // Every type applies to every session but repeated_call, which needs a retry in it.
+      expect(skipped.map((k) => k.type)).toEqual(skipped.length ? ['repeated_call'] : []);
+      expect(pairs.map((p) => p.negative_type)).toEqual(
+        NEGATIVE_TYPES.filter((t) => !skipped.some((k) => k.type === t)),
+      );
       for (const p of pairs) {
         const k = p.prompt.length;
         expect(s.messages[k]!.role).toBe('assistant');
@@ -283,7 +288,7 @@ describe('hard negative pairs', () => {
         ids.add(p.pair_id);
       }
     }
-    expect(ids.size).toBe(60 * NEGATIVE_TYPES.length);
+    expect(ids.size).toBe(made);
   });
 
   it('select about the requested share of sessions per type, and none at ratio 0 or when the ratio is missing', () => {
@@ -353,6 +358,7 @@ describe('hard negative pairs', () => {
     expect(skipped.map((k) => [k.session_id, k.type])).toEqual([
       ['plain', 'hallucination'],
       ['plain', 'format'],
+      ['plain', 'repeated_call'],
     ]);
     expect(skipped[0]!.reason).toMatch(/identifier/);
     expect(skipped[1]!.reason).toMatch(/tool call/);
@@ -361,7 +367,13 @@ describe('hard negative pairs', () => {
       session('short', [SYSTEM, USER, { role: 'assistant', content: 'Calling them now.' }]),
       options(ALL),
     );
-    expect(short.skipped.map((k) => k.type)).toEqual(['hallucination', 'format', 'verbose', 'under_explained']);
+    expect(short.skipped.map((k) => k.type)).toEqual([
+      'hallucination',
+      'format',
+      'verbose',
+      'under_explained',
+      'repeated_call',
+    ]);
     const silent = buildHardNegatives(session('silent', [SYSTEM, USER]), options(ALL));
     expect(silent.pairs).toEqual([]);
     expect(silent.skipped.map((k) => k.type)).toEqual(NEGATIVE_TYPES);
@@ -743,6 +755,56 @@ describe('under-explained negatives', () => {
       expect(pair.rejected[0]!.content!.length).toBeLessThanOrEqual(25);
       expect(digitsOf(pair.rejected[0]!.content!)).toBe('');
       expect(pair.rejected[0]!.tool_calls).toEqual(pair.chosen[0]!.tool_calls);
+    }
+  });
+});
+
+describe('repeated-call negatives', () => {
+  const call = (id: string, auth: Record<string, string>) =>
+    toolCall(id, 'call', { phone_number: '1-800-555-0100', auth, request: 'Cancel my membership.' });
+  const retried = session('retry', [
+    SYSTEM,
+    USER,
+    { role: 'assistant', content: null, tool_calls: [call('c1', { account_number: '1234-5678' })] },
+    { role: 'tool', tool_call_id: 'c1', content: 'Globo Gym here. I need your ZIP code.' },
+    { role: 'assistant', content: null, tool_calls: [call('c2', { account_number: '1234-5678', zip_code: '90210' })] },
+    { role: 'tool', tool_call_id: 'c2', content: 'Done. Your reference number is REF-123456.' },
+    { role: 'assistant', content: 'Your Globo Gym membership is cancelled: REF-123456.' },
+  ]);
+
+  it('make the retry that added what the tool asked for with the arguments of the call before it, keeping its id', () => {
+    const [pair] = buildHardNegatives(retried, options({ repeated_call: 1 })).pairs;
+    expect(pair!.prompt).toEqual(retried.messages.slice(0, 4));
+    expect(pair!.chosen).toEqual([retried.messages[4]]);
+    const [rejected] = pair!.rejected[0]!.tool_calls!;
+    expect(rejected!.id).toBe('c2');
+    expect(rejected!.function.arguments).toBe(retried.messages[2]!.tool_calls![0]!.function.arguments);
+  });
+
+  it('leave alone a call to the same tool for something else (most arguments changed), saying why', () => {
+    const other = session('next', [
+      ...retried.messages.slice(0, 4),
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: [toolCall('c2', 'call', { phone_number: '1-800-555-0199', auth: {}, request: 'Refund me.' })],
+      },
+    ]);
+    const built = buildHardNegatives(other, options({ repeated_call: 1 }));
+    expect(built.pairs).toEqual([]);
+    expect(built.skipped[0]!.reason).toMatch(/no tool call retries the call before it/);
+  });
+
+  it('take retries from real sessions, each keeping most arguments of the call it repeats', () => {
+    const found = pairsOf('repeated_call', 300);
+    expect(found.length).toBeGreaterThan(30);
+    for (const { pair } of found) {
+      const prompt = pair.prompt;
+      const before = prompt.findLast((m) => m.role === 'assistant' && m.tool_calls?.length)!.tool_calls!;
+      const [changed] = pair.rejected[0]!.tool_calls!.filter(
+        (c, i) => c.function.arguments !== pair.chosen[0]!.tool_calls![i]!.function.arguments,
+      );
+      expect(before.map((c) => c.function.arguments)).toContain(changed!.function.arguments);
     }
   });
 });
