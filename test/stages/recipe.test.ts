@@ -45,10 +45,6 @@ beforeAll(() => {
 }, 600_000);
 
 describe('configs/recipe.yaml', () => {
-  it('makes its sessions with the scripted agent that reads replies and notes', () => {
-    expect(simulated).toEqual(expect.arrayContaining(['--agent', 'prior', '--notes']));
-  });
-
   it('trains SFT on sessions in which a call fails, the representative names what is missing, and the next call has it', async () => {
     const db = await DuckDBInstance.create(':memory:');
     const c = await db.connect();

@@ -29,6 +29,10 @@ const tinyConfig = (dir: string, dpo = 'loss: dpo\nmax_steps: 4') =>
     maxTokens: 16,
   });
 
+/** prefab with the tiny config whose dpo section is `dpo`, in the suite's workspace. */
+const withDpo = (dpo: string, ...args: string[]) =>
+  prefab(['--workdir', workdir, '--config', tinyConfig(join(workdir, '..'), dpo), ...args]);
+
 const metricsOf = (path: string) =>
   readFileSync(path, 'utf8')
     .trim()
@@ -239,15 +243,7 @@ describe('training stages (tiny model)', () => {
   });
 
   it('reuses the cached reference log-probabilities when only the loss settings change', () => {
-    const r = prefab([
-      '--workdir',
-      workdir,
-      '--config',
-      tinyConfig(join(workdir, '..'), 'loss: ipo\nmax_steps: 2'),
-      '--log-format',
-      'json',
-      'run',
-    ]);
+    const r = withDpo('loss: ipo\nmax_steps: 2', '--log-format', 'json', 'run');
     expect(r.code, r.stderr).toBe(0);
     expect(r.stderr).toMatch(/"event":"reference log-probabilities from the cache"/);
     expect(
@@ -257,27 +253,13 @@ describe('training stages (tiny model)', () => {
     ).toEqual(['fresh', 'fresh', 'ran', 'ran', 'ran']); // tokenizer, sft, then dpo, dapo (off: passes the new dpo model on), eval
     expect(metricsOf(join(workdir, 'dpo', 'metrics.jsonl'))).toHaveLength(2);
     // Another seed draws other pairs from max_examples: their reference values are computed, not loaded.
-    const seeded = prefab([
-      '--workdir',
-      workdir,
-      '--config',
-      tinyConfig(join(workdir, '..'), 'loss: ipo\nmax_steps: 2\nseed: other'),
-      '--log-format',
-      'json',
-      'run',
-    ]);
+    const seeded = withDpo('loss: ipo\nmax_steps: 2\nseed: other', '--log-format', 'json', 'run');
     expect(seeded.code, seeded.stderr).toBe(0);
     expect(seeded.stderr).not.toMatch(/"event":"reference log-probabilities from the cache"/);
   });
 
   it('trains on the pair kinds dpo.pair_kinds names, and says so when there are none', async () => {
-    const r = prefab([
-      '--workdir',
-      workdir,
-      '--config',
-      tinyConfig(join(workdir, '..'), 'loss: dpo\nmax_steps: 2\npair_kinds: [outcome, hard_negative/format]'),
-      'run',
-    ]);
+    const r = withDpo('loss: dpo\nmax_steps: 2\npair_kinds: [outcome, hard_negative/format]', 'run');
     expect(r.code, r.stderr).toBe(0);
     const db = await DuckDBInstance.create(':memory:');
     const c = await db.connect();
@@ -290,40 +272,20 @@ describe('training stages (tiny model)', () => {
     c.closeSync();
     const counts = JSON.parse(readFileSync(join(workdir, 'dpo', 'manifest.json'), 'utf8')).counts;
     expect(counts.examples + counts.too_long).toBe(Math.min(row!.n as number, 48)); // the tiny config's max_examples
-    const none = prefab([
-      '--workdir',
-      workdir,
-      '--config',
-      tinyConfig(join(workdir, '..'), 'loss: dpo\nmax_steps: 2\npair_kinds: [hard_negative/nothing]'),
-      'run',
-    ]);
+    const none = withDpo('loss: dpo\nmax_steps: 2\npair_kinds: [hard_negative/nothing]', 'run');
     expect(none.code).not.toBe(0);
     expect(none.stderr).toMatch(/no pair of the kinds hard_negative\/nothing \(dpo\.pair_kinds\)/);
   });
 
   it('refuses a label smoothing of 0.5 or more, where the robust loss divides by zero', () => {
-    const r = prefab([
-      '--workdir',
-      workdir,
-      '--config',
-      tinyConfig(join(workdir, '..'), 'loss: robust\nlabel_smoothing: 0.5'),
-      'status',
-    ]);
+    const r = withDpo('loss: robust\nlabel_smoothing: 0.5', 'status');
     expect(r.code).toBe(2);
     expect(r.stderr).toMatch(/dpo\.label_smoothing: .*0\.5/);
   });
 
   it('trains with SimPO, ORPO and KTO too, each logging its metrics', () => {
     for (const loss of ['simpo', 'orpo', 'kto']) {
-      const r = prefab([
-        '--workdir',
-        workdir,
-        '--config',
-        tinyConfig(join(workdir, '..'), `loss: ${loss}\nmax_steps: 2`),
-        '--log-format',
-        'json',
-        'run',
-      ]);
+      const r = withDpo(`loss: ${loss}\nmax_steps: 2`, '--log-format', 'json', 'run');
       expect(r.code, r.stderr).toBe(0);
       const rows = metricsOf(join(workdir, 'dpo', 'metrics.jsonl'));
       expect(rows, loss).toHaveLength(2);
