@@ -95,7 +95,7 @@ export const evalStage = defineStage({
   name: 'eval',
   description:
     'compare the untrained, SFT, preference-tuned and (when it ran) DAPO models: held-out pairs, NLL, simulator success',
-  version: 5,
+  version: 6,
   inputs: ['sft', 'dpo', 'dapo', 'export'],
   outputs: ['eval.json', 'table.txt'],
   config,

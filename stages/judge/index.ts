@@ -52,7 +52,7 @@ export const judge = defineStage({
   name: 'judge',
   description:
     "judge every pair, and pick best-of-N among each task's candidates: verifier, rules and (optional) LLM judge",
-  version: 4,
+  version: 5,
   inputs: ['ingest', 'import', 'split', 'sample', 'pairs'],
   outputs: ['train.jsonl', 'test.jsonl', 'report.json'],
   config,

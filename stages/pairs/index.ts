@@ -108,7 +108,7 @@ const config = z.strictObject({
     })
     .prefault({})
     .describe(
-      'Hard negatives: a worse version of one turn of a successful session, made by deterministic transforms of six types.',
+      'Hard negatives: a worse version of one turn of a successful session, made by deterministic transforms of seven types.',
     ),
   must_decline: z
     .array(z.string())
@@ -142,7 +142,7 @@ export type Config = z.infer<typeof config>;
 export const pairs = defineStage({
   name: 'pairs',
   description:
-    'build preference pairs: successes against failures of a task (outcome), and hard negatives of six types (by transforms; optionally by an LLM rewriter)',
+    'build preference pairs: successes against failures of a task (outcome), and hard negatives of seven types (by transforms; optionally by an LLM rewriter)',
   version: 5,
   inputs: ['ingest', 'split'],
   outputs: ['train.jsonl', 'test.jsonl', 'dropped.jsonl', 'info.json'],
