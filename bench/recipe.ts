@@ -2,12 +2,14 @@
 // one scripted agent (or their mix), configs/recipe.yaml with the model and steps asked for, the run through
 // eval, and a line appended to curve.jsonl with the data, the model's size, the time and the eval figures.
 //
-//   npx tsx bench/recipe.ts --tasks 5000 --agent prior --notes             # the recipe as shipped
-//   npx tsx bench/recipe.ts --tasks 5000 --agent mix                       # a row of the curve
-//   npx tsx bench/recipe.ts --table                                        # the curve so far, as Markdown
+//   npx tsx bench/recipe.ts --tasks 5000 --agent mix                        # the recipe as shipped
+//   npx tsx bench/recipe.ts --tasks 5000 --agent mix --hidden 192 --heads 6 # a wider model
+//   npx tsx bench/recipe.ts --table                                         # the curve so far, as Markdown
+//   npx tsx bench/recipe.ts --agents                                        # what the scripted agents reach
 //
-// A row keeps its workspace under --work (the dpo, eval and registry folders), so a DPO variant can start from
-// its SFT model: `prefab run --config <work>/recipe.yaml --workdir <work>/workspace --switch-config`.
+// A row keeps its workspace under --work, so a DPO variant can start from its SFT model: change the dpo
+// section of <work>/recipe.yaml, then `prefab run --config <work>/recipe.yaml --workdir <work>/workspace
+// --switch-config --from dpo`.
 import { spawnSync } from 'node:child_process';
 import { appendFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -20,7 +22,7 @@ import { DEFAULT_WORLD, generateTask, generateWorld } from '../env/world.ts';
 const cli = new Command()
   .option('--tasks <n>', 'simulated training tasks', '5000')
   .option('--trials <k>', 'sessions a task', '4')
-  .option('--agent <name>', 'the scripted agent: oracle, prior, noisy, random or mix', 'prior')
+  .option('--agent <name>', 'the scripted agent: oracle, prior, noisy, random or mix', 'mix')
   .option('--notes', 'later trials read the notes of the failed ones')
   .option('--layers <n>', 'transformer blocks')
   .option('--hidden <n>', 'hidden size')

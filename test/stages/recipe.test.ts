@@ -59,13 +59,19 @@ describe('configs/recipe.yaml', () => {
     expect(row!.n).toBeGreaterThan(0);
   });
 
-  it('evaluates SFT and DPO on validation tasks of at most two departments, two tries each', () => {
+  it('evaluates SFT and the preference-trained model on validation tasks of at most two departments, two tries each, twin by twin', () => {
     const report = JSON.parse(readFileSync(join(workdir, 'eval', 'eval.json'), 'utf8'));
     expect(report.held_out).toMatchObject({ val_tasks: 3, k: 2 });
-    for (const model of ['sft', 'dpo'])
+    // The preference stage's column is named by its loss (the recipe's: ORPO, on the retries alone).
+    expect(report.preference_loss.loss).toBe('orpo');
+    expect(Object.keys(report.models)).toEqual(['untrained', 'sft', 'orpo']);
+    for (const model of ['sft', 'orpo'])
       expect(report.models[model]).toMatchObject({
         'success/mean@2': expect.any(Number),
         'success/pass@2': expect.any(Number),
       });
+    expect(Object.keys(report.against_sft)).toEqual(['orpo']);
+    const dpo = JSON.parse(readFileSync(join(workdir, 'dpo', 'manifest.json'), 'utf8')).counts;
+    expect(dpo.examples).toBeGreaterThan(0);
   });
 });
