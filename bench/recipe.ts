@@ -124,17 +124,19 @@ function printTable(): void {
   const f = (x: number | null | undefined) => (typeof x === 'number' ? x.toFixed(3) : '—');
   const k = (m: Record<string, number | null>) => Object.keys(m).find((x) => x.startsWith('success/mean@'))!;
   console.log(
-    '| data | SFT rows | model (parameters) | SFT steps, time | SFT first-try success | pass@k | DPO | DPO − SFT (p) |',
+    '| data | SFT rows | model (parameters) | SFT steps, time | SFT first-try success | pass@k | preference training | its − SFT (p) |',
   );
   console.log('|---|---|---|---|---|---|---|---|');
   for (const r of rows) {
     const sft = r.models.sft!;
-    const dpo = r.models.dpo!;
-    const vs = r.against_sft?.dpo;
+    // The preference stage's column is named by its loss (dpo, orpo, ...).
+    const loss = Object.keys(r.models).find((m) => !['untrained', 'base', 'sft', 'dapo'].includes(m))!;
+    const dpo = r.models[loss]!;
+    const vs = r.against_sft?.[loss];
     console.log(
       `| ${r.agent}${r.notes ? ' + notes' : ''}, ${r.tasks} tasks × ${r.trials} | ${r.sft_rows} | ${r.model} (${(r.parameters / 1e6).toFixed(2)}M) | ` +
         `${r.sft_steps}, ${Math.round(r.sft_seconds / 60)} min | ${f(sft[k(sft)])} | ${f(sft[k(sft).replace('mean', 'pass')])} | ` +
-        `${f(dpo[k(dpo)])} | ${vs ? `${vs.difference >= 0 ? '+' : ''}${vs.difference.toFixed(3)} (${vs.p.toPrecision(2)})` : '—'} |`,
+        `${loss} ${f(dpo[k(dpo)])} | ${vs ? `${vs.difference >= 0 ? '+' : ''}${vs.difference.toFixed(3)} (${vs.p.toPrecision(2)})` : '—'} |`,
     );
   }
 }
