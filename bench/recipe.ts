@@ -64,6 +64,7 @@ function run(): void {
   const shape = [
     o.layers && `L${o.layers}`,
     o.hidden && `H${o.hidden}`,
+    o.heads && `h${o.heads}`,
     o.epochs && `e${o.epochs}`,
     o.dpoExamples && `dpo${o.dpoExamples}`,
   ];
@@ -122,7 +123,8 @@ function printTable(): void {
     .split('\n')
     .map((l) => JSON.parse(l) as Row);
   const f = (x: number | null | undefined) => (typeof x === 'number' ? x.toFixed(3) : '—');
-  const k = (m: Record<string, number | null>) => Object.keys(m).find((x) => x.startsWith('success/mean@'))!;
+  const k = (m: Record<string, number | null>) =>
+    Object.keys(m).find((x) => x.startsWith('success/mean@')) ?? 'success/mean@k';
   console.log(
     '| data | SFT rows | model (parameters) | SFT steps, time | SFT first-try success | pass@k | preference training | its − SFT (p) |',
   );

@@ -153,7 +153,7 @@ function using(dir) {
   return dir;
 }
 
-/** Whether a live process noted itself as a user of the build (one killed leaves its note, but is not alive). */
+/** Whether a live process noted itself as a user of the build; the notes of those gone (killed) are removed. */
 function inUse(dir) {
   let pids;
   try {
@@ -161,12 +161,16 @@ function inUse(dir) {
   } catch {
     return false;
   }
-  return pids.some((pid) => {
-    try {
-      process.kill(Number(pid), 0);
-      return true;
-    } catch (error) {
-      return error.code === 'EPERM';
-    }
-  });
+  return (
+    pids.filter((pid) => {
+      try {
+        process.kill(Number(pid), 0);
+        return true;
+      } catch (error) {
+        if (error.code === 'EPERM') return true;
+        rmSync(join(dir, 'users', pid), { force: true });
+        return false;
+      }
+    }).length > 0
+  );
 }

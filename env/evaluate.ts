@@ -146,6 +146,7 @@ export interface PairedSuccess {
   difference: number;
   /** The bootstrap's (alpha, 1 − alpha) quantiles of the difference, resampling tasks. */
   interval: [number, number];
+  alpha: number;
   /** Twins the candidate won and lost. */
   better: number;
   worse: number;
@@ -173,6 +174,7 @@ export function pairedSuccess(
     candidate: b,
     difference: b - a,
     interval: bootstrapInterval(baseline, candidate, o.samples, o.alpha, o.seed),
+    alpha: o.alpha,
     better,
     worse,
     p: signTestP(better, better + worse),
@@ -184,6 +186,6 @@ export function pairedLine(name: string, against: string, p: PairedSuccess): str
   const f = (x: number) => (x >= 0 ? '+' : '') + x.toFixed(3);
   return (
     `${name} against ${against}, twin episodes: ${f(p.difference)} (${p.better} better, ${p.worse} worse; ` +
-    `one-sided sign test p = ${p.p.toPrecision(2)}; 90% bootstrap interval [${f(p.interval[0])}, ${f(p.interval[1])}])`
+    `one-sided sign test p = ${p.p.toPrecision(2)}; ${Math.round((1 - 2 * p.alpha) * 100)}% bootstrap interval [${f(p.interval[0])}, ${f(p.interval[1])}])`
   );
 }

@@ -1,6 +1,7 @@
 // Whether an assistant's tool calls are well formed: shared by the verifier (decisive) and the rules judge.
 import type { Message, ToolCall } from '../core/records.ts';
 import { metadataOf, type Comparison } from '../core/verdict.ts';
+import { canonicalJson } from '../pipeline/hash.ts';
 
 export interface ToolSchema {
   name: string;
@@ -79,50 +80,34 @@ export function callValidity(messages: Message[], tools: ToolSchema[] | null): {
   return { calls, invalid };
 }
 
-/** Whether two calls' arguments are the same: the same JSON value (keys in any order), or the same text. */
-export function sameArguments(a: string, b: string): boolean {
-  if (a === b) return true;
-  const x = parsed(a);
-  const y = parsed(b);
-  return x !== undefined && y !== undefined && canonical(x) === canonical(y);
-}
-
-/** JSON with every object's keys in order. */
-const canonical = (v: unknown): string =>
-  Array.isArray(v)
-    ? `[${v.map(canonical).join(',')}]`
-    : v !== null && typeof v === 'object'
-      ? `{${Object.keys(v)
-          .sort()
-          .map((k) => `${JSON.stringify(k)}:${canonical((v as Record<string, unknown>)[k])}`)
-          .join(',')}}`
-      : JSON.stringify(v);
-
-const parsed = (raw: string): unknown => {
+/** A call's arguments, parsed; undefined when they are not JSON (which JSON itself can never produce). */
+export function parseArguments(raw: string): unknown {
   try {
     return JSON.parse(raw) as unknown;
   } catch {
     return undefined;
   }
-};
+}
+
+/** A call as compared for repeats: its tool and its arguments (as JSON with keys in order, or as written). */
+function callKey(call: ToolCall): string {
+  const args = parseArguments(call.function.arguments);
+  return `${call.function.name}\0${args === undefined ? call.function.arguments : canonicalJson(args)}`;
+}
 
 /**
  * The tool calls that repeat, as made, a call of the assistant turn with tool calls before them (the prompt's
  * last one, for the side's first): a retry that ignores what the tool answered.
  */
 export function repeatedCalls(prompt: readonly Message[], side: readonly Message[]): ToolCall[] {
-  let before: ToolCall[] = prompt.findLast((m) => m.role === 'assistant' && m.tool_calls?.length)?.tool_calls ?? [];
+  const keys = (m: Message | undefined) => new Set((m?.tool_calls ?? []).map(callKey));
+  let before = keys(prompt.findLast((m) => m.role === 'assistant' && m.tool_calls?.length));
   const repeats: ToolCall[] = [];
   for (const m of side) {
     if (m.role !== 'assistant' || !m.tool_calls?.length) continue;
-    for (const call of m.tool_calls)
-      if (
-        before.some(
-          (b) => b.function.name === call.function.name && sameArguments(b.function.arguments, call.function.arguments),
-        )
-      )
-        repeats.push(call);
-    before = m.tool_calls;
+    const mine = m.tool_calls.map(callKey);
+    m.tool_calls.forEach((call, i) => before.has(mine[i]!) && repeats.push(call));
+    before = new Set(mine);
   }
   return repeats;
 }

@@ -5,12 +5,12 @@
 // properties it checks: refusals match REFUSAL_PATTERN, format breakages fail a parse or schema check,
 // padding adds no digits, and so on. What they write comes from templates (templates.ts: prefab's fit any
 // agent; a config can give its own), and which tools a call may name from the session's own tools.
-import { sha256Bytes, uint32LE } from '../pipeline/hash.ts';
+import { canonicalJson, sha256Bytes, uint32LE } from '../pipeline/hash.ts';
 import { int, pick, sample, sfc32, type Random } from '../core/random.ts';
 import { NEGATIVE_TYPES, pairId, type Message, type NegativeType, type Pair, type ToolCall } from '../core/records.ts';
 import { StoredMessages, type StoredSession } from '../store/messages.ts';
 import type { NegativeTemplates } from './templates.ts';
-import { sameArguments } from '../judges/tool-calls.ts';
+import { parseArguments } from '../judges/tool-calls.ts';
 
 export interface HardNegativeOptions {
   /** Per type, the share of eligible chosen sessions that get a negative of that type (0..1). */
@@ -224,8 +224,8 @@ function isRetry(before: string, after: string): boolean {
   const b = parseArguments(after);
   if (!isObject(a) || !isObject(b)) return false;
   const keys = new Set([...Object.keys(a), ...Object.keys(b)]);
-  const kept = [...keys].filter((k) => k in a && k in b && sameArguments(JSON.stringify(a[k]), JSON.stringify(b[k])));
-  return kept.length > keys.size / 2 && kept.length < keys.size;
+  const kept = [...keys].filter((k) => k in a && k in b && canonicalJson(a[k]) === canonicalJson(b[k]));
+  return kept.length > Object.keys(a).length / 2 && kept.length < keys.size;
 }
 
 // ---- hallucination: one identifier in one tool call's arguments, redrawn with the same shape -------------
@@ -556,15 +556,6 @@ function withToolCall(message: Message, index: number, change: (call: ToolCall) 
 /** Index of the last assistant turn whose text has at least `minLength` characters, or -1. */
 function lastTextTurn(messages: StoredMessages, minLength: number): number {
   return messages.indicesOf('assistant').findLast((i) => (messages.at(i).content?.length ?? 0) >= minLength) ?? -1;
-}
-
-/** The parsed arguments, or undefined when they are not JSON (which JSON itself can never produce). */
-function parseArguments(raw: string): unknown {
-  try {
-    return JSON.parse(raw) as unknown;
-  } catch {
-    return undefined;
-  }
 }
 
 function isObject(value: unknown): value is Record<string, unknown> {

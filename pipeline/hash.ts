@@ -31,7 +31,7 @@ export function sha256(data: string | Uint8Array): string {
 }
 
 /** JSON with object keys sorted at every depth, so equal values always hash equally. */
-function canonicalJson(value: unknown): string {
+export function canonicalJson(value: unknown): string {
   return JSON.stringify(sortKeys(value));
 }
 

@@ -1,11 +1,11 @@
 // DAPO's settings, as a schema only: the dapo stage's config and a refresh night's `refresh.dapo` are checked
 // without loading the trainer, the decoder or TensorFlow.js.
 import { z } from 'zod';
+import { DEFAULT_WORLD } from '../env/world.ts';
 
 /** A task's difficulty bound, in the simulator's tasks of 1 to 5 departments to call: at most this many (null: any). */
 export const maxCalls = (description: string) =>
   z.number().int().min(1).max(5).nullable().default(null).describe(description);
-import { DEFAULT_WORLD } from '../env/world.ts';
 
 /** DAPO's knobs: the dapo stage's config, and a refresh night's `refresh.dapo`, beside their `enabled`. */
 export const dapoKnobs = {

@@ -258,7 +258,7 @@ describe('training stages (tiny model)', () => {
     expect(seeded.stderr).not.toMatch(/"event":"reference log-probabilities from the cache"/);
   });
 
-  it('trains on the pair kinds dpo.pair_kinds names, and says so when there are none', async () => {
+  it('trains on the pair kinds dpo.pair_kinds names, says so when there are none, and refuses a kind that does not exist', async () => {
     const r = withDpo('loss: dpo\nmax_steps: 2\npair_kinds: [outcome, hard_negative/format]', 'run');
     expect(r.code, r.stderr).toBe(0);
     const db = await DuckDBInstance.create(':memory:');
@@ -272,9 +272,14 @@ describe('training stages (tiny model)', () => {
     c.closeSync();
     const counts = JSON.parse(readFileSync(join(workdir, 'dpo', 'manifest.json'), 'utf8')).counts;
     expect(counts.examples + counts.too_long).toBe(Math.min(row!.n as number, 48)); // the tiny config's max_examples
-    const none = withDpo('loss: dpo\nmax_steps: 2\npair_kinds: [hard_negative/nothing]', 'run');
+    // A kind the data has none of (the tiny run imports no pairs) stops the stage saying so; a misspelt one is
+    // refused with the config.
+    const none = withDpo('loss: dpo\nmax_steps: 2\npair_kinds: [imported]', 'run');
     expect(none.code).not.toBe(0);
-    expect(none.stderr).toMatch(/no pair of the kinds hard_negative\/nothing \(dpo\.pair_kinds\)/);
+    expect(none.stderr).toMatch(/no pair of the kinds imported \(dpo\.pair_kinds\)/);
+    const misspelt = withDpo('loss: dpo\npair_kinds: [hard_negative/nothing]', 'status');
+    expect(misspelt.code).toBe(2);
+    expect(misspelt.stderr).toMatch(/dpo\.pair_kinds/);
   });
 
   it('refuses a label smoothing of 0.5 or more, where the robust loss divides by zero', () => {
