@@ -17,7 +17,7 @@ import { Command } from 'commander';
 import { parse, stringify } from 'yaml';
 import { ScriptedAgent } from '../env/agents.ts';
 import { figuresOf, validationEpisodes } from '../env/evaluate.ts';
-import { DEFAULT_WORLD, generateTask, generateWorld } from '../env/world.ts';
+import { DEFAULT_WORLD, findTask, generateWorld } from '../env/world.ts';
 
 const cli = new Command()
   .option('--tasks <n>', 'simulated training tasks', '5000')
@@ -147,19 +147,16 @@ function printTable(): void {
 async function printAgents(): Promise<void> {
   const sim = parse(readFileSync(join(REPO, 'configs', 'recipe.yaml'), 'utf8')).eval.simulator;
   const world = generateWorld({ ...DEFAULT_WORLD });
-  const tasks = new Map(
-    Array.from({ length: 20 * sim.tasks }, (_, i) => generateTask(world, 'val', i)).map((t) => [t.task_id, t]),
-  );
   const options = { worldSeed: 1, companies: 100, tasks: sim.tasks, k: sim.k, maxTurns: 12, maxCalls: sim.max_calls };
   console.log('| agent | first-try success | one call | two calls |');
   console.log('|---|---|---|---|');
   for (const name of ['oracle', 'prior', 'noisy'] as const) {
     const episodes = await validationEpisodes(
-      (id, trial) => new ScriptedAgent(name, world, tasks.get(id)!, `agents:${id}:${trial}`),
+      (id, trial) => new ScriptedAgent(name, world, findTask(world, id), `agents:${id}:${trial}`),
       options,
     );
     const success = (calls: number | null) => {
-      const some = episodes.filter((e) => calls === null || tasks.get(e.task)!.calls.length === calls);
+      const some = episodes.filter((e) => calls === null || findTask(world, e.task).calls.length === calls);
       return `${figuresOf(some, sim.k)[`success/mean@${sim.k}`]!.toFixed(3)} (${some.length / sim.k} tasks)`;
     };
     console.log(`| ${name} | ${success(null)} | ${success(1)} | ${success(2)} |`);
