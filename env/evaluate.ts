@@ -2,7 +2,6 @@
 // mean@k and pass@k, reward and turns, and two signs of what a policy that does not succeed yet has learnt:
 // calls the environment accepts, and episodes that looked up the right company.
 import type { Policy } from '../core/records.ts';
-import { seeded } from '../core/random.ts';
 import { settled } from '../core/settled.ts';
 import { runEpisode } from './rollout.ts';
 import { DEFAULT_WORLD, SENSITIVE, generateWorld, taskPool, type Field } from './world.ts';
@@ -99,93 +98,4 @@ export function figuresOf(records: EpisodeRecord[], k: number): Figures {
     'calls/well_formed': calls ? records.reduce((n, r) => n + r.calls_ok, 0) / calls : null,
     company_found: mean(records.map((r) => r.company_found)),
   };
-}
-
-/** P(X ≥ k) for X ~ Binomial(n, ½): the one-sided sign test's p-value for k of n discordant twins favouring the candidate. */
-export function signTestP(k: number, n: number): number {
-  if (n === 0) return 1;
-  let p = 0;
-  let term = 0.5 ** n; // C(n, 0) / 2ⁿ
-  for (let i = 0; i <= n; i++) {
-    if (i >= k) p += term;
-    term = (term * (n - i)) / (i + 1);
-  }
-  return Math.min(1, p);
-}
-
-/** Quantile q of sorted values (nearest rank). */
-const quantile = (sorted: number[], q: number) =>
-  sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))]!;
-
-/** The mean success difference (candidate − baseline) under resampling of tasks with their trials: its (alpha, 1 − alpha) quantiles. */
-function bootstrapInterval(
-  baseline: EpisodeRecord[],
-  candidate: EpisodeRecord[],
-  samples: number,
-  alpha: number,
-  seed: string,
-): [number, number] {
-  const tasks = [...new Set(baseline.map((r) => r.task))];
-  const diffOf = new Map(tasks.map((t) => [t, [] as number[]]));
-  baseline.forEach((p, i) => diffOf.get(p.task)!.push(candidate[i]!.success - p.success));
-  const rand = seeded(seed, 'bootstrap');
-  const means: number[] = [];
-  for (let s = 0; s < samples; s++) {
-    const drawn: number[] = [];
-    for (let i = 0; i < tasks.length; i++) drawn.push(...diffOf.get(tasks[Math.floor(rand() * tasks.length)]!)!);
-    means.push(mean(drawn) ?? 0);
-  }
-  means.sort((a, b) => a - b);
-  return [quantile(means, alpha), quantile(means, 1 - alpha)];
-}
-
-/** Success of two policies on twin episodes (the same task, try and sampler seed at each index). */
-export interface PairedSuccess {
-  baseline: number;
-  candidate: number;
-  difference: number;
-  /** The bootstrap's (alpha, 1 − alpha) quantiles of the difference, resampling tasks. */
-  interval: [number, number];
-  alpha: number;
-  /** Twins the candidate won and lost. */
-  better: number;
-  worse: number;
-  /** The one-sided exact sign test on those twins. */
-  p: number;
-}
-
-/** The candidate's success against the baseline's, twin by twin. */
-export function pairedSuccess(
-  baseline: EpisodeRecord[],
-  candidate: EpisodeRecord[],
-  o: { samples: number; alpha: number; seed: string },
-): PairedSuccess {
-  if (
-    baseline.length !== candidate.length ||
-    baseline.some((p, i) => p.task !== candidate[i]!.task || p.trial !== candidate[i]!.trial)
-  )
-    throw new Error('paired comparison: the two sides did not play the same episodes');
-  const better = baseline.filter((p, i) => candidate[i]!.success > p.success).length;
-  const worse = baseline.filter((p, i) => candidate[i]!.success < p.success).length;
-  const a = mean(baseline.map((r) => r.success)) ?? 0;
-  const b = mean(candidate.map((r) => r.success)) ?? 0;
-  return {
-    baseline: a,
-    candidate: b,
-    difference: b - a,
-    interval: bootstrapInterval(baseline, candidate, o.samples, o.alpha, o.seed),
-    alpha: o.alpha,
-    better,
-    worse,
-    p: signTestP(better, better + worse),
-  };
-}
-
-/** The comparison in a line: `name` against `against` on twin episodes. */
-export function pairedLine(name: string, against: string, p: PairedSuccess): string {
-  const f = (x: number) => (x >= 0 ? '+' : '') + x.toFixed(3);
-  return (
-    `${name} against ${against}, twin episodes: ${f(p.difference)} (${p.better} better, ${p.worse} worse; ` +
-    `one-sided sign test p = ${p.p.toPrecision(2)}; ${Math.round((1 - 2 * p.alpha) * 100)}% bootstrap interval [${f(p.interval[0])}, ${f(p.interval[1])}])`
-  );
 }

@@ -4,7 +4,8 @@
 // discordant twins, or a paired bootstrap by task) and no guard metric worse beyond its tolerance. Pure
 // functions: the refresh (loop/refresh.ts) plays the episodes and records what these decide.
 import { z } from 'zod';
-import { pairedSuccess, type EpisodeRecord, type PairedSuccess } from '../env/evaluate.ts';
+import type { EpisodeRecord } from '../env/evaluate.ts';
+import { pairedSuccess, type PairedSuccess } from '../core/paired-success.ts';
 
 export const gateConfig = z
   .strictObject({

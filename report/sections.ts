@@ -1,6 +1,6 @@
 // The report's sections as HTML: the tables are written here, the plots and the pair browser are places the
 // page's script fills (client/). A section whose files are not in the workspace is left out.
-import { pairedLine } from '../env/evaluate.ts';
+import { pairedLine } from '../core/paired-success.ts';
 import type { Plot } from './data.ts';
 import type { Gathered } from './gather.ts';
 

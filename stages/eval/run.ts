@@ -4,14 +4,8 @@ import { join } from 'node:path';
 import type { Logger } from '../../pipeline/log.ts';
 import { seeded } from '../../core/random.ts';
 import { TOOLS } from '../../env/env.ts';
-import {
-  figuresOf,
-  pairedLine,
-  pairedSuccess,
-  validationEpisodes,
-  type EpisodeRecord,
-  type PairedSuccess,
-} from '../../env/evaluate.ts';
+import { figuresOf, validationEpisodes, type EpisodeRecord } from '../../env/evaluate.ts';
+import { pairedLine, pairedSuccess, type PairedSuccess } from '../../core/paired-success.ts';
 import { pairKind, type Message, type Pair } from '../../core/records.ts';
 import { scorerOn, chosenBackend, withScorer } from '../../train/backend.ts';
 import { openChat, type Chat } from '../../train/chat.ts';

@@ -11,7 +11,7 @@ import { AGENTS, ScriptedAgent } from '../../env/agents.ts';
 import { validationEpisodes, type EpisodeRecord } from '../../env/evaluate.ts';
 import { simulate } from '../../env/simulate.ts';
 import { DEFAULT_WORLD, generateTask, generateWorld } from '../../env/world.ts';
-import { signTestP } from '../../env/evaluate.ts';
+import { signTestP } from '../../core/paired-success.ts';
 import { compare, gateConfig } from '../../loop/paired.ts';
 import { Registry } from '../../loop/registry.ts';
 import { replayBuffer } from '../../loop/refresh.ts';
