@@ -11,7 +11,7 @@
 //     guard regressed; otherwise production stays, and the history and the report say why, with the numbers.
 // The workspace's lock is held throughout: two refreshes (or a refresh and a run) never share a workspace.
 import { existsSync, mkdirSync, readFileSync, readdirSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { join, resolve, sep } from 'node:path';
 import type { Engine, Manifest } from '../pipeline/engine.ts';
 import { PipelineError } from '../pipeline/errors.ts';
 import { hashJson } from '../pipeline/hash.ts';
@@ -193,15 +193,15 @@ interface NightState {
 /** Where the loop keeps its nights: refresh/nights/NNNN/ (state.json, buffer.json, candidate/, eval.json, report.json) and seen-pairs.json. */
 const refreshDir = (engine: Engine) => join(engine.ws.root, 'refresh');
 
-/** The inbox folder, checked to be among ingest's inputs. */
+/** The inbox folder, checked to be read by ingest: one of its inputs, or inside a folder that is (read whole). */
 export function inboxOf(engine: Engine, cfg: RefreshConfig): string {
   const inbox = resolve(engine.configDir, cfg.inbox);
   const inputs = ((engine.config.ingest as { inputs?: string[] } | undefined)?.inputs ?? []).map((i) =>
     resolve(engine.configDir, i),
   );
-  if (!inputs.includes(inbox))
+  if (!inputs.some((i) => inbox === i || inbox.startsWith(i + sep)))
     throw new PipelineError(
-      `refresh.inbox ${inbox} is not among ingest.inputs (${inputs.join(', ') || 'none'}): the night would not read its sessions. Pass the loop's config (--config configs/refresh.yaml), or add the inbox to ingest.inputs in yours.`,
+      `refresh.inbox ${inbox} is not among ingest.inputs nor inside one of them (${inputs.join(', ') || 'none'}): the night would not read its sessions. Pass the loop's config (--config configs/refresh.yaml), or add the inbox to ingest.inputs in yours.`,
     );
   return inbox;
 }

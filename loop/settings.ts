@@ -12,7 +12,7 @@ export const refreshConfig = z
       .string()
       .default('../inbox')
       .describe(
-        'The folder new sessions land in, relative to this file; it must be one of ingest.inputs. `refresh --days` writes its simulated days there.',
+        'The folder new sessions land in, relative to this file; it must be one of ingest.inputs or inside one of their folders. `refresh --days` writes its simulated days there.',
       ),
     seed: z
       .string()

@@ -39,6 +39,14 @@ beforeAll(() => {
   config.sft = { ...config.sft, model: { layers: 1, hidden_size: 32, heads: 2, context: 640 }, max_steps: 4 };
   config.dpo = { ...config.dpo, max_examples: 32, max_steps: 2 };
   config.eval = { max_pairs: 12, max_sessions: 6, simulator: { ...config.eval.simulator, tasks: 3, max_tokens: 16 } };
+  // The loop's inbox inside the data folder, as the recipe has it (ingest reads the folder whole).
+  config.refresh = {
+    ...config.refresh,
+    inbox: join(dir, 'data', 'inbox'),
+    dpo: { ...config.refresh.dpo, max_steps: 2 },
+    eval: { ...config.refresh.eval, tasks: 2, max_tokens: 16 },
+    days: { ...config.refresh.days, tasks: 2, trials: 2 },
+  };
   writeFileSync(join(dir, 'recipe.yaml'), stringify(config));
   const r = prefab(['--workdir', workdir, '--config', join(dir, 'recipe.yaml'), '--log-format', 'json', 'run']);
   expect(r.code, r.stderr).toBe(0);
@@ -74,4 +82,26 @@ describe('configs/recipe.yaml', () => {
     const dpo = JSON.parse(readFileSync(join(workdir, 'dpo', 'manifest.json'), 'utf8')).counts;
     expect(dpo.examples).toBeGreaterThan(0);
   });
+
+  it("runs a day of the online loop from the recipe's model: production's sessions land in the inbox inside the data folder and the night decides on them", () => {
+    const r = prefab([
+      '--workdir',
+      workdir,
+      '--config',
+      join(dir, 'recipe.yaml'),
+      '--log-format',
+      'json',
+      'refresh',
+      '--days',
+      '1',
+    ]);
+    expect(r.code, r.stderr).toBe(0);
+    const day = readFileSync(join(dir, 'data', 'inbox', 'day-0001.jsonl'), 'utf8')
+      .trim()
+      .split('\n');
+    expect(day).toHaveLength(4);
+    const night = JSON.parse(readFileSync(join(workdir, 'refresh', 'nights', '0001', 'report.json'), 'utf8'));
+    expect(night.data.new_sessions).toBe(4);
+    expect(['promoted', 'rejected', 'nothing to train on']).toContain(night.decision);
+  }, 600_000);
 });
