@@ -344,7 +344,8 @@ export interface Task {
 
 const taskId = (seed: number, split: string, index: number) => `cs-${seed}-${split}-${String(index).padStart(5, '0')}`;
 
-function parseTaskId(id: string): { seed: number; split: 'train' | 'val'; index: number } | null {
+/** A task id's seed, split and index; null for an id the simulator did not make. */
+export function parseTaskId(id: string): { seed: number; split: 'train' | 'val'; index: number } | null {
   const m = /^cs-(\d+)-(train|val)-(\d+)$/.exec(id);
   return m ? { seed: Number(m[1]), split: m[2] as 'train' | 'val', index: Number(m[3]) } : null;
 }

@@ -3,12 +3,13 @@
 // path), the sessions land in the inbox tagged with the version that acted, and the night refreshes
 // (loop/refresh.ts). A row a day: production, its success on the day's traffic, the candidate's paired
 // evaluation against it with the interval, and the decision.
-import { createWriteStream, existsSync, mkdirSync, readdirSync, renameSync } from 'node:fs';
+import { createWriteStream, existsSync, mkdirSync, readFileSync, readdirSync, renameSync } from 'node:fs';
 import { once } from 'node:events';
 import { join } from 'node:path';
 import type { Engine } from '../pipeline/engine.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { simulate } from '../env/simulate.ts';
+import { parseTaskId } from '../env/world.ts';
 import { Registry } from './registry.ts';
 import { inboxOf, liveFigures, refreshNight, unfinishedNight, type Live, type NightReport } from './refresh.ts';
 import { SERVE_DEFAULTS, type RefreshConfig } from './settings.ts';
@@ -24,6 +25,25 @@ export interface Day {
 }
 
 const DAY_FILE = /^day-(\d{4})\.jsonl$/;
+const dayFile = (inbox: string, day: number) => join(inbox, `day-${String(day).padStart(4, '0')}.jsonl`);
+
+/**
+ * Day `day`'s first training task: `days.first_task` + the tasks of the days before, or past the last task of
+ * the day before when that reached further. A run with fewer `days.tasks` than the last one's would otherwise
+ * play tasks an earlier day played, and their sessions, the same conversations again, are dropped as duplicates.
+ */
+function firstTaskOf(inbox: string, day: number, d: RefreshConfig['days']): number {
+  const planned = d.first_task + (day - 1) * d.tasks;
+  const previous = dayFile(inbox, day - 1);
+  if (day === 1 || !existsSync(previous)) return planned;
+  let last = -1;
+  for (const line of readFileSync(previous, 'utf8').split('\n')) {
+    if (!line) continue;
+    const task = parseTaskId((JSON.parse(line) as { task_id?: string }).task_id ?? '');
+    if (task) last = Math.max(last, task.index);
+  }
+  return Math.max(planned, last + 1);
+}
 
 /** The day `n` days after `start` (YYYY-MM-DD). */
 const dateOf = (start: string, n: number) =>
@@ -41,7 +61,7 @@ async function collectDay(
   const settings = { ...SERVE_DEFAULTS, port: 0, apiKey: null, split: null, maxQueue: 1024, gpu: backend.gpu };
   const catalog = loadCatalog(registry, ['production'], settings);
   const server = await startServer(catalog, settings, log);
-  const file = join(inbox, `day-${String(day).padStart(4, '0')}.jsonl`);
+  const file = dayFile(inbox, day);
   const tmp = `${file}.tmp`;
   try {
     const out = createWriteStream(tmp);
@@ -63,7 +83,7 @@ async function collectDay(
       split: 'train',
       seed: cfg.eval.world_seed,
       companies: cfg.eval.companies,
-      offset: d.first_task + (day - 1) * d.tasks,
+      offset: firstTaskOf(inbox, day, d),
       date: dateOf(d.start, day - 1),
     });
     for await (const s of sessions) {

@@ -24,16 +24,43 @@ function withValues(args: string[], values: Record<string, string>): string[] {
   return args.map((a, i) => (i > 0 && args[i - 1]! in values ? values[args[i - 1]!]! : a));
 }
 
+/** One simulated day of the recipe's loop with `configFile`: the night's report (day `day`). */
+function refreshDay(configFile: string, day: number, ...options: string[]) {
+  const r = prefab([
+    '--workdir',
+    workdir,
+    '--config',
+    configFile,
+    ...options,
+    '--log-format',
+    'json',
+    'refresh',
+    '--days',
+    '1',
+  ]);
+  expect(r.code, r.stderr).toBe(0);
+  const night = String(day).padStart(4, '0');
+  return JSON.parse(readFileSync(join(workdir, 'refresh', 'nights', night, 'report.json'), 'utf8'));
+}
+
+/** The task of each session day `day` brought to the inbox. */
+const dayTasks = (day: number): string[] =>
+  readFileSync(join(dir, 'data', 'inbox', `day-${String(day).padStart(4, '0')}.jsonl`), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l).task_id as string);
+
 let dir: string;
 let workdir: string;
 let simulated: string[];
+let config: Record<string, any>;
 beforeAll(() => {
   dir = tempDir();
   workdir = join(dir, 'workspace');
   simulated = dataCommand();
   const made = prefab(withValues(simulated, { '--tasks': '60', '--out': join(dir, 'data', 'sessions.jsonl.gz') }));
   expect(made.code, made.stderr).toBe(0);
-  const config = parse(readFileSync(RECIPE, 'utf8'));
+  config = parse(readFileSync(RECIPE, 'utf8'));
   config.ingest.inputs = [join(dir, 'data')];
   config.tokenizer.vocab_size = 512;
   config.sft = { ...config.sft, model: { layers: 1, hidden_size: 32, heads: 2, context: 640 }, max_steps: 4 };
@@ -84,24 +111,24 @@ describe('configs/recipe.yaml', () => {
   });
 
   it("runs a day of the online loop from the recipe's model: production's sessions land in the inbox inside the data folder and the night decides on them", () => {
-    const r = prefab([
-      '--workdir',
-      workdir,
-      '--config',
-      join(dir, 'recipe.yaml'),
-      '--log-format',
-      'json',
-      'refresh',
-      '--days',
-      '1',
-    ]);
-    expect(r.code, r.stderr).toBe(0);
-    const day = readFileSync(join(dir, 'data', 'inbox', 'day-0001.jsonl'), 'utf8')
-      .trim()
-      .split('\n');
-    expect(day).toHaveLength(4);
-    const night = JSON.parse(readFileSync(join(workdir, 'refresh', 'nights', '0001', 'report.json'), 'utf8'));
+    const night = refreshDay(join(dir, 'recipe.yaml'), 1);
+    expect(dayTasks(1)).toHaveLength(4);
     expect(night.data.new_sessions).toBe(4);
     expect(['promoted', 'rejected', 'nothing to train on']).toContain(night.decision);
+  }, 600_000);
+
+  it("brings each day new tasks, past the last day's, when days.tasks changes between runs", () => {
+    const fewer = join(dir, 'recipe-fewer.yaml');
+    writeFileSync(
+      fewer,
+      stringify({ ...config, refresh: { ...config.refresh, days: { ...config.refresh.days, tasks: 1 } } }),
+    );
+    const night = refreshDay(fewer, 2, '--switch-config');
+    const [first, second] = [new Set(dayTasks(1)), new Set(dayTasks(2))];
+    expect(first.size).toBe(2);
+    expect(second.size).toBe(1);
+    // Day 1 played tasks first_task and first_task + 1; at one task a day, day 2 would be first_task + 1 again.
+    expect([...second].filter((t) => first.has(t))).toEqual([]);
+    expect(night.data.new_sessions).toBe(2);
   }, 600_000);
 });
