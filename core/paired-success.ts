@@ -3,7 +3,6 @@
 // apart from env/evaluate.ts so that the report can print a comparison without loading the simulator.
 import { seeded } from './random.ts';
 
-/** Mean of the values; 0 for none. */
 /** An episode as the comparison sees it: which task and try, and whether it succeeded (1 or 0). */
 export interface Twin {
   task: string;
@@ -11,6 +10,7 @@ export interface Twin {
   success: number;
 }
 
+/** Mean of the values; 0 for none. */
 const mean = (xs: number[]) => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : 0);
 
 /** P(X ≥ k) for X ~ Binomial(n, ½): the one-sided sign test's p-value for k of n discordant twins favouring the candidate. */

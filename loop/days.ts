@@ -7,6 +7,7 @@ import { createWriteStream, existsSync, mkdirSync, readFileSync, readdirSync, re
 import { once } from 'node:events';
 import { join } from 'node:path';
 import type { Engine } from '../pipeline/engine.ts';
+import { PipelineError } from '../pipeline/errors.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { simulate } from '../env/simulate.ts';
 import { parseTaskId } from '../env/world.ts';
@@ -28,19 +29,31 @@ const DAY_FILE = /^day-(\d{4})\.jsonl$/;
 const dayFile = (inbox: string, day: number) => join(inbox, `day-${String(day).padStart(4, '0')}.jsonl`);
 
 /**
- * Day `day`'s first training task: `days.first_task` + the tasks of the days before, or past the last task of
- * the day before when that reached further. A run with fewer `days.tasks` than the last one's would otherwise
- * play tasks an earlier day played, and their sessions, the same conversations again, are dropped as duplicates.
+ * Day `day`'s first training task: `days.first_task` + the tasks of the days before, or past the last task the
+ * inbox's days played in this world when that reached further. A run with fewer `days.tasks` than the last
+ * one's would otherwise play earlier days' tasks again, whose sessions (the same ids while production is the
+ * same) ingest drops as duplicates.
  */
-function firstTaskOf(inbox: string, day: number, d: RefreshConfig['days']): number {
-  const planned = d.first_task + (day - 1) * d.tasks;
-  const previous = dayFile(inbox, day - 1);
-  if (day === 1 || !existsSync(previous)) return planned;
+function firstTaskOf(inbox: string, day: number, cfg: RefreshConfig): number {
+  const planned = cfg.days.first_task + (day - 1) * cfg.days.tasks;
   let last = -1;
-  for (const line of readFileSync(previous, 'utf8').split('\n')) {
-    if (!line) continue;
-    const task = parseTaskId((JSON.parse(line) as { task_id?: string }).task_id ?? '');
-    if (task) last = Math.max(last, task.index);
+  for (const name of readdirSync(inbox).filter((f) => DAY_FILE.test(f))) {
+    const file = join(inbox, name);
+    readFileSync(file, 'utf8')
+      .split('\n')
+      .forEach((line, i) => {
+        if (!line) return;
+        let id: unknown;
+        try {
+          id = (JSON.parse(line) as { task_id?: unknown }).task_id;
+        } catch {
+          throw new PipelineError(
+            `${file}, line ${i + 1}: not JSON; a day's file holds a session a line (move it out of the inbox)`,
+          );
+        }
+        const task = typeof id === 'string' ? parseTaskId(id) : null;
+        if (task && task.split === 'train' && task.seed === cfg.eval.world_seed) last = Math.max(last, task.index);
+      });
   }
   return Math.max(planned, last + 1);
 }
@@ -83,7 +96,7 @@ async function collectDay(
       split: 'train',
       seed: cfg.eval.world_seed,
       companies: cfg.eval.companies,
-      offset: firstTaskOf(inbox, day, d),
+      offset: firstTaskOf(inbox, day, cfg),
       date: dateOf(d.start, day - 1),
     });
     for await (const s of sessions) {

@@ -201,7 +201,7 @@ export function inboxOf(engine: Engine, cfg: RefreshConfig): string {
   );
   if (!inputs.some((i) => inbox === i || inbox.startsWith(i + sep)))
     throw new PipelineError(
-      `refresh.inbox ${inbox} is not among ingest.inputs nor inside one of them (${inputs.join(', ') || 'none'}): the night would not read its sessions. Pass the loop's config (--config configs/refresh.yaml), or add the inbox to ingest.inputs in yours.`,
+      `refresh.inbox ${inbox} is not among ingest.inputs nor inside a folder among them (${inputs.join(', ') || 'none'}; a pattern does not count): the night would not read its sessions. Pass the loop's config (--config configs/refresh.yaml), or add the inbox to ingest.inputs in yours.`,
     );
   return inbox;
 }
