@@ -127,6 +127,12 @@ export interface Pair<Turns = Message[]> {
 export const pairKind = (p: Pick<Pair, 'source' | 'negative_type'>): string =>
   p.negative_type ? `${p.source}/${p.negative_type}` : p.source;
 
+/** Every kind a pair can have: each source, and each hard negative's type (what dpo.pair_kinds may name). */
+export const PAIR_KINDS = [
+  ...PAIR_SOURCES,
+  ...NEGATIVE_TYPES.map((t) => pairKind({ source: 'hard_negative', negative_type: t })),
+] as [string, ...string[]];
+
 /**
  * A pair's stable id: the same sides made the same way get the same id on every run. It is hashJson of
  * { source, chosen, rejected, extra }, its canonical JSON (keys in order) written out: pairs are made by the

@@ -7,7 +7,6 @@ import { createWriteStream, existsSync, mkdirSync, readFileSync, readdirSync, re
 import { once } from 'node:events';
 import { join } from 'node:path';
 import type { Engine } from '../pipeline/engine.ts';
-import { PipelineError } from '../pipeline/errors.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { simulate } from '../env/simulate.ts';
 import { parseTaskId } from '../env/world.ts';
@@ -35,27 +34,13 @@ const dayFile = (inbox: string, day: number) => join(inbox, `day-${String(day).p
  * same) ingest drops as duplicates.
  */
 function firstTaskOf(inbox: string, day: number, cfg: RefreshConfig): number {
-  const planned = cfg.days.first_task + (day - 1) * cfg.days.tasks;
   let last = -1;
-  for (const name of readdirSync(inbox).filter((f) => DAY_FILE.test(f))) {
-    const file = join(inbox, name);
-    readFileSync(file, 'utf8')
-      .split('\n')
-      .forEach((line, i) => {
-        if (!line) return;
-        let id: unknown;
-        try {
-          id = (JSON.parse(line) as { task_id?: unknown }).task_id;
-        } catch {
-          throw new PipelineError(
-            `${file}, line ${i + 1}: not JSON; a day's file holds a session a line (move it out of the inbox)`,
-          );
-        }
-        const task = typeof id === 'string' ? parseTaskId(id) : null;
-        if (task && task.split === 'train' && task.seed === cfg.eval.world_seed) last = Math.max(last, task.index);
-      });
-  }
-  return Math.max(planned, last + 1);
+  for (const name of readdirSync(inbox).filter((f) => DAY_FILE.test(f)))
+    for (const [, id] of readFileSync(join(inbox, name), 'utf8').matchAll(/"task_id":"([^"]+)"/g)) {
+      const task = parseTaskId(id!);
+      if (task?.split === 'train' && task.seed === cfg.eval.world_seed) last = Math.max(last, task.index);
+    }
+  return Math.max(cfg.days.first_task + (day - 1) * cfg.days.tasks, last + 1);
 }
 
 /** The day `n` days after `start` (YYYY-MM-DD). */

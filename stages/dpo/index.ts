@@ -3,10 +3,7 @@
 // point and, for the losses that need one, the frozen reference, whose log-probabilities are cached here.
 import { z } from 'zod';
 import { defineStage } from '../../pipeline/stage.ts';
-import { NEGATIVE_TYPES, PAIR_SOURCES } from '../../core/records.ts';
-
-/** What dpo.pair_kinds may name: a source, or a hard negative's source and type as eval's breakdown names them. */
-const PAIR_KINDS = [...PAIR_SOURCES, ...NEGATIVE_TYPES.map((t) => `hard_negative/${t}`)] as [string, ...string[]];
+import { PAIR_KINDS } from '../../core/records.ts';
 import { LOSS_NAMES, loraSettings, trainingConfig } from '../../train/settings.ts';
 
 const config = z.strictObject({
