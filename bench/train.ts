@@ -3,10 +3,12 @@
 // tied embeddings, batch 8, AdamW. Three contenders in one run, each on the same shape and batch:
 //   - TensorFlow.js on `--backend` (wasm by default), with its plain 2048×256·256×1024 matMul's GFLOP/s (the
 //     ceiling that backend can reach) and, unless --no-naive, the same model written the obvious way in tfjs;
-//   - the CPU path (train/ort/: the model held as arrays, its products in ONNX Runtime on every core);
+//   - the CPU path (train/ort/: the model held as arrays), with its C kernels and OpenBLAS where they are here
+//     (train/ort/native.ts), and in ONNX Runtime alone, both on every core;
 //   - PyTorch on the CPU (bench/peers/llama_cpu.py, the same model and optimizer in plain PyTorch) at 1 thread
-//     and at every core's, where a python3 with torch is found (--python, else python3, else /usr/bin/python3):
-//     the peer is the faster of the two.
+//     and at every core's, each with OpenBLAS's threads spinning between calls (its default) and sleeping soon
+//     (as the C kernels set it), where a python3 with torch is found (--python, else python3, else
+//     /usr/bin/python3): the peer is the fastest of the four.
 // Usage: npm run bench:train [-- --backend wasm --steps 6 --kv-heads 2 --no-naive --python /usr/bin/python3]
 import { spawnSync } from 'node:child_process';
 import { availableParallelism } from 'node:os';
@@ -18,6 +20,7 @@ import { Llama, initialWeights } from '../train/model.ts';
 import { ADAMW_DEFAULTS, AdamW } from '../train/optimizer.ts';
 import { CpuAdamW } from '../train/ort/adamw.ts';
 import { OrtLlama } from '../train/ort/llama.ts';
+import { nativeStatus } from '../train/ort/native.ts';
 import { OrtRuntime } from '../train/ort/onnx.ts';
 import { optimizerStep, sftStep } from '../train/step.ts';
 import { seeded } from '../core/random.ts';
@@ -154,12 +157,16 @@ function naiveTokensPerSecond(): number {
   return (b * T) / ((performance.now() - t0) / 1000);
 }
 
-/** The CPU path's tokens/s on the same shape: SFT steps of the held model with AdamW, after one untimed. */
-async function ortTokensPerSecond(): Promise<{ tokens: number; threads: number } | string> {
-  const ort = await OrtRuntime.open().catch((error: Error) => error.message);
+/**
+ * The CPU path's tokens/s on the same shape: SFT steps of the held model with AdamW, after one untimed; with the
+ * C kernels (where they are here) or in ONNX Runtime alone.
+ */
+async function ortTokensPerSecond(native: boolean): Promise<{ tokens: number; threads: number } | string> {
+  const ort = await OrtRuntime.open(undefined, { native }).catch((error: Error) => error.message);
   if (typeof ort === 'string') return ort;
+  if (native && !ort.native) return `no C kernels: ${nativeStatus().why}`;
   const held = new OrtLlama(config, initialWeights(config, 'bench'), ort);
-  const adamw = new CpuAdamW(ADAMW_DEFAULTS);
+  const adamw = new CpuAdamW(ADAMW_DEFAULTS, ort.native);
   const mask = new Float32Array(B * T).fill(1);
   const heldStep = async () => {
     const { ids, targets } = batch();
@@ -175,14 +182,18 @@ async function ortTokensPerSecond(): Promise<{ tokens: number; threads: number }
   return { tokens, threads: ort.threads };
 }
 
-/** PyTorch's tokens/s at `threads` threads on the same shape, or why there is none. */
-function pytorch(threads: number): { tokens: number; version: string } | string {
+/**
+ * PyTorch's tokens/s at `threads` threads on the same shape, or why there is none; `quiet`: OpenBLAS's threads
+ * sleep soon after each call (OPENBLAS_THREAD_TIMEOUT=4, as the C kernels set it) instead of spinning.
+ */
+function pytorch(threads: number, quiet: boolean): { tokens: number; version: string } | string {
   const candidates = opts.python ? [opts.python] : ['python3', '/usr/bin/python3'];
   const python = candidates.find((p) => spawnSync(p, ['-c', 'import torch']).status === 0);
   if (!python) return `no python3 with torch (tried ${candidates.join(', ')})`;
   const shape = JSON.stringify({ ...config, length: T });
   const script = new URL('./peers/llama_cpu.py', import.meta.url).pathname;
-  const r = spawnSync(python, [script, shape, String(B), opts.steps, String(threads)], { encoding: 'utf8' });
+  const env = { ...process.env, ...(quiet ? { OPENBLAS_THREAD_TIMEOUT: '4' } : {}) };
+  const r = spawnSync(python, [script, shape, String(B), opts.steps, String(threads)], { encoding: 'utf8', env });
   if (r.status !== 0) return r.stderr.trim().split('\n').at(-1) ?? `exit ${r.status}`;
   const out = JSON.parse(r.stdout.trim().split('\n').at(-1)!) as { tokens_per_s: number; version: string };
   return { tokens: out.tokens_per_s, version: out.version };
@@ -221,10 +232,13 @@ if (opts.naive) {
 }
 console.log(`tensors leaked   ${tf.memory().numTensors - tensorsBefore} over ${steps} steps`);
 
-const held = await ortTokensPerSecond();
+const held = await ortTokensPerSecond(true);
+const graphs = await ortTokensPerSecond(false);
 const cores = availableParallelism();
-const torch = [...new Set([1, cores])].map((threads) => ({ threads, result: pytorch(threads) }));
-const measured = torch.flatMap((t) => (typeof t.result === 'string' ? [] : [{ ...t.result, threads: t.threads }]));
+const torch = [...new Set([1, cores])].flatMap((threads) =>
+  [false, true].map((quiet) => ({ threads, quiet, result: pytorch(threads, quiet) })),
+);
+const measured = torch.flatMap((t) => (typeof t.result === 'string' ? [] : [{ ...t.result, ...t }]));
 const peer = measured.length ? measured.reduce((a, b) => (b.tokens > a.tokens ? b : a)) : null;
 const ratio = (tokens: number) => (peer ? `${(tokens / peer.tokens).toFixed(2)}×` : '—');
 const gf = (tokens: number) => ((tokens * flopsPerToken) / 1e9).toFixed(1);
@@ -232,14 +246,20 @@ console.log('\n| on the CPU | tokens/s | GFLOP/s | against PyTorch |\n|---|---|-
 console.log(
   `| prefab, TensorFlow.js on ${backend.name} | ${tokensPerSecond.toFixed(0)} | ${gf(tokensPerSecond)} | ${ratio(tokensPerSecond)} |`,
 );
-if (typeof held === 'string') console.log(`| prefab, the CPU path (onnxruntime) | ${held} | | |`);
-else
+for (const [what, r] of [
+  ['the CPU path (ONNX Runtime alone', graphs],
+  ['the CPU path (C kernels with OpenBLAS', held],
+] as const)
   console.log(
-    `| prefab, the CPU path (onnxruntime, ${held.threads} threads) | ${held.tokens.toFixed(0)} | ${gf(held.tokens)} | ${ratio(held.tokens)} |`,
+    typeof r === 'string'
+      ? `| prefab, ${what}) | ${r} | | |`
+      : `| prefab, ${what}, ${r.threads} threads) | ${r.tokens.toFixed(0)} | ${gf(r.tokens)} | ${ratio(r.tokens)} |`,
   );
-for (const t of torch)
+for (const t of torch) {
+  const label = `${t.threads} thread${t.threads > 1 ? 's' : ''}${t.quiet ? ', OPENBLAS_THREAD_TIMEOUT=4' : ''}`;
   console.log(
     typeof t.result === 'string'
-      ? `| PyTorch, ${t.threads} thread${t.threads > 1 ? 's' : ''} | ${t.result} | | |`
-      : `| PyTorch ${t.result.version}, ${t.threads} thread${t.threads > 1 ? 's' : ''}${peer?.threads === t.threads ? ' (the peer)' : ''} | ${t.result.tokens.toFixed(0)} | ${gf(t.result.tokens)} | ${ratio(t.result.tokens)} |`,
+      ? `| PyTorch, ${label} | ${t.result} | | |`
+      : `| PyTorch ${t.result.version}, ${label}${peer?.threads === t.threads && peer.quiet === t.quiet ? ' (the peer)' : ''} | ${t.result.tokens.toFixed(0)} | ${gf(t.result.tokens)} | ${ratio(t.result.tokens)} |`,
   );
+}

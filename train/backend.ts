@@ -110,7 +110,7 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
     (await import('./kernels.ts')).patchWasmSlice();
     current = {
       name: 'wasm',
-      description: `onnxruntime on ${ort.threads} threads for training updates and scoring, wasm for the rest${noGpu ? ` (${noGpu})` : ''}`,
+      description: `onnxruntime on ${ort.threads} threads for training updates and scoring (${await nativeWhy()}), wasm for the rest${noGpu ? ` (${noGpu})` : ''}`,
       ort,
     };
     return current;
@@ -165,6 +165,11 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
 
 /** ONNX Runtime with this machine's cores, or why it does not load. */
 const openOrt = async () => (await import('./ort/onnx.ts')).OrtRuntime.open();
+/** Whether the CPU path's C kernels run beside ONNX Runtime, and why not. */
+const nativeWhy = async () => {
+  const { kernels, why } = (await import('./ort/native.ts')).nativeStatus();
+  return kernels ? `its GEMMs by ${why}, the rest by the C kernels` : `the C kernels: ${why}`;
+};
 
 /**
  * What scores token blocks with `model`'s weights where `backend` trains: the GPU with webgpu, ONNX Runtime

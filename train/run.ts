@@ -407,7 +407,7 @@ async function ortRun(ort: OrtRuntime, model: Llama, optimizer: AdamW): Promise<
   const { OrtLlama } = await import('./ort/llama.ts');
   const { CpuAdamW } = await import('./ort/adamw.ts');
   const onCpu = new OrtLlama(model.config, arrays(model.params), ort, { adapters: adapterWeights(model) });
-  const adamw = new CpuAdamW(optimizer.options);
+  const adamw = new CpuAdamW(optimizer.options, ort.native);
   adamw.step = optimizer.step;
   const [m, v] = [arrays(optimizer.m), arrays(optimizer.v)];
   for (const p of onCpu.parameters()) {

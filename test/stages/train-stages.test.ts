@@ -82,10 +82,11 @@ describe('what a run says on stderr', () => {
     const backends = lines.map((l) => JSON.parse(l) as Record<string, string>).filter((e) => e.event === 'backend');
     // The tiny config leaves DAPO off: that stage passes the model on without a backend.
     expect(backends.map((e) => e.stage)).toEqual(['sft', 'dpo', 'eval']);
-    // ONNX Runtime where its optional package loads (in CI it does), WASM where not; either says why no GPU.
+    // ONNX Runtime where its optional package loads (in CI it does), saying whether its C kernels run beside it;
+    // WASM where not; either says why no GPU.
     for (const e of backends)
       expect(e.backend).toMatch(
-        /^(onnxruntime on \d+ threads for training updates and scoring, wasm for the rest \(|wasm \()(WebGPU|the only adapter|the optional package)/,
+        /^(onnxruntime on \d+ threads for training updates and scoring \((its GEMMs by OpenBLAS|the C kernels: ).*?\), wasm for the rest \(|wasm \()(WebGPU|the only adapter|the optional package)/,
       );
   });
 });

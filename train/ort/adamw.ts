@@ -1,6 +1,7 @@
 // AdamW on the CPU path, element by element as train/optimizer.ts does it (decoupled weight decay as
 // torch.optim.AdamW, bias-corrected moments; matrices decay, vectors do not) and train/webgpu/adamw.ts on the GPU.
 import type { AdamWOptions } from '../optimizer.ts';
+import type { NativeKernels } from './native.ts';
 
 /** A trained weight with its gradient and AdamW's two moments (same length, f32). */
 export interface CpuParameter {
@@ -17,7 +18,11 @@ export class CpuAdamW {
   /** Steps taken: bias correction uses it. */
   step = 0;
 
-  constructor(readonly options: AdamWOptions) {}
+  /** `native`: the C kernels (a runtime's `native`), whose loop does the same arithmetic in doubles; null: this one. */
+  constructor(
+    readonly options: AdamWOptions,
+    private readonly native: NativeKernels | null = null,
+  ) {}
 
   /** One update of every parameter at learning rate `lr`. */
   apply(params: CpuParameter[], lr: number): void {
@@ -27,6 +32,10 @@ export class CpuAdamW {
     const c2 = 1 - beta2 ** this.step;
     for (const { value: p, grad: g, m, v, decays } of params) {
       const decay = decays && weightDecay > 0 ? 1 - lr * weightDecay : 1;
+      if (this.native) {
+        this.native.adamw(p, g, m, v, p.length, lr, beta1, beta2, eps, decay, c1, c2);
+        continue;
+      }
       for (let i = 0; i < p.length; i++) {
         const gi = g[i]!;
         const mi = (m[i] = m[i]! * beta1 + gi * (1 - beta1));

@@ -6,6 +6,7 @@
 // (B, K, G·T, T): this is not FlashAttention, and costs T² memory a head.
 //   forward:  P = softmax(q·kᵀ·scale + causal mask),  out = P·v
 //   backward: dS = P ⊙ (dout·vᵀ − rowsum(dout·vᵀ ⊙ P)) · scale,  dq = dS·k,  dk = dSᵀ·q,  dv = Pᵀ·dout
+// Where the runtime has the C kernels (train/ort/native.ts), prefab_cpu.c's attentionForward and attentionBackward (a head at a time, in causal blocks of 64 query rows) instead.
 import type { AttentionShape } from '../webgpu/attention.ts';
 import { graph, type GraphBuilder, type OrtRuntime } from './onnx.ts';
 
@@ -81,6 +82,8 @@ export class Attention {
     out: Float32Array,
     s: AttentionShape,
   ): Promise<void> {
+    const native = this.ort.native;
+    if (native) return native.attentionForward(q, k, v, p, out, s.batch, s.length, s.heads, s.kvHeads, s.headDim);
     const d = this.dims(s);
     await this.ort.run(
       `attention.forward.${s.heads}.${s.kvHeads}.${s.headDim}`,
@@ -107,6 +110,9 @@ export class Attention {
     dv: Float32Array,
     s: AttentionShape,
   ): Promise<void> {
+    const native = this.ort.native;
+    if (native)
+      return native.attentionBackward(q, k, v, p, dout, dq, dk, dv, s.batch, s.length, s.heads, s.kvHeads, s.headDim);
     const d = this.dims(s);
     await this.ort.run(
       `attention.backward.${s.heads}.${s.kvHeads}.${s.headDim}`,

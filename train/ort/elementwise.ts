@@ -2,6 +2,7 @@
 // Runtime's vectorised loops on every core; SwiGLU's exponentials in a JavaScript loop took several times as
 // long), and the embedding and Qwen2's biases, which only copy and add, as loops here. The same arithmetic as
 // train/model.ts's tfjs ops and train/webgpu/elementwise.ts's kernels of the same names.
+// Where the runtime has the C kernels (train/ort/native.ts), prefab_cpu.c's rope, swigluForward and swigluBackward instead.
 import { graph, type OrtRuntime } from './onnx.ts';
 
 export interface RopeShape {
@@ -58,12 +59,16 @@ export class Rope {
 
   /** out = RoPE(x) for x (B·T, heads, hd); cos and sin: the model's table, (positions ≥ T, hd). */
   async forward(x: Float32Array, cos: Float32Array, sin: Float32Array, out: Float32Array, s: RopeShape) {
+    const native = this.ort.native;
+    if (native) return native.rope(x, cos, sin, out, s.batch * s.length, s.length, s.heads, s.headDim, 1);
     const t = this.tables(cos, sin, s.headDim);
     await this.turn(x, t.cos, t.sin, out, s);
   }
 
   /** dx from dy: the rotation's transpose, dx₁ = dy₁·cos + dy₂·sin, dx₂ = dy₂·cos − dy₁·sin. */
   async backward(dy: Float32Array, cos: Float32Array, sin: Float32Array, dx: Float32Array, s: RopeShape) {
+    const native = this.ort.native;
+    if (native) return native.rope(dy, cos, sin, dx, s.batch * s.length, s.length, s.heads, s.headDim, -1);
     const t = this.tables(cos, sin, s.headDim);
     await this.turn(dy, t.cos, t.minusSin, dx, s);
   }
@@ -88,6 +93,7 @@ export class SwiGlu {
 
   /** m = silu(g)·u over n elements. */
   async forward(g: Float32Array, u: Float32Array, m: Float32Array, n: number) {
+    if (this.ort.native) return this.ort.native.swigluForward(g, u, m, n);
     const dims = [n];
     await this.ort.run(
       'swiglu.forward',
@@ -98,6 +104,7 @@ export class SwiGlu {
   }
 
   async backward(g: Float32Array, u: Float32Array, dm: Float32Array, dg: Float32Array, du: Float32Array, n: number) {
+    if (this.ort.native) return this.ort.native.swigluBackward(g, u, dm, dg, du, n);
     const dims = [n];
     await this.ort.run(
       'swiglu.backward',

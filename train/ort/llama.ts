@@ -2,7 +2,8 @@
 // log p(target) and its backward from d loss / d logp, written out layer by layer as train/webgpu/llama.ts
 // writes them for the GPU, every weight's gradient left in `grads`. Its kernels are small ONNX graphs that ONNX
 // Runtime runs on every core (the GEMM, attention, RMSNorm, RoPE, SwiGLU, the head with the log-probs, the MLP's
-// backward); the embedding and biases are loops. Every loss of the trainer is a function of those token
+// backward), or the C kernels where they are here (train/ort/native.ts: each kernel class takes the runtime's
+// `native` in place of its graph); the embedding and biases are loops. Every loss of the trainer is a function of those token
 // log-probs (train/step.ts MicroBatch), so one backward serves SFT, DPO and friends, KTO and DAPO alike.
 // Tested against the tfjs model: test/train/held-llama.test.ts, held-trainers.test.ts, ort-kernels.test.ts.
 //
@@ -19,6 +20,7 @@ import * as ew from './elementwise.ts';
 import { HeadLogprobs } from './logprobs.ts';
 import { Matmul } from './matmul.ts';
 import { MlpBackward } from './mlp.ts';
+import type { NativeKernels } from './native.ts';
 import type { OrtRuntime } from './onnx.ts';
 import { RmsNorm } from './rmsnorm.ts';
 
@@ -41,6 +43,7 @@ export class OrtLlama {
   private readonly activations = new Map<string, Float32Array>();
   private readonly slots = new Map<number, Slot>();
   private readonly mm: Matmul;
+  private readonly native: NativeKernels | null;
   private readonly attention: Attention;
   private readonly norm: RmsNorm;
   private readonly rope: ew.Rope;
@@ -72,6 +75,7 @@ export class OrtLlama {
     }
     this.trained = held.weights.filter((w) => w.trained).map((w) => [w.name, w.decays]);
     this.adapters = held.adapters;
+    this.native = ort.native;
     this.mm = new Matmul(ort);
     this.attention = new Attention(ort);
     this.norm = new RmsNorm(ort);
@@ -81,11 +85,14 @@ export class OrtLlama {
     this.mlp = new MlpBackward(ort);
   }
 
-  /** An activation of `length` f32s, kept from step to step while the shape stays. */
+  /**
+   * An activation of `length` f32s: the head of a buffer kept from step to step and grown only, since batches
+   * of windows differ in length (a new array each step cost SFT a tenth of its time, zeroing and collecting).
+   */
   private act(name: string, length: number): Float32Array {
     let a = this.activations.get(name);
-    if (!a || a.length !== length) this.activations.set(name, (a = new Float32Array(length)));
-    return a;
+    if (!a || a.length < length) this.activations.set(name, (a = new Float32Array(length)));
+    return a.length === length ? a : a.subarray(0, length);
   }
 
   private w(name: string): Float32Array {
@@ -359,12 +366,17 @@ export class OrtLlama {
 
   /** Scales every gradient so that their global L2 norm is at most `maxNorm` (clipByGlobalNorm); returns the norm before. */
   clipGradients(maxNorm: number): number {
+    const native = this.native;
     let sum = 0;
-    for (const g of this.grads.values()) for (let i = 0; i < g.length; i++) sum += g[i]! * g[i]!;
+    for (const g of this.grads.values())
+      if (native) sum += native.sumSquares(g, g.length);
+      else for (let i = 0; i < g.length; i++) sum += g[i]! * g[i]!;
     const norm = Math.sqrt(sum);
     if (maxNorm > 0 && norm > maxNorm) {
       const factor = maxNorm / (norm + 1e-6);
-      for (const g of this.grads.values()) for (let i = 0; i < g.length; i++) g[i]! *= factor;
+      for (const g of this.grads.values())
+        if (native) native.scale(g, g.length, factor);
+        else for (let i = 0; i < g.length; i++) g[i]! *= factor;
     }
     return norm;
   }

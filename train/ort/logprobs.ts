@@ -5,6 +5,7 @@
 // trainer starts from these token log-probs, so its gradient arrives here as d/d logp per position:
 //   logp_t = z_t[y_t] − logsumexp(z_t),   dz_t = dlogp_t · (onehot(y_t) − softmax(z_t)),
 //   dh = dz·W,   dW = dzᵀ·h.
+// Where the runtime has the C kernels (train/ort/native.ts), prefab_cpu.c's logprobsForward and logprobsBackward, the logits by OpenBLAS instead.
 import { graph, type GraphBuilder, type OrtRuntime } from './onnx.ts';
 
 const logits = (g: GraphBuilder) => g.op('Gemm', ['h', 'w'], { transB: 1 });
@@ -43,12 +44,19 @@ const backward = (trained: boolean) => () =>
 export class HeadLogprobs {
   /** A chunk's dW, added to the head's gradient. */
   private dw = new Float32Array(0);
+  /** With the C kernels: a chunk's logits, then their gradient. */
+  private z = new Float32Array(0);
 
   /** `chunk`: the logits a chunk of rows may hold (default 16M f32s, 64 MiB). */
   constructor(
     private readonly ort: OrtRuntime,
     private readonly chunk = 1 << 24,
   ) {}
+
+  private logits(length: number): Float32Array {
+    if (this.z.length < length) this.z = new Float32Array(length);
+    return this.z;
+  }
 
   /** Row ranges of at most `chunk` logits. */
   private chunks(rows: number, V: number): [number, number][] {
@@ -69,8 +77,16 @@ export class HeadLogprobs {
   ) {
     const [rows, D] = [targets.length, h.length / targets.length];
     const V = w.length / D;
+    const native = this.ort.native;
     for (const [r0, r1] of this.chunks(rows, V)) {
       const n = r1 - r0;
+      if (native) {
+        const z = this.logits(n * V);
+        native.sgemm(0, 1, n, V, D, 1, h.subarray(r0 * D), D, w, D, 0, z, V);
+        const e = entropy?.subarray(r0, r1) ?? null;
+        native.logprobsForward(z, targets.subarray(r0, r1), logp.subarray(r0, r1), lse.subarray(r0, r1), e, n, V);
+        continue;
+      }
       await this.ort.run(
         `head.forward.${entropy !== undefined}`,
         forward(entropy !== undefined),
@@ -100,9 +116,19 @@ export class HeadLogprobs {
   ) {
     const [rows, D] = [targets.length, h.length / targets.length];
     const V = w.length / D;
-    if (dw && this.dw.length !== w.length) this.dw = new Float32Array(w.length);
+    const native = this.ort.native;
+    if (dw && !native && this.dw.length !== w.length) this.dw = new Float32Array(w.length);
     for (const [r0, r1] of this.chunks(rows, V)) {
       const n = r1 - r0;
+      if (native) {
+        // dz replaces the chunk's logits; dh = dz·W, dW += dzᵀ·h.
+        const [z, hc] = [this.logits(n * V), h.subarray(r0 * D)];
+        native.sgemm(0, 1, n, V, D, 1, hc, D, w, D, 0, z, V);
+        native.logprobsBackward(z, targets.subarray(r0, r1), lse.subarray(r0, r1), dlogp.subarray(r0, r1), n, V);
+        native.sgemm(0, 0, n, D, V, 1, z, V, w, D, 0, dh.subarray(r0 * D), D);
+        if (dw) native.sgemm(1, 0, V, D, n, 1, z, V, hc, D, 1, dw, D);
+        continue;
+      }
       await this.ort.run(
         `head.backward.${dw !== null}`,
         backward(dw !== null),

@@ -1,5 +1,6 @@
 // The trainer's GEMM on the CPU: C (M×N) = op(A) (M×K) · op(B) (K×N), f32, row-major, optionally added to C,
-// by ONNX Runtime's Gemm (its transposes read in place). The same contract as train/webgpu/matmul.ts.
+// by OpenBLAS where the C kernels are here (train/ort/native.ts), else ONNX Runtime's Gemm (its transposes read
+// in place). The same contract as train/webgpu/matmul.ts.
 import type { OnnxGraph, OrtRuntime } from './onnx.ts';
 
 export interface MatmulShape {
@@ -28,6 +29,11 @@ export class Matmul {
 
   async run(a: Float32Array, b: Float32Array, c: Float32Array, s: MatmulShape): Promise<void> {
     const [tA, tB] = [s.transposeA ? 1 : 0, s.transposeB ? 1 : 0];
+    const native = this.ort.native;
+    if (native) {
+      native.sgemm(tA, tB, s.m, s.n, s.k, 1, a, tA ? s.m : s.k, b, tB ? s.k : s.n, s.accumulate ? 1 : 0, c, s.n);
+      return;
+    }
     const size = s.m * s.n;
     if (s.accumulate && this.scratch.length < size) this.scratch = new Float32Array(size);
     const out = s.accumulate ? this.scratch.subarray(0, size) : c.subarray(0, size);

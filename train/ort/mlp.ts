@@ -5,6 +5,7 @@
 //   dW_down = dyᵀ·m,   dm = dy·W_down,   dg = dm·u·σ(g)·(1 + g·(1 − σ(g))),   du = dm·g·σ(g),
 //   dh = dg·W_gate + du·W_up,   dW_gate = dgᵀ·h,   dW_up = duᵀ·h.
 // Shapes: h, dy, dh (N, D); g, u, m (N, F), kept by the forward; W_gate, W_up (F, D) and W_down (D, F).
+// Where the runtime has the C kernels (train/ort/native.ts), prefab_cpu.c's the same steps as OpenBLAS GEMMs around swigluBackward instead.
 import { graph, type OrtRuntime } from './onnx.ts';
 
 const backward = (trained: boolean) => () =>
@@ -34,6 +35,8 @@ export interface Weight {
 export class MlpBackward {
   /** The weights' gradients of the last pass, added to theirs. */
   private readonly scratch = { dwg: new Float32Array(0), dwu: new Float32Array(0), dwd: new Float32Array(0) };
+  /** With the C kernels: dm (then dg, in place) and du, N×F each. */
+  private between = { dg: new Float32Array(0), du: new Float32Array(0) };
 
   constructor(private readonly ort: OrtRuntime) {}
 
@@ -51,6 +54,21 @@ export class MlpBackward {
     const D = h.length / rows;
     const F = w.gate.value.length / D;
     const trained = w.gate.grad !== null;
+    const k = this.ort.native;
+    if (k) {
+      // The C kernels: each weight's gradient added in its GEMM (β = 1), dg written over dm.
+      const N = rows;
+      if (this.between.dg.length < N * F) this.between = { dg: new Float32Array(N * F), du: new Float32Array(N * F) };
+      const { dg, du } = this.between;
+      k.sgemm(0, 0, N, F, D, 1, dy, D, w.down.value, F, 0, dg, F);
+      k.swigluBackward(g, u, dg, dg, du, N * F);
+      k.sgemm(0, 0, N, D, F, 1, dg, F, w.gate.value, D, 0, dh, D);
+      k.sgemm(0, 0, N, D, F, 1, du, F, w.up.value, D, 1, dh, D);
+      if (w.down.grad) k.sgemm(1, 0, D, F, N, 1, dy, D, m, F, 1, w.down.grad, F);
+      if (w.gate.grad) k.sgemm(1, 0, F, D, N, 1, dg, F, h, D, 1, w.gate.grad, D);
+      if (w.up.grad) k.sgemm(1, 0, F, D, N, 1, du, F, h, D, 1, w.up.grad, D);
+      return;
+    }
     const sc = this.scratch;
     if (trained && sc.dwg.length !== F * D)
       for (const k of ['dwg', 'dwu', 'dwd'] as const) sc[k] = new Float32Array(F * D);

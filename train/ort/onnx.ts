@@ -7,6 +7,7 @@
 // outputs whose sizes are named, not fixed (one session serves every shape), nodes of the default domain at
 // opset 17 and of ONNX Runtime's com.microsoft (its fused operators).
 import { availableParallelism } from 'node:os';
+import { nativeKernels, type NativeKernels } from './native.ts';
 
 type Ort = typeof import('onnxruntime-node');
 
@@ -155,13 +156,19 @@ export class OrtRuntime {
 
   private constructor(
     private readonly ort: Ort,
-    threads?: number,
+    threads: number | undefined,
+    /** The C kernels, which the CPU path's kernels take in place of their graphs where they are here. */
+    readonly native: NativeKernels | null,
   ) {
     this.threads = threads ?? availableParallelism();
+    native?.setThreads(this.threads); // one count for the process: the last runtime opened sets it
   }
 
-  /** ONNX Runtime, or why it is not here (the optional package did not install, or its library does not load). */
-  static async open(threads?: number): Promise<OrtRuntime> {
+  /**
+   * ONNX Runtime, or why it is not here (the optional package did not install, or its library does not load);
+   * with the C kernels where they are built, unless `native` is false.
+   */
+  static async open(threads?: number, o: { native?: boolean } = {}): Promise<OrtRuntime> {
     let ort: Ort;
     try {
       ort = await import('onnxruntime-node');
@@ -170,7 +177,7 @@ export class OrtRuntime {
         `onnxruntime-node does not load here (${(error as Error).message.split('\n')[0]}): it is an optional dependency of prefab; npm ci installs it where its binaries run`,
       );
     }
-    return new OrtRuntime(ort, threads);
+    return new OrtRuntime(ort, threads, o.native === false ? null : nativeKernels());
   }
 
   /**

@@ -2,6 +2,7 @@
 // over each row of x (rows × dim), one ONNX graph a pass. The forward may add a residual first (s = x + r,
 // the transformer's stream, returned too) and keeps each row's rsqrt for the backward, which is written out:
 //   dx = r · (dy·w − x̂ · mean(dy·w·x̂)),   dw = Σ_rows dy · x̂,   where x̂ = x · r.
+// Where the runtime has the C kernels (train/ort/native.ts), prefab_cpu.c's rmsnormForward and rmsnormBackward instead.
 import { graph, type OrtRuntime } from './onnx.ts';
 
 // ONNX Runtime's fused operators, one pass a row: SkipSimplifiedLayerNormalization adds the residual too.
@@ -54,6 +55,8 @@ export class RmsNorm {
     o: { rows: number; eps: number; r?: Float32Array; s?: Float32Array },
   ): Promise<void> {
     const D = w.length;
+    if (this.ort.native)
+      return this.ort.native.rmsnormForward(x, o.r ?? null, o.s ?? null, w, y, rstd, o.rows, D, o.eps);
     const rows = [1, o.rows, D];
     const residual = o.r !== undefined;
     await this.ort.run(
@@ -82,6 +85,7 @@ export class RmsNorm {
     o: { rows: number; dxIn?: Float32Array },
   ): Promise<void> {
     const D = w.length;
+    if (this.ort.native) return this.ort.native.rmsnormBackward(x, w, rstd, dy, o.dxIn ?? null, dx, dw, o.rows, D);
     const rows = [o.rows, D];
     if (this.dw.length !== D) this.dw = new Float32Array(D);
     const accumulate = o.dxIn !== undefined;

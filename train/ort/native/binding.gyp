@@ -1,0 +1,11 @@
+{
+  "targets": [
+    {
+      "target_name": "prefab_cpu",
+      "sources": ["prefab_cpu.c"],
+      "cflags": ["-O3", "-march=native", "-std=gnu11"],
+      "libraries": ["-ldl", "-lm", "-lpthread"],
+      "xcode_settings": { "OTHER_CFLAGS": ["-O3"] }
+    }
+  ]
+}
