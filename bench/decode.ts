@@ -14,6 +14,7 @@ import { seeded } from '../core/random.ts';
 import { useBackend } from '../train/backend.ts';
 import { Llama, type LlamaConfig } from '../train/model.ts';
 import { SharedDecoder } from '../train/shared-decoder.ts';
+import { nativeKernels, nativeStatus, type NativeKernels } from '../train/ort/native.ts';
 
 const opts = new Command()
   .option('--shapes <list>', 'default, smollm2-135m, qwen2.5-0.5b', 'default')
@@ -70,10 +71,13 @@ const levels = opts.levels.split(',').map(Number);
 const [promptLength, newTokens] = [Number(opts.prompt), Number(opts.new)];
 await useBackend('wasm');
 
-/** Tokens/s of `n` sequences decoded together, each a random prompt then `newTokens` sampled tokens. */
-async function ours(config: LlamaConfig, n: number): Promise<number> {
+/**
+ * Tokens/s of `n` sequences decoded together, each a random prompt then `newTokens` sampled tokens: with
+ * TensorFlow.js on WASM and WebAssembly's attention, or with the CPU path's C kernels (`native`).
+ */
+async function ours(config: LlamaConfig, n: number, native: NativeKernels | null): Promise<number> {
   const model = Llama.create(config, 'bench-decode');
-  const shared = new SharedDecoder(model);
+  const shared = new SharedDecoder(model, native);
   const rand = seeded('bench-decode', n);
   const prompts = Array.from({ length: n }, () =>
     Array.from({ length: promptLength }, () => Math.floor(rand() * config.vocabSize)),
@@ -135,17 +139,23 @@ for (const name of opts.shapes.split(',')) {
   const config = SHAPES[name];
   if (!config) throw new Error(`unknown shape ${name}: one of ${Object.keys(SHAPES).join(', ')}`);
   const theirs = peer(config);
-  console.log(`\n${name}: prompt ${promptLength}, ${newTokens} new tokens a sequence; prefab on the CPU (wasm)`);
+  console.log(`\n${name}: prompt ${promptLength}, ${newTokens} new tokens a sequence; prefab on the CPU`);
   console.log(`transformers: ${typeof theirs === 'string' ? theirs : theirs.device}`);
-  console.log('| sequences | prefab tokens/s | × one sequence | transformers tokens/s | prefab / transformers |');
-  console.log('|---|---|---|---|---|');
-  let one = 0;
+  const native = nativeKernels();
+  if (!native) console.log(`the C kernels: ${nativeStatus().why}`);
+  console.log(
+    '| sequences | prefab, wasm, tokens/s | × one sequence | prefab, C kernels, tokens/s | × one sequence | transformers tokens/s | prefab (best) / transformers |',
+  );
+  console.log('|---|---|---|---|---|---|---|');
+  const one = { wasm: 0, native: 0 };
   for (const n of levels) {
-    const rate = await ours(config, n);
-    if (n === levels[0]) one = rate;
+    const wasm = await ours(config, n, null);
+    const c = native ? await ours(config, n, native) : null;
+    if (n === levels[0]) Object.assign(one, { wasm, native: c ?? 0 });
     const peerRate = typeof theirs === 'string' ? null : (theirs[String(n)] as number | undefined);
+    const best = Math.max(wasm, c ?? 0);
     console.log(
-      `| ${n} | ${rate.toFixed(0)} | ${(rate / one).toFixed(2)} | ${peerRate ? peerRate.toFixed(0) : '—'} | ${peerRate ? (rate / peerRate).toFixed(2) : '—'} |`,
+      `| ${n} | ${wasm.toFixed(0)} | ${(wasm / one.wasm).toFixed(2)} | ${c ? c.toFixed(0) : '—'} | ${c ? (c / one.native).toFixed(2) : '—'} | ${peerRate ? peerRate.toFixed(0) : '—'} | ${peerRate ? (best / peerRate).toFixed(2) : '—'} |`,
     );
   }
 }

@@ -11,6 +11,7 @@ import type { StageOptions } from '../pipeline/stage.ts';
 import type { Logger } from '../pipeline/log.ts';
 import type { BlockScorer } from './data.ts';
 import type { Llama } from './model.ts';
+import type { NativeKernels } from './ort/native.ts';
 import type { OrtRuntime } from './ort/onnx.ts';
 import type { Kernels } from './webgpu/kernel.ts';
 
@@ -72,6 +73,12 @@ export async function chosenBackend(options: StageOptions, log: Logger): Promise
 export const commandOptions = (program: Command): StageOptions => program.opts<StageOptions>();
 
 let current: Backend | null = null;
+
+/**
+ * The CPU path's C kernels where the backend in use is the CPU path with them, else null: the decoder takes
+ * them too (train/decode.ts), so that `--backend wasm` decodes as it always has.
+ */
+export const cpuKernels = (): NativeKernels | null => current?.ort?.native ?? null;
 
 /** Loads and selects a backend; later calls with the same choice return the one already chosen. */
 export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backend> {

@@ -5,7 +5,9 @@
 import * as tf from '@tensorflow/tfjs-core';
 import type { Random } from '../core/random.ts';
 import { attentionKernels } from './attention-wasm.ts';
+import { cpuKernels } from './backend.ts';
 import type { Llama } from './model.ts';
+import type { NativeKernels } from './ort/native.ts';
 import { sampleToken } from './sampling.ts';
 
 export interface GenerateOptions {
@@ -35,8 +37,17 @@ export class DecodeWeights {
   readonly w = new Map<string, Float32Array>();
   private fused: { qkv: tf.Tensor2D; o: tf.Tensor2D; gateUp: tf.Tensor2D; down: tf.Tensor2D }[] | null = null;
   private lmHead: tf.Tensor2D | null = null;
+  /** With the C kernels: per layer q|k|v and gate|up stacked as arrays, (out, in) as stored. */
+  private stacked: { qkv: Float32Array; gateUp: Float32Array }[] | null = null;
 
-  constructor(readonly model: Llama) {
+  /**
+   * `native`: the CPU path's C kernels (by default where the backend in use is that path with them): the
+   * products by OpenBLAS and the attention over the caches in C, instead of TensorFlow.js and WebAssembly.
+   */
+  constructor(
+    readonly model: Llama,
+    readonly native: NativeKernels | null = cpuKernels(),
+  ) {
     for (const [name, v] of model.params) this.w.set(name, (v.dataSync() as Float32Array).slice());
     if (model.adaptersOn)
       for (const module of model.adapters.keys())
@@ -86,6 +97,46 @@ export class DecodeWeights {
     return { layers: this.fused, head: this.lmHead! };
   }
 
+  /**
+   * rows (R, inner) through layer l's `which` projection (the fused ones: qkv, o, gateUp, down; or the head,
+   * l ignored) → (R, out): by OpenBLAS with the C kernels, else a matMul through the backend.
+   */
+  times(rows: Float32Array, R: number, l: number, which: 'qkv' | 'o' | 'gateUp' | 'down' | 'head'): Float32Array {
+    if (!this.native) {
+      const { layers, head } = this.tensors();
+      return rowsTimes(rows, R, which === 'head' ? head : layers[l]![which]);
+    }
+    const c = this.model.config;
+    const p = (n: string) => this.get(`model.layers.${l}.${n}.weight`);
+    if (!this.stacked)
+      this.stacked = Array.from({ length: c.layers }, (_, i) => {
+        const q = (n: string) => this.get(`model.layers.${i}.${n}.weight`);
+        const join = (...ws: Float32Array[]) => {
+          const out = new Float32Array(ws.reduce((n, w) => n + w.length, 0));
+          ws.reduce((at, w) => (out.set(w, at), at + w.length), 0);
+          return out;
+        };
+        return {
+          qkv: join(q('self_attn.q_proj'), q('self_attn.k_proj'), q('self_attn.v_proj')),
+          gateUp: join(q('mlp.gate_proj'), q('mlp.up_proj')),
+        };
+      });
+    const head = c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight';
+    const w =
+      which === 'head'
+        ? this.get(head)
+        : which === 'o'
+          ? p('self_attn.o_proj')
+          : which === 'down'
+            ? p('mlp.down_proj')
+            : this.stacked[l]![which];
+    const inner = rows.length / R;
+    const out = w.length / inner;
+    const y = new Float32Array(R * out);
+    this.native.sgemm(0, 1, R, out, inner, 1, rows, inner, w, inner, 0, y, out);
+    return y;
+  }
+
   /** Frees the tensors (the arrays go with the object). */
   dispose(): void {
     if (this.fused) tf.dispose([...this.fused.flatMap((f) => [f.qkv, f.o, f.gateUp, f.down]), this.lmHead!]);
@@ -121,18 +172,21 @@ export class KVCache {
   readonly model: Llama;
   /**
    * Keys and values live in a WebAssembly memory of the cache's own, where the attention kernels read them
-   * (train/attention-wasm.ts). In floats: [q (H·hp) | out (H·hp) | positions | scores (H, capacity)], a
-   * position being every layer's rotated keys then values, (layers, 2, K, hp), hp the head size rounded up to
-   * a multiple of 4 (the padding stays 0). Positions are in place when the memory grows; the first
-   * tokens.length are in use.
+   * (train/attention-wasm.ts). In floats: [q (H·hp) | out (H·hp) | layers × capacity positions | scores
+   * (H, capacity)], a layer's positions one after another, each its rotated keys then values, (2, K, hp), hp the
+   * head size rounded up to a multiple of 4 (the padding stays 0): a layer's attention reads one run of memory
+   * (with every layer's keys at a position side by side instead, 4 KB apart at the default shape, the C
+   * kernel's attention took 2–3 times as long past 500 positions). The first tokens.length are in use; when
+   * the capacity grows, the layers move up to their new places.
    */
   private readonly memory = new WebAssembly.Memory({ initial: 1 });
   private readonly kernels = attentionKernels(this.memory);
   /** The memory as floats; made again whenever the memory grows (which detaches the old view). */
   private f32 = new Float32Array(this.memory.buffer);
   private capacity = 0;
+  private readonly layers: number;
   private readonly hp: number;
-  /** Where q, out and the positions start, and the floats of one position. */
+  /** Where q, out and the positions start, and the floats of one position of one layer. */
   private readonly at: { q: number; out: number; positions: number; stride: number };
 
   /** A cache over the model's weights as they are now; pass `weights` to share one copy among caches (and step them together). */
@@ -144,7 +198,8 @@ export class KVCache {
     this.w = weights.w;
     const { heads: H, kvHeads: K, headDim: hd, layers } = this.model.config;
     this.hp = Math.ceil(hd / 4) * 4;
-    this.at = { q: 0, out: H * this.hp, positions: 2 * H * this.hp, stride: layers * 2 * K * this.hp };
+    this.at = { q: 0, out: H * this.hp, positions: 2 * H * this.hp, stride: 2 * K * this.hp };
+    this.layers = layers;
   }
 
   /**
@@ -155,8 +210,8 @@ export class KVCache {
     const fork = new KVCache(source.model, source.weights);
     const count = Math.min(n, source.tokens.length);
     fork.reserve(count);
-    const { positions, stride } = source.at;
-    fork.f32.set(source.f32.subarray(positions, positions + count * stride), positions);
+    for (let l = 0; l < source.layers; l++)
+      fork.f32.set(source.f32.subarray(source.key(0, l), source.key(count, l)), fork.key(0, l));
     fork.tokens.push(...source.tokens.slice(0, count));
     return fork;
   }
@@ -170,7 +225,8 @@ export class KVCache {
   private reserve(n: number): void {
     if (n <= this.capacity) return;
     const capacity = Math.max(n, 2 * this.capacity, 64);
-    const bytes = 4 * (this.at.positions + capacity * this.at.stride + this.model.config.heads * capacity);
+    const bytes =
+      4 * (this.at.positions + this.layers * capacity * this.at.stride + this.model.config.heads * capacity);
     const pages = Math.ceil(bytes / 65536) - this.memory.buffer.byteLength / 65536;
     try {
       if (pages > 0) this.memory.grow(pages);
@@ -180,6 +236,12 @@ export class KVCache {
       );
     }
     this.f32 = new Float32Array(this.memory.buffer);
+    // Each layer's positions in use to its new place, the last layer first (the places only move up).
+    const used = this.tokens.length * this.at.stride;
+    for (let l = this.layers - 1; l > 0 && used > 0; l--) {
+      const from = this.key(0, l);
+      this.f32.copyWithin(this.at.positions + l * capacity * this.at.stride, from, from + used);
+    }
     this.capacity = capacity;
   }
 
@@ -204,7 +266,7 @@ export class KVCache {
       this.tokens.push(token);
     }
     const { vocabSize: V, hiddenSize: D, tiedEmbeddings } = this.model.config;
-    return matVec(x, this.w.get(tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight')!, V, D);
+    return this.matVec(x, this.w.get(tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight')!, V, D);
   }
 
   /**
@@ -260,23 +322,32 @@ export class KVCache {
       reads[b]!.map((token, i) => ({ token, cache, at: cache.tokens.length + i })),
     );
     const R = rows.length;
-    const { layers: fused, head } = weights.tensors();
     const w = (name: string) => weights.get(name);
     const { cos, sin } = weights.model.ropeTable(Math.max(...rows.map((r) => r.at)) + 1);
     const x = new Float32Array(R * D); // (R, D)
     rows.forEach(({ token }, r) => x.set(w('model.embed_tokens.weight').subarray(token * D, (token + 1) * D), r * D));
+    const native = weights.native;
     const normed = (weight: Float32Array, which: number[]) => {
       const out = new Float32Array(which.length * D);
-      which.forEach((r, i) => out.set(rms(x.subarray(r * D, (r + 1) * D), weight, eps), i * D));
+      if (!native) which.forEach((r, i) => out.set(rms(x.subarray(r * D, (r + 1) * D), weight, eps), i * D));
+      else {
+        const from = which.length === R ? x : new Float32Array(which.length * D);
+        if (from !== x) which.forEach((r, i) => from.set(x.subarray(r * D, (r + 1) * D), i * D));
+        native.rmsnormForward(from, null, null, weight, out, new Float32Array(which.length), which.length, D, eps);
+      }
       return out;
     };
     const all = rows.map((_, r) => r);
     const Q = H * hd;
     const width = (H + 2 * K) * hd;
     const attended = new Float32Array(R * Q); // (R, H·hd)
+    // With the C kernels: each row's memory, and its keys' and values' offsets and positions to attend to.
+    const mems = native ? rows.map(({ cache }) => cache.layout.floats) : null;
+    const meta = new Float64Array(3 * R);
+    const { stride, hp } = caches[0]!.layout;
     for (let l = 0; l < layers; l++) {
       const p = `model.layers.${l}.`;
-      const qkv = rowsTimes(normed(w(`${p}input_layernorm.weight`), all), R, fused[l]!.qkv); // (R, (H+2K)·hd)
+      const qkv = weights.times(normed(w(`${p}input_layernorm.weight`), all), R, l, 'qkv'); // (R, (H+2K)·hd)
       rows.forEach(({ cache, at }, r) => {
         const row = qkv.subarray(r * width, (r + 1) * width);
         const q = row.subarray(0, Q);
@@ -289,28 +360,50 @@ export class KVCache {
         }
         for (let j = 0; j < H; j++) rotateHalf(q, j * hd, hd, cos, sin, at);
         for (let j = 0; j < K; j++) rotateHalf(k, j * hd, hd, cos, sin, at);
-        cache.attend(l, q, k, v, at, attended.subarray(r * Q, (r + 1) * Q));
+        if (!native) cache.attend(l, q, k, v, at, attended.subarray(r * Q, (r + 1) * Q));
+        else meta.set(cache.store(l, k, v, at), 3 * r);
       });
-      addInto(x, rowsTimes(attended, R, fused[l]!.o));
-      const gateUp = rowsTimes(normed(w(`${p}post_attention_layernorm.weight`), all), R, fused[l]!.gateUp); // (R, 2F)
+      // With the C kernels every row attends in one call, the rows shared among the cores.
+      if (native) native.decodeAttentionRows(mems!, qkv, meta, stride, H, K, hd, hp, 1 / Math.sqrt(hd), attended);
+      addInto(x, weights.times(attended, R, l, 'o'));
+      const gateUp = weights.times(normed(w(`${p}post_attention_layernorm.weight`), all), R, l, 'gateUp'); // (R, 2F)
       const act = new Float32Array(R * F);
-      for (let r = 0; r < R; r++)
-        for (let i = 0; i < F; i++) {
-          const g = gateUp[r * 2 * F + i]!;
-          act[r * F + i] = (g / (1 + Math.exp(-g))) * gateUp[r * 2 * F + F + i]!; // silu(gate) ⊙ up
-        }
-      addInto(x, rowsTimes(act, R, fused[l]!.down));
+      for (let r = 0; r < R; r++) {
+        const [gate, up] = [gateUp.subarray(r * 2 * F, r * 2 * F + F), gateUp.subarray(r * 2 * F + F, (r + 1) * 2 * F)];
+        if (native) native.swigluForward(gate, up, act.subarray(r * F), F);
+        else for (let i = 0; i < F; i++) act[r * F + i] = (gate[i]! / (1 + Math.exp(-gate[i]!))) * up[i]!; // silu(gate) ⊙ up
+      }
+      addInto(x, weights.times(act, R, l, 'down'));
     }
     let last = -1;
     const lasts = reads.map((read) => (last += read.length));
-    const logits = rowsTimes(normed(w('model.norm.weight'), lasts), caches.length, head); // (B, V)
+    const logits = weights.times(normed(w('model.norm.weight'), lasts), caches.length, 0, 'head'); // (B, V)
     caches.forEach((cache, b) => cache.tokens.push(...reads[b]!));
     return caches.map((_, b) => logits.slice(b * V, (b + 1) * V));
   }
 
+  /**
+   * The memory as floats (until it grows), the floats of one position of one layer, and a head's floats there
+   * (hd rounded up to a multiple of 4).
+   */
+  get layout(): { floats: Float32Array; stride: number; hp: number } {
+    return { floats: this.f32, stride: this.at.stride, hp: this.hp };
+  }
+
+  /**
+   * Layer l's rotated key and value (K·hd each) for the token at `at` into the cache; returns where the layer's
+   * keys and values start and how many positions its attention reads (for the C kernels' decodeAttentionRows).
+   */
+  store(l: number, k: Float32Array, v: Float32Array, at: number): [number, number, number] {
+    const K = this.model.config.kvHeads;
+    this.put(this.key(at, l), k, K);
+    this.put(this.value(at, l), v, K);
+    return [this.key(0, l), this.value(0, l), at + 1];
+  }
+
   /** Where layer l's key (value: `value`) of head 0 at position t is, in floats. */
   private key(t: number, l: number): number {
-    return this.at.positions + t * this.at.stride + 2 * l * this.model.config.kvHeads * this.hp;
+    return this.at.positions + (l * this.capacity + t) * this.at.stride;
   }
 
   private value(t: number, l: number): number {
@@ -336,7 +429,14 @@ export class KVCache {
     this.put(this.value(at, l), v, K);
     this.put(this.at.q, q, H);
     const n = at + 1;
-    const scores = this.at.positions + this.capacity * this.at.stride; // (H, n)
+    const scores = this.at.positions + this.layers * this.capacity * this.at.stride; // (H, n)
+    const native = this.weights.native;
+    if (native) {
+      const [keys, values] = [this.key(0, l), this.value(0, l)];
+      const scale = 1 / Math.sqrt(hd);
+      native.decodeAttention(this.f32, this.at.q, keys, values, this.at.stride, n, H, K, hd, hp, scale, scores, out);
+      return;
+    }
     const stride = 4 * this.at.stride;
     const group = H / K;
     const scale = 1 / Math.sqrt(hd);
@@ -353,6 +453,15 @@ export class KVCache {
       kernels.mix(4 * from, 4 * (this.value(0, l) + kv), n, stride, hp, 4 * (this.at.out + j * hp));
       out.set(f.subarray(this.at.out + j * hp, this.at.out + j * hp + hd), j * hd);
     }
+  }
+
+  /** W·x for W stored (out, in): by OpenBLAS with the C kernels. */
+  private matVec(x: Float32Array, W: Float32Array, out: number, inner: number): Float32Array {
+    const native = this.weights.native;
+    if (!native) return matVec(x, W, out, inner);
+    const y = new Float32Array(out);
+    native.sgemm(0, 1, 1, out, inner, 1, x, inner, W, inner, 0, y, out);
+    return y;
   }
 
   /** The final norm's output at position `at`, after reading `token` there: one row through the model. */
@@ -375,7 +484,7 @@ export class KVCache {
       const p = `model.layers.${l}.`;
       const h = rms(x, w(`${p}input_layernorm.weight`), eps);
       const proj = (n: string, out: number) => {
-        const y = matVec(h, w(`${p}self_attn.${n}.weight`), out, D);
+        const y = this.matVec(h, w(`${p}self_attn.${n}.weight`), out, D);
         if (attentionBias) addInto(y, w(`${p}self_attn.${n}.bias`));
         return y;
       };
@@ -385,12 +494,12 @@ export class KVCache {
       for (let j = 0; j < H; j++) rotateHalf(q, j * hd, hd, cos, sin, at);
       for (let j = 0; j < K; j++) rotateHalf(k, j * hd, hd, cos, sin, at);
       this.attend(l, q, k, v, at, attended);
-      addInto(x, matVec(attended, w(`${p}self_attn.o_proj.weight`), D, H * hd));
+      addInto(x, this.matVec(attended, w(`${p}self_attn.o_proj.weight`), D, H * hd));
       const m = rms(x, w(`${p}post_attention_layernorm.weight`), eps);
-      const gate = matVec(m, w(`${p}mlp.gate_proj.weight`), F, D);
-      const up = matVec(m, w(`${p}mlp.up_proj.weight`), F, D);
+      const gate = this.matVec(m, w(`${p}mlp.gate_proj.weight`), F, D);
+      const up = this.matVec(m, w(`${p}mlp.up_proj.weight`), F, D);
       for (let i = 0; i < F; i++) gate[i] = (gate[i]! / (1 + Math.exp(-gate[i]!))) * up[i]!; // silu(gate) ⊙ up
-      addInto(x, matVec(gate, w(`${p}mlp.down_proj.weight`), D, F));
+      addInto(x, this.matVec(gate, w(`${p}mlp.down_proj.weight`), D, F));
     }
     return rms(x, w('model.norm.weight'), eps);
   }

@@ -3,7 +3,9 @@
 // prompt just asked for, in one pass through the model (KVCache.readMany: a matMul per projection for all
 // rows), as the server steps its requests in flight. A sequence alone is read as KVCache.generate reads it.
 import { DecodeWeights, Decoding, KVCache, type GenerateOptions } from './decode.ts';
+import { cpuKernels } from './backend.ts';
 import type { Llama } from './model.ts';
+import type { NativeKernels } from './ort/native.ts';
 
 interface Job {
   cache: KVCache;
@@ -25,9 +27,15 @@ export class SharedDecoder {
   private live: Job[] = [];
   private running = false;
 
-  /** Over the model's weights as they are now (copied: training the model on changes nothing here). */
-  constructor(readonly model: Llama) {
-    this.weights = new DecodeWeights(model);
+  /**
+   * Over the model's weights as they are now (copied: training the model on changes nothing here); `native`:
+   * the CPU path's C kernels, as DecodeWeights takes them (by default where the backend in use has them).
+   */
+  constructor(
+    readonly model: Llama,
+    native?: NativeKernels | null,
+  ) {
+    this.weights = new DecodeWeights(model, native === undefined ? cpuKernels() : native);
   }
 
   /** A cache of the shared weights, for one sequence at a time (a policy's, kept across its turns). */

@@ -9,7 +9,8 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { useBackend } from '../../train/backend.ts';
 import { llamaConfigFromJson, readHfModel, writeHfModel } from '../../train/hf.ts';
 import { seeded } from '../../core/random.ts';
-import { KVCache, type GenerateOptions } from '../../train/decode.ts';
+import { DecodeWeights, KVCache, type GenerateOptions } from '../../train/decode.ts';
+import { nativeKernels, nativeStatus } from '../../train/ort/native.ts';
 import { SharedDecoder } from '../../train/shared-decoder.ts';
 import { Llama, llamaParameterShapes } from '../../train/model.ts';
 import { sampleToken } from '../../train/sampling.ts';
@@ -149,6 +150,41 @@ describe.each(CHECKPOINTS)('%s against transformers', (name) => {
   });
 });
 
+// Where the CPU path's C kernels are here, the decoder runs on them with that backend (OpenBLAS's products, the
+// attention over the cache in C): the same continuations, and logits within float rounding of WASM's.
+const native = nativeKernels();
+describe.each(CHECKPOINTS)('%s decoded by the C kernels', (name) => {
+  it.skipIf(!native && !process.env.CI)(
+    'continues greedily as transformers does, its logits those of the WASM decoder, and decodes together what it decodes alone',
+    async () => {
+      if (!native) throw new Error(`the C kernels are not here: ${nativeStatus().why}`);
+      const model = load(join(FIXTURES, name));
+      const ref = reference(name);
+      const n = ref.greedy_continuation.length;
+      const cache = () => new KVCache(model, new DecodeWeights(model, native));
+      const greedy = { maxTokens: n, temperature: 0, topP: 1, random: Math.random };
+      expect(cache().generate(ref.greedy_prompt, greedy)).toEqual(ref.greedy_continuation);
+      // A prompt read token by token (one row) and one read whole (the batched pass), against WASM's.
+      for (const prompt of [ref.greedy_prompt.slice(0, 5), ref.input_ids[0]!]) {
+        const [got, want] = [cache().read(prompt), new KVCache(model, new DecodeWeights(model, null)).read(prompt)];
+        expect(Math.max(...got.map((v, i) => Math.abs(v - want[i]!)))).toBeLessThan(1e-4);
+      }
+      const shared = new SharedDecoder(model, native);
+      const prompts = [ref.greedy_prompt, ref.input_ids[0]!.slice(0, 5), ref.input_ids[1]!];
+      const sampled = (i: number): GenerateOptions => ({
+        maxTokens: n + i,
+        temperature: 1,
+        topP: 0.9,
+        random: seeded('native', i),
+      });
+      const together = await Promise.all(prompts.map((p, i) => shared.generate(shared.cache(), p, sampled(i))));
+      together.forEach((ids, i) => expect(ids).toEqual(cache().generate(prompts[i]!, sampled(i))));
+      shared.dispose();
+      model.dispose();
+    },
+  );
+});
+
 describe('shapes the fixtures do not have', () => {
   it('one key/value head and a head_dim unlike hidden / heads: the cache agrees with the whole pass, and a saved folder reads back', () => {
     const config = {
@@ -176,6 +212,35 @@ describe('shapes the fixtures do not have', () => {
     expect(maxAbsDiff(score(again, ids).logits, score(model, ids).logits)).toBe(0);
     model.dispose();
     again.dispose();
+  });
+});
+
+describe('a cache that grows', () => {
+  it('keeps every layer’s keys and values where it reads them as its room doubles, read in pieces or forked', () => {
+    const config = llamaConfigFromJson(
+      JSON.parse(readFileSync(join(FIXTURES, 'llama-tiny', 'config.json'), 'utf8')),
+      'config.json',
+    );
+    const model = Llama.create({ ...config, maxPositions: 300 }, 'growing');
+    const random = seeded('growing');
+    const ids = Array.from({ length: 260 }, () => Math.floor(random() * config.vocabSize));
+    // Room for 64 positions, then 128, then 256, then 260: a token at a time, a few, and a batched read.
+    const pieces = new KVCache(model);
+    for (const [from, to] of [
+      [0, 60],
+      [60, 70],
+      [70, 200],
+      [200, 259],
+    ] as const)
+      if (to - from < 8) for (let t = from; t < to; t++) pieces.read([ids[t]!]);
+      else pieces.read(ids.slice(from, to));
+    const fork = KVCache.forkOf(pieces, 230);
+    const last = pieces.read([ids[259]!]);
+    const whole = new KVCache(model).read(ids);
+    const forked = fork.read(ids.slice(230));
+    for (const got of [last, forked])
+      expect(Math.max(...got.map((v, i) => Math.abs(v - whole[i]!)))).toBeLessThan(1e-4);
+    model.dispose();
   });
 });
 

@@ -87,6 +87,33 @@ export interface NativeKernels {
   ): void;
   sumSquares(x: F32, n: number): number;
   scale(x: F32, n: number, factor: number): void;
+  decodeAttention(
+    mem: F32,
+    q: number,
+    keys: number,
+    values: number,
+    stride: number,
+    n: number,
+    H: number,
+    K: number,
+    hd: number,
+    hp: number,
+    scale: number,
+    scores: number,
+    out: F32,
+  ): void;
+  decodeAttentionRows(
+    mems: F32[],
+    qkv: F32,
+    meta: Float64Array,
+    stride: number,
+    H: number,
+    K: number,
+    hd: number,
+    hp: number,
+    scale: number,
+    out: F32,
+  ): void;
   /** The threads of its loops and of OpenBLAS, for the whole process. */
   setThreads(n: number): void;
 }
