@@ -215,33 +215,42 @@ describe('shapes the fixtures do not have', () => {
   });
 });
 
-describe('a cache that grows', () => {
-  it('keeps every layer’s keys and values where it reads them as its room doubles, read in pieces or forked', () => {
-    const config = llamaConfigFromJson(
-      JSON.parse(readFileSync(join(FIXTURES, 'llama-tiny', 'config.json'), 'utf8')),
-      'config.json',
-    );
-    const model = Llama.create({ ...config, maxPositions: 300 }, 'growing');
-    const random = seeded('growing');
-    const ids = Array.from({ length: 260 }, () => Math.floor(random() * config.vocabSize));
-    // Room for 64 positions, then 128, then 256, then 260: a token at a time, a few, and a batched read.
-    const pieces = new KVCache(model);
-    for (const [from, to] of [
-      [0, 60],
-      [60, 70],
-      [70, 200],
-      [200, 259],
-    ] as const)
-      if (to - from < 8) for (let t = from; t < to; t++) pieces.read([ids[t]!]);
-      else pieces.read(ids.slice(from, to));
-    const fork = KVCache.forkOf(pieces, 230);
-    const last = pieces.read([ids[259]!]);
-    const whole = new KVCache(model).read(ids);
-    const forked = fork.read(ids.slice(230));
-    for (const got of [last, forked])
-      expect(Math.max(...got.map((v, i) => Math.abs(v - whole[i]!)))).toBeLessThan(1e-4);
-    model.dispose();
-  });
+// On WASM's kernels, and on the C kernels where they are here (their attention reads the same layout).
+describe.each([
+  { on: 'WASM', c: false, native: null, absent: false },
+  { on: 'the C kernels', c: true, native, absent: !native && !process.env.CI },
+])('a cache that grows, on $on', ({ c, native, absent }) => {
+  it.skipIf(absent)(
+    'keeps every layer’s keys and values where it reads them as its room doubles, read in pieces or forked',
+    () => {
+      if (c && !native) throw new Error(`the C kernels are not here: ${nativeStatus().why}`);
+      const config = llamaConfigFromJson(
+        JSON.parse(readFileSync(join(FIXTURES, 'llama-tiny', 'config.json'), 'utf8')),
+        'config.json',
+      );
+      const model = Llama.create({ ...config, maxPositions: 300 }, 'growing');
+      const weights = new DecodeWeights(model, native);
+      const random = seeded('growing');
+      const ids = Array.from({ length: 260 }, () => Math.floor(random() * config.vocabSize));
+      // Room for 64 positions, then 128, then 256, then 260: a token at a time, a few, and a batched read.
+      const pieces = new KVCache(model, weights);
+      for (const [from, to] of [
+        [0, 60],
+        [60, 70],
+        [70, 200],
+        [200, 259],
+      ] as const)
+        if (to - from < 8) for (let t = from; t < to; t++) pieces.read([ids[t]!]);
+        else pieces.read(ids.slice(from, to));
+      const fork = KVCache.forkOf(pieces, 230);
+      const last = pieces.read([ids[259]!]);
+      const whole = new KVCache(model, weights).read(ids);
+      const forked = fork.read(ids.slice(230));
+      for (const got of [last, forked])
+        expect(Math.max(...got.map((v, i) => Math.abs(v - whole[i]!)))).toBeLessThan(1e-4);
+      model.dispose();
+    },
+  );
 });
 
 describe('Hugging Face folders', () => {

@@ -18,7 +18,10 @@ export class CpuAdamW {
   /** Steps taken: bias correction uses it. */
   step = 0;
 
-  /** `native`: the C kernels (a runtime's `native`), whose loop does the same arithmetic in doubles; null: this one. */
+  /**
+   * `native`: the C kernels (a runtime's `native`), whose loop does this arithmetic in doubles too, with fused
+   * multiply-adds (not to the bit this loop's); null: this loop.
+   */
   constructor(
     readonly options: AdamWOptions,
     private readonly native: NativeKernels | null = null,

@@ -93,7 +93,8 @@ static int has_blas(napi_env env) {
 
 // Runs fn(ctx, from, to) over [0, units) split into one contiguous share a thread (`threads` of them, the
 // first on this one), or all on this one with ONE. Shares that call BLAS (WITH_BLAS) have it on one thread
-// meanwhile, so that they do not fight its threads for the cores. A thread is started a call: tens of
+// meanwhile, so that they do not fight its threads for the cores and sum in the same order however many
+// shares there are. A thread is started a call: tens of
 // microseconds, against the milliseconds of the loops that are shared.
 enum { ONE = 1, WITH_BLAS = 2, MAX_THREADS = 64 };
 static int threads = 1;
@@ -113,12 +114,14 @@ static void *run_share(void *p) {
 
 static void parallel(int units, share_fn fn, void *ctx, int mode) {
   int n = mode & ONE ? 1 : threads < units ? threads : units;
+  // Even on one share: OpenBLAS's own split of a product could sum it in another order (see js_sgemm).
+  int blas = mode & WITH_BLAS && blas_get_threads && blas_set_threads ? blas_get_threads() : 0;
+  if (blas > 1) blas_set_threads(1);
   if (n <= 1) {
     if (units > 0) fn(ctx, 0, units);
+    if (blas > 1) blas_set_threads(blas);
     return;
   }
-  int blas = mode & WITH_BLAS && blas_get_threads ? blas_get_threads() : 0;
-  if (blas > 1) blas_set_threads(1);
   Share shares[MAX_THREADS];
   pthread_t ids[MAX_THREADS];
   int started[MAX_THREADS] = {0};
@@ -149,10 +152,13 @@ static napi_value js_sgemm(napi_env env, napi_callback_info info) {
   if (a.bad || !has_blas(env)) return NULL;
   // A small product (a decoding step's rows) on one thread: waking OpenBLAS's sleeping thread costs 40-45 µs,
   // more than it saves below about 12M multiply-adds (16×688×128: 90 µs on two threads, 52 on one).
-  int one = threads > 1 && blas_set_threads && (double)m * n * k < 12e6;
+  // OpenBLAS splits some large products between its threads so that their sums go in another order (a
+  // weight gradient of 352×128 over 2,731 rows: most values differ in the last bits between 1 thread and 2).
+  int before = blas_get_threads && blas_set_threads ? blas_get_threads() : 1;
+  int one = before > 1 && (double)m * n * k < 12e6;
   if (one) blas_set_threads(1);
   sgemm(ROW_MAJOR, ta ? TRANS : NO_TRANS, tb ? TRANS : NO_TRANS, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
-  if (one) blas_set_threads(threads);
+  if (one) blas_set_threads(before);
   return nothing(env);
 }
 
@@ -333,7 +339,7 @@ static Heads heads_of(Args *a, size_t i) {
 
 // attentionForward(q, k, v, p, out, B, T, H, K, hd): causal softmax attention, query head h reading key/value
 // head h/G; q, out (B, T, H, hd), k, v (B, T, K, hd); p (B, H, T, T) kept for the backward (zero above the
-// diagonal). Each head's products are GEMMs over strided rows.
+// diagonal within each block of rows; the columns past a block's last row are not written, nor read). Each head's products are GEMMs over strided rows.
 typedef struct {
   Heads s;
   const float *q, *k, *v, *p, *dout;
@@ -459,10 +465,14 @@ static inline float dot(const float *a, const float *b, int hd) {
       memcpy(&x, a + j, sizeof x), memcpy(&y, b + j, sizeof y);
       acc += x * y;
     }
-    // Halves added to halves: four steps, not a chain of sixteen additions.
-    v8 h8 = __builtin_shufflevector(acc, acc, 0, 1, 2, 3, 4, 5, 6, 7) +
-            __builtin_shufflevector(acc, acc, 8, 9, 10, 11, 12, 13, 14, 15);
-    v4 h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) + __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+    // Halves added to halves: four steps, not a chain of sixteen additions (memcpy, not a shuffle builtin,
+    // which GCC has only from version 12).
+    v8 lo8, hi8;
+    v4 lo4, hi4;
+    memcpy(&lo8, &acc, sizeof lo8), memcpy(&hi8, (const char *)&acc + sizeof lo8, sizeof hi8);
+    v8 h8 = lo8 + hi8;
+    memcpy(&lo4, &h8, sizeof lo4), memcpy(&hi4, (const char *)&h8 + sizeof lo4, sizeof hi4);
+    v4 h4 = lo4 + hi4;
     sum = (h4[0] + h4[2]) + (h4[1] + h4[3]);
   }
   for (; j < hd; j++) sum += a[j] * b[j];
@@ -584,6 +594,15 @@ typedef struct {
   int V;
 } Head;
 
+// A target outside the vocabulary would be read (and written) outside the logits: refused, as the graph does.
+static void check_targets(Args *a, const int *targets, int rows, int V) {
+  for (int i = 0; i < rows; i++)
+    if (targets[i] < 0 || targets[i] >= V) {
+      fail(a, "prefab_cpu: a target token id is outside the vocabulary");
+      return;
+    }
+}
+
 static void logprobs_forward_share(void *ctx, int from, int to) {
   Head *k = ctx;
   int V = k->V;
@@ -611,6 +630,7 @@ static napi_value js_logprobs_forward(napi_env env, napi_callback_info info) {
   k.entropy = array(&a, 4, 1);
   int rows = (int)number(&a, 5);
   k.V = (int)number(&a, 6);
+  if (!a.bad) check_targets(&a, k.targets, rows, k.V);
   if (a.bad) return NULL;
   parallel(rows, logprobs_forward_share, &k, SHARES((size_t)rows * k.V));
   return nothing(env);
@@ -632,6 +652,7 @@ static napi_value js_logprobs_backward(napi_env env, napi_callback_info info) {
   Head k = {.z = array(&a, 0, 0), .targets = array(&a, 1, 0), .lsein = array(&a, 2, 0), .dlogp = array(&a, 3, 0)};
   int rows = (int)number(&a, 4);
   k.V = (int)number(&a, 5);
+  if (!a.bad) check_targets(&a, k.targets, rows, k.V);
   if (a.bad) return NULL;
   parallel(rows, logprobs_backward_share, &k, SHARES((size_t)rows * k.V));
   return nothing(env);
