@@ -37,8 +37,8 @@ export class DecodeWeights {
   readonly w = new Map<string, Float32Array>();
   private fused: { qkv: tf.Tensor2D; o: tf.Tensor2D; gateUp: tf.Tensor2D; down: tf.Tensor2D }[] | null = null;
   private lmHead: tf.Tensor2D | null = null;
-  /** With the C kernels: per layer q|k|v and gate|up stacked as arrays, (out, in) as stored. */
-  private stacked: { qkv: Float32Array; gateUp: Float32Array }[] | null = null;
+  /** With the C kernels: per layer the projections as arrays, (out, in) as stored, q|k|v and gate|up stacked. */
+  private stacked: Record<'qkv' | 'o' | 'gateUp' | 'down', Float32Array>[] | null = null;
 
   /**
    * `native`: the CPU path's C kernels (by default where the backend in use is that path with them): the
@@ -107,34 +107,33 @@ export class DecodeWeights {
       return rowsTimes(rows, R, which === 'head' ? head : layers[l]![which]);
     }
     const c = this.model.config;
-    const p = (n: string) => this.get(`model.layers.${l}.${n}.weight`);
-    if (!this.stacked)
-      this.stacked = Array.from({ length: c.layers }, (_, i) => {
-        const q = (n: string) => this.get(`model.layers.${i}.${n}.weight`);
-        const join = (...ws: Float32Array[]) => {
-          const out = new Float32Array(ws.reduce((n, w) => n + w.length, 0));
-          ws.reduce((at, w) => (out.set(w, at), at + w.length), 0);
-          return out;
-        };
-        return {
-          qkv: join(q('self_attn.q_proj'), q('self_attn.k_proj'), q('self_attn.v_proj')),
-          gateUp: join(q('mlp.gate_proj'), q('mlp.up_proj')),
-        };
-      });
-    const head = c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight';
     const w =
       which === 'head'
-        ? this.get(head)
-        : which === 'o'
-          ? p('self_attn.o_proj')
-          : which === 'down'
-            ? p('mlp.down_proj')
-            : this.stacked[l]![which];
+        ? this.get(c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight')
+        : this.arrays()[l]![which];
     const inner = rows.length / R;
     const out = w.length / inner;
     const y = new Float32Array(R * out);
     this.native.sgemm(0, 1, R, out, inner, 1, rows, inner, w, inner, 0, y, out);
     return y;
+  }
+
+  private arrays() {
+    const join = (...ws: Float32Array[]) => {
+      const out = new Float32Array(ws.reduce((n, w) => n + w.length, 0));
+      ws.reduce((at, w) => (out.set(w, at), at + w.length), 0);
+      return out;
+    };
+    this.stacked ??= Array.from({ length: this.model.config.layers }, (_, l) => {
+      const p = (n: string) => this.get(`model.layers.${l}.${n}.weight`);
+      return {
+        qkv: join(p('self_attn.q_proj'), p('self_attn.k_proj'), p('self_attn.v_proj')),
+        o: p('self_attn.o_proj'),
+        gateUp: join(p('mlp.gate_proj'), p('mlp.up_proj')),
+        down: p('mlp.down_proj'),
+      };
+    });
+    return this.stacked;
   }
 
   /** Frees the tensors (the arrays go with the object). */
@@ -175,9 +174,8 @@ export class KVCache {
    * (train/attention-wasm.ts). In floats: [q (H·hp) | out (H·hp) | layers × capacity positions | scores
    * (H, capacity)], a layer's positions one after another, each its rotated keys then values, (2, K, hp), hp the
    * head size rounded up to a multiple of 4 (the padding stays 0): a layer's attention reads one run of memory
-   * (with every layer's keys at a position side by side instead, 4 KB apart at the default shape, the C
-   * kernel's attention took 2–3 times as long past 500 positions). The first tokens.length are in use; when
-   * the capacity grows, the layers move up to their new places.
+   * rather than a key every few kilobytes. The first tokens.length are in use; when the capacity grows, the
+   * layers move up to their new places.
    */
   private readonly memory = new WebAssembly.Memory({ initial: 1 });
   private readonly kernels = attentionKernels(this.memory);

@@ -27,8 +27,8 @@ export function sampleToken(logits: Float32Array, temperature: number, topP: num
   let total = 0;
   for (let i = 0; i < V; i++) total += probs[i] = Math.exp((logits[i]! - top) / temperature);
   // The nucleus is a prefix of the probabilities in order: it is looked for first among those within a factor
-  // of CUTOFF of the largest (a few dozen values to sort rather than V; 40 of a 1,024-token step's 60 µs went
-  // to the sort), and among all V only where their mass falls short of topP. The same prefix either way.
+  // of CUTOFF of the largest (a few dozen values to sort rather than V, where the sort was most of a draw),
+  // and among all V only where their mass falls short of topP. The same prefix either way.
   let n = 0;
   for (let i = 0; i < V; i++) if (probs[i]! >= CUTOFF) sorted[n++] = probs[i]!;
   let ascending = sorted.subarray(0, n);

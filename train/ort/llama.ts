@@ -87,7 +87,7 @@ export class OrtLlama {
 
   /**
    * An activation of `length` f32s: the head of a buffer kept from step to step and grown only, since batches
-   * of windows differ in length (a new array each step cost SFT a tenth of its time, zeroing and collecting).
+   * of windows differ in length and a new array each step is zeroed and collected.
    */
   private act(name: string, length: number): Float32Array {
     let a = this.activations.get(name);

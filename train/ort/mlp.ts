@@ -53,7 +53,6 @@ export class MlpBackward {
   ): Promise<void> {
     const D = h.length / rows;
     const F = w.gate.value.length / D;
-    const trained = w.gate.grad !== null;
     const k = this.ort.native;
     if (k) {
       // The C kernels: each weight's gradient added in its GEMM (β = 1), dg written over dm.
@@ -69,6 +68,7 @@ export class MlpBackward {
       if (w.up.grad) k.sgemm(1, 0, F, D, N, 1, du, F, h, D, 1, w.up.grad, D);
       return;
     }
+    const trained = w.gate.grad !== null;
     const sc = this.scratch;
     if (trained && sc.dwg.length !== F * D)
       for (const k of ['dwg', 'dwu', 'dwd'] as const) sc[k] = new Float32Array(F * D);

@@ -1,5 +1,5 @@
 // The CPU path's kernels in C (train/ort/native/prefab_cpu.c), where `npm ci` could build them and OpenBLAS is
-// found: its GEMMs run at OpenBLAS's speed on both cores, where ONNX Runtime's reach 0.5–0.8 of it, and the
+// found: its GEMMs run at OpenBLAS's speed on both cores, which ONNX Runtime's fall short of, and the
 // steps between them as single loops rather than graphs (docs/experiments.md, "Training on the CPU"). Without
 // them, or with PREFAB_CPU_KERNELS=onnxruntime, every kernel of the CPU path runs in ONNX Runtime.
 import { existsSync } from 'node:fs';
@@ -7,6 +7,8 @@ import { createRequire } from 'node:module';
 
 type F32 = Float32Array;
 type Maybe = Float32Array | null;
+/** Sequences, their length, query heads, key/value heads, head size. */
+type Heads = [B: number, T: number, H: number, K: number, hd: number];
 
 /** The addon's functions (their contracts are in prefab_cpu.c, above each). */
 export interface NativeKernels {
@@ -42,33 +44,8 @@ export interface NativeKernels {
   ): void;
   swigluForward(g: F32, u: F32, m: F32, n: number): void;
   swigluBackward(g: F32, u: F32, dm: F32, dg: F32, du: F32, n: number): void;
-  attentionForward(
-    q: F32,
-    k: F32,
-    v: F32,
-    p: F32,
-    out: F32,
-    B: number,
-    T: number,
-    H: number,
-    K: number,
-    hd: number,
-  ): void;
-  attentionBackward(
-    q: F32,
-    k: F32,
-    v: F32,
-    p: F32,
-    dout: F32,
-    dq: F32,
-    dk: F32,
-    dv: F32,
-    B: number,
-    T: number,
-    H: number,
-    K: number,
-    hd: number,
-  ): void;
+  attentionForward(q: F32, k: F32, v: F32, p: F32, out: F32, ...shape: Heads): void;
+  attentionBackward(q: F32, k: F32, v: F32, p: F32, dout: F32, dq: F32, dk: F32, dv: F32, ...shape: Heads): void;
   logprobsForward(z: F32, targets: Int32Array, logp: F32, lse: F32, entropy: Maybe, rows: number, V: number): void;
   logprobsBackward(z: F32, targets: Int32Array, lse: F32, dlogp: F32, rows: number, V: number): void;
   adamw(

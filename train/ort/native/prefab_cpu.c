@@ -150,10 +150,8 @@ static napi_value js_sgemm(napi_env env, napi_callback_info info) {
   float *C = array(&a, 11, 0);
   int ldc = (int)number(&a, 12);
   if (a.bad || !has_blas(env)) return NULL;
-  // A small product (a decoding step's rows) on one thread: waking OpenBLAS's sleeping thread costs 40-45 µs,
-  // more than it saves below about 12M multiply-adds (16×688×128: 90 µs on two threads, 52 on one).
-  // OpenBLAS splits some large products between its threads so that their sums go in another order (a
-  // weight gradient of 352×128 over 2,731 rows: most values differ in the last bits between 1 thread and 2).
+  // A small product (a decoding step's rows) on one thread: waking OpenBLAS's sleeping second thread costs
+  // more than it saves there (docs/experiments.md, "On the C kernels").
   int before = blas_get_threads && blas_set_threads ? blas_get_threads() : 1;
   int one = before > 1 && (double)m * n * k < 12e6;
   if (one) blas_set_threads(1);
@@ -347,7 +345,7 @@ typedef struct {
 } Attention;
 
 // Query rows go a block at a time, each block's products over the keys up to its last row only: the causal
-// half of the work is skipped but for the blocks on the diagonal (at T = 1,024, 17/32 of it is done; blocks of 64 measured a little faster than 128 or 256).
+// half of the work is skipped but for the blocks on the diagonal. 64 rows: the fastest block of those measured (docs/experiments.md).
 enum { ATTENTION_BLOCK = 64 };
 
 // Softmax of P's rows [r0, r1) over their keys up to each row (the row's scores in, its probabilities out),
@@ -750,9 +748,8 @@ static napi_value js_set_threads(napi_env env, napi_callback_info info) {
 
 // ---- the module ------------------------------------------------------------------------------------------------
 
-// OpenBLAS's threads spin for a while after each call before they sleep (OPENBLAS_THREAD_TIMEOUT, 2^28 cycles
-// by default): the kernels' own threads then share a core with a spinning one and the attention ran at half
-// speed. Set shorter unless the user set it.
+// OpenBLAS's threads spin for a while after each call before they sleep (OPENBLAS_THREAD_TIMEOUT): the
+// kernels' own threads would share a core with a spinning one. Set shorter unless the user set it.
 static void open_blas(void) {
   setenv("OPENBLAS_THREAD_TIMEOUT", "4", 0);
   const char *names[] = {"libopenblas.so.0", "libopenblas.so", "libopenblas.dylib", NULL};
