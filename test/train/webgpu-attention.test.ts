@@ -1,6 +1,7 @@
 // Causal attention on the GPU (train/webgpu/attention.ts) against the model's (test/fixtures/attention.ts, on
 // the WASM backend): the output and tfjs's gradients with respect to q, k and v, within 1e-5 relative; plain
-// multi-head and grouped-query attention, sequences shorter and longer than a workgroup's 256 threads.
+// multi-head and grouped-query attention, sequences shorter and longer than a workgroup's 64 rows, and head
+// sizes on both sides of 64 (where the flash kernels' tiles halve).
 import { describe, expect, it } from 'vitest';
 import { seeded } from '../../core/random.ts';
 import { Attention } from '../../train/webgpu/attention.ts';
@@ -15,19 +16,24 @@ describe('causal attention on the GPU', () => {
       const gpu = here!;
       const random = seeded('webgpu-attention');
       const attention = new Attention(kernels!);
-      for (const shape of ATTENTION_CASES) {
+      const cases = [...ATTENTION_CASES, { batch: 1, length: 70, heads: 2, kvHeads: 1, headDim: 128 }];
+      for (const shape of cases) {
         const { batch, length, heads, kvHeads, headDim } = shape;
         const { q, k, v, dout } = attentionInputs(shape, random);
         const want = await modelAttention(q, k, v, dout, shape);
 
-        const size = batch * heads * length * length;
+        const rows = batch * heads * length;
         const [bq, bk, bv, bdout] = [upload(gpu, q), upload(gpu, k), upload(gpu, v), upload(gpu, dout)];
-        const [p, ds, out, dq, dk, dv] = [size, size, q.length, q.length, k.length, v.length].map((len) =>
+        const [lse, delta, out, dq, dk, dv] = [rows, rows, q.length, q.length, k.length, v.length].map((len) =>
           upload(gpu, new Float32Array(len)),
         );
         submit(gpu, (pass) => {
-          attention.forward(pass, bq, bk, bv, p!, out!, shape);
-          attention.backward(pass, bq, bk, bv, p!, bdout, ds!, dq!, dk!, dv!, shape);
+          attention.forward(pass, bq, bk, bv, out!, lse!, shape);
+          attention.backward(pass, { q: bq, k: bk, v: bv, out: out!, lse: lse! }, bdout, delta!, {
+            dq: dq!,
+            dk: dk!,
+            dv: dv!,
+          }, shape);
         });
         const what = `${batch}×${length}, ${heads} heads, ${kvHeads} kv heads of ${headDim}`;
         expect(relativeError(await download(gpu, out!, q.length), want.out), `out ${what}`).toBeLessThan(1e-5);

@@ -1,125 +1,235 @@
 // Causal self-attention on the GPU, forward and backward, as train/kernels.ts causalAttention computes it
 // for the model (with grouped-query attention: key/value head h·K/H serves query head h, transformers'
-// repeat_kv). q, dq: (B·T, H, hd); k, v, dk, dv: (B·T, K, hd); out, dout: (B·T, H·hd). The probabilities P and
-// the score gradients dS are kept, (B, H, T, T): this is not FlashAttention, and costs T² memory a head.
-//   forward:  P = softmax(q·kᵀ·scale, causal),  out = P·v
-//   backward: dS = P ⊙ (dout·vᵀ − rowsum(dout·vᵀ ⊙ P)) · scale,  dq = dS·k,  dk = dSᵀ·q,  dv = Pᵀ·dout
-// A workgroup of 256 threads takes a query row (b, h, t) for the forward and dq; another takes a key row
-// (b, kv head, s) for dk and dv, summing over the query heads it serves and the rows that see it.
+// repeat_kv). q, dq: (B·T, H, hd); k, v, dk, dv: (B·T, K, hd); out, dout: (B·T, H·hd).
+//
+// FlashAttention-2's way: the T×T scores never exist. The forward walks the keys a tile at a time with an
+// online softmax (a running max m and sum l, the output rescaled when m grows) and keeps only each row's
+// logsumexp L = m + log l (B, H, T); the backward recomputes P = exp(q·kᵀ·scale − L) tile by tile:
+//   δ_t = dout_t · out_t                      (the row sums of dP ⊙ P, from the output: DELTA)
+//   dS = P ⊙ (dout·vᵀ − δ) · scale,  dq = dS·k (DQ, a thread a query row over its keys)
+//   dk = dSᵀ·q,  dv = Pᵀ·dout                (DKV, a thread a key row over the queries and heads that see it)
+// dq and dk/dv are separate passes so that every sum runs in one thread in a fixed order: no atomics, the
+// same bits every run. A workgroup takes 64 rows of one head; the other side's rows go through workgroup
+// memory a tile of TILE at a time; a thread keeps its row and its sums in registers (hd f32s each), so the
+// shaders are written out for each head size.
 /// <reference types="@webgpu/types" />
-import { Kernels, fields, kernel } from './kernel.ts';
+import { Kernels, elementwise, fields, grid, kernel } from './kernel.ts';
 
 const DIMS = 'batch: u32, length: u32, heads: u32, kv_heads: u32, head_dim: u32, scale: f32';
 
-// Where a query row's q and a key row's k and v start, and a row of P.
+/** Rows of a workgroup (a thread each). */
+const ROWS = 64;
+
+/** The other side's rows a tile holds: two tiles of TILE × hd f32s stay within WebGPU's default 16 KiB of workgroup memory. */
+const tileOf = (hd: number) => (hd <= 64 ? 16 : 8);
+
+// Where a row's q (or dout, out, dq) and a key's k (or v, dk, dv) start, and a row's L or δ.
 const HELPERS = /* wgsl */ `
-fn q_at(d: Dims, b: u32, t: u32, h: u32) -> u32 { return ((b * d.length + t) * d.heads + h) * d.head_dim; }
-fn kv_at(d: Dims, b: u32, s: u32, g: u32) -> u32 { return ((b * d.length + s) * d.kv_heads + g) * d.head_dim; }
-fn p_at(d: Dims, b: u32, h: u32, t: u32) -> u32 { return ((b * d.heads + h) * d.length + t) * d.length; }
+struct Dims { ${DIMS} }
+@group(0) @binding(0) var<uniform> d: Dims;
+fn q_at(b: u32, t: u32, h: u32) -> u32 { return ((b * d.length + t) * d.heads + h) * HD; }
+fn kv_at(b: u32, s: u32, g: u32) -> u32 { return ((b * d.length + s) * d.kv_heads + g) * HD; }
+fn row_at(b: u32, h: u32, t: u32) -> u32 { return (b * d.heads + h) * d.length + t; }
+const NONE: f32 = -3.4e38;
 `;
 
-/**
- * WGSL: the scores of the query at q[qi…] against keys 0…count−1 (key s at keys[key(s)…]), scaled, then
- * exponentiated from their max into scores[row + s] by the workgroup's threads; their sum is left in `total`.
- */
-const expScores = (o: { scores: string; keys: string; count: string; key: string }) => `
-  var top = -3.4e38;
-  for (var s = lid.x; s < ${o.count}; s += 256u) {
-    let ki = ${o.key};
-    var dot = 0.0;
-    for (var e = 0u; e < d.head_dim; e++) { dot += q[qi + e] * ${o.keys}[ki + e]; }
-    let score = dot * d.scale;
-    ${o.scores}[row + s] = score;
-    top = max(top, score);
-  }
-  top = reduce(lid.x, top, true);
-  var sum = 0.0;
-  for (var s = lid.x; s < ${o.count}; s += 256u) {
-    let e = exp(${o.scores}[row + s] - top);
-    ${o.scores}[row + s] = e;
-    sum += e;
-  }
-  let total = reduce(lid.x, sum, false);`;
+/** The head of a flash shader for head size `hd`: constants, Dims at binding 0, the index helpers, and `buffers` from binding 1. */
+function flashHead(hd: number, buffers: string[]): string {
+  const tile = tileOf(hd);
+  const bindings = buffers.map((b, i) => {
+    const [, mut, name] = /^(mut )?(\w+)$/.exec(b)!;
+    return `@group(0) @binding(${i + 1}) var<storage, ${mut ? 'read_write' : 'read'}> ${name}: array<f32>;`;
+  });
+  return `const HD: u32 = ${hd}u;\nconst TILE: u32 = ${tile}u;\nconst ROWS: u32 = ${ROWS}u;\n${HELPERS}\n${bindings.join('\n')}\n`;
+}
 
-// A query row's workgroup: (t, h, b) from its id, its kv head g, where its q and its row of P start.
-const QUERY_ROW = `
-  let t = wg.x;
+// The forward: a thread a query row t of head h; tiles of keys and values 0 … (the block's last row).
+const forward = (hd: number) => /* wgsl */ `${flashHead(hd, ['q', 'k', 'v', 'mut out', 'mut lse'])}
+var<workgroup> kt: array<f32, ${tileOf(hd) * hd}>;
+var<workgroup> vt: array<f32, ${tileOf(hd) * hd}>;
+
+@compute @workgroup_size(${ROWS})
+fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
+  let t0 = wg.x * ROWS;
+  let t = t0 + lid.x;
   let h = wg.y;
   let b = wg.z;
   let g = h / (d.heads / d.kv_heads);
-  let qi = q_at(d, b, t, h);
-  let row = p_at(d, b, h, t);`;
-
-const FORWARD = kernel({
-  threads: 'block',
-  head: HELPERS,
-  buffers: ['q: f32', 'k: f32', 'v: f32', 'mut p: f32', 'mut out: f32'],
-  dims: DIMS,
-  body: `${QUERY_ROW}
-${expScores({ scores: 'p', keys: 'k', count: 't + 1u', key: 'kv_at(d, b, s, g)' })}
-  for (var s = lid.x; s < d.length; s += 256u) {
-    if (s <= t) { p[row + s] = p[row + s] / total; } else { p[row + s] = 0.0; }
-  }
-  storageBarrier();
-  for (var e = lid.x; e < d.head_dim; e += 256u) {
-    var acc = 0.0;
-    for (var s = 0u; s <= t; s++) { acc += p[row + s] * v[kv_at(d, b, s, g) + e]; }
-    out[qi + e] = acc;
-  }`,
-});
-
-const BACKWARD_Q = kernel({
-  threads: 'block',
-  head: HELPERS,
-  buffers: ['k: f32', 'v: f32', 'p: f32', 'dout: f32', 'mut ds: f32', 'mut dq: f32'],
-  dims: DIMS,
-  body: `${QUERY_ROW}
-  var weighted = 0.0;
-  for (var s = lid.x; s < d.length; s += 256u) {
-    var dp = 0.0;
-    if (s <= t) {
-      let vi = kv_at(d, b, s, g);
-      for (var e = 0u; e < d.head_dim; e++) { dp += dout[qi + e] * v[vi + e]; }
+  let live = t < d.length;
+  let qi = q_at(b, min(t, d.length - 1u), h);
+  var qr: array<f32, HD>;
+  var acc: array<f32, HD>;
+  for (var e = 0u; e < HD; e++) { qr[e] = q[qi + e] * d.scale; acc[e] = 0.0; }
+  var m = NONE;
+  var l = 0.0;
+  let last = min(d.length, t0 + ROWS);
+  for (var s0 = 0u; s0 < last; s0 += TILE) {
+    for (var i = lid.x; i < TILE * HD; i += ROWS) {
+      let s = s0 + i / HD;
+      var kv = vec2f(0.0);
+      if (s < d.length) { let at = kv_at(b, s, g) + i % HD; kv = vec2f(k[at], v[at]); }
+      kt[i] = kv.x;
+      vt[i] = kv.y;
     }
-    ds[row + s] = dp;
-    weighted += dp * p[row + s];
+    workgroupBarrier();
+    var scores: array<f32, TILE>;
+    var top = NONE;
+    for (var c = 0u; c < TILE; c++) {
+      var score = NONE;
+      if (s0 + c <= t) {
+        score = 0.0;
+        for (var e = 0u; e < HD; e++) { score += qr[e] * kt[c * HD + e]; }
+      }
+      scores[c] = score;
+      top = max(top, score);
+    }
+    if (live && top > NONE) {
+      let grown = max(m, top);
+      let rescale = exp(m - grown);
+      l *= rescale;
+      for (var e = 0u; e < HD; e++) { acc[e] *= rescale; }
+      for (var c = 0u; c < TILE; c++) {
+        if (scores[c] > NONE) {
+          let p = exp(scores[c] - grown);
+          l += p;
+          for (var e = 0u; e < HD; e++) { acc[e] += p * vt[c * HD + e]; }
+        }
+      }
+      m = grown;
+    }
+    workgroupBarrier();
   }
-  let rowsum = reduce(lid.x, weighted, false);
-  for (var s = lid.x; s < d.length; s += 256u) { ds[row + s] = p[row + s] * (ds[row + s] - rowsum) * d.scale; }
-  storageBarrier();
-  for (var e = lid.x; e < d.head_dim; e += 256u) {
-    var acc = 0.0;
-    for (var s = 0u; s <= t; s++) { acc += ds[row + s] * k[kv_at(d, b, s, g) + e]; }
-    dq[qi + e] = acc;
-  }`,
+  if (live) {
+    for (var e = 0u; e < HD; e++) { out[qi + e] = acc[e] / l; }
+    lse[row_at(b, h, t)] = m + log(l);
+  }
+}
+`;
+
+// δ = rowsum(dout ⊙ out) for every (b, t, h), into (B, H, T) as L is.
+const DELTA = elementwise({
+  buffers: ['out: f32', 'dout: f32', 'mut delta: f32'],
+  dims: 'length: u32, heads: u32, head_dim: u32',
+  body: `
+  let h = i % d.heads;
+  let bt = i / d.heads;
+  var sum = 0.0;
+  for (var e = 0u; e < d.head_dim; e++) { sum += dout[i * d.head_dim + e] * out[i * d.head_dim + e]; }
+  delta[((bt / d.length) * d.heads + h) * d.length + bt % d.length] = sum;`,
 });
 
-const BACKWARD_KV = kernel({
-  threads: 'block',
-  head: HELPERS,
-  buffers: ['q: f32', 'p: f32', 'ds: f32', 'dout: f32', 'mut dk: f32', 'mut dv: f32'],
-  dims: DIMS,
-  body: `
-  let s = wg.x;
+// dq: a thread a query row, over tiles of its keys and values as in the forward.
+const backwardQ = (hd: number) => /* wgsl */ `${flashHead(hd, ['q', 'k', 'v', 'dout', 'lse', 'delta', 'mut dq'])}
+var<workgroup> kt: array<f32, ${tileOf(hd) * hd}>;
+var<workgroup> vt: array<f32, ${tileOf(hd) * hd}>;
+
+@compute @workgroup_size(${ROWS})
+fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
+  let t0 = wg.x * ROWS;
+  let t = t0 + lid.x;
+  let h = wg.y;
+  let b = wg.z;
+  let g = h / (d.heads / d.kv_heads);
+  let live = t < d.length;
+  let qi = q_at(b, min(t, d.length - 1u), h);
+  let ri = row_at(b, h, min(t, d.length - 1u));
+  let big_l = lse[ri];
+  let dl = delta[ri];
+  var qr: array<f32, HD>;
+  var dor: array<f32, HD>;
+  var acc: array<f32, HD>;
+  for (var e = 0u; e < HD; e++) { qr[e] = q[qi + e] * d.scale; dor[e] = dout[qi + e]; acc[e] = 0.0; }
+  let last = min(d.length, t0 + ROWS);
+  for (var s0 = 0u; s0 < last; s0 += TILE) {
+    for (var i = lid.x; i < TILE * HD; i += ROWS) {
+      let s = s0 + i / HD;
+      var kv = vec2f(0.0);
+      if (s < d.length) { let at = kv_at(b, s, g) + i % HD; kv = vec2f(k[at], v[at]); }
+      kt[i] = kv.x;
+      vt[i] = kv.y;
+    }
+    workgroupBarrier();
+    if (live) {
+      for (var c = 0u; c < TILE; c++) {
+        if (s0 + c <= t) {
+          var score = 0.0;
+          var dp = 0.0;
+          for (var e = 0u; e < HD; e++) { score += qr[e] * kt[c * HD + e]; dp += dor[e] * vt[c * HD + e]; }
+          let ds = exp(score - big_l) * (dp - dl);
+          for (var e = 0u; e < HD; e++) { acc[e] += ds * kt[c * HD + e]; }
+        }
+      }
+    }
+    workgroupBarrier();
+  }
+  if (live) {
+    for (var e = 0u; e < HD; e++) { dq[qi + e] = acc[e] * d.scale; }
+  }
+}
+`;
+
+// dk and dv: a thread a key row s of kv head g, over the query heads g serves and their rows t ≥ s, a tile of
+// q, dout, L and δ at a time.
+const backwardKv = (hd: number) => /* wgsl */ `${flashHead(hd, ['q', 'k', 'v', 'dout', 'lse', 'delta', 'mut dk', 'mut dv'])}
+var<workgroup> qt: array<f32, ${tileOf(hd) * hd}>;
+var<workgroup> dt: array<f32, ${tileOf(hd) * hd}>;
+var<workgroup> lt: array<f32, ${tileOf(hd)}>;
+var<workgroup> deltas: array<f32, ${tileOf(hd)}>;
+
+@compute @workgroup_size(${ROWS})
+fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
+  let s_first = wg.x * ROWS;
+  let s = s_first + lid.x;
   let g = wg.y;
   let b = wg.z;
   let group = d.heads / d.kv_heads;
-  let ki = kv_at(d, b, s, g);
-  for (var e = lid.x; e < d.head_dim; e += 256u) {
-    var dk_acc = 0.0;
-    var dv_acc = 0.0;
-    for (var h = g * group; h < (g + 1u) * group; h++) {
-      for (var t = s; t < d.length; t++) {
-        let at = p_at(d, b, h, t) + s;
-        let qi = q_at(d, b, t, h);
-        dk_acc += ds[at] * q[qi + e];
-        dv_acc += p[at] * dout[qi + e];
+  let live = s < d.length;
+  let ki = kv_at(b, min(s, d.length - 1u), g);
+  var kr: array<f32, HD>;
+  var vr: array<f32, HD>;
+  var dk_acc: array<f32, HD>;
+  var dv_acc: array<f32, HD>;
+  for (var e = 0u; e < HD; e++) { kr[e] = k[ki + e] * d.scale; vr[e] = v[ki + e]; dk_acc[e] = 0.0; dv_acc[e] = 0.0; }
+  for (var h = g * group; h < (g + 1u) * group; h++) {
+    for (var t0 = s_first; t0 < d.length; t0 += TILE) {
+      for (var i = lid.x; i < TILE * HD; i += ROWS) {
+        let t = t0 + i / HD;
+        var qd = vec2f(0.0);
+        if (t < d.length) { let at = q_at(b, t, h) + i % HD; qd = vec2f(q[at], dout[at]); }
+        qt[i] = qd.x;
+        dt[i] = qd.y;
       }
+      for (var i = lid.x; i < TILE; i += ROWS) {
+        var ld = vec2f(0.0);
+        if (t0 + i < d.length) { let at = row_at(b, h, t0 + i); ld = vec2f(lse[at], delta[at]); }
+        lt[i] = ld.x;
+        deltas[i] = ld.y;
+      }
+      workgroupBarrier();
+      if (live) {
+        for (var c = 0u; c < TILE; c++) {
+          let t = t0 + c;
+          if (t >= s && t < d.length) {
+            var score = 0.0;
+            var dp = 0.0;
+            for (var e = 0u; e < HD; e++) { score += kr[e] * qt[c * HD + e]; dp += vr[e] * dt[c * HD + e]; }
+            let p = exp(score - lt[c]);
+            let ds = p * (dp - deltas[c]);
+            for (var e = 0u; e < HD; e++) {
+              dv_acc[e] += p * dt[c * HD + e];
+              dk_acc[e] += ds * qt[c * HD + e];
+            }
+          }
+        }
+      }
+      workgroupBarrier();
     }
-    dk[ki + e] = dk_acc;
-    dv[ki + e] = dv_acc;
-  }`,
-});
+  }
+  if (live) {
+    for (var e = 0u; e < HD; e++) { dk[ki + e] = dk_acc[e] * d.scale; dv[ki + e] = dv_acc[e]; }
+  }
+}
+`;
 
 // Decoding: rows r0… of q (n of them, H·hd each) are a sequence's new tokens at positions at0…, whose keys
 // and values are already in its cache (positions × K × hd, keys and values of a layer at k_off and v_off); a
@@ -136,7 +246,23 @@ const DECODE = kernel({
   let row = (wg.x * d.heads + h) * d.capacity;
   let n = d.at0 + wg.x + 1u;
   let stride = d.kv_heads * d.head_dim;
-${expScores({ scores: 'scores', keys: 'cache', count: 'n', key: 'd.k_off + s * stride + g * d.head_dim' })}
+  var top = -3.4e38;
+  for (var s = lid.x; s < n; s += 256u) {
+    let ki = d.k_off + s * stride + g * d.head_dim;
+    var dot = 0.0;
+    for (var e = 0u; e < d.head_dim; e++) { dot += q[qi + e] * cache[ki + e]; }
+    let score = dot * d.scale;
+    scores[row + s] = score;
+    top = max(top, score);
+  }
+  top = reduce(lid.x, top, true);
+  var sum = 0.0;
+  for (var s = lid.x; s < n; s += 256u) {
+    let e = exp(scores[row + s] - top);
+    scores[row + s] = e;
+    sum += e;
+  }
+  let total = reduce(lid.x, sum, false);
   storageBarrier();
   for (var e = lid.x; e < d.head_dim; e += 256u) {
     var acc = 0.0;
@@ -184,17 +310,22 @@ export class Attention {
     );
   }
 
-  /** out from q, k, v; the probabilities into p (B·H·T·T f32s), for the backward. */
+  /** Dispatches a flash shader over blocks of ROWS rows, `heads` of them, and the batch; Dims is binding 0. */
+  private flash(pass: GPUComputePassEncoder, code: string, buffers: GPUBuffer[], s: AttentionShape, heads: number) {
+    this.k.dispatch(pass, this.k.pipeline(code), [this.dims(s), ...buffers], Math.ceil(s.length / ROWS), heads, s.batch);
+  }
+
+  /** out from q, k, v; each row's logsumexp into lse (B·H·T f32s), for the backward. */
   forward(
     pass: GPUComputePassEncoder,
     q: GPUBuffer,
     k: GPUBuffer,
     v: GPUBuffer,
-    p: GPUBuffer,
     out: GPUBuffer,
+    lse: GPUBuffer,
     s: AttentionShape,
   ): void {
-    this.k.dispatch(pass, this.k.pipeline(FORWARD), [q, k, v, p, out, this.dims(s)], s.length, s.heads, s.batch);
+    this.flash(pass, forward(s.headDim), [q, k, v, out, lse], s, s.heads);
   }
 
   /** out's rows of one sequence from q and its cache; scores (rows · H · capacity f32s) is scratch. Its dims change every step: transient. */
@@ -220,35 +351,23 @@ export class Attention {
     this.k.dispatch(pass, this.k.pipeline(DECODE), [q, cache, scores, out, this.k.transient(dims)], s.rows, s.heads);
   }
 
-  /** dq, dk, dv from dout, with the forward's q, k, v and p; ds (B·H·T·T f32s) is scratch. */
+  /** dq, dk, dv from dout, with the forward's q, k, v, out and lse; delta (B·H·T f32s) is scratch. */
   backward(
     pass: GPUComputePassEncoder,
-    q: GPUBuffer,
-    k: GPUBuffer,
-    v: GPUBuffer,
-    p: GPUBuffer,
+    saved: { q: GPUBuffer; k: GPUBuffer; v: GPUBuffer; out: GPUBuffer; lse: GPUBuffer },
     dout: GPUBuffer,
-    ds: GPUBuffer,
-    dq: GPUBuffer,
-    dk: GPUBuffer,
-    dv: GPUBuffer,
+    delta: GPUBuffer,
+    grads: { dq: GPUBuffer; dk: GPUBuffer; dv: GPUBuffer },
     s: AttentionShape,
   ): void {
-    this.k.dispatch(
-      pass,
-      this.k.pipeline(BACKWARD_Q),
-      [k, v, p, dout, ds, dq, this.dims(s)],
-      s.length,
-      s.heads,
-      s.batch,
+    const rows = s.batch * s.length * s.heads;
+    const [x, y] = grid(rows);
+    const dims = this.k.uniform(
+      fields({ u32: rows }, { u32: s.length }, { u32: s.heads }, { u32: s.headDim }),
     );
-    this.k.dispatch(
-      pass,
-      this.k.pipeline(BACKWARD_KV),
-      [q, p, ds, dout, dk, dv, this.dims(s)],
-      s.length,
-      s.kvHeads,
-      s.batch,
-    );
+    this.k.dispatch(pass, this.k.pipeline(DELTA), [saved.out, dout, delta, dims], x, y);
+    const { q, k, v, lse } = saved;
+    this.flash(pass, backwardQ(s.headDim), [q, k, v, dout, lse, delta, grads.dq], s, s.heads);
+    this.flash(pass, backwardKv(s.headDim), [q, k, v, dout, lse, delta, grads.dk, grads.dv], s, s.kvHeads);
   }
 }

@@ -222,8 +222,8 @@ export class GpuLlama {
           a(`qr.${i}`, N * H * hd),
           a(`kr.${i}`, N * K * hd),
           a(`v.${i}`, N * K * hd),
-          a(`p.${i}`, B * H * T * T),
           a(`att.${i}`, N * H * hd),
+          a(`lse.${i}`, N * H),
           heads,
         );
         project(pass, a(`att.${i}`, N * H * hd), l(i, 'self_attn.o_proj.weight'), this.act('ao', N * D), N, D, H * hd);
@@ -349,7 +349,7 @@ export class GpuLlama {
   backward(slot: number, dlogp: Float32Array): void {
     const s = this.slots.get(slot);
     if (!s) throw new Error(`webgpu: no forward pass in slot ${slot} to take the backward of`);
-    const { c, B, T, N, D, H, K, hd, F, V, head, l, rows, heads, cos, sin, a } = this.sizesOf(s, slot);
+    const { c, T, N, D, H, K, hd, F, V, head, l, rows, heads, cos, sin, a } = this.sizesOf(s, slot);
     const gpu = this.k.gpu;
     const t = (n: string, length: number) => this.act(n, length); // scratch shared by every slot's backward
     const dlogps = t('dlogp', N);
@@ -428,15 +428,16 @@ export class GpuLlama {
         );
         this.ops.attention.backward(
           pass,
-          a(`qr.${i}`, N * H * hd),
-          a(`kr.${i}`, N * K * hd),
-          a(`v.${i}`, N * K * hd),
-          a(`p.${i}`, B * H * T * T),
+          {
+            q: a(`qr.${i}`, N * H * hd),
+            k: a(`kr.${i}`, N * K * hd),
+            v: a(`v.${i}`, N * K * hd),
+            out: a(`att.${i}`, N * H * hd),
+            lse: a(`lse.${i}`, N * H),
+          },
           t('datt', N * H * hd),
-          t('ds', B * H * T * T),
-          t('dqr', N * H * hd),
-          t('dkr', N * K * hd),
-          t('dv', N * K * hd),
+          t('delta', N * H),
+          { dq: t('dqr', N * H * hd), dk: t('dkr', N * K * hd), dv: t('dv', N * K * hd) },
           heads,
         );
         this.ops.rope.backward(pass, t('dqr', N * H * hd), cos, sin, t('dq', N * H * hd), {
