@@ -15,7 +15,8 @@ import { scoreSequences } from '../../train/data.ts';
 import { NEVER } from '../../pipeline/interrupt.ts';
 import { HELD, type HeldDevice } from '../fixtures/held.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
-import { relativeError } from '../fixtures/webgpu.ts';
+import { kernels, relativeError } from '../fixtures/webgpu.ts';
+import { GpuLlama } from '../../train/webgpu/llama.ts';
 
 type Held = ReturnType<HeldDevice['model']>;
 
@@ -221,4 +222,19 @@ describe.each(HELD)('the Llama held on $name', (device) => {
   it.skipIf(absent)('and with Qwen2’s biases on q, k and v', async () => {
     await compare(device, tinyLlama({ modelType: 'qwen2', attentionBias: true }), 2, 9);
   });
+});
+
+describe('the Llama held on the GPU, its head in chunks', () => {
+  // A byte of logits a chunk: 64 rows at a time (the least), so that 150 rows make chunks of 64, 64 and 22.
+  const chunked: HeldDevice = {
+    ...HELD[0]!,
+    model: (config, weights) => new GpuLlama(config, weights, kernels!, { logitBytes: 1 }),
+  };
+  it.skipIf(chunked.absent)(
+    'takes the SFT step the tfjs model takes with the N×V logits never whole, tied and untied',
+    async () => {
+      await compare(chunked, tinyLlama(), 3, 50);
+      await compare(chunked, tinyLlama({ tiedEmbeddings: false, vocabSize: 40 }), 2, 75);
+    },
+  );
 });

@@ -29,11 +29,18 @@ describe('causal attention on the GPU', () => {
         );
         submit(gpu, (pass) => {
           attention.forward(pass, bq, bk, bv, out!, lse!, shape);
-          attention.backward(pass, { q: bq, k: bk, v: bv, out: out!, lse: lse! }, bdout, delta!, {
-            dq: dq!,
-            dk: dk!,
-            dv: dv!,
-          }, shape);
+          attention.backward(
+            pass,
+            { q: bq, k: bk, v: bv, out: out!, lse: lse! },
+            bdout,
+            delta!,
+            {
+              dq: dq!,
+              dk: dk!,
+              dv: dv!,
+            },
+            shape,
+          );
         });
         const what = `${batch}×${length}, ${heads} heads, ${kvHeads} kv heads of ${headDim}`;
         expect(relativeError(await download(gpu, out!, q.length), want.out), `out ${what}`).toBeLessThan(1e-5);

@@ -170,7 +170,9 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
 
 // dk and dv: a thread a key row s of kv head g, over the query heads g serves and their rows t ≥ s, a tile of
 // q, dout, L and δ at a time.
-const backwardKv = (hd: number) => /* wgsl */ `${flashHead(hd, ['q', 'k', 'v', 'dout', 'lse', 'delta', 'mut dk', 'mut dv'])}
+const backwardKv = (
+  hd: number,
+) => /* wgsl */ `${flashHead(hd, ['q', 'k', 'v', 'dout', 'lse', 'delta', 'mut dk', 'mut dv'])}
 var<workgroup> qt: array<f32, ${tileOf(hd) * hd}>;
 var<workgroup> dt: array<f32, ${tileOf(hd) * hd}>;
 var<workgroup> lt: array<f32, ${tileOf(hd)}>;
@@ -312,7 +314,14 @@ export class Attention {
 
   /** Dispatches a flash shader over blocks of ROWS rows, `heads` of them, and the batch; Dims is binding 0. */
   private flash(pass: GPUComputePassEncoder, code: string, buffers: GPUBuffer[], s: AttentionShape, heads: number) {
-    this.k.dispatch(pass, this.k.pipeline(code), [this.dims(s), ...buffers], Math.ceil(s.length / ROWS), heads, s.batch);
+    this.k.dispatch(
+      pass,
+      this.k.pipeline(code),
+      [this.dims(s), ...buffers],
+      Math.ceil(s.length / ROWS),
+      heads,
+      s.batch,
+    );
   }
 
   /** out from q, k, v; each row's logsumexp into lse (B·H·T f32s), for the backward. */
@@ -362,9 +371,7 @@ export class Attention {
   ): void {
     const rows = s.batch * s.length * s.heads;
     const [x, y] = grid(rows);
-    const dims = this.k.uniform(
-      fields({ u32: rows }, { u32: s.length }, { u32: s.heads }, { u32: s.headDim }),
-    );
+    const dims = this.k.uniform(fields({ u32: rows }, { u32: s.length }, { u32: s.heads }, { u32: s.headDim }));
     this.k.dispatch(pass, this.k.pipeline(DELTA), [saved.out, dout, delta, dims], x, y);
     const { q, k, v, lse } = saved;
     this.flash(pass, backwardQ(s.headDim), [q, k, v, dout, lse, delta, grads.dq], s, s.heads);

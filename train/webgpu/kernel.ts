@@ -63,11 +63,11 @@ export class Kernels {
     for (const buffer of this.spent.splice(0)) buffer.destroy();
   }
 
-  /** Records `pipeline` over `buffers` (bindings 0, 1, … in order) on a grid of workgroups. */
+  /** Records `pipeline` over `buffers` (bindings 0, 1, … in order; a buffer whole or a part of one) on a grid of workgroups. */
   dispatch(
     pass: GPUComputePassEncoder,
     pipeline: GPUComputePipeline,
-    buffers: GPUBuffer[],
+    buffers: Binding[],
     x: number,
     y = 1,
     z = 1,
@@ -77,11 +77,20 @@ export class Kernels {
       0,
       this.gpu.device.createBindGroup({
         layout: pipeline.getBindGroupLayout(0),
-        entries: buffers.map((buffer, binding) => ({ binding, resource: { buffer } })),
+        entries: buffers.map((b, binding) => ({ binding, resource: 'buffer' in b ? b : { buffer: b } })),
       }),
     );
     pass.dispatchWorkgroups(x, y, z);
   }
+}
+
+/** A storage buffer bound whole, or a range of one (its offset a multiple of 256 bytes, WebGPU's largest alignment). */
+export type Binding = GPUBuffer | GPUBufferBinding;
+
+/** The f32s from `at` (a multiple of 64) for `length` of them in `buffer`, as a binding. */
+export function part(buffer: GPUBuffer, at: number, length: number): GPUBufferBinding {
+  if (at % 64 !== 0) throw new Error(`webgpu: a part of a buffer must start at a multiple of 64 f32s, not ${at}`);
+  return { buffer, offset: at * 4, size: Math.max(4, length * 4) };
 }
 
 /**

@@ -16,11 +16,17 @@ import type { GpuParameter } from './adamw.ts';
 import { Attention } from './attention.ts';
 import { download, submit, upload } from './buffers.ts';
 import { Add, Bias, Copy, Embedding, Mul, Norms, Rope, RopeTables, SwiGlu, byToken } from './elementwise.ts';
-import type { Kernels } from './kernel.ts';
+import { part, type Kernels } from './kernel.ts';
 import { TargetLogprobs } from './logprobs.ts';
 import { Matmul } from './matmul.ts';
 import { RmsNorm } from './rmsnorm.ts';
 import type { TokenBlock } from '../windows.ts';
+
+/**
+ * The most bytes of logits a chunk of the head holds (and as many of their gradient): chunks of a few hundred
+ * rows even at a vocabulary of 152k, large enough that the head's GEMMs stay wide.
+ */
+const LOGIT_BYTES = 256 * 2 ** 20;
 
 /** An adapter on the GPU: the names of its A and B among the weights, and the rest of LoraWeights. */
 type GpuAdapter = Omit<LoraWeights, 'a' | 'b'> & { a: string; b: string };
@@ -84,7 +90,7 @@ export class GpuLlama {
     readonly config: LlamaConfig,
     weights: Map<string, Float32Array>,
     private readonly k: Kernels,
-    o: { trainable?: boolean; adapters?: Map<string, LoraWeights> } = {},
+    o: { trainable?: boolean; adapters?: Map<string, LoraWeights>; logitBytes?: number } = {},
   ) {
     const held = heldWeights(config, weights, 'webgpu', o);
     for (const w of held.weights) {
@@ -96,6 +102,24 @@ export class GpuLlama {
     this.adapters = held.adapters;
     this.ops = llamaKernels(k);
     this.tables = new RopeTables(k.gpu, config);
+    this.logitBytes = Math.min(o.logitBytes ?? LOGIT_BYTES, k.gpu.device.limits.maxStorageBufferBindingSize);
+  }
+
+  /** The most bytes of logits (and of their gradient) held at once. */
+  private readonly logitBytes: number;
+
+  /** Rows of logits a chunk: a multiple of 64 (so that a chunk's rows start where a binding may), within logitBytes, no more than N needs. */
+  private chunkRows(N: number): number {
+    const fit = Math.max(64, Math.floor(this.logitBytes / (this.config.vocabSize * 4) / 64) * 64);
+    return Math.min(fit, Math.ceil(N / 64) * 64);
+  }
+
+  /** The chunks of N rows: [first row, rows]. */
+  private chunks(N: number): [number, number][] {
+    const size = this.chunkRows(N);
+    const out: [number, number][] = [];
+    for (let r0 = 0; r0 < N; r0 += size) out.push([r0, Math.min(size, N - r0)]);
+    return out;
   }
 
   /** An activation's buffer of `length` f32s, kept from step to step while the shape stays. */
@@ -250,8 +274,19 @@ export class GpuLlama {
         a('rf', N),
         rows,
       );
-      project(pass, a('hf', N * D), head, a('logits', N * V), N, V, D);
-      this.ops.logprobs.forward(pass, a('logits', N * V), s.targets, a('logp', N), a('lse', N), { rows: N, vocab: V });
+      // The head and log-softmax a chunk of rows at a time: the N×V logits never exist (Liger's fused linear
+      // cross-entropy); the backward computes each chunk's logits again.
+      const logits = this.act('logits', this.chunkRows(N) * V);
+      for (const [r0, n] of this.chunks(N)) {
+        this.ops.mm.encode(pass, part(a('hf', N * D), r0 * D, n * D), this.w(head), logits, {
+          m: n,
+          n: V,
+          k: D,
+          transposeB: true,
+        });
+        const [targets, logp, lse] = [s.targets, a('logp', N), a('lse', N)].map((b) => part(b, r0, n));
+        this.ops.logprobs.forward(pass, logits, targets!, logp!, lse!, { rows: n, vocab: V });
+      }
     });
     return download(gpu, a('logp', N), N);
   }
@@ -376,11 +411,24 @@ export class GpuLlama {
     const frozenOr = (name: string) => this.gOrScratch(name, D);
     submit(gpu, (pass) => {
       const dx = t('dx', N * D);
-      this.ops.logprobs.backward(pass, a('logits', N * V), s.targets, a('lse', N), dlogps, t('dlogits', N * V), {
-        rows: N,
-        vocab: V,
-      });
-      through(pass, t('dlogits', N * V), head, a('hf', N * D), t('dh', N * D), N, V, D);
+      // The head a chunk of rows at a time, its logits computed again (the forward's were not kept):
+      // dlogits = dlogp·(onehot − softmax), dh = dlogits·W, dW += dlogitsᵀ·hf.
+      const [logits, dlogits] = [t('logits', this.chunkRows(N) * V), t('dlogits', this.chunkRows(N) * V)];
+      for (const [r0, n] of this.chunks(N)) {
+        const [hf, dh] = [a('hf', N * D), t('dh', N * D)].map((b) => part(b, r0 * D, n * D));
+        this.ops.mm.encode(pass, hf!, this.w(head), logits, { m: n, n: V, k: D, transposeB: true });
+        const [targets, lse, dlogp] = [s.targets, a('lse', N), dlogps].map((b) => part(b, r0, n));
+        this.ops.logprobs.backward(pass, logits, targets!, lse!, dlogp!, dlogits, { rows: n, vocab: V });
+        this.ops.mm.encode(pass, dlogits, this.w(head), dh!, { m: n, n: D, k: V });
+        if (this.grads.has(head))
+          this.ops.mm.encode(pass, dlogits, hf!, this.g(head), {
+            m: V,
+            n: D,
+            k: n,
+            transposeA: true,
+            accumulate: true,
+          });
+      }
       this.ops.norm.backward(
         pass,
         a(`x${c.layers}`, N * D),

@@ -4,7 +4,7 @@
 //   logp_t = z_t[y_t] − logsumexp(z_t),   dz_t = dlogp_t · (onehot(y_t) − softmax(z_t)).
 // A workgroup takes a row of V logits; the forward keeps each row's logsumexp for the backward.
 /// <reference types="@webgpu/types" />
-import { Kernels, fields, kernel } from './kernel.ts';
+import { Kernels, fields, kernel, type Binding } from './kernel.ts';
 
 const DIMS = 'rows: u32, vocab: u32';
 
@@ -59,10 +59,10 @@ export class TargetLogprobs {
   /** logp (rows) and lse (rows) from the logits z (rows × vocab) and the targets (rows, i32). */
   forward(
     pass: GPUComputePassEncoder,
-    z: GPUBuffer,
-    targets: GPUBuffer,
-    logp: GPUBuffer,
-    lse: GPUBuffer,
+    z: Binding,
+    targets: Binding,
+    logp: Binding,
+    lse: Binding,
     s: LogprobShape,
   ): void {
     this.k.dispatch(pass, this.k.pipeline(FORWARD), [z, targets, logp, lse, this.dims(s)], s.rows);
@@ -71,11 +71,11 @@ export class TargetLogprobs {
   /** dz (rows × vocab) from dlogp (rows), with the forward's z, targets and lse. */
   backward(
     pass: GPUComputePassEncoder,
-    z: GPUBuffer,
-    targets: GPUBuffer,
-    lse: GPUBuffer,
-    dlogp: GPUBuffer,
-    dz: GPUBuffer,
+    z: Binding,
+    targets: Binding,
+    lse: Binding,
+    dlogp: Binding,
+    dz: Binding,
     s: LogprobShape,
   ): void {
     this.k.dispatch(

@@ -6,7 +6,7 @@
 // through workgroup memory. A tile is loaded so that neighbouring threads read neighbouring addresses in
 // whichever orientation the operand is stored.
 /// <reference types="@webgpu/types" />
-import { Kernels, fields } from './kernel.ts';
+import { Kernels, fields, type Binding } from './kernel.ts';
 
 const SHADER = /* wgsl */ `
 override TRANS_A: bool = false;
@@ -103,7 +103,7 @@ export class Matmul {
   constructor(private readonly k: Kernels) {}
 
   /** Records C = op(A)·op(B) (or C +=) into `pass`; the buffers hold f32s, C batch × M × N of them. */
-  encode(pass: GPUComputePassEncoder, a: GPUBuffer, b: GPUBuffer, c: GPUBuffer, s: MatmulShape): void {
+  encode(pass: GPUComputePassEncoder, a: Binding, b: Binding, c: Binding, s: MatmulShape): void {
     const constants = {
       TRANS_A: s.transposeA ? 1 : 0,
       TRANS_B: s.transposeB ? 1 : 0,
