@@ -17,6 +17,7 @@ import { HELD, type HeldDevice } from '../fixtures/held.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
 import { kernels, relativeError } from '../fixtures/webgpu.ts';
 import { GpuLlama } from '../../train/webgpu/llama.ts';
+import { Kernels } from '../../train/webgpu/kernel.ts';
 
 type Held = ReturnType<HeldDevice['model']>;
 
@@ -235,6 +236,51 @@ describe('the Llama held on the GPU, its head in chunks', () => {
     async () => {
       await compare(chunked, tinyLlama(), 3, 50);
       await compare(chunked, tinyLlama({ tiedEmbeddings: false, vocabSize: 40 }), 2, 75);
+    },
+  );
+});
+
+describe('the Llama held on the GPU, its tensors split across bindings', () => {
+  // 12 KiB a binding: the 40×96 table (15 KiB, in spans of 31 rows, the second not where a binding may start),
+  // every projection and their gradients are cut into spans and pieces (AdamW's pieces:
+  // test/train/webgpu-adamw.test.ts); activations (18×128 at most) and a chunk of 64 rows of logits still fit.
+  const split: HeldDevice = {
+    ...HELD[0]!,
+    model: (config, weights) => new GpuLlama(config, weights, splitKernels!),
+  };
+  const splitKernels = kernels ? new Kernels(kernels.gpu, { bindingBytes: 12 * 1024 }) : null;
+  const wide = (tiedEmbeddings: boolean) =>
+    tinyLlama({
+      hiddenSize: 96,
+      intermediateSize: 128,
+      vocabSize: 40,
+      heads: 4,
+      kvHeads: 2,
+      headDim: 24,
+      tiedEmbeddings,
+    });
+  it.skipIf(split.absent)(
+    'takes tfjs’s SFT step, tied and untied, clips by the same norm, and says which activation is too large',
+    async () => {
+      await compare(split, wide(true), 2, 9);
+      await compare(split, wide(false), 2, 9);
+
+      // Clipping sums squares a piece at a time: the norm of the gradients read back whole, and half of them.
+      const model = Llama.create(wide(true), 'split-clip');
+      const held = split.model(wide(true), new Map([...model.weights()].map(([n, w]) => [n, w.data])));
+      const random = seeded('split-clip');
+      const draw = () => Int32Array.from({ length: 18 }, () => Math.floor(random() * 40));
+      await sftStep(held, { ids: draw(), targets: draw(), mask: new Float32Array(18).fill(1), batch: 2, length: 9 });
+      const before = new Map<string, Float32Array>();
+      for (const name of held.grads.keys()) before.set(name, await held.gradient(name));
+      const norm = Math.sqrt([...before.values()].reduce((sum, g) => sum + g.reduce((s, x) => s + x * x, 0), 0));
+      expect(Math.abs((await held.clipGradients(norm / 2)) - norm) / norm).toBeLessThan(1e-5);
+      const halved = new Map([...before].map(([name, g]) => [name, g.map((x) => x / 2)]));
+      expect(await gradientGap(held, halved)).toBeLessThan(1e-5);
+
+      const long = { ids: new Int32Array(2 * 64), targets: new Int32Array(2 * 64), batch: 2, length: 64 };
+      await expect(held.forward(long, 0)).rejects.toThrow(/activation \S+ needs 0 MiB in one binding, more than/);
+      model.dispose();
     },
   );
 });

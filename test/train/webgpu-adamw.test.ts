@@ -1,6 +1,7 @@
 // AdamW on the GPU (train/webgpu/adamw.ts) against the trainer's own (train/optimizer.ts on the WASM
 // backend): a matrix that decays and a vector that does not, five steps with a changing learning rate and
-// new gradients each step, compared element by element within 1e-6 (both compute in f32). Where no WebGPU
+// new gradients each step, compared element by element within 1e-6 (both compute in f32); and again with
+// every parameter too large for one binding of 512 bytes, so updated a piece at a time. Where no WebGPU
 // adapter is, CI fails and elsewhere the test is skipped, saying why (test/train/webgpu-matmul.test.ts).
 import * as tf from '@tensorflow/tfjs-core';
 import { describe, expect, it } from 'vitest';
@@ -9,11 +10,16 @@ import { seeded } from '../../core/random.ts';
 import { AdamW, ADAMW_DEFAULTS } from '../../train/optimizer.ts';
 import { GpuAdamW, type GpuParameter } from '../../train/webgpu/adamw.ts';
 import { download, submit, upload } from '../../train/webgpu/buffers.ts';
+import { Kernels } from '../../train/webgpu/kernel.ts';
 
 describe('AdamW on the GPU', () => {
-  it.skipIf(absent)(
-    'takes the same five steps as the trainer’s AdamW, decaying the matrix and not the vector',
-    async () => {
+  const ways = [
+    ['in one binding', kernels],
+    ['in pieces of 128', kernels && new Kernels(kernels.gpu, { bindingBytes: 512 })],
+  ] as const;
+  it.skipIf(absent).each(ways)(
+    'takes the same five steps as the trainer’s AdamW, decaying the matrix and not the vector, each parameter %s',
+    async (_, k) => {
       const gpu = here!;
       const random = seeded('webgpu-adamw');
       const values = (n: number) => Float32Array.from({ length: n }, () => random() * 2 - 1);
@@ -41,7 +47,7 @@ describe('AdamW on the GPU', () => {
           decays: name === 'weight',
         };
       }
-      const adamw = new GpuAdamW(kernels!, options);
+      const adamw = new GpuAdamW(k!, options);
 
       for (let step = 0; step < 5; step++) {
         const lr = 0.01 * (step + 1);

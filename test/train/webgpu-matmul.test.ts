@@ -7,6 +7,7 @@ import type { Gpu } from '../../train/webgpu/device.ts';
 import { absent, gpu as here, kernels, noGpu } from '../fixtures/webgpu.ts';
 import { download, submit, upload } from '../../train/webgpu/buffers.ts';
 import { Matmul, type MatmulShape } from '../../train/webgpu/matmul.ts';
+import { Kernels } from '../../train/webgpu/kernel.ts';
 import { seeded } from '../../core/random.ts';
 
 /** One set of pipelines for every product (compiling them is what costs on a CPU driver). */
@@ -33,13 +34,13 @@ function reference(a: Float32Array, b: Float32Array, c: Float32Array, s: MatmulS
   return out;
 }
 
-async function check(gpu: Gpu, s: MatmulShape, seed: string): Promise<number> {
+async function check(gpu: Gpu, s: MatmulShape, seed: string, product = matmul!): Promise<number> {
   const random = seeded('webgpu-matmul', seed);
   const values = (n: number) => Float32Array.from({ length: n }, () => random() * 2 - 1);
   const batch = s.batch ?? 1;
   const [a, b, c] = [values(batch * s.m * s.k), values(batch * s.k * s.n), values(batch * s.m * s.n)];
   const [ga, gb, gc] = [upload(gpu, a), upload(gpu, b), upload(gpu, c)];
-  submit(gpu, (pass) => matmul!.encode(pass, ga, gb, gc, s));
+  submit(gpu, (pass) => product.encode(pass, ga, gb, gc, s));
   const got = await download(gpu, gc, c.length);
   const want = reference(a, b, c, s);
   let worst = 0;
@@ -86,4 +87,26 @@ describe('the WebGPU GEMM', () => {
       await check(gpu, { m: 33, n: 17, k: 40, batch: 3, transposeB: true, accumulate: true }, 'accumulate'),
     ).toBeLessThan(1e-5);
   });
+
+  it.skipIf(absent)(
+    'splits a product whose operands do not fit one binding into blocks, each operand read from a span',
+    async () => {
+      const gpu = here!;
+      // 2 KiB a binding: a 70×130 matrix is 36 KiB, so M, N and K are cut into blocks whatever the transposes.
+      const split = new Matmul(new Kernels(gpu, { bindingBytes: 2048 }));
+      for (const transposeA of [false, true])
+        for (const transposeB of [false, true])
+          for (const accumulate of [false, true]) {
+            const s = { m: 70, n: 130, k: 33, transposeA, transposeB, accumulate };
+            const what = `transposeA=${transposeA} transposeB=${transposeB} accumulate=${accumulate}`;
+            expect(await check(gpu, s, `split:${what}`, split), what).toBeLessThan(1e-5);
+          }
+      expect(() =>
+        submit(gpu, (pass) => {
+          const one = upload(gpu, new Float32Array(600));
+          split.encode(pass, one, one, one, { m: 1, n: 1, k: 600 });
+        }),
+      ).toThrow(/row too long for one binding/);
+    },
+  );
 });

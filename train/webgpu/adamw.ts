@@ -1,9 +1,9 @@
 // AdamW on the GPU, element by element as train/optimizer.ts does it (decoupled weight decay as
-// torch.optim.AdamW, bias-corrected moments; matrices decay, vectors do not): one dispatch a parameter,
-// all of a step's in one command buffer.
+// torch.optim.AdamW, bias-corrected moments; matrices decay, vectors do not): one dispatch a parameter (a
+// piece of one at a time where it is too large for one binding), all of a step's in one command buffer.
 /// <reference types="@webgpu/types" />
 import type { AdamWOptions } from '../optimizer.ts';
-import { elementwise, fields, grid, type Kernels } from './kernel.ts';
+import { elementwise, fields, grid, part, pieces, type Kernels } from './kernel.ts';
 
 const SHADER = elementwise({
   buffers: ['mut p: f32', 'g: f32', 'mut m: f32', 'mut v: f32'],
@@ -33,8 +33,8 @@ export interface GpuParameter {
 export class GpuAdamW {
   /** Steps taken: bias correction uses it. */
   step = 0;
-  /** Each parameter's step constants, written again every step (so one step a submission). */
-  private readonly uniforms = new WeakMap<GpuParameter, GPUBuffer>();
+  /** Each parameter's pieces' step constants, written again every step (so one step a submission). */
+  private readonly uniforms = new WeakMap<GpuParameter, GPUBuffer[]>();
 
   constructor(
     private readonly k: Kernels,
@@ -50,18 +50,21 @@ export class GpuAdamW {
     const pipeline = this.k.pipeline(SHADER);
     for (const p of params) {
       const decay = p.decays && weightDecay > 0 ? 1 - lr * weightDecay : 1;
-      const values = fields({ u32: p.length }, ...[lr, beta1, beta2, eps, c1, c2, decay].map((f32) => ({ f32 })));
-      let step = this.uniforms.get(p);
-      if (!step)
+      const all = pieces(this.k.bindingBytes, p.length);
+      let steps = this.uniforms.get(p);
+      if (!steps)
         this.uniforms.set(
           p,
-          (step = this.k.gpu.device.createBuffer({
-            size: 32,
-            usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
-          })),
+          (steps = all.map(() =>
+            this.k.gpu.device.createBuffer({ size: 32, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST }),
+          )),
         );
-      this.k.gpu.device.queue.writeBuffer(step, 0, values);
-      this.k.dispatch(pass, pipeline, [p.value, p.grad, p.m, p.v, step], ...grid(p.length));
+      all.forEach(([at, length], i) => {
+        const values = fields({ u32: length }, ...[lr, beta1, beta2, eps, c1, c2, decay].map((f32) => ({ f32 })));
+        this.k.gpu.device.queue.writeBuffer(steps[i]!, 0, values);
+        const buffers = [p.value, p.grad, p.m, p.v].map((b) => part(b, at, length));
+        this.k.dispatch(pass, pipeline, [...buffers, steps[i]!], ...grid(length));
+      });
     }
   }
 }

@@ -5,7 +5,7 @@
 import { ropeTable, type LlamaConfig } from '../model.ts';
 import { upload } from './buffers.ts';
 import type { Gpu } from './device.ts';
-import { Kernels, WORKGROUP_REDUCE, elementwise, fields, grid } from './kernel.ts';
+import { Kernels, WORKGROUP_REDUCE, elementwise, fields, grid, part, pieces, span } from './kernel.ts';
 
 const SWIGLU_FORWARD = elementwise({
   buffers: ['g: f32', 'u: f32', 'mut h: f32'],
@@ -148,10 +148,14 @@ export class Bias {
   }
 }
 
+// A table too large for one binding is read (and its gradient written) a span of rows [v0, v1) at a time,
+// starting `skip` f32s into its binding.
 const GATHER = elementwise({
   buffers: ['table: f32', 'ids: i32', 'mut y: f32'],
-  dims: 'dim: u32',
-  body: '  y[i] = table[u32(ids[i / d.dim]) * d.dim + i % d.dim];',
+  dims: 'dim: u32, v0: u32, v1: u32, skip: u32',
+  body: `
+  let token = u32(ids[i / d.dim]);
+  if (token >= d.v0 && token < d.v1) { y[i] = table[d.skip + (token - d.v0) * d.dim + i % d.dim]; }`,
 });
 
 // The embedding's gradient without atomics (WGSL has none for f32): the positions of each token, grouped by
@@ -159,13 +163,13 @@ const GATHER = elementwise({
 // sums exactly its token's rows of dy, in position order: the same sum every run, O(tokens·dim + rows·dim).
 const SCATTER = elementwise({
   buffers: ['dy: f32', 'starts: u32', 'positions: u32', 'mut dtable: f32'],
-  dims: 'dim: u32',
+  dims: 'dim: u32, v0: u32, skip: u32',
   body: `
-  let row = i / d.dim;
+  let row = d.v0 + i / d.dim;
   let col = i % d.dim;
   var sum = 0.0;
   for (var k = starts[row]; k < starts[row + 1u]; k++) { sum += dy[positions[k] * d.dim + col]; }
-  dtable[i] += sum;`,
+  dtable[d.skip + i] += sum;`,
 });
 
 /** Where each token's positions start in `positions` (rows + 1 entries), and the positions grouped by token, in order. */
@@ -183,6 +187,16 @@ export function byToken(ids: Int32Array, rows: number): { starts: Uint32Array; p
 export class Embedding {
   constructor(private readonly k: Kernels) {}
 
+  /** The table's rows a span at a time, [v0, v1), each within one binding. */
+  private spans(table: GPUBuffer, dim: number): [number, number][] {
+    const rows = table.size / 4 / dim;
+    const room = Math.floor((Math.floor(this.k.bindingBytes / 4) - 64) / dim);
+    if (room < 1) throw new Error(`webgpu: an embedding row of ${dim} is too long for one binding`);
+    const out: [number, number][] = [];
+    for (let v0 = 0; v0 < rows; v0 += room) out.push([v0, Math.min(rows, v0 + room)]);
+    return out;
+  }
+
   /** y (tokens × dim) = table[ids]. */
   forward(
     pass: GPUComputePassEncoder,
@@ -192,12 +206,11 @@ export class Embedding {
     tokens: number,
     dim: number,
   ): void {
-    this.k.dispatch(
-      pass,
-      this.k.pipeline(GATHER),
-      [table, ids, y, this.k.uniform(fields({ u32: tokens * dim }, { u32: dim }))],
-      ...grid(tokens * dim),
-    );
+    for (const [v0, v1] of this.spans(table, dim)) {
+      const { binding, skip } = span(table, v0 * dim, v1 * dim);
+      const dims = this.k.uniform(fields(...[tokens * dim, dim, v0, v1, skip].map((u32) => ({ u32 }))));
+      this.k.dispatch(pass, this.k.pipeline(GATHER), [binding, ids, y, dims], ...grid(tokens * dim));
+    }
   }
 
   /** dtable (rows × dim) += the rows of dy (tokens × dim) by token; `starts` and `positions` from byToken(ids), uploaded. */
@@ -207,15 +220,13 @@ export class Embedding {
     starts: GPUBuffer,
     positions: GPUBuffer,
     dtable: GPUBuffer,
-    rows: number,
     dim: number,
   ): void {
-    this.k.dispatch(
-      pass,
-      this.k.pipeline(SCATTER),
-      [dy, starts, positions, dtable, this.k.uniform(fields({ u32: rows * dim }, { u32: dim }))],
-      ...grid(rows * dim),
-    );
+    for (const [v0, v1] of this.spans(dtable, dim)) {
+      const { binding, skip } = span(dtable, v0 * dim, v1 * dim);
+      const dims = this.k.uniform(fields(...[(v1 - v0) * dim, dim, v0, skip].map((u32) => ({ u32 }))));
+      this.k.dispatch(pass, this.k.pipeline(SCATTER), [dy, starts, positions, binding, dims], ...grid((v1 - v0) * dim));
+    }
   }
 }
 
@@ -242,22 +253,46 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
 
 const SCALE = elementwise({ buffers: ['mut x: f32'], dims: 'factor: f32', body: '  x[i] = x[i] * d.factor;' });
 
-/** Sums of squares (a partial a 4,096 elements, summed by the caller) and scaling in place: clipping by global norm. */
+/**
+ * Sums of squares (a partial a 4,096 elements, summed by the caller) and scaling in place: clipping by global
+ * norm. A vector too large for one binding goes a piece at a time, each piece's partials from a multiple of 64.
+ */
 export class Norms {
   constructor(private readonly k: Kernels) {}
 
-  /** How many partial sums `squares` writes for `n` elements. */
-  static partials(n: number): number {
-    return Math.ceil(n / 4096);
+  /** Each piece's partials: where they start in `partials` (a multiple of 64, where a binding may) and how many. */
+  private layout(n: number): { at: number; length: number; first: number; count: number }[] {
+    const all = pieces(this.k.bindingBytes, n);
+    const stride = Math.ceil(Math.ceil(all[0]![1] / 4096) / 64) * 64;
+    return all.map(([at, length], i) => ({ at, length, first: i * stride, count: Math.ceil(length / 4096) }));
   }
 
+  /** How many partial sums `squares` writes for `n` elements (with gaps between pieces' partials, which stay 0). */
+  partials(n: number): number {
+    const last = this.layout(n).at(-1)!;
+    return last.first + last.count;
+  }
+
+  /** The squares of x's n elements, summed 4,096 at a time into `partials` (partials(n) f32s, made zero). */
   squares(pass: GPUComputePassEncoder, x: GPUBuffer, partials: GPUBuffer, n: number): void {
-    const [gx, gy] = grid(Norms.partials(n) * 256);
-    this.k.dispatch(pass, this.k.pipeline(SQUARES), [x, partials, this.k.uniform(fields({ u32: n }))], gx, gy);
+    for (const { at, length, first, count } of this.layout(n)) {
+      const dims = this.k.uniform(fields({ u32: length }));
+      const [gx, gy] = grid(count * 256);
+      this.k.dispatch(
+        pass,
+        this.k.pipeline(SQUARES),
+        [part(x, at, length), part(partials, first, count), dims],
+        gx,
+        gy,
+      );
+    }
   }
 
   scale(pass: GPUComputePassEncoder, x: GPUBuffer, n: number, factor: number): void {
-    this.k.dispatch(pass, this.k.pipeline(SCALE), [x, this.k.uniform(fields({ u32: n }, { f32: factor }))], ...grid(n));
+    for (const [at, length] of pieces(this.k.bindingBytes, n)) {
+      const dims = this.k.uniform(fields({ u32: length }, { f32: factor }));
+      this.k.dispatch(pass, this.k.pipeline(SCALE), [part(x, at, length), dims], ...grid(length));
+    }
   }
 }
 

@@ -9,7 +9,18 @@ export class Kernels {
   private readonly pipelines = new Map<string, GPUComputePipeline>();
   private readonly uniforms = new Map<string, GPUBuffer>();
 
-  constructor(readonly gpu: Gpu) {}
+  /**
+   * The most bytes a storage binding may hold: the device's maxStorageBufferBindingSize, or fewer where a
+   * test asks (so that splitting a tensor across bindings is checked on small models).
+   */
+  readonly bindingBytes: number;
+
+  constructor(
+    readonly gpu: Gpu,
+    o: { bindingBytes?: number } = {},
+  ) {
+    this.bindingBytes = Math.min(o.bindingBytes ?? Infinity, gpu.device.limits.maxStorageBufferBindingSize);
+  }
 
   /** The pipeline of `code` (entry point main) with its `override` constants set. */
   pipeline(code: string, constants: Record<string, number> = {}): GPUComputePipeline {
@@ -91,6 +102,28 @@ export type Binding = GPUBuffer | GPUBufferBinding;
 export function part(buffer: GPUBuffer, at: number, length: number): GPUBufferBinding {
   if (at % 64 !== 0) throw new Error(`webgpu: a part of a buffer must start at a multiple of 64 f32s, not ${at}`);
   return { buffer, offset: at * 4, size: Math.max(4, length * 4) };
+}
+
+/** A vector of `n` f32s in pieces that each fit a binding of `bindingBytes`, each starting at a multiple of 64 f32s: [at, length]. */
+export function pieces(bindingBytes: number, n: number): [number, number][] {
+  const size = Math.max(64, Math.floor(bindingBytes / 4 / 64) * 64);
+  const out: [number, number][] = [];
+  for (let at = 0; at < Math.max(1, n); at += size) out.push([at, Math.min(size, n - at)]);
+  return out;
+}
+
+/** How many f32s a binding holds. */
+export const lengthOf = (b: Binding) => ('buffer' in b ? (b.size ?? b.buffer.size - (b.offset ?? 0)) : b.size) / 4;
+
+/**
+ * The f32s [from, to) of a binding as a binding of their own: its start moved back to where a binding may
+ * start (a multiple of 256 bytes), and `skip`, how many f32s into it `from` lies.
+ */
+export function span(b: Binding, from: number, to: number): { binding: GPUBufferBinding; skip: number } {
+  const [buffer, base] = 'buffer' in b ? [b.buffer, b.offset ?? 0] : [b, 0];
+  const start = base + from * 4;
+  const offset = start - (start % 256);
+  return { binding: { buffer, offset, size: base + to * 4 - offset }, skip: (start - offset) / 4 };
 }
 
 /**

@@ -102,7 +102,7 @@ export class GpuLlama {
     this.adapters = held.adapters;
     this.ops = llamaKernels(k);
     this.tables = new RopeTables(k.gpu, config);
-    this.logitBytes = Math.min(o.logitBytes ?? LOGIT_BYTES, k.gpu.device.limits.maxStorageBufferBindingSize);
+    this.logitBytes = Math.min(o.logitBytes ?? LOGIT_BYTES, k.bindingBytes);
   }
 
   /** The most bytes of logits (and of their gradient) held at once. */
@@ -127,6 +127,12 @@ export class GpuLlama {
     const held = this.activations.get(name);
     if (held && held.length === length) return held.buffer;
     held?.buffer.destroy();
+    if (length * 4 > this.k.bindingBytes) {
+      const mib = (bytes: number) => `${(bytes / 2 ** 20).toFixed(0)} MiB`;
+      throw new Error(
+        `webgpu: the activation ${name} needs ${mib(length * 4)} in one binding, more than this GPU's largest (${mib(this.k.bindingBytes)}): train with a smaller batch or shorter sequences`,
+      );
+    }
     const buffer = upload(this.k.gpu, new Float32Array(length));
     this.activations.set(name, { buffer, length });
     return buffer;
@@ -553,7 +559,7 @@ export class GpuLlama {
         );
       }
       if (this.grads.has('model.embed_tokens.weight'))
-        this.ops.embedding.backward(pass, dx, s.starts, s.positions, this.g('model.embed_tokens.weight'), V, D);
+        this.ops.embedding.backward(pass, dx, s.starts, s.positions, this.g('model.embed_tokens.weight'), D);
     });
   }
 
@@ -586,13 +592,13 @@ export class GpuLlama {
     const partials = [...this.grads.keys()].map((name) => ({
       name,
       n: this.sizes.get(name)!,
-      out: this.act(`norm.${name}`, Norms.partials(this.sizes.get(name)!)),
+      out: this.act(`norm.${name}`, norms.partials(this.sizes.get(name)!)),
     }));
     submit(gpu, (pass) => {
       for (const p of partials) norms.squares(pass, this.g(p.name), p.out, p.n);
     });
     let sum = 0;
-    for (const p of partials) for (const v of await download(gpu, p.out, Norms.partials(p.n))) sum += v;
+    for (const p of partials) for (const v of await download(gpu, p.out, norms.partials(p.n))) sum += v;
     const norm = Math.sqrt(sum);
     if (maxNorm > 0 && norm > maxNorm) {
       const factor = maxNorm / (norm + 1e-6);

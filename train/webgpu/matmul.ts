@@ -2,18 +2,25 @@
 // (a batch of independent products, as attention's per-head matmuls are) and optionally added to C. The
 // transposes the backward pass needs (dW = Xᵀ·dY, dX = dY·Wᵀ) are read in place, never copied.
 //
+// A product whose operands do not fit one binding (the device's maxStorageBufferBindingSize: 2 GiB on most
+// GPUs, 128 MiB on lavapipe) is made of smaller products over blocks of M, N and K, each operand a span of
+// its buffer: the same matrices read with their own row lengths (lda, ldb, ldc) from an offset.
+//
 // Each workgroup makes a 64×64 block of C with 16×16 threads, each thread a 4×4 patch, walking K 16 at a time
 // through workgroup memory. A tile is loaded so that neighbouring threads read neighbouring addresses in
 // whichever orientation the operand is stored.
 /// <reference types="@webgpu/types" />
-import { Kernels, fields, type Binding } from './kernel.ts';
+import { Kernels, fields, lengthOf, span, type Binding } from './kernel.ts';
 
 const SHADER = /* wgsl */ `
 override TRANS_A: bool = false;
 override TRANS_B: bool = false;
 override ACCUMULATE: bool = false;
 
-struct Dims { m: u32, n: u32, k: u32, stride_a: u32, stride_b: u32, stride_c: u32 }
+struct Dims {
+  m: u32, n: u32, k: u32, stride_a: u32, stride_b: u32, stride_c: u32,
+  lda: u32, ldb: u32, ldc: u32, off_a: u32, off_b: u32, off_c: u32,
+}
 
 @group(0) @binding(0) var<storage, read> a: array<f32>;
 @group(0) @binding(1) var<storage, read> b: array<f32>;
@@ -27,22 +34,22 @@ var<workgroup> tile_b: array<f32, 1024>; // [k][n] of op(B)'s 16×64 block
 
 fn load_a(base: u32, row: u32, kk: u32) -> f32 {
   if (row >= dims.m || kk >= dims.k) { return 0.0; }
-  if (TRANS_A) { return a[base + kk * dims.m + row]; }
-  return a[base + row * dims.k + kk];
+  if (TRANS_A) { return a[base + kk * dims.lda + row]; }
+  return a[base + row * dims.lda + kk];
 }
 
 fn load_b(base: u32, kk: u32, col: u32) -> f32 {
   if (kk >= dims.k || col >= dims.n) { return 0.0; }
-  if (TRANS_B) { return b[base + col * dims.k + kk]; }
-  return b[base + kk * dims.n + col];
+  if (TRANS_B) { return b[base + col * dims.ldb + kk]; }
+  return b[base + kk * dims.ldb + col];
 }
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
   let row0 = wg.y * TILE;
   let col0 = wg.x * TILE;
-  let base_a = wg.z * dims.stride_a;
-  let base_b = wg.z * dims.stride_b;
+  let base_a = dims.off_a + wg.z * dims.stride_a;
+  let base_b = dims.off_b + wg.z * dims.stride_b;
   let t = lid.y * 16u + lid.x;
   var acc: array<f32, 16>;
   for (var k0 = 0u; k0 < dims.k; k0 += TK) {
@@ -77,7 +84,7 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
     for (var j = 0u; j < 4u; j++) {
       let col = col0 + lid.x * 4u + j;
       if (r < dims.m && col < dims.n) {
-        let at = wg.z * dims.stride_c + r * dims.n + col;
+        let at = dims.off_c + wg.z * dims.stride_c + r * dims.ldc + col;
         if (ACCUMULATE) { c[at] += acc[i * 4u + j]; } else { c[at] = acc[i * 4u + j]; }
       }
     }
@@ -104,16 +111,67 @@ export class Matmul {
 
   /** Records C = op(A)·op(B) (or C +=) into `pass`; the buffers hold f32s, C batch × M × N of them. */
   encode(pass: GPUComputePassEncoder, a: Binding, b: Binding, c: Binding, s: MatmulShape): void {
+    const { m: M, n: N, k: K } = s;
+    const batch = s.batch ?? 1;
+    const [lda, ldb] = [s.transposeA ? M : K, s.transposeB ? K : N];
+    const room = Math.floor(this.k.bindingBytes / 4) - 64; // a span's f32s, less what aligning its start may add
+    if ([a, b, c].every((x) => lengthOf(x) * 4 <= this.k.bindingBytes)) {
+      this.product(pass, [a, b, c], s, [lda, ldb, N], [0, 0, 0], s.accumulate ?? false);
+      return;
+    }
+    if (batch > 1) throw new Error(`webgpu: a batch of ${batch} products too large for one binding each`);
+    // Rows of each dimension a block may have: a span holds whole stored rows of its operand.
+    const most = (...limits: number[]) => {
+      const rows = Math.min(...limits);
+      if (rows < 1)
+        throw new Error(
+          `webgpu: a ${M}×${K}·${K}×${N} product has a row too long for one binding (${this.k.bindingBytes} bytes)`,
+        );
+      return rows;
+    };
+    const mRows = most(s.transposeA ? M : Math.floor(room / K), Math.floor(room / N));
+    const kRows = most(s.transposeA ? Math.floor(room / M) : K, s.transposeB ? K : Math.floor(room / N));
+    const nRows = most(s.transposeB ? Math.floor(room / K) : N);
+    for (let m0 = 0; m0 < M; m0 += mRows)
+      for (let n0 = 0; n0 < N; n0 += nRows)
+        for (let k0 = 0; k0 < K; k0 += kRows) {
+          const [m1, n1, k1] = [Math.min(M, m0 + mRows), Math.min(N, n0 + nRows), Math.min(K, k0 + kRows)];
+          // Each operand's elements from its block's first to its last, in its stored layout.
+          const sa = s.transposeA ? span(a, k0 * M + m0, (k1 - 1) * M + m1) : span(a, m0 * K + k0, (m1 - 1) * K + k1);
+          const sb = s.transposeB ? span(b, n0 * K + k0, (n1 - 1) * K + k1) : span(b, k0 * N + n0, (k1 - 1) * N + n1);
+          const sc = span(c, m0 * N + n0, (m1 - 1) * N + n1);
+          const block = { ...s, m: m1 - m0, n: n1 - n0, k: k1 - k0 };
+          const accumulate = (s.accumulate ?? false) || k0 > 0;
+          this.product(
+            pass,
+            [sa.binding, sb.binding, sc.binding],
+            block,
+            [lda, ldb, N],
+            [sa.skip, sb.skip, sc.skip],
+            accumulate,
+          );
+        }
+  }
+
+  /** One dispatch: op(A)·op(B) of `s`'s sizes, each operand read with its row length and from its offset. */
+  private product(
+    pass: GPUComputePassEncoder,
+    [a, b, c]: Binding[],
+    s: MatmulShape,
+    ld: number[],
+    offsets: number[],
+    accumulate: boolean,
+  ): void {
     const constants = {
       TRANS_A: s.transposeA ? 1 : 0,
       TRANS_B: s.transposeB ? 1 : 0,
-      ACCUMULATE: s.accumulate ? 1 : 0,
+      ACCUMULATE: accumulate ? 1 : 0,
     };
-    const dims = this.k.uniform(fields(...[s.m, s.n, s.k, s.m * s.k, s.k * s.n, s.m * s.n].map((u32) => ({ u32 }))));
+    const values = [s.m, s.n, s.k, s.m * s.k, s.k * s.n, s.m * s.n, ...ld, ...offsets];
     this.k.dispatch(
       pass,
       this.k.pipeline(SHADER, constants),
-      [a, b, c, dims],
+      [a!, b!, c!, this.k.uniform(fields(...values.map((u32) => ({ u32 }))))],
       Math.ceil(s.n / 64),
       Math.ceil(s.m / 64),
       s.batch ?? 1,
