@@ -1,10 +1,13 @@
-// Training throughput on the GPU (train/webgpu/): SFT steps with AdamW of the Llama on the bench shape (4
-// layers, hidden 256, 4 heads of 64, SwiGLU 688, context 256, vocabulary 512) and on a GPT-2-small shape (12
-// layers, hidden 768, 12 heads of 64, SwiGLU 2048, context 512, vocabulary 8192), at batch 8 and 32. Prints
-// tokens/s and achieved TFLOP/s (nanoGPT's 6·N + attention per token), the GEMM's TFLOP/s at 4096³ and at
-// 4096×2304×768, and, where python3 has torch with CUDA, PyTorch fp32 (TF32 off) on the same shape in the same
-// run with the ratio. On a CPU driver (lavapipe) it runs, slowly: `--quick` takes one small step to show it works.
-//   npm run bench:train:webgpu [-- --shape bench|gpt2|both --batch 8,32 --steps 5 --quick]
+// Training throughput and memory on the GPU (train/webgpu/): SFT steps with AdamW of the Llama on the bench
+// shape, a GPT-2-small shape, and the SmolLM2-135M and Qwen2.5-0.5B shapes at context 1024 (random weights).
+// Prints tokens/s, achieved TFLOP/s (nanoGPT's 6·N + attention per token) and the GPU memory prefab held at
+// most; the GEMM's TFLOP/s at 4096³ and at 4096×2304×768; and, where python3 has torch with CUDA and
+// transformers, their LlamaForCausalLM / Qwen2ForCausalLM built from the same config (sdpa attention, fused
+// AdamW, labels = input_ids) in fp32 with TF32 off and in bf16 autocast, each with
+// torch.cuda.max_memory_allocated(), in the same run. `--largest` finds the largest batch (doubling from the
+// first) that trains, each try in a process of its own. On a CPU driver (lavapipe) `--quick` takes one small
+// step to show that the path runs.
+//   npm run bench:train:webgpu [-- --shape bench,gpt2,smollm2,qwen05 --batch 8 --steps 3 --largest --quick]
 import { spawnSync } from 'node:child_process';
 import { Command } from 'commander';
 import { flopsPerToken, initialWeights, type LlamaConfig } from '../train/model.ts';
@@ -19,46 +22,89 @@ import { Matmul } from '../train/webgpu/matmul.ts';
 import { seeded } from '../core/random.ts';
 
 const opts = new Command()
-  .option('--shape <name>', 'bench, gpt2 or both', 'both')
-  .option('--batch <list>', 'sequences a step, comma-separated', '8,32')
-  .option('--steps <n>', 'timed steps (after one untimed)', '5')
+  .option('--shape <list>', 'shapes, comma-separated: bench, gpt2, smollm2, qwen05', 'bench,gpt2,smollm2,qwen05')
+  .option('--batch <list>', "sequences a step, comma-separated (default: each shape's own)")
+  .option('--steps <n>', 'timed steps (after one untimed)', '3')
+  .option('--largest', 'also find the largest batch that trains, doubling from the last one given')
+  .option('--no-peers', 'prefab only (no PyTorch)')
+  .option('--no-gemm', 'do not time the GEMM alone')
   .option('--quick', 'one step of a small shape: a check that the path runs (a CPU driver)')
   .parse()
-  .opts<{ shape: string; batch: string; steps: string; quick?: boolean }>();
+  .opts<{
+    shape: string;
+    batch?: string;
+    steps: string;
+    largest?: boolean;
+    peers: boolean;
+    gemm: boolean;
+    quick?: boolean;
+  }>();
 
-const llama = (
-  layers: number,
-  hidden: number,
-  heads: number,
-  mlp: number,
-  vocab: number,
-  context: number,
-): LlamaConfig => ({
-  modelType: 'llama',
-  vocabSize: vocab,
-  hiddenSize: hidden,
-  intermediateSize: mlp,
-  layers,
-  heads,
-  kvHeads: heads,
-  headDim: hidden / heads,
-  ropeTheta: 10000,
-  rmsNormEps: 1e-5,
-  tiedEmbeddings: true,
-  attentionBias: false,
-  maxPositions: context,
-  bosTokenId: null,
-  eosTokenId: null,
+interface Shape {
+  config: LlamaConfig;
+  /** Batches timed when --batch is not given. */
+  batches: number[];
+}
+
+const shape = (o: {
+  layers: number;
+  hidden: number;
+  heads: number;
+  kvHeads?: number;
+  mlp: number;
+  vocab: number;
+  context: number;
+  qwen2?: boolean;
+  batches: number[];
+}): Shape => ({
+  batches: o.batches,
+  config: {
+    modelType: o.qwen2 ? 'qwen2' : 'llama',
+    vocabSize: o.vocab,
+    hiddenSize: o.hidden,
+    intermediateSize: o.mlp,
+    layers: o.layers,
+    heads: o.heads,
+    kvHeads: o.kvHeads ?? o.heads,
+    headDim: o.hidden / o.heads,
+    ropeTheta: 10000,
+    rmsNormEps: 1e-5,
+    tiedEmbeddings: true,
+    attentionBias: o.qwen2 ?? false,
+    maxPositions: o.context,
+    bosTokenId: null,
+    eosTokenId: null,
+  },
 });
-const SHAPES: Record<string, LlamaConfig> = {
-  bench: llama(4, 256, 4, 688, 512, 256),
-  gpt2: llama(12, 768, 12, 2048, 8192, 512),
-  quick: llama(2, 64, 2, 128, 128, 32),
+const SHAPES: Record<string, Shape> = {
+  bench: shape({ layers: 4, hidden: 256, heads: 4, mlp: 688, vocab: 512, context: 256, batches: [8, 32] }),
+  gpt2: shape({ layers: 12, hidden: 768, heads: 12, mlp: 2048, vocab: 8192, context: 512, batches: [8, 32] }),
+  smollm2: shape({
+    layers: 30,
+    hidden: 576,
+    heads: 9,
+    kvHeads: 3,
+    mlp: 1536,
+    vocab: 49152,
+    context: 1024,
+    batches: [8],
+  }),
+  qwen05: shape({
+    layers: 24,
+    hidden: 896,
+    heads: 14,
+    kvHeads: 2,
+    mlp: 4864,
+    vocab: 151936,
+    context: 1024,
+    qwen2: true,
+    batches: [8],
+  }),
+  quick: shape({ layers: 2, hidden: 64, heads: 2, mlp: 128, vocab: 128, context: 32, batches: [2] }),
 };
 
 const gpu = await openGpu();
 const kernels = new Kernels(gpu);
-console.log(`adapter: ${gpu.adapter.description} (${gpu.software ? 'software: expect CPU speed' : 'hardware'})`);
 
 /** The GEMM alone: C = A·Bᵀ as a projection reads its weight, best of a few runs, TFLOP/s. */
 async function gemm(m: number, n: number, k: number): Promise<number> {
@@ -82,81 +128,136 @@ async function gemm(m: number, n: number, k: number): Promise<number> {
   return (2 * m * n * k) / seconds / 1e12;
 }
 
-/** PyTorch on the same shape and batch, fp32 with TF32 off, where python3 has torch with CUDA; null otherwise. */
-function pytorch(c: LlamaConfig, batch: number, length: number, steps: number): number | null {
-  const script = String.raw`
-import sys, time, torch, torch.nn as nn, torch.nn.functional as F
-if not torch.cuda.is_available(): print("none"); sys.exit(0)
-torch.backends.cuda.matmul.allow_tf32 = False; torch.backends.cudnn.allow_tf32 = False
-L, D, H, FF, V, T, B, S = ${[c.layers, c.hiddenSize, c.heads, c.intermediateSize, c.vocabSize, length, batch, steps].join(', ')}
-hd = D // H
-class Block(nn.Module):
-    def __init__(s):
-        super().__init__(); s.n1 = nn.RMSNorm(D, eps=1e-5); s.n2 = nn.RMSNorm(D, eps=1e-5)
-        s.qkv = nn.Linear(D, 3 * D, bias=False); s.o = nn.Linear(D, D, bias=False)
-        s.gate = nn.Linear(D, FF, bias=False); s.up = nn.Linear(D, FF, bias=False); s.down = nn.Linear(FF, D, bias=False)
-    def forward(s, x, cos, sin):
-        q, k, v = s.qkv(s.n1(x)).view(B, T, 3, H, hd).unbind(2)
-        rot = lambda t: t * cos + torch.cat([-t[..., hd // 2:], t[..., :hd // 2]], -1) * sin
-        q, k, v = rot(q).transpose(1, 2), rot(k).transpose(1, 2), v.transpose(1, 2)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, D)
-        x = x + s.o(a)
-        h = s.n2(x)
-        return x + s.down(F.silu(s.gate(h)) * s.up(h))
-class Model(nn.Module):
-    def __init__(s):
-        super().__init__(); s.emb = nn.Embedding(V, D); s.blocks = nn.ModuleList(Block() for _ in range(L)); s.norm = nn.RMSNorm(D, eps=1e-5)
-    def forward(s, ids, cos, sin):
-        x = s.emb(ids)
-        for b in s.blocks: x = b(x, cos, sin)
-        return s.norm(x) @ s.emb.weight.T
-dev = "cuda"; m = Model().to(dev); opt = torch.optim.AdamW(m.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
-inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, device=dev).float() / hd)); ang = torch.outer(torch.arange(T, device=dev).float(), inv)
-ang = torch.cat([ang, ang], -1)[None, :, None, :]; cos, sin = ang.cos(), ang.sin()
-ids = torch.randint(0, V, (B, T), device=dev); tg = torch.randint(0, V, (B, T), device=dev)
-def step():
-    loss = F.cross_entropy(m(ids, cos, sin).view(-1, V), tg.view(-1)); loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
-step(); torch.cuda.synchronize(); t0 = time.perf_counter()
-for _ in range(S): step()
-torch.cuda.synchronize(); print(B * T * S / (time.perf_counter() - t0))
-`;
-  const r = spawnSync('python3', ['-c', script], { encoding: 'utf8', timeout: 600_000 });
-  const out = r.status === 0 ? r.stdout.trim() : '';
-  return out && out !== 'none' ? Number(out) : null;
-}
-
-const shapes = opts.quick ? ['quick'] : opts.shape === 'both' ? ['bench', 'gpt2'] : [opts.shape];
-const batches = opts.quick ? [2] : opts.batch.split(',').map(Number);
-const steps = opts.quick ? 1 : Number(opts.steps);
-if (gpu.software) console.log('GEMM: not timed on a software adapter (minutes at 4096³)');
-else if (!opts.quick)
-  console.log(
-    `GEMM: ${(await gemm(4096, 4096, 4096)).toFixed(1)} TFLOP/s at 4096³, ${(await gemm(4096, 2304, 768)).toFixed(1)} at 4096×2304×768`,
-  );
-console.log('| shape | batch | tokens/s | TFLOP/s | PyTorch fp32 tokens/s | ratio |\n|---|---|---|---|---|---|');
-for (const name of shapes) {
-  const config = SHAPES[name]!;
+/** prefab's SFT steps on `name` at `batch`: tokens/s and the most GPU memory held (weights, gradients, moments, activations). */
+async function prefab(name: string, batch: number, steps: number): Promise<{ tokens: number; bytes: number }> {
+  const { config } = SHAPES[name]!;
   const length = config.maxPositions;
-  for (const batch of batches) {
-    const model = new GpuLlama(config, initialWeights(config, 'bench'), kernels);
-    const adamw = new GpuAdamW(kernels, ADAMW_DEFAULTS);
-    const random = seeded('bench', name, batch);
-    const draw = () => Int32Array.from({ length: batch * length }, () => Math.floor(random() * config.vocabSize));
-    const mask = new Float32Array(batch * length).fill(1);
-    const step = async () => {
-      await sftStep(model, { ids: draw(), targets: draw(), mask, batch, length });
-      submit(gpu, (pass) => adamw.encode(pass, model.parameters(), 3e-4));
-      await gpu.device.queue.onSubmittedWorkDone();
-    };
+  gpu.memory.peak = gpu.memory.now;
+  const start = gpu.memory.now;
+  const model = new GpuLlama(config, initialWeights(config, 'bench'), kernels);
+  const adamw = new GpuAdamW(kernels, ADAMW_DEFAULTS);
+  const random = seeded('bench', name, batch);
+  const draw = () => Int32Array.from({ length: batch * length }, () => Math.floor(random() * config.vocabSize));
+  const mask = new Float32Array(batch * length).fill(1);
+  const step = async () => {
+    await sftStep(model, { ids: draw(), targets: draw(), mask, batch, length });
+    submit(gpu, (pass) => adamw.encode(pass, model.parameters(), 3e-4));
+    await gpu.device.queue.onSubmittedWorkDone();
+    if (gpu.failure) throw new Error(gpu.failure);
+  };
+  try {
     await step();
     const t0 = performance.now();
     for (let s = 0; s < steps; s++) await step();
-    const tokens = (batch * length * steps) / ((performance.now() - t0) / 1000);
-    const torch = opts.quick ? null : pytorch(config, batch, length, steps);
-    const tflops = (tokens * flopsPerToken(config, length)) / 1e12;
-    console.log(
-      `| ${name} | ${batch} | ${tokens.toFixed(0)} | ${tflops.toFixed(2)} | ${torch === null ? 'no torch with CUDA here' : torch.toFixed(0)} | ${torch === null ? '—' : (tokens / torch).toFixed(2)} |`,
+    return { tokens: (batch * length * steps) / ((performance.now() - t0) / 1000), bytes: gpu.memory.peak - start };
+  } finally {
+    model.dispose();
+  }
+}
+
+/** transformers' model of the same config, fp32 (TF32 off) or bf16 autocast, where python3 has torch with CUDA; null otherwise. */
+function pytorch(
+  c: LlamaConfig,
+  batch: number,
+  steps: number,
+  precision: 'fp32' | 'bf16',
+): { tokens: number; bytes: number } | string | null {
+  const script = String.raw`
+import sys, json, time, torch
+if not torch.cuda.is_available(): print("null"); sys.exit(0)
+import transformers
+a = json.loads(sys.argv[1]); c = a["config"]
+torch.backends.cuda.matmul.allow_tf32 = False; torch.backends.cudnn.allow_tf32 = False
+kw = dict(vocab_size=c["vocabSize"], hidden_size=c["hiddenSize"], intermediate_size=c["intermediateSize"],
+          num_hidden_layers=c["layers"], num_attention_heads=c["heads"], num_key_value_heads=c["kvHeads"],
+          max_position_embeddings=c["maxPositions"], rms_norm_eps=c["rmsNormEps"], rope_theta=c["ropeTheta"],
+          tie_word_embeddings=c["tiedEmbeddings"])
+if c["modelType"] == "qwen2": model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**kw))
+else: model = transformers.LlamaForCausalLM(transformers.LlamaConfig(head_dim=c["headDim"], attention_bias=False, **kw))
+model.config._attn_implementation = "sdpa"
+model = model.cuda().train()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+B, T, S = a["batch"], c["maxPositions"], a["steps"]
+ids = torch.randint(0, c["vocabSize"], (B, T), device="cuda")
+def step():
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=a["precision"] == "bf16"):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+step(); torch.cuda.synchronize(); t0 = time.perf_counter()
+for _ in range(S): step()
+torch.cuda.synchronize()
+print(json.dumps({"tokens": B * T * S / (time.perf_counter() - t0), "bytes": torch.cuda.max_memory_allocated()}))
+`;
+  const args = JSON.stringify({ config: c, batch, steps, precision });
+  const r = spawnSync('python3', ['-c', script, args], { encoding: 'utf8', timeout: 600_000 });
+  if (r.error || (r.status !== 0 && !/out of memory/i.test(r.stderr))) return null;
+  if (r.status !== 0) return 'out of memory';
+  return JSON.parse(r.stdout.trim()) as { tokens: number; bytes: number } | null;
+}
+
+/** The largest batch, doubling from `from`, whose steps train: each try a process of its own (a failed device stays failed). */
+function largest(name: string, from: number): number | null {
+  let fits: number | null = null;
+  for (let batch = from; batch <= 1024; batch *= 2) {
+    const r = spawnSync(
+      process.execPath,
+      [
+        ...process.execArgv,
+        process.argv[1]!,
+        '--shape',
+        name,
+        '--batch',
+        String(batch),
+        '--steps',
+        '1',
+        '--no-peers',
+        '--no-gemm',
+      ],
+      { encoding: 'utf8', timeout: 600_000 },
     );
+    if (r.status !== 0 || / fails: /.test(r.stdout)) break;
+    fits = batch;
+  }
+  return fits;
+}
+
+const gib = (bytes: number) =>
+  bytes >= 2 ** 30 ? `${(bytes / 2 ** 30).toFixed(1)} GiB` : `${(bytes / 2 ** 20).toFixed(1)} MiB`;
+const names = opts.quick ? ['quick'] : opts.shape.split(',');
+const steps = opts.quick ? 1 : Number(opts.steps);
+console.log(`adapter: ${gpu.adapter.description} (${gpu.software ? 'software: expect CPU speed' : 'hardware'})`);
+if (gpu.software) console.log('GEMM: not timed on a software adapter (minutes at 4096³)');
+else if (!opts.quick && opts.gemm)
+  console.log(
+    `GEMM: ${(await gemm(4096, 4096, 4096)).toFixed(1)} TFLOP/s at 4096³, ${(await gemm(4096, 2304, 768)).toFixed(1)} at 4096×2304×768`,
+  );
+console.log(
+  '| shape | batch | tokens/s | TFLOP/s | memory | PyTorch fp32 tokens/s (memory) | ratio | PyTorch bf16 tokens/s (memory) | ratio |\n|---|---|---|---|---|---|---|---|---|',
+);
+for (const name of names) {
+  const known = SHAPES[name];
+  if (!known) throw new Error(`--shape ${name}: not one of ${Object.keys(SHAPES).join(', ')}`);
+  const batches = opts.batch ? opts.batch.split(',').map(Number) : known.batches;
+  for (const batch of batches) {
+    const cells = [name, String(batch)];
+    try {
+      const { tokens, bytes } = await prefab(name, batch, steps);
+      const tflops = (tokens * flopsPerToken(known.config, known.config.maxPositions)) / 1e12;
+      cells.push(tokens.toFixed(0), tflops.toFixed(2), gib(bytes));
+      for (const precision of ['fp32', 'bf16'] as const) {
+        const peer = opts.quick || !opts.peers ? null : pytorch(known.config, batch, steps, precision);
+        if (peer === null) cells.push('no torch with CUDA here', '—');
+        else if (typeof peer === 'string') cells.push(peer, '—');
+        else cells.push(`${peer.tokens.toFixed(0)} (${gib(peer.bytes)})`, (tokens / peer.tokens).toFixed(2));
+      }
+    } catch (error) {
+      cells.push(`fails: ${(error as Error).message.split('\n')[0]}`);
+    }
+    console.log(`| ${cells.join(' | ')} |`);
+  }
+  if (opts.largest) {
+    const from = batches.at(-1)!;
+    console.log(`${name}: the largest batch that trains, doubling from ${from}: ${largest(name, from) ?? 'none'}`);
   }
 }
 process.exit(0);

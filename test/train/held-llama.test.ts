@@ -284,3 +284,29 @@ describe('the Llama held on the GPU, its tensors split across bindings', () => {
     },
   );
 });
+
+describe('the Llama held on the GPU, its memory', () => {
+  it.skipIf(HELD[0]!.absent)(
+    'grows with the tokens, not their square: no T×T attention, no N×V logits kept',
+    async () => {
+      const config = tinyLlama({ vocabSize: 2000, maxPositions: 512 });
+      const model = Llama.create(config, 'memory');
+      const weights = new Map([...model.weights()].map(([name, w]) => [name, w.data]));
+      const gpu = kernels!.gpu;
+      // Bytes an SFT step of one sequence of `length` tokens adds to the model's weights and gradients.
+      const activations = async (length: number) => {
+        const held = new GpuLlama(config, weights, kernels!, { logitBytes: 1 });
+        const before = gpu.memory.now;
+        const draw = () => Int32Array.from({ length }, (_, t) => (t * 7919) % config.vocabSize);
+        await sftStep(held, { ids: draw(), targets: draw(), mask: new Float32Array(length).fill(1), batch: 1, length });
+        const bytes = gpu.memory.now - before;
+        held.dispose();
+        return bytes;
+      };
+      const [short, long] = [await activations(256), await activations(512)];
+      expect(long / short).toBeLessThanOrEqual(2);
+      expect(long).toBeLessThan(512 * config.vocabSize * 4);
+      model.dispose();
+    },
+  );
+});

@@ -13,6 +13,8 @@ export interface Gpu {
   software: boolean;
   /** The first error the device reported (a shader that does not compile, a binding that does not fit), or null: reading results back throws it. */
   failure: string | null;
+  /** Bytes of storage buffers held now and at most so far (buffers.ts upload() counts them; uniforms are not). */
+  memory: { now: number; peak: number };
 }
 
 /** Why there is no GPU here, when there is none: for the log and the error a user sees. */
@@ -138,7 +140,7 @@ async function open({ instance, adapter, description, software }: Found): Promis
       maxBufferSize: limits.maxBufferSize,
     },
   });
-  const gpu: Gpu = { instance, device, adapter: description, software, failure: null };
+  const gpu: Gpu = { instance, device, adapter: description, software, failure: null, memory: { now: 0, peak: 0 } };
   // Thrown from here, an error would end the process: it is kept, and thrown where results are read.
   device.addEventListener('uncapturederror', (event) => {
     gpu.failure ??= (event as GPUUncapturedErrorEvent).error.message;
