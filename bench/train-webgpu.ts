@@ -1,12 +1,12 @@
 // Training throughput and memory on the GPU (train/webgpu/): SFT steps with AdamW of the Llama on the bench
 // shape, a GPT-2-small shape, and the SmolLM2-135M and Qwen2.5-0.5B shapes at context 1024 (random weights).
 // Prints tokens/s, achieved TFLOP/s (nanoGPT's 6·N + attention per token) and the GPU memory prefab held at
-// most; the GEMM's TFLOP/s at 4096³ and at 4096×2304×768; and, where python3 has torch with CUDA and
-// transformers, their LlamaForCausalLM / Qwen2ForCausalLM built from the same config (sdpa attention, fused
-// AdamW, labels = input_ids) in fp32 with TF32 off and in bf16 autocast, each with
+// most; the GEMM's TFLOP/s at 4096³ and at 4096×2304×768 in either block size; and, where python3 has torch
+// with CUDA and transformers, their LlamaForCausalLM / Qwen2ForCausalLM built from the same config (sdpa
+// attention, fused AdamW, labels = input_ids) in fp32 with TF32 off and in bf16 autocast, each with
 // torch.cuda.max_memory_allocated(), in the same run. `--largest` finds the largest batch (doubling from the
-// first) that trains, each try in a process of its own. On a CPU driver (lavapipe) `--quick` takes one small
-// step to show that the path runs.
+// last one timed) that trains, each try in a process of its own. On a CPU driver (lavapipe) `--quick` takes
+// one small step to show that the path runs.
 //   npm run bench:train:webgpu [-- --shape bench,gpt2,smollm2,qwen05 --batch 8 --steps 3 --largest --quick]
 import { spawnSync } from 'node:child_process';
 import { Command } from 'commander';
@@ -106,9 +106,9 @@ const SHAPES: Record<string, Shape> = {
 const gpu = await openGpu();
 const kernels = new Kernels(gpu);
 
-/** The GEMM alone: C = A·Bᵀ as a projection reads its weight, best of a few runs, TFLOP/s. */
-async function gemm(m: number, n: number, k: number): Promise<number> {
-  const mm = new Matmul(kernels);
+/** The GEMM alone in blocks of `tile`: C = A·Bᵀ as a projection reads its weight, best of a few runs, TFLOP/s. */
+async function gemm(m: number, n: number, k: number, tile: 64 | 128): Promise<number> {
+  const mm = new Matmul(kernels, { tile });
   const [a, b, c] = [
     upload(gpu, new Float32Array(m * k).fill(0.5)),
     upload(gpu, new Float32Array(n * k).fill(0.25)),
@@ -228,9 +228,13 @@ const steps = opts.quick ? 1 : Number(opts.steps);
 console.log(`adapter: ${gpu.adapter.description} (${gpu.software ? 'software: expect CPU speed' : 'hardware'})`);
 if (gpu.software) console.log('GEMM: not timed on a software adapter (minutes at 4096³)');
 else if (!opts.quick && opts.gemm)
-  console.log(
-    `GEMM: ${(await gemm(4096, 4096, 4096)).toFixed(1)} TFLOP/s at 4096³, ${(await gemm(4096, 2304, 768)).toFixed(1)} at 4096×2304×768`,
-  );
+  for (const [m, n, k] of [
+    [4096, 4096, 4096],
+    [4096, 2304, 768],
+  ] as const)
+    console.log(
+      `GEMM ${m}×${n}×${k}: ${(await gemm(m, n, k, 64)).toFixed(1)} TFLOP/s in 64×64 blocks, ${(await gemm(m, n, k, 128)).toFixed(1)} in 128×128`,
+    );
 console.log(
   '| shape | batch | tokens/s | TFLOP/s | memory | PyTorch fp32 tokens/s (memory) | ratio | PyTorch bf16 tokens/s (memory) | ratio |\n|---|---|---|---|---|---|---|---|---|',
 );

@@ -1,6 +1,6 @@
 // The GPU GEMM (train/webgpu/matmul.ts) against a float64 product on the CPU: every combination of
-// transposes, ragged shapes that do not fill a 64×64 block, batches and accumulation. It runs wherever a
-// WebGPU adapter is; CI installs lavapipe (a CPU Vulkan driver) so that it always runs there, and fails
+// transposes, ragged shapes that do not fill a block, both block sizes, batches, accumulation, and products
+// split across bindings. It runs wherever a WebGPU adapter is; CI installs lavapipe (a CPU Vulkan driver) so that it always runs there, and fails
 // rather than skips when none is found. Elsewhere without one, it is skipped with the reason printed.
 import { describe, expect, it } from 'vitest';
 import type { Gpu } from '../../train/webgpu/device.ts';
@@ -65,24 +65,28 @@ describe('the WebGPU GEMM', () => {
       [70, 130, 33],
       [128, 96, 257],
       [3, 200, 64],
+      [130, 257, 70],
+      [256, 128, 33],
     ];
-    for (const [m, n, k] of shapes) {
-      for (const transposeA of [false, true]) {
-        for (const transposeB of [false, true]) {
-          const worst = await check(
-            gpu,
-            { m, n, k, transposeA, transposeB },
-            `${m}x${n}x${k}:${transposeA}:${transposeB}`,
-          );
-          expect(worst, `${m}×${n}×${k} transposeA=${transposeA} transposeB=${transposeB}`).toBeLessThan(1e-5);
+    // Each block size on every shape: by default the 64×64 kernel where M or N is under 128.
+    for (const [tile, product] of [
+      ['by size', matmul!],
+      [128, new Matmul(kernels!, { tile: 128 })],
+    ] as const)
+      for (const [m, n, k] of shapes) {
+        for (const transposeA of [false, true]) {
+          for (const transposeB of [false, true]) {
+            const what = `${m}×${n}×${k} transposeA=${transposeA} transposeB=${transposeB} tile ${tile}`;
+            expect(await check(gpu, { m, n, k, transposeA, transposeB }, what, product), what).toBeLessThan(1e-5);
+          }
         }
       }
-    }
   });
 
   it.skipIf(absent)('runs a batch of independent products, and adds to C when accumulating', async () => {
     const gpu = here!;
     expect(await check(gpu, { m: 33, n: 17, k: 40, batch: 5 }, 'batch')).toBeLessThan(1e-5);
+    expect(await check(gpu, { m: 140, n: 130, k: 20, batch: 2, accumulate: true }, 'batch 128')).toBeLessThan(1e-5);
     expect(
       await check(gpu, { m: 33, n: 17, k: 40, batch: 3, transposeB: true, accumulate: true }, 'accumulate'),
     ).toBeLessThan(1e-5);

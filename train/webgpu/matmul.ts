@@ -6,13 +6,15 @@
 // GPUs, 128 MiB on lavapipe) is made of smaller products over blocks of M, N and K, each operand a span of
 // its buffer: the same matrices read with their own row lengths (lda, ldb, ldc) from an offset.
 //
-// Each workgroup makes a 64×64 block of C with 16×16 threads, each thread a 4×4 patch, walking K 16 at a time
-// through workgroup memory. A tile is loaded so that neighbouring threads read neighbouring addresses in
-// whichever orientation the operand is stored.
+// Each workgroup makes a block of C with 16×16 threads, walking K 16 at a time through workgroup memory: a
+// 64×64 block (a 4×4 patch a thread) where M or N is under 128, a 128×128 block (8×8 a thread) otherwise.
+// A tile is loaded so that neighbouring threads read neighbouring addresses in whichever orientation the
+// operand is stored.
 /// <reference types="@webgpu/types" />
 import { Kernels, fields, lengthOf, span, type Binding } from './kernel.ts';
 
-const SHADER = /* wgsl */ `
+// What both tile sizes share: the operands, their sizes, and reading an element of op(A) or op(B) (0 outside).
+const OPERANDS = /* wgsl */ `
 override TRANS_A: bool = false;
 override TRANS_B: bool = false;
 override ACCUMULATE: bool = false;
@@ -27,11 +29,6 @@ struct Dims {
 @group(0) @binding(2) var<storage, read_write> c: array<f32>;
 @group(0) @binding(3) var<uniform> dims: Dims;
 
-const TILE: u32 = 64u;
-const TK: u32 = 16u;
-var<workgroup> tile_a: array<f32, 1024>; // [k][m] of op(A)'s 64×16 block
-var<workgroup> tile_b: array<f32, 1024>; // [k][n] of op(B)'s 16×64 block
-
 fn load_a(base: u32, row: u32, kk: u32) -> f32 {
   if (row >= dims.m || kk >= dims.k) { return 0.0; }
   if (TRANS_A) { return a[base + kk * dims.lda + row]; }
@@ -43,6 +40,13 @@ fn load_b(base: u32, kk: u32, col: u32) -> f32 {
   if (TRANS_B) { return b[base + col * dims.ldb + kk]; }
   return b[base + kk * dims.ldb + col];
 }
+`;
+
+const SMALL = /* wgsl */ `${OPERANDS}
+const TILE: u32 = 64u;
+const TK: u32 = 16u;
+var<workgroup> tile_a: array<f32, 1024>; // [k][m] of op(A)'s 64×16 block
+var<workgroup> tile_b: array<f32, 1024>; // [k][n] of op(B)'s 16×64 block
 
 @compute @workgroup_size(16, 16)
 fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
@@ -92,6 +96,64 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
 }
 `;
 
+// 128×128 blocks of C, each of 16×16 threads making an 8×8 patch: rows lid.y·4… and 64 + lid.y·4…, columns
+// lid.x·4… and 64 + lid.x·4…, so that the threads of a row read neighbouring vec4s of workgroup memory.
+// Twice the work a thread per value loaded from workgroup memory that the 64×64 kernel has.
+const LARGE = /* wgsl */ `${OPERANDS}
+const TILE: u32 = 128u;
+const TK: u32 = 16u;
+var<workgroup> tile_a: array<vec4f, 512>; // [k][m / 4] of op(A)'s 128×16 block
+var<workgroup> tile_b: array<vec4f, 512>; // [k][n / 4] of op(B)'s 16×128 block
+
+@compute @workgroup_size(16, 16)
+fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
+  let row0 = wg.y * TILE;
+  let col0 = wg.x * TILE;
+  let base_a = dims.off_a + wg.z * dims.stride_a;
+  let base_b = dims.off_b + wg.z * dims.stride_b;
+  let t = lid.y * 16u + lid.x;
+  var acc: array<vec4f, 16>; // [row i of 8][column half h]: acc[i * 2 + h]
+  for (var k0 = 0u; k0 < dims.k; k0 += TK) {
+    for (var i = 0u; i < 8u; i++) {
+      let e = t + i * 256u;
+      // Row-major A: neighbouring threads take neighbouring k; stored transposed: neighbouring m.
+      var am = e % 128u;
+      var ak = e / 128u;
+      if (!TRANS_A) { am = e / 16u; ak = e % 16u; }
+      tile_a[ak * 32u + am / 4u][am % 4u] = load_a(base_a, row0 + am, k0 + ak);
+      var bn = e % 128u;
+      var bk = e / 128u;
+      if (TRANS_B) { bn = e / 16u; bk = e % 16u; }
+      tile_b[bk * 32u + bn / 4u][bn % 4u] = load_b(base_b, k0 + bk, col0 + bn);
+    }
+    workgroupBarrier();
+    for (var kk = 0u; kk < TK; kk++) {
+      var a = array<vec4f, 2>(tile_a[kk * 32u + lid.y], tile_a[kk * 32u + 16u + lid.y]);
+      let b0 = tile_b[kk * 32u + lid.x];
+      let b1 = tile_b[kk * 32u + 16u + lid.x];
+      for (var i = 0u; i < 8u; i++) {
+        let x = a[i / 4u][i % 4u];
+        acc[i * 2u] += x * b0;
+        acc[i * 2u + 1u] += x * b1;
+      }
+    }
+    workgroupBarrier();
+  }
+  for (var i = 0u; i < 8u; i++) {
+    let r = row0 + (i / 4u) * 64u + lid.y * 4u + i % 4u;
+    if (r >= dims.m) { continue; }
+    for (var j = 0u; j < 8u; j++) {
+      let col = col0 + (j / 4u) * 64u + lid.x * 4u + j % 4u;
+      if (col < dims.n) {
+        let at = dims.off_c + wg.z * dims.stride_c + r * dims.ldc + col;
+        let v = acc[i * 2u + j / 4u][j % 4u];
+        if (ACCUMULATE) { c[at] += v; } else { c[at] = v; }
+      }
+    }
+  }
+}
+`;
+
 export interface MatmulShape {
   m: number;
   n: number;
@@ -107,7 +169,11 @@ export interface MatmulShape {
 }
 
 export class Matmul {
-  constructor(private readonly k: Kernels) {}
+  /** `tile`: one block size for every product (the benches and tests compare them); by default by the product's size. */
+  constructor(
+    private readonly k: Kernels,
+    private readonly o: { tile?: 64 | 128 } = {},
+  ) {}
 
   /** Records C = op(A)·op(B) (or C +=) into `pass`; the buffers hold f32s, C batch × M × N of them. */
   encode(pass: GPUComputePassEncoder, a: Binding, b: Binding, c: Binding, s: MatmulShape): void {
@@ -168,12 +234,13 @@ export class Matmul {
       ACCUMULATE: accumulate ? 1 : 0,
     };
     const values = [s.m, s.n, s.k, s.m * s.k, s.k * s.n, s.m * s.n, ...ld, ...offsets];
+    const tile = (this.o.tile ?? (s.m >= 128 && s.n >= 128 ? 128 : 64)) as 64 | 128;
     this.k.dispatch(
       pass,
-      this.k.pipeline(SHADER, constants),
+      this.k.pipeline(tile === 128 ? LARGE : SMALL, constants),
       [a!, b!, c!, this.k.uniform(fields(...values.map((u32) => ({ u32 }))))],
-      Math.ceil(s.n / 64),
-      Math.ceil(s.m / 64),
+      Math.ceil(s.n / tile),
+      Math.ceil(s.m / tile),
       s.batch ?? 1,
     );
   }
