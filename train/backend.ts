@@ -18,10 +18,16 @@ import type { Kernels } from './webgpu/kernel.ts';
 export const BACKENDS = ['auto', 'onnxruntime', 'tensorflow', 'wasm', 'cpu', 'webgpu'] as const;
 export type BackendChoice = (typeof BACKENDS)[number];
 
+/** How the GPU multiplies: `f16` is mixed precision (train/webgpu/precision.ts); `auto` picks it where it is faster. */
+const PRECISIONS = ['auto', 'f32', 'f16'] as const;
+export type PrecisionChoice = (typeof PRECISIONS)[number];
+
 declare module '../pipeline/stage.ts' {
   interface StageOptions {
     /** `--backend`, one of BACKENDS (commander refuses any other); absent: auto. */
     readonly backend?: BackendChoice;
+    /** `--precision`, one of PRECISIONS; absent: auto. */
+    readonly precision?: PrecisionChoice;
   }
 }
 
@@ -64,8 +70,10 @@ async function loadNative(tf: Tf): Promise<string | null> {
 
 /** The backend `--backend` asks for in a stage's or a command's options (auto when absent), started, and said in the log. */
 export async function chosenBackend(options: StageOptions, log: Logger): Promise<Backend> {
-  const backend = await useBackend(options.backend ?? 'auto');
+  const backend = await useBackend(options.backend ?? 'auto', options.precision ?? 'auto');
   log.info('backend', { backend: backend.description });
+  if (options.precision === 'f16' && !backend.gpu)
+    log.warn('precision', { precision: 'f16 is for the GPU (--backend webgpu); this backend trains in f32' });
   return backend;
 }
 
@@ -80,8 +88,14 @@ let current: Backend | null = null;
  */
 export const cpuKernels = (): NativeKernels | null => current?.ort?.native ?? null;
 
-/** Loads and selects a backend; later calls with the same choice return the one already chosen. */
-export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backend> {
+/**
+ * Loads and selects a backend; later calls with the same choice return the one already chosen. `precision`
+ * is the GPU's (f16 elsewhere is said in the description, and ignored).
+ */
+export async function useBackend(
+  choice: BackendChoice = 'auto',
+  precision: PrecisionChoice = 'auto',
+): Promise<Backend> {
   if (
     current &&
     (choice === 'auto' ||
@@ -143,14 +157,21 @@ export async function useBackend(choice: BackendChoice = 'auto'): Promise<Backen
       throw new Error(`--backend webgpu: ${error.message}`);
     });
     const { Kernels } = await import('./webgpu/kernel.ts');
+    // auto: f32. f16 pays where its products run on the tensor cores (subgroup matrices), which prefab's GEMM
+    // does not use yet; elsewhere its casts cost more than its f16 reads save.
+    const kernels = new Kernels(gpu, { precision: precision === 'f16' ? 'f16' : 'f32' });
     await tf.setBackend('wasm');
     await tf.ready();
     (await import('./kernels.ts')).patchWasmSlice();
+    const how =
+      kernels.precision === 'f16'
+        ? 'in mixed precision (f16 products summed in f32, dynamic loss scaling)'
+        : `in f32${precision === 'auto' ? ' (auto: no GEMM on tensor cores here yet)' : ''}`;
     // TensorFlow.js's backend is what `name` says; the run says where its steps went (RunResult.device).
     current = {
       name: 'wasm',
-      description: `webgpu on ${gpu.adapter.description} for training updates, wasm for the rest`,
-      gpu: new Kernels(gpu),
+      description: `webgpu on ${gpu.adapter.description} for training updates ${how}, wasm for the rest`,
+      gpu: kernels,
     };
     return current;
   } else {
@@ -205,12 +226,18 @@ export async function withScorer<T>(
   }
 }
 
-/** `--backend` on every command: the CLI hands it to the training stages in their options. */
+/** `--backend` and `--precision` on every command: the CLI hands them to the training stages in their options. */
 export const addBackendOption: CommandFactory = (program) => {
   program.addOption(
     new Option(
       '--backend <name>',
       'backend for the training stages (auto: webgpu on a hardware GPU, else onnxruntime where it loads, else the fastest TensorFlow.js backend that loads; webgpu: training updates on the GPU, the rest on wasm; onnxruntime: training updates and scoring on every CPU core, the rest on wasm)',
     ).choices([...BACKENDS]),
+  );
+  program.addOption(
+    new Option(
+      '--precision <name>',
+      "the GPU's arithmetic (auto: f32 until prefab's GEMM runs on tensor cores; f16: mixed precision, f16 products summed in f32 with f32 weights and dynamic loss scaling, where the adapter offers shader-f16)",
+    ).choices([...PRECISIONS]),
   );
 };

@@ -307,8 +307,11 @@ async function heldStep(
     for (const [k, x] of Object.entries(metrics)) result.metrics[k] = (result.metrics[k] ?? 0) + x;
     for (const [slot, dlogp] of grads.entries()) await held.backward(slot, dlogp);
   }
+  const lossScale = held.lossScale;
   result.gradNorm = await held.clipGradients(maxGradNorm);
-  apply();
+  // Mixed precision: a step whose gradients overflowed f16 is not taken (the loss scale is halved instead).
+  if (lossScale !== undefined) Object.assign(result.metrics, { loss_scale: lossScale, skipped: held.skipped ? 1 : 0 });
+  if (!held.skipped) apply();
   return result;
 }
 
@@ -459,11 +462,16 @@ export function stepsFor(
   return Math.min(cfg.max_steps ?? Infinity, Math.ceil((cfg.epochs * examples) / cfg.batch_size));
 }
 
-/** Means of each metric over the last `n` rows: what a stage reports as its final figures. */
+/**
+ * Means of each metric over the last `n` rows: what a stage reports as its final figures. A value that is
+ * not finite (the gradient norm of a step mixed precision skipped) is left out of its mean.
+ */
 export function finalMetrics(rows: MetricsRow[], n = 10): MetricsRow {
   const tail = rows.slice(-n);
   const out: MetricsRow = {};
-  for (const key of Object.keys(tail[0] ?? {}))
-    if (key !== 'step') out[key] = tail.reduce((s, r) => s + (r[key] ?? 0), 0) / tail.length;
+  for (const key of Object.keys(tail[0] ?? {})) {
+    const values = tail.map((r) => r[key] ?? 0).filter(Number.isFinite);
+    if (key !== 'step' && values.length) out[key] = values.reduce((s, v) => s + v, 0) / values.length;
+  }
   return out;
 }

@@ -67,6 +67,10 @@ export interface HeldModel {
   backward(slot: number, dlogp: Float32Array): void | Promise<void>;
   /** Scales the gradients to a global L2 norm of at most `maxNorm`; returns the norm before. */
   clipGradients(maxNorm: number): number | Promise<number>;
+  /** Mixed precision: whether the last clipGradients found the gradients overflowed f16, so that no step is taken. */
+  readonly skipped?: boolean;
+  /** Mixed precision: the loss scale the backward multiplies the gradients by (train/webgpu/precision.ts). */
+  readonly lossScale?: number;
 }
 
 /** A LoRA adapter as a held model takes it: A (r × in) and B (out × r), its scale α/r, dropout and index (train/lora.ts). */

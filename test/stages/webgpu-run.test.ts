@@ -91,4 +91,45 @@ describe('the run with --backend webgpu', () => {
     expect(Object.keys(want)).toEqual(['untrained', 'sft', 'dpo', 'dapo']);
     near(got, want, 'eval');
   });
+
+  it.skipIf(absent)(
+    'with --precision f16: trains in mixed precision, logs the loss scale, and saves f32 models',
+    () => {
+      const dir = tempDir();
+      const config = tinyConfig(dir, {
+        vocab: 512,
+        context: 640,
+        sessions: 40,
+        sftSteps: 3,
+        dpo: 'loss: dpo\nmax_steps: 2',
+        examples: 16,
+        checkpointEvery: 2,
+        pairs: 8,
+        nllSessions: 4,
+        tasks: 1,
+        maxTokens: 8,
+      });
+      const args = ['--workdir', dir, '--config', config, '--log-format', 'json', '--backend', 'webgpu'];
+      const run = prefab([...args, '--precision', 'f16', 'run']);
+      expect(run.code, run.stderr).toBe(0);
+      expect(run.stderr).toMatch(/"backend":"webgpu on [^"]+ for training updates in mixed precision/);
+      for (const stage of ['sft', 'dpo']) {
+        const rows = lines(join(dir, stage, 'metrics.jsonl'));
+        expect(rows.length).toBeGreaterThan(1);
+        for (const row of rows) expect(row, stage).toMatchObject({ loss_scale: 2 ** 16, skipped: 0 });
+        // A Hugging Face folder of f32 weights, whatever the GEMMs multiplied in.
+        const file = readFileSync(join(dir, stage, 'model', 'model.safetensors'));
+        const header = JSON.parse(file.subarray(8, 8 + Number(file.readBigUInt64LE(0))).toString('utf8'));
+        const dtypes = new Set(
+          Object.entries(header).flatMap(([k, v]) => (k === '__metadata__' ? [] : [(v as { dtype: string }).dtype])),
+        );
+        expect([...dtypes], stage).toEqual(['F32']);
+      }
+      const refused = prefab([...args, '--precision', 'f64', 'run']);
+      expect(refused.code).not.toBe(0);
+      expect(refused.stderr).toMatch(
+        /option '--precision <name>' argument 'f64' is invalid\. Allowed choices are auto, f32, f16/,
+      );
+    },
+  );
 });

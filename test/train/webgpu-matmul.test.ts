@@ -4,8 +4,9 @@
 // rather than skips when none is found. Elsewhere without one, it is skipped with the reason printed.
 import { describe, expect, it } from 'vitest';
 import type { Gpu } from '../../train/webgpu/device.ts';
-import { absent, gpu as here, kernels, noGpu } from '../fixtures/webgpu.ts';
-import { download, submit, upload } from '../../train/webgpu/buffers.ts';
+import { absent, gpu as here, halves, kernels, noGpu, relativeError } from '../fixtures/webgpu.ts';
+import { allocate, download, submit, upload } from '../../train/webgpu/buffers.ts';
+import { Cast } from '../../train/webgpu/precision.ts';
 import { Matmul, type MatmulShape } from '../../train/webgpu/matmul.ts';
 import { Kernels } from '../../train/webgpu/kernel.ts';
 import { seeded } from '../../core/random.ts';
@@ -111,6 +112,47 @@ describe('the WebGPU GEMM', () => {
           split.encode(pass, one, one, one, { m: 1, n: 1, k: 600 });
         }),
       ).toThrow(/row too long for one binding/);
+    },
+  );
+
+  it.skipIf(absent || !here?.f16)(
+    'multiplies f16 operands summing in f32 (mixed precision), whole and split across bindings',
+    async () => {
+      const gpu = here!;
+      const flags = upload(gpu, new Uint32Array(2));
+      const cast = new Cast(kernels!);
+      const random = seeded('webgpu-matmul-f16');
+      /** `n` values as f16 on the GPU (cast there) and as the numbers they hold. */
+      const operand = async (n: number) => {
+        const f32 = upload(
+          gpu,
+          Float32Array.from({ length: n }, () => random() * 2 - 1),
+        );
+        const f16 = allocate(gpu, n * 2);
+        submit(gpu, (pass) => cast.encode(pass, f32, f16, n, flags, 0));
+        const bits = new Uint16Array((await download(gpu, f16, Math.ceil(n / 2))).buffer).slice(0, n);
+        return { f16, values: Float32Array.from(halves(bits)) };
+      };
+      // 8 KiB a binding: every operand of both shapes is cut (at 2 KiB the larger takes 134k products).
+      const split = new Matmul(new Kernels(gpu, { bindingBytes: 8192 }));
+      for (const [m, n, k] of [
+        [70, 130, 33],
+        [130, 257, 70],
+      ] as const)
+        for (const transposeA of [false, true])
+          for (const transposeB of [false, true])
+            for (const [how, product] of [
+              ['whole', matmul!],
+              ['split', split],
+            ] as const) {
+              const s = { m, n, k, transposeA, transposeB, half: true };
+              const [a, b] = [await operand(m * k), await operand(k * n)];
+              const c = upload(gpu, new Float32Array(m * n));
+              submit(gpu, (pass) => product.encode(pass, a.f16, b.f16, c, s));
+              const want = reference(a.values, b.values, new Float32Array(m * n), s);
+              const what = `${m}×${n}×${k} transposeA=${transposeA} transposeB=${transposeB} ${how}`;
+              expect(relativeError(await download(gpu, c, m * n), want), what).toBeLessThan(1e-5);
+            }
     },
   );
 });

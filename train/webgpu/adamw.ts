@@ -5,18 +5,22 @@
 import type { AdamWOptions } from '../optimizer.ts';
 import { elementwise, fields, grid, part, pieces, type Kernels } from './kernel.ts';
 
-const SHADER = elementwise({
-  buffers: ['mut p: f32', 'g: f32', 'mut m: f32', 'mut v: f32'],
-  dims: 'lr: f32, beta1: f32, beta2: f32, eps: f32, c1: f32, c2: f32, decay: f32',
-  body: `
+const BODY = `
   let gi = g[i];
   let mi = m[i] * d.beta1 + gi * (1.0 - d.beta1);
   let vi = v[i] * d.beta2 + gi * gi * (1.0 - d.beta2);
   m[i] = mi;
   v[i] = vi;
   let update = (mi / d.c1) / (sqrt(vi / d.c2) + d.eps);
-  p[i] = p[i] * d.decay - update * d.lr;`,
-});
+  p[i] = p[i] * d.decay - update * d.lr;`;
+const DIMS = 'lr: f32, beta1: f32, beta2: f32, eps: f32, c1: f32, c2: f32, decay: f32';
+const SHADER = elementwise({ buffers: ['mut p: f32', 'g: f32', 'mut m: f32', 'mut v: f32'], dims: DIMS, body: BODY });
+// Mixed precision: the weight's f16 copy, which the GEMMs read, written with it.
+const WITH_HALF = `enable f16;\n${elementwise({
+  buffers: ['mut p: f32', 'g: f32', 'mut m: f32', 'mut v: f32', 'mut h: f16'],
+  dims: DIMS,
+  body: `${BODY}\n  h[i] = f16(p[i]);`,
+})}`;
 
 /** A parameter on the GPU with its gradient and AdamW's two moments (same length, f32). */
 export interface GpuParameter {
@@ -28,6 +32,8 @@ export interface GpuParameter {
   length: number;
   /** Matrices decay, vectors (norm gains, biases) do not. */
   decays: boolean;
+  /** Mixed precision: the weight's f16 copy (`length` f16s), written with every update. */
+  half?: GPUBuffer;
 }
 
 export class GpuAdamW {
@@ -47,8 +53,8 @@ export class GpuAdamW {
     this.step++;
     const c1 = 1 - beta1 ** this.step;
     const c2 = 1 - beta2 ** this.step;
-    const pipeline = this.k.pipeline(SHADER);
     for (const p of params) {
+      const pipeline = this.k.pipeline(p.half ? WITH_HALF : SHADER);
       const decay = p.decays && weightDecay > 0 ? 1 - lr * weightDecay : 1;
       const all = pieces(this.k.bindingBytes, p.length);
       let steps = this.uniforms.get(p);
@@ -63,6 +69,7 @@ export class GpuAdamW {
         const values = fields({ u32: length }, ...[lr, beta1, beta2, eps, c1, c2, decay].map((f32) => ({ f32 })));
         this.k.gpu.device.queue.writeBuffer(steps[i]!, 0, values);
         const buffers = [p.value, p.grad, p.m, p.v].map((b) => part(b, at, length));
+        if (p.half) buffers.push(part(p.half, at, length, 2));
         this.k.dispatch(pass, pipeline, [...buffers, steps[i]!], ...grid(length));
       });
     }

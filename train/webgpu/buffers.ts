@@ -5,11 +5,17 @@ import type { Gpu } from './device.ts';
 
 /** A storage buffer holding `data`, f32, i32 or u32 (kernels read and write it; it can be copied out). */
 export function upload(gpu: Gpu, data: Float32Array | Int32Array | Uint32Array): GPUBuffer {
+  const buffer = allocate(gpu, data.byteLength);
+  gpu.device.queue.writeBuffer(buffer, 0, data);
+  return buffer;
+}
+
+/** A storage buffer of `bytes` (rounded up to 4), zero as WebGPU makes every buffer: an f16 array's, which upload cannot write. */
+export function allocate(gpu: Gpu, bytes: number): GPUBuffer {
   const buffer = gpu.device.createBuffer({
-    size: Math.max(4, data.byteLength),
+    size: Math.max(4, Math.ceil(bytes / 4) * 4),
     usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
   });
-  gpu.device.queue.writeBuffer(buffer, 0, data);
   // Counted while it lives: what the benches report beside PyTorch's max_memory_allocated.
   gpu.memory.now += buffer.size;
   gpu.memory.peak = Math.max(gpu.memory.peak, gpu.memory.now);

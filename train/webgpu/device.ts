@@ -13,7 +13,9 @@ export interface Gpu {
   software: boolean;
   /** The first error the device reported (a shader that does not compile, a binding that does not fit), or null: reading results back throws it. */
   failure: string | null;
-  /** Bytes of storage buffers held now and at most so far (buffers.ts upload() counts them; uniforms are not). */
+  /** Whether shaders may use f16 (the adapter offers `shader-f16`, and the device was asked for it): mixed precision's products. */
+  f16: boolean;
+  /** Bytes of storage buffers held now and at most so far (buffers.ts allocate() counts them; uniforms are not). */
   memory: { now: number; peak: number };
 }
 
@@ -131,7 +133,9 @@ async function find(): Promise<Found> {
 
 async function open({ instance, adapter, description, software }: Found): Promise<Gpu> {
   const limits = adapter.limits;
+  const f16 = adapter.features.has('shader-f16');
   const device = await adapter.requestDevice({
+    requiredFeatures: f16 ? ['shader-f16'] : [],
     requiredLimits: {
       maxStorageBuffersPerShaderStage: limits.maxStorageBuffersPerShaderStage,
       maxComputeWorkgroupStorageSize: limits.maxComputeWorkgroupStorageSize,
@@ -140,7 +144,15 @@ async function open({ instance, adapter, description, software }: Found): Promis
       maxBufferSize: limits.maxBufferSize,
     },
   });
-  const gpu: Gpu = { instance, device, adapter: description, software, failure: null, memory: { now: 0, peak: 0 } };
+  const gpu: Gpu = {
+    instance,
+    device,
+    adapter: description,
+    software,
+    failure: null,
+    f16,
+    memory: { now: 0, peak: 0 },
+  };
   // Thrown from here, an error would end the process: it is kept, and thrown where results are read.
   device.addEventListener('uncapturederror', (event) => {
     gpu.failure ??= (event as GPUUncapturedErrorEvent).error.message;

@@ -4,6 +4,9 @@
 /// <reference types="@webgpu/types" />
 import type { Gpu } from './device.ts';
 
+/** What a GEMM's operands are: f32, or f16 (mixed precision, with f32 master weights and sums). */
+export type Precision = 'f32' | 'f16';
+
 export class Kernels {
   private readonly modules = new Map<string, GPUShaderModule>();
   private readonly pipelines = new Map<string, GPUComputePipeline>();
@@ -15,11 +18,17 @@ export class Kernels {
    */
   readonly bindingBytes: number;
 
+  /** How the models on these kernels multiply: f32, or f16 products summed in f32 (precision.ts). */
+  readonly precision: Precision;
+
   constructor(
     readonly gpu: Gpu,
-    o: { bindingBytes?: number } = {},
+    o: { bindingBytes?: number; precision?: Precision } = {},
   ) {
     this.bindingBytes = Math.min(o.bindingBytes ?? Infinity, gpu.device.limits.maxStorageBufferBindingSize);
+    this.precision = o.precision ?? 'f32';
+    if (this.precision === 'f16' && !gpu.f16)
+      throw new Error(`precision f16: the adapter ${gpu.adapter.description} offers no shader-f16; use f32`);
   }
 
   /** The pipeline of `code` (entry point main) with its `override` constants set. */
@@ -98,32 +107,38 @@ export class Kernels {
 /** A storage buffer bound whole, or a range of one (its offset a multiple of 256 bytes, WebGPU's largest alignment). */
 export type Binding = GPUBuffer | GPUBufferBinding;
 
-/** The f32s from `at` (a multiple of 64) for `length` of them in `buffer`, as a binding. */
-export function part(buffer: GPUBuffer, at: number, length: number): GPUBufferBinding {
-  if (at % 64 !== 0) throw new Error(`webgpu: a part of a buffer must start at a multiple of 64 f32s, not ${at}`);
-  return { buffer, offset: at * 4, size: Math.max(4, length * 4) };
+/** The f32s (or elements of `bytes` each) from `at` for `length` of them in `buffer`, as a binding: `at` must start on 256 bytes. */
+export function part(buffer: GPUBuffer, at: number, length: number, bytes = 4): GPUBufferBinding {
+  if ((at * bytes) % 256 !== 0)
+    throw new Error(`webgpu: a part of a buffer must start at a multiple of 256 bytes, not ${at * bytes}`);
+  return { buffer, offset: at * bytes, size: Math.max(4, Math.ceil((length * bytes) / 4) * 4) };
 }
 
-/** A vector of `n` f32s in pieces that each fit a binding of `bindingBytes`, each starting at a multiple of 64 f32s: [at, length]. */
+/**
+ * A vector of `n` f32s in pieces that each fit a binding of `bindingBytes`, each starting at a multiple of 128
+ * elements (where a binding may start, for its f32s and for an f16 copy's): [at, length].
+ */
 export function pieces(bindingBytes: number, n: number): [number, number][] {
-  const size = Math.max(64, Math.floor(bindingBytes / 4 / 64) * 64);
+  const size = Math.max(128, Math.floor(bindingBytes / 4 / 128) * 128);
   const out: [number, number][] = [];
   for (let at = 0; at < Math.max(1, n); at += size) out.push([at, Math.min(size, n - at)]);
   return out;
 }
 
-/** How many f32s a binding holds. */
-export const lengthOf = (b: Binding) => ('buffer' in b ? (b.size ?? b.buffer.size - (b.offset ?? 0)) : b.size) / 4;
+/** How many elements (f32s, or of `bytes` each) a binding holds. */
+export const lengthOf = (b: Binding, bytes = 4) =>
+  ('buffer' in b ? (b.size ?? b.buffer.size - (b.offset ?? 0)) : b.size) / bytes;
 
 /**
- * The f32s [from, to) of a binding as a binding of their own: its start moved back to where a binding may
- * start (a multiple of 256 bytes), and `skip`, how many f32s into it `from` lies.
+ * The elements [from, to) of a binding (f32s, or of `bytes` each) as a binding of their own: its start moved
+ * back to where a binding may start (a multiple of 256 bytes), and `skip`, how many elements into it `from` lies.
  */
-export function span(b: Binding, from: number, to: number): { binding: GPUBufferBinding; skip: number } {
+export function span(b: Binding, from: number, to: number, bytes = 4): { binding: GPUBufferBinding; skip: number } {
   const [buffer, base] = 'buffer' in b ? [b.buffer, b.offset ?? 0] : [b, 0];
-  const start = base + from * 4;
+  const start = base + from * bytes;
   const offset = start - (start % 256);
-  return { binding: { buffer, offset, size: base + to * 4 - offset }, skip: (start - offset) / 4 };
+  const end = base + to * bytes;
+  return { binding: { buffer, offset, size: Math.ceil((end - offset) / 4) * 4 }, skip: (start - offset) / bytes };
 }
 
 /**

@@ -14,9 +14,10 @@ import type { Llama, LlamaConfig } from '../model.ts';
 import { heldWeights, type HeldModel, type LoraWeights } from '../step.ts';
 import type { GpuParameter } from './adamw.ts';
 import { Attention } from './attention.ts';
-import { download, submit, upload } from './buffers.ts';
+import { allocate, download, submit, upload } from './buffers.ts';
 import { Add, Bias, Copy, Embedding, Mul, Norms, Rope, RopeTables, SwiGlu, byToken } from './elementwise.ts';
-import { part, type Kernels } from './kernel.ts';
+import { part, type Binding, type Kernels } from './kernel.ts';
+import { Cast, LossScaler, OVERFLOW } from './precision.ts';
 import { TargetLogprobs } from './logprobs.ts';
 import { Matmul } from './matmul.ts';
 import { RmsNorm } from './rmsnorm.ts';
@@ -71,6 +72,18 @@ export class GpuLlama {
   private readonly tables: RopeTables;
   private readonly slots = new Map<number, Slot>();
 
+  /** Mixed precision (Kernels.precision f16): the GEMMs read f16 copies of their weights and operands. */
+  private readonly half: boolean;
+  /** f16 copies of the weights the GEMMs read, written by AdamW with each update (mixed precision). */
+  private readonly halves = new Map<string, GPUBuffer>();
+  /** f16 scratch for the GEMMs' other operands, by name and length. */
+  private readonly halfActs = new Map<string, GPUBuffer>();
+  /** Two u32s: whether a forward's (0) or a backward's (1) cast to f16 met a value f16 cannot hold. */
+  private readonly overflow: GPUBuffer | null;
+  private readonly scaler: LossScaler | null;
+  /** Whether the last clipGradients found the scaled gradients overflowed f16: the step is not taken. */
+  skipped = false;
+
   /** LoRA's adapters by module (model.layers.0.self_attn.q_proj): only they are trained then. */
   private readonly adapters: Map<string, GpuAdapter>;
   /** The weights trained, in order, and whether AdamW decays them. */
@@ -90,7 +103,13 @@ export class GpuLlama {
     readonly config: LlamaConfig,
     weights: Map<string, Float32Array>,
     private readonly k: Kernels,
-    o: { trainable?: boolean; adapters?: Map<string, LoraWeights>; logitBytes?: number } = {},
+    o: {
+      trainable?: boolean;
+      adapters?: Map<string, LoraWeights>;
+      logitBytes?: number;
+      /** Mixed precision's loss scale: where it starts, and after how many steps without overflow it doubles. */
+      lossScale?: { initial: number; interval: number };
+    } = {},
   ) {
     const held = heldWeights(config, weights, 'webgpu', o);
     for (const w of held.weights) {
@@ -103,6 +122,55 @@ export class GpuLlama {
     this.ops = llamaKernels(k);
     this.tables = new RopeTables(k.gpu, config);
     this.logitBytes = Math.min(o.logitBytes ?? LOGIT_BYTES, k.bindingBytes);
+    this.half = k.precision === 'f16';
+    this.cast = new Cast(k);
+    this.overflow = this.half ? allocate(k.gpu, 8) : null;
+    this.scaler = this.half && this.grads.size ? new LossScaler(o.lossScale) : null;
+    if (this.half) {
+      // The weights a GEMM reads: the projections and the head (the embedding only where it is the head).
+      const read = held.weights.filter(
+        (w) =>
+          w.name.endsWith('_proj.weight') ||
+          w.name === 'lm_head.weight' ||
+          (config.tiedEmbeddings && w.name === 'model.embed_tokens.weight'),
+      );
+      for (const w of read) this.halves.set(w.name, allocate(k.gpu, w.data.length * 2));
+      submit(k.gpu, (pass) => {
+        for (const w of read)
+          this.cast.encode(pass, this.w(w.name), this.halves.get(w.name)!, w.data.length, this.overflow!, 0);
+      });
+    }
+  }
+
+  private readonly cast: Cast;
+
+  /** Whether a cast to f16 of the forward's or the backward's (OVERFLOW) met a value f16 cannot hold, since it was cleared. */
+  private async overflowed(slot: number): Promise<boolean> {
+    const flags = await download(this.k.gpu, this.overflow!, 2);
+    return new Uint32Array(flags.buffer)[slot] !== 0;
+  }
+
+  /** The loss scale mixed precision multiplies the backward's gradients by (undefined in f32). */
+  get lossScale(): number | undefined {
+    return this.scaler?.scale;
+  }
+
+  /**
+   * A GEMM's operand: in f32 `x` itself; in mixed precision `x` (`length` f32s) cast to f16 in scratch `name`,
+   * a value f16 cannot hold counted as the forward's overflow, or with `gradient` the backward's.
+   */
+  private operand(pass: GPUComputePassEncoder, x: Binding, length: number, name: string, gradient = false): Binding {
+    if (!this.half) return x;
+    const key = `${name}.${length}`;
+    let y = this.halfActs.get(key);
+    if (!y) this.halfActs.set(key, (y = allocate(this.k.gpu, length * 2)));
+    this.cast.encode(pass, x, y, length, this.overflow!, gradient ? OVERFLOW.backward : OVERFLOW.forward);
+    return y;
+  }
+
+  /** A weight as a GEMM reads it: its f16 copy in mixed precision. */
+  private wm(name: string): GPUBuffer {
+    return this.halves.get(name) ?? this.w(name);
   }
 
   /** The most bytes of logits (and of their gradient) held at once. */
@@ -193,7 +261,8 @@ export class GpuLlama {
       n: number,
       k: number,
     ) => {
-      this.ops.mm.encode(pass, x, this.w(w), y, { m, n, k, transposeB: true });
+      const x16 = this.operand(pass, x, m * k, 'in');
+      this.ops.mm.encode(pass, x16, this.wm(w), y, { m, n, k, transposeB: true, half: this.half });
       const module = w.slice(0, -'.weight'.length);
       if (this.adapters.has(module)) this.adapterForward(pass, module, dropped, a, x, y, m, n, k);
     };
@@ -214,6 +283,7 @@ export class GpuLlama {
       positions: write('positions', sorted.positions),
     };
     this.slots.set(slot, s);
+    if (this.overflow) gpu.device.queue.writeBuffer(this.overflow, OVERFLOW.forward * 4, new Uint32Array(1));
 
     submit(gpu, (pass) => {
       this.ops.embedding.forward(pass, this.w('model.embed_tokens.weight'), s.ids, a('x0', N * D), N, D);
@@ -284,17 +354,18 @@ export class GpuLlama {
       // cross-entropy); the backward computes each chunk's logits again.
       const logits = this.act('logits', this.chunkRows(N) * V);
       for (const [r0, n] of this.chunks(N)) {
-        this.ops.mm.encode(pass, part(a('hf', N * D), r0 * D, n * D), this.w(head), logits, {
-          m: n,
-          n: V,
-          k: D,
-          transposeB: true,
-        });
+        const hf = this.operand(pass, part(a('hf', N * D), r0 * D, n * D), n * D, 'in');
+        this.ops.mm.encode(pass, hf, this.wm(head), logits, { m: n, n: V, k: D, transposeB: true, half: this.half });
         const [targets, logp, lse] = [s.targets, a('logp', N), a('lse', N)].map((b) => part(b, r0, n));
         this.ops.logprobs.forward(pass, logits, targets!, logp!, lse!, { rows: n, vocab: V });
       }
     });
-    return download(gpu, a('logp', N), N);
+    const logp = await download(gpu, a('logp', N), N);
+    if (this.overflow && (await this.overflowed(OVERFLOW.forward)))
+      throw new Error(
+        'precision f16: an activation of this block overflows f16 (above 65504); train with --precision f32',
+      );
+    return logp;
   }
 
   /**
@@ -378,6 +449,7 @@ export class GpuLlama {
   zeroGradients(): void {
     const encoder = this.k.gpu.device.createCommandEncoder();
     for (const grad of this.grads.values()) encoder.clearBuffer(grad);
+    if (this.overflow) encoder.clearBuffer(this.overflow, OVERFLOW.backward * 4, 4);
     this.k.gpu.device.queue.submit([encoder.finish()]);
   }
 
@@ -394,7 +466,8 @@ export class GpuLlama {
     const gpu = this.k.gpu;
     const t = (n: string, length: number) => this.act(n, length); // scratch shared by every slot's backward
     const dlogps = t('dlogp', N);
-    gpu.device.queue.writeBuffer(dlogps, 0, dlogp);
+    // Mixed precision: the gradients scaled up so that small ones survive the casts to f16 (clipGradients scales back).
+    gpu.device.queue.writeBuffer(dlogps, 0, this.scaler ? dlogp.map((x) => x * this.scaler!.scale) : dlogp);
     // A projection y = x·Wᵀ (N rows, W stored (out, in)) taken back from dy: dx = dy·W (written, or added to),
     // W's gradient dyᵀ·x where W is trained, and its adapter's where it has one.
     const through = (
@@ -408,9 +481,17 @@ export class GpuLlama {
       inner: number,
       accumulate = false,
     ) => {
-      this.ops.mm.encode(pass, dy, this.w(w), dx, { m: rows, n: inner, k: out, accumulate });
+      const dy16 = this.operand(pass, dy, rows * out, 'dy', true);
+      this.ops.mm.encode(pass, dy16, this.wm(w), dx, { m: rows, n: inner, k: out, accumulate, half: this.half });
       if (this.grads.has(w))
-        this.ops.mm.encode(pass, dy, x, this.g(w), { m: out, n: inner, k: rows, transposeA: true, accumulate: true });
+        this.ops.mm.encode(pass, dy16, this.operand(pass, x, rows * inner, 'in'), this.g(w), {
+          m: out,
+          n: inner,
+          k: rows,
+          transposeA: true,
+          accumulate: true,
+          half: this.half,
+        });
       const module = w.slice(0, -'.weight'.length);
       if (this.adapters.has(module)) this.adapterBackward(pass, module, s, a, dy, x, dx, rows, out, inner);
     };
@@ -422,15 +503,19 @@ export class GpuLlama {
       const [logits, dlogits] = [t('logits', this.chunkRows(N) * V), t('dlogits', this.chunkRows(N) * V)];
       for (const [r0, n] of this.chunks(N)) {
         const [hf, dh] = [a('hf', N * D), t('dh', N * D)].map((b) => part(b, r0 * D, n * D));
-        this.ops.mm.encode(pass, hf!, this.w(head), logits, { m: n, n: V, k: D, transposeB: true });
+        const hf16 = this.operand(pass, hf!, n * D, 'in');
+        const half = this.half;
+        this.ops.mm.encode(pass, hf16, this.wm(head), logits, { m: n, n: V, k: D, transposeB: true, half });
         const [targets, lse, dlogp] = [s.targets, a('lse', N), dlogps].map((b) => part(b, r0, n));
         this.ops.logprobs.backward(pass, logits, targets!, lse!, dlogp!, dlogits, { rows: n, vocab: V });
-        this.ops.mm.encode(pass, dlogits, this.w(head), dh!, { m: n, n: D, k: V });
+        const dlogits16 = this.operand(pass, dlogits, n * V, 'dy', true);
+        this.ops.mm.encode(pass, dlogits16, this.wm(head), dh!, { m: n, n: D, k: V, half });
         if (this.grads.has(head))
-          this.ops.mm.encode(pass, dlogits, hf!, this.g(head), {
+          this.ops.mm.encode(pass, dlogits16, hf16, this.g(head), {
             m: V,
             n: D,
             k: n,
+            half,
             transposeA: true,
             accumulate: true,
           });
@@ -577,6 +662,7 @@ export class GpuLlama {
         v: upload(this.k.gpu, new Float32Array(length)),
         length,
         decays,
+        half: this.halves.get(name),
       };
     });
     return this.optimizerState;
@@ -584,7 +670,9 @@ export class GpuLlama {
 
   /**
    * Scales every gradient so that their global L2 norm is at most `maxNorm` (train/optimizer.ts
-   * clipByGlobalNorm); returns the norm before. The sums of squares are added up here in doubles.
+   * clipByGlobalNorm); returns the norm before. The sums of squares are added up here in doubles. In mixed
+   * precision the loss scale is taken out too; gradients that overflowed f16 set `skipped` (the caller
+   * takes no step), halve the scale and return Infinity.
    */
   async clipGradients(maxNorm: number): Promise<number> {
     const gpu = this.k.gpu;
@@ -599,13 +687,17 @@ export class GpuLlama {
     });
     let sum = 0;
     for (const p of partials) for (const v of await download(gpu, p.out, norms.partials(p.n))) sum += v;
-    const norm = Math.sqrt(sum);
-    if (maxNorm > 0 && norm > maxNorm) {
-      const factor = maxNorm / (norm + 1e-6);
+    // Mixed precision: the gradients are the loss scale's multiple. One that overflowed f16 skips the step.
+    const scale = this.scaler?.scale ?? 1;
+    this.skipped = !!this.scaler && (!Number.isFinite(sum) || (await this.overflowed(OVERFLOW.backward)));
+    this.scaler?.update(this.skipped);
+    if (this.skipped) return Infinity;
+    const norm = Math.sqrt(sum) / scale;
+    const factor = (maxNorm > 0 && norm > maxNorm ? maxNorm / (norm + 1e-6) : 1) / scale;
+    if (factor !== 1)
       submit(gpu, (pass) => {
         for (const p of partials) norms.scale(pass, this.g(p.name), p.n, factor);
       });
-    }
     return norm;
   }
 
@@ -633,6 +725,9 @@ export class GpuLlama {
       ...this.grads.values(),
       ...[...this.activations.values()].map((a) => a.buffer),
       ...moments,
+      ...this.halves.values(),
+      ...this.halfActs.values(),
+      ...(this.overflow ? [this.overflow] : []),
     ])
       buffer.destroy();
     this.tables.dispose();

@@ -14,7 +14,8 @@
 import { Kernels, fields, lengthOf, span, type Binding } from './kernel.ts';
 
 // What both tile sizes share: the operands, their sizes, and reading an element of op(A) or op(B) (0 outside).
-const OPERANDS = /* wgsl */ `
+// `half`: A and B are f16 (mixed precision: products of f16 values summed in f32).
+const operands = (half: boolean) => /* wgsl */ `${half ? 'enable f16;' : ''}
 override TRANS_A: bool = false;
 override TRANS_B: bool = false;
 override ACCUMULATE: bool = false;
@@ -24,25 +25,25 @@ struct Dims {
   lda: u32, ldb: u32, ldc: u32, off_a: u32, off_b: u32, off_c: u32,
 }
 
-@group(0) @binding(0) var<storage, read> a: array<f32>;
-@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(0) var<storage, read> a: array<${half ? 'f16' : 'f32'}>;
+@group(0) @binding(1) var<storage, read> b: array<${half ? 'f16' : 'f32'}>;
 @group(0) @binding(2) var<storage, read_write> c: array<f32>;
 @group(0) @binding(3) var<uniform> dims: Dims;
 
 fn load_a(base: u32, row: u32, kk: u32) -> f32 {
   if (row >= dims.m || kk >= dims.k) { return 0.0; }
-  if (TRANS_A) { return a[base + kk * dims.lda + row]; }
-  return a[base + row * dims.lda + kk];
+  if (TRANS_A) { return f32(a[base + kk * dims.lda + row]); }
+  return f32(a[base + row * dims.lda + kk]);
 }
 
 fn load_b(base: u32, kk: u32, col: u32) -> f32 {
   if (kk >= dims.k || col >= dims.n) { return 0.0; }
-  if (TRANS_B) { return b[base + col * dims.ldb + kk]; }
-  return b[base + kk * dims.ldb + col];
+  if (TRANS_B) { return f32(b[base + col * dims.ldb + kk]); }
+  return f32(b[base + kk * dims.ldb + col]);
 }
 `;
 
-const SMALL = /* wgsl */ `${OPERANDS}
+const small = (half: boolean) => /* wgsl */ `${operands(half)}
 const TILE: u32 = 64u;
 const TK: u32 = 16u;
 var<workgroup> tile_a: array<f32, 1024>; // [k][m] of op(A)'s 64×16 block
@@ -99,7 +100,7 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
 // 128×128 blocks of C, each of 16×16 threads making an 8×8 patch: rows lid.y·4… and 64 + lid.y·4…, columns
 // lid.x·4… and 64 + lid.x·4…, so that the threads of a row read neighbouring vec4s of workgroup memory.
 // Twice the work a thread per value loaded from workgroup memory that the 64×64 kernel has.
-const LARGE = /* wgsl */ `${OPERANDS}
+const large = (half: boolean) => /* wgsl */ `${operands(half)}
 const TILE: u32 = 128u;
 const TK: u32 = 16u;
 var<workgroup> tile_a: array<vec4f, 512>; // [k][m / 4] of op(A)'s 128×16 block
@@ -166,6 +167,17 @@ export interface MatmulShape {
   transposeB?: boolean;
   /** C += op(A)·op(B) instead of C = (gradient accumulation). */
   accumulate?: boolean;
+  /** A and B hold f16s (C f32): mixed precision's products. */
+  half?: boolean;
+}
+
+const SHADERS = new Map<string, string>();
+/** The shader of a block size and operand type, written once. */
+function shader(tile: 64 | 128, half: boolean): string {
+  const key = `${tile}${half}`;
+  let code = SHADERS.get(key);
+  if (!code) SHADERS.set(key, (code = (tile === 128 ? large : small)(half)));
+  return code;
 }
 
 export class Matmul {
@@ -180,8 +192,11 @@ export class Matmul {
     const { m: M, n: N, k: K } = s;
     const batch = s.batch ?? 1;
     const [lda, ldb] = [s.transposeA ? M : K, s.transposeB ? K : N];
-    const room = Math.floor(this.k.bindingBytes / 4) - 64; // a span's f32s, less what aligning its start may add
-    if ([a, b, c].every((x) => lengthOf(x) * 4 <= this.k.bindingBytes)) {
+    // A span's elements, less what aligning its start may add (f32s: C's; A's and B's are as many, or f16s).
+    const room = Math.floor(this.k.bindingBytes / 4) - 64;
+    const bytes = s.half ? 2 : 4; // of A's and B's elements
+    const fits = (x: Binding, size: number) => lengthOf(x, size) * size <= this.k.bindingBytes;
+    if (fits(a, bytes) && fits(b, bytes) && fits(c, 4)) {
       this.product(pass, [a, b, c], s, [lda, ldb, N], [0, 0, 0], s.accumulate ?? false);
       return;
     }
@@ -203,8 +218,12 @@ export class Matmul {
         for (let k0 = 0; k0 < K; k0 += kRows) {
           const [m1, n1, k1] = [Math.min(M, m0 + mRows), Math.min(N, n0 + nRows), Math.min(K, k0 + kRows)];
           // Each operand's elements from its block's first to its last, in its stored layout.
-          const sa = s.transposeA ? span(a, k0 * M + m0, (k1 - 1) * M + m1) : span(a, m0 * K + k0, (m1 - 1) * K + k1);
-          const sb = s.transposeB ? span(b, n0 * K + k0, (n1 - 1) * K + k1) : span(b, k0 * N + n0, (k1 - 1) * N + n1);
+          const sa = s.transposeA
+            ? span(a, k0 * M + m0, (k1 - 1) * M + m1, bytes)
+            : span(a, m0 * K + k0, (m1 - 1) * K + k1, bytes);
+          const sb = s.transposeB
+            ? span(b, n0 * K + k0, (n1 - 1) * K + k1, bytes)
+            : span(b, k0 * N + n0, (k1 - 1) * N + n1, bytes);
           const sc = span(c, m0 * N + n0, (m1 - 1) * N + n1);
           const block = { ...s, m: m1 - m0, n: n1 - n0, k: k1 - k0 };
           const accumulate = (s.accumulate ?? false) || k0 > 0;
@@ -237,7 +256,7 @@ export class Matmul {
     const tile = (this.o.tile ?? (s.m >= 128 && s.n >= 128 ? 128 : 64)) as 64 | 128;
     this.k.dispatch(
       pass,
-      this.k.pipeline(tile === 128 ? LARGE : SMALL, constants),
+      this.k.pipeline(shader(tile, s.half ?? false), constants),
       [a!, b!, c!, this.k.uniform(fields(...values.map((u32) => ({ u32 }))))],
       Math.ceil(s.n / tile),
       Math.ceil(s.m / tile),

@@ -1,0 +1,73 @@
+// Mixed precision on the GPU, as torch.amp does it with f16: every GEMM multiplies f16 operands and sums in
+// f32 (train/webgpu/matmul.ts `half`); the weights stay f32 (AdamW keeps an f16 copy beside each one it
+// updates), and so do the norms, softmaxes, attention, the gradients and AdamW's moments. f16 holds values
+// up to 65504 and loses those below 6e-8: the loss is scaled up before the backward so that small
+// gradients survive the cast, down again before clipping, and a step whose gradients overflowed is skipped
+// with the scale halved (GradScaler's dynamic loss scaling).
+/// <reference types="@webgpu/types" />
+import type { Binding, Kernels } from './kernel.ts';
+import { fields, grid } from './kernel.ts';
+
+// f32 → f16. A value beyond f16's range (or not finite) sets `overflow[slot]` and is written as 0: compared
+// as bits, since a shader may assume that float arithmetic meets no infinities or NaNs.
+const CAST = /* wgsl */ `enable f16;
+struct Dims { n: u32, slot: u32 }
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> y: array<f16>;
+@group(0) @binding(2) var<storage, read_write> overflow: array<atomic<u32>>;
+@group(0) @binding(3) var<uniform> d: Dims;
+
+const MOST: u32 = 0x477fe000u; // 65504, f16's largest finite value, as f32 bits
+
+@compute @workgroup_size(256)
+fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
+  let i = id.x + id.y * groups.x * 256u;
+  if (i >= d.n) { return; }
+  let v = x[i];
+  if ((bitcast<u32>(v) & 0x7fffffffu) > MOST) {
+    atomicOr(&overflow[d.slot], 1u);
+    y[i] = 0.0h;
+    return;
+  }
+  y[i] = f16(v);
+}
+`;
+
+/** Where a cast that overflowed says so: the forward's activations, or the backward's (scaled) gradients. */
+export const OVERFLOW = { forward: 0, backward: 1 } as const;
+
+export class Cast {
+  constructor(private readonly k: Kernels) {}
+
+  /** y (n f16s) = x (n f32s); a value f16 cannot hold sets overflow[slot] (a buffer of two u32s). */
+  encode(pass: GPUComputePassEncoder, x: Binding, y: GPUBuffer, n: number, overflow: GPUBuffer, slot: number): void {
+    const dims = this.k.uniform(fields({ u32: n }, { u32: slot }));
+    this.k.dispatch(pass, this.k.pipeline(CAST), [x, y, overflow, dims], ...grid(n));
+  }
+}
+
+/**
+ * The loss scale of torch.amp's GradScaler: it starts at `initial`, halves after a step whose scaled
+ * gradients overflowed f16 (that step is skipped), and doubles after `interval` steps in a row that did not.
+ */
+export class LossScaler {
+  scale: number;
+  private good = 0;
+
+  constructor(readonly o: { initial: number; interval: number } = { initial: 2 ** 16, interval: 2000 }) {
+    this.scale = o.initial;
+  }
+
+  /** After a step's backward, whether its gradients overflowed. */
+  update(overflowed: boolean): void {
+    if (!overflowed) {
+      if (++this.good === this.o.interval) [this.scale, this.good] = [this.scale * 2, 0];
+      return;
+    }
+    if (this.scale <= 2 ** -24)
+      throw new Error(
+        `precision f16: the gradients overflow f16 at every loss scale down to ${this.scale}: train in f32 (--precision f32)`,
+      );
+    [this.scale, this.good] = [this.scale / 2, 0];
+  }
+}
