@@ -1,19 +1,21 @@
 // Training throughput and memory on the GPU (train/webgpu/): SFT steps with AdamW of the Llama on the bench
-// shape, a GPT-2-small shape, and the SmolLM2-135M and Qwen2.5-0.5B shapes at context 1024 (random weights).
-// Prints tokens/s, achieved TFLOP/s (nanoGPT's 6·N + attention per token) and the GPU memory prefab held at
-// most; the GEMM's TFLOP/s at 4096³ and at 4096×2304×768 in either block size; and, where python3 has torch
-// with CUDA and transformers, their LlamaForCausalLM / Qwen2ForCausalLM built from the same config (sdpa
-// attention, fused AdamW, labels = input_ids) in fp32 with TF32 off and in bf16 autocast, each with
-// torch.cuda.max_memory_allocated(), in the same run. `--largest` finds the largest batch (doubling from the
-// last one timed) that trains, each try in a process of its own. On a CPU driver (lavapipe) `--quick` takes
-// one small step to show that the path runs.
-//   npm run bench:train:webgpu [-- --shape bench,gpt2,smollm2,qwen05 --batch 8 --steps 3 --largest --quick]
+// shape, a GPT-2-small shape, and the SmolLM2-135M and Qwen2.5-0.5B shapes at context 1024 (random weights),
+// in f32 and in mixed precision (f16 products, on the tensor cores where their GEMM passes its check). Prints
+// tokens/s, achieved TFLOP/s (nanoGPT's 6·N + attention per token) and the GPU memory prefab held at most,
+// beside, where python3 has torch with CUDA and transformers, their LlamaForCausalLM / Qwen2ForCausalLM built
+// from the same config (sdpa attention, fused AdamW, labels = input_ids) in the same run with
+// torch.cuda.max_memory_allocated(): f32 against fp32 with TF32 off, mixed precision against bf16 autocast.
+// Also the GEMM alone at 4096³ and 4096×2304×768 (f32 in either block size, and f16). `--largest` finds the
+// largest batch (doubling from the last one timed) that trains, each try in a process of its own. On a CPU
+// driver (lavapipe) `--quick` takes one small step in each precision to show that the paths run.
+//   npm run bench:train:webgpu [-- --shape bench,gpt2,smollm2,qwen05 --batch 8 --steps 3 --precision f32,f16 --largest --quick]
 import { spawnSync } from 'node:child_process';
 import { Command } from 'commander';
 import { flopsPerToken, initialWeights, type LlamaConfig } from '../train/model.ts';
 import { ADAMW_DEFAULTS } from '../train/optimizer.ts';
 import { GpuAdamW } from '../train/webgpu/adamw.ts';
-import { submit, upload } from '../train/webgpu/buffers.ts';
+import { allocate, submit, upload } from '../train/webgpu/buffers.ts';
+import { useTensorCores } from '../train/webgpu/precision.ts';
 import { openGpu } from '../train/webgpu/device.ts';
 import { Kernels } from '../train/webgpu/kernel.ts';
 import { GpuLlama } from '../train/webgpu/llama.ts';
@@ -28,6 +30,7 @@ const opts = new Command()
   .option('--largest', 'also find the largest batch that trains, doubling from the last one given')
   .option('--no-peers', 'prefab only (no PyTorch)')
   .option('--no-gemm', 'do not time the GEMM alone')
+  .option('--precision <list>', 'f32, f16 (mixed precision, where the adapter has shader-f16) or both', 'f32,f16')
   .option('--quick', 'one step of a small shape: a check that the path runs (a CPU driver)')
   .parse()
   .opts<{
@@ -37,6 +40,7 @@ const opts = new Command()
     largest?: boolean;
     peers: boolean;
     gemm: boolean;
+    precision: string;
     quick?: boolean;
   }>();
 
@@ -105,19 +109,23 @@ const SHAPES: Record<string, Shape> = {
 
 const gpu = await openGpu();
 const kernels = new Kernels(gpu);
+/** Mixed precision's kernels, on the tensor cores where they pass their check; null without shader-f16. */
+const half = gpu.f16 ? new Kernels(gpu, { precision: 'f16' }) : null;
+const halfOn = half ? await useTensorCores(half) : 'no shader-f16 here';
 
-/** The GEMM alone in blocks of `tile`: C = A·Bᵀ as a projection reads its weight, best of a few runs, TFLOP/s. */
-async function gemm(m: number, n: number, k: number, tile: 64 | 128): Promise<number> {
-  const mm = new Matmul(kernels, { tile });
-  const [a, b, c] = [
-    upload(gpu, new Float32Array(m * k).fill(0.5)),
-    upload(gpu, new Float32Array(n * k).fill(0.25)),
-    upload(gpu, new Float32Array(m * n)),
-  ];
+/**
+ * The GEMM alone, C = A·Bᵀ as a projection reads its weight, best of a few runs, TFLOP/s: f32 in blocks of
+ * `tile`, or with `tile` 'f16' mixed precision's (its operands f16; the tensor cores where they passed).
+ */
+async function gemm(m: number, n: number, k: number, tile: 64 | 128 | 'f16'): Promise<number> {
+  const mm = tile === 'f16' ? new Matmul(half!) : new Matmul(kernels, { tile });
+  const operand = (n: number, x: number) =>
+    tile === 'f16' ? allocate(gpu, n * 2) : upload(gpu, new Float32Array(n).fill(x));
+  const [a, b, c] = [operand(m * k, 0.5), operand(n * k, 0.25), upload(gpu, new Float32Array(m * n))];
   const run = async (times: number) => {
     const t0 = performance.now();
     submit(gpu, (pass) => {
-      for (let i = 0; i < times; i++) mm.encode(pass, a, b, c, { m, n, k, transposeB: true });
+      for (let i = 0; i < times; i++) mm.encode(pass, a, b, c, { m, n, k, transposeB: true, half: tile === 'f16' });
     });
     await gpu.device.queue.onSubmittedWorkDone();
     return (performance.now() - t0) / 1000 / times;
@@ -129,7 +137,12 @@ async function gemm(m: number, n: number, k: number, tile: 64 | 128): Promise<nu
 }
 
 /** prefab's SFT steps on `name` at `batch`: tokens/s and the most GPU memory held (weights, gradients, moments, activations). */
-async function prefab(name: string, batch: number, steps: number): Promise<{ tokens: number; bytes: number }> {
+async function prefab(
+  name: string,
+  batch: number,
+  steps: number,
+  kernels: Kernels,
+): Promise<{ tokens: number; bytes: number }> {
   const { config } = SHAPES[name]!;
   const length = config.maxPositions;
   gpu.memory.peak = gpu.memory.now;
@@ -195,8 +208,8 @@ print(json.dumps({"tokens": B * T * S / (time.perf_counter() - t0), "bytes": tor
   return JSON.parse(r.stdout.trim()) as { tokens: number; bytes: number } | null;
 }
 
-/** The largest batch, doubling from `from`, whose steps train: each try a process of its own (a failed device stays failed). */
-function largest(name: string, from: number): number | null {
+/** The largest batch, doubling from `from`, whose steps train in `precision`: each try a process of its own (a failed device stays failed). */
+function largest(name: string, from: number, precision: string): number | null {
   let fits: number | null = null;
   for (let batch = from; batch <= 1024; batch *= 2) {
     const r = spawnSync(
@@ -212,6 +225,8 @@ function largest(name: string, from: number): number | null {
         '1',
         '--no-peers',
         '--no-gemm',
+        '--precision',
+        precision,
       ],
       { encoding: 'utf8', timeout: 600_000 },
     );
@@ -226,6 +241,7 @@ const gib = (bytes: number) =>
 const names = opts.quick ? ['quick'] : opts.shape.split(',');
 const steps = opts.quick ? 1 : Number(opts.steps);
 console.log(`adapter: ${gpu.adapter.description} (${gpu.software ? 'software: expect CPU speed' : 'hardware'})`);
+console.log(`mixed precision multiplies on: ${halfOn}`);
 if (gpu.software) console.log('GEMM: not timed on a software adapter (minutes at 4096³)');
 else if (!opts.quick && opts.gemm)
   for (const [m, n, k] of [
@@ -233,35 +249,43 @@ else if (!opts.quick && opts.gemm)
     [4096, 2304, 768],
   ] as const)
     console.log(
-      `GEMM ${m}×${n}×${k}: ${(await gemm(m, n, k, 64)).toFixed(1)} TFLOP/s in 64×64 blocks, ${(await gemm(m, n, k, 128)).toFixed(1)} in 128×128`,
+      `GEMM ${m}×${n}×${k}: f32 ${(await gemm(m, n, k, 64)).toFixed(1)} TFLOP/s in 64×64 blocks, ${(await gemm(m, n, k, 128)).toFixed(1)} in 128×128; f16 ${half ? (await gemm(m, n, k, 'f16')).toFixed(1) : '—'}`,
     );
+const precisions = opts.precision.split(',').filter((p) => p === 'f32' || (p === 'f16' && half));
 console.log(
-  '| shape | batch | tokens/s | TFLOP/s | memory | PyTorch fp32 tokens/s (memory) | ratio | PyTorch bf16 tokens/s (memory) | ratio |\n|---|---|---|---|---|---|---|---|---|',
+  '| shape | batch | precision | tokens/s | TFLOP/s | memory | PyTorch tokens/s (memory) | ratio |\n|---|---|---|---|---|---|---|---|',
 );
 for (const name of names) {
   const known = SHAPES[name];
   if (!known) throw new Error(`--shape ${name}: not one of ${Object.keys(SHAPES).join(', ')}`);
   const batches = opts.batch ? opts.batch.split(',').map(Number) : known.batches;
-  for (const batch of batches) {
-    const cells = [name, String(batch)];
-    try {
-      const { tokens, bytes } = await prefab(name, batch, steps);
-      const tflops = (tokens * flopsPerToken(known.config, known.config.maxPositions)) / 1e12;
-      cells.push(tokens.toFixed(0), tflops.toFixed(2), gib(bytes));
-      for (const precision of ['fp32', 'bf16'] as const) {
-        const peer = opts.quick || !opts.peers ? null : pytorch(known.config, batch, steps, precision);
+  for (const batch of batches)
+    for (const precision of precisions) {
+      // f32 against PyTorch's fp32 (TF32 off), f16 against its bf16 autocast: each side's fast path.
+      const cells = [name, String(batch), precision];
+      try {
+        const { tokens, bytes } = await prefab(name, batch, steps, precision === 'f16' ? half! : kernels);
+        const tflops = (tokens * flopsPerToken(known.config, known.config.maxPositions)) / 1e12;
+        cells.push(tokens.toFixed(0), tflops.toFixed(2), gib(bytes));
+        const peer =
+          opts.quick || !opts.peers ? null : pytorch(known.config, batch, steps, precision === 'f16' ? 'bf16' : 'fp32');
         if (peer === null) cells.push('no torch with CUDA here', '—');
         else if (typeof peer === 'string') cells.push(peer, '—');
-        else cells.push(`${peer.tokens.toFixed(0)} (${gib(peer.bytes)})`, (tokens / peer.tokens).toFixed(2));
+        else
+          cells.push(
+            `${precision === 'f16' ? 'bf16' : 'fp32'} ${peer.tokens.toFixed(0)} (${gib(peer.bytes)})`,
+            (tokens / peer.tokens).toFixed(2),
+          );
+      } catch (error) {
+        cells.push(`fails: ${(error as Error).message.split('\n')[0]}`);
       }
-    } catch (error) {
-      cells.push(`fails: ${(error as Error).message.split('\n')[0]}`);
+      console.log(`| ${cells.join(' | ')} |`);
     }
-    console.log(`| ${cells.join(' | ')} |`);
-  }
-  if (opts.largest) {
-    const from = batches.at(-1)!;
-    console.log(`${name}: the largest batch that trains, doubling from ${from}: ${largest(name, from) ?? 'none'}`);
-  }
+  if (opts.largest)
+    for (const precision of precisions) {
+      const from = batches.at(-1)!;
+      const most = largest(name, from, precision) ?? 'none';
+      console.log(`${name} in ${precision}: the largest batch that trains, doubling from ${from}: ${most}`);
+    }
 }
 process.exit(0);

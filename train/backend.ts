@@ -157,16 +157,21 @@ export async function useBackend(
       throw new Error(`--backend webgpu: ${error.message}`);
     });
     const { Kernels } = await import('./webgpu/kernel.ts');
-    // auto: f32. f16 pays where its products run on the tensor cores (subgroup matrices), which prefab's GEMM
-    // does not use yet; elsewhere its casts cost more than its f16 reads save.
-    const kernels = new Kernels(gpu, { precision: precision === 'f16' ? 'f16' : 'f32' });
+    const { useTensorCores } = await import('./webgpu/precision.ts');
+    // auto: mixed precision where the tensor cores (subgroup matrices) multiply it, checked against the ordinary
+    // cores when the device opens; f32 elsewhere, where f16's casts cost about what its reads save.
+    const wanted = precision === 'f16' || (precision === 'auto' && gpu.f16 && gpu.subgroupMatrix !== null);
+    let kernels = new Kernels(gpu, { precision: wanted ? 'f16' : 'f32' });
+    const on = await useTensorCores(kernels);
+    if (precision === 'auto' && kernels.precision === 'f16' && !kernels.tensorCores)
+      kernels = new Kernels(gpu, { precision: 'f32' });
     await tf.setBackend('wasm');
     await tf.ready();
     (await import('./kernels.ts')).patchWasmSlice();
     const how =
       kernels.precision === 'f16'
-        ? 'in mixed precision (f16 products summed in f32, dynamic loss scaling)'
-        : `in f32${precision === 'auto' ? ' (auto: no GEMM on tensor cores here yet)' : ''}`;
+        ? `in mixed precision (f16 products summed in f32, dynamic loss scaling) on ${on}`
+        : `in f32${precision === 'auto' ? ` (auto: f16 on tensor cores only; ${on})` : ''}`;
     // TensorFlow.js's backend is what `name` says; the run says where its steps went (RunResult.device).
     current = {
       name: 'wasm',
@@ -237,7 +242,7 @@ export const addBackendOption: CommandFactory = (program) => {
   program.addOption(
     new Option(
       '--precision <name>',
-      "the GPU's arithmetic (auto: f32 until prefab's GEMM runs on tensor cores; f16: mixed precision, f16 products summed in f32 with f32 weights and dynamic loss scaling, where the adapter offers shader-f16)",
+      "the GPU's arithmetic (f16: mixed precision, f16 products summed in f32 with f32 weights and dynamic loss scaling, where the adapter offers shader-f16; auto: f16 where its products run on the tensor cores, checked when the GPU opens, else f32)",
     ).choices([...PRECISIONS]),
   );
 };

@@ -19,7 +19,7 @@ import { GpuAdamW } from '../../train/webgpu/adamw.ts';
 import { allocate, download, submit, upload } from '../../train/webgpu/buffers.ts';
 import { Kernels } from '../../train/webgpu/kernel.ts';
 import { GpuLlama } from '../../train/webgpu/llama.ts';
-import { Cast, OVERFLOW } from '../../train/webgpu/precision.ts';
+import { Cast, OVERFLOW, useTensorCores } from '../../train/webgpu/precision.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 import { quietLogger } from '../fixtures/toy-stages.ts';
@@ -192,4 +192,23 @@ describe('mixed precision on the GPU', () => {
       /offers no shader-f16; use f32/,
     );
   });
+
+  it.skipIf(absent)(
+    'keeps the ordinary cores where the tensor cores’ GEMM fails its check, the GPU still usable',
+    async () => {
+      expect(await useTensorCores(new Kernels(kernels!.gpu, { precision: 'f16' }))).toMatch(
+        kernels!.gpu.subgroupMatrix ? /tensor cores/ : /^no subgroup matrices/,
+      );
+      // Tiles the adapter does not have (lavapipe has none): the shader is refused, and said so.
+      const pretend = { ...kernels!.gpu, subgroupMatrix: { m: 16, n: 16, k: 16, subgroup: 8 } };
+      const k = new Kernels(pretend, { precision: 'f16' });
+      expect(await useTensorCores(k)).toMatch(
+        /^the ordinary cores \(the tensor cores' GEMM, subgroup matrices of 16×16×16, failed: /,
+      );
+      expect(k.tensorCores).toBeNull();
+      expect(kernels!.gpu.failure).toBeNull();
+      const x = upload(kernels!.gpu, Float32Array.from([1, 2, 3]));
+      expect([...(await download(kernels!.gpu, x, 3))]).toEqual([1, 2, 3]);
+    },
+  );
 });

@@ -15,6 +15,12 @@ export interface Gpu {
   failure: string | null;
   /** Whether shaders may use f16 (the adapter offers `shader-f16`, and the device was asked for it): mixed precision's products. */
   f16: boolean;
+  /**
+   * The tensor cores, as WebGPU's subgroup matrices (Dawn's chromium-experimental-subgroup-matrix, behind its
+   * allow_unsafe_apis toggle): the tile sizes of an f16 × f16 → f32 product a subgroup makes, and the largest
+   * subgroup; null where the adapter offers none (then mixed precision multiplies on the ordinary cores).
+   */
+  subgroupMatrix: { m: number; n: number; k: number; subgroup: number } | null;
   /** Bytes of storage buffers held now and at most so far (buffers.ts allocate() counts them; uniforms are not). */
   memory: { now: number; peak: number };
 }
@@ -115,7 +121,8 @@ async function find(): Promise<Found> {
   // GPUBufferUsage, GPUMapMode and the rest, as a browser has them.
   for (const [name, value] of Object.entries(webgpu.globals))
     if (!(name in globalThis)) Object.assign(globalThis, { [name]: value });
-  const instance = webgpu.create([]);
+  // Unsafe APIs allowed: the subgroup matrices (tensor cores) are among them.
+  const instance = webgpu.create(['enable-dawn-features=allow_unsafe_apis']);
   const adapter = await instance.requestAdapter({ powerPreference: 'high-performance' });
   if (!adapter)
     throw new NoGpu(
@@ -134,8 +141,12 @@ async function find(): Promise<Found> {
 async function open({ instance, adapter, description, software }: Found): Promise<Gpu> {
   const limits = adapter.limits;
   const f16 = adapter.features.has('shader-f16');
+  const matrices = f16 && adapter.features.has('subgroups') ? tensorTiles(adapter) : null;
   const device = await adapter.requestDevice({
-    requiredFeatures: f16 ? ['shader-f16'] : [],
+    requiredFeatures: [
+      ...(f16 ? ['shader-f16' as const] : []),
+      ...(matrices ? (['subgroups', 'chromium-experimental-subgroup-matrix'] as unknown as GPUFeatureName[]) : []),
+    ],
     requiredLimits: {
       maxStorageBuffersPerShaderStage: limits.maxStorageBuffersPerShaderStage,
       maxComputeWorkgroupStorageSize: limits.maxComputeWorkgroupStorageSize,
@@ -151,6 +162,7 @@ async function open({ instance, adapter, description, software }: Found): Promis
     software,
     failure: null,
     f16,
+    subgroupMatrix: matrices,
     memory: { now: 0, peak: 0 },
   };
   // Thrown from here, an error would end the process: it is kept, and thrown where results are read.
@@ -158,4 +170,16 @@ async function open({ instance, adapter, description, software }: Found): Promis
     gpu.failure ??= (event as GPUUncapturedErrorEvent).error.message;
   });
   return gpu;
+}
+
+/** The adapter's subgroup matrix of f16 × f16 → f32 with the largest tiles, if it offers one (Gpu.subgroupMatrix). */
+function tensorTiles(adapter: GPUAdapter): Gpu['subgroupMatrix'] {
+  if (!adapter.features.has('chromium-experimental-subgroup-matrix' as GPUFeatureName)) return null;
+  type Config = { componentType: string; resultComponentType: string; M: number; N: number; K: number };
+  const info = adapter.info as GPUAdapterInfo & { subgroupMatrixConfigs?: Config[] };
+  const configs = (info.subgroupMatrixConfigs ?? []).filter(
+    (c) => c.componentType === 'f16' && c.resultComponentType === 'f32',
+  );
+  const best = configs.sort((x, y) => y.M * y.N * y.K - x.M * x.N * x.K)[0];
+  return best ? { m: best.M, n: best.N, k: best.K, subgroup: info.subgroupMaxSize ?? 32 } : null;
 }

@@ -21,6 +21,9 @@ export class Kernels {
   /** How the models on these kernels multiply: f32, or f16 products summed in f32 (precision.ts). */
   readonly precision: Precision;
 
+  /** Mixed precision's GEMMs on the tensor cores, once precision.ts useTensorCores found them right there; null: the ordinary cores. */
+  tensorCores: Gpu['subgroupMatrix'] = null;
+
   constructor(
     readonly gpu: Gpu,
     o: { bindingBytes?: number; precision?: Precision } = {},

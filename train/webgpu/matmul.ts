@@ -171,7 +171,90 @@ export interface MatmulShape {
   half?: boolean;
 }
 
+/** Tiles of C a subgroup makes in the tensor-core kernel: TM down, TN across. */
+const [TM, TN] = [4, 2];
+
+// Mixed precision on the tensor cores: WebGPU's subgroup matrices (f16 × f16 → f32 tiles of m×n×k, the
+// adapter's). A workgroup is one subgroup (where the workgroup holds more, each makes the same tiles: the same
+// values written twice) and makes TM×TN tiles of C, reading its operands' tiles straight from the buffers (a
+// transposed operand as a column-major one) and adding to C's where accumulating. Only for products whose
+// M, N and K are whole blocks: the loads and stores have no edges.
+const tensor = (t: { m: number; n: number; k: number; subgroup: number }) => {
+  const [left, right, result] = [
+    `subgroup_matrix_left<f16, ${t.k}, ${t.m}>`,
+    `subgroup_matrix_right<f16, ${t.n}, ${t.k}>`,
+    `subgroup_matrix_result<f32, ${t.n}, ${t.m}>`,
+  ];
+  return /* wgsl */ `enable f16;
+enable chromium_experimental_subgroup_matrix;
+diagnostic(off, chromium.subgroup_matrix_uniformity);
+override TRANS_A: bool = false;
+override TRANS_B: bool = false;
+override ACCUMULATE: bool = false;
+
+struct Dims {
+  m: u32, n: u32, k: u32, stride_a: u32, stride_b: u32, stride_c: u32,
+  lda: u32, ldb: u32, ldc: u32, off_a: u32, off_b: u32, off_c: u32,
+}
+
+@group(0) @binding(0) var<storage, read> a: array<f16>;
+@group(0) @binding(1) var<storage, read> b: array<f16>;
+@group(0) @binding(2) var<storage, read_write> c: array<f32>;
+@group(0) @binding(3) var<uniform> dims: Dims;
+
+@compute @workgroup_size(${t.subgroup})
+fn main(@builtin(workgroup_id) wg: vec3u) {
+  let row0 = wg.y * ${TM * t.m}u;
+  let col0 = wg.x * ${TN * t.n}u;
+  let base_a = dims.off_a + wg.z * dims.stride_a;
+  let base_b = dims.off_b + wg.z * dims.stride_b;
+  let base_c = dims.off_c + wg.z * dims.stride_c;
+  var acc: array<${result}, ${TM * TN}>;
+  for (var i = 0u; i < ${TM}u; i++) {
+    for (var j = 0u; j < ${TN}u; j++) {
+      let at = base_c + (row0 + i * ${t.m}u) * dims.ldc + col0 + j * ${t.n}u;
+      if (ACCUMULATE) { acc[i * ${TN}u + j] = subgroupMatrixLoad<${result}>(&c, at, false, dims.ldc); }
+      else { acc[i * ${TN}u + j] = ${result}(); }
+    }
+  }
+  for (var k0 = 0u; k0 < dims.k; k0 += ${t.k}u) {
+    var l: array<${left}, ${TM}>;
+    var r: array<${right}, ${TN}>;
+    for (var i = 0u; i < ${TM}u; i++) {
+      let m0 = row0 + i * ${t.m}u;
+      if (TRANS_A) { l[i] = subgroupMatrixLoad<${left}>(&a, base_a + k0 * dims.lda + m0, true, dims.lda); }
+      else { l[i] = subgroupMatrixLoad<${left}>(&a, base_a + m0 * dims.lda + k0, false, dims.lda); }
+    }
+    for (var j = 0u; j < ${TN}u; j++) {
+      let n0 = col0 + j * ${t.n}u;
+      if (TRANS_B) { r[j] = subgroupMatrixLoad<${right}>(&b, base_b + n0 * dims.ldb + k0, true, dims.ldb); }
+      else { r[j] = subgroupMatrixLoad<${right}>(&b, base_b + k0 * dims.ldb + n0, false, dims.ldb); }
+    }
+    for (var i = 0u; i < ${TM}u; i++) {
+      for (var j = 0u; j < ${TN}u; j++) {
+        acc[i * ${TN}u + j] = subgroupMatrixMultiplyAccumulate(l[i], r[j], acc[i * ${TN}u + j]);
+      }
+    }
+  }
+  for (var i = 0u; i < ${TM}u; i++) {
+    for (var j = 0u; j < ${TN}u; j++) {
+      let at = base_c + (row0 + i * ${t.m}u) * dims.ldc + col0 + j * ${t.n}u;
+      subgroupMatrixStore(&c, at, acc[i * ${TN}u + j], false, dims.ldc);
+    }
+  }
+}
+`;
+};
+
 const SHADERS = new Map<string, string>();
+/** The tensor-core shader for the adapter's tiles, written once. */
+function tensorShader(t: { m: number; n: number; k: number; subgroup: number }): string {
+  const key = `tensor${JSON.stringify(t)}`;
+  let code = SHADERS.get(key);
+  if (!code) SHADERS.set(key, (code = tensor(t)));
+  return code;
+}
+
 /** The shader of a block size and operand type, written once. */
 function shader(tile: 64 | 128, half: boolean): string {
   const key = `${tile}${half}`;
@@ -253,6 +336,25 @@ export class Matmul {
       ACCUMULATE: accumulate ? 1 : 0,
     };
     const values = [s.m, s.n, s.k, s.m * s.k, s.k * s.n, s.m * s.n, ...ld, ...offsets];
+    const t = this.k.tensorCores;
+    if (
+      s.half &&
+      t &&
+      this.o.tile === undefined &&
+      s.m % (TM * t.m) === 0 &&
+      s.n % (TN * t.n) === 0 &&
+      s.k % t.k === 0
+    ) {
+      this.k.dispatch(
+        pass,
+        this.k.pipeline(tensorShader(t), constants),
+        [a!, b!, c!, this.k.uniform(fields(...values.map((u32) => ({ u32 }))))],
+        s.n / (TN * t.n),
+        s.m / (TM * t.m),
+        s.batch ?? 1,
+      );
+      return;
+    }
     const tile = (this.o.tile ?? (s.m >= 128 && s.n >= 128 ? 128 : 64)) as 64 | 128;
     this.k.dispatch(
       pass,

@@ -5,8 +5,10 @@
 // gradients survive the cast, down again before clipping, and a step whose gradients overflowed is skipped
 // with the scale halved (GradScaler's dynamic loss scaling).
 /// <reference types="@webgpu/types" />
+import { allocate, download, submit, upload } from './buffers.ts';
 import type { Binding, Kernels } from './kernel.ts';
 import { fields, grid } from './kernel.ts';
+import { Matmul } from './matmul.ts';
 
 // f32 → f16. A value beyond f16's range (or not finite) sets `overflow[slot]` and is written as 0: compared
 // as bits, since a shader may assume that float arithmetic meets no infinities or NaNs.
@@ -70,4 +72,64 @@ export class LossScaler {
       );
     [this.scale, this.good] = [this.scale / 2, 0];
   }
+}
+
+/**
+ * Turns on `k`'s GEMM on the tensor cores where the adapter has subgroup matrices and, checked here, it makes
+ * what the f16 GEMM on the ordinary cores makes (every transpose, written and accumulated, within 1e-4: the
+ * same f16 products summed in another order). Says what mixed precision multiplies on, and why.
+ */
+export async function useTensorCores(k: Kernels): Promise<string> {
+  const t = k.gpu.subgroupMatrix;
+  if (k.precision !== 'f16' || !t) return 'no subgroup matrices (tensor cores) on this adapter';
+  const device = k.gpu.device;
+  device.pushErrorScope('validation');
+  device.pushErrorScope('internal');
+  let worst = 0;
+  let thrown = '';
+  const made: GPUBuffer[] = [];
+  const keep = (buffer: GPUBuffer) => (made.push(buffer), buffer);
+  try {
+    const [M, N, K] = [2 * 4 * t.m, 2 * 2 * t.n, 3 * t.k];
+    const flags = keep(upload(k.gpu, new Uint32Array(2)));
+    const cast = new Cast(k);
+    const half = (n: number, seed: number) => {
+      const x = keep(
+        upload(
+          k.gpu,
+          Float32Array.from({ length: n }, (_, i) => Math.sin(i * 12.9898 + seed) / 2),
+        ),
+      );
+      const y = keep(allocate(k.gpu, n * 2));
+      submit(k.gpu, (pass) => cast.encode(pass, x, y, n, flags, 0));
+      return y;
+    };
+    const [a, b] = [half(M * K, 1), half(K * N, 2)];
+    for (const transposeA of [false, true])
+      for (const transposeB of [false, true])
+        for (const accumulate of [false, true]) {
+          const s = { m: M, n: N, k: K, transposeA, transposeB, accumulate, half: true };
+          const start = Float32Array.from({ length: M * N }, (_, i) => (i % 7) - 3);
+          const [plain, tensor] = [keep(upload(k.gpu, start)), keep(upload(k.gpu, start))];
+          submit(k.gpu, (pass) => new Matmul(k).encode(pass, a, b, plain, s));
+          k.tensorCores = t;
+          submit(k.gpu, (pass) => new Matmul(k).encode(pass, a, b, tensor, s));
+          k.tensorCores = null;
+          const [want, got] = [await download(k.gpu, plain, M * N), await download(k.gpu, tensor, M * N)];
+          for (let i = 0; i < want.length; i++)
+            worst = Math.max(worst, Math.abs(got[i]! - want[i]!) / (1 + Math.abs(want[i]!)));
+        }
+  } catch (error) {
+    thrown = (error as Error).message.split('\n')[0]!;
+  } finally {
+    k.tensorCores = null;
+    for (const buffer of made) buffer.destroy();
+  }
+  const errors = [await device.popErrorScope(), await device.popErrorScope()].filter((e) => e !== null);
+  const tiles = `subgroup matrices of ${t.m}×${t.n}×${t.k}`;
+  const failed = errors[0]?.message.split('\n')[0] ?? thrown;
+  if (failed) return `the ordinary cores (the tensor cores' GEMM, ${tiles}, failed: ${failed})`;
+  if (!(worst < 1e-4)) return `the ordinary cores (the tensor cores' GEMM, ${tiles}, was off by ${worst})`;
+  k.tensorCores = t;
+  return `the tensor cores (${tiles})`;
 }
