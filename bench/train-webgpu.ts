@@ -154,7 +154,8 @@ async function prefab(
   const mask = new Float32Array(batch * length).fill(1);
   const step = async () => {
     await sftStep(model, { ids: draw(), targets: draw(), mask, batch, length });
-    submit(gpu, (pass) => adamw.encode(pass, model.parameters(), 3e-4));
+    await model.clipGradients(1); // as a run's step does (mixed precision: the loss scale taken out here)
+    if (!model.skipped) submit(gpu, (pass) => adamw.encode(pass, model.parameters(), 3e-4));
     await gpu.device.queue.onSubmittedWorkDone();
     if (gpu.failure) throw new Error(gpu.failure);
   };

@@ -100,7 +100,7 @@ export async function useBackend(
     current &&
     (choice === 'auto' ||
       choice === current.name ||
-      (choice === 'webgpu' && current.gpu) ||
+      (choice === 'webgpu' && current.gpu && (precision === 'auto' || current.gpu.precision === precision)) ||
       (choice === 'onnxruntime' && current.ort))
   )
     return current;
@@ -159,7 +159,7 @@ export async function useBackend(
     const { Kernels } = await import('./webgpu/kernel.ts');
     const { useTensorCores } = await import('./webgpu/precision.ts');
     // auto: mixed precision where the tensor cores (subgroup matrices) multiply it, checked against the ordinary
-    // cores when the device opens; f32 elsewhere, where f16's casts cost about what its reads save.
+    // cores when the device opens; f32 elsewhere, where f16 has not been shown faster.
     const wanted = precision === 'f16' || (precision === 'auto' && gpu.f16 && gpu.subgroupMatrix !== null);
     let kernels = new Kernels(gpu, { precision: wanted ? 'f16' : 'f32' });
     const on = await useTensorCores(kernels);

@@ -447,9 +447,11 @@ async function updates(
   if (results.length === 0) return { loss: 0, gradNorm: 0, metrics: {} };
   const mean = (f: (r: StepResult) => number) => results.reduce((a, r) => a + f(r), 0) / results.length;
   const keys = [...new Set(results.flatMap((r) => Object.keys(r.metrics)))];
+  // A skipped update's norm (mixed precision's overflow: Infinity) is left out, unless every one was skipped.
+  const norms = results.map((r) => r.gradNorm).filter(Number.isFinite);
   return {
     loss: mean((r) => r.loss),
-    gradNorm: mean((r) => r.gradNorm),
+    gradNorm: norms.length ? norms.reduce((a, b) => a + b, 0) / norms.length : Infinity,
     metrics: Object.fromEntries(keys.map((k) => [k, mean((r) => r.metrics[k] ?? 0)])),
   };
 }
@@ -470,7 +472,8 @@ export function finalMetrics(rows: MetricsRow[], n = 10): MetricsRow {
   const tail = rows.slice(-n);
   const out: MetricsRow = {};
   for (const key of Object.keys(tail[0] ?? {})) {
-    const values = tail.map((r) => r[key] ?? 0).filter(Number.isFinite);
+    // A metrics file read back has null where an infinity was written.
+    const values = tail.map((r) => r[key]).filter((v): v is number => typeof v === 'number' && Number.isFinite(v));
     if (key !== 'step' && values.length) out[key] = values.reduce((s, v) => s + v, 0) / values.length;
   }
   return out;

@@ -4,7 +4,7 @@
 // rather than skips when none is found. Elsewhere without one, it is skipped with the reason printed.
 import { describe, expect, it } from 'vitest';
 import type { Gpu } from '../../train/webgpu/device.ts';
-import { absent, gpu as here, halves, kernels, noGpu, relativeError } from '../fixtures/webgpu.ts';
+import { absent, gpu as here, f16Values, kernels, noGpu, relativeError } from '../fixtures/webgpu.ts';
 import { allocate, download, submit, upload } from '../../train/webgpu/buffers.ts';
 import { Cast } from '../../train/webgpu/precision.ts';
 import { Matmul, type MatmulShape } from '../../train/webgpu/matmul.ts';
@@ -131,7 +131,7 @@ describe('the WebGPU GEMM', () => {
         const f16 = allocate(gpu, n * 2);
         submit(gpu, (pass) => cast.encode(pass, f32, f16, n, flags, 0));
         const bits = new Uint16Array((await download(gpu, f16, Math.ceil(n / 2))).buffer).slice(0, n);
-        return { f16, values: Float32Array.from(halves(bits)) };
+        return { f16, values: Float32Array.from(f16Values(bits)) };
       };
       // 8 KiB a binding: every operand of both shapes is cut (at 2 KiB the larger takes 134k products).
       const split = new Matmul(new Kernels(gpu, { bindingBytes: 8192 }));

@@ -3,7 +3,8 @@
 // piece of one at a time where it is too large for one binding), all of a step's in one command buffer.
 /// <reference types="@webgpu/types" />
 import type { AdamWOptions } from '../optimizer.ts';
-import { elementwise, fields, grid, part, pieces, type Kernels } from './kernel.ts';
+import { elementwise, fields, grid, part, pieces, type Binding, type Kernels } from './kernel.ts';
+import { F16_MOST, OVERFLOW } from './precision.ts';
 
 const BODY = `
   let gi = g[i];
@@ -15,11 +16,14 @@ const BODY = `
   p[i] = p[i] * d.decay - update * d.lr;`;
 const DIMS = 'lr: f32, beta1: f32, beta2: f32, eps: f32, c1: f32, c2: f32, decay: f32';
 const SHADER = elementwise({ buffers: ['mut p: f32', 'g: f32', 'mut m: f32', 'mut v: f32'], dims: DIMS, body: BODY });
-// Mixed precision: the weight's f16 copy, which the GEMMs read, written with it.
+// Mixed precision: the weight's f16 copy, which the GEMMs read, written with it (a weight beyond f16's range
+// flags precision.ts's OVERFLOW.weights, which the next forward reports).
 const WITH_HALF = `enable f16;\n${elementwise({
-  buffers: ['mut p: f32', 'g: f32', 'mut m: f32', 'mut v: f32', 'mut h: f16'],
+  buffers: ['mut p: f32', 'g: f32', 'mut m: f32', 'mut v: f32', 'mut h: f16', 'mut overflow: atomic<u32>'],
   dims: DIMS,
-  body: `${BODY}\n  h[i] = f16(p[i]);`,
+  body: `${BODY}
+  if ((bitcast<u32>(p[i]) & 0x7fffffffu) > ${F16_MOST}u) { atomicOr(&overflow[${OVERFLOW.weights}], 1u); h[i] = 0.0h; }
+  else { h[i] = f16(p[i]); }`,
 })}`;
 
 /** A parameter on the GPU with its gradient and AdamW's two moments (same length, f32). */
@@ -32,8 +36,8 @@ export interface GpuParameter {
   length: number;
   /** Matrices decay, vectors (norm gains, biases) do not. */
   decays: boolean;
-  /** Mixed precision: the weight's f16 copy (`length` f16s), written with every update. */
-  half?: GPUBuffer;
+  /** Mixed precision: the weight's f16 copy (`length` f16s), written with every update, and the model's overflow flags. */
+  half?: { copy: GPUBuffer; overflow: GPUBuffer };
 }
 
 export class GpuAdamW {
@@ -68,8 +72,8 @@ export class GpuAdamW {
       all.forEach(([at, length], i) => {
         const values = fields({ u32: length }, ...[lr, beta1, beta2, eps, c1, c2, decay].map((f32) => ({ f32 })));
         this.k.gpu.device.queue.writeBuffer(steps[i]!, 0, values);
-        const buffers = [p.value, p.grad, p.m, p.v].map((b) => part(b, at, length));
-        if (p.half) buffers.push(part(p.half, at, length, 2));
+        const buffers: Binding[] = [p.value, p.grad, p.m, p.v].map((b) => part(b, at, length));
+        if (p.half) buffers.push(part(p.half.copy, at, length, 2), p.half.overflow);
         this.k.dispatch(pass, pipeline, [...buffers, steps[i]!], ...grid(length));
       });
     }

@@ -20,8 +20,8 @@ const DIMS = 'batch: u32, length: u32, heads: u32, kv_heads: u32, head_dim: u32,
 /** Rows of a workgroup (a thread each). */
 const ROWS = 64;
 
-/** The other side's rows a tile holds: two tiles of TILE × hd f32s stay within WebGPU's default 16 KiB of workgroup memory. */
-const tileOf = (hd: number) => (hd <= 64 ? 16 : 8);
+/** The other side's rows a tile holds: its tiles of TILE × hd f32s (and a row's L and δ) within WebGPU's default 16 KiB of workgroup memory. */
+const tileOf = (hd: number) => (hd <= 64 ? 16 : hd <= 128 ? 8 : 4);
 
 // Where a row's q (or dout, out, dq) and a key's k (or v, dk, dv) start, and a row's L or δ.
 const HELPERS = /* wgsl */ `

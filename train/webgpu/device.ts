@@ -181,5 +181,8 @@ function tensorTiles(adapter: GPUAdapter): Gpu['subgroupMatrix'] {
     (c) => c.componentType === 'f16' && c.resultComponentType === 'f32',
   );
   const best = configs.sort((x, y) => y.M * y.N * y.K - x.M * x.N * x.K)[0];
-  return best ? { m: best.M, n: best.N, k: best.K, subgroup: info.subgroupMaxSize ?? 32 } : null;
+  // The GEMM's workgroup is one subgroup: only where every subgroup has the one size (NVIDIA's 32).
+  const size = info.subgroupMaxSize;
+  if (!best || !size || info.subgroupMinSize !== size) return null;
+  return { m: best.M, n: best.N, k: best.K, subgroup: size };
 }

@@ -171,7 +171,7 @@ export function kernel(o: {
   head?: string;
 }): string {
   const bindings = o.buffers.map((b, k) => {
-    const [, mut, name, type] = /^(mut )?(\w+): (\w+)$/.exec(b)!;
+    const [, mut, name, type] = /^(mut )?(\w+): ([\w<>]+)$/.exec(b)!;
     return `@group(0) @binding(${k}) var<storage, ${mut ? 'read_write' : 'read'}> ${name}: array<${type}>;`;
   });
   const main =

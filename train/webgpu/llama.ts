@@ -75,7 +75,7 @@ export class GpuLlama {
   /** Mixed precision (Kernels.precision f16): the GEMMs read f16 copies of their weights and operands. */
   private readonly half: boolean;
   /** f16 copies of the weights the GEMMs read, written by AdamW with each update (mixed precision). */
-  private readonly halves = new Map<string, GPUBuffer>();
+  private readonly f16Weights = new Map<string, GPUBuffer>();
   /** f16 scratch for the GEMMs' other operands, by name and length. */
   private readonly halfActs = new Map<string, GPUBuffer>();
   /** Two u32s: whether a forward's (0) or a backward's (1) cast to f16 met a value f16 cannot hold. */
@@ -124,7 +124,7 @@ export class GpuLlama {
     this.logitBytes = Math.min(o.logitBytes ?? LOGIT_BYTES, k.bindingBytes);
     this.half = k.precision === 'f16';
     this.cast = new Cast(k);
-    this.overflow = this.half ? allocate(k.gpu, 8) : null;
+    this.overflow = this.half ? allocate(k.gpu, 4 * Object.keys(OVERFLOW).length) : null;
     this.scaler = this.half && this.grads.size ? new LossScaler(o.lossScale) : null;
     if (this.half) {
       // The weights a GEMM reads: the projections and the head (the embedding only where it is the head).
@@ -134,19 +134,26 @@ export class GpuLlama {
           w.name === 'lm_head.weight' ||
           (config.tiedEmbeddings && w.name === 'model.embed_tokens.weight'),
       );
-      for (const w of read) this.halves.set(w.name, allocate(k.gpu, w.data.length * 2));
+      for (const w of read) this.f16Weights.set(w.name, allocate(k.gpu, w.data.length * 2));
       submit(k.gpu, (pass) => {
         for (const w of read)
-          this.cast.encode(pass, this.w(w.name), this.halves.get(w.name)!, w.data.length, this.overflow!, 0);
+          this.cast.encode(
+            pass,
+            this.w(w.name),
+            this.f16Weights.get(w.name)!,
+            w.data.length,
+            this.overflow!,
+            OVERFLOW.weights,
+          );
       });
     }
   }
 
   private readonly cast: Cast;
 
-  /** Whether a cast to f16 of the forward's or the backward's (OVERFLOW) met a value f16 cannot hold, since it was cleared. */
+  /** Whether a cast to f16 of the forward's, the backward's or the weights (OVERFLOW) met a value f16 cannot hold, since it was cleared. */
   private async overflowed(slot: number): Promise<boolean> {
-    const flags = await download(this.k.gpu, this.overflow!, 2);
+    const flags = await download(this.k.gpu, this.overflow!, Object.keys(OVERFLOW).length);
     return new Uint32Array(flags.buffer)[slot] !== 0;
   }
 
@@ -157,7 +164,8 @@ export class GpuLlama {
 
   /**
    * A GEMM's operand: in f32 `x` itself; in mixed precision `x` (`length` f32s) cast to f16 in scratch `name`,
-   * a value f16 cannot hold counted as the forward's overflow, or with `gradient` the backward's.
+   * a value f16 cannot hold counted as the forward's overflow, or with `gradient` the backward's. The
+   * backward casts the forward's activations again rather than keeping f16 copies of them a slot.
    */
   private operand(pass: GPUComputePassEncoder, x: Binding, length: number, name: string, gradient = false): Binding {
     if (!this.half) return x;
@@ -169,8 +177,8 @@ export class GpuLlama {
   }
 
   /** A weight as a GEMM reads it: its f16 copy in mixed precision. */
-  private wm(name: string): GPUBuffer {
-    return this.halves.get(name) ?? this.w(name);
+  private gemmWeight(name: string): GPUBuffer {
+    return this.f16Weights.get(name) ?? this.w(name);
   }
 
   /** The most bytes of logits (and of their gradient) held at once. */
@@ -196,7 +204,8 @@ export class GpuLlama {
     if (held && held.length === length) return held.buffer;
     held?.buffer.destroy();
     if (length * 4 > this.k.bindingBytes) {
-      const mib = (bytes: number) => `${(bytes / 2 ** 20).toFixed(0)} MiB`;
+      const mib = (bytes: number) =>
+        bytes < 2 ** 20 ? `${(bytes / 2 ** 10).toFixed(0)} KiB` : `${(bytes / 2 ** 20).toFixed(0)} MiB`;
       throw new Error(
         `webgpu: the activation ${name} needs ${mib(length * 4)} in one binding, more than this GPU's largest (${mib(this.k.bindingBytes)}): train with a smaller batch or shorter sequences`,
       );
@@ -262,7 +271,7 @@ export class GpuLlama {
       k: number,
     ) => {
       const x16 = this.operand(pass, x, m * k, 'in');
-      this.ops.mm.encode(pass, x16, this.wm(w), y, { m, n, k, transposeB: true, half: this.half });
+      this.ops.mm.encode(pass, x16, this.gemmWeight(w), y, { m, n, k, transposeB: true, half: this.half });
       const module = w.slice(0, -'.weight'.length);
       if (this.adapters.has(module)) this.adapterForward(pass, module, dropped, a, x, y, m, n, k);
     };
@@ -355,12 +364,20 @@ export class GpuLlama {
       const logits = this.act('logits', this.chunkRows(N) * V);
       for (const [r0, n] of this.chunks(N)) {
         const hf = this.operand(pass, part(a('hf', N * D), r0 * D, n * D), n * D, 'in');
-        this.ops.mm.encode(pass, hf, this.wm(head), logits, { m: n, n: V, k: D, transposeB: true, half: this.half });
+        this.ops.mm.encode(pass, hf, this.gemmWeight(head), logits, {
+          m: n,
+          n: V,
+          k: D,
+          transposeB: true,
+          half: this.half,
+        });
         const [targets, logp, lse] = [s.targets, a('logp', N), a('lse', N)].map((b) => part(b, r0, n));
         this.ops.logprobs.forward(pass, logits, targets!, logp!, lse!, { rows: n, vocab: V });
       }
     });
     const logp = await download(gpu, a('logp', N), N);
+    if (this.overflow && (await this.overflowed(OVERFLOW.weights)))
+      throw new Error('precision f16: a weight is beyond f16 (above 65504); train with --precision f32');
     if (this.overflow && (await this.overflowed(OVERFLOW.forward)))
       throw new Error(
         'precision f16: an activation of this block overflows f16 (above 65504); train with --precision f32',
@@ -482,7 +499,13 @@ export class GpuLlama {
       accumulate = false,
     ) => {
       const dy16 = this.operand(pass, dy, rows * out, 'dy', true);
-      this.ops.mm.encode(pass, dy16, this.wm(w), dx, { m: rows, n: inner, k: out, accumulate, half: this.half });
+      this.ops.mm.encode(pass, dy16, this.gemmWeight(w), dx, {
+        m: rows,
+        n: inner,
+        k: out,
+        accumulate,
+        half: this.half,
+      });
       if (this.grads.has(w))
         this.ops.mm.encode(pass, dy16, this.operand(pass, x, rows * inner, 'in'), this.g(w), {
           m: out,
@@ -505,11 +528,11 @@ export class GpuLlama {
         const [hf, dh] = [a('hf', N * D), t('dh', N * D)].map((b) => part(b, r0 * D, n * D));
         const hf16 = this.operand(pass, hf!, n * D, 'in');
         const half = this.half;
-        this.ops.mm.encode(pass, hf16, this.wm(head), logits, { m: n, n: V, k: D, transposeB: true, half });
+        this.ops.mm.encode(pass, hf16, this.gemmWeight(head), logits, { m: n, n: V, k: D, transposeB: true, half });
         const [targets, lse, dlogp] = [s.targets, a('lse', N), dlogps].map((b) => part(b, r0, n));
         this.ops.logprobs.backward(pass, logits, targets!, lse!, dlogp!, dlogits, { rows: n, vocab: V });
         const dlogits16 = this.operand(pass, dlogits, n * V, 'dy', true);
-        this.ops.mm.encode(pass, dlogits16, this.wm(head), dh!, { m: n, n: D, k: V, half });
+        this.ops.mm.encode(pass, dlogits16, this.gemmWeight(head), dh!, { m: n, n: D, k: V, half });
         if (this.grads.has(head))
           this.ops.mm.encode(pass, dlogits16, hf16, this.g(head), {
             m: V,
@@ -662,7 +685,7 @@ export class GpuLlama {
         v: upload(this.k.gpu, new Float32Array(length)),
         length,
         decays,
-        half: this.halves.get(name),
+        half: this.f16Weights.has(name) ? { copy: this.f16Weights.get(name)!, overflow: this.overflow! } : undefined,
       };
     });
     return this.optimizerState;
@@ -672,7 +695,7 @@ export class GpuLlama {
    * Scales every gradient so that their global L2 norm is at most `maxNorm` (train/optimizer.ts
    * clipByGlobalNorm); returns the norm before. The sums of squares are added up here in doubles. In mixed
    * precision the loss scale is taken out too; gradients that overflowed f16 set `skipped` (the caller
-   * takes no step), halve the scale and return Infinity.
+   * takes no step), halve the scale and return Infinity. Once a step: each call moves the loss scale on.
    */
   async clipGradients(maxNorm: number): Promise<number> {
     const gpu = this.k.gpu;
@@ -725,7 +748,7 @@ export class GpuLlama {
       ...this.grads.values(),
       ...[...this.activations.values()].map((a) => a.buffer),
       ...moments,
-      ...this.halves.values(),
+      ...this.f16Weights.values(),
       ...this.halfActs.values(),
       ...(this.overflow ? [this.overflow] : []),
     ])

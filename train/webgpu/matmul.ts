@@ -1,5 +1,5 @@
-// The trainer's GEMM on the GPU: C (M×N) = op(A) (M×K) · op(B) (K×N), f32, row-major, optionally batched
-// (a batch of independent products, as attention's per-head matmuls are) and optionally added to C. The
+// The trainer's GEMM on the GPU: C (M×N) = op(A) (M×K) · op(B) (K×N), row-major, C in f32 and A, B in f32 or
+// (mixed precision) f16, optionally batched (a batch of independent products) and optionally added to C. The
 // transposes the backward pass needs (dW = Xᵀ·dY, dX = dY·Wᵀ) are read in place, never copied.
 //
 // A product whose operands do not fit one binding (the device's maxStorageBufferBindingSize: 2 GiB on most
@@ -129,11 +129,11 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
     }
     workgroupBarrier();
     for (var kk = 0u; kk < TK; kk++) {
-      var a = array<vec4f, 2>(tile_a[kk * 32u + lid.y], tile_a[kk * 32u + 16u + lid.y]);
+      var a_rows = array<vec4f, 2>(tile_a[kk * 32u + lid.y], tile_a[kk * 32u + 16u + lid.y]);
       let b0 = tile_b[kk * 32u + lid.x];
       let b1 = tile_b[kk * 32u + 16u + lid.x];
       for (var i = 0u; i < 8u; i++) {
-        let x = a[i / 4u][i % 4u];
+        let x = a_rows[i / 4u][i % 4u];
         acc[i * 2u] += x * b0;
         acc[i * 2u + 1u] += x * b1;
       }
@@ -175,8 +175,8 @@ export interface MatmulShape {
 const [TM, TN] = [4, 2];
 
 // Mixed precision on the tensor cores: WebGPU's subgroup matrices (f16 × f16 → f32 tiles of m×n×k, the
-// adapter's). A workgroup is one subgroup (where the workgroup holds more, each makes the same tiles: the same
-// values written twice) and makes TM×TN tiles of C, reading its operands' tiles straight from the buffers (a
+// adapter's). A workgroup is one subgroup (device.ts offers the tiles only where every subgroup has the one
+// size) and makes TM×TN tiles of C, reading its operands' tiles straight from the buffers (a
 // transposed operand as a column-major one) and adding to C's where accumulating. Only for products whose
 // M, N and K are whole blocks: the loads and stores have no edges.
 const tensor = (t: { m: number; n: number; k: number; subgroup: number }) => {
@@ -270,7 +270,7 @@ export class Matmul {
     private readonly o: { tile?: 64 | 128 } = {},
   ) {}
 
-  /** Records C = op(A)·op(B) (or C +=) into `pass`; the buffers hold f32s, C batch × M × N of them. */
+  /** Records C = op(A)·op(B) (or C +=) into `pass`; C holds batch × M × N f32s, A and B f32s or (`half`) f16s. */
   encode(pass: GPUComputePassEncoder, a: Binding, b: Binding, c: Binding, s: MatmulShape): void {
     const { m: M, n: N, k: K } = s;
     const batch = s.batch ?? 1;

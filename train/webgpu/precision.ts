@@ -12,6 +12,9 @@ import { Matmul } from './matmul.ts';
 
 // f32 → f16. A value beyond f16's range (or not finite) sets `overflow[slot]` and is written as 0: compared
 // as bits, since a shader may assume that float arithmetic meets no infinities or NaNs.
+/** 65504, f16's largest finite value, as f32 bits: a value above it (or not finite) cannot be cast. */
+export const F16_MOST = 0x477fe000;
+
 const CAST = /* wgsl */ `enable f16;
 struct Dims { n: u32, slot: u32 }
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -19,7 +22,7 @@ struct Dims { n: u32, slot: u32 }
 @group(0) @binding(2) var<storage, read_write> overflow: array<atomic<u32>>;
 @group(0) @binding(3) var<uniform> d: Dims;
 
-const MOST: u32 = 0x477fe000u; // 65504, f16's largest finite value, as f32 bits
+const MOST: u32 = ${F16_MOST}u; // 65504, f16's largest finite value, as f32 bits
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) groups: vec3u) {
@@ -35,13 +38,13 @@ fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) group
 }
 `;
 
-/** Where a cast that overflowed says so: the forward's activations, or the backward's (scaled) gradients. */
-export const OVERFLOW = { forward: 0, backward: 1 } as const;
+/** Where a cast that overflowed says so: the forward's activations, the backward's (scaled) gradients, the weights. */
+export const OVERFLOW = { forward: 0, backward: 1, weights: 2 } as const;
 
 export class Cast {
   constructor(private readonly k: Kernels) {}
 
-  /** y (n f16s) = x (n f32s); a value f16 cannot hold sets overflow[slot] (a buffer of two u32s). */
+  /** y (n f16s) = x (n f32s); a value f16 cannot hold sets overflow[slot] (a buffer of a u32 for each OVERFLOW). */
   encode(pass: GPUComputePassEncoder, x: Binding, y: GPUBuffer, n: number, overflow: GPUBuffer, slot: number): void {
     const dims = this.k.uniform(fields({ u32: n }, { u32: slot }));
     this.k.dispatch(pass, this.k.pipeline(CAST), [x, y, overflow, dims], ...grid(n));
