@@ -1,14 +1,16 @@
 // Training throughput and memory on the GPU (train/webgpu/): SFT steps with AdamW of the Llama on the bench
-// shape, a GPT-2-small shape, and the SmolLM2-135M and Qwen2.5-0.5B shapes at context 1024 (random weights),
-// in f32 and in mixed precision (f16 products, on the tensor cores where their GEMM passes its check). Prints
-// tokens/s, achieved TFLOP/s (nanoGPT's 6·N + attention per token) and the GPU memory prefab held at most,
-// beside, where python3 has torch with CUDA and transformers, their LlamaForCausalLM / Qwen2ForCausalLM built
-// from the same config (sdpa attention, fused AdamW, labels = input_ids) in the same run with
-// torch.cuda.max_memory_allocated(): f32 against fp32 with TF32 off, mixed precision against bf16 autocast.
+// shape, a GPT-2-small shape, the SmolLM2-135M and Qwen2.5-0.5B shapes at context 1024, and Qwen2.5-1.5B's
+// with LoRA (r 16 on q, k, v, o), random weights, in f32 and in mixed precision (f16 products, on the tensor
+// cores where their GEMM passes its check). Prints tokens/s, achieved TFLOP/s (nanoGPT's 6·N + attention per
+// token) and the GPU memory prefab held at most, beside, where python3 has torch with CUDA and transformers,
+// their LlamaForCausalLM / Qwen2ForCausalLM built from the same config (sdpa attention, fused AdamW, labels =
+// input_ids) in the same run with torch.cuda.max_memory_allocated(): f32 against fp32 with TF32 off, mixed
+// precision against bf16 autocast (LoRA rows have no peer: whether they fit is their goal).
 // Also the GEMM alone at 4096³ and 4096×2304×768 (f32 in either block size, and f16). `--largest` finds the
 // largest batch (doubling from the last one timed) that trains, each try in a process of its own. On a CPU
-// driver (lavapipe) `--quick` takes one small step in each precision to show that the paths run.
-//   npm run bench:train:webgpu [-- --shape bench,gpt2,smollm2,qwen05 --batch 8 --steps 3 --precision f32,f16 --largest --quick]
+// driver (lavapipe) `--quick` takes one small step in each precision, with and without LoRA, to show that the
+// paths run.
+//   npm run bench:train:webgpu [-- --shape bench,gpt2,smollm2,qwen05,qwen15lora --batch 8 --steps 3 --precision f32,f16 --largest --quick]
 import { spawnSync } from 'node:child_process';
 import { Command } from 'commander';
 import { flopsPerToken, initialWeights, type LlamaConfig } from '../train/model.ts';
@@ -19,12 +21,16 @@ import { useTensorCores } from '../train/webgpu/precision.ts';
 import { openGpu } from '../train/webgpu/device.ts';
 import { Kernels } from '../train/webgpu/kernel.ts';
 import { GpuLlama } from '../train/webgpu/llama.ts';
-import { sftStep } from '../train/step.ts';
+import { sftStep, type LoraWeights } from '../train/step.ts';
 import { Matmul } from '../train/webgpu/matmul.ts';
 import { seeded } from '../core/random.ts';
 
 const opts = new Command()
-  .option('--shape <list>', 'shapes, comma-separated: bench, gpt2, smollm2, qwen05', 'bench,gpt2,smollm2,qwen05')
+  .option(
+    '--shape <list>',
+    'shapes, comma-separated: bench, gpt2, smollm2, qwen05, qwen15lora',
+    'bench,gpt2,smollm2,qwen05,qwen15lora',
+  )
   .option('--batch <list>', "sequences a step, comma-separated (default: each shape's own)")
   .option('--steps <n>', 'timed steps (after one untimed)', '3')
   .option('--largest', 'also find the largest batch that trains, doubling from the last one given')
@@ -48,6 +54,8 @@ interface Shape {
   config: LlamaConfig;
   /** Batches timed when --batch is not given. */
   batches: number[];
+  /** LoRA of this rank on q, k, v and o (the base frozen) instead of full fine-tuning; no PyTorch peer then. */
+  lora?: number;
 }
 
 const shape = (o: {
@@ -60,8 +68,10 @@ const shape = (o: {
   context: number;
   qwen2?: boolean;
   batches: number[];
+  lora?: number;
 }): Shape => ({
   batches: o.batches,
+  lora: o.lora,
   config: {
     modelType: o.qwen2 ? 'qwen2' : 'llama',
     vocabSize: o.vocab,
@@ -104,7 +114,20 @@ const SHAPES: Record<string, Shape> = {
     qwen2: true,
     batches: [8],
   }),
+  qwen15lora: shape({
+    layers: 28,
+    hidden: 1536,
+    heads: 12,
+    kvHeads: 2,
+    mlp: 8960,
+    vocab: 151936,
+    context: 1024,
+    qwen2: true,
+    batches: [8],
+    lora: 16,
+  }),
   quick: shape({ layers: 2, hidden: 64, heads: 2, mlp: 128, vocab: 128, context: 32, batches: [2] }),
+  quicklora: shape({ layers: 2, hidden: 64, heads: 2, mlp: 128, vocab: 128, context: 32, batches: [2], lora: 4 }),
 };
 
 const gpu = await openGpu();
@@ -143,11 +166,13 @@ async function prefab(
   steps: number,
   kernels: Kernels,
 ): Promise<{ tokens: number; bytes: number }> {
-  const { config } = SHAPES[name]!;
+  const { config, lora } = SHAPES[name]!;
   const length = config.maxPositions;
   gpu.memory.peak = gpu.memory.now;
   const start = gpu.memory.now;
-  const model = new GpuLlama(config, initialWeights(config, 'bench'), kernels);
+  const model = new GpuLlama(config, initialWeights(config, 'bench'), kernels, {
+    adapters: lora ? adapters(config, lora) : undefined,
+  });
   const adamw = new GpuAdamW(kernels, ADAMW_DEFAULTS);
   const random = seeded('bench', name, batch);
   const draw = () => Int32Array.from({ length: batch * length }, () => Math.floor(random() * config.vocabSize));
@@ -167,6 +192,29 @@ async function prefab(
   } finally {
     model.dispose();
   }
+}
+
+/** LoRA adapters of rank r on every layer's q, k, v and o projections (PEFT's start: A small, B zero), α = 2r. */
+function adapters(c: LlamaConfig, r: number): Map<string, LoraWeights> {
+  const random = seeded('bench-lora');
+  const out = new Map<string, LoraWeights>();
+  const sizes = { q_proj: c.heads * c.headDim, k_proj: c.kvHeads * c.headDim, v_proj: c.kvHeads * c.headDim };
+  for (let l = 0; l < c.layers; l++)
+    for (const [module, rows, inner] of [
+      ...Object.entries(sizes).map(([m, rows]) => [m, rows, c.hiddenSize] as const),
+      ['o_proj', c.hiddenSize, c.heads * c.headDim] as const,
+    ]) {
+      const a = Float32Array.from({ length: r * inner }, () => (random() - 0.5) / 50);
+      out.set(`model.layers.${l}.self_attn.${module}`, {
+        a,
+        b: new Float32Array(rows * r),
+        r,
+        scale: 2,
+        dropout: 0,
+        index: out.size,
+      });
+    }
+  return out;
 }
 
 /** transformers' model of the same config, fp32 (TF32 off) or bf16 autocast, where python3 has torch with CUDA; null otherwise. */
@@ -239,7 +287,7 @@ function largest(name: string, from: number, precision: string): number | null {
 
 const gib = (bytes: number) =>
   bytes >= 2 ** 30 ? `${(bytes / 2 ** 30).toFixed(1)} GiB` : `${(bytes / 2 ** 20).toFixed(1)} MiB`;
-const names = opts.quick ? ['quick'] : opts.shape.split(',');
+const names = opts.quick ? ['quick', 'quicklora'] : opts.shape.split(',');
 const steps = opts.quick ? 1 : Number(opts.steps);
 console.log(`adapter: ${gpu.adapter.description} (${gpu.software ? 'software: expect CPU speed' : 'hardware'})`);
 console.log(`mixed precision multiplies on: ${halfOn}`);
@@ -269,8 +317,11 @@ for (const name of names) {
         const tflops = (tokens * flopsPerToken(known.config, known.config.maxPositions)) / 1e12;
         cells.push(tokens.toFixed(0), tflops.toFixed(2), gib(bytes));
         const peer =
-          opts.quick || !opts.peers ? null : pytorch(known.config, batch, steps, precision === 'f16' ? 'bf16' : 'fp32');
-        if (peer === null) cells.push('no torch with CUDA here', '—');
+          opts.quick || !opts.peers || known.lora
+            ? null
+            : pytorch(known.config, batch, steps, precision === 'f16' ? 'bf16' : 'fp32');
+        if (known.lora) cells.push(`LoRA r${known.lora}: memory is the goal, no peer`, '—');
+        else if (peer === null) cells.push('no torch with CUDA here', '—');
         else if (typeof peer === 'string') cells.push(peer, '—');
         else
           cells.push(
