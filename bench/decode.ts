@@ -1,10 +1,12 @@
 // Decoding throughput: generated tokens/s with 1, 8, 32 and 128 sequences decoded together on the CPU
-// (train/shared-decoder.ts, as DAPO's rollouts, eval's and a refresh night's episodes are), for the default
-// run's model shape and, asked for, the SmolLM2-135M and Qwen2.5-0.5B shapes; random weights, a fixed
-// prompt length, a fixed number of new tokens (no stop token). The ratio is against one sequence in the same
-// run: what decoding together is worth. Where python3 has torch and transformers, their batched `generate`
-// (bf16 on a GPU, f32 on the CPU) runs on the same shapes and lengths in the same run, the peer.
-// Usage: npm run bench:decode [-- --shapes default,smollm2-135m --levels 1,8,32 --prompt 256 --new 64]
+// (train/shared-decoder.ts, as DAPO's rollouts, eval's and a refresh night's episodes are) and, where a GPU
+// is (or with --gpu), on it (train/webgpu/decode.ts: every live sequence's row in one step, as the server
+// steps its requests), for the default run's model shape and, asked for, the SmolLM2-135M and Qwen2.5-0.5B
+// shapes; random weights, a fixed prompt length, a fixed number of new tokens (no stop token). The ratio is
+// against one sequence in the same run: what decoding together is worth. Where python3 has torch and
+// transformers, their batched `generate` (bf16 on a GPU, f32 on the CPU) runs on the same shapes and lengths
+// in the same run, the peer.
+// Usage: npm run bench:decode [-- --shapes default,smollm2-135m --levels 1,8,32 --prompt 256 --new 64 --gpu]
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -15,14 +17,20 @@ import { useBackend } from '../train/backend.ts';
 import { Llama, type LlamaConfig } from '../train/model.ts';
 import { SharedDecoder } from '../train/shared-decoder.ts';
 import { nativeKernels, nativeStatus, type NativeKernels } from '../train/ort/native.ts';
+import { Decoding } from '../train/decode.ts';
+import { openGpu, probeGpu } from '../train/webgpu/device.ts';
+import { GpuCache, GpuDecoder } from '../train/webgpu/decode.ts';
+import { Kernels } from '../train/webgpu/kernel.ts';
 
 const opts = new Command()
   .option('--shapes <list>', 'default, smollm2-135m, qwen2.5-0.5b', 'default')
   .option('--levels <list>', 'sequences decoded together', '1,8,32,128')
   .option('--prompt <n>', 'prompt tokens', '256')
   .option('--new <n>', 'tokens generated per sequence', '64')
+  .option('--gpu', 'decode on the GPU too, even on a CPU implementation of Vulkan (lavapipe)')
+  .option('--no-cpu', 'the GPU only')
   .parse()
-  .opts<{ shapes: string; levels: string; prompt: string; new: string }>();
+  .opts<{ shapes: string; levels: string; prompt: string; new: string; gpu?: boolean; cpu: boolean }>();
 
 const base = { ropeTheta: 10_000, rmsNormEps: 1e-6, maxPositions: 2048, bosTokenId: null, eosTokenId: null };
 const SHAPES: Record<string, LlamaConfig> = {
@@ -98,6 +106,47 @@ async function ours(config: LlamaConfig, n: number, native: NativeKernels | null
   return outs.reduce((t, o) => t + o.length, 0) / seconds;
 }
 
+/** Tokens/s of `n` sequences decoded together on the GPU: each step reads every live sequence's next token at once. */
+async function onGpu(config: LlamaConfig, n: number, k: Kernels): Promise<number> {
+  const model = Llama.create(config, 'bench-decode');
+  const decoder = new GpuDecoder(model, k);
+  const rand = seeded('bench-decode', n);
+  const caches = Array.from({ length: n }, () => decoder.create());
+  const started = performance.now();
+  const decodings = caches.map((cache, i) => {
+    const prompt = Array.from({ length: promptLength }, () => Math.floor(rand() * config.vocabSize));
+    return new Decoding(
+      cache,
+      prompt,
+      { maxTokens: newTokens, temperature: 1, random: seeded('bench-decode', n, i) },
+      false,
+    );
+  });
+  const first = await decoder.readMany(
+    caches,
+    decodings.map((d) => d.unread.splice(0)),
+  );
+  decodings.forEach((d, i) => (d.logits = first[i]!));
+  for (;;) {
+    const reading: [Decoding<GpuCache>, number][] = [];
+    for (const d of decodings) {
+      const next = d.next();
+      if (next !== null && !d.finished) reading.push([d, next]);
+    }
+    if (!reading.length) break;
+    const logits = await decoder.readMany(
+      reading.map(([d]) => d.cache),
+      reading.map(([, t]) => [t]),
+    );
+    reading.forEach(([d], i) => (d.logits = logits[i]!));
+  }
+  const seconds = (performance.now() - started) / 1000;
+  for (const cache of caches) cache.dispose();
+  decoder.dispose();
+  model.dispose();
+  return decodings.reduce((t, d) => t + d.out.length, 0) / seconds;
+}
+
 const PEER = `
 import json, sys, time, torch
 from transformers import LlamaConfig, Qwen2Config, AutoModelForCausalLM
@@ -135,27 +184,35 @@ function peer(config: LlamaConfig): Record<string, number | string> | string {
   return r.status === 0 ? (JSON.parse(r.stdout.trim().split('\n').at(-1)!) as Record<string, number>) : r.stderr.trim();
 }
 
+// The GPU where there is one of hardware, or asked for; its tables' columns are left out otherwise.
+const gpuKernels = opts.gpu || (await probeGpu()).hardware ? new Kernels(await openGpu()) : null;
+
 for (const name of opts.shapes.split(',')) {
   const config = SHAPES[name];
   if (!config) throw new Error(`unknown shape ${name}: one of ${Object.keys(SHAPES).join(', ')}`);
   const theirs = peer(config);
-  console.log(`\n${name}: prompt ${promptLength}, ${newTokens} new tokens a sequence; prefab on the CPU`);
+  console.log(`\n${name}: prompt ${promptLength}, ${newTokens} new tokens a sequence`);
   console.log(`transformers: ${typeof theirs === 'string' ? theirs : theirs.device}`);
-  const native = nativeKernels();
-  if (!native) console.log(`the C kernels: ${nativeStatus().why}`);
+  if (gpuKernels) console.log(`the GPU: ${gpuKernels.gpu.adapter.description}`);
+  const native = opts.cpu ? nativeKernels() : null;
+  if (opts.cpu && !native) console.log(`the C kernels: ${nativeStatus().why}`);
   console.log(
-    '| sequences | prefab, wasm, tokens/s | × one sequence | prefab, C kernels, tokens/s | × one sequence | transformers tokens/s | prefab (best) / transformers |',
+    '| sequences | prefab, wasm, tokens/s | × one sequence | prefab, C kernels, tokens/s | × one sequence | prefab, webgpu, tokens/s | × one sequence | transformers tokens/s | prefab (best) / transformers |',
   );
-  console.log('|---|---|---|---|---|---|---|');
-  const one = { wasm: 0, native: 0 };
+  console.log('|---|---|---|---|---|---|---|---|---|');
+  const one = { wasm: 0, native: 0, gpu: 0 };
+  const cell = (rate: number | null, base: number) =>
+    rate ? `${rate.toFixed(0)} | ${(rate / base).toFixed(2)}` : '— | —';
   for (const n of levels) {
-    const wasm = await ours(config, n, null);
+    const wasm = opts.cpu ? await ours(config, n, null) : null;
     const c = native ? await ours(config, n, native) : null;
-    if (n === levels[0]) Object.assign(one, { wasm, native: c ?? 0 });
+    const g = gpuKernels ? await onGpu(config, n, gpuKernels) : null;
+    if (n === levels[0]) Object.assign(one, { wasm: wasm ?? 0, native: c ?? 0, gpu: g ?? 0 });
     const peerRate = typeof theirs === 'string' ? null : (theirs[String(n)] as number | undefined);
-    const best = Math.max(wasm, c ?? 0);
+    const best = Math.max(wasm ?? 0, c ?? 0, g ?? 0);
     console.log(
-      `| ${n} | ${wasm.toFixed(0)} | ${(wasm / one.wasm).toFixed(2)} | ${c ? c.toFixed(0) : '—'} | ${c ? (c / one.native).toFixed(2) : '—'} | ${peerRate ? peerRate.toFixed(0) : '—'} | ${peerRate ? (best / peerRate).toFixed(2) : '—'} |`,
+      `| ${n} | ${cell(wasm, one.wasm)} | ${cell(c, one.native)} | ${cell(g, one.gpu)} | ${peerRate ? peerRate.toFixed(0) : '—'} | ${peerRate ? (best / peerRate).toFixed(2) : '—'} |`,
     );
   }
 }
+process.exit(0);
