@@ -94,4 +94,45 @@ describe('generation on the GPU', () => {
     decoder.dispose();
     model.dispose();
   });
+
+  it.skipIf(absent)(
+    'keeps what its pages hold when the pools grow, forks a cache’s pages, and gives freed pages to new caches',
+    async () => {
+      const config = tinyLlama({ maxPositions: 128 });
+      const model = Llama.create(config, 'webgpu-pages');
+      const random = seeded('webgpu-pages');
+      const draw = (n: number) => Array.from({ length: n }, () => Math.floor(random() * config.vocabSize));
+      const shared = new DecodeWeights(model);
+      const decoder = new GpuDecoder(model, kernels!);
+      // Five prompts of 20 tokens take 10 of the first 16 pages; by 60 tokens each they need 20: the pools
+      // grow (and copy the pages held) in the middle of the run.
+      const onCpu = Array.from({ length: 5 }, () => new KVCache(model, shared));
+      const onGpu = onCpu.map(() => decoder.create());
+      let reads = onCpu.map(() => draw(20));
+      for (let step = 0; step < 40; step++) {
+        const [want, got] = [KVCache.readMany(onCpu, reads), await decoder.readMany(onGpu, reads)];
+        for (let b = 0; b < 5; b++) expect(gap(got[b]!, want[b]!), `sequence ${b}, step ${step}`).toBeLessThan(1e-4);
+        reads = onCpu.map(() => draw(1));
+      }
+      const grown = decoder.pooled;
+      expect(grown).toBeGreaterThan(16);
+      // A fork of 30 of sequence 0's tokens reads on as the CPU's fork does.
+      const [cpuFork, gpuFork] = [KVCache.forkOf(onCpu[0]!, 30), decoder.fork(onGpu[0]!, 30)];
+      const token = draw(1);
+      const [want, got] = [KVCache.readMany([cpuFork], [token]), await decoder.readMany([gpuFork], [token])];
+      expect(gap(got[0]!, want[0]!)).toBeLessThan(1e-4);
+      // Freed pages go to the next caches: as many again need no more pages.
+      [...onGpu, gpuFork].forEach((c) => c.dispose());
+      const again = onCpu.map(() => decoder.create());
+      await decoder.readMany(
+        again,
+        again.map(() => draw(59)),
+      );
+      expect(decoder.pooled).toBe(grown);
+      again.forEach((c) => c.dispose());
+      decoder.dispose();
+      shared.dispose();
+      model.dispose();
+    },
+  );
 });

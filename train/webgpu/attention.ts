@@ -233,26 +233,44 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
 }
 `;
 
-// Decoding: rows r0… of q (n of them, H·hd each) are a sequence's new tokens at positions at0…, whose keys
-// and values are already in its cache (positions × K × hd, keys and values of a layer at k_off and v_off); a
-// workgroup a (row, head) attends to the cache up to its row's position. The scores go through `scores`
-// (n · H · capacity f32s), each workgroup its own row.
+// Decoding, every sequence of a step at once. A layer's keys and values live in pages of PAGE positions of
+// one pool buffer (train/webgpu/decode.ts): page p holds keys at p·2·PAGE·K·hd and the values PAGE·K·hd on,
+// each position's K·hd in a row. A sequence's pages are listed in `tables` from its row's `table` on; row r
+// of the step (a token of some sequence) is at position positions[r] and attends to positions 0…positions[r].
+
+// The step's new keys (rotated) and values into their sequences' pages: a thread a float.
+const STORE = elementwise({
+  buffers: ['k: f32', 'v: f32', 'positions: u32', 'table: u32', 'tables: u32', 'mut pool: f32'],
+  dims: 'width: u32, page: u32',
+  body: `
+  let r = i / d.width;
+  let e = i % d.width;
+  let at = positions[r];
+  let slot = (tables[table[r] + at / d.page] * 2u * d.page + at % d.page) * d.width + e;
+  pool[slot] = k[i];
+  pool[slot + d.page * d.width] = v[i];`,
+});
+
+// A workgroup a (row, head) attends to its sequence's pages up to its row's position. The scores go through
+// `scores` (rows · H · longest f32s), each workgroup its own row.
 const DECODE = kernel({
   threads: 'block',
-  buffers: ['q: f32', 'cache: f32', 'mut scores: f32', 'mut out: f32'],
-  dims: 'r0: u32, at0: u32, heads: u32, kv_heads: u32, head_dim: u32, capacity: u32, k_off: u32, v_off: u32, scale: f32',
+  buffers: ['q: f32', 'pool: f32', 'positions: u32', 'table: u32', 'tables: u32', 'mut scores: f32', 'mut out: f32'],
+  dims: 'heads: u32, kv_heads: u32, head_dim: u32, page: u32, longest: u32, scale: f32',
   body: `
+  let r = wg.x;
   let h = wg.y;
   let g = h / (d.heads / d.kv_heads);
-  let qi = ((d.r0 + wg.x) * d.heads + h) * d.head_dim;
-  let row = (wg.x * d.heads + h) * d.capacity;
-  let n = d.at0 + wg.x + 1u;
-  let stride = d.kv_heads * d.head_dim;
+  let width = d.kv_heads * d.head_dim;
+  let qi = (r * d.heads + h) * d.head_dim;
+  let row = (r * d.heads + h) * d.longest;
+  let n = positions[r] + 1u;
+  let first = table[r];
   var top = -3.4e38;
   for (var s = lid.x; s < n; s += 256u) {
-    let ki = d.k_off + s * stride + g * d.head_dim;
+    let ki = (tables[first + s / d.page] * 2u * d.page + s % d.page) * width + g * d.head_dim;
     var dot = 0.0;
-    for (var e = 0u; e < d.head_dim; e++) { dot += q[qi + e] * cache[ki + e]; }
+    for (var e = 0u; e < d.head_dim; e++) { dot += q[qi + e] * pool[ki + e]; }
     let score = dot * d.scale;
     scores[row + s] = score;
     top = max(top, score);
@@ -268,24 +286,30 @@ const DECODE = kernel({
   storageBarrier();
   for (var e = lid.x; e < d.head_dim; e += 256u) {
     var acc = 0.0;
-    for (var s = 0u; s < n; s++) { acc += scores[row + s] * cache[d.v_off + s * stride + g * d.head_dim + e]; }
+    for (var s = 0u; s < n; s++) {
+      let vi = (tables[first + s / d.page] * 2u * d.page + d.page + s % d.page) * width + g * d.head_dim;
+      acc += scores[row + s] * pool[vi + e];
+    }
     out[qi + e] = acc / total;
   }`,
 });
 
-/** A decoding step's rows of one sequence against its cache (DECODE). */
+/** A decoding step's rows against their sequences' pages (DECODE, STORE). */
 export interface DecodeShape {
-  /** The sequence's first row among the step's, how many it has, and the position of the first. */
-  r0: number;
   rows: number;
-  at0: number;
   heads: number;
   kvHeads: number;
   headDim: number;
-  /** Positions the cache has room for, and where this layer's keys and values start in it (f32s). */
-  capacity: number;
-  keys: number;
-  values: number;
+  /** Positions a page holds, and the most positions a row of this step attends to. */
+  page: number;
+  longest: number;
+}
+
+/** A step's rows: their positions, where each one's sequence's page list starts in `tables`, and the lists. */
+export interface DecodeRows {
+  positions: GPUBuffer;
+  table: GPUBuffer;
+  tables: GPUBuffer;
 }
 
 export interface AttentionShape {
@@ -337,27 +361,50 @@ export class Attention {
     this.flash(pass, forward(s.headDim), [q, k, v, out, lse], s, s.heads);
   }
 
-  /** out's rows of one sequence from q and its cache; scores (rows · H · capacity f32s) is scratch. Its dims change every step: transient. */
+  /** The step's rotated keys k and values v (rows × K·hd) into `pool`, each row at its position in its sequence's pages. */
+  store(
+    pass: GPUComputePassEncoder,
+    k: GPUBuffer,
+    v: GPUBuffer,
+    pool: GPUBuffer,
+    at: DecodeRows,
+    s: DecodeShape,
+  ): void {
+    const width = s.kvHeads * s.headDim;
+    const dims = this.k.uniform(fields({ u32: s.rows * width }, { u32: width }, { u32: s.page }));
+    this.k.dispatch(
+      pass,
+      this.k.pipeline(STORE),
+      [k, v, at.positions, at.table, at.tables, pool, dims],
+      ...grid(s.rows * width),
+    );
+  }
+
+  /** out (rows × H·hd) from q (rows × H·hd) and the pages of `pool`; scores (rows · H · longest f32s) is scratch. */
   decode(
     pass: GPUComputePassEncoder,
     q: GPUBuffer,
-    cache: GPUBuffer,
+    pool: GPUBuffer,
+    at: DecodeRows,
     scores: GPUBuffer,
     out: GPUBuffer,
     s: DecodeShape,
   ): void {
     const dims = fields(
-      { u32: s.r0 },
-      { u32: s.at0 },
       { u32: s.heads },
       { u32: s.kvHeads },
       { u32: s.headDim },
-      { u32: s.capacity },
-      { u32: s.keys },
-      { u32: s.values },
+      { u32: s.page },
+      { u32: s.longest },
       { f32: 1 / Math.sqrt(s.headDim) },
     );
-    this.k.dispatch(pass, this.k.pipeline(DECODE), [q, cache, scores, out, this.k.transient(dims)], s.rows, s.heads);
+    this.k.dispatch(
+      pass,
+      this.k.pipeline(DECODE),
+      [q, pool, at.positions, at.table, at.tables, scores, out, this.k.transient(dims)],
+      s.rows,
+      s.heads,
+    );
   }
 
   /** dq, dk, dv from dout, with the forward's q, k, v, out and lse; delta (B·H·T f32s) is scratch. */

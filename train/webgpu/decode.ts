@@ -1,11 +1,13 @@
 // Generation with a KV cache on the GPU: train/decode.ts's KVCache and its batched read, with the rows of a
 // step (one token a sequence while decoding, a prompt's new tokens when a sequence starts) going through
-// the model in one command buffer, every sequence's keys and values kept in a GPU buffer of its own, and
-// only the next-token logits of each sequence's last row read back. Tested against KVCache:
+// the model in one command buffer, and only the next-token logits of each sequence's last row read back.
+// The keys and values are paged: a layer's pool holds pages of PAGE positions, a sequence lists the pages it
+// holds (the same in every layer), and a step's rows of every sequence store their keys and attend in one
+// dispatch a layer (vLLM's PagedAttention, without sharing pages between sequences). Tested against KVCache:
 // test/train/webgpu-decode.test.ts.
 //
 // Shapes as in train/model.ts: R rows in a step, D hidden, H query and K key/value heads of hd, F the MLP's
-// width, V the vocabulary. A cache holds (layers, keys | values, capacity, K·hd) f32s.
+// width, V the vocabulary. A layer's pool holds (pages, keys | values, PAGE, K·hd) f32s.
 /// <reference types="@webgpu/types" />
 import { DecodeWeights, Decoding, type CachePool, type GenerateOptions, type TokenCache } from '../decode.ts';
 import type { Llama } from '../model.ts';
@@ -14,13 +16,21 @@ import { RopeTables } from './elementwise.ts';
 import type { Kernels } from './kernel.ts';
 import { llamaKernels } from './llama.ts';
 
-/** One sequence's tokens read so far and their keys and values in every layer, on the GPU. */
+/** Positions a page of keys and values holds. */
+const PAGE = 16;
+
+/** One sequence's tokens read so far, and the pages that hold their keys and values, on the GPU. */
 export class GpuCache {
   readonly tokens: number[] = [];
-  buffer: GPUBuffer | null = null;
-  capacity = 0;
+  /** Its pages in the decoder's pools, in order: position t is in pages[t / PAGE]. */
+  readonly pages: number[] = [];
 
   constructor(readonly decoder: GpuDecoder) {}
+
+  /** Positions its pages have room for. */
+  get capacity(): number {
+    return this.pages.length * PAGE;
+  }
 
   get model(): Llama {
     return this.decoder.model;
@@ -41,17 +51,18 @@ export class GpuCache {
     return d.out;
   }
 
-  /** Frees the cache's buffer. */
+  /** Gives its pages back to the decoder. */
   dispose(): void {
-    this.buffer?.destroy();
-    this.buffer = null;
-    this.capacity = 0;
+    this.decoder.release(this);
   }
 }
 
 /** The model's weights on the GPU as they were when it was made (adapters folded in, as DecodeWeights does), and the caches' steps. */
 export class GpuDecoder implements CachePool {
   private readonly weights = new Map<string, GPUBuffer>();
+  /** A pool of pages a layer; pages not held by a cache. */
+  private pools: GPUBuffer[] = [];
+  private readonly spare: number[] = [];
   private readonly activations = new Map<string, { buffer: GPUBuffer; length: number }>();
   private readonly tables: RopeTables;
   private readonly ops: ReturnType<typeof llamaKernels>;
@@ -70,20 +81,51 @@ export class GpuDecoder implements CachePool {
     return new GpuCache(this);
   }
 
-  /** A new cache holding the first n tokens of `source`: their keys and values copied, layer by layer. */
+  /** A new cache holding the first n tokens of `source`: their pages' keys and values copied, layer by layer. */
   fork(source: TokenCache, n: number): GpuCache {
     const from = source as GpuCache;
     const fork = this.create();
     const count = Math.min(n, from.tokens.length);
     this.reserve(fork, count);
-    if (count > 0) this.copyPositions(from.buffer!, from.capacity, fork.buffer!, fork.capacity, count);
+    const pages = Math.ceil(count / PAGE);
+    if (pages > 0) {
+      // A buffer cannot be copied into itself: through a staging buffer, a page at a time.
+      const bytes = this.pageFloats * 4;
+      const staging = upload(this.k.gpu, new Float32Array(pages * this.pageFloats));
+      const encoder = this.k.gpu.device.createCommandEncoder();
+      for (const pool of this.pools) {
+        for (let i = 0; i < pages; i++)
+          encoder.copyBufferToBuffer(pool, from.pages[i]! * bytes, staging, i * bytes, bytes);
+        for (let i = 0; i < pages; i++)
+          encoder.copyBufferToBuffer(staging, i * bytes, pool, fork.pages[i]! * bytes, bytes);
+      }
+      this.k.gpu.device.queue.submit([encoder.finish()]);
+      staging.destroy();
+    }
     fork.tokens.push(...from.tokens.slice(0, count));
     return fork;
   }
 
-  /** Frees a cache's buffer. */
+  /** Frees a cache's pages. */
   free(cache: TokenCache): void {
     (cache as GpuCache).dispose();
+  }
+
+  /** Takes a cache's pages back, for other caches. */
+  release(cache: GpuCache): void {
+    this.spare.push(...cache.pages.splice(0));
+    cache.tokens.length = 0;
+  }
+
+  /** Pages in each layer's pool, held or spare. */
+  get pooled(): number {
+    return this.pools.length ? this.pools[0]!.size / 4 / this.pageFloats : 0;
+  }
+
+  /** A page's f32s in a layer's pool: its keys, then its values, PAGE positions of K·hd each. */
+  private get pageFloats(): number {
+    const c = this.model.config;
+    return 2 * PAGE * c.kvHeads * c.headDim;
   }
 
   private act(name: string, length: number): GPUBuffer {
@@ -95,30 +137,31 @@ export class GpuDecoder implements CachePool {
     return buffer;
   }
 
-  /** The first `count` positions of every layer's keys and values, from a cache buffer of one capacity to one of another. */
-  private copyPositions(from: GPUBuffer, fromCapacity: number, to: GPUBuffer, toCapacity: number, count: number): void {
-    const c = this.model.config;
-    const row = c.kvHeads * c.headDim * 4;
-    const encoder = this.k.gpu.device.createCommandEncoder();
-    for (let block = 0; block < 2 * c.layers; block++)
-      encoder.copyBufferToBuffer(from, block * fromCapacity * row, to, block * toCapacity * row, count * row);
-    this.k.gpu.device.queue.submit([encoder.finish()]);
-  }
-
-  /** Room in `cache` for n positions: a larger buffer, the positions in use copied over, layer by layer. */
+  /** Pages in `cache` for n positions: spare ones, or the pools grown (doubled, the pages held copied over). */
   private reserve(cache: GpuCache, n: number): void {
     const max = this.model.config.maxPositions;
     if (n > max) throw new Error(`${n} tokens do not fit in the model's ${max} positions (max_position_embeddings)`);
-    if (n <= cache.capacity) return;
-    const c = this.model.config;
-    const capacity = Math.min(max, Math.max(n, 2 * cache.capacity, 64));
-    const buffer = upload(this.k.gpu, new Float32Array(c.layers * 2 * capacity * c.kvHeads * c.headDim));
-    if (cache.buffer) {
-      this.copyPositions(cache.buffer, cache.capacity, buffer, capacity, cache.tokens.length);
-      cache.buffer.destroy();
+    const wanted = Math.ceil(n / PAGE) - cache.pages.length;
+    if (wanted <= 0) return;
+    if (this.spare.length < wanted) {
+      const [was, now] = [this.pooled, Math.max(2 * this.pooled, this.pooled + wanted, 16)];
+      const bytes = now * this.pageFloats * 4;
+      if (bytes > this.k.bindingBytes)
+        throw new Error(
+          `webgpu: the decoder's keys and values would take ${(bytes / 2 ** 20).toFixed(0)} MiB a layer, more than one binding holds (${(this.k.bindingBytes / 2 ** 20).toFixed(0)} MiB): decode fewer or shorter sequences together`,
+        );
+      const [encoder, old] = [this.k.gpu.device.createCommandEncoder(), this.pools];
+      this.pools = [];
+      for (let l = 0; l < this.model.config.layers; l++) {
+        const pool = upload(this.k.gpu, new Float32Array(now * this.pageFloats));
+        if (old[l]) encoder.copyBufferToBuffer(old[l]!, 0, pool, 0, old[l]!.size);
+        this.pools.push(pool);
+      }
+      this.k.gpu.device.queue.submit([encoder.finish()]);
+      for (const buffer of old) buffer.destroy(); // freed once the copies are done
+      for (let p = now - 1; p >= was; p--) this.spare.push(p);
     }
-    cache.buffer = buffer;
-    cache.capacity = capacity;
+    cache.pages.push(...this.spare.splice(this.spare.length - wanted));
   }
 
   /**
@@ -135,16 +178,21 @@ export class GpuDecoder implements CachePool {
     const [D, H, K, hd, F, V] = [c.hiddenSize, c.heads, c.kvHeads, c.headDim, c.intermediateSize, c.vocabSize];
     const gpu = this.k.gpu;
     caches.forEach((cache, b) => this.reserve(cache, cache.tokens.length + reads[b]!.length));
-    // Sequence b's rows start at r0[b]; row r reads ids[r] at positions[r].
+    // Sequence b's rows start at r0[b]; row r reads ids[r] at positions[r], its sequence's pages listed in
+    // tables from table[r] on.
     const r0: number[] = [];
     const ids: number[] = [];
     const positions: number[] = [];
+    const table: number[] = [];
+    const tables: number[] = [];
     caches.forEach((cache, b) => {
       r0.push(ids.length);
       reads[b]!.forEach((token, i) => {
         ids.push(token);
         positions.push(cache.tokens.length + i);
+        table.push(tables.length);
       });
+      tables.push(...cache.pages);
     });
     const R = ids.length;
     const B = caches.length;
@@ -158,6 +206,11 @@ export class GpuDecoder implements CachePool {
     };
     const idsBuffer = write('ids', Int32Array.from(ids));
     const positionsBuffer = write('positions', Uint32Array.from(positions));
+    const at = {
+      positions: positionsBuffer,
+      table: write('table', Uint32Array.from(table)),
+      tables: write('tables', Uint32Array.from(tables)),
+    };
     const project = (
       pass: GPUComputePassEncoder,
       x: GPUBuffer,
@@ -168,9 +221,9 @@ export class GpuDecoder implements CachePool {
       inner: number,
     ) => this.ops.mm.encode(pass, x, w(name), y, { m: rows, n: out, k: inner, transposeB: true });
     const rows = { rows: R, dim: D, eps: c.rmsNormEps };
-    // The attention's scores: a row for each (new row, head) of one sequence at a time, as long as its cache.
-    const scores = Math.max(...reads.map((r) => r.length)) * H * Math.max(...caches.map((cache) => cache.capacity));
-    const block = (cache: GpuCache) => cache.capacity * K * hd;
+    // The attention's scores: a row for each (row, head), as long as the longest row's positions.
+    const longest = Math.max(...positions) + 1;
+    const shape = { rows: R, heads: H, kvHeads: K, headDim: hd, page: PAGE, longest };
     submit(gpu, (pass) => {
       // The residual stream goes back and forth between x and y (a kernel may not read and write one buffer).
       let [x, y] = [a('x', R * D), a('y', R * D)];
@@ -196,35 +249,16 @@ export class GpuDecoder implements CachePool {
           heads: K,
           headDim: hd,
         });
-        caches.forEach((cache, b) => {
-          const n = reads[b]!.length;
-          const [keys, values] = [2 * l * block(cache), (2 * l + 1) * block(cache)];
-          const at0 = cache.tokens.length;
-          this.ops.copy.encode(
-            pass,
-            a('kr', R * K * hd),
-            r0[b]! * K * hd,
-            cache.buffer!,
-            keys + at0 * K * hd,
-            n * K * hd,
-          );
-          this.ops.copy.encode(
-            pass,
-            a('v', R * K * hd),
-            r0[b]! * K * hd,
-            cache.buffer!,
-            values + at0 * K * hd,
-            n * K * hd,
-          );
-          this.ops.attention.decode(
-            pass,
-            a('qr', R * H * hd),
-            cache.buffer!,
-            a('scores', scores),
-            a('att', R * H * hd),
-            { r0: r0[b]!, rows: n, at0, heads: H, kvHeads: K, headDim: hd, capacity: cache.capacity, keys, values },
-          );
-        });
+        this.ops.attention.store(pass, a('kr', R * K * hd), a('v', R * K * hd), this.pools[l]!, at, shape);
+        this.ops.attention.decode(
+          pass,
+          a('qr', R * H * hd),
+          this.pools[l]!,
+          at,
+          a('scores', R * H * longest),
+          a('att', R * H * hd),
+          shape,
+        );
         project(pass, a('att', R * H * hd), `${p}self_attn.o_proj.weight`, a('o', R * D), R, D, H * hd);
         this.ops.add.encode(pass, x, a('o', R * D), y, R * D);
         [x, y] = [y, x];
@@ -260,10 +294,16 @@ export class GpuDecoder implements CachePool {
     return caches.map((_, b) => logits.slice(b * V, (b + 1) * V));
   }
 
-  /** Frees the weights and the step's buffers (caches are freed on their own). */
+  /** Frees the weights, the pools of keys and values, and the step's buffers. */
   dispose(): void {
-    for (const buffer of [...this.weights.values(), ...[...this.activations.values()].map((x) => x.buffer)])
+    for (const buffer of [
+      ...this.weights.values(),
+      ...this.pools,
+      ...[...this.activations.values()].map((x) => x.buffer),
+    ])
       buffer.destroy();
+    this.pools = [];
+    this.spare.length = 0;
     this.tables.dispose();
     this.weights.clear();
     this.activations.clear();
