@@ -20,6 +20,7 @@ import { ADAMW_DEFAULTS, AdamW, learningRate } from './optimizer.ts';
 import { logpGradients, onModel, optimizerStep, type HeldModel, type MicroBatch, type StepResult } from './step.ts';
 import type { OrtRuntime } from './ort/onnx.ts';
 import type { Kernels } from './webgpu/kernel.ts';
+import type { TokenBlock } from './windows.ts';
 
 /**
  * This run's folder in the stage's cache, named by `key` (its config and data): a rerun after a kill resumes
@@ -351,6 +352,19 @@ const adapterWeights = (model: Llama) =>
 const arrays = (vars: Map<string, tf.Variable>) =>
   new Map([...vars].map(([name, v]) => [name, v.dataSync() as Float32Array]));
 
+/**
+ * Scores with a held model's weights as they are now, with each position's entropy: in a slot of its own,
+ * apart from the training passes', and without dropout.
+ */
+const scorerOf =
+  (held: HeldModel & { forward(b: TokenBlock, slot: number, entropy: Float32Array): Promise<Float32Array> }) =>
+  async (b: TokenBlock): ReturnType<EntropyScorer> => {
+    const [entropy, dropout] = [new Float32Array(b.batch * b.length), held.dropout];
+    held.dropout = null;
+    const logps = await held.forward(b, -1, entropy).finally(() => (held.dropout = dropout));
+    return { logps, entropy };
+  };
+
 /** Where a run's updates are made when not in tfjs: one step, and the state copied back (`sync`). */
 interface HeldRun {
   step(parts: MicroBatch[], lr: number, maxGradNorm: number, dropoutSeed: number | null): Promise<StepResult>;
@@ -389,6 +403,7 @@ async function gpuRun(kernels: Kernels, model: Llama, optimizer: AdamW): Promise
       heldStep(onGpu, parts, maxGradNorm, dropoutSeed, () =>
         submit(kernels.gpu, (pass) => adamw.encode(pass, onGpu.parameters(), lr)),
       ),
+    score: scorerOf(onGpu),
     async sync(what = 'all') {
       const none = new Float32Array(0);
       const read = async (buffer: GPUBuffer, length: number) =>
@@ -420,13 +435,7 @@ async function ortRun(ort: OrtRuntime, model: Llama, optimizer: AdamW): Promise<
   return {
     step: (parts, lr, maxGradNorm, dropoutSeed) =>
       heldStep(onCpu, parts, maxGradNorm, dropoutSeed, () => adamw.apply(onCpu.parameters(), lr)),
-    // A slot of its own, apart from the training passes', and no dropout: the weights as they are.
-    score: async (b) => {
-      const [entropy, dropout] = [new Float32Array(b.batch * b.length), onCpu.dropout];
-      onCpu.dropout = null;
-      const logps = await onCpu.forward(b, -1, entropy).finally(() => (onCpu.dropout = dropout));
-      return { logps, entropy };
-    },
+    score: scorerOf(onCpu),
     async sync(what = 'all') {
       syncInto(model, optimizer, onCpu.parameters(), adamw.step, what);
     },

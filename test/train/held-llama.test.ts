@@ -220,6 +220,32 @@ describe.each(HELD)('the Llama held on $name', (device) => {
     },
   );
 
+  it.skipIf(absent)(
+    'scores each position’s entropy as the tfjs model does (DAPO’s rollouts, scored there)',
+    async () => {
+      const config = tinyLlama({ vocabSize: 30 });
+      const model = Llama.create(config, 'held-entropy');
+      const held = device.model(config, new Map([...model.weights()].map(([name, w]) => [name, w.data])));
+      const random = seeded('held-entropy');
+      const [batch, length] = [2, 7];
+      const draw = () => Int32Array.from({ length: batch * length }, () => Math.floor(random() * 30));
+      const [ids, targets] = [draw(), draw()];
+      const entropy = new Float32Array(batch * length);
+      await (held as Held & { forward(b: object, slot: number, entropy: Float32Array): Promise<Float32Array> }).forward(
+        { ids, targets, batch, length },
+        0,
+        entropy,
+      );
+      const want = tf.tidy(() => {
+        const logp = tf.logSoftmax(model.forward(ids, batch, length));
+        return tf.neg(tf.sum(tf.mul(tf.exp(logp), logp), -1)).dataSync() as Float32Array;
+      });
+      expect(relativeError(entropy, want)).toBeLessThan(1e-5);
+      expect(new Set(want).size).toBe(batch * length);
+      model.dispose();
+    },
+  );
+
   it.skipIf(absent)('and with Qwen2’s biases on q, k and v', async () => {
     await compare(device, tinyLlama({ modelType: 'qwen2', attentionBias: true }), 2, 9);
   });

@@ -253,11 +253,12 @@ export class GpuLlama {
   }
 
   /**
-   * The forward pass of a block into slot `slot`: every position's log p(target) (B·T), as f32s. The slot
-   * keeps what its backward reads until its next forward, so a loss over several blocks (DPO's chosen and
-   * rejected sides) has each block in a slot of its own.
+   * The forward pass of a block into slot `slot`: every position's log p(target) (B·T), as f32s, and with
+   * `entropy` each position's entropy of the next token written there. The slot keeps what its backward reads
+   * until its next forward, so a loss over several blocks (DPO's chosen and rejected sides) has each block in
+   * a slot of its own.
    */
-  async forward(b: TokenBlock, slot = 0): Promise<Float32Array> {
+  async forward(b: TokenBlock, slot = 0, entropy?: Float32Array): Promise<Float32Array> {
     const { c, B, T, N, D, H, K, hd, F, V, head, l, rows, heads, cos, sin, a } = this.sizesOf(b, slot);
     const gpu = this.k.gpu;
     const dropped = this.dropout !== null;
@@ -373,9 +374,11 @@ export class GpuLlama {
         });
         const [targets, logp, lse] = [s.targets, a('logp', N), a('lse', N)].map((b) => part(b, r0, n));
         this.ops.logprobs.forward(pass, logits, targets!, logp!, lse!, { rows: n, vocab: V });
+        if (entropy) this.ops.logprobs.entropy(pass, logits, lse!, part(a('entropy', N), r0, n), { rows: n, vocab: V });
       }
     });
     const logp = await download(gpu, a('logp', N), N);
+    if (entropy) entropy.set(await download(gpu, a('entropy', N), N));
     if (this.overflow && (await this.overflowed(OVERFLOW.weights)))
       throw new Error('precision f16: a weight is beyond f16 (above 65504); train with --precision f32');
     if (this.overflow && (await this.overflowed(OVERFLOW.forward)))

@@ -42,6 +42,21 @@ const BACKWARD = kernel({
   }`,
 });
 
+// Each row's entropy of the next token from its logits and the forward's logsumexp:
+//   H_t = −Σ_j p_j·log p_j = lse_t − Σ_j p_j·z_tj,   p_j = exp(z_tj − lse_t).
+const ENTROPY = kernel({
+  threads: 'row',
+  buffers: ['z: f32', 'lse: f32', 'mut entropy: f32'],
+  dims: DIMS,
+  body: `
+  let base = row * d.vocab;
+  let l = lse[row];
+  var sum = 0.0;
+  for (var j = lid.x; j < d.vocab; j += 256u) { sum += exp(z[base + j] - l) * z[base + j]; }
+  let mean = reduce(lid.x, sum, false);
+  if (lid.x == 0u) { entropy[row] = l - mean; }`,
+});
+
 export interface LogprobShape {
   rows: number;
   vocab: number;
@@ -66,6 +81,11 @@ export class TargetLogprobs {
     s: LogprobShape,
   ): void {
     this.k.dispatch(pass, this.k.pipeline(FORWARD), [z, targets, logp, lse, this.dims(s)], s.rows);
+  }
+
+  /** Each row's entropy (rows) from the logits z (rows × vocab) and the forward's lse. */
+  entropy(pass: GPUComputePassEncoder, z: Binding, lse: Binding, entropy: Binding, s: LogprobShape): void {
+    this.k.dispatch(pass, this.k.pipeline(ENTROPY), [z, lse, entropy, this.dims(s)], s.rows);
   }
 
   /** dz (rows × vocab) from dlogp (rows), with the forward's z, targets and lse. */
