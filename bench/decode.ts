@@ -17,7 +17,7 @@ import { useBackend } from '../train/backend.ts';
 import { Llama, type LlamaConfig } from '../train/model.ts';
 import { SharedDecoder } from '../train/shared-decoder.ts';
 import { nativeKernels, nativeStatus, type NativeKernels } from '../train/ort/native.ts';
-import { Decoding } from '../train/decode.ts';
+import { Decoding, cpuCaches } from '../train/decode.ts';
 import { openGpu, probeGpu } from '../train/webgpu/device.ts';
 import { GpuCache, GpuDecoder } from '../train/webgpu/decode.ts';
 import { Kernels } from '../train/webgpu/kernel.ts';
@@ -85,7 +85,7 @@ await useBackend('wasm');
  */
 async function ours(config: LlamaConfig, n: number, native: NativeKernels | null): Promise<number> {
   const model = Llama.create(config, 'bench-decode');
-  const shared = new SharedDecoder(model, native);
+  const shared = new SharedDecoder(model, cpuCaches(model, native));
   const rand = seeded('bench-decode', n);
   const prompts = Array.from({ length: n }, () =>
     Array.from({ length: promptLength }, () => Math.floor(rand() * config.vocabSize)),

@@ -595,7 +595,7 @@ async function play(
       k: e.k,
       maxTurns: e.max_turns,
       maxCalls: e.max_calls,
-      together: players.together,
+      together: true,
     },
     () => progress.tick(),
   ).finally(() => {

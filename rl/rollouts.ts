@@ -61,9 +61,9 @@ interface Group {
 }
 
 /**
- * The step's rollouts by `model` (its informative groups) and figures over every episode played. On the CPU
- * the groups of a generation batch are played side by side (in standard mode every episode), their tokens
- * decoded together (SharedDecoder); on the GPU one after another, by one policy.
+ * The step's rollouts by `model` (its informative groups) and figures over every episode played. The groups
+ * of a generation batch are played side by side (in standard mode every episode), their tokens decoded
+ * together (SharedDecoder, on the CPU or the GPU).
  */
 export function simulatorRollouts(o: RolloutOptions): (step: number, model: Llama) => Promise<StepRollouts> {
   const pool = taskPool(o.world, 'train', o.taskPool, o.maxCalls);
@@ -88,7 +88,7 @@ export function simulatorRollouts(o: RolloutOptions): (step: number, model: Llam
     };
   };
   /** One group: groupSize episodes of `task`, the step's `slot`-th draw, with the policy as it is. */
-  const playGroup = async (actor: () => Actor, together: boolean, step: number, slot: number, task: Task) => {
+  const playGroup = async (actor: () => Actor, step: number, slot: number, task: Task) => {
     const group: Group = { rollouts: [], successes: [], guided: [], lengths: [] };
     const trials = Array.from({ length: o.groupSize }, (_, trial) => trial);
     let played: { trial: Awaited<ReturnType<typeof playTrial>>; block: string }[];
@@ -103,15 +103,10 @@ export function simulatorRollouts(o: RolloutOptions): (step: number, model: Llam
         if (!t.episode.success) addNotes(notes, t.episode.messages);
         played.push({ trial: t, block });
       }
-    } else if (together) {
+    } else {
       played = await settled(
         trials.map(async (trial) => ({ trial: await playTrial(actor(), step, slot, task, trial, ''), block: '' })),
       );
-    } else {
-      const player = actor();
-      played = [];
-      for (const trial of trials)
-        played.push({ trial: await playTrial(player, step, slot, task, trial, ''), block: '' });
     }
     for (const { trial: t, block } of played) {
       group.rollouts.push(t.rollout);
@@ -126,7 +121,6 @@ export function simulatorRollouts(o: RolloutOptions): (step: number, model: Llam
     const players = o.actor
       ? null
       : new EpisodePlayers('dapo', model, o.context, o.chat, o.placeholders, { ...o.sampling, recordTurns: true });
-    const together = players?.together ?? true;
     const actor = (): Actor => o.actor?.(model) ?? players!.player(Math.random);
     const kept: Rollout[][] = [];
     const all: Group[] = [];
@@ -135,9 +129,8 @@ export function simulatorRollouts(o: RolloutOptions): (step: number, model: Llam
     try {
       for (let b = 0; b < o.maxGenerationBatches && kept.length < o.tasksPerStep; b++) {
         const slots = Array.from({ length: o.tasksPerStep }, (_, k) => b * o.tasksPerStep + k);
-        const play = (slot: number) => playGroup(actor, together, step, slot, draw[slot % draw.length]!);
-        const groups: Group[] = together ? await settled(slots.map(play)) : [];
-        if (!together) for (const slot of slots) groups.push(await play(slot));
+        const play = (slot: number) => playGroup(actor, step, slot, draw[slot % draw.length]!);
+        const groups: Group[] = await settled(slots.map(play));
         all.push(...groups);
         for (const i of informativeGroups(groups.map((g) => g.rollouts.map((r) => r.reward))))
           kept.push(groups[i]!.rollouts);
@@ -207,10 +200,9 @@ export async function validation(o: ValidationOptions, model: Llama): Promise<Re
     for (let trial = 1; trial < o.tries && !without; trial++) without = (await play(task, trial, '')).success;
     return { first: opening.success, reward: opening.reward, withNotes, without };
   };
-  let tasks: Awaited<ReturnType<typeof onTask>>[] = [];
+  let tasks: Awaited<ReturnType<typeof onTask>>[];
   try {
-    if (players.together) tasks = await settled(o.tasks.map(onTask));
-    else for (const task of o.tasks) tasks.push(await onTask(task));
+    tasks = await settled(o.tasks.map(onTask));
   } finally {
     players.dispose();
   }

@@ -540,9 +540,9 @@ export interface CachePool {
   dispose(): void;
 }
 
-/** KVCaches over one copy of the model's weights. */
-export function cpuCaches(model: Llama): CachePool {
-  const weights = new DecodeWeights(model);
+/** KVCaches over one copy of the model's weights; `native` as DecodeWeights takes it (by default the backend's). */
+export function cpuCaches(model: Llama, native?: NativeKernels | null): CachePool {
+  const weights = new DecodeWeights(model, native === undefined ? cpuKernels() : native);
   return {
     model,
     create: () => new KVCache(model, weights),

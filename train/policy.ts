@@ -8,7 +8,7 @@ import type { Random } from '../core/random.ts';
 import type { Message, Policy } from '../core/records.ts';
 import type { Chat } from './chat.ts';
 import type { ToolCallConstraint, ToolSchema } from './constrain.ts';
-import { KVCache } from './decode.ts';
+import { KVCache, type TokenCache } from './decode.ts';
 import { SharedDecoder } from './shared-decoder.ts';
 import { GpuCache, GpuDecoder } from './webgpu/decode.ts';
 import type { Kernels } from './webgpu/kernel.ts';
@@ -37,7 +37,7 @@ export interface SamplingOptions {
   recordTurns?: boolean;
   /** `--backend webgpu`'s kernels: generate on the GPU (train/webgpu/decode.ts); absent, on the CPU. */
   gpu?: Kernels;
-  /** On the CPU, a decoder shared with policies playing side by side: their tokens are decoded together. */
+  /** A decoder shared with policies playing side by side (on the CPU or the GPU): their tokens are decoded together. */
   shared?: SharedDecoder;
 }
 
@@ -70,7 +70,7 @@ export async function promptOf(
 }
 
 export class ModelPolicy implements Policy {
-  private readonly cache: KVCache | GpuCache;
+  private readonly cache: TokenCache;
   private calls = 0;
   private constraint: Promise<ToolCallConstraint | null> | undefined;
   /** Tokens read and written, for throughput figures. */
@@ -96,14 +96,15 @@ export class ModelPolicy implements Policy {
     /** The sampler's randomness: set a fresh seeded stream per episode for reproducible episodes. */
     public random: Random,
   ) {
-    this.cache = sampling.gpu
-      ? new GpuDecoder(model, sampling.gpu).create()
-      : (sampling.shared?.cache() ?? new KVCache(model));
+    // Shared: the players' decoder (theirs to free); alone: its own, on the GPU or the CPU.
+    this.cache =
+      sampling.shared?.cache() ?? (sampling.gpu ? new GpuDecoder(model, sampling.gpu).create() : new KVCache(model));
   }
 
   /** Frees what the policy holds on the GPU (nothing on the CPU): call when its episodes are over. */
   dispose(): void {
-    if (this.cache instanceof GpuCache) {
+    if (this.sampling.shared) this.sampling.shared.free(this.cache);
+    else if (this.cache instanceof GpuCache) {
       this.cache.dispose();
       this.cache.decoder.dispose();
     }
@@ -122,10 +123,9 @@ export class ModelPolicy implements Policy {
     if (this.sampling.tools) this.constraint ??= this.chat.toolConstraint(this.sampling.tools);
     const constraint = (await this.constraint) ?? undefined;
     const options = { ...this.sampling, stop: this.chat.stop, random: this.random, constraint };
-    const ids =
-      this.sampling.shared && this.cache instanceof KVCache
-        ? await this.sampling.shared.generate(this.cache, prompt, options)
-        : await this.cache.generate(prompt, options);
+    const ids = this.sampling.shared
+      ? await this.sampling.shared.generate(this.cache, prompt, options)
+      : await (this.cache as KVCache | GpuCache).generate(prompt, options);
     this.generated += ids.length;
     if (this.sampling.recordTurns)
       this.turns.push({ prompt, generated: ids, ...(this.reads ? { base: (await read(conversation)).ids } : {}) });
@@ -136,13 +136,12 @@ export class ModelPolicy implements Policy {
 }
 
 /**
- * Policies for episodes played side by side (`together`): on the CPU each episode gets a ModelPolicy of its
- * own over one SharedDecoder, so their tokens are decoded together; on the GPU one policy plays every episode
- * in turn (a GPU decoder is an upload of the weights). Free them with `dispose` once the episodes are over.
+ * Policies for episodes played side by side: each episode gets a ModelPolicy of its own over one SharedDecoder
+ * (on the GPU with `sampling.gpu`: one upload of the weights for them all), so their tokens are decoded
+ * together. Free them with `dispose` once the episodes are over.
  */
 export class EpisodePlayers {
-  readonly together: boolean;
-  private readonly shared: SharedDecoder | null;
+  private readonly shared: SharedDecoder;
   private readonly made: ModelPolicy[] = [];
 
   constructor(
@@ -153,17 +152,12 @@ export class EpisodePlayers {
     private readonly placeholders: Placeholders,
     private readonly sampling: SamplingOptions,
   ) {
-    this.together = !sampling.gpu;
-    this.shared = this.together ? new SharedDecoder(model) : null;
+    this.shared = new SharedDecoder(model, sampling.gpu ? new GpuDecoder(model, sampling.gpu) : undefined);
   }
 
   /** The policy for one episode, drawing from `random`. */
   player(random: Random): ModelPolicy {
-    if (!this.together && this.made[0]) {
-      this.made[0].random = random;
-      return this.made[0];
-    }
-    const sampling = this.shared ? { ...this.sampling, shared: this.shared } : this.sampling;
+    const sampling = { ...this.sampling, shared: this.shared };
     const policy = new ModelPolicy(this.name, this.model, this.context, this.chat, this.placeholders, sampling, random);
     this.made.push(policy);
     return policy;
@@ -176,6 +170,6 @@ export class EpisodePlayers {
 
   dispose(): void {
     for (const p of this.made) p.dispose();
-    this.shared?.dispose();
+    this.shared.dispose();
   }
 }

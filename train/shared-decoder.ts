@@ -1,24 +1,22 @@
-// Many episodes' generations stepped together on the CPU. Episodes played side by side (DAPO's groups, the
-// validation tasks) each ask for a continuation; one loop reads every live sequence's next token, and any
-// prompt just asked for, in one pass through the model (KVCache.readMany: a matMul per projection for all
-// rows), as the server steps its requests in flight. A sequence alone is read as KVCache.generate reads it.
-import { DecodeWeights, Decoding, KVCache, type GenerateOptions } from './decode.ts';
-import { cpuKernels } from './backend.ts';
+// Many episodes' generations stepped together. Episodes played side by side (DAPO's groups, the validation
+// tasks, eval's episodes) each ask for a continuation; one loop reads every live sequence's next token, and
+// any prompt just asked for, in one pass through the model (a CachePool's readMany: on the CPU a matMul per
+// projection for all rows, on the GPU a dispatch a kernel and layer), as the server steps its requests in
+// flight. On the CPU a sequence alone is read as KVCache.generate reads it.
+import { Decoding, cpuCaches, type CachePool, type GenerateOptions, type TokenCache } from './decode.ts';
 import type { Llama } from './model.ts';
-import type { NativeKernels } from './ort/native.ts';
 
 interface Job {
-  cache: KVCache;
-  decoding: Decoding;
+  cache: TokenCache;
+  decoding: Decoding<TokenCache>;
   resolve: (ids: number[]) => void;
   reject: (error: unknown) => void;
 }
 
 export class SharedDecoder {
-  private readonly weights: DecodeWeights;
   /** Asked for since the last step: their prompts are read in the next one. */
   private asked: {
-    cache: KVCache;
+    cache: TokenCache;
     prompt: number[];
     options: GenerateOptions;
     job: Omit<Job, 'cache' | 'decoding'>;
@@ -28,23 +26,26 @@ export class SharedDecoder {
   private running = false;
 
   /**
-   * Over the model's weights as they are now (copied: training the model on changes nothing here); `native`:
-   * the CPU path's C kernels, as DecodeWeights takes them (by default where the backend in use has them).
+   * Over a pool of caches: by default the CPU's (cpuCaches: the model's weights as they are now, copied, so
+   * training the model on changes nothing here), or the GPU's (train/webgpu/decode.ts GpuDecoder).
    */
   constructor(
     readonly model: Llama,
-    native?: NativeKernels | null,
-  ) {
-    this.weights = new DecodeWeights(model, native === undefined ? cpuKernels() : native);
-  }
+    readonly pool: CachePool = cpuCaches(model),
+  ) {}
 
   /** A cache of the shared weights, for one sequence at a time (a policy's, kept across its turns). */
-  cache(): KVCache {
-    return new KVCache(this.model, this.weights);
+  cache(): TokenCache {
+    return this.pool.create();
   }
 
-  /** What KVCache.generate(prompt, options) gives on `cache`, decoded together with the other sequences asked for meanwhile. */
-  generate(cache: KVCache, prompt: number[], options: GenerateOptions): Promise<number[]> {
+  /** Frees a cache made by cache(). */
+  free(cache: TokenCache): void {
+    this.pool.free(cache);
+  }
+
+  /** The continuation of `prompt` on `cache` (as KVCache.generate gives it), decoded together with the other sequences asked for meanwhile. */
+  generate(cache: TokenCache, prompt: number[], options: GenerateOptions): Promise<number[]> {
     return new Promise((resolve, reject) => {
       this.asked.push({ cache, prompt, options, job: { resolve, reject } });
       if (!this.running) {
@@ -55,7 +56,7 @@ export class SharedDecoder {
   }
 
   dispose(): void {
-    this.weights.dispose();
+    this.pool.dispose();
   }
 
   private async run(): Promise<void> {
@@ -63,7 +64,7 @@ export class SharedDecoder {
       while (this.asked.length > 0 || this.live.length > 0) {
         // The other episodes reach their next generation before the step: they join it.
         await new Promise((resolve) => setImmediate(resolve));
-        this.step();
+        await this.step();
       }
     } catch (error) {
       for (const job of [...this.live, ...this.asked.map((a) => a.job)]) job.reject(error);
@@ -75,7 +76,7 @@ export class SharedDecoder {
   }
 
   /** One pass: every live sequence draws a token, those not finished read it, new ones read their prompts. */
-  private step(): void {
+  private async step(): Promise<void> {
     const reading: Job[] = [];
     const reads: number[][] = [];
     for (const job of this.live) {
@@ -96,7 +97,7 @@ export class SharedDecoder {
     }
     this.live = reading;
     if (reading.length === 0) return;
-    const logits = KVCache.readMany(
+    const logits = await this.pool.readMany(
       reading.map((j) => j.cache),
       reads,
     );

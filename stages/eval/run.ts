@@ -90,7 +90,7 @@ async function simulate(
   };
   const records = await validationEpisodes(
     (taskId, trial) => players.player(seeded(seed, 'eval', taskId, trial)),
-    { ...options, together: players.together },
+    { ...options, together: true },
     () => progress.tick(),
   ).finally(() => {
     progress.done();

@@ -9,7 +9,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { useBackend } from '../../train/backend.ts';
 import { llamaConfigFromJson, readHfModel, writeHfModel } from '../../train/hf.ts';
 import { seeded } from '../../core/random.ts';
-import { DecodeWeights, KVCache, type GenerateOptions } from '../../train/decode.ts';
+import { DecodeWeights, KVCache, cpuCaches, type GenerateOptions } from '../../train/decode.ts';
 import { nativeKernels, nativeStatus } from '../../train/ort/native.ts';
 import { SharedDecoder } from '../../train/shared-decoder.ts';
 import { Llama, llamaParameterShapes } from '../../train/model.ts';
@@ -169,7 +169,7 @@ describe.each(CHECKPOINTS)('%s decoded by the C kernels', (name) => {
         const [got, want] = [cache().read(prompt), new KVCache(model, new DecodeWeights(model, null)).read(prompt)];
         expect(Math.max(...got.map((v, i) => Math.abs(v - want[i]!)))).toBeLessThan(1e-4);
       }
-      const shared = new SharedDecoder(model, native);
+      const shared = new SharedDecoder(model, cpuCaches(model, native));
       const prompts = [ref.greedy_prompt, ref.input_ids[0]!.slice(0, 5), ref.input_ids[1]!];
       const sampled = (i: number): GenerateOptions => ({
         maxTokens: n + i,

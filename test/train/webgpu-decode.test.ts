@@ -9,6 +9,7 @@ import { seeded } from '../../core/random.ts';
 import { DecodeWeights, KVCache } from '../../train/decode.ts';
 import { Llama, type LlamaConfig } from '../../train/model.ts';
 import { GpuDecoder } from '../../train/webgpu/decode.ts';
+import { SharedDecoder } from '../../train/shared-decoder.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
 import { absent, kernels } from '../fixtures/webgpu.ts';
 
@@ -131,6 +132,34 @@ describe('generation on the GPU', () => {
       expect(decoder.pooled).toBe(grown);
       again.forEach((c) => c.dispose());
       decoder.dispose();
+      shared.dispose();
+      model.dispose();
+    },
+  );
+
+  it.skipIf(absent)(
+    'decodes episodes side by side in one step a token (SharedDecoder over the GPU), each as the CPU decodes it alone',
+    async () => {
+      const config = tinyLlama({ maxPositions: 64 });
+      const model = Llama.create(config, 'webgpu-shared');
+      const decoder = new GpuDecoder(model, kernels!);
+      const steps: number[] = [];
+      const read = decoder.readMany.bind(decoder);
+      decoder.readMany = (caches, reads) => (steps.push(caches.length), read(caches, reads));
+      const shared = new SharedDecoder(model, decoder);
+      const prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12], [13]];
+      const options = (i: number) => ({
+        maxTokens: 10 + i,
+        temperature: i ? 1 : 0,
+        topP: 0.9,
+        random: seeded('shared', i),
+      });
+      const together = await Promise.all(prompts.map((p, i) => shared.generate(shared.cache(), p, options(i))));
+      together.forEach((ids, i) =>
+        expect(ids, `sequence ${i}`).toEqual(new KVCache(model).generate(prompts[i]!, options(i))),
+      );
+      expect(Math.max(...steps)).toBe(3);
+      expect(steps.length).toBeLessThan(together.reduce((n, ids) => n + ids.length, 0));
       shared.dispose();
       model.dispose();
     },
