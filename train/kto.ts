@@ -62,14 +62,14 @@ export function ktoTrainer(
     label: 'kto steps',
     start,
     readsWeights: true, // the reference point scores mismatched completions with the current weights
-    batch: async (step, model) => {
+    batch: async (step, model, score) => {
       const b = batches(step);
       const B = b.idx.length;
       // The reference point: the batch's mean log-ratio on mismatched completions, not differentiated, at least 0 (in the loss).
       // Inside a step, so no safe point here: the step boundary is one, where the run can keep a checkpoint.
       const mismatched = sequenceValues(
         await scoreSequences(
-          model,
+          score ? async (block) => (await score(block)).logps : model, // where the run holds the weights
           b.idx.map((i) => examples[i]!.sequences[1]!),
           cfg.micro_batch_tokens,
           pad,

@@ -70,8 +70,9 @@ export interface Trainer {
   /** After step `step`'s update (0-based), figures of the model as it now is, logged with the step (reinforcement learning's validation). */
   after?(step: number, model: Llama): Promise<Record<string, number>>;
   /**
-   * batch() reads the model's weights beyond its loss (KTO's reference point, DAPO's rollouts): a run on the
-   * GPU copies them back to `model` after every update, as after() needs too.
+   * batch() reads the model's weights beyond its loss (KTO's reference point, DAPO's rollouts): a held run
+   * copies them back to `model` after every update, as after() needs too, unless its readers read them where
+   * they train (HeldRun.readsInPlace: the GPU without LoRA).
    */
   readsWeights?: boolean;
 }
@@ -223,7 +224,7 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
     let result: StepResult;
     if (held) {
       result = await updates(batch, (parts) => held.step(parts, lr, s.max_grad_norm, dropoutSeed));
-      if (trainer.readsWeights || trainer.after) await held.sync('weights');
+      if ((trainer.readsWeights || trainer.after) && !held.readsInPlace) await held.sync('weights');
     } else {
       model.dropoutSeed = dropoutSeed;
       result = await updates(batch, (parts) =>
@@ -367,6 +368,11 @@ const scorerOf =
 
 /** Where a run's updates are made when not in tfjs: one step, and the state copied back (`sync`). */
 interface HeldRun {
+  /**
+   * Whether the trainer's readers of the weights read them where they train (`score`, and on the GPU its
+   * decoders: trainingWeights), so that no copy back is needed between steps.
+   */
+  readsInPlace?: boolean;
   step(parts: MicroBatch[], lr: number, maxGradNorm: number, dropoutSeed: number | null): Promise<StepResult>;
   /** The held weights into `model`, and with `all` AdamW's moments and step into the optimiser. */
   sync(what?: 'weights' | 'all'): Promise<void>;
@@ -390,7 +396,12 @@ async function gpuRun(kernels: Kernels, model: Llama, optimizer: AdamW): Promise
   const { GpuLlama } = await import('./webgpu/llama.ts');
   const { GpuAdamW } = await import('./webgpu/adamw.ts');
   const { download, submit } = await import('./webgpu/buffers.ts');
+  const { trainingWeights } = await import('./webgpu/decode.ts');
   const onGpu = new GpuLlama(model.config, arrays(model.params), kernels, { adapters: adapterWeights(model) });
+  // Without LoRA, decoders of the model (DAPO's rollouts and validation) read the training buffers themselves;
+  // with it they fold the adapters into a copy of the tfjs model's weights, copied back after every step.
+  const inPlace = model.adapters.size === 0;
+  if (inPlace) trainingWeights.set(model, onGpu.weights);
   const adamw = new GpuAdamW(kernels, optimizer.options);
   adamw.step = optimizer.step;
   const [m, v] = [arrays(optimizer.m), arrays(optimizer.v)];
@@ -399,6 +410,7 @@ async function gpuRun(kernels: Kernels, model: Llama, optimizer: AdamW): Promise
     kernels.gpu.device.queue.writeBuffer(p.v, 0, v.get(p.name)!);
   }
   return {
+    readsInPlace: inPlace,
     step: (parts, lr, maxGradNorm, dropoutSeed) =>
       heldStep(onGpu, parts, maxGradNorm, dropoutSeed, () =>
         submit(kernels.gpu, (pass) => adamw.encode(pass, onGpu.parameters(), lr)),

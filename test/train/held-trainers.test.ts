@@ -5,7 +5,7 @@
 // losses are the same tfjs code on every backend, fed the held model's token log-probs (train/step.ts
 // logpGradients); its backward takes their gradient from there. Tolerance: every logged figure within
 // 1e-4·(1 + |WASM's|), every weight within 1e-4 (f32 on both sides, summed in other orders).
-import { describe, expect, it } from 'vitest';
+import { describe, expect, it, vi } from 'vitest';
 import { NEVER } from '../../pipeline/interrupt.ts';
 import { seeded } from '../../core/random.ts';
 import { scoreSequences } from '../../train/data.ts';
@@ -23,7 +23,9 @@ import { tinyLlama } from '../fixtures/llama.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 import { quietLogger } from '../fixtures/toy-stages.ts';
 import { HELD, type HeldDevice } from '../fixtures/held.ts';
-import { relativeError } from '../fixtures/webgpu.ts';
+import { kernels, relativeError } from '../fixtures/webgpu.ts';
+import { GpuDecoder } from '../../train/webgpu/decode.ts';
+import { GpuLlama } from '../../train/webgpu/llama.ts';
 
 const config = tinyLlama({ vocabSize: 30 });
 const start = () => Llama.create(config, 'webgpu-trainers');
@@ -235,6 +237,51 @@ describe.each(HELD)('every trainer on $name', (device) => {
       const [onWasm] = await sameRun(device, trainer, ['clip_low', 'clip_high', 'kl', 'entropy']);
       expect(onWasm!.metrics.at(-1)!.kl).toBeGreaterThan(0); // the policy moved away from the reference
       referenceModel.dispose();
+    },
+  );
+});
+
+describe('DAPO on the GPU, its readers of the weights', () => {
+  it.skipIf(HELD[0]!.absent)(
+    'decode and score with the weights being trained: nothing copied back between steps, only at the end',
+    async () => {
+      const gpu = HELD[0]!;
+      const rollouts: Rollout[] = [
+        { group: 't', reward: 1, turns: [{ prompt: [1, 2, 3], generated: [5, 6] }] },
+        { group: 't', reward: 0, turns: [{ prompt: [1, 2, 3], generated: [7, 8] }] },
+      ];
+      // Each step's rollouts read a prompt on the GPU with the model as it is then: the next-token logits.
+      const seen: Float32Array[] = [];
+      const trainer = () =>
+        dapoTrainer({
+          steps: 3,
+          start,
+          rollouts: async (_, model) => {
+            const decoder = new GpuDecoder(model, kernels!);
+            seen.push((await decoder.readMany([decoder.create()], [[1, 2, 3]]))[0]!);
+            decoder.dispose();
+            return { rollouts, metrics: {} };
+          },
+          pad: 0,
+          microBatchTokens: 12,
+          clip: DAPO_CLIP,
+          ppoEpochs: 1,
+          miniBatches: 1,
+          seed: 'webgpu-dapo-in-place',
+          after: async () => ({}),
+          signal: NEVER,
+        });
+      const read = vi.spyOn(GpuLlama.prototype, 'weight');
+      const run = await trainingRun(settings(gpu), trainer());
+      const weights = run.model.params.size;
+      // Two copies back of every weight: the last step's checkpoint and the run's end; none a step.
+      expect(read).toHaveBeenCalledTimes(2 * weights);
+      read.mockRestore();
+      // With nothing copied back, each step's decoder still saw the weights of that step: they moved.
+      expect(seen).toHaveLength(3);
+      expect(seen[1]).not.toEqual(seen[0]);
+      expect(seen[2]).not.toEqual(seen[1]);
+      run.model.dispose();
     },
   );
 });

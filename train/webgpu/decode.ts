@@ -57,9 +57,21 @@ export class GpuCache {
   }
 }
 
-/** The model's weights on the GPU as they were when it was made (adapters folded in, as DecodeWeights does), and the caches' steps. */
+/**
+ * The GPU buffers a model is being trained in (train/run.ts, without LoRA): a decoder of that model reads its
+ * weights there, as they are at each step, rather than an upload of the tfjs model's (which the run copies
+ * back only for checkpoints).
+ */
+export const trainingWeights = new WeakMap<Llama, Map<string, GPUBuffer>>();
+
+/**
+ * The model's weights on the GPU as they were when it was made (adapters folded in, as DecodeWeights does), or
+ * the buffers it is being trained in (trainingWeights), and the caches' steps.
+ */
 export class GpuDecoder implements CachePool {
-  private readonly weights = new Map<string, GPUBuffer>();
+  private readonly weights: Map<string, GPUBuffer>;
+  /** Whether the weights are the trainer's (not the decoder's to free). */
+  private readonly borrowed: boolean;
   /** A pool of pages a layer; pages not held by a cache. */
   private pools: GPUBuffer[] = [];
   private readonly spare: number[] = [];
@@ -71,7 +83,10 @@ export class GpuDecoder implements CachePool {
     readonly model: Llama,
     private readonly k: Kernels,
   ) {
-    for (const [name, data] of new DecodeWeights(model).w) this.weights.set(name, upload(k.gpu, data));
+    const training = trainingWeights.get(model);
+    this.borrowed = training !== undefined;
+    this.weights =
+      training ?? new Map([...new DecodeWeights(model).w].map(([name, data]) => [name, upload(k.gpu, data)]));
     this.ops = llamaKernels(k);
     this.tables = new RopeTables(k.gpu, model.config);
   }
@@ -297,7 +312,7 @@ export class GpuDecoder implements CachePool {
   /** Frees the weights, the pools of keys and values, and the step's buffers. */
   dispose(): void {
     for (const buffer of [
-      ...this.weights.values(),
+      ...(this.borrowed ? [] : this.weights.values()),
       ...this.pools,
       ...[...this.activations.values()].map((x) => x.buffer),
     ])
@@ -305,7 +320,7 @@ export class GpuDecoder implements CachePool {
     this.pools = [];
     this.spare.length = 0;
     this.tables.dispose();
-    this.weights.clear();
+    if (!this.borrowed) this.weights.clear();
     this.activations.clear();
   }
 }
