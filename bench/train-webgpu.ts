@@ -315,7 +315,8 @@ for (const name of names) {
       try {
         const { tokens, bytes } = await prefab(name, batch, steps, precision === 'f16' ? half! : kernels);
         const tflops = (tokens * flopsPerToken(known.config, known.config.maxPositions)) / 1e12;
-        cells.push(tokens.toFixed(0), tflops.toFixed(2), gib(bytes));
+        // With LoRA the frozen base has no weight gradients: 6·N a token would overstate it.
+        cells.push(tokens.toFixed(0), known.lora ? '—' : tflops.toFixed(2), gib(bytes));
         const peer =
           opts.quick || !opts.peers || known.lora
             ? null

@@ -61,7 +61,6 @@ export function ktoTrainer(
     steps: stepsFor(cfg, examples.length),
     label: 'kto steps',
     start,
-    readsWeights: true, // the reference point scores mismatched completions with the current weights
     batch: async (step, model, score) => {
       const b = batches(step);
       const B = b.idx.length;

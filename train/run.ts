@@ -67,12 +67,17 @@ export interface Trainer {
   batch(step: number, model: Llama, score?: EntropyScorer): StepBatch | Promise<StepBatch>;
   /** The progress bar's label. */
   label: string;
-  /** After step `step`'s update (0-based), figures of the model as it now is, logged with the step (reinforcement learning's validation). */
+  /**
+   * After step `step`'s update (0-based), figures of the model as it now is, logged with the step
+   * (reinforcement learning's validation). Where the run reads in place (readsWeights), `model`'s tfjs weights
+   * are the last checkpoint's: read the model through decoders of it (as validation's episodes do).
+   */
   after?(step: number, model: Llama): Promise<Record<string, number>>;
   /**
-   * batch() reads the model's weights beyond its loss (KTO's reference point, DAPO's rollouts): a held run
+   * batch() reads `model`'s weights beyond its loss (DAPO's rollouts, through decoders of it): a held run
    * copies them back to `model` after every update, as after() needs too, unless its readers read them where
-   * they train (HeldRun.readsInPlace: the GPU without LoRA).
+   * they train (HeldRun.readsInPlace: the GPU without LoRA, whose decoders read the training buffers). Scoring
+   * goes through batch()'s `score` where the run holds the model, and needs no copy.
    */
   readsWeights?: boolean;
 }
@@ -262,6 +267,7 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
   progress.done();
   if (run.steps === 0 && !last) await save(0);
   await held?.sync();
+  held?.finish?.();
   return {
     model,
     device: settings.gpu ? 'webgpu' : settings.ort ? 'onnxruntime' : tf.getBackend(),
@@ -354,15 +360,16 @@ const arrays = (vars: Map<string, tf.Variable>) =>
   new Map([...vars].map(([name, v]) => [name, v.dataSync() as Float32Array]));
 
 /**
- * Scores with a held model's weights as they are now, with each position's entropy: in a slot of its own,
- * apart from the training passes', and without dropout.
+ * Scores with a held model's weights as they are now, with each position's entropy, without dropout. In slot
+ * 0: a trainer scores in batch(), between steps, when no forward there waits for its backward (a slot of its
+ * own would hold a third set of activations for the whole run).
  */
 const scorerOf =
   (held: HeldModel & { forward(b: TokenBlock, slot: number, entropy: Float32Array): Promise<Float32Array> }) =>
   async (b: TokenBlock): ReturnType<EntropyScorer> => {
     const [entropy, dropout] = [new Float32Array(b.batch * b.length), held.dropout];
     held.dropout = null;
-    const logps = await held.forward(b, -1, entropy).finally(() => (held.dropout = dropout));
+    const logps = await held.forward(b, 0, entropy).finally(() => (held.dropout = dropout));
     return { logps, entropy };
   };
 
@@ -373,6 +380,8 @@ interface HeldRun {
    * decoders: trainingWeights), so that no copy back is needed between steps.
    */
   readsInPlace?: boolean;
+  /** After the last sync: the model's decoders read its tfjs weights again. */
+  finish?(): void;
   step(parts: MicroBatch[], lr: number, maxGradNorm: number, dropoutSeed: number | null): Promise<StepResult>;
   /** The held weights into `model`, and with `all` AdamW's moments and step into the optimiser. */
   sync(what?: 'weights' | 'all'): Promise<void>;
@@ -411,6 +420,7 @@ async function gpuRun(kernels: Kernels, model: Llama, optimizer: AdamW): Promise
   }
   return {
     readsInPlace: inPlace,
+    finish: () => void trainingWeights.delete(model),
     step: (parts, lr, maxGradNorm, dropoutSeed) =>
       heldStep(onGpu, parts, maxGradNorm, dropoutSeed, () =>
         submit(kernels.gpu, (pass) => adamw.encode(pass, onGpu.parameters(), lr)),

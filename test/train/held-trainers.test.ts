@@ -25,6 +25,7 @@ import { quietLogger } from '../fixtures/toy-stages.ts';
 import { HELD, type HeldDevice } from '../fixtures/held.ts';
 import { kernels, relativeError } from '../fixtures/webgpu.ts';
 import { GpuDecoder } from '../../train/webgpu/decode.ts';
+import { KVCache } from '../../train/decode.ts';
 import { GpuLlama } from '../../train/webgpu/llama.ts';
 
 const config = tinyLlama({ vocabSize: 30 });
@@ -277,8 +278,11 @@ describe('DAPO on the GPU, its readers of the weights', () => {
       // Two copies back of every weight: the last step's checkpoint and the run's end; none a step.
       expect(read).toHaveBeenCalledTimes(2 * weights);
       read.mockRestore();
-      // With nothing copied back, each step's decoder still saw the weights of that step: they moved.
+      // With nothing copied back, each step's decoder saw the weights of that step: the first the start's,
+      // then weights that moved.
       expect(seen).toHaveLength(3);
+      const first = new KVCache(start()).read([1, 2, 3]);
+      expect(Math.max(...seen[0]!.map((x, i) => Math.abs(x - first[i]!)))).toBeLessThan(1e-4);
       expect(seen[1]).not.toEqual(seen[0]);
       expect(seen[2]).not.toEqual(seen[1]);
       run.model.dispose();

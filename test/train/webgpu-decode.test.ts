@@ -55,6 +55,15 @@ async function sameSteps(config: LlamaConfig): Promise<void> {
   model.dispose();
 }
 
+/** A tiny model of `positions` with its CPU weights and a GPU decoder, and random tokens drawn from `seed`. */
+function decoding(positions: number, seed: string) {
+  const config = tinyLlama({ maxPositions: positions });
+  const model = Llama.create(config, seed);
+  const random = seeded(seed);
+  const draw = (n: number) => Array.from({ length: n }, () => Math.floor(random() * config.vocabSize));
+  return { model, draw, shared: new DecodeWeights(model), decoder: new GpuDecoder(model, kernels!) };
+}
+
 describe('generation on the GPU', () => {
   it.skipIf(absent)(
     'reads sequences together to the logits the CPU’s cache gives, step after step and past its first capacity',
@@ -99,12 +108,7 @@ describe('generation on the GPU', () => {
   it.skipIf(absent)(
     'keeps what its pages hold when the pools grow, forks a cache’s pages, and gives freed pages to new caches',
     async () => {
-      const config = tinyLlama({ maxPositions: 128 });
-      const model = Llama.create(config, 'webgpu-pages');
-      const random = seeded('webgpu-pages');
-      const draw = (n: number) => Array.from({ length: n }, () => Math.floor(random() * config.vocabSize));
-      const shared = new DecodeWeights(model);
-      const decoder = new GpuDecoder(model, kernels!);
+      const { model, draw, shared, decoder } = decoding(128, 'webgpu-pages');
       // Five prompts of 20 tokens take 10 of the first 16 pages; by 60 tokens each they need 20: the pools
       // grow (and copy the pages held) in the middle of the run.
       const onCpu = Array.from({ length: 5 }, () => new KVCache(model, shared));
@@ -125,10 +129,10 @@ describe('generation on the GPU', () => {
       // Freed pages go to the next caches: as many again need no more pages.
       [...onGpu, gpuFork].forEach((c) => c.dispose());
       const again = onCpu.map(() => decoder.create());
-      await decoder.readMany(
-        again,
-        again.map(() => draw(59)),
-      );
+      const prompts = again.map(() => draw(59));
+      const fresh = onCpu.map(() => new KVCache(model, shared));
+      const [wantAgain, gotAgain] = [KVCache.readMany(fresh, prompts), await decoder.readMany(again, prompts)];
+      for (let b = 0; b < 5; b++) expect(gap(gotAgain[b]!, wantAgain[b]!), `reused, sequence ${b}`).toBeLessThan(1e-4);
       expect(decoder.pooled).toBe(grown);
       again.forEach((c) => c.dispose());
       decoder.dispose();
@@ -160,6 +164,23 @@ describe('generation on the GPU', () => {
       );
       expect(Math.max(...steps)).toBe(3);
       expect(steps.length).toBeLessThan(together.reduce((n, ids) => n + ids.length, 0));
+      shared.dispose();
+      model.dispose();
+    },
+  );
+
+  it.skipIf(absent)(
+    'reads prompts of more tokens than a pass takes in several passes, to the same logits',
+    async () => {
+      const { model, draw, shared, decoder } = decoding(256, 'webgpu-passes');
+      // 600 tokens: more than a pass's 512, so the second prompt is split between two passes.
+      const reads = [draw(250), draw(250), draw(100)];
+      const onCpu = reads.map(() => new KVCache(model, shared));
+      const onGpu = reads.map(() => decoder.create());
+      const [want, got] = [KVCache.readMany(onCpu, reads), await decoder.readMany(onGpu, reads)];
+      for (let b = 0; b < 3; b++) expect(gap(got[b]!, want[b]!), `sequence ${b}`).toBeLessThan(1e-4);
+      expect(onGpu.map((c) => c.tokens.length)).toEqual([250, 250, 100]);
+      decoder.dispose();
       shared.dispose();
       model.dispose();
     },

@@ -235,18 +235,18 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
 
 // Decoding, every sequence of a step at once. A layer's keys and values live in pages of PAGE positions of
 // one pool buffer (train/webgpu/decode.ts): page p holds keys at p·2·PAGE·K·hd and the values PAGE·K·hd on,
-// each position's K·hd in a row. A sequence's pages are listed in `tables` from its row's `table` on; row r
+// each position's K·hd in a row. A sequence's pages are listed in `pages` from its row's `list` on; row r
 // of the step (a token of some sequence) is at position positions[r] and attends to positions 0…positions[r].
 
 // The step's new keys (rotated) and values into their sequences' pages: a thread a float.
 const STORE = elementwise({
-  buffers: ['k: f32', 'v: f32', 'positions: u32', 'table: u32', 'tables: u32', 'mut pool: f32'],
+  buffers: ['k: f32', 'v: f32', 'positions: u32', 'list: u32', 'pages: u32', 'mut pool: f32'],
   dims: 'width: u32, page: u32',
   body: `
   let r = i / d.width;
   let e = i % d.width;
   let at = positions[r];
-  let slot = (tables[table[r] + at / d.page] * 2u * d.page + at % d.page) * d.width + e;
+  let slot = (pages[list[r] + at / d.page] * 2u * d.page + at % d.page) * d.width + e;
   pool[slot] = k[i];
   pool[slot + d.page * d.width] = v[i];`,
 });
@@ -255,7 +255,7 @@ const STORE = elementwise({
 // `scores` (rows · H · longest f32s), each workgroup its own row.
 const DECODE = kernel({
   threads: 'block',
-  buffers: ['q: f32', 'pool: f32', 'positions: u32', 'table: u32', 'tables: u32', 'mut scores: f32', 'mut out: f32'],
+  buffers: ['q: f32', 'pool: f32', 'positions: u32', 'list: u32', 'pages: u32', 'mut scores: f32', 'mut out: f32'],
   dims: 'heads: u32, kv_heads: u32, head_dim: u32, page: u32, longest: u32, scale: f32',
   body: `
   let r = wg.x;
@@ -265,10 +265,10 @@ const DECODE = kernel({
   let qi = (r * d.heads + h) * d.head_dim;
   let row = (r * d.heads + h) * d.longest;
   let n = positions[r] + 1u;
-  let first = table[r];
+  let first = list[r];
   var top = -3.4e38;
   for (var s = lid.x; s < n; s += 256u) {
-    let ki = (tables[first + s / d.page] * 2u * d.page + s % d.page) * width + g * d.head_dim;
+    let ki = (pages[first + s / d.page] * 2u * d.page + s % d.page) * width + g * d.head_dim;
     var dot = 0.0;
     for (var e = 0u; e < d.head_dim; e++) { dot += q[qi + e] * pool[ki + e]; }
     let score = dot * d.scale;
@@ -287,7 +287,7 @@ const DECODE = kernel({
   for (var e = lid.x; e < d.head_dim; e += 256u) {
     var acc = 0.0;
     for (var s = 0u; s < n; s++) {
-      let vi = (tables[first + s / d.page] * 2u * d.page + d.page + s % d.page) * width + g * d.head_dim;
+      let vi = (pages[first + s / d.page] * 2u * d.page + d.page + s % d.page) * width + g * d.head_dim;
       acc += scores[row + s] * pool[vi + e];
     }
     out[qi + e] = acc / total;
@@ -305,11 +305,11 @@ export interface DecodeShape {
   longest: number;
 }
 
-/** A step's rows: their positions, where each one's sequence's page list starts in `tables`, and the lists. */
+/** A step's rows: their positions, where each one's sequence's pages start in `pages`, and the sequences' pages. */
 export interface DecodeRows {
   positions: GPUBuffer;
-  table: GPUBuffer;
-  tables: GPUBuffer;
+  list: GPUBuffer;
+  pages: GPUBuffer;
 }
 
 export interface AttentionShape {
@@ -367,7 +367,7 @@ export class Attention {
     k: GPUBuffer,
     v: GPUBuffer,
     pool: GPUBuffer,
-    at: DecodeRows,
+    rows: DecodeRows,
     s: DecodeShape,
   ): void {
     const width = s.kvHeads * s.headDim;
@@ -375,7 +375,7 @@ export class Attention {
     this.k.dispatch(
       pass,
       this.k.pipeline(STORE),
-      [k, v, at.positions, at.table, at.tables, pool, dims],
+      [k, v, rows.positions, rows.list, rows.pages, pool, dims],
       ...grid(s.rows * width),
     );
   }
@@ -385,7 +385,7 @@ export class Attention {
     pass: GPUComputePassEncoder,
     q: GPUBuffer,
     pool: GPUBuffer,
-    at: DecodeRows,
+    rows: DecodeRows,
     scores: GPUBuffer,
     out: GPUBuffer,
     s: DecodeShape,
@@ -401,7 +401,7 @@ export class Attention {
     this.k.dispatch(
       pass,
       this.k.pipeline(DECODE),
-      [q, pool, at.positions, at.table, at.tables, scores, out, this.k.transient(dims)],
+      [q, pool, rows.positions, rows.list, rows.pages, scores, out, this.k.transient(dims)],
       s.rows,
       s.heads,
     );

@@ -11,13 +11,16 @@
 /// <reference types="@webgpu/types" />
 import { DecodeWeights, Decoding, type CachePool, type GenerateOptions, type TokenCache } from '../decode.ts';
 import type { Llama } from '../model.ts';
-import { download, submit, upload } from './buffers.ts';
+import { allocate, download, submit, upload } from './buffers.ts';
 import { RopeTables } from './elementwise.ts';
 import type { Kernels } from './kernel.ts';
 import { llamaKernels } from './llama.ts';
 
 /** Positions a page of keys and values holds. */
 const PAGE = 16;
+
+/** The most tokens one pass of a decoding step reads (prompts just taken in are split between passes). */
+const STEP_ROWS = 512;
 
 /** One sequence's tokens read so far, and the pages that hold their keys and values, on the GPU. */
 export class GpuCache {
@@ -72,11 +75,12 @@ export class GpuDecoder implements CachePool {
   private readonly weights: Map<string, GPUBuffer>;
   /** Whether the weights are the trainer's (not the decoder's to free). */
   private readonly borrowed: boolean;
-  /** A pool of pages a layer; pages not held by a cache. */
+  /** A pool of pages a layer, each layer's page p for the same positions of the same cache. */
   private pools: GPUBuffer[] = [];
+  /** Pages no cache holds. */
   private readonly spare: number[] = [];
   private readonly activations = new Map<string, { buffer: GPUBuffer; length: number }>();
-  private readonly tables: RopeTables;
+  private readonly rope: RopeTables;
   private readonly ops: ReturnType<typeof llamaKernels>;
 
   constructor(
@@ -88,7 +92,7 @@ export class GpuDecoder implements CachePool {
     this.weights =
       training ?? new Map([...new DecodeWeights(model).w].map(([name, data]) => [name, upload(k.gpu, data)]));
     this.ops = llamaKernels(k);
-    this.tables = new RopeTables(k.gpu, model.config);
+    this.rope = new RopeTables(k.gpu, model.config);
   }
 
   /** A new, empty cache over these weights. */
@@ -106,7 +110,7 @@ export class GpuDecoder implements CachePool {
     if (pages > 0) {
       // A buffer cannot be copied into itself: through a staging buffer, a page at a time.
       const bytes = this.pageFloats * 4;
-      const staging = upload(this.k.gpu, new Float32Array(pages * this.pageFloats));
+      const staging = allocate(this.k.gpu, pages * this.pageFloats * 4);
       const encoder = this.k.gpu.device.createCommandEncoder();
       for (const pool of this.pools) {
         for (let i = 0; i < pages; i++)
@@ -126,9 +130,10 @@ export class GpuDecoder implements CachePool {
     (cache as GpuCache).dispose();
   }
 
-  /** Takes a cache's pages back, for other caches. */
+  /** Takes a cache's pages back, for other caches (once the pools are freed, there is nothing to take back). */
   release(cache: GpuCache): void {
-    this.spare.push(...cache.pages.splice(0));
+    const pages = cache.pages.splice(0);
+    if (this.pools.length) this.spare.push(...pages);
     cache.tokens.length = 0;
   }
 
@@ -147,8 +152,9 @@ export class GpuDecoder implements CachePool {
     const held = this.activations.get(name);
     if (held && held.length >= length) return held.buffer;
     held?.buffer.destroy();
-    const buffer = upload(this.k.gpu, new Float32Array(Math.max(length, 2 * (held?.length ?? 0))));
-    this.activations.set(name, { buffer, length: Math.max(length, 2 * (held?.length ?? 0)) });
+    const grown = Math.max(length, 2 * (held?.length ?? 0));
+    const buffer = allocate(this.k.gpu, grown * 4);
+    this.activations.set(name, { buffer, length: grown });
     return buffer;
   }
 
@@ -159,16 +165,18 @@ export class GpuDecoder implements CachePool {
     const wanted = Math.ceil(n / PAGE) - cache.pages.length;
     if (wanted <= 0) return;
     if (this.spare.length < wanted) {
-      const [was, now] = [this.pooled, Math.max(2 * this.pooled, this.pooled + wanted, 16)];
-      const bytes = now * this.pageFloats * 4;
-      if (bytes > this.k.bindingBytes)
+      // Doubled, but never past what one binding holds: a layer's pool is one binding of the attention.
+      const most = Math.floor(this.k.bindingBytes / (this.pageFloats * 4));
+      const needed = this.pooled + wanted - this.spare.length;
+      if (needed > most)
         throw new Error(
-          `webgpu: the decoder's keys and values would take ${(bytes / 2 ** 20).toFixed(0)} MiB a layer, more than one binding holds (${(this.k.bindingBytes / 2 ** 20).toFixed(0)} MiB): decode fewer or shorter sequences together`,
+          `webgpu: the decoder's keys and values would take ${needed} pages of ${PAGE} positions a layer, more than one binding holds (${most}): decode fewer or shorter sequences together`,
         );
+      const [was, now] = [this.pooled, Math.min(most, Math.max(2 * this.pooled, needed, 16))];
       const [encoder, old] = [this.k.gpu.device.createCommandEncoder(), this.pools];
       this.pools = [];
       for (let l = 0; l < this.model.config.layers; l++) {
-        const pool = upload(this.k.gpu, new Float32Array(now * this.pageFloats));
+        const pool = allocate(this.k.gpu, now * this.pageFloats * 4);
         if (old[l]) encoder.copyBufferToBuffer(old[l]!, 0, pool, 0, old[l]!.size);
         this.pools.push(pool);
       }
@@ -180,38 +188,64 @@ export class GpuDecoder implements CachePool {
   }
 
   /**
-   * Reads `reads[b]` into caches[b], all in one pass (KVCache.readMany's step): every token is a row through
-   * each projection, each sequence's rows attend to its own cache up to their positions, and only each
-   * sequence's last row goes through the head. Returns each cache's next-token logits.
+   * Reads `reads[b]` into caches[b] (KVCache.readMany's step) in passes of at most STEP_ROWS tokens (a
+   * sequence's prompt split between passes where it must): the scratch of a pass, and its workgroups, grow
+   * with its rows. Returns each cache's next-token logits.
    */
   async readMany(all: TokenCache[], reads: number[][]): Promise<Float32Array[]> {
     const caches = all as GpuCache[];
     if (caches.some((cache) => !(cache instanceof GpuCache) || cache.decoder !== this))
       throw new Error('GpuDecoder.readMany: a cache of another decoder');
     if (reads.some((r) => r.length === 0)) throw new Error('GpuDecoder.readMany: no tokens to read');
+    const left = reads.map((r) => [...r]);
+    const logits: Float32Array[] = new Array(caches.length);
+    while (left.some((r) => r.length > 0)) {
+      let room = STEP_ROWS;
+      const which: number[] = [];
+      const part: number[][] = [];
+      left.forEach((r, b) => {
+        if (r.length === 0 || room === 0) return;
+        part.push(r.splice(0, room));
+        room -= part.at(-1)!.length;
+        which.push(b);
+      });
+      const got = await this.pass(
+        which.map((b) => caches[b]!),
+        part,
+      );
+      which.forEach((b, i) => (logits[b] = got[i]!));
+    }
+    return logits;
+  }
+
+  /**
+   * One pass: every token of `reads` is a row through each projection, each sequence's rows attend to its
+   * own pages up to their positions, and only each sequence's last row goes through the head.
+   */
+  private async pass(caches: GpuCache[], reads: number[][]): Promise<Float32Array[]> {
     const c = this.model.config;
     const [D, H, K, hd, F, V] = [c.hiddenSize, c.heads, c.kvHeads, c.headDim, c.intermediateSize, c.vocabSize];
     const gpu = this.k.gpu;
     caches.forEach((cache, b) => this.reserve(cache, cache.tokens.length + reads[b]!.length));
     // Sequence b's rows start at r0[b]; row r reads ids[r] at positions[r], its sequence's pages listed in
-    // tables from table[r] on.
+    // `pages` from list[r] on.
     const r0: number[] = [];
     const ids: number[] = [];
     const positions: number[] = [];
-    const table: number[] = [];
-    const tables: number[] = [];
+    const list: number[] = [];
+    const pages: number[] = [];
     caches.forEach((cache, b) => {
       r0.push(ids.length);
       reads[b]!.forEach((token, i) => {
         ids.push(token);
         positions.push(cache.tokens.length + i);
-        table.push(tables.length);
+        list.push(pages.length);
       });
-      tables.push(...cache.pages);
+      pages.push(...cache.pages);
     });
     const R = ids.length;
     const B = caches.length;
-    const { cos, sin } = this.tables.get(Math.max(...positions) + 1);
+    const { cos, sin } = this.rope.get(Math.max(...positions) + 1);
     const a = (name: string, length: number) => this.act(name, length);
     const w = (name: string) => this.weights.get(name)!;
     const write = (name: string, data: Int32Array | Uint32Array) => {
@@ -221,10 +255,10 @@ export class GpuDecoder implements CachePool {
     };
     const idsBuffer = write('ids', Int32Array.from(ids));
     const positionsBuffer = write('positions', Uint32Array.from(positions));
-    const at = {
+    const paged = {
       positions: positionsBuffer,
-      table: write('table', Uint32Array.from(table)),
-      tables: write('tables', Uint32Array.from(tables)),
+      list: write('list', Uint32Array.from(list)),
+      pages: write('pages', Uint32Array.from(pages)),
     };
     const project = (
       pass: GPUComputePassEncoder,
@@ -264,12 +298,12 @@ export class GpuDecoder implements CachePool {
           heads: K,
           headDim: hd,
         });
-        this.ops.attention.store(pass, a('kr', R * K * hd), a('v', R * K * hd), this.pools[l]!, at, shape);
+        this.ops.attention.store(pass, a('kr', R * K * hd), a('v', R * K * hd), this.pools[l]!, paged, shape);
         this.ops.attention.decode(
           pass,
           a('qr', R * H * hd),
           this.pools[l]!,
-          at,
+          paged,
           a('scores', R * H * longest),
           a('att', R * H * hd),
           shape,
@@ -319,7 +353,7 @@ export class GpuDecoder implements CachePool {
       buffer.destroy();
     this.pools = [];
     this.spare.length = 0;
-    this.tables.dispose();
+    this.rope.dispose();
     if (!this.borrowed) this.weights.clear();
     this.activations.clear();
   }
