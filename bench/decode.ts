@@ -16,10 +16,10 @@ import { seeded } from '../core/random.ts';
 import { useBackend } from '../train/backend.ts';
 import { Llama, type LlamaConfig } from '../train/model.ts';
 import { SharedDecoder } from '../train/shared-decoder.ts';
-import { nativeKernels, nativeStatus, type NativeKernels } from '../train/ort/native.ts';
-import { Decoding, cpuCaches } from '../train/decode.ts';
+import { nativeKernels, nativeStatus } from '../train/ort/native.ts';
+import { cpuCaches, type CachePool } from '../train/decode.ts';
 import { openGpu, probeGpu } from '../train/webgpu/device.ts';
-import { GpuCache, GpuDecoder } from '../train/webgpu/decode.ts';
+import { GpuDecoder } from '../train/webgpu/decode.ts';
 import { Kernels } from '../train/webgpu/kernel.ts';
 
 const opts = new Command()
@@ -80,12 +80,13 @@ const [promptLength, newTokens] = [Number(opts.prompt), Number(opts.new)];
 await useBackend('wasm');
 
 /**
- * Tokens/s of `n` sequences decoded together, each a random prompt then `newTokens` sampled tokens: with
- * TensorFlow.js on WASM and WebAssembly's attention, or with the CPU path's C kernels (`native`).
+ * Tokens/s of `n` sequences decoded together (SharedDecoder, as DAPO's episodes are), each a random prompt then
+ * `newTokens` sampled tokens, over the caches `pool` makes: the CPU's (TensorFlow.js on WASM and
+ * WebAssembly's attention, or the C kernels) or the GPU's.
  */
-async function ours(config: LlamaConfig, n: number, native: NativeKernels | null): Promise<number> {
+async function ours(config: LlamaConfig, n: number, pool: (model: Llama) => CachePool): Promise<number> {
   const model = Llama.create(config, 'bench-decode');
-  const shared = new SharedDecoder(model, cpuCaches(model, native));
+  const shared = new SharedDecoder(model, pool(model));
   const rand = seeded('bench-decode', n);
   const prompts = Array.from({ length: n }, () =>
     Array.from({ length: promptLength }, () => Math.floor(rand() * config.vocabSize)),
@@ -104,47 +105,6 @@ async function ours(config: LlamaConfig, n: number, native: NativeKernels | null
   shared.dispose();
   model.dispose();
   return outs.reduce((t, o) => t + o.length, 0) / seconds;
-}
-
-/** Tokens/s of `n` sequences decoded together on the GPU: each step reads every live sequence's next token at once. */
-async function onGpu(config: LlamaConfig, n: number, k: Kernels): Promise<number> {
-  const model = Llama.create(config, 'bench-decode');
-  const decoder = new GpuDecoder(model, k);
-  const rand = seeded('bench-decode', n);
-  const caches = Array.from({ length: n }, () => decoder.create());
-  const started = performance.now();
-  const decodings = caches.map((cache, i) => {
-    const prompt = Array.from({ length: promptLength }, () => Math.floor(rand() * config.vocabSize));
-    return new Decoding(
-      cache,
-      prompt,
-      { maxTokens: newTokens, temperature: 1, random: seeded('bench-decode', n, i) },
-      false,
-    );
-  });
-  const first = await decoder.readMany(
-    caches,
-    decodings.map((d) => d.unread.splice(0)),
-  );
-  decodings.forEach((d, i) => (d.logits = first[i]!));
-  for (;;) {
-    const reading: [Decoding<GpuCache>, number][] = [];
-    for (const d of decodings) {
-      const next = d.next();
-      if (next !== null && !d.finished) reading.push([d, next]);
-    }
-    if (!reading.length) break;
-    const logits = await decoder.readMany(
-      reading.map(([d]) => d.cache),
-      reading.map(([, t]) => [t]),
-    );
-    reading.forEach(([d], i) => (d.logits = logits[i]!));
-  }
-  const seconds = (performance.now() - started) / 1000;
-  for (const cache of caches) cache.dispose();
-  decoder.dispose();
-  model.dispose();
-  return decodings.reduce((t, d) => t + d.out.length, 0) / seconds;
 }
 
 const PEER = `
@@ -204,9 +164,9 @@ for (const name of opts.shapes.split(',')) {
   const cell = (rate: number | null, base: number) =>
     rate ? `${rate.toFixed(0)} | ${(rate / base).toFixed(2)}` : '— | —';
   for (const n of levels) {
-    const wasm = opts.cpu ? await ours(config, n, null) : null;
-    const c = native ? await ours(config, n, native) : null;
-    const g = gpuKernels ? await onGpu(config, n, gpuKernels) : null;
+    const wasm = opts.cpu ? await ours(config, n, (m) => cpuCaches(m, null)) : null;
+    const c = native ? await ours(config, n, (m) => cpuCaches(m, native)) : null;
+    const g = gpuKernels ? await ours(config, n, (m) => new GpuDecoder(m, gpuKernels)) : null;
     if (n === levels[0]) Object.assign(one, { wasm: wasm ?? 0, native: c ?? 0, gpu: g ?? 0 });
     const peerRate = typeof theirs === 'string' ? null : (theirs[String(n)] as number | undefined);
     const best = Math.max(wasm ?? 0, c ?? 0, g ?? 0);

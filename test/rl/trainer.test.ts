@@ -7,12 +7,12 @@ import { useBackend } from '../../train/backend.ts';
 import { chainTurns, dapoParts, dapoTrainer, rolloutBatch, turnSequence, type Rollout } from '../../rl/trainer.ts';
 import { trainingRun } from '../../train/run.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
-import { quietLogger } from '../fixtures/toy-stages.ts';
 import { DAPO_CLIP } from '../../train/losses/index.ts';
 import { Llama } from '../../train/model.ts';
 import { ADAMW_DEFAULTS, AdamW } from '../../train/optimizer.ts';
 import { onModel, optimizerStep } from '../../train/step.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
+import { runSettings } from '../fixtures/held.ts';
 import type { Message } from '../../core/records.ts';
 import { seeded } from '../../core/random.ts';
 import { prefabChat } from '../../train/chat.ts';
@@ -241,28 +241,23 @@ describe('DAPO trainer core', () => {
   });
 
   it('trains as a Trainer: several updates a step, a metrics line per step with the rollouts’ figures, and a resumed run ends where a straight one does', async () => {
-    const settings = (cache: string, steps: number) => ({
-      config: {
-        seed: 's',
-        batch_size: 1,
-        epochs: 1,
-        max_steps: steps,
-        lr: 5e-3,
-        warmup: 0,
-        min_lr_ratio: 1,
-        weight_decay: 0,
-        max_grad_norm: 1,
-        checkpoint_every: 1,
-        micro_batch_tokens: 64,
-      },
-      cache,
-      key: 'k',
-      tokenizer: { 'tokenizer.json': '{}' },
-      context: 16,
-      placeholders: null,
-      signal: NEVER,
-      log: quietLogger(),
-    });
+    const settings = (cache: string, steps: number) =>
+      runSettings(
+        {
+          seed: 's',
+          batch_size: 1,
+          epochs: 1,
+          max_steps: steps,
+          lr: 5e-3,
+          warmup: 0,
+          min_lr_ratio: 1,
+          weight_decay: 0,
+          max_grad_norm: 1,
+          checkpoint_every: 1,
+          micro_batch_tokens: 64,
+        },
+        { cache },
+      );
     const trainer = (steps: number) =>
       dapoTrainer({
         steps,

@@ -20,9 +20,7 @@ import { sftTrainer } from '../../train/sft.ts';
 import { trainingRun, type RunResult, type RunSettings, type Trainer } from '../../train/run.ts';
 import type { Sequence } from '../../train/windows.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
-import { tempDir } from '../fixtures/pipeline.ts';
-import { quietLogger } from '../fixtures/toy-stages.ts';
-import { HELD, type HeldDevice } from '../fixtures/held.ts';
+import { HELD, runSettings, type HeldDevice } from '../fixtures/held.ts';
 import { kernels, relativeError } from '../fixtures/webgpu.ts';
 import { GpuDecoder } from '../../train/webgpu/decode.ts';
 import { KVCache } from '../../train/decode.ts';
@@ -61,18 +59,8 @@ const cfg = {
   desirable_weight: 1,
   undesirable_weight: 1,
 } as unknown as PreferenceSettings;
-const settings = (device: HeldDevice | null, lora?: LoraConfig): RunSettings => ({
-  config: cfg,
-  cache: tempDir(),
-  key: 'k',
-  tokenizer: { 'tokenizer.json': '{}' },
-  context: 16,
-  placeholders: null,
-  signal: NEVER,
-  log: quietLogger(),
-  lora,
-  ...device?.settings,
-});
+const settings = (device: HeldDevice | null, lora?: LoraConfig): RunSettings =>
+  runSettings(cfg, { lora, ...device?.settings });
 
 /** The starting model's scores of each side of `examples`: the reference of the losses that have one. */
 async function reference(examples: Example[]) {

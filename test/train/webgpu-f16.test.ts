@@ -21,9 +21,8 @@ import { Kernels } from '../../train/webgpu/kernel.ts';
 import { GpuLlama } from '../../train/webgpu/llama.ts';
 import { Cast, OVERFLOW, useTensorCores } from '../../train/webgpu/precision.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
-import { tempDir } from '../fixtures/pipeline.ts';
-import { quietLogger } from '../fixtures/toy-stages.ts';
 import { absent, f16Values, kernels, relativeError } from '../fixtures/webgpu.ts';
+import { runSettings } from '../fixtures/held.ts';
 
 const half = kernels && new Kernels(kernels.gpu, { precision: 'f16' });
 const config = tinyLlama({ vocabSize: 30 });
@@ -58,17 +57,7 @@ const cfg = {
   micro_batch_tokens: 24,
   label_smoothing: 0,
 } as unknown as PreferenceSettings;
-const settings = (k: Kernels): RunSettings => ({
-  config: cfg,
-  cache: tempDir(),
-  key: 'k',
-  tokenizer: { 'tokenizer.json': '{}' },
-  context: 16,
-  placeholders: null,
-  signal: NEVER,
-  log: quietLogger(),
-  gpu: k,
-});
+const settings = (k: Kernels): RunSettings => runSettings(cfg, { gpu: k });
 
 /** The run in f32 and in f16: every step's figures within their tolerance·(1 + |f32's|), and not the same run. */
 async function sameRun(trainer: () => Trainer, figures: Record<string, number>): Promise<void> {

@@ -43,9 +43,11 @@ function flashHead(hd: number, buffers: string[]): string {
   return `const HD: u32 = ${hd}u;\nconst TILE: u32 = ${tile}u;\nconst ROWS: u32 = ${ROWS}u;\n${HELPERS}\n${bindings.join('\n')}\n`;
 }
 
-// The forward: a thread a query row t of head h; tiles of keys and values 0 … (the block's last row).
-const forward = (hd: number) => /* wgsl */ `${flashHead(hd, ['q', 'k', 'v', 'mut out', 'mut lse'])}
-var<workgroup> kt: array<f32, ${tileOf(hd) * hd}>;
+/**
+ * WGSL opening a query-row shader (forward, dq): the key and value tiles in workgroup memory, and the row's
+ * block t0, position t (live: within the sequence), head h, batch b, key/value head g and q's offset qi.
+ */
+const queryRows = (hd: number) => /* wgsl */ `var<workgroup> kt: array<f32, ${tileOf(hd) * hd}>;
 var<workgroup> vt: array<f32, ${tileOf(hd) * hd}>;
 
 @compute @workgroup_size(${ROWS})
@@ -56,15 +58,10 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
   let b = wg.z;
   let g = h / (d.heads / d.kv_heads);
   let live = t < d.length;
-  let qi = q_at(b, min(t, d.length - 1u), h);
-  var qr: array<f32, HD>;
-  var acc: array<f32, HD>;
-  for (var e = 0u; e < HD; e++) { qr[e] = q[qi + e] * d.scale; acc[e] = 0.0; }
-  var m = NONE;
-  var l = 0.0;
-  let last = min(d.length, t0 + ROWS);
-  for (var s0 = 0u; s0 < last; s0 += TILE) {
-    for (var i = lid.x; i < TILE * HD; i += ROWS) {
+  let qi = q_at(b, min(t, d.length - 1u), h);`;
+
+/** WGSL: keys and values s0 … s0 + TILE − 1 (0 past the sequence) into kt and vt, for all the workgroup's rows. */
+const KEY_TILE = /* wgsl */ `    for (var i = lid.x; i < TILE * HD; i += ROWS) {
       let s = s0 + i / HD;
       var kv = vec2f(0.0);
       if (s < d.length) { let at = kv_at(b, s, g) + i % HD; kv = vec2f(k[at], v[at]); }
@@ -72,7 +69,19 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
       vt[i] = kv.y;
     }
     workgroupBarrier();
-    var scores: array<f32, TILE>;
+`;
+
+// The forward: a thread a query row t of head h; tiles of keys and values 0 … (the block's last row).
+const forward = (hd: number) => /* wgsl */ `${flashHead(hd, ['q', 'k', 'v', 'mut out', 'mut lse'])}
+${queryRows(hd)}
+  var qr: array<f32, HD>;
+  var acc: array<f32, HD>;
+  for (var e = 0u; e < HD; e++) { qr[e] = q[qi + e] * d.scale; acc[e] = 0.0; }
+  var m = NONE;
+  var l = 0.0;
+  let last = min(d.length, t0 + ROWS);
+  for (var s0 = 0u; s0 < last; s0 += TILE) {
+${KEY_TILE}    var scores: array<f32, TILE>;
     var top = NONE;
     for (var c = 0u; c < TILE; c++) {
       var score = NONE;
@@ -120,18 +129,7 @@ const DELTA = elementwise({
 
 // dq: a thread a query row, over tiles of its keys and values as in the forward.
 const backwardQ = (hd: number) => /* wgsl */ `${flashHead(hd, ['q', 'k', 'v', 'dout', 'lse', 'delta', 'mut dq'])}
-var<workgroup> kt: array<f32, ${tileOf(hd) * hd}>;
-var<workgroup> vt: array<f32, ${tileOf(hd) * hd}>;
-
-@compute @workgroup_size(${ROWS})
-fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
-  let t0 = wg.x * ROWS;
-  let t = t0 + lid.x;
-  let h = wg.y;
-  let b = wg.z;
-  let g = h / (d.heads / d.kv_heads);
-  let live = t < d.length;
-  let qi = q_at(b, min(t, d.length - 1u), h);
+${queryRows(hd)}
   let ri = row_at(b, h, min(t, d.length - 1u));
   let big_l = lse[ri];
   let dl = delta[ri];
@@ -141,15 +139,7 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
   for (var e = 0u; e < HD; e++) { qr[e] = q[qi + e] * d.scale; dor[e] = dout[qi + e]; acc[e] = 0.0; }
   let last = min(d.length, t0 + ROWS);
   for (var s0 = 0u; s0 < last; s0 += TILE) {
-    for (var i = lid.x; i < TILE * HD; i += ROWS) {
-      let s = s0 + i / HD;
-      var kv = vec2f(0.0);
-      if (s < d.length) { let at = kv_at(b, s, g) + i % HD; kv = vec2f(k[at], v[at]); }
-      kt[i] = kv.x;
-      vt[i] = kv.y;
-    }
-    workgroupBarrier();
-    if (live) {
+${KEY_TILE}    if (live) {
       for (var c = 0u; c < TILE; c++) {
         if (s0 + c <= t) {
           var score = 0.0;

@@ -151,10 +151,10 @@ export class GpuLlama {
 
   private readonly cast: Cast;
 
-  /** Whether a cast to f16 of the forward's, the backward's or the weights (OVERFLOW) met a value f16 cannot hold, since it was cleared. */
-  private async overflowed(slot: number): Promise<boolean> {
-    const flags = await download(this.k.gpu, this.overflow!, Object.keys(OVERFLOW).length);
-    return new Uint32Array(flags.buffer)[slot] !== 0;
+  /** For each of `slots` (OVERFLOW), whether a cast to f16 there met a value f16 cannot hold since it was cleared: one readback. */
+  private async overflowed(...slots: number[]): Promise<boolean[]> {
+    const flags = new Uint32Array((await download(this.k.gpu, this.overflow!, Object.keys(OVERFLOW).length)).buffer);
+    return slots.map((slot) => flags[slot] !== 0);
   }
 
   /** The loss scale mixed precision multiplies the backward's gradients by (undefined in f32). */
@@ -379,9 +379,11 @@ export class GpuLlama {
     });
     const logp = await download(gpu, a('logp', N), N);
     if (entropy) entropy.set(await download(gpu, a('entropy', N), N));
-    if (this.overflow && (await this.overflowed(OVERFLOW.weights)))
-      throw new Error('precision f16: a weight is beyond f16 (above 65504); train with --precision f32');
-    if (this.overflow && (await this.overflowed(OVERFLOW.forward)))
+    const [weights, activations] = this.overflow
+      ? await this.overflowed(OVERFLOW.weights, OVERFLOW.forward)
+      : [false, false];
+    if (weights) throw new Error('precision f16: a weight is beyond f16 (above 65504); train with --precision f32');
+    if (activations)
       throw new Error(
         'precision f16: an activation of this block overflows f16 (above 65504); train with --precision f32',
       );
@@ -715,7 +717,7 @@ export class GpuLlama {
     for (const p of partials) for (const v of await download(gpu, p.out, norms.partials(p.n))) sum += v;
     // Mixed precision: the gradients are the loss scale's multiple. One that overflowed f16 skips the step.
     const scale = this.scaler?.scale ?? 1;
-    this.skipped = !!this.scaler && (!Number.isFinite(sum) || (await this.overflowed(OVERFLOW.backward)));
+    this.skipped = !!this.scaler && (!Number.isFinite(sum) || (await this.overflowed(OVERFLOW.backward))[0]!);
     this.scaler?.update(this.skipped);
     if (this.skipped) return Infinity;
     const norm = Math.sqrt(sum) / scale;

@@ -41,7 +41,34 @@ fn load_b(base: u32, kk: u32, col: u32) -> f32 {
   if (TRANS_B) { return f32(b[base + col * dims.ldb + kk]); }
   return f32(b[base + kk * dims.ldb + col]);
 }
+
+// Where a tile load's element e goes: op(A)'s (m, k) in its TILE×TK block and op(B)'s (k, n) in its TK×TILE
+// block, so that neighbouring threads read neighbouring addresses in whichever orientation it is stored.
+fn a_slot(e: u32) -> vec2u {
+  if (TRANS_A) { return vec2u(e % TILE, e / TILE); }
+  return vec2u(e / TK, e % TK);
+}
+
+fn b_slot(e: u32) -> vec2u {
+  if (TRANS_B) { return vec2u(e % TK, e / TK); }
+  return vec2u(e / TILE, e % TILE);
+}
+
+/** C's element (r, col) of product z written, or added to; outside C, nothing. */
+fn store_c(z: u32, r: u32, col: u32, v: f32) {
+  if (r >= dims.m || col >= dims.n) { return; }
+  let at = dims.off_c + z * dims.stride_c + r * dims.ldc + col;
+  if (ACCUMULATE) { c[at] += v; } else { c[at] = v; }
+}
 `;
+
+// A workgroup's block of C: its first row and column, its operands' bases, and the thread's index.
+const BLOCK = /* wgsl */ `
+  let row0 = wg.y * TILE;
+  let col0 = wg.x * TILE;
+  let base_a = dims.off_a + wg.z * dims.stride_a;
+  let base_b = dims.off_b + wg.z * dims.stride_b;
+  let t = lid.y * 16u + lid.x;`;
 
 const small = (half: boolean) => /* wgsl */ `${operands(half)}
 const TILE: u32 = 64u;
@@ -50,25 +77,15 @@ var<workgroup> tile_a: array<f32, 1024>; // [k][m] of op(A)'s 64×16 block
 var<workgroup> tile_b: array<f32, 1024>; // [k][n] of op(B)'s 16×64 block
 
 @compute @workgroup_size(16, 16)
-fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
-  let row0 = wg.y * TILE;
-  let col0 = wg.x * TILE;
-  let base_a = dims.off_a + wg.z * dims.stride_a;
-  let base_b = dims.off_b + wg.z * dims.stride_b;
-  let t = lid.y * 16u + lid.x;
+fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {${BLOCK}
   var acc: array<f32, 16>;
   for (var k0 = 0u; k0 < dims.k; k0 += TK) {
     for (var i = 0u; i < 4u; i++) {
       let e = t + i * 256u;
-      // A stored M×K: neighbouring threads take neighbouring k; stored K×M (transposed): neighbouring m.
-      var am = e % 64u;
-      var ak = e / 64u;
-      if (!TRANS_A) { am = e / 16u; ak = e % 16u; }
-      tile_a[ak * 64u + am] = load_a(base_a, row0 + am, k0 + ak);
-      var bn = e % 64u;
-      var bk = e / 64u;
-      if (TRANS_B) { bn = e / 16u; bk = e % 16u; }
-      tile_b[bk * 64u + bn] = load_b(base_b, k0 + bk, col0 + bn);
+      let am = a_slot(e);
+      tile_a[am.y * 64u + am.x] = load_a(base_a, row0 + am.x, k0 + am.y);
+      let bn = b_slot(e);
+      tile_b[bn.x * 64u + bn.y] = load_b(base_b, k0 + bn.x, col0 + bn.y);
     }
     workgroupBarrier();
     for (var kk = 0u; kk < TK; kk++) {
@@ -85,14 +102,7 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
     workgroupBarrier();
   }
   for (var i = 0u; i < 4u; i++) {
-    let r = row0 + lid.y * 4u + i;
-    for (var j = 0u; j < 4u; j++) {
-      let col = col0 + lid.x * 4u + j;
-      if (r < dims.m && col < dims.n) {
-        let at = dims.off_c + wg.z * dims.stride_c + r * dims.ldc + col;
-        if (ACCUMULATE) { c[at] += acc[i * 4u + j]; } else { c[at] = acc[i * 4u + j]; }
-      }
-    }
+    for (var j = 0u; j < 4u; j++) { store_c(wg.z, row0 + lid.y * 4u + i, col0 + lid.x * 4u + j, acc[i * 4u + j]); }
   }
 }
 `;
@@ -107,25 +117,15 @@ var<workgroup> tile_a: array<vec4f, 512>; // [k][m / 4] of op(A)'s 128×16 block
 var<workgroup> tile_b: array<vec4f, 512>; // [k][n / 4] of op(B)'s 16×128 block
 
 @compute @workgroup_size(16, 16)
-fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {
-  let row0 = wg.y * TILE;
-  let col0 = wg.x * TILE;
-  let base_a = dims.off_a + wg.z * dims.stride_a;
-  let base_b = dims.off_b + wg.z * dims.stride_b;
-  let t = lid.y * 16u + lid.x;
+fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec3u) {${BLOCK}
   var acc: array<vec4f, 16>; // [row i of 8][column half h]: acc[i * 2 + h]
   for (var k0 = 0u; k0 < dims.k; k0 += TK) {
     for (var i = 0u; i < 8u; i++) {
       let e = t + i * 256u;
-      // Row-major A: neighbouring threads take neighbouring k; stored transposed: neighbouring m.
-      var am = e % 128u;
-      var ak = e / 128u;
-      if (!TRANS_A) { am = e / 16u; ak = e % 16u; }
-      tile_a[ak * 32u + am / 4u][am % 4u] = load_a(base_a, row0 + am, k0 + ak);
-      var bn = e % 128u;
-      var bk = e / 128u;
-      if (TRANS_B) { bn = e / 16u; bk = e % 16u; }
-      tile_b[bk * 32u + bn / 4u][bn % 4u] = load_b(base_b, k0 + bk, col0 + bn);
+      let am = a_slot(e);
+      tile_a[am.y * 32u + am.x / 4u][am.x % 4u] = load_a(base_a, row0 + am.x, k0 + am.y);
+      let bn = b_slot(e);
+      tile_b[bn.x * 32u + bn.y / 4u][bn.y % 4u] = load_b(base_b, k0 + bn.x, col0 + bn.y);
     }
     workgroupBarrier();
     for (var kk = 0u; kk < TK; kk++) {
@@ -142,14 +142,8 @@ fn main(@builtin(workgroup_id) wg: vec3u, @builtin(local_invocation_id) lid: vec
   }
   for (var i = 0u; i < 8u; i++) {
     let r = row0 + (i / 4u) * 64u + lid.y * 4u + i % 4u;
-    if (r >= dims.m) { continue; }
     for (var j = 0u; j < 8u; j++) {
-      let col = col0 + (j / 4u) * 64u + lid.x * 4u + j % 4u;
-      if (col < dims.n) {
-        let at = dims.off_c + wg.z * dims.stride_c + r * dims.ldc + col;
-        let v = acc[i * 2u + j / 4u][j % 4u];
-        if (ACCUMULATE) { c[at] += v; } else { c[at] = v; }
-      }
+      store_c(wg.z, r, col0 + (j / 4u) * 64u + lid.x * 4u + j % 4u, acc[i * 2u + j / 4u][j % 4u]);
     }
   }
 }
