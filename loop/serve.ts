@@ -18,7 +18,7 @@ import { seeded } from '../core/random.ts';
 import { openChat, type Chat } from '../train/chat.ts';
 import { loadCheckpoint } from '../train/checkpoint.ts';
 import type { ToolCallConstraint, ToolSchema } from '../train/constrain.ts';
-import { Decoding, cpuCaches, type CachePool, type TokenCache } from '../train/decode.ts';
+import { Decoding, cpuCaches, readDecodings, type CachePool, type TokenCache } from '../train/decode.ts';
 import { GpuDecoder } from '../train/webgpu/decode.ts';
 import type { Kernels } from '../train/webgpu/kernel.ts';
 import type { Placeholders } from '../train/placeholders.ts';
@@ -263,6 +263,7 @@ class ServedModel {
       while (this.waiting.length > 0 || this.active.length > 0) {
         const reading: { job: Job; tokens: number[] }[] = [];
         for (const job of this.active) {
+          if (!job.cancelled) await job.decoding!.ready();
           const token = job.cancelled ? null : job.decoding!.next();
           if (token !== null) {
             this.generated++;
@@ -287,11 +288,11 @@ class ServedModel {
         }
         this.active = reading.map((r) => r.job);
         if (reading.length > 0) {
-          const logits = await this.caches.readMany(
-            reading.map((r) => r.job.decoding!.cache),
+          await readDecodings(
+            this.caches,
+            reading.map((r) => r.job.decoding!),
             reading.map((r) => r.tokens),
           );
-          reading.forEach((r, i) => (r.job.decoding!.logits = logits[i]!));
         }
         await new Promise((resolve) => setImmediate(resolve)); // let the server take requests and send replies
       }

@@ -8,7 +8,7 @@ import { attentionKernels } from './attention-wasm.ts';
 import { cpuKernels } from './backend.ts';
 import type { Llama } from './model.ts';
 import type { NativeKernels } from './ort/native.ts';
-import { sampleToken } from './sampling.ts';
+import { sampleToken, type Draw } from './sampling.ts';
 
 export interface GenerateOptions {
   maxTokens: number;
@@ -535,9 +535,47 @@ export interface CachePool {
   fork(source: TokenCache, n: number): TokenCache;
   /** Reads reads[b] into caches[b] in one pass (KVCache.readMany); each cache's next-token logits. */
   readMany(caches: TokenCache[], reads: number[][]): Float32Array[] | Promise<Float32Array[]>;
+  /**
+   * Where the logits are not the CPU's (the GPU): reads as readMany and draws each cache's next token there
+   * with draws[b], reading back a token a cache; `logits(b)` reads cache b's logits back (for a token the
+   * constraint refuses), before the next read.
+   */
+  readAndDraw?(caches: TokenCache[], reads: number[][], draws: Draw[]): Promise<Drawn>;
   /** Frees a cache the server lets go. */
   free(cache: TokenCache): void;
   dispose(): void;
+}
+
+/** What CachePool.readAndDraw gives: each cache's drawn token, and its logits on demand. */
+export interface Drawn {
+  tokens: number[];
+  logits(b: number): Promise<Float32Array>;
+}
+
+/**
+ * Reads reads[i] into decodings[i]'s cache, all in one pass of `pool`, and sets what each draws its next token
+ * from: its logits, or the token the pool drew where they are (readAndDraw, with the decoding's Draw).
+ */
+export async function readDecodings(
+  pool: CachePool,
+  decodings: Decoding<TokenCache>[],
+  reads: number[][],
+): Promise<void> {
+  const caches = decodings.map((d) => d.cache);
+  if (pool.readAndDraw) {
+    const drawn = await pool.readAndDraw(
+      caches,
+      reads,
+      decodings.map((d) => d.draw()),
+    );
+    decodings.forEach((d, i) => {
+      d.drawn = { token: drawn.tokens[i]!, logits: () => drawn.logits(i) };
+      d.logits = new Float32Array(0);
+    });
+  } else {
+    const logits = await pool.readMany(caches, reads);
+    decodings.forEach((d, i) => (d.logits = logits[i]!));
+  }
 }
 
 /** KVCaches over one copy of the model's weights; `native` as DecodeWeights takes it (by default the backend's). */
@@ -564,6 +602,11 @@ export class Decoding<C extends TokenCache = KVCache> {
   readonly out: number[] = [];
   /** The next-token logits after what the cache has read. */
   logits: Float32Array;
+  /**
+   * Or the next token, drawn where the logits are with draw()'s Draw (CachePool.readAndDraw), and a way to
+   * read the logits back where the constraint refuses it (ready()).
+   */
+  drawn: { token: number; logits: () => Promise<Float32Array> } | null = null;
   /** No token is to be read or drawn any more: a stop token, maxTokens, the model's positions, or the constraint allows nothing. */
   finished = false;
   /** The prompt's tokens the cache did not hold, when the caller reads them (`read` false); then it sets `logits`. */
@@ -596,14 +639,32 @@ export class Decoding<C extends TokenCache = KVCache> {
     this.logits = read ? cache.read!(this.unread.splice(0)) : new Float32Array(0);
   }
 
+  /**
+   * What the next token is drawn with where the logits are: sampleToken's arguments and its random number,
+   * taken from this decoding's stream now (before the read whose logits it draws from), as sampleToken would.
+   */
+  draw(): Draw {
+    const { temperature } = this.options;
+    return { temperature, topP: this.options.topP ?? 1, u: temperature > 0 ? this.rand() : 0 };
+  }
+
+  /** Where the token was drawn elsewhere and the constraint refuses it: its logits read back, for next() to draw again. */
+  async ready(): Promise<void> {
+    const { constraint } = this.options;
+    if (this.drawn && constraint && !constraint.allows(this.out, this.drawn.token))
+      this.logits = await this.drawn.logits();
+  }
+
   /** Draws the next token (null when there is none to draw); after a stop token or the last one allowed, `finished` is set and the token is not to be read. */
   next(): number | null {
     if (this.finished) return null;
     const { temperature, constraint } = this.options;
     const topP = this.options.topP ?? 1;
     const logits = this.logits;
-    let next = sampleToken(logits, temperature, topP, this.rand);
+    let next = this.drawn?.token ?? sampleToken(logits, temperature, topP, this.rand);
+    this.drawn = null;
     if (constraint && !constraint.allows(this.out, next)) {
+      if (logits.length === 0) throw new Error('Decoding.next: the drawn token is refused; await ready() first');
       // Drawn outside what may come next: draw again from the tokens that may (checking them all costs
       // more than one draw, so it is only done when the first draw is refused).
       let any = false;

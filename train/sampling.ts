@@ -1,6 +1,14 @@
 // The next token from a model's logits, as every decoder in the trainer draws it.
 import type { Random } from '../core/random.ts';
 
+/** What a token is drawn with where the logits are (train/webgpu/sampling.ts): sampleToken's arguments, its one random number drawn ahead. */
+export interface Draw {
+  temperature: number;
+  topP: number;
+  /** The decoding's random number for this token, in [0, 1) (rand()'s next); unused at temperature 0. */
+  u: number;
+}
+
 let probs = new Float64Array(0);
 let sorted = new Float64Array(0);
 /** Probabilities (relative to the largest, 1) from which the nucleus is looked for first. */

@@ -1,9 +1,9 @@
 // Many episodes' generations stepped together. Episodes played side by side (DAPO's groups, the validation
 // tasks, eval's episodes) each ask for a continuation; one loop reads every live sequence's next token, and
 // any prompt just asked for, in one pass through the model (a CachePool's readMany: on the CPU a matMul per
-// projection for all rows, on the GPU a dispatch a kernel and layer), as the server steps its requests in
-// flight. On the CPU a sequence alone is read as KVCache.generate reads it.
-import { Decoding, cpuCaches, type CachePool, type GenerateOptions, type TokenCache } from './decode.ts';
+// projection for all rows, on the GPU a dispatch a kernel and layer, the tokens drawn there too), as the
+// server steps its requests in flight. On the CPU a sequence alone is read as KVCache.generate reads it.
+import { Decoding, cpuCaches, readDecodings, type CachePool, type GenerateOptions, type TokenCache } from './decode.ts';
 import type { Llama } from './model.ts';
 
 interface Job {
@@ -80,6 +80,7 @@ export class SharedDecoder {
     const reading: Job[] = [];
     const reads: number[][] = [];
     for (const job of this.live) {
+      await job.decoding.ready();
       const next = job.decoding.next();
       if (next === null || job.decoding.finished) job.resolve(job.decoding.out);
       else {
@@ -97,10 +98,10 @@ export class SharedDecoder {
     }
     this.live = reading;
     if (reading.length === 0) return;
-    const logits = await this.pool.readMany(
-      reading.map((j) => j.cache),
+    await readDecodings(
+      this.pool,
+      reading.map((j) => j.decoding),
       reads,
     );
-    reading.forEach((job, i) => (job.decoding.logits = logits[i]!));
   }
 }

@@ -1,8 +1,9 @@
 // Generation with a KV cache on the GPU (train/webgpu/decode.ts) against KVCache on the CPU (train/decode.ts):
 // the same next-token logits for sequences read together (prompts of different lengths, then a token each
 // per step), with grouped-query heads, an untied head and Qwen2's biases, past the cache's first capacity;
-// and the same greedy continuation, reusing a conversation's shared prefix. Tolerance: logits within 1e-4 of
-// the largest (f32, summed in other orders).
+// and the same greedy continuation, reusing a conversation's shared prefix; sequences side by side drawing
+// their tokens on the GPU as the CPU draws them, and drawing again from logits read back where a constraint
+// refuses. Tolerance: logits within 1e-4 of the largest (f32, summed in other orders).
 import * as tf from '@tensorflow/tfjs-core';
 import { describe, expect, it } from 'vitest';
 import { seeded } from '../../core/random.ts';
@@ -148,8 +149,10 @@ describe('generation on the GPU', () => {
       const model = Llama.create(config, 'webgpu-shared');
       const decoder = new GpuDecoder(model, kernels!);
       const steps: number[] = [];
-      const read = decoder.readMany.bind(decoder);
-      decoder.readMany = (caches, reads) => (steps.push(caches.length), read(caches, reads));
+      // Each step reads back the tokens drawn on the GPU (readAndDraw), not the logits (readMany).
+      const [read, draw] = [decoder.readMany.bind(decoder), decoder.readAndDraw.bind(decoder)];
+      decoder.readMany = (caches, reads) => (steps.push(-1), read(caches, reads));
+      decoder.readAndDraw = (caches, reads, draws) => (steps.push(caches.length), draw(caches, reads, draws));
       const shared = new SharedDecoder(model, decoder);
       const prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12], [13]];
       const options = (i: number) => ({
@@ -163,7 +166,47 @@ describe('generation on the GPU', () => {
         expect(ids, `sequence ${i}`).toEqual(new KVCache(model).generate(prompts[i]!, options(i))),
       );
       expect(Math.max(...steps)).toBe(3);
+      expect(Math.min(...steps)).toBeGreaterThan(0);
       expect(steps.length).toBeLessThan(together.reduce((n, ids) => n + ids.length, 0));
+      shared.dispose();
+      model.dispose();
+    },
+  );
+
+  it.skipIf(absent)(
+    'draws again on the CPU, from logits read back, where the constraint refuses the token drawn on the GPU',
+    async () => {
+      const config = tinyLlama({ maxPositions: 64 });
+      const model = Llama.create(config, 'webgpu-constrained');
+      const decoder = new GpuDecoder(model, kernels!);
+      const readBack: number[] = [];
+      const draw = decoder.readAndDraw.bind(decoder);
+      decoder.readAndDraw = async (caches, reads, draws) => {
+        const drawn = await draw(caches, reads, draws);
+        return { ...drawn, logits: (b) => (readBack.push(b), drawn.logits(b)) };
+      };
+      const shared = new SharedDecoder(model, decoder);
+      // Odd tokens only, after the first two: the unconstrained draws are refused about half the time.
+      const constraint = { allows: (out: readonly number[], id: number) => out.length < 2 || id % 2 === 1 };
+      const options = (i: number) => ({ maxTokens: 16, temperature: 1, random: seeded('constrained', i), constraint });
+      const prompts = [
+        [1, 2, 3],
+        [4, 5],
+        [6, 7, 8, 9],
+      ];
+      const together = await Promise.all(prompts.map((p, i) => shared.generate(shared.cache(), p, options(i))));
+      together.forEach((ids, i) => {
+        expect(ids, `sequence ${i}`).toEqual(new KVCache(model).generate(prompts[i]!, options(i)));
+        expect(ids.slice(2).every((id) => id % 2 === 1)).toBe(true);
+      });
+      expect(readBack.length).toBeGreaterThan(3);
+      // A row's logits are there until the next read, and not after.
+      const cache = decoder.create();
+      const first = await decoder.readAndDraw([cache], [[1, 2]], [{ temperature: 0, topP: 1, u: 0 }]);
+      const logits = await first.logits(0);
+      expect(first.tokens[0]).toBe(logits.indexOf(Math.max(...logits)));
+      await decoder.readAndDraw([cache], [[3]], [{ temperature: 0, topP: 1, u: 0 }]);
+      expect(() => first.logits(0)).toThrow(/after the next read/);
       shared.dispose();
       model.dispose();
     },
@@ -180,6 +223,14 @@ describe('generation on the GPU', () => {
       const [want, got] = [KVCache.readMany(onCpu, reads), await decoder.readMany(onGpu, reads)];
       for (let b = 0; b < 3; b++) expect(gap(got[b]!, want[b]!), `sequence ${b}`).toBeLessThan(1e-4);
       expect(onGpu.map((c) => c.tokens.length)).toEqual([250, 250, 100]);
+      // Drawn in those passes too: each sequence's greedy token, and its logits read back from its own pass's.
+      const again = reads.map(() => decoder.create());
+      const greedy = reads.map(() => ({ temperature: 0, topP: 1, u: 0 }));
+      const drawn = await decoder.readAndDraw(again, reads, greedy);
+      for (let b = 0; b < 3; b++) {
+        expect(gap(await drawn.logits(b), want[b]!), `sequence ${b}, read back`).toBeLessThan(1e-4);
+        expect(drawn.tokens[b], `sequence ${b}`).toBe(want[b]!.indexOf(Math.max(...want[b]!)));
+      }
       decoder.dispose();
       shared.dispose();
       model.dispose();

@@ -29,14 +29,14 @@ export function allocate(gpu: Gpu, bytes: number): GPUBuffer {
   return buffer;
 }
 
-/** The first `length` f32s of `buffer`, once the work submitted before has finished. */
-export async function download(gpu: Gpu, buffer: GPUBuffer, length: number): Promise<Float32Array> {
+/** `length` f32s of `buffer` (from the `at`-th on), once the work submitted before has finished. */
+export async function download(gpu: Gpu, buffer: GPUBuffer, length: number, at = 0): Promise<Float32Array> {
   const staging = gpu.device.createBuffer({
     size: Math.max(4, length * 4),
     usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
   });
   const encoder = gpu.device.createCommandEncoder();
-  encoder.copyBufferToBuffer(buffer, 0, staging, 0, length * 4);
+  encoder.copyBufferToBuffer(buffer, at * 4, staging, 0, length * 4);
   gpu.device.queue.submit([encoder.finish()]);
   // dawn.node: a mapAsync issued behind long work may never settle (the process then ends and crashes on
   // the way out); waiting for the queue first always does.

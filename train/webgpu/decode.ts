@@ -9,12 +9,22 @@
 // Shapes as in train/model.ts: R rows in a step, D hidden, H query and K key/value heads of hd, F the MLP's
 // width, V the vocabulary. A layer's pool holds (pages, keys | values, PAGE, K·hd) f32s.
 /// <reference types="@webgpu/types" />
-import { DecodeWeights, Decoding, type CachePool, type GenerateOptions, type TokenCache } from '../decode.ts';
+import {
+  DecodeWeights,
+  Decoding,
+  readDecodings,
+  type CachePool,
+  type Drawn,
+  type GenerateOptions,
+  type TokenCache,
+} from '../decode.ts';
+import type { Draw } from '../sampling.ts';
 import type { Llama } from '../model.ts';
 import { allocate, download, submit, upload } from './buffers.ts';
 import { RopeTables } from './elementwise.ts';
 import type { Kernels } from './kernel.ts';
 import { llamaKernels } from './llama.ts';
+import { DRAW_FLOATS, Sampler } from './sampling.ts';
 
 /** Positions a page of keys and values holds. */
 const PAGE = 16;
@@ -48,10 +58,13 @@ export class GpuCache {
   async generate(prompt: number[], options: GenerateOptions): Promise<number[]> {
     const d = new Decoding(this, prompt, options, false);
     if (d.finished) return d.out;
-    d.logits = (await this.decoder.readMany([this], [d.unread.splice(0)]))[0]!;
-    for (let next = d.next(); next !== null && !d.finished; next = d.next())
-      d.logits = (await this.decoder.readMany([this], [[next]]))[0]!;
-    return d.out;
+    await readDecodings(this.decoder, [d], [d.unread.splice(0)]);
+    for (;;) {
+      await d.ready();
+      const next = d.next();
+      if (next === null || d.finished) return d.out;
+      await readDecodings(this.decoder, [d], [[next]]);
+    }
   }
 
   /** Gives its pages back to the decoder. */
@@ -82,6 +95,7 @@ export class GpuDecoder implements CachePool {
   private readonly activations = new Map<string, { buffer: GPUBuffer; length: number }>();
   private readonly rope: RopeTables;
   private readonly ops: ReturnType<typeof llamaKernels>;
+  private readonly sampler: Sampler;
 
   constructor(
     readonly model: Llama,
@@ -92,6 +106,7 @@ export class GpuDecoder implements CachePool {
     this.weights =
       training ?? new Map([...new DecodeWeights(model).w].map(([name, data]) => [name, upload(k.gpu, data)]));
     this.ops = llamaKernels(k);
+    this.sampler = new Sampler(k);
     this.rope = new RopeTables(k.gpu, model.config);
   }
 
@@ -188,18 +203,62 @@ export class GpuDecoder implements CachePool {
   }
 
   /**
-   * Reads `reads[b]` into caches[b] (KVCache.readMany's step) in passes of at most STEP_ROWS tokens (a
-   * sequence's prompt split between passes where it must): the scratch of a pass, and its workgroups, grow
-   * with its rows. Returns each cache's next-token logits.
+   * Reads `reads[b]` into caches[b] (KVCache.readMany's step) and returns each cache's next-token logits, read
+   * back whole (B × V f32s): readAndDraw reads back a token a cache instead.
    */
   async readMany(all: TokenCache[], reads: number[][]): Promise<Float32Array[]> {
+    const V = this.model.config.vocabSize;
+    const logits: Float32Array[] = new Array(all.length);
+    for (const { which, buffer } of this.passes(all, reads, null)) {
+      const got = await download(this.k.gpu, buffer, which.length * V);
+      which.forEach((b, i) => (logits[b] = got.slice(i * V, (i + 1) * V)));
+    }
+    return logits;
+  }
+
+  /** Reads as readMany, and draws each cache's next token on the GPU with draws[b] (sampling.ts): a token a cache comes back. */
+  async readAndDraw(all: TokenCache[], reads: number[][], draws: Draw[]): Promise<Drawn> {
+    const V = this.model.config.vocabSize;
+    const tokens: number[] = new Array(all.length);
+    const rows: { buffer: GPUBuffer; row: number }[] = new Array(all.length);
+    for (const { which, buffer } of this.passes(all, reads, draws)) {
+      const got = new Uint32Array((await download(this.k.gpu, this.act('tokens', which.length), which.length)).buffer);
+      which.forEach((b, i) => {
+        tokens[b] = got[i]!;
+        rows[b] = { buffer, row: i };
+      });
+    }
+    const read = this.reads;
+    return {
+      tokens,
+      logits: (b) => {
+        if (this.reads !== read) throw new Error('GpuDecoder: logits asked for after the next read');
+        return download(this.k.gpu, rows[b]!.buffer, V, rows[b]!.row * V);
+      },
+    };
+  }
+
+  /** Reads and draws so far: a readAndDraw's logits are there until the next. */
+  private reads = 0;
+
+  /**
+   * The passes of a read, in order, each submitted as it is taken: at most STEP_ROWS tokens a pass (a
+   * sequence's prompt split between passes where it must), since the scratch of a pass, and its workgroups,
+   * grow with its rows. Each pass's caches (their indices in `all`) and the buffer of their logits, one a
+   * pass (a readAndDraw's logits stay there for its rows to be read back).
+   */
+  private *passes(
+    all: TokenCache[],
+    reads: number[][],
+    draws: Draw[] | null,
+  ): Generator<{ which: number[]; buffer: GPUBuffer }> {
     const caches = all as GpuCache[];
     if (caches.some((cache) => !(cache instanceof GpuCache) || cache.decoder !== this))
       throw new Error('GpuDecoder.readMany: a cache of another decoder');
     if (reads.some((r) => r.length === 0)) throw new Error('GpuDecoder.readMany: no tokens to read');
+    this.reads++;
     const left = reads.map((r) => [...r]);
-    const logits: Float32Array[] = new Array(caches.length);
-    while (left.some((r) => r.length > 0)) {
+    for (let n = 0; left.some((r) => r.length > 0); n++) {
       let room = STEP_ROWS;
       const which: number[] = [];
       const part: number[][] = [];
@@ -209,20 +268,23 @@ export class GpuDecoder implements CachePool {
         room -= part.at(-1)!.length;
         which.push(b);
       });
-      const got = await this.pass(
+      const logits = draws ? `logits ${n}` : 'logits';
+      this.pass(
         which.map((b) => caches[b]!),
         part,
+        logits,
+        draws && which.map((b) => draws[b]!),
       );
-      which.forEach((b, i) => (logits[b] = got[i]!));
+      yield { which, buffer: this.act(logits, which.length * this.model.config.vocabSize) };
     }
-    return logits;
   }
 
   /**
-   * One pass: every token of `reads` is a row through each projection, each sequence's rows attend to its
-   * own pages up to their positions, and only each sequence's last row goes through the head.
+   * One pass, submitted: every token of `reads` is a row through each projection, each sequence's rows attend
+   * to its own pages up to their positions, and only each sequence's last row goes through the head, its
+   * logits to the buffer `logits`; with `draws`, each sequence's next token drawn from them into `tokens`.
    */
-  private async pass(caches: GpuCache[], reads: number[][]): Promise<Float32Array[]> {
+  private pass(caches: GpuCache[], reads: number[][], logits: string, draws: Draw[] | null): void {
     const c = this.model.config;
     const [D, H, K, hd, F, V] = [c.hiddenSize, c.heads, c.kvHeads, c.headDim, c.intermediateSize, c.vocabSize];
     const gpu = this.k.gpu;
@@ -255,6 +317,12 @@ export class GpuDecoder implements CachePool {
     };
     const idsBuffer = write('ids', Int32Array.from(ids));
     const positionsBuffer = write('positions', Uint32Array.from(positions));
+    let drawing: GPUBuffer | null = null;
+    if (draws) {
+      const params = new Float32Array(B * DRAW_FLOATS);
+      draws.forEach((d, b) => params.set([d.temperature, d.topP, d.u], b * DRAW_FLOATS));
+      drawing = write('draws', new Uint32Array(params.buffer));
+    }
     const paged = {
       positions: positionsBuffer,
       list: write('list', Uint32Array.from(list)),
@@ -331,16 +399,15 @@ export class GpuDecoder implements CachePool {
         pass,
         a('lastNormed', B * D),
         c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight',
-        a('logits', B * V),
+        a(logits, B * V),
         B,
         V,
         D,
       );
+      if (drawing) this.sampler.encode(pass, a(logits, B * V), drawing, a('tokens', B), B, V);
     });
     this.k.release();
-    const logits = await download(gpu, a('logits', B * V), B * V);
     caches.forEach((cache, b) => cache.tokens.push(...reads[b]!));
-    return caches.map((_, b) => logits.slice(b * V, (b + 1) * V));
   }
 
   /** Frees the weights, the pools of keys and values, and the step's buffers. */
