@@ -24,6 +24,7 @@ import { TOOLS } from '../env/env.ts';
 import { validationEpisodes, type EpisodeRecord } from '../env/evaluate.ts';
 import { withScorer, type Backend } from '../train/backend.ts';
 import { openChat } from '../train/chat.ts';
+import { decodingGpu } from '../train/placement.ts';
 import { loadCheckpoint } from '../train/checkpoint.ts';
 import { nonFiniteWeight } from '../train/hf.ts';
 import { readPreferencePairs } from '../train/data.ts';
@@ -583,7 +584,7 @@ async function play(
     topP: e.top_p,
     tools: TOOLS,
     signal,
-    gpu: backend.gpu,
+    gpu: await decodingGpu(backend.gpu, ck.model, e.tasks * e.k, log), // every episode side by side
   });
   const progress = log.progress(`paired evaluation: ${name}`, e.tasks * e.k);
   const records = await validationEpisodes(

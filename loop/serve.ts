@@ -11,7 +11,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { z } from 'zod';
-import type { Logger } from '../pipeline/log.ts';
+import { Logger } from '../pipeline/log.ts';
 import { jsonDepth } from '../pipeline/records.ts';
 import type { Message } from '../core/records.ts';
 import { seeded } from '../core/random.ts';
@@ -19,6 +19,8 @@ import { openChat, type Chat } from '../train/chat.ts';
 import { loadCheckpoint } from '../train/checkpoint.ts';
 import type { ToolCallConstraint, ToolSchema } from '../train/constrain.ts';
 import { Decoding, cpuCaches, readDecodings, type CachePool, type TokenCache } from '../train/decode.ts';
+import type { Llama } from '../train/model.ts';
+import { decodingGpu } from '../train/placement.ts';
 import { GpuDecoder } from '../train/webgpu/decode.ts';
 import type { Kernels } from '../train/webgpu/kernel.ts';
 import type { Placeholders } from '../train/placeholders.ts';
@@ -135,8 +137,11 @@ interface Job {
   cancelled: boolean;
 }
 
-/** What a served version is loaded with: its queue's limits, and `--backend webgpu`'s kernels to decode on the GPU. */
-type ServedSettings = Pick<ServeSettings, 'maxBatch' | 'maxQueue'> & { gpu?: Kernels };
+/**
+ * What a served version is loaded with: its queue's limits, and the GPU's kernels where the backend is the GPU
+ * (decoding there with --backend webgpu, under auto where it is faster: train/placement.ts, which logs to `log`).
+ */
+type ServedSettings = Pick<ServeSettings, 'maxBatch' | 'maxQueue'> & { gpu?: Kernels; log?: Logger };
 
 /** The most bytes of tool lists a model keeps constraints for (Model.constraint). */
 export const CONSTRAINT_BYTES = 16 << 20;
@@ -149,8 +154,9 @@ class ServedModel {
   readonly chat: Chat;
   readonly context: number;
   readonly placeholders: Placeholders;
-  /** The caches and the model's steps: on the GPU with --backend webgpu, else on the CPU. */
-  private readonly caches: CachePool;
+  /** The caches and the model's steps, made at the first request (placed()): on the GPU or the CPU. */
+  private caches: CachePool | null = null;
+  private readonly model: Llama;
   private readonly idle: TokenCache[] = [];
   private readonly waiting: Job[] = [];
   private active: Job[] = [];
@@ -168,7 +174,17 @@ class ServedModel {
     this.chat = openChat(checkpoint.tokenizer, checkpoint.model.config.eosTokenId, folder);
     this.context = checkpoint.context;
     this.placeholders = checkpoint.placeholders;
-    this.caches = settings.gpu ? new GpuDecoder(checkpoint.model, settings.gpu) : cpuCaches(checkpoint.model);
+    this.model = checkpoint.model;
+  }
+
+  /** The caches, made at the first request: on the GPU where decodingGpu places maxBatch sequences of this model. */
+  private async placed(): Promise<CachePool> {
+    if (!this.caches) {
+      const { gpu, maxBatch, log } = this.settings;
+      const on = await decodingGpu(gpu, this.model, maxBatch, log ?? new Logger('json', process.stderr, {}, true));
+      this.caches = on ? new GpuDecoder(this.model, on) : cpuCaches(this.model);
+    }
+    return this.caches;
   }
 
   /**
@@ -240,14 +256,14 @@ class ServedModel {
       if (n > (best?.n ?? 0)) best = { cache, n, idle };
     }
     if (best?.idle) return this.idle.splice(this.idle.indexOf(best.cache), 1)[0]!;
-    if (best && best.n >= MIN_FORK) return this.caches.fork(best.cache, best.n);
-    return this.caches.create();
+    if (best && best.n >= MIN_FORK) return this.caches!.fork(best.cache, best.n);
+    return this.caches!.create();
   }
 
   private release(job: Job, error?: Error): void {
     if (job.decoding) {
       this.idle.push(job.decoding.cache);
-      if (this.idle.length > 2 * this.settings.maxBatch) this.caches.free(this.idle.shift()!); // the least recently used goes
+      if (this.idle.length > 2 * this.settings.maxBatch) this.caches!.free(this.idle.shift()!); // the least recently used goes
     }
     job.done({ out: job.decoding?.out ?? [], error });
   }
@@ -260,6 +276,7 @@ class ServedModel {
     if (this.running) return;
     this.running = true;
     try {
+      const caches = await this.placed();
       while (this.waiting.length > 0 || this.active.length > 0) {
         const reading: { job: Job; tokens: number[] }[] = [];
         for (const job of this.active) {
@@ -289,7 +306,7 @@ class ServedModel {
         this.active = reading.map((r) => r.job);
         if (reading.length > 0) {
           await readDecodings(
-            this.caches,
+            caches,
             reading.map((r) => r.job.decoding!),
             reading.map((r) => r.tokens),
           );
@@ -305,9 +322,9 @@ class ServedModel {
   }
 
   dispose(): void {
-    for (const cache of this.idle.splice(0)) this.caches.free(cache);
-    this.caches.dispose();
-    this.caches.model.dispose();
+    for (const cache of this.idle.splice(0)) this.caches?.free(cache);
+    this.caches?.dispose();
+    this.model.dispose();
   }
 }
 

@@ -9,6 +9,7 @@ import { DEFAULT_WORLD, generateWorld, taskPool } from '../env/world.ts';
 import { openChat } from '../train/chat.ts';
 import { loadCheckpoint } from '../train/checkpoint.ts';
 import type { Llama } from '../train/model.ts';
+import { decodingGpu } from '../train/placement.ts';
 import { finalMetrics, trainingRun } from '../train/run.ts';
 import type { TrainingSettings } from '../train/settings.ts';
 import type { OrtRuntime } from '../train/ort/onnx.ts';
@@ -29,7 +30,8 @@ export interface DapoRun {
 /**
  * Trains the model in `from` (a Hugging Face folder) by DAPO into `out/model` and `out/metrics.jsonl`, resuming
  * from the run's checkpoints in `cache` (keyed by `key`). `info` joins the model's trainer_state.json. With
- * `device.gpu` (`--backend webgpu`) the updates, the rollouts and validation run on the GPU; with `device.ort`
+ * `device.gpu` (`--backend webgpu`) the updates, the rollouts and validation run on the GPU (under auto the
+ * rollouts and validation where they are faster: train/placement.ts); with `device.ort`
  * (`--backend onnxruntime`) the updates run on the CPU path.
  */
 export async function runDapo(
@@ -47,6 +49,8 @@ export async function runDapo(
   const start = loadCheckpoint(from);
   const chat = openChat(start.tokenizer, start.model.config.eosTokenId, from);
   const s = cfg.simulator;
+  // A step's groups are decoded side by side: on the GPU where it is faster at that many sequences.
+  const decoding = await decodingGpu(gpu, start.model, cfg.group_size * cfg.tasks_per_step, log);
   const world = generateWorld({ ...DEFAULT_WORLD, seed: s.world_seed, companies: s.companies });
   const sampling = {
     maxTokens: s.max_tokens,
@@ -55,7 +59,7 @@ export async function runDapo(
     tools: s.constrained ? TOOLS : undefined,
     signal,
     recordTurns: true,
-    gpu,
+    gpu: decoding,
   };
 
   const rollouts = simulatorRollouts({
@@ -105,6 +109,7 @@ export async function runDapo(
     reference: cfg.kl_coef > 0 ? start.model : undefined,
     feedbackTraining: cfg.feedback_training,
     after,
+    decodesOnCpu: gpu !== undefined && decoding === undefined,
     ppoEpochs: cfg.ppo_epochs,
     miniBatches: cfg.mini_batches,
     seed: cfg.seed,

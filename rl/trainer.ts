@@ -277,6 +277,8 @@ export interface DapoOptions {
   reference?: Llama;
   /** After a step's update, figures of the model as it now is (validation), logged with the step; absent: none. */
   after?: (step: number, model: Llama) => Promise<Record<string, number>>;
+  /** The rollouts decode on the CPU while the run trains on the GPU (Trainer.decodesOnCpu). */
+  decodesOnCpu?: boolean;
   signal: AbortSignal;
 }
 
@@ -291,6 +293,7 @@ export function dapoTrainer(o: DapoOptions): Trainer {
     label: 'dapo steps',
     start: o.start,
     readsWeights: true, // each step rolls out with the current weights
+    decodesOnCpu: o.decodesOnCpu,
     after: o.after,
     async batch(step, model, score) {
       const { rollouts, metrics } = await o.rollouts(step, model);

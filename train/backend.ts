@@ -11,7 +11,7 @@ import type { StageOptions } from '../pipeline/stage.ts';
 import type { Logger } from '../pipeline/log.ts';
 import type { BlockScorer } from './data.ts';
 import type { Llama } from './model.ts';
-import type { NativeKernels } from './ort/native.ts';
+import { nativeKernels, type NativeKernels } from './ort/native.ts';
 import type { OrtRuntime } from './ort/onnx.ts';
 import type { Kernels } from './webgpu/kernel.ts';
 
@@ -40,6 +40,8 @@ export interface Backend {
   gpu?: Kernels;
   /** `onnxruntime`: ONNX Runtime, for the training updates and scoring on the CPU; TensorFlow.js runs on WASM beside it. */
   ort?: OrtRuntime;
+  /** Chosen by `auto`: then each phase's decoding goes where it is faster (train/placement.ts). */
+  auto?: boolean;
 }
 
 type Tf = typeof import('@tensorflow/tfjs-core');
@@ -83,10 +85,15 @@ export const commandOptions = (program: Command): StageOptions => program.opts<S
 let current: Backend | null = null;
 
 /**
- * The CPU path's C kernels where the backend in use is the CPU path with them, else null: the decoder takes
- * them too (train/decode.ts), so that `--backend wasm` decodes as it always has.
+ * The CPU path's C kernels where the backend in use is the CPU path with them (or the GPU chosen by auto, whose
+ * decoding may be placed on the CPU), else null: the decoder takes them too (train/decode.ts), so that
+ * `--backend wasm` decodes as it always has.
  */
-export const cpuKernels = (): NativeKernels | null => current?.ort?.native ?? null;
+export const cpuKernels = (): NativeKernels | null =>
+  current?.ort?.native ?? (current?.auto && current.gpu ? nativeKernels() : null);
+
+/** The GPU's kernels where `auto` chose the GPU (placement.ts then times each phase's decoding), else null. */
+export const autoGpu = (): Kernels | null => (current?.auto && current.gpu) || null;
 
 /**
  * Loads and selects a backend; later calls with the same choice return the one already chosen. `precision`
@@ -108,6 +115,7 @@ export async function useBackend(
   // Runtime on the CPU, several times WASM's speed where it loads.
   let noGpu = '';
   let ort: OrtRuntime | null = null;
+  const auto = choice === 'auto';
   if (choice === 'auto') {
     const gpu = await (await import('./webgpu/device.ts')).probeGpu();
     if (gpu.hardware) choice = 'webgpu';
@@ -175,8 +183,9 @@ export async function useBackend(
     // TensorFlow.js's backend is what `name` says; the run says where its steps went (RunResult.device).
     current = {
       name: 'wasm',
-      description: `webgpu on ${gpu.adapter.description} for training updates ${how}, wasm for the rest`,
+      description: `webgpu on ${gpu.adapter.description} for training updates ${how}${auto ? ', decoding where it is faster (timed per phase)' : ''}, wasm for the rest`,
       gpu: kernels,
+      auto,
     };
     return current;
   } else {

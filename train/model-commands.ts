@@ -115,9 +115,10 @@ export function addModelCommands(program: Command, ctx: CommandContext): void {
         opts: { ids: number[]; maxNewTokens: number; temperature: number; topP: number; seed: string; stop?: number[] },
       ) => {
         const { model: m, backend } = await open(program, ctx, dir, [opts.ids]);
-        // With --backend webgpu the cache and the steps are on the GPU.
-        const cache = backend.gpu
-          ? new (await import('./webgpu/decode.ts')).GpuDecoder(m, backend.gpu).create()
+        // On the GPU with --backend webgpu, and under auto where one sequence decodes faster there.
+        const gpu = await (await import('./placement.ts')).decodingGpu(backend.gpu, m, 1, ctx.logger());
+        const cache = gpu
+          ? new (await import('./webgpu/decode.ts')).GpuDecoder(m, gpu).create()
           : new (await import('./decode.ts')).KVCache(m);
         const continuation = await cache.generate(opts.ids, {
           maxTokens: opts.maxNewTokens,

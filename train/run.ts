@@ -80,6 +80,11 @@ export interface Trainer {
    * goes through batch()'s `score` where the run holds the model, and needs no copy.
    */
   readsWeights?: boolean;
+  /**
+   * batch()'s decoders run on the CPU though the run holds the model on the GPU (auto placed decoding there:
+   * train/placement.ts): they read `model`'s tfjs weights, copied back after every update.
+   */
+  decodesOnCpu?: boolean;
 }
 
 /** What a stage brings to a run: its settings, where runs are kept, and what the run is keyed by. */
@@ -193,7 +198,7 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
   }
   const metrics = readMetrics(metricsPath, done);
   writeFileSync(metricsPath, metrics.map((m) => JSON.stringify(m) + '\n').join(''));
-  const held = await heldRun(settings, model, optimizer);
+  const held = await heldRun(settings, model, optimizer, !trainer.decodesOnCpu);
   let saved = done;
   const save = async (step: number) => {
     await held?.sync();
@@ -395,13 +400,19 @@ interface HeldRun {
  * checkpoint and at the end, so checkpoints, resumption and the saved model are as on WASM. With LoRA the
  * adapters ride on frozen weights, and only they are trained (as trainableParameters says).
  */
-async function heldRun(settings: RunSettings, model: Llama, optimizer: AdamW): Promise<HeldRun | null> {
-  if (settings.gpu) return gpuRun(settings.gpu, model, optimizer);
+async function heldRun(
+  settings: RunSettings,
+  model: Llama,
+  optimizer: AdamW,
+  gpuReaders: boolean,
+): Promise<HeldRun | null> {
+  if (settings.gpu) return gpuRun(settings.gpu, model, optimizer, gpuReaders);
   if (settings.ort) return ortRun(settings.ort, model, optimizer);
   return null;
 }
 
-async function gpuRun(kernels: Kernels, model: Llama, optimizer: AdamW): Promise<HeldRun> {
+/** `gpuReaders`: the model's decoders are the GPU's, and without LoRA read the training buffers in place. */
+async function gpuRun(kernels: Kernels, model: Llama, optimizer: AdamW, gpuReaders: boolean): Promise<HeldRun> {
   const { GpuLlama } = await import('./webgpu/llama.ts');
   const { GpuAdamW } = await import('./webgpu/adamw.ts');
   const { download, submit } = await import('./webgpu/buffers.ts');
@@ -409,7 +420,7 @@ async function gpuRun(kernels: Kernels, model: Llama, optimizer: AdamW): Promise
   const onGpu = new GpuLlama(model.config, arrays(model.params), kernels, { adapters: adapterWeights(model) });
   // Without LoRA, decoders of the model (DAPO's rollouts and validation) read the training buffers themselves;
   // with it they fold the adapters into a copy of the tfjs model's weights, copied back after every step.
-  const inPlace = model.adapters.size === 0;
+  const inPlace = model.adapters.size === 0 && gpuReaders;
   if (inPlace) trainingWeights.set(model, onGpu.weights);
   const adamw = new GpuAdamW(kernels, optimizer.options);
   adamw.step = optimizer.step;

@@ -23,6 +23,7 @@ import {
 import { Llama } from '../../train/model.ts';
 import type { Placeholders } from '../../train/placeholders.ts';
 import type { Kernels } from '../../train/webgpu/kernel.ts';
+import { decodingGpu } from '../../train/placement.ts';
 import { EpisodePlayers } from '../../train/policy.ts';
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
@@ -76,7 +77,7 @@ async function simulate(
     topP: s.top_p,
     tools: s.constrained ? TOOLS : undefined,
     signal,
-    gpu,
+    gpu: await decodingGpu(gpu, m.model, s.tasks * s.k, log), // every episode side by side
   });
   const progress = log.progress(`simulator: ${m.name}`, s.tasks * s.k);
   const started = performance.now();

@@ -276,4 +276,40 @@ describe('DAPO on the GPU, its readers of the weights', () => {
       run.model.dispose();
     },
   );
+
+  it.skipIf(HELD[0]!.absent)(
+    'where auto placed the rollouts on the CPU: the weights copied back after every update, for its decoders',
+    async () => {
+      const rollouts: Rollout[] = [
+        { group: 't', reward: 1, turns: [{ prompt: [1, 2, 3], generated: [5, 6] }] },
+        { group: 't', reward: 0, turns: [{ prompt: [1, 2, 3], generated: [7, 8] }] },
+      ];
+      const seen: Float32Array[] = [];
+      const trainer = dapoTrainer({
+        steps: 3,
+        start,
+        rollouts: async (_, model) => {
+          seen.push(new KVCache(model).read([1, 2, 3])); // a CPU decoder of the tfjs model
+          return { rollouts, metrics: {} };
+        },
+        pad: 0,
+        microBatchTokens: 12,
+        clip: DAPO_CLIP,
+        ppoEpochs: 1,
+        miniBatches: 1,
+        seed: 'webgpu-dapo-on-cpu',
+        decodesOnCpu: true,
+        signal: NEVER,
+      });
+      const read = vi.spyOn(GpuLlama.prototype, 'weight');
+      const run = await trainingRun(settings(HELD[0]!), trainer);
+      expect(read.mock.calls.length).toBeGreaterThanOrEqual(3 * run.model.params.size);
+      read.mockRestore();
+      // Each step's CPU decoder saw that step's weights: they moved from step to step.
+      expect(seen).toHaveLength(3);
+      expect(seen[1]).not.toEqual(seen[0]);
+      expect(seen[2]).not.toEqual(seen[1]);
+      run.model.dispose();
+    },
+  );
 });
