@@ -511,7 +511,7 @@ async function trainCandidate(
   const settings = { ...d, desirable_weight: 1, undesirable_weight: 1 };
   mkdirSync(cache, { recursive: true });
   const reference = loss.reference
-    ? await withScorer(backend, prod.model, (score) =>
+    ? await withScorer(backend, prod.model, log, (score) =>
         referenceScores(
           score,
           made.examples,

@@ -213,16 +213,25 @@ const nativeWhy = async () => {
   return kernels ? `its GEMMs by ${why}, the rest by the C kernels` : `the C kernels: ${why}`;
 };
 
+/** The block a scorer is placed by where its caller does not say (placement.ts trainingDevice). */
+const SCORED = { rows: 4, length: 512 };
+
 /**
- * What scores token blocks with `model`'s weights where `backend` trains: the GPU with webgpu, ONNX Runtime
- * with onnxruntime (a copy of the weights there, freed by dispose), else the tfjs model's.
+ * What scores token blocks with `model`'s weights where `backend` trains: the GPU with webgpu (under auto where
+ * a forward pass of `block` is faster there than on the CPU path: placement.ts), ONNX Runtime with onnxruntime
+ * (a copy of the weights there, freed by dispose), else the tfjs model's.
  */
 export async function scorerOn(
   backend: Backend | null,
   model: Llama,
+  log: Logger,
+  block = SCORED,
 ): Promise<{ score: BlockScorer; dispose(): void }> {
-  if (backend?.gpu) return (await import('./webgpu/llama.ts')).gpuScorer(model, backend.gpu);
-  if (backend?.ort) return (await import('./ort/llama.ts')).ortScorer(model, backend.ort);
+  const device = backend?.gpu
+    ? await (await import('./placement.ts')).trainingDevice(backend, model, block, log)
+    : (backend ?? {});
+  if (device.gpu) return (await import('./webgpu/llama.ts')).gpuScorer(model, device.gpu);
+  if (device.ort) return (await import('./ort/llama.ts')).ortScorer(model, device.ort);
   return { score: (await import('./data.ts')).tfjsScorer(model), dispose: () => {} };
 }
 
@@ -230,9 +239,11 @@ export async function scorerOn(
 export async function withScorer<T>(
   backend: Backend | null,
   model: Llama,
+  log: Logger,
   use: (score: BlockScorer) => Promise<T>,
+  block = SCORED,
 ): Promise<T> {
-  const scorer = await scorerOn(backend, model);
+  const scorer = await scorerOn(backend, model, log, block);
   try {
     return await use(scorer.score);
   } finally {

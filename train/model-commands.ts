@@ -3,6 +3,7 @@
 import { InvalidArgumentError, type Command } from 'commander';
 import { PipelineError } from '../pipeline/errors.ts';
 import type { CommandContext } from '../pipeline/commands.ts';
+import type { Logger } from '../pipeline/log.ts';
 import { seeded } from '../core/random.ts';
 import { chosenBackend, commandOptions, withScorer, type Backend } from './backend.ts';
 import type { Llama } from './model.ts';
@@ -40,8 +41,9 @@ async function open(
   ctx: CommandContext,
   dir: string,
   ids: number[][],
-): Promise<{ model: Llama; backend: Backend }> {
-  const backend = await chosenBackend(commandOptions(program), ctx.logger());
+): Promise<{ model: Llama; backend: Backend; log: Logger }> {
+  const log = ctx.logger();
+  const backend = await chosenBackend(commandOptions(program), log);
   const [{ readHfModel }, { Llama }] = await Promise.all([import('./hf.ts'), import('./model.ts')]); // the trainer, only when a model is opened
   let hf;
   try {
@@ -52,15 +54,15 @@ async function open(
   const bad = ids.flat().find((id) => id >= hf.config.vocabSize);
   if (bad !== undefined)
     throw new PipelineError(`token id ${bad} is outside ${dir}'s vocabulary of ${hf.config.vocabSize}`);
-  return { model: new Llama(hf.config, hf.weights), backend };
+  return { model: new Llama(hf.config, hf.weights), backend, log };
 }
 
 /** Each sequence's per-token log-probs (the first token has none) and their sums. */
 async function score(
-  { model, backend }: { model: Llama; backend: Backend },
+  { model, backend, log }: { model: Llama; backend: Backend; log: Logger },
   sequences: number[][],
 ): Promise<{ token_logprobs: number[][]; sums: number[] }> {
-  const token_logprobs = await withScorer(backend, model, async (logprobs) => {
+  const token_logprobs = await withScorer(backend, model, log, async (logprobs) => {
     const rows: number[][] = [];
     for (const ids of sequences) {
       const T = ids.length;
@@ -114,9 +116,9 @@ export function addModelCommands(program: Command, ctx: CommandContext): void {
         dir: string,
         opts: { ids: number[]; maxNewTokens: number; temperature: number; topP: number; seed: string; stop?: number[] },
       ) => {
-        const { model: m, backend } = await open(program, ctx, dir, [opts.ids]);
+        const { model: m, backend, log } = await open(program, ctx, dir, [opts.ids]);
         // On the GPU with --backend webgpu, and under auto where one sequence decodes faster there.
-        const gpu = await (await import('./placement.ts')).decodingGpu(backend.gpu, m, 1, ctx.logger());
+        const gpu = await (await import('./placement.ts')).decodingGpu(backend.gpu, m, 1, log);
         const cache = gpu
           ? new (await import('./webgpu/decode.ts')).GpuDecoder(m, gpu).create()
           : new (await import('./decode.ts')).KVCache(m);

@@ -1,17 +1,106 @@
-// Where `--backend auto` decodes on a machine with a GPU: on the GPU or on the CPU, whichever is faster for
-// the model's shape and the number of sequences a phase decodes side by side (a small model with a few
-// sequences can step faster on the CPU than through a GPU's dispatches and readbacks). Each (shape,
-// sequences) is timed once a process, the same work on both: the prompts read a few at a time, then steps of
-// a token each for all of them, drawn as the phase draws them; the CPU's timing stops as soon as it is past
-// the GPU's. The log says both times. Training and scoring stay on the GPU (docs/trainer.md says why); an
-// explicit `--backend webgpu` decodes on the GPU too. The rule: docs/trainer.md "Where auto runs each phase".
+// Where `--backend auto` runs each phase of the work on a model when it found a GPU: on the GPU, or on the
+// CPU where the CPU is faster for the model's shape and the phase's size (a small model in small blocks, or
+// decoding a few sequences, can be faster on the CPU than through a GPU's dispatches and readbacks). Each
+// phase's work is timed once a process for each shape on both, and the log says both times:
+// - training and scoring: a forward pass of one block of the run's micro-batch (rows × its sequence length),
+//   on the GPU whole and on the CPU for one row, times the rows (the CPU's forward time grows with its rows);
+//   a backward pass is about twice a forward on either, so the forward's ratio is the step's;
+// - decoding: sequences side by side, a prompt read and steps of a token each for all of them, drawn as
+//   the phase draws; the CPU's timing stops as soon as it is past the GPU's.
+// An explicit `--backend webgpu` runs every phase on the GPU. docs/trainer.md "Where auto runs each phase".
 import type { Logger } from '../pipeline/log.ts';
 import { seeded } from '../core/random.ts';
 import { autoGpu } from './backend.ts';
 import { Decoding, cpuCaches, readDecodings, type CachePool, type TokenCache } from './decode.ts';
 import type { Llama } from './model.ts';
+import type { OrtRuntime } from './ort/onnx.ts';
+import type { TokenBlock } from './windows.ts';
 import { GpuDecoder } from './webgpu/decode.ts';
 import type { Kernels } from './webgpu/kernel.ts';
+
+/** Where a phase trains and scores: on the GPU's kernels, or on the CPU path's ONNX Runtime; neither: WASM. */
+export interface Device {
+  gpu?: Kernels;
+  ort?: OrtRuntime;
+}
+
+const trained = new Map<string, Promise<boolean>>();
+let cpuRuntime: Promise<OrtRuntime | undefined> | null = null;
+
+/**
+ * Where `model` trains and is scored in blocks of `rows` rows of `length` tokens: `device` as it is unless auto
+ * chose its GPU; then the GPU where a forward pass of such a block is faster there, else the CPU path (ONNX
+ * Runtime where it loads, else WASM).
+ */
+export async function trainingDevice(
+  device: Device,
+  model: Llama,
+  block: { rows: number; length: number },
+  log: Logger,
+): Promise<Device> {
+  const { gpu } = device;
+  if (!gpu || gpu !== autoGpu()) return device;
+  const rows = Math.max(1, block.rows);
+  const length = Math.max(2, Math.min(block.length, model.config.maxPositions));
+  const key = `${JSON.stringify(model.config)} ${rows}×${length}`;
+  let onGpu = trained.get(key);
+  if (!onGpu) trained.set(key, (onGpu = forwardFasterOnGpu(gpu, model, rows, length, log)));
+  return (await onGpu) ? device : { ort: await cpuPath() };
+}
+
+/** The CPU path's runtime: ONNX Runtime, opened once, where it loads; undefined (WASM) where it does not. */
+const cpuPath = () =>
+  (cpuRuntime ??= import('./ort/onnx.ts').then(({ OrtRuntime }) => OrtRuntime.open()).catch(() => undefined));
+
+/** Whether a forward pass of rows × length tokens of `model` is faster on the GPU than on the CPU path; logged. */
+export async function forwardFasterOnGpu(
+  gpu: Kernels,
+  model: Llama,
+  rows: number,
+  length: number,
+  log: Logger,
+): Promise<boolean> {
+  const { GpuLlama } = await import('./webgpu/llama.ts');
+  const weights = new Map([...model.params].map(([name, v]) => [name, v.dataSync() as Float32Array]));
+  const V = model.config.vocabSize;
+  const onGpu = await forwardTime(new GpuLlama(model.config, weights, gpu, { trainable: false }), rows, length, V);
+  const ort = await cpuPath();
+  const cpu = ort
+    ? new (await import('./ort/llama.ts')).OrtLlama(model.config, weights, ort, { trainable: false })
+    : { forward: (await import('./data.ts')).tfjsScorer(model), dispose() {} };
+  const onCpu = (await forwardTime(cpu, 1, length, V)) * rows;
+  log.info('placed', {
+    phase: 'training and scoring',
+    on: onGpu < onCpu ? 'gpu' : 'cpu',
+    block: `${rows}×${length}`,
+    gpu_ms: Math.round(onGpu),
+    cpu_ms: Math.round(onCpu),
+    cpu: ort ? 'onnxruntime' : 'wasm',
+  });
+  return onGpu < onCpu;
+}
+
+/** Milliseconds a forward pass of rows × length random tokens (of V) takes on `held`, after one to warm it up; frees it. */
+async function forwardTime(
+  held: { forward(b: TokenBlock): Promise<Float32Array>; dispose(): void },
+  rows: number,
+  length: number,
+  V: number,
+): Promise<number> {
+  const random = seeded('placement', rows, length);
+  const block = () => {
+    const ids = Int32Array.from({ length: rows * length }, () => Math.floor(random() * V));
+    return { ids, targets: ids, batch: rows, length };
+  };
+  try {
+    await held.forward(block());
+    const began = performance.now();
+    await held.forward(block());
+    return performance.now() - began;
+  } finally {
+    held.dispose();
+  }
+}
 
 /** Tokens of each probe's prompts, and the steps after them. */
 const PROMPT = 64;
@@ -43,7 +132,8 @@ export async function fasterOnGpu(gpu: Kernels, model: Llama, sequences: number,
   const onGpu = await decodingTime(new GpuDecoder(model, gpu), sequences, Infinity);
   const onCpu = await decodingTime(cpuCaches(model), sequences, onGpu);
   const where = onGpu < onCpu ? 'gpu' : 'cpu';
-  log.info('decoding', {
+  log.info('placed', {
+    phase: 'decoding',
     on: where,
     sequences,
     gpu_ms: Math.round(onGpu),

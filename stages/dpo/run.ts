@@ -76,7 +76,7 @@ export async function run({
     version: 2,
   });
   const reference = loss.reference
-    ? await withScorer(backend, sft.model, (score) =>
+    ? await withScorer(backend, sft.model, log, (score) =>
         referenceScores(
           score,
           examples,

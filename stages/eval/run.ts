@@ -229,13 +229,13 @@ export async function run({
       );
     return sides;
   };
-  // With --backend webgpu the GPU scores (a copy of each model's weights there) and generates.
-  const reference = await withScorer(backend, models[1]!.model, (score) => scores(models[1]!, score));
+  // With the GPU it scores (a copy of each model's weights there) and generates, under auto where faster.
+  const reference = await withScorer(backend, models[1]!.model, log, (score) => scores(models[1]!, score));
   const rows: Record<string, ModelRow> = {};
   const episodes: Record<string, EpisodeRecord[]> = {};
   for (const m of models) {
     const row: ModelRow = {};
-    const scorer = await scorerOn(backend, m.model);
+    const scorer = await scorerOn(backend, m.model, log);
     if (examples.length) {
       const own = m === models[1] ? reference : await scores(m, scorer.score);
       Object.assign(row, heldOutPairFigures(own, reference, training, m === models[1]));
