@@ -21,6 +21,7 @@ import { cpuCaches, type CachePool } from '../train/decode.ts';
 import { openGpu, probeGpu } from '../train/webgpu/device.ts';
 import { GpuDecoder } from '../train/webgpu/decode.ts';
 import { Kernels } from '../train/webgpu/kernel.ts';
+import { SHAPES } from './shapes.ts';
 
 const opts = new Command()
   .option('--shapes <list>', 'default, smollm2-135m, qwen2.5-0.5b', 'default')
@@ -31,49 +32,6 @@ const opts = new Command()
   .option('--no-cpu', 'the GPU only')
   .parse()
   .opts<{ shapes: string; levels: string; prompt: string; new: string; gpu?: boolean; cpu: boolean }>();
-
-const base = { ropeTheta: 10_000, rmsNormEps: 1e-6, maxPositions: 2048, bosTokenId: null, eosTokenId: null };
-const SHAPES: Record<string, LlamaConfig> = {
-  default: {
-    ...base,
-    modelType: 'llama',
-    vocabSize: 1024,
-    hiddenSize: 128,
-    intermediateSize: 352,
-    layers: 4,
-    heads: 4,
-    kvHeads: 4,
-    headDim: 32,
-    tiedEmbeddings: true,
-    attentionBias: false,
-  },
-  'smollm2-135m': {
-    ...base,
-    modelType: 'llama',
-    vocabSize: 49_152,
-    hiddenSize: 576,
-    intermediateSize: 1536,
-    layers: 30,
-    heads: 9,
-    kvHeads: 3,
-    headDim: 64,
-    tiedEmbeddings: true,
-    attentionBias: false,
-  },
-  'qwen2.5-0.5b': {
-    ...base,
-    modelType: 'qwen2',
-    vocabSize: 151_936,
-    hiddenSize: 896,
-    intermediateSize: 4864,
-    layers: 24,
-    heads: 14,
-    kvHeads: 2,
-    headDim: 64,
-    tiedEmbeddings: true,
-    attentionBias: true,
-  },
-};
 
 const levels = opts.levels.split(',').map(Number);
 const [promptLength, newTokens] = [Number(opts.prompt), Number(opts.new)];

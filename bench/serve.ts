@@ -6,8 +6,9 @@
 // ignore_eos and no tools (vLLM's benchmark setting: generation is the work). The baseline is one client in
 // the same run: the goal is 16 clients at ≥ 4× its tokens/s (requests in flight are decoded together).
 // The model: --model FOLDER (default: the default run's, workspace/dapo/model, when it is there), else a
-// random model of the default run's shape (4 layers, width 128, vocabulary 1024) with a tokenizer trained here.
-// Usage: npm run bench:serve [-- --model workspace/dapo/model --requests 48]
+// random model of the default run's shape (4 layers, width 128, vocabulary 1024) with a tokenizer trained here,
+// or of --shape's (a larger model, whose weights rather than its caches are most of a step's reading).
+// Usage: npm run bench:serve [-- --model workspace/dapo/model --requests 48 --shape smollm2-135m]
 import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -22,8 +23,9 @@ import { Registry } from '../loop/registry.ts';
 import { useBackend } from '../train/backend.ts';
 import { renderText } from '../train/chat-template.ts';
 import { saveCheckpoint } from '../train/checkpoint.ts';
-import { Llama } from '../train/model.ts';
+import { Llama, type LlamaConfig } from '../train/model.ts';
 import { TextTokenizer, trainTokenizer } from '../train/tokenizer.ts';
+import { SHAPES } from './shapes.ts';
 
 const opts = new Command()
   .option(
@@ -33,8 +35,13 @@ const opts = new Command()
   .option('--requests <n>', 'requests per concurrency level', '48')
   .option('--levels <list>', 'concurrent clients', '1,4,16')
   .option('--max-tokens <n>', 'tokens per reply', '64')
+  .option(
+    '--shape <name>',
+    "the random model's shape: default (the default run's) or smollm2-135m, qwen2.5-0.5b (bench/shapes.ts, with the tokenizer's vocabulary)",
+    'default',
+  )
   .parse()
-  .opts<{ model?: string; requests: string; levels: string; maxTokens: string }>();
+  .opts<{ model?: string; requests: string; levels: string; maxTokens: string; shape: string }>();
 
 const REPO = join(import.meta.dirname, '..');
 const dir = mkdtempSync(join(tmpdir(), 'prefab-bench-serve-'));
@@ -50,6 +57,25 @@ for (let i = 0; i < 64; i++) {
   ]);
 }
 
+/** The default run's model shape, as its config makes it (bench/shapes.ts's default is the decode bench's). */
+const DEFAULT_RUN: LlamaConfig = {
+  modelType: 'llama',
+  vocabSize: 1024,
+  hiddenSize: 128,
+  intermediateSize: 344,
+  layers: 4,
+  heads: 4,
+  kvHeads: 4,
+  headDim: 32,
+  ropeTheta: 10000,
+  rmsNormEps: 1e-5,
+  tiedEmbeddings: true,
+  attentionBias: false,
+  maxPositions: 1024,
+  bosTokenId: null,
+  eosTokenId: null,
+};
+
 async function randomModel(): Promise<string> {
   await useBackend('wasm');
   const texts: string[] = [];
@@ -61,26 +87,9 @@ async function randomModel(): Promise<string> {
   }
   const json = trainTokenizer(texts, 1024);
   const vocab = new TextTokenizer(json).vocabSize;
-  const model = Llama.create(
-    {
-      modelType: 'llama',
-      vocabSize: vocab,
-      hiddenSize: 128,
-      intermediateSize: 344,
-      layers: 4,
-      heads: 4,
-      kvHeads: 4,
-      headDim: 32,
-      ropeTheta: 10000,
-      rmsNormEps: 1e-5,
-      tiedEmbeddings: true,
-      attentionBias: false,
-      maxPositions: 1024,
-      bosTokenId: null,
-      eosTokenId: null,
-    },
-    'bench',
-  );
+  const shape = opts.shape === 'default' ? DEFAULT_RUN : SHAPES[opts.shape];
+  if (!shape) throw new Error(`--shape ${opts.shape}: one of default, ${Object.keys(SHAPES).join(', ')}`);
+  const model = Llama.create({ ...shape, vocabSize: vocab, maxPositions: 1024 }, 'bench');
   const folder = join(dir, 'random-model');
   saveCheckpoint(folder, { model, tokenizer: { 'tokenizer.json': json }, context: 1024 });
   return folder;
@@ -88,7 +97,7 @@ async function randomModel(): Promise<string> {
 
 const folder =
   opts.model ??
-  (existsSync(join(REPO, 'workspace', 'dapo', 'model', 'config.json'))
+  (opts.shape === 'default' && existsSync(join(REPO, 'workspace', 'dapo', 'model', 'config.json'))
     ? join(REPO, 'workspace', 'dapo', 'model')
     : await randomModel());
 const workdir = join(dir, 'workspace');
@@ -182,7 +191,7 @@ await new Promise((done) => server.once('close', done));
 rmSync(dir, { recursive: true, force: true });
 
 process.stdout.write(
-  `model: ${folder.startsWith(dir) ? 'a random model of the bench shape (removed)' : folder}\n${Number(opts.requests)} requests a level; prompts of the system prompt and a user request; replies of at most ${opts.maxTokens} tokens\n\n`,
+  `model: ${folder.startsWith(dir) ? `a random model of the ${opts.shape} shape (removed)` : folder}\n${Number(opts.requests)} requests a level; prompts of the system prompt and a user request; replies of at most ${opts.maxTokens} tokens\n\n`,
 );
 process.stdout.write(
   '| workload | clients | tokens/s | × 1 client | tokens a reply | requests/s | p50 latency | p95 latency |\n|---|---|---|---|---|---|---|---|\n',
