@@ -5,6 +5,7 @@
 // plain JavaScript. `webgpu` opens the GPU for prefab's own kernels (train/webgpu/: every trainer's updates),
 // `onnxruntime` ONNX Runtime for the CPU path's (train/ort/: the updates and scoring, on every core); either
 // runs TensorFlow.js on WebAssembly beside them.
+import { availableParallelism } from 'node:os';
 import { Option, type Command } from 'commander';
 import type { CommandFactory } from '../pipeline/commands.ts';
 import type { StageOptions } from '../pipeline/stage.ts';
@@ -176,6 +177,8 @@ export async function useBackend(
     await tf.setBackend('wasm');
     await tf.ready();
     (await import('./kernels.ts')).patchWasmSlice();
+    // A phase auto places on the CPU decodes with the C kernels, on every core as ONNX Runtime would set them.
+    if (auto) nativeKernels()?.setThreads(availableParallelism());
     const how =
       kernels.precision === 'f16'
         ? `in mixed precision (f16 products summed in f32, dynamic loss scaling) on ${on}`
