@@ -6,7 +6,7 @@
 // against one sequence in the same run: what decoding together is worth. Where python3 has torch and
 // transformers, their batched `generate` (bf16 on a GPU, f32 on the CPU) runs on the same shapes and lengths
 // in the same run, the peer.
-// Usage: npm run bench:decode [-- --shapes default,smollm2-135m --levels 1,8,32 --prompt 256 --new 64 --gpu]
+// Usage: npm run bench:decode [-- --shapes default,smollm2-135m --levels 1,8,32 --prompt 256 --new 64 --gpu --draw gpu]
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -30,8 +30,9 @@ const opts = new Command()
   .option('--new <n>', 'tokens generated per sequence', '64')
   .option('--gpu', 'decode on the GPU too, even on a CPU implementation of Vulkan (lavapipe)')
   .option('--no-cpu', 'the GPU only')
+  .option('--draw <where>', "where the GPU's tokens are drawn: gpu, or cpu (its logits read back, as before)", 'gpu')
   .parse()
-  .opts<{ shapes: string; levels: string; prompt: string; new: string; gpu?: boolean; cpu: boolean }>();
+  .opts<{ shapes: string; levels: string; prompt: string; new: string; gpu?: boolean; cpu: boolean; draw: string }>();
 
 const levels = opts.levels.split(',').map(Number);
 const [promptLength, newTokens] = [Number(opts.prompt), Number(opts.new)];
@@ -102,6 +103,20 @@ function peer(config: LlamaConfig): Record<string, number | string> | string {
   return r.status === 0 ? (JSON.parse(r.stdout.trim().split('\n').at(-1)!) as Record<string, number>) : r.stderr.trim();
 }
 
+/** The GPU's pool as --draw asks: drawing there, or (cpu) reading the logits back for the CPU to draw from. */
+function onGpu(decoder: GpuDecoder): CachePool {
+  if (opts.draw === 'gpu') return decoder;
+  if (opts.draw !== 'cpu') throw new Error(`--draw ${opts.draw}: gpu or cpu`);
+  return {
+    model: decoder.model,
+    create: () => decoder.create(),
+    fork: (source, n) => decoder.fork(source, n),
+    readMany: (caches, reads) => decoder.readMany(caches, reads),
+    free: (cache) => decoder.free(cache),
+    dispose: () => decoder.dispose(),
+  };
+}
+
 // The GPU where there is one of hardware, or asked for; its tables' columns are left out otherwise.
 const gpuKernels = opts.gpu || (await probeGpu()).hardware ? new Kernels(await openGpu()) : null;
 
@@ -124,7 +139,7 @@ for (const name of opts.shapes.split(',')) {
   for (const n of levels) {
     const wasm = opts.cpu ? await ours(config, n, (m) => cpuCaches(m, null)) : null;
     const c = native ? await ours(config, n, (m) => cpuCaches(m, native)) : null;
-    const g = gpuKernels ? await ours(config, n, (m) => new GpuDecoder(m, gpuKernels)) : null;
+    const g = gpuKernels ? await ours(config, n, (m) => onGpu(new GpuDecoder(m, gpuKernels))) : null;
     if (n === levels[0]) Object.assign(one, { wasm: wasm ?? 0, native: c ?? 0, gpu: g ?? 0 });
     const peerRate = typeof theirs === 'string' ? null : (theirs[String(n)] as number | undefined);
     const best = Math.max(wasm ?? 0, c ?? 0, g ?? 0);

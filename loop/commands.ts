@@ -172,6 +172,7 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
           apiKey: process.env.PREFAB_SERVE_API_KEY || null,
           split: opts.split ?? null,
           gpu: backend.gpu,
+          auto: backend.auto,
           log,
         };
         const catalog = loadCatalog(registry, names, settings);

@@ -56,7 +56,16 @@ async function collectDay(
   day: number,
   log: Logger,
 ): Promise<string> {
-  const settings = { ...SERVE_DEFAULTS, port: 0, apiKey: null, split: null, maxQueue: 1024, gpu: backend.gpu, log };
+  const settings = {
+    ...SERVE_DEFAULTS,
+    port: 0,
+    apiKey: null,
+    split: null,
+    maxQueue: 1024,
+    gpu: backend.gpu,
+    auto: backend.auto,
+    log,
+  };
   const catalog = loadCatalog(registry, ['production'], settings);
   const server = await startServer(catalog, settings, log);
   const file = dayFile(inbox, day);

@@ -551,6 +551,7 @@ async function trainCandidate(
       log,
       gpu: backend.gpu,
       ort: backend.ort,
+      auto: backend.auto,
     },
     trainer,
   );
@@ -584,7 +585,7 @@ async function play(
     topP: e.top_p,
     tools: TOOLS,
     signal,
-    gpu: await decodingGpu(backend.gpu, ck.model, e.tasks * e.k, log), // every episode side by side
+    gpu: await decodingGpu(backend, ck.model, e.tasks * e.k, log), // every episode side by side
   });
   const progress = log.progress(`paired evaluation: ${name}`, e.tasks * e.k);
   const records = await validationEpisodes(

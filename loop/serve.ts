@@ -11,7 +11,7 @@ import { createServer, type IncomingMessage, type Server, type ServerResponse } 
 import type { AddressInfo } from 'node:net';
 import { join } from 'node:path';
 import { z } from 'zod';
-import { Logger } from '../pipeline/log.ts';
+import type { Logger } from '../pipeline/log.ts';
 import { jsonDepth } from '../pipeline/records.ts';
 import type { Message } from '../core/records.ts';
 import { seeded } from '../core/random.ts';
@@ -141,7 +141,7 @@ interface Job {
  * What a served version is loaded with: its queue's limits, and the GPU's kernels where the backend is the GPU
  * (decoding there with --backend webgpu, under auto where it is faster: train/placement.ts, which logs to `log`).
  */
-type ServedSettings = Pick<ServeSettings, 'maxBatch' | 'maxQueue'> & { gpu?: Kernels; log?: Logger };
+type ServedSettings = Pick<ServeSettings, 'maxBatch' | 'maxQueue'> & { gpu?: Kernels; auto?: boolean; log: Logger };
 
 /** The most bytes of tool lists a model keeps constraints for (Model.constraint). */
 export const CONSTRAINT_BYTES = 16 << 20;
@@ -154,7 +154,7 @@ class ServedModel {
   readonly chat: Chat;
   readonly context: number;
   readonly placeholders: Placeholders;
-  /** The caches and the model's steps, made at the first request (placed()): on the GPU or the CPU. */
+  /** The caches and the model's steps, on the GPU or the CPU (placed()). */
   private caches: CachePool | null = null;
   private readonly model: Llama;
   private readonly idle: TokenCache[] = [];
@@ -175,17 +175,22 @@ class ServedModel {
     this.context = checkpoint.context;
     this.placeholders = checkpoint.placeholders;
     this.model = checkpoint.model;
+    // Made now, as the version loads, unless auto is to time where they go (at the first request).
+    if (!settings.auto) this.caches = settings.gpu ? new GpuDecoder(this.model, settings.gpu) : cpuCaches(this.model);
   }
 
-  /** The caches, made at the first request: on the GPU where decodingGpu places maxBatch sequences of this model. */
+  /** The caches: under auto made at the first request, on the GPU where decodingGpu places maxBatch sequences. */
   private async placed(): Promise<CachePool> {
     if (!this.caches) {
-      const { gpu, maxBatch, log } = this.settings;
-      const on = await decodingGpu(gpu, this.model, maxBatch, log ?? new Logger('json', process.stderr, {}, true));
+      const { maxBatch, log } = this.settings;
+      const on = await decodingGpu(this.settings, this.model, maxBatch, log);
+      if (this.disposed) throw new Error(`version ${this.version} was unloaded`);
       this.caches = on ? new GpuDecoder(this.model, on) : cpuCaches(this.model);
     }
     return this.caches;
   }
+
+  private disposed = false;
 
   /**
    * The constraint of a request's tool list, kept for the next request with the same list: a client sends
@@ -322,6 +327,7 @@ class ServedModel {
   }
 
   dispose(): void {
+    this.disposed = true;
     for (const cache of this.idle.splice(0)) this.caches?.free(cache);
     this.caches?.dispose();
     this.model.dispose();

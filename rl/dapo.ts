@@ -9,11 +9,9 @@ import { DEFAULT_WORLD, generateWorld, taskPool } from '../env/world.ts';
 import { openChat } from '../train/chat.ts';
 import { loadCheckpoint } from '../train/checkpoint.ts';
 import type { Llama } from '../train/model.ts';
-import { decodingGpu } from '../train/placement.ts';
+import { decodingGpu, type Device } from '../train/placement.ts';
 import { finalMetrics, trainingRun } from '../train/run.ts';
 import type { TrainingSettings } from '../train/settings.ts';
-import type { OrtRuntime } from '../train/ort/onnx.ts';
-import type { Kernels } from '../train/webgpu/kernel.ts';
 import { simulatorRollouts, validation } from './rollouts.ts';
 import type { DapoSettings } from './settings.ts';
 import { dapoTrainer } from './trainer.ts';
@@ -30,8 +28,8 @@ export interface DapoRun {
 /**
  * Trains the model in `from` (a Hugging Face folder) by DAPO into `out/model` and `out/metrics.jsonl`, resuming
  * from the run's checkpoints in `cache` (keyed by `key`). `info` joins the model's trainer_state.json. With
- * `device.gpu` (`--backend webgpu`) the updates, the rollouts and validation run on the GPU (under auto the
- * rollouts and validation where they are faster: train/placement.ts); with `device.ort`
+ * `device.gpu` (`--backend webgpu`) the updates, the rollouts and validation run on the GPU (under auto, each
+ * where it is faster: train/placement.ts); with `device.ort`
  * (`--backend onnxruntime`) the updates run on the CPU path.
  */
 export async function runDapo(
@@ -43,14 +41,14 @@ export async function runDapo(
   info: Record<string, unknown>,
   signal: AbortSignal,
   log: Logger,
-  device: { gpu?: Kernels; ort?: OrtRuntime } = {},
+  device: Device = {},
 ): Promise<DapoRun> {
-  const { gpu, ort } = device;
+  const { gpu, ort, auto } = device;
   const start = loadCheckpoint(from);
   const chat = openChat(start.tokenizer, start.model.config.eosTokenId, from);
   const s = cfg.simulator;
   // A step's groups are decoded side by side: on the GPU where it is faster at that many sequences.
-  const decoding = await decodingGpu(gpu, start.model, cfg.group_size * cfg.tasks_per_step, log);
+  const decoding = await decodingGpu(device, start.model, cfg.group_size * cfg.tasks_per_step, log);
   const world = generateWorld({ ...DEFAULT_WORLD, seed: s.world_seed, companies: s.companies });
   const sampling = {
     maxTokens: s.max_tokens,
@@ -148,6 +146,7 @@ export async function runDapo(
       log,
       gpu,
       ort,
+      auto,
     },
     trainer,
   );

@@ -41,7 +41,7 @@ export interface Backend {
   gpu?: Kernels;
   /** `onnxruntime`: ONNX Runtime, for the training updates and scoring on the CPU; TensorFlow.js runs on WASM beside it. */
   ort?: OrtRuntime;
-  /** Chosen by `auto`: then each phase's decoding goes where it is faster (train/placement.ts). */
+  /** Chosen by `auto`: then each phase goes where it is faster, the GPU or the CPU (train/placement.ts). */
   auto?: boolean;
 }
 
@@ -92,9 +92,6 @@ let current: Backend | null = null;
  */
 export const cpuKernels = (): NativeKernels | null =>
   current?.ort?.native ?? (current?.auto && current.gpu ? nativeKernels() : null);
-
-/** The GPU's kernels where `auto` chose the GPU (placement.ts then times each phase's decoding), else null. */
-export const autoGpu = (): Kernels | null => (current?.auto && current.gpu) || null;
 
 /**
  * Loads and selects a backend; later calls with the same choice return the one already chosen. `precision`
@@ -186,7 +183,7 @@ export async function useBackend(
     // TensorFlow.js's backend is what `name` says; the run says where its steps went (RunResult.device).
     current = {
       name: 'wasm',
-      description: `webgpu on ${gpu.adapter.description} for training updates ${how}${auto ? ', decoding where it is faster (timed per phase)' : ''}, wasm for the rest`,
+      description: `webgpu on ${gpu.adapter.description} for training updates ${how}, wasm for the rest${auto ? ' (each phase timed there and on the CPU, and run where faster)' : ''}`,
       gpu: kernels,
       auto,
     };
@@ -230,7 +227,7 @@ export async function scorerOn(
   log: Logger,
   block = SCORED,
 ): Promise<{ score: BlockScorer; dispose(): void }> {
-  const device = backend?.gpu
+  const device = backend?.auto
     ? await (await import('./placement.ts')).trainingDevice(backend, model, block, log)
     : (backend ?? {});
   if (device.gpu) return (await import('./webgpu/llama.ts')).gpuScorer(model, device.gpu);

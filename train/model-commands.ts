@@ -118,7 +118,7 @@ export function addModelCommands(program: Command, ctx: CommandContext): void {
       ) => {
         const { model: m, backend, log } = await open(program, ctx, dir, [opts.ids]);
         // On the GPU with --backend webgpu, and under auto where one sequence decodes faster there.
-        const gpu = await (await import('./placement.ts')).decodingGpu(backend.gpu, m, 1, log);
+        const gpu = await (await import('./placement.ts')).decodingGpu(backend, m, 1, log);
         const cache = gpu
           ? new (await import('./webgpu/decode.ts')).GpuDecoder(m, gpu).create()
           : new (await import('./decode.ts')).KVCache(m);

@@ -1,36 +1,47 @@
 // Where `--backend auto` runs each phase of the work on a model when it found a GPU: on the GPU, or on the
 // CPU where the CPU is faster for the model's shape and the phase's size (a small model in small blocks, or
 // decoding a few sequences, can be faster on the CPU than through a GPU's dispatches and readbacks). Each
-// phase's work is timed once a process for each shape on both, and the log says both times:
+// phase's work is timed once a process for each shape, on both, and the log's `placed` lines say both times:
 // - training and scoring: a forward pass of one block of the run's micro-batch (rows × its sequence length),
-//   on the GPU whole and on the CPU for one row, times the rows (the CPU's forward time grows with its rows);
-//   a backward pass is about twice a forward on either, so the forward's ratio is the step's;
-// - decoding: sequences side by side, a prompt read and steps of a token each for all of them, drawn as
-//   the phase draws; the CPU's timing stops as soon as it is past the GPU's.
+//   on the GPU whole and on the CPU for one row of at most CPU_TOKENS, scaled to the block by the forward's
+//   FLOPs; a backward pass is about twice a forward on either, so the forward's ratio is the step's;
+// - decoding: sequences side by side, a prompt read and steps of a token each for all of them; the CPU's
+//   timing stops as soon as it is past the GPU's.
 // An explicit `--backend webgpu` runs every phase on the GPU. docs/trainer.md "Where auto runs each phase".
 import type { Logger } from '../pipeline/log.ts';
 import { seeded } from '../core/random.ts';
-import { autoGpu } from './backend.ts';
 import { Decoding, cpuCaches, readDecodings, type CachePool, type TokenCache } from './decode.ts';
-import type { Llama } from './model.ts';
+import { flopsPerToken, type Llama } from './model.ts';
 import type { OrtRuntime } from './ort/onnx.ts';
 import type { TokenBlock } from './windows.ts';
 import { GpuDecoder } from './webgpu/decode.ts';
 import type { Kernels } from './webgpu/kernel.ts';
 
-/** Where a phase trains and scores: on the GPU's kernels, or on the CPU path's ONNX Runtime; neither: WASM. */
+/** Where a phase runs: the GPU's kernels, or the CPU path's ONNX Runtime; neither: WASM. `auto`: chosen by auto. */
 export interface Device {
   gpu?: Kernels;
   ort?: OrtRuntime;
+  auto?: boolean;
 }
 
-const trained = new Map<string, Promise<boolean>>();
-let cpuRuntime: Promise<OrtRuntime | undefined> | null = null;
+/** Milliseconds a probe took on each side (Infinity: stopped once past the other). */
+export interface Timed {
+  gpu: number;
+  cpu: number;
+}
+
+/** The most tokens the CPU's forward probe reads (its time is scaled to the block's). */
+const CPU_TOKENS = 256;
+/** Tokens of each decoding probe's prompts, and the steps after them. */
+const PROMPT = 64;
+const STEPS = 8;
+/** Prompts read together in the decoding probe (a phase's episodes start a few at a time too). */
+const PROMPTS_A_READ = 8;
 
 /**
- * Where `model` trains and is scored in blocks of `rows` rows of `length` tokens: `device` as it is unless auto
- * chose its GPU; then the GPU where a forward pass of such a block is faster there, else the CPU path (ONNX
- * Runtime where it loads, else WASM).
+ * Where `model` trains and is scored in blocks of `rows` rows of `length` tokens: `device` as it is unless
+ * auto chose its GPU; then the GPU where a forward pass of such a block is faster there, else the CPU path
+ * (ONNX Runtime where it loads, else WASM).
  */
 export async function trainingDevice(
   device: Device,
@@ -39,45 +50,88 @@ export async function trainingDevice(
   log: Logger,
 ): Promise<Device> {
   const { gpu } = device;
-  if (!gpu || gpu !== autoGpu()) return device;
+  if (!gpu || !device.auto) return device;
   const rows = Math.max(1, block.rows);
   const length = Math.max(2, Math.min(block.length, model.config.maxPositions));
-  const key = `${JSON.stringify(model.config)} ${rows}×${length}`;
-  let onGpu = trained.get(key);
-  if (!onGpu) trained.set(key, (onGpu = forwardFasterOnGpu(gpu, model, rows, length, log)));
-  return (await onGpu) ? device : { ort: await cpuPath() };
+  const onGpu = await placedOnce(`training ${JSON.stringify(model.config)} ${rows}×${length}`, log, async () => {
+    const timed = await forwardTimes(gpu, model, rows, length);
+    log.info('placed', { phase: 'training and scoring', block: `${rows}×${length}`, ...said(timed) });
+    return timed;
+  });
+  return onGpu ? device : { ort: await cpuPath() };
 }
+
+/**
+ * The GPU's kernels for decoding `sequences` sequences of `model` side by side, or undefined for the CPU: the
+ * device's GPU where it was asked for (`--backend webgpu`), and under auto where the probe finds it faster.
+ */
+export async function decodingGpu(
+  device: Device,
+  model: Llama,
+  sequences: number,
+  log: Logger,
+): Promise<Kernels | undefined> {
+  const { gpu } = device;
+  if (!gpu || !device.auto) return gpu;
+  const onGpu = await placedOnce(`decoding ${JSON.stringify(model.config)} ${sequences}`, log, async () => {
+    const timed = await decodingTimes(gpu, model, sequences);
+    log.info('placed', { phase: 'decoding', sequences, ...said(timed) });
+    return timed;
+  });
+  return onGpu ? gpu : undefined;
+}
+
+const placed = new Map<string, Promise<boolean>>();
+
+/**
+ * Whether the GPU was the faster in `probe`, probed once a process for each `key`. A probe that fails leaves
+ * the GPU (auto's place for everything before it measured) and is tried again next time.
+ */
+async function placedOnce(key: string, log: Logger, probe: () => Promise<Timed>): Promise<boolean> {
+  let onGpu = placed.get(key);
+  if (!onGpu) {
+    onGpu = probe().then(
+      (t) => t.gpu < t.cpu,
+      (error: Error) => {
+        placed.delete(key);
+        log.warn('placed', { on: 'gpu', why: `the probe failed: ${error.message}` });
+        return true;
+      },
+    );
+    placed.set(key, onGpu);
+  }
+  return onGpu;
+}
+
+/** A probe's times for the log, to 0.1 ms; the CPU's "over" the GPU's where its timing stopped. */
+const said = (t: Timed) => ({
+  on: t.gpu < t.cpu ? 'gpu' : 'cpu',
+  gpu_ms: Math.round(t.gpu * 10) / 10,
+  cpu_ms: Number.isFinite(t.cpu) ? Math.round(t.cpu * 10) / 10 : `over ${Math.round(t.gpu * 10) / 10}`,
+});
+
+let cpuRuntime: Promise<OrtRuntime | undefined> | null = null;
 
 /** The CPU path's runtime: ONNX Runtime, opened once, where it loads; undefined (WASM) where it does not. */
 const cpuPath = () =>
   (cpuRuntime ??= import('./ort/onnx.ts').then(({ OrtRuntime }) => OrtRuntime.open()).catch(() => undefined));
 
-/** Whether a forward pass of rows × length tokens of `model` is faster on the GPU than on the CPU path; logged. */
-export async function forwardFasterOnGpu(
-  gpu: Kernels,
-  model: Llama,
-  rows: number,
-  length: number,
-  log: Logger,
-): Promise<boolean> {
+/**
+ * A forward pass of rows × length tokens of `model`: on the GPU, and on the CPU path for one row of at most
+ * CPU_TOKENS, scaled to the block by the forward's FLOPs (flopsPerToken: the products, and attention's T²).
+ */
+export async function forwardTimes(gpu: Kernels, model: Llama, rows: number, length: number): Promise<Timed> {
   const { GpuLlama } = await import('./webgpu/llama.ts');
   const weights = new Map([...model.params].map(([name, v]) => [name, v.dataSync() as Float32Array]));
-  const V = model.config.vocabSize;
-  const onGpu = await forwardTime(new GpuLlama(model.config, weights, gpu, { trainable: false }), rows, length, V);
+  const c = model.config;
+  const onGpu = await forwardTime(new GpuLlama(c, weights, gpu, { trainable: false }), rows, length, c.vocabSize);
   const ort = await cpuPath();
   const cpu = ort
-    ? new (await import('./ort/llama.ts')).OrtLlama(model.config, weights, ort, { trainable: false })
+    ? new (await import('./ort/llama.ts')).OrtLlama(c, weights, ort, { trainable: false })
     : { forward: (await import('./data.ts')).tfjsScorer(model), dispose() {} };
-  const onCpu = (await forwardTime(cpu, 1, length, V)) * rows;
-  log.info('placed', {
-    phase: 'training and scoring',
-    on: onGpu < onCpu ? 'gpu' : 'cpu',
-    block: `${rows}×${length}`,
-    gpu_ms: Math.round(onGpu),
-    cpu_ms: Math.round(onCpu),
-    cpu: ort ? 'onnxruntime' : 'wasm',
-  });
-  return onGpu < onCpu;
+  const tokens = Math.min(length, CPU_TOKENS);
+  const scale = (rows * length * flopsPerToken(c, length)) / (tokens * flopsPerToken(c, tokens));
+  return { gpu: onGpu, cpu: (await forwardTime(cpu, 1, tokens, c.vocabSize)) * scale };
 }
 
 /** Milliseconds a forward pass of rows × length random tokens (of V) takes on `held`, after one to warm it up; frees it. */
@@ -102,50 +156,16 @@ async function forwardTime(
   }
 }
 
-/** Tokens of each probe's prompts, and the steps after them. */
-const PROMPT = 64;
-const STEPS = 8;
-/** Prompts read together in the probe (a phase's episodes start a few at a time too). */
-const PROMPTS_A_READ = 8;
-
-const placed = new Map<string, Promise<boolean>>();
-
-/**
- * The GPU's kernels for decoding `sequences` sequences of `model` side by side, or undefined for the CPU: `gpu`
- * where it was asked for (`--backend webgpu`), and under auto where the probe finds it faster than the CPU.
- */
-export async function decodingGpu(
-  gpu: Kernels | undefined,
-  model: Llama,
-  sequences: number,
-  log: Logger,
-): Promise<Kernels | undefined> {
-  if (!gpu || gpu !== autoGpu()) return gpu;
-  const key = `${JSON.stringify(model.config)} ${sequences}`;
-  let onGpu = placed.get(key);
-  if (!onGpu) placed.set(key, (onGpu = fasterOnGpu(gpu, model, sequences, log)));
-  return (await onGpu) ? gpu : undefined;
-}
-
-/** Whether decoding `sequences` sequences of `model` side by side is faster on the GPU than on the CPU, timed on both and logged. */
-export async function fasterOnGpu(gpu: Kernels, model: Llama, sequences: number, log: Logger): Promise<boolean> {
+/** Decoding `sequences` sequences of `model` side by side: on the GPU, then on the CPU until past the GPU's time. */
+export async function decodingTimes(gpu: Kernels, model: Llama, sequences: number): Promise<Timed> {
   const onGpu = await decodingTime(new GpuDecoder(model, gpu), sequences, Infinity);
-  const onCpu = await decodingTime(cpuCaches(model), sequences, onGpu);
-  const where = onGpu < onCpu ? 'gpu' : 'cpu';
-  log.info('placed', {
-    phase: 'decoding',
-    on: where,
-    sequences,
-    gpu_ms: Math.round(onGpu),
-    cpu_ms: Number.isFinite(onCpu) ? Math.round(onCpu) : `over ${Math.round(onGpu)}`,
-  });
-  return where === 'gpu';
+  return { gpu: onGpu, cpu: await decodingTime(cpuCaches(model), sequences, onGpu) };
 }
 
 /**
  * Milliseconds `pool` takes to read `sequences` prompts of PROMPT random tokens, PROMPTS_A_READ at a time, then
- * STEPS tokens each, every sequence in each step (after a warm-up read: shaders compiled, buffers made);
- * Infinity once past `limit`. Frees the pool.
+ * STEPS tokens each (sampled at temperature 1, top-p 0.9), every sequence in each step, after a warm-up read
+ * (shaders compiled, buffers made); Infinity once past `limit`. Frees the pool.
  */
 export async function decodingTime(pool: CachePool, sequences: number, limit: number): Promise<number> {
   const random = seeded('placement');

@@ -112,6 +112,8 @@ export interface RunSettings {
   gpu?: Kernels;
   /** `--backend onnxruntime`: the CPU path's runtime; the run's updates are then made there. */
   ort?: OrtRuntime;
+  /** The GPU was chosen by auto: the run goes where its forward pass is faster (train/placement.ts). */
+  auto?: boolean;
 }
 
 export interface RunResult {

@@ -22,8 +22,7 @@ import {
 } from '../../train/data.ts';
 import { Llama } from '../../train/model.ts';
 import type { Placeholders } from '../../train/placeholders.ts';
-import type { Kernels } from '../../train/webgpu/kernel.ts';
-import { decodingGpu } from '../../train/placement.ts';
+import { decodingGpu, type Device } from '../../train/placement.ts';
 import { EpisodePlayers } from '../../train/policy.ts';
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
@@ -68,7 +67,7 @@ async function simulate(
   seed: string,
   signal: AbortSignal,
   log: Logger,
-  gpu?: Kernels,
+  device: Device,
 ): Promise<EpisodeRecord[]> {
   if (s.tasks === 0) return [];
   const players = new EpisodePlayers(m.name, m.model, context, chat, placeholders, {
@@ -77,7 +76,7 @@ async function simulate(
     topP: s.top_p,
     tools: s.constrained ? TOOLS : undefined,
     signal,
-    gpu: await decodingGpu(gpu, m.model, s.tasks * s.k, log), // every episode side by side
+    gpu: await decodingGpu(device, m.model, s.tasks * s.k, log), // every episode side by side
   });
   const progress = log.progress(`simulator: ${m.name}`, s.tasks * s.k);
   const started = performance.now();
@@ -268,7 +267,7 @@ export async function run({
       cfg.seed,
       signal,
       log,
-      backend.gpu,
+      backend,
     );
     if (cfg.simulator.tasks) Object.assign(row, figuresOf(episodes[m.name]!, cfg.simulator.k));
     rows[m.name] = row;

@@ -112,6 +112,7 @@ export async function run({
       log,
       gpu: backend.gpu,
       ort: backend.ort,
+      auto: backend.auto,
     },
     trainer,
   );

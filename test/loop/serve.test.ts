@@ -8,6 +8,7 @@ import { connect } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Registry } from '../../loop/registry.ts';
+import { Logger } from '../../pipeline/log.ts';
 import { CONSTRAINT_BYTES, armOf, conversationKey, loadCatalog } from '../../loop/serve.ts';
 import { SERVE_DEFAULTS, parseSplit } from '../../loop/settings.ts';
 import { TOOLS } from '../../env/env.ts';
@@ -354,7 +355,12 @@ describe('prefab serve', () => {
 
   it('forgets the constraints of the least recently used tool lists past a bound, however many lists clients send', async () => {
     const registry = new Registry(join(workdir, 'registry'));
-    const settings = { ...SERVE_DEFAULTS, apiKey: null, split: null };
+    const settings = {
+      ...SERVE_DEFAULTS,
+      apiKey: null,
+      split: null,
+      log: new Logger('json', process.stderr, {}, true),
+    };
     const model = loadCatalog(registry, ['production'], settings).get('production')!;
     const described = (i: number) =>
       TOOLS.map((t) => ({ ...t, function: { ...t.function, description: `${i} ${'long words '.repeat(1500)}` } }));

@@ -9,7 +9,8 @@ import { seeded, type Random } from '../../core/random.ts';
 import { sampleToken } from '../../train/sampling.ts';
 import { download, submit, upload } from '../../train/webgpu/buffers.ts';
 import { Kernels } from '../../train/webgpu/kernel.ts';
-import { DRAW_FLOATS, Sampler, type Draw } from '../../train/webgpu/sampling.ts';
+import type { Draw } from '../../train/sampling.ts';
+import { Sampler, drawParams } from '../../train/webgpu/sampling.ts';
 import { absent, gpu, kernels } from '../fixtures/webgpu.ts';
 
 /** Rows of logits of one kind. */
@@ -25,9 +26,11 @@ function logitsOf(kind: 'normal' | 'peaked' | 'ties', rows: number, vocab: numbe
 /** The tokens the GPU draws for each row of `logits` with `draws`, on `k`'s kernels. */
 async function onGpu(k: Kernels, logits: Float32Array, draws: Draw[], vocab: number): Promise<number[]> {
   const rows = draws.length;
-  const params = new Float32Array(rows * DRAW_FLOATS);
-  draws.forEach((d, r) => params.set([d.temperature, d.topP, d.u], r * DRAW_FLOATS));
-  const [z, p, tokens] = [upload(k.gpu, logits), upload(k.gpu, params), upload(k.gpu, new Uint32Array(rows))];
+  const [z, p, tokens] = [
+    upload(k.gpu, logits),
+    upload(k.gpu, drawParams(draws)),
+    upload(k.gpu, new Uint32Array(rows)),
+  ];
   submit(k.gpu, (pass) => new Sampler(k).encode(pass, z, p, tokens, rows, vocab));
   const got = [...new Uint32Array((await download(k.gpu, tokens, rows)).buffer)];
   for (const buffer of [z, p, tokens]) buffer.destroy();

@@ -24,7 +24,7 @@ import { allocate, download, submit, upload } from './buffers.ts';
 import { RopeTables } from './elementwise.ts';
 import type { Kernels } from './kernel.ts';
 import { llamaKernels } from './llama.ts';
-import { DRAW_FLOATS, Sampler } from './sampling.ts';
+import { Sampler, drawParams } from './sampling.ts';
 
 /** Positions a page of keys and values holds. */
 const PAGE = 16;
@@ -257,6 +257,12 @@ export class GpuDecoder implements CachePool {
       throw new Error('GpuDecoder.readMany: a cache of another decoder');
     if (reads.some((r) => r.length === 0)) throw new Error('GpuDecoder.readMany: no tokens to read');
     this.reads++;
+    // A read's logits past its first pass are kept for that read alone (its rows' logits(b)).
+    for (const [name, held] of this.activations)
+      if (/^logits [1-9]/.test(name)) {
+        held.buffer.destroy();
+        this.activations.delete(name);
+      }
     const left = reads.map((r) => [...r]);
     for (let n = 0; left.some((r) => r.length > 0); n++) {
       let room = STEP_ROWS;
@@ -318,11 +324,7 @@ export class GpuDecoder implements CachePool {
     const idsBuffer = write('ids', Int32Array.from(ids));
     const positionsBuffer = write('positions', Uint32Array.from(positions));
     let drawing: GPUBuffer | null = null;
-    if (draws) {
-      const params = new Float32Array(B * DRAW_FLOATS);
-      draws.forEach((d, b) => params.set([d.temperature, d.topP, d.u], b * DRAW_FLOATS));
-      drawing = write('draws', new Uint32Array(params.buffer));
-    }
+    if (draws) drawing = write('draws', new Uint32Array(drawParams(draws).buffer));
     const paged = {
       positions: positionsBuffer,
       list: write('list', Uint32Array.from(list)),

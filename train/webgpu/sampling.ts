@@ -12,10 +12,10 @@
 // Tested against sampleToken: test/train/webgpu-sampling.test.ts.
 /// <reference types="@webgpu/types" />
 import { Kernels, fields, kernel, span, type Binding } from './kernel.ts';
-export type { Draw } from '../sampling.ts';
+import type { Draw } from '../sampling.ts';
 
 /** f32s a row takes in the draws buffer: a Draw's temperature, topP and u (the fourth unused). */
-export const DRAW_FLOATS = 4;
+const DRAW_FLOATS = 4;
 
 const SAMPLE = kernel({
   threads: 'row',
@@ -50,10 +50,11 @@ fn count_of(t: u32, base: u32, top: f32, temp: f32, level: f32) -> f32 {
   return reduce(t, n, false);
 }
 
-// The largest level whose G reaches m: the bits of positive f32s halved between 0 (G = all) and just above 1.
-fn level_of(t: u32, base: u32, top: f32, temp: f32, m: f32) -> u32 {
+// The largest level whose G reaches m: the bits of positive f32s halved between 0 (G = all) and just above the
+// likeliest token's probability (1, or a little more where exp(0) is), which no probability reaches.
+fn level_of(t: u32, base: u32, top: f32, temp: f32, m: f32, most: f32) -> u32 {
   var lo = 0u;
-  var hi = bitcast<u32>(1.0) + 1u;
+  var hi = bitcast<u32>(most) + 1u;
   for (var i = 0u; i < 30u; i++) {
     let mid = (lo + hi) / 2u;
     if (mass_from(t, base, top, temp, bitcast<f32>(mid)) >= m) { lo = mid; } else { hi = mid; }
@@ -81,17 +82,19 @@ fn level_of(t: u32, base: u32, top: f32, temp: f32, m: f32) -> u32 {
     workgroupBarrier();
   }
   let top = best_value[0];
+  let likeliest = best_index[0]; // kept: best_index holds counts later
   // Draws and tokens are bound whole: the group's rows start at d.first there.
   let at = d.first + row;
   if (t == 0u) { uniform_f = draws[at * ${DRAW_FLOATS}u]; }
   let temp = workgroupUniformLoad(&uniform_f);
   if (temp <= 0.0) {
-    if (t == 0u) { tokens[at] = best_index[0]; }
+    if (t == 0u) { tokens[at] = likeliest; }
     return;
   }
   let top_p = draws[at * ${DRAW_FLOATS}u + 1u];
   let u = draws[at * ${DRAW_FLOATS}u + 2u];
   let total = mass_from(t, base, top, temp, 0.0);
+  let most = prob(base, likeliest, top, temp);
 
   // The nucleus: every probability above its last level tau, and of those equal to tau as many (in id order)
   // as bring the mass to top_p; all of them where top_p is 1.
@@ -101,7 +104,7 @@ fn level_of(t: u32, base: u32, top: f32, temp: f32, m: f32) -> u32 {
   if (t == 0u) { uniform_f = top_p; }
   if (workgroupUniformLoad(&uniform_f) < 1.0) {
     let wanted = top_p * total;
-    let bits = level_of(t, base, top, temp, wanted);
+    let bits = level_of(t, base, top, temp, wanted, most);
     tau = bitcast<f32>(bits);
     let above = mass_from(t, base, top, temp, bitcast<f32>(bits + 1u));
     let ties = count_of(t, base, top, temp, tau);
@@ -111,7 +114,7 @@ fn level_of(t: u32, base: u32, top: f32, temp: f32, m: f32) -> u32 {
 
   // The drawn token: the level where the running mass reaches r, and the how-many-th of its equals.
   let r = u * nucleus;
-  let bits = level_of(t, base, top, temp, r);
+  let bits = level_of(t, base, top, temp, r, most);
   var level = bitcast<f32>(bits);
   let above = mass_from(t, base, top, temp, bitcast<f32>(bits + 1u));
   let ties = count_of(t, base, top, temp, level);
@@ -133,7 +136,7 @@ fn level_of(t: u32, base: u32, top: f32, temp: f32, m: f32) -> u32 {
   workgroupBarrier();
   if (t == 0u) {
     var before = 0u;
-    owner = 0u;
+    owner = 256u; // none: the level equals no probability, which rounding alone could make
     owned = 0u;
     for (var k = 0u; k < 256u; k++) {
       if (f32(before + best_index[k]) > nth) { owner = k; owned = u32(nth) - before; break; }
@@ -141,6 +144,7 @@ fn level_of(t: u32, base: u32, top: f32, temp: f32, m: f32) -> u32 {
     }
   }
   workgroupBarrier();
+  if (t == 0u && owner == 256u) { tokens[at] = likeliest; }
   if (t == owner) {
     var seen = 0u;
     for (var j = first; j < last; j++) {
@@ -151,6 +155,13 @@ fn level_of(t: u32, base: u32, top: f32, temp: f32, m: f32) -> u32 {
     }
   }`,
 });
+
+/** Draws as the kernel reads them: DRAW_FLOATS f32s a row. */
+export function drawParams(draws: readonly Draw[]): Float32Array {
+  const params = new Float32Array(draws.length * DRAW_FLOATS);
+  draws.forEach((d, r) => params.set([d.temperature, d.topP, d.u], r * DRAW_FLOATS));
+  return params;
+}
 
 export class Sampler {
   constructor(private readonly k: Kernels) {}
