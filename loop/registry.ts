@@ -13,6 +13,7 @@ import {
   existsSync,
   fstatSync,
   fsyncSync,
+  linkSync,
   mkdirSync,
   openSync,
   readFileSync,
@@ -238,36 +239,48 @@ export class Registry {
   }
 
   /**
-   * Runs a decision holding the registry's lock (registry/.lock, made with O_EXCL, holding the holder's pid):
-   * waits for another decision's to go, takes over one whose process is gone, and gives up after LOCK_WAIT_MS
-   * saying who holds it. The decision reads the history again inside, so it decides from what is there now.
+   * Runs a decision holding the registry's lock (registry/.lock, holding the holder's pid): waits for another
+   * decision's to go, takes over one whose process is gone, and gives up after LOCK_WAIT_MS saying who holds
+   * it. The decision reads the history again inside, so it decides from what is there now. The lock is a hard
+   * link to a file already holding the pid (link fails where the lock exists), so a kill never leaves a lock
+   * without its holder, which no one could tell from a live one.
    */
   private locked<T>(decide: () => T): T {
     mkdirSync(this.dir, { recursive: true });
     const path = join(this.dir, '.lock');
+    const mine = `${path}.${process.pid}.tmp`; // as the workspace's lock is taken (pipeline/workspace.ts)
+    writeFileSync(mine, `${process.pid}\n`);
     const until = Date.now() + LOCK_WAIT_MS;
     for (;;) {
       try {
-        writeFileSync(path, `${process.pid}\n`, { flag: 'wx' });
+        linkSync(mine, path);
         break;
       } catch (error) {
-        if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error;
+        if ((error as NodeJS.ErrnoException).code !== 'EEXIST') {
+          rmSync(mine, { force: true });
+          throw error;
+        }
       }
       const holder = Number(readFileSyncOrEmpty(path).trim());
       if (holder > 0 && !alive(holder)) {
-        rmSync(path, { force: true }); // its process is gone: the decision it held never finished
+        // Its process is gone: the decision it held never finished.
+        rmSync(path, { force: true });
+        rmSync(`${path}.${holder}.tmp`, { force: true });
         continue;
       }
-      if (Date.now() > until)
+      if (Date.now() > until) {
+        rmSync(mine, { force: true });
         throw new PipelineError(
           `model registry ${this.dir} is locked by process ${holder || '?'} making a decision; try again once it has finished (or remove ${path} if no such process runs)`,
         );
+      }
       Atomics.wait(SLEEP, 0, 0, 10);
     }
     try {
       return decide();
     } finally {
       rmSync(path, { force: true });
+      rmSync(mine, { force: true });
     }
   }
 

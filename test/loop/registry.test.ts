@@ -122,6 +122,10 @@ describe('model registry', () => {
     const last = events.findLast((e) => e.event === 'promoted')!;
     expect(registry.aliases().production).toBe(last.version);
     registry.promote(last.version === 'v0001' ? 'v0002' : 'v0001', 'after the kill');
+    // The killed process's lock, if it held it, was taken over: none is left, nor its pid's file.
+    expect(readdirSync(registry.dir).filter((f) => f.startsWith('.lock') && f !== `.lock.${child.pid}.tmp`)).toEqual(
+      [],
+    );
     const text = readFileSync(path, 'utf8');
     expect(text.endsWith('\n')).toBe(true);
     for (const line of text.trim().split('\n')) expect(() => JSON.parse(line)).not.toThrow();
