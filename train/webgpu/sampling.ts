@@ -6,8 +6,9 @@
 //
 // No sort: with p_j = exp((z_j − max z) / T) ≤ 1, the mass at or above a level, G(t) = Σ_{p_j ≥ t} p_j, falls
 // as t rises, and the level where the running mass in order of probability reaches m is the largest t with
-// G(t) ≥ m. Positive f32s order as their bits do, so that level is found by halving the bits of t, 30 times
-// (all of a row's threads summing G over V each time); ties at the level are taken in id order. Sums in f32
+// G(t) ≥ m. Positive f32s order as their bits do, so that level is found by narrowing the bits of t eightfold a
+// pass, 10 passes (all of a row's threads summing G at seven levels over V each time); ties at the level are
+// taken in id order. Sums in f32
 // where the CPU's are in f64: a draw can differ only where r lies within rounding of a token's boundary.
 // Tested against sampleToken: test/train/webgpu-sampling.test.ts.
 /// <reference types="@webgpu/types" />
@@ -27,39 +28,70 @@ var<workgroup> best_index: array<u32, 256>;
 var<workgroup> uniform_f: f32;
 var<workgroup> owner: u32;
 var<workgroup> owned: u32;
+var<workgroup> many: array<f32, 1792>;
 
 // Every row's probabilities by the same expression, so that a level found from them equals some of them.
 fn prob(base: u32, j: u32, top: f32, t: f32) -> f32 { return exp((z[base + j] - top) / t); }
 
-// G(level): the mass of the row's probabilities at or above level, on every thread.
-fn mass_from(t: u32, base: u32, top: f32, temp: f32, level: f32) -> f32 {
-  var s = 0.0;
-  for (var j = t; j < d.vocab; j += 256u) {
-    let p = prob(base, j, top, temp);
-    if (p >= level) { s += p; }
+// Sums many[k * 256 + t] over the 256 threads for each k < n into many[k * 256], for every thread to read
+// (then a barrier before many is written again): several reductions for the barriers of one.
+fn sum_many(t: u32, n: u32) {
+  workgroupBarrier();
+  for (var stride = 128u; stride > 0u; stride >>= 1u) {
+    if (t < stride) {
+      for (var k = 0u; k < n; k++) { many[k * 256u + t] += many[k * 256u + t + stride]; }
+    }
+    workgroupBarrier();
   }
-  return reduce(t, s, false);
 }
 
-// How many of the row's probabilities equal level, on every thread (as an f32: exact below 2^24).
-fn count_of(t: u32, base: u32, top: f32, temp: f32, level: f32) -> f32 {
-  var n = 0.0;
-  for (var j = t; j < d.vocab; j += 256u) {
-    if (prob(base, j, top, temp) == level) { n += 1.0; }
-  }
-  return reduce(t, n, false);
-}
-
-// The largest level whose G reaches m: the bits of positive f32s halved between 0 (G = all) and just above the
-// likeliest token's probability (1, or a little more where exp(0) is), which no probability reaches.
+// The largest level whose G reaches m, between 0 (G is all the mass) and just above the likeliest token's
+// probability (1, or a little more where exp(0) rounds so), which no probability passes: each pass sums G at
+// seven levels evenly between lo (G reaches m) and hi (it does not) and keeps the eighth they bracket, so the
+// 2^30 bit patterns narrow to one in 10 passes over the row.
 fn level_of(t: u32, base: u32, top: f32, temp: f32, m: f32, most: f32) -> u32 {
   var lo = 0u;
   var hi = bitcast<u32>(most) + 1u;
-  for (var i = 0u; i < 30u; i++) {
-    let mid = (lo + hi) / 2u;
-    if (mass_from(t, base, top, temp, bitcast<f32>(mid)) >= m) { lo = mid; } else { hi = mid; }
+  for (var i = 0u; i < 11u; i++) {
+    let step = max(1u, (hi - lo + 7u) / 8u);
+    var s = array<f32, 7>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
+    for (var j = t; j < d.vocab; j += 256u) {
+      let p = prob(base, j, top, temp);
+      for (var k = 0u; k < 7u; k++) {
+        if (p >= bitcast<f32>(lo + (k + 1u) * step)) { s[k] += p; }
+      }
+    }
+    for (var k = 0u; k < 7u; k++) { many[k * 256u + t] = s[k]; }
+    sum_many(t, 7u);
+    var below = lo;
+    var above = hi;
+    for (var k = 0u; k < 7u; k++) {
+      let level = lo + (k + 1u) * step;
+      if (level < hi) {
+        if (many[k * 256u] >= m) { below = level; } else { above = min(above, level); }
+      }
+    }
+    workgroupBarrier();
+    lo = below;
+    hi = above;
   }
   return lo;
+}
+
+// The mass of the row's probabilities above level, and how many equal it (as an f32: exact below 2^24).
+fn above_and_ties(t: u32, base: u32, top: f32, temp: f32, level: f32) -> vec2f {
+  var above = 0.0;
+  var ties = 0.0;
+  for (var j = t; j < d.vocab; j += 256u) {
+    let p = prob(base, j, top, temp);
+    if (p > level) { above += p; } else if (p == level) { ties += 1.0; }
+  }
+  many[t] = above;
+  many[256u + t] = ties;
+  sum_many(t, 2u);
+  let both = vec2f(many[0], many[256u]);
+  workgroupBarrier();
+  return both;
 }`,
   body: /* wgsl */ `
   let t = lid.x;
@@ -93,7 +125,9 @@ fn level_of(t: u32, base: u32, top: f32, temp: f32, m: f32, most: f32) -> u32 {
   }
   let top_p = draws[at * ${DRAW_FLOATS}u + 1u];
   let u = draws[at * ${DRAW_FLOATS}u + 2u];
-  let total = mass_from(t, base, top, temp, 0.0);
+  var mass = 0.0;
+  for (var j = t; j < d.vocab; j += 256u) { mass += prob(base, j, top, temp); }
+  let total = reduce(t, mass, false);
   let most = prob(base, likeliest, top, temp);
 
   // The nucleus: every probability above its last level tau, and of those equal to tau as many (in id order)
@@ -106,19 +140,17 @@ fn level_of(t: u32, base: u32, top: f32, temp: f32, m: f32, most: f32) -> u32 {
     let wanted = top_p * total;
     let bits = level_of(t, base, top, temp, wanted, most);
     tau = bitcast<f32>(bits);
-    let above = mass_from(t, base, top, temp, bitcast<f32>(bits + 1u));
-    let ties = count_of(t, base, top, temp, tau);
-    kept = clamp(ceil((wanted - above) / tau), 1.0, max(ties, 1.0));
-    nucleus = above + kept * tau;
+    let at_tau = above_and_ties(t, base, top, temp, tau);
+    kept = clamp(ceil((wanted - at_tau.x) / tau), 1.0, max(at_tau.y, 1.0));
+    nucleus = at_tau.x + kept * tau;
   }
 
   // The drawn token: the level where the running mass reaches r, and the how-many-th of its equals.
   let r = u * nucleus;
   let bits = level_of(t, base, top, temp, r, most);
   var level = bitcast<f32>(bits);
-  let above = mass_from(t, base, top, temp, bitcast<f32>(bits + 1u));
-  let ties = count_of(t, base, top, temp, level);
-  var nth = clamp(ceil((r - above) / level) - 1.0, 0.0, max(ties, 1.0) - 1.0);
+  let at_level = above_and_ties(t, base, top, temp, level);
+  var nth = clamp(ceil((r - at_level.x) / level) - 1.0, 0.0, max(at_level.y, 1.0) - 1.0);
   if (level < tau) {
     // Past the nucleus's last level (r within rounding of its mass): its last token.
     level = tau;

@@ -1,0 +1,52 @@
+// Drawing a decoding step's tokens on the GPU (train/webgpu/sampling.ts) against drawing them on the CPU from
+// logits read back (train/sampling.ts sampleToken, what a step did before): milliseconds for a step's rows at
+// a vocabulary, the best of a few runs, with random logits (flat ones, whose nucleus is most of the vocabulary:
+// the CPU's slowest case). The GPU's figure includes its dispatch and the tokens' readback; the CPU's does not
+// include reading the logits back.
+// Usage: npm run bench:sampling [-- --rows 32 --vocab 1024,49152,151936 --top-p 0.9]
+import { Command } from 'commander';
+import { seeded } from '../core/random.ts';
+import { sampleToken } from '../train/sampling.ts';
+import { download, submit, upload } from '../train/webgpu/buffers.ts';
+import { openGpu } from '../train/webgpu/device.ts';
+import { Kernels } from '../train/webgpu/kernel.ts';
+import { Sampler, drawParams } from '../train/webgpu/sampling.ts';
+
+const opts = new Command()
+  .option('--rows <n>', "a step's sequences", '32')
+  .option('--vocab <list>', 'vocabularies', '1024,49152,151936')
+  .option('--top-p <p>', 'the nucleus', '0.9')
+  .option('--runs <n>', 'runs of each, the best kept', '4')
+  .parse()
+  .opts<{ rows: string; vocab: string; topP: string; runs: string }>();
+
+const gpu = await openGpu();
+const k = new Kernels(gpu);
+const sampler = new Sampler(k);
+const rows = Number(opts.rows);
+const random = seeded('bench-sampling');
+console.log(`the GPU: ${gpu.adapter.description}; ${rows} rows, top-p ${opts.topP}, temperature 1`);
+console.log('| vocabulary | GPU draw, ms | CPU draw (sampleToken), ms | CPU / GPU |');
+console.log('|---|---|---|---|');
+for (const V of opts.vocab.split(',').map(Number)) {
+  const logits = Float32Array.from({ length: rows * V }, () => (random() - 0.5) * 6);
+  const draws = Array.from({ length: rows }, () => ({
+    temperature: 1,
+    topP: Number(opts.topP),
+    u: Math.fround(random()),
+  }));
+  const [z, params, tokens] = [upload(gpu, logits), upload(gpu, drawParams(draws)), upload(gpu, new Uint32Array(rows))];
+  let [onGpu, onCpu] = [Infinity, Infinity];
+  for (let run = 0; run < Number(opts.runs); run++) {
+    let began = performance.now();
+    submit(gpu, (pass) => sampler.encode(pass, z, params, tokens, rows, V));
+    await download(gpu, tokens, rows);
+    onGpu = Math.min(onGpu, performance.now() - began);
+    began = performance.now();
+    draws.forEach((d, r) => sampleToken(logits.subarray(r * V, (r + 1) * V), 1, d.topP, () => d.u));
+    onCpu = Math.min(onCpu, performance.now() - began);
+  }
+  for (const buffer of [z, params, tokens]) buffer.destroy();
+  console.log(`| ${V} | ${onGpu.toFixed(1)} | ${onCpu.toFixed(1)} | ${(onCpu / onGpu).toFixed(2)} |`);
+}
+process.exit(0);
