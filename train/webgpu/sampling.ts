@@ -26,6 +26,7 @@ const SAMPLE = kernel({
 var<workgroup> best_value: array<f32, 256>;
 var<workgroup> best_index: array<u32, 256>;
 var<workgroup> uniform_f: f32;
+var<workgroup> uniform_u: u32;
 var<workgroup> owner: u32;
 var<workgroup> owned: u32;
 var<workgroup> many: array<f32, 1792>;
@@ -48,11 +49,13 @@ fn sum_many(t: u32, n: u32) {
 // The largest level whose G reaches m, between 0 (G is all the mass) and just above the likeliest token's
 // probability (1, or a little more where exp(0) rounds so), which no probability passes: each pass sums G at
 // seven levels evenly between lo (G reaches m) and hi (it does not) and keeps the eighth they bracket, so the
-// 2^30 bit patterns narrow to one in 10 passes over the row.
+// 2^30 bit patterns narrow to one in at most 10 passes over the row.
 fn level_of(t: u32, base: u32, top: f32, temp: f32, m: f32, most: f32) -> u32 {
   var lo = 0u;
   var hi = bitcast<u32>(most) + 1u;
   for (var i = 0u; i < 11u; i++) {
+    if (t == 0u) { uniform_u = hi - lo; }
+    if (workgroupUniformLoad(&uniform_u) <= 1u) { break; } // the same on every thread: a uniform exit
     let step = max(1u, (hi - lo + 7u) / 8u);
     var s = array<f32, 7>(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0);
     for (var j = t; j < d.vocab; j += 256u) {
