@@ -2,7 +2,8 @@
 // logits read back (train/sampling.ts sampleToken, what a step did before): milliseconds for a step's rows at
 // a vocabulary, the best of a few runs, with random logits (flat ones, whose nucleus is most of the vocabulary:
 // the CPU's slowest case). The GPU's figure includes its dispatch and the tokens' readback; the CPU's does not
-// include reading the logits back.
+// include reading the logits back. Beside them, how many rows drew the same token on both (f32 sums against
+// f64: a draw within rounding of a boundary may differ).
 // Usage: npm run bench:sampling [-- --rows 32 --vocab 1024,49152,151936 --top-p 0.9]
 import { Command } from 'commander';
 import { seeded } from '../core/random.ts';
@@ -26,8 +27,8 @@ const sampler = new Sampler(k);
 const rows = Number(opts.rows);
 const random = seeded('bench-sampling');
 console.log(`the GPU: ${gpu.adapter.description}; ${rows} rows, top-p ${opts.topP}, temperature 1`);
-console.log('| vocabulary | GPU draw, ms | CPU draw (sampleToken), ms | CPU / GPU |');
-console.log('|---|---|---|---|');
+console.log('| vocabulary | GPU draw, ms | CPU draw (sampleToken), ms | CPU / GPU | the same token |');
+console.log('|---|---|---|---|---|');
 for (const V of opts.vocab.split(',').map(Number)) {
   const logits = Float32Array.from({ length: rows * V }, () => (random() - 0.5) * 6);
   const draws = Array.from({ length: rows }, () => ({
@@ -36,17 +37,20 @@ for (const V of opts.vocab.split(',').map(Number)) {
     u: Math.fround(random()),
   }));
   const [z, params, tokens] = [upload(gpu, logits), upload(gpu, drawParams(draws)), upload(gpu, new Uint32Array(rows))];
-  let [onGpu, onCpu] = [Infinity, Infinity];
+  let [onGpu, onCpu, same] = [Infinity, Infinity, 0];
   for (let run = 0; run < Number(opts.runs); run++) {
     let began = performance.now();
     submit(gpu, (pass) => sampler.encode(pass, z, params, tokens, rows, V));
-    await download(gpu, tokens, rows);
+    const drawn = new Uint32Array((await download(gpu, tokens, rows)).buffer);
     onGpu = Math.min(onGpu, performance.now() - began);
     began = performance.now();
-    draws.forEach((d, r) => sampleToken(logits.subarray(r * V, (r + 1) * V), 1, d.topP, () => d.u));
+    const want = draws.map((d, r) => sampleToken(logits.subarray(r * V, (r + 1) * V), 1, d.topP, () => d.u));
     onCpu = Math.min(onCpu, performance.now() - began);
+    same = want.filter((id, r) => drawn[r] === id).length;
   }
   for (const buffer of [z, params, tokens]) buffer.destroy();
-  console.log(`| ${V} | ${onGpu.toFixed(1)} | ${onCpu.toFixed(1)} | ${(onCpu / onGpu).toFixed(2)} |`);
+  console.log(
+    `| ${V} | ${onGpu.toFixed(1)} | ${onCpu.toFixed(1)} | ${(onCpu / onGpu).toFixed(2)} | ${same} of ${rows} |`,
+  );
 }
 process.exit(0);

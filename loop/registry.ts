@@ -21,6 +21,7 @@ import {
   readdirSync,
   renameSync,
   rmSync,
+  statSync,
   truncateSync,
   writeFileSync,
 } from 'node:fs';
@@ -241,46 +242,57 @@ export class Registry {
   /**
    * Runs a decision holding the registry's lock (registry/.lock, holding the holder's pid): waits for another
    * decision's to go, takes over one whose process is gone, and gives up after LOCK_WAIT_MS saying who holds
-   * it. The decision reads the history again inside, so it decides from what is there now. The lock is a hard
-   * link to a file already holding the pid (link fails where the lock exists), so a kill never leaves a lock
-   * without its holder, which no one could tell from a live one.
+   * it. The decision reads the history again inside, so it decides from what is there now. The lock is taken
+   * as the workspace's is (pipeline/workspace.ts): a hard link to a file already holding the pid, so a kill
+   * never leaves a lock without its holder; its inode says whose it is, so a lock is only ever removed by
+   * the process that saw it stale, or the one that made it.
    */
   private locked<T>(decide: () => T): T {
     mkdirSync(this.dir, { recursive: true });
     const path = join(this.dir, '.lock');
-    const mine = `${path}.${process.pid}.tmp`; // as the workspace's lock is taken (pipeline/workspace.ts)
+    const mine = `${path}.${process.pid}.tmp`;
     writeFileSync(mine, `${process.pid}\n`);
     const until = Date.now() + LOCK_WAIT_MS;
-    for (;;) {
-      try {
-        linkSync(mine, path);
-        break;
-      } catch (error) {
-        if ((error as NodeJS.ErrnoException).code !== 'EEXIST') {
-          rmSync(mine, { force: true });
-          throw error;
+    let held: number;
+    try {
+      for (;;) {
+        try {
+          linkSync(mine, path);
+          held = statSync(path).ino;
+          break;
+        } catch (error) {
+          if ((error as NodeJS.ErrnoException).code !== 'EEXIST')
+            throw new PipelineError(`cannot take the registry's lock ${path}: ${(error as Error).message}`);
         }
+        const seen = inodeOf(path);
+        const holder = Number(readFileSyncOrEmpty(path).trim());
+        // Gone, or this very process (whose decisions never nest): a pid reused since, as pid 1 in a container.
+        if (holder > 0 && (holder === process.pid || !alive(holder))) {
+          if (inodeOf(path) === seen) rmSync(path, { force: true }); // not a lock another process took meanwhile
+          continue;
+        }
+        if (Date.now() > until)
+          throw new PipelineError(
+            `model registry ${this.dir} is locked by process ${holder || '?'} making a decision; try again once it has finished (or remove ${path} if no such process runs)`,
+          );
+        Atomics.wait(SLEEP, 0, 0, 10);
       }
-      const holder = Number(readFileSyncOrEmpty(path).trim());
-      if (holder > 0 && !alive(holder)) {
-        // Its process is gone: the decision it held never finished.
-        rmSync(path, { force: true });
-        rmSync(`${path}.${holder}.tmp`, { force: true });
-        continue;
-      }
-      if (Date.now() > until) {
-        rmSync(mine, { force: true });
-        throw new PipelineError(
-          `model registry ${this.dir} is locked by process ${holder || '?'} making a decision; try again once it has finished (or remove ${path} if no such process runs)`,
-        );
-      }
-      Atomics.wait(SLEEP, 0, 0, 10);
+    } finally {
+      rmSync(mine, { force: true });
     }
+    this.sweepLockFiles();
     try {
       return decide();
     } finally {
-      rmSync(path, { force: true });
-      rmSync(mine, { force: true });
+      if (inodeOf(path) === held) rmSync(path, { force: true });
+    }
+  }
+
+  /** Removes the files of processes killed while taking the lock (`.lock.PID.tmp`, their pid gone). */
+  private sweepLockFiles(): void {
+    for (const name of readdirSync(this.dir)) {
+      const pid = /^\.lock\.(\d+)\.tmp$/.exec(name)?.[1];
+      if (pid && !alive(Number(pid))) rmSync(join(this.dir, name), { force: true });
     }
   }
 
@@ -308,6 +320,15 @@ function readFileSyncOrEmpty(path: string): string {
     return readFileSync(path, 'utf8');
   } catch {
     return '';
+  }
+}
+
+/** The inode of the file at `path`, or null where there is none. */
+function inodeOf(path: string): number | null {
+  try {
+    return statSync(path).ino;
+  } catch {
+    return null;
   }
 }
 

@@ -24,10 +24,11 @@ export interface Device {
   auto?: boolean;
 }
 
-/** Milliseconds a probe took on each side (Infinity: stopped once past the other). */
+/** Milliseconds a probe took on each side (Infinity: stopped once past the other, or failed, said in `failed`). */
 export interface Timed {
   gpu: number;
   cpu: number;
+  failed?: string;
 }
 
 /** The most tokens the CPU's forward probe reads (its time is scaled to the block's). */
@@ -53,11 +54,12 @@ export async function trainingDevice(
   if (!gpu || !device.auto) return device;
   const rows = Math.max(1, block.rows);
   const length = Math.max(2, Math.min(block.length, model.config.maxPositions));
-  const onGpu = await placedOnce(`training ${JSON.stringify(model.config)} ${rows}×${length}`, log, async () => {
-    const timed = await forwardTimes(gpu, model, rows, length);
-    log.info('placed', { phase: 'training and scoring', block: `${rows}×${length}`, ...said(timed) });
-    return timed;
-  });
+  const onGpu = await placedOnce(
+    `training ${JSON.stringify(model.config)} ${rows}×${length}`,
+    { phase: 'training and scoring', block: `${rows}×${length}` },
+    log,
+    () => forwardTimes(gpu, model, rows, length),
+  );
   return onGpu ? device : { ort: await cpuPath() };
 }
 
@@ -73,28 +75,39 @@ export async function decodingGpu(
 ): Promise<Kernels | undefined> {
   const { gpu } = device;
   if (!gpu || !device.auto) return gpu;
-  const onGpu = await placedOnce(`decoding ${JSON.stringify(model.config)} ${sequences}`, log, async () => {
-    const timed = await decodingTimes(gpu, model, sequences);
-    log.info('placed', { phase: 'decoding', sequences, ...said(timed) });
-    return timed;
-  });
+  const onGpu = await placedOnce(
+    `decoding ${JSON.stringify(model.config)} ${sequences}`,
+    { phase: 'decoding', sequences },
+    log,
+    () => decodingTimes(gpu, model, sequences),
+  );
   return onGpu ? gpu : undefined;
 }
 
 const placed = new Map<string, Promise<boolean>>();
 
 /**
- * Whether the GPU was the faster in `probe`, probed once a process for each `key`. A probe that fails leaves
- * the GPU (auto's place for everything before it measured) and is tried again next time.
+ * Whether the GPU was the faster in `probe`, probed once a process for each `key` and logged with `fields`. A
+ * side that fails loses (a warning says why); where both fail, the GPU is kept (auto's place for everything
+ * before it measured) and the probe is tried again next time.
  */
-async function placedOnce(key: string, log: Logger, probe: () => Promise<Timed>): Promise<boolean> {
+async function placedOnce(
+  key: string,
+  fields: Record<string, unknown>,
+  log: Logger,
+  probe: () => Promise<Timed>,
+): Promise<boolean> {
   let onGpu = placed.get(key);
   if (!onGpu) {
     onGpu = probe().then(
-      (t) => t.gpu < t.cpu,
+      (t) => {
+        if (t.failed) log.warn('placed', { ...fields, ...said(t), why: t.failed });
+        else log.info('placed', { ...fields, ...said(t) });
+        return t.gpu < t.cpu;
+      },
       (error: Error) => {
         placed.delete(key);
-        log.warn('placed', { on: 'gpu', why: `the probe failed: ${error.message}` });
+        log.warn('placed', { ...fields, on: 'gpu', why: `both sides failed: ${error.message}` });
         return true;
       },
     );
@@ -103,12 +116,33 @@ async function placedOnce(key: string, log: Logger, probe: () => Promise<Timed>)
   return onGpu;
 }
 
-/** A probe's times for the log, to 0.1 ms; the CPU's "over" the GPU's where its timing stopped. */
-const said = (t: Timed) => ({
-  on: t.gpu < t.cpu ? 'gpu' : 'cpu',
-  gpu_ms: Math.round(t.gpu * 10) / 10,
-  cpu_ms: Number.isFinite(t.cpu) ? Math.round(t.cpu * 10) / 10 : `over ${Math.round(t.gpu * 10) / 10}`,
-});
+/** A probe's times for the log, to 0.1 ms; the CPU's "over" the GPU's where its timing stopped there. */
+function said(t: Timed): Record<string, unknown> {
+  const ms = (x: number) => Math.round(x * 10) / 10;
+  const failed = (side: string) => t.failed?.includes(`${side}: `);
+  return {
+    on: t.gpu < t.cpu ? 'gpu' : 'cpu',
+    gpu_ms: failed('gpu') ? 'failed' : ms(t.gpu),
+    cpu_ms: failed('cpu') ? 'failed' : Number.isFinite(t.cpu) ? ms(t.cpu) : `over ${ms(t.gpu)}`,
+  };
+}
+
+/** Each side's time, Infinity for a side that fails (the other then wins); where both fail, their errors. */
+async function bothSides(gpu: () => Promise<number>, cpu: (limit: number) => Promise<number>): Promise<Timed> {
+  const failures: string[] = [];
+  const side = async (name: string, time: () => Promise<number>) => {
+    try {
+      return await time();
+    } catch (error) {
+      failures.push(`${name}: ${(error as Error).message}`);
+      return Infinity;
+    }
+  };
+  const onGpu = await side('gpu', gpu);
+  const onCpu = await side('cpu', () => cpu(onGpu));
+  if (failures.length === 2) throw new Error(failures.join('; '));
+  return { gpu: onGpu, cpu: onCpu, ...(failures.length ? { failed: failures[0] } : {}) };
+}
 
 let cpuRuntime: Promise<OrtRuntime | undefined> | null = null;
 
@@ -121,17 +155,23 @@ const cpuPath = () =>
  * CPU_TOKENS, scaled to the block by the forward's FLOPs (flopsPerToken: the products, and attention's T²).
  */
 export async function forwardTimes(gpu: Kernels, model: Llama, rows: number, length: number): Promise<Timed> {
-  const { GpuLlama } = await import('./webgpu/llama.ts');
   const weights = new Map([...model.params].map(([name, v]) => [name, v.dataSync() as Float32Array]));
   const c = model.config;
-  const onGpu = await forwardTime(new GpuLlama(c, weights, gpu, { trainable: false }), rows, length, c.vocabSize);
-  const ort = await cpuPath();
-  const cpu = ort
-    ? new (await import('./ort/llama.ts')).OrtLlama(c, weights, ort, { trainable: false })
-    : { forward: (await import('./data.ts')).tfjsScorer(model), dispose() {} };
   const tokens = Math.min(length, CPU_TOKENS);
   const scale = (rows * length * flopsPerToken(c, length)) / (tokens * flopsPerToken(c, tokens));
-  return { gpu: onGpu, cpu: (await forwardTime(cpu, 1, tokens, c.vocabSize)) * scale };
+  return bothSides(
+    async () => {
+      const { GpuLlama } = await import('./webgpu/llama.ts');
+      return forwardTime(new GpuLlama(c, weights, gpu, { trainable: false }), rows, length, c.vocabSize);
+    },
+    async () => {
+      const ort = await cpuPath();
+      const cpu = ort
+        ? new (await import('./ort/llama.ts')).OrtLlama(c, weights, ort, { trainable: false })
+        : { forward: (await import('./data.ts')).tfjsScorer(model), dispose() {} };
+      return (await forwardTime(cpu, 1, tokens, c.vocabSize)) * scale;
+    },
+  );
 }
 
 /** Milliseconds a forward pass of rows × length random tokens (of V) takes on `held`, after one to warm it up; frees it. */
@@ -157,9 +197,11 @@ async function forwardTime(
 }
 
 /** Decoding `sequences` sequences of `model` side by side: on the GPU, then on the CPU until past the GPU's time. */
-export async function decodingTimes(gpu: Kernels, model: Llama, sequences: number): Promise<Timed> {
-  const onGpu = await decodingTime(new GpuDecoder(model, gpu), sequences, Infinity);
-  return { gpu: onGpu, cpu: await decodingTime(cpuCaches(model), sequences, onGpu) };
+export function decodingTimes(gpu: Kernels, model: Llama, sequences: number): Promise<Timed> {
+  return bothSides(
+    () => decodingTime(new GpuDecoder(model, gpu), sequences, Infinity),
+    (limit) => decodingTime(cpuCaches(model), sequences, limit),
+  );
 }
 
 /**

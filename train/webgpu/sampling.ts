@@ -7,9 +7,9 @@
 // No sort: with p_j = exp((z_j − max z) / T) ≤ 1, the mass at or above a level, G(t) = Σ_{p_j ≥ t} p_j, falls
 // as t rises, and the level where the running mass in order of probability reaches m is the largest t with
 // G(t) ≥ m. Positive f32s order as their bits do, so that level is found by narrowing the bits of t eightfold a
-// pass, 10 passes (all of a row's threads summing G at seven levels over V each time); ties at the level are
-// taken in id order. Sums in f32
-// where the CPU's are in f64: a draw can differ only where r lies within rounding of a token's boundary.
+// pass, at most 10 passes (all of a row's threads summing G at seven levels over V each time); ties at the level
+// are taken in id order. Sums in f32 where the CPU's are in f64: a draw can differ only where r lies within
+// rounding of a token's boundary.
 // Tested against sampleToken: test/train/webgpu-sampling.test.ts.
 /// <reference types="@webgpu/types" />
 import { Kernels, fields, kernel, span, type Binding } from './kernel.ts';
@@ -46,13 +46,13 @@ fn sum_many(t: u32, n: u32) {
   }
 }
 
-// The largest level whose G reaches m, between 0 (G is all the mass) and just above the likeliest token's
-// probability (1, or a little more where exp(0) rounds so), which no probability passes: each pass sums G at
-// seven levels evenly between lo (G reaches m) and hi (it does not) and keeps the eighth they bracket, so the
-// 2^30 bit patterns narrow to one in at most 10 passes over the row.
-fn level_of(t: u32, base: u32, top: f32, temp: f32, m: f32, most: f32) -> u32 {
+// The largest level whose G reaches m, between 0 (G is all the mass) and 2 (past every probability, the
+// likeliest being 1): each pass sums G at seven levels evenly between lo (G reaches m) and hi (it does not) and
+// keeps the eighth they bracket, so the 2^30 bit patterns below 2 narrow to one in at most 10 passes. (Where m
+// is 0 the level found matches no probability, and the likeliest is drawn, as sampleToken draws at u = 0.)
+fn level_of(t: u32, base: u32, top: f32, temp: f32, m: f32) -> u32 {
   var lo = 0u;
-  var hi = bitcast<u32>(most) + 1u;
+  var hi = bitcast<u32>(2.0);
   for (var i = 0u; i < 11u; i++) {
     if (t == 0u) { uniform_u = hi - lo; }
     if (workgroupUniformLoad(&uniform_u) <= 1u) { break; } // the same on every thread: a uniform exit
@@ -131,7 +131,6 @@ fn above_and_ties(t: u32, base: u32, top: f32, temp: f32, level: f32) -> vec2f {
   var mass = 0.0;
   for (var j = t; j < d.vocab; j += 256u) { mass += prob(base, j, top, temp); }
   let total = reduce(t, mass, false);
-  let most = prob(base, likeliest, top, temp);
 
   // The nucleus: every probability above its last level tau, and of those equal to tau as many (in id order)
   // as bring the mass to top_p; all of them where top_p is 1.
@@ -141,7 +140,7 @@ fn above_and_ties(t: u32, base: u32, top: f32, temp: f32, level: f32) -> vec2f {
   if (t == 0u) { uniform_f = top_p; }
   if (workgroupUniformLoad(&uniform_f) < 1.0) {
     let wanted = top_p * total;
-    let bits = level_of(t, base, top, temp, wanted, most);
+    let bits = level_of(t, base, top, temp, wanted);
     tau = bitcast<f32>(bits);
     let at_tau = above_and_ties(t, base, top, temp, tau);
     kept = clamp(ceil((wanted - at_tau.x) / tau), 1.0, max(at_tau.y, 1.0));
@@ -150,7 +149,7 @@ fn above_and_ties(t: u32, base: u32, top: f32, temp: f32, level: f32) -> vec2f {
 
   // The drawn token: the level where the running mass reaches r, and the how-many-th of its equals.
   let r = u * nucleus;
-  let bits = level_of(t, base, top, temp, r, most);
+  let bits = level_of(t, base, top, temp, r);
   var level = bitcast<f32>(bits);
   let at_level = above_and_ties(t, base, top, temp, level);
   var nth = clamp(ceil((r - at_level.x) / level) - 1.0, 0.0, max(at_level.y, 1.0) - 1.0);
@@ -158,7 +157,7 @@ fn above_and_ties(t: u32, base: u32, top: f32, temp: f32, level: f32) -> vec2f {
     // Past the nucleus's last level (r within rounding of its mass): its last token.
     level = tau;
     nth = kept - 1.0;
-  } else if (level == tau) {
+  } else if (level == tau && kept > 0.0) {
     nth = min(nth, kept - 1.0);
   }
   // Which thread holds that tie: each counts its equals in a run of ids of its own, thread 0 adds them up.
