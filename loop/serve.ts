@@ -284,7 +284,6 @@ class ServedModel {
       const caches = await this.placed();
       while (this.waiting.length > 0 || this.active.length > 0) {
         const reading: { job: Job; tokens: number[] }[] = [];
-        for (const job of this.active) if (!job.cancelled && job.decoding!.drawn) await job.decoding!.ready();
         for (const job of this.active) {
           const token = job.cancelled ? null : job.decoding!.next();
           if (token !== null) {

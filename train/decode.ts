@@ -554,7 +554,8 @@ export interface Drawn {
 
 /**
  * Reads reads[i] into decodings[i]'s cache, all in one pass of `pool`, and sets what each draws its next token
- * from: its logits, or the token the pool drew where they are (readAndDraw, with the decoding's Draw).
+ * from: its logits, or the token the pool drew where they are (readAndDraw, with the decoding's Draw), with the
+ * logits read back too where the decoding's constraint refuses that token (next() draws again from them).
  */
 export async function readDecodings(
   pool: CachePool,
@@ -568,10 +569,10 @@ export async function readDecodings(
       reads,
       decodings.map((d) => d.draw()),
     );
-    decodings.forEach((d, i) => {
-      d.drawn = { token: drawn.tokens[i]!, logits: () => drawn.logits(i) };
-      d.logits = new Float32Array(0);
-    });
+    for (const [i, d] of decodings.entries()) {
+      d.drawn = drawn.tokens[i]!;
+      d.logits = d.options.constraint?.allows(d.out, d.drawn) === false ? await drawn.logits(i) : new Float32Array(0);
+    }
   } else {
     const logits = await pool.readMany(caches, reads);
     decodings.forEach((d, i) => (d.logits = logits[i]!));
@@ -602,11 +603,8 @@ export class Decoding<C extends TokenCache = KVCache> {
   readonly out: number[] = [];
   /** The next-token logits after what the cache has read. */
   logits: Float32Array;
-  /**
-   * Or the next token, drawn where the logits are with draw()'s Draw (CachePool.readAndDraw), and a way to
-   * read the logits back where the constraint refuses it (ready()).
-   */
-  drawn: { token: number; logits: () => Promise<Float32Array> } | null = null;
+  /** Or the next token, drawn where the logits are with draw()'s Draw (readDecodings). */
+  drawn: number | null = null;
   /** No token is to be read or drawn any more: a stop token, maxTokens, the model's positions, or the constraint allows nothing. */
   finished = false;
   /** The prompt's tokens the cache did not hold, when the caller reads them (`read` false); then it sets `logits`. */
@@ -648,23 +646,15 @@ export class Decoding<C extends TokenCache = KVCache> {
     return { temperature, topP: this.options.topP ?? 1, u: temperature > 0 ? this.rand() : 0 };
   }
 
-  /** Where the token was drawn elsewhere and the constraint refuses it: its logits read back, for next() to draw again. */
-  async ready(): Promise<void> {
-    const { constraint } = this.options;
-    if (this.drawn && constraint && !constraint.allows(this.out, this.drawn.token))
-      this.logits = await this.drawn.logits();
-  }
-
   /** Draws the next token (null when there is none to draw); after a stop token or the last one allowed, `finished` is set and the token is not to be read. */
   next(): number | null {
     if (this.finished) return null;
     const { temperature, constraint } = this.options;
     const topP = this.options.topP ?? 1;
     const logits = this.logits;
-    let next = this.drawn?.token ?? sampleToken(logits, temperature, topP, this.rand);
+    let next = this.drawn ?? sampleToken(logits, temperature, topP, this.rand);
     this.drawn = null;
     if (constraint && !constraint.allows(this.out, next)) {
-      if (logits.length === 0) throw new Error('Decoding.next: the drawn token is refused; await ready() first');
       // Drawn outside what may come next: draw again from the tokens that may (checking them all costs
       // more than one draw, so it is only done when the first draw is refused).
       let any = false;

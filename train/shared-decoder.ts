@@ -79,9 +79,6 @@ export class SharedDecoder {
   private async step(): Promise<void> {
     const reading: Job[] = [];
     const reads: number[][] = [];
-    // Tokens drawn where the logits are and refused by a constraint: their logits read back first (before any
-    // job resolves, so that the step takes in what it took before).
-    for (const job of this.live) if (job.decoding.drawn) await job.decoding.ready();
     for (const job of this.live) {
       const next = job.decoding.next();
       if (next === null || job.decoding.finished) job.resolve(job.decoding.out);

@@ -231,85 +231,83 @@ describe.each(HELD)('every trainer on $name', (device) => {
 });
 
 describe('DAPO on the GPU, its readers of the weights', () => {
+  /**
+   * A 3-step DAPO run on the GPU whose rollouts read a prompt with `read` (the model as it is at that step:
+   * its next-token logits, kept in order), and how many weights were copied back from the GPU.
+   */
+  async function readingRun(
+    read: (model: Llama) => Float32Array | Promise<Float32Array>,
+    o: { seed: string; decodesOnCpu?: boolean },
+  ) {
+    const rollouts: Rollout[] = [
+      { group: 't', reward: 1, turns: [{ prompt: [1, 2, 3], generated: [5, 6] }] },
+      { group: 't', reward: 0, turns: [{ prompt: [1, 2, 3], generated: [7, 8] }] },
+    ];
+    const seen: Float32Array[] = [];
+    const trainer = dapoTrainer({
+      steps: 3,
+      start,
+      rollouts: async (_, model) => {
+        seen.push(await read(model));
+        return { rollouts, metrics: {} };
+      },
+      pad: 0,
+      microBatchTokens: 12,
+      clip: DAPO_CLIP,
+      ppoEpochs: 1,
+      miniBatches: 1,
+      after: async () => ({}),
+      signal: NEVER,
+      ...o,
+    });
+    const copied = vi.spyOn(GpuLlama.prototype, 'weight');
+    const run = await trainingRun(settings(HELD[0]!), trainer);
+    const copies = copied.mock.calls.length;
+    copied.mockRestore();
+    return { seen, copies, weights: run.model.params.size, dispose: () => run.model.dispose() };
+  }
+
   it.skipIf(HELD[0]!.absent)(
     'decode and score with the weights being trained: nothing copied back between steps, only at the end',
     async () => {
-      const gpu = HELD[0]!;
-      const rollouts: Rollout[] = [
-        { group: 't', reward: 1, turns: [{ prompt: [1, 2, 3], generated: [5, 6] }] },
-        { group: 't', reward: 0, turns: [{ prompt: [1, 2, 3], generated: [7, 8] }] },
-      ];
-      // Each step's rollouts read a prompt on the GPU with the model as it is then: the next-token logits.
-      const seen: Float32Array[] = [];
-      const trainer = () =>
-        dapoTrainer({
-          steps: 3,
-          start,
-          rollouts: async (_, model) => {
-            const decoder = new GpuDecoder(model, kernels!);
-            seen.push((await decoder.readMany([decoder.create()], [[1, 2, 3]]))[0]!);
-            decoder.dispose();
-            return { rollouts, metrics: {} };
-          },
-          pad: 0,
-          microBatchTokens: 12,
-          clip: DAPO_CLIP,
-          ppoEpochs: 1,
-          miniBatches: 1,
-          seed: 'webgpu-dapo-in-place',
-          after: async () => ({}),
-          signal: NEVER,
-        });
-      const read = vi.spyOn(GpuLlama.prototype, 'weight');
-      const run = await trainingRun(settings(gpu), trainer());
-      const weights = run.model.params.size;
+      const run = await readingRun(
+        async (model) => {
+          const decoder = new GpuDecoder(model, kernels!);
+          const logits = (await decoder.readMany([decoder.create()], [[1, 2, 3]]))[0]!;
+          decoder.dispose();
+          return logits;
+        },
+        { seed: 'webgpu-dapo-in-place' },
+      );
       // Two copies back of every weight: the last step's checkpoint and the run's end; none a step.
-      expect(read).toHaveBeenCalledTimes(2 * weights);
-      read.mockRestore();
+      expect(run.copies).toBe(2 * run.weights);
       // With nothing copied back, each step's decoder saw the weights of that step: the first the start's,
       // then weights that moved.
+      const { seen } = run;
       expect(seen).toHaveLength(3);
       const first = new KVCache(start()).read([1, 2, 3]);
       expect(Math.max(...seen[0]!.map((x, i) => Math.abs(x - first[i]!)))).toBeLessThan(1e-4);
       expect(seen[1]).not.toEqual(seen[0]);
       expect(seen[2]).not.toEqual(seen[1]);
-      run.model.dispose();
+      run.dispose();
     },
   );
 
   it.skipIf(HELD[0]!.absent)(
     'where auto placed the rollouts on the CPU: the weights copied back after every update, for its decoders',
     async () => {
-      const rollouts: Rollout[] = [
-        { group: 't', reward: 1, turns: [{ prompt: [1, 2, 3], generated: [5, 6] }] },
-        { group: 't', reward: 0, turns: [{ prompt: [1, 2, 3], generated: [7, 8] }] },
-      ];
-      const seen: Float32Array[] = [];
-      const trainer = dapoTrainer({
-        steps: 3,
-        start,
-        rollouts: async (_, model) => {
-          seen.push(new KVCache(model).read([1, 2, 3])); // a CPU decoder of the tfjs model
-          return { rollouts, metrics: {} };
-        },
-        pad: 0,
-        microBatchTokens: 12,
-        clip: DAPO_CLIP,
-        ppoEpochs: 1,
-        miniBatches: 1,
+      // A CPU decoder of the tfjs model.
+      const run = await readingRun((model) => new KVCache(model).read([1, 2, 3]), {
         seed: 'webgpu-dapo-on-cpu',
         decodesOnCpu: true,
-        signal: NEVER,
       });
-      const read = vi.spyOn(GpuLlama.prototype, 'weight');
-      const run = await trainingRun(settings(HELD[0]!), trainer);
-      expect(read.mock.calls.length).toBeGreaterThanOrEqual(3 * run.model.params.size);
-      read.mockRestore();
+      expect(run.copies).toBeGreaterThanOrEqual(3 * run.weights);
       // Each step's CPU decoder saw that step's weights: they moved from step to step.
+      const { seen } = run;
       expect(seen).toHaveLength(3);
       expect(seen[1]).not.toEqual(seen[0]);
       expect(seen[2]).not.toEqual(seen[1]);
-      run.model.dispose();
+      run.dispose();
     },
   );
 });

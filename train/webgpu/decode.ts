@@ -60,7 +60,6 @@ export class GpuCache {
     if (d.finished) return d.out;
     await readDecodings(this.decoder, [d], [d.unread.splice(0)]);
     for (;;) {
-      await d.ready();
       const next = d.next();
       if (next === null || d.finished) return d.out;
       await readDecodings(this.decoder, [d], [[next]]);

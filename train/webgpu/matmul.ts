@@ -13,10 +13,9 @@
 /// <reference types="@webgpu/types" />
 import { Kernels, fields, lengthOf, span, type Binding } from './kernel.ts';
 
-// What both tile sizes share: the operands, their sizes, and reading an element of op(A) or op(B) (0 outside).
-// `half`: A and B are f16 (mixed precision: products of f16 values summed in f32).
-const operands = (half: boolean) => /* wgsl */ `${half ? 'enable f16;' : ''}
-override TRANS_A: bool = false;
+// What every GEMM kernel declares: the transposes, the sizes and the operands' bindings. `half`: A and B are
+// f16 (mixed precision: products of f16 values summed in f32). After any `enable` directives.
+const declarations = (half: boolean) => /* wgsl */ `override TRANS_A: bool = false;
 override TRANS_B: bool = false;
 override ACCUMULATE: bool = false;
 
@@ -29,7 +28,11 @@ struct Dims {
 @group(0) @binding(1) var<storage, read> b: array<${half ? 'f16' : 'f32'}>;
 @group(0) @binding(2) var<storage, read_write> c: array<f32>;
 @group(0) @binding(3) var<uniform> dims: Dims;
+`;
 
+// What both tile sizes share: the declarations, and reading an element of op(A) or op(B) (0 outside).
+const operands = (half: boolean) => /* wgsl */ `${half ? 'enable f16;' : ''}
+${declarations(half)}
 fn load_a(base: u32, row: u32, kk: u32) -> f32 {
   if (row >= dims.m || kk >= dims.k) { return 0.0; }
   if (TRANS_A) { return f32(a[base + kk * dims.lda + row]); }
@@ -182,20 +185,7 @@ const tensor = (t: { m: number; n: number; k: number; subgroup: number }) => {
   return /* wgsl */ `enable f16;
 enable chromium_experimental_subgroup_matrix;
 diagnostic(off, chromium.subgroup_matrix_uniformity);
-override TRANS_A: bool = false;
-override TRANS_B: bool = false;
-override ACCUMULATE: bool = false;
-
-struct Dims {
-  m: u32, n: u32, k: u32, stride_a: u32, stride_b: u32, stride_c: u32,
-  lda: u32, ldb: u32, ldc: u32, off_a: u32, off_b: u32, off_c: u32,
-}
-
-@group(0) @binding(0) var<storage, read> a: array<f16>;
-@group(0) @binding(1) var<storage, read> b: array<f16>;
-@group(0) @binding(2) var<storage, read_write> c: array<f32>;
-@group(0) @binding(3) var<uniform> dims: Dims;
-
+${declarations(true)}
 @compute @workgroup_size(${t.subgroup})
 fn main(@builtin(workgroup_id) wg: vec3u) {
   let row0 = wg.y * ${TM * t.m}u;
