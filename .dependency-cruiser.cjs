@@ -1,5 +1,5 @@
 // The walls between prefab's rooms (docs/architecture.md), checked by `npm run lint:deps` in CI.
-// An import may go down the list below, never up: bin → stages/index.ts → report → stages → loop → rl / pairing → judges → env / train / store → core → pipeline.
+// An import may go down the list below, never up: bin → stages/index.ts → report → stages → loop → rl / pairing → judges → env / trainers → runtime → model / store → core → pipeline.
 /** @type {import('dependency-cruiser').IConfiguration} */
 module.exports = {
   forbidden: [
@@ -16,14 +16,14 @@ module.exports = {
       severity: 'error',
       comment: 'pipeline/ is the engine: stages, manifests, workspace, config, CLI. It imports nothing of the domain.',
       from: { path: '^pipeline/' },
-      to: { path: '^(core|store|pairing|stages|judges|env|train|rl|loop|bin)/' },
+      to: { path: '^(core|store|pairing|stages|judges|env|model|trainers|runtime|rl|loop|bin)/' },
     },
     {
       name: 'core-imports-nothing-of-ours',
       severity: 'error',
       comment: "core/ is what everything shares; it imports no other room (only the engine's one hash function).",
       from: { path: '^core/' },
-      to: { path: '^(store|pairing|stages|judges|env|train|loop|bin)/|^pipeline/(?!hash\\.ts$)' },
+      to: { path: '^(store|pairing|stages|judges|env|model|trainers|runtime|rl|loop|bin)/|^pipeline/(?!hash\\.ts$)' },
     },
     {
       name: 'store-imports-core-and-engine-only',
@@ -31,7 +31,7 @@ module.exports = {
       comment:
         'The session store is the bytes ingest and split write, read back: it knows records and the engine, not what the stages make of them.',
       from: { path: '^store/' },
-      to: { path: '^(stages|pairing|judges|env|train|loop|bin)/' },
+      to: { path: '^(stages|pairing|judges|env|model|trainers|runtime|loop|bin)/' },
     },
     {
       name: 'pairing-is-a-library',
@@ -39,13 +39,13 @@ module.exports = {
       comment:
         "Pair builders (outcome, hard negatives, the rewriter, a bucket made into pairs): the pairs stage wires them, as stages wire judges/. They read the store and may ask a judge; they know no simulator (a session's tools come with it), stage, trainer or loop.",
       from: { path: '^pairing/' },
-      to: { path: '^(stages|env|train|rl|loop|bin)/' },
+      to: { path: '^(stages|env|model|trainers|runtime|rl|loop|bin)/' },
     },
     {
       name: 'only-the-stages-use-pairing',
       severity: 'error',
       comment: 'Judges, the simulator, the trainer and the loop know nothing of how pairs are built.',
-      from: { path: '^(pipeline|core|store|judges|env|train|loop)/' },
+      from: { path: '^(pipeline|core|store|judges|env|model|trainers|runtime|loop)/' },
       to: { path: '^pairing/' },
     },
     {
@@ -53,7 +53,7 @@ module.exports = {
       severity: 'error',
       comment:
         'The store lies below the stages and the pair builders; judges, the simulator, the trainer and the loop take records, never stored bytes.',
-      from: { path: '^(pipeline|core|judges|env|train|loop)/' },
+      from: { path: '^(pipeline|core|judges|env|model|trainers|runtime|loop)/' },
       to: { path: '^store/' },
     },
     {
@@ -61,22 +61,46 @@ module.exports = {
       severity: 'error',
       comment: 'The simulator is a world of its own: it knows records, not stages, judges or the trainer.',
       from: { path: '^env/' },
-      to: { path: '^(stages|judges|train|loop|bin)/' },
+      to: { path: '^(stages|judges|model|trainers|runtime|loop|bin)/' },
     },
     {
       name: 'judges-import-no-stage-or-trainer',
       severity: 'error',
       comment: 'Judges decide comparisons; the stages wire them. The verifier may replay in env/.',
       from: { path: '^judges/' },
-      to: { path: '^(stages|train|loop|bin)/' },
+      to: { path: '^(stages|model|trainers|runtime|loop|bin)/' },
     },
     {
-      name: 'trainer-imports-core-and-engine-only',
+      name: 'the-model-is-a-library',
       severity: 'error',
       comment:
-        "train/ is a library: no stage, no judge, no simulator (a policy meets the simulator through core's Policy).",
-      from: { path: '^train/' },
-      to: { path: '^(stages|judges|env|loop|bin)/' },
+        'model/ is the Llama as a reader meets it (the reference model, its config, Hugging Face folders and PEFT, tokenizer and chat templates): it knows no device, trainer, stage, judge or simulator.',
+      from: { path: '^model/' },
+      to: { path: '^(stages|judges|env|trainers|runtime|rl|loop|bin)/' },
+    },
+    {
+      name: 'the-runtime-runs-models-only',
+      severity: 'error',
+      comment:
+        "runtime/ runs a model where the device says (the CPU path's C kernels, the GPU's WGSL, the reference): forward and backward passes, scoring, decoding, placement. It knows models, not how they are trained (trainers/) or what plays them (rl/, env/); a policy meets the simulator through core's Policy.",
+      from: { path: '^runtime/' },
+      to: { path: '^(stages|judges|env|trainers|rl|loop|bin)/' },
+    },
+    {
+      name: 'engines-stand-apart',
+      severity: 'error',
+      comment:
+        'Each engine (runtime/cpu/, runtime/webgpu/) is checked against the reference model on its own: neither imports the other. What chooses between them (device.ts, placement.ts) sits above both in runtime/.',
+      from: { path: '^runtime/(cpu|webgpu)/' },
+      to: { path: '^runtime/(cpu|webgpu)/', pathNot: '^runtime/$1/' },
+    },
+    {
+      name: 'trainers-use-the-model-and-the-runtime',
+      severity: 'error',
+      comment:
+        'trainers/ (the shared run, sft, dpo, kto, the losses) train a model on a device: no stage, judge, simulator or loop. RL, which needs the simulator, lives in rl/.',
+      from: { path: '^trainers/' },
+      to: { path: '^(stages|judges|env|rl|loop|bin)/' },
     },
     {
       name: 'rl-uses-the-trainer-and-the-world',
@@ -91,7 +115,7 @@ module.exports = {
       severity: 'error',
       comment:
         'The trainer and the simulator know nothing of each other; only rl/ brings them together, and only stages and the loop call it.',
-      from: { path: '^(pipeline|core|store|pairing|judges|env|train)/' },
+      from: { path: '^(pipeline|core|store|pairing|judges|env|model|trainers|runtime)/' },
       to: { path: '^rl/' },
     },
     {
@@ -114,7 +138,7 @@ module.exports = {
       name: 'only-the-registry-imports-stages',
       severity: 'error',
       comment: 'stages/index.ts lists the stages; nothing below bin/ imports a stage.',
-      from: { path: '^(pipeline|core|store|pairing|judges|env|train|rl|loop)/' },
+      from: { path: '^(pipeline|core|store|pairing|judges|env|model|trainers|runtime|rl|loop)/' },
       to: { path: '^stages/' },
     },
     {
@@ -122,14 +146,16 @@ module.exports = {
       severity: 'error',
       comment: 'The executable hands the command line to the CLI with the stages; everything else lives below it.',
       from: { path: '^bin/' },
-      to: { path: '^(core|store|pairing|judges|env|train|rl|loop)/|^stages/(?!index\\.ts$)' },
+      to: { path: '^(core|store|pairing|judges|env|model|trainers|runtime|rl|loop)/|^stages/(?!index\\.ts$)' },
     },
     {
       name: 'only-the-command-list-imports-the-report',
       severity: 'error',
       comment:
         'report/ reads what every room wrote (a view of the workspace); stages/index.ts adds its command, and nothing else knows it.',
-      from: { path: '^(pipeline|core|store|pairing|judges|env|train|rl|loop|bin)/|^stages/(?!index\\.ts$)' },
+      from: {
+        path: '^(pipeline|core|store|pairing|judges|env|model|trainers|runtime|rl|loop|bin)/|^stages/(?!index\\.ts$)',
+      },
       to: { path: '^report/' },
     },
     {

@@ -10,10 +10,10 @@ import { TOOLS, reset, step } from '../env/env.ts';
 import { seeded } from '../core/random.ts';
 import { runEpisode } from '../env/rollout.ts';
 import { generateTask, generateWorld } from '../env/world.ts';
-import { useBackend } from '../train/backend.ts';
-import { loadCheckpoint } from '../train/checkpoint.ts';
-import { ModelPolicy } from '../train/policy.ts';
-import { openChat } from '../train/chat.ts';
+import { useBackend } from '../runtime/device.ts';
+import { loadCheckpoint } from '../model/checkpoint.ts';
+import { ModelPolicy } from '../runtime/policy.ts';
+import { openChat } from '../model/chat.ts';
 
 const cli = new Command()
   .argument('<model>', 'a model folder (config.json, model.safetensors, tokenizer.json)')

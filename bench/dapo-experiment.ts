@@ -21,13 +21,13 @@ import { NEVER } from '../pipeline/interrupt.ts';
 import { TOOLS } from '../env/env.ts';
 import { DEFAULT_WORLD, generateWorld, taskPool } from '../env/world.ts';
 import { simulatorRollouts, validation, type RolloutMode } from '../rl/rollouts.ts';
-import { useBackend } from '../train/backend.ts';
-import { openChat } from '../train/chat.ts';
-import { loadCheckpoint } from '../train/checkpoint.ts';
+import { useBackend } from '../runtime/device.ts';
+import { openChat } from '../model/chat.ts';
+import { loadCheckpoint } from '../model/checkpoint.ts';
 import { dapoTrainer, type FeedbackTraining } from '../rl/trainer.ts';
-import { DAPO_CLIP } from '../train/losses/index.ts';
-import type { Llama } from '../train/model.ts';
-import { trainingRun } from '../train/run.ts';
+import { DAPO_CLIP } from '../trainers/losses/index.ts';
+import type { Llama } from '../model/llama.ts';
+import { trainingRun } from '../trainers/run.ts';
 
 const cli = new Command()
   .argument('[model]', 'the starting model folder (the dpo stage writes workspace/dpo/model)')

@@ -7,9 +7,9 @@ import { Logger } from '../pipeline/log.ts';
 import { TOOLS } from '../env/env.ts';
 import { DEFAULT_WORLD, generateWorld } from '../env/world.ts';
 import { simulatorRollouts } from '../rl/rollouts.ts';
-import { useBackend } from '../train/backend.ts';
-import { openChat } from '../train/chat.ts';
-import { loadCheckpoint } from '../train/checkpoint.ts';
+import { useBackend } from '../runtime/device.ts';
+import { openChat } from '../model/chat.ts';
+import { loadCheckpoint } from '../model/checkpoint.ts';
 import { NEVER } from '../pipeline/interrupt.ts';
 
 const cli = new Command()

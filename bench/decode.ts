@@ -1,6 +1,6 @@
 // Decoding throughput: generated tokens/s with 1, 8, 32 and 128 sequences decoded together on the CPU
-// (train/shared-decoder.ts, as DAPO's rollouts, eval's and a refresh night's episodes are) and, where a GPU
-// is (or with --gpu), on it (train/webgpu/decode.ts: every live sequence's row in one step, as the server
+// (runtime/shared-decoder.ts, as DAPO's rollouts, eval's and a refresh night's episodes are) and, where a GPU
+// is (or with --gpu), on it (runtime/webgpu/decode.ts: every live sequence's row in one step, as the server
 // steps its requests), for the default run's model shape and, asked for, the SmolLM2-135M and Qwen2.5-0.5B
 // shapes; random weights, a fixed prompt length, a fixed number of new tokens (no stop token). The ratio is
 // against one sequence in the same run: what decoding together is worth. Where python3 has torch and
@@ -13,14 +13,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Command, Option } from 'commander';
 import { seeded } from '../core/random.ts';
-import { useBackend } from '../train/backend.ts';
-import { Llama, type LlamaConfig } from '../train/model.ts';
-import { SharedDecoder } from '../train/shared-decoder.ts';
-import { nativeKernels, nativeStatus } from '../train/ort/native.ts';
-import { cpuCaches, type CachePool } from '../train/decode.ts';
-import { openGpu, probeGpu } from '../train/webgpu/device.ts';
-import { GpuDecoder } from '../train/webgpu/decode.ts';
-import { Kernels } from '../train/webgpu/kernel.ts';
+import { useBackend } from '../runtime/device.ts';
+import { Llama } from '../model/llama.ts';
+import { SharedDecoder } from '../runtime/shared-decoder.ts';
+import { nativeKernels, nativeStatus } from '../runtime/cpu/kernels.ts';
+import { cpuCaches, type CachePool } from '../runtime/decode.ts';
+import { openGpu, probeGpu } from '../runtime/webgpu/device.ts';
+import { GpuDecoder } from '../runtime/webgpu/decode.ts';
+import { Kernels } from '../runtime/webgpu/kernel.ts';
 import { SHAPES } from './shapes.ts';
 
 const opts = new Command()
@@ -92,6 +92,7 @@ for n in levels:
   out[str(n)] = n * new / (time.perf_counter() - t)
 print(json.dumps(out))
 `;
+import type { LlamaConfig } from '../model/config.ts';
 
 /** transformers' tokens/s per level, or why there are none. */
 function peer(config: LlamaConfig): Record<string, number | string> | string {

@@ -1,5 +1,5 @@
-// Drawing a decoding step's tokens on the GPU (train/webgpu/sampling.ts) against drawing them on the CPU from
-// logits read back (train/sampling.ts sampleToken, what a step did before): milliseconds for a step's rows at
+// Drawing a decoding step's tokens on the GPU (runtime/webgpu/sampling.ts) against drawing them on the CPU from
+// logits read back (runtime/sampling.ts sampleToken, what a step did before): milliseconds for a step's rows at
 // a vocabulary, the best of a few runs, with random logits (flat ones, whose nucleus is most of the vocabulary:
 // the CPU's slowest case). The GPU's figure includes its dispatch and the tokens' readback; the CPU's does not
 // include reading the logits back. Beside them, how many rows drew the same token on both (f32 sums against
@@ -7,11 +7,11 @@
 // Usage: npm run bench:sampling [-- --rows 32 --vocab 1024,49152,151936 --top-p 0.9]
 import { Command } from 'commander';
 import { seeded } from '../core/random.ts';
-import { sampleToken } from '../train/sampling.ts';
-import { download, submit, upload } from '../train/webgpu/buffers.ts';
-import { openGpu } from '../train/webgpu/device.ts';
-import { Kernels } from '../train/webgpu/kernel.ts';
-import { Sampler, drawParams } from '../train/webgpu/sampling.ts';
+import { sampleToken } from '../runtime/sampling.ts';
+import { download, submit, upload } from '../runtime/webgpu/buffers.ts';
+import { openGpu } from '../runtime/webgpu/device.ts';
+import { Kernels } from '../runtime/webgpu/kernel.ts';
+import { Sampler, drawParams } from '../runtime/webgpu/sampling.ts';
 
 const opts = new Command()
   .option('--rows <n>', "a step's sequences", '32')

@@ -20,12 +20,13 @@ import { SYSTEM_PROMPT, TOOLS } from '../env/env.ts';
 import { runEpisode } from '../env/rollout.ts';
 import { DEFAULT_WORLD, generateTask, generateWorld } from '../env/world.ts';
 import { Registry } from '../loop/registry.ts';
-import { useBackend } from '../train/backend.ts';
-import { renderText } from '../train/chat-template.ts';
-import { saveCheckpoint } from '../train/checkpoint.ts';
-import { Llama, type LlamaConfig } from '../train/model.ts';
-import { TextTokenizer, trainTokenizer } from '../train/tokenizer.ts';
+import { useBackend } from '../runtime/device.ts';
+import { renderText } from '../model/chat-template.ts';
+import { saveCheckpoint } from '../model/checkpoint.ts';
+import { Llama } from '../model/llama.ts';
+import { TextTokenizer, trainTokenizer } from '../model/tokenizer.ts';
 import { SHAPES } from './shapes.ts';
+import type { LlamaConfig } from '../model/config.ts';
 
 const opts = new Command()
   .option(

@@ -1,6 +1,6 @@
+import type { LlamaConfig } from '../model/config.ts';
 // The model shapes the decoding benches (decode.ts, serve.ts) run at, with random weights: the default run's
 // and two small open models', as their config.json give them.
-import type { LlamaConfig } from '../train/model.ts';
 
 const base = { ropeTheta: 10_000, rmsNormEps: 1e-6, maxPositions: 2048, bosTokenId: null, eosTokenId: null };
 export const SHAPES: Record<string, LlamaConfig> = {

@@ -1,4 +1,4 @@
-// Training throughput and memory on the GPU (train/webgpu/): SFT steps with AdamW of the Llama on the bench
+// Training throughput and memory on the GPU (runtime/webgpu/): SFT steps with AdamW of the Llama on the bench
 // shape, a GPT-2-small shape, the SmolLM2-135M and Qwen2.5-0.5B shapes at context 1024, and Qwen2.5-1.5B's
 // with LoRA (r 16 on q, k, v, o), random weights, in f32 and in mixed precision (f16 products, on the tensor
 // cores where their GEMM passes its check). Prints tokens/s, achieved TFLOP/s (nanoGPT's 6·N + attention per
@@ -13,17 +13,19 @@
 //   npm run bench:train:webgpu [-- --shape bench,gpt2,smollm2,qwen05,qwen15lora --batch 8 --steps 3 --precision f32,f16 --largest --quick]
 import { spawnSync } from 'node:child_process';
 import { Command } from 'commander';
-import { flopsPerToken, initialWeights, type LlamaConfig } from '../train/model.ts';
-import { ADAMW_DEFAULTS } from '../train/optimizer.ts';
-import { GpuAdamW } from '../train/webgpu/adamw.ts';
-import { allocate, submit, upload } from '../train/webgpu/buffers.ts';
-import { useTensorCores } from '../train/webgpu/precision.ts';
-import { openGpu } from '../train/webgpu/device.ts';
-import { Kernels } from '../train/webgpu/kernel.ts';
-import { GpuLlama } from '../train/webgpu/llama.ts';
-import { sftStep, type LoraWeights } from '../train/step.ts';
-import { Matmul } from '../train/webgpu/matmul.ts';
+import { initialWeights } from '../model/llama.ts';
+import { ADAMW_DEFAULTS } from '../trainers/optimizer.ts';
+import { GpuAdamW } from '../runtime/webgpu/adamw.ts';
+import { allocate, submit, upload } from '../runtime/webgpu/buffers.ts';
+import { useTensorCores } from '../runtime/webgpu/precision.ts';
+import { openGpu } from '../runtime/webgpu/device.ts';
+import { Kernels } from '../runtime/webgpu/kernel.ts';
+import { GpuLlama } from '../runtime/webgpu/llama.ts';
+import { sftStep } from '../trainers/step.ts';
+import { Matmul } from '../runtime/webgpu/matmul.ts';
 import { seeded } from '../core/random.ts';
+import { flopsPerToken, type LlamaConfig } from '../model/config.ts';
+import type { LoraWeights } from '../runtime/held.ts';
 
 const opts = new Command()
   .option(

@@ -1,10 +1,10 @@
-// Training throughput on the CPU of the trainer's model (train/model.ts, a Llama) on the bench shape: 4 layers,
+// Training throughput on the CPU of the trainer's model (model/llama.ts, a Llama) on the bench shape: 4 layers,
 // hidden size 256, 4 heads (`--kv-heads` key/value heads), SwiGLU of width 688, context 256, vocabulary 512,
 // tied embeddings, batch 8, AdamW. Three contenders in one run, each on the same shape and batch:
 //   - TensorFlow.js on `--backend` (wasm by default), with its plain 2048×256·256×1024 matMul's GFLOP/s (the
 //     ceiling that backend can reach) and, unless --no-naive, the same model written the obvious way in tfjs;
-//   - the CPU path (train/ort/: the model held as arrays), with its C kernels and OpenBLAS where they are here
-//     (train/ort/native.ts), and in ONNX Runtime alone, both on every core;
+//   - the CPU path (runtime/cpu/: the model held as arrays), with its C kernels and OpenBLAS where they are here
+//     (runtime/cpu/kernels.ts), and in ONNX Runtime alone, both on every core;
 //   - PyTorch on the CPU (bench/peers/llama_cpu.py, the same model and optimizer in plain PyTorch) at 1 thread
 //     and at every core's, each with OpenBLAS's threads spinning between calls (its default) and sleeping soon
 //     (as the C kernels set it), where a python3 with torch is found (--python, else python3, else
@@ -14,15 +14,15 @@ import { spawnSync } from 'node:child_process';
 import { availableParallelism } from 'node:os';
 import * as tf from '@tensorflow/tfjs-core';
 import { Command } from 'commander';
-import { BACKENDS, useBackend, type BackendChoice } from '../train/backend.ts';
-import { causalMask } from '../train/kernels.ts';
-import { Llama, initialWeights } from '../train/model.ts';
-import { ADAMW_DEFAULTS, AdamW } from '../train/optimizer.ts';
-import { CpuAdamW } from '../train/ort/adamw.ts';
-import { OrtLlama } from '../train/ort/llama.ts';
-import { nativeStatus } from '../train/ort/native.ts';
-import { OrtRuntime } from '../train/ort/onnx.ts';
-import { optimizerStep, sftStep } from '../train/step.ts';
+import { BACKENDS, useBackend, type BackendChoice } from '../runtime/device.ts';
+import { causalMask } from '../model/ops.ts';
+import { Llama, initialWeights } from '../model/llama.ts';
+import { ADAMW_DEFAULTS, AdamW } from '../trainers/optimizer.ts';
+import { CpuAdamW } from '../runtime/cpu/adamw.ts';
+import { OrtLlama } from '../runtime/cpu/llama.ts';
+import { nativeStatus } from '../runtime/cpu/kernels.ts';
+import { OrtRuntime } from '../runtime/onnx/onnx.ts';
+import { optimizerStep, sftStep } from '../trainers/step.ts';
 import { seeded } from '../core/random.ts';
 
 const opts = new Command()

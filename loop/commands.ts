@@ -6,7 +6,7 @@ import { wholeNumber, type CommandContext } from '../pipeline/commands.ts';
 import type { Engine, Manifest } from '../pipeline/engine.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { readJsonFile } from '../pipeline/workspace.ts';
-import { chosenBackend, commandOptions } from '../train/backend.ts';
+import { chosenBackend, commandOptions } from '../runtime/device.ts';
 import { Registry, type VersionInfo } from './registry.ts';
 import { SERVE_DEFAULTS, parseSplit, refreshConfig, type Arm, type RefreshConfig } from './settings.ts';
 

@@ -14,7 +14,7 @@ import { Registry } from './registry.ts';
 import { inboxOf, liveFigures, refreshNight, unfinishedNight, type Live, type NightReport } from './refresh.ts';
 import { SERVE_DEFAULTS, type RefreshConfig } from './settings.ts';
 import { loadCatalog, startServer } from './serve.ts';
-import type { Backend } from '../train/backend.ts';
+import type { Backend } from '../runtime/device.ts';
 
 export interface Day {
   day: number;

@@ -15,16 +15,16 @@ import type { Logger } from '../pipeline/log.ts';
 import { jsonDepth } from '../pipeline/records.ts';
 import type { Message } from '../core/records.ts';
 import { seeded } from '../core/random.ts';
-import { openChat, type Chat } from '../train/chat.ts';
-import { loadCheckpoint } from '../train/checkpoint.ts';
-import type { ToolCallConstraint, ToolSchema } from '../train/constrain.ts';
-import { Decoding, cpuCaches, readDecodings, type CachePool, type TokenCache } from '../train/decode.ts';
-import type { Llama } from '../train/model.ts';
-import { decodingGpu } from '../train/placement.ts';
-import { GpuDecoder } from '../train/webgpu/decode.ts';
-import type { Kernels } from '../train/webgpu/kernel.ts';
-import type { Placeholders } from '../train/placeholders.ts';
-import { promptOf } from '../train/policy.ts';
+import { openChat, type Chat } from '../model/chat.ts';
+import { loadCheckpoint } from '../model/checkpoint.ts';
+import type { ToolCallConstraint, ToolSchema } from '../model/constrain.ts';
+import { Decoding, cpuCaches, readDecodings, type CachePool, type TokenCache } from '../runtime/decode.ts';
+import type { Llama } from '../model/llama.ts';
+import { decodingGpu } from '../runtime/placement.ts';
+import { GpuDecoder } from '../runtime/webgpu/decode.ts';
+import type { Kernels } from '../runtime/webgpu/kernel.ts';
+import type { Placeholders } from '../model/placeholders.ts';
+import { promptOf } from '../runtime/policy.ts';
 import type { Registry } from './registry.ts';
 import type { Arm, ServeSettings } from './settings.ts';
 
@@ -139,7 +139,7 @@ interface Job {
 
 /**
  * What a served version is loaded with: its queue's limits, and the GPU's kernels where the backend is the GPU
- * (decoding there with --backend webgpu, under auto where it is faster: train/placement.ts, which logs to `log`).
+ * (decoding there with --backend webgpu, under auto where it is faster: runtime/placement.ts, which logs to `log`).
  */
 type ServedSettings = Pick<ServeSettings, 'maxBatch' | 'maxQueue'> & { gpu?: Kernels; auto?: boolean; log: Logger };
 

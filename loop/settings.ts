@@ -2,7 +2,7 @@
 // options parsed without loading the trainer, the decoder or TensorFlow.js.
 import { z } from 'zod';
 import { DEFAULT_WORLD } from '../env/world.ts';
-import { LOSS_NAMES, trainingConfig } from '../train/settings.ts';
+import { LOSS_NAMES, trainingConfig } from '../trainers/settings.ts';
 import { dapoKnobs, maxCalls } from '../rl/settings.ts';
 import { gateConfig } from './paired.ts';
 

@@ -52,7 +52,7 @@ export interface StageContext<C> {
 
 /**
  * The command line's global options as the stages get them. A module that adds an option to the CLI declares
- * its type here (TypeScript's declaration merging: train/backend.ts's `backend`), so the option travels typed.
+ * its type here (TypeScript's declaration merging: runtime/device.ts's `backend`), so the option travels typed.
  */
 export interface StageOptions {
   readonly [option: string]: unknown;

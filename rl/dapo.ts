@@ -1,4 +1,4 @@
-// DAPO's run (verl's recipe: trainer.ts, train/losses/policy-gradient.ts) from a model folder: each step
+// DAPO's run (verl's recipe: trainer.ts, trainers/losses/policy-gradient.ts) from a model folder: each step
 // draws training tasks, plays group_size episodes of each with the current policy (rollouts.ts), keeps
 // the groups whose rewards differ (dynamic sampling), and updates on them; every validation.every steps the
 // policy is measured on validation tasks. The dapo stage runs it after DPO; a refresh night after the
@@ -6,12 +6,12 @@
 import type { Logger } from '../pipeline/log.ts';
 import { TOOLS } from '../env/env.ts';
 import { DEFAULT_WORLD, generateWorld, taskPool } from '../env/world.ts';
-import { openChat } from '../train/chat.ts';
-import { loadCheckpoint } from '../train/checkpoint.ts';
-import type { Llama } from '../train/model.ts';
-import { decodingGpu, type Device } from '../train/placement.ts';
-import { finalMetrics, trainingRun } from '../train/run.ts';
-import type { TrainingSettings } from '../train/settings.ts';
+import { openChat } from '../model/chat.ts';
+import { loadCheckpoint } from '../model/checkpoint.ts';
+import type { Llama } from '../model/llama.ts';
+import { decodingGpu, type Device } from '../runtime/placement.ts';
+import { finalMetrics, trainingRun } from '../trainers/run.ts';
+import type { TrainingSettings } from '../trainers/settings.ts';
 import { simulatorRollouts, validation } from './rollouts.ts';
 import type { DapoSettings } from './settings.ts';
 import { dapoTrainer } from './trainer.ts';
@@ -29,7 +29,7 @@ export interface DapoRun {
  * Trains the model in `from` (a Hugging Face folder) by DAPO into `out/model` and `out/metrics.jsonl`, resuming
  * from the run's checkpoints in `cache` (keyed by `key`). `info` joins the model's trainer_state.json. With
  * `device.gpu` (`--backend webgpu`) the updates, the rollouts and validation run on the GPU (under auto, each
- * where it is faster: train/placement.ts); with `device.ort`
+ * where it is faster: runtime/placement.ts); with `device.ort`
  * (`--backend onnxruntime`) the updates run on the CPU path.
  */
 export async function runDapo(

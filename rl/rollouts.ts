@@ -9,11 +9,11 @@ import { sample, seeded } from '../core/random.ts';
 import { settled } from '../core/settled.ts';
 import { runEpisode } from '../env/rollout.ts';
 import { taskPool, type Task, type World } from '../env/world.ts';
-import type { Chat } from '../train/chat.ts';
-import { informativeGroups, overlongPenalty } from '../train/losses/index.ts';
-import type { Llama } from '../train/model.ts';
-import type { Placeholders } from '../train/placeholders.ts';
-import { EpisodePlayers, ModelPolicy, type SamplingOptions } from '../train/policy.ts';
+import type { Chat } from '../model/chat.ts';
+import { informativeGroups, overlongPenalty } from '../trainers/losses/index.ts';
+import type { Llama } from '../model/llama.ts';
+import type { Placeholders } from '../model/placeholders.ts';
+import { EpisodePlayers, ModelPolicy, type SamplingOptions } from '../runtime/policy.ts';
 import { addNotes, emptyNotes, feedbackBlock, withFeedback } from '../env/feedback.ts';
 import type { Rollout, StepRollouts } from './trainer.ts';
 

@@ -1,6 +1,6 @@
 // The DAPO trainer (the dapo stage gathers the rollouts in the simulator): rollouts as the
 // exact tokens the policy read and wrote, their group advantages, the old policy's log-probabilities, and one
-// optimisation step's loss on them (train/losses/policy-gradient.ts), in micro-batches that add up to the
+// optimisation step's loss on them (trainers/losses/policy-gradient.ts), in micro-batches that add up to the
 // batch's token mean.
 // A rollout is recorded turn by turn: each assistant turn is the prompt the policy read (as it was cut) and
 // the tokens it generated. Turns whose prompts extend each other are chained into one sequence, and only the
@@ -9,14 +9,14 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { safePoint } from '../pipeline/interrupt.ts';
 import { seeded } from '../core/random.ts';
-import type { EntropyScorer } from '../train/data.ts';
-import { dapoLoss, groupAdvantages, tokenEntropy, type ClipSettings } from '../train/losses/index.ts';
-import { targetLogprobs } from '../train/parameters.ts';
-import type { Llama } from '../train/model.ts';
-import type { Turn } from '../train/policy.ts';
-import type { Trainer } from '../train/run.ts';
-import type { MicroBatch } from '../train/step.ts';
-import { microBatches, padBatch, type Sequence } from '../train/windows.ts';
+import { dapoLoss, groupAdvantages, tokenEntropy, type ClipSettings } from '../trainers/losses/index.ts';
+import { targetLogprobs } from '../model/parameters.ts';
+import type { Llama } from '../model/llama.ts';
+import type { Turn } from '../runtime/policy.ts';
+import type { Trainer } from '../trainers/run.ts';
+import type { MicroBatch } from '../trainers/step.ts';
+import { microBatches, padBatch, type Sequence } from '../model/windows.ts';
+import type { EntropyScorer } from '../runtime/scoring.ts';
 
 /**
  * How a feedback-guided rollout's turns are trained: `context`, on the prompt they were generated from (notes
@@ -283,7 +283,7 @@ export interface DapoOptions {
 }
 
 /**
- * DAPO as a Trainer for trainingRun (train/run.ts): each step gathers a batch of rollouts with the current
+ * DAPO as a Trainer for trainingRun (trainers/run.ts): each step gathers a batch of rollouts with the current
  * weights, records their old log-probabilities, and makes ppoEpochs × miniBatches updates on it, each
  * mini-batch a seeded shuffle's slice of the batch's turns. A step without informative groups makes none.
  */

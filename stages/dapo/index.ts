@@ -1,5 +1,5 @@
 // dapo: reinforcement learning of the preference-tuned model in the simulator, by DAPO (verl's recipe:
-// rl/dapo.ts runs it, rl/trainer.ts and train/losses/policy-gradient.ts are its trainer and loss). Each
+// rl/dapo.ts runs it, rl/trainer.ts and trainers/losses/policy-gradient.ts are its trainer and loss). Each
 // step draws training tasks, plays group_size episodes of each with the current policy, keeps the groups whose
 // rewards differ (dynamic sampling, drawing more tasks up to max_generation_batches), and updates on them.
 // mode: feedback plays a group's episodes in order, each reading what the representatives said in the failed

@@ -2,7 +2,7 @@
 import { cp, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { runDapo } from '../../rl/dapo.ts';
-import { chosenBackend } from '../../train/backend.ts';
+import { chosenBackend } from '../../runtime/device.ts';
 
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';

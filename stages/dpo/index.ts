@@ -1,10 +1,10 @@
 // dpo: preference optimisation of the SFT model on the exported pairs (DPO and its sigmoid, robust, hinge
-// and IPO losses; SimPO; ORPO: train/dpo.ts) or on the KTO rows (train/kto.ts). The SFT model is the starting
+// and IPO losses; SimPO; ORPO: trainers/dpo.ts) or on the KTO rows (trainers/kto.ts). The SFT model is the starting
 // point and, for the losses that need one, the frozen reference, whose log-probabilities are cached here.
 import { z } from 'zod';
 import { defineStage } from '../../pipeline/stage.ts';
 import { PAIR_KINDS } from '../../core/records.ts';
-import { LOSS_NAMES, loraSettings, trainingConfig } from '../../train/settings.ts';
+import { LOSS_NAMES, loraSettings, trainingConfig } from '../../trainers/settings.ts';
 
 const config = z.strictObject({
   loss: z

@@ -2,15 +2,15 @@
 import { join } from 'node:path';
 import { hashJson } from '../../pipeline/hash.ts';
 import { pairKind, type KtoRow, type Pair } from '../../core/records.ts';
-import { chosenBackend, withScorer } from '../../train/backend.ts';
-import { openChat } from '../../train/chat.ts';
-import { loadCheckpoint } from '../../train/checkpoint.ts';
-import { attachLora } from '../../train/lora.ts';
-import { loraOf } from '../../train/settings.ts';
-import { readParquet, readPreferencePairs, subset } from '../../train/data.ts';
-import { dpoTrainer, lossOf, pairExamples, referenceScores, type PreferenceTraining } from '../../train/dpo.ts';
-import { ktoExamples, ktoTrainer } from '../../train/kto.ts';
-import { trainingRun } from '../../train/run.ts';
+import { chosenBackend, withScorer } from '../../runtime/device.ts';
+import { openChat } from '../../model/chat.ts';
+import { loadCheckpoint } from '../../model/checkpoint.ts';
+import { attachLora } from '../../model/lora.ts';
+import { loraOf } from '../../trainers/settings.ts';
+import { readParquet, readPreferencePairs, subset } from '../../trainers/data.ts';
+import { dpoTrainer, lossOf, pairExamples, referenceScores, type PreferenceTraining } from '../../trainers/dpo.ts';
+import { ktoExamples, ktoTrainer } from '../../trainers/kto.ts';
+import { trainingRun } from '../../trainers/run.ts';
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
 

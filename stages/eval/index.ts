@@ -71,7 +71,7 @@ const config = z.strictObject({
         .boolean()
         .default(true)
         .describe(
-          "Tool calls decoded under the tools' JSON schemas, as a serving stack's structured outputs (train/constrain.ts).",
+          "Tool calls decoded under the tools' JSON schemas, as a serving stack's structured outputs (model/constrain.ts).",
         ),
       max_turns: z
         .number()

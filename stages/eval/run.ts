@@ -7,25 +7,24 @@ import { TOOLS } from '../../env/env.ts';
 import { figuresOf, validationEpisodes, type EpisodeRecord } from '../../env/evaluate.ts';
 import { pairedLine, pairedSuccess, type PairedSuccess } from '../../core/paired-success.ts';
 import { pairKind, type Message, type Pair } from '../../core/records.ts';
-import { scorerOn, chosenBackend, withScorer } from '../../train/backend.ts';
-import { openChat, type Chat } from '../../train/chat.ts';
-import { loadCheckpoint } from '../../train/checkpoint.ts';
-import { heldOutPairFigures, pairExamples, pairWins, readPreferenceTraining, shorterChosen } from '../../train/dpo.ts';
+import { scorerOn, chosenBackend, withScorer } from '../../runtime/device.ts';
+import { openChat, type Chat } from '../../model/chat.ts';
+import { loadCheckpoint } from '../../model/checkpoint.ts';
 import {
-  readParquet,
-  readPreferencePairs,
-  scoreSequences,
-  sftSequences,
-  subset,
-  type BlockScorer,
-  type Scores,
-} from '../../train/data.ts';
-import { Llama } from '../../train/model.ts';
-import type { Placeholders } from '../../train/placeholders.ts';
-import { decodingGpu, type Device } from '../../train/placement.ts';
-import { EpisodePlayers } from '../../train/policy.ts';
+  heldOutPairFigures,
+  pairExamples,
+  pairWins,
+  readPreferenceTraining,
+  shorterChosen,
+} from '../../trainers/dpo.ts';
+import { readParquet, readPreferencePairs, sftSequences, subset } from '../../trainers/data.ts';
+import { Llama } from '../../model/llama.ts';
+import type { Placeholders } from '../../model/placeholders.ts';
+import { decodingGpu, type Device } from '../../runtime/placement.ts';
+import { EpisodePlayers } from '../../runtime/policy.ts';
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
+import { scoreSequences, type BlockScorer, type Scores } from '../../runtime/scoring.ts';
 
 type ModelRow = Record<string, number | null>;
 

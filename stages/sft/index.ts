@@ -3,7 +3,7 @@
 import { resolve } from 'node:path';
 import { z } from 'zod';
 import { defineStage } from '../../pipeline/stage.ts';
-import { loraSettings, trainingConfig } from '../../train/settings.ts';
+import { loraSettings, trainingConfig } from '../../trainers/settings.ts';
 
 const modelConfig = z.strictObject({
   from: z
@@ -79,7 +79,7 @@ const config = z
       .max(1)
       .default(0)
       .describe(
-        'Share of sessions whose copied values (what the assistant copies from the conversation into its calls: names, phone and account numbers) are replaced by random ones of the same shape, so the model learns to copy them rather than learn them by heart (train/augment.ts).',
+        'Share of sessions whose copied values (what the assistant copies from the conversation into its calls: names, phone and account numbers) are replaced by random ones of the same shape, so the model learns to copy them rather than learn them by heart (trainers/augment.ts).',
       ),
     lora: loraSettings,
     ...trainingConfig(1e-3),
@@ -108,7 +108,7 @@ export const sft = defineStage({
   config,
 
   external: async (cfg, configDir) =>
-    cfg.model.from ? (await import('../../train/hf.ts')).modelFiles(resolve(configDir, cfg.model.from)) : [],
+    cfg.model.from ? (await import('../../model/hf.ts')).modelFiles(resolve(configDir, cfg.model.from)) : [],
 
   run: (ctx) => import('./run.ts').then((m) => m.run(ctx)),
 });

@@ -2,18 +2,18 @@
 import { readFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { Message } from '../../core/records.ts';
-import { chosenBackend } from '../../train/backend.ts';
-import { resampledSessions } from '../../train/augment.ts';
-import { readParquet, sftSequences, subset } from '../../train/data.ts';
-import { trainingRun } from '../../train/run.ts';
-import { openChat } from '../../train/chat.ts';
-import { prefabTokenizerConfig } from '../../train/chat-template.ts';
-import { readHfConfig, readHfModel, readTokenizerFiles } from '../../train/hf.ts';
-import { attachLora } from '../../train/lora.ts';
-import { loraOf } from '../../train/settings.ts';
-import { Llama, type LlamaConfig } from '../../train/model.ts';
-import { sftTrainer } from '../../train/sft.ts';
-import { readPlaceholdersFile } from '../../train/placeholders.ts';
+import { chosenBackend } from '../../runtime/device.ts';
+import { resampledSessions } from '../../trainers/augment.ts';
+import { readParquet, sftSequences, subset } from '../../trainers/data.ts';
+import { trainingRun } from '../../trainers/run.ts';
+import { openChat } from '../../model/chat.ts';
+import { prefabTokenizerConfig } from '../../model/chat-template.ts';
+import { readHfConfig, readHfModel, readTokenizerFiles } from '../../model/hf.ts';
+import { attachLora } from '../../model/lora.ts';
+import { loraOf } from '../../trainers/settings.ts';
+import { Llama } from '../../model/llama.ts';
+import { sftTrainer } from '../../trainers/sft.ts';
+import { readPlaceholdersFile } from '../../model/placeholders.ts';
 
 /** A from-scratch Llama of the configured shape for a tokenizer of `vocabSize` whose end of message is `eos`. */
 function newModel(m: ModelSettings, vocabSize: number, eos: number, seed: string): Llama {
@@ -39,6 +39,7 @@ function newModel(m: ModelSettings, vocabSize: number, eos: number, seed: string
 
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config, ModelSettings } from './index.ts';
+import type { LlamaConfig } from '../../model/config.ts';
 
 export async function run({
   config: cfg,

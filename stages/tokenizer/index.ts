@@ -1,9 +1,9 @@
 // tokenizer: a byte-level BPE trained on the training split's sessions as the model will read them (values it
-// copies as placeholders: train/placeholders.ts), saved as tokenizer.json beside placeholders.json.
+// copies as placeholders: model/placeholders.ts), saved as tokenizer.json beside placeholders.json.
 import { z } from 'zod';
 import { defineStage } from '../../pipeline/stage.ts';
 import { placeholdersConfig } from './placeholders.ts';
-import { PLACEHOLDERS_FILE } from '../../train/placeholders.ts';
+import { PLACEHOLDERS_FILE } from '../../model/placeholders.ts';
 
 const config = z.strictObject({
   vocab_size: z

@@ -1,7 +1,7 @@
 // The tokenizer stage's `placeholders` section: which values the model reads as placeholders ([PHONE_3]),
 // with the simulator's company directory as terms when asked.
 import { z } from 'zod';
-import { savedPlaceholders, type Placeholders } from '../../train/placeholders.ts';
+import { savedPlaceholders, type Placeholders } from '../../model/placeholders.ts';
 import { Redactor, type RedactionOptions } from '../../core/redact.ts';
 import { DEFAULT_WORLD, generateWorld } from '../../env/world.ts';
 

@@ -3,10 +3,10 @@ import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { safePoint } from '../../pipeline/interrupt.ts';
 import type { Message } from '../../core/records.ts';
-import { conversationTexts } from '../../train/chat-template.ts';
-import { fromParquet, readParquet } from '../../train/data.ts';
-import { PLACEHOLDERS_FILE, viewAll } from '../../train/placeholders.ts';
-import { TextTokenizer, trainTokenizer } from '../../train/tokenizer.ts';
+import { conversationTexts } from '../../model/chat-template.ts';
+import { fromParquet, readParquet } from '../../trainers/data.ts';
+import { PLACEHOLDERS_FILE, viewAll } from '../../model/placeholders.ts';
+import { TextTokenizer, trainTokenizer } from '../../model/tokenizer.ts';
 import { PLACEHOLDERS } from '../../core/redact.ts';
 
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';

@@ -17,7 +17,7 @@ import { Registry } from '../../loop/registry.ts';
 import { replayBuffer } from '../../loop/refresh.ts';
 import { REPO, prefab, prefabAsync } from '../fixtures/cli.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
-import { readSafetensors, writeSafetensors } from '../../train/safetensors.ts';
+import { readSafetensors, writeSafetensors } from '../../model/safetensors.ts';
 
 let dir: string;
 let workdir: string;

@@ -12,7 +12,7 @@ import { Logger } from '../../pipeline/log.ts';
 import { CONSTRAINT_BYTES, armOf, conversationKey, loadCatalog } from '../../loop/serve.ts';
 import { SERVE_DEFAULTS, parseSplit } from '../../loop/settings.ts';
 import { TOOLS } from '../../env/env.ts';
-import { useBackend } from '../../train/backend.ts';
+import { useBackend } from '../../runtime/device.ts';
 import type { Session } from '../../core/records.ts';
 import { prefab, prefabAsync } from '../fixtures/cli.ts';
 import { tempDir } from '../fixtures/pipeline.ts';

@@ -1,7 +1,7 @@
 // `prefab --backend webgpu serve` against `prefab serve` on WASM, both real processes on 127.0.0.1 over the same
 // registry: the same seeded requests, sent at once (decoded together, the later ones forking the shared
 // system prompt's cache) and then a conversation's second turn (its idle cache reused), get the same replies
-// token for token: the GPU's caches and steps (train/webgpu/decode.ts) give the CPU's logits to rounding, and
+// token for token: the GPU's caches and steps (runtime/webgpu/decode.ts) give the CPU's logits to rounding, and
 // seeded sampling draws the same tokens from them.
 import type { ChildProcessWithoutNullStreams } from 'node:child_process';
 import { join } from 'node:path';

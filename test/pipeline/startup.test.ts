@@ -31,7 +31,9 @@ function loads(args: string[], tsx = false): { code: number; modules: string[]; 
 
 const heavy = (modules: string[]) =>
   modules.filter(
-    (m) => /node_modules\/(@tensorflow|openai|hyparquet)/.test(m) || /\/train\/(model|decode|run)\.ts$/.test(m),
+    (m) =>
+      /node_modules\/(@tensorflow|openai|hyparquet)/.test(m) ||
+      /\/(model\/llama|runtime\/decode|trainers\/run)\.ts$/.test(m),
   );
 
 describe('startup', () => {
@@ -88,7 +90,7 @@ describe('startup', () => {
         heavy(r.modules).some((m) => m.includes('@tensorflow/tfjs-core')),
         said,
       ).toBe(true);
-      if (tsx) expect(heavy(r.modules).some((m) => m.endsWith('/train/model.ts'))).toBe(true);
+      if (tsx) expect(heavy(r.modules).some((m) => m.endsWith('/model/llama.ts'))).toBe(true);
     }
   });
 });

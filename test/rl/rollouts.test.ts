@@ -6,7 +6,7 @@ import { ScriptedAgent } from '../../env/agents.ts';
 import { generateWorld, taskPool, type Task } from '../../env/world.ts';
 import type { Message } from '../../core/records.ts';
 import { simulatorRollouts, type Actor, type RolloutMode } from '../../rl/rollouts.ts';
-import type { Llama } from '../../train/model.ts';
+import type { Llama } from '../../model/llama.ts';
 import { quietLogger } from '../fixtures/toy-stages.ts';
 
 // Every department asks for something its kind usually does not: an agent that knows only the usual fields

@@ -3,22 +3,22 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { NEVER } from '../../pipeline/interrupt.ts';
-import { useBackend } from '../../train/backend.ts';
+import { useBackend } from '../../runtime/device.ts';
 import { chainTurns, dapoParts, dapoTrainer, rolloutBatch, turnSequence, type Rollout } from '../../rl/trainer.ts';
-import { trainingRun } from '../../train/run.ts';
+import { trainingRun } from '../../trainers/run.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
-import { DAPO_CLIP } from '../../train/losses/index.ts';
-import { Llama } from '../../train/model.ts';
-import { ADAMW_DEFAULTS, AdamW } from '../../train/optimizer.ts';
-import { onModel, optimizerStep } from '../../train/step.ts';
+import { DAPO_CLIP } from '../../trainers/losses/index.ts';
+import { Llama } from '../../model/llama.ts';
+import { ADAMW_DEFAULTS, AdamW } from '../../trainers/optimizer.ts';
+import { onModel, optimizerStep } from '../../trainers/step.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
 import { runSettings } from '../fixtures/held.ts';
 import type { Message } from '../../core/records.ts';
 import { seeded } from '../../core/random.ts';
-import { prefabChat } from '../../train/chat.ts';
-import { renderText } from '../../train/chat-template.ts';
-import { ModelPolicy } from '../../train/policy.ts';
-import { TextTokenizer, trainTokenizer } from '../../train/tokenizer.ts';
+import { prefabChat } from '../../model/chat.ts';
+import { renderText } from '../../model/chat-template.ts';
+import { ModelPolicy } from '../../runtime/policy.ts';
+import { TextTokenizer, trainTokenizer } from '../../model/tokenizer.ts';
 
 beforeAll(async () => {
   await useBackend('wasm');

@@ -6,11 +6,11 @@ import { DuckDBInstance } from '@duckdb/node-api';
 import { prefab, prefabAsync } from '../fixtures/cli.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 import { tinyConfig as tinyConfigOf } from '../fixtures/tiny.ts';
-import { useBackend } from '../../train/backend.ts';
-import { loadCheckpoint } from '../../train/checkpoint.ts';
-import { PREFAB_CHAT_TEMPLATE } from '../../train/chat-template.ts';
+import { useBackend } from '../../runtime/device.ts';
+import { loadCheckpoint } from '../../model/checkpoint.ts';
+import { PREFAB_CHAT_TEMPLATE } from '../../model/chat-template.ts';
 import { Registry } from '../../loop/registry.ts';
-import { readSafetensors } from '../../train/safetensors.ts';
+import { readSafetensors } from '../../model/safetensors.ts';
 
 /** The default run's stages, tiny; `dpo` is the dpo section's own lines. */
 const tinyConfig = (dir: string, dpo = 'loss: dpo\nmax_steps: 4') =>

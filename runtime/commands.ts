@@ -1,0 +1,171 @@
+// `prefab model score|generate|inspect`: a Hugging Face folder of the Llama family checked by hand. Each
+// prints one JSON object on stdout, so its numbers can be compared with another implementation's.
+import { InvalidArgumentError, type Command } from 'commander';
+import { PipelineError } from '../pipeline/errors.ts';
+import type { CommandContext } from '../pipeline/commands.ts';
+import type { Logger } from '../pipeline/log.ts';
+import { seeded } from '../core/random.ts';
+import { chosenBackend, commandOptions, withScorer, type Backend } from './device.ts';
+import type { Llama } from '../model/llama.ts';
+
+/** A JSON list of token ids (`depth` 1) or of lists of them (`depth` 2). */
+function tokenIds(depth: 1 | 2) {
+  return (value: string): number[] | number[][] => {
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(value);
+    } catch {
+      throw new InvalidArgumentError(`not JSON: ${value}`);
+    }
+    const isIds = (x: unknown) => Array.isArray(x) && x.length > 0 && x.every((v) => Number.isInteger(v) && v >= 0);
+    if (depth === 1 ? !isIds(parsed) : !(Array.isArray(parsed) && parsed.length > 0 && parsed.every(isIds))) {
+      throw new InvalidArgumentError(
+        depth === 1
+          ? 'expected a list of token ids, e.g. [1,5,9]'
+          : 'expected a list of lists of token ids, e.g. [[1,5,9],[1,7]]',
+      );
+    }
+    return parsed as number[] | number[][];
+  };
+}
+
+const number = (value: string) => {
+  const n = Number(value);
+  if (!Number.isFinite(n) || n < 0) throw new InvalidArgumentError(`not a non-negative number: ${value}`);
+  return n;
+};
+
+/** The model in `dir`, on the backend `--backend` asked for; names the folder and the id when an id is out of the vocabulary. */
+async function open(
+  program: Command,
+  ctx: CommandContext,
+  dir: string,
+  ids: number[][],
+): Promise<{ model: Llama; backend: Backend; log: Logger }> {
+  const log = ctx.logger();
+  const backend = await chosenBackend(commandOptions(program), log);
+  const [{ readHfModel }, { Llama }] = await Promise.all([import('../model/hf.ts'), import('../model/llama.ts')]); // the trainer, only when a model is opened
+  let hf;
+  try {
+    hf = readHfModel(dir);
+  } catch (error) {
+    throw new PipelineError((error as Error).message);
+  }
+  const bad = ids.flat().find((id) => id >= hf.config.vocabSize);
+  if (bad !== undefined)
+    throw new PipelineError(`token id ${bad} is outside ${dir}'s vocabulary of ${hf.config.vocabSize}`);
+  return { model: new Llama(hf.config, hf.weights), backend, log };
+}
+
+/** Each sequence's per-token log-probs (the first token has none) and their sums. */
+async function score(
+  { model, backend, log }: { model: Llama; backend: Backend; log: Logger },
+  sequences: number[][],
+): Promise<{ token_logprobs: number[][]; sums: number[] }> {
+  const token_logprobs = await withScorer(backend, model, log, async (logprobs) => {
+    const rows: number[][] = [];
+    for (const ids of sequences) {
+      const T = ids.length;
+      const row =
+        T < 2
+          ? []
+          : await logprobs({
+              ids: Int32Array.from(ids),
+              targets: Int32Array.from([...ids.slice(1), 0]),
+              batch: 1,
+              length: T,
+            });
+      rows.push(Array.from(row).slice(0, T - 1));
+    }
+    return rows;
+  });
+  return { token_logprobs, sums: token_logprobs.map((row) => row.reduce((s, v) => s + v, 0)) };
+}
+
+export function addModelCommands(program: Command, ctx: CommandContext): void {
+  const model = program
+    .command('model')
+    .description('check a Hugging Face model folder (Llama, Qwen2) by hand: score, generate, inspect');
+
+  model
+    .command('score')
+    .description(
+      'print {"token_logprobs": [[...]], "sums": [...]}: each token\'s log-prob given the tokens before it (the first has none)',
+    )
+    .argument('<folder>', 'a model folder: config.json and model.safetensors (or a sharded index)')
+    .requiredOption('--ids <json>', 'token ids, a list of sequences, e.g. [[1,5,9],[1,7]]', tokenIds(2))
+    .action(async (dir: string, opts: { ids: number[][] }) => {
+      const m = await open(program, ctx, dir, opts.ids);
+      process.stdout.write(JSON.stringify(await score(m, opts.ids)) + '\n');
+      m.model.dispose();
+      ctx.setExit(0);
+    });
+
+  model
+    .command('generate')
+    .description('print {"continuation": [...]}: the tokens after the prompt, greedy unless --temperature is given')
+    .argument('<folder>', 'a model folder')
+    .requiredOption('--ids <json>', "the prompt's token ids, e.g. [1,5,9]", tokenIds(1))
+    .option('--max-new-tokens <n>', 'most tokens to generate', (v) => Math.max(1, Math.floor(number(v))), 16)
+    .option('--temperature <t>', 'sampling temperature (0: greedy)', number, 0)
+    .option('--top-p <p>', 'sample from the smallest set of tokens holding this much probability', number, 1)
+    .option('--seed <s>', "the sampler's seed", 'prefab')
+    .option('--stop <ids>', 'stop after any of these token ids, e.g. [2]', tokenIds(1))
+    .action(
+      async (
+        dir: string,
+        opts: { ids: number[]; maxNewTokens: number; temperature: number; topP: number; seed: string; stop?: number[] },
+      ) => {
+        const { model: m, backend, log } = await open(program, ctx, dir, [opts.ids]);
+        // On the GPU with --backend webgpu, and under auto where one sequence decodes faster there.
+        const gpu = await (await import('./placement.ts')).decodingGpu(backend, m, 1, log);
+        const cache = gpu
+          ? new (await import('./webgpu/decode.ts')).GpuDecoder(m, gpu).create()
+          : new (await import('./decode.ts')).KVCache(m);
+        const continuation = await cache.generate(opts.ids, {
+          maxTokens: opts.maxNewTokens,
+          temperature: opts.temperature,
+          topP: opts.topP,
+          random: seeded(opts.seed, 'generate'),
+          stop: opts.stop,
+        });
+        process.stdout.write(JSON.stringify({ continuation }) + '\n');
+        m.dispose();
+        ctx.setExit(0);
+      },
+    );
+
+  model
+    .command('inspect')
+    .description('print the architecture, parameter count, dtype and shape of a model folder')
+    .argument('<folder>', 'a model folder')
+    .action(async (dir: string) => {
+      const { llamaConfigJson, readHfModel } = await import('../model/hf.ts');
+      let hf;
+      try {
+        hf = readHfModel(dir);
+      } catch (error) {
+        throw new PipelineError((error as Error).message);
+      }
+      const c = hf.config;
+      const parameters = [...hf.weights.values()].reduce((n, w) => n + w.length, 0);
+      process.stdout.write(
+        JSON.stringify({
+          architecture: (llamaConfigJson(c).architectures as string[])[0],
+          parameters,
+          dtype: hf.dtype,
+          vocab_size: c.vocabSize,
+          hidden_size: c.hiddenSize,
+          intermediate_size: c.intermediateSize,
+          layers: c.layers,
+          heads: c.heads,
+          kv_heads: c.kvHeads,
+          head_dim: c.headDim,
+          rope_theta: c.ropeTheta,
+          tied_embeddings: c.tiedEmbeddings,
+          attention_bias: c.attentionBias,
+        }) + '\n',
+      );
+      ctx.setExit(0);
+    });
+}

@@ -1,0 +1,122 @@
+// The CPU path's kernels in C (runtime/cpu/prefab_cpu.c), where `npm ci` could build them and OpenBLAS is
+// found: its GEMMs run at OpenBLAS's speed on both cores, which ONNX Runtime's fall short of, and the
+// steps between them as single loops rather than graphs (docs/experiments.md, "Training on the CPU"). Without
+// them, or with PREFAB_CPU_KERNELS=onnxruntime, every kernel of the CPU path runs in ONNX Runtime.
+import { existsSync } from 'node:fs';
+import { createRequire } from 'node:module';
+
+type F32 = Float32Array;
+type Maybe = Float32Array | null;
+/** Sequences, their length, query heads, key/value heads, head size. */
+type Heads = [B: number, T: number, H: number, K: number, hd: number];
+
+/** The addon's functions (their contracts are in prefab_cpu.c, above each). */
+export interface NativeKernels {
+  /** The BLAS library opened, e.g. libopenblas.so.0. */
+  blas: string;
+  sgemm(
+    transA: number,
+    transB: number,
+    m: number,
+    n: number,
+    k: number,
+    alpha: number,
+    a: F32,
+    lda: number,
+    b: F32,
+    ldb: number,
+    beta: number,
+    c: F32,
+    ldc: number,
+  ): void;
+  rmsnormForward(x: F32, r: Maybe, s: Maybe, w: F32, y: F32, rstd: F32, rows: number, dim: number, eps: number): void;
+  rmsnormBackward(x: F32, w: F32, rstd: F32, dy: F32, dxIn: Maybe, dx: F32, dw: Maybe, rows: number, dim: number): void;
+  rope(
+    x: F32,
+    cos: F32,
+    sin: F32,
+    out: F32,
+    rows: number,
+    length: number,
+    heads: number,
+    hd: number,
+    sign: number,
+  ): void;
+  swigluForward(g: F32, u: F32, m: F32, n: number): void;
+  swigluBackward(g: F32, u: F32, dm: F32, dg: F32, du: F32, n: number): void;
+  attentionForward(q: F32, k: F32, v: F32, p: F32, out: F32, ...shape: Heads): void;
+  attentionBackward(q: F32, k: F32, v: F32, p: F32, dout: F32, dq: F32, dk: F32, dv: F32, ...shape: Heads): void;
+  logprobsForward(z: F32, targets: Int32Array, logp: F32, lse: F32, entropy: Maybe, rows: number, V: number): void;
+  logprobsBackward(z: F32, targets: Int32Array, lse: F32, dlogp: F32, rows: number, V: number): void;
+  adamw(
+    p: F32,
+    g: F32,
+    m: F32,
+    v: F32,
+    n: number,
+    lr: number,
+    beta1: number,
+    beta2: number,
+    eps: number,
+    decay: number,
+    c1: number,
+    c2: number,
+  ): void;
+  sumSquares(x: F32, n: number): number;
+  scale(x: F32, n: number, factor: number): void;
+  decodeAttention(
+    mem: F32,
+    q: number,
+    keys: number,
+    values: number,
+    stride: number,
+    n: number,
+    H: number,
+    K: number,
+    hd: number,
+    hp: number,
+    scale: number,
+    scores: number,
+    out: F32,
+  ): void;
+  decodeAttentionRows(
+    mems: F32[],
+    qkv: F32,
+    meta: Float64Array,
+    stride: number,
+    H: number,
+    K: number,
+    hd: number,
+    hp: number,
+    scale: number,
+    out: F32,
+  ): void;
+  /** The threads of its loops and of OpenBLAS, for the whole process. */
+  setThreads(n: number): void;
+}
+
+const built = new URL('./build/Release/prefab_cpu.node', import.meta.url).pathname;
+let loaded: { kernels: NativeKernels | null; why: string } | null = null;
+
+/** The addon with its BLAS, and why not where it is not here. */
+export function nativeStatus(): { kernels: NativeKernels | null; why: string } {
+  if (loaded) return loaded;
+  if (process.env.PREFAB_CPU_KERNELS === 'onnxruntime')
+    loaded = { kernels: null, why: 'PREFAB_CPU_KERNELS=onnxruntime' };
+  else if (!existsSync(built))
+    loaded = { kernels: null, why: 'not built (npm ci builds it where a C compiler is found)' };
+  else {
+    try {
+      const addon = createRequire(import.meta.url)(built) as Omit<NativeKernels, 'blas'> & { blas: string | null };
+      loaded = addon.blas
+        ? { kernels: addon as NativeKernels, why: `OpenBLAS (${addon.blas})` }
+        : { kernels: null, why: 'no OpenBLAS (Debian: apt-get install libopenblas0)' };
+    } catch (error) {
+      loaded = { kernels: null, why: `does not load (${(error as Error).message.split('\n')[0]})` };
+    }
+  }
+  return loaded;
+}
+
+/** The addon where it is built and OpenBLAS is found, else null. */
+export const nativeKernels = (): NativeKernels | null => nativeStatus().kernels;

@@ -1,0 +1,718 @@
+// Generation with a KV cache: one sequence (a policy in the simulator, `prefab model generate`), or many
+// stepped together (the server: one pass through the model per decoding step for every request in flight).
+// Shapes as in model/llama.ts: D hidden size, H query heads, K key/value heads, hd head_dim, F intermediate
+// size, V vocabulary, B sequences stepped together.
+import * as tf from '@tensorflow/tfjs-core';
+import type { Random } from '../core/random.ts';
+import { attentionKernels } from './attention-wasm.ts';
+import { cpuKernels } from './device.ts';
+import type { Llama } from '../model/llama.ts';
+import type { NativeKernels } from './cpu/kernels.ts';
+import { sampleToken, type Draw } from './sampling.ts';
+
+export interface GenerateOptions {
+  maxTokens: number;
+  /** 0: greedy. */
+  temperature: number;
+  /** Nucleus sampling: keep the most likely tokens whose probabilities add up to topP. */
+  topP?: number;
+  /** Stop after any of these tokens. */
+  stop?: number[];
+  random?: Random;
+  /** Which token may follow the ones generated so far (model/constrain.ts); absent: any. */
+  constraint?: { allows(generated: readonly number[], candidate: number): boolean };
+}
+
+/** Below this many new tokens a read goes token by token in plain TypeScript; from it on, through one batched pass. */
+const BATCHED_READ = 8;
+
+/**
+ * The weights a decoder computes with, copied from the model when it is made (adapters folded in: W +
+ * (α/r)·B·A), so training the model on does not change a decoder already made. Plain arrays for one
+ * sequence's steps; for many sequences' steps, the projections of a layer fused and transposed into tensors
+ * on the backend (q|k|v and gate|up, (in, out): WASM's matMul is far slower with a transpose flag), made on
+ * first use. Caches made from one DecodeWeights can be stepped together.
+ */
+export class DecodeWeights {
+  readonly w = new Map<string, Float32Array>();
+  private fused: { qkv: tf.Tensor2D; o: tf.Tensor2D; gateUp: tf.Tensor2D; down: tf.Tensor2D }[] | null = null;
+  private lmHead: tf.Tensor2D | null = null;
+  /** With the C kernels: per layer the projections as arrays, (out, in) as stored, q|k|v and gate|up stacked. */
+  private stacked: Record<'qkv' | 'o' | 'gateUp' | 'down', Float32Array>[] | null = null;
+
+  /**
+   * `native`: the CPU path's C kernels (by default where the backend in use is that path with them): the
+   * products by OpenBLAS and the attention over the caches in C, instead of TensorFlow.js and WebAssembly.
+   */
+  constructor(
+    readonly model: Llama,
+    readonly native: NativeKernels | null = cpuKernels(),
+  ) {
+    for (const [name, v] of model.params) this.w.set(name, (v.dataSync() as Float32Array).slice());
+    if (model.adaptersOn)
+      for (const module of model.adapters.keys())
+        this.w.set(
+          `${module}.weight`,
+          tf.tidy(() => model.adaptedWeight(module).dataSync() as Float32Array),
+        );
+  }
+
+  get(name: string): Float32Array {
+    return this.w.get(name)!;
+  }
+
+  /** Per layer the fused, transposed projections, and the head (D, V). */
+  tensors() {
+    if (!this.fused) {
+      const c = this.model.config;
+      const t = (name: string, out: number, inner: number) => tf.tensor2d(this.get(name), [out, inner]);
+      this.fused = Array.from({ length: c.layers }, (_, l) =>
+        tf.tidy(() => {
+          const p = (n: string) => `model.layers.${l}.${n}.weight`;
+          const { heads: H, kvHeads: K, headDim: hd, hiddenSize: D, intermediateSize: F } = c;
+          return {
+            qkv: tf.transpose(
+              tf.concat(
+                [
+                  t(p('self_attn.q_proj'), H * hd, D),
+                  t(p('self_attn.k_proj'), K * hd, D),
+                  t(p('self_attn.v_proj'), K * hd, D),
+                ],
+                0,
+              ),
+            ) as tf.Tensor2D, // (D, (H+2K)·hd)
+            o: tf.transpose(t(p('self_attn.o_proj'), D, H * hd)) as tf.Tensor2D, // (H·hd, D)
+            gateUp: tf.transpose(tf.concat([t(p('mlp.gate_proj'), F, D), t(p('mlp.up_proj'), F, D)], 0)) as tf.Tensor2D, // (D, 2F)
+            down: tf.transpose(t(p('mlp.down_proj'), D, F)) as tf.Tensor2D, // (F, D)
+          };
+        }),
+      );
+      this.lmHead = tf.tidy(
+        () =>
+          tf.transpose(
+            t(c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight', c.vocabSize, c.hiddenSize),
+          ) as tf.Tensor2D,
+      ); // (D, V)
+    }
+    return { layers: this.fused, head: this.lmHead! };
+  }
+
+  /**
+   * rows (R, inner) through layer l's `which` projection (the fused ones: qkv, o, gateUp, down; or the head,
+   * l ignored) → (R, out): by OpenBLAS with the C kernels, else a matMul through the backend.
+   */
+  times(rows: Float32Array, R: number, l: number, which: 'qkv' | 'o' | 'gateUp' | 'down' | 'head'): Float32Array {
+    if (!this.native) {
+      const { layers, head } = this.tensors();
+      return rowsTimes(rows, R, which === 'head' ? head : layers[l]![which]);
+    }
+    const c = this.model.config;
+    const w =
+      which === 'head'
+        ? this.get(c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight')
+        : this.arrays()[l]![which];
+    const inner = rows.length / R;
+    const out = w.length / inner;
+    const y = new Float32Array(R * out);
+    this.native.sgemm(0, 1, R, out, inner, 1, rows, inner, w, inner, 0, y, out);
+    return y;
+  }
+
+  private arrays() {
+    const join = (...ws: Float32Array[]) => {
+      const out = new Float32Array(ws.reduce((n, w) => n + w.length, 0));
+      ws.reduce((at, w) => (out.set(w, at), at + w.length), 0);
+      return out;
+    };
+    this.stacked ??= Array.from({ length: this.model.config.layers }, (_, l) => {
+      const p = (n: string) => this.get(`model.layers.${l}.${n}.weight`);
+      return {
+        qkv: join(p('self_attn.q_proj'), p('self_attn.k_proj'), p('self_attn.v_proj')),
+        o: p('self_attn.o_proj'),
+        gateUp: join(p('mlp.gate_proj'), p('mlp.up_proj')),
+        down: p('mlp.down_proj'),
+      };
+    });
+    return this.stacked;
+  }
+
+  /** Frees the tensors (the arrays go with the object). */
+  dispose(): void {
+    if (this.fused) tf.dispose([...this.fused.flatMap((f) => [f.qkv, f.o, f.gateUp, f.down]), this.lmHead!]);
+    this.fused = null;
+    this.lmHead = null;
+  }
+}
+
+/** rows (B, inner) · W (inner, out) through the backend. → (B, out) */
+function rowsTimes(rows: Float32Array, B: number, W: tf.Tensor2D): Float32Array {
+  // Not in tf.tidy: it would walk the returned array element by element.
+  const x = tf.tensor2d(rows, [B, W.shape[0]]);
+  const y = tf.matMul(x, W);
+  const out = y.dataSync() as Float32Array;
+  tf.dispose([x, y]);
+  return out;
+}
+
+/**
+ * Generation with a KV cache: each layer keeps the rotated keys and the values of every token read so far
+ * (K heads, not repeated), so a new token is one row through the model, within one reply and across the
+ * turns of an episode, where each new prompt extends the last one.
+ * A generated token of one sequence is computed in plain TypeScript on the CPU: a step of a model this small
+ * is a few hundred tiny operations, which cost more to dispatch to a TensorFlow.js backend than to compute.
+ * A prompt of many new tokens is read in one batched pass through the backend instead, and so is a step of
+ * many sequences (KVCache.readEach): their rows go through each projection as one
+ * matMul, and each attends to its own cache.
+ */
+export class KVCache {
+  /** The tokens read so far. */
+  readonly tokens: number[] = [];
+  private readonly w: Map<string, Float32Array>;
+  readonly model: Llama;
+  /**
+   * Keys and values live in a WebAssembly memory of the cache's own, where the attention kernels read them
+   * (runtime/attention-wasm.ts). In floats: [q (H·hp) | out (H·hp) | layers × capacity positions | scores
+   * (H, capacity)], a layer's positions one after another, each its rotated keys then values, (2, K, hp), hp the
+   * head size rounded up to a multiple of 4 (the padding stays 0): a layer's attention reads one run of memory
+   * rather than a key every few kilobytes. The first tokens.length are in use; when the capacity grows, the
+   * layers move up to their new places.
+   */
+  private readonly memory = new WebAssembly.Memory({ initial: 1 });
+  private readonly kernels = attentionKernels(this.memory);
+  /** The memory as floats; made again whenever the memory grows (which detaches the old view). */
+  private f32 = new Float32Array(this.memory.buffer);
+  private capacity = 0;
+  private readonly layers: number;
+  private readonly hp: number;
+  /** Where q, out and the positions start, and the floats of one position of one layer. */
+  private readonly at: { q: number; out: number; positions: number; stride: number };
+
+  /** A cache over the model's weights as they are now; pass `weights` to share one copy among caches (and step them together). */
+  constructor(
+    model: Llama,
+    readonly weights: DecodeWeights = new DecodeWeights(model),
+  ) {
+    this.model = weights.model;
+    this.w = weights.w;
+    const { heads: H, kvHeads: K, headDim: hd, layers } = this.model.config;
+    this.hp = Math.ceil(hd / 4) * 4;
+    this.at = { q: 0, out: H * this.hp, positions: 2 * H * this.hp, stride: 2 * K * this.hp };
+    this.layers = layers;
+  }
+
+  /**
+   * A new cache holding the first `n` tokens of `source`, their keys and values copied (the server's requests
+   * that share a prompt's beginning, a system prompt, with one in flight read only the rest).
+   */
+  static forkOf(source: KVCache, n: number): KVCache {
+    const fork = new KVCache(source.model, source.weights);
+    const count = Math.min(n, source.tokens.length);
+    fork.reserve(count);
+    for (let l = 0; l < source.layers; l++)
+      fork.f32.set(source.f32.subarray(source.key(0, l), source.key(count, l)), fork.key(0, l));
+    fork.tokens.push(...source.tokens.slice(0, count));
+    return fork;
+  }
+
+  /** Forgets all but the first n tokens. */
+  truncate(n: number): void {
+    if (n < this.tokens.length) this.tokens.length = n;
+  }
+
+  /** Room for `n` positions in every layer's keys and values. */
+  private reserve(n: number): void {
+    if (n <= this.capacity) return;
+    const capacity = Math.max(n, 2 * this.capacity, 64);
+    const bytes =
+      4 * (this.at.positions + this.layers * capacity * this.at.stride + this.model.config.heads * capacity);
+    const pages = Math.ceil(bytes / 65536) - this.memory.buffer.byteLength / 65536;
+    try {
+      if (pages > 0) this.memory.grow(pages);
+    } catch {
+      throw new Error(
+        `KVCache: ${capacity} positions of this model need ${(bytes / 2 ** 30).toFixed(1)} GiB, more than a WebAssembly memory holds (4 GiB)`,
+      );
+    }
+    this.f32 = new Float32Array(this.memory.buffer);
+    // Each layer's positions in use to its new place, the last layer first (the places only move up).
+    const used = this.tokens.length * this.at.stride;
+    for (let l = this.layers - 1; l > 0 && used > 0; l--) {
+      const from = this.key(0, l);
+      this.f32.copyWithin(this.at.positions + l * capacity * this.at.stride, from, from + used);
+    }
+    this.capacity = capacity;
+  }
+
+  /** Room for one more token, or an error naming the model's limit. */
+  private fits(n: number): void {
+    const max = this.model.config.maxPositions;
+    if (this.tokens.length + n > max)
+      throw new Error(
+        `${this.tokens.length + n} tokens do not fit in the model's ${max} positions (max_position_embeddings)`,
+      );
+  }
+
+  /** Reads tokens after those already read; returns the next-token logits after the last, (V). */
+  read(tokens: number[]): Float32Array {
+    if (tokens.length === 0) throw new Error('KVCache.read: no tokens to read');
+    if (tokens.length >= BATCHED_READ) return KVCache.readRows([this], [tokens])[0]!;
+    this.fits(tokens.length);
+    this.reserve(this.tokens.length + tokens.length);
+    let x: Float32Array = new Float32Array(0);
+    for (const token of tokens) {
+      x = this.step(token, this.tokens.length);
+      this.tokens.push(token);
+    }
+    const { vocabSize: V, hiddenSize: D, tiedEmbeddings } = this.model.config;
+    return this.matVec(x, this.w.get(tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight')!, V, D);
+  }
+
+  /**
+   * Reads one token into each cache, all in one step. Returns each cache's next-token logits, the same (to
+   * float rounding) as `read([token])` on each. The caches must share one DecodeWeights; a single cache is
+   * read alone.
+   */
+  static readEach(caches: KVCache[], tokens: number[]): Float32Array[] {
+    return KVCache.readMany(
+      caches,
+      tokens.map((token) => [token]),
+    );
+  }
+
+  /**
+   * Reads `reads[b]` into caches[b] (one token each while decoding, a prompt's new tokens for a request just
+   * taken in), all in one pass; returns each cache's next-token logits, as `read` on each would. The caches
+   * must share one DecodeWeights; a single cache is read alone.
+   */
+  static readMany(caches: KVCache[], reads: number[][]): Float32Array[] {
+    if (caches.length === 1) return [caches[0]!.read(reads[0]!)];
+    return KVCache.readRows(caches, reads);
+  }
+
+  /**
+   * Reads `reads[b]` into caches[b], all of them in one pass: every token is a row, the rows go through each
+   * projection together (one matMul each through the backend), and each row attends, through the kernels,
+   * to its own cache up to its own position (a cache's rows in order, so each sees those before it). Only
+   * each cache's last row goes through the head. Returns each cache's next-token logits.
+   */
+  private static readRows(caches: KVCache[], reads: number[][]): Float32Array[] {
+    const weights = caches[0]!.weights;
+    if (caches.some((c) => c.weights !== weights))
+      throw new Error('KVCache.readEach: the caches do not share their weights');
+    const c = weights.model.config;
+    const {
+      layers,
+      hiddenSize: D,
+      intermediateSize: F,
+      heads: H,
+      kvHeads: K,
+      headDim: hd,
+      rmsNormEps: eps,
+      attentionBias,
+      vocabSize: V,
+    } = c;
+    caches.forEach((cache, b) => {
+      cache.fits(reads[b]!.length);
+      cache.reserve(cache.tokens.length + reads[b]!.length);
+    });
+    // Row r: the token, its cache and its position.
+    const rows = caches.flatMap((cache, b) =>
+      reads[b]!.map((token, i) => ({ token, cache, at: cache.tokens.length + i })),
+    );
+    const R = rows.length;
+    const w = (name: string) => weights.get(name);
+    const { cos, sin } = weights.model.ropeTable(Math.max(...rows.map((r) => r.at)) + 1);
+    const x = new Float32Array(R * D); // (R, D)
+    rows.forEach(({ token }, r) => x.set(w('model.embed_tokens.weight').subarray(token * D, (token + 1) * D), r * D));
+    const native = weights.native;
+    const normed = (weight: Float32Array, which: number[]) => {
+      const out = new Float32Array(which.length * D);
+      if (!native) which.forEach((r, i) => out.set(rms(x.subarray(r * D, (r + 1) * D), weight, eps), i * D));
+      else {
+        const from = which.length === R ? x : new Float32Array(which.length * D);
+        if (from !== x) which.forEach((r, i) => from.set(x.subarray(r * D, (r + 1) * D), i * D));
+        native.rmsnormForward(from, null, null, weight, out, new Float32Array(which.length), which.length, D, eps);
+      }
+      return out;
+    };
+    const all = rows.map((_, r) => r);
+    const Q = H * hd;
+    const width = (H + 2 * K) * hd;
+    const attended = new Float32Array(R * Q); // (R, H·hd)
+    // With the C kernels: each row's memory, and its keys' and values' offsets and positions to attend to.
+    const mems = native ? rows.map(({ cache }) => cache.layout.floats) : null;
+    const meta = new Float64Array(3 * R);
+    const { stride, hp } = caches[0]!.layout;
+    for (let l = 0; l < layers; l++) {
+      const p = `model.layers.${l}.`;
+      const qkv = weights.times(normed(w(`${p}input_layernorm.weight`), all), R, l, 'qkv'); // (R, (H+2K)·hd)
+      rows.forEach(({ cache, at }, r) => {
+        const row = qkv.subarray(r * width, (r + 1) * width);
+        const q = row.subarray(0, Q);
+        const k = row.subarray(Q, Q + K * hd);
+        const v = row.subarray(Q + K * hd);
+        if (attentionBias) {
+          addInto(q, w(`${p}self_attn.q_proj.bias`));
+          addInto(k, w(`${p}self_attn.k_proj.bias`));
+          addInto(v, w(`${p}self_attn.v_proj.bias`));
+        }
+        for (let j = 0; j < H; j++) rotateHalf(q, j * hd, hd, cos, sin, at);
+        for (let j = 0; j < K; j++) rotateHalf(k, j * hd, hd, cos, sin, at);
+        if (!native) cache.attend(l, q, k, v, at, attended.subarray(r * Q, (r + 1) * Q));
+        else meta.set(cache.store(l, k, v, at), 3 * r);
+      });
+      // With the C kernels every row attends in one call, the rows shared among the cores.
+      if (native) native.decodeAttentionRows(mems!, qkv, meta, stride, H, K, hd, hp, 1 / Math.sqrt(hd), attended);
+      addInto(x, weights.times(attended, R, l, 'o'));
+      const gateUp = weights.times(normed(w(`${p}post_attention_layernorm.weight`), all), R, l, 'gateUp'); // (R, 2F)
+      const act = new Float32Array(R * F);
+      for (let r = 0; r < R; r++) {
+        const [gate, up] = [gateUp.subarray(r * 2 * F, r * 2 * F + F), gateUp.subarray(r * 2 * F + F, (r + 1) * 2 * F)];
+        if (native) native.swigluForward(gate, up, act.subarray(r * F), F);
+        else for (let i = 0; i < F; i++) act[r * F + i] = (gate[i]! / (1 + Math.exp(-gate[i]!))) * up[i]!; // silu(gate) ⊙ up
+      }
+      addInto(x, weights.times(act, R, l, 'down'));
+    }
+    let last = -1;
+    const lasts = reads.map((read) => (last += read.length));
+    const logits = weights.times(normed(w('model.norm.weight'), lasts), caches.length, 0, 'head'); // (B, V)
+    caches.forEach((cache, b) => cache.tokens.push(...reads[b]!));
+    return caches.map((_, b) => logits.slice(b * V, (b + 1) * V));
+  }
+
+  /**
+   * The memory as floats (until it grows), the floats of one position of one layer, and a head's floats there
+   * (hd rounded up to a multiple of 4).
+   */
+  get layout(): { floats: Float32Array; stride: number; hp: number } {
+    return { floats: this.f32, stride: this.at.stride, hp: this.hp };
+  }
+
+  /**
+   * Layer l's rotated key and value (K·hd each) for the token at `at` into the cache; returns where the layer's
+   * keys and values start and how many positions its attention reads (for the C kernels' decodeAttentionRows).
+   */
+  store(l: number, k: Float32Array, v: Float32Array, at: number): [number, number, number] {
+    const K = this.model.config.kvHeads;
+    this.put(this.key(at, l), k, K);
+    this.put(this.value(at, l), v, K);
+    return [this.key(0, l), this.value(0, l), at + 1];
+  }
+
+  /** Where layer l's key (value: `value`) of head 0 at position t is, in floats. */
+  private key(t: number, l: number): number {
+    return this.at.positions + (l * this.capacity + t) * this.at.stride;
+  }
+
+  private value(t: number, l: number): number {
+    return this.key(t, l) + this.model.config.kvHeads * this.hp;
+  }
+
+  /** Writes a row of `heads` heads of hd floats at float `to`, each head hp apart. */
+  private put(to: number, row: Float32Array, heads: number): void {
+    const hd = this.model.config.headDim;
+    if (hd === this.hp) this.f32.set(row, to);
+    else for (let j = 0; j < heads; j++) this.f32.set(row.subarray(j * hd, (j + 1) * hd), to + j * this.hp);
+  }
+
+  /**
+   * Layer l's attention for the token at position `at`: its rotated key and value k, v (K·hd) join the cache,
+   * and its rotated query q (H·hd) attends to positions 0…at; the heads' outputs go to `out` (H·hd). The
+   * scores and the weighted sum of values are the WebAssembly kernels'; the softmax between them is here.
+   */
+  private attend(l: number, q: Float32Array, k: Float32Array, v: Float32Array, at: number, out: Float32Array): void {
+    const { heads: H, kvHeads: K, headDim: hd } = this.model.config;
+    const { hp, kernels } = this;
+    this.put(this.key(at, l), k, K);
+    this.put(this.value(at, l), v, K);
+    this.put(this.at.q, q, H);
+    const n = at + 1;
+    const scores = this.at.positions + this.layers * this.capacity * this.at.stride; // (H, n)
+    const native = this.weights.native;
+    if (native) {
+      const [keys, values] = [this.key(0, l), this.value(0, l)];
+      const scale = 1 / Math.sqrt(hd);
+      native.decodeAttention(this.f32, this.at.q, keys, values, this.at.stride, n, H, K, hd, hp, scale, scores, out);
+      return;
+    }
+    const stride = 4 * this.at.stride;
+    const group = H / K;
+    const scale = 1 / Math.sqrt(hd);
+    const f = this.f32;
+    for (let j = 0; j < H; j++) {
+      const kv = Math.floor(j / group) * hp; // the key/value head this query head shares
+      kernels.scores(4 * (this.at.q + j * hp), 4 * (this.key(0, l) + kv), n, stride, hp, 4 * (scores + j * n), scale);
+      const from = scores + j * n;
+      let top = -Infinity;
+      for (let t = from; t < from + n; t++) if (f[t]! > top) top = f[t]!;
+      let total = 0;
+      for (let t = from; t < from + n; t++) total += f[t] = Math.exp(f[t]! - top);
+      for (let t = from; t < from + n; t++) f[t]! /= total;
+      kernels.mix(4 * from, 4 * (this.value(0, l) + kv), n, stride, hp, 4 * (this.at.out + j * hp));
+      out.set(f.subarray(this.at.out + j * hp, this.at.out + j * hp + hd), j * hd);
+    }
+  }
+
+  /** W·x for W stored (out, in): by OpenBLAS with the C kernels. */
+  private matVec(x: Float32Array, W: Float32Array, out: number, inner: number): Float32Array {
+    const native = this.weights.native;
+    if (!native) return matVec(x, W, out, inner);
+    const y = new Float32Array(out);
+    native.sgemm(0, 1, 1, out, inner, 1, x, inner, W, inner, 0, y, out);
+    return y;
+  }
+
+  /** The final norm's output at position `at`, after reading `token` there: one row through the model. */
+  private step(token: number, at: number): Float32Array {
+    const {
+      layers,
+      hiddenSize: D,
+      intermediateSize: F,
+      heads: H,
+      kvHeads: K,
+      headDim: hd,
+      rmsNormEps: eps,
+      attentionBias,
+    } = this.model.config;
+    const w = (name: string) => this.w.get(name)!;
+    const { cos, sin } = this.model.ropeTable(at + 1);
+    const x = w('model.embed_tokens.weight').slice(token * D, (token + 1) * D); // (D)
+    const attended = new Float32Array(H * hd);
+    for (let l = 0; l < layers; l++) {
+      const p = `model.layers.${l}.`;
+      const h = rms(x, w(`${p}input_layernorm.weight`), eps);
+      const proj = (n: string, out: number) => {
+        const y = this.matVec(h, w(`${p}self_attn.${n}.weight`), out, D);
+        if (attentionBias) addInto(y, w(`${p}self_attn.${n}.bias`));
+        return y;
+      };
+      const q = proj('q_proj', H * hd); // (H·hd)
+      const k = proj('k_proj', K * hd); // (K·hd)
+      const v = proj('v_proj', K * hd);
+      for (let j = 0; j < H; j++) rotateHalf(q, j * hd, hd, cos, sin, at);
+      for (let j = 0; j < K; j++) rotateHalf(k, j * hd, hd, cos, sin, at);
+      this.attend(l, q, k, v, at, attended);
+      addInto(x, this.matVec(attended, w(`${p}self_attn.o_proj.weight`), D, H * hd));
+      const m = rms(x, w(`${p}post_attention_layernorm.weight`), eps);
+      const gate = this.matVec(m, w(`${p}mlp.gate_proj.weight`), F, D);
+      const up = this.matVec(m, w(`${p}mlp.up_proj.weight`), F, D);
+      for (let i = 0; i < F; i++) gate[i] = (gate[i]! / (1 + Math.exp(-gate[i]!))) * up[i]!; // silu(gate) ⊙ up
+      addInto(x, this.matVec(gate, w(`${p}mlp.down_proj.weight`), D, F));
+    }
+    return rms(x, w('model.norm.weight'), eps);
+  }
+
+  /**
+   * Samples a continuation of `prompt`, reusing the cache for the longest prefix it shares with what was read
+   * before (a conversation's next turn reads only its new messages). The sampled tokens are read too, except
+   * the last. Stops after any of `stop`, at `maxTokens`, or where the model's positions end.
+   */
+  generate(prompt: number[], options: GenerateOptions): number[] {
+    const d = new Decoding(this, prompt, options);
+    for (let next = d.next(); next !== null && !d.finished; next = d.next()) d.logits = this.read([next]);
+    return d.out;
+  }
+}
+
+/** What a Decoding draws from: a KVCache, or the GPU's (runtime/webgpu/decode.ts GpuCache), which reads asynchronously. */
+export interface TokenCache {
+  readonly model: Llama;
+  /** The tokens read so far. */
+  readonly tokens: number[];
+  truncate(n: number): void;
+  /** Reads tokens and returns the next-token logits after the last; absent where reading is asynchronous. */
+  read?(tokens: number[]): Float32Array;
+}
+
+/**
+ * The caches a server keeps for one model (loop/serve.ts): on the CPU (cpuCaches) or the GPU
+ * (runtime/webgpu/decode.ts GpuDecoder), made, forked, read together and freed alike.
+ */
+export interface CachePool {
+  readonly model: Llama;
+  create(): TokenCache;
+  /** A new cache holding the first n tokens of `source` (KVCache.forkOf). */
+  fork(source: TokenCache, n: number): TokenCache;
+  /** Reads reads[b] into caches[b] in one pass (KVCache.readMany); each cache's next-token logits. */
+  readMany(caches: TokenCache[], reads: number[][]): Float32Array[] | Promise<Float32Array[]>;
+  /**
+   * Where the logits are not the CPU's (the GPU): reads as readMany and draws each cache's next token there
+   * with draws[b], reading back a token a cache; `logits(b)` reads cache b's logits back (for a token the
+   * constraint refuses), before the next read.
+   */
+  readAndDraw?(caches: TokenCache[], reads: number[][], draws: Draw[]): Promise<Drawn>;
+  /** Frees a cache the server lets go. */
+  free(cache: TokenCache): void;
+  dispose(): void;
+}
+
+/** What CachePool.readAndDraw gives: each cache's drawn token, and its logits on demand. */
+export interface Drawn {
+  tokens: number[];
+  logits(b: number): Promise<Float32Array>;
+}
+
+/**
+ * Reads reads[i] into decodings[i]'s cache, all in one pass of `pool`, and sets what each draws its next token
+ * from: its logits, or the token the pool drew where they are (readAndDraw, with the decoding's Draw), with the
+ * logits read back too where the decoding's constraint refuses that token (next() draws again from them).
+ */
+export async function readDecodings(
+  pool: CachePool,
+  decodings: Decoding<TokenCache>[],
+  reads: number[][],
+): Promise<void> {
+  const caches = decodings.map((d) => d.cache);
+  if (pool.readAndDraw) {
+    const drawn = await pool.readAndDraw(
+      caches,
+      reads,
+      decodings.map((d) => d.draw()),
+    );
+    for (const [i, d] of decodings.entries()) {
+      d.drawn = drawn.tokens[i]!;
+      d.logits = d.options.constraint?.allows(d.out, d.drawn) === false ? await drawn.logits(i) : new Float32Array(0);
+    }
+  } else {
+    const logits = await pool.readMany(caches, reads);
+    decodings.forEach((d, i) => (d.logits = logits[i]!));
+  }
+}
+
+/** KVCaches over one copy of the model's weights; `native` as DecodeWeights takes it (by default the backend's). */
+export function cpuCaches(model: Llama, native?: NativeKernels | null): CachePool {
+  const weights = new DecodeWeights(model, native === undefined ? cpuKernels() : native);
+  return {
+    model,
+    create: () => new KVCache(model, weights),
+    fork: (source, n) => KVCache.forkOf(source as KVCache, n),
+    readMany: (caches, reads) => KVCache.readMany(caches as KVCache[], reads),
+    free: () => {},
+    dispose: () => weights.dispose(),
+  };
+}
+
+/**
+ * One continuation being sampled: made from a prompt (read into the cache, its shared prefix reused), then
+ * `next()` draws a token from `logits`, and the caller reads it into the cache (alone, or with other
+ * decodings' tokens in one KVCache.readEach) and sets `logits`, until `finished`. KVCache.generate is this
+ * loop for one sequence; the server runs it for every request in flight.
+ */
+export class Decoding<C extends TokenCache = KVCache> {
+  /** The tokens drawn so far. */
+  readonly out: number[] = [];
+  /** The next-token logits after what the cache has read. */
+  logits: Float32Array;
+  /** Or the next token, drawn where the logits are with draw()'s Draw (readDecodings). */
+  drawn: number | null = null;
+  /** No token is to be read or drawn any more: a stop token, maxTokens, the model's positions, or the constraint allows nothing. */
+  finished = false;
+  /** The prompt's tokens the cache did not hold, when the caller reads them (`read` false); then it sets `logits`. */
+  readonly unread: number[] = [];
+  private readonly limit: number;
+  private readonly rand: Random;
+
+  /** `read` false: the prompt's new tokens are left in `unread`, for the caller to read with other caches' (KVCache.readMany). */
+  constructor(
+    readonly cache: C,
+    prompt: number[],
+    readonly options: GenerateOptions,
+    read = true,
+  ) {
+    const room = cache.model.config.maxPositions - prompt.length;
+    this.limit = Math.min(options.maxTokens, room);
+    this.rand = options.random ?? Math.random;
+    if (room <= 0 || prompt.length === 0 || this.limit <= 0) {
+      this.finished = true;
+      this.logits = new Float32Array(0);
+      return;
+    }
+    let shared = 0;
+    while (shared < Math.min(prompt.length - 1, cache.tokens.length) && cache.tokens[shared] === prompt[shared])
+      shared++;
+    cache.truncate(shared);
+    this.unread = prompt.slice(shared);
+    if (read && !cache.read)
+      throw new Error('Decoding: this cache reads asynchronously; pass read false and read the prompt into it');
+    this.logits = read ? cache.read!(this.unread.splice(0)) : new Float32Array(0);
+  }
+
+  /**
+   * What the next token is drawn with where the logits are: sampleToken's arguments and its random number,
+   * taken from this decoding's stream now (before the read whose logits it draws from), as sampleToken would.
+   */
+  draw(): Draw {
+    const { temperature } = this.options;
+    return { temperature, topP: this.options.topP ?? 1, u: temperature > 0 ? this.rand() : 0 };
+  }
+
+  /** Draws the next token (null when there is none to draw); after a stop token or the last one allowed, `finished` is set and the token is not to be read. */
+  next(): number | null {
+    if (this.finished) return null;
+    const { temperature, constraint } = this.options;
+    const topP = this.options.topP ?? 1;
+    const logits = this.logits;
+    let next = this.drawn ?? sampleToken(logits, temperature, topP, this.rand);
+    this.drawn = null;
+    if (constraint && !constraint.allows(this.out, next)) {
+      // Drawn outside what may come next: draw again from the tokens that may (checking them all costs
+      // more than one draw, so it is only done when the first draw is refused).
+      let any = false;
+      for (let id = 0; id < logits.length; id++) {
+        if (constraint.allows(this.out, id)) any = true;
+        else logits[id] = -Infinity;
+      }
+      if (!any) {
+        this.finished = true;
+        return null;
+      }
+      next = sampleToken(logits, temperature, topP, this.rand);
+    }
+    this.out.push(next);
+    if (this.options.stop?.includes(next) || this.out.length === this.limit) this.finished = true;
+    return next;
+  }
+}
+
+/** W·x for W stored (out, in): each output is a row's dot product with x. */
+function matVec(x: Float32Array, W: Float32Array, out: number, inner: number): Float32Array {
+  const y = new Float32Array(out);
+  for (let o = 0; o < out; o++) {
+    let s = 0;
+    for (let i = 0, r = o * inner; i < inner; i++) s += W[r + i]! * x[i]!;
+    y[o] = s;
+  }
+  return y;
+}
+
+/** RMSNorm of one row, as rmsNorm computes it. */
+function rms(x: Float32Array, weight: Float32Array, eps: number): Float32Array {
+  let sq = 0;
+  for (const v of x) sq += v * v;
+  const scale = 1 / Math.sqrt(sq / x.length + eps);
+  return x.map((v, i) => v * scale * weight[i]!);
+}
+
+/** rotate_half on one head at `offset` of a row, as `rotate` does: x·cos + (−x₂, x₁)·sin with the table's row `at`. */
+function rotateHalf(
+  x: Float32Array,
+  offset: number,
+  hd: number,
+  cos: Float32Array,
+  sin: Float32Array,
+  at: number,
+): void {
+  const half = hd / 2;
+  for (let f = 0; f < half; f++) {
+    const a = x[offset + f]!;
+    const b = x[offset + half + f]!;
+    const c = cos[at * hd + f]!;
+    const s = sin[at * hd + f]!;
+    x[offset + f] = a * c - b * s;
+    x[offset + half + f] = b * c + a * s;
+  }
+}
+
+function addInto(x: Float32Array, y: Float32Array): void {
+  for (let i = 0; i < x.length; i++) x[i]! += y[i]!;
+}

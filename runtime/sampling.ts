@@ -1,0 +1,70 @@
+// The next token from a model's logits, as every decoder in the trainer draws it.
+import type { Random } from '../core/random.ts';
+
+/** What a token is drawn with where the logits are (runtime/webgpu/sampling.ts): sampleToken's arguments, its one random number drawn ahead. */
+export interface Draw {
+  temperature: number;
+  topP: number;
+  /** The decoding's random number for this token, in [0, 1) (rand()'s next); unused at temperature 0. */
+  u: number;
+}
+
+let probs = new Float64Array(0);
+let sorted = new Float64Array(0);
+/** Probabilities (relative to the largest, 1) from which the nucleus is looked for first. */
+const CUTOFF = 1e-4;
+
+/**
+ * One token from logits: argmax at temperature 0, else a draw from the top-p nucleus of softmax(logits /
+ * temperature): the tokens in order of probability (ties by id) until their mass reaches topP, one drawn in
+ * proportion. Typed arrays reused from call to call: a decoding step draws one token a sequence.
+ * The order is found by sorting the probabilities alone (a typed array's own numeric sort, several times
+ * faster than sorting ids with a comparator); the drawn rank is then mapped back to its id, the k-th among
+ * equal probabilities being the k-th such id. The same draws, to the bit, as sorting the ids.
+ */
+export function sampleToken(logits: Float32Array, temperature: number, topP: number, rand: Random): number {
+  const V = logits.length;
+  let best = 0;
+  for (let i = 1; i < V; i++) if (logits[i]! > logits[best]!) best = i;
+  if (temperature <= 0) return best;
+  if (probs.length < V) {
+    probs = new Float64Array(V);
+    sorted = new Float64Array(V);
+  }
+  const top = logits[best]!;
+  let total = 0;
+  for (let i = 0; i < V; i++) total += probs[i] = Math.exp((logits[i]! - top) / temperature);
+  // The nucleus is a prefix of the probabilities in order: it is looked for first among those within a factor
+  // of CUTOFF of the largest (a few dozen values to sort rather than V, where the sort was most of a draw),
+  // and among all V only where their mass falls short of topP. The same prefix either way.
+  let n = 0;
+  for (let i = 0; i < V; i++) if (probs[i]! >= CUTOFF) sorted[n++] = probs[i]!;
+  let ascending = sorted.subarray(0, n);
+  ascending.sort();
+  const ranked = (k: number) => ascending[ascending.length - 1 - k]!; // the k-th largest probability
+  let size = 0;
+  let mass = 0;
+  let nucleus = 0;
+  for (let pass = 0; pass < 2; pass++) {
+    [size, mass, nucleus] = [0, 0, 0];
+    while (size < ascending.length) {
+      const p = ranked(size++);
+      nucleus += p;
+      mass += p / total;
+      if (mass >= topP) break;
+    }
+    if (mass >= topP || ascending.length === V) break;
+    ascending = sorted.subarray(0, V);
+    ascending.set(probs.subarray(0, V));
+    ascending.sort();
+  }
+  let r = rand() * nucleus;
+  let k = 0;
+  while (k < size - 1 && (r -= ranked(k)) > 0) k++;
+  // The rank back to an id: the how-many-th of its equals it is, among the ids with that probability in order.
+  const p = ranked(k);
+  let before = 0;
+  while (before < k && ranked(k - before - 1) === p) before++;
+  for (let id = 0; id < V; id++) if (probs[id] === p && before-- === 0) return id;
+  throw new Error('sampleToken: the drawn probability belongs to no token');
+}
