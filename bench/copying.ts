@@ -10,7 +10,7 @@ import { TOOLS, reset, step } from '../env/env.ts';
 import { seeded } from '../core/random.ts';
 import { runEpisode } from '../env/rollout.ts';
 import { generateTask, generateWorld } from '../env/world.ts';
-import { useBackend } from '../runtime/device.ts';
+import { mainEngine, openDevice } from '../runtime/device.ts';
 import { loadCheckpoint } from '../model/checkpoint.ts';
 import { ModelPolicy } from '../runtime/policy.ts';
 import { openChat } from '../model/chat.ts';
@@ -23,15 +23,23 @@ const cli = new Command()
   .parse();
 const opts = cli.opts<{ tasks: string; worldSeed: string; free?: boolean }>();
 
-await useBackend('wasm');
+const device = await openDevice();
 const checkpoint = loadCheckpoint(cli.args[0]!);
 const policy = new ModelPolicy(
-  'model',
-  checkpoint.model,
-  checkpoint.context,
-  openChat(checkpoint.tokenizer, checkpoint.model.config.eosTokenId, cli.args[0]!),
-  checkpoint.placeholders,
-  { maxTokens: 160, temperature: 0, topP: 1, tools: opts.free ? undefined : TOOLS },
+  {
+    name: 'model',
+    model: checkpoint.model,
+    context: checkpoint.context,
+    chat: openChat(checkpoint.tokenizer, checkpoint.model.config.eosTokenId, cli.args[0]!),
+    placeholders: checkpoint.placeholders,
+    sampling: {
+      maxTokens: 160,
+      temperature: 0,
+      topP: 1,
+      tools: opts.free ? undefined : TOOLS,
+      engine: mainEngine(device),
+    },
+  },
   seeded('copying'),
 );
 const world = generateWorld({ seed: Number(opts.worldSeed) });

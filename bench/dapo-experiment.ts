@@ -21,7 +21,7 @@ import { NEVER } from '../pipeline/interrupt.ts';
 import { TOOLS } from '../env/env.ts';
 import { DEFAULT_WORLD, generateWorld, taskPool } from '../env/world.ts';
 import { simulatorRollouts, validation, type RolloutMode } from '../rl/rollouts.ts';
-import { useBackend } from '../runtime/device.ts';
+import { mainEngine, openDevice, type BackendChoice } from '../runtime/device.ts';
 import { openChat } from '../model/chat.ts';
 import { loadCheckpoint } from '../model/checkpoint.ts';
 import { dapoTrainer, type FeedbackTraining } from '../rl/trainer.ts';
@@ -46,6 +46,7 @@ const cli = new Command()
   .option('--tries <n>', 'attempts per validation task for with-feedback success', '3')
   .option('--levels <list>', 'first-try validation success levels to report episodes to', '0.3,0.5,0.7')
   .option('--out <dir>', 'where curves.jsonl and table.md go', 'bench/results/dapo')
+  .option('--backend <name>', 'auto, cpu, webgpu or wasm (the curves of sessions up to 61 ran on wasm)', 'auto')
   .parse();
 const o = cli.opts<Record<string, string>>();
 const num = (k: string) => Number(o[k]);
@@ -73,13 +74,13 @@ else await experiment();
 const control = points.find((p) => p.method === 'no RL (start)')!;
 
 async function experiment(): Promise<void> {
-  await useBackend('wasm');
+  const device = await openDevice({ backend: o.backend as BackendChoice });
   const start = loadCheckpoint(dir);
   const chat = openChat(start.tokenizer, start.model.config.eosTokenId, dir);
   const world = generateWorld({ ...DEFAULT_WORLD });
   const maxCalls = num('maxCalls');
   const log = new Logger('json', process.stderr, {}, true);
-  const sampling = { maxTokens: 160, temperature: 1, topP: 1, tools: TOOLS, signal: NEVER };
+  const sampling = { maxTokens: 160, temperature: 1, topP: 1, tools: TOOLS, signal: NEVER, engine: mainEngine(device) };
   const episode = { world, chat, context: start.context, placeholders: start.placeholders, maxTurns: 12 };
   // The same validation tasks and draws for every method, seed and step: paired comparisons.
   const validate = {
@@ -176,6 +177,7 @@ async function experiment(): Promise<void> {
           placeholders: start.placeholders,
           signal: NEVER,
           log,
+          device,
         },
         trainer,
       );

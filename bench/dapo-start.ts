@@ -7,7 +7,7 @@ import { Logger } from '../pipeline/log.ts';
 import { TOOLS } from '../env/env.ts';
 import { DEFAULT_WORLD, generateWorld } from '../env/world.ts';
 import { simulatorRollouts } from '../rl/rollouts.ts';
-import { useBackend } from '../runtime/device.ts';
+import { mainEngine, openDevice } from '../runtime/device.ts';
 import { openChat } from '../model/chat.ts';
 import { loadCheckpoint } from '../model/checkpoint.ts';
 import { NEVER } from '../pipeline/interrupt.ts';
@@ -34,7 +34,7 @@ const opts = cli.opts<{
   mode: 'standard' | 'feedback';
 }>();
 
-await useBackend('wasm');
+const device = await openDevice();
 const dir = cli.args[0]!;
 const start = loadCheckpoint(dir);
 const chat = openChat(start.tokenizer, start.model.config.eosTokenId, dir);
@@ -44,7 +44,14 @@ const rollouts = simulatorRollouts({
   chat,
   context: start.context,
   placeholders: start.placeholders,
-  sampling: { maxTokens: Number(opts.maxTokens), temperature: 1, topP: 1, tools: TOOLS, signal: NEVER },
+  sampling: {
+    maxTokens: Number(opts.maxTokens),
+    temperature: 1,
+    topP: 1,
+    tools: TOOLS,
+    signal: NEVER,
+    engine: mainEngine(device),
+  },
   maxTurns: 12,
   seed: 'prefab',
   groupSize: Number(opts.group),

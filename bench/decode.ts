@@ -13,14 +13,14 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Command, Option } from 'commander';
 import { seeded } from '../core/random.ts';
-import { useBackend } from '../runtime/device.ts';
+import { openDevice } from '../runtime/device.ts';
 import { Llama } from '../model/llama.ts';
 import { SharedDecoder } from '../runtime/shared-decoder.ts';
-import { nativeKernels, nativeStatus } from '../runtime/cpu/kernels.ts';
+import { loadCpuKernels } from '../runtime/cpu/kernels.ts';
 import { cpuCaches, type CachePool } from '../runtime/decode.ts';
 import { openGpu, probeGpu } from '../runtime/webgpu/device.ts';
 import { GpuDecoder } from '../runtime/webgpu/decode.ts';
-import { Kernels } from '../runtime/webgpu/kernel.ts';
+import { GpuKernels } from '../runtime/webgpu/kernel.ts';
 import { SHAPES } from './shapes.ts';
 
 const opts = new Command()
@@ -40,12 +40,12 @@ const opts = new Command()
 
 const levels = opts.levels.split(',').map(Number);
 const [promptLength, newTokens] = [Number(opts.prompt), Number(opts.new)];
-await useBackend('wasm');
+await openDevice({ backend: 'wasm' });
 
 /**
  * Tokens/s of `n` sequences decoded together (SharedDecoder, as DAPO's episodes are), each a random prompt then
- * `newTokens` sampled tokens, over the caches `pool` makes: the CPU's (TensorFlow.js on WASM and
- * WebAssembly's attention, or the C kernels) or the GPU's.
+ * `newTokens` sampled tokens, over the caches `pool` makes: the CPU's (the reference's plain loops, or the C
+ * kernels) or the GPU's.
  */
 async function ours(config: LlamaConfig, n: number, pool: (model: Llama) => CachePool): Promise<number> {
   const model = Llama.create(config, 'bench-decode');
@@ -122,7 +122,7 @@ function onGpu(decoder: GpuDecoder): CachePool {
 }
 
 // The GPU where there is one of hardware, or asked for; its tables' columns are left out otherwise.
-const gpuKernels = opts.gpu || (await probeGpu()).hardware ? new Kernels(await openGpu()) : null;
+const gpuKernels = opts.gpu || (await probeGpu()).hardware ? new GpuKernels(await openGpu()) : null;
 
 for (const name of opts.shapes.split(',')) {
   const config = SHAPES[name];
@@ -131,10 +131,10 @@ for (const name of opts.shapes.split(',')) {
   console.log(`\n${name}: prompt ${promptLength}, ${newTokens} new tokens a sequence`);
   console.log(`transformers: ${typeof theirs === 'string' ? theirs : theirs.device}`);
   if (gpuKernels) console.log(`the GPU: ${gpuKernels.gpu.adapter.description}`);
-  const native = opts.cpu ? nativeKernels() : null;
-  if (opts.cpu && !native) console.log(`the C kernels: ${nativeStatus().why}`);
+  const native = opts.cpu ? loadCpuKernels().kernels : null;
+  if (opts.cpu && !native) console.log(`the C kernels: ${loadCpuKernels().why}`);
   console.log(
-    '| sequences | prefab, wasm, tokens/s | × one sequence | prefab, C kernels, tokens/s | × one sequence | prefab, webgpu, tokens/s | × one sequence | transformers tokens/s | prefab (best) / transformers |',
+    '| sequences | prefab, reference, tokens/s | × one sequence | prefab, C kernels, tokens/s | × one sequence | prefab, webgpu, tokens/s | × one sequence | transformers tokens/s | prefab (best) / transformers |',
   );
   console.log('|---|---|---|---|---|---|---|---|---|');
   const one = { wasm: 0, native: 0, gpu: 0 };

@@ -10,7 +10,7 @@ import { seeded } from '../core/random.ts';
 import { sampleToken } from '../runtime/sampling.ts';
 import { download, submit, upload } from '../runtime/webgpu/buffers.ts';
 import { openGpu } from '../runtime/webgpu/device.ts';
-import { Kernels } from '../runtime/webgpu/kernel.ts';
+import { GpuKernels } from '../runtime/webgpu/kernel.ts';
 import { Sampler, drawParams } from '../runtime/webgpu/sampling.ts';
 
 const opts = new Command()
@@ -22,7 +22,7 @@ const opts = new Command()
   .opts<{ rows: string; vocab: string; topP: string; runs: string }>();
 
 const gpu = await openGpu();
-const k = new Kernels(gpu);
+const k = new GpuKernels(gpu);
 const sampler = new Sampler(k);
 const rows = Number(opts.rows);
 const random = seeded('bench-sampling');

@@ -20,7 +20,7 @@ import { SYSTEM_PROMPT, TOOLS } from '../env/env.ts';
 import { runEpisode } from '../env/rollout.ts';
 import { DEFAULT_WORLD, generateTask, generateWorld } from '../env/world.ts';
 import { Registry } from '../loop/registry.ts';
-import { useBackend } from '../runtime/device.ts';
+import { openDevice } from '../runtime/device.ts';
 import { renderText } from '../model/chat-template.ts';
 import { saveCheckpoint } from '../model/checkpoint.ts';
 import { Llama } from '../model/llama.ts';
@@ -81,7 +81,7 @@ const DEFAULT_RUN: LlamaConfig = {
 };
 
 async function randomModel(): Promise<string> {
-  await useBackend('wasm');
+  await openDevice({ backend: 'wasm' });
   const texts: string[] = [];
   for (let i = 0; i < 40; i++) {
     const task = generateTask(world, 'train', i);

@@ -19,7 +19,7 @@ import { GpuAdamW } from '../runtime/webgpu/adamw.ts';
 import { allocate, submit, upload } from '../runtime/webgpu/buffers.ts';
 import { useTensorCores } from '../runtime/webgpu/precision.ts';
 import { openGpu } from '../runtime/webgpu/device.ts';
-import { Kernels } from '../runtime/webgpu/kernel.ts';
+import { GpuKernels } from '../runtime/webgpu/kernel.ts';
 import { GpuLlama } from '../runtime/webgpu/llama.ts';
 import { sftStep } from '../trainers/step.ts';
 import { Matmul } from '../runtime/webgpu/matmul.ts';
@@ -133,9 +133,9 @@ const SHAPES: Record<string, Shape> = {
 };
 
 const gpu = await openGpu();
-const kernels = new Kernels(gpu);
+const kernels = new GpuKernels(gpu);
 /** Mixed precision's kernels, on the tensor cores where they pass their check; null without shader-f16. */
-const half = gpu.f16 ? new Kernels(gpu, { precision: 'f16' }) : null;
+const half = gpu.f16 ? new GpuKernels(gpu, { precision: 'f16' }) : null;
 const halfOn = half ? await useTensorCores(half) : 'no shader-f16 here';
 
 /**
@@ -166,7 +166,7 @@ async function prefab(
   name: string,
   batch: number,
   steps: number,
-  kernels: Kernels,
+  kernels: GpuKernels,
 ): Promise<{ tokens: number; bytes: number }> {
   const { config, lora } = SHAPES[name]!;
   const length = config.maxPositions;

@@ -1,41 +1,39 @@
 // Training throughput on the CPU of the trainer's model (model/llama.ts, a Llama) on the bench shape: 4 layers,
 // hidden size 256, 4 heads (`--kv-heads` key/value heads), SwiGLU of width 688, context 256, vocabulary 512,
 // tied embeddings, batch 8, AdamW. Three contenders in one run, each on the same shape and batch:
-//   - TensorFlow.js on `--backend` (wasm by default), with its plain 2048×256·256×1024 matMul's GFLOP/s (the
-//     ceiling that backend can reach) and, unless --no-naive, the same model written the obvious way in tfjs;
-//   - the CPU path (runtime/cpu/: the model held as arrays), with its C kernels and OpenBLAS where they are here
-//     (runtime/cpu/kernels.ts), and in ONNX Runtime alone, both on every core;
+//   - the reference model on TensorFlow.js's WebAssembly backend (`--backend wasm`), with its plain
+//     2048×256·256×1024 matMul's GFLOP/s (the ceiling that backend can reach) and, unless --no-naive, the same
+//     model written the obvious way in tfjs;
+//   - the CPU path (runtime/cpu/: the model held as arrays, its C kernels with OpenBLAS) on every core;
 //   - PyTorch on the CPU (bench/peers/llama_cpu.py, the same model and optimizer in plain PyTorch) at 1 thread
 //     and at every core's, each with OpenBLAS's threads spinning between calls (its default) and sleeping soon
 //     (as the C kernels set it), where a python3 with torch is found (--python, else python3, else
 //     /usr/bin/python3): the peer is the fastest of the four.
-// Usage: npm run bench:train [-- --backend wasm --steps 6 --kv-heads 2 --no-naive --python /usr/bin/python3]
+// Usage: npm run bench:train [-- --steps 6 --kv-heads 2 --no-naive --python /usr/bin/python3]
 import { spawnSync } from 'node:child_process';
 import { availableParallelism } from 'node:os';
 import * as tf from '@tensorflow/tfjs-core';
 import { Command } from 'commander';
-import { BACKENDS, useBackend, type BackendChoice } from '../runtime/device.ts';
+import { openDevice } from '../runtime/device.ts';
 import { causalMask } from '../model/ops.ts';
 import { Llama, initialWeights } from '../model/llama.ts';
 import { ADAMW_DEFAULTS, AdamW } from '../trainers/optimizer.ts';
 import { CpuAdamW } from '../runtime/cpu/adamw.ts';
-import { OrtLlama } from '../runtime/cpu/llama.ts';
-import { nativeStatus } from '../runtime/cpu/kernels.ts';
-import { OrtRuntime } from '../runtime/onnx/onnx.ts';
+import { CpuLlama } from '../runtime/cpu/llama.ts';
+import { loadCpuKernels } from '../runtime/cpu/kernels.ts';
 import { optimizerStep, sftStep } from '../trainers/step.ts';
 import { seeded } from '../core/random.ts';
 
 const opts = new Command()
-  .option('--backend <name>', `TensorFlow.js's: one of ${BACKENDS.join(', ')}`, 'wasm')
   .option('--steps <n>', 'timed steps', '6')
   .option('--batch <n>', 'sequences per step', '8')
   .option('--no-naive', 'skip the naive baseline (tf.matMul gradients, batched attention): slow')
   .option('--kv-heads <n>', 'key/value heads (grouped-query attention below 4)', '4')
   .option('--python <path>', 'a python3 with torch for the peer')
   .parse()
-  .opts<{ backend: BackendChoice; steps: string; batch: string; naive: boolean; kvHeads: string; python?: string }>();
+  .opts<{ steps: string; batch: string; naive: boolean; kvHeads: string; python?: string }>();
 
-const backend = await useBackend(opts.backend);
+const device = await openDevice({ backend: 'wasm' });
 const T = 256;
 const B = Number(opts.batch);
 const model = Llama.create(
@@ -157,16 +155,14 @@ function naiveTokensPerSecond(): number {
   return (b * T) / ((performance.now() - t0) / 1000);
 }
 
-/**
- * The CPU path's tokens/s on the same shape: SFT steps of the held model with AdamW, after one untimed; with the
- * C kernels (where they are here) or in ONNX Runtime alone.
- */
-async function ortTokensPerSecond(native: boolean): Promise<{ tokens: number; threads: number } | string> {
-  const ort = await OrtRuntime.open(undefined, { native }).catch((error: Error) => error.message);
-  if (typeof ort === 'string') return ort;
-  if (native && !ort.native) return `no C kernels: ${nativeStatus().why}`;
-  const held = new OrtLlama(config, initialWeights(config, 'bench'), ort);
-  const adamw = new CpuAdamW(ADAMW_DEFAULTS, ort.native);
+/** The CPU path's tokens/s on the same shape: SFT steps of the held model with AdamW, after one untimed. */
+async function cpuTokensPerSecond(): Promise<{ tokens: number; threads: number } | string> {
+  const { kernels, why } = loadCpuKernels();
+  if (!kernels) return `no C kernels: ${why}`;
+  const threads = availableParallelism();
+  kernels.setThreads(threads);
+  const held = new CpuLlama(config, initialWeights(config, 'bench'), kernels);
+  const adamw = new CpuAdamW(ADAMW_DEFAULTS, kernels);
   const mask = new Float32Array(B * T).fill(1);
   const heldStep = async () => {
     const { ids, targets } = batch();
@@ -178,8 +174,7 @@ async function ortTokensPerSecond(native: boolean): Promise<{ tokens: number; th
   const started = performance.now();
   for (let i = 0; i < Number(opts.steps); i++) await heldStep();
   const tokens = (Number(opts.steps) * B * T) / ((performance.now() - started) / 1000);
-  await ort.dispose();
-  return { tokens, threads: ort.threads };
+  return { tokens, threads };
 }
 
 /**
@@ -211,7 +206,7 @@ const peakAfter = matmulPeak();
 const peak = (peakBefore + peakAfter) / 2;
 const tokensPerSecond = (steps * B * T) / seconds;
 const gflops = (tokensPerSecond * flopsPerToken) / 1e9;
-console.log(`backend          ${backend.description}`);
+console.log(`backend          ${device.description}`);
 console.log(
   `model            Llama ${(model.size() / 1e6).toFixed(2)}M parameters, ${config.layers} layers, hidden ${config.hiddenSize}, ${config.heads} heads (${config.kvHeads} key/value), SwiGLU ${config.intermediateSize}, context ${T}, vocab ${config.vocabSize}, tied`,
 );
@@ -232,8 +227,7 @@ if (opts.naive) {
 }
 console.log(`tensors leaked   ${tf.memory().numTensors - tensorsBefore} over ${steps} steps`);
 
-const held = await ortTokensPerSecond(true);
-const graphs = await ortTokensPerSecond(false);
+const held = await cpuTokensPerSecond();
 const cores = availableParallelism();
 const torch = [...new Set([1, cores])].flatMap((threads) =>
   [false, true].map((quiet) => ({ threads, quiet, result: pytorch(threads, quiet) })),
@@ -244,17 +238,13 @@ const ratio = (tokens: number) => (peer ? `${(tokens / peer.tokens).toFixed(2)}�
 const gf = (tokens: number) => ((tokens * flopsPerToken) / 1e9).toFixed(1);
 console.log('\n| on the CPU | tokens/s | GFLOP/s | against PyTorch |\n|---|---|---|---|');
 console.log(
-  `| prefab, TensorFlow.js on ${backend.name} | ${tokensPerSecond.toFixed(0)} | ${gf(tokensPerSecond)} | ${ratio(tokensPerSecond)} |`,
+  `| prefab, the reference on TensorFlow.js's WASM | ${tokensPerSecond.toFixed(0)} | ${gf(tokensPerSecond)} | ${ratio(tokensPerSecond)} |`,
 );
-for (const [what, r] of [
-  ['the CPU path (ONNX Runtime alone', graphs],
-  ['the CPU path (C kernels with OpenBLAS', held],
-] as const)
-  console.log(
-    typeof r === 'string'
-      ? `| prefab, ${what}) | ${r} | | |`
-      : `| prefab, ${what}, ${r.threads} threads) | ${r.tokens.toFixed(0)} | ${gf(r.tokens)} | ${ratio(r.tokens)} |`,
-  );
+console.log(
+  typeof held === 'string'
+    ? `| prefab, the CPU path (C kernels with OpenBLAS) | ${held} | | |`
+    : `| prefab, the CPU path (C kernels with OpenBLAS, ${held.threads} threads) | ${held.tokens.toFixed(0)} | ${gf(held.tokens)} | ${ratio(held.tokens)} |`,
+);
 for (const t of torch) {
   const label = `${t.threads} thread${t.threads > 1 ? 's' : ''}${t.quiet ? ', OPENBLAS_THREAD_TIMEOUT=4' : ''}`;
   console.log(

@@ -6,7 +6,8 @@ import { wholeNumber, type CommandContext } from '../pipeline/commands.ts';
 import type { Engine, Manifest } from '../pipeline/engine.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { readJsonFile } from '../pipeline/workspace.ts';
-import { chosenBackend, commandOptions } from '../runtime/device.ts';
+import { commandOptions, deviceFor } from '../runtime/device.ts';
+import type { Day } from './days.ts';
 import { Registry, type VersionInfo } from './registry.ts';
 import { SERVE_DEFAULTS, parseSplit, refreshConfig, type Arm, type RefreshConfig } from './settings.ts';
 
@@ -161,7 +162,7 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
         followMs: number;
       }) => {
         const log = ctx.logger();
-        const backend = await chosenBackend(commandOptions(program), log);
+        const device = await deviceFor(commandOptions(program), log);
         const { followAliases, loadCatalog, startServer } = await import('./serve.ts');
         const registry = registryOf(program, ctx.logger());
         const names = [...new Set([opts.model, ...(opts.split ?? []).map((a) => a.name)])];
@@ -171,8 +172,7 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
           maxBatch: Math.max(1, opts.maxBatch),
           apiKey: process.env.PREFAB_SERVE_API_KEY || null,
           split: opts.split ?? null,
-          gpu: backend.gpu,
-          auto: backend.auto,
+          device,
           log,
         };
         const catalog = loadCatalog(registry, names, settings);
@@ -261,7 +261,7 @@ export function addRefreshCommand(program: Command, ctx: CommandContext): void {
     )
     .action(async (opts: { days?: number }) => {
       const log = ctx.logger();
-      const backend = await chosenBackend(commandOptions(program), log);
+      const device = await deviceFor(commandOptions(program), log);
       const { engine, own } = ctx.pipeline(log);
       const cfg = own.refresh as RefreshConfig;
       const [{ formatNight, refreshNight }, { formatDays, simulatedDays }] = await Promise.all([
@@ -270,14 +270,15 @@ export function addRefreshCommand(program: Command, ctx: CommandContext): void {
       ]);
       const { signal } = await ctx.locked(engine, `prefab ${process.argv.slice(2).join(' ')}`, log, async (abort) => {
         if (opts.days === undefined) {
-          process.stdout.write(formatNight(await refreshNight(engine, cfg, backend, abort, log)) + '\n');
+          process.stdout.write(formatNight(await refreshNight({ engine, cfg, device, signal: abort, log })) + '\n');
           await ctx.resultsChanged(engine, log);
           return;
         }
-        const days = await simulatedDays(engine, cfg, backend, opts.days, abort, log, async (d) => {
+        const onDay = async (d: Day) => {
           process.stdout.write(formatNight(d.night, d.traffic) + '\n\n');
           await ctx.resultsChanged(engine, log);
-        });
+        };
+        const days = await simulatedDays({ engine, cfg, device, signal: abort, log, days: opts.days, onDay });
         process.stdout.write(formatDays(days) + '\n');
       });
       ctx.setExit(signal === 'SIGINT' ? 130 : signal ? 143 : 0);

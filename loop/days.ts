@@ -6,15 +6,22 @@
 import { createWriteStream, existsSync, mkdirSync, readFileSync, readdirSync, renameSync } from 'node:fs';
 import { once } from 'node:events';
 import { join } from 'node:path';
-import type { Engine } from '../pipeline/engine.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { simulate } from '../env/simulate.ts';
 import { parseTaskId } from '../env/world.ts';
 import { Registry } from './registry.ts';
-import { inboxOf, liveFigures, refreshNight, unfinishedNight, type Live, type NightReport } from './refresh.ts';
+import {
+  inboxOf,
+  liveFigures,
+  refreshNight,
+  unfinishedNight,
+  type Live,
+  type NightOptions,
+  type NightReport,
+} from './refresh.ts';
 import { SERVE_DEFAULTS, type RefreshConfig } from './settings.ts';
 import { loadCatalog, startServer } from './serve.ts';
-import type { Backend } from '../runtime/device.ts';
+import type { Device } from '../runtime/device.ts';
 
 export interface Day {
   day: number;
@@ -51,7 +58,7 @@ const dateOf = (start: string, n: number) =>
 async function collectDay(
   registry: Registry,
   cfg: RefreshConfig,
-  backend: Backend,
+  device: Device,
   inbox: string,
   day: number,
   log: Logger,
@@ -62,8 +69,7 @@ async function collectDay(
     apiKey: null,
     split: null,
     maxQueue: 1024,
-    gpu: backend.gpu,
-    auto: backend.auto,
+    device,
     log,
   };
   const catalog = loadCatalog(registry, ['production'], settings);
@@ -108,20 +114,15 @@ async function collectDay(
   return file;
 }
 
-/** Runs `n` days after those the inbox already holds; an unfinished night is finished first. */
+/** Runs `o.days` days after those the inbox already holds; an unfinished night is finished first. */
 export async function simulatedDays(
-  engine: Engine,
-  cfg: RefreshConfig,
-  backend: Backend,
-  n: number,
-  signal: AbortSignal,
-  log: Logger,
-  onDay: (d: Day) => Promise<void> | void,
+  o: NightOptions & { days: number; onDay: (d: Day) => Promise<void> | void },
 ): Promise<Day[]> {
+  const { engine, cfg, device, days: n, log, onDay } = o;
   const registry = new Registry(join(engine.ws.root, 'registry'), (m) => log.warn(m));
   const inbox = inboxOf(engine, cfg);
   mkdirSync(inbox, { recursive: true });
-  if (unfinishedNight(engine)) await refreshNight(engine, cfg, backend, signal, log);
+  if (unfinishedNight(engine)) await refreshNight(o);
   const done = existsSync(inbox)
     ? Math.max(0, ...readdirSync(inbox).map((f) => Number(DAY_FILE.exec(f)?.[1] ?? 0)))
     : 0;
@@ -129,13 +130,13 @@ export async function simulatedDays(
   for (let day = done + 1; day <= done + n; day++) {
     const production = registry.aliases().production;
     if (!production) throw new Error(`no production model in ${registry.dir}: run \`prefab run\` first`);
-    const file = await collectDay(registry, cfg, backend, inbox, day, log);
+    const file = await collectDay(registry, cfg, device, inbox, day, log);
     const traffic = (await liveFigures([file], cfg.rollback.success_reward)).get(production) ?? {
       version: production,
       sessions: 0,
       success: null,
     };
-    const night = await refreshNight(engine, cfg, backend, signal, log);
+    const night = await refreshNight(o);
     const d = { day, date: dateOf(cfg.days.start, day - 1), production, traffic, night };
     await onDay(d);
     days.push(d);

@@ -22,9 +22,10 @@ import type { Pair, Session } from '../core/records.ts';
 import { seeded } from '../core/random.ts';
 import { TOOLS } from '../env/env.ts';
 import { validationEpisodes, type EpisodeRecord } from '../env/evaluate.ts';
-import { withScorer, type Backend } from '../runtime/device.ts';
+import type { Device } from '../runtime/device.ts';
+import { withScorer } from '../runtime/engines.ts';
 import { openChat } from '../model/chat.ts';
-import { decodingGpu } from '../runtime/placement.ts';
+import { decodingEngine } from '../runtime/placement.ts';
 import { loadCheckpoint } from '../model/checkpoint.ts';
 import { nonFiniteWeight } from '../model/hf.ts';
 import { readPreferencePairs } from '../trainers/data.ts';
@@ -219,14 +220,18 @@ export function unfinishedNight(engine: Engine): boolean {
   return last !== undefined && !existsSync(join(nightsDir, last, 'report.json'));
 }
 
-/** Runs one night (resuming the last one if it did not finish), training and playing on `backend`. */
-export async function refreshNight(
-  engine: Engine,
-  cfg: RefreshConfig,
-  backend: Backend,
-  signal: AbortSignal,
-  log: Logger,
-): Promise<NightReport> {
+/** What a night runs on: the workspace's pipeline, the loop's settings, and the device it trains and plays on. */
+export interface NightOptions {
+  engine: Engine;
+  cfg: RefreshConfig;
+  device: Device;
+  signal: AbortSignal;
+  log: Logger;
+}
+
+/** Runs one night (resuming the last one if it did not finish). */
+export async function refreshNight(o: NightOptions): Promise<NightReport> {
+  const { engine, cfg, device, signal, log } = o;
   const registry = new Registry(join(engine.ws.root, 'registry'), (m) => log.warn(m));
   const inbox = inboxOf(engine, cfg);
   const start = registry.aliases().production;
@@ -337,23 +342,33 @@ export async function refreshNight(
       const byId = new Map(all.map((p) => [p.pair_id, p]));
       const chosen = ids.map((id) => byId.get(id)!);
       const info = { night, production };
-      await trainCandidate(from, chosen, join(dir, 'candidate'), join(dir, '.cache'), cfg, info, backend, signal, log);
+      await trainCandidate({
+        from,
+        pairs: chosen,
+        out: join(dir, 'candidate'),
+        cache: join(dir, '.cache'),
+        cfg,
+        info,
+        device,
+        signal,
+        log,
+      });
     }
     if (!cfg.dapo.enabled || existsSync(candidateFolder)) return;
     const { enabled: _, ...knobs } = cfg.dapo;
     const key = hashJson({ night, production, knobs });
     const info = { night, parent: production };
-    await runDapo(
-      dpoFolder,
-      join(dir, 'candidate-dapo'),
-      join(dir, '.cache-dapo'),
+    await runDapo({
+      from: dpoFolder,
+      out: join(dir, 'candidate-dapo'),
+      cache: join(dir, '.cache-dapo'),
       key,
       knobs,
       info,
+      device,
       signal,
       log,
-      backend,
-    );
+    });
   };
   if (buffer.fresh === 0)
     return report({
@@ -413,13 +428,13 @@ export async function refreshNight(
     );
     let productionSide = await readJsonFile<EpisodeRecord[]>(keptPath);
     if (!productionSide) {
-      productionSide = await play('production', productionFolder, cfg, backend, signal, log);
+      productionSide = await play('production', productionFolder, o);
       mkdirSync(join(root, 'paired'), { recursive: true });
       await writeFileAtomic(keptPath, JSON.stringify(productionSide) + '\n');
     }
     episodes = {
       production: productionSide,
-      candidate: await play('candidate', candidateFolder, cfg, backend, signal, log),
+      candidate: await play('candidate', candidateFolder, o),
     };
     await writeFileAtomic(evalPath, JSON.stringify(episodes) + '\n');
   }
@@ -486,18 +501,17 @@ async function dataFingerprints(engine: Engine): Promise<Record<string, string>>
   return out;
 }
 
-/** The candidate: `pairs` trained from production's folder (its reference too), into `out/model`. */
+/** The candidate: `pairs` trained from production's folder `from` (its reference too), into `out/model`. */
 async function trainCandidate(
-  productionFolder: string,
-  pairs: Pair[],
-  out: string,
-  cache: string,
-  cfg: RefreshConfig,
-  info: { night: number; production: string },
-  backend: Backend,
-  signal: AbortSignal,
-  log: Logger,
+  o: Omit<NightOptions, 'engine'> & {
+    from: string;
+    pairs: Pair[];
+    out: string;
+    cache: string;
+    info: { night: number; production: string };
+  },
 ): Promise<void> {
+  const { from: productionFolder, pairs, out, cache, cfg, info, device, signal, log } = o;
   const prod = loadCheckpoint(productionFolder);
   const chat = openChat(prod.tokenizer, prod.model.config.eosTokenId, productionFolder);
   const d = cfg.dpo;
@@ -511,7 +525,7 @@ async function trainCandidate(
   const settings = { ...d, desirable_weight: 1, undesirable_weight: 1 };
   mkdirSync(cache, { recursive: true });
   const reference = loss.reference
-    ? await withScorer(backend, prod.model, log, (score) =>
+    ? await withScorer(device, prod.model, log, (score) =>
         referenceScores(
           score,
           made.examples,
@@ -549,9 +563,7 @@ async function trainCandidate(
       placeholders: prod.placeholders,
       signal,
       log,
-      gpu: backend.gpu,
-      ort: backend.ort,
-      auto: backend.auto,
+      device,
     },
     trainer,
   );
@@ -568,25 +580,21 @@ async function trainCandidate(
 }
 
 /** One side of the paired evaluation: the model in `folder` on the validation tasks, each episode seeded by (seed, task, try) alone. */
-async function play(
-  name: string,
-  folder: string,
-  cfg: RefreshConfig,
-  backend: Backend,
-  signal: AbortSignal,
-  log: Logger,
-): Promise<EpisodeRecord[]> {
+async function play(name: string, folder: string, o: NightOptions): Promise<EpisodeRecord[]> {
+  const { cfg, device, signal, log } = o;
   const e = cfg.eval;
   const ck = loadCheckpoint(folder);
   const chat = openChat(ck.tokenizer, ck.model.config.eosTokenId, folder);
-  const players = new EpisodePlayers(name, ck.model, ck.context, chat, ck.placeholders, {
+  const sampling = {
     maxTokens: e.max_tokens,
     temperature: e.temperature,
     topP: e.top_p,
     tools: TOOLS,
     signal,
-    gpu: await decodingGpu(backend, ck.model, e.tasks * e.k, log), // every episode side by side
-  });
+    engine: await decodingEngine(device, ck.model, e.tasks * e.k, log), // every episode side by side
+  };
+  const { model, context, placeholders } = ck;
+  const players = new EpisodePlayers({ name, model, context, chat, placeholders, sampling });
   const progress = log.progress(`paired evaluation: ${name}`, e.tasks * e.k);
   const records = await validationEpisodes(
     (task, trial) => players.player(seeded(cfg.seed, 'paired', task, trial)),

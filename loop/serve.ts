@@ -18,11 +18,11 @@ import { seeded } from '../core/random.ts';
 import { openChat, type Chat } from '../model/chat.ts';
 import { loadCheckpoint } from '../model/checkpoint.ts';
 import type { ToolCallConstraint, ToolSchema } from '../model/constrain.ts';
-import { Decoding, cpuCaches, readDecodings, type CachePool, type TokenCache } from '../runtime/decode.ts';
+import { Decoding, readDecodings, type CachePool, type TokenCache } from '../runtime/decode.ts';
+import { mainEngine, type Device } from '../runtime/device.ts';
+import { cachePool } from '../runtime/engines.ts';
 import type { Llama } from '../model/llama.ts';
-import { decodingGpu } from '../runtime/placement.ts';
-import { GpuDecoder } from '../runtime/webgpu/decode.ts';
-import type { Kernels } from '../runtime/webgpu/kernel.ts';
+import { decodingEngine } from '../runtime/placement.ts';
 import type { Placeholders } from '../model/placeholders.ts';
 import { promptOf } from '../runtime/policy.ts';
 import type { Registry } from './registry.ts';
@@ -138,10 +138,10 @@ interface Job {
 }
 
 /**
- * What a served version is loaded with: its queue's limits, and the GPU's kernels where the backend is the GPU
- * (decoding there with --backend webgpu, under auto where it is faster: runtime/placement.ts, which logs to `log`).
+ * What a served version is loaded with: its queue's limits, and the device it decodes on (under auto where it
+ * is faster at max_batch sequences: runtime/placement.ts, which logs to `log`).
  */
-type ServedSettings = Pick<ServeSettings, 'maxBatch' | 'maxQueue'> & { gpu?: Kernels; auto?: boolean; log: Logger };
+type ServedSettings = Pick<ServeSettings, 'maxBatch' | 'maxQueue'> & { device: Device; log: Logger };
 
 /** The most bytes of tool lists a model keeps constraints for (Model.constraint). */
 export const CONSTRAINT_BYTES = 16 << 20;
@@ -176,16 +176,16 @@ class ServedModel {
     this.placeholders = checkpoint.placeholders;
     this.model = checkpoint.model;
     // Made now, as the version loads, unless auto is to time where they go (at the first request).
-    if (!settings.auto) this.caches = settings.gpu ? new GpuDecoder(this.model, settings.gpu) : cpuCaches(this.model);
+    if (!settings.device.placesEachPhase) this.caches = cachePool(mainEngine(settings.device), this.model);
   }
 
-  /** The caches: under auto made at the first request, on the GPU where decodingGpu places maxBatch sequences. */
+  /** The caches: under auto made at the first request, where decodingEngine places maxBatch sequences. */
   private async placed(): Promise<CachePool> {
     if (!this.caches) {
-      const { maxBatch, log } = this.settings;
-      const on = await decodingGpu(this.settings, this.model, maxBatch, log);
+      const { maxBatch, log, device } = this.settings;
+      const engine = await decodingEngine(device, this.model, maxBatch, log);
       if (this.disposed) throw new Error(`version ${this.version} was unloaded`);
-      this.caches = on ? new GpuDecoder(this.model, on) : cpuCaches(this.model);
+      this.caches = cachePool(engine, this.model);
     }
     return this.caches;
   }

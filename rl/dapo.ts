@@ -9,8 +9,9 @@ import { DEFAULT_WORLD, generateWorld, taskPool } from '../env/world.ts';
 import { openChat } from '../model/chat.ts';
 import { loadCheckpoint } from '../model/checkpoint.ts';
 import type { Llama } from '../model/llama.ts';
-import { decodingGpu, type Device } from '../runtime/placement.ts';
-import { finalMetrics, trainingRun } from '../trainers/run.ts';
+import type { Device } from '../runtime/device.ts';
+import { decodingEngine } from '../runtime/placement.ts';
+import { finalMetrics, trainingRun, type Held } from '../trainers/run.ts';
 import type { TrainingSettings } from '../trainers/settings.ts';
 import { simulatorRollouts, validation } from './rollouts.ts';
 import type { DapoSettings } from './settings.ts';
@@ -25,30 +26,35 @@ export interface DapoRun {
   final: Record<string, number> | undefined;
 }
 
+/** What a DAPO run is given: its model, its knobs, where it goes, and the device it runs on. */
+export interface DapoRunOptions {
+  /** The model to start from (a Hugging Face folder). */
+  from: string;
+  /** Where the trained model and its metrics go: `out/model`, `out/metrics.jsonl`. */
+  out: string;
+  /** The stage's cache: the run's checkpoints, in a folder named by `key` (a rerun after a kill resumes there). */
+  cache: string;
+  key: string;
+  knobs: DapoSettings;
+  /** Joins the model's trainer_state.json. */
+  info: Record<string, unknown>;
+  /** Where the updates, the rollouts and validation run (under auto, each phase where it is faster). */
+  device: Device;
+  signal: AbortSignal;
+  log: Logger;
+}
+
 /**
- * Trains the model in `from` (a Hugging Face folder) by DAPO into `out/model` and `out/metrics.jsonl`, resuming
- * from the run's checkpoints in `cache` (keyed by `key`). `info` joins the model's trainer_state.json. With
- * `device.gpu` (`--backend webgpu`) the updates, the rollouts and validation run on the GPU (under auto, each
- * where it is faster: runtime/placement.ts); with `device.ort`
- * (`--backend onnxruntime`) the updates run on the CPU path.
+ * Trains the model in `o.from` by DAPO into `o.out`, resuming from the run's checkpoints. The dapo stage runs
+ * it after DPO; a refresh night after the candidate's DPO.
  */
-export async function runDapo(
-  from: string,
-  out: string,
-  cache: string,
-  key: string,
-  cfg: DapoSettings,
-  info: Record<string, unknown>,
-  signal: AbortSignal,
-  log: Logger,
-  device: Device = {},
-): Promise<DapoRun> {
-  const { gpu, ort, auto } = device;
+export async function runDapo(o: DapoRunOptions): Promise<DapoRun> {
+  const { from, out, cache, key, knobs: cfg, info, device, signal, log } = o;
   const start = loadCheckpoint(from);
   const chat = openChat(start.tokenizer, start.model.config.eosTokenId, from);
   const s = cfg.simulator;
-  // A step's groups are decoded side by side: on the GPU where it is faster at that many sequences.
-  const decoding = await decodingGpu(device, start.model, cfg.group_size * cfg.tasks_per_step, log);
+  // A step's groups are decoded side by side: under auto on the GPU where it is faster at that many sequences.
+  const engine = await decodingEngine(device, start.model, cfg.group_size * cfg.tasks_per_step, log);
   const world = generateWorld({ ...DEFAULT_WORLD, seed: s.world_seed, companies: s.companies });
   const sampling = {
     maxTokens: s.max_tokens,
@@ -57,7 +63,7 @@ export async function runDapo(
     tools: s.constrained ? TOOLS : undefined,
     signal,
     recordTurns: true,
-    gpu: decoding,
+    engine,
   };
 
   const rollouts = simulatorRollouts({
@@ -90,9 +96,9 @@ export async function runDapo(
     tasks: taskPool(world, 'val', v.tasks, cfg.max_calls),
     tries: v.tries,
   };
-  const after = async (step: number, model: Llama) => {
+  const after = async (step: number, model: Llama, held: Held) => {
     if (v.every === 0 || ((step + 1) % v.every !== 0 && step + 1 !== cfg.steps)) return {};
-    const figures = await validation(validate, model);
+    const figures = await validation(validate, model, held.trained);
     log.info('validation', { step: step + 1, ...figures });
     return figures;
   };
@@ -107,7 +113,7 @@ export async function runDapo(
     reference: cfg.kl_coef > 0 ? start.model : undefined,
     feedbackTraining: cfg.feedback_training,
     after,
-    decodesOnCpu: gpu !== undefined && decoding === undefined,
+    decodesOnCpu: device.gpu !== null && engine.kind !== 'gpu',
     ppoEpochs: cfg.ppo_epochs,
     miniBatches: cfg.mini_batches,
     seed: cfg.seed,
@@ -144,9 +150,7 @@ export async function runDapo(
       placeholders: start.placeholders,
       signal,
       log,
-      gpu,
-      ort,
-      auto,
+      device,
     },
     trainer,
   );

@@ -65,7 +65,9 @@ interface Group {
  * of a generation batch are played side by side (in standard mode every episode), their tokens decoded
  * together (SharedDecoder, on the CPU or the GPU).
  */
-export function simulatorRollouts(o: RolloutOptions): (step: number, model: Llama) => Promise<StepRollouts> {
+export function simulatorRollouts(
+  o: RolloutOptions,
+): (step: number, model: Llama, trained?: Map<string, GPUBuffer>) => Promise<StepRollouts> {
   const pool = taskPool(o.world, 'train', o.taskPool, o.maxCalls);
   /** One episode of `task`, its group's `trial`-th, by `actor`; `block`: the notes it reads, if any. */
   const playTrial = async (actor: Actor, step: number, slot: number, task: Task, trial: number, block: string) => {
@@ -117,10 +119,10 @@ export function simulatorRollouts(o: RolloutOptions): (step: number, model: Llam
     return group;
   };
 
-  return async (step, model) => {
-    const players = o.actor
-      ? null
-      : new EpisodePlayers('dapo', model, o.context, o.chat, o.placeholders, { ...o.sampling, recordTurns: true });
+  return async (step, model, trained) => {
+    const { context, chat, placeholders } = o;
+    const sampling = { ...o.sampling, recordTurns: true, trained };
+    const players = o.actor ? null : new EpisodePlayers({ name: 'dapo', model, context, chat, placeholders, sampling });
     const actor = (): Actor => o.actor?.(model) ?? players!.player(Math.random);
     const kept: Rollout[][] = [];
     const all: Group[] = [];
@@ -176,11 +178,14 @@ export interface ValidationOptions extends EpisodeSettings {
  * within `tries` attempts that read none (what trying again is worth without feedback). Episodes are seeded
  * by task and try alone, so two models, or one model at two steps, are compared on the same draws.
  */
-export async function validation(o: ValidationOptions, model: Llama): Promise<Record<string, number>> {
-  const players = new EpisodePlayers('validation', model, o.context, o.chat, o.placeholders, {
-    ...o.sampling,
-    recordTurns: false,
-  });
+export async function validation(
+  o: ValidationOptions,
+  model: Llama,
+  trained?: Map<string, GPUBuffer>,
+): Promise<Record<string, number>> {
+  const { context, chat, placeholders } = o;
+  const sampling = { ...o.sampling, recordTurns: false, trained };
+  const players = new EpisodePlayers({ name: 'validation', model, context, chat, placeholders, sampling });
   const play = (task: Task, trial: number, block: string) => {
     const player = players.player(seeded(o.seed, 'dapo-validation', task.task_id, trial));
     player.reads = block ? (c) => withFeedback(c, block) : null;

@@ -76,6 +76,20 @@ export interface RolloutBatch {
 /** The generated targets of a sequence: the positions t whose target (token t + 1) the policy wrote. */
 const generatedTargets = (s: Sequence) => s.mask.slice(1).flatMap((m, t) => (m ? [t] : []));
 
+/** What a batch of rollouts is made with. */
+export interface RolloutBatchOptions {
+  pad: number;
+  /** Padded tokens a scoring micro-batch holds at most. */
+  maxTokens: number;
+  signal: AbortSignal;
+  /** How feedback-guided rollouts' turns are trained (default context). */
+  on?: FeedbackTraining;
+  /** The starting model, whose log-probabilities a KL term needs; absent: no KL. */
+  reference?: Llama;
+  /** The weights as the run holds them outside tfjs, where it does: the old log-probabilities are scored there. */
+  score?: EntropyScorer;
+}
+
 /**
  * The batch of `rollouts`: GRPO advantages within each group, every rollout as chained sequences
  * (chainTurns; with notes, on the prompts `on` says, twice with `both`), and the old log-probabilities
@@ -83,16 +97,8 @@ const generatedTargets = (s: Sequence) => s.mask.slice(1).flatMap((m, t) => (m ?
  * micro-batch, each a safe point (by `score` where the run holds the model outside tfjs). A sequence trained on
  * the plain prompt takes its generated tokens' old log-probabilities from the prompts with notes, token for token.
  */
-export async function rolloutBatch(
-  model: Llama,
-  rollouts: Rollout[],
-  pad: number,
-  maxTokens: number,
-  signal: AbortSignal,
-  on: FeedbackTraining = 'context',
-  reference?: Llama,
-  score?: EntropyScorer,
-): Promise<RolloutBatch> {
+export async function rolloutBatch(model: Llama, rollouts: Rollout[], o: RolloutBatchOptions): Promise<RolloutBatch> {
+  const { pad, maxTokens, signal, on = 'context', reference, score } = o;
   const advantage = groupAdvantages(
     rollouts.map((r) => r.reward),
     rollouts.map((r) => r.group),
@@ -262,8 +268,11 @@ export interface DapoOptions {
   steps: number;
   /** The model to start from when there is no checkpoint. */
   start: () => Llama;
-  /** The rollouts of step `step` by `model` as it is now: a function of the step and the weights alone, so a resumed run gathers the same. */
-  rollouts: (step: number, model: Llama) => Promise<StepRollouts>;
+  /**
+   * The rollouts of step `step` by `model` as it is now (decoded from `trained`, the run's GPU buffers, where
+   * given): a function of the step and the weights alone, so a resumed run gathers the same.
+   */
+  rollouts: (step: number, model: Llama, trained?: Map<string, GPUBuffer>) => Promise<StepRollouts>;
   pad: number;
   microBatchTokens: number;
   clip: ClipSettings;
@@ -276,7 +285,7 @@ export interface DapoOptions {
   /** The reference a KL term (clip.klCoef > 0) keeps the policy near: the starting model; absent: no KL. */
   reference?: Llama;
   /** After a step's update, figures of the model as it now is (validation), logged with the step; absent: none. */
-  after?: (step: number, model: Llama) => Promise<Record<string, number>>;
+  after?: Trainer['after'];
   /** The rollouts decode on the CPU while the run trains on the GPU (Trainer.decodesOnCpu). */
   decodesOnCpu?: boolean;
   signal: AbortSignal;
@@ -295,19 +304,17 @@ export function dapoTrainer(o: DapoOptions): Trainer {
     readsWeights: true, // each step rolls out with the current weights
     decodesOnCpu: o.decodesOnCpu,
     after: o.after,
-    async batch(step, model, score) {
-      const { rollouts, metrics } = await o.rollouts(step, model);
+    async batch(step, model, held) {
+      const { rollouts, metrics } = await o.rollouts(step, model, held.trained);
       if (rollouts.length === 0) return { parts: [], tokens: 0, metrics };
-      const batch = await rolloutBatch(
-        model,
-        rollouts,
-        o.pad,
-        o.microBatchTokens,
-        o.signal,
-        o.feedbackTraining,
-        o.clip.klCoef > 0 ? o.reference : undefined,
-        score,
-      );
+      const batch = await rolloutBatch(model, rollouts, {
+        pad: o.pad,
+        maxTokens: o.microBatchTokens,
+        signal: o.signal,
+        on: o.feedbackTraining,
+        reference: o.clip.klCoef > 0 ? o.reference : undefined,
+        score: held.score,
+      });
       const all = batch.sequences.map((_, i) => i);
       const updates: number[][] = [];
       for (let epoch = 0; epoch < o.ppoEpochs; epoch++) {

@@ -5,7 +5,7 @@ import { PipelineError } from '../pipeline/errors.ts';
 import type { CommandContext } from '../pipeline/commands.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { seeded } from '../core/random.ts';
-import { chosenBackend, commandOptions, withScorer, type Backend } from './device.ts';
+import { commandOptions, deviceFor, type Device } from './device.ts';
 import type { Llama } from '../model/llama.ts';
 
 /** A JSON list of token ids (`depth` 1) or of lists of them (`depth` 2). */
@@ -35,15 +35,15 @@ const number = (value: string) => {
   return n;
 };
 
-/** The model in `dir`, on the backend `--backend` asked for; names the folder and the id when an id is out of the vocabulary. */
+/** The model in `dir`, on the device `--backend` asked for; names the folder and the id when an id is out of the vocabulary. */
 async function open(
   program: Command,
   ctx: CommandContext,
   dir: string,
   ids: number[][],
-): Promise<{ model: Llama; backend: Backend; log: Logger }> {
+): Promise<{ model: Llama; device: Device; log: Logger }> {
   const log = ctx.logger();
-  const backend = await chosenBackend(commandOptions(program), log);
+  const device = await deviceFor(commandOptions(program), log);
   const [{ readHfModel }, { Llama }] = await Promise.all([import('../model/hf.ts'), import('../model/llama.ts')]); // the trainer, only when a model is opened
   let hf;
   try {
@@ -54,15 +54,16 @@ async function open(
   const bad = ids.flat().find((id) => id >= hf.config.vocabSize);
   if (bad !== undefined)
     throw new PipelineError(`token id ${bad} is outside ${dir}'s vocabulary of ${hf.config.vocabSize}`);
-  return { model: new Llama(hf.config, hf.weights), backend, log };
+  return { model: new Llama(hf.config, hf.weights), device, log };
 }
 
 /** Each sequence's per-token log-probs (the first token has none) and their sums. */
 async function score(
-  { model, backend, log }: { model: Llama; backend: Backend; log: Logger },
+  { model, device, log }: { model: Llama; device: Device; log: Logger },
   sequences: number[][],
 ): Promise<{ token_logprobs: number[][]; sums: number[] }> {
-  const token_logprobs = await withScorer(backend, model, log, async (logprobs) => {
+  const { withScorer } = await import('./engines.ts');
+  const token_logprobs = await withScorer(device, model, log, async (logprobs) => {
     const rows: number[][] = [];
     for (const ids of sequences) {
       const T = ids.length;
@@ -116,19 +117,19 @@ export function addModelCommands(program: Command, ctx: CommandContext): void {
         dir: string,
         opts: { ids: number[]; maxNewTokens: number; temperature: number; topP: number; seed: string; stop?: number[] },
       ) => {
-        const { model: m, backend, log } = await open(program, ctx, dir, [opts.ids]);
-        // On the GPU with --backend webgpu, and under auto where one sequence decodes faster there.
-        const gpu = await (await import('./placement.ts')).decodingGpu(backend, m, 1, log);
-        const cache = gpu
-          ? new (await import('./webgpu/decode.ts')).GpuDecoder(m, gpu).create()
-          : new (await import('./decode.ts')).KVCache(m);
-        const continuation = await cache.generate(opts.ids, {
+        const { model: m, device, log } = await open(program, ctx, dir, [opts.ids]);
+        // Under auto on the GPU where one sequence decodes faster there.
+        const engine = await (await import('./placement.ts')).decodingEngine(device, m, 1, log);
+        const { SharedDecoder } = await import('./shared-decoder.ts');
+        const decoder = new SharedDecoder(m, (await import('./engines.ts')).cachePool(engine, m));
+        const continuation = await decoder.generate(decoder.cache(), opts.ids, {
           maxTokens: opts.maxNewTokens,
           temperature: opts.temperature,
           topP: opts.topP,
           random: seeded(opts.seed, 'generate'),
           stop: opts.stop,
         });
+        decoder.dispose();
         process.stdout.write(JSON.stringify({ continuation }) + '\n');
         m.dispose();
         ctx.setExit(0);

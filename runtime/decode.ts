@@ -4,10 +4,8 @@
 // size, V vocabulary, B sequences stepped together.
 import * as tf from '@tensorflow/tfjs-core';
 import type { Random } from '../core/random.ts';
-import { attentionKernels } from './attention-wasm.ts';
-import { cpuKernels } from './device.ts';
 import type { Llama } from '../model/llama.ts';
-import type { NativeKernels } from './cpu/kernels.ts';
+import type { CpuKernels } from './cpu/kernels.ts';
 import { sampleToken, type Draw } from './sampling.ts';
 
 export interface GenerateOptions {
@@ -23,30 +21,26 @@ export interface GenerateOptions {
   constraint?: { allows(generated: readonly number[], candidate: number): boolean };
 }
 
-/** Below this many new tokens a read goes token by token in plain TypeScript; from it on, through one batched pass. */
+/** Below this many new tokens a read goes token by token; from it on, through one batched pass. */
 const BATCHED_READ = 8;
 
 /**
  * The weights a decoder computes with, copied from the model when it is made (adapters folded in: W +
- * (α/r)·B·A), so training the model on does not change a decoder already made. Plain arrays for one
- * sequence's steps; for many sequences' steps, the projections of a layer fused and transposed into tensors
- * on the backend (q|k|v and gate|up, (in, out): WASM's matMul is far slower with a transpose flag), made on
- * first use. Caches made from one DecodeWeights can be stepped together.
+ * (α/r)·B·A), so training the model on does not change a decoder already made. Caches made from one
+ * DecodeWeights can be stepped together.
  */
 export class DecodeWeights {
   readonly w = new Map<string, Float32Array>();
-  private fused: { qkv: tf.Tensor2D; o: tf.Tensor2D; gateUp: tf.Tensor2D; down: tf.Tensor2D }[] | null = null;
-  private lmHead: tf.Tensor2D | null = null;
-  /** With the C kernels: per layer the projections as arrays, (out, in) as stored, q|k|v and gate|up stacked. */
+  /** Per layer the projections as arrays, (out, in) as stored, q|k|v and gate|up stacked: a batched step's products. */
   private stacked: Record<'qkv' | 'o' | 'gateUp' | 'down', Float32Array>[] | null = null;
 
   /**
-   * `native`: the CPU path's C kernels (by default where the backend in use is that path with them): the
-   * products by OpenBLAS and the attention over the caches in C, instead of TensorFlow.js and WebAssembly.
+   * `native`: the CPU path's C kernels (the products by OpenBLAS, the attention over the caches in C); null:
+   * the reference's plain loops, which give the same numbers within float rounding, many times slower.
    */
   constructor(
     readonly model: Llama,
-    readonly native: NativeKernels | null = cpuKernels(),
+    readonly native: CpuKernels | null = null,
   ) {
     for (const [name, v] of model.params) this.w.set(name, (v.dataSync() as Float32Array).slice());
     if (model.adaptersOn)
@@ -61,51 +55,11 @@ export class DecodeWeights {
     return this.w.get(name)!;
   }
 
-  /** Per layer the fused, transposed projections, and the head (D, V). */
-  tensors() {
-    if (!this.fused) {
-      const c = this.model.config;
-      const t = (name: string, out: number, inner: number) => tf.tensor2d(this.get(name), [out, inner]);
-      this.fused = Array.from({ length: c.layers }, (_, l) =>
-        tf.tidy(() => {
-          const p = (n: string) => `model.layers.${l}.${n}.weight`;
-          const { heads: H, kvHeads: K, headDim: hd, hiddenSize: D, intermediateSize: F } = c;
-          return {
-            qkv: tf.transpose(
-              tf.concat(
-                [
-                  t(p('self_attn.q_proj'), H * hd, D),
-                  t(p('self_attn.k_proj'), K * hd, D),
-                  t(p('self_attn.v_proj'), K * hd, D),
-                ],
-                0,
-              ),
-            ) as tf.Tensor2D, // (D, (H+2K)·hd)
-            o: tf.transpose(t(p('self_attn.o_proj'), D, H * hd)) as tf.Tensor2D, // (H·hd, D)
-            gateUp: tf.transpose(tf.concat([t(p('mlp.gate_proj'), F, D), t(p('mlp.up_proj'), F, D)], 0)) as tf.Tensor2D, // (D, 2F)
-            down: tf.transpose(t(p('mlp.down_proj'), D, F)) as tf.Tensor2D, // (F, D)
-          };
-        }),
-      );
-      this.lmHead = tf.tidy(
-        () =>
-          tf.transpose(
-            t(c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight', c.vocabSize, c.hiddenSize),
-          ) as tf.Tensor2D,
-      ); // (D, V)
-    }
-    return { layers: this.fused, head: this.lmHead! };
-  }
-
   /**
    * rows (R, inner) through layer l's `which` projection (the fused ones: qkv, o, gateUp, down; or the head,
-   * l ignored) → (R, out): by OpenBLAS with the C kernels, else a matMul through the backend.
+   * l ignored) → (R, out): by OpenBLAS with the C kernels, else a row's dot products at a time.
    */
   times(rows: Float32Array, R: number, l: number, which: 'qkv' | 'o' | 'gateUp' | 'down' | 'head'): Float32Array {
-    if (!this.native) {
-      const { layers, head } = this.tensors();
-      return rowsTimes(rows, R, which === 'head' ? head : layers[l]![which]);
-    }
     const c = this.model.config;
     const w =
       which === 'head'
@@ -114,7 +68,8 @@ export class DecodeWeights {
     const inner = rows.length / R;
     const out = w.length / inner;
     const y = new Float32Array(R * out);
-    this.native.sgemm(0, 1, R, out, inner, 1, rows, inner, w, inner, 0, y, out);
+    if (this.native) this.native.sgemm(0, 1, R, out, inner, 1, rows, inner, w, inner, 0, y, out);
+    else for (let r = 0; r < R; r++) y.set(matVec(rows.subarray(r * inner, (r + 1) * inner), w, out, inner), r * out);
     return y;
   }
 
@@ -135,34 +90,16 @@ export class DecodeWeights {
     });
     return this.stacked;
   }
-
-  /** Frees the tensors (the arrays go with the object). */
-  dispose(): void {
-    if (this.fused) tf.dispose([...this.fused.flatMap((f) => [f.qkv, f.o, f.gateUp, f.down]), this.lmHead!]);
-    this.fused = null;
-    this.lmHead = null;
-  }
-}
-
-/** rows (B, inner) · W (inner, out) through the backend. → (B, out) */
-function rowsTimes(rows: Float32Array, B: number, W: tf.Tensor2D): Float32Array {
-  // Not in tf.tidy: it would walk the returned array element by element.
-  const x = tf.tensor2d(rows, [B, W.shape[0]]);
-  const y = tf.matMul(x, W);
-  const out = y.dataSync() as Float32Array;
-  tf.dispose([x, y]);
-  return out;
 }
 
 /**
  * Generation with a KV cache: each layer keeps the rotated keys and the values of every token read so far
  * (K heads, not repeated), so a new token is one row through the model, within one reply and across the
  * turns of an episode, where each new prompt extends the last one.
- * A generated token of one sequence is computed in plain TypeScript on the CPU: a step of a model this small
- * is a few hundred tiny operations, which cost more to dispatch to a TensorFlow.js backend than to compute.
- * A prompt of many new tokens is read in one batched pass through the backend instead, and so is a step of
- * many sequences (KVCache.readEach): their rows go through each projection as one
- * matMul, and each attends to its own cache.
+ * A generated token of one sequence goes through the model on its own (step); a prompt of many new tokens is
+ * read in one batched pass, and so is a step of many sequences (KVCache.readEach): their rows go through
+ * each projection as one product, and each attends to its own cache. With the C kernels (DecodeWeights.native)
+ * the products are OpenBLAS's and the attention C's; without, plain loops: the reference's decoding.
  */
 export class KVCache {
   /** The tokens read so far. */
@@ -170,17 +107,14 @@ export class KVCache {
   private readonly w: Map<string, Float32Array>;
   readonly model: Llama;
   /**
-   * Keys and values live in a WebAssembly memory of the cache's own, where the attention kernels read them
-   * (runtime/attention-wasm.ts). In floats: [q (H·hp) | out (H·hp) | layers × capacity positions | scores
-   * (H, capacity)], a layer's positions one after another, each its rotated keys then values, (2, K, hp), hp the
-   * head size rounded up to a multiple of 4 (the padding stays 0): a layer's attention reads one run of memory
-   * rather than a key every few kilobytes. The first tokens.length are in use; when the capacity grows, the
-   * layers move up to their new places.
+   * Keys and values in one array of the cache's own, where the C kernels' attention reads them too. In floats:
+   * [q (H·hp) | out (H·hp) | layers × capacity positions | scores (H, capacity)], a layer's positions one after
+   * another, each its rotated keys then values, (2, K, hp), hp the head size rounded up to a multiple of 4 (the
+   * padding stays 0): a layer's attention reads one run of memory rather than a key every few kilobytes. The
+   * first tokens.length are in use; when the capacity grows, the array is made anew and the layers copied to
+   * their new places.
    */
-  private readonly memory = new WebAssembly.Memory({ initial: 1 });
-  private readonly kernels = attentionKernels(this.memory);
-  /** The memory as floats; made again whenever the memory grows (which detaches the old view). */
-  private f32 = new Float32Array(this.memory.buffer);
+  private f32 = new Float32Array(0);
   private capacity = 0;
   private readonly layers: number;
   private readonly hp: number;
@@ -223,22 +157,13 @@ export class KVCache {
   private reserve(n: number): void {
     if (n <= this.capacity) return;
     const capacity = Math.max(n, 2 * this.capacity, 64);
-    const bytes =
-      4 * (this.at.positions + this.layers * capacity * this.at.stride + this.model.config.heads * capacity);
-    const pages = Math.ceil(bytes / 65536) - this.memory.buffer.byteLength / 65536;
-    try {
-      if (pages > 0) this.memory.grow(pages);
-    } catch {
-      throw new Error(
-        `KVCache: ${capacity} positions of this model need ${(bytes / 2 ** 30).toFixed(1)} GiB, more than a WebAssembly memory holds (4 GiB)`,
-      );
-    }
-    this.f32 = new Float32Array(this.memory.buffer);
-    // Each layer's positions in use to its new place, the last layer first (the places only move up).
-    const used = this.tokens.length * this.at.stride;
-    for (let l = this.layers - 1; l > 0 && used > 0; l--) {
+    const floats = this.at.positions + this.layers * capacity * this.at.stride + this.model.config.heads * capacity;
+    const [old, used] = [this.f32, this.tokens.length * this.at.stride];
+    this.f32 = new Float32Array(floats);
+    // Each layer's positions in use to its new place.
+    for (let l = 0; l < this.layers && used > 0; l++) {
       const from = this.key(0, l);
-      this.f32.copyWithin(this.at.positions + l * capacity * this.at.stride, from, from + used);
+      this.f32.set(old.subarray(from, from + used), this.at.positions + l * capacity * this.at.stride);
     }
     this.capacity = capacity;
   }
@@ -291,8 +216,7 @@ export class KVCache {
 
   /**
    * Reads `reads[b]` into caches[b], all of them in one pass: every token is a row, the rows go through each
-   * projection together (one matMul each through the backend), and each row attends, through the kernels,
-   * to its own cache up to its own position (a cache's rows in order, so each sees those before it). Only
+   * projection together (one product each), and each row attends to its own cache up to its own position (a cache's rows in order, so each sees those before it). Only
    * each cache's last row goes through the head. Returns each cache's next-token logits.
    */
   private static readRows(caches: KVCache[], reads: number[][]): Float32Array[] {
@@ -417,39 +341,46 @@ export class KVCache {
 
   /**
    * Layer l's attention for the token at position `at`: its rotated key and value k, v (K·hd) join the cache,
-   * and its rotated query q (H·hd) attends to positions 0…at; the heads' outputs go to `out` (H·hd). The
-   * scores and the weighted sum of values are the WebAssembly kernels'; the softmax between them is here.
+   * and its rotated query q (H·hd) attends to positions 0…at; the heads' outputs go to `out` (H·hd).
    */
   private attend(l: number, q: Float32Array, k: Float32Array, v: Float32Array, at: number, out: Float32Array): void {
     const { heads: H, kvHeads: K, headDim: hd } = this.model.config;
-    const { hp, kernels } = this;
+    const hp = this.hp;
     this.put(this.key(at, l), k, K);
     this.put(this.value(at, l), v, K);
-    this.put(this.at.q, q, H);
     const n = at + 1;
     const scores = this.at.positions + this.layers * this.capacity * this.at.stride; // (H, n)
     const native = this.weights.native;
     if (native) {
+      this.put(this.at.q, q, H);
       const [keys, values] = [this.key(0, l), this.value(0, l)];
       const scale = 1 / Math.sqrt(hd);
       native.decodeAttention(this.f32, this.at.q, keys, values, this.at.stride, n, H, K, hd, hp, scale, scores, out);
       return;
     }
-    const stride = 4 * this.at.stride;
+    // The reference: each query head's scores over the positions, their softmax, the values weighted by it.
     const group = H / K;
     const scale = 1 / Math.sqrt(hd);
     const f = this.f32;
     for (let j = 0; j < H; j++) {
       const kv = Math.floor(j / group) * hp; // the key/value head this query head shares
-      kernels.scores(4 * (this.at.q + j * hp), 4 * (this.key(0, l) + kv), n, stride, hp, 4 * (scores + j * n), scale);
       const from = scores + j * n;
       let top = -Infinity;
-      for (let t = from; t < from + n; t++) if (f[t]! > top) top = f[t]!;
+      for (let t = 0; t < n; t++) {
+        const key = this.key(t, l) + kv;
+        let dot = 0;
+        for (let i = 0; i < hd; i++) dot += q[j * hd + i]! * f[key + i]!;
+        f[from + t] = dot * scale;
+        if (f[from + t]! > top) top = f[from + t]!;
+      }
       let total = 0;
       for (let t = from; t < from + n; t++) total += f[t] = Math.exp(f[t]! - top);
       for (let t = from; t < from + n; t++) f[t]! /= total;
-      kernels.mix(4 * from, 4 * (this.value(0, l) + kv), n, stride, hp, 4 * (this.at.out + j * hp));
-      out.set(f.subarray(this.at.out + j * hp, this.at.out + j * hp + hd), j * hd);
+      out.fill(0, j * hd, (j + 1) * hd);
+      for (let t = 0; t < n; t++) {
+        const [p, value] = [f[from + t]!, this.value(t, l) + kv];
+        for (let i = 0; i < hd; i++) out[j * hd + i]! += p * f[value + i]!;
+      }
     }
   }
 
@@ -579,16 +510,16 @@ export async function readDecodings(
   }
 }
 
-/** KVCaches over one copy of the model's weights; `native` as DecodeWeights takes it (by default the backend's). */
-export function cpuCaches(model: Llama, native?: NativeKernels | null): CachePool {
-  const weights = new DecodeWeights(model, native === undefined ? cpuKernels() : native);
+/** KVCaches over one copy of the model's weights: with the C kernels (`native`), else the reference's loops. */
+export function cpuCaches(model: Llama, native: CpuKernels | null): CachePool {
+  const weights = new DecodeWeights(model, native);
   return {
     model,
     create: () => new KVCache(model, weights),
     fork: (source, n) => KVCache.forkOf(source as KVCache, n),
     readMany: (caches, reads) => KVCache.readMany(caches as KVCache[], reads),
     free: () => {},
-    dispose: () => weights.dispose(),
+    dispose: () => {},
   };
 }
 

@@ -7,23 +7,20 @@
 //   FLOPs; a backward pass is about twice a forward on either, so the forward's ratio is the step's;
 // - decoding: sequences side by side, a prompt read and steps of a token each for all of them; the CPU's
 //   timing stops as soon as it is past the GPU's.
-// An explicit `--backend webgpu` runs every phase on the GPU. docs/trainer.md "Where auto runs each phase".
+// Every other device runs each phase on its one engine (runtime/device.ts mainEngine): `--backend webgpu` every
+// phase on the GPU. docs/trainer.md "Where auto runs each phase".
 import type { Logger } from '../pipeline/log.ts';
 import { seeded } from '../core/random.ts';
-import { Decoding, cpuCaches, readDecodings, type CachePool, type TokenCache } from './decode.ts';
-import type { Llama } from '../model/llama.ts';
-import type { OrtRuntime } from './onnx/onnx.ts';
-import type { TokenBlock } from '../model/windows.ts';
-import { GpuDecoder } from './webgpu/decode.ts';
-import type { Kernels } from './webgpu/kernel.ts';
 import { flopsPerToken } from '../model/config.ts';
-
-/** Where a phase runs: the GPU's kernels, or the CPU path's ONNX Runtime; neither: WASM. `auto`: chosen by auto. */
-export interface Device {
-  gpu?: Kernels;
-  ort?: OrtRuntime;
-  auto?: boolean;
-}
+import type { Llama } from '../model/llama.ts';
+import type { TokenBlock } from '../model/windows.ts';
+import { CpuLlama } from './cpu/llama.ts';
+import { Decoding, cpuCaches, readDecodings, type CachePool, type TokenCache } from './decode.ts';
+import { cpuEngine, mainEngine, type Device, type Engine } from './device.ts';
+import { tfjsScorer } from './scoring.ts';
+import { GpuDecoder } from './webgpu/decode.ts';
+import type { GpuKernels } from './webgpu/kernel.ts';
+import { GpuLlama } from './webgpu/llama.ts';
 
 /** Milliseconds a probe took on each side (Infinity: stopped once past the other, or failed, said in `failed`). */
 export interface Timed {
@@ -41,63 +38,60 @@ const STEPS = 8;
 const PROMPTS_A_READ = 8;
 
 /**
- * Where `model` trains and is scored in blocks of `rows` rows of `length` tokens: `device` as it is unless
- * auto chose its GPU; then the GPU where a forward pass of such a block is faster there, else the CPU path
- * (ONNX Runtime where it loads, else WASM).
+ * The engine `model` trains and is scored on in blocks of `rows` rows of `length` tokens: the device's one
+ * engine, unless it places each phase; then the GPU where a forward pass of such a block is faster there, else
+ * the CPU's (the C kernels, or the reference).
  */
-export async function trainingDevice(
+export async function trainingEngine(
   device: Device,
   model: Llama,
   block: { rows: number; length: number },
   log: Logger,
-): Promise<Device> {
+): Promise<Engine> {
   const { gpu } = device;
-  if (!gpu || !device.auto) return device;
-  const rows = Math.max(1, block.rows);
+  if (!gpu || !device.placesEachPhase) return mainEngine(device);
+  const rows = Math.max(1, Math.floor(block.rows));
   const length = Math.max(2, Math.min(block.length, model.config.maxPositions));
   const onGpu = await placedOnce(
+    device,
     `training ${JSON.stringify(model.config)} ${rows}×${length}`,
     { phase: 'training and scoring', block: `${rows}×${length}` },
     log,
-    () => forwardTimes(gpu, model, rows, length),
+    () => forwardTimes(device, gpu, model, rows, length),
   );
-  return onGpu ? device : { ort: await cpuPath() };
+  return onGpu ? { kind: 'gpu', kernels: gpu } : cpuEngine(device);
 }
 
 /**
- * The GPU's kernels for decoding `sequences` sequences of `model` side by side, or undefined for the CPU: the
- * device's GPU where it was asked for (`--backend webgpu`), and under auto where the probe finds it faster.
+ * The engine that decodes `sequences` sequences of `model` side by side: the device's one engine, unless it
+ * places each phase; then the GPU where the probe finds it faster, else the CPU's.
  */
-export async function decodingGpu(
-  device: Device,
-  model: Llama,
-  sequences: number,
-  log: Logger,
-): Promise<Kernels | undefined> {
+export async function decodingEngine(device: Device, model: Llama, sequences: number, log: Logger): Promise<Engine> {
   const { gpu } = device;
-  if (!gpu || !device.auto) return gpu;
+  if (!gpu || !device.placesEachPhase) return mainEngine(device);
   const onGpu = await placedOnce(
+    device,
     `decoding ${JSON.stringify(model.config)} ${sequences}`,
     { phase: 'decoding', sequences },
     log,
-    () => decodingTimes(gpu, model, sequences),
+    () => decodingTimes(device, gpu, model, sequences),
   );
-  return onGpu ? gpu : undefined;
+  return onGpu ? { kind: 'gpu', kernels: gpu } : cpuEngine(device);
 }
 
-const placed = new Map<string, Promise<boolean>>();
-
 /**
- * Whether the GPU was the faster in `probe`, probed once a process for each `key` and logged with `fields`. A
+ * Whether the GPU was the faster in `probe`, probed once a device for each `key` and logged with `fields`. A
  * side that fails loses (a warning says why); where both fail, the GPU is kept (auto's place for everything
  * before it measured) and the probe is tried again next time.
  */
 async function placedOnce(
+  device: Device,
   key: string,
   fields: Record<string, unknown>,
   log: Logger,
   probe: () => Promise<Timed>,
 ): Promise<boolean> {
+  const placed = device.probes;
   let onGpu = placed.get(key);
   if (!onGpu) {
     onGpu = probe().then(
@@ -145,31 +139,27 @@ async function bothSides(gpu: () => Promise<number>, cpu: (limit: number) => Pro
   return { gpu: onGpu, cpu: onCpu, ...(failures.length ? { failed: failures[0] } : {}) };
 }
 
-let cpuRuntime: Promise<OrtRuntime | undefined> | null = null;
-
-/** The CPU path's runtime: ONNX Runtime, opened once, where it loads; undefined (WASM) where it does not. */
-const cpuPath = () =>
-  (cpuRuntime ??= import('./onnx/onnx.ts').then(({ OrtRuntime }) => OrtRuntime.open()).catch(() => undefined));
-
 /**
  * A forward pass of rows × length tokens of `model`: on the GPU, and on the CPU path for one row of at most
  * CPU_TOKENS, scaled to the block by the forward's FLOPs (flopsPerToken: the products, and attention's T²).
  */
-export async function forwardTimes(gpu: Kernels, model: Llama, rows: number, length: number): Promise<Timed> {
+export async function forwardTimes(
+  device: Device,
+  gpu: GpuKernels,
+  model: Llama,
+  rows: number,
+  length: number,
+): Promise<Timed> {
   const weights = new Map([...model.params].map(([name, v]) => [name, v.dataSync() as Float32Array]));
   const c = model.config;
   const tokens = Math.min(length, CPU_TOKENS);
   const scale = (rows * length * flopsPerToken(c, length)) / (tokens * flopsPerToken(c, tokens));
   return bothSides(
+    () => forwardTime(new GpuLlama(c, weights, gpu, { trainable: false }), rows, length, c.vocabSize),
     async () => {
-      const { GpuLlama } = await import('./webgpu/llama.ts');
-      return forwardTime(new GpuLlama(c, weights, gpu, { trainable: false }), rows, length, c.vocabSize);
-    },
-    async () => {
-      const ort = await cpuPath();
-      const cpu = ort
-        ? new (await import('./cpu/llama.ts')).OrtLlama(c, weights, ort, { trainable: false })
-        : { forward: (await import('./scoring.ts')).tfjsScorer(model), dispose() {} };
+      const cpu = device.cpu
+        ? new CpuLlama(c, weights, device.cpu, { trainable: false })
+        : { forward: tfjsScorer(model), dispose() {} };
       return (await forwardTime(cpu, 1, tokens, c.vocabSize)) * scale;
     },
   );
@@ -198,10 +188,10 @@ async function forwardTime(
 }
 
 /** Decoding `sequences` sequences of `model` side by side: on the GPU, then on the CPU until past the GPU's time. */
-export function decodingTimes(gpu: Kernels, model: Llama, sequences: number): Promise<Timed> {
+export function decodingTimes(device: Device, gpu: GpuKernels, model: Llama, sequences: number): Promise<Timed> {
   return bothSides(
     () => decodingTime(new GpuDecoder(model, gpu), sequences, Infinity),
-    (limit) => decodingTime(cpuCaches(model), sequences, limit),
+    (limit) => decodingTime(cpuCaches(model, device.cpu), sequences, limit),
   );
 }
 

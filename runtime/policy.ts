@@ -2,16 +2,17 @@
 // with values as placeholders and cut to its context as in training, and writes the next assistant message,
 // whose placeholders are put back before the environment reads it. One KV cache is kept across
 // turns and episodes: each prompt extends the last one (and all start with the same system prompt), so
-// only the new messages are read. With `--backend webgpu` the cache and the model's steps are on the GPU.
+// only the new messages are read, where the sampling's engine decodes (the GPU's pages, or a KVCache).
 import { safePoint } from '../pipeline/interrupt.ts';
 import type { Random } from '../core/random.ts';
 import type { Message, Policy } from '../core/records.ts';
 import type { Chat } from '../model/chat.ts';
 import type { ToolCallConstraint, ToolSchema } from '../model/constrain.ts';
-import { KVCache, type TokenCache } from './decode.ts';
+import type { KVCache, TokenCache } from './decode.ts';
+import type { Engine } from './device.ts';
+import { cachePool } from './engines.ts';
 import { SharedDecoder } from './shared-decoder.ts';
-import { GpuCache, GpuDecoder } from './webgpu/decode.ts';
-import type { Kernels } from './webgpu/kernel.ts';
+import type { GpuCache } from './webgpu/decode.ts';
 import type { Llama } from '../model/llama.ts';
 import { modelView, type Placeholders } from '../model/placeholders.ts';
 import { headLength, recentWindow } from '../model/windows.ts';
@@ -35,8 +36,10 @@ export interface SamplingOptions {
   signal?: AbortSignal;
   /** Keep every turn's tokens in `turns` (for reinforcement learning); off, nothing is kept. */
   recordTurns?: boolean;
-  /** `--backend webgpu`'s kernels: generate on the GPU (runtime/webgpu/decode.ts); absent, on the CPU. */
-  gpu?: Kernels;
+  /** Where the tokens are decoded (runtime/placement.ts decodingEngine): the GPU, the C kernels, or the reference. */
+  engine: Engine;
+  /** The GPU buffers the model is being trained in (a run's, trainers/run.ts): a GPU decoder reads the weights there. */
+  trained?: Map<string, GPUBuffer>;
   /** A decoder shared with policies playing side by side (on the CPU or the GPU): their tokens are decoded together. */
   shared?: SharedDecoder;
 }
@@ -69,8 +72,27 @@ export async function promptOf(
   return { ids: recentWindow(e, head, n, room).ids, restore: view.restore, least };
 }
 
+/** A model as a policy: what it is, how it reads, and how it samples. */
+export interface PolicyOptions {
+  name: string;
+  model: Llama;
+  /** The sequence length it was trained at: prompts are cut to leave room for a reply within it. */
+  context: number;
+  chat: Chat;
+  /** How the model was trained to read values (the checkpoint's `placeholders`). */
+  placeholders: Placeholders;
+  sampling: SamplingOptions;
+}
+
 export class ModelPolicy implements Policy {
+  readonly name: string;
   private readonly cache: TokenCache;
+  /** Its own decoder's caches where it plays alone (freed with it); null where it shares one. */
+  private readonly own: ReturnType<typeof cachePool> | null = null;
+  private readonly context: number;
+  private readonly chat: Chat;
+  private readonly placeholders: Placeholders;
+  private readonly sampling: SamplingOptions;
   private calls = 0;
   private constraint: Promise<ToolCallConstraint | null> | undefined;
   /** Tokens read and written, for throughput figures. */
@@ -85,28 +107,26 @@ export class ModelPolicy implements Policy {
   reads: ((conversation: Message[]) => Message[]) | null = null;
 
   constructor(
-    readonly name: string,
-    model: Llama,
-    /** The sequence length it was trained at: prompts are cut to leave room for a reply within it. */
-    private readonly context: number,
-    private readonly chat: Chat,
-    /** How the model was trained to read values (the checkpoint's `placeholders`). */
-    private readonly placeholders: Placeholders,
-    private readonly sampling: SamplingOptions,
+    o: PolicyOptions,
     /** The sampler's randomness: set a fresh seeded stream per episode for reproducible episodes. */
     public random: Random,
   ) {
-    // Shared: the players' decoder (theirs to free); alone: its own, on the GPU or the CPU.
-    this.cache =
-      sampling.shared?.cache() ?? (sampling.gpu ? new GpuDecoder(model, sampling.gpu).create() : new KVCache(model));
+    ({ name: this.name, context: this.context, chat: this.chat, placeholders: this.placeholders } = o);
+    this.sampling = o.sampling;
+    // Shared: the players' decoder (theirs to free); alone: its own, where the sampling's engine decodes.
+    if (o.sampling.shared) this.cache = o.sampling.shared.cache();
+    else {
+      this.own = cachePool(o.sampling.engine, o.model, o.sampling.trained);
+      this.cache = this.own.create();
+    }
   }
 
-  /** Frees what the policy holds on the GPU (nothing on the CPU): call when its episodes are over. */
+  /** Frees what the policy holds (its pages on the GPU): call when its episodes are over. */
   dispose(): void {
     if (this.sampling.shared) this.sampling.shared.free(this.cache);
-    else if (this.cache instanceof GpuCache) {
-      this.cache.dispose();
-      this.cache.decoder.dispose();
+    else {
+      this.own!.free(this.cache);
+      this.own!.dispose();
     }
   }
 
@@ -137,28 +157,20 @@ export class ModelPolicy implements Policy {
 
 /**
  * Policies for episodes played side by side: each episode gets a ModelPolicy of its own over one SharedDecoder
- * (on the GPU with `sampling.gpu`: one upload of the weights for them all), so their tokens are decoded
- * together. Free them with `dispose` once the episodes are over.
+ * (on the GPU: one upload of the weights for them all), so their tokens are decoded together. Free them with
+ * `dispose` once the episodes are over.
  */
 export class EpisodePlayers {
   private readonly shared: SharedDecoder;
   private readonly made: ModelPolicy[] = [];
 
-  constructor(
-    private readonly name: string,
-    private readonly model: Llama,
-    private readonly context: number,
-    private readonly chat: Chat,
-    private readonly placeholders: Placeholders,
-    private readonly sampling: SamplingOptions,
-  ) {
-    this.shared = new SharedDecoder(model, sampling.gpu ? new GpuDecoder(model, sampling.gpu) : undefined);
+  constructor(private readonly o: PolicyOptions) {
+    this.shared = new SharedDecoder(o.model, cachePool(o.sampling.engine, o.model, o.sampling.trained));
   }
 
   /** The policy for one episode, drawing from `random`. */
   player(random: Random): ModelPolicy {
-    const sampling = { ...this.sampling, shared: this.shared };
-    const policy = new ModelPolicy(this.name, this.model, this.context, this.chat, this.placeholders, sampling, random);
+    const policy = new ModelPolicy({ ...this.o, sampling: { ...this.o.sampling, shared: this.shared } }, random);
     this.made.push(policy);
     return policy;
   }

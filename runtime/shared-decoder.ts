@@ -3,7 +3,7 @@
 // any prompt just asked for, in one pass through the model (a CachePool's readMany: on the CPU a matMul per
 // projection for all rows, on the GPU a dispatch a kernel and layer, the tokens drawn there too), as the
 // server steps its requests in flight. On the CPU a sequence alone is read as KVCache.generate reads it.
-import { Decoding, cpuCaches, readDecodings, type CachePool, type GenerateOptions, type TokenCache } from './decode.ts';
+import { Decoding, readDecodings, type CachePool, type GenerateOptions, type TokenCache } from './decode.ts';
 import type { Llama } from '../model/llama.ts';
 
 interface Job {
@@ -26,12 +26,12 @@ export class SharedDecoder {
   private running = false;
 
   /**
-   * Over a pool of caches: by default the CPU's (cpuCaches: the model's weights as they are now, copied, so
-   * training the model on changes nothing here), or the GPU's (runtime/webgpu/decode.ts GpuDecoder).
+   * Over a pool of caches (runtime/engines.ts cachePool): the CPU's (cpuCaches: the model's weights as they are
+   * now, copied, so training the model on changes nothing here), or the GPU's (runtime/webgpu/decode.ts GpuDecoder).
    */
   constructor(
     readonly model: Llama,
-    readonly pool: CachePool = cpuCaches(model),
+    readonly pool: CachePool,
   ) {}
 
   /** A cache of the shared weights, for one sequence at a time (a policy's, kept across its turns). */

@@ -62,7 +62,7 @@ export function ktoTrainer(
     steps: stepsFor(cfg, examples.length),
     label: 'kto steps',
     start,
-    batch: async (step, model, score) => {
+    batch: async (step, model, { score }) => {
       const b = batches(step);
       const B = b.idx.length;
       // The reference point: the batch's mean log-ratio on mismatched completions, not differentiated, at least 0 (in the loss).

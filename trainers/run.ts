@@ -15,11 +15,12 @@ import type { TrainingSettings } from './settings.ts';
 import { hashJson } from '../pipeline/hash.ts';
 import type { Llama } from '../model/llama.ts';
 import type { Placeholders } from '../model/placeholders.ts';
-import { trainingDevice, type Device } from '../runtime/placement.ts';
+import type { CpuKernels } from '../runtime/cpu/kernels.ts';
+import { engineName, type Device } from '../runtime/device.ts';
+import { trainingEngine } from '../runtime/placement.ts';
 import { ADAMW_DEFAULTS, AdamW, learningRate } from './optimizer.ts';
 import { logpGradients, onModel, optimizerStep, type MicroBatch, type StepResult } from './step.ts';
-import type { OrtRuntime } from '../runtime/onnx/onnx.ts';
-import type { Kernels } from '../runtime/webgpu/kernel.ts';
+import type { GpuKernels } from '../runtime/webgpu/kernel.ts';
 import type { TokenBlock } from '../model/windows.ts';
 import type { LoraConfig } from '../model/config.ts';
 import type { HeldModel } from '../runtime/held.ts';
@@ -57,6 +58,17 @@ export interface StepBatch {
   metrics?: Record<string, number>;
 }
 
+/**
+ * The weights being trained as a trainer may read them between steps, where the run holds them on an engine
+ * (on the reference, the tfjs model is them, and this is empty).
+ */
+export interface Held {
+  /** Scores with the weights as they are now: log-probs and entropy (DAPO's old policy). */
+  score?: EntropyScorer;
+  /** The GPU buffers the weights are trained in (without LoRA): a GPU decoder reads them in place. */
+  trained?: Map<string, GPUBuffer>;
+}
+
 /** What a trainer (sft.ts, dpo.ts, kto.ts, dapo.ts) brings to a run: its length, its start, and each step's batch. */
 export interface Trainer {
   steps: number;
@@ -64,23 +76,22 @@ export interface Trainer {
   start(): Llama;
   /**
    * The batch of step `step` (0-based), a function of the step alone so a resumed run sees the same data, and
-   * its loss on `model`. `score`: where the run holds the model outside tfjs and can, its scorer of the weights
-   * as they are now (log-probs and entropy), for a batch that scores with the current weights (DAPO's rollouts).
+   * its loss on `model`. `held`: the weights as the run holds them, for a batch that reads the current weights
+   * (DAPO's rollouts and their old log-probs).
    */
-  batch(step: number, model: Llama, score?: EntropyScorer): StepBatch | Promise<StepBatch>;
+  batch(step: number, model: Llama, held: Held): StepBatch | Promise<StepBatch>;
   /** The progress bar's label. */
   label: string;
   /**
    * After step `step`'s update (0-based), figures of the model as it now is, logged with the step
-   * (reinforcement learning's validation). Where the run reads in place (readsWeights), `model`'s tfjs weights
-   * are the last checkpoint's: read the model through decoders of it (as validation's episodes do).
+   * (reinforcement learning's validation). Where `held.trained` is given, `model`'s tfjs weights are the last
+   * checkpoint's: read the model through decoders of those buffers (as validation's episodes do).
    */
-  after?(step: number, model: Llama): Promise<Record<string, number>>;
+  after?(step: number, model: Llama, held: Held): Promise<Record<string, number>>;
   /**
    * batch() reads `model`'s weights beyond its loss (DAPO's rollouts, through decoders of it): a held run
-   * copies them back to `model` after every update, as after() needs too, unless its readers read them where
-   * they train (HeldRun.readsInPlace: the GPU without LoRA, whose decoders read the training buffers). Scoring
-   * goes through batch()'s `score` where the run holds the model, and needs no copy.
+   * copies them back to `model` after every update, as after() needs too, unless its decoders read them where
+   * they train (`held.trained`: the GPU without LoRA). Scoring goes through `held.score`, and needs no copy.
    */
   readsWeights?: boolean;
   /**
@@ -110,17 +121,13 @@ export interface RunSettings {
   /** The stage's signal: aborted, the run stops at the next step boundary. */
   signal: AbortSignal;
   log: Logger;
-  /** `--backend webgpu`: the GPU's kernels; the run's updates are then made there. */
-  gpu?: Kernels;
-  /** `--backend onnxruntime`: the CPU path's runtime; the run's updates are then made there. */
-  ort?: OrtRuntime;
-  /** The GPU was chosen by auto: the run goes where its forward pass is faster (runtime/placement.ts). */
-  auto?: boolean;
+  /** Where the run trains: its engine for this model and micro-batch (runtime/placement.ts trainingEngine). */
+  device: Device;
 }
 
 export interface RunResult {
   model: Llama;
-  /** Where the steps ran: webgpu, onnxruntime, or TensorFlow.js's backend. */
+  /** Where the steps ran: webgpu, cpu (the C kernels) or wasm (the reference). */
   device: string;
   metrics: MetricsRow[];
   /** The step the run resumed from (0: it started afresh). */
@@ -203,10 +210,16 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
   }
   const metrics = readMetrics(metricsPath, done);
   writeFileSync(metricsPath, metrics.map((m) => JSON.stringify(m) + '\n').join(''));
-  // Under auto, the GPU or the CPU path, whichever runs a micro-batch's forward faster (runtime/placement.ts).
+  // Under auto, the GPU or the CPU, whichever runs a micro-batch's forward faster (runtime/placement.ts).
   const block = { rows: Math.floor(s.micro_batch_tokens / settings.context), length: settings.context };
-  const device = await trainingDevice(settings, model, block, run.log);
-  const held = await heldRun(device, model, optimizer, !trainer.decodesOnCpu);
+  const engine = await trainingEngine(settings.device, model, block, run.log);
+  const held =
+    engine.kind === 'gpu'
+      ? await gpuRun(engine.kernels, model, optimizer, !trainer.decodesOnCpu)
+      : engine.kind === 'cpu'
+        ? await cpuRun(engine.kernels, model, optimizer)
+        : null;
+  const view: Held = { score: held?.score, trained: held?.trained };
   let saved = done;
   const save = async (step: number) => {
     await held?.sync();
@@ -236,13 +249,13 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
     }
     const started = performance.now();
     const lr = learningRate(step, schedule);
-    const batch = await run.batch(step, model, held?.score);
+    const batch = await run.batch(step, model, view);
     // Adapters' dropout, drawn anew each step and the same on a resumed run.
     const dropoutSeed = settings.lora ? parseInt(hashJson({ seed: run.seed, step }).slice(0, 8), 16) : null;
     let result: StepResult;
     if (held) {
       result = await updates(batch, (parts) => held.step(parts, lr, s.max_grad_norm, dropoutSeed));
-      if ((trainer.readsWeights || trainer.after) && !held.readsInPlace) await held.sync('weights');
+      if ((trainer.readsWeights || trainer.after) && !held.trained) await held.sync('weights');
     } else {
       model.dropoutSeed = dropoutSeed;
       result = await updates(batch, (parts) =>
@@ -257,7 +270,7 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
       model.dropoutSeed = null;
     }
     const seconds = (performance.now() - started) / 1000;
-    const after = run.after ? await run.after(step, model) : {};
+    const after = run.after ? await run.after(step, model, view) : {};
     const row: MetricsRow = {
       step: step + 1,
       loss: result.loss,
@@ -280,10 +293,9 @@ export async function trainingRun(settings: RunSettings, trainer: Trainer): Prom
   progress.done();
   if (run.steps === 0 && !last) await save(0);
   await held?.sync();
-  held?.finish?.();
   return {
     model,
-    device: device.gpu ? 'webgpu' : device.ort ? 'onnxruntime' : tf.getBackend(),
+    device: engineName(engine),
     metrics,
     resumedFrom: done,
     async save(out, info) {
@@ -389,12 +401,10 @@ const scorerOf =
 /** Where a run's updates are made when not in tfjs: one step, and the state copied back (`sync`). */
 interface HeldRun {
   /**
-   * Whether the trainer's readers of the weights read them where they train (`score`, and on the GPU its
-   * decoders: trainingWeights), so that no copy back is needed between steps.
+   * The GPU buffers the weights train in, where the trainer's decoders read them in place (the GPU without
+   * LoRA), so that no copy back is needed between steps.
    */
-  readsInPlace?: boolean;
-  /** After the last sync: the model's decoders read its tfjs weights again. */
-  finish?(): void;
+  trained?: Map<string, GPUBuffer>;
   step(parts: MicroBatch[], lr: number, maxGradNorm: number, dropoutSeed: number | null): Promise<StepResult>;
   /** The held weights into `model`, and with `all` AdamW's moments and step into the optimiser. */
   sync(what?: 'weights' | 'all'): Promise<void>;
@@ -403,28 +413,20 @@ interface HeldRun {
 }
 
 /**
- * The run's updates on the GPU (`--backend webgpu`) or on the CPU path (`--backend onnxruntime`), starting
- * from the model's and the optimiser's state (a resumed run's); `sync` copies the state back before every
- * checkpoint and at the end, so checkpoints, resumption and the saved model are as on WASM. With LoRA the
- * adapters ride on frozen weights, and only they are trained (as trainableParameters says).
+ * The run's updates on the GPU, starting from the model's and the optimiser's state (a resumed run's); `sync`
+ * copies the state back before every checkpoint and at the end, so checkpoints, resumption and the saved model
+ * are as the reference's. With LoRA the adapters ride on frozen weights, and only they are trained (as
+ * trainableParameters says). `gpuReaders`: the trainer's decoders are the GPU's, and without LoRA read the
+ * training buffers in place.
  */
-async function heldRun(device: Device, model: Llama, optimizer: AdamW, gpuReaders: boolean): Promise<HeldRun | null> {
-  if (device.gpu) return gpuRun(device.gpu, model, optimizer, gpuReaders);
-  if (device.ort) return ortRun(device.ort, model, optimizer);
-  return null;
-}
-
-/** `gpuReaders`: the model's decoders are the GPU's, and without LoRA read the training buffers in place. */
-async function gpuRun(kernels: Kernels, model: Llama, optimizer: AdamW, gpuReaders: boolean): Promise<HeldRun> {
+async function gpuRun(kernels: GpuKernels, model: Llama, optimizer: AdamW, gpuReaders: boolean): Promise<HeldRun> {
   const { GpuLlama } = await import('../runtime/webgpu/llama.ts');
   const { GpuAdamW } = await import('../runtime/webgpu/adamw.ts');
   const { download, submit } = await import('../runtime/webgpu/buffers.ts');
-  const { trainingWeights } = await import('../runtime/webgpu/decode.ts');
   const onGpu = new GpuLlama(model.config, arrays(model.params), kernels, { adapters: adapterWeights(model) });
   // Without LoRA, decoders of the model (DAPO's rollouts and validation) read the training buffers themselves;
   // with it they fold the adapters into a copy of the tfjs model's weights, copied back after every step.
   const inPlace = model.adapters.size === 0 && gpuReaders;
-  if (inPlace) trainingWeights.set(model, onGpu.weights);
   const adamw = new GpuAdamW(kernels, optimizer.options);
   adamw.step = optimizer.step;
   const [m, v] = [arrays(optimizer.m), arrays(optimizer.v)];
@@ -433,8 +435,7 @@ async function gpuRun(kernels: Kernels, model: Llama, optimizer: AdamW, gpuReade
     kernels.gpu.device.queue.writeBuffer(p.v, 0, v.get(p.name)!);
   }
   return {
-    readsInPlace: inPlace,
-    finish: () => void trainingWeights.delete(model),
+    trained: inPlace ? onGpu.weights : undefined,
     step: (parts, lr, maxGradNorm, dropoutSeed) =>
       heldStep(onGpu, parts, maxGradNorm, dropoutSeed, () =>
         submit(kernels.gpu, (pass) => adamw.encode(pass, onGpu.parameters(), lr)),
@@ -457,11 +458,12 @@ async function gpuRun(kernels: Kernels, model: Llama, optimizer: AdamW, gpuReade
   };
 }
 
-async function ortRun(ort: OrtRuntime, model: Llama, optimizer: AdamW): Promise<HeldRun> {
-  const { OrtLlama } = await import('../runtime/cpu/llama.ts');
+/** The run's updates on the CPU path's C kernels, as gpuRun's on the GPU. */
+async function cpuRun(k: CpuKernels, model: Llama, optimizer: AdamW): Promise<HeldRun> {
+  const { CpuLlama } = await import('../runtime/cpu/llama.ts');
   const { CpuAdamW } = await import('../runtime/cpu/adamw.ts');
-  const onCpu = new OrtLlama(model.config, arrays(model.params), ort, { adapters: adapterWeights(model) });
-  const adamw = new CpuAdamW(optimizer.options, ort.native);
+  const onCpu = new CpuLlama(model.config, arrays(model.params), k, { adapters: adapterWeights(model) });
+  const adamw = new CpuAdamW(optimizer.options, k);
   adamw.step = optimizer.step;
   const [m, v] = [arrays(optimizer.m), arrays(optimizer.v)];
   for (const p of onCpu.parameters()) {

@@ -1,6 +1,7 @@
 // AdamW on the CPU path, element by element as trainers/optimizer.ts does it (decoupled weight decay as
-// torch.optim.AdamW, bias-corrected moments; matrices decay, vectors do not) and runtime/webgpu/adamw.ts on the GPU.
-import type { NativeKernels } from './kernels.ts';
+// torch.optim.AdamW, bias-corrected moments; matrices decay, vectors do not) and runtime/webgpu/adamw.ts on the
+// GPU: the C kernels' loop, in doubles with fused multiply-adds (so not to the bit the reference's tfjs ops).
+import type { CpuKernels } from './kernels.ts';
 import type { AdamWOptions } from '../held.ts';
 
 /** A trained weight with its gradient and AdamW's two moments (same length, f32). */
@@ -18,13 +19,9 @@ export class CpuAdamW {
   /** Steps taken: bias correction uses it. */
   step = 0;
 
-  /**
-   * `native`: the C kernels (a runtime's `native`), whose loop does this arithmetic in doubles too, with fused
-   * multiply-adds (not to the bit this loop's); null: this loop.
-   */
   constructor(
     readonly options: AdamWOptions,
-    private readonly native: NativeKernels | null = null,
+    private readonly k: CpuKernels,
   ) {}
 
   /** One update of every parameter at learning rate `lr`. */
@@ -35,16 +32,7 @@ export class CpuAdamW {
     const c2 = 1 - beta2 ** this.step;
     for (const { value: p, grad: g, m, v, decays } of params) {
       const decay = decays && weightDecay > 0 ? 1 - lr * weightDecay : 1;
-      if (this.native) {
-        this.native.adamw(p, g, m, v, p.length, lr, beta1, beta2, eps, decay, c1, c2);
-        continue;
-      }
-      for (let i = 0; i < p.length; i++) {
-        const gi = g[i]!;
-        const mi = (m[i] = m[i]! * beta1 + gi * (1 - beta1));
-        const vi = (v[i] = v[i]! * beta2 + gi * gi * (1 - beta2));
-        p[i] = p[i]! * decay - (mi / c1 / (Math.sqrt(vi / c2) + eps)) * lr;
-      }
+      this.k.adamw(p, g, m, v, p.length, lr, beta1, beta2, eps, decay, c1, c2);
     }
   }
 }

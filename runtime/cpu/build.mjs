@@ -1,12 +1,12 @@
 // Builds the CPU path's C kernels at install (package.json's postinstall): node-gyp, as npm ships it, on
-// prefab_cpu.c. Where there is no C compiler or it fails, says so in a line and leaves the CPU path to ONNX
-// Runtime alone: an install never fails here. PREFAB_CPU_KERNELS=onnxruntime skips the build.
+// prefab_cpu.c. Where there is no C compiler or it fails, says so in a line: the install goes on, and training
+// on the CPU then runs the reference model on WebAssembly, several times slower. PREFAB_CPU_KERNELS=off skips it.
 import { spawnSync } from 'node:child_process';
 import { dirname } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const here = dirname(fileURLToPath(import.meta.url));
-if (process.env.PREFAB_CPU_KERNELS === 'onnxruntime') process.exit(0);
+if (process.env.PREFAB_CPU_KERNELS === 'off') process.exit(0);
 // npm runs this with its own node-gyp named in npm_config_node_gyp, and its settings (nodedir) in the environment.
 const gyp = process.env.npm_config_node_gyp;
 const [command, args] = gyp ? [process.execPath, [gyp]] : ['node-gyp', []];
@@ -21,5 +21,7 @@ else {
         .split('\n')
         .filter((l) => /error/i.test(l))[0] ?? `exit ${r.status}`
     }`;
-  console.warn(`prefab: the CPU path’s C kernels were not built (${why}); it runs in ONNX Runtime alone`);
+  console.warn(
+    `prefab: the CPU path’s C kernels were not built (${why}); training on the CPU runs the reference model on WebAssembly, several times slower`,
+  );
 }

@@ -1,7 +1,7 @@
-// The CPU path's kernels in C (runtime/cpu/prefab_cpu.c), where `npm ci` could build them and OpenBLAS is
-// found: its GEMMs run at OpenBLAS's speed on both cores, which ONNX Runtime's fall short of, and the
-// steps between them as single loops rather than graphs (docs/experiments.md, "Training on the CPU"). Without
-// them, or with PREFAB_CPU_KERNELS=onnxruntime, every kernel of the CPU path runs in ONNX Runtime.
+// The CPU path's kernels in C (runtime/cpu/prefab_cpu.c), where `npm ci` could build them (node-gyp, a C
+// compiler) and OpenBLAS is found: every GEMM by OpenBLAS on every core, the steps between them as C loops
+// shared between the cores (docs/trainer.md, "The CPU path"). Without them (or with PREFAB_CPU_KERNELS=off),
+// the reference model trains on TensorFlow.js's WebAssembly backend, several times slower, and the log says so.
 import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
 
@@ -11,7 +11,7 @@ type Maybe = Float32Array | null;
 type Heads = [B: number, T: number, H: number, K: number, hd: number];
 
 /** The addon's functions (their contracts are in prefab_cpu.c, above each). */
-export interface NativeKernels {
+export interface CpuKernels {
   /** The BLAS library opened, e.g. libopenblas.so.0. */
   blas: string;
   sgemm(
@@ -96,27 +96,26 @@ export interface NativeKernels {
 }
 
 const built = new URL('./build/Release/prefab_cpu.node', import.meta.url).pathname;
-let loaded: { kernels: NativeKernels | null; why: string } | null = null;
+let loaded: { kernels: CpuKernels | null; why: string } | null = null;
 
-/** The addon with its BLAS, and why not where it is not here. */
-export function nativeStatus(): { kernels: NativeKernels | null; why: string } {
+/**
+ * The addon with its BLAS, or null and why not (not built, no OpenBLAS, turned off). Loaded once a process, as
+ * any native library is; a device (runtime/device.ts) takes it from here and hands it on.
+ */
+export function loadCpuKernels(): { kernels: CpuKernels | null; why: string } {
   if (loaded) return loaded;
-  if (process.env.PREFAB_CPU_KERNELS === 'onnxruntime')
-    loaded = { kernels: null, why: 'PREFAB_CPU_KERNELS=onnxruntime' };
+  if (process.env.PREFAB_CPU_KERNELS === 'off') loaded = { kernels: null, why: 'turned off by PREFAB_CPU_KERNELS=off' };
   else if (!existsSync(built))
-    loaded = { kernels: null, why: 'not built (npm ci builds it where a C compiler is found)' };
+    loaded = { kernels: null, why: 'not built: npm ci builds them where node-gyp finds a C compiler and Python' };
   else {
     try {
-      const addon = createRequire(import.meta.url)(built) as Omit<NativeKernels, 'blas'> & { blas: string | null };
+      const addon = createRequire(import.meta.url)(built) as Omit<CpuKernels, 'blas'> & { blas: string | null };
       loaded = addon.blas
-        ? { kernels: addon as NativeKernels, why: `OpenBLAS (${addon.blas})` }
-        : { kernels: null, why: 'no OpenBLAS (Debian: apt-get install libopenblas0)' };
+        ? { kernels: addon as CpuKernels, why: `GEMMs by OpenBLAS (${addon.blas})` }
+        : { kernels: null, why: 'no OpenBLAS found (Debian and Ubuntu: apt-get install libopenblas0-pthread)' };
     } catch (error) {
-      loaded = { kernels: null, why: `does not load (${(error as Error).message.split('\n')[0]})` };
+      loaded = { kernels: null, why: `they do not load (${(error as Error).message.split('\n')[0]})` };
     }
   }
   return loaded;
 }
-
-/** The addon where it is built and OpenBLAS is found, else null. */
-export const nativeKernels = (): NativeKernels | null => nativeStatus().kernels;

@@ -1,16 +1,13 @@
 // The CPU path's kernels in C (a Node-API addon, built at install by node-gyp where a C compiler is found):
 // the GEMMs by OpenBLAS's cblas_sgemm, opened at run time (libopenblas.so.0, Debian's libopenblas0), and the
-// Llama's other steps as plain loops the compiler vectorises for this machine. train/ort/native.ts loads it;
-// without it, or without OpenBLAS, the CPU path runs all of it in ONNX Runtime. Each kernel is checked against
-// the ONNX Runtime one of the same name and the tfjs model (test/train/ort-kernels.test.ts).
+// Llama's other steps as plain loops the compiler vectorises for this machine; decode.c holds the decoder's
+// attention. runtime/cpu/kernels.ts loads it; without it the reference model trains on WebAssembly. Each
+// kernel is checked against the reference model's operations (test/runtime/cpu/kernels.test.ts).
 // Arrays come in as Float32Array/Int32Array views (their offset is their first element); sizes are numbers.
+#include "prefab_cpu.h"
 #include <dlfcn.h>
 #include <pthread.h>
 #include <unistd.h>
-#include <math.h>
-#include <node_api.h>
-#include <stdlib.h>
-#include <string.h>
 
 enum { ROW_MAJOR = 101, NO_TRANS = 111, TRANS = 112 };
 typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int, const float *, int, float,
@@ -19,72 +16,6 @@ static sgemm_fn sgemm;
 static void (*blas_set_threads)(int);
 static int (*blas_get_threads)(void);
 static char blas_name[64];
-
-// ---- arguments -------------------------------------------------------------------------------------------
-
-#define MAX_ARGS 16
-typedef struct {
-  napi_env env;
-  napi_value v[MAX_ARGS];
-  size_t n;
-  int bad;
-} Args;
-
-static Args args_of(napi_env env, napi_callback_info info) {
-  Args a = {env, {0}, MAX_ARGS, 0};
-  napi_get_cb_info(env, info, &a.n, a.v, NULL, NULL);
-  return a;
-}
-
-static void fail(Args *a, const char *why) {
-  if (!a->bad) napi_throw_type_error(a->env, NULL, why);
-  a->bad = 1;
-}
-
-// A typed array's first element, or NULL for null/undefined when `optional`.
-static void *array(Args *a, size_t i, int optional) {
-  napi_valuetype t;
-  if (i >= a->n || napi_typeof(a->env, a->v[i], &t) != napi_ok || t == napi_null || t == napi_undefined) {
-    if (!optional) fail(a, "prefab_cpu: a required array is missing");
-    return NULL;
-  }
-  void *data = NULL;
-  size_t length;
-  napi_typedarray_type type;
-  if (napi_get_typedarray_info(a->env, a->v[i], &type, &length, &data, NULL, NULL) != napi_ok) {
-    fail(a, "prefab_cpu: expected a Float32Array or Int32Array");
-    return NULL;
-  }
-  return data;
-}
-
-static double number(Args *a, size_t i) {
-  double x = 0;
-  if (i >= a->n || napi_get_value_double(a->env, a->v[i], &x) != napi_ok) fail(a, "prefab_cpu: expected a number");
-  return x;
-}
-
-static napi_value nothing(napi_env env) {
-  napi_value u;
-  napi_get_undefined(env, &u);
-  return u;
-}
-
-// exp(x) in float for a loop the compiler vectorises: 2^n · e^r with |r| ≤ ln2/2, e^r by its degree-6
-// Taylor polynomial (relative error under 2e-7 on that range), 2^n put in the exponent's bits.
-static inline float fast_exp(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; // rounded to an integer: 1.5·2²³ drops the fraction
-  float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
-  float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f + r * (8.3333338e-3f + r * 1.3888889e-3f)))));
-  union {
-    float f;
-    int i;
-  } s = {.i = ((int)n + 127) << 23};
-  return p * s.f;
-}
-
-static inline float sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
 
 static int has_blas(napi_env env) {
   if (!sgemm) napi_throw_error(env, NULL, "prefab_cpu: no BLAS was found (libopenblas.so.0)");
@@ -96,10 +27,8 @@ static int has_blas(napi_env env) {
 // meanwhile, so that they do not fight its threads for the cores and sum in the same order however many
 // shares there are. A thread is started a call: tens of
 // microseconds, against the milliseconds of the loops that are shared.
-enum { ONE = 1, WITH_BLAS = 2, MAX_THREADS = 64 };
 static int threads = 1;
 
-typedef void (*share_fn)(void *ctx, int from, int to);
 typedef struct {
   share_fn fn;
   void *ctx;
@@ -112,7 +41,7 @@ static void *run_share(void *p) {
   return NULL;
 }
 
-static void parallel(int units, share_fn fn, void *ctx, int mode) {
+void parallel(int units, share_fn fn, void *ctx, int mode) {
   int n = mode & ONE ? 1 : threads < units ? threads : units;
   // Even on one share: OpenBLAS's own split of a product could sum it in another order (see js_sgemm).
   int blas = mode & WITH_BLAS && blas_get_threads && blas_set_threads ? blas_get_threads() : 0;
@@ -162,9 +91,6 @@ static napi_value js_sgemm(napi_env env, napi_callback_info info) {
 
 // ---- RMSNorm, RoPE, SwiGLU ------------------------------------------------------------------------------------
 
-// Element-wise loops run in shares of rows (or of CHUNK elements) once they are large enough to pay for a thread.
-enum { CHUNK = 16384, SMALL = 32768 };
-#define SHARES(work) ((work) < SMALL ? ONE : 0)
 
 typedef struct {
   const float *x, *r, *w, *rstd, *dy, *dxin, *cs, *sn, *g, *u, *dm;
@@ -446,143 +372,6 @@ static napi_value js_attention_backward(napi_env env, napi_callback_info info) {
   return nothing(env);
 }
 
-// ---- decoding ----------------------------------------------------------------------------------------------------
-
-typedef float v16 __attribute__((vector_size(64)));
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v4 __attribute__((vector_size(16)));
-
-// a·b over hd floats: sixteen lanes at a time where hd allows (the compiler makes one or more vector registers
-// of them), so that a key's dot product is a few multiply-adds and one sum across lanes.
-static inline float dot(const float *a, const float *b, int hd) {
-  int j = 0;
-  float sum = 0;
-  if (hd >= 16) {
-    v16 acc = {0}, x, y;
-    for (; j + 16 <= hd; j += 16) {
-      memcpy(&x, a + j, sizeof x), memcpy(&y, b + j, sizeof y);
-      acc += x * y;
-    }
-    // Halves added to halves: four steps, not a chain of sixteen additions (memcpy, not a shuffle builtin,
-    // which GCC has only from version 12).
-    v8 lo8, hi8;
-    v4 lo4, hi4;
-    memcpy(&lo8, &acc, sizeof lo8), memcpy(&hi8, (const char *)&acc + sizeof lo8, sizeof hi8);
-    v8 h8 = lo8 + hi8;
-    memcpy(&lo4, &h8, sizeof lo4), memcpy(&hi4, (const char *)&h8 + sizeof lo4, sizeof hi4);
-    v4 h4 = lo4 + hi4;
-    sum = (h4[0] + h4[2]) + (h4[1] + h4[3]);
-  }
-  for (; j < hd; j++) sum += a[j] * b[j];
-  return sum;
-}
-
-// One row's attention (a token just read into its cache) over n cached positions of `mem`, as decodeAttention
-// describes; q's heads qs floats apart, `sc` H·n floats of scratch.
-static void decode_attention(const float *mem, const float *q, int qs, size_t keys, size_t values, size_t stride,
-                             int n, int H, int K, int hd, int hp, float scale, float *sc, float *out) {
-  int G = H / K;
-  for (int h = 0; h < H; h++, sc += n) {
-    const float *qh = q + (size_t)h * qs, *kh = mem + keys + (size_t)(h / G) * hp;
-    const float *vh = mem + values + (size_t)(h / G) * hp;
-    float max = -INFINITY, sum = 0;
-    for (int t = 0; t < n; t++) {
-      sc[t] = dot(qh, kh + t * stride, hd) * scale;
-      max = sc[t] > max ? sc[t] : max;
-    }
-    for (int t = 0; t < n; t++) sum += (sc[t] = fast_exp(sc[t] - max));
-    float inv = 1.0f / sum, *oh = out + (size_t)h * hd;
-    for (int j = 0; j < hd; j++) oh[j] = 0;
-    for (int t = 0; t < n; t++) {
-      const float *vt = vh + t * stride;
-      float p = sc[t] * inv;
-      for (int j = 0; j < hd; j++) oh[j] += p * vt[j];
-    }
-  }
-}
-
-// decodeAttention(mem, q, keys, values, stride, n, H, K, hd, hp, scale, scores, out): one new token's attention
-// over a KV cache kept in `mem` (train/decode.ts KVCache: offsets in floats): query head h (at q + h·hp)
-// against the n cached keys of its key/value head h/G (at keys + t·stride + (h/G)·hp), softmax, and the values'
-// weighted sum into out (H·hd, a separate array); `scores` (H·n floats of mem) is scratch.
-static napi_value js_decode_attention(napi_env env, napi_callback_info info) {
-  Args a = args_of(env, info);
-  float *mem = array(&a, 0, 0);
-  size_t q = (size_t)number(&a, 1), keys = (size_t)number(&a, 2), values = (size_t)number(&a, 3);
-  size_t stride = (size_t)number(&a, 4);
-  int n = (int)number(&a, 5), H = (int)number(&a, 6), K = (int)number(&a, 7), hd = (int)number(&a, 8);
-  int hp = (int)number(&a, 9);
-  float scale = (float)number(&a, 10);
-  size_t scores = (size_t)number(&a, 11);
-  float *out = array(&a, 12, 0);
-  if (!a.bad && (K <= 0 || H % K)) fail(&a, "prefab_cpu: query heads must be a multiple of key/value heads");
-  if (a.bad) return NULL;
-  decode_attention(mem, mem + q, hp, keys, values, stride, n, H, K, hd, hp, scale, mem + scores, out);
-  return nothing(env);
-}
-
-typedef struct {
-  float **mems;
-  const float *qkv;
-  const double *meta;
-  float *out;
-  int width, H, K, hd, hp;
-  size_t stride;
-  float scale;
-} DecodeRows;
-
-static void decode_rows_share(void *ctx, int from, int to) {
-  DecodeRows *d = ctx;
-  int most = 0;
-  for (int r = from; r < to; r++) most = (int)d->meta[3 * r + 2] > most ? (int)d->meta[3 * r + 2] : most;
-  float *sc = malloc(sizeof(float) * (size_t)d->H * (most > 0 ? most : 1));
-  if (!sc) abort();
-  for (int r = from; r < to; r++) {
-    const double *m = d->meta + 3 * r;
-    decode_attention(d->mems[r], d->qkv + (size_t)r * d->width, d->hd, (size_t)m[0], (size_t)m[1], d->stride,
-                     (int)m[2], d->H, d->K, d->hd, d->hp, d->scale, sc, d->out + (size_t)r * d->H * d->hd);
-  }
-  free(sc);
-}
-
-// decodeAttentionRows(mems, qkv, meta, stride, H, K, hd, hp, scale, out): decodeAttention for R rows read
-// together (train/decode.ts KVCache.readRows), in shares of rows on every core: row r's query is the head of
-// its row of qkv (R rows of qkv.length / R floats, heads hd apart), its cache mems[r] (rows of one cache share
-// it, each up to its own position), meta[3r..3r+2] its keys' and values' offsets and its n; out (R, H·hd).
-static napi_value js_decode_attention_rows(napi_env env, napi_callback_info info) {
-  Args a = args_of(env, info);
-  DecodeRows d = {0};
-  uint32_t R = 0;
-  if (a.n < 10 || napi_get_array_length(env, a.v[0], &R) != napi_ok) fail(&a, "prefab_cpu: expected an array of memories");
-  d.qkv = array(&a, 1, 0);
-  d.meta = array(&a, 2, 0);
-  d.stride = (size_t)number(&a, 3);
-  d.H = (int)number(&a, 4), d.K = (int)number(&a, 5), d.hd = (int)number(&a, 6), d.hp = (int)number(&a, 7);
-  d.scale = (float)number(&a, 8);
-  d.out = array(&a, 9, 0);
-  if (!a.bad && (d.K <= 0 || d.H % d.K)) fail(&a, "prefab_cpu: query heads must be a multiple of key/value heads");
-  if (a.bad || R == 0) return a.bad ? NULL : nothing(env);
-  size_t qkvLength = 0;
-  napi_get_typedarray_info(env, a.v[1], NULL, &qkvLength, NULL, NULL, NULL);
-  d.width = (int)(qkvLength / R);
-  d.mems = malloc(sizeof(float *) * R);
-  if (!d.mems) {
-    napi_throw_error(env, NULL, "prefab_cpu: out of memory");
-    return NULL;
-  }
-  size_t work = 0;
-  for (uint32_t r = 0; r < R && !a.bad; r++) {
-    Args one = {env, {0}, 1, 0};
-    napi_get_element(env, a.v[0], r, &one.v[0]);
-    d.mems[r] = array(&one, 0, 0);
-    if (one.bad) a.bad = 1;
-    work += (size_t)d.meta[3 * r + 2] * d.H * d.hd;
-  }
-  if (!a.bad) parallel((int)R, decode_rows_share, &d, SHARES(work));
-  free(d.mems);
-  return a.bad ? NULL : nothing(env);
-}
-
 // ---- the head's log-probs --------------------------------------------------------------------------------------
 
 typedef struct {
@@ -677,7 +466,7 @@ static void adamw_share(void *ctx, int from, int to) {
 }
 
 // adamw(p, g, m, v, n, lr, beta1, beta2, eps, decay, c1, c2): torch.optim.AdamW's update of n values in doubles
-// as train/ort/adamw.ts's loop, `decay` the factor 1 − lr·weight_decay (1: none), c1 and c2 the bias corrections.
+// as trainers/optimizer.ts's AdamW, `decay` the factor 1 − lr·weight_decay (1: none), c1 and c2 the bias corrections.
 static napi_value js_adamw(napi_env env, napi_callback_info info) {
   Args a = args_of(env, info);
   Update k = {.p = array(&a, 0, 0), .g = array(&a, 1, 0), .m = array(&a, 2, 0), .v = array(&a, 3, 0)};

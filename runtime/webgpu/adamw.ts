@@ -2,7 +2,7 @@
 // torch.optim.AdamW, bias-corrected moments; matrices decay, vectors do not): one dispatch a parameter (a
 // piece of one at a time where it is too large for one binding), all of a step's in one command buffer.
 /// <reference types="@webgpu/types" />
-import { elementwise, fields, grid, part, pieces, type Binding, type Kernels } from './kernel.ts';
+import { elementwise, fields, grid, part, pieces, type Binding, type GpuKernels } from './kernel.ts';
 import { F16_MOST, OVERFLOW } from './precision.ts';
 import type { AdamWOptions } from '../held.ts';
 
@@ -47,7 +47,7 @@ export class GpuAdamW {
   private readonly uniforms = new WeakMap<GpuParameter, GPUBuffer[]>();
 
   constructor(
-    private readonly k: Kernels,
+    private readonly k: GpuKernels,
     readonly options: AdamWOptions,
   ) {}
 

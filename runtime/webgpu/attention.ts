@@ -13,7 +13,7 @@
 // memory a tile of TILE at a time; a thread keeps its row and its sums in registers (hd f32s each), so the
 // shaders are written out for each head size.
 /// <reference types="@webgpu/types" />
-import { Kernels, elementwise, fields, grid, kernel } from './kernel.ts';
+import { GpuKernels, elementwise, fields, grid, kernel } from './kernel.ts';
 
 const DIMS = 'batch: u32, length: u32, heads: u32, kv_heads: u32, head_dim: u32, scale: f32';
 
@@ -311,7 +311,7 @@ export interface AttentionShape {
 }
 
 export class Attention {
-  constructor(private readonly k: Kernels) {}
+  constructor(private readonly k: GpuKernels) {}
 
   private dims(s: AttentionShape): GPUBuffer {
     return this.k.uniform(

@@ -22,7 +22,7 @@ import type { Draw } from '../sampling.ts';
 import type { Llama } from '../../model/llama.ts';
 import { allocate, download, submit, upload } from './buffers.ts';
 import { RopeTables } from './elementwise.ts';
-import type { Kernels } from './kernel.ts';
+import type { GpuKernels } from './kernel.ts';
 import { llamaKernels } from './llama.ts';
 import { Sampler, drawParams } from './sampling.ts';
 
@@ -73,15 +73,8 @@ export class GpuCache {
 }
 
 /**
- * The GPU buffers a model is being trained in (trainers/run.ts, without LoRA): a decoder of that model reads its
- * weights there, as they are at each step, rather than an upload of the tfjs model's (which the run copies
- * back only for checkpoints).
- */
-export const trainingWeights = new WeakMap<Llama, Map<string, GPUBuffer>>();
-
-/**
  * The model's weights on the GPU as they were when it was made (adapters folded in, as DecodeWeights does), or
- * the buffers it is being trained in (trainingWeights), and the caches' steps.
+ * the buffers it is being trained in (`trained`: a run's, trainers/run.ts), and the caches' steps.
  */
 export class GpuDecoder implements CachePool {
   private readonly weights: Map<string, GPUBuffer>;
@@ -96,14 +89,19 @@ export class GpuDecoder implements CachePool {
   private readonly ops: ReturnType<typeof llamaKernels>;
   private readonly sampler: Sampler;
 
+  /**
+   * `trained`: the GPU buffers `model` is being trained in (a run's, without LoRA): the decoder reads the
+   * weights there, as they are at each step, rather than an upload of the tfjs model's (which the run copies
+   * back only for checkpoints).
+   */
   constructor(
     readonly model: Llama,
-    private readonly k: Kernels,
+    private readonly k: GpuKernels,
+    trained?: Map<string, GPUBuffer>,
   ) {
-    const training = trainingWeights.get(model);
-    this.borrowed = training !== undefined;
+    this.borrowed = trained !== undefined;
     this.weights =
-      training ?? new Map([...new DecodeWeights(model).w].map(([name, data]) => [name, upload(k.gpu, data)]));
+      trained ?? new Map([...new DecodeWeights(model).w].map(([name, data]) => [name, upload(k.gpu, data)]));
     this.ops = llamaKernels(k);
     this.sampler = new Sampler(k);
     this.rope = new RopeTables(k.gpu, model.config);

@@ -5,7 +5,7 @@
 import { ropeTable } from '../../model/llama.ts';
 import { upload } from './buffers.ts';
 import type { Gpu } from './device.ts';
-import { Kernels, WORKGROUP_REDUCE, elementwise, fields, grid, part, pieces, span } from './kernel.ts';
+import { GpuKernels, WORKGROUP_REDUCE, elementwise, fields, grid, part, pieces, span } from './kernel.ts';
 import type { LlamaConfig } from '../../model/config.ts';
 
 const SWIGLU_FORWARD = elementwise({
@@ -65,7 +65,7 @@ const COPY = elementwise({
 
 /** Copies n f32s from src at `from` to dst at `to` inside a pass (a decoding step's keys into their cache). */
 export class Copy {
-  constructor(private readonly k: Kernels) {}
+  constructor(private readonly k: GpuKernels) {}
 
   encode(pass: GPUComputePassEncoder, src: GPUBuffer, from: number, dst: GPUBuffer, to: number, n: number): void {
     this.k.dispatch(
@@ -85,7 +85,7 @@ const MUL = elementwise({
 
 /** y = a ⊙ b, or y += a ⊙ b: n elements (LoRA's dropout mask, forward and backward). */
 export class Mul {
-  constructor(private readonly k: Kernels) {}
+  constructor(private readonly k: GpuKernels) {}
 
   encode(pass: GPUComputePassEncoder, a: GPUBuffer, b: GPUBuffer, y: GPUBuffer, n: number, accumulate = false): void {
     this.k.dispatch(
@@ -101,7 +101,7 @@ const ADD = elementwise({ buffers: ['a: f32', 'b: f32', 'mut y: f32'], body: '  
 
 /** y = a + b, n elements (a residual connection). */
 export class Add {
-  constructor(private readonly k: Kernels) {}
+  constructor(private readonly k: GpuKernels) {}
 
   encode(pass: GPUComputePassEncoder, a: GPUBuffer, b: GPUBuffer, y: GPUBuffer, n: number): void {
     this.k.dispatch(pass, this.k.pipeline(ADD), [a, b, y, this.k.uniform(fields({ u32: n }))], ...grid(n));
@@ -126,7 +126,7 @@ const BIAS_BACKWARD = elementwise({
 
 /** A projection's bias (Qwen2's on q, k and v): added to each of its output rows, and its gradient. */
 export class Bias {
-  constructor(private readonly k: Kernels) {}
+  constructor(private readonly k: GpuKernels) {}
 
   /** y (rows × cols) += b (cols) on every row. */
   forward(pass: GPUComputePassEncoder, b: GPUBuffer, y: GPUBuffer, rows: number, cols: number): void {
@@ -186,7 +186,7 @@ export function byToken(ids: Int32Array, rows: number): { starts: Uint32Array; p
 
 /** Rows of an embedding table by token, and the table's gradient (added to what it holds). */
 export class Embedding {
-  constructor(private readonly k: Kernels) {}
+  constructor(private readonly k: GpuKernels) {}
 
   /** The table's rows a span at a time, [v0, v1), each within one binding. */
   private spans(table: GPUBuffer, dim: number): [number, number][] {
@@ -259,7 +259,7 @@ const SCALE = elementwise({ buffers: ['mut x: f32'], dims: 'factor: f32', body: 
  * norm. A vector too large for one binding goes a piece at a time, each piece's partials from a multiple of 64.
  */
 export class Norms {
-  constructor(private readonly k: Kernels) {}
+  constructor(private readonly k: GpuKernels) {}
 
   /** Each piece's partials: where they start in `partials` (a multiple of 64, where a binding may) and how many. */
   private layout(n: number): { at: number; length: number; first: number; count: number }[] {
@@ -298,7 +298,7 @@ export class Norms {
 }
 
 export class SwiGlu {
-  constructor(private readonly k: Kernels) {}
+  constructor(private readonly k: GpuKernels) {}
 
   /** h = silu(g)·u, n elements. */
   forward(pass: GPUComputePassEncoder, g: GPUBuffer, u: GPUBuffer, h: GPUBuffer, n: number): void {
@@ -362,7 +362,7 @@ export interface RopeShape {
 }
 
 export class Rope {
-  constructor(private readonly k: Kernels) {}
+  constructor(private readonly k: GpuKernels) {}
 
   private run(
     pass: GPUComputePassEncoder,

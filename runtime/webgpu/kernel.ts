@@ -7,7 +7,7 @@ import type { Gpu } from './device.ts';
 /** What a GEMM's operands are: f32, or f16 (mixed precision, with f32 master weights and sums). */
 export type Precision = 'f32' | 'f16';
 
-export class Kernels {
+export class GpuKernels {
   private readonly modules = new Map<string, GPUShaderModule>();
   private readonly pipelines = new Map<string, GPUComputePipeline>();
   private readonly uniforms = new Map<string, GPUBuffer>();

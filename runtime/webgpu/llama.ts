@@ -14,7 +14,7 @@ import type { GpuParameter } from './adamw.ts';
 import { Attention } from './attention.ts';
 import { allocate, download, submit, upload } from './buffers.ts';
 import { Add, Bias, Copy, Embedding, Mul, Norms, Rope, RopeTables, SwiGlu, byToken } from './elementwise.ts';
-import { part, type Binding, type Kernels } from './kernel.ts';
+import { part, type Binding, type GpuKernels } from './kernel.ts';
 import { Cast, LossScaler, OVERFLOW } from './precision.ts';
 import { TargetLogprobs } from './logprobs.ts';
 import { Matmul } from './matmul.ts';
@@ -47,7 +47,7 @@ interface Slot {
 }
 
 /** The kernels a Llama's passes are written with, made once for a model on the GPU (decode.ts's too). */
-export function llamaKernels(k: Kernels) {
+export function llamaKernels(k: GpuKernels) {
   return {
     mm: new Matmul(k),
     norm: new RmsNorm(k),
@@ -73,7 +73,7 @@ export class GpuLlama {
   private readonly tables: RopeTables;
   private readonly slots = new Map<number, Slot>();
 
-  /** Mixed precision (Kernels.precision f16): the GEMMs read f16 copies of their weights and operands. */
+  /** Mixed precision (GpuKernels.precision f16): the GEMMs read f16 copies of their weights and operands. */
   private readonly half: boolean;
   /** f16 copies of the weights the GEMMs read, written by AdamW with each update (mixed precision). */
   private readonly f16Weights = new Map<string, GPUBuffer>();
@@ -103,7 +103,7 @@ export class GpuLlama {
   constructor(
     readonly config: LlamaConfig,
     weights: Map<string, Float32Array>,
-    private readonly k: Kernels,
+    private readonly k: GpuKernels,
     o: {
       trainable?: boolean;
       adapters?: Map<string, LoraWeights>;
@@ -765,5 +765,5 @@ export class GpuLlama {
 }
 
 /** A scorer of token blocks (trainers/data.ts) by `model`'s weights as they are now, on the GPU; dispose() frees them there. */
-export const gpuScorer = (model: Llama, k: Kernels) =>
+export const gpuScorer = (model: Llama, k: GpuKernels) =>
   heldScorer(model, 'webgpu', (weights) => new GpuLlama(model.config, weights, k, { trainable: false }));

@@ -4,7 +4,7 @@
 //   logp_t = z_t[y_t] − logsumexp(z_t),   dz_t = dlogp_t · (onehot(y_t) − softmax(z_t)).
 // A workgroup takes a row of V logits; the forward keeps each row's logsumexp for the backward.
 /// <reference types="@webgpu/types" />
-import { Kernels, fields, kernel, type Binding } from './kernel.ts';
+import { GpuKernels, fields, kernel, type Binding } from './kernel.ts';
 
 const DIMS = 'rows: u32, vocab: u32';
 
@@ -65,7 +65,7 @@ export interface LogprobShape {
 }
 
 export class TargetLogprobs {
-  constructor(private readonly k: Kernels) {}
+  constructor(private readonly k: GpuKernels) {}
 
   private dims(s: LogprobShape): GPUBuffer {
     return this.k.uniform(fields({ u32: s.rows }, { u32: s.vocab }));

@@ -11,7 +11,7 @@
 // A tile is loaded so that neighbouring threads read neighbouring addresses in whichever orientation the
 // operand is stored.
 /// <reference types="@webgpu/types" />
-import { Kernels, fields, lengthOf, span, type Binding } from './kernel.ts';
+import { GpuKernels, fields, lengthOf, span, type Binding } from './kernel.ts';
 
 // What every GEMM kernel declares: the transposes, the sizes and the operands' bindings. `half`: A and B are
 // f16 (mixed precision: products of f16 values summed in f32). After any `enable` directives.
@@ -250,7 +250,7 @@ function shader(tile: 64 | 128, half: boolean): string {
 export class Matmul {
   /** `tile`: one block size for every product (the benches and tests compare them); by default by the product's size. */
   constructor(
-    private readonly k: Kernels,
+    private readonly k: GpuKernels,
     private readonly o: { tile?: 64 | 128 } = {},
   ) {}
 

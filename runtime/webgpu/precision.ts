@@ -6,7 +6,7 @@
 // with the scale halved (GradScaler's dynamic loss scaling).
 /// <reference types="@webgpu/types" />
 import { allocate, download, submit, upload } from './buffers.ts';
-import type { Binding, Kernels } from './kernel.ts';
+import type { Binding, GpuKernels } from './kernel.ts';
 import { fields, grid } from './kernel.ts';
 import { Matmul } from './matmul.ts';
 
@@ -42,7 +42,7 @@ fn main(@builtin(global_invocation_id) id: vec3u, @builtin(num_workgroups) group
 export const OVERFLOW = { forward: 0, backward: 1, weights: 2 } as const;
 
 export class Cast {
-  constructor(private readonly k: Kernels) {}
+  constructor(private readonly k: GpuKernels) {}
 
   /** y (n f16s) = x (n f32s); a value f16 cannot hold sets overflow[slot] (a buffer of a u32 for each OVERFLOW). */
   encode(pass: GPUComputePassEncoder, x: Binding, y: GPUBuffer, n: number, overflow: GPUBuffer, slot: number): void {
@@ -82,7 +82,7 @@ export class LossScaler {
  * what the f16 GEMM on the ordinary cores makes (every transpose, written and accumulated, within 1e-4: the
  * same f16 products summed in another order). Says what mixed precision multiplies on, and why.
  */
-export async function useTensorCores(k: Kernels): Promise<string> {
+export async function useTensorCores(k: GpuKernels): Promise<string> {
   const t = k.gpu.subgroupMatrix;
   if (k.precision !== 'f16' || !t) return 'no subgroup matrices (tensor cores) on this adapter';
   const device = k.gpu.device;

@@ -3,7 +3,7 @@
 //   dx = r · (dy·w − x̂ · mean(dy·w·x̂)),   dw = Σ_rows dy · x̂,   where x̂ = x · r.
 // A workgroup of 256 threads takes a row (the sums reduced in workgroup memory); dw takes a column a thread.
 /// <reference types="@webgpu/types" />
-import { Kernels, elementwise, fields, grid, kernel } from './kernel.ts';
+import { GpuKernels, elementwise, fields, grid, kernel } from './kernel.ts';
 
 const DIMS = 'rows: u32, dim: u32, eps: f32';
 
@@ -56,7 +56,7 @@ export interface RmsNormShape {
 }
 
 export class RmsNorm {
-  constructor(private readonly k: Kernels) {}
+  constructor(private readonly k: GpuKernels) {}
 
   private dims(s: RmsNormShape): GPUBuffer {
     return this.k.uniform(fields({ u32: s.rows }, { u32: s.dim }, { f32: s.eps }));

@@ -12,7 +12,7 @@
 // rounding of a token's boundary.
 // Tested against sampleToken: test/runtime/webgpu/sampling.test.ts.
 /// <reference types="@webgpu/types" />
-import { Kernels, fields, kernel, span, type Binding } from './kernel.ts';
+import { GpuKernels, fields, kernel, span, type Binding } from './kernel.ts';
 import type { Draw } from '../sampling.ts';
 
 /** f32s a row takes in the draws buffer: a Draw's temperature, topP and u (the fourth unused). */
@@ -198,7 +198,7 @@ export function drawParams(draws: readonly Draw[]): Float32Array {
 }
 
 export class Sampler {
-  constructor(private readonly k: Kernels) {}
+  constructor(private readonly k: GpuKernels) {}
 
   /**
    * The token each of `rows` rows of logits z (rows × vocab) draws with its Draw in `draws` (rows ×

@@ -2,8 +2,7 @@
 import { cp, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { runDapo } from '../../rl/dapo.ts';
-import { chosenBackend } from '../../runtime/device.ts';
-
+import { deviceFor } from '../../runtime/device.ts';
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
 
@@ -26,8 +25,8 @@ export async function run({
       summary: 'DAPO is off (dapo.enabled: false): the dpo model is passed on',
     };
   }
-  const backend = await chosenBackend(options, log);
-  const run = await runDapo(from, out, cache, key, cfg, {}, signal, log, backend);
+  const device = await deviceFor(options, log);
+  const run = await runDapo({ from, out, cache, key, knobs: cfg, info: {}, device, signal, log });
   const last = run.last;
   const final = run.final;
   return {

@@ -2,7 +2,8 @@
 import { join } from 'node:path';
 import { hashJson } from '../../pipeline/hash.ts';
 import { pairKind, type KtoRow, type Pair } from '../../core/records.ts';
-import { chosenBackend, withScorer } from '../../runtime/device.ts';
+import { deviceFor } from '../../runtime/device.ts';
+import { withScorer } from '../../runtime/engines.ts';
 import { openChat } from '../../model/chat.ts';
 import { loadCheckpoint } from '../../model/checkpoint.ts';
 import { attachLora } from '../../model/lora.ts';
@@ -25,7 +26,7 @@ export async function run({
   options,
   signal,
 }: StageContext<Config>): Promise<StageReport> {
-  const backend = await chosenBackend(options, log);
+  const device = await deviceFor(options, log);
   const sft = loadCheckpoint(join(input('sft'), 'model'));
   const chat = openChat(sft.tokenizer, sft.model.config.eosTokenId, join(input('sft'), 'model'));
   const length = Math.min(sft.context, cfg.max_length ?? Infinity) + 1;
@@ -76,7 +77,7 @@ export async function run({
     version: 2,
   });
   const reference = loss.reference
-    ? await withScorer(backend, sft.model, log, (score) =>
+    ? await withScorer(device, sft.model, log, (score) =>
         referenceScores(
           score,
           examples,
@@ -103,7 +104,7 @@ export async function run({
     beta: loss.beta,
     examples: examples.length,
     steps: trainer.steps,
-    backend: backend.description,
+    backend: device.description,
   });
 
   const result = await trainingRun(
@@ -118,9 +119,7 @@ export async function run({
       base: '../../sft/model',
       signal,
       log,
-      gpu: backend.gpu,
-      ort: backend.ort,
-      auto: backend.auto,
+      device,
     },
     trainer,
   );

@@ -7,7 +7,8 @@ import { TOOLS } from '../../env/env.ts';
 import { figuresOf, validationEpisodes, type EpisodeRecord } from '../../env/evaluate.ts';
 import { pairedLine, pairedSuccess, type PairedSuccess } from '../../core/paired-success.ts';
 import { pairKind, type Message, type Pair } from '../../core/records.ts';
-import { scorerOn, chosenBackend, withScorer } from '../../runtime/device.ts';
+import { deviceFor, engineName, mainEngine, type Device } from '../../runtime/device.ts';
+import { scorerOn, withScorer } from '../../runtime/engines.ts';
 import { openChat, type Chat } from '../../model/chat.ts';
 import { loadCheckpoint } from '../../model/checkpoint.ts';
 import {
@@ -20,7 +21,7 @@ import {
 import { readParquet, readPreferencePairs, sftSequences, subset } from '../../trainers/data.ts';
 import { Llama } from '../../model/llama.ts';
 import type { Placeholders } from '../../model/placeholders.ts';
-import { decodingGpu, type Device } from '../../runtime/placement.ts';
+import { decodingEngine } from '../../runtime/placement.ts';
 import { EpisodePlayers } from '../../runtime/policy.ts';
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
@@ -50,33 +51,39 @@ export interface EvalReport {
   held_out: { pairs: number; pairs_too_long: number; sft_windows: number; val_tasks: number; k: number };
   preference_loss: { loss: string; beta: number; reference: 'sft' | null };
   sampling: { temperature: number; top_p: number; max_tokens: number; max_turns: number; constrained: boolean };
+  /** The engine the device runs on unless auto placed a phase elsewhere: webgpu, cpu or wasm. */
   backend: string;
+}
+
+/** What the models play in the simulator with, and where. */
+interface Playing {
+  chat: Chat;
+  context: number;
+  placeholders: Placeholders;
+  simulator: Config['simulator'];
+  seed: string;
+  signal: AbortSignal;
+  log: Logger;
+  device: Device;
 }
 
 /**
  * The model acting in the simulator on the validation tasks, each episode's sampler seeded by the task and try
  * alone: every model meets the same draws, so two models' episodes are twins (pairedSuccess).
  */
-async function simulate(
-  m: Model,
-  chat: Chat,
-  context: number,
-  placeholders: Placeholders,
-  s: Config['simulator'],
-  seed: string,
-  signal: AbortSignal,
-  log: Logger,
-  device: Device,
-): Promise<EpisodeRecord[]> {
+async function simulate(m: Model, o: Playing): Promise<EpisodeRecord[]> {
+  const { simulator: s, seed, signal, log } = o;
   if (s.tasks === 0) return [];
-  const players = new EpisodePlayers(m.name, m.model, context, chat, placeholders, {
+  const sampling = {
     maxTokens: s.max_tokens,
     temperature: s.temperature,
     topP: s.top_p,
     tools: s.constrained ? TOOLS : undefined,
     signal,
-    gpu: await decodingGpu(device, m.model, s.tasks * s.k, log), // every episode side by side
-  });
+    engine: await decodingEngine(o.device, m.model, s.tasks * s.k, log), // every episode side by side
+  };
+  const { chat, context, placeholders } = o;
+  const players = new EpisodePlayers({ name: m.name, model: m.model, context, chat, placeholders, sampling });
   const progress = log.progress(`simulator: ${m.name}`, s.tasks * s.k);
   const started = performance.now();
   const options = {
@@ -163,7 +170,7 @@ export async function run({
   options,
   signal,
 }: StageContext<Config>): Promise<StageReport> {
-  const backend = await chosenBackend(options, log);
+  const device = await deviceFor(options, log);
   const sft = loadCheckpoint(join(input('sft'), 'model'));
   const tuned = loadCheckpoint(join(input('dpo'), 'model'));
   const tuning = readPreferenceTraining(tuned.state?.info, join(input('dpo'), 'model'));
@@ -228,12 +235,12 @@ export async function run({
     return sides;
   };
   // With the GPU it scores (a copy of each model's weights there) and generates, under auto where faster.
-  const reference = await withScorer(backend, models[1]!.model, log, (score) => scores(models[1]!, score));
+  const reference = await withScorer(device, models[1]!.model, log, (score) => scores(models[1]!, score));
   const rows: Record<string, ModelRow> = {};
   const episodes: Record<string, EpisodeRecord[]> = {};
   for (const m of models) {
     const row: ModelRow = {};
-    const scorer = await scorerOn(backend, m.model, log);
+    const scorer = await scorerOn(device, m.model, log);
     if (examples.length) {
       const own = m === models[1] ? reference : await scores(m, scorer.score);
       Object.assign(row, heldOutPairFigures(own, reference, training, m === models[1]));
@@ -257,17 +264,9 @@ export async function run({
         );
     }
     scorer.dispose();
-    episodes[m.name] = await simulate(
-      m,
-      chat,
-      sft.context,
-      sft.placeholders,
-      cfg.simulator,
-      cfg.seed,
-      signal,
-      log,
-      backend,
-    );
+    const { context, placeholders } = sft;
+    const playing = { chat, context, placeholders, simulator: cfg.simulator, seed: cfg.seed, signal, log, device };
+    episodes[m.name] = await simulate(m, playing);
     if (cfg.simulator.tasks) Object.assign(row, figuresOf(episodes[m.name]!, cfg.simulator.k));
     rows[m.name] = row;
     log.info('evaluated', { model: m.name, ...row });
@@ -305,7 +304,7 @@ export async function run({
       max_turns: cfg.simulator.max_turns,
       constrained: cfg.simulator.constrained,
     },
-    backend: backend.name,
+    backend: engineName(mainEngine(device)),
   };
   await writeFile(join(out, 'eval.json'), JSON.stringify(report, null, 2) + '\n');
   await writeFile(join(out, 'table.txt'), table + '\n');

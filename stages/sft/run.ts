@@ -2,7 +2,7 @@
 import { readFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import type { Message } from '../../core/records.ts';
-import { chosenBackend } from '../../runtime/device.ts';
+import { deviceFor } from '../../runtime/device.ts';
 import { resampledSessions } from '../../trainers/augment.ts';
 import { readParquet, sftSequences, subset } from '../../trainers/data.ts';
 import { trainingRun } from '../../trainers/run.ts';
@@ -52,7 +52,7 @@ export async function run({
   options,
   signal,
 }: StageContext<Config>): Promise<StageReport> {
-  const backend = await chosenBackend(options, log);
+  const device = await deviceFor(options, log);
   const placeholders = await readPlaceholdersFile(input('tokenizer'));
   const from = cfg.model.from ? resolve(configDir, cfg.model.from) : null;
   // The pretrained weights are read when the run starts from them, not when it resumes from a checkpoint.
@@ -96,7 +96,7 @@ export async function run({
     tokens: sequences.reduce((n, s) => n + s.ids.length, 0),
     steps: trainer.steps,
     lora: lora ? `r ${lora.r} on ${lora.targetModules.join(', ')}` : null,
-    backend: backend.description,
+    backend: device.description,
   });
 
   const result = await trainingRun(
@@ -111,9 +111,7 @@ export async function run({
       base: from ?? undefined,
       signal,
       log,
-      gpu: backend.gpu,
-      ort: backend.ort,
-      auto: backend.auto,
+      device,
     },
     trainer,
   );

@@ -12,7 +12,7 @@ import { Logger } from '../../pipeline/log.ts';
 import { CONSTRAINT_BYTES, armOf, conversationKey, loadCatalog } from '../../loop/serve.ts';
 import { SERVE_DEFAULTS, parseSplit } from '../../loop/settings.ts';
 import { TOOLS } from '../../env/env.ts';
-import { useBackend } from '../../runtime/device.ts';
+import { deviceOn, openDevice } from '../../runtime/device.ts';
 import type { Session } from '../../core/records.ts';
 import { prefab, prefabAsync } from '../fixtures/cli.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
@@ -54,7 +54,7 @@ const conversation = (who: string) => [
 ];
 
 beforeAll(async () => {
-  await useBackend('wasm');
+  await openDevice({ backend: 'wasm' });
   workdir = join(tempDir(), 'workspace');
   const registry = new Registry(join(workdir, 'registry'));
   registry.register(await servedModelFolder(tempDir(), 'first', 1024), {
@@ -359,6 +359,7 @@ describe('prefab serve', () => {
       ...SERVE_DEFAULTS,
       apiKey: null,
       split: null,
+      device: deviceOn({ kind: 'reference' }),
       log: new Logger('json', process.stderr, {}, true),
     };
     const model = loadCatalog(registry, ['production'], settings).get('production')!;

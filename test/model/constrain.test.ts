@@ -1,7 +1,7 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import { TOOLS } from '../../env/env.ts';
 import { ToolCallConstraint, readCall, readJson, type JsonSchema } from '../../model/constrain.ts';
-import { useBackend } from '../../runtime/device.ts';
+import { openDevice } from '../../runtime/device.ts';
 import { KVCache } from '../../runtime/decode.ts';
 import { Llama } from '../../model/llama.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
@@ -16,7 +16,7 @@ function prefixes(schema: JsonSchema, text: string): Set<string> {
 }
 
 beforeAll(async () => {
-  await useBackend('wasm');
+  await openDevice({ backend: 'wasm' });
 });
 
 describe('reading JSON against a schema, a token at a time', () => {

@@ -6,11 +6,11 @@ import { copyFileSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { useBackend } from '../../runtime/device.ts';
+import { openDevice } from '../../runtime/device.ts';
 import { llamaConfigFromJson, readHfModel, writeHfModel } from '../../model/hf.ts';
 import { seeded } from '../../core/random.ts';
 import { DecodeWeights, KVCache, cpuCaches, type GenerateOptions } from '../../runtime/decode.ts';
-import { nativeKernels, nativeStatus } from '../../runtime/cpu/kernels.ts';
+import { loadCpuKernels } from '../../runtime/cpu/kernels.ts';
 import { SharedDecoder } from '../../runtime/shared-decoder.ts';
 import { Llama } from '../../model/llama.ts';
 import { sampleToken } from '../../runtime/sampling.ts';
@@ -70,7 +70,7 @@ const maxAbsDiff = (a: number[][][], b: number[][][]) =>
   Math.max(...a.flatMap((x, i) => x.flatMap((y, j) => y.map((v, k) => Math.abs(v - b[i]![j]![k]!)))));
 
 beforeAll(async () => {
-  await useBackend('wasm');
+  await openDevice({ backend: 'wasm' });
 });
 
 describe.each(CHECKPOINTS)('%s against transformers', (name) => {
@@ -106,7 +106,7 @@ describe.each(CHECKPOINTS)('%s against transformers', (name) => {
   it('decodes together with other sequences (SharedDecoder) what each decodes alone, greedy and sampled, turn after turn', async () => {
     const model = load(dir);
     const n = ref.greedy_continuation.length;
-    const shared = new SharedDecoder(model);
+    const shared = new SharedDecoder(model, cpuCaches(model, null));
     const prompts = [
       ref.greedy_prompt,
       ref.input_ids[0]!.slice(0, 5),
@@ -151,21 +151,21 @@ describe.each(CHECKPOINTS)('%s against transformers', (name) => {
   });
 });
 
-// Where the CPU path's C kernels are here, the decoder runs on them with that backend (OpenBLAS's products, the
-// attention over the cache in C): the same continuations, and logits within float rounding of WASM's.
-const native = nativeKernels();
+// Where the CPU path's C kernels are here, the decoder runs on them (OpenBLAS's products, the attention over the
+// cache in C): the same continuations, and logits within float rounding of the reference's plain loops.
+const { kernels: native, why } = loadCpuKernels();
 describe.each(CHECKPOINTS)('%s decoded by the C kernels', (name) => {
   it.skipIf(!native && !process.env.CI)(
-    'continues greedily as transformers does, its logits those of the WASM decoder, and decodes together what it decodes alone',
+    'continues greedily as transformers does, its logits those of the reference decoder, and decodes together what it decodes alone',
     async () => {
-      if (!native) throw new Error(`the C kernels are not here: ${nativeStatus().why}`);
+      if (!native) throw new Error(`the C kernels are not here: ${why}`);
       const model = load(join(FIXTURES, name));
       const ref = reference(name);
       const n = ref.greedy_continuation.length;
       const cache = () => new KVCache(model, new DecodeWeights(model, native));
       const greedy = { maxTokens: n, temperature: 0, topP: 1, random: Math.random };
       expect(cache().generate(ref.greedy_prompt, greedy)).toEqual(ref.greedy_continuation);
-      // A prompt read token by token (one row) and one read whole (the batched pass), against WASM's.
+      // A prompt read token by token (one row) and one read whole (the batched pass), against the reference's.
       for (const prompt of [ref.greedy_prompt.slice(0, 5), ref.input_ids[0]!]) {
         const [got, want] = [cache().read(prompt), new KVCache(model, new DecodeWeights(model, null)).read(prompt)];
         expect(Math.max(...got.map((v, i) => Math.abs(v - want[i]!)))).toBeLessThan(1e-4);
@@ -216,15 +216,15 @@ describe('shapes the fixtures do not have', () => {
   });
 });
 
-// On WASM's kernels, and on the C kernels where they are here (their attention reads the same layout).
+// On the reference's loops, and on the C kernels where they are here (their attention reads the same layout).
 describe.each([
-  { on: 'WASM', c: false, native: null, absent: false },
+  { on: 'the reference', c: false, native: null, absent: false },
   { on: 'the C kernels', c: true, native, absent: !native && !process.env.CI },
 ])('a cache that grows, on $on', ({ c, native, absent }) => {
   it.skipIf(absent)(
     'keeps every layer’s keys and values where it reads them as its room doubles, read in pieces or forked',
     () => {
-      if (c && !native) throw new Error(`the C kernels are not here: ${nativeStatus().why}`);
+      if (c && !native) throw new Error(`the C kernels are not here: ${why}`);
       const config = llamaConfigFromJson(
         JSON.parse(readFileSync(join(FIXTURES, 'llama-tiny', 'config.json'), 'utf8')),
         'config.json',

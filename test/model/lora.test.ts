@@ -4,7 +4,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { useBackend } from '../../runtime/device.ts';
+import { deviceOn, openDevice } from '../../runtime/device.ts';
 import { readHfModel, writeHfModel } from '../../model/hf.ts';
 import { KVCache } from '../../runtime/decode.ts';
 import { Llama } from '../../model/llama.ts';
@@ -47,7 +47,7 @@ function train(m: Llama, steps = 4): void {
 }
 
 beforeAll(async () => {
-  await useBackend('wasm');
+  await openDevice({ backend: 'wasm' });
 });
 
 describe('LoRA', () => {
@@ -150,6 +150,7 @@ describe('LoRA in a training run', () => {
       base: BASE,
       signal: NEVER,
       log: quietLogger(),
+      device: deviceOn({ kind: 'reference' }),
     });
     const trainer = (steps: number) => ({
       steps,

@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { seeded } from '../../core/random.ts';
-import { useBackend } from '../../runtime/device.ts';
+import { openDevice } from '../../runtime/device.ts';
 import { loadCheckpoint, saveCheckpoint } from '../../model/checkpoint.ts';
 import { sftLoss } from '../../trainers/losses/index.ts';
 import { Decoding, DecodeWeights, KVCache } from '../../runtime/decode.ts';
@@ -52,7 +52,7 @@ function train(model: Llama, optimizer: AdamW, from: number, to: number): number
 const weightsOf = (m: Llama) => [...m.params.values()].map((v) => Array.from(v.dataSync()));
 
 beforeAll(async () => {
-  await useBackend('wasm');
+  await openDevice({ backend: 'wasm' });
   ones = tf.ones([B, T]);
 });
 
@@ -173,7 +173,6 @@ describe.each([
     const onward = fork.read([9, 9]);
     const whole = new KVCache(model).read([...prompts[1]!.slice(0, 6), 9, 9]);
     whole.forEach((v, j) => expect(onward[j]).toBeCloseTo(v, 3));
-    weights.dispose();
     model.dispose();
   });
 

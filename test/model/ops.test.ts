@@ -1,6 +1,6 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { useBackend } from '../../runtime/device.ts';
+import { useTf } from '../fixtures/tf.ts';
 import { causalAttention, causalMask, embed, linear } from '../../model/ops.ts';
 import { seeded } from '../../core/random.ts';
 
@@ -48,7 +48,7 @@ function expectClose(actual: Float32Array, expected: Float32Array, tolerance = 1
 }
 
 beforeAll(async () => {
-  await useBackend('cpu');
+  await useTf('cpu');
 });
 
 describe.each(['cpu', 'wasm'] as const)(
@@ -65,10 +65,10 @@ describe.each(['cpu', 'wasm'] as const)(
       shapes: number[][],
       outShape: number[],
     ) {
-      await useBackend('cpu');
+      await useTf('cpu');
       const make = () => shapes.map((s, i) => randomTensor(`input ${i}`, s));
       const expected = valueAndGrads(reference, make(), randomTensor('probe', outShape));
-      await useBackend(backend);
+      await useTf(backend);
       const actual = valueAndGrads(ours, make(), randomTensor('probe', outShape));
       expectClose(actual.value, expected.value);
       actual.grads.forEach((g, i) => expectClose(g, expected.grads[i]!));
@@ -96,7 +96,7 @@ describe.each(['cpu', 'wasm'] as const)(
     });
 
     it('causal attention: a position never sees a later one', async () => {
-      await useBackend(backend);
+      await useTf(backend);
       const qkv = randomTensor('qkv', [T, 3 * C]) as tf.Tensor2D;
       const changed = tf.concat(
         [tf.slice(qkv, [0, 0], [T - 1, 3 * C]), tf.mul(tf.slice(qkv, [T - 1, 0], [1, 3 * C]), 5)],

@@ -7,7 +7,7 @@ import { ScriptedAgent } from '../../env/agents.ts';
 import { runEpisode } from '../../env/rollout.ts';
 import { generateTask, generateWorld } from '../../env/world.ts';
 import type { Message } from '../../core/records.ts';
-import { useBackend } from '../../runtime/device.ts';
+import { openDevice } from '../../runtime/device.ts';
 import { renderText } from '../../model/chat-template.ts';
 import { loadCheckpoint, saveCheckpoint } from '../../model/checkpoint.ts';
 import { completionSequences } from '../../trainers/data.ts';
@@ -30,7 +30,7 @@ const callsIn = (messages: Message[]) =>
   messages.flatMap((m) => m.tool_calls ?? []).filter((c) => c.function.name === 'call');
 
 beforeAll(async () => {
-  await useBackend('wasm');
+  await openDevice({ backend: 'wasm' });
 });
 
 describe('placeholders: the values a model copies, as it reads them', () => {

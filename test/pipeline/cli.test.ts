@@ -124,7 +124,7 @@ describe('prefab command line', () => {
       const badBackend = prefab(['--workdir', workdir, '--config', DEFAULT, '--backend', 'cuda', ...command]);
       expect(badBackend.code, command.join(' ')).toBe(2);
       expect(badBackend.stderr).toMatch(
-        /option '--backend <name>' argument 'cuda' is invalid\. Allowed choices are auto, onnxruntime, tensorflow, wasm, cpu, webgpu/,
+        /option '--backend <name>' argument 'cuda' is invalid\. Allowed choices are auto, cpu, webgpu, wasm/,
       );
     }
     expect(prefab(['--help']).code).toBe(0);

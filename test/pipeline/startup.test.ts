@@ -80,9 +80,13 @@ describe('startup', () => {
     expect(packages(loads(['--help']).modules)).toEqual([]);
   });
 
-  it('loads TensorFlow.js and the model when a command needs the model', () => {
+  it('loads TensorFlow.js and the model when a command needs the model, and not to read a folder’s config', () => {
+    const folder = join(REPO, 'test', 'fixtures', 'hf-tiny', 'llama-tiny');
+    const inspected = loads(['model', 'inspect', folder]);
+    expect(inspected.code, inspected.stderr).toBe(0);
+    expect(heavy(inspected.modules)).toEqual([]);
     for (const tsx of [false, true]) {
-      const r = loads(['model', 'inspect', join(REPO, 'test', 'fixtures', 'hf-tiny', 'llama-tiny')], tsx);
+      const r = loads(['--backend', 'wasm', 'model', 'score', folder, '--ids', '[[1,5,9]]'], tsx);
       // What it said besides the modules it loaded: why, if it loaded too few.
       const said = `tsx: ${tsx}, ${r.modules.length} modules; ${r.stderr}`;
       expect(r.code, said).toBe(0);

@@ -38,7 +38,7 @@ const rollouts = (mode: RolloutMode) =>
     chat: null as never, // the scripted actor reads messages, not tokens
     context: 0,
     placeholders: null,
-    sampling: { maxTokens: 160, temperature: 1, topP: 1 },
+    sampling: { maxTokens: 160, temperature: 1, topP: 1, engine: { kind: 'reference' } },
     maxTurns: 12,
     seed: 's',
     groupSize: 4,

@@ -3,7 +3,7 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { NEVER } from '../../pipeline/interrupt.ts';
-import { useBackend } from '../../runtime/device.ts';
+import { openDevice } from '../../runtime/device.ts';
 import { chainTurns, dapoParts, dapoTrainer, rolloutBatch, turnSequence, type Rollout } from '../../rl/trainer.ts';
 import { trainingRun } from '../../trainers/run.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
@@ -19,9 +19,13 @@ import { prefabChat } from '../../model/chat.ts';
 import { renderText } from '../../model/chat-template.ts';
 import { ModelPolicy } from '../../runtime/policy.ts';
 import { TextTokenizer, trainTokenizer } from '../../model/tokenizer.ts';
+import type { Engine } from '../../runtime/device.ts';
+
+/** The policies decode with the reference model's loops. */
+const REFERENCE: Engine = { kind: 'reference' };
 
 beforeAll(async () => {
-  await useBackend('wasm');
+  await openDevice({ backend: 'wasm' });
 });
 
 /** log p of `generated` after `prompt`, summed. */
@@ -84,7 +88,7 @@ describe('DAPO trainer core', () => {
         ],
       },
     ];
-    const batch = await rolloutBatch(model, rollouts, 0, 64, NEVER);
+    const batch = await rolloutBatch(model, rollouts, { pad: 0, maxTokens: 64, signal: NEVER });
     expect(batch.sequences).toHaveLength(2);
     expect(batch.advantages[0]).toBeCloseTo(Math.SQRT1_2, 4); // (1 − 0.5) / √0.5
     expect(batch.advantages[1]).toBeCloseTo(-Math.SQRT1_2, 4);
@@ -102,7 +106,7 @@ describe('DAPO trainer core', () => {
     const model = Llama.create(tinyLlama(), 'step');
     const rollouts: Rollout[] = [...pair, ...pair];
     const before = [logp(model, good.prompt, good.generated), logp(model, bad.prompt, bad.generated)];
-    const batch = await rolloutBatch(model, rollouts, 0, 64, NEVER);
+    const batch = await rolloutBatch(model, rollouts, { pad: 0, maxTokens: 64, signal: NEVER });
     const optimizer = new AdamW(model.params, ADAMW_DEFAULTS);
     for (let epoch = 0; epoch < 3; epoch++) {
       // Micro-batches of one sequence each must add up to the whole batch's token mean.
@@ -138,13 +142,9 @@ describe('DAPO trainer core', () => {
       tinyLlama({ vocabSize: new TextTokenizer(json).vocabSize, maxPositions: 256 }),
       'policy',
     );
+    const sampling = { maxTokens: 6, temperature: 1, topP: 1, recordTurns: true, engine: REFERENCE };
     const policy = new ModelPolicy(
-      'm',
-      model,
-      256,
-      chat,
-      null,
-      { maxTokens: 6, temperature: 1, topP: 1, recordTurns: true },
+      { name: 'm', model, context: 256, chat, placeholders: null, sampling },
       seeded('turns'),
     );
     await policy.respond(conversation);
@@ -170,13 +170,9 @@ describe('DAPO trainer core', () => {
       tinyLlama({ vocabSize: new TextTokenizer(json).vocabSize, maxPositions: 256 }),
       'policy',
     );
+    const sampling = { maxTokens: 4, temperature: 1, topP: 1, recordTurns: true, engine: REFERENCE };
     const policy = new ModelPolicy(
-      'm',
-      model,
-      256,
-      chat,
-      null,
-      { maxTokens: 4, temperature: 1, topP: 1, recordTurns: true },
+      { name: 'm', model, context: 256, chat, placeholders: null, sampling },
       seeded('notes'),
     );
     policy.reads = (c) =>
@@ -195,14 +191,14 @@ describe('DAPO trainer core', () => {
     const G = turn.generated.length;
     const sampled = logp(model, turn.prompt, turn.generated);
     const sum = (xs: Float32Array, n: number) => Array.from(xs.slice(xs.length - n)).reduce((a, b) => a + b, 0);
-    const context = await rolloutBatch(model, rollouts, 0, 512, NEVER, 'context');
+    const context = await rolloutBatch(model, rollouts, { pad: 0, maxTokens: 512, signal: NEVER, on: 'context' });
     expect(context.sequences[0]!.ids).toEqual([...turn.prompt, ...turn.generated]);
-    const base = await rolloutBatch(model, rollouts, 0, 512, NEVER, 'base');
+    const base = await rolloutBatch(model, rollouts, { pad: 0, maxTokens: 512, signal: NEVER, on: 'base' });
     expect(base.sequences[0]!.ids).toEqual([...turn.base!, ...turn.generated]);
     // The old log-probabilities are the sampling policy's, which read the notes: an importance ratio to the plain prompt.
     expect(sum(base.oldLogps[0]!, G)).toBeCloseTo(sampled, 4);
     expect(sum(base.oldLogps[0]!, G)).not.toBeCloseTo(logp(model, turn.base!, turn.generated), 3);
-    const both = await rolloutBatch(model, rollouts, 0, 512, NEVER, 'both');
+    const both = await rolloutBatch(model, rollouts, { pad: 0, maxTokens: 512, signal: NEVER, on: 'both' });
     expect(both.sequences.map((x) => x.ids.length)).toEqual([
       turn.prompt.length + G,
       turn.base!.length + G,
@@ -222,7 +218,13 @@ describe('DAPO trainer core', () => {
     const clip = { ...DAPO_CLIP, klCoef: 0.1 };
     const kls: number[] = [];
     for (let step = 0; step < 3; step++) {
-      const batch = await rolloutBatch(model, rollouts, 0, 64, NEVER, 'context', reference);
+      const batch = await rolloutBatch(model, rollouts, {
+        pad: 0,
+        maxTokens: 64,
+        signal: NEVER,
+        on: 'context',
+        reference,
+      });
       expect(batch.refLogps).toHaveLength(2);
       kls.push(
         optimizerStep(
@@ -304,6 +306,6 @@ describe('DAPO trainer core', () => {
       seed: 's',
       signal: NEVER,
     });
-    expect(await t.batch(0, model)).toEqual({ parts: [], tokens: 0, metrics: { kept_groups: 0 } });
+    expect(await t.batch(0, model, {})).toEqual({ parts: [], tokens: 0, metrics: { kept_groups: 0 } });
   });
 });

@@ -1,5 +1,5 @@
-// One SFT step of the Llama held outside tfjs, on the GPU (runtime/webgpu/llama.ts) and on the CPU path
-// through ONNX Runtime (runtime/cpu/llama.ts), against the same model in tfjs on the WASM backend
+// One SFT step of the Llama held outside tfjs, on the GPU (runtime/webgpu/llama.ts) and on the CPU path's C
+// kernels (runtime/cpu/llama.ts), against the reference model in tfjs on the WASM backend
 // (model/llama.ts, trainers/losses/sft.ts): the loss, and the gradient of every weight, from the same weights,
 // tokens and mask. Tolerance: each gradient's largest difference within 1e-4 of its largest entry (both
 // sides compute in f32, summing in different orders through two layers), the loss within 1e-5.
@@ -16,7 +16,7 @@ import { HELD, type HeldDevice } from '../fixtures/held.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
 import { kernels, relativeError } from '../fixtures/webgpu.ts';
 import { GpuLlama } from '../../runtime/webgpu/llama.ts';
-import { Kernels } from '../../runtime/webgpu/kernel.ts';
+import { GpuKernels } from '../../runtime/webgpu/kernel.ts';
 import type { LlamaConfig } from '../../model/config.ts';
 import { scoreSequences } from '../../runtime/scoring.ts';
 
@@ -275,7 +275,7 @@ describe('the Llama held on the GPU, its tensors split across bindings', () => {
     ...HELD[0]!,
     model: (config, weights) => new GpuLlama(config, weights, splitKernels!),
   };
-  const splitKernels = kernels ? new Kernels(kernels.gpu, { bindingBytes: 12 * 1024 }) : null;
+  const splitKernels = kernels ? new GpuKernels(kernels.gpu, { bindingBytes: 12 * 1024 }) : null;
   const wide = (tiedEmbeddings: boolean) =>
     tinyLlama({
       hiddenSize: 96,

@@ -1,5 +1,5 @@
-// Every trainer's run with its model held outside tfjs, on the GPU and on the CPU path through ONNX Runtime,
-// against the same run on WASM: DPO (sigmoid, against the reference's scores), SimPO (length-normalised, no
+// Every trainer's run with its model held outside tfjs, on the GPU and on the CPU path's C kernels, against
+// the same run on the reference (tfjs on WASM): DPO (sigmoid, against the reference's scores), SimPO (length-normalised, no
 // reference), KTO (whose batches score mismatched completions with the current weights) and DAPO (several
 // updates a step on rollouts whose old log-probabilities the current weights give, with a KL term). Their
 // losses are the same tfjs code on every backend, fed the held model's token log-probs (trainers/step.ts
@@ -236,7 +236,7 @@ describe('DAPO on the GPU, its readers of the weights', () => {
    * its next-token logits, kept in order), and how many weights were copied back from the GPU.
    */
   async function readingRun(
-    read: (model: Llama) => Float32Array | Promise<Float32Array>,
+    read: (model: Llama, trained?: Map<string, GPUBuffer>) => Float32Array | Promise<Float32Array>,
     o: { seed: string; decodesOnCpu?: boolean },
   ) {
     const rollouts: Rollout[] = [
@@ -247,8 +247,8 @@ describe('DAPO on the GPU, its readers of the weights', () => {
     const trainer = dapoTrainer({
       steps: 3,
       start,
-      rollouts: async (_, model) => {
-        seen.push(await read(model));
+      rollouts: async (_, model, trained) => {
+        seen.push(await read(model, trained));
         return { rollouts, metrics: {} };
       },
       pad: 0,
@@ -271,8 +271,10 @@ describe('DAPO on the GPU, its readers of the weights', () => {
     'decode and score with the weights being trained: nothing copied back between steps, only at the end',
     async () => {
       const run = await readingRun(
-        async (model) => {
-          const decoder = new GpuDecoder(model, kernels!);
+        async (model, trained) => {
+          // The run hands the buffers it trains in to the trainer's decoders.
+          expect(trained).toBeDefined();
+          const decoder = new GpuDecoder(model, kernels!, trained);
           const logits = (await decoder.readMany([decoder.create()], [[1, 2, 3]]))[0]!;
           decoder.dispose();
           return logits;

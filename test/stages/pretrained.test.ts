@@ -6,7 +6,7 @@ import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Tokenizer } from 'tokenizers';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { useBackend } from '../../runtime/device.ts';
+import { openDevice } from '../../runtime/device.ts';
 import { writeHfModel } from '../../model/hf.ts';
 import { Llama } from '../../model/llama.ts';
 import { readSafetensors } from '../../model/safetensors.ts';
@@ -68,7 +68,7 @@ let workdir: string;
 let pretrained: string;
 let run: { code: number; stdout: string; stderr: string };
 beforeAll(async () => {
-  await useBackend('wasm');
+  await openDevice({ backend: 'wasm' });
   dir = tempDir();
   workdir = join(dir, 'workspace');
   pretrained = join(dir, 'pretrained');

@@ -1,12 +1,12 @@
-import { appendFileSync, existsSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { appendFileSync, cpSync, existsSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import type { ChildProcess } from 'node:child_process';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { DuckDBInstance } from '@duckdb/node-api';
-import { prefab, prefabAsync } from '../fixtures/cli.ts';
+import { REPO, prefab, prefabAsync } from '../fixtures/cli.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 import { tinyConfig as tinyConfigOf } from '../fixtures/tiny.ts';
-import { useBackend } from '../../runtime/device.ts';
+import { openDevice } from '../../runtime/device.ts';
 import { loadCheckpoint } from '../../model/checkpoint.ts';
 import { PREFAB_CHAT_TEMPLATE } from '../../model/chat-template.ts';
 import { Registry } from '../../loop/registry.ts';
@@ -65,7 +65,7 @@ let workdir: string;
 let config: string;
 let runLog: string;
 beforeAll(async () => {
-  await useBackend('wasm');
+  await openDevice({ backend: 'wasm' });
   const dir = tempDir();
   workdir = join(dir, 'workspace');
   config = tinyConfig(dir);
@@ -82,12 +82,30 @@ describe('what a run says on stderr', () => {
     const backends = lines.map((l) => JSON.parse(l) as Record<string, string>).filter((e) => e.event === 'backend');
     // The tiny config leaves DAPO off: that stage passes the model on without a backend.
     expect(backends.map((e) => e.stage)).toEqual(['sft', 'dpo', 'eval']);
-    // ONNX Runtime where its optional package loads (in CI it does), saying whether its C kernels run beside it;
-    // WASM where not; either says why no GPU.
+    // The C kernels where they are built (in CI they are), else the reference model on WASM, saying why; either
+    // says why no GPU.
     for (const e of backends)
       expect(e.backend).toMatch(
-        /^(onnxruntime on \d+ threads for training updates and scoring \((its GEMMs by OpenBLAS|the C kernels: ).*?\), wasm for the rest \(|wasm \()(WebGPU|the only adapter|the optional package)/,
+        /^(cpu: prefab's C kernels on \d+ threads \(GEMMs by OpenBLAS .*?\) train, score and decode|wasm: the reference model on TensorFlow.js's WebAssembly backend trains, scores and decodes, .*? which are not here \(.*?\)) \(auto: (WebGPU|the only adapter|the optional package)/,
       );
+  });
+});
+
+describe('a machine without the C kernels', () => {
+  it('trains on the reference model, and says why and how much slower, in the log and the summary', () => {
+    const copy = join(tempDir(), 'workspace');
+    cpSync(workdir, copy, { recursive: true });
+    const args = ['--workdir', copy, '--config', config, '--log-format', 'json', 'stage', 'sft'];
+    const r = prefab(args, REPO, { PREFAB_CPU_KERNELS: 'off' });
+    expect(r.code, r.stderr).toBe(0);
+    const events = r.stderr
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as Record<string, string>);
+    expect(events.find((e) => e.event === 'backend')!.backend).toMatch(
+      /^wasm: the reference model on TensorFlow.js's WebAssembly backend trains, scores and decodes, on one thread and several times slower than the C kernels, which are not here \(turned off by PREFAB_CPU_KERNELS=off\)/,
+    );
+    expect(events.find((e) => e.event === 'done' && e.stage === 'sft')!.summary).toMatch(/tokens\/s on wasm$/);
   });
 });
 

@@ -62,7 +62,7 @@ describe('the run with --backend webgpu', () => {
     const [onCpu, onGpu] = [run('wasm'), run('webgpu')];
     expect(onCpu.code, onCpu.stderr).toBe(0);
     expect(onGpu.code, onGpu.stderr).toBe(0);
-    expect(onGpu.stderr).toMatch(/"backend":"webgpu on [^"]+ for training updates/);
+    expect(onGpu.stderr).toMatch(/"backend":"webgpu on [^"]+ trains, scores and decodes, in f32/);
     expect(onGpu.stderr).not.toMatch(/this run trains on wasm/);
     expect(JSON.parse(onGpu.stdout).stages.find((s: { stage: string }) => s.stage === 'sft').summary).toMatch(
       /on webgpu$/,
@@ -112,7 +112,7 @@ describe('the run with --backend webgpu', () => {
       const args = ['--workdir', dir, '--config', config, '--log-format', 'json', '--backend', 'webgpu'];
       const run = prefab([...args, '--precision', 'f16', 'run']);
       expect(run.code, run.stderr).toBe(0);
-      expect(run.stderr).toMatch(/"backend":"webgpu on [^"]+ for training updates in mixed precision/);
+      expect(run.stderr).toMatch(/"backend":"webgpu on [^"]+ trains, scores and decodes, in mixed precision/);
       for (const stage of ['sft', 'dpo']) {
         const rows = lines(join(dir, stage, 'metrics.jsonl'));
         expect(rows.length).toBeGreaterThan(1);

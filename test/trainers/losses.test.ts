@@ -1,6 +1,6 @@
 import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { useBackend } from '../../runtime/device.ts';
+import { useTf } from '../fixtures/tf.ts';
 import { LOSSES, preferenceMetrics, sequenceLogps, sftLoss } from '../../trainers/losses/index.ts';
 import { ktoLoss } from '../../trainers/losses/kto.ts';
 import { orpoOddsRatioLoss } from '../../trainers/losses/preference.ts';
@@ -14,7 +14,7 @@ const h = { beta: 0.1, label_smoothing: 0, gamma_beta_ratio: 0.5, desirable_weig
 const pair = () => ({ chosen: t1([-10]), rejected: t1([-12]), refChosen: t1([-11]), refRejected: t1([-11]) });
 
 beforeAll(async () => {
-  await useBackend('cpu');
+  await useTf('cpu');
 });
 
 describe('DPO family (sums of log-probs, with a reference)', () => {

@@ -1,7 +1,7 @@
 // DAPO's pieces on fixed inputs, against values worked by hand (and verl's definitions).
 import * as tf from '@tensorflow/tfjs-core';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { useBackend } from '../../runtime/device.ts';
+import { openDevice } from '../../runtime/device.ts';
 import {
   DAPO_CLIP,
   dapoLoss,
@@ -12,7 +12,7 @@ import {
 } from '../../trainers/losses/index.ts';
 
 beforeAll(async () => {
-  await useBackend('wasm');
+  await openDevice({ backend: 'wasm' });
 });
 
 const row = (xs: number[]) => tf.tensor2d(xs, [1, xs.length]);

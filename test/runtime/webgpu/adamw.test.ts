@@ -10,12 +10,12 @@ import { seeded } from '../../../core/random.ts';
 import { AdamW, ADAMW_DEFAULTS } from '../../../trainers/optimizer.ts';
 import { GpuAdamW, type GpuParameter } from '../../../runtime/webgpu/adamw.ts';
 import { download, submit, upload } from '../../../runtime/webgpu/buffers.ts';
-import { Kernels } from '../../../runtime/webgpu/kernel.ts';
+import { GpuKernels } from '../../../runtime/webgpu/kernel.ts';
 
 describe('AdamW on the GPU', () => {
   const ways = [
     ['in one binding', kernels],
-    ['in pieces of 128', kernels && new Kernels(kernels.gpu, { bindingBytes: 512 })],
+    ['in pieces of 128', kernels && new GpuKernels(kernels.gpu, { bindingBytes: 512 })],
   ] as const;
   it.skipIf(absent).each(ways)(
     'takes the same five steps as the trainer’s AdamW, decaying the matrix and not the vector, each parameter %s',

@@ -55,7 +55,6 @@ async function sameSteps(config: LlamaConfig): Promise<void> {
   expect(onGpu[0]!.capacity).toBeGreaterThan(64);
   onGpu.forEach((c) => c.dispose());
   decoder.dispose();
-  shared.dispose();
   model.dispose();
 }
 
@@ -140,7 +139,6 @@ describe('generation on the GPU', () => {
       expect(decoder.pooled).toBe(grown);
       again.forEach((c) => c.dispose());
       decoder.dispose();
-      shared.dispose();
       model.dispose();
     },
   );
@@ -235,7 +233,6 @@ describe('generation on the GPU', () => {
         expect(drawn.tokens[b], `sequence ${b}`).toBe(want[b]!.indexOf(Math.max(...want[b]!)));
       }
       decoder.dispose();
-      shared.dispose();
       model.dispose();
     },
   );

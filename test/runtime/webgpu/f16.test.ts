@@ -16,15 +16,16 @@ import { sftStep } from '../../../trainers/step.ts';
 import type { Sequence } from '../../../model/windows.ts';
 import { GpuAdamW } from '../../../runtime/webgpu/adamw.ts';
 import { allocate, download, submit, upload } from '../../../runtime/webgpu/buffers.ts';
-import { Kernels } from '../../../runtime/webgpu/kernel.ts';
+import { GpuKernels } from '../../../runtime/webgpu/kernel.ts';
 import { GpuLlama } from '../../../runtime/webgpu/llama.ts';
 import { Cast, OVERFLOW, useTensorCores } from '../../../runtime/webgpu/precision.ts';
 import { tinyLlama } from '../../fixtures/llama.ts';
 import { absent, f16Values, kernels, relativeError } from '../../fixtures/webgpu.ts';
 import { runSettings } from '../../fixtures/held.ts';
 import { scoreSequences } from '../../../runtime/scoring.ts';
+import { deviceOn } from '../../../runtime/device.ts';
 
-const half = kernels && new Kernels(kernels.gpu, { precision: 'f16' });
+const half = kernels && new GpuKernels(kernels.gpu, { precision: 'f16' });
 const config = tinyLlama({ vocabSize: 30 });
 const start = () => Llama.create(config, 'webgpu-f16');
 /** The starting model's weights as arrays, for a GpuLlama. */
@@ -57,7 +58,7 @@ const cfg = {
   micro_batch_tokens: 24,
   label_smoothing: 0,
 } as unknown as PreferenceSettings;
-const settings = (k: Kernels): RunSettings => runSettings(cfg, { gpu: k });
+const settings = (k: GpuKernels): RunSettings => runSettings(cfg, { device: deviceOn({ kind: 'gpu', kernels: k }) });
 
 /** The run in f32 and in f16: every step's figures within their tolerance·(1 + |f32's|), and not the same run. */
 async function sameRun(trainer: () => Trainer, figures: Record<string, number>): Promise<void> {
@@ -190,7 +191,7 @@ describe('mixed precision on the GPU', () => {
         new Map([...plain, [up, plain.get(up)!.map((x, i) => (i ? x : 1e5))]]),
         /a weight is beyond f16 .*--precision f32/,
       );
-      expect(() => new Kernels({ ...kernels!.gpu, f16: false }, { precision: 'f16' })).toThrow(
+      expect(() => new GpuKernels({ ...kernels!.gpu, f16: false }, { precision: 'f16' })).toThrow(
         /offers no shader-f16; use f32/,
       );
     },
@@ -199,12 +200,12 @@ describe('mixed precision on the GPU', () => {
   it.skipIf(absent)(
     'keeps the ordinary cores where the tensor cores’ GEMM fails its check, the GPU still usable',
     async () => {
-      expect(await useTensorCores(new Kernels(kernels!.gpu, { precision: 'f16' }))).toMatch(
+      expect(await useTensorCores(new GpuKernels(kernels!.gpu, { precision: 'f16' }))).toMatch(
         kernels!.gpu.subgroupMatrix ? /^the tensor cores \(/ : /^no subgroup matrices/,
       );
       // Tiles the adapter does not have (lavapipe has none): the shader is refused, and said so.
       const pretend = { ...kernels!.gpu, subgroupMatrix: { m: 16, n: 16, k: 16, subgroup: 8 } };
-      const k = new Kernels(pretend, { precision: 'f16' });
+      const k = new GpuKernels(pretend, { precision: 'f16' });
       expect(await useTensorCores(k)).toMatch(
         /^the ordinary cores \(the tensor cores' GEMM, subgroup matrices of 16×16×16, failed: /,
       );

@@ -8,7 +8,7 @@ import { absent, gpu as here, f16Values, kernels, noGpu, relativeError } from '.
 import { allocate, download, submit, upload } from '../../../runtime/webgpu/buffers.ts';
 import { Cast } from '../../../runtime/webgpu/precision.ts';
 import { Matmul, type MatmulShape } from '../../../runtime/webgpu/matmul.ts';
-import { Kernels } from '../../../runtime/webgpu/kernel.ts';
+import { GpuKernels } from '../../../runtime/webgpu/kernel.ts';
 import { seeded } from '../../../core/random.ts';
 
 /** One set of pipelines for every product (compiling them is what costs on a CPU driver). */
@@ -98,7 +98,7 @@ describe('the WebGPU GEMM', () => {
     async () => {
       const gpu = here!;
       // 2 KiB a binding: a 70×130 matrix is 36 KiB, so M, N and K are cut into blocks whatever the transposes.
-      const split = new Matmul(new Kernels(gpu, { bindingBytes: 2048 }));
+      const split = new Matmul(new GpuKernels(gpu, { bindingBytes: 2048 }));
       for (const transposeA of [false, true])
         for (const transposeB of [false, true])
           for (const accumulate of [false, true]) {
@@ -134,7 +134,7 @@ describe('the WebGPU GEMM', () => {
         return { f16, values: Float32Array.from(f16Values(bits)) };
       };
       // 8 KiB a binding: every operand of both shapes is cut (at 2 KiB the larger takes 134k products).
-      const split = new Matmul(new Kernels(gpu, { bindingBytes: 8192 }));
+      const split = new Matmul(new GpuKernels(gpu, { bindingBytes: 8192 }));
       for (const [m, n, k] of [
         [70, 130, 33],
         [130, 257, 70],

@@ -8,7 +8,7 @@ import { describe, expect, it } from 'vitest';
 import { seeded, type Random } from '../../../core/random.ts';
 import { sampleToken } from '../../../runtime/sampling.ts';
 import { download, submit, upload } from '../../../runtime/webgpu/buffers.ts';
-import { Kernels } from '../../../runtime/webgpu/kernel.ts';
+import { GpuKernels } from '../../../runtime/webgpu/kernel.ts';
 import type { Draw } from '../../../runtime/sampling.ts';
 import { Sampler, drawParams } from '../../../runtime/webgpu/sampling.ts';
 import { absent, gpu, kernels } from '../../fixtures/webgpu.ts';
@@ -24,7 +24,7 @@ function logitsOf(kind: 'normal' | 'peaked' | 'ties', rows: number, vocab: numbe
 }
 
 /** The tokens the GPU draws for each row of `logits` with `draws`, on `k`'s kernels. */
-async function onGpu(k: Kernels, logits: Float32Array, draws: Draw[], vocab: number): Promise<number[]> {
+async function onGpu(k: GpuKernels, logits: Float32Array, draws: Draw[], vocab: number): Promise<number[]> {
   const rows = draws.length;
   const [z, p, tokens] = [
     upload(k.gpu, logits),
@@ -41,7 +41,7 @@ async function onGpu(k: Kernels, logits: Float32Array, draws: Draw[], vocab: num
  * Every row's GPU draw against sampleToken's, and how many rows were left out as too near a boundary (u or
  * top-p moved by 1e-5 draws another token on the CPU).
  */
-async function compare(k: Kernels, logits: Float32Array, draws: Draw[], vocab: number): Promise<number> {
+async function compare(k: GpuKernels, logits: Float32Array, draws: Draw[], vocab: number): Promise<number> {
   const got = await onGpu(k, logits, draws, vocab);
   let near = 0;
   draws.forEach((d, r) => {
@@ -101,7 +101,7 @@ describe('drawing tokens on the GPU', () => {
   it.skipIf(absent)('draws in groups of rows where their logits do not fit one binding together', async () => {
     const random = seeded('webgpu-sampling-groups');
     const vocab = 1000; // 4,000 bytes a row: one row a binding of 8 KiB, so 24 dispatches
-    const small = new Kernels(gpu!, { bindingBytes: 8192 });
+    const small = new GpuKernels(gpu!, { bindingBytes: 8192 });
     const near = await compare(small, logitsOf('normal', 24, vocab, random), drawsOf(24, random), vocab);
     expect(near).toBeLessThan(2);
   });

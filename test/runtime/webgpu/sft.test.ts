@@ -14,6 +14,7 @@ import { tinyLlama } from '../../fixtures/llama.ts';
 import { tempDir } from '../../fixtures/pipeline.ts';
 import { quietLogger } from '../../fixtures/toy-stages.ts';
 import { absent, kernels } from '../../fixtures/webgpu.ts';
+import { deviceOn } from '../../../runtime/device.ts';
 
 const config = tinyLlama({ vocabSize: 30 });
 const random = seeded('webgpu-sft');
@@ -51,7 +52,7 @@ const settings = (cache: string, gpu: boolean, signal = NEVER): RunSettings => (
   placeholders: null,
   signal,
   log: quietLogger(),
-  ...(gpu ? { gpu: kernels! } : {}),
+  device: deviceOn(gpu ? { kind: 'gpu', kernels: kernels! } : { kind: 'reference' }),
 });
 const weightsOf = (m: Llama) => new Map([...m.params].map(([name, v]) => [name, v.dataSync() as Float32Array]));
 

@@ -1,0 +1,139 @@
+// The decoder's attention over its KV caches (runtime/decode.ts KVCache): a token just read attends to every
+// position its cache holds, one row (decodeAttention) or every row of a batched step at once, the rows shared
+// between the cores (decodeAttentionRows). Part of the addon prefab_cpu.c makes.
+#include "prefab_cpu.h"
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v4 __attribute__((vector_size(16)));
+
+// a·b over hd floats: sixteen lanes at a time where hd allows (the compiler makes one or more vector registers
+// of them), so that a key's dot product is a few multiply-adds and one sum across lanes.
+static inline float dot(const float *a, const float *b, int hd) {
+  int j = 0;
+  float sum = 0;
+  if (hd >= 16) {
+    v16 acc = {0}, x, y;
+    for (; j + 16 <= hd; j += 16) {
+      memcpy(&x, a + j, sizeof x), memcpy(&y, b + j, sizeof y);
+      acc += x * y;
+    }
+    // Halves added to halves: four steps, not a chain of sixteen additions (memcpy, not a shuffle builtin,
+    // which GCC has only from version 12).
+    v8 lo8, hi8;
+    v4 lo4, hi4;
+    memcpy(&lo8, &acc, sizeof lo8), memcpy(&hi8, (const char *)&acc + sizeof lo8, sizeof hi8);
+    v8 h8 = lo8 + hi8;
+    memcpy(&lo4, &h8, sizeof lo4), memcpy(&hi4, (const char *)&h8 + sizeof lo4, sizeof hi4);
+    v4 h4 = lo4 + hi4;
+    sum = (h4[0] + h4[2]) + (h4[1] + h4[3]);
+  }
+  for (; j < hd; j++) sum += a[j] * b[j];
+  return sum;
+}
+
+// One row's attention (a token just read into its cache) over n cached positions of `mem`, as decodeAttention
+// describes; q's heads qs floats apart, `sc` H·n floats of scratch.
+static void decode_attention(const float *mem, const float *q, int qs, size_t keys, size_t values, size_t stride,
+                             int n, int H, int K, int hd, int hp, float scale, float *sc, float *out) {
+  int G = H / K;
+  for (int h = 0; h < H; h++, sc += n) {
+    const float *qh = q + (size_t)h * qs, *kh = mem + keys + (size_t)(h / G) * hp;
+    const float *vh = mem + values + (size_t)(h / G) * hp;
+    float max = -INFINITY, sum = 0;
+    for (int t = 0; t < n; t++) {
+      sc[t] = dot(qh, kh + t * stride, hd) * scale;
+      max = sc[t] > max ? sc[t] : max;
+    }
+    for (int t = 0; t < n; t++) sum += (sc[t] = fast_exp(sc[t] - max));
+    float inv = 1.0f / sum, *oh = out + (size_t)h * hd;
+    for (int j = 0; j < hd; j++) oh[j] = 0;
+    for (int t = 0; t < n; t++) {
+      const float *vt = vh + t * stride;
+      float p = sc[t] * inv;
+      for (int j = 0; j < hd; j++) oh[j] += p * vt[j];
+    }
+  }
+}
+
+// decodeAttention(mem, q, keys, values, stride, n, H, K, hd, hp, scale, scores, out): one new token's attention
+// over a KV cache kept in `mem` (train/decode.ts KVCache: offsets in floats): query head h (at q + h·hp)
+// against the n cached keys of its key/value head h/G (at keys + t·stride + (h/G)·hp), softmax, and the values'
+// weighted sum into out (H·hd, a separate array); `scores` (H·n floats of mem) is scratch.
+napi_value js_decode_attention(napi_env env, napi_callback_info info) {
+  Args a = args_of(env, info);
+  float *mem = array(&a, 0, 0);
+  size_t q = (size_t)number(&a, 1), keys = (size_t)number(&a, 2), values = (size_t)number(&a, 3);
+  size_t stride = (size_t)number(&a, 4);
+  int n = (int)number(&a, 5), H = (int)number(&a, 6), K = (int)number(&a, 7), hd = (int)number(&a, 8);
+  int hp = (int)number(&a, 9);
+  float scale = (float)number(&a, 10);
+  size_t scores = (size_t)number(&a, 11);
+  float *out = array(&a, 12, 0);
+  if (!a.bad && (K <= 0 || H % K)) fail(&a, "prefab_cpu: query heads must be a multiple of key/value heads");
+  if (a.bad) return NULL;
+  decode_attention(mem, mem + q, hp, keys, values, stride, n, H, K, hd, hp, scale, mem + scores, out);
+  return nothing(env);
+}
+
+typedef struct {
+  float **mems;
+  const float *qkv;
+  const double *meta;
+  float *out;
+  int width, H, K, hd, hp;
+  size_t stride;
+  float scale;
+} DecodeRows;
+
+static void decode_rows_share(void *ctx, int from, int to) {
+  DecodeRows *d = ctx;
+  int most = 0;
+  for (int r = from; r < to; r++) most = (int)d->meta[3 * r + 2] > most ? (int)d->meta[3 * r + 2] : most;
+  float *sc = malloc(sizeof(float) * (size_t)d->H * (most > 0 ? most : 1));
+  if (!sc) abort();
+  for (int r = from; r < to; r++) {
+    const double *m = d->meta + 3 * r;
+    decode_attention(d->mems[r], d->qkv + (size_t)r * d->width, d->hd, (size_t)m[0], (size_t)m[1], d->stride,
+                     (int)m[2], d->H, d->K, d->hd, d->hp, d->scale, sc, d->out + (size_t)r * d->H * d->hd);
+  }
+  free(sc);
+}
+
+// decodeAttentionRows(mems, qkv, meta, stride, H, K, hd, hp, scale, out): decodeAttention for R rows read
+// together (train/decode.ts KVCache.readRows), in shares of rows on every core: row r's query is the head of
+// its row of qkv (R rows of qkv.length / R floats, heads hd apart), its cache mems[r] (rows of one cache share
+// it, each up to its own position), meta[3r..3r+2] its keys' and values' offsets and its n; out (R, H·hd).
+napi_value js_decode_attention_rows(napi_env env, napi_callback_info info) {
+  Args a = args_of(env, info);
+  DecodeRows d = {0};
+  uint32_t R = 0;
+  if (a.n < 10 || napi_get_array_length(env, a.v[0], &R) != napi_ok) fail(&a, "prefab_cpu: expected an array of memories");
+  d.qkv = array(&a, 1, 0);
+  d.meta = array(&a, 2, 0);
+  d.stride = (size_t)number(&a, 3);
+  d.H = (int)number(&a, 4), d.K = (int)number(&a, 5), d.hd = (int)number(&a, 6), d.hp = (int)number(&a, 7);
+  d.scale = (float)number(&a, 8);
+  d.out = array(&a, 9, 0);
+  if (!a.bad && (d.K <= 0 || d.H % d.K)) fail(&a, "prefab_cpu: query heads must be a multiple of key/value heads");
+  if (a.bad || R == 0) return a.bad ? NULL : nothing(env);
+  size_t qkvLength = 0;
+  napi_get_typedarray_info(env, a.v[1], NULL, &qkvLength, NULL, NULL, NULL);
+  d.width = (int)(qkvLength / R);
+  d.mems = malloc(sizeof(float *) * R);
+  if (!d.mems) {
+    napi_throw_error(env, NULL, "prefab_cpu: out of memory");
+    return NULL;
+  }
+  size_t work = 0;
+  for (uint32_t r = 0; r < R && !a.bad; r++) {
+    Args one = {env, {0}, 1, 0};
+    napi_get_element(env, a.v[0], r, &one.v[0]);
+    d.mems[r] = array(&one, 0, 0);
+    if (one.bad) a.bad = 1;
+    work += (size_t)d.meta[3 * r + 2] * d.H * d.hd;
+  }
+  if (!a.bad) parallel((int)R, decode_rows_share, &d, SHARES(work));
+  free(d.mems);
+  return a.bad ? NULL : nothing(env);
+}
