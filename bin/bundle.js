@@ -12,7 +12,7 @@ import { pathToFileURL } from 'node:url';
 const REPO = join(import.meta.dirname, '..');
 const CACHE = join(REPO, 'node_modules', '.cache', 'prefab');
 /** The bundle's entry points: the CLI, and the stages and commands it is given (their chunks shared). */
-const ENTRIES = { cli: 'pipeline/cli.ts', stages: 'stages/index.ts' };
+const ENTRIES = { cli: 'pipeline/cli.ts', stages: 'stages/index.ts', commands: 'bin/commands.ts' };
 /** What worker threads run, each a file of its own with all it imports: no chunks to load one by one as a thread starts. */
 const WORKERS = {
   'ingest-worker': 'stages/ingest/worker.ts',
@@ -90,7 +90,7 @@ const REQUIRE =
   "import { createRequire as __prefabCreateRequire } from 'node:module'; const require = __prefabCreateRequire(import.meta.url);";
 
 /**
- * The bundle's folder (its entry points cli.mjs and stages.mjs), made first if the sources changed since. The
+ * The bundle's folder (its entry points cli.mjs, stages.mjs and commands.mjs), made first if the sources changed since. The
  * command is noted in it as a user until it exits: a build a command still runs from is never removed.
  */
 export async function bundle() {

@@ -24,14 +24,14 @@ async function load() {
     }
     // Worker threads (pipeline/workers.ts) start from the bundle's entries for them.
     if (dir) process.env.PREFAB_BUNDLE_DIR = dir;
-    if (dir) return Promise.all([import(pathToFileURL(join(dir, 'cli.mjs')).href), import(pathToFileURL(join(dir, 'stages.mjs')).href)]);
+    if (dir) return Promise.all(['cli', 'stages', 'commands'].map((entry) => import(pathToFileURL(join(dir, `${entry}.mjs`)).href)));
   }
   const { register } = await import('tsx/esm/api');
   register();
-  return Promise.all([import('../pipeline/cli.ts'), import('../stages/index.ts')]);
+  return Promise.all([import('../pipeline/cli.ts'), import('../stages/index.ts'), import('./commands.ts')]);
 }
 
-const [{ main }, { STAGES, COMMANDS }] = await load();
+const [{ main }, { STAGES }, { COMMANDS }] = await load();
 const code = await main(process.argv, STAGES, COMMANDS);
 // Exit now rather than when the event loop drains: a stage that failed may leave retries of other requests
 // waiting on timers. Standard output is flushed first.

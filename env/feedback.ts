@@ -1,4 +1,4 @@
-// Feedback-guided rollouts (seed 004): what the representatives said in a failed episode, condensed by rules
+// Feedback-guided rollouts: what the representatives said in a failed episode, condensed by rules
 // into one short block that a later attempt at the same task reads beside the user's request. The block is
 // built from the tool results the policy itself saw (the representatives' replies), never from the task's
 // hidden requirements: a department that was not asked, or asked with every field it needs, adds nothing.

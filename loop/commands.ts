@@ -163,7 +163,10 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
       }) => {
         const log = ctx.logger();
         const device = await deviceFor(commandOptions(program), log);
-        const { followAliases, loadCatalog, startServer } = await import('./serve.ts');
+        const [{ followAliases, loadCatalog }, { startServer }] = await Promise.all([
+          import('./serve/batcher.ts'),
+          import('./serve/http.ts'),
+        ]);
         const registry = registryOf(program, ctx.logger());
         const names = [...new Set([opts.model, ...(opts.split ?? []).map((a) => a.name)])];
         const settings = {

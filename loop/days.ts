@@ -20,7 +20,8 @@ import {
   type NightReport,
 } from './refresh.ts';
 import { SERVE_DEFAULTS, type RefreshConfig } from './settings.ts';
-import { loadCatalog, startServer } from './serve.ts';
+import { loadCatalog } from './serve/batcher.ts';
+import { startServer } from './serve/http.ts';
 import type { Device } from '../runtime/device.ts';
 
 export interface Day {

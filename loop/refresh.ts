@@ -1,11 +1,13 @@
-// `prefab refresh`: one night of the online loop (seed 000). In order, each step written down before the next,
-// so a night killed at any point resumes where it was or leaves production as it was:
+// `prefab refresh`: one night of the online loop, offline training brought online: the deployed model's own
+// new sessions become pairs, and a candidate trained on them replaces it only when measured better. In order,
+// each step a function below, written down in the night's journal before the next (refreshNight), so a night
+// killed at any point resumes where it was or leaves production as it was:
 //  1. live traffic: production's success on the sessions it served; below its baseline (what the production
 //     it replaced did) × rollback.ratio, it is rolled back before anything is trained;
 //  2. the data stages (ingest → … → export) take in the inbox's new sessions incrementally;
 //  3. a replay buffer: every pair new tonight, then older pairs drawn by recency, up to buffer.size;
 //  4. the candidate: DPO continued from production (also its reference) at a learning rate well below the
-//     offline run's, one epoch;
+//     offline run's, one epoch (trainers/preference.ts, the dpo stage's run), then DAPO where configured;
 //  5. candidate and production play the same validation tasks with the same seeds (paired, loop/paired.ts);
 //  6. the candidate becomes a registry version and is promoted only if it is better with confidence and no
 //     guard regressed; otherwise production stays, and the history and the report say why, with the numbers.
@@ -23,15 +25,14 @@ import { seeded } from '../core/random.ts';
 import { TOOLS } from '../env/env.ts';
 import { validationEpisodes, type EpisodeRecord } from '../env/evaluate.ts';
 import type { Device } from '../runtime/device.ts';
-import { withScorer } from '../runtime/engines.ts';
 import { openChat } from '../model/chat.ts';
 import { decodingEngine } from '../runtime/placement.ts';
 import { loadCheckpoint } from '../model/checkpoint.ts';
 import { nonFiniteWeight } from '../model/hf.ts';
 import { readPreferencePairs } from '../trainers/data.ts';
-import { dpoTrainer, lossOf, pairExamples, referenceScores } from '../trainers/dpo.ts';
+import { runPreference } from '../trainers/preference.ts';
 import { EpisodePlayers } from '../runtime/policy.ts';
-import { Diverged, finalMetrics, trainingRun } from '../trainers/run.ts';
+import { Diverged } from '../trainers/run.ts';
 import { runDapo } from '../rl/dapo.ts';
 import { compare, type Comparison } from './paired.ts';
 import { Registry } from './registry.ts';
@@ -100,7 +101,7 @@ export async function liveFigures(files: string[], successReward: number): Promi
 }
 
 /**
- * Seed 000's safety rule: production's live success against its baseline, the live success of the production
+ * The safety rule: production's live success against its baseline, the live success of the production
  * it was promoted over. Either with fewer than min_sessions sessions, there is nothing to compare.
  */
 function rollbackCheck(
@@ -229,9 +230,72 @@ export interface NightOptions {
   log: Logger;
 }
 
-/** Runs one night (resuming the last one if it did not finish). */
+/**
+ * A night being run: its number and folders, the registry, and its journal (state.json), in which each step
+ * writes down what it decided before the next begins, so that a resumed night does nothing twice.
+ */
+interface Night extends NightOptions {
+  number: number;
+  /** `night N`, in the registry's reasons and the log. */
+  tag: string;
+  dir: string;
+  root: string;
+  registry: Registry;
+  inbox: string;
+  state: NightState;
+  save(): Promise<void>;
+}
+
+/** What the data step gives the steps after it: every pair, tonight's new ones, and the buffer drawn from them. */
+interface NightData {
+  pairs: Pair[];
+  fresh: Pair[];
+  buffer: { pair_ids: string[]; fresh: number; old: number; pairs: number };
+}
+
+/** The candidate as the training step left it: its model folders, its figures, and why it is no model, if it is not. */
+interface Candidate {
+  dpoFolder: string;
+  folder: string;
+  training: Record<string, number>;
+  diverged: string | null;
+}
+
+/** Runs one night (resuming the last one if it did not finish), step by step. */
 export async function refreshNight(o: NightOptions): Promise<NightReport> {
-  const { engine, cfg, device, signal, log } = o;
+  const night = await openNight(o);
+  await checkLiveTraffic(night);
+  const data = await takeInData(night);
+  const report = (r: Decision) => finish(night, r, data.fresh);
+  if (data.buffer.fresh === 0)
+    return report({
+      production_after: night.state.production!,
+      candidate: null,
+      training: {},
+      comparison: null,
+      decision: 'nothing to train on',
+      reason: 'no new pairs tonight: production stays',
+    });
+  const candidate = await trainCandidate(night, data);
+  if (candidate.diverged) {
+    const production = night.state.production!;
+    o.log.warn(`the candidate diverged: ${production} stays`, { reason: candidate.diverged });
+    return report({
+      production_after: production,
+      candidate: null,
+      training: candidate.training,
+      comparison: null,
+      decision: 'rejected',
+      reason: `the candidate is no model (${candidate.diverged}): ${production} stays; lower refresh.dpo.lr or max_grad_norm`,
+    });
+  }
+  const comparison = await pairedEvaluation(night, candidate);
+  return report(await decide(night, data, candidate, comparison));
+}
+
+/** The night to run: the last one where it did not finish (its journal read back), else the next. */
+async function openNight(o: NightOptions): Promise<Night> {
+  const { engine, cfg, log } = o;
   const registry = new Registry(join(engine.ws.root, 'registry'), (m) => log.warn(m));
   const inbox = inboxOf(engine, cfg);
   const start = registry.aliases().production;
@@ -242,44 +306,62 @@ export async function refreshNight(o: NightOptions): Promise<NightReport> {
   const root = refreshDir(engine);
   const nightsDir = join(root, 'nights');
   mkdirSync(nightsDir, { recursive: true });
-
   const numbers = readdirSync(nightsDir)
     .filter((f) => /^\d{4}$/.test(f))
     .map(Number)
     .sort((a, b) => a - b);
   const last = numbers.at(-1);
   const resuming = last !== undefined && !existsSync(join(nightsDir, String(last).padStart(4, '0'), 'report.json'));
-  const night = resuming ? last! : (last ?? 0) + 1;
-  const dir = join(nightsDir, String(night).padStart(4, '0'));
+  const number = resuming ? last! : (last ?? 0) + 1;
+  const dir = join(nightsDir, String(number).padStart(4, '0'));
   mkdirSync(dir, { recursive: true });
   const statePath = join(dir, 'state.json');
   const state: NightState = (await readJsonFile<NightState>(statePath)) ?? {
-    night,
+    night: number,
     started_at: new Date().toISOString(),
     production_before: start,
   };
-  const save = () => writeFileAtomic(statePath, JSON.stringify(state, null, 2) + '\n');
-  log.info(resuming ? `refresh: resuming night ${night}` : `refresh: night ${night}`, { production: start });
-  const tag = `night ${night}`;
+  log.info(resuming ? `refresh: resuming night ${number}` : `refresh: night ${number}`, { production: start });
+  return {
+    ...o,
+    number,
+    tag: `night ${number}`,
+    dir,
+    root,
+    registry,
+    inbox,
+    state,
+    save: () => writeFileAtomic(statePath, JSON.stringify(state, null, 2) + '\n'),
+  };
+}
 
-  // 1. Live traffic, and the rollback rule. A rollback this night already made (killed before it was written down) is not made twice.
-  if (!state.rollback) {
-    const live = await liveFigures(inboxFiles(inbox), cfg.rollback.success_reward);
-    const versions = new Set(registry.history().flatMap((e) => (e.event === 'registered' ? [e.version] : [])));
-    state.live = [...live.values()].filter((l) => versions.has(l.version));
-    const check = rollbackCheck(registry, live, cfg.rollback);
-    const by = `prefab refresh, ${tag}`;
-    if (check.rollback && registry.decidedBy(by)?.event !== 'rolled_back') {
-      const e = registry.rollback(`${tag}: ${check.reason}`, by);
-      log.warn(`rolled back: ${e.version} is production again`, { reason: check.reason });
-    }
-    state.rollback = { rolled_back: check.rollback, live: check.live, baseline: check.baseline, reason: check.reason };
-    state.production = registry.aliases().production!;
-    await save();
+/**
+ * 1. Live traffic, and the rollback rule: production's live success against its baseline's. A rollback this
+ * night already made (killed before it was written down) is not made twice.
+ */
+async function checkLiveTraffic(night: Night): Promise<void> {
+  const { registry, state, cfg, tag, log } = night;
+  if (state.rollback) return;
+  const live = await liveFigures(inboxFiles(night.inbox), cfg.rollback.success_reward);
+  const versions = new Set(registry.history().flatMap((e) => (e.event === 'registered' ? [e.version] : [])));
+  state.live = [...live.values()].filter((l) => versions.has(l.version));
+  const check = rollbackCheck(registry, live, cfg.rollback);
+  const by = `prefab refresh, ${tag}`;
+  if (check.rollback && registry.decidedBy(by)?.event !== 'rolled_back') {
+    const e = registry.rollback(`${tag}: ${check.reason}`, by);
+    log.warn(`rolled back: ${e.version} is production again`, { reason: check.reason });
   }
-  const production = state.production!;
+  state.rollback = { rolled_back: check.rollback, live: check.live, baseline: check.baseline, reason: check.reason };
+  state.production = registry.aliases().production!;
+  await night.save();
+}
 
-  // 2. The data stages take in the inbox (incrementally). The pairs the export held before the loop's first night are night 0's.
+/**
+ * 2. The data stages take in the inbox (incrementally; the pairs the export held before the loop's first night
+ * are night 0's), then 3. the replay buffer, kept so a resumed night trains on the same pairs.
+ */
+async function takeInData(night: Night): Promise<NightData> {
+  const { engine, cfg, signal, state, root, dir, tag } = night;
   const seenPath = join(root, 'seen-pairs.json');
   const exportDir = engine.ws.stageDir('export');
   if (!existsSync(seenPath) && existsSync(join(exportDir, 'pairs', 'train.parquet')))
@@ -294,15 +376,13 @@ export async function refreshNight(o: NightOptions): Promise<NightReport> {
   if (failed)
     throw new PipelineError(`refresh ${tag}: the ${failed.stage} stage ${failed.action}: ${failed.error ?? ''}`);
   const ingest = outcomes.find((o) => o.stage === 'ingest');
-
-  // 3. The replay buffer, kept so a resumed night trains on the same pairs.
   const bufferPath = join(dir, 'buffer.json');
-  let buffer = await readJsonFile<{ pair_ids: string[]; fresh: number; old: number; pairs: number }>(bufferPath);
+  let buffer = await readJsonFile<NightData['buffer']>(bufferPath);
   const pairs = await readPreferencePairs<Pair>(exportDir, 'train');
   const firstSeen = (await readJsonFile<Record<string, number>>(seenPath)) ?? {};
   const fresh = pairs.filter((p) => firstSeen[p.pair_id] === undefined);
   if (!buffer) {
-    const b = replayBuffer(pairs, firstSeen, night, cfg.buffer, cfg.seed);
+    const b = replayBuffer(pairs, firstSeen, night.number, cfg.buffer, cfg.seed);
     buffer = { pair_ids: b.chosen.map((p) => p.pair_id), fresh: b.fresh, old: b.old, pairs: pairs.length };
     await writeFileAtomic(bufferPath, JSON.stringify(buffer) + '\n');
   }
@@ -313,114 +393,89 @@ export async function refreshNight(o: NightOptions): Promise<NightReport> {
     new_pairs: fresh.length,
     buffer: { new: buffer.fresh, old: buffer.old },
   };
-  await save();
-  const report = (
-    r: Omit<
-      NightReport,
-      'night' | 'started_at' | 'finished_at' | 'production_before' | 'production' | 'rollback' | 'live' | 'data'
-    >,
-  ) =>
-    finish(
-      dir,
-      root,
-      {
-        night,
-        started_at: state.started_at,
-        finished_at: new Date().toISOString(),
-        production_before: state.production_before,
-        production,
-        rollback: state.rollback!,
-        live: state.live ?? [],
-        data: state.data!,
-        ...r,
-      },
-      fresh.map((p) => p.pair_id),
-    );
-  /** DPO from production into `dpoFolder`, then DAPO into `candidateFolder` when configured; each once. */
-  const trainChain = async (from: string, dpoFolder: string, candidateFolder: string, ids: string[], all: Pair[]) => {
+  await night.save();
+  return { pairs, fresh, buffer };
+}
+
+/**
+ * 4. The candidate: DPO from production on the buffer (trainers/preference.ts, production its reference too),
+ * then DAPO when configured; each once. One whose loss or weights stopped being numbers is no model: the
+ * night rejects it rather than fail in the paired evaluation every night.
+ */
+async function trainCandidate(night: Night, data: NightData): Promise<Candidate> {
+  const { cfg, state, dir, registry, device, signal, log } = night;
+  const production = state.production!;
+  const productionFolder = join(registry.folder(production), 'model');
+  const dpoFolder = join(dir, 'candidate', 'model');
+  const folder = cfg.dapo.enabled ? join(dir, 'candidate-dapo', 'model') : dpoFolder;
+  const chain = async () => {
     if (!existsSync(dpoFolder)) {
-      const byId = new Map(all.map((p) => [p.pair_id, p]));
-      const chosen = ids.map((id) => byId.get(id)!);
-      const info = { night, production };
-      await trainCandidate({
-        from,
-        pairs: chosen,
-        out: join(dir, 'candidate'),
+      const byId = new Map(data.pairs.map((p) => [p.pair_id, p]));
+      const pairs = data.buffer.pair_ids.map((id) => byId.get(id)!);
+      log.info('training the candidate', { from: production, pairs: pairs.length, lr: cfg.dpo.lr });
+      await runPreference({
+        from: productionFolder,
+        rows: pairs,
+        source: `refresh ${night.tag}: the buffer's ${pairs.length} pairs`,
+        knobs: cfg.dpo,
+        remedy: 'raise refresh.dpo.max_length',
         cache: join(dir, '.cache'),
-        cfg,
-        info,
+        key: hashJson({ production, pairs: data.buffer.pair_ids, cfg: cfg.dpo, night: night.number }),
+        referenceKey: { production },
+        out: join(dir, 'candidate'),
+        stage: 'refresh',
+        info: { night: night.number, parent: production },
         device,
         signal,
         log,
       });
     }
-    if (!cfg.dapo.enabled || existsSync(candidateFolder)) return;
+    if (!cfg.dapo.enabled || existsSync(folder)) return;
     const { enabled: _, ...knobs } = cfg.dapo;
-    const key = hashJson({ night, production, knobs });
-    const info = { night, parent: production };
     await runDapo({
       from: dpoFolder,
       out: join(dir, 'candidate-dapo'),
       cache: join(dir, '.cache-dapo'),
-      key,
+      key: hashJson({ night: night.number, production, knobs }),
       knobs,
-      info,
+      info: { night: night.number, parent: production },
       device,
       signal,
       log,
     });
   };
-  if (buffer.fresh === 0)
-    return report({
-      production_after: production,
-      candidate: null,
-      training: {},
-      comparison: null,
-      decision: 'nothing to train on',
-      reason: 'no new pairs tonight: production stays',
-    });
-
-  // 4. The candidate: DPO from production, then DAPO when configured. One whose loss or weights stopped being
-  // numbers is no model: the night rejects it and ends, rather than fail in the paired evaluation every night.
-  const productionFolder = join(registry.folder(production), 'model');
-  const dpoFolder = join(dir, 'candidate', 'model');
-  const candidateFolder = cfg.dapo.enabled ? join(dir, 'candidate-dapo', 'model') : dpoFolder;
   if (state.diverged === undefined) {
     try {
-      await trainChain(productionFolder, dpoFolder, candidateFolder, buffer.pair_ids, pairs);
+      await chain();
       state.diverged = null;
     } catch (error) {
       if (!(error instanceof Diverged)) throw error;
       state.diverged = error.message;
     }
-    await save();
+    await night.save();
   }
   // Read on every attempt of the night, a resumed one too: the weights about to be played are the ones checked.
   if (!state.diverged) {
-    const bad = nonFiniteWeight(candidateFolder);
+    const bad = nonFiniteWeight(folder);
     if (bad) {
       state.diverged = `its weight ${bad} holds a value that is not a finite number`;
-      await save();
+      await night.save();
     }
   }
-  const training = await trainingFigures(dpoFolder, cfg.dapo.enabled ? candidateFolder : null);
-  if (state.diverged) {
-    log.warn(`the candidate diverged: ${production} stays`, { reason: state.diverged });
-    return report({
-      production_after: production,
-      candidate: null,
-      training,
-      comparison: null,
-      decision: 'rejected',
-      reason: `the candidate is no model (${state.diverged}): ${production} stays; lower refresh.dpo.lr or max_grad_norm`,
-    });
-  }
+  const training = await trainingFigures(dpoFolder, cfg.dapo.enabled ? folder : null);
+  return { dpoFolder, folder, training, diverged: state.diverged };
+}
 
-  // 5. The paired evaluation.
+/**
+ * 5. The paired evaluation: candidate and production on the same validation tasks and draws. Production's
+ * side is the same every night it stays production (same weights, tasks and seeds): played once, kept by version.
+ */
+async function pairedEvaluation(night: Night, candidate: Candidate): Promise<Comparison> {
+  const { cfg, state, root, dir, registry } = night;
+  const production = state.production!;
   const evalPath = join(dir, 'eval.json');
   let episodes = await readJsonFile<{ production: EpisodeRecord[]; candidate: EpisodeRecord[] }>(evalPath);
   if (!episodes) {
-    // Production's side is the same every night it stays production (same weights, tasks and seeds): played once, kept by version.
     const keptPath = join(
       root,
       'paired',
@@ -428,56 +483,63 @@ export async function refreshNight(o: NightOptions): Promise<NightReport> {
     );
     let productionSide = await readJsonFile<EpisodeRecord[]>(keptPath);
     if (!productionSide) {
-      productionSide = await play('production', productionFolder, o);
+      productionSide = await play('production', join(registry.folder(production), 'model'), night);
       mkdirSync(join(root, 'paired'), { recursive: true });
       await writeFileAtomic(keptPath, JSON.stringify(productionSide) + '\n');
     }
-    episodes = {
-      production: productionSide,
-      candidate: await play('candidate', candidateFolder, o),
-    };
+    episodes = { production: productionSide, candidate: await play('candidate', candidate.folder, night) };
     await writeFileAtomic(evalPath, JSON.stringify(episodes) + '\n');
   }
-  const comparison = compare(episodes.production, episodes.candidate, cfg.gate, `${cfg.seed}:${night}`);
+  return compare(episodes.production, episodes.candidate, cfg.gate, `${cfg.seed}:${night.number}`);
+}
 
-  // 6. The decision, in the registry: the candidate a version whatever happens, then promoted or rejected, each once.
-  const candidate =
-    registry.versions().find((v) => v.source.night === night && v.source.run === 'prefab refresh')?.id ??
-    registry.register(candidateFolder, {
+/** What the night decided, and on what: the report's own part (finish adds the rest from the journal). */
+type Decision = Pick<NightReport, 'production_after' | 'candidate' | 'training' | 'comparison' | 'decision' | 'reason'>;
+
+/**
+ * 6. The decision, in the registry: the candidate a version whatever happens, then promoted or rejected, each
+ * once.
+ */
+async function decide(night: Night, data: NightData, candidate: Candidate, comparison: Comparison): Promise<Decision> {
+  const { registry, state, cfg, tag, log } = night;
+  const production = state.production!;
+  const version =
+    registry.versions().find((v) => v.source.night === night.number && v.source.run === 'prefab refresh')?.id ??
+    registry.register(candidate.folder, {
       source: {
         stage: 'refresh',
         run: 'prefab refresh',
-        night,
+        night: night.number,
         parent: production,
-        fingerprints: await dataFingerprints(engine),
+        fingerprints: await dataFingerprints(night.engine),
         chain: cfg.dapo.enabled ? 'dpo, dapo' : 'dpo',
-        sessions: state.data.sessions,
-        new_sessions: state.data.new_sessions,
-        pairs: pairs.length,
-        new_pairs: fresh.length,
-        buffer: state.data.buffer,
+        sessions: state.data!.sessions,
+        new_sessions: state.data!.new_sessions,
+        pairs: data.pairs.length,
+        new_pairs: data.fresh.length,
+        buffer: state.data!.buffer,
       },
       config: { refresh: cfg },
       eval: { paired: comparison },
     });
   const by = `prefab refresh, ${tag}`;
   const decided = registry.decidedBy(by);
-  if (!(decided && decided.event !== 'rolled_back' && decided.version === candidate)) {
-    if (comparison.promote) registry.promote(candidate, `${tag}: ${comparison.reason}`, by);
-    else registry.reject(candidate, `${tag}: ${comparison.reason}`, by);
+  if (!(decided && decided.event !== 'rolled_back' && decided.version === version)) {
+    if (comparison.promote) registry.promote(version, `${tag}: ${comparison.reason}`, by);
+    else registry.reject(version, `${tag}: ${comparison.reason}`, by);
   }
-  const promoted = registry.aliases().production === candidate;
-  log.info(promoted ? `${candidate} promoted` : `${candidate} not promoted: ${production} stays`, {
+  const promoted = registry.aliases().production === version;
+  log.info(promoted ? `${version} promoted` : `${version} not promoted: ${production} stays`, {
     reason: comparison.reason,
   });
-  return report({
+  return {
     production_after: registry.aliases().production!,
-    candidate,
-    training,
+    candidate: version,
+    training: candidate.training,
     comparison,
     decision: promoted ? 'promoted' : 'rejected',
     reason: comparison.reason,
-  });
+  };
 }
 
 /** The candidate's training figures: its DPO's last steps, and its DAPO's (prefixed dapo/) when it had one. */
@@ -499,84 +561,6 @@ async function dataFingerprints(engine: Engine): Promise<Record<string, string>>
     if (stage.name === 'export') break;
   }
   return out;
-}
-
-/** The candidate: `pairs` trained from production's folder `from` (its reference too), into `out/model`. */
-async function trainCandidate(
-  o: Omit<NightOptions, 'engine'> & {
-    from: string;
-    pairs: Pair[];
-    out: string;
-    cache: string;
-    info: { night: number; production: string };
-  },
-): Promise<void> {
-  const { from: productionFolder, pairs, out, cache, cfg, info, device, signal, log } = o;
-  const prod = loadCheckpoint(productionFolder);
-  const chat = openChat(prod.tokenizer, prod.model.config.eosTokenId, productionFolder);
-  const d = cfg.dpo;
-  const length = Math.min(prod.context, d.max_length ?? Infinity) + 1;
-  const loss = lossOf(d.loss as Parameters<typeof lossOf>[0], d.beta);
-  const made = await pairExamples(chat, pairs, length, prod.placeholders);
-  if (made.examples.length === 0)
-    throw new PipelineError(
-      `refresh: none of the ${pairs.length} pairs in the buffer fits in ${length - 1} tokens; raise refresh.dpo.max_length`,
-    );
-  const settings = { ...d, desirable_weight: 1, undesirable_weight: 1 };
-  mkdirSync(cache, { recursive: true });
-  const reference = loss.reference
-    ? await withScorer(device, prod.model, log, (score) =>
-        referenceScores(
-          score,
-          made.examples,
-          chat.pad,
-          d.micro_batch_tokens,
-          join(cache, 'reference.json'),
-          signal,
-          log,
-        ),
-      )
-    : null;
-  const trainer = dpoTrainer(
-    made.examples,
-    reference,
-    loss,
-    settings,
-    chat.pad,
-    () => loadCheckpoint(productionFolder).model,
-  );
-  log.info('training the candidate', {
-    from: info.production,
-    pairs: made.examples.length,
-    steps: trainer.steps,
-    lr: d.lr,
-    loss: loss.name,
-  });
-  const key = hashJson({ production: info.production, pairs: pairs.map((p) => p.pair_id), cfg: d, night: info.night });
-  const result = await trainingRun(
-    {
-      config: d,
-      cache,
-      key,
-      tokenizer: prod.tokenizer,
-      context: prod.context,
-      placeholders: prod.placeholders,
-      signal,
-      log,
-      device,
-    },
-    trainer,
-  );
-  prod.model.dispose();
-  await result.save(out, {
-    stage: 'refresh',
-    loss: loss.name,
-    beta: loss.beta,
-    max_length: length - 1,
-    night: info.night,
-    parent: info.production,
-    last: finalMetrics(result.metrics),
-  });
 }
 
 /** One side of the paired evaluation: the model in `folder` on the validation tasks, each episode seeded by (seed, task, try) alone. */
@@ -617,10 +601,22 @@ async function play(name: string, folder: string, o: NightOptions): Promise<Epis
 }
 
 /** Writes the night's report (report.json, and a line of refresh/nights.jsonl) and marks tonight's new pairs as seen. */
-async function finish(dir: string, root: string, r: NightReport, freshIds: string[]): Promise<NightReport> {
+async function finish(night: Night, decision: Decision, fresh: Pair[]): Promise<NightReport> {
+  const { state, root, dir } = night;
+  const r: NightReport = {
+    night: night.number,
+    started_at: state.started_at,
+    finished_at: new Date().toISOString(),
+    production_before: state.production_before,
+    production: state.production!,
+    rollback: state.rollback!,
+    live: state.live ?? [],
+    data: state.data!,
+    ...decision,
+  };
   const seenPath = join(root, 'seen-pairs.json');
   const seen = (await readJsonFile<Record<string, number>>(seenPath)) ?? {};
-  for (const id of freshIds) seen[id] ??= r.night;
+  for (const p of fresh) seen[p.pair_id] ??= r.night;
   await writeFileAtomic(seenPath, JSON.stringify(seen) + '\n');
   const lines = existsSync(join(root, 'nights.jsonl')) ? readFileSync(join(root, 'nights.jsonl'), 'utf8') : '';
   await writeFileAtomic(join(root, 'nights.jsonl'), lines + JSON.stringify(r) + '\n');

@@ -2,7 +2,7 @@
 // options parsed without loading the trainer, the decoder or TensorFlow.js.
 import { z } from 'zod';
 import { DEFAULT_WORLD } from '../env/world.ts';
-import { LOSS_NAMES, trainingConfig } from '../trainers/settings.ts';
+import { PAIRWISE_LOSSES, preferenceKnobs } from '../trainers/settings.ts';
 import { dapoKnobs, maxCalls } from '../rl/settings.ts';
 import { gateConfig } from './paired.ts';
 
@@ -38,21 +38,7 @@ export const refreshConfig = z
       .describe('The replay buffer: new sessions’ pairs mixed with older ones, bounded, recency weighted.'),
     dpo: z
       .strictObject({
-        loss: z
-          .enum(LOSS_NAMES.filter((l) => l !== 'kto') as [string, ...string[]])
-          .default('dpo')
-          .describe('The preference loss (as dpo.loss; KTO is not offered here).'),
-        beta: z.number().positive().nullable().default(null).describe("β; null takes the loss's default."),
-        label_smoothing: z.number().min(0).lt(0.5).default(0).describe('As dpo.label_smoothing.'),
-        gamma_beta_ratio: z.number().min(0).default(0.5).describe("SimPO's margin as a share of β."),
-        max_length: z
-          .number()
-          .int()
-          .min(16)
-          .nullable()
-          .default(null)
-          .describe("Tokens of prompt and completion (null: the model's context)."),
-        ...trainingConfig(2e-5),
+        ...preferenceKnobs({ lr: 2e-5, losses: PAIRWISE_LOSSES }),
         batch_size: z.number().int().min(1).default(4).describe('Pairs per optimiser step.'),
         warmup: z.number().int().min(0).default(0).describe('Steps of linear warmup.'),
         checkpoint_every: z
@@ -64,7 +50,7 @@ export const refreshConfig = z
       })
       .prefault({})
       .describe(
-        'The candidate: DPO continued from production (its frozen reference too), one epoch over the buffer, at a learning rate well below the offline run’s (seed 000).',
+        'The candidate: DPO continued from production (its frozen reference too), one epoch over the buffer, at a learning rate well below the offline run’s: small steps from the deployed model on its own new sessions.',
       ),
     eval: z
       .strictObject({
@@ -109,7 +95,9 @@ export const refreshConfig = z
           .gt(0)
           .max(1)
           .default(0.95)
-          .describe('Production is rolled back when its live success falls below its baseline × ratio (seed 000).'),
+          .describe(
+            'Production is rolled back when its live success falls below its baseline × ratio: a model that does worse on live traffic than the one it replaced does not stay.',
+          ),
         min_sessions: z
           .number()
           .int()

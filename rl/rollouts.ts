@@ -1,7 +1,7 @@
 // DAPO's rollouts in the simulator: for a step, groups of episodes of training tasks with the policy as it
 // is, rewarded and shaped, and dynamic sampling's choice of the groups whose rewards differ. Every episode is
 // seeded by (seed, step, task, try), so a step's rollouts are a function of the step and the weights.
-// Feedback-guided (seed 004), a group's episodes are played in order and each reads the notes that the
+// Feedback-guided, a group's episodes are played in order and each reads the notes that the
 // representatives' replies in the failed episodes before it condense to (env/feedback.ts).
 import type { Logger } from '../pipeline/log.ts';
 import type { Policy } from '../core/records.ts';

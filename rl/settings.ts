@@ -40,7 +40,7 @@ export const dapoKnobs = {
     .enum(['standard', 'feedback'])
     .default('standard')
     .describe(
-      "standard: a group's episodes are independent (DAPO); feedback: played in order, each reading the notes that the representatives' replies in the group's failed episodes before it condense to (seed 004).",
+      "standard: a group's episodes are independent (DAPO); feedback: played in order, each reading the notes that the representatives' replies in the group's failed episodes before it condense to (feedback-guided DAPO: learning from what the environment says, not only from the reward).",
     ),
   feedback_training: z
     .enum(['context', 'base', 'both'])

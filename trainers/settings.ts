@@ -104,3 +104,49 @@ export const loraOf = (s: NonNullable<z.infer<typeof loraSettings>>): LoraConfig
 
 /** The loss names a config may give: dpo for DPO's sigmoid loss, and trainers/losses' registry (a test keeps the two alike). */
 export const LOSS_NAMES = ['dpo', 'sigmoid', 'robust', 'hinge', 'ipo', 'simpo', 'orpo', 'kto'] as const;
+
+/** The losses of pairs (every one but KTO's, which trains on rows): what a refresh night offers. */
+export const PAIRWISE_LOSSES = ['dpo', 'sigmoid', 'robust', 'hinge', 'ipo', 'simpo', 'orpo'] as const;
+
+/**
+ * A preference run's knobs (trainers/preference.ts runPreference): the dpo stage's config and a refresh night's
+ * `refresh.dpo`, each with its own learning rate and the losses it offers.
+ */
+export function preferenceKnobs<L extends (typeof LOSS_NAMES)[number]>(o: {
+  lr: number;
+  losses: readonly [L, ...L[]];
+}) {
+  return {
+    loss: z
+      .enum(o.losses)
+      .default('dpo' as L)
+      .describe(
+        `dpo is DPO's sigmoid loss; robust and hinge are its variants; simpo and orpo need no reference${o.losses.includes('kto' as L) ? '; kto trains on the KTO rows' : ''}.`,
+      ),
+    beta: z
+      .number()
+      .positive()
+      .nullable()
+      .default(null)
+      .describe("β (ORPO: λ); null takes the loss's paper default: 0.1, SimPO 2.0."),
+    label_smoothing: z
+      .number()
+      .min(0)
+      .lt(0.5)
+      .default(0)
+      .describe(
+        'cDPO / robust DPO: the chance a label is wrong, below 0.5 (at 0.5 a label says nothing, and robust DPO divides by 1 − 2ε).',
+      ),
+    gamma_beta_ratio: z.number().min(0).default(0.5).describe("SimPO's margin γ as a share of β."),
+    max_length: z
+      .number()
+      .int()
+      .min(16)
+      .nullable()
+      .default(null)
+      .describe(
+        "Tokens of prompt and completion together (null: the model's context), as TRL's max_length: the prompt keeps its head and as many latest messages as leave room for the longer side; a pair that still does not fit is left out.",
+      ),
+    ...trainingConfig(o.lr),
+  };
+}

@@ -3,7 +3,7 @@
 // step draws training tasks, plays group_size episodes of each with the current policy, keeps the groups whose
 // rewards differ (dynamic sampling, drawing more tasks up to max_generation_batches), and updates on them.
 // mode: feedback plays a group's episodes in order, each reading what the representatives said in the failed
-// ones before it (seed 004). Every validation.every steps the policy is measured on validation tasks. Off, the
+// ones before it (feedback-guided DAPO). Every validation.every steps the policy is measured on validation tasks. Off, the
 // stage passes the dpo model on unchanged.
 import { z } from 'zod';
 import { defineStage } from '../../pipeline/stage.ts';
