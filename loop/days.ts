@@ -1,4 +1,4 @@
-// `prefab refresh --days N`: N simulated days end to end. Each day production is served (loop/serve.ts), the
+// `prefab refresh --days N`: N simulated days end to end. Each day production is served (loop/serve/), the
 // simulator's users bring it the day's new tasks through the OpenAI-compatible API (`prefab simulate --agent`'s
 // path), the sessions land in the inbox tagged with the version that acted, and the night refreshes
 // (loop/refresh.ts). A row a day: production, its success on the day's traffic, the candidate's paired
@@ -56,14 +56,15 @@ const dateOf = (start: string, n: number) =>
   new Date(Date.parse(`${start}T00:00:00Z`) + n * 86_400_000).toISOString().slice(0, 10);
 
 /** Serves production and writes the day's sessions into the inbox (aside, then renamed: a killed day leaves no file). */
-async function collectDay(
-  registry: Registry,
-  cfg: RefreshConfig,
-  device: Device,
-  inbox: string,
-  day: number,
-  log: Logger,
-): Promise<string> {
+async function collectDay(o: {
+  registry: Registry;
+  cfg: RefreshConfig;
+  device: Device;
+  inbox: string;
+  day: number;
+  log: Logger;
+}): Promise<string> {
+  const { registry, cfg, device, inbox, day, log } = o;
   const settings = {
     ...SERVE_DEFAULTS,
     port: 0,
@@ -131,7 +132,7 @@ export async function simulatedDays(
   for (let day = done + 1; day <= done + n; day++) {
     const production = registry.aliases().production;
     if (!production) throw new Error(`no production model in ${registry.dir}: run \`prefab run\` first`);
-    const file = await collectDay(registry, cfg, device, inbox, day, log);
+    const file = await collectDay({ registry, cfg, device, inbox, day, log });
     const traffic = (await liveFigures([file], cfg.rollback.success_reward)).get(production) ?? {
       version: production,
       sessions: 0,

@@ -146,8 +146,8 @@ export async function rolloutBatch(model: Llama, rollouts: Rollout[], o: Rollout
 
 /**
  * `model`'s per-target log-probabilities of each sequence, and its entropy summed over each micro-batch's
- * masked tokens; every micro-batch a safe point. `score`: the same from a model held outside tfjs (the CPU
- * path's), in place of tfjs's forward.
+ * masked tokens; every micro-batch a safe point. `score`: the same from a model held outside tfjs (the GPU's
+ * or the CPU path's), in place of tfjs's forward.
  */
 async function scored(
   model: Llama,

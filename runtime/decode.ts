@@ -33,14 +33,17 @@ export class DecodeWeights {
   readonly w = new Map<string, Float32Array>();
   /** Per layer the projections as arrays, (out, in) as stored, q|k|v and gate|up stacked: a batched step's products. */
   private stacked: Record<'qkv' | 'o' | 'gateUp' | 'down', Float32Array>[] | null = null;
+  /** Without the C kernels: each product's weights transposed, (in, out), as TensorFlow.js tensors, made at first use. */
+  private readonly tensors = new Map<string, tf.Tensor2D>();
 
   /**
    * `native`: the CPU path's C kernels (the products by OpenBLAS, the attention over the caches in C); null:
-   * the reference's plain loops, which give the same numbers within float rounding, many times slower.
+   * the reference's, TensorFlow.js's matMul for a batched pass and plain loops for the rest, the same numbers
+   * within float rounding and several times slower.
    */
   constructor(
     readonly model: Llama,
-    readonly native: CpuKernels | null = null,
+    readonly native: CpuKernels | null,
   ) {
     for (const [name, v] of model.params) this.w.set(name, (v.dataSync() as Float32Array).slice());
     if (model.adaptersOn)
@@ -57,7 +60,8 @@ export class DecodeWeights {
 
   /**
    * rows (R, inner) through layer l's `which` projection (the fused ones: qkv, o, gateUp, down; or the head,
-   * l ignored) → (R, out): by OpenBLAS with the C kernels, else a row's dot products at a time.
+   * l ignored) → (R, out): by OpenBLAS with the C kernels, else by TensorFlow.js's matMul on untransposed
+   * operands (WASM's matMul is far slower with a transpose flag).
    */
   times(rows: Float32Array, R: number, l: number, which: 'qkv' | 'o' | 'gateUp' | 'down' | 'head'): Float32Array {
     const c = this.model.config;
@@ -67,10 +71,26 @@ export class DecodeWeights {
         : this.arrays()[l]![which];
     const inner = rows.length / R;
     const out = w.length / inner;
-    const y = new Float32Array(R * out);
-    if (this.native) this.native.sgemm(0, 1, R, out, inner, 1, rows, inner, w, inner, 0, y, out);
-    else for (let r = 0; r < R; r++) y.set(matVec(rows.subarray(r * inner, (r + 1) * inner), w, out, inner), r * out);
-    return y;
+    if (this.native) {
+      const y = new Float32Array(R * out);
+      this.native.sgemm(0, 1, R, out, inner, 1, rows, inner, w, inner, 0, y, out);
+      return y;
+    }
+    const key = `${l}.${which}`;
+    let wt = this.tensors.get(key);
+    if (!wt) this.tensors.set(key, (wt = tf.tidy(() => tf.transpose(tf.tensor2d(w, [out, inner])))));
+    // Not in tf.tidy: it would walk the returned array element by element.
+    const x = tf.tensor2d(rows, [R, inner]);
+    const product = tf.matMul(x, wt);
+    const values = product.dataSync() as Float32Array;
+    tf.dispose([x, product]);
+    return values;
+  }
+
+  /** Frees the tensors (the arrays go with the object). */
+  dispose(): void {
+    tf.dispose([...this.tensors.values()]);
+    this.tensors.clear();
   }
 
   private arrays() {
@@ -99,7 +119,8 @@ export class DecodeWeights {
  * A generated token of one sequence goes through the model on its own (step); a prompt of many new tokens is
  * read in one batched pass, and so is a step of many sequences (KVCache.readEach): their rows go through
  * each projection as one product, and each attends to its own cache. With the C kernels (DecodeWeights.native)
- * the products are OpenBLAS's and the attention C's; without, plain loops: the reference's decoding.
+ * the products are OpenBLAS's and the attention C's; without, the reference's: TensorFlow.js's matMul for a
+ * batched pass's products, plain loops for a token alone and for the attention.
  */
 export class KVCache {
   /** The tokens read so far. */
@@ -121,10 +142,13 @@ export class KVCache {
   /** Where q, out and the positions start, and the floats of one position of one layer. */
   private readonly at: { q: number; out: number; positions: number; stride: number };
 
-  /** A cache over the model's weights as they are now; pass `weights` to share one copy among caches (and step them together). */
+  /**
+   * A cache over the model's weights as they are now; pass `weights` to share one copy among caches (and step
+   * them together) and to say where it computes; without, the reference's own cache.
+   */
   constructor(
     model: Llama,
-    readonly weights: DecodeWeights = new DecodeWeights(model),
+    readonly weights: DecodeWeights = new DecodeWeights(model, null),
   ) {
     this.model = weights.model;
     this.w = weights.w;
@@ -359,27 +383,54 @@ export class KVCache {
       return;
     }
     // The reference: each query head's scores over the positions, their softmax, the values weighted by it.
+    // Head sizes are padded to hp, a multiple of 4 (zeros): four lanes at a time, summed apart, keep V8's
+    // loops from waiting on one running sum.
     const group = H / K;
     const scale = 1 / Math.sqrt(hd);
+    const { stride } = this.at;
     const f = this.f32;
+    this.put(this.at.q, q, H);
     for (let j = 0; j < H; j++) {
       const kv = Math.floor(j / group) * hp; // the key/value head this query head shares
+      const qj = this.at.q + j * hp;
       const from = scores + j * n;
       let top = -Infinity;
-      for (let t = 0; t < n; t++) {
-        const key = this.key(t, l) + kv;
-        let dot = 0;
-        for (let i = 0; i < hd; i++) dot += q[j * hd + i]! * f[key + i]!;
-        f[from + t] = dot * scale;
-        if (f[from + t]! > top) top = f[from + t]!;
+      for (let t = 0, key = this.key(0, l) + kv; t < n; t++, key += stride) {
+        let d0 = 0;
+        let d1 = 0;
+        let d2 = 0;
+        let d3 = 0;
+        for (let i = 0; i < hp; i += 4) {
+          d0 += f[qj + i]! * f[key + i]!;
+          d1 += f[qj + i + 1]! * f[key + i + 1]!;
+          d2 += f[qj + i + 2]! * f[key + i + 2]!;
+          d3 += f[qj + i + 3]! * f[key + i + 3]!;
+        }
+        const score = (f[from + t] = (d0 + d1 + (d2 + d3)) * scale);
+        if (score > top) top = score;
       }
       let total = 0;
       for (let t = from; t < from + n; t++) total += f[t] = Math.exp(f[t]! - top);
       for (let t = from; t < from + n; t++) f[t]! /= total;
-      out.fill(0, j * hd, (j + 1) * hd);
-      for (let t = 0; t < n; t++) {
-        const [p, value] = [f[from + t]!, this.value(t, l) + kv];
-        for (let i = 0; i < hd; i++) out[j * hd + i]! += p * f[value + i]!;
+      // Four lanes of the output at a time, summed over the positions in registers.
+      const values = this.value(0, l) + kv;
+      for (let i = 0; i < hd; i += 4) {
+        let o0 = 0;
+        let o1 = 0;
+        let o2 = 0;
+        let o3 = 0;
+        for (let t = 0, v = values + i; t < n; t++, v += stride) {
+          const p = f[from + t]!;
+          o0 += p * f[v]!;
+          o1 += p * f[v + 1]!;
+          o2 += p * f[v + 2]!;
+          o3 += p * f[v + 3]!;
+        }
+        const at = j * hd + i;
+        out[at] = o0;
+        if (i + 1 < hd) out[at + 1] = o1;
+        if (i + 2 < hd) out[at + 2] = o2;
+        if (i + 3 < hd) out[at + 3] = o3;
       }
     }
   }
@@ -456,7 +507,7 @@ export interface TokenCache {
 }
 
 /**
- * The caches a server keeps for one model (loop/serve.ts): on the CPU (cpuCaches) or the GPU
+ * The caches a server keeps for one model (loop/serve/batcher.ts): on the CPU (cpuCaches) or the GPU
  * (runtime/webgpu/decode.ts GpuDecoder), made, forked, read together and freed alike.
  */
 export interface CachePool {
@@ -519,7 +570,7 @@ export function cpuCaches(model: Llama, native: CpuKernels | null): CachePool {
     fork: (source, n) => KVCache.forkOf(source as KVCache, n),
     readMany: (caches, reads) => KVCache.readMany(caches as KVCache[], reads),
     free: () => {},
-    dispose: () => {},
+    dispose: () => weights.dispose(),
   };
 }
 

@@ -1,6 +1,7 @@
 // A model held by an engine outside TensorFlow.js (runtime/cpu/llama.ts on the CPU path, runtime/webgpu/llama.ts
 // on the GPU): what a training run asks of it (forward to token log-probs, backward from their gradient,
 // gradients cleared and clipped, AdamW's constants), and the weights it keeps, checked against the config.
+import type { Variable } from '@tensorflow/tfjs-core';
 import { llamaParameterShapes, type LlamaConfig } from '../model/config.ts';
 import type { TokenBlock } from '../model/windows.ts';
 
@@ -13,7 +14,7 @@ export interface AdamWOptions {
 }
 
 /**
- * A model held outside TensorFlow.js (GpuLlama on the GPU, OrtLlama on the CPU path): its forward to token
+ * A model held outside TensorFlow.js (GpuLlama on the GPU, CpuLlama on the CPU path): its forward to token
  * log-probs and its backward from their gradient, gradients cleared and clipped, and LoRA's dropout for the
  * forward passes (the run's seed and TensorFlow.js's masks, so it drops what WASM drops; null: none).
  */
@@ -77,3 +78,7 @@ export function heldWeights(
   }
   return { weights: held, adapters };
 }
+
+/** Variables (the reference model's weights, AdamW's moments) as f32 arrays by name: TensorFlow.js's own data, not copied. */
+export const arraysOf = (vars: Map<string, Variable>): Map<string, Float32Array> =>
+  new Map([...vars].map(([name, v]) => [name, v.dataSync() as Float32Array]));

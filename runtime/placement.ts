@@ -17,6 +17,7 @@ import type { TokenBlock } from '../model/windows.ts';
 import { CpuLlama } from './cpu/llama.ts';
 import { Decoding, cpuCaches, readDecodings, type CachePool, type TokenCache } from './decode.ts';
 import { cpuEngine, mainEngine, type Device, type Engine } from './device.ts';
+import { arraysOf } from './held.ts';
 import { tfjsScorer } from './scoring.ts';
 import { GpuDecoder } from './webgpu/decode.ts';
 import type { GpuKernels } from './webgpu/kernel.ts';
@@ -150,7 +151,7 @@ export async function forwardTimes(
   rows: number,
   length: number,
 ): Promise<Timed> {
-  const weights = new Map([...model.params].map(([name, v]) => [name, v.dataSync() as Float32Array]));
+  const weights = arraysOf(model.params);
   const c = model.config;
   const tokens = Math.min(length, CPU_TOKENS);
   const scale = (rows * length * flopsPerToken(c, length)) / (tokens * flopsPerToken(c, tokens));

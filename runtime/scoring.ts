@@ -5,6 +5,7 @@ import * as tf from '@tensorflow/tfjs-core';
 import type { Llama } from '../model/llama.ts';
 import { microBatches, padBatch, type Sequence, type TokenBlock } from '../model/windows.ts';
 import { safePoint } from '../pipeline/interrupt.ts';
+import { arraysOf } from './held.ts';
 import type { Logger } from '../pipeline/log.ts';
 
 export interface Scores {
@@ -14,7 +15,10 @@ export interface Scores {
   count: Int32Array;
 }
 
-/** What scores a token block: every position's log p(target), B·T f32s; the GPU's (runtime/webgpu/llama.ts gpuScorer), or the tfjs model's. */
+/**
+ * What scores a token block: every position's log p(target), B·T f32s: an engine's (runtime/cpu/llama.ts
+ * cpuScorer, runtime/webgpu/llama.ts gpuScorer), or the reference model's (tfjsScorer).
+ */
 export type BlockScorer = (b: TokenBlock) => Promise<Float32Array>;
 
 /** A scorer that gives, beside each position's log p(target), the entropy of its next-token distribution. */
@@ -31,7 +35,7 @@ export function heldScorer(
 ): { score: BlockScorer; dispose(): void } {
   if (model.adapters.size)
     throw new Error(`${where}: a model with LoRA adapters is scored only once they are merged (mergeLora)`);
-  const held = hold(new Map([...model.params].map(([name, v]) => [name, v.dataSync() as Float32Array])));
+  const held = hold(arraysOf(model.params));
   return { score: (b) => held.forward(b), dispose: () => held.dispose() };
 }
 
@@ -41,20 +45,27 @@ export const tfjsScorer =
   async (b) =>
     tf.tidy(() => model.tokenLogprobs(b.ids, b.targets, b.batch, b.length).dataSync() as Float32Array);
 
+/** How sequences are scored: micro-batches of at most `maxTokens` padded tokens, each a safe point of `signal`. */
+export interface ScoringOptions {
+  maxTokens: number;
+  pad: number;
+  /** Aborted, scoring stops at the next micro-batch (Interrupted). */
+  signal: AbortSignal;
+  /** With a log, a progress bar named `label`. */
+  log?: Logger;
+  label?: string;
+}
+
 /**
- * Sequence log-probabilities under `model` (the tfjs model, or a scorer of blocks), without gradients, in
- * micro-batches of similar length and at most `maxTokens` padded tokens. Each micro-batch is a safe point: an
- * aborted `signal` stops there (Interrupted).
+ * Sequence log-probabilities under `model` (the reference model itself, or a scorer of blocks on an engine),
+ * without gradients, in micro-batches of similar length.
  */
 export async function scoreSequences(
   model: Llama | BlockScorer,
   sequences: Sequence[],
-  maxTokens: number,
-  pad: number,
-  signal: AbortSignal,
-  log?: Logger,
-  label = 'scoring',
+  o: ScoringOptions,
 ): Promise<Scores> {
+  const { maxTokens, pad, signal, log, label = 'scoring' } = o;
   const score = typeof model === 'function' ? model : tfjsScorer(model);
   const sum = new Float64Array(sequences.length);
   const count = new Int32Array(sequences.length);

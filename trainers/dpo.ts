@@ -22,7 +22,13 @@ import { stepsFor, type StepBatch, type Trainer } from './run.ts';
 import type { TrainingSettings } from './settings.ts';
 import type { Chat } from '../model/chat.ts';
 import { batchAt, microBatches, padBatch, type Padded, type Sequence } from '../model/windows.ts';
-import { scoreSequences, sequenceValues, type BlockScorer, type Scores } from '../runtime/scoring.ts';
+import {
+  scoreSequences,
+  sequenceValues,
+  type BlockScorer,
+  type ScoringOptions,
+  type Scores,
+} from '../runtime/scoring.ts';
 
 /** A loss as a run uses it: its registry name, traits and β. */
 export interface LossChoice {
@@ -113,12 +119,9 @@ export async function pairExamples(
 export async function referenceScores(
   model: Llama | BlockScorer,
   examples: Example[],
-  pad: number,
-  maxTokens: number,
-  path: string,
-  signal: AbortSignal,
-  log: Logger,
+  o: ScoringOptions & { path: string; log: Logger },
 ): Promise<Scores[]> {
+  const { path, log } = o;
   const sides = examples[0]?.sequences.length ?? 0;
   const saved = readSavedScores(path);
   if (
@@ -134,11 +137,7 @@ export async function referenceScores(
       await scoreSequences(
         model,
         examples.map((e) => e.sequences[k]!),
-        maxTokens,
-        pad,
-        signal,
-        log,
-        `reference log-probabilities ${k + 1}/${sides}`,
+        { ...o, label: `reference log-probabilities ${k + 1}/${sides}` },
       ),
     );
   await writeFileAtomic(path, JSON.stringify(scores.map((s) => ({ sum: [...s.sum], count: [...s.count] }))));
@@ -220,15 +219,21 @@ export function preferenceBatches(
   };
 }
 
+/** What a preference trainer trains on, with which loss and settings, from which model. */
+export interface PreferenceTrainerOptions {
+  examples: Example[];
+  /** The frozen starting model's scores of both sides of every example; null where the loss needs none. */
+  reference: Scores[] | null;
+  loss: LossChoice;
+  cfg: PreferenceSettings;
+  pad: number;
+  /** The model to start from when there is no checkpoint. */
+  start: () => Llama;
+}
+
 /** Trains `start()` on pairs with a pairwise loss of the registry; `reference` when the loss needs one. */
-export function dpoTrainer(
-  examples: Example[],
-  reference: Scores[] | null,
-  loss: LossChoice,
-  cfg: PreferenceSettings,
-  pad: number,
-  start: () => Llama,
-): Trainer {
+export function dpoTrainer(o: PreferenceTrainerOptions): Trainer {
+  const { examples, reference, loss, cfg, pad, start } = o;
   const family = LOSSES[loss.name] as PairwiseLoss;
   const hyper = hyperparameters(cfg, loss);
   const batches = preferenceBatches(examples, reference, loss, cfg, pad);

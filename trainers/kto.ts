@@ -5,16 +5,8 @@ import * as tf from '@tensorflow/tfjs-core';
 import { NEVER } from '../pipeline/interrupt.ts';
 import type { KtoRow } from '../core/records.ts';
 import { truncatedSequences } from './data.ts';
-import {
-  hyperparameters,
-  preferenceBatches,
-  type Example,
-  type Examples,
-  type LossChoice,
-  type PreferenceSettings,
-} from './dpo.ts';
+import { hyperparameters, preferenceBatches, type Examples, type PreferenceTrainerOptions } from './dpo.ts';
 import { LOSSES } from './losses/index.ts';
-import type { Llama } from '../model/llama.ts';
 import type { Placeholders } from '../model/placeholders.ts';
 import { stepsFor, type Trainer } from './run.ts';
 import type { Chat } from '../model/chat.ts';
@@ -48,14 +40,8 @@ export async function ktoExamples(
 }
 
 /** Trains `start()` with KTO; `reference` holds the starting model's scores of both sides of every example. */
-export function ktoTrainer(
-  examples: Example[],
-  reference: Scores[],
-  loss: LossChoice,
-  cfg: PreferenceSettings,
-  pad: number,
-  start: () => Llama,
-): Trainer {
+export function ktoTrainer(o: PreferenceTrainerOptions & { reference: Scores[] }): Trainer {
+  const { examples, reference, loss, cfg, pad, start } = o;
   const hyper = hyperparameters(cfg, loss);
   const batches = preferenceBatches(examples, reference, loss, cfg, pad);
   return {
@@ -71,9 +57,7 @@ export function ktoTrainer(
         await scoreSequences(
           score ? async (block) => (await score(block)).logps : model, // where the run holds the weights
           b.idx.map((i) => examples[i]!.sequences[1]!),
-          cfg.micro_batch_tokens,
-          pad,
-          NEVER,
+          { maxTokens: cfg.micro_batch_tokens, pad, signal: NEVER },
         ),
         loss.average,
       );

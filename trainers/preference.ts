@@ -97,15 +97,13 @@ export async function runPreference(o: PreferenceRunOptions): Promise<Preference
   const referenceKey = hashJson({ ...o.referenceKey, kto, rows: made.rows, length, version: 2 });
   const reference = loss.reference
     ? await withScorer(o.device, start.model, log, (score) =>
-        referenceScores(
-          score,
-          made.examples,
-          chat.pad,
-          knobs.micro_batch_tokens,
-          join(o.cache, `reference-${referenceKey.slice(0, 16)}.json`),
-          o.signal,
+        referenceScores(score, made.examples, {
+          pad: chat.pad,
+          maxTokens: knobs.micro_batch_tokens,
+          path: join(o.cache, `reference-${referenceKey.slice(0, 16)}.json`),
+          signal: o.signal,
           log,
-        ),
+        }),
       )
     : null;
   // With LoRA the model trained is the starting model itself with adapters on it: the reference is its base,
@@ -116,9 +114,8 @@ export async function runPreference(o: PreferenceRunOptions): Promise<Preference
     if (lora) attachLora(model, lora, knobs.seed);
     return model;
   };
-  const trainer = kto
-    ? ktoTrainer(made.examples, reference!, loss, settings, chat.pad, begin)
-    : dpoTrainer(made.examples, reference, loss, settings, chat.pad, begin);
+  const trained = { examples: made.examples, loss, cfg: settings, pad: chat.pad, start: begin };
+  const trainer = kto ? ktoTrainer({ ...trained, reference: reference! }) : dpoTrainer({ ...trained, reference });
   log.info('training', {
     loss: loss.name,
     beta: loss.beta,

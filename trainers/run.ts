@@ -23,7 +23,7 @@ import { logpGradients, onModel, optimizerStep, type MicroBatch, type StepResult
 import type { GpuKernels } from '../runtime/webgpu/kernel.ts';
 import type { TokenBlock } from '../model/windows.ts';
 import type { LoraConfig } from '../model/config.ts';
-import type { HeldModel } from '../runtime/held.ts';
+import { arraysOf, type HeldModel } from '../runtime/held.ts';
 import type { EntropyScorer } from '../runtime/scoring.ts';
 
 /**
@@ -381,9 +381,6 @@ const adapterWeights = (model: Llama) =>
     ]),
   );
 
-const arrays = (vars: Map<string, tf.Variable>) =>
-  new Map([...vars].map(([name, v]) => [name, v.dataSync() as Float32Array]));
-
 /**
  * Scores with a held model's weights as they are now, with each position's entropy, without dropout. In slot
  * 0: a trainer scores in batch(), between steps, when no forward there waits for its backward (a slot of its
@@ -423,13 +420,13 @@ async function gpuRun(kernels: GpuKernels, model: Llama, optimizer: AdamW, gpuRe
   const { GpuLlama } = await import('../runtime/webgpu/llama.ts');
   const { GpuAdamW } = await import('../runtime/webgpu/adamw.ts');
   const { download, submit } = await import('../runtime/webgpu/buffers.ts');
-  const onGpu = new GpuLlama(model.config, arrays(model.params), kernels, { adapters: adapterWeights(model) });
+  const onGpu = new GpuLlama(model.config, arraysOf(model.params), kernels, { adapters: adapterWeights(model) });
   // Without LoRA, decoders of the model (DAPO's rollouts and validation) read the training buffers themselves;
   // with it they fold the adapters into a copy of the tfjs model's weights, copied back after every step.
   const inPlace = model.adapters.size === 0 && gpuReaders;
   const adamw = new GpuAdamW(kernels, optimizer.options);
   adamw.step = optimizer.step;
-  const [m, v] = [arrays(optimizer.m), arrays(optimizer.v)];
+  const [m, v] = [arraysOf(optimizer.m), arraysOf(optimizer.v)];
   for (const p of onGpu.parameters()) {
     kernels.gpu.device.queue.writeBuffer(p.m, 0, m.get(p.name)!);
     kernels.gpu.device.queue.writeBuffer(p.v, 0, v.get(p.name)!);
@@ -462,10 +459,10 @@ async function gpuRun(kernels: GpuKernels, model: Llama, optimizer: AdamW, gpuRe
 async function cpuRun(k: CpuKernels, model: Llama, optimizer: AdamW): Promise<HeldRun> {
   const { CpuLlama } = await import('../runtime/cpu/llama.ts');
   const { CpuAdamW } = await import('../runtime/cpu/adamw.ts');
-  const onCpu = new CpuLlama(model.config, arrays(model.params), k, { adapters: adapterWeights(model) });
+  const onCpu = new CpuLlama(model.config, arraysOf(model.params), k, { adapters: adapterWeights(model) });
   const adamw = new CpuAdamW(optimizer.options, k);
   adamw.step = optimizer.step;
-  const [m, v] = [arrays(optimizer.m), arrays(optimizer.v)];
+  const [m, v] = [arraysOf(optimizer.m), arraysOf(optimizer.v)];
   for (const p of onCpu.parameters()) {
     p.m.set(m.get(p.name)!);
     p.v.set(v.get(p.name)!);

@@ -57,7 +57,7 @@ static void decode_attention(const float *mem, const float *q, int qs, size_t ke
 }
 
 // decodeAttention(mem, q, keys, values, stride, n, H, K, hd, hp, scale, scores, out): one new token's attention
-// over a KV cache kept in `mem` (train/decode.ts KVCache: offsets in floats): query head h (at q + h·hp)
+// over a KV cache kept in `mem` (runtime/decode.ts KVCache: offsets in floats): query head h (at q + h·hp)
 // against the n cached keys of its key/value head h/G (at keys + t·stride + (h/G)·hp), softmax, and the values'
 // weighted sum into out (H·hd, a separate array); `scores` (H·n floats of mem) is scratch.
 napi_value js_decode_attention(napi_env env, napi_callback_info info) {
@@ -101,7 +101,7 @@ static void decode_rows_share(void *ctx, int from, int to) {
 }
 
 // decodeAttentionRows(mems, qkv, meta, stride, H, K, hd, hp, scale, out): decodeAttention for R rows read
-// together (train/decode.ts KVCache.readRows), in shares of rows on every core: row r's query is the head of
+// together (runtime/decode.ts KVCache.readRows), in shares of rows on every core: row r's query is the head of
 // its row of qkv (R rows of qkv.length / R floats, heads hd apart), its cache mems[r] (rows of one cache share
 // it, each up to its own position), meta[3r..3r+2] its keys' and values' offsets and its n; out (R, H·hd).
 napi_value js_decode_attention_rows(napi_env env, napi_callback_info info) {

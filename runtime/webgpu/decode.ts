@@ -101,7 +101,7 @@ export class GpuDecoder implements CachePool {
   ) {
     this.borrowed = trained !== undefined;
     this.weights =
-      trained ?? new Map([...new DecodeWeights(model).w].map(([name, data]) => [name, upload(k.gpu, data)]));
+      trained ?? new Map([...new DecodeWeights(model, null).w].map(([name, data]) => [name, upload(k.gpu, data)]));
     this.ops = llamaKernels(k);
     this.sampler = new Sampler(k);
     this.rope = new RopeTables(k.gpu, model.config);

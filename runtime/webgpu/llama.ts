@@ -3,7 +3,7 @@
 // file, every weight's gradient left in `grads`. Every loss of the trainer is a function of those token
 // log-probs (trainers/step.ts MicroBatch), so one backward serves SFT, DPO and friends, KTO and DAPO alike.
 // The same arithmetic as the tfjs model (RMSNorm, RoPE, grouped-query causal attention, SwiGLU, tied or
-// untied head, Qwen2's q/k/v biases), tested against it on small shapes: test/runtime/webgpu-llama.test.ts.
+// untied head, Qwen2's q/k/v biases), tested against it on small shapes: test/runtime/held-llama.test.ts.
 //
 // Shapes: N = B·T rows, D hidden, H query and K key/value heads of hd, F the MLP's width, V the vocabulary.
 // A weight is stored (out, in) as transformers stores it, so a projection is x·Wᵀ (the GEMM reads W

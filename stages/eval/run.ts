@@ -225,11 +225,7 @@ export async function run({
         await scoreSequences(
           score,
           examples.map((e) => e.sequences[k]!),
-          cfg.micro_batch_tokens,
-          pad,
-          signal,
-          log,
-          `held-out pairs: ${m.name}`,
+          { maxTokens: cfg.micro_batch_tokens, pad, signal, log, label: `held-out pairs: ${m.name}` },
         ),
       );
     return sides;
@@ -247,15 +243,13 @@ export async function run({
       wins[m.name] = pairWins(own, training.average);
     }
     if (nllSequences.length) {
-      const s = await scoreSequences(
-        scorer.score,
-        nllSequences,
-        cfg.micro_batch_tokens,
+      const s = await scoreSequences(scorer.score, nllSequences, {
+        maxTokens: cfg.micro_batch_tokens,
         pad,
         signal,
         log,
-        `held-out NLL: ${m.name}`,
-      );
+        label: `held-out NLL: ${m.name}`,
+      });
       row.nll =
         -s.sum.reduce((a, b) => a + b, 0) /
         Math.max(

@@ -133,7 +133,7 @@ describe.each([
   it('steps many caches of different lengths together (one matMul per projection) to the logits each gives alone, and decodes them together to what each generates alone', () => {
     const model = Llama.create(config, 'together');
     train(model, new AdamW(model.params, ADAMW_DEFAULTS), 0, 20);
-    const weights = new DecodeWeights(model);
+    const weights = new DecodeWeights(model, null);
     const prompts = [[3, 9, 1], [5, 6, 7, 8, 9, 10, 11, 12, 2], [4]];
     const together = prompts.map(() => new KVCache(model, weights));
     const alone = prompts.map(() => new KVCache(model));
@@ -173,6 +173,7 @@ describe.each([
     const onward = fork.read([9, 9]);
     const whole = new KVCache(model).read([...prompts[1]!.slice(0, 6), 9, 9]);
     whole.forEach((v, j) => expect(onward[j]).toBeCloseTo(v, 3));
+    weights.dispose();
     model.dispose();
   });
 

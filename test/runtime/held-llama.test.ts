@@ -210,8 +210,8 @@ describe.each(HELD)('the Llama held on $name', (device) => {
       });
       const scorer = device.scorer(model);
       const [want, got] = [
-        await scoreSequences(model, sequences, 30, 0, NEVER),
-        await scoreSequences(scorer.score, sequences, 30, 0, NEVER),
+        await scoreSequences(model, sequences, { maxTokens: 30, pad: 0, signal: NEVER }),
+        await scoreSequences(scorer.score, sequences, { maxTokens: 30, pad: 0, signal: NEVER }),
       ];
       scorer.dispose();
       expect(got.count).toEqual(want.count);

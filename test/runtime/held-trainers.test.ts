@@ -69,16 +69,12 @@ async function reference(examples: Example[]) {
     await scoreSequences(
       model,
       examples.map((e) => e.sequences[0]!),
-      64,
-      0,
-      NEVER,
+      { maxTokens: 64, pad: 0, signal: NEVER },
     ),
     await scoreSequences(
       model,
       examples.map((e) => e.sequences[1]!),
-      64,
-      0,
-      NEVER,
+      { maxTokens: 64, pad: 0, signal: NEVER },
     ),
   ];
   model.dispose();
@@ -127,17 +123,18 @@ describe.each(HELD)('every trainer on $name', (device) => {
   it.skipIf(absent)('DPO against its reference, and SimPO without one, take the steps they take on WASM', async () => {
     const scores = await reference(pairs);
     dispose(
-      await sameRun(device, () => dpoTrainer(pairs, scores, lossOf('dpo', 0.1), cfg, 0, start), [
-        'rewards/margins',
-        'rewards/accuracies',
-        'logps/chosen',
-      ]),
+      await sameRun(
+        device,
+        () => dpoTrainer({ examples: pairs, reference: scores, loss: lossOf('dpo', 0.1), cfg, pad: 0, start: start }),
+        ['rewards/margins', 'rewards/accuracies', 'logps/chosen'],
+      ),
     );
     dispose(
-      await sameRun(device, () => dpoTrainer(pairs, null, lossOf('simpo', null), cfg, 0, start), [
-        'rewards/margins',
-        'logps/rejected',
-      ]),
+      await sameRun(
+        device,
+        () => dpoTrainer({ examples: pairs, reference: null, loss: lossOf('simpo', null), cfg, pad: 0, start: start }),
+        ['rewards/margins', 'logps/rejected'],
+      ),
     );
   });
 
@@ -174,7 +171,7 @@ describe.each(HELD)('every trainer on $name', (device) => {
     dispose(
       await sameRun(
         device,
-        () => dpoTrainer(pairs, null, lossOf('simpo', null), cfg, 0, plain),
+        () => dpoTrainer({ examples: pairs, reference: null, loss: lossOf('simpo', null), cfg, pad: 0, start: plain }),
         ['rewards/margins'],
         noDropout,
       ),
@@ -185,10 +182,11 @@ describe.each(HELD)('every trainer on $name', (device) => {
   it.skipIf(absent)('KTO, whose batches score mismatched completions with the weights just updated there', async () => {
     const scores = await reference(rows);
     dispose(
-      await sameRun(device, () => ktoTrainer(rows, scores, lossOf('kto', null), cfg, 0, start), [
-        'kl',
-        'rewards/chosen',
-      ]),
+      await sameRun(
+        device,
+        () => ktoTrainer({ examples: rows, reference: scores, loss: lossOf('kto', null), cfg, pad: 0, start: start }),
+        ['kl', 'rewards/chosen'],
+      ),
     );
   });
 

@@ -39,7 +39,7 @@ async function sameSteps(config: LlamaConfig): Promise<void> {
         ),
       );
   const draw = (n: number) => Array.from({ length: n }, () => Math.floor(random() * config.vocabSize));
-  const shared = new DecodeWeights(model);
+  const shared = new DecodeWeights(model, null);
   const decoder = new GpuDecoder(model, kernels!);
   const onCpu = [new KVCache(model, shared), new KVCache(model, shared), new KVCache(model, shared)];
   const onGpu = onCpu.map(() => decoder.create());
@@ -55,6 +55,7 @@ async function sameSteps(config: LlamaConfig): Promise<void> {
   expect(onGpu[0]!.capacity).toBeGreaterThan(64);
   onGpu.forEach((c) => c.dispose());
   decoder.dispose();
+  shared.dispose();
   model.dispose();
 }
 
@@ -64,7 +65,7 @@ function decoding(positions: number, seed: string) {
   const model = Llama.create(config, seed);
   const random = seeded(seed);
   const draw = (n: number) => Array.from({ length: n }, () => Math.floor(random() * config.vocabSize));
-  return { model, draw, shared: new DecodeWeights(model), decoder: new GpuDecoder(model, kernels!) };
+  return { model, draw, shared: new DecodeWeights(model, null), decoder: new GpuDecoder(model, kernels!) };
 }
 
 describe('generation on the GPU', () => {
@@ -139,6 +140,7 @@ describe('generation on the GPU', () => {
       expect(decoder.pooled).toBe(grown);
       again.forEach((c) => c.dispose());
       decoder.dispose();
+      shared.dispose();
       model.dispose();
     },
   );
@@ -233,6 +235,7 @@ describe('generation on the GPU', () => {
         expect(drawn.tokens[b], `sequence ${b}`).toBe(want[b]!.indexOf(Math.max(...want[b]!)));
       }
       decoder.dispose();
+      shared.dispose();
       model.dispose();
     },
   );

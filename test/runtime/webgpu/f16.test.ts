@@ -112,17 +112,18 @@ describe('mixed precision on the GPU', () => {
       scoreSequences(
         model,
         pairs.map((p) => p.sequences[side]!),
-        64,
-        0,
-        NEVER,
+        { maxTokens: 64, pad: 0, signal: NEVER },
       );
     const scores = [await score(0), await score(1)];
     model.dispose();
-    await sameRun(() => dpoTrainer(pairs, scores, lossOf('dpo', 0.1), cfg, 0, start), {
-      loss: 1e-3,
-      'rewards/margins': 1e-3,
-      'logps/chosen': 1e-3,
-    });
+    await sameRun(
+      () => dpoTrainer({ examples: pairs, reference: scores, loss: lossOf('dpo', 0.1), cfg, pad: 0, start: start }),
+      {
+        loss: 1e-3,
+        'rewards/margins': 1e-3,
+        'logps/chosen': 1e-3,
+      },
+    );
   });
 
   it.skipIf(absent)(
