@@ -2,7 +2,7 @@
 // options parsed without loading the trainer, the decoder or TensorFlow.js.
 import { z } from 'zod';
 import { DEFAULT_WORLD } from '../env/world.ts';
-import { PAIRWISE_LOSSES, preferenceKnobs } from '../trainers/settings.ts';
+import { PAIRWISE_LOSSES, anchorOnlyPairs, preferenceKnobs } from '../trainers/settings.ts';
 import { dapoKnobs, maxCalls } from '../rl/settings.ts';
 import { gateConfig } from './paired.ts';
 
@@ -48,6 +48,7 @@ export const refreshConfig = z
           .default(10)
           .describe('Steps between checkpoints; a killed night resumes from the latest.'),
       })
+      .superRefine(anchorOnlyPairs)
       .prefault({})
       .describe(
         'The candidate: DPO continued from production (its frozen reference too), one epoch over the buffer, at a learning rate well below the offline run’s: small steps from the deployed model on its own new sessions.',

@@ -10,6 +10,7 @@ import type { Pair } from '../core/records.ts';
 import { completionSequences } from './data.ts';
 import {
   LOSSES,
+  nllAnchor,
   preferenceMetrics,
   sequenceLogps,
   type LossName,
@@ -157,6 +158,8 @@ function readSavedScores(path: string): { sum: number[]; count: number[] }[] | n
 /** The settings a preference trainer reads from its stage's config. */
 export interface PreferenceSettings extends TrainingSettings {
   label_smoothing: number;
+  /** RPO's α on the chosen side's NLL (pairwise losses but ORPO, which has its own); null or absent: none. */
+  rpo_alpha?: number | null;
   gamma_beta_ratio: number;
   desirable_weight: number;
   undesirable_weight: number;
@@ -236,7 +239,12 @@ export function dpoTrainer(o: PreferenceTrainerOptions): Trainer {
   const { examples, reference, loss, cfg, pad, start } = o;
   const family = LOSSES[loss.name] as PairwiseLoss;
   const hyper = hyperparameters(cfg, loss);
+  const alpha = cfg.rpo_alpha ?? null;
+  if (alpha !== null && loss.name === 'orpo')
+    throw new Error('rpo_alpha: ORPO adds the chosen side’s NLL itself; set rpo_alpha to null');
   const batches = preferenceBatches(examples, reference, loss, cfg, pad);
+  /** The chosen side's trained tokens (its targets' mask) in example i. */
+  const chosenTokens = (i: number) => examples[i]!.sequences[0]!.mask.slice(1).reduce((n, m) => n + m, 0);
   return {
     steps: stepsFor(cfg, examples.length),
     label: `${loss.name === 'sigmoid' ? 'dpo' : loss.name} steps`,
@@ -244,6 +252,8 @@ export function dpoTrainer(o: PreferenceTrainerOptions): Trainer {
     batch: (step): StepBatch => {
       const b = batches(step);
       const B = b.idx.length;
+      // RPO's NLL is a mean over the whole batch's chosen tokens: each micro-batch adds its tokens' part.
+      const batchTokens = alpha === null ? 0 : b.idx.reduce((n, i) => n + chosenTokens(i), 0);
       return {
         tokens: b.tokens,
         parts: b.groups.map((group) => {
@@ -261,7 +271,13 @@ export function dpoTrainer(o: PreferenceTrainerOptions): Trainer {
               const metrics = Object.fromEntries(
                 Object.entries(preferenceMetrics(o, x)).map(([k, v]) => [k, tf.mul(v, share) as tf.Scalar]),
               );
-              return { loss: tf.mul(tf.mean(o.losses), share) as tf.Scalar, metrics };
+              const pairwise = tf.mul(tf.mean(o.losses), share) as tf.Scalar;
+              if (alpha === null) return { loss: pairwise, metrics };
+              const sums = loss.average
+                ? sequenceLogps(c!, tf.tensor2d(chosen.mask, [chosen.batch, chosen.length]), false)
+                : x.chosen;
+              metrics.nll_loss = nllAnchor(sums, batchTokens, 1);
+              return { loss: tf.add(pairwise, tf.mul(metrics.nll_loss, alpha)) as tf.Scalar, metrics };
             },
           };
         }),

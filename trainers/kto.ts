@@ -42,6 +42,8 @@ export async function ktoExamples(
 /** Trains `start()` with KTO; `reference` holds the starting model's scores of both sides of every example. */
 export function ktoTrainer(o: PreferenceTrainerOptions & { reference: Scores[] }): Trainer {
   const { examples, reference, loss, cfg, pad, start } = o;
+  if ((cfg.rpo_alpha ?? null) !== null)
+    throw new Error('rpo_alpha: KTO has no chosen side to anchor (its rows are single completions); set it to null');
   const hyper = hyperparameters(cfg, loss);
   const batches = preferenceBatches(examples, reference, loss, cfg, pad);
   return {

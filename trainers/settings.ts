@@ -138,6 +138,14 @@ export function preferenceKnobs<L extends (typeof LOSS_NAMES)[number]>(o: {
         'cDPO / robust DPO: the chance a label is wrong, below 0.5 (at 0.5 a label says nothing, and robust DPO divides by 1 − 2ε).',
       ),
     gamma_beta_ratio: z.number().min(0).default(0.5).describe("SimPO's margin γ as a share of β."),
+    rpo_alpha: z
+      .number()
+      .min(0)
+      .nullable()
+      .default(null)
+      .describe(
+        "RPO, as TRL's rpo_alpha: add α × the chosen sides' NLL (a mean over their tokens in the batch) to a pairwise loss, so that DPO cannot widen its margins by lowering the chosen side's likelihood, as it does on long, similar sides; null: none. Not for ORPO (which has its own) or KTO.",
+      ),
     max_length: z
       .number()
       .int()
@@ -149,4 +157,14 @@ export function preferenceKnobs<L extends (typeof LOSS_NAMES)[number]>(o: {
       ),
     ...trainingConfig(o.lr),
   };
+}
+
+/** A section of preferenceKnobs: its rpo_alpha refused where the loss has no chosen side to anchor or anchors it itself. */
+export function anchorOnlyPairs(c: { loss: string; rpo_alpha: number | null }, ctx: z.RefinementCtx): void {
+  if (c.rpo_alpha !== null && (c.loss === 'kto' || c.loss === 'orpo'))
+    ctx.addIssue({
+      code: 'custom',
+      path: ['rpo_alpha'],
+      message: `RPO's NLL anchor is for the pairwise losses: ${c.loss === 'orpo' ? 'ORPO adds the chosen side’s NLL itself' : 'KTO has no chosen side'}; set it to null`,
+    });
 }

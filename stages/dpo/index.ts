@@ -5,29 +5,31 @@
 import { z } from 'zod';
 import { defineStage } from '../../pipeline/stage.ts';
 import { PAIR_KINDS } from '../../core/records.ts';
-import { LOSS_NAMES, loraSettings, preferenceKnobs } from '../../trainers/settings.ts';
+import { LOSS_NAMES, anchorOnlyPairs, loraSettings, preferenceKnobs } from '../../trainers/settings.ts';
 
-const config = z.strictObject({
-  ...preferenceKnobs({ lr: 1e-4, losses: LOSS_NAMES }),
-  desirable_weight: z.number().positive().default(1).describe("KTO's weight on the loss of desirable rows."),
-  undesirable_weight: z.number().positive().default(1).describe("KTO's weight on the loss of undesirable rows."),
-  max_examples: z
-    .number()
-    .int()
-    .min(1)
-    .nullable()
-    .default(null)
-    .describe('Train on at most this many pairs or rows (null: all), drawn by a seeded shuffle.'),
-  pair_kinds: z
-    .array(z.enum(PAIR_KINDS))
-    .min(1)
-    .nullable()
-    .default(null)
-    .describe(
-      "Train only on pairs of these kinds: a source (outcome, best_of_n, hard_negative, imported) or a source and negative type as eval's breakdown names them (hard_negative/format); null: every pair. Not for KTO.",
-    ),
-  lora: loraSettings,
-});
+const config = z
+  .strictObject({
+    ...preferenceKnobs({ lr: 1e-4, losses: LOSS_NAMES }),
+    desirable_weight: z.number().positive().default(1).describe("KTO's weight on the loss of desirable rows."),
+    undesirable_weight: z.number().positive().default(1).describe("KTO's weight on the loss of undesirable rows."),
+    max_examples: z
+      .number()
+      .int()
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe('Train on at most this many pairs or rows (null: all), drawn by a seeded shuffle.'),
+    pair_kinds: z
+      .array(z.enum(PAIR_KINDS))
+      .min(1)
+      .nullable()
+      .default(null)
+      .describe(
+        "Train only on pairs of these kinds: a source (outcome, best_of_n, hard_negative, imported) or a source and negative type as eval's breakdown names them (hard_negative/format); null: every pair. Not for KTO.",
+      ),
+    lora: loraSettings,
+  })
+  .superRefine(anchorOnlyPairs);
 
 /** The stage's config, as its section of the config file gives it. */
 export type Config = z.infer<typeof config>;

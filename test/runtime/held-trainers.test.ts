@@ -120,23 +120,37 @@ const dispose = (runs: RunResult[]) => runs.forEach((r) => r.model.dispose());
 
 describe.each(HELD)('every trainer on $name', (device) => {
   const { absent } = device;
-  it.skipIf(absent)('DPO against its reference, and SimPO without one, take the steps they take on WASM', async () => {
-    const scores = await reference(pairs);
-    dispose(
-      await sameRun(
-        device,
-        () => dpoTrainer({ examples: pairs, reference: scores, loss: lossOf('dpo', 0.1), cfg, pad: 0, start: start }),
-        ['rewards/margins', 'rewards/accuracies', 'logps/chosen'],
-      ),
-    );
-    dispose(
-      await sameRun(
-        device,
-        () => dpoTrainer({ examples: pairs, reference: null, loss: lossOf('simpo', null), cfg, pad: 0, start: start }),
-        ['rewards/margins', 'logps/rejected'],
-      ),
-    );
-  });
+  it.skipIf(absent)(
+    'DPO against its reference (with and without RPO’s NLL), and SimPO without one, take the steps they take on WASM',
+    async () => {
+      const scores = await reference(pairs);
+      dispose(
+        await sameRun(
+          device,
+          () => dpoTrainer({ examples: pairs, reference: scores, loss: lossOf('dpo', 0.1), cfg, pad: 0, start: start }),
+          ['rewards/margins', 'rewards/accuracies', 'logps/chosen'],
+        ),
+      );
+      dispose(
+        await sameRun(
+          device,
+          () =>
+            dpoTrainer({ examples: pairs, reference: null, loss: lossOf('simpo', null), cfg, pad: 0, start: start }),
+          ['rewards/margins', 'logps/rejected'],
+        ),
+      );
+      // With RPO's NLL anchor: its term's gradient reaches the engine through the same log-probs.
+      const anchored = { ...cfg, rpo_alpha: 0.5 };
+      dispose(
+        await sameRun(
+          device,
+          () =>
+            dpoTrainer({ examples: pairs, reference: scores, loss: lossOf('dpo', 0.1), cfg: anchored, pad: 0, start }),
+          ['nll_loss', 'rewards/margins'],
+        ),
+      );
+    },
+  );
 
   it.skipIf(absent)('LoRA: SFT and DPO train only the adapters, their dropout masks the ones WASM draws', async () => {
     const lora: LoraConfig = {

@@ -307,6 +307,14 @@ describe('training stages (tiny model)', () => {
     expect(r.stderr).toMatch(/dpo\.label_smoothing: .*0\.5/);
   });
 
+  it('refuses RPO’s NLL anchor where the loss has no chosen side or anchors it itself', () => {
+    for (const loss of ['orpo', 'kto']) {
+      const r = withDpo(`loss: ${loss}\nrpo_alpha: 0.5`, 'status');
+      expect(r.code, loss).toBe(2);
+      expect(r.stderr).toMatch(/dpo\.rpo_alpha: RPO's NLL anchor is for the pairwise losses/);
+    }
+  });
+
   it('trains with SimPO, ORPO and KTO too, each logging its metrics', () => {
     for (const loss of ['simpo', 'orpo', 'kto']) {
       const r = withDpo(`loss: ${loss}\nmax_steps: 2`, '--log-format', 'json', 'run');

@@ -3,7 +3,7 @@ import { beforeAll, describe, expect, it } from 'vitest';
 import { useTf } from '../fixtures/tf.ts';
 import { LOSSES, preferenceMetrics, sequenceLogps, sftLoss } from '../../trainers/losses/index.ts';
 import { ktoLoss } from '../../trainers/losses/kto.ts';
-import { orpoOddsRatioLoss } from '../../trainers/losses/preference.ts';
+import { nllAnchor, orpoOddsRatioLoss } from '../../trainers/losses/preference.ts';
 
 // Expected values are worked out by hand (and checked in Python with math.log1p / math.exp), not by this code.
 const t1 = (xs: number[]) => tf.tensor1d(xs);
@@ -81,6 +81,20 @@ describe('reference-free losses (means of log-probs)', () => {
   it("ORPO in the registry adds the chosen side's NLL: 0.0424833 + 0.5 = 0.5424833", () => {
     const out = LOSSES.orpo.fn({ chosen: t1([-0.5]), rejected: t1([-0.8]) }, h);
     expect(value(out.losses)[0]).toBeCloseTo(0.5424833, 6);
+  });
+
+  it('RPO, as TRL: α × the chosen sides’ NLL as one mean over all their tokens, added to the batch’s mean loss', () => {
+    // Two pairs: chosen sides of 3 tokens summing to −3 and 1 token summing to −5: NLL = 8 / 4 = 2, α 0.5 → 1.
+    expect(value(nllAnchor(t1([-3, -5]), 4, 0.5))[0]).toBeCloseTo(1, 6);
+    // TRL: losses + rpo_alpha · nll_loss, then the mean: sigmoid's 0.598139 on both pairs, plus 1.
+    const dpo = LOSSES.sigmoid.fn(
+      { chosen: t1([-10, -10]), rejected: t1([-12, -12]), refChosen: t1([-11, -11]), refRejected: t1([-11, -11]) },
+      h,
+    );
+    expect(value(tf.add(tf.mean(dpo.losses), nllAnchor(t1([-3, -5]), 4, 0.5)))[0]).toBeCloseTo(1.5981389, 6);
+    // A batch in micro-batches: each adds its tokens' part of the one mean.
+    const parts = tf.add(nllAnchor(t1([-3]), 4, 0.5), nllAnchor(t1([-5]), 4, 0.5));
+    expect(value(parts)[0]).toBeCloseTo(1, 6);
   });
 
   it('the registry says which losses average and which need a reference', () => {

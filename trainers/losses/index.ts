@@ -13,7 +13,7 @@ import {
 } from './preference.ts';
 
 export { sftLoss, sequenceLogps } from './sft.ts';
-export { preferenceMetrics } from './preference.ts';
+export { nllAnchor, preferenceMetrics } from './preference.ts';
 // Reinforcement learning from rollouts (the dapo stage): GRPO advantages, DAPO's clipped token-mean loss.
 export {
   DAPO_CLIP,

@@ -117,6 +117,17 @@ export function orpoOddsRatioLoss(x: PairLogps, p: OrpoParams): PreferenceOutput
   };
 }
 
+/**
+ * RPO's anchor (Pang et al. 2024, Iterative Reasoning Preference Optimization; TRL's `rpo_alpha`): α times the
+ * chosen sides' negative log-likelihood, a mean over all their tokens, added to a pairwise loss's batch mean,
+ * so that widening the margin cannot pay by lowering the chosen side's likelihood. `chosenSums`: each chosen
+ * side's summed token log-probabilities; `tokens`: their tokens in the whole batch (a micro-batch adds its
+ * part).
+ */
+export function nllAnchor(chosenSums: T1, tokens: number, alpha: number): tf.Scalar {
+  return tf.mul(tf.div(tf.neg(tf.sum(chosenSums)), Math.max(1, tokens)), alpha) as tf.Scalar;
+}
+
 /** TRL's logged metrics, as means over the batch. */
 export function preferenceMetrics(out: PreferenceOutput, x: PairLogps): Record<string, tf.Scalar> {
   return {
