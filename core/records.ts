@@ -69,11 +69,12 @@ export interface SplitSession extends Session {
   task_match: { score: number; kind: 'matched_task' | 'new_group' } | null;
 }
 
-export type PairSource = 'outcome' | 'best_of_n' | 'hard_negative' | 'critique_rewrite' | 'imported';
+export type PairSource = 'outcome' | 'best_of_n' | 'hard_negative' | 'step' | 'critique_rewrite' | 'imported';
 export const PAIR_SOURCES: readonly PairSource[] = [
   'outcome',
   'best_of_n',
   'hard_negative',
+  'step',
   'critique_rewrite',
   'imported',
 ];
