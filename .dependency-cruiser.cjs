@@ -106,9 +106,9 @@ module.exports = {
       name: 'rl-uses-the-trainer-and-the-world',
       severity: 'error',
       comment:
-        "Reinforcement learning (rollouts, feedback notes, the DAPO trainer and its run) plays the trainer's policy in the simulator; the dapo stage and a refresh night call it.",
+        "Reinforcement learning (rollouts, feedback notes, the DAPO trainer and its run, iterative DPO) plays the trainers' policy in the simulator; the dapo stage and a refresh night call it. It may build pairs from its rollouts (pairing/steps.ts), which read no store.",
       from: { path: '^rl/' },
-      to: { path: '^(stages|store|pairing|judges|loop|bin)/' },
+      to: { path: '^(stages|store|judges|loop|bin)/|^pairing/(?!steps\\.ts$)' },
     },
     {
       name: 'nothing-below-rl-imports-it',

@@ -144,3 +144,56 @@ export const dapoKnobs = {
 };
 const dapoSettings = z.strictObject(dapoKnobs);
 export type DapoSettings = z.infer<typeof dapoSettings>;
+
+/**
+ * Iterative on-policy DPO's knobs (rl/iterative.ts): rounds of the policy's own rollouts, step pairs where
+ * they part, and DPO with RPO's NLL anchor on them; the preference run's knobs (trainers/settings.ts) say how
+ * each round trains.
+ */
+export const iterativeKnobs = {
+  seed: z.string().default('prefab').describe('Which tasks each round draws, and the rollouts’ sampling.'),
+  rounds: z
+    .number()
+    .int()
+    .min(1)
+    .default(4)
+    .describe('Rounds: rollouts by the policy as it is, then DPO on their step pairs.'),
+  tasks_per_round: z.number().int().min(1).default(32).describe('Training tasks each round plays.'),
+  rollouts_per_task: z
+    .number()
+    .int()
+    .min(2)
+    .default(8)
+    .describe('Rollouts of each task: the prefix tree over them values each turn by its rollouts’ success rate.'),
+  margin: z
+    .number()
+    .gt(0)
+    .max(1)
+    .default(0.5)
+    .describe('Sibling turns make a step pair where their success rates differ by at least this.'),
+  min_visits: z.number().int().min(1).default(1).describe('Rollouts a turn needs through it before it is valued.'),
+  reference: z
+    .enum(['reset', 'fixed'])
+    .default('reset')
+    .describe(
+      'reset: each round’s reference is the policy it starts from (RLHFlow, Iterative RPO); fixed: the starting model.',
+    ),
+  task_pool: dapoKnobs.task_pool,
+  max_calls: dapoKnobs.max_calls,
+  simulator: dapoKnobs.simulator,
+  validation: z
+    .strictObject({
+      tasks: z
+        .number()
+        .int()
+        .min(1)
+        .default(20)
+        .describe('Validation tasks (companies never trained on), after every round.'),
+      tries: z.number().int().min(1).default(2).describe('Attempts per task for with-feedback success.'),
+      temperature: z.number().min(0).default(0.5).describe('Sampling temperature of validation episodes.'),
+    })
+    .prefault({})
+    .describe('The policy on validation tasks after every round: val/success_first, _feedback and _retry.'),
+};
+const iterativeSettings = z.strictObject(iterativeKnobs);
+export type IterativeSettings = z.infer<typeof iterativeSettings>;

@@ -20,7 +20,7 @@ import { finalMetrics, trainingRun } from './run.ts';
 import type { LossName } from './losses/index.ts';
 
 /** A preference run's knobs: what trainers/settings.ts preferenceKnobs gives a config section, KTO's weights optional. */
-type PreferenceKnobs = Omit<PreferenceSettings, 'desirable_weight' | 'undesirable_weight'> &
+export type PreferenceKnobs = Omit<PreferenceSettings, 'desirable_weight' | 'undesirable_weight'> &
   Partial<Pick<PreferenceSettings, 'desirable_weight' | 'undesirable_weight'>> & {
     loss: LossName | 'dpo';
     beta: number | null;
@@ -30,6 +30,8 @@ type PreferenceKnobs = Omit<PreferenceSettings, 'desirable_weight' | 'undesirabl
 export interface PreferenceRunOptions {
   /** The model folder to start from; for the losses that need one, its weights are the frozen reference too. */
   from: string;
+  /** Another model folder as the frozen reference (iterative DPO's fixed reference); absent: `from`. */
+  reference?: string;
   /** Pairs, or KTO rows where the loss is kto. */
   rows: Pair[] | KtoRow[];
   /** What the rows are, for the errors (a Parquet file, the night's buffer). */
@@ -95,8 +97,9 @@ export async function runPreference(o: PreferenceRunOptions): Promise<Preference
   const settings = { desirable_weight: 1, undesirable_weight: 1, ...knobs };
   mkdirSync(o.cache, { recursive: true });
   const referenceKey = hashJson({ ...o.referenceKey, kto, rows: made.rows, length, version: 2 });
+  const referenceModel = o.reference ? loadCheckpoint(o.reference).model : start.model;
   const reference = loss.reference
-    ? await withScorer(o.device, start.model, log, (score) =>
+    ? await withScorer(o.device, referenceModel, log, (score) =>
         referenceScores(score, made.examples, {
           pad: chat.pad,
           maxTokens: knobs.micro_batch_tokens,
@@ -106,6 +109,7 @@ export async function runPreference(o: PreferenceRunOptions): Promise<Preference
         }),
       )
     : null;
+  if (referenceModel !== start.model) referenceModel.dispose();
   // With LoRA the model trained is the starting model itself with adapters on it: the reference is its base,
   // with no second copy of the weights.
   const { lora } = o;
