@@ -1,9 +1,10 @@
 // Iterative on-policy DPO (RLHFlow's online iterative DPO; Iterative RPO): rounds of the policy's own rollouts
 // in the simulator, step pairs where they part (pairing/steps.ts: the turn that led to success more often
 // against its sibling), and DPO with RPO's NLL anchor on them (trainers/preference.ts, the dpo stage's run),
-// the reference reset to each round's starting policy or fixed at the start. Each round's model is a folder
-// of its own, so a killed run resumes at the round it was in; every round ends with the policy on the
-// validation tasks, the same draws each time.
+// the reference reset to each round's starting policy or fixed at the start. Its control, method rft
+// (rejection-sampling fine-tuning, expert iteration), trains on the same rollouts' successes by SFT instead.
+// Each round's model is a folder of its own, so a killed run resumes at the round it was in; every round
+// ends with the policy on the validation tasks, the same draws each time.
 import { cp, mkdir, readFile, writeFile } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
@@ -21,7 +22,10 @@ import { stepPairs } from '../pairing/steps.ts';
 import type { Device } from '../runtime/device.ts';
 import { decodingEngine } from '../runtime/placement.ts';
 import { EpisodePlayers } from '../runtime/policy.ts';
+import { sftSequences } from '../trainers/data.ts';
 import { runPreference, type PreferenceKnobs } from '../trainers/preference.ts';
+import { trainingRun } from '../trainers/run.ts';
+import { sftTrainer } from '../trainers/sft.ts';
 import { validation } from './rollouts.ts';
 import type { IterativeSettings } from './settings.ts';
 
@@ -71,7 +75,9 @@ export async function runIterativeDpo(o: IterativeRunOptions): Promise<Figures[]
       );
       const success = rollouts.filter((r) => r.reward >= 1).length / Math.max(1, rollouts.length);
       log.info('rollouts', { round, episodes: rollouts.length, success, step_pairs: pairs.length });
-      if (pairs.length === 0)
+      const successes = rollouts.filter((r) => r.reward >= 1);
+      if (k.method === 'rft') await fineTune(o, current, successes, roundDir, round);
+      else if (pairs.length === 0)
         await cp(current, model, { recursive: true }); // nothing where they part: unchanged
       else
         await runPreference({
@@ -101,6 +107,43 @@ export async function runIterativeDpo(o: IterativeRunOptions): Promise<Figures[]
   await cp(current, join(o.out, 'model'), { recursive: true });
   await writeFile(join(o.out, 'metrics.jsonl'), rows.map((r) => JSON.stringify(r) + '\n').join(''));
   return rows;
+}
+
+/**
+ * Rejection-sampling fine-tuning: the model in `folder` trained by SFT on `successes` (their assistant turns,
+ * as the SFT stage trains) into `roundDir/model`, with the preference knobs' lr, batch size and epochs; no
+ * success leaves it unchanged.
+ */
+async function fineTune(o: IterativeRunOptions, folder: string, successes: Session[], roundDir: string, round: number) {
+  if (successes.length === 0) return cp(folder, join(roundDir, 'model'), { recursive: true });
+  const ck = loadCheckpoint(folder);
+  const chat = openChat(ck.tokenizer, ck.model.config.eosTokenId, folder);
+  const conversations = successes.map((s) => s.messages);
+  const sequences = await sftSequences(
+    chat,
+    conversations,
+    ck.context + 1,
+    `round ${round}'s successes`,
+    ck.placeholders,
+  );
+  const trainer = sftTrainer(sequences, () => loadCheckpoint(folder).model, o.preference, chat.pad);
+  o.log.info('training', { round, method: 'rft', successes: successes.length, steps: trainer.steps });
+  const result = await trainingRun(
+    {
+      config: o.preference,
+      cache: join(roundDir, '.cache'),
+      key: hashJson({ key: o.key, round }),
+      tokenizer: ck.tokenizer,
+      context: ck.context,
+      placeholders: ck.placeholders,
+      signal: o.signal,
+      log: o.log,
+      device: o.device,
+    },
+    trainer,
+  );
+  ck.model.dispose();
+  await result.save(roundDir, { stage: 'iterative', method: 'rft', round });
 }
 
 /** A round's figures from `path` where a run before this one got that far, else made by `make` and kept there. */

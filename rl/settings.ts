@@ -172,6 +172,12 @@ export const iterativeKnobs = {
     .default(0.5)
     .describe('Sibling turns make a step pair where their success rates differ by at least this.'),
   min_visits: z.number().int().min(1).default(1).describe('Rollouts a turn needs through it before it is valued.'),
+  method: z
+    .enum(['dpo', 'rft'])
+    .default('dpo')
+    .describe(
+      "dpo: DPO (with the preference knobs, rpo_alpha among them) on the round's step pairs; rft: rejection-sampling fine-tuning, SFT on the round's successful rollouts with the same knobs' lr, batch_size and epochs: the control that says whether the negatives add anything.",
+    ),
   reference: z
     .enum(['reset', 'fixed'])
     .default('reset')

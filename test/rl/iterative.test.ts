@@ -31,14 +31,19 @@ const preference = z
   .strictObject(preferenceKnobs({ lr: 1e-3, losses: PAIRWISE_LOSSES }))
   .parse({ rpo_alpha: 1, batch_size: 4, max_steps: 2, micro_batch_tokens: 4096 });
 
-async function run(cache: string, out: string, reference: 'reset' | 'fixed' = 'reset'): Promise<IterativeRunOptions> {
+async function run(
+  cache: string,
+  out: string,
+  reference: 'reset' | 'fixed' = 'reset',
+  method: 'dpo' | 'rft' = 'dpo',
+): Promise<IterativeRunOptions> {
   await openDevice({ backend: 'wasm' });
   return {
     from: await servedModelFolder(tempDir(), 'iterative'),
     out,
     cache,
-    key: `test-${reference}`,
-    knobs: { ...knobs, reference },
+    key: `test-${reference}-${method}`,
+    knobs: { ...knobs, reference, method },
     preference,
     device: deviceOn({ kind: 'reference' }),
     signal: NEVER,
@@ -77,6 +82,16 @@ describe('iterative on-policy DPO', () => {
       },
     });
     expect(again).toEqual(rows);
+  });
+
+  it('as its control (rft), fine-tunes on the same rollouts’ successes instead', async () => {
+    const [cache, out] = [tempDir(), tempDir()];
+    const o = await run(cache, out, 'reset', 'rft');
+    const rows = await runIterativeDpo(o);
+    expect(rows).toHaveLength(3);
+    expect(rows[1]!['rollouts/success']).toBeGreaterThan(0);
+    const trained = JSON.parse(readFileSync(join(out, 'model', 'trainer_state.json'), 'utf8')) as { info: object };
+    expect(trained.info).toMatchObject({ method: 'rft', round: 2 });
   });
 
   it('runs with a fixed reference too: the starting model for every round', async () => {
