@@ -8,6 +8,11 @@ export interface Twin {
   task: string;
   trial: number;
   success: number;
+  /**
+   * What the bootstrap resamples whole, where tasks are alike within it (a company's tasks: the same fields
+   * asked for); absent: the task.
+   */
+  cluster?: string;
 }
 
 /** Mean of the values; 0 for none. */
@@ -29,7 +34,10 @@ export function signTestP(k: number, n: number): number {
 const quantile = (sorted: number[], q: number) =>
   sorted[Math.min(sorted.length - 1, Math.max(0, Math.ceil(q * sorted.length) - 1))]!;
 
-/** The mean success difference (candidate − baseline) under resampling of tasks with their trials: its (alpha, 1 − alpha) quantiles. */
+/**
+ * The mean success difference (candidate − baseline) under resampling of clusters (tasks, or what `cluster`
+ * names) with their episodes: its (alpha, 1 − alpha) quantiles.
+ */
 function bootstrapInterval(
   baseline: Twin[],
   candidate: Twin[],
@@ -37,9 +45,10 @@ function bootstrapInterval(
   alpha: number,
   seed: string,
 ): [number, number] {
-  const tasks = [...new Set(baseline.map((r) => r.task))];
+  const clusterOf = (r: Twin) => r.cluster ?? r.task;
+  const tasks = [...new Set(baseline.map(clusterOf))];
   const diffOf = new Map(tasks.map((t) => [t, [] as number[]]));
-  baseline.forEach((p, i) => diffOf.get(p.task)!.push(candidate[i]!.success - p.success));
+  baseline.forEach((p, i) => diffOf.get(clusterOf(p))!.push(candidate[i]!.success - p.success));
   const rand = seeded(seed, 'bootstrap');
   const means: number[] = [];
   for (let s = 0; s < samples; s++) {
@@ -91,6 +100,22 @@ export function pairedSuccess(
     worse,
     p: signTestP(better, better + worse),
   };
+}
+
+/**
+ * Holm's step-down correction of p-values from several planned comparisons: each p, multiplied by how many
+ * of the comparisons are not yet rejected when it is reached (the smallest by all m), held at least the one
+ * before it, at most 1; in the order given.
+ */
+export function holm(ps: number[]): number[] {
+  const order = ps.map((p, i) => ({ p, i })).sort((a, b) => a.p - b.p);
+  const adjusted = new Array<number>(ps.length);
+  let running = 0;
+  order.forEach(({ p, i }, rank) => {
+    running = Math.max(running, Math.min(1, (ps.length - rank) * p));
+    adjusted[i] = running;
+  });
+  return adjusted;
 }
 
 /** The comparison in a line: `name` against `against` on twin episodes. */

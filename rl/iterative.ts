@@ -50,14 +50,18 @@ export interface IterativeRunOptions {
 /** A round's figures: its rollouts' success, the step pairs they gave, and the policy on validation after it. */
 type Figures = Record<string, number>;
 
-/** Runs the rounds (those already in `cache` are kept), then writes the last round's model into `out`. */
-export async function runIterativeDpo(o: IterativeRunOptions): Promise<Figures[]> {
+/**
+ * Runs the rounds (those already in `cache` are kept), then writes the last round's model into `out`. Returns
+ * each round's figures (the starting model's first) and each round's model folder.
+ */
+export async function runIterativeDpo(o: IterativeRunOptions): Promise<{ figures: Figures[]; models: string[] }> {
   const { knobs: k, log } = o;
   const world = generateWorld({ ...DEFAULT_WORLD, seed: k.simulator.world_seed, companies: k.simulator.companies });
   const pool = taskPool(world, 'train', k.task_pool, k.max_calls);
   const dir = join(o.cache, `iterative-${o.key.slice(0, 16)}`);
   await mkdir(dir, { recursive: true });
   const rows: Figures[] = [];
+  const models: string[] = [];
   let current = o.from;
   // The starting policy on validation first: what every round is measured against.
   rows.push(await roundFigures(join(dir, 'start.json'), () => validate(o, world, o.from, { round: 0, episodes: 0 })));
@@ -102,11 +106,12 @@ export async function runIterativeDpo(o: IterativeRunOptions): Promise<Figures[]
       return { ...val, 'rollouts/success': success, 'rollouts/step_pairs': pairs.length };
     });
     rows.push(figures);
+    models.push(model);
     current = model;
   }
   await cp(current, join(o.out, 'model'), { recursive: true });
   await writeFile(join(o.out, 'metrics.jsonl'), rows.map((r) => JSON.stringify(r) + '\n').join(''));
-  return rows;
+  return { figures: rows, models };
 }
 
 /**

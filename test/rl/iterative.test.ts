@@ -56,7 +56,7 @@ describe('iterative on-policy DPO', () => {
   it('plays rounds, trains on their step pairs, validates after each, and resumes from the rounds it made', async () => {
     const [cache, out] = [tempDir(), tempDir()];
     const o = await run(cache, out);
-    const rows = await runIterativeDpo(o);
+    const rows = (await runIterativeDpo(o)).figures;
     expect(rows.map((r) => [r.round, r.episodes])).toEqual([
       [0, 0],
       [1, 18],
@@ -75,19 +75,21 @@ describe('iterative on-policy DPO', () => {
     last.dispose();
     expect(readFileSync(join(out, 'metrics.jsonl'), 'utf8').trim().split('\n')).toHaveLength(3);
     // Run again on the same cache: every round is read back, nothing played or trained again.
-    const again = await runIterativeDpo({
-      ...o,
-      actor: () => {
-        throw new Error('played again');
-      },
-    });
+    const again = (
+      await runIterativeDpo({
+        ...o,
+        actor: () => {
+          throw new Error('played again');
+        },
+      })
+    ).figures;
     expect(again).toEqual(rows);
   });
 
   it('as its control (rft), fine-tunes on the same rollouts’ successes instead', async () => {
     const [cache, out] = [tempDir(), tempDir()];
     const o = await run(cache, out, 'reset', 'rft');
-    const rows = await runIterativeDpo(o);
+    const rows = (await runIterativeDpo(o)).figures;
     expect(rows).toHaveLength(3);
     expect(rows[1]!['rollouts/success']).toBeGreaterThan(0);
     const trained = JSON.parse(readFileSync(join(out, 'model', 'trainer_state.json'), 'utf8')) as { info: object };
@@ -96,7 +98,7 @@ describe('iterative on-policy DPO', () => {
 
   it('runs with a fixed reference too: the starting model for every round', async () => {
     const [cache, out] = [tempDir(), tempDir()];
-    const rows = await runIterativeDpo(await run(cache, out, 'fixed'));
+    const rows = (await runIterativeDpo(await run(cache, out, 'fixed'))).figures;
     expect(rows).toHaveLength(3);
     expect(existsSync(join(out, 'model', 'model.safetensors'))).toBe(true);
   });

@@ -1,0 +1,186 @@
+// The preference head-to-head from one SFT model (issue 63; docs/experiments.md, "Preference training that
+// makes the agent better"): one command per arm and seed, its checkpoints (every round, per_round episodes
+// apart) played on the same validation tasks and draws as the SFT model, twin by twin, and a line a
+// checkpoint appended to curves.jsonl, so that the next session goes on where this one stopped.
+//
+//   npx tsx bench/iterative.ts --from <sft model folder> --arm iterative --seed 1   # DPO+NLL, reference reset
+//   npx tsx bench/iterative.ts --from <folder> --arm iterative-fixed --seed 1        # the reference fixed at SFT
+//   npx tsx bench/iterative.ts --from <folder> --arm rft --seed 1                    # SFT on its own successes
+//   npx tsx bench/iterative.ts --table                                               # the table so far
+//
+// First-try success on --val-tasks validation tasks × --tries tries (at most --max-calls calls), the same
+// draws for every arm and checkpoint; against SFT: the difference, the one-sided sign test, a 90% bootstrap
+// interval resampling companies whole, and Holm's correction across the arms' last checkpoints.
+import { appendFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { Command } from 'commander';
+import { z } from 'zod';
+import { NEVER } from '../pipeline/interrupt.ts';
+import { Logger } from '../pipeline/log.ts';
+import { holm, pairedSuccess, type Twin } from '../core/paired-success.ts';
+import { seeded } from '../core/random.ts';
+import { TOOLS } from '../env/env.ts';
+import { validationEpisodes, type EpisodeRecord } from '../env/evaluate.ts';
+import { DEFAULT_WORLD, generateWorld, taskPool } from '../env/world.ts';
+import { openChat } from '../model/chat.ts';
+import { loadCheckpoint } from '../model/checkpoint.ts';
+import { openDevice, type BackendChoice, type Device } from '../runtime/device.ts';
+import { decodingEngine } from '../runtime/placement.ts';
+import { EpisodePlayers } from '../runtime/policy.ts';
+import { runIterativeDpo } from '../rl/iterative.ts';
+import { iterativeKnobs } from '../rl/settings.ts';
+import { PAIRWISE_LOSSES, preferenceKnobs } from '../trainers/settings.ts';
+
+const o = new Command()
+  .option('--from <folder>', 'the SFT model every arm starts from')
+  .option('--arm <name>', 'iterative, iterative-fixed or rft', 'iterative')
+  .option('--seed <n>', 'the run’s seed (1, 2, 3)', '1')
+  .option('--episodes <n>', 'rollouts in all', '1024')
+  .option('--per-round <n>', 'rollouts a round: a checkpoint each', '256')
+  .option('--k <n>', 'rollouts a task', '8')
+  .option('--max-calls <n>', 'tasks with at most this many calls', '2')
+  .option('--rpo-alpha <x>', 'RPO’s α on the chosen side’s NLL', '1')
+  .option('--lr <x>', 'each round’s learning rate', '2e-5')
+  .option('--epochs <x>', 'passes over a round’s pairs', '2')
+  .option('--val-tasks <n>', 'validation tasks', '200')
+  .option('--tries <n>', 'tries a task', '2')
+  .option('--backend <name>', 'auto, cpu, webgpu or wasm', 'auto')
+  .option('--work <dir>', 'the rounds’ models', '.scratch/iterative')
+  .option('--out <dir>', 'curves.jsonl, and each checkpoint’s episodes', 'bench/results/iterative')
+  .option('--table', 'no run: the head-to-head so far, as Markdown')
+  .parse()
+  .opts<Record<string, string | boolean | undefined>>();
+const num = (k: string) => Number(o[k]);
+const out = String(o.out);
+const world = generateWorld({ ...DEFAULT_WORLD });
+const companyOf = new Map(taskPool(world, 'val', num('valTasks'), num('maxCalls')).map((t) => [t.task_id, t.company]));
+const twins = (records: EpisodeRecord[]): Twin[] => records.map((r) => ({ ...r, cluster: companyOf.get(r.task) }));
+
+interface Point {
+  arm: string;
+  seed: number;
+  episodes: number;
+  success_first: number;
+  difference: number;
+  p: number;
+  interval: [number, number];
+  better: number;
+  worse: number;
+  seconds: number;
+}
+
+/** The model in `folder` on the validation tasks: every try a twin of every other model's (seeded by task and try). */
+async function episodesOf(device: Device, folder: string, log: Logger): Promise<EpisodeRecord[]> {
+  const ck = loadCheckpoint(folder);
+  const chat = openChat(ck.tokenizer, ck.model.config.eosTokenId, folder);
+  const episodes = num('valTasks') * num('tries');
+  const sampling = {
+    maxTokens: 160,
+    temperature: 0.5,
+    topP: 1,
+    tools: TOOLS,
+    engine: await decodingEngine(device, ck.model, episodes, log),
+  };
+  const { model, context, placeholders } = ck;
+  const players = new EpisodePlayers({ name: 'validation', model, context, chat, placeholders, sampling });
+  const records = await validationEpisodes((task, trial) => players.player(seeded('head-to-head', task, trial)), {
+    worldSeed: DEFAULT_WORLD.seed,
+    companies: DEFAULT_WORLD.companies,
+    tasks: num('valTasks'),
+    k: num('tries'),
+    maxTurns: 12,
+    maxCalls: num('maxCalls'),
+    together: true,
+  }).finally(() => players.dispose());
+  ck.model.dispose();
+  return records;
+}
+
+/** Episodes of `folder`, kept in `path` (a rerun, or another arm's, reads them back). */
+async function kept(path: string, make: () => Promise<EpisodeRecord[]>): Promise<EpisodeRecord[]> {
+  if (existsSync(path)) return JSON.parse(readFileSync(path, 'utf8')) as EpisodeRecord[];
+  const records = await make();
+  mkdirSync(join(out, 'episodes'), { recursive: true });
+  writeFileSync(path, JSON.stringify(records));
+  return records;
+}
+
+async function arm(): Promise<void> {
+  const log = new Logger('json', process.stderr, {}, true);
+  const device = await openDevice({ backend: o.backend as BackendChoice });
+  const from = String(o.from);
+  const [name, seed] = [String(o.arm), num('seed')];
+  const k = num('k');
+  const sft = await kept(join(out, 'episodes', 'sft.json'), () => episodesOf(device, from, log));
+  const knobs = z.strictObject(iterativeKnobs).parse({
+    seed: `head-to-head-${seed}`,
+    rounds: Math.ceil(num('episodes') / num('perRound')),
+    tasks_per_round: Math.max(1, Math.floor(num('perRound') / k)),
+    rollouts_per_task: k,
+    max_calls: num('maxCalls'),
+    method: name === 'rft' ? 'rft' : 'dpo',
+    reference: name === 'iterative-fixed' ? 'fixed' : 'reset',
+    validation: { tasks: 20, tries: 1 },
+  });
+  const preference = z.strictObject(preferenceKnobs({ lr: 2e-5, losses: PAIRWISE_LOSSES })).parse({
+    rpo_alpha: num('rpoAlpha'),
+    lr: num('lr'),
+    epochs: num('epochs'),
+    batch_size: 8,
+    warmup: 0,
+    seed: `${seed}`,
+  });
+  const work = join(String(o.work), `${name}-${seed}`);
+  const began = performance.now();
+  const key = `${name}-${seed}`;
+  const options = { from, out: work, cache: work, key, knobs, preference, device, signal: NEVER, log };
+  const run = await runIterativeDpo(options);
+  for (const [i, folder] of run.models.entries()) {
+    const episodes = (i + 1) * knobs.tasks_per_round * k;
+    const records = await kept(join(out, 'episodes', `${name}-${seed}-${episodes}.json`), () =>
+      episodesOf(device, folder, log),
+    );
+    const against = pairedSuccess(twins(sft), twins(records), { samples: 2000, alpha: 0.05, seed: `${name}-${seed}` });
+    const point: Point = {
+      arm: name,
+      seed,
+      episodes,
+      success_first: against.candidate,
+      difference: against.difference,
+      p: against.p,
+      interval: against.interval,
+      better: against.better,
+      worse: against.worse,
+      seconds: (performance.now() - began) / 1000,
+    };
+    appendFileSync(join(out, 'curves.jsonl'), JSON.stringify(point) + '\n');
+    console.error(JSON.stringify(point));
+  }
+}
+
+/** The table: each arm's checkpoints, the last ones' p corrected by Holm across the arms. */
+function table(): void {
+  const points = readFileSync(join(out, 'curves.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as Point);
+  const last = new Map<string, Point>();
+  for (const p of points) {
+    const key = `${p.arm} ${p.seed}`;
+    if ((last.get(key)?.episodes ?? -1) < p.episodes) last.set(key, p);
+  }
+  const finals = [...last.values()];
+  const adjusted = new Map(holm(finals.map((p) => p.p)).map((q, i) => [finals[i]!, q]));
+  const f = (x: number) => (x >= 0 ? '+' : '') + x.toFixed(3);
+  console.log(
+    '| arm | seed | episodes | first-try success | against SFT [90%, companies] | better / worse | p (Holm) | minutes |',
+  );
+  console.log('|---|---|---|---|---|---|---|---|');
+  for (const p of points)
+    console.log(
+      `| ${p.arm} | ${p.seed} | ${p.episodes} | ${p.success_first.toFixed(3)} | ${f(p.difference)} [${f(p.interval[0])}, ${f(p.interval[1])}] | ${p.better} / ${p.worse} | ${p.p.toPrecision(2)}${adjusted.has(p) ? ` (${adjusted.get(p)!.toPrecision(2)})` : ''} | ${(p.seconds / 60).toFixed(0)} |`,
+    );
+}
+
+if (o.table) table();
+else await arm();
