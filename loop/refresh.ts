@@ -50,7 +50,7 @@ export interface NightReport {
   started_at: string;
   finished_at: string;
   production_before: string;
-  /** The production the candidate was trained from and compared with: production_before, or what a rollback put back. */
+  /** The production the candidate was compared with (and trained from, unless refresh.compound built it on the last night's): production_before, or what a rollback put back. */
   production: string;
   production_after: string;
   rollback: { rolled_back: boolean; live: Live | null; baseline: Live | null; reason: string };
@@ -255,6 +255,8 @@ interface NightData {
 
 /** The candidate as the training step left it: its model folders, its figures, and why it is no model, if it is not. */
 interface Candidate {
+  /** The version it was trained from: production, or (refresh.compound) the last night's candidate. */
+  start: string;
   dpoFolder: string;
   folder: string;
   training: Record<string, number>;
@@ -398,21 +400,42 @@ async function takeInData(night: Night): Promise<NightData> {
 }
 
 /**
- * 4. The candidate: DPO from production on the buffer (trainers/preference.ts, production its reference too),
- * then DAPO when configured; each once. One whose loss or weights stopped being numbers is no model: the
- * night rejects it rather than fail in the paired evaluation every night.
+ * The version tonight's candidate starts from: production, or with refresh.compound the last night's
+ * candidate, where that night kept this same production and did not promote it (nor found it no model).
+ */
+function startOf(night: Night): string {
+  const production = night.state.production!;
+  if (!night.cfg.compound) return production;
+  const path = join(night.root, 'nights.jsonl');
+  const reports = existsSync(path)
+    ? readFileSync(path, 'utf8')
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => JSON.parse(l) as NightReport)
+    : [];
+  const last = reports.filter((r) => r.night < night.number).at(-1);
+  const kept = last && last.production === production && last.production_after === production;
+  return kept && last.decision === 'rejected' && last.candidate ? last.candidate : production;
+}
+
+/**
+ * 4. The candidate: DPO from production on the buffer (trainers/preference.ts, its starting model its reference
+ * too), then DAPO when configured; each once. With refresh.compound it starts from the last night's candidate
+ * (startOf). One whose loss or weights stopped being numbers is no model: the night rejects it rather than
+ * fail in the paired evaluation every night.
  */
 async function trainCandidate(night: Night, data: NightData): Promise<Candidate> {
   const { cfg, state, dir, registry, device, signal, log } = night;
   const production = state.production!;
-  const productionFolder = join(registry.folder(production), 'model');
+  const start = startOf(night);
+  const productionFolder = join(registry.folder(start), 'model');
   const dpoFolder = join(dir, 'candidate', 'model');
   const folder = cfg.dapo.enabled ? join(dir, 'candidate-dapo', 'model') : dpoFolder;
   const chain = async () => {
     if (!existsSync(dpoFolder)) {
       const byId = new Map(data.pairs.map((p) => [p.pair_id, p]));
       const pairs = data.buffer.pair_ids.map((id) => byId.get(id)!);
-      log.info('training the candidate', { from: production, pairs: pairs.length, lr: cfg.dpo.lr });
+      log.info('training the candidate', { from: start, production, pairs: pairs.length, lr: cfg.dpo.lr });
       await runPreference({
         from: productionFolder,
         rows: pairs,
@@ -420,11 +443,11 @@ async function trainCandidate(night: Night, data: NightData): Promise<Candidate>
         knobs: cfg.dpo,
         remedy: 'raise refresh.dpo.max_length',
         cache: join(dir, '.cache'),
-        key: hashJson({ production, pairs: data.buffer.pair_ids, cfg: cfg.dpo, night: night.number }),
-        referenceKey: { production },
+        key: hashJson({ production, start, pairs: data.buffer.pair_ids, cfg: cfg.dpo, night: night.number }),
+        referenceKey: { start },
         out: join(dir, 'candidate'),
         stage: 'refresh',
-        info: { night: night.number, parent: production },
+        info: { night: night.number, parent: production, from: start },
         device,
         signal,
         log,
@@ -463,7 +486,7 @@ async function trainCandidate(night: Night, data: NightData): Promise<Candidate>
     }
   }
   const training = await trainingFigures(dpoFolder, cfg.dapo.enabled ? folder : null);
-  return { dpoFolder, folder, training, diverged: state.diverged };
+  return { start, dpoFolder, folder, training, diverged: state.diverged };
 }
 
 /**
@@ -511,6 +534,7 @@ async function decide(night: Night, data: NightData, candidate: Candidate, compa
         run: 'prefab refresh',
         night: night.number,
         parent: production,
+        ...(candidate.start !== production ? { built_on: candidate.start } : {}),
         fingerprints: await dataFingerprints(night.engine),
         chain: cfg.dapo.enabled ? 'dpo, dapo' : 'dpo',
         sessions: state.data!.sessions,

@@ -18,6 +18,12 @@ export const refreshConfig = z
       .string()
       .default('prefab')
       .describe('The buffer’s draws, the training order and the paired episodes’ sampling.'),
+    compound: z
+      .boolean()
+      .default(false)
+      .describe(
+        'Nights that compound: train each candidate from the last night’s, where that night kept the same production and did not promote it, so that gains too small for one night’s paired test add up until it sees them; what is promoted is compared with production either way. false: every candidate from production.',
+      ),
     buffer: z
       .strictObject({
         size: z

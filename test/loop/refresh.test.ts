@@ -1,8 +1,9 @@
 // The online refresh loop with real processes on a tiny workspace: a candidate trained on reversed pairs is
 // never promoted, and the history says why with the numbers; a kill -9 mid-night leaves production as it was
 // and the next refresh resumes the night; two refreshes never share a workspace; a production whose live
-// success fell is rolled back to the previous weights byte for byte; `--days` prints the daily table. The
-// decision itself is checked on scripted agents, whose skills are known: the better one is promoted.
+// success fell is rolled back to the previous weights byte for byte; `--days` prints the daily table; compounding
+// nights build each candidate on the last one rejected. The decision itself is checked on scripted agents, whose
+// skills are known: the better one is promoted.
 import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
@@ -308,6 +309,42 @@ refresh:
       .map((l) => JSON.parse(l) as Session);
     expect(day).toHaveLength(4);
     expect(new Set(day.map((s) => s.model))).toEqual(new Set(['v0001']));
+  });
+
+  it('with refresh.compound, trains a night’s candidate from the last night’s rejected one, and the registry says so', async () => {
+    const compound = join(dir, 'loop-compound.yaml');
+    writeFileSync(compound, readFileSync(config, 'utf8').replace('refresh:\n', 'refresh:\n  compound: true\n'));
+    const night = (...extra: string[]) =>
+      prefab(['--workdir', workdir, '--config', compound, '--log-format', 'json', ...extra, 'refresh']);
+    const reportOf = (n: number) =>
+      JSON.parse(
+        readFileSync(join(workdir, 'refresh', 'nights', String(n).padStart(4, '0'), 'report.json'), 'utf8'),
+      ) as { night: number; decision: string; candidate: string | null; production_before: string };
+    const trainedFrom = (n: number) =>
+      JSON.parse(
+        readFileSync(
+          join(workdir, 'refresh', 'nights', String(n).padStart(4, '0'), 'candidate', 'model', 'trainer_state.json'),
+          'utf8',
+        ),
+      ).info.from as string;
+    await toInbox('compound-1.jsonl', { offset: 26_000, tasks: 6 }, reversed);
+    const first = night('--switch-config');
+    expect(first.code, first.stderr).toBe(0);
+    const nights = readdirSync(join(workdir, 'refresh', 'nights')).length;
+    const a = reportOf(nights);
+    expect(a).toMatchObject({ decision: 'rejected', candidate: expect.stringMatching(/^v\d{4}$/) });
+    await toInbox('compound-2.jsonl', { offset: 27_000, tasks: 6 }, reversed);
+    const second = night();
+    expect(second.code, second.stderr).toBe(0);
+    const b = reportOf(nights + 1);
+    expect(b.production_before).toBe(a.production_before);
+    // Night b starts where night a's candidate ended, not from production; what it is compared with is production.
+    expect(trainedFrom(nights + 1)).toBe(a.candidate);
+    expect(trainedFrom(nights)).not.toBe(a.candidate);
+    expect(registry().version(b.candidate!)).toMatchObject({
+      parent: b.production_before,
+      source: { built_on: a.candidate },
+    });
   });
 });
 
