@@ -1,12 +1,20 @@
 // The preference head-to-head from one SFT model (issue 63; docs/experiments.md, "Preference training that
-// makes the agent better"): one command per arm and seed, its checkpoints (every round, per_round episodes
-// apart) played on the same validation tasks and draws as the SFT model, twin by twin, and a line a
-// checkpoint appended to curves.jsonl, so that the next session goes on where this one stopped.
+// makes the agent better"): one command per arm and seed, its checkpoints (every per_round episodes) played
+// on the same validation tasks and draws as the SFT model, twin by twin, and a line a checkpoint appended to
+// curves.jsonl, so that the next session goes on where this one stopped.
 //
-//   npx tsx bench/iterative.ts --from <sft model folder> --arm iterative --seed 1   # DPO+NLL, reference reset
-//   npx tsx bench/iterative.ts --from <folder> --arm iterative-fixed --seed 1        # the reference fixed at SFT
-//   npx tsx bench/iterative.ts --from <folder> --arm rft --seed 1                    # SFT on its own successes
-//   npx tsx bench/iterative.ts --table                                               # the table so far
+//   npx tsx bench/iterative.ts --from <sft model folder> --arm iterative --seed 1
+//   npx tsx bench/iterative.ts --table                                      # the table so far
+//
+// The arms (ARMS), each --episodes episodes in rounds of --per-round:
+//   offline            DPO+NLL on step pairs of the logs' mix of scripted agents (the sessions `prefab simulate`
+//                      logs: pairs cut where a success and a failure part), the reference fixed at SFT
+//   iterative          DPO+NLL on step pairs of the policy's own rollouts, the reference reset every round
+//   iterative-fixed    the same, the reference fixed at SFT
+//   offline-iterative  the first half of the rounds offline, the rest iterative (reference reset)
+//   rft                SFT on the policy's own successful rollouts (rejection sampling): the control
+//   dapo               standard DAPO (group_size = --k, one batch of rollouts a step: no extra draws)
+//   dapo-feedback      feedback-guided DAPO, the same budget
 //
 // First-try success on --val-tasks validation tasks × --tries tries (at most --max-calls calls), the same
 // draws for every arm and checkpoint; against SFT: the difference, the one-sided sign test, a 90% bootstrap
@@ -19,28 +27,37 @@ import { NEVER } from '../pipeline/interrupt.ts';
 import { Logger } from '../pipeline/log.ts';
 import { holm, pairedSuccess, type Twin } from '../core/paired-success.ts';
 import { seeded } from '../core/random.ts';
+import { ScriptedAgent } from '../env/agents.ts';
 import { TOOLS } from '../env/env.ts';
 import { validationEpisodes, type EpisodeRecord } from '../env/evaluate.ts';
-import { DEFAULT_WORLD, generateWorld, taskPool } from '../env/world.ts';
+import { mixAgent } from '../env/simulate.ts';
+import { DEFAULT_WORLD, generateWorld, taskPool, type Task } from '../env/world.ts';
 import { openChat } from '../model/chat.ts';
 import { loadCheckpoint } from '../model/checkpoint.ts';
 import { openDevice, type BackendChoice, type Device } from '../runtime/device.ts';
 import { decodingEngine } from '../runtime/placement.ts';
 import { EpisodePlayers } from '../runtime/policy.ts';
+import { runDapo } from '../rl/dapo.ts';
 import { runIterativeDpo } from '../rl/iterative.ts';
-import { iterativeKnobs } from '../rl/settings.ts';
+import { dapoKnobs, iterativeKnobs } from '../rl/settings.ts';
 import { PAIRWISE_LOSSES, preferenceKnobs } from '../trainers/settings.ts';
+
+const ARMS = ['offline', 'iterative', 'iterative-fixed', 'offline-iterative', 'rft', 'dapo', 'dapo-feedback'];
+const ARMS_HELP = ARMS.join(', ');
 
 const o = new Command()
   .option('--from <folder>', 'the SFT model every arm starts from')
-  .option('--arm <name>', 'iterative, iterative-fixed or rft', 'iterative')
+  .option('--arm <name>', ARMS_HELP, 'iterative')
   .option('--seed <n>', 'the run’s seed (1, 2, 3)', '1')
   .option('--episodes <n>', 'rollouts in all', '1024')
   .option('--per-round <n>', 'rollouts a round: a checkpoint each', '256')
   .option('--k <n>', 'rollouts a task', '8')
   .option('--max-calls <n>', 'tasks with at most this many calls', '2')
+  .option('--min-visits <n>', 'rollouts a turn needs through it to be valued', '1')
+  .option('--max-tokens <n>', 'most tokens in one assistant message', '160')
   .option('--rpo-alpha <x>', 'RPO’s α on the chosen side’s NLL', '1')
-  .option('--lr <x>', 'each round’s learning rate', '2e-5')
+  .option('--lr <x>', 'each round’s learning rate (DPO, RFT)', '2e-5')
+  .option('--dapo-lr <x>', 'DAPO’s learning rate', '5e-5')
   .option('--epochs <x>', 'passes over a round’s pairs', '2')
   .option('--val-tasks <n>', 'validation tasks', '200')
   .option('--tries <n>', 'tries a task', '2')
@@ -75,7 +92,7 @@ async function episodesOf(device: Device, folder: string, log: Logger): Promise<
   const chat = openChat(ck.tokenizer, ck.model.config.eosTokenId, folder);
   const episodes = num('valTasks') * num('tries');
   const sampling = {
-    maxTokens: 160,
+    maxTokens: num('maxTokens'),
     temperature: 0.5,
     topP: 1,
     tools: TOOLS,
@@ -105,21 +122,47 @@ async function kept(path: string, make: () => Promise<EpisodeRecord[]>): Promise
   return records;
 }
 
-async function arm(): Promise<void> {
-  const log = new Logger('json', process.stderr, {}, true);
-  const device = await openDevice({ backend: o.backend as BackendChoice });
-  const from = String(o.from);
-  const [name, seed] = [String(o.arm), num('seed')];
+/** Each round's model folder, the arm trained from `from`: the iterative trainer's rounds, or DAPO's. */
+async function trained(name: string, seed: number, from: string, device: Device, log: Logger): Promise<string[]> {
   const k = num('k');
-  const sft = await kept(join(out, 'episodes', 'sft.json'), () => episodesOf(device, from, log));
+  const rounds = Math.ceil(num('episodes') / num('perRound'));
+  const work = join(String(o.work), `${name}-${seed}`);
+  const simulator = { max_tokens: num('maxTokens') };
+  if (name === 'dapo' || name === 'dapo-feedback') {
+    // One run, stopped at each round's step and resumed from its checkpoint: the same updates as one long run.
+    const tasksPerStep = 4;
+    const stepsPerRound = Math.max(1, Math.round(num('perRound') / (tasksPerStep * k)));
+    const models: string[] = [];
+    for (let round = 1; round <= rounds; round++) {
+      const out = join(work, `round-${String(round).padStart(3, '0')}`);
+      const knobs = z.strictObject(dapoKnobs).parse({
+        seed: `head-to-head-${seed}`,
+        steps: round * stepsPerRound,
+        tasks_per_step: tasksPerStep,
+        group_size: k,
+        max_generation_batches: 1,
+        max_calls: num('maxCalls'),
+        mode: name === 'dapo' ? 'standard' : 'feedback',
+        lr: num('dapoLr'),
+        simulator,
+      });
+      if (!existsSync(join(out, 'model')))
+        await runDapo({ from, out, cache: work, key: `${name}-${seed}`, knobs, info: {}, device, signal: NEVER, log });
+      models.push(join(out, 'model'));
+    }
+    return models;
+  }
+  const offline = name === 'offline' ? rounds : name === 'offline-iterative' ? Math.floor(rounds / 2) : 0;
   const knobs = z.strictObject(iterativeKnobs).parse({
     seed: `head-to-head-${seed}`,
-    rounds: Math.ceil(num('episodes') / num('perRound')),
+    rounds,
     tasks_per_round: Math.max(1, Math.floor(num('perRound') / k)),
     rollouts_per_task: k,
     max_calls: num('maxCalls'),
+    min_visits: num('minVisits'),
     method: name === 'rft' ? 'rft' : 'dpo',
-    reference: name === 'iterative-fixed' ? 'fixed' : 'reset',
+    reference: name === 'iterative-fixed' || name === 'offline' ? 'fixed' : 'reset',
+    simulator,
     validation: { tasks: 20, tries: 1 },
   });
   const preference = z.strictObject(preferenceKnobs({ lr: 2e-5, losses: PAIRWISE_LOSSES })).parse({
@@ -130,13 +173,36 @@ async function arm(): Promise<void> {
     warmup: 0,
     seed: `${seed}`,
   });
-  const work = join(String(o.work), `${name}-${seed}`);
-  const began = performance.now();
+  // The logs' agents: the mix `prefab simulate` logs (its noise 0.3), each try's agent drawn by (round, task, try).
+  const actor = (task: Task, round: number, trial: number) =>
+    round <= offline
+      ? new ScriptedAgent(
+          mixAgent(seeded(`head-to-head-${seed}`, 'mix', round, task.task_id, trial)()),
+          world,
+          task,
+          `${seed}:${round}:${trial}`,
+          0.3,
+        )
+      : undefined;
   const key = `${name}-${seed}`;
-  const options = { from, out: work, cache: work, key, knobs, preference, device, signal: NEVER, log };
-  const run = await runIterativeDpo(options);
-  for (const [i, folder] of run.models.entries()) {
-    const episodes = (i + 1) * knobs.tasks_per_round * k;
+  const run = await runIterativeDpo({
+    ...{ from, out: work, cache: work, key, knobs, preference, device, signal: NEVER, log },
+    actor,
+  });
+  return run.models;
+}
+
+async function arm(): Promise<void> {
+  const log = new Logger('json', process.stderr);
+  const device = await openDevice({ backend: o.backend as BackendChoice });
+  const from = String(o.from);
+  const [name, seed] = [String(o.arm), num('seed')];
+  if (!ARMS.includes(name)) throw new Error(`--arm ${name}: expected one of ${ARMS_HELP}`);
+  const sft = await kept(join(out, 'episodes', 'sft.json'), () => episodesOf(device, from, log));
+  const began = performance.now();
+  const models = await trained(name, seed, from, device, log);
+  for (const [i, folder] of models.entries()) {
+    const episodes = Math.min(num('episodes'), (i + 1) * num('perRound'));
     const records = await kept(join(out, 'episodes', `${name}-${seed}-${episodes}.json`), () =>
       episodesOf(device, folder, log),
     );
@@ -153,19 +219,28 @@ async function arm(): Promise<void> {
       worse: against.worse,
       seconds: (performance.now() - began) / 1000,
     };
-    appendFileSync(join(out, 'curves.jsonl'), JSON.stringify(point) + '\n');
+    // A rerun of an arm that got this far finds its point already written.
+    if (!points().some((p) => p.arm === name && p.seed === seed && p.episodes === episodes))
+      appendFileSync(join(out, 'curves.jsonl'), JSON.stringify(point) + '\n');
     console.error(JSON.stringify(point));
   }
 }
 
+/** The points so far. */
+function points(): Point[] {
+  const path = join(out, 'curves.jsonl');
+  if (!existsSync(path)) return [];
+  return readFileSync(path, 'utf8')
+    .split('\n')
+    .filter(Boolean)
+    .map((l) => JSON.parse(l) as Point);
+}
+
 /** The table: each arm's checkpoints, the last ones' p corrected by Holm across the arms. */
 function table(): void {
-  const points = readFileSync(join(out, 'curves.jsonl'), 'utf8')
-    .trim()
-    .split('\n')
-    .map((l) => JSON.parse(l) as Point);
+  const all = points();
   const last = new Map<string, Point>();
-  for (const p of points) {
+  for (const p of all) {
     const key = `${p.arm} ${p.seed}`;
     if ((last.get(key)?.episodes ?? -1) < p.episodes) last.set(key, p);
   }
@@ -176,7 +251,10 @@ function table(): void {
     '| arm | seed | episodes | first-try success | against SFT [90%, companies] | better / worse | p (Holm) | minutes |',
   );
   console.log('|---|---|---|---|---|---|---|---|');
-  for (const p of points)
+  const sft = JSON.parse(readFileSync(join(out, 'episodes', 'sft.json'), 'utf8')) as EpisodeRecord[];
+  const first = sft.reduce((a, r) => a + r.success, 0) / sft.length;
+  console.log(`| SFT | – | 0 | ${first.toFixed(3)} | | | | |`);
+  for (const p of all)
     console.log(
       `| ${p.arm} | ${p.seed} | ${p.episodes} | ${p.success_first.toFixed(3)} | ${f(p.difference)} [${f(p.interval[0])}, ${f(p.interval[1])}] | ${p.better} / ${p.worse} | ${p.p.toPrecision(2)}${adjusted.has(p) ? ` (${adjusted.get(p)!.toPrecision(2)})` : ''} | ${(p.seconds / 60).toFixed(0)} |`,
     );

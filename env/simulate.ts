@@ -65,12 +65,16 @@ interface SimulationStats {
   byDifficulty: Record<string, Record<number, { sessions: number; successes: number }>>;
 }
 
-function chooseAgent(o: SimulateOptions & { agent: AgentName | 'mix' }, taskIndex: number, trial: number): AgentName {
-  if (o.agent !== 'mix') return o.agent;
-  const r = seeded(o.seed, 'mix', o.split, taskIndex, trial)();
+/** The mix's agent for a draw `r` in [0, 1): each with its share of the logs. */
+export function mixAgent(r: number): AgentName {
   let acc = 0;
   for (const [name, weight] of MIX) if (r < (acc += weight)) return name;
   return MIX.at(-1)![0];
+}
+
+function chooseAgent(o: SimulateOptions & { agent: AgentName | 'mix' }, taskIndex: number, trial: number): AgentName {
+  if (o.agent !== 'mix') return o.agent;
+  return mixAgent(seeded(o.seed, 'mix', o.split, taskIndex, trial)());
 }
 
 /**

@@ -5,7 +5,7 @@
 // (rejection-sampling fine-tuning, expert iteration), trains on the same rollouts' successes by SFT instead.
 // Each round's model is a folder of its own, so a killed run resumes at the round it was in; every round
 // ends with the policy on the validation tasks, the same draws each time.
-import { cp, mkdir, readFile, writeFile } from 'node:fs/promises';
+import { cp, mkdir, readFile, rename, writeFile } from 'node:fs/promises';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { hashJson } from '../pipeline/hash.ts';
@@ -43,8 +43,11 @@ export interface IterativeRunOptions {
   device: Device;
   signal: AbortSignal;
   log: Logger;
-  /** What plays a round's rollouts; absent: the policy itself. Tests put a scripted agent here. */
-  actor?: (task: Task, round: number, trial: number) => Policy;
+  /**
+   * What plays a round's rollouts where it gives a player; absent, or where it gives none: the policy itself.
+   * Tests put a scripted agent here; the head-to-head's offline arms the logs' mix of agents.
+   */
+  actor?: (task: Task, round: number, trial: number) => Policy | undefined;
 }
 
 /** A round's figures: its rollouts' success, the step pairs they gave, and the policy on validation after it. */
@@ -156,7 +159,7 @@ async function roundFigures(path: string, make: () => Promise<Figures>): Promise
   if (existsSync(path)) return JSON.parse(await readFile(path, 'utf8')) as Figures;
   const figures = await make();
   await writeFile(`${path}.tmp`, JSON.stringify(figures) + '\n');
-  await cp(`${path}.tmp`, path);
+  await rename(`${path}.tmp`, path);
   return figures;
 }
 

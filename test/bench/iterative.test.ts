@@ -1,0 +1,73 @@
+// The head-to-head's driver (bench/iterative.ts) at a tiny size: every arm runs end to end from one model,
+// writes a point at each checkpoint against the same SFT episodes, and the table lists them; a rerun of an
+// arm writes nothing twice.
+import { spawnSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { openDevice } from '../../runtime/device.ts';
+import { REPO } from '../fixtures/cli.ts';
+import { tempDir } from '../fixtures/pipeline.ts';
+import { servedModelFolder } from '../fixtures/served-model.ts';
+
+const ARMS = ['offline', 'iterative', 'iterative-fixed', 'offline-iterative', 'rft', 'dapo', 'dapo-feedback'];
+let from: string;
+let work: string;
+let out: string;
+
+function driver(...args: string[]) {
+  const tiny = ['--episodes', '16', '--per-round', '8', '--k', '4', '--val-tasks', '2', '--tries', '1'];
+  const small = ['--max-tokens', '8', '--max-calls', '1', '--backend', 'cpu', '--work', work, '--out', out];
+  const r = spawnSync(
+    process.execPath,
+    ['--import', 'tsx', join(REPO, 'bench', 'iterative.ts'), '--from', from, ...tiny, ...small, ...args],
+    { cwd: REPO, encoding: 'utf8' },
+  );
+  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+const curves = () =>
+  readFileSync(join(out, 'curves.jsonl'), 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as { arm: string; seed: number; episodes: number; success_first: number; p: number });
+
+describe('the head-to-head driver', () => {
+  beforeAll(async () => {
+    await openDevice({ backend: 'cpu' });
+    from = await servedModelFolder(tempDir(), 'head-to-head');
+    [work, out] = [tempDir(), tempDir()];
+  });
+
+  it('runs every arm end to end and tables their checkpoints against SFT', { timeout: 300_000 }, () => {
+    for (const arm of ARMS) {
+      const r = driver('--arm', arm, '--seed', '1');
+      expect(r.code, `${arm}: ${r.stderr.slice(-2000)}`).toBe(0);
+    }
+    const points = curves();
+    expect(points.map((p) => `${p.arm} ${p.episodes}`)).toEqual(ARMS.flatMap((a) => [`${a} 8`, `${a} 16`]));
+    for (const p of points) {
+      expect(p.success_first).toBeGreaterThanOrEqual(0);
+      expect(p.p).toBeGreaterThan(0);
+      expect(p.p).toBeLessThanOrEqual(1);
+    }
+    // The offline rounds trained on the logs' step pairs: the mix of agents parts where one succeeds.
+    const offline = readFileSync(join(work, 'offline-1', 'model', 'model.safetensors'));
+    expect(offline.equals(readFileSync(join(from, 'model.safetensors')))).toBe(false);
+    const table = driver('--table');
+    expect(table.code, table.stderr).toBe(0);
+    expect(table.stdout).toMatch(/^\| SFT \| – \| 0 \| \d\.\d{3} \|/m);
+    for (const arm of ARMS)
+      expect(table.stdout).toMatch(new RegExp(`^\\| ${arm} \\| 1 \\| 16 \\| \\d\\.\\d{3} \\|`, 'm'));
+    // Again: every round is found made, and no point is written twice.
+    const again = driver('--arm', 'offline', '--seed', '1');
+    expect(again.code, again.stderr).toBe(0);
+    expect(curves()).toHaveLength(points.length);
+  });
+
+  it('refuses an arm it does not know, naming the ones it does', () => {
+    const r = driver('--arm', 'ppo');
+    expect(r.code).not.toBe(0);
+    expect(r.stderr).toMatch(/--arm ppo: expected one of offline, iterative, .*dapo-feedback/);
+  });
+});
