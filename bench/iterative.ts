@@ -23,6 +23,7 @@ import { appendFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } fr
 import { join } from 'node:path';
 import { Command } from 'commander';
 import { z } from 'zod';
+import { hashJson } from '../pipeline/hash.ts';
 import { NEVER } from '../pipeline/interrupt.ts';
 import { Logger } from '../pipeline/log.ts';
 import { holm, pairedSuccess, type Twin } from '../core/paired-success.ts';
@@ -73,9 +74,26 @@ const world = generateWorld({ ...DEFAULT_WORLD });
 const companyOf = new Map(taskPool(world, 'val', num('valTasks'), num('maxCalls')).map((t) => [t.task_id, t.company]));
 const twins = (records: EpisodeRecord[]): Twin[] => records.map((r) => ({ ...r, cluster: companyOf.get(r.task) }));
 
+/** The knobs that make an arm's run what it is: a run of other knobs is another run, in folders of its own. */
+const knobsOf = (name: string): Record<string, number> =>
+  name.startsWith('dapo')
+    ? { k: num('k'), per_round: num('perRound'), lr: num('dapoLr') }
+    : {
+        k: num('k'),
+        per_round: num('perRound'),
+        lr: num('lr'),
+        rpo_alpha: num('rpoAlpha'),
+        epochs: num('epochs'),
+        min_visits: num('minVisits'),
+      };
+
+/** An arm's run as its folders and files are named: arm, seed and a hash of its knobs. */
+const runName = (name: string, seed: number) => `${name}-${seed}-${hashJson(knobsOf(name)).slice(0, 8)}`;
+
 interface Point {
   arm: string;
   seed: number;
+  knobs: Record<string, number>;
   episodes: number;
   success_first: number;
   difference: number;
@@ -126,7 +144,7 @@ async function kept(path: string, make: () => Promise<EpisodeRecord[]>): Promise
 async function trained(name: string, seed: number, from: string, device: Device, log: Logger): Promise<string[]> {
   const k = num('k');
   const rounds = Math.ceil(num('episodes') / num('perRound'));
-  const work = join(String(o.work), `${name}-${seed}`);
+  const work = join(String(o.work), runName(name, seed));
   const simulator = { max_tokens: num('maxTokens') };
   if (name === 'dapo' || name === 'dapo-feedback') {
     // One run, stopped at each round's step and resumed from its checkpoint: the same updates as one long run.
@@ -147,7 +165,17 @@ async function trained(name: string, seed: number, from: string, device: Device,
         simulator,
       });
       if (!existsSync(join(out, 'model')))
-        await runDapo({ from, out, cache: work, key: `${name}-${seed}`, knobs, info: {}, device, signal: NEVER, log });
+        await runDapo({
+          from,
+          out,
+          cache: work,
+          key: runName(name, seed),
+          knobs,
+          info: {},
+          device,
+          signal: NEVER,
+          log,
+        });
       models.push(join(out, 'model'));
     }
     return models;
@@ -184,7 +212,7 @@ async function trained(name: string, seed: number, from: string, device: Device,
           0.3,
         )
       : undefined;
-  const key = `${name}-${seed}`;
+  const key = runName(name, seed);
   const run = await runIterativeDpo({
     ...{ from, out: work, cache: work, key, knobs, preference, device, signal: NEVER, log },
     actor,
@@ -203,13 +231,14 @@ async function arm(): Promise<void> {
   const models = await trained(name, seed, from, device, log);
   for (const [i, folder] of models.entries()) {
     const episodes = Math.min(num('episodes'), (i + 1) * num('perRound'));
-    const records = await kept(join(out, 'episodes', `${name}-${seed}-${episodes}.json`), () =>
+    const records = await kept(join(out, 'episodes', `${runName(name, seed)}-${episodes}.json`), () =>
       episodesOf(device, folder, log),
     );
     const against = pairedSuccess(twins(sft), twins(records), { samples: 2000, alpha: 0.05, seed: `${name}-${seed}` });
     const point: Point = {
       arm: name,
       seed,
+      knobs: knobsOf(name),
       episodes,
       success_first: against.candidate,
       difference: against.difference,
@@ -220,7 +249,8 @@ async function arm(): Promise<void> {
       seconds: (performance.now() - began) / 1000,
     };
     // A rerun of an arm that got this far finds its point already written.
-    if (!points().some((p) => p.arm === name && p.seed === seed && p.episodes === episodes))
+    const same = (p: Point) => p.arm === name && p.seed === seed && hashJson(p.knobs) === hashJson(point.knobs);
+    if (!points().some((p) => same(p) && p.episodes === episodes))
       appendFileSync(join(out, 'curves.jsonl'), JSON.stringify(point) + '\n');
     console.error(JSON.stringify(point));
   }
@@ -241,22 +271,26 @@ function table(): void {
   const all = points();
   const last = new Map<string, Point>();
   for (const p of all) {
-    const key = `${p.arm} ${p.seed}`;
+    const key = `${p.arm} ${p.seed} ${hashJson(p.knobs)}`;
     if ((last.get(key)?.episodes ?? -1) < p.episodes) last.set(key, p);
   }
   const finals = [...last.values()];
   const adjusted = new Map(holm(finals.map((p) => p.p)).map((q, i) => [finals[i]!, q]));
   const f = (x: number) => (x >= 0 ? '+' : '') + x.toFixed(3);
   console.log(
-    '| arm | seed | episodes | first-try success | against SFT [90%, companies] | better / worse | p (Holm) | minutes |',
+    '| arm | knobs | seed | episodes | first-try success | against SFT [90%, companies] | better / worse | p (Holm) | minutes |',
   );
-  console.log('|---|---|---|---|---|---|---|---|');
+  console.log('|---|---|---|---|---|---|---|---|---|');
   const sft = JSON.parse(readFileSync(join(out, 'episodes', 'sft.json'), 'utf8')) as EpisodeRecord[];
   const first = sft.reduce((a, r) => a + r.success, 0) / sft.length;
-  console.log(`| SFT | – | 0 | ${first.toFixed(3)} | | | | |`);
+  console.log(`| SFT | | – | 0 | ${first.toFixed(3)} | | | | |`);
+  const knobs = (p: Point) =>
+    Object.entries(p.knobs)
+      .map(([k, v]) => `${k} ${v}`)
+      .join(', ');
   for (const p of all)
     console.log(
-      `| ${p.arm} | ${p.seed} | ${p.episodes} | ${p.success_first.toFixed(3)} | ${f(p.difference)} [${f(p.interval[0])}, ${f(p.interval[1])}] | ${p.better} / ${p.worse} | ${p.p.toPrecision(2)}${adjusted.has(p) ? ` (${adjusted.get(p)!.toPrecision(2)})` : ''} | ${(p.seconds / 60).toFixed(0)} |`,
+      `| ${p.arm} | ${knobs(p)} | ${p.seed} | ${p.episodes} | ${p.success_first.toFixed(3)} | ${f(p.difference)} [${f(p.interval[0])}, ${f(p.interval[1])}] | ${p.better} / ${p.worse} | ${p.p.toPrecision(2)}${adjusted.has(p) ? ` (${adjusted.get(p)!.toPrecision(2)})` : ''} | ${(p.seconds / 60).toFixed(0)} |`,
     );
 }
 

@@ -2,7 +2,7 @@
 // writes a point at each checkpoint against the same SFT episodes, and the table lists them; a rerun of an
 // arm writes nothing twice.
 import { spawnSync } from 'node:child_process';
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { openDevice } from '../../runtime/device.ts';
@@ -52,17 +52,25 @@ describe('the head-to-head driver', () => {
       expect(p.p).toBeLessThanOrEqual(1);
     }
     // The offline rounds trained on the logs' step pairs: the mix of agents parts where one succeeds.
-    const offline = readFileSync(join(work, 'offline-1', 'model', 'model.safetensors'));
+    const run = readdirSync(work).find((f) => f.startsWith('offline-1-'))!;
+    const offline = readFileSync(join(work, run, 'model', 'model.safetensors'));
     expect(offline.equals(readFileSync(join(from, 'model.safetensors')))).toBe(false);
     const table = driver('--table');
     expect(table.code, table.stderr).toBe(0);
-    expect(table.stdout).toMatch(/^\| SFT \| – \| 0 \| \d\.\d{3} \|/m);
+    expect(table.stdout).toMatch(/^\| SFT \| \| – \| 0 \| \d\.\d{3} \|/m);
     for (const arm of ARMS)
-      expect(table.stdout).toMatch(new RegExp(`^\\| ${arm} \\| 1 \\| 16 \\| \\d\\.\\d{3} \\|`, 'm'));
+      expect(table.stdout).toMatch(
+        new RegExp(`^\\| ${arm} \\| k 4, per_round 8, lr [^|]+ \\| 1 \\| 16 \\| \\d\\.\\d{3} \\|`, 'm'),
+      );
     // Again: every round is found made, and no point is written twice.
     const again = driver('--arm', 'offline', '--seed', '1');
     expect(again.code, again.stderr).toBe(0);
     expect(curves()).toHaveLength(points.length);
+    // Another learning rate is another run, beside the first.
+    const other = driver('--arm', 'offline', '--seed', '1', '--lr', '1e-4');
+    expect(other.code, other.stderr).toBe(0);
+    expect(curves()).toHaveLength(points.length + 2);
+    expect(curves().at(-1)).toMatchObject({ arm: 'offline', knobs: { lr: 1e-4 } });
   });
 
   it('refuses an arm it does not know, naming the ones it does', () => {
