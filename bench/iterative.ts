@@ -40,6 +40,7 @@ import { decodingEngine } from '../runtime/placement.ts';
 import { EpisodePlayers } from '../runtime/policy.ts';
 import { runDapo } from '../rl/dapo.ts';
 import { runIterativeDpo } from '../rl/iterative.ts';
+import { validationTasks, type TaskOutcome } from '../rl/rollouts.ts';
 import { dapoKnobs, iterativeKnobs } from '../rl/settings.ts';
 import { PAIRWISE_LOSSES, preferenceKnobs } from '../trainers/settings.ts';
 
@@ -65,6 +66,8 @@ const o = new Command()
   .option('--backend <name>', 'auto, cpu, webgpu or wasm', 'auto')
   .option('--work <dir>', 'the rounds’ models', '.scratch/iterative')
   .option('--out <dir>', 'curves.jsonl, and each checkpoint’s episodes', 'bench/results/iterative')
+  .option('--notes-tries <n>', 'tries a task for with-feedback and retry-without-notes success', '3')
+  .option('--notes', 'no run: does the --from model read notes? With-feedback against retry success, paired')
   .option('--table', 'no run: the head-to-head so far, as Markdown')
   .parse()
   .opts<Record<string, string | boolean | undefined>>();
@@ -102,6 +105,9 @@ interface Point {
   better: number;
   worse: number;
   seconds: number;
+  /** The last checkpoint's: success within --notes-tries tries reading the notes of the failed ones, and without. */
+  with_notes?: number;
+  retry?: number;
 }
 
 /** The model in `folder` on the validation tasks: every try a twin of every other model's (seeded by task and try). */
@@ -131,9 +137,41 @@ async function episodesOf(device: Device, folder: string, log: Logger): Promise<
   return records;
 }
 
+/** The model in `folder` task by task: its first try, then within --notes-tries tries with notes and without. */
+async function notesOf(device: Device, folder: string, log: Logger): Promise<TaskOutcome[]> {
+  const ck = loadCheckpoint(folder);
+  const tasks = taskPool(world, 'val', num('valTasks'), num('maxCalls'));
+  const sampling = {
+    maxTokens: num('maxTokens'),
+    temperature: 0.5,
+    topP: 1,
+    tools: TOOLS,
+    engine: await decodingEngine(device, ck.model, tasks.length * 2, log),
+  };
+  const chat = openChat(ck.tokenizer, ck.model.config.eosTokenId, folder);
+  const { context, placeholders } = ck;
+  const options = { world, chat, context, placeholders, sampling, maxTurns: 12, seed: 'head-to-head' };
+  const outcomes = await validationTasks({ ...options, tasks, tries: num('notesTries') }, ck.model);
+  ck.model.dispose();
+  return outcomes;
+}
+
+/** With-feedback against retry-without-notes success on the same tasks: the paired test says whether notes are read. */
+function notesAgainstRetry(outcomes: TaskOutcome[], seed: string) {
+  const twin = (success: boolean, t: TaskOutcome): Twin => ({
+    task: t.task,
+    trial: 0,
+    success: +success,
+    cluster: t.company,
+  });
+  const retry = outcomes.map((t) => twin(t.without, t));
+  const notes = outcomes.map((t) => twin(t.withNotes, t));
+  return pairedSuccess(retry, notes, { samples: 2000, alpha: 0.05, seed });
+}
+
 /** Episodes of `folder`, kept in `path` (a rerun, or another arm's, reads them back). */
-async function kept(path: string, make: () => Promise<EpisodeRecord[]>): Promise<EpisodeRecord[]> {
-  if (existsSync(path)) return JSON.parse(readFileSync(path, 'utf8')) as EpisodeRecord[];
+async function kept<T>(path: string, make: () => Promise<T[]>): Promise<T[]> {
+  if (existsSync(path)) return JSON.parse(readFileSync(path, 'utf8')) as T[];
   const records = await make();
   mkdirSync(join(out, 'episodes'), { recursive: true });
   writeFileSync(path, JSON.stringify(records));
@@ -227,6 +265,7 @@ async function arm(): Promise<void> {
   const [name, seed] = [String(o.arm), num('seed')];
   if (!ARMS.includes(name)) throw new Error(`--arm ${name}: expected one of ${ARMS_HELP}`);
   const sft = await kept(join(out, 'episodes', 'sft.json'), () => episodesOf(device, from, log));
+  await kept(join(out, 'episodes', 'sft-notes.json'), () => notesOf(device, from, log));
   const began = performance.now();
   const models = await trained(name, seed, from, device, log);
   for (const [i, folder] of models.entries()) {
@@ -248,6 +287,17 @@ async function arm(): Promise<void> {
       worse: against.worse,
       seconds: (performance.now() - began) / 1000,
     };
+    if (i === models.length - 1) {
+      const notes = await kept(join(out, 'episodes', `${runName(name, seed)}-${episodes}-notes.json`), () =>
+        notesOf(device, folder, log),
+      );
+      const n = notesAgainstRetry(notes, `${name}-${seed}`);
+      Object.assign(point, {
+        with_notes: n.candidate,
+        retry: n.baseline,
+        seconds: (performance.now() - began) / 1000,
+      });
+    }
     // A rerun of an arm that got this far finds its point already written.
     const same = (p: Point) => p.arm === name && p.seed === seed && hashJson(p.knobs) === hashJson(point.knobs);
     if (!points().some((p) => same(p) && p.episodes === episodes))
@@ -278,21 +328,55 @@ function table(): void {
   const adjusted = new Map(holm(finals.map((p) => p.p)).map((q, i) => [finals[i]!, q]));
   const f = (x: number) => (x >= 0 ? '+' : '') + x.toFixed(3);
   console.log(
-    '| arm | knobs | seed | episodes | first-try success | against SFT [90%, companies] | better / worse | p (Holm) | minutes |',
+    '| arm | knobs | seed | episodes | first-try success | against SFT [90%, companies] | better / worse | p (Holm) | with notes / retry | minutes |',
   );
-  console.log('|---|---|---|---|---|---|---|---|---|');
+  console.log('|---|---|---|---|---|---|---|---|---|---|');
+  const pair = (a?: number, b?: number) =>
+    a === undefined || b === undefined ? '' : `${a.toFixed(3)} / ${b.toFixed(3)}`;
   const sft = JSON.parse(readFileSync(join(out, 'episodes', 'sft.json'), 'utf8')) as EpisodeRecord[];
   const first = sft.reduce((a, r) => a + r.success, 0) / sft.length;
-  console.log(`| SFT | | – | 0 | ${first.toFixed(3)} | | | | |`);
+  const notesPath = join(out, 'episodes', 'sft-notes.json');
+  const n = existsSync(notesPath)
+    ? notesAgainstRetry(JSON.parse(readFileSync(notesPath, 'utf8')) as TaskOutcome[], 'sft')
+    : null;
+  console.log(`| SFT | | – | 0 | ${first.toFixed(3)} | | | | ${pair(n?.candidate, n?.baseline)} | |`);
   const knobs = (p: Point) =>
     Object.entries(p.knobs)
       .map(([k, v]) => `${k} ${v}`)
       .join(', ');
   for (const p of all)
     console.log(
-      `| ${p.arm} | ${knobs(p)} | ${p.seed} | ${p.episodes} | ${p.success_first.toFixed(3)} | ${f(p.difference)} [${f(p.interval[0])}, ${f(p.interval[1])}] | ${p.better} / ${p.worse} | ${p.p.toPrecision(2)}${adjusted.has(p) ? ` (${adjusted.get(p)!.toPrecision(2)})` : ''} | ${(p.seconds / 60).toFixed(0)} |`,
+      `| ${p.arm} | ${knobs(p)} | ${p.seed} | ${p.episodes} | ${p.success_first.toFixed(3)} | ${f(p.difference)} [${f(p.interval[0])}, ${f(p.interval[1])}] | ${p.better} / ${p.worse} | ${p.p.toPrecision(2)}${adjusted.has(p) ? ` (${adjusted.get(p)!.toPrecision(2)})` : ''} | ${pair(p.with_notes, p.retry)} | ${(p.seconds / 60).toFixed(0)} |`,
     );
 }
 
+/** Does the --from model read notes: with-feedback success against as many tries without, paired by task. */
+async function notes(): Promise<void> {
+  const log = new Logger('json', process.stderr);
+  const device = await openDevice({ backend: o.backend as BackendChoice });
+  const from = String(o.from);
+  const outcomes = await notesOf(device, from, log);
+  const n = notesAgainstRetry(outcomes, 'notes');
+  const mean = (f: (t: TaskOutcome) => boolean) => outcomes.filter(f).length / outcomes.length;
+  const line = {
+    from,
+    tasks: outcomes.length,
+    tries: num('notesTries'),
+    max_calls: num('maxCalls'),
+    first: mean((t) => t.first),
+    with_notes: n.candidate,
+    retry: n.baseline,
+    difference: n.difference,
+    p: n.p,
+    interval: n.interval,
+    better: n.better,
+    worse: n.worse,
+  };
+  mkdirSync(out, { recursive: true });
+  appendFileSync(join(out, 'notes.jsonl'), JSON.stringify(line) + '\n');
+  console.log(JSON.stringify(line));
+}
+
 if (o.table) table();
+else if (o.notes) await notes();
 else await arm();

@@ -172,17 +172,27 @@ export interface ValidationOptions extends EpisodeSettings {
   tries: number;
 }
 
+/** One validation task's outcomes: its first try, and within `tries` with the notes and without. */
+export interface TaskOutcome {
+  task: string;
+  company: string;
+  first: boolean;
+  reward: number;
+  withNotes: boolean;
+  without: boolean;
+}
+
 /**
- * `model` on the validation tasks: first-try success (no notes in context: what the policy has internalised),
- * success within `tries` attempts that read the notes of the failed ones before them, and, as its control,
- * within `tries` attempts that read none (what trying again is worth without feedback). Episodes are seeded
- * by task and try alone, so two models, or one model at two steps, are compared on the same draws.
+ * `model` on the validation tasks, task by task: the first try (no notes in context: what the policy has
+ * internalised), then tries that read the notes of the failed ones before them until one succeeds, and, as
+ * their control, as many tries that read none (what trying again is worth without feedback). Episodes are
+ * seeded by task and try alone, so two models, or one model at two steps, are compared on the same draws.
  */
-export async function validation(
+export async function validationTasks(
   o: ValidationOptions,
   model: Llama,
   trained?: Map<string, GPUBuffer>,
-): Promise<Record<string, number>> {
+): Promise<TaskOutcome[]> {
   const { context, chat, placeholders } = o;
   const sampling = { ...o.sampling, recordTurns: false, trained };
   const players = new EpisodePlayers({ name: 'validation', model, context, chat, placeholders, sampling });
@@ -191,8 +201,7 @@ export async function validation(
     player.reads = block ? (c) => withFeedback(c, block) : null;
     return runEpisode(o.world, task, player, o.maxTurns);
   };
-  /** A task's first try, then tries with the notes of the failed ones, and tries without (the control). */
-  const onTask = async (task: Task) => {
+  const onTask = async (task: Task): Promise<TaskOutcome> => {
     const opening = await play(task, 0, '');
     const notes = addNotes(emptyNotes(), opening.messages);
     let withNotes = opening.success;
@@ -203,15 +212,30 @@ export async function validation(
       addNotes(notes, episode.messages);
     }
     for (let trial = 1; trial < o.tries && !without; trial++) without = (await play(task, trial, '')).success;
-    return { first: opening.success, reward: opening.reward, withNotes, without };
+    return {
+      task: task.task_id,
+      company: task.company,
+      first: opening.success,
+      reward: opening.reward,
+      withNotes,
+      without,
+    };
   };
-  let tasks: Awaited<ReturnType<typeof onTask>>[];
   try {
-    tasks = await settled(o.tasks.map(onTask));
+    return await settled(o.tasks.map(onTask));
   } finally {
     players.dispose();
   }
-  const count = (f: (t: (typeof tasks)[number]) => boolean) => tasks.filter(f).length;
+}
+
+/** `validationTasks` summed: val/success_first, val/success_feedback, val/success_retry and val/reward_first. */
+export async function validation(
+  o: ValidationOptions,
+  model: Llama,
+  trained?: Map<string, GPUBuffer>,
+): Promise<Record<string, number>> {
+  const tasks = await validationTasks(o, model, trained);
+  const count = (f: (t: TaskOutcome) => boolean) => tasks.filter(f).length;
   const first = count((t) => t.first);
   const firstReward = tasks.reduce((n, t) => n + t.reward, 0);
   const guided = count((t) => t.withNotes);

@@ -30,7 +30,18 @@ const curves = () =>
   readFileSync(join(out, 'curves.jsonl'), 'utf8')
     .trim()
     .split('\n')
-    .map((l) => JSON.parse(l) as { arm: string; seed: number; episodes: number; success_first: number; p: number });
+    .map(
+      (l) =>
+        JSON.parse(l) as {
+          arm: string;
+          seed: number;
+          episodes: number;
+          success_first: number;
+          p: number;
+          with_notes?: number;
+          retry?: number;
+        },
+    );
 
 describe('the head-to-head driver', () => {
   beforeAll(async () => {
@@ -57,7 +68,13 @@ describe('the head-to-head driver', () => {
     expect(offline.equals(readFileSync(join(from, 'model.safetensors')))).toBe(false);
     const table = driver('--table');
     expect(table.code, table.stderr).toBe(0);
-    expect(table.stdout).toMatch(/^\| SFT \| \| – \| 0 \| \d\.\d{3} \|/m);
+    expect(table.stdout).toMatch(/^\| SFT \| \| – \| 0 \| \d\.\d{3} \| \| \| \| \d\.\d{3} \/ \d\.\d{3} \|/m);
+    // The last checkpoint's with-feedback and retry success, each within the tries.
+    for (const p of points.filter((p) => p.episodes === 16)) {
+      expect(p.with_notes).toBeGreaterThanOrEqual(0);
+      expect(p.retry).toBeGreaterThanOrEqual(0);
+    }
+    expect(points.filter((p) => p.episodes === 8).every((p) => p.with_notes === undefined)).toBe(true);
     for (const arm of ARMS)
       expect(table.stdout).toMatch(
         new RegExp(`^\\| ${arm} \\| k 4, per_round 8, lr [^|]+ \\| 1 \\| 16 \\| \\d\\.\\d{3} \\|`, 'm'),
@@ -71,6 +88,17 @@ describe('the head-to-head driver', () => {
     expect(other.code, other.stderr).toBe(0);
     expect(curves()).toHaveLength(points.length + 2);
     expect(curves().at(-1)).toMatchObject({ arm: 'offline', knobs: { lr: 1e-4 } });
+  });
+
+  it('says whether a model reads notes: with-feedback against retry success on the same tasks', () => {
+    const r = driver('--notes', '--notes-tries', '2');
+    expect(r.code, r.stderr).toBe(0);
+    const line = JSON.parse(r.stdout.trim().split('\n').at(-1)!);
+    expect(line).toMatchObject({ from, tasks: 2, tries: 2, max_calls: 1 });
+    expect(line.with_notes).toBeGreaterThanOrEqual(line.first);
+    expect(line.retry).toBeGreaterThanOrEqual(line.first);
+    expect(line.p).toBeGreaterThan(0);
+    expect(readFileSync(join(out, 'notes.jsonl'), 'utf8')).toContain(JSON.stringify(line));
   });
 
   it('refuses an arm it does not know, naming the ones it does', () => {
