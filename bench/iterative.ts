@@ -67,7 +67,7 @@ const o = new Command()
   .option('--work <dir>', 'the rounds’ models', '.scratch/iterative')
   .option('--out <dir>', 'curves.jsonl, and each checkpoint’s episodes', 'bench/results/iterative')
   .option('--notes-tries <n>', 'tries a task for with-feedback and retry-without-notes success', '3')
-  .option('--notes', 'no run: does the --from model read notes? With-feedback against retry success, paired')
+  .option('--notes', 'no run: does the SFT model (--from) read notes? With-feedback against retry success, paired')
   .option('--table', 'no run: the head-to-head so far, as Markdown')
   .parse()
   .opts<Record<string, string | boolean | undefined>>();
@@ -265,7 +265,7 @@ async function arm(): Promise<void> {
   const [name, seed] = [String(o.arm), num('seed')];
   if (!ARMS.includes(name)) throw new Error(`--arm ${name}: expected one of ${ARMS_HELP}`);
   const sft = await kept(join(out, 'episodes', 'sft.json'), () => episodesOf(device, from, log));
-  await kept(join(out, 'episodes', 'sft-notes.json'), () => notesOf(device, from, log));
+  await kept(join(out, 'episodes', `sft-notes-${num('notesTries')}.json`), () => notesOf(device, from, log));
   const began = performance.now();
   const models = await trained(name, seed, from, device, log);
   for (const [i, folder] of models.entries()) {
@@ -335,7 +335,7 @@ function table(): void {
     a === undefined || b === undefined ? '' : `${a.toFixed(3)} / ${b.toFixed(3)}`;
   const sft = JSON.parse(readFileSync(join(out, 'episodes', 'sft.json'), 'utf8')) as EpisodeRecord[];
   const first = sft.reduce((a, r) => a + r.success, 0) / sft.length;
-  const notesPath = join(out, 'episodes', 'sft-notes.json');
+  const notesPath = join(out, 'episodes', `sft-notes-${num('notesTries')}.json`);
   const n = existsSync(notesPath)
     ? notesAgainstRetry(JSON.parse(readFileSync(notesPath, 'utf8')) as TaskOutcome[], 'sft')
     : null;
@@ -355,8 +355,11 @@ async function notes(): Promise<void> {
   const log = new Logger('json', process.stderr);
   const device = await openDevice({ backend: o.backend as BackendChoice });
   const from = String(o.from);
-  const outcomes = await notesOf(device, from, log);
-  const n = notesAgainstRetry(outcomes, 'notes');
+  // The head-to-head's SFT model: its outcomes are kept beside its episodes (an --out holds one SFT model's).
+  const outcomes = await kept(join(out, 'episodes', `sft-notes-${num('notesTries')}.json`), () =>
+    notesOf(device, from, log),
+  );
+  const n = notesAgainstRetry(outcomes, 'sft');
   const mean = (f: (t: TaskOutcome) => boolean) => outcomes.filter(f).length / outcomes.length;
   const line = {
     from,
