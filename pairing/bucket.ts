@@ -1,5 +1,6 @@
-// One bucket of tasks made into pairs: outcome pairs per task, hard negatives per successful session (by the
-// transforms, and by the rewriter when there is one), written with every pair not made and why. A pair's
+// One bucket of tasks made into pairs: outcome pairs and (when asked) step pairs per task, hard negatives per
+// successful session (by the transforms, and by the rewriter when there is one), written with every pair not
+// made and why. A pair's
 // message lists are runs of its sessions' messages as stored, written as where they lie in those sessions
 // (stages/layout.ts PairSide): only what a transform changes is parsed and written out whole.
 import { LineBuffer } from '../pipeline/jsonl.ts';
@@ -12,10 +13,12 @@ import { storedSessions, type StoredMessages, type StoredSession, type StoredTas
 import { buildHardNegatives } from './hard-negatives.ts';
 import type { NegativeTemplates } from './templates.ts';
 import { rank, rankedOutcomePairs, type Candidate, type Ranked } from './outcome.ts';
+import { stepPairs } from './steps.ts';
 import type { RewriteJob, RewriteOutcome, Rewriter } from './rewriter.ts';
 
 export interface BucketOptions {
   outcome: { enabled: boolean; success_min: number; failure_max: number; max_pairs_per_task: number | null };
+  steps: { enabled: boolean; margin: number; min_visits: number };
   hardNegatives: {
     enabled: boolean;
     from_min_reward: number;
@@ -33,6 +36,7 @@ export interface BucketOptions {
 /** The pairs config's sections a bucket is paired by. */
 export interface PairingConfig {
   outcome: BucketOptions['outcome'];
+  steps: BucketOptions['steps'];
   hard_negatives: BucketOptions['hardNegatives'];
   must_decline: string[];
   /** The templates file read (readTemplates), which worker threads are handed with the rest. */
@@ -48,6 +52,7 @@ export function bucketOptions(cfg: PairingConfig, rewriter: Rewriter | null): Bu
   const patterns = cfg.must_decline.length > 0;
   return {
     outcome: cfg.outcome,
+    steps: cfg.steps,
     hardNegatives: cfg.hard_negatives,
     rewriter,
     templates: cfg.templates,
@@ -62,6 +67,7 @@ export function pairCounts(): Record<string, number> {
     train: 0,
     test: 0,
     outcome: 0,
+    step: 0,
     hard_negative: 0,
     tasks: 0,
     tasks_with_pairs: 0,
@@ -69,8 +75,9 @@ export function pairCounts(): Record<string, number> {
     tasks_without_failure: 0,
     dropped: 0,
   };
-  // Buckets too large to pair whole, paired in pieces (pairer.ts).
+  // Buckets too large to pair whole, paired in pieces (pairer.ts); their large tasks get no step pairs.
   counts.buckets_in_pieces = 0;
+  counts.step_tasks_too_large = 0;
   for (const t of NEGATIVE_TYPES) counts[`hard_negative_${t}`] = 0;
   // hard_negative counts both kinds; hard_negative_<type> the transforms', hard_negative_llm_<type> the rewriter's.
   Object.assign(counts, {
@@ -206,6 +213,37 @@ export function writeOutcomePairs<C extends Candidate>(
   return built.made.length;
 }
 
+/**
+ * Writes one task's step pairs (pairing/steps.ts: where its sessions part, the turn after which more of them
+ * succeeded against each sibling `margin` less likely); returns how many. The sides are runs of the stored
+ * messages: the prompt and the chosen turn from the chosen side's session, the rejected turn from its own.
+ */
+function writeStepPairs(w: BucketWork, sessions: StoredSession[], side: Split): number {
+  const st = w.o.steps;
+  const parsed = sessions.map((s) => ({
+    session_id: s.session_id,
+    task_id: s.task_id,
+    reward: s.reward,
+    messages: s.messages.all(),
+  }));
+  const options = { margin: st.margin, successReward: w.o.outcome.success_min, minVisits: st.min_visits };
+  const byId = new Map(sessions.map((s) => [s.session_id, s]));
+  const made = stepPairs(parsed, options, side);
+  for (const p of made) {
+    const chosen = byId.get(p.chosen_session_id)!;
+    const rejected = byId.get(p.rejected_session_id)!;
+    const at = p.prompt.length;
+    const sides = {
+      prompt: chosen.messages.slice(0, at),
+      chosen: chosen.messages.slice(at, at + 1),
+      rejected: rejected.messages.slice(at, at + 1),
+    };
+    writePair(w.out.pairs, { ...p, ...sides }, chosen);
+  }
+  w.counts.step! += made.length;
+  return made.length;
+}
+
 /** Writes one successful session's hard negatives (asking the rewriter for its own), and what was not made; returns how many pairs. */
 function writeHardNegatives(w: BucketWork, s: StoredSession): number {
   const { o, counts } = w;
@@ -302,6 +340,7 @@ export async function pairBucket(
           (s) => s,
         )
       : 0;
+    if (o.steps.enabled) made += writeStepPairs(w, sessions, side);
     if (o.hardNegatives.enabled) made += writeTaskHardNegatives(w, sessions);
     madeByTask.set(taskId, made);
   }

@@ -351,6 +351,8 @@ export class BucketPairer {
     const { path, ingest, side } = job;
     const w = bucketWork(this.o, this.shelf, 64 << 10);
     w.counts.tasks!++;
+    // A step pair's prefix tree wants all of a task's sessions at once: a task past the limit gets none.
+    if (this.o.steps.enabled) w.counts.step_tasks_too_large!++;
     let made = 0;
     if (this.o.outcome.enabled) {
       // A session taken is read into a buffer of its own: the reader's is filled again for the next.

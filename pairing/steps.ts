@@ -38,7 +38,11 @@ function turnKey(m: Message): string {
  * do): at every assistant turn where the rollouts part, the likeliest-to-succeed turn against each sibling at
  * least `margin` less likely. `split` is the pairs' side of the split.
  */
-export function stepPairs(rollouts: Session[], o: StepPairOptions, split: Split = 'train'): Pair[] {
+export function stepPairs(
+  rollouts: Pick<Session, 'session_id' | 'task_id' | 'reward' | 'messages'>[],
+  o: StepPairOptions,
+  split: Split = 'train',
+): Pair[] {
   // prefix key → turn key → the turn; a prefix is every message before an assistant turn.
   const tree = new Map<string, { prompt: Message[]; turns: Map<string, Branch> }>();
   const sorted = [...rollouts].sort((a, b) => (a.session_id < b.session_id ? -1 : 1));

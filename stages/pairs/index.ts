@@ -60,6 +60,31 @@ const config = z.strictObject({
     .refine((c) => c.failure_max < c.success_min, { message: 'failure_max must be below success_min' })
     .prefault({})
     .describe("Outcome pairs: a task's successes against its failures, the reward gap as margin."),
+  steps: z
+    .strictObject({
+      enabled: z
+        .boolean()
+        .default(false)
+        .describe(
+          "Build step pairs: where a task's sessions part, the turn after which more of them succeeded against a sibling turn after the same messages, masked on that one turn. They want several sessions of a task by one policy that start alike (a refresh loop's days, a policy's own rollouts); logged trials of different agents seldom part on the same prefix.",
+        ),
+      margin: z
+        .number()
+        .gt(0)
+        .max(1)
+        .default(0.5)
+        .describe(
+          'Two sibling turns make a pair where the success rates of the sessions through them differ by at least this.',
+        ),
+      min_visits: z
+        .number()
+        .int()
+        .min(1)
+        .default(1)
+        .describe('Sessions a turn needs through it to be valued (a success counts by outcome.success_min).'),
+    })
+    .prefault({})
+    .describe('Step pairs (pairing/steps.ts), source `step`: off by default.'),
   hard_negatives: z
     .strictObject({
       enabled: z
@@ -142,7 +167,7 @@ export type Config = z.infer<typeof config>;
 export const pairs = defineStage({
   name: 'pairs',
   description:
-    'build preference pairs: successes against failures of a task (outcome), and hard negatives of seven types (by transforms; optionally by an LLM rewriter)',
+    'build preference pairs: successes against failures of a task (outcome), the turns where its sessions part (step, when asked), and hard negatives of seven types (by transforms; optionally by an LLM rewriter)',
   version: 5,
   inputs: ['ingest', 'split'],
   outputs: ['train.jsonl', 'test.jsonl', 'dropped.jsonl', 'info.json'],

@@ -208,7 +208,7 @@ function report(counts: Record<string, number>, rewriterModel: string | null): S
   return {
     counts,
     summary:
-      `${c.train} train / ${c.test} test pairs (${c.outcome} outcome, ${c.hard_negative} hard negatives) from ${c.tasks_with_pairs} of ${c.tasks} tasks ` +
+      `${c.train} train / ${c.test} test pairs (${c.outcome} outcome, ${c.step ? `${c.step} step, ` : ''}${c.hard_negative} hard negatives) from ${c.tasks_with_pairs} of ${c.tasks} tasks ` +
       `(${c.tasks_without_success} without a success, ${c.tasks_without_failure} without a failure, ${c.dropped} pairs dropped)` +
       (rewriterModel
         ? `; ${c.hard_negative_llm} hard negatives rewritten by ${rewriterModel} (${c.requests} requests, ${c.cached} from cache, ` +

@@ -246,6 +246,7 @@ describe('pairs written from their sessions as stored', () => {
       );
     const cfg = {
       outcome: { enabled: true, success_min: 1, failure_max: 0, max_pairs_per_task: null },
+      steps: { enabled: false, margin: 0.5, min_visits: 1 },
       hard_negatives: { enabled: true, from_min_reward: 1, ratios: {}, salt: 'x', rewriter: { ratios: {} } },
       templates: readTemplates(PREFAB_TEMPLATES),
     };
