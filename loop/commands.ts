@@ -3,7 +3,7 @@
 import { InvalidArgumentError, type Command } from 'commander';
 import { join } from 'node:path';
 import { wholeNumber, type CommandContext } from '../pipeline/commands.ts';
-import type { Engine, Manifest } from '../pipeline/engine.ts';
+import type { Engine, Manifest, StageOutcome } from '../pipeline/engine.ts';
 import type { Logger } from '../pipeline/log.ts';
 import { readJsonFile } from '../pipeline/workspace.ts';
 import { commandOptions, deviceFor } from '../runtime/device.ts';
@@ -209,11 +209,14 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
 }
 
 /**
- * After a run: the model of the last stage that makes one (the pipeline's final model) becomes a registry
- * version unless one already holds those weights (the same stage fingerprint). The first is production.
+ * After a run: the model of the last stage that makes one among those the run reached (the pipeline's final
+ * model, or SFT's after `--until sft`) becomes a registry version unless one already holds those weights (the
+ * same stage fingerprint). The first is production.
  */
-async function registerRunModel(engine: Engine, log: Logger): Promise<void> {
-  const stage = [...engine.stages].reverse().find((s) => s.outputs.includes('model'));
+async function registerRunModel(engine: Engine, log: Logger, outcomes: StageOutcome[]): Promise<void> {
+  // The last model the run reached: the dapo stage's after a whole run, SFT's after `--until sft`.
+  const reached = new Set(outcomes.filter((o) => o.action === 'ran' || o.action === 'fresh').map((o) => o.stage));
+  const stage = [...engine.stages].reverse().find((s) => s.outputs.includes('model') && reached.has(s.name));
   const manifestOf = (name: string) => readJsonFile<Manifest>(engine.ws.manifestPath(name));
   const made = stage && (await manifestOf(stage.name));
   if (!stage || !made) return;

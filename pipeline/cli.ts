@@ -9,7 +9,7 @@ import { configReference } from './config-reference.ts';
 import { Engine, configSchema, type Assessment, type StageOutcome } from './engine.ts';
 import { PipelineError, UsageError, errorMessage } from './errors.ts';
 import { Logger, type LogFormat } from './log.ts';
-import type { CommandFactory } from './commands.ts';
+import type { AfterRun, CommandFactory } from './commands.ts';
 import type { Shard, Stage } from './stage.ts';
 import { Workspace, acquireLock, liveRun, rememberConfig, rememberedConfig, type LockInfo } from './workspace.ts';
 import { parseShard } from './shards.ts';
@@ -199,7 +199,7 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     const o = program.opts<GlobalOptions>();
     return new Logger(o.logFormat ?? Logger.defaultFormat(), process.stderr, {}, o.quiet ?? false);
   };
-  const afterRun: ((engine: Engine, log: Logger) => Promise<void> | void)[] = [];
+  const afterRun: AfterRun[] = [];
   const afterResults: ((engine: Engine, log: Logger) => Promise<void> | void)[] = [];
   const resultsChanged = async (engine: Engine, log: Logger) => {
     for (const hook of afterResults) await hook(engine, log);
@@ -207,7 +207,7 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
   /** After a run without failures or interruptions, the hooks commands added (the registry's, then the report's). */
   const finished = async (engine: Engine, log: Logger, outcomes: StageOutcome[], signal: NodeJS.Signals | null) => {
     if (signal || outcomes.some((o) => o.action === 'failed' || o.action === 'interrupted')) return;
-    for (const hook of afterRun) await hook(engine, log);
+    for (const hook of afterRun) await hook(engine, log, outcomes);
     await resultsChanged(engine, log);
   };
 
@@ -325,7 +325,7 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     configSections: (sections: Record<string, z.ZodType>) => void Object.assign(commandSections, sections),
     pipeline: (log: Logger) => withSections(stages, program.opts<GlobalOptions>(), log),
     locked: withLock,
-    afterRun: (hook: (engine: Engine, log: Logger) => Promise<void> | void) => void afterRun.push(hook),
+    afterRun: (hook: AfterRun) => void afterRun.push(hook),
     afterResults: (hook: (engine: Engine, log: Logger) => Promise<void> | void) => void afterResults.push(hook),
     resultsChanged,
   };

@@ -1,8 +1,11 @@
 // What a command the domain adds to the CLI (`simulate`, `serve`, an option such as `--backend`) gets from it.
 import { InvalidArgumentError, type Command } from 'commander';
 import type { z } from 'zod';
-import type { Engine } from './engine.ts';
+import type { Engine, StageOutcome } from './engine.ts';
 import type { Logger } from './log.ts';
+
+/** What runs after a `prefab run` or `prefab stage` that ended well: the pipeline, and each selected stage's outcome. */
+export type AfterRun = (engine: Engine, log: Logger, outcomes: StageOutcome[]) => Promise<void> | void;
 
 /** What a command added by the domain (e.g. `simulate`, or an option such as `--backend`) gets from the CLI. */
 export interface CommandContext {
@@ -20,7 +23,7 @@ export interface CommandContext {
     body: (signal: AbortSignal) => Promise<T>,
   ): Promise<{ result: T; signal: NodeJS.Signals | null }>;
   /** `hook` runs after every `prefab run` or `prefab stage` that ended without a failure or an interruption. */
-  afterRun(hook: (engine: Engine, log: Logger) => Promise<void> | void): void;
+  afterRun(hook: AfterRun): void;
   /** `hook` runs whenever a command has left new results in the workspace: after the afterRun hooks, and when a command calls resultsChanged. */
   afterResults(hook: (engine: Engine, log: Logger) => Promise<void> | void): void;
   /** Runs the afterResults hooks: a command that changed the workspace's results outside a run (a refresh night) calls it. */

@@ -6,7 +6,7 @@ import { appendFileSync, existsSync, mkdirSync, readFileSync, readdirSync, write
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { Registry } from '../../loop/registry.ts';
-import { prefab } from '../fixtures/cli.ts';
+import { REPO, prefab } from '../fixtures/cli.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 
 /** A stand-in model folder: the registry copies folders, whatever is in them. */
@@ -179,6 +179,43 @@ describe('model registry', () => {
     const unknown = prefab(['--workdir', workdir, 'models', 'promote', 'v0042']);
     expect(unknown.code).not.toBe(0);
     expect(unknown.stderr).toMatch(/no version v0042/);
+  });
+});
+
+describe('the model a run registers', () => {
+  it('is the last model the run reached: after `--until sft`, SFT’s, which then serves as production', () => {
+    const dir = tempDir();
+    const config = join(dir, 'tiny.yaml');
+    writeFileSync(
+      config,
+      `ingest:
+  inputs: [${join(REPO, 'data', 'sample')}]
+tokenizer: { vocab_size: 512 }
+sft:
+  model: { layers: 1, hidden_size: 32, heads: 2, context: 640 }
+  max_sessions: 40
+  max_steps: 2
+`,
+    );
+    const workdir = join(dir, 'workspace');
+    const run = prefab(['--workdir', workdir, '--config', config, 'run', '--until', 'sft']);
+    expect(run.code, run.stderr).toBe(0);
+    expect(run.stderr).toMatch(/registered the model as v0001: production/);
+    const registry = new Registry(join(workdir, 'registry'));
+    expect(registry.aliases()).toEqual({ production: 'v0001', candidate: null });
+    expect(registry.version('v0001')).toMatchObject({ source: { stage: 'sft', folder: 'sft', run: 'prefab run' } });
+    expect(
+      readFileSync(join(registry.folder('v0001'), 'model', 'model.safetensors')).equals(
+        readFileSync(join(workdir, 'sft', 'model', 'model.safetensors')),
+      ),
+    ).toBe(true);
+    // Nothing new: the same weights are not registered twice.
+    expect(prefab(['--workdir', workdir, '--config', config, 'run', '--until', 'sft']).code).toBe(0);
+    expect(registry.versions()).toHaveLength(1);
+    // A run that reaches no model registers none.
+    const data = prefab(['--workdir', join(dir, 'data-only'), '--config', config, 'run', '--until', 'export']);
+    expect(data.code, data.stderr).toBe(0);
+    expect(existsSync(join(dir, 'data-only', 'registry'))).toBe(false);
   });
 });
 
