@@ -17,6 +17,8 @@ export interface ValidationOptions {
   maxTurns: number;
   /** Only tasks with at most this many calls (the first `tasks` of them); absent or null: every task. */
   maxCalls?: number | null;
+  /** The eligible tasks passed over first: fresh draws beside the usual first `tasks` (absent: none). */
+  skip?: number;
 }
 
 export type Figures = Record<string, number | null>;
@@ -53,7 +55,7 @@ export async function validationEpisodes(
   afterEpisode: () => void = () => {},
 ): Promise<EpisodeRecord[]> {
   const world = generateWorld({ ...DEFAULT_WORLD, seed: o.worldSeed, companies: o.companies });
-  const tasks = taskPool(world, 'val', o.tasks, o.maxCalls ?? null);
+  const tasks = taskPool(world, 'val', (o.skip ?? 0) + o.tasks, o.maxCalls ?? null).slice(o.skip ?? 0);
   const episodes = Array.from({ length: o.tasks * o.k }, (_, i) => ({
     task: tasks[Math.floor(i / o.k)]!,
     trial: i % o.k,

@@ -497,6 +497,7 @@ async function pairedEvaluation(night: Night, candidate: Candidate): Promise<Com
   const { cfg, state, root, dir, registry } = night;
   const production = state.production!;
   const evalPath = join(dir, 'eval.json');
+  const playing = { eval: cfg.eval, seed: cfg.seed, device: night.device, signal: night.signal, log: night.log };
   let episodes = await readJsonFile<{ production: EpisodeRecord[]; candidate: EpisodeRecord[] }>(evalPath);
   if (!episodes) {
     const keptPath = join(
@@ -506,11 +507,11 @@ async function pairedEvaluation(night: Night, candidate: Candidate): Promise<Com
     );
     let productionSide = await readJsonFile<EpisodeRecord[]>(keptPath);
     if (!productionSide) {
-      productionSide = await play('production', join(registry.folder(production), 'model'), night);
+      productionSide = await playEpisodes('production', join(registry.folder(production), 'model'), playing);
       mkdirSync(join(root, 'paired'), { recursive: true });
       await writeFileAtomic(keptPath, JSON.stringify(productionSide) + '\n');
     }
-    episodes = { production: productionSide, candidate: await play('candidate', candidate.folder, night) };
+    episodes = { production: productionSide, candidate: await playEpisodes('candidate', candidate.folder, playing) };
     await writeFileAtomic(evalPath, JSON.stringify(episodes) + '\n');
   }
   return compare(episodes.production, episodes.candidate, cfg.gate, `${cfg.seed}:${night.number}`);
@@ -587,10 +588,24 @@ async function dataFingerprints(engine: Engine): Promise<Record<string, string>>
   return out;
 }
 
-/** One side of the paired evaluation: the model in `folder` on the validation tasks, each episode seeded by (seed, task, try) alone. */
-async function play(name: string, folder: string, o: NightOptions): Promise<EpisodeRecord[]> {
-  const { cfg, device, signal, log } = o;
-  const e = cfg.eval;
+/** What a side of the paired evaluation is played with: the eval's settings, the sampler's seed, and where. */
+export interface PlayOptions {
+  eval: RefreshConfig['eval'];
+  seed: string;
+  /** Eligible validation tasks passed over first: fresh draws (bench/nights.ts replays nights on them). */
+  skip?: number;
+  device: Device;
+  signal: AbortSignal;
+  log: Logger;
+}
+
+/**
+ * One side of the paired evaluation: the model in `folder` on the validation tasks, each episode seeded by
+ * (seed, task, try) alone.
+ */
+export async function playEpisodes(name: string, folder: string, o: PlayOptions): Promise<EpisodeRecord[]> {
+  const { device, signal, log } = o;
+  const e = o.eval;
   const ck = loadCheckpoint(folder);
   const chat = openChat(ck.tokenizer, ck.model.config.eosTokenId, folder);
   const sampling = {
@@ -605,8 +620,9 @@ async function play(name: string, folder: string, o: NightOptions): Promise<Epis
   const players = new EpisodePlayers({ name, model, context, chat, placeholders, sampling });
   const progress = log.progress(`paired evaluation: ${name}`, e.tasks * e.k);
   const records = await validationEpisodes(
-    (task, trial) => players.player(seeded(cfg.seed, 'paired', task, trial)),
+    (task, trial) => players.player(seeded(o.seed, 'paired', task, trial)),
     {
+      skip: o.skip,
       worldSeed: e.world_seed,
       companies: e.companies,
       tasks: e.tasks,

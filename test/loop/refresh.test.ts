@@ -3,7 +3,8 @@
 // and the next refresh resumes the night; two refreshes never share a workspace; a production whose live
 // success fell is rolled back to the previous weights byte for byte; `--days` prints the daily table; compounding
 // nights build each candidate on the last one rejected. The decision itself is checked on scripted agents, whose
-// skills are known: the better one is promoted.
+// skills are known: the better one is promoted. bench/nights.ts replays the nights on fresh draws.
+import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
@@ -345,6 +346,38 @@ refresh:
       parent: b.production_before,
       source: { built_on: a.candidate },
     });
+  });
+});
+
+describe('the nights replayed on fresh draws (bench/nights.ts)', () => {
+  it('plays each night’s candidate and its production on validation tasks the night never played', () => {
+    const out = join(dir, 'replay');
+    const r = spawnSync(
+      process.execPath,
+      ['--import', 'tsx', join(REPO, 'bench', 'nights.ts'), '--config', config, '--workdir', workdir, '--out', out],
+      { cwd: REPO, encoding: 'utf8' },
+    );
+    expect(r.status, r.stderr).toBe(0);
+    const nights = readFileSync(join(workdir, 'refresh', 'nights.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { night: number; candidate: string | null; comparison: unknown; decision: string });
+    const judged = nights.filter((n) => n.candidate && n.comparison);
+    expect(judged.length).toBeGreaterThan(1);
+    const lines = readFileSync(join(out, 'nights.jsonl'), 'utf8')
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { night: number; decision: string; replay: { p: number; difference: number } });
+    expect(lines.map((l) => [l.night, l.decision])).toEqual(judged.map((n) => [n.night, n.decision]));
+    for (const n of judged) expect(r.stdout).toMatch(new RegExp(`^\\| ${n.night} \\| ${n.decision} \\| `, 'm'));
+    // The replay's tasks are the six after the six every night played.
+    const played = JSON.parse(readFileSync(join(workdir, 'refresh', 'nights', '0001', 'eval.json'), 'utf8')) as {
+      production: EpisodeRecord[];
+    };
+    const replayed = JSON.parse(readFileSync(join(out, 'episodes', 'v0001-replay.json'), 'utf8')) as EpisodeRecord[];
+    expect(replayed).toHaveLength(6);
+    const seen = new Set(played.production.map((e) => e.task));
+    expect(replayed.filter((e) => seen.has(e.task))).toEqual([]);
   });
 });
 
