@@ -178,46 +178,44 @@ async function kept<T>(path: string, make: () => Promise<T[]>): Promise<T[]> {
   return records;
 }
 
+/**
+ * DAPO's checkpoints: one run (group_size = --k, 4 tasks a step, one batch of rollouts a step so that
+ * episodes are the budget), stopped at each round's step and resumed from its checkpoint: the same updates
+ * as one long run.
+ */
+async function dapoRounds(name: string, seed: number, from: string, device: Device, log: Logger): Promise<string[]> {
+  const k = num('k');
+  const work = join(String(o.work), runName(name, seed));
+  const tasksPerStep = 4;
+  const stepsPerRound = Math.max(1, Math.round(num('perRound') / (tasksPerStep * k)));
+  const models: string[] = [];
+  for (let round = 1; round <= Math.ceil(num('episodes') / num('perRound')); round++) {
+    const out = join(work, `round-${String(round).padStart(3, '0')}`);
+    const knobs = z.strictObject(dapoKnobs).parse({
+      seed: `head-to-head-${seed}`,
+      steps: round * stepsPerRound,
+      tasks_per_step: tasksPerStep,
+      group_size: k,
+      max_generation_batches: 1,
+      max_calls: num('maxCalls'),
+      mode: name === 'dapo' ? 'standard' : 'feedback',
+      lr: num('dapoLr'),
+      simulator: { max_tokens: num('maxTokens') },
+    });
+    const key = runName(name, seed);
+    if (!existsSync(join(out, 'model')))
+      await runDapo({ from, out, cache: work, key, knobs, info: {}, device, signal: NEVER, log });
+    models.push(join(out, 'model'));
+  }
+  return models;
+}
+
 /** Each round's model folder, the arm trained from `from`: the iterative trainer's rounds, or DAPO's. */
 async function trained(name: string, seed: number, from: string, device: Device, log: Logger): Promise<string[]> {
+  if (name === 'dapo' || name === 'dapo-feedback') return dapoRounds(name, seed, from, device, log);
   const k = num('k');
   const rounds = Math.ceil(num('episodes') / num('perRound'));
   const work = join(String(o.work), runName(name, seed));
-  const simulator = { max_tokens: num('maxTokens') };
-  if (name === 'dapo' || name === 'dapo-feedback') {
-    // One run, stopped at each round's step and resumed from its checkpoint: the same updates as one long run.
-    const tasksPerStep = 4;
-    const stepsPerRound = Math.max(1, Math.round(num('perRound') / (tasksPerStep * k)));
-    const models: string[] = [];
-    for (let round = 1; round <= rounds; round++) {
-      const out = join(work, `round-${String(round).padStart(3, '0')}`);
-      const knobs = z.strictObject(dapoKnobs).parse({
-        seed: `head-to-head-${seed}`,
-        steps: round * stepsPerRound,
-        tasks_per_step: tasksPerStep,
-        group_size: k,
-        max_generation_batches: 1,
-        max_calls: num('maxCalls'),
-        mode: name === 'dapo' ? 'standard' : 'feedback',
-        lr: num('dapoLr'),
-        simulator,
-      });
-      if (!existsSync(join(out, 'model')))
-        await runDapo({
-          from,
-          out,
-          cache: work,
-          key: runName(name, seed),
-          knobs,
-          info: {},
-          device,
-          signal: NEVER,
-          log,
-        });
-      models.push(join(out, 'model'));
-    }
-    return models;
-  }
   const offline = name === 'offline' ? rounds : name === 'offline-iterative' ? Math.floor(rounds / 2) : 0;
   const knobs = z.strictObject(iterativeKnobs).parse({
     seed: `head-to-head-${seed}`,
@@ -228,7 +226,7 @@ async function trained(name: string, seed: number, from: string, device: Device,
     min_visits: num('minVisits'),
     method: name === 'rft' ? 'rft' : 'dpo',
     reference: name === 'iterative-fixed' || name === 'offline' ? 'fixed' : 'reset',
-    simulator,
+    simulator: { max_tokens: num('maxTokens') },
     validation: { tasks: 20, tries: 1 },
   });
   const preference = z.strictObject(preferenceKnobs({ lr: 2e-5, losses: PAIRWISE_LOSSES })).parse({
