@@ -5,11 +5,13 @@ import { join } from 'node:path';
 import { wholeNumber, type CommandContext } from '../pipeline/commands.ts';
 import type { Engine, Manifest, StageOutcome } from '../pipeline/engine.ts';
 import type { Logger } from '../pipeline/log.ts';
+import { UsageError } from '../pipeline/errors.ts';
+import { STOP_SIGNALS, signalExitCode } from '../pipeline/interrupt.ts';
 import { readJsonFile } from '../pipeline/workspace.ts';
 import { commandOptions, deviceFor } from '../runtime/device.ts';
 import type { Day } from './days.ts';
 import { Registry, type VersionInfo } from './registry.ts';
-import { SERVE_DEFAULTS, parseSplit, refreshConfig, type Arm, type RefreshConfig } from './settings.ts';
+import { SERVE_DEFAULTS, parseSplit, refreshConfig, serveApiKey, type Arm, type RefreshConfig } from './settings.ts';
 
 /** The workspace's registry; a history line that is not a decision is reported in the log. */
 const registryOf = (program: Command, log: Logger) =>
@@ -104,7 +106,7 @@ export function addRegistryCommands(program: Command, ctx: CommandContext): void
     });
 }
 
-/** `prefab serve`: registry versions behind an OpenAI-compatible API until SIGTERM or SIGINT, which let the requests in flight finish. */
+/** `prefab serve`: registry versions behind an OpenAI-compatible API until SIGTERM, SIGINT or SIGHUP, which let the requests in flight finish. */
 export function addServeCommand(program: Command, ctx: CommandContext): void {
   program
     .command('serve')
@@ -127,7 +129,12 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
         }
       },
     )
-    .option('--host <host>', 'address to listen on', SERVE_DEFAULTS.host)
+    .option(
+      '--host <host>',
+      'address to listen on (beyond 127.0.0.1: PREFAB_SERVE_API_KEY or --no-auth)',
+      SERVE_DEFAULTS.host,
+    )
+    .option('--no-auth', 'serve without a key on an address other machines reach (PREFAB_SERVE_API_KEY unset)')
     .option('--port <n>', 'port (0: any free one)', wholeNumber, SERVE_DEFAULTS.port)
     .option('--max-batch <n>', 'requests decoded together per version', wholeNumber, SERVE_DEFAULTS.maxBatch)
     .option(
@@ -160,8 +167,17 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
         maxTokens: number;
         maxBodyBytes: number;
         followMs: number;
+        auth: boolean;
       }) => {
         const log = ctx.logger();
+        let apiKey: string | null;
+        try {
+          apiKey = serveApiKey(process.env.PREFAB_SERVE_API_KEY, { host: opts.host, noAuth: !opts.auth });
+        } catch (error) {
+          throw new UsageError((error as Error).message);
+        }
+        if (apiKey === null)
+          log.warn('no API key: every client that reaches the server may call it', { host: opts.host });
         const device = await deviceFor(commandOptions(program), log);
         const [{ followAliases, loadCatalog }, { startServer }] = await Promise.all([
           import('./serve/batcher.ts'),
@@ -173,7 +189,7 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
           ...opts,
           defaultModel: opts.model,
           maxBatch: Math.max(1, opts.maxBatch),
-          apiKey: process.env.PREFAB_SERVE_API_KEY || null,
+          apiKey,
           split: opts.split ?? null,
           device,
           log,
@@ -194,9 +210,9 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
               }
             }, opts.followMs)
           : null;
+        // SIGHUP too (a closed terminal): the streams in flight finish rather than die with the process.
         const signal = await new Promise<NodeJS.Signals>((resolve) => {
-          process.once('SIGTERM', () => resolve('SIGTERM'));
-          process.once('SIGINT', () => resolve('SIGINT'));
+          for (const s of STOP_SIGNALS) process.once(s, () => resolve(s));
         });
         if (follow) clearInterval(follow);
         log.info('shutting down: no new requests, those in flight finish', { signal });
@@ -287,6 +303,6 @@ export function addRefreshCommand(program: Command, ctx: CommandContext): void {
         const days = await simulatedDays({ engine, cfg, device, signal: abort, log, days: opts.days, onDay });
         process.stdout.write(formatDays(days) + '\n');
       });
-      ctx.setExit(signal === 'SIGINT' ? 130 : signal ? 143 : 0);
+      ctx.setExit(signal ? signalExitCode(signal) : 0);
     });
 }

@@ -200,6 +200,30 @@ export const SERVE_DEFAULTS: Omit<ServeSettings, 'split' | 'apiKey'> = {
   maxTokens: 160,
 };
 
+/** Addresses only this machine can reach: a server there may go without a key. */
+const LOOPBACK = /^(127\.\d+\.\d+\.\d+|::1|localhost)$/;
+
+/**
+ * The key `prefab serve` requires, from PREFAB_SERVE_API_KEY. A server never opens without one by accident: a
+ * variable set but empty (a `KEY=` in a unit file whose value went missing) is an error, and so is listening
+ * beyond this machine without a key unless `noAuth` says so. Null: no key (the caller logs that).
+ */
+export function serveApiKey(env: string | undefined, opts: { host: string; noAuth: boolean }): string | null {
+  if (env !== undefined && env.trim() === '')
+    throw new Error(
+      'PREFAB_SERVE_API_KEY is set but empty: set it to the key clients must send, or unset it (with --no-auth beyond 127.0.0.1)',
+    );
+  if (env !== undefined) {
+    if (opts.noAuth) throw new Error('--no-auth and PREFAB_SERVE_API_KEY contradict each other: choose one');
+    return env;
+  }
+  if (!opts.noAuth && !LOOPBACK.test(opts.host))
+    throw new Error(
+      `serving on ${opts.host} without a key: set PREFAB_SERVE_API_KEY, or pass --no-auth to let anyone who can reach it call it`,
+    );
+  return null;
+}
+
 /** An arm of the split: a version or alias, and its share of conversations. */
 export interface Arm {
   name: string;

@@ -1,5 +1,5 @@
 // The `prefab` command line: run, stage, status. Exit codes: 0 ok, 1 a stage or the run failed, 2 usage,
-// 130 and 143 interrupted by SIGINT and SIGTERM.
+// 130, 143 and 129 interrupted by SIGINT, SIGTERM and SIGHUP.
 import { readFileSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { Command, CommanderError, InvalidArgumentError, Option } from 'commander';
@@ -13,6 +13,7 @@ import type { AfterRun, CommandFactory } from './commands.ts';
 import type { Shard, Stage } from './stage.ts';
 import { Workspace, acquireLock, liveRun, rememberConfig, rememberedConfig, type LockInfo } from './workspace.ts';
 import { parseShard } from './shards.ts';
+import { STOP_SIGNALS, signalExitCode } from './interrupt.ts';
 
 const DEFAULT_CONFIG = 'configs/default.yaml';
 
@@ -113,13 +114,11 @@ function printStatus(rows: Assessment[], live: LockInfo | null, json: boolean): 
 /** How long an interrupted stage has to reach its next safe point before the process exits anyway. */
 const GRACE_MS = 1500;
 
-const exitCode = (signal: NodeJS.Signals) => (signal === 'SIGINT' ? 130 : 143);
-
 /**
- * Runs `body` holding the workspace's lock. The first SIGINT or SIGTERM aborts the run's signal: the running
+ * Runs `body` holding the workspace's lock. The first SIGINT, SIGTERM or SIGHUP aborts the run's signal: the running
  * stage stops at its next safe point (a training stage writes a checkpoint there) and no other stage starts;
  * one that has not stopped after GRACE_MS, or a second signal, exits at once. Either way the attempt is
- * recorded for `prefab status`, the lock is released, and the exit code is 130 (SIGINT) or 143 (SIGTERM).
+ * recorded for `prefab status`, the lock is released, and the exit code is 128 + the signal's number.
  */
 async function withLock<T>(
   engine: Engine,
@@ -143,7 +142,7 @@ async function withLock<T>(
     const message = engine.recordInterruptionNow(signal);
     log.warn('stopped at once', { signal, ...(message ? { what: message } : {}) });
     release();
-    process.exit(exitCode(signal));
+    process.exit(signalExitCode(signal));
   };
   const onSignal = (signal: NodeJS.Signals) => {
     if (received) return exitNow(signal);
@@ -155,14 +154,12 @@ async function withLock<T>(
     controller.abort(signal);
     grace = setTimeout(() => exitNow(signal), GRACE_MS);
   };
-  process.on('SIGINT', onSignal);
-  process.on('SIGTERM', onSignal);
+  for (const s of STOP_SIGNALS) process.on(s, onSignal);
   try {
     return { result: await body(controller.signal), signal: received };
   } finally {
     clearTimeout(grace);
-    process.off('SIGINT', onSignal);
-    process.off('SIGTERM', onSignal);
+    for (const s of STOP_SIGNALS) process.off(s, onSignal);
     release();
   }
 }
@@ -232,7 +229,7 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
       );
       printOutcomes(outcomes, log.format, signal !== null);
       await finished(engine, log, outcomes, signal);
-      setExit(signal ? exitCode(signal) : outcomes.some((o) => o.action === 'failed') ? 1 : 0);
+      setExit(signal ? signalExitCode(signal) : outcomes.some((o) => o.action === 'failed') ? 1 : 0);
     });
 
   program
@@ -253,7 +250,7 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
       );
       printOutcomes(outcomes, log.format, signal !== null);
       await finished(engine, log, outcomes, signal);
-      setExit(signal ? exitCode(signal) : outcomes.some((o) => o.action === 'failed') ? 1 : 0);
+      setExit(signal ? signalExitCode(signal) : outcomes.some((o) => o.action === 'failed') ? 1 : 0);
     });
 
   program
@@ -335,6 +332,12 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
 
 /** Runs the command line and returns the exit code. */
 export async function main(argv: string[], stages: Stage[], commands: CommandFactory[] = []): Promise<number> {
+  // A reader that stops early (`prefab preview pairs | head -3`): what no one reads is dropped, and the command
+  // goes on to its end, as a run must (its work is not lost to a closed pipe). Other write errors still throw.
+  for (const stream of [process.stdout, process.stderr])
+    stream.on('error', (error: NodeJS.ErrnoException) => {
+      if (error.code !== 'EPIPE') throw error;
+    });
   let code = 0;
   const program = buildProgram(stages, (c) => (code = c), commands);
   try {

@@ -1,10 +1,22 @@
-// Stopping a run when asked: Ctrl+C (SIGINT) or a scheduler's SIGTERM aborts the run's signal, and every long
-// loop stops at its next safe point (a training step, a scored batch, an assistant turn). A loop that never
-// gives the event loop a turn never sees a signal at all, so a safe point first yields, then looks.
+// Stopping a run when asked: Ctrl+C (SIGINT), a scheduler's SIGTERM or a closed terminal's SIGHUP aborts the
+// run's signal, and every long loop stops at its next safe point (a training step, a scored batch, an
+// assistant turn). A loop that never gives the event loop a turn never sees a signal at all, so a safe point
+// first yields, then looks.
 
 /** The run was interrupted at a safe point; the message says where, and what the next run will do. */
 export class Interrupted extends Error {
   override name = 'Interrupted';
+}
+
+/**
+ * The signals that stop a run or a server the same orderly way. SIGHUP is among them: a closed terminal or
+ * ssh session would otherwise kill the process at once, leaving its lock and half-made folders.
+ */
+export const STOP_SIGNALS = ['SIGINT', 'SIGTERM', 'SIGHUP'] as const satisfies readonly NodeJS.Signals[];
+
+/** The shell's exit code for a process stopped by `signal`: 128 + its number (130 SIGINT, 143 SIGTERM, 129 SIGHUP). */
+export function signalExitCode(signal: NodeJS.Signals): number {
+  return signal === 'SIGINT' ? 130 : signal === 'SIGHUP' ? 129 : 143;
 }
 
 /** A signal that is never aborted: for code run outside a stage (tests, benches). */

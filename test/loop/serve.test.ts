@@ -1,6 +1,7 @@
 // `prefab serve` as a real process on 127.0.0.1: OpenAI-shaped answers with tool calls and SSE, the A/B split
 // sticky per conversation, every malformed, oversized and unauthorised request answered by the right error,
-// 50 concurrent clients each answered or cleanly refused with 429, and SIGTERM letting a request in flight finish.
+// 50 concurrent clients each answered or cleanly refused with 429, SIGHUP (as SIGTERM) letting a request in
+// flight finish, and no server opened without a key by accident.
 import type { ChildProcessWithoutNullStreams } from 'node:child_process';
 import { once } from 'node:events';
 import { readFileSync } from 'node:fs';
@@ -11,7 +12,7 @@ import { Registry } from '../../loop/registry.ts';
 import { Logger } from '../../pipeline/log.ts';
 import { CONSTRAINT_BYTES, loadCatalog } from '../../loop/serve/batcher.ts';
 import { armOf, conversationKey } from '../../loop/serve/protocol.ts';
-import { SERVE_DEFAULTS, parseSplit } from '../../loop/settings.ts';
+import { SERVE_DEFAULTS, parseSplit, serveApiKey } from '../../loop/settings.ts';
 import { TOOLS } from '../../env/env.ts';
 import { deviceOn, openDevice } from '../../runtime/device.ts';
 import type { Session } from '../../core/records.ts';
@@ -378,10 +379,23 @@ describe('prefab serve', () => {
     expect(model.heldConstraints.lists).toBeLessThan(300);
   });
 
-  it('finishes the request in flight on SIGTERM, then exits 0', async () => {
+  it('refuses to open without a key by accident: an empty PREFAB_SERVE_API_KEY, or another address than 127.0.0.1 without --no-auth', () => {
+    const empty = prefab(['--workdir', workdir, 'serve', '--port', '0'], undefined, { PREFAB_SERVE_API_KEY: ' ' });
+    expect(empty.code).toBe(2);
+    expect(empty.stderr).toMatch(/PREFAB_SERVE_API_KEY is set but empty/);
+    const open = prefab(['--workdir', workdir, 'serve', '--port', '0', '--host', '0.0.0.0']);
+    expect(open.code).toBe(2);
+    expect(open.stderr).toMatch(/serving on 0\.0\.0\.0 without a key: set PREFAB_SERVE_API_KEY, or pass --no-auth/);
+    expect(serveApiKey(undefined, { host: '127.0.0.1', noAuth: false })).toBeNull();
+    expect(serveApiKey(undefined, { host: '0.0.0.0', noAuth: true })).toBeNull();
+    expect(serveApiKey('k', { host: '0.0.0.0', noAuth: false })).toBe('k');
+    expect(() => serveApiKey('k', { host: '127.0.0.1', noAuth: true })).toThrow(/contradict/);
+  });
+
+  it('finishes the request in flight on SIGHUP (a closed terminal) as on SIGTERM, then exits 0', async () => {
     const inFlight = post({ model: 'v0001', messages: conversation('last'), max_tokens: 48, temperature: 1, seed: 1 });
     await new Promise((resolve) => setTimeout(resolve, 50));
-    server.kill('SIGTERM');
+    server.kill('SIGHUP');
     const r = await inFlight;
     expect(r.status).toBe(200);
     expect(((await r.json()) as { choices: unknown[] }).choices).toHaveLength(1);

@@ -130,6 +130,17 @@ describe('prefab command line', () => {
     expect(prefab(['--help']).code).toBe(0);
   });
 
+  it('goes on quietly when its reader stops early (`prefab preview inputs | head -3`)', async () => {
+    const child = prefabAsync(['--config', DEFAULT, 'preview', 'inputs', '--records', '500']);
+    let stderr = '';
+    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+    // Read the first chunk, then close the pipe as `head` does.
+    child.stdout.once('data', () => child.stdout.destroy());
+    const code = await new Promise<number | null>((resolve) => child.once('exit', resolve));
+    expect(stderr).not.toMatch(/EPIPE|Unhandled/);
+    expect(code, stderr).toBe(0);
+  });
+
   it('says what went wrong where it is, as JSON when asked, and speaks up when a run exports no pair', () => {
     const dir = tempDir();
     const workdir = join(dir, 'workspace');

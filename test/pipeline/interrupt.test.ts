@@ -1,5 +1,5 @@
-// Ctrl+C and SIGTERM, sent to the real `prefab` process while a long stage runs: the process exits within the
-// bound with 130 or 143, releases the lock, says what it stopped, and the next run ends where an uninterrupted
+// Ctrl+C, SIGTERM and SIGHUP, sent to the real `prefab` process while a long stage runs: the process exits
+// within the bound with 130, 143 or 129, releases the lock, says what it stopped, and the next run ends where an uninterrupted
 // run ends.
 import { existsSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -146,7 +146,7 @@ describe('the training stages and eval', () => {
     expect(whole.code, whole.stderr).toBe(0);
   });
 
-  it('stops SFT at a step boundary with a checkpoint, DPO on SIGTERM, eval in the simulator; each rerun resumes, and the result is the uninterrupted run’s', async () => {
+  it('stops SFT at a step boundary with a checkpoint, DPO on SIGTERM, eval in the simulator on SIGHUP; each rerun resumes, and the result is the uninterrupted run’s', async () => {
     const run = [...args('workspace'), 'run'];
     const cache = (stage: string) => join(dir, 'workspace', '.cache', stage);
     const checkpoints = (stage: string) =>
@@ -188,9 +188,9 @@ describe('the training stages and eval', () => {
       last_failure: { status: 'interrupted' },
     });
 
-    // Eval, stopped in the simulator after the untrained model's figures.
-    const evaluation = await interrupt(run, /"event":"evaluated","stage":"eval","model":"untrained"/, 'SIGINT');
-    expect(evaluation.code, evaluation.log).toBe(130);
+    // Eval, stopped in the simulator after the untrained model's figures by a closed terminal's SIGHUP.
+    const evaluation = await interrupt(run, /"event":"evaluated","stage":"eval","model":"untrained"/, 'SIGHUP');
+    expect(evaluation.code, evaluation.log).toBe(129);
     expect(evaluation.ms).toBeLessThan(BOUND_MS);
     expect(evaluation.log).toMatch(/"event":"interrupted","stage":"eval"/);
     expect(existsSync(join(dir, 'workspace', 'eval', 'eval.json'))).toBe(false);
