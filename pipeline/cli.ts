@@ -36,6 +36,16 @@ interface GlobalOptions {
   [option: string]: unknown;
 }
 
+/**
+ * The global options, --config filled in: without it a command reads the config the workspace was made with
+ * (`prefab run --config X` once, then `prefab refresh`, `prefab status`… read X), else configs/default.yaml.
+ */
+function globalOptions(program: Command): GlobalOptions {
+  const opts = program.opts<GlobalOptions>();
+  if (program.getOptionValueSource('config') !== 'default') return opts;
+  return { ...opts, config: rememberedConfig(resolve(opts.workdir)) ?? opts.config };
+}
+
 /** Config sections commands added (`refresh`): a config file may hold them beside the stages'. */
 const commandSections: Record<string, z.ZodType> = {};
 
@@ -220,7 +230,7 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     )
     .action(async (opts: { from?: string; until?: string; shard?: Shard }) => {
       const log = logger();
-      const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
+      const engine = makeEngine(stages, globalOptions(program), log);
       const { result: outcomes, signal } = await withLock(
         engine,
         `prefab ${process.argv.slice(2).join(' ')}`,
@@ -243,7 +253,7 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     )
     .action(async (name: string, opts: { shard?: Shard }) => {
       const log = logger();
-      const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
+      const engine = makeEngine(stages, globalOptions(program), log);
       engine.stage(name);
       const { result: outcomes, signal } = await withLock(engine, `prefab stage ${name}`, log, (abort) =>
         engine.run({ force: name, signal: abort, shard: opts.shard }),
@@ -264,9 +274,9 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     .option('--shard <i/N>', 'in a shard workspace: fresh or stale for this shard', parseShard)
     .action(async (opts: { json?: boolean; verify?: boolean; shard?: Shard }) => {
       const log = logger();
-      const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
+      const engine = makeEngine(stages, globalOptions(program), log);
       const made = rememberedConfig(engine.ws.root);
-      const config = resolve(program.opts<GlobalOptions>().config);
+      const config = resolve(globalOptions(program).config);
       if (made !== null && made !== config)
         log.warn(`this workspace was made with --config ${made}: what follows is as ${config} would have it`);
       printStatus(
@@ -285,7 +295,7 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     .argument('<shards...>', 'the N shard workspaces, in any order')
     .action(async (dirs: string[]) => {
       const log = logger();
-      const engine = makeEngine(stages, program.opts<GlobalOptions>(), log);
+      const engine = makeEngine(stages, globalOptions(program), log);
       const { mergeShards } = await import('./merge.ts');
       const { result: outcomes } = await withLock(engine, `prefab merge ${dirs.join(' ')}`, log, () =>
         mergeShards(engine, dirs, log),
@@ -320,7 +330,7 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     logger,
     setExit,
     configSections: (sections: Record<string, z.ZodType>) => void Object.assign(commandSections, sections),
-    pipeline: (log: Logger) => withSections(stages, program.opts<GlobalOptions>(), log),
+    pipeline: (log: Logger) => withSections(stages, globalOptions(program), log),
     locked: withLock,
     afterRun: (hook: AfterRun) => void afterRun.push(hook),
     afterResults: (hook: (engine: Engine, log: Logger) => Promise<void> | void) => void afterResults.push(hook),

@@ -1,5 +1,5 @@
 // YAML config, validated at load: an unknown or mistyped key is an error naming the key, the file and the line.
-import { readFileSync } from 'node:fs';
+import { readFileSync, statSync } from 'node:fs';
 import { dirname, resolve } from 'node:path';
 import { LineCounter, isMap, isScalar, parseDocument, type Document } from 'yaml';
 import { z } from 'zod';
@@ -19,12 +19,25 @@ function keyNode(doc: Document, path: string[], key: string): unknown {
   return map.items.find((pair) => isScalar(pair.key) && String(pair.key.value) === key)?.key;
 }
 
+/** The largest config read: the bundled ones are a few KB; `--config /dev/zero` must not fill the memory. */
+export const MAX_CONFIG_BYTES = 1 << 20;
+
 export function loadConfig<S extends z.ZodType>(file: string, schema: S): LoadedConfig<z.infer<S>> {
   const path = resolve(file);
   let text: string;
   try {
+    const stat = statSync(path);
+    if (!stat.isFile())
+      throw new UsageError(
+        `config ${file}: not a regular file (a device, pipe or folder). Pass a YAML file with --config.`,
+      );
+    if (stat.size > MAX_CONFIG_BYTES)
+      throw new UsageError(
+        `config ${file}: ${stat.size} bytes, more than a config's ${MAX_CONFIG_BYTES} (1 MiB): is it the right file?`,
+      );
     text = readFileSync(path, 'utf8');
-  } catch {
+  } catch (error) {
+    if (error instanceof UsageError) throw error;
     throw new UsageError(
       `config ${file}: cannot read it. Pass an existing file with --config (the ready ones are in configs/).`,
     );

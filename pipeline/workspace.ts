@@ -88,7 +88,7 @@ export function rememberConfig(root: string, config: string, adopt: boolean): st
   if (known === config) return null;
   if (known !== undefined && !adopt)
     throw new UsageError(
-      `workspace ${root} was made with --config ${known}, and this command reads ${config} (configs/default.yaml is what a command without --config reads). Pass --config ${known}; or, to make ${config} this workspace's config from now on, add --switch-config.`,
+      `workspace ${root} was made with --config ${known}, and this command reads ${config}. Leave --config out to go on with the workspace's; or, to make ${config} this workspace's config from now on, add --switch-config.`,
     );
   writeFileAtomicNow(path, JSON.stringify({ config, since: new Date().toISOString() }) + '\n');
   return known ?? null;

@@ -191,7 +191,7 @@ describe('prefab command line', () => {
     expect(none.stderr).toMatch(/no preference pair was exported for training/);
   });
 
-  it('refuses a config other than the one the workspace was made with, until told to switch', () => {
+  it('reads the config the workspace was made with when --config is left out, refuses another until told to switch', () => {
     const dir = tempDir();
     const workdir = join(dir, 'workspace');
     writeFileSync(
@@ -201,20 +201,29 @@ describe('prefab command line', () => {
     const mine = join(dir, 'mine.yaml');
     writeFileSync(mine, 'ingest:\n  inputs: [mine.jsonl]\n');
     expect(prefab(['--workdir', workdir, '--config', mine, 'run', '--until', 'ingest']).code).toBe(0);
-    // Forgetting --config would read the bundled sample into this workspace: refused, before any stage runs.
-    const forgot = prefab(['--workdir', workdir, 'run', '--until', 'ingest']);
-    expect(forgot.code).toBe(2);
-    expect(forgot.stderr).toContain(`was made with --config ${mine}`);
-    expect(forgot.stderr).toMatch(/--switch-config/);
     const sessions = () => JSON.parse(readFileSync(join(workdir, 'ingest', 'manifest.json'), 'utf8')).counts.sessions;
+    // Forgetting --config goes on with the workspace's own: the bundled sample is not read into it.
+    const forgot = prefab(['--workdir', workdir, '--log-format', 'text', 'run', '--until', 'ingest']);
+    expect(forgot.code, forgot.stderr).toBe(0);
+    expect(forgot.stdout).toMatch(/Everything is up to date/);
     expect(sessions()).toBe(1);
-    expect(prefab(['--workdir', workdir, '--config', mine, 'run', '--until', 'ingest']).code).toBe(0);
+    // Another config by name is refused before any stage runs.
+    const other = prefab(['--workdir', workdir, '--config', DEFAULT, 'run', '--until', 'ingest']);
+    expect(other.code).toBe(2);
+    expect(other.stderr).toContain(`was made with --config ${mine}`);
+    expect(other.stderr).toMatch(/Leave --config out to go on with the workspace's; or, .* add --switch-config/);
+    expect(sessions()).toBe(1);
     // status reads on, and says so.
-    expect(prefab(['--workdir', workdir, 'status']).stderr).toContain(`was made with --config ${mine}`);
-    const switched = prefab(['--workdir', workdir, '--switch-config', 'run', '--until', 'ingest']);
+    expect(prefab(['--workdir', workdir, '--config', DEFAULT, 'status']).stderr).toContain(
+      `was made with --config ${mine}`,
+    );
+    const switched = prefab(['--workdir', workdir, '--config', DEFAULT, '--switch-config', 'run', '--until', 'ingest']);
     expect(switched.code, switched.stderr).toBe(0);
     expect(sessions()).toBe(2001);
-    expect(prefab(['--workdir', workdir, 'run', '--until', 'ingest']).code).toBe(0);
+    // From now on, a command without --config reads the switched one.
+    const after = prefab(['--workdir', workdir, '--log-format', 'text', 'run', '--until', 'ingest']);
+    expect(after.code, after.stderr).toBe(0);
+    expect(after.stdout).toMatch(/Everything is up to date/);
   });
 
   it('recovers from kill -9 in the middle of a run: nothing half-written is taken as fresh', async () => {

@@ -2,7 +2,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { loadConfig } from '../../pipeline/config.ts';
+import { MAX_CONFIG_BYTES, loadConfig } from '../../pipeline/config.ts';
 import { configSchema } from '../../pipeline/engine.ts';
 import { UsageError } from '../../pipeline/errors.ts';
 import { STAGES } from '../../stages/index.ts';
@@ -46,5 +46,15 @@ describe('config', () => {
 
   it('says so when the file is missing', () => {
     expect(() => loadConfig('configs/nope.yaml', schema)).toThrow(/configs\/nope\.yaml: cannot read it/);
+  });
+
+  it('reads only a regular file of a config’s size: not /dev/zero, a folder, or megabytes', () => {
+    expect(() => loadConfig('/dev/zero', schema)).toThrow(/config \/dev\/zero: not a regular file/);
+    expect(() => loadConfig(tmpdir(), schema)).toThrow(/not a regular file/);
+    const big = write(`# ${'x'.repeat(MAX_CONFIG_BYTES)}\n`);
+    expect(() => loadConfig(big, schema)).toThrow(/bytes, more than a config's 1048576 \(1 MiB\)/);
+    expect(loadConfig(write(`# ${'x'.repeat(1000)}\nsplit:\n  test_ratio: 0.2\n`), schema).value.split).toMatchObject({
+      test_ratio: 0.2,
+    });
   });
 });
