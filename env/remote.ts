@@ -5,6 +5,7 @@
 // The policy's name becomes the version that answered (the response's `model`), so the sessions it logs are
 // tagged with the model that acted.
 import OpenAI from 'openai';
+import { PipelineError } from '../pipeline/errors.ts';
 import { hashJson } from '../pipeline/hash.ts';
 import type { Message, Policy } from '../core/records.ts';
 import { TOOLS } from './env.ts';
@@ -53,11 +54,16 @@ export class RemotePolicy implements Policy {
       // A conversation grown past the model's context ends there, with an empty reply, as a client's would.
       if ((error as { status?: number; code?: string }).code === 'context_length_exceeded')
         return { role: 'assistant', content: '' };
-      throw new Error(`the agent at ${this.o.baseUrl} (model ${this.o.model}) failed: ${(error as Error).message}`);
+      // 401 is the usual first mistake: the server's key was not in the environment.
+      const hint =
+        (error as { status?: number }).status === 401 ? " (is its API key in --api-key-env's variable?)" : '';
+      throw new PipelineError(
+        `the agent at ${this.o.baseUrl} (model ${this.o.model}) failed: ${(error as Error).message}${hint}`,
+      );
     }
     this.name = completion.model;
     const m = completion.choices[0]?.message;
-    if (!m) throw new Error(`the agent at ${this.o.baseUrl} answered without a choice`);
+    if (!m) throw new PipelineError(`the agent at ${this.o.baseUrl} answered without a choice`);
     const calls = (m.tool_calls ?? []).flatMap((c) =>
       c.type === 'function'
         ? [

@@ -1,7 +1,7 @@
 // `prefab simulate`: logged sessions from scripted agents in the customer-service world, or from a model
 // behind an OpenAI-compatible endpoint (`--agent http://…/v1`: the simulator's users talking to a deployed
 // model, as real traffic would); `prefab replay`: the replay verifier over a file of sessions.
-import { createWriteStream, existsSync, mkdirSync } from 'node:fs';
+import { createWriteStream, existsSync, mkdirSync, renameSync, rmSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { once } from 'node:events';
 import { createGzip } from 'node:zlib';
@@ -255,21 +255,31 @@ export function addSimulateCommands(program: Command, ctx: CommandContext): void
           : (given.agent as AgentName | 'mix');
         const opts = { ...given, agent };
         const stats = emptyStats();
+        // Written beside --out and renamed at the end: a run that fails leaves no part-file that a night's
+        // ingest would take for sessions.
+        const part = opts.out ? `${opts.out}.${process.pid}.part` : null;
         if (opts.out) mkdirSync(dirname(opts.out), { recursive: true });
-        const raw = opts.out ? createWriteStream(opts.out) : null;
+        const raw = part ? createWriteStream(part) : null;
         const gz = opts.out?.endsWith('.gz') ? createGzip() : null;
         if (gz && raw) gz.pipe(raw);
         const out = gz ?? raw;
         const progress = ctx.logger().progress('simulate', opts.tasks * opts.trials);
-        for await (const session of simulate(opts)) {
-          addToStats(stats, session);
-          if (out && !out.write(JSON.stringify(session) + '\n')) await once(out, 'drain');
-          progress.tick();
-        }
-        progress.done();
-        if (out) {
-          out.end();
-          await once(raw!, 'finish');
+        try {
+          for await (const session of simulate(opts)) {
+            addToStats(stats, session);
+            if (out && !out.write(JSON.stringify(session) + '\n')) await once(out, 'drain');
+            progress.tick();
+          }
+          progress.done();
+          if (out) {
+            out.end();
+            await once(raw!, 'finish');
+            renameSync(part!, opts.out!);
+          }
+        } catch (error) {
+          raw?.destroy();
+          if (part) rmSync(part, { force: true });
+          throw error;
         }
         if (opts.stats) process.stdout.write(formatStats(stats));
         ctx.setExit(0);

@@ -140,6 +140,10 @@ export async function run({ config: cfg, out, input, log, signal, shard }: Stage
   // Per file, a block being gathered and up to two in its writer's stream: gathering goes on while the disk
   // writes, and 2,048 files (1,024 buckets) hold no more than the few that most runs have.
   const gather = Math.min(1 << 20, Math.max(8 << 10, Math.floor(WRITE_BUFFERS / (3 * 2 * buckets))));
+  if (shard && shard.index >= buckets)
+    log.warn(
+      `shard ${shard.index}/${shard.count} owns none of the ${buckets} bucket(s): it has nothing to do; fewer shards, or a smaller split.bucket_size (${cfg.bucket_size} sessions a bucket now), share the work`,
+    );
   const files = new Map<string, BucketOut>();
   // A block written is gathered into again (a few spare blocks serve every file).
   const shelf = new BufferShelf(16);

@@ -4,7 +4,7 @@
 // flight finish, and no server opened without a key by accident.
 import type { ChildProcessWithoutNullStreams } from 'node:child_process';
 import { once } from 'node:events';
-import { readFileSync } from 'node:fs';
+import { readFileSync, readdirSync } from 'node:fs';
 import { connect } from 'node:net';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -322,6 +322,8 @@ describe('prefab serve', () => {
       expect(s.messages.filter((m) => m.role === 'assistant').length).toBeGreaterThan(0);
     }
     expect(r.stdout).toMatch(/^v000[12] +\d/m); // the stats, by the version that acted
+    // Without the key: a clear 401 and no stack, and no --out file (nor a part of one) for a night to ingest.
+    const inbox = tempDir();
     const refused = prefab([
       'simulate',
       '--agent',
@@ -331,10 +333,14 @@ describe('prefab serve', () => {
       '--trials',
       '1',
       '--out',
-      join(tempDir(), 'x.jsonl'),
+      join(inbox, 'x.jsonl'),
     ]);
-    expect(refused.code).not.toBe(0);
-    expect(refused.stderr).toMatch(/the agent at http:\/\/127\.0\.0\.1:\d+\/v1 \(model production\) failed: 401/);
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toMatch(
+      /the agent at http:\/\/127\.0\.0\.1:\d+\/v1 \(model production\) failed: 401 .*\(is its API key in --api-key-env's variable\?\)/,
+    );
+    expect(refused.stderr).not.toMatch(/^\s+at /m);
+    expect(readdirSync(inbox)).toEqual([]);
   });
 
   it('follows a promotion made while it serves: production moves to the promoted version', async () => {

@@ -254,6 +254,10 @@ describe('prefab run --shard and prefab merge', () => {
       code: 2,
       stderr: expect.stringContaining('shards are numbered from 0, so the last of 2 is 1/2'),
     });
+    // 120 sessions in buckets of 16 are 8 buckets: a tenth shard owns none, and says so.
+    const idle = run('-w', 'idle', 'run', '--shard', '9/10', '--until', 'split');
+    expect(idle.code, idle.stderr).toBe(0);
+    expect(idle.stderr).toMatch(/shard 9\/10 owns none of the 8 bucket\(s\): it has nothing to do/);
     for (const i of [0, 1]) expect(run('-w', `s${i}`, 'run', '--shard', `${i}/2`).code).toBe(0);
     const merge = run('-w', 'all', 'merge', 's0', 's1');
     expect(merge.code, merge.stderr).toBe(0);
