@@ -181,16 +181,24 @@ export class ChatEndpoint {
    * The answer to `request`. The cache key is (purpose, version, model, index, the request as sent), so a
    * changed prompt, input, order or sample index asks again, and nothing else does.
    */
-  async complete(request: ChatRequest, key: { purpose: string; version: string; index: number }): Promise<Answer> {
+  /**
+   * `key.readable`: whether a reply is one the caller can use; one that is not is never cached, and a cached
+   * one that is not is asked again (a judge that answered nonsense and was fixed is not replayed for ever).
+   */
+  async complete(
+    request: ChatRequest,
+    key: { purpose: string; version: string; index: number; readable?: (reply: ChatReply) => boolean },
+  ): Promise<Answer> {
     const redaction = this.options.redaction?.() ?? null;
     const messages = redaction ? redaction.messages(request.messages) : request.messages;
     const body = { ...request, messages, model: this.model };
     const cacheKey = hashJson({ purpose: key.purpose, version: key.version, index: key.index, body });
+    const readable = key.readable ?? (() => true);
     const restore = redaction ? (text: string) => redaction.restore(text) : (text: string) => text;
 
     if (this.fatal) throw this.fatal;
     const hit = this.cache.get(cacheKey);
-    if (hit) {
+    if (hit && readable(hit)) {
       this.counts.cached++;
       return { reply: hit, from: 'cache', retries: 0, restore };
     }
@@ -202,7 +210,7 @@ export class ChatEndpoint {
       this.counts.cached++;
       return { ...shared, from: 'cache', retries: 0, restore };
     }
-    const answer = this.limit(() => this.send(body, cacheKey, restore));
+    const answer = this.limit(() => this.send(body, cacheKey, restore, readable));
     this.inFlight.set(cacheKey, answer);
     try {
       return await answer;
@@ -215,6 +223,7 @@ export class ChatEndpoint {
     body: ChatRequest & { model: string },
     cacheKey: string,
     restore: (t: string) => string,
+    readable: (reply: ChatReply) => boolean,
   ): Promise<Answer> {
     const { config, log } = this.options;
     let retries = 0;
@@ -249,7 +258,7 @@ export class ChatEndpoint {
         },
       );
       this.consecutiveFailures = 0;
-      await this.cache.put(cacheKey, reply);
+      if (readable(reply)) await this.cache.put(cacheKey, reply);
       return { reply, from: 'endpoint', retries, restore };
     } catch (error) {
       if (error instanceof BudgetSpent) {

@@ -59,6 +59,9 @@ export function parseVerdict(content: string | null): Letter | null {
   return tagged ? letterOf(tagged[1]!) : null;
 }
 
+/** How far above 0 a log-prob may round (servers print them in float32). */
+const LOGPROB_SLACK = 1e-4;
+
 /** A token without spaces, quotes or brackets, upper-cased: ' A', 'A', '**B' all read as the letter. */
 const bare = (token: string) => token.replace(/[\s*"'()[\]:.]/g, '').toUpperCase();
 
@@ -73,9 +76,13 @@ function firstBetterProbability(reply: ChatReply): number | null {
   if (letter === null) return null;
   const at = reply.logprobs?.find((t) => ['A', 'B', 'T', 'TIE'].includes(bare(t.token)));
   if (at) {
+    const alts = at.top.length ? at.top : [{ token: at.token, logprob: at.logprob }];
+    // A log-prob is at most 0: one above (1000 gives exp = ∞, and ∞/∞ a NaN verdict) or not a number at all
+    // is a server's bug, and the reply is unreadable rather than a preference.
+    if (alts.some((alt) => !Number.isFinite(alt.logprob) || alt.logprob > LOGPROB_SLACK)) return null;
     let pa = 0;
     let pb = 0;
-    for (const alt of at.top.length ? at.top : [{ token: at.token, logprob: at.logprob }]) {
+    for (const alt of alts) {
       if (bare(alt.token) === 'A') pa += Math.exp(alt.logprob);
       if (bare(alt.token) === 'B') pb += Math.exp(alt.logprob);
     }
@@ -182,7 +189,8 @@ export class LlmJudge implements Judge {
           max_tokens: o.maxTokens,
           ...(o.logprobs ? { logprobs: true, top_logprobs: o.topLogprobs } : {}),
         },
-        { purpose: this.name, version: o.prompt.version, index },
+        // An unreadable reply is not kept as the answer: the next run asks again (a judge fixed meanwhile answers).
+        { purpose: this.name, version: o.prompt.version, index, readable: (r) => firstBetterProbability(r) !== null },
       );
     } catch (error) {
       if (error instanceof RequestFailed) {

@@ -131,6 +131,40 @@ describe('llm judge', () => {
     expect(server.requests).toHaveLength(2);
   });
 
+  it('takes a log-prob above 0 or not a number for an unreadable reply, never a verdict', async () => {
+    for (const bad of [1000, 'NaN']) {
+      const reply = completion('A', {
+        top: [
+          ['A', 0.5],
+          ['B', 0.5],
+        ],
+      }) as { choices: { logprobs: { content: { logprob: unknown; top_logprobs: { logprob: unknown }[] }[] } }[] };
+      const token = reply.choices[0]!.logprobs.content[0]!;
+      token.logprob = bad;
+      token.top_logprobs[0]!.logprob = bad;
+      const { judge } = await judgeWith(() => ({ json: reply }));
+      const r = await judge.judge(comparison(0));
+      expect(r.verdict.winner, String(bad)).toBe('abstain');
+      expect(r.stats.parse_failures).toBe(2);
+      await server?.close();
+      server = null;
+    }
+  });
+
+  it('keeps no unreadable reply as an answer: a judge fixed since is asked again', async () => {
+    const cacheDir = tempDir();
+    const garbled = await judgeWith(() => ({ json: completion('C. Neither, both are fine.') }), { cacheDir });
+    expect((await garbled.judge.judge(comparison(0))).verdict.winner).toBe('abstain');
+    await garbled.endpoint.close();
+    await server?.close();
+    server = null;
+    const fixed = await judgeWith(knowing(0.8), { cacheDir });
+    const r = await fixed.judge.judge(comparison(0));
+    expect(r.verdict.winner).toBe('a');
+    expect(r.stats.requests).toBe(2);
+    expect(fixed.server.requests).toHaveLength(2);
+  });
+
   it('takes the majority of k samples per order when there are no logprobs', async () => {
     // Two of every three samples are right, whichever order the sides come in.
     const { judge, server } = await judgeWith(
