@@ -5,7 +5,7 @@
 //   or chat_template.jinja): what a pretrained model (sft.model.from) was trained to read.
 import type { Message } from '../core/records.ts';
 import { PREFAB_CHAT_TEMPLATE, encodeConversations, parseAssistant, type Encoded } from './chat-template.ts';
-import { ToolCallConstraint, type ToolSchema } from './constrain.ts';
+import { ToolCallConstraint, type ToolChoice, type ToolSchema } from './constrain.ts';
 import { HfChat, readChatTemplate } from './hf-chat.ts';
 import { SPECIAL_TOKENS, TextTokenizer } from './tokenizer.ts';
 
@@ -21,8 +21,8 @@ export interface Chat {
   encode(conversations: Message[][], openAssistant?: boolean): Promise<Encoded[]>;
   /** The assistant message that generated ids spell (tool calls parsed); calls get ids call_{firstCallId}, …. */
   parseAssistant(ids: number[], firstCallId: number): Promise<Message>;
-  /** A constraint that keeps generated tool calls calls of `tools` (model/constrain.ts), or null where the format has none. */
-  toolConstraint(tools: readonly ToolSchema[]): Promise<ToolCallConstraint | null>;
+  /** A constraint that keeps generated tool calls calls of `tools` as `choice` asks (model/constrain.ts), or null where the format has none. */
+  toolConstraint(tools: readonly ToolSchema[], choice?: ToolChoice): Promise<ToolCallConstraint | null>;
 }
 
 /** prefab's template over a tokenizer the tokenizer stage trained. */
@@ -46,10 +46,10 @@ class PrefabChat implements Chat {
     return parseAssistant(this.tokenizer, ids, firstCallId);
   }
 
-  async toolConstraint(tools: readonly ToolSchema[]): Promise<ToolCallConstraint> {
+  async toolConstraint(tools: readonly ToolSchema[], choice: ToolChoice = 'auto'): Promise<ToolCallConstraint> {
     // Every constraint reads the same texts of the vocabulary: decoded once.
     this.texts ??= Promise.all(Array.from({ length: this.vocabSize }, (_, id) => this.tokenizer.decode([id])));
-    return new ToolCallConstraint(tools, await this.texts, this.tokenizer.special);
+    return new ToolCallConstraint(tools, await this.texts, this.tokenizer.special, choice);
   }
 
   private texts: Promise<string[]> | null = null;

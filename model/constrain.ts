@@ -184,9 +184,17 @@ export function readCall(tools: readonly ToolSchema[], text: string): Reading {
 }
 
 /**
+ * What a reply must do about tools (OpenAI's `tool_choice`): `auto` call or not, `none` never call (the
+ * call token is not drawn, so a reply is text only), `required` begin with a call. A named function is
+ * `required` over a list of that one tool.
+ */
+export type ToolChoice = 'auto' | 'none' | 'required';
+
+/**
  * Which token may come next in an assistant message whose tool calls must be calls of `tools`: any token in
- * the content before the first call; within a call, a token that keeps it readable, and <|call|> or <|end|>
- * only once it is complete.
+ * the content before the first call (none but <|call|> first where a call is required, never <|call|> where
+ * none may be made); within a call, a token that keeps it readable, and <|call|> or <|end|> only once it is
+ * complete.
  */
 export class ToolCallConstraint {
   constructor(
@@ -194,6 +202,7 @@ export class ToolCallConstraint {
     /** Each token's text, by id. */
     private readonly texts: readonly string[],
     private readonly special: Readonly<Record<SpecialToken, number>>,
+    private readonly choice: ToolChoice = 'auto',
   ) {}
 
   /** The open call's text after `generated`, kept while the same ids are asked about (every candidate of a step). */
@@ -201,7 +210,12 @@ export class ToolCallConstraint {
 
   allows(generated: readonly number[], candidate: number): boolean {
     const text = this.callText(generated);
-    if (text === null) return true; // content: free text
+    if (text === null) {
+      // Content: free text, but for what the choice rules out.
+      if (this.choice === 'none') return candidate !== this.special['<|call|>'];
+      if (this.choice === 'required' && generated.length === 0) return candidate === this.special['<|call|>'];
+      return true;
+    }
     if (candidate === this.special['<|call|>'] || candidate === this.special['<|end|>'])
       return readCall(this.tools, text) === 'complete';
     if (Object.values(this.special).includes(candidate)) return false;

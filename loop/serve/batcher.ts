@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import type { Logger } from '../../pipeline/log.ts';
 import { openChat, type Chat } from '../../model/chat.ts';
 import { loadCheckpoint } from '../../model/checkpoint.ts';
-import type { ToolCallConstraint, ToolSchema } from '../../model/constrain.ts';
+import type { ToolCallConstraint, ToolChoice, ToolSchema } from '../../model/constrain.ts';
 import type { Llama } from '../../model/llama.ts';
 import type { Placeholders } from '../../model/placeholders.ts';
 import { Decoding, readDecodings, type CachePool, type TokenCache } from '../../runtime/decode.ts';
@@ -96,13 +96,13 @@ class ServedModel {
    * their JSON: what a constraint holds of its own; the vocabulary's texts are shared), so that clients
    * sending ever new lists cannot grow the server.
    */
-  constraint(tools: readonly ToolSchema[]): Promise<ToolCallConstraint | null> {
-    const key = JSON.stringify(tools);
+  constraint(tools: readonly ToolSchema[], choice: ToolChoice = 'auto'): Promise<ToolCallConstraint | null> {
+    const key = JSON.stringify([choice, tools]);
     let c = this.constraints.get(key);
     if (c)
       this.constraints.delete(key); // to the most recent end
     else {
-      c = this.chat.toolConstraint(tools);
+      c = this.chat.toolConstraint(tools, choice);
       this.constraintBytes += 2 * key.length;
     }
     this.constraints.set(key, c);

@@ -12,7 +12,6 @@ import type { Logger } from '../../pipeline/log.ts';
 import { jsonDepth } from '../../pipeline/records.ts';
 import type { Message } from '../../core/records.ts';
 import { seeded } from '../../core/random.ts';
-import type { ToolSchema } from '../../model/constrain.ts';
 import { promptOf } from '../../runtime/policy.ts';
 import type { ServeSettings } from '../settings.ts';
 import type { Catalog } from './batcher.ts';
@@ -23,7 +22,10 @@ import {
   chunkEvent,
   completionBody,
   conversationKey,
+  cutAtStop,
   finishReason,
+  stopStrings,
+  toolsAsked,
   type ChatRequest,
   type CompletionId,
 } from './protocol.ts';
@@ -135,8 +137,13 @@ async function complete(
       `the conversation needs at least ${prompt.least} tokens (the messages up to the user's request, the latest message and the reply's header) and the reply up to ${maxTokens}: more than the model's context of ${served.context}`,
       'messages',
     );
-  const tools = request.tool_choice === 'none' ? undefined : (request.tools as ToolSchema[] | undefined);
-  const constraint = tools?.length ? ((await served.constraint(tools)) ?? undefined) : undefined;
+  const { tools, choice } = toolsAsked(request);
+  const constraint = (await served.constraint(tools, choice)) ?? undefined;
+  const stops = stopStrings(request);
+  // Text that may be the start of a stop string is held back from a stream until the next token says.
+  const holdBack = Math.max(0, ...stops.map((x) => x.length - 1));
+  let stopHit = false;
+  let cancel = () => {};
   const random = request.seed === undefined ? Math.random : seeded(request.seed, 'serve');
   const firstCall = 1 + messages.reduce((n, m) => n + (m.role === 'assistant' ? (m.tool_calls?.length ?? 0) : 0), 0);
   const c: CompletionId = {
@@ -160,30 +167,43 @@ async function complete(
     emit(chunkEvent(c, { role: 'assistant', content: '' }));
   }
   // Streaming: the reply's text so far (values put back) goes out as it grows; calls come whole at the end.
-  const onToken = stream
-    ? (out: readonly number[]) => {
-        const ids = [...out];
-        chain = chain.then(async () => {
-          const partial = prompt.restore(await served.chat.parseAssistant(ids, firstCall));
-          const content = partial.content ?? '';
-          if (!partial.tool_calls?.length && content.startsWith(sent) && content.length > sent.length) {
-            emit(chunkEvent(c, { content: content.slice(sent.length) }));
-            sent = content;
-          }
-        });
-      }
-    : undefined;
+  // With stop strings, a reply is read as it grows even when not streamed, to end it at the first one.
+  const onToken =
+    stream || stops.length
+      ? (out: readonly number[]) => {
+          const ids = [...out];
+          chain = chain.then(async () => {
+            if (stopHit) return;
+            const partial = prompt.restore(await served.chat.parseAssistant(ids, firstCall));
+            const cut = cutAtStop(partial.content ?? '', stops);
+            if (cut.stopped) {
+              stopHit = true;
+              cancel();
+            }
+            if (!stream) return;
+            const content = cut.stopped ? cut.text : cut.text.slice(0, cut.text.length - holdBack);
+            if (!partial.tool_calls?.length && content.startsWith(sent) && content.length > sent.length) {
+              emit(chunkEvent(c, { content: content.slice(sent.length) }));
+              sent = content;
+            }
+          });
+        }
+      : undefined;
   const stop = request.ignore_eos ? [] : served.chat.stop;
   const job = served.generate({
     prompt: prompt.ids,
     sampling: { maxTokens, temperature: request.temperature ?? 1, topP: request.top_p ?? 1, random, constraint, stop },
     onToken,
   });
+  cancel = () => job.cancel();
   res.on('close', () => job.cancel());
   const out = await job.result;
   await chain;
-  const reply = prompt.restore(await served.chat.parseAssistant(out, firstCall));
-  const finish = finishReason(out.length > 0 && stop.includes(out.at(-1)!), reply);
+  let reply = prompt.restore(await served.chat.parseAssistant(out, firstCall));
+  const cut = cutAtStop(reply.content ?? '', stops);
+  // A stop string in the text ends the reply there: what came after it (calls included) is not returned.
+  if (cut.stopped) reply = { role: 'assistant', content: cut.text };
+  const finish = finishReason(cut.stopped || (out.length > 0 && stop.includes(out.at(-1)!)), reply);
   if (!stream) {
     const usage = {
       prompt_tokens: prompt.ids.length,

@@ -4,6 +4,7 @@
 import { createHash } from 'node:crypto';
 import { z } from 'zod';
 import type { Message } from '../../core/records.ts';
+import type { ToolChoice, ToolSchema } from '../../model/constrain.ts';
 import type { Arm } from '../settings.ts';
 
 /** The arm a conversation goes to: its key hashed to a number in [0, 1), against the arms' cumulative shares. */
@@ -70,6 +71,11 @@ export const chatRequest = z.object({
   n: z.literal(1).optional(),
   seed: z.number().int().optional(),
   user: z.string().optional(),
+  /** Up to 4 strings: the reply ends before the first of them, which is not returned (OpenAI's `stop`). */
+  stop: z
+    .union([z.string(), z.array(z.string()).max(4)])
+    .nullable()
+    .optional(),
   /** vLLM's extension for benchmarks: write max_tokens tokens, past the end of the reply. */
   ignore_eos: z.boolean().optional(),
 });
@@ -92,6 +98,51 @@ export class ApiError extends Error {
   ) {
     super(message);
   }
+}
+
+/** The request's stop strings, the empty ones left out. */
+export function stopStrings(request: ChatRequest): string[] {
+  const stop = request.stop ?? [];
+  return (typeof stop === 'string' ? [stop] : stop).filter((s) => s.length > 0);
+}
+
+/** `content` up to the first of `stops`, and whether one was found there. */
+export function cutAtStop(content: string, stops: readonly string[]): { text: string; stopped: boolean } {
+  let at = -1;
+  for (const s of stops) {
+    const i = content.indexOf(s);
+    if (i >= 0 && (at < 0 || i < at)) at = i;
+  }
+  return at < 0 ? { text: content, stopped: false } : { text: content.slice(0, at), stopped: true };
+}
+
+/**
+ * The tools a reply may call and what it must do about them, from `tools` and `tool_choice`: no tools (or
+ * `none`) is text only; a named function is a call of that one tool.
+ */
+export function toolsAsked(request: ChatRequest): { tools: ToolSchema[]; choice: ToolChoice } {
+  const tools = (request.tools ?? []) as ToolSchema[];
+  const choice = request.tool_choice ?? 'auto';
+  if (choice === 'none') return { tools: [], choice: 'none' };
+  if (tools.length === 0) {
+    if (choice === 'auto') return { tools: [], choice: 'none' };
+    throw new ApiError(
+      400,
+      'invalid_request',
+      'tool_choice asks for a call, and the request has no tools',
+      'tool_choice',
+    );
+  }
+  if (typeof choice === 'string') return { tools, choice };
+  const named = tools.filter((t) => t.function.name === choice.function.name);
+  if (named.length === 0)
+    throw new ApiError(
+      400,
+      'invalid_request',
+      `tool_choice names ${choice.function.name}, which is not one of the request's tools`,
+      'tool_choice',
+    );
+  return { tools: named, choice: 'required' };
 }
 
 /** A reply as the model wrote it, its values put back: text, and calls where it made any. */

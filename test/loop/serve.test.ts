@@ -151,6 +151,90 @@ describe('prefab serve', () => {
     expect(() => parseSplit('production=0.8,candidate=0.1')).toThrow(/add up to 0.9/);
   });
 
+  it('does what tool_choice says (text only without tools or with none, a call first when required, the named tool) and ends at a stop string', async () => {
+    type Body = {
+      choices: {
+        message: { content: string | null; tool_calls?: { function: { name: string; arguments: string } }[] };
+        finish_reason: string;
+      }[];
+    };
+    const ask = async (extra: Record<string, unknown>, seed: number) => {
+      const r = await post({
+        model: 'v0001',
+        messages: conversation(`seed ${seed}`),
+        max_tokens: 40,
+        temperature: 1,
+        seed,
+        ...extra,
+      });
+      expect(r.status).toBe(200);
+      return ((await r.json()) as Body).choices[0]!;
+    };
+    const seeds = [1, 2, 3, 4, 5, 6];
+    const free = await Promise.all(seeds.map((seed) => ask({ tools: TOOLS }, seed)));
+    // The untrained model calls tools on its own: what follows is the choice's doing, not the model's.
+    expect(free.some((c) => c.message.tool_calls?.length)).toBe(true);
+    for (const extra of [{}, { tools: TOOLS, tool_choice: 'none' }]) {
+      for (const c of await Promise.all(seeds.map((seed) => ask(extra, seed)))) {
+        expect(c.message.tool_calls, JSON.stringify(extra)).toBeUndefined();
+        expect(typeof c.message.content).toBe('string');
+        expect(['stop', 'length']).toContain(c.finish_reason);
+      }
+    }
+    const names = TOOLS.map((t) => t.function.name);
+    for (const c of await Promise.all(
+      seeds.map((seed) => ask({ tools: TOOLS, tool_choice: 'required', max_tokens: 48 }, seed)),
+    )) {
+      expect(c.message.content ?? '').toBe('');
+      if (c.finish_reason === 'length') continue; // a call cut by max_tokens
+      expect(names).toContain(c.message.tool_calls![0]!.function.name);
+    }
+    const one = names.at(-1)!;
+    const named = { tools: TOOLS, tool_choice: { type: 'function', function: { name: one } }, max_tokens: 48 };
+    const calls = (await Promise.all(seeds.map((seed) => ask(named, seed)))).flatMap((c) => c.message.tool_calls ?? []);
+    expect(calls.length).toBeGreaterThan(0);
+    expect(calls.every((call) => call.function.name === one)).toBe(true);
+    for (const bad of [
+      { tool_choice: 'required' },
+      { tools: TOOLS, tool_choice: { type: 'function', function: { name: 'nope' } } },
+    ]) {
+      const r = await post({ model: 'v0001', messages: conversation('bad'), ...bad });
+      expect(r.status).toBe(400);
+      expect(((await r.json()) as { error: { param: string } }).error.param).toBe('tool_choice');
+    }
+    // stop: the same draw, ended before the first stop string, which is not returned; streamed alike.
+    const stop = ['e', 'a'];
+    for (const seed of seeds) {
+      const whole = await ask({ tool_choice: 'none' }, seed);
+      const cut = await ask({ tool_choice: 'none', stop }, seed);
+      const at = Math.min(...stop.map((x) => whole.message.content!.indexOf(x)).filter((i) => i >= 0));
+      if (!Number.isFinite(at)) continue;
+      expect(cut.message.content).toBe(whole.message.content!.slice(0, at));
+      expect(cut.finish_reason).toBe('stop');
+      const streamed = await (
+        await post({
+          model: 'v0001',
+          messages: conversation(`seed ${seed}`),
+          max_tokens: 40,
+          temperature: 1,
+          seed,
+          tool_choice: 'none',
+          stop,
+          stream: true,
+        })
+      ).text();
+      const text = streamed
+        .split('\n\n')
+        .filter((e) => e.startsWith('data: {'))
+        .map(
+          (e) =>
+            (JSON.parse(e.slice(6)) as { choices: { delta: { content?: string } }[] }).choices[0]!.delta.content ?? '',
+        )
+        .join('');
+      expect(text).toBe(cut.message.content);
+    }
+  });
+
   it('streams a reply as server-sent events ending in [DONE]', async () => {
     const r = await post({ model: 'candidate', messages: conversation('Gus'), max_tokens: 24, stream: true });
     expect(r.status).toBe(200);
