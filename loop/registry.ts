@@ -25,6 +25,7 @@ import {
   truncateSync,
   writeFileSync,
 } from 'node:fs';
+import { createHash } from 'node:crypto';
 import { join } from 'node:path';
 import { PipelineError } from '../pipeline/errors.ts';
 
@@ -40,6 +41,38 @@ export interface VersionInfo {
   config: unknown;
   /** Its eval table (model → metric → value), when it was evaluated. */
   eval: unknown;
+  /** Each file of model/ as registered (its path there → size and SHA-256), so that a damaged copy is never promoted. Absent in versions registered before. */
+  files?: Record<string, FileDigest>;
+}
+
+interface FileDigest {
+  bytes: number;
+  sha256: string;
+}
+
+/** Every file under `dir` (paths relative to it, sorted) with its size and SHA-256, read a MiB at a time. */
+function digests(dir: string): Record<string, FileDigest> {
+  const out: Record<string, FileDigest> = {};
+  const buffer = Buffer.allocUnsafe(1 << 20);
+  const walk = (rel: string) => {
+    const path = join(dir, rel);
+    if (statSync(path).isDirectory()) {
+      for (const f of readdirSync(path).sort()) walk(rel ? join(rel, f) : f);
+      return;
+    }
+    const hash = createHash('sha256');
+    const fd = openSync(path, 'r');
+    let bytes = 0;
+    try {
+      for (let n; (n = readSync(fd, buffer, 0, buffer.length, null)) > 0; bytes += n)
+        hash.update(buffer.subarray(0, n));
+    } finally {
+      closeSync(fd);
+    }
+    out[rel] = { bytes, sha256: hash.digest('hex') };
+  };
+  walk('');
+  return out;
 }
 
 export type RegistryEvent =
@@ -169,6 +202,7 @@ export class Registry {
     const version: VersionInfo = { id, created_at: now.toISOString(), parent: production, ...info };
     const tmp = join(versions, `.tmp-${id}`);
     cpSync(modelDir, join(tmp, 'model'), { recursive: true });
+    version.files = digests(join(tmp, 'model'));
     writeFileSync(join(tmp, 'version.json'), JSON.stringify(version, null, 2) + '\n');
     renameSync(tmp, this.folder(id));
     this.append({ at: version.created_at, event: 'registered', version: id, parent: production });
@@ -184,10 +218,38 @@ export class Registry {
     return id;
   }
 
+  /**
+   * What is wrong with version `id`'s files against what was registered (a file missing, another size, another
+   * SHA-256), or null where they are whole, or where the version predates the record.
+   */
+  damage(id: string): string | null {
+    const registered = this.version(id).files;
+    if (!registered) return null;
+    const model = join(this.folder(id), 'model');
+    if (!existsSync(model)) return 'its model/ folder is gone';
+    const now = digests(model);
+    for (const [file, was] of Object.entries(registered)) {
+      const is = now[file];
+      if (!is) return `model/${file} is gone`;
+      if (is.bytes !== was.bytes) return `model/${file} is ${is.bytes} bytes, registered ${was.bytes}`;
+      if (is.sha256 !== was.sha256) return `model/${file} has another SHA-256 than the file registered`;
+    }
+    return null;
+  }
+
+  /** Refuses a decision that would serve version `id` when its files are damaged. */
+  private mustBeWhole(id: string, decision: string): void {
+    const damage = this.damage(id);
+    if (damage)
+      throw new PipelineError(
+        `${id} is damaged (${damage}): not ${decision}. Register its model again from where it was trained.`,
+      );
+  }
+
   /** Makes `id` production (one history line), saying why and, when given, who decided (`by`: a command, a refresh night). */
   promote(id: string, reason: string, by?: string): RegistryEvent {
     return this.locked(() => {
-      this.version(id);
+      this.mustBeWhole(id, 'promoted');
       const { production } = this.aliases();
       if (production === id) throw new PipelineError(`${id} is already production`);
       return this.append({
@@ -214,6 +276,7 @@ export class Registry {
         throw new PipelineError(
           `model registry ${this.dir}: nothing to roll back to (production ${stack[0] ?? 'none'} has no predecessor)`,
         );
+      this.mustBeWhole(stack.at(-2)!, 'rolled back to');
       return this.append({
         at: new Date().toISOString(),
         event: 'rolled_back',

@@ -2,7 +2,7 @@
 // that a kill -9 cannot leave half-made, and `prefab models` over it.
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
-import { appendFileSync, existsSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { appendFileSync, existsSync, mkdirSync, readFileSync, readdirSync, truncateSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { Registry } from '../../loop/registry.ts';
@@ -141,6 +141,31 @@ describe('model registry', () => {
       registry.promote(registry.aliases().production === 'v0001' ? 'v0002' : 'v0001', `over ${holder}`);
       expect(readdirSync(registry.dir).filter((f) => f.startsWith('.lock'))).toEqual([]);
     }
+  });
+
+  it('never promotes or rolls back to a version whose files were damaged since it was registered', () => {
+    const registry = new Registry(join(tempDir(), 'registry'));
+    const info = { source: {}, config: {}, eval: null };
+    registry.register(modelFolder('a'), info);
+    registry.register(modelFolder('b'), info);
+    const weights = (id: string) => join(registry.folder(id), 'model', 'model.safetensors');
+    expect(registry.version('v0002').files!['model.safetensors']).toMatchObject({ bytes: 12 });
+    expect(registry.damage('v0002')).toBeNull();
+    truncateSync(weights('v0002'), 5);
+    expect(() => registry.promote('v0002', 'looked better')).toThrow(
+      /v0002 is damaged \(model\/model\.safetensors is 5 bytes, registered 12\): not promoted/,
+    );
+    expect(registry.aliases().production).toBe('v0001');
+    registry.register(modelFolder('c'), info);
+    registry.promote('v0003', 'better');
+    writeFileSync(weights('v0001'), 'weights of z'); // the same size, other bytes
+    expect(() => registry.rollback('worse live')).toThrow(
+      /v0001 is damaged \(model\/model\.safetensors has another SHA-256 than the file registered\): not rolled back to/,
+    );
+    expect(registry.aliases().production).toBe('v0003');
+    const cli = prefab(['--workdir', join(registry.dir, '..'), 'models', 'promote', 'v0002', '--reason', 'x']);
+    expect(cli.code).toBe(1);
+    expect(cli.stderr).toMatch(/v0002 is damaged/);
   });
 
   it('does not count a version folder a kill left half-copied or unrecorded', () => {
