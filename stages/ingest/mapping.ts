@@ -156,9 +156,29 @@ function toToolCalls(value: unknown, at: string): ToolCall[] {
     if (call.type !== undefined && call.type !== 'function')
       throw new RecordError(`${where}.type must be 'function', got ${describe(call.type)}`);
     // arguments is a JSON string in OpenAI's format; some logs store the parsed object.
+    if (typeof args !== 'string' && args !== undefined) checkNumbers(args, `${where}.function.arguments`);
     const argumentsText = typeof args === 'string' ? args : args === undefined ? '{}' : JSON.stringify(args);
     return { id: call.id, type: 'function' as const, function: { name, arguments: argumentsText } };
   });
+}
+
+/**
+ * Arguments stored as an object were parsed as doubles: a number past 2^53 has lost digits (an account number
+ * 12345678901234567890123 reads 1.2345678901234568e+22) and one past 1.8e308 reads Infinity (written as
+ * null). Either would be trained on as another value than the log's, so the record is refused, saying so.
+ */
+function checkNumbers(value: unknown, at: string): void {
+  if (typeof value === 'number') {
+    if (!Number.isFinite(value))
+      throw new RecordError(
+        `${at} holds a number too large for a double (read as ${value}); store arguments as a JSON string`,
+      );
+    if (Number.isInteger(value) && !Number.isSafeInteger(value))
+      throw new RecordError(
+        `${at} holds ${value}, past 2^53, where a number read from JSON loses digits; store arguments as a JSON string to keep them`,
+      );
+  } else if (Array.isArray(value)) value.forEach((v, i) => checkNumbers(v, `${at}[${i}]`));
+  else if (isObject(value)) for (const key in value) checkNumbers(value[key], `${at}.${key}`);
 }
 
 const MESSAGE_KEYS = new Set(['role', 'content', 'name', 'tool_calls', 'tool_call_id']);

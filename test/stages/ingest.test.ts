@@ -39,13 +39,20 @@ describe('ingest', () => {
       '', // 10: blank, ignored
       session('ok-3', 'B', 0.2), // 11
       { ...session('no-reward', 'B', 1), reward: undefined }, // 12
+      // 13, 14: tool-call arguments stored as objects with numbers a double cannot keep; 15: small ones are fine.
+      ...['{"phone":1e400}', '{"acct":12345678901234567890123}', '{"acct":12345,"amount":1.5e3}'].map(
+        (args, i) =>
+          `{"session_id":"args-${i}","task_id":"B","reward":1,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"update","arguments":${args}}}]}]}`,
+      ),
     ];
     writeFileSync(join(dir, 'logs.jsonl'), jsonl(lines));
     // Most of these lines are bad: allowed here (max_quarantined), so the stage quarantines them and goes on.
     const outcomes = await engineFor(dir, 'ingest:\n  inputs: [logs.jsonl]\n  max_quarantined: 1\n').run(ingestOnly);
     expect(outcomes[0]!.action).toBe('ran');
 
-    expect((await ingested(dir)).map((s) => s.session_id)).toEqual(['ok-1', 'ok-2', 'ok-3']);
+    const kept = await ingested(dir);
+    expect(kept.map((s) => s.session_id)).toEqual(['ok-1', 'ok-2', 'ok-3', 'args-2']);
+    expect(kept[3]!.messages[1]!.tool_calls![0]!.function.arguments).toBe('{"acct":12345,"amount":1500}');
     const q = await collect<QuarantineRecord>(join(dir, 'workspace', 'ingest', 'quarantine.jsonl'));
     const byLine = Object.fromEntries(q.map((r) => [r.where, r.reason]));
     expect(Object.keys(byLine)).toEqual([
@@ -57,6 +64,8 @@ describe('ingest', () => {
       'line 8',
       'line 9',
       'line 12',
+      'line 13',
+      'line 14',
     ]);
     expect(byLine['line 2']).toMatch(/not valid JSON/);
     expect(byLine['line 4']).toMatch(/messages must be an array .*got the string "hello"/);
@@ -68,9 +77,13 @@ describe('ingest', () => {
     expect(byLine['line 8']).toMatch(/messages\[0\]: a tool message needs tool_call_id/);
     expect(byLine['line 9']).toMatch(/duplicate session_id 'ok-1'/);
     expect(byLine['line 12']).toMatch(/reward is missing/);
+    expect(byLine['line 13']).toMatch(
+      /messages\[1\]\.tool_calls\[0\]\.function\.arguments\.phone holds a number too large for a double/,
+    );
+    expect(byLine['line 14']).toMatch(/arguments\.acct holds 1\.2345678901234568e\+22, past 2\^53.*JSON string/);
     expect(q.every((r) => r.file.endsWith('logs.jsonl'))).toBe(true);
     expect(q.find((r) => r.where === 'line 2')!.raw).toBe(lines[1]);
-    expect(manifest(dir, 'ingest').counts).toMatchObject({ sessions: 3, quarantined: 7, duplicates: 1 });
+    expect(manifest(dir, 'ingest').counts).toMatchObject({ sessions: 4, quarantined: 9, duplicates: 1 });
   });
 
   it('names a repeated session id in the quarantine as it was written, escapes and all, and one made from the content', async () => {
