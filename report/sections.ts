@@ -180,7 +180,7 @@ function judges(g: Gathered): Section | null {
     title: 'Judges',
     html: [
       note(
-        'Each judge’s accuracy on the pairs whose answer is known (outcome pairs and hard negatives), per group, with its 95% interval; a judge is trusted in a group when its interval’s lower end clears the gate’s bar. A group “type@c” holds the votes the judge gave with confidence c.',
+        'Each judge’s accuracy on the pairs whose answer is known (outcome pairs and hard negatives), per group, with its 95% interval; a judge is trusted in a group when it has the gate’s least number of votes there (min_votes) and its interval’s lower end clears the gate’s bar. A group “type@c” holds the votes the judge gave with confidence c.',
       ),
       table(
         ['judge', 'group', 'votes', 'correct', 'accuracy', '95% interval', '0 — 1', 'trusted'],
@@ -192,7 +192,7 @@ function judges(g: Gathered): Section | null {
           fig(r.accuracy),
           `${fig(r.low)} – ${fig(r.high)}`,
           interval(r.low, r.accuracy, r.high),
-          r.trusted ? 'yes' : '<span class="bad">no</span>',
+          r.trusted ? 'yes' : r.too_few ? 'no: too few votes' : '<span class="bad">no</span>',
         ]),
         [2, 3, 4, 5],
       ),

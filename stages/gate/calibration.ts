@@ -27,8 +27,10 @@ export interface CalibrationRow {
   accuracy: number;
   low: number;
   high: number;
-  /** Its lower bound is above chance: it decides pairs of this group. */
+  /** Enough votes (min_votes) and its lower bound above chance: it decides pairs of this group. */
   trusted: boolean;
+  /** Fewer votes than min_votes: the group says nothing yet, whatever its interval (absent in older reports). */
+  too_few?: boolean;
 }
 
 /** The Wilson score interval of `correct` successes in `n` trials. */
@@ -107,7 +109,9 @@ export class Calibration {
       accuracy: votes ? correct / votes : 0,
       low,
       high,
-      trusted: votes > 0 && low > 0.5,
+      // A group of a few votes decides nothing (applies() skips it), so it is not shown trusted either.
+      trusted: votes >= this.o.minVotes && votes > 0 && low > 0.5,
+      too_few: votes < this.o.minVotes,
     };
   }
 

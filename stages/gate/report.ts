@@ -161,7 +161,7 @@ export function reportMarkdown(
       '|---|---|---|---|---|---|---|',
       ...calibration.map(
         (c) =>
-          `| ${c.judge} | ${c.group} | ${c.votes} | ${c.correct} | ${pct(c.accuracy)} | ${pct(c.low)}–${pct(c.high)} | ${c.trusted ? 'yes' : 'no'} |`,
+          `| ${c.judge} | ${c.group} | ${c.votes} | ${c.correct} | ${pct(c.accuracy)} | ${pct(c.low)}–${pct(c.high)} | ${c.trusted ? 'yes' : c.too_few ? 'no: too few votes' : 'no'} |`,
       ),
     );
     if (calibration.length === 0)

@@ -130,6 +130,25 @@ describe('judge calibration', () => {
     expect(accurate.wrong / accurate.kept).toBeLessThan(0.1);
   });
 
+  it('shows a group of fewer votes than min_votes untrusted, as it decides nothing there, however right the judge was', () => {
+    const calibration = new Calibration(options);
+    for (let i = 0; i < options.minVotes - 1; i++)
+      calibration.add(pair(i, { source: 'hard_negative', negative_type: 'refusal', votes: { rules: 'a' } }));
+    const row = calibration.rows().find((r) => r.group === 'hard_negative/refusal')!;
+    expect(row.accuracy).toBe(1);
+    expect(row.low).toBeGreaterThan(0.5);
+    expect(row).toMatchObject({ trusted: false, too_few: true });
+    const decided = calibration.decide(
+      pair(500, { source: 'hard_negative', negative_type: 'refusal', votes: { rules: 'a' } }),
+    );
+    expect(decided.verdict.winner).toBe('abstain');
+    calibration.add(pair(501, { source: 'hard_negative', negative_type: 'refusal', votes: { rules: 'a' } }));
+    expect(calibration.rows().find((r) => r.group === 'hard_negative/refusal')).toMatchObject({
+      trusted: true,
+      too_few: false,
+    });
+  });
+
   it('never lends a judge’s accuracy on hard negatives to best-of-N pairs among equal rewards', () => {
     const calibration = new Calibration(options);
     for (let i = 0; i < 100; i++)
