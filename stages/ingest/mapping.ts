@@ -88,9 +88,17 @@ function fillTemplate(template: string, record: Json, mapped: Record<string, unk
   });
 }
 
+const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
 function optionalString(value: unknown, field: string): string | null {
   if (value === undefined || value === null) return null;
-  if (typeof value === 'string') return value;
+  if (typeof value === 'string') {
+    // A lone surrogate (JSON's "\ud800") is no character: written as UTF-8 every one becomes U+FFFD, so
+    // distinct ids would collide as duplicates. Refused, shown escaped.
+    if (LONE_SURROGATE.test(value))
+      throw new RecordError(`${field} ${JSON.stringify(value)} holds a lone surrogate, which is not Unicode text`);
+    return value;
+  }
   if (typeof value === 'number' || typeof value === 'boolean') return String(value);
   throw new RecordError(`${field} must be a string, got ${describe(value)}`);
 }

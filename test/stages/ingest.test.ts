@@ -44,6 +44,8 @@ describe('ingest', () => {
         (args, i) =>
           `{"session_id":"args-${i}","task_id":"B","reward":1,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"update","arguments":${args}}}]}]}`,
       ),
+      // 16–18: ids with lone surrogates, which UTF-8 would make one id (U+FFFD); 19: a pair, which is text.
+      ...['DUP\ud800', 'DUP\udbff', 'DUP\udc00', 'DUP\ud83d\ude00'].map((id) => session(id, 'B', 1)),
     ];
     writeFileSync(join(dir, 'logs.jsonl'), jsonl(lines));
     // Most of these lines are bad: allowed here (max_quarantined), so the stage quarantines them and goes on.
@@ -51,7 +53,7 @@ describe('ingest', () => {
     expect(outcomes[0]!.action).toBe('ran');
 
     const kept = await ingested(dir);
-    expect(kept.map((s) => s.session_id)).toEqual(['ok-1', 'ok-2', 'ok-3', 'args-2']);
+    expect(kept.map((s) => s.session_id)).toEqual(['ok-1', 'ok-2', 'ok-3', 'args-2', 'DUP\ud83d\ude00']);
     expect(kept[3]!.messages[1]!.tool_calls![0]!.function.arguments).toBe('{"acct":12345,"amount":1500}');
     const q = await collect<QuarantineRecord>(join(dir, 'workspace', 'ingest', 'quarantine.jsonl'));
     const byLine = Object.fromEntries(q.map((r) => [r.where, r.reason]));
@@ -66,6 +68,9 @@ describe('ingest', () => {
       'line 12',
       'line 13',
       'line 14',
+      'line 16',
+      'line 17',
+      'line 18',
     ]);
     expect(byLine['line 2']).toMatch(/not valid JSON/);
     expect(byLine['line 4']).toMatch(/messages must be an array .*got the string "hello"/);
@@ -80,10 +85,12 @@ describe('ingest', () => {
     expect(byLine['line 13']).toMatch(
       /messages\[1\]\.tool_calls\[0\]\.function\.arguments\.phone holds a number too large for a double/,
     );
+    expect(byLine['line 16']).toBe('session_id "DUP\\ud800" holds a lone surrogate, which is not Unicode text');
+    expect(byLine['line 18']).toMatch(/session_id "DUP\\udc00" holds a lone surrogate/);
     expect(byLine['line 14']).toMatch(/arguments\.acct holds 1\.2345678901234568e\+22, past 2\^53.*JSON string/);
     expect(q.every((r) => r.file.endsWith('logs.jsonl'))).toBe(true);
     expect(q.find((r) => r.where === 'line 2')!.raw).toBe(lines[1]);
-    expect(manifest(dir, 'ingest').counts).toMatchObject({ sessions: 4, quarantined: 9, duplicates: 1 });
+    expect(manifest(dir, 'ingest').counts).toMatchObject({ sessions: 5, quarantined: 12, duplicates: 1 });
   });
 
   it('names a repeated session id in the quarantine as it was written, escapes and all, and one made from the content', async () => {
