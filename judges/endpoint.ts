@@ -172,7 +172,13 @@ export class ChatEndpoint {
       );
     }
     SDK ??= (await import('openai')).default;
-    const client = new SDK({ apiKey: apiKey || 'none', baseURL, maxRetries: 0, timeout: config.timeout_s * 1000 });
+    const client = new SDK({
+      apiKey: apiKey || 'none',
+      baseURL,
+      maxRetries: 0,
+      timeout: config.timeout_s * 1000,
+      fetch: boundedFetch(MAX_REPLY_BYTES),
+    });
     const cache = await AnswerCache.open<ChatReply>(options.cachePath);
     return new ChatEndpoint(client, model, baseURL, options, cache);
   }
@@ -289,6 +295,38 @@ export class ChatEndpoint {
 }
 
 class BudgetSpent extends Error {}
+
+/**
+ * The largest reply body read from an endpoint. A judge's verdict with its top log-probs is a few KB; a server
+ * that answers 100 MB to `max_tokens: 4` would otherwise be held whole in memory, and in the cache.
+ */
+export const MAX_REPLY_BYTES = 8 << 20;
+
+/** fetch whose response body fails past `maxBytes` (by its Content-Length, or as it streams in). */
+function boundedFetch(maxBytes: number): typeof fetch {
+  const tooLarge = (bytes: string) =>
+    new Error(`the reply is ${bytes} bytes, more than the ${maxBytes} an endpoint's reply may be`);
+  return async (input, init) => {
+    const response = await fetch(input, init);
+    const declared = Number(response.headers.get('content-length') ?? 0);
+    if (declared > maxBytes) {
+      await response.body?.cancel();
+      throw tooLarge(String(declared));
+    }
+    if (!response.body) return response;
+    let seen = 0;
+    const body = response.body.pipeThrough(
+      new TransformStream<Uint8Array, Uint8Array>({
+        transform(chunk, controller) {
+          seen += chunk.byteLength;
+          if (seen > maxBytes) controller.error(tooLarge(`over ${seen}`));
+          else controller.enqueue(chunk);
+        },
+      }),
+    );
+    return new Response(body, { status: response.status, statusText: response.statusText, headers: response.headers });
+  };
+}
 
 function hint(status: number, config: EndpointConfig): string {
   if (status === 401 || status === 403) return ` (check the key in ${config.api_key_env})`;

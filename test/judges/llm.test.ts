@@ -1,3 +1,4 @@
+import { statSync } from 'node:fs';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { ChatEndpoint, endpointConfig, type EndpointConfig } from '../../judges/endpoint.ts';
@@ -149,6 +150,17 @@ describe('llm judge', () => {
       await server?.close();
       server = null;
     }
+  });
+
+  it('reads no reply past its bound: a 9 MB answer to max_tokens 4 is a failed request, and nothing of it is cached', async () => {
+    const cacheDir = tempDir();
+    const huge = completion(`A ${'x'.repeat(9 << 20)}`);
+    const { judge, endpoint } = await judgeWith(() => ({ json: huge }), { cacheDir, config: { attempts: 1 } });
+    const r = await judge.judge(comparison(0));
+    expect(r.verdict.winner).toBe('abstain');
+    expect(r.stats.errors).toBe(2);
+    await endpoint.close();
+    expect(statSync(join(cacheDir, 'llm.jsonl'), { throwIfNoEntry: false })?.size ?? 0).toBe(0);
   });
 
   it('keeps no unreadable reply as an answer: a judge fixed since is asked again', async () => {
