@@ -300,7 +300,7 @@ class BudgetSpent extends Error {}
  * The largest reply body read from an endpoint. A judge's verdict with its top log-probs is a few KB; a server
  * that answers 100 MB to `max_tokens: 4` would otherwise be held whole in memory, and in the cache.
  */
-export const MAX_REPLY_BYTES = 8 << 20;
+const MAX_REPLY_BYTES = 8 << 20;
 
 /** fetch whose response body fails past `maxBytes` (by its Content-Length, or as it streams in). */
 function boundedFetch(maxBytes: number): typeof fetch {
