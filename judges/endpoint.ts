@@ -134,6 +134,9 @@ export interface EndpointOptions {
 /** Statuses that a retry will not change: a bad request, key or model. */
 const NOT_RETRIED = new Set([400, 401, 403, 404, 422]);
 
+/** How servers say a request is longer than the model's context (OpenAI, vLLM, llama.cpp's llama-server). */
+const TOO_LONG = /context[_ ]length|maximum context|context size|too many tokens|exceeds the (available )?context/i;
+
 /** The openai package, loaded when the first endpoint opens: it takes a fifth of a second, which commands that open none do not pay. */
 let SDK: typeof OpenAI | null = null;
 
@@ -272,6 +275,12 @@ export class ChatEndpoint {
         return { reply: null, over_budget: true };
       }
       if (error === this.fatal) throw error;
+      // A request longer than the model's context is this request's fault, not the endpoint's: it fails
+      // alone (the comparison abstains) and the stage goes on with the others.
+      if (error instanceof SDK!.APIError && error.status === 400 && TOO_LONG.test(error.message)) {
+        this.counts.failures++;
+        throw new RequestFailed(`${this.baseURL} cannot read this request whole: ${error.message}`);
+      }
       if (error instanceof SDK!.APIError && error.status !== undefined && NOT_RETRIED.has(error.status)) {
         throw (this.fatal = new PipelineError(
           `${this.baseURL} answered ${error.status} for model ${this.model}: ${error.message}${hint(error.status, config)}`,

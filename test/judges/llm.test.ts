@@ -163,6 +163,27 @@ describe('llm judge', () => {
     expect(statSync(join(cacheDir, 'llm.jsonl'), { throwIfNoEntry: false })?.size ?? 0).toBe(0);
   });
 
+  it('lets a pair longer than the judge’s context fail alone: that comparison abstains, the others are judged', async () => {
+    const tooLong = {
+      status: 400,
+      json: {
+        error: {
+          code: 400,
+          message: 'request (1136 tokens) exceeds the available context size (1024 tokens), try increasing it',
+          type: 'exceed_context_size_error',
+        },
+      },
+    };
+    const { judge } = await judgeWith((req, n) =>
+      JSON.stringify(req.body).includes('bill 0.') ? tooLong : knowing(0.9)(req, n),
+    );
+    const long = await judge.judge(comparison(0));
+    expect(long.verdict.winner).toBe('abstain');
+    expect(long.stats.errors).toBe(2);
+    const short = await judge.judge(comparison(1));
+    expect(short.verdict.winner).toBe('a');
+  });
+
   it('keeps no unreadable reply as an answer: a judge fixed since is asked again', async () => {
     const cacheDir = tempDir();
     const garbled = await judgeWith(() => ({ json: completion('C. Neither, both are fine.') }), { cacheDir });
