@@ -71,9 +71,9 @@ export function reasonKind(reason: string): string {
   return alike.length > 200 ? `${alike.slice(0, 200)}…` : alike;
 }
 
-/** A raw record's text as a quarantine keeps it: at most 64 KB of it, so one huge record cannot swell the file. */
-export const quarantineText = (raw: string) =>
-  raw.length > 65536 ? `${raw.slice(0, 65536)}… (${raw.length} characters in all)` : raw;
+/** A raw record's text as a quarantine keeps it: at most `max` characters (64 K), so one huge record cannot swell the file. */
+export const quarantineText = (raw: string, max = 65536) =>
+  raw.length > max ? `${raw.slice(0, max)}… (${raw.length} characters in all)` : raw;
 
 /**
  * The records of a file, one at a time. A file that cannot be read to its end yields what came before the

@@ -5,9 +5,10 @@ import { join, resolve } from 'node:path';
 import { hashJson, sha256File } from '../../pipeline/hash.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
+import type { QuarantineRecord } from '../../pipeline/records.ts';
 import { readIngestIndex, taskRunsFile, type IngestIndex, type IngestedFile } from '../layout.ts';
 import { SessionIdSet } from './id-set.ts';
-import { ingestFiles, readSegmentIds, type ReadingOptions } from './segment.ts';
+import { DUPLICATES_LISTED, ingestFiles, readSegmentIds, type ReadingOptions } from './segment.ts';
 
 import type { ExternalFile, StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
@@ -120,6 +121,13 @@ export async function run({
     throw error;
   }
   for (const result of results) {
+    if (result.duplicates > DUPLICATES_LISTED)
+      await quarantine.write({
+        file: result.name,
+        where: 'after the duplicates listed',
+        reason: `${result.duplicates - DUPLICATES_LISTED} more duplicate session ids (dropped; counted, not listed: a file's first ${DUPLICATES_LISTED} are)`,
+        raw: '',
+      } satisfies QuarantineRecord);
     files.push(result);
     added += result.sessions;
     quarantined += result.quarantined;

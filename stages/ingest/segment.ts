@@ -43,6 +43,9 @@ export interface ReadingOptions {
   maxRecordBytes: number;
 }
 
+/** The duplicates of a file listed in the quarantine; those after are counted (run.ts writes how many). */
+export const DUPLICATES_LISTED = 20;
+
 /** Deeper than this, a record is quarantined rather than walked (mapping and hashing recurse). */
 const MAX_DEPTH = 200;
 
@@ -528,16 +531,17 @@ function fileReading(
       if (!ids.addKey(records[r + KEY_HI]!, records[r + KEY_LO]!)) {
         if (run.lines > 0) runs.push(run);
         run = { from: start, to: start, lines: 0 };
-        duplicates++;
+        // A file's first duplicates are listed (with an excerpt: the whole is the session kept); the rest are
+        // counted, so a file of 100,000 copies of one line does not copy them into the quarantine.
+        if (++duplicates > DUPLICATES_LISTED) continue;
         // Which id it was is read from the head of its session's line (ids do not cross between threads),
         // rather than the record parsed and mapped again on this thread.
-        const raw = rawOf(given, r);
         const id = leadingSessionId(sessionLines, lineStart, start);
         await quarantine.write({
           file: file.name,
           where: whereOf(batch, i, line),
           reason: `duplicate session_id '${id}' (dropped; the first one is kept)`,
-          raw: quarantineText(raw),
+          raw: quarantineText(rawOf(given, r), 1024),
         } satisfies QuarantineRecord);
         continue;
       }

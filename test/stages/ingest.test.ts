@@ -93,6 +93,32 @@ describe('ingest', () => {
     expect(manifest(dir, 'ingest').counts).toMatchObject({ sessions: 5, quarantined: 12, duplicates: 1 });
   });
 
+  it('lists a file’s first duplicates and counts the rest: a bomb of 5,000 copies of one line adds 21 quarantine lines, an appended log no more', async () => {
+    const dir = tempDir();
+    const line = JSON.stringify(session('same', 'A', 1));
+    writeFileSync(join(dir, 'bomb.jsonl'), `${line}\n`.repeat(5000));
+    const config = 'ingest:\n  inputs: [bomb.jsonl]\n';
+    expect((await engineFor(dir, config).run(ingestOnly))[0]!.action).toBe('ran');
+    const quarantine = join(dir, 'workspace', 'ingest', 'quarantine.jsonl');
+    const q = await collect<QuarantineRecord>(quarantine);
+    expect(q).toHaveLength(21);
+    expect(q[0]).toMatchObject({
+      where: 'line 2',
+      reason: "duplicate session_id 'same' (dropped; the first one is kept)",
+    });
+    expect(q[20]).toMatchObject({
+      where: 'after the duplicates listed',
+      reason: expect.stringMatching(/^4979 more duplicate session ids/),
+    });
+    expect(manifest(dir, 'ingest').counts).toMatchObject({ sessions: 1, duplicates: 4999, quarantined: 0 });
+    // The log appended to: read again whole, its old lines are duplicates, listed no more than the first 20.
+    writeFileSync(join(dir, 'bomb.jsonl'), `${line}\n`.repeat(5000) + JSON.stringify(session('new', 'A', 1)) + '\n');
+    expect((await engineFor(dir, config).run(ingestOnly))[0]!.action).toBe('ran');
+    expect(await collect<QuarantineRecord>(quarantine)).toHaveLength(42);
+    expect(statSync(quarantine).size).toBeLessThan(42 * 1024);
+    expect((await ingested(dir)).map((s) => s.session_id)).toEqual(['same', 'new']);
+  });
+
   it('names a repeated session id in the quarantine as it was written, escapes and all, and one made from the content', async () => {
     const dir = tempDir();
     const odd = 'dup "é" \\ \u2028 end';
