@@ -132,7 +132,7 @@ export class Engine {
 
   private async externalFiles(stage: Stage): Promise<ExternalFile[]> {
     if (!stage.external) return [];
-    const paths = await stage.external(this.config[stage.name], this.configDir);
+    const paths = await stage.external(this.config[stage.name], this.configDir, this.log.child({ stage: stage.name }));
     const hashes = await hashFilesCached(this.ws, paths);
     return paths.map((path) => ({ path, name: relative(process.cwd(), path) || path, ...hashes.get(path)! }));
   }

@@ -99,8 +99,8 @@ export interface Stage<S extends z.ZodType = z.ZodType> {
   outputs: string[];
   /** Its section of the config, under the key `name`. */
   config: S;
-  /** External input files (resolved, existing), if the stage reads any. */
-  external?(config: z.infer<S>, configDir: string): Promise<string[]>;
+  /** External input files (resolved, existing), if the stage reads any; `log` hears of files passed over. */
+  external?(config: z.infer<S>, configDir: string, log: Logger): Promise<string[]>;
   /**
    * Environment variables that are settings of the stage with this config (a model name, a base URL; never
    * a secret): their values are part of its fingerprint, so changing one makes the stage stale.

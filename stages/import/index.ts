@@ -67,8 +67,8 @@ export const importStage = defineStage({
   inputs: [],
   outputs: ['train.jsonl', 'test.jsonl', 'quarantine.jsonl'],
   config,
-  external: (cfg, configDir) =>
-    cfg.inputs.length ? resolveInputs(cfg.inputs, configDir, 'import.inputs') : Promise.resolve([]),
+  external: (cfg, configDir, log) =>
+    cfg.inputs.length ? resolveInputs(cfg.inputs, configDir, { key: 'import.inputs', log }) : Promise.resolve([]),
 
   run: (ctx) => import('./run.ts').then((m) => m.run(ctx)),
   // Imported pairs have no tasks to shard by: every shard imports them all (the judge stage keeps them on shard 0 only).

@@ -103,8 +103,8 @@ export const ingest = defineStage({
   outputs: ['sessions', 'tasks', 'quarantine.jsonl', 'index.json', 'ids.bin'],
   config,
   // The tools file is read beside the inputs, so that a change to it makes the stage stale.
-  external: async (cfg, configDir) => [
-    ...(await resolveInputs(cfg.inputs, configDir)),
+  external: async (cfg, configDir, log) => [
+    ...(await resolveInputs(cfg.inputs, configDir, { log })),
     ...(cfg.tools === null ? [] : [resolve(configDir, cfg.tools)]),
   ],
 

@@ -390,11 +390,25 @@ export async function ingestFiles(
       // thread being the slower side (docs/experiments.md, "Parquet rows assembled as text").
       const pool = formats[i] === 'parquet' ? null : threads;
       const blockBytes = pool ? Math.min(1 << 20, Math.max(64 << 10, Math.ceil(total / (2 * pool.size)))) : 1 << 20;
+      const limit = recordLimit(o.maxRecordBytes, 'ingest.max_record_bytes', signal);
+      const batches = batchesOf(file.path, formats[i]!, shelf, blockBytes, limit, parquetHeapMb);
+      // Its first batch opens it: a file gone since it was listed (a rotated log) or unreadable is skipped,
+      // saying so, and the others go on. Once open, it reads to its end (an unlinked file's data stays).
+      let next: IteratorResult<Batch>;
+      try {
+        next = await batches.next();
+      } catch (error) {
+        const code = (error as NodeJS.ErrnoException).code;
+        if (code !== 'ENOENT' && code !== 'EACCES' && code !== 'EISDIR') throw error;
+        log.warn('skipped an input file that could not be opened: gone since it was listed, or unreadable', {
+          file: file.name,
+          error: (error as Error).message,
+        });
+        continue;
+      }
       const begun = fileReading(file, out, seq, ids, quarantine, reasons, log, signal, shelf, pool);
       reading.add(begun);
-      const limit = recordLimit(o.maxRecordBytes, 'ingest.max_record_bytes', signal);
-      for await (const batch of batchesOf(file.path, formats[i]!, shelf, blockBytes, limit, parquetHeapMb))
-        yield { reading: begun, batch };
+      for (; !next.done; next = await batches.next()) yield { reading: begun, batch: next.value };
       // Its end, once its batches are used.
       yield { reading: begun, batch: null };
     }
@@ -422,6 +436,9 @@ export async function ingestFiles(
         reading.delete(job.reading);
         ingested.push(file);
         closing.push(closed);
+        // At most CLOSING_AT_ONCE files' segments still closing: 50,000 small files must not hold a
+        // descriptor each (EMFILE at ulimit -n 1024).
+        if (closing.length > CLOSING_AT_ONCE) await closing[closing.length - 1 - CLOSING_AT_ONCE];
       }
     });
   } finally {
@@ -437,6 +454,9 @@ export async function ingestFiles(
  * the writers' default (1 MiB) this thread would wait on each write before handing out more work.
  */
 const SEGMENT_IN_FLIGHT = 16 << 20;
+
+/** Files whose segment and tasks file may still be closing while the next ones are read. */
+const CLOSING_AT_ONCE = 64;
 
 function fileReading(
   file: ExternalFile,

@@ -3,7 +3,7 @@
 // that are not UTF-8 are quarantined with their file, place and reason while every good record is kept; and
 // a run whose records are mostly bad fails, saying why.
 import { spawnSync } from 'node:child_process';
-import { readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { DuckDBInstance } from '@duckdb/node-api';
@@ -11,8 +11,8 @@ import { describe, expect, it } from 'vitest';
 import type { QuarantineRecord } from '../../pipeline/records.ts';
 import { sessionSegments } from '../../store/runs.ts';
 import type { Session } from '../../core/records.ts';
-import { prefab } from '../fixtures/cli.ts';
-import { collect, engineFor, jsonl, manifest, session, tempDir } from '../fixtures/pipeline.ts';
+import { REPO, prefab } from '../fixtures/cli.ts';
+import { DATA_STAGES, collect, engineFor, jsonl, manifest, session, tempDir } from '../fixtures/pipeline.ts';
 
 const ingestOnly = { until: 'ingest' };
 
@@ -206,6 +206,56 @@ describe('ingest on damaged inputs', () => {
       'reward must be a number in [0, 1], got NaN',
     );
     expect(() => toSession({ ...session('n', 'A', 1), reward: -Infinity }, 'x', options)).toThrow('got -Infinity');
+  });
+});
+
+describe('ingest on files that go or cannot be named', () => {
+  it('skips a file whose name is not UTF-8, naming it escaped, and reads the others', async () => {
+    const dir = tempDir();
+    mkdirSync(join(dir, 'in'));
+    writeFileSync(join(dir, 'in', 'good.jsonl'), jsonl([session('good-1', 'A', 1)]));
+    writeFileSync(Buffer.from(`${join(dir, 'in')}/a\xff.jsonl`, 'latin1'), jsonl([session('odd-1', 'A', 1)]));
+    const lines: string[] = [];
+    const outcomes = await engineFor(dir, 'ingest:\n  inputs: [in]\n', {}, lines).run(ingestOnly);
+    expect(outcomes[0]!.action).toBe('ran');
+    expect(await ingestedIds(dir)).toEqual(['good-1']);
+    expect(lines.join('')).toContain(
+      `${join(dir, 'in')}/a\\\\xff.jsonl has a name that is not UTF-8: rename it to read it`,
+    );
+  });
+
+  it('holds a bounded number of files open however many arrive: 400 files under ulimit -n 256', () => {
+    const dir = tempDir();
+    mkdirSync(join(dir, 'in'));
+    for (let i = 0; i < 400; i++) writeFileSync(join(dir, 'in', `f${i}.jsonl`), jsonl([session(`m-${i}`, 't', 1)]));
+    writeFileSync(join(dir, 'c.yaml'), 'ingest:\n  inputs: [in]\n');
+    const bin = join(REPO, 'bin', 'prefab.js');
+    const r = spawnSync(
+      'sh',
+      ['-c', `ulimit -n 256 && exec "${process.execPath}" "${bin}" --config c.yaml --workdir ws run --until ingest`],
+      { cwd: dir, encoding: 'utf8' },
+    );
+    expect(r.stderr).not.toMatch(/EMFILE/);
+    expect(r.status, r.stderr).toBe(0);
+    expect(JSON.parse(r.stdout).stages[0].counts).toMatchObject({ sessions: 400, files: 400 });
+  });
+
+  it('skips a file gone between listing and reading (a rotated log), saying so, and keeps the others’ work', async () => {
+    const dir = tempDir();
+    mkdirSync(join(dir, 'in'));
+    for (let i = 0; i < 30; i++) writeFileSync(join(dir, 'in', `f${i}.jsonl`), jsonl([session(`s-${i}`, 'A', i % 2)]));
+    const ingest = DATA_STAGES[0]!;
+    // Removed once the files are listed and hashed, as the stage begins to read them.
+    const rotating = {
+      ...ingest,
+      run: (ctx: Parameters<typeof ingest.run>[0]) => (rmSync(join(dir, 'in', 'f7.jsonl')), ingest.run(ctx)),
+    };
+    const lines: string[] = [];
+    const outcomes = await engineFor(dir, 'ingest:\n  inputs: [in]\n', {}, lines, [rotating]).run();
+    expect(outcomes[0]!.action).toBe('ran');
+    expect((await ingestedIds(dir)).length).toBe(29);
+    expect(await ingestedIds(dir)).not.toContain('s-7');
+    expect(lines.join('')).toMatch(/skipped an input file that could not be opened.*"file":"[^"]*f7\.jsonl"/);
   });
 });
 
