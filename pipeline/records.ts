@@ -174,19 +174,33 @@ async function* readJsonlRecords(path: string, limit: LineLimit): AsyncGenerator
 }
 
 /**
- * Calls `line(start, end)` for each line of a block of UTF-8 bytes, as readline splits lines: at "\n",
- * "\r\n" and a lone "\r"; a break at the block's end is not followed by an empty line. The offsets are
- * bytes, so a line's text is `block.toString('utf8', start, end)`. Returns how many lines there were.
+ * Calls `line(start, end, n)` for the n-th line (from 1) of a block of UTF-8 bytes, as readline splits lines:
+ * at "\n", "\r\n" and a lone "\r"; a break at the block's end is not followed by an empty line. The offsets
+ * are bytes, so a line's text is `block.toString('utf8', start, end)`. `skipEmpty`: lines empty between two
+ * "\n"s are counted but not called. Returns how many lines there were.
  */
-export function forEachLine(block: Buffer, line: (start: number, end: number) => void): number {
+export function forEachLine(
+  block: Buffer,
+  line: (start: number, end: number, n: number) => void,
+  skipEmpty = false,
+): number {
   let n = 0;
   const emit = (start: number, end: number) => {
     n++;
-    line(start, end);
+    line(start, end, n);
   };
   // Lone "\r"s are rare: only a block that has a "\r" is searched for them, a "\n"-line at a time.
   const crs = block.indexOf(13) >= 0;
   for (let from = 0; from < block.length;) {
+    if (skipEmpty && block[from] === 10) {
+      // A run of "\n"s is that many empty lines, counted without a call each: a file of nothing but
+      // newlines (2 GB of them gzip to 2 MB) is read at the speed of this loop.
+      let run = from;
+      while (run < block.length && block[run] === 10) run++;
+      n += run - from;
+      from = run;
+      continue;
+    }
     const nl = block.indexOf(10, from);
     const stop = nl < 0 ? block.length : nl;
     let start = from;
@@ -309,7 +323,7 @@ export async function* readLineBlocks(
     // A byte order mark is not part of the first record (it is whole in the first block: no newline comes before it).
     const bom = firstLine === 1 && hasBom(bytes);
     const block = { bytes: bom ? bytes.slice(3) : bytes, firstLine };
-    firstLine += forEachLine(Buffer.from(block.bytes.buffer), () => {});
+    firstLine += forEachLine(Buffer.from(block.bytes.buffer), () => {}, true);
     pieces = cut < last.length ? [last.subarray(cut)] : [];
     held = last.length - cut;
     return block;
@@ -406,7 +420,7 @@ async function* readPlainLineBlocks(
       if (cut > 0) {
         const bom = firstLine === 1 && hasBom(block);
         const bytes = block.subarray(bom ? 3 : 0, cut);
-        const lines = forEachLine(bytes, () => {});
+        const lines = forEachLine(bytes, () => {}, true);
         yield { bytes, firstLine };
         firstLine += lines;
       }

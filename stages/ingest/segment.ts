@@ -215,15 +215,20 @@ export function readBatch(batch: Batch, fileName: string, o: ReadingOptions, she
     }
   } else {
     const block = Buffer.from(batch.bytes.buffer, batch.bytes.byteOffset, batch.bytes.byteLength);
-    let line = batch.firstLine - 1;
-    forEachLine(block, (start, end) => {
-      line++;
-      const stored = reader?.(block, start, end, `${fileName} line ${line}`);
-      if (stored)
-        return out.add({ notUtf8: false, session: stored.session, stored: stored.messages }, line, start, end);
-      const raw = block.toString('utf8', start, end);
-      if (raw.trim() !== '') out.add(readOne({ where: `line ${line}`, raw }, fileName, o), line, start, end);
-    });
+    // Empty lines are counted, not called: they are nothing.
+    forEachLine(
+      block,
+      (start, end, n) => {
+        const line = batch.firstLine - 1 + n;
+        if (start === end) return;
+        const stored = reader?.(block, start, end, `${fileName} line ${line}`);
+        if (stored)
+          return out.add({ notUtf8: false, session: stored.session, stored: stored.messages }, line, start, end);
+        const raw = block.toString('utf8', start, end);
+        if (raw.trim() !== '') out.add(readOne({ where: `line ${line}`, raw }, fileName, o), line, start, end);
+      },
+      true,
+    );
   }
   return { ...out.done(), ...('bytes' in batch ? { block: batch.bytes } : {}) };
 }

@@ -39,6 +39,25 @@ async function readlineLines(path: string): Promise<[number, string][]> {
   return lines;
 }
 
+describe('forEachLine', () => {
+  it('counts runs of empty lines without a call each when asked, numbering the others as readline does', () => {
+    const text = '\n\n{"a":1}\r\n\n\n\nx\ry\n\n\nlast';
+    const every: [number, string][] = [];
+    const total = forEachLine(Buffer.from(text), (s, e, n) => every.push([n, text.slice(s, e)]));
+    const some: [number, string][] = [];
+    const counted = forEachLine(Buffer.from(text), (s, e, n) => some.push([n, text.slice(s, e)]), true);
+    expect(counted).toBe(total);
+    expect(total).toBe(text.split(/\r\n|\n|\r/).length);
+    expect(some).toEqual(every.filter(([, line]) => line !== ''));
+    expect(some).toEqual([
+      [3, '{"a":1}'],
+      [7, 'x'],
+      [8, 'y'],
+      [11, 'last'],
+    ]);
+  });
+});
+
 describe('JsonlWriter', () => {
   it('counts the bytes of what it has written, multi-byte characters and pre-made lines included', async () => {
     const path = join(tempDir(), 'out.jsonl');
