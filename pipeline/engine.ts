@@ -1,6 +1,6 @@
 // Orders stages, decides which are stale, runs them into temporary folders and commits them with a manifest.
 import { existsSync, mkdirSync, statSync } from 'node:fs';
-import { mkdir, readdir, stat } from 'node:fs/promises';
+import { mkdir, readdir, rm, stat } from 'node:fs/promises';
 import { join, relative } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { z } from 'zod';
@@ -361,6 +361,31 @@ export class Engine {
     for (const input of stage.inputs) inputs[input] = (await this.manifest(input))!.fingerprint;
 
     holdHeapGrowth(); // a stage's memory follows what it keeps, not four times it
+    try {
+      return await this.runIn(stage, out, { external, previous, log, signal, shard, inputs, started, cache });
+    } catch (error) {
+      // What a failed stage wrote goes at once (the next run would discard it anyway): a disk it filled has
+      // room again to record the failure.
+      await rm(out, { recursive: true, force: true }).catch(() => {});
+      throw error;
+    }
+  }
+
+  private async runIn(
+    stage: Stage,
+    out: string,
+    o: {
+      external: ExternalFile[];
+      previous: Manifest | null;
+      log: Logger;
+      signal: AbortSignal;
+      shard: Shard | null;
+      inputs: Record<string, string>;
+      started: Date;
+      cache: string;
+    },
+  ): Promise<StageOutcome> {
+    const { external, previous, log, signal, shard, inputs, started, cache } = o;
     const report: StageReport = await stage.run({
       config: this.config[stage.name],
       configDir: this.configDir,
@@ -476,8 +501,20 @@ export class Engine {
   }
 
   private async recordAttempt(stage: string, attempt: Attempt): Promise<void> {
-    await mkdir(join(this.ws.root, '.runs'), { recursive: true });
-    await writeFileAtomic(this.ws.attemptPath(stage), JSON.stringify(attempt) + '\n');
+    try {
+      await mkdir(join(this.ws.root, '.runs'), { recursive: true });
+      await writeFileAtomic(this.ws.attemptPath(stage), JSON.stringify(attempt) + '\n');
+    } catch (error) {
+      if (attempt.status === 'ok') throw error;
+      // A failure that cannot be recorded (the disk that failed the stage is full): the last record must not
+      // go on saying ok, and the failure itself is what the user needs to read, not this one's stack.
+      await rm(this.ws.attemptPath(stage), { force: true });
+      this.log.warn('could not record the attempt for `prefab status`', {
+        stage,
+        file: this.ws.attemptPath(stage),
+        error: errorMessage(error),
+      });
+    }
   }
 
   private async invalidateDownstream(name: string): Promise<void> {

@@ -1,5 +1,5 @@
 // The workspace on disk: a folder per stage, a lock, atomic writes, and the cache of input file hashes.
-import { existsSync, linkSync, readFileSync, renameSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
+import { existsSync, linkSync, readFileSync, renameSync, rmSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
 import { mkdir, readFile, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import { join } from 'node:path';
@@ -175,7 +175,15 @@ export async function acquireLock(ws: Workspace, command: string, log: Logger): 
     pid_start: processStart(process.pid),
   };
   const tmp = `${ws.lockPath}.${process.pid}.tmp`;
-  writeFileSync(tmp, JSON.stringify(mine) + '\n');
+  try {
+    writeFileSync(tmp, JSON.stringify(mine) + '\n');
+  } catch (error) {
+    rmSync(tmp, { force: true });
+    const e = error as NodeJS.ErrnoException;
+    throw new PipelineError(
+      `cannot take the workspace's lock: ${tmp} could not be written (${e.code ?? e.message})${e.code === 'ENOSPC' ? ': the disk is full' : ''}`,
+    );
+  }
   try {
     for (let attempt = 0; ; attempt++) {
       try {

@@ -1,4 +1,5 @@
-import { readFileSync, statSync, writeFileSync } from 'node:fs';
+import { spawnSync } from 'node:child_process';
+import { readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { writeSyntheticSessions } from '../../bench/synthetic-sessions.ts';
@@ -266,5 +267,38 @@ describe('prefab command line', () => {
     ]);
     const manifest = JSON.parse(readFileSync(join(dir, 'workspace', 'export', 'manifest.json'), 'utf8'));
     expect(manifest.counts.sessions_train + manifest.counts.sessions_test).toBe(20_000);
+  });
+});
+
+describe('prefab on a full disk', () => {
+  // A real 6 MiB tmpfs (CI runs as root, as .ci/run installs packages): the default run fills it in ingest.
+  it('says which file could not be written, frees what the stage wrote, records the failure, and refuses the lock by name', () => {
+    const mnt = tempDir();
+    const mounted = spawnSync('mount', ['-t', 'tmpfs', '-o', 'size=6m', 'tmpfs', mnt], { encoding: 'utf8' });
+    expect(mounted.status, `a tmpfs is needed for this test: ${mounted.stderr}`).toBe(0);
+    try {
+      const ws = join(mnt, 'ws');
+      const run = prefab(['--workdir', ws, '--config', DEFAULT, 'run', '--until', 'export']);
+      expect(run.code).toBe(1);
+      expect(run.stderr).toMatch(/sessions\/\S+\.jsonl could not be written \(ENOSPC/);
+      expect(run.stderr).not.toMatch(/^\s+at /m);
+      // The stage's half-made folder is gone, so the failure is on record for status.
+      expect(readdirSync(join(ws, '.tmp'))).toEqual([]);
+      const status = JSON.parse(prefab(['--workdir', ws, 'status', '--json']).stdout) as {
+        stages: { stage: string; state: string; last_failure: { error: string } | null }[];
+      };
+      expect(status.stages[0]).toMatchObject({ stage: 'ingest', state: 'never run' });
+      expect(status.stages[0]!.last_failure!.error).toMatch(/ENOSPC/);
+      // Full to the last byte: even the lock cannot be taken, and that is said plainly.
+      spawnSync('sh', ['-c', `head -c 8M /dev/zero > ${join(mnt, 'fill')}`]);
+      const locked = prefab(['--workdir', ws, 'run']);
+      expect(locked.code).toBe(1);
+      expect(locked.stderr).toMatch(
+        /cannot take the workspace's lock: .*could not be written \(ENOSPC\): the disk is full/,
+      );
+      expect(locked.stderr).not.toMatch(/^\s+at /m);
+    } finally {
+      spawnSync('umount', [mnt]);
+    }
   });
 });
