@@ -276,12 +276,10 @@ export class ChatEndpoint {
       }
       if (error === this.fatal) throw error;
       // A request longer than the model's context is this request's fault, not the endpoint's: it fails
-      // alone (the comparison abstains) and the stage goes on with the others.
-      if (error instanceof SDK!.APIError && error.status === 400 && TOO_LONG.test(error.message)) {
-        this.counts.failures++;
-        throw new RequestFailed(`${this.baseURL} cannot read this request whole: ${error.message}`);
-      }
-      if (error instanceof SDK!.APIError && error.status !== undefined && NOT_RETRIED.has(error.status)) {
+      // alone (the comparison abstains), counted as a failure like a 5xx, so that only an endpoint that
+      // refuses everything (max_consecutive_failures in a row) stops the stage.
+      const tooLong = error instanceof SDK!.APIError && error.status === 400 && TOO_LONG.test(error.message);
+      if (!tooLong && error instanceof SDK!.APIError && error.status !== undefined && NOT_RETRIED.has(error.status)) {
         throw (this.fatal = new PipelineError(
           `${this.baseURL} answered ${error.status} for model ${this.model}: ${error.message}${hint(error.status, config)}`,
         ));

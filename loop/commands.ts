@@ -111,7 +111,7 @@ export function addServeCommand(program: Command, ctx: CommandContext): void {
   program
     .command('serve')
     .description(
-      'serve registry versions over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/models); requests in flight are decoded together',
+      'serve registry versions over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/models); requests in flight are decoded together. PREFAB_SERVE_API_KEY set: clients must send it as a bearer token',
     )
     .option(
       '--model <name>',

@@ -5,6 +5,7 @@
 // to what is served, and follows the registry's aliases.
 import { join } from 'node:path';
 import type { Logger } from '../../pipeline/log.ts';
+import { PipelineError } from '../../pipeline/errors.ts';
 import { openChat, type Chat } from '../../model/chat.ts';
 import { loadCheckpoint } from '../../model/checkpoint.ts';
 import type { ToolCallConstraint, ToolChoice, ToolSchema } from '../../model/constrain.ts';
@@ -242,8 +243,12 @@ export function loadCatalog(registry: Registry, names: string[], settings: Serve
   for (const name of names) {
     const id = name === 'production' || name === 'candidate' ? aliases[name] : name;
     if (!id)
-      throw new Error(`the registry in ${registry.dir} has no ${name}: \`prefab models list\` shows what it has`);
+      throw new PipelineError(
+        `the registry in ${registry.dir} has no ${name}: \`prefab models list\` shows what it has`,
+      );
     registry.version(id);
+    const damage = registry.damage(id);
+    if (damage) throw new PipelineError(`${id} (${name}) is damaged: ${damage}; it is not served`);
     let served = byVersion.get(id);
     if (!served) byVersion.set(id, (served = new ServedModel(id, join(registry.folder(id), 'model'), settings)));
     catalog.set(name, served);
@@ -264,6 +269,10 @@ export function followAliases(catalog: Catalog, registry: Registry, settings: Se
     const served = catalog.get(alias);
     const id = aliases[alias];
     if (!served || !id || served.version === id) continue;
+    // A version damaged since it was registered is not loaded: the alias stays where it was (the caller warns).
+    const damage = catalog.has(id) ? null : registry.damage(id);
+    if (damage)
+      throw new Error(`${alias} moved to ${id}, which is damaged (${damage}): still serving ${served.version}`);
     const next = catalog.get(id) ?? new ServedModel(id, join(registry.folder(id), 'model'), settings);
     catalog.set(alias, next);
     catalog.set(id, next);

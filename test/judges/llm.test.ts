@@ -182,6 +182,15 @@ describe('llm judge', () => {
     expect(long.stats.errors).toBe(2);
     const short = await judge.judge(comparison(1));
     expect(short.verdict.winner).toBe('a');
+    // An endpoint that refuses every request so stops the stage, as one failing every request with 5xx does.
+    await server?.close();
+    server = null;
+    const refusing = await judgeWith(() => tooLong, { config: { max_consecutive_failures: 4 } });
+    await expect(
+      (async () => {
+        for (let i = 0; i < 4; i++) await refusing.judge.judge(comparison(i));
+      })(),
+    ).rejects.toThrow(/failed 4 requests in a row.*exceeds the available context size/);
   });
 
   it('keeps no unreadable reply as an answer: a judge fixed since is asked again', async () => {

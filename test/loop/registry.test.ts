@@ -166,6 +166,13 @@ describe('model registry', () => {
     const cli = prefab(['--workdir', join(registry.dir, '..'), 'models', 'promote', 'v0002', '--reason', 'x']);
     expect(cli.code).toBe(1);
     expect(cli.stderr).toMatch(/v0002 is damaged/);
+    // Nor is it served: the server refuses to start on it, naming the file.
+    const served = prefab(['--workdir', join(registry.dir, '..'), 'serve', '--model', 'v0002', '--port', '0']);
+    expect(served.code).toBe(1);
+    expect(served.stderr).toMatch(
+      /v0002 \(v0002\) is damaged: model\/model\.safetensors is 5 bytes, registered 12; it is not served/,
+    );
+    expect(served.stderr).not.toMatch(/^\s+at /m);
   });
 
   it('does not count a version folder a kill left half-copied or unrecorded', () => {
