@@ -90,8 +90,24 @@ const knobsOf = (name: string): Record<string, number> =>
         min_visits: num('minVisits'),
       };
 
-/** An arm's run as its folders and files are named: arm, seed and a hash of its knobs. */
-const runName = (name: string, seed: number) => `${name}-${seed}-${hashJson(knobsOf(name)).slice(0, 8)}`;
+/** An arm's run as its folders and files are named: arm, seed and a hash of its knobs (these options' by default). */
+const runName = (name: string, seed: number, knobs = knobsOf(name)) => `${name}-${seed}-${hashJson(knobs).slice(0, 8)}`;
+
+/** A task's number of calls, by id: the table splits first-try success by one and two. */
+const callsOf = new Map(
+  taskPool(world, 'val', num('valTasks'), num('maxCalls')).map((t) => [t.task_id, t.calls.length]),
+);
+
+/** First-try success on the tasks of one call and of two, and the share of tool calls the environment accepted. */
+function split(records: EpisodeRecord[]): { one: number; two: number; accepted: number } {
+  const rate = (rs: EpisodeRecord[]) => rs.reduce((a, r) => a + r.success, 0) / Math.max(1, rs.length);
+  const calls = records.reduce((a, r) => a + r.calls, 0);
+  return {
+    one: rate(records.filter((r) => callsOf.get(r.task) === 1)),
+    two: rate(records.filter((r) => callsOf.get(r.task) === 2)),
+    accepted: records.reduce((a, r) => a + r.calls_ok, 0) / Math.max(1, calls),
+  };
+}
 
 interface Point {
   arm: string;
@@ -326,9 +342,14 @@ function table(): void {
   const adjusted = new Map(holm(finals.map((p) => p.p)).map((q, i) => [finals[i]!, q]));
   const f = (x: number) => (x >= 0 ? '+' : '') + x.toFixed(3);
   console.log(
-    '| arm | knobs | seed | episodes | first-try success | against SFT [90%, companies] | better / worse | p (Holm) | with notes / retry | minutes |',
+    '| arm | knobs | seed | episodes | first-try success | one call / two | against SFT [90%, companies] | better / worse | p (Holm) | with notes / retry | calls accepted | minutes |',
   );
-  console.log('|---|---|---|---|---|---|---|---|---|---|');
+  console.log('|---|---|---|---|---|---|---|---|---|---|---|---|');
+  const episodesFile = (p: Point) => join(out, 'episodes', `${runName(p.arm, p.seed, p.knobs)}-${p.episodes}.json`);
+  const splitOf = (path: string) =>
+    existsSync(path) ? split(JSON.parse(readFileSync(path, 'utf8')) as EpisodeRecord[]) : null;
+  const splitCells = (s: ReturnType<typeof splitOf>) =>
+    s ? [`${s.one.toFixed(3)} / ${s.two.toFixed(3)}`, s.accepted.toFixed(3)] : ['', ''];
   const pair = (a?: number, b?: number) =>
     a === undefined || b === undefined ? '' : `${a.toFixed(3)} / ${b.toFixed(3)}`;
   const sft = JSON.parse(readFileSync(join(out, 'episodes', 'sft.json'), 'utf8')) as EpisodeRecord[];
@@ -337,15 +358,27 @@ function table(): void {
   const n = existsSync(notesPath)
     ? notesAgainstRetry(JSON.parse(readFileSync(notesPath, 'utf8')) as TaskOutcome[], 'sft')
     : null;
-  console.log(`| SFT | | – | 0 | ${first.toFixed(3)} | | | | ${pair(n?.candidate, n?.baseline)} | |`);
+  const [sftSplit, sftAccepted] = splitCells(split(sft));
+  console.log(
+    `| SFT | | – | 0 | ${first.toFixed(3)} | ${sftSplit} | | | | ${pair(n?.candidate, n?.baseline)} | ${sftAccepted} | |`,
+  );
   const knobs = (p: Point) =>
     Object.entries(p.knobs)
       .map(([k, v]) => `${k} ${v}`)
       .join(', ');
-  for (const p of all)
+  for (const p of all) {
+    const [oneTwo, accepted] = splitCells(splitOf(episodesFile(p)));
     console.log(
-      `| ${p.arm} | ${knobs(p)} | ${p.seed} | ${p.episodes} | ${p.success_first.toFixed(3)} | ${f(p.difference)} [${f(p.interval[0])}, ${f(p.interval[1])}] | ${p.better} / ${p.worse} | ${p.p.toPrecision(2)}${adjusted.has(p) ? ` (${adjusted.get(p)!.toPrecision(2)})` : ''} | ${pair(p.with_notes, p.retry)} | ${(p.seconds / 60).toFixed(0)} |`,
+      `| ${p.arm} | ${knobs(p)} | ${p.seed} | ${p.episodes} | ${p.success_first.toFixed(3)} | ${oneTwo} | ${f(p.difference)} [${f(p.interval[0])}, ${f(p.interval[1])}] | ${p.better} / ${p.worse} | ${p.p.toPrecision(2)}${adjusted.has(p) ? ` (${adjusted.get(p)!.toPrecision(2)})` : ''} | ${pair(p.with_notes, p.retry)} | ${accepted} | ${(p.seconds / 60).toFixed(0)} |`,
     );
+  }
+  // Episodes to +0.10: each run's first checkpoint that far above SFT (seed 004's measure of sample efficiency).
+  console.log('\n| arm | knobs | seed | episodes to +0.10 first-try |\n|---|---|---|---|');
+  for (const p of finals) {
+    const run = all.filter((q) => q.arm === p.arm && q.seed === p.seed && hashJson(q.knobs) === hashJson(p.knobs));
+    const reached = run.filter((q) => q.difference >= 0.1).sort((a, b) => a.episodes - b.episodes)[0];
+    console.log(`| ${p.arm} | ${knobs(p)} | ${p.seed} | ${reached ? reached.episodes : `not within ${p.episodes}`} |`);
+  }
 }
 
 /** Does the --from model read notes: with-feedback success against as many tries without, paired by task. */

@@ -68,7 +68,9 @@ describe('the head-to-head driver', () => {
     expect(offline.equals(readFileSync(join(from, 'model.safetensors')))).toBe(false);
     const table = driver('--table');
     expect(table.code, table.stderr).toBe(0);
-    expect(table.stdout).toMatch(/^\| SFT \| \| – \| 0 \| \d\.\d{3} \| \| \| \| \d\.\d{3} \/ \d\.\d{3} \|/m);
+    expect(table.stdout).toMatch(
+      /^\| SFT \| \| – \| 0 \| \d\.\d{3} \| \d\.\d{3} \/ \d\.\d{3} \| \| \| \| \d\.\d{3} \/ \d\.\d{3} \| \d\.\d{3} \| \|/m,
+    );
     // The last checkpoint's with-feedback and retry success, each within the tries.
     for (const p of points.filter((p) => p.episodes === 16)) {
       expect(p.with_notes).toBeGreaterThanOrEqual(0);
@@ -77,8 +79,14 @@ describe('the head-to-head driver', () => {
     expect(points.filter((p) => p.episodes === 8).every((p) => p.with_notes === undefined)).toBe(true);
     for (const arm of ARMS)
       expect(table.stdout).toMatch(
-        new RegExp(`^\\| ${arm} \\| k 4, per_round 8, lr [^|]+ \\| 1 \\| 16 \\| \\d\\.\\d{3} \\|`, 'm'),
+        new RegExp(
+          `^\\| ${arm} \\| k 4, per_round 8, lr [^|]+ \\| 1 \\| 16 \\| \\d\\.\\d{3} \\| \\d\\.\\d{3} \\/ \\d\\.\\d{3} \\|`,
+          'm',
+        ),
       );
+    // Episodes to +0.10, a run a line: a checkpoint's episodes, or not within the run.
+    for (const arm of ARMS)
+      expect(table.stdout).toMatch(new RegExp(`^\\| ${arm} \\| k 4, [^|]+ \\| 1 \\| (8|16|not within 16) \\|$`, 'm'));
     // Again: every round is found made, and no point is written twice.
     const again = driver('--arm', 'offline', '--seed', '1');
     expect(again.code, again.stderr).toBe(0);
