@@ -1,11 +1,13 @@
 // dpo: preference optimisation of the SFT model on the exported pairs (DPO and its sigmoid, robust, hinge
 // and IPO losses; SimPO; ORPO: trainers/dpo.ts) or on the KTO rows (trainers/kto.ts). The SFT model is the starting
 // point and, for the losses that need one, the frozen reference, whose log-probabilities are cached here; the
-// run is trainers/preference.ts's, which a refresh night runs too.
+// run is trainers/preference.ts's, which a refresh night runs too. With iterative.enabled, the pairs are the
+// policy's own instead: rounds of rollouts in the simulator and DPO on their step pairs (rl/iterative.ts).
 import { z } from 'zod';
 import { defineStage } from '../../pipeline/stage.ts';
 import { PAIR_KINDS } from '../../core/records.ts';
 import { LOSS_NAMES, anchorOnlyPairs, loraSettings, preferenceKnobs } from '../../trainers/settings.ts';
+import { iterativeKnobs } from '../../rl/settings.ts';
 
 const config = z
   .strictObject({
@@ -28,6 +30,18 @@ const config = z
         "Train only on pairs of these kinds: a source (outcome, best_of_n, hard_negative, imported) or a source and negative type as eval's breakdown names them (hard_negative/format); null: every pair. Not for KTO.",
       ),
     lora: loraSettings,
+    iterative: z
+      .strictObject({
+        enabled: z
+          .boolean()
+          .default(false)
+          .describe(
+            "Iterative on-policy DPO instead of DPO on the exported pairs: rounds of the policy's own rollouts in the simulator, step pairs where they part, DPO (these knobs, rpo_alpha among them) on each round's pairs (rl/iterative.ts).",
+          ),
+        ...iterativeKnobs,
+      })
+      .prefault({})
+      .describe('Iterative on-policy DPO (off by default): the rounds, rollouts and reference of rl/iterative.ts.'),
   })
   .superRefine(anchorOnlyPairs);
 

@@ -3,6 +3,7 @@
 import { join } from 'node:path';
 import { pairKind, type KtoRow, type Pair } from '../../core/records.ts';
 import { deviceFor } from '../../runtime/device.ts';
+import { runIterativeDpo } from '../../rl/iterative.ts';
 import { readParquet, readPreferencePairs, subset } from '../../trainers/data.ts';
 import { runPreference } from '../../trainers/preference.ts';
 import { loraOf } from '../../trainers/settings.ts';
@@ -21,6 +22,33 @@ export async function run({
   signal,
 }: StageContext<Config>): Promise<StageReport> {
   const device = await deviceFor(options, log);
+  if (cfg.iterative.enabled) {
+    if (cfg.loss === 'kto')
+      throw new Error('dpo.iterative trains on step pairs: set dpo.loss to a pairwise loss, not kto');
+    const { enabled: _, ...knobs } = cfg.iterative;
+    const { figures } = await runIterativeDpo({
+      from: join(input('sft'), 'model'),
+      out,
+      cache,
+      key,
+      knobs,
+      preference: cfg,
+      device,
+      signal,
+      log,
+    });
+    // figures[0] is the starting model's validation; one row a round after it.
+    const last = figures.at(-1);
+    const pairs = figures.reduce((n, f) => n + (f['rollouts/step_pairs'] ?? 0), 0);
+    return {
+      counts: { rounds: figures.length - 1, pairs },
+      summary:
+        `iterative ${knobs.method} (reference ${knobs.reference}): ${figures.length - 1} rounds, ${pairs} step pairs` +
+        (last?.['val/success_first'] === undefined
+          ? ''
+          : `; validation first-try ${figures[0]!['val/success_first']!.toFixed(3)} → ${last['val/success_first'].toFixed(3)}`),
+    };
+  }
   const kto = cfg.loss === 'kto';
   const path = join(input('export'), kto ? 'kto' : 'pairs', 'train.parquet');
   const rows = kto ? await readParquet<KtoRow>(path) : await readPreferencePairs<Pair>(input('export'), 'train');

@@ -301,6 +301,30 @@ describe('training stages (tiny model)', () => {
     expect(misspelt.stderr).toMatch(/dpo\.pair_kinds/);
   });
 
+  it('trains iterative on-policy DPO when dpo.iterative is on: rounds of its own rollouts, step pairs, a model and a row a round', () => {
+    const r = withDpo(
+      'loss: dpo\nrpo_alpha: 1\niterative: { enabled: true, rounds: 2, tasks_per_round: 2, rollouts_per_task: 3, max_calls: 1, simulator: { max_tokens: 12, max_turns: 2 }, validation: { tasks: 2, tries: 1 } }',
+      '--log-format',
+      'json',
+      'run',
+      '--until',
+      'dpo',
+    );
+    expect(r.code, r.stderr).toBe(0);
+    const manifest = JSON.parse(readFileSync(join(workdir, 'dpo', 'manifest.json'), 'utf8'));
+    expect(manifest.summary).toMatch(
+      /^iterative dpo \(reference reset\): 2 rounds, \d+ step pairs; validation first-try \d\.\d{3} → \d\.\d{3}$/,
+    );
+    expect(manifest.counts).toMatchObject({ rounds: 2 });
+    const rows = metricsOf(join(workdir, 'dpo', 'metrics.jsonl'));
+    expect(rows.map((m) => m.round)).toEqual([0, 1, 2]);
+    expect(rows.map((m) => m.episodes)).toEqual([0, 6, 12]);
+    expect(loadCheckpoint(join(workdir, 'dpo', 'model')).model.config.layers).toBe(1);
+    const kto = withDpo('loss: kto\niterative: { enabled: true }', 'run', '--until', 'dpo');
+    expect(kto.code).not.toBe(0);
+    expect(kto.stderr).toMatch(/dpo\.iterative trains on step pairs: set dpo\.loss to a pairwise loss, not kto/);
+  });
+
   it('refuses a label smoothing of 0.5 or more, where the robust loss divides by zero', () => {
     const r = withDpo('loss: robust\nlabel_smoothing: 0.5', 'status');
     expect(r.code).toBe(2);
