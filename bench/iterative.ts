@@ -5,6 +5,8 @@
 //
 //   npx tsx bench/iterative.ts --from <sft model folder> --arm iterative --seed 1
 //   npx tsx bench/iterative.ts --table                                      # the table so far
+//   npx tsx bench/iterative.ts --from <sft model> --arm iterative --seed 1 --nll <export>/sft/test.parquet
+//                                                     # held-out NLL of SFT and the arm's checkpoints (nll.jsonl)
 //
 // The arms (ARMS), each --episodes episodes in rounds of --per-round:
 //   offline            DPO+NLL on step pairs of the logs' mix of scripted agents (the sessions `prefab simulate`
@@ -41,6 +43,10 @@ import { EpisodePlayers } from '../runtime/policy.ts';
 import { runDapo } from '../rl/dapo.ts';
 import { runIterativeDpo } from '../rl/iterative.ts';
 import { validationTasks, type TaskOutcome } from '../rl/rollouts.ts';
+import { scorerOn } from '../runtime/engines.ts';
+import { scoreSequences } from '../runtime/scoring.ts';
+import { readParquet, sftSequences, subset } from '../trainers/data.ts';
+import type { Message } from '../core/records.ts';
 import { dapoKnobs, iterativeKnobs } from '../rl/settings.ts';
 import { PAIRWISE_LOSSES, preferenceKnobs } from '../trainers/settings.ts';
 
@@ -69,6 +75,11 @@ const o = new Command()
   .option('--notes-tries <n>', 'tries a task for with-feedback and retry-without-notes success', '3')
   .option('--notes', 'no run: does the SFT model (--from) read notes? With-feedback against retry success, paired')
   .option('--table', 'no run: the head-to-head so far, as Markdown')
+  .option(
+    '--nll <sessions.parquet>',
+    'no run: held-out NLL of SFT (--from) and of each checkpoint of --arm/--seed (trained already) on these sessions (an export’s sft/test.parquet)',
+  )
+  .option('--nll-sessions <n>', 'sessions of --nll scored', '200')
   .parse()
   .opts<Record<string, string | boolean | undefined>>();
 const num = (k: string) => Number(o[k]);
@@ -320,6 +331,74 @@ async function arm(): Promise<void> {
   }
 }
 
+/** Held-out NLL of the model in `folder`: mean over the assistant tokens of --nll-sessions sessions of `file`. */
+async function nllOf(device: Device, folder: string, file: string, log: Logger): Promise<number> {
+  const ck = loadCheckpoint(folder);
+  const chat = openChat(ck.tokenizer, ck.model.config.eosTokenId, folder);
+  const sessions = subset(await readParquet<{ messages: Message[] }>(file), num('nllSessions'), 'head-to-head');
+  const sequences = await sftSequences(
+    chat,
+    sessions.map((s) => s.messages),
+    ck.context,
+    file,
+    ck.placeholders,
+  );
+  const scorer = await scorerOn(device, ck.model, log);
+  const s = await scoreSequences(scorer.score, sequences, {
+    maxTokens: 16384,
+    pad: chat.pad,
+    signal: NEVER,
+    log,
+    label: `held-out NLL: ${folder}`,
+  });
+  scorer.dispose();
+  ck.model.dispose();
+  const total = (xs: ArrayLike<number>) => Array.from(xs).reduce((a, b) => a + b, 0);
+  return -total(s.sum) / Math.max(1, total(s.count));
+}
+
+/** NLL of SFT and of each checkpoint of --arm/--seed on --nll's sessions, a line each in nll.jsonl (kept: done once). */
+async function nll(): Promise<void> {
+  const log = new Logger('json', process.stderr);
+  const device = await openDevice({ backend: o.backend as BackendChoice });
+  const [from, file] = [String(o.from), String(o.nll)];
+  const [name, seed] = [String(o.arm), num('seed')];
+  const path = join(out, 'nll.jsonl');
+  const done = existsSync(path)
+    ? readFileSync(path, 'utf8')
+        .split('\n')
+        .filter(Boolean)
+        .map((l) => JSON.parse(l) as NllPoint)
+    : [];
+  const write = async (point: Omit<NllPoint, 'nll'>, folder: string) => {
+    const same = (p: NllPoint) =>
+      p.arm === point.arm &&
+      p.seed === point.seed &&
+      p.episodes === point.episodes &&
+      hashJson(p.knobs) === hashJson(point.knobs);
+    if (done.some(same)) return;
+    const line = { ...point, nll: await nllOf(device, folder, file, log) };
+    appendFileSync(path, JSON.stringify(line) + '\n');
+    console.log(JSON.stringify(line));
+  };
+  mkdirSync(out, { recursive: true });
+  await write({ arm: 'SFT', seed: 0, knobs: {}, episodes: 0 }, from);
+  const models = await trained(name, seed, from, device, log);
+  for (const [i, folder] of models.entries())
+    await write(
+      { arm: name, seed, knobs: knobsOf(name), episodes: Math.min(num('episodes'), (i + 1) * num('perRound')) },
+      folder,
+    );
+}
+
+interface NllPoint {
+  arm: string;
+  seed: number;
+  knobs: Record<string, number>;
+  episodes: number;
+  nll: number;
+}
+
 /** The points so far. */
 function points(): Point[] {
   const path = join(out, 'curves.jsonl');
@@ -342,9 +421,17 @@ function table(): void {
   const adjusted = new Map(holm(finals.map((p) => p.p)).map((q, i) => [finals[i]!, q]));
   const f = (x: number) => (x >= 0 ? '+' : '') + x.toFixed(3);
   console.log(
-    '| arm | knobs | seed | episodes | first-try success | one call / two | against SFT [90%, companies] | better / worse | p (Holm) | with notes / retry | calls accepted | minutes |',
+    '| arm | knobs | seed | episodes | first-try success | one call / two | against SFT [90%, companies] | better / worse | p (Holm) | with notes / retry | calls accepted | held-out NLL | minutes |',
   );
-  console.log('|---|---|---|---|---|---|---|---|---|---|---|---|');
+  console.log('|---|---|---|---|---|---|---|---|---|---|---|---|---|');
+  const nllPath = join(out, 'nll.jsonl');
+  const nlls = new Map(
+    (existsSync(nllPath) ? readFileSync(nllPath, 'utf8').split('\n').filter(Boolean) : [])
+      .map((l) => JSON.parse(l) as NllPoint)
+      .map((p) => [`${p.arm} ${p.seed} ${hashJson(p.knobs)} ${p.episodes}`, p.nll]),
+  );
+  const nllCell = (arm: string, seed: number, knobs: Record<string, number>, episodes: number) =>
+    nlls.get(`${arm} ${seed} ${hashJson(knobs)} ${episodes}`)?.toFixed(3) ?? '';
   const episodesFile = (p: Point) => join(out, 'episodes', `${runName(p.arm, p.seed, p.knobs)}-${p.episodes}.json`);
   const splitOf = (path: string) =>
     existsSync(path) ? split(JSON.parse(readFileSync(path, 'utf8')) as EpisodeRecord[]) : null;
@@ -360,7 +447,7 @@ function table(): void {
     : null;
   const [sftSplit, sftAccepted] = splitCells(split(sft));
   console.log(
-    `| SFT | | – | 0 | ${first.toFixed(3)} | ${sftSplit} | | | | ${pair(n?.candidate, n?.baseline)} | ${sftAccepted} | |`,
+    `| SFT | | – | 0 | ${first.toFixed(3)} | ${sftSplit} | | | | ${pair(n?.candidate, n?.baseline)} | ${sftAccepted} | ${nllCell('SFT', 0, {}, 0)} | |`,
   );
   const knobs = (p: Point) =>
     Object.entries(p.knobs)
@@ -369,7 +456,7 @@ function table(): void {
   for (const p of all) {
     const [oneTwo, accepted] = splitCells(splitOf(episodesFile(p)));
     console.log(
-      `| ${p.arm} | ${knobs(p)} | ${p.seed} | ${p.episodes} | ${p.success_first.toFixed(3)} | ${oneTwo} | ${f(p.difference)} [${f(p.interval[0])}, ${f(p.interval[1])}] | ${p.better} / ${p.worse} | ${p.p.toPrecision(2)}${adjusted.has(p) ? ` (${adjusted.get(p)!.toPrecision(2)})` : ''} | ${pair(p.with_notes, p.retry)} | ${accepted} | ${(p.seconds / 60).toFixed(0)} |`,
+      `| ${p.arm} | ${knobs(p)} | ${p.seed} | ${p.episodes} | ${p.success_first.toFixed(3)} | ${oneTwo} | ${f(p.difference)} [${f(p.interval[0])}, ${f(p.interval[1])}] | ${p.better} / ${p.worse} | ${p.p.toPrecision(2)}${adjusted.has(p) ? ` (${adjusted.get(p)!.toPrecision(2)})` : ''} | ${pair(p.with_notes, p.retry)} | ${accepted} | ${nllCell(p.arm, p.seed, p.knobs, p.episodes)} | ${(p.seconds / 60).toFixed(0)} |`,
     );
   }
   // Episodes to +0.10: each run's first checkpoint that far above SFT (seed 004's measure of sample efficiency).
@@ -413,4 +500,5 @@ async function notes(): Promise<void> {
 
 if (o.table) table();
 else if (o.notes) await notes();
+else if (o.nll) await nll();
 else await arm();

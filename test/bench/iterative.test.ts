@@ -9,6 +9,8 @@ import { openDevice } from '../../runtime/device.ts';
 import { REPO } from '../fixtures/cli.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 import { servedModelFolder } from '../fixtures/served-model.ts';
+import { ParquetTableWriter } from '../../pipeline/parquet.ts';
+import { SFT_COLUMNS } from '../../stages/export/schema.ts';
 
 const ARMS = ['offline', 'iterative', 'iterative-fixed', 'offline-iterative', 'rft', 'dapo', 'dapo-feedback'];
 let from: string;
@@ -69,7 +71,7 @@ describe('the head-to-head driver', () => {
     const table = driver('--table');
     expect(table.code, table.stderr).toBe(0);
     expect(table.stdout).toMatch(
-      /^\| SFT \| \| – \| 0 \| \d\.\d{3} \| \d\.\d{3} \/ \d\.\d{3} \| \| \| \| \d\.\d{3} \/ \d\.\d{3} \| \d\.\d{3} \| \|/m,
+      /^\| SFT \| \| – \| 0 \| \d\.\d{3} \| \d\.\d{3} \/ \d\.\d{3} \| \| \| \| \d\.\d{3} \/ \d\.\d{3} \| \d\.\d{3} \| +\| \|$/m,
     );
     // The last checkpoint's with-feedback and retry success, each within the tries.
     for (const p of points.filter((p) => p.episodes === 16)) {
@@ -107,6 +109,35 @@ describe('the head-to-head driver', () => {
     expect(line.retry).toBeGreaterThanOrEqual(line.first);
     expect(line.p).toBeGreaterThan(0);
     expect(readFileSync(join(out, 'notes.jsonl'), 'utf8')).toContain(JSON.stringify(line));
+  });
+
+  it('scores held-out NLL of SFT and of an arm’s checkpoints, once each, and tables it', async () => {
+    const file = join(tempDir(), 'test.parquet');
+    const w = await ParquetTableWriter.open(file, SFT_COLUMNS, { rowGroupSize: 100, compression: 'snappy' });
+    for (let i = 0; i < 4; i++)
+      await w.append({
+        messages: [
+          { role: 'user', content: `Please update my phone number, ticket ${i}.` },
+          { role: 'assistant', content: `Done: ticket ${i} is updated.` },
+        ],
+        session_id: `s${i}`,
+        task_id: null,
+        reward: 1,
+        tools: null,
+      });
+    await w.close();
+    const r = driver('--nll', file, '--arm', 'offline', '--seed', '1');
+    expect(r.code, r.stderr).toBe(0);
+    const lines = r.stdout
+      .trim()
+      .split('\n')
+      .map((l) => JSON.parse(l) as { arm: string; episodes: number; nll: number });
+    expect(lines.map((l) => `${l.arm} ${l.episodes}`)).toEqual(['SFT 0', 'offline 8', 'offline 16']);
+    for (const l of lines) expect(l.nll).toBeGreaterThan(0);
+    // The offline rounds trained on the logs' step pairs: the NLL is another number than SFT's.
+    expect(lines[2]!.nll).not.toBe(lines[0]!.nll);
+    expect(driver('--nll', file, '--arm', 'offline', '--seed', '1').stdout).toBe('');
+    expect(driver('--table').stdout).toMatch(/^\| SFT \|.*\| \d\.\d{3} \| \|$/m);
   });
 
   it('refuses an arm it does not know, naming the ones it does', () => {
