@@ -32,7 +32,7 @@ import type { IterativeSettings } from './settings.ts';
 export interface IterativeRunOptions {
   /** The model to start from (a Hugging Face folder): the first round's policy, and the fixed reference. */
   from: string;
-  /** Where the last round's model and every round's figures go: `out/model`, `out/metrics.jsonl`. */
+  /** Where the kept round's model (`knobs.keep`) and every round's figures go: `out/model`, `out/metrics.jsonl`. */
   out: string;
   /** The rounds' folders (their models, rollouts' figures and DPO runs), named by `key`. */
   cache: string;
@@ -54,7 +54,7 @@ export interface IterativeRunOptions {
 type Figures = Record<string, number>;
 
 /**
- * Runs the rounds (those already in `cache` are kept), then writes the last round's model into `out`. Returns
+ * Runs the rounds (those already in `cache` are kept), then writes the kept round's model into `out`. Returns
  * each round's figures (the starting model's first) and each round's model folder.
  */
 export async function runIterativeDpo(o: IterativeRunOptions): Promise<{ figures: Figures[]; models: string[] }> {
@@ -112,9 +112,21 @@ export async function runIterativeDpo(o: IterativeRunOptions): Promise<{ figures
     models.push(model);
     current = model;
   }
-  await cp(current, join(o.out, 'model'), { recursive: true });
+  await cp(keptModel(k.keep, rows, [o.from, ...models]), join(o.out, 'model'), { recursive: true });
   await writeFile(join(o.out, 'metrics.jsonl'), rows.map((r) => JSON.stringify(r) + '\n').join(''));
   return { figures: rows, models };
+}
+
+/**
+ * The model a run writes: the last round's, or (best) the one of `folders` (the starting model's first, then a
+ * round's each, as `rows`) with the highest validation first-try success, the earlier of equals.
+ */
+export function keptModel(keep: 'best' | 'last', rows: Figures[], folders: string[]): string {
+  if (keep === 'last') return folders.at(-1)!;
+  let best = 0;
+  for (let i = 1; i < rows.length; i++)
+    if ((rows[i]!['val/success_first'] ?? -1) > (rows[best]!['val/success_first'] ?? -1)) best = i;
+  return folders[best]!;
 }
 
 /**

@@ -184,6 +184,12 @@ export const iterativeKnobs = {
     .describe(
       'reset: each round’s reference is the policy it starts from (RLHFlow, Iterative RPO); fixed: the starting model.',
     ),
+  keep: z
+    .enum(['best', 'last'])
+    .default('best')
+    .describe(
+      "The model written: best, the round (or the starting model) with the highest validation first-try success, the earlier of equals (early stopping: the head-to-head's first run peaked at round 2 of 4 on its 200 × 2 evaluation as on this validation, docs/experiments.md); last, the last round's.",
+    ),
   task_pool: dapoKnobs.task_pool,
   max_calls: dapoKnobs.max_calls,
   simulator: dapoKnobs.simulator,

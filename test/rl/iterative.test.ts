@@ -9,7 +9,7 @@ import { ScriptedAgent } from '../../env/agents.ts';
 import { DEFAULT_WORLD, generateWorld } from '../../env/world.ts';
 import { loadCheckpoint } from '../../model/checkpoint.ts';
 import { deviceOn, openDevice } from '../../runtime/device.ts';
-import { runIterativeDpo, type IterativeRunOptions } from '../../rl/iterative.ts';
+import { keptModel, runIterativeDpo, type IterativeRunOptions } from '../../rl/iterative.ts';
 import { iterativeKnobs } from '../../rl/settings.ts';
 import { preferenceKnobs, PAIRWISE_LOSSES } from '../../trainers/settings.ts';
 import { z } from 'zod';
@@ -26,6 +26,7 @@ const knobs = z.strictObject(iterativeKnobs).parse({
   task_pool: 20,
   simulator: { max_tokens: 8, max_turns: 10 },
   validation: { tasks: 2, tries: 1 },
+  keep: 'last',
 });
 const preference = z
   .strictObject(preferenceKnobs({ lr: 1e-3, losses: PAIRWISE_LOSSES }))
@@ -84,6 +85,21 @@ describe('iterative on-policy DPO', () => {
       })
     ).figures;
     expect(again).toEqual(rows);
+  });
+
+  it('keeps the round with the best validation first-try success (the earlier of equals), or the last', () => {
+    const rows = [0.1, 0.25, 0.3, 0.15, 0.3].map((v, round) => ({ round, 'val/success_first': v }));
+    const folders = ['sft', 'r1', 'r2', 'r3', 'r4'];
+    expect(keptModel('best', rows, folders)).toBe('r2');
+    expect(keptModel('last', rows, folders)).toBe('r4');
+    // No round better than where it started: the starting model.
+    expect(
+      keptModel(
+        'best',
+        [0.2, 0.2, 0.1].map((v) => ({ 'val/success_first': v })),
+        ['sft', 'r1', 'r2'],
+      ),
+    ).toBe('sft');
   });
 
   it('as its control (rft), fine-tunes on the same rollouts’ successes instead', async () => {
