@@ -1,0 +1,72 @@
+#!/usr/bin/env node
+// The README's command blocks, run in order as a new user would, on a clone of this checkout (its
+// node_modules and built kernels linked in): so that the README cannot drift from the product again (issue
+// 66: its own commands were refused). `npm ci` and `npm test` are .ci/run's own steps and are not run again;
+// a block right after a line `<!-- readme-check: skip, REASON -->` is not run (the recipe's two hours, said
+// in the README beside it); `prefab serve` runs in the background until the end, once it says it listens.
+// A command that exits with another code than 0 fails the check, naming it and showing its last output.
+import { execFileSync, spawn, spawnSync } from 'node:child_process';
+import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+const repo = join(import.meta.dirname, '..');
+const readme = readFileSync(join(repo, 'README.md'), 'utf8');
+const blocks = [...readme.matchAll(/(<!-- readme-check: skip[^>]*-->\n)?```sh\n([\s\S]*?)```/g)]
+  .filter((m) => !m[1])
+  .map((m) =>
+    m[2]
+      .split('\n')
+      .map((line) => line.replace(/\s+#.*$/, '').trim())
+      .filter(Boolean),
+  );
+const commands = blocks.flat().filter((c) => c !== 'npm ci' && c !== 'npm test');
+
+const dir = mkdtempSync(join(tmpdir(), 'prefab-readme-'));
+execFileSync('git', ['clone', '--quiet', '--local', repo, dir]);
+symlinkSync(join(repo, 'node_modules'), join(dir, 'node_modules'));
+if (existsSync(join(repo, 'runtime', 'cpu', 'build')))
+  cpSync(join(repo, 'runtime', 'cpu', 'build'), join(dir, 'runtime', 'cpu', 'build'), { recursive: true });
+
+const servers = [];
+let failed = null;
+try {
+  for (const command of commands) {
+    const started = Date.now();
+    process.stdout.write(`$ ${command}\n`);
+    if (/^npx prefab serve\b/.test(command)) {
+      servers.push(await serve(command));
+      continue;
+    }
+    const r = spawnSync('sh', ['-c', command], { cwd: dir, encoding: 'utf8', maxBuffer: 64 << 20 });
+    process.stdout.write(`  exit ${r.status} in ${((Date.now() - started) / 1000).toFixed(0)} s\n`);
+    if (r.status !== 0) {
+      failed = `\`${command}\` exited ${r.status}:\n${(r.stderr || r.stdout).slice(-3000)}`;
+      break;
+    }
+  }
+} finally {
+  for (const s of servers) s.kill('SIGTERM');
+  rmSync(dir, { recursive: true, force: true });
+}
+if (failed) {
+  process.stderr.write(`README check: ${failed}\n`);
+  process.exit(1);
+}
+process.stdout.write(`README check: ${commands.length} commands ran as written\n`);
+
+/** Starts a server command in the background; resolves once it says where it listens. */
+function serve(command) {
+  const child = spawn('sh', ['-c', `exec ${command}`], { cwd: dir });
+  return new Promise((resolve, reject) => {
+    let out = '';
+    child.stdout.on('data', (d) => {
+      out += d;
+      if (/serving .* at http/.test(out)) resolve(child);
+    });
+    child.stderr.on('data', (d) => (out += d));
+    child.on('exit', (code) =>
+      reject(new Error(`\`${command}\` exited ${code} before it listened:\n${out.slice(-3000)}`)),
+    );
+  });
+}
