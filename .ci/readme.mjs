@@ -4,6 +4,7 @@
 // 66: its own commands were refused). `npm ci` and `npm test` are .ci/run's own steps and are not run again;
 // a block right after a line `<!-- readme-check: skip, REASON -->` is not run (the recipe's two hours, said
 // in the README beside it); `prefab serve` runs in the background until the end, once it says it listens.
+// A line is one command (the README continues none with `\`), and ` #` starts its comment (none is quoted).
 // A command that exits with another code than 0 fails the check, naming it and showing its last output.
 import { execFileSync, spawn, spawnSync } from 'node:child_process';
 import { cpSync, existsSync, mkdtempSync, readFileSync, rmSync, symlinkSync } from 'node:fs';
@@ -35,7 +36,12 @@ try {
     const started = Date.now();
     process.stdout.write(`$ ${command}\n`);
     if (/^npx prefab serve\b/.test(command)) {
-      servers.push(await serve(command));
+      try {
+        servers.push(await serve(command));
+      } catch (error) {
+        failed = error.message;
+        break;
+      }
       continue;
     }
     const r = spawnSync('sh', ['-c', command], { cwd: dir, encoding: 'utf8', maxBuffer: 64 << 20 });

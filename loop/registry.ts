@@ -227,6 +227,24 @@ export class Registry {
     if (!registered) return null;
     const model = join(this.folder(id), 'model');
     if (!existsSync(model)) return 'its model/ folder is gone';
+    // Hashing a model is slow: the answer is kept while its files' sizes and times stay as they were (a
+    // server following the registry asks every few seconds).
+    const stamp = JSON.stringify(
+      Object.keys(registered).map((f) => {
+        const st = statSync(join(model, f), { throwIfNoEntry: false });
+        return st ? [st.size, st.mtimeMs, st.ino] : null;
+      }),
+    );
+    const known = this.checked.get(id);
+    if (known?.stamp === stamp) return known.damage;
+    const damage = this.compare(model, registered);
+    this.checked.set(id, { stamp, damage });
+    return damage;
+  }
+
+  private readonly checked = new Map<string, { stamp: string; damage: string | null }>();
+
+  private compare(model: string, registered: Record<string, FileDigest>): string | null {
     const now = digests(model);
     for (const [file, was] of Object.entries(registered)) {
       const is = now[file];

@@ -181,7 +181,12 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
     .addOption(
       new Option('-w, --workdir <dir>', 'workspace folder: one folder per stage, with manifests').default('workspace'),
     )
-    .addOption(new Option('-c, --config <file>', 'YAML config').default(DEFAULT_CONFIG))
+    .addOption(
+      new Option('-c, --config <file>', 'YAML config').default(
+        DEFAULT_CONFIG,
+        'the one the workspace was made with, else configs/default.yaml',
+      ),
+    )
     .addOption(
       new Option('--log-format <format>', 'log lines on stderr (default: text on a terminal, json otherwise)').choices([
         'text',
@@ -342,11 +347,12 @@ function buildProgram(stages: Stage[], setExit: (code: number) => void, commands
 
 /** Runs the command line and returns the exit code. */
 export async function main(argv: string[], stages: Stage[], commands: CommandFactory[] = []): Promise<number> {
-  // A reader that stops early (`prefab preview pairs | head -3`): what no one reads is dropped, and the command
-  // goes on to its end, as a run must (its work is not lost to a closed pipe). Other write errors still throw.
+  // A reader that stops early (`prefab preview pairs | head -3`), or a terminal that hung up (EIO after
+  // SIGHUP): what no one reads is dropped, and the command goes on to its end, as a run must (its work is not
+  // lost to a closed pipe). Other write errors still throw.
   for (const stream of [process.stdout, process.stderr])
     stream.on('error', (error: NodeJS.ErrnoException) => {
-      if (error.code !== 'EPIPE') throw error;
+      if (error.code !== 'EPIPE' && error.code !== 'EIO') throw error;
     });
   let code = 0;
   const program = buildProgram(stages, (c) => (code = c), commands);

@@ -122,11 +122,16 @@ export async function runIterativeDpo(o: IterativeRunOptions): Promise<{ figures
  * round's each, as `rows`) with the highest validation first-try success, the earlier of equals.
  */
 export function keptModel(keep: 'best' | 'last', rows: Figures[], folders: string[]): string {
-  if (keep === 'last') return folders.at(-1)!;
+  return folders[keptRound(keep, rows)]!;
+}
+
+/** Which of `rows` (0: the starting model, then a round each) a run keeps: see keptModel. */
+export function keptRound(keep: 'best' | 'last', rows: Figures[]): number {
+  if (keep === 'last') return rows.length - 1;
   let best = 0;
   for (let i = 1; i < rows.length; i++)
     if ((rows[i]!['val/success_first'] ?? -1) > (rows[best]!['val/success_first'] ?? -1)) best = i;
-  return folders[best]!;
+  return best;
 }
 
 /**

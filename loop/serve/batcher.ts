@@ -265,18 +265,23 @@ export function loadCatalog(registry: Registry, names: string[], settings: Serve
 export function followAliases(catalog: Catalog, registry: Registry, settings: ServedSettings): string[] {
   const aliases = registry.aliases();
   const moves: string[] = [];
+  const refused: string[] = [];
   for (const alias of ['production', 'candidate'] as const) {
     const served = catalog.get(alias);
     const id = aliases[alias];
     if (!served || !id || served.version === id) continue;
-    // A version damaged since it was registered is not loaded: the alias stays where it was (the caller warns).
+    // A version damaged since it was registered is not loaded: the alias stays where it was (the caller
+    // warns); the other alias still moves.
     const damage = catalog.has(id) ? null : registry.damage(id);
-    if (damage)
-      throw new Error(`${alias} moved to ${id}, which is damaged (${damage}): still serving ${served.version}`);
+    if (damage) {
+      refused.push(`${alias} moved to ${id}, which is damaged (${damage}): still serving ${served.version}`);
+      continue;
+    }
     const next = catalog.get(id) ?? new ServedModel(id, join(registry.folder(id), 'model'), settings);
     catalog.set(alias, next);
     catalog.set(id, next);
     moves.push(`${alias}: ${served.version} → ${id}`);
   }
+  if (refused.length) throw new Error(`${refused.join('; ')}${moves.length ? ` (moved: ${moves.join(', ')})` : ''}`);
   return moves;
 }

@@ -181,7 +181,7 @@ async function complete(
               cancel();
             }
             if (!stream) return;
-            const content = cut.stopped ? cut.text : cut.text.slice(0, cut.text.length - holdBack);
+            const content = cut.stopped ? cut.text : cut.text.slice(0, Math.max(0, cut.text.length - holdBack));
             if (!partial.tool_calls?.length && content.startsWith(sent) && content.length > sent.length) {
               emit(chunkEvent(c, { content: content.slice(sent.length) }));
               sent = content;

@@ -43,7 +43,23 @@ const config = z
       .prefault({})
       .describe('Iterative on-policy DPO (off by default): the rounds, rollouts and reference of rl/iterative.ts.'),
   })
-  .superRefine(anchorOnlyPairs);
+  .superRefine(anchorOnlyPairs)
+  .superRefine((c, ctx) => {
+    if (!c.iterative.enabled) return;
+    // Iterative DPO trains on its own step pairs: the exported rows' settings would be silently ignored.
+    if (c.loss === 'kto')
+      ctx.addIssue({
+        code: 'custom',
+        path: ['loss'],
+        message: 'dpo.iterative trains on step pairs: set dpo.loss to a pairwise loss, not kto',
+      });
+    if (c.pair_kinds)
+      ctx.addIssue({
+        code: 'custom',
+        path: ['pair_kinds'],
+        message: 'dpo.iterative trains on its own step pairs, not the exported kinds: set pair_kinds to null',
+      });
+  });
 
 /** The stage's config, as its section of the config file gives it. */
 export type Config = z.infer<typeof config>;

@@ -3,7 +3,7 @@
 import { join } from 'node:path';
 import { pairKind, type KtoRow, type Pair } from '../../core/records.ts';
 import { deviceFor } from '../../runtime/device.ts';
-import { runIterativeDpo } from '../../rl/iterative.ts';
+import { keptRound, runIterativeDpo } from '../../rl/iterative.ts';
 import { readParquet, readPreferencePairs, subset } from '../../trainers/data.ts';
 import { runPreference } from '../../trainers/preference.ts';
 import { loraOf } from '../../trainers/settings.ts';
@@ -23,8 +23,6 @@ export async function run({
 }: StageContext<Config>): Promise<StageReport> {
   const device = await deviceFor(options, log);
   if (cfg.iterative.enabled) {
-    if (cfg.loss === 'kto')
-      throw new Error('dpo.iterative trains on step pairs: set dpo.loss to a pairwise loss, not kto');
     const { enabled: _, ...knobs } = cfg.iterative;
     const { figures } = await runIterativeDpo({
       from: join(input('sft'), 'model'),
@@ -38,15 +36,17 @@ export async function run({
       log,
     });
     // figures[0] is the starting model's validation; one row a round after it.
-    const last = figures.at(-1);
+    const kept = keptRound(knobs.keep, figures);
+    const first = (i: number) => figures[i]?.['val/success_first']?.toFixed(3) ?? '?';
     const pairs = figures.reduce((n, f) => n + (f['rollouts/step_pairs'] ?? 0), 0);
     return {
-      counts: { rounds: figures.length - 1, pairs },
+      counts: { rounds: figures.length - 1, pairs, kept_round: kept },
       summary:
-        `iterative ${knobs.method} (reference ${knobs.reference}): ${figures.length - 1} rounds, ${pairs} step pairs` +
-        (last?.['val/success_first'] === undefined
-          ? ''
-          : `; validation first-try ${figures[0]!['val/success_first']!.toFixed(3)} → ${last['val/success_first'].toFixed(3)}`),
+        `iterative ${knobs.method} (reference ${knobs.reference}): ${figures.length - 1} rounds, ${pairs} step pairs; ` +
+        `validation first-try ${first(0)} at the start, ${first(kept)} ` +
+        (kept === 0
+          ? 'there: the SFT model is kept (no round did better)'
+          : `at round ${kept}, kept (keep: ${knobs.keep})`),
     };
   }
   const kto = cfg.loss === 'kto';

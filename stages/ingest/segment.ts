@@ -1,6 +1,7 @@
 // One input file read into a segment of sessions: each record mapped and validated; what cannot become a
 // session, and a session id seen before, goes to the quarantine with its file, place and reason.
-import { closeSync, openSync, readSync } from 'node:fs';
+import { closeSync, constants, openSync, readSync } from 'node:fs';
+import { access } from 'node:fs/promises';
 import { join } from 'node:path';
 import { JsonlWriter, LineBuffer, readJsonl } from '../../pipeline/jsonl.ts';
 import { BufferShelf } from '../../pipeline/buffers.ts';
@@ -311,7 +312,12 @@ const formatOf = (file: ExternalFile, o: ReadingOptions): InputFormat | null =>
  */
 function contentBytes(file: ExternalFile): number {
   if (!file.path.endsWith('.gz') || file.bytes < 18) return file.bytes;
-  const fd = openSync(file.path, 'r');
+  let fd: number;
+  try {
+    fd = openSync(file.path, 'r');
+  } catch {
+    return file.bytes; // gone or unreadable: its turn comes to say so (ingestFiles)
+  }
   try {
     const trailer = Buffer.alloc(4);
     readSync(fd, trailer, 0, 4, file.bytes - 4);
@@ -395,25 +401,40 @@ export async function ingestFiles(
       // thread being the slower side (docs/experiments.md, "Parquet rows assembled as text").
       const pool = formats[i] === 'parquet' ? null : threads;
       const blockBytes = pool ? Math.min(1 << 20, Math.max(64 << 10, Math.ceil(total / (2 * pool.size)))) : 1 << 20;
-      const limit = recordLimit(o.maxRecordBytes, 'ingest.max_record_bytes', signal);
-      const batches = batchesOf(file.path, formats[i]!, shelf, blockBytes, limit, parquetHeapMb);
-      // Its first batch opens it: a file gone since it was listed (a rotated log) or unreadable is skipped,
-      // saying so, and the others go on. Once open, it reads to its end (an unlinked file's data stays).
-      let next: IteratorResult<Batch>;
-      try {
-        next = await batches.next();
-      } catch (error) {
+      // A file gone since it was listed (a rotated log) or unreadable is skipped, saying so, and the others go
+      // on: looked at before its reader opens it (a .gz or .json reader would take the failure for damage).
+      // Once open, it reads to its end (an unlinked file's data stays).
+      const unopened = (error: unknown) => {
         const code = (error as NodeJS.ErrnoException).code;
         if (code !== 'ENOENT' && code !== 'EACCES' && code !== 'EISDIR') throw error;
         log.warn('skipped an input file that could not be opened: gone since it was listed, or unreadable', {
           file: file.name,
           error: (error as Error).message,
         });
+      };
+      try {
+        await access(file.path, constants.R_OK);
+      } catch (error) {
+        unopened(error);
+        continue;
+      }
+      const limit = recordLimit(o.maxRecordBytes, 'ingest.max_record_bytes', signal);
+      const batches = batchesOf(file.path, formats[i]!, shelf, blockBytes, limit, parquetHeapMb);
+      let next: IteratorResult<Batch>;
+      try {
+        next = await batches.next();
+      } catch (error) {
+        unopened(error);
         continue;
       }
       const begun = fileReading(file, out, seq, ids, quarantine, reasons, log, signal, shelf, pool);
       reading.add(begun);
-      for (; !next.done; next = await batches.next()) yield { reading: begun, batch: next.value };
+      try {
+        for (; !next.done; next = await batches.next()) yield { reading: begun, batch: next.value };
+      } finally {
+        // Stopped early (a failure, an interrupt): its reader closes its file or thread, as for-await would.
+        await batches.return(undefined);
+      }
       // Its end, once its batches are used.
       yield { reading: begun, batch: null };
     }

@@ -243,19 +243,25 @@ describe('ingest on files that go or cannot be named', () => {
   it('skips a file gone between listing and reading (a rotated log), saying so, and keeps the others’ work', async () => {
     const dir = tempDir();
     mkdirSync(join(dir, 'in'));
-    for (let i = 0; i < 30; i++) writeFileSync(join(dir, 'in', `f${i}.jsonl`), jsonl([session(`s-${i}`, 'A', i % 2)]));
+    // f7 gzipped: the .gz reader takes an unreadable file for a damaged one, so the file is looked at first.
+    for (let i = 0; i < 30; i++) {
+      const text = jsonl([session(`s-${i}`, 'A', i % 2)]);
+      if (i === 7) writeFileSync(join(dir, 'in', 'f7.jsonl.gz'), gzipSync(text));
+      else writeFileSync(join(dir, 'in', `f${i}.jsonl`), text);
+    }
     const ingest = DATA_STAGES[0]!;
     // Removed once the files are listed and hashed, as the stage begins to read them.
     const rotating = {
       ...ingest,
-      run: (ctx: Parameters<typeof ingest.run>[0]) => (rmSync(join(dir, 'in', 'f7.jsonl')), ingest.run(ctx)),
+      run: (ctx: Parameters<typeof ingest.run>[0]) => (rmSync(join(dir, 'in', 'f7.jsonl.gz')), ingest.run(ctx)),
     };
     const lines: string[] = [];
     const outcomes = await engineFor(dir, 'ingest:\n  inputs: [in]\n', {}, lines, [rotating]).run();
     expect(outcomes[0]!.action).toBe('ran');
     expect((await ingestedIds(dir)).length).toBe(29);
     expect(await ingestedIds(dir)).not.toContain('s-7');
-    expect(lines.join('')).toMatch(/skipped an input file that could not be opened.*"file":"[^"]*f7\.jsonl"/);
+    expect(lines.join('')).toMatch(/skipped an input file that could not be opened.*"file":"[^"]*f7\.jsonl\.gz"/);
+    expect(manifest(dir, 'ingest').counts).toMatchObject({ files_damaged: 0, quarantined: 0 });
   });
 });
 

@@ -313,16 +313,21 @@ describe('training stages (tiny model)', () => {
     expect(r.code, r.stderr).toBe(0);
     const manifest = JSON.parse(readFileSync(join(workdir, 'dpo', 'manifest.json'), 'utf8'));
     expect(manifest.summary).toMatch(
-      /^iterative dpo \(reference reset\): 2 rounds, \d+ step pairs; validation first-try \d\.\d{3} → \d\.\d{3}$/,
+      /^iterative dpo \(reference reset\): 2 rounds, \d+ step pairs; validation first-try \d\.\d{3} at the start, \d\.\d{3} /,
     );
     expect(manifest.counts).toMatchObject({ rounds: 2 });
+    expect([0, 1, 2]).toContain(manifest.counts.kept_round);
     const rows = metricsOf(join(workdir, 'dpo', 'metrics.jsonl'));
     expect(rows.map((m) => m.round)).toEqual([0, 1, 2]);
     expect(rows.map((m) => m.episodes)).toEqual([0, 6, 12]);
     expect(loadCheckpoint(join(workdir, 'dpo', 'model')).model.config.layers).toBe(1);
-    const kto = withDpo('loss: kto\niterative: { enabled: true }', 'run', '--until', 'dpo');
-    expect(kto.code).not.toBe(0);
+    // What it would silently ignore is refused with the config, before any stage runs.
+    const kto = withDpo('loss: kto\niterative: { enabled: true }', 'status');
+    expect(kto.code).toBe(2);
     expect(kto.stderr).toMatch(/dpo\.iterative trains on step pairs: set dpo\.loss to a pairwise loss, not kto/);
+    const kinds = withDpo('loss: dpo\npair_kinds: [outcome]\niterative: { enabled: true }', 'status');
+    expect(kinds.code).toBe(2);
+    expect(kinds.stderr).toMatch(/set pair_kinds to null/);
   });
 
   it('refuses a label smoothing of 0.5 or more, where the robust loss divides by zero', () => {
