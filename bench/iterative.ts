@@ -255,6 +255,8 @@ async function trained(name: string, seed: number, from: string, device: Device,
     reference: name === 'iterative-fixed' || name === 'offline' ? 'fixed' : 'reset',
     simulator: { max_tokens: num('maxTokens') },
     validation: { tasks: 20, tries: 1 },
+    // Every round is evaluated here; the run's own model folder is its last round's, as before keep existed.
+    keep: 'last',
   });
   const preference = z.strictObject(preferenceKnobs({ lr: 2e-5, losses: PAIRWISE_LOSSES })).parse({
     rpo_alpha: num('rpoAlpha'),
