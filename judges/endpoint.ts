@@ -305,7 +305,7 @@ class BudgetSpent extends Error {}
 
 /**
  * The largest reply body read from an endpoint. A judge's verdict with its top log-probs is a few KB; a server
- * that answers 100 MB to `max_tokens: 4` would otherwise be held whole in memory, and in the cache.
+ * that answers far more than it was asked for would otherwise be held whole in memory, and in the cache.
  */
 const MAX_REPLY_BYTES = 8 << 20;
 

@@ -194,7 +194,7 @@ export function forEachLine(
   for (let from = 0; from < block.length;) {
     if (skipEmpty && block[from] === 10) {
       // A run of "\n"s is that many empty lines, counted without a call each: a file of nothing but
-      // newlines (2 GB of them gzip to 2 MB) is read at the speed of this loop.
+      // newlines (a tiny gzip can hold gigabytes of them) is read at the speed of this loop.
       let run = from;
       while (run < block.length && block[run] === 10) run++;
       n += run - from;

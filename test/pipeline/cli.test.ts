@@ -274,7 +274,7 @@ describe('prefab command line', () => {
 const mayMount = process.getuid?.() === 0;
 
 describe('prefab on a full disk', () => {
-  // A real 6 MiB tmpfs: the default run fills it in ingest. Mounting one needs root: elsewhere the test runs
+  // A real tmpfs, smaller than the default run's ingest needs. Mounting one needs root: elsewhere the test runs
   // only in CI (where it must), as the WebGPU and C-kernel tests do without their adapter.
   it.skipIf(!mayMount && !process.env.CI)(
     'says which file could not be written, frees what the stage wrote, records the failure, and refuses the lock by name',
