@@ -44,7 +44,7 @@ import { runDapo } from '../rl/dapo.ts';
 import { runIterativeDpo } from '../rl/iterative.ts';
 import { validationTasks, type TaskOutcome } from '../rl/rollouts.ts';
 import { scorerOn } from '../runtime/engines.ts';
-import { scoreSequences } from '../runtime/scoring.ts';
+import { meanNll, scoreSequences } from '../runtime/scoring.ts';
 import { readParquet, sftSequences, subset } from '../trainers/data.ts';
 import type { Message } from '../core/records.ts';
 import { dapoKnobs, iterativeKnobs } from '../rl/settings.ts';
@@ -355,8 +355,7 @@ async function nllOf(device: Device, folder: string, file: string, log: Logger):
   });
   scorer.dispose();
   ck.model.dispose();
-  const total = (xs: ArrayLike<number>) => Array.from(xs).reduce((a, b) => a + b, 0);
-  return -total(s.sum) / Math.max(1, total(s.count));
+  return meanNll(s);
 }
 
 /** NLL of SFT and of each checkpoint of --arm/--seed on --nll's sessions, a line each in nll.jsonl (kept: done once). */

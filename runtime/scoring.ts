@@ -97,6 +97,12 @@ export async function scoreSequences(
   return { sum, count };
 }
 
+/** The negative log-likelihood per masked token over all the sequences scored (held-out NLL). */
+export function meanNll(s: Scores): number {
+  const sum = (xs: ArrayLike<number>) => Array.from(xs).reduce((a, b) => a + b, 0);
+  return -sum(s.sum) / Math.max(1, sum(s.count));
+}
+
 /** Sequence log-probabilities as the loss wants them: sums, or means over the masked tokens. */
 export function sequenceValues(s: Scores, average: boolean): Float64Array {
   return average ? s.sum.map((v, i) => v / Math.max(1, s.count[i]!)) : s.sum;

@@ -25,7 +25,7 @@ import { decodingEngine } from '../../runtime/placement.ts';
 import { EpisodePlayers } from '../../runtime/policy.ts';
 import type { StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
-import { scoreSequences, type BlockScorer, type Scores } from '../../runtime/scoring.ts';
+import { meanNll, scoreSequences, type BlockScorer, type Scores } from '../../runtime/scoring.ts';
 
 type ModelRow = Record<string, number | null>;
 
@@ -250,12 +250,7 @@ export async function run({
         log,
         label: `held-out NLL: ${m.name}`,
       });
-      row.nll =
-        -s.sum.reduce((a, b) => a + b, 0) /
-        Math.max(
-          1,
-          s.count.reduce((a, b) => a + b, 0),
-        );
+      row.nll = meanNll(s);
     }
     scorer.dispose();
     const { context, placeholders } = sft;
