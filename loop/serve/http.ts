@@ -181,7 +181,10 @@ async function complete(
               cancel();
             }
             if (!stream) return;
-            const content = cut.stopped ? cut.text : cut.text.slice(0, Math.max(0, cut.text.length - holdBack));
+            // A character whose bytes are split between tokens decodes as U+FFFD until its last byte comes:
+            // trailing ones are held back, or the stream would carry a character the reply does not have.
+            const settled = cut.text.replace(/\uFFFD+$/, '');
+            const content = cut.stopped ? cut.text : settled.slice(0, Math.max(0, settled.length - holdBack));
             if (!partial.tool_calls?.length && content.startsWith(sent) && content.length > sent.length) {
               emit(chunkEvent(c, { content: content.slice(sent.length) }));
               sent = content;
