@@ -1,6 +1,7 @@
-// `prefab models list|show|promote|rollback`: the model registry (loop/registry.ts) by hand. Every promotion
+// `prefab models list|show|export|promote|rollback`: the model registry (loop/registry.ts) by hand. Every promotion
 // and rollback is a line of the registry's history, with who asked and why.
-import { InvalidArgumentError, type Command } from 'commander';
+import { InvalidArgumentError, Option, type Command } from 'commander';
+import type { GgufType } from '../model/gguf.ts';
 import { join } from 'node:path';
 import { wholeNumber, type CommandContext } from '../pipeline/commands.ts';
 import type { Engine, Manifest, StageOutcome } from '../pipeline/engine.ts';
@@ -86,6 +87,29 @@ export function addRegistryCommands(program: Command, ctx: CommandContext): void
       process.stdout.write(
         JSON.stringify({ ...registry.version(id), folder: join(registry.folder(id), 'model') }, null, 2) + '\n',
       );
+    });
+  models
+    .command('export')
+    .argument('<version>', 'a version id, production or candidate')
+    .requiredOption('--out <path>', 'the GGUF file, or the folder, to write')
+    .addOption(new Option('--format <format>', 'what to write').choices(['gguf', 'hf']).default('gguf'))
+    .addOption(new Option('--type <type>', "GGUF's weights").choices(['f32', 'f16', 'q8_0']).default('f16'))
+    .description(
+      "a version's model as GGUF (llama.cpp, Ollama) or one Hugging Face folder: `prefab model export` on its folder",
+    )
+    .action(async (name: string, opts: { out: string; format: 'gguf' | 'hf'; type: GgufType }) => {
+      const registry = registryOf(program, ctx.logger());
+      const aliases = registry.aliases();
+      const id = name === 'production' || name === 'candidate' ? aliases[name] : name;
+      if (id === null) throw new UsageError(`the registry has no ${name}`);
+      registry.version(id); // names a version that does not exist
+      await deviceFor(commandOptions(program), ctx.logger());
+      const { exportModel } = await import('../model/export.ts');
+      const from = join(registry.folder(id), 'model');
+      process.stdout.write(
+        JSON.stringify({ version: id, ...exportModel({ from, name: `prefab ${id}`, ...opts }) }) + '\n',
+      );
+      ctx.setExit(0);
     });
   models
     .command('promote')

@@ -4,10 +4,16 @@
 //   a Hugging Face folder's (hf-chat.ts: tokenizer.json and the Jinja chat template of tokenizer_config.json
 //   or chat_template.jinja): what a pretrained model (sft.model.from) was trained to read.
 import type { Message } from '../core/records.ts';
-import { PREFAB_CHAT_TEMPLATE, encodeConversations, parseAssistant, type Encoded } from './chat-template.ts';
+import {
+  PREFAB_CHAT_TEMPLATE,
+  PREFAB_LEGACY_CHAT_TEMPLATE,
+  encodeConversations,
+  parseAssistant,
+  type Encoded,
+} from './chat-template.ts';
 import { ToolCallConstraint, type ToolChoice, type ToolSchema } from './constrain.ts';
 import { HfChat, readChatTemplate } from './hf-chat.ts';
-import { SPECIAL_TOKENS, TextTokenizer } from './tokenizer.ts';
+import { TextTokenizer } from './tokenizer.ts';
 
 export interface Chat {
   /** Which kind: "prefab" or the template's source. */
@@ -49,7 +55,8 @@ class PrefabChat implements Chat {
   async toolConstraint(tools: readonly ToolSchema[], choice: ToolChoice = 'auto'): Promise<ToolCallConstraint> {
     // Every constraint reads the same texts of the vocabulary: decoded once.
     this.texts ??= Promise.all(Array.from({ length: this.vocabSize }, (_, id) => this.tokenizer.decode([id])));
-    return new ToolCallConstraint(tools, await this.texts, this.tokenizer.special, choice);
+    const { calls, control, special } = this.tokenizer;
+    return new ToolCallConstraint(tools, await this.texts, { calls, control, end: special['<|end|>'] }, choice);
   }
 
   private texts: Promise<string[]> | null = null;
@@ -60,22 +67,29 @@ export const prefabChat = (tokenizerJson: string): Chat => new PrefabChat(new Te
 
 /**
  * The chat of a model folder's tokenizer files: prefab's own when tokenizer.json has prefab's special tokens
- * and the chat template is prefab's (PREFAB_CHAT_TEMPLATE) or there is none, else the folder's template. `eos` is the model config's eos_token_id, which
- * ends a reply too. Names the folder when it has neither.
+ * and the chat template is prefab's (either format's) or there is none, else the folder's template. `eos` is
+ * the model config's eos_token_id, which ends a reply too. Names the folder when it has neither.
  */
 export function openChat(files: Record<string, string>, eos: number | number[] | null, source: string): Chat {
   const json = files['tokenizer.json'];
   if (json === undefined) throw new Error(`${source} has no tokenizer.json`);
   const template = readChatTemplate(files, source);
   // prefab's own template, as the folders it writes carry it for other tools, is read by prefab's own code.
-  if (!template || template.source === PREFAB_CHAT_TEMPLATE) {
-    const vocab = JSON.parse(json) as { added_tokens?: { content: string }[] };
-    const prefab = SPECIAL_TOKENS.every((t) => vocab.added_tokens?.some((a) => a.content === t));
-    if (!prefab)
+  if (!template || template.source === PREFAB_CHAT_TEMPLATE || template.source === PREFAB_LEGACY_CHAT_TEMPLATE) {
+    let tokenizer: TextTokenizer;
+    try {
+      tokenizer = new TextTokenizer(json);
+    } catch {
       throw new Error(
         `${source} has no chat template (tokenizer_config.json's chat_template or chat_template.jinja), so how it reads a conversation is unknown`,
       );
-    return prefabChat(json);
+    }
+    const format = template?.source === PREFAB_LEGACY_CHAT_TEMPLATE ? 'legacy' : 'hermes';
+    if (template && tokenizer.calls.format !== format)
+      throw new Error(
+        `${source}: its chat template writes calls in prefab's ${format} format, its tokenizer.json has the ${tokenizer.calls.format} format's tokens`,
+      );
+    return new PrefabChat(tokenizer);
   }
   return new HfChat(json, template, eos);
 }

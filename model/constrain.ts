@@ -1,14 +1,14 @@
 // Tool calls decoded under their JSON schemas, as a serving stack's structured outputs do (OpenAI's strict
 // function calling, vLLM's guided decoding): while the model writes a call, a token that could not continue
-// `name {arguments}` into a call of a listed tool, with arguments its schema accepts, is never sampled. The
-// model still chooses everything the schema leaves open (which tool, which fields, which values); what it can
-// no longer do is write a field name no tool has, or arguments that are not JSON. Content before the first
-// call is free text.
+// `{"name":…,"arguments":{…}}` (or the legacy format's `name {arguments}`) into a call of a listed tool, with
+// arguments its schema accepts, is never sampled. The model still chooses everything the schema leaves open
+// (which tool, which fields, which values); what it can no longer do is write a field name no tool has, or
+// arguments that are not JSON. Content before the first call is free text.
 //
-// Arguments are compact JSON (no whitespace between tokens), as the chat template renders every call the
+// Calls are compact JSON (no whitespace between tokens), as the chat template renders every call the
 // model trains on. The schemas are the subset tools use: objects (properties, required, additionalProperties,
 // propertyNames), arrays (items), strings (enum), numbers, integers, booleans and null.
-import type { SpecialToken } from './tokenizer.ts';
+import type { CallTokens } from './tokenizer.ts';
 
 export interface JsonSchema {
   type?: 'object' | 'array' | 'string' | 'number' | 'integer' | 'boolean' | 'null';
@@ -40,15 +40,19 @@ export function readJson(schema: JsonSchema, text: string): Reading {
     const end = new Reader(text).value(schema, 0);
     return end === text.length ? 'complete' : 'invalid';
   } catch (e) {
-    if (e === PARTIAL || e === INVALID) return (e as typeof PARTIAL | typeof INVALID).reading;
-    throw e;
+    return caught(e);
   }
+}
+
+function caught(e: unknown): Reading {
+  if (e === PARTIAL || e === INVALID) return (e as typeof PARTIAL | typeof INVALID).reading;
+  throw e;
 }
 
 class Reader {
   constructor(private readonly s: string) {}
 
-  private at(i: number): string {
+  at(i: number): string {
     if (i >= this.s.length) throw PARTIAL;
     return this.s[i]!;
   }
@@ -175,12 +179,34 @@ class Reader {
   }
 }
 
-/** Reads a call's text, "name {arguments}", against the tools. */
+/** Reads a legacy call's text, "name {arguments}", against the tools. */
 export function readCall(tools: readonly ToolSchema[], text: string): Reading {
   const space = text.indexOf(' ');
   if (space < 0) return tools.some((t) => t.function.name.startsWith(text)) ? 'partial' : 'invalid';
   const tool = tools.find((t) => t.function.name === text.slice(0, space));
   return tool ? readJson({ type: 'object', ...tool.function.parameters }, text.slice(space + 1)) : 'invalid';
+}
+
+/** Reads a Hermes call's text, {"name":"…","arguments":{…}} compact, against the tools. */
+export function readHermesCall(tools: readonly ToolSchema[], text: string): Reading {
+  let open = false;
+  for (const tool of tools) {
+    const head = `{"name":${JSON.stringify(tool.function.name)},"arguments":`;
+    if (text.length <= head.length) {
+      open ||= head.startsWith(text);
+      continue;
+    }
+    if (!text.startsWith(head)) continue;
+    try {
+      const reader = new Reader(text);
+      const end = reader.value({ type: 'object', ...tool.function.parameters }, head.length);
+      if (reader.at(end) !== '}') return 'invalid';
+      return end + 1 === text.length ? 'complete' : 'invalid';
+    } catch (e) {
+      return caught(e);
+    }
+  }
+  return open ? 'partial' : 'invalid';
 }
 
 /**
@@ -190,48 +216,66 @@ export function readCall(tools: readonly ToolSchema[], text: string): Reading {
  */
 export type ToolChoice = 'auto' | 'none' | 'required';
 
+/** The tokens a constraint watches: where calls open (and close), the end of the message, and every token that is never text. */
+export interface ConstraintTokens {
+  calls: CallTokens;
+  end: number;
+  control: readonly number[];
+}
+
 /**
  * Which token may come next in an assistant message whose tool calls must be calls of `tools`: any token in
- * the content before the first call (none but <|call|> first where a call is required, never <|call|> where
- * none may be made); within a call, a token that keeps it readable, and <|call|> or <|end|> only once it is
- * complete.
+ * the content before the first call (none but the call token first where a call is required, never it where
+ * none may be made); within a call, a token that keeps it readable, and the token that ends it only once it
+ * is complete; after a Hermes call, another call or the end.
  */
 export class ToolCallConstraint {
+  private readonly read: (tools: readonly ToolSchema[], text: string) => Reading;
+
   constructor(
     private readonly tools: readonly ToolSchema[],
     /** Each token's text, by id. */
     private readonly texts: readonly string[],
-    private readonly special: Readonly<Record<SpecialToken, number>>,
+    private readonly tokens: ConstraintTokens,
     private readonly choice: ToolChoice = 'auto',
-  ) {}
+  ) {
+    this.read = tokens.calls.format === 'hermes' ? readHermesCall : readCall;
+  }
 
   /** The open call's text after `generated`, kept while the same ids are asked about (every candidate of a step). */
   private last: { ids: readonly number[]; length: number; text: string | null } | null = null;
 
   allows(generated: readonly number[], candidate: number): boolean {
+    const { calls, end, control } = this.tokens;
     const text = this.callText(generated);
     if (text === null) {
-      // Content: free text, but for what the choice rules out.
-      if (this.choice === 'none') return candidate !== this.special['<|call|>'];
-      if (this.choice === 'required' && generated.length === 0) return candidate === this.special['<|call|>'];
+      // A Hermes call has closed: what may follow is another call or the end.
+      if (calls.format === 'hermes' && generated.includes(calls.open))
+        return candidate === calls.open || candidate === end;
+      // Content: free text, but for what the choice rules out (and a call's close, with no call open).
+      if (calls.format === 'hermes' && candidate === calls.close) return false;
+      if (this.choice === 'none') return candidate !== calls.open;
+      if (this.choice === 'required' && generated.length === 0) return candidate === calls.open;
       return true;
     }
-    if (candidate === this.special['<|call|>'] || candidate === this.special['<|end|>'])
-      return readCall(this.tools, text) === 'complete';
-    if (Object.values(this.special).includes(candidate)) return false;
+    const closes = calls.format === 'hermes' ? [calls.close] : [calls.open, end];
+    if (closes.includes(candidate)) return this.read(this.tools, text) === 'complete';
+    if (control.includes(candidate)) return false;
     const next = text + (this.texts[candidate] ?? '');
-    return next !== text && readCall(this.tools, next) !== 'invalid';
+    return next !== text && this.read(this.tools, next) !== 'invalid';
   }
 
-  /** The text of the call being written, or null before the first <|call|>. */
+  /** The text of the call being written, or null outside a call (before the first; after a Hermes call's close). */
   private callText(generated: readonly number[]): string | null {
     if (this.last?.ids === generated && this.last.length === generated.length) return this.last.text;
-    const call = generated.lastIndexOf(this.special['<|call|>']);
+    const { calls } = this.tokens;
+    const open = generated.lastIndexOf(calls.open);
+    const closed = calls.format === 'hermes' && generated.lastIndexOf(calls.close) > open;
     const text =
-      call < 0
+      open < 0 || closed
         ? null
         : generated
-            .slice(call + 1)
+            .slice(open + 1)
             .map((id) => this.texts[id] ?? '')
             .join('');
     this.last = { ids: generated, length: generated.length, text };

@@ -16,17 +16,25 @@ import {
   sequencePreTokenizer,
 } from 'tokenizers';
 
-/** Role headers, the tool-call marker, the end of a message, and padding. */
-export const SPECIAL_TOKENS = [
-  '<|system|>',
-  '<|user|>',
-  '<|assistant|>',
-  '<|tool|>',
-  '<|call|>',
-  '<|end|>',
-  '<|pad|>',
-] as const;
-export type SpecialToken = (typeof SPECIAL_TOKENS)[number];
+/** Role headers, the end of a message, and padding: every prefab tokenizer has them. */
+const ROLE_TOKENS = ['<|system|>', '<|user|>', '<|assistant|>', '<|tool|>', '<|end|>', '<|pad|>'] as const;
+export type SpecialToken = (typeof ROLE_TOKENS)[number];
+
+/**
+ * The tokens a call is written between: Hermes's (Qwen2.5's), so that vLLM's `hermes` parser, llama.cpp's
+ * `--jinja` and Ollama read prefab's models' calls. llama.cpp ends generation on some special tokens by
+ * their text (`<|call|>` among them), so none of these may be one.
+ */
+const HERMES_CALL = ['<tool_call>', '</tool_call>'] as const;
+
+/** The one marker that began each call ("name {arguments}") in tokenizers made before: their models still load. */
+const LEGACY_CALL = '<|call|>';
+
+/** The special tokens a tokenizer the tokenizer stage trains has. */
+export const SPECIAL_TOKENS = [...ROLE_TOKENS, ...HERMES_CALL] as const;
+
+/** How a tokenizer's model writes tool calls: between Hermes's tokens, or after prefab's earlier `<|call|>`. */
+export type CallTokens = { format: 'hermes'; open: number; close: number } | { format: 'legacy'; open: number };
 
 const BYTE_LEVEL = { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: true };
 
@@ -77,9 +85,12 @@ export function trainTokenizer(
       merges.push([a, b]);
       vocab[a + b] = size++;
     }
+    // The call tokens are not `special`, as in Qwen2.5's tokenizer: decoding that skips special tokens
+    // (vLLM's, transformers' by default) keeps them, and a parser finds the call in the text.
     const added = [
       ...whole.map((content) => ({ content, special: false })),
-      ...SPECIAL_TOKENS.map((content) => ({ content, special: true })),
+      ...ROLE_TOKENS.map((content) => ({ content, special: true })),
+      ...HERMES_CALL.map((content) => ({ content, special: false })),
     ].map((t, i) => ({
       id: size + i,
       content: t.content,
@@ -122,19 +133,32 @@ export function trainTokenizer(
 export class TextTokenizer {
   private readonly tokenizer: Tokenizer;
   readonly special: Record<SpecialToken, number>;
+  readonly calls: CallTokens;
+  /** Every id of a token that is never text: roles, end, padding and the call tokens. */
+  readonly control: number[];
   readonly vocabSize: number;
+  private readonly pattern: RegExp;
 
   constructor(readonly json: string) {
     this.tokenizer = Tokenizer.fromString(json);
     this.vocabSize = this.tokenizer.getVocabSize(true);
+    const id = (t: string) => this.tokenizer.tokenToId(t) ?? null;
+    const missing = (t: string) =>
+      new Error(`tokenizer.json has no special token ${t}: it was not made by prefab's tokenizer stage`);
     this.special = Object.fromEntries(
-      SPECIAL_TOKENS.map((t) => {
-        const id = this.tokenizer.tokenToId(t);
-        if (id === null)
-          throw new Error(`tokenizer.json has no special token ${t}: it was not made by prefab's tokenizer stage`);
-        return [t, id];
+      ROLE_TOKENS.map((t) => {
+        const found = id(t);
+        if (found === null) throw missing(t);
+        return [t, found];
       }),
     ) as Record<SpecialToken, number>;
+    const [open, close, legacy] = [id(HERMES_CALL[0]), id(HERMES_CALL[1]), id(LEGACY_CALL)];
+    if (open !== null && close !== null) this.calls = { format: 'hermes', open, close };
+    else if (legacy !== null) this.calls = { format: 'legacy', open: legacy };
+    else throw missing(HERMES_CALL[open === null ? 0 : 1]);
+    const spelt = [...ROLE_TOKENS, ...(this.calls.format === 'hermes' ? HERMES_CALL : [LEGACY_CALL])];
+    this.control = spelt.map((t) => id(t)!);
+    this.pattern = new RegExp(`(${spelt.map((t) => t.replace(/[|/]/g, '\\$&')).join('|')})`);
   }
 
   /**
@@ -142,7 +166,7 @@ export class TextTokenizer {
    * bytes, never as the control token.
    */
   async encodeBatch(texts: string[]): Promise<number[][]> {
-    const pieces = texts.map((t) => splitSpecial(t));
+    const pieces = texts.map((t) => splitSpecial(t, this.pattern));
     const flat = pieces.flat();
     const encoded = flat.length ? await this.tokenizer.encodeBatch(flat, { addSpecialTokens: false }) : [];
     let k = 0;
@@ -163,15 +187,14 @@ export class TextTokenizer {
   }
 }
 
-const SPECIAL_PATTERN = new RegExp(`(${SPECIAL_TOKENS.map((t) => t.replace(/[|]/g, '\\|')).join('|')})`);
-
-/** Splits text so that no piece contains a whole special token: "<" is cut from the rest of each spelling. */
-function splitSpecial(text: string): string[] {
-  if (!SPECIAL_PATTERN.test(text)) return [text];
+/** Splits text so that no piece contains a whole special token (`pattern`): "<" is cut from the rest of each spelling. */
+function splitSpecial(text: string, pattern: RegExp): string[] {
+  if (!pattern.test(text)) return [text];
   const out: string[] = [];
-  for (const part of text.split(SPECIAL_PATTERN)) {
-    if (SPECIAL_TOKENS.includes(part as SpecialToken)) out.push('<', part.slice(1));
+  text.split(pattern).forEach((part, i) => {
+    // split() with a capturing group puts the matches at the odd places.
+    if (i % 2 === 1) out.push('<', part.slice(1));
     else if (part) out.push(part);
-  }
+  });
   return out;
 }

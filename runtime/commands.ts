@@ -1,6 +1,8 @@
-// `prefab model score|generate|inspect`: a Hugging Face folder of the Llama family checked by hand. Each
-// prints one JSON object on stdout, so its numbers can be compared with another implementation's.
-import { InvalidArgumentError, type Command } from 'commander';
+// `prefab model score|generate|inspect|export`: a Hugging Face folder of the Llama family checked by hand, and
+// written where other tools run models. Each prints one JSON object on stdout, so its numbers can be compared
+// with another implementation's.
+import { InvalidArgumentError, Option, type Command } from 'commander';
+import type { GgufType } from '../model/gguf.ts';
 import { PipelineError } from '../pipeline/errors.ts';
 import type { CommandContext } from '../pipeline/commands.ts';
 import type { Logger } from '../pipeline/log.ts';
@@ -86,7 +88,7 @@ async function score(
 export function addModelCommands(program: Command, ctx: CommandContext): void {
   const model = program
     .command('model')
-    .description('check a Hugging Face model folder (Llama, Qwen2) by hand: score, generate, inspect');
+    .description('check a Hugging Face model folder (Llama, Qwen2) by hand: score, generate, inspect; export it');
 
   model
     .command('score')
@@ -167,6 +169,32 @@ export function addModelCommands(program: Command, ctx: CommandContext): void {
           attention_bias: c.attentionBias,
         }) + '\n',
       );
+      ctx.setExit(0);
+    });
+
+  model
+    .command('export')
+    .description(
+      'write a model folder as GGUF (llama.cpp, Ollama, LM Studio: weights, tokenizer and chat template in one file) or as one Hugging Face folder with LoRA adapters merged (vLLM, transformers); prints {"path", "bytes", "format"}',
+    )
+    .argument('<folder>', 'a model folder (its adapter/, if any, merged) or a PEFT adapter folder')
+    .requiredOption('--out <path>', 'the GGUF file, or the folder, to write')
+    .addOption(new Option('--format <format>', 'what to write').choices(['gguf', 'hf']).default('gguf'))
+    .addOption(
+      new Option('--type <type>', "GGUF's weights: f32, f16 or q8_0").choices(['f32', 'f16', 'q8_0']).default('f16'),
+    )
+    .option(
+      '--base <folder>',
+      "an adapter's base model, where adapter_config.json's base_model_name_or_path is not a folder here",
+    )
+    .action(async (dir: string, opts: { out: string; format: 'gguf' | 'hf'; type: GgufType; base?: string }) => {
+      await deviceFor(commandOptions(program), ctx.logger()); // the merge runs on the reference model
+      const { exportModel } = await import('../model/export.ts');
+      try {
+        process.stdout.write(JSON.stringify(exportModel({ from: dir, ...opts })) + '\n');
+      } catch (error) {
+        throw new PipelineError((error as Error).message);
+      }
       ctx.setExit(0);
     });
 }

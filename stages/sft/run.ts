@@ -12,6 +12,7 @@ import { readHfConfig, readHfModel, readTokenizerFiles } from '../../model/hf.ts
 import { attachLora } from '../../model/lora.ts';
 import { loraOf } from '../../trainers/settings.ts';
 import { Llama } from '../../model/llama.ts';
+import { TextTokenizer } from '../../model/tokenizer.ts';
 import { sftTrainer } from '../../trainers/sft.ts';
 import { readPlaceholdersFile } from '../../model/placeholders.ts';
 
@@ -60,12 +61,10 @@ export async function run({
   const context = Math.min(cfg.model.context, pretrained?.config.maxPositions ?? Infinity);
   // A pretrained model brings its tokenizer and template; a new one reads the tokenizer stage's, and its
   // folder carries prefab's template in Jinja, so that transformers, TRL and vLLM read it as prefab does.
+  const json = from ? '' : await readFile(join(input('tokenizer'), 'tokenizer.json'), 'utf8');
   const tokenizer = from
     ? readTokenizerFiles(from)
-    : {
-        'tokenizer.json': await readFile(join(input('tokenizer'), 'tokenizer.json'), 'utf8'),
-        'tokenizer_config.json': prefabTokenizerConfig(context),
-      };
+    : { 'tokenizer.json': json, 'tokenizer_config.json': prefabTokenizerConfig(new TextTokenizer(json), context) };
   const chat = openChat(tokenizer, pretrained?.config.eosTokenId ?? null, from ?? input('tokenizer'));
   const path = join(input('export'), 'sft', 'train.parquet');
   const sessions = subset(await readParquet<{ messages: Message[] }>(path), cfg.max_sessions, cfg.seed);

@@ -39,7 +39,7 @@ export type Config = z.infer<typeof config>;
 export const tokenizer = defineStage({
   name: 'tokenizer',
   description: 'train a byte-level BPE tokenizer on the training sessions',
-  version: 5,
+  version: 6,
   inputs: ['export'],
   outputs: ['tokenizer.json', PLACEHOLDERS_FILE],
   config,

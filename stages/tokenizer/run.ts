@@ -48,7 +48,7 @@ export async function run({ config: cfg, out, input, log, signal }: StageContext
   const texts = viewAll(
     sessions.map((s) => fromParquet(s.messages)),
     placeholders,
-  ).flatMap(conversationTexts);
+  ).flatMap((messages) => conversationTexts(messages));
   await safePoint(signal, stopped);
   const words = placeholders ? placeholderWords(texts, cfg.placeholder_tokens) : [];
   log.info('training BPE', {

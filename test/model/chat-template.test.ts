@@ -9,9 +9,14 @@ import { Tokenizer } from 'tokenizers';
 import { describe, expect, it } from 'vitest';
 import type { Message } from '../../core/records.ts';
 import { openChat, prefabChat } from '../../model/chat.ts';
-import { PREFAB_CHAT_TEMPLATE, conversationTexts, prefabTokenizerConfig } from '../../model/chat-template.ts';
+import {
+  PREFAB_CHAT_TEMPLATE,
+  PREFAB_LEGACY_CHAT_TEMPLATE,
+  conversationTexts,
+  prefabTokenizerConfig,
+} from '../../model/chat-template.ts';
 import { ChatTemplate, maskedTokens } from '../../model/hf-chat.ts';
-import { trainTokenizer } from '../../model/tokenizer.ts';
+import { TextTokenizer, trainTokenizer } from '../../model/tokenizer.ts';
 import { REPO } from '../fixtures/cli.ts';
 
 const sessions = gunzipSync(readFileSync(join(REPO, 'data', 'sample', 'sessions.jsonl.gz')))
@@ -36,22 +41,60 @@ const odd: Message[] = [
   { role: 'assistant', content: 'Done.' },
 ];
 const conversations = [...sessions, odd];
-const json = trainTokenizer(conversations.flatMap(conversationTexts), 600);
+const json = trainTokenizer(
+  conversations.flatMap((c) => conversationTexts(c)),
+  600,
+);
+// The same tokenizer as the tokenizer stage wrote it before: one special <|call|> where the Hermes pair is.
+const legacyJson = (() => {
+  const parsed = JSON.parse(json) as { added_tokens: { content: string; special: boolean }[] };
+  parsed.added_tokens = parsed.added_tokens
+    .filter((a) => a.content !== '</tool_call>')
+    .map((a) => (a.content === '<tool_call>' ? { ...a, content: '<|call|>', special: true } : a));
+  return JSON.stringify(parsed);
+})();
 
 describe("prefab's chat template in Jinja", () => {
-  it('renders every conversation to the tokens prefab trains on, as transformers renders it', async () => {
-    const jinja = new Template(PREFAB_CHAT_TEMPLATE);
-    const tokenizer = Tokenizer.fromString(json);
-    const chat = prefabChat(json);
-    for (const [i, messages] of conversations.entries()) {
-      for (const generation of [false, true]) {
-        // As TRL hands a dataset's rows to apply_chat_template: tool-call arguments as their JSON strings.
-        const text = jinja.render({ messages, add_generation_prompt: generation });
-        const ids = (await tokenizer.encode(text, null, { addSpecialTokens: false })).getIds();
-        const [trained] = await chat.encode([messages], generation);
-        expect(ids, `conversation ${i}`).toEqual(trained!.ids);
+  it('renders every conversation to the tokens prefab trains on, as transformers renders it, in either format', async () => {
+    for (const [template, tokenizerJson] of [
+      [PREFAB_CHAT_TEMPLATE, json],
+      [PREFAB_LEGACY_CHAT_TEMPLATE, legacyJson],
+    ] as const) {
+      const jinja = new Template(template);
+      const tokenizer = Tokenizer.fromString(tokenizerJson);
+      const chat = prefabChat(tokenizerJson);
+      for (const [i, messages] of conversations.entries()) {
+        for (const generation of [false, true]) {
+          // As TRL hands a dataset's rows to apply_chat_template: tool-call arguments as their JSON strings.
+          const text = jinja.render({ messages, add_generation_prompt: generation });
+          const ids = (await tokenizer.encode(text, null, { addSpecialTokens: false })).getIds();
+          const [trained] = await chat.encode([messages], generation);
+          expect(ids, `conversation ${i}`).toEqual(trained!.ids);
+        }
       }
     }
+  });
+
+  it('writes calls as Hermes does, whether arguments come as a JSON string or an object, and lists tools a caller passes', () => {
+    const jinja = new Template(PREFAB_CHAT_TEMPLATE);
+    const call = { id: 'c', type: 'function', function: { name: 'finish', arguments: { ok: true, n: [1, 2] } } };
+    const messages = [
+      { role: 'user', content: 'go' },
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: [call, { ...call, function: { name: 'f', arguments: '{"a": 1}' } }],
+      },
+    ];
+    expect(jinja.render({ messages })).toBe(
+      '<|user|>go<|end|><|assistant|><tool_call>{"name":"finish","arguments":{"ok":true,"n":[1,2]}}</tool_call>' +
+        '<tool_call>{"name":"f","arguments":{"a": 1}}</tool_call><|end|>',
+    );
+    const tools = [{ type: 'function', function: { name: 'finish', parameters: { type: 'object' } } }];
+    const listed = jinja.render({ messages: messages.slice(0, 1), tools, add_generation_prompt: true });
+    expect(listed).toMatch(
+      /^<\|system\|>[^<]*<tool_call>[^<]*<\/tool_call>[^<]*<tools>\n\{.*"name": ?"finish".*\}\n<\/tools><\|end\|><\|user\|>go<\|end\|><\|assistant\|>$/s,
+    );
   });
 
   it("marks the assistant's tokens with {% generation %} as prefab's mask does", async () => {
@@ -66,9 +109,21 @@ describe("prefab's chat template in Jinja", () => {
   });
 
   it('is the template a model folder prefab writes carries, and reading that folder gives prefab’s chat', () => {
-    const config = JSON.parse(prefabTokenizerConfig(512)) as Record<string, unknown>;
+    const config = JSON.parse(prefabTokenizerConfig(new TextTokenizer(json), 512)) as Record<string, unknown>;
     expect(config).toMatchObject({ chat_template: PREFAB_CHAT_TEMPLATE, eos_token: '<|end|>', pad_token: '<|pad|>' });
     const chat = openChat({ 'tokenizer.json': json, 'tokenizer_config.json': JSON.stringify(config) }, null, 'folder');
     expect(chat.name).toBe('prefab');
+    // A folder written before carries the legacy template and tokenizer: read as it was trained.
+    const legacy = JSON.parse(prefabTokenizerConfig(new TextTokenizer(legacyJson), 512)) as Record<string, unknown>;
+    expect(legacy.chat_template).toBe(PREFAB_LEGACY_CHAT_TEMPLATE);
+    const old = openChat(
+      { 'tokenizer.json': legacyJson, 'tokenizer_config.json': JSON.stringify(legacy) },
+      null,
+      'old',
+    );
+    expect(old.name).toBe('prefab');
+    expect(() =>
+      openChat({ 'tokenizer.json': legacyJson, 'tokenizer_config.json': JSON.stringify(config) }, null, 'mixed'),
+    ).toThrow(/mixed: its chat template writes calls in prefab's hermes format, its tokenizer.json has the legacy/);
   });
 });

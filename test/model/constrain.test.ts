@@ -1,11 +1,10 @@
 import { beforeAll, describe, expect, it } from 'vitest';
 import { TOOLS } from '../../env/env.ts';
-import { ToolCallConstraint, readCall, readJson, type JsonSchema } from '../../model/constrain.ts';
+import { ToolCallConstraint, readCall, readHermesCall, readJson, type JsonSchema } from '../../model/constrain.ts';
 import { openDevice } from '../../runtime/device.ts';
 import { KVCache } from '../../runtime/decode.ts';
 import { Llama } from '../../model/llama.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
-import { SPECIAL_TOKENS } from '../../model/tokenizer.ts';
 
 const FORM: JsonSchema = TOOLS[1].function.parameters as JsonSchema;
 const CALL: JsonSchema = TOOLS[2].function.parameters as JsonSchema;
@@ -31,6 +30,21 @@ describe('reading JSON against a schema, a token at a time', () => {
     expect(readCall(TOOLS, 'finish {}')).toBe('complete');
     expect(readCall(TOOLS, 'search_dir')).toBe('partial');
     expect(readCall(TOOLS, 'search_directory {"company":"Acme"}')).toBe('complete');
+    const hermes = `{"name":"call","arguments":${call}}`;
+    expect(new Set(Array.from(hermes.slice(0, -1), (_, i) => readHermesCall(TOOLS, hermes.slice(0, i + 1))))).toEqual(
+      new Set(['partial']),
+    );
+    expect(readHermesCall(TOOLS, hermes)).toBe('complete');
+    expect(readHermesCall(TOOLS, '{"name":"finish","arguments":{}}')).toBe('complete');
+  });
+
+  it('refuses a Hermes call with a name no tool has, arguments its schema refuses, or anything after its close', () => {
+    expect(readHermesCall(TOOLS, '{"name":"search_phone')).toBe('invalid');
+    expect(readHermesCall(TOOLS, '{"name":"finish","arguments":{}}}')).toBe('invalid');
+    expect(readHermesCall(TOOLS, '{"name":"finish","arguments":{}},')).toBe('invalid');
+    expect(readHermesCall(TOOLS, '{"name":"finish","arguments":{"x":1}}')).toBe('invalid');
+    expect(readHermesCall(TOOLS, '{"arguments":{},"name":"finish"}')).toBe('invalid'); // name first, as rendered
+    expect(readHermesCall(TOOLS, '{"name": "finish"')).toBe('invalid'); // compact, as rendered
   });
 
   it('refuses, as soon as they cannot become valid, names no tool has, fields outside an enum, missing required keys, repeated keys and bad JSON', () => {
@@ -66,57 +80,118 @@ describe('reading JSON against a schema, a token at a time', () => {
 describe('decoding under the constraint', () => {
   // A vocabulary of single characters and a few words, so that a random model can write anything.
   const chars = [...new Set('abcdefghijklmnopqrstuvwxyz_0123456789{}[]":, ')];
-  const texts = [...chars, 'search_directory', 'call', '"fields"', '"phone_number"', ...SPECIAL_TOKENS];
-  const special = Object.fromEntries(SPECIAL_TOKENS.map((t) => [t, texts.indexOf(t)])) as Record<
-    (typeof SPECIAL_TOKENS)[number],
-    number
-  >;
-  const constraint = new ToolCallConstraint(TOOLS, texts, special);
+  const marks = ['<|assistant|>', '<|end|>', '<|user|>', '<tool_call>', '</tool_call>', '<|call|>'];
+  const texts = [
+    ...chars,
+    'search_directory',
+    'call',
+    '"fields"',
+    '"phone_number"',
+    '{"name":',
+    ',"arguments":',
+    ...marks,
+  ];
+  const id = (t: string) => texts.indexOf(t);
+  const ids = (...parts: string[]) => parts.map(id);
+  const [end, user, open, close, legacy] = ['<|end|>', '<|user|>', '<tool_call>', '</tool_call>', '<|call|>'].map(
+    id,
+  ) as [number, number, number, number, number];
+  const hermesTokens = { calls: { format: 'hermes' as const, open, close }, end, control: marks.slice(0, 5).map(id) };
+  const legacyTokens = {
+    calls: { format: 'legacy' as const, open: legacy },
+    end,
+    control: [...marks.slice(0, 3), '<|call|>'].map(id),
+  };
 
-  it('lets content be free text, and allows a call to end only once it is complete', () => {
-    const ids = (...parts: string[]) => parts.map((p) => texts.indexOf(p));
-    expect(constraint.allows(ids('a', ' '), texts.indexOf('}'))).toBe(true);
-    const open = [special['<|call|>'], ...ids('search_directory', ' ', '{', '"', 'c')];
-    expect(constraint.allows(open, special['<|end|>'])).toBe(false);
-    expect(constraint.allows(open, texts.indexOf('o'))).toBe(true);
-    expect(constraint.allows(open, texts.indexOf('x'))).toBe(false);
-    expect(constraint.allows(open, special['<|user|>'])).toBe(false);
-    const finish = [special['<|call|>'], ...ids('f', 'i', 'n', 'i', 's', 'h', ' ', '{', '}')];
-    expect(constraint.allows(finish, special['<|end|>'])).toBe(true);
-    expect(constraint.allows(finish, special['<|call|>'])).toBe(true);
-    expect(constraint.allows(finish, texts.indexOf(' '))).toBe(false);
+  it('lets content be free text, allows a Hermes call to close only once it is complete, and then only another call or the end', () => {
+    const constraint = new ToolCallConstraint(TOOLS, texts, hermesTokens);
+    expect(constraint.allows(ids('a', ' '), id('}'))).toBe(true);
+    expect(constraint.allows(ids('a'), close)).toBe(false); // no call is open
+    const writing = [open, ...ids('{"name":', '"', 's', 'e', 'a', 'r', 'c', 'h', '_')];
+    expect(constraint.allows(writing, id('d'))).toBe(true);
+    expect(constraint.allows(writing, id('x'))).toBe(false);
+    expect(constraint.allows(writing, close)).toBe(false);
+    expect(constraint.allows(writing, end)).toBe(false);
+    const finish = [open, ...ids('{"name":', '"', 'f', 'i', 'n', 'i', 's', 'h', '"', ',"arguments":', '{', '}')];
+    expect(constraint.allows(finish, close)).toBe(false); // the object around name and arguments is open
+    expect(constraint.allows([...finish, id('}')], close)).toBe(true);
+    expect(constraint.allows([...finish, id('}')], end)).toBe(false);
+    const after = [...finish, id('}'), close];
+    expect([end, open].map((c) => constraint.allows(after, c))).toEqual([true, true]);
+    expect([id('a'), id(' '), close, user].map((c) => constraint.allows(after, c))).toEqual([
+      false,
+      false,
+      false,
+      false,
+    ]);
+    const none = new ToolCallConstraint(TOOLS, texts, hermesTokens, 'none');
+    expect(none.allows([], open)).toBe(false);
+    const required = new ToolCallConstraint(TOOLS, texts, hermesTokens, 'required');
+    expect([open, id('a')].map((c) => required.allows([], c))).toEqual([true, false]);
   });
 
-  it("makes an untrained model's sampled calls parse as calls of the tools", () => {
+  it('lets a legacy call end at the next call or the end, once it is complete', () => {
+    const constraint = new ToolCallConstraint(TOOLS, texts, legacyTokens);
+    const writing = [legacy, ...ids('search_directory', ' ', '{', '"', 'c')];
+    expect(constraint.allows(writing, end)).toBe(false);
+    expect(constraint.allows(writing, id('o'))).toBe(true);
+    expect(constraint.allows(writing, id('x'))).toBe(false);
+    expect(constraint.allows(writing, user)).toBe(false);
+    const finish = [legacy, ...ids('f', 'i', 'n', 'i', 's', 'h', ' ', '{', '}')];
+    expect(constraint.allows(finish, end)).toBe(true);
+    expect(constraint.allows(finish, legacy)).toBe(true);
+    expect(constraint.allows(finish, id(' '))).toBe(false);
+  });
+
+  it("makes an untrained model's sampled calls parse as calls of the tools, in either format", () => {
     const model = Llama.create(tinyLlama({ vocabSize: texts.length, maxPositions: 400, layers: 1 }), 'constrained');
     const cache = new KVCache(model);
-    let calls = 0;
-    for (let episode = 0; episode < 6; episode++) {
-      let seed = episode + 1;
-      const random = () => (seed = (seed * 16807) % 2147483647) / 2147483647;
-      // Start inside a call: from there on every token must keep it a call of a tool.
-      const out = cache.generate([special['<|assistant|>']!, special['<|call|>']], {
-        maxTokens: 300,
-        temperature: 1.5,
-        topP: 1,
-        random,
-        stop: [special['<|end|>']],
-        constraint: { allows: (g, c) => constraint.allows([special['<|call|>'], ...g], c) },
-      });
-      // One or more calls: each <|call|> starts the next, and the message ends at <|end|> or at maxTokens.
-      const ended = out.at(-1) === special['<|end|>'];
-      const segments = out
-        .filter((i) => i !== special['<|end|>'])
-        .map((i) => (i === special['<|call|>'] ? '\u0000' : texts[i]))
-        .join('')
-        .split('\u0000');
-      for (const [k, text] of segments.entries()) {
-        const last = k === segments.length - 1;
-        expect(readCall(TOOLS, text), text).toBe(last && !ended ? 'partial' : 'complete');
-        if (!last || ended) calls++;
+    const text = (out: number[]) => out.map((i) => texts[i]).join('');
+    const calls = { hermes: 0, legacy: 0 };
+    for (const tokens of [hermesTokens, legacyTokens]) {
+      const constraint = new ToolCallConstraint(TOOLS, texts, tokens);
+      for (let episode = 0; episode < 6; episode++) {
+        let seed = episode + 1;
+        const random = () => (seed = (seed * 16807) % 2147483647) / 2147483647;
+        // Start inside a call: from there on every token must keep it a call of a tool.
+        const out = cache.generate([id('<|assistant|>'), tokens.calls.open], {
+          maxTokens: 300,
+          temperature: 1.5,
+          topP: 1,
+          random,
+          stop: [end],
+          constraint: { allows: (g, c) => constraint.allows([tokens.calls.open, ...g], c) },
+        });
+        // One or more calls, and the message ends at <|end|> or at maxTokens.
+        const ended = out.at(-1) === end;
+        const body = out.filter((i) => i !== end);
+        if (tokens.calls.format === 'hermes') {
+          // call</tool_call><tool_call>call</tool_call>…: split at the opens, each but an unfinished last closed.
+          const segments = text([open, ...body])
+            .split('<tool_call>')
+            .slice(1);
+          for (const [k, segment] of segments.entries()) {
+            const last = k === segments.length - 1;
+            if (last && !ended && !segment.endsWith('</tool_call>')) {
+              expect(readHermesCall(TOOLS, segment), segment).not.toBe('invalid');
+              continue;
+            }
+            expect(segment.endsWith('</tool_call>'), segment).toBe(true);
+            expect(readHermesCall(TOOLS, segment.slice(0, -'</tool_call>'.length)), segment).toBe('complete');
+            calls.hermes++;
+          }
+        } else {
+          const segments = text(body).split('<|call|>');
+          for (const [k, segment] of segments.entries()) {
+            const last = k === segments.length - 1;
+            expect(readCall(TOOLS, segment), segment).toBe(last && !ended ? 'partial' : 'complete');
+            if (!last || ended) calls.legacy++;
+          }
+        }
       }
     }
-    expect(calls).toBeGreaterThan(0);
+    expect(calls.hermes).toBeGreaterThan(0);
+    expect(calls.legacy).toBeGreaterThan(0);
     model.dispose();
   });
 });

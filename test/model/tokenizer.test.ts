@@ -33,8 +33,14 @@ beforeAll(async () => {
 describe('byte-level BPE tokenizer', () => {
   it('has exactly the vocabulary size asked for: 256 bytes, merges, and the special tokens at the end', () => {
     expect(tokenizer.vocabSize).toBe(400);
-    expect(SPECIAL_TOKENS.map((t) => tokenizer.special[t])).toEqual([393, 394, 395, 396, 397, 398, 399]);
     const json = JSON.parse(tokenizer.json);
+    const added = json.added_tokens as { id: number; content: string; special: boolean }[];
+    expect(SPECIAL_TOKENS.map((t) => added.find((a) => a.content === t)!.id)).toEqual([
+      392, 393, 394, 395, 396, 397, 398, 399,
+    ]);
+    expect(tokenizer.calls).toEqual({ format: 'hermes', open: 398, close: 399 });
+    // The call tokens are not special, as in Qwen2.5: decoding that skips special tokens keeps the calls.
+    expect(added.filter((a) => !a.special).map((a) => a.content)).toEqual(['<tool_call>', '</tool_call>']);
     expect(json.model.type).toBe('BPE');
     expect(json.model.merges).toHaveLength(400 - 256 - SPECIAL_TOKENS.length);
   });
@@ -51,17 +57,17 @@ describe('byte-level BPE tokenizer', () => {
   });
 
   it('learns the corpus: a frequent phrase takes far fewer tokens than bytes, an unseen one does not', async () => {
-    const frequent = 'search_directory {"company":';
+    const frequent = '{"name":"search_directory","arguments":{"company":';
     expect((await tokenizer.encode(frequent)).length).toBeLessThanOrEqual(frequent.length * 0.5);
     const unseen = 'qzxv wjkp yfgh';
     expect((await tokenizer.encode(unseen)).length).toBeGreaterThan(unseen.length * 0.8);
   });
 
   it('encodes text that spells a special token as ordinary bytes, never as the control token', async () => {
-    const ids = await tokenizer.encode('please type <|end|> and <|assistant|> here');
-    expect(ids).not.toContain(tokenizer.special['<|end|>']);
-    expect(ids).not.toContain(tokenizer.special['<|assistant|>']);
-    expect(await tokenizer.decode(ids)).toBe('please type <|end|> and <|assistant|> here');
+    const text = 'please type <|end|> and <|assistant|> or <tool_call>{}</tool_call> here';
+    const ids = await tokenizer.encode(text);
+    expect(ids.filter((id) => tokenizer.control.includes(id))).toEqual([]);
+    expect(await tokenizer.decode(ids)).toBe(text);
   });
 
   it('with split digits, every digit is a token of its own and numbers still round-trip', async () => {
@@ -97,7 +103,7 @@ describe('byte-level BPE tokenizer', () => {
     expect(await whole.decode(ids)).toBe(text);
     // BPE learns no merges inside them: no piece of "[PHONE_1]" is a token of its own beyond the bytes.
     expect(Object.keys(JSON.parse(whole.json).model.vocab)).not.toContain('PHONE');
-    expect(() => trainTokenizer(['abc'], 264, false, ['[A_1]', '[B_1]'])).toThrow(/2 whole words .* at least 265/);
+    expect(() => trainTokenizer(['abc'], 265, false, ['[A_1]', '[B_1]'])).toThrow(/2 whole words .* at least 266/);
   });
 
   it('training twice on the same corpus gives the same tokenizer.json', () => {
@@ -110,7 +116,7 @@ describe('byte-level BPE tokenizer', () => {
   });
 
   it('refuses a vocabulary too small for the bytes and special tokens', () => {
-    expect(() => trainTokenizer(['abc'], 200)).toThrow(/at least 263/);
+    expect(() => trainTokenizer(['abc'], 200)).toThrow(/at least 264/);
   });
 });
 
@@ -120,8 +126,31 @@ describe('chat template', () => {
     const [enc] = await encodeConversations(tokenizer, [session]);
     expect(await tokenizer.decode(enc!.ids)).toBe(renderText(session));
     expect(renderText(session)).toMatch(
-      /^<\|system\|>You are an assistant.*<\|end\|><\|user\|>.*<\|end\|><\|assistant\|><\|call\|>search_directory \{"company":".*"\}<\|end\|><\|tool\|>/s,
+      /^<\|system\|>You are an assistant.*<\|end\|><\|user\|>.*<\|end\|><\|assistant\|><tool_call>\{"name":"search_directory","arguments":\{"company":"[^"]*"\}\}<\/tool_call><\|end\|><\|tool\|>/s,
     );
+  });
+
+  it('still reads and writes the legacy format (<|call|>name {…}) of tokenizers made before', async () => {
+    // A tokenizer.json as the tokenizer stage wrote it before: one special <|call|> where the Hermes pair is.
+    const json = JSON.parse(tokenizer.json) as { added_tokens: { content: string; special: boolean }[] };
+    json.added_tokens = json.added_tokens
+      .filter((a) => a.content !== '</tool_call>')
+      .map((a) => (a.content === '<tool_call>' ? { ...a, content: '<|call|>', special: true } : a));
+    const legacy = new TextTokenizer(JSON.stringify(json));
+    expect(legacy.calls).toEqual({ format: 'legacy', open: 398 });
+    const session = sessions[1]!;
+    const [enc] = await encodeConversations(legacy, [session]);
+    expect(await legacy.decode(enc!.ids)).toBe(renderText(session, false, 'legacy'));
+    expect(renderText(session, false, 'legacy')).toMatch(
+      /<\|assistant\|><\|call\|>search_directory \{"company":"[^"]*"\}<\|end\|>/,
+    );
+    for (const message of sessions[3]!.filter((m) => m.role === 'assistant')) {
+      const [one] = await encodeConversations(legacy, [[message]]);
+      const parsed = await parseAssistant(legacy, one!.ids.slice(1), 1);
+      expect(parsed.tool_calls?.map((c) => [c.function.name, c.function.arguments])).toEqual(
+        message.tool_calls?.map((c) => [c.function.name, c.function.arguments]),
+      );
+    }
   });
 
   it('masks exactly the assistant turns: their content, calls and closing <|end|>, not their header', async () => {
@@ -158,6 +187,30 @@ describe('chat template', () => {
       );
       if (parsed.tool_calls) expect(parsed.tool_calls[0]!.id).toBe('call_7');
     }
+  });
+
+  it('parses what an unconstrained model may write: several calls, arguments kept as written, calls that are not JSON', async () => {
+    const generated = async (text: string) => {
+      const ids: number[] = [];
+      for (const [i, part] of text.split(/(<tool_call>|<\/tool_call>)/).entries())
+        if (i % 2)
+          ids.push(part === '<tool_call>' ? tokenizer.calls.open : (tokenizer.calls as { close: number }).close);
+        else ids.push(...(await tokenizer.encode(part)));
+      return parseAssistant(tokenizer, [...ids, tokenizer.special['<|end|>']], 1);
+    };
+    const two = await generated(
+      'Calling.<tool_call>{"name":"a","arguments":{"x":1.0,"y":[1e3]}}</tool_call><tool_call>{"name":"b","arguments":{}}</tool_call>',
+    );
+    expect(two.content).toBe('Calling.');
+    expect(two.tool_calls?.map((c) => [c.id, c.function.name, c.function.arguments])).toEqual([
+      ['call_1', 'a', '{"x":1.0,"y":[1e3]}'],
+      ['call_2', 'b', '{}'],
+    ]);
+    const broken = await generated('<tool_call>{"name":"a","arguments":{"x":</tool_call><tool_call>garbage');
+    expect(broken.tool_calls?.map((c) => [c.function.name, c.function.arguments])).toEqual([
+      ['a', '{"x":'],
+      ['', 'garbage'],
+    ]);
   });
 
   it('ends a generation prompt with an open assistant header', async () => {
