@@ -214,7 +214,7 @@ interface TokenizerJson {
   model?: { type?: string; vocab?: Record<string, number>; merges?: (string | [string, string])[] };
 }
 
-// The GPT-2 and Llama 3 / Qwen2 splitting expressions as tokenizer.json spells them (a Split pre-tokenizer).
+// Qwen2's and Llama 3's splitting expressions as their tokenizer.json spells them (a Split pre-tokenizer).
 const QWEN2_SPLIT =
   "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 const LLAMA3_SPLIT =
@@ -284,10 +284,9 @@ function tokenizerValues(
     'tokenizer.ggml.tokens': { type: V.ARRAY, of: V.STRING, value: tokens },
     'tokenizer.ggml.token_type': { type: V.ARRAY, of: V.I32, value: types },
     'tokenizer.ggml.merges': { type: V.ARRAY, of: V.STRING, value: merges },
-    // prefab's models start with no BOS; where a folder names one, llama.cpp's default (add it) is left.
-    ...(bos === undefined || bos < 0
-      ? { 'tokenizer.ggml.add_bos_token': { type: V.BOOL, value: false } as Value }
-      : { 'tokenizer.ggml.bos_token_id': u32(bos) }),
+    // A BOS only where the folder's tokenizer adds one (prefab's, Qwen2's and SmolLM2's do not).
+    'tokenizer.ggml.add_bos_token': { type: V.BOOL, value: tokConfig.add_bos_token === true },
+    ...(bos !== undefined && bos >= 0 ? { 'tokenizer.ggml.bos_token_id': u32(bos) } : {}),
     ...(eos !== undefined && eos >= 0 ? { 'tokenizer.ggml.eos_token_id': u32(eos) } : {}),
     ...(pad !== undefined && pad >= 0 ? { 'tokenizer.ggml.padding_token_id': u32(pad) } : {}),
   };

@@ -55,7 +55,7 @@ dapo:
   reward: partial
   mode: feedback
   max_calls: 1
-  simulator: { max_tokens: 12, max_turns: 2 }
+  simulator: { max_tokens: 40, max_turns: 2 }
   validation: { every: 1, tasks: 1, tries: 2 }
 eval:
   max_pairs: 12
