@@ -4,14 +4,18 @@
 // counts the completion tokens the server reports. Two workloads: `agent` sends the tools and lets the model
 // end its reply (short tool calls: reading the prompt is most of the work), `decode` asks for 64 tokens with
 // ignore_eos and no tools (vLLM's benchmark setting: generation is the work). The baseline is one client in
-// the same run: the goal is 16 clients at ≥ 4× its tokens/s (requests in flight are decoded together).
+// the same run (requests in flight are decoded together). The peer is llama.cpp's llama-server
+// (bench/peers/llama-server.sh builds it) on an F32 GGUF of the same weights (`prefab model export`), with as
+// many threads as prefab's kernels and 16 slots, running the decode workload in the same run: the goal is
+// prefab's 16 clients at ≥ 1.0× its tokens/s.
 // The model: --model FOLDER (default: the default run's, workspace/dapo/model, when it is there), else a
 // random model of the default run's shape (4 layers, width 128, vocabulary 1024) with a tokenizer trained here,
 // or of --shape's (a larger model, whose weights rather than its caches are most of a step's reading).
-// Usage: npm run bench:serve [-- --model workspace/dapo/model --requests 48 --shape smollm2-135m]
+// Usage: npm run bench:serve [-- --model workspace/dapo/model --requests 48 --shape smollm2-135m --llama-server BIN]
 import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { availableParallelism, homedir, tmpdir } from 'node:os';
+import { createServer } from 'node:net';
 import { join } from 'node:path';
 import { Command } from 'commander';
 import type { Message } from '../core/records.ts';
@@ -41,8 +45,23 @@ const opts = new Command()
     "the random model's shape: default (the default run's) or smollm2-135m, qwen2.5-0.5b (bench/shapes.ts, with the tokenizer's vocabulary)",
     'default',
   )
+  .option(
+    '--llama-server <binary>',
+    "the peer (default: bench/peers/llama-server.sh's cached build, when there is one); --no-llama-server: none",
+  )
+  .option('--no-llama-server', 'no peer')
   .parse()
-  .opts<{ model?: string; requests: string; levels: string; maxTokens: string; shape: string }>();
+  .opts<{
+    model?: string;
+    requests: string;
+    levels: string;
+    maxTokens: string;
+    shape: string;
+    llamaServer?: string | false;
+  }>();
+const CACHED_PEER = join(homedir(), '.cache', 'prefab', 'llama-server', 'build', 'bin', 'llama-server');
+const peerBinary =
+  opts.llamaServer === false ? null : (opts.llamaServer ?? (existsSync(CACHED_PEER) ? CACHED_PEER : null));
 
 const REPO = join(import.meta.dirname, '..');
 const dir = mkdtempSync(join(tmpdir(), 'prefab-bench-serve-'));
@@ -147,7 +166,31 @@ interface Level {
   latencies: number[];
 }
 
-async function level(workload: Workload, clients: number, requests: number): Promise<Level> {
+/** One request of prefab's server: the i-th prompt; the completion tokens it reports. */
+async function prefabRequest(workload: Workload, i: number): Promise<number> {
+  const r = await fetch(`${url}/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({
+      model: 'production',
+      messages: prompts[i % prompts.length],
+      max_tokens: Number(opts.maxTokens),
+      temperature: 1,
+      seed: i,
+      ...(workload === 'agent' ? { tools: TOOLS } : { ignore_eos: true }),
+    }),
+  });
+  const body = (await r.json()) as { usage?: { completion_tokens: number }; error?: { message: string } };
+  if (!r.ok) throw new Error(`request ${i}: ${r.status} ${body.error?.message}`);
+  return body.usage!.completion_tokens;
+}
+
+async function level(
+  workload: Workload,
+  clients: number,
+  requests: number,
+  send: (i: number) => Promise<number> = (i) => prefabRequest(workload, i),
+): Promise<Level> {
   let next = 0;
   let tokens = 0;
   const latencies: number[] = [];
@@ -155,21 +198,8 @@ async function level(workload: Workload, clients: number, requests: number): Pro
   const client = async () => {
     for (let i = next++; i < requests; i = next++) {
       const t0 = performance.now();
-      const r = await fetch(`${url}/chat/completions`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json' },
-        body: JSON.stringify({
-          model: 'production',
-          messages: prompts[i % prompts.length],
-          max_tokens: Number(opts.maxTokens),
-          temperature: 1,
-          seed: i,
-          ...(workload === 'agent' ? { tools: TOOLS } : { ignore_eos: true }),
-        }),
-      });
-      const body = (await r.json()) as { usage?: { completion_tokens: number }; error?: { message: string } };
-      if (!r.ok) throw new Error(`request ${i}: ${r.status} ${body.error?.message}`);
-      tokens += body.usage!.completion_tokens;
+      const n = await send(i); // not `tokens += await …`, which would add to the total read before the wait
+      tokens += n;
       latencies.push(performance.now() - t0);
     }
   };
@@ -192,7 +222,89 @@ for (const workload of ['agent', 'decode'] as const)
     results.push(await level(workload, clients, Number(opts.requests)));
 server.kill('SIGTERM');
 await new Promise((done) => server.once('close', done));
+const peer = peerBinary ? await peerLevels(peerBinary) : [];
 rmSync(dir, { recursive: true, force: true });
+
+/** The decode workload at each level against llama-server on an F32 GGUF of the same weights. */
+async function peerLevels(binary: string): Promise<Level[]> {
+  await openDevice({ backend: 'wasm' });
+  const { exportModel } = await import('../model/export.ts');
+  const gguf = join(dir, 'model-f32.gguf');
+  exportModel({ from: folder, out: gguf, format: 'gguf', type: 'f32' });
+  const port = await new Promise<number>((resolve) => {
+    const probe = createServer().listen(0, '127.0.0.1', () => {
+      const { port } = probe.address() as { port: number };
+      probe.close(() => resolve(port));
+    });
+  });
+  const threads = String(availableParallelism());
+  const levels = opts.levels.split(',').map(Number);
+  const slots = Math.max(...levels);
+  const llama = spawn(
+    binary,
+    [
+      '-m',
+      gguf,
+      '--host',
+      '127.0.0.1',
+      '--port',
+      String(port),
+      '-t',
+      threads,
+      '-tb',
+      threads,
+      '-np',
+      String(slots),
+    ].concat(['-c', String(slots * 1024), '-fa', 'off', '-ctk', 'f32', '-ctv', 'f32', '--log-disable']),
+    { stdio: ['ignore', 'ignore', 'inherit'] },
+  );
+  // The same prompts as token ids, as prefab's server encodes them, to llama-server's raw /completion: its
+  // chat endpoint parses the reply for calls, which a random model's text does not pass.
+  const { openChat } = await import('../model/chat.ts');
+  const { readTokenizerFiles } = await import('../model/hf.ts');
+  const chat = openChat(readTokenizerFiles(folder), null, folder);
+  const ids = (await chat.encode(prompts, true)).map((e) => e.ids);
+  // A random model writes bytes that are not UTF-8, on which llama-server's reply parser fails (a 500): its
+  // tokens are never drawn there (logit_bias), so the text is ASCII; the lengths are fixed either way.
+  const { Tokenizer } = await import('tokenizers');
+  const tokenizer = Tokenizer.fromString(readTokenizerFiles(folder)['tokenizer.json']!);
+  const size = tokenizer.getVocabSize(true);
+  const texts = await Promise.all(Array.from({ length: size }, (_, id) => tokenizer.decode([id], false)));
+  const banned = texts.flatMap((t, id) => (/[^\x00-\x7f]/.test(t) ? [[id, false]] : []));
+  const send = async (i: number) => {
+    const r = await fetch(`http://127.0.0.1:${port}/completion`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({
+        prompt: ids[i % ids.length],
+        n_predict: Number(opts.maxTokens),
+        ignore_eos: true,
+        temperature: 1,
+        seed: i,
+        logit_bias: banned,
+      }),
+    });
+    const body = (await r.json()) as { tokens_predicted?: number; error?: { message: string } };
+    if (!r.ok) throw new Error(`llama-server request ${i}: ${r.status} ${body.error?.message}`);
+    return body.tokens_predicted!;
+  };
+  for (let i = 0; ; i++) {
+    if (llama.exitCode !== null) throw new Error(`llama-server exited ${llama.exitCode}`);
+    const ok = await fetch(`http://127.0.0.1:${port}/health`).then(
+      (r) => r.ok,
+      () => false,
+    );
+    if (ok) break;
+    if (i > 600) throw new Error('llama-server did not come up in a minute');
+    await new Promise((done) => setTimeout(done, 100));
+  }
+  await level('decode', 2, 4, send);
+  const out: Level[] = [];
+  for (const clients of levels) out.push(await level('decode', clients, Number(opts.requests), send));
+  llama.kill('SIGTERM');
+  await new Promise((done) => llama.once('close', done));
+  return out;
+}
 
 process.stdout.write(
   `model: ${folder.startsWith(dir) ? `a random model of the ${opts.shape} shape (removed)` : folder}\n${Number(opts.requests)} requests a level; prompts of the system prompt and a user request; replies of at most ${opts.maxTokens} tokens\n\n`,
@@ -210,7 +322,23 @@ for (const r of results) {
 for (const workload of ['agent', 'decode'] as const) {
   const mine = results.filter((r) => r.workload === workload);
   const ratio = rate(mine.at(-1)!) / rate(mine[0]!);
+  process.stdout.write(`${workload}: ${mine.at(-1)!.clients} clients at ${ratio.toFixed(2)}× one client's tokens/s\n`);
+}
+if (peer.length === 0)
+  process.stdout.write('\nno peer: bench/peers/llama-server.sh builds llama-server (or pass --llama-server BIN)\n');
+else {
   process.stdout.write(
-    `goal (${workload}): ${mine.at(-1)!.clients} clients ≥ 4× one client's tokens/s: ${ratio >= 4 ? 'met' : 'not met'} (${ratio.toFixed(2)}×)\n`,
+    `\nthe peer: llama-server (${peerBinary}) on an F32 GGUF of the same weights, ${availableParallelism()} threads, the decode workload\n\n| clients | prefab tokens/s | llama.cpp tokens/s | prefab ÷ llama.cpp | llama.cpp p50 latency |\n|---|---|---|---|---|\n`,
+  );
+  for (const p of peer) {
+    const mine = results.find((r) => r.workload === 'decode' && r.clients === p.clients)!;
+    process.stdout.write(
+      `| ${p.clients} | ${rate(mine).toFixed(0)} | ${rate(p).toFixed(0)} | ${(rate(mine) / rate(p)).toFixed(2)} | ${q(p.latencies, 0.5).toFixed(0)} ms |\n`,
+    );
+  }
+  const last = peer.at(-1)!;
+  const ratio = rate(results.find((r) => r.workload === 'decode' && r.clients === last.clients)!) / rate(last);
+  process.stdout.write(
+    `goal: prefab at ${last.clients} clients ≥ 1.0× llama.cpp's tokens/s: ${ratio >= 1 ? 'met' : 'not met'} (${ratio.toFixed(2)}×)\n`,
   );
 }

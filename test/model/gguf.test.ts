@@ -11,7 +11,7 @@ import { Template } from '@huggingface/jinja';
 import { beforeAll, describe, expect, it } from 'vitest';
 import type { Message } from '../../core/records.ts';
 import { prefabChat } from '../../model/chat.ts';
-import { conversationTexts } from '../../model/chat-template.ts';
+import { conversationTexts, renderText } from '../../model/chat-template.ts';
 import { saveCheckpoint } from '../../model/checkpoint.ts';
 import { exportModel } from '../../model/export.ts';
 import { q8Bytes, servingTemplate, toHalf } from '../../model/gguf.ts';
@@ -27,7 +27,14 @@ import { sftTrainer } from '../../trainers/sft.ts';
 import { REPO, prefab } from '../fixtures/cli.ts';
 import { runSettings } from '../fixtures/held.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
-import { absent, llamaCppGreedy, llamaCppLogprobs, openGguf } from '../fixtures/llama-cpp.ts';
+import {
+  absent,
+  llamaCppGreedy,
+  llamaCppLogprobs,
+  noLlamaServer,
+  openGguf,
+  startLlamaServer,
+} from '../fixtures/llama-cpp.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 
 const FIXTURES = join(import.meta.dirname, '..', 'fixtures', 'hf-tiny');
@@ -90,6 +97,50 @@ describe('float16 and Q8_0 as ggml writes them', () => {
   });
 });
 
+/** A conversation whose reply calls a tool, for a model to learn by heart. */
+const CALLING: Message[] = [
+  { role: 'system', content: 'You call companies for the user.' },
+  { role: 'user', content: 'Find the number of Acme Gym, please.' },
+  {
+    role: 'assistant',
+    content: 'Looking it up.',
+    tool_calls: [
+      { id: 'call_1', type: 'function', function: { name: 'search_directory', arguments: '{"company":"Acme Gym"}' } },
+    ],
+  },
+];
+
+/** A tiny prefab model (its tokenizer trained on the conversation) trained until greedy decoding writes its reply. */
+async function trainedToCall(conversation: Message[], steps = 150) {
+  const json = trainTokenizer(conversationTexts(conversation), 300);
+  const chat = prefabChat(json);
+  const [encoded] = await chat.encode([conversation]);
+  const cfg = {
+    seed: 'gguf',
+    batch_size: 1,
+    epochs: 1000,
+    max_steps: steps,
+    lr: 0.01,
+    warmup: 1,
+    min_lr_ratio: 1,
+    weight_decay: 0,
+    max_grad_norm: 1,
+    checkpoint_every: 1000,
+    micro_batch_tokens: 1024,
+    label_smoothing: 0,
+  } as unknown as PreferenceSettings;
+  const context = 1024;
+  const config = tinyLlama({ vocabSize: new TextTokenizer(json).vocabSize, maxPositions: context, layers: 2 });
+  const run = await trainingRun(
+    runSettings(cfg, { device: deviceOn({ kind: 'reference' }), context }),
+    sftTrainer([encoded!], () => Llama.create(config, 'gguf'), cfg, chat.pad),
+  );
+  const folder = join(tempDir(), 'model');
+  saveCheckpoint(folder, { model: run.model, tokenizer: { 'tokenizer.json': json }, context });
+  run.model.dispose();
+  return { folder, chat, encoded: encoded! };
+}
+
 describe('GGUF in llama.cpp', () => {
   it.skipIf(absent)(
     'matches transformers on each fixture: log-probs within 1e-4 at F32, the same greedy continuation; F16 and Q8_0 near',
@@ -130,55 +181,15 @@ describe('GGUF in llama.cpp', () => {
   it.skipIf(absent)(
     'runs a prefab model trained to call a tool: its log-probs, its chat template, and its call as prefab writes it',
     async () => {
-      const conversation: Message[] = [
-        { role: 'system', content: 'You call companies for the user.' },
-        { role: 'user', content: 'Find the number of Acme Gym, please.' },
-        {
-          role: 'assistant',
-          content: 'Looking it up.',
-          tool_calls: [
-            {
-              id: 'call_1',
-              type: 'function',
-              function: { name: 'search_directory', arguments: '{"company":"Acme Gym"}' },
-            },
-          ],
-        },
-      ];
-      const json = trainTokenizer(conversationTexts(conversation), 300);
-      const chat = prefabChat(json);
-      const [encoded] = await chat.encode([conversation]);
-      // Trained until it has learnt the reply by heart, so that greedy decoding writes the call.
-      const cfg = {
-        seed: 'gguf',
-        batch_size: 1,
-        epochs: 1000,
-        max_steps: 150,
-        lr: 0.01,
-        warmup: 1,
-        min_lr_ratio: 1,
-        weight_decay: 0,
-        max_grad_norm: 1,
-        checkpoint_every: 1000,
-        micro_batch_tokens: 512,
-        label_smoothing: 0,
-      } as unknown as PreferenceSettings;
-      const config = tinyLlama({ vocabSize: new TextTokenizer(json).vocabSize, maxPositions: 128, layers: 2 });
-      const run = await trainingRun(
-        runSettings(cfg, { device: deviceOn({ kind: 'reference' }), context: 128 }),
-        sftTrainer([encoded!], () => Llama.create(config, 'gguf'), cfg, chat.pad),
-      );
-      const folder = join(tempDir(), 'model');
-      saveCheckpoint(folder, { model: run.model, tokenizer: { 'tokenizer.json': json }, context: 128 });
-      run.model.dispose();
-
+      const conversation = CALLING;
+      const { folder, chat, encoded } = await trainedToCall(conversation);
       const out = exported(folder, '--out', join(folder, '..', 'model.gguf'), '--type', 'f32');
       const gguf = await openGguf(out.path);
       // Log-probs of the whole conversation: llama.cpp's against prefab's own scorer.
-      const score = prefab(['model', 'score', folder, '--ids', JSON.stringify([encoded!.ids])]);
+      const score = prefab(['model', 'score', folder, '--ids', JSON.stringify([encoded.ids])]);
       expect(score.code).toBe(0);
       const ours = (JSON.parse(score.stdout) as { token_logprobs: number[][] }).token_logprobs[0]!;
-      expect(worst(await llamaCppLogprobs(gguf, encoded!.ids), ours)).toBeLessThan(1e-4);
+      expect(worst(await llamaCppLogprobs(gguf, encoded.ids), ours)).toBeLessThan(1e-4);
 
       // The template the GGUF carries renders the prompt; llama.cpp's tokenizer makes prefab's ids of it.
       const template = gguf.model.fileInfo.metadata.tokenizer.chat_template!;
@@ -214,6 +225,64 @@ describe('GGUF in llama.cpp', () => {
       await gguf.close();
     },
     180_000,
+  );
+
+  it.skipIf(absent || noLlamaServer)(
+    'is served by llama-server --jinja, which returns the call as tool_calls (its Hermes parser)',
+    async () => {
+      const tools = [
+        {
+          type: 'function',
+          function: {
+            name: 'search_directory',
+            description: "A company's phone number.",
+            parameters: { type: 'object', properties: { company: { type: 'string' } }, required: ['company'] },
+          },
+        },
+      ];
+      // The prompt llama-server renders with the tools: prefab's models learn their tools from the
+      // conversation, so this one is trained on the list as the template writes it, a system message first.
+      const probe = await trainedToCall(CALLING, 1); // any model with the template will do
+      const probeGguf = exported(probe.folder, '--out', join(probe.folder, '..', 'probe.gguf'), '--type', 'f32');
+      let server = await startLlamaServer(probeGguf.path);
+      const applied = (await (
+        await fetch(`${server.url}/apply-template`, {
+          method: 'POST',
+          body: JSON.stringify({ messages: CALLING.slice(0, 2), tools }),
+        })
+      ).json()) as { prompt: string };
+      await server.close();
+      const plain = renderText(CALLING.slice(0, 2), true);
+      expect(applied.prompt.endsWith(plain)).toBe(true);
+      const listed = applied.prompt.slice(0, -plain.length);
+      expect(listed).toMatch(/^<\|system\|>.*<tools>\n\{.*"search_directory".*\}\n<\/tools><\|end\|>$/s);
+      const conversation: Message[] = [
+        { role: 'system', content: listed.slice('<|system|>'.length, -'<|end|>'.length) },
+        ...CALLING,
+      ];
+      const { folder } = await trainedToCall(conversation);
+      const gguf = exported(folder, '--out', join(folder, '..', 'model.gguf'), '--type', 'f32');
+      server = await startLlamaServer(gguf.path);
+      const r = await fetch(`${server.url}/v1/chat/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ messages: CALLING.slice(0, 2), tools, temperature: 0, max_tokens: 64 }),
+      });
+      const body = (await r.json()) as {
+        choices: {
+          message: { content: string | null; tool_calls?: { function: { name: string; arguments: string } }[] };
+          finish_reason: string;
+        }[];
+      };
+      await server.close();
+      const choice = body.choices[0]!;
+      expect(choice.finish_reason).toBe('tool_calls');
+      expect(choice.message.content).toBe('Looking it up.');
+      expect(choice.message.tool_calls?.map((c) => [c.function.name, JSON.parse(c.function.arguments)])).toEqual([
+        ['search_directory', { company: 'Acme Gym' }],
+      ]);
+    },
+    240_000,
   );
 
   it('writes a registry version, and a LoRA adapter merged onto its base as one Hugging Face folder', async () => {
