@@ -262,12 +262,13 @@ async function peerLevels(binary: string): Promise<Level[]> {
   // chat endpoint parses the reply for calls, which a random model's text does not pass.
   const { openChat } = await import('../model/chat.ts');
   const { readTokenizerFiles } = await import('../model/hf.ts');
-  const chat = openChat(readTokenizerFiles(folder), null, folder);
+  const files = readTokenizerFiles(folder);
+  const chat = openChat(files, null, folder);
   const ids = (await chat.encode(prompts, true)).map((e) => e.ids);
   // A random model writes bytes that are not UTF-8, on which llama-server's reply parser fails (a 500): its
   // tokens are never drawn there (logit_bias), so the text is ASCII; the lengths are fixed either way.
   const { Tokenizer } = await import('tokenizers');
-  const tokenizer = Tokenizer.fromString(readTokenizerFiles(folder)['tokenizer.json']!);
+  const tokenizer = Tokenizer.fromString(files['tokenizer.json']!);
   const size = tokenizer.getVocabSize(true);
   const texts = await Promise.all(Array.from({ length: size }, (_, id) => tokenizer.decode([id], false)));
   const banned = texts.flatMap((t, id) => (/[^\x00-\x7f]/.test(t) ? [[id, false]] : []));
@@ -288,6 +289,21 @@ async function peerLevels(binary: string): Promise<Level[]> {
     if (!r.ok) throw new Error(`llama-server request ${i}: ${r.status} ${body.error?.message}`);
     return body.tokens_predicted!;
   };
+  try {
+    return await peerRuns(llama, port, send, levels);
+  } finally {
+    llama.kill('SIGTERM');
+    if (llama.exitCode === null) await new Promise((done) => llama.once('close', done));
+  }
+}
+
+/** The levels against a started llama-server, once it answers. */
+async function peerRuns(
+  llama: ReturnType<typeof spawn>,
+  port: number,
+  send: (i: number) => Promise<number>,
+  levels: number[],
+): Promise<Level[]> {
   for (let i = 0; ; i++) {
     if (llama.exitCode !== null) throw new Error(`llama-server exited ${llama.exitCode}`);
     const ok = await fetch(`http://127.0.0.1:${port}/health`).then(
@@ -301,8 +317,6 @@ async function peerLevels(binary: string): Promise<Level[]> {
   await level('decode', 2, 4, send);
   const out: Level[] = [];
   for (const clients of levels) out.push(await level('decode', clients, Number(opts.requests), send));
-  llama.kill('SIGTERM');
-  await new Promise((done) => llama.once('close', done));
   return out;
 }
 
