@@ -27,7 +27,7 @@ interface Job {
     temperature: number;
     topP: number;
     random: () => number;
-    constraint?: ToolCallConstraint;
+    constraint?: { allows(generated: readonly number[], candidate: number): boolean };
     stop: number[];
   };
   /** Each drawn token, as it comes (streaming). */

@@ -18,6 +18,7 @@ import type { Catalog } from './batcher.ts';
 import {
   ApiError,
   armOf,
+  atLeast,
   chatRequest,
   chunkEvent,
   completionBody,
@@ -128,6 +129,13 @@ async function complete(
       `max_tokens ${maxTokens}: the most this server writes in one reply is ${settings.maxTokens}`,
       'max_tokens',
     );
+  if ((request.min_tokens ?? 0) > maxTokens)
+    throw new ApiError(
+      400,
+      'invalid_request',
+      `min_tokens ${request.min_tokens} is more than the reply's ${maxTokens} tokens`,
+      'min_tokens',
+    );
   const room = served.context - maxTokens;
   const prompt = await promptOf(served.chat, served.placeholders, room, messages);
   if (prompt.least > room)
@@ -138,7 +146,8 @@ async function complete(
       'messages',
     );
   const { tools, choice } = toolsAsked(request);
-  const constraint = (await served.constraint(tools, choice)) ?? undefined;
+  const stop = request.ignore_eos ? [] : served.chat.stop;
+  const constraint = atLeast(request.min_tokens ?? 0, stop, (await served.constraint(tools, choice)) ?? undefined);
   const stops = stopStrings(request);
   // Text that may be the start of a stop string is held back from a stream until the next token says.
   const holdBack = Math.max(0, ...stops.map((x) => x.length - 1));
@@ -192,7 +201,6 @@ async function complete(
           });
         }
       : undefined;
-  const stop = request.ignore_eos ? [] : served.chat.stop;
   const job = served.generate({
     prompt: prompt.ids,
     sampling: { maxTokens, temperature: request.temperature ?? 1, topP: request.top_p ?? 1, random, constraint, stop },

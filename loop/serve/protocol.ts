@@ -78,6 +78,8 @@ export const chatRequest = z.object({
     .optional(),
   /** vLLM's extension for benchmarks: write max_tokens tokens, past the end of the reply. */
   ignore_eos: z.boolean().optional(),
+  /** vLLM's: the reply's end token is not drawn before this many tokens. */
+  min_tokens: z.number().int().min(0).optional(),
 });
 export type ChatRequest = z.infer<typeof chatRequest>;
 
@@ -194,3 +196,16 @@ export function completionBody(
 /** One server-sent event of a streamed reply (`chat.completion.chunk`). */
 export const chunkEvent = (c: CompletionId, delta: Record<string, unknown>, finish: string | null = null) =>
   `data: ${JSON.stringify({ id: c.id, object: 'chat.completion.chunk', created: c.created, model: c.version, system_fingerprint: c.version, choices: [{ index: 0, delta, finish_reason: finish, logprobs: null }] })}\n\n`;
+
+/** What may be drawn next: `inner`'s choice (a tool constraint), and no `stop` token before `min` tokens (vLLM's min_tokens). */
+export function atLeast(
+  min: number,
+  stop: readonly number[],
+  inner?: { allows(generated: readonly number[], candidate: number): boolean },
+): { allows(generated: readonly number[], candidate: number): boolean } | undefined {
+  if (min <= 0 || stop.length === 0) return inner;
+  return {
+    allows: (generated, candidate) =>
+      !(generated.length < min && stop.includes(candidate)) && (inner?.allows(generated, candidate) ?? true),
+  };
+}

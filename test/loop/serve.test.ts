@@ -11,7 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { Registry } from '../../loop/registry.ts';
 import { Logger } from '../../pipeline/log.ts';
 import { CONSTRAINT_BYTES, loadCatalog } from '../../loop/serve/batcher.ts';
-import { armOf, conversationKey } from '../../loop/serve/protocol.ts';
+import { armOf, atLeast, conversationKey } from '../../loop/serve/protocol.ts';
 import { SERVE_DEFAULTS, parseSplit, serveApiKey } from '../../loop/settings.ts';
 import { TOOLS } from '../../env/env.ts';
 import { deviceOn, openDevice } from '../../runtime/device.ts';
@@ -127,6 +127,24 @@ describe('prefab serve', () => {
     ).json()) as typeof body;
     expect(long.usage.completion_tokens).toBe(20);
     expect(long.choices[0]!.finish_reason).toBe('length');
+    // min_tokens (vLLM's): the end token is not drawn before it; more than the reply may have is refused.
+    const least = (await (
+      await post({ model: 'v0001', messages: conversation('Ana'), max_tokens: 12, min_tokens: 12, temperature: 1 })
+    ).json()) as typeof body;
+    expect(least.usage.completion_tokens).toBe(12);
+    const over = await post({ model: 'v0001', messages: conversation('Ana'), max_tokens: 8, min_tokens: 9 });
+    expect(over.status).toBe(400);
+    expect(((await over.json()) as { error: { param: string } }).error.param).toBe('min_tokens');
+  });
+
+  it('keeps the end token back until min_tokens, and leaves the rest to the tool constraint', () => {
+    const inner = { allows: (_: readonly number[], c: number) => c !== 4 };
+    const gate = atLeast(3, [9], inner)!;
+    expect([9, 5, 4].map((c) => gate.allows([1, 2], c))).toEqual([false, true, false]);
+    expect([9, 5, 4].map((c) => gate.allows([1, 2, 3], c))).toEqual([true, true, false]);
+    expect(atLeast(3, [9])!.allows([1, 2], 9)).toBe(false);
+    expect(atLeast(0, [9], inner)).toBe(inner);
+    expect(atLeast(3, [], inner)).toBe(inner); // ignore_eos: nothing to hold back
   });
 
   it('sends a conversation to one arm of the split on every turn, and shares conversations between the arms', async () => {
