@@ -216,6 +216,11 @@ export function readHermesCall(tools: readonly ToolSchema[], text: string): Read
  */
 export type ToolChoice = 'auto' | 'none' | 'required';
 
+// Where a message stands, beside the text of an open call: two markers no call text can be.
+const CONTENT = Symbol('content');
+const AFTER_CALL = Symbol('after a call');
+type State = typeof CONTENT | typeof AFTER_CALL | string;
+
 /** The tokens a constraint watches: where calls open (and close), the end of the message, and every token that is never text. */
 export interface ConstraintTokens {
   calls: CallTokens;
@@ -231,6 +236,8 @@ export interface ConstraintTokens {
  */
 export class ToolCallConstraint {
   private readonly read: (tools: readonly ToolSchema[], text: string) => Reading;
+  /** The tokens that end an open call: Hermes's close; the legacy format's next call or the message's end. */
+  private readonly closes: readonly number[];
 
   constructor(
     private readonly tools: readonly ToolSchema[],
@@ -239,46 +246,47 @@ export class ToolCallConstraint {
     private readonly tokens: ConstraintTokens,
     private readonly choice: ToolChoice = 'auto',
   ) {
-    this.read = tokens.calls.format === 'hermes' ? readHermesCall : readCall;
+    const { calls, end } = tokens;
+    this.read = calls.format === 'hermes' ? readHermesCall : readCall;
+    this.closes = calls.format === 'hermes' ? [calls.close] : [calls.open, end];
   }
 
-  /** The open call's text after `generated`, kept while the same ids are asked about (every candidate of a step). */
-  private last: { ids: readonly number[]; length: number; text: string | null } | null = null;
+  /** Where `generated` stands, kept while the same ids are asked about (every candidate of a step). */
+  private last: { ids: readonly number[]; length: number; state: State } | null = null;
 
   allows(generated: readonly number[], candidate: number): boolean {
     const { calls, end, control } = this.tokens;
-    const text = this.callText(generated);
-    if (text === null) {
-      // A Hermes call has closed: what may follow is another call or the end.
-      if (calls.format === 'hermes' && generated.includes(calls.open))
-        return candidate === calls.open || candidate === end;
+    const state = this.stateOf(generated);
+    // A Hermes call has closed: what may follow is another call or the end.
+    if (state === AFTER_CALL) return candidate === calls.open || candidate === end;
+    if (state === CONTENT) {
       // Content: free text, but for what the choice rules out (and a call's close, with no call open).
       if (calls.format === 'hermes' && candidate === calls.close) return false;
       if (this.choice === 'none') return candidate !== calls.open;
       if (this.choice === 'required' && generated.length === 0) return candidate === calls.open;
       return true;
     }
-    const closes = calls.format === 'hermes' ? [calls.close] : [calls.open, end];
-    if (closes.includes(candidate)) return this.read(this.tools, text) === 'complete';
+    if (this.closes.includes(candidate)) return this.read(this.tools, state) === 'complete';
     if (control.includes(candidate)) return false;
-    const next = text + (this.texts[candidate] ?? '');
-    return next !== text && this.read(this.tools, next) !== 'invalid';
+    const next = state + (this.texts[candidate] ?? '');
+    return next !== state && this.read(this.tools, next) !== 'invalid';
   }
 
-  /** The text of the call being written, or null outside a call (before the first; after a Hermes call's close). */
-  private callText(generated: readonly number[]): string | null {
-    if (this.last?.ids === generated && this.last.length === generated.length) return this.last.text;
+  /** Content before the first call, after a Hermes call's close, or the text of the call being written. */
+  private stateOf(generated: readonly number[]): State {
+    if (this.last?.ids === generated && this.last.length === generated.length) return this.last.state;
     const { calls } = this.tokens;
     const open = generated.lastIndexOf(calls.open);
-    const closed = calls.format === 'hermes' && generated.lastIndexOf(calls.close) > open;
-    const text =
-      open < 0 || closed
-        ? null
-        : generated
-            .slice(open + 1)
-            .map((id) => this.texts[id] ?? '')
-            .join('');
-    this.last = { ids: generated, length: generated.length, text };
-    return text;
+    const state =
+      open < 0
+        ? CONTENT
+        : calls.format === 'hermes' && generated.lastIndexOf(calls.close) > open
+          ? AFTER_CALL
+          : generated
+              .slice(open + 1)
+              .map((id) => this.texts[id] ?? '')
+              .join('');
+    this.last = { ids: generated, length: generated.length, state };
+    return state;
   }
 }
