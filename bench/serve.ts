@@ -14,8 +14,7 @@
 // Usage: npm run bench:serve [-- --model workspace/dapo/model --requests 48 --shape smollm2-135m --llama-server BIN]
 import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { availableParallelism, homedir, tmpdir } from 'node:os';
-import { createServer } from 'node:net';
+import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Command } from 'commander';
 import type { Message } from '../core/records.ts';
@@ -30,6 +29,7 @@ import { saveCheckpoint } from '../model/checkpoint.ts';
 import { Llama } from '../model/llama.ts';
 import { TextTokenizer, trainTokenizer } from '../model/tokenizer.ts';
 import { SHAPES } from './shapes.ts';
+import { LLAMA_SERVER, startLlamaServer } from './peers/llama-server.ts';
 import type { LlamaConfig } from '../model/config.ts';
 
 const opts = new Command()
@@ -59,9 +59,8 @@ const opts = new Command()
     shape: string;
     llamaServer?: string | false;
   }>();
-const CACHED_PEER = join(homedir(), '.cache', 'prefab', 'llama-server', 'build', 'bin', 'llama-server');
 const peerBinary =
-  opts.llamaServer === false ? null : (opts.llamaServer ?? (existsSync(CACHED_PEER) ? CACHED_PEER : null));
+  opts.llamaServer === false ? null : (opts.llamaServer ?? (existsSync(LLAMA_SERVER) ? LLAMA_SERVER : null));
 
 const REPO = join(import.meta.dirname, '..');
 const dir = mkdtempSync(join(tmpdir(), 'prefab-bench-serve-'));
@@ -231,49 +230,24 @@ async function peerLevels(binary: string): Promise<Level[]> {
   const { exportModel } = await import('../model/export.ts');
   const gguf = join(dir, 'model-f32.gguf');
   exportModel({ from: folder, out: gguf, format: 'gguf', type: 'f32' });
-  const port = await new Promise<number>((resolve) => {
-    const probe = createServer().listen(0, '127.0.0.1', () => {
-      const { port } = probe.address() as { port: number };
-      probe.close(() => resolve(port));
-    });
-  });
-  const threads = String(availableParallelism());
-  const levels = opts.levels.split(',').map(Number);
-  const slots = Math.max(...levels);
-  const llama = spawn(
-    binary,
-    [
-      '-m',
-      gguf,
-      '--host',
-      '127.0.0.1',
-      '--port',
-      String(port),
-      '-t',
-      threads,
-      '-tb',
-      threads,
-      '-np',
-      String(slots),
-    ].concat(['-c', String(slots * 1024), '-fa', 'off', '-ctk', 'f32', '-ctv', 'f32', '--log-disable']),
-    { stdio: ['ignore', 'ignore', 'inherit'] },
-  );
-  // The same prompts as token ids, as prefab's server encodes them, to llama-server's raw /completion: its
-  // chat endpoint parses the reply for calls, which a random model's text does not pass.
+  // The same prompts as token ids, as prefab's server encodes them, to llama-server's raw /completion.
   const { openChat } = await import('../model/chat.ts');
   const { readTokenizerFiles } = await import('../model/hf.ts');
   const files = readTokenizerFiles(folder);
-  const chat = openChat(files, null, folder);
-  const ids = (await chat.encode(prompts, true)).map((e) => e.ids);
+  const ids = (await openChat(files, null, folder).encode(prompts, true)).map((e) => e.ids);
   // A random model writes bytes that are not UTF-8, on which llama-server's reply parser fails (a 500): its
   // tokens are never drawn there (logit_bias), so the text is ASCII; the lengths are fixed either way.
   const { Tokenizer } = await import('tokenizers');
   const tokenizer = Tokenizer.fromString(files['tokenizer.json']!);
-  const size = tokenizer.getVocabSize(true);
-  const texts = await Promise.all(Array.from({ length: size }, (_, id) => tokenizer.decode([id], false)));
+  const texts = await Promise.all(
+    Array.from({ length: tokenizer.getVocabSize(true) }, (_, id) => tokenizer.decode([id], false)),
+  );
   const banned = texts.flatMap((t, id) => (/[^\x00-\x7f]/.test(t) ? [[id, false]] : []));
+  const levels = opts.levels.split(',').map(Number);
+  const threads = availableParallelism();
+  const llama = await startLlamaServer({ gguf, binary, threads, slots: Math.max(...levels), context: 1024 });
   const send = async (i: number) => {
-    const r = await fetch(`http://127.0.0.1:${port}/completion`, {
+    const r = await fetch(`${llama.url}/completion`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
       body: JSON.stringify({
@@ -290,34 +264,13 @@ async function peerLevels(binary: string): Promise<Level[]> {
     return body.tokens_predicted!;
   };
   try {
-    return await peerRuns(llama, port, send, levels);
+    await level('decode', 2, 4, send);
+    const out: Level[] = [];
+    for (const clients of levels) out.push(await level('decode', clients, Number(opts.requests), send));
+    return out;
   } finally {
-    llama.kill('SIGTERM');
-    if (llama.exitCode === null) await new Promise((done) => llama.once('close', done));
+    await llama.close();
   }
-}
-
-/** The levels against a started llama-server, once it answers. */
-async function peerRuns(
-  llama: ReturnType<typeof spawn>,
-  port: number,
-  send: (i: number) => Promise<number>,
-  levels: number[],
-): Promise<Level[]> {
-  for (let i = 0; ; i++) {
-    if (llama.exitCode !== null) throw new Error(`llama-server exited ${llama.exitCode}`);
-    const ok = await fetch(`http://127.0.0.1:${port}/health`).then(
-      (r) => r.ok,
-      () => false,
-    );
-    if (ok) break;
-    if (i > 600) throw new Error('llama-server did not come up in a minute');
-    await new Promise((done) => setTimeout(done, 100));
-  }
-  await level('decode', 2, 4, send);
-  const out: Level[] = [];
-  for (const clients of levels) out.push(await level('decode', clients, Number(opts.requests), send));
-  return out;
 }
 
 process.stdout.write(

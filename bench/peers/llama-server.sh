@@ -2,7 +2,7 @@
 # Builds llama.cpp's llama-server, the serving and decoding peer of `npm run bench:serve` and
 # `bench:decode` (--llama-server), from the source node-llama-cpp ships (.ci/llama-cpp, installed by
 # `npm ci --omit=optional --prefix .ci/llama-cpp`): offline, for this CPU, once; later calls print the
-# cached binary's path. About 13 minutes on one core. Usage: bench/peers/llama-server.sh [cache folder]
+# cached binary's path. Tens of minutes (docs/experiments.md). Usage: bench/peers/llama-server.sh [cache folder]
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
 cache="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/prefab/llama-server}"

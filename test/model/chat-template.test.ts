@@ -18,6 +18,7 @@ import {
 import { ChatTemplate, maskedTokens } from '../../model/hf-chat.ts';
 import { TextTokenizer, trainTokenizer } from '../../model/tokenizer.ts';
 import { REPO } from '../fixtures/cli.ts';
+import { legacyTokenizerJson } from '../fixtures/legacy-tokenizer.ts';
 
 const sessions = gunzipSync(readFileSync(join(REPO, 'data', 'sample', 'sessions.jsonl.gz')))
   .toString('utf8')
@@ -45,14 +46,7 @@ const json = trainTokenizer(
   conversations.flatMap((c) => conversationTexts(c)),
   600,
 );
-// The same tokenizer as the tokenizer stage wrote it before: one special <|call|> where the Hermes pair is.
-const legacyJson = (() => {
-  const parsed = JSON.parse(json) as { added_tokens: { content: string; special: boolean }[] };
-  parsed.added_tokens = parsed.added_tokens
-    .filter((a) => a.content !== '</tool_call>')
-    .map((a) => (a.content === '<tool_call>' ? { ...a, content: '<|call|>', special: true } : a));
-  return JSON.stringify(parsed);
-})();
+const legacyJson = legacyTokenizerJson(json);
 
 describe("prefab's chat template in Jinja", () => {
   it('renders every conversation to the tokens prefab trains on, as transformers renders it, in either format', async () => {

@@ -27,14 +27,7 @@ import { sftTrainer } from '../../trainers/sft.ts';
 import { REPO, prefab } from '../fixtures/cli.ts';
 import { runSettings } from '../fixtures/held.ts';
 import { tinyLlama } from '../fixtures/llama.ts';
-import {
-  absent,
-  llamaCppGreedy,
-  llamaCppLogprobs,
-  noLlamaServer,
-  openGguf,
-  startLlamaServer,
-} from '../fixtures/llama-cpp.ts';
+import { absent, llamaCppGreedy, llamaCppLogprobs, noLlamaServer, openGguf, serveGguf } from '../fixtures/llama-cpp.ts';
 import { tempDir } from '../fixtures/pipeline.ts';
 
 const FIXTURES = join(import.meta.dirname, '..', 'fixtures', 'hf-tiny');
@@ -244,7 +237,7 @@ describe('GGUF in llama.cpp', () => {
       // conversation, so this one is trained on the list as the template writes it, a system message first.
       const probe = await trainedToCall(CALLING, 1); // any model with the template will do
       const probeGguf = exported(probe.folder, '--out', join(probe.folder, '..', 'probe.gguf'), '--type', 'f32');
-      let server = await startLlamaServer(probeGguf.path);
+      let server = await serveGguf(probeGguf.path);
       const applied = (await (
         await fetch(`${server.url}/apply-template`, {
           method: 'POST',
@@ -262,7 +255,7 @@ describe('GGUF in llama.cpp', () => {
       ];
       const { folder } = await trainedToCall(conversation);
       const gguf = exported(folder, '--out', join(folder, '..', 'model.gguf'), '--type', 'f32');
-      server = await startLlamaServer(gguf.path);
+      server = await serveGguf(gguf.path);
       const r = await fetch(`${server.url}/v1/chat/completions`, {
         method: 'POST',
         headers: { 'content-type': 'application/json' },

@@ -5,6 +5,7 @@ import { runEpisode } from '../../env/rollout.ts';
 import { generateTask, generateWorld } from '../../env/world.ts';
 import { encodeConversations, parseAssistant, renderText } from '../../model/chat-template.ts';
 import { SPECIAL_TOKENS, TextTokenizer, trainTokenizer } from '../../model/tokenizer.ts';
+import { legacyTokenizerJson } from '../fixtures/legacy-tokenizer.ts';
 
 const world = generateWorld({ seed: 5 });
 let sessions: Message[][];
@@ -131,12 +132,7 @@ describe('chat template', () => {
   });
 
   it('still reads and writes the legacy format (<|call|>name {…}) of tokenizers made before', async () => {
-    // A tokenizer.json as the tokenizer stage wrote it before: one special <|call|> where the Hermes pair is.
-    const json = JSON.parse(tokenizer.json) as { added_tokens: { content: string; special: boolean }[] };
-    json.added_tokens = json.added_tokens
-      .filter((a) => a.content !== '</tool_call>')
-      .map((a) => (a.content === '<tool_call>' ? { ...a, content: '<|call|>', special: true } : a));
-    const legacy = new TextTokenizer(JSON.stringify(json));
+    const legacy = new TextTokenizer(legacyTokenizerJson(tokenizer.json));
     expect(legacy.calls).toEqual({ format: 'legacy', open: 398 });
     const session = sessions[1]!;
     const [enc] = await encodeConversations(legacy, [session]);
