@@ -11,13 +11,18 @@
 //   npm run bench:ingest -- --sizes 100000,1000000
 //   npm run bench:ingest -- --input sessions.jsonl   # your own sessions (e.g. `prefab simulate`'s), one size
 //   npm run bench:ingest -- --rounds 5           # medians of 5 paired rounds (default 3)
+//   npm run bench:ingest -- --files 50000        # N one-session files instead (issue 66: many files at once)
+//
+// With --files, each of N files holds one session, and `prefab run --until ingest` reads them under
+// `ulimit -n 1024` (a common default) beside the parse floor over the same files (each read whole and
+// JSON.parse-d, one after another). Goal: peak RSS within 300 MiB at 50,000 files.
 //
 // Each is measured as a child process, after a `sync` (what the one before wrote is on disk). Peak RSS comes from GNU `/usr/bin/time -f %M` (max RSS of the child,
 // in KiB), which is present on the machine this was written on; where it is missing, the script falls back
 // to polling VmHWM (the kernel's high-water mark of RSS) in /proc/<pid>/status every 50 ms.
 import { spawn, spawnSync } from 'node:child_process';
 import { createReadStream, existsSync } from 'node:fs';
-import { mkdtemp, readFile, rm, stat, symlink, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -253,15 +258,82 @@ async function benchOne(n: number, rounds: number, given?: string): Promise<Row>
   }
 }
 
+/** The parse floor over many files: each read whole and JSON.parse-d line by line; prints the line count. */
+const FILES_FLOOR = `
+const { readdirSync, readFileSync } = require('node:fs');
+const { join } = require('node:path');
+let n = 0;
+for (const name of readdirSync(process.argv[1])) {
+  for (const line of readFileSync(join(process.argv[1], name), 'utf8').split('\\n')) if (line) { JSON.parse(line); n++; }
+}
+process.stdout.write(String(n));
+`;
+
+/** `prefab run --until ingest` over `n` files of one session each, under `ulimit -n 1024`, beside the parse floor over them; medians of `rounds`. */
+async function benchFiles(n: number, rounds: number): Promise<void> {
+  const dir = await mkdtemp(join(tmpdir(), `prefab-bench-files-${n}-`));
+  try {
+    const one = join(dir, 'one.jsonl');
+    await writeSyntheticSessions(one, n, SEED);
+    const lines = (await readFile(one, 'utf8')).split('\n').filter(Boolean);
+    await rm(one);
+    await mkdir(join(dir, 'in'));
+    for (const [i, line] of lines.entries()) await writeFile(join(dir, 'in', `s${i}.jsonl`), line + '\n');
+    await writeFile(join(dir, 'config.yaml'), 'ingest:\n  inputs: [in]\n');
+    const prefab = resolve('bin', 'prefab.js');
+    const floors: Measurement[] = [];
+    const ingests: Measurement[] = [];
+    for (let round = 0; round < rounds; round++) {
+      const floor = await measure(process.execPath, ['-e', FILES_FLOOR, join(dir, 'in')], join(dir, 'floor.rss'));
+      if (Number(floor.stdout) !== n) throw new Error(`the parse floor read ${floor.stdout} lines, expected ${n}`);
+      floors.push(floor);
+      const workspace = join(dir, `workspace-${round}`);
+      const command = `ulimit -n 1024 && exec "$0" "$@"`;
+      const args = ['--workdir', workspace, '--config', join(dir, 'config.yaml'), '-q', 'run', '--until', 'ingest'];
+      ingests.push(await measure('sh', ['-c', command, prefab, ...args], join(dir, 'ingest.rss')));
+      const counts = (
+        JSON.parse(await readFile(join(workspace, 'ingest', 'manifest.json'), 'utf8')) as {
+          counts: { sessions: number };
+        }
+      ).counts;
+      if (counts.sessions !== n) throw new Error(`ingest made ${counts.sessions} sessions of ${n} files`);
+      await rm(workspace, { recursive: true, force: true });
+    }
+    const [floor, ingest] = [median(floors), median(ingests)];
+    console.log(`${n} files of one session each; medians of ${rounds} paired round(s)`);
+    console.log('| what | seconds | files/s | peak RSS MiB |\n|---|---|---|---|');
+    for (const [what, m] of [
+      ['parse floor (read each file, JSON.parse)', floor],
+      ['prefab ingest (ulimit -n 1024)', ingest],
+    ] as const)
+      console.log(
+        `| ${what} | ${m.seconds.toFixed(2)} | ${(n / m.seconds).toFixed(0)} | ${(m.peakRssBytes / MiB).toFixed(0)} |`,
+      );
+    const rss = ingest.peakRssBytes / MiB;
+    console.log(
+      `ingest ${(floor.seconds / ingest.seconds).toFixed(3)}× the parse floor's rate; peak RSS ${rss.toFixed(0)} MiB (goal ≤ 300 at 50,000 files: ${n === 50_000 ? (rss <= 300 ? 'met' : 'not met') : 'run --files 50000'})`,
+    );
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}
+
 const { values } = parseArgs({
   options: {
     sizes: { type: 'string', default: '10000,100000' },
     input: { type: 'string' },
     rounds: { type: 'string', default: '3' },
+    files: { type: 'string' },
   },
 });
 const rounds = Number(values.rounds);
 if (!Number.isInteger(rounds) || rounds < 1) throw new Error(`--rounds wants a positive integer, got ${values.rounds}`);
+if (values.files !== undefined) {
+  const n = Number(values.files);
+  if (!Number.isInteger(n) || n <= 0) throw new Error(`--files wants a positive integer, got ${values.files}`);
+  await benchFiles(n, rounds);
+  process.exit(0);
+}
 const rows: Row[] = [];
 if (values.input) {
   const n = await sessionsIn(values.input);

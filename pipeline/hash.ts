@@ -8,6 +8,7 @@ import { open } from 'node:fs/promises';
 import { resolve } from 'node:path';
 import xxhash from 'xxhash-wasm';
 import { BufferShelf, SMALL_FILE } from './buffers.ts';
+import { flatString } from './memory.ts';
 
 /** xxhash-wasm's functions, once its WebAssembly (a few KB) is instantiated: in each thread that imports this. */
 const xxh = await xxhash();
@@ -23,7 +24,7 @@ export function checksum(): Checksum {
   return { update: (data) => void state.update(data), digest: () => hex64(state.digest()) };
 }
 
-const hex64 = (value: bigint) => value.toString(16).padStart(16, '0');
+const hex64 = (value: bigint) => flatString(value.toString(16).padStart(16, '0'));
 
 /** SHA-256 in hex; one call (no Hash object), as pairs and ids are hashed by the hundred thousand. */
 export function sha256(data: string | Uint8Array): string {
@@ -59,7 +60,7 @@ export function hashJson(value: unknown): string {
 const written = new Map<string, { xxh64: string; bytes: number; mtimeMs: number }>();
 
 export function rememberChecksum(path: string, xxh64: string, bytes: number, mtimeMs: number): void {
-  written.set(resolve(path), { xxh64, bytes, mtimeMs });
+  written.set(flatString(resolve(path)), { xxh64, bytes, mtimeMs });
 }
 
 /** The checksum a writer remembered for a stage's output as it is now (same size and time), or the file read and checksummed. */

@@ -1,14 +1,14 @@
 // The ingest stage's work, loaded only when the stage runs (index.ts declares it: config, inputs, outputs).
-import { existsSync } from 'node:fs';
-import { copyFile, link, mkdir, readFile, writeFile } from 'node:fs/promises';
+import { copyFile, mkdir, readFile, stat, writeFile } from 'node:fs/promises';
 import { join, resolve } from 'node:path';
 import { hashJson, sha256File } from '../../pipeline/hash.ts';
 import { JsonlWriter } from '../../pipeline/jsonl.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import type { QuarantineRecord } from '../../pipeline/records.ts';
-import { readIngestIndex, taskRunsFile, type IngestIndex, type IngestedFile } from '../layout.ts';
+import { readIngestIndex, type IngestIndex, type IngestedFile } from '../layout.ts';
 import { SessionIdSet } from './id-set.ts';
-import { DUPLICATES_LISTED, ingestFiles, readSegmentIds, type ReadingOptions } from './segment.ts';
+import { copyHead, dropKeptWork, keepWork, keptWork, linkSegment } from './kept-work.ts';
+import { DUPLICATES_LISTED, ingestFiles, readSegmentIds, type FinishedFile, type ReadingOptions } from './segment.ts';
 
 import type { ExternalFile, StageContext, StageReport } from '../../pipeline/stage.ts';
 import type { Config } from './index.ts';
@@ -25,6 +25,7 @@ export async function run({
   out,
   previous,
   external: given,
+  cache,
   log,
   signal,
   options,
@@ -77,7 +78,6 @@ export async function run({
       for await (const s of readSegmentIds(join(previous, 'sessions', f.segment))) ids.add(s);
     }
   }
-  const quarantine = new JsonlWriter(quarantinePath, 'a');
 
   // A file whose content was ingested before, or comes earlier in this run, is skipped.
   const known = new Map(files.map((f) => [f.xxh64, f.name]));
@@ -95,6 +95,39 @@ export async function run({
     if (seen !== file.name)
       log.info('skipped a file with the same content as one already ingested', { file: file.name, same_as: seen });
   }
+  // The files a run that failed had read (kept-work.ts) are linked, not read again, where this run would make
+  // them the same: the same reading, the same earlier ingest and files before them, the same first files.
+  const keptKey = hashJson({ reading: readingHash, previous: stored, before: files.map((f) => f.segment) });
+  const kept = await keptWork(cache, keptKey, toRead);
+  const finished: FinishedFile[] = [];
+  if (kept) {
+    for (const f of kept.files) {
+      await linkSegment(kept.dir, out, f.file.segment);
+      for await (const s of readSegmentIds(join(out, 'sessions', f.file.segment))) ids.add(s);
+      for (const [kind, n] of f.reasons ?? []) reasons.set(kind, (reasons.get(kind) ?? 0) + n);
+      finished.push(f);
+    }
+    await copyHead(join(kept.dir, 'quarantine.jsonl'), quarantinePath, kept.files.at(-1)!.quarantineBytes);
+    log.info('went on from a run that failed: its files read before the failure are linked, not read again', {
+      files: kept.files.length,
+      sessions: kept.files.reduce((n, f) => n + f.file.sessions, 0),
+    });
+  }
+  const quarantineStart = await stat(quarantinePath).then(
+    (s) => s.size,
+    () => 0,
+  );
+  const quarantine = new JsonlWriter(quarantinePath, 'a');
+  const keep = async () => {
+    try {
+      await keepWork({ cache, key: keptKey, out, quarantinePath, finished, log });
+    } catch (error) {
+      log.warn('could not keep the work of the files read before the failure: the next run reads them again', {
+        error: (error as Error).message,
+      });
+    }
+  };
+
   const reading = readingOptionsOf(cfg, tools);
   let added = 0;
   let quarantined = 0;
@@ -104,20 +137,15 @@ export async function run({
   const parquetHeapMb = typeof options.parquetHeapMb === 'number' ? options.parquetHeapMb : undefined;
   let results: IngestedFile[];
   try {
-    results = await ingestFiles(
-      toRead,
-      reading,
-      out,
-      ids,
-      quarantine,
-      reasons,
-      log,
-      signal,
-      options.workers,
-      parquetHeapMb,
-    );
+    const target = { out, ids, quarantine, quarantineStart, reasons, log, signal, finished, parquetHeapMb };
+    results = [
+      ...finished.map((f) => f.file),
+      ...(await ingestFiles(toRead.slice(finished.length), reading, { ...target, workers: options.workers })),
+    ];
   } catch (error) {
-    await quarantine.abort(); // the stage failed: its folder is discarded
+    // The stage failed: its folder is discarded, the files it finished kept for the next run. The quarantine
+    // is closed whole first (what is kept of it is read from disk); failing that (a full disk), nothing is kept.
+    await quarantine.close().then(keep, () => quarantine.abort());
     throw error;
   }
   for (const result of results) {
@@ -138,6 +166,7 @@ export async function run({
   // Duplicates are not counted: a file delivered twice is a normal night.
   const read = added + quarantined;
   if (read > 0 && quarantined / read > cfg.max_quarantined) {
+    await keep(); // a rerun with the limit raised reads nothing again
     const common = [...reasons]
       .sort((a, b) => b[1] - a[1])
       .slice(0, 3)
@@ -158,6 +187,7 @@ export async function run({
   await ids.save(join(out, 'ids.bin'));
   const index: IngestIndex = { reading_hash: readingHash, files };
   await writeJson(join(out, 'index.json'), index);
+  await dropKeptWork(cache);
 
   const total = files.reduce((n, f) => n + f.sessions, 0);
   const newFiles = files.length - (reuse ? prior!.files.length : 0);
@@ -181,13 +211,6 @@ export async function run({
       (damaged ? `; ${damaged} damaged file(s) read up to the damage (quarantine.jsonl says where)` : '') +
       (invalidUtf8 ? `; ${invalidUtf8} record(s) with bytes that are not UTF-8` : ''),
   };
-}
-
-/** An earlier segment and its tasks file (none where an ingest from before them wrote none), hard-linked into `out`. */
-async function linkSegment(previous: string, out: string, segment: string): Promise<void> {
-  await link(join(previous, 'sessions', segment), join(out, 'sessions', segment));
-  if (existsSync(taskRunsFile(previous, segment)))
-    await link(taskRunsFile(previous, segment), taskRunsFile(out, segment));
 }
 
 /**

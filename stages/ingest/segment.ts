@@ -5,6 +5,7 @@ import { access } from 'node:fs/promises';
 import { join } from 'node:path';
 import { JsonlWriter, LineBuffer, readJsonl } from '../../pipeline/jsonl.ts';
 import { BufferShelf } from '../../pipeline/buffers.ts';
+import { flatString } from '../../pipeline/memory.ts';
 import { every, safePoint } from '../../pipeline/interrupt.ts';
 import type { Logger, Progress } from '../../pipeline/log.ts';
 import type { ExternalFile } from '../../pipeline/stage.ts';
@@ -353,16 +354,47 @@ interface FileReading {
   pool: IngestThreads | null;
   use(outcome: BatchOutcome, batch: Batch): Promise<void>;
   /** Its end: what it became, and its segment's closing (awaited once every file is read). */
-  done(): { file: IngestedFile; closed: Promise<void> };
+  done(): { file: IngestedFile; closed: Promise<void>; kept: FinishedFile };
   /** Its files closed as they are, where the stage failed while reading it. */
   abort(): Promise<void>;
 }
 
+/** A file read to its end, its segment and tasks file closed: what the stage keeps of it should a later file fail. */
+export interface FinishedFile {
+  file: IngestedFile;
+  /** The quarantine's size once this file's records were in it (its bytes before this writer, plus the writer's). */
+  quarantineBytes: number;
+  /** Why its records were quarantined, counted as `reasons` counts them; absent where none was (most files). */
+  reasons?: [string, number][];
+}
+
+/** What ingestFiles reads into, and how. */
+export interface IngestTarget {
+  /** The ingest folder being made (layout.ts: sessions/ and tasks/). */
+  out: string;
+  /** Every session id ingested so far; the files' ids are added. */
+  ids: SessionIdSet;
+  quarantine: JsonlWriter;
+  /** The quarantine file's size before `quarantine` wrote to it. */
+  quarantineStart: number;
+  /** Why records were quarantined (numbers and quoted values blanked, so alike reasons count together). */
+  reasons: Map<string, number>;
+  log: Logger;
+  signal: AbortSignal;
+  /** `--workers`: threads that parse and map records (startThreads). */
+  workers: unknown;
+  /** A test's smaller heap for the thread that reads a Parquet file. */
+  parquetHeapMb?: number;
+  /**
+   * Each file as it is finished, in order (a file only once every one before it is): where a later file fails,
+   * these are the work kept for the next run (run.ts).
+   */
+  finished: FinishedFile[];
+}
+
 /**
- * Reads `files` into their segments (`seq`: each one's number) and tasks files in the ingest folder `out`
- * (layout.ts: sessions/ and tasks/); `ids` holds every session id
- * ingested so far. `reasons` counts why records were quarantined (numbers and quoted values blanked, so alike
- * reasons count together). Blocks read, and buffers of lines written, are filled again (one BufferShelf for
+ * Reads `files` into their segments (`seq`: each one's number) and tasks files in the ingest folder
+ * `target.out`. Blocks read, and buffers of lines written, are filled again (one BufferShelf for
  * all the files): by this thread, or by the threads they came from. With threads (startThreads; `workers`,
  * `--workers`), batches are parsed and mapped on them, the files' one after another (a file is read while
  * the one before is still on the threads), and the results used in order: the segments and the quarantine
@@ -371,15 +403,9 @@ interface FileReading {
 export async function ingestFiles(
   files: { file: ExternalFile; seq: number }[],
   o: ReadingOptions,
-  out: string,
-  ids: SessionIdSet,
-  quarantine: JsonlWriter,
-  reasons: Map<string, number>,
-  log: Logger,
-  signal: AbortSignal,
-  workers: unknown,
-  parquetHeapMb?: number,
+  target: IngestTarget,
 ): Promise<IngestedFile[]> {
+  const { log, signal, workers, parquetHeapMb, finished } = target;
   // A file whose format cannot be told stops the stage before any is read.
   const formats = files.map(({ file }) => {
     const format = formatOf(file, o);
@@ -396,6 +422,12 @@ export async function ingestFiles(
   type Job = { reading: FileReading; batch: Batch | null };
   async function* jobs(): AsyncGenerator<Job> {
     for (const [i, { file, seq }] of files.entries()) {
+      // A file of fewer records than a safe point's interval never reaches one inside it: between files too.
+      await safePoint(
+        signal,
+        () =>
+          `ingest: stopped before reading ${file.name}; the ${finished.length} file(s) read before it are kept for the next run`,
+      );
       // Parquet's records come from the thread that reads the file (readParquetBatches) and are mapped on this
       // one: sent on to ingest's threads, as records or as blocks of text, they were no faster, the reading
       // thread being the slower side (docs/experiments.md, "Parquet rows assembled as text").
@@ -427,7 +459,7 @@ export async function ingestFiles(
         unopened(error);
         continue;
       }
-      const begun = fileReading(file, out, seq, ids, quarantine, reasons, log, signal, shelf, pool);
+      const begun = fileReading(file, seq, target, shelf, pool);
       reading.add(begun);
       try {
         for (; !next.done; next = await batches.next()) yield { reading: begun, batch: next.value };
@@ -451,6 +483,8 @@ export async function ingestFiles(
     : here;
   const ingested: IngestedFile[] = [];
   const closing: Promise<void>[] = [];
+  // Files are finished in order: each once its own closing and the one before it are done.
+  let inOrderClosed = Promise.resolve();
   // Files begun and not done: where the stage fails, their segment and tasks file are closed as they are.
   const reading = new Set<FileReading>();
   try {
@@ -458,18 +492,22 @@ export async function ingestFiles(
       if (job.batch) await job.reading.use(outcome!, job.batch);
       else {
         // Its segment is closed meanwhile: waiting for each of hundreds of small files' would serialize them.
-        const { file, closed } = job.reading.done();
+        const { file, closed, kept } = job.reading.done();
         reading.delete(job.reading);
         ingested.push(file);
         closing.push(closed);
+        inOrderClosed = inOrderClosed.then(async () => {
+          await closed;
+          finished.push(kept);
+        });
         // At most CLOSING_AT_ONCE files' segments still closing: 50,000 small files must not hold a
-        // descriptor each (EMFILE at ulimit -n 1024).
-        if (closing.length > CLOSING_AT_ONCE) await closing[closing.length - 1 - CLOSING_AT_ONCE];
+        // descriptor each (EMFILE at ulimit -n 1024), nor a promise each.
+        if (closing.length > CLOSING_AT_ONCE) await closing.shift();
       }
     });
   } finally {
     await threads?.close();
-    await Promise.allSettled([...closing, ...[...reading].map((r) => r.abort())]);
+    await Promise.allSettled([...closing, inOrderClosed, ...[...reading].map((r) => r.abort())]);
   }
   await Promise.all(closing);
   return ingested;
@@ -486,17 +524,12 @@ const CLOSING_AT_ONCE = 64;
 
 function fileReading(
   file: ExternalFile,
-  out: string,
   seq: number,
-  ids: SessionIdSet,
-  quarantine: JsonlWriter,
-  reasons: Map<string, number>,
-  log: Logger,
-  signal: AbortSignal,
+  { out, ids, quarantine, quarantineStart, reasons, log, signal }: IngestTarget,
   shelf: BufferShelf,
   pool: IngestThreads | null,
 ): FileReading {
-  const segment = `${String(seq).padStart(5, '0')}-${file.xxh64.slice(0, 12)}.jsonl`;
+  const segment = flatString(`${String(seq).padStart(5, '0')}-${file.xxh64.slice(0, 12)}.jsonl`); // the index keeps one a file
   const writer = new JsonlWriter(join(out, 'sessions', segment), 'w', SEGMENT_IN_FLIGHT);
   const tasks = new TaskRunsWriter(taskRunsFile(out, segment));
   // The task of the session being read, from its batch's tasks (BatchOutcome).
@@ -508,6 +541,8 @@ function fileReading(
   let untasked = 0;
   let invalidUtf8 = 0;
   let damaged: string | null = null;
+  // Its own reasons, added to the run's when it is done (a file that fails adds none).
+  const fileReasons = new Map<string, number>();
   // Where record `i` of a batch is (its reader's name for it, its element's or its line), and the last one
   // read before a damage: named only when needed (a string a record costs).
   const whereOf = (batch: Batch, i: number, line: number) =>
@@ -525,7 +560,7 @@ function fileReading(
     quarantined++;
     if (counted) {
       const kind = reasonKind(reason);
-      reasons.set(kind, (reasons.get(kind) ?? 0) + 1);
+      fileReasons.set(kind, (fileReasons.get(kind) ?? 0) + 1);
     }
     await quarantine.write({ file: file.name, where, reason, raw: quarantineText(raw) } satisfies QuarantineRecord);
   };
@@ -614,22 +649,23 @@ function fileReading(
     if (invalidUtf8)
       log.warn('records with bytes that are not UTF-8 (read as U+FFFD)', { file: file.name, records: invalidUtf8 });
     log.info('ingested', { file: file.name, sessions: writer.count, quarantined, duplicates });
-    return {
-      closed,
-      file: {
-        name: file.name,
-        xxh64: file.xxh64,
-        segment,
-        segment_bytes: writer.bytes,
-        sessions: writer.count,
-        untasked,
-        quarantined,
-        duplicates,
-        invalid_utf8: invalidUtf8,
-        damaged,
-        ingested_at: new Date().toISOString(),
-      },
+    for (const [kind, n] of fileReasons) reasons.set(kind, (reasons.get(kind) ?? 0) + n);
+    const ingested: IngestedFile = {
+      name: file.name,
+      xxh64: file.xxh64,
+      segment,
+      segment_bytes: writer.bytes,
+      sessions: writer.count,
+      untasked,
+      quarantined,
+      duplicates,
+      invalid_utf8: invalidUtf8,
+      damaged,
+      ingested_at: new Date().toISOString(),
     };
+    const kept: FinishedFile = { file: ingested, quarantineBytes: quarantineStart + quarantine.bytes };
+    if (fileReasons.size > 0) kept.reasons = [...fileReasons];
+    return { closed, file: ingested, kept };
   };
   const abort = async () => {
     await Promise.allSettled([writer.abort(), tasks.abort()]);

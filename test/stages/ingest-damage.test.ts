@@ -3,8 +3,8 @@
 // that are not UTF-8 are quarantined with their file, place and reason while every good record is kept; and
 // a run whose records are mostly bad fails, saying why.
 import { spawnSync } from 'node:child_process';
-import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { basename, join } from 'node:path';
 import { gzipSync } from 'node:zlib';
 import { DuckDBInstance } from '@duckdb/node-api';
 import { describe, expect, it } from 'vitest';
@@ -262,6 +262,110 @@ describe('ingest on files that go or cannot be named', () => {
     expect(await ingestedIds(dir)).not.toContain('s-7');
     expect(lines.join('')).toMatch(/skipped an input file that could not be opened.*"file":"[^"]*f7\.jsonl\.gz"/);
     expect(manifest(dir, 'ingest').counts).toMatchObject({ files_damaged: 0, quarantined: 0 });
+  });
+});
+
+/**
+ * `count` input files in `dir/in`, three sessions each; every file repeats an id of the one before (a
+ * duplicate) and every fifth holds a line that is not JSON (quarantined).
+ */
+function manyFiles(dir: string, count: number): void {
+  mkdirSync(join(dir, 'in'), { recursive: true });
+  for (let i = 0; i < count; i++) {
+    const records: unknown[] = [0, 1, 2].map((k) => session(`f${i}-${k}`, `T${i % 7}`, k % 2));
+    if (i > 0) records.push(session(`f${i - 1}-0`, 'T0', 1));
+    if (i % 5 === 0) records.push('{"session_id": "broken", ');
+    writeFileSync(join(dir, 'in', `f${String(i).padStart(4, '0')}.jsonl`), jsonl(records));
+  }
+}
+
+/**
+ * An ingest folder's files and what they hold (index.json without its times, the test folder's name, which
+ * sessions' sources hold, blanked), to compare two runs' byte for byte.
+ */
+function ingestFolder(dir: string): Record<string, string> {
+  const root = join(dir, 'workspace', 'ingest');
+  const out: Record<string, string> = {};
+  for (const sub of ['', 'sessions', 'tasks'])
+    for (const name of readdirSync(join(root, sub))) {
+      if (name === 'manifest.json' || statSync(join(root, sub, name)).isDirectory()) continue;
+      const text = readFileSync(join(root, sub, name), name === 'ids.bin' ? 'base64' : 'utf8');
+      const same = text.replaceAll(basename(dir), 'DIR');
+      out[join(sub, name)] = name === 'index.json' ? same.replace(/"ingested_at": "[^"]*"/g, '') : same;
+    }
+  return out;
+}
+
+/** `lines` (a logger's) counting its events named `event`. */
+const eventCount = (lines: string[], event: string) => lines.filter((l) => l.includes(`"event":"${event}"`)).length;
+
+describe('ingest after a failure', () => {
+  const config = 'ingest:\n  inputs: [in]\n  max_quarantined: 0.2\n';
+
+  it('keeps the work of the files read before it was stopped: the next run reads only the rest, and ends as one run would', async () => {
+    const whole = tempDir();
+    manyFiles(whole, 150);
+    expect((await engineFor(whole, config).run(ingestOnly))[0]!.action).toBe('ran');
+
+    const dir = tempDir();
+    manyFiles(dir, 150);
+    const stop = new AbortController();
+    const lines: string[] = [];
+    // Stopped as the 40th file is done, as Ctrl+C would (the CLI aborts the run's signal).
+    lines.push = (...more: string[]) => {
+      const n = Array.prototype.push.apply(lines, more);
+      if (eventCount(lines, 'ingested') >= 40) stop.abort();
+      return n;
+    };
+    const first = await engineFor(dir, config, {}, lines).run({ ...ingestOnly, signal: stop.signal });
+    expect(first[0]!.action).toBe('interrupted');
+    expect(first[0]!.error).toMatch(
+      /stopped before reading .*f00\d\d\.jsonl; the \d+ file\(s\) read before it are kept/,
+    );
+    const readFirst = eventCount(lines, 'ingested');
+    expect(readFirst).toBeGreaterThanOrEqual(40);
+    expect(readFirst).toBeLessThan(150);
+
+    const again: string[] = [];
+    expect((await engineFor(dir, config, {}, again).run(ingestOnly))[0]!.action).toBe('ran');
+    // Only the files the first run had not finished are read; the ones it had are linked.
+    expect(again.join('')).toMatch(new RegExp(`went on from a run that failed.*"files":${readFirst}\\b`));
+    expect(eventCount(again, 'ingested')).toBe(150 - readFirst);
+    expect(ingestFolder(dir)).toEqual(ingestFolder(whole));
+    expect(manifest(dir, 'ingest').counts).toEqual(manifest(whole, 'ingest').counts);
+    // The kept work is gone once the stage has it.
+    expect(existsSync(join(dir, 'workspace', '.cache', 'ingest', 'kept'))).toBe(false);
+  });
+
+  it('reads no file again when a run failed on ingest.max_quarantined and the limit is raised', async () => {
+    const strict = 'ingest:\n  inputs: [in]\n  max_quarantined: 0.01\n';
+    const dir = tempDir();
+    manyFiles(dir, 30);
+    const first = await engineFor(dir, strict).run(ingestOnly);
+    expect(first[0]!.error).toMatch(/more than ingest.max_quarantined/);
+    const lines: string[] = [];
+    expect((await engineFor(dir, config, {}, lines).run(ingestOnly))[0]!.action).toBe('ran');
+    expect(eventCount(lines, 'ingested')).toBe(0);
+    const whole = tempDir();
+    manyFiles(whole, 30);
+    await engineFor(whole, config).run(ingestOnly);
+    expect(ingestFolder(dir)).toEqual(ingestFolder(whole));
+  });
+
+  it('reads every file again where the kept work is not the start of this run: a file added before them', async () => {
+    const dir = tempDir();
+    manyFiles(dir, 30);
+    await engineFor(dir, 'ingest:\n  inputs: [in]\n  max_quarantined: 0.01\n').run(ingestOnly);
+    // A name that sorts first: every kept segment's place in the order moves.
+    writeFileSync(join(dir, 'in', 'a-first.jsonl'), jsonl([session('first', 'A', 1)]));
+    const lines: string[] = [];
+    expect((await engineFor(dir, config, {}, lines).run(ingestOnly))[0]!.action).toBe('ran');
+    expect(eventCount(lines, 'ingested')).toBe(31);
+    const whole = tempDir();
+    manyFiles(whole, 30);
+    writeFileSync(join(whole, 'in', 'a-first.jsonl'), jsonl([session('first', 'A', 1)]));
+    await engineFor(whole, config).run(ingestOnly);
+    expect(ingestFolder(dir)).toEqual(ingestFolder(whole));
   });
 });
 
