@@ -25,6 +25,12 @@ export interface GenerateOptions {
 const BATCHED_READ = 8;
 
 /**
+ * Up to this many rows a step's products are the C kernels' fewRowsTimes, the head's up to FEW_ROWS_HEAD; from
+ * there on OpenBLAS's sgemm (docs/experiments.md, "A decoding step's few rows").
+ */
+const [FEW_ROWS, FEW_ROWS_HEAD] = [2, 8];
+
+/**
  * The weights a decoder computes with, copied from the model when it is made (adapters folded in: W +
  * (α/r)·B·A), so training the model on does not change a decoder already made. Caches made from one
  * DecodeWeights can be stepped together.
@@ -37,9 +43,9 @@ export class DecodeWeights {
   private readonly tensors = new Map<string, tf.Tensor2D>();
 
   /**
-   * `native`: the CPU path's C kernels (the products by OpenBLAS, the attention over the caches in C); null:
-   * the reference's, TensorFlow.js's matMul for a batched pass and plain loops for the rest, the same numbers
-   * within float rounding and several times slower.
+   * `native`: the CPU path's C kernels (the products by OpenBLAS, a few rows' in C; the attention over the
+   * caches in C); null: the reference's, TensorFlow.js's matMul for a batched pass and plain loops for the
+   * rest, the same numbers within float rounding and several times slower.
    */
   constructor(
     readonly model: Llama,
@@ -60,8 +66,8 @@ export class DecodeWeights {
 
   /**
    * rows (R, inner) through layer l's `which` projection (the fused ones: qkv, o, gateUp, down; or the head,
-   * l ignored) → (R, out): by OpenBLAS with the C kernels, else by TensorFlow.js's matMul on untransposed
-   * operands (WASM's matMul is far slower with a transpose flag).
+   * l ignored) → (R, out): with the C kernels (OpenBLAS, or fewRowsTimes for a few rows), else by
+   * TensorFlow.js's matMul on untransposed operands (WASM's matMul is far slower with a transpose flag).
    */
   times(rows: Float32Array, R: number, l: number, which: 'qkv' | 'o' | 'gateUp' | 'down' | 'head'): Float32Array {
     const c = this.model.config;
@@ -73,7 +79,10 @@ export class DecodeWeights {
     const out = w.length / inner;
     if (this.native) {
       const y = new Float32Array(R * out);
-      this.native.sgemm(0, 1, R, out, inner, 1, rows, inner, w, inner, 0, y, out);
+      // OpenBLAS's sgemm packs the weights first, even for one row; fewRowsTimes reads them once for all the
+      // rows. The head, the largest matrix, gains from it over more rows.
+      if (R <= (which === 'head' ? FEW_ROWS_HEAD : FEW_ROWS)) this.native.fewRowsTimes(rows, R, w, out, inner, y);
+      else this.native.sgemm(0, 1, R, out, inner, 1, rows, inner, w, inner, 0, y, out);
       return y;
     }
     const key = `${l}.${which}`;
@@ -119,8 +128,8 @@ export class DecodeWeights {
  * A generated token of one sequence goes through the model on its own (step); a prompt of many new tokens is
  * read in one batched pass, and so is a step of many sequences (KVCache.readEach): their rows go through
  * each projection as one product, and each attends to its own cache. With the C kernels (DecodeWeights.native)
- * the products are OpenBLAS's and the attention C's; without, the reference's: TensorFlow.js's matMul for a
- * batched pass's products, plain loops for a token alone and for the attention.
+ * the products are OpenBLAS's (a few rows' in C) and the attention C's; without, the reference's:
+ * TensorFlow.js's matMul for a batched pass's products, plain loops for a token alone and for the attention.
  */
 export class KVCache {
   /** The tokens read so far. */
@@ -435,12 +444,12 @@ export class KVCache {
     }
   }
 
-  /** W·x for W stored (out, in): by OpenBLAS with the C kernels. */
+  /** W·x for W stored (out, in): by the C kernels' fewRowsTimes where they are. */
   private matVec(x: Float32Array, W: Float32Array, out: number, inner: number): Float32Array {
     const native = this.weights.native;
     if (!native) return matVec(x, W, out, inner);
     const y = new Float32Array(out);
-    native.sgemm(0, 1, 1, out, inner, 1, x, inner, W, inner, 0, y, out);
+    native.fewRowsTimes(x, 1, W, out, inner, y);
     return y;
   }
 

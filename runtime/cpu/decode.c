@@ -1,6 +1,7 @@
 // The decoder's attention over its KV caches (runtime/decode.ts KVCache): a token just read attends to every
 // position its cache holds, one row (decodeAttention) or every row of a batched step at once, the rows shared
-// between the cores (decodeAttentionRows). Part of the addon prefab_cpu.c makes.
+// between the cores (decodeAttentionRows); and a decoding step's few rows through a weight matrix
+// (fewRowsTimes). Part of the addon prefab_cpu.c makes.
 #include "prefab_cpu.h"
 
 typedef float v16 __attribute__((vector_size(64)));
@@ -136,4 +137,66 @@ napi_value js_decode_attention_rows(napi_env env, napi_callback_info info) {
   if (!a.bad) parallel((int)R, decode_rows_share, &d, SHARES(work));
   free(d.mems);
   return a.bad ? NULL : nothing(env);
+}
+
+// ---- a few rows through a weight matrix ------------------------------------------------------------------
+
+typedef struct {
+  const float *x, *w;
+  float *y;
+  int m, n, k;
+} FewRows;
+
+// Eight lanes summed, halves to halves.
+static inline float lanes(v8 acc) {
+  v4 lo, hi;
+  memcpy(&lo, &acc, sizeof lo), memcpy(&hi, (const char *)&acc + sizeof lo, sizeof hi);
+  v4 h = lo + hi;
+  return (h[0] + h[2]) + (h[1] + h[3]);
+}
+
+// Weight rows [4·from, 4·to) against every row of x: four weight rows at a time, each of x's rows read once
+// for the four (the weights stay in L1 while the rows pass), so that the matrix is read from memory once a
+// step, not once a row, and never packed (OpenBLAS's sgemm packs it even for a product of one row). Eight
+// lanes, one AVX2 register: sixteen (dot's) spill four accumulators to the stack, several times slower.
+static void few_rows_share(void *ctx, int from, int to) {
+  const FewRows *f = ctx;
+  int k = f->k, k8 = k & ~7;
+  for (int j = 4 * from; j < 4 * to && j < f->n; j += 4) {
+    int rows = f->n - j < 4 ? f->n - j : 4;
+    const float *w[4];
+    for (int r = 0; r < 4; r++) w[r] = f->w + (size_t)(j + (r < rows ? r : 0)) * k;
+    for (int i = 0; i < f->m; i++) {
+      const float *x = f->x + (size_t)i * k;
+      v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, xv, wv;
+      for (int c = 0; c < k8; c += 8) {
+        memcpy(&xv, x + c, sizeof xv);
+        memcpy(&wv, w[0] + c, sizeof wv), a0 += xv * wv;
+        memcpy(&wv, w[1] + c, sizeof wv), a1 += xv * wv;
+        memcpy(&wv, w[2] + c, sizeof wv), a2 += xv * wv;
+        memcpy(&wv, w[3] + c, sizeof wv), a3 += xv * wv;
+      }
+      float sums[4] = {lanes(a0), lanes(a1), lanes(a2), lanes(a3)};
+      for (int r = 0; r < rows; r++) {
+        for (int c = k8; c < k; c++) sums[r] += x[c] * w[r][c];
+        f->y[(size_t)i * f->n + j + r] = sums[r];
+      }
+    }
+  }
+}
+
+// fewRowsTimes(x, m, w, n, k, y): y (m, n) = x (m, k) · wᵀ for w (n, k) row-major: a decoding step's rows
+// through a layer's weights, the weights' rows shared between the cores where the matrix passes 4 MiB (a
+// smaller one is read faster than a thread starts).
+napi_value js_few_rows_times(napi_env env, napi_callback_info info) {
+  Args a = args_of(env, info);
+  FewRows f = {0};
+  f.x = array(&a, 0, 0);
+  f.m = (int)number(&a, 1);
+  f.w = array(&a, 2, 0);
+  f.n = (int)number(&a, 3), f.k = (int)number(&a, 4);
+  f.y = array(&a, 5, 0);
+  if (a.bad || f.m <= 0 || f.n <= 0) return a.bad ? NULL : nothing(env);
+  parallel((f.n + 3) / 4, few_rows_share, &f, (size_t)f.n * f.k < (1u << 20) ? ONE : 0);
+  return nothing(env);
 }

@@ -79,6 +79,8 @@ export interface CpuKernels {
     scores: number,
     out: F32,
   ): void;
+  /** y (m, n) = x (m, k) · wᵀ for w (n, k): a decoding step's few rows through a layer's weights, read once. */
+  fewRowsTimes(x: F32, m: number, w: F32, n: number, k: number, y: F32): void;
   decodeAttentionRows(
     mems: F32[],
     qkv: F32,

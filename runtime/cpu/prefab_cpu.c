@@ -574,7 +574,8 @@ static napi_value init(napi_env env, napi_value exports) {
              {"scale", js_scale},
              {"setThreads", js_set_threads},
              {"decodeAttention", js_decode_attention},
-             {"decodeAttentionRows", js_decode_attention_rows}};
+             {"decodeAttentionRows", js_decode_attention_rows},
+             {"fewRowsTimes", js_few_rows_times}};
   for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
     napi_value f;
     napi_create_function(env, fns[i].name, NAPI_AUTO_LENGTH, fns[i].fn, NULL, &f);

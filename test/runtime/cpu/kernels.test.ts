@@ -59,6 +59,28 @@ describe('the CPU path’s C kernels', () => {
     },
   );
 
+  it.skipIf(absent)('takes a few rows through a weight matrix as a plain loop does, on one thread or shared', () => {
+    // Weight rows not a multiple of 4 and widths not of 8 (the kernel's blocks), and a product large enough to
+    // be shared between threads.
+    for (const [m, n, kk] of [
+      [1, 7, 3],
+      [3, 33, 130],
+      [8, 1030, 67],
+      [2, 4099, 96],
+    ] as const) {
+      const [x, w] = [values(m * kk), values(n * kk)];
+      const want = Float64Array.from({ length: m * n }, (_, at) => {
+        const [i, j] = [Math.floor(at / n), at % n];
+        let sum = 0;
+        for (let p = 0; p < kk; p++) sum += x[i * kk + p]! * w[j * kk + p]!;
+        return sum;
+      });
+      const y = new Float32Array(m * n).fill(Number.NaN);
+      k.fewRowsTimes(x, m, w, n, kk, y);
+      expect(relativeError(y, want), `${m}×${n}×${kk}`).toBeLessThan(1e-5);
+    }
+  });
+
   it.skipIf(absent)(
     'gives the model’s causal attention and its gradients, a key/value head a query head or shared',
     async () => {
