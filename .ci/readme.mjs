@@ -63,7 +63,7 @@ try {
     }
   }
 } finally {
-  for (const s of servers) s.kill('SIGTERM');
+  for (const s of servers) await stop(s);
   rmSync(dir, { recursive: true, force: true });
 }
 if (failed) {
@@ -72,9 +72,13 @@ if (failed) {
 }
 process.stdout.write(`README check: ${commands.length} commands ran as written\n`);
 
-/** Starts a server command in the background; resolves once it says where it listens. */
+/**
+ * Starts a server command in the background, in a process group of its own (npx runs prefab as a child of
+ * its own: a signal to npx alone leaves the server running, holding the check's pipes open); resolves once
+ * it says where it listens.
+ */
 function serve(command) {
-  const child = spawn('sh', ['-c', `exec ${command}`], { cwd: dir });
+  const child = spawn('sh', ['-c', `exec ${command}`], { cwd: dir, detached: true });
   return new Promise((resolve, reject) => {
     let out = '';
     child.stdout.on('data', (d) => {
@@ -86,4 +90,18 @@ function serve(command) {
       reject(new Error(`\`${command}\` exited ${code} before it listened:\n${out.slice(-3000)}`)),
     );
   });
+}
+
+/** Stops a server and every process of its group (npx and prefab), and waits for it to exit. */
+async function stop(child) {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  const exited = new Promise((resolve) => child.once('exit', resolve));
+  try {
+    process.kill(-child.pid, 'SIGTERM');
+  } catch {
+    child.kill('SIGTERM'); // its group is gone: the process alone, if it is still there
+  }
+  await exited;
+  child.stdout.destroy();
+  child.stderr.destroy();
 }

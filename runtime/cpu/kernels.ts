@@ -98,6 +98,27 @@ export interface CpuKernels {
 }
 
 const built = new URL('./build/Release/prefab_cpu.node', import.meta.url).pathname;
+
+/** Every function of CpuKernels: an addon built by an older checkout lacks the newer ones. */
+const FUNCTIONS: readonly Exclude<keyof CpuKernels, 'blas'>[] = [
+  'sgemm',
+  'rmsnormForward',
+  'rmsnormBackward',
+  'rope',
+  'swigluForward',
+  'swigluBackward',
+  'attentionForward',
+  'attentionBackward',
+  'logprobsForward',
+  'logprobsBackward',
+  'adamw',
+  'sumSquares',
+  'scale',
+  'decodeAttention',
+  'fewRowsTimes',
+  'decodeAttentionRows',
+  'setThreads',
+];
 let loaded: { kernels: CpuKernels | null; why: string } | null = null;
 
 /**
@@ -112,9 +133,16 @@ export function loadCpuKernels(): { kernels: CpuKernels | null; why: string } {
   else {
     try {
       const addon = createRequire(import.meta.url)(built) as Omit<CpuKernels, 'blas'> & { blas: string | null };
-      loaded = addon.blas
-        ? { kernels: addon as CpuKernels, why: `GEMMs by OpenBLAS (${addon.blas})` }
-        : { kernels: null, why: 'no OpenBLAS found (Debian and Ubuntu: apt-get install libopenblas0-pthread)' };
+      const missing = FUNCTIONS.filter((name) => typeof addon[name] !== 'function');
+      loaded =
+        missing.length > 0
+          ? {
+              kernels: null,
+              why: `built by an older checkout, without ${missing.join(', ')} (npm ci builds them again)`,
+            }
+          : addon.blas
+            ? { kernels: addon as CpuKernels, why: `GEMMs by OpenBLAS (${addon.blas})` }
+            : { kernels: null, why: 'no OpenBLAS found (Debian and Ubuntu: apt-get install libopenblas0-pthread)' };
     } catch (error) {
       loaded = { kernels: null, why: `they do not load (${(error as Error).message.split('\n')[0]})` };
     }
