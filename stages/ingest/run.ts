@@ -137,11 +137,11 @@ export async function run({
   const parquetHeapMb = typeof options.parquetHeapMb === 'number' ? options.parquetHeapMb : undefined;
   let results: IngestedFile[];
   try {
-    const target = { out, ids, quarantine, quarantineStart, reasons, log, signal, finished, parquetHeapMb };
-    results = [
-      ...finished.map((f) => f.file),
-      ...(await ingestFiles(toRead.slice(finished.length), reading, { ...target, workers: options.workers })),
-    ];
+    // The kept files first; ingestFiles adds the files it finishes to `finished` (kept should a later one fail).
+    const resumed = finished.map((f) => f.file);
+    const { workers } = options;
+    const target = { out, ids, quarantine, quarantineStart, reasons, log, signal, finished, workers, parquetHeapMb };
+    results = [...resumed, ...(await ingestFiles(toRead.slice(resumed.length), reading, target))];
   } catch (error) {
     // The stage failed: its folder is discarded, the files it finished kept for the next run. The quarantine
     // is closed whole first (what is kept of it is read from disk); failing that (a full disk), nothing is kept.

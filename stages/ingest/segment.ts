@@ -500,6 +500,7 @@ export async function ingestFiles(
           await closed;
           finished.push(kept);
         });
+        inOrderClosed.catch(() => {}); // a failed closing is awaited below, as `closing`'s are
         // At most CLOSING_AT_ONCE files' segments still closing: 50,000 small files must not hold a
         // descriptor each (EMFILE at ulimit -n 1024), nor a promise each.
         if (closing.length > CLOSING_AT_ONCE) await closing.shift();
