@@ -70,7 +70,11 @@ if (failed) {
   process.stderr.write(`README check: ${failed}\n`);
   process.exit(1);
 }
-process.stdout.write(`README check: ${commands.length} commands ran as written\n`);
+const smaller = commands.filter((c) => SMALLER.some(([pattern]) => pattern.test(c))).length;
+process.stdout.write(
+  `README check: ${commands.length} commands ran, ${commands.length - smaller} as written, ${smaller} smaller (said above)\n`,
+);
+process.exit(0); // nothing of the commands' may keep the check waiting
 
 /**
  * Starts a server command in the background, in a process group of its own (npx runs prefab as a child of
