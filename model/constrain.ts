@@ -234,7 +234,12 @@ export interface ConstraintTokens {
  * none may be made); within a call, a token that keeps it readable, and the token that ends it only once it
  * is complete; after a Hermes call, another call or the end.
  */
-export class ToolCallConstraint {
+/** Which token may follow the ones generated so far: what decoding asks of a constraint. */
+export interface TokenConstraint {
+  allows(generated: readonly number[], candidate: number): boolean;
+}
+
+export class ToolCallConstraint implements TokenConstraint {
   private readonly read: (tools: readonly ToolSchema[], text: string) => Reading;
   /** The tokens that end an open call: Hermes's close; the legacy format's next call or the message's end. */
   private readonly closes: readonly number[];

@@ -4,6 +4,7 @@
 // size, V vocabulary, B sequences stepped together.
 import * as tf from '@tensorflow/tfjs-core';
 import type { Random } from '../core/random.ts';
+import type { TokenConstraint } from '../model/constrain.ts';
 import type { Llama } from '../model/llama.ts';
 import type { CpuKernels } from './cpu/kernels.ts';
 import { sampleToken, type Draw } from './sampling.ts';
@@ -18,7 +19,7 @@ export interface GenerateOptions {
   stop?: number[];
   random?: Random;
   /** Which token may follow the ones generated so far (model/constrain.ts); absent: any. */
-  constraint?: { allows(generated: readonly number[], candidate: number): boolean };
+  constraint?: TokenConstraint;
 }
 
 /** Below this many new tokens a read goes token by token; from it on, through one batched pass. */

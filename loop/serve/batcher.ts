@@ -8,7 +8,7 @@ import type { Logger } from '../../pipeline/log.ts';
 import { PipelineError } from '../../pipeline/errors.ts';
 import { openChat, type Chat } from '../../model/chat.ts';
 import { loadCheckpoint } from '../../model/checkpoint.ts';
-import type { ToolCallConstraint, ToolChoice, ToolSchema } from '../../model/constrain.ts';
+import type { TokenConstraint, ToolCallConstraint, ToolChoice, ToolSchema } from '../../model/constrain.ts';
 import type { Llama } from '../../model/llama.ts';
 import type { Placeholders } from '../../model/placeholders.ts';
 import { Decoding, readDecodings, type CachePool, type TokenCache } from '../../runtime/decode.ts';
@@ -27,7 +27,7 @@ interface Job {
     temperature: number;
     topP: number;
     random: () => number;
-    constraint?: { allows(generated: readonly number[], candidate: number): boolean };
+    constraint?: TokenConstraint;
     stop: number[];
   };
   /** Each drawn token, as it comes (streaming). */

@@ -4,7 +4,7 @@
 import { createHash } from 'node:crypto';
 import { z } from 'zod';
 import type { Message } from '../../core/records.ts';
-import type { ToolChoice, ToolSchema } from '../../model/constrain.ts';
+import type { TokenConstraint, ToolChoice, ToolSchema } from '../../model/constrain.ts';
 import type { Arm } from '../settings.ts';
 
 /** The arm a conversation goes to: its key hashed to a number in [0, 1), against the arms' cumulative shares. */
@@ -198,11 +198,7 @@ export const chunkEvent = (c: CompletionId, delta: Record<string, unknown>, fini
   `data: ${JSON.stringify({ id: c.id, object: 'chat.completion.chunk', created: c.created, model: c.version, system_fingerprint: c.version, choices: [{ index: 0, delta, finish_reason: finish, logprobs: null }] })}\n\n`;
 
 /** What may be drawn next: `inner`'s choice (a tool constraint), and no `stop` token before `min` tokens (vLLM's min_tokens). */
-export function atLeast(
-  min: number,
-  stop: readonly number[],
-  inner?: { allows(generated: readonly number[], candidate: number): boolean },
-): { allows(generated: readonly number[], candidate: number): boolean } | undefined {
+export function atLeast(min: number, stop: readonly number[], inner?: TokenConstraint): TokenConstraint | undefined {
   if (min <= 0 || stop.length === 0) return inner;
   return {
     allows: (generated, candidate) =>

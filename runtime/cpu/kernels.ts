@@ -99,26 +99,26 @@ export interface CpuKernels {
 
 const built = new URL('./build/Release/prefab_cpu.node', import.meta.url).pathname;
 
-/** Every function of CpuKernels: an addon built by an older checkout lacks the newer ones. */
-const FUNCTIONS: readonly Exclude<keyof CpuKernels, 'blas'>[] = [
-  'sgemm',
-  'rmsnormForward',
-  'rmsnormBackward',
-  'rope',
-  'swigluForward',
-  'swigluBackward',
-  'attentionForward',
-  'attentionBackward',
-  'logprobsForward',
-  'logprobsBackward',
-  'adamw',
-  'sumSquares',
-  'scale',
-  'decodeAttention',
-  'fewRowsTimes',
-  'decodeAttentionRows',
-  'setThreads',
-];
+/** Every function of CpuKernels (the type keeps the list whole): an addon from an older checkout lacks some. */
+const FUNCTIONS = Object.keys({
+  sgemm: 1,
+  rmsnormForward: 1,
+  rmsnormBackward: 1,
+  rope: 1,
+  swigluForward: 1,
+  swigluBackward: 1,
+  attentionForward: 1,
+  attentionBackward: 1,
+  logprobsForward: 1,
+  logprobsBackward: 1,
+  adamw: 1,
+  sumSquares: 1,
+  scale: 1,
+  decodeAttention: 1,
+  fewRowsTimes: 1,
+  decodeAttentionRows: 1,
+  setThreads: 1,
+} satisfies Record<Exclude<keyof CpuKernels, 'blas'>, 1>) as Exclude<keyof CpuKernels, 'blas'>[];
 let loaded: { kernels: CpuKernels | null; why: string } | null = null;
 
 /**
