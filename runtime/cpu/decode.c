@@ -4,55 +4,61 @@
 // (fewRowsTimes). Part of the addon prefab_cpu.c makes.
 #include "prefab_cpu.h"
 
-typedef float v16 __attribute__((vector_size(64)));
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
 
-// a·b over hd floats: sixteen lanes at a time where hd allows (the compiler makes one or more vector registers
-// of them), so that a key's dot product is a few multiply-adds and one sum across lanes.
-static inline float dot(const float *a, const float *b, int hd) {
-  int j = 0;
-  float sum = 0;
-  if (hd >= 16) {
-    v16 acc = {0}, x, y;
-    for (; j + 16 <= hd; j += 16) {
-      memcpy(&x, a + j, sizeof x), memcpy(&y, b + j, sizeof y);
-      acc += x * y;
-    }
-    // Halves added to halves: four steps, not a chain of sixteen additions (memcpy, not a shuffle builtin,
-    // which GCC has only from version 12).
-    v8 lo8, hi8;
-    v4 lo4, hi4;
-    memcpy(&lo8, &acc, sizeof lo8), memcpy(&hi8, (const char *)&acc + sizeof lo8, sizeof hi8);
-    v8 h8 = lo8 + hi8;
-    memcpy(&lo4, &h8, sizeof lo4), memcpy(&hi4, (const char *)&h8 + sizeof lo4, sizeof hi4);
-    v4 h4 = lo4 + hi4;
-    sum = (h4[0] + h4[2]) + (h4[1] + h4[3]);
-  }
-  for (; j < hd; j++) sum += a[j] * b[j];
-  return sum;
+// Eight lanes summed, halves to halves.
+static inline float lanes(v8 acc) {
+  v4 lo, hi;
+  memcpy(&lo, &acc, sizeof lo), memcpy(&hi, (const char *)&acc + sizeof lo, sizeof hi);
+  v4 h = lo + hi;
+  return (h[0] + h[2]) + (h[1] + h[3]);
 }
 
 // One row's attention (a token just read into its cache) over n cached positions of `mem`, as decodeAttention
-// describes; q's heads qs floats apart, `sc` H·n floats of scratch.
+// describes; q's heads qs floats apart, `sc` H·n floats of scratch. Eight lanes, one AVX2 register, for each
+// key's dot product, and the values' weighted sum 32 dimensions at a time in four registers across all the
+// positions: sixteen lanes, and the sum kept in `out`, went through the stack and memory at every position,
+// several times slower (docs/experiments.md, "A DAPO step of the default run").
 static void decode_attention(const float *mem, const float *q, int qs, size_t keys, size_t values, size_t stride,
                              int n, int H, int K, int hd, int hp, float scale, float *sc, float *out) {
-  int G = H / K;
+  int G = H / K, hd8 = hd & ~7;
   for (int h = 0; h < H; h++, sc += n) {
     const float *qh = q + (size_t)h * qs, *kh = mem + keys + (size_t)(h / G) * hp;
     const float *vh = mem + values + (size_t)(h / G) * hp;
     float max = -INFINITY, sum = 0;
     for (int t = 0; t < n; t++) {
-      sc[t] = dot(qh, kh + t * stride, hd) * scale;
+      const float *k = kh + t * stride;
+      v8 acc = {0}, x, y;
+      int j = 0;
+      for (; j < hd8; j += 8) memcpy(&x, qh + j, sizeof x), memcpy(&y, k + j, sizeof y), acc += x * y;
+      float s = lanes(acc);
+      for (; j < hd; j++) s += qh[j] * k[j];
+      sc[t] = s * scale;
       max = sc[t] > max ? sc[t] : max;
     }
     for (int t = 0; t < n; t++) sum += (sc[t] = fast_exp(sc[t] - max));
     float inv = 1.0f / sum, *oh = out + (size_t)h * hd;
-    for (int j = 0; j < hd; j++) oh[j] = 0;
-    for (int t = 0; t < n; t++) {
-      const float *vt = vh + t * stride;
-      float p = sc[t] * inv;
-      for (int j = 0; j < hd; j++) oh[j] += p * vt[j];
+    int j = 0;
+    for (; j + 32 <= hd; j += 32) {
+      v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, v;
+      for (int t = 0; t < n; t++) {
+        const float *vt = vh + t * stride + j;
+        v8 p = {0};
+        p += sc[t];
+        memcpy(&v, vt, sizeof v), a0 += p * v;
+        memcpy(&v, vt + 8, sizeof v), a1 += p * v;
+        memcpy(&v, vt + 16, sizeof v), a2 += p * v;
+        memcpy(&v, vt + 24, sizeof v), a3 += p * v;
+      }
+      a0 *= inv, a1 *= inv, a2 *= inv, a3 *= inv;
+      memcpy(oh + j, &a0, sizeof a0), memcpy(oh + j + 8, &a1, sizeof a1);
+      memcpy(oh + j + 16, &a2, sizeof a2), memcpy(oh + j + 24, &a3, sizeof a3);
+    }
+    for (; j < hd; j++) {
+      float a = 0;
+      for (int t = 0; t < n; t++) a += sc[t] * vh[t * stride + j];
+      oh[j] = a * inv;
     }
   }
 }
@@ -147,18 +153,10 @@ typedef struct {
   int m, n, k;
 } FewRows;
 
-// Eight lanes summed, halves to halves.
-static inline float lanes(v8 acc) {
-  v4 lo, hi;
-  memcpy(&lo, &acc, sizeof lo), memcpy(&hi, (const char *)&acc + sizeof lo, sizeof hi);
-  v4 h = lo + hi;
-  return (h[0] + h[2]) + (h[1] + h[3]);
-}
-
 // Weight rows [4·from, 4·to) against every row of x: four weight rows at a time, each of x's rows read once
 // for the four (the weights stay in L1 while the rows pass), so that the matrix is read from memory once a
 // step, not once a row, and never packed (OpenBLAS's sgemm packs it even for a product of one row). Eight
-// lanes, one AVX2 register: sixteen (dot's) spill four accumulators to the stack, several times slower.
+// lanes, one AVX2 register: sixteen would spill four accumulators to the stack, several times slower.
 static void few_rows_share(void *ctx, int from, int to) {
   const FewRows *f = ctx;
   int k = f->k, k8 = k & ~7;

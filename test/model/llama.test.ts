@@ -216,6 +216,42 @@ describe('shapes the fixtures do not have', () => {
   });
 });
 
+// The C kernels' decoding attention takes a head 32 dimensions at a time, then 8, then one: head sizes that
+// end in each, and two query heads a key/value head, against the reference's loops.
+describe.each([20, 40, 72])('the C kernels decoding heads of %i', (headDim) => {
+  it.skipIf(!native && !process.env.CI)(
+    'give the reference’s logits, one row and many, one sequence and several',
+    () => {
+      if (!native) throw new Error(`the C kernels are not here: ${why}`);
+      const base = llamaConfigFromJson(
+        JSON.parse(readFileSync(join(FIXTURES, 'llama-tiny', 'config.json'), 'utf8')),
+        'config.json',
+      );
+      const model = Llama.create(
+        { ...base, hiddenSize: 48, heads: 4, kvHeads: 2, headDim, intermediateSize: 96 },
+        'heads',
+      );
+      const random = seeded('heads', headDim);
+      const ids = (n: number) => Array.from({ length: n }, () => Math.floor(random() * base.vocabSize));
+      const [c, reference] = [new DecodeWeights(model, native), new DecodeWeights(model, null)];
+      const prompts = [ids(40), ids(90), ids(7)];
+      const [ours, theirs] = [
+        prompts.map(() => new KVCache(model, c)),
+        prompts.map(() => new KVCache(model, reference)),
+      ];
+      const near = (got: Float32Array[], want: Float32Array[]) =>
+        got.forEach((g, b) => expect(Math.max(...g.map((v, i) => Math.abs(v - want[b]![i]!)))).toBeLessThan(1e-4));
+      near(KVCache.readMany(ours, prompts), KVCache.readMany(theirs, prompts));
+      for (let step = 0; step < 3; step++) {
+        const next = ids(3);
+        near(KVCache.readEach(ours, next), KVCache.readEach(theirs, next));
+        near([ours[0]!.read([next[0]!])], [theirs[0]!.read([next[0]!])]);
+      }
+      model.dispose();
+    },
+  );
+});
+
 // On the reference's loops, and on the C kernels where they are here (their attention reads the same layout).
 describe.each([
   { on: 'the reference', c: false, native: null, absent: false },
