@@ -247,6 +247,7 @@ describe.each([20, 40, 72])('the C kernels decoding heads of %i', (headDim) => {
         near(KVCache.readEach(ours, next), KVCache.readEach(theirs, next));
         near([ours[0]!.read([next[0]!])], [theirs[0]!.read([next[0]!])]);
       }
+      reference.dispose();
       model.dispose();
     },
   );
