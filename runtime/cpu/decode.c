@@ -83,6 +83,11 @@ napi_value js_decode_attention(napi_env env, napi_callback_info info) {
   return nothing(env);
 }
 
+// Below this much work (positions read × query heads × head size, over the rows) decodeAttentionRows runs on
+// the calling thread: parallel() starts a thread per call, which costs more than the work it takes over here
+// (docs/experiments.md, "A DAPO step of the default run").
+enum { ROWS_ALONE = 1 << 18 };
+
 typedef struct {
   float **mems;
   const float *qkv;
@@ -140,7 +145,7 @@ napi_value js_decode_attention_rows(napi_env env, napi_callback_info info) {
     if (one.bad) a.bad = 1;
     work += (size_t)d.meta[3 * r + 2] * d.H * d.hd;
   }
-  if (!a.bad) parallel((int)R, decode_rows_share, &d, SHARES(work));
+  if (!a.bad) parallel((int)R, decode_rows_share, &d, work < ROWS_ALONE ? ONE : 0);
   free(d.mems);
   return a.bad ? NULL : nothing(env);
 }
