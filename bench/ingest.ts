@@ -15,7 +15,8 @@
 //
 // With --files, each of N files holds one session, and `prefab run --until ingest` reads them under
 // `ulimit -n 1024` (a common default) beside the parse floor over the same files (each read whole and
-// JSON.parse-d, one after another), for issue 66's goal of about 300 MiB at 50,000 files.
+// JSON.parse-d, one after another): ingest's memory over many small files (issue 66; figures in
+// docs/hostile.md).
 //
 // Each is measured as a child process, after a `sync` (what the one before wrote is on disk). Peak RSS comes from GNU `/usr/bin/time -f %M` (max RSS of the child,
 // in KiB), which is present on the machine this was written on; where it is missing, the script falls back

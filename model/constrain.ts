@@ -228,17 +228,17 @@ export interface ConstraintTokens {
   control: readonly number[];
 }
 
+/** Which token may follow the ones generated so far: what decoding asks of a constraint. */
+export interface TokenConstraint {
+  allows(generated: readonly number[], candidate: number): boolean;
+}
+
 /**
  * Which token may come next in an assistant message whose tool calls must be calls of `tools`: any token in
  * the content before the first call (none but the call token first where a call is required, never it where
  * none may be made); within a call, a token that keeps it readable, and the token that ends it only once it
  * is complete; after a Hermes call, another call or the end.
  */
-/** Which token may follow the ones generated so far: what decoding asks of a constraint. */
-export interface TokenConstraint {
-  allows(generated: readonly number[], candidate: number): boolean;
-}
-
 export class ToolCallConstraint implements TokenConstraint {
   private readonly read: (tools: readonly ToolSchema[], text: string) => Reading;
   /** The tokens that end an open call: Hermes's close; the legacy format's next call or the message's end. */
