@@ -1,15 +1,16 @@
 // `prefab model export`: a model folder (or a LoRA adapter on its base) written where other tools run models:
 // a GGUF file for llama.cpp, Ollama and LM Studio (gguf.ts), or one plain Hugging Face folder with the
-// adapters merged into the weights (what vLLM and transformers load without PEFT).
+// adapters merged into the weights (what vLLM and transformers load without PEFT); or the adapters alone as
+// llama.cpp's adapter GGUF, to run over the base's GGUF (`--lora`).
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { basename, isAbsolute, join, resolve } from 'node:path';
 import { prefabTokenizerConfig } from './chat-template.ts';
 import { loadCheckpoint } from './checkpoint.ts';
-import { readHfConfig, writeHfModel, type TokenizerFiles } from './hf.ts';
+import { readHfConfig, readHfModel, readTokenizerFiles, writeHfModel, type TokenizerFiles } from './hf.ts';
 import { readChatTemplate } from './hf-chat.ts';
-import { writeGguf, type GgufType } from './gguf.ts';
+import { writeGguf, writeGgufAdapter, type GgufType } from './gguf.ts';
 import { loadAdapter, mergeLora } from './lora.ts';
-import type { Llama } from './llama.ts';
+import { Llama } from './llama.ts';
 import { TextTokenizer } from './tokenizer.ts';
 
 export interface ExportOptions {
@@ -17,21 +18,34 @@ export interface ExportOptions {
   from: string;
   /** The GGUF file, or the folder, to write. */
   out: string;
-  format: 'gguf' | 'hf';
+  /** gguf-lora: the adapters alone, as llama.cpp's adapter GGUF. */
+  format: 'gguf' | 'hf' | 'gguf-lora';
   /** GGUF's weight type. */
   type: GgufType;
+  /** false: a model folder's own weights, its adapter/ left out (the base its adapter GGUF runs on). */
+  adapter?: boolean;
   /** An adapter's base model folder, where adapter_config.json's base_model_name_or_path is not one. */
   base?: string;
   /** GGUF's general.name (default: the folder's name). */
   name?: string;
 }
 
-/** The model `from` holds, its adapters merged, with its tokenizer files and config.json's own keys. */
-function mergedModel(o: ExportOptions): { model: Llama; tokenizer: TokenizerFiles; json: Record<string, unknown> } {
+/** A model folder's weights as they are, without its adapter/: the base of an adapter. */
+function plainModel(dir: string): { model: Llama; tokenizer: TokenizerFiles; json: Record<string, unknown> } {
+  const hf = readHfModel(dir);
+  return { model: new Llama(hf.config, hf.weights), tokenizer: readTokenizerFiles(dir), json: hf.json };
+}
+
+/**
+ * The model `from` holds with its adapters attached, not merged: a model folder (with adapter/ unless
+ * `adapter` is false), or a PEFT adapter folder on its base. A base whose adapter/ is this adapter (the
+ * adapter/ of a prefab model folder) is that folder's own weights; another base is the model it holds.
+ */
+function loadModel(o: ExportOptions): { model: Llama; tokenizer: TokenizerFiles; json: Record<string, unknown> } {
   const adapterConfig = join(o.from, 'adapter_config.json');
   if (existsSync(join(o.from, 'config.json'))) {
+    if (o.adapter === false) return plainModel(o.from);
     const checkpoint = loadCheckpoint(o.from);
-    mergeLora(checkpoint.model);
     return { model: checkpoint.model, tokenizer: checkpoint.tokenizer, json: readHfConfig(o.from).json };
   }
   if (!existsSync(adapterConfig))
@@ -44,11 +58,15 @@ function mergedModel(o: ExportOptions): { model: Llama; tokenizer: TokenizerFile
     throw new Error(
       `${adapterConfig}: its base model ${JSON.stringify(named)} is not a model folder here; name one with --base`,
     );
-  const checkpoint = loadCheckpoint(base);
-  mergeLora(checkpoint.model);
-  loadAdapter(o.from, checkpoint.model);
-  mergeLora(checkpoint.model);
-  return { model: checkpoint.model, tokenizer: checkpoint.tokenizer, json: readHfConfig(base).json };
+  let loaded: { model: Llama; tokenizer: TokenizerFiles; json: Record<string, unknown> };
+  if (resolve(base, 'adapter') === resolve(o.from)) loaded = plainModel(base);
+  else {
+    const checkpoint = loadCheckpoint(base);
+    mergeLora(checkpoint.model);
+    loaded = { model: checkpoint.model, tokenizer: checkpoint.tokenizer, json: readHfConfig(base).json };
+  }
+  loadAdapter(o.from, loaded.model);
+  return loaded;
 }
 
 /**
@@ -68,12 +86,30 @@ function withTemplate(files: TokenizerFiles, context: number, source: string): T
 
 /** Writes the export; returns what was written. */
 export function exportModel(o: ExportOptions): { path: string; bytes: number | null; format: string } {
-  const { model, tokenizer, json } = mergedModel(o);
+  const { model, tokenizer, json } = loadModel(o);
   try {
+    const name = o.name ?? basename(resolve(o.from));
+    if (o.format === 'gguf-lora') {
+      if (!model.adapters.size)
+        throw new Error(
+          `${o.from} has no LoRA adapter (adapter/ or adapter_config.json) to write as an adapter GGUF; --format gguf writes the whole model`,
+        );
+      const adapters = new Map(
+        [...model.adapters].map(([module, ad]) => [
+          module,
+          { a: ad.a.dataSync() as Float32Array, b: ad.b.dataSync() as Float32Array, r: ad.a.shape[0] },
+        ]),
+      );
+      // PEFT's one α for every module: α/r is each adapter's scale.
+      const first = [...model.adapters.values()][0]!;
+      const alpha = first.scale * first.a.shape[0];
+      const adapter = { config: model.config, adapters, alpha, name, source: o.from };
+      return { path: o.out, bytes: writeGgufAdapter(o.out, adapter, o.type), format: `gguf-lora ${o.type}` };
+    }
+    mergeLora(model);
     const files = withTemplate(tokenizer, model.config.maxPositions, o.from);
     if (o.format === 'gguf') {
-      const weights = new Map([...model.weights()].map(([name, w]) => [name, w.data]));
-      const name = o.name ?? basename(resolve(o.from));
+      const weights = new Map([...model.weights()].map(([weight, w]) => [weight, w.data]));
       const bytes = writeGguf(o.out, { config: model.config, weights, tokenizer: files, name, source: o.from }, o.type);
       return { path: o.out, bytes, format: `gguf ${o.type}` };
     }

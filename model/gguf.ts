@@ -336,23 +336,94 @@ export function writeGguf(path: string, model: GgufModel, type: GgufType): numbe
     ...tokenizer,
     ...(template ? { 'tokenizer.chat_template': str(servingTemplate(template)) } : {}),
   };
-  if (arch === 'llama' && c.headDim % 2) throw new Error(`${source}: a head dimension of ${c.headDim} is odd`);
-
   // Each tensor: its GGUF name, ggml dims (innermost first), type and data, in the weights' order.
   const shapes = new Map(llamaParameterShapes(c));
-  const tensors = [...model.weights].map(([name, data]) => {
+  const tensors = [...model.weights].map(([name, data]): Tensor => {
     const shape = shapes.get(name);
     if (!shape) throw new Error(`${source}: ${name} is not a weight of this architecture`);
-    let values = data;
-    if (arch === 'llama' && /self_attn\.[qk]_proj\./.test(name))
-      values = permuteRows(data, name.includes('q_proj') ? c.heads : c.kvHeads, c.headDim);
-    // Vectors stay float32, as llama.cpp's converter keeps them; a matrix whose rows do not split into
-    // blocks of 32 is written in f16 instead of Q8_0.
-    const cols = shape.at(-1)!;
-    const t: GgufType = shape.length === 1 ? 'f32' : type === 'q8_0' && cols % Q8_BLOCK ? 'f16' : type;
-    return { name: ggufName(name), dims: [...shape].reverse(), type: t, values };
+    const values = ggufRows(name, data, c, source);
+    return {
+      name: ggufName(name),
+      dims: [...shape].reverse(),
+      type: shape.length === 1 ? 'f32' : matrixType(shape[1]!, type),
+      values,
+    };
   });
+  return writeTensors(path, metadata, tensors);
+}
 
+/** Rows as llama.cpp reads them: a Llama's q and k projections' (weights, biases, LoRA's B) permuted; the rest as they are. */
+function ggufRows(name: string, data: Float32Array, c: LlamaConfig, source: string): Float32Array {
+  if (c.modelType !== 'llama' || !/self_attn\.[qk]_proj\./.test(name)) return data;
+  if (c.headDim % 2) throw new Error(`${source}: a head dimension of ${c.headDim} is odd`);
+  return permuteRows(data, name.includes('q_proj') ? c.heads : c.kvHeads, c.headDim);
+}
+
+/**
+ * A matrix's type in the file: the one asked for, but float16 where Q8_0 was asked and its rows do not split
+ * into blocks of 32 (vectors stay float32, as llama.cpp's converter keeps them).
+ */
+const matrixType = (cols: number, type: GgufType): GgufType => (type === 'q8_0' && cols % Q8_BLOCK ? 'f16' : type);
+
+export interface GgufAdapter {
+  config: LlamaConfig;
+  /** Each adapted projection by module (model.layers.0.self_attn.q_proj): A (r, in) and B (out, r), as PEFT stores them. */
+  adapters: Map<string, { a: Float32Array; b: Float32Array; r: number }>;
+  /** LoRA's α: llama.cpp scales B·A by α/r, as PEFT does. */
+  alpha: number;
+  name: string;
+  source: string;
+}
+
+/**
+ * Writes LoRA adapters as llama.cpp's adapter GGUF (what convert_lora_to_gguf.py writes, `llama-server
+ * --lora`, Ollama's ADAPTER): general.type adapter, the base's architecture, and each projection's A and B as
+ * `<weight>.lora_a` / `.lora_b`, ggml dims reversed as for the weights; B's rows permuted as the base's rows.
+ */
+export function writeGgufAdapter(path: string, adapter: GgufAdapter, type: GgufType): number {
+  const { config: c, source } = adapter;
+  const metadata: Record<string, Value> = {
+    'general.architecture': str(c.modelType),
+    'general.type': str('adapter'),
+    'general.name': str(adapter.name),
+    'general.file_type': u32(FILE_TYPE[type]),
+    ...(type === 'q8_0' ? { 'general.quantization_version': u32(2) } : {}),
+    'general.alignment': u32(ALIGNMENT),
+    'adapter.type': str('lora'),
+    'adapter.lora.alpha': f32(adapter.alpha),
+  };
+  const shapes = new Map(llamaParameterShapes(c));
+  const tensors = [...adapter.adapters].flatMap(([module, { a, b, r }]): Tensor[] => {
+    const weight = `${module}.weight`;
+    const shape = shapes.get(weight);
+    if (!shape) throw new Error(`${source}: ${module} is not a projection of this architecture`);
+    const [out, inner] = shape as [number, number];
+    if (a.length !== r * inner || b.length !== out * r)
+      throw new Error(`${source}: ${module}'s adapter is not A [${r}, ${inner}] and B [${out}, ${r}]`);
+    return [
+      { name: `${ggufName(weight)}.lora_a`, dims: [inner, r], type: matrixType(inner, type), values: a },
+      {
+        name: `${ggufName(weight)}.lora_b`,
+        dims: [r, out],
+        type: matrixType(r, type),
+        values: ggufRows(weight, b, c, source),
+      },
+    ];
+  });
+  if (!tensors.length) throw new Error(`${source}: no LoRA adapters to write`);
+  return writeTensors(path, metadata, tensors);
+}
+
+interface Tensor {
+  name: string;
+  /** ggml's dims, innermost first. */
+  dims: number[];
+  type: GgufType;
+  values: Float32Array;
+}
+
+/** The file: header, key-values, tensor infos, then each tensor's data 32-byte aligned (aside, then renamed); returns the bytes written. */
+function writeTensors(path: string, metadata: Record<string, Value>, tensors: Tensor[]): number {
   const head = new Bytes();
   head.u32(0x46554747); // "GGUF"
   head.u32(3);

@@ -1,6 +1,8 @@
 // `prefab model score|generate|inspect|export`: a Hugging Face folder of the Llama family checked by hand, and
 // written where other tools run models. Each prints one JSON object on stdout, so its numbers can be compared
 // with another implementation's.
+import { existsSync } from 'node:fs';
+import { join } from 'node:path';
 import { InvalidArgumentError, Option, type Command } from 'commander';
 import type { GgufType } from '../model/gguf.ts';
 import { PipelineError } from '../pipeline/errors.ts';
@@ -37,7 +39,10 @@ const number = (value: string) => {
   return n;
 };
 
-/** The model in `dir`, on the device `--backend` asked for; names the folder and the id when an id is out of the vocabulary. */
+/**
+ * The model in `dir` (its adapter/, where it has one, merged), on the device `--backend` asked for; names the
+ * folder and the id when an id is out of the vocabulary.
+ */
 async function open(
   program: Command,
   ctx: CommandContext,
@@ -56,7 +61,18 @@ async function open(
   const bad = ids.flat().find((id) => id >= hf.config.vocabSize);
   if (bad !== undefined)
     throw new PipelineError(`token id ${bad} is outside ${dir}'s vocabulary of ${hf.config.vocabSize}`);
-  return { model: new Llama(hf.config, hf.weights), device, log };
+  const model = new Llama(hf.config, hf.weights);
+  if (existsSync(join(dir, 'adapter'))) {
+    const { loadAdapter, mergeLora } = await import('../model/lora.ts');
+    try {
+      loadAdapter(join(dir, 'adapter'), model);
+    } catch (error) {
+      model.dispose();
+      throw new PipelineError((error as Error).message);
+    }
+    mergeLora(model);
+  }
+  return { model, device, log };
 }
 
 /** Each sequence's per-token log-probs (the first token has none) and their sums. */
@@ -175,11 +191,15 @@ export function addModelCommands(program: Command, ctx: CommandContext): void {
   model
     .command('export')
     .description(
-      'write a model folder as GGUF (llama.cpp, Ollama, LM Studio: weights, tokenizer and chat template in one file) or as one Hugging Face folder with LoRA adapters merged (vLLM, transformers); prints {"path", "bytes", "format"}',
+      'write a model folder as GGUF (llama.cpp, Ollama, LM Studio: weights, tokenizer and chat template in one file) or as one Hugging Face folder with LoRA adapters merged (vLLM, transformers), or its LoRA adapters alone as an adapter GGUF (llama.cpp --lora over the base\'s GGUF: export the base with --no-adapter, or the adapter\'s base folder); prints {"path", "bytes", "format"}',
     )
     .argument('<folder>', 'a model folder (its adapter/, if any, merged) or a PEFT adapter folder')
     .requiredOption('--out <path>', 'the GGUF file, or the folder, to write')
-    .addOption(new Option('--format <format>', 'what to write').choices(['gguf', 'hf']).default('gguf'))
+    .addOption(
+      new Option('--format <format>', 'what to write: gguf, hf, or gguf-lora (the adapters alone)')
+        .choices(['gguf', 'hf', 'gguf-lora'])
+        .default('gguf'),
+    )
     .addOption(
       new Option('--type <type>', "GGUF's weights: f32, f16 or q8_0").choices(['f32', 'f16', 'q8_0']).default('f16'),
     )
@@ -187,14 +207,20 @@ export function addModelCommands(program: Command, ctx: CommandContext): void {
       '--base <folder>',
       "an adapter's base model, where adapter_config.json's base_model_name_or_path is not a folder here",
     )
-    .action(async (dir: string, opts: { out: string; format: 'gguf' | 'hf'; type: GgufType; base?: string }) => {
-      await deviceFor(commandOptions(program), ctx.logger()); // the merge runs on the reference model
-      const { exportModel } = await import('../model/export.ts');
-      try {
-        process.stdout.write(JSON.stringify(exportModel({ from: dir, ...opts })) + '\n');
-      } catch (error) {
-        throw new PipelineError((error as Error).message);
-      }
-      ctx.setExit(0);
-    });
+    .option('--no-adapter', "a model folder's own weights, its adapter/ left out: the base its adapter GGUF runs on")
+    .action(
+      async (
+        dir: string,
+        opts: { out: string; format: 'gguf' | 'hf' | 'gguf-lora'; type: GgufType; base?: string; adapter: boolean },
+      ) => {
+        await deviceFor(commandOptions(program), ctx.logger()); // the merge runs on the reference model
+        const { exportModel } = await import('../model/export.ts');
+        try {
+          process.stdout.write(JSON.stringify(exportModel({ from: dir, ...opts })) + '\n');
+        } catch (error) {
+          throw new PipelineError((error as Error).message);
+        }
+        ctx.setExit(0);
+      },
+    );
 }

@@ -2,8 +2,8 @@
 // each transformers fixture's log-probs within 1e-4 of transformers' at F32 and its greedy continuation the
 // same; a prefab model trained here to call a tool: log-probs within 1e-4 of prefab's, the GGUF's own chat
 // template rendering the prompt llama.cpp tokenizes into prefab's ids, and its greedy reply, tool call and all
-// (not stopped at the call's token), parsed as the call prefab writes. The float16 and Q8_0 conversions are
-// checked on hand-made numbers.
+// (not stopped at the call's token), parsed as the call prefab writes; a LoRA adapter's GGUF over its base's
+// the adapted model's log-probs. The float16 and Q8_0 conversions are checked on hand-made numbers.
 import { cpSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import * as tf from '@tensorflow/tfjs-core';
 import { join } from 'node:path';
@@ -15,6 +15,7 @@ import { conversationTexts, renderText } from '../../model/chat-template.ts';
 import { saveCheckpoint } from '../../model/checkpoint.ts';
 import { exportModel } from '../../model/export.ts';
 import { q8Bytes, servingTemplate, toHalf } from '../../model/gguf.ts';
+import { PROJECTIONS } from '../../model/config.ts';
 import { readHfModel } from '../../model/hf.ts';
 import { Llama } from '../../model/llama.ts';
 import { attachLora, mergeLora, saveAdapter } from '../../model/lora.ts';
@@ -278,6 +279,49 @@ describe('GGUF in llama.cpp', () => {
     240_000,
   );
 
+  it.skipIf(absent)(
+    "writes a LoRA adapter as llama.cpp's adapter GGUF: over the base's GGUF, log-probs within 1e-4 of prefab's",
+    async () => {
+      for (const name of ['llama-tiny', 'qwen2-tiny']) {
+        const ref = JSON.parse(readFileSync(join(FIXTURES, name, 'reference.json'), 'utf8')) as Reference;
+        // A prefab model folder with adapter/: the fixture's weights, a tokenizer, adapters on every projection
+        // whose B is not zero (a fresh adapter changes nothing).
+        const dir = join(tempDir(), name);
+        cpSync(join(FIXTURES, name), dir, { recursive: true });
+        const hf = readHfModel(dir);
+        writeFileSync(join(dir, 'tokenizer.json'), trainTokenizer(['a corpus for the tokens'], hf.config.vocabSize));
+        const model = new Llama(hf.config, hf.weights);
+        const lora = { r: 4, alpha: 8, dropout: 0, targetModules: [...PROJECTIONS] };
+        attachLora(model, lora, 'gguf-lora');
+        for (const ad of model.adapters.values()) ad.b.assign(tf.randomNormal(ad.b.shape, 0, 0.3, 'float32', 3));
+        saveAdapter(join(dir, 'adapter'), model, lora, '..');
+        model.dispose();
+
+        const base = exported(dir, '--no-adapter', '--out', join(dir, 'base.gguf'), '--type', 'f32');
+        // The adapter/ folder as PEFT writes it: its base is the folder's own weights, not merged twice.
+        const adapter = exported(join(dir, 'adapter'), '--format', 'gguf-lora', '--out', join(dir, 'lora.gguf'));
+        expect(adapter).toMatchObject({ format: 'gguf-lora f16' });
+        const f32 = exported(dir, '--format', 'gguf-lora', '--out', join(dir, 'lora-f32.gguf'), '--type', 'f32');
+        const score = prefab(['model', 'score', dir, '--ids', JSON.stringify(ref.input_ids)]);
+        expect(score.code, score.stderr).toBe(0);
+        const ours = (JSON.parse(score.stdout) as { token_logprobs: number[][] }).token_logprobs;
+
+        const plain = await openGguf(base.path);
+        const adapted = await openGguf(base.path, { lora: f32.path });
+        const half = await openGguf(base.path, { lora: adapter.path });
+        for (const [s, ids] of ref.input_ids.entries()) {
+          // The base's GGUF alone is the fixture (transformers' log-probs), which the adapters move.
+          expect(worst(await llamaCppLogprobs(plain, ids), ref.token_logprobs[s]!), name).toBeLessThan(1e-4);
+          expect(worst(ours[s]!, ref.token_logprobs[s]!), name).toBeGreaterThan(1e-2);
+          expect(worst(await llamaCppLogprobs(adapted, ids), ours[s]!), name).toBeLessThan(1e-4);
+          expect(worst(await llamaCppLogprobs(half, ids), ours[s]!), name).toBeLessThan(3e-2);
+        }
+        for (const g of [plain, adapted, half]) await g.close();
+      }
+    },
+    120_000,
+  );
+
   it('writes a registry version, and a LoRA adapter merged onto its base as one Hugging Face folder', async () => {
     // A base with a tokenizer, and an adapter on it whose B is not zero (a fresh adapter changes nothing).
     const base = join(tempDir(), 'base');
@@ -340,6 +384,9 @@ describe('GGUF in llama.cpp', () => {
     const other = prefab(['model', 'export', dir, '--out', join(dir, 'x.gguf')]);
     expect(other.code).toBe(1);
     expect(other.stderr).toMatch(/tokenizer model \\?"Unigram\\?" is not supported/);
+    const noAdapter = prefab(['model', 'export', dir, '--format', 'gguf-lora', '--out', join(dir, 'x.gguf')]);
+    expect(noAdapter.code).toBe(1);
+    expect(noAdapter.stderr).toContain(`${dir} has no LoRA adapter (adapter/ or adapter_config.json)`);
     const neither = prefab(['model', 'export', REPO, '--out', join(dir, 'x.gguf')]);
     expect(neither.stderr).toMatch(/neither a model folder \(config.json\) nor a LoRA adapter/);
   });
