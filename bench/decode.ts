@@ -2,14 +2,17 @@
 // (runtime/shared-decoder.ts, as DAPO's rollouts, eval's and a refresh night's episodes are) and, where a GPU
 // is (or with --gpu), on it (runtime/webgpu/decode.ts: every live sequence's row in one step, as the server
 // steps its requests), for the default run's model shape and, asked for, the SmolLM2-135M and Qwen2.5-0.5B
-// shapes; random weights, a fixed prompt length, a fixed number of new tokens (no stop token). The ratio is
-// against one sequence in the same run: what decoding together is worth. Where python3 has torch and
-// transformers, their batched `generate` (bf16 on a GPU, f32 on the CPU) runs on the same shapes and lengths
-// in the same run, the peer.
-// Usage: npm run bench:decode [-- --shapes default,smollm2-135m --levels 1,8,32 --prompt 256 --new 64 --gpu --draw gpu]
+// shapes; random weights, a fixed prompt length, a fixed number of new tokens (no stop token), the prompt's
+// reading counted in the time. The ratio is against one sequence in the same run: what decoding together is
+// worth. Two peers in the same run on the same shapes and lengths: llama.cpp's llama-batched-bench (built
+// beside llama-server by bench/peers/llama-server.sh; not in CI) on an F32 GGUF of the same weights, as many
+// threads as prefab's kernels; and where python3 has torch and transformers, their batched `generate` (bf16 on
+// a GPU, f32 on the CPU). The goal: prefab's C kernels at 32 sequences ≥ 1.0× llama.cpp's tokens/s.
+// Usage: npm run bench:decode [-- --shapes default,smollm2-135m --levels 1,8,32 --prompt 256 --new 64 --gpu
+//   --draw gpu --no-reference --llama-batched-bench BIN]
 import { spawnSync } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { availableParallelism, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Command, Option } from 'commander';
 import { seeded } from '../core/random.ts';
@@ -22,6 +25,9 @@ import { openGpu, probeGpu } from '../runtime/webgpu/device.ts';
 import { GpuDecoder } from '../runtime/webgpu/decode.ts';
 import { GpuKernels } from '../runtime/webgpu/kernel.ts';
 import { SHAPES } from './shapes.ts';
+import { LLAMA_BATCHED_BENCH, llamaBatchedDecode } from './peers/llama-server.ts';
+import { writeGguf } from '../model/gguf.ts';
+import { trainTokenizer } from '../model/tokenizer.ts';
 
 const opts = new Command()
   .option('--shapes <list>', 'default, smollm2-135m, qwen2.5-0.5b', 'default')
@@ -30,13 +36,29 @@ const opts = new Command()
   .option('--new <n>', 'tokens generated per sequence', '64')
   .option('--gpu', 'decode on the GPU too, even on a CPU implementation of Vulkan (lavapipe)')
   .option('--no-cpu', 'the GPU only')
+  .option('--no-reference', "leave out the reference's plain loops (slow at the larger shapes)")
+  .option(
+    '--llama-batched-bench <binary>',
+    "the llama.cpp peer (default: bench/peers/llama-server.sh's cached build, when there is one)",
+  )
+  .option('--no-llama-batched-bench', 'no llama.cpp peer')
   .addOption(
     new Option('--draw <where>', "where the GPU's tokens are drawn: gpu, or cpu (its logits read back, as before)")
       .choices(['gpu', 'cpu'])
       .default('gpu'),
   )
   .parse()
-  .opts<{ shapes: string; levels: string; prompt: string; new: string; gpu?: boolean; cpu: boolean; draw: string }>();
+  .opts<{
+    shapes: string;
+    levels: string;
+    prompt: string;
+    new: string;
+    gpu?: boolean;
+    cpu: boolean;
+    reference: boolean;
+    draw: string;
+    llamaBatchedBench?: string | false;
+  }>();
 
 const levels = opts.levels.split(',').map(Number);
 const [promptLength, newTokens] = [Number(opts.prompt), Number(opts.new)];
@@ -44,10 +66,15 @@ await openDevice({ backend: 'wasm' });
 
 /**
  * Tokens/s of `n` sequences decoded together (SharedDecoder, as DAPO's episodes are), each a random prompt then
- * `newTokens` sampled tokens, over the caches `pool` makes: the CPU's (the reference's plain loops, or the C
- * kernels) or the GPU's.
+ * `tokens` sampled tokens (--new), over the caches `pool` makes: the CPU's (the reference's plain loops, or
+ * the C kernels) or the GPU's.
  */
-async function ours(config: LlamaConfig, n: number, pool: (model: Llama) => CachePool): Promise<number> {
+async function ours(
+  config: LlamaConfig,
+  n: number,
+  pool: (model: Llama) => CachePool,
+  tokens = newTokens,
+): Promise<number> {
   const model = Llama.create(config, 'bench-decode');
   const shared = new SharedDecoder(model, pool(model));
   const rand = seeded('bench-decode', n);
@@ -58,7 +85,7 @@ async function ours(config: LlamaConfig, n: number, pool: (model: Llama) => Cach
   const outs = await Promise.all(
     prompts.map((p, i) =>
       shared.generate(shared.cache(), p, {
-        maxTokens: newTokens,
+        maxTokens: tokens,
         temperature: 1,
         random: seeded('bench-decode', n, i),
       }),
@@ -108,6 +135,39 @@ function peer(config: LlamaConfig): Record<string, number | string> | string {
   return r.status === 0 ? (JSON.parse(r.stdout.trim().split('\n').at(-1)!) as Record<string, number>) : r.stderr.trim();
 }
 
+const llamaBinary =
+  opts.llamaBatchedBench === false
+    ? null
+    : (opts.llamaBatchedBench ?? (existsSync(LLAMA_BATCHED_BENCH) ? LLAMA_BATCHED_BENCH : null));
+
+/**
+ * llama.cpp's tokens/s per level on an F32 GGUF of `ours`' weights (the same seed), or why there are none.
+ * The GGUF needs a tokenizer: one trained here, its ids past its own vocabulary padding.
+ */
+function llamaCpp(config: LlamaConfig): Map<number, number> | string {
+  if (!llamaBinary) return 'no llama-batched-bench (bench/peers/llama-server.sh builds it)';
+  const dir = mkdtempSync(join(tmpdir(), 'prefab-bench-decode-'));
+  const model = Llama.create(config, 'bench-decode');
+  try {
+    const gguf = join(dir, 'model-f32.gguf');
+    const tokenizer = { 'tokenizer.json': trainTokenizer(['a tokenizer for the GGUF: 0123456789'], 300) };
+    const weights = new Map([...model.weights()].map(([name, w]) => [name, w.data]));
+    writeGguf(gguf, { config, weights, tokenizer, name: 'bench-decode', source: 'bench/decode.ts' }, 'f32');
+    const threads = availableParallelism();
+    return llamaBatchedDecode({
+      binary: llamaBinary,
+      gguf,
+      threads,
+      levels,
+      prompt: promptLength,
+      generated: newTokens,
+    });
+  } finally {
+    model.dispose();
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
 /** The GPU's pool as --draw asks: drawing there, or (cpu) reading the logits back for the CPU to draw from. */
 function onGpu(decoder: GpuDecoder): CachePool {
   if (opts.draw === 'gpu') return decoder;
@@ -128,27 +188,36 @@ for (const name of opts.shapes.split(',')) {
   const config = SHAPES[name];
   if (!config) throw new Error(`unknown shape ${name}: one of ${Object.keys(SHAPES).join(', ')}`);
   const theirs = peer(config);
+  const llama = llamaCpp(config);
   console.log(`\n${name}: prompt ${promptLength}, ${newTokens} new tokens a sequence`);
   console.log(`transformers: ${typeof theirs === 'string' ? theirs : theirs.device}`);
+  console.log(
+    `llama.cpp: ${typeof llama === 'string' ? llama : `${llamaBinary}, ${availableParallelism()} threads, F32 GGUF`}`,
+  );
   if (gpuKernels) console.log(`the GPU: ${gpuKernels.gpu.adapter.description}`);
   const native = opts.cpu ? loadCpuKernels().kernels : null;
   if (opts.cpu && !native) console.log(`the C kernels: ${loadCpuKernels().why}`);
   console.log(
-    '| sequences | prefab, reference, tokens/s | × one sequence | prefab, C kernels, tokens/s | × one sequence | prefab, webgpu, tokens/s | × one sequence | transformers tokens/s | prefab (best) / transformers |',
+    '| sequences | prefab, reference, tokens/s | × one sequence | prefab, C kernels, tokens/s | × one sequence | prefab, webgpu, tokens/s | × one sequence | llama.cpp tokens/s | prefab C ÷ llama.cpp | transformers tokens/s | prefab (best) / transformers |',
   );
-  console.log('|---|---|---|---|---|---|---|---|---|');
+  console.log('|---|---|---|---|---|---|---|---|---|---|---|');
   const one = { wasm: 0, native: 0, gpu: 0 };
   const cell = (rate: number | null, base: number) =>
     rate ? `${rate.toFixed(0)} | ${(rate / base).toFixed(2)}` : '— | —';
+  const versus = (rate: number | null, peerRate: number | undefined) =>
+    peerRate ? `${peerRate.toFixed(0)} | ${rate ? (rate / peerRate).toFixed(2) : '—'}` : '— | —';
+  // A warm-up first (the kernels' first calls, the JIT), as llama-batched-bench and transformers' peer do.
+  if (native) await ours(config, 1, (m) => cpuCaches(m, native), 4);
   for (const n of levels) {
-    const wasm = opts.cpu ? await ours(config, n, (m) => cpuCaches(m, null)) : null;
+    const wasm = opts.cpu && opts.reference ? await ours(config, n, (m) => cpuCaches(m, null)) : null;
     const c = native ? await ours(config, n, (m) => cpuCaches(m, native)) : null;
     const g = gpuKernels ? await ours(config, n, (m) => onGpu(new GpuDecoder(m, gpuKernels))) : null;
     if (n === levels[0]) Object.assign(one, { wasm: wasm ?? 0, native: c ?? 0, gpu: g ?? 0 });
-    const peerRate = typeof theirs === 'string' ? null : (theirs[String(n)] as number | undefined);
+    const peerRate = typeof theirs === 'string' ? undefined : (theirs[String(n)] as number | undefined);
+    const llamaRate = typeof llama === 'string' ? undefined : llama.get(n);
     const best = Math.max(wasm ?? 0, c ?? 0, g ?? 0);
     console.log(
-      `| ${n} | ${cell(wasm, one.wasm)} | ${cell(c, one.native)} | ${cell(g, one.gpu)} | ${peerRate ? peerRate.toFixed(0) : '—'} | ${peerRate ? (best / peerRate).toFixed(2) : '—'} |`,
+      `| ${n} | ${cell(wasm, one.wasm)} | ${cell(c, one.native)} | ${cell(g, one.gpu)} | ${versus(c, llamaRate)} | ${versus(best, peerRate)} |`,
     );
   }
 }

@@ -1,15 +1,48 @@
 // llama.cpp's llama-server, the serving peer of bench:serve and the check that it reads prefab's calls
-// (test/model/gguf.test.ts): where bench/peers/llama-server.sh caches its build, and one started on a GGUF.
-import { spawn } from 'node:child_process';
+// (test/model/gguf.test.ts): where bench/peers/llama-server.sh caches its build, and one started on a GGUF;
+// and llama-batched-bench, built beside it, the decoding peer of bench:decode.
+import { spawn, spawnSync } from 'node:child_process';
 import { once } from 'node:events';
 import { createServer } from 'node:net';
 import { homedir } from 'node:os';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 
 /** The binary llama-server.sh builds (PREFAB_LLAMA_SERVER names another). */
 export const LLAMA_SERVER =
   process.env.PREFAB_LLAMA_SERVER ??
   join(homedir(), '.cache', 'prefab', 'llama-server', 'build', 'bin', 'llama-server');
+
+/** llama-batched-bench, which llama-server.sh builds beside llama-server. */
+export const LLAMA_BATCHED_BENCH = join(dirname(LLAMA_SERVER), 'llama-batched-bench');
+
+/**
+ * llama.cpp's generated tokens/s at each number of sequences decoded together (llama-batched-bench: each
+ * sequence its own random prompt of `prompt` tokens read in one batch, then `generated` steps of one token a
+ * sequence, logits computed, no sampling), counted as prefab's bench counts: generated tokens over the
+ * prompt's reading and the steps. Flash attention off and an F32 KV cache, as prefab's.
+ */
+export function llamaBatchedDecode(o: {
+  binary: string;
+  gguf: string;
+  threads: number;
+  levels: number[];
+  prompt: number;
+  generated: number;
+}): Map<number, number> {
+  const args = ['-m', o.gguf, '-t', String(o.threads), '-tb', String(o.threads)];
+  args.push('-c', String(Math.max(...o.levels) * (o.prompt + o.generated)), '-b', '2048', '-ub', '512');
+  args.push('-npp', String(o.prompt), '-ntg', String(o.generated), '-npl', o.levels.join(','));
+  args.push('-fa', 'off', '-ctk', 'f32', '-ctv', 'f32', '--output-format', 'jsonl');
+  const r = spawnSync(o.binary, args, { encoding: 'utf8', maxBuffer: 1 << 26 });
+  if (r.status !== 0)
+    throw new Error(`${o.binary} exited ${r.status}: ${r.stderr.trim().split('\n').slice(-3).join(' ')}`);
+  const rates = new Map<number, number>();
+  for (const line of r.stdout.split('\n').filter((l) => l.startsWith('{'))) {
+    const j = JSON.parse(line) as { pl: number; tg: number; t: number };
+    rates.set(j.pl, (j.pl * j.tg) / j.t);
+  }
+  return rates;
+}
 
 export interface LlamaServerOptions {
   gguf: string;
