@@ -66,17 +66,16 @@ await openDevice({ backend: 'wasm' });
 
 /**
  * Tokens/s of `n` sequences decoded together (SharedDecoder, as DAPO's episodes are), each a random prompt then
- * `tokens` sampled tokens (--new), over the caches `pool` makes: the CPU's (the reference's plain loops, or
- * the C kernels) or the GPU's.
+ * --new sampled tokens, over the caches `pool` makes: the CPU's (the reference's plain loops, or the C
+ * kernels) or the GPU's. A short generation first, untimed, as llama-batched-bench warms up after loading:
+ * the decoder's copy of the weights made, the kernels' first calls, the JIT.
  */
-async function ours(
-  config: LlamaConfig,
-  n: number,
-  pool: (model: Llama) => CachePool,
-  tokens = newTokens,
-): Promise<number> {
+async function ours(config: LlamaConfig, n: number, pool: (model: Llama) => CachePool): Promise<number> {
   const model = Llama.create(config, 'bench-decode');
   const shared = new SharedDecoder(model, pool(model));
+  const warm = shared.cache();
+  await shared.generate(warm, [1, 2, 3, 4], { maxTokens: 4, temperature: 1, random: seeded('bench-decode') });
+  shared.free(warm);
   const rand = seeded('bench-decode', n);
   const prompts = Array.from({ length: n }, () =>
     Array.from({ length: promptLength }, () => Math.floor(rand() * config.vocabSize)),
@@ -85,7 +84,7 @@ async function ours(
   const outs = await Promise.all(
     prompts.map((p, i) =>
       shared.generate(shared.cache(), p, {
-        maxTokens: tokens,
+        maxTokens: newTokens,
         temperature: 1,
         random: seeded('bench-decode', n, i),
       }),
@@ -206,8 +205,6 @@ for (const name of opts.shapes.split(',')) {
     rate ? `${rate.toFixed(0)} | ${(rate / base).toFixed(2)}` : '— | —';
   const versus = (rate: number | null, peerRate: number | undefined) =>
     peerRate ? `${peerRate.toFixed(0)} | ${rate ? (rate / peerRate).toFixed(2) : '—'}` : '— | —';
-  // A warm-up first (the kernels' first calls, the JIT), as llama-batched-bench and transformers' peer do.
-  if (native) await ours(config, 1, (m) => cpuCaches(m, native), 4);
   for (const n of levels) {
     const wasm = opts.cpu && opts.reference ? await ours(config, n, (m) => cpuCaches(m, null)) : null;
     const c = native ? await ours(config, n, (m) => cpuCaches(m, native)) : null;

@@ -20,7 +20,9 @@ const CUTOFF = 1e-4;
  * proportion. Typed arrays reused from call to call: a decoding step draws one token a sequence.
  * The order is found by sorting the probabilities alone (a typed array's own numeric sort, several times
  * faster than sorting ids with a comparator); the drawn rank is then mapped back to its id, the k-th among
- * equal probabilities being the k-th such id. The same draws, to the bit, as sorting the ids.
+ * equal probabilities being the k-th such id. The same draws, to the bit, as sorting the ids; at top-p 1
+ * (no nucleus to cut) the drawn token is found without a sort (drawByMass), the same but where the draw lies
+ * within rounding of a token's boundary.
  */
 export function sampleToken(logits: Float32Array, temperature: number, topP: number, rand: Random): number {
   const V = logits.length;
@@ -34,6 +36,8 @@ export function sampleToken(logits: Float32Array, temperature: number, topP: num
   const top = logits[best]!;
   let total = 0;
   for (let i = 0; i < V; i++) total += probs[i] = Math.exp((logits[i]! - top) / temperature);
+  // At top-p 1 the nucleus is every token: nothing to sort for, only the token where the mass reaches r.
+  if (topP >= 1) return drawByMass(V, rand() * total, best);
   // The nucleus is a prefix of the probabilities in order: it is looked for first among those within a factor
   // of CUTOFF of the largest (a few dozen values to sort rather than V, where the sort was most of a draw),
   // and among all V only where their mass falls short of topP. The same prefix either way.
@@ -65,6 +69,60 @@ export function sampleToken(logits: Float32Array, temperature: number, topP: num
   const p = ranked(k);
   let before = 0;
   while (before < k && ranked(k - before - 1) === p) before++;
-  for (let id = 0; id < V; id++) if (probs[id] === p && before-- === 0) return id;
+  return nthOf(p, before, V);
+}
+
+/** The id of the k-th token (from 0, in id order) whose probability is p. */
+function nthOf(p: number, k: number, V: number): number {
+  for (let id = 0; id < V; id++) if (probs[id] === p && k-- === 0) return id;
   throw new Error('sampleToken: the drawn probability belongs to no token');
+}
+
+const median = (x: number, y: number, z: number) => Math.max(Math.min(x, y), Math.min(Math.max(x, y), z));
+
+/**
+ * The token at which the running mass of probs[0..V), in order of probability (ties by id), first reaches r:
+ * what walking them sorted finds, found by three-way partitions around a pivot instead (the mass above it
+ * says on which side r falls), about 2V values visited rather than a sort of V. Its sums run in another order
+ * than the walk's: a draw can differ from the walk's only where r lies within rounding of a boundary.
+ */
+function drawByMass(V: number, r: number, best: number): number {
+  if (r <= 0) return best;
+  const a = sorted;
+  a.set(probs.subarray(0, V));
+  let [lo, hi] = [0, V];
+  while (hi - lo > 16) {
+    const pivot = median(a[lo]!, a[(lo + hi) >>> 1]!, a[hi - 1]!);
+    // [lo, above) > pivot, [above, i) = pivot, [below, hi) < pivot; `mass` sums the first.
+    let [above, i, below, mass] = [lo, lo, hi, 0];
+    while (i < below) {
+      const v = a[i]!;
+      if (v > pivot) {
+        a[i++] = a[above]!;
+        a[above++] = v;
+        mass += v;
+      } else if (v < pivot) {
+        a[i] = a[--below]!;
+        a[below] = v;
+      } else i++;
+    }
+    if (r <= mass) {
+      hi = above;
+      continue;
+    }
+    r -= mass;
+    // The pivot's equals in id order; past the last token of all (r beyond the mass by rounding), the last.
+    const equal = below - above;
+    for (let k = 0; k < equal; k++)
+      if ((r -= pivot) <= 0 || (below === hi && k === equal - 1)) return nthOf(pivot, k, V);
+    lo = below;
+  }
+  const rest = a.subarray(lo, hi).sort(); // ascending: walked from its end
+  for (let k = rest.length - 1; k >= 0; k--) {
+    if ((r -= rest[k]!) > 0 && k > 0) continue;
+    let before = 0; // its equals ranked before it, at the larger indices
+    while (k + before + 1 < rest.length && rest[k + before + 1] === rest[k]) before++;
+    return nthOf(rest[k]!, before, V);
+  }
+  throw new Error('sampleToken: no token to draw');
 }
