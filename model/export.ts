@@ -50,6 +50,10 @@ function loadModel(o: ExportOptions): { model: Llama; tokenizer: TokenizerFiles;
   }
   if (!existsSync(adapterConfig))
     throw new Error(`${o.from} is neither a model folder (config.json) nor a LoRA adapter (adapter_config.json)`);
+  if (o.adapter === false)
+    throw new Error(
+      `${o.from} is a LoRA adapter: --no-adapter leaves a model folder's adapter/ out; export its base instead`,
+    );
   const named = (JSON.parse(readFileSync(adapterConfig, 'utf8')) as { base_model_name_or_path?: unknown })
     .base_model_name_or_path;
   const base =

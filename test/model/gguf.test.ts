@@ -302,6 +302,8 @@ describe('GGUF in llama.cpp', () => {
         const adapter = exported(join(dir, 'adapter'), '--format', 'gguf-lora', '--out', join(dir, 'lora.gguf'));
         expect(adapter).toMatchObject({ format: 'gguf-lora f16' });
         const f32 = exported(dir, '--format', 'gguf-lora', '--out', join(dir, 'lora-f32.gguf'), '--type', 'f32');
+        const without = prefab(['model', 'export', join(dir, 'adapter'), '--no-adapter', '--out', join(dir, 'x.gguf')]);
+        expect(without.stderr).toContain('is a LoRA adapter: --no-adapter');
         const score = prefab(['model', 'score', dir, '--ids', JSON.stringify(ref.input_ids)]);
         expect(score.code, score.stderr).toBe(0);
         const ours = (JSON.parse(score.stdout) as { token_logprobs: number[][] }).token_logprobs;
