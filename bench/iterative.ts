@@ -15,6 +15,8 @@
 //   iterative-fixed    the same, the reference fixed at SFT
 //   offline-iterative  the first half of the rounds offline, the rest iterative (reference reset)
 //   rft                SFT on the policy's own successful rollouts (rejection sampling): the control
+//   rft-iterative      the first half of the rounds RFT, the rest iterative DPO from its model (reference
+//                      reset): whether the negatives add to what RFT's positives teach
 //   dapo               standard DAPO (group_size = --k, one batch of rollouts a step: no extra draws)
 //   dapo-feedback      feedback-guided DAPO, the same budget
 //
@@ -50,7 +52,16 @@ import type { Message } from '../core/records.ts';
 import { dapoKnobs, iterativeKnobs } from '../rl/settings.ts';
 import { PAIRWISE_LOSSES, preferenceKnobs } from '../trainers/settings.ts';
 
-const ARMS = ['offline', 'iterative', 'iterative-fixed', 'offline-iterative', 'rft', 'dapo', 'dapo-feedback'];
+const ARMS = [
+  'offline',
+  'iterative',
+  'iterative-fixed',
+  'offline-iterative',
+  'rft',
+  'rft-iterative',
+  'dapo',
+  'dapo-feedback',
+];
 const ARMS_HELP = ARMS.join(', ');
 
 const o = new Command()
@@ -278,9 +289,11 @@ async function trained(name: string, seed: number, from: string, device: Device,
         )
       : undefined;
   const key = runName(name, seed);
+  const rftRounds = name === 'rft-iterative' ? Math.floor(rounds / 2) : 0;
   const run = await runIterativeDpo({
     ...{ from, out: work, cache: work, key, knobs, preference, device, signal: NEVER, log },
     actor,
+    method: (round) => (round <= rftRounds ? 'rft' : knobs.method),
   });
   return run.models;
 }

@@ -48,6 +48,8 @@ export interface IterativeRunOptions {
    * Tests put a scripted agent here; the head-to-head's offline arms the logs' mix of agents.
    */
   actor?: (task: Task, round: number, trial: number) => Policy | undefined;
+  /** How a round trains where it says (the head-to-head's RFT-then-DPO arm); absent: knobs.method every round. */
+  method?: (round: number) => IterativeSettings['method'];
 }
 
 /** A round's figures: its rollouts' success, the step pairs they gave, and the policy on validation after it. */
@@ -81,9 +83,10 @@ export async function runIterativeDpo(o: IterativeRunOptions): Promise<{ figures
         ),
       );
       const success = rollouts.filter((r) => r.reward >= 1).length / Math.max(1, rollouts.length);
-      log.info('rollouts', { round, episodes: rollouts.length, success, step_pairs: pairs.length });
+      const method = o.method?.(round) ?? k.method;
+      log.info('rollouts', { round, method, episodes: rollouts.length, success, step_pairs: pairs.length });
       const successes = rollouts.filter((r) => r.reward >= 1);
-      if (k.method === 'rft') await fineTune(o, current, successes, roundDir, round);
+      if (method === 'rft') await fineTune(o, current, successes, roundDir, round);
       else if (pairs.length === 0)
         await cp(current, model, { recursive: true }); // nothing where they part: unchanged
       else

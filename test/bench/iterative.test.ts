@@ -12,7 +12,16 @@ import { servedModelFolder } from '../fixtures/served-model.ts';
 import { ParquetTableWriter } from '../../pipeline/parquet.ts';
 import { SFT_COLUMNS } from '../../stages/export/schema.ts';
 
-const ARMS = ['offline', 'iterative', 'iterative-fixed', 'offline-iterative', 'rft', 'dapo', 'dapo-feedback'];
+const ARMS = [
+  'offline',
+  'iterative',
+  'iterative-fixed',
+  'offline-iterative',
+  'rft',
+  'rft-iterative',
+  'dapo',
+  'dapo-feedback',
+];
 let from: string;
 let work: string;
 let out: string;
@@ -53,10 +62,20 @@ describe('the head-to-head driver', () => {
   });
 
   it('runs every arm end to end and tables their checkpoints against SFT', { timeout: 300_000 }, () => {
+    const methods = new Map<string, string[]>();
     for (const arm of ARMS) {
       const r = driver('--arm', arm, '--seed', '1');
       expect(r.code, `${arm}: ${r.stderr.slice(-2000)}`).toBe(0);
+      const rounds = r.stderr.split('\n').filter((l) => l.includes('"event":"rollouts"'));
+      methods.set(
+        arm,
+        rounds.map((l) => (JSON.parse(l) as { round: number; method: string }).method),
+      );
     }
+    // Each round trains as its arm says: RFT then DPO, halves of the rounds, in rft-iterative.
+    expect(methods.get('rft')).toEqual(['rft', 'rft']);
+    expect(methods.get('iterative')).toEqual(['dpo', 'dpo']);
+    expect(methods.get('rft-iterative')).toEqual(['rft', 'dpo']);
     const points = curves();
     expect(points.map((p) => `${p.arm} ${p.episodes}`)).toEqual(ARMS.flatMap((a) => [`${a} 8`, `${a} 16`]));
     for (const p of points) {
