@@ -67,14 +67,15 @@ await openDevice({ backend: 'wasm' });
 /**
  * Tokens/s of `n` sequences decoded together (SharedDecoder, as DAPO's episodes are), each a random prompt then
  * --new sampled tokens, over the caches `pool` makes: the CPU's (the reference's plain loops, or the C
- * kernels) or the GPU's. A short generation first, untimed, as llama-batched-bench warms up after loading:
- * the decoder's copy of the weights made, the kernels' first calls, the JIT.
+ * kernels) or the GPU's. One sequence's prompt and 8 tokens first, untimed, as llama-batched-bench warms up
+ * after loading: the decoder's copy of the weights made, the kernels' first calls, the JIT on both paths.
  */
 async function ours(config: LlamaConfig, n: number, pool: (model: Llama) => CachePool): Promise<number> {
   const model = Llama.create(config, 'bench-decode');
   const shared = new SharedDecoder(model, pool(model));
   const warm = shared.cache();
-  await shared.generate(warm, [1, 2, 3, 4], { maxTokens: 4, temperature: 1, random: seeded('bench-decode') });
+  const prompt = Array.from({ length: promptLength }, (_, i) => i % config.vocabSize);
+  await shared.generate(warm, prompt, { maxTokens: 8, temperature: 1, random: seeded('bench-decode') });
   shared.free(warm);
   const rand = seeded('bench-decode', n);
   const prompts = Array.from({ length: n }, () =>
