@@ -3,7 +3,7 @@
 // offset, then the data, 32-byte aligned. Written as llama.cpp's convert_hf_to_gguf.py writes a Llama or
 // Qwen2 folder: ggml's dims are the safetensors shape reversed, and Llama's q/k rows are permuted from
 // transformers' halves-rotation order to the interleaved pairs llama.cpp's Llama rotates (Qwen2 is rotated by
-// halves there too, so its rows stay).
+// halves there too, so its rows stay). LoRA adapters alone as convert_lora_to_gguf.py writes them.
 import { closeSync, openSync, renameSync, rmSync, writeSync } from 'node:fs';
 import { llamaParameterShapes, type LlamaConfig } from './config.ts';
 import type { TokenizerFiles } from './hf.ts';
