@@ -162,6 +162,8 @@ function llamaCpp(config: LlamaConfig): Map<number, number> | string {
       prompt: promptLength,
       generated: newTokens,
     });
+  } catch (error) {
+    return (error as Error).message;
   } finally {
     model.dispose();
     rmSync(dir, { recursive: true, force: true });

@@ -69,7 +69,12 @@ function loadModel(o: ExportOptions): { model: Llama; tokenizer: TokenizerFiles;
     mergeLora(checkpoint.model);
     loaded = { model: checkpoint.model, tokenizer: checkpoint.tokenizer, json: readHfConfig(base).json };
   }
-  loadAdapter(o.from, loaded.model);
+  try {
+    loadAdapter(o.from, loaded.model);
+  } catch (error) {
+    loaded.model.dispose();
+    throw error;
+  }
   return loaded;
 }
 
@@ -90,6 +95,10 @@ function withTemplate(files: TokenizerFiles, context: number, source: string): T
 
 /** Writes the export; returns what was written. */
 export function exportModel(o: ExportOptions): { path: string; bytes: number | null; format: string } {
+  if (o.format === 'gguf-lora' && o.adapter === false)
+    throw new Error(
+      '--no-adapter leaves the adapter out, and --format gguf-lora writes the adapter alone: use one of them',
+    );
   const { model, tokenizer, json } = loadModel(o);
   try {
     const name = o.name ?? basename(resolve(o.from));

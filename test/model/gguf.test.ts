@@ -2,8 +2,9 @@
 // each transformers fixture's log-probs within 1e-4 of transformers' at F32 and its greedy continuation the
 // same; a prefab model trained here to call a tool: log-probs within 1e-4 of prefab's, the GGUF's own chat
 // template rendering the prompt llama.cpp tokenizes into prefab's ids, and its greedy reply, tool call and all
-// (not stopped at the call's token), parsed as the call prefab writes; a LoRA adapter's GGUF over its base's
-// the adapted model's log-probs. The float16 and Q8_0 conversions are checked on hand-made numbers.
+// (not stopped at the call's token), parsed as the call prefab writes; a LoRA adapter's GGUF, run over its
+// base's GGUF, gives the adapted model's log-probs. The float16 and Q8_0 conversions are checked on hand-made
+// numbers.
 import { cpSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import * as tf from '@tensorflow/tfjs-core';
 import { join } from 'node:path';
@@ -304,6 +305,17 @@ describe('GGUF in llama.cpp', () => {
         const f32 = exported(dir, '--format', 'gguf-lora', '--out', join(dir, 'lora-f32.gguf'), '--type', 'f32');
         const without = prefab(['model', 'export', join(dir, 'adapter'), '--no-adapter', '--out', join(dir, 'x.gguf')]);
         expect(without.stderr).toContain('is a LoRA adapter: --no-adapter');
+        const both = prefab([
+          'model',
+          'export',
+          dir,
+          '--no-adapter',
+          '--format',
+          'gguf-lora',
+          '--out',
+          join(dir, 'x.gguf'),
+        ]);
+        expect(both.stderr).toContain('--no-adapter leaves the adapter out, and --format gguf-lora');
         const score = prefab(['model', 'score', dir, '--ids', JSON.stringify(ref.input_ids)]);
         expect(score.code, score.stderr).toBe(0);
         const ours = (JSON.parse(score.stdout) as { token_logprobs: number[][] }).token_logprobs;
