@@ -85,11 +85,14 @@ export interface LoadedCheckpoint {
   restoreOptimizer(optimizer: OptimizerMoments): boolean;
 }
 
-/** A model folder prefab wrote (with its adapters, when it has adapter/), or any Hugging Face folder of the Llama family with a tokenizer.json. */
-export function loadCheckpoint(dir: string): LoadedCheckpoint {
+/**
+ * A model folder prefab wrote (with its adapters, when it has adapter/, unless `adapter` is false: the base
+ * they sit on), or any Hugging Face folder of the Llama family with a tokenizer.json.
+ */
+export function loadCheckpoint(dir: string, { adapter = true }: { adapter?: boolean } = {}): LoadedCheckpoint {
   const hf = readHfModel(dir);
   const model = new Llama(hf.config, hf.weights);
-  if (existsSync(join(dir, 'adapter'))) loadAdapter(join(dir, 'adapter'), model);
+  if (adapter && existsSync(join(dir, 'adapter'))) loadAdapter(join(dir, 'adapter'), model);
   const statePath = join(dir, 'trainer_state.json');
   const optimizerPath = join(dir, 'optimizer.safetensors');
   const context = hf.json.prefab_context;

@@ -6,11 +6,11 @@ import { existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { basename, isAbsolute, join, resolve } from 'node:path';
 import { prefabTokenizerConfig } from './chat-template.ts';
 import { loadCheckpoint } from './checkpoint.ts';
-import { readHfConfig, readHfModel, readTokenizerFiles, writeHfModel, type TokenizerFiles } from './hf.ts';
+import { readHfConfig, writeHfModel, type TokenizerFiles } from './hf.ts';
 import { readChatTemplate } from './hf-chat.ts';
 import { writeGguf, writeGgufAdapter, type GgufType } from './gguf.ts';
 import { loadAdapter, mergeLora } from './lora.ts';
-import { Llama } from './llama.ts';
+import type { Llama } from './llama.ts';
 import { TextTokenizer } from './tokenizer.ts';
 
 export interface ExportOptions {
@@ -30,10 +30,12 @@ export interface ExportOptions {
   name?: string;
 }
 
-/** A model folder's weights as they are, without its adapter/: the base of an adapter. */
-function plainModel(dir: string): { model: Llama; tokenizer: TokenizerFiles; json: Record<string, unknown> } {
-  const hf = readHfModel(dir);
-  return { model: new Llama(hf.config, hf.weights), tokenizer: readTokenizerFiles(dir), json: hf.json };
+type Loaded = { model: Llama; tokenizer: TokenizerFiles; json: Record<string, unknown> };
+
+/** The model folder `dir` holds, with its adapter/ attached unless `adapter` is false. */
+function held(dir: string, adapter: boolean): Loaded {
+  const { model, tokenizer } = loadCheckpoint(dir, { adapter });
+  return { model, tokenizer, json: readHfConfig(dir).json };
 }
 
 /**
@@ -41,13 +43,9 @@ function plainModel(dir: string): { model: Llama; tokenizer: TokenizerFiles; jso
  * `adapter` is false), or a PEFT adapter folder on its base. A base whose adapter/ is this adapter (the
  * adapter/ of a prefab model folder) is that folder's own weights; another base is the model it holds.
  */
-function loadModel(o: ExportOptions): { model: Llama; tokenizer: TokenizerFiles; json: Record<string, unknown> } {
+function loadModel(o: ExportOptions): Loaded {
   const adapterConfig = join(o.from, 'adapter_config.json');
-  if (existsSync(join(o.from, 'config.json'))) {
-    if (o.adapter === false) return plainModel(o.from);
-    const checkpoint = loadCheckpoint(o.from);
-    return { model: checkpoint.model, tokenizer: checkpoint.tokenizer, json: readHfConfig(o.from).json };
-  }
+  if (existsSync(join(o.from, 'config.json'))) return held(o.from, o.adapter !== false);
   if (!existsSync(adapterConfig))
     throw new Error(`${o.from} is neither a model folder (config.json) nor a LoRA adapter (adapter_config.json)`);
   if (o.adapter === false)
@@ -62,13 +60,9 @@ function loadModel(o: ExportOptions): { model: Llama; tokenizer: TokenizerFiles;
     throw new Error(
       `${adapterConfig}: its base model ${JSON.stringify(named)} is not a model folder here; name one with --base`,
     );
-  let loaded: { model: Llama; tokenizer: TokenizerFiles; json: Record<string, unknown> };
-  if (resolve(base, 'adapter') === resolve(o.from)) loaded = plainModel(base);
-  else {
-    const checkpoint = loadCheckpoint(base);
-    mergeLora(checkpoint.model);
-    loaded = { model: checkpoint.model, tokenizer: checkpoint.tokenizer, json: readHfConfig(base).json };
-  }
+  const ownBase = resolve(base, 'adapter') === resolve(o.from);
+  const loaded = held(base, !ownBase);
+  mergeLora(loaded.model);
   try {
     loadAdapter(o.from, loaded.model);
   } catch (error) {
