@@ -22,6 +22,13 @@ export interface GenerateOptions {
   constraint?: TokenConstraint;
 }
 
+/** Arrays end to end. */
+function join(...ws: Float32Array[]): Float32Array {
+  const out = new Float32Array(ws.reduce((n, w) => n + w.length, 0));
+  ws.reduce((at, w) => (out.set(w, at), at + w.length), 0);
+  return out;
+}
+
 /** Below this many new tokens a read goes token by token; from it on, through one batched pass. */
 const BATCHED_READ = 8;
 
@@ -40,6 +47,7 @@ export class DecodeWeights {
   readonly w = new Map<string, Float32Array>();
   /** Per layer the projections as arrays, (out, in) as stored, q|k|v and gate|up stacked: a batched step's products. */
   private stacked: Record<'qkv' | 'o' | 'gateUp' | 'down', Float32Array>[] | null = null;
+  private readonly biases: Float32Array[] = [];
   /** Without the C kernels: each product's weights transposed, (in, out), as TensorFlow.js tensors, made at first use. */
   private readonly tensors = new Map<string, tf.Tensor2D>();
 
@@ -67,10 +75,17 @@ export class DecodeWeights {
 
   /**
    * rows (R, inner) through layer l's `which` projection (the fused ones: qkv, o, gateUp, down; or the head,
-   * l ignored) → (R, out): with the C kernels (OpenBLAS, or fewRowsTimes for a few rows), else by
-   * TensorFlow.js's matMul on untransposed operands (WASM's matMul is far slower with a transpose flag).
+   * l ignored) → (R, out), into `y` where given (added to it with `add`, the residual stream): with the C
+   * kernels (OpenBLAS, or fewRowsTimes for a few rows), else by TensorFlow.js's matMul on untransposed
+   * operands (WASM's matMul is far slower with a transpose flag).
    */
-  times(rows: Float32Array, R: number, l: number, which: 'qkv' | 'o' | 'gateUp' | 'down' | 'head'): Float32Array {
+  times(
+    rows: Float32Array,
+    R: number,
+    l: number,
+    which: 'qkv' | 'o' | 'gateUp' | 'down' | 'head',
+    into?: { y: Float32Array; add?: boolean },
+  ): Float32Array {
     const c = this.model.config;
     const w =
       which === 'head'
@@ -78,12 +93,15 @@ export class DecodeWeights {
         : this.arrays()[l]![which];
     const inner = rows.length / R;
     const out = w.length / inner;
+    const y = into?.y.subarray(0, R * out) ?? new Float32Array(R * out);
     if (this.native) {
-      const y = new Float32Array(R * out);
       // OpenBLAS's sgemm packs the weights first, even for one row; fewRowsTimes reads them once for all the
       // rows. The head, the largest matrix, gains from it over more rows.
-      if (R <= (which === 'head' ? FEW_ROWS_HEAD : FEW_ROWS)) this.native.fewRowsTimes(rows, R, w, out, inner, y);
-      else this.native.sgemm(0, 1, R, out, inner, 1, rows, inner, w, inner, 0, y, out);
+      if (R <= (which === 'head' ? FEW_ROWS_HEAD : FEW_ROWS)) {
+        const product = into?.add ? new Float32Array(R * out) : y;
+        this.native.fewRowsTimes(rows, R, w, out, inner, product);
+        if (product !== y) addInto(y, product);
+      } else this.native.sgemm(0, 1, R, out, inner, 1, rows, inner, w, inner, into?.add ? 1 : 0, y, out);
       return y;
     }
     const key = `${l}.${which}`;
@@ -94,7 +112,9 @@ export class DecodeWeights {
     const product = tf.matMul(x, wt);
     const values = product.dataSync() as Float32Array;
     tf.dispose([x, product]);
-    return values;
+    if (into?.add) addInto(y, values);
+    else y.set(values);
+    return y;
   }
 
   /** Frees the tensors (the arrays go with the object). */
@@ -103,12 +123,16 @@ export class DecodeWeights {
     this.tensors.clear();
   }
 
+  /** Layer l's q, k and v biases side by side (a row of the qkv product), or null without them. */
+  qkvBias(l: number): Float32Array | null {
+    if (!this.model.config.attentionBias) return null;
+    this.biases[l] ??= join(
+      ...['q_proj', 'k_proj', 'v_proj'].map((n) => this.get(`model.layers.${l}.self_attn.${n}.bias`)),
+    );
+    return this.biases[l]!;
+  }
+
   private arrays() {
-    const join = (...ws: Float32Array[]) => {
-      const out = new Float32Array(ws.reduce((n, w) => n + w.length, 0));
-      ws.reduce((at, w) => (out.set(w, at), at + w.length), 0);
-      return out;
-    };
     this.stacked ??= Array.from({ length: this.model.config.layers }, (_, l) => {
       const p = (n: string) => this.get(`model.layers.${l}.${n}.weight`);
       return {
@@ -126,11 +150,11 @@ export class DecodeWeights {
  * Generation with a KV cache: each layer keeps the rotated keys and the values of every token read so far
  * (K heads, not repeated), so a new token is one row through the model, within one reply and across the
  * turns of an episode, where each new prompt extends the last one.
- * A generated token of one sequence goes through the model on its own (step); a prompt of many new tokens is
- * read in one batched pass, and so is a step of many sequences (KVCache.readEach): their rows go through
- * each projection as one product, and each attends to its own cache. With the C kernels (DecodeWeights.native)
- * the products are OpenBLAS's (a few rows' in C) and the attention C's; without, the reference's:
- * TensorFlow.js's matMul for a batched pass's products, plain loops for a token alone and for the attention.
+ * A prompt's new tokens are read in one batched pass, and so is a step of many sequences (KVCache.readEach):
+ * their rows go through each projection as one product, and each attends to its own cache. With the C kernels
+ * (DecodeWeights.native) the products are OpenBLAS's (a few rows' in C), and placing each row's key and value
+ * and its attention C's (decodeAttentionRows); without, the reference's: TensorFlow.js's matMul for a batched
+ * pass's products, plain loops for a token alone (step) and for the attention.
  */
 export class KVCache {
   /** The tokens read so far. */
@@ -139,17 +163,17 @@ export class KVCache {
   readonly model: Llama;
   /**
    * Keys and values in one array of the cache's own, where the C kernels' attention reads them too. In floats:
-   * [q (H·hp) | out (H·hp) | layers × capacity positions | scores (H, capacity)], a layer's positions one after
-   * another, each its rotated keys then values, (2, K, hp), hp the head size rounded up to a multiple of 4 (the
-   * padding stays 0): a layer's attention reads one run of memory rather than a key every few kilobytes. The
-   * first tokens.length are in use; when the capacity grows, the array is made anew and the layers copied to
-   * their new places.
+   * [q (H·hp) | out (H·hp) | layers × (2, K, capacity, hp) | scores (H, capacity)]: a layer's rotated keys
+   * head by head, each head's positions one after another, then its values alike; hp the head size rounded up
+   * to a multiple of 4 (the padding stays 0). A head's attention reads one run of memory (with a position's
+   * heads side by side it read hp floats of every 2·K·hp). The first tokens.length positions are in use; when
+   * the capacity grows, the array is made anew and each head's positions copied to their new place.
    */
   private f32 = new Float32Array(0);
   private capacity = 0;
   private readonly layers: number;
   private readonly hp: number;
-  /** Where q, out and the positions start, and the floats of one position of one layer. */
+  /** Where q, out and the layers start, and the floats of one position of one layer (all its heads). */
   private readonly at: { q: number; out: number; positions: number; stride: number };
 
   /**
@@ -176,8 +200,7 @@ export class KVCache {
     const fork = new KVCache(source.model, source.weights);
     const count = Math.min(n, source.tokens.length);
     fork.reserve(count);
-    for (let l = 0; l < source.layers; l++)
-      fork.f32.set(source.f32.subarray(source.key(0, l), source.key(count, l)), fork.key(0, l));
+    fork.copyHeads({ f32: source.f32, capacity: source.capacity }, count);
     fork.tokens.push(...source.tokens.slice(0, count));
     return fork;
   }
@@ -192,14 +215,21 @@ export class KVCache {
     if (n <= this.capacity) return;
     const capacity = Math.max(n, 2 * this.capacity, 64);
     const floats = this.at.positions + this.layers * capacity * this.at.stride + this.model.config.heads * capacity;
-    const [old, used] = [this.f32, this.tokens.length * this.at.stride];
+    const old = { f32: this.f32, capacity: this.capacity };
     this.f32 = new Float32Array(floats);
-    // Each layer's positions in use to its new place.
-    for (let l = 0; l < this.layers && used > 0; l++) {
-      const from = this.key(0, l);
-      this.f32.set(old.subarray(from, from + used), this.at.positions + l * capacity * this.at.stride);
-    }
     this.capacity = capacity;
+    this.copyHeads(old, this.tokens.length);
+  }
+
+  /** The first `count` positions of every layer's key and value heads of `from` (a cache, or this one's old array) to their places here. */
+  private copyHeads(from: { f32: Float32Array; capacity: number }, count: number): void {
+    const { hp, at } = this;
+    for (let l = 0; l < this.layers && count > 0; l++)
+      for (let j = 0; j < at.stride / hp; j++) {
+        // Head j of layer l: the K key heads, then the K value heads.
+        const start = at.positions + l * from.capacity * at.stride + j * from.capacity * hp;
+        this.f32.set(from.f32.subarray(start, start + count * hp), this.key(0, l) + j * this.capacity * hp);
+      }
   }
 
   /** Room for one more token, or an error naming the model's limit. */
@@ -214,7 +244,8 @@ export class KVCache {
   /** Reads tokens after those already read; returns the next-token logits after the last, (V). */
   read(tokens: number[]): Float32Array {
     if (tokens.length === 0) throw new Error('KVCache.read: no tokens to read');
-    if (tokens.length >= BATCHED_READ) return KVCache.readRows([this], [tokens])[0]!;
+    // With the C kernels a few tokens go through readRows too (fewRowsTimes takes one or two rows).
+    if (tokens.length >= BATCHED_READ || this.weights.native) return KVCache.readRows([this], [tokens])[0]!;
     this.fits(tokens.length);
     this.reserve(this.tokens.length + tokens.length);
     let x: Float32Array = new Float32Array(0);
@@ -223,7 +254,7 @@ export class KVCache {
       this.tokens.push(token);
     }
     const { vocabSize: V, hiddenSize: D, tiedEmbeddings } = this.model.config;
-    return this.matVec(x, this.w.get(tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight')!, V, D);
+    return matVec(x, this.w.get(tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight')!, V, D);
   }
 
   /**
@@ -283,53 +314,61 @@ export class KVCache {
     const x = new Float32Array(R * D); // (R, D)
     rows.forEach(({ token }, r) => x.set(w('model.embed_tokens.weight').subarray(token * D, (token + 1) * D), r * D));
     const native = weights.native;
+    // Each layer's products into the same arrays, made once a pass (fresh ones cost a page fault a page).
+    const Q = H * hd;
+    const width = (H + 2 * K) * hd;
+    const h = new Float32Array(R * D); // (R, D), a norm's output
+    const qkv = new Float32Array(R * width); // (R, (H+2K)·hd)
+    const attended = new Float32Array(R * Q); // (R, H·hd)
+    const gateUp = new Float32Array(R * 2 * F); // (R, 2F)
+    const act = new Float32Array(R * F); // (R, F)
+    const inverse = new Float32Array(R);
     const normed = (weight: Float32Array, which: number[]) => {
-      const out = new Float32Array(which.length * D);
+      const out = which.length === R ? h : new Float32Array(which.length * D);
       if (!native) which.forEach((r, i) => out.set(rms(x.subarray(r * D, (r + 1) * D), weight, eps), i * D));
       else {
         const from = which.length === R ? x : new Float32Array(which.length * D);
         if (from !== x) which.forEach((r, i) => from.set(x.subarray(r * D, (r + 1) * D), i * D));
-        native.rmsnormForward(from, null, null, weight, out, new Float32Array(which.length), which.length, D, eps);
+        native.rmsnormForward(from, null, null, weight, out, inverse, which.length, D, eps);
       }
       return out;
     };
     const all = rows.map((_, r) => r);
-    const Q = H * hd;
-    const width = (H + 2 * K) * hd;
-    const attended = new Float32Array(R * Q); // (R, H·hd)
-    // With the C kernels: each row's memory, and its keys' and values' offsets and positions to attend to.
-    const mems = native ? rows.map(({ cache }) => cache.layout.floats) : null;
-    const meta = new Float64Array(3 * R);
-    const { stride, hp } = caches[0]!.layout;
+    // With the C kernels: each row's memory, and where its keys and values are (KVCache.where).
+    const mems = native ? rows.map(({ cache }) => cache.f32) : null;
+    const meta = new Float64Array(4 * R);
     for (let l = 0; l < layers; l++) {
       const p = `model.layers.${l}.`;
-      const qkv = weights.times(normed(w(`${p}input_layernorm.weight`), all), R, l, 'qkv'); // (R, (H+2K)·hd)
-      rows.forEach(({ cache, at }, r) => {
-        const row = qkv.subarray(r * width, (r + 1) * width);
-        const q = row.subarray(0, Q);
-        const k = row.subarray(Q, Q + K * hd);
-        const v = row.subarray(Q + K * hd);
-        if (attentionBias) {
-          addInto(q, w(`${p}self_attn.q_proj.bias`));
-          addInto(k, w(`${p}self_attn.k_proj.bias`));
-          addInto(v, w(`${p}self_attn.v_proj.bias`));
+      weights.times(normed(w(`${p}input_layernorm.weight`), all), R, l, 'qkv', { y: qkv });
+      if (native) {
+        // Every row placed in its cache and attending in one call, the rows shared among the cores.
+        rows.forEach(({ cache, at }, r) => meta.set(cache.where(l, at), 4 * r));
+        native.decodeAttentionRows(mems!, qkv, meta, cos, sin, weights.qkvBias(l), H, K, hd, caches[0]!.hp, attended);
+      } else
+        rows.forEach(({ cache, at }, r) => {
+          const row = qkv.subarray(r * width, (r + 1) * width);
+          const q = row.subarray(0, Q);
+          const k = row.subarray(Q, Q + K * hd);
+          const v = row.subarray(Q + K * hd);
+          if (attentionBias) {
+            addInto(q, w(`${p}self_attn.q_proj.bias`));
+            addInto(k, w(`${p}self_attn.k_proj.bias`));
+            addInto(v, w(`${p}self_attn.v_proj.bias`));
+          }
+          for (let j = 0; j < H; j++) rotateHalf(q, j * hd, hd, cos, sin, at);
+          for (let j = 0; j < K; j++) rotateHalf(k, j * hd, hd, cos, sin, at);
+          cache.attend(l, q, k, v, at, attended.subarray(r * Q, (r + 1) * Q));
+        });
+      weights.times(attended, R, l, 'o', { y: x, add: true });
+      weights.times(normed(w(`${p}post_attention_layernorm.weight`), all), R, l, 'gateUp', { y: gateUp });
+      if (native) native.swigluRows(gateUp, R, F, act);
+      else
+        for (let r = 0; r < R; r++) {
+          const [gate, up] = [r * 2 * F, r * 2 * F + F];
+          for (let i = 0; i < F; i++)
+            act[r * F + i] = (gateUp[gate + i]! / (1 + Math.exp(-gateUp[gate + i]!))) * gateUp[up + i]!; // silu(gate) ⊙ up
         }
-        for (let j = 0; j < H; j++) rotateHalf(q, j * hd, hd, cos, sin, at);
-        for (let j = 0; j < K; j++) rotateHalf(k, j * hd, hd, cos, sin, at);
-        if (!native) cache.attend(l, q, k, v, at, attended.subarray(r * Q, (r + 1) * Q));
-        else meta.set(cache.store(l, k, v, at), 3 * r);
-      });
-      // With the C kernels every row attends in one call, the rows shared among the cores.
-      if (native) native.decodeAttentionRows(mems!, qkv, meta, stride, H, K, hd, hp, 1 / Math.sqrt(hd), attended);
-      addInto(x, weights.times(attended, R, l, 'o'));
-      const gateUp = weights.times(normed(w(`${p}post_attention_layernorm.weight`), all), R, l, 'gateUp'); // (R, 2F)
-      const act = new Float32Array(R * F);
-      for (let r = 0; r < R; r++) {
-        const [gate, up] = [gateUp.subarray(r * 2 * F, r * 2 * F + F), gateUp.subarray(r * 2 * F + F, (r + 1) * 2 * F)];
-        if (native) native.swigluForward(gate, up, act.subarray(r * F), F);
-        else for (let i = 0; i < F; i++) act[r * F + i] = (gate[i]! / (1 + Math.exp(-gate[i]!))) * up[i]!; // silu(gate) ⊙ up
-      }
-      addInto(x, weights.times(act, R, l, 'down'));
+      weights.times(act, R, l, 'down', { y: x, add: true });
     }
     let last = -1;
     const lasts = reads.map((read) => (last += read.length));
@@ -339,69 +378,51 @@ export class KVCache {
   }
 
   /**
-   * The memory as floats (until it grows), the floats of one position of one layer, and a head's floats there
-   * (hd rounded up to a multiple of 4).
+   * For the C kernels' decodeAttentionRows, a token at position `at` of layer l: where the layer's keys and
+   * values start, the positions its attention reads, and the floats between two heads.
    */
-  get layout(): { floats: Float32Array; stride: number; hp: number } {
-    return { floats: this.f32, stride: this.at.stride, hp: this.hp };
+  private where(l: number, at: number): [number, number, number, number] {
+    return [this.key(0, l), this.value(0, l), at + 1, this.capacity * this.hp];
   }
 
-  /**
-   * Layer l's rotated key and value (K·hd each) for the token at `at` into the cache; returns where the layer's
-   * keys and values start and how many positions its attention reads (for the C kernels' decodeAttentionRows).
-   */
-  store(l: number, k: Float32Array, v: Float32Array, at: number): [number, number, number] {
-    const K = this.model.config.kvHeads;
-    this.put(this.key(at, l), k, K);
-    this.put(this.value(at, l), v, K);
-    return [this.key(0, l), this.value(0, l), at + 1];
-  }
-
-  /** Where layer l's key (value: `value`) of head 0 at position t is, in floats. */
+  /** Where layer l's key (value: `value`) of head 0 at position t is, in floats; head j is j·capacity·hp on. */
   private key(t: number, l: number): number {
-    return this.at.positions + (l * this.capacity + t) * this.at.stride;
+    return this.at.positions + l * this.capacity * this.at.stride + t * this.hp;
   }
 
   private value(t: number, l: number): number {
-    return this.key(t, l) + this.model.config.kvHeads * this.hp;
+    return this.key(t, l) + this.model.config.kvHeads * this.capacity * this.hp;
   }
 
-  /** Writes a row of `heads` heads of hd floats at float `to`, each head hp apart. */
-  private put(to: number, row: Float32Array, heads: number): void {
+  /** Writes a row of `heads` heads of hd floats at float `to`, each head `apart` floats after the one before. */
+  private put(to: number, row: Float32Array, heads: number, apart: number): void {
     const hd = this.model.config.headDim;
-    if (hd === this.hp) this.f32.set(row, to);
-    else for (let j = 0; j < heads; j++) this.f32.set(row.subarray(j * hd, (j + 1) * hd), to + j * this.hp);
+    for (let j = 0; j < heads; j++) this.f32.set(row.subarray(j * hd, (j + 1) * hd), to + j * apart);
   }
 
   /**
    * Layer l's attention for the token at position `at`: its rotated key and value k, v (K·hd) join the cache,
-   * and its rotated query q (H·hd) attends to positions 0…at; the heads' outputs go to `out` (H·hd).
+   * and its rotated query q (H·hd) attends to positions 0…at; the heads' outputs go to `out` (H·hd). The
+   * reference's (the C kernels' is decodeAttentionRows).
    */
   private attend(l: number, q: Float32Array, k: Float32Array, v: Float32Array, at: number, out: Float32Array): void {
     const { heads: H, kvHeads: K, headDim: hd } = this.model.config;
     const hp = this.hp;
-    this.put(this.key(at, l), k, K);
-    this.put(this.value(at, l), v, K);
+    const apart = this.capacity * hp; // from one key (value) head to the next
+    this.put(this.key(at, l), k, K, apart);
+    this.put(this.value(at, l), v, K, apart);
     const n = at + 1;
     const scores = this.at.positions + this.layers * this.capacity * this.at.stride; // (H, n)
-    const native = this.weights.native;
-    if (native) {
-      this.put(this.at.q, q, H);
-      const [keys, values] = [this.key(0, l), this.value(0, l)];
-      const scale = 1 / Math.sqrt(hd);
-      native.decodeAttention(this.f32, this.at.q, keys, values, this.at.stride, n, H, K, hd, hp, scale, scores, out);
-      return;
-    }
-    // The reference: each query head's scores over the positions, their softmax, the values weighted by it.
-    // Head sizes are padded to hp, a multiple of 4 (zeros): four lanes at a time, summed apart, keep V8's
-    // loops from waiting on one running sum.
+    // Each query head's scores over the positions, their softmax, the values weighted by it. Head sizes are
+    // padded to hp, a multiple of 4 (zeros): four lanes at a time, summed apart, keep V8's loops from waiting
+    // on one running sum.
     const group = H / K;
     const scale = 1 / Math.sqrt(hd);
-    const { stride } = this.at;
+    const stride = hp; // from one position to the next
     const f = this.f32;
-    this.put(this.at.q, q, H);
+    this.put(this.at.q, q, H, hp);
     for (let j = 0; j < H; j++) {
-      const kv = Math.floor(j / group) * hp; // the key/value head this query head shares
+      const kv = Math.floor(j / group) * apart; // the key/value head this query head shares
       const qj = this.at.q + j * hp;
       const from = scores + j * n;
       let top = -Infinity;
@@ -445,15 +466,6 @@ export class KVCache {
     }
   }
 
-  /** W·x for W stored (out, in): by the C kernels' fewRowsTimes where they are. */
-  private matVec(x: Float32Array, W: Float32Array, out: number, inner: number): Float32Array {
-    const native = this.weights.native;
-    if (!native) return matVec(x, W, out, inner);
-    const y = new Float32Array(out);
-    native.fewRowsTimes(x, 1, W, out, inner, y);
-    return y;
-  }
-
   /** The final norm's output at position `at`, after reading `token` there: one row through the model. */
   private step(token: number, at: number): Float32Array {
     const {
@@ -474,7 +486,7 @@ export class KVCache {
       const p = `model.layers.${l}.`;
       const h = rms(x, w(`${p}input_layernorm.weight`), eps);
       const proj = (n: string, out: number) => {
-        const y = this.matVec(h, w(`${p}self_attn.${n}.weight`), out, D);
+        const y = matVec(h, w(`${p}self_attn.${n}.weight`), out, D);
         if (attentionBias) addInto(y, w(`${p}self_attn.${n}.bias`));
         return y;
       };
@@ -484,12 +496,12 @@ export class KVCache {
       for (let j = 0; j < H; j++) rotateHalf(q, j * hd, hd, cos, sin, at);
       for (let j = 0; j < K; j++) rotateHalf(k, j * hd, hd, cos, sin, at);
       this.attend(l, q, k, v, at, attended);
-      addInto(x, this.matVec(attended, w(`${p}self_attn.o_proj.weight`), D, H * hd));
+      addInto(x, matVec(attended, w(`${p}self_attn.o_proj.weight`), D, H * hd));
       const m = rms(x, w(`${p}post_attention_layernorm.weight`), eps);
-      const gate = this.matVec(m, w(`${p}mlp.gate_proj.weight`), F, D);
-      const up = this.matVec(m, w(`${p}mlp.up_proj.weight`), F, D);
+      const gate = matVec(m, w(`${p}mlp.gate_proj.weight`), F, D);
+      const up = matVec(m, w(`${p}mlp.up_proj.weight`), F, D);
       for (let i = 0; i < F; i++) gate[i] = (gate[i]! / (1 + Math.exp(-gate[i]!))) * up[i]!; // silu(gate) ⊙ up
-      addInto(x, this.matVec(gate, w(`${p}mlp.down_proj.weight`), D, F));
+      addInto(x, matVec(gate, w(`${p}mlp.down_proj.weight`), D, F));
     }
     return rms(x, w('model.norm.weight'), eps);
   }

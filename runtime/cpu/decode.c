@@ -1,7 +1,7 @@
-// The decoder's attention over its KV caches (runtime/decode.ts KVCache): a token just read attends to every
-// position its cache holds, one row (decodeAttention) or every row of a batched step at once, the rows shared
-// between the cores (decodeAttentionRows); and a decoding step's few rows through a weight matrix
-// (fewRowsTimes). Part of the addon prefab_cpu.c makes.
+// The decoder's attention over its KV caches (runtime/decode.ts KVCache): every row of a step or a prompt's
+// reading placed in its cache and attending to every position before it, the rows shared between the cores
+// (decodeAttentionRows); the feed-forward's SwiGLU for a step's rows (swigluRows); and a decoding step's few
+// rows through a weight matrix (fewRowsTimes). Part of the addon prefab_cpu.c makes.
 #include "prefab_cpu.h"
 
 typedef float v8 __attribute__((vector_size(32)));
@@ -15,72 +15,119 @@ static inline float lanes(v8 acc) {
   return (h[0] + h[2]) + (h[1] + h[3]);
 }
 
-// One row's attention (a token just read into its cache) over n cached positions of `mem`, as decodeAttention
-// describes; q's heads qs floats apart, `sc` H·n floats of scratch. Eight lanes, one AVX2 register, for each
-// key's dot product, and the values' weighted sum 32 dimensions at a time in four registers across all the
-// positions: sixteen lanes, and the sum kept in `out`, went through the stack and memory at every position,
-// several times slower (docs/experiments.md, "A DAPO step of the default run").
-static void decode_attention(const float *mem, const float *q, int qs, size_t keys, size_t values, size_t stride,
-                             int n, int H, int K, int hd, int hp, float scale, float *sc, float *out) {
-  int G = H / K, hd8 = hd & ~7;
-  for (int h = 0; h < H; h++, sc += n) {
-    const float *qh = q + (size_t)h * qs, *kh = mem + keys + (size_t)(h / G) * hp;
-    const float *vh = mem + values + (size_t)(h / G) * hp;
+typedef int i8 __attribute__((vector_size(32)));
+
+// Lanes of x where `mask` is set, of y elsewhere.
+static inline v8 pick(i8 mask, v8 x, v8 y) {
+  i8 xi, yi;
+  memcpy(&xi, &x, sizeof x), memcpy(&yi, &y, sizeof y);
+  xi = (xi & mask) | (yi & ~mask), memcpy(&x, &xi, sizeof x);
+  return x;
+}
+
+// Eight lanes of e^x, as fast_exp does one.
+static inline v8 fast_exp8(v8 x) {
+  v8 floor = {0}, ceiling = {0}, big = {0}, s;
+  floor -= 87.0f, ceiling += 88.0f, big += 12582912.0f;
+  x = pick(x < floor, floor, x), x = pick(x > ceiling, ceiling, x);
+  v8 n = (x * 1.44269504088896341f + big) - big;
+  v8 r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
+  v8 p = 1.0f + r * (1.0f + r * (0.5f + r * (1.6666667e-1f + r * (4.1666668e-2f + r * (8.3333338e-3f + r * 1.3888889e-3f)))));
+  i8 e = (__builtin_convertvector(n, i8) + 127) << 23;
+  memcpy(&s, &e, sizeof s);
+  return p * s;
+}
+
+// Lane u: the sum of a[u]'s eight lanes (the pairwise sums of AVX's haddps, then the halves).
+static inline v8 sums8(const v8 *a) {
+#define PAIRS(x, y) (__builtin_shufflevector(x, y, 0, 2, 8, 10, 4, 6, 12, 14) + __builtin_shufflevector(x, y, 1, 3, 9, 11, 5, 7, 13, 15))
+  v8 b0 = PAIRS(a[0], a[1]), b1 = PAIRS(a[2], a[3]), b2 = PAIRS(a[4], a[5]), b3 = PAIRS(a[6], a[7]);
+  v8 c0 = PAIRS(b0, b1), c1 = PAIRS(b2, b3);
+#undef PAIRS
+  return __builtin_shufflevector(c0, c1, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(c0, c1, 4, 5, 6, 7, 12, 13, 14, 15);
+}
+
+typedef struct {
+  int H, K, hd, hp;
+  float scale;
+} Heads;
+
+// One row's attention over n positions of its cache (runtime/decode.ts KVCache: a layer's keys head by head,
+// each head's positions hp floats apart, heads hs apart; the values likewise): query head h (q + h·hd) against
+// key/value head h/G, softmax, the values' weighted sum into out (H·hd); `sc` n floats of scratch. The scores
+// eight keys at a time, each in its own register and the eight summed together at the end (a key's dot
+// product summed alone waits on its own additions), the exponentials eight at a time, and the values'
+// weighted sum two positions at a time (32 dimensions, four registers each), so that no register waits on the
+// one before it (docs/experiments.md, "A decoding step's attention").
+static void attend_row(const float *keys, const float *values, size_t hs, int n, const float *q, const Heads *s,
+                       float *sc, float *out) {
+  int G = s->H / s->K, hd = s->hd, hd8 = hd & ~7, hp = s->hp;
+  for (int h = 0; h < s->H; h++) {
+    const float *qh = q + (size_t)h * hd, *kh = keys + (size_t)(h / G) * hs, *vh = values + (size_t)(h / G) * hs;
     float max = -INFINITY, sum = 0;
-    for (int t = 0; t < n; t++) {
-      const float *k = kh + t * stride;
+    int t = 0;
+    for (; t + 8 <= n; t += 8) {
+      v8 a[8] = {{0}}, x, y;
+      const float *k = kh + (size_t)t * hp;
+      for (int j = 0; j < hd8; j += 8) {
+        memcpy(&x, qh + j, sizeof x);
+        for (int u = 0; u < 8; u++) memcpy(&y, k + u * hp + j, sizeof y), a[u] += x * y;
+      }
+      v8 dots = sums8(a);
+      for (int j = hd8; j < hd; j++)
+        for (int u = 0; u < 8; u++) dots[u] += qh[j] * k[u * hp + j];
+      dots *= s->scale;
+      memcpy(sc + t, &dots, sizeof dots);
+      for (int u = 0; u < 8; u++) max = dots[u] > max ? dots[u] : max;
+    }
+    for (; t < n; t++) {
+      const float *k = kh + (size_t)t * hp;
       v8 acc = {0}, x, y;
       int j = 0;
       for (; j < hd8; j += 8) memcpy(&x, qh + j, sizeof x), memcpy(&y, k + j, sizeof y), acc += x * y;
-      float s = lanes(acc);
-      for (; j < hd; j++) s += qh[j] * k[j];
-      sc[t] = s * scale;
+      float dot = lanes(acc);
+      for (; j < hd; j++) dot += qh[j] * k[j];
+      sc[t] = dot * s->scale;
       max = sc[t] > max ? sc[t] : max;
     }
-    for (int t = 0; t < n; t++) sum += (sc[t] = fast_exp(sc[t] - max));
-    float inv = 1.0f / sum, *oh = out + (size_t)h * hd;
+    v8 top = {0}, total = {0}, e;
+    top += max;
+    for (t = 0; t + 8 <= n; t += 8)
+      memcpy(&e, sc + t, sizeof e), e = fast_exp8(e - top), memcpy(sc + t, &e, sizeof e), total += e;
+    for (; t < n; t++) sum += (sc[t] = fast_exp(sc[t] - max));
+    float inv = 1.0f / (sum + lanes(total)), *oh = out + (size_t)h * hd;
     int j = 0;
     for (; j + 32 <= hd; j += 32) {
-      v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, v;
-      for (int t = 0; t < n; t++) {
-        const float *vt = vh + t * stride + j;
+      v8 a[4] = {{0}}, b[4] = {{0}}, v;
+      for (t = 0; t + 2 <= n; t += 2) {
+        const float *v0 = vh + (size_t)t * hp + j, *v1 = v0 + hp;
+        v8 p = {0}, r = {0};
+        p += sc[t], r += sc[t + 1];
+        for (int u = 0; u < 4; u++) memcpy(&v, v0 + 8 * u, sizeof v), a[u] += p * v;
+        for (int u = 0; u < 4; u++) memcpy(&v, v1 + 8 * u, sizeof v), b[u] += r * v;
+      }
+      for (; t < n; t++) {
         v8 p = {0};
         p += sc[t];
-        memcpy(&v, vt, sizeof v), a0 += p * v;
-        memcpy(&v, vt + 8, sizeof v), a1 += p * v;
-        memcpy(&v, vt + 16, sizeof v), a2 += p * v;
-        memcpy(&v, vt + 24, sizeof v), a3 += p * v;
+        for (int u = 0; u < 4; u++) memcpy(&v, vh + (size_t)t * hp + j + 8 * u, sizeof v), a[u] += p * v;
       }
-      a0 *= inv, a1 *= inv, a2 *= inv, a3 *= inv;
-      memcpy(oh + j, &a0, sizeof a0), memcpy(oh + j + 8, &a1, sizeof a1);
-      memcpy(oh + j + 16, &a2, sizeof a2), memcpy(oh + j + 24, &a3, sizeof a3);
+      for (int u = 0; u < 4; u++) a[u] = (a[u] + b[u]) * inv, memcpy(oh + j + 8 * u, &a[u], sizeof a[u]);
+    }
+    for (; j + 8 <= hd; j += 8) {
+      v8 a = {0}, v;
+      for (t = 0; t < n; t++) {
+        v8 p = {0};
+        p += sc[t];
+        memcpy(&v, vh + (size_t)t * hp + j, sizeof v), a += p * v;
+      }
+      a *= inv, memcpy(oh + j, &a, sizeof a);
     }
     for (; j < hd; j++) {
       float a = 0;
-      for (int t = 0; t < n; t++) a += sc[t] * vh[t * stride + j];
+      for (t = 0; t < n; t++) a += sc[t] * vh[(size_t)t * hp + j];
       oh[j] = a * inv;
     }
   }
-}
-
-// decodeAttention(mem, q, keys, values, stride, n, H, K, hd, hp, scale, scores, out): one new token's attention
-// over a KV cache kept in `mem` (runtime/decode.ts KVCache: offsets in floats): query head h (at q + h·hp)
-// against the n cached keys of its key/value head h/G (at keys + t·stride + (h/G)·hp), softmax, and the values'
-// weighted sum into out (H·hd, a separate array); `scores` (H·n floats of mem) is scratch.
-napi_value js_decode_attention(napi_env env, napi_callback_info info) {
-  Args a = args_of(env, info);
-  float *mem = array(&a, 0, 0);
-  size_t q = (size_t)number(&a, 1), keys = (size_t)number(&a, 2), values = (size_t)number(&a, 3);
-  size_t stride = (size_t)number(&a, 4);
-  int n = (int)number(&a, 5), H = (int)number(&a, 6), K = (int)number(&a, 7), hd = (int)number(&a, 8);
-  int hp = (int)number(&a, 9);
-  float scale = (float)number(&a, 10);
-  size_t scores = (size_t)number(&a, 11);
-  float *out = array(&a, 12, 0);
-  if (!a.bad && (K <= 0 || H % K)) fail(&a, "prefab_cpu: query heads must be a multiple of key/value heads");
-  if (a.bad) return NULL;
-  decode_attention(mem, mem + q, hp, keys, values, stride, n, H, K, hd, hp, scale, mem + scores, out);
-  return nothing(env);
 }
 
 // Below this much work (positions read × query heads × head size, over the rows) decodeAttentionRows runs on
@@ -90,48 +137,90 @@ enum { ROWS_ALONE = 1 << 18 };
 
 typedef struct {
   float **mems;
-  const float *qkv;
+  float *qkv;
   const double *meta;
+  const float *cos, *sin, *bias;
   float *out;
-  int width, H, K, hd, hp;
-  size_t stride;
-  float scale;
+  int width;
+  Heads s;
 } DecodeRows;
 
-static void decode_rows_share(void *ctx, int from, int to) {
+// RoPE on one head of hd floats at a position's cos and sin (rotate-half, as model/llama.ts).
+static void rotate(float *x, const float *cos, const float *sin, int hd) {
+  int half = hd / 2;
+  for (int f = 0; f < half; f++) {
+    float a = x[f], b = x[half + f];
+    x[f] = a * cos[f] - b * sin[f];
+    x[half + f] = b * cos[f] + a * sin[f];
+  }
+}
+
+// Each row's query, key and value: the biases added, the query's and key's heads rotated at the row's
+// position, the key and value written into its cache there.
+static void place_rows_share(void *ctx, int from, int to) {
+  DecodeRows *d = ctx;
+  const Heads *s = &d->s;
+  int Q = s->H * s->hd, KV = s->K * s->hd;
+  for (int r = from; r < to; r++) {
+    float *row = d->qkv + (size_t)r * d->width, *mem = d->mems[r];
+    const double *m = d->meta + 4 * r;
+    size_t keys = (size_t)m[0], values = (size_t)m[1], hs = (size_t)m[3];
+    int at = (int)m[2] - 1;
+    if (d->bias)
+      for (int i = 0; i < d->width; i++) row[i] += d->bias[i];
+    const float *c = d->cos + (size_t)at * s->hd, *sn = d->sin + (size_t)at * s->hd;
+    for (int h = 0; h < s->H + s->K; h++) rotate(row + (size_t)h * s->hd, c, sn, s->hd);
+    for (int h = 0; h < s->K; h++) {
+      memcpy(mem + keys + h * hs + (size_t)at * s->hp, row + Q + h * s->hd, sizeof(float) * s->hd);
+      memcpy(mem + values + h * hs + (size_t)at * s->hp, row + Q + KV + h * s->hd, sizeof(float) * s->hd);
+    }
+  }
+}
+
+static void attend_rows_share(void *ctx, int from, int to) {
   DecodeRows *d = ctx;
   int most = 0;
-  for (int r = from; r < to; r++) most = (int)d->meta[3 * r + 2] > most ? (int)d->meta[3 * r + 2] : most;
-  float *sc = malloc(sizeof(float) * (size_t)d->H * (most > 0 ? most : 1));
+  for (int r = from; r < to; r++) most = (int)d->meta[4 * r + 2] > most ? (int)d->meta[4 * r + 2] : most;
+  float *sc = malloc(sizeof(float) * (most > 0 ? most : 1));
   if (!sc) abort();
   for (int r = from; r < to; r++) {
-    const double *m = d->meta + 3 * r;
-    decode_attention(d->mems[r], d->qkv + (size_t)r * d->width, d->hd, (size_t)m[0], (size_t)m[1], d->stride,
-                     (int)m[2], d->H, d->K, d->hd, d->hp, d->scale, sc, d->out + (size_t)r * d->H * d->hd);
+    const double *m = d->meta + 4 * r;
+    const float *mem = d->mems[r];
+    attend_row(mem + (size_t)m[0], mem + (size_t)m[1], (size_t)m[3], (int)m[2], d->qkv + (size_t)r * d->width, &d->s,
+               sc, d->out + (size_t)r * d->s.H * d->s.hd);
   }
   free(sc);
 }
 
-// decodeAttentionRows(mems, qkv, meta, stride, H, K, hd, hp, scale, out): decodeAttention for R rows read
-// together (runtime/decode.ts KVCache.readRows), in shares of rows on every core: row r's query is the head of
-// its row of qkv (R rows of qkv.length / R floats, heads hd apart), its cache mems[r] (rows of one cache share
-// it, each up to its own position), meta[3r..3r+2] its keys' and values' offsets and its n; out (R, H·hd).
+// decodeAttentionRows(mems, qkv, meta, cos, sin, bias, H, K, hd, hp, out): the attention of R rows read together
+// (runtime/decode.ts KVCache.readRows), each a token at its position in its cache. Row r of qkv (R rows of
+// (H + 2K)·hd) is its query, key and value as projected; bias (the same width) or null is added, the query's
+// and key's heads are rotated at the row's position (cos, sin: model/llama.ts ropeTable, hd floats a position),
+// and the key and value are written into the row's cache mems[r] (rows of one cache share it, each at its own
+// position); then every row attends to its cache up to its position. meta[4r..4r+3]: where the layer's keys and
+// values start in mems[r], the positions to attend to (the row's position + 1) and the floats between two heads
+// there; out (R, H·hd). Both passes in shares of rows on every core: every key is in place before any row reads.
 napi_value js_decode_attention_rows(napi_env env, napi_callback_info info) {
   Args a = args_of(env, info);
   DecodeRows d = {0};
   uint32_t R = 0;
-  if (a.n < 10 || napi_get_array_length(env, a.v[0], &R) != napi_ok) fail(&a, "prefab_cpu: expected an array of memories");
+  if (a.n < 11 || napi_get_array_length(env, a.v[0], &R) != napi_ok) fail(&a, "prefab_cpu: expected an array of memories");
   d.qkv = array(&a, 1, 0);
   d.meta = array(&a, 2, 0);
-  d.stride = (size_t)number(&a, 3);
-  d.H = (int)number(&a, 4), d.K = (int)number(&a, 5), d.hd = (int)number(&a, 6), d.hp = (int)number(&a, 7);
-  d.scale = (float)number(&a, 8);
-  d.out = array(&a, 9, 0);
-  if (!a.bad && (d.K <= 0 || d.H % d.K)) fail(&a, "prefab_cpu: query heads must be a multiple of key/value heads");
+  d.cos = array(&a, 3, 0), d.sin = array(&a, 4, 0), d.bias = array(&a, 5, 1);
+  d.s = (Heads){(int)number(&a, 6), (int)number(&a, 7), (int)number(&a, 8), (int)number(&a, 9), 0};
+  d.out = array(&a, 10, 0);
+  if (!a.bad && (d.s.K <= 0 || d.s.H % d.s.K)) fail(&a, "prefab_cpu: query heads must be a multiple of key/value heads");
   if (a.bad || R == 0) return a.bad ? NULL : nothing(env);
-  size_t qkvLength = 0;
+  d.s.scale = 1.0f / sqrtf((float)d.s.hd);
+  d.width = (d.s.H + 2 * d.s.K) * d.s.hd;
+  size_t qkvLength = 0, ropeLength = 0;
   napi_get_typedarray_info(env, a.v[1], NULL, &qkvLength, NULL, NULL, NULL);
-  d.width = (int)(qkvLength / R);
+  napi_get_typedarray_info(env, a.v[3], NULL, &ropeLength, NULL, NULL, NULL);
+  if (qkvLength != (size_t)R * d.width) {
+    napi_throw_error(env, NULL, "prefab_cpu: decodeAttentionRows: qkv is not one row of (H + 2K)·hd a memory");
+    return NULL;
+  }
   d.mems = malloc(sizeof(float *) * R);
   if (!d.mems) {
     napi_throw_error(env, NULL, "prefab_cpu: out of memory");
@@ -143,11 +232,50 @@ napi_value js_decode_attention_rows(napi_env env, napi_callback_info info) {
     napi_get_element(env, a.v[0], r, &one.v[0]);
     d.mems[r] = array(&one, 0, 0);
     if (one.bad) a.bad = 1;
-    work += (size_t)d.meta[3 * r + 2] * d.H * d.hd;
+    if ((size_t)d.meta[4 * r + 2] * d.s.hd > ropeLength) {
+      napi_throw_error(env, NULL, "prefab_cpu: decodeAttentionRows: a position past the rope table");
+      a.bad = 1;
+    }
+    work += (size_t)d.meta[4 * r + 2] * d.s.H * d.s.hd;
   }
-  if (!a.bad) parallel((int)R, decode_rows_share, &d, work < ROWS_ALONE ? ONE : 0);
+  if (!a.bad) {
+    parallel((int)R, place_rows_share, &d, (size_t)R * d.width < SMALL ? ONE : 0);
+    parallel((int)R, attend_rows_share, &d, work < ROWS_ALONE ? ONE : 0);
+  }
   free(d.mems);
   return a.bad ? NULL : nothing(env);
+}
+
+// swigluRows(gateUp, R, F, out): out (R, F) = silu(gate) ⊙ up for each row of gateUp (R, 2F), its gate then
+// its up: a step's rows in one call.
+// Eight lanes at a time (the exponential too): one at a time, the SwiGLU of a prompt's rows took as long as
+// their attention.
+static void swiglu_rows_share(void *ctx, int from, int to) {
+  const float **p = ctx;
+  int F = (int)(size_t)p[2];
+  for (int r = from; r < to; r++) {
+    const float *g = p[0] + (size_t)r * 2 * F, *u = g + F;
+    float *out = (float *)p[1] + (size_t)r * F;
+    int i = 0;
+    for (; i + 8 <= F; i += 8) {
+      v8 gv, uv;
+      memcpy(&gv, g + i, sizeof gv), memcpy(&uv, u + i, sizeof uv);
+      gv = gv / (1.0f + fast_exp8(-gv)) * uv;
+      memcpy(out + i, &gv, sizeof gv);
+    }
+    for (; i < F; i++) out[i] = g[i] * sigmoid(g[i]) * u[i];
+  }
+}
+
+napi_value js_swiglu_rows(napi_env env, napi_callback_info info) {
+  Args a = args_of(env, info);
+  const float *gu = array(&a, 0, 0);
+  int R = (int)number(&a, 1), F = (int)number(&a, 2);
+  float *out = array(&a, 3, 0);
+  if (a.bad) return NULL;
+  const void *p[3] = {gu, out, (void *)(size_t)F};
+  parallel(R, swiglu_rows_share, p, (size_t)R * F < ROWS_ALONE ? ONE : 0);
+  return nothing(env);
 }
 
 // ---- a few rows through a weight matrix ------------------------------------------------------------------

@@ -64,35 +64,30 @@ export interface CpuKernels {
   ): void;
   sumSquares(x: F32, n: number): number;
   scale(x: F32, n: number, factor: number): void;
-  decodeAttention(
-    mem: F32,
-    q: number,
-    keys: number,
-    values: number,
-    stride: number,
-    n: number,
-    H: number,
-    K: number,
-    hd: number,
-    hp: number,
-    scale: number,
-    scores: number,
-    out: F32,
-  ): void;
   /** y (m, n) = x (m, k) · wᵀ for w (n, k): a decoding step's few rows through a layer's weights, read once. */
   fewRowsTimes(x: F32, m: number, w: F32, n: number, k: number, y: F32): void;
+  /**
+   * A layer's attention for R rows read together (runtime/decode.ts KVCache.readRows): each row of qkv (R,
+   * (H + 2K)·hd) gets `bias` (or none), its query's and key's heads rotated at its position (cos, sin: hd floats
+   * a position), its key and value written into its cache mems[r]; then each attends to its cache up to its
+   * position. meta[4r..4r+3]: the layer's keys' and values' offsets in mems[r], the row's position + 1, the
+   * floats between two heads; a head's positions hp apart. out (R, H·hd).
+   */
   decodeAttentionRows(
     mems: F32[],
     qkv: F32,
     meta: Float64Array,
-    stride: number,
+    cos: F32,
+    sin: F32,
+    bias: F32 | null,
     H: number,
     K: number,
     hd: number,
     hp: number,
-    scale: number,
     out: F32,
   ): void;
+  /** out (R, F) = silu(gate) ⊙ up for each row of gateUp (R, 2F), its gate then its up. */
+  swigluRows(gateUp: F32, R: number, F: number, out: F32): void;
   /** The threads of its loops and of OpenBLAS, for the whole process. */
   setThreads(n: number): void;
 }
@@ -114,9 +109,9 @@ const FUNCTIONS = Object.keys({
   adamw: 1,
   sumSquares: 1,
   scale: 1,
-  decodeAttention: 1,
   fewRowsTimes: 1,
   decodeAttentionRows: 1,
+  swigluRows: 1,
   setThreads: 1,
 } satisfies Record<Exclude<keyof CpuKernels, 'blas'>, 1>) as Exclude<keyof CpuKernels, 'blas'>[];
 let loaded: { kernels: CpuKernels | null; why: string } | null = null;

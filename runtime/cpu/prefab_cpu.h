@@ -87,7 +87,7 @@ enum { CHUNK = 16384, SMALL = 32768 };
 #define SHARES(work) ((work) < SMALL ? ONE : 0)
 
 // decode.c's functions, which the module (prefab_cpu.c) exports.
-napi_value js_decode_attention(napi_env env, napi_callback_info info);
+napi_value js_swiglu_rows(napi_env env, napi_callback_info info);
 napi_value js_decode_attention_rows(napi_env env, napi_callback_info info);
 napi_value js_few_rows_times(napi_env env, napi_callback_info info);
 #endif

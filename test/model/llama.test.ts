@@ -216,8 +216,9 @@ describe('shapes the fixtures do not have', () => {
   });
 });
 
-// The C kernels' decoding attention takes a head 32 dimensions at a time, then 8, then one: head sizes that
-// end in each, and two query heads a key/value head, against the reference's loops.
+// The C kernels' decoding attention takes a head 32 dimensions at a time, then 8, then one, and the positions
+// eight at a time, then one: head sizes that end in each, prompts that do, two query heads a key/value head, and
+// a feed-forward width (SwiGLU's, eight at a time) that ends in four, against the reference's loops.
 describe.each([20, 40, 72])('the C kernels decoding heads of %i', (headDim) => {
   it.skipIf(!native && !process.env.CI)(
     'give the reference’s logits, one row and many, one sequence and several',
@@ -228,7 +229,7 @@ describe.each([20, 40, 72])('the C kernels decoding heads of %i', (headDim) => {
         'config.json',
       );
       const model = Llama.create(
-        { ...base, hiddenSize: 48, heads: 4, kvHeads: 2, headDim, intermediateSize: 96 },
+        { ...base, hiddenSize: 48, heads: 4, kvHeads: 2, headDim, intermediateSize: 100 },
         'heads',
       );
       const random = seeded('heads', headDim);
