@@ -80,9 +80,11 @@ static napi_value js_sgemm(napi_env env, napi_callback_info info) {
   int ldc = (int)number(&a, 12);
   if (a.bad || !has_blas(env)) return NULL;
   // A small product (a decoding step's rows) on one thread: waking OpenBLAS's sleeping second thread costs
-  // more than it saves there (docs/experiments.md, "On the C kernels").
+  // more than it saves there (docs/experiments.md, "On the C kernels"); unless B passes 1 MiB, a layer's
+  // weights read from memory rather than a cache, which two cores read faster.
   int before = blas_get_threads && blas_set_threads ? blas_get_threads() : 1;
-  int one = before > 1 && (double)m * n * k < 12e6;
+  size_t weights = sizeof(float) * (size_t)(tb ? n : k) * (size_t)ldb;
+  int one = before > 1 && (double)m * n * k < 12e6 && weights < (1u << 20);
   if (one) blas_set_threads(1);
   sgemm(ROW_MAJOR, ta ? TRANS : NO_TRANS, tb ? TRANS : NO_TRANS, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc);
   if (one) blas_set_threads(before);
