@@ -11,6 +11,9 @@ export interface Draw {
 
 let probs = new Float64Array(0);
 let sorted = new Float64Array(0);
+/** drawByMass's buckets: 16 a halving of the probability, 64 halvings, the smaller ones in the last. */
+const BUCKETS = 1024;
+const bucketMass = new Float64Array(BUCKETS);
 /** Probabilities (relative to the largest, 1) from which the nucleus is looked for first. */
 const CUTOFF = 1e-4;
 
@@ -81,16 +84,37 @@ function nthOf(p: number, k: number, V: number): number {
 const median = (x: number, y: number, z: number) => Math.max(Math.min(x, y), Math.min(Math.max(x, y), z));
 
 /**
+ * The bucket of a probability in (0, 1]: from its float's exponent and first four fraction bits (the high word
+ * of the double), larger probabilities in smaller buckets, so the buckets in order are the probabilities in order.
+ */
+function bucketOf(high: number): number {
+  return Math.min(BUCKETS - 1, (0x3ff00000 - high) >>> 16);
+}
+
+/**
  * The token at which the running mass of probs[0..V), in order of probability (ties by id), first reaches r:
- * what walking them sorted finds, found by three-way partitions around a pivot instead (the mass above it
- * says on which side r falls), about 2V values visited rather than a sort of V. Its sums run in another order
- * than the walk's: a draw can differ from the walk's only where r lies within rounding of a boundary.
+ * what walking them sorted finds, found without a sort. One pass sums the mass by bucket (each a sixteenth of
+ * a halving: no branch to mispredict), which says in which bucket r falls; that bucket's values alone then
+ * go through three-way partitions around a pivot (the mass above it says on which side r falls). Its sums run
+ * in another order than the walk's: a draw can differ from the walk's only where r lies within rounding of a
+ * boundary.
  */
 function drawByMass(V: number, r: number, best: number): number {
   if (r <= 0) return best;
+  const high = new Uint32Array(probs.buffer, probs.byteOffset, 2 * V); // little-endian: the high word second
+  bucketMass.fill(0);
+  for (let i = 0; i < V; i++) bucketMass[bucketOf(high[2 * i + 1]!)]! += probs[i]!;
+  let b = 0;
+  while (b < BUCKETS - 1 && r > bucketMass[b]!) r -= bucketMass[b++]!;
+  if (bucketMass[b] === 0) {
+    // r past the whole mass (by rounding): the last token of all, the last of the last bucket with any.
+    while (b > 0 && bucketMass[b] === 0) b--;
+    r = bucketMass[b]!;
+  }
   const a = sorted;
-  a.set(probs.subarray(0, V));
-  let [lo, hi] = [0, V];
+  let n = 0;
+  for (let i = 0; i < V; i++) if (bucketOf(high[2 * i + 1]!) === b) a[n++] = probs[i]!;
+  let [lo, hi] = [0, n];
   while (hi - lo > 16) {
     const pivot = median(a[lo]!, a[(lo + hi) >>> 1]!, a[hi - 1]!);
     // [lo, above) > pivot, [above, i) = pivot, [below, hi) < pivot; `mass` sums the first.

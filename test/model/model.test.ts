@@ -261,6 +261,27 @@ describe('sampling', () => {
       expect(sampleToken(l, t!, p!, seeded('draw', trial))).toBe(plain(l, t!, p!, seeded('draw', trial)));
     }
   });
+  it('at top-p 1 draws what the plain definition draws over unrounded logits, the mass found bucket by bucket', () => {
+    // The plain definition at top-p 1: the probabilities walked from the largest (ties by id).
+    const walk = (l: Float32Array, temperature: number, u: number) => {
+      let best = 0;
+      for (let i = 1; i < l.length; i++) if (l[i]! > l[best]!) best = i;
+      const probs = Array.from(l, (v, i) => ({ i, p: Math.exp((v - l[best]!) / temperature) }));
+      let r = u * probs.reduce((s, x) => s + x.p, 0);
+      probs.sort((a, b) => b.p - a.p || a.i - b.i);
+      for (const x of probs) if ((r -= x.p) <= 0) return x.i;
+      return probs.at(-1)!.i;
+    };
+    const gen = seeded('unrounded');
+    for (let trial = 0; trial < 200; trial++) {
+      // Flat (a random model's) to steep (a trained one's): a few buckets of thousands, or many of a few.
+      const spread = [2, 8, 40][trial % 3]!;
+      const l = Float32Array.from({ length: 3_000 }, () => gen() * spread - spread / 2);
+      const temperature = trial % 2 ? 1 : 0.7;
+      const u = seeded('u', trial)();
+      expect(sampleToken(l, temperature, 1, seeded('u', trial))).toBe(walk(l, temperature, u));
+    }
+  });
   it('draws every token at top-p 1, more often the likelier ones', () => {
     const rand = seeded('full');
     const counts = [0, 0, 0, 0];
