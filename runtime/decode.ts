@@ -33,10 +33,20 @@ function join(...ws: Float32Array[]): Float32Array {
 const BATCHED_READ = 8;
 
 /**
- * Up to this many rows a step's products are the C kernels' fewRowsTimes, the head's up to FEW_ROWS_HEAD; from
- * there on OpenBLAS's sgemm (docs/experiments.md, "A decoding step's few rows").
+ * Up to this many rows a pass's products are the C kernels' panelTimes, on weights kept in panels; from there
+ * on (a prompt's reading) OpenBLAS's sgemm on the weights as stored (docs/experiments.md, "A decoding step's
+ * products").
  */
-const [FEW_ROWS, FEW_ROWS_HEAD] = [2, 8];
+const PANEL_ROWS = 64;
+
+/** The weights of each product, as stored: the fused ones' parts side by side in the output. */
+type Product = 'qkv' | 'o' | 'gateUp' | 'down' | 'head';
+const PARTS: Record<Exclude<Product, 'head'>, string[]> = {
+  qkv: ['self_attn.q_proj', 'self_attn.k_proj', 'self_attn.v_proj'],
+  o: ['self_attn.o_proj'],
+  gateUp: ['mlp.gate_proj', 'mlp.up_proj'],
+  down: ['mlp.down_proj'],
+};
 
 /**
  * The weights a decoder computes with, copied from the model when it is made (adapters folded in: W +
@@ -45,8 +55,10 @@ const [FEW_ROWS, FEW_ROWS_HEAD] = [2, 8];
  */
 export class DecodeWeights {
   readonly w = new Map<string, Float32Array>();
-  /** Per layer the projections as arrays, (out, in) as stored, q|k|v and gate|up stacked: a batched step's products. */
+  /** Without the C kernels, per layer the projections as arrays, (out, in) as stored, q|k|v and gate|up stacked. */
   private stacked: Record<'qkv' | 'o' | 'gateUp' | 'down', Float32Array>[] | null = null;
+  /** With them, each product's weights in panels (packPanels), made at its first few-row product. */
+  private readonly panels = new Map<string, Float32Array>();
   private readonly biases: Float32Array[] = [];
   /** Without the C kernels: each product's weights transposed, (in, out), as TensorFlow.js tensors, made at first use. */
   private readonly tensors = new Map<string, tf.Tensor2D>();
@@ -76,34 +88,47 @@ export class DecodeWeights {
   /**
    * rows (R, inner) through layer l's `which` projection (the fused ones: qkv, o, gateUp, down; or the head,
    * l ignored) → (R, out), into `y` where given (added to it with `add`, the residual stream): with the C
-   * kernels (OpenBLAS, or fewRowsTimes for a few rows), else by TensorFlow.js's matMul on untransposed
-   * operands (WASM's matMul is far slower with a transpose flag).
+   * kernels (panelTimes for a step's rows, OpenBLAS's sgemm for a prompt's), else by TensorFlow.js's matMul
+   * on untransposed operands (WASM's matMul is far slower with a transpose flag).
    */
   times(
     rows: Float32Array,
     R: number,
     l: number,
-    which: 'qkv' | 'o' | 'gateUp' | 'down' | 'head',
+    which: Product,
     into?: { y: Float32Array; add?: boolean },
   ): Float32Array {
     const c = this.model.config;
-    const w =
-      which === 'head'
-        ? this.get(c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight')
-        : this.arrays()[l]![which];
     const inner = rows.length / R;
-    const out = w.length / inner;
+    const parts =
+      which === 'head'
+        ? [this.get(c.tiedEmbeddings ? 'model.embed_tokens.weight' : 'lm_head.weight')]
+        : PARTS[which].map((n) => this.get(`model.layers.${l}.${n}.weight`));
+    const out = parts.reduce((n, w) => n + w.length / inner, 0);
     const y = into?.y.subarray(0, R * out) ?? new Float32Array(R * out);
-    if (this.native) {
-      // OpenBLAS's sgemm packs the weights first, even for one row; fewRowsTimes reads them once for all the
-      // rows. The head, the largest matrix, gains from it over more rows.
-      if (R <= (which === 'head' ? FEW_ROWS_HEAD : FEW_ROWS)) {
-        const product = into?.add ? new Float32Array(R * out) : y;
-        this.native.fewRowsTimes(rows, R, w, out, inner, product);
-        if (product !== y) addInto(y, product);
-      } else this.native.sgemm(0, 1, R, out, inner, 1, rows, inner, w, inner, into?.add ? 1 : 0, y, out);
+    const add = into?.add ?? false;
+    if (this.native && R <= PANEL_ROWS) {
+      const key = `${l}.${which}`;
+      let panels = this.panels.get(key);
+      if (!panels) {
+        const w = parts.length === 1 ? parts[0]! : join(...parts);
+        this.panels.set(key, (panels = new Float32Array(Math.ceil(out / 16) * 16 * inner)));
+        this.native.packPanels(w, out, inner, panels);
+      }
+      this.native.panelTimes(rows, R, panels, out, inner, y, add);
       return y;
     }
+    if (this.native) {
+      // Each part into its columns of y (the output's rows `out` apart).
+      let column = 0;
+      for (const w of parts) {
+        const n = w.length / inner;
+        this.native.sgemm(0, 1, R, n, inner, 1, rows, inner, w, inner, add ? 1 : 0, y.subarray(column), out);
+        column += n;
+      }
+      return y;
+    }
+    const w = which === 'head' ? parts[0]! : this.arrays()[l]![which];
     const key = `${l}.${which}`;
     let wt = this.tensors.get(key);
     if (!wt) this.tensors.set(key, (wt = tf.tidy(() => tf.transpose(tf.tensor2d(w, [out, inner])))));
@@ -134,13 +159,11 @@ export class DecodeWeights {
 
   private arrays() {
     this.stacked ??= Array.from({ length: this.model.config.layers }, (_, l) => {
-      const p = (n: string) => this.get(`model.layers.${l}.${n}.weight`);
-      return {
-        qkv: join(p('self_attn.q_proj'), p('self_attn.k_proj'), p('self_attn.v_proj')),
-        o: p('self_attn.o_proj'),
-        gateUp: join(p('mlp.gate_proj'), p('mlp.up_proj')),
-        down: p('mlp.down_proj'),
+      const stack = (which: keyof typeof PARTS) => {
+        const parts = PARTS[which].map((n) => this.get(`model.layers.${l}.${n}.weight`));
+        return parts.length === 1 ? parts[0]! : join(...parts);
       };
+      return { qkv: stack('qkv'), o: stack('o'), gateUp: stack('gateUp'), down: stack('down') };
     });
     return this.stacked;
   }
@@ -244,7 +267,7 @@ export class KVCache {
   /** Reads tokens after those already read; returns the next-token logits after the last, (V). */
   read(tokens: number[]): Float32Array {
     if (tokens.length === 0) throw new Error('KVCache.read: no tokens to read');
-    // With the C kernels a few tokens go through readRows too (fewRowsTimes takes one or two rows).
+    // With the C kernels a few tokens go through readRows too (panelTimes takes one row as well as many).
     if (tokens.length >= BATCHED_READ || this.weights.native) return KVCache.readRows([this], [tokens])[0]!;
     this.fits(tokens.length);
     this.reserve(this.tokens.length + tokens.length);

@@ -1,7 +1,7 @@
 // The decoder's attention over its KV caches (runtime/decode.ts KVCache): every row of a step or a prompt's
 // reading placed in its cache and attending to every position before it, the rows shared between the cores
-// (decodeAttentionRows); the feed-forward's SwiGLU for a step's rows (swigluRows); and a decoding step's few
-// rows through a weight matrix (fewRowsTimes). Part of the addon prefab_cpu.c makes.
+// (decodeAttentionRows); the feed-forward's SwiGLU for a step's rows (swigluRows); and a decoding step's rows
+// through a weight matrix kept in panels (packPanels, panelTimes). Part of the addon prefab_cpu.c makes.
 #include "prefab_cpu.h"
 
 typedef float v8 __attribute__((vector_size(32)));
@@ -278,56 +278,113 @@ napi_value js_swiglu_rows(napi_env env, napi_callback_info info) {
   return nothing(env);
 }
 
-// ---- a few rows through a weight matrix ------------------------------------------------------------------
+// ---- a decoding step's rows through a weight matrix kept in panels -------------------------------------------
+
+// A weight matrix (n, k) is kept as panels of PANEL rows, each stored column by column (k groups of PANEL
+// floats, the last panel padded with zeros), and a step's rows are taken BLOCK at a time, their columns
+// interleaved likewise: the product's inner loop then reads two registers of weights and BLOCK of the rows'
+// values, and updates 2·BLOCK accumulators that wait on nothing but their own last sum. OpenBLAS's sgemm packs
+// the matrix again on every call, which for a few rows costs about as much as the product
+// (docs/experiments.md, "A decoding step's products").
+enum { PANEL = 16, BLOCK = 6 };
+
+static inline v8 load8(const float *p) {
+  v8 v;
+  memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// `rows` (1..BLOCK, a constant where inlined) rows of packed x (k groups of BLOCK) against one panel: y's
+// `cols` (PANEL, or fewer at the matrix's end) columns, added to what y holds with `add`.
+static inline __attribute__((always_inline)) void panel_block(const float *xb, const float *panel, int k, float *y,
+                                                              int ldy, int rows, int cols, int add) {
+  v8 c[BLOCK][2] = {{{0}}};
+  for (int p = 0; p < k; p++) {
+    v8 w0 = load8(panel + PANEL * p), w1 = load8(panel + PANEL * p + 8);
+    const float *a = xb + BLOCK * p;
+#pragma GCC unroll 6
+    for (int i = 0; i < BLOCK; i++)
+      if (i < rows) {
+        v8 ai = {a[i], a[i], a[i], a[i], a[i], a[i], a[i], a[i]}; // a broadcast, not an add to zero
+        c[i][0] += ai * w0, c[i][1] += ai * w1;
+      }
+  }
+  for (int i = 0; i < rows; i++) {
+    float *yi = y + (size_t)i * ldy;
+    if (cols == PANEL) {
+      if (add) c[i][0] += load8(yi), c[i][1] += load8(yi + 8);
+      memcpy(yi, &c[i][0], sizeof c[i][0]), memcpy(yi + 8, &c[i][1], sizeof c[i][1]);
+    } else
+      for (int u = 0; u < cols; u++) yi[u] = (add ? yi[u] : 0) + c[i][u / 8][u % 8];
+  }
+}
 
 typedef struct {
-  const float *x, *w;
+  const float *xp, *panels;
   float *y;
-  int m, n, k;
-} FewRows;
+  int m, n, k, add;
+} PanelTimes;
 
-// Weight rows [4·from, 4·to) against every row of x: four weight rows at a time, each of x's rows read once
-// for the four (the weights stay in L1 while the rows pass), so that the matrix is read from memory once a
-// step, not once a row, and never packed (OpenBLAS's sgemm packs it even for a product of one row). Eight
-// lanes, one AVX2 register: sixteen would spill four accumulators to the stack, several times slower.
-static void few_rows_share(void *ctx, int from, int to) {
-  const FewRows *f = ctx;
-  int k = f->k, k8 = k & ~7;
-  for (int j = 4 * from; j < 4 * to && j < f->n; j += 4) {
-    int rows = f->n - j < 4 ? f->n - j : 4;
-    const float *w[4];
-    for (int r = 0; r < 4; r++) w[r] = f->w + (size_t)(j + (r < rows ? r : 0)) * k;
-    for (int i = 0; i < f->m; i++) {
-      const float *x = f->x + (size_t)i * k;
-      v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, xv, wv;
-      for (int c = 0; c < k8; c += 8) {
-        memcpy(&xv, x + c, sizeof xv);
-        memcpy(&wv, w[0] + c, sizeof wv), a0 += xv * wv;
-        memcpy(&wv, w[1] + c, sizeof wv), a1 += xv * wv;
-        memcpy(&wv, w[2] + c, sizeof wv), a2 += xv * wv;
-        memcpy(&wv, w[3] + c, sizeof wv), a3 += xv * wv;
-      }
-      float sums[4] = {lanes(a0), lanes(a1), lanes(a2), lanes(a3)};
-      for (int r = 0; r < rows; r++) {
-        for (int c = k8; c < k; c++) sums[r] += x[c] * w[r][c];
-        f->y[(size_t)i * f->n + j + r] = sums[r];
+static void panel_times_share(void *ctx, int from, int to) {
+  const PanelTimes *t = ctx;
+  for (int j = from; j < to; j++) {
+    const float *panel = t->panels + (size_t)j * PANEL * t->k;
+    int cols = t->n - j * PANEL < PANEL ? t->n - j * PANEL : PANEL;
+    for (int b = 0; b * BLOCK < t->m; b++) {
+      const float *xb = t->xp + (size_t)b * BLOCK * t->k;
+      float *y = t->y + (size_t)b * BLOCK * t->n + (size_t)j * PANEL;
+      switch (t->m - b * BLOCK < BLOCK ? t->m - b * BLOCK : BLOCK) {
+        case 1: panel_block(xb, panel, t->k, y, t->n, 1, cols, t->add); break;
+        case 2: panel_block(xb, panel, t->k, y, t->n, 2, cols, t->add); break;
+        case 3: panel_block(xb, panel, t->k, y, t->n, 3, cols, t->add); break;
+        case 4: panel_block(xb, panel, t->k, y, t->n, 4, cols, t->add); break;
+        case 5: panel_block(xb, panel, t->k, y, t->n, 5, cols, t->add); break;
+        default: panel_block(xb, panel, t->k, y, t->n, BLOCK, cols, t->add);
       }
     }
   }
 }
 
-// fewRowsTimes(x, m, w, n, k, y): y (m, n) = x (m, k) · wᵀ for w (n, k) row-major: a decoding step's rows
-// through a layer's weights, the weights' rows shared between the cores where the matrix passes 4 MiB (a
-// smaller one is read faster than a thread starts).
-napi_value js_few_rows_times(napi_env env, napi_callback_info info) {
+// packPanels(w, n, k, out): w (n, k) row-major into panels (out: ceil(n / 16)·16·k floats), as panelTimes reads it.
+napi_value js_pack_panels(napi_env env, napi_callback_info info) {
   Args a = args_of(env, info);
-  FewRows f = {0};
-  f.x = array(&a, 0, 0);
-  f.m = (int)number(&a, 1);
-  f.w = array(&a, 2, 0);
-  f.n = (int)number(&a, 3), f.k = (int)number(&a, 4);
-  f.y = array(&a, 5, 0);
-  if (a.bad || f.m <= 0 || f.n <= 0) return a.bad ? NULL : nothing(env);
-  parallel((f.n + 3) / 4, few_rows_share, &f, (size_t)f.n * f.k < (1u << 20) ? ONE : 0);
+  const float *w = array(&a, 0, 0);
+  int n = (int)number(&a, 1), k = (int)number(&a, 2);
+  float *out = array(&a, 3, 0);
+  if (a.bad) return NULL;
+  for (int j0 = 0; j0 < n; j0 += PANEL)
+    for (int p = 0; p < k; p++)
+      for (int u = 0; u < PANEL; u++) *out++ = j0 + u < n ? w[(size_t)(j0 + u) * k + p] : 0;
+  return nothing(env);
+}
+
+// panelTimes(x, m, panels, n, k, y, add): y (m, n) = x (m, k) · wᵀ, or y += it with add, for w (n, k) packed by
+// packPanels: a decoding step's rows through a layer's weights, the panels shared between the cores where
+// the matrix passes 1 MiB (a smaller one is read faster than a thread starts).
+napi_value js_panel_times(napi_env env, napi_callback_info info) {
+  Args a = args_of(env, info);
+  PanelTimes t = {0};
+  const float *x = array(&a, 0, 0);
+  t.m = (int)number(&a, 1);
+  t.panels = array(&a, 2, 0);
+  t.n = (int)number(&a, 3), t.k = (int)number(&a, 4);
+  t.y = array(&a, 5, 0);
+  bool add = false;
+  if (a.n < 7 || napi_get_value_bool(env, a.v[6], &add) != napi_ok) fail(&a, "prefab_cpu: panelTimes: expected add, a boolean");
+  t.add = add;
+  if (a.bad || t.m <= 0 || t.n <= 0) return a.bad ? NULL : nothing(env);
+  int blocks = (t.m + BLOCK - 1) / BLOCK;
+  float *xp = malloc(sizeof(float) * (size_t)blocks * BLOCK * t.k);
+  if (!xp) {
+    napi_throw_error(env, NULL, "prefab_cpu: out of memory");
+    return NULL;
+  }
+  // x's rows BLOCK at a time, column by column (the missing rows of the last block are never read).
+  for (int i = 0; i < t.m; i++)
+    for (int p = 0; p < t.k; p++) xp[((size_t)(i / BLOCK) * t.k + p) * BLOCK + i % BLOCK] = x[(size_t)i * t.k + p];
+  t.xp = xp;
+  int panels = (t.n + PANEL - 1) / PANEL;
+  parallel(panels, panel_times_share, &t, (size_t)t.n * t.k < (1u << 18) ? ONE : 0);
+  free(xp);
   return nothing(env);
 }

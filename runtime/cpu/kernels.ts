@@ -64,8 +64,10 @@ export interface CpuKernels {
   ): void;
   sumSquares(x: F32, n: number): number;
   scale(x: F32, n: number, factor: number): void;
-  /** y (m, n) = x (m, k) · wᵀ for w (n, k): a decoding step's few rows through a layer's weights, read once. */
-  fewRowsTimes(x: F32, m: number, w: F32, n: number, k: number, y: F32): void;
+  /** w (n, k) row-major into panels of 16 rows, each column by column (out: ceil(n / 16)·16·k floats), for panelTimes. */
+  packPanels(w: F32, n: number, k: number, out: F32): void;
+  /** y (m, n) = x (m, k) · wᵀ (y += it with `add`) for w (n, k) packed by packPanels: a decoding step's rows through a layer's weights. */
+  panelTimes(x: F32, m: number, panels: F32, n: number, k: number, y: F32, add: boolean): void;
   /**
    * A layer's attention for R rows read together (runtime/decode.ts KVCache.readRows): each row of qkv (R,
    * (H + 2K)·hd) gets `bias` (or none), its query's and key's heads rotated at its position (cos, sin: hd floats
@@ -109,7 +111,8 @@ const FUNCTIONS = Object.keys({
   adamw: 1,
   sumSquares: 1,
   scale: 1,
-  fewRowsTimes: 1,
+  packPanels: 1,
+  panelTimes: 1,
   decodeAttentionRows: 1,
   swigluRows: 1,
   setThreads: 1,

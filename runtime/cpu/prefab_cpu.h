@@ -89,5 +89,6 @@ enum { CHUNK = 16384, SMALL = 32768 };
 // decode.c's functions, which the module (prefab_cpu.c) exports.
 napi_value js_swiglu_rows(napi_env env, napi_callback_info info);
 napi_value js_decode_attention_rows(napi_env env, napi_callback_info info);
-napi_value js_few_rows_times(napi_env env, napi_callback_info info);
+napi_value js_pack_panels(napi_env env, napi_callback_info info);
+napi_value js_panel_times(napi_env env, napi_callback_info info);
 #endif

@@ -59,27 +59,41 @@ describe('the CPU path’s C kernels', () => {
     },
   );
 
-  it.skipIf(absent)('takes a few rows through a weight matrix as a plain loop does, on one thread or shared', () => {
-    // Weight rows not a multiple of 4 and widths not of 8 (the kernel's blocks), and a product large enough to
-    // be shared between threads.
-    for (const [m, n, kk] of [
-      [1, 7, 3],
-      [3, 33, 130],
-      [8, 1030, 67],
-      [2, 4099, 96],
-    ] as const) {
-      const [x, w] = [values(m * kk), values(n * kk)];
-      const want = Float64Array.from({ length: m * n }, (_, at) => {
-        const [i, j] = [Math.floor(at / n), at % n];
-        let sum = 0;
-        for (let p = 0; p < kk; p++) sum += x[i * kk + p]! * w[j * kk + p]!;
-        return sum;
-      });
-      const y = new Float32Array(m * n).fill(Number.NaN);
-      k.fewRowsTimes(x, m, w, n, kk, y);
-      expect(relativeError(y, want), `${m}×${n}×${kk}`).toBeLessThan(1e-5);
-    }
-  });
+  it.skipIf(absent)(
+    'takes a step’s rows through a weight matrix in panels as a plain loop does, set or added, on one thread or shared',
+    () => {
+      // Weight rows not a multiple of 16 (a panel) and rows not of 6 (a block), one row to a prompt's 64, and a
+      // matrix large enough to be shared between threads.
+      for (const [m, n, kk] of [
+        [1, 7, 3],
+        [3, 33, 130],
+        [8, 1030, 67],
+        [2, 4099, 96],
+        [13, 17, 16],
+        [64, 300, 1100],
+      ] as const) {
+        const [x, w] = [values(m * kk), values(n * kk)];
+        const before = values(m * n);
+        const want = Float64Array.from({ length: m * n }, (_, at) => {
+          const [i, j] = [Math.floor(at / n), at % n];
+          let sum = 0;
+          for (let p = 0; p < kk; p++) sum += x[i * kk + p]! * w[j * kk + p]!;
+          return sum;
+        });
+        // One running f32 sum an output over kk products: 1,100 of them round to about 1e-5 of the sum.
+        const bound = kk > 256 ? 1e-4 : 1e-5;
+        const panels = new Float32Array(Math.ceil(n / 16) * 16 * kk).fill(Number.NaN);
+        k.packPanels(w, n, kk, panels);
+        const y = new Float32Array(m * n).fill(Number.NaN);
+        k.panelTimes(x, m, panels, n, kk, y, false);
+        expect(relativeError(y, want), `${m}×${n}×${kk}`).toBeLessThan(bound);
+        const added = before.slice();
+        k.panelTimes(x, m, panels, n, kk, added, true);
+        const wantAdded = want.map((v, i) => v + before[i]!);
+        expect(relativeError(added, wantAdded), `${m}×${n}×${kk}, added`).toBeLessThan(bound);
+      }
+    },
+  );
 
   it.skipIf(absent)(
     'gives the model’s causal attention and its gradients, a key/value head a query head or shared',
