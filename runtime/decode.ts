@@ -175,9 +175,10 @@ export class DecodeWeights {
  * turns of an episode, where each new prompt extends the last one.
  * A prompt's new tokens are read in one batched pass, and so is a step of many sequences (KVCache.readEach):
  * their rows go through each projection as one product, and each attends to its own cache. With the C kernels
- * (DecodeWeights.native) the products are OpenBLAS's (a few rows' in C), and placing each row's key and value
- * and its attention C's (decodeAttentionRows); without, the reference's: TensorFlow.js's matMul for a batched
- * pass's products, plain loops for a token alone (step) and for the attention.
+ * (DecodeWeights.native) the products are panelTimes' for a step's rows and OpenBLAS's for a prompt's, and
+ * placing each row's key and value and its attention C's (decodeAttentionRows); without, the reference's:
+ * TensorFlow.js's matMul for a batched pass's products, plain loops for a token alone (step) and for the
+ * attention.
  */
 export class KVCache {
   /** The tokens read so far. */

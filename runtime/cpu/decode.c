@@ -17,6 +17,9 @@ static inline float lanes(v8 acc) {
 
 typedef int i8 __attribute__((vector_size(32)));
 
+// x in every lane: a broadcast (adding x to a zero vector is an add too, on the way to every use).
+static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
+
 // Lanes of x where `mask` is set, of y elsewhere.
 static inline v8 pick(i8 mask, v8 x, v8 y) {
   i8 xi, yi;
@@ -27,8 +30,7 @@ static inline v8 pick(i8 mask, v8 x, v8 y) {
 
 // Eight lanes of e^x, as fast_exp does one.
 static inline v8 fast_exp8(v8 x) {
-  v8 floor = {0}, ceiling = {0}, big = {0}, s;
-  floor -= 87.0f, ceiling += 88.0f, big += 12582912.0f;
+  v8 floor = splat(-87.0f), ceiling = splat(88.0f), big = splat(12582912.0f), s;
   x = pick(x < floor, floor, x), x = pick(x > ceiling, ceiling, x);
   v8 n = (x * 1.44269504088896341f + big) - big;
   v8 r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
@@ -90,8 +92,7 @@ static void attend_row(const float *keys, const float *values, size_t hs, int n,
       sc[t] = dot * s->scale;
       max = sc[t] > max ? sc[t] : max;
     }
-    v8 top = {0}, total = {0}, e;
-    top += max;
+    v8 top = splat(max), total = {0}, e;
     for (t = 0; t + 8 <= n; t += 8)
       memcpy(&e, sc + t, sizeof e), e = fast_exp8(e - top), memcpy(sc + t, &e, sizeof e), total += e;
     for (; t < n; t++) sum += (sc[t] = fast_exp(sc[t] - max));
@@ -101,14 +102,12 @@ static void attend_row(const float *keys, const float *values, size_t hs, int n,
       v8 a[4] = {{0}}, b[4] = {{0}}, v;
       for (t = 0; t + 2 <= n; t += 2) {
         const float *v0 = vh + (size_t)t * hp + j, *v1 = v0 + hp;
-        v8 p = {0}, r = {0};
-        p += sc[t], r += sc[t + 1];
+        v8 p = splat(sc[t]), r = splat(sc[t + 1]);
         for (int u = 0; u < 4; u++) memcpy(&v, v0 + 8 * u, sizeof v), a[u] += p * v;
         for (int u = 0; u < 4; u++) memcpy(&v, v1 + 8 * u, sizeof v), b[u] += r * v;
       }
       for (; t < n; t++) {
-        v8 p = {0};
-        p += sc[t];
+        v8 p = splat(sc[t]);
         for (int u = 0; u < 4; u++) memcpy(&v, vh + (size_t)t * hp + j + 8 * u, sizeof v), a[u] += p * v;
       }
       for (int u = 0; u < 4; u++) a[u] = (a[u] + b[u]) * inv, memcpy(oh + j + 8 * u, &a[u], sizeof a[u]);
@@ -116,8 +115,7 @@ static void attend_row(const float *keys, const float *values, size_t hs, int n,
     for (; j + 8 <= hd; j += 8) {
       v8 a = {0}, v;
       for (t = 0; t < n; t++) {
-        v8 p = {0};
-        p += sc[t];
+        v8 p = splat(sc[t]);
         memcpy(&v, vh + (size_t)t * hp + j, sizeof v), a += p * v;
       }
       a *= inv, memcpy(oh + j, &a, sizeof a);
@@ -305,7 +303,7 @@ static inline __attribute__((always_inline)) void panel_block(const float *xb, c
 #pragma GCC unroll 6
     for (int i = 0; i < BLOCK; i++)
       if (i < rows) {
-        v8 ai = {a[i], a[i], a[i], a[i], a[i], a[i], a[i], a[i]}; // a broadcast, not an add to zero
+        v8 ai = splat(a[i]);
         c[i][0] += ai * w0, c[i][1] += ai * w1;
       }
   }
