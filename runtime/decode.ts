@@ -29,7 +29,7 @@ function join(...ws: Float32Array[]): Float32Array {
   return out;
 }
 
-/** Below this many new tokens a read goes token by token; from it on, through one batched pass. */
+/** Without the C kernels, below this many new tokens a read goes token by token; from it on, through one batched pass. */
 const BATCHED_READ = 8;
 
 /**

@@ -84,11 +84,12 @@ function nthOf(p: number, k: number, V: number): number {
 const median = (x: number, y: number, z: number) => Math.max(Math.min(x, y), Math.min(Math.max(x, y), z));
 
 /**
- * The bucket of a probability in (0, 1]: from its float's exponent and first four fraction bits (the high word
- * of the double), larger probabilities in smaller buckets, so the buckets in order are the probabilities in order.
+ * The bucket of a probability in [0, 1]: its double's exponent and first four fraction bits (the top 16 bits
+ * of its high word) counted down from 1's, so larger probabilities are in smaller buckets and the buckets in
+ * order are the probabilities in order; 0 and the smallest share the last.
  */
 function bucketOf(high: number): number {
-  return Math.min(BUCKETS - 1, (0x3ff00000 - high) >>> 16);
+  return Math.min(BUCKETS - 1, 0x3ff0 - (high >>> 16));
 }
 
 /**

@@ -17,6 +17,18 @@ static inline float lanes(v8 acc) {
 
 typedef int i8 __attribute__((vector_size(32)));
 
+// The elements of argument i, a typed array (0 when it is not one).
+static size_t length_of(Args *a, size_t i) {
+  size_t n = 0;
+  if (i >= a->n || napi_get_typedarray_info(a->env, a->v[i], NULL, &n, NULL, NULL, NULL) != napi_ok) return 0;
+  return n;
+}
+
+// Throws `why` unless `ok` (once: a call already failed keeps its first error).
+static void require(Args *a, int ok, const char *why) {
+  if (!ok) fail(a, why);
+}
+
 // x in every lane: a broadcast (adding x to a zero vector is an add too, on the way to every use).
 static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
 
@@ -212,13 +224,14 @@ napi_value js_decode_attention_rows(napi_env env, napi_callback_info info) {
   if (a.bad || R == 0) return a.bad ? NULL : nothing(env);
   d.s.scale = 1.0f / sqrtf((float)d.s.hd);
   d.width = (d.s.H + 2 * d.s.K) * d.s.hd;
-  size_t qkvLength = 0, ropeLength = 0;
-  napi_get_typedarray_info(env, a.v[1], NULL, &qkvLength, NULL, NULL, NULL);
-  napi_get_typedarray_info(env, a.v[3], NULL, &ropeLength, NULL, NULL, NULL);
-  if (qkvLength != (size_t)R * d.width) {
-    napi_throw_error(env, NULL, "prefab_cpu: decodeAttentionRows: qkv is not one row of (H + 2K)·hd a memory");
-    return NULL;
-  }
+  size_t rope = length_of(&a, 3);
+  require(&a, length_of(&a, 1) == (size_t)R * d.width, "prefab_cpu: decodeAttentionRows: qkv is not a row of (H + 2K)·hd a memory");
+  require(&a, length_of(&a, 2) >= 4 * (size_t)R, "prefab_cpu: decodeAttentionRows: meta is not four numbers a row");
+  require(&a, length_of(&a, 4) == rope, "prefab_cpu: decodeAttentionRows: cos and sin differ in length");
+  require(&a, !d.bias || length_of(&a, 5) == (size_t)d.width, "prefab_cpu: decodeAttentionRows: bias is not one row of qkv");
+  require(&a, length_of(&a, 10) >= (size_t)R * d.s.H * d.s.hd, "prefab_cpu: decodeAttentionRows: out is not H·hd a row");
+  require(&a, d.s.hp >= d.s.hd, "prefab_cpu: decodeAttentionRows: hp under hd");
+  if (a.bad) return NULL;
   d.mems = malloc(sizeof(float *) * R);
   if (!d.mems) {
     napi_throw_error(env, NULL, "prefab_cpu: out of memory");
@@ -230,11 +243,12 @@ napi_value js_decode_attention_rows(napi_env env, napi_callback_info info) {
     napi_get_element(env, a.v[0], r, &one.v[0]);
     d.mems[r] = array(&one, 0, 0);
     if (one.bad) a.bad = 1;
-    if ((size_t)d.meta[4 * r + 2] * d.s.hd > ropeLength) {
-      napi_throw_error(env, NULL, "prefab_cpu: decodeAttentionRows: a position past the rope table");
-      a.bad = 1;
-    }
-    work += (size_t)d.meta[4 * r + 2] * d.s.H * d.s.hd;
+    const double *m = d.meta + 4 * r;
+    size_t n = (size_t)m[2], last = (size_t)m[1] + (size_t)(d.s.K - 1) * (size_t)m[3] + n * d.s.hp;
+    require(&a, m[2] >= 1, "prefab_cpu: decodeAttentionRows: a row with no position to attend to");
+    require(&a, n * d.s.hd <= rope, "prefab_cpu: decodeAttentionRows: a position past the rope table");
+    require(&a, a.bad || last <= length_of(&one, 0), "prefab_cpu: decodeAttentionRows: a row's keys or values past its memory");
+    work += n * d.s.H * d.s.hd;
   }
   if (!a.bad) {
     parallel((int)R, place_rows_share, &d, (size_t)R * d.width < SMALL ? ONE : 0);
@@ -244,16 +258,22 @@ napi_value js_decode_attention_rows(napi_env env, napi_callback_info info) {
   return a.bad ? NULL : nothing(env);
 }
 
-// swigluRows(gateUp, R, F, out): out (R, F) = silu(gate) ⊙ up for each row of gateUp (R, 2F), its gate then
-// its up: a step's rows in one call.
-// Eight lanes at a time (the exponential too): one at a time, the SwiGLU of a prompt's rows took as long as
-// their attention.
+// Below this many elements swigluRows runs on the calling thread (a step's rows; a prompt's are shared).
+enum { SWIGLU_ALONE = 1 << 18 };
+
+typedef struct {
+  const float *gateUp;
+  float *out;
+  int F;
+} SwigluRows;
+
+// Eight lanes at a time, the exponential too (docs/experiments.md, "A decoding step's attention").
 static void swiglu_rows_share(void *ctx, int from, int to) {
-  const float **p = ctx;
-  int F = (int)(size_t)p[2];
+  const SwigluRows *k = ctx;
+  int F = k->F;
   for (int r = from; r < to; r++) {
-    const float *g = p[0] + (size_t)r * 2 * F, *u = g + F;
-    float *out = (float *)p[1] + (size_t)r * F;
+    const float *g = k->gateUp + (size_t)r * 2 * F, *u = g + F;
+    float *out = k->out + (size_t)r * F;
     int i = 0;
     for (; i + 8 <= F; i += 8) {
       v8 gv, uv;
@@ -265,14 +285,17 @@ static void swiglu_rows_share(void *ctx, int from, int to) {
   }
 }
 
+// swigluRows(gateUp, R, F, out): out (R, F) = silu(gate) ⊙ up for each row of gateUp (R, 2F), its gate then
+// its up: a pass's rows in one call.
 napi_value js_swiglu_rows(napi_env env, napi_callback_info info) {
   Args a = args_of(env, info);
-  const float *gu = array(&a, 0, 0);
-  int R = (int)number(&a, 1), F = (int)number(&a, 2);
-  float *out = array(&a, 3, 0);
+  SwigluRows k = {.gateUp = array(&a, 0, 0), .out = array(&a, 3, 0)};
+  int R = (int)number(&a, 1);
+  k.F = (int)number(&a, 2);
+  require(&a, length_of(&a, 0) >= 2 * (size_t)R * k.F && length_of(&a, 3) >= (size_t)R * k.F,
+          "prefab_cpu: swigluRows: gateUp is not (R, 2F) or out (R, F)");
   if (a.bad) return NULL;
-  const void *p[3] = {gu, out, (void *)(size_t)F};
-  parallel(R, swiglu_rows_share, p, (size_t)R * F < ROWS_ALONE ? ONE : 0);
+  parallel(R, swiglu_rows_share, &k, (size_t)R * k.F < SWIGLU_ALONE ? ONE : 0);
   return nothing(env);
 }
 
@@ -349,6 +372,9 @@ napi_value js_pack_panels(napi_env env, napi_callback_info info) {
   const float *w = array(&a, 0, 0);
   int n = (int)number(&a, 1), k = (int)number(&a, 2);
   float *out = array(&a, 3, 0);
+  require(&a, length_of(&a, 0) >= (size_t)n * k, "prefab_cpu: packPanels: w is not (n, k)");
+  require(&a, length_of(&a, 3) >= (size_t)(n + PANEL - 1) / PANEL * PANEL * k,
+          "prefab_cpu: packPanels: out is not ceil(n / 16)·16·k floats");
   if (a.bad) return NULL;
   for (int j0 = 0; j0 < n; j0 += PANEL)
     for (int p = 0; p < k; p++)
@@ -370,6 +396,10 @@ napi_value js_panel_times(napi_env env, napi_callback_info info) {
   bool add = false;
   if (a.n < 7 || napi_get_value_bool(env, a.v[6], &add) != napi_ok) fail(&a, "prefab_cpu: panelTimes: expected add, a boolean");
   t.add = add;
+  require(&a, length_of(&a, 0) >= (size_t)t.m * t.k, "prefab_cpu: panelTimes: x is not (m, k)");
+  require(&a, length_of(&a, 2) >= (size_t)(t.n + PANEL - 1) / PANEL * PANEL * t.k,
+          "prefab_cpu: panelTimes: panels are not ceil(n / 16)·16·k floats");
+  require(&a, length_of(&a, 5) >= (size_t)t.m * t.n, "prefab_cpu: panelTimes: y is not (m, n)");
   if (a.bad || t.m <= 0 || t.n <= 0) return a.bad ? NULL : nothing(env);
   int blocks = (t.m + BLOCK - 1) / BLOCK;
   float *xp = malloc(sizeof(float) * (size_t)blocks * BLOCK * t.k);

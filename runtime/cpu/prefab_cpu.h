@@ -1,6 +1,6 @@
 // What the CPU path's two C files share (prefab_cpu.c: the training kernels, the threads and the module;
-// decode.c: attention over decoding caches): reading a call's arguments, a vectorisable exp, and the
-// threads a loop is shared between.
+// decode.c: the decoder's attention over its caches, its SwiGLU and its few-row products): reading a call's
+// arguments, a vectorisable exp, and the threads a loop is shared between.
 #ifndef PREFAB_CPU_H
 #define PREFAB_CPU_H
 #include <dlfcn.h>

@@ -151,8 +151,9 @@ describe.each(CHECKPOINTS)('%s against transformers', (name) => {
   });
 });
 
-// Where the CPU path's C kernels are here, the decoder runs on them (OpenBLAS's products, the attention over the
-// cache in C): the same continuations, and logits within float rounding of the reference's plain loops.
+// Where the CPU path's C kernels are here, the decoder runs on them (the products on panels or by OpenBLAS, the
+// attention over the cache in C): the same continuations, and logits within float rounding of the reference's
+// plain loops.
 const { kernels: native, why } = loadCpuKernels();
 describe.each(CHECKPOINTS)('%s decoded by the C kernels', (name) => {
   it.skipIf(!native && !process.env.CI)(
@@ -165,7 +166,7 @@ describe.each(CHECKPOINTS)('%s decoded by the C kernels', (name) => {
       const cache = () => new KVCache(model, new DecodeWeights(model, native));
       const greedy = { maxTokens: n, temperature: 0, topP: 1, random: Math.random };
       expect(cache().generate(ref.greedy_prompt, greedy)).toEqual(ref.greedy_continuation);
-      // A prompt read token by token (one row) and one read whole (the batched pass), against the reference's.
+      // A short prompt (five rows; the reference reads it token by token) and a long one, against the reference's.
       for (const prompt of [ref.greedy_prompt.slice(0, 5), ref.input_ids[0]!]) {
         const [got, want] = [cache().read(prompt), new KVCache(model, new DecodeWeights(model, null)).read(prompt)];
         expect(Math.max(...got.map((v, i) => Math.abs(v - want[i]!)))).toBeLessThan(1e-4);

@@ -282,6 +282,26 @@ describe('sampling', () => {
       expect(sampleToken(l, temperature, 1, seeded('u', trial))).toBe(walk(l, temperature, u));
     }
   });
+  it('at top-p 1 draws as the walk does with ties and impossible tokens, and never an impossible one at the top of the range', () => {
+    const gen = seeded('ties');
+    // Rounded logits (ties across and within the buckets) and a tenth of the tokens impossible (−∞).
+    const l = Float32Array.from({ length: 2_000 }, (_, i) => (i % 10 === 3 ? -Infinity : Math.round(gen() * 12 - 6)));
+    const top = Math.max(...l);
+    const probs = Array.from(l, (v, i) => ({ i, p: Math.exp(v - top) })).sort((a, b) => b.p - a.p || a.i - b.i);
+    const total = probs.reduce((s, x) => s + x.p, 0);
+    for (const u of [0, 0.1, 0.37, 0.5, 0.81, 0.999]) {
+      let r = u * total;
+      const want = u === 0 ? probs[0]!.i : probs.find((x) => (r -= x.p) <= 0)!.i;
+      expect(
+        sampleToken(l, 1, 1, () => u),
+        `u ${u}`,
+      ).toBe(want);
+    }
+    // u just under 1: a token of the smallest possible probability, never one of probability 0.
+    const drawn = sampleToken(l, 1, 1, () => 1 - 2 ** -53);
+    const smallest = Math.min(...probs.filter((x) => x.p > 0).map((x) => x.p));
+    expect(Math.exp(l[drawn]! - top)).toBe(smallest);
+  });
   it('draws every token at top-p 1, more often the likelier ones', () => {
     const rand = seeded('full');
     const counts = [0, 0, 0, 0];

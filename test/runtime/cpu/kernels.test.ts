@@ -70,6 +70,8 @@ describe('the CPU path’s C kernels', () => {
         [8, 1030, 67],
         [2, 4099, 96],
         [13, 17, 16],
+        [5, 40, 24],
+        [11, 33, 9],
         [64, 300, 1100],
       ] as const) {
         const [x, w] = [values(m * kk), values(n * kk)];
@@ -92,6 +94,92 @@ describe('the CPU path’s C kernels', () => {
         const wantAdded = want.map((v, i) => v + before[i]!);
         expect(relativeError(added, wantAdded), `${m}×${n}×${kk}, added`).toBeLessThan(bound);
       }
+    },
+  );
+
+  it.skipIf(absent)('gives SwiGLU of each row’s gate and up (R, 2F) as the plain definition does', () => {
+    const [R, F] = [7, 13]; // F ending past a multiple of eight
+    const gateUp = values(R * 2 * F, 6);
+    const out = new Float32Array(R * F).fill(Number.NaN);
+    k.swigluRows(gateUp, R, F, out);
+    const want = Float64Array.from({ length: R * F }, (_, at) => {
+      const [r, i] = [Math.floor(at / F), at % F];
+      const [g, u] = [gateUp[r * 2 * F + i]!, gateUp[r * 2 * F + F + i]!];
+      return (g / (1 + Math.exp(-g))) * u;
+    });
+    expect(relativeError(out, want)).toBeLessThan(1e-5);
+  });
+
+  it.skipIf(absent)(
+    'places each decoding row’s key and value in its cache (biases, RoPE) and attends as the plain definition does',
+    () => {
+      // Two caches, heads of 12 (eight lanes, then four), two query heads a key/value head; cache A reads two
+      // rows in the pass (positions 4 and 5: the second sees the first), cache B one at position 10 (eight keys
+      // at a time, then three).
+      const [H, K, hd, cap] = [4, 2, 12, 16];
+      const [hp, width, hs] = [hd, (H + 2 * K) * hd, cap * hd];
+      const { cos, sin } = ropeTable(cap, hd, 10_000);
+      const mems = [values(2 * K * hs), values(2 * K * hs)];
+      const before = mems.map((m) => m.slice());
+      const rows = [
+        { cache: 0, at: 4 },
+        { cache: 0, at: 5 },
+        { cache: 1, at: 10 },
+      ];
+      const qkv = values(rows.length * width, 2);
+      const bias = values(width, 0.5);
+      const meta = Float64Array.from(rows.flatMap(({ at }) => [0, K * hs, at + 1, hs]));
+      const out = new Float32Array(rows.length * H * hd).fill(Number.NaN);
+      const projected = qkv.slice();
+      k.decodeAttentionRows(
+        rows.map(({ cache }) => mems[cache]!),
+        qkv,
+        meta,
+        cos,
+        sin,
+        bias,
+        H,
+        K,
+        hd,
+        hp,
+        out,
+      );
+      // The plain definition: the biases, RoPE at each row's position, the key and value into the cache, then
+      // softmax(q·k / √hd) over the positions up to the row's, the values weighted by it.
+      const caches = before.map((m) => Array.from(m));
+      const queries = rows.map(({ cache, at }, r) => {
+        const row = Array.from(projected.subarray(r * width, (r + 1) * width), (v, i) => v + bias[i]!);
+        for (let h = 0; h < H + 2 * K; h++)
+          if (h < H + K)
+            for (let f = 0; f < hd / 2; f++) {
+              const [a, b, c, s] = [row[h * hd + f]!, row[h * hd + hd / 2 + f]!, cos[at * hd + f]!, sin[at * hd + f]!];
+              [row[h * hd + f], row[h * hd + hd / 2 + f]] = [a * c - b * s, b * c + a * s];
+            }
+        for (let j = 0; j < K; j++)
+          for (let i = 0; i < hd; i++) {
+            caches[cache]![j * hs + at * hp + i] = row[(H + j) * hd + i]!;
+            caches[cache]![K * hs + j * hs + at * hp + i] = row[(H + K + j) * hd + i]!;
+          }
+        return row;
+      });
+      const want = rows.flatMap(({ cache, at }, r) =>
+        Array.from({ length: H }, (_, h) => {
+          const kv = Math.floor(h / (H / K));
+          const scores = Array.from({ length: at + 1 }, (_, t) => {
+            let dot = 0;
+            for (let i = 0; i < hd; i++) dot += queries[r]![h * hd + i]! * caches[cache]![kv * hs + t * hp + i]!;
+            return dot / Math.sqrt(hd);
+          });
+          const top = Math.max(...scores);
+          const weights = scores.map((x) => Math.exp(x - top));
+          const total = weights.reduce((a, b) => a + b, 0);
+          return Array.from({ length: hd }, (_, i) =>
+            weights.reduce((sum, p, t) => sum + (p / total) * caches[cache]![K * hs + kv * hs + t * hp + i]!, 0),
+          );
+        }).flat(),
+      );
+      expect(relativeError(out, want)).toBeLessThan(1e-5);
+      mems.forEach((m, c) => expect(relativeError(m, caches[c]!), `cache ${c}`).toBeLessThan(1e-6));
     },
   );
 
