@@ -22,8 +22,9 @@ export interface GenerateOptions {
   constraint?: TokenConstraint;
 }
 
-/** Arrays end to end. */
+/** Arrays end to end (one array: itself). */
 function join(...ws: Float32Array[]): Float32Array {
+  if (ws.length === 1) return ws[0]!;
   const out = new Float32Array(ws.reduce((n, w) => n + w.length, 0));
   ws.reduce((at, w) => (out.set(w, at), at + w.length), 0);
   return out;
@@ -55,8 +56,6 @@ const PARTS: Record<Exclude<Product, 'head'>, string[]> = {
  */
 export class DecodeWeights {
   readonly w = new Map<string, Float32Array>();
-  /** Without the C kernels, per layer the projections as arrays, (out, in) as stored, q|k|v and gate|up stacked. */
-  private stacked: Record<'qkv' | 'o' | 'gateUp' | 'down', Float32Array>[] | null = null;
   /** With them, each product's weights in panels (packPanels), made at its first few-row product. */
   private readonly panels = new Map<string, Float32Array>();
   private readonly biases: Float32Array[] = [];
@@ -111,9 +110,8 @@ export class DecodeWeights {
       const key = `${l}.${which}`;
       let panels = this.panels.get(key);
       if (!panels) {
-        const w = parts.length === 1 ? parts[0]! : join(...parts);
         this.panels.set(key, (panels = new Float32Array(Math.ceil(out / 16) * 16 * inner)));
-        this.native.packPanels(w, out, inner, panels);
+        this.native.packPanels(join(...parts), out, inner, panels);
       }
       this.native.panelTimes(rows, R, panels, out, inner, y, add);
       return y;
@@ -128,10 +126,9 @@ export class DecodeWeights {
       }
       return y;
     }
-    const w = which === 'head' ? parts[0]! : this.arrays()[l]![which];
     const key = `${l}.${which}`;
     let wt = this.tensors.get(key);
-    if (!wt) this.tensors.set(key, (wt = tf.tidy(() => tf.transpose(tf.tensor2d(w, [out, inner])))));
+    if (!wt) this.tensors.set(key, (wt = tf.tidy(() => tf.transpose(tf.tensor2d(join(...parts), [out, inner])))));
     // Not in tf.tidy: it would walk the returned array element by element.
     const x = tf.tensor2d(rows, [R, inner]);
     const product = tf.matMul(x, wt);
@@ -151,21 +148,8 @@ export class DecodeWeights {
   /** Layer l's q, k and v biases side by side (a row of the qkv product), or null without them. */
   qkvBias(l: number): Float32Array | null {
     if (!this.model.config.attentionBias) return null;
-    this.biases[l] ??= join(
-      ...['q_proj', 'k_proj', 'v_proj'].map((n) => this.get(`model.layers.${l}.self_attn.${n}.bias`)),
-    );
+    this.biases[l] ??= join(...PARTS.qkv.map((n) => this.get(`model.layers.${l}.${n}.bias`)));
     return this.biases[l]!;
-  }
-
-  private arrays() {
-    this.stacked ??= Array.from({ length: this.model.config.layers }, (_, l) => {
-      const stack = (which: keyof typeof PARTS) => {
-        const parts = PARTS[which].map((n) => this.get(`model.layers.${l}.${n}.weight`));
-        return parts.length === 1 ? parts[0]! : join(...parts);
-      };
-      return { qkv: stack('qkv'), o: stack('o'), gateUp: stack('gateUp'), down: stack('down') };
-    });
-    return this.stacked;
   }
 }
 
@@ -187,7 +171,7 @@ export class KVCache {
   readonly model: Llama;
   /**
    * Keys and values in one array of the cache's own, where the C kernels' attention reads them too. In floats:
-   * [q (H·hp) | out (H·hp) | layers × (2, K, capacity, hp) | scores (H, capacity)]: a layer's rotated keys
+   * [q (H·hp) | layers × (2, K, capacity, hp) | scores (H, capacity)]: a layer's rotated keys
    * head by head, each head's positions one after another, then its values alike; hp the head size rounded up
    * to a multiple of 4 (the padding stays 0). A head's attention reads one run of memory (with a position's
    * heads side by side it read hp floats of every 2·K·hp). The first tokens.length positions are in use; when
@@ -197,8 +181,8 @@ export class KVCache {
   private capacity = 0;
   private readonly layers: number;
   private readonly hp: number;
-  /** Where q, out and the layers start, and the floats of one position of one layer (all its heads). */
-  private readonly at: { q: number; out: number; positions: number; stride: number };
+  /** Where q and the layers start, and the floats of one position of one layer (all its heads). */
+  private readonly at: { q: number; positions: number; stride: number };
 
   /**
    * A cache over the model's weights as they are now; pass `weights` to share one copy among caches (and step
@@ -212,7 +196,7 @@ export class KVCache {
     this.w = weights.w;
     const { heads: H, kvHeads: K, headDim: hd, layers } = this.model.config;
     this.hp = Math.ceil(hd / 4) * 4;
-    this.at = { q: 0, out: H * this.hp, positions: 2 * H * this.hp, stride: 2 * K * this.hp };
+    this.at = { q: 0, positions: H * this.hp, stride: 2 * K * this.hp };
     this.layers = layers;
   }
 
