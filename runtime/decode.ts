@@ -548,9 +548,9 @@ export interface CachePool {
   /** Reads reads[b] into caches[b] in one pass (KVCache.readMany); each cache's next-token logits. */
   readMany(caches: TokenCache[], reads: number[][]): Float32Array[] | Promise<Float32Array[]>;
   /**
-   * Where the logits are not the CPU's (the GPU): reads as readMany and draws each cache's next token there
-   * with draws[b], reading back a token a cache; `logits(b)` reads cache b's logits back (for a token the
-   * constraint refuses), before the next read.
+   * Reads as readMany and draws each cache's next token where the logits are, with draws[b]: on the GPU (a
+   * token a cache read back), or by the C kernels on the CPU (every row in one call, shared between the
+   * cores); `logits(b)` gives cache b's logits (for a token the constraint refuses), before the next read.
    */
   readAndDraw?(caches: TokenCache[], reads: number[][], draws: Draw[]): Promise<Drawn>;
   /** Frees a cache the server lets go. */
@@ -591,14 +591,26 @@ export async function readDecodings(
   }
 }
 
-/** KVCaches over one copy of the model's weights: with the C kernels (`native`), else the reference's loops. */
+/**
+ * KVCaches over one copy of the model's weights: with the C kernels (`native`), a step's tokens drawn by them
+ * too (drawRows, sampleToken's draws in C), else the reference's loops and each token drawn by sampleToken.
+ */
 export function cpuCaches(model: Llama, native: CpuKernels | null): CachePool {
   const weights = new DecodeWeights(model, native);
+  const readMany = (caches: TokenCache[], reads: number[][]) => KVCache.readMany(caches as KVCache[], reads);
   return {
     model,
     create: () => new KVCache(model, weights),
     fork: (source, n) => KVCache.forkOf(source as KVCache, n),
-    readMany: (caches, reads) => KVCache.readMany(caches as KVCache[], reads),
+    readMany,
+    ...(native && {
+      readAndDraw: async (caches: TokenCache[], reads: number[][], draws: Draw[]): Promise<Drawn> => {
+        const logits = readMany(caches, reads);
+        const tokens = new Int32Array(caches.length);
+        native.drawRows(logits, Float64Array.from(draws.flatMap((d) => [d.temperature, d.topP, d.u])), tokens);
+        return { tokens: [...tokens], logits: async (b) => logits[b]! };
+      },
+    }),
     free: () => {},
     dispose: () => weights.dispose(),
   };

@@ -17,18 +17,6 @@ static inline float lanes(v8 acc) {
 
 typedef int i8 __attribute__((vector_size(32)));
 
-// The elements of argument i, a typed array (0 when it is not one).
-static size_t length_of(Args *a, size_t i) {
-  size_t n = 0;
-  if (i >= a->n || napi_get_typedarray_info(a->env, a->v[i], NULL, &n, NULL, NULL, NULL) != napi_ok) return 0;
-  return n;
-}
-
-// Throws `why` unless `ok` (once: a call already failed keeps its first error).
-static void require(Args *a, int ok, const char *why) {
-  if (!ok) fail(a, why);
-}
-
 // x in every lane: a broadcast (adding x to a zero vector is an add too, on the way to every use).
 static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
 

@@ -90,6 +90,11 @@ export interface CpuKernels {
   ): void;
   /** out (R, F) = silu(gate) ⊙ up for each row of gateUp (R, 2F), its gate then its up. */
   swigluRows(gateUp: F32, R: number, F: number, out: F32): void;
+  /**
+   * tokens[r] = runtime/sampling.ts sampleToken(logits[r], temperature, topP) for each row, its random number
+   * given: draws[3r..3r+2] are the row's temperature, topP and u (the rand() sampleToken would call).
+   */
+  drawRows(logits: F32[], draws: Float64Array, tokens: Int32Array): void;
   /** The threads of its loops and of OpenBLAS, for the whole process. */
   setThreads(n: number): void;
 }
@@ -115,6 +120,7 @@ const FUNCTIONS = Object.keys({
   panelTimes: 1,
   decodeAttentionRows: 1,
   swigluRows: 1,
+  drawRows: 1,
   setThreads: 1,
 } satisfies Record<Exclude<keyof CpuKernels, 'blas'>, 1>) as Exclude<keyof CpuKernels, 'blas'>[];
 let loaded: { kernels: CpuKernels | null; why: string } | null = null;

@@ -583,7 +583,8 @@ static napi_value init(napi_env env, napi_value exports) {
              {"swigluRows", js_swiglu_rows},
              {"decodeAttentionRows", js_decode_attention_rows},
              {"packPanels", js_pack_panels},
-             {"panelTimes", js_panel_times}};
+             {"panelTimes", js_panel_times},
+             {"drawRows", js_draw_rows}};
   for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
     napi_value f;
     napi_create_function(env, fns[i].name, NAPI_AUTO_LENGTH, fns[i].fn, NULL, &f);

@@ -1,6 +1,6 @@
-// What the CPU path's two C files share (prefab_cpu.c: the training kernels, the threads and the module;
-// decode.c: the decoder's attention over its caches, its SwiGLU and its few-row products): reading a call's
-// arguments, a vectorisable exp, and the threads a loop is shared between.
+// What the CPU path's C files share (prefab_cpu.c: the training kernels, the threads and the module;
+// decode.c: the decoder's attention over its caches, its SwiGLU and its few-row products; sampling.c: a
+// step's tokens drawn): reading a call's arguments, a vectorisable exp, and the threads a loop is shared between.
 #ifndef PREFAB_CPU_H
 #define PREFAB_CPU_H
 #include <dlfcn.h>
@@ -55,6 +55,18 @@ static inline double number(Args *a, size_t i) {
   return x;
 }
 
+// The elements of argument i, a typed array (0 when it is not one).
+static inline size_t length_of(Args *a, size_t i) {
+  size_t n = 0;
+  if (i >= a->n || napi_get_typedarray_info(a->env, a->v[i], NULL, &n, NULL, NULL, NULL) != napi_ok) return 0;
+  return n;
+}
+
+// Throws `why` unless `ok` (once: a call already failed keeps its first error).
+static inline void require(Args *a, int ok, const char *why) {
+  if (!ok) fail(a, why);
+}
+
 static inline napi_value nothing(napi_env env) {
   napi_value u;
   napi_get_undefined(env, &u);
@@ -91,4 +103,6 @@ napi_value js_swiglu_rows(napi_env env, napi_callback_info info);
 napi_value js_decode_attention_rows(napi_env env, napi_callback_info info);
 napi_value js_pack_panels(napi_env env, napi_callback_info info);
 napi_value js_panel_times(napi_env env, napi_callback_info info);
+// sampling.c's.
+napi_value js_draw_rows(napi_env env, napi_callback_info info);
 #endif

@@ -13,6 +13,7 @@ import { CpuAdamW } from '../../../runtime/cpu/adamw.ts';
 import { CpuLlama } from '../../../runtime/cpu/llama.ts';
 import { loadCpuKernels, type CpuKernels } from '../../../runtime/cpu/kernels.ts';
 import { targetLogprobs } from '../../../model/parameters.ts';
+import { sampleToken } from '../../../runtime/sampling.ts';
 import { sftStep } from '../../../trainers/step.ts';
 import { ATTENTION_CASES, attentionInputs, modelAttention } from '../../fixtures/attention.ts';
 import { tinyLlama } from '../../fixtures/llama.ts';
@@ -109,6 +110,57 @@ describe('the CPU path’s C kernels', () => {
     });
     expect(relativeError(out, want)).toBeLessThan(1e-5);
   });
+
+  it.skipIf(absent)(
+    'draws each row’s token as sampleToken does, at every temperature and top-p, with ties and impossible tokens, on one thread or shared',
+    () => {
+      const gen = seeded('draw-rows');
+      // [rows, vocabulary, spread]: few small rows (one thread), and a step's rows at a real vocabulary (shared).
+      for (const [R, V, spread] of [
+        [12, 200, 40], // a few tokens a value: ties among a bucket's last sixteen
+        [12, 700, 8],
+        [12, 3_000, 24],
+        [6, 4_000, 2],
+        [32, 49_152, 6],
+      ] as const) {
+        const rounded = V < 4_000; // ties across and within the buckets
+        const logits = Array.from({ length: R }, (_, r) =>
+          Float32Array.from({ length: V }, (_, i) => {
+            if (r % 3 === 1 && i % 10 === 3) return -Infinity;
+            const x = gen() * spread - spread / 2;
+            return rounded ? Math.round(x) : x;
+          }),
+        );
+        const settings = [
+          [1, 1],
+          [0.7, 1],
+          [0, 1],
+          [1, 0.95],
+          [1.3, 0.8],
+          [0.5, 0.5],
+        ] as const;
+        const draws = logits.map((_, r) => {
+          const [temperature, topP] = settings[r % settings.length]!;
+          // The ends of the range too: u 0 and u just under 1.
+          const u = r === 4 ? 0 : r === 5 ? 1 - 2 ** -53 : gen();
+          return { temperature, topP, u };
+        });
+        const tokens = new Int32Array(R).fill(-1);
+        k.drawRows(logits, Float64Array.from(draws.flatMap((d) => [d.temperature, d.topP, d.u])), tokens);
+        const want = logits.map((l, r) => sampleToken(l, draws[r]!.temperature, draws[r]!.topP, () => draws[r]!.u));
+        expect([...tokens], `${R} rows of ${V}`).toEqual(want);
+      }
+      const bad = (logits: Float32Array[], why: RegExp) =>
+        expect(() => k.drawRows(logits, new Float64Array(3 * logits.length), new Int32Array(logits.length))).toThrow(
+          why,
+        );
+      bad([new Float32Array(4), new Float32Array(5)], /differ in length/);
+      bad([new Float64Array(4) as unknown as Float32Array], /not a Float32Array/);
+      expect(() => k.drawRows([new Float32Array(4)], new Float64Array(2), new Int32Array(1))).toThrow(
+        /3 numbers a row/,
+      );
+    },
+  );
 
   it.skipIf(absent)(
     'places each decoding row’s key and value in its cache (biases, RoPE) and attends as the plain definition does',
