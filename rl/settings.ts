@@ -180,9 +180,9 @@ export const iterativeKnobs = {
     ),
   reference: z
     .enum(['reset', 'fixed'])
-    .default('reset')
+    .default('fixed')
     .describe(
-      'reset: each round’s reference is the policy it starts from (RLHFlow, Iterative RPO); fixed: the starting model.',
+      "fixed: every round's reference is the starting model; reset: the policy the round starts from (RLHFlow, Iterative RPO). Fixed ended above reset in each of the head-to-head's three seeds (docs/experiments.md).",
     ),
   keep: z
     .enum(['best', 'last'])

@@ -313,7 +313,7 @@ describe('training stages (tiny model)', () => {
     expect(r.code, r.stderr).toBe(0);
     const manifest = JSON.parse(readFileSync(join(workdir, 'dpo', 'manifest.json'), 'utf8'));
     expect(manifest.summary).toMatch(
-      /^iterative dpo \(reference reset\): 2 rounds, \d+ step pairs; validation first-try \d\.\d{3} at the start, \d\.\d{3} /,
+      /^iterative dpo \(reference fixed\): 2 rounds, \d+ step pairs; validation first-try \d\.\d{3} at the start, \d\.\d{3} /,
     );
     expect(manifest.counts).toMatchObject({ rounds: 2 });
     expect([0, 1, 2]).toContain(manifest.counts.kept_round);
