@@ -25,7 +25,8 @@ const CUTOFF = 1e-4;
  * faster than sorting ids with a comparator); the drawn rank is then mapped back to its id, the k-th among
  * equal probabilities being the k-th such id. The same draws, to the bit, as sorting the ids; at top-p 1
  * (no nucleus to cut) the drawn token is found without a sort (drawByMass), the same but where the draw lies
- * within rounding of a token's boundary.
+ * within rounding of a token's boundary. Throws where the logits give no distribution to draw from (NaN,
+ * infinite, or every one -Infinity) at a temperature above 0.
  */
 export function sampleToken(logits: Float32Array, temperature: number, topP: number, rand: Random): number {
   const V = logits.length;
@@ -39,6 +40,8 @@ export function sampleToken(logits: Float32Array, temperature: number, topP: num
   const top = logits[best]!;
   let total = 0;
   for (let i = 0; i < V; i++) total += probs[i] = Math.exp((logits[i]! - top) / temperature);
+  if (!(total > 0) || !Number.isFinite(total))
+    throw new Error('sampleToken: no token to draw: the logits give no distribution (NaN, infinite, or all -Infinity)');
   // At top-p 1 the nucleus is every token: nothing to sort for, only the token where the mass reaches r.
   if (topP >= 1) return drawByMass(V, rand() * total, best);
   // The nucleus is a prefix of the probabilities in order: it is looked for first among those within a factor

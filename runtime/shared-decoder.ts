@@ -1,8 +1,9 @@
 // Many episodes' generations stepped together. Episodes played side by side (DAPO's groups, the validation
 // tasks, eval's episodes) each ask for a continuation; one loop reads every live sequence's next token, and
 // any prompt just asked for, in one pass through the model (a CachePool's readMany: on the CPU a matMul per
-// projection for all rows, on the GPU a dispatch a kernel and layer, the tokens drawn there too), as the
-// server steps its requests in flight. On the CPU a sequence alone is read as KVCache.generate reads it.
+// projection for all rows, on the GPU a dispatch a kernel and layer; with the C kernels or on the GPU the
+// tokens drawn there too, readAndDraw), as the server steps its requests in flight. On the CPU a sequence
+// alone is read as KVCache.generate reads it.
 import { Decoding, readDecodings, type CachePool, type GenerateOptions, type TokenCache } from './decode.ts';
 import type { Llama } from '../model/llama.ts';
 

@@ -88,7 +88,8 @@ static int draw_by_mass(Work *w, double r, int best) {
   return best; // unreachable: the bucket holds r's token
 }
 
-// sampling.ts sampleToken with its random number u already drawn.
+// sampling.ts sampleToken with its random number u already drawn; -1 where the row has no distribution to draw
+// from (NaN or infinite logits, or every one -Infinity), where sampleToken throws.
 static int draw_row(Work *w, const float *logits, double temperature, double top_p, double u) {
   int V = w->V, best = 0;
   for (int i = 1; i < V; i++)
@@ -96,7 +97,7 @@ static int draw_row(Work *w, const float *logits, double temperature, double top
   if (temperature <= 0) return best;
   double top = logits[best], total = 0, *probs = w->probs;
   for (int i = 0; i < V; i++) total += probs[i] = exp(((double)logits[i] - top) / temperature);
-  if (!(total > 0) || !isfinite(total)) return best; // no distribution (NaN logits): sampleToken throws
+  if (!(total > 0) || !isfinite(total)) return -1;
   if (top_p >= 1) return draw_by_mass(w, u * total, best);
   double *sorted = w->sorted;
   int n = 0;
@@ -134,14 +135,15 @@ typedef struct {
   float **logits;
   const double *draws;
   int32_t *tokens;
-  int V, failed;
+  int V;
+  int failed; // set by any share whose workspace could not be allocated (atomically: shares run at once)
 } DrawRows;
 
 static void draw_rows_share(void *ctx, int from, int to) {
   DrawRows *d = ctx;
   Work w = {.V = d->V, .probs = malloc(sizeof(double) * ((size_t)2 * d->V + BUCKETS))};
   if (!w.probs) {
-    d->failed = 1;
+    __atomic_store_n(&d->failed, 1, __ATOMIC_RELAXED);
     return;
   }
   w.sorted = w.probs + d->V, w.mass = w.sorted + d->V;
@@ -152,20 +154,34 @@ static void draw_rows_share(void *ctx, int from, int to) {
   free(w.probs);
 }
 
+// Whether argument i is a typed array of `type`.
+static int typed_as(Args *a, size_t i, napi_typedarray_type type) {
+  napi_typedarray_type t;
+  size_t n;
+  return i < a->n && napi_get_typedarray_info(a->env, a->v[i], &t, &n, NULL, NULL, NULL) == napi_ok && t == type;
+}
+
 // drawRows(logits, draws, tokens): tokens[r] = sampleToken(logits[r], draws[3r], draws[3r + 1]) with its random
-// number draws[3r + 2] (in [0, 1)); logits an array of R Float32Arrays of one length V.
+// number draws[3r + 2] (in [0, 1)); logits an array of R Float32Arrays of one length V, draws a Float64Array,
+// tokens an Int32Array. Throws where a row has no distribution to draw from, as sampleToken does.
 napi_value js_draw_rows(napi_env env, napi_callback_info info) {
   Args a = args_of(env, info);
   uint32_t R = 0;
   bool list = false;
   if (a.n < 3 || napi_is_array(env, a.v[0], &list) != napi_ok || !list || napi_get_array_length(env, a.v[0], &R) != napi_ok)
     fail(&a, "prefab_cpu: drawRows: expected an array of logits");
-  DrawRows d = {.draws = array(&a, 1, 0), .tokens = array(&a, 2, 0), .V = -1};
+  require(&a, typed_as(&a, 1, napi_float64_array), "prefab_cpu: drawRows: draws are not a Float64Array");
+  require(&a, typed_as(&a, 2, napi_int32_array), "prefab_cpu: drawRows: tokens are not an Int32Array");
   if (a.bad) return NULL;
+  DrawRows d = {.draws = array(&a, 1, 0), .tokens = array(&a, 2, 0), .V = -1};
   require(&a, length_of(&a, 1) >= 3 * (size_t)R, "prefab_cpu: drawRows: draws are not 3 numbers a row");
   require(&a, length_of(&a, 2) >= R, "prefab_cpu: drawRows: tokens are fewer than the rows");
+  if (a.bad) return NULL;
   d.logits = malloc(sizeof(float *) * (R > 0 ? R : 1));
-  if (!d.logits) abort();
+  if (!d.logits) {
+    napi_throw_error(env, NULL, "prefab_cpu: out of memory");
+    return NULL;
+  }
   for (uint32_t r = 0; r < R && !a.bad; r++) {
     napi_value row;
     size_t n = 0;
@@ -176,14 +192,19 @@ napi_value js_draw_rows(napi_env env, napi_callback_info info) {
       fail(&a, "prefab_cpu: drawRows: a row of logits is not a Float32Array");
     else if (d.V >= 0 && (int)n != d.V)
       fail(&a, "prefab_cpu: drawRows: the rows of logits differ in length");
-    else if (n == 0)
-      fail(&a, "prefab_cpu: drawRows: a row of logits is empty");
+    else if (n == 0 || n > (size_t)(INT32_MAX / 2 - BUCKETS))
+      fail(&a, "prefab_cpu: drawRows: a row of logits is empty, or longer than drawRows takes");
     d.V = (int)n, d.logits[r] = data;
   }
+  const char *why = NULL;
   if (!a.bad && R > 0) {
     parallel((int)R, draw_rows_share, &d, (size_t)R * d.V < DRAW_ALONE ? ONE : 0);
-    if (d.failed) napi_throw_error(env, NULL, "prefab_cpu: out of memory");
+    for (uint32_t r = 0; r < R && !d.failed; r++)
+      if (d.tokens[r] < 0)
+        why = "prefab_cpu: drawRows: a row's logits give no distribution to draw from (NaN, infinite, or all -Infinity)";
+    if (d.failed) why = "prefab_cpu: out of memory";
   }
   free(d.logits);
-  return a.bad || d.failed ? NULL : nothing(env);
+  if (why) napi_throw_error(env, NULL, why);
+  return a.bad || why ? NULL : nothing(env);
 }

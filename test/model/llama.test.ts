@@ -182,6 +182,27 @@ describe.each(CHECKPOINTS)('%s decoded by the C kernels', (name) => {
       const together = await Promise.all(prompts.map((p, i) => shared.generate(shared.cache(), p, sampled(i))));
       together.forEach((ids, i) => expect(ids).toEqual(cache().generate(prompts[i]!, sampled(i))));
       shared.dispose();
+      // Under a constraint that refuses about half the tokens the C kernels draw: those are drawn again from the
+      // row's logits, from the same random stream, as a sequence decoding alone draws them.
+      const pool = cpuCaches(model, native);
+      let refused = 0;
+      const draw = pool.readAndDraw!.bind(pool);
+      pool.readAndDraw = async (caches, reads, draws) => {
+        const drawn = await draw(caches, reads, draws);
+        return { ...drawn, logits: (b) => (refused++, drawn.logits(b)) };
+      };
+      const constrained = new SharedDecoder(model, pool);
+      const constraint = { allows: (out: readonly number[], id: number) => out.length < 2 || id % 2 === 1 };
+      const odd = (i: number): GenerateOptions => ({ ...sampled(i), maxTokens: 12, constraint });
+      const oddTogether = await Promise.all(
+        prompts.map((p, i) => constrained.generate(constrained.cache(), p, odd(i))),
+      );
+      oddTogether.forEach((ids, i) => {
+        expect(ids).toEqual(cache().generate(prompts[i]!, odd(i)));
+        expect(ids.slice(2).every((id) => id % 2 === 1)).toBe(true);
+      });
+      expect(refused).toBeGreaterThan(3);
+      constrained.dispose();
       model.dispose();
     },
   );

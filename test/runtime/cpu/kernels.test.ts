@@ -116,16 +116,20 @@ describe('the CPU path’s C kernels', () => {
     () => {
       const gen = seeded('draw-rows');
       // [rows, vocabulary, spread]: few small rows (one thread), and a step's rows at a real vocabulary (shared).
+      // Spread 0: one likely token, the rest e⁻¹² each, below the cutoff under which the nucleus is first looked
+      // for and together most of the mass: top-p below 1 sorts the whole row.
       for (const [R, V, spread] of [
         [12, 200, 40], // a few tokens a value: ties among a bucket's last sixteen
         [12, 700, 8],
         [12, 3_000, 24],
         [6, 4_000, 2],
+        [6, 50_000, 0],
         [32, 49_152, 6],
       ] as const) {
         const rounded = V < 4_000; // ties across and within the buckets
         const logits = Array.from({ length: R }, (_, r) =>
           Float32Array.from({ length: V }, (_, i) => {
+            if (spread === 0) return i === r ? 0 : -12;
             if (r % 3 === 1 && i % 10 === 3) return -Infinity;
             const x = gen() * spread - spread / 2;
             return rounded ? Math.round(x) : x;
@@ -141,8 +145,8 @@ describe('the CPU path’s C kernels', () => {
         ] as const;
         const draws = logits.map((_, r) => {
           const [temperature, topP] = settings[r % settings.length]!;
-          // The ends of the range too: u 0 and u just under 1.
-          const u = r === 4 ? 0 : r === 5 ? 1 - 2 ** -53 : gen();
+          // The ends of the range too, at top-p 1 and below: u 0 and u just under 1.
+          const u = r === 0 || r === 3 ? 0 : r === 1 || r === 4 ? 1 - 2 ** -53 : gen();
           return { temperature, topP, u };
         });
         const tokens = new Int32Array(R).fill(-1);
@@ -156,9 +160,25 @@ describe('the CPU path’s C kernels', () => {
         );
       bad([new Float32Array(4), new Float32Array(5)], /differ in length/);
       bad([new Float64Array(4) as unknown as Float32Array], /not a Float32Array/);
-      expect(() => k.drawRows([new Float32Array(4)], new Float64Array(2), new Int32Array(1))).toThrow(
-        /3 numbers a row/,
+      // A row with no distribution (NaN, or every token impossible) throws, as sampleToken does; at temperature
+      // 0 it is its argmax, as there.
+      for (const l of [Float32Array.from([0, Number.NaN, 1]), new Float32Array(3).fill(-Infinity)]) {
+        expect(() => k.drawRows([l], new Float64Array([1, 1, 0.5]), new Int32Array(1))).toThrow(/no distribution/);
+        expect(() => sampleToken(l, 1, 1, () => 0.5)).toThrow(/no token/);
+        const greedy = new Int32Array(1).fill(-1);
+        k.drawRows([l], new Float64Array([0, 1, 0.5]), greedy);
+        expect(greedy[0]).toBe(sampleToken(l, 0, 1, () => 0.5));
+      }
+      const row = [new Float32Array(4)];
+      expect(() => k.drawRows(row, new Float64Array(2), new Int32Array(1))).toThrow(/3 numbers a row/);
+      // The other typed arrays, which would be read or written past their end.
+      expect(() => k.drawRows(row, new Float32Array(3) as unknown as Float64Array, new Int32Array(1))).toThrow(
+        /not a Float64Array/,
       );
+      expect(() => k.drawRows(row, new Float64Array(3), new Uint8Array(1) as unknown as Int32Array)).toThrow(
+        /not an Int32Array/,
+      );
+      k.drawRows([], new Float64Array(0), new Int32Array(0)); // no rows: nothing to draw
     },
   );
 
