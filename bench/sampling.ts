@@ -9,7 +9,7 @@
 import { Command } from 'commander';
 import { seeded } from '../core/random.ts';
 import { loadCpuKernels } from '../runtime/cpu/kernels.ts';
-import { sampleToken } from '../runtime/sampling.ts';
+import { drawArray, sampleToken } from '../runtime/sampling.ts';
 import { download, submit, upload } from '../runtime/webgpu/buffers.ts';
 import { openGpu } from '../runtime/webgpu/device.ts';
 import { GpuKernels } from '../runtime/webgpu/kernel.ts';
@@ -45,7 +45,7 @@ for (const V of opts.vocab.split(',').map(Number)) {
   const [z, params, tokens] = [upload(gpu, logits), upload(gpu, drawParams(draws)), upload(gpu, new Uint32Array(rows))];
   let [onGpu, onCpu, inC, same, sameInC] = [Infinity, Infinity, Infinity, 0, 0];
   const rowsOf = Array.from({ length: rows }, (_, r) => logits.subarray(r * V, (r + 1) * V));
-  const packed = Float64Array.from(draws.flatMap((d) => [d.temperature, d.topP, d.u]));
+  const packed = drawArray(draws);
   const fromC = new Int32Array(rows);
   for (let run = 0; run < Number(opts.runs); run++) {
     let began = performance.now();

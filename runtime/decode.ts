@@ -7,7 +7,7 @@ import type { Random } from '../core/random.ts';
 import type { TokenConstraint } from '../model/constrain.ts';
 import type { Llama } from '../model/llama.ts';
 import type { CpuKernels } from './cpu/kernels.ts';
-import { sampleToken, type Draw } from './sampling.ts';
+import { drawArray, sampleToken, type Draw } from './sampling.ts';
 
 export interface GenerateOptions {
   maxTokens: number;
@@ -607,7 +607,7 @@ export function cpuCaches(model: Llama, native: CpuKernels | null): CachePool {
       readAndDraw: async (caches: TokenCache[], reads: number[][], draws: Draw[]): Promise<Drawn> => {
         const logits = readMany(caches, reads);
         const tokens = new Int32Array(caches.length);
-        native.drawRows(logits, Float64Array.from(draws.flatMap((d) => [d.temperature, d.topP, d.u])), tokens);
+        native.drawRows(logits, drawArray(draws), tokens);
         return { tokens: [...tokens], logits: async (b) => logits[b]! };
       },
     }),

@@ -9,6 +9,11 @@ export interface Draw {
   u: number;
 }
 
+/** Draws as the C kernels' drawRows takes them: temperature, topP and u, a row after another, in doubles. */
+export function drawArray(draws: readonly Draw[]): Float64Array {
+  return Float64Array.from(draws.flatMap((d) => [d.temperature, d.topP, d.u]));
+}
+
 let probs = new Float64Array(0);
 let sorted = new Float64Array(0);
 /** drawByMass's buckets: 16 a halving of the probability, 64 halvings, the smaller ones in the last. */

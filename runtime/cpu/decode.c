@@ -204,7 +204,7 @@ napi_value js_decode_attention_rows(napi_env env, napi_callback_info info) {
   uint32_t R = 0;
   if (a.n < 11 || napi_get_array_length(env, a.v[0], &R) != napi_ok) fail(&a, "prefab_cpu: expected an array of memories");
   d.qkv = array(&a, 1, 0);
-  d.meta = array(&a, 2, 0);
+  d.meta = typed(&a, 2, 0, napi_float64_array);
   d.cos = array(&a, 3, 0), d.sin = array(&a, 4, 0), d.bias = array(&a, 5, 1);
   d.s = (Heads){(int)number(&a, 6), (int)number(&a, 7), (int)number(&a, 8), (int)number(&a, 9), 0};
   d.out = array(&a, 10, 0);

@@ -3,7 +3,8 @@
 // Llama's other steps as plain loops the compiler vectorises for this machine; decode.c holds the decoder's
 // attention. runtime/cpu/kernels.ts loads it; without it the reference model trains on WebAssembly. Each
 // kernel is checked against the reference model's operations (test/runtime/cpu/kernels.test.ts).
-// Arrays come in as Float32Array/Int32Array views (their offset is their first element); sizes are numbers.
+// Arrays come in as typed array views of the type each kernel reads, checked (prefab_cpu.h typed(); their
+// offset is their first element); sizes are numbers.
 #include "prefab_cpu.h"
 #include <dlfcn.h>
 #include <pthread.h>
@@ -420,7 +421,7 @@ static void logprobs_forward_share(void *ctx, int from, int to) {
 // logp = z[target] − lse, and entropy = lse − Σ softmax(z)·z when asked.
 static napi_value js_logprobs_forward(napi_env env, napi_callback_info info) {
   Args a = args_of(env, info);
-  Head k = {.z = array(&a, 0, 0), .targets = array(&a, 1, 0), .logp = array(&a, 2, 0), .lse = array(&a, 3, 0)};
+  Head k = {.z = array(&a, 0, 0), .targets = typed(&a, 1, 0, napi_int32_array), .logp = array(&a, 2, 0), .lse = array(&a, 3, 0)};
   k.entropy = array(&a, 4, 1);
   int rows = (int)number(&a, 5);
   k.V = (int)number(&a, 6);
@@ -443,7 +444,7 @@ static void logprobs_backward_share(void *ctx, int from, int to) {
 // logprobsBackward(z, targets, lse, dlogp, rows, V): z becomes dz = dlogp·(onehot(target) − softmax(z)).
 static napi_value js_logprobs_backward(napi_env env, napi_callback_info info) {
   Args a = args_of(env, info);
-  Head k = {.z = array(&a, 0, 0), .targets = array(&a, 1, 0), .lsein = array(&a, 2, 0), .dlogp = array(&a, 3, 0)};
+  Head k = {.z = array(&a, 0, 0), .targets = typed(&a, 1, 0, napi_int32_array), .lsein = array(&a, 2, 0), .dlogp = array(&a, 3, 0)};
   int rows = (int)number(&a, 4);
   k.V = (int)number(&a, 5);
   if (!a.bad) check_targets(&a, k.targets, rows, k.V);

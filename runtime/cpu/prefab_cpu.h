@@ -32,8 +32,9 @@ static inline void fail(Args *a, const char *why) {
   a->bad = 1;
 }
 
-// A typed array's first element, or NULL for null/undefined when `optional`.
-static inline void *array(Args *a, size_t i, int optional) {
+// Argument i's first element, a typed array of `want` (a Float32Array, Int32Array or Float64Array), or NULL
+// for null/undefined when `optional`. Another type is refused: its elements are not the size the kernel reads.
+static inline void *typed(Args *a, size_t i, int optional, napi_typedarray_type want) {
   napi_valuetype t;
   if (i >= a->n || napi_typeof(a->env, a->v[i], &t) != napi_ok || t == napi_null || t == napi_undefined) {
     if (!optional) fail(a, "prefab_cpu: a required array is missing");
@@ -42,12 +43,17 @@ static inline void *array(Args *a, size_t i, int optional) {
   void *data = NULL;
   size_t length;
   napi_typedarray_type type;
-  if (napi_get_typedarray_info(a->env, a->v[i], &type, &length, &data, NULL, NULL) != napi_ok) {
-    fail(a, "prefab_cpu: expected a Float32Array or Int32Array");
+  if (napi_get_typedarray_info(a->env, a->v[i], &type, &length, &data, NULL, NULL) != napi_ok || type != want) {
+    fail(a, want == napi_int32_array     ? "prefab_cpu: expected an Int32Array"
+            : want == napi_float64_array ? "prefab_cpu: expected a Float64Array"
+                                         : "prefab_cpu: expected a Float32Array");
     return NULL;
   }
   return data;
 }
+
+// A Float32Array argument's first element (typed).
+static inline void *array(Args *a, size_t i, int optional) { return typed(a, i, optional, napi_float32_array); }
 
 static inline double number(Args *a, size_t i) {
   double x = 0;

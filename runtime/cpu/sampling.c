@@ -154,13 +154,6 @@ static void draw_rows_share(void *ctx, int from, int to) {
   free(w.probs);
 }
 
-// Whether argument i is a typed array of `type`.
-static int typed_as(Args *a, size_t i, napi_typedarray_type type) {
-  napi_typedarray_type t;
-  size_t n;
-  return i < a->n && napi_get_typedarray_info(a->env, a->v[i], &t, &n, NULL, NULL, NULL) == napi_ok && t == type;
-}
-
 // drawRows(logits, draws, tokens): tokens[r] = sampleToken(logits[r], draws[3r], draws[3r + 1]) with its random
 // number draws[3r + 2] (in [0, 1)); logits an array of R Float32Arrays of one length V, draws a Float64Array,
 // tokens an Int32Array. Throws where a row has no distribution to draw from, as sampleToken does.
@@ -170,10 +163,7 @@ napi_value js_draw_rows(napi_env env, napi_callback_info info) {
   bool list = false;
   if (a.n < 3 || napi_is_array(env, a.v[0], &list) != napi_ok || !list || napi_get_array_length(env, a.v[0], &R) != napi_ok)
     fail(&a, "prefab_cpu: drawRows: expected an array of logits");
-  require(&a, typed_as(&a, 1, napi_float64_array), "prefab_cpu: drawRows: draws are not a Float64Array");
-  require(&a, typed_as(&a, 2, napi_int32_array), "prefab_cpu: drawRows: tokens are not an Int32Array");
-  if (a.bad) return NULL;
-  DrawRows d = {.draws = array(&a, 1, 0), .tokens = array(&a, 2, 0), .V = -1};
+  DrawRows d = {.draws = typed(&a, 1, 0, napi_float64_array), .tokens = typed(&a, 2, 0, napi_int32_array), .V = -1};
   require(&a, length_of(&a, 1) >= 3 * (size_t)R, "prefab_cpu: drawRows: draws are not 3 numbers a row");
   require(&a, length_of(&a, 2) >= R, "prefab_cpu: drawRows: tokens are fewer than the rows");
   if (a.bad) return NULL;

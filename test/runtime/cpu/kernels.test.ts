@@ -13,7 +13,7 @@ import { CpuAdamW } from '../../../runtime/cpu/adamw.ts';
 import { CpuLlama } from '../../../runtime/cpu/llama.ts';
 import { loadCpuKernels, type CpuKernels } from '../../../runtime/cpu/kernels.ts';
 import { targetLogprobs } from '../../../model/parameters.ts';
-import { sampleToken } from '../../../runtime/sampling.ts';
+import { drawArray, sampleToken } from '../../../runtime/sampling.ts';
 import { sftStep } from '../../../trainers/step.ts';
 import { ATTENTION_CASES, attentionInputs, modelAttention } from '../../fixtures/attention.ts';
 import { tinyLlama } from '../../fixtures/llama.ts';
@@ -103,6 +103,10 @@ describe('the CPU path’s C kernels', () => {
     const gateUp = values(R * 2 * F, 6);
     const out = new Float32Array(R * F).fill(Number.NaN);
     k.swigluRows(gateUp, R, F, out);
+    // An array of another type is refused, not read or written past its end as floats.
+    expect(() => k.swigluRows(gateUp, R, F, new Uint8Array(R * F) as unknown as Float32Array)).toThrow(
+      /expected a Float32Array/,
+    );
     const want = Float64Array.from({ length: R * F }, (_, at) => {
       const [r, i] = [Math.floor(at / F), at % F];
       const [g, u] = [gateUp[r * 2 * F + i]!, gateUp[r * 2 * F + F + i]!];
@@ -150,7 +154,7 @@ describe('the CPU path’s C kernels', () => {
           return { temperature, topP, u };
         });
         const tokens = new Int32Array(R).fill(-1);
-        k.drawRows(logits, Float64Array.from(draws.flatMap((d) => [d.temperature, d.topP, d.u])), tokens);
+        k.drawRows(logits, drawArray(draws), tokens);
         const want = logits.map((l, r) => sampleToken(l, draws[r]!.temperature, draws[r]!.topP, () => draws[r]!.u));
         expect([...tokens], `${R} rows of ${V}`).toEqual(want);
       }
@@ -173,10 +177,10 @@ describe('the CPU path’s C kernels', () => {
       expect(() => k.drawRows(row, new Float64Array(2), new Int32Array(1))).toThrow(/3 numbers a row/);
       // The other typed arrays, which would be read or written past their end.
       expect(() => k.drawRows(row, new Float32Array(3) as unknown as Float64Array, new Int32Array(1))).toThrow(
-        /not a Float64Array/,
+        /expected a Float64Array/,
       );
       expect(() => k.drawRows(row, new Float64Array(3), new Uint8Array(1) as unknown as Int32Array)).toThrow(
-        /not an Int32Array/,
+        /expected an Int32Array/,
       );
       k.drawRows([], new Float64Array(0), new Int32Array(0)); // no rows: nothing to draw
     },
